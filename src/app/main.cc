@@ -1,0 +1,44 @@
+// `ember`: one binary, one subcommand per job. See README.md for each command's flags.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "app/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**, int);
+  const char* summary;
+};
+
+// Register a subcommand here once its app/cmd_*.cc exists.
+constexpr Command kCommands[] = {
+    {"version", nullptr, "print the version"},
+};
+
+void PrintUsage() {
+  std::fprintf(stderr, "usage: ember COMMAND [flags]   (ember COMMAND --help for its flags)\n\n");
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-14s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string name = argv[1];
+  if (name == "version") {
+    std::printf("ember 0.1.0\n");
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (name == c.name && c.fn != nullptr) return c.fn(argc, argv, 2);
+  }
+  std::fprintf(stderr, "ember: unknown command '%s'\n\n", name.c_str());
+  PrintUsage();
+  return 2;
+}

@@ -1,0 +1,45 @@
+// FlagParser: the command-line parser every `ember` subcommand uses. Flags are declared with a
+// destination and help text; parsing rejects unknown flags, missing values and malformed numbers
+// with a one-line message naming the flag. Not thread-safe (use from main only).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace ember {
+
+class FlagParser {
+ public:
+  explicit FlagParser(std::string usage) : usage_(std::move(usage)) {}
+
+  // `names` is "--long" or "-s,--long". Destinations keep their value when the flag is absent.
+  void AddString(const std::string& names, std::string* dest, const std::string& help);
+  void AddInt(const std::string& names, int64_t* dest, const std::string& help);
+  void AddDouble(const std::string& names, double* dest, const std::string& help);
+  void AddBool(const std::string& names, bool* dest, const std::string& help);  // no value
+
+  // Parses argv[first..argc). Sets *help_requested when -h/--help is present.
+  Status Parse(int argc, char** argv, int first, bool* help_requested);
+  // Names of the flags that were given on the command line (as declared, long form).
+  bool WasSet(const std::string& long_name) const;
+  std::string Help() const;
+
+ private:
+  struct Flag {
+    std::vector<std::string> names;
+    std::string help;
+    bool takes_value = true;
+    std::function<Status(const std::string&)> set;
+  };
+  void Add(const std::string& names, const std::string& help, bool takes_value,
+           std::function<Status(const std::string&)> set);
+  std::string usage_;
+  std::vector<Flag> flags_;
+  std::vector<std::string> set_;
+};
+
+}  // namespace ember
