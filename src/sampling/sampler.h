@@ -1,0 +1,91 @@
+// The sampler: turns one row of logits into one token for one sequence, with optional logprobs.
+// Order (vLLM / HF semantics): logprobs are taken from the RAW logits first (vLLM v1 default
+// "raw_logprobs"); then logit_bias is added; repetition penalty (every id seen in prompt or
+// output: logit > 0 ? logit / p : logit * p); frequency / presence penalties on OUTPUT counts
+// (logit -= freq * count + pres * (count > 0)); greedy requests take the argmax here (ties ->
+// lowest id, no RNG). Otherwise temperature, then top-k, top-p (smallest prefix of the sorted
+// distribution whose mass reaches p, the top token always kept), min-p (drop p < min_p * p_max),
+// and one inverse-CDF draw over the kept tokens ordered by (prob desc, id asc).
+//
+// Determinism: each sequence owns a SamplerState whose counter-based RNG makes exactly one
+// uniform draw per sampled token, so a seeded request yields the same tokens alone or in any
+// batch. Thread-safety: Sample() on distinct (logits, state) pairs may run concurrently (scratch
+// buffers are thread_local); one SamplerState must not be used by two threads at once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "sampling/sampling_params.h"
+
+namespace ember {
+
+struct TokenLogprob {
+  int32_t token_id;
+  float logprob;
+};
+
+struct SampleOutput {
+  int32_t token_id = -1;
+  float logprob = 0.0f;                    // of the chosen token (raw distribution), if requested
+  std::vector<TokenLogprob> top_logprobs;  // if requested: desc by logprob, ties by lower id
+};
+
+// Per-sequence state: RNG + token counts for penalties. Owned by the engine's Sequence; copyable
+// (a forked sequence for n > 1 should be constructed with its own sample_index instead).
+class SamplerState {
+ public:
+  // RNG key: params.seed mixed with sample_index (MixSeed below), or std::random_device when
+  // params.seed is unset. prompt_ids are remembered only if a repetition penalty is active.
+  // eos_ids (the model's EOS ids, unless ignore_eos) are masked to -inf together with
+  // params.stop_token_ids while fewer than params.min_tokens tokens have been accepted.
+  SamplerState(const SamplingParams& params, uint64_t sample_index,
+               std::span<const int32_t> prompt_ids, std::span<const int32_t> eos_ids = {});
+
+  void Accept(int32_t token_id);  // records an output token (penalty counts, output length)
+
+  // The next uniform double in [0, 1); advances the counter. Exactly one per sampled token.
+  double NextUniform();
+
+  int64_t num_output_tokens() const { return num_output_tokens_; }
+  uint64_t rng_key() const { return rng_key_; }
+  uint64_t rng_counter() const { return rng_counter_; }
+
+  // Penalty bookkeeping: each id seen in the prompt (when tracked) or output, with its OUTPUT
+  // count (0 for prompt-only ids). Parallel vectors, one entry per distinct id.
+  std::span<const int32_t> seen_ids() const { return seen_ids_; }
+  std::span<const int32_t> output_counts() const { return output_counts_; }
+  // Ids masked while num_output_tokens() < params.min_tokens (stop ids + EOS ids).
+  std::span<const int32_t> min_tokens_mask_ids() const { return min_tokens_mask_ids_; }
+
+ private:
+  void Track(int32_t token_id, int32_t output_increment);
+
+  bool track_prompt_ = false;
+  bool track_output_ = false;
+  uint64_t rng_key_ = 0;
+  uint64_t rng_counter_ = 0;
+  int64_t num_output_tokens_ = 0;
+  std::vector<int32_t> min_tokens_mask_ids_;
+  std::vector<int32_t> seen_ids_;
+  std::vector<int32_t> output_counts_;
+  std::unordered_map<int32_t, int32_t> slot_of_id_;  // token id -> index into the vectors above
+};
+
+// The documented seed mix for sample `sample_index` of a request seeded with `seed`:
+// SplitMix64(seed ^ SplitMix64(sample_index)). Distinct indices give unrelated streams.
+uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
+
+// Samples one token from `logits` ([vocab_size], modified in place as scratch). `params` must
+// have passed Validate(logits.size()); `state` must have been built from the same params.
+SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state);
+
+// Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
+// parallel (OpenMP). params[i] / states[i] belong to row i; results go to out[i].
+void SampleRows(std::span<float> logits, int32_t vocab_size,
+                std::span<const SamplingParams* const> params,
+                std::span<SamplerState* const> states, std::span<SampleOutput> out);
+
+}  // namespace ember

@@ -1,0 +1,49 @@
+// SamplingParams: the per-request knobs that turn one row of logits into one token (temperature,
+// top-k/top-p/min-p, penalties, logit_bias, seed, logprobs), plus the request-level limits the
+// engine enforces (n, max_tokens, stop ids). Semantics follow vLLM / OpenAI; see sampler.h for
+// the exact order of operations. A plain value type: validate once with Validate() when the
+// request arrives, then share it read-only between threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace ember {
+
+// Below this temperature a request is greedy (argmax after the logits processors).
+inline constexpr float kGreedyTemperature = 1e-5f;
+// OpenAI's cap on `top_logprobs` (and vLLM's default max_logprobs is 20 as well).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+struct SamplingParams {
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
+  int32_t top_k = 0;  // 0 or -1: off; k >= vocab is also effectively off
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  // (token id, bias) added to the raw logits; a repeated id adds its biases together.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Seeds the per-sequence RNG (mixed with the sample index for n > 1); unset: random device.
+  std::optional<uint64_t> seed;
+  int32_t top_logprobs = -1;  // -1: no logprobs; 0..20: chosen token's logprob + that many top
+
+  // --- Enforced by the engine, not by Sample(); validated here so one call checks a request. ---
+  int32_t n = 1;                         // parallel samples sharing one prefill, >= 1
+  std::optional<int32_t> max_tokens;     // unset: up to the context length; else >= 1
+  int32_t min_tokens = 0;                // stop ids are masked until this many output tokens
+  std::vector<int32_t> stop_token_ids;   // extra stop ids (the engine adds the model's EOS ids)
+  bool ignore_eos = false;               // do not stop on the model's EOS ids
+
+  // Returns an error naming the field, e.g. "top_p: must be in (0, 1], got 1.5". NaN and
+  // infinities are rejected everywhere. vocab_size bounds logit_bias and stop_token_ids.
+  Status Validate(int32_t vocab_size) const;
+  bool is_greedy() const { return temperature < kGreedyTemperature; }
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+  bool wants_logprobs() const { return top_logprobs >= 0; }
+};
+
+}  // namespace ember
