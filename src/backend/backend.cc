@@ -1,0 +1,61 @@
+#include "backend/backend.h"
+
+#include <sstream>
+
+namespace ember {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+    case DType::kI32: return 4;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI32: return "I32";
+  }
+  return "?";
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
+  return n;
+}
+
+Tensor Tensor::Reshape(std::initializer_list<int64_t> new_shape) const {
+  CHECK_LE(new_shape.size(), 4u);
+  Tensor t = *this;
+  t.ndim = static_cast<int32_t>(new_shape.size());
+  t.shape = {};
+  size_t i = 0;
+  for (int64_t d : new_shape) t.shape[i++] = d;
+  CHECK_EQ(t.numel(), numel()) << "Reshape " << ShapeString(*this) << " -> " << ShapeString(t);
+  return t;
+}
+
+Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
+  CHECK(first >= 0 && count >= 0 && first + count <= rows());
+  Tensor t = *this;
+  t.data = static_cast<uint8_t*>(data) + static_cast<size_t>(first * cols()) * DTypeSize(dtype);
+  t.ndim = 2;
+  t.shape = {count, cols(), 0, 0};
+  return t;
+}
+
+std::string ShapeString(const Tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int32_t i = 0; i < t.ndim; ++i) os << (i ? ", " : "") << t.dim(i);
+  os << "]";
+  return os.str();
+}
+
+}  // namespace ember

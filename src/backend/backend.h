@@ -1,0 +1,134 @@
+// Backend: the ops-level interface every compute backend (CPU, CUDA) implements. A model's
+// architecture file describes its forward pass as a sequence of these ops over opaque Tensor
+// handles; the backend owns all memory (weights, KV pool, per-step workspace) and may run ops
+// asynchronously — the host never reads device data mid-forward, only via CopyLogitsToHost at the
+// end of a step. Invariants: weights are uploaded once before the first step; BeginStep is called
+// exactly once per step with that step's BatchPlan and every op of the step reads it implicitly
+// (token ids, positions, slot mapping, block tables, logits rows). Not thread-safe: one thread
+// (the engine thread) drives a backend.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "backend/batch_plan.h"
+#include "util/status.h"
+
+namespace ember {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "I32" (safetensors spelling)
+
+// A handle to backend-owned memory: row-major, contiguous, up to 4 dims. Copying a Tensor copies
+// the handle, not the data. For a CPU backend `data` is a host pointer (for weights: straight
+// into the checkpoint's mmap); for a GPU backend a device pointer the host must not dereference.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int32_t ndim = 0;
+  std::array<int64_t, 4> shape{};
+
+  int64_t dim(int32_t i) const { return shape[static_cast<size_t>(i)]; }
+  int64_t numel() const;
+  int64_t rows() const { return numel() / cols(); }  // product of all but the last dim
+  int64_t cols() const { return ndim == 0 ? 1 : shape[static_cast<size_t>(ndim - 1)]; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  // Same data viewed with another shape (numel must match; CHECKed).
+  Tensor Reshape(std::initializer_list<int64_t> new_shape) const;
+  // Rows [first, first + count) of a tensor viewed as [rows(), cols()] (a view, no copy).
+  Tensor RowSlice(int64_t first, int64_t count) const;
+};
+
+std::string ShapeString(const Tensor& t);  // e.g. "[512, 64]"
+
+// How to turn positions into rotation angles. Built once into a cos/sin table of
+// [max_positions, rotary_dim / 2].
+struct RopeSpec {
+  enum class Type { kDefault, kLinear, kLlama3 };
+  Type type = Type::kDefault;
+  int32_t head_dim = 0;
+  int32_t rotary_dim = 0;  // <= head_dim; the first rotary_dim dims rotate (partial rotary)
+  double theta = 10000.0;
+  double factor = 1.0;             // kLinear, kLlama3
+  double low_freq_factor = 1.0;    // kLlama3
+  double high_freq_factor = 4.0;   // kLlama3
+  int32_t original_max_positions = 8192;  // kLlama3
+  int32_t max_positions = 0;       // table length; positions >= this are a CHECK failure
+};
+
+struct AttentionParams {
+  int32_t layer = 0;             // which layer's K/V in the pool
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;      // num_heads % num_kv_heads == 0 (GQA)
+  int32_t head_dim = 0;
+  float scale = 1.0f;            // usually 1/sqrt(head_dim); gemma: query_pre_attn_scalar^-0.5
+  int32_t sliding_window = 0;    // 0: full causal; W: key pos k visible from q iff q - k < W
+  float softcap = 0.0f;          // 0: none; else scores = softcap * tanh(scores / softcap)
+};
+
+enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- set-up (before the first step) ----
+  // Makes `host_data` (dtype, shape; row-major) available as a weight. The CPU backend keeps the
+  // pointer (it must outlive the backend: the model keeps the mmap); a GPU backend copies.
+  virtual Result<Tensor> UploadWeight(const std::string& name, DType dtype,
+                                      std::span<const int64_t> shape, const void* host_data) = 0;
+  // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
+  // float32. Called once.
+  virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                                int32_t num_kv_heads, int32_t head_dim) = 0;
+  // Builds a cos/sin table; returns its id for Rope().
+  virtual Result<int32_t> CreateRope(const RopeSpec& spec) = 0;
+
+  // ---- one step ----
+  // Uploads the plan and resets the workspace (tensors from Alloc of the previous step die).
+  virtual Status BeginStep(const BatchPlan& plan) = 0;
+  // A float32 activation buffer from the step workspace (contents undefined).
+  virtual Tensor Alloc(std::initializer_list<int64_t> shape) = 0;
+
+  // out[i, :] = table[plan.token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
+  virtual void Embedding(const Tensor& table, float scale, Tensor out) = 0;
+  // Row-wise RMSNorm over the last dim. x, out [rows, d] (out may alias x), weight [d].
+  virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
+                       Tensor out) = 0;
+  // residual += delta; out = RmsNorm(residual).   all [rows, d]
+  virtual void AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
+                          RmsNormKind kind, Tensor out) = 0;
+  // out = x W^T (+ bias).   x [n, k] f32, W [m, k] f32/f16/bf16, bias [m] or null, out [n, m].
+  // Each output element is computed in an order independent of n (batch-invariant).
+  virtual void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) = 0;
+  // Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in
+  // place at plan.positions (HF rotate-half layout, first rotary_dim dims).
+  virtual void Rope(int32_t rope_id, Tensor q, Tensor k) = 0;
+  // Writes k, v [num_tokens, num_kv_heads, head_dim] of `layer` at plan.slot_mapping.
+  virtual void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) = 0;
+  // Paged attention: row i of sequence s attends to positions [0, positions[i]] of s (window
+  // limited) through s's block table. q [num_tokens, num_heads, head_dim],
+  // out [num_tokens, num_heads * head_dim].
+  virtual void Attention(const AttentionParams& params, const Tensor& q, Tensor out) = 0;
+  // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
+  virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // out = a + b (out may alias a).
+  virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
+  // x = cap * tanh(x / cap), in place.
+  virtual void Softcap(Tensor x, float cap) = 0;
+  // out[j, :] = x[plan.logits_rows[j], :].   x [num_tokens, d], out [num_logits_rows, d]
+  virtual void GatherLogitsRows(const Tensor& x, Tensor out) = 0;
+  // Ends the step: copies a float32 tensor to the host (waits for the device).
+  virtual Status CopyToHost(const Tensor& t, std::span<float> out) = 0;
+};
+
+}  // namespace ember

@@ -1,0 +1,116 @@
+// Model: a loaded Hugging Face checkpoint (config + mmapped safetensors) bound to a backend, as
+// the engine sees it: one Forward per step over a BatchPlan, logits out. The model owns the
+// backend, the weight mappings and the paged KV pool. Not thread-safe: the engine drives it from
+// one thread (its engine thread); config()/generation_defaults() are immutable after Load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/batch_plan.h"
+#include "util/status.h"
+
+namespace ember {
+
+class Backend;
+class WeightStore;
+
+struct GenerationDefaults {  // from generation_config.json (absent fields: nullopt)
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k, max_new_tokens;
+  std::vector<int32_t> eos_token_ids;  // generation_config eos_token_id (int or list), else config's
+  std::optional<int32_t> bos_token_id;
+  std::optional<bool> do_sample;
+};
+
+enum class LayerType { kFullAttention, kSlidingAttention };
+
+// The rope of one kind of layer (gemma3 has a local one for sliding layers).
+struct RopeConfig {
+  std::string type = "default";  // default | linear | llama3
+  double theta = 10000.0;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int32_t original_max_position_embeddings = 0;
+};
+
+// Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
+struct ModelConfig {
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3_text
+  int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0,
+          num_kv_heads = 0, head_dim = 0;
+  int32_t max_position_embeddings = 0;  // context length
+  float rms_norm_eps = 1e-6f;
+  int32_t rotary_dim = 0;               // head_dim * partial_rotary_factor
+  RopeConfig rope;                      // full-attention layers (and all layers but gemma3's)
+  RopeConfig rope_local;                // sliding layers (gemma3: rope_local_base_freq)
+  int32_t sliding_window = 0;           // 0: none
+  std::vector<LayerType> layer_types;   // [num_layers]
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;          // q/k/v biases (qwen2; llama attention_bias)
+  bool qk_norm = false;                 // per-head q/k RMSNorm before rope (qwen3, gemma3)
+  bool fused_qkv = false;               // phi3 qkv_proj + gate_up_proj
+  // Gemma family: (1+w) RMSNorm, sqrt(hidden) embedding scale, pre/post norms, gelu-tanh.
+  bool gemma_norms = false;
+  bool gelu_tanh = false;               // hidden_act / hidden_activation gelu_pytorch_tanh
+  float embedding_scale = 1.0f;
+  float attention_scale = 0.0f;         // query_pre_attn_scalar^-0.5, else 1/sqrt(head_dim)
+  float attn_logit_softcapping = 0.0f;  // 0: none
+  float final_logit_softcapping = 0.0f;
+  std::string torch_dtype;              // "bfloat16", "float16", "float32" (informational)
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;
+};
+
+// Parses config.json text. `source` names the file in errors.
+Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+Result<GenerationDefaults> ParseGenerationConfig(const std::string& json_text,
+                                                 const std::string& source,
+                                                 const ModelConfig& config);
+// The model_type values ParseModelConfig accepts, comma separated.
+std::string SupportedModelTypes();
+
+enum class DeviceKind { kCpu, kCuda };
+struct ModelLoadOptions {
+  DeviceKind device = DeviceKind::kCpu;
+  int32_t num_threads = 0;  // 0 = all cores
+  // File name of the config inside the folder (tests load config.v4.json too).
+  std::string config_file = "config.json";
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, const ModelLoadOptions& opts);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const GenerationDefaults& generation_defaults() const { return generation_; }
+  int64_t KvBytesPerToken() const;  // K+V, all layers, in the KV pool's dtype (float32)
+  // Bytes of all weight files (what the mapping pins).
+  int64_t WeightBytes() const;
+  Status AllocateKvCache(int32_t num_blocks, int32_t block_size);  // call once before Forward
+  int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  int32_t kv_block_size() const { return kv_block_size_; }
+  // One step. logits: [plan.logits_rows.size(), vocab_size] float32, row-major, filled in order.
+  Status Forward(const BatchPlan& plan, std::span<float> logits);
+
+  struct Impl;  // the architecture's weights and forward pass (model/*.cc)
+
+ private:
+  Model() = default;
+  ModelConfig config_;
+  GenerationDefaults generation_;
+  std::unique_ptr<WeightStore> weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Impl> impl_;
+  int32_t num_kv_blocks_ = 0;
+  int32_t kv_block_size_ = 0;
+};
+
+}  // namespace ember
