@@ -1,0 +1,334 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "util/log.h"
+
+namespace ember {
+
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+int64_t DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
+  const int64_t per_token = model.KvBytesPerToken();
+  const int64_t want =
+      int64_t{config.max_running} * model.config().max_position_embeddings * per_token;
+  return std::min<int64_t>(want, int64_t{4} << 30);
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& config) {
+  if (config.block_size <= 0) return Status::Error("block_size must be positive");
+  if (config.max_running <= 0) return Status::Error("max batch must be positive");
+  if (config.max_step_tokens <= 0) return Status::Error("max step tokens must be positive");
+  const int64_t bytes =
+      config.kv_cache_bytes > 0 ? config.kv_cache_bytes : DefaultKvCacheBytes(*model, config);
+  const int32_t num_blocks =
+      kv::NumBlocksForBytes(bytes, model->KvBytesPerToken(), config.block_size);
+  if (num_blocks < 1) {
+    return Status::Error("--kv-cache-bytes " + std::to_string(bytes) +
+                         " holds no KV block (one block of " + std::to_string(config.block_size) +
+                         " tokens needs " +
+                         std::to_string(model->KvBytesPerToken() * config.block_size) + " bytes)");
+  }
+  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks, config.block_size));
+  const int64_t used_bytes = int64_t{num_blocks} * config.block_size * model->KvBytesPerToken();
+  return std::unique_ptr<Engine>(new Engine(model, config, num_blocks, used_bytes));
+}
+
+Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes)
+    : model_(model),
+      config_(config),
+      num_blocks_(num_blocks),
+      kv_cache_bytes_(kv_bytes),
+      context_length_(model->config().max_position_embeddings),
+      vocab_size_(model->config().vocab_size),
+      kv_(kv::KvCacheConfig{config.block_size, num_blocks, config.enable_prefix_caching}),
+      scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens}, &kv_) {
+  counters_.kv_blocks_total = num_blocks;
+  counters_.block_size = config.block_size;
+  published_ = counters_;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() { Shutdown(/*drain=*/false); }
+
+void Engine::Shutdown(bool drain) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      drain_ = drain;
+    } else if (!drain) {
+      drain_ = false;
+    }
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<SubmitError> Engine::Validate(const GenerationRequest& r) const {
+  auto invalid = [](std::string message, std::string param) {
+    return SubmitError{SubmitError::Code::kInvalidRequest, std::move(message), std::move(param)};
+  };
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt_ids.size());
+  if (prompt_len == 0) return invalid("the prompt is empty", "prompt");
+  for (int32_t id : r.prompt_ids) {
+    if (id < 0 || id >= vocab_size_) {
+      return invalid("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(vocab_size_) + ")",
+                     "prompt");
+    }
+  }
+  if (r.max_tokens < 1) {
+    return invalid("max_tokens must be at least 1, got " + std::to_string(r.max_tokens),
+                   "max_tokens");
+  }
+  if (r.n < 1 || r.n > config_.max_n) {
+    return invalid("n must be in [1, " + std::to_string(config_.max_n) + "], got " +
+                       std::to_string(r.n),
+                   "n");
+  }
+  const int64_t total = prompt_len + r.max_tokens;
+  if (total > context_length_) {
+    return invalid("this model's maximum context length is " + std::to_string(context_length_) +
+                       " tokens; the prompt has " + std::to_string(prompt_len) +
+                       " tokens and max_tokens asks for " + std::to_string(r.max_tokens) +
+                       " more (" + std::to_string(total) + " in total)",
+                   "max_tokens");
+  }
+  if (total > kv_capacity_tokens()) {
+    return invalid("the KV cache holds " + std::to_string(kv_capacity_tokens()) +
+                       " tokens; the prompt (" + std::to_string(prompt_len) +
+                       ") plus max_tokens (" + std::to_string(r.max_tokens) + ") needs " +
+                       std::to_string(total) + " (raise --kv-cache-bytes)",
+                   "max_tokens");
+  }
+  Status st = r.sampling.Validate(vocab_size_);
+  if (!st.ok()) {
+    std::string param = st.message().substr(0, st.message().find(':'));
+    return invalid(st.message(), param);
+  }
+  for (int32_t id : r.stop_token_ids) {
+    if (id < 0 || id >= vocab_size_)
+      return invalid("stop token id " + std::to_string(id) + " is outside the vocabulary",
+                     "stop_token_ids");
+  }
+  return std::nullopt;
+}
+
+Engine::SubmitResult Engine::Submit(GenerationRequest request) {
+  if (auto error = Validate(request)) return *error;
+  auto state = std::make_shared<RequestState>();
+  state->stream = std::make_shared<ResponseStream>(request.n);
+  state->stop_ids = request.stop_token_ids;
+  if (!request.ignore_eos) {
+    for (int32_t id : model_->generation_defaults().eos_token_ids) state->stop_ids.push_back(id);
+  }
+  state->num_unfinished = request.n;
+  state->usage.prompt_tokens = static_cast<int32_t>(request.prompt_ids.size());
+  state->request = std::move(request);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      return SubmitError{SubmitError::Code::kShuttingDown, "the server is shutting down", ""};
+    }
+    if (num_queued_.load() >= config_.max_queue) {
+      return SubmitError{SubmitError::Code::kQueueFull,
+                         "too many requests are waiting (" + std::to_string(config_.max_queue) +
+                             "); retry later",
+                         ""};
+    }
+    state->request_id = next_request_id_++;
+    num_queued_.fetch_add(1);
+    inbox_.push_back(state);
+  }
+  cv_.notify_all();
+  return state->stream;
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = published_;
+  s.num_queued = num_queued_.load();
+  return s;
+}
+
+void Engine::TakeInbox() {
+  std::deque<std::shared_ptr<RequestState>> incoming;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(inbox_);
+  }
+  for (std::shared_ptr<RequestState>& state : incoming) {
+    ++counters_.requests_submitted;
+    counters_.prompt_tokens += state->usage.prompt_tokens;
+    for (int32_t i = 0; i < state->request.n; ++i) {
+      auto seq = std::make_unique<Sequence>();
+      seq->id = next_seq_id_++;
+      seq->sample_index = i;
+      seq->request = state;
+      seq->tokens = state->request.prompt_ids;
+      seq->prompt_len = seq->num_tokens();
+      seq->sampler = std::make_unique<SamplerState>(state->request.sampling,
+                                                    static_cast<uint64_t>(i), seq->tokens);
+      scheduler_.AddWaiting(seq.get());
+      live_.emplace(seq->id, std::move(seq));
+    }
+  }
+}
+
+void Engine::EmitFinalEvent(Sequence* seq, FinishReason reason) {
+  TokenEvent event;
+  event.sample_index = seq->sample_index;
+  event.finish = reason;
+  event.time_ns = NowNs();
+  seq->request->stream->Push(std::move(event));
+}
+
+void Engine::FinishSequence(Sequence* seq, FinishReason reason) {
+  seq->finish = reason;
+  scheduler_.Remove(seq);
+  RequestState& state = *seq->request;
+  if (!state.admitted) {
+    state.admitted = true;
+    num_queued_.fetch_sub(1);
+  }
+  if (seq->sample_index == 0) {
+    state.prompt_prefilled = true;  // let siblings start even if sample 0 ended early
+    state.usage.cached_tokens = seq->num_cached_prompt_tokens;
+  }
+  state.usage.completion_tokens += seq->num_generated();
+  counters_.generated_tokens += seq->num_generated();
+  if (--state.num_unfinished == 0) {
+    state.stream->SetUsage(state.usage);
+    state.stream->Close();
+    ++counters_.requests_finished;
+    if (reason == FinishReason::kCancelled) ++counters_.requests_cancelled;
+  }
+  live_.erase(seq->id);  // destroys seq
+}
+
+void Engine::ReapCancelled() {
+  std::vector<Sequence*> cancelled;
+  for (auto& [id, seq] : live_) {
+    if (seq->request->stream->cancelled()) cancelled.push_back(seq.get());
+  }
+  for (Sequence* seq : cancelled) {
+    EmitFinalEvent(seq, FinishReason::kCancelled);
+    FinishSequence(seq, FinishReason::kCancelled);
+  }
+}
+
+void Engine::RunStep(const StepPlan& plan) {
+  BatchPlan batch;
+  batch.block_size = config_.block_size;
+  std::vector<int32_t> chunk;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    Sequence* seq = s.seq;
+    chunk.assign(seq->tokens.begin() + seq->num_computed_tokens,
+                 seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
+    batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
+  }
+  logits_.resize(batch.logits_rows.size() * static_cast<size_t>(vocab_size_));
+  Status st = model_->Forward(batch, logits_);
+  ++counters_.steps;
+  counters_.computed_tokens += batch.num_tokens();
+  if (!st.ok()) {
+    LOG_ERROR << "forward step failed: " << st.message();
+    for (const ScheduledSequence& s : plan.scheduled) {
+      EmitFinalEvent(s.seq, FinishReason::kError);
+      FinishSequence(s.seq, FinishReason::kError);
+    }
+    return;
+  }
+
+  size_t row = 0;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    Sequence* seq = s.seq;
+    RequestState& state = *seq->request;
+    seq->num_computed_tokens += s.num_new_tokens;
+    kv_.CommitComputed(seq->id, seq->tokens, seq->num_computed_tokens,
+                       state.request.cache_namespace);
+    if (!state.admitted) {
+      state.admitted = true;
+      num_queued_.fetch_sub(1);
+    }
+    if (seq->sample_index == 0 && seq->num_computed_tokens >= seq->prompt_len)
+      state.prompt_prefilled = true;
+    if (!s.samples) continue;
+
+    std::span<float> row_logits(logits_.data() + row * vocab_size_, vocab_size_);
+    ++row;
+    SampleOutput out = Sample(row_logits, state.request.sampling, *seq->sampler);
+    seq->sampler->Accept(out.token_id);
+    seq->tokens.push_back(out.token_id);
+
+    FinishReason finish = FinishReason::kNone;
+    if (std::find(state.stop_ids.begin(), state.stop_ids.end(), out.token_id) !=
+        state.stop_ids.end()) {
+      finish = FinishReason::kStop;
+    } else if (seq->num_generated() >= state.request.max_tokens) {
+      finish = FinishReason::kLength;
+    }
+    TokenEvent event;
+    event.sample_index = seq->sample_index;
+    event.token_id = out.token_id;
+    event.logprob = out.logprob;
+    event.top_logprobs = std::move(out.top_logprobs);
+    event.finish = finish;
+    event.time_ns = NowNs();
+    state.stream->Push(std::move(event));
+    if (finish != FinishReason::kNone) FinishSequence(seq, finish);
+  }
+}
+
+void Engine::PublishStats() {
+  counters_.preemptions = scheduler_.num_preemptions();
+  counters_.num_running = static_cast<int32_t>(scheduler_.running().size());
+  counters_.kv_blocks_used = kv_.NumUsedBlocks();
+  counters_.kv_blocks_cached = kv_.NumCachedBlocks();
+  counters_.prefix_query_tokens = kv_.prefix_queries_tokens();
+  counters_.prefix_hit_tokens = kv_.prefix_hit_tokens();
+  std::lock_guard<std::mutex> lock(mu_);
+  published_ = counters_;
+}
+
+void Engine::Loop() {
+  while (true) {
+    bool stop_now = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (live_.empty()) {
+        cv_.wait(lock, [this] { return !inbox_.empty() || stopping_; });
+      }
+      if (stopping_ && (!drain_ || (live_.empty() && inbox_.empty()))) stop_now = true;
+    }
+    TakeInbox();
+    if (stop_now) {
+      for (auto& [id, seq] : live_) seq->request->stream->Cancel();
+    }
+    ReapCancelled();
+    if (stop_now) {
+      PublishStats();
+      return;
+    }
+    StepPlan plan = scheduler_.Schedule();
+    if (plan.empty()) {
+      // Nothing fits right now (cannot last: admission guarantees a lone sequence fits).
+      PublishStats();
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(5));
+      continue;
+    }
+    RunStep(plan);
+    PublishStats();
+  }
+}
+
+}  // namespace ember

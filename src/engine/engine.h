@@ -1,0 +1,112 @@
+// Engine: owns the scheduler, the KV bookkeeping and the step loop on ONE engine thread; callers
+// on any thread Submit() requests and read tokens from the returned ResponseStream. Each step is
+// schedule -> forward -> sample/postprocess. Requests are validated up front (lengths against the
+// context and the KV capacity, sampling parameters): a request that can never run is refused with
+// the numbers instead of failing later. Submit/Stats/Shutdown are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/response_stream.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "kv/kv_cache_manager.h"
+#include "model/model.h"
+
+namespace ember {
+
+struct EngineConfig {
+  int32_t max_running = 64;        // sequences decoded together (--max-batch)
+  int32_t max_step_tokens = 512;   // rows per forward step; longer prompts prefill in chunks
+  int64_t kv_cache_bytes = 0;      // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
+  int32_t block_size = 16;
+  int32_t max_queue = 1024;        // requests waiting for admission before Submit says kQueueFull
+  bool enable_prefix_caching = true;
+  int32_t max_n = 16;              // largest `n` accepted
+};
+
+struct EngineStats {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  int64_t computed_tokens = 0;     // rows run through the model
+  int64_t steps = 0, preemptions = 0;
+  int32_t num_queued = 0;          // requests not yet admitted
+  int32_t num_running = 0;         // sequences in the running batch
+  int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+};
+
+class Engine {
+ public:
+  // `model` must outlive the engine. Allocates the KV pool and starts the engine thread.
+  static Result<std::unique_ptr<Engine>> Create(Model* model, const EngineConfig& config);
+  ~Engine();  // Shutdown(/*drain=*/false)
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  using SubmitResult = std::variant<std::shared_ptr<ResponseStream>, SubmitError>;
+  SubmitResult Submit(GenerationRequest request);
+
+  // Stops accepting; drain=true finishes in-flight requests, false cancels them. Joins the thread.
+  void Shutdown(bool drain);
+
+  EngineStats Stats() const;
+  int32_t context_length() const { return context_length_; }
+  int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
+  int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  const Model& model() const { return *model_; }
+
+ private:
+  Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes);
+  std::optional<SubmitError> Validate(const GenerationRequest& request) const;
+  void Loop();
+  void TakeInbox();
+  void ReapCancelled();
+  void RunStep(const StepPlan& plan);
+  void FinishSequence(Sequence* seq, FinishReason reason);
+  void EmitFinalEvent(Sequence* seq, FinishReason reason);
+  void PublishStats();
+  bool HasWork() const { return !live_.empty(); }
+
+  Model* model_;
+  const EngineConfig config_;
+  const int32_t num_blocks_;
+  const int64_t kv_cache_bytes_;
+  const int32_t context_length_;
+  const int32_t vocab_size_;
+
+  // Engine-thread state.
+  kv::KvCacheManager kv_;
+  Scheduler scheduler_;
+  std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
+  kv::SeqId next_seq_id_ = 1;
+  std::vector<float> logits_;  // [rows, vocab]
+  EngineStats counters_;       // engine-thread running totals
+
+  // Shared with callers.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<RequestState>> inbox_;
+  bool stopping_ = false;
+  bool drain_ = true;
+  uint64_t next_request_id_ = 1;
+  std::atomic<int32_t> num_queued_{0};
+  EngineStats published_;      // snapshot for Stats()
+  std::thread thread_;
+};
+
+// Default KV pool size when none is given: room for max_running full contexts, at most 4 GiB.
+int64_t DefaultKvCacheBytes(const Model& model, const EngineConfig& config);
+
+}  // namespace ember

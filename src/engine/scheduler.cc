@@ -1,0 +1,83 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+namespace ember {
+
+bool Scheduler::WaitsForSibling(const Sequence* seq) {
+  return seq->sample_index > 0 && !seq->request->prompt_prefilled;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  kv_->Free(seq->id);
+  seq->started = false;
+  seq->num_computed_tokens = 0;
+  ++num_preemptions_;
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  kv_->Free(seq->id);
+  seq->started = false;
+  running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_step_tokens;
+
+  // 1. Running sequences, oldest first. Preempt from the newest end when blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    int32_t num_new = std::min(seq->num_uncomputed(), budget);
+    if (num_new == 0) {
+      ++i;
+      continue;
+    }
+    bool allocated = false;
+    while (!(allocated = kv_->Allocate(seq->id, seq->num_computed_tokens + num_new))) {
+      Sequence* victim = running_.back();
+      running_.pop_back();
+      Preempt(victim);
+      plan.preempted.push_back(victim);
+      waiting_.push_front(victim);
+      if (victim == seq) break;
+    }
+    if (!allocated) break;  // `seq` itself was preempted: it was the newest
+    plan.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    plan.num_tokens += num_new;
+    budget -= num_new;
+    ++i;
+  }
+  // Victims come from the newest end, never from the already-scheduled older sequences.
+  if (!plan.preempted.empty()) return plan;  // under memory pressure admit nothing new
+
+  // 2. Admit waiting sequences in FIFO order while they fit.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_running) {
+    Sequence* seq = waiting_.front();
+    if (WaitsForSibling(seq)) break;
+    if (!seq->started) {
+      int32_t cached = kv_->AcquireCachedPrefix(seq->id, seq->tokens, seq->request->request.cache_namespace);
+      seq->num_computed_tokens = cached;
+      seq->started = true;
+      if (!seq->ever_started) seq->num_cached_prompt_tokens = cached;
+    }
+    int32_t num_new = std::min(seq->num_uncomputed(), budget);
+    if (!kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
+      kv_->Free(seq->id);  // drop the prefix references; retry on a later step
+      seq->started = false;
+      seq->num_computed_tokens = 0;
+      break;
+    }
+    seq->ever_started = true;
+    waiting_.pop_front();
+    running_.push_back(seq);
+    plan.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    plan.num_tokens += num_new;
+    budget -= num_new;
+  }
+  return plan;
+}
+
+}  // namespace ember

@@ -1,0 +1,62 @@
+// Scheduler: picks each step's work under a token budget (vLLM v1 style, no phases). Running
+// sequences go first, oldest first: each gets its uncomputed tokens (1 when decoding, a prompt
+// chunk when prefilling) as the budget allows. When KV blocks run out, the newest running
+// sequence is preempted (its blocks freed; it is recomputed later from its tokens). Waiting
+// sequences are then admitted in FIFO order while their KV fits and the batch has room.
+// Integers only: no tensors, no model; engine-thread only; unit-tested with a simulated cache.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/sequence.h"
+#include "kv/kv_cache_manager.h"
+
+namespace ember {
+
+struct SchedulerConfig {
+  int32_t max_running = 64;        // sequences in one batch
+  int32_t max_step_tokens = 512;   // rows in one forward step (chunked prefill budget)
+};
+
+struct ScheduledSequence {
+  Sequence* seq = nullptr;
+  int32_t num_new_tokens = 0;  // rows this step, starting at seq->num_computed_tokens
+  bool samples = false;        // this chunk reaches the end: sample a token after the step
+};
+
+struct StepPlan {
+  std::vector<ScheduledSequence> scheduled;  // in row order
+  std::vector<Sequence*> preempted;          // sequences preempted while planning this step
+  int32_t num_tokens = 0;
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, kv::KvCacheManager* kv) : config_(config), kv_(kv) {}
+
+  void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
+  // Plans the next step (allocating KV blocks for it). Empty when nothing can run.
+  StepPlan Schedule();
+  // Drops a sequence wherever it is (finished or cancelled) and frees its blocks.
+  void Remove(Sequence* seq);
+
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const std::vector<Sequence*>& running() const { return running_; }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  void Preempt(Sequence* seq);
+  // Siblings (sample_index > 0) wait until sample 0 finished the prompt, so they reuse its blocks.
+  static bool WaitsForSibling(const Sequence* seq);
+
+  SchedulerConfig config_;
+  kv::KvCacheManager* kv_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // admission order: oldest first
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace ember

@@ -1,0 +1,48 @@
+// Sequence: one token stream being generated (a request with n samples owns n of them).
+// `num_computed_tokens` catches up with `tokens.size()`: there are no prefill/decode phases, a
+// sequence simply has uncomputed tokens (a prompt chunk, or its last sampled token). Owned and
+// mutated by the engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/response_stream.h"
+#include "kv/kv_cache_manager.h"
+#include "sampling/sampler.h"
+
+namespace ember {
+
+// Shared by the samples of one request.
+struct RequestState {
+  uint64_t request_id = 0;
+  GenerationRequest request;
+  std::shared_ptr<ResponseStream> stream;
+  std::vector<int32_t> stop_ids;        // eos ids (unless ignore_eos) + request stop ids
+  int32_t num_unfinished = 0;           // samples still running
+  bool prompt_prefilled = false;        // sample 0 computed the whole prompt (siblings may start)
+  bool admitted = false;                // left the queue (a sample ran, or it ended)
+  RequestUsage usage;
+};
+
+struct Sequence {
+  kv::SeqId id = 0;
+  int32_t sample_index = 0;
+  std::shared_ptr<RequestState> request;
+  std::vector<int32_t> tokens;         // prompt followed by generated tokens
+  int32_t prompt_len = 0;
+  int32_t num_computed_tokens = 0;     // tokens whose K/V is in the cache
+  int32_t num_cached_prompt_tokens = 0;  // of the prompt, served by the prefix cache (1st start)
+  bool started = false;                // holds KV blocks (AcquireCachedPrefix done)
+  bool ever_started = false;
+  std::unique_ptr<SamplerState> sampler;
+  FinishReason finish = FinishReason::kNone;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_generated() const { return num_tokens() - prompt_len; }
+  int32_t num_uncomputed() const { return num_tokens() - num_computed_tokens; }
+};
+
+}  // namespace ember
