@@ -1,0 +1,131 @@
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <random>
+
+#include "sampling/processors.h"
+#include "util/check.h"
+
+namespace ember {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+// SplitMix64's output function (Steele et al.): a bijective 64-bit mixer.
+uint64_t SplitMix64(uint64_t x) {
+  x += kGolden;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Scratch reused across calls on one thread, so a step over a large batch does not allocate.
+struct Scratch {
+  Candidates candidates;
+  std::vector<float> raw_logits;   // [vocab_size] copy of the row, only when logprobs are wanted
+  std::vector<int32_t> order;      // [vocab_size] for TopLogprobs
+};
+thread_local Scratch t_scratch;
+
+}  // namespace
+
+uint64_t MixSeed(uint64_t seed, uint64_t sample_index) {
+  return SplitMix64(seed ^ SplitMix64(sample_index));
+}
+
+SamplerState::SamplerState(const SamplingParams& params, uint64_t sample_index,
+                           std::span<const int32_t> prompt_ids, std::span<const int32_t> eos_ids)
+    : track_prompt_(params.repetition_penalty != 1.0f), track_output_(params.has_penalties()) {
+  if (params.seed) {
+    rng_key_ = MixSeed(*params.seed, sample_index);
+  } else {
+    std::random_device device;
+    rng_key_ = (static_cast<uint64_t>(device()) << 32) ^ device();
+  }
+  if (track_prompt_) {
+    for (int32_t id : prompt_ids) Track(id, 0);
+  }
+  if (params.min_tokens > 0) {
+    min_tokens_mask_ids_ = params.stop_token_ids;
+    if (!params.ignore_eos) {
+      min_tokens_mask_ids_.insert(min_tokens_mask_ids_.end(), eos_ids.begin(), eos_ids.end());
+    }
+  }
+}
+
+void SamplerState::Track(int32_t token_id, int32_t output_increment) {
+  auto [it, inserted] = slot_of_id_.try_emplace(token_id, static_cast<int32_t>(seen_ids_.size()));
+  if (inserted) {
+    seen_ids_.push_back(token_id);
+    output_counts_.push_back(0);
+  }
+  output_counts_[static_cast<size_t>(it->second)] += output_increment;
+}
+
+void SamplerState::Accept(int32_t token_id) {
+  ++num_output_tokens_;
+  if (track_output_) Track(token_id, 1);
+}
+
+double SamplerState::NextUniform() {
+  // Counter-based: draw i is a pure function of (key, i), so a state can be replayed or
+  // skipped ahead and never depends on what other sequences drew. 53 bits -> [0, 1).
+  const uint64_t bits = SplitMix64(rng_key_ + kGolden * rng_counter_++);
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state) {
+  CHECK(!logits.empty());
+  Scratch& scratch = t_scratch;
+  SampleOutput out;
+
+  // Logprobs come from the RAW logits, before any processing: vLLM v1's default
+  // (logprobs_mode = "raw_logprobs"). Only computed when requested: it costs a copy and a pass.
+  double log_sum_exp = 0.0;
+  if (params.wants_logprobs()) {
+    scratch.raw_logits.assign(logits.begin(), logits.end());
+    log_sum_exp = LogSumExp(logits);
+    out.top_logprobs = TopLogprobs(logits, log_sum_exp, params.top_logprobs, scratch.order);
+  }
+
+  // Logits processors, in vLLM order: bias on the raw logits, then penalties, then min_tokens.
+  if (!params.logit_bias.empty()) ApplyLogitBias(logits, params.logit_bias);
+  if (params.has_penalties()) {
+    ApplyPenalties(logits, state.seen_ids(), state.output_counts(), params.repetition_penalty,
+                   params.presence_penalty, params.frequency_penalty);
+  }
+  if (state.num_output_tokens() < params.min_tokens) {
+    MaskTokens(logits, state.min_tokens_mask_ids());
+  }
+
+  if (params.is_greedy()) {
+    // Top-k / top-p / min-p always keep the argmax, so greedy ignores them; no RNG draw.
+    out.token_id = Argmax(logits);
+  } else {
+    FilterCandidates(logits, params.temperature, params.top_k, params.top_p, params.min_p,
+                     scratch.candidates);
+    out.token_id = DrawCandidate(scratch.candidates, state.NextUniform());
+  }
+
+  if (params.wants_logprobs()) {
+    out.logprob =
+        static_cast<float>(scratch.raw_logits[static_cast<size_t>(out.token_id)] - log_sum_exp);
+  }
+  return out;
+}
+
+void SampleRows(std::span<float> logits, int32_t vocab_size,
+                std::span<const SamplingParams* const> params,
+                std::span<SamplerState* const> states, std::span<SampleOutput> out) {
+  const size_t num_rows = out.size();
+  CHECK_EQ(params.size(), num_rows);
+  CHECK_EQ(states.size(), num_rows);
+  CHECK_EQ(logits.size(), num_rows * static_cast<size_t>(vocab_size));
+  const auto row_size = static_cast<size_t>(vocab_size);
+#pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
+  for (size_t row = 0; row < num_rows; ++row) {
+    out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,74 @@
+#include "sampling/sampling_params.h"
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+namespace ember {
+namespace {
+
+std::string Num(double value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+Status Bad(const std::string& field, const std::string& expected, double got) {
+  return Status::Error(field + ": must be " + expected + ", got " + Num(got));
+}
+
+// Checks lo <= value <= hi (with open ends when the flags say so), rejecting NaN / inf.
+Status CheckRange(const char* field, float value, double lo, bool lo_open, double hi,
+                  bool hi_open) {
+  const std::string expected = std::string("in ") + (lo_open ? "(" : "[") + Num(lo) + ", " +
+                               Num(hi) + (hi_open ? ")" : "]");
+  if (!std::isfinite(value)) return Bad(field, "finite and " + expected, value);
+  const bool below = lo_open ? !(value > lo) : !(value >= lo);
+  const bool above = hi_open ? !(value < hi) : !(value <= hi);
+  if (below || above) return Bad(field, expected, value);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SamplingParams::Validate(int32_t vocab_size) const {
+  // Ranges follow OpenAI where it defines the field, vLLM otherwise.
+  EMBER_RETURN_IF_ERROR(CheckRange("temperature", temperature, 0.0, false, 2.0, false));
+  EMBER_RETURN_IF_ERROR(CheckRange("top_p", top_p, 0.0, true, 1.0, false));
+  EMBER_RETURN_IF_ERROR(CheckRange("min_p", min_p, 0.0, false, 1.0, false));
+  if (top_k < -1) return Bad("top_k", "-1 or 0 (off) or >= 1", top_k);
+  if (!std::isfinite(repetition_penalty) || !(repetition_penalty > 0.0f)) {
+    return Bad("repetition_penalty", "finite and > 0", repetition_penalty);
+  }
+  EMBER_RETURN_IF_ERROR(CheckRange("presence_penalty", presence_penalty, -2.0, false, 2.0, false));
+  EMBER_RETURN_IF_ERROR(
+      CheckRange("frequency_penalty", frequency_penalty, -2.0, false, 2.0, false));
+  for (const auto& [id, bias] : logit_bias) {
+    const std::string field = "logit_bias[" + std::to_string(id) + "]";
+    if (id < 0 || id >= vocab_size) {
+      return Status::Error(field + ": token id must be in [0, " + std::to_string(vocab_size) +
+                           "), got " + std::to_string(id));
+    }
+    EMBER_RETURN_IF_ERROR(CheckRange(field.c_str(), bias, -100.0, false, 100.0, false));
+  }
+  if (top_logprobs < -1 || top_logprobs > kMaxTopLogprobs) {
+    return Bad("top_logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: off)",
+               top_logprobs);
+  }
+  if (n < 1) return Bad("n", ">= 1", n);
+  if (max_tokens && *max_tokens < 1) return Bad("max_tokens", ">= 1", *max_tokens);
+  if (min_tokens < 0) return Bad("min_tokens", ">= 0", min_tokens);
+  if (max_tokens && min_tokens > *max_tokens) {
+    return Status::Error("min_tokens: must be <= max_tokens (" + std::to_string(*max_tokens) +
+                         "), got " + std::to_string(min_tokens));
+  }
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return Status::Error("stop_token_ids: token id must be in [0, " +
+                           std::to_string(vocab_size) + "), got " + std::to_string(id));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ember
