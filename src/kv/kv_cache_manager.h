@@ -1,0 +1,98 @@
+// KvCacheManager: per-sequence block tables over a BlockPool, with automatic prefix caching.
+// A sequence's table covers its token slots in order (slot i lives in block table[i / block_size]).
+// Full, computed blocks are registered in the PrefixCache; when the last sequence releases such a
+// block it stays cached at the back of the free list (LRU) and a later prompt with the same prefix
+// revives it. Allocation takes from the front of the free list, evicting a cached block's entry
+// first. The capacity (num_blocks, from the KV byte cap) holds before any allocation: Allocate
+// refuses, changing nothing, rather than over-commit. Single-threaded: owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/prefix_cache.h"
+
+namespace ember::kv {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;  // computed by the caller from the byte cap (NumBlocksForBytes)
+  bool enable_prefix_caching = true;
+};
+
+// Blocks that fit in `bytes` given the model's KV bytes per token (all layers, K and V): the cap
+// holds before allocation. 0 when not even one block fits.
+int32_t NumBlocksForBytes(int64_t bytes, int64_t kv_bytes_per_token, int32_t block_size);
+
+class KvCacheManager {
+ public:
+  explicit KvCacheManager(const KvCacheConfig& config);
+  // Test hook: a custom (e.g. deliberately weak) block hash.
+  KvCacheManager(const KvCacheConfig& config, BlockHashFn hash_fn);
+
+  // Starts (or restarts after preemption) `seq` with its full token list. Takes references on the
+  // longest cached, verified prefix of whole blocks and returns how many tokens it covers
+  // (multiple of block_size, <= tokens.size() - 1). CHECKs that seq has no blocks yet.
+  int32_t AcquireCachedPrefix(SeqId seq, std::span<const int32_t> tokens, uint64_t ns);
+  // Tokens AcquireCachedPrefix would cover now, without taking references or counting stats.
+  int32_t PeekCachedPrefix(std::span<const int32_t> tokens, uint64_t ns) const;
+  // Blocks seq still needs to hold num_tokens slots (0 if already covered; unknown seq: all).
+  int32_t NumBlocksNeeded(SeqId seq, int32_t num_tokens) const;
+  // Blocks obtainable now (free, including evictable cached ones).
+  int32_t NumFreeBlocks() const { return pool_.num_free(); }
+  // Grows seq's block table to cover num_tokens slots. Returns false and changes nothing if
+  // there are not enough free blocks. An unknown seq is started with an empty table.
+  bool Allocate(SeqId seq, int32_t num_tokens);
+  // After a step: registers seq's full blocks within its first num_computed tokens in the prefix
+  // cache (tokens = seq's full token list; idempotent for blocks already registered).
+  void CommitComputed(SeqId seq, std::span<const int32_t> tokens, int32_t num_computed,
+                      uint64_t ns);
+  // Releases seq's references (cached blocks stay revivable in LRU order). Unknown seq: no-op.
+  void Free(SeqId seq);
+  // seq's blocks in slot order. CHECKs Has(seq).
+  const std::vector<int32_t>& BlockTable(SeqId seq) const;
+  bool Has(SeqId seq) const { return seqs_.contains(seq); }
+
+  int32_t block_size() const { return config_.block_size; }
+  int32_t num_blocks() const { return config_.num_blocks; }
+  int32_t NumUsedBlocks() const { return pool_.num_blocks() - pool_.num_free(); }  // referenced
+  int32_t NumCachedBlocks() const { return cache_.num_cached(); }  // hashed (used or revivable)
+  int32_t NumSeqs() const { return static_cast<int32_t>(seqs_.size()); }
+  // Prefix-cache statistics for /metrics: prompt tokens looked up and tokens hit.
+  int64_t prefix_queries_tokens() const { return prefix_queries_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  // Debug / tests.
+  int32_t RefCount(int32_t block_id) const { return pool_.ref_count(block_id); }
+  const BlockPool& pool() const { return pool_; }
+  const PrefixCache& prefix_cache() const { return cache_; }
+  // Full consistency check (refcounts vs block tables, free list, hash index); empty when OK.
+  std::string CheckInvariants() const;
+
+ private:
+  struct SeqState {
+    std::vector<int32_t> blocks;  // [ceil(num_slots / block_size)]
+    uint64_t ns = 0;
+    int32_t num_registered = 0;      // leading blocks already in (or matched by) the cache
+    uint64_t last_key = kRootBlockKey;  // key of block num_registered - 1
+    BlockRef last_ref;                  // cached block holding that content (may be another seq's)
+  };
+  // Longest verified cached prefix of whole blocks (at most (tokens.size() - 1) / block_size).
+  // Returns its length in blocks; when `into` is set, appends the blocks to into->blocks and
+  // advances its registration cursor (takes no references).
+  int32_t Walk(std::span<const int32_t> tokens, uint64_t ns, SeqState* into) const;
+
+  KvCacheConfig config_;
+  BlockPool pool_;
+  PrefixCache cache_;
+  std::unordered_map<SeqId, SeqState> seqs_;
+  int64_t prefix_queries_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+};
+
+}  // namespace ember::kv
