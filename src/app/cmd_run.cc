@@ -1,0 +1,135 @@
+// `ember run`: one prompt through the engine, printed as text, ids or JSON.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+#include "util/flags.h"
+#include "util/mapped_file.h"
+
+namespace ember::app {
+
+namespace {
+
+Result<std::vector<int32_t>> ParseIdArray(const std::string& text, const std::string& flag) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return Status::Error(flag + ": expected a JSON array of token ids");
+  std::vector<int32_t> ids;
+  for (const auto& v : j) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return Status::Error(flag + ": every element must be a non-negative integer token id");
+    ids.push_back(v.get<int32_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+int RunCommand(int argc, char** argv, int first) {
+  std::string model_dir, prompt, prompt_ids_json, output = "text";
+  int64_t max_tokens = 128;
+  GenerationFlags gen;
+  EngineFlags engine_flags;
+  FlagParser flags(
+      "usage: ember run --model DIR (--prompt TEXT | --prompt-ids JSON_ARRAY) [--max-tokens N]\n"
+      "       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--output text|ids|json]");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--prompt", &prompt, "prompt text (needs the model's tokenizer.json)");
+  flags.AddString("--prompt-ids", &prompt_ids_json, "prompt as a JSON array of token ids");
+  flags.AddInt("-n,--max-tokens", &max_tokens, "tokens to generate (default 128)");
+  flags.AddString("--output", &output, "text (default), ids (JSON array on the last line), json");
+  gen.Register(flags);
+  engine_flags.Register(flags, /*serving=*/false);
+  if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
+
+  if (model_dir.empty()) return Fail("--model is required");
+  if (prompt.empty() == prompt_ids_json.empty())
+    return Fail("give exactly one of --prompt and --prompt-ids");
+  if (output != "text" && output != "ids" && output != "json")
+    return Fail("--output must be text, ids or json, got '" + output + "'");
+
+  auto loaded = LoadModelAndEngine(model_dir, engine_flags);
+  if (!loaded.ok()) return Fail(loaded.message());
+  LoadedModel& lm = *loaded;
+
+  const bool need_tokenizer = !prompt.empty() || output != "ids";
+  if (need_tokenizer && lm.tokenizer == nullptr) {
+    return Fail(model_dir + "/tokenizer.json: not found; " +
+                (prompt.empty() ? std::string("use --output ids") : std::string("use --prompt-ids")) +
+                " with a model that has no tokenizer");
+  }
+
+  GenerationRequest request;
+  if (!prompt.empty()) {
+    request.prompt_ids = lm.tokenizer->Encode(prompt, /*add_special_tokens=*/true);
+  } else {
+    auto ids = ParseIdArray(prompt_ids_json, "--prompt-ids");
+    if (!ids.ok()) return Fail(ids.message());
+    request.prompt_ids = std::move(*ids);
+  }
+  request.max_tokens = static_cast<int32_t>(max_tokens);
+  if (Status st = gen.Apply(flags, lm.model->generation_defaults(), &request.sampling); !st.ok())
+    return Fail(st.message());
+
+  auto submitted = lm.engine->Submit(request);
+  if (auto* error = std::get_if<SubmitError>(&submitted)) return Fail(error->message);
+  std::shared_ptr<ResponseStream> stream = std::get<std::shared_ptr<ResponseStream>>(submitted);
+
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  if (lm.tokenizer != nullptr) detok = std::make_unique<IncrementalDetokenizer>(*lm.tokenizer, true);
+  std::vector<int32_t> ids;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  GenerationTimer timer;
+  std::vector<TokenEvent> events;
+  while (stream->Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id >= 0) {
+        timer.OnToken(e.time_ns);
+        ids.push_back(e.token_id);
+        if (detok != nullptr) {
+          std::string piece = detok->Push(e.token_id);
+          text += piece;
+          if (output == "text") {
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+            std::fflush(stdout);
+          }
+        }
+      }
+      if (e.finish != FinishReason::kNone) finish = e.finish;
+    }
+    events.clear();
+  }
+  if (detok != nullptr) {
+    std::string rest = detok->Flush();
+    text += rest;
+    if (output == "text") std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  RequestUsage usage = stream->usage();
+  if (output == "text") {
+    std::printf("\n");
+  } else if (output == "ids") {
+    std::printf("%s\n", nlohmann::json(ids).dump().c_str());
+  } else {
+    nlohmann::json j = {{"prompt_ids", request.prompt_ids},
+                        {"ids", ids},
+                        {"finish_reason", FinishReasonName(finish)},
+                        {"usage",
+                         {{"prompt_tokens", usage.prompt_tokens},
+                          {"cached_tokens", usage.cached_tokens},
+                          {"completion_tokens", usage.completion_tokens}}},
+                        {"timings", timer.ToJson()}};
+    if (detok != nullptr) j["text"] = text;
+    std::printf("%s\n", j.dump().c_str());
+  }
+  if (output != "json") std::fprintf(stderr, "%s\n", timer.Summary(usage).c_str());
+  lm.engine->Shutdown(/*drain=*/true);
+  return finish == FinishReason::kError ? 1 : 0;
+}
+
+}  // namespace ember::app

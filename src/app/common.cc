@@ -1,0 +1,139 @@
+#include "app/common.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "util/mapped_file.h"
+
+namespace ember::app {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ember: %s\n", message.c_str());
+  return 1;
+}
+
+int ParseOrExit(FlagParser& flags, int argc, char** argv, int first) {
+  bool help = false;
+  Status st = flags.Parse(argc, argv, first, &help);
+  if (help) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  if (!st.ok()) return Fail(st.message());
+  return -1;
+}
+
+void GenerationFlags::Register(FlagParser& flags) {
+  flags.AddDouble("--temperature", &temperature, "sampling temperature; 0 = greedy");
+  flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (0, 1]");
+  flags.AddInt("--top-k", &top_k, "keep the k most likely tokens (0 = off)");
+  flags.AddDouble("--min-p", &min_p, "drop tokens below min_p * p(top)");
+  flags.AddDouble("--repetition-penalty", &repetition_penalty, "HF repetition penalty (1 = off)");
+  flags.AddDouble("--presence-penalty", &presence_penalty, "OpenAI presence penalty");
+  flags.AddDouble("--frequency-penalty", &frequency_penalty, "OpenAI frequency penalty");
+  flags.AddInt("--seed", &seed, "sampling seed (default: random)");
+}
+
+Status GenerationFlags::Apply(const FlagParser& flags, const GenerationDefaults& d,
+                              SamplingParams* p) const {
+  p->temperature = flags.WasSet("--temperature") ? static_cast<float>(temperature)
+                                                 : d.temperature.value_or(1.0f);
+  p->top_p = flags.WasSet("--top-p") ? static_cast<float>(top_p) : d.top_p.value_or(1.0f);
+  p->top_k = flags.WasSet("--top-k") ? static_cast<int32_t>(top_k) : d.top_k.value_or(0);
+  p->min_p = flags.WasSet("--min-p") ? static_cast<float>(min_p) : d.min_p.value_or(0.0f);
+  p->repetition_penalty = flags.WasSet("--repetition-penalty")
+                              ? static_cast<float>(repetition_penalty)
+                              : d.repetition_penalty.value_or(1.0f);
+  p->presence_penalty = static_cast<float>(presence_penalty);
+  p->frequency_penalty = static_cast<float>(frequency_penalty);
+  if (flags.WasSet("--seed")) {
+    if (seed < 0) return Status::Error("--seed: must be non-negative");
+    p->seed = static_cast<uint64_t>(seed);
+  }
+  return Status::Ok();
+}
+
+void EngineFlags::Register(FlagParser& flags, bool serving) {
+  flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
+  flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
+  flags.AddInt("--max-batch", &max_batch, "sequences decoded together (default 64)");
+  flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
+  flags.AddInt("--max-step-tokens", &max_step_tokens,
+               "tokens per engine step; longer prompts prefill in chunks (default 512)");
+  flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
+  if (serving) flags.AddInt("--max-queue", &max_queue, "requests waiting before 429 (default 1024)");
+}
+
+Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
+  ModelLoadOptions opts;
+  if (device == "cpu" || device == "auto") {
+    opts.device = DeviceKind::kCpu;
+  } else if (device == "cuda") {
+    opts.device = DeviceKind::kCuda;
+  } else {
+    return Status::Error("--device must be cpu, cuda or auto, got '" + device + "'");
+  }
+  if (threads < 0) return Status::Error("--threads: must be >= 0");
+  opts.num_threads = static_cast<int32_t>(threads);
+  return opts;
+}
+
+EngineConfig EngineFlags::Config() const {
+  EngineConfig c;
+  c.max_running = static_cast<int32_t>(max_batch);
+  c.kv_cache_bytes = kv_cache_bytes;
+  c.max_step_tokens = static_cast<int32_t>(max_step_tokens);
+  c.max_queue = static_cast<int32_t>(max_queue);
+  c.enable_prefix_caching = !no_prefix_cache;
+  return c;
+}
+
+Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags) {
+  if (flags.max_batch < 1) return Status::Error("--max-batch: must be >= 1");
+  if (flags.max_step_tokens < 1) return Status::Error("--max-step-tokens: must be >= 1");
+  if (flags.kv_cache_bytes < 0) return Status::Error("--kv-cache-bytes: must be >= 0");
+  if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
+  EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());
+  LoadedModel lm;
+  EMBER_ASSIGN_OR_RETURN(lm.model, Model::Load(model_dir, opts));
+  if (FileExists(model_dir + "/tokenizer.json")) {
+    EMBER_ASSIGN_OR_RETURN(lm.tokenizer, Tokenizer::Load(model_dir));
+  }
+  EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), flags.Config()));
+  return lm;
+}
+
+namespace {
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+GenerationTimer::GenerationTimer() : start_ns_(SteadyNowNs()) {}
+
+void GenerationTimer::OnToken(int64_t time_ns) {
+  if (num_tokens_ == 0) first_ns_ = time_ns;
+  last_ns_ = time_ns;
+  ++num_tokens_;
+}
+
+nlohmann::json GenerationTimer::ToJson() const {
+  double ttft_ms = num_tokens_ > 0 ? (first_ns_ - start_ns_) / 1e6 : 0.0;
+  double decode_s = (last_ns_ - first_ns_) / 1e9;
+  double decode_tps = num_tokens_ > 1 && decode_s > 0 ? (num_tokens_ - 1) / decode_s : 0.0;
+  return {{"ttft_ms", ttft_ms}, {"decode_tokens_per_s", decode_tps}};
+}
+
+std::string GenerationTimer::Summary(const RequestUsage& usage) const {
+  nlohmann::json j = ToJson();
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "[prompt %d tokens (%d cached), generated %d; first token %.1f ms, %.1f tok/s]",
+                usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+                j["ttft_ms"].get<double>(), j["decode_tokens_per_s"].get<double>());
+  return buf;
+}
+
+}  // namespace ember::app

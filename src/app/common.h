@@ -1,0 +1,68 @@
+// Helpers shared by the `ember` subcommands: flag groups that several commands accept (sampling,
+// engine sizing), loading a model + tokenizer + engine, failure printing, and timing summaries.
+// Used from main's thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "sampling/sampling_params.h"
+#include "tokenizer/tokenizer.h"
+#include "util/flags.h"
+#include "util/status.h"
+
+namespace ember::app {
+
+// Prints "ember: MESSAGE" to stderr; returns exit code 1.
+int Fail(const std::string& message);
+// Parses flags; returns -1 to continue, else the exit code to return (help printed, or error).
+int ParseOrExit(FlagParser& flags, int argc, char** argv, int first);
+
+// --temperature --top-p --top-k --min-p --seed --repetition-penalty ... (unset flags fall back to
+// generation_config.json, then to OpenAI's defaults).
+struct GenerationFlags {
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+  double repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
+  int64_t top_k = 0, seed = -1;
+  void Register(FlagParser& flags);
+  Status Apply(const FlagParser& flags, const GenerationDefaults& defaults,
+               SamplingParams* params) const;
+};
+
+// --device --threads --max-batch --kv-cache-bytes --max-step-tokens
+struct EngineFlags {
+  std::string device = "auto";
+  int64_t threads = 0, max_batch = 64, kv_cache_bytes = 0, max_step_tokens = 512;
+  int64_t max_queue = 1024;
+  bool no_prefix_cache = false;
+  void Register(FlagParser& flags, bool serving);
+  Result<ModelLoadOptions> LoadOptions() const;
+  EngineConfig Config() const;
+};
+
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
+  std::unique_ptr<Engine> engine;
+};
+Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags);
+
+// Time to first token and decode rate of one generation, from TokenEvent stamps.
+class GenerationTimer {
+ public:
+  GenerationTimer();
+  void OnToken(int64_t time_ns);
+  nlohmann::json ToJson() const;
+  std::string Summary(const RequestUsage& usage) const;
+
+ private:
+  int64_t start_ns_, first_ns_ = 0, last_ns_ = 0;
+  int64_t num_tokens_ = 0;
+};
+
+}  // namespace ember::app
