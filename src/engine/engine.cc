@@ -175,8 +175,8 @@ void Engine::TakeInbox() {
       seq->request = state;
       seq->tokens = state->request.prompt_ids;
       seq->prompt_len = seq->num_tokens();
-      seq->sampler = std::make_unique<SamplerState>(state->request.sampling,
-                                                    static_cast<uint64_t>(i), seq->tokens);
+      seq->sampler = std::make_unique<SamplerState>(
+          state->request.sampling, static_cast<uint64_t>(i), seq->tokens, state->stop_ids);
       scheduler_.AddWaiting(seq.get());
       live_.emplace(seq->id, std::move(seq));
     }
