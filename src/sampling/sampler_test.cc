@@ -1,0 +1,336 @@
+// Sample(): greedy, seeded determinism, batch independence, allowed sets and frequencies,
+// logprobs against a double-precision reference, min_tokens, and validation messages.
+#include "sampling/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+
+namespace ember {
+namespace {
+
+constexpr int32_t kVocab = 1000;
+
+std::vector<float> RandomLogits(uint32_t seed, int32_t vocab = kVocab, float scale = 3.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& x : logits) x = dist(gen);
+  return logits;
+}
+
+// Runs `steps` decode steps where the logits of step i depend only on i.
+std::vector<int32_t> Generate(const SamplingParams& params, uint64_t sample_index, int steps) {
+  SamplerState state(params, sample_index, {});
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < steps; ++i) {
+    std::vector<float> logits = RandomLogits(1000u + static_cast<uint32_t>(i), kVocab, 1.0f);
+    tokens.push_back(Sample(logits, params, state).token_id);
+    state.Accept(tokens.back());
+  }
+  return tokens;
+}
+
+TEST(SamplerTest, GreedyIsArgmaxAndIgnoresSeed) {
+  for (uint32_t row = 0; row < 20; ++row) {
+    std::vector<float> logits = RandomLogits(row);
+    const auto expected =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    for (uint64_t seed : {1ull, 2ull}) {
+      SamplingParams params;
+      params.temperature = 0.0f;
+      params.top_k = 5;
+      params.top_p = 0.5f;
+      params.seed = seed;
+      SamplerState state(params, 0, {});
+      std::vector<float> copy = logits;
+      EXPECT_EQ(Sample(copy, params, state).token_id, expected);
+      EXPECT_EQ(state.rng_counter(), 0u) << "greedy must not draw";
+    }
+  }
+}
+
+TEST(SamplerTest, GreedyAppliesBiasAndPenaltiesFirst) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.logit_bias = {{2, 10.0f}};
+  std::vector<float> logits = {5.0f, 1.0f, 0.0f};
+  SamplerState state(params, 0, {});
+  EXPECT_EQ(Sample(logits, params, state).token_id, 2);
+
+  SamplingParams penalised;
+  penalised.temperature = 0.0f;
+  penalised.repetition_penalty = 4.0f;
+  const std::vector<int32_t> prompt = {0};
+  SamplerState penalised_state(penalised, 0, prompt);
+  std::vector<float> row = {4.0f, 3.0f, 0.0f};  // id 0 -> 1.0 after the penalty
+  EXPECT_EQ(Sample(row, penalised, penalised_state).token_id, 1);
+
+  SamplingParams frequency;
+  frequency.temperature = 0.0f;
+  frequency.frequency_penalty = 1.5f;
+  SamplerState frequency_state(frequency, 0, prompt);  // prompt does not count for frequency
+  std::vector<float> first = {4.0f, 3.0f, 0.0f};
+  EXPECT_EQ(Sample(first, frequency, frequency_state).token_id, 0);
+  frequency_state.Accept(0);
+  std::vector<float> second = {4.0f, 3.0f, 0.0f};  // id 0 -> 2.5 < 3
+  EXPECT_EQ(Sample(second, frequency, frequency_state).token_id, 1);
+}
+
+TEST(SamplerTest, SameSeedSameTokensDifferentSeedsDiffer) {
+  SamplingParams params;
+  params.seed = 1234;
+  const auto a = Generate(params, 0, 64);
+  EXPECT_EQ(a, Generate(params, 0, 64));
+  EXPECT_NE(a, Generate(params, 1, 64)) << "sample index must change the stream";
+  params.seed = 1235;
+  EXPECT_NE(a, Generate(params, 0, 64));
+  SamplingParams unseeded;
+  EXPECT_NE(Generate(unseeded, 0, 64), Generate(unseeded, 0, 64));
+}
+
+TEST(SamplerTest, ExactlyOneDrawPerSampledToken) {
+  SamplingParams params;
+  params.seed = 5;
+  params.top_k = 10;
+  SamplerState state(params, 0, {});
+  for (int i = 0; i < 7; ++i) {
+    std::vector<float> logits = RandomLogits(static_cast<uint32_t>(i));
+    state.Accept(Sample(logits, params, state).token_id);
+  }
+  EXPECT_EQ(state.rng_counter(), 7u);
+  EXPECT_EQ(state.num_output_tokens(), 7);
+}
+
+TEST(SamplerTest, SeededRowIsIndependentOfBatchComposition) {
+  SamplingParams seeded;
+  seeded.seed = 99;
+  seeded.top_p = 0.9f;
+  const auto alone = Generate(seeded, 0, 32);
+
+  // The same sequence inside batches of varying size and neighbours, sampled in parallel.
+  SamplingParams other;
+  other.temperature = 1.5f;
+  other.top_k = 50;
+  SamplerState target(seeded, 0, {});
+  std::vector<SamplerState> neighbours;
+  for (int i = 0; i < 7; ++i) neighbours.emplace_back(other, static_cast<uint64_t>(i), std::span<const int32_t>{});
+  std::vector<int32_t> batched;
+  for (int step = 0; step < 32; ++step) {
+    const int num_rows = 1 + step % 8;
+    const int target_row = step % num_rows;
+    std::vector<float> logits;
+    std::vector<const SamplingParams*> params;
+    std::vector<SamplerState*> states;
+    for (int row = 0; row < num_rows; ++row) {
+      const bool is_target = row == target_row;
+      const auto row_logits =
+          is_target ? RandomLogits(1000u + static_cast<uint32_t>(step), kVocab, 1.0f)
+                    : RandomLogits(static_cast<uint32_t>(step * 31 + row));
+      logits.insert(logits.end(), row_logits.begin(), row_logits.end());
+      params.push_back(is_target ? &seeded : &other);
+      states.push_back(is_target ? &target : &neighbours[static_cast<size_t>(row % 7)]);
+    }
+    std::vector<SampleOutput> out(static_cast<size_t>(num_rows));
+    SampleRows(logits, kVocab, params, states, out);
+    for (int row = 0; row < num_rows; ++row) {
+      states[static_cast<size_t>(row)]->Accept(out[static_cast<size_t>(row)].token_id);
+    }
+    batched.push_back(out[static_cast<size_t>(target_row)].token_id);
+  }
+  EXPECT_EQ(batched, alone);
+}
+
+// Samples `draws` times from `probs` with different seeds; returns token -> count.
+std::map<int32_t, int> Histogram(const std::vector<double>& probs, SamplingParams params,
+                                 int draws) {
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < draws; ++i) {
+    params.seed = static_cast<uint64_t>(i);
+    SamplerState state(params, 0, {});
+    std::vector<float> logits;
+    for (double p : probs) logits.push_back(static_cast<float>(std::log(p)));
+    ++counts[Sample(logits, params, state).token_id];
+  }
+  return counts;
+}
+
+void ExpectFrequencies(const std::map<int32_t, int>& counts, const std::map<int32_t, double>& want,
+                       int draws) {
+  for (const auto& [id, count] : counts) {
+    ASSERT_TRUE(want.count(id)) << "token " << id << " must have been filtered out";
+  }
+  for (const auto& [id, p] : want) {
+    const auto it = counts.find(id);
+    const double got = it == counts.end() ? 0.0 : static_cast<double>(it->second) / draws;
+    // 20k draws: the standard error is <= 0.0036; allow ~4 sigma.
+    EXPECT_NEAR(got, p, 0.015) << "token " << id;
+  }
+}
+
+const std::vector<double> kProbs = {0.1, 0.4, 0.2, 0.3, 0.0001};
+constexpr int kDraws = 20000;
+
+TEST(SamplerTest, PlainSamplingMatchesProbabilities) {
+  SamplingParams params;
+  ExpectFrequencies(Histogram(kProbs, params, kDraws),
+                    {{0, 0.1}, {1, 0.4}, {2, 0.2}, {3, 0.3}, {4, 0.0001}}, kDraws);
+}
+
+TEST(SamplerTest, TopKOnlyAllowsTopTokensRenormalised) {
+  SamplingParams params;
+  params.top_k = 2;
+  ExpectFrequencies(Histogram(kProbs, params, kDraws), {{1, 4.0 / 7}, {3, 3.0 / 7}}, kDraws);
+}
+
+TEST(SamplerTest, TopPOnlyAllowsNucleus) {
+  SamplingParams params;
+  params.top_p = 0.8f;
+  ExpectFrequencies(Histogram(kProbs, params, kDraws),
+                    {{1, 0.4 / 0.9}, {3, 0.3 / 0.9}, {2, 0.2 / 0.9}}, kDraws);
+}
+
+TEST(SamplerTest, MinPOnlyAllowsTokensNearTheTop) {
+  SamplingParams params;
+  params.min_p = 0.6f;  // threshold 0.24
+  ExpectFrequencies(Histogram(kProbs, params, kDraws), {{1, 4.0 / 7}, {3, 3.0 / 7}}, kDraws);
+}
+
+TEST(SamplerTest, TemperatureSharpens) {
+  SamplingParams params;
+  params.temperature = 0.5f;  // probs ~ p^2: 0.01, 0.16, 0.04, 0.09, 1e-8 (total ~0.3)
+  ExpectFrequencies(Histogram(kProbs, params, kDraws),
+                    {{0, 0.01 / 0.3}, {1, 0.16 / 0.3}, {2, 0.04 / 0.3}, {3, 0.09 / 0.3}, {4, 0.0}},
+                    kDraws);
+}
+
+TEST(SamplerTest, LogprobsAreRawLogSoftmax) {
+  std::vector<float> logits = RandomLogits(3, 5000, 5.0f);
+  const std::vector<float> raw = logits;
+  double max = *std::max_element(raw.begin(), raw.end());
+  double sum = 0.0;
+  for (float x : raw) sum += std::exp(static_cast<double>(x) - max);
+  const double lse = max + std::log(sum);
+
+  SamplingParams params;
+  params.seed = 3;
+  params.temperature = 0.7f;
+  params.top_k = 40;
+  params.logit_bias = {{17, 50.0f}};  // processing must not change the reported logprobs
+  params.top_logprobs = 20;
+  SamplerState state(params, 0, {});
+  const SampleOutput out = Sample(logits, params, state);
+  EXPECT_EQ(out.token_id, 17);  // +50 makes it overwhelmingly likely
+  EXPECT_NEAR(out.logprob, raw[17] - lse, 1e-4);
+  ASSERT_EQ(out.top_logprobs.size(), 20u);
+  for (size_t i = 0; i < out.top_logprobs.size(); ++i) {
+    const TokenLogprob& entry = out.top_logprobs[i];
+    EXPECT_NEAR(entry.logprob, raw[static_cast<size_t>(entry.token_id)] - lse, 1e-4);
+    if (i > 0) {
+      EXPECT_GE(out.top_logprobs[i - 1].logprob, entry.logprob);
+    }
+  }
+  std::vector<float> sorted = raw;
+  std::sort(sorted.rbegin(), sorted.rend());
+  EXPECT_FLOAT_EQ(raw[static_cast<size_t>(out.top_logprobs[0].token_id)], sorted[0]);
+  EXPECT_FLOAT_EQ(raw[static_cast<size_t>(out.top_logprobs[19].token_id)], sorted[19]);
+
+  params.top_logprobs = 0;  // chosen token only
+  std::vector<float> again = raw;
+  SamplerState state2(params, 0, {});
+  const SampleOutput chosen_only = Sample(again, params, state2);
+  EXPECT_TRUE(chosen_only.top_logprobs.empty());
+  EXPECT_NEAR(chosen_only.logprob, raw[static_cast<size_t>(chosen_only.token_id)] - lse, 1e-4);
+}
+
+TEST(SamplerTest, MinTokensMasksStopAndEosIds) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.min_tokens = 2;
+  params.stop_token_ids = {1};
+  const std::vector<int32_t> eos = {0};
+  SamplerState state(params, 0, {}, eos);
+  auto step = [&] {
+    std::vector<float> logits = {9.0f, 8.0f, 1.0f};
+    const int32_t token = Sample(logits, params, state).token_id;
+    state.Accept(token);
+    return token;
+  };
+  EXPECT_EQ(step(), 2);
+  EXPECT_EQ(step(), 2);
+  EXPECT_EQ(step(), 0);  // min_tokens reached: EOS allowed again
+
+  params.ignore_eos = true;
+  SamplerState ignoring(params, 0, {}, eos);
+  std::vector<float> logits = {9.0f, 8.0f, 1.0f};
+  EXPECT_EQ(Sample(logits, params, ignoring).token_id, 0) << "ignore_eos: EOS is not a stop id";
+}
+
+Status Check(void (*edit)(SamplingParams&)) {
+  SamplingParams params;
+  edit(params);
+  return params.Validate(kVocab);
+}
+
+TEST(SamplingParamsTest, DefaultsAreValid) {
+  EXPECT_TRUE(SamplingParams().Validate(kVocab).ok());
+  EXPECT_FALSE(SamplingParams().is_greedy());
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  EXPECT_TRUE(greedy.is_greedy());
+  EXPECT_TRUE(greedy.Validate(kVocab).ok());
+}
+
+TEST(SamplingParamsTest, ValidationMessagesNameTheField) {
+  EXPECT_EQ(Check([](SamplingParams& p) { p.top_p = 1.5f; }).message(),
+            "top_p: must be in (0, 1], got 1.5");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.top_p = 0.0f; }).message(),
+            "top_p: must be in (0, 1], got 0");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.temperature = 2.5f; }).message(),
+            "temperature: must be in [0, 2], got 2.5");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.temperature = NAN; }).message(),
+            "temperature: must be finite and in [0, 2], got nan");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.min_p = -0.1f; }).message().rfind("min_p: ", 0), 0u);
+  EXPECT_EQ(Check([](SamplingParams& p) { p.top_k = -2; }).message(),
+            "top_k: must be -1 or 0 (off) or >= 1, got -2");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.repetition_penalty = 0.0f; }).message(),
+            "repetition_penalty: must be finite and > 0, got 0");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.repetition_penalty = INFINITY; })
+                .message()
+                .rfind("repetition_penalty: ", 0),
+            0u);
+  EXPECT_EQ(Check([](SamplingParams& p) { p.presence_penalty = 2.5f; }).message(),
+            "presence_penalty: must be in [-2, 2], got 2.5");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.frequency_penalty = -3.0f; }).message(),
+            "frequency_penalty: must be in [-2, 2], got -3");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.logit_bias = {{5, 101.0f}}; }).message(),
+            "logit_bias[5]: must be in [-100, 100], got 101");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.logit_bias = {{1000, 1.0f}}; }).message(),
+            "logit_bias[1000]: token id must be in [0, 1000), got 1000");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.top_logprobs = 21; }).message(),
+            "top_logprobs: must be in [0, 20] (or -1: off), got 21");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.n = 0; }).message(), "n: must be >= 1, got 0");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.max_tokens = 0; }).message(),
+            "max_tokens: must be >= 1, got 0");
+  EXPECT_EQ(Check([](SamplingParams& p) {
+              p.max_tokens = 4;
+              p.min_tokens = 5;
+            }).message(),
+            "min_tokens: must be <= max_tokens (4), got 5");
+  EXPECT_EQ(Check([](SamplingParams& p) { p.stop_token_ids = {-1}; }).message(),
+            "stop_token_ids: token id must be in [0, 1000), got -1");
+  EXPECT_TRUE(Check([](SamplingParams& p) {
+                p.top_k = -1;
+                p.top_p = 1.0f;
+                p.min_p = 1.0f;
+                p.temperature = 2.0f;
+                p.top_logprobs = 20;
+                p.logit_bias = {{999, -100.0f}};
+              }).ok());
+}
+
+}  // namespace
+}  // namespace ember
