@@ -1,0 +1,37 @@
+// TextStream: turns one sample's generated token ids into output text deltas — incremental
+// detokenization (never a partial UTF-8 character) followed by stop-string matching across token
+// boundaries (a stop string never reaches the output; only the longest suffix that could still
+// start one is held back). Used by the HTTP server and by `ember run` / `ember batch`.
+// Not thread-safe: one TextStream per sample; the Tokenizer must outlive it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "serve/stop_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ember::serve {
+
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+             bool skip_special_tokens);
+
+  // Feeds one generated token. Once `stopped` is true the sample is done: the caller stops
+  // generating; later pushes return {"", true}.
+  TextDelta Push(int32_t token_id);
+  // End of generation (EOS, length, cancel): the text still held back. May be cut short by a
+  // stop string completed by the detokenizer's final flush (then stopped() turns true).
+  std::string Finish();
+
+  bool stopped() const { return matcher_.stopped(); }
+
+ private:
+  IncrementalDetokenizer detokenizer_;
+  StopStringMatcher matcher_;
+  bool finished_ = false;
+};
+
+}  // namespace ember::serve
