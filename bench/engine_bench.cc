@@ -1,0 +1,184 @@
+// engine_bench: end-to-end engine throughput and latency on one model (no HTTP).
+//   1. total generated tokens/s with C concurrent sequences (distinct random prompts of P tokens,
+//      G new tokens each, EOS ignored) for each C in --concurrency;
+//   2. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
+//      (the prefix cached by an earlier request with a different suffix).
+// Results go to docs/perf.md with the machine, the command and the date.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "util/flags.h"
+
+namespace ember {
+namespace {
+
+double Seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab) {
+  std::vector<int32_t> ids(len);
+  for (int32_t& id : ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+  return ids;
+}
+
+struct RunResult {
+  double wall_s = 0, gen_tps = 0, mean_ttft_ms = 0;
+  int64_t generated = 0;
+};
+
+// Submits all requests at once and waits for them; returns throughput and mean TTFT.
+RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& requests) {
+  int64_t start = NowNs();
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) {
+    auto submitted = engine.Submit(r);
+    if (auto* e = std::get_if<SubmitError>(&submitted)) {
+      std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
+      std::exit(1);
+    }
+    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(submitted));
+  }
+  RunResult result;
+  double ttft_sum = 0;
+  std::vector<TokenEvent> events;
+  for (auto& stream : streams) {
+    int64_t first = 0;
+    while (stream->Next(&events)) {
+      for (const TokenEvent& e : events) {
+        if (e.token_id < 0) continue;
+        if (first == 0) first = e.time_ns;
+        ++result.generated;
+      }
+      events.clear();
+    }
+    ttft_sum += Seconds(first - start) * 1e3;
+  }
+  result.wall_s = Seconds(NowNs() - start);
+  result.gen_tps = result.generated / result.wall_s;
+  result.mean_ttft_ms = ttft_sum / static_cast<double>(streams.size());
+  return result;
+}
+
+std::vector<int64_t> ParseList(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  std::string model_dir, concurrency = "1,4,16,64", device = "cpu";
+  int64_t prompt_len = 512, gen_len = 128, prefix_len = 2000, threads = 0, kv_bytes = 0;
+  int64_t step_tokens = 512;
+  FlagParser flags(
+      "usage: engine_bench --model DIR [--concurrency 1,4,16,64] [--prompt-len 512]\n"
+      "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]");
+  flags.AddString("--model", &model_dir, "model folder");
+  flags.AddString("--concurrency", &concurrency, "comma-separated concurrency levels");
+  flags.AddInt("--prompt-len", &prompt_len, "prompt tokens per request");
+  flags.AddInt("--gen-len", &gen_len, "generated tokens per request");
+  flags.AddInt("--prefix-len", &prefix_len, "shared prefix for the TTFT test (0: skip)");
+  flags.AddInt("--threads", &threads, "CPU threads (0: all)");
+  flags.AddInt("--kv-cache-bytes", &kv_bytes, "KV cache cap (0: auto)");
+  flags.AddInt("--max-step-tokens", &step_tokens, "tokens per engine step");
+  flags.AddString("--device", &device, "cpu | cuda");
+  bool help = false;
+  Status st = flags.Parse(argc, argv, 1, &help);
+  if (help || !st.ok() || model_dir.empty()) {
+    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
+                 flags.Help().c_str());
+    return help ? 0 : 2;
+  }
+  ModelLoadOptions opts;
+  opts.num_threads = static_cast<int32_t>(threads);
+  opts.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+  auto model = Model::Load(model_dir, opts);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.message().c_str());
+    return 1;
+  }
+  const int32_t vocab = (*model)->config().vocab_size;
+  std::mt19937 rng(42);
+
+  std::vector<int64_t> levels = ParseList(concurrency);
+  int64_t max_level = *std::max_element(levels.begin(), levels.end());
+  EngineConfig config;
+  config.max_running = static_cast<int32_t>(max_level);
+  config.max_step_tokens = static_cast<int32_t>(step_tokens);
+  config.kv_cache_bytes = kv_bytes;
+  config.max_queue = static_cast<int32_t>(max_level) + 8;
+  config.enable_prefix_caching = false;  // distinct prompts: measure computation, not cache hits
+  auto engine = Engine::Create(model->get(), config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.message().c_str());
+    return 1;
+  }
+  std::printf("model %s, prompt %lld, gen %lld, KV cache %.1f MiB\n", model_dir.c_str(),
+              static_cast<long long>(prompt_len), static_cast<long long>(gen_len),
+              (*engine)->kv_cache_bytes() / 1048576.0);
+  std::printf("| concurrency | generated tok/s | wall s | mean TTFT ms |\n|---|---|---|---|\n");
+  for (int64_t level : levels) {
+    std::vector<GenerationRequest> requests;
+    for (int64_t i = 0; i < level; ++i) {
+      GenerationRequest r;
+      r.prompt_ids = RandomPrompt(rng, static_cast<int32_t>(prompt_len), vocab);
+      r.max_tokens = static_cast<int32_t>(gen_len);
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      requests.push_back(std::move(r));
+    }
+    RunResult r = RunConcurrent(**engine, requests);
+    std::printf("| %lld | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
+                r.wall_s, r.mean_ttft_ms);
+    std::fflush(stdout);
+  }
+  (*engine)->Shutdown(true);
+
+  if (prefix_len > 0) {
+    // Fresh model + engine with prefix caching on.
+    auto model2 = Model::Load(model_dir, opts);
+    EngineConfig c2;
+    c2.max_running = 1;
+    c2.max_step_tokens = static_cast<int32_t>(step_tokens);
+    c2.kv_cache_bytes = kv_bytes;
+    auto engine2 = Engine::Create(model2->get(), c2);
+    if (!engine2.ok()) {
+      std::fprintf(stderr, "%s\n", engine2.message().c_str());
+      return 1;
+    }
+    std::vector<int32_t> prefix = RandomPrompt(rng, static_cast<int32_t>(prefix_len), vocab);
+    auto with_suffix = [&](int32_t salt) {
+      GenerationRequest r;
+      r.prompt_ids = prefix;
+      for (int32_t i = 0; i < 16; ++i) r.prompt_ids.push_back(3 + (salt * 31 + i) % (vocab - 3));
+      r.max_tokens = 1;
+      r.sampling.temperature = 0.0f;
+      r.ignore_eos = true;
+      return r;
+    };
+    RunResult cold = RunConcurrent(**engine2, {with_suffix(1)});
+    RunResult warm = RunConcurrent(**engine2, {with_suffix(2)});
+    std::printf("\nTTFT, %lld-token shared prefix + 16-token suffix: cold %.0f ms, cached %.0f ms "
+                "(%.1fx)\n",
+                static_cast<long long>(prefix_len), cold.mean_ttft_ms, warm.mean_ttft_ms,
+                cold.mean_ttft_ms / warm.mean_ttft_ms);
+    (*engine2)->Shutdown(true);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember
+
+int main(int argc, char** argv) { return ember::Main(argc, argv); }

@@ -1,0 +1,234 @@
+// `ember batch`: offline generation for a JSONL file. Every line is validated and submitted at
+// once; the engine interleaves them (continuous batching, shared prefixes cached). Output lines
+// are written in input order: {"index", "ids", "text", "finish_reason", "usage"} or, for a line
+// that was refused, {"index", "error"}.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "serve/text_stream.h"
+
+namespace ember::app {
+
+namespace {
+
+using nlohmann::json;
+
+struct BatchLine {
+  GenerationRequest request;
+  std::vector<std::string> stop_strings;
+  std::string error;  // set when the line was refused
+  std::shared_ptr<ResponseStream> stream;
+};
+
+Result<float> NumberField(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_number()) return Status::Error(std::string(key) + ": expected a number");
+  return v.get<float>();
+}
+
+Result<int64_t> IntegerField(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer()) return Status::Error(std::string(key) + ": expected an integer");
+  return v.get<int64_t>();
+}
+
+// Parses one input line into a request (sampling defaults from generation_config.json).
+Status ParseLine(const std::string& text, const LoadedModel& lm, BatchLine* line) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error("not a JSON object");
+  GenerationRequest& r = line->request;
+  const GenerationDefaults& d = lm.model->generation_defaults();
+  r.sampling.temperature = d.temperature.value_or(1.0f);
+  r.sampling.top_p = d.top_p.value_or(1.0f);
+  r.sampling.top_k = d.top_k.value_or(0);
+  r.sampling.min_p = d.min_p.value_or(0.0f);
+  r.sampling.repetition_penalty = d.repetition_penalty.value_or(1.0f);
+  r.max_tokens = 16;
+  bool has_prompt = false;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "prompt_ids") {
+      if (!value.is_array()) return Status::Error("prompt_ids: expected an array of token ids");
+      for (const json& id : value) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+          return Status::Error("prompt_ids: every element must be a non-negative integer");
+        r.prompt_ids.push_back(id.get<int32_t>());
+      }
+      if (has_prompt) return Status::Error("give only one of prompt and prompt_ids");
+      has_prompt = true;
+    } else if (key == "prompt") {
+      if (!value.is_string()) return Status::Error("prompt: expected a string");
+      if (lm.tokenizer == nullptr)
+        return Status::Error("prompt: the model folder has no tokenizer.json; use prompt_ids");
+      if (has_prompt) return Status::Error("give only one of prompt and prompt_ids");
+      r.prompt_ids = lm.tokenizer->Encode(value.get<std::string>(), /*add_special_tokens=*/true);
+      has_prompt = true;
+    } else if (key == "max_tokens") {
+      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "max_tokens"));
+      if (v < 1 || v > INT32_MAX) return Status::Error("max_tokens: must be >= 1");
+      r.max_tokens = static_cast<int32_t>(v);
+    } else if (key == "temperature") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.temperature, NumberField(j, "temperature"));
+    } else if (key == "top_p") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.top_p, NumberField(j, "top_p"));
+    } else if (key == "min_p") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.min_p, NumberField(j, "min_p"));
+    } else if (key == "top_k") {
+      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "top_k"));
+      if (v < -1 || v > INT32_MAX) return Status::Error("top_k: must be -1, 0 or positive");
+      r.sampling.top_k = static_cast<int32_t>(v);
+    } else if (key == "seed") {
+      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "seed"));
+      if (v < 0) return Status::Error("seed: must be non-negative");
+      r.sampling.seed = static_cast<uint64_t>(v);
+    } else if (key == "repetition_penalty") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.repetition_penalty, NumberField(j, "repetition_penalty"));
+    } else if (key == "presence_penalty") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.presence_penalty, NumberField(j, "presence_penalty"));
+    } else if (key == "frequency_penalty") {
+      EMBER_ASSIGN_OR_RETURN(r.sampling.frequency_penalty, NumberField(j, "frequency_penalty"));
+    } else if (key == "stop") {
+      if (value.is_string()) {
+        line->stop_strings.push_back(value.get<std::string>());
+      } else if (value.is_array()) {
+        for (const json& s : value) {
+          if (!s.is_string()) return Status::Error("stop: expected a string or a list of strings");
+          line->stop_strings.push_back(s.get<std::string>());
+        }
+      } else {
+        return Status::Error("stop: expected a string or a list of strings");
+      }
+      for (const std::string& s : line->stop_strings)
+        if (s.empty()) return Status::Error("stop: stop strings must not be empty");
+      if (!line->stop_strings.empty() && lm.tokenizer == nullptr)
+        return Status::Error("stop: needs the model's tokenizer.json");
+    } else {
+      return Status::Error("unknown field '" + key + "'");
+    }
+  }
+  if (!has_prompt) return Status::Error("one of prompt or prompt_ids is required");
+  return Status::Ok();
+}
+
+// Reads one finished line's tokens, applying stop strings; returns the output JSON.
+json CollectLine(int64_t index, BatchLine& line, const Tokenizer* tokenizer) {
+  std::unique_ptr<serve::TextStream> text_stream;
+  if (tokenizer != nullptr)
+    text_stream = std::make_unique<serve::TextStream>(*tokenizer, line.stop_strings, true);
+  std::vector<int32_t> ids;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  bool stopped_by_string = false;
+  std::vector<TokenEvent> events;
+  while (line.stream->Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id >= 0 && !stopped_by_string) {
+        ids.push_back(e.token_id);
+        if (text_stream != nullptr) {
+          serve::TextDelta delta = text_stream->Push(e.token_id);
+          text += delta.text;
+          if (delta.stopped) {
+            stopped_by_string = true;
+            line.stream->Cancel();
+          }
+        }
+      }
+      if (e.finish != FinishReason::kNone) finish = e.finish;
+    }
+    events.clear();
+  }
+  if (text_stream != nullptr && !stopped_by_string) {
+    text += text_stream->Finish();
+    stopped_by_string = text_stream->stopped();
+  }
+  if (stopped_by_string) finish = FinishReason::kStop;
+  RequestUsage usage = line.stream->usage();
+  json out = {{"index", index}, {"ids", ids}};
+  if (tokenizer != nullptr) out["text"] = text;
+  out["finish_reason"] = FinishReasonName(finish);
+  out["usage"] = {{"prompt_tokens", usage.prompt_tokens},
+                  {"cached_tokens", usage.cached_tokens},
+                  {"completion_tokens", static_cast<int32_t>(ids.size())}};
+  return out;
+}
+
+}  // namespace
+
+int BatchCommand(int argc, char** argv, int first) {
+  std::string model_dir, input_path, output_path;
+  EngineFlags engine_flags;
+  FlagParser flags(
+      "usage: ember batch --model DIR --input IN.jsonl --output OUT.jsonl [--max-batch N]\n"
+      "       [--kv-cache-bytes B]\n"
+      "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional max_tokens,\n"
+      "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty.");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--input", &input_path, "input JSONL file");
+  flags.AddString("--output", &output_path, "output JSONL file");
+  engine_flags.Register(flags, /*serving=*/false);
+  if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
+  if (model_dir.empty() || input_path.empty() || output_path.empty())
+    return Fail("--model, --input and --output are required");
+
+  std::ifstream in(input_path);
+  if (!in) return Fail(input_path + ": cannot open");
+  std::vector<std::string> lines;
+  for (std::string text; std::getline(in, text);) lines.push_back(text);
+  std::ofstream out(output_path, std::ios::trunc);
+  if (!out) return Fail(output_path + ": cannot open for writing");
+
+  engine_flags.max_queue = std::max<int64_t>(1, static_cast<int64_t>(lines.size()));
+  auto loaded = LoadModelAndEngine(model_dir, engine_flags);
+  if (!loaded.ok()) return Fail(loaded.message());
+  LoadedModel& lm = *loaded;
+
+  std::vector<BatchLine> batch(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    Status st = ParseLine(lines[i], lm, &batch[i]);
+    if (!st.ok()) {
+      batch[i].error = input_path + " line " + std::to_string(i + 1) + ": " + st.message();
+      continue;
+    }
+    auto submitted = lm.engine->Submit(batch[i].request);
+    if (auto* error = std::get_if<SubmitError>(&submitted)) {
+      batch[i].error = input_path + " line " + std::to_string(i + 1) + ": " +
+                       (error->param.empty() ? "" : error->param + ": ") + error->message;
+    } else {
+      batch[i].stream = std::get<std::shared_ptr<ResponseStream>>(submitted);
+    }
+  }
+  int64_t num_errors = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    json result;
+    if (!batch[i].error.empty()) {
+      ++num_errors;
+      std::fprintf(stderr, "ember: %s\n", batch[i].error.c_str());
+      result = {{"index", i}, {"error", batch[i].error}};
+    } else {
+      result = CollectLine(static_cast<int64_t>(i), batch[i], lm.tokenizer.get());
+    }
+    out << result.dump() << "\n";
+  }
+  out.flush();
+  lm.engine->Shutdown(/*drain=*/true);
+  EngineStats stats = lm.engine->Stats();
+  std::fprintf(stderr,
+               "ember batch: %zu lines, %lld refused; %lld prompt tokens (%lld from the prefix "
+               "cache), %lld generated, %lld steps, %lld preemptions\n",
+               lines.size(), static_cast<long long>(num_errors),
+               static_cast<long long>(stats.prompt_tokens),
+               static_cast<long long>(stats.prefix_hit_tokens),
+               static_cast<long long>(stats.generated_tokens), static_cast<long long>(stats.steps),
+               static_cast<long long>(stats.preemptions));
+  if (!out) return Fail(output_path + ": write error");
+  return num_errors > 0 ? 1 : 0;
+}
+
+}  // namespace ember::app

@@ -1,0 +1,256 @@
+// Engine invariants on real checkpoints (fixture models, CPU backend): a request's greedy output
+// is the reference continuation and does not depend on its batch-mates, arrival time, chunking,
+// prefix-cache hits or preemption; seeded sampling is batch-independent; cancellation and
+// shutdown free every KV block.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+std::string ModelDir(const std::string& name) { return testing::FixturesDir() + "/models/" + name; }
+
+std::unique_ptr<Model> LoadModel(const std::string& dir) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+struct Output {
+  std::vector<std::vector<int32_t>> samples;
+  RequestUsage usage;
+  FinishReason finish = FinishReason::kNone;
+};
+
+Output Collect(const std::shared_ptr<ResponseStream>& stream) {
+  Output out;
+  out.samples.resize(stream->num_samples());
+  std::vector<TokenEvent> events;
+  while (stream->Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id >= 0) out.samples[e.sample_index].push_back(e.token_id);
+      if (e.finish != FinishReason::kNone) out.finish = e.finish;
+    }
+    events.clear();
+  }
+  out.usage = stream->usage();
+  return out;
+}
+
+std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
+  auto result = engine.Submit(request);
+  if (auto* error = std::get_if<SubmitError>(&result)) {
+    ADD_FAILURE() << "submit refused: " << error->message;
+    return nullptr;
+  }
+  return std::get<std::shared_ptr<ResponseStream>>(result);
+}
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;  // goldens and batch comparisons run to max_tokens
+  return r;
+}
+
+// Prompts of assorted lengths over the model's vocabulary, deterministic.
+std::vector<GenerationRequest> MakeRequests(int32_t count, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<GenerationRequest> requests;
+  for (int32_t i = 0; i < count; ++i) {
+    int32_t len = 1 + static_cast<int32_t>(rng() % 40);
+    std::vector<int32_t> prompt(len);
+    for (int32_t& t : prompt) t = 1 + static_cast<int32_t>(rng() % (vocab - 1));
+    requests.push_back(Greedy(prompt, 4 + static_cast<int32_t>(rng() % 12)));
+  }
+  return requests;
+}
+
+std::vector<std::vector<int32_t>> RunSolo(const std::string& dir,
+                                          const std::vector<GenerationRequest>& requests) {
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.max_running = 1;
+  config.enable_prefix_caching = false;
+  auto engine = Engine::Create(model.get(), config);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  std::vector<std::vector<int32_t>> outputs;
+  for (const GenerationRequest& r : requests) {
+    auto stream = SubmitOrDie(**engine, r);
+    outputs.push_back(stream ? Collect(stream).samples[0] : std::vector<int32_t>{});
+  }
+  return outputs;
+}
+
+TEST(EngineTest, TinyStoriesGreedyMatchesTheReference) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::ifstream in(dir + "/golden.json");
+  nlohmann::json golden = nlohmann::json::parse(in);
+  auto model = LoadModel(dir);
+  ASSERT_NE(model, nullptr);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : golden["prompts"]) {  // all prompts at once: batched
+    auto expect = p["greedy_ids"].get<std::vector<int32_t>>();
+    streams.push_back(SubmitOrDie(**engine, Greedy(p["ids"].get<std::vector<int32_t>>(),
+                                                   static_cast<int32_t>(expect.size()))));
+    expected.push_back(expect);
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Output out = Collect(streams[i]);
+    EXPECT_EQ(out.samples[0], expected[i]) << "prompt " << i;
+    EXPECT_EQ(out.finish, FinishReason::kLength);
+  }
+}
+
+class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
+  const std::string dir = ModelDir(GetParam());
+  EMBER_REQUIRE_DIR(dir);
+  auto probe = LoadModel(dir);
+  ASSERT_NE(probe, nullptr);
+  std::vector<GenerationRequest> requests = MakeRequests(16, probe->config().vocab_size, 7);
+  std::vector<std::vector<int32_t>> solo = RunSolo(dir, requests);
+
+  for (int32_t batch : {4, 16}) {
+    auto model = LoadModel(dir);
+    EngineConfig config;
+    config.max_running = batch;
+    config.max_step_tokens = 13;  // forces chunked prefill mixed with decode rows
+    auto engine = Engine::Create(model.get(), config);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    std::vector<std::shared_ptr<ResponseStream>> streams;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      streams.push_back(SubmitOrDie(**engine, requests[i]));
+      if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // stagger
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << GetParam() << " batch " << batch
+                                                         << " request " << i;
+    }
+    (*engine)->Shutdown(true);
+    EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvarianceTest,
+                         ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
+                                           "mistral", "phi3", "gemma2", "gemma3"));
+
+TEST(EngineTest, PrefixCacheHitReproducesUncachedOutput) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<int32_t> shared(40);
+  for (int32_t i = 0; i < 40; ++i) shared[i] = 3 + (i * 37) % 2000;
+  std::vector<int32_t> second = shared;
+  second.insert(second.end(), {11, 12, 13, 14, 15});
+  GenerationRequest first_request = Greedy(shared, 8);
+  GenerationRequest second_request = Greedy(second, 12);
+  std::vector<std::vector<int32_t>> uncached = RunSolo(dir, {second_request});
+
+  auto model = LoadModel(dir);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok());
+  Output a = Collect(SubmitOrDie(**engine, first_request));
+  EXPECT_EQ(a.usage.cached_tokens, 0);
+  int64_t computed_before = (*engine)->Stats().computed_tokens;
+  Output b = Collect(SubmitOrDie(**engine, second_request));
+  EXPECT_EQ(b.usage.cached_tokens, 32);  // two full 16-token blocks of the shared prefix
+  EXPECT_EQ(b.samples[0], uncached[0]);
+  // Only the uncached prompt tokens (45 - 32) and the decode steps were computed.
+  EXPECT_EQ((*engine)->Stats().computed_tokens - computed_before, (45 - 32) + (12 - 1));
+}
+
+TEST(EngineTest, SeededSamplingIsBatchIndependent) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  GenerationRequest r = Greedy({1, 80, 147, 201, 282, 57}, 24);
+  r.sampling.temperature = 0.9f;
+  r.sampling.top_p = 0.95f;
+  r.sampling.seed = 1234;
+  r.n = 2;
+  auto model = LoadModel(dir);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok());
+  Output alone = Collect(SubmitOrDie(**engine, r));
+  EXPECT_NE(alone.samples[0], alone.samples[1]);  // the two samples draw different streams
+
+  std::vector<GenerationRequest> others = MakeRequests(8, 2048, 99);
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (size_t i = 0; i < others.size(); ++i) {
+    if (i == 3) streams.push_back(SubmitOrDie(**engine, r));
+    streams.push_back(SubmitOrDie(**engine, others[i]));
+  }
+  Output batched = Collect(streams[3]);
+  EXPECT_EQ(batched.samples, alone.samples);
+  for (auto& s : streams) Collect(s);
+}
+
+TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests = MakeRequests(64, 2048, 5);
+  std::vector<std::vector<int32_t>> solo = RunSolo(dir, requests);
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.max_running = 64;
+  // Room for ~6 blocks of 16 tokens: far below 64 concurrent sequences.
+  config.kv_cache_bytes = model->KvBytesPerToken() * 16 * 6;
+  auto engine = Engine::Create(model.get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << "request " << i;
+  EngineStats stats = (*engine)->Stats();
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+  EXPECT_EQ(stats.num_running, 0);
+}
+
+TEST(EngineTest, CancelFreesBlocksAndRejectsImpossibleRequests) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok());
+  auto stream = SubmitOrDie(**engine, Greedy({1, 80, 147}, 500));
+  std::vector<TokenEvent> events;
+  ASSERT_TRUE(stream->Next(&events));
+  stream->Cancel();
+  Output rest = Collect(stream);
+  EXPECT_EQ(rest.finish, FinishReason::kCancelled);
+  EXPECT_LT(rest.usage.completion_tokens, 500);
+  (*engine)->Shutdown(true);
+  EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
+
+  auto model2 = LoadModel(dir);
+  auto engine2 = Engine::Create(model2.get(), EngineConfig{});
+  auto refused = (*engine2)->Submit(Greedy(std::vector<int32_t>(500, 5), 100));
+  ASSERT_TRUE(std::holds_alternative<SubmitError>(refused));
+  const SubmitError& error = std::get<SubmitError>(refused);
+  EXPECT_EQ(error.param, "max_tokens");
+  EXPECT_NE(error.message.find("512"), std::string::npos) << error.message;
+  EXPECT_NE(error.message.find("600"), std::string::npos) << error.message;
+  auto bad_id = (*engine2)->Submit(Greedy({1, 999999}, 4));
+  ASSERT_TRUE(std::holds_alternative<SubmitError>(bad_id));
+}
+
+}  // namespace
+}  // namespace ember
