@@ -10,8 +10,9 @@ namespace ember::kv {
 
 int32_t NumBlocksForBytes(int64_t bytes, int64_t kv_bytes_per_token, int32_t block_size) {
   if (bytes <= 0 || kv_bytes_per_token <= 0 || block_size <= 0) return 0;
+  // One block would exceed int64 bytes: nothing fits.
+  if (kv_bytes_per_token > std::numeric_limits<int64_t>::max() / block_size) return 0;
   const int64_t bytes_per_block = kv_bytes_per_token * block_size;
-  if (bytes_per_block / block_size != kv_bytes_per_token) return 0;  // overflow: nothing fits
   return static_cast<int32_t>(
       std::min<int64_t>(bytes / bytes_per_block, std::numeric_limits<int32_t>::max()));
 }
@@ -106,6 +107,15 @@ void KvCacheManager::CommitComputed(SeqId seq, std::span<const int32_t> tokens,
   const size_t num_full = std::min(
       {static_cast<size_t>(std::max(num_computed, 0)), tokens.size(), state.blocks.size() * bs});
   const int32_t num_full_blocks = static_cast<int32_t>(num_full / bs);
+  if (state.num_registered >= num_full_blocks) return;
+  // The chain may run through another sequence's block (see below) that has since been evicted;
+  // then re-walk from the root so this sequence's own blocks take its place.
+  const BlockRef last = state.last_ref;
+  if (last.block_id >= 0 && !(cache_.is_cached(last.block_id) && cache_.Ref(last.block_id) == last)) {
+    state.num_registered = 0;
+    state.last_key = kRootBlockKey;
+    state.last_ref = BlockRef();
+  }
   for (int32_t j = state.num_registered; j < num_full_blocks; ++j) {
     const std::span<const int32_t> block_tokens = tokens.subspan(j * bs, bs);
     const uint64_t key = cache_.Hash(state.last_key, block_tokens, ns);
@@ -114,6 +124,7 @@ void KvCacheManager::CommitComputed(SeqId seq, std::span<const int32_t> tokens,
     int32_t canonical = cache_.Find(key, state.last_ref, block_tokens, ns);
     if (canonical < 0) {
       canonical = state.blocks[j];
+      cache_.Evict(canonical);  // registered before under a chain that is now stale
       cache_.Insert(canonical, key, state.last_key, state.last_ref, block_tokens, ns);
     }
     state.last_key = key;

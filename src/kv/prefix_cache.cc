@@ -169,7 +169,8 @@ std::string PrefixCache::CheckInvariants() const {
       if (!e.cached) err << "block " << b << " listed but not cached; ";
       if (e.key != key) err << "block " << b << " listed under a foreign key; ";
       if (hash_fn_(e.parent_key, Tokens(b), e.ns) != e.key) err << "block " << b << " stale key; ";
-      if (e.parent.block_id == b) err << "block " << b << " is its own parent; ";
+      if (e.parent.block_id == b && e.parent.epoch >= e.epoch)
+        err << "block " << b << " is its own parent; ";
       if (e.parent.block_id < 0 && e.parent_key != kRootBlockKey)
         err << "root block " << b << " has a parent key; ";
     }
