@@ -1,0 +1,388 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+
+namespace ember {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using FloatBuffer = std::unique_ptr<float, FreeDeleter>;
+
+FloatBuffer AllocFloats(size_t count) {
+  size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
+  return FloatBuffer(static_cast<float*>(std::aligned_alloc(64, bytes)));
+}
+
+float* F(const Tensor& t) {
+  CHECK(t.dtype == DType::kF32) << "expected an F32 tensor, got " << DTypeName(t.dtype);
+  return static_cast<float*>(t.data);
+}
+
+struct RopeTable {
+  int32_t head_dim = 0, rotary_dim = 0, max_positions = 0;
+  std::vector<float> cos, sin;  // [max_positions, rotary_dim / 2]
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& options) {
+    num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
+  }
+  std::string name() const override { return "cpu"; }
+
+  Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
+                              const void* host_data) override {
+    if (shape.empty() || shape.size() > 4)
+      return Status::Error("weight \"" + name + "\": rank must be 1..4");
+    Tensor t;
+    t.dtype = dtype;
+    t.ndim = static_cast<int32_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+    if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16)
+      return Status::Error("weight \"" + name + "\": dtype must be F32, F16 or BF16");
+    if (t.ndim == 1) {  // small: keep an f32 copy so norms and biases read plain floats
+      owned_.push_back(AllocFloats(static_cast<size_t>(t.numel())));
+      cpu::ConvertToF32(host_data, dtype, t.numel(), owned_.back().get());
+      t.data = owned_.back().get();
+      t.dtype = DType::kF32;
+    } else {
+      t.data = const_cast<void*>(host_data);  // read-only use: never written through
+    }
+    return t;
+  }
+
+  Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                        int32_t num_kv_heads, int32_t head_dim) override {
+    if (!kv_.empty()) return Status::Error("the KV pool is already allocated");
+    if (num_blocks <= 0 || block_size <= 0) return Status::Error("KV pool needs positive num_blocks and block_size");
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    kv_heads_ = num_kv_heads;
+    kv_head_dim_ = head_dim;
+    const size_t per = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim;
+    for (int32_t l = 0; l < 2 * num_layers; ++l) {
+      kv_.push_back(AllocFloats(per));
+      if (kv_.back() == nullptr) return Status::Error("out of memory allocating the KV pool");
+      std::memset(kv_.back().get(), 0, per * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  Result<int32_t> CreateRope(const RopeSpec& spec) override {
+    if (spec.rotary_dim <= 0 || spec.rotary_dim > spec.head_dim || spec.rotary_dim % 2 != 0)
+      return Status::Error("rope: rotary_dim must be even and in (0, head_dim]");
+    if (spec.max_positions <= 0) return Status::Error("rope: max_positions must be positive");
+    RopeTable table;
+    table.head_dim = spec.head_dim;
+    table.rotary_dim = spec.rotary_dim;
+    table.max_positions = spec.max_positions;
+    const int32_t half = spec.rotary_dim / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int32_t i = 0; i < half; ++i) {
+      // As transformers: 1 / theta^(2i / dim) in float32, then the scaling rule.
+      float exponent = static_cast<float>(2 * i) / static_cast<float>(spec.rotary_dim);
+      float f = 1.0f / std::pow(static_cast<float>(spec.theta), exponent);
+      if (spec.type == RopeSpec::Type::kLinear) {
+        f = f / static_cast<float>(spec.factor);
+      } else if (spec.type == RopeSpec::Type::kLlama3) {
+        const double old_ctx = spec.original_max_positions;
+        const double low_wavelen = old_ctx / spec.low_freq_factor;
+        const double high_wavelen = old_ctx / spec.high_freq_factor;
+        const double wavelen = 2.0 * M_PI / f;
+        double scaled = f;
+        if (wavelen > low_wavelen) {
+          scaled = f / spec.factor;
+        } else if (wavelen >= high_wavelen) {
+          double smooth = (old_ctx / wavelen - spec.low_freq_factor) /
+                          (spec.high_freq_factor - spec.low_freq_factor);
+          scaled = (1.0 - smooth) * f / spec.factor + smooth * f;
+        }
+        f = static_cast<float>(scaled);
+      }
+      inv_freq[static_cast<size_t>(i)] = f;
+    }
+    table.cos.resize(static_cast<size_t>(spec.max_positions) * half);
+    table.sin.resize(table.cos.size());
+    for (int32_t p = 0; p < spec.max_positions; ++p) {
+      for (int32_t i = 0; i < half; ++i) {
+        float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
+        table.cos[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        table.sin[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+    }
+    ropes_.push_back(std::move(table));
+    return static_cast<int32_t>(ropes_.size() - 1);
+  }
+
+  Status BeginStep(const BatchPlan& plan) override {
+    if (kv_.empty()) return Status::Error("BeginStep before AllocateKvPool");
+    if (plan.block_size != block_size_)
+      return Status::Error("plan block_size " + std::to_string(plan.block_size) +
+                           " differs from the KV pool's " + std::to_string(block_size_));
+    plan_ = &plan;
+    next_buffer_ = 0;
+    return Status::Ok();
+  }
+
+  Tensor Alloc(std::initializer_list<int64_t> shape) override {
+    Tensor t;
+    t.dtype = DType::kF32;
+    t.ndim = static_cast<int32_t>(shape.size());
+    size_t i = 0;
+    for (int64_t d : shape) t.shape[i++] = d;
+    const size_t count = static_cast<size_t>(t.numel());
+    if (next_buffer_ == buffers_.size()) buffers_.push_back({nullptr, 0});
+    auto& [buf, capacity] = buffers_[next_buffer_++];
+    if (capacity < count) {
+      buf = AllocFloats(count);
+      capacity = count;
+    }
+    t.data = buf.get();
+    return t;
+  }
+
+  void Embedding(const Tensor& table, float scale, Tensor out) override {
+    const int64_t n = plan_->num_tokens(), d = table.cols(), vocab = table.rows();
+    CHECK_EQ(out.rows(), n);
+    CHECK_EQ(out.cols(), d);
+    float* y = F(out);
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t id = plan_->token_ids[static_cast<size_t>(i)];
+      CHECK(id >= 0 && id < vocab) << "token id " << id << " outside vocab " << vocab;
+      cpu::ConvertToF32(static_cast<const uint8_t*>(table.data) +
+                            static_cast<size_t>(id * d) * DTypeSize(table.dtype),
+                        table.dtype, d, y + i * d);
+      if (scale != 1.0f)
+        for (int64_t j = 0; j < d; ++j) y[i * d + j] *= scale;
+    }
+  }
+
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
+               Tensor out) override {
+    const int64_t rows = x.rows(), d = x.cols();
+    CHECK_EQ(weight.numel(), d);
+    const float* in = F(x);
+    const float* w = F(weight);
+    float* y = F(out);
+#pragma omp parallel for num_threads(ThreadsFor(rows * d)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) NormRow(in + r * d, w, d, eps, kind, y + r * d);
+  }
+
+  void AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
+                  RmsNormKind kind, Tensor out) override {
+    const int64_t rows = residual.rows(), d = residual.cols();
+    float* res = F(residual);
+    const float* dl = F(delta);
+    const float* w = F(weight);
+    float* y = F(out);
+#pragma omp parallel for num_threads(ThreadsFor(rows * d)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < d; ++j) res[r * d + j] += dl[r * d + j];
+      NormRow(res + r * d, w, d, eps, kind, y + r * d);
+    }
+  }
+
+  void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) override {
+    const int64_t n = x.rows(), k = x.cols(), m = weight.rows();
+    CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight) << "^T";
+    CHECK_EQ(out.rows(), n);
+    CHECK_EQ(out.cols(), m);
+    const float* b = bias != nullptr ? F(*bias) : nullptr;
+    cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), num_threads_);
+  }
+
+  void Rope(int32_t rope_id, Tensor q, Tensor k) override {
+    const RopeTable& table = ropes_.at(static_cast<size_t>(rope_id));
+    const int64_t n = plan_->num_tokens();
+    const int32_t hd = table.head_dim, half = table.rotary_dim / 2;
+    CHECK_EQ(q.cols() % hd, 0);
+    for (Tensor* t : {&q, &k}) {
+      float* data = F(*t);
+      const int64_t heads = t->numel() / (n * hd);
+      CHECK_EQ(heads * n * hd, t->numel());
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t pos = plan_->positions[static_cast<size_t>(i)];
+        CHECK(pos >= 0 && pos < table.max_positions) << "position " << pos << " beyond the rope table";
+        const float* c = table.cos.data() + static_cast<size_t>(pos) * half;
+        const float* s = table.sin.data() + static_cast<size_t>(pos) * half;
+        for (int64_t h = 0; h < heads; ++h) {
+          float* v = data + (i * heads + h) * hd;
+          for (int32_t j = 0; j < half; ++j) {
+            const float x1 = v[j], x2 = v[j + half];
+            v[j] = x1 * c[j] - x2 * s[j];
+            v[j + half] = x2 * c[j] + x1 * s[j];
+          }
+        }
+      }
+    }
+  }
+
+  void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override {
+    const int64_t n = plan_->num_tokens();
+    const int64_t width = static_cast<int64_t>(kv_heads_) * kv_head_dim_;
+    CHECK_EQ(k.numel(), n * width);
+    CHECK_EQ(v.numel(), n * width);
+    float* kc = kv_[static_cast<size_t>(2 * layer)].get();
+    float* vc = kv_[static_cast<size_t>(2 * layer + 1)].get();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = plan_->slot_mapping[static_cast<size_t>(i)];
+      CHECK(slot >= 0 && slot < static_cast<int64_t>(num_blocks_) * block_size_);
+      std::memcpy(kc + slot * width, F(k) + i * width, static_cast<size_t>(width) * 4);
+      std::memcpy(vc + slot * width, F(v) + i * width, static_cast<size_t>(width) * 4);
+    }
+  }
+
+  void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
+
+  void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override {
+    const int64_t count = gate.numel();
+    const float *g = F(gate), *u = F(up);
+    float* y = F(out);
+#pragma omp parallel for num_threads(ThreadsFor(count * 8)) schedule(static)
+    for (int64_t i = 0; i < count; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+
+  void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override {
+    const int64_t count = gate.numel();
+    const float *g = F(gate), *u = F(up);
+    float* y = F(out);
+    const float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+#pragma omp parallel for num_threads(ThreadsFor(count * 8)) schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const float x = g[i];
+      y[i] = 0.5f * x * (1.0f + std::tanh(kAlpha * (x + 0.044715f * x * x * x))) * u[i];
+    }
+  }
+
+  void Add(const Tensor& a, const Tensor& b, Tensor out) override {
+    const int64_t count = a.numel();
+    CHECK_EQ(b.numel(), count);
+    const float *x = F(a), *y = F(b);
+    float* z = F(out);
+    for (int64_t i = 0; i < count; ++i) z[i] = x[i] + y[i];
+  }
+
+  void Softcap(Tensor x, float cap) override {
+    float* v = F(x);
+    const int64_t count = x.numel();
+    for (int64_t i = 0; i < count; ++i) v[i] = std::tanh(v[i] / cap) * cap;
+  }
+
+  void GatherLogitsRows(const Tensor& x, Tensor out) override {
+    const int64_t d = x.cols();
+    CHECK_EQ(out.rows(), static_cast<int64_t>(plan_->logits_rows.size()));
+    for (size_t j = 0; j < plan_->logits_rows.size(); ++j)
+      std::memcpy(F(out) + static_cast<int64_t>(j) * d, F(x) + plan_->logits_rows[j] * d,
+                  static_cast<size_t>(d) * 4);
+  }
+
+  Status CopyToHost(const Tensor& t, std::span<float> out) override {
+    if (out.size() != static_cast<size_t>(t.numel()))
+      return Status::Error("CopyToHost: output span has " + std::to_string(out.size()) +
+                           " floats, tensor " + ShapeString(t));
+    std::memcpy(out.data(), F(t), t.nbytes());
+    return Status::Ok();
+  }
+
+ private:
+  int ThreadsFor(int64_t work) const { return work < (1 << 15) ? 1 : num_threads_; }
+
+  static void NormRow(const float* x, const float* w, int64_t d, float eps, RmsNormKind kind,
+                      float* y) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum += static_cast<double>(x[j]) * x[j];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(d)) + eps);
+    if (kind == RmsNormKind::kPlain) {
+      for (int64_t j = 0; j < d; ++j) y[j] = w[j] * (x[j] * inv);
+    } else {
+      for (int64_t j = 0; j < d; ++j) y[j] = (x[j] * inv) * (1.0f + w[j]);
+    }
+  }
+
+  int32_t num_threads_ = 1;
+  const BatchPlan* plan_ = nullptr;
+  std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
+  std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
+  size_t next_buffer_ = 0;
+  std::vector<RopeTable> ropes_;
+  std::vector<FloatBuffer> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
+  int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
+};
+
+void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out) {
+  const BatchPlan& plan = *plan_;
+  const int64_t hd = p.head_dim;
+  CHECK_EQ(hd, kv_head_dim_);
+  CHECK_EQ(p.num_kv_heads, kv_heads_);
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t kv_width = static_cast<int64_t>(kv_heads_) * hd;
+  const float* kc = kv_[static_cast<size_t>(2 * p.layer)].get();
+  const float* vc = kv_[static_cast<size_t>(2 * p.layer + 1)].get();
+  const float* qd = F(q);
+  float* od = F(out);
+  // Work items: (sequence row, head). Each item reads only its own sequence's blocks.
+  std::vector<int32_t> row_seq(static_cast<size_t>(plan.num_tokens()));
+  for (int32_t s = 0; s < plan.num_seqs(); ++s)
+    for (int32_t i = 0; i < plan.seqs[s].query_len; ++i) row_seq[plan.seqs[s].query_start + i] = s;
+  const int64_t items = static_cast<int64_t>(plan.num_tokens()) * p.num_heads;
+  int64_t max_ctx = 1;
+  for (const SequenceSlice& s : plan.seqs) max_ctx = std::max<int64_t>(max_ctx, s.context_len);
+#pragma omp parallel num_threads(ThreadsFor(items * max_ctx * hd))
+  {
+    std::vector<float> scores(static_cast<size_t>(max_ctx));
+    std::vector<float> acc(static_cast<size_t>(hd));
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t row = item / p.num_heads, h = item % p.num_heads, kvh = h / group;
+      const SequenceSlice& s = plan.seqs[row_seq[static_cast<size_t>(row)]];
+      const int32_t* blocks = plan.block_tables.data() + s.block_table_start;
+      const int64_t pos = plan.positions[static_cast<size_t>(row)];
+      const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+      const float* qv = qd + (row * p.num_heads + h) * hd;
+      float max_score = -INFINITY;
+      for (int64_t t = first; t <= pos; ++t) {
+        const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
+        const float* kv = kc + slot * kv_width + kvh * hd;
+        float dot = 0.0f;
+        for (int64_t j = 0; j < hd; ++j) dot += qv[j] * kv[j];
+        float sc = dot * p.scale;
+        if (p.softcap > 0.0f) sc = std::tanh(sc / p.softcap) * p.softcap;
+        scores[static_cast<size_t>(t - first)] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      float sum = 0.0f;
+      for (int64_t t = first; t <= pos; ++t) {
+        float e = std::exp(scores[static_cast<size_t>(t - first)] - max_score);
+        scores[static_cast<size_t>(t - first)] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t t = first; t <= pos; ++t) {
+        const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
+        const float* vv = vc + slot * kv_width + kvh * hd;
+        const float pr = scores[static_cast<size_t>(t - first)] * inv;
+        for (int64_t j = 0; j < hd; ++j) acc[static_cast<size_t>(j)] += pr * vv[j];
+      }
+      std::memcpy(od + (row * p.num_heads + h) * hd, acc.data(), static_cast<size_t>(hd) * 4);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace ember

@@ -1,0 +1,41 @@
+// Internal to model/: the weights of a dense decoder as backend tensors, and the per-family
+// forward passes (llama.cc: llama/mistral/qwen2/qwen3/phi3; gemma.cc: gemma2/gemma3_text).
+// Built once by Model::Load; Forward functions run one step on the model's backend. Not
+// thread-safe (the engine thread only).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace ember {
+
+struct LayerWeights {
+  Tensor attn_norm;                          // [hidden]  input_layernorm
+  Tensor wq, wk, wv, wo;                     // [q_dim, hidden], [kv_dim, hidden] x2, [hidden, q_dim]
+  std::optional<Tensor> bq, bk, bv;          // [q_dim], [kv_dim], [kv_dim] (qwen2)
+  std::optional<Tensor> q_norm, k_norm;      // [head_dim] (qwen3, gemma3)
+  Tensor post_attn_norm;                     // [hidden]  llama: before MLP; gemma: after attention
+  std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
+  Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter]
+  int32_t rope_id = 0;                       // global or local rope table
+  int32_t sliding_window = 0;                // 0: full attention
+};
+
+struct Model::Impl {
+  const ModelConfig* config = nullptr;
+  Backend* backend = nullptr;
+  Tensor embed;     // [vocab, hidden]
+  Tensor lm_head;   // [vocab, hidden] (== embed when tied)
+  Tensor final_norm;  // [hidden]
+  std::vector<LayerWeights> layers;
+};
+
+// One step over the plan already given to BeginStep; writes [logits_rows, vocab] into `logits`.
+Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);
+Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);
+
+}  // namespace ember

@@ -1,0 +1,281 @@
+// config.json / generation_config.json -> ModelConfig / GenerationDefaults. Accepts both the
+// transformers 4.x layout (torch_dtype, rope_theta + rope_scaling, gemma3 rope_local_base_freq +
+// sliding_window_pattern, no layer_types) and the 5.x one (dtype, rope_parameters, layer_types).
+#include <cmath>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+
+namespace ember {
+
+using json = nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kSupported = {"llama", "mistral", "qwen2", "qwen3",
+                                              "phi3", "gemma2", "gemma3_text"};
+
+class Reader {
+ public:
+  Reader(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  Status Err(const std::string& field, const std::string& what) const {
+    return Status::Error(source_ + ": field \"" + field + "\" " + what);
+  }
+  bool Present(const std::string& f) const { return j_.contains(f) && !j_[f].is_null(); }
+
+  Result<int32_t> Int(const std::string& f, std::optional<int32_t> def = std::nullopt) const {
+    if (!Present(f)) {
+      if (def) return *def;
+      return Err(f, "is missing (expected an integer)");
+    }
+    if (!j_[f].is_number_integer()) return Err(f, "must be an integer");
+    int64_t v = j_[f].get<int64_t>();
+    if (v < 0 || v > INT32_MAX) return Err(f, "is out of range: " + std::to_string(v));
+    return static_cast<int32_t>(v);
+  }
+  Result<double> Num(const std::string& f, std::optional<double> def = std::nullopt) const {
+    if (!Present(f)) {
+      if (def) return *def;
+      return Err(f, "is missing (expected a number)");
+    }
+    if (!j_[f].is_number()) return Err(f, "must be a number");
+    return j_[f].get<double>();
+  }
+  Result<bool> Bool(const std::string& f, bool def) const {
+    if (!Present(f)) return def;
+    if (!j_[f].is_boolean()) return Err(f, "must be true or false");
+    return j_[f].get<bool>();
+  }
+  Result<std::string> Str(const std::string& f, std::optional<std::string> def = std::nullopt) const {
+    if (!Present(f)) {
+      if (def) return *def;
+      return Err(f, "is missing (expected a string)");
+    }
+    if (!j_[f].is_string()) return Err(f, "must be a string");
+    return j_[f].get<std::string>();
+  }
+  Result<std::vector<int32_t>> IntOrList(const std::string& f) const {
+    std::vector<int32_t> out;
+    if (!Present(f)) return out;
+    const json& v = j_[f];
+    if (v.is_number_integer()) {
+      out.push_back(v.get<int32_t>());
+    } else if (v.is_array()) {
+      for (const json& e : v) {
+        if (!e.is_number_integer()) return Err(f, "must be an integer or a list of integers");
+        out.push_back(e.get<int32_t>());
+      }
+    } else {
+      return Err(f, "must be an integer or a list of integers");
+    }
+    return out;
+  }
+  const json& j() const { return j_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  const json& j_;
+  std::string source_;
+};
+
+// Reads one rope description: {rope_type|type, rope_theta?, factor, ...}. `theta` is the default.
+Result<RopeConfig> ParseRope(const json* params, double theta, const std::string& source,
+                             const std::string& field) {
+  RopeConfig rope;
+  rope.theta = theta;
+  if (params == nullptr || params->is_null()) return rope;
+  if (!params->is_object()) return Status::Error(source + ": field \"" + field + "\" must be an object");
+  Reader r(*params, source + " (" + field + ")");
+  // 5.x and most 4.x configs say rope_type; older 4.x ones say type.
+  const std::string type_field = r.Present("rope_type") || !r.Present("type") ? "rope_type" : "type";
+  EMBER_ASSIGN_OR_RETURN(std::string type, r.Str(type_field, std::string("default")));
+  EMBER_ASSIGN_OR_RETURN(rope.theta, r.Num("rope_theta", theta));
+  rope.type = type;
+  if (type == "default") return rope;
+  if (type == "linear" || type == "llama3") {
+    EMBER_ASSIGN_OR_RETURN(rope.factor, r.Num("factor"));
+    if (type == "llama3") {
+      EMBER_ASSIGN_OR_RETURN(rope.low_freq_factor, r.Num("low_freq_factor"));
+      EMBER_ASSIGN_OR_RETURN(rope.high_freq_factor, r.Num("high_freq_factor"));
+      EMBER_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                             r.Int("original_max_position_embeddings"));
+    }
+    return rope;
+  }
+  return Status::Error(source + ": field \"" + field + "\": rope_type \"" + type +
+                       "\" is not supported (supported: default, linear, llama3)");
+}
+
+}  // namespace
+
+std::string SupportedModelTypes() {
+  std::string s;
+  for (const std::string& t : kSupported) s += (s.empty() ? "" : ", ") + t;
+  return s;
+}
+
+Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error(source + ": not a JSON object");
+  Reader r(j, source);
+  ModelConfig c;
+  EMBER_ASSIGN_OR_RETURN(c.model_type, r.Str("model_type"));
+  if (std::find(kSupported.begin(), kSupported.end(), c.model_type) == kSupported.end())
+    return Status::Error(source + ": model_type \"" + c.model_type +
+                         "\" is not supported (supported: " + SupportedModelTypes() + ")");
+  const std::string& t = c.model_type;
+  const bool gemma = t == "gemma2" || t == "gemma3_text";
+  EMBER_ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
+  EMBER_ASSIGN_OR_RETURN(c.hidden_size, r.Int("hidden_size"));
+  EMBER_ASSIGN_OR_RETURN(c.intermediate_size, r.Int("intermediate_size"));
+  EMBER_ASSIGN_OR_RETURN(c.num_layers, r.Int("num_hidden_layers"));
+  EMBER_ASSIGN_OR_RETURN(c.num_heads, r.Int("num_attention_heads"));
+  EMBER_ASSIGN_OR_RETURN(c.num_kv_heads, r.Int("num_key_value_heads", c.num_heads));
+  if (c.num_heads <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.vocab_size <= 0 ||
+      c.intermediate_size <= 0)
+    return Status::Error(source + ": vocab_size, hidden_size, intermediate_size, num_hidden_layers"
+                                  " and num_attention_heads must be positive");
+  if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0)
+    return r.Err("num_key_value_heads", "must divide num_attention_heads (" +
+                                            std::to_string(c.num_heads) + ")");
+  EMBER_ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim", c.hidden_size / c.num_heads));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) return r.Err("head_dim", "must be positive and even");
+  EMBER_ASSIGN_OR_RETURN(c.max_position_embeddings, r.Int("max_position_embeddings", 4096));
+  EMBER_ASSIGN_OR_RETURN(double eps, r.Num("rms_norm_eps", 1e-6));
+  c.rms_norm_eps = static_cast<float>(eps);
+  EMBER_ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", gemma));
+  if (r.Present("dtype")) { EMBER_ASSIGN_OR_RETURN(c.torch_dtype, r.Str("dtype")); }
+  else { EMBER_ASSIGN_OR_RETURN(c.torch_dtype, r.Str("torch_dtype", std::string("float32"))); }
+
+  // ---- rope (5.x rope_parameters, or 4.x rope_theta + rope_scaling) ----
+  double partial = 1.0;
+  EMBER_ASSIGN_OR_RETURN(partial, r.Num("partial_rotary_factor", 1.0));
+  if (r.Present("rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (rp.is_object() && rp.contains("full_attention")) {  // per layer type (gemma3)
+      EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(&rp["full_attention"], 10000.0, source,
+                                               "rope_parameters.full_attention"));
+      const json* local = rp.contains("sliding_attention") ? &rp["sliding_attention"] : nullptr;
+      EMBER_ASSIGN_OR_RETURN(c.rope_local, ParseRope(local, 10000.0, source,
+                                                     "rope_parameters.sliding_attention"));
+    } else {
+      EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(&rp, 10000.0, source, "rope_parameters"));
+      c.rope_local = c.rope;
+      if (rp.is_object() && rp.contains("partial_rotary_factor") &&
+          rp["partial_rotary_factor"].is_number())
+        partial = rp["partial_rotary_factor"].get<double>();
+    }
+  } else {
+    EMBER_ASSIGN_OR_RETURN(double theta, r.Num("rope_theta", 10000.0));
+    const json* scaling = r.Present("rope_scaling") ? &j["rope_scaling"] : nullptr;
+    EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(scaling, theta, source, "rope_scaling"));
+    c.rope_local = c.rope;
+    if (t == "gemma3_text") {  // 4.x: scaling applies to global layers; local uses its own base
+      EMBER_ASSIGN_OR_RETURN(double local_theta, r.Num("rope_local_base_freq", 10000.0));
+      c.rope_local = RopeConfig{};
+      c.rope_local.theta = local_theta;
+    }
+  }
+  if (partial <= 0.0 || partial > 1.0) return r.Err("partial_rotary_factor", "must be in (0, 1]");
+  c.rotary_dim = static_cast<int32_t>(c.head_dim * partial);
+  c.rotary_dim -= c.rotary_dim % 2;
+
+  // ---- per-layer attention type ----
+  int32_t window = 0;
+  if (r.Present("sliding_window")) { EMBER_ASSIGN_OR_RETURN(window, r.Int("sliding_window")); }
+  c.layer_types.assign(static_cast<size_t>(c.num_layers), LayerType::kFullAttention);
+  if (r.Present("layer_types")) {
+    const json& lt = j["layer_types"];
+    if (!lt.is_array() || lt.size() != static_cast<size_t>(c.num_layers))
+      return r.Err("layer_types", "must be a list of num_hidden_layers entries");
+    for (size_t i = 0; i < lt.size(); ++i) {
+      std::string s = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (s == "sliding_attention") c.layer_types[i] = LayerType::kSlidingAttention;
+      else if (s != "full_attention")
+        return r.Err("layer_types", "entry " + std::to_string(i) + " must be \"full_attention\" or \"sliding_attention\"");
+    }
+  } else if (t == "gemma2") {  // 4.x: even layers slide
+    for (int32_t i = 0; i < c.num_layers; i += 2) c.layer_types[i] = LayerType::kSlidingAttention;
+  } else if (t == "gemma3_text") {
+    EMBER_ASSIGN_OR_RETURN(int32_t pattern, r.Int("sliding_window_pattern", 6));
+    if (pattern <= 0) return r.Err("sliding_window_pattern", "must be positive");
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      if ((i + 1) % pattern != 0) c.layer_types[i] = LayerType::kSlidingAttention;
+  } else if (t == "qwen2" || t == "qwen3") {
+    EMBER_ASSIGN_OR_RETURN(bool use_sw, r.Bool("use_sliding_window", false));
+    EMBER_ASSIGN_OR_RETURN(int32_t max_window_layers, r.Int("max_window_layers", c.num_layers));
+    if (use_sw)
+      for (int32_t i = max_window_layers; i < c.num_layers; ++i)
+        c.layer_types[i] = LayerType::kSlidingAttention;
+  } else if (t == "mistral" || t == "phi3") {
+    if (window > 0) c.layer_types.assign(c.layer_types.size(), LayerType::kSlidingAttention);
+  }
+  bool any_sliding = false;
+  for (LayerType lt : c.layer_types) any_sliding |= lt == LayerType::kSlidingAttention;
+  if (any_sliding && window <= 0) return r.Err("sliding_window", "must be a positive integer when layers slide");
+  c.sliding_window = any_sliding ? window : 0;
+
+  // ---- family features ----
+  EMBER_ASSIGN_OR_RETURN(bool attn_bias, r.Bool("attention_bias", false));
+  c.attention_bias = t == "qwen2" || attn_bias;
+  c.qk_norm = t == "qwen3" || t == "gemma3_text";
+  c.fused_qkv = t == "phi3";
+  c.gemma_norms = gemma;
+  std::string act_field = r.Present("hidden_activation") ? "hidden_activation" : "hidden_act";
+  EMBER_ASSIGN_OR_RETURN(std::string act, r.Str(act_field, std::string(gemma ? "gelu_pytorch_tanh" : "silu")));
+  if (act == "gelu_pytorch_tanh" || (gemma && act == "gelu")) c.gelu_tanh = true;
+  else if (act != "silu") return r.Err(act_field, "\"" + act + "\" is not supported (silu, gelu_pytorch_tanh)");
+  if (gemma) {
+    c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
+    EMBER_ASSIGN_OR_RETURN(double qpas, r.Num("query_pre_attn_scalar", c.head_dim));
+    c.attention_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+    EMBER_ASSIGN_OR_RETURN(double s1, r.Num("attn_logit_softcapping", 0.0));
+    EMBER_ASSIGN_OR_RETURN(double s2, r.Num("final_logit_softcapping", 0.0));
+    c.attn_logit_softcapping = static_cast<float>(s1);
+    c.final_logit_softcapping = static_cast<float>(s2);
+  } else {
+    c.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  }
+  if (r.Present("bos_token_id")) { EMBER_ASSIGN_OR_RETURN(c.bos_token_id, r.Int("bos_token_id")); }
+  EMBER_ASSIGN_OR_RETURN(c.eos_token_ids, r.IntOrList("eos_token_id"));
+  return c;
+}
+
+Result<GenerationDefaults> ParseGenerationConfig(const std::string& json_text,
+                                                 const std::string& source,
+                                                 const ModelConfig& config) {
+  GenerationDefaults g;
+  g.eos_token_ids = config.eos_token_ids;
+  g.bos_token_id = config.bos_token_id;
+  if (json_text.empty()) return g;
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error(source + ": not a JSON object");
+  Reader r(j, source);
+  auto opt_float = [&](const std::string& f, std::optional<float>* out) -> Status {
+    if (!r.Present(f)) return Status::Ok();
+    EMBER_ASSIGN_OR_RETURN(double v, r.Num(f));
+    *out = static_cast<float>(v);
+    return Status::Ok();
+  };
+  auto opt_int = [&](const std::string& f, std::optional<int32_t>* out) -> Status {
+    if (!r.Present(f)) return Status::Ok();
+    EMBER_ASSIGN_OR_RETURN(int32_t v, r.Int(f));
+    *out = v;
+    return Status::Ok();
+  };
+  EMBER_RETURN_IF_ERROR(opt_float("temperature", &g.temperature));
+  EMBER_RETURN_IF_ERROR(opt_float("top_p", &g.top_p));
+  EMBER_RETURN_IF_ERROR(opt_float("min_p", &g.min_p));
+  EMBER_RETURN_IF_ERROR(opt_float("repetition_penalty", &g.repetition_penalty));
+  EMBER_RETURN_IF_ERROR(opt_int("top_k", &g.top_k));
+  EMBER_RETURN_IF_ERROR(opt_int("max_new_tokens", &g.max_new_tokens));
+  EMBER_RETURN_IF_ERROR(opt_int("bos_token_id", &g.bos_token_id));
+  if (r.Present("do_sample")) { EMBER_ASSIGN_OR_RETURN(g.do_sample, r.Bool("do_sample", false)); }
+  if (r.Present("eos_token_id")) { EMBER_ASSIGN_OR_RETURN(g.eos_token_ids, r.IntOrList("eos_token_id")); }
+  return g;
+}
+
+}  // namespace ember

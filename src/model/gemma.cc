@@ -1,0 +1,79 @@
+// Gemma 2 / Gemma 3 (text) as backend ops. Differences from llama.cc: every RMSNorm multiplies by
+// (1 + w); the embedding is scaled by sqrt(hidden); each block is sandwiched by a pre- and a
+// post-norm; gelu-tanh MLP; attention scale query_pre_attn_scalar^-0.5, optional soft-capping of
+// attention scores (gemma2) and final logits; sliding/full layers (gemma3: local rope base on
+// sliding layers, per-head q/k norms).
+//   x = embed(tokens) * sqrt(hidden)
+//   per layer:  x += post_attn_norm(o(attn(norm(x))));  x += post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..)))
+//   logits = softcap(lm_head(norm(x)))[logits_rows]
+#include "model/architecture.h"
+
+namespace ember {
+
+Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const auto kNorm = RmsNormKind::kOnePlusWeight;
+  const float eps = c.rms_norm_eps;
+  const int64_t n = plan.num_tokens();
+  const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+
+  Tensor x = be.Alloc({n, d});          // residual stream
+  Tensor xn = be.Alloc({n, d});         // normalised input of the next block
+  Tensor q = be.Alloc({n, q_dim});      // [n, num_heads, head_dim]
+  Tensor k = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
+  Tensor v = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
+  Tensor att = be.Alloc({n, q_dim});    // attention output, heads concatenated
+  Tensor delta = be.Alloc({n, d});      // a block's (post-normed) contribution to the residual
+  Tensor gate = be.Alloc({n, inter});   // [n, intermediate]
+  Tensor up = be.Alloc({n, inter});     // [n, intermediate]
+
+  be.Embedding(m.embed, c.embedding_scale, x);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerWeights& w = m.layers[l];
+    // ---- attention block ----
+    if (l == 0) be.RmsNorm(x, w.attn_norm, eps, kNorm, xn);
+    else be.AddRmsNorm(x, delta, w.attn_norm, eps, kNorm, xn);
+    be.MatMul(xn, w.wq, nullptr, q);
+    be.MatMul(xn, w.wk, nullptr, k);
+    be.MatMul(xn, w.wv, nullptr, v);
+    if (w.q_norm) {  // gemma3: (1+w) RMSNorm over each head's vector
+      be.RmsNorm(q.Reshape({n * c.num_heads, hd}), *w.q_norm, eps, kNorm,
+                 q.Reshape({n * c.num_heads, hd}));
+      be.RmsNorm(k.Reshape({n * c.num_kv_heads, hd}), *w.k_norm, eps, kNorm,
+                 k.Reshape({n * c.num_kv_heads, hd}));
+    }
+    be.Rope(w.rope_id, q, k);
+    be.WriteKv(static_cast<int32_t>(l), k, v);
+    AttentionParams ap;
+    ap.layer = static_cast<int32_t>(l);
+    ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    ap.scale = c.attention_scale;
+    ap.sliding_window = w.sliding_window;
+    ap.softcap = c.attn_logit_softcapping;
+    be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+    be.MatMul(att, w.wo, nullptr, delta);
+    be.RmsNorm(delta, w.post_attn_norm, eps, kNorm, delta);
+    // ---- MLP block ----
+    be.AddRmsNorm(x, delta, *w.pre_ffn_norm, eps, kNorm, xn);
+    be.MatMul(xn, w.w_gate, nullptr, gate);
+    be.MatMul(xn, w.w_up, nullptr, up);
+    be.GeluTanhMul(gate, up, gate);
+    be.MatMul(gate, w.w_down, nullptr, delta);
+    be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
+  }
+  be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, xn);
+  if (num_logits == 0) return Status::Ok();
+  Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
+  Tensor out = be.Alloc({num_logits, c.vocab_size});
+  be.GatherLogitsRows(xn, hidden);
+  be.MatMul(hidden, m.lm_head, nullptr, out);
+  if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
+  return be.CopyToHost(out, logits);
+}
+
+}  // namespace ember

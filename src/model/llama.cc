@@ -1,0 +1,71 @@
+// The Llama-style dense decoder as backend ops: llama (incl. llama3 rope), mistral (sliding
+// window), qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm), phi3 (fused projections, split into
+// row views at load; partial rotary). Pre-norm blocks:
+//   x = embed(tokens)
+//   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x))) * up(..))
+//   logits = lm_head(norm(x))[logits_rows]
+#include "model/architecture.h"
+
+namespace ember {
+
+Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const int64_t n = plan.num_tokens();
+  const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+
+  Tensor x = be.Alloc({n, d});          // residual stream
+  Tensor xn = be.Alloc({n, d});         // normalised input of the next block
+  Tensor q = be.Alloc({n, q_dim});      // [n, num_heads, head_dim]
+  Tensor k = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
+  Tensor v = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
+  Tensor att = be.Alloc({n, q_dim});    // attention output, heads concatenated
+  Tensor delta = be.Alloc({n, d});      // a block's contribution to the residual
+  Tensor gate = be.Alloc({n, inter});   // [n, intermediate]
+  Tensor up = be.Alloc({n, inter});     // [n, intermediate]
+
+  be.Embedding(m.embed, c.embedding_scale, x);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerWeights& w = m.layers[l];
+    // ---- attention block ----
+    if (l == 0) be.RmsNorm(x, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+    else be.AddRmsNorm(x, delta, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+    be.MatMul(xn, w.wq, w.bq ? &*w.bq : nullptr, q);
+    be.MatMul(xn, w.wk, w.bk ? &*w.bk : nullptr, k);
+    be.MatMul(xn, w.wv, w.bv ? &*w.bv : nullptr, v);
+    if (w.q_norm) {  // qwen3: RMSNorm over each head's vector
+      be.RmsNorm(q.Reshape({n * c.num_heads, hd}), *w.q_norm, c.rms_norm_eps, RmsNormKind::kPlain,
+                 q.Reshape({n * c.num_heads, hd}));
+      be.RmsNorm(k.Reshape({n * c.num_kv_heads, hd}), *w.k_norm, c.rms_norm_eps,
+                 RmsNormKind::kPlain, k.Reshape({n * c.num_kv_heads, hd}));
+    }
+    be.Rope(w.rope_id, q, k);
+    be.WriteKv(static_cast<int32_t>(l), k, v);
+    AttentionParams ap;
+    ap.layer = static_cast<int32_t>(l);
+    ap.num_heads = c.num_heads;
+    ap.num_kv_heads = c.num_kv_heads;
+    ap.head_dim = c.head_dim;
+    ap.scale = c.attention_scale;
+    ap.sliding_window = w.sliding_window;
+    be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+    be.MatMul(att, w.wo, nullptr, delta);
+    // ---- MLP block ----
+    be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+    be.MatMul(xn, w.w_gate, nullptr, gate);
+    be.MatMul(xn, w.w_up, nullptr, up);
+    be.SiluMul(gate, up, gate);
+    be.MatMul(gate, w.w_down, nullptr, delta);
+  }
+  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+  if (num_logits == 0) return Status::Ok();
+  Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
+  Tensor out = be.Alloc({num_logits, c.vocab_size});
+  be.GatherLogitsRows(xn, hidden);
+  be.MatMul(hidden, m.lm_head, nullptr, out);
+  return be.CopyToHost(out, logits);
+}
+
+}  // namespace ember

@@ -1,0 +1,186 @@
+// Model::Load (config + generation defaults + weights -> backend tensors) and Model::Forward
+// (validates the plan, then runs the family's forward pass from llama.cc / gemma.cc).
+#include "model/model.h"
+
+#include <sys/stat.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/architecture.h"
+#include "model/safetensors.h"
+#include "util/mapped_file.h"
+
+namespace ember {
+namespace {
+
+bool IsGemma(const ModelConfig& c) { return c.model_type == "gemma2" || c.model_type == "gemma3_text"; }
+
+class Uploader {
+ public:
+  Uploader(const WeightStore& store, Backend& backend) : store_(store), backend_(backend) {}
+
+  Result<Tensor> Get(const std::string& name, std::vector<int64_t> shape) {
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store_.GetWithShape(name, shape));
+    return backend_.UploadWeight(name, view.dtype, view.shape, view.data);
+  }
+  Result<std::optional<Tensor>> GetOptional(const std::string& name, std::vector<int64_t> shape,
+                                            bool wanted) {
+    if (!wanted) return std::optional<Tensor>();
+    EMBER_ASSIGN_OR_RETURN(Tensor t, Get(name, std::move(shape)));
+    return std::optional<Tensor>(t);
+  }
+
+ private:
+  const WeightStore& store_;
+  Backend& backend_;
+};
+
+RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
+  RopeSpec spec;
+  spec.type = r.type == "llama3" ? RopeSpec::Type::kLlama3
+              : r.type == "linear" ? RopeSpec::Type::kLinear
+                                   : RopeSpec::Type::kDefault;
+  spec.head_dim = c.head_dim;
+  spec.rotary_dim = c.rotary_dim;
+  spec.theta = r.theta;
+  spec.factor = r.factor;
+  spec.low_freq_factor = r.low_freq_factor;
+  spec.high_freq_factor = r.high_freq_factor;
+  spec.original_max_positions = r.original_max_position_embeddings;
+  spec.max_positions = c.max_position_embeddings;
+  return spec;
+}
+
+bool SameRope(const RopeConfig& a, const RopeConfig& b) {
+  return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&
+         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
+}
+
+Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, Model::Impl* m) {
+  Uploader up(store, be);
+  const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd, vocab = c.vocab_size;
+  // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
+  const std::string embed_name =
+      store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings ? "model.embed_tokens.weight"
+                                                                       : "lm_head.weight";
+  EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(embed_name, {vocab, d}));
+  if (c.tie_word_embeddings) m->lm_head = m->embed;
+  else { EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get("lm_head.weight", {vocab, d})); }
+  EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get("model.norm.weight", {d}));
+
+  EMBER_ASSIGN_OR_RETURN(int32_t global_rope, be.CreateRope(MakeRopeSpec(c, c.rope)));
+  int32_t local_rope = global_rope;
+  if (!SameRope(c.rope, c.rope_local)) {
+    EMBER_ASSIGN_OR_RETURN(local_rope, be.CreateRope(MakeRopeSpec(c, c.rope_local)));
+  }
+  const bool gemma = IsGemma(c);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights w;
+    EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
+    EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
+    if (c.fused_qkv) {  // phi3: rows [q | k | v] and [gate | up] of one matrix each
+      EMBER_ASSIGN_OR_RETURN(Tensor qkv, up.Get(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, d}));
+      w.wq = qkv.RowSlice(0, q_dim);
+      w.wk = qkv.RowSlice(q_dim, kv_dim);
+      w.wv = qkv.RowSlice(q_dim + kv_dim, kv_dim);
+      EMBER_ASSIGN_OR_RETURN(Tensor gate_up, up.Get(p + "mlp.gate_up_proj.weight", {2 * inter, d}));
+      w.w_gate = gate_up.RowSlice(0, inter);
+      w.w_up = gate_up.RowSlice(inter, inter);
+    } else {
+      EMBER_ASSIGN_OR_RETURN(w.wq, up.Get(p + "self_attn.q_proj.weight", {q_dim, d}));
+      EMBER_ASSIGN_OR_RETURN(w.wk, up.Get(p + "self_attn.k_proj.weight", {kv_dim, d}));
+      EMBER_ASSIGN_OR_RETURN(w.wv, up.Get(p + "self_attn.v_proj.weight", {kv_dim, d}));
+      EMBER_ASSIGN_OR_RETURN(w.w_gate, up.Get(p + "mlp.gate_proj.weight", {inter, d}));
+      EMBER_ASSIGN_OR_RETURN(w.w_up, up.Get(p + "mlp.up_proj.weight", {inter, d}));
+    }
+    EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
+    EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
+    EMBER_ASSIGN_OR_RETURN(w.bq, up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bk, up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bv, up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.q_norm, up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm));
+    EMBER_ASSIGN_OR_RETURN(w.k_norm, up.GetOptional(p + "self_attn.k_norm.weight", {hd}, c.qk_norm));
+    EMBER_ASSIGN_OR_RETURN(w.pre_ffn_norm, up.GetOptional(p + "pre_feedforward_layernorm.weight", {d}, gemma));
+    EMBER_ASSIGN_OR_RETURN(w.post_ffn_norm, up.GetOptional(p + "post_feedforward_layernorm.weight", {d}, gemma));
+    const bool sliding = c.layer_types[static_cast<size_t>(l)] == LayerType::kSlidingAttention;
+    w.sliding_window = sliding ? c.sliding_window : 0;
+    w.rope_id = sliding ? local_rope : global_rope;
+    m->layers.push_back(std::move(w));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& opts) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::Error(dir + ": model directory not found");
+  auto model = std::unique_ptr<Model>(new Model());
+  const std::string config_path = dir + "/" + opts.config_file;
+  if (!FileExists(config_path)) return Status::Error(config_path + ": file not found");
+  EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
+  EMBER_ASSIGN_OR_RETURN(model->config_, ParseModelConfig(config_text, config_path));
+  const std::string gen_path = dir + "/generation_config.json";
+  std::string gen_text;
+  if (FileExists(gen_path)) { EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path)); }
+  EMBER_ASSIGN_OR_RETURN(model->generation_, ParseGenerationConfig(gen_text, gen_path, model->config_));
+  EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
+  if (opts.device == DeviceKind::kCuda)
+    return Status::Error("the CUDA backend is not available in this build (use the CPU)");
+  CpuBackendOptions cpu;
+  cpu.num_threads = opts.num_threads;
+  model->backend_ = MakeCpuBackend(cpu);
+  model->impl_ = std::make_unique<Impl>();
+  model->impl_->config = &model->config_;
+  model->impl_->backend = model->backend_.get();
+  EMBER_RETURN_IF_ERROR(LoadWeights(model->config_, *model->weights_, *model->backend_, model->impl_.get()));
+  return model;
+}
+
+int64_t Model::KvBytesPerToken() const {
+  return 2LL * config_.num_layers * config_.num_kv_heads * config_.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Model::WeightBytes() const { return weights_->total_file_bytes(); }
+
+Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
+  if (num_kv_blocks_ != 0) return Status::Error("AllocateKvCache called twice");
+  EMBER_RETURN_IF_ERROR(backend_->AllocateKvPool(config_.num_layers, num_blocks, block_size,
+                                                 config_.num_kv_heads, config_.head_dim));
+  num_kv_blocks_ = num_blocks;
+  kv_block_size_ = block_size;
+  return Status::Ok();
+}
+
+Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
+  if (num_kv_blocks_ == 0) return Status::Error("Forward before AllocateKvCache");
+  if (plan.block_size != kv_block_size_)
+    return Status::Error("plan block_size " + std::to_string(plan.block_size) + " != KV block size " +
+                         std::to_string(kv_block_size_));
+  if (std::string bad = plan.Validate(num_kv_blocks_); !bad.empty())
+    return Status::Error("invalid BatchPlan: " + bad);
+  if (logits.size() != plan.logits_rows.size() * static_cast<size_t>(config_.vocab_size))
+    return Status::Error("logits span has " + std::to_string(logits.size()) + " floats, expected " +
+                         std::to_string(plan.logits_rows.size()) + " x vocab " +
+                         std::to_string(config_.vocab_size));
+  for (int32_t id : plan.token_ids)
+    if (id < 0 || id >= config_.vocab_size)
+      return Status::Error("token id " + std::to_string(id) + " outside the vocabulary (" +
+                           std::to_string(config_.vocab_size) + ")");
+  for (int32_t pos : plan.positions)
+    if (pos >= config_.max_position_embeddings)
+      return Status::Error("position " + std::to_string(pos) + " beyond max_position_embeddings " +
+                           std::to_string(config_.max_position_embeddings));
+  if (plan.num_tokens() == 0) return Status::Ok();
+  EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
+  if (IsGemma(config_)) return ForwardGemma(*impl_, plan, logits);
+  return ForwardLlama(*impl_, plan, logits);
+}
+
+}  // namespace ember

@@ -1,0 +1,214 @@
+// Parity with the transformers reference: logits at every position of every golden sequence
+// within relative L2 error 1e-4 of golden_logits.safetensors, and greedy continuations identical
+// to golden.json, for each dense family, loading both config.json (5.x) and config.v4.json (4.x).
+// Also: batched == solo (bitwise) for mixed prefill-chunk and decode rows.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "util/mapped_file.h"
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kNumBlocks = 64;
+
+std::string ModelDir(const std::string& name) {
+  return ember::testing::FixturesDir() + "/models/" + name;
+}
+
+std::unique_ptr<Model> LoadOrDie(const std::string& dir, const std::string& config_file) {
+  ModelLoadOptions opts;
+  opts.config_file = config_file;
+  auto model = Model::Load(dir, opts);
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return nullptr;
+  EXPECT_TRUE((*model)->AllocateKvCache(kNumBlocks, kBlockSize).ok());
+  return std::move(model).value();
+}
+
+std::vector<int32_t> Blocks(int32_t first, int32_t count) {
+  std::vector<int32_t> b;
+  for (int32_t i = 0; i < count; ++i) b.push_back(first + i);
+  return b;
+}
+
+// Prefills `tokens` with logits at every row; returns [len, vocab].
+std::vector<float> PrefillAllLogits(Model& model, const std::vector<int32_t>& tokens) {
+  BatchPlan plan;
+  plan.block_size = kBlockSize;
+  plan.AddSequence(tokens, 0, Blocks(0, kNumBlocks), false);
+  for (int32_t i = 0; i < plan.num_tokens(); ++i) plan.logits_rows.push_back(i);
+  std::vector<float> logits(tokens.size() * static_cast<size_t>(model.config().vocab_size));
+  Status st = model.Forward(plan, logits);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return logits;
+}
+
+int32_t Argmax(const float* v, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+// Prefill then `count` single-token decode steps; returns the greedy tokens.
+std::vector<int32_t> Greedy(Model& model, const std::vector<int32_t>& prompt, size_t count) {
+  const int32_t vocab = model.config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<int32_t> out;
+  std::vector<int32_t> step = prompt;
+  int32_t pos = 0;
+  while (out.size() < count) {
+    BatchPlan plan;
+    plan.block_size = kBlockSize;
+    plan.AddSequence(step, pos, Blocks(0, kNumBlocks), true);
+    Status st = model.Forward(plan, logits);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) break;
+    pos += static_cast<int32_t>(step.size());
+    out.push_back(Argmax(logits.data(), vocab));
+    step = {out.back()};
+  }
+  return out;
+}
+
+double RelativeL2(const float* a, const float* ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = static_cast<double>(a[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+void CheckLogits(const std::vector<float>& logits, const TensorView& golden, int32_t vocab,
+                 const std::string& what) {
+  ASSERT_EQ(golden.dtype, DType::kF32);
+  ASSERT_EQ(golden.nbytes / 4, logits.size()) << what;
+  const float* ref = static_cast<const float*>(golden.data);
+  const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    worst = std::max(worst, RelativeL2(logits.data() + r * vocab, ref + r * vocab, vocab));
+  EXPECT_LT(worst, 1e-4) << what << ": worst per-position relative L2 error";
+}
+
+void RunParity(const std::string& name, const std::string& config_file) {
+  const std::string dir = ModelDir(name);
+  auto model = LoadOrDie(dir, config_file);
+  ASSERT_NE(model, nullptr);
+  auto golden_text = ReadFileToString(dir + "/golden.json");
+  ASSERT_TRUE(golden_text.ok());
+  json golden = json::parse(*golden_text);
+  auto golden_logits = WeightStore::OpenFile(dir + "/golden_logits.safetensors");
+  ASSERT_TRUE(golden_logits.ok()) << golden_logits.message();
+  const int32_t vocab = model->config().vocab_size;
+  int checked = 0;
+  for (auto& [seq_name, ids] : golden["sequences"].items()) {
+    std::vector<int32_t> tokens = ids.get<std::vector<int32_t>>();
+    auto ref = (*golden_logits)->Get("logits." + seq_name);
+    ASSERT_TRUE(ref.ok()) << ref.message();
+    CheckLogits(PrefillAllLogits(*model, tokens), *ref, vocab, name + "/" + seq_name);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  for (auto& [seq_name, expected] : golden["greedy"].items()) {
+    std::vector<int32_t> want = expected.get<std::vector<int32_t>>();
+    std::vector<int32_t> prompt = golden["sequences"][seq_name].get<std::vector<int32_t>>();
+    EXPECT_EQ(Greedy(*model, prompt, want.size()), want) << name << "/" << seq_name;
+  }
+}
+
+class ParityTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
+  const auto& [name, config_file] = GetParam();
+  EMBER_REQUIRE_DIR(ModelDir(name));
+  RunParity(name, config_file);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, ParityTest,
+    ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma2",
+                                         "gemma3"),
+                       ::testing::Values("config.json", "config.v4.json")),
+    [](const auto& info) {
+      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+      for (char& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
+
+TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadOrDie(dir, "config.json");
+  ASSERT_NE(model, nullptr);
+  json golden = json::parse(*ReadFileToString(dir + "/golden.json"));
+  auto golden_logits = WeightStore::OpenFile(dir + "/golden_logits.safetensors");
+  ASSERT_TRUE(golden_logits.ok()) << golden_logits.message();
+  const int32_t vocab = model->config().vocab_size;
+  ASSERT_GE(golden["prompts"].size(), 1u);
+  EXPECT_EQ(golden["prompts"][0]["ids"].get<std::vector<int32_t>>(),
+            (std::vector<int32_t>{1, 80, 147, 201, 282, 57}));
+  for (size_t i = 0; i < golden["prompts"].size(); ++i) {
+    const json& p = golden["prompts"][i];
+    std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
+    auto ref = (*golden_logits)->Get("logits." + std::to_string(i));
+    ASSERT_TRUE(ref.ok()) << ref.message();
+    CheckLogits(PrefillAllLogits(*model, ids), *ref, vocab, "tinystories/" + std::to_string(i));
+    std::vector<int32_t> want = p["greedy_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(want.size(), i == 0 ? 64u : want.size());
+    EXPECT_EQ(Greedy(*model, ids, want.size()), want) << "prompt " << i;
+  }
+}
+
+// Three sequences in one plan (a fresh prefill, a decode row, a second prefill chunk) give
+// bitwise the same logits as each run alone.
+TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
+  for (const std::string name : {"qwen3", "gemma3"}) {
+    EMBER_REQUIRE_DIR(ModelDir(name));
+    auto model = LoadOrDie(ModelDir(name), "config.json");
+    ASSERT_NE(model, nullptr);
+    const int32_t vocab = model->config().vocab_size;
+    std::vector<int32_t> a = {1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128, 5, 6, 7, 8, 9, 10, 11};
+    std::vector<int32_t> b_prompt = {1, 5, 9, 200, 201, 202, 17};
+    std::vector<int32_t> c_prompt = {1, 400, 401, 402, 403};
+    std::vector<int32_t> c_chunk = {404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418, 419, 420, 421, 422};
+    const auto blocks_a = Blocks(0, 4), blocks_b = Blocks(10, 4), blocks_c = Blocks(20, 4);
+    auto run = [&](const std::vector<std::tuple<std::vector<int32_t>, int32_t, std::vector<int32_t>>>& seqs) {
+      BatchPlan plan;
+      plan.block_size = kBlockSize;
+      for (const auto& [tokens, first, blocks] : seqs) plan.AddSequence(tokens, first, blocks, false);
+      for (int32_t i = 0; i < plan.num_tokens(); ++i) plan.logits_rows.push_back(i);
+      std::vector<float> logits(static_cast<size_t>(plan.num_tokens()) * vocab);
+      Status st = model->Forward(plan, logits);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return logits;
+    };
+    run({{b_prompt, 0, blocks_b}});
+    run({{c_prompt, 0, blocks_c}});
+    std::vector<float> solo;
+    for (auto& part : {run({{a, 0, blocks_a}}), run({{{300}, 7, blocks_b}}), run({{c_chunk, 5, blocks_c}})})
+      solo.insert(solo.end(), part.begin(), part.end());
+    std::vector<float> batched = run({{a, 0, blocks_a}, {{300}, 7, blocks_b}, {c_chunk, 5, blocks_c}});
+    ASSERT_EQ(solo.size(), batched.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < solo.size(); ++i) mismatches += solo[i] != batched[i];
+    EXPECT_EQ(mismatches, 0u) << name << ": batched logits differ from solo (bitwise)";
+  }
+}
+
+}  // namespace
+}  // namespace ember

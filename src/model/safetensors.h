@@ -1,0 +1,52 @@
+// WeightStore: the tensors of a safetensors checkpoint (one file, or shards listed by
+// model.safetensors.index.json), memory-mapped and validated, never copied. Open() checks every
+// header (length, JSON, dtype, shape vs byte range, ranges inside the file and not overlapping)
+// and names the file and tensor in its errors. Immutable after Open; safe to read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "util/mapped_file.h"
+#include "util/status.h"
+
+namespace ember {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // points into the mapping
+  size_t nbytes = 0;
+  std::string file;            // which file holds it (for error messages)
+};
+
+class WeightStore {
+ public:
+  // Opens `dir`/model.safetensors, or the shards named by `dir`/model.safetensors.index.json.
+  static Result<std::unique_ptr<WeightStore>> Open(const std::string& dir);
+  // Opens exactly one safetensors file (also used for golden logits in tests).
+  static Result<std::unique_ptr<WeightStore>> OpenFile(const std::string& path);
+
+  bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The tensor, or an error naming it and the checkpoint.
+  Result<TensorView> Get(const std::string& name) const;
+  // The tensor, checked to have `shape` (dtype must be F32/F16/BF16).
+  Result<TensorView> GetWithShape(const std::string& name, std::vector<int64_t> shape) const;
+  std::vector<std::string> Names() const;
+  int64_t total_file_bytes() const;
+
+ private:
+  Status AddFile(const std::string& path);
+  std::string where_;  // the directory or file, for messages
+  std::vector<MappedFile> files_;
+  std::map<std::string, TensorView> tensors_;
+};
+
+// Parses a safetensors dtype name ("F32", "F16", "BF16", "I32").
+Result<DType> ParseSafetensorsDType(const std::string& name);
+
+}  // namespace ember
