@@ -1,0 +1,490 @@
+#include "serve/openai_schema.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace ember::serve {
+
+namespace {
+
+using nlohmann::json;
+
+#define EMBER_RETURN_IF_API_ERROR(expr) \
+  do {                                  \
+    if (auto _api_err = (expr)) return _api_err; \
+  } while (0)
+
+using MaybeError = std::optional<ApiError>;
+
+const char* TypeName(const json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+ApiError WrongType(const std::string& path, const char* expected, const json& got) {
+  return InvalidRequest(path + ": expected " + expected + ", got " + TypeName(got), path,
+                        "invalid_type");
+}
+
+// Reads the fields of one JSON object, remembering which were consumed so the rest can be
+// reported as unknown. A field whose value is null counts as absent (OpenAI clients send nulls).
+class ObjectReader {
+ public:
+  ObjectReader(const json& object, std::string path) : object_(object), path_(std::move(path)) {}
+
+  const json* Get(const std::string& name) {
+    known_.insert(name);
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  std::string Path(const std::string& name) const {
+    return path_.empty() ? name : path_ + "." + name;
+  }
+  MaybeError CheckUnknown() const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (known_.count(it.key()) == 0) {
+        return InvalidRequest("Unrecognized request argument supplied: " + Path(it.key()) +
+                                  " (this server does not implement it)",
+                              Path(it.key()), "unknown_parameter");
+      }
+    }
+    return std::nullopt;
+  }
+
+  MaybeError Bool(const std::string& name, bool* out) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) return WrongType(Path(name), "a boolean", *v);
+    *out = v->get<bool>();
+    return std::nullopt;
+  }
+
+  MaybeError Int(const std::string& name, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number_integer()) return WrongType(Path(name), "an integer", *v);
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
+      return OutOfRange(name, v->dump(), lo, hi);
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) return OutOfRange(name, std::to_string(x), lo, hi);
+    *out = x;
+    return std::nullopt;
+  }
+
+  MaybeError Int32(const std::string& name, int64_t lo, int64_t hi, std::optional<int32_t>* out) {
+    std::optional<int64_t> x;
+    EMBER_RETURN_IF_API_ERROR(Int(name, lo, hi, &x));
+    if (x) *out = static_cast<int32_t>(*x);
+    return std::nullopt;
+  }
+
+  // A finite number in [lo, hi] (lo excluded when lo_open).
+  MaybeError Float(const std::string& name, double lo, double hi, bool lo_open,
+                   std::optional<float>* out) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) return WrongType(Path(name), "a number", *v);
+    const double x = v->get<double>();
+    if (!std::isfinite(x))
+      return InvalidRequest(Path(name) + ": must be a finite number", Path(name));
+    if (x > hi || x < lo || (lo_open && x == lo)) {
+      return InvalidRequest(Path(name) + ": must be in " + (lo_open ? "(" : "[") + Num(lo) +
+                                ", " + Num(hi) + "], got " + Num(x),
+                            Path(name));
+    }
+    *out = static_cast<float>(x);
+    return std::nullopt;
+  }
+
+  MaybeError String(const std::string& name, std::string* out) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) return WrongType(Path(name), "a string", *v);
+    *out = v->get<std::string>();
+    return std::nullopt;
+  }
+
+ private:
+  static std::string Num(double x) {
+    json j = x;
+    return j.dump();
+  }
+  ApiError OutOfRange(const std::string& name, const std::string& got, int64_t lo, int64_t hi) {
+    std::ostringstream msg;
+    msg << Path(name) << ": must be in [" << lo << ", ";
+    if (hi == std::numeric_limits<int64_t>::max()) {
+      msg << "inf";
+    } else {
+      msg << hi;
+    }
+    msg << "], got " << got;
+    return InvalidRequest(msg.str(), Path(name));
+  }
+
+  const json& object_;
+  std::string path_;
+  std::set<std::string> known_;
+};
+
+MaybeError ParseStop(ObjectReader& r, const SchemaLimits& limits, std::vector<std::string>* out) {
+  const json* v = r.Get("stop");
+  if (v == nullptr) return std::nullopt;
+  const std::string path = r.Path("stop");
+  if (v->is_string()) {
+    out->push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > static_cast<size_t>(limits.max_stop_strings)) {
+      return InvalidRequest(path + ": at most " + std::to_string(limits.max_stop_strings) +
+                                " stop strings, got " + std::to_string(v->size()),
+                            path);
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string())
+        return WrongType(path + "[" + std::to_string(i) + "]", "a string", (*v)[i]);
+      out->push_back((*v)[i].get<std::string>());
+    }
+  } else {
+    return WrongType(path, "a string or an array of strings", *v);
+  }
+  for (const std::string& s : *out) {
+    if (s.empty()) return InvalidRequest(path + ": stop strings must not be empty", path);
+  }
+  return std::nullopt;
+}
+
+MaybeError ParseLogitBias(ObjectReader& r, const SchemaLimits& limits,
+                          std::vector<std::pair<int32_t, float>>* out) {
+  const json* v = r.Get("logit_bias");
+  if (v == nullptr) return std::nullopt;
+  const std::string path = r.Path("logit_bias");
+  if (!v->is_object()) return WrongType(path, "an object mapping token ids to biases", *v);
+  for (auto it = v->begin(); it != v->end(); ++it) {
+    const std::string& key = it.key();
+    const std::string item = path + "." + key;
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != key.size() || key.empty() || id < 0 || id >= limits.vocab_size) {
+      return InvalidRequest(item + ": keys must be token ids in [0, " +
+                                std::to_string(limits.vocab_size) + ")",
+                            path);
+    }
+    if (!it->is_number()) return WrongType(item, "a number", *it);
+    const double bias = it->get<double>();
+    if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0)
+      return InvalidRequest(item + ": bias must be in [-100, 100]", path);
+    out->emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return std::nullopt;
+}
+
+// Fields common to both endpoints (everything but the prompt/messages and logprobs).
+MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(r.String("model", &p->model));
+  std::optional<int32_t> max_tokens, max_completion_tokens;
+  EMBER_RETURN_IF_API_ERROR(r.Int32("max_tokens", 1, INT32_MAX, &max_tokens));
+  EMBER_RETURN_IF_API_ERROR(
+      r.Int32("max_completion_tokens", 1, INT32_MAX, &max_completion_tokens));
+  p->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  EMBER_RETURN_IF_API_ERROR(r.Float("temperature", 0.0, 2.0, false, &p->temperature));
+  EMBER_RETURN_IF_API_ERROR(r.Float("top_p", 0.0, 1.0, /*lo_open=*/true, &p->top_p));
+  EMBER_RETURN_IF_API_ERROR(r.Float("min_p", 0.0, 1.0, false, &p->min_p));
+  EMBER_RETURN_IF_API_ERROR(
+      r.Float("repetition_penalty", 0.0, 10.0, /*lo_open=*/true, &p->repetition_penalty));
+  EMBER_RETURN_IF_API_ERROR(r.Int32("top_k", -1, INT32_MAX, &p->top_k));
+  std::optional<float> presence, frequency;
+  EMBER_RETURN_IF_API_ERROR(r.Float("presence_penalty", -2.0, 2.0, false, &presence));
+  EMBER_RETURN_IF_API_ERROR(r.Float("frequency_penalty", -2.0, 2.0, false, &frequency));
+  p->presence_penalty = presence.value_or(0.0f);
+  p->frequency_penalty = frequency.value_or(0.0f);
+  EMBER_RETURN_IF_API_ERROR(ParseLogitBias(r, limits, &p->logit_bias));
+  std::optional<int64_t> seed;
+  EMBER_RETURN_IF_API_ERROR(
+      r.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+            &seed));
+  if (seed) p->seed = static_cast<uint64_t>(*seed);
+  EMBER_RETURN_IF_API_ERROR(ParseStop(r, limits, &p->stop));
+  std::optional<int32_t> n;
+  EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
+  p->n = n.value_or(1);
+  EMBER_RETURN_IF_API_ERROR(r.Bool("stream", &p->stream));
+  if (const json* so = r.Get("stream_options")) {
+    const std::string path = r.Path("stream_options");
+    if (!so->is_object()) return WrongType(path, "an object", *so);
+    if (!p->stream)
+      return InvalidRequest(path + ": only allowed when stream is true", path);
+    ObjectReader sr(*so, path);
+    EMBER_RETURN_IF_API_ERROR(sr.Bool("include_usage", &p->include_usage));
+    EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
+  }
+  // Accepted and ignored (documented): end-user id and request metadata.
+  std::string user;
+  EMBER_RETURN_IF_API_ERROR(r.String("user", &user));
+  if (const json* m = r.Get("metadata"); m != nullptr && !m->is_object())
+    return WrongType(r.Path("metadata"), "an object", *m);
+  return std::nullopt;
+}
+
+}  // namespace
+
+namespace {
+
+// messages[i]: role + content (string, or text parts joined with "\n"), name, tool_calls,
+// tool_call_id. Returns the normalised message the chat template sees.
+MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohmann::json* out) {
+  if (!m.is_object()) return WrongType(path, "an object", m);
+  ObjectReader r(m, path);
+  std::string role;
+  EMBER_RETURN_IF_API_ERROR(r.String("role", &role));
+  static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant",
+                                               "tool"};
+  if (role.empty())
+    return InvalidRequest(path + ".role: required", path + ".role", "missing_required_parameter");
+  if (kRoles.count(role) == 0) {
+    return InvalidRequest(path + ".role: must be one of system, developer, user, assistant, tool; "
+                          "got '" + role + "'",
+                          path + ".role");
+  }
+  nlohmann::json msg = {{"role", role}, {"content", nullptr}};
+  if (const nlohmann::json* c = r.Get("content")) {
+    if (c->is_string()) {
+      msg["content"] = *c;
+    } else if (c->is_array()) {
+      std::string text;
+      for (size_t i = 0; i < c->size(); ++i) {
+        const std::string ppath = path + ".content[" + std::to_string(i) + "]";
+        const nlohmann::json& part = (*c)[i];
+        if (!part.is_object()) return WrongType(ppath, "an object", part);
+        ObjectReader pr(part, ppath);
+        std::string type, part_text;
+        EMBER_RETURN_IF_API_ERROR(pr.String("type", &type));
+        if (type != "text") {
+          return InvalidRequest(ppath + ".type: only \"text\" content parts are supported by this "
+                                "build (no vision or audio), got '" + type + "'",
+                                ppath + ".type");
+        }
+        const nlohmann::json* t = pr.Get("text");
+        if (t == nullptr || !t->is_string())
+          return InvalidRequest(ppath + ".text: required string", ppath + ".text");
+        EMBER_RETURN_IF_API_ERROR(pr.CheckUnknown());
+        if (i > 0) text += "\n";
+        text += t->get<std::string>();
+      }
+      msg["content"] = text;
+    } else {
+      return WrongType(path + ".content", "a string or an array of text parts", *c);
+    }
+  }
+  std::string name;
+  EMBER_RETURN_IF_API_ERROR(r.String("name", &name));
+  if (!name.empty()) msg["name"] = name;
+  if (const nlohmann::json* tc = r.Get("tool_calls")) {
+    if (role != "assistant")
+      return InvalidRequest(path + ".tool_calls: only assistant messages carry tool calls",
+                            path + ".tool_calls");
+    if (!tc->is_array()) return WrongType(path + ".tool_calls", "an array", *tc);
+    for (size_t i = 0; i < tc->size(); ++i) {
+      const nlohmann::json& call = (*tc)[i];
+      const std::string cpath = path + ".tool_calls[" + std::to_string(i) + "]";
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        return InvalidRequest(cpath + ": expected {id, type, function: {name, arguments}}", cpath);
+    }
+    msg["tool_calls"] = *tc;
+  }
+  std::string tool_call_id;
+  EMBER_RETURN_IF_API_ERROR(r.String("tool_call_id", &tool_call_id));
+  if (!tool_call_id.empty()) msg["tool_call_id"] = tool_call_id;
+  if (msg["content"].is_null() && !msg.contains("tool_calls"))
+    return InvalidRequest(path + ".content: required", path + ".content",
+                          "missing_required_parameter");
+  EMBER_RETURN_IF_API_ERROR(r.CheckUnknown());
+  *out = std::move(msg);
+  return std::nullopt;
+}
+
+MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
+  const nlohmann::json* v = r.Get("tools");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_array()) return WrongType("tools", "an array", *v);
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string path = "tools[" + std::to_string(i) + "]";
+    const nlohmann::json& t = (*v)[i];
+    if (!t.is_object()) return WrongType(path, "an object", t);
+    ObjectReader tr(t, path);
+    std::string type;
+    EMBER_RETURN_IF_API_ERROR(tr.String("type", &type));
+    if (type != "function")
+      return InvalidRequest(path + ".type: must be \"function\"", path + ".type");
+    const nlohmann::json* f = tr.Get("function");
+    if (f == nullptr || !f->is_object())
+      return InvalidRequest(path + ".function: required object", path + ".function");
+    ObjectReader fr(*f, path + ".function");
+    std::string name, description;
+    EMBER_RETURN_IF_API_ERROR(fr.String("name", &name));
+    if (name.empty())
+      return InvalidRequest(path + ".function.name: required", path + ".function.name");
+    EMBER_RETURN_IF_API_ERROR(fr.String("description", &description));
+    if (const nlohmann::json* p = fr.Get("parameters"); p != nullptr && !p->is_object())
+      return WrongType(path + ".function.parameters", "an object (JSON Schema)", *p);
+    bool strict = false;
+    EMBER_RETURN_IF_API_ERROR(fr.Bool("strict", &strict));
+    EMBER_RETURN_IF_API_ERROR(fr.CheckUnknown());
+    EMBER_RETURN_IF_API_ERROR(tr.CheckUnknown());
+  }
+  *tools = *v;
+  return std::nullopt;
+}
+
+MaybeError ParseResponseFormat(ObjectReader& r) {
+  const nlohmann::json* v = r.Get("response_format");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_object()) return WrongType("response_format", "an object", *v);
+  ObjectReader fr(*v, "response_format");
+  std::string type;
+  EMBER_RETURN_IF_API_ERROR(fr.String("type", &type));
+  if (type != "text") {
+    return InvalidRequest("response_format.type: only \"text\" is supported by this build "
+                          "(structured output is not implemented), got '" + type + "'",
+                          "response_format.type", "unsupported_value");
+  }
+  return fr.CheckUnknown();
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
+                                         ChatRequest* out) {
+  if (!body.is_object()) return WrongType("body", "a JSON object", body);
+  ObjectReader r(body, "");
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, &out->params));
+
+  const nlohmann::json* messages = r.Get("messages");
+  if (messages == nullptr)
+    return InvalidRequest("messages: required", "messages", "missing_required_parameter");
+  if (!messages->is_array()) return WrongType("messages", "an array", *messages);
+  if (messages->empty()) return InvalidRequest("messages: must not be empty", "messages");
+  out->messages = nlohmann::json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    nlohmann::json msg;
+    EMBER_RETURN_IF_API_ERROR(
+        ParseMessage((*messages)[i], "messages[" + std::to_string(i) + "]", &msg));
+    out->messages.push_back(std::move(msg));
+  }
+
+  bool logprobs = false;
+  std::optional<int32_t> top_logprobs;
+  EMBER_RETURN_IF_API_ERROR(r.Bool("logprobs", &logprobs));
+  EMBER_RETURN_IF_API_ERROR(r.Int32("top_logprobs", 0, limits.max_top_logprobs, &top_logprobs));
+  if (top_logprobs && !logprobs)
+    return InvalidRequest("top_logprobs: requires logprobs to be true", "top_logprobs");
+  out->params.top_logprobs = logprobs ? top_logprobs.value_or(0) : -1;
+
+  EMBER_RETURN_IF_API_ERROR(ParseTools(r, &out->tools));
+  if (const nlohmann::json* tc = r.Get("tool_choice")) {
+    if (tc->is_string() && tc->get<std::string>() == "none") {
+      out->tools = nullptr;  // the model is told about no tools
+    } else if (tc->is_string() && tc->get<std::string>() == "auto") {
+      // tools are rendered into the prompt; the model decides
+    } else if (tc->is_string() || tc->is_object()) {
+      return InvalidRequest("tool_choice: only \"auto\" and \"none\" are supported (forcing a "
+                            "tool call needs tool-call parsing, not implemented yet)",
+                            "tool_choice", "unsupported_value");
+    } else {
+      return WrongType("tool_choice", "a string or an object", *tc);
+    }
+  }
+  if (const nlohmann::json* kw = r.Get("chat_template_kwargs")) {
+    if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
+    out->chat_template_kwargs = *kw;
+  }
+  EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r));
+  return r.CheckUnknown();
+}
+
+namespace {
+
+MaybeError ParseTokenIds(const nlohmann::json& v, const std::string& path,
+                         const SchemaLimits& limits, PromptInput* out) {
+  out->is_token_ids = true;
+  if (v.empty()) return InvalidRequest(path + ": the prompt is empty", path);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json& id = v[i];
+    const std::string ipath = path + "[" + std::to_string(i) + "]";
+    if (!id.is_number_integer()) return WrongType(ipath, "an integer token id", id);
+    if (id.is_number_unsigned() ? id.get<uint64_t>() >= uint64_t(limits.vocab_size)
+                                : (id.get<int64_t>() < 0 || id.get<int64_t>() >= limits.vocab_size))
+      return InvalidRequest(ipath + ": token id " + id.dump() + " is outside the vocabulary [0, " +
+                                std::to_string(limits.vocab_size) + ")",
+                            "prompt");
+    out->token_ids.push_back(id.get<int32_t>());
+  }
+  return std::nullopt;
+}
+
+MaybeError ParsePrompt(const nlohmann::json* v, const SchemaLimits& limits,
+                       std::vector<PromptInput>* out) {
+  if (v == nullptr)
+    return InvalidRequest("prompt: required", "prompt", "missing_required_parameter");
+  if (v->is_string()) {
+    out->push_back(PromptInput{false, v->get<std::string>(), {}});
+    return std::nullopt;
+  }
+  if (!v->is_array())
+    return WrongType("prompt", "a string, an array of strings, or an array of token ids", *v);
+  if (v->empty()) return InvalidRequest("prompt: must not be empty", "prompt");
+  const nlohmann::json& first = (*v)[0];
+  if (first.is_number()) {
+    PromptInput p;
+    EMBER_RETURN_IF_API_ERROR(ParseTokenIds(*v, "prompt", limits, &p));
+    out->push_back(std::move(p));
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const nlohmann::json& item = (*v)[i];
+    const std::string path = "prompt[" + std::to_string(i) + "]";
+    if (item.is_string() && first.is_string()) {
+      out->push_back(PromptInput{false, item.get<std::string>(), {}});
+    } else if (item.is_array() && first.is_array()) {
+      PromptInput p;
+      EMBER_RETURN_IF_API_ERROR(ParseTokenIds(item, path, limits, &p));
+      out->push_back(std::move(p));
+    } else {
+      return WrongType(path, first.is_array() ? "an array of token ids" : "a string", item);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
+                                               const SchemaLimits& limits, CompletionRequest* out) {
+  if (!body.is_object()) return WrongType("body", "a JSON object", body);
+  ObjectReader r(body, "");
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, &out->params));
+  EMBER_RETURN_IF_API_ERROR(ParsePrompt(r.Get("prompt"), limits, &out->prompts));
+  std::optional<int32_t> logprobs;
+  EMBER_RETURN_IF_API_ERROR(r.Int32("logprobs", 0, limits.max_top_logprobs, &logprobs));
+  out->params.top_logprobs = logprobs.value_or(-1);
+  EMBER_RETURN_IF_API_ERROR(r.Bool("echo", &out->echo));
+  if (out->echo && logprobs) {
+    return InvalidRequest("echo: cannot be combined with logprobs (prompt logprobs are not "
+                          "implemented)",
+                          "echo", "unsupported_value");
+  }
+  return r.CheckUnknown();
+}
+
+}  // namespace ember::serve

@@ -1,0 +1,68 @@
+// Strict parsing of OpenAI request bodies into typed requests: every field is type- and
+// range-checked, NaN/infinity are rejected, and an unknown field is a 400 that names it (never a
+// silent no-op). Accepted and ignored on purpose: `user`, `metadata`. Defaults that depend on the
+// model (generation_config.json, context length) are NOT applied here: absent fields stay unset.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/api_error.h"
+
+namespace ember::serve {
+
+// Limits the schema checks against (from the served model and the engine configuration).
+struct SchemaLimits {
+  int32_t vocab_size = 0;   // bounds logit_bias keys and token-id prompts
+  int32_t max_n = 16;
+  int32_t max_stop_strings = 16;
+  int32_t max_top_logprobs = 20;
+};
+
+// Fields shared by chat and completions. Unset optionals fall back to the model's defaults.
+struct CommonParams {
+  std::string model;  // "" when absent
+  std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  int32_t top_logprobs = -1;   // -1: no logprobs; else the chosen token + this many alternatives
+};
+
+struct ChatRequest {
+  CommonParams params;
+  nlohmann::json messages;  // normalised: every content is a string (text parts joined) or null
+  nlohmann::json tools;     // null or the validated array (null when tool_choice is "none")
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+};
+
+struct PromptInput {
+  bool is_token_ids = false;
+  std::string text;
+  std::vector<int32_t> token_ids;
+};
+
+struct CompletionRequest {
+  CommonParams params;
+  std::vector<PromptInput> prompts;  // one per prompt in the batch, >= 1
+  bool echo = false;
+};
+
+std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
+                                         ChatRequest* out);
+std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
+                                               const SchemaLimits& limits, CompletionRequest* out);
+
+}  // namespace ember::serve
