@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -22,12 +23,18 @@ uint64_t WeakHash(uint64_t, std::span<const int32_t> tokens, uint64_t) {
   return static_cast<uint64_t>(tokens[0] & 1);
 }
 
+// Keys ignore the parent: only the verified parent identity keeps chains apart.
+uint64_t ParentBlindHash(uint64_t, std::span<const int32_t> tokens, uint64_t ns) {
+  return HashBlockTokens(kRootBlockKey, tokens, ns);
+}
+
 struct FuzzParams {
   const char* name;
   BlockHashFn hash_fn;
   bool prefix_caching;
   int32_t num_ops;
   uint32_t seed;
+  friend void PrintTo(const FuzzParams& p, std::ostream* os) { *os << p.name << " seed " << p.seed; }
 };
 
 class KvFuzzer {
@@ -257,6 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FuzzParams{"default_hash", HashBlockTokens, true, 100000, 1},
                       FuzzParams{"default_hash_seed2", HashBlockTokens, true, 30000, 2},
                       FuzzParams{"weak_hash", WeakHash, true, 30000, 3},
+                      FuzzParams{"parent_blind_hash", ParentBlindHash, true, 30000, 5},
                       FuzzParams{"no_prefix_caching", HashBlockTokens, false, 10000, 4}),
     [](const ::testing::TestParamInfo<FuzzParams>& info) { return std::string(info.param.name); });
 

@@ -295,6 +295,32 @@ TEST(KvCacheManagerTest, HashCollisionsNeverReturnWrongBlocks) {
   EXPECT_EQ(kv.CheckInvariants(), "");
 }
 
+// A hash that ignores the parent: a child's key is the same under any parent.
+uint64_t ParentBlindHash(uint64_t, std::span<const int32_t> tokens, uint64_t ns) {
+  return HashBlockTokens(kRootBlockKey, tokens, ns);
+}
+
+TEST(KvCacheManagerTest, ChildOfAnEvictedAndReusedParentIsNotReturned) {
+  KvCacheManager kv(Config(4), ParentBlindHash);
+  const V p = Iota(4, 0), c = Iota(4, 10), q = Iota(4, 20);
+  // A computes [P]; B computes [P][C] concurrently, so B's [C] is registered under A's [P].
+  EXPECT_EQ(kv.AcquireCachedPrefix(1, p, 0), 0);
+  EXPECT_EQ(kv.AcquireCachedPrefix(2, Concat(Concat(p, c), V{1}), 0), 0);
+  ASSERT_TRUE(kv.Allocate(1, 4));
+  ASSERT_TRUE(kv.Allocate(2, 9));
+  kv.CommitComputed(1, p, 4, 0);
+  kv.CommitComputed(2, Concat(Concat(p, c), V{1}), 9, 0);
+  const int32_t parent_block = kv.BlockTable(1)[0];
+  kv.Free(1);
+  // Q takes A's block (evicting [P]) and registers [Q] in it: same block id, new epoch.
+  EXPECT_EQ(kv.AcquireCachedPrefix(3, q, 0), 0);
+  ASSERT_TRUE(kv.Allocate(3, 4));
+  ASSERT_EQ(kv.BlockTable(3)[0], parent_block);
+  kv.CommitComputed(3, q, 4, 0);
+  EXPECT_EQ(kv.PeekCachedPrefix(Concat(Concat(q, c), V{1}), 0), 4);  // [Q] hits, [C] must not
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
 TEST(KvCacheManagerTest, PrefixCachingOff) {
   KvCacheManager kv(Config(8, 4, /*prefix=*/false));
   RunPrompt(kv, 1, Iota(9));
