@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm libsimdjson-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,98 @@
+#include "tokenizer/added_vocabulary.h"
+
+#include <algorithm>
+
+#include "tokenizer/unicode.h"
+
+namespace ember::tok {
+namespace {
+
+char32_t LastCodePoint(std::string_view s) {
+  size_t start = s.size() - 1;
+  while (start > 0 && (uint8_t(s[start]) & 0xC0) == 0x80) --start;
+  size_t len;
+  return DecodeCodePoint(s, start, &len);
+}
+
+}  // namespace
+
+int32_t TokenTrie::Child(int32_t node, uint8_t byte) const {
+  for (const auto& [b, child] : nodes_[size_t(node)].children)
+    if (b == byte) return child;
+  return -1;
+}
+
+void TokenTrie::Insert(std::string_view pattern, int32_t token_index) {
+  if (pattern.empty()) return;
+  int32_t node = 0;
+  for (unsigned char c : pattern) {
+    int32_t next = Child(node, c);
+    if (next < 0) {
+      next = int32_t(nodes_.size());
+      nodes_.push_back(Node{});
+      nodes_[size_t(node)].children.emplace_back(c, next);
+    }
+    node = next;
+  }
+  if (nodes_[size_t(node)].token_index < 0) nodes_[size_t(node)].token_index = token_index;
+}
+
+// tokenizers' AddedVocabulary::find_matches with a leftmost-longest automaton.
+void TokenTrie::Split(std::string_view text, const std::vector<AddedToken>& tokens,
+                      std::vector<Segment>* out) const {
+  if (text.empty()) return;
+  size_t start_offset = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    int32_t node = 0;
+    int32_t best = -1;
+    size_t best_end = 0;
+    for (size_t j = i; j < text.size(); ++j) {
+      node = Child(node, uint8_t(text[j]));
+      if (node < 0) break;
+      if (nodes_[size_t(node)].token_index >= 0) {
+        best = nodes_[size_t(node)].token_index;
+        best_end = j + 1;
+      }
+    }
+    if (best < 0) {
+      ++i;
+      continue;
+    }
+    const AddedToken& tok = tokens[size_t(best)];
+    size_t start = i, stop = best_end;
+    i = best_end;  // matching resumes after the raw match
+    if (tok.single_word) {
+      bool start_space = start == 0 || !IsWordChar(LastCodePoint(text.substr(0, start)));
+      size_t len = 0;
+      bool stop_space = stop == text.size() || !IsWordChar(DecodeCodePoint(text, stop, &len));
+      if (!start_space || !stop_space) continue;
+    }
+    if (tok.lstrip) {
+      size_t s = start;
+      while (s > 0) {
+        size_t p = s - 1;
+        while (p > 0 && (uint8_t(text[p]) & 0xC0) == 0x80) --p;
+        size_t len;
+        if (!IsWhitespace(DecodeCodePoint(text, p, &len))) break;
+        s = p;
+      }
+      start = std::max(s, start_offset);
+    }
+    if (tok.rstrip) {
+      while (stop < text.size()) {
+        size_t len;
+        if (!IsWhitespace(DecodeCodePoint(text, stop, &len))) break;
+        stop += len;
+      }
+    }
+    if (start < start_offset) start = start_offset;
+    if (start_offset < start) out->push_back({start_offset, start, -1});
+    out->push_back({start, stop, tok.id});
+    start_offset = stop;
+    if (i < stop) i = stop;
+  }
+  if (start_offset != text.size()) out->push_back({start_offset, text.size(), -1});
+}
+
+}  // namespace ember::tok

@@ -1,0 +1,45 @@
+// Added tokens of tokenizer.json (special or not) and how they are cut out of the input before
+// the model sees it: leftmost-longest matching over a byte trie, with the `single_word`,
+// `lstrip` and `rstrip` flags applied as Hugging Face `tokenizers` does. Tokens with
+// `normalized: false` match the raw text; the others match the normalized text in their
+// normalized form. Immutable after Build; Split is safe from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ember::tok {
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool special = false, lstrip = false, rstrip = false, normalized = false, single_word = false;
+};
+
+// A piece of text: either an added token (id >= 0) or text for the model (id == -1).
+struct Segment {
+  size_t begin, end;
+  int32_t id;
+};
+
+class TokenTrie {
+ public:
+  void Insert(std::string_view pattern, int32_t token_index);
+  // Appends the segments of `text` (covering it, in order; empty text gives none).
+  void Split(std::string_view text, const std::vector<AddedToken>& tokens,
+             std::vector<Segment>* out) const;
+  bool empty() const { return nodes_.size() <= 1; }
+
+ private:
+  struct Node {
+    int32_t token_index = -1;
+    std::vector<std::pair<uint8_t, int32_t>> children;
+  };
+  int32_t Child(int32_t node, uint8_t byte) const;
+  std::vector<Node> nodes_{Node{}};
+};
+
+}  // namespace ember::tok

@@ -1,0 +1,308 @@
+#include "tokenizer/bpe_model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <queue>
+
+#include "tokenizer/unicode.h"
+
+namespace ember::tok {
+namespace {
+
+std::atomic<uint64_t> g_next_model_id{1};
+
+// Per-thread cache of encoded words for the model used last on this thread.
+struct WordCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int32_t>> words;
+};
+thread_local WordCache t_word_cache;
+constexpr size_t kMaxCachedWordBytes = 64;
+constexpr size_t kMaxCachedWords = 1 << 16;
+
+}  // namespace
+
+size_t BpeModel::StringHash::operator()(std::string_view s) const {
+  // FNV-1a over 8-byte chunks: fast for the short strings of a vocab.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  for (; i < s.size(); ++i) h = (h ^ uint8_t(s[i])) * 0x100000001b3ULL;
+  return size_t(h ^ (h >> 32));
+}
+
+void BpeModel::MergeMap::Reserve(size_t n) {
+  size_t cap = 16;
+  while (cap < n * 2) cap <<= 1;
+  slots_.assign(cap, Entry{});
+  mask_ = cap - 1;
+}
+
+void BpeModel::MergeMap::Insert(uint64_t key, uint64_t value) {
+  size_t i = Mix(key) & mask_;
+  while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+  if (slots_[i].key == key) return;  // first (lowest-rank) occurrence wins
+  slots_[i] = {key, value};
+}
+
+Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
+  std::string type = JsonTypeOf(json);
+  if (!type.empty() && type != "BPE") return Status::Error("unsupported model type '" + type + "'");
+  auto m = std::unique_ptr<BpeModel>(new BpeModel());
+  m->cache_owner_ = g_next_model_id.fetch_add(1);
+
+  // Vocab: string -> id. Strings are stored by id so the map can hold views into them.
+  simdjson::dom::object vocab;
+  auto vf = JsonField(json, "vocab");
+  if (!vf || vf->get_object().get(vocab) != simdjson::SUCCESS)
+    return Status::Error("model: expected an object 'vocab'");
+  int64_t max_id = -1;
+  for (auto field : vocab) {
+    int64_t id;
+    if (field.value.get_int64().get(id) != simdjson::SUCCESS || id < 0 || id > INT32_MAX)
+      return Status::Error("model.vocab: id of '" + std::string(field.key) + "' is not a valid id");
+    max_id = std::max(max_id, id);
+  }
+  m->id_to_token_.resize(size_t(max_id + 1));
+  m->vocab_.reserve(vocab.size());
+  for (auto field : vocab) {
+    int64_t id = field.value.get_int64().value_unsafe();
+    m->id_to_token_[size_t(id)] = std::string(field.key);
+  }
+  for (auto field : vocab) {
+    int64_t id = field.value.get_int64().value_unsafe();
+    const std::string& s = m->id_to_token_[size_t(id)];
+    if (s == field.key) m->vocab_.emplace(std::string_view(s), int32_t(id));
+  }
+
+  m->continuing_subword_prefix_ = JsonStringOr(json, "continuing_subword_prefix", "");
+  m->end_of_word_suffix_ = JsonStringOr(json, "end_of_word_suffix", "");
+  m->fuse_unk_ = JsonBoolOr(json, "fuse_unk", false);
+  m->byte_fallback_ = JsonBoolOr(json, "byte_fallback", false);
+  m->ignore_merges_ = JsonBoolOr(json, "ignore_merges", false);
+  if (auto unk = JsonField(json, "unk_token")) {
+    std::string_view u;
+    if (unk->get_string().get(u) == simdjson::SUCCESS) {
+      auto id = m->Lookup(u);
+      if (!id) return Status::Error("model.unk_token '" + std::string(u) + "' is not in the vocab");
+      m->unk_id_ = *id;
+    }
+  }
+  if (auto dropout = JsonField(json, "dropout")) {
+    double d = 0;
+    if (dropout->get_double().get(d) == simdjson::SUCCESS && d > 0)
+      return Status::Error("model.dropout is not supported (must be null)");
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    m->byte_ids_[b] = m->Lookup(name).value_or(-1);
+  }
+
+  // Merges: "a b" strings or ["a", "b"] pairs; rank = position.
+  simdjson::dom::array merges;
+  auto mf = JsonField(json, "merges");
+  if (mf && mf->get_array().get(merges) != simdjson::SUCCESS)
+    return Status::Error("model: 'merges' must be an array");
+  if (mf) {
+    m->merges_.Reserve(merges.size());
+    uint32_t rank = 0;
+    std::string joined;
+    for (Json merge : merges) {
+      std::string_view a, b;
+      std::string_view line;
+      if (merge.get_string().get(line) == simdjson::SUCCESS) {
+        size_t sp = line.find(' ');
+        if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
+          return Status::Error("model.merges[" + std::to_string(rank) + "]: expected 'a b', got '" +
+                               std::string(line) + "'");
+        a = line.substr(0, sp);
+        b = line.substr(sp + 1);
+      } else {
+        simdjson::dom::array pair;
+        if (merge.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
+            pair.at(0).get_string().get(a) != simdjson::SUCCESS ||
+            pair.at(1).get_string().get(b) != simdjson::SUCCESS)
+          return Status::Error("model.merges[" + std::to_string(rank) +
+                               "]: expected a string or a pair of strings");
+      }
+      auto a_id = m->Lookup(a), b_id = m->Lookup(b);
+      if (!a_id || !b_id)
+        return Status::Error("model.merges[" + std::to_string(rank) + "]: token '" +
+                             std::string(!a_id ? a : b) + "' is not in the vocab");
+      size_t prefix = m->continuing_subword_prefix_.size();
+      joined.assign(a);
+      joined.append(b.substr(std::min(prefix, b.size())));
+      auto new_id = m->Lookup(joined);
+      if (!new_id)
+        return Status::Error("model.merges[" + std::to_string(rank) + "]: merged token '" +
+                             joined + "' is not in the vocab");
+      m->merges_.Insert((uint64_t(uint32_t(*a_id)) << 32) | uint32_t(*b_id),
+                        (uint64_t(rank) << 32) | uint32_t(*new_id));
+      ++rank;
+    }
+  } else {
+    m->merges_.Reserve(1);
+  }
+  return m;
+}
+
+std::optional<int32_t> BpeModel::Lookup(std::string_view s) const {
+  auto it = vocab_.find(s);
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int32_t> BpeModel::TokenToId(std::string_view token) const { return Lookup(token); }
+
+const std::string* BpeModel::IdToToken(int32_t id) const {
+  if (id < 0 || size_t(id) >= id_to_token_.size()) return nullptr;
+  const std::string& s = id_to_token_[size_t(id)];
+  if (s.empty()) return nullptr;
+  return &s;
+}
+
+void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
+  if (word.empty()) return;
+  if (word.size() > kMaxCachedWordBytes) {
+    Encode(word, ids);
+    return;
+  }
+  WordCache& cache = t_word_cache;
+  if (cache.owner != cache_owner_) {
+    cache.words.clear();
+    cache.owner = cache_owner_;
+  }
+  // Heterogeneous lookup is C++20 for unordered_map only with transparent hashers; keep a key.
+  thread_local std::string key;
+  key.assign(word);
+  auto it = cache.words.find(key);
+  if (it != cache.words.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return;
+  }
+  size_t start = ids->size();
+  Encode(word, ids);
+  if (cache.words.size() >= kMaxCachedWords) cache.words.clear();
+  cache.words.emplace(key, std::vector<int32_t>(ids->begin() + long(start), ids->end()));
+}
+
+// tokenizers' BPE::merge_word: one symbol per character (byte fallback or unk when the
+// character is not in the vocab), then all merges.
+void BpeModel::Encode(std::string_view word, std::vector<int32_t>* ids) const {
+  if (ignore_merges_) {
+    if (auto id = Lookup(word)) {
+      ids->push_back(*id);
+      return;
+    }
+  }
+  std::vector<Symbol> symbols;
+  symbols.reserve(word.size());
+  auto add = [&](int32_t id, uint32_t len) {
+    int32_t idx = int32_t(symbols.size());
+    symbols.push_back({id, idx - 1, idx + 1, len});
+  };
+  int32_t unk_pending = -1;  // pending unk id (fused while consecutive)
+  uint32_t unk_len = 0;
+  std::string buf;
+  for (size_t i = 0; i < word.size();) {
+    size_t len = Utf8SeqLen(uint8_t(word[i]));
+    if (i + len > word.size()) len = word.size() - i;
+    std::string_view ch = word.substr(i, len);
+    bool is_first = i == 0, is_last = i + len == word.size();
+    std::string_view key = ch;
+    if ((!is_first && !continuing_subword_prefix_.empty()) ||
+        (is_last && !end_of_word_suffix_.empty())) {
+      buf.clear();
+      if (!is_first) buf += continuing_subword_prefix_;
+      buf += ch;
+      if (is_last) buf += end_of_word_suffix_;
+      key = buf;
+    }
+    i += len;
+    if (auto id = Lookup(key)) {
+      if (unk_pending >= 0) {
+        add(unk_pending, unk_len);
+        unk_pending = -1;
+      }
+      add(*id, uint32_t(len));
+      continue;
+    }
+    if (byte_fallback_) {
+      bool all = true;
+      for (unsigned char c : key) all = all && byte_ids_[c] >= 0;
+      if (all) {
+        for (unsigned char c : key) add(byte_ids_[c], 1);
+        continue;
+      }
+    }
+    if (unk_id_) {
+      if (unk_pending >= 0 && fuse_unk_) {
+        unk_len += uint32_t(len);
+      } else {
+        if (unk_pending >= 0) add(unk_pending, unk_len);
+        unk_pending = *unk_id_;
+        unk_len = uint32_t(len);
+      }
+    }
+  }
+  if (unk_pending >= 0) add(unk_pending, unk_len);
+  if (symbols.empty()) return;
+  symbols.back().next = -1;
+  MergeAll(&symbols);
+  for (const Symbol& s : symbols)
+    if (s.len != 0) ids->push_back(s.id);
+}
+
+// tokenizers' Word::merge_all: a heap of candidate merges ordered by (rank, position); stale
+// entries are skipped when the pair at that position no longer produces the same token.
+void BpeModel::MergeAll(std::vector<Symbol>* symbols_ptr) const {
+  std::vector<Symbol>& sym = *symbols_ptr;
+  struct Cand {
+    uint32_t rank;
+    int32_t pos;
+    int32_t new_id;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+  auto pair_of = [&](int32_t l, int32_t r) {
+    return merges_.Find((uint64_t(uint32_t(sym[size_t(l)].id)) << 32) | uint32_t(sym[size_t(r)].id));
+  };
+  constexpr uint64_t kNone = ~uint64_t{0};
+  for (size_t i = 0; i + 1 < sym.size(); ++i) {
+    uint64_t m = pair_of(int32_t(i), int32_t(i + 1));
+    if (m != kNone) queue.push({uint32_t(m >> 32), int32_t(i), int32_t(uint32_t(m))});
+  }
+  while (!queue.empty()) {
+    Cand top = queue.top();
+    queue.pop();
+    Symbol& cur = sym[size_t(top.pos)];
+    if (cur.len == 0 || cur.next == -1) continue;
+    int32_t next_pos = cur.next;
+    uint64_t m = pair_of(top.pos, next_pos);
+    if (m == kNone || int32_t(uint32_t(m)) != top.new_id) continue;
+    Symbol right = sym[size_t(next_pos)];
+    cur.id = top.new_id;
+    cur.len += right.len;
+    cur.next = right.next;
+    sym[size_t(next_pos)].len = 0;
+    if (right.next > -1 && size_t(right.next) < sym.size()) sym[size_t(right.next)].prev = top.pos;
+    if (cur.prev >= 0) {
+      uint64_t pm = pair_of(cur.prev, top.pos);
+      if (pm != kNone) queue.push({uint32_t(pm >> 32), cur.prev, int32_t(uint32_t(pm))});
+    }
+    if (cur.next >= 0 && size_t(cur.next) < sym.size()) {
+      uint64_t nm = pair_of(top.pos, cur.next);
+      if (nm != kNone) queue.push({uint32_t(nm >> 32), top.pos, int32_t(uint32_t(nm))});
+    }
+  }
+}
+
+}  // namespace ember::tok

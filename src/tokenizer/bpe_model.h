@@ -1,0 +1,87 @@
+// The BPE model of tokenizer.json: vocab, ranked merges, byte fallback, unk (fused or not),
+// continuing_subword_prefix / end_of_word_suffix and ignore_merges, reproducing Hugging Face
+// `tokenizers` (merges applied lowest rank first, leftmost first). Merges live in a hash map
+// keyed by the packed pair of ids; each thread keeps a cache of recently encoded words.
+// Immutable after FromJson; Tokenize is safe from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/json.h"
+
+namespace ember::tok {
+
+class BpeModel {
+ public:
+  // `json` is tokenizer.json's "model" object (type BPE).
+  static Result<std::unique_ptr<BpeModel>> FromJson(Json json);
+  // Appends the ids of one pre-tokenized word.
+  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
+
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  // nullptr when the id is not in the vocab.
+  const std::string* IdToToken(int32_t id) const;
+  int32_t max_id() const { return int32_t(id_to_token_.size()) - 1; }
+
+ private:
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;
+    uint32_t len;  // 0 once merged away
+  };
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const;
+  };
+  // Open-addressing map: (left id << 32 | right id) -> (rank << 32 | merged id).
+  class MergeMap {
+   public:
+    void Reserve(size_t n);
+    void Insert(uint64_t key, uint64_t value);
+    // Returns UINT64_MAX when absent.
+    uint64_t Find(uint64_t key) const {
+      size_t i = Mix(key) & mask_;
+      while (true) {
+        const Entry& e = slots_[i];
+        if (e.key == key) return e.value;
+        if (e.key == kEmpty) return kEmpty;
+        i = (i + 1) & mask_;
+      }
+    }
+
+   private:
+    static constexpr uint64_t kEmpty = ~uint64_t{0};
+    struct Entry {
+      uint64_t key = kEmpty, value = kEmpty;
+    };
+    static uint64_t Mix(uint64_t k) {
+      k ^= k >> 33;
+      k *= 0xff51afd7ed558ccdULL;
+      k ^= k >> 33;
+      return k;
+    }
+    std::vector<Entry> slots_;
+    size_t mask_ = 0;
+  };
+
+  void Encode(std::string_view word, std::vector<int32_t>* ids) const;
+  void MergeAll(std::vector<Symbol>* symbols) const;
+  std::optional<int32_t> Lookup(std::string_view s) const;
+
+  std::vector<std::string> id_to_token_;  // "" for ids the vocab does not use
+  std::unordered_map<std::string_view, int32_t, StringHash, std::equal_to<>> vocab_;
+  MergeMap merges_;
+  std::optional<int32_t> unk_id_;
+  std::string continuing_subword_prefix_, end_of_word_suffix_;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  int32_t byte_ids_[256];  // byte fallback "<0xNN>" ids, -1 when absent
+  uint64_t cache_owner_;   // distinguishes this model in the thread-local word cache
+};
+
+}  // namespace ember::tok

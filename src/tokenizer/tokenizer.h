@@ -1,0 +1,87 @@
+// Tokenizer: an exact reimplementation of Hugging Face `tokenizers` for a model's
+// tokenizer.json (BPE models, byte-level or SentencePiece-style; added tokens; normalizers,
+// pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json.
+// Immutable after Load: Encode, Decode and the lookups are const and safe to call from several
+// threads at once (per-call scratch and a per-thread word cache).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "tokenizer/added_vocabulary.h"
+#include "util/status.h"
+
+namespace ember {
+
+namespace tok {
+class BpeModel;
+class Decoder;
+class Normalizer;
+class PreTokenizer;
+}  // namespace tok
+
+class Tokenizer {
+ public:
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // dir holds tokenizer.json and (optionally) tokenizer_config.json. An unsupported component
+  // is an error that names it.
+  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
+  // Invalid UTF-8 in `text` is replaced by U+FFFD first.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const;
+  // Ids outside the vocab are skipped.
+  std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  int32_t vocab_size() const { return vocab_size_; }  // incl. added tokens (max id + 1)
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::string IdToToken(int32_t id) const;  // "" when the id is unknown
+  bool IsSpecial(int32_t id) const;
+  // From tokenizer_config.json (string or {"content": ...}); empty/nullopt when absent.
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+  std::optional<int32_t> bos_token_id() const { return bos_token_id_; }
+  std::optional<int32_t> eos_token_id() const { return eos_token_id_; }
+
+  // For IncrementalDetokenizer: the string the decoder sees for `id`, or nullopt when the id
+  // is unknown or skipped as special.
+  std::optional<std::string> DecodeToken(int32_t id, bool skip_special_tokens) const;
+  // Decodes a window of token strings; `at_start` says whether it begins the stream; `*hold`
+  // is set when the window's end may still change with more tokens.
+  std::string DecodeTokens(std::vector<std::string> tokens, bool at_start, bool* hold) const;
+
+ private:
+  Tokenizer();
+  Status LoadTokenizerJson(const std::string& path);
+  Status LoadConfig(const std::string& path);
+  void EncodeText(std::string_view text, std::vector<int32_t>* ids) const;
+  void PostProcess(std::vector<int32_t>* ids) const;
+
+  std::unique_ptr<tok::Normalizer> normalizer_;
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<tok::BpeModel> model_;
+  std::unique_ptr<tok::Decoder> decoder_;
+
+  std::vector<tok::AddedToken> added_;                  // in file order
+  std::unordered_map<int32_t, size_t> added_by_id_;     // id -> index in added_
+  std::unordered_map<std::string, int32_t> added_by_content_;
+  std::vector<std::string> added_decode_form_;          // per added_: string seen by the decoder
+  std::unordered_set<std::string> special_contents_;
+  tok::TokenTrie raw_trie_, normalized_trie_;
+
+  // Post-processing for add_special_tokens: ids before and after the sequence.
+  std::vector<int32_t> prefix_ids_, suffix_ids_;
+
+  int32_t vocab_size_ = 0;
+  std::string bos_token_, eos_token_;
+  std::optional<int32_t> bos_token_id_, eos_token_id_;
+};
+
+}  // namespace ember
