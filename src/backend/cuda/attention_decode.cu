@@ -1,0 +1,187 @@
+// Paged attention, one query row per block (decode steps): block (head, row, split) runs 4 warps
+// over its share of the row's visible keys; each lane scores one key per 32-key tile and owns
+// head_dim / 32 output dims. With num_splits > 1 (long contexts, few rows) each split writes an
+// unnormalised partial (max, sum, acc[head_dim]) and a second kernel merges them (split-K).
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace ember::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kDimsPerLane = kMaxHeadDim / 32;
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionDecodeKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
+                          PlanView plan, int32_t num_splits, float* __restrict__ partials,
+                          float* __restrict__ out) {
+  __shared__ float q_s[kMaxHeadDim];
+  __shared__ float warp_m[kWarps], warp_l[kWarps];
+  __shared__ float warp_acc[kWarps][kMaxHeadDim];
+  const int32_t head = blockIdx.x, token = blockIdx.y, split = blockIdx.z;
+  const int32_t D = a.head_dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t kv_head = head / (a.num_heads / a.num_kv_heads);
+  const int32_t pos = plan.positions[token];
+  const int4 seq = plan.seqs[plan.token_seq[token]];
+  const int32_t* block_table = plan.block_tables + seq.w;
+  const int32_t bs = plan.block_size;
+
+  const int32_t lo = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
+  const int32_t hi = pos + 1;  // exclusive
+  const int32_t chunk = ((hi - lo + num_splits - 1) / num_splits + 31) / 32 * 32;
+  const int32_t k_begin = lo + split * chunk;
+  const int32_t k_end = min(hi, k_begin + chunk);
+
+  const float* q_row = q + (static_cast<int64_t>(token) * a.num_heads + head) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) q_s[d] = q_row[d];
+  __syncthreads();
+
+  const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;  // floats per slot
+  const bool vec4 = (D % 4) == 0;
+  float m = -INFINITY, l = 0.f;
+  float acc[kDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.f;
+
+  for (int32_t tile = k_begin + warp * 32; tile < k_end; tile += kWarps * 32) {
+    const int32_t key = tile + lane;
+    const bool valid = key < k_end;
+    int64_t slot = 0;
+    float s = -INFINITY;
+    if (valid) {
+      slot = static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
+      const float* k_row = kv.k + slot * kv_row + static_cast<int64_t>(kv_head) * D;
+      float dot = 0.f;
+      if (vec4) {
+        for (int d = 0; d < D; d += 4) {
+          const float4 kk = *reinterpret_cast<const float4*>(k_row + d);
+          dot += q_s[d] * kk.x + q_s[d + 1] * kk.y + q_s[d + 2] * kk.z + q_s[d + 3] * kk.w;
+        }
+      } else {
+        for (int d = 0; d < D; ++d) dot += q_s[d] * k_row[d];
+      }
+      s = dot * a.scale;
+      if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
+    }
+    const float new_m = fmaxf(m, WarpMax(s));
+    const float corr = m == -INFINITY ? 0.f : expf(m - new_m);
+    const float p = valid ? expf(s - new_m) : 0.f;
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= corr;
+    const int32_t n_keys = min(32, k_end - tile);
+    for (int j = 0; j < n_keys; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const int64_t slot_j = __shfl_sync(0xffffffffu, slot, j);
+      const float* v_row = kv.v + slot_j * kv_row + static_cast<int64_t>(kv_head) * D;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) acc[i] += pj * v_row[d];
+      }
+    }
+    m = new_m;
+  }
+  l = WarpSum(l);
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < D) warp_acc[warp][d] = acc[i];
+  }
+  __syncthreads();
+
+  float block_m = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w]);
+  float weight[kWarps];
+  float block_l = 0.f;
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = warp_m[w] == -INFINITY ? 0.f : expf(warp_m[w] - block_m);
+    block_l += warp_l[w] * weight[w];
+  }
+  if (num_splits == 1) {
+    float* out_row = out + (static_cast<int64_t>(token) * a.num_heads + head) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.f;
+      for (int w = 0; w < kWarps; ++w) v += warp_acc[w][d] * weight[w];
+      out_row[d] = v / block_l;
+    }
+  } else {
+    float* part = partials +
+                  ((static_cast<int64_t>(token) * a.num_heads + head) * num_splits + split) * (D + 2);
+    if (threadIdx.x == 0) {
+      part[0] = block_m;
+      part[1] = block_l;
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.f;
+      for (int w = 0; w < kWarps; ++w) v += warp_acc[w][d] * weight[w];
+      part[2 + d] = v;
+    }
+  }
+}
+
+// Merges the splits of one (head, row): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+__global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int32_t num_splits,
+                                       const float* __restrict__ partials,
+                                       float* __restrict__ out) {
+  const int32_t head = blockIdx.x, token = blockIdx.y;
+  const int64_t rec = head_dim + 2;
+  const float* part = partials + (static_cast<int64_t>(token) * num_heads + head) * num_splits * rec;
+  float M = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part[s * rec]);
+  float L = 0.f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float ms = part[s * rec];
+    if (ms != -INFINITY) L += part[s * rec + 1] * expf(ms - M);
+  }
+  float* out_row = out + (static_cast<int64_t>(token) * num_heads + head) * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float ms = part[s * rec];
+      if (ms != -INFINITY) v += part[s * rec + 2 + d] * expf(ms - M);
+    }
+    out_row[d] = v / L;
+  }
+}
+
+}  // namespace
+
+int64_t DecodePartialsFloats(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
+                             int32_t num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
+}
+
+void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                           const PlanView& plan, int32_t num_splits, float* partials, float* out,
+                           cudaStream_t stream) {
+  if (plan.num_tokens == 0) return;
+  const dim3 grid(args.num_heads, plan.num_tokens, num_splits);
+  AttentionDecodeKernel<<<grid, kWarps * 32, 0, stream>>>(args, q, kv, plan, num_splits, partials,
+                                                         out);
+  CUDA_CHECK_LAUNCH();
+  if (num_splits > 1) {
+    AttentionCombineKernel<<<dim3(args.num_heads, plan.num_tokens), 128, 0, stream>>>(
+        args.num_heads, args.head_dim, num_splits, partials, out);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace ember::cuda

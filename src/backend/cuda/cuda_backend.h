@@ -1,0 +1,35 @@
+// The CUDA backend (NVIDIA Hopper, sm_90a): implements the ops-level Backend interface with
+// weights resident on one GPU (bf16 for matrices, f32 for norms/biases/rope tables; or all f32
+// in the f32 compute mode used for parity tests), cuBLAS GEMMs and our own kernels. Ops are
+// queued on one stream; the host only waits in CopyToHost. Not thread-safe: one thread drives it.
+// This header includes no CUDA headers, so callers compile without the toolkit's includes.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "backend/backend.h"
+#include "util/status.h"
+
+namespace ember {
+
+// Number of usable CUDA devices; 0 when the driver/runtime is missing or reports an error.
+int CudaDeviceCount();
+
+// A backend on CUDA device `device`. f32_compute: keep weights in float32 and run float32 GEMMs
+// (no TF32) for parity with the CPU backend; otherwise 2-D weights are converted to bf16 once at
+// upload and GEMMs run bf16 x bf16 -> f32. Errors (no GPU, bad index) name the device.
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool f32_compute);
+
+// Free and total memory of `device` in bytes, for sizing the KV pool from a memory fraction.
+struct CudaMemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+Result<CudaMemoryInfo> CudaGetMemoryInfo(int device);
+
+// Tests and benchmarks: copies host floats into a float32 tensor of a CUDA backend (synchronous).
+Status CudaCopyFromHost(Backend& backend, std::span<const float> host, const Tensor& dst);
+
+}  // namespace ember

@@ -1,0 +1,446 @@
+// Op-level tests of the CUDA backend against CPU twins (plain double-precision reference code
+// in this file, written from the Backend interface's definitions). Tolerances (relative L2):
+// f32 compute mode 1e-5; bf16 mode 1e-2 vs the unrounded reference and 1e-5 vs a reference over
+// bf16-rounded operands. Skips when no CUDA device is present (CI has none).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/rope_table.h"
+#include "util/half.h"
+
+namespace ember {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double RelL2(const std::vector<float>& got, const std::vector<double>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+float RoundBf16(float x) { return Bf16ToF32(F32ToBf16(x)); }
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device present; CUDA op tests skipped";
+  }
+  std::unique_ptr<Backend> Make(bool f32) {
+    auto r = CreateCudaBackend(0, f32);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(r).value();
+  }
+  Tensor Upload(Backend& b, const std::vector<float>& host, std::initializer_list<int64_t> shape) {
+    Tensor t = b.Alloc(shape);
+    Status st = CudaCopyFromHost(b, host, t);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return t;
+  }
+  Tensor Weight(Backend& b, const std::vector<float>& host, std::vector<int64_t> shape) {
+    auto r = b.UploadWeight("w", DType::kF32, shape, host.data());
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.value();
+  }
+  std::vector<float> Download(Backend& b, const Tensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.numel()), NAN);
+    Status st = b.CopyToHost(t, out);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return out;
+  }
+  // A plan of one sequence of n tokens at positions [first_pos, first_pos + n).
+  static BatchPlan SimplePlan(int32_t n, int32_t first_pos = 0, int32_t vocab = 1) {
+    BatchPlan plan;
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = (i * 7 + 3) % vocab;
+    std::vector<int32_t> blocks((first_pos + n) / plan.block_size + 1);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    plan.AddSequence(tokens, first_pos, blocks, true);
+    return plan;
+  }
+};
+
+TEST_F(CudaOpsTest, EmbeddingBothModes) {
+  const int64_t vocab = 50, d = 96;
+  const std::vector<float> table = Random(static_cast<size_t>(vocab * d), 1);
+  for (bool f32 : {true, false}) {
+    auto b = Make(f32);
+    Tensor w = Weight(*b, table, {vocab, d});
+    EXPECT_EQ(w.dtype, f32 ? DType::kF32 : DType::kBF16);
+    BatchPlan plan = SimplePlan(7, 0, static_cast<int32_t>(vocab));
+    ASSERT_TRUE(b->BeginStep(plan).ok());
+    Tensor out = b->Alloc({7, d});
+    b->Embedding(w, 2.5f, out);
+    std::vector<float> got = Download(*b, out);
+    for (int32_t i = 0; i < 7; ++i)
+      for (int64_t c = 0; c < d; ++c) {
+        float v = table[static_cast<size_t>(plan.token_ids[static_cast<size_t>(i)] * d + c)];
+        if (!f32) v = RoundBf16(v);
+        ASSERT_EQ(got[static_cast<size_t>(i * d + c)], v * 2.5f) << i << "," << c;
+      }
+  }
+}
+
+TEST_F(CudaOpsTest, RmsNormAndAddRmsNorm) {
+  const int64_t rows = 5, d = 300;
+  const float eps = 1e-6f;
+  const std::vector<float> x = Random(static_cast<size_t>(rows * d), 2);
+  const std::vector<float> delta = Random(static_cast<size_t>(rows * d), 3);
+  const std::vector<float> w = Random(static_cast<size_t>(d), 4);
+  for (RmsNormKind kind : {RmsNormKind::kPlain, RmsNormKind::kOnePlusWeight}) {
+    auto b = Make(false);
+    Tensor wt = Weight(*b, w, {d});
+    ASSERT_EQ(wt.dtype, DType::kF32);  // norms stay f32 in bf16 mode
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+    Tensor xt = Upload(*b, x, {rows, d});
+    Tensor out = b->Alloc({rows, d});
+    b->RmsNorm(xt, wt, eps, kind, out);
+    Tensor res = Upload(*b, x, {rows, d});
+    Tensor dt = Upload(*b, delta, {rows, d});
+    Tensor out2 = b->Alloc({rows, d});
+    b->AddRmsNorm(res, dt, wt, eps, kind, out2);
+    std::vector<double> ref(x.size()), ref_res(x.size()), ref2(x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0, ss2 = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(r * d + c);
+        ref_res[i] = static_cast<double>(x[i]) + delta[i];
+        ss += static_cast<double>(x[i]) * x[i];
+        ss2 += ref_res[i] * ref_res[i];
+      }
+      const double inv = 1 / std::sqrt(ss / d + eps), inv2 = 1 / std::sqrt(ss2 / d + eps);
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(r * d + c);
+        const double wc = kind == RmsNormKind::kPlain ? w[static_cast<size_t>(c)]
+                                                      : 1.0 + w[static_cast<size_t>(c)];
+        ref[i] = x[i] * inv * wc;
+        ref2[i] = ref_res[i] * inv2 * wc;
+      }
+    }
+    EXPECT_LT(RelL2(Download(*b, out), ref), 1e-5);
+    EXPECT_LT(RelL2(Download(*b, res), ref_res), 1e-6);
+    EXPECT_LT(RelL2(Download(*b, out2), ref2), 1e-5);
+  }
+}
+
+
+TEST_F(CudaOpsTest, MatMulF32AndBf16) {
+  const int64_t n = 7, k = 257, m = 129;
+  const std::vector<float> x = Random(static_cast<size_t>(n * k), 5);
+  const std::vector<float> w = Random(static_cast<size_t>(m * k), 6, 0.05f);
+  const std::vector<float> bias = Random(static_cast<size_t>(m), 7);
+  for (bool f32 : {true, false}) {
+    auto b = Make(f32);
+    Tensor wt = Weight(*b, w, {m, k});
+    Tensor bt = Weight(*b, bias, {m});
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = Upload(*b, x, {n, k});
+    Tensor out = b->Alloc({n, m});
+    b->MatMul(xt, wt, &bt, out);
+    std::vector<float> got = Download(*b, out);
+    std::vector<double> ref(static_cast<size_t>(n * m)), ref_rounded(ref.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double acc = bias[static_cast<size_t>(j)], acc_r = acc;
+        for (int64_t c = 0; c < k; ++c) {
+          const float xv = x[static_cast<size_t>(i * k + c)], wv = w[static_cast<size_t>(j * k + c)];
+          acc += static_cast<double>(xv) * wv;
+          acc_r += static_cast<double>(RoundBf16(xv)) * RoundBf16(wv);
+        }
+        ref[static_cast<size_t>(i * m + j)] = acc;
+        ref_rounded[static_cast<size_t>(i * m + j)] = acc_r;
+      }
+    if (f32) {
+      EXPECT_LT(RelL2(got, ref), 1e-5);
+    } else {
+      EXPECT_LT(RelL2(got, ref), 1e-2);
+      EXPECT_LT(RelL2(got, ref_rounded), 1e-5);
+    }
+  }
+}
+
+// Backend contract: each output element is computed in an order independent of n.
+TEST_F(CudaOpsTest, MatMulBatchInvariant) {
+  const int64_t k = 2048, m = 512;
+  const std::vector<float> x = Random(static_cast<size_t>(64 * k), 8);
+  const std::vector<float> w = Random(static_cast<size_t>(m * k), 9, 0.02f);
+  for (bool f32 : {true, false}) {
+    auto b = Make(f32);
+    Tensor wt = Weight(*b, w, {m, k});
+    std::vector<std::vector<float>> rows0;
+    for (int64_t n : {1, 3, 64}) {
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+      Tensor xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + n * k), {n, k});
+      Tensor out = b->Alloc({n, m});
+      b->MatMul(xt, wt, nullptr, out);
+      std::vector<float> got = Download(*b, out);
+      rows0.emplace_back(got.begin(), got.begin() + m);
+    }
+    EXPECT_EQ(rows0[0], rows0[1]) << "f32=" << f32 << ": n=1 vs n=3 differ";
+    EXPECT_EQ(rows0[0], rows0[2]) << "f32=" << f32 << ": n=1 vs n=64 differ";
+  }
+}
+
+// The table builder's inverse frequencies against an independent double-precision formula.
+TEST(RopeTableTest, InvFreqMatchesFormula) {
+  RopeSpec spec;
+  spec.head_dim = 128;
+  spec.rotary_dim = 128;
+  spec.theta = 500000.0;
+  spec.max_positions = 16;
+  for (auto type : {RopeSpec::Type::kDefault, RopeSpec::Type::kLinear, RopeSpec::Type::kLlama3}) {
+    spec.type = type;
+    spec.factor = type == RopeSpec::Type::kDefault ? 1.0 : 8.0;
+    const std::vector<float> inv = cuda::RopeInvFreq(spec);
+    ASSERT_EQ(inv.size(), 64u);
+    for (size_t i = 0; i < inv.size(); ++i) {
+      double f = 1.0 / std::pow(spec.theta, 2.0 * static_cast<double>(i) / spec.rotary_dim);
+      if (type == RopeSpec::Type::kLinear) f /= spec.factor;
+      if (type == RopeSpec::Type::kLlama3) {
+        const double wavelen = 2 * M_PI / f;
+        const double low_wl = spec.original_max_positions / spec.low_freq_factor;
+        const double high_wl = spec.original_max_positions / spec.high_freq_factor;
+        if (wavelen > low_wl) {
+          f /= spec.factor;
+        } else if (wavelen >= high_wl) {
+          const double smooth = (spec.original_max_positions / wavelen - spec.low_freq_factor) /
+                                (spec.high_freq_factor - spec.low_freq_factor);
+          f = (1 - smooth) * f / spec.factor + smooth * f;
+        }
+      }
+      EXPECT_NEAR(inv[i], f, 2e-6 * f) << "type " << static_cast<int>(type) << " i " << i;
+    }
+  }
+  spec.rotary_dim = 7;
+  EXPECT_FALSE(cuda::BuildRopeTable(spec).ok());
+}
+
+TEST_F(CudaOpsTest, RopeAllTypes) {
+  const int32_t n = 6, heads = 4, kv_heads = 2, head_dim = 64;
+  for (auto type : {RopeSpec::Type::kDefault, RopeSpec::Type::kLinear, RopeSpec::Type::kLlama3}) {
+    for (int32_t rotary : {64, 32}) {
+      RopeSpec spec;
+      spec.type = type;
+      spec.head_dim = head_dim;
+      spec.rotary_dim = rotary;
+      spec.theta = 10000.0;
+      spec.factor = type == RopeSpec::Type::kDefault ? 1.0 : 4.0;
+      spec.original_max_positions = 64;
+      spec.max_positions = 2048;
+      auto b = Make(true);
+      auto id = b->CreateRope(spec);
+      ASSERT_TRUE(id.ok()) << id.status().message();
+      const std::vector<float> q = Random(static_cast<size_t>(n * heads * head_dim), 10);
+      const std::vector<float> k = Random(static_cast<size_t>(n * kv_heads * head_dim), 11);
+      BatchPlan plan = SimplePlan(n, 1500);
+      ASSERT_TRUE(b->BeginStep(plan).ok());
+      Tensor qt = Upload(*b, q, {n, heads, head_dim});
+      Tensor kt = Upload(*b, k, {n, kv_heads, head_dim});
+      b->Rope(*id, qt, kt);
+      const std::vector<float> inv = cuda::RopeInvFreq(spec);
+      auto rotate = [&](const std::vector<float>& x, int32_t nh) {
+        std::vector<double> out(x.begin(), x.end());
+        for (int32_t t = 0; t < n; ++t)
+          for (int32_t h = 0; h < nh; ++h)
+            for (int32_t i = 0; i < rotary / 2; ++i) {
+              const double angle = static_cast<float>(plan.positions[static_cast<size_t>(t)]) *
+                                   inv[static_cast<size_t>(i)];
+              const size_t base = static_cast<size_t>((t * nh + h) * head_dim);
+              const double x1 = x[base + static_cast<size_t>(i)];
+              const double x2 = x[base + static_cast<size_t>(i + rotary / 2)];
+              out[base + static_cast<size_t>(i)] = x1 * std::cos(angle) - x2 * std::sin(angle);
+              out[base + static_cast<size_t>(i + rotary / 2)] =
+                  x2 * std::cos(angle) + x1 * std::sin(angle);
+            }
+        return out;
+      };
+      EXPECT_LT(RelL2(Download(*b, qt), rotate(q, heads)), 1e-5);
+      EXPECT_LT(RelL2(Download(*b, kt), rotate(k, kv_heads)), 1e-5);
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, ElementwiseOps) {
+  const int64_t rows = 3, d = 1000;
+  const std::vector<float> g = Random(static_cast<size_t>(rows * d), 12, 3.0f);
+  const std::vector<float> u = Random(static_cast<size_t>(rows * d), 13);
+  auto b = Make(false);
+  BatchPlan plan = SimplePlan(static_cast<int32_t>(rows));
+  plan.logits_rows = {2, 0};
+  ASSERT_TRUE(b->BeginStep(plan).ok());
+  Tensor gt = Upload(*b, g, {rows, d}), ut = Upload(*b, u, {rows, d});
+  Tensor silu = b->Alloc({rows, d}), gelu = b->Alloc({rows, d}), sum = Upload(*b, g, {rows, d});
+  b->SiluMul(gt, ut, silu);
+  b->GeluTanhMul(gt, ut, gelu);
+  b->Add(sum, ut, sum);  // out aliases a
+  Tensor capped = Upload(*b, g, {rows, d});
+  b->Softcap(capped, 2.0f);
+  Tensor gathered = b->Alloc({2, d});
+  b->GatherLogitsRows(gt, gathered);
+  std::vector<double> r_silu(g.size()), r_gelu(g.size()), r_sum(g.size()), r_cap(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double x = g[i];
+    r_silu[i] = x / (1 + std::exp(-x)) * u[i];
+    r_gelu[i] = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+    r_sum[i] = x + u[i];
+    r_cap[i] = 2.0 * std::tanh(x / 2.0);
+  }
+  EXPECT_LT(RelL2(Download(*b, silu), r_silu), 1e-5);
+  EXPECT_LT(RelL2(Download(*b, gelu), r_gelu), 1e-5);
+  EXPECT_LT(RelL2(Download(*b, sum), r_sum), 1e-6);
+  EXPECT_LT(RelL2(Download(*b, capped), r_cap), 1e-5);
+  std::vector<float> got = Download(*b, gathered);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + d, g.begin() + 2 * d));
+  EXPECT_TRUE(std::equal(got.begin() + d, got.end(), g.begin()));
+}
+
+// ---- paged attention ----
+
+struct AttnCase {
+  int32_t head_dim, num_heads, num_kv_heads, window;
+  float softcap;
+};
+
+// Host K/V per sequence and position: [pos][num_kv_heads * head_dim].
+using SeqKv = std::vector<std::vector<float>>;
+
+class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<AttnCase> {
+ protected:
+  static constexpr int32_t kBlocks = 256, kLayers = 2, kLayer = 1;
+
+  // Runs one step: each entry (seq id, first_pos, n) adds n rows. Returns the rel-L2 error.
+  double Step(Backend& b, const std::vector<std::array<int32_t, 3>>& rows, uint32_t seed) {
+    const AttnCase c = GetParam();
+    BatchPlan plan;
+    for (const auto& [seq, first, n] : rows) {
+      std::vector<int32_t> tokens(static_cast<size_t>(n), 1);
+      plan.AddSequence(tokens, first, blocks_[static_cast<size_t>(seq)], false);
+    }
+    EXPECT_TRUE(b.BeginStep(plan).ok());
+    const int32_t T = plan.num_tokens(), D = c.head_dim;
+    const int64_t kvw = static_cast<int64_t>(c.num_kv_heads) * D;
+    const std::vector<float> q = Random(static_cast<size_t>(T * c.num_heads * D), seed);
+    const std::vector<float> k = Random(static_cast<size_t>(T * kvw), seed + 1);
+    const std::vector<float> v = Random(static_cast<size_t>(T * kvw), seed + 2);
+    Tensor qt = Upload(b, q, {T, c.num_heads, D});
+    Tensor kt = Upload(b, k, {T, c.num_kv_heads, D});
+    Tensor vt = Upload(b, v, {T, c.num_kv_heads, D});
+    b.WriteKv(kLayer, kt, vt);
+    AttentionParams p{kLayer, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)),
+                      c.window, c.softcap};
+    Tensor out = b.Alloc({T, c.num_heads * D});
+    b.Attention(p, qt, out);
+    // Reference: append this step's K/V, then attend.
+    int32_t row = 0;
+    for (const auto& [seq, first, n] : rows)
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        SeqKv& ks = k_[static_cast<size_t>(seq)];
+        SeqKv& vs = v_[static_cast<size_t>(seq)];
+        EXPECT_EQ(static_cast<int32_t>(ks.size()), first + i);
+        ks.emplace_back(k.begin() + row * kvw, k.begin() + (row + 1) * kvw);
+        vs.emplace_back(v.begin() + row * kvw, v.begin() + (row + 1) * kvw);
+      }
+    std::vector<double> ref(static_cast<size_t>(T * c.num_heads * D));
+    row = 0;
+    for (const auto& [seq, first, n] : rows)
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        const int32_t pos = first + i;
+        const int32_t lo = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+        for (int32_t h = 0; h < c.num_heads; ++h) {
+          const int32_t kvh = h / (c.num_heads / c.num_kv_heads);
+          const float* qh = &q[static_cast<size_t>((row * c.num_heads + h) * D)];
+          std::vector<double> s;
+          for (int32_t j = lo; j <= pos; ++j) {
+            const float* kj = &k_[static_cast<size_t>(seq)][static_cast<size_t>(j)][static_cast<size_t>(kvh * D)];
+            double dot = 0;
+            for (int32_t d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kj[d];
+            dot *= p.scale;
+            if (c.softcap > 0) dot = c.softcap * std::tanh(dot / c.softcap);
+            s.push_back(dot);
+          }
+          const double mx = *std::max_element(s.begin(), s.end());
+          double sum = 0;
+          for (double& x : s) sum += (x = std::exp(x - mx));
+          for (int32_t d = 0; d < D; ++d) {
+            double acc = 0;
+            for (int32_t j = lo; j <= pos; ++j)
+              acc += s[static_cast<size_t>(j - lo)] *
+                     v_[static_cast<size_t>(seq)][static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)];
+            ref[static_cast<size_t>((row * c.num_heads + h) * D + d)] = acc / sum;
+          }
+        }
+      }
+    return RelL2(Download(b, out), ref);
+  }
+
+  std::unique_ptr<Backend> Setup(int32_t num_seqs) {
+    const AttnCase c = GetParam();
+    auto b = Make(true);
+    EXPECT_TRUE(b->AllocateKvPool(kLayers, kBlocks, 16, c.num_kv_heads, c.head_dim).ok());
+    // Shuffled, disjoint block ids per sequence so a wrong block table shows.
+    std::vector<int32_t> ids(kBlocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+    const size_t per_seq = kBlocks / static_cast<size_t>(num_seqs);
+    blocks_.clear();
+    for (int32_t s = 0; s < num_seqs; ++s)
+      blocks_.emplace_back(ids.begin() + static_cast<int64_t>(s * per_seq),
+                           ids.begin() + static_cast<int64_t>((s + 1) * per_seq));
+    k_.assign(static_cast<size_t>(num_seqs), {});
+    v_.assign(static_cast<size_t>(num_seqs), {});
+    return b;
+  }
+
+  std::vector<std::vector<int32_t>> blocks_;
+  std::vector<SeqKv> k_, v_;
+};
+
+TEST_P(AttentionTest, PrefillMixedAndDecode) {
+  auto b = Setup(3);
+  EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), 1e-5) << "prefill";
+  EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), 1e-5) << "mixed";
+  EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), 1e-5) << "decode";
+  EXPECT_LT(Step(*b, {{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), 1e-5) << "decode 2";
+}
+
+TEST_P(AttentionTest, LongContextSplitK) {
+  auto b = Setup(2);
+  EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), 1e-5) << "long prefill";
+  EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), 1e-5) << "split-K decode";
+  EXPECT_LT(Step(*b, {{0, 1301, 1}, {1, 0, 1}}, 700), 1e-5) << "split-K decode, short + long";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Values(AttnCase{64, 8, 2, 0, 0.f}, AttnCase{128, 8, 8, 16, 0.f},
+                      AttnCase{80, 4, 1, 0, 30.f}, AttnCase{256, 4, 2, 100, 50.f},
+                      AttnCase{96, 6, 3, 0, 0.f}),
+    [](const ::testing::TestParamInfo<AttnCase>& info) {
+      const AttnCase& c = info.param;
+      char name[96];
+      std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
+                    c.num_kv_heads, c.window, static_cast<int>(c.softcap));
+      return std::string(name);
+    });
+
+}  // namespace
+}  // namespace ember

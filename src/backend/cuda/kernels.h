@@ -1,0 +1,111 @@
+// Launchers for the CUDA backend's kernels, one op per .cu file (kernel, then its launcher).
+// All launchers enqueue on `stream` and check the launch; pointers are device pointers. Shapes
+// are in the comments; "rows x d" tensors are row-major and contiguous. The per-step plan is
+// passed as a PlanView of device arrays uploaded by BeginStep.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ember::cuda {
+
+// Device copies of one step's BatchPlan (see backend/batch_plan.h).
+struct PlanView {
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int32_t* slot_mapping = nullptr;  // [num_tokens]
+  const int32_t* token_seq = nullptr;     // [num_tokens] index of the row's sequence
+  const int4* seqs = nullptr;             // [num_seqs] {query_start, query_len, context_len,
+                                          //             block_table_start}
+  const int32_t* block_tables = nullptr;  // concatenated block ids
+  const int32_t* logits_rows = nullptr;   // [num_logits_rows]
+  int32_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  int32_t num_logits_rows = 0;
+  int32_t block_size = 16;
+};
+
+// One layer's paged K and V: each [num_blocks, block_size, num_kv_heads, head_dim] float32.
+struct KvLayerView {
+  float* k = nullptr;
+  float* v = nullptr;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// ---- convert.cu ----
+// dst[i] = src[i] converted (f32/f16/bf16 -> f32 or bf16).   n elements
+void LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type, int64_t n,
+                   cudaStream_t stream);
+
+// ---- embedding.cu ----
+// out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
+void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int64_t d, float scale,
+                     const PlanView& plan, float* out, cudaStream_t stream);
+
+// ---- rms_norm.cu ----
+// If residual != null: residual += delta first. out = residual / rms * (w or 1 + w).
+// x/residual, delta, out [rows, d]; weight [d] f32. out may alias x.
+void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
+                   float eps, bool one_plus_weight, int64_t rows, int64_t d, float* out,
+                   cudaStream_t stream);
+
+// ---- rope.cu ----
+// Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in place
+// at plan.positions with cos/sin tables [max_positions, rotary_dim / 2] (HF rotate-half).
+void LaunchRope(float* q, float* k, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                int32_t rotary_dim, const float* cos_table, const float* sin_table,
+                int32_t max_positions, const PlanView& plan, cudaStream_t stream);
+
+// ---- activation.cu ----
+// out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat
+void LaunchGatedActivation(const float* gate, const float* up, float* out, int64_t n, bool gelu,
+                           cudaStream_t stream);
+
+// ---- elementwise.cu ----
+void LaunchAdd(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
+void LaunchSoftcap(float* x, float cap, int64_t n, cudaStream_t stream);
+// out[r, c] += bias[c].   out [rows, cols]
+void LaunchAddBias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// ---- gather_rows.cu ----
+// out[j, :] = x[plan.logits_rows[j], :].   x [num_tokens, d], out [num_logits_rows, d]
+void LaunchGatherRows(const float* x, int64_t d, const PlanView& plan, float* out,
+                      cudaStream_t stream);
+
+// ---- write_kv.cu ----
+// Writes k, v [num_tokens, num_kv_heads, head_dim] into the layer's pool at plan.slot_mapping.
+void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const PlanView& plan,
+                   cudaStream_t stream);
+
+// ---- attention (attention_decode.cu, attention_prefill.cu) ----
+struct AttentionArgs {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // <= kMaxHeadDim
+  float scale = 1.0f;
+  int32_t sliding_window = 0;
+  float softcap = 0.0f;
+};
+constexpr int32_t kMaxHeadDim = 256;
+
+// One query row per block column: every row of the plan attends through its sequence's block
+// table; keys split across `num_splits` blocks (split-K) and merged through `partials`
+// (>= DecodePartialsFloats floats; unused when num_splits == 1).
+// q [num_tokens, num_heads, head_dim], out [num_tokens, num_heads * head_dim].
+int64_t DecodePartialsFloats(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
+                             int32_t num_splits);
+void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                           const PlanView& plan, int32_t num_splits, float* partials, float* out,
+                           cudaStream_t stream);
+
+// Tiles of query rows of one sequence share K/V tiles in shared memory (causal, sliding window,
+// softcap, GQA). max_query_len: the longest query_len in the plan.
+void LaunchAttentionPrefill(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                            const PlanView& plan, int32_t max_query_len, float* out,
+                            cudaStream_t stream);
+
+}  // namespace ember::cuda

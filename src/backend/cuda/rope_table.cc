@@ -1,0 +1,72 @@
+#include "backend/cuda/rope_table.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace ember::cuda {
+
+std::vector<float> RopeInvFreq(const RopeSpec& spec) {
+  const int32_t half = spec.rotary_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  const float base = static_cast<float>(spec.theta);
+  for (int32_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(spec.rotary_dim);
+    const float pw = static_cast<float>(std::pow(static_cast<double>(base),
+                                                 static_cast<double>(exponent)));
+    inv[static_cast<size_t>(i)] = 1.0f / pw;
+  }
+  if (spec.type == RopeSpec::Type::kLinear) {
+    for (float& f : inv) f /= static_cast<float>(spec.factor);
+  } else if (spec.type == RopeSpec::Type::kLlama3) {
+    const float factor = static_cast<float>(spec.factor);
+    const float low = static_cast<float>(spec.low_freq_factor);
+    const float high = static_cast<float>(spec.high_freq_factor);
+    const float old_len = static_cast<float>(spec.original_max_positions);
+    const float low_wavelen = old_len / low;
+    const float high_wavelen = old_len / high;
+    for (float& f : inv) {
+      const float wavelen = 2.0f * std::numbers::pi_v<float> / f;
+      float scaled = wavelen > low_wavelen ? f / factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const float smooth = (old_len / wavelen - low) / (high - low);
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+  }
+  return inv;
+}
+
+Result<RopeTable> BuildRopeTable(const RopeSpec& spec) {
+  if (spec.head_dim <= 0 || spec.rotary_dim <= 0 || spec.rotary_dim > spec.head_dim ||
+      spec.rotary_dim % 2 != 0)
+    return Status::Error("RopeSpec: rotary_dim " + std::to_string(spec.rotary_dim) +
+                         " must be even and in (0, head_dim " + std::to_string(spec.head_dim) +
+                         "]");
+  if (spec.max_positions <= 0)
+    return Status::Error("RopeSpec: max_positions must be > 0");
+  if (spec.theta <= 0) return Status::Error("RopeSpec: theta must be > 0");
+  if (spec.type != RopeSpec::Type::kDefault && spec.factor <= 0)
+    return Status::Error("RopeSpec: factor must be > 0");
+  if (spec.type == RopeSpec::Type::kLlama3 &&
+      (spec.high_freq_factor == spec.low_freq_factor || spec.original_max_positions <= 0))
+    return Status::Error("RopeSpec: llama3 needs high_freq_factor != low_freq_factor and "
+                         "original_max_positions > 0");
+  const std::vector<float> inv = RopeInvFreq(spec);
+  const size_t half = inv.size();
+  RopeTable table;
+  table.cos.resize(static_cast<size_t>(spec.max_positions) * half);
+  table.sin.resize(table.cos.size());
+  for (int32_t pos = 0; pos < spec.max_positions; ++pos) {
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos) * inv[i];  // f32 product, as HF
+      table.cos[static_cast<size_t>(pos) * half + i] =
+          static_cast<float>(std::cos(static_cast<double>(angle)));
+      table.sin[static_cast<size_t>(pos) * half + i] =
+          static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return table;
+}
+
+}  // namespace ember::cuda
