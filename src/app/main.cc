@@ -16,6 +16,8 @@ struct Command {
 // Register a subcommand here once its app/cmd_*.cc exists.
 constexpr Command kCommands[] = {
     {"version", nullptr, "print the version"},
+    {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
+    {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
 };
 
 void PrintUsage() {

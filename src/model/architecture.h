@@ -32,6 +32,7 @@ struct Model::Impl {
   Tensor lm_head;   // [vocab, hidden] (== embed when tied)
   Tensor final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
+  int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
 };
 
 // One step over the plan already given to BeginStep; writes [logits_rows, vocab] into `logits`.

@@ -20,6 +20,9 @@ class Uploader {
 
   Result<Tensor> Get(const std::string& name, std::vector<int64_t> shape) {
     EMBER_ASSIGN_OR_RETURN(TensorView view, store_.GetWithShape(name, shape));
+    int64_t numel = 1;
+    for (int64_t d : view.shape) numel *= d;
+    num_parameters += numel;
     return backend_.UploadWeight(name, view.dtype, view.shape, view.data);
   }
   Result<std::optional<Tensor>> GetOptional(const std::string& name, std::vector<int64_t> shape,
@@ -28,6 +31,7 @@ class Uploader {
     EMBER_ASSIGN_OR_RETURN(Tensor t, Get(name, std::move(shape)));
     return std::optional<Tensor>(t);
   }
+  int64_t num_parameters = 0;
 
  private:
   const WeightStore& store_;
@@ -109,6 +113,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
     w.rope_id = sliding ? local_rope : global_rope;
     m->layers.push_back(std::move(w));
   }
+  m->num_parameters = up.num_parameters;
   return Status::Ok();
 }
 
@@ -148,6 +153,7 @@ int64_t Model::KvBytesPerToken() const {
 }
 
 int64_t Model::WeightBytes() const { return weights_->total_file_bytes(); }
+int64_t Model::NumParameters() const { return impl_->num_parameters; }
 
 Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   if (num_kv_blocks_ != 0) return Status::Error("AllocateKvCache called twice");

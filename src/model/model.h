@@ -92,8 +92,9 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
   int64_t KvBytesPerToken() const;  // K+V, all layers, in the KV pool's dtype (float32)
-  // Bytes of all weight files (what the mapping pins).
+  // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
+  int64_t NumParameters() const;
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size);  // call once before Forward
   int32_t num_kv_blocks() const { return num_kv_blocks_; }
   int32_t kv_block_size() const { return kv_block_size_; }

@@ -1,0 +1,229 @@
+// `ember bench`: llama-bench-style throughput of one model on this machine: prompt processing
+// (ppP: one forward of P tokens) and text generation (tgN: N single-token decode steps), median
+// and spread over R repetitions. Checks the machine first and warns when it is noisy.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <dirent.h>
+
+#include "app/commands.h"
+#include "model/model.h"
+#include "util/flags.h"
+
+namespace ember::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// CPU ticks (utime + stime) of every process but this one, keyed by pid, with its name.
+std::map<int, std::pair<std::string, int64_t>> ProcessTicks() {
+  std::map<int, std::pair<std::string, int64_t>> out;
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return out;
+  const int self = getpid();
+  while (dirent* e = readdir(dir)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == self) continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    const size_t open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    std::vector<std::string> fields;
+    while (rest >> field) fields.push_back(field);
+    if (fields.size() < 13) continue;  // fields[11], [12] = utime, stime
+    out[pid] = {line.substr(open + 1, close - open - 1),
+                std::atoll(fields[11].c_str()) + std::atoll(fields[12].c_str())};
+  }
+  closedir(dir);
+  return out;
+}
+
+int64_t MeminfoKb(const std::string& key) {
+  std::ifstream f("/proc/meminfo");
+  std::string name;
+  int64_t value = 0;
+  std::string unit;
+  while (f >> name >> value >> unit)
+    if (name == key + ":") return value;
+  return -1;
+}
+
+// One line per reason the timings may be unreliable; empty when the machine looks quiet.
+std::vector<std::string> MachineNoise(int64_t weight_bytes) {
+  std::vector<std::string> reasons;
+  double load1 = 0;
+  if (std::ifstream f("/proc/loadavg"); f >> load1) {
+    if (load1 > 0.5) reasons.push_back("load average " + std::to_string(load1).substr(0, 4));
+  }
+  const int64_t avail_kb = MeminfoKb("MemAvailable");
+  if (avail_kb >= 0 && avail_kb * 1024 < weight_bytes * 6 / 5)
+    reasons.push_back("only " + std::to_string(avail_kb / 1024) + " MiB memory available for " +
+                      std::to_string(weight_bytes >> 20) + " MiB of weights");
+  const int64_t swap_total = MeminfoKb("SwapTotal"), swap_free = MeminfoKb("SwapFree");
+  if (swap_total > 0 && swap_total - swap_free > 0)
+    reasons.push_back(std::to_string((swap_total - swap_free) / 1024) + " MiB of swap in use");
+  auto before = ProcessTicks();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto after = ProcessTicks();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::vector<std::pair<double, std::string>> busy;
+  for (const auto& [pid, info] : after) {
+    auto it = before.find(pid);
+    if (it == before.end()) continue;
+    const double cpu = static_cast<double>(info.second - it->second.second) / hz / secs;
+    if (cpu > 0.1) busy.emplace_back(cpu, info.first);
+  }
+  std::sort(busy.rbegin(), busy.rend());
+  if (!busy.empty()) {
+    std::string s = "busy processes:";
+    for (size_t i = 0; i < std::min<size_t>(busy.size(), 4); ++i)
+      s += " " + busy[i].second + " (" + std::to_string(static_cast<int>(busy[i].first * 100)) + "%)";
+    reasons.push_back(s);
+  }
+  return reasons;
+}
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Stats s;
+  s.min = v.front();
+  s.max = v.back();
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return s;
+}
+
+// One forward of `tokens` at positions [first_pos, ...) in blocks 0.., logits of the last row.
+Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
+            const std::vector<int32_t>& blocks, std::vector<float>& logits) {
+  BatchPlan plan;
+  plan.block_size = model.kv_block_size();
+  plan.AddSequence(tokens, first_pos, blocks, true);
+  return model.Forward(plan, logits);
+}
+
+}  // namespace
+
+int BenchCommand(int argc, char** argv, int first) {
+  std::string model_dir;
+  int64_t p = 512, n = 128, reps = 5, threads = 0;
+  FlagParser flags("usage: ember bench --model DIR [-p 512] [-n 128] [-r 5] [--threads N]");
+  flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
+  flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
+  flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
+  flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
+  flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
+  bool help = false;
+  if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
+    std::fprintf(stderr, "ember bench: %s\n%s", st.message().c_str(), flags.Help().c_str());
+    return 2;
+  }
+  if (help) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  if (model_dir.empty() || p < 0 || n < 0 || reps < 1 || threads < 0) {
+    std::fprintf(stderr, "ember bench: --model is required; -p, -n >= 0; -r >= 1\n");
+    return 2;
+  }
+  ModelLoadOptions opts;
+  opts.num_threads = static_cast<int32_t>(threads);
+  auto loaded = Model::Load(model_dir, opts);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "ember bench: %s\n", loaded.message().c_str());
+    return 1;
+  }
+  Model& model = **loaded;
+  const ModelConfig& c = model.config();
+  if (std::max(p, n) >= c.max_position_embeddings) {
+    std::fprintf(stderr, "ember bench: -p/-n must be below max_position_embeddings (%d)\n",
+                 c.max_position_embeddings);
+    return 2;
+  }
+  constexpr int32_t kBlockSize = 16;
+  const int32_t num_blocks = static_cast<int32_t>((std::max(p, n) + 1 + kBlockSize - 1) / kBlockSize);
+  if (Status st = model.AllocateKvCache(num_blocks, kBlockSize); !st.ok()) {
+    std::fprintf(stderr, "ember bench: %s\n", st.message().c_str());
+    return 1;
+  }
+  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
+  for (int32_t i = 0; i < num_blocks; ++i) blocks[static_cast<size_t>(i)] = i;
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  std::vector<int32_t> prompt(static_cast<size_t>(p));
+  for (int64_t i = 0; i < p; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+
+  for (const std::string& r : MachineNoise(model.WeightBytes()))
+    std::printf("warning: noisy machine: %s\n", r.c_str());
+
+  auto run_pp = [&]() -> Result<double> {
+    const auto t0 = Clock::now();
+    EMBER_RETURN_IF_ERROR(Step(model, prompt, 0, blocks, logits));
+    return static_cast<double>(p) / std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  auto run_tg = [&](int64_t count) -> Result<double> {
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < count; ++i)
+      EMBER_RETURN_IF_ERROR(Step(model, {static_cast<int32_t>((i * 31 + 5) % c.vocab_size)},
+                                 static_cast<int32_t>(i), blocks, logits));
+    return static_cast<double>(count) / std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+
+  const double gib = static_cast<double>(model.WeightBytes()) / (1024.0 * 1024 * 1024);
+  const double params_b = static_cast<double>(model.NumParameters()) / 1e9;
+  const int used_threads = threads > 0 ? static_cast<int>(threads)
+                                       : static_cast<int>(std::thread::hardware_concurrency());
+  std::printf("| model | size | params | backend | threads | test | t/s (median) | min .. max |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  auto row = [&](const std::string& test, const std::vector<double>& rates) {
+    Stats s = Summarize(rates);
+    std::printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | %s | %.2f | %.2f .. %.2f |\n",
+                c.model_type.c_str(), c.torch_dtype.c_str(), gib, params_b, used_threads,
+                test.c_str(), s.median, s.min, s.max);
+    std::fflush(stdout);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool is_pp = pass == 0;
+    const int64_t size = is_pp ? p : n;
+    if (size == 0) continue;
+    // Warm-up (page in the weights, size the workspace), not timed.
+    auto warm = is_pp ? run_pp() : run_tg(std::min<int64_t>(n, 4));
+    if (!warm.ok()) {
+      std::fprintf(stderr, "ember bench: %s\n", warm.message().c_str());
+      return 1;
+    }
+    std::vector<double> rates;
+    for (int64_t r = 0; r < reps; ++r) {
+      auto rate = is_pp ? run_pp() : run_tg(n);
+      if (!rate.ok()) {
+        std::fprintf(stderr, "ember bench: %s\n", rate.message().c_str());
+        return 1;
+      }
+      rates.push_back(*rate);
+    }
+    row((is_pp ? "pp" : "tg") + std::to_string(size), rates);
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("peak RSS %.2f GiB (weight files %.2f GiB)\n",
+              static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024), gib);
+  return 0;
+}
+
+}  // namespace ember::app

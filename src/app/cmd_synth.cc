@@ -1,0 +1,55 @@
+// `ember synth`: writes a random-weight checkpoint shaped like a real model (model/synth.h).
+#include <cstdio>
+
+#include "app/commands.h"
+#include "model/synth.h"
+#include "util/flags.h"
+
+namespace ember::app {
+
+int SynthCommand(int argc, char** argv, int first) {
+  std::string like, out, tokenizer, dtype = "bf16";
+  int64_t seed = 0;
+  std::string presets;
+  for (const std::string& n : SynthPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
+  FlagParser flags("usage: ember synth --like PRESET --out DIR [--tokenizer DIR] "
+                   "[--dtype bf16|f16|f32] [--seed S]\n  presets: " + presets);
+  flags.AddString("--like", &like, "preset: the real model whose shapes and config to copy");
+  flags.AddString("--out", &out, "output folder (created)");
+  flags.AddString("--tokenizer", &tokenizer, "folder to copy tokenizer.json + tokenizer_config.json from");
+  flags.AddString("--dtype", &dtype, "weight dtype: bf16 (default), f16 or f32");
+  flags.AddInt("--seed", &seed, "random seed (default 0)");
+  bool help = false;
+  if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
+    std::fprintf(stderr, "ember synth: %s\n%s", st.message().c_str(), flags.Help().c_str());
+    return 2;
+  }
+  if (help) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  SynthOptions opts;
+  opts.preset = like;
+  opts.out_dir = out;
+  opts.tokenizer_dir = tokenizer;
+  opts.seed = static_cast<uint64_t>(seed);
+  if (dtype == "bf16") opts.dtype = DType::kBF16;
+  else if (dtype == "f16") opts.dtype = DType::kF16;
+  else if (dtype == "f32") opts.dtype = DType::kF32;
+  else {
+    std::fprintf(stderr, "ember synth: --dtype must be bf16, f16 or f32, got '%s'\n", dtype.c_str());
+    return 2;
+  }
+  if (like.empty() || out.empty()) {
+    std::fprintf(stderr, "ember synth: --like and --out are required\n%s", flags.Help().c_str());
+    return 2;
+  }
+  if (Status st = WriteSynthCheckpoint(opts); !st.ok()) {
+    std::fprintf(stderr, "ember synth: %s\n", st.message().c_str());
+    return 1;
+  }
+  std::printf("wrote %s (%s, %s)\n", out.c_str(), like.c_str(), dtype.c_str());
+  return 0;
+}
+
+}  // namespace ember::app

@@ -1,0 +1,236 @@
+// config.json parsing (both transformers layouts), generation defaults, and the loader's errors
+// for bad folders and corrupt safetensors: each names the file and what is wrong.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model/synth.h"
+#include "util/mapped_file.h"
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+using json = nlohmann::json;
+
+std::string ModelDir(const std::string& name) {
+  return ember::testing::FixturesDir() + "/models/" + name;
+}
+
+std::string TempDir() {
+  std::string tmpl = ::testing::TempDir() + "ember_loader_XXXXXX";
+  CHECK(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
+}
+
+ModelConfig ParseFile(const std::string& path) {
+  auto text = ReadFileToString(path);
+  EXPECT_TRUE(text.ok()) << text.message();
+  auto c = ParseModelConfig(*text, path);
+  EXPECT_TRUE(c.ok()) << c.message();
+  return c.ok() ? *c : ModelConfig{};
+}
+
+TEST(ConfigTest, V4AndV5LayoutsAgree) {
+  for (const char* name : {"llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"}) {
+    EMBER_REQUIRE_DIR(ModelDir(name));
+    ModelConfig a = ParseFile(ModelDir(name) + "/config.json");
+    ModelConfig b = ParseFile(ModelDir(name) + "/config.v4.json");
+    EXPECT_EQ(a.model_type, b.model_type) << name;
+    EXPECT_EQ(a.head_dim, b.head_dim) << name;
+    EXPECT_EQ(a.rotary_dim, b.rotary_dim) << name;
+    EXPECT_EQ(a.rope.type, b.rope.type) << name;
+    EXPECT_EQ(a.rope.theta, b.rope.theta) << name;
+    EXPECT_EQ(a.rope.factor, b.rope.factor) << name;
+    EXPECT_EQ(a.rope_local.theta, b.rope_local.theta) << name;
+    EXPECT_EQ(a.sliding_window, b.sliding_window) << name;
+    EXPECT_EQ(a.layer_types, b.layer_types) << name;
+    EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings) << name;
+    EXPECT_EQ(a.torch_dtype, b.torch_dtype) << name;
+  }
+}
+
+TEST(ConfigTest, FamilyFeatures) {
+  EMBER_REQUIRE_DIR(ModelDir("gemma3"));
+  ModelConfig llama = ParseFile(ModelDir("llama3") + "/config.v4.json");
+  EXPECT_EQ(llama.rope.type, "llama3");
+  EXPECT_EQ(llama.rope.factor, 8.0);
+  EXPECT_EQ(llama.rope.original_max_position_embeddings, 64);
+  EXPECT_FALSE(llama.tie_word_embeddings);
+  ModelConfig qwen3 = ParseFile(ModelDir("qwen3") + "/config.json");
+  EXPECT_EQ(qwen3.head_dim, 32);  // explicit, != hidden / heads
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_TRUE(ParseFile(ModelDir("qwen2") + "/config.json").attention_bias);
+  ModelConfig phi3 = ParseFile(ModelDir("phi3") + "/config.v4.json");
+  EXPECT_EQ(phi3.rotary_dim, 8);
+  EXPECT_TRUE(phi3.fused_qkv);
+  ModelConfig mistral = ParseFile(ModelDir("mistral") + "/config.json");
+  EXPECT_EQ(mistral.sliding_window, 16);
+  EXPECT_EQ(mistral.layer_types[0], LayerType::kSlidingAttention);
+  ModelConfig gemma2 = ParseFile(ModelDir("gemma2") + "/config.v4.json");
+  EXPECT_EQ(gemma2.layer_types, (std::vector<LayerType>{LayerType::kSlidingAttention, LayerType::kFullAttention}));
+  EXPECT_FLOAT_EQ(gemma2.attn_logit_softcapping, 50.0f);
+  EXPECT_FLOAT_EQ(gemma2.final_logit_softcapping, 30.0f);
+  EXPECT_FLOAT_EQ(gemma2.embedding_scale, 8.0f);
+  ModelConfig gemma3 = ParseFile(ModelDir("gemma3") + "/config.v4.json");
+  EXPECT_EQ(gemma3.rope.theta, 1000000.0);
+  EXPECT_EQ(gemma3.rope_local.theta, 10000.0);
+  EXPECT_EQ(gemma3.layer_types[2], LayerType::kSlidingAttention);
+  EXPECT_EQ(gemma3.layer_types[3], LayerType::kFullAttention);
+  EXPECT_TRUE(gemma3.gelu_tanh);
+}
+
+TEST(ConfigTest, UnsupportedModelTypeNamesTheSupportedOnes) {
+  auto c = ParseModelConfig(R"({"model_type": "mamba", "vocab_size": 10})", "x/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("x/config.json"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("\"mamba\""), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("gemma3_text"), std::string::npos) << c.message();
+}
+
+TEST(ConfigTest, MissingOrBadFieldsAreNamed) {
+  auto c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("intermediate_size"), std::string::npos) << c.message();
+  c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4}})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("yarn"), std::string::npos) << c.message();
+  c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": "many"})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("vocab_size"), std::string::npos) << c.message();
+}
+
+TEST(ConfigTest, GenerationDefaults) {
+  ModelConfig c;
+  c.eos_token_ids = {2};
+  auto g = ParseGenerationConfig(R"({"temperature": 0.6, "top_k": 20, "eos_token_id": [7, 8]})", "g.json", c);
+  ASSERT_TRUE(g.ok()) << g.message();
+  EXPECT_FLOAT_EQ(*g->temperature, 0.6f);
+  EXPECT_EQ(*g->top_k, 20);
+  EXPECT_FALSE(g->top_p.has_value());
+  EXPECT_EQ(g->eos_token_ids, (std::vector<int32_t>{7, 8}));
+  auto fallback = ParseGenerationConfig("", "g.json", c);
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ(fallback->eos_token_ids, (std::vector<int32_t>{2}));
+}
+
+TEST(LoaderTest, MissingFolderAndFiles) {
+  auto m = Model::Load("/nonexistent/model", {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("/nonexistent/model"), std::string::npos);
+  std::string dir = TempDir();
+  m = Model::Load(dir, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("config.json"), std::string::npos) << m.message();
+  EMBER_REQUIRE_DIR(ModelDir("qwen2"));
+  ASSERT_TRUE(WriteStringToFile(dir + "/config.json", *ReadFileToString(ModelDir("qwen2") + "/config.json")).ok());
+  m = Model::Load(dir, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("model.safetensors"), std::string::npos) << m.message();
+}
+
+// Writes a safetensors file from a raw header and data size.
+std::string WriteRaw(const std::string& dir, const std::string& header, size_t data_bytes,
+                     uint64_t claimed_len = 0) {
+  std::string path = dir + "/model.safetensors";
+  std::string bytes(8, '\0');
+  uint64_t len = claimed_len ? claimed_len : header.size();
+  std::memcpy(bytes.data(), &len, 8);
+  bytes += header + std::string(data_bytes, '\0');
+  CHECK(WriteStringToFile(path, bytes).ok());
+  return path;
+}
+
+TEST(SafetensorsTest, CorruptFilesAreRejectedWithTheFileNamed) {
+  std::string dir = TempDir();
+  struct Case {
+    std::string header;
+    size_t data;
+    uint64_t claimed;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8, 1 << 20, "header length"},
+      {R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8, 0, "past the end"},
+      {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12, 0, "overlapping"},
+      {R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8, 0, "does not match its shape"},
+      {R"({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", 8, 0, "unsupported dtype"},
+      {R"(not json)", 0, 0, "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    std::string path = WriteRaw(dir, c.header, c.data, c.claimed);
+    auto store = WeightStore::OpenFile(path);
+    ASSERT_FALSE(store.ok()) << c.expect;
+    EXPECT_NE(store.message().find(path), std::string::npos) << store.message();
+    EXPECT_NE(store.message().find(c.expect), std::string::npos) << store.message();
+  }
+  ASSERT_TRUE(WriteStringToFile(dir + "/model.safetensors", "abc").ok());
+  auto store = WeightStore::OpenFile(dir + "/model.safetensors");
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.message().find("truncated"), std::string::npos) << store.message();
+}
+
+TEST(LoaderTest, TruncatedShardAndShapeMismatch) {
+  EMBER_REQUIRE_DIR(ModelDir("llama3"));
+  // A copy of the sharded llama3 folder whose last shard lost its tail.
+  std::string dir = TempDir();
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors.index.json",
+                        "model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
+                        "model-00003-of-00005.safetensors", "model-00004-of-00005.safetensors",
+                        "model-00005-of-00005.safetensors"}) {
+    std::string text = *ReadFileToString(ModelDir("llama3") + "/" + f);
+    if (std::string(f) == "model-00003-of-00005.safetensors") text.resize(text.size() - 100);
+    ASSERT_TRUE(WriteStringToFile(dir + "/" + f, text).ok());
+  }
+  auto m = Model::Load(dir, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("model-00003-of-00005.safetensors"), std::string::npos) << m.message();
+  // Intact shards, but config.json says a different intermediate_size.
+  std::string good = *ReadFileToString(ModelDir("llama3") + "/model-00003-of-00005.safetensors");
+  ASSERT_TRUE(WriteStringToFile(dir + "/model-00003-of-00005.safetensors", good).ok());
+  ASSERT_TRUE(Model::Load(dir, {}).ok());
+  json config = json::parse(*ReadFileToString(ModelDir("llama3") + "/config.json"));
+  config["intermediate_size"] = 96;
+  ASSERT_TRUE(WriteStringToFile(dir + "/config.json", config.dump()).ok());
+  m = Model::Load(dir, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("mlp."), std::string::npos) << m.message();
+  EXPECT_NE(m.message().find("config.json implies"), std::string::npos) << m.message();
+}
+
+TEST(SynthTest, TinyPresetLoadsAndRuns) {
+  std::string dir = TempDir() + "/tiny";
+  SynthOptions opts;
+  opts.preset = "tiny-llama";
+  opts.out_dir = dir;
+  opts.dtype = DType::kF16;
+  opts.max_shard_bytes = 40000;  // force shards + index
+  ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+  EXPECT_TRUE(FileExists(dir + "/model.safetensors.index.json"));
+  auto m = Model::Load(dir, {});
+  ASSERT_TRUE(m.ok()) << m.message();
+  EXPECT_EQ((*m)->config().rope.type, "llama3");
+  EXPECT_TRUE((*m)->config().tie_word_embeddings);
+  EXPECT_EQ((*m)->generation_defaults().eos_token_ids, (std::vector<int32_t>{2}));
+  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+  BatchPlan plan;
+  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
+  std::vector<float> logits(512);
+  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  opts.preset = "gpt-5";
+  Status st = WriteSynthCheckpoint(opts);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("llama-3.2-1b"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace ember

@@ -1,0 +1,266 @@
+#include "model/synth.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "util/half.h"
+#include "util/mapped_file.h"
+
+namespace ember {
+namespace {
+
+using json = nlohmann::json;
+
+struct Preset {
+  std::string name;
+  json config;      // config.json (transformers 4.x layout, as on the Hub)
+  json generation;  // generation_config.json
+};
+
+json LlamaConfig(int hidden, int inter, int layers, int heads, int kv, int head_dim, bool tied,
+                 double rope_factor) {
+  return json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"vocab_size", 128256},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv},
+              {"head_dim", head_dim},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 500000.0},
+              {"rope_scaling",
+               {{"factor", rope_factor},
+                {"high_freq_factor", 4.0},
+                {"low_freq_factor", 1.0},
+                {"original_max_position_embeddings", 8192},
+                {"rope_type", "llama3"}}},
+              {"attention_bias", false},
+              {"mlp_bias", false},
+              {"tie_word_embeddings", tied},
+              {"bos_token_id", 128000},
+              {"eos_token_id", 128001},
+              {"torch_dtype", "bfloat16"}};
+}
+
+json Qwen3Config(int hidden, int inter, int layers, int heads, int kv, bool tied) {
+  return json{{"architectures", {"Qwen3ForCausalLM"}},
+              {"model_type", "qwen3"},
+              {"vocab_size", 151936},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv},
+              {"head_dim", 128},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 40960},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"rope_scaling", nullptr},
+              {"attention_bias", false},
+              {"use_sliding_window", false},
+              {"sliding_window", nullptr},
+              {"max_window_layers", layers},
+              {"tie_word_embeddings", tied},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"torch_dtype", "bfloat16"}};
+}
+
+std::vector<Preset> Presets() {
+  json llama_gen = {{"bos_token_id", 128000}, {"eos_token_id", {128001, 128008, 128009}},
+                    {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}};
+  json qwen_gen = {{"bos_token_id", 151643}, {"eos_token_id", {151645, 151643}},
+                   {"pad_token_id", 151643}, {"do_sample", true}, {"temperature", 0.6},
+                   {"top_k", 20}, {"top_p", 0.95}};
+  json tiny = LlamaConfig(64, 128, 2, 4, 2, 16, true, 8.0);
+  tiny["vocab_size"] = 512;
+  tiny["max_position_embeddings"] = 1024;
+  tiny["bos_token_id"] = 1;
+  tiny["eos_token_id"] = 2;
+  return {
+      {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
+      {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
+      {"llama-3.1-8b", LlamaConfig(4096, 14336, 32, 32, 8, 128, false, 8.0), llama_gen},
+      {"qwen3-0.6b", Qwen3Config(1024, 3072, 28, 16, 8, true), qwen_gen},
+      {"qwen3-8b", Qwen3Config(4096, 12288, 36, 32, 8, false), qwen_gen},
+      {"tiny-llama", tiny, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
+  };
+}
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_norm = false;  // filled with ones
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+std::vector<TensorSpec> TensorsOf(const json& c) {
+  const int64_t d = c["hidden_size"], inter = c["intermediate_size"], vocab = c["vocab_size"];
+  const int64_t layers = c["num_hidden_layers"], heads = c["num_attention_heads"];
+  const int64_t kv = c["num_key_value_heads"], hd = c["head_dim"];
+  const bool qwen3 = c["model_type"] == "qwen3";
+  std::vector<TensorSpec> t;
+  t.push_back({"model.embed_tokens.weight", {vocab, d}});
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {d}, true});
+    t.push_back({p + "self_attn.q_proj.weight", {heads * hd, d}});
+    t.push_back({p + "self_attn.k_proj.weight", {kv * hd, d}});
+    t.push_back({p + "self_attn.v_proj.weight", {kv * hd, d}});
+    if (qwen3) {
+      t.push_back({p + "self_attn.q_norm.weight", {hd}, true});
+      t.push_back({p + "self_attn.k_norm.weight", {hd}, true});
+    }
+    t.push_back({p + "self_attn.o_proj.weight", {d, heads * hd}});
+    t.push_back({p + "post_attention_layernorm.weight", {d}, true});
+    t.push_back({p + "mlp.gate_proj.weight", {inter, d}});
+    t.push_back({p + "mlp.up_proj.weight", {inter, d}});
+    t.push_back({p + "mlp.down_proj.weight", {d, inter}});
+  }
+  t.push_back({"model.norm.weight", {d}, true});
+  if (!c["tie_word_embeddings"].get<bool>()) t.push_back({"lm_head.weight", {vocab, d}});
+  return t;
+}
+
+// splitmix64: a tiny deterministic generator, one stream per tensor.
+struct Rng {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform with standard deviation 0.02 (|x| < 0.0347): small, so activations stay sane.
+  float Small() {
+    const float u = static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    return (2.0f * u - 1.0f) * 0.034641f;
+  }
+};
+
+Status WriteTensor(std::FILE* f, const TensorSpec& spec, DType dtype, uint64_t seed,
+                   const std::string& path) {
+  Rng rng{seed};
+  const int64_t chunk = 1 << 20;
+  std::vector<uint8_t> buf(static_cast<size_t>(chunk) * DTypeSize(dtype));
+  for (int64_t done = 0; done < spec.numel(); done += chunk) {
+    const int64_t count = std::min(chunk, spec.numel() - done);
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = spec.is_norm ? 1.0f : rng.Small();
+      if (dtype == DType::kF32) {
+        std::memcpy(buf.data() + i * 4, &v, 4);
+      } else {
+        const uint16_t h = dtype == DType::kF16 ? F32ToF16(v) : F32ToBf16(v);
+        std::memcpy(buf.data() + i * 2, &h, 2);
+      }
+    }
+    const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    if (std::fwrite(buf.data(), 1, bytes, f) != bytes) return Status::Error(path + ": write failed (disk full?)");
+  }
+  return Status::Ok();
+}
+
+Status WriteShard(const std::string& path, const std::vector<TensorSpec>& specs,
+                  const std::vector<size_t>& indices, DType dtype, uint64_t seed) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  size_t offset = 0;
+  for (size_t i : indices) {
+    const size_t bytes = static_cast<size_t>(specs[i].numel()) * DTypeSize(dtype);
+    header[specs[i].name] = {{"dtype", DTypeName(dtype)}, {"shape", specs[i].shape},
+                             {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // keep tensor data 8-byte aligned
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "wb"), &std::fclose);
+  if (!f) return Status::Error(path + ": cannot create file");
+  const uint64_t len = text.size();
+  if (std::fwrite(&len, 8, 1, f.get()) != 1 || std::fwrite(text.data(), 1, text.size(), f.get()) != text.size())
+    return Status::Error(path + ": write failed");
+  for (size_t i : indices)
+    EMBER_RETURN_IF_ERROR(WriteTensor(f.get(), specs[i], dtype, seed * 1000003ULL + i, path));
+  return Status::Ok();
+}
+
+Status CopyFile(const std::string& from, const std::string& to) {
+  EMBER_ASSIGN_OR_RETURN(std::string text, ReadFileToString(from));
+  return WriteStringToFile(to, text);
+}
+
+}  // namespace
+
+std::vector<std::string> SynthPresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : Presets()) names.push_back(p.name);
+  return names;
+}
+
+Status WriteSynthCheckpoint(const SynthOptions& options) {
+  const Preset* preset = nullptr;
+  const auto presets = Presets();
+  for (const Preset& p : presets)
+    if (p.name == options.preset) preset = &p;
+  if (preset == nullptr) {
+    std::string names;
+    for (const std::string& n : SynthPresetNames()) names += (names.empty() ? "" : ", ") + n;
+    return Status::Error("--like: unknown preset \"" + options.preset + "\" (known: " + names + ")");
+  }
+  if (options.dtype == DType::kI32) return Status::Error("--dtype must be bf16, f16 or f32");
+  const std::string& dir = options.out_dir;
+  if (dir.empty()) return Status::Error("--out is required");
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Status::Error(dir + ": cannot create directory");
+  json config = preset->config;
+  config["torch_dtype"] = options.dtype == DType::kF32 ? "float32" : options.dtype == DType::kF16 ? "float16" : "bfloat16";
+  config["transformers_version"] = "4.51.0";
+  EMBER_RETURN_IF_ERROR(WriteStringToFile(dir + "/config.json", config.dump(2) + "\n"));
+  EMBER_RETURN_IF_ERROR(WriteStringToFile(dir + "/generation_config.json", preset->generation.dump(2) + "\n"));
+  if (!options.tokenizer_dir.empty()) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      const std::string from = options.tokenizer_dir + "/" + name;
+      if (!FileExists(from)) return Status::Error("--tokenizer: " + from + " not found");
+      EMBER_RETURN_IF_ERROR(CopyFile(from, dir + "/" + name));
+    }
+  }
+  const std::vector<TensorSpec> specs = TensorsOf(config);
+  // Greedy split into shards of at most max_shard_bytes (a tensor never straddles shards).
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t bytes = specs[i].numel() * static_cast<int64_t>(DTypeSize(options.dtype));
+    if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  if (shards.size() == 1) return WriteShard(dir + "/model.safetensors", specs, shards[0], options.dtype, options.seed);
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    EMBER_RETURN_IF_ERROR(WriteShard(dir + "/" + name, specs, shards[s], options.dtype, options.seed));
+    for (size_t i : shards[s]) weight_map[specs[i].name] = name;
+  }
+  json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  return WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+}  // namespace ember

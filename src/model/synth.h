@@ -1,0 +1,30 @@
+// Synthetic checkpoints: a random-weight Hugging Face folder with the exact shapes and configs of a
+// real model (`ember synth --like llama-3.2-1b`), so benchmarks and tests need no downloads.
+// Written streaming (one tensor chunk at a time, never the whole model in memory), deterministic
+// for a seed. Pure functions over the filesystem; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "util/status.h"
+
+namespace ember {
+
+struct SynthOptions {
+  std::string preset;          // see SynthPresetNames()
+  std::string out_dir;
+  std::string tokenizer_dir;   // optional: copy tokenizer.json + tokenizer_config.json from here
+  DType dtype = DType::kBF16;  // kF32, kF16 or kBF16
+  uint64_t seed = 0;
+  int64_t max_shard_bytes = 4LL << 30;  // split into model-0000i-of-0000N.safetensors above this
+};
+
+std::vector<std::string> SynthPresetNames();
+// Writes config.json, generation_config.json, the safetensors file(s) (+ index) and the
+// tokenizer files. Errors name the preset, flag or file.
+Status WriteSynthCheckpoint(const SynthOptions& options);
+
+}  // namespace ember
