@@ -1,8 +1,8 @@
-// Logits processors and the filtering / drawing steps of the sampler, one function each, so each
-// can be tested against a hand-computed example. All operate on ONE row of logits ([vocab_size]
-// floats) in place; none allocates except where a result is returned. Stateless and thread-safe
-// (the candidate scratch lives in the caller's Candidates). Called by Sample() (sampler.h), which
-// fixes their order; the engine should call Sample(), not these.
+// Logits processors and logprob helpers, one function each, so each can be tested against a
+// hand-computed example. All operate on ONE row of logits ([vocab_size] floats); none allocates
+// except where a result is returned. Stateless and thread-safe. Called by Sample() (sampler.h),
+// which fixes their order; the engine should call Sample(), not these. Temperature and the
+// top-k / top-p / min-p filters live in weighted_row.h.
 #pragma once
 
 #include <cstdint>
@@ -33,31 +33,9 @@ int32_t Argmax(std::span<const float> logits);
 // log(sum(exp(logits))) accumulated in double; -inf when every logit is -inf.
 double LogSumExp(std::span<const float> logits);
 
-// The k largest entries of log_softmax(logits) as (id, logprob), desc, ties by lower id.
-// `scratch` is reused between calls to avoid allocation.
+// The k largest entries of log_softmax(logits) as (id, logprob), desc, ties by lower id;
+// log_sum_exp is LogSumExp(logits). One pass, O(vocab + k^2).
 std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, double log_sum_exp,
-                                      int32_t k, std::vector<int32_t>& scratch);
-
-// The tokens that survive temperature + top-k + top-p + min-p, with their unnormalised
-// probabilities. `weight` is the row rewritten as exp((logit - max) / temperature) (so the top
-// token has weight 1); `ids` are the kept tokens; when `sorted` they are ordered by
-// (weight desc, id asc), otherwise in no particular order. `total` is the kept mass (double).
-struct Candidates {
-  std::vector<int32_t> ids;
-  std::span<const float> weight;
-  double total = 0.0;
-  bool sorted = false;
-};
-
-// Fills `out` from a processed row (rewritten in place to weights). top_k <= 0 or >= size: off;
-// top_p >= 1: off; min_p <= 0: off. Requires temperature >= kGreedyTemperature and at least one
-// finite logit. Sorts only what top-k / top-p need (widening partial sorts for top-p).
-void FilterCandidates(std::span<float> logits, float temperature, int32_t top_k, float top_p,
-                      float min_p, Candidates& out);
-
-// Inverse CDF: the first kept token, in (weight desc, id asc) order, at which the running mass
-// exceeds u * total. u in [0, 1). O(n) expected even when the candidates are unsorted (weighted
-// quickselect); reorders out.ids.
-int32_t DrawCandidate(Candidates& candidates, double u);
+                                      int32_t k);
 
 }  // namespace ember

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "sampling/processors.h"
+#include "sampling/weighted_row.h"
 #include "util/check.h"
 
 namespace ember {
@@ -21,9 +22,8 @@ uint64_t SplitMix64(uint64_t x) {
 
 // Scratch reused across calls on one thread, so a step over a large batch does not allocate.
 struct Scratch {
-  Candidates candidates;
-  std::vector<float> raw_logits;   // [vocab_size] copy of the row, only when logprobs are wanted
-  std::vector<int32_t> order;      // [vocab_size] for TopLogprobs
+  WeightedRow row;
+  std::vector<float> raw_logits;  // [vocab_size] copy of the row, only when logprobs are wanted
 };
 thread_local Scratch t_scratch;
 
@@ -85,7 +85,7 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
   if (params.wants_logprobs()) {
     scratch.raw_logits.assign(logits.begin(), logits.end());
     log_sum_exp = LogSumExp(logits);
-    out.top_logprobs = TopLogprobs(logits, log_sum_exp, params.top_logprobs, scratch.order);
+    out.top_logprobs = TopLogprobs(logits, log_sum_exp, params.top_logprobs);
   }
 
   // Logits processors, in vLLM order: bias on the raw logits, then penalties, then min_tokens.
@@ -98,13 +98,16 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
     MaskTokens(logits, state.min_tokens_mask_ids());
   }
 
-  if (params.is_greedy()) {
-    // Top-k / top-p / min-p always keep the argmax, so greedy ignores them; no RNG draw.
+  // Top-k / top-p / min-p always keep the argmax, so greedy ignores them and draws nothing.
+  // A row without a finite maximum (a broken model output) also degrades to argmax.
+  if (params.is_greedy() || !scratch.row.Build(logits, params.temperature)) {
     out.token_id = Argmax(logits);
   } else {
-    FilterCandidates(logits, params.temperature, params.top_k, params.top_p, params.min_p,
-                     scratch.candidates);
-    out.token_id = DrawCandidate(scratch.candidates, state.NextUniform());
+    // HF order: top-k, then top-p on the renormalised top-k set, then min-p.
+    scratch.row.ApplyTopK(params.top_k);
+    scratch.row.ApplyTopP(params.top_p);
+    scratch.row.ApplyMinP(params.min_p);
+    out.token_id = scratch.row.Draw(state.NextUniform());
   }
 
   if (params.wants_logprobs()) {
