@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "serve/stop_matcher.h"
+#include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ember::serve {

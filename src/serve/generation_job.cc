@@ -1,0 +1,263 @@
+#include "serve/generation_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ember::serve {
+
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+ApiError FromSubmitError(const SubmitError& e) {
+  switch (e.code) {
+    case SubmitError::Code::kInvalidRequest:
+      return InvalidRequest(e.message, e.param);
+    case SubmitError::Code::kQueueFull:
+      return ApiError{429, e.message, "rate_limit_error", "", "queue_full"};
+    case SubmitError::Code::kShuttingDown:
+      return ApiError{503, e.message, "server_error", "", "shutting_down"};
+  }
+  return ApiError{500, e.message, "server_error", "", ""};
+}
+
+}  // namespace
+
+std::variant<std::unique_ptr<GenerationJob>, ApiError> GenerationJob::Start(
+    const ServedModel& model, PreparedRequest prepared, Metrics* metrics, int64_t arrival_ns) {
+  std::unique_ptr<GenerationJob> job(
+      new GenerationJob(model, std::move(prepared), metrics, arrival_ns));
+  for (PreparedPrompt& p : job->prepared_.prompts) {
+    PromptRun run;
+    run.prompt_tokens = static_cast<int32_t>(p.request.prompt_ids.size());
+    Engine::SubmitResult submitted = model.engine->Submit(p.request);
+    if (auto* error = std::get_if<SubmitError>(&submitted)) {
+      job->Cancel();  // the prompts already submitted
+      return FromSubmitError(*error);
+    }
+    run.stream = std::get<std::shared_ptr<ResponseStream>>(submitted);
+    job->prompts_.push_back(std::move(run));
+  }
+  return job;
+}
+
+GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared, Metrics* metrics,
+                             int64_t arrival_ns)
+    : model_(model), prepared_(std::move(prepared)), metrics_(metrics), arrival_ns_(arrival_ns) {
+  meta_.endpoint = prepared_.endpoint;
+  meta_.id = NewResponseId(prepared_.endpoint);
+  meta_.created = std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  meta_.model = model.name;
+  const int32_t n = prepared_.n;
+  for (size_t p = 0; p < prepared_.prompts.size(); ++p) {
+    for (int32_t i = 0; i < n; ++i) {
+      Sample s;
+      s.choice_index = static_cast<int32_t>(p) * n + i;
+      s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
+                                            /*skip_special_tokens=*/true);
+      s.full_text = prepared_.prompts[p].echo_text;
+      s.unsent_text = s.full_text;
+      samples_.push_back(std::move(s));
+    }
+  }
+}
+
+GenerationJob::~GenerationJob() {
+  if (!finished_) Cancel();
+}
+
+void GenerationJob::Cancel() {
+  cancelled_by_client_ = true;
+  for (PromptRun& p : prompts_) {
+    if (p.stream != nullptr && !p.closed) p.stream->Cancel();
+  }
+}
+
+bool GenerationJob::done() const { return finished_; }
+
+TokenLogprobEntry GenerationJob::MakeLogprob(const TokenEvent& e) const {
+  auto decode = [this](int32_t id) {
+    return model_.tokenizer->Decode(std::span<const int32_t>(&id, 1), false);
+  };
+  TokenLogprobEntry entry;
+  entry.token = decode(e.token_id);
+  entry.logprob = e.logprob;
+  for (const TokenLogprob& t : e.top_logprobs) entry.top.emplace_back(decode(t.token_id), t.logprob);
+  return entry;
+}
+
+void GenerationJob::AppendText(Sample& s, const std::string& text) {
+  s.full_text += text;
+  s.unsent_text += text;
+}
+
+void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
+  if (s.done) return;
+  AppendText(s, s.text->Finish());
+  s.done = true;
+  s.finish_reason = s.text->stopped() ? "stop" : reason;
+}
+
+void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
+  Sample& s = samples_[prompt_idx * prepared_.n + e.sample_index];
+  if (s.done) return;  // stopped by a stop string; the engine may still be producing
+  if (e.token_id >= 0) {
+    if (!saw_first_token_) {
+      saw_first_token_ = true;
+      metrics_->ObserveTimeToFirstToken(double(e.time_ns - arrival_ns_) * 1e-9);
+    }
+    if (s.last_token_ns > 0) metrics_->ObserveInterTokenLatency(double(e.time_ns - s.last_token_ns) * 1e-9);
+    s.last_token_ns = e.time_ns;
+    ++s.num_tokens;
+    // A kStop finish on a token means it is a stop id (EOS): counted, never shown.
+    const bool is_stop_token = e.finish == FinishReason::kStop;
+    if (!is_stop_token) {
+      if (prepared_.top_logprobs >= 0) {
+        TokenLogprobEntry entry = MakeLogprob(e);
+        s.logprobs.push_back(entry);
+        s.unsent_logprobs.push_back(std::move(entry));
+      }
+      TextDelta delta = s.text->Push(e.token_id);
+      AppendText(s, delta.text);
+      if (delta.stopped) {
+        FinishSample(s, "stop");
+        return;
+      }
+    }
+  }
+  switch (e.finish) {
+    case FinishReason::kNone: break;
+    case FinishReason::kStop: FinishSample(s, "stop"); break;
+    case FinishReason::kLength: FinishSample(s, "length"); break;
+    case FinishReason::kCancelled:
+      FinishSample(s, "abort");
+      if (!cancelled_by_client_ && !error_)
+        error_ = ApiError{503, "the request was cancelled: the server is shutting down",
+                          "server_error", "", "shutting_down"};
+      break;
+    case FinishReason::kError:
+      FinishSample(s, "error");
+      if (!error_)
+        error_ = ApiError{500, "the engine failed while generating (see the server log)",
+                          "server_error", "", "engine_error"};
+      break;
+  }
+}
+
+void GenerationJob::Pump(std::chrono::milliseconds wait) {
+  size_t num_open = 0;
+  for (const PromptRun& p : prompts_) num_open += p.closed ? 0 : 1;
+  if (num_open == 0) return;
+  const auto per_stream = std::max(std::chrono::milliseconds(1),
+                                   wait / static_cast<int64_t>(num_open));
+  std::vector<TokenEvent> events;
+  for (size_t p = 0; p < prompts_.size(); ++p) {
+    PromptRun& run = prompts_[p];
+    if (run.closed) continue;
+    events.clear();
+    if (!run.stream->Next(&events, per_stream)) run.closed = true;
+    for (const TokenEvent& e : events) OnEvent(p, e);
+    // Every sample of this prompt stopped on a stop string: free the engine's work now.
+    bool all_done = true;
+    for (int32_t i = 0; i < prepared_.n; ++i) all_done &= samples_[p * prepared_.n + i].done;
+    if (all_done && !run.closed && !run.cancel_sent) {
+      run.cancel_sent = true;
+      run.stream->Cancel();
+    }
+  }
+  bool all_closed = true;
+  for (const PromptRun& p : prompts_) all_closed &= p.closed;
+  if (all_closed && !finished_) OnAllClosed();
+}
+
+void GenerationJob::OnAllClosed() {
+  finished_ = true;
+  for (Sample& s : samples_) FinishSample(s, "abort");  // only samples the engine never ended
+  const Usage usage = TotalUsage();
+  metrics_->CountTokens(usage.prompt_tokens, usage.completion_tokens);
+  metrics_->ObserveRequestLatency(double(NowNs() - arrival_ns_) * 1e-9);
+}
+
+Usage GenerationJob::TotalUsage() const {
+  Usage u;
+  for (const PromptRun& p : prompts_) {
+    u.prompt_tokens += p.prompt_tokens;
+    u.cached_tokens += p.stream->usage().cached_tokens;
+  }
+  for (const Sample& s : samples_) u.completion_tokens += s.num_tokens;
+  return u;
+}
+
+bool GenerationJob::PollUntilDone(std::chrono::milliseconds wait) {
+  Pump(wait);
+  return finished_;
+}
+
+std::variant<nlohmann::json, ApiError> GenerationJob::Result() const {
+  if (error_) return *error_;
+  std::vector<ChoiceOutput> choices;
+  for (const Sample& s : samples_) {
+    ChoiceOutput c;
+    c.index = s.choice_index;
+    c.text = s.full_text;
+    c.with_logprobs = prepared_.top_logprobs >= 0;
+    c.logprobs = s.logprobs;
+    c.finish_reason = s.finish_reason;
+    choices.push_back(std::move(c));
+  }
+  return FinalBody(meta_, choices, TotalUsage());
+}
+
+bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out) {
+  const bool usage_null = prepared_.include_usage;
+  if (!started_stream_) {
+    started_stream_ = true;
+    if (prepared_.endpoint == Endpoint::kChat) {
+      for (const Sample& s : samples_) *out += SseEvent(RoleChunkBody(meta_, s.choice_index, usage_null));
+    }
+  }
+  if (!finished_) Pump(wait);
+  const bool with_logprobs = prepared_.top_logprobs >= 0;
+  for (Sample& s : samples_) {
+    if (!s.unsent_text.empty() || !s.unsent_logprobs.empty()) {
+      ChoiceOutput c;
+      c.index = s.choice_index;
+      c.text = std::move(s.unsent_text);
+      c.with_logprobs = with_logprobs;
+      c.logprobs = std::move(s.unsent_logprobs);
+      c.text_offset = s.sent_offset;
+      s.sent_offset += static_cast<int64_t>(c.text.size());
+      s.unsent_text.clear();
+      s.unsent_logprobs.clear();
+      *out += SseEvent(ChunkBody(meta_, c, usage_null));
+    }
+    if (s.done && !s.finish_sent && !error_) {
+      s.finish_sent = true;
+      ChoiceOutput c;
+      c.index = s.choice_index;
+      c.with_logprobs = false;
+      c.finish_reason = s.finish_reason;
+      *out += SseEvent(ChunkBody(meta_, c, usage_null));
+    }
+  }
+  if (!finished_) return true;
+  if (error_) {
+    *out += SseEvent(error_->ToJson());
+  } else if (prepared_.include_usage) {
+    *out += SseEvent(UsageChunkBody(meta_, TotalUsage()));
+  }
+  *out += kSseDone;
+  return false;
+}
+
+}  // namespace ember::serve

@@ -1,0 +1,97 @@
+// GenerationJob: one HTTP request's generation in flight. It submits each prompt to the engine,
+// reads TokenEvents from the ResponseStreams, turns each sample's tokens into text through a
+// TextStream (stop strings never leak, UTF-8 never split), collects logprobs and usage, and
+// renders either streaming SSE chunks or the final response body (openai_response.h).
+// A sample that hits a stop string stops consuming; when every sample of a prompt is done the
+// engine request is cancelled so its KV blocks are freed. Destroying an unfinished job cancels
+// it (client disconnect). Not thread-safe: one HTTP thread drives a job.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/response_stream.h"
+#include "serve/api_error.h"
+#include "serve/metrics.h"
+#include "serve/openai_response.h"
+#include "serve/request_builder.h"
+#include "serve/text_stream.h"
+
+namespace ember::serve {
+
+class GenerationJob {
+ public:
+  // Submits every prompt; on a refusal (400 / 429 / 503) nothing stays submitted.
+  static std::variant<std::unique_ptr<GenerationJob>, ApiError> Start(
+      const ServedModel& model, PreparedRequest prepared, Metrics* metrics, int64_t arrival_ns);
+  ~GenerationJob();
+  GenerationJob(const GenerationJob&) = delete;
+  GenerationJob& operator=(const GenerationJob&) = delete;
+
+  bool stream() const { return prepared_.stream; }
+  bool done() const;
+
+  // Streaming: waits up to `wait` for tokens and appends the SSE events now ready to *out.
+  // Returns false once the response is complete ("data: [DONE]" is then the last event).
+  bool PollStream(std::chrono::milliseconds wait, std::string* out);
+  // Non-streaming: waits up to `wait` for tokens; returns true once every sample is finished.
+  bool PollUntilDone(std::chrono::milliseconds wait);
+  // After PollUntilDone returned true: the response body, or the error to answer with.
+  std::variant<nlohmann::json, ApiError> Result() const;
+
+  // Stops generation now (client went away). Idempotent.
+  void Cancel();
+
+ private:
+  struct Sample {
+    int32_t choice_index = 0;
+    std::unique_ptr<TextStream> text;
+    std::string full_text;                   // everything released so far (with echo)
+    std::string unsent_text;                 // streaming: released but not yet sent
+    std::vector<TokenLogprobEntry> logprobs, unsent_logprobs;
+    int64_t sent_offset = 0;                 // bytes of full_text already streamed
+    int32_t num_tokens = 0;
+    int64_t last_token_ns = 0;
+    bool done = false;
+    bool finish_sent = false;
+    std::string finish_reason;
+  };
+  struct PromptRun {
+    std::shared_ptr<ResponseStream> stream;
+    int32_t prompt_tokens = 0;
+    bool closed = false;
+    bool cancel_sent = false;
+  };
+
+  GenerationJob(const ServedModel& model, PreparedRequest prepared, Metrics* metrics,
+                int64_t arrival_ns);
+  void Pump(std::chrono::milliseconds wait);
+  void OnEvent(size_t prompt_idx, const TokenEvent& event);
+  void FinishSample(Sample& sample, const std::string& reason);
+  TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
+  void AppendText(Sample& sample, const std::string& text);
+  void OnAllClosed();
+  Usage TotalUsage() const;
+
+  const ServedModel& model_;
+  PreparedRequest prepared_;
+  Metrics* metrics_;
+  const int64_t arrival_ns_;
+  ResponseMeta meta_;
+  std::vector<PromptRun> prompts_;
+  std::vector<Sample> samples_;  // [num_prompts * n], choice index order
+  std::optional<ApiError> error_;
+  bool saw_first_token_ = false;
+  bool started_stream_ = false;
+  bool finished_ = false;        // all streams closed and accounted
+  bool cancelled_by_client_ = false;
+};
+
+}  // namespace ember::serve

@@ -1,0 +1,202 @@
+#include "serve/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ember::serve {
+
+namespace {
+
+std::string Fmt(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+void Gauge(const std::string& name, const std::string& help, double value, std::string* out) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
+          Fmt(value) + "\n";
+}
+
+void Counter(const std::string& name, const std::string& help, double value, std::string* out) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+          Fmt(value) + "\n";
+}
+
+double Ratio(int64_t num, int64_t den) { return den > 0 ? double(num) / double(den) : 0.0; }
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t bucket =
+      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  ++counts_[bucket];
+  ++count_;
+  sum_ += value;
+}
+
+double Histogram::Quantile(double q) const {
+  if (count_ == 0) return 0.0;
+  const double rank = q * double(count_);
+  int64_t seen = 0;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    if (counts_[i] == 0) continue;
+    if (double(seen + counts_[i]) >= rank) {
+      const double lo = i == 0 ? 0.0 : bounds_[i - 1];
+      if (i == bounds_.size()) return lo;  // +Inf bucket: report its lower edge
+      const double frac = (rank - double(seen)) / double(counts_[i]);
+      return lo + (bounds_[i] - lo) * std::clamp(frac, 0.0, 1.0);
+    }
+    seen += counts_[i];
+  }
+  return bounds_.empty() ? 0.0 : bounds_.back();
+}
+
+void Histogram::AppendPrometheus(const std::string& name, const std::string& help,
+                                 std::string* out) const {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    *out += name + "_bucket{le=\"" + Fmt(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  *out += name + "_sum " + Fmt(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+nlohmann::json Histogram::ToJson() const {
+  return {{"count", count_},
+          {"mean", count_ > 0 ? sum_ / double(count_) : 0.0},
+          {"p50", Quantile(0.5)},
+          {"p90", Quantile(0.9)},
+          {"p99", Quantile(0.99)}};
+}
+
+namespace {
+std::vector<double> LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+          0.5,   0.75,   1.0,   2.5,  5.0,   10.0, 20.0,  40.0, 80.0};
+}
+}  // namespace
+
+Metrics::Metrics() : ttft_(LatencyBuckets()), itl_(LatencyBuckets()), e2e_(LatencyBuckets()) {}
+
+void Metrics::CountRequest(const std::string& route, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{route, status}];
+}
+
+void Metrics::CountTokens(int64_t prompt_tokens, int64_t completion_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += prompt_tokens;
+  completion_tokens_ += completion_tokens;
+}
+
+void Metrics::ObserveTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.Observe(seconds);
+}
+
+void Metrics::ObserveInterTokenLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  itl_.Observe(seconds);
+}
+
+void Metrics::ObserveRequestLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e2e_.Observe(seconds);
+}
+
+void Metrics::StreamOpened() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++open_streams_;
+}
+
+void Metrics::StreamClosed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --open_streams_;
+}
+
+void Metrics::CountDisconnect() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++disconnects_;
+}
+
+std::string Metrics::Prometheus(const EngineStats& e) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  out += "# HELP ember_http_requests_total HTTP requests by route and status code.\n"
+         "# TYPE ember_http_requests_total counter\n";
+  for (const auto& [key, count] : requests_) {
+    out += "ember_http_requests_total{route=\"" + key.first + "\",status=\"" +
+           std::to_string(key.second) + "\"} " + std::to_string(count) + "\n";
+  }
+  Counter("ember_prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_, &out);
+  Counter("ember_generation_tokens_total", "Generated tokens of finished requests.",
+          completion_tokens_, &out);
+  Counter("ember_client_disconnects_total", "Requests cancelled because the client went away.",
+          disconnects_, &out);
+  Counter("ember_engine_requests_finished_total", "Requests the engine finished.",
+          e.requests_finished, &out);
+  Counter("ember_engine_requests_cancelled_total", "Requests the engine cancelled.",
+          e.requests_cancelled, &out);
+  Counter("ember_engine_steps_total", "Engine steps run.", e.steps, &out);
+  Counter("ember_engine_preemptions_total", "Sequences preempted for KV space.", e.preemptions,
+          &out);
+  Gauge("ember_open_streams", "Streaming responses in progress.", open_streams_, &out);
+  Gauge("ember_queue_depth", "Requests waiting for admission.", e.num_queued, &out);
+  Gauge("ember_running_sequences", "Sequences in the running batch.", e.num_running, &out);
+  Gauge("ember_kv_blocks_total", "KV blocks in the pool.", e.kv_blocks_total, &out);
+  Gauge("ember_kv_blocks_used", "KV blocks held by sequences.", e.kv_blocks_used, &out);
+  Gauge("ember_kv_cache_usage_ratio", "Fraction of KV blocks held by sequences.",
+        Ratio(e.kv_blocks_used, e.kv_blocks_total), &out);
+  Gauge("ember_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / queried.",
+        Ratio(e.prefix_hit_tokens, e.prefix_query_tokens), &out);
+  ttft_.AppendPrometheus("ember_time_to_first_token_seconds",
+                         "Request arrival to its first generated token.", &out);
+  itl_.AppendPrometheus("ember_inter_token_latency_seconds",
+                        "Time between consecutive tokens of one sample.", &out);
+  e2e_.AppendPrometheus("ember_request_latency_seconds", "Request arrival to its last token.",
+                        &out);
+  return out;
+}
+
+nlohmann::json Metrics::Json(const EngineStats& e) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json requests = nlohmann::json::array();
+  for (const auto& [key, count] : requests_)
+    requests.push_back({{"route", key.first}, {"status", key.second}, {"count", count}});
+  return {
+      {"http", {{"requests", requests}, {"open_streams", open_streams_},
+                {"client_disconnects", disconnects_}}},
+      {"tokens", {{"prompt", prompt_tokens_}, {"generated", completion_tokens_}}},
+      {"engine",
+       {{"requests_submitted", e.requests_submitted},
+        {"requests_finished", e.requests_finished},
+        {"requests_cancelled", e.requests_cancelled},
+        {"queue_depth", e.num_queued},
+        {"running_sequences", e.num_running},
+        {"steps", e.steps},
+        {"preemptions", e.preemptions},
+        {"computed_tokens", e.computed_tokens}}},
+      {"kv_cache",
+       {{"blocks_total", e.kv_blocks_total},
+        {"blocks_used", e.kv_blocks_used},
+        {"blocks_cached", e.kv_blocks_cached},
+        {"block_size", e.block_size},
+        {"usage", Ratio(e.kv_blocks_used, e.kv_blocks_total)}}},
+      {"prefix_cache",
+       {{"query_tokens", e.prefix_query_tokens},
+        {"hit_tokens", e.prefix_hit_tokens},
+        {"hit_rate", Ratio(e.prefix_hit_tokens, e.prefix_query_tokens)}}},
+      {"latency_seconds",
+       {{"time_to_first_token", ttft_.ToJson()},
+        {"inter_token", itl_.ToJson()},
+        {"request", e2e_.ToJson()}}},
+  };
+}
+
+}  // namespace ember::serve

@@ -1,0 +1,53 @@
+// Metrics: histogram buckets/quantiles and the Prometheus text carry the observed values.
+#include "serve/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace ember::serve {
+namespace {
+
+TEST(HistogramTest, QuantilesFollowTheBuckets) {
+  Histogram h({1.0, 2.0, 4.0});
+  for (int i = 0; i < 50; ++i) h.Observe(0.5);
+  for (int i = 0; i < 50; ++i) h.Observe(3.0);
+  EXPECT_EQ(h.count(), 100);
+  EXPECT_LE(h.Quantile(0.25), 1.0);
+  EXPECT_GT(h.Quantile(0.9), 2.0);
+  EXPECT_LE(h.Quantile(0.9), 4.0);
+  std::string text;
+  h.AppendPrometheus("x_seconds", "help", &text);
+  EXPECT_NE(text.find("x_seconds_bucket{le=\"1\"} 50\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_seconds_bucket{le=\"4\"} 100\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_seconds_count 100\n"), std::string::npos) << text;
+}
+
+TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
+  Metrics m;
+  m.CountRequest("/v1/completions", 200);
+  m.CountRequest("/v1/completions", 200);
+  m.CountRequest("/v1/completions", 400);
+  m.CountTokens(10, 5);
+  m.ObserveTimeToFirstToken(0.02);
+  EngineStats e;
+  e.num_queued = 3;
+  e.num_running = 7;
+  e.kv_blocks_total = 10;
+  e.kv_blocks_used = 5;
+  e.prefix_query_tokens = 100;
+  e.prefix_hit_tokens = 25;
+  const std::string text = m.Prometheus(e);
+  EXPECT_NE(text.find("ember_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_queue_depth 3\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_running_sequences 7\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_kv_cache_usage_ratio 0.5\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prefix_cache_hit_ratio 0.25\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  nlohmann::json j = m.Json(e);
+  EXPECT_EQ(j["tokens"]["generated"], 5);
+  EXPECT_EQ(j["engine"]["queue_depth"], 3);
+  EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
+}
+
+}  // namespace
+}  // namespace ember::serve

@@ -1,0 +1,152 @@
+#include "serve/openai_response.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+namespace ember::serve {
+
+namespace {
+
+using nlohmann::json;
+
+json Bytes(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(int(c));
+  return out;
+}
+
+// JSON cannot hold -inf; OpenAI clamps to -9999.0 for tokens with zero probability.
+double SafeLogprob(float lp) { return lp < -9999.0f ? -9999.0 : double(lp); }
+
+json ChatLogprobs(const std::vector<TokenLogprobEntry>& entries) {
+  json content = json::array();
+  for (const TokenLogprobEntry& e : entries) {
+    json top = json::array();
+    for (const auto& [tok, lp] : e.top)
+      top.push_back({{"token", tok}, {"logprob", SafeLogprob(lp)}, {"bytes", Bytes(tok)}});
+    content.push_back({{"token", e.token},
+                       {"logprob", SafeLogprob(e.logprob)},
+                       {"bytes", Bytes(e.token)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json CompletionLogprobs(const std::vector<TokenLogprobEntry>& entries, int64_t text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  int64_t offset = text_offset;
+  for (const TokenLogprobEntry& e : entries) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(SafeLogprob(e.logprob));
+    json alternatives = json::object();
+    for (const auto& [tok, lp] : e.top) alternatives[tok] = SafeLogprob(lp);
+    top.push_back(alternatives);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(e.token.size());
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+json LogprobsJson(const ResponseMeta& meta, const ChoiceOutput& c) {
+  if (!c.with_logprobs) return nullptr;
+  return meta.endpoint == Endpoint::kChat ? ChatLogprobs(c.logprobs)
+                                          : CompletionLogprobs(c.logprobs, c.text_offset);
+}
+
+json Envelope(const ResponseMeta& meta, const char* object) {
+  return {{"id", meta.id},
+          {"object", object},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"system_fingerprint", nullptr}};
+}
+
+json FinishJson(const ChoiceOutput& c) {
+  return c.finish_reason ? json(*c.finish_reason) : json(nullptr);
+}
+
+}  // namespace
+
+std::string NewResponseId(Endpoint endpoint) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}() ^ uint64_t(std::chrono::system_clock::now()
+                                                                     .time_since_epoch()
+                                                                     .count());
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%016llx%08llx",
+                static_cast<unsigned long long>(salt),
+                static_cast<unsigned long long>(counter.fetch_add(1) & 0xffffffffu));
+  return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + buf;
+}
+
+json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+               const Usage& usage) {
+  const bool chat = meta.endpoint == Endpoint::kChat;
+  json body = Envelope(meta, chat ? "chat.completion" : "text_completion");
+  json list = json::array();
+  for (const ChoiceOutput& c : choices) {
+    json choice = {{"index", c.index}, {"logprobs", LogprobsJson(meta, c)},
+                   {"finish_reason", FinishJson(c)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = c.text;
+    }
+    list.push_back(std::move(choice));
+  }
+  body["choices"] = std::move(list);
+  body["usage"] = UsageJson(usage);
+  return body;
+}
+
+json ChunkBody(const ResponseMeta& meta, const ChoiceOutput& c, bool usage_null) {
+  const bool chat = meta.endpoint == Endpoint::kChat;
+  json body = Envelope(meta, chat ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", c.index}, {"logprobs", LogprobsJson(meta, c)},
+                 {"finish_reason", FinishJson(c)}};
+  if (chat) {
+    choice["delta"] = c.text.empty() ? json::object() : json{{"content", c.text}};
+  } else {
+    choice["text"] = c.text;
+  }
+  body["choices"] = json::array({std::move(choice)});
+  if (usage_null) body["usage"] = nullptr;
+  return body;
+}
+
+json RoleChunkBody(const ResponseMeta& meta, int32_t index, bool usage_null) {
+  json body = Envelope(meta, "chat.completion.chunk");
+  body["choices"] = json::array({{{"index", index},
+                                  {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}}});
+  if (usage_null) body["usage"] = nullptr;
+  return body;
+}
+
+json UsageChunkBody(const ResponseMeta& meta, const Usage& usage) {
+  json body = Envelope(meta, meta.endpoint == Endpoint::kChat ? "chat.completion.chunk"
+                                                              : "text_completion");
+  body["choices"] = json::array();
+  body["usage"] = UsageJson(usage);
+  return body;
+}
+
+std::string SseEvent(const json& body) {
+  return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace ember::serve

@@ -1,0 +1,64 @@
+// OpenAI response shapes: chat.completion / text_completion bodies, their streaming chunks
+// (chat.completion.chunk with `delta`s; text_completion chunks), the usage object with
+// prompt_tokens_details.cached_tokens, logprobs in each endpoint's format, and SSE framing.
+// Pure functions over plain structs; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/request_builder.h"
+
+namespace ember::serve {
+
+struct ResponseMeta {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string id;        // chatcmpl-... / cmpl-...
+  int64_t created = 0;   // unix seconds
+  std::string model;
+};
+
+// One generated token's logprob information (token strings already decoded).
+struct TokenLogprobEntry {
+  std::string token;
+  float logprob = 0.0f;
+  std::vector<std::pair<std::string, float>> top;  // desc by logprob
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// A piece of one choice: for a chunk, the new text; for a final body, the whole text.
+struct ChoiceOutput {
+  int32_t index = 0;
+  std::string text;
+  bool with_logprobs = false;
+  std::vector<TokenLogprobEntry> logprobs;
+  int64_t text_offset = 0;              // completions: where `text` starts in the choice
+  std::optional<std::string> finish_reason;
+};
+
+std::string NewResponseId(Endpoint endpoint);
+nlohmann::json UsageJson(const Usage& usage);
+
+// Non-streaming body.
+nlohmann::json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+                         const Usage& usage);
+// One streaming chunk for one choice. `usage_null` adds "usage": null (include_usage streams).
+nlohmann::json ChunkBody(const ResponseMeta& meta, const ChoiceOutput& choice, bool usage_null);
+// The chat stream's opening chunk: delta {"role": "assistant", "content": ""}.
+nlohmann::json RoleChunkBody(const ResponseMeta& meta, int32_t index, bool usage_null);
+// The optional last chunk of an include_usage stream: "choices": [] and the usage.
+nlohmann::json UsageChunkBody(const ResponseMeta& meta, const Usage& usage);
+
+// SSE framing: "data: <json>\n\n"; the terminator is "data: [DONE]\n\n".
+std::string SseEvent(const nlohmann::json& body);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace ember::serve

@@ -1,0 +1,150 @@
+#include "serve/request_builder.h"
+
+#include <algorithm>
+
+#include "template/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ember::serve {
+
+namespace {
+
+std::optional<ApiError> CheckModelName(const ServedModel& model, const CommonParams& p) {
+  if (p.model.empty() || p.model == model.name) return std::nullopt;
+  return ApiError{404, "The model '" + p.model + "' does not exist; this server serves '" +
+                           model.name + "'",
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
+SamplingParams ToSampling(const ServedModel& model, const CommonParams& p) {
+  const GenerationDefaults& d = model.defaults;
+  SamplingParams s;
+  s.temperature = p.temperature.value_or(d.temperature.value_or(1.0f));
+  s.top_p = p.top_p.value_or(d.top_p.value_or(1.0f));
+  s.top_k = p.top_k.value_or(d.top_k.value_or(0));
+  s.min_p = p.min_p.value_or(d.min_p.value_or(0.0f));
+  s.repetition_penalty = p.repetition_penalty.value_or(d.repetition_penalty.value_or(1.0f));
+  s.presence_penalty = p.presence_penalty;
+  s.frequency_penalty = p.frequency_penalty;
+  s.logit_bias = p.logit_bias;
+  s.seed = p.seed;
+  s.top_logprobs = p.top_logprobs;
+  s.n = p.n;
+  return s;
+}
+
+// Fills max_tokens and checks the prompt against the context. `prompt_field` names the field
+// that carried the prompt, for the error.
+std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonParams& p,
+                                      Endpoint endpoint, const std::string& prompt_field,
+                                      GenerationRequest* r) {
+  const int64_t prompt_len = static_cast<int64_t>(r->prompt_ids.size());
+  if (prompt_len == 0) return InvalidRequest(prompt_field + ": the prompt is empty", prompt_field);
+  const int64_t room = int64_t{model.context_length} - prompt_len;
+  if (room < 1) {
+    return InvalidRequest("This model's maximum context length is " +
+                              std::to_string(model.context_length) + " tokens, but the prompt has " +
+                              std::to_string(prompt_len) + " tokens (no room to generate)",
+                          prompt_field, "context_length_exceeded");
+  }
+  int64_t max_tokens;
+  if (p.max_tokens) {
+    max_tokens = *p.max_tokens;
+    if (prompt_len + max_tokens > model.context_length) {
+      return InvalidRequest(
+          "This model's maximum context length is " + std::to_string(model.context_length) +
+              " tokens. However, you requested " + std::to_string(prompt_len + max_tokens) +
+              " tokens (" + std::to_string(prompt_len) + " in the prompt, " +
+              std::to_string(max_tokens) + " for the completion). Please reduce the prompt or "
+              "max_tokens.",
+          "max_tokens", "context_length_exceeded");
+    }
+  } else if (model.defaults.max_new_tokens) {
+    max_tokens = std::min<int64_t>(*model.defaults.max_new_tokens, room);
+  } else {
+    // OpenAI's legacy completions default is 16 tokens; chat runs to the end of the context.
+    max_tokens = endpoint == Endpoint::kCompletion ? std::min<int64_t>(16, room) : room;
+  }
+  r->max_tokens = static_cast<int32_t>(max_tokens);
+  r->sampling = ToSampling(model, p);
+  r->sampling.max_tokens = r->max_tokens;
+  r->n = p.n;
+  Status st = r->sampling.Validate(model.vocab_size);
+  if (!st.ok()) {
+    const std::string& m = st.message();
+    return InvalidRequest(m, m.substr(0, m.find(':')));
+  }
+  return std::nullopt;
+}
+
+PreparedRequest Skeleton(Endpoint endpoint, const CommonParams& p) {
+  PreparedRequest out;
+  out.endpoint = endpoint;
+  out.stop = p.stop;
+  out.n = p.n;
+  out.stream = p.stream;
+  out.include_usage = p.include_usage;
+  out.top_logprobs = p.top_logprobs;
+  return out;
+}
+
+}  // namespace
+
+SchemaLimits LimitsFor(const ServedModel& model) {
+  SchemaLimits limits;
+  limits.vocab_size = model.vocab_size;
+  limits.max_n = model.max_n;
+  return limits;
+}
+
+Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body) {
+  ChatRequest req;
+  if (auto err = ParseChatRequest(body, LimitsFor(model), &req)) return *err;
+  if (auto err = CheckModelName(model, req.params)) return *err;
+  if (model.chat_template == nullptr || !model.chat_template->has_template()) {
+    return InvalidRequest("The model '" + model.name + "' has no chat template, so "
+                          "/v1/chat/completions is unavailable; use /v1/completions, or start the "
+                          "server with --chat-template FILE",
+                          "messages", "no_chat_template");
+  }
+  Result<std::string> text =
+      model.chat_template->Render(req.messages, req.tools, /*add_generation_prompt=*/true,
+                                  req.chat_template_kwargs);
+  if (!text.ok()) {
+    return InvalidRequest("the chat template failed to render these messages: " + text.message(),
+                          "messages", "template_error");
+  }
+  PreparedRequest out = Skeleton(Endpoint::kChat, req.params);
+  PreparedPrompt prompt;
+  // The rendered template already holds the special tokens (BOS, role markers).
+  prompt.request.prompt_ids = model.tokenizer->Encode(*text, /*add_special_tokens=*/false);
+  if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages", &prompt.request))
+    return *err;
+  out.prompts.push_back(std::move(prompt));
+  return out;
+}
+
+Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body) {
+  CompletionRequest req;
+  if (auto err = ParseCompletionRequest(body, LimitsFor(model), &req)) return *err;
+  if (auto err = CheckModelName(model, req.params)) return *err;
+  PreparedRequest out = Skeleton(Endpoint::kCompletion, req.params);
+  for (PromptInput& in : req.prompts) {
+    PreparedPrompt prompt;
+    if (in.is_token_ids) {
+      prompt.request.prompt_ids = std::move(in.token_ids);
+      if (req.echo)
+        prompt.echo_text = model.tokenizer->Decode(prompt.request.prompt_ids, false);
+    } else {
+      prompt.request.prompt_ids = model.tokenizer->Encode(in.text, /*add_special_tokens=*/true);
+      if (req.echo) prompt.echo_text = in.text;
+    }
+    if (auto err =
+            FinishRequest(model, req.params, Endpoint::kCompletion, "prompt", &prompt.request))
+      return *err;
+    out.prompts.push_back(std::move(prompt));
+  }
+  return out;
+}
+
+}  // namespace ember::serve

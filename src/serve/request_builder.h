@@ -1,0 +1,64 @@
+// RequestBuilder: turns a parsed OpenAI request (openai_schema.h) into what the engine runs —
+// renders the chat template, tokenizes, applies the model's generation defaults
+// (generation_config.json) to unset sampling fields, picks max_tokens, and checks the prompt
+// against the context length with the numbers in the error. Stateless apart from the borrowed
+// ServedModel; safe to call from many HTTP threads at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "model/model.h"
+#include "serve/api_error.h"
+#include "serve/openai_schema.h"
+
+namespace ember {
+class Tokenizer;
+class ChatTemplate;
+class Engine;
+}  // namespace ember
+
+namespace ember::serve {
+
+// Everything the server knows about the model it serves. Borrowed pointers outlive the server.
+struct ServedModel {
+  std::string name;                            // the id clients pass as `model`
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null or !has_template(): chat answers 400
+  Engine* engine = nullptr;
+  GenerationDefaults defaults;
+  int32_t context_length = 0;
+  int32_t vocab_size = 0;
+  int32_t max_n = 16;
+};
+
+enum class Endpoint { kChat, kCompletion };
+
+// One prompt of a request and the engine request that generates its n samples.
+struct PreparedPrompt {
+  GenerationRequest request;
+  std::string echo_text;  // prepended to every sample's text when `echo` (completions)
+};
+
+struct PreparedRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::vector<PreparedPrompt> prompts;
+  std::vector<std::string> stop;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  int32_t top_logprobs = -1;  // -1: no logprobs
+};
+
+SchemaLimits LimitsFor(const ServedModel& model);
+
+using Prepared = std::variant<PreparedRequest, ApiError>;
+Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body);
+Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body);
+
+}  // namespace ember::serve
