@@ -18,6 +18,7 @@ constexpr Command kCommands[] = {
     {"version", nullptr, "print the version"},
     {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
     {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
+    {"serve", ember::app::ServeCommand, "OpenAI-compatible HTTP server (chat, completions, SSE)"},
 };
 
 void PrintUsage() {

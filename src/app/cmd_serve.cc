@@ -1,0 +1,130 @@
+// `ember serve`: the OpenAI-compatible HTTP server over one model (see src/serve/http_server.h).
+// Start-up prints the address, model, context length and KV capacity; SIGINT/SIGTERM stop
+// accepting, cancel in-flight work and exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "serve/http_server.h"
+#include "template/chat_template.h"
+#include "util/flags.h"
+#include "util/log.h"
+#include "util/mapped_file.h"
+
+namespace ember::app {
+
+namespace {
+
+std::string BaseName(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.find_last_of('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
+
+}  // namespace
+
+int ServeCommand(int argc, char** argv, int first) {
+  std::string model_dir, served_name, chat_template_file;
+  std::string host = "127.0.0.1";
+  int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 512;
+  serve::HttpConfig http;
+  EngineFlags engine_flags;
+  FlagParser flags(
+      "usage: ember serve --model DIR [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
+      "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
+      "       [--chat-template FILE] [--max-body-bytes B] [--http-threads N]");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
+  flags.AddInt("--port", &port, "TCP port (default 8080; 0 = any free port)");
+  flags.AddString("--served-model-name", &served_name, "model id clients use (default: folder name)");
+  flags.AddString("--api-key", &http.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
+  flags.AddString("--chat-template", &chat_template_file, "Jinja chat template file (overrides the model's)");
+  flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
+  flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
+  engine_flags.Register(flags, /*serving=*/true);
+  if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
+  if (model_dir.empty()) return Fail("--model is required");
+  if (port < 0 || port > 65535) return Fail("--port: must be in [0, 65535]");
+  if (max_body_bytes < 1) return Fail("--max-body-bytes: must be positive");
+  if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
+
+  // Signals go to one waiting thread (sigwait), never to a worker in the middle of a write.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that hung up must not kill the server
+
+  auto loaded = LoadModelAndEngine(model_dir, engine_flags);
+  if (!loaded.ok()) return Fail(loaded.message());
+  LoadedModel& lm = *loaded;
+  if (lm.tokenizer == nullptr) return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
+
+  ChatTemplate chat_template;
+  bool have_template_object = false;
+  if (!chat_template_file.empty()) {
+    auto source = ReadFileToString(chat_template_file);
+    if (!source.ok()) return Fail(source.message());
+    auto t = ChatTemplate::FromSource(*source, lm.tokenizer->bos_token(), lm.tokenizer->eos_token());
+    if (!t.ok()) return Fail(chat_template_file + ": " + t.message());
+    chat_template = std::move(*t);
+    have_template_object = true;
+  } else {
+    auto t = ChatTemplate::Load(model_dir);
+    if (!t.ok()) return Fail(t.message());
+    chat_template = std::move(*t);
+    have_template_object = true;
+  }
+
+  serve::ServedModel served;
+  served.name = served_name.empty() ? BaseName(model_dir) : served_name;
+  served.tokenizer = lm.tokenizer.get();
+  served.chat_template = have_template_object ? &chat_template : nullptr;
+  served.engine = lm.engine.get();
+  served.defaults = lm.model->generation_defaults();
+  served.context_length = lm.engine->context_length();
+  served.vocab_size = lm.engine->vocab_size();
+  served.max_n = engine_flags.Config().max_n;
+
+  http.host = host;
+  http.port = static_cast<int>(port);
+  http.max_body_bytes = static_cast<size_t>(max_body_bytes);
+  http.num_threads = static_cast<int>(http_threads);
+  serve::HttpServer server(http, served);
+  auto bound = server.Bind();
+  if (!bound.ok()) return Fail(bound.message());
+
+  std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
+  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes)%s%s\n",
+              served.name.c_str(), model_dir.c_str(), served.context_length,
+              static_cast<long long>(lm.engine->kv_capacity_tokens()),
+              static_cast<long long>(lm.engine->kv_cache_bytes()),
+              chat_template.has_template() ? "" : ", no chat template (completions only)",
+              http.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == 0) return;
+    LOG_INFO << "ember serve: signal " << sig << ", shutting down";
+    server.BeginShutdown();               // new requests: 503
+    lm.engine->Shutdown(/*drain=*/false);  // in-flight requests end now (cancelled)
+    server.Stop();                        // stop accepting; Serve() returns
+  });
+  server.Serve();
+  // Serve() also returns if the listener fails; make sure the signal thread ends either way.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  lm.engine->Shutdown(/*drain=*/false);
+  std::printf("ember serve: stopped\n");
+  return 0;
+}
+
+}  // namespace ember::app
