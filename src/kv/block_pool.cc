@@ -6,15 +6,27 @@
 
 namespace ember::kv {
 
-BlockPool::BlockPool(int32_t num_blocks)
-    : ref_counts_(num_blocks, 0), prev_(num_blocks, -1), next_(num_blocks, -1) {
+namespace {
+size_t CheckedCount(int32_t num_blocks) {
   CHECK_GE(num_blocks, 0);
+  return static_cast<size_t>(num_blocks);
+}
+}  // namespace
+
+BlockPool::BlockPool(int32_t num_blocks)
+    : ref_counts_(CheckedCount(num_blocks), 0), prev_(num_blocks, -1), next_(num_blocks, -1) {
   for (int32_t b = 0; b < num_blocks; ++b) PushBack(b);
 }
 
 void BlockPool::Unlink(int32_t b) {
-  if (prev_[b] >= 0) next_[prev_[b]] = next_[b]; else head_ = next_[b];
-  if (next_[b] >= 0) prev_[next_[b]] = prev_[b]; else tail_ = prev_[b];
+  if (prev_[b] >= 0)
+    next_[prev_[b]] = next_[b];
+  else
+    head_ = next_[b];
+  if (next_[b] >= 0)
+    prev_[next_[b]] = prev_[b];
+  else
+    tail_ = prev_[b];
   prev_[b] = next_[b] = -1;
   --num_free_;
 }
@@ -22,7 +34,10 @@ void BlockPool::Unlink(int32_t b) {
 void BlockPool::PushFront(int32_t b) {
   prev_[b] = -1;
   next_[b] = head_;
-  if (head_ >= 0) prev_[head_] = b; else tail_ = b;
+  if (head_ >= 0)
+    prev_[head_] = b;
+  else
+    tail_ = b;
   head_ = b;
   ++num_free_;
 }
@@ -30,7 +45,10 @@ void BlockPool::PushFront(int32_t b) {
 void BlockPool::PushBack(int32_t b) {
   next_[b] = -1;
   prev_[b] = tail_;
-  if (tail_ >= 0) next_[tail_] = b; else head_ = b;
+  if (tail_ >= 0)
+    next_[tail_] = b;
+  else
+    head_ = b;
   tail_ = b;
   ++num_free_;
 }
@@ -52,7 +70,10 @@ bool BlockPool::Release(int32_t b, FreeEnd end) {
   CHECK(b >= 0 && b < num_blocks()) << "block " << b;
   CHECK_GT(ref_counts_[b], 0) << "double free of block " << b;
   if (--ref_counts_[b] > 0) return false;
-  if (end == FreeEnd::kFront) PushFront(b); else PushBack(b);
+  if (end == FreeEnd::kFront)
+    PushFront(b);
+  else
+    PushBack(b);
   return true;
 }
 
@@ -75,13 +96,16 @@ std::string BlockPool::CheckInvariants() const {
       return err.str();
     }
     seen[b] = 1;
-    if (prev_[b] != prev) err << "block " << b << " prev link " << prev_[b] << " != " << prev << "; ";
-    if (ref_counts_[b] != 0) err << "free block " << b << " has ref count " << ref_counts_[b] << "; ";
+    if (prev_[b] != prev)
+      err << "block " << b << " prev link " << prev_[b] << " != " << prev << "; ";
+    if (ref_counts_[b] != 0)
+      err << "free block " << b << " has ref count " << ref_counts_[b] << "; ";
     prev = b;
     ++count;
   }
   if (prev != tail_) err << "tail " << tail_ << " != last listed " << prev << "; ";
-  if (count != num_free_) err << "free list holds " << count << " but num_free=" << num_free_ << "; ";
+  if (count != num_free_)
+    err << "free list holds " << count << " but num_free=" << num_free_ << "; ";
   for (int32_t b = 0; b < n; ++b) {
     if (ref_counts_[b] < 0) err << "block " << b << " negative ref count; ";
     if (ref_counts_[b] == 0 && !seen[b]) err << "block " << b << " has ref 0 but is not free; ";

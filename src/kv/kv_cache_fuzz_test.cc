@@ -34,7 +34,9 @@ struct FuzzParams {
   bool prefix_caching;
   int32_t num_ops;
   uint32_t seed;
-  friend void PrintTo(const FuzzParams& p, std::ostream* os) { *os << p.name << " seed " << p.seed; }
+  friend void PrintTo(const FuzzParams& p, std::ostream* os) {
+    *os << p.name << " seed " << p.seed;
+  }
 };
 
 class KvFuzzer {
@@ -175,7 +177,8 @@ class KvFuzzer {
       ASSERT_FALSE(kv_.prefix_cache().is_cached(b)) << "writing into cached block " << b;
       Content& c = content_[b];
       c = Content{};
-      if ((pos + 1) % kBlockSize == 0) c = Content{true, s.ns, V(s.tokens.begin(), s.tokens.begin() + pos + 1)};
+      if ((pos + 1) % kBlockSize == 0)
+        c = Content{true, s.ns, V(s.tokens.begin(), s.tokens.begin() + pos + 1)};
     }
     s.num_computed = target;
     kv_.CommitComputed(id, s.tokens, target, s.ns);

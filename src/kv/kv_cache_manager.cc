@@ -20,13 +20,18 @@ int32_t NumBlocksForBytes(int64_t bytes, int64_t kv_bytes_per_token, int32_t blo
 KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : KvCacheManager(config, HashBlockTokens) {}
 
-KvCacheManager::KvCacheManager(const KvCacheConfig& config, BlockHashFn hash_fn)
-    : config_(config),
-      pool_(config.num_blocks),
-      cache_(config.num_blocks, config.block_size, hash_fn) {
+namespace {
+const KvCacheConfig& Validated(const KvCacheConfig& config) {
   CHECK_GT(config.block_size, 0);
   CHECK_GE(config.num_blocks, 0);
+  return config;
 }
+}  // namespace
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config, BlockHashFn hash_fn)
+    : config_(Validated(config)),
+      pool_(config.num_blocks),
+      cache_(config.num_blocks, config.block_size, hash_fn) {}
 
 int32_t KvCacheManager::Walk(std::span<const int32_t> tokens, uint64_t ns, SeqState* into) const {
   if (!config_.enable_prefix_caching || tokens.empty()) return 0;
@@ -74,8 +79,8 @@ int32_t KvCacheManager::PeekCachedPrefix(std::span<const int32_t> tokens, uint64
 }
 
 int32_t KvCacheManager::NumBlocksNeeded(SeqId seq, int32_t num_tokens) const {
-  const int64_t needed = (static_cast<int64_t>(std::max(num_tokens, 0)) + config_.block_size - 1) /
-                         config_.block_size;
+  const int64_t needed =
+      (static_cast<int64_t>(std::max(num_tokens, 0)) + config_.block_size - 1) / config_.block_size;
   auto it = seqs_.find(seq);
   const int64_t held = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
   return static_cast<int32_t>(std::max<int64_t>(0, needed - held));
@@ -111,7 +116,8 @@ void KvCacheManager::CommitComputed(SeqId seq, std::span<const int32_t> tokens,
   // The chain may run through another sequence's block (see below) that has since been evicted;
   // then re-walk from the root so this sequence's own blocks take its place.
   const BlockRef last = state.last_ref;
-  if (last.block_id >= 0 && !(cache_.is_cached(last.block_id) && cache_.Ref(last.block_id) == last)) {
+  if (last.block_id >= 0 &&
+      !(cache_.is_cached(last.block_id) && cache_.Ref(last.block_id) == last)) {
     state.num_registered = 0;
     state.last_key = kRootBlockKey;
     state.last_ref = BlockRef();
@@ -140,8 +146,8 @@ void KvCacheManager::Free(SeqId seq) {
   // Reverse order: a prompt's tail blocks are the least likely to be shared, so they sit nearer
   // the front of the free list and are evicted first.
   for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
-    pool_.Release(*b, cache_.is_cached(*b) ? BlockPool::FreeEnd::kBack
-                                           : BlockPool::FreeEnd::kFront);
+    pool_.Release(*b,
+                  cache_.is_cached(*b) ? BlockPool::FreeEnd::kBack : BlockPool::FreeEnd::kFront);
   }
   seqs_.erase(it);
 }

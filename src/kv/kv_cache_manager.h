@@ -78,7 +78,7 @@ class KvCacheManager {
   struct SeqState {
     std::vector<int32_t> blocks;  // [ceil(num_slots / block_size)]
     uint64_t ns = 0;
-    int32_t num_registered = 0;      // leading blocks already in (or matched by) the cache
+    int32_t num_registered = 0;         // leading blocks already in (or matched by) the cache
     uint64_t last_key = kRootBlockKey;  // key of block num_registered - 1
     BlockRef last_ref;                  // cached block holding that content (may be another seq's)
   };

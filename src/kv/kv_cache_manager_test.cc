@@ -230,7 +230,7 @@ TEST(KvCacheManagerTest, CommitIsIncrementalAndIdempotent) {
 
 TEST(KvCacheManagerTest, DuplicateComputationKeepsOneEntryAndChainsThroughIt) {
   KvCacheManager kv(Config(16));
-  const V p1 = Iota(9);                     // blocks A0 A1 (+ partial)
+  const V p1 = Iota(9);                       // blocks A0 A1 (+ partial)
   const V p2 = Concat(Iota(8), Iota(5, 50));  // same two blocks, then a third full block
   // Both computed without sharing (admitted in the same step before either committed).
   EXPECT_EQ(kv.AcquireCachedPrefix(1, p1, 0), 0);
@@ -276,7 +276,9 @@ TEST(KvCacheManagerTest, EvictedDuplicateIsReplacedByOwnBlocks) {
 }
 
 // A deliberately terrible hash: every block collides with every other.
-uint64_t ConstantHash(uint64_t, std::span<const int32_t>, uint64_t) { return 1; }
+uint64_t ConstantHash(uint64_t, std::span<const int32_t>, uint64_t) {
+  return 1;
+}
 
 TEST(KvCacheManagerTest, HashCollisionsNeverReturnWrongBlocks) {
   KvCacheManager kv(Config(16), ConstantHash);

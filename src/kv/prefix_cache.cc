@@ -47,7 +47,9 @@ PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size, BlockHashFn has
   slot_mask_ = capacity - 1;
 }
 
-size_t PrefixCache::Home(uint64_t key) const { return Mix(key) & slot_mask_; }
+size_t PrefixCache::Home(uint64_t key) const {
+  return Mix(key) & slot_mask_;
+}
 
 int64_t PrefixCache::Slot(uint64_t key) const {
   for (size_t i = Home(key);; i = (i + 1) & slot_mask_) {
@@ -178,7 +180,8 @@ std::string PrefixCache::CheckInvariants() const {
   for (int32_t b = 0; b < n; ++b) {
     if (entries_[b].cached && !seen[b]) err << "cached block " << b << " not indexed; ";
   }
-  if (num_listed != num_cached_) err << "indexed " << num_listed << " != num_cached " << num_cached_ << "; ";
+  if (num_listed != num_cached_)
+    err << "indexed " << num_listed << " != num_cached " << num_cached_ << "; ";
   if (num_keys != num_keys_) err << "keys " << num_keys << " != num_keys " << num_keys_ << "; ";
   return err.str();
 }

@@ -76,10 +76,10 @@ class PrefixCache {
 
   int32_t block_size_;
   BlockHashFn hash_fn_;
-  std::vector<Entry> entries_;         // [num_blocks]
-  std::vector<int32_t> tokens_;        // [num_blocks, block_size]
-  std::vector<uint64_t> slot_keys_;    // [capacity]
-  std::vector<int32_t> slot_heads_;    // [capacity], -1 = empty slot
+  std::vector<Entry> entries_;       // [num_blocks]
+  std::vector<int32_t> tokens_;      // [num_blocks, block_size]
+  std::vector<uint64_t> slot_keys_;  // [capacity]
+  std::vector<int32_t> slot_heads_;  // [capacity], -1 = empty slot
   size_t slot_mask_ = 0;
   int32_t num_keys_ = 0;
   int32_t num_cached_ = 0;

@@ -11,7 +11,9 @@ namespace {
 
 using V = std::vector<int32_t>;
 
-uint64_t ConstantHash(uint64_t, std::span<const int32_t>, uint64_t) { return 42; }
+uint64_t ConstantHash(uint64_t, std::span<const int32_t>, uint64_t) {
+  return 42;
+}
 // Distinct keys for distinct first tokens only, ignoring parent and namespace.
 uint64_t FirstTokenHash(uint64_t, std::span<const int32_t> tokens, uint64_t) {
   return static_cast<uint64_t>(tokens[0]);
@@ -39,9 +41,9 @@ TEST(PrefixCacheTest, InsertFindEvict) {
   EXPECT_EQ(cache.num_cached(), 1);
   EXPECT_EQ(cache.Find(key, BlockRef{}, t, 0), 3);
   EXPECT_EQ(V(cache.Tokens(3).begin(), cache.Tokens(3).end()), t);
-  EXPECT_EQ(cache.Find(key, BlockRef{}, t, 1), -1);                 // other namespace
-  EXPECT_EQ(cache.Find(key, BlockRef{0, 1}, t, 0), -1);             // other parent
-  EXPECT_EQ(cache.Find(key, BlockRef{}, V{5, 6, 7, 9}, 0), -1);     // other tokens
+  EXPECT_EQ(cache.Find(key, BlockRef{}, t, 1), -1);              // other namespace
+  EXPECT_EQ(cache.Find(key, BlockRef{0, 1}, t, 0), -1);          // other parent
+  EXPECT_EQ(cache.Find(key, BlockRef{}, V{5, 6, 7, 9}, 0), -1);  // other tokens
   EXPECT_EQ(cache.CheckInvariants(), "");
   cache.Evict(3);
   EXPECT_FALSE(cache.is_cached(3));
@@ -103,7 +105,8 @@ TEST(PrefixCacheTest, RandomIndexMatchesModel) {
       token_of[b] = -1;
     } else {
       int32_t t;
-      do t = static_cast<int32_t>(rng() % 1000); while (model.contains(t));
+      do t = static_cast<int32_t>(rng() % 1000);
+      while (model.contains(t));
       const V tokens = {t};
       cache.Insert(b, static_cast<uint64_t>(t), kRootBlockKey, BlockRef{}, tokens, 0);
       model[t] = b;
