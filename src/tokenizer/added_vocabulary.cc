@@ -31,6 +31,7 @@ void TokenTrie::Insert(std::string_view pattern, int32_t token_index) {
       next = int32_t(nodes_.size());
       nodes_.push_back(Node{});
       nodes_[size_t(node)].children.emplace_back(c, next);
+      if (node == 0) root_children_[c] = next;
     }
     node = next;
   }
@@ -44,10 +45,14 @@ void TokenTrie::Split(std::string_view text, const std::vector<AddedToken>& toke
   size_t start_offset = 0;
   size_t i = 0;
   while (i < text.size()) {
-    int32_t node = 0;
-    int32_t best = -1;
-    size_t best_end = 0;
-    for (size_t j = i; j < text.size(); ++j) {
+    int32_t node = root_children_[uint8_t(text[i])];
+    if (node < 0) {
+      ++i;
+      continue;
+    }
+    int32_t best = nodes_[size_t(node)].token_index;
+    size_t best_end = i + 1;
+    for (size_t j = i + 1; j < text.size(); ++j) {
       node = Child(node, uint8_t(text[j]));
       if (node < 0) break;
       if (nodes_[size_t(node)].token_index >= 0) {

@@ -5,7 +5,9 @@
 // normalized form. Immutable after Build; Split is safe from several threads at once.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -32,6 +34,7 @@ class TokenTrie {
   void Split(std::string_view text, const std::vector<AddedToken>& tokens,
              std::vector<Segment>* out) const;
   bool empty() const { return nodes_.size() <= 1; }
+  TokenTrie() { std::fill(std::begin(root_children_), std::end(root_children_), -1); }
 
  private:
   struct Node {
@@ -40,6 +43,7 @@ class TokenTrie {
   };
   int32_t Child(int32_t node, uint8_t byte) const;
   std::vector<Node> nodes_{Node{}};
+  int32_t root_children_[256];  // root's child per first byte, -1 when none
 };
 
 }  // namespace ember::tok

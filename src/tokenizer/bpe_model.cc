@@ -17,25 +17,45 @@ std::atomic<uint64_t> g_next_model_id{1};
 struct WordCache {
   uint64_t owner = 0;
   std::unordered_map<std::string, std::vector<int32_t>> words;
+  size_t num_bytes = 0;
 };
 thread_local WordCache t_word_cache;
-constexpr size_t kMaxCachedWordBytes = 64;
-constexpr size_t kMaxCachedWords = 1 << 16;
+constexpr size_t kMaxCachedWordBytes = 1024;
+constexpr size_t kMaxCacheBytes = size_t{48} << 20;  // per thread; cleared when exceeded
 
 }  // namespace
 
-size_t BpeModel::StringHash::operator()(std::string_view s) const {
-  // FNV-1a over 8-byte chunks: fast for the short strings of a vocab.
-  uint64_t h = 0xcbf29ce484222325ULL;
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    h = (h ^ w) * 0x100000001b3ULL;
-    h ^= h >> 29;
+void BpeModel::VocabMap::Build(const std::vector<std::string>* strings) {
+  strings_ = strings;
+  size_t cap = 16;
+  while (cap < strings->size() * 2) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  for (size_t id = 0; id < strings->size(); ++id) {
+    const std::string& s = (*strings)[id];
+    if (s.empty()) continue;
+    uint64_t h = std::hash<std::string_view>{}(s);
+    size_t i = h & mask_;
+    bool duplicate = false;
+    while (slots_[i].id >= 0) {
+      if (slots_[i].tag == uint32_t(h >> 32) && (*strings)[size_t(slots_[i].id)] == s) {
+        duplicate = true;
+        break;
+      }
+      i = (i + 1) & mask_;
+    }
+    if (!duplicate) slots_[i] = {uint32_t(h >> 32), int32_t(id)};
   }
-  for (; i < s.size(); ++i) h = (h ^ uint8_t(s[i])) * 0x100000001b3ULL;
-  return size_t(h ^ (h >> 32));
+}
+
+std::optional<int32_t> BpeModel::VocabMap::Find(std::string_view s) const {
+  uint64_t h = std::hash<std::string_view>{}(s);
+  uint32_t tag = uint32_t(h >> 32);
+  for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+    const Slot& slot = slots_[i];
+    if (slot.id < 0) return std::nullopt;
+    if (slot.tag == tag && (*strings_)[size_t(slot.id)] == s) return slot.id;
+  }
 }
 
 void BpeModel::MergeMap::Reserve(size_t n) {
@@ -71,16 +91,11 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
     max_id = std::max(max_id, id);
   }
   m->id_to_token_.resize(size_t(max_id + 1));
-  m->vocab_.reserve(vocab.size());
   for (auto field : vocab) {
     int64_t id = field.value.get_int64().value_unsafe();
     m->id_to_token_[size_t(id)] = std::string(field.key);
   }
-  for (auto field : vocab) {
-    int64_t id = field.value.get_int64().value_unsafe();
-    const std::string& s = m->id_to_token_[size_t(id)];
-    if (s == field.key) m->vocab_.emplace(std::string_view(s), int32_t(id));
-  }
+  m->vocab_.Build(&m->id_to_token_);
 
   m->continuing_subword_prefix_ = JsonStringOr(json, "continuing_subword_prefix", "");
   m->end_of_word_suffix_ = JsonStringOr(json, "end_of_word_suffix", "");
@@ -155,9 +170,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
 }
 
 std::optional<int32_t> BpeModel::Lookup(std::string_view s) const {
-  auto it = vocab_.find(s);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  return vocab_.Find(s);
 }
 
 std::optional<int32_t> BpeModel::TokenToId(std::string_view token) const { return Lookup(token); }
@@ -178,6 +191,7 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   WordCache& cache = t_word_cache;
   if (cache.owner != cache_owner_) {
     cache.words.clear();
+    cache.num_bytes = 0;
     cache.owner = cache_owner_;
   }
   // Heterogeneous lookup is C++20 for unordered_map only with transparent hashers; keep a key.
@@ -190,7 +204,11 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   }
   size_t start = ids->size();
   Encode(word, ids);
-  if (cache.words.size() >= kMaxCachedWords) cache.words.clear();
+  if (cache.num_bytes > kMaxCacheBytes) {
+    cache.words.clear();
+    cache.num_bytes = 0;
+  }
+  cache.num_bytes += 64 + key.size() + (ids->size() - start) * sizeof(int32_t);
   cache.words.emplace(key, std::vector<int32_t>(ids->begin() + long(start), ids->end()));
 }
 

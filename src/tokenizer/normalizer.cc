@@ -2,6 +2,7 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "tokenizer/unicode.h"
@@ -24,6 +25,54 @@ std::string Utf8procMap(const std::string& s, int options) {
   std::string r(reinterpret_cast<char*>(out), size_t(n));
   std::free(out);
   return r;
+}
+
+// Code points that NFC leaves alone in any context: quick check "yes", not a combining mark,
+// and nothing composes onto them from the left. Conservative (anything else is "unsafe").
+bool IsNfcStable(char32_t cp) {
+  return cp < 0x300 || (cp >= 0x3000 && cp <= 0x3098) || (cp >= 0x309B && cp <= 0x9FFF) ||
+         (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xFF00 && cp <= 0xFFEF) ||
+         (cp >= 0x1F000 && cp <= 0x1FAFF);
+}
+
+// NFC that sends only the runs around unstable code points through utf8proc: each run starts
+// at the stable character before it (which may compose with it) and ends before the next stable
+// character, so NFC of the whole equals the concatenation.
+std::string Nfc(const std::string& s) {
+  std::string out;
+  size_t copied = 0;       // s[0, copied) is already in out
+  size_t prev_start = 0;   // start of the previous code point
+  bool any = false;
+  for (size_t i = 0; i < s.size();) {
+    if (uint8_t(s[i]) < 0x80) {
+      prev_start = i++;
+      continue;
+    }
+    size_t len;
+    char32_t cp = DecodeCodePoint(s, i, &len);
+    if (IsNfcStable(cp)) {
+      prev_start = i;
+      i += len;
+      continue;
+    }
+    size_t run_start = i == 0 ? 0 : std::max(prev_start, copied);
+    size_t run_end = i + len;
+    while (run_end < s.size()) {
+      char32_t next = DecodeCodePoint(s, run_end, &len);
+      if (IsNfcStable(next)) break;
+      run_end += len;
+    }
+    if (!any) out.reserve(s.size());
+    any = true;
+    out.append(s, copied, run_start - copied);
+    out += Utf8procMap(s.substr(run_start, run_end - run_start), UTF8PROC_COMPOSE);
+    copied = run_end;
+    prev_start = run_end;  // not used before being reassigned by the next code point
+    i = run_end;
+  }
+  if (!any) return s;
+  out.append(s, copied, std::string::npos);
+  return out;
 }
 
 std::string Lowercase(const std::string& s) {
@@ -117,7 +166,7 @@ std::string Normalizer::Normalize(std::string text) const {
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Kind::kNfc:
-        if (!IsAscii(text)) text = Utf8procMap(text, UTF8PROC_COMPOSE);
+        text = Nfc(text);
         break;
       case Kind::kNfd:
         if (!IsAscii(text)) text = Utf8procMap(text, UTF8PROC_DECOMPOSE);

@@ -169,9 +169,15 @@ void PreTokenizer::ApplyStep(const Step& step, std::vector<Piece>* pieces) const
         else if (!p.text.empty()) split.push_back(std::move(p));
       }
       for (Piece& p : split) {
-        Piece mapped{std::string(), p.at_text_start};
-        mapped.text.reserve(p.text.size() * 2);
-        for (unsigned char c : p.text) mapped.text += alphabet.byte_to_utf8[c];
+        Piece mapped{std::string(p.text.size() * 2, '\0'), p.at_text_start};
+        char* out = mapped.text.data();
+        for (unsigned char c : p.text) {
+          const std::string& u = alphabet.byte_to_utf8[c];  // 1 or 2 bytes
+          out[0] = u[0];
+          if (u.size() == 2) out[1] = u[1];
+          out += u.size();
+        }
+        mapped.text.resize(size_t(out - mapped.text.data()));
         next.push_back(std::move(mapped));
       }
       break;
