@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "sampling/row_math.h"
@@ -14,22 +15,22 @@ namespace {
 // Lower weight bound of each band; band b holds kBandLow[b] <= w < kBandLow[b - 1].
 constexpr float kBandLow[4] = {0x1.0p-4f, 0x1.0p-10f, 0x1.0p-20f,
                                std::numeric_limits<float>::min()};
-// Bands bigger than this are split into weight buckets before anything is sorted.
-constexpr size_t kSmallBand = 1024;
+constexpr float kAboveAll = 2.0f;  // upper bound of band 0 (every weight is <= 1)
+// Nodes with more tokens than this are split (bands) or bucketed (others) before sorting.
+constexpr int64_t kSmallNode = 1024;
+// Top-k up to this uses a k-best buffer (one comparison per token); larger k, nth_element.
+constexpr int32_t kTopKBuffer = 256;
+constexpr size_t kLanes = 16;
 
-int BandOf(float w) {
-  return w >= kBandLow[0] ? 0 : w >= kBandLow[1] ? 1 : w >= kBandLow[2] ? 2 : w >= kBandLow[3] ? 3 : 4;
-}
 // 16 buckets per octave, ordered like the weights (w > 0).
 uint32_t BucketOf(float w) { return std::bit_cast<uint32_t>(w) >> 19; }
 
-constexpr size_t kLanes = 16;
-
 // w[i] = exp((w[i] - max) * inv_temperature) for i < n (a multiple of kLanes), and per lane the
-// count and mass of weights >= each band's lower bound. A separate function with restrict
-// pointers so that GCC vectorises it (the band loop is unrolled by hand for the same reason).
+// count and mass of weights >= each band's lower bound. A separate non-inlined function with
+// restrict pointers and the band loop unrolled by hand: otherwise GCC does not vectorise it.
 [[gnu::noinline]] void WeighLanes(float* __restrict w, size_t n, float max, float inv_temperature,
-                int32_t (*__restrict counts)[kLanes], float (*__restrict masses)[kLanes]) {
+                                  int32_t (*__restrict counts)[kLanes],
+                                  float (*__restrict masses)[kLanes]) {
   static_assert(std::size(kBandLow) == 4);
   for (size_t i = 0; i < n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
@@ -60,7 +61,7 @@ bool WeightedRow::Build(std::span<float> logits, float temperature) {
   weights_ = logits;
 
   // One vectorised pass: weights, plus per block the number of tokens at or above each band's
-  // lower bound, and the matching masses (float lanes per block, summed in double).
+  // lower bound, and the matching masses (float lanes within a block, summed in double).
   const float inv_temperature = 1.0f / temperature;
   float* w = logits.data();
   const size_t size = logits.size();
@@ -74,8 +75,7 @@ bool WeightedRow::Build(std::span<float> logits, float temperature) {
     float masses[kNumBands][kLanes] = {};
     const size_t vector_end = begin + (end - begin) / kLanes * kLanes;
     WeighLanes(w + begin, vector_end - begin, max, inv_temperature, counts, masses);
-    size_t i = vector_end;
-    for (; i < end; ++i) {
+    for (size_t i = vector_end; i < end; ++i) {
       const float x = ExpNonPositive((w[i] - max) * inv_temperature);
       w[i] = x;
       for (int band = 0; band < kNumBands; ++band) {
@@ -85,150 +85,252 @@ bool WeightedRow::Build(std::span<float> logits, float temperature) {
       }
     }
     int32_t previous = 0;
-    for (int band = 0; band < kNumBands; ++band) {
+    for (size_t band = 0; band < kNumBands; ++band) {
       int32_t count = 0;
       double mass = 0.0;
       for (size_t j = 0; j < kLanes; ++j) {
         count += counts[band][j];
         mass += masses[band][j];
       }
-      block_band_count_[block * kNumBands + static_cast<size_t>(band)] = count - previous;
+      block_band_count_[block * kNumBands + band] = count - previous;
       previous = count;
-      count_at_least[static_cast<size_t>(band)] += count;
-      mass_at_least[static_cast<size_t>(band)] += mass;
+      count_at_least[band] += count;
+      mass_at_least[band] += mass;
     }
   }
-  for (size_t band = 0; band < kNumBands; ++band) {
-    band_count_[band] = count_at_least[band] - (band ? count_at_least[band - 1] : 0);
-    band_mass_[band] = mass_at_least[band] - (band ? mass_at_least[band - 1] : 0.0);
-    views_[band].built = false;
-  }
-  CHECK_GT(band_count_[0], 0);  // the max has weight exactly 1
 
-  end_band_ = kNumBands - 1;
-  while (band_count_[static_cast<size_t>(end_band_)] == 0) --end_band_;
-  end_full_ = true;
-  end_segment_ = 0;
-  end_index_ = 0;
+  nodes_.clear();
+  ids_.clear();
+  explicit_ = false;
+  top_.clear();
+  for (int band = 0; band < kNumBands; ++band) {
+    const auto b = static_cast<size_t>(band);
+    Node node;
+    node.low = kBandLow[b];
+    node.high = band == 0 ? kAboveAll : kBandLow[b - 1];
+    node.count = count_at_least[b] - (band ? count_at_least[b - 1] : 0);
+    node.mass = mass_at_least[b] - (band ? mass_at_least[b - 1] : 0.0);
+    node.band = band;
+    node.depth = 0;
+    nodes_.push_back(node);
+  }
+  CHECK_GT(nodes_[0].count, 0);  // the max has weight exactly 1
+  has_cut_ = false;
   kept_count_ = count_at_least[kNumBands - 1];
   kept_mass_ = mass_at_least[kNumBands - 1];
   return true;
 }
 
-WeightedRow::BandView& WeightedRow::View(int band) {
-  BandView& view = views_[static_cast<size_t>(band)];
-  if (view.built) return view;
-  view.built = true;
-  view.ids.clear();
-  view.segments.clear();
+void WeightedRow::Expand(int32_t index) {
+  Node& node = nodes_[static_cast<size_t>(index)];
+  node.expanded = true;
+  if (node.depth == 0 && node.count > kSmallNode) {
+    Split(index);
+  } else {
+    Materialize(index);
+  }
+}
+
+void WeightedRow::Split(int32_t index) {
+  const Node node = nodes_[static_cast<size_t>(index)];
+  // Children are buckets of the float bit pattern: 4 per octave in the upper bands, one per two
+  // octaves in the tail band (which spans ~106 octaves), so at most ~64 children.
+  const int shift = node.band == kNumBands - 1 ? 24 : 21;
+  const float top = std::min(node.high, std::nextafter(1.0f, 2.0f));  // weights are <= 1
+  const uint32_t first = std::bit_cast<uint32_t>(node.low) >> shift;
+  const uint32_t last = std::bit_cast<uint32_t>(std::nextafter(top, 0.0f)) >> shift;
+  const size_t num_children = last - first + 1;
+  // One histogram per lane (i % kLanes), so consecutive tokens never wait on the same counter.
+  std::vector<int64_t> counts(num_children * kLanes, 0);
+  std::vector<double> masses(num_children * kLanes, 0.0);
   const float* w = weights_.data();
-  for (size_t block = 0; block * kBlock < weights_.size(); ++block) {
-    if (block_band_count_[block * kNumBands + static_cast<size_t>(band)] == 0) continue;
-    const size_t end = std::min(weights_.size(), (block + 1) * kBlock);
+  const size_t size = weights_.size();
+  for (size_t block = 0; block * kBlock < size; ++block) {
+    if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
+    const size_t end = std::min(size, (block + 1) * kBlock);
     for (size_t i = block * kBlock; i < end; ++i) {
-      if (BandOf(w[i]) == band) view.ids.push_back(static_cast<int32_t>(i));
+      const float x = w[i];
+      if (!(x >= node.low && x < node.high)) continue;
+      const size_t slot = ((std::bit_cast<uint32_t>(x) >> shift) - first) * kLanes + i % kLanes;
+      ++counts[slot];
+      masses[slot] += x;
     }
   }
-  const auto n = static_cast<int64_t>(view.ids.size());
-  CHECK_EQ(n, band_count_[static_cast<size_t>(band)]);
-  if (view.ids.size() <= kSmallBand) {
-    view.segments.push_back({0, n, band_mass_[static_cast<size_t>(band)],
-                             kBandLow[band], false});
-    return view;
+  const auto first_child = static_cast<int32_t>(nodes_.size());
+  for (size_t c = num_children; c-- > 0;) {  // highest weights first
+    Node child;
+    const auto bucket = static_cast<uint32_t>(first + c);
+    child.low = std::max(node.low, std::bit_cast<float>(bucket << shift));
+    child.high = std::min(node.high, std::bit_cast<float>((bucket + 1) << shift));
+    child.count = 0;
+    child.mass = 0.0;
+    for (size_t j = 0; j < kLanes; ++j) {
+      child.count += counts[c * kLanes + j];
+      child.mass += masses[c * kLanes + j];
+    }
+    if (child.count == 0) continue;
+    child.band = node.band;
+    child.depth = node.depth + 1;
+    nodes_.push_back(child);
   }
-  // Counting sort by weight bucket, highest bucket first; ids stay ascending within a bucket.
+  Node& parent = nodes_[static_cast<size_t>(index)];
+  parent.first_child = first_child;
+  parent.num_children = static_cast<int32_t>(nodes_.size()) - first_child;
+}
+
+void WeightedRow::Materialize(int32_t index) {
+  const Node node = nodes_[static_cast<size_t>(index)];
+  const float* w = weights_.data();
+  const size_t size = weights_.size();
+  const auto begin = static_cast<int64_t>(ids_.size());
+  for (size_t block = 0; block * kBlock < size; ++block) {
+    if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
+    const size_t end = std::min(size, (block + 1) * kBlock);
+    for (size_t i = block * kBlock; i < end; ++i) {
+      if (w[i] >= node.low && w[i] < node.high) ids_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  const auto end = static_cast<int64_t>(ids_.size());
+  CHECK_EQ(end - begin, node.count);
+  if (node.count <= kSmallNode) {
+    Node& leaf = nodes_[static_cast<size_t>(index)];
+    leaf.leaf = true;
+    leaf.ids_begin = begin;
+    leaf.ids_end = end;
+    return;
+  }
+  // Counting sort by weight bucket, highest first; ids stay ascending within a bucket. Each
+  // non-empty bucket becomes a leaf child.
   uint32_t low = ~0u, high = 0;
-  for (int32_t id : view.ids) {
-    low = std::min(low, BucketOf(w[id]));
-    high = std::max(high, BucketOf(w[id]));
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t bucket = BucketOf(w[ids_[static_cast<size_t>(i)]]);
+    low = std::min(low, bucket);
+    high = std::max(high, bucket);
   }
   const size_t num_buckets = high - low + 1;
   std::vector<int64_t> offset(num_buckets + 1, 0);
   std::vector<double> mass(num_buckets, 0.0);
-  for (int32_t id : view.ids) {
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t id = ids_[static_cast<size_t>(i)];
     const size_t slot = high - BucketOf(w[id]);
     ++offset[slot + 1];
     mass[slot] += w[id];
   }
+  const auto first_child = static_cast<int32_t>(nodes_.size());
   for (size_t slot = 0; slot < num_buckets; ++slot) {
-    if (offset[slot + 1] > 0) {
-      const auto bucket = static_cast<uint32_t>(high - slot);
-      view.segments.push_back({offset[slot], offset[slot] + offset[slot + 1], mass[slot],
-                               std::bit_cast<float>(bucket << 19), false});
-    }
     offset[slot + 1] += offset[slot];
+    if (offset[slot + 1] == offset[slot]) continue;
+    const auto bucket = static_cast<uint32_t>(high - slot);
+    Node child;
+    child.low = std::max(node.low, std::bit_cast<float>(bucket << 19));
+    child.high = std::min(node.high, std::bit_cast<float>((bucket + 1) << 19));
+    child.count = offset[slot + 1] - offset[slot];
+    child.mass = mass[slot];
+    child.band = node.band;
+    child.depth = node.depth + 1;
+    child.expanded = child.leaf = true;
+    child.ids_begin = begin + offset[slot];
+    child.ids_end = begin + offset[slot + 1];
+    nodes_.push_back(child);
   }
-  std::vector<int32_t> grouped(view.ids.size());
-  for (int32_t id : view.ids) grouped[static_cast<size_t>(offset[high - BucketOf(w[id])]++)] = id;
-  view.ids.swap(grouped);
-  return view;
-}
-
-void WeightedRow::SortSegment(BandView& view, Segment& segment) {
-  if (segment.sorted) return;
-  const float* w = weights_.data();
-  std::sort(view.ids.begin() + segment.begin, view.ids.begin() + segment.end,
-            [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); });
-  segment.sorted = true;
+  std::vector<int32_t> grouped(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) {
+    const int32_t id = ids_[static_cast<size_t>(i)];
+    grouped[static_cast<size_t>(offset[high - BucketOf(w[id])]++)] = id;
+  }
+  std::copy(grouped.begin(), grouped.end(), ids_.begin() + begin);
+  Node& parent = nodes_[static_cast<size_t>(index)];
+  parent.first_child = first_child;
+  parent.num_children = static_cast<int32_t>(nodes_.size()) - first_child;
 }
 
 template <typename PassGroup, typename Visit>
-std::optional<WeightedRow::Stop> WeightedRow::Walk(PassGroup&& pass_group, Visit&& visit) {
-  for (int band = 0; band <= end_band_; ++band) {
-    const auto b = static_cast<size_t>(band);
-    if (band_count_[b] == 0) continue;
-    const bool band_whole = band < end_band_ || end_full_;
-    if (band_whole && pass_group(band_count_[b], band_mass_[b], kBandLow[b])) continue;
-    BandView& view = View(band);
-    const int last_segment =
-        band_whole ? static_cast<int>(view.segments.size()) - 1 : end_segment_;
-    for (int s = 0; s <= last_segment; ++s) {
-      Segment& segment = view.segments[static_cast<size_t>(s)];
-      const bool segment_whole = band_whole || s < end_segment_;
-      const int64_t n = segment_whole ? segment.end - segment.begin : end_index_;
-      if (n == 0) continue;
-      if (segment_whole && pass_group(n, segment.mass, segment.min_weight)) continue;
-      SortSegment(view, segment);
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t id = view.ids[static_cast<size_t>(segment.begin + i)];
-        if (visit(id, weights_[static_cast<size_t>(id)])) return Stop{band, s, i, id};
-      }
+std::optional<WeightedRow::Stop> WeightedRow::WalkNode(int32_t index, PassGroup& pass_group,
+                                                       Visit& visit) {
+  {
+    const Node& node = nodes_[static_cast<size_t>(index)];
+    if (node.count == 0 || (has_cut_ && node.high <= cut_weight_)) return std::nullopt;
+    const bool whole = !has_cut_ || node.low > cut_weight_;
+    if (whole && pass_group(node.count, node.mass, node.low)) return std::nullopt;
+    if (!node.expanded) Expand(index);  // may grow nodes_: `node` is not used below
+  }
+  Node& node = nodes_[static_cast<size_t>(index)];
+  if (!node.leaf) {
+    const int32_t first = node.first_child, last = first + node.num_children;
+    for (int32_t child = first; child < last; ++child) {
+      if (auto stop = WalkNode(child, pass_group, visit)) return stop;
     }
+    return std::nullopt;
+  }
+  const auto first = ids_.begin() + node.ids_begin, last = ids_.begin() + node.ids_end;
+  const float* w = weights_.data();
+  if (!node.sorted) {
+    std::sort(first, last,
+              [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); });
+    node.sorted = true;
+  }
+  for (auto it = first; it != last; ++it) {
+    const float weight = w[*it];
+    if (!Kept(*it, weight)) break;
+    if (visit(*it, weight)) return Stop{*it, weight, 0};
   }
   return std::nullopt;
 }
 
-void WeightedRow::CutBefore(const Stop& stop) {
-  end_band_ = stop.band;
-  end_full_ = false;
-  end_segment_ = stop.segment;
-  end_index_ = stop.index;
-}
-
-void WeightedRow::CutAfter(const Stop& stop) {
-  CutBefore(stop);
-  ++end_index_;
+template <typename PassGroup, typename Visit>
+std::optional<WeightedRow::Stop> WeightedRow::Walk(PassGroup& pass_group, Visit& visit) {
+  if (explicit_) {
+    for (size_t i = 0; i < top_.size(); ++i) {
+      const int32_t id = top_[i];
+      const float weight = weights_[static_cast<size_t>(id)];
+      if (visit(id, weight)) return Stop{id, weight, static_cast<int64_t>(i)};
+    }
+    return std::nullopt;
+  }
+  for (int32_t band = 0; band < kNumBands; ++band) {
+    if (auto stop = WalkNode(band, pass_group, visit)) return stop;
+  }
+  return std::nullopt;
 }
 
 void WeightedRow::ApplyTopK(int32_t k) {
   if (k <= 0 || k >= kept_count_) return;
-  int64_t passed = 0;
-  double mass = 0.0;
-  const auto stop = Walk(
-      [&](int64_t n, double m, float) {
-        if (passed + n >= k) return false;
-        passed += n;
-        mass += m;
-        return true;
-      },
-      [&](int32_t, float w) {
-        mass += w;
-        return ++passed == k;
-      });
-  CHECK(stop.has_value());
-  CutAfter(*stop);
+  const float* w = weights_.data();
+  const auto ranks_before = [w](int32_t a, int32_t b) {
+    return w[a] > w[b] || (w[a] == w[b] && a < b);
+  };
+  std::vector<int32_t> best;
+  if (explicit_) {
+    best.assign(top_.begin(), top_.begin() + k);
+  } else if (k <= kTopKBuffer) {
+    // One pass keeping the k best in rank order. Ids arrive ascending, so a later token beats
+    // the current k-th only with a strictly larger weight.
+    best.reserve(static_cast<size_t>(k) + 1);
+    float kth = 0.0f;  // weight of best.back() once full; weights <= 0 never qualify
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      const float weight = w[i];
+      if (!(weight > kth) || weight < std::numeric_limits<float>::min()) continue;
+      const auto id = static_cast<int32_t>(i);
+      if (!Kept(id, weight)) continue;
+      best.insert(std::upper_bound(best.begin(), best.end(), id, ranks_before), id);
+      if (best.size() > static_cast<size_t>(k)) best.pop_back();
+      if (best.size() == static_cast<size_t>(k)) kth = w[best.back()];
+    }
+  } else {
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      const auto id = static_cast<int32_t>(i);
+      if (w[i] >= std::numeric_limits<float>::min() && Kept(id, w[i])) best.push_back(id);
+    }
+    std::nth_element(best.begin(), best.begin() + k, best.end(), ranks_before);
+    best.resize(static_cast<size_t>(k));
+    std::sort(best.begin(), best.end(), ranks_before);
+  }
+  CHECK_EQ(best.size(), static_cast<size_t>(k));
+  top_ = std::move(best);
+  explicit_ = true;
   kept_count_ = k;
-  kept_mass_ = mass;
+  kept_mass_ = 0.0;
+  for (int32_t id : top_) kept_mass_ += w[id];
 }
 
 void WeightedRow::ApplyTopP(float top_p) {
@@ -238,19 +340,19 @@ void WeightedRow::ApplyTopP(float top_p) {
   const double target = static_cast<double>(top_p) * kept_mass_;
   double above = 0.0;
   int64_t passed = 0;
-  const auto stop = Walk(
-      [&](int64_t n, double m, float) {
-        if (above + m >= target) return false;
-        above += m;
-        passed += n;
-        return true;
-      },
-      [&](int32_t, float w) {
-        if (above >= target) return true;
-        above += w;
-        ++passed;
-        return false;
-      });
+  auto pass_group = [&](int64_t n, double m, float) {
+    if (above + m >= target) return false;
+    above += m;
+    passed += n;
+    return true;
+  };
+  auto visit = [&](int32_t, float w) {
+    if (above >= target) return true;
+    above += w;
+    ++passed;
+    return false;
+  };
+  const auto stop = Walk(pass_group, visit);
   if (!stop) return;
   CutBefore(*stop);
   kept_count_ = passed;
@@ -261,54 +363,51 @@ void WeightedRow::ApplyMinP(float min_p) {
   if (min_p <= 0.0f) return;
   double mass = 0.0;
   int64_t passed = 0;
-  const auto stop = Walk(
-      [&](int64_t n, double m, float min_weight) {
-        if (min_weight < min_p) return false;
-        mass += m;
-        passed += n;
-        return true;
-      },
-      [&](int32_t, float w) {
-        if (w < min_p) return true;
-        mass += w;
-        ++passed;
-        return false;
-      });
+  auto pass_group = [&](int64_t n, double m, float low) {
+    if (low < min_p) return false;
+    mass += m;
+    passed += n;
+    return true;
+  };
+  auto visit = [&](int32_t, float w) {
+    if (w < min_p) return true;
+    mass += w;
+    ++passed;
+    return false;
+  };
+  const auto stop = Walk(pass_group, visit);
   if (!stop) return;
-  CutBefore(*stop);  // never empty: the top token has w == 1 >= min_p
+  CutBefore(*stop);  // never empties the set: the top token has w == 1 >= min_p
   kept_count_ = passed;
   kept_mass_ = mass;
 }
 
 int32_t WeightedRow::Draw(double u) {
   double target = u * kept_mass_;
-  int32_t last = -1;
-  const auto stop = Walk(
-      [&](int64_t, double m, float) {
-        if (target >= m) {
-          target -= m;
-          return true;
-        }
-        return false;
-      },
-      [&](int32_t id, float w) {
-        if (target < w) return true;
-        target -= w;
-        last = id;
-        return false;
-      });
-  if (stop) return stop->id;
-  // Only rounding gets here (u close to 1, group masses summed in id order): the last kept token.
-  return last >= 0 && last == KeptIds().back() ? last : KeptIds().back();
+  auto pass_group = [&](int64_t, double m, float) {
+    if (target < m) return false;
+    target -= m;
+    return true;
+  };
+  auto visit = [&](int32_t, float w) {
+    if (target < w) return true;
+    target -= w;
+    return false;
+  };
+  if (const auto stop = Walk(pass_group, visit)) return stop->id;
+  // Only rounding gets here (u close to 1; group masses are summed in id order, not rank
+  // order): take the last kept token.
+  return KeptIds().back();
 }
 
 std::vector<int32_t> WeightedRow::KeptIds() {
   std::vector<int32_t> kept;
-  Walk([](int64_t, double, float) { return false; },
-       [&](int32_t id, float) {
-         kept.push_back(id);
-         return false;
-       });
+  auto pass_group = [](int64_t, double, float) { return false; };
+  auto visit = [&](int32_t id, float) {
+    kept.push_back(id);
+    return false;
+  };
+  Walk(pass_group, visit);
   return kept;
 }
 

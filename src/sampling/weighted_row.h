@@ -2,13 +2,15 @@
 // w = exp((logit - max) / temperature) (the top token has w == 1), organised so that top-k,
 // top-p, min-p and the inverse-CDF draw never sort the whole vocabulary.
 //
-// Rank order is (w desc, id asc); every filter keeps a PREFIX of it. Tokens fall into 4 bands by
-// weight ([2^-4, 1], [2^-10, 2^-4), [2^-20, 2^-10), (0, 2^-20)); counts and masses of the bands
-// (and per-512-token-block band counts) come from the same vectorised pass that computes the
-// weights. A band is only materialised when a walk must look inside it: its members are gathered
-// from the blocks that hold any, and a large band is split into 16-per-octave weight buckets
-// (segments), each sorted only when a walk enters it. Weights below 2^-126 count as zero.
-// Not thread-safe: use one WeightedRow per thread, reused across rows.
+// Rank order is (w desc, id asc); every filter keeps a PREFIX of it, recorded as the first
+// excluded token. Tokens fall into 4 bands by weight ([2^-4, 1], [2^-10, 2^-4), [2^-20, 2^-10),
+// (0, 2^-20)) whose counts and masses (and per-512-token-block counts) come from the same
+// vectorised pass that computes the weights. The weight intervals form a tree expanded only where
+// a walk must look inside: a large band is split into weight buckets by one pass over its blocks;
+// a node is materialised by gathering its ids, and a large one is then counting-sorted into
+// 16-per-octave weight buckets; a leaf is sorted only when a walk enters it. Top-k is a
+// selection pass instead (a k-best buffer, or nth_element for large k), after which the kept set
+// is an explicit sorted list. Weights below 2^-126 count as zero. Not thread-safe: use one WeightedRow per thread, reused across rows.
 #pragma once
 
 #include <array>
@@ -42,49 +44,60 @@ class WeightedRow {
   std::span<const float> weights() const { return weights_; }
 
  private:
-  static constexpr int kNumBands = 4;  // weighted_row.cc's band loop is unrolled for 4
+  static constexpr int kNumBands = 4;
   static constexpr size_t kBlock = 512;
 
-  struct Segment {
-    int64_t begin, end;  // into BandView::ids
+  // A weight interval [low, high) of the row. Inner nodes list children (consecutive in nodes_,
+  // descending weight); leaves own ids_[ids_begin, ids_end), sorted in rank order once visited.
+  struct Node {
+    float low, high;
+    int64_t count;
     double mass;
-    float min_weight;  // every member has w >= min_weight
-    bool sorted;
-  };
-  struct BandView {
-    bool built = false;
-    std::vector<int32_t> ids;  // grouped by segment, segments in rank order
-    std::vector<Segment> segments;
+    int band, depth;
+    bool expanded = false, leaf = false, sorted = false;
+    int32_t first_child = 0, num_children = 0;
+    int64_t ids_begin = 0, ids_end = 0;
   };
   struct Stop {
-    int band, segment;
-    int64_t index;
     int32_t id;
+    float weight;
+    int64_t index;  // position in top_ when the kept set is explicit
   };
 
-  // Visits kept tokens in rank order. A group (a whole band, then a whole segment) that is
-  // entirely kept is offered to pass_group(count, mass, min_weight), which returns true to pass
-  // it whole (and accounts for it); otherwise the walk descends and calls visit(id, w) per token,
-  // which returns true to stop there. Returns the stop, or nullopt when the walk ran off the end.
+  // Visits kept tokens in rank order. A node entirely kept is first offered to
+  // pass_group(count, mass, low), which returns true to pass it whole (and accounts for it);
+  // otherwise the walk descends and calls visit(id, w) per token, which returns true to stop.
+  // Returns the stop, or nullopt when the walk ran off the end of the kept tokens.
   template <typename PassGroup, typename Visit>
-  std::optional<Stop> Walk(PassGroup&& pass_group, Visit&& visit);
-  BandView& View(int band);
-  void SortSegment(BandView& view, Segment& segment);
-  void CutBefore(const Stop& stop);  // keep the tokens ranked before `stop`
-  void CutAfter(const Stop& stop);   // keep the tokens up to and including `stop`
+  std::optional<Stop> Walk(PassGroup& pass_group, Visit& visit);
+  template <typename PassGroup, typename Visit>
+  std::optional<Stop> WalkNode(int32_t index, PassGroup& pass_group, Visit& visit);
+  void Expand(int32_t index);
+  void Split(int32_t index);        // weight-bucket children, one pass over the band's blocks
+  void Materialize(int32_t index);  // gather ids; bucket them when many
+  bool Kept(int32_t id, float w) const {
+    return !has_cut_ || w > cut_weight_ || (w == cut_weight_ && id < cut_id_);
+  }
+  void CutBefore(const Stop& stop) {
+    if (explicit_) top_.resize(static_cast<size_t>(stop.index));
+    has_cut_ = true;
+    cut_weight_ = stop.weight;
+    cut_id_ = stop.id;
+  }
 
   std::span<float> weights_;
-  std::array<int64_t, kNumBands> band_count_{};
-  std::array<double, kNumBands> band_mass_{};
   std::vector<int32_t> block_band_count_;  // [num_blocks, kNumBands]
-  std::array<BandView, kNumBands> views_;
+  std::vector<Node> nodes_;                // [0, kNumBands) are the bands
+  std::vector<int32_t> ids_;               // leaves' ids
 
-  // Kept prefix: bands < end_band_ whole; end_band_ whole if end_full_, else its segments
-  // < end_segment_ and the first end_index_ tokens of segment end_segment_ (sorted).
-  int end_band_ = 0;
-  bool end_full_ = true;
-  int end_segment_ = 0;
-  int64_t end_index_ = 0;
+  // After top-k the kept set is explicit: top_ holds it in rank order and walks use it instead
+  // of the tree (top-k is a selection over the row, never a tree walk).
+  bool explicit_ = false;
+  std::vector<int32_t> top_;
+  // Kept tokens: those ranked before (cut_weight_, cut_id_), or all when !has_cut_.
+  bool has_cut_ = false;
+  float cut_weight_ = 0.0f;
+  int32_t cut_id_ = 0;
   double kept_mass_ = 0.0;
   int64_t kept_count_ = 0;
 };
