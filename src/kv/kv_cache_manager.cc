@@ -78,24 +78,33 @@ int32_t KvCacheManager::PeekCachedPrefix(std::span<const int32_t> tokens, uint64
   return Walk(tokens, ns, nullptr) * config_.block_size;
 }
 
+namespace {
+// Blocks covering num_tokens slots.
+int64_t BlocksFor(int32_t num_tokens, int32_t block_size) {
+  return (static_cast<int64_t>(std::max(num_tokens, 0)) + block_size - 1) / block_size;
+}
+}  // namespace
+
 int32_t KvCacheManager::NumBlocksNeeded(SeqId seq, int32_t num_tokens) const {
-  const int64_t needed =
-      (static_cast<int64_t>(std::max(num_tokens, 0)) + config_.block_size - 1) / config_.block_size;
   auto it = seqs_.find(seq);
   const int64_t held = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
-  return static_cast<int32_t>(std::max<int64_t>(0, needed - held));
+  return static_cast<int32_t>(
+      std::max<int64_t>(0, BlocksFor(num_tokens, config_.block_size) - held));
 }
 
 bool KvCacheManager::Allocate(SeqId seq, int32_t num_tokens) {
-  const int32_t num_new = NumBlocksNeeded(seq, num_tokens);
+  auto it = seqs_.find(seq);
+  const int64_t held = it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+  const int64_t num_new = BlocksFor(num_tokens, config_.block_size) - held;
   if (num_new > pool_.num_free()) return false;  // the cap holds before allocation
-  SeqState& state = seqs_[seq];
-  for (int32_t i = 0; i < num_new; ++i) {
+  if (it == seqs_.end()) it = seqs_.try_emplace(seq).first;
+  std::vector<int32_t>& blocks = it->second.blocks;
+  for (int64_t i = 0; i < num_new; ++i) {
     // The front is the least valuable free block: uncached, or the least recently used cached one.
     const int32_t block_id = pool_.front();
     cache_.Evict(block_id);  // its content is about to be overwritten
     CHECK_EQ(pool_.PopFront(), block_id);
-    state.blocks.push_back(block_id);
+    blocks.push_back(block_id);
   }
   return true;
 }
