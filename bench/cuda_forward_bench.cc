@@ -53,7 +53,7 @@ double Now() {
 int Run(int argc, char** argv) {
   std::string shape_name = "llama-3.2-1b";
   int64_t batch = 1, prompt = 512, gen = 128, chunk = 8192;
-  bool f32 = false, help = false;
+  bool f32 = false, no_graphs = false, help = false;
   FlagParser flags("cuda_forward_bench [flags]");
   flags.AddString("--shape", &shape_name, "llama-3.2-1b | llama-3.1-8b");
   flags.AddInt("--batch", &batch, "concurrent sequences");
@@ -61,6 +61,7 @@ int Run(int argc, char** argv) {
   flags.AddInt("--gen", &gen, "decode steps");
   flags.AddInt("--prefill-chunk", &chunk, "max tokens per prefill step");
   flags.AddBool("--f32", &f32, "f32 compute mode");
+  flags.AddBool("--no-graphs", &no_graphs, "launch decode steps op by op (no CUDA graphs)");
   Status st = flags.Parse(argc, argv, 1, &help);
   if (!st.ok() || help) {
     std::fprintf(stderr, "%s\n%s\n", st.message().c_str(), flags.Help().c_str());
@@ -73,7 +74,10 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "unknown --shape %s\n", shape_name.c_str());
     return 2;
   }
-  auto created = CreateCudaBackend(0, f32);
+  CudaBackendOptions options;
+  options.f32_compute = f32;
+  options.cuda_graphs = !no_graphs;
+  auto created = CreateCudaBackend(0, options);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().message().c_str());
     return 1;
@@ -207,8 +211,11 @@ int Run(int argc, char** argv) {
   const double decode_s = Now() - t1;
   const int64_t timed = gen - warm;
   const double step_s = timed > 0 ? decode_s / static_cast<double>(timed) : 0;
-  std::printf("shape=%s mode=%s batch=%ld prompt=%ld gen=%ld\n", s->name, f32 ? "f32" : "bf16",
-              static_cast<long>(batch), static_cast<long>(prompt), static_cast<long>(gen));
+  const CudaGraphStats gs = CudaGetGraphStats(b);
+  std::printf("shape=%s mode=%s batch=%ld prompt=%ld gen=%ld graphs=%s (captures %ld, replays %ld)\n",
+              s->name, f32 ? "f32" : "bf16", static_cast<long>(batch), static_cast<long>(prompt),
+              static_cast<long>(gen), no_graphs ? "off" : "on", static_cast<long>(gs.captures),
+              static_cast<long>(gs.replays));
   std::printf("prefill: %.1f ms, %.0f tok/s\n", prefill_s * 1e3,
               static_cast<double>(batch * prompt) / prefill_s);
   if (timed > 0)

@@ -70,6 +70,7 @@ if [ "${BENCH:-1}" = 1 ]; then
     timeout 240 .devbin/bin/cuda_forward_bench "$@" 2>&1 | tee -a "$summary" >/dev/null
   }
   bench --shape llama-3.2-1b --batch 1 --prompt 512 --gen 128
+  bench --shape llama-3.2-1b --batch 1 --prompt 512 --gen 128 --no-graphs
   bench --shape llama-3.1-8b --batch 1 --prompt 512 --gen 128
   bench --shape llama-3.1-8b --batch 1 --prompt 4096 --gen 4 --prefill-chunk 4096
   bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 128

@@ -1,4 +1,4 @@
-// Paged attention, one query row per block (decode steps): block (head, row, split) runs 4 warps
+// Paged attention, one query row per block (decode steps): block (kv head, row, split) runs 4 warps
 // over its share of the row's visible keys; each lane scores one key per 32-key tile and owns
 // head_dim / 32 output dims. With num_splits > 1 (long contexts, few rows) each split writes an
 // unnormalised partial (max, sum, acc[head_dim]) and a second kernel merges them (split-K).
@@ -12,6 +12,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
+constexpr int kMaxGroup = 8;  // query heads per block (GQA group, chunked when larger)
 
 __device__ __forceinline__ float WarpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -22,17 +23,23 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// Block (kv head x group chunk, row, split): the query heads that share one KV head (up to
+// kMaxGroup of them) are scored together, so each K/V row is read once per block, not per head.
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionDecodeKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                           PlanView plan, int32_t num_splits, float* __restrict__ partials,
                           float* __restrict__ out) {
-  __shared__ float q_s[kMaxHeadDim];
-  __shared__ float warp_m[kWarps], warp_l[kWarps];
-  __shared__ float warp_acc[kWarps][kMaxHeadDim];
-  const int32_t head = blockIdx.x, token = blockIdx.y, split = blockIdx.z;
+  __shared__ float q_s[kMaxGroup][kMaxHeadDim];
+  __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
+  __shared__ float warp_acc[kWarps][kMaxGroup][kMaxHeadDim];
+  const int32_t group = a.num_heads / a.num_kv_heads;
+  const int32_t chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int32_t kv_head = blockIdx.x / chunks;
+  const int32_t head0 = kv_head * group + (blockIdx.x % chunks) * kMaxGroup;
+  const int32_t G = min(kMaxGroup, kv_head * group + group - head0);  // heads in this block
+  const int32_t token = blockIdx.y, split = blockIdx.z;
   const int32_t D = a.head_dim;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int32_t kv_head = head / (a.num_heads / a.num_kv_heads);
   const int32_t pos = plan.positions[token];
   const int4 seq = plan.seqs[plan.token_seq[token]];
   const int32_t* block_table = plan.block_tables + seq.w;
@@ -44,93 +51,125 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t k_begin = lo + split * chunk;
   const int32_t k_end = min(hi, k_begin + chunk);
 
-  const float* q_row = q + (static_cast<int64_t>(token) * a.num_heads + head) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) q_s[d] = q_row[d];
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    q_s[g][d] = q[(static_cast<int64_t>(token) * a.num_heads + head0 + g) * D + d];
+  }
   __syncthreads();
 
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;  // floats per slot
   const bool vec4 = (D % 4) == 0;
-  float m = -INFINITY, l = 0.f;
-  float acc[kDimsPerLane];
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDimsPerLane];
 #pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.f;
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) acc[g][i] = 0.f;
+  }
 
   for (int32_t tile = k_begin + warp * 32; tile < k_end; tile += kWarps * 32) {
     const int32_t key = tile + lane;
     const bool valid = key < k_end;
     int64_t slot = 0;
-    float s = -INFINITY;
+    float s[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.f;
     if (valid) {
       slot = static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
       const float* k_row = kv.k + slot * kv_row + static_cast<int64_t>(kv_head) * D;
-      float dot = 0.f;
       if (vec4) {
         for (int d = 0; d < D; d += 4) {
           const float4 kk = *reinterpret_cast<const float4*>(k_row + d);
-          dot += q_s[d] * kk.x + q_s[d + 1] * kk.y + q_s[d + 2] * kk.z + q_s[d + 3] * kk.w;
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < G)
+              s[g] += q_s[g][d] * kk.x + q_s[g][d + 1] * kk.y + q_s[g][d + 2] * kk.z +
+                      q_s[g][d + 3] * kk.w;
         }
       } else {
-        for (int d = 0; d < D; ++d) dot += q_s[d] * k_row[d];
-      }
-      s = dot * a.scale;
-      if (a.softcap > 0.f) s = a.softcap * tanhf(s / a.softcap);
-    }
-    const float new_m = fmaxf(m, WarpMax(s));
-    const float corr = m == -INFINITY ? 0.f : expf(m - new_m);
-    const float p = valid ? expf(s - new_m) : 0.f;
-    l = l * corr + p;
+        for (int d = 0; d < D; ++d) {
+          const float kd = k_row[d];
 #pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= corr;
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < G) s[g] += q_s[g][d] * kd;
+        }
+      }
+    }
+    float p[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) {
+        p[g] = 0.f;
+        continue;
+      }
+      float sg = -INFINITY;
+      if (valid) {
+        sg = s[g] * a.scale;
+        if (a.softcap > 0.f) sg = a.softcap * tanhf(sg / a.softcap);
+      }
+      const float new_m = fmaxf(m[g], WarpMax(sg));
+      const float corr = m[g] == -INFINITY ? 0.f : expf(m[g] - new_m);
+      p[g] = valid ? expf(sg - new_m) : 0.f;
+      l[g] = l[g] * corr + p[g];
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) acc[g][i] *= corr;
+      m[g] = new_m;
+    }
     const int32_t n_keys = min(32, k_end - tile);
     for (int j = 0; j < n_keys; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
       const int64_t slot_j = __shfl_sync(0xffffffffu, slot, j);
       const float* v_row = kv.v + slot_j * kv_row + static_cast<int64_t>(kv_head) * D;
+      float vv[kDimsPerLane];
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int d = lane + 32 * i;
-        if (d < D) acc[i] += pj * v_row[d];
+        vv[i] = d < D ? v_row[d] : 0.f;
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        const float pj = __shfl_sync(0xffffffffu, p[g], j);
+#pragma unroll
+        for (int i = 0; i < kDimsPerLane; ++i) acc[g][i] += pj * vv[i];
       }
     }
-    m = new_m;
-  }
-  l = WarpSum(l);
-  if (lane == 0) {
-    warp_m[warp] = m;
-    warp_l[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) {
-    const int d = lane + 32 * i;
-    if (d < D) warp_acc[warp][d] = acc[i];
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G) break;
+    const float lg = WarpSum(l[g]);
+    if (lane == 0) {
+      warp_m[warp][g] = m[g];
+      warp_l[warp][g] = lg;
+    }
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < D) warp_acc[warp][g][d] = acc[g][i];
+    }
   }
   __syncthreads();
 
-  float block_m = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w]);
-  float weight[kWarps];
-  float block_l = 0.f;
-  for (int w = 0; w < kWarps; ++w) {
-    weight[w] = warp_m[w] == -INFINITY ? 0.f : expf(warp_m[w] - block_m);
-    block_l += warp_l[w] * weight[w];
-  }
-  if (num_splits == 1) {
-    float* out_row = out + (static_cast<int64_t>(token) * a.num_heads + head) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float v = 0.f;
-      for (int w = 0; w < kWarps; ++w) v += warp_acc[w][d] * weight[w];
-      out_row[d] = v / block_l;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float block_m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) block_m = fmaxf(block_m, warp_m[w][g]);
+    float block_l = 0.f, v = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = warp_m[w][g] == -INFINITY ? 0.f : expf(warp_m[w][g] - block_m);
+      block_l += warp_l[w][g] * weight;
+      v += warp_acc[w][g][d] * weight;
     }
-  } else {
-    float* part = partials +
-                  ((static_cast<int64_t>(token) * a.num_heads + head) * num_splits + split) * (D + 2);
-    if (threadIdx.x == 0) {
-      part[0] = block_m;
-      part[1] = block_l;
-    }
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float v = 0.f;
-      for (int w = 0; w < kWarps; ++w) v += warp_acc[w][d] * weight[w];
+    const int64_t head = head0 + g;
+    if (num_splits == 1) {
+      out[(static_cast<int64_t>(token) * a.num_heads + head) * D + d] = v / block_l;
+    } else {
+      float* part = partials +
+                    ((static_cast<int64_t>(token) * a.num_heads + head) * num_splits + split) * (D + 2);
+      if (d == 0) {
+        part[0] = block_m;
+        part[1] = block_l;
+      }
       part[2 + d] = v;
     }
   }
@@ -173,7 +212,9 @@ void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLa
                            const PlanView& plan, int32_t num_splits, float* partials, float* out,
                            cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
-  const dim3 grid(args.num_heads, plan.num_tokens, num_splits);
+  const int32_t group = args.num_heads / args.num_kv_heads;
+  const dim3 grid(args.num_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup), plan.num_tokens,
+                  num_splits);
   AttentionDecodeKernel<<<grid, kWarps * 32, 0, stream>>>(args, q, kv, plan, num_splits, partials,
                                                          out);
   CUDA_CHECK_LAUNCH();

@@ -11,12 +11,16 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/rope_table.h"
+#include "backend/cuda/step_recorder.h"
 
 namespace ember {
 namespace {
 
 using cuda::DeviceBuffer;
 using cuda::ElemType;
+using cuda::KeyOf;
+
+uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
 
 ElemType ToElemType(DType t) {
   switch (t) {
@@ -74,16 +78,32 @@ struct DeviceRope {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool f32_compute)
-      : device_(device), f32_compute_(f32_compute), cublas_(stream_.get()) {
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : device_(device),
+        f32_compute_(options.f32_compute),
+        use_graphs_(options.cuda_graphs),
+        cublas_(stream_.get()),
+        recorder_(stream_.get(), /*max_graphs=*/64),
+        cublas_workspace_(kCublasWorkspaceBytes) {
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+    // cuBLAS must not allocate while a graph is being captured: give it a fixed workspace.
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
+                                    cublas_workspace_.bytes()));
   }
-  ~CudaBackend() override { CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
+  ~CudaBackend() override {
+    recorder_.Flush(false);
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  }
 
   std::string name() const override {
     return std::string("cuda:") + std::to_string(device_) + (f32_compute_ ? " (f32)" : " (bf16)");
   }
   cudaStream_t stream() const { return stream_.get(); }
+  // Enqueues every recorded op (the host-visible sync points call this first).
+  void Flush() { recorder_.Flush(use_graphs_ && max_query_len_ <= 1); }
+  CudaGraphStats graph_stats() const {
+    return {recorder_.graph_captures(), recorder_.graph_replays()};
+  }
 
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override;
@@ -112,11 +132,16 @@ class CudaBackend final : public Backend {
   void* ArenaAlloc(size_t bytes);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
 
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
   int device_;
   bool f32_compute_;
+  bool use_graphs_;
   int num_sms_ = 132;
   Stream stream_;
   CublasHandle cublas_;
+  cuda::StepRecorder recorder_;
+  DeviceBuffer cublas_workspace_;
 
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
@@ -126,7 +151,9 @@ class CudaBackend final : public Backend {
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 
   // The step's plan: host staging, device copy and the host facts launches need.
+  // Fixed-capacity regions so the device addresses (baked into graphs) only change on growth.
   std::vector<int32_t> plan_host_;
+  int64_t plan_cap_tokens_ = 0, plan_cap_seqs_ = 0, plan_cap_tables_ = 0;
   DeviceBuffer plan_device_;
   cuda::PlanView plan_;
   int32_t max_query_len_ = 0;
@@ -154,13 +181,18 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
   // Matrices go to bf16 (the GEMM/embedding operand type); norms and biases stay f32.
   t.dtype = (f32_compute_ || shape.size() == 1) ? DType::kF32 : DType::kBF16;
   const int64_t n = t.numel();
+  Flush();
   DeviceBuffer buffer(t.nbytes());
   const size_t src_bytes = static_cast<size_t>(n) * DTypeSize(dtype);
+  // Copies go on our stream (it does not synchronise with the legacy default stream).
   if (dtype == t.dtype) {
-    CUDA_CHECK(cudaMemcpy(buffer.data(), host_data, src_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(buffer.data(), host_data, src_bytes, cudaMemcpyHostToDevice,
+                               stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   } else {
     DeviceBuffer staging(src_bytes);
-    CUDA_CHECK(cudaMemcpy(staging.data(), host_data, src_bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(staging.data(), host_data, src_bytes, cudaMemcpyHostToDevice,
+                               stream_.get()));
     cuda::LaunchConvert(staging.data(), ToElemType(dtype), buffer.data(), ToElemType(t.dtype), n,
                         stream_.get());
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
@@ -173,6 +205,7 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
 Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                    int32_t num_kv_heads, int32_t head_dim) {
   CHECK(kv_pool_.data() == nullptr) << "AllocateKvPool called twice";
+  Flush();
   if (num_layers <= 0 || num_blocks <= 0 || block_size <= 0 || num_kv_heads <= 0 ||
       head_dim <= 0 || head_dim > cuda::kMaxHeadDim)
     return Status::Error("KV pool: bad geometry (head_dim must be <= " +
@@ -200,18 +233,24 @@ Result<int32_t> CudaBackend::CreateRope(const RopeSpec& spec) {
   rope.spec = spec;
   rope.cos = DeviceBuffer(table.cos.size() * sizeof(float));
   rope.sin = DeviceBuffer(table.sin.size() * sizeof(float));
-  CUDA_CHECK(cudaMemcpy(rope.cos.data(), table.cos.data(), rope.cos.bytes(),
-                        cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(rope.sin.data(), table.sin.data(), rope.sin.bytes(),
-                        cudaMemcpyHostToDevice));
+  Flush();
+  CUDA_CHECK(cudaMemcpyAsync(rope.cos.data(), table.cos.data(), rope.cos.bytes(),
+                             cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(rope.sin.data(), table.sin.data(), rope.sin.bytes(),
+                             cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   ropes_.push_back(std::move(rope));
   return static_cast<int32_t>(ropes_.size() - 1);
 }
 
 Status CudaBackend::BeginStep(const BatchPlan& plan) {
+  Flush();  // the previous step's ops, if nothing read its results
   if (kv_pool_.data() != nullptr) {
     const std::string err = plan.Validate(kv_blocks_);
     if (!err.empty()) return Status::Error("BatchPlan: " + err);
+    if (plan.block_size != kv_block_size_)
+      return Status::Error("BatchPlan: block_size " + std::to_string(plan.block_size) +
+                           " differs from the KV pool's " + std::to_string(kv_block_size_));
   }
   // Workspace: if the last step spilled into several chunks, merge them into one.
   if (arena_chunks_.size() > 1) {
@@ -223,55 +262,69 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   }
   arena_offset_ = 0;
 
-  // Device layout (int32): seqs [num_seqs][4] first (int4-aligned), then token_ids, positions,
-  // slot_mapping, token_seq, block_tables, logits_rows.
   const int32_t num_tokens = plan.num_tokens(), num_seqs = plan.num_seqs();
-  plan_host_.clear();
+  const int64_t num_tables = static_cast<int64_t>(plan.block_tables.size());
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+  auto grow = [](int64_t need, int64_t cap) {
+    while (cap < need) cap = std::max<int64_t>(64, cap * 2);
+    return cap;
+  };
+  const int64_t cap_tokens = grow(std::max<int64_t>(num_tokens, num_logits), plan_cap_tokens_);
+  const int64_t cap_seqs = grow(num_seqs, plan_cap_seqs_);
+  const int64_t cap_tables = grow(num_tables, plan_cap_tables_);
+  // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), then token_ids, positions,
+  // slot_mapping, token_seq, logits_rows (cap_tokens each), block_tables (cap_tables).
+  const int64_t total = 4 * cap_seqs + 5 * cap_tokens + cap_tables;
+  if (cap_tokens != plan_cap_tokens_ || cap_seqs != plan_cap_seqs_ ||
+      cap_tables != plan_cap_tables_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    plan_device_ = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
+    plan_cap_tokens_ = cap_tokens;
+    plan_cap_seqs_ = cap_seqs;
+    plan_cap_tables_ = cap_tables;
+  }
+  plan_host_.assign(static_cast<size_t>(total), 0);
+  int32_t* h = plan_host_.data();
+  int32_t* h_tokens = h + 4 * cap_seqs;
+  int32_t* h_positions = h_tokens + cap_tokens;
+  int32_t* h_slots = h_positions + cap_tokens;
+  int32_t* h_token_seq = h_slots + cap_tokens;
+  int32_t* h_logits = h_token_seq + cap_tokens;
+  int32_t* h_tables = h_logits + cap_tokens;
   max_query_len_ = 0;
   max_context_len_ = 0;
-  std::vector<int32_t> token_seq(static_cast<size_t>(num_tokens), 0);
   for (int32_t s = 0; s < num_seqs; ++s) {
     const SequenceSlice& q = plan.seqs[static_cast<size_t>(s)];
-    plan_host_.insert(plan_host_.end(),
-                      {q.query_start, q.query_len, q.context_len, q.block_table_start});
+    h[4 * s] = q.query_start;
+    h[4 * s + 1] = q.query_len;
+    h[4 * s + 2] = q.context_len;
+    h[4 * s + 3] = q.block_table_start;
     max_query_len_ = std::max(max_query_len_, q.query_len);
     max_context_len_ = std::max(max_context_len_, q.context_len);
     for (int32_t i = q.query_start; i < q.query_start + q.query_len && i < num_tokens; ++i)
-      token_seq[static_cast<size_t>(i)] = s;
+      h_token_seq[i] = s;
   }
-  const size_t off_tokens = plan_host_.size();
-  auto append = [&](const std::vector<int32_t>& v) {
-    const size_t off = plan_host_.size();
-    plan_host_.insert(plan_host_.end(), v.begin(), v.end());
-    return off;
-  };
-  append(plan.token_ids);
-  const size_t off_positions = append(plan.positions);
-  const size_t off_slots = append(plan.slot_mapping);
-  const size_t off_token_seq = append(token_seq);
-  const size_t off_tables = append(plan.block_tables);
-  const size_t off_logits = append(plan.logits_rows);
-  const size_t bytes = std::max<size_t>(plan_host_.size(), 1) * sizeof(int32_t);
-  if (plan_device_.bytes() < bytes) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    plan_device_ = DeviceBuffer(std::max(bytes * 2, size_t{1} << 16));
-  }
+  std::copy(plan.token_ids.begin(), plan.token_ids.end(), h_tokens);
+  std::copy(plan.positions.begin(), plan.positions.end(), h_positions);
+  std::copy(plan.slot_mapping.begin(), plan.slot_mapping.end(), h_slots);
+  std::copy(plan.logits_rows.begin(), plan.logits_rows.end(), h_logits);
+  std::copy(plan.block_tables.begin(), plan.block_tables.end(), h_tables);
+  // Pageable source: the copy is staged before this returns, so plan_host_ may be reused.
   CUDA_CHECK(cudaMemcpyAsync(plan_device_.data(), plan_host_.data(),
                              plan_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                              stream_.get()));
   const int32_t* base = plan_device_.as<int32_t>();
   plan_.seqs = reinterpret_cast<const int4*>(base);
-  plan_.token_ids = base + off_tokens;
-  plan_.positions = base + off_positions;
-  plan_.slot_mapping = base + off_slots;
-  plan_.token_seq = base + off_token_seq;
-  plan_.block_tables = base + off_tables;
-  plan_.logits_rows = base + off_logits;
+  plan_.token_ids = base + (h_tokens - h);
+  plan_.positions = base + (h_positions - h);
+  plan_.slot_mapping = base + (h_slots - h);
+  plan_.token_seq = base + (h_token_seq - h);
+  plan_.logits_rows = base + (h_logits - h);
+  plan_.block_tables = base + (h_tables - h);
   plan_.num_tokens = num_tokens;
   plan_.num_seqs = num_seqs;
-  plan_.num_logits_rows = static_cast<int32_t>(plan.logits_rows.size());
+  plan_.num_logits_rows = static_cast<int32_t>(num_logits);
   plan_.block_size = plan.block_size;
-  if (kv_pool_.data() != nullptr) CHECK_EQ(plan.block_size, kv_block_size_);
   in_step_ = true;
   return Status::Ok();
 }
@@ -303,11 +356,21 @@ Tensor CudaBackend::Alloc(std::initializer_list<int64_t> shape) {
   return t;
 }
 
+// Every op below CHECKs its shapes now and records its launch (with the values it depends on as
+// the graph key); nothing reaches the GPU before Flush().
+
 void CudaBackend::Embedding(const Tensor& table, float scale, Tensor out) {
   CHECK_EQ(out.rows(), plan_.num_tokens);
   CHECK_EQ(out.cols(), table.cols());
-  cuda::LaunchEmbedding(table.data, ToElemType(table.dtype), table.rows(), table.cols(), scale,
-                        plan_, static_cast<float*>(out.data), stream_.get());
+  const cuda::PlanView plan = plan_;
+  const ElemType type = ToElemType(table.dtype);
+  const int64_t vocab = table.rows(), d = table.cols();
+  recorder_.Record({1, KeyOf(table.data), U(static_cast<int>(type)), U(vocab), U(d), KeyOf(scale),
+                    KeyOf(plan.token_ids), U(plan.num_tokens), KeyOf(out.data)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchEmbedding(table.data, type, vocab, d, scale, plan,
+                                           static_cast<float*>(out.data), st);
+                   });
 }
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
@@ -315,10 +378,15 @@ void CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsN
   CHECK(x.dtype == DType::kF32 && weight.dtype == DType::kF32 && out.dtype == DType::kF32);
   CHECK_EQ(x.numel(), out.numel());
   CHECK_EQ(weight.numel(), x.cols());
-  cuda::LaunchRmsNorm(static_cast<const float*>(x.data), nullptr, nullptr,
-                      static_cast<const float*>(weight.data), eps,
-                      kind == RmsNormKind::kOnePlusWeight, x.rows(), x.cols(),
-                      static_cast<float*>(out.data), stream_.get());
+  const bool one_plus = kind == RmsNormKind::kOnePlusWeight;
+  const int64_t rows = x.rows(), d = x.cols();
+  recorder_.Record({2, KeyOf(x.data), KeyOf(weight.data), KeyOf(eps), U(one_plus), U(rows), U(d),
+                    KeyOf(out.data)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchRmsNorm(static_cast<const float*>(x.data), nullptr, nullptr,
+                                         static_cast<const float*>(weight.data), eps, one_plus,
+                                         rows, d, static_cast<float*>(out.data), st);
+                   });
 }
 
 void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
@@ -327,11 +395,16 @@ void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor&
   CHECK_EQ(residual.numel(), out.numel());
   CHECK_EQ(weight.numel(), residual.cols());
   CHECK(weight.dtype == DType::kF32);
-  cuda::LaunchRmsNorm(nullptr, static_cast<float*>(residual.data),
-                      static_cast<const float*>(delta.data),
-                      static_cast<const float*>(weight.data), eps,
-                      kind == RmsNormKind::kOnePlusWeight, residual.rows(), residual.cols(),
-                      static_cast<float*>(out.data), stream_.get());
+  const bool one_plus = kind == RmsNormKind::kOnePlusWeight;
+  const int64_t rows = residual.rows(), d = residual.cols();
+  recorder_.Record({3, KeyOf(residual.data), KeyOf(delta.data), KeyOf(weight.data), KeyOf(eps),
+                    U(one_plus), U(rows), U(d), KeyOf(out.data)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchRmsNorm(nullptr, static_cast<float*>(residual.data),
+                                         static_cast<const float*>(delta.data),
+                                         static_cast<const float*>(weight.data), eps, one_plus,
+                                         rows, d, static_cast<float*>(out.data), st);
+                   });
 }
 
 void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) {
@@ -341,31 +414,41 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   CHECK_EQ(out.cols(), m);
   CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
   if (n == 0) return;
-  const float alpha = 1.0f, beta = 0.0f;
-  const void* b_operand = x.data;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (weight.dtype == DType::kF32) {
-    // Parity mode: true fp32 FMA (never TF32).
-    compute = CUBLAS_COMPUTE_32F_PEDANTIC;
-  } else {
-    void* converted = ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
-    cuda::LaunchConvert(x.data, ElemType::kF32, converted, ToElemType(weight.dtype), n * k,
-                        stream_.get());
-    b_operand = converted;
-  }
-  // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T' x^T.
-  const cudaDataType_t wt = ToCudaType(weight.dtype);
-  CUBLAS_CHECK(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
-                            static_cast<int>(n), static_cast<int>(k), &alpha, weight.data, wt,
-                            static_cast<int>(k), b_operand, wt, static_cast<int>(k), &beta,
-                            out.data, CUDA_R_32F, static_cast<int>(m), compute,
-                            CUBLAS_GEMM_DEFAULT));
+  const void* bias_data = nullptr;
   if (bias != nullptr) {
     CHECK_EQ(bias->numel(), m);
     CHECK(bias->dtype == DType::kF32);
-    cuda::LaunchAddBias(static_cast<float*>(out.data), static_cast<const float*>(bias->data), n, m,
-                        stream_.get());
+    bias_data = bias->data;
   }
+  // Parity mode (f32 weights): true fp32 FMA, never TF32. Otherwise the activations are
+  // converted to the weight's 16-bit type and accumulated in f32.
+  const bool f32_weight = weight.dtype == DType::kF32;
+  void* converted =
+      f32_weight ? nullptr : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
+  const ElemType wtype = ToElemType(weight.dtype);
+  const cudaDataType_t wt = ToCudaType(weight.dtype);
+  const cublasHandle_t handle = cublas_.get();
+  recorder_.Record(
+      {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
+       U(k), U(m), KeyOf(out.data), KeyOf(converted)},
+      [=](cudaStream_t st) {
+        const float alpha = 1.0f, beta = 0.0f;
+        const void* b_operand = x.data;
+        if (!f32_weight) {
+          cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
+          b_operand = converted;
+        }
+        // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
+                                  static_cast<int>(n), static_cast<int>(k), &alpha, weight.data, wt,
+                                  static_cast<int>(k), b_operand, wt, static_cast<int>(k), &beta,
+                                  out.data, CUDA_R_32F, static_cast<int>(m),
+                                  f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+        if (bias_data != nullptr)
+          cuda::LaunchAddBias(static_cast<float*>(out.data),
+                              static_cast<const float*>(bias_data), n, m, st);
+      });
 }
 
 void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
@@ -375,11 +458,20 @@ void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
   CHECK_GT(per_token, 0);
   CHECK_EQ(q.numel() % per_token, 0);
   CHECK_EQ(k.numel() % per_token, 0);
-  cuda::LaunchRope(static_cast<float*>(q.data), static_cast<float*>(k.data),
-                   static_cast<int32_t>(q.numel() / per_token),
-                   static_cast<int32_t>(k.numel() / per_token), rope.spec.head_dim,
-                   rope.spec.rotary_dim, rope.cos.as<float>(), rope.sin.as<float>(),
-                   rope.spec.max_positions, plan_, stream_.get());
+  const int32_t num_heads = static_cast<int32_t>(q.numel() / per_token);
+  const int32_t num_kv_heads = static_cast<int32_t>(k.numel() / per_token);
+  const RopeSpec spec = rope.spec;
+  const float* cos = rope.cos.as<float>();
+  const float* sin = rope.sin.as<float>();
+  const cuda::PlanView plan = plan_;
+  recorder_.Record({5, KeyOf(q.data), KeyOf(k.data), U(num_heads), U(num_kv_heads),
+                    U(spec.head_dim), U(spec.rotary_dim), KeyOf(cos), KeyOf(sin),
+                    U(spec.max_positions), KeyOf(plan.positions), U(plan.num_tokens)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchRope(static_cast<float*>(q.data), static_cast<float*>(k.data),
+                                      num_heads, num_kv_heads, spec.head_dim, spec.rotary_dim,
+                                      cos, sin, spec.max_positions, plan, st);
+                   });
 }
 
 cuda::KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads,
@@ -397,8 +489,14 @@ cuda::KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads,
 void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
   CHECK_EQ(k.numel(), static_cast<int64_t>(plan_.num_tokens) * kv_heads_ * kv_head_dim_);
   CHECK_EQ(v.numel(), k.numel());
-  cuda::LaunchWriteKv(static_cast<const float*>(k.data), static_cast<const float*>(v.data),
-                      KvLayer(layer, kv_heads_, kv_head_dim_), plan_, stream_.get());
+  const cuda::KvLayerView kv = KvLayer(layer, kv_heads_, kv_head_dim_);
+  const cuda::PlanView plan = plan_;
+  recorder_.Record({6, KeyOf(k.data), KeyOf(v.data), KeyOf(kv.k), KeyOf(kv.v),
+                    KeyOf(plan.slot_mapping), U(plan.num_tokens)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchWriteKv(static_cast<const float*>(k.data),
+                                         static_cast<const float*>(v.data), kv, plan, st);
+                   });
 }
 
 void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tensor out) {
@@ -412,65 +510,100 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                                  params.scale,     params.sliding_window, params.softcap};
   const float* qp = static_cast<const float*>(q.data);
   float* op = static_cast<float*>(out.data);
+  const cuda::PlanView plan = plan_;
+  int32_t splits = 0;  // 0: the prefill kernel
+  float* partials = nullptr;
   if (max_query_len_ <= 1) {
-    // Decode: split the keys when there are too few (row, head) blocks to fill the GPU.
-    const int64_t row_blocks = static_cast<int64_t>(plan_.num_tokens) * params.num_heads;
+    // Decode: split the keys when there are too few (row, kv head) blocks to fill the GPU.
+    const int64_t group = params.num_heads / params.num_kv_heads;
+    const int64_t row_blocks =
+        static_cast<int64_t>(plan_.num_tokens) * params.num_kv_heads * ((group + 7) / 8);
     int64_t visible = max_context_len_;
     if (params.sliding_window > 0) visible = std::min<int64_t>(visible, params.sliding_window);
-    int64_t splits = std::min<int64_t>((visible + 255) / 256,
-                                       (2 * num_sms_ + row_blocks - 1) / row_blocks);
-    splits = std::clamp<int64_t>(splits, 1, 64);
-    float* partials = nullptr;
-    const int64_t floats = cuda::DecodePartialsFloats(plan_.num_tokens, params.num_heads,
-                                                      params.head_dim,
-                                                      static_cast<int32_t>(splits));
+    int64_t s = std::min<int64_t>((visible + 255) / 256,
+                                  (2 * num_sms_ + row_blocks - 1) / row_blocks);
+    splits = static_cast<int32_t>(std::clamp<int64_t>(s, 1, 64));
+    const int64_t floats =
+        cuda::DecodePartialsFloats(plan_.num_tokens, params.num_heads, params.head_dim, splits);
     if (floats > 0) partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
-    cuda::LaunchAttentionDecode(args, qp, kv, plan_, static_cast<int32_t>(splits), partials, op,
-                                stream_.get());
-  } else {
-    cuda::LaunchAttentionPrefill(args, qp, kv, plan_, max_query_len_, op, stream_.get());
   }
+  const int32_t max_query_len = max_query_len_;
+  recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
+                    U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
+                    U(args.sliding_window), KeyOf(args.softcap), U(splits), KeyOf(partials),
+                    U(max_query_len), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
+                    U(plan.block_size)},
+                   [=](cudaStream_t st) {
+                     if (splits > 0) {
+                       cuda::LaunchAttentionDecode(args, qp, kv, plan, splits, partials, op, st);
+                     } else {
+                       cuda::LaunchAttentionPrefill(args, qp, kv, plan, max_query_len, op, st);
+                     }
+                   });
 }
 
 void CudaBackend::SiluMul(const Tensor& gate, const Tensor& up, Tensor out) {
   CHECK_EQ(gate.numel(), up.numel());
   CHECK_EQ(gate.numel(), out.numel());
-  cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
-                              static_cast<const float*>(up.data), static_cast<float*>(out.data),
-                              gate.numel(), /*gelu=*/false, stream_.get());
+  const int64_t n = gate.numel();
+  recorder_.Record({8, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
+                                                 static_cast<const float*>(up.data),
+                                                 static_cast<float*>(out.data), n, false, st);
+                   });
 }
 
 void CudaBackend::GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) {
   CHECK_EQ(gate.numel(), up.numel());
   CHECK_EQ(gate.numel(), out.numel());
-  cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
-                              static_cast<const float*>(up.data), static_cast<float*>(out.data),
-                              gate.numel(), /*gelu=*/true, stream_.get());
+  const int64_t n = gate.numel();
+  recorder_.Record({9, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
+                                                 static_cast<const float*>(up.data),
+                                                 static_cast<float*>(out.data), n, true, st);
+                   });
 }
 
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
   CHECK_EQ(a.numel(), b.numel());
   CHECK_EQ(a.numel(), out.numel());
-  cuda::LaunchAdd(static_cast<const float*>(a.data), static_cast<const float*>(b.data),
-                  static_cast<float*>(out.data), a.numel(), stream_.get());
+  const int64_t n = a.numel();
+  recorder_.Record({10, KeyOf(a.data), KeyOf(b.data), KeyOf(out.data), U(n)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchAdd(static_cast<const float*>(a.data),
+                                     static_cast<const float*>(b.data),
+                                     static_cast<float*>(out.data), n, st);
+                   });
 }
 
 void CudaBackend::Softcap(Tensor x, float cap) {
   CHECK_GT(cap, 0.f);
-  cuda::LaunchSoftcap(static_cast<float*>(x.data), cap, x.numel(), stream_.get());
+  const int64_t n = x.numel();
+  recorder_.Record({11, KeyOf(x.data), KeyOf(cap), U(n)}, [=](cudaStream_t st) {
+    cuda::LaunchSoftcap(static_cast<float*>(x.data), cap, n, st);
+  });
 }
 
 void CudaBackend::GatherLogitsRows(const Tensor& x, Tensor out) {
   CHECK_EQ(x.rows(), plan_.num_tokens);
   CHECK_EQ(out.rows(), plan_.num_logits_rows);
   CHECK_EQ(out.cols(), x.cols());
-  cuda::LaunchGatherRows(static_cast<const float*>(x.data), x.cols(), plan_,
-                         static_cast<float*>(out.data), stream_.get());
+  const cuda::PlanView plan = plan_;
+  const int64_t d = x.cols();
+  recorder_.Record({12, KeyOf(x.data), KeyOf(out.data), U(d), KeyOf(plan.logits_rows),
+                    U(plan.num_logits_rows)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchGatherRows(static_cast<const float*>(x.data), d, plan,
+                                            static_cast<float*>(out.data), st);
+                   });
 }
 
 Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
   CHECK(t.dtype == DType::kF32);
   CHECK_EQ(static_cast<int64_t>(out.size()), t.numel());
+  Flush();
   CUDA_CHECK(cudaMemcpyAsync(out.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost,
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
@@ -488,14 +621,20 @@ int CudaDeviceCount() {
   return count;
 }
 
-Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool f32_compute) {
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options) {
   const int count = CudaDeviceCount();
   if (count == 0) return Status::Error("--device cuda: no CUDA device is available");
   if (device < 0 || device >= count)
     return Status::Error("cuda device " + std::to_string(device) + " does not exist (" +
                          std::to_string(count) + " present)");
   CUDA_CHECK(cudaSetDevice(device));
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(device, f32_compute));
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(device, options));
+}
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool f32_compute) {
+  CudaBackendOptions options;
+  options.f32_compute = f32_compute;
+  return CreateCudaBackend(device, options);
 }
 
 Result<CudaMemoryInfo> CudaGetMemoryInfo(int device) {
@@ -508,11 +647,17 @@ Result<CudaMemoryInfo> CudaGetMemoryInfo(int device) {
   return info;
 }
 
+CudaGraphStats CudaGetGraphStats(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  return cuda_backend == nullptr ? CudaGraphStats{} : cuda_backend->graph_stats();
+}
+
 Status CudaCopyFromHost(Backend& backend, std::span<const float> host, const Tensor& dst) {
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return Status::Error("CudaCopyFromHost: not a CUDA backend");
   CHECK(dst.dtype == DType::kF32);
   CHECK_EQ(static_cast<int64_t>(host.size()), dst.numel());
+  cuda_backend->Flush();
   CUDA_CHECK(cudaMemcpyAsync(dst.data, host.data(), dst.nbytes(), cudaMemcpyHostToDevice,
                              cuda_backend->stream()));
   CUDA_CHECK(cudaStreamSynchronize(cuda_backend->stream()));

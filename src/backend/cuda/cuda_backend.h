@@ -22,12 +22,27 @@ int CudaDeviceCount();
 // upload and GEMMs run bf16 x bf16 -> f32. Errors (no GPU, bad index) name the device.
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool f32_compute);
 
+struct CudaBackendOptions {
+  bool f32_compute = false;
+  // Replay decode steps (every row a single token) as CUDA graphs, keyed by everything their
+  // launches depend on; other steps launch op by op.
+  bool cuda_graphs = true;
+};
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
+
 // Free and total memory of `device` in bytes, for sizing the KV pool from a memory fraction.
 struct CudaMemoryInfo {
   size_t free_bytes = 0;
   size_t total_bytes = 0;
 };
 Result<CudaMemoryInfo> CudaGetMemoryInfo(int device);
+
+// Tests and benchmarks: how often decode steps were captured as / replayed from CUDA graphs.
+struct CudaGraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
+};
+CudaGraphStats CudaGetGraphStats(Backend& backend);
 
 // Tests and benchmarks: copies host floats into a float32 tensor of a CUDA backend (synchronous).
 Status CudaCopyFromHost(Backend& backend, std::span<const float> host, const Tensor& dst);

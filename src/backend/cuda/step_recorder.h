@@ -1,0 +1,55 @@
+// StepRecorder: defers one step's kernel launches so that a repeated step (a decode step of the
+// same batch shape) replays as one CUDA graph instead of hundreds of launches. Each op is
+// recorded with a key — every scalar and pointer its launch depends on — and a closure that
+// launches it. Flush() either runs the closures eagerly, or looks the full key sequence up in a
+// cache of instantiated graphs (exact comparison, so a replay launches exactly what the closures
+// would) and captures a new graph on a miss. Per-step inputs must live at stable device
+// addresses that are written before Flush (the plan upload). Not thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <list>
+#include <vector>
+
+namespace ember::cuda {
+
+class StepRecorder {
+ public:
+  using Op = std::function<void(cudaStream_t)>;
+
+  StepRecorder(cudaStream_t stream, size_t max_graphs) : stream_(stream), max_graphs_(max_graphs) {}
+  ~StepRecorder();
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  void Record(std::initializer_list<uint64_t> key, Op op);
+  bool empty() const { return ops_.empty(); }
+  // Enqueues the recorded ops on the stream (as a graph when use_graph) and clears them.
+  void Flush(bool use_graph);
+
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_captures() const { return graph_captures_; }
+
+ private:
+  struct Graph {
+    std::vector<uint64_t> key;
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  cudaStream_t stream_;
+  size_t max_graphs_;
+  std::vector<Op> ops_;
+  std::vector<uint64_t> key_;
+  std::list<Graph> graphs_;  // most recently used first
+  int64_t graph_replays_ = 0, graph_captures_ = 0;
+};
+
+// Key helpers: pointers and floats as 64-bit words.
+inline uint64_t KeyOf(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uint64_t KeyOf(float f);
+
+}  // namespace ember::cuda
