@@ -124,11 +124,40 @@ bool WeightedRow::Build(std::span<float> logits, float temperature) {
 void WeightedRow::Expand(int32_t index) {
   Node& node = nodes_[static_cast<size_t>(index)];
   node.expanded = true;
-  if (node.depth == 0 && node.count > kSmallNode) {
-    Split(index);
+  if (node.depth == 0) {
+    if (node.count > kSmallNode) {
+      Split(index);
+    } else {
+      GatherBand(index);
+    }
+  } else if (node.count > kSmallNode) {
+    Bucketize(index);
   } else {
-    Materialize(index);
+    node.leaf = true;
   }
+}
+
+void WeightedRow::GatherBand(int32_t index) {
+  const Node node = nodes_[static_cast<size_t>(index)];
+  const float* w = weights_.data();
+  const size_t size = weights_.size();
+  const size_t begin = ids_.size();
+  ids_.resize(begin + static_cast<size_t>(node.count) + kBlock);  // slack for branchless writes
+  size_t n = begin;
+  for (size_t block = 0; block * kBlock < size; ++block) {
+    if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
+    const size_t end = std::min(size, (block + 1) * kBlock);
+    for (size_t i = block * kBlock; i < end; ++i) {
+      ids_[n] = static_cast<int32_t>(i);
+      n += (w[i] >= node.low) & (w[i] < node.high);
+    }
+  }
+  CHECK_EQ(static_cast<int64_t>(n - begin), node.count);
+  ids_.resize(n);
+  Node& leaf = nodes_[static_cast<size_t>(index)];
+  leaf.leaf = true;
+  leaf.ids_begin = static_cast<int64_t>(begin);
+  leaf.ids_end = static_cast<int64_t>(n);
 }
 
 void WeightedRow::Split(int32_t index) {
@@ -139,67 +168,73 @@ void WeightedRow::Split(int32_t index) {
   const float top = std::min(node.high, std::nextafter(1.0f, 2.0f));  // weights are <= 1
   const uint32_t first = std::bit_cast<uint32_t>(node.low) >> shift;
   const uint32_t last = std::bit_cast<uint32_t>(std::nextafter(top, 0.0f)) >> shift;
-  const size_t num_children = last - first + 1;
-  // One histogram per lane (i % kLanes), so consecutive tokens never wait on the same counter.
-  std::vector<int64_t> counts(num_children * kLanes, 0);
-  std::vector<double> masses(num_children * kLanes, 0.0);
+  const size_t num_buckets = last - first + 1;
+  // Pass 1: one histogram per lane (i % kLanes), so consecutive tokens never wait on the same
+  // counter. Slot = (last - bucket): highest weights first.
+  std::vector<int64_t> counts(num_buckets * kLanes, 0);
+  std::vector<double> masses(num_buckets * kLanes, 0.0);
   const float* w = weights_.data();
   const size_t size = weights_.size();
+  auto in_node = [&](float x) { return x >= node.low && x < node.high; };
+  auto slot_of = [&](float x) { return last - (std::bit_cast<uint32_t>(x) >> shift); };
   for (size_t block = 0; block * kBlock < size; ++block) {
     if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
     const size_t end = std::min(size, (block + 1) * kBlock);
     for (size_t i = block * kBlock; i < end; ++i) {
       const float x = w[i];
-      if (!(x >= node.low && x < node.high)) continue;
-      const size_t slot = ((std::bit_cast<uint32_t>(x) >> shift) - first) * kLanes + i % kLanes;
-      ++counts[slot];
-      masses[slot] += x;
+      if (!in_node(x)) continue;
+      const size_t lane_slot = slot_of(x) * kLanes + i % kLanes;
+      ++counts[lane_slot];
+      masses[lane_slot] += x;
     }
   }
+  // Pass 2: place each member's id in its child's range; each (child, lane) has its own cursor
+  // for the same reason (leaves are sorted when visited, so the order inside does not matter).
+  std::vector<int64_t> cursor(num_buckets * kLanes);
+  int64_t next = static_cast<int64_t>(ids_.size());
   const auto first_child = static_cast<int32_t>(nodes_.size());
-  for (size_t c = num_children; c-- > 0;) {  // highest weights first
+  for (size_t slot = 0; slot < num_buckets; ++slot) {
     Node child;
-    const auto bucket = static_cast<uint32_t>(first + c);
-    child.low = std::max(node.low, std::bit_cast<float>(bucket << shift));
-    child.high = std::min(node.high, std::bit_cast<float>((bucket + 1) << shift));
+    child.ids_begin = next;
     child.count = 0;
     child.mass = 0.0;
     for (size_t j = 0; j < kLanes; ++j) {
-      child.count += counts[c * kLanes + j];
-      child.mass += masses[c * kLanes + j];
+      cursor[slot * kLanes + j] = next;
+      next += counts[slot * kLanes + j];
+      child.count += counts[slot * kLanes + j];
+      child.mass += masses[slot * kLanes + j];
     }
+    child.ids_end = next;
     if (child.count == 0) continue;
+    const auto bucket = static_cast<uint32_t>(last - slot);
+    child.low = std::max(node.low, std::bit_cast<float>(bucket << shift));
+    child.high = std::min(node.high, std::bit_cast<float>((bucket + 1) << shift));
     child.band = node.band;
     child.depth = node.depth + 1;
     nodes_.push_back(child);
+  }
+  CHECK_EQ(next - static_cast<int64_t>(ids_.size()), node.count);
+  ids_.resize(static_cast<size_t>(next));
+  for (size_t block = 0; block * kBlock < size; ++block) {
+    if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
+    const size_t end = std::min(size, (block + 1) * kBlock);
+    for (size_t i = block * kBlock; i < end; ++i) {
+      const float x = w[i];
+      if (!in_node(x)) continue;
+      ids_[static_cast<size_t>(cursor[slot_of(x) * kLanes + i % kLanes]++)] =
+          static_cast<int32_t>(i);
+    }
   }
   Node& parent = nodes_[static_cast<size_t>(index)];
   parent.first_child = first_child;
   parent.num_children = static_cast<int32_t>(nodes_.size()) - first_child;
 }
 
-void WeightedRow::Materialize(int32_t index) {
+void WeightedRow::Bucketize(int32_t index) {
   const Node node = nodes_[static_cast<size_t>(index)];
   const float* w = weights_.data();
-  const size_t size = weights_.size();
-  const auto begin = static_cast<int64_t>(ids_.size());
-  for (size_t block = 0; block * kBlock < size; ++block) {
-    if (block_band_count_[block * kNumBands + static_cast<size_t>(node.band)] == 0) continue;
-    const size_t end = std::min(size, (block + 1) * kBlock);
-    for (size_t i = block * kBlock; i < end; ++i) {
-      if (w[i] >= node.low && w[i] < node.high) ids_.push_back(static_cast<int32_t>(i));
-    }
-  }
-  const auto end = static_cast<int64_t>(ids_.size());
-  CHECK_EQ(end - begin, node.count);
-  if (node.count <= kSmallNode) {
-    Node& leaf = nodes_[static_cast<size_t>(index)];
-    leaf.leaf = true;
-    leaf.ids_begin = begin;
-    leaf.ids_end = end;
-    return;
-  }
-  // Counting sort by weight bucket, highest first; ids stay ascending within a bucket. Each
+  const int64_t begin = node.ids_begin, end = node.ids_end;
+  // Counting sort of the node's ids by 16-per-octave weight bucket, highest first. Each
   // non-empty bucket becomes a leaf child.
   uint32_t low = ~0u, high = 0;
   for (int64_t i = begin; i < end; ++i) {
@@ -207,38 +242,47 @@ void WeightedRow::Materialize(int32_t index) {
     low = std::min(low, bucket);
     high = std::max(high, bucket);
   }
+  // Per-lane counters and cursors, as in Split.
   const size_t num_buckets = high - low + 1;
-  std::vector<int64_t> offset(num_buckets + 1, 0);
-  std::vector<double> mass(num_buckets, 0.0);
+  std::vector<int64_t> counts(num_buckets * kLanes, 0);
+  std::vector<double> masses(num_buckets * kLanes, 0.0);
   for (int64_t i = begin; i < end; ++i) {
     const int32_t id = ids_[static_cast<size_t>(i)];
-    const size_t slot = high - BucketOf(w[id]);
-    ++offset[slot + 1];
-    mass[slot] += w[id];
+    const size_t lane_slot = (high - BucketOf(w[id])) * kLanes + static_cast<size_t>(i) % kLanes;
+    ++counts[lane_slot];
+    masses[lane_slot] += w[id];
   }
+  std::vector<int64_t> cursor(num_buckets * kLanes);
+  int64_t next = 0;
   const auto first_child = static_cast<int32_t>(nodes_.size());
   for (size_t slot = 0; slot < num_buckets; ++slot) {
-    offset[slot + 1] += offset[slot];
-    if (offset[slot + 1] == offset[slot]) continue;
-    const auto bucket = static_cast<uint32_t>(high - slot);
     Node child;
+    child.ids_begin = begin + next;
+    child.count = 0;
+    child.mass = 0.0;
+    for (size_t j = 0; j < kLanes; ++j) {
+      cursor[slot * kLanes + j] = next;
+      next += counts[slot * kLanes + j];
+      child.count += counts[slot * kLanes + j];
+      child.mass += masses[slot * kLanes + j];
+    }
+    child.ids_end = begin + next;
+    if (child.count == 0) continue;
+    const auto bucket = static_cast<uint32_t>(high - slot);
     child.low = std::max(node.low, std::bit_cast<float>(bucket << 19));
     child.high = std::min(node.high, std::bit_cast<float>((bucket + 1) << 19));
-    child.count = offset[slot + 1] - offset[slot];
-    child.mass = mass[slot];
     child.band = node.band;
     child.depth = node.depth + 1;
     child.expanded = child.leaf = true;
-    child.ids_begin = begin + offset[slot];
-    child.ids_end = begin + offset[slot + 1];
     nodes_.push_back(child);
   }
-  std::vector<int32_t> grouped(static_cast<size_t>(end - begin));
+  scratch_ids_.resize(static_cast<size_t>(end - begin));
   for (int64_t i = begin; i < end; ++i) {
     const int32_t id = ids_[static_cast<size_t>(i)];
-    grouped[static_cast<size_t>(offset[high - BucketOf(w[id])]++)] = id;
+    const size_t lane_slot = (high - BucketOf(w[id])) * kLanes + static_cast<size_t>(i) % kLanes;
+    scratch_ids_[static_cast<size_t>(cursor[lane_slot]++)] = id;
   }
-  std::copy(grouped.begin(), grouped.end(), ids_.begin() + begin);
+  std::copy(scratch_ids_.begin(), scratch_ids_.end(), ids_.begin() + begin);
   Node& parent = nodes_[static_cast<size_t>(index)];
   parent.first_child = first_child;
   parent.num_children = static_cast<int32_t>(nodes_.size()) - first_child;

@@ -6,9 +6,10 @@
 // excluded token. Tokens fall into 4 bands by weight ([2^-4, 1], [2^-10, 2^-4), [2^-20, 2^-10),
 // (0, 2^-20)) whose counts and masses (and per-512-token-block counts) come from the same
 // vectorised pass that computes the weights. The weight intervals form a tree expanded only where
-// a walk must look inside: a large band is split into weight buckets by one pass over its blocks;
-// a node is materialised by gathering its ids, and a large one is then counting-sorted into
-// 16-per-octave weight buckets; a leaf is sorted only when a walk enters it. Top-k is a
+// a walk must look inside: a small band is gathered into a leaf; a large band is split into
+// weight buckets by two passes over its blocks (histogram, then ids placed per child); a large
+// child is counting-sorted into 16-per-octave buckets; a leaf is sorted only when a walk enters
+// it. Top-k is a
 // selection pass instead (a k-best buffer, or nth_element for large k), after which the kept set
 // is an explicit sorted list. Weights below 2^-126 count as zero. Not thread-safe: use one WeightedRow per thread, reused across rows.
 #pragma once
@@ -42,6 +43,7 @@ class WeightedRow {
   int64_t num_kept() const { return kept_count_; }
   std::vector<int32_t> KeptIds();  // in rank order (tests, debugging)
   std::span<const float> weights() const { return weights_; }
+  size_t num_tree_nodes() const { return nodes_.size(); }  // bands + expanded nodes (tests)
 
  private:
   static constexpr int kNumBands = 4;
@@ -73,8 +75,9 @@ class WeightedRow {
   template <typename PassGroup, typename Visit>
   std::optional<Stop> WalkNode(int32_t index, PassGroup& pass_group, Visit& visit);
   void Expand(int32_t index);
-  void Split(int32_t index);        // weight-bucket children, one pass over the band's blocks
-  void Materialize(int32_t index);  // gather ids; bucket them when many
+  void GatherBand(int32_t index);  // a small band becomes a leaf: gather its ids
+  void Split(int32_t index);       // a large band: weight-bucket children with their ids
+  void Bucketize(int32_t index);   // a large non-band node: 16-per-octave leaf children
   bool Kept(int32_t id, float w) const {
     return !has_cut_ || w > cut_weight_ || (w == cut_weight_ && id < cut_id_);
   }
@@ -88,7 +91,8 @@ class WeightedRow {
   std::span<float> weights_;
   std::vector<int32_t> block_band_count_;  // [num_blocks, kNumBands]
   std::vector<Node> nodes_;                // [0, kNumBands) are the bands
-  std::vector<int32_t> ids_;               // leaves' ids
+  std::vector<int32_t> ids_;               // nodes' ids (bands have none)
+  std::vector<int32_t> scratch_ids_;
 
   // After top-k the kept set is explicit: top_ holds it in rank order and walks use it instead
   // of the tree (top-k is a selection over the row, never a tree walk).

@@ -165,14 +165,19 @@ TEST(WeightedRowTest, MatchesBruteForceOnRandomRows) {
   std::mt19937 gen(11);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   int mismatches = 0;
-  for (int trial = 0; trial < 60; ++trial) {
+  size_t most_nodes = 0;
+  for (int trial = 0; trial < 90; ++trial) {
     const float scale = trial % 3 == 0 ? 0.05f : (trial % 3 == 1 ? 2.0f : 8.0f);  // flat..peaked
     std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> logits(trial % 2 ? 5000 : 777);
+    // Sizes that keep every band small, and ones whose bands are split and bucketed.
+    const size_t sizes[] = {777, 5000, 40000};
+    std::vector<float> logits(sizes[trial % 3 == 0 ? (trial / 3) % 3 : trial % 3]);
     for (float& x : logits) x = dist(gen);
     for (size_t i = 0; i < logits.size(); i += 7) logits[i] = logits[3];  // ties
     const float temperature = trial % 4 == 0 ? 0.3f : 1.0f;
-    const int32_t top_k = trial % 5 == 0 ? 0 : static_cast<int32_t>(gen() % 3000);
+    const int32_t top_k = trial % 5 == 0   ? 0
+                          : trial % 5 == 1 ? static_cast<int32_t>(gen() % 300)
+                                           : static_cast<int32_t>(gen() % 3000);
     const float top_p = trial % 3 == 0 ? 1.0f : static_cast<float>(uniform(gen));
     const float min_p = trial % 4 == 1 ? static_cast<float>(uniform(gen) * 0.5) : 0.0f;
     WeightedRow row;
@@ -185,12 +190,42 @@ TEST(WeightedRowTest, MatchesBruteForceOnRandomRows) {
                                    << " min_p " << min_p;
     for (int draw = 0; draw < 200; ++draw) {
       const double u = draw == 0 ? 0.0 : (draw == 1 ? 1.0 - 0x1.0p-53 : uniform(gen));
-      // Bucket masses are summed in id order, the reference in rank order: a boundary may
-      // differ by rounding (~1e-16), so allow a handful of mismatches in 12,000 draws.
+      // Group masses are summed in another order than the reference's rank order: a boundary
+      // may differ by rounding (~1e-16), so allow a handful of mismatches in 18,000 draws.
       mismatches += row.Draw(u) != ReferenceDraw(want, row.weights(), u);
     }
+    most_nodes = std::max(most_nodes, row.num_tree_nodes());
   }
   EXPECT_LE(mismatches, 2);
+  EXPECT_GT(most_nodes, 40u) << "the large rows must exercise band splits and bucketing";
+}
+
+TEST(WeightedRowTest, LargeFlatBandsMatchBruteForce) {
+  // 20k tokens in one narrow weight range: the band is split, its children bucketed, and only
+  // the visited leaves sorted. Once in the top band, once deep in the tail band (w ~ 1e-9).
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> jitter(-0.5f, 0.0f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const float offset : {0.0f, -20.0f}) {
+    std::vector<float> logits(20001);
+    for (float& x : logits) x = offset + jitter(gen);
+    logits[123] = 0.5f;  // the top token
+    for (const float top_p : {1.0f, 0.9f, 0.2f}) {
+      std::vector<float> row_logits = logits;
+      WeightedRow row;
+      ASSERT_TRUE(row.Build(row_logits, 1.0f));
+      row.ApplyTopP(top_p);
+      const auto want = ReferenceKept(row.weights(), 0, top_p, 0.0f);
+      ASSERT_EQ(row.KeptIds(), want) << "offset " << offset << " top_p " << top_p;
+      int mismatches = 0;
+      for (int draw = 0; draw < 300; ++draw) {
+        const double u = uniform(gen);
+        mismatches += row.Draw(u) != ReferenceDraw(want, row.weights(), u);
+      }
+      EXPECT_LE(mismatches, 1);
+      EXPECT_GT(row.num_tree_nodes(), 10u);
+    }
+  }
 }
 
 TEST(WeightedRowTest, DrawWalksTheRankOrder) {
