@@ -25,36 +25,53 @@ constexpr size_t kMaxCacheBytes = size_t{48} << 20;  // per thread; cleared when
 
 }  // namespace
 
+bool BpeModel::VocabMap::Matches(const Slot& slot, uint32_t tag, std::string_view s,
+                                 const std::vector<std::string>& strings) {
+  if (slot.tag != tag || slot.len != std::min<size_t>(s.size(), 255)) return false;
+  size_t n = std::min(s.size(), kInline);
+  if (std::memcmp(slot.head, s.data(), n) != 0) return false;
+  return s.size() <= kInline || strings[size_t(slot.id)] == s;
+}
+
 void BpeModel::VocabMap::Build(const std::vector<std::string>* strings) {
   strings_ = strings;
   size_t cap = 16;
   while (cap < strings->size() * 2) cap <<= 1;
   slots_.assign(cap, Slot{});
   mask_ = cap - 1;
+  std::vector<uint64_t> hashes(strings->size());
+  for (size_t id = 0; id < strings->size(); ++id) hashes[id] = Hash((*strings)[id]);
+  constexpr size_t kAhead = 16;  // prefetch distance: inserts are bound by cache misses
   for (size_t id = 0; id < strings->size(); ++id) {
+    if (id + kAhead < strings->size()) Prefetch(hashes[id + kAhead]);
     const std::string& s = (*strings)[id];
     if (s.empty()) continue;
-    uint64_t h = std::hash<std::string_view>{}(s);
+    uint64_t h = hashes[id];
+    uint32_t tag = uint32_t(h >> 32);
     size_t i = h & mask_;
     bool duplicate = false;
     while (slots_[i].id >= 0) {
-      if (slots_[i].tag == uint32_t(h >> 32) && (*strings)[size_t(slots_[i].id)] == s) {
+      if (Matches(slots_[i], tag, s, *strings)) {
         duplicate = true;
         break;
       }
       i = (i + 1) & mask_;
     }
-    if (!duplicate) slots_[i] = {uint32_t(h >> 32), int32_t(id)};
+    if (duplicate) continue;
+    Slot& slot = slots_[i];
+    slot.tag = tag;
+    slot.id = int32_t(id);
+    slot.len = uint8_t(std::min<size_t>(s.size(), 255));
+    std::memcpy(slot.head, s.data(), std::min(s.size(), kInline));
   }
 }
 
-std::optional<int32_t> BpeModel::VocabMap::Find(std::string_view s) const {
-  uint64_t h = std::hash<std::string_view>{}(s);
+std::optional<int32_t> BpeModel::VocabMap::Find(std::string_view s, uint64_t h) const {
   uint32_t tag = uint32_t(h >> 32);
   for (size_t i = h & mask_;; i = (i + 1) & mask_) {
     const Slot& slot = slots_[i];
     if (slot.id < 0) return std::nullopt;
-    if (slot.tag == tag && (*strings_)[size_t(slot.id)] == s) return slot.id;
+    if (Matches(slot, tag, s, *strings_)) return slot.id;
   }
 }
 
@@ -121,52 +138,93 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
     m->byte_ids_[b] = m->Lookup(name).value_or(-1);
   }
 
-  // Merges: "a b" strings or ["a", "b"] pairs; rank = position.
-  simdjson::dom::array merges;
-  auto mf = JsonField(json, "merges");
-  if (mf && mf->get_array().get(merges) != simdjson::SUCCESS)
-    return Status::Error("model: 'merges' must be an array");
-  if (mf) {
-    m->merges_.Reserve(merges.size());
-    uint32_t rank = 0;
-    std::string joined;
-    for (Json merge : merges) {
-      std::string_view a, b;
-      std::string_view line;
-      if (merge.get_string().get(line) == simdjson::SUCCESS) {
-        size_t sp = line.find(' ');
-        if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
-          return Status::Error("model.merges[" + std::to_string(rank) + "]: expected 'a b', got '" +
-                               std::string(line) + "'");
-        a = line.substr(0, sp);
-        b = line.substr(sp + 1);
-      } else {
-        simdjson::dom::array pair;
-        if (merge.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
-            pair.at(0).get_string().get(a) != simdjson::SUCCESS ||
-            pair.at(1).get_string().get(b) != simdjson::SUCCESS)
-          return Status::Error("model.merges[" + std::to_string(rank) +
-                               "]: expected a string or a pair of strings");
-      }
-      auto a_id = m->Lookup(a), b_id = m->Lookup(b);
-      if (!a_id || !b_id)
-        return Status::Error("model.merges[" + std::to_string(rank) + "]: token '" +
-                             std::string(!a_id ? a : b) + "' is not in the vocab");
-      size_t prefix = m->continuing_subword_prefix_.size();
-      joined.assign(a);
-      joined.append(b.substr(std::min(prefix, b.size())));
-      auto new_id = m->Lookup(joined);
-      if (!new_id)
-        return Status::Error("model.merges[" + std::to_string(rank) + "]: merged token '" +
-                             joined + "' is not in the vocab");
-      m->merges_.Insert((uint64_t(uint32_t(*a_id)) << 32) | uint32_t(*b_id),
-                        (uint64_t(rank) << 32) | uint32_t(*new_id));
-      ++rank;
-    }
+  if (auto merges = JsonField(json, "merges")) {
+    EMBER_RETURN_IF_ERROR(m->LoadMerges(*merges));
   } else {
     m->merges_.Reserve(1);
   }
   return m;
+}
+
+// Merges: "a b" strings or ["a", "b"] pairs; rank = position. Looked up in chunks whose hash
+// slots are prefetched first: loading is bound by cache misses in the vocab and merge tables.
+Status BpeModel::LoadMerges(Json json) {
+  simdjson::dom::array merges;
+  if (json.get_array().get(merges) != simdjson::SUCCESS)
+    return Status::Error("model: 'merges' must be an array");
+  merges_.Reserve(merges.size());
+  constexpr size_t kChunk = 32;
+  struct Item {
+    std::string_view a, b;
+    size_t joined_begin, joined_len;
+    uint64_t ha, hb, hj;
+    uint64_t key, value;
+  };
+  Item items[kChunk];
+  std::string joined;
+  const size_t prefix = continuing_subword_prefix_.size();
+  uint32_t rank = 0;
+  auto it = merges.begin();
+  const auto end = merges.end();
+  while (it != end) {
+    // 1. Parse a chunk, hash its strings, prefetch their vocab slots.
+    size_t n = 0;
+    joined.clear();
+    for (; n < kChunk && it != end; ++n, ++it) {
+      Item& item = items[n];
+      Json merge = *it;
+      std::string_view line;
+      uint32_t r = rank + uint32_t(n);
+      if (merge.get_string().get(line) == simdjson::SUCCESS) {
+        size_t sp = line.find(' ');
+        if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
+          return Status::Error("model.merges[" + std::to_string(r) + "]: expected 'a b', got '" +
+                               std::string(line) + "'");
+        item.a = line.substr(0, sp);
+        item.b = line.substr(sp + 1);
+      } else {
+        simdjson::dom::array pair;
+        if (merge.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
+            pair.at(0).get_string().get(item.a) != simdjson::SUCCESS ||
+            pair.at(1).get_string().get(item.b) != simdjson::SUCCESS)
+          return Status::Error("model.merges[" + std::to_string(r) +
+                               "]: expected a string or a pair of strings");
+      }
+      item.joined_begin = joined.size();
+      joined.append(item.a);
+      joined.append(item.b.substr(std::min(prefix, item.b.size())));
+      item.joined_len = joined.size() - item.joined_begin;
+      item.ha = VocabMap::Hash(item.a);
+      item.hb = VocabMap::Hash(item.b);
+      vocab_.Prefetch(item.ha);
+      vocab_.Prefetch(item.hb);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      items[k].hj = VocabMap::Hash(std::string_view(joined).substr(items[k].joined_begin, items[k].joined_len));
+      vocab_.Prefetch(items[k].hj);
+    }
+    // 2. Resolve ids, prefetch the merge-table slots.
+    for (size_t k = 0; k < n; ++k) {
+      Item& item = items[k];
+      std::string_view j = std::string_view(joined).substr(item.joined_begin, item.joined_len);
+      auto a_id = vocab_.Find(item.a, item.ha), b_id = vocab_.Find(item.b, item.hb);
+      auto new_id = vocab_.Find(j, item.hj);
+      uint32_t r = rank + uint32_t(k);
+      if (!a_id || !b_id)
+        return Status::Error("model.merges[" + std::to_string(r) + "]: token '" +
+                             std::string(!a_id ? item.a : item.b) + "' is not in the vocab");
+      if (!new_id)
+        return Status::Error("model.merges[" + std::to_string(r) + "]: merged token '" +
+                             std::string(j) + "' is not in the vocab");
+      item.key = (uint64_t(uint32_t(*a_id)) << 32) | uint32_t(*b_id);
+      item.value = (uint64_t(r) << 32) | uint32_t(*new_id);
+      merges_.Prefetch(item.key);
+    }
+    // 3. Insert in rank order (the first occurrence of a pair wins).
+    for (size_t k = 0; k < n; ++k) merges_.Insert(items[k].key, items[k].value);
+    rank += uint32_t(n);
+  }
+  return Status::Ok();
 }
 
 std::optional<int32_t> BpeModel::Lookup(std::string_view s) const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,18 +36,26 @@ class BpeModel {
     int32_t prev, next;
     uint32_t len;  // 0 once merged away
   };
-  // Open-addressing map token string -> id over the strings in id_to_token_ (one probe touches
-  // a slot and, on a tag hit, the string): much fewer cache misses than a node-based map.
+  // Open-addressing map token string -> id over the strings in id_to_token_. A slot keeps a
+  // hash tag and the first bytes inline, so most probes (short tokens) touch one cache line.
   class VocabMap {
    public:
     void Build(const std::vector<std::string>* strings);
-    std::optional<int32_t> Find(std::string_view s) const;
+    std::optional<int32_t> Find(std::string_view s) const { return Find(s, Hash(s)); }
+    std::optional<int32_t> Find(std::string_view s, uint64_t hash) const;
+    void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
+    static uint64_t Hash(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
    private:
+    static constexpr size_t kInline = 7;
     struct Slot {
       uint32_t tag = 0;
       int32_t id = -1;
+      uint8_t len = 0;  // min(length, 255)
+      char head[kInline] = {};
     };
+    static bool Matches(const Slot& slot, uint32_t tag, std::string_view s,
+                        const std::vector<std::string>& strings);
     std::vector<Slot> slots_;
     size_t mask_ = 0;
     const std::vector<std::string>* strings_ = nullptr;
@@ -56,6 +65,7 @@ class BpeModel {
    public:
     void Reserve(size_t n);
     void Insert(uint64_t key, uint64_t value);
+    void Prefetch(uint64_t key) const { __builtin_prefetch(&slots_[Mix(key) & mask_]); }
     // Returns UINT64_MAX when absent.
     uint64_t Find(uint64_t key) const {
       size_t i = Mix(key) & mask_;
@@ -82,6 +92,7 @@ class BpeModel {
     size_t mask_ = 0;
   };
 
+  Status LoadMerges(Json merges);
   void Encode(std::string_view word, std::vector<int32_t>* ids) const;
   void MergeAll(std::vector<Symbol>* symbols) const;
   std::optional<int32_t> Lookup(std::string_view s) const;
