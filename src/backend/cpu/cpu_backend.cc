@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -26,6 +27,29 @@ FloatBuffer AllocFloats(size_t count) {
 float* F(const Tensor& t) {
   CHECK(t.dtype == DType::kF32) << "expected an F32 tensor, got " << DTypeName(t.dtype);
   return static_cast<float*>(t.data);
+}
+
+// q . k over one head: 8-lane FMA partial sums in k order, then a fixed horizontal sum, then the
+// scalar tail (same order for every row, so attention is batch-invariant).
+inline float Dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  float sum = _mm_cvtss_f32(lo);
+  for (; j < n; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// acc += p * v over one head.
+inline void Axpy(float p, const float* v, float* acc, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + j), _mm256_loadu_ps(acc + j)));
+  for (; j < n; ++j) acc[j] += p * v[j];
 }
 
 struct RopeTable {
@@ -353,9 +377,7 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
       for (int64_t t = first; t <= pos; ++t) {
         const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
         const float* kv = kc + slot * kv_width + kvh * hd;
-        float dot = 0.0f;
-        for (int64_t j = 0; j < hd; ++j) dot += qv[j] * kv[j];
-        float sc = dot * p.scale;
+        float sc = Dot(qv, kv, hd) * p.scale;
         if (p.softcap > 0.0f) sc = std::tanh(sc / p.softcap) * p.softcap;
         scores[static_cast<size_t>(t - first)] = sc;
         max_score = std::max(max_score, sc);
@@ -372,7 +394,7 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
         const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
         const float* vv = vc + slot * kv_width + kvh * hd;
         const float pr = scores[static_cast<size_t>(t - first)] * inv;
-        for (int64_t j = 0; j < hd; ++j) acc[static_cast<size_t>(j)] += pr * vv[j];
+        Axpy(pr, vv, acc.data(), hd);
       }
       std::memcpy(od + (row * p.num_heads + h) * hd, acc.data(), static_cast<size_t>(hd) * 4);
     }
