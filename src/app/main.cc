@@ -19,6 +19,8 @@ constexpr Command kCommands[] = {
     {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
     {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
     {"serve", ember::app::ServeCommand, "OpenAI-compatible HTTP server (chat, completions, SSE)"},
+    {"tokenize", ember::app::TokenizeCommand, "UTF-8 text on stdin -> JSON array of token ids"},
+    {"detokenize", ember::app::DetokenizeCommand, "JSON array of token ids on stdin -> text"},
 };
 
 void PrintUsage() {

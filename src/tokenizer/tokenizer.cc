@@ -98,6 +98,7 @@ Tokenizer::~Tokenizer() = default;
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   std::string json_path = dir + "/tokenizer.json";
+  if (!FileExists(json_path)) return Status::Error(json_path + ": not found");
   EMBER_RETURN_IF_ERROR(t->LoadTokenizerJson(json_path).WithContext(json_path));
   std::string config_path = dir + "/tokenizer_config.json";
   if (FileExists(config_path)) {
