@@ -53,7 +53,7 @@ double Now() {
 int Run(int argc, char** argv) {
   std::string shape_name = "llama-3.2-1b";
   int64_t batch = 1, prompt = 512, gen = 128, chunk = 8192;
-  bool f32 = false, no_graphs = false, help = false;
+  bool f32 = false, no_graphs = false, profile = false, help = false;
   FlagParser flags("cuda_forward_bench [flags]");
   flags.AddString("--shape", &shape_name, "llama-3.2-1b | llama-3.1-8b");
   flags.AddInt("--batch", &batch, "concurrent sequences");
@@ -62,6 +62,7 @@ int Run(int argc, char** argv) {
   flags.AddInt("--prefill-chunk", &chunk, "max tokens per prefill step");
   flags.AddBool("--f32", &f32, "f32 compute mode");
   flags.AddBool("--no-graphs", &no_graphs, "launch decode steps op by op (no CUDA graphs)");
+  flags.AddBool("--profile", &profile, "time each op kind with events (decode steps only)");
   Status st = flags.Parse(argc, argv, 1, &help);
   if (!st.ok() || help) {
     std::fprintf(stderr, "%s\n%s\n", st.message().c_str(), flags.Help().c_str());
@@ -77,6 +78,7 @@ int Run(int argc, char** argv) {
   CudaBackendOptions options;
   options.f32_compute = f32;
   options.cuda_graphs = !no_graphs;
+  options.profile_ops = profile;
   auto created = CreateCudaBackend(0, options);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().message().c_str());
@@ -197,6 +199,7 @@ int Run(int argc, char** argv) {
   const double prefill_s = Now() - t0;
 
   // Decode: `gen` steps of `batch` rows; the first 3 are warm-up, untimed.
+  const std::vector<CudaOpTime> prefill_profile = CudaGetOpProfile(b);
   const int64_t warm = std::min<int64_t>(3, gen);
   double t1 = Now();
   for (int64_t step = 0; step < gen; ++step) {
@@ -223,6 +226,23 @@ int Run(int argc, char** argv) {
                 "(%.0f%% of 4300 GB/s)\n",
                 step_s * 1e3, static_cast<double>(batch) / step_s, weight_bytes / 1e9,
                 weight_bytes / step_s / 1e9, 100.0 * weight_bytes / step_s / 4.3e12);
+  if (profile) {
+    // Decode-only GPU time per op kind (all decode steps, warm-up included).
+    std::printf("decode op profile (GPU ms per step, %ld steps):\n", static_cast<long>(gen));
+    for (const CudaOpTime& t : CudaGetOpProfile(b)) {
+      double ms = t.total_ms;
+      int64_t calls = t.calls;
+      for (const CudaOpTime& p : prefill_profile)
+        if (p.op == t.op) {
+          ms -= p.total_ms;
+          calls -= p.calls;
+        }
+      if (calls > 0)
+        std::printf("  %-18s %8.3f ms/step  %6.1f calls/step\n", t.op.c_str(),
+                    ms / static_cast<double>(gen),
+                    static_cast<double>(calls) / static_cast<double>(gen));
+    }
+  }
   return 0;
 }
 

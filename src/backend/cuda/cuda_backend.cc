@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,7 @@ class CudaBackend final : public Backend {
     // cuBLAS must not allocate while a graph is being captured: give it a fixed workspace.
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
+    recorder_.set_profiling(options.profile_ops);
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
@@ -101,6 +103,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_.get(); }
   // Enqueues every recorded op (the host-visible sync points call this first).
   void Flush() { recorder_.Flush(use_graphs_ && max_query_len_ <= 1); }
+  const std::vector<cuda::StepRecorder::OpTime>& op_times() const {
+    return recorder_.op_times();
+  }
   CudaGraphStats graph_stats() const {
     return {recorder_.graph_captures(), recorder_.graph_replays()};
   }
@@ -420,6 +425,17 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     CHECK(bias->dtype == DType::kF32);
     bias_data = bias->data;
   }
+  if (weight.dtype == DType::kBF16 && cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
+    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused).
+    recorder_.Record({13, KeyOf(x.data), KeyOf(weight.data), KeyOf(bias_data), U(n), U(k), U(m),
+                      KeyOf(out.data)},
+                     [=](cudaStream_t st) {
+                       cuda::LaunchGemvBf16(static_cast<const float*>(x.data), weight.data,
+                                            static_cast<const float*>(bias_data),
+                                            static_cast<float*>(out.data), n, m, k, st);
+                     });
+    return;
+  }
   // Parity mode (f32 weights): true fp32 FMA, never TF32. Otherwise the activations are
   // converted to the weight's 16-bit type and accumulated in f32.
   const bool f32_weight = weight.dtype == DType::kF32;
@@ -520,8 +536,8 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
         static_cast<int64_t>(plan_.num_tokens) * params.num_kv_heads * ((group + 7) / 8);
     int64_t visible = max_context_len_;
     if (params.sliding_window > 0) visible = std::min<int64_t>(visible, params.sliding_window);
-    int64_t s = std::min<int64_t>((visible + 255) / 256,
-                                  (2 * num_sms_ + row_blocks - 1) / row_blocks);
+    int64_t s = std::min<int64_t>((visible + 63) / 64,
+                                  (4 * num_sms_ + row_blocks - 1) / row_blocks);
     splits = static_cast<int32_t>(std::clamp<int64_t>(s, 1, 64));
     const int64_t floats =
         cuda::DecodePartialsFloats(plan_.num_tokens, params.num_heads, params.head_dim, splits);
@@ -645,6 +661,21 @@ Result<CudaMemoryInfo> CudaGetMemoryInfo(int device) {
   CudaMemoryInfo info;
   CUDA_CHECK(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
   return info;
+}
+
+std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
+  static const char* const kNames[] = {"?",           "Embedding",  "RmsNorm",     "AddRmsNorm",
+                                       "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
+                                       "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
+                                       "GatherLogitsRows", "MatMul(gemv)"};
+  std::vector<CudaOpTime> out;
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda_backend == nullptr) return out;
+  for (const auto& t : cuda_backend->op_times()) {
+    const char* name = t.tag < std::size(kNames) ? kNames[t.tag] : "?";
+    out.push_back(CudaOpTime{name, t.total_ms, t.calls});
+  }
+  return out;
 }
 
 CudaGraphStats CudaGetGraphStats(Backend& backend) {

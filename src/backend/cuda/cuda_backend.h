@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "util/status.h"
@@ -27,6 +29,8 @@ struct CudaBackendOptions {
   // Replay decode steps (every row a single token) as CUDA graphs, keyed by everything their
   // launches depend on; other steps launch op by op.
   bool cuda_graphs = true;
+  // Time every op with CUDA events (forces op-by-op launches; for benchmarks).
+  bool profile_ops = false;
 };
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
 
@@ -43,6 +47,14 @@ struct CudaGraphStats {
   int64_t replays = 0;
 };
 CudaGraphStats CudaGetGraphStats(Backend& backend);
+
+// With profile_ops: GPU time per op kind since creation ("MatMul(gemv)", "Attention", ...).
+struct CudaOpTime {
+  std::string op;
+  double total_ms = 0;
+  int64_t calls = 0;
+};
+std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend);
 
 // Tests and benchmarks: copies host floats into a float32 tensor of a CUDA backend (synchronous).
 Status CudaCopyFromHost(Backend& backend, std::span<const float> host, const Tensor& dst);

@@ -178,6 +178,33 @@ TEST_F(CudaOpsTest, MatMulF32AndBf16) {
   }
 }
 
+// Decode-sized MatMul (n <= 8, k % 8 == 0): the bf16 GEMV path keeps x in f32.
+TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
+  const int64_t k = 512, m = 300;
+  const std::vector<float> w = Random(static_cast<size_t>(m * k), 30, 0.05f);
+  const std::vector<float> bias = Random(static_cast<size_t>(m), 31);
+  auto b = Make(false);
+  Tensor wt = Weight(*b, w, {m, k});
+  Tensor bt = Weight(*b, bias, {m});
+  for (int64_t n : {1, 2, 5, 8}) {
+    const std::vector<float> x = Random(static_cast<size_t>(n * k), 32 + static_cast<uint32_t>(n));
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = Upload(*b, x, {n, k});
+    Tensor out = b->Alloc({n, m});
+    b->MatMul(xt, wt, &bt, out);
+    std::vector<double> ref(static_cast<size_t>(n * m));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double acc = bias[static_cast<size_t>(j)];
+        for (int64_t c = 0; c < k; ++c)
+          acc += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+                 RoundBf16(w[static_cast<size_t>(j * k + c)]);
+        ref[static_cast<size_t>(i * m + j)] = acc;
+      }
+    EXPECT_LT(RelL2(Download(*b, out), ref), 1e-5) << "n=" << n;
+  }
+}
+
 // Backend contract: each output element is computed in an order independent of n.
 TEST_F(CudaOpsTest, MatMulBatchInvariant) {
   const int64_t k = 2048, m = 512;

@@ -29,7 +29,19 @@ __global__ void AddBiasKernel(float* out, const float* bias, int64_t rows, int64
     out[i] += bias[i % cols];
 }
 
+__global__ void SpinKernel(int64_t ns) {
+  const int64_t start = clock64();
+  // clock64 counts SM cycles; ~2 GHz on H200, so ns * 2 cycles is close enough for a stall.
+  while (clock64() - start < 2 * ns) {
+  }
+}
+
 }  // namespace
+
+void LaunchSpin(int64_t ns, cudaStream_t stream) {
+  SpinKernel<<<1, 1, 0, stream>>>(ns);
+  CUDA_CHECK_LAUNCH();
+}
 
 void LaunchAdd(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return;

@@ -41,6 +41,13 @@ enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 void LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type, int64_t n,
                    cudaStream_t stream);
 
+// ---- gemv.cu ----
+// out[n, m] = x[n, k] W[m, k]^T (+ bias[m]) for n <= kGemvMaxRows, W bf16, x/out f32.
+constexpr int64_t kGemvMaxRows = 8;
+bool GemvBf16Supported(const void* x, const void* w, int64_t n, int64_t k);
+void LaunchGemvBf16(const float* x, const void* w, const float* bias, float* out, int64_t n,
+                    int64_t m, int64_t k, cudaStream_t stream);
+
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
 void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int64_t d, float scale,
@@ -66,6 +73,8 @@ void LaunchGatedActivation(const float* gate, const float* up, float* out, int64
                            cudaStream_t stream);
 
 // ---- elementwise.cu ----
+// Occupies the stream for about `ns` nanoseconds (lets the host queue a profiled step ahead).
+void LaunchSpin(int64_t ns, cudaStream_t stream);
 void LaunchAdd(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 void LaunchSoftcap(float* x, float cap, int64_t n, cudaStream_t stream);
 // out[r, c] += bias[c].   out [rows, cols]

@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 
 namespace ember::cuda {
 
@@ -10,17 +11,45 @@ uint64_t KeyOf(float f) { return std::bit_cast<uint32_t>(f); }
 
 StepRecorder::~StepRecorder() {
   for (Graph& g : graphs_) CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+  for (cudaEvent_t e : events_) CUDA_CHECK(cudaEventDestroy(e));
 }
 
 void StepRecorder::Record(std::initializer_list<uint64_t> key, Op op) {
   key_.push_back(0xC0FFEEull + key.size());  // op boundary, so keys cannot alias across ops
   key_.insert(key_.end(), key.begin(), key.end());
+  tags_.push_back(key.size() > 0 ? *key.begin() : 0);
   ops_.push_back(std::move(op));
+}
+
+void StepRecorder::FlushProfiled() {
+  while (events_.size() < 2 * ops_.size()) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  LaunchSpin(20'000'000, stream_);  // 20 ms: the host queues the whole step before it runs
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    CUDA_CHECK(cudaEventRecord(events_[2 * i], stream_));
+    ops_[i](stream_);
+    CUDA_CHECK(cudaEventRecord(events_[2 * i + 1], stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+    auto it = op_times_.begin();
+    while (it != op_times_.end() && it->tag != tags_[i]) ++it;
+    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{tags_[i], 0, 0});
+    it->total_ms += ms;
+    ++it->calls;
+  }
 }
 
 void StepRecorder::Flush(bool use_graph) {
   if (ops_.empty()) return;
-  if (!use_graph) {
+  if (profiling_) {
+    FlushProfiled();
+  } else if (!use_graph) {
     for (Op& op : ops_) op(stream_);
   } else {
     auto it = graphs_.begin();
@@ -48,6 +77,7 @@ void StepRecorder::Flush(bool use_graph) {
   }
   ops_.clear();
   key_.clear();
+  tags_.clear();
 }
 
 }  // namespace ember::cuda

@@ -31,6 +31,16 @@ class StepRecorder {
   // Enqueues the recorded ops on the stream (as a graph when use_graph) and clears them.
   void Flush(bool use_graph);
 
+  // Profiling: eager flushes time each op with events, accumulated per op tag (the first word
+  // of its key). Costs a sync per flush; graphs are not used while profiling.
+  void set_profiling(bool on) { profiling_ = on; }
+  struct OpTime {
+    uint64_t tag = 0;
+    double total_ms = 0;
+    int64_t calls = 0;
+  };
+  const std::vector<OpTime>& op_times() const { return op_times_; }
+
   int64_t graph_replays() const { return graph_replays_; }
   int64_t graph_captures() const { return graph_captures_; }
 
@@ -45,6 +55,11 @@ class StepRecorder {
   std::vector<Op> ops_;
   std::vector<uint64_t> key_;
   std::list<Graph> graphs_;  // most recently used first
+  void FlushProfiled();
+  bool profiling_ = false;
+  std::vector<uint64_t> tags_;
+  std::vector<cudaEvent_t> events_;  // reused; 2 per op
+  std::vector<OpTime> op_times_;
   int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 
