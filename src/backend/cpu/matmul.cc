@@ -198,7 +198,10 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
             const float* bias, float* out, int32_t num_threads) {
   if (n == 0 || m == 0) return;
   const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, num_col_blocks)));
+  // Small products run on one thread: waking a second one costs more than it saves.
+  const int64_t work = n * k * m;
+  const int threads = work < (1 << 20) ? 1 : static_cast<int>(std::max<int64_t>(
+                                               1, std::min<int64_t>(num_threads, num_col_blocks)));
 #pragma omp parallel num_threads(threads)
   {
     std::unique_ptr<float, FreeDeleter> panel(static_cast<float*>(
