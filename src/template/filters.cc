@@ -102,7 +102,9 @@ Value ToJsonFilter(const Value& v, const CallArgs& args) {
     item_sep = ToStr(seps.list()[0]);
     key_sep = ToStr(seps.list()[1]);
   }
-  return Value::Str(ToJson(v, indent, item_sep, key_sep));
+  bool ensure_ascii = Arg(args, 0, "ensure_ascii", Value::Bool(false)).Truthy();
+  bool sort_keys = Arg(args, 3, "sort_keys", Value::Bool(false)).Truthy();
+  return Value::Str(ToJson(v, indent, item_sep, key_sep, ensure_ascii, sort_keys));
 }
 
 Value Round(const Value& v, const CallArgs& args) {

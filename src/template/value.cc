@@ -1,5 +1,6 @@
 #include "template/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -249,9 +250,26 @@ bool Less(const Value& a, const Value& b) {
                       "' and '" + b.TypeName() + "'");
 }
 
-std::string JsonQuote(const std::string& s) {
+std::string JsonQuote(const std::string& s, bool ensure_ascii) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (ensure_ascii && c >= 0x80) {
+      int n = (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      if (i + n > s.size()) n = 1;
+      uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+      for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      i += n - 1;
+      char buf[16];
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+      } else {
+        std::snprintf(buf, sizeof(buf), "\\u%04x", cp);
+      }
+      out += buf;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -288,8 +306,14 @@ std::string JsonKey(const Value& k) {
   }
 }
 
-void JsonDump(const Value& v, int indent, int depth, const std::string& item_sep,
-              const std::string& key_sep, std::string& out) {
+struct JsonOptions {
+  int indent;
+  std::string item_sep, key_sep;
+  bool ensure_ascii, sort_keys;
+};
+
+void JsonDump(const Value& v, const JsonOptions& o, int depth, std::string& out) {
+  const int indent = o.indent;
   auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';
@@ -306,7 +330,7 @@ void JsonDump(const Value& v, int indent, int depth, const std::string& item_sep
       else out += FloatRepr(d);
       return;
     }
-    case Kind::kString: out += JsonQuote(v.str()); return;
+    case Kind::kString: out += JsonQuote(v.str(), o.ensure_ascii); return;
     case Kind::kList: {
       if (v.list().empty()) {
         out += "[]";
@@ -314,9 +338,9 @@ void JsonDump(const Value& v, int indent, int depth, const std::string& item_sep
       }
       out += "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
-        if (i) out += item_sep;
+        if (i) out += o.item_sep;
         newline(depth + 1);
-        JsonDump(v.list()[i], indent, depth + 1, item_sep, key_sep, out);
+        JsonDump(v.list()[i], o, depth + 1, out);
       }
       newline(depth);
       out += "]";
@@ -328,13 +352,18 @@ void JsonDump(const Value& v, int indent, int depth, const std::string& item_sep
         return;
       }
       out += "{";
+      std::vector<std::pair<std::string, const Value*>> items;
+      for (const auto& [k, val] : v.dict().items) items.emplace_back(JsonKey(k), &val);
+      if (o.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       bool first = true;
-      for (const auto& [k, val] : v.dict().items) {
-        if (!first) out += item_sep;
+      for (const auto& [key, val] : items) {
+        if (!first) out += o.item_sep;
         first = false;
         newline(depth + 1);
-        out += JsonQuote(JsonKey(k)) + key_sep;
-        JsonDump(val, indent, depth + 1, item_sep, key_sep, out);
+        out += JsonQuote(key, o.ensure_ascii);
+        out += o.key_sep;
+        JsonDump(*val, o, depth + 1, out);
       }
       newline(depth);
       out += "}";
@@ -348,9 +377,9 @@ void JsonDump(const Value& v, int indent, int depth, const std::string& item_sep
 }  // namespace
 
 std::string ToJson(const Value& v, int indent, const std::string& item_sep,
-                   const std::string& key_sep) {
+                   const std::string& key_sep, bool ensure_ascii, bool sort_keys) {
   std::string out;
-  JsonDump(v, indent, 0, item_sep, key_sep, out);
+  JsonDump(v, JsonOptions{indent, item_sep, key_sep, ensure_ascii, sort_keys}, 0, out);
   return out;
 }
 

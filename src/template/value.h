@@ -137,8 +137,9 @@ bool Less(const Value& a, const Value& b);
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=...) as transformers' tojson does.
 // indent < 0 means None. Throws for values JSON cannot hold (Undefined, functions).
 std::string ToJson(const Value& v, int indent, const std::string& item_sep,
-                   const std::string& key_sep);
-std::string JsonQuote(const std::string& s);
+                   const std::string& key_sep, bool ensure_ascii = false, bool sort_keys = false);
+// A JSON string literal; ensure_ascii escapes non-ASCII as \uXXXX (surrogate pairs above U+FFFF).
+std::string JsonQuote(const std::string& s, bool ensure_ascii = false);
 
 template <typename Json>
 Value Value::FromJson(const Json& j) {
