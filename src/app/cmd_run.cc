@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/common.h"
 #include "engine/engine.h"
+#include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
 #include "util/mapped_file.h"

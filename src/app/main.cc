@@ -16,9 +16,12 @@ struct Command {
 // Register a subcommand here once its app/cmd_*.cc exists.
 constexpr Command kCommands[] = {
     {"version", nullptr, "print the version"},
+    {"run", ember::app::RunCommand, "generate from one prompt (text, ids or JSON output)"},
+    {"batch", ember::app::BatchCommand, "offline generation for a JSONL file of prompts"},
     {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
     {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
     {"serve", ember::app::ServeCommand, "OpenAI-compatible HTTP server (chat, completions, SSE)"},
+    {"chat-template", ember::app::ChatTemplateCommand, "render a chat (JSON on stdin) with the model's template"},
     {"tokenize", ember::app::TokenizeCommand, "UTF-8 text on stdin -> JSON array of token ids"},
     {"detokenize", ember::app::DetokenizeCommand, "JSON array of token ids on stdin -> text"},
 };

@@ -218,6 +218,7 @@ TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {
   for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
   for (size_t i = 0; i < requests.size(); ++i)
     EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << "request " << i;
+  (*engine)->Shutdown(true);  // publishes the final stats
   EngineStats stats = (*engine)->Stats();
   EXPECT_GT(stats.preemptions, 0);
   EXPECT_EQ(stats.kv_blocks_used, 0);
