@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
-#include "app/common.h"
 #include "template/chat_template.h"
 #include "util/flags.h"
 #include "util/mapped_file.h"
@@ -18,11 +17,12 @@
 namespace ember::app {
 namespace {
 
-// Error messages stay on one line.
-std::string OneLine(std::string s) {
-  for (char& c : s)
+// Prints a one-line "ember chat-template: MESSAGE" to stderr; returns exit code 1.
+int Fail(std::string message) {
+  for (char& c : message)
     if (c == '\n' || c == '\r') c = ' ';
-  return s;
+  std::fprintf(stderr, "ember chat-template: %s\n", message.c_str());
+  return 1;
 }
 
 Result<ChatTemplate> LoadTemplate(const std::string& model_dir, const std::string& template_file) {
@@ -53,25 +53,30 @@ int ChatTemplateCommand(int argc, char** argv, int first) {
       "  prints the rendered prompt exactly, without a trailing newline");
   flags.AddString("--model", &model_dir, "model folder (chat_template.jinja or tokenizer_config.json)");
   flags.AddString("--chat-template", &template_file, "Jinja file that overrides the model's template");
-  if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
-  if (model_dir.empty() && template_file.empty()) return Fail("chat-template: --model DIR is required");
+  bool help = false;
+  if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) return Fail(st.message());
+  if (help) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  if (model_dir.empty() && template_file.empty()) return Fail("--model DIR is required");
 
   auto tmpl = LoadTemplate(model_dir, template_file);
-  if (!tmpl.ok()) return Fail("chat-template: " + OneLine(tmpl.message()));
+  if (!tmpl.ok()) return Fail(tmpl.message());
 
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   nlohmann::ordered_json request = nlohmann::ordered_json::parse(input, nullptr, /*allow_exceptions=*/false);
   if (request.is_discarded() || !request.is_object())
-    return Fail("chat-template: stdin must be a JSON object {\"messages\": [...], ...}");
+    return Fail("stdin must be a JSON object {\"messages\": [...], ...}");
   if (!request.contains("messages") || !request["messages"].is_array())
-    return Fail("chat-template: stdin field 'messages' must be an array");
+    return Fail("stdin field 'messages' must be an array");
   nlohmann::ordered_json tools = request.value("tools", nlohmann::ordered_json());
   if (!tools.is_null() && !tools.is_array())
-    return Fail("chat-template: stdin field 'tools' must be an array or null");
+    return Fail("stdin field 'tools' must be an array or null");
   bool add_generation_prompt = false;
   if (request.contains("add_generation_prompt")) {
     if (!request["add_generation_prompt"].is_boolean())
-      return Fail("chat-template: stdin field 'add_generation_prompt' must be true or false");
+      return Fail("stdin field 'add_generation_prompt' must be true or false");
     add_generation_prompt = request["add_generation_prompt"].get<bool>();
   }
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
@@ -80,7 +85,7 @@ int ChatTemplateCommand(int argc, char** argv, int first) {
       kwargs[it.key()] = it.value();
   }
   auto rendered = tmpl->Render(request["messages"], tools, add_generation_prompt, kwargs);
-  if (!rendered.ok()) return Fail("chat-template: " + OneLine(rendered.message()));
+  if (!rendered.ok()) return Fail(rendered.message());
   std::fwrite(rendered->data(), 1, rendered->size(), stdout);
   std::fflush(stdout);
   return 0;
