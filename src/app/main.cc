@@ -22,7 +22,6 @@ constexpr Command kCommands[] = {
     {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
     {"serve", ember::app::ServeCommand, "OpenAI-compatible HTTP server (chat, completions, SSE)"},
     {"chat-template", ember::app::ChatTemplateCommand, "render a chat (JSON on stdin) with the model's template"},
-    {"chat-template", ember::app::ChatTemplateCommand, "render a chat (JSON on stdin) with the model's template"},
     {"tokenize", ember::app::TokenizeCommand, "UTF-8 text on stdin -> JSON array of token ids"},
     {"detokenize", ember::app::DetokenizeCommand, "JSON array of token ids on stdin -> text"},
 };
