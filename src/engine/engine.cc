@@ -293,8 +293,8 @@ void Engine::PublishStats() {
   counters_.num_running = static_cast<int32_t>(scheduler_.running().size());
   counters_.kv_blocks_used = kv_.NumUsedBlocks();
   counters_.kv_blocks_cached = kv_.NumCachedBlocks();
-  counters_.prefix_query_tokens = kv_.prefix_queries_tokens();
-  counters_.prefix_hit_tokens = kv_.prefix_hit_tokens();
+  counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
+  counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   std::lock_guard<std::mutex> lock(mu_);
   published_ = counters_;
 }

@@ -37,7 +37,7 @@ struct EngineConfig {
 
 struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
-  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t computed_tokens = 0;     // rows run through the model
   int64_t steps = 0, preemptions = 0;
   int32_t num_queued = 0;          // requests not yet admitted

@@ -61,7 +61,6 @@ StepPlan Scheduler::Schedule() {
       int32_t cached = kv_->AcquireCachedPrefix(seq->id, seq->tokens, seq->request->request.cache_namespace);
       seq->num_computed_tokens = cached;
       seq->started = true;
-      if (!seq->ever_started) seq->num_cached_prompt_tokens = cached;
     }
     int32_t num_new = std::min(seq->num_uncomputed(), budget);
     if (!kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
@@ -70,7 +69,12 @@ StepPlan Scheduler::Schedule() {
       seq->num_computed_tokens = 0;
       break;
     }
-    seq->ever_started = true;
+    if (!seq->ever_started) {  // first admission: the request's prefix-cache outcome
+      seq->num_cached_prompt_tokens = seq->num_computed_tokens;
+      prefix_query_tokens_ += seq->prompt_len;
+      prefix_hit_tokens_ += seq->num_computed_tokens;
+      seq->ever_started = true;
+    }
     waiting_.pop_front();
     running_.push_back(seq);
     plan.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});

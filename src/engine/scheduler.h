@@ -46,6 +46,10 @@ class Scheduler {
   const std::deque<Sequence*>& waiting() const { return waiting_; }
   const std::vector<Sequence*>& running() const { return running_; }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prompt tokens of newly admitted sequences, and how many of them the prefix cache served
+  // (counted once per sequence, not per admission retry or restart after preemption).
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
   void Preempt(Sequence* seq);
@@ -57,6 +61,8 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: oldest first
   int64_t num_preemptions_ = 0;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace ember
