@@ -152,7 +152,7 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
   json body;
   try {
     body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     SendError(res, InvalidRequest(std::string("the request body is not valid JSON (UTF-8): ") +
                                       e.what(),
                                   "", "invalid_json"));

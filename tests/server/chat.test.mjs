@@ -1,0 +1,142 @@
+// /v1/chat/completions: the chat route end to end with a real model. TinyStories has no chat
+// template, so the server is started with --chat-template: a plain template (greedy text checks)
+// and qwen3's real template (roles, tools, chat_template_kwargs). A qwen3-shaped `ember synth`
+// model carrying qwen3's tokenizer runs when synth has a tiny qwen3 preset.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { missing, startServer, synthModel, tinyStoriesDir, tmpDir, tokenizersDir } from './helpers.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
+const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
+
+async function collectChat(client, params) {
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  const texts = {}, finish = {}, roles = {};
+  let usage = null, first = true;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    assert.match(chunk.id, /^chatcmpl-/);
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (first) assert.equal(c.delta.role, 'assistant', 'the first chunk carries the role');
+      if (c.delta.role) roles[c.index] = c.delta.role;
+      if (c.delta.content) texts[c.index] = (texts[c.index] ?? '') + c.delta.content;
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+    first = false;
+  }
+  return { texts, finish, usage, roles };
+}
+
+describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStoriesDir) ?? false }, () => {
+  let server, client;
+  before(async () => {
+    server = await startServer(tinyStoriesDir, ['--chat-template', plainTemplate]);
+    client = server.client();
+  });
+  after(async () => { await server.stop(); });
+
+  const messages = [{ role: 'user', content: 'Once upon a time' }];
+
+  test('non-streaming chat completion has OpenAI shape', async () => {
+    const r = await client.chat.completions.create({ model: 'test-model', messages, max_tokens: 32, temperature: 0 });
+    assert.match(r.id, /^chatcmpl-/);
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.ok(r.choices[0].message.content.length > 0);
+    assert.equal(r.choices[0].logprobs, null);
+    assert.ok(r.usage.prompt_tokens > 0);
+    assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+  });
+
+  test('streamed chat equals non-streamed at temperature 0, with role chunk and usage', async () => {
+    const params = { model: 'test-model', messages, max_tokens: 40, temperature: 0 };
+    const solo = await client.chat.completions.create(params);
+    const s = await collectChat(client, { ...params, stream_options: { include_usage: true } });
+    assert.equal(s.texts[0], solo.choices[0].message.content);
+    assert.equal(s.finish[0], solo.choices[0].finish_reason);
+    assert.equal(s.roles[0], 'assistant');
+    assert.equal(s.usage.completion_tokens, solo.usage.completion_tokens);
+  });
+
+  test('text content parts, n, stop and logprobs/top_logprobs', async () => {
+    const parts = [{ role: 'user', content: [{ type: 'text', text: 'Once upon' }, { type: 'text', text: 'a time' }] }];
+    const r = await client.chat.completions.create({ model: 'test-model', messages: parts, max_tokens: 8, n: 2, temperature: 0 });
+    assert.equal(r.choices.length, 2);
+    const full = (await client.chat.completions.create({ model: 'test-model', messages, max_tokens: 40, temperature: 0 })).choices[0].message.content;
+    const stop = full.slice(10, 16);
+    const cut = await client.chat.completions.create({ model: 'test-model', messages, max_tokens: 40, temperature: 0, stop });
+    assert.equal(cut.choices[0].message.content, full.slice(0, full.indexOf(stop)));
+    assert.equal(cut.choices[0].finish_reason, 'stop');
+    const lp = await client.chat.completions.create({ model: 'test-model', messages, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 2 });
+    const content = lp.choices[0].logprobs.content;
+    assert.equal(content.length, lp.usage.completion_tokens);
+    assert.equal(content.map((c) => c.token).join(''), lp.choices[0].message.content);
+    for (const c of content) {
+      assert.equal(c.top_logprobs.length, 2);
+      assert.ok(Math.abs(c.top_logprobs[0].logprob - c.logprob) < 1e-4);
+      assert.deepEqual(c.bytes, [...Buffer.from(c.token, 'utf8')]);
+    }
+  });
+
+  test('unsupported chat features are 400s naming the field', async () => {
+    const bad = [
+      [{ response_format: { type: 'json_object' } }, 'response_format.type'],
+      [{ tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
+      [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 'messages[0].content[0].type'],
+      [{ top_logprobs: 2 }, 'top_logprobs'],
+    ];
+    for (const [extra, param] of bad) {
+      await assert.rejects(client.chat.completions.create({ model: 'test-model', messages, max_tokens: 4, ...extra }),
+        (err) => err.status === 400 && err.param === param);
+    }
+  });
+});
+
+describe('chat with qwen3\'s real template (on tinystories weights)', { skip: missing(tinyStoriesDir, qwen3Tokenizer) ?? false }, () => {
+  let server, client;
+  before(async () => {
+    const config = JSON.parse(fs.readFileSync(path.join(qwen3Tokenizer, 'tokenizer_config.json'), 'utf8'));
+    const file = path.join(tmpDir('ember-tmpl-'), 'qwen3.jinja');
+    fs.writeFileSync(file, config.chat_template);
+    server = await startServer(tinyStoriesDir, ['--chat-template', file]);
+    client = server.client();
+  });
+  after(async () => { await server.stop(); });
+
+  test('system/user/assistant turns, tools and chat_template_kwargs render and generate', async () => {
+    const r = await client.chat.completions.create({
+      model: 'test-model', max_tokens: 8, temperature: 0,
+      messages: [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Hi' },
+                 { role: 'assistant', content: 'Hello.' }, { role: 'user', content: 'Story?' }],
+      tools: [{ type: 'function', function: { name: 'get_weather', description: 'weather',
+                parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+      chat_template_kwargs: { enable_thinking: false },
+    });
+    assert.equal(r.choices.length, 1);
+    const without = await client.chat.completions.create({
+      model: 'test-model', max_tokens: 8, temperature: 0, messages: [{ role: 'user', content: 'Story?' }] });
+    assert.ok(r.usage.prompt_tokens > without.usage.prompt_tokens, 'tools and turns reach the prompt');
+  });
+});
+
+describe('chat (ember synth qwen3-shaped tiny model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
+  test('greedy stream equals non-stream', async (t) => {
+    const { dir, reason } = synthModel('tiny-qwen3', qwen3Tokenizer);
+    if (!dir) { t.skip(`ember synth cannot make a tiny qwen3 model: ${reason}`); return; }
+    const server = await startServer(dir);
+    try {
+      const client = server.client();
+      const params = { model: 'test-model', messages: [{ role: 'user', content: 'Hello there' }], max_tokens: 16, temperature: 0 };
+      const solo = await client.chat.completions.create(params);
+      const s = await collectChat(client, params);
+      assert.equal(s.texts[0] ?? '', solo.choices[0].message.content);
+    } finally {
+      await server.stop();
+    }
+  });
+});

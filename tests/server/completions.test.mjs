@@ -1,0 +1,209 @@
+// /v1/completions against the real TinyStories-656K model, driven by the official openai client:
+// greedy non-streaming vs streaming, n, stop strings, logprobs, seeds (alone and under load),
+// 32 concurrent identical requests, prompt forms, echo, cancellation mid-stream.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { getJson, missing, startServer, tinyStoriesDir, waitFor } from './helpers.mjs';
+
+const skip = missing(tinyStoriesDir);
+const PROMPT = 'Once upon a time';
+
+describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
+  let server, client;
+  before(async () => {
+    server = await startServer(tinyStoriesDir);
+    client = server.client();
+  });
+  after(async () => {
+    const { code } = await server.stop();
+    assert.equal(code, 0, 'SIGTERM must exit 0');
+  });
+
+  const greedy = (extra = {}) => client.completions.create({
+    model: 'test-model', prompt: PROMPT, max_tokens: 48, temperature: 0, ...extra });
+
+  async function streamText(params) {
+    const stream = await client.completions.create({ ...params, stream: true });
+    const texts = {};
+    const finish = {};
+    let usage = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'text_completion');
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        texts[c.index] = (texts[c.index] ?? '') + c.text;
+        if (c.finish_reason) finish[c.index] = c.finish_reason;
+      }
+    }
+    return { texts, finish, usage };
+  }
+
+  test('non-streaming greedy completion has OpenAI shape and usage', async () => {
+    const r = await greedy();
+    assert.match(r.id, /^cmpl-/);
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.model, 'test-model');
+    assert.equal(typeof r.created, 'number');
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].index, 0);
+    assert.ok(r.choices[0].text.length > 20, r.choices[0].text);
+    assert.ok(['length', 'stop'].includes(r.choices[0].finish_reason));
+    assert.equal(r.usage.prompt_tokens, 6);  // BOS + 5 tokens (tokenizer golden)
+    assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 48);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+    assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+  });
+
+  test('streamed text equals non-streamed text at temperature 0', async () => {
+    const solo = await greedy();
+    const s = await streamText({ model: 'test-model', prompt: PROMPT, max_tokens: 48,
+                                 temperature: 0, stream_options: { include_usage: true } });
+    assert.equal(s.texts[0], solo.choices[0].text);
+    assert.equal(s.finish[0], solo.choices[0].finish_reason);
+    assert.deepEqual(s.usage.completion_tokens, solo.usage.completion_tokens);
+    assert.equal(s.usage.prompt_tokens, 6);
+  });
+
+  test('n returns n indexed choices; greedy samples agree', async () => {
+    const r = await greedy({ n: 3 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    const solo = await greedy();
+    for (const c of r.choices) assert.equal(c.text, solo.choices[0].text);
+    const s = await streamText({ model: 'test-model', prompt: PROMPT, max_tokens: 16, n: 2,
+                                 temperature: 1.0, seed: 7 });
+    assert.deepEqual(Object.keys(s.texts).sort(), ['0', '1']);
+  });
+
+  test('stop strings cut the text exactly and never leak (also streaming)', async () => {
+    const full = (await greedy()).choices[0].text;
+    // A stop string from the middle of the greedy continuation, spanning several tokens.
+    const start = Math.floor(full.length / 2);
+    const stop = full.slice(start, start + 7);
+    const expected = full.slice(0, full.indexOf(stop));
+    const r = await greedy({ stop: [stop, 'zzzz-never'] });
+    assert.equal(r.choices[0].text, expected);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    const s = await streamText({ model: 'test-model', prompt: PROMPT, max_tokens: 48,
+                                 temperature: 0, stop });
+    assert.equal(s.texts[0], expected);
+    assert.equal(s.finish[0], 'stop');
+    assert.ok(!s.texts[0].includes(stop));
+  });
+
+  test('logprobs: one entry per token, chosen greedy token is the top alternative', async () => {
+    const r = await greedy({ max_tokens: 12, logprobs: 3 });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, r.usage.completion_tokens);
+    assert.equal(lp.token_logprobs.length, lp.tokens.length);
+    assert.equal(lp.tokens.join(''), r.choices[0].text);
+    for (let i = 0; i < lp.tokens.length; i++) {
+      assert.ok(lp.token_logprobs[i] <= 0);
+      const alts = Object.values(lp.top_logprobs[i]);
+      assert.ok(alts.length >= 1 && alts.length <= 3);
+      assert.ok(Math.abs(Math.max(...alts) - lp.token_logprobs[i]) < 1e-4);
+    }
+    assert.equal(lp.text_offset[0], 0);
+  });
+
+  test('a seed reproduces a sampled completion, alone and under concurrent load', async () => {
+    const params = { model: 'test-model', prompt: PROMPT, max_tokens: 32, temperature: 1.0, seed: 1234 };
+    const a = await client.completions.create(params);
+    const b = await client.completions.create(params);
+    assert.equal(a.choices[0].text, b.choices[0].text);
+    const c = await client.completions.create({ ...params, seed: 99 });
+    assert.notEqual(c.choices[0].text, a.choices[0].text);
+    const load = [];
+    for (let i = 0; i < 12; i++) {
+      load.push(client.completions.create(i % 2 === 0 ? params
+        : { ...params, seed: 5000 + i, prompt: `Tom had a ${i} red balls` }));
+    }
+    const results = await Promise.all(load);
+    for (let i = 0; i < results.length; i += 2) assert.equal(results[i].choices[0].text, a.choices[0].text);
+  });
+
+  test('32 concurrent identical greedy requests all equal the solo output', async () => {
+    const solo = (await greedy()).choices[0].text;
+    const results = await Promise.all(Array.from({ length: 32 }, () => greedy()));
+    for (const r of results) assert.equal(r.choices[0].text, solo);
+  });
+
+  test('prompt as token ids, a batch of prompts, and echo', async () => {
+    const byText = await greedy({ max_tokens: 16 });
+    const byIds = await greedy({ max_tokens: 16, prompt: [1, 80, 147, 201, 282, 57] });
+    assert.equal(byIds.choices[0].text, byText.choices[0].text);
+    const batch = await greedy({ max_tokens: 8, prompt: [PROMPT, 'The dog'], n: 2 });
+    assert.deepEqual(batch.choices.map((c) => c.index), [0, 1, 2, 3]);
+    assert.equal(batch.choices[0].text, batch.choices[1].text);
+    assert.equal(batch.usage.prompt_tokens, 6 + (await greedy({ prompt: 'The dog', max_tokens: 1 })).usage.prompt_tokens);
+    const echo = await greedy({ max_tokens: 16, echo: true });
+    assert.equal(echo.choices[0].text, PROMPT + byText.choices[0].text);
+  });
+
+  test('cancelling mid-stream frees the sequence; the server stays healthy', async () => {
+    const before = (await getJson(server.baseURL, '/stats')).json;
+    const controller = new AbortController();
+    const stream = await client.completions.create(
+      { model: 'test-model', prompt: PROMPT, max_tokens: 400, temperature: 1.0, logit_bias: { 2: -100 }, stream: true,
+        stream_options: { include_usage: true } },
+      { signal: controller.signal });
+    let chunks = 0;
+    try {
+      for await (const chunk of stream) {
+        assert.ok(chunk.choices);
+        if (++chunks === 3) controller.abort();
+      }
+    } catch (err) {
+      assert.match(String(err?.name), /Abort/);  // some client versions end the loop instead
+    }
+    assert.equal(chunks, 3, 'the stream must end right after the abort');
+    const freed = await waitFor(async () => {
+      const s = (await getJson(server.baseURL, '/stats')).json;
+      return s.engine.running_sequences === 0 &&
+             s.engine.requests_cancelled > before.engine.requests_cancelled;
+    }, 3000);
+    assert.ok(freed, 'the cancelled stream must leave the running batch');
+    const health = await getJson(server.baseURL, '/health');
+    assert.equal(health.status, 200);
+    const after = await greedy({ max_tokens: 8 });
+    assert.ok(after.choices[0].text.length > 0);
+  });
+
+  test('a non-streaming request whose client disconnects is cancelled', async () => {
+    const before = (await getJson(server.baseURL, '/stats')).json;
+    const controller = new AbortController();
+    const pending = client.completions.create(
+      { model: 'test-model', prompt: PROMPT, max_tokens: 450, temperature: 1.0, logit_bias: { 2: -100 } },
+      { signal: controller.signal });
+    setTimeout(() => controller.abort(), 150);
+    await assert.rejects(pending);
+    const freed = await waitFor(async () => {
+      const s = (await getJson(server.baseURL, '/stats')).json;
+      return s.engine.running_sequences === 0 &&
+             s.engine.requests_cancelled > before.engine.requests_cancelled;
+    }, 3000);
+    assert.ok(freed, 'the abandoned request must be cancelled');
+  });
+
+  test('/v1/models, /health, /metrics and /stats', async () => {
+    const models = await client.models.list();
+    const m = models.data[0];
+    assert.equal(m.id, 'test-model');
+    assert.equal(m.object, 'model');
+    assert.equal(m.context_length, 512);
+    assert.equal(m.capabilities.streaming, true);
+    assert.equal(m.capabilities.chat_completions, false);  // no chat template
+    assert.equal(m.capabilities.embeddings, false);
+    assert.equal((await getJson(server.baseURL, '/health')).json.status, 'ok');
+    const metrics = await (await fetch(server.baseURL + '/metrics')).text();
+    for (const name of ['ember_http_requests_total', 'ember_queue_depth', 'ember_running_sequences',
+      'ember_kv_cache_usage_ratio', 'ember_prefix_cache_hit_ratio',
+      'ember_time_to_first_token_seconds_bucket', 'ember_inter_token_latency_seconds_count',
+      'ember_generation_tokens_total']) {
+      assert.ok(metrics.includes(name), name);
+    }
+    const stats = (await getJson(server.baseURL, '/stats')).json;
+    assert.ok(stats.tokens.generated > 0);
+    assert.ok(stats.latency_seconds.time_to_first_token.count > 0);
+    assert.equal(stats.context_length, 512);
+  });
+});
