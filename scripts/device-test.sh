@@ -61,10 +61,15 @@ if [ "${SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     >"$out/memcheck.log" 2>&1
   log "memcheck exit: $? ($(grep -c 'Invalid' "$out/memcheck.log") invalid accesses)"
   tail -3 "$out/memcheck.log" >>"$summary"
+  log "== compute-sanitizer racecheck (attention, shared-memory kernels)"
+  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/bin/cuda_ops_test \
+    --gtest_filter='*PrefillMixedAndDecode/D64*' >"$out/racecheck.log" 2>&1
+  log "racecheck exit: $?"
+  tail -3 "$out/racecheck.log" >>"$summary"
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then
-  log "== cuda_forward_bench (random bf16 weights, backend ops only; no graphs, no device sampling)"
+  log "== cuda_forward_bench (random bf16 weights, backend ops only, host logits; no device sampling)"
   bench() {
     log "-- cuda_forward_bench $*"
     timeout 240 .devbin/bin/cuda_forward_bench "$@" 2>&1 | tee -a "$summary" >/dev/null
@@ -75,5 +80,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   bench --shape llama-3.1-8b --batch 1 --prompt 4096 --gen 4 --prefill-chunk 4096
   bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 128
   bench --shape llama-3.1-8b --batch 128 --prompt 512 --gen 128
+  log "== per-op GPU time (events, op by op; decode steps)"
+  bench --shape llama-3.2-1b --batch 1 --prompt 512 --gen 16 --profile
+  bench --shape llama-3.1-8b --batch 1 --prompt 512 --gen 16 --profile
+  bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 16 --profile
 fi
 log "== done $(date -u +%FT%TZ)"

@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
       : device_(device),
         f32_compute_(options.f32_compute),
         use_graphs_(options.cuda_graphs),
+        tc_prefill_(options.tensor_core_prefill && !options.f32_compute),
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
         cublas_workspace_(kCublasWorkspaceBytes) {
@@ -142,6 +143,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool f32_compute_;
   bool use_graphs_;
+  bool tc_prefill_;
   int num_sms_ = 132;
   Stream stream_;
   CublasHandle cublas_;
@@ -527,7 +529,7 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   const float* qp = static_cast<const float*>(q.data);
   float* op = static_cast<float*>(out.data);
   const cuda::PlanView plan = plan_;
-  int32_t splits = 0;  // 0: the prefill kernel
+  int32_t splits = 0;  // 0: the f32 prefill kernel
   float* partials = nullptr;
   if (max_query_len_ <= 1) {
     // Decode: split the keys when there are too few (row, kv head) blocks to fill the GPU.
@@ -544,6 +546,8 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
     if (floats > 0) partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
   }
   const int32_t max_query_len = max_query_len_;
+  if (splits == 0 && tc_prefill_ && cuda::AttentionPrefillTcSupported(params.head_dim))
+    splits = -1;  // -1: the tensor-core prefill kernel
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
                     U(args.sliding_window), KeyOf(args.softcap), U(splits), KeyOf(partials),
@@ -552,6 +556,8 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                    [=](cudaStream_t st) {
                      if (splits > 0) {
                        cuda::LaunchAttentionDecode(args, qp, kv, plan, splits, partials, op, st);
+                     } else if (splits < 0) {
+                       cuda::LaunchAttentionPrefillTc(args, qp, kv, plan, max_query_len, op, st);
                      } else {
                        cuda::LaunchAttentionPrefill(args, qp, kv, plan, max_query_len, op, st);
                      }

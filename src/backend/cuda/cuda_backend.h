@@ -29,6 +29,8 @@ struct CudaBackendOptions {
   // Replay decode steps (every row a single token) as CUDA graphs, keyed by everything their
   // launches depend on; other steps launch op by op.
   bool cuda_graphs = true;
+  // bf16 mode: prefill attention on tensor cores (bf16 Q/K/V/P); else the f32 CUDA-core kernel.
+  bool tensor_core_prefill = true;
   // Time every op with CUDA events (forces op-by-op launches; for benchmarks).
   bool profile_ops = false;
 };

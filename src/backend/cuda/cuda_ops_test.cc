@@ -474,9 +474,11 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
     return RelL2(Download(b, out), ref);
   }
 
-  std::unique_ptr<Backend> Setup(int32_t num_seqs) {
+  // f32: the parity mode (f32 kernels); else bf16 mode (tensor-core prefill where head_dim
+  // allows). Tolerance: 1e-5 / 2e-2 relative L2.
+  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32) {
     const AttnCase c = GetParam();
-    auto b = Make(true);
+    auto b = Make(f32);
     EXPECT_TRUE(b->AllocateKvPool(kLayers, kBlocks, 16, c.num_kv_heads, c.head_dim).ok());
     // Shuffled, disjoint block ids per sequence so a wrong block table shows.
     std::vector<int32_t> ids(kBlocks);
@@ -497,18 +499,26 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
 };
 
 TEST_P(AttentionTest, PrefillMixedAndDecode) {
-  auto b = Setup(3);
-  EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), 1e-5) << "prefill";
-  EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), 1e-5) << "mixed";
-  EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), 1e-5) << "decode";
-  EXPECT_LT(Step(*b, {{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), 1e-5) << "decode 2";
+  for (bool f32 : {true, false}) {
+    auto b = Setup(3, f32);
+    const double tol = f32 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), tol) << "decode, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), tol) << "decode 2";
+    // A chunk continuing a long history (its first rows see keys of earlier steps).
+    EXPECT_LT(Step(*b, {{0, 43, 100}, {2, 7, 70}}, 450), tol) << "chunk, f32=" << f32;
+  }
 }
 
 TEST_P(AttentionTest, LongContextSplitK) {
-  auto b = Setup(2);
-  EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), 1e-5) << "long prefill";
-  EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), 1e-5) << "split-K decode";
-  EXPECT_LT(Step(*b, {{0, 1301, 1}, {1, 0, 1}}, 700), 1e-5) << "split-K decode, short + long";
+  for (bool f32 : {true, false}) {
+    auto b = Setup(2, f32);
+    const double tol = f32 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), tol) << "long prefill, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), tol) << "split-K decode, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 1301, 1}, {1, 0, 1}}, 700), tol) << "split-K decode, short + long";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

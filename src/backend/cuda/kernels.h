@@ -117,4 +117,10 @@ void LaunchAttentionPrefill(const AttentionArgs& args, const float* q, const KvL
                             const PlanView& plan, int32_t max_query_len, float* out,
                             cudaStream_t stream);
 
+// Tensor-core variant for the bf16 mode (Q, K, V, P rounded to bf16; f32 softmax/accumulation).
+bool AttentionPrefillTcSupported(int32_t head_dim);
+void LaunchAttentionPrefillTc(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                              const PlanView& plan, int32_t max_query_len, float* out,
+                              cudaStream_t stream);
+
 }  // namespace ember::cuda
