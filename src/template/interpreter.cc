@@ -178,7 +178,7 @@ class Interpreter {
       }
       List varargs;
       for (size_t i = n; i < a.positional.size(); ++i) varargs.push_back(a.positional[i]);
-      frame.vars["varargs"] = Value::MakeList(std::move(varargs));
+      frame.vars["varargs"] = Value::MakeList(std::move(varargs), /*is_tuple=*/true);
       Dict kwargs;
       for (auto& [k, v] : a.keyword) {
         bool is_param = std::find(stmt->params.begin(), stmt->params.end(), k) != stmt->params.end();

@@ -124,6 +124,39 @@ Value StringMethod(const Value& self, const std::string& name) {
       }
       return Value::Str(out);
     });
+  if (name == "format")
+    return method([](const std::string& str, CallArgs& a) {
+      // "{}", "{0}", "{name}" fields without format specs; "{{" / "}}" escape braces.
+      std::string out;
+      size_t auto_index = 0;
+      for (size_t i = 0; i < str.size(); ++i) {
+        char c = str[i];
+        if ((c == '{' || c == '}') && i + 1 < str.size() && str[i + 1] == c) {
+          out += c;
+          ++i;
+        } else if (c == '{') {
+          size_t close = str.find('}', i);
+          if (close == std::string::npos) throw TemplateError("ValueError: Single '{' encountered in format string");
+          std::string field = str.substr(i + 1, close - i - 1);
+          const Value* v = nullptr;
+          if (field.empty()) {
+            v = auto_index < a.positional.size() ? &a.positional[auto_index++] : nullptr;
+          } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
+            size_t k = std::stoul(field);
+            v = k < a.positional.size() ? &a.positional[k] : nullptr;
+          } else {
+            for (const auto& [k, val] : a.keyword)
+              if (k == field) v = &val;
+          }
+          if (v == nullptr) throw TemplateError("IndexError: Replacement index " + field + " out of range");
+          out += ToStr(*v);
+          i = close;
+        } else {
+          out += c;
+        }
+      }
+      return Value::Str(out);
+    });
   if (name == "removeprefix" || name == "removesuffix") {
     bool prefix = name == "removeprefix";
     return method([prefix](const std::string& str, CallArgs& a) {
@@ -371,7 +404,7 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
   return Value::Int(op == "//" ? q : m);
 }
 
-// Python's `str % args` for the common conversions (%s %d %i %r %f %%).
+// Python's `str % args`: %s %r %d %i %f %e %g %x %o %c with flags, width and precision.
 Value PercentFormat(const std::string& fmt, const Value& args) {
   std::vector<Value> items = args.is_tuple() ? args.list() : std::vector<Value>{args};
   std::string out;
@@ -381,19 +414,38 @@ Value PercentFormat(const std::string& fmt, const Value& args) {
       out += fmt[i];
       continue;
     }
-    char c = fmt[++i];
+    size_t spec_start = i++;
+    while (i < fmt.size() && std::string("-+ #0123456789.").find(fmt[i]) != std::string::npos) ++i;
+    if (i >= fmt.size()) throw TemplateError("ValueError: incomplete format");
+    char c = fmt[i];
+    std::string spec = fmt.substr(spec_start, i - spec_start);  // "%-5.2"
     if (c == '%') {
       out += '%';
       continue;
     }
     if (next >= items.size()) throw TemplateError("TypeError: not enough arguments for format string");
     const Value& v = items[next++];
-    if (c == 's') out += ToStr(v);
-    else if (c == 'r') out += Repr(v);
-    else if (c == 'd' || c == 'i') out += std::to_string(v.as_int());
-    else if (c == 'f') out += std::to_string(v.as_float());
-    else throw TemplateError(std::string("ValueError: unsupported format character '") + c + "'");
+    char buf[512];
+    if (c == 's' || c == 'r') {
+      std::string text = c == 's' ? ToStr(v) : Repr(v);
+      std::snprintf(buf, sizeof(buf), (spec + "s").c_str(), text.c_str());
+      out += spec.size() == 1 ? text : std::string(buf);
+    } else if (c == 'd' || c == 'i' || c == 'x' || c == 'X' || c == 'o' || c == 'c') {
+      if (!v.is_number()) throw TemplateError("TypeError: %" + std::string(1, c) + " format: a real number is required, not " + v.TypeName());
+      std::string conv = spec + "ll" + (c == 'i' ? 'd' : c);
+      if (c == 'c') conv = spec + "c";
+      std::snprintf(buf, sizeof(buf), conv.c_str(), c == 'c' ? static_cast<long long>(static_cast<char>(v.as_int())) : static_cast<long long>(v.as_int()));
+      out += buf;
+    } else if (std::string("feEgG").find(c) != std::string::npos) {
+      if (!v.is_number()) throw TemplateError("TypeError: must be real number, not " + v.TypeName());
+      std::snprintf(buf, sizeof(buf), (spec + c).c_str(), v.as_float());
+      out += buf;
+    } else {
+      throw TemplateError(std::string("ValueError: unsupported format character '") + c + "'");
+    }
   }
+  if (next < items.size() && args.is_tuple())
+    throw TemplateError("TypeError: not all arguments converted during string formatting");
   return Value::Str(out);
 }
 
