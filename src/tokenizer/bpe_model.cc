@@ -21,7 +21,7 @@ struct WordCache {
 };
 thread_local WordCache t_word_cache;
 constexpr size_t kMaxCachedWordBytes = 1024;
-constexpr size_t kMaxCacheBytes = size_t{48} << 20;  // per thread; cleared when exceeded
+constexpr size_t kMaxCacheBytes = size_t{16} << 20;  // per thread; cleared when exceeded
 
 }  // namespace
 

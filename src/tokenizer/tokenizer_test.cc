@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -35,6 +35,19 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
+// Each tokenizer is loaded once per test binary (loading dominates sanitizer runs).
+const Tokenizer* LoadShared(const std::string& dir) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
+  auto it = loaded.find(dir);
+  if (it == loaded.end()) {
+    auto tok = Tokenizer::Load(dir);
+    EXPECT_TRUE(tok.ok()) << tok.message();
+    if (!tok.ok()) return nullptr;
+    it = loaded.emplace(dir, std::move(tok).value()).first;
+  }
+  return it->second.get();
+}
+
 std::string StreamDecode(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {
   IncrementalDetokenizer detok(tok, skip);
   std::string all;
@@ -54,9 +67,9 @@ TEST_P(GoldenTest, EncodeDecodeAndStreamMatchReference) {
   auto golden_text = ReadFileToString(c.golden_path);
   ASSERT_TRUE(golden_text.ok()) << golden_text.message();
   auto golden = nlohmann::json::parse(*golden_text);
-  auto loaded = Tokenizer::Load(c.tokenizer_dir);
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  const Tokenizer& tok = **loaded;
+  const Tokenizer* loaded = LoadShared(c.tokenizer_dir);
+  ASSERT_NE(loaded, nullptr);
+  const Tokenizer& tok = *loaded;
   int num_cases = 0;
   for (const auto& e : golden["encode"]) {
     std::string text = e["text"];
@@ -96,11 +109,11 @@ TEST(IncrementalDetokenizerTest, HoldsPartialCharactersAndMatchesDecode) {
   for (const char* name : {"llama3", "llama2"}) {
     std::string dir = testing::TokenizersDir() + "/" + name;
     EMBER_REQUIRE_DIR(dir);
-    auto tok = Tokenizer::Load(dir);
-    ASSERT_TRUE(tok.ok()) << tok.message();
+    const Tokenizer* tok = LoadShared(dir);
+    ASSERT_NE(tok, nullptr);
     std::string text = "emoji 👍🏽 and 中文测试 𝔘𝔫𝔦 ok";
-    std::vector<int32_t> ids = (*tok)->Encode(text, false);
-    IncrementalDetokenizer detok(**tok, false);
+    std::vector<int32_t> ids = tok->Encode(text, false);
+    IncrementalDetokenizer detok(*tok, false);
     std::string all;
     int held = 0;
     for (int32_t id : ids) {
@@ -110,7 +123,7 @@ TEST(IncrementalDetokenizerTest, HoldsPartialCharactersAndMatchesDecode) {
       all += piece;
     }
     all += detok.Flush();
-    EXPECT_EQ(all, (*tok)->Decode(ids, false)) << name;
+    EXPECT_EQ(all, tok->Decode(ids, false)) << name;
     EXPECT_EQ(all, text) << name;
     EXPECT_GT(held, 0) << name << ": expected some tokens to split a character";
   }
@@ -119,34 +132,34 @@ TEST(IncrementalDetokenizerTest, HoldsPartialCharactersAndMatchesDecode) {
 TEST(IncrementalDetokenizerTest, TruncatedCharacterFlushesLikeDecode) {
   std::string dir = testing::TokenizersDir() + "/llama3";
   EMBER_REQUIRE_DIR(dir);
-  auto tok = Tokenizer::Load(dir);
-  ASSERT_TRUE(tok.ok()) << tok.message();
-  std::vector<int32_t> ids = (*tok)->Encode("a👍", false);
+  const Tokenizer* tok = LoadShared(dir);
+  ASSERT_NE(tok, nullptr);
+  std::vector<int32_t> ids = tok->Encode("a👍", false);
   ids.pop_back();  // leave the emoji incomplete
-  IncrementalDetokenizer detok(**tok, false);
+  IncrementalDetokenizer detok(*tok, false);
   std::string all;
   for (int32_t id : ids) all += detok.Push(id);
   all += detok.Flush();
-  EXPECT_EQ(all, (*tok)->Decode(ids, false));
+  EXPECT_EQ(all, tok->Decode(ids, false));
   EXPECT_NE(all.find("\xEF\xBF\xBD"), std::string::npos);  // U+FFFD, as Hugging Face decodes
 }
 
 TEST(TokenizerTest, EncodeIsThreadSafe) {
   std::string dir = testing::TokenizersDir() + "/qwen3";
   EMBER_REQUIRE_DIR(dir);
-  auto tok = Tokenizer::Load(dir);
-  ASSERT_TRUE(tok.ok()) << tok.message();
+  const Tokenizer* tok = LoadShared(dir);
+  ASSERT_NE(tok, nullptr);
   std::vector<std::string> texts = {"Hello world, this is a test.", "中文测试，你好世界。",
                                     "def add(a, b):\n    return a + b\n", "<|im_start|>user\nhi"};
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& t : texts) expected.push_back((*tok)->Encode(t, true));
+  for (const auto& t : texts) expected.push_back(tok->Encode(t, true));
   std::vector<std::thread> threads;
   std::atomic<int> mismatches{0};
   for (int th = 0; th < 4; ++th) {
     threads.emplace_back([&, th] {
       for (int i = 0; i < 200; ++i) {
         size_t k = size_t(i + th) % texts.size();
-        if ((*tok)->Encode(texts[k], true) != expected[k]) ++mismatches;
+        if (tok->Encode(texts[k], true) != expected[k]) ++mismatches;
       }
     });
   }
@@ -157,9 +170,9 @@ TEST(TokenizerTest, EncodeIsThreadSafe) {
 TEST(TokenizerTest, LookupsAndInvalidIds) {
   std::string dir = testing::TokenizersDir() + "/llama3";
   EMBER_REQUIRE_DIR(dir);
-  auto tok = Tokenizer::Load(dir);
-  ASSERT_TRUE(tok.ok()) << tok.message();
-  const Tokenizer& t = **tok;
+  const Tokenizer* tok = LoadShared(dir);
+  ASSERT_NE(tok, nullptr);
+  const Tokenizer& t = *tok;
   EXPECT_EQ(t.vocab_size(), 128256);
   EXPECT_EQ(t.TokenToId("<|begin_of_text|>"), 128000);
   EXPECT_EQ(t.IdToToken(128000), "<|begin_of_text|>");
