@@ -80,6 +80,11 @@ void Pattern::FindAll(std::string_view text, std::vector<MatchRange>* out) const
   size_t pos = 0;
   while (pos <= text.size()) {
     int rc = pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+      // JIT stack exhausted (pathological input): the interpreter works from the heap.
+      rc = pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
+                       nullptr);
+    }
     if (rc < 0) break;
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];

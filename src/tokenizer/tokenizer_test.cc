@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -142,6 +143,35 @@ TEST(IncrementalDetokenizerTest, TruncatedCharacterFlushesLikeDecode) {
   all += detok.Flush();
   EXPECT_EQ(all, tok->Decode(ids, false));
   EXPECT_NE(all.find("\xEF\xBF\xBD"), std::string::npos);  // U+FFFD, as Hugging Face decodes
+}
+
+// The streaming contract on arbitrary id sequences (not just encodings of valid text): random
+// mixes of byte tokens (partial characters, invalid runs), specials and ordinary tokens.
+TEST(IncrementalDetokenizerTest, RandomIdSequencesMatchDecode) {
+  std::mt19937 rng(1234);
+  for (const char* name : {"llama2", "llama3", "gemma3", "qwen3"}) {
+    std::string dir = testing::TokenizersDir() + "/" + name;
+    EMBER_REQUIRE_DIR(dir);
+    const Tokenizer* tok = LoadShared(dir);
+    ASSERT_NE(tok, nullptr);
+    // A pool biased to the tokens that interact: byte-ish tokens, specials, spaces.
+    std::vector<int32_t> pool = tok->Encode("é中👍 a  b\n\t€", false);
+    for (int b = 0; b < 256; b += 7) {
+      char name_buf[8];
+      std::snprintf(name_buf, sizeof(name_buf), "<0x%02X>", b);
+      if (auto id = tok->TokenToId(name_buf)) pool.push_back(*id);
+    }
+    for (int32_t id = 0; id < 300; ++id) pool.push_back(id);
+    if (tok->bos_token_id()) pool.push_back(*tok->bos_token_id());
+    if (tok->eos_token_id()) pool.push_back(*tok->eos_token_id());
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<int32_t> ids(1 + rng() % 12);
+      for (int32_t& id : ids) id = pool[rng() % pool.size()];
+      for (bool skip : {false, true}) {
+        ASSERT_EQ(StreamDecode(*tok, ids, skip), tok->Decode(ids, skip)) << name << " trial " << trial;
+      }
+    }
+  }
 }
 
 TEST(TokenizerTest, EncodeIsThreadSafe) {
