@@ -166,13 +166,13 @@ void ExpectFrequencies(const std::map<int32_t, int>& counts, const std::map<int3
   for (const auto& [id, p] : want) {
     const auto it = counts.find(id);
     const double got = it == counts.end() ? 0.0 : static_cast<double>(it->second) / draws;
-    // 20k draws: the standard error is <= 0.0036; allow ~4 sigma.
-    EXPECT_NEAR(got, p, 0.015) << "token " << id;
+    // 10k draws: the standard error is <= 0.005; allow ~4 sigma.
+    EXPECT_NEAR(got, p, 0.02) << "token " << id;
   }
 }
 
 const std::vector<double> kProbs = {0.1, 0.4, 0.2, 0.3, 0.0001};
-constexpr int kDraws = 20000;
+constexpr int kDraws = 10000;
 
 TEST(SamplerTest, PlainSamplingMatchesProbabilities) {
   SamplingParams params;
