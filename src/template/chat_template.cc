@@ -17,6 +17,8 @@ Result<std::shared_ptr<const tmpl::Program>> ParseTemplate(const std::string& so
     return std::shared_ptr<const tmpl::Program>(tmpl::Parse(source));
   } catch (const tmpl::TemplateError& e) {
     return Status::Error(Located(e));
+  } catch (const std::exception& e) {  // e.g. bad_alloc
+    return Status::Error(std::string("chat template: ") + e.what());
   }
 }
 
@@ -116,6 +118,8 @@ Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& t
     return tmpl::RenderProgram(*program, vars);
   } catch (const tmpl::TemplateError& e) {
     return Status::Error(Located(e));
+  } catch (const std::exception& e) {  // e.g. bad_alloc from a hostile template
+    return Status::Error(std::string("chat template: ") + e.what());
   }
 }
 

@@ -80,7 +80,7 @@ std::string Indent(const std::string& s_in, const CallArgs& args) {
   Value width = Arg(args, 0, "width", Value::Int(4));
   bool first = Arg(args, 1, "first", Value::Bool(false)).Truthy();
   bool blank = Arg(args, 2, "blank", Value::Bool(false)).Truthy();
-  std::string indention = width.is_string() ? width.str() : std::string(static_cast<size_t>(width.as_int()), ' ');
+  std::string indention = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.as_int(), 0, 1 << 16)), ' ');
   std::string s = s_in + "\n";
   std::vector<std::string> lines = pystr::SplitLines(s);
   std::string rv;
@@ -301,7 +301,7 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& args) {
   if (name == "pprint") return Value::Str(Repr(v));
   if (name == "wordcount") return Value::Int(static_cast<int64_t>(pystr::Split(ToStr(v), std::nullopt, -1).size()));
   if (name == "center") {
-    int64_t width = Arg(args, 0, "width", Value::Int(80)).as_int();
+    int64_t width = std::min<int64_t>(Arg(args, 0, "width", Value::Int(80)).as_int(), 1 << 16);
     std::string s = ToStr(v);
     int64_t len = static_cast<int64_t>(pystr::Length(s));
     if (len >= width) return Value::Str(s);

@@ -164,6 +164,14 @@ class Interpreter {
     const Body* body = &s.body;
     const Stmt* stmt = &s;
     return Value::Function(call_scope ? "caller" : s.text, [this, parent, body, stmt](CallArgs& a) {
+      // jinja2 would hit Python's recursion limit; we stop well before the C++ stack does.
+      if (call_depth_ >= kMaxCallDepth)
+        throw TemplateError("RecursionError: macro calls nested deeper than " + std::to_string(kMaxCallDepth));
+      struct DepthGuard {
+        int& depth;
+        explicit DepthGuard(int& d) : depth(d) { ++depth; }
+        ~DepthGuard() { --depth; }
+      } guard(call_depth_);
       Scope frame{{}, parent};
       size_t n = stmt->params.size();
       for (size_t i = 0; i < n; ++i) {
@@ -285,7 +293,9 @@ class Interpreter {
     return Value::Undefined();
   }
 
+  static constexpr int kMaxCallDepth = 200;
   Scope* root_;
+  int call_depth_ = 0;
 };
 
 }  // namespace

@@ -53,6 +53,17 @@ TEST(Jinja, ErrorsCarryTheRaisingExpressionsPosition) {
   EXPECT_NE(got.find("TypeError"), std::string::npos) << got;
 }
 
+// Where Python would recurse until RecursionError or allocate without bound, we fail cleanly.
+TEST(Jinja, HostileTemplatesFailInsteadOfCrashing) {
+  for (const char* source : {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                             "{{ 'x' * 1000000000000 }}", "{{ 9223372036854775807 + 1 }}",
+                             "{{ 3 ** 100 }}", "{{ range(1000000) | length }}", "{% raw %}{{ x }}"}) {
+    SCOPED_TRACE(source);
+    ojson c = {{"template", source}, {"context", ojson::object()}};
+    EXPECT_EQ(RenderCase(c).rfind("ERROR: ", 0), 0u);
+  }
+}
+
 TEST(Jinja, ProgramIsReusableAcrossRenders) {
   std::unique_ptr<Program> program = Parse("{% set ns = namespace(n=0) %}{% for x in xs %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}");
   for (int total : {3, 6}) {

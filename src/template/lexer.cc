@@ -141,6 +141,7 @@ class Lexer {
 
   size_t LexRaw(size_t open, size_t start) {
     size_t close = src_.find("%}", start);
+    if (close == std::string::npos) Fail("missing end of raw tag", open);
     bool strip = src_[close - 1] == '-';
     size_t body = AfterTagEnd(close + 2, strip, true);
     // Find {% endraw %} with optional modifiers.

@@ -2,6 +2,7 @@
 // model as jinja2's ImmutableSandboxedEnvironment exposes it to templates.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <set>
 
 #include "template/builtins.h"
@@ -386,15 +387,29 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
     return Value::Float(m);
   }
   int64_t x = a.as_int(), y = b.as_int();
-  if (op == "+") return Value::Int(x + y);
-  if (op == "-") return Value::Int(x - y);
-  if (op == "*") return Value::Int(x * y);
+  int64_t r = 0;
+  // Python ints are unbounded; ours are 64-bit, so overflow is an error rather than UB.
+  auto checked = [](bool overflow, int64_t v) {
+    if (overflow) throw TemplateError("OverflowError: integer result does not fit in 64 bits");
+    return Value::Int(v);
+  };
+  if (op == "+" || op == "-" || op == "*") {
+    bool overflow = op == "+" ? __builtin_add_overflow(x, y, &r)
+                    : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                : __builtin_mul_overflow(x, y, &r);
+    return checked(overflow, r);
+  }
   if (op == "**") {
     if (y < 0) return Value::Float(std::pow(static_cast<double>(x), static_cast<double>(y)));
-    int64_t r = 1;
-    for (int64_t i = 0; i < y; ++i) r *= x;
+    r = 1;
+    int64_t base = x;
+    for (int64_t e = y; e > 0; e >>= 1) {
+      if ((e & 1) && __builtin_mul_overflow(r, base, &r)) checked(true, 0);
+      if (e > 1 && __builtin_mul_overflow(base, base, &base)) checked(true, 0);
+    }
     return Value::Int(r);
   }
+  if (y == -1 && x == INT64_MIN) checked(true, 0);
   if (y == 0) throw TemplateError("ZeroDivisionError: integer division or modulo by zero");
   int64_t q = x / y, m = x % y;
   if (m != 0 && ((m < 0) != (y < 0))) {
@@ -479,6 +494,9 @@ Value BinaryOp(const std::string& op, const Value& a, const Value& b) {
     const Value& seq = (a.is_string() || a.is_list()) ? a : b;
     const Value& count = (&seq == &a) ? b : a;
     if (count.is_number() && !count.is_float()) {
+      size_t unit = seq.is_string() ? seq.str().size() : seq.list().size();
+      if (count.as_int() > 0 && unit > 0 && static_cast<uint64_t>(count.as_int()) > (uint64_t{1} << 28) / unit)
+        throw TemplateError("MemoryError: repeated sequence too large");
       if (seq.is_string()) {
         std::string out;
         for (int64_t i = 0; i < count.as_int(); ++i) out += seq.str();
