@@ -47,20 +47,31 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {
       {"greedy", make([](auto& p) { p.temperature = 0.0f; }), 0},
       {"temperature 1 (no filter)", make([](auto&) {}), 0},
-      {"temperature 0.7 top_k 50", make([](auto& p) { p.temperature = 0.7f; p.top_k = 50; }), 0},
+      {"temperature 0.7 top_k 50", make([](auto& p) {
+         p.temperature = 0.7f;
+         p.top_k = 50;
+       }),
+       0},
       {"top_p 0.9", make([](auto& p) { p.top_p = 0.9f; }), 0},
       {"top_p 0.999 (wide nucleus)", make([](auto& p) { p.top_p = 0.999f; }), 0},
       {"min_p 0.05", make([](auto& p) { p.min_p = 0.05f; }), 0},
-      {"top_k 40 top_p 0.9 min_p 0.05",
-       make([](auto& p) { p.top_k = 40; p.top_p = 0.9f; p.min_p = 0.05f; }), 0},
-      {"penalties, 4096 seen ids",
-       make([](auto& p) {
+      {"top_k 40 top_p 0.9 min_p 0.05", make([](auto& p) {
+         p.top_k = 40;
+         p.top_p = 0.9f;
+         p.min_p = 0.05f;
+       }),
+       0},
+      {"penalties, 4096 seen ids", make([](auto& p) {
          p.repetition_penalty = 1.1f;
          p.presence_penalty = 0.5f;
          p.frequency_penalty = 0.5f;
        }),
        4096},
-      {"logprobs 20 + top_p 0.9", make([](auto& p) { p.top_p = 0.9f; p.top_logprobs = 20; }), 0},
+      {"logprobs 20 + top_p 0.9", make([](auto& p) {
+         p.top_p = 0.9f;
+         p.top_logprobs = 20;
+       }),
+       0},
   };
 
   std::printf("vocab %d, %d iterations per case, single thread\n", vocab, iterations);
@@ -76,8 +87,7 @@ int main(int argc, char** argv) {
       const double cpu_start = ThreadCpuMicros();
       const auto out = ember::Sample(row, c.params, state);
       cpu_us += ThreadCpuMicros() - cpu_start;
-      wall_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
-                                                           start)
+      wall_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
                      .count();
       state.Accept(out.token_id);
     }

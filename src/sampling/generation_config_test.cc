@@ -14,8 +14,8 @@ TEST(GenerationConfigTest, EosIdMayBeIntOrList) {
   ASSERT_TRUE(single.ok()) << single.message();
   EXPECT_EQ(single->eos_token_ids, (std::vector<int32_t>{2}));
   EXPECT_EQ(single->bos_token_id, 1);
-  auto list = ParseGenerationConfig(R"({"eos_token_id": [128001, 128008, 128009, 128001]})",
-                                    "g.json");
+  auto list =
+      ParseGenerationConfig(R"({"eos_token_id": [128001, 128008, 128009, 128001]})", "g.json");
   ASSERT_TRUE(list.ok()) << list.message();
   EXPECT_EQ(list->eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
   auto none = ParseGenerationConfig(R"({"eos_token_id": null})", "g.json");

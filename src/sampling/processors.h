@@ -35,7 +35,6 @@ double LogSumExp(std::span<const float> logits);
 
 // The k largest entries of log_softmax(logits) as (id, logprob), desc, ties by lower id;
 // log_sum_exp is LogSumExp(logits). One pass, O(vocab + k^2).
-std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, double log_sum_exp,
-                                      int32_t k);
+std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, double log_sum_exp, int32_t k);
 
 }  // namespace ember

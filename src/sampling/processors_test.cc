@@ -28,11 +28,11 @@ TEST(ProcessorsTest, PenaltiesMatchHandComputedValues) {
   const std::vector<int32_t> counts = {0, 2, 1};
   ApplyPenalties(logits, seen, counts, /*repetition=*/2.0f, /*presence=*/0.5f,
                  /*frequency=*/0.25f);
-  EXPECT_FLOAT_EQ(logits[0], 1.0f);    // 2 / 2, no output count
-  EXPECT_FLOAT_EQ(logits[1], -5.0f);   // -2 * 2 - (0.25 * 2 + 0.5)
-  EXPECT_FLOAT_EQ(logits[2], 1.0f);    // unseen
-  EXPECT_FLOAT_EQ(logits[3], -0.5f);   // 0.5 / 2 - (0.25 * 1 + 0.5)
-  EXPECT_FLOAT_EQ(logits[4], 3.0f);    // unseen
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);   // 2 / 2, no output count
+  EXPECT_FLOAT_EQ(logits[1], -5.0f);  // -2 * 2 - (0.25 * 2 + 0.5)
+  EXPECT_FLOAT_EQ(logits[2], 1.0f);   // unseen
+  EXPECT_FLOAT_EQ(logits[3], -0.5f);  // 0.5 / 2 - (0.25 * 1 + 0.5)
+  EXPECT_FLOAT_EQ(logits[4], 3.0f);   // unseen
 }
 
 TEST(ProcessorsTest, NegativePenaltiesRewardRepeats) {

@@ -117,7 +117,8 @@ TEST(SamplerTest, SeededRowIsIndependentOfBatchComposition) {
   other.top_k = 50;
   SamplerState target(seeded, 0, {});
   std::vector<SamplerState> neighbours;
-  for (int i = 0; i < 7; ++i) neighbours.emplace_back(other, static_cast<uint64_t>(i), std::span<const int32_t>{});
+  for (int i = 0; i < 7; ++i)
+    neighbours.emplace_back(other, static_cast<uint64_t>(i), std::span<const int32_t>{});
   std::vector<int32_t> batched;
   for (int step = 0; step < 32; ++step) {
     const int num_rows = 1 + step % 8;
@@ -127,9 +128,9 @@ TEST(SamplerTest, SeededRowIsIndependentOfBatchComposition) {
     std::vector<SamplerState*> states;
     for (int row = 0; row < num_rows; ++row) {
       const bool is_target = row == target_row;
-      const auto row_logits =
-          is_target ? RandomLogits(1000u + static_cast<uint32_t>(step), kVocab, 1.0f)
-                    : RandomLogits(static_cast<uint32_t>(step * 31 + row));
+      const auto row_logits = is_target
+                                  ? RandomLogits(1000u + static_cast<uint32_t>(step), kVocab, 1.0f)
+                                  : RandomLogits(static_cast<uint32_t>(step * 31 + row));
       logits.insert(logits.end(), row_logits.begin(), row_logits.end());
       params.push_back(is_target ? &seeded : &other);
       states.push_back(is_target ? &target : &neighbours[static_cast<size_t>(row % 7)]);
@@ -306,9 +307,13 @@ TEST(SamplingParamsTest, ValidationMessagesNameTheField) {
             "presence_penalty: must be in [-2, 2], got 2.5");
   EXPECT_EQ(Check([](SamplingParams& p) { p.frequency_penalty = -3.0f; }).message(),
             "frequency_penalty: must be in [-2, 2], got -3");
-  EXPECT_EQ(Check([](SamplingParams& p) { p.logit_bias = {{5, 101.0f}}; }).message(),
+  EXPECT_EQ(Check([](SamplingParams& p) {
+              p.logit_bias = {{5, 101.0f}};
+            }).message(),
             "logit_bias[5]: must be in [-100, 100], got 101");
-  EXPECT_EQ(Check([](SamplingParams& p) { p.logit_bias = {{1000, 1.0f}}; }).message(),
+  EXPECT_EQ(Check([](SamplingParams& p) {
+              p.logit_bias = {{1000, 1.0f}};
+            }).message(),
             "logit_bias[1000]: token id must be in [0, 1000), got 1000");
   EXPECT_EQ(Check([](SamplingParams& p) { p.top_logprobs = 21; }).message(),
             "top_logprobs: must be in [0, 20] (or -1: off), got 21");

@@ -20,8 +20,8 @@ Status Bad(const std::string& field, const std::string& expected, double got) {
 // Checks lo <= value <= hi (with open ends when the flags say so), rejecting NaN / inf.
 Status CheckRange(const char* field, float value, double lo, bool lo_open, double hi,
                   bool hi_open) {
-  const std::string expected = std::string("in ") + (lo_open ? "(" : "[") + Num(lo) + ", " +
-                               Num(hi) + (hi_open ? ")" : "]");
+  const std::string expected =
+      std::string("in ") + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) + (hi_open ? ")" : "]");
   if (!std::isfinite(value)) return Bad(field, "finite and " + expected, value);
   const bool below = lo_open ? !(value > lo) : !(value >= lo);
   const bool above = hi_open ? !(value < hi) : !(value <= hi);
@@ -64,8 +64,8 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return Status::Error("stop_token_ids: token id must be in [0, " +
-                           std::to_string(vocab_size) + "), got " + std::to_string(id));
+      return Status::Error("stop_token_ids: token id must be in [0, " + std::to_string(vocab_size) +
+                           "), got " + std::to_string(id));
     }
   }
   return Status::Ok();

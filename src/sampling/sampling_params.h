@@ -30,11 +30,11 @@ struct SamplingParams {
   int32_t top_logprobs = -1;  // -1: no logprobs; 0..20: chosen token's logprob + that many top
 
   // --- Enforced by the engine, not by Sample(); validated here so one call checks a request. ---
-  int32_t n = 1;                         // parallel samples sharing one prefill, >= 1
-  std::optional<int32_t> max_tokens;     // unset: up to the context length; else >= 1
-  int32_t min_tokens = 0;                // stop ids are masked until this many output tokens
-  std::vector<int32_t> stop_token_ids;   // extra stop ids (the engine adds the model's EOS ids)
-  bool ignore_eos = false;               // do not stop on the model's EOS ids
+  int32_t n = 1;                        // parallel samples sharing one prefill, >= 1
+  std::optional<int32_t> max_tokens;    // unset: up to the context length; else >= 1
+  int32_t min_tokens = 0;               // stop ids are masked until this many output tokens
+  std::vector<int32_t> stop_token_ids;  // extra stop ids (the engine adds the model's EOS ids)
+  bool ignore_eos = false;              // do not stop on the model's EOS ids
 
   // Returns an error naming the field, e.g. "top_p: must be in (0, 1], got 1.5". NaN and
   // infinities are rejected everywhere. vocab_size bounds logit_bias and stop_token_ids.

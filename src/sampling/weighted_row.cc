@@ -23,7 +23,9 @@ constexpr int32_t kTopKBuffer = 256;
 constexpr size_t kLanes = 16;
 
 // 16 buckets per octave, ordered like the weights (w > 0).
-uint32_t BucketOf(float w) { return std::bit_cast<uint32_t>(w) >> 19; }
+uint32_t BucketOf(float w) {
+  return std::bit_cast<uint32_t>(w) >> 19;
+}
 
 // w[i] = exp((w[i] - max) * inv_temperature) for i < n (a multiple of kLanes), and per lane the
 // count and mass of weights >= each band's lower bound. A separate non-inlined function with

@@ -186,8 +186,8 @@ TEST(WeightedRowTest, MatchesBruteForceOnRandomRows) {
     row.ApplyTopP(top_p);
     row.ApplyMinP(min_p);
     const auto want = ReferenceKept(row.weights(), top_k, top_p, min_p);
-    ASSERT_EQ(row.KeptIds(), want) << "trial " << trial << " k " << top_k << " p " << top_p
-                                   << " min_p " << min_p;
+    ASSERT_EQ(row.KeptIds(), want)
+        << "trial " << trial << " k " << top_k << " p " << top_p << " min_p " << min_p;
     for (int draw = 0; draw < 100; ++draw) {
       const double u = draw == 0 ? 0.0 : (draw == 1 ? 1.0 - 0x1.0p-53 : uniform(gen));
       // Group masses are summed in another order than the reference's rank order: a boundary
