@@ -1,8 +1,10 @@
 // The CUDA backend (NVIDIA Hopper, sm_90a): implements the ops-level Backend interface with
 // weights resident on one GPU (bf16 for matrices, f32 for norms/biases/rope tables; or all f32
-// in the f32 compute mode used for parity tests), cuBLAS GEMMs and our own kernels. Ops are
-// queued on one stream; the host only waits in CopyToHost. Not thread-safe: one thread drives it.
-// This header includes no CUDA headers, so callers compile without the toolkit's includes.
+// in the f32 compute mode used for parity tests; the KV pool is f32), cuBLAS GEMMs (a bf16 GEMV
+// for n <= 8) and our own kernels. Ops are recorded and enqueued on one stream at the next sync
+// point (CopyToHost, BeginStep), decode steps as replayed CUDA graphs; the host only waits in
+// CopyToHost. Not thread-safe: one thread drives it. No CUDA headers here, so callers compile
+// without the toolkit's includes.
 #pragma once
 
 #include <cstddef>
