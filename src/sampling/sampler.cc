@@ -99,15 +99,19 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
   }
 
   // Top-k / top-p / min-p always keep the argmax, so greedy ignores them and draws nothing.
-  // A row without a finite maximum (a broken model output) also degrades to argmax.
-  if (params.is_greedy() || !scratch.row.Build(logits, params.temperature)) {
+  if (params.is_greedy()) {
     out.token_id = Argmax(logits);
   } else {
-    // HF order: top-k, then top-p on the renormalised top-k set, then min-p.
-    scratch.row.ApplyTopK(params.top_k);
-    scratch.row.ApplyTopP(params.top_p);
-    scratch.row.ApplyMinP(params.min_p);
-    out.token_id = scratch.row.Draw(state.NextUniform());
+    const double u = state.NextUniform();  // drawn even on the fallback: one per sampled token
+    if (scratch.row.Build(logits, params.temperature)) {
+      // HF order: top-k, then top-p on the renormalised top-k set, then min-p.
+      scratch.row.ApplyTopK(params.top_k);
+      scratch.row.ApplyTopP(params.top_p);
+      scratch.row.ApplyMinP(params.min_p);
+      out.token_id = scratch.row.Draw(u);
+    } else {
+      out.token_id = Argmax(logits);  // no finite maximum (a broken model output)
+    }
   }
 
   if (params.wants_logprobs()) {

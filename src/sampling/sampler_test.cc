@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -103,6 +104,24 @@ TEST(SamplerTest, ExactlyOneDrawPerSampledToken) {
   }
   EXPECT_EQ(state.rng_counter(), 7u);
   EXPECT_EQ(state.num_output_tokens(), 7);
+}
+
+TEST(SamplerTest, BrokenRowsDegradeToArgmaxAndStillDrawOnce) {
+  SamplingParams params;
+  params.seed = 1;
+  SamplerState state(params, 0, {});
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> with_inf = {0.0f, inf, 1.0f};
+  EXPECT_EQ(Sample(with_inf, params, state).token_id, 1);
+  std::vector<float> all_masked = {-inf, -inf};
+  EXPECT_EQ(Sample(all_masked, params, state).token_id, 0);
+  EXPECT_EQ(state.rng_counter(), 2u);
+  std::vector<float> with_nan = {NAN, 0.0f, NAN, -50.0f};
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> row = with_nan;
+    const int32_t token = Sample(row, params, state).token_id;
+    EXPECT_TRUE(token == 1 || token == 3) << token;  // NaN logits get probability 0
+  }
 }
 
 TEST(SamplerTest, SeededRowIsIndependentOfBatchComposition) {

@@ -9,10 +9,9 @@
 // a walk must look inside: a small band is gathered into a leaf; a large band is split into
 // weight buckets by two passes over its blocks (histogram, then ids placed per child); a large
 // child is counting-sorted into 16-per-octave buckets; a leaf is sorted only when a walk enters
-// it. Top-k is a
-// selection pass instead (a k-best buffer, or nth_element for large k), after which the kept set
-// is an explicit sorted list. Weights below 2^-126 count as zero. Not thread-safe: use one
-// WeightedRow per thread, reused across rows.
+// it. Top-k is a selection pass instead (a k-best buffer, or nth_element for large k), after
+// which the kept set is an explicit sorted list. Weights below 2^-126 count as zero.
+// Not thread-safe: use one WeightedRow per thread, reused across rows.
 #pragma once
 
 #include <array>
