@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <queue>
+#include <thread>
 
 #include "tokenizer/unicode.h"
 
@@ -146,36 +147,62 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
   return m;
 }
 
-// Merges: "a b" strings or ["a", "b"] pairs; rank = position. Looked up in chunks whose hash
-// slots are prefetched first: loading is bound by cache misses in the vocab and merge tables.
+// Merges: "a b" strings or ["a", "b"] pairs; rank = position. Resolving a merge to ids is bound
+// by cache misses in the vocab table, so it runs on several threads (read-only lookups), each in
+// chunks whose hash slots are prefetched first; the merge table is then filled in rank order.
 Status BpeModel::LoadMerges(Json json) {
   simdjson::dom::array merges;
   if (json.get_array().get(merges) != simdjson::SUCCESS)
     return Status::Error("model: 'merges' must be an array");
-  merges_.Reserve(merges.size());
+  std::vector<Json> elems;
+  elems.reserve(merges.size());
+  for (Json e : merges) elems.push_back(e);
+  const size_t n = elems.size();
+  std::vector<uint64_t> keys(n), values(n);
+
+  size_t num_threads = n < 20000 ? 1 : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<Status> statuses(num_threads);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < num_threads; ++t) {
+    size_t begin = n * t / num_threads, end = n * (t + 1) / num_threads;
+    auto work = [this, &elems, &keys, &values, &statuses, t, begin, end] {
+      statuses[t] = ResolveMerges(elems, begin, end, keys.data(), values.data());
+    };
+    if (t + 1 == num_threads) work();
+    else threads.emplace_back(work);
+  }
+  for (std::thread& th : threads) th.join();
+  for (const Status& st : statuses) EMBER_RETURN_IF_ERROR(st);
+
+  merges_.Reserve(n);
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) merges_.Prefetch(keys[i + kAhead]);
+    merges_.Insert(keys[i], values[i]);  // the first occurrence of a pair wins
+  }
+  return Status::Ok();
+}
+
+Status BpeModel::ResolveMerges(const std::vector<Json>& elems, size_t begin, size_t end,
+                               uint64_t* keys, uint64_t* values) const {
   constexpr size_t kChunk = 32;
   struct Item {
     std::string_view a, b;
     size_t joined_begin, joined_len;
     uint64_t ha, hb, hj;
-    uint64_t key, value;
   };
   Item items[kChunk];
   std::string joined;
   const size_t prefix = continuing_subword_prefix_.size();
-  uint32_t rank = 0;
-  auto it = merges.begin();
-  const auto end = merges.end();
-  while (it != end) {
+  for (size_t base = begin; base < end; base += kChunk) {
+    const size_t n = std::min(kChunk, end - base);
     // 1. Parse a chunk, hash its strings, prefetch their vocab slots.
-    size_t n = 0;
     joined.clear();
-    for (; n < kChunk && it != end; ++n, ++it) {
-      Item& item = items[n];
-      Json merge = *it;
+    for (size_t k = 0; k < n; ++k) {
+      Item& item = items[k];
+      const size_t r = base + k;
       std::string_view line;
-      uint32_t r = rank + uint32_t(n);
-      if (merge.get_string().get(line) == simdjson::SUCCESS) {
+      if (elems[r].get_string().get(line) == simdjson::SUCCESS) {
         size_t sp = line.find(' ');
         if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
           return Status::Error("model.merges[" + std::to_string(r) + "]: expected 'a b', got '" +
@@ -184,7 +211,7 @@ Status BpeModel::LoadMerges(Json json) {
         item.b = line.substr(sp + 1);
       } else {
         simdjson::dom::array pair;
-        if (merge.get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
+        if (elems[r].get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
             pair.at(0).get_string().get(item.a) != simdjson::SUCCESS ||
             pair.at(1).get_string().get(item.b) != simdjson::SUCCESS)
           return Status::Error("model.merges[" + std::to_string(r) +
@@ -199,30 +226,27 @@ Status BpeModel::LoadMerges(Json json) {
       vocab_.Prefetch(item.ha);
       vocab_.Prefetch(item.hb);
     }
+    const std::string_view all_joined = joined;
     for (size_t k = 0; k < n; ++k) {
-      items[k].hj = VocabMap::Hash(std::string_view(joined).substr(items[k].joined_begin, items[k].joined_len));
+      items[k].hj = VocabMap::Hash(all_joined.substr(items[k].joined_begin, items[k].joined_len));
       vocab_.Prefetch(items[k].hj);
     }
-    // 2. Resolve ids, prefetch the merge-table slots.
+    // 2. Resolve ids.
     for (size_t k = 0; k < n; ++k) {
-      Item& item = items[k];
-      std::string_view j = std::string_view(joined).substr(item.joined_begin, item.joined_len);
+      const Item& item = items[k];
+      const size_t r = base + k;
+      std::string_view j = all_joined.substr(item.joined_begin, item.joined_len);
       auto a_id = vocab_.Find(item.a, item.ha), b_id = vocab_.Find(item.b, item.hb);
       auto new_id = vocab_.Find(j, item.hj);
-      uint32_t r = rank + uint32_t(k);
       if (!a_id || !b_id)
         return Status::Error("model.merges[" + std::to_string(r) + "]: token '" +
                              std::string(!a_id ? item.a : item.b) + "' is not in the vocab");
       if (!new_id)
         return Status::Error("model.merges[" + std::to_string(r) + "]: merged token '" +
                              std::string(j) + "' is not in the vocab");
-      item.key = (uint64_t(uint32_t(*a_id)) << 32) | uint32_t(*b_id);
-      item.value = (uint64_t(r) << 32) | uint32_t(*new_id);
-      merges_.Prefetch(item.key);
+      keys[r] = (uint64_t(uint32_t(*a_id)) << 32) | uint32_t(*b_id);
+      values[r] = (uint64_t(r) << 32) | uint32_t(*new_id);
     }
-    // 3. Insert in rank order (the first occurrence of a pair wins).
-    for (size_t k = 0; k < n; ++k) merges_.Insert(items[k].key, items[k].value);
-    rank += uint32_t(n);
   }
   return Status::Ok();
 }

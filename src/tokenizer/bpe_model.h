@@ -93,6 +93,9 @@ class BpeModel {
   };
 
   Status LoadMerges(Json merges);
+  // Resolves merges [begin, end) to (left << 32 | right) keys and (rank << 32 | merged) values.
+  Status ResolveMerges(const std::vector<Json>& elems, size_t begin, size_t end, uint64_t* keys,
+                       uint64_t* values) const;
   void Encode(std::string_view word, std::vector<int32_t>* ids) const;
   void MergeAll(std::vector<Symbol>* symbols) const;
   std::optional<int32_t> Lookup(std::string_view s) const;
