@@ -49,8 +49,17 @@ void MaskTokens(std::span<float> logits, std::span<const int32_t> ids) {
 int32_t Argmax(std::span<const float> logits) {
   CHECK(!logits.empty());
   const float max = RowMax(logits);  // vectorised; then the first index holding it
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (logits[i] == max) return static_cast<int32_t>(i);
+  const float* x = logits.data();
+  const size_t size = logits.size();
+  constexpr size_t kChunk = 64;
+  size_t i = 0;
+  for (; i + kChunk <= size; i += kChunk) {
+    int found = 0;  // an OR over the chunk vectorises; the exact index is found below
+    for (size_t j = 0; j < kChunk; ++j) found |= x[i + j] == max;
+    if (found) break;
+  }
+  for (; i < size; ++i) {
+    if (x[i] == max) return static_cast<int32_t>(i);
   }
   return 0;  // every entry NaN
 }
