@@ -8,6 +8,9 @@
 #include "model/architecture.h"
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
+#ifdef EMBER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace ember {
 namespace {
@@ -135,11 +138,19 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   if (FileExists(gen_path)) { EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path)); }
   EMBER_ASSIGN_OR_RETURN(model->generation_, ParseGenerationConfig(gen_text, gen_path, model->config_));
   EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
-  if (opts.device == DeviceKind::kCuda)
+  if (opts.device == DeviceKind::kCuda) {
+#ifdef EMBER_HAVE_CUDA
+    CudaBackendOptions cuda;
+    cuda.f32_compute = opts.cuda_f32_compute;
+    EMBER_ASSIGN_OR_RETURN(model->backend_, CreateCudaBackend(opts.cuda_device, cuda));
+#else
     return Status::Error("the CUDA backend is not available in this build (use the CPU)");
-  CpuBackendOptions cpu;
-  cpu.num_threads = opts.num_threads;
-  model->backend_ = MakeCpuBackend(cpu);
+#endif
+  } else {
+    CpuBackendOptions cpu;
+    cpu.num_threads = opts.num_threads;
+    model->backend_ = MakeCpuBackend(cpu);
+  }
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();

@@ -78,6 +78,8 @@ enum class DeviceKind { kCpu, kCuda };
 struct ModelLoadOptions {
   DeviceKind device = DeviceKind::kCpu;
   int32_t num_threads = 0;  // 0 = all cores
+  int32_t cuda_device = 0;
+  bool cuda_f32_compute = false;  // CUDA: f32 weights and GEMMs (parity mode) instead of bf16
   // File name of the config inside the folder (tests load config.v4.json too).
   std::string config_file = "config.json";
 };

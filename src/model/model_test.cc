@@ -13,6 +13,9 @@
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
+#ifdef EMBER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace ember {
 namespace {
@@ -26,9 +29,12 @@ std::string ModelDir(const std::string& name) {
   return ember::testing::FixturesDir() + "/models/" + name;
 }
 
-std::unique_ptr<Model> LoadOrDie(const std::string& dir, const std::string& config_file) {
+std::unique_ptr<Model> LoadOrDie(const std::string& dir, const std::string& config_file,
+                                 DeviceKind device = DeviceKind::kCpu) {
   ModelLoadOptions opts;
   opts.config_file = config_file;
+  opts.device = device;
+  opts.cuda_f32_compute = true;  // parity mode: f32 weights and GEMMs
   auto model = Model::Load(dir, opts);
   EXPECT_TRUE(model.ok()) << model.message();
   if (!model.ok()) return nullptr;
@@ -104,9 +110,10 @@ void CheckLogits(const std::vector<float>& logits, const TensorView& golden, int
   EXPECT_LT(worst, 1e-4) << what << ": worst per-position relative L2 error";
 }
 
-void RunParity(const std::string& name, const std::string& config_file) {
+void RunParity(const std::string& name, const std::string& config_file,
+               DeviceKind device = DeviceKind::kCpu) {
   const std::string dir = ModelDir(name);
-  auto model = LoadOrDie(dir, config_file);
+  auto model = LoadOrDie(dir, config_file, device);
   ASSERT_NE(model, nullptr);
   auto golden_text = ReadFileToString(dir + "/golden.json");
   ASSERT_TRUE(golden_text.ok());
@@ -149,6 +156,29 @@ INSTANTIATE_TEST_SUITE_P(
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
     });
+
+// The same goldens through Model on the CUDA backend (f32 compute mode), where a GPU exists.
+class CudaParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaParityTest, LogitsAndGreedyMatchTransformers) {
+#ifdef EMBER_HAVE_CUDA
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  EMBER_REQUIRE_DIR(ModelDir(GetParam()));
+  RunParity(GetParam(), "config.json", DeviceKind::kCuda);
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
+                         ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma2",
+                                           "gemma3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
   const std::string dir = ModelDir("tinystories-656k");
