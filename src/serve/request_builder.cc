@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/engine.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,6 +42,9 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   const int64_t prompt_len = static_cast<int64_t>(r->prompt_ids.size());
   if (prompt_len == 0) return InvalidRequest(prompt_field + ": the prompt is empty", prompt_field);
   const int64_t room = int64_t{model.context_length} - prompt_len;
+  // A default max_tokens must also fit the KV cache, or every request without one would fail.
+  const int64_t kv_room =
+      model.engine != nullptr ? model.engine->kv_capacity_tokens() - prompt_len : room;
   if (room < 1) {
     return InvalidRequest("This model's maximum context length is " +
                               std::to_string(model.context_length) + " tokens, but the prompt has " +
@@ -65,6 +69,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
     // OpenAI's legacy completions default is 16 tokens; chat runs to the end of the context.
     max_tokens = endpoint == Endpoint::kCompletion ? std::min<int64_t>(16, room) : room;
   }
+  if (!p.max_tokens && kv_room >= 1) max_tokens = std::min(max_tokens, kv_room);
   r->max_tokens = static_cast<int32_t>(max_tokens);
   r->sampling = ToSampling(model, p);
   r->sampling.max_tokens = r->max_tokens;
