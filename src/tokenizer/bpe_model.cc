@@ -93,7 +93,7 @@ void BpeModel::MergeMap::Insert(uint64_t key, uint64_t value) {
 Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
   std::string type = JsonTypeOf(json);
   if (!type.empty() && type != "BPE") return Status::Error("unsupported model type '" + type + "'");
-  auto m = std::unique_ptr<BpeModel>(new BpeModel());
+  auto m = std::make_unique<BpeModel>();
   m->cache_owner_ = g_next_model_id.fetch_add(1);
 
   // Vocab: string -> id. Strings are stored by id so the map can hold views into them.

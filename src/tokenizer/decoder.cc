@@ -34,7 +34,7 @@ std::vector<std::string> SplitChars(const std::string& s) {
 }  // namespace
 
 Result<std::unique_ptr<Decoder>> Decoder::FromJson(Json json) {
-  auto d = std::unique_ptr<Decoder>(new Decoder());
+  auto d = std::make_unique<Decoder>();
   EMBER_RETURN_IF_ERROR(d->Add(json));
   return d;
 }

@@ -2,8 +2,11 @@
 // concatenation of everything Push and Flush return equals Tokenizer::Decode(all ids), and Push
 // never returns a partial UTF-8 character: byte-fallback runs and byte-level tokens that split a
 // character are held until they complete. Only the tokens since the last emitted boundary are
-// re-decoded, so each Push costs O(held tokens). One instance per stream; not thread-safe
-// (the Tokenizer it borrows must outlive it).
+// re-decoded, so each Push costs O(held tokens). Exact for every decoder chain of the supported
+// components except a Strip decoder with stop > 0 or start > 1 after Fuse (no real tokenizer we
+// know uses one): those strip the end / several leading characters of the whole text, which a
+// stream cannot know in advance. One instance per stream; not thread-safe (the Tokenizer it
+// borrows must outlive it).
 #pragma once
 
 #include <cstdint>

@@ -111,7 +111,7 @@ std::string StripWhitespace(const std::string& s, bool left, bool right) {
 }  // namespace
 
 Result<std::unique_ptr<Normalizer>> Normalizer::FromJson(Json json) {
-  auto n = std::unique_ptr<Normalizer>(new Normalizer());
+  auto n = std::make_unique<Normalizer>();
   EMBER_RETURN_IF_ERROR(n->Add(json));
   return n;
 }

@@ -13,7 +13,7 @@ constexpr const char* kGpt2Regex =
 }  // namespace
 
 Result<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(Json json) {
-  auto p = std::unique_ptr<PreTokenizer>(new PreTokenizer());
+  auto p = std::make_unique<PreTokenizer>();
   EMBER_RETURN_IF_ERROR(p->Add(json));
   return p;
 }

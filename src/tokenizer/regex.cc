@@ -37,7 +37,7 @@ std::string TranslateOniguruma(std::string_view p) {
 }  // namespace
 
 Result<std::unique_ptr<Pattern>> Pattern::Create(std::string_view pattern, bool regex) {
-  std::unique_ptr<Pattern> p(new Pattern());
+  auto p = std::make_unique<Pattern>();
   p->source_ = std::string(pattern);
   if (!regex) {
     if (pattern.empty()) return Status::Error("empty literal split pattern");

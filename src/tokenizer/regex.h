@@ -21,6 +21,7 @@ class Pattern {
  public:
   // `regex` true: an Oniguruma regex (translated to PCRE2); false: a literal string.
   static Result<std::unique_ptr<Pattern>> Create(std::string_view pattern, bool regex);
+  Pattern() = default;  // use Create
   ~Pattern();
   Pattern(const Pattern&) = delete;
   Pattern& operator=(const Pattern&) = delete;
@@ -30,7 +31,6 @@ class Pattern {
   const std::string& source() const { return source_; }
 
  private:
-  Pattern() = default;
   std::string source_;
   std::string literal_;
   void* code_ = nullptr;  // pcre2_code_8*, null for literals

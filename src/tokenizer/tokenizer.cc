@@ -161,7 +161,9 @@ Status Tokenizer::LoadTokenizerJson(const std::string& path) {
     added_by_content_.emplace(t.content, t.id);
     if (t.special) special_contents_.insert(t.content);
     vocab_size_ = std::max(vocab_size_, t.id + 1);
-    // Normalized tokens are matched, and shown to the decoder, in their normalized form.
+    // Normalized tokens are matched, and shown to the decoder, in their normalized form. The
+    // reference decodes them that way too: TinyStories' "<unk>" (normalized, behind a Prepend
+    // "▁" normalizer) decodes as " <unk>" and is not skipped as special (its golden shows both).
     std::string form = t.content;
     if (t.normalized && normalizer_) form = normalizer_->Normalize(form);
     if (t.normalized) normalized_trie_.Insert(form, int32_t(i));
