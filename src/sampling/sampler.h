@@ -2,10 +2,11 @@
 // Order (vLLM / HF semantics): logprobs are taken from the RAW logits first (vLLM v1 default
 // "raw_logprobs"); then logit_bias is added; repetition penalty (every id seen in prompt or
 // output: logit > 0 ? logit / p : logit * p); frequency / presence penalties on OUTPUT counts
-// (logit -= freq * count + pres * (count > 0)); greedy requests take the argmax here (ties ->
-// lowest id, no RNG). Otherwise temperature, then top-k, top-p (smallest prefix of the sorted
-// distribution whose mass reaches p, the top token always kept), min-p (drop p < min_p * p_max),
-// and one inverse-CDF draw over the kept tokens ordered by (prob desc, id asc).
+// (logit -= freq * count + pres * (count > 0)); stop / EOS ids masked while fewer than
+// min_tokens were accepted; greedy requests take the argmax here (ties -> lowest id, no RNG).
+// Otherwise temperature, then top-k, top-p (smallest prefix of the sorted distribution whose mass
+// reaches p, the top token always kept), min-p (drop p < min_p * p_max), and one inverse-CDF draw
+// over the kept tokens ordered by (prob desc, id asc).
 //
 // Determinism: each sequence owns a SamplerState whose counter-based RNG makes exactly one
 // uniform draw per sampled token, so a seeded request yields the same tokens alone or in any
