@@ -55,6 +55,10 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
   ChatTemplate t;
   t.bos_token_ = TokenString(config, "bos_token");
   t.eos_token_ = TokenString(config, "eos_token");
+  for (const char* key : {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    std::string token = TokenString(config, key);
+    if (!token.empty()) t.other_special_tokens_.emplace_back(key, token);
+  }
 
   std::string jinja_path = model_dir + "/chat_template.jinja";
   if (FileExists(jinja_path)) {
@@ -110,6 +114,7 @@ Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& t
   vars.emplace_back("add_generation_prompt", Value::Bool(add_generation_prompt));
   if (!bos_token_.empty()) vars.emplace_back("bos_token", Value::Str(bos_token_));
   if (!eos_token_.empty()) vars.emplace_back("eos_token", Value::Str(eos_token_));
+  for (const auto& [key, token] : other_special_tokens_) vars.emplace_back(key, Value::Str(token));
   if (extra_kwargs.is_object()) {
     for (auto it = extra_kwargs.begin(); it != extra_kwargs.end(); ++it)
       vars.emplace_back(it.key(), Value::FromJson(it.value()));

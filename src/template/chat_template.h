@@ -10,6 +10,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -50,6 +52,9 @@ class ChatTemplate {
   std::shared_ptr<const tmpl::Program> tool_use_;  // the "tool_use" named template, if any
   std::string bos_token_;
   std::string eos_token_;
+  // unk/pad/sep/cls/mask tokens from tokenizer_config.json: transformers passes its whole
+  // special_tokens_map to the template.
+  std::vector<std::pair<std::string, std::string>> other_special_tokens_;
 };
 
 }  // namespace ember

@@ -85,12 +85,13 @@ TEST(ChatTemplate, ToolUseTemplateIsPickedWhenToolsAreGiven) {
   ojson config = {{"bos_token", {{"content", "<s>"}, {"__type", "AddedToken"}}},
                   {"eos_token", "</s>"},
                   {"chat_template", ojson::array({{{"name", "default"}, {"template", "D{{ bos_token }}"}},
-                                                  {{"name", "tool_use"}, {"template", "T{{ tools|length }}"}}})}};
+                                                  {{"name", "tool_use"}, {"template", "T{{ tools|length }}{{ pad_token }}"}}})},
+                  {"pad_token", "<pad>"}};
   ASSERT_TRUE(WriteStringToFile(dir + "/tokenizer_config.json", config.dump()).ok());
   auto t = ChatTemplate::Load(dir);
   ASSERT_TRUE(t.ok()) << t.message();
   EXPECT_EQ(*t->Render(ojson::array(), nullptr, false, ojson::object()), "D<s>");
-  EXPECT_EQ(*t->Render(ojson::array(), ojson::array({1, 2}), false, ojson::object()), "T2");
+  EXPECT_EQ(*t->Render(ojson::array(), ojson::array({1, 2}), false, ojson::object()), "T2<pad>");
   // chat_template.jinja wins over tokenizer_config.json.
   ASSERT_TRUE(WriteStringToFile(dir + "/chat_template.jinja", "J{{ eos_token }}\n").ok());
   auto j = ChatTemplate::Load(dir);

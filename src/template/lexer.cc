@@ -207,8 +207,11 @@ class Lexer {
         for (const char* o : kOps2)
           if (src_.compare(i, 2, o) == 0) op = o;
         if (op.empty()) {
-          if (std::string("+-*/%~<>=()[]{},.:|").find(c) == std::string::npos)
-            Fail(std::string("unexpected char '") + c + "'", i);
+          if (std::string("+-*/%~<>=()[]{},.:|").find(c) == std::string::npos) {
+            unsigned char lead = static_cast<unsigned char>(c);
+            size_t len = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
+            Fail("unexpected char '" + src_.substr(i, len) + "'", i);
+          }
           op = std::string(1, c);
           if (c == '(' || c == '[' || c == '{') ++depth;
           if (c == ')' || c == ']' || c == '}') {
