@@ -50,7 +50,12 @@ class Interpreter {
   Flow ExecStmt(const Stmt& s, Scope& scope, std::string& out) {
     switch (s.kind) {
       case StmtKind::kText: out += s.text; return Flow::kNormal;
-      case StmtKind::kPrint: out += ToStr(Eval(*s.expr, scope)); return Flow::kNormal;
+      case StmtKind::kPrint: {
+        Value v = Eval(*s.expr, scope);
+        if (v.is_string()) out += v.str();  // the common case; skips a copy of long contents
+        else out += ToStr(v);
+        return Flow::kNormal;
+      }
       case StmtKind::kIf:
         for (size_t i = 0; i < s.conds.size(); ++i)
           if (Eval(*s.conds[i], scope).Truthy()) return Exec(s.bodies[i], scope, out);

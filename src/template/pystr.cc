@@ -55,18 +55,48 @@ bool IsSpace(uint32_t cp) {
          cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
+namespace {
+// Decodes the code point starting at byte i (lenient on malformed input: one byte = one unit).
+uint32_t DecodeAt(const std::string& s, size_t i, size_t* len) {
+  unsigned char c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+  if (i + n > s.size()) n = 1;
+  uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  *len = n;
+  return cp;
+}
+}  // namespace
+
 std::string Strip(const std::string& s, const std::optional<std::string>& chars, bool left, bool right) {
-  std::vector<uint32_t> cps = Decode(s);
+  // Works on bytes, decoding only the code points at the two ends (templates trim long messages).
   std::vector<uint32_t> set = chars ? Decode(*chars) : std::vector<uint32_t>{};
   auto strip = [&](uint32_t cp) {
     return chars ? std::find(set.begin(), set.end(), cp) != set.end() : IsSpace(cp);
   };
-  size_t b = 0, e = cps.size();
-  if (left)
-    while (b < e && strip(cps[b])) ++b;
-  if (right)
-    while (e > b && strip(cps[e - 1])) --e;
-  return Encode(std::vector<uint32_t>(cps.begin() + b, cps.begin() + e));
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t len = 0;
+      if (!strip(DecodeAt(s, b, &len))) break;
+      b += len;
+    }
+  }
+  if (right) {
+    while (e > b) {
+      size_t start = e - 1;
+      while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80 && e - start < 4) --start;
+      size_t len = 0;
+      uint32_t cp = DecodeAt(s, start, &len);
+      if (start + len != e) {  // malformed tail: treat the last byte alone
+        start = e - 1;
+        cp = static_cast<unsigned char>(s[start]);
+      }
+      if (!strip(cp)) break;
+      e = start;
+    }
+  }
+  return s.substr(b, e - b);
 }
 
 std::vector<std::string> Split(const std::string& s, const std::optional<std::string>& sep,
