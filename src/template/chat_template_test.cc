@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "util/mapped_file.h"
 #include "util/testing.h"
@@ -60,6 +62,33 @@ TEST_P(ChatTemplateGolden, RendersLikeTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ChatTemplateGolden,
                          ::testing::Values("llama2", "llama3", "qwen3", "gemma3", "deepseek_v3", "gptoss"));
+
+// Render is const: one parsed template serves many HTTP threads at once.
+TEST(ChatTemplate, ConcurrentRendersAgree) {
+  auto t = ChatTemplate::FromSource(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+      "{{ loop.index }}:{{ m.content | trim | upper }}|{% endfor %}{{ ns.n }}{{ tools | tojson }}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.message();
+  ojson messages = ojson::array();
+  for (int i = 0; i < 20; ++i) messages.push_back({{"role", "user"}, {"content", " m" + std::to_string(i) + " "}});
+  ojson tools = ojson::array({{{"name", "f"}, {"b", 1}, {"a", 2}}});
+  auto expected = t->Render(messages, tools, true, ojson::object());
+  ASSERT_TRUE(expected.ok()) << expected.message();
+  EXPECT_NE(expected->find("20:M19|20[{\"name\": \"f\", \"b\": 1, \"a\": 2}]"), std::string::npos) << *expected;
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        auto r = t->Render(messages, tools, true, ojson::object());
+        if (!r.ok() || *r != *expected) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 TEST(ChatTemplate, ErrorsNameLineAndColumn) {
   auto bad = ChatTemplate::FromSource("hello\n{% if x %}\n{{ 1 + }}\n{% endif %}", "", "");

@@ -120,6 +120,7 @@ CASES = [
     ("int_float_arith_print", "{{ 10 / 4 }} {{ 10 // 4 }} {{ 2 ** 0.5 }} {{ 1e3 }} {{ 3 * 1.0 }} {{ 7 % 2.5 }} {{ -1 ** 2 }}", {}),
     ("big_ints", "{{ n }} {{ n * 2 }} {{ n | tojson }}", {"n": 9007199254740993}),
     ("unicode_methods", "{{ '\u00c9t\u00e9' | lower }} {{ '\u00e9t\u00e9' | upper }} {{ '\u00e9t\u00e9'[1:] }} {{ '\u00e9t\u00e9' | length }} {{ '  \u3000x\u3000 ' | trim }}|", {}),
+    ("strip_multibyte", "[{{ s.strip('\uff5c') }}][{{ s.lstrip('\uff5c') }}][{{ s.rstrip('\uff5cx') }}][{{ w | trim }}][{{ w.rstrip() }}][{{ '\u00e9\u00e9a\u00e9'.strip('\u00e9') }}]", {"s": "\uff5c\uff5cx\u00e9x\uff5c", "w": "\u2003\u00a0 caf\u00e9\n\u3000"}),
     ("loop_over_string", "{% for c in 'h\u00e9y' %}[{{ c }}]{% endfor %}", {}),
     ("do_generation_free", "{% generation %}gen{% endgeneration %}", {}),
     ("float_print", "{{ 100.0 }} {{ 1e16 }} {{ 1.5e15 }} {{ 123456789.125 }} {{ 0.0001 }} {{ 0.00001 }} {{ -0.0 }} {{ 3.0 * 1.1 }}", {}),
