@@ -20,6 +20,10 @@ constexpr int64_t kColBlock = 64;
 constexpr int64_t kVecsPerBlock = kColBlock / 8;
 // k per converted panel: the panel slice a kernel reads (C8 x kKBlock x 8 floats) stays in L1.
 constexpr int64_t kKBlock = 256;
+// With few rows (decode) the panel is used once, so longer k blocks give each weight row longer
+// contiguous reads (better for DRAM streaming); the panel then lives in L2.
+constexpr int64_t kKBlockFewRows = 1024;
+constexpr int64_t kFewRows = 8;
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -163,8 +167,9 @@ void ColumnBlock(const float* x, int64_t n, int64_t k, const void* w, DType dtyp
   const int64_t vecs = (nc + 7) / 8;
   const int64_t acc_stride = kVecsPerBlock * 8;
   std::memset(acc, 0, static_cast<size_t>(n * acc_stride) * sizeof(float));
-  for (int64_t k0 = 0; k0 < k; k0 += kKBlock) {
-    const int64_t kc = std::min(kKBlock, k - k0);
+  const int64_t k_block = n <= kFewRows ? kKBlockFewRows : kKBlock;
+  for (int64_t k0 = 0; k0 < k; k0 += k_block) {
+    const int64_t kc = std::min(k_block, k - k0);
     ConvertPanel(w, dtype, k, c0, nc, k0, kc, panel);
     for (int64_t v = 0; v < vecs;) {
       // Column-vector group sized for full 6-row tiles; smaller row tails reuse the same columns.
@@ -205,7 +210,7 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
 #pragma omp parallel num_threads(threads)
   {
     std::unique_ptr<float, FreeDeleter> panel(static_cast<float*>(
-        std::aligned_alloc(64, static_cast<size_t>(kColBlock * kKBlock) * sizeof(float))));
+        std::aligned_alloc(64, static_cast<size_t>(kColBlock * kKBlockFewRows) * sizeof(float))));
     std::unique_ptr<float, FreeDeleter> acc(static_cast<float*>(
         std::aligned_alloc(64, static_cast<size_t>(n * kColBlock) * sizeof(float))));
 #pragma omp for schedule(static)
