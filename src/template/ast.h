@@ -60,7 +60,7 @@ enum class StmtKind {
   kBreak,
   kContinue,
   kDo,        // do expr
-  kScope,     // body rendered in place (generation blocks)
+  kScope,     // body in a new frame, after setting targets[i] = conds[i] (with, generation)
 };
 
 struct Stmt {

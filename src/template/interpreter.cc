@@ -101,7 +101,11 @@ class Interpreter {
       case StmtKind::kBreak: return Flow::kBreak;
       case StmtKind::kContinue: return Flow::kContinue;
       case StmtKind::kDo: Eval(*s.expr, scope); return Flow::kNormal;
-      case StmtKind::kScope: return Exec(s.body, scope, out);
+      case StmtKind::kScope: {
+        Scope inner{{}, &scope};
+        for (size_t i = 0; i < s.targets.size(); ++i) inner.vars[s.targets[i]] = Eval(*s.conds[i], scope);
+        return Exec(s.body, inner, out);
+      }
     }
     return Flow::kNormal;
   }

@@ -216,6 +216,19 @@ class Parser {
       ExpectBlockEnd();
       return s;
     }
+    if (tag == "with") {
+      auto s = Make<Stmt>(StmtKind::kScope, at);
+      while (Peek().type != Tok::kBlockEnd) {
+        if (!s->targets.empty()) ExpectOp(",");
+        s->targets.push_back(ExpectName());
+        ExpectOp("=");
+        s->conds.push_back(ParseExpression(true));
+      }
+      ExpectBlockEnd();
+      s->body = ParseUntil({"endwith"}, &found);
+      ExpectBlockEnd();
+      return s;
+    }
     if (tag == "generation") {
       auto s = Make<Stmt>(StmtKind::kScope, at);
       ExpectBlockEnd();
