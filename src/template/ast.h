@@ -51,7 +51,7 @@ enum class StmtKind {
   kText,      // text
   kPrint,     // {{ expr }}
   kIf,        // conds[i] -> bodies[i]; else_body
-  kFor,       // for targets in expr [if cond]: body else else_body
+  kFor,       // for targets in expr [if cond] [recursive: attr]: body else else_body
   kSet,       // set targets = expr, or set target.attr = expr (attr non-empty)
   kSetBlock,  // set targets[0] [| filters] %}body{% endset
   kMacro,     // macro name(params = defaults) body

@@ -1,6 +1,8 @@
 #include "template/interpreter.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 
 #include "template/builtins.h"
 
@@ -123,7 +125,11 @@ class Interpreter {
   }
 
   void ExecFor(const Stmt& s, Scope& scope, std::string& out) {
-    Value iterable = Eval(*s.expr, scope);
+    RunLoop(s, scope, Eval(*s.expr, scope), 0, out);
+  }
+
+  // One (possibly recursive) pass of a for loop over `iterable` at nesting `depth0`.
+  void RunLoop(const Stmt& s, Scope& scope, const Value& iterable, int64_t depth0, std::string& out) {
     if (iterable.is_none()) throw TemplateError("TypeError: 'NoneType' object is not iterable");
     std::vector<Value> items = Iterate(iterable);
     if (s.cond) {
@@ -141,6 +147,7 @@ class Interpreter {
       return;
     }
     int64_t n = static_cast<int64_t>(items.size());
+    auto last_changed = std::make_shared<std::optional<List>>();
     for (int64_t i = 0; i < n; ++i) {
       Scope inner{{}, &scope};
       Assign(s.targets, items[static_cast<size_t>(i)], inner);
@@ -153,14 +160,30 @@ class Interpreter {
       set("first", Value::Bool(i == 0));
       set("last", Value::Bool(i == n - 1));
       set("length", Value::Int(n));
-      set("depth", Value::Int(1));
-      set("depth0", Value::Int(0));
+      set("depth", Value::Int(depth0 + 1));
+      set("depth0", Value::Int(depth0));
       set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::Undefined("there is no previous item"));
       set("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::Undefined("there is no next item"));
       set("cycle", Value::Function("cycle", [i](CallArgs& a) -> Value {
         if (a.positional.empty()) throw TemplateError("TypeError: no items for cycling given");
         return a.positional[static_cast<size_t>(i) % a.positional.size()];
       }));
+      set("changed", Value::Function("changed", [last_changed](CallArgs& a) -> Value {
+        Value now = Value::MakeList(a.positional);
+        if (*last_changed && Equal(Value::MakeList(**last_changed), now)) return Value::Bool(false);
+        *last_changed = a.positional;
+        return Value::Bool(true);
+      }));
+      if (!s.attr.empty()) {  // recursive: loop(children) renders this loop's body over children
+        const Stmt* stmt = &s;
+        Scope* outer = &scope;
+        set("__call__", Value::Function("loop", [this, stmt, outer, depth0](CallArgs& a) -> Value {
+          if (depth0 + 1 >= kMaxCallDepth) throw TemplateError("RecursionError: recursive loop nested too deep");
+          std::string nested;
+          RunLoop(*stmt, *outer, Arg(a, 0, "iterable", Value::Undefined()), depth0 + 1, nested);
+          return Value::Str(nested);
+        }));
+      }
       inner.vars["loop"] = Value::MakeNamespace(std::move(loop));
       if (Exec(s.body, inner, out) == Flow::kBreak) break;
     }
@@ -211,6 +234,10 @@ class Interpreter {
 
   Value CallValue(const Value& callee, CallArgs& args) {
     if (callee.is_undefined()) callee.ThrowUndefined();
+    if (callee.is_namespace()) {  // a recursive loop's `loop(...)`
+      const Value* call = static_cast<const Dict&>(callee.dict()).Find("__call__");
+      if (call != nullptr) return call->Call(args);
+    }
     if (!callee.is_function()) throw TemplateError("TypeError: '" + callee.TypeName() + "' object is not callable");
     return callee.Call(args);
   }

@@ -147,7 +147,7 @@ class Parser {
       if (!SkipName("in")) Fail("expected 'in', got " + Describe(Peek()));
       s->expr = ParseTuple(false);
       if (SkipName("if")) s->cond = ParseExpression(true);
-      if (SkipName("recursive")) Fail("recursive for loops are not supported");
+      if (SkipName("recursive")) s->attr = "recursive";
       ExpectBlockEnd();
       s->body = ParseUntil({"endfor", "else"}, &found);
       if (found == "else") {

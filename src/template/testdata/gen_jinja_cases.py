@@ -121,6 +121,8 @@ CASES = [
     ("big_ints", "{{ n }} {{ n * 2 }} {{ n | tojson }}", {"n": 9007199254740993}),
     ("unicode_methods", "{{ '\u00c9t\u00e9' | lower }} {{ '\u00e9t\u00e9' | upper }} {{ '\u00e9t\u00e9'[1:] }} {{ '\u00e9t\u00e9' | length }} {{ '  \u3000x\u3000 ' | trim }}|", {}),
     ("strip_multibyte", "[{{ s.strip('\uff5c') }}][{{ s.lstrip('\uff5c') }}][{{ s.rstrip('\uff5cx') }}][{{ w | trim }}][{{ w.rstrip() }}][{{ '\u00e9\u00e9a\u00e9'.strip('\u00e9') }}]", {"s": "\uff5c\uff5cx\u00e9x\uff5c", "w": "\u2003\u00a0 caf\u00e9\n\u3000"}),
+    ("loop_recursive", "{% for n in tree recursive %}{{ loop.depth }}{{ n.name }}{% if n.kids %}({{ loop(n.kids) }}){% endif %}{% endfor %}", {"tree": [{"name": "r", "kids": [{"name": "a"}, {"name": "b", "kids": [{"name": "c"}]}]}, {"name": "s"}]}),
+    ("loop_changed", "{% for x in [1, 1, 2, 2, 1] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", {}),
     ("loop_over_string", "{% for c in 'h\u00e9y' %}[{{ c }}]{% endfor %}", {}),
     ("do_generation_free", "{% set x = 1 %}{% generation %}gen{% set x = 2 %}{{ x }}{% endgeneration %}{{ x }}", {}),
     ("with_block", "{% set a = 'outer' %}{% with a = 'inner', b = a ~ '!' %}{{ a }}{{ b }}{% set c = 1 %}{% endwith %}{{ a }}{{ c }}", {}),
