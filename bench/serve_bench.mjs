@@ -106,12 +106,17 @@ async function main() {
         await oneRequest(opts, c, r, stats);
       } catch (err) {
         stats.errors += 1;
-        if (stats.errorSamples.length < 5) stats.errorSamples.push(String(err.message ?? err));
+        if (stats.errorSamples.length < 5) stats.errorSamples.push(`${err.message ?? err}${err.cause ? ` (${err.cause.code ?? err.cause.message ?? err.cause})` : ''}`);
       }
     }
   }));
   clearInterval(sampler);
   const elapsed = (performance.now() - t0) / 1000;
+  let server = null;  // the server's own TTFT/ITL histograms (engine timestamps), when it has /stats
+  try {
+    const st = await (await fetch(`${opts.url}/stats`)).json();
+    server = st.latency_seconds ?? null;
+  } catch { /* not an ember server */ }
   const ttft = stats.ttft.sort((a, b) => a - b);
   const itl = stats.itl.sort((a, b) => a - b);
   const report = {
@@ -123,6 +128,10 @@ async function main() {
     ttft_ms: { p50: percentile(ttft, 0.5), p90: percentile(ttft, 0.9), p99: percentile(ttft, 0.99) },
     itl_ms: { p50: percentile(itl, 0.5), p90: percentile(itl, 0.9), p99: percentile(itl, 0.99) },
     server_rss_mib: opts.pid ? { before: rssBefore, peak: rssPeak, after: rssMiB(opts.pid) } : null,
+    server_latency_ms: server && {
+      ttft: Object.fromEntries(['p50', 'p90', 'p99'].map((p) => [p, Number((server.time_to_first_token[p] * 1000).toFixed(1))])),
+      itl: Object.fromEntries(['p50', 'p90', 'p99'].map((p) => [p, Number((server.inter_token[p] * 1000).toFixed(1))])),
+    },
     error_samples: stats.errorSamples,
   };
   for (const k of ['ttft_ms', 'itl_ms']) for (const p of ['p50', 'p90', 'p99']) report[k][p] = Number(report[k][p].toFixed(1));
@@ -133,6 +142,10 @@ async function main() {
     console.log(`requests ${report.requests} (${report.requests_per_s}/s), errors ${report.errors}, output ${report.output_tokens_per_s} tok/s`);
     console.log(`TTFT ms p50 ${report.ttft_ms.p50} p90 ${report.ttft_ms.p90} p99 ${report.ttft_ms.p99}`);
     console.log(`ITL  ms p50 ${report.itl_ms.p50} p90 ${report.itl_ms.p90} p99 ${report.itl_ms.p99}`);
+    if (report.server_latency_ms) {
+      const { ttft, itl } = report.server_latency_ms;
+      console.log(`server-side (engine stamps, whole server lifetime, histogram-interpolated): TTFT ms p50 ${ttft.p50} p90 ${ttft.p90} p99 ${ttft.p99}; ITL ms p50 ${itl.p50} p90 ${itl.p90} p99 ${itl.p99}`);
+    }
     if (report.server_rss_mib) console.log(`server RSS MiB: before ${report.server_rss_mib.before?.toFixed(1)}, peak ${report.server_rss_mib.peak.toFixed(1)}, after ${report.server_rss_mib.after?.toFixed(1)}`);
     for (const e of report.error_samples) console.log(`error: ${e}`);
   }

@@ -1,6 +1,7 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <memory>
@@ -54,11 +55,20 @@ std::string RouteLabel(const std::string& path) {
   return "other";
 }
 
+// httplib 0.11 listens with a backlog of 5, far too few for hundreds of clients connecting at
+// once (dropped SYNs cost seconds of retransmits). The listening socket is protected state of
+// httplib::Server; this subclass exposes it so Bind can raise the backlog (Linux lets listen()
+// be called again on a listening socket to change it).
+class BacklogServer : public httplib::Server {
+ public:
+  int listening_socket() const { return static_cast<int>(svr_sock_.load()); }
+};
+
 }  // namespace
 
 HttpServer::HttpServer(HttpConfig config, ServedModel model)
     : config_(std::move(config)), model_(std::move(model)),
-      server_(std::make_unique<httplib::Server>()) {
+      server_(std::make_unique<BacklogServer>()) {
   started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
@@ -81,6 +91,10 @@ Result<int> HttpServer::Bind() {
   } else if (!server_->bind_to_port(config_.host, port)) {
     return Status::Error("cannot bind to " + config_.host + ":" + std::to_string(port) +
                          " (in use, or not an address of this machine)");
+  }
+  const int fd = static_cast<BacklogServer*>(server_.get())->listening_socket();
+  if (fd >= 0 && ::listen(fd, SOMAXCONN) != 0) {
+    LOG_WARN << "could not raise the listen backlog; many simultaneous connects may be slow";
   }
   return port;
 }
