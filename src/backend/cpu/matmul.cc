@@ -5,25 +5,25 @@
 
 #include <algorithm>
 #include <array>
-#include <utility>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "util/half.h"
 
 namespace ember::cpu {
 namespace {
 
-// Output columns (weight rows) per block: 8 column vectors of 8 lanes.
-constexpr int64_t kColBlock = 64;
-constexpr int64_t kVecsPerBlock = kColBlock / 8;
-// k per converted panel: the panel slice a kernel reads (C8 x kKBlock x 8 floats) stays in L1.
-constexpr int64_t kKBlock = 256;
-// With few rows (decode) the panel is used once, so longer k blocks give each weight row longer
-// contiguous reads (better for DRAM streaming); the panel then lives in L2.
-constexpr int64_t kKBlockFewRows = 1024;
-constexpr int64_t kFewRows = 8;
+// Every output element is the same chain whatever n: an 8-lane accumulator
+// acc = fma(x[r, i:i+8], W[c, i:i+8], acc) for i = 0, 8, 16, ... in order (spilled to memory
+// between k blocks, which is exact), then a fixed horizontal sum, then the k % 8 tail in order,
+// then the bias. Weights are converted 8 at a time straight from the mapping (F16C / bf16 shift)
+// inside the kernel: no transposes, so decode streams the weights at memory speed.
+constexpr int64_t kColBlock = 64;   // output columns per parallel work item
+constexpr int64_t kRowBlock = 128;  // x rows whose accumulators are live across k blocks
+constexpr int64_t kKBlock = 1024;   // k per pass when many rows reuse the weight slice
+constexpr int64_t kFewRows = 8;     // up to this many rows: one pass over all of k
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -53,85 +53,35 @@ inline __m256 Load8(const void* w, int64_t idx) {
   }
 }
 
-// In-register 8x8 transpose: r[i] = row i  ->  r[j] = column j.
-inline void Transpose8x8(__m256 r[8]) {
-  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-  __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-  __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-  __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-  __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+inline float HorizontalSum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
 }
 
-// Converts weight rows [c0, c0 + nc) x k [k0, k0 + kc) into the interleaved f32 panel
-// [ceil(nc / 8)][kc][8]: panel[g][i][j] = W[c0 + 8g + j, k0 + i] (zero for rows >= nc).
-template <DType D>
-void ConvertPanelT(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t k0, int64_t kc,
-                   float* panel) {
-  const int64_t groups = (nc + 7) / 8;
-  for (int64_t g = 0; g < groups; ++g) {
-    float* dst = panel + g * kc * 8;
-    const int64_t rows = std::min<int64_t>(8, nc - 8 * g);
-    int64_t i = 0;
-    if (rows == 8) {
-      const int64_t base = (c0 + 8 * g) * k + k0;
-      for (; i + 8 <= kc; i += 8) {
-        __m256 r[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) r[j] = Load8<D>(w, base + j * k + i);
-        Transpose8x8(r);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (i + j) * 8, r[j]);
-      }
-    }
-    for (; i < kc; ++i)
-      for (int64_t j = 0; j < 8; ++j)
-        dst[i * 8 + j] = j < rows ? LoadWeight(w, D, (c0 + 8 * g + j) * k + k0 + i) : 0.0f;
-  }
-}
-
-void ConvertPanel(const void* w, DType dtype, int64_t k, int64_t c0, int64_t nc, int64_t k0,
-                  int64_t kc, float* panel) {
-  switch (dtype) {
-    case DType::kF16: return ConvertPanelT<DType::kF16>(w, k, c0, nc, k0, kc, panel);
-    case DType::kBF16: return ConvertPanelT<DType::kBF16>(w, k, c0, nc, k0, kc, panel);
-    case DType::kF32: return ConvertPanelT<DType::kF32>(w, k, c0, nc, k0, kc, panel);
-    case DType::kI32: break;
-  }
-  CHECK(false) << "MatMul weight must be F32/F16/BF16";
-}
-
-// acc[r][c] (an 8-lane vector: columns 8c..8c+7 of the tile) += sum over i < kc of
-// x[r, i] * panel[c][i][:], one FMA per k in order, so every lane is the same sequential chain.
-template <int R, int C>
-void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t kc, float* acc,
-                 int64_t acc_stride) {
+// acc[r][c] += x[r, 0:len] (.) W[c, 0:len] lane-wise, len a multiple of 8. x rows are x_stride
+// apart; W row c starts at element w_idx + c * k.
+template <DType D, int R, int C>
+void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, int64_t k,
+               int64_t len, float* acc, int64_t acc_stride) {
   __m256 a[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) a[r][c] = _mm256_loadu_ps(acc + r * acc_stride + c * 8);
-  for (int64_t i = 0; i < kc; ++i) {
+  for (int64_t i = 0; i < len; i += 8) {
     __m256 wv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(panel + (c * kc + i) * 8);
+    for (int c = 0; c < C; ++c) {
+      wv[c] = Load8<D>(w, w_idx + c * k + i);
+      // Keep operands in registers: folding them into each FMA would load them again per use.
+      if constexpr (R > 1) __asm__("" : "+x"(wv[c]));
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * x_stride + i);
+      __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
+      if constexpr (C > 1) __asm__("" : "+x"(xv));
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(xv, wv[c], a[r][c]);
     }
@@ -142,55 +92,90 @@ void MicroKernel(const float* x, int64_t x_stride, const float* panel, int64_t k
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + r * acc_stride + c * 8, a[r][c]);
 }
 
-using KernelFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+using KernelFn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, int64_t, float*,
+                          int64_t);
 
-template <int R, int... Cs>
+template <DType D, int R, int... Cs>
 constexpr std::array<KernelFn, sizeof...(Cs)> KernelRow(std::integer_sequence<int, Cs...>) {
-  return {MicroKernel<R, Cs + 1>...};
+  return {DotKernel<D, R, Cs + 1>...};
 }
 
-// kKernels[R - 1][C - 1], R in 1..6 rows, C in 1..8 column vectors.
-constexpr std::array<std::array<KernelFn, 8>, 6> kKernels = {
-    KernelRow<1>(std::make_integer_sequence<int, 8>()), KernelRow<2>(std::make_integer_sequence<int, 8>()),
-    KernelRow<3>(std::make_integer_sequence<int, 8>()), KernelRow<4>(std::make_integer_sequence<int, 8>()),
-    KernelRow<5>(std::make_integer_sequence<int, 8>()), KernelRow<6>(std::make_integer_sequence<int, 8>())};
+template <DType D>
+constexpr std::array<std::array<KernelFn, 8>, 4> KernelTable() {
+  return {KernelRow<D, 1>(std::make_integer_sequence<int, 8>()),
+          KernelRow<D, 2>(std::make_integer_sequence<int, 8>()),
+          KernelRow<D, 3>(std::make_integer_sequence<int, 8>()),
+          KernelRow<D, 4>(std::make_integer_sequence<int, 8>())};
+}
 
-// Widest column-vector group for a row group (accumulators + loads fit 16 registers).
-int MaxVecs(int rows) { return rows == 1 ? 8 : rows <= 3 ? 4 : 2; }
+constexpr auto kF32Kernels = KernelTable<DType::kF32>();
+constexpr auto kF16Kernels = KernelTable<DType::kF16>();
+constexpr auto kBF16Kernels = KernelTable<DType::kBF16>();
 
-// Rows per kernel call: 6 while at least 6 remain (the 6x16 kernel), else what remains.
-int RowsAt(int64_t remaining) { return static_cast<int>(std::min<int64_t>(6, remaining)); }
+// Widest column group for a row group (accumulators + loads within 16 registers).
+int MaxCols(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 3; }
+constexpr int kRowGroup = 4;  // 4 rows x 3 columns: 12 FMAs per 7 loads
 
-// Output columns [c0, c0 + nc) of all n rows. acc: [n][kVecsPerBlock * 8] floats.
+// Weight rows [c0, c0 + nc) x k [k0, k0 + len) as a row-major f32 panel [nc][len]: the exact
+// values the kernel would convert itself, converted once for all rows of a prefill.
+template <DType D>
+void ConvertPanel(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t k0, int64_t len,
+                  float* panel) {
+  for (int64_t c = 0; c < nc; ++c)
+    for (int64_t i = 0; i < len; i += 8)
+      _mm256_storeu_ps(panel + c * len + i, Load8<D>(w, (c0 + c) * k + k0 + i));
+}
+
+// Output columns [c0, c0 + nc) of all n rows. acc: [kRowBlock][kColBlock][8] floats.
 void ColumnBlock(const float* x, int64_t n, int64_t k, const void* w, DType dtype, int64_t c0,
-                 int64_t nc, const float* bias, float* out, int64_t m, float* panel, float* acc) {
-  const int64_t vecs = (nc + 7) / 8;
-  const int64_t acc_stride = kVecsPerBlock * 8;
-  std::memset(acc, 0, static_cast<size_t>(n * acc_stride) * sizeof(float));
-  const int64_t k_block = n <= kFewRows ? kKBlockFewRows : kKBlock;
-  for (int64_t k0 = 0; k0 < k; k0 += k_block) {
-    const int64_t kc = std::min(k_block, k - k0);
-    ConvertPanel(w, dtype, k, c0, nc, k0, kc, panel);
-    for (int64_t v = 0; v < vecs;) {
-      // Column-vector group sized for full 6-row tiles; smaller row tails reuse the same columns.
-      const int cg = static_cast<int>(std::min<int64_t>(MaxVecs(RowsAt(n)), vecs - v));
-      for (int64_t r = 0; r < n;) {
-        const int rg = RowsAt(n - r);
-        // Split the group when this row count allows fewer vectors per call.
-        for (int64_t cv = 0; cv < cg;) {
-          const int c = std::min(MaxVecs(rg), cg - static_cast<int>(cv));
-          kKernels[rg - 1][c - 1](x + r * k + k0, k, panel + (v + cv) * kc * 8, kc,
-                                  acc + r * acc_stride + (v + cv) * 8, acc_stride);
-          cv += c;
+                 int64_t nc, const float* bias, float* out, int64_t m, float* acc, float* panel) {
+  // Few rows: read the weights straight from the mapping. Many rows: convert a [nc, kKBlock]
+  // slice once into an f32 panel shared by all of them (f32 weights are used as they are).
+  const bool few = n <= kFewRows;
+  const bool use_panel = !few && dtype != DType::kF32;
+  const DType kernel_dtype = use_panel ? DType::kF32 : dtype;
+  const auto& kernels = kernel_dtype == DType::kF16    ? kF16Kernels
+                        : kernel_dtype == DType::kBF16 ? kBF16Kernels
+                                                       : kF32Kernels;
+  const int64_t k8 = k - k % 8;
+  const int64_t acc_stride = kColBlock * 8;
+  const int64_t k_block = few ? std::max<int64_t>(k8, 8) : kKBlock;
+  for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
+    const int64_t nr = std::min(kRowBlock, n - r0);
+    std::memset(acc, 0, static_cast<size_t>(nr * acc_stride) * sizeof(float));
+    for (int64_t k0 = 0; k0 < k8; k0 += k_block) {
+      const int64_t len = std::min(k_block, k8 - k0);
+      const void* wsrc = w;
+      int64_t w_base = c0 * k + k0, w_stride = k;
+      if (use_panel) {
+        if (dtype == DType::kF16) ConvertPanel<DType::kF16>(w, k, c0, nc, k0, len, panel);
+        else ConvertPanel<DType::kBF16>(w, k, c0, nc, k0, len, panel);
+        wsrc = panel;
+        w_base = 0;
+        w_stride = len;
+      }
+      for (int64_t r = 0; r < nr;) {
+        const int rg = static_cast<int>(std::min<int64_t>(kRowGroup, nr - r));
+        for (int64_t c = 0; c < nc;) {
+          const int cg = static_cast<int>(std::min<int64_t>(MaxCols(rg), nc - c));
+          kernels[rg - 1][cg - 1](x + (r0 + r) * k + k0, k, wsrc, w_base + c * w_stride, w_stride,
+                                  len, acc + r * acc_stride + c * 8, acc_stride);
+          c += cg;
         }
         r += rg;
       }
-      v += cg;
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t row = r0 + r;
+      for (int64_t c = 0; c < nc; ++c) {
+        const int64_t col = c0 + c;
+        float s = HorizontalSum(_mm256_loadu_ps(acc + r * acc_stride + c * 8));
+        for (int64_t kk = k8; kk < k; ++kk) s += x[row * k + kk] * LoadWeight(w, dtype, col * k + kk);
+        if (bias != nullptr) s += bias[col];
+        out[row * m + col] = s;
+      }
     }
   }
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < nc; ++c)
-      out[r * m + c0 + c] = acc[r * acc_stride + c] + (bias != nullptr ? bias[c0 + c] : 0.0f);
 }
 
 }  // namespace
@@ -202,6 +187,8 @@ void ConvertToF32(const void* src, DType dtype, int64_t count, float* dst) {
 void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
             const float* bias, float* out, int32_t num_threads) {
   if (n == 0 || m == 0) return;
+  CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
+      << "MatMul weight must be F32/F16/BF16";
   const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
   // Small products run on one thread: waking a second one costs more than it saves.
   const int64_t work = n * k * m;
@@ -209,15 +196,15 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
                                                1, std::min<int64_t>(num_threads, num_col_blocks)));
 #pragma omp parallel num_threads(threads)
   {
-    std::unique_ptr<float, FreeDeleter> panel(static_cast<float*>(
-        std::aligned_alloc(64, static_cast<size_t>(kColBlock * kKBlockFewRows) * sizeof(float))));
-    std::unique_ptr<float, FreeDeleter> acc(static_cast<float*>(
-        std::aligned_alloc(64, static_cast<size_t>(n * kColBlock) * sizeof(float))));
+    std::unique_ptr<float, FreeDeleter> acc(static_cast<float*>(std::aligned_alloc(
+        64, static_cast<size_t>(std::min(kRowBlock, n) * kColBlock * 8) * sizeof(float))));
+    std::unique_ptr<float, FreeDeleter> panel(static_cast<float*>(std::aligned_alloc(
+        64, static_cast<size_t>(n > kFewRows ? kColBlock * kKBlock : 16) * sizeof(float))));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < num_col_blocks; ++b) {
       const int64_t c0 = b * kColBlock;
-      ColumnBlock(x, n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m, panel.get(),
-                  acc.get());
+      ColumnBlock(x, n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m, acc.get(),
+                  panel.get());
     }
   }
 }

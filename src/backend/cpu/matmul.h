@@ -1,10 +1,11 @@
 // CPU matmul kernels: out = x W^T (+ bias) with float32 x and float32/float16/bfloat16 W read
-// straight from the checkpoint mapping. Weights are converted a tile at a time ([kMatmulColBlock
-// rows, kMatmulKBlock]) into a small float32 panel reused by every x row, so prefill is
-// compute-bound and decode streams each weight once. Batch-invariant: every output element is
-// the same chain (8-lane FMA over k in order, fixed horizontal sum, scalar tail, bias) whatever
-// the number of rows, so a row's result never depends on its batch-mates. Thread-safe (pure);
-// parallel over output columns with OpenMP.
+// straight from the checkpoint mapping. Decode-sized x (n <= 8) converts weights 8 at a time
+// inside the kernel (F16C / bf16 shift, no transposes), so each weight is streamed once per step;
+// prefill-sized x converts a [64 rows, 1024] weight slice once into an f32 panel reused by every
+// row (4x3 register tiles). Batch-invariant: every output element is the same chain (8-lane FMA
+// over k in order, fixed horizontal sum, scalar k tail, bias) whatever the number of rows, so a
+// row's result never depends on its batch-mates. Thread-safe (pure); parallel over output
+// columns with OpenMP.
 #pragma once
 
 #include <cstdint>
