@@ -24,6 +24,9 @@ bool Contains(const Value& container, const Value& item);
 // Python iteration: list items, dict keys, str code points; Undefined iterates as empty.
 std::vector<Value> Iterate(const Value& v);
 
+// Whether a filter / test exists: jinja2 rejects unknown ones when it compiles the template.
+bool IsFilter(const std::string& name);
+bool IsTest(const std::string& name);
 Value ApplyFilter(const std::string& name, const Value& target, CallArgs& args);
 bool ApplyTest(const std::string& name, const Value& v, CallArgs& args);
 // Globals every render sees: range, dict, namespace, raise_exception, strftime_now, ...

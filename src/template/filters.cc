@@ -4,6 +4,7 @@
 #include <cmath>
 #include <ctime>
 #include <map>
+#include <set>
 
 #include "template/builtins.h"
 #include "template/pystr.h"
@@ -177,6 +178,25 @@ Value MinMax(const Value& seq, const CallArgs& args, bool max) {
 }
 
 }  // namespace
+
+bool IsFilter(const std::string& name) {
+  static const std::set<std::string> kFilters = {
+      "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
+      "escape", "first", "float", "forceescape", "format", "indent", "int", "items", "join", "last",
+      "length", "list", "lower", "map", "max", "min", "pprint", "reject", "rejectattr", "replace",
+      "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson",
+      "trim", "unique", "upper", "wordcount"};
+  return kFilters.count(name) > 0;
+}
+
+bool IsTest(const std::string& name) {
+  static const std::set<std::string> kTests = {
+      "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq",
+      "equalto", "escaped", "even", "false", "ge", "greaterthan", "gt", "in", "integer", "iterable",
+      "le", "lessthan", "lower", "lt", "mapping", "ne", "none", "number", "odd", "sameas",
+      "sequence", "string", "true", "undefined", "upper", "float"};
+  return kTests.count(name) > 0;
+}
 
 Value ApplyFilter(const std::string& name, const Value& v, CallArgs& args) {
   if (name == "default" || name == "d") {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "template/ast.h"
+#include "template/builtins.h"
 #include "template/interpreter.h"
 #include "util/mapped_file.h"
 
@@ -61,6 +62,38 @@ TEST(Jinja, HostileTemplatesFailInsteadOfCrashing) {
     SCOPED_TRACE(source);
     ojson c = {{"template", source}, {"context", ojson::object()}};
     EXPECT_EQ(RenderCase(c).rfind("ERROR: ", 0), 0u);
+  }
+}
+
+// The compile-time name check and the dispatch agree: every known name is implemented.
+TEST(Jinja, EveryKnownFilterAndTestIsImplemented) {
+  for (const char* name : {"abs", "attr", "batch", "capitalize", "center", "count", "d", "default",
+                           "dictsort", "e", "escape", "first", "float", "forceescape", "format",
+                           "indent", "int", "items", "join", "last", "length", "list", "lower", "map",
+                           "max", "min", "pprint", "reject", "rejectattr", "replace", "reverse",
+                           "round", "safe", "select", "selectattr", "sort", "string", "sum", "title",
+                           "tojson", "trim", "unique", "upper", "wordcount"}) {
+    ASSERT_TRUE(IsFilter(name)) << name;
+    CallArgs args;
+    try {
+      ApplyFilter(name, Value::MakeList(), args);
+    } catch (const TemplateError& e) {
+      EXPECT_EQ(std::string(e.what()).find("No filter named"), std::string::npos) << name;
+    }
+  }
+  EXPECT_FALSE(IsFilter("nosuchfilter"));
+  for (const char* name : {"defined", "undefined", "none", "string", "mapping", "iterable", "sequence",
+                           "number", "integer", "float", "boolean", "true", "false", "callable", "odd",
+                           "even", "divisibleby", "eq", "ne", "lt", "le", "gt", "ge", "in", "sameas",
+                           "lower", "upper", "escaped", "equalto", "greaterthan", "lessthan"}) {
+    ASSERT_TRUE(IsTest(name)) << name;
+    CallArgs args;
+    args.positional.push_back(Value::MakeList());
+    try {
+      ApplyTest(name, Value::Int(2), args);
+    } catch (const TemplateError& e) {
+      EXPECT_EQ(std::string(e.what()).find("No test named"), std::string::npos) << name;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "template/ast.h"
+#include "template/builtins.h"
 #include "template/lexer.h"
 
 namespace ember::tmpl {
@@ -586,8 +587,66 @@ class Parser {
   size_t pos_ = 0;
 };
 
+// jinja2 rejects unknown filters and tests when it compiles a template, except inside an `if`
+// statement or inline if-expression ("soft" frames), where the error waits until the filter is
+// actually applied. Loop, macro, call, filter, with and set-block bodies are new frames and are
+// never soft. `soft` says whether the code being visited sits in a soft frame.
+void ValidateNames(const Expr* e, bool soft) {
+  if (e == nullptr) return;
+  if (e->kind == ExprKind::kCond) soft = true;
+  if (!soft && e->kind == ExprKind::kFilter && !IsFilter(e->name))
+    throw TemplateError("TemplateAssertionError: No filter named '" + e->name + "'.", e->line, e->column);
+  if (!soft && e->kind == ExprKind::kTest && !IsTest(e->name))
+    throw TemplateError("TemplateAssertionError: No test named '" + e->name + "'.", e->line, e->column);
+  for (const ExprPtr& c : e->children) ValidateNames(c.get(), soft);
+  for (const ExprPtr& c : e->args) ValidateNames(c.get(), soft);
+  for (const auto& [k, c] : e->kwargs) ValidateNames(c.get(), soft);
+}
+
+void ValidateNames(const Body& body, bool soft) {
+  for (const StmtPtr& s : body) {
+    switch (s->kind) {
+      case StmtKind::kIf:
+        for (const ExprPtr& c : s->conds) ValidateNames(c.get(), true);
+        for (const Body& b : s->bodies) ValidateNames(b, true);
+        ValidateNames(s->else_body, true);
+        break;
+      case StmtKind::kFor:
+        ValidateNames(s->expr.get(), soft);
+        ValidateNames(s->cond.get(), false);
+        ValidateNames(s->body, false);
+        ValidateNames(s->else_body, false);
+        break;
+      case StmtKind::kMacro:
+        for (const ExprPtr& d : s->defaults) ValidateNames(d.get(), false);
+        ValidateNames(s->body, false);
+        break;
+      case StmtKind::kSetBlock:
+      case StmtKind::kFilterBlock:
+        ValidateNames(s->filter.get(), false);
+        ValidateNames(s->body, false);
+        break;
+      case StmtKind::kCallBlock:
+        ValidateNames(s->expr.get(), soft);
+        for (const ExprPtr& d : s->defaults) ValidateNames(d.get(), false);
+        ValidateNames(s->body, false);
+        break;
+      case StmtKind::kScope:
+        for (const ExprPtr& c : s->conds) ValidateNames(c.get(), soft);
+        ValidateNames(s->body, false);
+        break;
+      default:
+        ValidateNames(s->expr.get(), soft);
+    }
+  }
+}
+
 }  // namespace
 
-std::unique_ptr<Program> Parse(const std::string& source) { return Parser(Lex(source)).Run(); }
+std::unique_ptr<Program> Parse(const std::string& source) {
+  std::unique_ptr<Program> program = Parser(Lex(source)).Run();
+  ValidateNames(program->body, false);
+  return program;
+}
 
 }  // namespace ember::tmpl
