@@ -185,7 +185,7 @@ bool IsFilter(const std::string& name) {
       "escape", "first", "float", "forceescape", "format", "indent", "int", "items", "join", "last",
       "length", "list", "lower", "map", "max", "min", "pprint", "reject", "rejectattr", "replace",
       "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum", "title", "tojson",
-      "trim", "unique", "upper", "wordcount"};
+      "trim", "truncate", "slice", "unique", "upper", "wordcount"};
   return kFilters.count(name) > 0;
 }
 
@@ -340,6 +340,36 @@ Value ApplyFilter(const std::string& name, const Value& v, CallArgs& args) {
     if (!cur.empty()) {
       while (fill != nullptr && static_cast<int64_t>(cur.size()) < n) cur.push_back(*fill);
       out.push_back(Value::MakeList(std::move(cur)));
+    }
+    return Value::MakeList(std::move(out));
+  }
+  if (name == "truncate") {
+    std::vector<uint32_t> cps = pystr::Decode(ToStr(v));
+    int64_t length = Arg(args, 0, "length", Value::Int(255)).as_int();
+    bool killwords = Arg(args, 1, "killwords", Value::Bool(false)).Truthy();
+    std::string end = StrArg(args, 2, "end", "...");
+    int64_t leeway = Arg(args, 3, "leeway", Value::Int(5)).as_int();
+    int64_t end_len = static_cast<int64_t>(pystr::Length(end));
+    if (length < end_len || leeway < 0) throw TemplateError("AssertionError: bad truncate length/leeway");
+    if (static_cast<int64_t>(cps.size()) <= length + leeway) return Value::Str(pystr::Encode(cps));
+    std::string head = pystr::Encode(std::vector<uint32_t>(cps.begin(), cps.begin() + (length - end_len)));
+    if (killwords) return Value::Str(head + end);
+    return Value::Str(pystr::Split(head, std::string(" "), 1, /*from_right=*/true)[0] + end);
+  }
+  if (name == "slice") {
+    List seq = Iterate(v);
+    int64_t slices = Arg(args, 0, "slices", Value::Int(1)).as_int();
+    if (slices <= 0) throw TemplateError("ValueError: slices must be positive");
+    const Value* fill = args.Get(1, "fill_with");
+    int64_t n = static_cast<int64_t>(seq.size()), per = n / slices, extra = n % slices, offset = 0;
+    List out;
+    for (int64_t k = 0; k < slices; ++k) {
+      int64_t start = offset + k * per;
+      if (k < extra) ++offset;
+      int64_t stop = offset + (k + 1) * per;
+      List part(seq.begin() + start, seq.begin() + stop);
+      if (fill != nullptr && !fill->is_none() && k >= extra) part.push_back(*fill);
+      out.push_back(Value::MakeList(std::move(part)));
     }
     return Value::MakeList(std::move(out));
   }

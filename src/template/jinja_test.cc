@@ -72,7 +72,7 @@ TEST(Jinja, EveryKnownFilterAndTestIsImplemented) {
                            "indent", "int", "items", "join", "last", "length", "list", "lower", "map",
                            "max", "min", "pprint", "reject", "rejectattr", "replace", "reverse",
                            "round", "safe", "select", "selectattr", "sort", "string", "sum", "title",
-                           "tojson", "trim", "unique", "upper", "wordcount"}) {
+                           "tojson", "trim", "truncate", "slice", "unique", "upper", "wordcount"}) {
     ASSERT_TRUE(IsFilter(name)) << name;
     CallArgs args;
     try {

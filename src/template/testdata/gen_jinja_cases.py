@@ -123,6 +123,7 @@ CASES = [
     ("strip_multibyte", "[{{ s.strip('\uff5c') }}][{{ s.lstrip('\uff5c') }}][{{ s.rstrip('\uff5cx') }}][{{ w | trim }}][{{ w.rstrip() }}][{{ '\u00e9\u00e9a\u00e9'.strip('\u00e9') }}]", {"s": "\uff5c\uff5cx\u00e9x\uff5c", "w": "\u2003\u00a0 caf\u00e9\n\u3000"}),
     ("loop_recursive", "{% for n in tree recursive %}{{ loop.depth }}{{ n.name }}{% if n.kids %}({{ loop(n.kids) }}){% endif %}{% endfor %}", {"tree": [{"name": "r", "kids": [{"name": "a"}, {"name": "b", "kids": [{"name": "c"}]}]}, {"name": "s"}]}),
     ("loop_changed", "{% for x in [1, 1, 2, 2, 1] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", {}),
+    ("filter_truncate_slice", "{{ long | truncate(20) }}|{{ long | truncate(20, true) }}|{{ long | truncate(20, end='~') }}|{{ 'short' | truncate(3, leeway=5) }}|{{ 'h\u00e9llo w\u00f6rld again' | truncate(12, leeway=0) }}|{{ [1, 2, 3, 4, 5] | slice(2) | list }}|{{ [1, 2, 3, 4, 5] | slice(3, 0) | list }}", {"long": "the quick brown fox jumps over the lazy dog"}),
     ("loop_over_string", "{% for c in 'h\u00e9y' %}[{{ c }}]{% endfor %}", {}),
     ("do_generation_free", "{% set x = 1 %}{% generation %}gen{% set x = 2 %}{{ x }}{% endgeneration %}{{ x }}", {}),
     ("with_block", "{% set a = 'outer' %}{% with a = 'inner', b = a ~ '!' %}{{ a }}{{ b }}{% set c = 1 %}{% endwith %}{{ a }}{{ c }}", {}),
