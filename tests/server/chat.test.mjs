@@ -124,19 +124,33 @@ describe('chat with qwen3\'s real template (on tinystories weights)', { skip: mi
   });
 });
 
-describe('chat (ember synth qwen3-shaped tiny model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
-  test('greedy stream equals non-stream', async (t) => {
-    const { dir, reason } = synthModel('tiny-qwen3', qwen3Tokenizer);
-    if (!dir) { t.skip(`ember synth cannot make a tiny qwen3 model: ${reason}`); return; }
-    const server = await startServer(dir);
-    try {
-      const client = server.client();
-      const params = { model: 'test-model', messages: [{ role: 'user', content: 'Hello there' }], max_tokens: 16, temperature: 0 };
-      const solo = await client.chat.completions.create(params);
-      const s = await collectChat(client, params);
-      assert.equal(s.texts[0] ?? '', solo.choices[0].message.content);
-    } finally {
-      await server.stop();
-    }
+describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
+  let server, client, modelDir;
+  before(async () => {
+    // A tiny qwen3 preset when synth has one; else the real qwen3-0.6b shape (1.2 GB bf16,
+    // slower: a small KV cache keeps start-up quick).
+    let made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
+    if (!made.dir) made = synthModel('qwen3-0.6b', qwen3Tokenizer, 'bf16');
+    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
+    modelDir = made.dir;
+    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+    client = server.client();
+  });
+  after(async () => {
+    if (server) await server.stop();
+    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
+  });
+
+  test('greedy stream equals non-stream through qwen3\'s template and tokenizer', async () => {
+    const params = { model: 'test-model', messages: [{ role: 'user', content: 'Hello there' }],
+                     max_tokens: 12, temperature: 0, chat_template_kwargs: { enable_thinking: false } };
+    const solo = await client.chat.completions.create(params);
+    assert.equal(solo.usage.completion_tokens, 12);
+    assert.ok(solo.usage.prompt_tokens > 5);
+    const s = await collectChat(client, params);
+    assert.equal(s.texts[0] ?? '', solo.choices[0].message.content);
+    const models = await client.models.list();
+    assert.equal(models.data[0].capabilities.chat_completions, true);
+    assert.equal(models.data[0].context_length, 40960);
   });
 });

@@ -94,10 +94,10 @@ export function tmpDir(prefix) {
 }
 
 // `ember synth --like PRESET` into a temp folder; null (with the reason) when unsupported.
-export function synthModel(preset, tokenizer) {
+export function synthModel(preset, tokenizer, dtype = 'f32') {
   const out = path.join(tmpDir('ember-synth-'), preset);
   const r = spawnSync(emberBin, ['synth', '--like', preset, '--out', out, '--tokenizer', tokenizer,
-                                 '--dtype', 'f32'], { encoding: 'utf8' });
+                                 '--dtype', dtype], { encoding: 'utf8' });
   if (r.status !== 0) return { dir: null, reason: (r.stderr || r.stdout).trim() };
   return { dir: out, reason: null };
 }
