@@ -7,7 +7,11 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm libsimdjson-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libsimdjson-dev)
+# Node.js + npm run the server tests; machines that already have a node with a bundled npm
+# (e.g. from nodesource) keep it, others get Debian's.
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
