@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/testing.h"
 
@@ -146,6 +147,23 @@ TEST_F(GenerationJobTest, DestroyingAnUnfinishedJobCancelsIt) {
     freed = s.requests_cancelled == 1 && s.num_running == 0 && s.kv_blocks_used == 0;
   }
   EXPECT_TRUE(freed);
+}
+
+TEST_F(GenerationJobTest, ToolSchemasReachTheTemplateInRequestKeyOrder) {
+  auto tmpl = ChatTemplate::FromSource(
+      "{% for t in tools %}{{ t | tojson }}{% endfor %}{{ messages[0].content }}", "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  served_.chat_template = &*tmpl;
+  const std::string raw =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"tools":[{"type":"function",)"
+      R"("function":{"name":"zeta","parameters":{"zebra":1,"apple":2}}}]})";
+  Prepared prepared = PrepareChat(served_, json::parse(raw), raw);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
+      << std::get<ApiError>(prepared).message;
+  const std::string prompt = tokenizer_->Decode(
+      std::get<PreparedRequest>(prepared).prompts[0].request.prompt_ids, true);
+  EXPECT_LT(prompt.find("type"), prompt.find("function")) << prompt;
+  EXPECT_LT(prompt.find("zebra"), prompt.find("apple")) << prompt;
 }
 
 }  // namespace

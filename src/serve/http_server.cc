@@ -172,7 +172,7 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
                                   "", "invalid_json"));
     return;
   }
-  Prepared prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body)
+  Prepared prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body, req.body)
                                                   : PrepareCompletion(model_, body);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     SendError(res, *error);

@@ -93,6 +93,29 @@ PreparedRequest Skeleton(Endpoint endpoint, const CommonParams& p) {
   return out;
 }
 
+// Renders with JSON objects in the client's key order, as transformers does (Python dicts keep
+// insertion order and `tojson` prints it): tool schemas and tool-call arguments come from an
+// order-preserving parse of the raw body. The validated (sorted) request gives everything else.
+Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& req,
+                                  std::string_view raw_body) {
+  using ordered = nlohmann::ordered_json;
+  ordered raw = ordered::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  if (raw_body.empty() || !raw.is_object()) {
+    return model.chat_template->Render(req.messages, req.tools, /*add_generation_prompt=*/true,
+                                       req.chat_template_kwargs);
+  }
+  ordered messages = ordered::parse(req.messages.dump());
+  const ordered& raw_messages = raw["messages"];
+  for (size_t i = 0; i < messages.size() && i < raw_messages.size(); ++i) {
+    if (messages[i].contains("tool_calls")) messages[i]["tool_calls"] = raw_messages[i]["tool_calls"];
+  }
+  ordered tools = req.tools.is_null() ? ordered(nullptr) : raw["tools"];
+  ordered kwargs = raw.contains("chat_template_kwargs") && raw["chat_template_kwargs"].is_object()
+                       ? raw["chat_template_kwargs"]
+                       : ordered::object();
+  return model.chat_template->Render(messages, tools, /*add_generation_prompt=*/true, kwargs);
+}
+
 }  // namespace
 
 SchemaLimits LimitsFor(const ServedModel& model) {
@@ -102,7 +125,8 @@ SchemaLimits LimitsFor(const ServedModel& model) {
   return limits;
 }
 
-Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body) {
+Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
+                     std::string_view raw_body) {
   ChatRequest req;
   if (auto err = ParseChatRequest(body, LimitsFor(model), &req)) return *err;
   if (auto err = CheckModelName(model, req.params)) return *err;
@@ -112,9 +136,7 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body) {
                           "server with --chat-template FILE",
                           "messages", "no_chat_template");
   }
-  Result<std::string> text =
-      model.chat_template->Render(req.messages, req.tools, /*add_generation_prompt=*/true,
-                                  req.chat_template_kwargs);
+  Result<std::string> text = RenderOrdered(model, req, raw_body);
   if (!text.ok()) {
     return InvalidRequest("the chat template failed to render these messages: " + text.message(),
                           "messages", "template_error");

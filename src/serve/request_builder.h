@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -58,7 +59,10 @@ struct PreparedRequest {
 SchemaLimits LimitsFor(const ServedModel& model);
 
 using Prepared = std::variant<PreparedRequest, ApiError>;
-Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body);
+// `raw_body` (optional) is the request text: when given, tool schemas, tool-call arguments and
+// chat_template_kwargs reach the template in the client's key order.
+Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
+                     std::string_view raw_body = {});
 Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body);
 
 }  // namespace ember::serve

@@ -143,7 +143,7 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     const before = (await getJson(server.baseURL, '/stats')).json;
     const controller = new AbortController();
     const stream = await client.completions.create(
-      { model: 'test-model', prompt: PROMPT, max_tokens: 400, temperature: 1.0, logit_bias: { 2: -100 }, stream: true,
+      { model: 'test-model', prompt: PROMPT, max_tokens: 490, n: 8, temperature: 1.0, logit_bias: { 2: -100 }, stream: true,
         stream_options: { include_usage: true } },
       { signal: controller.signal });
     let chunks = 0;
@@ -155,7 +155,7 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     } catch (err) {
       assert.match(String(err?.name), /Abort/);  // some client versions end the loop instead
     }
-    assert.equal(chunks, 3, 'the stream must end right after the abort');
+    assert.ok(chunks < 100, `the stream must end soon after the abort (${chunks} chunks)`);
     const freed = await waitFor(async () => {
       const s = (await getJson(server.baseURL, '/stats')).json;
       return s.engine.running_sequences === 0 &&
@@ -172,9 +172,11 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     const before = (await getJson(server.baseURL, '/stats')).json;
     const controller = new AbortController();
     const pending = client.completions.create(
-      { model: 'test-model', prompt: PROMPT, max_tokens: 450, temperature: 1.0, logit_bias: { 2: -100 } },
+      { model: 'test-model', prompt: PROMPT, max_tokens: 490, n: 8, temperature: 1.0, logit_bias: { 2: -100 } },
       { signal: controller.signal });
-    setTimeout(() => controller.abort(), 150);
+    // Abort once the engine is running it (8 x 490 tokens take far longer than this poll).
+    await waitFor(async () => (await getJson(server.baseURL, '/stats')).json.engine.running_sequences > 0, 5000, 2);
+    controller.abort();
     await assert.rejects(pending);
     const freed = await waitFor(async () => {
       const s = (await getJson(server.baseURL, '/stats')).json;
