@@ -109,6 +109,11 @@ std::optional<SubmitError> Engine::Validate(const GenerationRequest& r) const {
                        std::to_string(total) + " (raise --kv-cache-bytes)",
                    "max_tokens");
   }
+  if (r.sampling.min_tokens > r.max_tokens) {
+    return invalid("min_tokens (" + std::to_string(r.sampling.min_tokens) +
+                       ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")",
+                   "min_tokens");
+  }
   Status st = r.sampling.Validate(vocab_size_);
   if (!st.ok()) {
     std::string param = st.message().substr(0, st.message().find(':'));

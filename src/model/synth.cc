@@ -88,6 +88,10 @@ std::vector<Preset> Presets() {
   tiny["max_position_embeddings"] = 1024;
   tiny["bos_token_id"] = 1;
   tiny["eos_token_id"] = 2;
+  // Qwen3's real vocabulary (so qwen3's tokenizer and chat template fit) on a toy body: fast
+  // enough for the server's chat tests.
+  json tiny_qwen3 = Qwen3Config(64, 128, 2, 4, 2, true);
+  tiny_qwen3["head_dim"] = 16;
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
@@ -95,6 +99,7 @@ std::vector<Preset> Presets() {
       {"qwen3-0.6b", Qwen3Config(1024, 3072, 28, 16, 8, true), qwen_gen},
       {"qwen3-8b", Qwen3Config(4096, 12288, 36, 32, 8, false), qwen_gen},
       {"tiny-llama", tiny, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
+      {"tiny-qwen3", tiny_qwen3, qwen_gen},
   };
 }
 

@@ -34,7 +34,7 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index) {
 }
 
 SamplerState::SamplerState(const SamplingParams& params, uint64_t sample_index,
-                           std::span<const int32_t> prompt_ids, std::span<const int32_t> eos_ids)
+                           std::span<const int32_t> prompt_ids, std::span<const int32_t> stop_ids)
     : track_prompt_(params.repetition_penalty != 1.0f), track_output_(params.has_penalties()) {
   if (params.seed) {
     rng_key_ = MixSeed(*params.seed, sample_index);
@@ -45,12 +45,7 @@ SamplerState::SamplerState(const SamplingParams& params, uint64_t sample_index,
   if (track_prompt_) {
     for (int32_t id : prompt_ids) Track(id, 0);
   }
-  if (params.min_tokens > 0) {
-    min_tokens_mask_ids_ = params.stop_token_ids;
-    if (!params.ignore_eos) {
-      min_tokens_mask_ids_.insert(min_tokens_mask_ids_.end(), eos_ids.begin(), eos_ids.end());
-    }
-  }
+  if (params.min_tokens > 0) min_tokens_mask_ids_.assign(stop_ids.begin(), stop_ids.end());
 }
 
 void SamplerState::Track(int32_t token_id, int32_t output_increment) {

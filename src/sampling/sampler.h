@@ -40,10 +40,11 @@ class SamplerState {
  public:
   // RNG key: params.seed mixed with sample_index (MixSeed below), or std::random_device when
   // params.seed is unset. prompt_ids are remembered only if a repetition penalty is active.
-  // eos_ids (the model's EOS ids, unless ignore_eos) are masked to -inf together with
-  // params.stop_token_ids while fewer than params.min_tokens tokens have been accepted.
+  // stop_ids (every id that ends the sequence: the model's EOS ids unless ignore_eos, plus the
+  // request's stop ids) are masked to -inf while fewer than params.min_tokens tokens have been
+  // accepted.
   SamplerState(const SamplingParams& params, uint64_t sample_index,
-               std::span<const int32_t> prompt_ids, std::span<const int32_t> eos_ids = {});
+               std::span<const int32_t> prompt_ids, std::span<const int32_t> stop_ids = {});
 
   void Accept(int32_t token_id);  // records an output token (penalty counts, output length)
 

@@ -55,19 +55,7 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
     return Bad("top_logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: off)",
                top_logprobs);
   }
-  if (n < 1) return Bad("n", ">= 1", n);
-  if (max_tokens && *max_tokens < 1) return Bad("max_tokens", ">= 1", *max_tokens);
   if (min_tokens < 0) return Bad("min_tokens", ">= 0", min_tokens);
-  if (max_tokens && min_tokens > *max_tokens) {
-    return Status::Error("min_tokens: must be <= max_tokens (" + std::to_string(*max_tokens) +
-                         "), got " + std::to_string(min_tokens));
-  }
-  for (int32_t id : stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return Status::Error("stop_token_ids: token id must be in [0, " + std::to_string(vocab_size) +
-                           "), got " + std::to_string(id));
-    }
-  }
   return Status::Ok();
 }
 

@@ -1,7 +1,6 @@
 // SamplingParams: the per-request knobs that turn one row of logits into one token (temperature,
-// top-k/top-p/min-p, penalties, logit_bias, seed, logprobs), plus the request-level limits the
-// engine enforces (n, max_tokens, stop ids). Semantics follow vLLM / OpenAI; see sampler.h for
-// the exact order of operations. A plain value type: validate once with Validate() when the
+// top-k/top-p/min-p, penalties, logit_bias, seed, logprobs, min_tokens). Semantics follow
+// vLLM / OpenAI; see sampler.h for the exact order of operations. A plain value type: validate once with Validate() when the
 // request arrives, then share it read-only between threads.
 #pragma once
 
@@ -29,15 +28,13 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   int32_t top_logprobs = -1;  // -1: no logprobs; 0..20: chosen token's logprob + that many top
 
-  // --- Enforced by the engine, not by Sample(); validated here so one call checks a request. ---
-  int32_t n = 1;                        // parallel samples sharing one prefill, >= 1
-  std::optional<int32_t> max_tokens;    // unset: up to the context length; else >= 1
-  int32_t min_tokens = 0;               // stop ids are masked until this many output tokens
-  std::vector<int32_t> stop_token_ids;  // extra stop ids (the engine adds the model's EOS ids)
-  bool ignore_eos = false;              // do not stop on the model's EOS ids
+  // Stop ids (the engine's: the model's EOS ids unless ignore_eos, plus the request's own) cannot
+  // be sampled until this many output tokens exist. n, max_tokens and the stop ids themselves
+  // live in the engine's GenerationRequest.
+  int32_t min_tokens = 0;
 
   // Returns an error naming the field, e.g. "top_p: must be in (0, 1], got 1.5". NaN and
-  // infinities are rejected everywhere. vocab_size bounds logit_bias and stop_token_ids.
+  // infinities are rejected everywhere. vocab_size bounds logit_bias.
   Status Validate(int32_t vocab_size) const;
   bool is_greedy() const { return temperature < kGreedyTemperature; }
   bool has_penalties() const {

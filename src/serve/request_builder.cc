@@ -30,7 +30,6 @@ SamplingParams ToSampling(const ServedModel& model, const CommonParams& p) {
   s.logit_bias = p.logit_bias;
   s.seed = p.seed;
   s.top_logprobs = p.top_logprobs;
-  s.n = p.n;
   return s;
 }
 
@@ -72,7 +71,6 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   if (!p.max_tokens && kv_room >= 1) max_tokens = std::min(max_tokens, kv_room);
   r->max_tokens = static_cast<int32_t>(max_tokens);
   r->sampling = ToSampling(model, p);
-  r->sampling.max_tokens = r->max_tokens;
   r->n = p.n;
   Status st = r->sampling.Validate(model.vocab_size);
   if (!st.ok()) {
