@@ -5,6 +5,10 @@
 
 #include "util/mapped_file.h"
 
+#ifdef EMBER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace ember::app {
 
 int Fail(const std::string& message) {
@@ -66,7 +70,12 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
 
 Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
   ModelLoadOptions opts;
-  if (device == "cpu" || device == "auto") {
+  if (device == "auto") {
+    opts.device = DeviceKind::kCpu;
+#ifdef EMBER_HAVE_CUDA
+    if (CudaDeviceCount() > 0) opts.device = DeviceKind::kCuda;
+#endif
+  } else if (device == "cpu") {
     opts.device = DeviceKind::kCpu;
   } else if (device == "cuda") {
     opts.device = DeviceKind::kCuda;
