@@ -16,6 +16,7 @@
 #include <dirent.h>
 
 #include "app/commands.h"
+#include "app/common.h"
 #include "model/model.h"
 #include "util/flags.h"
 
@@ -124,12 +125,15 @@ Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t p = 512, n = 128, reps = 5, threads = 0;
-  FlagParser flags("usage: ember bench --model DIR [-p 512] [-n 128] [-r 5] [--threads N]");
+  std::string device = "auto";
+  FlagParser flags(
+      "usage: ember bench --model DIR [-p 512] [-n 128] [-r 5] [--threads N] [--device D]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
   flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
   flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
+  flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
     std::fprintf(stderr, "ember bench: %s\n%s", st.message().c_str(), flags.Help().c_str());
@@ -143,9 +147,15 @@ int BenchCommand(int argc, char** argv, int first) {
     std::fprintf(stderr, "ember bench: --model is required; -p, -n >= 0; -r >= 1\n");
     return 2;
   }
-  ModelLoadOptions opts;
-  opts.num_threads = static_cast<int32_t>(threads);
-  auto loaded = Model::Load(model_dir, opts);
+  EngineFlags device_flags;
+  device_flags.device = device;
+  device_flags.threads = threads;
+  auto opts = device_flags.LoadOptions();
+  if (!opts.ok()) {
+    std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());
+    return 2;
+  }
+  auto loaded = Model::Load(model_dir, *opts);
   if (!loaded.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", loaded.message().c_str());
     return 1;
