@@ -199,12 +199,14 @@ int BenchCommand(int argc, char** argv, int first) {
   const double params_b = static_cast<double>(model.NumParameters()) / 1e9;
   const int used_threads = threads > 0 ? static_cast<int>(threads)
                                        : static_cast<int>(std::thread::hardware_concurrency());
+  const char* backend_name = opts->device == DeviceKind::kCuda ? "CUDA" : "CPU";
   std::printf("| model | size | params | backend | threads | test | t/s (median) | min .. max |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
   auto row = [&](const std::string& test, const std::vector<double>& rates) {
     Stats s = Summarize(rates);
-    std::printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | %s | %.2f | %.2f .. %.2f |\n",
-                c.model_type.c_str(), c.torch_dtype.c_str(), gib, params_b, used_threads,
+    std::printf("| %s %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f | %.2f .. %.2f |\n",
+                c.model_type.c_str(), c.torch_dtype.c_str(), gib, params_b, backend_name,
+                used_threads,
                 test.c_str(), s.median, s.min, s.max);
     std::fflush(stdout);
   };
