@@ -35,6 +35,12 @@ struct Model::Impl {
   int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
 };
 
+// The attention core shared by every dense family: optional per-head q/k RMSNorm (`norm_kind`),
+// RoPE, the KV write at the plan's slots, and paged attention into `att`.
+// q [n, num_heads * head_dim], k and v [n, num_kv_heads * head_dim], att [n, num_heads * head_dim].
+void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
+                   RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);
+
 // One step over the plan already given to BeginStep; writes [logits_rows, vocab] into `logits`.
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);
 Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);

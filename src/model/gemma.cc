@@ -39,23 +39,7 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float
     be.MatMul(xn, w.wq, nullptr, q);
     be.MatMul(xn, w.wk, nullptr, k);
     be.MatMul(xn, w.wv, nullptr, v);
-    if (w.q_norm) {  // gemma3: (1+w) RMSNorm over each head's vector
-      be.RmsNorm(q.Reshape({n * c.num_heads, hd}), *w.q_norm, eps, kNorm,
-                 q.Reshape({n * c.num_heads, hd}));
-      be.RmsNorm(k.Reshape({n * c.num_kv_heads, hd}), *w.k_norm, eps, kNorm,
-                 k.Reshape({n * c.num_kv_heads, hd}));
-    }
-    be.Rope(w.rope_id, q, k);
-    be.WriteKv(static_cast<int32_t>(l), k, v);
-    AttentionParams ap;
-    ap.layer = static_cast<int32_t>(l);
-    ap.num_heads = c.num_heads;
-    ap.num_kv_heads = c.num_kv_heads;
-    ap.head_dim = c.head_dim;
-    ap.scale = c.attention_scale;
-    ap.sliding_window = w.sliding_window;
-    ap.softcap = c.attn_logit_softcapping;
-    be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+    AttentionCore(be, c, w, static_cast<int32_t>(l), kNorm, q, k, v, att);
     be.MatMul(att, w.wo, nullptr, delta);
     be.RmsNorm(delta, w.post_attn_norm, eps, kNorm, delta);
     // ---- MLP block ----

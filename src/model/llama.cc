@@ -35,22 +35,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float
     be.MatMul(xn, w.wq, w.bq ? &*w.bq : nullptr, q);
     be.MatMul(xn, w.wk, w.bk ? &*w.bk : nullptr, k);
     be.MatMul(xn, w.wv, w.bv ? &*w.bv : nullptr, v);
-    if (w.q_norm) {  // qwen3: RMSNorm over each head's vector
-      be.RmsNorm(q.Reshape({n * c.num_heads, hd}), *w.q_norm, c.rms_norm_eps, RmsNormKind::kPlain,
-                 q.Reshape({n * c.num_heads, hd}));
-      be.RmsNorm(k.Reshape({n * c.num_kv_heads, hd}), *w.k_norm, c.rms_norm_eps,
-                 RmsNormKind::kPlain, k.Reshape({n * c.num_kv_heads, hd}));
-    }
-    be.Rope(w.rope_id, q, k);
-    be.WriteKv(static_cast<int32_t>(l), k, v);
-    AttentionParams ap;
-    ap.layer = static_cast<int32_t>(l);
-    ap.num_heads = c.num_heads;
-    ap.num_kv_heads = c.num_kv_heads;
-    ap.head_dim = c.head_dim;
-    ap.scale = c.attention_scale;
-    ap.sliding_window = w.sliding_window;
-    be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+    AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, nullptr, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);

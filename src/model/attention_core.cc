@@ -1,0 +1,28 @@
+#include "model/architecture.h"
+
+namespace ember {
+
+void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
+                   RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att) {
+  const int64_t n = q.dim(0);
+  const int64_t hd = c.head_dim;
+  if (w.q_norm) {  // qwen3, gemma3: RMSNorm over each head's vector before RoPE
+    Tensor q_heads = q.Reshape({n * c.num_heads, hd});
+    Tensor k_heads = k.Reshape({n * c.num_kv_heads, hd});
+    be.RmsNorm(q_heads, *w.q_norm, c.rms_norm_eps, norm_kind, q_heads);
+    be.RmsNorm(k_heads, *w.k_norm, c.rms_norm_eps, norm_kind, k_heads);
+  }
+  be.Rope(w.rope_id, q, k);
+  be.WriteKv(layer, k, v);
+  AttentionParams ap;
+  ap.layer = layer;
+  ap.num_heads = c.num_heads;
+  ap.num_kv_heads = c.num_kv_heads;
+  ap.head_dim = c.head_dim;
+  ap.scale = c.attention_scale;
+  ap.sliding_window = w.sliding_window;
+  ap.softcap = c.attn_logit_softcapping;  // 0 (none) outside gemma2
+  be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+}
+
+}  // namespace ember
