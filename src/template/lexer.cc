@@ -4,29 +4,12 @@
 #include <cctype>
 
 #include "template/value.h"
+#include "util/utf8.h"
 
 namespace ember::tmpl {
 namespace {
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -277,7 +260,7 @@ class Lexer {
             Fail("truncated escape in string", i);
           cp = cp * 16 + static_cast<uint32_t>(std::stoi(std::string(1, src_[j]), nullptr, 16));
         }
-        AppendUtf8(cp, out);
+        AppendUtf8(cp, &out);
       };
       switch (e) {
         case 'n': out += '\n'; break;
@@ -299,7 +282,7 @@ class Lexer {
             uint32_t cp = static_cast<uint32_t>(e - '0');
             for (int k = 0; k < 2 && j < src_.size() && src_[j] >= '0' && src_[j] <= '7'; ++k, ++j)
               cp = cp * 8 + static_cast<uint32_t>(src_[j] - '0');
-            AppendUtf8(cp, out);
+            AppendUtf8(cp, &out);
           } else {
             out += '\\';
             out += e;

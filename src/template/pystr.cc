@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "util/utf8.h"
+
 namespace ember::tmpl::pystr {
 
 std::vector<uint32_t> Decode(const std::string& s) {
@@ -23,23 +25,7 @@ std::vector<uint32_t> Decode(const std::string& s) {
 
 std::string Encode(const std::vector<uint32_t>& cps) {
   std::string out;
-  for (uint32_t cp : cps) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
+  for (uint32_t cp : cps) AppendUtf8(cp, &out);
   return out;
 }
 

@@ -84,7 +84,7 @@ std::string Lowercase(const std::string& s) {
     if (cp < 0x80) {
       out.push_back(char(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
     } else {
-      AppendCodePoint(char32_t(utf8proc_tolower(utf8proc_int32_t(cp))), &out);
+      AppendUtf8(char32_t(utf8proc_tolower(utf8proc_int32_t(cp))), &out);
     }
     i += len;
   }

@@ -19,24 +19,6 @@ char32_t DecodeCodePoint(std::string_view s, size_t pos, size_t* len) {
   }
 }
 
-void AppendCodePoint(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(char(cp));
-  } else if (cp < 0x800) {
-    out->push_back(char(0xC0 | (cp >> 6)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(char(0xE0 | (cp >> 12)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(char(0xF0 | (cp >> 18)));
-    out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  }
-}
-
 namespace {
 
 // Length of the valid UTF-8 prefix of the sequence at p[0..n): returns the full sequence length
@@ -154,7 +136,7 @@ const ByteLevelAlphabet& GetByteLevelAlphabet() {
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
       char32_t cp = printable ? char32_t(b) : char32_t(next++);
-      AppendCodePoint(cp, &a.byte_to_utf8[b]);
+      AppendUtf8(cp, &a.byte_to_utf8[b]);
       a.cp_to_byte[cp] = int16_t(b);
     }
     return a;

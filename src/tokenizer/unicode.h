@@ -9,11 +9,12 @@
 #include <string>
 #include <string_view>
 
+#include "util/utf8.h"
+
 namespace ember::tok {
 
 // Decodes the code point at s[pos] (valid UTF-8 assumed); sets *len to its byte length.
 char32_t DecodeCodePoint(std::string_view s, size_t pos, size_t* len);
-void AppendCodePoint(char32_t cp, std::string* out);
 // Byte length of the UTF-8 sequence starting with lead byte b (1 for invalid leads).
 inline size_t Utf8SeqLen(uint8_t b) {
   return b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 1;
