@@ -35,6 +35,20 @@ struct Model::Impl {
   int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
 };
 
+// The per-step activation buffers of a dense decoder, from the backend's step workspace.
+struct DecoderActivations {
+  Tensor x;      // [n, hidden]  residual stream
+  Tensor xn;     // [n, hidden]  normalised input of the next block
+  Tensor q;      // [n, num_heads * head_dim]
+  Tensor k;      // [n, num_kv_heads * head_dim]
+  Tensor v;      // [n, num_kv_heads * head_dim]
+  Tensor att;    // [n, num_heads * head_dim]  attention output, heads concatenated
+  Tensor delta;  // [n, hidden]  a block's contribution to the residual
+  Tensor gate;   // [n, intermediate]
+  Tensor up;     // [n, intermediate]
+};
+DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n);
+
 // The attention core shared by every dense family: optional per-head q/k RMSNorm (`norm_kind`),
 // RoPE, the KV write at the plan's slots, and paged attention into `att`.
 // q [n, num_heads * head_dim], k and v [n, num_kv_heads * head_dim], att [n, num_heads * head_dim].

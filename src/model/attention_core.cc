@@ -2,6 +2,15 @@
 
 namespace ember {
 
+DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n) {
+  const int64_t d = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  return DecoderActivations{be.Alloc({n, d}),      be.Alloc({n, d}),     be.Alloc({n, q_dim}),
+                            be.Alloc({n, kv_dim}), be.Alloc({n, kv_dim}), be.Alloc({n, q_dim}),
+                            be.Alloc({n, d}),      be.Alloc({n, inter}), be.Alloc({n, inter})};
+}
+
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att) {
   const int64_t n = q.dim(0);

@@ -16,19 +16,11 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float
   const auto kNorm = RmsNormKind::kOnePlusWeight;
   const float eps = c.rms_norm_eps;
   const int64_t n = plan.num_tokens();
-  const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
-  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+  const int64_t d = c.hidden_size;
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
-  Tensor x = be.Alloc({n, d});          // residual stream
-  Tensor xn = be.Alloc({n, d});         // normalised input of the next block
-  Tensor q = be.Alloc({n, q_dim});      // [n, num_heads, head_dim]
-  Tensor k = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
-  Tensor v = be.Alloc({n, kv_dim});     // [n, num_kv_heads, head_dim]
-  Tensor att = be.Alloc({n, q_dim});    // attention output, heads concatenated
-  Tensor delta = be.Alloc({n, d});      // a block's (post-normed) contribution to the residual
-  Tensor gate = be.Alloc({n, inter});   // [n, intermediate]
-  Tensor up = be.Alloc({n, inter});     // [n, intermediate]
+  // Buffers: see DecoderActivations (architecture.h) — delta is post-normed here.
+  auto [x, xn, q, k, v, att, delta, gate, up] = AllocDecoderActivations(be, c, n);
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {
