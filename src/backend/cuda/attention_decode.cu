@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -13,15 +14,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
 constexpr int kMaxGroup = 8;  // query heads per block (GQA group, chunked when larger)
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Block (kv head x group chunk, row, split): the query heads that share one KV head (up to
 // kMaxGroup of them) are scored together, so each K/V row is read once per block, not per head.

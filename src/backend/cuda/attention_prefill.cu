@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -16,15 +17,6 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kTileRows = kWarps * kRowsPerWarp;  // 16
 constexpr int kTileKeys = 32;
 constexpr int kDimsPerLane = kMaxHeadDim / 32;
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 size_t SharedBytes(int32_t D) {
   return sizeof(float) * (static_cast<size_t>(kTileRows) * D + kTileKeys * (D + 1) +

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -45,8 +46,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    float v = acc[j];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const float v = WarpSum(acc[j]);
     if (lane == 0) out[j * m + col] = v + (bias != nullptr ? bias[col] : 0.f);
   }
 }
