@@ -212,7 +212,7 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason) {
   counters_.generated_tokens += seq->num_generated();
   if (--state.num_unfinished == 0) {
     state.stream->SetUsage(state.usage);
-    state.stream->Close();
+    streams_to_close_.push_back(state.stream);  // closed after the stats are published
     ++counters_.requests_finished;
     if (reason == FinishReason::kCancelled) ++counters_.requests_cancelled;
   }
@@ -293,15 +293,20 @@ void Engine::RunStep(const StepPlan& plan) {
   }
 }
 
-void Engine::PublishStats() {
+void Engine::PublishStatsAndCloseStreams() {
   counters_.preemptions = scheduler_.num_preemptions();
   counters_.num_running = static_cast<int32_t>(scheduler_.running().size());
   counters_.kv_blocks_used = kv_.NumUsedBlocks();
   counters_.kv_blocks_cached = kv_.NumCachedBlocks();
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
-  std::lock_guard<std::mutex> lock(mu_);
-  published_ = counters_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    published_ = counters_;
+  }
+  // A caller that sees its stream end also sees Stats() that include its request.
+  for (const std::shared_ptr<ResponseStream>& stream : streams_to_close_) stream->Close();
+  streams_to_close_.clear();
 }
 
 void Engine::Loop() {
@@ -320,19 +325,19 @@ void Engine::Loop() {
     }
     ReapCancelled();
     if (stop_now) {
-      PublishStats();
+      PublishStatsAndCloseStreams();
       return;
     }
     StepPlan plan = scheduler_.Schedule();
     if (plan.empty()) {
       // Nothing fits right now (cannot last: admission guarantees a lone sequence fits).
-      PublishStats();
+      PublishStatsAndCloseStreams();
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5));
       continue;
     }
     RunStep(plan);
-    PublishStats();
+    PublishStatsAndCloseStreams();
   }
 }
 

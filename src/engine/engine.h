@@ -76,7 +76,8 @@ class Engine {
   void RunStep(const StepPlan& plan);
   void FinishSequence(Sequence* seq, FinishReason reason);
   void EmitFinalEvent(Sequence* seq, FinishReason reason);
-  void PublishStats();
+  // Publishes the step's counters for Stats(), then closes the streams of requests that ended.
+  void PublishStatsAndCloseStreams();
   bool HasWork() const { return !live_.empty(); }
 
   Model* model_;
@@ -93,6 +94,7 @@ class Engine {
   kv::SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [rows, vocab]
   EngineStats counters_;       // engine-thread running totals
+  std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 
   // Shared with callers.
   mutable std::mutex mu_;
