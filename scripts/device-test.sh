@@ -19,6 +19,8 @@ stage() {
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures
   cp "$build/src/backend/cuda/cuda_ops_test" "$build/bench/cuda_forward_bench" .devbin/bin/
+  # The CUDA backend module: ember, model_test and engine_bench load it from their own folder.
+  cmake --build "$build" --target ember_cuda -j2 && cp "$build/libember_cuda.so" .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do
     ldd "$bin" | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|/cuda' |

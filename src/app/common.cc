@@ -5,9 +5,7 @@
 
 #include "util/mapped_file.h"
 
-#ifdef EMBER_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "backend/cuda_loader.h"
 
 namespace ember::app {
 
@@ -72,9 +70,7 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
   ModelLoadOptions opts;
   if (device == "auto") {
     opts.device = DeviceKind::kCpu;
-#ifdef EMBER_HAVE_CUDA
-    if (CudaDeviceCount() > 0) opts.device = DeviceKind::kCuda;
-#endif
+    if (CudaDevicesAvailable() > 0) opts.device = DeviceKind::kCuda;
   } else if (device == "cpu") {
     opts.device = DeviceKind::kCpu;
   } else if (device == "cuda") {

@@ -8,9 +8,7 @@
 #include "model/architecture.h"
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
-#ifdef EMBER_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "backend/cuda_loader.h"
 
 namespace ember {
 namespace {
@@ -139,13 +137,9 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   EMBER_ASSIGN_OR_RETURN(model->generation_, ParseGenerationConfig(gen_text, gen_path, model->config_));
   EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
   if (opts.device == DeviceKind::kCuda) {
-#ifdef EMBER_HAVE_CUDA
     CudaBackendOptions cuda;
     cuda.f32_compute = opts.cuda_f32_compute;
-    EMBER_ASSIGN_OR_RETURN(model->backend_, CreateCudaBackend(opts.cuda_device, cuda));
-#else
-    return Status::Error("the CUDA backend is not available in this build (use the CPU)");
-#endif
+    EMBER_ASSIGN_OR_RETURN(model->backend_, LoadCudaBackend(opts.cuda_device, cuda));
   } else {
     CpuBackendOptions cpu;
     cpu.num_threads = opts.num_threads;
