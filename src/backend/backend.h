@@ -129,6 +129,10 @@ class Backend {
   virtual void GatherLogitsRows(const Tensor& x, Tensor out) = 0;
   // Ends the step: copies a float32 tensor to the host (waits for the device).
   virtual Status CopyToHost(const Tensor& t, std::span<float> out) = 0;
+  // Ends the step like CopyToHost, but brings back one id per row: ids[j] = the index of the
+  // largest value of row j of x (the lowest such index on ties; NaN never wins; 0 when a row is
+  // all NaN) — the sampler's greedy choice, without moving the logits. x [rows, cols] float32.
+  virtual Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) = 0;
 };
 
 }  // namespace ember

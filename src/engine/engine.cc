@@ -240,8 +240,18 @@ void Engine::RunStep(const StepPlan& plan) {
                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
     batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
   }
-  logits_.resize(batch.logits_rows.size() * static_cast<size_t>(vocab_size_));
-  Status st = model_->Forward(batch, logits_);
+  // Rows whose token is the plain argmax get it from the backend; only the rest copy logits.
+  const size_t num_rows = batch.logits_rows.size();
+  logits_.resize(num_rows * static_cast<size_t>(vocab_size_));
+  argmax_only_.assign(num_rows, 0);
+  argmax_ids_.assign(num_rows, 0);
+  size_t flag_row = 0;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (!s.samples) continue;
+    argmax_only_[flag_row++] =
+        SamplesRawArgmax(s.seq->request->request.sampling, *s.seq->sampler) ? 1 : 0;
+  }
+  Status st = model_->Forward(batch, StepOutputs{logits_, argmax_only_, argmax_ids_});
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
   if (!st.ok()) {
@@ -268,9 +278,14 @@ void Engine::RunStep(const StepPlan& plan) {
       state.prompt_prefilled = true;
     if (!s.samples) continue;
 
-    std::span<float> row_logits(logits_.data() + row * vocab_size_, vocab_size_);
+    SampleOutput out;
+    if (argmax_only_[row] != 0) {
+      out.token_id = argmax_ids_[row];
+    } else {
+      std::span<float> row_logits(logits_.data() + row * vocab_size_, vocab_size_);
+      out = Sample(row_logits, state.request.sampling, *seq->sampler);
+    }
     ++row;
-    SampleOutput out = Sample(row_logits, state.request.sampling, *seq->sampler);
     seq->sampler->Accept(out.token_id);
     seq->tokens.push_back(out.token_id);
 

@@ -93,6 +93,8 @@ class Engine {
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
   std::vector<float> logits_;  // [rows, vocab]
+  std::vector<uint8_t> argmax_only_;  // [rows] rows sampled as the backend's argmax
+  std::vector<int32_t> argmax_ids_;   // [rows]
   EngineStats counters_;       // engine-thread running totals
   std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 

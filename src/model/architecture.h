@@ -55,8 +55,12 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);
 
-// One step over the plan already given to BeginStep; writes [logits_rows, vocab] into `logits`.
-Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);
-Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits);
+// Ends a step: the argmax-only rows' ids (computed by the backend) and every other row's logits
+// to the host, per `outputs`. logits [logits_rows, vocab] on the backend.
+Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs);
+
+// One step over the plan already given to BeginStep; delivers the logits rows per `outputs`.
+Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
+Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 
 }  // namespace ember

@@ -34,4 +34,24 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
 }
 
+Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {
+  if (outputs.argmax_only.empty()) return be.CopyToHost(logits, outputs.logits);
+  const int64_t rows = logits.rows(), vocab = logits.cols();
+  EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.argmax_ids));
+  // The other rows' logits, one copy per run of consecutive rows.
+  for (int64_t r = 0; r < rows;) {
+    if (outputs.argmax_only[static_cast<size_t>(r)] != 0) {
+      ++r;
+      continue;
+    }
+    int64_t end = r + 1;
+    while (end < rows && outputs.argmax_only[static_cast<size_t>(end)] == 0) ++end;
+    EMBER_RETURN_IF_ERROR(be.CopyToHost(
+        logits.RowSlice(r, end - r),
+        outputs.logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>((end - r) * vocab))));
+    r = end;
+  }
+  return Status::Ok();
+}
+
 }  // namespace ember

@@ -10,7 +10,7 @@
 
 namespace ember {
 
-Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits) {
+Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {
   const ModelConfig& c = *m.config;
   Backend& be = *m.backend;
   const auto kNorm = RmsNormKind::kOnePlusWeight;
@@ -49,7 +49,7 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, std::span<float
   be.GatherLogitsRows(xn, hidden);
   be.MatMul(hidden, m.lm_head, nullptr, out);
   if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
-  return be.CopyToHost(out, logits);
+  return EmitLogits(be, out, outputs);
 }
 
 }  // namespace ember

@@ -8,7 +8,7 @@
 
 namespace ember {
 
-Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float> logits) {
+Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {
   const ModelConfig& c = *m.config;
   Backend& be = *m.backend;
   const int64_t n = plan.num_tokens();
@@ -42,7 +42,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, std::span<float
   Tensor out = be.Alloc({num_logits, c.vocab_size});
   be.GatherLogitsRows(xn, hidden);
   be.MatMul(hidden, m.lm_head, nullptr, out);
-  return be.CopyToHost(out, logits);
+  return EmitLogits(be, out, outputs);
 }
 
 }  // namespace ember

@@ -170,6 +170,16 @@ Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
 }
 
 Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
+  return Forward(plan, StepOutputs{logits, {}, {}});
+}
+
+Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
+  const std::span<float> logits = outputs.logits;
+  const size_t rows = plan.logits_rows.size();
+  if (!outputs.argmax_only.empty() &&
+      (outputs.argmax_only.size() != rows || outputs.argmax_ids.size() != rows))
+    return Status::Error("StepOutputs: argmax_only/argmax_ids need one entry per logits row (" +
+                         std::to_string(rows) + ")");
   if (num_kv_blocks_ == 0) return Status::Error("Forward before AllocateKvCache");
   if (plan.block_size != kv_block_size_)
     return Status::Error("plan block_size " + std::to_string(plan.block_size) + " != KV block size " +
@@ -190,8 +200,8 @@ Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
                            std::to_string(config_.max_position_embeddings));
   if (plan.num_tokens() == 0) return Status::Ok();
   EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
-  if (IsGemma(config_)) return ForwardGemma(*impl_, plan, logits);
-  return ForwardLlama(*impl_, plan, logits);
+  if (IsGemma(config_)) return ForwardGemma(*impl_, plan, outputs);
+  return ForwardLlama(*impl_, plan, outputs);
 }
 
 }  // namespace ember

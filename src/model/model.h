@@ -74,6 +74,13 @@ Result<GenerationDefaults> ParseGenerationConfig(const std::string& json_text,
 // The model_type values ParseModelConfig accepts, comma separated.
 std::string SupportedModelTypes();
 
+// Where one step's logits rows (plan.logits_rows order) go.
+struct StepOutputs {
+  std::span<float> logits;               // [rows, vocab] float32; rows not argmax-only filled
+  std::span<const uint8_t> argmax_only;  // empty (every row's logits) or one flag per row
+  std::span<int32_t> argmax_ids;         // [rows] with argmax_only: the flagged rows' argmax
+};
+
 enum class DeviceKind { kCpu, kCuda };
 struct ModelLoadOptions {
   DeviceKind device = DeviceKind::kCpu;
@@ -102,6 +109,9 @@ class Model {
   int32_t kv_block_size() const { return kv_block_size_; }
   // One step. logits: [plan.logits_rows.size(), vocab_size] float32, row-major, filled in order.
   Status Forward(const BatchPlan& plan, std::span<float> logits);
+  // One step where some rows need only their argmax (greedy rows with no logits processing):
+  // the backend computes it where the logits are, and only the other rows' logits are copied.
+  Status Forward(const BatchPlan& plan, const StepOutputs& outputs);
 
   struct Impl;  // the architecture's weights and forward pass (model/*.cc)
 

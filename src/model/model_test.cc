@@ -3,10 +3,12 @@
 // to golden.json, for each dense family, loading both config.json (5.x) and config.v4.json (4.x).
 // Also: batched == solo (bitwise) for mixed prefill-chunk and decode rows.
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
@@ -173,6 +175,50 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// StepOutputs with argmax-only rows: the backend's ids equal the argmax of the copied logits,
+// and the other rows' logits are the same bits as a plain Forward.
+void CheckArgmaxRows(DeviceKind device) {
+  const std::string dir = ModelDir("tinystories-656k");
+  auto model = LoadOrDie(dir, "config.json", device);
+  ASSERT_NE(model, nullptr);
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> tokens = {1, 80, 147, 201, 282, 57, 9, 33, 121};
+  const std::vector<float> full = PrefillAllLogits(*model, tokens);
+  BatchPlan plan;
+  plan.block_size = kBlockSize;
+  plan.AddSequence(tokens, 0, Blocks(0, kNumBlocks), false);
+  for (int32_t i = 0; i < plan.num_tokens(); ++i) plan.logits_rows.push_back(i);
+  const size_t rows = tokens.size();
+  std::vector<float> logits(rows * static_cast<size_t>(vocab), -1.0f);
+  std::vector<uint8_t> flags(rows);
+  for (size_t r = 0; r < rows; ++r) flags[r] = r % 3 != 1;  // runs of flagged and copied rows
+  std::vector<int32_t> ids(rows, -1);
+  Status st = model->Forward(plan, StepOutputs{logits, flags, ids});
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (size_t r = 0; r < rows; ++r) {
+    const float* want = full.data() + r * static_cast<size_t>(vocab);
+    if (flags[r] != 0) {
+      EXPECT_EQ(ids[r], Argmax(want, vocab)) << "row " << r;
+    } else {
+      EXPECT_EQ(std::memcmp(logits.data() + r * static_cast<size_t>(vocab), want,
+                            static_cast<size_t>(vocab) * sizeof(float)), 0) << "row " << r;
+    }
+  }
+  std::vector<int32_t> bad_ids(rows - 1);
+  EXPECT_FALSE(model->Forward(plan, StepOutputs{logits, flags, bad_ids}).ok());
+}
+
+TEST(TinyStoriesTest, ArgmaxRowsOnCpu) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  CheckArgmaxRows(DeviceKind::kCpu);
+}
+
+TEST(TinyStoriesTest, ArgmaxRowsOnCuda) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  CheckArgmaxRows(DeviceKind::kCuda);
+}
 
 TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
   const std::string dir = ModelDir("tinystories-656k");

@@ -76,6 +76,11 @@ class SamplerState {
   std::unordered_map<int32_t, int32_t> slot_of_id_;  // token id -> index into the vectors above
 };
 
+// True when Sample() would return the plain argmax of the raw logits for this sequence now:
+// greedy, no logit_bias, no penalties, no logprobs, min_tokens reached. The engine then lets the
+// backend compute that argmax where the logits live (Backend::ArgmaxRows, same tie rule).
+bool SamplesRawArgmax(const SamplingParams& params, const SamplerState& state);
+
 // The documented seed mix for sample `sample_index` of a request seeded with `seed`:
 // SplitMix64(seed ^ SplitMix64(sample_index)). Distinct indices give unrelated streams.
 uint64_t MixSeed(uint64_t seed, uint64_t sample_index);

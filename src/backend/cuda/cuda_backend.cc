@@ -133,12 +133,14 @@ class CudaBackend final : public Backend {
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
+  Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
 
  private:
   void* ArenaAlloc(size_t bytes);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
 
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
 
   int device_;
   bool f32_compute_;
@@ -628,6 +630,19 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
   Flush();
   CUDA_CHECK(cudaMemcpyAsync(out.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost,
                              stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return Status::Ok();
+}
+
+Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
+  CHECK(x.dtype == DType::kF32);
+  CHECK_EQ(static_cast<int64_t>(ids.size()), x.rows());
+  Flush();
+  if (argmax_ids_.bytes() < ids.size_bytes()) argmax_ids_ = DeviceBuffer(ids.size_bytes());
+  cuda::LaunchArgmaxRows(static_cast<const float*>(x.data), x.rows(), x.cols(),
+                         argmax_ids_.as<int32_t>(), stream_.get());
+  CUDA_CHECK(cudaMemcpyAsync(ids.data(), argmax_ids_.data(), ids.size_bytes(),
+                             cudaMemcpyDeviceToHost, stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
 }

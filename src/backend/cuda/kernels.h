@@ -123,4 +123,10 @@ void LaunchAttentionPrefillTc(const AttentionArgs& args, const float* q, const K
                               const PlanView& plan, int32_t max_query_len, float* out,
                               cudaStream_t stream);
 
+// ---- argmax.cu ----
+// ids[r] = first index of the maximum of row r (NaN never wins; 0 for an all-NaN row).
+// x [rows, cols] float32; ids [rows] int32 on the device.
+void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
+                      cudaStream_t stream);
+
 }  // namespace ember::cuda
