@@ -15,15 +15,20 @@
 namespace ember::cpu {
 namespace {
 
-// Every output element is the same chain whatever n: an 8-lane accumulator
-// acc = fma(x[r, i:i+8], W[c, i:i+8], acc) for i = 0, 8, 16, ... in order (spilled to memory
-// between k blocks, which is exact), then a fixed horizontal sum, then the k % 8 tail in order,
-// then the bias. Weights are converted 8 at a time straight from the mapping (F16C / bf16 shift)
-// inside the kernel: no transposes, so decode streams the weights at memory speed.
+// Every output element is the same chain whatever n and whatever the thread count:
+//   s = 0
+//   for each k chunk [c, c + kKChunk) of the first k - k % 8 elements, in order:
+//     acc = 0 (8 lanes); acc = fma(x[r, i:i+8], W[col, i:i+8], acc) for i = c, c + 8, ...
+//     s += HorizontalSum(acc)            (fixed tree: halves, then pairs, then the last two)
+//   s += x[r, i] * W[col, i] for the k % 8 tail in order
+//   s += bias[col]
+// Chunking k keeps every accumulator in a register for the whole chunk: the running sum is one
+// float per output (held in `out` between chunks), so the prefill blocking needs no spill
+// array, and decode and prefill read the weights in the same order.
+constexpr int64_t kKChunk = 512;    // k elements per accumulator chunk (part of the chain)
 constexpr int64_t kColBlock = 64;   // output columns per parallel work item
-constexpr int64_t kRowBlock = 128;  // x rows whose accumulators are live across k blocks
-constexpr int64_t kKBlock = 1024;   // k per pass when many rows reuse the weight slice
-constexpr int64_t kFewRows = 8;     // up to this many rows: one pass over all of k
+constexpr int64_t kFewRows = 8;     // up to this many rows: weights converted in the kernel
+constexpr int kRowGroup = 4;        // prefill register tile: 4 rows x 3 columns
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -38,6 +43,11 @@ float LoadWeight(const void* w, DType dtype, int64_t idx) {
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";
   return 0.0f;
+}
+
+template <DType D>
+constexpr int64_t ElemBytes() {
+  return D == DType::kF32 ? 4 : 2;
 }
 
 // 8 consecutive weights of one row as f32.
@@ -60,21 +70,34 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// acc[r][c] += x[r, 0:len] (.) W[c, 0:len] lane-wise, len a multiple of 8. x rows are x_stride
-// apart; W row c starts at element w_idx + c * k.
+// sums[r * sums_stride + c] += HorizontalSum(x[r, 0:len] (.) W[c, 0:len]) for an R x C tile, len
+// a multiple of 8 (one k chunk). x rows are x_stride apart; W row c starts at element
+// w_idx + c * w_stride. It prefetches each weight row ~1 KB ahead: the
+// hardware prefetcher alone leaves the 8 row streams short of memory bandwidth.
 template <DType D, int R, int C>
-void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, int64_t k,
-               int64_t len, float* acc, int64_t acc_stride) {
+void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, int64_t w_stride,
+               int64_t len, float* sums, int64_t sums_stride) {
   __m256 a[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) a[r][c] = _mm256_loadu_ps(acc + r * acc_stride + c * 8);
+    for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_ps();
+  const char* wb = static_cast<const char*>(w);
   for (int64_t i = 0; i < len; i += 8) {
+    {
+      // One line per row every 64 bytes of weights (every 32 f16 / 16 f32 elements).
+      constexpr int64_t kStep = 64 / ElemBytes<D>();
+      constexpr int64_t kAhead = 1024;
+      if ((i & (kStep - 1)) == 0) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c)
+          _mm_prefetch(wb + (w_idx + c * w_stride + i) * ElemBytes<D>() + kAhead, _MM_HINT_T0);
+      }
+    }
     __m256 wv[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      wv[c] = Load8<D>(w, w_idx + c * k + i);
+      wv[c] = Load8<D>(w, w_idx + c * w_stride + i);
       // Keep operands in registers: folding them into each FMA would load them again per use.
       if constexpr (R > 1) __asm__("" : "+x"(wv[c]));
     }
@@ -89,8 +112,55 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + r * acc_stride + c * 8, a[r][c]);
+    for (int c = 0; c < C; ++c) sums[r * sums_stride + c] += HorizontalSum(a[r][c]);
 }
+
+// The prefill tile: like DotKernel<kF32, R, C> but both operands are packed into single
+// contiguous streams: x rows laid out [len / 8][R][8] (element (r, i) at xp[i * R + r * 8]) and
+// W from an f32 panel tile laid out [len / 8][C][8] (element (c, i) at panel[i * C + c * 8]).
+template <int R, int C>
+void PanelKernel(const float* xp, const float* panel, int64_t len, float* sums,
+                 int64_t sums_stride) {
+  __m256 a[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < len; i += 8) {
+    __m256 wv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      wv[c] = _mm256_load_ps(panel + i * C + c * 8);
+      if constexpr (R > 1) __asm__("" : "+x"(wv[c]));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256 xv = _mm256_load_ps(xp + i * R + r * 8);
+      if constexpr (C > 1) __asm__("" : "+x"(xv));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(xv, wv[c], a[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) sums[r * sums_stride + c] += HorizontalSum(a[r][c]);
+}
+
+// x rows [r0, r0 + rows) over k [0, k8) packed as [k8 / 8][rows][8] (PanelKernel's layout).
+void PackRows(const float* x, int64_t k, int64_t r0, int64_t rows, int64_t k8, float* xp) {
+  for (int64_t i = 0; i < k8; i += 8)
+    for (int64_t r = 0; r < rows; ++r)
+      _mm256_store_ps(xp + i * rows + r * 8, _mm256_loadu_ps(x + (r0 + r) * k + i));
+}
+
+using PanelFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
+template <int R>
+constexpr std::array<PanelFn, 3> PanelRow() {
+  return {PanelKernel<R, 1>, PanelKernel<R, 2>, PanelKernel<R, 3>};
+}
+constexpr std::array<std::array<PanelFn, 3>, 4> kPanelTiles = {PanelRow<1>(), PanelRow<2>(),
+                                                               PanelRow<3>(), PanelRow<4>()};
 
 using KernelFn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, int64_t, float*,
                           int64_t);
@@ -108,72 +178,79 @@ constexpr std::array<std::array<KernelFn, 8>, 4> KernelTable() {
           KernelRow<D, 4>(std::make_integer_sequence<int, 8>())};
 }
 
-constexpr auto kF32Kernels = KernelTable<DType::kF32>();
-constexpr auto kF16Kernels = KernelTable<DType::kF16>();
-constexpr auto kBF16Kernels = KernelTable<DType::kBF16>();
+using KernelTableT = std::array<std::array<KernelFn, 8>, 4>;
+constexpr KernelTableT kF32Kernels = KernelTable<DType::kF32>();
+constexpr KernelTableT kF16Kernels = KernelTable<DType::kF16>();
+constexpr KernelTableT kBF16Kernels = KernelTable<DType::kBF16>();
 
 // Widest column group for a row group (accumulators + loads within 16 registers).
 int MaxCols(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 3; }
-constexpr int kRowGroup = 4;  // 4 rows x 3 columns: 12 FMAs per 7 loads
 
-// Weight rows [c0, c0 + nc) x k [k0, k0 + len) as a row-major f32 panel [nc][len]: the exact
-// values the kernel would convert itself, converted once for all rows of a prefill.
+// Weight rows [c0, c0 + nc) x k [k0, k0 + len) as f32 panel tiles of kPanelCols columns, tile t
+// at panel + t * kPanelCols * len laid out [len / 8][cols of the tile][8]: the exact values the
+// kernel would convert itself, converted once for all rows of a prefill.
+constexpr int kPanelCols = 3;
 template <DType D>
 void ConvertPanel(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t k0, int64_t len,
                   float* panel) {
-  for (int64_t c = 0; c < nc; ++c)
-    for (int64_t i = 0; i < len; i += 8)
-      _mm256_storeu_ps(panel + c * len + i, Load8<D>(w, (c0 + c) * k + k0 + i));
+  for (int64_t t0 = 0; t0 < nc; t0 += kPanelCols) {
+    const int64_t cols = std::min<int64_t>(kPanelCols, nc - t0);
+    float* tile = panel + t0 * len;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t i = 0; i < len; i += 8)
+        _mm256_store_ps(tile + i * cols + c * 8, Load8<D>(w, (c0 + t0 + c) * k + k0 + i));
+  }
 }
 
-// Output columns [c0, c0 + nc) of all n rows. acc: [kRowBlock][kColBlock][8] floats.
-void ColumnBlock(const float* x, int64_t n, int64_t k, const void* w, DType dtype, int64_t c0,
-                 int64_t nc, const float* bias, float* out, int64_t m, float* acc, float* panel) {
-  // Few rows: read the weights straight from the mapping. Many rows: convert a [nc, kKBlock]
-  // slice once into an f32 panel shared by all of them (f32 weights are used as they are).
-  const bool few = n <= kFewRows;
-  const bool use_panel = !few && dtype != DType::kF32;
-  const DType kernel_dtype = use_panel ? DType::kF32 : dtype;
-  const auto& kernels = kernel_dtype == DType::kF16    ? kF16Kernels
-                        : kernel_dtype == DType::kBF16 ? kBF16Kernels
-                                                       : kF32Kernels;
+// Output columns [c0, c0 + nc) of all n rows. Prefill only: xp is x packed by PackRows in groups
+// of kRowGroup rows (group g at xp + g * kRowGroup * k8), panel [kColBlock * kKChunk] floats.
+void ColumnBlock(const float* x, const float* xp, int64_t n, int64_t k, const void* w, DType dtype,
+                 int64_t c0, int64_t nc, const float* bias, float* out, int64_t m, float* panel) {
   const int64_t k8 = k - k % 8;
-  const int64_t acc_stride = kColBlock * 8;
-  const int64_t k_block = few ? std::max<int64_t>(k8, 8) : kKBlock;
-  for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
-    const int64_t nr = std::min(kRowBlock, n - r0);
-    std::memset(acc, 0, static_cast<size_t>(nr * acc_stride) * sizeof(float));
-    for (int64_t k0 = 0; k0 < k8; k0 += k_block) {
-      const int64_t len = std::min(k_block, k8 - k0);
-      const void* wsrc = w;
-      int64_t w_base = c0 * k + k0, w_stride = k;
-      if (use_panel) {
-        if (dtype == DType::kF16) ConvertPanel<DType::kF16>(w, k, c0, nc, k0, len, panel);
-        else ConvertPanel<DType::kBF16>(w, k, c0, nc, k0, len, panel);
-        wsrc = panel;
-        w_base = 0;
-        w_stride = len;
+  for (int64_t r = 0; r < n; ++r) std::fill_n(out + r * m + c0, nc, 0.0f);
+  if (n <= kFewRows) {
+    // Few rows: read the weights straight from the mapping, one column group at a time so each
+    // weight row is one sequential stream.
+    const KernelTableT& kernels = dtype == DType::kF16    ? kF16Kernels
+                                  : dtype == DType::kBF16 ? kBF16Kernels
+                                                          : kF32Kernels;
+    const int rows = static_cast<int>(n);
+    for (int64_t r = 0; r < n;) {
+      const int rg = std::min(kRowGroup, rows - static_cast<int>(r));
+      for (int64_t c = 0; c < nc;) {
+        const int cg = static_cast<int>(std::min<int64_t>(MaxCols(rg), nc - c));
+        for (int64_t k0 = 0; k0 < k8; k0 += kKChunk)
+          kernels[rg - 1][cg - 1](x + r * k + k0, k, w, (c0 + c) * k + k0, k,
+                                  std::min(kKChunk, k8 - k0), out + r * m + c0 + c, m);
+        c += cg;
       }
-      for (int64_t r = 0; r < nr;) {
-        const int rg = static_cast<int>(std::min<int64_t>(kRowGroup, nr - r));
-        for (int64_t c = 0; c < nc;) {
-          const int cg = static_cast<int>(std::min<int64_t>(MaxCols(rg), nc - c));
-          kernels[rg - 1][cg - 1](x + (r0 + r) * k + k0, k, wsrc, w_base + c * w_stride, w_stride,
-                                  len, acc + r * acc_stride + c * 8, acc_stride);
-          c += cg;
+      r += rg;
+    }
+  } else {
+    // Many rows: convert a [nc, kKChunk] weight slice once into an f32 panel (L2-resident) shared
+    // by all rows; each 4x3 tile's operands (8 KB of x, 6 KB of panel) stay in L1.
+    for (int64_t k0 = 0; k0 < k8; k0 += kKChunk) {
+      const int64_t len = std::min(kKChunk, k8 - k0);
+      if (dtype == DType::kF16) ConvertPanel<DType::kF16>(w, k, c0, nc, k0, len, panel);
+      else if (dtype == DType::kBF16) ConvertPanel<DType::kBF16>(w, k, c0, nc, k0, len, panel);
+      else ConvertPanel<DType::kF32>(w, k, c0, nc, k0, len, panel);
+      for (int64_t r = 0; r < n; r += kRowGroup) {
+        const int rg = static_cast<int>(std::min<int64_t>(kRowGroup, n - r));
+        for (int64_t t0 = 0; t0 < nc; t0 += kPanelCols) {
+          const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, nc - t0));
+          kPanelTiles[rg - 1][cols - 1](xp + r * k8 + k0 * rg, panel + t0 * len, len,
+                                        out + r * m + c0 + t0, m);
         }
-        r += rg;
       }
     }
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t row = r0 + r;
-      for (int64_t c = 0; c < nc; ++c) {
-        const int64_t col = c0 + c;
-        float s = HorizontalSum(_mm256_loadu_ps(acc + r * acc_stride + c * 8));
-        for (int64_t kk = k8; kk < k; ++kk) s += x[row * k + kk] * LoadWeight(w, dtype, col * k + kk);
-        if (bias != nullptr) s += bias[col];
-        out[row * m + col] = s;
-      }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t col = c0 + c;
+      float s = out[r * m + col];
+      for (int64_t kk = k8; kk < k; ++kk) s += x[r * k + kk] * LoadWeight(w, dtype, col * k + kk);
+      if (bias != nullptr) s += bias[col];
+      out[r * m + col] = s;
     }
   }
 }
@@ -194,16 +271,30 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
   const int64_t work = n * k * m;
   const int threads = work < (1 << 20) ? 1 : static_cast<int>(std::max<int64_t>(
                                                1, std::min<int64_t>(num_threads, num_col_blocks)));
+  const bool use_panel = n > kFewRows;
+  const int64_t k8 = k - k % 8;
+  // Prefill: x packed once, shared by every thread; [n rounded up to kRowGroup, k8] floats.
+  std::unique_ptr<float, FreeDeleter> xp(
+      use_panel ? static_cast<float*>(std::aligned_alloc(
+                      64, static_cast<size_t>(std::max<int64_t>(
+                              16, (n + kRowGroup - 1) / kRowGroup * kRowGroup * k8)) *
+                              sizeof(float)))
+                : nullptr);
 #pragma omp parallel num_threads(threads)
   {
-    std::unique_ptr<float, FreeDeleter> acc(static_cast<float*>(std::aligned_alloc(
-        64, static_cast<size_t>(std::min(kRowBlock, n) * kColBlock * 8) * sizeof(float))));
-    std::unique_ptr<float, FreeDeleter> panel(static_cast<float*>(std::aligned_alloc(
-        64, static_cast<size_t>(n > kFewRows ? kColBlock * kKBlock : 16) * sizeof(float))));
+    if (use_panel) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < n; r += kRowGroup)
+        PackRows(x, k, r, std::min<int64_t>(kRowGroup, n - r), k8, xp.get() + r * k8);
+    }
+    std::unique_ptr<float, FreeDeleter> panel(
+        use_panel ? static_cast<float*>(std::aligned_alloc(
+                        64, static_cast<size_t>(kColBlock * kKChunk) * sizeof(float)))
+                  : nullptr);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < num_col_blocks; ++b) {
       const int64_t c0 = b * kColBlock;
-      ColumnBlock(x, n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m, acc.get(),
+      ColumnBlock(x, xp.get(), n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
                   panel.get());
     }
   }
