@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,26 @@ FloatBuffer AllocFloats(size_t count) {
   size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
   return FloatBuffer(static_cast<float*>(std::aligned_alloc(64, bytes)));
 }
+
+// The KV pool: anonymous pages, zero-filled by the kernel when first touched, so a pool sized
+// for the worst case costs resident memory only for the blocks sequences actually use.
+class KvBuffer {
+ public:
+  explicit KvBuffer(size_t count) : bytes_(std::max<size_t>(count * sizeof(float), 1)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<float*>(p);
+  }
+  ~KvBuffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  KvBuffer(const KvBuffer&) = delete;
+  KvBuffer& operator=(const KvBuffer&) = delete;
+  float* get() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_ = nullptr;
+};
 
 float* F(const Tensor& t) {
   CHECK(t.dtype == DType::kF32) << "expected an F32 tensor, got " << DTypeName(t.dtype);
@@ -114,9 +135,8 @@ class CpuBackend final : public Backend {
     kv_head_dim_ = head_dim;
     const size_t per = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim;
     for (int32_t l = 0; l < 2 * num_layers; ++l) {
-      kv_.push_back(AllocFloats(per));
-      if (kv_.back() == nullptr) return Status::Error("out of memory allocating the KV pool");
-      std::memset(kv_.back().get(), 0, per * sizeof(float));
+      kv_.push_back(std::make_unique<KvBuffer>(per));
+      if (kv_.back()->get() == nullptr) return Status::Error("out of memory allocating the KV pool");
     }
     return Status::Ok();
   }
@@ -275,8 +295,8 @@ class CpuBackend final : public Backend {
     const int64_t width = static_cast<int64_t>(kv_heads_) * kv_head_dim_;
     CHECK_EQ(k.numel(), n * width);
     CHECK_EQ(v.numel(), n * width);
-    float* kc = kv_[static_cast<size_t>(2 * layer)].get();
-    float* vc = kv_[static_cast<size_t>(2 * layer + 1)].get();
+    float* kc = kv_[static_cast<size_t>(2 * layer)]->get();
+    float* vc = kv_[static_cast<size_t>(2 * layer + 1)]->get();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = plan_->slot_mapping[static_cast<size_t>(i)];
       CHECK(slot >= 0 && slot < static_cast<int64_t>(num_blocks_) * block_size_);
@@ -379,7 +399,7 @@ class CpuBackend final : public Backend {
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;
   std::vector<RopeTable> ropes_;
-  std::vector<FloatBuffer> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
+  std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
@@ -390,8 +410,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   CHECK_EQ(p.num_kv_heads, kv_heads_);
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_width = static_cast<int64_t>(kv_heads_) * hd;
-  const float* kc = kv_[static_cast<size_t>(2 * p.layer)].get();
-  const float* vc = kv_[static_cast<size_t>(2 * p.layer + 1)].get();
+  const float* kc = kv_[static_cast<size_t>(2 * p.layer)]->get();
+  const float* vc = kv_[static_cast<size_t>(2 * p.layer + 1)]->get();
   const float* qd = F(q);
   float* od = F(out);
   // Work items: (sequence row, head). Each item reads only its own sequence's blocks.
