@@ -263,6 +263,17 @@ void Engine::RunStep(const StepPlan& plan) {
     return;
   }
 
+  // The rows the host samples, in parallel across rows (per-sequence RNG: order-independent).
+  row_params_.clear();
+  row_states_.clear();
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (!s.samples) continue;
+    row_params_.push_back(&s.seq->request->request.sampling);
+    row_states_.push_back(s.seq->sampler.get());
+  }
+  row_outputs_.assign(num_rows, SampleOutput{});
+  SampleRows(logits_, vocab_size_, row_params_, row_states_, row_outputs_, argmax_only_);
+
   size_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     Sequence* seq = s.seq;
@@ -278,13 +289,8 @@ void Engine::RunStep(const StepPlan& plan) {
       state.prompt_prefilled = true;
     if (!s.samples) continue;
 
-    SampleOutput out;
-    if (argmax_only_[row] != 0) {
-      out.token_id = argmax_ids_[row];
-    } else {
-      std::span<float> row_logits(logits_.data() + row * vocab_size_, vocab_size_);
-      out = Sample(row_logits, state.request.sampling, *seq->sampler);
-    }
+    SampleOutput out = std::move(row_outputs_[row]);
+    if (argmax_only_[row] != 0) out.token_id = argmax_ids_[row];
     ++row;
     seq->sampler->Accept(out.token_id);
     seq->tokens.push_back(out.token_id);

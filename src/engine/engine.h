@@ -95,6 +95,9 @@ class Engine {
   std::vector<float> logits_;  // [rows, vocab]
   std::vector<uint8_t> argmax_only_;  // [rows] rows sampled as the backend's argmax
   std::vector<int32_t> argmax_ids_;   // [rows]
+  std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
+  std::vector<SamplerState*> row_states_;          // [rows]
+  std::vector<SampleOutput> row_outputs_;          // [rows]
   EngineStats counters_;       // engine-thread running totals
   std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 

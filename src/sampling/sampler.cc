@@ -123,14 +123,17 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
-                std::span<SamplerState* const> states, std::span<SampleOutput> out) {
+                std::span<SamplerState* const> states, std::span<SampleOutput> out,
+                std::span<const uint8_t> skip) {
   const size_t num_rows = out.size();
   CHECK_EQ(params.size(), num_rows);
   CHECK_EQ(states.size(), num_rows);
+  CHECK(skip.empty() || skip.size() == num_rows);
   CHECK_EQ(logits.size(), num_rows * static_cast<size_t>(vocab_size));
   const auto row_size = static_cast<size_t>(vocab_size);
 #pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
   for (size_t row = 0; row < num_rows; ++row) {
+    if (!skip.empty() && skip[row] != 0) continue;
     out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
   }
 }
