@@ -38,17 +38,18 @@ int main(int argc, char** argv) {
   for (uint16_t& v : w16) v = ember::F32ToF16(dist(rng));
   std::vector<uint16_t> wbf(static_cast<size_t>(m * k));
   for (uint16_t& v : wbf) v = ember::F32ToBf16(dist(rng));
+  ember::cpu::ThreadPool pool(threads);
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m);
   for (auto [name, w, dtype] : {std::tuple{"f16", static_cast<const void*>(w16.data()), ember::DType::kF16},
                                 std::tuple{"bf16", static_cast<const void*>(wbf.data()), ember::DType::kBF16}}) {
-    ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), threads);  // warm-up
+    ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);  // warm-up
     // About a second of repetitions (at least 5): many short ones let the best dodge neighbours.
     const int reps = static_cast<int>(std::clamp(1e9 / flops * 40.0, 5.0, 2000.0));
     std::vector<double> times;
     const double c0 = CpuSeconds();
     for (int r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), threads);
+      ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double cpu = CpuSeconds() - c0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/thread_pool.h"
 
 namespace ember {
 namespace {
@@ -101,6 +102,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
+    pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
   std::string name() const override { return "cpu"; }
 
@@ -237,8 +239,9 @@ class CpuBackend final : public Backend {
     const float* in = F(x);
     const float* w = F(weight);
     float* y = F(out);
-#pragma omp parallel for num_threads(ThreadsFor(rows * d)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) NormRow(in + r * d, w, d, eps, kind, y + r * d);
+    pool_->ParallelFor(
+        rows, [&](int64_t r, int) { NormRow(in + r * d, w, d, eps, kind, y + r * d); },
+        ThreadsFor(rows * d));
   }
 
   void AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
@@ -248,11 +251,13 @@ class CpuBackend final : public Backend {
     const float* dl = F(delta);
     const float* w = F(weight);
     float* y = F(out);
-#pragma omp parallel for num_threads(ThreadsFor(rows * d)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < d; ++j) res[r * d + j] += dl[r * d + j];
-      NormRow(res + r * d, w, d, eps, kind, y + r * d);
-    }
+    pool_->ParallelFor(
+        rows,
+        [&](int64_t r, int) {
+          for (int64_t j = 0; j < d; ++j) res[r * d + j] += dl[r * d + j];
+          NormRow(res + r * d, w, d, eps, kind, y + r * d);
+        },
+        ThreadsFor(rows * d));
   }
 
   void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) override {
@@ -261,7 +266,7 @@ class CpuBackend final : public Backend {
     CHECK_EQ(out.rows(), n);
     CHECK_EQ(out.cols(), m);
     const float* b = bias != nullptr ? F(*bias) : nullptr;
-    cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), num_threads_);
+    cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), *pool_);
   }
 
   void Rope(int32_t rope_id, Tensor q, Tensor k) override {
@@ -312,12 +317,18 @@ class CpuBackend final : public Backend {
     const float *g = F(gate), *u = F(up);
     float* y = F(out);
     const int64_t count8 = count - count % 8;
-#pragma omp parallel for num_threads(ThreadsFor(count * 8)) schedule(static)
-    for (int64_t i = 0; i < count8; i += 8) {
-      const __m256 x = _mm256_loadu_ps(g + i);
-      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), Exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)));
-      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(x, den), _mm256_loadu_ps(u + i)));
-    }
+    pool_->ParallelFor(
+        (count8 + kElementChunk - 1) / kElementChunk,
+        [&](int64_t chunk, int) {
+          const int64_t end = std::min(count8, (chunk + 1) * kElementChunk);
+          for (int64_t i = chunk * kElementChunk; i < end; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 den =
+                _mm256_add_ps(_mm256_set1_ps(1.0f), Exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)));
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(x, den), _mm256_loadu_ps(u + i)));
+          }
+        },
+        ThreadsFor(count * 8));
     for (int64_t i = count8; i < count; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
 
@@ -326,11 +337,16 @@ class CpuBackend final : public Backend {
     const float *g = F(gate), *u = F(up);
     float* y = F(out);
     const float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
-#pragma omp parallel for num_threads(ThreadsFor(count * 8)) schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      const float x = g[i];
-      y[i] = 0.5f * x * (1.0f + std::tanh(kAlpha * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    pool_->ParallelFor(
+        (count + kElementChunk - 1) / kElementChunk,
+        [&](int64_t chunk, int) {
+          const int64_t end = std::min(count, (chunk + 1) * kElementChunk);
+          for (int64_t i = chunk * kElementChunk; i < end; ++i) {
+            const float x = g[i];
+            y[i] = 0.5f * x * (1.0f + std::tanh(kAlpha * (x + 0.044715f * x * x * x))) * u[i];
+          }
+        },
+        ThreadsFor(count * 8));
   }
 
   void Add(const Tensor& a, const Tensor& b, Tensor out) override {
@@ -379,7 +395,9 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Threads worth waking for `work` (about one flop each): small ops stay on the caller.
   int ThreadsFor(int64_t work) const { return work < (1 << 18) ? 1 : num_threads_; }
+  static constexpr int64_t kElementChunk = 4096;  // elementwise ops: floats per work item (mult. of 8)
 
   static void NormRow(const float* x, const float* w, int64_t d, float eps, RmsNormKind kind,
                       float* y) {
@@ -394,6 +412,7 @@ class CpuBackend final : public Backend {
   }
 
   int32_t num_threads_ = 1;
+  std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
   const BatchPlan* plan_ = nullptr;
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
@@ -421,44 +440,46 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const int64_t items = static_cast<int64_t>(plan.num_tokens()) * p.num_heads;
   int64_t max_ctx = 1;
   for (const SequenceSlice& s : plan.seqs) max_ctx = std::max<int64_t>(max_ctx, s.context_len);
-#pragma omp parallel num_threads(ThreadsFor(items * max_ctx * hd))
-  {
-    std::vector<float> scores(static_cast<size_t>(max_ctx));
-    std::vector<float> acc(static_cast<size_t>(hd));
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t row = item / p.num_heads, h = item % p.num_heads, kvh = h / group;
-      const SequenceSlice& s = plan.seqs[row_seq[static_cast<size_t>(row)]];
-      const int32_t* blocks = plan.block_tables.data() + s.block_table_start;
-      const int64_t pos = plan.positions[static_cast<size_t>(row)];
-      const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-      const float* qv = qd + (row * p.num_heads + h) * hd;
-      float max_score = -INFINITY;
-      for (int64_t t = first; t <= pos; ++t) {
-        const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
-        const float* kv = kc + slot * kv_width + kvh * hd;
-        float sc = Dot(qv, kv, hd) * p.scale;
-        if (p.softcap > 0.0f) sc = std::tanh(sc / p.softcap) * p.softcap;
-        scores[static_cast<size_t>(t - first)] = sc;
-        max_score = std::max(max_score, sc);
-      }
-      float sum = 0.0f;
-      for (int64_t t = first; t <= pos; ++t) {
-        float e = std::exp(scores[static_cast<size_t>(t - first)] - max_score);
-        scores[static_cast<size_t>(t - first)] = e;
-        sum += e;
-      }
-      const float inv = 1.0f / sum;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t t = first; t <= pos; ++t) {
-        const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
-        const float* vv = vc + slot * kv_width + kvh * hd;
-        const float pr = scores[static_cast<size_t>(t - first)] * inv;
-        Axpy(pr, vv, acc.data(), hd);
-      }
-      std::memcpy(od + (row * p.num_heads + h) * hd, acc.data(), static_cast<size_t>(hd) * 4);
-    }
-  }
+  // Per-thread scratch: scores [max_ctx], acc [hd].
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(pool_->num_threads()));
+  pool_->ParallelFor(
+      items,
+      [&](int64_t item, int thread_idx) {
+        std::vector<float>& scores = scratch[static_cast<size_t>(thread_idx)];
+        if (scores.empty()) scores.resize(static_cast<size_t>(max_ctx + hd));
+        float* acc = scores.data() + max_ctx;
+        const int64_t row = item / p.num_heads, h = item % p.num_heads, kvh = h / group;
+        const SequenceSlice& s = plan.seqs[row_seq[static_cast<size_t>(row)]];
+        const int32_t* blocks = plan.block_tables.data() + s.block_table_start;
+        const int64_t pos = plan.positions[static_cast<size_t>(row)];
+        const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        const float* qv = qd + (row * p.num_heads + h) * hd;
+        float max_score = -INFINITY;
+        for (int64_t t = first; t <= pos; ++t) {
+          const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
+          const float* kv = kc + slot * kv_width + kvh * hd;
+          float sc = Dot(qv, kv, hd) * p.scale;
+          if (p.softcap > 0.0f) sc = std::tanh(sc / p.softcap) * p.softcap;
+          scores[static_cast<size_t>(t - first)] = sc;
+          max_score = std::max(max_score, sc);
+        }
+        float sum = 0.0f;
+        for (int64_t t = first; t <= pos; ++t) {
+          float e = std::exp(scores[static_cast<size_t>(t - first)] - max_score);
+          scores[static_cast<size_t>(t - first)] = e;
+          sum += e;
+        }
+        const float inv = 1.0f / sum;
+        std::fill(acc, acc + hd, 0.0f);
+        for (int64_t t = first; t <= pos; ++t) {
+          const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
+          const float* vv = vc + slot * kv_width + kvh * hd;
+          const float pr = scores[static_cast<size_t>(t - first)] * inv;
+          Axpy(pr, vv, acc, hd);
+        }
+        std::memcpy(od + (row * p.num_heads + h) * hd, acc, static_cast<size_t>(hd) * 4);
+      },
+      ThreadsFor(items * max_ctx * hd));
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "backend/cpu/matmul.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -9,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "util/half.h"
 
@@ -262,42 +262,46 @@ void ConvertToF32(const void* src, DType dtype, int64_t count, float* dst) {
 }
 
 void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
-            const float* bias, float* out, int32_t num_threads) {
+            const float* bias, float* out, ThreadPool& pool) {
   if (n == 0 || m == 0) return;
   CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
       << "MatMul weight must be F32/F16/BF16";
   const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
-  // Small products run on one thread: waking a second one costs more than it saves.
-  const int64_t work = n * k * m;
-  const int threads = work < (1 << 20) ? 1 : static_cast<int>(std::max<int64_t>(
-                                               1, std::min<int64_t>(num_threads, num_col_blocks)));
+  // Small products run on the calling thread: waking another costs more than it saves.
+  const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
   const bool use_panel = n > kFewRows;
   const int64_t k8 = k - k % 8;
   // Prefill: x packed once, shared by every thread; [n rounded up to kRowGroup, k8] floats.
-  std::unique_ptr<float, FreeDeleter> xp(
-      use_panel ? static_cast<float*>(std::aligned_alloc(
-                      64, static_cast<size_t>(std::max<int64_t>(
-                              16, (n + kRowGroup - 1) / kRowGroup * kRowGroup * k8)) *
-                              sizeof(float)))
-                : nullptr);
-#pragma omp parallel num_threads(threads)
-  {
-    if (use_panel) {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < n; r += kRowGroup)
-        PackRows(x, k, r, std::min<int64_t>(kRowGroup, n - r), k8, xp.get() + r * k8);
-    }
-    std::unique_ptr<float, FreeDeleter> panel(
-        use_panel ? static_cast<float*>(std::aligned_alloc(
-                        64, static_cast<size_t>(kColBlock * kKChunk) * sizeof(float)))
-                  : nullptr);
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < num_col_blocks; ++b) {
-      const int64_t c0 = b * kColBlock;
-      ColumnBlock(x, xp.get(), n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
-                  panel.get());
-    }
+  std::unique_ptr<float, FreeDeleter> xp;
+  std::vector<std::unique_ptr<float, FreeDeleter>> panels(static_cast<size_t>(pool.num_threads()));
+  if (use_panel) {
+    const int64_t groups = (n + kRowGroup - 1) / kRowGroup;
+    xp.reset(static_cast<float*>(std::aligned_alloc(
+        64, static_cast<size_t>(std::max<int64_t>(16, groups * kRowGroup * k8)) * sizeof(float))));
+    pool.ParallelFor(
+        groups,
+        [&](int64_t g, int) {
+          const int64_t r = g * kRowGroup;
+          PackRows(x, k, r, std::min<int64_t>(kRowGroup, n - r), k8, xp.get() + r * k8);
+        },
+        max_threads);
   }
+  pool.ParallelFor(
+      num_col_blocks,
+      [&](int64_t b, int thread_idx) {
+        float* panel = nullptr;
+        if (use_panel) {
+          auto& mine = panels[static_cast<size_t>(thread_idx)];
+          if (mine == nullptr)
+            mine.reset(static_cast<float*>(std::aligned_alloc(
+                64, static_cast<size_t>(kColBlock * kKChunk) * sizeof(float))));
+          panel = mine.get();
+        }
+        const int64_t c0 = b * kColBlock;
+        ColumnBlock(x, xp.get(), n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
+                    panel);
+      },
+      max_threads);
 }
 
 }  // namespace ember::cpu

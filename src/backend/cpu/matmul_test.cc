@@ -1,6 +1,7 @@
 // The CPU matmul against a double-precision reference for every weight dtype and awkward shapes
-// (m, k not multiples of 8; n across the 1..6-row kernels), and its batch invariance: row i of an
-// n-row product is bitwise equal to the 1-row product of row i alone.
+// (m, k not multiples of 8 or of the 512-k chunk; n across the decode kernels and the packed
+// prefill tiles), and its batch invariance: row i of an n-row product on two threads is bitwise
+// equal to the 1-row product of row i alone on one thread.
 #include "backend/cpu/matmul.h"
 
 #include <cmath>
@@ -42,19 +43,21 @@ Weights MakeWeights(DType dtype, int64_t count, std::mt19937& rng) {
 TEST(MatMulTest, MatchesReferenceAndIsBatchInvariant) {
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
+  ThreadPool one_thread(1), two_threads(2);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (auto [n, k, m] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 64}, {7, 37, 13},
-                           {13, 300, 131}, {6, 8, 200}, {2, 513, 70}, {9, 1024, 200} /* two threads */}) {
+                           {13, 300, 131}, {6, 8, 200}, {2, 513, 70}, {9, 1024, 200} /* two threads */,
+                           {37, 1100, 70} /* three k chunks + tail, partial row group */}) {
       Weights w = MakeWeights(dtype, m * k, rng);
       const void* wp = dtype == DType::kF32 ? static_cast<const void*>(w.f32.data()) : w.half.data();
       std::vector<float> x(static_cast<size_t>(n * k)), bias(static_cast<size_t>(m));
       for (float& v : x) v = dist(rng);
       for (float& v : bias) v = dist(rng);
       std::vector<float> out(static_cast<size_t>(n * m));
-      MatMul(x.data(), n, k, wp, dtype, m, bias.data(), out.data(), 2);
+      MatMul(x.data(), n, k, wp, dtype, m, bias.data(), out.data(), two_threads);
       for (int64_t r = 0; r < n; ++r) {
         std::vector<float> solo(static_cast<size_t>(m));
-        MatMul(x.data() + r * k, 1, k, wp, dtype, m, bias.data(), solo.data(), 1);
+        MatMul(x.data() + r * k, 1, k, wp, dtype, m, bias.data(), solo.data(), one_thread);
         for (int64_t c = 0; c < m; ++c) {
           double ref = bias[c];
           double mag = std::fabs(bias[c]);
