@@ -8,8 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "util/mapped_file.h"
-#include "util/testing.h"
+#include "template/template_golden.h"
 
 namespace ember {
 namespace {
@@ -20,13 +19,11 @@ class ChatTemplateGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ChatTemplateGolden, RendersLikeTransformers) {
   const std::string name = GetParam();
-  const std::string golden_path = testing::FixturesDir() + "/tokenizers/" + name;
-  const std::string model_dir = testing::TokenizersDir() + "/" + name;
-  EMBER_REQUIRE_DIR(golden_path);
-  EMBER_REQUIRE_DIR(model_dir);
-  auto text = ReadFileToString(golden_path + "/golden.json");
-  ASSERT_TRUE(text.ok()) << text.message();
-  ojson golden = ojson::parse(*text);
+  testing::TemplateGolden g;
+  testing::LoadTemplateGolden(name, &g);
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string& model_dir = g.model_dir;
+  const ojson& golden = g.golden;
 
   auto tmpl = ChatTemplate::Load(model_dir);
   ASSERT_TRUE(tmpl.ok()) << tmpl.message();
