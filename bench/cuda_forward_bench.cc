@@ -227,6 +227,10 @@ int Run(int argc, char** argv) {
                 step_s * 1e3, static_cast<double>(batch) / step_s, weight_bytes / 1e9,
                 weight_bytes / step_s / 1e9, 100.0 * weight_bytes / step_s / 4.3e12);
   if (profile) {
+    std::printf("prefill op profile (GPU ms, all prefill steps):\n");
+    for (const CudaOpTime& p : prefill_profile)
+      std::printf("  %-18s %8.3f ms  %6ld calls\n", p.op.c_str(), p.total_ms,
+                  static_cast<long>(p.calls));
     // Decode-only GPU time per op kind (all decode steps, warm-up included).
     std::printf("decode op profile (GPU ms per step, %ld steps):\n", static_cast<long>(gen));
     for (const CudaOpTime& t : CudaGetOpProfile(b)) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # device-test.sh: the GPU tests and benchmarks in one go.
-#   scripts/device-test.sh --stage   on the build machine: builds the GPU binaries (build/cuda-dev)
+#   scripts/device-test.sh --stage   on the build machine: builds the GPU binaries ($STAGE_BUILD,
+#                                    default build/cuda-dev)
 #                                    and stages them, the non-system .so files they need and the
 #                                    small fixture models into .devbin/ (git-ignored).
 #   scripts/device-test.sh OUTDIR    on the GPU machine (CUDA 13 toolkit, no Debian libraries):
@@ -13,7 +14,7 @@ root=$(pwd)
 
 stage() {
   set -e
-  local build=build/cuda-dev
+  local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
   local targets=(cuda_ops_test cuda_forward_bench)
   cmake --build "$build" --target "${targets[@]}" -j2

@@ -168,27 +168,44 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Merges the splits of one (head, row): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+// The per-split weights are computed once into shared memory (all splits' (m, l) loaded in
+// parallel), then each thread sums its dims over the splits with independent loads.
+constexpr int kMaxSplits = 64;
 __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int32_t num_splits,
                                        const float* __restrict__ partials,
                                        float* __restrict__ out) {
+  __shared__ float w_s[kMaxSplits];
+  __shared__ float inv_l;
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int64_t rec = head_dim + 2;
   const float* part = partials + (static_cast<int64_t>(token) * num_heads + head) * num_splits * rec;
-  float M = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part[s * rec]);
-  float L = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float ms = part[s * rec];
-    if (ms != -INFINITY) L += part[s * rec + 1] * expf(ms - M);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float ms[2], ls[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = lane + 32 * i;
+      ms[i] = s < num_splits ? part[s * rec] : -INFINITY;
+      ls[i] = s < num_splits ? part[s * rec + 1] : 0.f;
+    }
+    const float M = WarpMax(fmaxf(ms[0], ms[1]));
+    float L = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float w = ms[i] == -INFINITY ? 0.f : expf(ms[i] - M);
+      if (lane + 32 * i < num_splits) w_s[lane + 32 * i] = w;
+      L += ls[i] * w;
+    }
+    L = WarpSum(L);
+    if (lane == 0) inv_l = 1.f / L;
   }
+  __syncthreads();
   float* out_row = out + (static_cast<int64_t>(token) * num_heads + head) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float v = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float ms = part[s * rec];
-      if (ms != -INFINITY) v += part[s * rec + 2 + d] * expf(ms - M);
-    }
-    out_row[d] = v / L;
+#pragma unroll 8
+    for (int s = 0; s < num_splits; ++s) v += part[s * rec + 2 + d] * w_s[s];
+    out_row[d] = v * inv_l;
   }
 }
 
@@ -211,6 +228,7 @@ void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLa
                                                          out);
   CUDA_CHECK_LAUNCH();
   if (num_splits > 1) {
+    CHECK(num_splits <= kMaxSplits) << num_splits << " splits";
     AttentionCombineKernel<<<dim3(args.num_heads, plan.num_tokens), 128, 0, stream>>>(
         args.num_heads, args.head_dim, num_splits, partials, out);
     CUDA_CHECK_LAUNCH();

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -134,6 +135,7 @@ class CudaBackend final : public Backend {
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
+  Result<BackendMemory> MemoryInfo() const override;
 
  private:
   void* ArenaAlloc(size_t bytes);
@@ -168,6 +170,23 @@ class CudaBackend final : public Backend {
   int32_t max_query_len_ = 0;
   int32_t max_context_len_ = 0;
   bool in_step_ = false;
+
+  // The last recorded op when it is a GEMV (or a cuBLAS MatMul) over x: a following MatMul of
+  // the same x joins the GEMV launch (q/k/v, gate/up) or reuses the bf16 copy of x.
+  struct LastMatMul {
+    uint64_t record = ~uint64_t{0};  // recorder_.records() right after it was recorded
+    bool gemv = false;
+    const void* x = nullptr;
+    int64_t n = 0, k = 0;
+    int num_parts = 0;
+    cuda::GemvPart parts[cuda::kGemvMaxParts];
+    void* converted = nullptr;  // cuBLAS path: x in the weight's 16-bit type
+    DType converted_type = DType::kF32;
+  };
+  bool LastOpIs(const LastMatMul& l) const {
+    return !recorder_.empty() && recorder_.records() == l.record;
+  }
+  LastMatMul last_matmul_;
 
   // Step workspace: bump allocation over chunks; merged into one chunk at BeginStep.
   std::vector<DeviceBuffer> arena_chunks_;
@@ -430,34 +449,64 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     bias_data = bias->data;
   }
   if (weight.dtype == DType::kBF16 && cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
-    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused).
-    recorder_.Record({13, KeyOf(x.data), KeyOf(weight.data), KeyOf(bias_data), U(n), U(k), U(m),
-                      KeyOf(out.data)},
-                     [=](cudaStream_t st) {
-                       cuda::LaunchGemvBf16(static_cast<const float*>(x.data), weight.data,
-                                            static_cast<const float*>(bias_data),
-                                            static_cast<float*>(out.data), n, m, k, st);
-                     });
+    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused). Consecutive MatMuls of
+    // one x (q/k/v, gate/up) become one launch: the last recorded op is amended.
+    LastMatMul& g = last_matmul_;
+    const bool join = LastOpIs(g) && g.gemv && g.x == x.data && g.n == n && g.k == k &&
+                      g.num_parts < cuda::kGemvMaxParts;
+    if (!join) {
+      g = LastMatMul{};
+      g.gemv = true;
+      g.x = x.data;
+      g.n = n;
+      g.k = k;
+    }
+    g.parts[g.num_parts++] = cuda::GemvPart{weight.data, static_cast<const float*>(bias_data),
+                                            static_cast<float*>(out.data), m};
+    std::vector<uint64_t> key = {13, KeyOf(x.data), U(n), U(k), U(g.num_parts)};
+    for (int i = 0; i < g.num_parts; ++i) {
+      key.push_back(KeyOf(g.parts[i].w));
+      key.push_back(KeyOf(g.parts[i].bias));
+      key.push_back(KeyOf(g.parts[i].out));
+      key.push_back(U(g.parts[i].m));
+    }
+    const int num_parts = g.num_parts;
+    std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
+    std::copy(g.parts, g.parts + num_parts, parts.begin());
+    const float* xp = static_cast<const float*>(x.data);
+    auto op = [=](cudaStream_t st) {
+      cuda::LaunchGemvBf16Multi(xp, parts.data(), num_parts, n, k, st);
+    };
+    if (join) {
+      recorder_.ReplaceLast(key, op);
+    } else {
+      recorder_.Record(key, op);
+    }
+    g.record = recorder_.records();
     return;
   }
   // Parity mode (f32 weights): true fp32 FMA, never TF32. Otherwise the activations are
-  // converted to the weight's 16-bit type and accumulated in f32.
+  // converted to the weight's 16-bit type (once for consecutive MatMuls of one x) and
+  // accumulated in f32.
   const bool f32_weight = weight.dtype == DType::kF32;
+  LastMatMul& c = last_matmul_;
+  const bool reuse = !f32_weight && LastOpIs(c) && !c.gemv && c.x == x.data && c.n == n &&
+                     c.k == k && c.converted != nullptr && c.converted_type == weight.dtype;
   void* converted =
-      f32_weight ? nullptr : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
+      f32_weight ? nullptr
+      : reuse    ? c.converted
+                 : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
+  const bool convert = !f32_weight && !reuse;
   const ElemType wtype = ToElemType(weight.dtype);
   const cudaDataType_t wt = ToCudaType(weight.dtype);
   const cublasHandle_t handle = cublas_.get();
   recorder_.Record(
       {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
-       U(k), U(m), KeyOf(out.data), KeyOf(converted)},
+       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert)},
       [=](cudaStream_t st) {
         const float alpha = 1.0f, beta = 0.0f;
-        const void* b_operand = x.data;
-        if (!f32_weight) {
-          cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
-          b_operand = converted;
-        }
+        const void* b_operand = f32_weight ? x.data : converted;
+        if (convert) cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
         // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
         CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
                                   static_cast<int>(n), static_cast<int>(k), &alpha, weight.data, wt,
@@ -469,6 +518,13 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
           cuda::LaunchAddBias(static_cast<float*>(out.data),
                               static_cast<const float*>(bias_data), n, m, st);
       });
+  c = LastMatMul{};
+  c.record = recorder_.records();
+  c.x = x.data;
+  c.n = n;
+  c.k = k;
+  c.converted = converted;
+  c.converted_type = weight.dtype;
 }
 
 void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
@@ -548,8 +604,10 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
     if (floats > 0) partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
   }
   const int32_t max_query_len = max_query_len_;
+  if (splits == 0 && tc_prefill_ && cuda::AttentionPrefillFlashSupported(params.head_dim))
+    splits = -2;  // -2: the register-resident flash kernel (tensor cores)
   if (splits == 0 && tc_prefill_ && cuda::AttentionPrefillTcSupported(params.head_dim))
-    splits = -1;  // -1: the tensor-core prefill kernel
+    splits = -1;  // -1: the WMMA tensor-core prefill kernel
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
                     U(args.sliding_window), KeyOf(args.softcap), U(splits), KeyOf(partials),
@@ -558,6 +616,9 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                    [=](cudaStream_t st) {
                      if (splits > 0) {
                        cuda::LaunchAttentionDecode(args, qp, kv, plan, splits, partials, op, st);
+                     } else if (splits == -2) {
+                       cuda::LaunchAttentionPrefillFlash(args, qp, kv, plan, max_query_len, op,
+                                                         st);
                      } else if (splits < 0) {
                        cuda::LaunchAttentionPrefillTc(args, qp, kv, plan, max_query_len, op, st);
                      } else {
@@ -632,6 +693,17 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
+}
+
+Result<BackendMemory> CudaBackend::MemoryInfo() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  BackendMemory m;
+  m.free_bytes = static_cast<int64_t>(free_bytes);
+  m.total_bytes = static_cast<int64_t>(total_bytes);
+  m.device = true;
+  return m;
 }
 
 Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {

@@ -205,6 +205,47 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   }
 }
 
+// Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight GEMV launch; k = 2048
+// with few rows also takes the split-k paths (several warps per output row).
+TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
+  const int64_t k = 2048;
+  const int64_t ms[3] = {300, 100, 36};
+  std::vector<std::vector<float>> w, bias;
+  auto b = Make(false);
+  std::vector<Tensor> wt, bt;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(Random(static_cast<size_t>(ms[i] * k), 40 + i, 0.05f));
+    bias.push_back(Random(static_cast<size_t>(ms[i]), 50 + i));
+    wt.push_back(Weight(*b, w.back(), {ms[i], k}));
+    bt.push_back(Weight(*b, bias.back(), {ms[i]}));
+  }
+  for (int64_t n : {1, 3, 8}) {
+    const std::vector<float> x = Random(static_cast<size_t>(n * k), 60 + static_cast<uint32_t>(n));
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = Upload(*b, x, {n, k});
+    std::vector<Tensor> outs;
+    for (int i = 0; i < 3; ++i) {
+      outs.push_back(b->Alloc({n, ms[i]}));
+      b->MatMul(xt, wt[static_cast<size_t>(i)], i == 1 ? nullptr : &bt[static_cast<size_t>(i)],
+                outs.back());
+    }
+    for (int i = 0; i < 3; ++i) {
+      const int64_t m = ms[i];
+      std::vector<double> ref(static_cast<size_t>(n * m));
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < m; ++j) {
+          double acc = i == 1 ? 0.0 : bias[static_cast<size_t>(i)][static_cast<size_t>(j)];
+          for (int64_t c = 0; c < k; ++c)
+            acc += static_cast<double>(x[static_cast<size_t>(r * k + c)]) *
+                   RoundBf16(w[static_cast<size_t>(i)][static_cast<size_t>(j * k + c)]);
+          ref[static_cast<size_t>(r * m + j)] = acc;
+        }
+      EXPECT_LT(RelL2(Download(*b, outs[static_cast<size_t>(i)]), ref), 1e-5)
+          << "n=" << n << " part " << i;
+    }
+  }
+}
+
 // Backend contract: each output element is computed in an order independent of n.
 TEST_F(CudaOpsTest, MatMulBatchInvariant) {
   const int64_t k = 2048, m = 512;
@@ -526,7 +567,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(AttnCase{64, 8, 2, 0, 0.f}, AttnCase{128, 8, 8, 16, 0.f},
                       AttnCase{80, 4, 1, 0, 30.f}, AttnCase{256, 4, 2, 100, 50.f},
                       AttnCase{96, 6, 3, 0, 0.f}, AttnCase{128, 32, 2, 0, 0.f},
-                      AttnCase{256, 8, 1, 0, 0.f}),
+                      AttnCase{256, 8, 1, 0, 0.f}, AttnCase{64, 4, 2, 24, 20.f}),
     [](const ::testing::TestParamInfo<AttnCase>& info) {
       const AttnCase& c = info.param;
       char name[96];

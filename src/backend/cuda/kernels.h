@@ -47,6 +47,16 @@ constexpr int64_t kGemvMaxRows = 8;
 bool GemvBf16Supported(const void* x, const void* w, int64_t n, int64_t k);
 void LaunchGemvBf16(const float* x, const void* w, const float* bias, float* out, int64_t n,
                     int64_t m, int64_t k, cudaStream_t stream);
+// Several weights sharing one x in one launch (q/k/v, gate/up): out_i[n, m_i] = x W_i^T + bias_i.
+constexpr int kGemvMaxParts = 3;
+struct GemvPart {
+  const void* w = nullptr;       // [m, k] bf16, 16-byte aligned
+  const float* bias = nullptr;   // [m] or null
+  float* out = nullptr;          // [n, m]
+  int64_t m = 0;
+};
+void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t n,
+                         int64_t k, cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
@@ -119,6 +129,12 @@ void LaunchAttentionPrefill(const AttentionArgs& args, const float* q, const KvL
 
 // Tensor-core variant for the bf16 mode (Q, K, V, P rounded to bf16; f32 softmax/accumulation).
 bool AttentionPrefillTcSupported(int32_t head_dim);
+// Register-resident flash variant (attention_prefill_flash.cu; mma.sync, same numerics as the
+// tensor-core kernel) for head_dim 64 and 128.
+bool AttentionPrefillFlashSupported(int32_t head_dim);
+void LaunchAttentionPrefillFlash(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                                 const PlanView& plan, int32_t max_query_len, float* out,
+                                 cudaStream_t stream);
 void LaunchAttentionPrefillTc(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                               const PlanView& plan, int32_t max_query_len, float* out,
                               cudaStream_t stream);

@@ -15,10 +15,25 @@ StepRecorder::~StepRecorder() {
 }
 
 void StepRecorder::Record(std::initializer_list<uint64_t> key, Op op) {
+  Record(std::span<const uint64_t>(key.begin(), key.size()), std::move(op));
+}
+
+void StepRecorder::Record(std::span<const uint64_t> key, Op op) {
+  last_key_start_ = key_.size();
   key_.push_back(0xC0FFEEull + key.size());  // op boundary, so keys cannot alias across ops
   key_.insert(key_.end(), key.begin(), key.end());
-  tags_.push_back(key.size() > 0 ? *key.begin() : 0);
+  tags_.push_back(key.size() > 0 ? key.front() : 0);
   ops_.push_back(std::move(op));
+  ++records_;
+}
+
+void StepRecorder::ReplaceLast(std::span<const uint64_t> key, Op op) {
+  CHECK(!ops_.empty()) << "ReplaceLast with no recorded op";
+  key_.resize(last_key_start_);
+  key_.push_back(0xC0FFEEull + key.size());
+  key_.insert(key_.end(), key.begin(), key.end());
+  tags_.back() = key.size() > 0 ? key.front() : 0;
+  ops_.back() = std::move(op);
 }
 
 void StepRecorder::FlushProfiled() {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <initializer_list>
 #include <list>
+#include <span>
 #include <vector>
 
 namespace ember::cuda {
@@ -27,7 +28,13 @@ class StepRecorder {
   StepRecorder& operator=(const StepRecorder&) = delete;
 
   void Record(std::initializer_list<uint64_t> key, Op op);
+  void Record(std::span<const uint64_t> key, Op op);
+  // Replaces the most recently recorded op (its key and closure), to merge adjacent launches.
+  // Only valid while !empty().
+  void ReplaceLast(std::span<const uint64_t> key, Op op);
   bool empty() const { return ops_.empty(); }
+  // Ops recorded since creation (ReplaceLast does not count): identifies "the last op".
+  uint64_t records() const { return records_; }
   // Enqueues the recorded ops on the stream (as a graph when use_graph) and clears them.
   void Flush(bool use_graph);
 
@@ -61,6 +68,8 @@ class StepRecorder {
   std::vector<cudaEvent_t> events_;  // reused; 2 per op
   std::vector<OpTime> op_times_;
   int64_t graph_replays_ = 0, graph_captures_ = 0;
+  uint64_t records_ = 0;
+  size_t last_key_start_ = 0;
 };
 
 // Key helpers: pointers and floats as 64-bit words.
