@@ -60,6 +60,8 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
   flags.AddInt("--max-batch", &max_batch, "sequences decoded together (default 64)");
   flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
+  flags.AddDouble("--gpu-memory-fraction", &gpu_memory_fraction,
+                  "share of the GPU's memory for weights + KV cache + work (default 0.9)");
   flags.AddInt("--max-step-tokens", &max_step_tokens,
                "tokens per engine step; longer prompts prefill in chunks (default 512)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
@@ -87,6 +89,7 @@ EngineConfig EngineFlags::Config() const {
   EngineConfig c;
   c.max_running = static_cast<int32_t>(max_batch);
   c.kv_cache_bytes = kv_cache_bytes;
+  c.gpu_memory_fraction = gpu_memory_fraction;
   c.max_step_tokens = static_cast<int32_t>(max_step_tokens);
   c.max_queue = static_cast<int32_t>(max_queue);
   c.enable_prefix_caching = !no_prefix_cache;

@@ -39,6 +39,7 @@ struct EngineFlags {
   std::string device = "auto";
   int64_t threads = 0, max_batch = 64, kv_cache_bytes = 0, max_step_tokens = 512;
   int64_t max_queue = 1024;
+  double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;

@@ -48,6 +48,12 @@ struct Tensor {
 
 std::string ShapeString(const Tensor& t);  // e.g. "[512, 64]"
 
+struct BackendMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+  bool device = false;  // true: dedicated accelerator memory (budgeted by a fraction of total)
+};
+
 // How to turn positions into rotation angles. Built once into a cos/sin table of
 // [max_positions, rotary_dim / 2].
 struct RopeSpec {
@@ -133,6 +139,9 @@ class Backend {
   // largest value of row j of x (the lowest such index on ties; NaN never wins; 0 when a row is
   // all NaN) — the sampler's greedy choice, without moving the logits. x [rows, cols] float32.
   virtual Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) = 0;
+  // The memory this backend allocates from, now (after the weights were uploaded): the GPU's for
+  // a device backend, the host's (MemAvailable/MemTotal) for the CPU. Sizes the default KV pool.
+  virtual Result<BackendMemory> MemoryInfo() const = 0;
 };
 
 }  // namespace ember

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "util/log.h"
 
@@ -15,19 +16,58 @@ int64_t NowNs() {
 }
 }  // namespace
 
-int64_t DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
+int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
+  const ModelConfig& c = model.config();
+  // Per step row: residual, normed input, q, k, v, attention out, delta, gate, up (float32).
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim, kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t per_row = 4 * (3 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim +
+                               2 * int64_t{c.intermediate_size});
+  const int64_t logits = int64_t{config.max_running} * c.vocab_size * 4 * 2;  // + hidden rows
+  // x2 for backend scratch (bf16 copies, split-K partials), + 512 MiB for libraries and graphs.
+  return 2 * (int64_t{config.max_step_tokens} * per_row + logits) + (int64_t{512} << 20);
+}
+
+Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
   const int64_t per_token = model.KvBytesPerToken();
+  // Never more than every running sequence at full context could use.
   const int64_t want =
       int64_t{config.max_running} * model.config().max_position_embeddings * per_token;
-  return std::min<int64_t>(want, int64_t{4} << 30);
+  EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (mem.device) {
+    // vLLM's rule: this process may use `gpu_memory_fraction` of the device; what is in use now
+    // (weights, runtime) counts against it, and a step's workspace stays free.
+    const int64_t used = mem.total_bytes - mem.free_bytes;
+    const int64_t budget = static_cast<int64_t>(config.gpu_memory_fraction *
+                                                static_cast<double>(mem.total_bytes)) -
+                           used - StepWorkspaceBytes(model, config);
+    if (budget < per_token * config.block_size) {
+      char msg[256];
+      std::snprintf(msg, sizeof(msg),
+                    "no GPU memory left for the KV cache: %.1f of %.1f GiB in use after loading "
+                    "the weights, --gpu-memory-fraction %.2f allows %.1f GiB and a step needs "
+                    "%.1f GiB of workspace (raise the fraction or give --kv-cache-bytes)",
+                    used / kGiB, mem.total_bytes / kGiB, config.gpu_memory_fraction,
+                    config.gpu_memory_fraction * mem.total_bytes / kGiB,
+                    StepWorkspaceBytes(model, config) / kGiB);
+      return Status::Error(msg);
+    }
+    return std::min(want, budget);
+  }
+  // Host memory: the pool is committed lazily (only used blocks are resident), but admission
+  // must not promise more than half of what is available, and at most 4 GiB by default.
+  return std::min({want, int64_t{4} << 30, mem.free_bytes / 2});
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& config) {
   if (config.block_size <= 0) return Status::Error("block_size must be positive");
   if (config.max_running <= 0) return Status::Error("max batch must be positive");
   if (config.max_step_tokens <= 0) return Status::Error("max step tokens must be positive");
-  const int64_t bytes =
-      config.kv_cache_bytes > 0 ? config.kv_cache_bytes : DefaultKvCacheBytes(*model, config);
+  if (!(config.gpu_memory_fraction > 0.0 && config.gpu_memory_fraction <= 1.0))
+    return Status::Error("--gpu-memory-fraction must be in (0, 1], got " +
+                         std::to_string(config.gpu_memory_fraction));
+  int64_t bytes = config.kv_cache_bytes;
+  if (bytes <= 0) { EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(*model, config)); }
   const int32_t num_blocks =
       kv::NumBlocksForBytes(bytes, model->KvBytesPerToken(), config.block_size);
   if (num_blocks < 1) {

@@ -29,6 +29,7 @@ struct EngineConfig {
   int32_t max_running = 64;        // sequences decoded together (--max-batch)
   int32_t max_step_tokens = 512;   // rows per forward step; longer prompts prefill in chunks
   int64_t kv_cache_bytes = 0;      // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
+  double gpu_memory_fraction = 0.9;  // of a GPU's memory this process may use (weights + KV + work)
   int32_t block_size = 16;
   int32_t max_queue = 1024;        // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
@@ -113,7 +114,10 @@ class Engine {
   std::thread thread_;
 };
 
-// Default KV pool size when none is given: room for max_running full contexts, at most 4 GiB.
-int64_t DefaultKvCacheBytes(const Model& model, const EngineConfig& config);
+// Default KV pool size when none is given: at most room for max_running full contexts; on a GPU
+// what --gpu-memory-fraction of its memory leaves after the weights and a step's workspace
+// (StepWorkspaceBytes; an error when nothing is left); on the CPU min(4 GiB, MemAvailable / 2).
+Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config);
+int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config);
 
 }  // namespace ember

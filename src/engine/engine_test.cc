@@ -225,6 +225,28 @@ TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {
   EXPECT_EQ(stats.num_running, 0);
 }
 
+TEST(EngineTest, DefaultKvCacheFollowsTheMemoryBudget) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  auto mem = model->MemoryInfo();
+  ASSERT_TRUE(mem.ok()) << mem.message();
+  EXPECT_FALSE(mem->device);
+  EXPECT_GT(mem->total_bytes, 0);
+  EXPECT_GT(mem->free_bytes, 0);
+  EXPECT_LE(mem->free_bytes, mem->total_bytes);
+  EngineConfig config;
+  auto bytes = DefaultKvCacheBytes(*model, config);
+  ASSERT_TRUE(bytes.ok()) << bytes.message();
+  const int64_t full = int64_t{config.max_running} * model->config().max_position_embeddings *
+                       model->KvBytesPerToken();
+  EXPECT_EQ(*bytes, std::min({full, int64_t{4} << 30, mem->free_bytes / 2}));
+  config.gpu_memory_fraction = 1.5;
+  auto bad = Engine::Create(model.get(), config);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--gpu-memory-fraction"), std::string::npos) << bad.message();
+}
+
 TEST(EngineTest, CancelFreesBlocksAndRejectsImpossibleRequests) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);

@@ -157,6 +157,8 @@ int64_t Model::KvBytesPerToken() const {
          static_cast<int64_t>(sizeof(float));
 }
 
+Result<BackendMemory> Model::MemoryInfo() const { return backend_->MemoryInfo(); }
+
 int64_t Model::WeightBytes() const { return weights_->total_file_bytes(); }
 int64_t Model::NumParameters() const { return impl_->num_parameters; }
 

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/batch_plan.h"
 #include "util/status.h"
 
 namespace ember {
 
-class Backend;
 class WeightStore;
 
 struct GenerationDefaults {  // from generation_config.json (absent fields: nullopt)
@@ -101,6 +101,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
   int64_t KvBytesPerToken() const;  // K+V, all layers, in the KV pool's dtype (float32)
+  Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;

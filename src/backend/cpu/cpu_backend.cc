@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -377,6 +379,18 @@ class CpuBackend final : public Backend {
                            " floats, tensor " + ShapeString(t));
     std::memcpy(out.data(), F(t), t.nbytes());
     return Status::Ok();
+  }
+
+  Result<BackendMemory> MemoryInfo() const override {
+    std::ifstream meminfo("/proc/meminfo");
+    BackendMemory m;
+    for (std::string line; std::getline(meminfo, line);) {  // "MemTotal:   24576000 kB"
+      const int64_t kib = std::atoll(line.c_str() + std::min(line.find(':') + 1, line.size()));
+      if (line.rfind("MemTotal:", 0) == 0) m.total_bytes = kib * 1024;
+      if (line.rfind("MemAvailable:", 0) == 0) m.free_bytes = kib * 1024;
+    }
+    if (m.total_bytes == 0) return Status::Error("/proc/meminfo: no MemTotal line");
+    return m;
   }
 
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override {
