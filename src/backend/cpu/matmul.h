@@ -1,7 +1,7 @@
 // CPU matmul kernels: out = x W^T (+ bias) with float32 x and float32/float16/bfloat16 W read
 // straight from the checkpoint mapping. Decode-sized x (n <= 8) converts weights 8 at a time
-// inside the kernel (F16C / bf16 shift, no transposes, software prefetch), so each weight is
-// streamed once per step; prefill-sized x packs x rows once and converts a [64 columns, 512 k]
+// inside the kernel (F16C / bf16 shift, no transposes), so each weight is streamed once per
+// step; prefill-sized x packs x rows once and converts a [64 columns, 512 k]
 // weight slice into f32 panel tiles reused by every row (4x3 register tiles, operands in L1).
 // Batch-invariant: every output element is the same chain (per 512-k chunk an 8-lane FMA over k
 // in order and a fixed horizontal sum added to a running sum; then the scalar k tail; then the
