@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 #include <utility>
-#include <vector>
 
 #include "util/half.h"
 
@@ -33,6 +32,23 @@ constexpr int kRowGroup = 4;        // prefill register tile: 4 rows x 3 columns
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
+
+enum class ScratchSlot { kPanel, kPackedX };
+
+// A 64-byte aligned per-thread buffer of at least `count` floats that only grows: the pool's
+// threads live as long as the backend, so calls reuse it instead of allocating (a per-call
+// 128 KB malloc is an mmap + page faults, which dominated small models' prefill).
+float* Scratch(ScratchSlot slot, size_t count) {
+  thread_local std::array<std::pair<std::unique_ptr<float, FreeDeleter>, size_t>, 2> buffers;
+  auto& [buffer, capacity] = buffers[static_cast<size_t>(slot)];
+  if (capacity < count) {
+    const size_t bytes = (std::max<size_t>(count, 16) * sizeof(float) + 63) / 64 * 64;
+    buffer.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    CHECK(buffer != nullptr) << "out of memory allocating " << bytes << " bytes of matmul scratch";
+    capacity = count;
+  }
+  return buffer.get();
+}
 
 float LoadWeight(const void* w, DType dtype, int64_t idx) {
   switch (dtype) {
@@ -256,33 +272,26 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
   const bool use_panel = n > kFewRows;
   const int64_t k8 = k - k % 8;
   // Prefill: x packed once, shared by every thread; [n rounded up to kRowGroup, k8] floats.
-  std::unique_ptr<float, FreeDeleter> xp;
-  std::vector<std::unique_ptr<float, FreeDeleter>> panels(static_cast<size_t>(pool.num_threads()));
+  float* xp = nullptr;
   if (use_panel) {
     const int64_t groups = (n + kRowGroup - 1) / kRowGroup;
-    xp.reset(static_cast<float*>(std::aligned_alloc(
-        64, static_cast<size_t>(std::max<int64_t>(16, groups * kRowGroup * k8)) * sizeof(float))));
+    xp = Scratch(ScratchSlot::kPackedX, static_cast<size_t>(groups * kRowGroup * k8));
     pool.ParallelFor(
         groups,
         [&](int64_t g, int) {
           const int64_t r = g * kRowGroup;
-          PackRows(x, k, r, std::min<int64_t>(kRowGroup, n - r), k8, xp.get() + r * k8);
+          PackRows(x, k, r, std::min<int64_t>(kRowGroup, n - r), k8, xp + r * k8);
         },
         max_threads);
   }
   pool.ParallelFor(
       num_col_blocks,
-      [&](int64_t b, int thread_idx) {
-        float* panel = nullptr;
-        if (use_panel) {
-          auto& mine = panels[static_cast<size_t>(thread_idx)];
-          if (mine == nullptr)
-            mine.reset(static_cast<float*>(std::aligned_alloc(
-                64, static_cast<size_t>(kColBlock * kKChunk) * sizeof(float))));
-          panel = mine.get();
-        }
+      [&](int64_t b, int) {
+        float* panel = use_panel ? Scratch(ScratchSlot::kPanel,
+                                           static_cast<size_t>(kColBlock * kKChunk))
+                                 : nullptr;
         const int64_t c0 = b * kColBlock;
-        ColumnBlock(x, xp.get(), n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
+        ColumnBlock(x, xp, n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
                     panel);
       },
       max_threads);

@@ -38,7 +38,7 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  generation_.fetch_add(2, std::memory_order_release);
   generation_.notify_all();
   for (std::thread& worker : workers_) worker.join();
 }
@@ -52,10 +52,16 @@ void ThreadPool::RunItems(int thread_idx) {
 void ThreadPool::WorkerLoop(int thread_idx) {
   uint64_t seen = 0;
   while (true) {
-    seen = WaitWhileEqual(generation_, seen);
+    const uint64_t gen = WaitWhileEqual(generation_, seen);
+    seen = gen;
     if (stop_.load(std::memory_order_relaxed)) return;
-    if (thread_idx < job_threads_) RunItems(thread_idx);
-    if (busy_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_workers_.notify_one();
+    if ((gen & 1) == 0) continue;  // closed before this worker got to it
+    // Dekker hand-shake with ParallelFor's close: either the caller sees this worker active and
+    // waits for it, or this worker sees the job closed and keeps out of its (reused) fields.
+    active_workers_.fetch_add(1, std::memory_order_seq_cst);
+    if (generation_.load(std::memory_order_seq_cst) == gen && thread_idx < job_threads_)
+      RunItems(thread_idx);
+    if (active_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) active_workers_.notify_one();
   }
 }
 
@@ -68,16 +74,18 @@ void ThreadPool::ParallelFor(int64_t num_items, const std::function<void(int64_t
     for (int64_t item = 0; item < num_items; ++item) fn(item, 0);
     return;
   }
+  // No worker is inside a job here (the last close waited for them), so the fields are ours.
   fn_ = &fn;
   num_items_ = num_items;
   job_threads_ = threads;
   next_item_.store(0, std::memory_order_relaxed);
-  busy_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);  // publishes the job's fields
+  generation_.fetch_add(1, std::memory_order_release);  // open (odd): publishes the fields
   generation_.notify_all();
   RunItems(0);
-  for (int busy = busy_workers_.load(std::memory_order_acquire); busy != 0;)
-    busy = WaitWhileEqual(busy_workers_, busy);
+  // Every item is claimed; close the job and wait for the workers that joined it.
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  for (int active = active_workers_.load(std::memory_order_seq_cst); active != 0;)
+    active = WaitWhileEqual(active_workers_, active);
   fn_ = nullptr;
 }
 
