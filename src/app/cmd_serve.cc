@@ -1,9 +1,11 @@
 // `ember serve`: the OpenAI-compatible HTTP server over one model (see src/serve/http_server.h).
-// Start-up prints the address, model, context length and KV capacity; SIGINT/SIGTERM stop
-// accepting, cancel in-flight work and exit 0.
+// Start-up prints the address, model, context length and KV capacity. SIGINT/SIGTERM: new
+// requests get 503 at once, in-flight ones may finish for --shutdown-grace seconds (a second
+// signal, or the end of the grace period, cancels what is left), then the process exits 0.
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -32,6 +34,7 @@ int ServeCommand(int argc, char** argv, int first) {
   std::string model_dir, served_name, chat_template_file;
   std::string host = "127.0.0.1";
   int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 512;
+  double shutdown_grace = 30.0;
   serve::HttpConfig http;
   EngineFlags engine_flags;
   FlagParser flags(
@@ -46,12 +49,16 @@ int ServeCommand(int argc, char** argv, int first) {
   flags.AddString("--chat-template", &chat_template_file, "Jinja chat template file (overrides the model's)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
   flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
+  flags.AddDouble("--shutdown-grace", &shutdown_grace,
+                  "seconds in-flight requests may finish after SIGTERM/SIGINT (default 30)");
   engine_flags.Register(flags, /*serving=*/true);
   if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
   if (model_dir.empty()) return Fail("--model is required");
   if (port < 0 || port > 65535) return Fail("--port: must be in [0, 65535]");
   if (max_body_bytes < 1) return Fail("--max-body-bytes: must be positive");
   if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
+  if (!(shutdown_grace >= 0 && shutdown_grace <= 86400))
+    return Fail("--shutdown-grace: must be in [0, 86400] seconds");
 
   // Signals go to one waiting thread (sigwait), never to a worker in the middle of a write.
   sigset_t signals;
@@ -113,10 +120,22 @@ int ServeCommand(int argc, char** argv, int first) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == 0) return;
-    LOG_INFO << "ember serve: signal " << sig << ", shutting down";
-    server.BeginShutdown();               // new requests: 503
-    lm.engine->Shutdown(/*drain=*/false);  // in-flight requests end now (cancelled)
-    server.Stop();                        // stop accepting; Serve() returns
+    server.BeginShutdown();  // new requests: 503
+    LOG_INFO << "ember serve: signal " << sig << ", letting in-flight requests finish (up to "
+             << shutdown_grace << " s; signal again to cancel them)";
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(shutdown_grace);
+    while (std::chrono::steady_clock::now() < deadline) {
+      const EngineStats stats = lm.engine->Stats();
+      if (stats.num_running == 0 && stats.num_queued == 0) break;
+      const timespec poll{0, 50'000'000};
+      if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+        LOG_INFO << "ember serve: second signal, cancelling in-flight requests";
+        break;
+      }
+    }
+    lm.engine->Shutdown(/*drain=*/false);  // what is left ends now (cancelled: 503 / error event)
+    server.Stop();                         // stop accepting; Serve() returns
   });
   server.Serve();
   // Serve() also returns if the listener fails; make sure the signal thread ends either way.

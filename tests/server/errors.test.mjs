@@ -137,8 +137,24 @@ describe('429 when the queue is full', { skip: skip ?? false }, () => {
 });
 
 describe('503 and a clean exit on SIGTERM', { skip: skip ?? false }, () => {
-  test('in-flight work is cancelled with 503, the process exits 0', async () => {
-    const server = await startServer(tinyStoriesDir);
+  test('in-flight work finishes within the grace period, the process exits 0', async () => {
+    const server = await startServer(tinyStoriesDir, ['--shutdown-grace', '300']);
+    const body = { model: 'test-model', prompt: PROMPT, max_tokens: 490, n: 4, temperature: 1.0,
+                   seed: 3, logit_bias: { 2: -100 } };
+    const pending = postJson(server.baseURL, '/v1/completions', body);
+    await waitFor(async () => (await getJson(server.baseURL, '/stats')).json.engine.running_sequences > 0, 5000, 2);
+    server.proc.kill('SIGTERM');
+    const r = await pending;
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.equal(r.json.choices.length, 4);
+    for (const c of r.json.choices) assert.equal(c.finish_reason, 'length');
+    assert.equal(r.json.usage.completion_tokens, 4 * 490);
+    const { code } = await server.exited;
+    assert.equal(code, 0);
+  });
+
+  test('with --shutdown-grace 0 in-flight work is cancelled with 503, the process exits 0', async () => {
+    const server = await startServer(tinyStoriesDir, ['--shutdown-grace', '0']);
     const pending = postJson(server.baseURL, '/v1/completions',
       { model: 'test-model', prompt: PROMPT, max_tokens: 490, n: 8, temperature: 1.0, logit_bias: { 2: -100 } });
     await waitFor(async () => (await getJson(server.baseURL, '/stats')).json.engine.running_sequences > 0, 5000, 2);

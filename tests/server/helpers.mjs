@@ -31,6 +31,8 @@ export function missing(...paths) {
 export async function startServer(modelDir, extraArgs = []) {
   const args = ['serve', '--model', modelDir, '--host', '127.0.0.1', '--port', '0',
                 '--served-model-name', 'test-model', ...extraArgs];
+  // stop() should not wait for a drain unless a test asks for one.
+  if (!extraArgs.includes('--shutdown-grace')) args.push('--shutdown-grace', '0');
   const proc = spawn(emberBin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
