@@ -1,12 +1,14 @@
 // Gated activations of the MLP: silu(gate) * up and gelu_tanh(gate) * up.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
 
 __global__ void GatedActivationKernel(const float* gate, const float* up, float* out, int64_t n,
                                       bool gelu) {
+  PdlTrigger();  // a PDL-launched successor may start its prologue
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
@@ -43,6 +44,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t k_begin = lo + split * chunk;
   const int32_t k_end = min(hi, k_begin + chunk);
 
+  // The first tile's slot (plan data only) before waiting for the previous kernel (WriteKv).
+  int64_t first_slot = 0;
+  {
+    const int32_t key = k_begin + warp * 32 + lane;
+    if (key < k_end) first_slot = static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
+  }
+  PdlWait();
+  PdlTrigger();
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     q_s[g][d] = q[(static_cast<int64_t>(token) * a.num_heads + head0 + g) * D + d];
@@ -68,7 +77,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.f;
     if (valid) {
-      slot = static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
+      slot = tile == k_begin + warp * 32
+                 ? first_slot
+                 : static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
       const float* k_row = kv.k + slot * kv_row + static_cast<int64_t>(kv_head) * D;
       if (vec4) {
         for (int d = 0; d < D; d += 4) {
@@ -176,6 +187,7 @@ __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int3
                                        float* __restrict__ out) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float inv_l;
+  PdlTrigger();
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int64_t rec = head_dim + 2;
   const float* part = partials + (static_cast<int64_t>(token) * num_heads + head) * num_splits * rec;
@@ -224,9 +236,8 @@ void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLa
   const int32_t group = args.num_heads / args.num_kv_heads;
   const dim3 grid(args.num_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup), plan.num_tokens,
                   num_splits);
-  AttentionDecodeKernel<<<grid, kWarps * 32, 0, stream>>>(args, q, kv, plan, num_splits, partials,
-                                                         out);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(AttentionDecodeKernel, grid, dim3(kWarps * 32), 0, stream, args, q, kv, plan,
+            num_splits, partials, out);
   if (num_splits > 1) {
     CHECK(num_splits <= kMaxSplits) << num_splits << " splits";
     AttentionCombineKernel<<<dim3(args.num_heads, plan.num_tokens), 128, 0, stream>>>(

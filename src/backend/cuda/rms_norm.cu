@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                   float eps, bool one_plus, int64_t d, float* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
+  PdlTrigger();  // a PDL-launched successor may start its prologue
   const int64_t base = blockIdx.x * d;
   const int64_t nv = d / VEC;
   constexpr int kPerThread = 4;  // vectors kept in registers between the two passes

@@ -2,6 +2,7 @@
 // (token, head, i), flat over the whole step, so a decode row is one wave of independent loads.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -11,6 +12,7 @@ __global__ void RopeKernel(float* q, float* k, int32_t num_heads, int32_t num_kv
                            const float* sin_table, int32_t max_positions,
                            const int32_t* positions, int64_t total) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  PdlTrigger();  // a PDL-launched successor may start its prologue
   if (idx >= total) return;
   const int32_t half = rotary_dim / 2;
   const int32_t total_heads = num_heads + num_kv_heads;

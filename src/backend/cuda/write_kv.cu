@@ -1,6 +1,7 @@
 // WriteKv: scatters this step's k/v rows into the paged pool at their slots (one block per row).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -8,6 +9,7 @@ namespace {
 __global__ void WriteKvKernel(const float* k, const float* v, float* k_pool, float* v_pool,
                               int64_t row_width, const int32_t* slot_mapping) {
   const int64_t token = blockIdx.x;
+  PdlTrigger();  // a PDL-launched successor may start its prologue
   const int64_t slot = slot_mapping[token];
   if (slot < 0) return;  // padding rows carry no K/V
   for (int64_t c = threadIdx.x; c < row_width; c += blockDim.x) {
