@@ -136,7 +136,6 @@ class CudaBackend final : public Backend {
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
   Result<BackendMemory> MemoryInfo() const override;
-  Result<BackendMemory> MemoryInfo() const override;
 
  private:
   void* ArenaAlloc(size_t bytes);
@@ -694,17 +693,6 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
-}
-
-Result<BackendMemory> CudaBackend::MemoryInfo() const {
-  size_t free_bytes = 0, total_bytes = 0;
-  CUDA_CHECK(cudaSetDevice(device_));
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  BackendMemory m;
-  m.free_bytes = static_cast<int64_t>(free_bytes);
-  m.total_bytes = static_cast<int64_t>(total_bytes);
-  m.device = true;
-  return m;
 }
 
 Result<BackendMemory> CudaBackend::MemoryInfo() const {
