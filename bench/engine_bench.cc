@@ -1,6 +1,8 @@
 // engine_bench: end-to-end engine throughput and latency on one model (no HTTP).
 //   1. total generated tokens/s with C concurrent sequences (distinct random prompts of P tokens,
-//      G new tokens each, EOS ignored) for each C in --concurrency;
+//      G new tokens each, EOS ignored) for each C in --concurrency, over the whole run (prefill
+//      included) and in the decode phase (tokens after the last request's first token, over the
+//      time from then to the end: the rate with every sequence decoding);
 //   2. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
 //      (the prefix cached by an earlier request with a different suffix).
 // Results go to docs/perf.md with the machine, the command and the date.
@@ -33,7 +35,7 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab)
 }
 
 struct RunResult {
-  double wall_s = 0, gen_tps = 0, mean_ttft_ms = 0;
+  double wall_s = 0, gen_tps = 0, mean_ttft_ms = 0, decode_tps = 0;
   int64_t generated = 0;
 };
 
@@ -52,20 +54,28 @@ RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& re
   RunResult result;
   double ttft_sum = 0;
   std::vector<TokenEvent> events;
+  std::vector<int64_t> times;  // every generated token's stamp
+  int64_t last_first = 0;      // when the last request got its first token
   for (auto& stream : streams) {
     int64_t first = 0;
     while (stream->Next(&events)) {
       for (const TokenEvent& e : events) {
         if (e.token_id < 0) continue;
         if (first == 0) first = e.time_ns;
+        times.push_back(e.time_ns);
         ++result.generated;
       }
       events.clear();
     }
     ttft_sum += Seconds(first - start) * 1e3;
+    last_first = std::max(last_first, first);
   }
   result.wall_s = Seconds(NowNs() - start);
   result.gen_tps = result.generated / result.wall_s;
+  const int64_t end = times.empty() ? 0 : *std::max_element(times.begin(), times.end());
+  const auto after = std::count_if(times.begin(), times.end(),
+                                   [&](int64_t t) { return t > last_first; });
+  if (end > last_first) result.decode_tps = static_cast<double>(after) / Seconds(end - last_first);
   result.mean_ttft_ms = ttft_sum / static_cast<double>(streams.size());
   return result;
 }
@@ -127,7 +137,8 @@ int Main(int argc, char** argv) {
   std::printf("model %s, prompt %lld, gen %lld, KV cache %.1f MiB\n", model_dir.c_str(),
               static_cast<long long>(prompt_len), static_cast<long long>(gen_len),
               (*engine)->kv_cache_bytes() / 1048576.0);
-  std::printf("| concurrency | generated tok/s | wall s | mean TTFT ms |\n|---|---|---|---|\n");
+  std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
+              "mean TTFT ms |\n|---|---|---|---|---|\n");
   for (int64_t level : levels) {
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < level; ++i) {
@@ -139,8 +150,8 @@ int Main(int argc, char** argv) {
       requests.push_back(std::move(r));
     }
     RunResult r = RunConcurrent(**engine, requests);
-    std::printf("| %lld | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
-                r.wall_s, r.mean_ttft_ms);
+    std::printf("| %lld | %.1f | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
+                r.decode_tps, r.wall_s, r.mean_ttft_ms);
     std::fflush(stdout);
   }
   (*engine)->Shutdown(true);

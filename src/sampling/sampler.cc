@@ -1,7 +1,10 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "sampling/processors.h"
 #include "sampling/weighted_row.h"
@@ -131,11 +134,24 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
   CHECK(skip.empty() || skip.size() == num_rows);
   CHECK_EQ(logits.size(), num_rows * static_cast<size_t>(vocab_size));
   const auto row_size = static_cast<size_t>(vocab_size);
-#pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
-  for (size_t row = 0; row < num_rows; ++row) {
-    if (!skip.empty() && skip[row] != 0) continue;
-    out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
-  }
+  std::vector<size_t> rows;
+  for (size_t row = 0; row < num_rows; ++row)
+    if (skip.empty() || skip[row] == 0) rows.push_back(row);
+  // Rows are claimed from a counter by the caller plus short-lived threads (no idle pool
+  // spinning next to the CPU backend's workers); each row's result is the same on any thread.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < rows.size();) {
+      const size_t row = rows[i];
+      out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
+    }
+  };
+  const size_t num_threads =
+      std::min<size_t>(rows.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < num_threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
 }
 
 }  // namespace ember

@@ -90,7 +90,7 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state);
 
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
-// parallel (OpenMP). params[i] / states[i] belong to row i; results go to out[i]. Rows with
+// parallel (threads started per call when two or more rows need sampling). params[i] / states[i] belong to row i; results go to out[i]. Rows with
 // skip[i] != 0 (when skip is given) are left alone: their logits need not be valid.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
