@@ -142,6 +142,9 @@ class Backend {
   // The memory this backend allocates from, now (after the weights were uploaded): the GPU's for
   // a device backend, the host's (MemAvailable/MemTotal) for the CPU. Sizes the default KV pool.
   virtual Result<BackendMemory> MemoryInfo() const = 0;
+  // Host memory for CopyToHost destinations that the device writes at full speed (page-locked on
+  // a GPU): `count` floats, valid until the next call, contents unspecified.
+  virtual std::span<float> HostBuffer(size_t count) = 0;
 };
 
 }  // namespace ember

@@ -282,7 +282,7 @@ void Engine::RunStep(const StepPlan& plan) {
   }
   // Rows whose token is the plain argmax get it from the backend; only the rest copy logits.
   const size_t num_rows = batch.logits_rows.size();
-  logits_.resize(num_rows * static_cast<size_t>(vocab_size_));
+  const std::span<float> logits = model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
   argmax_only_.assign(num_rows, 0);
   argmax_ids_.assign(num_rows, 0);
   size_t flag_row = 0;
@@ -291,7 +291,7 @@ void Engine::RunStep(const StepPlan& plan) {
     argmax_only_[flag_row++] =
         SamplesRawArgmax(s.seq->request->request.sampling, *s.seq->sampler) ? 1 : 0;
   }
-  Status st = model_->Forward(batch, StepOutputs{logits_, argmax_only_, argmax_ids_});
+  Status st = model_->Forward(batch, StepOutputs{logits, argmax_only_, argmax_ids_});
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
   if (!st.ok()) {
@@ -312,7 +312,7 @@ void Engine::RunStep(const StepPlan& plan) {
     row_states_.push_back(s.seq->sampler.get());
   }
   row_outputs_.assign(num_rows, SampleOutput{});
-  SampleRows(logits_, vocab_size_, row_params_, row_states_, row_outputs_, argmax_only_);
+  SampleRows(logits, vocab_size_, row_params_, row_states_, row_outputs_, argmax_only_);
 
   size_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {

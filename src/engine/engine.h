@@ -93,7 +93,6 @@ class Engine {
   Scheduler scheduler_;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
-  std::vector<float> logits_;  // [rows, vocab]
   std::vector<uint8_t> argmax_only_;  // [rows] rows sampled as the backend's argmax
   std::vector<int32_t> argmax_ids_;   // [rows]
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences

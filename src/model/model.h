@@ -102,6 +102,8 @@ class Model {
   const GenerationDefaults& generation_defaults() const { return generation_; }
   int64_t KvBytesPerToken() const;  // K+V, all layers, in the KV pool's dtype (float32)
   Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
+  // Where to receive a step's logits (Backend::HostBuffer: page-locked on a GPU).
+  std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;

@@ -381,6 +381,11 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  std::span<float> HostBuffer(size_t count) override {
+    if (host_buffer_.size() < count) host_buffer_.resize(count);
+    return {host_buffer_.data(), count};
+  }
+
   Result<BackendMemory> MemoryInfo() const override {
     std::ifstream meminfo("/proc/meminfo");
     BackendMemory m;
@@ -432,6 +437,7 @@ class CpuBackend final : public Backend {
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;
   std::vector<RopeTable> ropes_;
+  std::vector<float> host_buffer_;  // HostBuffer
   std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };

@@ -136,6 +136,7 @@ class CudaBackend final : public Backend {
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
   Result<BackendMemory> MemoryInfo() const override;
+  std::span<float> HostBuffer(size_t count) override;
 
  private:
   void* ArenaAlloc(size_t bytes);
@@ -143,6 +144,12 @@ class CudaBackend final : public Backend {
 
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
+  // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
+  struct PinnedDeleter {
+    void operator()(float* p) const { CUDA_CHECK(cudaFreeHost(p)); }
+  };
+  std::unique_ptr<float, PinnedDeleter> pinned_;
+  size_t pinned_count_ = 0;
 
   int device_;
   bool f32_compute_;
@@ -693,6 +700,17 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
+}
+
+std::span<float> CudaBackend::HostBuffer(size_t count) {
+  if (count > pinned_count_) {
+    pinned_.reset();
+    float* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(float)));
+    pinned_.reset(p);
+    pinned_count_ = count;
+  }
+  return {pinned_.get(), count};
 }
 
 Result<BackendMemory> CudaBackend::MemoryInfo() const {
