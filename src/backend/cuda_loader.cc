@@ -62,7 +62,8 @@ Module LoadModule() {
       return m;
     }
     auto abi = reinterpret_cast<EmberCudaAbiFn>(dlsym(handle, "ember_cuda_abi"));
-    m.device_count = reinterpret_cast<EmberCudaDeviceCountFn>(dlsym(handle, "ember_cuda_device_count"));
+    m.device_count =
+        reinterpret_cast<EmberCudaDeviceCountFn>(dlsym(handle, "ember_cuda_device_count"));
     m.create = reinterpret_cast<EmberCudaCreateFn>(dlsym(handle, "ember_cuda_create"));
     int options_size = 0;
     if (abi == nullptr || m.device_count == nullptr || m.create == nullptr ||

@@ -19,9 +19,10 @@ int64_t NowNs() {
 int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
   const ModelConfig& c = model.config();
   // Per step row: residual, normed input, q, k, v, attention out, delta, gate, up (float32).
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim, kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const int64_t per_row = 4 * (3 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim +
-                               2 * int64_t{c.intermediate_size});
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t per_row =
+      4 * (3 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim + 2 * int64_t{c.intermediate_size});
   const int64_t logits = int64_t{config.max_running} * c.vocab_size * 4 * 2;  // + hidden rows
   // x2 for backend scratch (bf16 copies, split-K partials), + 512 MiB for libraries and graphs.
   return 2 * (int64_t{config.max_step_tokens} * per_row + logits) + (int64_t{512} << 20);
@@ -38,9 +39,9 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
     // vLLM's rule: this process may use `gpu_memory_fraction` of the device; what is in use now
     // (weights, runtime) counts against it, and a step's workspace stays free.
     const int64_t used = mem.total_bytes - mem.free_bytes;
-    const int64_t budget = static_cast<int64_t>(config.gpu_memory_fraction *
-                                                static_cast<double>(mem.total_bytes)) -
-                           used - StepWorkspaceBytes(model, config);
+    const int64_t budget =
+        static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem.total_bytes)) -
+        used - StepWorkspaceBytes(model, config);
     if (budget < per_token * config.block_size) {
       char msg[256];
       std::snprintf(msg, sizeof(msg),
@@ -67,7 +68,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
     return Status::Error("--gpu-memory-fraction must be in (0, 1], got " +
                          std::to_string(config.gpu_memory_fraction));
   int64_t bytes = config.kv_cache_bytes;
-  if (bytes <= 0) { EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(*model, config)); }
+  if (bytes <= 0) {
+    EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(*model, config));
+  }
   const int32_t num_blocks =
       kv::NumBlocksForBytes(bytes, model->KvBytesPerToken(), config.block_size);
   if (num_blocks < 1) {
@@ -96,7 +99,9 @@ Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int
   thread_ = std::thread([this] { Loop(); });
 }
 
-Engine::~Engine() { Shutdown(/*drain=*/false); }
+Engine::~Engine() {
+  Shutdown(/*drain=*/false);
+}
 
 void Engine::Shutdown(bool drain) {
   {
@@ -130,9 +135,8 @@ std::optional<SubmitError> Engine::Validate(const GenerationRequest& r) const {
                    "max_tokens");
   }
   if (r.n < 1 || r.n > config_.max_n) {
-    return invalid("n must be in [1, " + std::to_string(config_.max_n) + "], got " +
-                       std::to_string(r.n),
-                   "n");
+    return invalid(
+        "n must be in [1, " + std::to_string(config_.max_n) + "], got " + std::to_string(r.n), "n");
   }
   const int64_t total = prompt_len + r.max_tokens;
   if (total > context_length_) {
@@ -184,10 +188,10 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
       return SubmitError{SubmitError::Code::kShuttingDown, "the server is shutting down", ""};
     }
     if (num_queued_.load() >= config_.max_queue) {
-      return SubmitError{SubmitError::Code::kQueueFull,
-                         "too many requests are waiting (" + std::to_string(config_.max_queue) +
-                             "); retry later",
-                         ""};
+      return SubmitError{
+          SubmitError::Code::kQueueFull,
+          "too many requests are waiting (" + std::to_string(config_.max_queue) + "); retry later",
+          ""};
     }
     state->request_id = next_request_id_++;
     num_queued_.fetch_add(1);
@@ -282,7 +286,8 @@ void Engine::RunStep(const StepPlan& plan) {
   }
   // Rows whose token is the plain argmax get it from the backend; only the rest copy logits.
   const size_t num_rows = batch.logits_rows.size();
-  const std::span<float> logits = model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
+  const std::span<float> logits =
+      model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
   argmax_only_.assign(num_rows, 0);
   argmax_ids_.assign(num_rows, 0);
   size_t flag_row = 0;

@@ -6,9 +6,9 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
   const int64_t d = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  return DecoderActivations{be.Alloc({n, d}),      be.Alloc({n, d}),     be.Alloc({n, q_dim}),
+  return DecoderActivations{be.Alloc({n, d}),      be.Alloc({n, d}),      be.Alloc({n, q_dim}),
                             be.Alloc({n, kv_dim}), be.Alloc({n, kv_dim}), be.Alloc({n, q_dim}),
-                            be.Alloc({n, d}),      be.Alloc({n, inter}), be.Alloc({n, inter})};
+                            be.Alloc({n, d}),      be.Alloc({n, inter}),  be.Alloc({n, inter})};
 }
 
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
@@ -46,9 +46,10 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
     }
     int64_t end = r + 1;
     while (end < rows && outputs.argmax_only[static_cast<size_t>(end)] == 0) ++end;
-    EMBER_RETURN_IF_ERROR(be.CopyToHost(
-        logits.RowSlice(r, end - r),
-        outputs.logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>((end - r) * vocab))));
+    EMBER_RETURN_IF_ERROR(
+        be.CopyToHost(logits.RowSlice(r, end - r),
+                      outputs.logits.subspan(static_cast<size_t>(r * vocab),
+                                             static_cast<size_t>((end - r) * vocab))));
     r = end;
   }
   return Status::Ok();
