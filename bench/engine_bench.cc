@@ -91,6 +91,7 @@ int Main(int argc, char** argv) {
   std::string model_dir, concurrency = "1,4,16,64", device = "cpu";
   int64_t prompt_len = 512, gen_len = 128, prefix_len = 2000, threads = 0, kv_bytes = 0;
   int64_t step_tokens = 512;
+  double temperature = 0.0, top_p = 1.0;
   FlagParser flags(
       "usage: engine_bench --model DIR [--concurrency 1,4,16,64] [--prompt-len 512]\n"
       "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]");
@@ -103,6 +104,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("--kv-cache-bytes", &kv_bytes, "KV cache cap (0: auto)");
   flags.AddInt("--max-step-tokens", &step_tokens, "tokens per engine step");
   flags.AddString("--device", &device, "cpu | cuda");
+  flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
+  flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
   if (help || !st.ok() || model_dir.empty()) {
@@ -134,8 +137,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
     return 1;
   }
-  std::printf("model %s, prompt %lld, gen %lld, KV cache %.1f MiB\n", model_dir.c_str(),
-              static_cast<long long>(prompt_len), static_cast<long long>(gen_len),
+  std::printf("model %s, prompt %lld, gen %lld, temperature %.2f, top_p %.2f, KV cache %.1f MiB\n",
+              model_dir.c_str(), static_cast<long long>(prompt_len),
+              static_cast<long long>(gen_len), temperature, top_p,
               (*engine)->kv_cache_bytes() / 1048576.0);
   std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
               "mean TTFT ms |\n|---|---|---|---|---|\n");
@@ -145,7 +149,9 @@ int Main(int argc, char** argv) {
       GenerationRequest r;
       r.prompt_ids = RandomPrompt(rng, static_cast<int32_t>(prompt_len), vocab);
       r.max_tokens = static_cast<int32_t>(gen_len);
-      r.sampling.temperature = 0.0f;
+      r.sampling.temperature = static_cast<float>(temperature);
+      r.sampling.top_p = static_cast<float>(top_p);
+      r.sampling.seed = static_cast<uint64_t>(i);
       r.ignore_eos = true;
       requests.push_back(std::move(r));
     }
