@@ -236,7 +236,16 @@ void ColumnBlock(const float* x, const float* xp, int64_t n, int64_t k, const vo
       else ConvertPanel<DType::kF32>(w, k, c0, nc, k0, len, panel);
       for (int64_t r = 0; r < n; r += kRowGroup) {
         const int rg = static_cast<int>(std::min<int64_t>(kRowGroup, n - r));
-        for (int64_t t0 = 0; t0 < nc; t0 += kPanelCols) {
+        // The next row group's packed x chunk (rg * len floats, contiguous) comes from L3: fetch
+        // it a few lines per tile while this group's tiles run from L1/L2.
+        const int64_t next_rg = std::min<int64_t>(kRowGroup, n - r - rg);
+        const char* next_x = reinterpret_cast<const char*>(xp + (r + rg) * k8 + k0 * next_rg);
+        const int64_t next_lines = next_rg * len * 4 / 64;
+        const int64_t num_tiles = (nc + kPanelCols - 1) / kPanelCols;
+        const int64_t lines_per_tile = (next_lines + num_tiles - 1) / num_tiles;
+        for (int64_t t0 = 0, line = 0; t0 < nc; t0 += kPanelCols) {
+          for (int64_t e = std::min(next_lines, line + lines_per_tile); line < e; ++line)
+            _mm_prefetch(next_x + line * 64, _MM_HINT_T0);
           const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, nc - t0));
           kPanelTiles[rg - 1][cols - 1](xp + r * k8 + k0 * rg, panel + t0 * len, len,
                                         out + r * m + c0 + t0, m);
