@@ -1,4 +1,4 @@
-// Engine invariants on real checkpoints (fixture models, CPU backend): a request's greedy output
+// Engine invariants on real checkpoints (fixture models, CPU backend; batch invariance on CUDA too): a request's greedy output
 // is the reference continuation and does not depend on its batch-mates, arrival time, chunking,
 // prefix-cache hits or preemption; seeded sampling is batch-independent; cancellation and
 // shutdown free every KV block.
@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_loader.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -20,8 +21,10 @@ namespace {
 
 std::string ModelDir(const std::string& name) { return testing::FixturesDir() + "/models/" + name; }
 
-std::unique_ptr<Model> LoadModel(const std::string& dir) {
-  auto model = Model::Load(dir, ModelLoadOptions{});
+std::unique_ptr<Model> LoadModel(const std::string& dir, DeviceKind device = DeviceKind::kCpu) {
+  ModelLoadOptions options;
+  options.device = device;  // CUDA: the production bf16 mode
+  auto model = Model::Load(dir, options);
   EXPECT_TRUE(model.ok()) << model.message();
   return model.ok() ? std::move(model).value() : nullptr;
 }
@@ -79,8 +82,9 @@ std::vector<GenerationRequest> MakeRequests(int32_t count, int32_t vocab, uint32
 }
 
 std::vector<std::vector<int32_t>> RunSolo(const std::string& dir,
-                                          const std::vector<GenerationRequest>& requests) {
-  auto model = LoadModel(dir);
+                                          const std::vector<GenerationRequest>& requests,
+                                          DeviceKind device = DeviceKind::kCpu) {
+  auto model = LoadModel(dir, device);
   EngineConfig config;
   config.max_running = 1;
   config.enable_prefix_caching = false;
@@ -118,18 +122,16 @@ TEST(EngineTest, TinyStoriesGreedyMatchesTheReference) {
   }
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
-  const std::string dir = ModelDir(GetParam());
-  EMBER_REQUIRE_DIR(dir);
-  auto probe = LoadModel(dir);
+// 16 greedy requests alone, then in batches of 4 and 16 with staggered arrivals and 13-token
+// chunked prefill mixed with decode rows: every output identical.
+void CheckBatchInvariance(const std::string& dir, DeviceKind device) {
+  auto probe = LoadModel(dir, device);
   ASSERT_NE(probe, nullptr);
   std::vector<GenerationRequest> requests = MakeRequests(16, probe->config().vocab_size, 7);
-  std::vector<std::vector<int32_t>> solo = RunSolo(dir, requests);
+  std::vector<std::vector<int32_t>> solo = RunSolo(dir, requests, device);
 
   for (int32_t batch : {4, 16}) {
-    auto model = LoadModel(dir);
+    auto model = LoadModel(dir, device);
     EngineConfig config;
     config.max_running = batch;
     config.max_step_tokens = 13;  // forces chunked prefill mixed with decode rows
@@ -141,12 +143,26 @@ TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
       if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // stagger
     }
     for (size_t i = 0; i < requests.size(); ++i) {
-      EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << GetParam() << " batch " << batch
+      EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << dir << " batch " << batch
                                                          << " request " << i;
     }
     (*engine)->Shutdown(true);
     EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
   }
+}
+
+class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
+  EMBER_REQUIRE_DIR(ModelDir(GetParam()));
+  CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCpu);
+}
+
+// The same on the CUDA backend in bf16 mode, where a GPU exists.
+TEST_P(BatchInvarianceTest, OnCuda) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  EMBER_REQUIRE_DIR(ModelDir(GetParam()));
+  CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCuda);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvarianceTest,
