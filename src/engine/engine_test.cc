@@ -1,6 +1,7 @@
-// Engine invariants on real checkpoints (fixture models, CPU backend; batch invariance on CUDA too): a request's greedy output
-// is the reference continuation and does not depend on its batch-mates, arrival time, chunking,
-// prefix-cache hits or preemption; seeded sampling is batch-independent; cancellation and
+// Engine invariants on real checkpoints (fixture models, CPU backend; batch invariance also on
+// CUDA where a GPU exists): a request's greedy output is the reference continuation and does not
+// depend on its batch-mates, arrival time, chunking, prefix-cache hits or preemption; seeded
+// sampling is batch-independent; cancellation and
 // shutdown free every KV block.
 #include "engine/engine.h"
 
