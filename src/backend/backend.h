@@ -48,6 +48,17 @@ struct Tensor {
 
 std::string ShapeString(const Tensor& t);  // e.g. "[512, 64]"
 
+// One sampled row's parameters for Backend::SampleRows (the host sampler's semantics; see
+// backend/threshold_sampling.h): temperature > 0; top_k <= 0, top_p >= 1, min_p <= 0 are off;
+// u is the request's uniform draw in [0, 1) for this token.
+struct RowSampling {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double u = 0.0;
+};
+
 struct BackendMemory {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
@@ -139,6 +150,12 @@ class Backend {
   // largest value of row j of x (the lowest such index on ties; NaN never wins; 0 when a row is
   // all NaN) — the sampler's greedy choice, without moving the logits. x [rows, cols] float32.
   virtual Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) = 0;
+  // Ends the step like ArgmaxRows for sampled rows: ids[j] = the token drawn from row rows[j] of
+  // x with params[j] (ThresholdSample's algorithm). x [num_rows, vocab] float32.
+  virtual Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                            std::span<const RowSampling> params, std::span<int32_t> ids) = 0;
+  // True when SampleRows is cheaper than copying the rows to the host sampler (a GPU).
+  virtual bool prefers_backend_sampling() const { return false; }
   // The memory this backend allocates from, now (after the weights were uploaded): the GPU's for
   // a device backend, the host's (MemAvailable/MemTotal) for the CPU. Sizes the default KV pool.
   virtual Result<BackendMemory> MemoryInfo() const = 0;

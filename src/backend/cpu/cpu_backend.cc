@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/threshold_sampling.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace ember {
@@ -396,6 +397,20 @@ class CpuBackend final : public Backend {
     }
     if (m.total_bytes == 0) return Status::Error("/proc/meminfo: no MemTotal line");
     return m;
+  }
+
+  Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                    std::span<const RowSampling> params, std::span<int32_t> ids) override {
+    if (rows.size() != params.size() || rows.size() != ids.size())
+      return Status::Error("SampleRows: rows, params and ids differ in length");
+    const int64_t cols = x.cols();
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (rows[j] < 0 || rows[j] >= x.rows())
+        return Status::Error("SampleRows: row " + std::to_string(rows[j]) + " outside " +
+                             ShapeString(x));
+      ids[j] = ThresholdSample({F(x) + rows[j] * cols, static_cast<size_t>(cols)}, params[j]);
+    }
+    return Status::Ok();
   }
 
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override {

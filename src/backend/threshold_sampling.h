@@ -1,0 +1,23 @@
+// Sampling one row of logits without sorting it: the reference ("CPU twin") of the CUDA
+// backend's SampleRows kernel, with the host sampler's semantics (sampling/weighted_row.h):
+// weights w = exp((logit - max) / T) (NaN and w < 2^-126 count as zero), rank order (w desc,
+// id asc); top-k keeps the first k; top-p then keeps a token iff the kept mass ranked above it
+// is < top_p * (mass kept by top-k); min-p drops w < min_p; the draw is the first kept token at
+// which the running mass exceeds u * kept mass. Every filter keeps a prefix of the rank order,
+// so each step is a search for a weight threshold (binary search over the float's bits, each
+// probe one pass of counts/masses over the row) plus a count of ties, which maps onto one GPU
+// thread block per row with block-wide reductions. Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace ember {
+
+// The token for one row. logits [vocab]; a row without a finite maximum (all -inf, or +inf
+// present) answers its argmax like the host sampler. Requires params.temperature > 0.
+int32_t ThresholdSample(std::span<const float> logits, const RowSampling& params);
+
+}  // namespace ember
