@@ -187,6 +187,7 @@ __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int3
                                        float* __restrict__ out) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float inv_l;
+  PdlWait();
   PdlTrigger();
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int64_t rec = head_dim + 2;
@@ -240,9 +241,8 @@ void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLa
             num_splits, partials, out);
   if (num_splits > 1) {
     CHECK(num_splits <= kMaxSplits) << num_splits << " splits";
-    AttentionCombineKernel<<<dim3(args.num_heads, plan.num_tokens), 128, 0, stream>>>(
-        args.num_heads, args.head_dim, num_splits, partials, out);
-    CUDA_CHECK_LAUNCH();
+    LaunchPdl(AttentionCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128), 0, stream,
+              args.num_heads, args.head_dim, num_splits, partials, out);
   }
 }
 

@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(kMaxThreads)
                   float eps, bool one_plus, int64_t d, float* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
-  PdlTrigger();  // a PDL-launched successor may start its prologue
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   const int64_t base = blockIdx.x * d;
   const int64_t nv = d / VEC;
   constexpr int kPerThread = 4;  // vectors kept in registers between the two passes
@@ -97,13 +98,14 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
   if (nv <= kMaxThreads) threads = std::max<int64_t>(32, (nv + 31) / 32 * 32);
   CHECK_LE(nv, 4 * threads);
   if (vec4) {
-    RmsNormKernel<4><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(
-        x, residual, delta, weight, eps, one_plus_weight, d, out);
+    LaunchPdl(RmsNormKernel<4>, dim3(static_cast<unsigned>(rows)),
+              dim3(static_cast<unsigned>(threads)), 0, stream, x, residual, delta, weight, eps,
+              one_plus_weight, d, out);
   } else {
-    RmsNormKernel<1><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(
-        x, residual, delta, weight, eps, one_plus_weight, d, out);
+    LaunchPdl(RmsNormKernel<1>, dim3(static_cast<unsigned>(rows)),
+              dim3(static_cast<unsigned>(threads)), 0, stream, x, residual, delta, weight, eps,
+              one_plus_weight, d, out);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace ember::cuda

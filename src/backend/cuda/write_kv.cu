@@ -9,7 +9,8 @@ namespace {
 __global__ void WriteKvKernel(const float* k, const float* v, float* k_pool, float* v_pool,
                               int64_t row_width, const int32_t* slot_mapping) {
   const int64_t token = blockIdx.x;
-  PdlTrigger();  // a PDL-launched successor may start its prologue
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   const int64_t slot = slot_mapping[token];
   if (slot < 0) return;  // padding rows carry no K/V
   for (int64_t c = threadIdx.x; c < row_width; c += blockDim.x) {
@@ -24,9 +25,8 @@ void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const 
                    cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
   const int64_t row_width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-  WriteKvKernel<<<plan.num_tokens, 256, 0, stream>>>(k, v, kv.k, kv.v, row_width,
-                                                     plan.slot_mapping);
-  CUDA_CHECK_LAUNCH();
+  LaunchPdl(WriteKvKernel, dim3(plan.num_tokens), dim3(256), 0, stream, k, v, kv.k, kv.v,
+            row_width, plan.slot_mapping);
 }
 
 }  // namespace ember::cuda
