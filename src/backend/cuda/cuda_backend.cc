@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -135,6 +136,9 @@ class CudaBackend final : public Backend {
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
+  Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                    std::span<const RowSampling> params, std::span<int32_t> ids) override;
+  bool prefers_backend_sampling() const override { return true; }
   Result<BackendMemory> MemoryInfo() const override;
   std::span<float> HostBuffer(size_t count) override;
 
@@ -144,6 +148,7 @@ class CudaBackend final : public Backend {
 
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
+  DeviceBuffer sample_args_;  // SampleRows' rows + params + ids, grown on demand
   // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
   struct PinnedDeleter {
     void operator()(float* p) const { CUDA_CHECK(cudaFreeHost(p)); }
@@ -722,6 +727,37 @@ Result<BackendMemory> CudaBackend::MemoryInfo() const {
   m.total_bytes = static_cast<int64_t>(total_bytes);
   m.device = true;
   return m;
+}
+
+static_assert(sizeof(RowSampling) == sizeof(cuda::SampleRowParams) &&
+              offsetof(RowSampling, u) == offsetof(cuda::SampleRowParams, u));
+
+Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                               std::span<const RowSampling> params, std::span<int32_t> ids) {
+  CHECK(x.dtype == DType::kF32);
+  CHECK_EQ(rows.size(), params.size());
+  CHECK_EQ(rows.size(), ids.size());
+  for (int32_t r : rows) CHECK(r >= 0 && r < x.rows()) << "SampleRows: row " << r;
+  Flush();
+  if (rows.empty()) return Status::Ok();
+  // One buffer: params (8-byte aligned) first, then rows, then ids.
+  const size_t params_bytes = params.size_bytes(), rows_bytes = rows.size_bytes();
+  const size_t bytes = params_bytes + rows_bytes + ids.size_bytes();
+  if (sample_args_.bytes() < bytes) sample_args_ = DeviceBuffer(bytes);
+  char* base = sample_args_.as<char>();
+  CUDA_CHECK(cudaMemcpyAsync(base, params.data(), params_bytes, cudaMemcpyHostToDevice,
+                             stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(base + params_bytes, rows.data(), rows_bytes,
+                             cudaMemcpyHostToDevice, stream_.get()));
+  int32_t* dev_ids = reinterpret_cast<int32_t*>(base + params_bytes + rows_bytes);
+  cuda::LaunchSampleRows(static_cast<const float*>(x.data), x.cols(),
+                         reinterpret_cast<const int32_t*>(base + params_bytes),
+                         reinterpret_cast<const cuda::SampleRowParams*>(base),
+                         static_cast<int32_t>(rows.size()), dev_ids, stream_.get());
+  CUDA_CHECK(cudaMemcpyAsync(ids.data(), dev_ids, ids.size_bytes(), cudaMemcpyDeviceToHost,
+                             stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return Status::Ok();
 }
 
 Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {

@@ -145,4 +145,19 @@ void LaunchAttentionPrefillTc(const AttentionArgs& args, const float* q, const K
 void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
                       cudaStream_t stream);
 
+// ---- sample_rows.cu ----
+// One sampled row's parameters (the layout of ember::RowSampling).
+struct SampleRowParams {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  double u;
+};
+// ids[j] = the token drawn from row rows[j] of x (backend/threshold_sampling.h's algorithm).
+// x [*, cols] float32; rows, params, ids [num_rows] on the device.
+void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
+                      const SampleRowParams* params, int32_t num_rows, int32_t* ids,
+                      cudaStream_t stream);
+
 }  // namespace ember::cuda
