@@ -1,7 +1,7 @@
 // ThresholdSample (the CUDA SampleRows kernel's CPU twin) against the host sampler, Sample():
 // the same token for the same uniform draw over random rows (peaked, flat, with ties, -inf and
-// NaN entries) and every combination of temperature, top-k, top-p and min-p; and the CPU
-// backend's SampleRows over a tensor of such rows.
+// NaN entries) and every combination of temperature, top-k, top-p and min-p; the CPU backend's
+// SampleRows over a tensor of such rows; and, where a GPU exists, the CUDA kernel = the twin.
 #include "backend/threshold_sampling.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_loader.h"
 #include "sampling/sampler.h"
 
 namespace ember {
@@ -102,6 +103,55 @@ TEST(ThresholdSampleTest, CpuBackendSampleRows) {
   }
   const std::vector<int32_t> bad = {5};
   EXPECT_FALSE(be->SampleRows(*x, bad, std::span(params).first(1), std::span(ids).first(1)).ok());
+}
+
+// The CUDA kernel against its twin, where a GPU exists: real-vocabulary rows, every filter.
+TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CudaBackendOptions options;
+  options.f32_compute = true;  // keep the uploaded rows float32
+  auto be = LoadCudaBackend(0, options);
+  ASSERT_TRUE(be.ok()) << be.message();
+  std::mt19937 rng(99);
+  for (int vocab : {1000, 151936}) {
+    const int rows = 40;
+    std::vector<float> data;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> row = RandomRow(rng, vocab, r % 5);
+      data.insert(data.end(), row.begin(), row.end());
+    }
+    const std::vector<int64_t> shape = {rows, vocab};
+    auto x = (*be)->UploadWeight("logits", DType::kF32, shape, data.data());
+    ASSERT_TRUE(x.ok()) << x.message();
+    std::vector<int32_t> which;
+    std::vector<RowSampling> params;
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    const float temps[] = {0.6f, 1.0f, 1.5f};
+    const int32_t ks[] = {0, 1, 20, 500};
+    const float ps[] = {1.0f, 0.9f, 0.4f};
+    const float min_ps[] = {0.0f, 0.1f};
+    for (int r = 0; r < rows; ++r) {
+      which.push_back(rows - 1 - r);  // rows in another order than stored
+      params.push_back({temps[r % 3], ks[r % 4], ps[(r / 4) % 3], min_ps[(r / 12) % 2],
+                        uniform(rng)});
+    }
+    std::vector<int32_t> ids(which.size(), -1);
+    ASSERT_TRUE((*be)->SampleRows(*x, which, params, ids).ok());
+    int mismatches = 0;
+    for (size_t j = 0; j < which.size(); ++j) {
+      std::span<const float> row(data.data() + static_cast<size_t>(which[j]) * vocab,
+                                 static_cast<size_t>(vocab));
+      const int32_t want = ThresholdSample(row, params[j]);
+      if (ids[j] != want) {
+        ++mismatches;
+        ADD_FAILURE() << "vocab " << vocab << " row " << which[j] << " T " << params[j].temperature
+                      << " k " << params[j].top_k << " p " << params[j].top_p << " min_p "
+                      << params[j].min_p << " u " << params[j].u << ": cuda " << ids[j]
+                      << " twin " << want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "vocab " << vocab;
+  }
 }
 
 }  // namespace
