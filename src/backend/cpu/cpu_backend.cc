@@ -68,6 +68,27 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Dot(q, k_i) for 4 keys at once, head_dim % 8 == 0: each key's chain is exactly Dot's (the
+// four chains only interleave, to hide the FMA latency of one serial chain).
+inline void Dot4(const float* q, const float* k0, const float* k1, const float* k2,
+                 const float* k3, int64_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + j);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+  }
+  const __m256 acc[4] = {a0, a1, a2, a3};
+  for (int i = 0; i < 4; ++i) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    out[i] = _mm_cvtss_f32(lo);
+  }
+}
+
 // acc += p * v over one head.
 inline void Axpy(float p, const float* v, float* acc, int64_t n) {
   const __m256 pv = _mm256_set1_ps(p);
@@ -489,28 +510,45 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
         const int64_t pos = plan.positions[static_cast<size_t>(row)];
         const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
         const float* qv = qd + (row * p.num_heads + h) * hd;
-        float max_score = -INFINITY;
-        for (int64_t t = first; t <= pos; ++t) {
+        auto key = [&](int64_t t) {
           const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
-          const float* kv = kc + slot * kv_width + kvh * hd;
-          float sc = Dot(qv, kv, hd) * p.scale;
+          return kc + slot * kv_width + kvh * hd;
+        };
+        float* raw = scores.data();  // q . k before scaling, [pos + 1 - first]
+        int64_t t = first;
+        if (hd % 8 == 0)
+          for (; t + 4 <= pos + 1; t += 4) Dot4(qv, key(t), key(t + 1), key(t + 2), key(t + 3), hd, raw + (t - first));
+        for (; t <= pos; ++t) raw[t - first] = Dot(qv, key(t), hd);
+        float max_score = -INFINITY;
+        for (t = first; t <= pos; ++t) {
+          float sc = raw[t - first] * p.scale;
           if (p.softcap > 0.0f) sc = std::tanh(sc / p.softcap) * p.softcap;
-          scores[static_cast<size_t>(t - first)] = sc;
+          raw[t - first] = sc;
           max_score = std::max(max_score, sc);
         }
         float sum = 0.0f;
-        for (int64_t t = first; t <= pos; ++t) {
+        for (t = first; t <= pos; ++t) {
           float e = std::exp(scores[static_cast<size_t>(t - first)] - max_score);
           scores[static_cast<size_t>(t - first)] = e;
           sum += e;
         }
         const float inv = 1.0f / sum;
-        std::fill(acc, acc + hd, 0.0f);
-        for (int64_t t = first; t <= pos; ++t) {
+        auto value = [&](int64_t t) {
           const int64_t slot = static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
-          const float* vv = vc + slot * kv_width + kvh * hd;
-          const float pr = scores[static_cast<size_t>(t - first)] * inv;
-          Axpy(pr, vv, acc, hd);
+          return vc + slot * kv_width + kvh * hd;
+        };
+        if (hd == 64) {  // the common head size: the accumulator lives in 8 registers
+          __m256 a[8];
+          for (__m256& v : a) v = _mm256_setzero_ps();
+          for (t = first; t <= pos; ++t) {
+            const float* vv = value(t);
+            const __m256 pv = _mm256_set1_ps(scores[static_cast<size_t>(t - first)] * inv);
+            for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vv + 8 * j), a[j]);
+          }
+          for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+        } else {
+          std::fill(acc, acc + hd, 0.0f);
+          for (t = first; t <= pos; ++t) Axpy(scores[static_cast<size_t>(t - first)] * inv, value(t), acc, hd);
         }
         std::memcpy(od + (row * p.num_heads + h) * hd, acc, static_cast<size_t>(hd) * 4);
       },
