@@ -58,8 +58,10 @@ float LargestWhere(float low, Pred pred) {
   if (pred(1.0f)) return 1.0f;
   while (hi - lo > 1) {  // pred(lo) true, pred(hi) false
     const uint32_t mid = lo + (hi - lo) / 2;
-    if (pred(std::bit_cast<float>(mid))) lo = mid;
-    else hi = mid;
+    if (pred(std::bit_cast<float>(mid)))
+      lo = mid;
+    else
+      hi = mid;
   }
   return std::bit_cast<float>(lo);
 }

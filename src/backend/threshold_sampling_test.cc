@@ -64,8 +64,8 @@ TEST(ThresholdSampleTest, MatchesTheHostSampler) {
               if (host != twin) {
                 ++mismatches;
                 ADD_FAILURE() << "vocab " << vocab << " kind " << kind << " T " << temperature
-                              << " k " << top_k << " p " << top_p << " min_p " << min_p
-                              << " u " << rp.u << ": host " << host << " twin " << twin;
+                              << " k " << top_k << " p " << top_p << " min_p " << min_p << " u "
+                              << rp.u << ": host " << host << " twin " << twin;
               }
             }
           }
@@ -132,8 +132,8 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
     const float min_ps[] = {0.0f, 0.1f};
     for (int r = 0; r < rows; ++r) {
       which.push_back(rows - 1 - r);  // rows in another order than stored
-      params.push_back({temps[r % 3], ks[r % 4], ps[(r / 4) % 3], min_ps[(r / 12) % 2],
-                        uniform(rng)});
+      params.push_back(
+          {temps[r % 3], ks[r % 4], ps[(r / 4) % 3], min_ps[(r / 12) % 2], uniform(rng)});
     }
     std::vector<int32_t> ids(which.size(), -1);
     ASSERT_TRUE((*be)->SampleRows(*x, which, params, ids).ok());
@@ -146,8 +146,8 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
         ++mismatches;
         ADD_FAILURE() << "vocab " << vocab << " row " << which[j] << " T " << params[j].temperature
                       << " k " << params[j].top_k << " p " << params[j].top_p << " min_p "
-                      << params[j].min_p << " u " << params[j].u << ": cuda " << ids[j]
-                      << " twin " << want;
+                      << params[j].min_p << " u " << params[j].u << ": cuda " << ids[j] << " twin "
+                      << want;
       }
     }
     EXPECT_EQ(mismatches, 0) << "vocab " << vocab;

@@ -284,19 +284,30 @@ void Engine::RunStep(const StepPlan& plan) {
                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
     batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
   }
-  // Rows whose token is the plain argmax get it from the backend; only the rest copy logits.
+  // Rows that need no logits processing get their token from the backend (argmax, or a draw
+  // with the sequence's next uniform where the backend prefers it); only the rest copy logits.
   const size_t num_rows = batch.logits_rows.size();
   const std::span<float> logits =
       model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
-  argmax_only_.assign(num_rows, 0);
-  argmax_ids_.assign(num_rows, 0);
+  row_kinds_.assign(num_rows, RowOutput::kCopy);
+  row_sampling_.assign(num_rows, RowSampling{});
+  row_ids_.assign(num_rows, 0);
+  const bool backend_samples = model_->prefers_backend_sampling() ||
+                               config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   size_t flag_row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
-    argmax_only_[flag_row++] =
-        SamplesRawArgmax(s.seq->request->request.sampling, *s.seq->sampler) ? 1 : 0;
+    const size_t r = flag_row++;
+    const SamplingParams& p = s.seq->request->request.sampling;
+    if (!UsesRawLogits(p, *s.seq->sampler)) continue;
+    if (p.is_greedy()) {
+      row_kinds_[r] = RowOutput::kArgmax;
+    } else if (backend_samples) {
+      row_kinds_[r] = RowOutput::kSample;
+      row_sampling_[r] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
+    }
   }
-  Status st = model_->Forward(batch, StepOutputs{logits, argmax_only_, argmax_ids_});
+  Status st = model_->Forward(batch, StepOutputs{logits, row_kinds_, row_sampling_, row_ids_});
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
   if (!st.ok()) {
@@ -317,7 +328,9 @@ void Engine::RunStep(const StepPlan& plan) {
     row_states_.push_back(s.seq->sampler.get());
   }
   row_outputs_.assign(num_rows, SampleOutput{});
-  SampleRows(logits, vocab_size_, row_params_, row_states_, row_outputs_, argmax_only_);
+  host_skip_.assign(num_rows, 0);
+  for (size_t r = 0; r < num_rows; ++r) host_skip_[r] = row_kinds_[r] != RowOutput::kCopy;
+  SampleRows(logits, vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
 
   size_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
@@ -335,7 +348,7 @@ void Engine::RunStep(const StepPlan& plan) {
     if (!s.samples) continue;
 
     SampleOutput out = std::move(row_outputs_[row]);
-    if (argmax_only_[row] != 0) out.token_id = argmax_ids_[row];
+    if (row_kinds_[row] != RowOutput::kCopy) out.token_id = row_ids_[row];
     ++row;
     seq->sampler->Accept(out.token_id);
     seq->tokens.push_back(out.token_id);

@@ -26,23 +26,26 @@
 namespace ember {
 
 struct EngineConfig {
-  int32_t max_running = 64;        // sequences decoded together (--max-batch)
-  int32_t max_step_tokens = 512;   // rows per forward step; longer prompts prefill in chunks
-  int64_t kv_cache_bytes = 0;      // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
+  int32_t max_running = 64;          // sequences decoded together (--max-batch)
+  int32_t max_step_tokens = 512;     // rows per forward step; longer prompts prefill in chunks
+  int64_t kv_cache_bytes = 0;        // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
   double gpu_memory_fraction = 0.9;  // of a GPU's memory this process may use (weights + KV + work)
   int32_t block_size = 16;
-  int32_t max_queue = 1024;        // requests waiting for admission before Submit says kQueueFull
+  int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
-  int32_t max_n = 16;              // largest `n` accepted
+  int32_t max_n = 16;  // largest `n` accepted
+  // Sampled rows without logits processors: drawn by the backend (Backend::SampleRows) when it
+  // prefers that (a GPU), or always (tests of the CPU twin), else by the host sampler.
+  enum class BackendSampling { kAuto, kAlways } backend_sampling = BackendSampling::kAuto;
 };
 
 struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
-  int64_t computed_tokens = 0;     // rows run through the model
+  int64_t computed_tokens = 0;  // rows run through the model
   int64_t steps = 0, preemptions = 0;
-  int32_t num_queued = 0;          // requests not yet admitted
-  int32_t num_running = 0;         // sequences in the running batch
+  int32_t num_queued = 0;   // requests not yet admitted
+  int32_t num_running = 0;  // sequences in the running batch
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
 };
@@ -93,12 +96,14 @@ class Engine {
   Scheduler scheduler_;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
-  std::vector<uint8_t> argmax_only_;  // [rows] rows sampled as the backend's argmax
-  std::vector<int32_t> argmax_ids_;   // [rows]
+  std::vector<RowOutput> row_kinds_;               // [rows] how each row's token is made
+  std::vector<RowSampling> row_sampling_;          // [rows] kSample rows' parameters and draw
+  std::vector<int32_t> row_ids_;                   // [rows] tokens of kArgmax/kSample rows
+  std::vector<uint8_t> host_skip_;                 // [rows] rows the host sampler leaves alone
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
   std::vector<SampleOutput> row_outputs_;          // [rows]
-  EngineStats counters_;       // engine-thread running totals
+  EngineStats counters_;                           // engine-thread running totals
   std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 
   // Shared with callers.
@@ -109,7 +114,7 @@ class Engine {
   bool drain_ = true;
   uint64_t next_request_id_ = 1;
   std::atomic<int32_t> num_queued_{0};
-  EngineStats published_;      // snapshot for Stats()
+  EngineStats published_;  // snapshot for Stats()
   std::thread thread_;
 };
 

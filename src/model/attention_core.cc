@@ -1,5 +1,7 @@
 #include "model/architecture.h"
 
+#include <vector>
+
 namespace ember {
 
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n) {
@@ -35,17 +37,34 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
 }
 
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {
-  if (outputs.argmax_only.empty()) return be.CopyToHost(logits, outputs.logits);
+  if (outputs.row_kinds.empty()) return be.CopyToHost(logits, outputs.logits);
   const int64_t rows = logits.rows(), vocab = logits.cols();
-  EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.argmax_ids));
-  // The other rows' logits, one copy per run of consecutive rows.
+  const auto kind = [&](int64_t r) { return outputs.row_kinds[static_cast<size_t>(r)]; };
+  bool any_argmax = false;
+  std::vector<int32_t> sample_rows;
+  std::vector<RowSampling> sample_params;
+  for (int64_t r = 0; r < rows; ++r) {
+    any_argmax |= kind(r) == RowOutput::kArgmax;
+    if (kind(r) == RowOutput::kSample) {
+      sample_rows.push_back(static_cast<int32_t>(r));
+      sample_params.push_back(outputs.sampling[static_cast<size_t>(r)]);
+    }
+  }
+  if (any_argmax) EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.ids));
+  if (!sample_rows.empty()) {
+    std::vector<int32_t> sampled(sample_rows.size());
+    EMBER_RETURN_IF_ERROR(be.SampleRows(logits, sample_rows, sample_params, sampled));
+    for (size_t j = 0; j < sample_rows.size(); ++j)
+      outputs.ids[static_cast<size_t>(sample_rows[j])] = sampled[j];
+  }
+  // The kCopy rows' logits, one copy per run of consecutive rows.
   for (int64_t r = 0; r < rows;) {
-    if (outputs.argmax_only[static_cast<size_t>(r)] != 0) {
+    if (kind(r) != RowOutput::kCopy) {
       ++r;
       continue;
     }
     int64_t end = r + 1;
-    while (end < rows && outputs.argmax_only[static_cast<size_t>(end)] == 0) ++end;
+    while (end < rows && kind(end) == RowOutput::kCopy) ++end;
     EMBER_RETURN_IF_ERROR(
         be.CopyToHost(logits.RowSlice(r, end - r),
                       outputs.logits.subspan(static_cast<size_t>(r * vocab),

@@ -5,15 +5,17 @@
 #include <sys/stat.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_loader.h"
 #include "model/architecture.h"
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
-#include "backend/cuda_loader.h"
 
 namespace ember {
 namespace {
 
-bool IsGemma(const ModelConfig& c) { return c.model_type == "gemma2" || c.model_type == "gemma3_text"; }
+bool IsGemma(const ModelConfig& c) {
+  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
 
 class Uploader {
  public:
@@ -41,7 +43,7 @@ class Uploader {
 
 RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
   RopeSpec spec;
-  spec.type = r.type == "llama3" ? RopeSpec::Type::kLlama3
+  spec.type = r.type == "llama3"   ? RopeSpec::Type::kLlama3
               : r.type == "linear" ? RopeSpec::Type::kLinear
                                    : RopeSpec::Type::kDefault;
   spec.head_dim = c.head_dim;
@@ -66,12 +68,15 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd, vocab = c.vocab_size;
   // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
-  const std::string embed_name =
-      store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings ? "model.embed_tokens.weight"
-                                                                       : "lm_head.weight";
+  const std::string embed_name = store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings
+                                     ? "model.embed_tokens.weight"
+                                     : "lm_head.weight";
   EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(embed_name, {vocab, d}));
-  if (c.tie_word_embeddings) m->lm_head = m->embed;
-  else { EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get("lm_head.weight", {vocab, d})); }
+  if (c.tie_word_embeddings)
+    m->lm_head = m->embed;
+  else {
+    EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get("lm_head.weight", {vocab, d}));
+  }
   EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get("model.norm.weight", {d}));
 
   EMBER_ASSIGN_OR_RETURN(int32_t global_rope, be.CreateRope(MakeRopeSpec(c, c.rope)));
@@ -86,7 +91,8 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
     if (c.fused_qkv) {  // phi3: rows [q | k | v] and [gate | up] of one matrix each
-      EMBER_ASSIGN_OR_RETURN(Tensor qkv, up.Get(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, d}));
+      EMBER_ASSIGN_OR_RETURN(Tensor qkv,
+                             up.Get(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, d}));
       w.wq = qkv.RowSlice(0, q_dim);
       w.wk = qkv.RowSlice(q_dim, kv_dim);
       w.wv = qkv.RowSlice(q_dim + kv_dim, kv_dim);
@@ -102,13 +108,20 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
     }
     EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
     EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
-    EMBER_ASSIGN_OR_RETURN(w.bq, up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, c.attention_bias));
-    EMBER_ASSIGN_OR_RETURN(w.bk, up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, c.attention_bias));
-    EMBER_ASSIGN_OR_RETURN(w.bv, up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, c.attention_bias));
-    EMBER_ASSIGN_OR_RETURN(w.q_norm, up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm));
-    EMBER_ASSIGN_OR_RETURN(w.k_norm, up.GetOptional(p + "self_attn.k_norm.weight", {hd}, c.qk_norm));
-    EMBER_ASSIGN_OR_RETURN(w.pre_ffn_norm, up.GetOptional(p + "pre_feedforward_layernorm.weight", {d}, gemma));
-    EMBER_ASSIGN_OR_RETURN(w.post_ffn_norm, up.GetOptional(p + "post_feedforward_layernorm.weight", {d}, gemma));
+    EMBER_ASSIGN_OR_RETURN(w.bq,
+                           up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bk,
+                           up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bv,
+                           up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.q_norm,
+                           up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm));
+    EMBER_ASSIGN_OR_RETURN(w.k_norm,
+                           up.GetOptional(p + "self_attn.k_norm.weight", {hd}, c.qk_norm));
+    EMBER_ASSIGN_OR_RETURN(w.pre_ffn_norm,
+                           up.GetOptional(p + "pre_feedforward_layernorm.weight", {d}, gemma));
+    EMBER_ASSIGN_OR_RETURN(w.post_ffn_norm,
+                           up.GetOptional(p + "post_feedforward_layernorm.weight", {d}, gemma));
     const bool sliding = c.layer_types[static_cast<size_t>(l)] == LayerType::kSlidingAttention;
     w.sliding_window = sliding ? c.sliding_window : 0;
     w.rope_id = sliding ? local_rope : global_rope;
@@ -133,8 +146,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   EMBER_ASSIGN_OR_RETURN(model->config_, ParseModelConfig(config_text, config_path));
   const std::string gen_path = dir + "/generation_config.json";
   std::string gen_text;
-  if (FileExists(gen_path)) { EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path)); }
-  EMBER_ASSIGN_OR_RETURN(model->generation_, ParseGenerationConfig(gen_text, gen_path, model->config_));
+  if (FileExists(gen_path)) {
+    EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path));
+  }
+  EMBER_ASSIGN_OR_RETURN(model->generation_,
+                         ParseGenerationConfig(gen_text, gen_path, model->config_));
   EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
   if (opts.device == DeviceKind::kCuda) {
     CudaBackendOptions cuda;
@@ -148,7 +164,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();
-  EMBER_RETURN_IF_ERROR(LoadWeights(model->config_, *model->weights_, *model->backend_, model->impl_.get()));
+  EMBER_RETURN_IF_ERROR(
+      LoadWeights(model->config_, *model->weights_, *model->backend_, model->impl_.get()));
   return model;
 }
 
@@ -157,10 +174,16 @@ int64_t Model::KvBytesPerToken() const {
          static_cast<int64_t>(sizeof(float));
 }
 
-Result<BackendMemory> Model::MemoryInfo() const { return backend_->MemoryInfo(); }
+Result<BackendMemory> Model::MemoryInfo() const {
+  return backend_->MemoryInfo();
+}
 
-int64_t Model::WeightBytes() const { return weights_->total_file_bytes(); }
-int64_t Model::NumParameters() const { return impl_->num_parameters; }
+int64_t Model::WeightBytes() const {
+  return weights_->total_file_bytes();
+}
+int64_t Model::NumParameters() const {
+  return impl_->num_parameters;
+}
 
 Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   if (num_kv_blocks_ != 0) return Status::Error("AllocateKvCache called twice");
@@ -172,20 +195,20 @@ Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
 }
 
 Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
-  return Forward(plan, StepOutputs{logits, {}, {}});
+  return Forward(plan, StepOutputs{logits, {}, {}, {}});
 }
 
 Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
   const std::span<float> logits = outputs.logits;
   const size_t rows = plan.logits_rows.size();
-  if (!outputs.argmax_only.empty() &&
-      (outputs.argmax_only.size() != rows || outputs.argmax_ids.size() != rows))
-    return Status::Error("StepOutputs: argmax_only/argmax_ids need one entry per logits row (" +
+  if (!outputs.row_kinds.empty() && (outputs.row_kinds.size() != rows ||
+                                     outputs.ids.size() != rows || outputs.sampling.size() != rows))
+    return Status::Error("StepOutputs: row_kinds/sampling/ids need one entry per logits row (" +
                          std::to_string(rows) + ")");
   if (num_kv_blocks_ == 0) return Status::Error("Forward before AllocateKvCache");
   if (plan.block_size != kv_block_size_)
-    return Status::Error("plan block_size " + std::to_string(plan.block_size) + " != KV block size " +
-                         std::to_string(kv_block_size_));
+    return Status::Error("plan block_size " + std::to_string(plan.block_size) +
+                         " != KV block size " + std::to_string(kv_block_size_));
   if (std::string bad = plan.Validate(num_kv_blocks_); !bad.empty())
     return Status::Error("invalid BatchPlan: " + bad);
   if (logits.size() != plan.logits_rows.size() * static_cast<size_t>(config_.vocab_size))

@@ -22,7 +22,8 @@ class WeightStore;
 struct GenerationDefaults {  // from generation_config.json (absent fields: nullopt)
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k, max_new_tokens;
-  std::vector<int32_t> eos_token_ids;  // generation_config eos_token_id (int or list), else config's
+  std::vector<int32_t>
+      eos_token_ids;  // generation_config eos_token_id (int or list), else config's
   std::optional<int32_t> bos_token_id;
   std::optional<bool> do_sample;
 };
@@ -45,23 +46,23 @@ struct ModelConfig {
           num_kv_heads = 0, head_dim = 0;
   int32_t max_position_embeddings = 0;  // context length
   float rms_norm_eps = 1e-6f;
-  int32_t rotary_dim = 0;               // head_dim * partial_rotary_factor
-  RopeConfig rope;                      // full-attention layers (and all layers but gemma3's)
-  RopeConfig rope_local;                // sliding layers (gemma3: rope_local_base_freq)
-  int32_t sliding_window = 0;           // 0: none
-  std::vector<LayerType> layer_types;   // [num_layers]
+  int32_t rotary_dim = 0;              // head_dim * partial_rotary_factor
+  RopeConfig rope;                     // full-attention layers (and all layers but gemma3's)
+  RopeConfig rope_local;               // sliding layers (gemma3: rope_local_base_freq)
+  int32_t sliding_window = 0;          // 0: none
+  std::vector<LayerType> layer_types;  // [num_layers]
   bool tie_word_embeddings = false;
-  bool attention_bias = false;          // q/k/v biases (qwen2; llama attention_bias)
-  bool qk_norm = false;                 // per-head q/k RMSNorm before rope (qwen3, gemma3)
-  bool fused_qkv = false;               // phi3 qkv_proj + gate_up_proj
+  bool attention_bias = false;  // q/k/v biases (qwen2; llama attention_bias)
+  bool qk_norm = false;         // per-head q/k RMSNorm before rope (qwen3, gemma3)
+  bool fused_qkv = false;       // phi3 qkv_proj + gate_up_proj
   // Gemma family: (1+w) RMSNorm, sqrt(hidden) embedding scale, pre/post norms, gelu-tanh.
   bool gemma_norms = false;
-  bool gelu_tanh = false;               // hidden_act / hidden_activation gelu_pytorch_tanh
+  bool gelu_tanh = false;  // hidden_act / hidden_activation gelu_pytorch_tanh
   float embedding_scale = 1.0f;
   float attention_scale = 0.0f;         // query_pre_attn_scalar^-0.5, else 1/sqrt(head_dim)
   float attn_logit_softcapping = 0.0f;  // 0: none
   float final_logit_softcapping = 0.0f;
-  std::string torch_dtype;              // "bfloat16", "float16", "float32" (informational)
+  std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
 };
@@ -74,11 +75,15 @@ Result<GenerationDefaults> ParseGenerationConfig(const std::string& json_text,
 // The model_type values ParseModelConfig accepts, comma separated.
 std::string SupportedModelTypes();
 
-// Where one step's logits rows (plan.logits_rows order) go.
+// What one step delivers for each logits row (plan.logits_rows order): its logits on the host
+// (kCopy), or only a token computed by the backend where the logits are: the argmax (kArgmax)
+// or a draw with the row's RowSampling (kSample, Backend::SampleRows).
+enum class RowOutput : uint8_t { kCopy = 0, kArgmax = 1, kSample = 2 };
 struct StepOutputs {
-  std::span<float> logits;               // [rows, vocab] float32; rows not argmax-only filled
-  std::span<const uint8_t> argmax_only;  // empty (every row's logits) or one flag per row
-  std::span<int32_t> argmax_ids;         // [rows] with argmax_only: the flagged rows' argmax
+  std::span<float> logits;                // [rows, vocab] float32; kCopy rows filled
+  std::span<const RowOutput> row_kinds;   // empty (every row kCopy) or one per row
+  std::span<const RowSampling> sampling;  // [rows] with row_kinds: used by kSample rows
+  std::span<int32_t> ids;  // [rows] with row_kinds: the token of kArgmax/kSample rows
 };
 
 enum class DeviceKind { kCpu, kCuda };
@@ -100,10 +105,12 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
-  int64_t KvBytesPerToken() const;  // K+V, all layers, in the KV pool's dtype (float32)
+  int64_t KvBytesPerToken() const;           // K+V, all layers, in the KV pool's dtype (float32)
   Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
   // Where to receive a step's logits (Backend::HostBuffer: page-locked on a GPU).
   std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }
+  // True when RowOutput::kSample beats copying logits to the host sampler (a GPU backend).
+  bool prefers_backend_sampling() const { return backend_->prefers_backend_sampling(); }
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;
@@ -112,8 +119,8 @@ class Model {
   int32_t kv_block_size() const { return kv_block_size_; }
   // One step. logits: [plan.logits_rows.size(), vocab_size] float32, row-major, filled in order.
   Status Forward(const BatchPlan& plan, std::span<float> logits);
-  // One step where some rows need only their argmax (greedy rows with no logits processing):
-  // the backend computes it where the logits are, and only the other rows' logits are copied.
+  // One step where some rows need only a token (greedy rows, or sampled rows without logits
+  // processors): the backend computes it where the logits are; only kCopy rows are copied.
   Status Forward(const BatchPlan& plan, const StepOutputs& outputs);
 
   struct Impl;  // the architecture's weights and forward pass (model/*.cc)

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda_loader.h"
+#include "backend/threshold_sampling.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
@@ -244,8 +245,8 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma2",
                                            "gemma3"));
 
-// StepOutputs with argmax-only rows: the backend's ids equal the argmax of the copied logits,
-// and the other rows' logits are the same bits as a plain Forward.
+// StepOutputs with argmax and sampled rows: the backend's ids equal the argmax / ThresholdSample
+// of the logits a plain Forward gives, and the copied rows' logits are the same bits.
 void CheckArgmaxRows(DeviceKind device) {
   const std::string dir = ModelDir("tinystories-656k");
   auto model = LoadOrDie(dir, "config.json", device);
@@ -259,15 +260,23 @@ void CheckArgmaxRows(DeviceKind device) {
   for (int32_t i = 0; i < plan.num_tokens(); ++i) plan.logits_rows.push_back(i);
   const size_t rows = tokens.size();
   std::vector<float> logits(rows * static_cast<size_t>(vocab), -1.0f);
-  std::vector<uint8_t> flags(rows);
-  for (size_t r = 0; r < rows; ++r) flags[r] = r % 3 != 1;  // runs of flagged and copied rows
+  // Runs of copied rows between argmax and sampled rows.
+  std::vector<RowOutput> kinds(rows);
+  std::vector<RowSampling> sampling(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    kinds[r] = r % 3 == 1 ? RowOutput::kCopy : r % 3 == 0 ? RowOutput::kArgmax : RowOutput::kSample;
+    sampling[r] = {0.9f, r % 2 == 0 ? 0 : 40, 0.95f, 0.0f, 0.1 * static_cast<double>(r)};
+  }
   std::vector<int32_t> ids(rows, -1);
-  Status st = model->Forward(plan, StepOutputs{logits, flags, ids});
+  Status st = model->Forward(plan, StepOutputs{logits, kinds, sampling, ids});
   ASSERT_TRUE(st.ok()) << st.message();
   for (size_t r = 0; r < rows; ++r) {
     const float* want = full.data() + r * static_cast<size_t>(vocab);
-    if (flags[r] != 0) {
+    if (kinds[r] == RowOutput::kArgmax) {
       EXPECT_EQ(ids[r], Argmax(want, vocab)) << "row " << r;
+    } else if (kinds[r] == RowOutput::kSample) {
+      EXPECT_EQ(ids[r], ThresholdSample({want, static_cast<size_t>(vocab)}, sampling[r]))
+          << "row " << r;
     } else {
       EXPECT_EQ(std::memcmp(logits.data() + r * static_cast<size_t>(vocab), want,
                             static_cast<size_t>(vocab) * sizeof(float)),
@@ -276,7 +285,7 @@ void CheckArgmaxRows(DeviceKind device) {
     }
   }
   std::vector<int32_t> bad_ids(rows - 1);
-  EXPECT_FALSE(model->Forward(plan, StepOutputs{logits, flags, bad_ids}).ok());
+  EXPECT_FALSE(model->Forward(plan, StepOutputs{logits, kinds, sampling, bad_ids}).ok());
 }
 
 TEST(TinyStoriesTest, ArgmaxRowsOnCpu) {

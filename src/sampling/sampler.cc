@@ -72,9 +72,9 @@ double SamplerState::NextUniform() {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-bool SamplesRawArgmax(const SamplingParams& params, const SamplerState& state) {
-  return params.is_greedy() && params.logit_bias.empty() && !params.has_penalties() &&
-         !params.wants_logprobs() && state.num_output_tokens() >= params.min_tokens;
+bool UsesRawLogits(const SamplingParams& params, const SamplerState& state) {
+  return params.logit_bias.empty() && !params.has_penalties() && !params.wants_logprobs() &&
+         state.num_output_tokens() >= params.min_tokens;
 }
 
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state) {

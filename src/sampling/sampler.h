@@ -76,10 +76,11 @@ class SamplerState {
   std::unordered_map<int32_t, int32_t> slot_of_id_;  // token id -> index into the vectors above
 };
 
-// True when Sample() would return the plain argmax of the raw logits for this sequence now:
-// greedy, no logit_bias, no penalties, no logprobs, min_tokens reached. The engine then lets the
-// backend compute that argmax where the logits live (Backend::ArgmaxRows, same tie rule).
-bool SamplesRawArgmax(const SamplingParams& params, const SamplerState& state);
+// True when Sample() would use the raw logits unchanged for this sequence now: no logit_bias, no
+// penalties, no logprobs, min_tokens reached. Then a greedy row's token is the plain argmax
+// (Backend::ArgmaxRows, same tie rule) and a sampled row's a draw a backend can make where the
+// logits live (Backend::SampleRows, same semantics, with the state's next uniform).
+bool UsesRawLogits(const SamplingParams& params, const SamplerState& state);
 
 // The documented seed mix for sample `sample_index` of a request seeded with `seed`:
 // SplitMix64(seed ^ SplitMix64(sample_index)). Distinct indices give unrelated streams.
@@ -90,8 +91,9 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state);
 
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
-// parallel (threads started per call when two or more rows need sampling). params[i] / states[i] belong to row i; results go to out[i]. Rows with
-// skip[i] != 0 (when skip is given) are left alone: their logits need not be valid.
+// parallel (threads started per call when two or more rows need sampling). params[i] / states[i]
+// belong to row i; results go to out[i]. Rows with skip[i] != 0 (when skip is given) are left
+// alone: their logits need not be valid.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
