@@ -292,13 +292,16 @@ void Engine::RunStep(const StepPlan& plan) {
   row_kinds_.assign(num_rows, RowOutput::kCopy);
   row_sampling_.assign(num_rows, RowSampling{});
   row_ids_.assign(num_rows, 0);
+  row_params_.clear();
+  row_states_.clear();
   const bool backend_samples = model_->prefers_backend_sampling() ||
                                config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
-  size_t flag_row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
-    const size_t r = flag_row++;
+    const size_t r = row_params_.size();
     const SamplingParams& p = s.seq->request->request.sampling;
+    row_params_.push_back(&p);
+    row_states_.push_back(s.seq->sampler.get());
     if (!UsesRawLogits(p, *s.seq->sampler)) continue;
     if (p.is_greedy()) {
       row_kinds_[r] = RowOutput::kArgmax;
@@ -320,13 +323,6 @@ void Engine::RunStep(const StepPlan& plan) {
   }
 
   // The rows the host samples, in parallel across rows (per-sequence RNG: order-independent).
-  row_params_.clear();
-  row_states_.clear();
-  for (const ScheduledSequence& s : plan.scheduled) {
-    if (!s.samples) continue;
-    row_params_.push_back(&s.seq->request->request.sampling);
-    row_states_.push_back(s.seq->sampler.get());
-  }
   row_outputs_.assign(num_rows, SampleOutput{});
   host_skip_.assign(num_rows, 0);
   for (size_t r = 0; r < num_rows; ++r) host_skip_[r] = row_kinds_[r] != RowOutput::kCopy;
