@@ -113,7 +113,9 @@ double MassAtLeast(const Row& row, const Prefix& kept, float x) {
   return Mass(row, kept);
 }
 
-int32_t Argmax(std::span<const float> logits) {
+}  // namespace
+
+int32_t RowArgmax(std::span<const float> logits) {
   int32_t best = -1;
   for (size_t i = 0; i < logits.size(); ++i)
     if (!std::isnan(logits[i]) && (best < 0 || logits[i] > logits[static_cast<size_t>(best)]))
@@ -121,13 +123,11 @@ int32_t Argmax(std::span<const float> logits) {
   return best < 0 ? 0 : best;
 }
 
-}  // namespace
-
 int32_t ThresholdSample(std::span<const float> logits, const RowSampling& params) {
   float max = -std::numeric_limits<float>::infinity();
   for (float l : logits)
     if (l > max) max = l;
-  if (!std::isfinite(max)) return Argmax(logits);
+  if (!std::isfinite(max)) return RowArgmax(logits);
   const Row row(logits, max, params.temperature);
 
   int64_t positive;

@@ -16,6 +16,10 @@
 
 namespace ember {
 
+// The first index of the row's maximum, NaN never winning, 0 for an all-NaN row: the host
+// sampler's greedy choice (sampling/processors.h Argmax), as the backends compute it.
+int32_t RowArgmax(std::span<const float> logits);
+
 // The token for one row. logits [vocab]; a row without a finite maximum (all -inf, or +inf
 // present) answers its argmax like the host sampler. Requires params.temperature > 0.
 int32_t ThresholdSample(std::span<const float> logits, const RowSampling& params);

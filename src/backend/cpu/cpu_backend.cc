@@ -438,14 +438,9 @@ class CpuBackend final : public Backend {
     if (ids.size() != static_cast<size_t>(x.rows()))
       return Status::Error("ArgmaxRows: " + std::to_string(ids.size()) + " ids for tensor " +
                            ShapeString(x));
-    const int64_t cols = x.cols();
-    for (int64_t r = 0; r < x.rows(); ++r) {
-      const float* row = F(x) + r * cols;
-      int64_t best = -1;
-      for (int64_t j = 0; j < cols; ++j)  // NaN compares false: never taken, never kept
-        if (!std::isnan(row[j]) && (best < 0 || row[j] > row[best])) best = j;
-      ids[static_cast<size_t>(r)] = static_cast<int32_t>(std::max<int64_t>(best, 0));
-    }
+    const size_t cols = static_cast<size_t>(x.cols());
+    for (int64_t r = 0; r < x.rows(); ++r)
+      ids[static_cast<size_t>(r)] = RowArgmax({F(x) + r * x.cols(), cols});
     return Status::Ok();
   }
 
