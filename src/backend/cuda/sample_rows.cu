@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/block_argmax.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
@@ -19,12 +20,9 @@ constexpr int kWarps = kThreads / 32;
 struct Shared {
   long long count[kWarps];
   double mass[kWarps];
-  float fval[kWarps];
-  int ival[kWarps];
   long long ties[kThreads];
   long long out_count;
   double out_mass;
-  float out_f;
   int out_i;
 };
 
@@ -115,8 +113,10 @@ __device__ float LargestWhere(float low, Pred pred) {
   unsigned lo = __float_as_uint(low), hi = __float_as_uint(1.0f);
   while (hi - lo > 1) {
     const unsigned mid = lo + (hi - lo) / 2;
-    if (pred(__uint_as_float(mid))) lo = mid;
-    else hi = mid;
+    if (pred(__uint_as_float(mid)))
+      lo = mid;
+    else
+      hi = mid;
   }
   return __uint_as_float(lo);
 }
@@ -169,48 +169,6 @@ __device__ int NthTie(const Row& row, float t, long long r, Shared& s) {
   return id;
 }
 
-// Block max (NaN skipped) and the first index holding it (argmax with the host's tie rule).
-__device__ void MaxAndArgmax(const float* x, int64_t n, Shared& s, float* max, int* argmax) {
-  float best = -INFINITY;
-  int best_i = INT_MAX;
-  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const float v = x[j];
-    if (v != v) continue;
-    if (best_i == INT_MAX || v > best) {
-      best = v;
-      best_i = static_cast<int>(j);
-    }
-  }
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_down_sync(0xffffffffu, best, off);
-    const int oi = __shfl_down_sync(0xffffffffu, best_i, off);
-    if (ov > best || (ov == best && oi < best_i)) {
-      best = ov;
-      best_i = oi;
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    s.fval[warp] = best;
-    s.ival[warp] = best_i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) {
-      if (s.fval[w] > best || (s.fval[w] == best && s.ival[w] < best_i)) {
-        best = s.fval[w];
-        best_i = s.ival[w];
-      }
-    }
-    s.out_f = best;
-    s.out_i = best_i == INT_MAX ? 0 : best_i;
-  }
-  __syncthreads();
-  *max = s.out_f;
-  *argmax = s.out_i;
-  __syncthreads();
-}
-
 __global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
                                  const int32_t* __restrict__ rows,
                                  const SampleRowParams* __restrict__ params,
@@ -220,7 +178,7 @@ __global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
   const float* logits = x + static_cast<int64_t>(rows[blockIdx.x]) * cols;
   float row_max;
   int argmax;
-  MaxAndArgmax(logits, cols, s, &row_max, &argmax);
+  BlockArgmax<kThreads>(logits, cols, &row_max, &argmax);
   if (!isfinite(row_max)) {  // all -inf, or +inf present: the host falls back to argmax
     if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
     return;
@@ -237,9 +195,8 @@ __global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
   }
   if (p.top_p < 1.0f) {
     const double target = static_cast<double>(p.top_p) * MassOf(row, kept, s);
-    const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN, [&](float v) {
-      return MassAtLeast(row, kept, v, s) >= target;
-    });
+    const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN,
+                                 [&](float v) { return MassAtLeast(row, kept, v, s) >= target; });
     long long above;
     double mass_above;
     Above(row, t, true, s, &above, &mass_above);
@@ -257,9 +214,8 @@ __global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
   if (kept_len < positive) kept = FirstN(row, kept_len, s);
 
   const double target = p.u * MassOf(row, kept, s);
-  const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN, [&](float v) {
-    return MassAtLeast(row, kept, v, s) > target;
-  });
+  const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN,
+                               [&](float v) { return MassAtLeast(row, kept, v, s) > target; });
   long long above;
   double mass_above;
   Above(row, t, true, s, &above, &mass_above);
@@ -276,8 +232,8 @@ void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
                       const SampleRowParams* params, int32_t num_rows, int32_t* ids,
                       cudaStream_t stream) {
   if (num_rows == 0) return;
-  SampleRowsKernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(x, cols, rows,
-                                                                             params, ids);
+  SampleRowsKernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(x, cols, rows, params,
+                                                                             ids);
   CUDA_CHECK(cudaGetLastError());
 }
 
