@@ -58,6 +58,9 @@ Status GenerationFlags::Apply(const FlagParser& flags, const GenerationDefaults&
 void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
+  flags.AddString("--batch-invariant", &batch_invariant,
+                  "on | off: CUDA kernels whose per-row results do not depend on the batch "
+                  "(default on; the CPU backend always is)");
   flags.AddInt("--max-batch", &max_batch, "sequences decoded together (default 64)");
   flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
   flags.AddDouble("--gpu-memory-fraction", &gpu_memory_fraction,
@@ -81,6 +84,9 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     return Status::Error("--device must be cpu, cuda or auto, got '" + device + "'");
   }
   if (threads < 0) return Status::Error("--threads: must be >= 0");
+  if (batch_invariant != "on" && batch_invariant != "off")
+    return Status::Error("--batch-invariant must be on or off, got '" + batch_invariant + "'");
+  opts.cuda_batch_invariant = batch_invariant == "on";
   opts.num_threads = static_cast<int32_t>(threads);
   return opts;
 }

@@ -155,6 +155,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   if (opts.device == DeviceKind::kCuda) {
     CudaBackendOptions cuda;
     cuda.f32_compute = opts.cuda_f32_compute;
+    cuda.batch_invariant = opts.cuda_batch_invariant;
     EMBER_ASSIGN_OR_RETURN(model->backend_, LoadCudaBackend(opts.cuda_device, cuda));
   } else {
     CpuBackendOptions cpu;

@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
         f32_compute_(options.f32_compute),
         use_graphs_(options.cuda_graphs),
         tc_prefill_(options.tensor_core_prefill && !options.f32_compute),
+        batch_invariant_(options.batch_invariant && !options.f32_compute),
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
         cublas_workspace_(kCublasWorkspaceBytes) {
@@ -160,6 +161,7 @@ class CudaBackend final : public Backend {
   bool f32_compute_;
   bool use_graphs_;
   bool tc_prefill_;
+  bool batch_invariant_;  // bf16 mode: one reduction order per row for MatMul and Attention
   int num_sms_ = 132;
   Stream stream_;
   CublasHandle cublas_;

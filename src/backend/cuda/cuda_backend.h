@@ -35,6 +35,12 @@ struct CudaBackendOptions {
   bool tensor_core_prefill = true;
   // Time every op with CUDA events (forces op-by-op launches; for benchmarks).
   bool profile_ops = false;
+  // bf16 mode: every row's result is bitwise independent of the step it is computed in (which
+  // other rows share the step, chunk boundaries, decode vs prefill step): all MatMuls and all
+  // attention rows use kernels with one fixed reduction order. Off: cuBLAS for large steps,
+  // GEMV for small ones, split-K decode attention (results then differ by rounding between
+  // batch compositions).
+  bool batch_invariant = true;
 };
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
 

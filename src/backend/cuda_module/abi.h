@@ -9,7 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 namespace ember {
-inline constexpr int kEmberCudaModuleAbi = 1;
+inline constexpr int kEmberCudaModuleAbi = 2;
 }  // namespace ember
 
 extern "C" {
