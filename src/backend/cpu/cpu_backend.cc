@@ -1,7 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <immintrin.h>
-#include <omp.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -18,6 +18,14 @@
 
 namespace ember {
 namespace {
+// The CPUs this process may run on (a taskset/cgroup affinity mask counts, not the machine's).
+int32_t UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -125,7 +133,7 @@ struct RopeTable {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options) {
-    num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
+    num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
   std::string name() const override { return "cpu"; }
@@ -418,6 +426,10 @@ class CpuBackend final : public Backend {
     }
     if (m.total_bytes == 0) return Status::Error("/proc/meminfo: no MemTotal line");
     return m;
+  }
+
+  Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override {
+    return ApplyLogitEditsToRows({F(x), static_cast<size_t>(x.numel())}, x.cols(), edits);
   }
 
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,

@@ -1,6 +1,6 @@
 // The CPU backend: the reference implementation of backend.h (float32 arithmetic over
 // f32/f16/bf16 weights read straight from the checkpoint mapping), AVX2+FMA+F16C kernels,
-// OpenMP across cores. Matrix weights are never copied (UploadWeight keeps the pointer, which
+// spread over cores by its own thread pool (cpu/thread_pool.h). Matrix weights are never copied (UploadWeight keeps the pointer, which
 // must outlive the backend); 1-D weights (norms, biases) are converted to small f32 copies.
 // Every op computes each output row independently of the other rows of the batch, in a fixed
 // order, so results are bitwise batch-invariant. Not thread-safe: one driving thread.
