@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/batch_plan.h"
+#include "backend/logit_edit.h"  // LogitEdit, ApplyLogitEdit (Backend::ApplyLogitEdits)
 #include "util/status.h"
 
 namespace ember {
@@ -154,6 +155,12 @@ class Backend {
   // x with params[j] (ThresholdSample's algorithm). x [num_rows, vocab] float32.
   virtual Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                             std::span<const RowSampling> params, std::span<int32_t> ids) = 0;
+  // The logits processors of the rows whose token the backend makes (ArgmaxRows / SampleRows
+  // next): x[e.row, e.token] = ApplyLogitEdit(x[e.row, e.token], e.op, e.value) for each edit,
+  // in place, before those calls (the edits are uploaded with the call: 16 bytes each). The edits
+  // of one element are consecutive in `edits` and apply in list order; sampling/logit_edits.h
+  // builds such lists. Errors name an edit outside x. x [rows, vocab] float32.
+  virtual Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) = 0;
   // True when SampleRows is cheaper than copying the rows to the host sampler (a GPU).
   virtual bool prefers_backend_sampling() const { return false; }
   // The memory this backend allocates from, now (after the weights were uploaded): the GPU's for

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
 
 namespace ember {
 namespace {
@@ -173,6 +174,30 @@ int32_t ThresholdSample(std::span<const float> logits, const RowSampling& params
   int64_t r = static_cast<int64_t>(std::floor((target - mass_above) / t)) + 1;
   r = std::clamp<int64_t>(r, 1, std::max<int64_t>(available, 1));
   return row.NthTie(t, r);
+}
+
+Status CheckLogitEdits(int64_t rows, int64_t cols, std::span<const LogitEdit> edits) {
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const LogitEdit& e = edits[i];
+    if (e.row < 0 || e.row >= rows || e.token < 0 || e.token >= cols ||
+        static_cast<uint32_t>(e.op) > static_cast<uint32_t>(LogitEditOp::kMask)) {
+      return Status::Error("logit edit " + std::to_string(i) + " (row " + std::to_string(e.row) +
+                           ", token " + std::to_string(e.token) + ", op " +
+                           std::to_string(static_cast<int32_t>(e.op)) + ") is outside [" +
+                           std::to_string(rows) + ", " + std::to_string(cols) + "] logits");
+    }
+  }
+  return Status::Ok();
+}
+
+Status ApplyLogitEditsToRows(std::span<float> x, int64_t cols, std::span<const LogitEdit> edits) {
+  const int64_t rows = cols > 0 ? static_cast<int64_t>(x.size()) / cols : 0;
+  EMBER_RETURN_IF_ERROR(CheckLogitEdits(rows, cols, edits));
+  for (const LogitEdit& e : edits) {
+    float& v = x[static_cast<size_t>(e.row * cols + e.token)];
+    v = ApplyLogitEdit(v, e.op, e.value);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ember

@@ -6,7 +6,8 @@
 // which the running mass exceeds u * kept mass. Every filter keeps a prefix of the rank order,
 // so each step is a search for a weight threshold (binary search over the float's bits, each
 // probe one pass of counts/masses over the row) plus a count of ties, which maps onto one GPU
-// thread block per row with block-wide reductions. Pure functions; thread-safe.
+// thread block per row with block-wide reductions. ApplyLogitEditsToRows is the twin of the
+// logits processors' kernel (cuda/logit_edits.cu). Pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,13 @@ namespace ember {
 // The first index of the row's maximum, NaN never winning, 0 for an all-NaN row: the host
 // sampler's greedy choice (sampling/processors.h Argmax), as the backends compute it.
 int32_t RowArgmax(std::span<const float> logits);
+
+// The reference ApplyLogitEdits (Backend::ApplyLogitEdits' semantics, used by the CPU backend and
+// by the host sampler): x[e.row * cols + e.token] = ApplyLogitEdit(..., e.op, e.value) for each
+// edit in list order. x [rows, cols]. An edit outside x is an error naming it (x unchanged).
+Status ApplyLogitEditsToRows(std::span<float> x, int64_t cols, std::span<const LogitEdit> edits);
+// The check of ApplyLogitEditsToRows (every backend's): each edit inside [rows, cols], op known.
+Status CheckLogitEdits(int64_t rows, int64_t cols, std::span<const LogitEdit> edits);
 
 // The token for one row. logits [vocab]; a row without a finite maximum (all -inf, or +inf
 // present) answers its argmax like the host sampler. Requires params.temperature > 0.

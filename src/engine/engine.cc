@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "sampling/logit_edits.h"
 #include "util/log.h"
 
 namespace ember {
@@ -284,8 +285,10 @@ void Engine::RunStep(const StepPlan& plan) {
                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
     batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
   }
-  // Rows that need no logits processing get their token from the backend (argmax, or a draw
-  // with the sequence's next uniform where the backend prefers it); only the rest copy logits.
+  // Rows that want no logprobs get their token from the backend: their processors (bias,
+  // penalties, min_tokens mask) as a sparse edit list applied where the logits are, then the
+  // argmax, or a draw with the sequence's next uniform where the backend prefers it. Logprobs rows
+  // (and sampled rows on a backend that prefers the host) copy their logits to the host sampler.
   const size_t num_rows = batch.logits_rows.size();
   const std::span<float> logits =
       model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
@@ -294,6 +297,7 @@ void Engine::RunStep(const StepPlan& plan) {
   row_ids_.assign(num_rows, 0);
   row_params_.clear();
   row_states_.clear();
+  std::vector<LogitEdit> row_edits;  // allocates only when some row has processors
   const bool backend_samples = model_->prefers_backend_sampling() ||
                                config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   for (const ScheduledSequence& s : plan.scheduled) {
@@ -302,15 +306,19 @@ void Engine::RunStep(const StepPlan& plan) {
     const SamplingParams& p = s.seq->request->request.sampling;
     row_params_.push_back(&p);
     row_states_.push_back(s.seq->sampler.get());
-    if (!UsesRawLogits(p, *s.seq->sampler)) continue;
+    if (!BackendCanSample(p)) continue;
     if (p.is_greedy()) {
       row_kinds_[r] = RowOutput::kArgmax;
     } else if (backend_samples) {
       row_kinds_[r] = RowOutput::kSample;
       row_sampling_[r] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
+    } else {
+      continue;
     }
+    AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
   }
-  Status st = model_->Forward(batch, StepOutputs{logits, row_kinds_, row_sampling_, row_ids_});
+  Status st = model_->Forward(
+      batch, StepOutputs{logits, row_kinds_, row_sampling_, row_ids_, row_edits});
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
   if (!st.ok()) {

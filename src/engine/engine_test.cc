@@ -221,6 +221,22 @@ TEST(EngineTest, SeededSamplingIsBatchIndependent) {
   for (auto& s : streams) Collect(s);
 }
 
+// Every request's sample-0 tokens from one engine over `dir` with the given backend sampling.
+std::vector<std::vector<int32_t>> RunAll(const std::string& dir,
+                                         const std::vector<GenerationRequest>& requests,
+                                         EngineConfig::BackendSampling mode) {
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.backend_sampling = mode;
+  auto engine = Engine::Create(model.get(), config);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
+  std::vector<std::vector<int32_t>> out;
+  for (auto& s : streams) out.push_back(Collect(s).samples[0]);
+  return out;
+}
+
 // Sampled requests drawn by the backend (the CPU twin of the GPU's SampleRows, forced here) give
 // the same tokens as the host sampler for the same seeds, alone and batched.
 TEST(EngineTest, BackendSamplingEqualsTheHostSampler) {
@@ -236,21 +252,91 @@ TEST(EngineTest, BackendSamplingEqualsTheHostSampler) {
     s.seed = 100 + i;
     requests[i].max_tokens = 20;
   }
-  auto run = [&](EngineConfig::BackendSampling mode) {
-    auto model = LoadModel(dir);
-    EngineConfig config;
-    config.backend_sampling = mode;
-    auto engine = Engine::Create(model.get(), config);
-    EXPECT_TRUE(engine.ok()) << engine.message();
-    std::vector<std::shared_ptr<ResponseStream>> streams;
-    for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
-    std::vector<std::vector<int32_t>> out;
-    for (auto& s : streams) out.push_back(Collect(s).samples[0]);
-    return out;
-  };
-  const auto host = run(EngineConfig::BackendSampling::kAuto);  // CPU: the host sampler
-  const auto backend = run(EngineConfig::BackendSampling::kAlways);
+  const auto host = RunAll(dir, requests, EngineConfig::BackendSampling::kAuto);  // CPU: host
+  const auto backend = RunAll(dir, requests, EngineConfig::BackendSampling::kAlways);
   for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(backend[i], host[i]) << "request " << i;
+}
+
+// The logits processors applied by the backend (Backend::ApplyLogitEdits, then ArgmaxRows /
+// SampleRows) give the same tokens as the host sampler applying them (forced by asking for
+// logprobs, which keeps every row on the host): logit_bias (a repeated id too), each penalty
+// (repetition above and below 1, presence and frequency, negative ones too), min_tokens with
+// stop ids the plain run would have picked, and combinations where one id is biased, penalised
+// and masked at once; greedy and seeded sampled rows, batched together.
+TEST(EngineTest, BackendLogitsProcessorsEqualTheHostSampler) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests = MakeRequests(16, 2048, 9);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationRequest& r = requests[i];
+    r.max_tokens = 16;
+    r.ignore_eos = true;
+    if (i >= 8) {
+      r.sampling.temperature = 0.7f + 0.1f * static_cast<float>(i % 4);
+      r.sampling.top_k = i % 3 == 0 ? 0 : 40;
+      r.sampling.top_p = i % 2 == 0 ? 1.0f : 0.9f;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    r.sampling.seed = 300 + i;
+  }
+  const auto plain = RunAll(dir, requests, EngineConfig::BackendSampling::kAlways);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_GE(plain[i].size(), 3u) << "request " << i;
+    GenerationRequest& r = requests[i];
+    SamplingParams& s = r.sampling;
+    const int32_t first = plain[i][0], third = plain[i][2], prompt0 = r.prompt_ids[0];
+    switch (i % 8) {
+      case 0:  // bias, with a repeated id whose entries add up
+        s.logit_bias = {{first, -4.0f}, {third, 2.5f}, {first, -1.25f}, {7, 3.0f}};
+        break;
+      case 1:
+        s.repetition_penalty = 1.3f;
+        break;
+      case 2:
+        s.presence_penalty = 1.5f;
+        break;
+      case 3:
+        s.frequency_penalty = 0.8f;
+        break;
+      case 4:  // min_tokens: the plain run's first and third tokens (and EOS) masked at first
+        s.min_tokens = 6;
+        r.stop_token_ids = {first, third};
+        r.ignore_eos = false;
+        break;
+      case 5:  // one id biased, penalised (a prompt id) and masked; another biased and penalised
+        s.logit_bias = {{prompt0, 5.0f}, {first, 1.5f}, {third, -2.0f}};
+        s.repetition_penalty = 1.2f;
+        s.frequency_penalty = 0.5f;
+        s.presence_penalty = 0.3f;
+        s.min_tokens = 4;
+        r.stop_token_ids = {prompt0, third};
+        break;
+      case 6:  // a repetition penalty below 1 (favours repeats) and a bias on a prompt id
+        s.repetition_penalty = 0.8f;
+        s.logit_bias = {{prompt0, 0.75f}};
+        break;
+      case 7:  // negative presence / frequency penalties with a bias
+        s.presence_penalty = -0.7f;
+        s.frequency_penalty = -0.3f;
+        s.logit_bias = {{first, -3.0f}};
+        break;
+    }
+  }
+  const auto backend = RunAll(dir, requests, EngineConfig::BackendSampling::kAlways);
+  const auto mixed = RunAll(dir, requests, EngineConfig::BackendSampling::kAuto);
+  for (GenerationRequest& r : requests) r.sampling.top_logprobs = 0;  // every row on the host
+  const auto host = RunAll(dir, requests, EngineConfig::BackendSampling::kAlways);
+  int32_t changed = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(backend[i], host[i]) << "request " << i;
+    EXPECT_EQ(mixed[i], host[i]) << "request " << i << " (greedy on the backend, draws on host)";
+    changed += host[i] != plain[i];
+  }
+  // The processors did change the outputs (min_tokens rows must: their first token is masked).
+  EXPECT_NE(host[4], plain[4]);
+  EXPECT_NE(host[12], plain[12]);
+  EXPECT_GE(changed, 12) << "of 16 requests";
 }
 
 TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {

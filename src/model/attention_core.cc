@@ -1,5 +1,6 @@
 #include "model/architecture.h"
 
+#include <string>
 #include <vector>
 
 namespace ember {
@@ -37,7 +38,11 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
 }
 
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {
-  if (outputs.row_kinds.empty()) return be.CopyToHost(logits, outputs.logits);
+  if (outputs.row_kinds.empty()) {
+    if (!outputs.edits.empty())
+      return Status::Error("StepOutputs: logit edits without row_kinds");
+    return be.CopyToHost(logits, outputs.logits);
+  }
   const int64_t rows = logits.rows(), vocab = logits.cols();
   const auto kind = [&](int64_t r) { return outputs.row_kinds[static_cast<size_t>(r)]; };
   bool any_argmax = false;
@@ -49,6 +54,14 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
       sample_rows.push_back(static_cast<int32_t>(r));
       sample_params.push_back(outputs.sampling[static_cast<size_t>(r)]);
     }
+  }
+  if (!outputs.edits.empty()) {
+    for (const LogitEdit& e : outputs.edits) {
+      if (e.row < 0 || e.row >= rows || kind(e.row) == RowOutput::kCopy)
+        return Status::Error("StepOutputs: logit edit of row " + std::to_string(e.row) +
+                             ", which is not a kArgmax/kSample row");
+    }
+    EMBER_RETURN_IF_ERROR(be.ApplyLogitEdits(logits, outputs.edits));
   }
   if (any_argmax) EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.ids));
   if (!sample_rows.empty()) {

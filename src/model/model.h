@@ -77,13 +77,17 @@ std::string SupportedModelTypes();
 
 // What one step delivers for each logits row (plan.logits_rows order): its logits on the host
 // (kCopy), or only a token computed by the backend where the logits are: the argmax (kArgmax)
-// or a draw with the row's RowSampling (kSample, Backend::SampleRows).
+// or a draw with the row's RowSampling (kSample, Backend::SampleRows), after the row's logits
+// processors (`edits`, Backend::ApplyLogitEdits) were applied where the logits are.
 enum class RowOutput : uint8_t { kCopy = 0, kArgmax = 1, kSample = 2 };
 struct StepOutputs {
   std::span<float> logits;                // [rows, vocab] float32; kCopy rows filled
   std::span<const RowOutput> row_kinds;   // empty (every row kCopy) or one per row
   std::span<const RowSampling> sampling;  // [rows] with row_kinds: used by kSample rows
   std::span<int32_t> ids;  // [rows] with row_kinds: the token of kArgmax/kSample rows
+  // Processors of kArgmax/kSample rows (sampling/logit_edits.h); an edit of a kCopy row is an
+  // error (the host applies those rows' processors itself).
+  std::span<const LogitEdit> edits = {};
 };
 
 enum class DeviceKind { kCpu, kCuda };

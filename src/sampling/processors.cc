@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/logit_edit.h"
 #include "sampling/row_math.h"
 #include "util/check.h"
 
@@ -26,8 +27,13 @@ struct RanksBefore {
 void ApplyLogitBias(std::span<float> logits, std::span<const std::pair<int32_t, float>> bias) {
   for (const auto& [id, value] : bias) {
     CHECK(id >= 0 && static_cast<size_t>(id) < logits.size()) << "logit_bias id " << id;
-    logits[static_cast<size_t>(id)] += value;
+    float& logit = logits[static_cast<size_t>(id)];
+    logit = ApplyLogitEdit(logit, LogitEditOp::kAdd, value);
   }
+}
+
+float PenaltySubtrahend(float frequency, float presence, int32_t count) {
+  return frequency * static_cast<float>(count) + presence;
 }
 
 void ApplyPenalties(std::span<float> logits, std::span<const int32_t> seen_ids,
@@ -36,14 +42,20 @@ void ApplyPenalties(std::span<float> logits, std::span<const int32_t> seen_ids,
   CHECK_EQ(seen_ids.size(), output_counts.size());
   for (size_t i = 0; i < seen_ids.size(); ++i) {
     float& logit = logits[static_cast<size_t>(seen_ids[i])];
-    if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
+    if (repetition != 1.0f) logit = ApplyLogitEdit(logit, LogitEditOp::kRepetition, repetition);
     const int32_t count = output_counts[i];
-    if (count > 0) logit -= frequency * static_cast<float>(count) + presence;
+    if (count > 0) {
+      logit = ApplyLogitEdit(logit, LogitEditOp::kSubtract,
+                             PenaltySubtrahend(frequency, presence, count));
+    }
   }
 }
 
 void MaskTokens(std::span<float> logits, std::span<const int32_t> ids) {
-  for (int32_t id : ids) logits[static_cast<size_t>(id)] = kNegInf;
+  for (int32_t id : ids) {
+    float& logit = logits[static_cast<size_t>(id)];
+    logit = ApplyLogitEdit(logit, LogitEditOp::kMask, 0.0f);
+  }
 }
 
 int32_t Argmax(std::span<const float> logits) {

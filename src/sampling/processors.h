@@ -1,7 +1,8 @@
 // Logits processors and logprob helpers, one function each, so each can be tested against a
 // hand-computed example. All operate on ONE row of logits ([vocab_size] floats); none allocates
 // except where a result is returned. Stateless and thread-safe. Called by Sample() (sampler.h),
-// which fixes their order; the engine should call Sample(), not these. Temperature and the
+// which fixes their order; the engine should call Sample(), not these. The float operation of
+// each processor is backend/logit_edit.h's ApplyLogitEdit (shared with the backends). Temperature and the
 // top-k / top-p / min-p filters live in weighted_row.h.
 #pragma once
 
@@ -23,6 +24,10 @@ void ApplyLogitBias(std::span<float> logits, std::span<const std::pair<int32_t, 
 void ApplyPenalties(std::span<float> logits, std::span<const int32_t> seen_ids,
                     std::span<const int32_t> output_counts, float repetition, float presence,
                     float frequency);
+
+// The amount a penalised output id's logit drops by: frequency * count + presence, in float
+// (one compiled copy, used by ApplyPenalties and by the logit-edit lists of logit_edits.h).
+float PenaltySubtrahend(float frequency, float presence, int32_t count);
 
 // logits[id] = -inf for each id (min_tokens: stop ids cannot be sampled yet).
 void MaskTokens(std::span<float> logits, std::span<const int32_t> ids);

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "backend/threshold_sampling.h"
+#include "sampling/logit_edits.h"
 #include "sampling/processors.h"
 #include "sampling/weighted_row.h"
 #include "util/check.h"
@@ -27,6 +29,7 @@ uint64_t SplitMix64(uint64_t x) {
 struct Scratch {
   WeightedRow row;
   std::vector<float> raw_logits;  // [vocab_size] copy of the row, only when logprobs are wanted
+  std::vector<LogitEdit> edits;   // the row's logits processors
 };
 thread_local Scratch t_scratch;
 
@@ -72,10 +75,7 @@ double SamplerState::NextUniform() {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-bool UsesRawLogits(const SamplingParams& params, const SamplerState& state) {
-  return params.logit_bias.empty() && !params.has_penalties() && !params.wants_logprobs() &&
-         state.num_output_tokens() >= params.min_tokens;
-}
+bool BackendCanSample(const SamplingParams& params) { return !params.wants_logprobs(); }
 
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state) {
   CHECK(!logits.empty());
@@ -91,14 +91,14 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
     out.top_logprobs = TopLogprobs(logits, log_sum_exp, params.top_logprobs);
   }
 
-  // Logits processors, in vLLM order: bias on the raw logits, then penalties, then min_tokens.
-  if (!params.logit_bias.empty()) ApplyLogitBias(logits, params.logit_bias);
-  if (params.has_penalties()) {
-    ApplyPenalties(logits, state.seen_ids(), state.output_counts(), params.repetition_penalty,
-                   params.presence_penalty, params.frequency_penalty);
-  }
-  if (state.num_output_tokens() < params.min_tokens) {
-    MaskTokens(logits, state.min_tokens_mask_ids());
+  // Logits processors, in vLLM order (bias on the raw logits, then penalties, then min_tokens),
+  // as the edit list a backend applies for the rows it samples (logit_edits.h): one reference.
+  scratch.edits.clear();
+  AppendLogitEdits(params, state, /*row=*/0, scratch.edits);
+  if (!scratch.edits.empty()) {
+    const Status st =
+        ApplyLogitEditsToRows(logits, static_cast<int64_t>(logits.size()), scratch.edits);
+    CHECK(st.ok()) << st.message();  // ids were validated with the request
   }
 
   // Top-k / top-p / min-p always keep the argmax, so greedy ignores them and draws nothing.

@@ -76,11 +76,12 @@ class SamplerState {
   std::unordered_map<int32_t, int32_t> slot_of_id_;  // token id -> index into the vectors above
 };
 
-// True when Sample() would use the raw logits unchanged for this sequence now: no logit_bias, no
-// penalties, no logprobs, min_tokens reached. Then a greedy row's token is the plain argmax
-// (Backend::ArgmaxRows, same tie rule) and a sampled row's a draw a backend can make where the
-// logits live (Backend::SampleRows, same semantics, with the state's next uniform).
-bool UsesRawLogits(const SamplingParams& params, const SamplerState& state);
+// True when a backend may make this row's token where the logits live: the row's processors as
+// edits (logit_edits.h, Backend::ApplyLogitEdits), then the plain argmax for a greedy request
+// (Backend::ArgmaxRows, same tie rule) or a draw with the state's next uniform
+// (Backend::SampleRows, same semantics) — the same token Sample() picks. False only for requests
+// that want logprobs: those are taken from the raw row, which Sample() needs on the host.
+bool BackendCanSample(const SamplingParams& params);
 
 // The documented seed mix for sample `sample_index` of a request seeded with `seed`:
 // SplitMix64(seed ^ SplitMix64(sample_index)). Distinct indices give unrelated streams.

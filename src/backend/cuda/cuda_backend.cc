@@ -15,6 +15,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/rope_table.h"
 #include "backend/cuda/step_recorder.h"
+#include "backend/threshold_sampling.h"  // CheckLogitEdits
 
 namespace ember {
 namespace {
@@ -136,6 +137,7 @@ class CudaBackend final : public Backend {
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
+  Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override;
@@ -150,6 +152,7 @@ class CudaBackend final : public Backend {
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
   DeviceBuffer sample_args_;  // SampleRows' rows + params + ids, grown on demand
+  DeviceBuffer logit_edits_;  // ApplyLogitEdits' edits, grown on demand
   // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
   struct PinnedDeleter {
     void operator()(float* p) const { CUDA_CHECK(cudaFreeHost(p)); }
@@ -759,6 +762,23 @@ Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
   CUDA_CHECK(cudaMemcpyAsync(ids.data(), dev_ids, ids.size_bytes(), cudaMemcpyDeviceToHost,
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return Status::Ok();
+}
+
+static_assert(sizeof(LogitEdit) == 16);
+
+Status CudaBackend::ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) {
+  CHECK(x.dtype == DType::kF32);
+  EMBER_RETURN_IF_ERROR(CheckLogitEdits(x.rows(), x.cols(), edits));
+  Flush();
+  if (edits.empty()) return Status::Ok();
+  CHECK_LE(edits.size(), size_t{INT32_MAX});
+  if (logit_edits_.bytes() < edits.size_bytes()) logit_edits_ = DeviceBuffer(edits.size_bytes());
+  // Pageable source: the call returns once the edits are staged, so `edits` may die after it.
+  CUDA_CHECK(cudaMemcpyAsync(logit_edits_.data(), edits.data(), edits.size_bytes(),
+                             cudaMemcpyHostToDevice, stream_.get()));
+  cuda::LaunchLogitEdits(static_cast<float*>(x.data), x.cols(), logit_edits_.as<LogitEdit>(),
+                         static_cast<int32_t>(edits.size()), stream_.get());
   return Status::Ok();
 }
 

@@ -161,3 +161,15 @@ void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
                       cudaStream_t stream);
 
 }  // namespace ember::cuda
+
+// ---- logit_edits.cu ----
+namespace ember {
+struct LogitEdit;  // backend/logit_edit.h
+}  // namespace ember
+namespace ember::cuda {
+// x[e.row, e.token] = ApplyLogitEdit(x[e.row, e.token], e.op, e.value) for each edit, in place:
+// one thread per run of consecutive edits of one element, applied in list order (distinct
+// elements in parallel). x [*, cols] float32; edits [num_edits] on the device.
+void LaunchLogitEdits(float* x, int64_t cols, const LogitEdit* edits, int32_t num_edits,
+                      cudaStream_t stream);
+}  // namespace ember::cuda
