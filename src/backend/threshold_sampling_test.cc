@@ -143,8 +143,22 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
       params.push_back(
           {temps[r % 3], ks[r % 4], ps[(r / 4) % 3], min_ps[(r / 12) % 2], uniform(rng)});
     }
+    // All rows at once (one block per row), then in groups of 12 (a cluster of 8 blocks per
+    // row) and alone (a cluster of 16 blocks where the device runs it, batch-1 decode's shape).
     std::vector<int32_t> ids(which.size(), -1);
     ASSERT_TRUE((*be)->SampleRows(*x, which, params, ids).ok());
+    for (size_t group : {size_t{12}, size_t{1}}) {
+      std::vector<int32_t> grouped(which.size(), -1);
+      for (size_t j = 0; j < which.size(); j += group) {
+        const size_t len = std::min(group, which.size() - j);
+        ASSERT_TRUE((*be)
+                        ->SampleRows(*x, std::span(which).subspan(j, len),
+                                     std::span(params).subspan(j, len),
+                                     std::span(grouped).subspan(j, len))
+                        .ok());
+      }
+      EXPECT_EQ(grouped, ids) << "vocab " << vocab << ", groups of " << group;
+    }
     int mismatches = 0;
     for (size_t j = 0; j < which.size(); ++j) {
       std::span<const float> row(data.data() + static_cast<size_t>(which[j]) * vocab,
