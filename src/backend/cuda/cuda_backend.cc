@@ -16,6 +16,7 @@
 #include "backend/cuda/rope_table.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/threshold_sampling.h"  // CheckLogitEdits
+#include "util/log.h"
 
 namespace ember {
 namespace {
@@ -131,6 +132,8 @@ class CudaBackend final : public Backend {
   void Rope(int32_t rope_id, Tensor q, Tensor k) override;
   void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override;
   void Attention(const AttentionParams& params, const Tensor& q, Tensor out) override;
+  void AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
+                          const cuda::KvLayerView& kv, float* op);
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
@@ -165,6 +168,7 @@ class CudaBackend final : public Backend {
   bool use_graphs_;
   bool tc_prefill_;
   bool batch_invariant_;  // bf16 mode: one reduction order per row for MatMul and Attention
+  bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;
   Stream stream_;
   CublasHandle cublas_;
@@ -604,6 +608,16 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   const float* qp = static_cast<const float*>(q.data);
   float* op = static_cast<float*>(out.data);
   const cuda::PlanView plan = plan_;
+  if (batch_invariant_ && cuda::AttentionInvariantSupported(params.head_dim)) {
+    AttentionInvariant(args, qp, kv, op);
+    return;
+  }
+  if (batch_invariant_ && !warned_attention_variant_) {
+    warned_attention_variant_ = true;
+    LOG_WARN << "cuda: head_dim " << params.head_dim
+             << " has no batch-invariant attention kernel (multiples of 16 up to 256); this "
+                "model's results depend on the batch";
+  }
   int32_t splits = 0;  // 0: the f32 prefill kernel
   float* partials = nullptr;
   if (max_query_len_ <= 1) {
@@ -641,6 +655,41 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                      } else {
                        cuda::LaunchAttentionPrefill(args, qp, kv, plan, max_query_len, op, st);
                      }
+                   });
+}
+
+// One kernel for every step shape (see attention_invariant.cu). Split mode (one block per fixed
+// key split, then a fold kernel) only when the row tiles alone would leave SMs idle; it gives the
+// same bits as the sequential mode.
+void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
+                                     const cuda::KvLayerView& kv, float* op) {
+  const cuda::PlanView plan = plan_;
+  const int32_t max_query_len = max_query_len_;
+  const int64_t group = args.num_heads / args.num_kv_heads;
+  const int64_t rows_per_block = cuda::AttentionInvariantRowsPerBlock(args.head_dim);
+  const int64_t blocks = (max_query_len * group + rows_per_block - 1) / rows_per_block *
+                         args.num_kv_heads * plan.num_seqs;
+  const int32_t max_splits =
+      (max_context_len_ + cuda::kInvariantSplitKeys - 1) / cuda::kInvariantSplitKeys;
+  int32_t splits = 0;
+  float* partials = nullptr;
+  if (max_splits > 1 && blocks < num_sms_) {
+    const int64_t floats = cuda::AttentionInvariantPartialsFloats(plan.num_tokens, args.num_heads,
+                                                                  args.head_dim, max_splits);
+    if (floats <= (int64_t{8} << 20) / 4) {
+      splits = max_splits;
+      partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
+    }
+  }
+  // Op 7 (profiled as "Attention"); 1000 + splits tells these launches from the per-step ones.
+  recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
+                    U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
+                    U(args.sliding_window), KeyOf(args.softcap), U(1000 + splits), KeyOf(partials),
+                    U(max_query_len), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
+                    U(plan.block_size)},
+                   [=](cudaStream_t st) {
+                     cuda::LaunchAttentionInvariant(args, qp, kv, plan, max_query_len, splits,
+                                                    partials, op, st);
                    });
 }
 

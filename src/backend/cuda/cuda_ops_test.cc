@@ -4,6 +4,8 @@
 // bf16-rounded operands. Skips when no CUDA device is present (CI has none).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -515,11 +517,17 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
     return RelL2(Download(b, out), ref);
   }
 
-  // f32: the parity mode (f32 kernels); else bf16 mode (tensor-core prefill where head_dim
-  // allows). Tolerance: 1e-5 / 2e-2 relative L2.
-  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32) {
+  // f32: the parity mode (f32 kernels); else bf16 mode: the batch-invariant kernel, or with
+  // `variant` the per-step kernels (split-K decode, tensor-core prefill where head_dim allows).
+  // Tolerance: 1e-5 / 2e-2 relative L2.
+  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32, bool variant = false) {
     const AttnCase c = GetParam();
-    auto b = Make(f32);
+    CudaBackendOptions options;
+    options.f32_compute = f32;
+    options.batch_invariant = !variant;
+    auto created = CreateCudaBackend(0, options);
+    EXPECT_TRUE(created.ok()) << created.status().message();
+    auto b = std::move(created).value();
     EXPECT_TRUE(b->AllocateKvPool(kLayers, kBlocks, 16, c.num_kv_heads, c.head_dim).ok());
     // Shuffled, disjoint block ids per sequence so a wrong block table shows.
     std::vector<int32_t> ids(kBlocks);
@@ -539,25 +547,26 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
   std::vector<SeqKv> k_, v_;
 };
 
+// mode 0: f32, 1: bf16 batch-invariant, 2: bf16 per-step kernels.
 TEST_P(AttentionTest, PrefillMixedAndDecode) {
-  for (bool f32 : {true, false}) {
-    auto b = Setup(3, f32);
-    const double tol = f32 ? 1e-5 : 2e-2;
-    EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, f32=" << f32;
-    EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, f32=" << f32;
-    EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), tol) << "decode, f32=" << f32;
+  for (int mode : {0, 1, 2}) {
+    auto b = Setup(3, mode == 0, mode == 2);
+    const double tol = mode == 0 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), tol) << "decode, mode " << mode;
     EXPECT_LT(Step(*b, {{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), tol) << "decode 2";
     // A chunk continuing a long history (its first rows see keys of earlier steps).
-    EXPECT_LT(Step(*b, {{0, 43, 100}, {2, 7, 70}}, 450), tol) << "chunk, f32=" << f32;
+    EXPECT_LT(Step(*b, {{0, 43, 100}, {2, 7, 70}}, 450), tol) << "chunk, mode " << mode;
   }
 }
 
 TEST_P(AttentionTest, LongContextSplitK) {
-  for (bool f32 : {true, false}) {
-    auto b = Setup(2, f32);
-    const double tol = f32 ? 1e-5 : 2e-2;
-    EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), tol) << "long prefill, f32=" << f32;
-    EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), tol) << "split-K decode, f32=" << f32;
+  for (int mode : {0, 1, 2}) {
+    auto b = Setup(2, mode == 0, mode == 2);
+    const double tol = mode == 0 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), tol) << "long prefill, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), tol) << "split-K decode, mode " << mode;
     EXPECT_LT(Step(*b, {{0, 1301, 1}, {1, 0, 1}}, 700), tol) << "split-K decode, short + long";
   }
 }
@@ -570,6 +579,165 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{256, 8, 1, 0, 0.f}, AttnCase{64, 4, 2, 24, 20.f}),
     [](const ::testing::TestParamInfo<AttnCase>& info) {
       const AttnCase& c = info.param;
+      char name[96];
+      std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
+                    c.num_kv_heads, c.window, static_cast<int>(c.softcap));
+      return std::string(name);
+    });
+
+// ---- batch-invariant attention (issue 6) ----
+
+struct InvCase {
+  int32_t head_dim, num_heads, num_kv_heads, window;
+  float softcap;
+};
+
+// Deterministic values for (kind, seq, pos, index): the same row gets the same Q/K/V whichever
+// step computes it.
+float HashValue(uint64_t kind, uint64_t seq, uint64_t pos, uint64_t idx) {
+  uint64_t z = (kind << 60) ^ (seq << 44) ^ (pos << 20) ^ idx;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+}
+
+// The same query rows computed in different steps (decode alone, decode among 127 others, a
+// prefill chunk among other chunks, prefills split at different chunk boundaries) are bitwise
+// equal in the bf16 mode, across fixed key splits, and within tolerance of a double reference.
+class AttentionInvariantTest : public CudaOpsTest,
+                               public ::testing::WithParamInterface<InvCase> {
+ protected:
+  static constexpr int32_t kTargetPos = 1100;  // spans three 512-key splits
+  static constexpr int32_t kTargetBlocks = 80, kOtherBlocks = 8, kOthers = 130;
+
+  std::vector<int32_t> Blocks(int32_t seq) const {
+    std::vector<int32_t> ids(static_cast<size_t>(seq == 0 ? kTargetBlocks : kOtherBlocks));
+    std::iota(ids.begin(), ids.end(), seq == 0 ? 0 : kTargetBlocks + (seq - 1) * kOtherBlocks);
+    std::reverse(ids.begin(), ids.end());  // non-contiguous order shows a wrong table
+    return ids;
+  }
+
+  // One step of (seq, first_pos, n) entries; returns out [num_tokens, heads * D].
+  std::vector<float> Run(Backend& b, const std::vector<std::array<int32_t, 3>>& entries) {
+    const InvCase c = GetParam();
+    const int32_t D = c.head_dim;
+    BatchPlan plan;
+    std::vector<float> q, k, v;
+    for (const auto& [seq, first, n] : entries) {
+      plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), first, Blocks(seq),
+                       false);
+      for (int32_t pos = first; pos < first + n; ++pos) {
+        for (int32_t i = 0; i < c.num_heads * D; ++i) q.push_back(HashValue(1, seq, pos, i));
+        for (int32_t i = 0; i < c.num_kv_heads * D; ++i) {
+          k.push_back(HashValue(2, seq, pos, i));
+          v.push_back(HashValue(3, seq, pos, i));
+        }
+      }
+    }
+    EXPECT_TRUE(b.BeginStep(plan).ok());
+    const int32_t T = plan.num_tokens();
+    Tensor qt = Upload(b, q, {T, c.num_heads, D});
+    Tensor kt = Upload(b, k, {T, c.num_kv_heads, D});
+    Tensor vt = Upload(b, v, {T, c.num_kv_heads, D});
+    b.WriteKv(0, kt, vt);
+    AttentionParams p{0, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)), c.window,
+                      c.softcap};
+    Tensor out = b.Alloc({T, c.num_heads * D});
+    b.Attention(p, qt, out);
+    return Download(b, out);
+  }
+
+  // Row `index` of a step's output.
+  std::vector<float> Row(const std::vector<float>& out, int32_t index) const {
+    const size_t w = static_cast<size_t>(GetParam().num_heads * GetParam().head_dim);
+    return std::vector<float>(out.begin() + static_cast<int64_t>(index * w),
+                              out.begin() + static_cast<int64_t>((index + 1) * w));
+  }
+
+  // Double-precision attention of the target sequence's row at `pos` over keys [lo, pos].
+  std::vector<double> Reference(int32_t pos) const {
+    const InvCase c = GetParam();
+    const int32_t D = c.head_dim, group = c.num_heads / c.num_kv_heads;
+    const int32_t lo = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+    std::vector<double> ref(static_cast<size_t>(c.num_heads * D));
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      const int32_t kvh = h / group;
+      std::vector<double> s;
+      for (int32_t j = lo; j <= pos; ++j) {
+        double dot = 0;
+        for (int32_t d = 0; d < D; ++d)
+          dot += static_cast<double>(HashValue(1, 0, pos, h * D + d)) *
+                 HashValue(2, 0, j, kvh * D + d);
+        dot /= std::sqrt(static_cast<double>(D));
+        if (c.softcap > 0) dot = c.softcap * std::tanh(dot / c.softcap);
+        s.push_back(dot);
+      }
+      const double mx = *std::max_element(s.begin(), s.end());
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int32_t d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int32_t j = lo; j <= pos; ++j)
+          acc += s[static_cast<size_t>(j - lo)] * HashValue(3, 0, j, kvh * D + d);
+        ref[static_cast<size_t>(h * D + d)] = acc / sum;
+      }
+    }
+    return ref;
+  }
+};
+
+TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
+  const InvCase c = GetParam();
+  auto b = Make(false);
+  ASSERT_TRUE(b->AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
+                                c.head_dim)
+                  .ok());
+  const int32_t P = kTargetPos;
+  // (d) The target's prompt [0, P] as one chunk, then split at other boundaries (the later
+  // chunks attend to the cached earlier part): every row bitwise equal.
+  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
+  const std::vector<std::vector<std::array<int32_t, 2>>> chunkings = {
+      {{0, 700}, {700, P + 1}}, {{0, 64}, {64, 513}, {513, 1000}, {1000, P + 1}}};
+  for (size_t ci = 0; ci < chunkings.size(); ++ci) {
+    std::vector<float> joined;
+    for (const auto& [begin, end] : chunkings[ci]) {
+      const std::vector<float> part = Run(*b, {{0, begin, end - begin}});
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    ASSERT_EQ(joined.size(), whole.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
+    EXPECT_EQ(mismatches, 0u) << "chunking " << ci << " differs from the one-chunk prefill";
+  }
+  const std::vector<float> row_p = Row(whole, P);
+  // (a) Decode alone (few blocks: the split-mode path with the combine kernel).
+  EXPECT_EQ(Row(Run(*b, {{0, P, 1}}), 0), row_p) << "decode alone";
+  // (b) Decode among 127 other sequences.
+  std::vector<std::array<int32_t, 3>> batch;
+  for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+  batch.insert(batch.begin() + 60, {0, P, 1});
+  EXPECT_EQ(Row(Run(*b, batch), 60), row_p) << "decode with 127 others";
+  // (c) Inside a prefill chunk [P - 20, P] between other sequences' chunks.
+  EXPECT_EQ(Row(Run(*b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
+      << "prefill chunk among others";
+  // Against the double reference (the bf16 mode's tolerance), rows across the split bounds.
+  for (int32_t pos : {0, 37, 511, 512, 700, 1023, 1024, P}) {
+    EXPECT_LT(RelL2(Row(whole, pos), Reference(pos)), 2e-2) << "pos " << pos;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionInvariantTest,
+    ::testing::Values(InvCase{16, 8, 1, 0, 0.f}, InvCase{16, 4, 4, 100, 30.f},
+                      InvCase{32, 4, 2, 0, 50.f}, InvCase{32, 8, 1, 700, 0.f},
+                      InvCase{64, 8, 2, 0, 0.f}, InvCase{64, 8, 8, 300, 20.f},
+                      InvCase{128, 32, 8, 0, 0.f}, InvCase{128, 8, 1, 600, 30.f},
+                      InvCase{256, 8, 4, 0, 50.f}, InvCase{256, 4, 4, 600, 0.f},
+                      InvCase{256, 16, 2, 100, 30.f}, InvCase{80, 4, 1, 0, 0.f}),
+    [](const ::testing::TestParamInfo<InvCase>& info) {
+      const InvCase& c = info.param;
       char name[96];
       std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
                     c.num_kv_heads, c.window, static_cast<int>(c.softcap));

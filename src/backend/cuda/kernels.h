@@ -162,6 +162,25 @@ void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
 
 }  // namespace ember::cuda
 
+// ---- attention_invariant.cu (batch-invariant attention, issue 6) ----
+namespace ember::cuda {
+// Every row's result is bitwise independent of the other rows of the step: key tiles of 64 at
+// absolute positions, the online-softmax state restarted every kInvariantSplitKeys keys and the
+// split states folded in split order. num_splits == 0: sequential mode (one block walks all of
+// its rows' splits); > 0: split mode (a block per split, >= ceil(max context / split keys),
+// partials >= AttentionInvariantPartialsFloats floats, a combine kernel folds them). Both modes
+// give identical bits. Head dims: multiples of 16 up to kMaxHeadDim.
+// q [num_tokens, num_heads, head_dim], out [num_tokens, num_heads * head_dim].
+constexpr int32_t kInvariantSplitKeys = 512;
+bool AttentionInvariantSupported(int32_t head_dim);
+int32_t AttentionInvariantRowsPerBlock(int32_t head_dim);  // (token, head) rows per block
+int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads,
+                                         int32_t head_dim, int32_t num_splits);
+void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                              const PlanView& plan, int32_t max_query_len, int32_t num_splits,
+                              float* partials, float* out, cudaStream_t stream);
+}  // namespace ember::cuda
+
 // ---- logit_edits.cu ----
 namespace ember {
 struct LogitEdit;  // backend/logit_edit.h

@@ -1,0 +1,478 @@
+// Batch-invariant paged attention for the bf16 mode (issue 6): one kernel for decode and prefill
+// whose per-row operation sequence does not depend on the other rows of the step.
+//
+// Rows: a block owns (sequence, KV head, row tile); its rows are the (query token, head of the
+// GQA group) pairs of that sequence and KV head, row r = token * group + head-in-group, so each
+// K/V tile is read once for all query heads that share it. Warps of 16 rows (m16n8k16 mma.sync,
+// bf16 operands, f32 accumulation); head dims above 128 split O's columns over two warps.
+// The per-row sequence, identical for every row wherever it lands:
+//   - key tiles of kKeys at ABSOLUTE positions (tile t = keys [64t, 64t + 64)), masked per row by
+//     causality and the sliding window; a tile with no visible key for a row is an exact no-op
+//     for that row (running max unchanged, correction 1, P = 0);
+//   - fixed key splits of kInvariantSplitKeys keys: the online-softmax state restarts at every
+//     split boundary and the split states (m, l, o) are folded in split order by FoldScalars /
+//     FoldValue with pinned rounding (no FMA contraction). A row whose keys lie in one split is
+//     normalised directly. Whether the folds happen in the same block (sequential mode, the
+//     running O kept in `out`) or through `partials` and the combine kernel (split mode: one
+//     block per split, more parallelism at small batch) does not change a bit of the result.
+// K/V come from the f32 pool rounded to bf16 (as in attention_prefill_flash.cu).
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/pdl.cuh"
+
+namespace ember::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kSplitTiles = kInvariantSplitKeys / kKeys;
+static_assert(kInvariantSplitKeys % kKeys == 0);
+
+template <int D>
+struct Shape {
+  static constexpr int kDimSplit = D > 128 ? 2 : 1;  // warps sharing one row group's O columns
+  static constexpr int kRowsPerBlock = 16 * kWarps / kDimSplit;
+  static constexpr int kDimBlocks = D / 16;  // 16-column blocks of the P.V product
+  static constexpr int kDimBlocksPerWarp = (kDimBlocks + kDimSplit - 1) / kDimSplit;
+  static constexpr int kLd = D + 8;  // bf16 per shared row: 16-byte pad, ldmatrix conflict-free
+  static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);
+  static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);  // f32 K, V
+  static constexpr size_t kSmemBytes = kTileBytes + kStageBytes;
+};
+
+// The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
+// 0 for an empty state).
+__device__ __forceinline__ float Rescale(float m, float new_m) {
+  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : __expf(m - new_m));
+}
+
+// Folds a split state (m, l) into the running (M, L); a, b weigh the running and the split O.
+__device__ __forceinline__ void FoldScalars(float& M, float& L, float m, float l, float& a,
+                                            float& b) {
+  const float new_m = fmaxf(M, m);
+  a = Rescale(M, new_m);
+  b = Rescale(m, new_m);
+  L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
+  M = new_m;
+}
+
+__device__ __forceinline__ float FoldValue(float O, float o, float a, float b) {
+  return __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
+}
+
+// 16-byte global -> shared copy, bypassing registers; src_bytes 0 zero-fills the destination.
+__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* src, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
+  return (window > 0 ? max(0, pos - window + 1) : 0) / kInvariantSplitKeys;
+}
+
+// num_splits == 0: sequential mode, grid (row tiles, kv heads, seqs). Otherwise split mode, grid
+// (row tiles * num_splits, kv heads, seqs); partials [num_tokens, num_heads, num_splits, D + 2].
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
+                             PlanView plan, int32_t num_splits, float* __restrict__ partials,
+                             float* __restrict__ out) {
+  using S = Shape<D>;
+  constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [kKeys][kLd] bf16
+  __nv_bfloat16* v_s = k_s + kKeys * S::kLd;
+  float* k_stage = reinterpret_cast<float*>(smem + S::kTileBytes);  // [kKeys][D] f32
+  float* v_stage = k_stage + kKeys * D;
+  __shared__ int64_t slot_s[2][kKeys];  // pool slots of the next two tiles (-1: masked key)
+
+  const int32_t group = a.num_heads / a.num_kv_heads;
+  const int4 seq = plan.seqs[blockIdx.z];
+  const int32_t kv_head = blockIdx.y;
+  const int32_t num_row_tiles = num_splits > 0 ? gridDim.x / num_splits : gridDim.x;
+  const int32_t row_tile = num_splits > 0 ? blockIdx.x / num_splits : blockIdx.x;
+  const int32_t row_start = (num_row_tiles - 1 - row_tile) * S::kRowsPerBlock;  // late first
+  const int32_t num_rows = seq.y * group;
+  if (row_start >= num_rows) return;
+  const int32_t rows = min(S::kRowsPerBlock, num_rows - row_start);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row_group = warp / S::kDimSplit, dim_part = warp % S::kDimSplit;
+  const int dp_begin = dim_part * kDimBlocksPerWarp;
+  const int dp_end = min(S::kDimBlocks, dp_begin + kDimBlocksPerWarp);
+  // This thread's two rows: block rows r_h = row_group * 16 + g + 8h.
+  int32_t token[2], head[2], pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_group * 16 + g + 8 * h;
+    const int rr = min(r, rows - 1);
+    token[h] = seq.x + (row_start + rr) / group;
+    head[h] = kv_head * group + (row_start + rr) % group;
+    pos[h] = r < rows ? plan.positions[token[h]] : -1;
+  }
+  const int32_t first_pos = plan.positions[seq.x + row_start / group];
+  const int32_t last_pos = plan.positions[seq.x + (row_start + rows - 1) / group];
+  const int32_t lo = a.sliding_window > 0 ? max(0, first_pos - a.sliding_window + 1) : 0;
+  const int32_t hi = last_pos + 1;
+  int32_t tile_begin = lo / kKeys, tile_end = last_pos / kKeys;  // inclusive
+  int32_t split = -1;
+  if (num_splits > 0) {
+    split = blockIdx.x % num_splits;
+    tile_begin = max(tile_begin, split * kSplitTiles);
+    tile_end = min(tile_end, split * kSplitTiles + kSplitTiles - 1);
+    if (tile_begin > tile_end) return;
+  }
+  const bool warp_active = row_group * 16 < rows;
+  const int32_t warp_first_pos =
+      warp_active ? plan.positions[seq.x + (row_start + row_group * 16) / group] : 0;
+  const int32_t warp_last_pos =
+      warp_active
+          ? plan.positions[seq.x + (row_start + min(rows - 1, row_group * 16 + 15)) / group]
+          : -1;
+  const int32_t* block_table = plan.block_tables + seq.w;
+  const int32_t bs = plan.block_size;
+  const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
+  PdlWait();
+  PdlTrigger();
+
+  // Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
+  uint32_t qf[D / 16][4];
+  {
+    const float* q0 = q + (static_cast<int64_t>(token[0]) * a.num_heads + head[0]) * D;
+    const float* q1 = q + (static_cast<int64_t>(token[1]) * a.num_heads + head[1]) * D;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int c = ks * 16 + 2 * t;
+      const float2 z = make_float2(0.f, 0.f);
+      const float2 x0 = pos[0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c) : z;
+      const float2 x1 = pos[1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c) : z;
+      const float2 x2 = pos[0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c + 8) : z;
+      const float2 x3 = pos[1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
+      qf[ks][0] = PackBf16(x0.x, x0.y);
+      qf[ks][1] = PackBf16(x1.x, x1.y);
+      qf[ks][2] = PackBf16(x2.x, x2.y);
+      qf[ks][3] = PackBf16(x3.x, x3.y);
+    }
+  }
+
+  // The split's online-softmax state (o: this warp's columns; l: this thread's keys only) and,
+  // in sequential mode, the running fold over the splits (M, L; its O lives in `out`).
+  float o[2 * kDimBlocksPerWarp][4];
+  float m[2], l[2];
+  float run_m[2] = {-INFINITY, -INFINITY}, run_l[2] = {0.f, 0.f};
+
+  // Pipeline: the f32 K/V of tile t + 1 arrive by cp.async while tile t is computed; the slots
+  // of tile t + 2 are looked up meanwhile by the last kKeys threads (idle warps in decode).
+  const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
+  auto lookup_slot = [&](int32_t tile) -> int64_t {
+    const int32_t key = tile * kKeys + slot_thread;
+    return tile <= tile_end && key >= lo && key < hi
+               ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
+               : -1;
+  };
+  auto issue_copy = [&](const int64_t* slots) {
+#pragma unroll 4
+    for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+      const int idx = it * kWarps * 32 + threadIdx.x;
+      const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+      const int64_t slot = slots[j];
+      const int64_t off =
+          slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+      CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
+      CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
+    }
+    CpAsyncCommit();
+  };
+  if (slot_thread >= 0) {
+    slot_s[0][slot_thread] = lookup_slot(tile_begin);
+    slot_s[1][slot_thread] = lookup_slot(tile_begin + 1);
+  }
+  __syncthreads();
+  issue_copy(slot_s[0]);
+
+  for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
+    const int32_t kt = tile * kKeys;
+    if (tile == tile_begin || tile % kSplitTiles == 0) {
+#pragma unroll
+      for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
+    }
+    CpAsyncWaitAll();
+    __syncthreads();  // tile's f32 K/V staged; the previous tile's bf16 K/V are consumed
+#pragma unroll 4
+    for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+      const int idx = it * kWarps * 32 + threadIdx.x;
+      const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+      const float4 kk = *reinterpret_cast<const float4*>(k_stage + j * D + d);
+      const float4 vv = *reinterpret_cast<const float4*>(v_stage + j * D + d);
+      *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
+          make_uint2(PackBf16(kk.x, kk.y), PackBf16(kk.z, kk.w));
+      *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
+          make_uint2(PackBf16(vv.x, vv.y), PackBf16(vv.z, vv.w));
+    }
+    __syncthreads();  // bf16 tile ready, staging free
+    const int next = (tile + 1 - tile_begin) & 1;
+    if (tile + 1 <= tile_end) issue_copy(slot_s[next]);
+    if (slot_thread >= 0) slot_s[next ^ 1][slot_thread] = lookup_slot(tile + 2);
+    // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
+    const bool compute =
+        warp_active && kt <= warp_last_pos &&
+        !(a.sliding_window > 0 && kt + kKeys - 1 <= warp_first_pos - a.sliding_window);
+    if (compute) {
+      // S = Q K^T: kKeys / 8 n-tiles of 8 keys.
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+        for (int np = 0; np < kKeys / 16; ++np) {
+          uint32_t b[4];
+          const int key = np * 16 + (lane % 8) + 8 * (lane / 16);
+          const int d = ks * 16 + 8 * ((lane / 8) % 2);
+          LdMatrixX4(b, k_s + key * S::kLd + d);
+          Mma(s[2 * np], qf[ks], b[0], b[1]);
+          Mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+        }
+      }
+      // Scale, soft-cap, mask; online softmax over row 0 (c0, c1) and row 1 (c2, c3).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int32_t key = kt + n * 8 + 2 * t + (c & 1);
+          const int32_t p = pos[c / 2];
+          const bool visible =
+              p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
+          float x = s[n][c] * a.scale;
+          if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+          s[n][c] = visible ? x : -INFINITY;
+        }
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float new_m = fmaxf(m[h], mx[h]);
+        corr[h] = Rescale(m[h], new_m);
+        m[h] = new_m;
+      }
+      // P as A fragments of the P.V product: keys 16kk..16kk+15 are n-tiles 2kk and 2kk+1.
+      uint32_t pf[kKeys / 16][4];
+      float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        float p[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          p[c] = s[n][c] == -INFINITY ? 0.f : __expf(s[n][c] - m[c / 2]);
+        const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
+        const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
+        const __nv_bfloat162 hi_b = *reinterpret_cast<const __nv_bfloat162*>(&hi_pair);
+        sum0 += __low2float(lo_b) + __high2float(lo_b);
+        sum1 += __low2float(hi_b) + __high2float(hi_b);
+        pf[n / 2][(n % 2) * 2] = lo_pair;
+        pf[n / 2][(n % 2) * 2 + 1] = hi_pair;
+      }
+      l[0] = __fadd_rn(__fmul_rn(l[0], corr[0]), sum0);
+      l[1] = __fadd_rn(__fmul_rn(l[1], corr[1]), sum1);
+#pragma unroll
+      for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
+      // O += P V over this warp's 16-column blocks: V tile [key][d] read transposed.
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+          const int dp = dp_begin + i;
+          if (dp >= dp_end) break;
+          uint32_t b[4];
+          const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+          const int d = dp * 16 + 8 * (lane / 16);
+          LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+          Mma(o[2 * i], pf[kk], b[0], b[1]);
+          Mma(o[2 * i + 1], pf[kk], b[2], b[3]);
+        }
+      }
+    }
+
+    // End of a split: normalise, fold, or hand the split state to the combine kernel.
+    if (warp_active && ((tile + 1) % kSplitTiles == 0 || tile == tile_end)) {
+      const int32_t s_idx = tile / kSplitTiles;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float lh = l[h];
+        lh += __shfl_xor_sync(0xffffffffu, lh, 1);
+        lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+        if (pos[h] < 0 || m[h] == -INFINITY) continue;  // no key of this split: a no-op
+        const int64_t row_id = static_cast<int64_t>(token[h]) * a.num_heads + head[h];
+        float* orow = out + row_id * D;
+        const int32_t first = FirstSplit(pos[h], a.sliding_window);
+        const int32_t last = pos[h] / kInvariantSplitKeys;
+        if (first == last) {
+          const float inv = __frcp_rn(lh);
+#pragma unroll
+          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+            if (dp_begin + i >= dp_end) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+              *reinterpret_cast<float2*>(orow + col) =
+                  make_float2(__fmul_rn(o[n][2 * h], inv), __fmul_rn(o[n][2 * h + 1], inv));
+            }
+          }
+        } else if (num_splits > 0) {
+          float* rec = partials + (row_id * num_splits + s_idx) * (D + 2);
+          if (t == 0 && dim_part == 0) {
+            rec[0] = m[h];
+            rec[1] = lh;
+          }
+#pragma unroll
+          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+            if (dp_begin + i >= dp_end) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+              rec[2 + col] = o[n][2 * h];
+              rec[3 + col] = o[n][2 * h + 1];
+            }
+          }
+        } else {
+          const bool had = run_m[h] != -INFINITY;
+          float wa, wb;
+          FoldScalars(run_m[h], run_l[h], m[h], lh, wa, wb);
+          const bool final_split = s_idx == last;
+          const float inv = final_split ? __frcp_rn(run_l[h]) : 1.f;
+#pragma unroll
+          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+            if (dp_begin + i >= dp_end) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+              const float2 prev =
+                  had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
+              float2 v = make_float2(FoldValue(prev.x, o[n][2 * h], wa, wb),
+                                     FoldValue(prev.y, o[n][2 * h + 1], wa, wb));
+              if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
+              *reinterpret_cast<float2*>(orow + col) = v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Split mode's second pass: block (head, token) folds the row's split states in split order
+// (rows whose keys lie in one split were written by the main kernel).
+__global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan,
+                                                int32_t num_splits,
+                                                const float* __restrict__ partials,
+                                                float* __restrict__ out) {
+  PdlWait();
+  PdlTrigger();
+  const int32_t head = blockIdx.x, token = blockIdx.y;
+  const int32_t pos = plan.positions[token];
+  const int32_t first = FirstSplit(pos, a.sliding_window);
+  const int32_t last = pos / kInvariantSplitKeys;
+  if (first == last) return;
+  const int32_t D = a.head_dim;
+  const int64_t row_id = static_cast<int64_t>(token) * a.num_heads + head;
+  const float* rec0 = partials + row_id * num_splits * (D + 2);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float M = -INFINITY, L = 0.f, O = 0.f;
+    for (int32_t s = first; s <= last; ++s) {
+      const float* rec = rec0 + static_cast<int64_t>(s) * (D + 2);
+      float wa, wb;
+      FoldScalars(M, L, rec[0], rec[1], wa, wb);
+      O = FoldValue(O, rec[2 + d], wa, wb);
+    }
+    out[row_id * D + d] = __fmul_rn(O, __frcp_rn(L));
+  }
+}
+
+template <int D>
+void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                  const PlanView& plan, int32_t max_query_len, int32_t num_splits,
+                  float* partials, float* out, cudaStream_t stream) {
+  using S = Shape<D>;
+  if constexpr (S::kSmemBytes > 48 * 1024) {  // the default dynamic limit
+    static std::once_flag attr_once;
+    std::call_once(attr_once, [] {
+      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(S::kSmemBytes)));
+    });
+  }
+  const int32_t group = args.num_heads / args.num_kv_heads;
+  const int64_t max_rows = static_cast<int64_t>(max_query_len) * group;
+  const int64_t row_tiles = (max_rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
+  const dim3 grid(static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1)),
+                  args.num_kv_heads, plan.num_seqs);
+  LaunchPdl(AttentionInvariantKernel<D>, grid, dim3(kWarps * 32), S::kSmemBytes, stream, args, q,
+            kv, plan, num_splits, partials, out);
+}
+
+template <int D>
+void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+              const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
+              float* out, cudaStream_t stream) {
+  if constexpr (D <= kMaxHeadDim) {
+    if (args.head_dim == D) {
+      LaunchForDim<D>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+    } else {
+      Dispatch<D + 16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+    }
+  }
+}
+
+}  // namespace
+
+bool AttentionInvariantSupported(int32_t head_dim) {
+  return head_dim >= 16 && head_dim <= kMaxHeadDim && head_dim % 16 == 0;
+}
+
+int32_t AttentionInvariantRowsPerBlock(int32_t head_dim) {
+  return head_dim > 128 ? 16 * kWarps / 2 : 16 * kWarps;
+}
+
+int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads,
+                                         int32_t head_dim, int32_t num_splits) {
+  return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
+}
+
+void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const KvLayerView& kv,
+                              const PlanView& plan, int32_t max_query_len, int32_t num_splits,
+                              float* partials, float* out, cudaStream_t stream) {
+  if (plan.num_tokens == 0 || plan.num_seqs == 0 || max_query_len <= 0) return;
+  CHECK(AttentionInvariantSupported(args.head_dim)) << "head_dim " << args.head_dim;
+  CHECK(num_splits == 0 || partials != nullptr);
+  Dispatch<16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+  if (num_splits > 0) {
+    LaunchPdl(AttentionInvariantCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128),
+              0, stream, args, plan, num_splits, static_cast<const float*>(partials), out);
+  }
+}
+
+}  // namespace ember::cuda
