@@ -37,28 +37,36 @@ __device__ float Weight(float logit, float max, float inv_t) {
   return w < FLT_MIN ? 0.0f : w;
 }
 
-// Sums (count, mass) over the block; the block total lands in *count / *mass of thread 0 only.
-__device__ void BlockSum(long long c, double m, long long* warp_count, double* warp_mass,
-                         long long* count, double* mass) {
+static_assert(kWarps == 32, "BlockSum folds one warp partial per lane of warp 0");
+
+// (count, mass) summed over a warp in a fixed tree order; lane 0 gets the total.
+__device__ void WarpSum(long long& c, double& m) {
   for (int off = 16; off > 0; off >>= 1) {
     c += __shfl_down_sync(0xffffffffu, c, off);
     m += __shfl_down_sync(0xffffffffu, m, off);
   }
+}
+
+// Sums (count, mass) over the block: per warp, then the 32 warp partials by warp 0, each a
+// shuffle tree (a fixed order: the same bits in every block that sums the same values). The
+// block total lands in *count / *mass, written by thread 0 only.
+__device__ void BlockSum(long long c, double m, long long* warp_count, double* warp_mass,
+                         long long* count, double* mass) {
+  WarpSum(c, m);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
     warp_count[warp] = c;
     warp_mass[warp] = m;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    long long tc = 0;
-    double tm = 0.0;
-    for (int w = 0; w < kWarps; ++w) {
-      tc += warp_count[w];
-      tm += warp_mass[w];
+  if (warp == 0) {
+    c = warp_count[lane];
+    m = warp_mass[lane];
+    WarpSum(c, m);
+    if (lane == 0) {
+      *count = c;
+      *mass = m;
     }
-    *count = tc;
-    *mass = tm;
   }
 }
 
@@ -176,22 +184,26 @@ struct RowCluster {
   int buf = 0;
 
   __device__ bool leader() const { return threadIdx.x == 0 && cluster.block_rank() == 0; }
-  // Every block's partial is published in its part_*[buf], then summed in rank order by each
-  // block. Double buffering makes one cluster barrier per reduction enough: a block writes
-  // part_*[buf] again two reductions later, after every block passed the barrier in between
-  // (so finished reading it).
+  // Every block's partial is published in its part_*[buf], then warp 0 of each block loads
+  // them (lane k from rank k, in parallel) and folds them in one shuffle tree: the same order,
+  // hence the same bits, in every block. Double buffering makes one cluster barrier per
+  // reduction enough: a block writes part_*[buf] again two reductions later, after every block
+  // passed the barrier in between (so finished reading it).
   __device__ void ClusterSum(long long* count, double* mass) {
     cluster.sync();
-    if (threadIdx.x == 0) {
-      long long tc = 0;
-      double tm = 0.0;
-      for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
-        const ClusterShared* other = cluster.map_shared_rank(&s, r);
-        tc += other->part_count[buf];
-        tm += other->part_mass[buf];
+    if (threadIdx.x < 32) {
+      long long c = 0;
+      double m = 0.0;
+      if (threadIdx.x < cluster.num_blocks()) {
+        const ClusterShared* other = cluster.map_shared_rank(&s, threadIdx.x);
+        c = other->part_count[buf];
+        m = other->part_mass[buf];
       }
-      s.out_count = tc;
-      s.out_mass = tm;
+      WarpSum(c, m);
+      if (threadIdx.x == 0) {
+        s.out_count = c;
+        s.out_mass = m;
+      }
     }
     __syncthreads();
     *count = s.out_count;
