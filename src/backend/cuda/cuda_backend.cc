@@ -197,6 +197,7 @@ class CudaBackend final : public Backend {
   struct LastMatMul {
     uint64_t record = ~uint64_t{0};  // recorder_.records() right after it was recorded
     bool gemv = false;
+    bool invariant = false;  // a LaunchGemmInvariant group (converted: its bf16 x scratch)
     const void* x = nullptr;
     int64_t n = 0, k = 0;
     int num_parts = 0;
@@ -469,6 +470,48 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     CHECK(bias->dtype == DType::kF32);
     bias_data = bias->data;
   }
+  if (batch_invariant_ && weight.dtype == DType::kBF16) {
+    // Batch-invariant tensor-core GEMM for every n (gemm_invariant.cu): a row's bits never depend
+    // on the other rows of the step. Consecutive MatMuls of one x join one launch (q/k/v,
+    // gate/up), sharing the bf16 copy of x that large n needs.
+    LastMatMul& g = last_matmul_;
+    const bool join = LastOpIs(g) && g.invariant && g.x == x.data && g.n == n && g.k == k &&
+                      g.num_parts < cuda::kGemvMaxParts;
+    if (!join) {
+      g = LastMatMul{};
+      g.invariant = true;
+      g.x = x.data;
+      g.n = n;
+      g.k = k;
+      const int64_t scratch = cuda::GemmInvariantScratchBytes(n, k);
+      g.converted = scratch > 0 ? ArenaAlloc(static_cast<size_t>(scratch)) : nullptr;
+    }
+    g.parts[g.num_parts++] = cuda::GemvPart{weight.data, static_cast<const float*>(bias_data),
+                                            static_cast<float*>(out.data), m};
+    std::vector<uint64_t> key = {14,   KeyOf(x.data),   U(n), U(k), U(g.num_parts),
+                                 KeyOf(g.converted)};
+    for (int i = 0; i < g.num_parts; ++i) {
+      key.push_back(KeyOf(g.parts[i].w));
+      key.push_back(KeyOf(g.parts[i].bias));
+      key.push_back(KeyOf(g.parts[i].out));
+      key.push_back(U(g.parts[i].m));
+    }
+    const int num_parts = g.num_parts;
+    std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
+    std::copy(g.parts, g.parts + num_parts, parts.begin());
+    const float* xp = static_cast<const float*>(x.data);
+    void* scratch = g.converted;
+    auto op = [=](cudaStream_t st) {
+      cuda::LaunchGemmInvariant(xp, scratch, parts.data(), num_parts, n, k, st);
+    };
+    if (join) {
+      recorder_.ReplaceLast(key, op);
+    } else {
+      recorder_.Record(key, op);
+    }
+    g.record = recorder_.records();
+    return;
+  }
   if (weight.dtype == DType::kBF16 && cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
     // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused). Consecutive MatMuls of
     // one x (q/k/v, gate/up) become one launch: the last recorded op is amended.
@@ -511,8 +554,9 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   // accumulated in f32.
   const bool f32_weight = weight.dtype == DType::kF32;
   LastMatMul& c = last_matmul_;
-  const bool reuse = !f32_weight && LastOpIs(c) && !c.gemv && c.x == x.data && c.n == n &&
-                     c.k == k && c.converted != nullptr && c.converted_type == weight.dtype;
+  const bool reuse = !f32_weight && LastOpIs(c) && !c.gemv && !c.invariant && c.x == x.data &&
+                     c.n == n && c.k == k && c.converted != nullptr &&
+                     c.converted_type == weight.dtype;
   void* converted =
       f32_weight ? nullptr
       : reuse    ? c.converted
@@ -885,7 +929,7 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
   static const char* const kNames[] = {"?",           "Embedding",  "RmsNorm",     "AddRmsNorm",
                                        "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
                                        "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
-                                       "GatherLogitsRows", "MatMul(gemv)"};
+                                       "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

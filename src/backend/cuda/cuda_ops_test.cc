@@ -52,6 +52,14 @@ class CudaOpsTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().message();
     return std::move(r).value();
   }
+  // bf16 mode with the batch-invariant GEMM off (the GEMV / cuBLAS paths).
+  std::unique_ptr<Backend> MakeVariant() {
+    CudaBackendOptions options;
+    options.batch_invariant = false;
+    auto r = CreateCudaBackend(0, options);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(r).value();
+  }
   Tensor Upload(Backend& b, const std::vector<float>& host, std::initializer_list<int64_t> shape) {
     Tensor t = b.Alloc(shape);
     Status st = CudaCopyFromHost(b, host, t);
@@ -180,12 +188,13 @@ TEST_F(CudaOpsTest, MatMulF32AndBf16) {
   }
 }
 
-// Decode-sized MatMul (n <= 8, k % 8 == 0): the bf16 GEMV path keeps x in f32.
+// Decode-sized MatMul (n <= 8, k % 8 == 0) with batch invariance off: the bf16 GEMV path keeps
+// x in f32.
 TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   const int64_t k = 512, m = 300;
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 30, 0.05f);
   const std::vector<float> bias = Random(static_cast<size_t>(m), 31);
-  auto b = Make(false);
+  auto b = MakeVariant();
   Tensor wt = Weight(*b, w, {m, k});
   Tensor bt = Weight(*b, bias, {m});
   for (int64_t n : {1, 2, 5, 8}) {
@@ -207,13 +216,13 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   }
 }
 
-// Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight GEMV launch; k = 2048
-// with few rows also takes the split-k paths (several warps per output row).
+// Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight GEMV launch (batch
+// invariance off); k = 2048.
 TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   const int64_t k = 2048;
   const int64_t ms[3] = {300, 100, 36};
   std::vector<std::vector<float>> w, bias;
-  auto b = Make(false);
+  auto b = MakeVariant();
   std::vector<Tensor> wt, bt;
   for (int i = 0; i < 3; ++i) {
     w.push_back(Random(static_cast<size_t>(ms[i] * k), 40 + i, 0.05f));
@@ -248,26 +257,180 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   }
 }
 
-// Backend contract: each output element is computed in an order independent of n.
+// Backend contract (bf16 mode, default options): each output element is computed in an order
+// independent of n. The f32 parity mode makes no such promise (cuBLAS picks its kernel by n; on
+// the H200 n = 1, 3 and 64 differ in the last bits).
 TEST_F(CudaOpsTest, MatMulBatchInvariant) {
   const int64_t k = 2048, m = 512;
   const std::vector<float> x = Random(static_cast<size_t>(64 * k), 8);
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 9, 0.02f);
-  for (bool f32 : {true, false}) {
-    auto b = Make(f32);
-    Tensor wt = Weight(*b, w, {m, k});
-    std::vector<std::vector<float>> rows0;
-    for (int64_t n : {1, 3, 64}) {
-      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
-      Tensor xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + n * k), {n, k});
-      Tensor out = b->Alloc({n, m});
-      b->MatMul(xt, wt, nullptr, out);
-      std::vector<float> got = Download(*b, out);
-      rows0.emplace_back(got.begin(), got.begin() + m);
-    }
-    EXPECT_EQ(rows0[0], rows0[1]) << "f32=" << f32 << ": n=1 vs n=3 differ";
-    EXPECT_EQ(rows0[0], rows0[2]) << "f32=" << f32 << ": n=1 vs n=64 differ";
+  auto b = Make(false);
+  Tensor wt = Weight(*b, w, {m, k});
+  std::vector<std::vector<float>> rows0;
+  for (int64_t n : {1, 3, 64}) {
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + n * k), {n, k});
+    Tensor out = b->Alloc({n, m});
+    b->MatMul(xt, wt, nullptr, out);
+    std::vector<float> got = Download(*b, out);
+    rows0.emplace_back(got.begin(), got.begin() + m);
   }
+  EXPECT_EQ(rows0[0], rows0[1]) << "n=1 vs n=3 differ";
+  EXPECT_EQ(rows0[0], rows0[2]) << "n=1 vs n=64 differ";
+}
+
+// CPU twin of the bf16 MatMul: out[r, j] = sum_c bf16(x[r, c]) bf16(w[j, c]) (+ bias[j]) in
+// double, for rows r = 0, step, 2 * step, ... < rows (row-major [rows / step rounded up, m]).
+std::vector<double> TwinMatMulBf16(const std::vector<float>& x, const std::vector<float>& w,
+                                   const std::vector<float>* bias, int64_t rows, int64_t m,
+                                   int64_t k, int64_t step, bool round_x = true) {
+  std::vector<double> out;
+  std::vector<double> wr(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = RoundBf16(w[i]);
+  for (int64_t r = 0; r < rows; r += step)
+    for (int64_t j = 0; j < m; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const float xv = x[static_cast<size_t>(r * k + c)];
+        acc += (round_x ? RoundBf16(xv) : xv) * wr[static_cast<size_t>(j * k + c)];
+      }
+      out.push_back(acc + (bias != nullptr ? (*bias)[static_cast<size_t>(j)] : 0.0));
+    }
+  return out;
+}
+
+// The batch-invariant GEMM (default bf16 options): every row of an n-row MatMul, n from 1 to
+// 1000, is bitwise the row computed alone (n = 1), for fused parts (q/k/v-style: consecutive
+// MatMuls of one x), tails in m and k, an odd k (the generic kernel) and x at an address that is
+// not 16-byte aligned (the generic kernel against the fast ones); values match the CPU twin.
+TEST_F(CudaOpsTest, MatMulInvariantRowsEqualSolo) {
+  struct Case {
+    std::vector<int64_t> ms;  // parts sharing x; parts 0 and 2 have a bias
+    int64_t k;
+    bool misaligned;  // also run every n from an unaligned copy of x
+  };
+  const Case cases[] = {{{512}, 2048, true},
+                        {{300, 100, 36}, 256, true},
+                        {{32}, 64, false},
+                        {{129}, 72, false},
+                        {{64}, 257, false}};
+  const int64_t ns[] = {1, 2, 3, 7, 8, 9, 16, 33, 64, 100, 128, 300, 1000};
+  constexpr int64_t kPool = 1000;
+  auto b = Make(false);
+  uint32_t seed = 100;
+  for (const Case& cs : cases) {
+    const int64_t k = cs.k;
+    const size_t parts = cs.ms.size();
+    std::vector<std::vector<float>> w, bias;
+    std::vector<Tensor> wt, bt;
+    for (size_t p = 0; p < parts; ++p) {
+      w.push_back(Random(static_cast<size_t>(cs.ms[p] * k), seed++, 0.05f));
+      bias.push_back(Random(static_cast<size_t>(cs.ms[p]), seed++));
+      wt.push_back(Weight(*b, w.back(), {cs.ms[p], k}));
+      bt.push_back(Weight(*b, bias.back(), {cs.ms[p]}));
+    }
+    auto matmul = [&](const Tensor& x, std::vector<Tensor>& outs) {
+      for (size_t p = 0; p < parts; ++p)
+        b->MatMul(x, wt[p], p == 1 ? nullptr : &bt[p], outs[p]);
+    };
+    auto poisoned_outs = [&](int64_t n) {
+      std::vector<Tensor> outs;
+      for (size_t p = 0; p < parts; ++p) {
+        outs.push_back(b->Alloc({n, cs.ms[p]}));
+        const std::vector<float> nan(static_cast<size_t>(n * cs.ms[p]), NAN);
+        EXPECT_TRUE(CudaCopyFromHost(*b, nan, outs.back()).ok());
+      }
+      return outs;
+    };
+    const std::vector<float> x = Random(static_cast<size_t>(kPool * k), seed++);
+
+    // Each row alone: n = 1 views of one uploaded pool.
+    std::vector<std::vector<float>> solo(parts);
+    {
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(kPool))).ok());
+      Tensor xt = Upload(*b, x, {kPool, k});
+      std::vector<Tensor> outs = poisoned_outs(kPool);
+      for (int64_t r = 0; r < kPool; ++r) {
+        std::vector<Tensor> row_outs;
+        for (size_t p = 0; p < parts; ++p) row_outs.push_back(outs[p].RowSlice(r, 1));
+        matmul(xt.RowSlice(r, 1), row_outs);
+      }
+      for (size_t p = 0; p < parts; ++p) solo[p] = Download(*b, outs[p]);
+    }
+    // The CPU twin on every 7th row.
+    for (size_t p = 0; p < parts; ++p) {
+      const std::vector<float>* bp = p == 1 ? nullptr : &bias[p];
+      std::vector<float> got;
+      for (int64_t r = 0; r < kPool; r += 7)
+        got.insert(got.end(), solo[p].begin() + r * cs.ms[p], solo[p].begin() + (r + 1) * cs.ms[p]);
+      EXPECT_LT(RelL2(got, TwinMatMulBf16(x, w[p], bp, kPool, cs.ms[p], k, 7)), 1e-5)
+          << "k=" << k << " part " << p;
+      EXPECT_LT(RelL2(got, TwinMatMulBf16(x, w[p], bp, kPool, cs.ms[p], k, 7, false)), 1e-2)
+          << "k=" << k << " part " << p;
+    }
+    for (int64_t n : ns) {
+      for (bool misaligned : {false, true}) {
+        if (misaligned && !cs.misaligned) continue;
+        ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+        Tensor xt;
+        if (misaligned) {
+          std::vector<float> shifted(static_cast<size_t>(n * k + 1), 0.0f);
+          std::copy(x.begin(), x.begin() + n * k, shifted.begin() + 1);
+          Tensor flat = Upload(*b, shifted, {n * k + 1});
+          xt = flat.Reshape({n * k + 1});
+          xt.data = static_cast<float*>(flat.data) + 1;  // 4 bytes past a 16-byte boundary
+          xt.ndim = 2;
+          xt.shape = {n, k, 0, 0};
+        } else {
+          xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + n * k), {n, k});
+        }
+        std::vector<Tensor> outs = poisoned_outs(n);
+        matmul(xt, outs);
+        for (size_t p = 0; p < parts; ++p) {
+          const std::vector<float> got = Download(*b, outs[p]);
+          int64_t bad_rows = 0, first_bad = -1;
+          for (int64_t r = 0; r < n; ++r) {
+            const size_t off = static_cast<size_t>(r * cs.ms[p]);
+            if (std::memcmp(got.data() + off, solo[p].data() + off,
+                            static_cast<size_t>(cs.ms[p]) * sizeof(float)) != 0) {
+              if (first_bad < 0) first_bad = r;
+              ++bad_rows;
+            }
+          }
+          EXPECT_EQ(bad_rows, 0) << "k=" << k << " part " << p << " m=" << cs.ms[p] << " n=" << n
+                                 << (misaligned ? " (unaligned x)" : "") << ": first bad row "
+                                 << first_bad;
+        }
+      }
+    }
+  }
+}
+
+// A decode-shaped step (graph-replayed) and a prefill-shaped step give the same rows.
+TEST_F(CudaOpsTest, MatMulInvariantGraphReplay) {
+  const int64_t k = 1024, m = 768, n = 4;
+  const std::vector<float> w = Random(static_cast<size_t>(m * k), 70, 0.05f);
+  const std::vector<float> x = Random(static_cast<size_t>(64 * k), 71);
+  auto b = Make(false);
+  Tensor wt = Weight(*b, w, {m, k});
+  std::vector<std::vector<float>> results;
+  for (int64_t rows : {n, n, n, int64_t{64}}) {
+    BatchPlan plan;
+    if (rows == n) {
+      // n single-token sequences: a decode step (captured once, then replayed).
+      for (int32_t s = 0; s < n; ++s) plan.AddSequence(std::vector<int32_t>{0}, 5, {s}, true);
+    } else {
+      plan = SimplePlan(static_cast<int32_t>(rows));
+    }
+    ASSERT_TRUE(b->BeginStep(plan).ok());
+    Tensor xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + rows * k), {rows, k});
+    Tensor out = b->Alloc({rows, m});
+    b->MatMul(xt, wt, nullptr, out);
+    std::vector<float> got = Download(*b, out);
+    results.emplace_back(got.begin(), got.begin() + n * m);
+  }
+  for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[0], results[i]) << "run " << i;
+  EXPECT_LT(RelL2(results[0], TwinMatMulBf16(x, w, nullptr, n, m, k, 1)), 1e-5);
 }
 
 // The table builder's inverse frequencies against an independent double-precision formula.

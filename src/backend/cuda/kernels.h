@@ -192,3 +192,18 @@ namespace ember::cuda {
 void LaunchLogitEdits(float* x, int64_t cols, const LogitEdit* edits, int32_t num_edits,
                       cudaStream_t stream);
 }  // namespace ember::cuda
+
+// ---- gemm_invariant.cu (batch-invariant bf16 GEMM, issue 6) ----
+namespace ember::cuda {
+// Tensor-core GEMM: out_i[n, m_i] = x[n, k] W_i[m_i, k]^T (+ bias_i) for num_parts
+// (<= kGemvMaxParts) weights sharing x, one launch. Every output element's bits depend only on
+// its row of x, its row of W, k and its bias: never on n, the other rows or the kernel variant
+// chosen (one mma chain over ascending k16 steps, x rounded to bf16 RN). Any k and alignment (a
+// slow generic kernel when k % 8 != 0 or a pointer is not 16-byte aligned).
+// x_bf16: device scratch of GemmInvariantScratchBytes(n, k) bytes, 16-byte aligned (null when
+// that is 0); x [n, k] f32, W_i [m_i, k] bf16, bias_i [m_i] f32 or null, out_i [n, m_i] f32.
+constexpr int64_t kGemmSkinnyMaxRows = 32;
+int64_t GemmInvariantScratchBytes(int64_t n, int64_t k);
+void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, int num_parts,
+                         int64_t n, int64_t k, cudaStream_t stream);
+}  // namespace ember::cuda
