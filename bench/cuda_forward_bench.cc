@@ -53,7 +53,7 @@ double Now() {
 int Run(int argc, char** argv) {
   std::string shape_name = "llama-3.2-1b";
   int64_t batch = 1, prompt = 512, gen = 128, chunk = 8192;
-  bool f32 = false, no_graphs = false, profile = false, variant = false, help = false;
+  bool f32 = false, no_graphs = false, profile = false, invariant = false, help = false;
   FlagParser flags("cuda_forward_bench [flags]");
   flags.AddString("--shape", &shape_name, "llama-3.2-1b | llama-3.1-8b");
   flags.AddInt("--batch", &batch, "concurrent sequences");
@@ -63,7 +63,7 @@ int Run(int argc, char** argv) {
   flags.AddBool("--f32", &f32, "f32 compute mode");
   flags.AddBool("--no-graphs", &no_graphs, "launch decode steps op by op (no CUDA graphs)");
   flags.AddBool("--profile", &profile, "time each op kind with events (decode steps only)");
-  flags.AddBool("--no-batch-invariant", &variant, "cuBLAS/GEMV/split-K kernels instead");
+  flags.AddBool("--batch-invariant", &invariant, "the fixed-order GEMM instead of GEMV/cuBLAS");
   Status st = flags.Parse(argc, argv, 1, &help);
   if (!st.ok() || help) {
     std::fprintf(stderr, "%s\n%s\n", st.message().c_str(), flags.Help().c_str());
@@ -80,7 +80,7 @@ int Run(int argc, char** argv) {
   options.f32_compute = f32;
   options.cuda_graphs = !no_graphs;
   options.profile_ops = profile;
-  options.batch_invariant = !variant;
+  options.batch_invariant = invariant;
   auto created = CreateCudaBackend(0, options);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().message().c_str());

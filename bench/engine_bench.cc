@@ -106,9 +106,8 @@ int Main(int argc, char** argv) {
   flags.AddString("--device", &device, "cpu | cuda");
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
-  bool variant = false;
-  flags.AddBool("--no-batch-invariant", &variant,
-                "CUDA: the faster batch-dependent kernels (cuBLAS, GEMV, split-K attention)");
+  bool invariant = false;
+  flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
   if (help || !st.ok() || model_dir.empty()) {
@@ -119,7 +118,7 @@ int Main(int argc, char** argv) {
   ModelLoadOptions opts;
   opts.num_threads = static_cast<int32_t>(threads);
   opts.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
-  opts.cuda_batch_invariant = !variant;
+  opts.cuda_batch_invariant = invariant;
   auto model = Model::Load(model_dir, opts);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.message().c_str());

@@ -59,8 +59,9 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
   flags.AddString("--batch-invariant", &batch_invariant,
-                  "on | off: CUDA kernels whose per-row results do not depend on the batch "
-                  "(default on; the CPU backend always is)");
+                  "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
+                  "slower). Default off: last-bit differences between batch sizes. The CPU "
+                  "backend always is");
   flags.AddInt("--max-batch", &max_batch, "sequences decoded together (default 64)");
   flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
   flags.AddDouble("--gpu-memory-fraction", &gpu_memory_fraction,

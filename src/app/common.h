@@ -37,7 +37,7 @@ struct GenerationFlags {
 // --device --threads --max-batch --kv-cache-bytes --max-step-tokens
 struct EngineFlags {
   std::string device = "auto";
-  std::string batch_invariant = "on";
+  std::string batch_invariant = "off";
   int64_t threads = 0, max_batch = 64, kv_cache_bytes = 0, max_step_tokens = 512;
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;

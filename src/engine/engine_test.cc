@@ -26,7 +26,10 @@ std::string ModelDir(const std::string& name) {
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, DeviceKind device = DeviceKind::kCpu) {
   ModelLoadOptions options;
-  options.device = device;  // CUDA: the production bf16 mode
+  options.device = device;
+  // CUDA: bf16 with the batch-invariant GEMM (`--batch-invariant on`): the tests compare batched
+  // and solo runs token for token.
+  options.cuda_batch_invariant = true;
   auto model = Model::Load(dir, options);
   EXPECT_TRUE(model.ok()) << model.message();
   return model.ok() ? std::move(model).value() : nullptr;
@@ -161,7 +164,7 @@ TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
   CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCpu);
 }
 
-// The same on the CUDA backend in bf16 mode, where a GPU exists.
+// The same on the CUDA backend in bf16 mode with --batch-invariant on, where a GPU exists.
 TEST_P(BatchInvarianceTest, OnCuda) {
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
   EMBER_REQUIRE_DIR(ModelDir(GetParam()));

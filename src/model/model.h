@@ -96,8 +96,9 @@ struct ModelLoadOptions {
   int32_t num_threads = 0;  // 0 = all cores
   int32_t cuda_device = 0;
   bool cuda_f32_compute = false;  // CUDA: f32 weights and GEMMs (parity mode) instead of bf16
-  // CUDA bf16: batch-invariant kernels (a row's result never depends on the rest of the step).
-  bool cuda_batch_invariant = true;
+  // CUDA bf16: the batch-invariant GEMM too (a row's result never depends on the rest of the
+  // step; slower). Attention is batch-invariant either way.
+  bool cuda_batch_invariant = false;
   // File name of the config inside the folder (tests load config.v4.json too).
   std::string config_file = "config.json";
 };

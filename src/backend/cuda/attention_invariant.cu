@@ -15,7 +15,9 @@
 //     normalised directly. Whether the folds happen in the same block (sequential mode, the
 //     running O kept in `out`) or through `partials` and the combine kernel (split mode: one
 //     block per split, more parallelism at small batch) does not change a bit of the result.
-// K/V come from the f32 pool rounded to bf16 (as in attention_prefill_flash.cu).
+// K/V come from the f32 pool rounded to bf16 when staged into shared memory. It replaced the
+// per-step split-K decode and flash/WMMA prefill kernels in the bf16 mode (as fast or faster in
+// every measured shape, docs/perf.md).
 #include <cuda_bf16.h>
 
 #include <cmath>

@@ -87,7 +87,6 @@ class CudaBackend final : public Backend {
       : device_(device),
         f32_compute_(options.f32_compute),
         use_graphs_(options.cuda_graphs),
-        tc_prefill_(options.tensor_core_prefill && !options.f32_compute),
         batch_invariant_(options.batch_invariant && !options.f32_compute),
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
@@ -166,8 +165,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool f32_compute_;
   bool use_graphs_;
-  bool tc_prefill_;
-  bool batch_invariant_;  // bf16 mode: one reduction order per row for MatMul and Attention
+  bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
   bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;
   Stream stream_;
@@ -652,11 +650,14 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   const float* qp = static_cast<const float*>(q.data);
   float* op = static_cast<float*>(out.data);
   const cuda::PlanView plan = plan_;
-  if (batch_invariant_ && cuda::AttentionInvariantSupported(params.head_dim)) {
+  // bf16 mode: always the batch-invariant kernel (it measured as fast or faster than the
+  // per-step split-K decode and flash prefill kernels it replaced, docs/perf.md); those f32
+  // kernels below serve the parity mode and head dims it does not support.
+  if (!f32_compute_ && cuda::AttentionInvariantSupported(params.head_dim)) {
     AttentionInvariant(args, qp, kv, op);
     return;
   }
-  if (batch_invariant_ && !warned_attention_variant_) {
+  if (!f32_compute_ && !warned_attention_variant_) {
     warned_attention_variant_ = true;
     LOG_WARN << "cuda: head_dim " << params.head_dim
              << " has no batch-invariant attention kernel (multiples of 16 up to 256); this "
@@ -679,10 +680,6 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
     if (floats > 0) partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
   }
   const int32_t max_query_len = max_query_len_;
-  if (splits == 0 && tc_prefill_ && cuda::AttentionPrefillFlashSupported(params.head_dim))
-    splits = -2;  // -2: the register-resident flash kernel (tensor cores)
-  if (splits == 0 && tc_prefill_ && cuda::AttentionPrefillTcSupported(params.head_dim))
-    splits = -1;  // -1: the WMMA tensor-core prefill kernel
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
                     U(args.sliding_window), KeyOf(args.softcap), U(splits), KeyOf(partials),
@@ -691,11 +688,6 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                    [=](cudaStream_t st) {
                      if (splits > 0) {
                        cuda::LaunchAttentionDecode(args, qp, kv, plan, splits, partials, op, st);
-                     } else if (splits == -2) {
-                       cuda::LaunchAttentionPrefillFlash(args, qp, kv, plan, max_query_len, op,
-                                                         st);
-                     } else if (splits < 0) {
-                       cuda::LaunchAttentionPrefillTc(args, qp, kv, plan, max_query_len, op, st);
                      } else {
                        cuda::LaunchAttentionPrefill(args, qp, kv, plan, max_query_len, op, st);
                      }

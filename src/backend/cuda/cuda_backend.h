@@ -31,16 +31,14 @@ struct CudaBackendOptions {
   // Replay decode steps (every row a single token) as CUDA graphs, keyed by everything their
   // launches depend on; other steps launch op by op.
   bool cuda_graphs = true;
-  // bf16 mode: prefill attention on tensor cores (bf16 Q/K/V/P); else the f32 CUDA-core kernel.
-  bool tensor_core_prefill = true;
   // Time every op with CUDA events (forces op-by-op launches; for benchmarks).
   bool profile_ops = false;
   // bf16 mode: every row's result is bitwise independent of the step it is computed in (which
-  // other rows share the step, chunk boundaries, decode vs prefill step): all MatMuls and all
-  // attention rows use kernels with one fixed reduction order. Off: cuBLAS for large steps,
-  // GEMV for small ones, split-K decode attention (results then differ by rounding between
-  // batch compositions).
-  bool batch_invariant = true;
+  // other rows share the step, chunk boundaries, decode vs prefill step). Attention always is
+  // (attention_invariant.cu); this switch puts every MatMul on the fixed-order tensor-core GEMM
+  // (gemm_invariant.cu), which is slower than the default GEMV (<= 8 rows) / cuBLAS paths whose
+  // rows differ in the last bits between batch sizes (docs/perf.md has the cost).
+  bool batch_invariant = false;
 };
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
 

@@ -52,10 +52,10 @@ class CudaOpsTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().message();
     return std::move(r).value();
   }
-  // bf16 mode with the batch-invariant GEMM off (the GEMV / cuBLAS paths).
-  std::unique_ptr<Backend> MakeVariant() {
+  // bf16 mode with the batch-invariant GEMM on (the default is the GEMV / cuBLAS paths).
+  std::unique_ptr<Backend> MakeInvariant() {
     CudaBackendOptions options;
-    options.batch_invariant = false;
+    options.batch_invariant = true;
     auto r = CreateCudaBackend(0, options);
     EXPECT_TRUE(r.ok()) << r.status().message();
     return std::move(r).value();
@@ -194,7 +194,7 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   const int64_t k = 512, m = 300;
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 30, 0.05f);
   const std::vector<float> bias = Random(static_cast<size_t>(m), 31);
-  auto b = MakeVariant();
+  auto b = Make(false);
   Tensor wt = Weight(*b, w, {m, k});
   Tensor bt = Weight(*b, bias, {m});
   for (int64_t n : {1, 2, 5, 8}) {
@@ -222,7 +222,7 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   const int64_t k = 2048;
   const int64_t ms[3] = {300, 100, 36};
   std::vector<std::vector<float>> w, bias;
-  auto b = MakeVariant();
+  auto b = Make(false);
   std::vector<Tensor> wt, bt;
   for (int i = 0; i < 3; ++i) {
     w.push_back(Random(static_cast<size_t>(ms[i] * k), 40 + i, 0.05f));
@@ -257,14 +257,14 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   }
 }
 
-// Backend contract (bf16 mode, default options): each output element is computed in an order
+// Backend contract (bf16 mode with batch_invariant): each output element is computed in an order
 // independent of n. The f32 parity mode makes no such promise (cuBLAS picks its kernel by n; on
 // the H200 n = 1, 3 and 64 differ in the last bits).
 TEST_F(CudaOpsTest, MatMulBatchInvariant) {
   const int64_t k = 2048, m = 512;
   const std::vector<float> x = Random(static_cast<size_t>(64 * k), 8);
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 9, 0.02f);
-  auto b = Make(false);
+  auto b = MakeInvariant();
   Tensor wt = Weight(*b, w, {m, k});
   std::vector<std::vector<float>> rows0;
   for (int64_t n : {1, 3, 64}) {
@@ -299,7 +299,7 @@ std::vector<double> TwinMatMulBf16(const std::vector<float>& x, const std::vecto
   return out;
 }
 
-// The batch-invariant GEMM (default bf16 options): every row of an n-row MatMul, n from 1 to
+// The batch-invariant GEMM (bf16, batch_invariant): every row of an n-row MatMul, n from 1 to
 // 1000, is bitwise the row computed alone (n = 1), for fused parts (q/k/v-style: consecutive
 // MatMuls of one x), tails in m and k, an odd k (the generic kernel) and x at an address that is
 // not 16-byte aligned (the generic kernel against the fast ones); values match the CPU twin.
@@ -316,7 +316,7 @@ TEST_F(CudaOpsTest, MatMulInvariantRowsEqualSolo) {
                         {{64}, 257, false}};
   const int64_t ns[] = {1, 2, 3, 7, 8, 9, 16, 33, 64, 100, 128, 300, 1000};
   constexpr int64_t kPool = 1000;
-  auto b = Make(false);
+  auto b = MakeInvariant();
   uint32_t seed = 100;
   for (const Case& cs : cases) {
     const int64_t k = cs.k;
@@ -411,7 +411,7 @@ TEST_F(CudaOpsTest, MatMulInvariantGraphReplay) {
   const int64_t k = 1024, m = 768, n = 4;
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 70, 0.05f);
   const std::vector<float> x = Random(static_cast<size_t>(64 * k), 71);
-  auto b = Make(false);
+  auto b = MakeInvariant();
   Tensor wt = Weight(*b, w, {m, k});
   std::vector<std::vector<float>> results;
   for (int64_t rows : {n, n, n, int64_t{64}}) {
@@ -680,14 +680,12 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
     return RelL2(Download(b, out), ref);
   }
 
-  // f32: the parity mode (f32 kernels); else bf16 mode: the batch-invariant kernel, or with
-  // `variant` the per-step kernels (split-K decode, tensor-core prefill where head_dim allows).
-  // Tolerance: 1e-5 / 2e-2 relative L2.
-  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32, bool variant = false) {
+  // f32: the parity mode (f32 kernels: split-K decode, f32 prefill); else bf16 mode, whose
+  // attention is always the batch-invariant kernel. Tolerance: 1e-5 / 2e-2 relative L2.
+  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32) {
     const AttnCase c = GetParam();
     CudaBackendOptions options;
     options.f32_compute = f32;
-    options.batch_invariant = !variant;
     auto created = CreateCudaBackend(0, options);
     EXPECT_TRUE(created.ok()) << created.status().message();
     auto b = std::move(created).value();
@@ -710,10 +708,10 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
   std::vector<SeqKv> k_, v_;
 };
 
-// mode 0: f32, 1: bf16 batch-invariant, 2: bf16 per-step kernels.
+// mode 0: f32, 1: bf16 (the batch-invariant kernel).
 TEST_P(AttentionTest, PrefillMixedAndDecode) {
-  for (int mode : {0, 1, 2}) {
-    auto b = Setup(3, mode == 0, mode == 2);
+  for (int mode : {0, 1}) {
+    auto b = Setup(3, mode == 0);
     const double tol = mode == 0 ? 1e-5 : 2e-2;
     EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, mode " << mode;
     EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, mode " << mode;
@@ -725,8 +723,8 @@ TEST_P(AttentionTest, PrefillMixedAndDecode) {
 }
 
 TEST_P(AttentionTest, LongContextSplitK) {
-  for (int mode : {0, 1, 2}) {
-    auto b = Setup(2, mode == 0, mode == 2);
+  for (int mode : {0, 1}) {
+    auto b = Setup(2, mode == 0);
     const double tol = mode == 0 ? 1e-5 : 2e-2;
     EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), tol) << "long prefill, mode " << mode;
     EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), tol) << "split-K decode, mode " << mode;

@@ -127,18 +127,6 @@ void LaunchAttentionPrefill(const AttentionArgs& args, const float* q, const KvL
                             const PlanView& plan, int32_t max_query_len, float* out,
                             cudaStream_t stream);
 
-// Tensor-core variant for the bf16 mode (Q, K, V, P rounded to bf16; f32 softmax/accumulation).
-bool AttentionPrefillTcSupported(int32_t head_dim);
-// Register-resident flash variant (attention_prefill_flash.cu; mma.sync, same numerics as the
-// tensor-core kernel) for head_dim 64 and 128.
-bool AttentionPrefillFlashSupported(int32_t head_dim);
-void LaunchAttentionPrefillFlash(const AttentionArgs& args, const float* q, const KvLayerView& kv,
-                                 const PlanView& plan, int32_t max_query_len, float* out,
-                                 cudaStream_t stream);
-void LaunchAttentionPrefillTc(const AttentionArgs& args, const float* q, const KvLayerView& kv,
-                              const PlanView& plan, int32_t max_query_len, float* out,
-                              cudaStream_t stream);
-
 // ---- argmax.cu ----
 // ids[r] = first index of the maximum of row r (NaN never wins; 0 for an all-NaN row).
 // x [rows, cols] float32; ids [rows] int32 on the device.

@@ -1,4 +1,4 @@
-// Warp-level bf16 tensor-core primitives shared by the flash-style attention kernels:
+// Warp-level bf16 tensor-core primitives shared by the attention and GEMM kernels:
 // mma.sync m16n8k16 (row.col, f32 accumulation), ldmatrix x4 (plain and transposed) and the
 // float pair -> bf16x2 packing. Every lane of the warp must execute them together.
 #pragma once
