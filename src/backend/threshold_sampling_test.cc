@@ -180,7 +180,8 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
 
 // Equal bits, or both NaN (a GPU's NaN results carry the canonical payload).
 bool SameFloat(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
 // One row's request: processors drawn at random over `vocab`, with the sequence state after a

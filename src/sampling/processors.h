@@ -2,8 +2,8 @@
 // hand-computed example. All operate on ONE row of logits ([vocab_size] floats); none allocates
 // except where a result is returned. Stateless and thread-safe. Called by Sample() (sampler.h),
 // which fixes their order; the engine should call Sample(), not these. The float operation of
-// each processor is backend/logit_edit.h's ApplyLogitEdit (shared with the backends). Temperature and the
-// top-k / top-p / min-p filters live in weighted_row.h.
+// each processor is backend/logit_edit.h's ApplyLogitEdit (shared with the backends).
+// Temperature and the top-k / top-p / min-p filters live in weighted_row.h.
 #pragma once
 
 #include <cstdint>

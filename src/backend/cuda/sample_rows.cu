@@ -30,6 +30,10 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
+// Thresholds probed per pass over the row: a search step resolves 2 bits of the threshold per
+// pass instead of bisection's 1. A probe's sums are the ones a pass for that threshold alone
+// would give (same elements, same order), so the search finds the same threshold.
+constexpr int kProbes = 3;
 
 __device__ float Weight(float logit, float max, float inv_t) {
   if (logit != logit) return 0.0f;
@@ -37,37 +41,66 @@ __device__ float Weight(float logit, float max, float inv_t) {
   return w < FLT_MIN ? 0.0f : w;
 }
 
+// The next float above t >= 0: "w > t" is "w >= NextUp(t)" for floats.
+__device__ float NextUp(float t) { return __uint_as_float(__float_as_uint(t) + 1u); }
+
+// Per probe j: the count and mass of the weights >= t[j].
+struct Sums {
+  long long count[kProbes];
+  double mass[kProbes];
+};
+
 static_assert(kWarps == 32, "BlockSum folds one warp partial per lane of warp 0");
 
-// (count, mass) summed over a warp in a fixed tree order; lane 0 gets the total.
-__device__ void WarpSum(long long& c, double& m) {
+// Summed over a warp in a fixed tree order; lane 0 gets the total.
+__device__ void WarpSum(Sums& v) {
   for (int off = 16; off > 0; off >>= 1) {
-    c += __shfl_down_sync(0xffffffffu, c, off);
-    m += __shfl_down_sync(0xffffffffu, m, off);
+#pragma unroll
+    for (int j = 0; j < kProbes; ++j) {
+      v.count[j] += __shfl_down_sync(0xffffffffu, v.count[j], off);
+      v.mass[j] += __shfl_down_sync(0xffffffffu, v.mass[j], off);
+    }
   }
 }
 
-// Sums (count, mass) over the block: per warp, then the 32 warp partials by warp 0, each a
-// shuffle tree (a fixed order: the same bits in every block that sums the same values). The
-// block total lands in *count / *mass, written by thread 0 only.
-__device__ void BlockSum(long long c, double m, long long* warp_count, double* warp_mass,
-                         long long* count, double* mass) {
-  WarpSum(c, m);
+// Sums over the block: per warp, then the 32 warp partials by warp 0, each a shuffle tree (a
+// fixed order: the same bits in every block that sums the same values). The block total lands
+// in *out, written by thread 0 only.
+__device__ void BlockSum(Sums v, Sums* warp_parts, Sums* out) {
+  WarpSum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_count[warp] = c;
-    warp_mass[warp] = m;
-  }
+  if (lane == 0) warp_parts[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    c = warp_count[lane];
-    m = warp_mass[lane];
-    WarpSum(c, m);
-    if (lane == 0) {
-      *count = c;
-      *mass = m;
+    v = warp_parts[lane];
+    WarpSum(v);
+    if (lane == 0) *out = v;
+  }
+}
+
+// This thread's share of a probe pass over w(i), i = first, first + stride, ... < n.
+template <typename W>
+__device__ Sums ThreadSums(const float (&t)[kProbes], int64_t first, int64_t n, int64_t stride,
+                           W w_of) {
+  int c[kProbes] = {};
+  double m[kProbes] = {};
+  for (int64_t i = first; i < n; i += stride) {
+    const float w = w_of(i);
+#pragma unroll
+    for (int j = 0; j < kProbes; ++j) {
+      if (w >= t[j]) {
+        ++c[j];
+        m[j] += w;
+      }
     }
   }
+  Sums v;
+#pragma unroll
+  for (int j = 0; j < kProbes; ++j) {
+    v.count[j] = c[j];
+    v.mass[j] = m[j];
+  }
+  return v;
 }
 
 // Exclusive prefix sum of one value per thread over the block (thread order); every thread gets
@@ -100,11 +133,9 @@ __device__ long long BlockExclusiveScan(long long v, long long* warp_sums, long 
 // ---- one block per row ----
 
 struct BlockShared {
-  long long count[kWarps];
-  double mass[kWarps];
+  Sums warp_parts[kWarps];
   long long scan[kWarps + 1];
-  long long out_count;
-  double out_mass;
+  Sums out;
   int out_i;
 };
 
@@ -116,22 +147,14 @@ struct RowBlock {
 
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ float W(int64_t i) const { return Weight(logits[i], max, inv_t); }
-  // Block-wide count and mass of the weights > t (strict) or >= t; every thread gets the result.
-  __device__ void Above(float t, bool strict, long long* count, double* mass) {
-    long long c = 0;
-    double m = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      const float w = W(i);
-      if (strict ? w > t : w >= t) {
-        ++c;
-        m += w;
-      }
-    }
-    BlockSum(c, m, s.count, s.mass, &s.out_count, &s.out_mass);
+  // Block-wide sums for the thresholds t; every thread gets the result.
+  __device__ Sums Probe(const float (&t)[kProbes]) {
+    BlockSum(ThreadSums(t, threadIdx.x, n, kThreads, [&](int64_t i) { return W(i); }),
+             s.warp_parts, &s.out);
     __syncthreads();
-    *count = s.out_count;
-    *mass = s.out_mass;
+    const Sums result = s.out;
     __syncthreads();
+    return result;
   }
   // The id of the r-th (1-based) token of weight t in id order: each thread scans a contiguous
   // range; the block's exclusive scan of the per-thread counts places it.
@@ -162,18 +185,17 @@ struct RowBlock {
 // ---- a cluster of blocks per row ----
 
 struct ClusterShared {
-  long long count[kWarps];
-  double mass[kWarps];
+  Sums warp_parts[kWarps];
   long long scan[kWarps + 1];
-  long long part_count[2];  // this block's partial, double-buffered across reductions
-  double part_mass[2];
-  long long out_count;
-  double out_mass;
+  Sums part[2];  // this block's partial, double-buffered across reductions
+  long long tie_part[2];
+  Sums out;
+  long long tie_before;
   float slice_max;
   int slice_index;  // global id of the slice's argmax, -1 when the slice has no non-NaN
   float row_max;
   int row_argmax;
-  int found;        // the NthTie id when this block holds it, else -1
+  int found;  // the NthTie id when this block holds it, else -1
 };
 
 struct RowCluster {
@@ -184,45 +206,27 @@ struct RowCluster {
   int buf = 0;
 
   __device__ bool leader() const { return threadIdx.x == 0 && cluster.block_rank() == 0; }
-  // Every block's partial is published in its part_*[buf], then warp 0 of each block loads
-  // them (lane k from rank k, in parallel) and folds them in one shuffle tree: the same order,
-  // hence the same bits, in every block. Double buffering makes one cluster barrier per
-  // reduction enough: a block writes part_*[buf] again two reductions later, after every block
-  // passed the barrier in between (so finished reading it).
-  __device__ void ClusterSum(long long* count, double* mass) {
+  // Every block's partial is published in its part[buf], then warp 0 of each block loads them
+  // (lane k from rank k, in parallel) and folds them in one shuffle tree: the same order, hence
+  // the same bits, in every block. Double buffering makes one cluster barrier per reduction
+  // enough: a block writes part[buf] again two reductions later, after every block passed the
+  // barrier in between (so finished reading it).
+  __device__ Sums Probe(const float (&t)[kProbes]) {
+    BlockSum(ThreadSums(t, threadIdx.x, len, kThreads, [&](int64_t i) { return w[i]; }),
+             s.warp_parts, &s.part[buf]);
     cluster.sync();
     if (threadIdx.x < 32) {
-      long long c = 0;
-      double m = 0.0;
-      if (threadIdx.x < cluster.num_blocks()) {
-        const ClusterShared* other = cluster.map_shared_rank(&s, threadIdx.x);
-        c = other->part_count[buf];
-        m = other->part_mass[buf];
-      }
-      WarpSum(c, m);
-      if (threadIdx.x == 0) {
-        s.out_count = c;
-        s.out_mass = m;
-      }
+      Sums v = {};
+      if (threadIdx.x < cluster.num_blocks())
+        v = cluster.map_shared_rank(&s, threadIdx.x)->part[buf];
+      WarpSum(v);
+      if (threadIdx.x == 0) s.out = v;
     }
     __syncthreads();
-    *count = s.out_count;
-    *mass = s.out_mass;
+    const Sums result = s.out;
     __syncthreads();
     buf ^= 1;
-  }
-  __device__ void Above(float t, bool strict, long long* count, double* mass) {
-    long long c = 0;
-    double m = 0.0;
-    for (int64_t i = threadIdx.x; i < len; i += kThreads) {
-      const float v = w[i];
-      if (strict ? v > t : v >= t) {
-        ++c;
-        m += v;
-      }
-    }
-    BlockSum(c, m, s.count, s.mass, &s.part_count[buf], &s.part_mass[buf]);
-    ClusterSum(count, mass);
+    return result;
   }
   // As RowBlock::NthTie over the cluster: blocks hold consecutive slices, so a block's first
   // tie rank is the sum of the lower ranks' tie counts. The id reaches the leader.
@@ -234,16 +238,16 @@ struct RowCluster {
     if (threadIdx.x == 0) s.found = -1;
     long long block_total;
     const long long in_block = BlockExclusiveScan(c, s.scan, &block_total);
-    if (threadIdx.x == 0) s.part_count[buf] = block_total;
+    if (threadIdx.x == 0) s.tie_part[buf] = block_total;
     cluster.sync();
     if (threadIdx.x == 0) {
       long long before = 0;
       for (unsigned k = 0; k < cluster.block_rank(); ++k)
-        before += cluster.map_shared_rank(&s, k)->part_count[buf];
-      s.out_count = before;
+        before += cluster.map_shared_rank(&s, k)->tie_part[buf];
+      s.tie_before = before;
     }
     __syncthreads();
-    const long long first = s.out_count + in_block;
+    const long long first = s.tie_before + in_block;
     if (c > 0 && r > first && r <= first + c) {
       long long need = r - first;
       for (int64_t i = begin; i < end; ++i) {
@@ -266,108 +270,135 @@ struct RowCluster {
 
 // ---- the algorithm (threshold_sampling.cc's ThresholdSample), over either context ----
 
+// A rank-order prefix: every weight > t, then the first `ties` tokens of weight t (id order).
 struct Prefix {
   float t;
   long long ties;
 };
 
+// Count and mass of the weights >= t (one pass).
+struct Level {
+  long long count;
+  double mass;
+};
+template <typename Ctx>
+__device__ Level AtLeast(Ctx& ctx, float t) {
+  const float ts[kProbes] = {t, t, t};
+  const Sums s = ctx.Probe(ts);
+  return {s.count[0], s.mass[0]};
+}
+
 template <typename Ctx>
 __device__ double MassOf(Ctx& ctx, const Prefix& p) {
-  long long c;
-  double m;
-  ctx.Above(p.t, true, &c, &m);
-  return m + static_cast<double>(p.ties) * p.t;
+  return AtLeast(ctx, NextUp(p.t)).mass + static_cast<double>(p.ties) * p.t;
 }
 
-template <typename Ctx>
-__device__ long long TiesAt(Ctx& ctx, float t) {
-  long long ge, gt;
-  double m;
-  ctx.Above(t, false, &ge, &m);
-  ctx.Above(t, true, &gt, &m);
-  return ge - gt;
-}
-
-template <typename Ctx>
-__device__ double MassAtLeast(Ctx& ctx, const Prefix& kept, float x) {
-  if (x > kept.t) {
-    long long c;
-    double m;
-    ctx.Above(x, false, &c, &m);
-    return m;
-  }
-  return MassOf(ctx, kept);
-}
-
-// Largest float t in [low, 1] with pred(t) (monotone; true at low). Uniform across the block.
-template <typename Pred>
-__device__ float LargestWhere(float low, Pred pred) {
-  if (pred(1.0f)) return 1.0f;
+// Largest float t in [low, 1] with pred(t, count, mass) (count / mass of the weights >= t;
+// monotone; true at low), kProbes thresholds per pass. Uniform across the block / cluster.
+template <typename Ctx, typename Pred>
+__device__ float LargestWhere(Ctx& ctx, float low, Pred pred) {
+  const Level top = AtLeast(ctx, 1.0f);
+  if (pred(1.0f, top.count, top.mass)) return 1.0f;
   unsigned lo = __float_as_uint(low), hi = __float_as_uint(1.0f);
-  while (hi - lo > 1) {
-    const unsigned mid = lo + (hi - lo) / 2;
-    if (pred(__uint_as_float(mid)))
-      lo = mid;
-    else
-      hi = mid;
+  while (hi - lo > 1) {  // pred(lo) true, pred(hi) false
+    const unsigned long long span = hi - lo;
+    unsigned mid[kProbes];
+    float ts[kProbes];
+#pragma unroll
+    for (int j = 0; j < kProbes; ++j) {
+      mid[j] = lo + static_cast<unsigned>(span * (j + 1) / (kProbes + 1));  // lo <= mid < hi
+      ts[j] = __uint_as_float(mid[j]);
+    }
+    const Sums s = ctx.Probe(ts);
+    unsigned new_lo = lo, new_hi = hi;
+    for (int j = kProbes - 1; j >= 0; --j) {
+      if (pred(ts[j], s.count[j], s.mass[j])) {
+        new_lo = mid[j];
+        break;
+      }
+      new_hi = mid[j];
+    }
+    lo = new_lo;
+    hi = new_hi;
   }
   return __uint_as_float(lo);
 }
 
+// The first n tokens of the rank order (n >= 1, n <= tokens with w > 0).
 template <typename Ctx>
 __device__ Prefix FirstN(Ctx& ctx, long long n) {
-  const float t = LargestWhere(FLT_MIN, [&](float x) {
-    long long c;
-    double m;
-    ctx.Above(x, false, &c, &m);
-    return c >= n;
-  });
+  const float t =
+      LargestWhere(ctx, FLT_MIN, [&](float, long long count, double) { return count >= n; });
+  return {t, n - AtLeast(ctx, NextUp(t)).count};
+}
+
+// Weights > t (count, mass) and tokens of weight exactly t, in one pass.
+struct Split {
   long long above;
-  double m;
-  ctx.Above(t, true, &above, &m);
-  return {t, n - above};
+  double mass_above;
+  long long ties;
+};
+template <typename Ctx>
+__device__ Split SplitAt(Ctx& ctx, float t) {
+  const float ts[kProbes] = {t, NextUp(t), NextUp(t)};
+  const Sums s = ctx.Probe(ts);
+  return {s.count[1], s.mass[1], s.count[0] - s.count[1]};
 }
 
 // The token of a row whose maximum is finite; meaningful in the context's leader thread.
+// Follows ThresholdSample step by step; two shortcuts give FirstN's result without its search:
+// the prefix `kept` already holds, and top-p's own prefix (its threshold t with `ties` >= 1
+// tokens at t is exactly FirstN(above + ties), since FirstN depends on counts only).
 template <typename Ctx>
 __device__ int SampleWith(Ctx& ctx, const SampleRowParams& p) {
-  long long positive;
-  double total;
-  ctx.Above(0.0f, true, &positive, &total);
+  const long long positive = AtLeast(ctx, NextUp(0.0f)).count;
   long long kept_len = positive;
-  Prefix kept{0.0f, 0};
+  Prefix kept{0.0f, 0};  // every w > 0
+  long long kept_is = positive;  // the length `kept` describes
+  Prefix top_p_prefix{0.0f, 0};
+  long long top_p_len = -1;
   if (p.top_k > 0 && p.top_k < positive) {
     kept = FirstN(ctx, p.top_k);
-    kept_len = p.top_k;
+    kept_len = kept_is = p.top_k;
   }
   if (p.top_p < 1.0f) {
-    const double target = static_cast<double>(p.top_p) * MassOf(ctx, kept);
-    const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN,
-                                 [&](float v) { return MassAtLeast(ctx, kept, v) >= target; });
-    long long above;
-    double mass_above;
-    ctx.Above(t, true, &above, &mass_above);
-    long long ties = static_cast<long long>(ceil((target - mass_above) / t));
-    const long long available = t == kept.t ? kept.ties : TiesAt(ctx, t);
+    const double kept_mass = MassOf(ctx, kept);
+    const double target = static_cast<double>(p.top_p) * kept_mass;
+    const float t = LargestWhere(ctx, kept.t > 0.0f ? kept.t : FLT_MIN,
+                                 [&](float x, long long, double mass) {
+                                   return (x > kept.t ? mass : kept_mass) >= target;
+                                 });
+    const Split at = SplitAt(ctx, t);
+    long long ties = static_cast<long long>(ceil((target - at.mass_above) / t));
+    const long long available = t == kept.t ? kept.ties : at.ties;
     ties = max(1LL, min(ties, max(available, 1LL)));
-    kept_len = min(kept_len, above + ties);
+    if (at.above + ties < kept_len) {
+      kept_len = at.above + ties;
+      if (available >= 1) {
+        top_p_prefix = {t, ties};
+        top_p_len = kept_len;
+      }
+    }
   }
   if (p.min_p > 0.0f) {
-    long long at_least;
-    double m;
-    ctx.Above(p.min_p, false, &at_least, &m);
+    const long long at_least = AtLeast(ctx, p.min_p).count;
     kept_len = min(kept_len, max(at_least, 1LL));
   }
-  if (kept_len < positive) kept = FirstN(ctx, kept_len);
+  if (kept_len == top_p_len) {
+    kept = top_p_prefix;
+  } else if (kept_len != kept_is) {
+    kept = FirstN(ctx, kept_len);
+  }
 
-  const double target = p.u * MassOf(ctx, kept);
-  const float t = LargestWhere(kept.t > 0.0f ? kept.t : FLT_MIN,
-                               [&](float v) { return MassAtLeast(ctx, kept, v) > target; });
-  long long above;
-  double mass_above;
-  ctx.Above(t, true, &above, &mass_above);
-  const long long available = t == kept.t ? kept.ties : TiesAt(ctx, t);
-  long long r = static_cast<long long>(floor((target - mass_above) / t)) + 1;
+  const double kept_mass = MassOf(ctx, kept);
+  const double target = p.u * kept_mass;
+  const float t = LargestWhere(ctx, kept.t > 0.0f ? kept.t : FLT_MIN,
+                               [&](float x, long long, double mass) {
+                                 return (x > kept.t ? mass : kept_mass) > target;
+                               });
+  const Split at = SplitAt(ctx, t);
+  const long long available = t == kept.t ? kept.ties : at.ties;
+  long long r = static_cast<long long>(floor((target - at.mass_above) / t)) + 1;
   r = max(1LL, min(r, max(available, 1LL)));
   return ctx.NthTie(t, r);
 }
