@@ -190,23 +190,30 @@ class CudaBackend final : public Backend {
   int32_t max_context_len_ = 0;
   bool in_step_ = false;
 
-  // The last recorded op when it is a GEMV (or a cuBLAS MatMul) over x: a following MatMul of
-  // the same x joins the GEMV launch (q/k/v, gate/up) or reuses the bf16 copy of x.
+  // The last recorded op when it is a multi-part launch (or a cuBLAS MatMul) over x: a following
+  // MatMul of the same x joins the launch (q/k/v, gate/up) or reuses the bf16 copy of x.
+  enum class MatMulGroup { kNone, kGemv, kInvariant };  // kNone: a cuBLAS MatMul
   struct LastMatMul {
     uint64_t record = ~uint64_t{0};  // recorder_.records() right after it was recorded
-    bool gemv = false;
-    bool invariant = false;  // a LaunchGemmInvariant group (converted: its bf16 x scratch)
+    MatMulGroup group = MatMulGroup::kNone;
     const void* x = nullptr;
     int64_t n = 0, k = 0;
     int num_parts = 0;
     cuda::GemvPart parts[cuda::kGemvMaxParts];
-    void* converted = nullptr;  // cuBLAS path: x in the weight's 16-bit type
+    void* converted = nullptr;  // x in the weight's 16-bit type (cuBLAS; kInvariant's scratch)
     DType converted_type = DType::kF32;
   };
   bool LastOpIs(const LastMatMul& l) const {
     return !recorder_.empty() && recorder_.records() == l.record;
   }
   LastMatMul last_matmul_;
+  // Adds `part` (one weight over x) to a multi-part launch: amends the last recorded op when it
+  // is a `group` launch over the same x, else records a new one with `scratch_bytes` of step
+  // workspace. `launch` enqueues all parts at once.
+  using PartsLaunch = void (*)(const float* x, void* scratch, const cuda::GemvPart* parts,
+                               int num_parts, int64_t n, int64_t k, cudaStream_t stream);
+  void RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t n, int64_t k,
+                         const cuda::GemvPart& part, int64_t scratch_bytes, PartsLaunch launch);
 
   // Step workspace: bump allocation over chunks; merged into one chunk at BeginStep.
   std::vector<DeviceBuffer> arena_chunks_;
@@ -455,6 +462,44 @@ void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor&
                    });
 }
 
+void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t n, int64_t k,
+                                    const cuda::GemvPart& part, int64_t scratch_bytes,
+                                    PartsLaunch launch) {
+  LastMatMul& g = last_matmul_;
+  const bool join = LastOpIs(g) && g.group == group && g.x == x.data && g.n == n && g.k == k &&
+                    g.num_parts < cuda::kGemvMaxParts;
+  if (!join) {
+    g = LastMatMul{};
+    g.group = group;
+    g.x = x.data;
+    g.n = n;
+    g.k = k;
+    g.converted = scratch_bytes > 0 ? ArenaAlloc(static_cast<size_t>(scratch_bytes)) : nullptr;
+  }
+  g.parts[g.num_parts++] = part;
+  // Tag (the profile's op name): 13 "MatMul(gemv)", 14 "MatMul(gemm)".
+  std::vector<uint64_t> key = {group == MatMulGroup::kGemv ? 13u : 14u, KeyOf(x.data), U(n), U(k),
+                               U(g.num_parts), KeyOf(g.converted)};
+  for (int i = 0; i < g.num_parts; ++i) {
+    key.push_back(KeyOf(g.parts[i].w));
+    key.push_back(KeyOf(g.parts[i].bias));
+    key.push_back(KeyOf(g.parts[i].out));
+    key.push_back(U(g.parts[i].m));
+  }
+  const int num_parts = g.num_parts;
+  std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
+  std::copy(g.parts, g.parts + num_parts, parts.begin());
+  const float* xp = static_cast<const float*>(x.data);
+  void* scratch = g.converted;
+  auto op = [=](cudaStream_t st) { launch(xp, scratch, parts.data(), num_parts, n, k, st); };
+  if (join) {
+    recorder_.ReplaceLast(key, op);
+  } else {
+    recorder_.Record(key, op);
+  }
+  g.record = recorder_.records();
+}
+
 void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) {
   const int64_t n = x.rows(), k = x.cols(), m = weight.rows();
   CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight);
@@ -468,83 +513,26 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     CHECK(bias->dtype == DType::kF32);
     bias_data = bias->data;
   }
+  const cuda::GemvPart part{weight.data, static_cast<const float*>(bias_data),
+                            static_cast<float*>(out.data), m};
   if (batch_invariant_ && weight.dtype == DType::kBF16) {
     // Batch-invariant tensor-core GEMM for every n (gemm_invariant.cu): a row's bits never depend
-    // on the other rows of the step. Consecutive MatMuls of one x join one launch (q/k/v,
-    // gate/up), sharing the bf16 copy of x that large n needs.
-    LastMatMul& g = last_matmul_;
-    const bool join = LastOpIs(g) && g.invariant && g.x == x.data && g.n == n && g.k == k &&
-                      g.num_parts < cuda::kGemvMaxParts;
-    if (!join) {
-      g = LastMatMul{};
-      g.invariant = true;
-      g.x = x.data;
-      g.n = n;
-      g.k = k;
-      const int64_t scratch = cuda::GemmInvariantScratchBytes(n, k);
-      g.converted = scratch > 0 ? ArenaAlloc(static_cast<size_t>(scratch)) : nullptr;
-    }
-    g.parts[g.num_parts++] = cuda::GemvPart{weight.data, static_cast<const float*>(bias_data),
-                                            static_cast<float*>(out.data), m};
-    std::vector<uint64_t> key = {14,   KeyOf(x.data),   U(n), U(k), U(g.num_parts),
-                                 KeyOf(g.converted)};
-    for (int i = 0; i < g.num_parts; ++i) {
-      key.push_back(KeyOf(g.parts[i].w));
-      key.push_back(KeyOf(g.parts[i].bias));
-      key.push_back(KeyOf(g.parts[i].out));
-      key.push_back(U(g.parts[i].m));
-    }
-    const int num_parts = g.num_parts;
-    std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
-    std::copy(g.parts, g.parts + num_parts, parts.begin());
-    const float* xp = static_cast<const float*>(x.data);
-    void* scratch = g.converted;
-    auto op = [=](cudaStream_t st) {
-      cuda::LaunchGemmInvariant(xp, scratch, parts.data(), num_parts, n, k, st);
-    };
-    if (join) {
-      recorder_.ReplaceLast(key, op);
-    } else {
-      recorder_.Record(key, op);
-    }
-    g.record = recorder_.records();
+    // on the other rows of the step. Large n share one bf16 copy of x across the parts.
+    RecordPartsLaunch(MatMulGroup::kInvariant, x, n, k, part,
+                      cuda::GemmInvariantScratchBytes(n, k),
+                      [](const float* xp, void* scratch, const cuda::GemvPart* parts,
+                         int num_parts, int64_t rows, int64_t cols, cudaStream_t st) {
+                        cuda::LaunchGemmInvariant(xp, scratch, parts, num_parts, rows, cols, st);
+                      });
     return;
   }
   if (weight.dtype == DType::kBF16 && cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
-    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused). Consecutive MatMuls of
-    // one x (q/k/v, gate/up) become one launch: the last recorded op is amended.
-    LastMatMul& g = last_matmul_;
-    const bool join = LastOpIs(g) && g.gemv && g.x == x.data && g.n == n && g.k == k &&
-                      g.num_parts < cuda::kGemvMaxParts;
-    if (!join) {
-      g = LastMatMul{};
-      g.gemv = true;
-      g.x = x.data;
-      g.n = n;
-      g.k = k;
-    }
-    g.parts[g.num_parts++] = cuda::GemvPart{weight.data, static_cast<const float*>(bias_data),
-                                            static_cast<float*>(out.data), m};
-    std::vector<uint64_t> key = {13, KeyOf(x.data), U(n), U(k), U(g.num_parts)};
-    for (int i = 0; i < g.num_parts; ++i) {
-      key.push_back(KeyOf(g.parts[i].w));
-      key.push_back(KeyOf(g.parts[i].bias));
-      key.push_back(KeyOf(g.parts[i].out));
-      key.push_back(U(g.parts[i].m));
-    }
-    const int num_parts = g.num_parts;
-    std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
-    std::copy(g.parts, g.parts + num_parts, parts.begin());
-    const float* xp = static_cast<const float*>(x.data);
-    auto op = [=](cudaStream_t st) {
-      cuda::LaunchGemvBf16Multi(xp, parts.data(), num_parts, n, k, st);
-    };
-    if (join) {
-      recorder_.ReplaceLast(key, op);
-    } else {
-      recorder_.Record(key, op);
-    }
-    g.record = recorder_.records();
+    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused).
+    RecordPartsLaunch(MatMulGroup::kGemv, x, n, k, part, 0,
+                      [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts,
+                         int64_t rows, int64_t cols, cudaStream_t st) {
+                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, rows, cols, st);
+                      });
     return;
   }
   // Parity mode (f32 weights): true fp32 FMA, never TF32. Otherwise the activations are
@@ -552,7 +540,7 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   // accumulated in f32.
   const bool f32_weight = weight.dtype == DType::kF32;
   LastMatMul& c = last_matmul_;
-  const bool reuse = !f32_weight && LastOpIs(c) && !c.gemv && !c.invariant && c.x == x.data &&
+  const bool reuse = !f32_weight && LastOpIs(c) && c.group == MatMulGroup::kNone && c.x == x.data &&
                      c.n == n && c.k == k && c.converted != nullptr &&
                      c.converted_type == weight.dtype;
   void* converted =
