@@ -104,9 +104,11 @@ class Backend {
   virtual Result<Tensor> UploadWeight(const std::string& name, DType dtype,
                                       std::span<const int64_t> shape, const void* host_data) = 0;
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
-  // float32. Called once.
+  // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                 int32_t num_kv_heads, int32_t head_dim) = 0;
+  // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
+  virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
   // Builds a cos/sin table; returns its id for Rope().
   virtual Result<int32_t> CreateRope(const RopeSpec& spec) = 0;
 

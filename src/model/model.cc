@@ -172,7 +172,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
 
 int64_t Model::KvBytesPerToken() const {
   return 2LL * config_.num_layers * config_.num_kv_heads * config_.head_dim *
-         static_cast<int64_t>(sizeof(float));
+         backend_->KvElementBytes(config_.head_dim);
 }
 
 Result<BackendMemory> Model::MemoryInfo() const {

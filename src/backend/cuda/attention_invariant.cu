@@ -15,9 +15,11 @@
 //     normalised directly. Whether the folds happen in the same block (sequential mode, the
 //     running O kept in `out`) or through `partials` and the combine kernel (split mode: one
 //     block per split, more parallelism at small batch) does not change a bit of the result.
-// K/V come from the f32 pool rounded to bf16 when staged into shared memory. It replaced the
-// per-step split-K decode and flash/WMMA prefill kernels in the bf16 mode (as fast or faster in
-// every measured shape, docs/perf.md).
+// K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
+// straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
+// tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
+// The kernel replaced the per-step split-K decode and flash/WMMA prefill kernels in the bf16
+// mode (as fast or faster in every measured shape, docs/perf.md).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -44,9 +46,13 @@ struct Shape {
   static constexpr int kDimBlocks = D / 16;  // 16-column blocks of the P.V product
   static constexpr int kDimBlocksPerWarp = (kDimBlocks + kDimSplit - 1) / kDimSplit;
   static constexpr int kLd = D + 8;  // bf16 per shared row: 16-byte pad, ldmatrix conflict-free
-  static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);
+  static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);  // K+V
   static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);  // f32 K, V
-  static constexpr size_t kSmemBytes = kTileBytes + kStageBytes;
+  // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
+  // and the f32 staging of the next tile.
+  static constexpr size_t SmemBytes(bool bf16_kv) {
+    return bf16_kv ? 2 * kTileBytes : kTileBytes + kStageBytes;
+  }
 };
 
 // The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
@@ -86,7 +92,8 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 
 // num_splits == 0: sequential mode, grid (row tiles, kv heads, seqs). Otherwise split mode, grid
 // (row tiles * num_splits, kv heads, seqs); partials [num_tokens, num_heads, num_splits, D + 2].
-template <int D>
+// kBf16Kv: kv is a bf16 pool (kv.bf16).
+template <int D, bool kBf16Kv>
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
@@ -94,10 +101,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   using S = Shape<D>;
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [kKeys][kLd] bf16
+  // The tile being computed: bf16 [kKeys][kLd] K then V (bf16 pool: buffer b at b * kTileBytes).
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* v_s = k_s + kKeys * S::kLd;
-  float* k_stage = reinterpret_cast<float*>(smem + S::kTileBytes);  // [kKeys][D] f32
-  float* v_stage = k_stage + kKeys * D;
+  // f32 pool: [kKeys][D] f32 K then V.
+  [[maybe_unused]] float* k_stage = reinterpret_cast<float*>(smem + S::kTileBytes);
+  [[maybe_unused]] float* v_stage = k_stage + kKeys * D;
   __shared__ int64_t slot_s[2][kKeys];  // pool slots of the next two tiles (-1: masked key)
 
   const int32_t group = a.num_heads / a.num_kv_heads;
@@ -175,8 +184,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   float m[2], l[2];
   float run_m[2] = {-INFINITY, -INFINITY}, run_l[2] = {0.f, 0.f};
 
-  // Pipeline: the f32 K/V of tile t + 1 arrive by cp.async while tile t is computed; the slots
-  // of tile t + 2 are looked up meanwhile by the last kKeys threads (idle warps in decode).
+  // Pipeline: the K/V of tile t + 1 arrive by cp.async (bf16 pool: into the other bf16 buffer;
+  // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
+  // up meanwhile by the last kKeys threads (idle warps in decode).
   const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
   auto lookup_slot = [&](int32_t tile) -> int64_t {
     const int32_t key = tile * kKeys + slot_thread;
@@ -184,16 +194,33 @@ __global__ void __launch_bounds__(kWarps * 32)
                ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
                : -1;
   };
-  auto issue_copy = [&](const int64_t* slots) {
+  auto issue_copy = [&](const int64_t* slots, int buffer) {
+    if constexpr (kBf16Kv) {
+      const __nv_bfloat16* k_pool = reinterpret_cast<const __nv_bfloat16*>(kv.k);
+      const __nv_bfloat16* v_pool = reinterpret_cast<const __nv_bfloat16*>(kv.v);
+      __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
+      __nv_bfloat16* v_dst = k_dst + kKeys * S::kLd;
 #pragma unroll 4
-    for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
-      const int idx = it * kWarps * 32 + threadIdx.x;
-      const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-      const int64_t slot = slots[j];
-      const int64_t off =
-          slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-      CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
-      CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
+      for (int it = 0; it < kKeys * D / 8 / (kWarps * 32); ++it) {  // 8 bf16 per copy
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        const int64_t slot = slots[j];
+        const int64_t off =
+            slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_dst + j * S::kLd + d, k_pool + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_dst + j * S::kLd + d, v_pool + off, slot >= 0 ? 16 : 0);
+      }
+    } else {
+#pragma unroll 4
+      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {  // 4 floats per copy
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const int64_t slot = slots[j];
+        const int64_t off =
+            slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
+      }
     }
     CpAsyncCommit();
   };
@@ -202,7 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     slot_s[1][slot_thread] = lookup_slot(tile_begin + 1);
   }
   __syncthreads();
-  issue_copy(slot_s[0]);
+  issue_copy(slot_s[0], 0);
 
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
@@ -213,21 +240,28 @@ __global__ void __launch_bounds__(kWarps * 32)
       l[0] = l[1] = 0.f;
     }
     CpAsyncWaitAll();
-    __syncthreads();  // tile's f32 K/V staged; the previous tile's bf16 K/V are consumed
-#pragma unroll 4
-    for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
-      const int idx = it * kWarps * 32 + threadIdx.x;
-      const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-      const float4 kk = *reinterpret_cast<const float4*>(k_stage + j * D + d);
-      const float4 vv = *reinterpret_cast<const float4*>(v_stage + j * D + d);
-      *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
-          make_uint2(PackBf16(kk.x, kk.y), PackBf16(kk.z, kk.w));
-      *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
-          make_uint2(PackBf16(vv.x, vv.y), PackBf16(vv.z, vv.w));
-    }
-    __syncthreads();  // bf16 tile ready, staging free
+    __syncthreads();  // tile's K/V arrived; the previous tile's bf16 K/V are consumed
     const int next = (tile + 1 - tile_begin) & 1;
-    if (tile + 1 <= tile_end) issue_copy(slot_s[next]);
+    if constexpr (kBf16Kv) {
+      // This tile is in buffer next ^ 1 (tile_begin in 0); the next one goes to buffer next.
+      k_s = reinterpret_cast<__nv_bfloat16*>(smem + (next ^ 1) * S::kTileBytes);
+      v_s = k_s + kKeys * S::kLd;
+    } else {
+      // f32 pool: round to bf16 RN (the rounding WriteKv applies to a bf16 pool).
+#pragma unroll 4
+      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const float4 kk = *reinterpret_cast<const float4*>(k_stage + j * D + d);
+        const float4 vv = *reinterpret_cast<const float4*>(v_stage + j * D + d);
+        *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
+            make_uint2(PackBf16(kk.x, kk.y), PackBf16(kk.z, kk.w));
+        *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
+            make_uint2(PackBf16(vv.x, vv.y), PackBf16(vv.z, vv.w));
+      }
+      __syncthreads();  // bf16 tile ready, staging free
+    }
+    if (tile + 1 <= tile_end) issue_copy(slot_s[next], next);
     if (slot_thread >= 0) slot_s[next ^ 1][slot_thread] = lookup_slot(tile + 2);
     // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
     const bool compute =
@@ -414,17 +448,18 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan,
   }
 }
 
-template <int D>
+template <int D, bool kBf16Kv>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int32_t max_query_len, int32_t num_splits,
                   float* partials, float* out, cudaStream_t stream) {
   using S = Shape<D>;
-  if constexpr (S::kSmemBytes > 48 * 1024) {  // the default dynamic limit
+  constexpr size_t kSmemBytes = S::SmemBytes(kBf16Kv);
+  if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
-      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D>,
+      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D, kBf16Kv>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(S::kSmemBytes)));
+                                      static_cast<int>(kSmemBytes)));
     });
   }
   const int32_t group = args.num_heads / args.num_kv_heads;
@@ -432,8 +467,8 @@ void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& 
   const int64_t row_tiles = (max_rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   const dim3 grid(static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1)),
                   args.num_kv_heads, plan.num_seqs);
-  LaunchPdl(AttentionInvariantKernel<D>, grid, dim3(kWarps * 32), S::kSmemBytes, stream, args, q,
-            kv, plan, num_splits, partials, out);
+  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv>, grid, dim3(kWarps * 32), kSmemBytes, stream,
+            args, q, kv, plan, num_splits, partials, out);
 }
 
 template <int D>
@@ -441,10 +476,12 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
               const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
               float* out, cudaStream_t stream) {
   if constexpr (D <= kMaxHeadDim) {
-    if (args.head_dim == D) {
-      LaunchForDim<D>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
-    } else {
+    if (args.head_dim != D) {
       Dispatch<D + 16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+    } else if (kv.bf16) {
+      LaunchForDim<D, true>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+    } else {
+      LaunchForDim<D, false>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
     }
   }
 }

@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
         f32_compute_(options.f32_compute),
         use_graphs_(options.cuda_graphs),
         batch_invariant_(options.batch_invariant && !options.f32_compute),
+        kv_f32_(options.kv_f32),
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
         cublas_workspace_(kCublasWorkspaceBytes) {
@@ -119,6 +120,7 @@ class CudaBackend final : public Backend {
                               const void* host_data) override;
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override;
+  int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
   Result<int32_t> CreateRope(const RopeSpec& spec) override;
   Status BeginStep(const BatchPlan& plan) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
@@ -150,6 +152,11 @@ class CudaBackend final : public Backend {
  private:
   void* ArenaAlloc(size_t bytes);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
+  // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
+  // head dim (it rounds K/V to bf16 RN anyway; the f32 kernels read f32 pools), unless kv_f32.
+  bool KvBf16(int32_t head_dim) const {
+    return !f32_compute_ && !kv_f32_ && cuda::AttentionInvariantSupported(head_dim);
+  }
 
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
@@ -166,6 +173,7 @@ class CudaBackend final : public Backend {
   bool f32_compute_;
   bool use_graphs_;
   bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
+  bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
   bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;
   Stream stream_;
@@ -176,9 +184,11 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
 
-  // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim] f32.
+  // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
+  // kv_bf16_ (KvBf16), else f32.
   DeviceBuffer kv_pool_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
+  bool kv_bf16_ = false;
 
   // The step's plan: host staging, device copy and the host facts launches need.
   // Fixed-capacity regions so the device addresses (baked into graphs) only change on growth.
@@ -265,8 +275,9 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
       head_dim <= 0 || head_dim > cuda::kMaxHeadDim)
     return Status::Error("KV pool: bad geometry (head_dim must be <= " +
                          std::to_string(cuda::kMaxHeadDim) + ")");
-  const size_t bytes = 2 * sizeof(float) * static_cast<size_t>(num_layers) * num_blocks *
-                       block_size * num_kv_heads * head_dim;
+  const size_t bytes = 2 * static_cast<size_t>(KvElementBytes(head_dim)) *
+                       static_cast<size_t>(num_layers) * num_blocks * block_size * num_kv_heads *
+                       head_dim;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (bytes > free_bytes)
@@ -279,6 +290,7 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   kv_block_size_ = block_size;
   kv_heads_ = num_kv_heads;
   kv_head_dim_ = head_dim;
+  kv_bf16_ = KvBf16(head_dim);
   return Status::Ok();
 }
 
@@ -609,8 +621,12 @@ cuda::KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads,
   CHECK_EQ(head_dim, kv_head_dim_);
   const size_t per_tensor = static_cast<size_t>(kv_blocks_) * kv_block_size_ * kv_heads_ *
                             kv_head_dim_;
-  float* base = kv_pool_.as<float>() + 2 * per_tensor * static_cast<size_t>(layer);
-  return cuda::KvLayerView{base, base + per_tensor, kv_heads_, kv_head_dim_};
+  const size_t tensor_bytes = per_tensor * (kv_bf16_ ? 2 : 4);
+  unsigned char* base =
+      kv_pool_.as<unsigned char>() + 2 * tensor_bytes * static_cast<size_t>(layer);
+  return cuda::KvLayerView{reinterpret_cast<float*>(base),
+                           reinterpret_cast<float*>(base + tensor_bytes), kv_heads_, kv_head_dim_,
+                           kv_bf16_};
 }
 
 void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
@@ -645,6 +661,7 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
     AttentionInvariant(args, qp, kv, op);
     return;
   }
+  CHECK(!kv.bf16);  // the f32 kernels below read float32 pools
   if (!f32_compute_ && !warned_attention_variant_) {
     warned_attention_variant_ = true;
     LOG_WARN << "cuda: head_dim " << params.head_dim

@@ -1,6 +1,7 @@
 // The CUDA backend (NVIDIA Hopper, sm_90a): implements the ops-level Backend interface with
 // weights resident on one GPU (bf16 for matrices, f32 for norms/biases/rope tables; or all f32
-// in the f32 compute mode used for parity tests; the KV pool is f32), cuBLAS GEMMs (a bf16 GEMV
+// in the f32 compute mode used for parity tests; the KV pool is bf16 in the bf16 mode where the
+// batch-invariant attention kernel serves the head dim, else f32), cuBLAS GEMMs (a bf16 GEMV
 // for n <= 8) and our own kernels. Ops are recorded and enqueued on one stream at the next sync
 // point (CopyToHost, BeginStep), decode steps as replayed CUDA graphs; the host only waits in
 // CopyToHost. Not thread-safe: one thread drives it. No CUDA headers here, so callers compile
@@ -39,6 +40,10 @@ struct CudaBackendOptions {
   // (gemm_invariant.cu), which is slower than the default GEMV (<= 8 rows) / cuBLAS paths whose
   // rows differ in the last bits between batch sizes (docs/perf.md has the cost).
   bool batch_invariant = false;
+  // Tests: keep the KV pool float32 in the bf16 mode (by default it is bf16 where the
+  // batch-invariant attention kernel serves the head dim). That kernel rounds f32 K/V to bf16 RN
+  // as it stages them, so both pools give bitwise the same attention.
+  bool kv_f32 = false;
 };
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
 

@@ -746,6 +746,65 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(name);
     });
 
+// ---- the bf16 KV pool ----
+
+TEST_F(CudaOpsTest, KvElementBytes) {
+  EXPECT_EQ(Make(false)->KvElementBytes(128), 2);  // bf16 mode, batch-invariant kernel: bf16
+  EXPECT_EQ(Make(false)->KvElementBytes(72), 4);   // no invariant kernel: the f32 kernels
+  EXPECT_EQ(Make(true)->KvElementBytes(128), 4);   // parity mode
+  CudaBackendOptions options;
+  options.kv_f32 = true;
+  EXPECT_EQ(CreateCudaBackend(0, options).value()->KvElementBytes(128), 4);
+}
+
+// WriteKv stores V rounded to bf16 to nearest even, as the kernel's staging of an f32 pool does:
+// a row at position 0 attends to its own key only (weight exactly 1), so its output is the
+// stored V. Ties and near-ties of both mantissa parities, then random values.
+TEST_F(CudaOpsTest, KvPoolStoresBf16RoundedToNearestEven) {
+  const int32_t heads = 4, kv_heads = 2, D = 64, kvw = kv_heads * D;
+  std::vector<float> v = Random(static_cast<size_t>(kvw), 77);
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+                              0xbf808000u, 0xbf818000u, 0x40490fdbu, 0x3eaaaaabu,
+                              0x477fffffu, 0x00000001u, 0xc0a00001u, 0x41200000u};
+  for (size_t i = 0; i < std::size(special); ++i) std::memcpy(&v[i], &special[i], 4);
+  size_t rn_differs_from_truncation = 0;
+  for (float x : v) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    float truncated;
+    const uint32_t t = u & 0xffff0000u;
+    std::memcpy(&truncated, &t, 4);
+    rn_differs_from_truncation += RoundBf16(x) != truncated;
+  }
+  ASSERT_GT(rn_differs_from_truncation, 20u);  // the data can tell RN from truncation
+  const std::vector<float> k = Random(static_cast<size_t>(kvw), 78);
+  const std::vector<float> q = Random(static_cast<size_t>(heads * D), 79);
+  for (bool kv_f32 : {false, true}) {
+    CudaBackendOptions options;
+    options.kv_f32 = kv_f32;
+    auto created = CreateCudaBackend(0, options);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Backend& b = **created;
+    ASSERT_TRUE(b.AllocateKvPool(1, 4, 16, kv_heads, D).ok());
+    ASSERT_TRUE(b.BeginStep(SimplePlan(1)).ok());
+    Tensor qt = Upload(b, q, {1, heads, D});
+    b.WriteKv(0, Upload(b, k, {1, kv_heads, D}), Upload(b, v, {1, kv_heads, D}));
+    Tensor out = b.Alloc({1, heads * D});
+    b.Attention(AttentionParams{0, heads, kv_heads, D, 0.125f, 0, 0.f}, qt, out);
+    const std::vector<float> got = Download(b, out);
+    size_t mismatches = 0;
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        const float want = RoundBf16(v[static_cast<size_t>(h / (heads / kv_heads) * D + d)]);
+        const float g = got[static_cast<size_t>(h * D + d)];
+        if (g != want && ++mismatches <= 5)
+          ADD_FAILURE() << "kv_f32 " << kv_f32 << " head " << h << " d " << d << ": " << g
+                        << " != " << want;
+      }
+    EXPECT_EQ(mismatches, 0u) << "kv_f32 " << kv_f32;
+  }
+}
+
 // ---- batch-invariant attention (issue 6) ----
 
 struct InvCase {
@@ -886,6 +945,40 @@ TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
   // Against the double reference (the bf16 mode's tolerance), rows across the split bounds.
   for (int32_t pos : {0, 37, 511, 512, 700, 1023, 1024, P}) {
     EXPECT_LT(RelL2(Row(whole, pos), Reference(pos)), 2e-2) << "pos " << pos;
+  }
+}
+
+// The bf16 pool (WriteKv rounds RN once) gives bitwise the attention of an f32 pool (the kernel
+// rounds RN as it stages the tiles): prefill chunks, decode alone (split mode), decode in a batch.
+TEST_P(AttentionInvariantTest, Bf16PoolMatchesF32Pool) {
+  const InvCase c = GetParam();
+  std::vector<std::vector<float>> outs[2];
+  for (int f32_pool = 0; f32_pool < 2; ++f32_pool) {
+    CudaBackendOptions options;
+    options.kv_f32 = f32_pool == 1;
+    auto created = CreateCudaBackend(0, options);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Backend& b = **created;
+    EXPECT_EQ(b.KvElementBytes(c.head_dim), f32_pool == 1 ? 4 : 2);
+    ASSERT_TRUE(b.AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
+                                 c.head_dim)
+                    .ok());
+    outs[f32_pool].push_back(Run(b, {{0, 0, 700}}));
+    outs[f32_pool].push_back(Run(b, {{0, 700, kTargetPos + 1 - 700}, {1, 0, 40}}));
+    outs[f32_pool].push_back(Run(b, {{0, kTargetPos, 1}}));
+    std::vector<std::array<int32_t, 3>> batch;
+    for (int32_t s = 2; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+    batch.push_back({0, kTargetPos, 1});
+    batch.push_back({1, 40, 1});
+    outs[f32_pool].push_back(Run(b, batch));
+  }
+  ASSERT_EQ(outs[0].size(), outs[1].size());
+  for (size_t step = 0; step < outs[0].size(); ++step) {
+    ASSERT_EQ(outs[0][step].size(), outs[1][step].size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < outs[0][step].size(); ++i)
+      mismatches += std::memcmp(&outs[0][step][i], &outs[1][step][i], 4) != 0;
+    EXPECT_EQ(mismatches, 0u) << "step " << step << " of " << outs[0][step].size() << " values";
   }
 }
 

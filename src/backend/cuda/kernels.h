@@ -26,12 +26,16 @@ struct PlanView {
   int32_t block_size = 16;
 };
 
-// One layer's paged K and V: each [num_blocks, block_size, num_kv_heads, head_dim] float32.
+// One layer's paged K and V: each [num_blocks, block_size, num_kv_heads, head_dim], float32 or,
+// when bf16 is set, bf16 (k and v then point at __nv_bfloat16 elements and are only
+// reinterpreted: just write_kv.cu and attention_invariant.cu accept such a view; the f32
+// decode/prefill kernels are only given float32 pools).
 struct KvLayerView {
   float* k = nullptr;
   float* v = nullptr;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  bool bf16 = false;
 };
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
