@@ -112,7 +112,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
-  int64_t KvBytesPerToken() const;           // K+V, all layers, in the KV pool's dtype (float32)
+  int64_t KvBytesPerToken() const;  // K+V, all layers, at the backend's KvElementBytes (bf16 on CUDA)
   Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
   // Where to receive a step's logits (Backend::HostBuffer: page-locked on a GPU).
   std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }
