@@ -125,7 +125,7 @@ Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t p = 512, n = 128, reps = 5, threads = 0;
-  std::string device = "auto";
+  std::string device = "auto", batch_invariant = "off";
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512] [-n 128] [-r 5] [--threads N] [--device D]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
@@ -134,6 +134,8 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
+  flags.AddString("--batch-invariant", &batch_invariant,
+                  "on | off: CUDA fixed-order GEMM (see ember run --help)");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
     std::fprintf(stderr, "ember bench: %s\n%s", st.message().c_str(), flags.Help().c_str());
@@ -150,6 +152,7 @@ int BenchCommand(int argc, char** argv, int first) {
   EngineFlags device_flags;
   device_flags.device = device;
   device_flags.threads = threads;
+  device_flags.batch_invariant = batch_invariant;
   auto opts = device_flags.LoadOptions();
   if (!opts.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());
