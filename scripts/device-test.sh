@@ -7,7 +7,9 @@
 #   scripts/device-test.sh OUTDIR    on the GPU machine (CUDA 13 toolkit, no Debian libraries):
 #                                    runs everything staged in .devbin/ and writes logs and
 #                                    summary.txt to OUTDIR. Stages first when .devbin/ is absent.
-# Env: BENCH=0 skips the benchmarks; SANITIZER=1 also runs the op tests under compute-sanitizer.
+# Env: BENCH=0 skips the benchmarks; MODELS=0 skips the ones on synth 1B/8B models (ember bench,
+# engine_bench: ~5 min and 20 GB of disk); SANITIZER=1 also runs the op tests under
+# compute-sanitizer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -16,12 +18,15 @@ stage() {
   set -e
   local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
-  local targets=(cuda_ops_test cuda_forward_bench)
+  local targets=(cuda_ops_test cuda_forward_bench model_test engine_test threshold_sampling_test
+                 argmax_rows_test ember engine_bench ember_cuda)
   cmake --build "$build" --target "${targets[@]}" -j2
-  rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures
-  cp "$build/src/backend/cuda/cuda_ops_test" "$build/bench/cuda_forward_bench" .devbin/bin/
-  # The CUDA backend module: ember, model_test and engine_bench load it from their own folder.
-  cmake --build "$build" --target ember_cuda -j2 && cp "$build/libember_cuda.so" .devbin/bin/
+  rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
+  # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
+  cp "$build/src/backend/cuda/cuda_ops_test" "$build/bench/cuda_forward_bench" \
+     "$build/src/model/model_test" "$build/src/engine/engine_test" \
+     "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
+     "$build/ember" "$build/bench/engine_bench" "$build/libember_cuda.so" .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do
     ldd "$bin" | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|/cuda' |
@@ -29,7 +34,7 @@ stage() {
   done
   local fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
   for m in llama3 qwen2 qwen3 mistral gemma2 gemma3 phi3 tinystories-656k; do
-    [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/
+    [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
   done
   du -sh .devbin
 }
@@ -50,12 +55,25 @@ log "== device-test $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader \
   2>&1 | tee -a "$summary"
 
-log "== cuda_ops_test"
-timeout 300 .devbin/bin/cuda_ops_test --gtest_output="xml:$out/cuda_ops_test.xml" >"$out/cuda_ops_test.log" 2>&1
-rc=$?
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests ran' "$out/cuda_ops_test.log" | tee -a "$summary"
-grep -B3 -E 'Failure|error' "$out/cuda_ops_test.log" | head -60 >>"$summary"
-log "cuda_ops_test exit: $rc"
+# gtest NAME FILTER: one GPU test binary, its result lines in the summary.
+gtest() {
+  log "== $1 ${2:+--gtest_filter=$2}"
+  timeout 300 ".devbin/bin/$1" ${2:+--gtest_filter="$2"} --gtest_output="xml:$out/$1.xml" \
+    >"$out/$1.log" 2>&1
+  local rc=$?
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests ran' "$out/$1.log" | tee -a "$summary"
+  grep -B3 -E 'Failure|error' "$out/$1.log" | head -60 >>"$summary"
+  log "$1 exit: $rc"
+}
+gtest cuda_ops_test
+gtest model_test '*Cuda*:*Argmax*'        # f32 parity 1e-4, bf16 parity 3e-2, device argmax
+gtest engine_test '*Cuda*:*Backend*'      # batched == solo on the GPU, device logits processors
+gtest threshold_sampling_test             # SampleRows / logit-edit kernels == their CPU twins
+gtest argmax_rows_test
+log "== tinystories-656k greedy via ember run --device cuda (bf16)"
+.devbin/bin/ember run --device cuda --model "$EMBER_FIXTURES/models/tinystories-656k" \
+  --prompt-ids '[1,80,147,201,282,57]' --max-tokens 64 --temperature 0 --output ids 2>&1 |
+  tail -1 | tee -a "$summary"
 
 if [ "${SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   log "== compute-sanitizer memcheck (attention + elementwise)"
@@ -87,5 +105,25 @@ if [ "${BENCH:-1}" = 1 ]; then
   bench --shape llama-3.2-1b --batch 1 --prompt 512 --gen 16 --profile
   bench --shape llama-3.1-8b --batch 1 --prompt 512 --gen 16 --profile
   bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 16 --profile
+  if [ "${MODELS:-1}" = 1 ]; then
+    log "== ember bench / engine_bench on synth models (bf16, random weights)"
+    models=${TMPDIR:-/tmp}/ember-synth
+    run() { log "-- $*"; timeout 300 "$@" 2>&1 | grep -E '^\||TTFT' | tee -a "$summary" >/dev/null; }
+    for shape in llama-3.2-1b llama-3.1-8b; do
+      .devbin/bin/ember synth --like $shape --dtype bf16 --out "$models/$shape" >/dev/null 2>&1
+    done
+    run .devbin/bin/ember bench --device cuda --model "$models/llama-3.2-1b" -p 512 -n 128 -r 3
+    run .devbin/bin/ember bench --device cuda --model "$models/llama-3.1-8b" -p 4096 -n 128 -r 2
+    eb=(--device cuda --prompt-len 512 --gen-len 128 --max-step-tokens 4096)
+    run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 1,128 \
+      --prefix-len 2000
+    run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 1,128 \
+      --prefix-len 0 --temperature 1 --top-p 0.9
+    run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 128 \
+      --prefix-len 0 --batch-invariant
+    run .devbin/bin/engine_bench --model "$models/llama-3.1-8b" "${eb[@]}" --concurrency 128 \
+      --prefix-len 0
+    rm -rf "$models"
+  fi
 fi
 log "== done $(date -u +%FT%TZ)"

@@ -42,6 +42,31 @@ double RelL2(const std::vector<float>& got, const std::vector<double>& ref) {
 
 float RoundBf16(float x) { return Bf16ToF32(F32ToBf16(x)); }
 
+// Double-precision attention of one query head at position `pos` over keys [lo, pos]: q(d),
+// k(j, d), v(j, d) give the operands; soft-capping when softcap > 0. Returns [head_dim].
+template <typename Q, typename K, typename V>
+std::vector<double> ReferenceHead(int32_t head_dim, int32_t lo, int32_t pos, double scale,
+                                  double softcap, Q q, K k, V v) {
+  std::vector<double> s;
+  for (int32_t j = lo; j <= pos; ++j) {
+    double dot = 0;
+    for (int32_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q(d)) * k(j, d);
+    dot *= scale;
+    if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
+    s.push_back(dot);
+  }
+  const double mx = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  std::vector<double> out(static_cast<size_t>(head_dim));
+  for (int32_t d = 0; d < head_dim; ++d) {
+    double acc = 0;
+    for (int32_t j = lo; j <= pos; ++j) acc += s[static_cast<size_t>(j - lo)] * v(j, d);
+    out[static_cast<size_t>(d)] = acc / sum;
+  }
+  return out;
+}
+
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -656,25 +681,13 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
         for (int32_t h = 0; h < c.num_heads; ++h) {
           const int32_t kvh = h / (c.num_heads / c.num_kv_heads);
           const float* qh = &q[static_cast<size_t>((row * c.num_heads + h) * D)];
-          std::vector<double> s;
-          for (int32_t j = lo; j <= pos; ++j) {
-            const float* kj = &k_[static_cast<size_t>(seq)][static_cast<size_t>(j)][static_cast<size_t>(kvh * D)];
-            double dot = 0;
-            for (int32_t d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kj[d];
-            dot *= p.scale;
-            if (c.softcap > 0) dot = c.softcap * std::tanh(dot / c.softcap);
-            s.push_back(dot);
-          }
-          const double mx = *std::max_element(s.begin(), s.end());
-          double sum = 0;
-          for (double& x : s) sum += (x = std::exp(x - mx));
-          for (int32_t d = 0; d < D; ++d) {
-            double acc = 0;
-            for (int32_t j = lo; j <= pos; ++j)
-              acc += s[static_cast<size_t>(j - lo)] *
-                     v_[static_cast<size_t>(seq)][static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)];
-            ref[static_cast<size_t>((row * c.num_heads + h) * D + d)] = acc / sum;
-          }
+          const SeqKv& ks = k_[static_cast<size_t>(seq)];
+          const SeqKv& vs = v_[static_cast<size_t>(seq)];
+          const std::vector<double> head = ReferenceHead(
+              D, lo, pos, p.scale, c.softcap, [&](int32_t d) { return qh[d]; },
+              [&](int32_t j, int32_t d) { return ks[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; },
+              [&](int32_t j, int32_t d) { return vs[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; });
+          std::copy(head.begin(), head.end(), ref.begin() + (row * c.num_heads + h) * D);
         }
       }
     return RelL2(Download(b, out), ref);
@@ -884,25 +897,12 @@ class AttentionInvariantTest : public CudaOpsTest,
     std::vector<double> ref(static_cast<size_t>(c.num_heads * D));
     for (int32_t h = 0; h < c.num_heads; ++h) {
       const int32_t kvh = h / group;
-      std::vector<double> s;
-      for (int32_t j = lo; j <= pos; ++j) {
-        double dot = 0;
-        for (int32_t d = 0; d < D; ++d)
-          dot += static_cast<double>(HashValue(1, 0, pos, h * D + d)) *
-                 HashValue(2, 0, j, kvh * D + d);
-        dot /= std::sqrt(static_cast<double>(D));
-        if (c.softcap > 0) dot = c.softcap * std::tanh(dot / c.softcap);
-        s.push_back(dot);
-      }
-      const double mx = *std::max_element(s.begin(), s.end());
-      double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - mx));
-      for (int32_t d = 0; d < D; ++d) {
-        double acc = 0;
-        for (int32_t j = lo; j <= pos; ++j)
-          acc += s[static_cast<size_t>(j - lo)] * HashValue(3, 0, j, kvh * D + d);
-        ref[static_cast<size_t>(h * D + d)] = acc / sum;
-      }
+      const std::vector<double> head = ReferenceHead(
+          D, lo, pos, 1.0 / std::sqrt(static_cast<double>(D)), c.softcap,
+          [&](int32_t d) { return HashValue(1, 0, pos, h * D + d); },
+          [&](int32_t j, int32_t d) { return HashValue(2, 0, j, kvh * D + d); },
+          [&](int32_t j, int32_t d) { return HashValue(3, 0, j, kvh * D + d); });
+      std::copy(head.begin(), head.end(), ref.begin() + h * D);
     }
     return ref;
   }
