@@ -633,6 +633,14 @@ struct AttnCase {
   float softcap;
 };
 
+std::string AttnCaseName(const ::testing::TestParamInfo<AttnCase>& info) {
+  const AttnCase& c = info.param;
+  char name[96];
+  std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
+                c.num_kv_heads, c.window, static_cast<int>(c.softcap));
+  return std::string(name);
+}
+
 // Host K/V per sequence and position: [pos][num_kv_heads * head_dim].
 using SeqKv = std::vector<std::vector<float>>;
 
@@ -751,13 +759,7 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{80, 4, 1, 0, 30.f}, AttnCase{256, 4, 2, 100, 50.f},
                       AttnCase{96, 6, 3, 0, 0.f}, AttnCase{128, 32, 2, 0, 0.f},
                       AttnCase{256, 8, 1, 0, 0.f}, AttnCase{64, 4, 2, 24, 20.f}),
-    [](const ::testing::TestParamInfo<AttnCase>& info) {
-      const AttnCase& c = info.param;
-      char name[96];
-      std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
-                    c.num_kv_heads, c.window, static_cast<int>(c.softcap));
-      return std::string(name);
-    });
+    AttnCaseName);
 
 // ---- the bf16 KV pool ----
 
@@ -820,10 +822,7 @@ TEST_F(CudaOpsTest, KvPoolStoresBf16RoundedToNearestEven) {
 
 // ---- batch-invariant attention (issue 6) ----
 
-struct InvCase {
-  int32_t head_dim, num_heads, num_kv_heads, window;
-  float softcap;
-};
+using InvCase = AttnCase;
 
 // Deterministic values for (kind, seq, pos, index): the same row gets the same Q/K/V whichever
 // step computes it.
@@ -990,13 +989,7 @@ INSTANTIATE_TEST_SUITE_P(
                       InvCase{128, 32, 8, 0, 0.f}, InvCase{128, 8, 1, 600, 30.f},
                       InvCase{256, 8, 4, 0, 50.f}, InvCase{256, 4, 4, 600, 0.f},
                       InvCase{256, 16, 2, 100, 30.f}, InvCase{80, 4, 1, 0, 0.f}),
-    [](const ::testing::TestParamInfo<InvCase>& info) {
-      const InvCase& c = info.param;
-      char name[96];
-      std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
-                    c.num_kv_heads, c.window, static_cast<int>(c.softcap));
-      return std::string(name);
-    });
+    AttnCaseName);
 
 }  // namespace
 }  // namespace ember
