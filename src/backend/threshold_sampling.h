@@ -17,8 +17,8 @@
 
 namespace ember {
 
-// The first index of the row's maximum, NaN never winning, 0 for an all-NaN row: the host
-// sampler's greedy choice (sampling/processors.h Argmax), as the backends compute it.
+// The first index of the row's maximum, NaN never winning, 0 for an all-NaN row: the greedy
+// choice of the backends' ArgmaxRows and of the host sampler (sampling/processors.h Argmax).
 int32_t RowArgmax(std::span<const float> logits);
 
 // The reference ApplyLogitEdits (Backend::ApplyLogitEdits' semantics, used by the CPU backend and

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backend/logit_edit.h"
+#include "backend/threshold_sampling.h"
 #include "sampling/row_math.h"
 #include "util/check.h"
 
@@ -60,20 +61,7 @@ void MaskTokens(std::span<float> logits, std::span<const int32_t> ids) {
 
 int32_t Argmax(std::span<const float> logits) {
   CHECK(!logits.empty());
-  const float max = RowMax(logits);  // vectorised; then the first index holding it
-  const float* x = logits.data();
-  const size_t size = logits.size();
-  constexpr size_t kChunk = 64;
-  size_t i = 0;
-  for (; i + kChunk <= size; i += kChunk) {
-    int found = 0;  // an OR over the chunk vectorises; the exact index is found below
-    for (size_t j = 0; j < kChunk; ++j) found |= x[i + j] == max;
-    if (found) break;
-  }
-  for (; i < size; ++i) {
-    if (x[i] == max) return static_cast<int32_t>(i);
-  }
-  return 0;  // every entry NaN
+  return RowArgmax(logits);  // the backends' rule (ArgmaxRows): one implementation
 }
 
 double LogSumExp(std::span<const float> logits) {
