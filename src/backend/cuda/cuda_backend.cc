@@ -185,10 +185,9 @@ class CudaBackend final : public Backend {
   std::vector<DeviceRope> ropes_;
 
   // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
-  // kv_bf16_ (KvBf16), else f32.
+  // KvBf16(kv_head_dim_), else f32.
   DeviceBuffer kv_pool_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
-  bool kv_bf16_ = false;
 
   // The step's plan: host staging, device copy and the host facts launches need.
   // Fixed-capacity regions so the device addresses (baked into graphs) only change on growth.
@@ -290,7 +289,6 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   kv_block_size_ = block_size;
   kv_heads_ = num_kv_heads;
   kv_head_dim_ = head_dim;
-  kv_bf16_ = KvBf16(head_dim);
   return Status::Ok();
 }
 
@@ -621,12 +619,13 @@ cuda::KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads,
   CHECK_EQ(head_dim, kv_head_dim_);
   const size_t per_tensor = static_cast<size_t>(kv_blocks_) * kv_block_size_ * kv_heads_ *
                             kv_head_dim_;
-  const size_t tensor_bytes = per_tensor * (kv_bf16_ ? 2 : 4);
+  const bool bf16 = KvBf16(kv_head_dim_);
+  const size_t tensor_bytes = per_tensor * static_cast<size_t>(KvElementBytes(kv_head_dim_));
   unsigned char* base =
       kv_pool_.as<unsigned char>() + 2 * tensor_bytes * static_cast<size_t>(layer);
   return cuda::KvLayerView{reinterpret_cast<float*>(base),
                            reinterpret_cast<float*>(base + tensor_bytes), kv_heads_, kv_head_dim_,
-                           kv_bf16_};
+                           bf16};
 }
 
 void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
