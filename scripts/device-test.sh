@@ -19,14 +19,15 @@ stage() {
   local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
   local targets=(cuda_ops_test cuda_forward_bench model_test engine_test threshold_sampling_test
-                 argmax_rows_test ember engine_bench ember_cuda)
+                 argmax_rows_test ember engine_bench ember_cuda gemm_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
   cp "$build/src/backend/cuda/cuda_ops_test" "$build/bench/cuda_forward_bench" \
      "$build/src/model/model_test" "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
-     "$build/ember" "$build/bench/engine_bench" "$build/libember_cuda.so" .devbin/bin/
+     "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" "$build/libember_cuda.so" \
+     .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do
     ldd "$bin" | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|/cuda' |
@@ -101,6 +102,8 @@ if [ "${BENCH:-1}" = 1 ]; then
   bench --shape llama-3.1-8b --batch 1 --prompt 4096 --gen 4 --prefill-chunk 4096
   bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 128
   bench --shape llama-3.1-8b --batch 128 --prompt 512 --gen 128
+  log "== gemm_bench (cuBLAS / cuBLASLt ceilings of the prefill GEMMs)"
+  timeout 120 .devbin/bin/gemm_bench --shape llama-3.1-8b --tokens 4096 2>&1 | tee -a "$summary" >/dev/null
   log "== per-op GPU time (events, op by op; decode steps)"
   bench --shape llama-3.2-1b --batch 1 --prompt 512 --gen 16 --profile
   bench --shape llama-3.1-8b --batch 1 --prompt 512 --gen 16 --profile

@@ -47,7 +47,7 @@ struct Shape {
   static constexpr int kDimBlocksPerWarp = (kDimBlocks + kDimSplit - 1) / kDimSplit;
   static constexpr int kLd = D + 8;  // bf16 per shared row: 16-byte pad, ldmatrix conflict-free
   static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);  // K+V
-  static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);  // f32 K, V
+  static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);           // f32 K, V
   // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
   // and the f32 staging of the next tile.
   static constexpr size_t SmemBytes(bool bf16_kv) {
@@ -81,7 +81,9 @@ __device__ __forceinline__ void CpAsync16(void* smem_dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 __device__ __forceinline__ void CpAsyncWaitAll() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
@@ -149,14 +151,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t warp_first_pos =
       warp_active ? plan.positions[seq.x + (row_start + row_group * 16) / group] : 0;
   const int32_t warp_last_pos =
-      warp_active
-          ? plan.positions[seq.x + (row_start + min(rows - 1, row_group * 16 + 15)) / group]
-          : -1;
+      warp_active ? plan.positions[seq.x + (row_start + min(rows - 1, row_group * 16 + 15)) / group]
+                  : -1;
   const int32_t* block_table = plan.block_tables + seq.w;
   const int32_t bs = plan.block_size;
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
-  PdlWait();
-  PdlTrigger();
+  PdlTriggerThenWait();
 
   // Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
   uint32_t qf[D / 16][4];
@@ -205,8 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int idx = it * kWarps * 32 + threadIdx.x;
         const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
         const int64_t slot = slots[j];
-        const int64_t off =
-            slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
         CpAsync16(k_dst + j * S::kLd + d, k_pool + off, slot >= 0 ? 16 : 0);
         CpAsync16(v_dst + j * S::kLd + d, v_pool + off, slot >= 0 ? 16 : 0);
       }
@@ -216,8 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int idx = it * kWarps * 32 + threadIdx.x;
         const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
         const int64_t slot = slots[j];
-        const int64_t off =
-            slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
         CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
         CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
       }
@@ -317,8 +315,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int n = 0; n < kKeys / 8; ++n) {
         float p[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          p[c] = s[n][c] == -INFINITY ? 0.f : __expf(s[n][c] - m[c / 2]);
+        for (int c = 0; c < 4; ++c) p[c] = s[n][c] == -INFINITY ? 0.f : __expf(s[n][c] - m[c / 2]);
         const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
         const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
         const __nv_bfloat162 hi_b = *reinterpret_cast<const __nv_bfloat162*>(&hi_pair);
@@ -422,12 +419,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // Split mode's second pass: block (head, token) folds the row's split states in split order
 // (rows whose keys lie in one split were written by the main kernel).
-__global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan,
-                                                int32_t num_splits,
+__global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, int32_t num_splits,
                                                 const float* __restrict__ partials,
                                                 float* __restrict__ out) {
-  PdlWait();
-  PdlTrigger();
+  PdlTriggerThenWait();
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int32_t pos = plan.positions[token];
   const int32_t first = FirstSplit(pos, a.sliding_window);
@@ -450,8 +445,8 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan,
 
 template <int D, bool kBf16Kv>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
-                  const PlanView& plan, int32_t max_query_len, int32_t num_splits,
-                  float* partials, float* out, cudaStream_t stream) {
+                  const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
+                  float* out, cudaStream_t stream) {
   using S = Shape<D>;
   constexpr size_t kSmemBytes = S::SmemBytes(kBf16Kv);
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
@@ -467,8 +462,8 @@ void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& 
   const int64_t row_tiles = (max_rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
   const dim3 grid(static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1)),
                   args.num_kv_heads, plan.num_seqs);
-  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv>, grid, dim3(kWarps * 32), kSmemBytes, stream,
-            args, q, kv, plan, num_splits, partials, out);
+  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv>, grid, dim3(kWarps * 32), kSmemBytes, stream, args,
+            q, kv, plan, num_splits, partials, out);
 }
 
 template <int D>
@@ -496,8 +491,8 @@ int32_t AttentionInvariantRowsPerBlock(int32_t head_dim) {
   return head_dim > 128 ? 16 * kWarps / 2 : 16 * kWarps;
 }
 
-int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads,
-                                         int32_t head_dim, int32_t num_splits) {
+int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
+                                         int32_t num_splits) {
   return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
 }
 
@@ -509,8 +504,8 @@ void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const K
   CHECK(num_splits == 0 || partials != nullptr);
   Dispatch<16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
   if (num_splits > 0) {
-    LaunchPdl(AttentionInvariantCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128),
-              0, stream, args, plan, num_splits, static_cast<const float*>(partials), out);
+    LaunchPdl(AttentionInvariantCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128), 0,
+              stream, args, plan, num_splits, static_cast<const float*>(partials), out);
   }
 }
 

@@ -1,0 +1,202 @@
+// cuBLAS / cuBLASLt ceilings for the prefill GEMMs (docs/perf.md, issue 6): for each weight shape
+// of a model, out[n, m] = x[n, k] W[m, k]^T with bf16 x and W and f32 accumulation, timed as
+//   gemmex-f32   cublasGemmEx, f32 out (what the backend calls today),
+//   gemmex-bf16  cublasGemmEx, bf16 out,
+//   lt-f32/lt-bf16  cublasLt, the best of its first 8 heuristic algorithms (each timed),
+// and reports TFLOP/s (2 n m k / time, median of the repetitions). Random data, so the clocks see
+// a real load. The question it answers: how much of the prefill gap is the GEMM call itself.
+// usage: gemm_bench [--shape llama-3.1-8b|llama-3.2-1b] [--tokens 4096] [--reps 20]
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CK(call)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define CB(call)                                                                                  \
+  do {                                                                                            \
+    cublasStatus_t s_ = (call);                                                                   \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
+      std::fprintf(stderr, "%s:%d cublas status %d\n", __FILE__, __LINE__, static_cast<int>(s_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int64_t m, k;
+};
+
+// Median milliseconds of `reps` timed calls of fn (after 3 warm-up calls).
+template <typename Fn>
+double MedianMs(cudaStream_t st, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a, st));
+    fn();
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "llama-3.1-8b";
+  int64_t n = 4096;
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--shape"))
+      shape = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tokens"))
+      n = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: gemm_bench [--shape S] [--tokens N] [--reps R]\n");
+      return 2;
+    }
+  }
+  std::vector<Shape> shapes;
+  if (shape == "llama-3.1-8b") {
+    shapes = {{"q/o", 4096, 4096},      {"k/v", 1024, 4096},      {"qkv", 6144, 4096},
+              {"gate/up", 14336, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  } else if (shape == "llama-3.2-1b") {
+    shapes = {{"q/o", 2048, 2048},     {"k/v", 512, 2048},       {"qkv", 3072, 2048},
+              {"gate/up", 8192, 2048}, {"gate_up", 16384, 2048}, {"down", 2048, 8192}};
+  } else {
+    std::fprintf(stderr, "unknown --shape %s\n", shape.c_str());
+    return 2;
+  }
+  int64_t max_mk = 0, max_nk = 0, max_nm = 0;
+  for (const Shape& s : shapes) {
+    max_mk = std::max(max_mk, s.m * s.k);
+    max_nk = std::max(max_nk, n * s.k);
+    max_nm = std::max(max_nm, n * s.m);
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  auto random_bf16 = [&](int64_t count, float scale) {
+    std::vector<__nv_bfloat16> h(static_cast<size_t>(count));
+    for (auto& v : h) v = __float2bfloat16(dist(rng) * scale);
+    void* d = nullptr;
+    CK(cudaMalloc(&d, h.size() * sizeof(__nv_bfloat16)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    return d;
+  };
+  void* w = random_bf16(max_mk, 0.02f);
+  void* x = random_bf16(max_nk, 1.0f);
+  void* out = nullptr;
+  CK(cudaMalloc(&out, static_cast<size_t>(max_nm) * 4));
+  const size_t ws_bytes = size_t{64} << 20;
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, ws_bytes));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  cublasHandle_t h;
+  CB(cublasCreate(&h));
+  CB(cublasSetStream(h, st));
+  CB(cublasSetWorkspace(h, ws, ws_bytes));
+  cublasLtHandle_t lt;
+  CB(cublasLtCreate(&lt));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device=%s shape=%s tokens=%ld reps=%d\n", prop.name, shape.c_str(),
+              static_cast<long>(n), reps);
+  std::printf("%-8s %6s %6s | %12s %12s %12s %12s  (TFLOP/s, median)\n", "weight", "m", "k",
+              "gemmex-f32", "gemmex-bf16", "lt-f32", "lt-bf16");
+  double total_flop = 0, total_ms[4] = {0, 0, 0, 0};
+  for (const Shape& s : shapes) {
+    const double flop =
+        2.0 * static_cast<double>(n) * static_cast<double>(s.m) * static_cast<double>(s.k);
+    const float alpha = 1.f, beta = 0.f;
+    double ms[4];
+    for (int variant = 0; variant < 2; ++variant) {
+      const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
+      ms[variant] = MedianMs(st, reps, [&] {
+        CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m), static_cast<int>(n),
+                        static_cast<int>(s.k), &alpha, w, CUDA_R_16BF, static_cast<int>(s.k), x,
+                        CUDA_R_16BF, static_cast<int>(s.k), &beta, out, ct, static_cast<int>(s.m),
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+    }
+    for (int variant = 0; variant < 2; ++variant) {
+      const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
+      cublasLtMatmulDesc_t desc;
+      CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
+      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
+      cublasLtMatrixLayout_t la, lb, lc;
+      CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.m, s.k));
+      CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, n, s.k));
+      CB(cublasLtMatrixLayoutCreate(&lc, ct, s.m, n, s.m));
+      cublasLtMatmulPreference_t pref;
+      CB(cublasLtMatmulPreferenceCreate(&pref));
+      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &ws_bytes, sizeof(ws_bytes)));
+      cublasLtMatmulHeuristicResult_t res[8];
+      int found = 0;
+      CB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, res, &found));
+      double best = 1e30;
+      for (int a = 0; a < found; ++a) {
+        const double t = MedianMs(st, reps, [&] {
+          CB(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &res[a].algo,
+                            ws, ws_bytes, st));
+        });
+        best = std::min(best, t);
+      }
+      ms[2 + variant] = best;
+      CB(cublasLtMatmulPreferenceDestroy(pref));
+      CB(cublasLtMatrixLayoutDestroy(la));
+      CB(cublasLtMatrixLayoutDestroy(lb));
+      CB(cublasLtMatrixLayoutDestroy(lc));
+      CB(cublasLtMatmulDescDestroy(desc));
+    }
+    std::printf("%-8s %6ld %6ld |", s.name, static_cast<long>(s.m), static_cast<long>(s.k));
+    for (int v = 0; v < 4; ++v) std::printf(" %12.1f", flop / (ms[v] * 1e-3) / 1e12);
+    std::printf("\n");
+    // Per-layer total over the unfused calls a llama layer makes (q, k, v, o, gate, up, down).
+    const int calls = !std::strcmp(s.name, "q/o")       ? 2
+                      : !std::strcmp(s.name, "k/v")     ? 2
+                      : !std::strcmp(s.name, "gate/up") ? 2
+                      : !std::strcmp(s.name, "down")    ? 1
+                                                        : 0;
+    total_flop += calls * flop;
+    for (int v = 0; v < 4; ++v) total_ms[v] += calls * ms[v];
+  }
+  std::printf("layer (q,k,v,o,gate,up,down unfused) |");
+  for (int v = 0; v < 4; ++v) std::printf(" %12.1f", total_flop / (total_ms[v] * 1e-3) / 1e12);
+  std::printf("\n");
+  CB(cublasLtDestroy(lt));
+  CB(cublasDestroy(h));
+  return 0;
+}
