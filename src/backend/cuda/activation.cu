@@ -8,7 +8,8 @@ namespace {
 
 __global__ void GatedActivationKernel(const float* gate, const float* up, float* out, int64_t n,
                                       bool gelu) {
-  PdlTriggerThenWait();  // LaunchPdl: the next kernel may launch; the previous outputs are visible
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -30,8 +31,8 @@ void LaunchGatedActivation(const float* gate, const float* up, float* out, int64
   if (n == 0) return;
   int64_t blocks = (n + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  LaunchPdl(GatedActivationKernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, gate,
-            up, out, n, gelu);
+  LaunchPdl(GatedActivationKernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
+            gate, up, out, n, gelu);
 }
 
 }  // namespace ember::cuda

@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int32_t key = k_begin + warp * 32 + lane;
     if (key < k_end) first_slot = static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
   }
-  PdlTriggerThenWait();
+  PdlWait();
+  PdlTrigger();
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     q_s[g][d] = q[(static_cast<int64_t>(token) * a.num_heads + head0 + g) * D + d];
@@ -166,9 +167,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (num_splits == 1) {
       out[(static_cast<int64_t>(token) * a.num_heads + head) * D + d] = v / block_l;
     } else {
-      float* part =
-          partials +
-          ((static_cast<int64_t>(token) * a.num_heads + head) * num_splits + split) * (D + 2);
+      float* part = partials +
+                    ((static_cast<int64_t>(token) * a.num_heads + head) * num_splits + split) * (D + 2);
       if (d == 0) {
         part[0] = block_m;
         part[1] = block_l;
@@ -187,11 +187,11 @@ __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int3
                                        float* __restrict__ out) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float inv_l;
-  PdlTriggerThenWait();
+  PdlWait();
+  PdlTrigger();
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int64_t rec = head_dim + 2;
-  const float* part =
-      partials + (static_cast<int64_t>(token) * num_heads + head) * num_splits * rec;
+  const float* part = partials + (static_cast<int64_t>(token) * num_heads + head) * num_splits * rec;
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float ms[2], ls[2];

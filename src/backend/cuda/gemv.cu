@@ -1,14 +1,11 @@
 // Skinny MatMul for decode (n <= 8 rows): out_p[n, m_p] = x[n, k] W_p[m_p, k]^T (+ bias_p) for up
 // to kGemvMaxParts weights sharing one x (q/k/v, gate/up) in ONE launch. bf16 W read once with
 // 16-byte loads (double-buffered, 4 per lane per batch; the first batch is issued before
-// waiting on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation,
-// one warp per output row. (Splitting a row's k over 2-8 warps of a block, to give small matrices
-// more warps, measured slower on the H200: 8B decode 156 vs 166 tok/s.) The summation order depends
-// only on k, never on n, so rows are batch-invariant within this path.
+// waiting on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation, one warp per
+// output row. (Splitting a row's k over 2-8 warps of a block, to give small matrices more warps,
+// measured slower on the H200: 8B decode 156 vs 166 tok/s.) The summation order depends only on
+// k, never on n, so rows are batch-invariant within this path.
 #include <cuda_bf16.h>
-
-#include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -32,18 +29,9 @@ struct GemvParams {
 };
 
 // Block: kWarpsPerBlock output rows (over the concatenation of the parts), one per warp.
-// Asks the L2 to fetch [p, p + bytes) (16-byte aligned, bytes % 16 == 0) without waiting: one
-// bulk-prefetch instruction, no registers held.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 template <int N>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    GemvBf16Kernel(const float* __restrict__ x, GemvParams p, int64_t k, int64_t prefetch_bytes) {
-  // Dependents may launch now: the kernels after this one only wait, and the next GEMV starts
-  // its own weight prefetch while this one streams.
-  PdlTrigger();
+    GemvBf16Kernel(const float* __restrict__ x, GemvParams p, int64_t k) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= p.total) return;  // (a run-time index into p would put p in local memory)
@@ -61,21 +49,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const __nv_bfloat16* w_row = w_part + local * k;
   constexpr int64_t kStride = 32 * 8;  // elements between one lane's consecutive loads
   constexpr int64_t kStep = kStride * kLoadsInFlight;
-  auto load = [&](uint4(&raw)[kLoadsInFlight], int64_t base) {
+  auto load = [&](uint4 (&raw)[kLoadsInFlight], int64_t base) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int64_t c = base + u * kStride;
       raw[u] = c < k ? __ldg(reinterpret_cast<const uint4*>(w_row + c)) : make_uint4(0, 0, 0, 0);
     }
   };
-  // The weights stream in while the previous kernels finish (x is not read before PdlWait): the
-  // first batch into registers, the rest of the row (up to prefetch_bytes) into the L2.
+  // The first weights stream in while the previous kernel finishes (x is not read before this).
   uint4 cur[kLoadsInFlight];
   load(cur, lane * 8);
-  const int64_t first_bytes = kStep * 2;
-  if (lane == 0 && k * 2 > first_bytes && prefetch_bytes > 0) {
-    PrefetchL2(w_row + kStep, static_cast<uint32_t>(min(k * 2 - first_bytes, prefetch_bytes)));
-  }
   PdlWait();
   for (int64_t base = lane * 8; base < k; base += kStep) {
     uint4 next[kLoadsInFlight];
@@ -110,21 +93,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// Bytes of each weight row past the first register batch that a GEMV warp asks the L2 to
-// prefetch before waiting on the previous kernel. EMBER_GEMV_PREFETCH_KB overrides (0: off).
-int64_t GemvPrefetchBytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("EMBER_GEMV_PREFETCH_KB");
-    return (v != nullptr ? std::atoll(v) : int64_t{64}) * 1024;
-  }();
-  return bytes;
-}
-
 template <int N>
 void LaunchN(const float* x, const GemvParams& p, int64_t k, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((p.total + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  LaunchPdl(GemvBf16Kernel<N>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, x, p, k,
-            GemvPrefetchBytes());
+  LaunchPdl(GemvBf16Kernel<N>, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, x, p, k);
 }
 
 }  // namespace
@@ -134,8 +106,8 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t n, int64_t k) {
          (reinterpret_cast<uintptr_t>(w) % 16) == 0;
 }
 
-void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t n, int64_t k,
-                         cudaStream_t stream) {
+void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t n,
+                         int64_t k, cudaStream_t stream) {
   CHECK(num_parts >= 1 && num_parts <= kGemvMaxParts) << num_parts << " GEMV parts";
   GemvParams p{};
   int64_t end = 0;
@@ -151,24 +123,15 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   p.total = end;
   if (end == 0) return;
   switch (n) {
-    case 1:
-      return LaunchN<1>(x, p, k, stream);
-    case 2:
-      return LaunchN<2>(x, p, k, stream);
-    case 3:
-      return LaunchN<3>(x, p, k, stream);
-    case 4:
-      return LaunchN<4>(x, p, k, stream);
-    case 5:
-      return LaunchN<5>(x, p, k, stream);
-    case 6:
-      return LaunchN<6>(x, p, k, stream);
-    case 7:
-      return LaunchN<7>(x, p, k, stream);
-    case 8:
-      return LaunchN<8>(x, p, k, stream);
-    default:
-      CHECK(false) << "GEMV with " << n << " rows";
+    case 1: return LaunchN<1>(x, p, k, stream);
+    case 2: return LaunchN<2>(x, p, k, stream);
+    case 3: return LaunchN<3>(x, p, k, stream);
+    case 4: return LaunchN<4>(x, p, k, stream);
+    case 5: return LaunchN<5>(x, p, k, stream);
+    case 6: return LaunchN<6>(x, p, k, stream);
+    case 7: return LaunchN<7>(x, p, k, stream);
+    case 8: return LaunchN<8>(x, p, k, stream);
+    default: CHECK(false) << "GEMV with " << n << " rows";
   }
 }
 

@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(kMaxThreads)
                   float eps, bool one_plus, int64_t d, float* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
-  PdlTriggerThenWait();  // LaunchPdl: the next kernel may launch; the previous outputs are visible
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   const int64_t base = blockIdx.x * d;
   const int64_t nv = d / VEC;
   constexpr int kPerThread = 4;  // vectors kept in registers between the two passes
@@ -39,10 +40,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   float sum_sq = 0.f;
   const float* src = residual != nullptr ? residual : x;
   auto sq = [](const Vec& v) {
-    if constexpr (VEC == 4)
-      return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    else
-      return v * v;
+    if constexpr (VEC == 4) return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    else return v * v;
   };
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
@@ -52,10 +51,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (residual != nullptr) {
       const Vec dv = reinterpret_cast<const Vec*>(delta + base)[c];
       if constexpr (VEC == 4) {
-        v.x += dv.x;
-        v.y += dv.y;
-        v.z += dv.z;
-        v.w += dv.w;
+        v.x += dv.x; v.y += dv.y; v.z += dv.z; v.w += dv.w;
       } else {
         v += dv;
       }
@@ -84,9 +80,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-bool Aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

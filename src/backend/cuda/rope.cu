@@ -9,10 +9,11 @@ namespace {
 
 __global__ void RopeKernel(float* q, float* k, int32_t num_heads, int32_t num_kv_heads,
                            int32_t head_dim, int32_t rotary_dim, const float* cos_table,
-                           const float* sin_table, int32_t max_positions, const int32_t* positions,
-                           int64_t total) {
+                           const float* sin_table, int32_t max_positions,
+                           const int32_t* positions, int64_t total) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  PdlTriggerThenWait();  // LaunchPdl: the next kernel may launch; the previous outputs are visible
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   if (idx >= total) return;
   const int32_t half = rotary_dim / 2;
   const int32_t total_heads = num_heads + num_kv_heads;
@@ -40,8 +41,8 @@ void LaunchRope(float* q, float* k, int32_t num_heads, int32_t num_kv_heads, int
       static_cast<int64_t>(plan.num_tokens) * (num_heads + num_kv_heads) * (rotary_dim / 2);
   if (total == 0) return;
   const unsigned blocks = static_cast<unsigned>((total + 255) / 256);
-  LaunchPdl(RopeKernel, dim3(blocks), dim3(256), 0, stream, q, k, num_heads, num_kv_heads, head_dim,
-            rotary_dim, cos_table, sin_table, max_positions, plan.positions, total);
+  LaunchPdl(RopeKernel, dim3(blocks), dim3(256), 0, stream, q, k, num_heads, num_kv_heads,
+            head_dim, rotary_dim, cos_table, sin_table, max_positions, plan.positions, total);
 }
 
 }  // namespace ember::cuda

@@ -11,9 +11,7 @@
 namespace ember::cuda {
 namespace {
 
-__device__ __forceinline__ void Store(float* dst, float x) {
-  *dst = x;
-}
+__device__ __forceinline__ void Store(float* dst, float x) { *dst = x; }
 __device__ __forceinline__ void Store(__nv_bfloat16* dst, float x) {
   *dst = __float2bfloat16_rn(x);
 }
@@ -22,7 +20,8 @@ template <typename T>
 __global__ void WriteKvKernel(const float* k, const float* v, T* k_pool, T* v_pool,
                               int64_t row_width, const int32_t* slot_mapping) {
   const int64_t token = blockIdx.x;
-  PdlTriggerThenWait();  // LaunchPdl: the next kernel may launch; the previous outputs are visible
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   const int64_t slot = slot_mapping[token];
   if (slot < 0) return;  // padding rows carry no K/V
   for (int64_t c = threadIdx.x; c < row_width; c += blockDim.x) {
