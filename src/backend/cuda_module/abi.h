@@ -9,7 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 namespace ember {
-inline constexpr int kEmberCudaModuleAbi = 4;
+inline constexpr int kEmberCudaModuleAbi = 5;
 }  // namespace ember
 
 extern "C" {
