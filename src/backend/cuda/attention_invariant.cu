@@ -15,6 +15,12 @@
 //     normalised directly. Whether the folds happen in the same block (sequential mode, the
 //     running O kept in `out`) or through `partials` and the combine kernel (split mode: one
 //     block per split, more parallelism at small batch) does not change a bit of the result.
+// Two block shapes, the same per-row arithmetic (an mma computes each element from its own row):
+// steps of few rows (decode) use warps of one 16-row m-tile, Q held in registers; steps with more
+// rows than such a block (prefill, bf16 pool) use warps of two m-tiles (32 rows, 128 rows per
+// block at D <= 128), Q staged once as bf16 in shared memory and each K/V fragment fed to both
+// m-tiles' mma (half the shared-memory traffic per flop), and a mask-free path for tiles every row
+// of the warp sees whole. Blocks are ordered KV head fastest, longest row tiles first.
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
@@ -39,21 +45,32 @@ constexpr int kKeys = 64;  // keys per tile
 constexpr int kSplitTiles = kInvariantSplitKeys / kKeys;
 static_assert(kInvariantSplitKeys % kKeys == 0);
 
-template <int D>
+// kMT: 16-row m-tiles per warp (1: decode shape, Q in registers; 2: prefill shape, Q in shared).
+template <int D, int kMT>
 struct Shape {
   static constexpr int kDimSplit = D > 128 ? 2 : 1;  // warps sharing one row group's O columns
-  static constexpr int kRowsPerBlock = 16 * kWarps / kDimSplit;
+  static constexpr int kWarpRows = 16 * kMT;
+  static constexpr int kRowsPerBlock = kWarpRows * kWarps / kDimSplit;
   static constexpr int kDimBlocks = D / 16;  // 16-column blocks of the P.V product
   static constexpr int kDimBlocksPerWarp = (kDimBlocks + kDimSplit - 1) / kDimSplit;
   static constexpr int kLd = D + 8;  // bf16 per shared row: 16-byte pad, ldmatrix conflict-free
   static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);  // K+V
   static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);           // f32 K, V
+  static constexpr size_t kQBytes =
+      kMT > 1 ? size_t{kRowsPerBlock} * kLd * sizeof(__nv_bfloat16) : 0;  // bf16 Q [rows][kLd]
   // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
-  // and the f32 staging of the next tile.
-  static constexpr size_t SmemBytes(bool bf16_kv) {
-    return bf16_kv ? 2 * kTileBytes : kTileBytes + kStageBytes;
-  }
+  // and the f32 staging of the next tile. Then Q (kMT > 1).
+  template <bool kBf16Kv>
+  static constexpr size_t kQOffset = kBf16Kv ? 2 * kTileBytes : kTileBytes + kStageBytes;
+  template <bool kBf16Kv>
+  static constexpr size_t kSmemBytes = kQOffset<kBf16Kv> + kQBytes;
 };
+
+// The prefill shape's m-tiles per warp: 2 from D 128 (8B at 4,096 tokens: attention 36.7 -> 33.4
+// ms on an H200), 1 below (1B at D 64: 2 m-tiles measured 18% slower, 1 m-tile with the
+// mask-free path and 3 blocks per SM 2% faster than the decode shape).
+template <int D>
+constexpr int kPrefillMTiles = D >= 128 ? 2 : 1;
 
 // The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
 // 0 for an empty state).
@@ -92,16 +109,18 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
   return (window > 0 ? max(0, pos - window + 1) : 0) / kInvariantSplitKeys;
 }
 
-// num_splits == 0: sequential mode, grid (row tiles, kv heads, seqs). Otherwise split mode, grid
-// (row tiles * num_splits, kv heads, seqs); partials [num_tokens, num_heads, num_splits, D + 2].
-// kBf16Kv: kv is a bf16 pool (kv.bf16).
-template <int D, bool kBf16Kv>
-__global__ void __launch_bounds__(kWarps * 32)
+// num_splits == 0: sequential mode, grid (kv heads * row tiles, 1, seqs). Otherwise split mode,
+// grid (kv heads * row tiles * num_splits, 1, seqs); partials [num_tokens, num_heads, num_splits,
+// D + 2]. blockIdx.x = (row tile * max(num_splits, 1) + split) * kv heads + kv head.
+// kBf16Kv: kv is a bf16 pool (kv.bf16). kMT: m-tiles per warp (Shape).
+template <int D, bool kBf16Kv, int kMT, bool kPrefill>
+__global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 64 ? 3 : 1))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
                              float* __restrict__ out) {
-  using S = Shape<D>;
+  using S = Shape<D, kMT>;
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
+  static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
   // The tile being computed: bf16 [kKeys][kLd] K then V (bf16 pool: buffer b at b * kTileBytes).
   __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -109,13 +128,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   // f32 pool: [kKeys][D] f32 K then V.
   [[maybe_unused]] float* k_stage = reinterpret_cast<float*>(smem + S::kTileBytes);
   [[maybe_unused]] float* v_stage = k_stage + kKeys * D;
+  // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
+  [[maybe_unused]] __nv_bfloat16* q_s =
+      reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv>);
   __shared__ int64_t slot_s[2][kKeys];  // pool slots of the next two tiles (-1: masked key)
 
   const int32_t group = a.num_heads / a.num_kv_heads;
   const int4 seq = plan.seqs[blockIdx.z];
-  const int32_t kv_head = blockIdx.y;
-  const int32_t num_row_tiles = num_splits > 0 ? gridDim.x / num_splits : gridDim.x;
-  const int32_t row_tile = num_splits > 0 ? blockIdx.x / num_splits : blockIdx.x;
+  const int32_t kv_head = static_cast<int32_t>(blockIdx.x) % a.num_kv_heads;
+  const int32_t tile_split = static_cast<int32_t>(blockIdx.x) / a.num_kv_heads;
+  const int32_t num_tile_splits = static_cast<int32_t>(gridDim.x) / a.num_kv_heads;
+  const int32_t num_row_tiles = num_splits > 0 ? num_tile_splits / num_splits : num_tile_splits;
+  const int32_t row_tile = num_splits > 0 ? tile_split / num_splits : tile_split;
   const int32_t row_start = (num_row_tiles - 1 - row_tile) * S::kRowsPerBlock;  // late first
   const int32_t num_rows = seq.y * group;
   if (row_start >= num_rows) return;
@@ -125,64 +149,105 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int row_group = warp / S::kDimSplit, dim_part = warp % S::kDimSplit;
   const int dp_begin = dim_part * kDimBlocksPerWarp;
   const int dp_end = min(S::kDimBlocks, dp_begin + kDimBlocksPerWarp);
-  // This thread's two rows: block rows r_h = row_group * 16 + g + 8h.
-  int32_t token[2], head[2], pos[2];
+  const int warp_row0 = row_group * S::kWarpRows;  // the warp's first block row
+  // This thread's rows: block rows warp_row0 + 16 mt + g + 8h (-1: past `rows`).
+  auto row_token = [&](int mt, int h) {
+    return seq.x + (row_start + min(warp_row0 + 16 * mt + g + 8 * h, rows - 1)) / group;
+  };
+  auto row_head = [&](int mt, int h) {
+    return kv_head * group + (row_start + min(warp_row0 + 16 * mt + g + 8 * h, rows - 1)) % group;
+  };
+  int32_t pos[kMT][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_group * 16 + g + 8 * h;
-    const int rr = min(r, rows - 1);
-    token[h] = seq.x + (row_start + rr) / group;
-    head[h] = kv_head * group + (row_start + rr) % group;
-    pos[h] = r < rows ? plan.positions[token[h]] : -1;
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      pos[mt][h] = warp_row0 + 16 * mt + g + 8 * h < rows ? plan.positions[row_token(mt, h)] : -1;
+    }
   }
   const int32_t first_pos = plan.positions[seq.x + row_start / group];
   const int32_t last_pos = plan.positions[seq.x + (row_start + rows - 1) / group];
   const int32_t lo = a.sliding_window > 0 ? max(0, first_pos - a.sliding_window + 1) : 0;
   const int32_t hi = last_pos + 1;
   int32_t tile_begin = lo / kKeys, tile_end = last_pos / kKeys;  // inclusive
-  int32_t split = -1;
   if (num_splits > 0) {
-    split = blockIdx.x % num_splits;
+    const int32_t split = tile_split % num_splits;
     tile_begin = max(tile_begin, split * kSplitTiles);
     tile_end = min(tile_end, split * kSplitTiles + kSplitTiles - 1);
     if (tile_begin > tile_end) return;
   }
-  const bool warp_active = row_group * 16 < rows;
+  const bool warp_active = warp_row0 < rows;
   const int32_t warp_first_pos =
-      warp_active ? plan.positions[seq.x + (row_start + row_group * 16) / group] : 0;
+      warp_active ? plan.positions[seq.x + (row_start + warp_row0) / group] : 0;
   const int32_t warp_last_pos =
-      warp_active ? plan.positions[seq.x + (row_start + min(rows - 1, row_group * 16 + 15)) / group]
-                  : -1;
+      warp_active
+          ? plan.positions[seq.x + (row_start + min(rows - 1, warp_row0 + S::kWarpRows - 1)) / group]
+          : -1;
   const int32_t* block_table = plan.block_tables + seq.w;
   const int32_t bs = plan.block_size;
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
   PdlTriggerThenWait();
 
-  // Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
-  uint32_t qf[D / 16][4];
-  {
-    const float* q0 = q + (static_cast<int64_t>(token[0]) * a.num_heads + head[0]) * D;
-    const float* q1 = q + (static_cast<int64_t>(token[1]) * a.num_heads + head[1]) * D;
+  // kMT == 1: Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
+  // kMT > 1: Q rounded to bf16 the same way into q_s (zero rows past `rows`), read by ldmatrix.
+  [[maybe_unused]] uint32_t qf[kMT == 1 ? D / 16 : 1][4];
+  if constexpr (kMT == 1) {
+    const float* q0 = q + (static_cast<int64_t>(row_token(0, 0)) * a.num_heads + row_head(0, 0)) * D;
+    const float* q1 = q + (static_cast<int64_t>(row_token(0, 1)) * a.num_heads + row_head(0, 1)) * D;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int c = ks * 16 + 2 * t;
       const float2 z = make_float2(0.f, 0.f);
-      const float2 x0 = pos[0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c) : z;
-      const float2 x1 = pos[1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c) : z;
-      const float2 x2 = pos[0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c + 8) : z;
-      const float2 x3 = pos[1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
+      const float2 x0 = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c) : z;
+      const float2 x1 = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c) : z;
+      const float2 x2 = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c + 8) : z;
+      const float2 x3 = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
       qf[ks][0] = PackBf16(x0.x, x0.y);
       qf[ks][1] = PackBf16(x1.x, x1.y);
       qf[ks][2] = PackBf16(x2.x, x2.y);
       qf[ks][3] = PackBf16(x3.x, x3.y);
     }
+  } else {
+    // Batches of kBatch float2 loads in flight before their conversions.
+    constexpr int kPairs = S::kRowsPerBlock * (D / 2) / (kWarps * 32);  // per thread
+    static_assert(S::kRowsPerBlock * (D / 2) % (kWarps * 32) == 0);
+    constexpr int kBatch = kPairs < 16 ? kPairs : 16;
+#pragma unroll
+    for (int it0 = 0; it0 < kPairs; it0 += kBatch) {
+      float2 x[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int idx = (it0 + i) * kWarps * 32 + threadIdx.x;
+        const int r = idx / (D / 2), c = (idx % (D / 2)) * 2;
+        x[i] = make_float2(0.f, 0.f);
+        if (it0 + i < kPairs && r < rows) {
+          const int64_t tok = seq.x + (row_start + r) / group;
+          const int32_t hd = kv_head * group + (row_start + r) % group;
+          x[i] = *reinterpret_cast<const float2*>(q + (tok * a.num_heads + hd) * D + c);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int idx = (it0 + i) * kWarps * 32 + threadIdx.x;
+        const int r = idx / (D / 2), c = (idx % (D / 2)) * 2;
+        if (it0 + i < kPairs) {
+          *reinterpret_cast<uint32_t*>(q_s + r * S::kLd + c) = PackBf16(x[i].x, x[i].y);
+        }
+      }
+    }
   }
 
   // The split's online-softmax state (o: this warp's columns; l: this thread's keys only) and,
   // in sequential mode, the running fold over the splits (M, L; its O lives in `out`).
-  float o[2 * kDimBlocksPerWarp][4];
-  float m[2], l[2];
-  float run_m[2] = {-INFINITY, -INFINITY}, run_l[2] = {0.f, 0.f};
+  float o[kMT][2 * kDimBlocksPerWarp][4];
+  float m[kMT][2], l[kMT][2];
+  // The running fold lives in shared memory (registers go to o and s): [mt][h][thread].
+  __shared__ float run_m[kMT][2][kWarps * 32], run_l[kMT][2][kWarps * 32];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    run_m[mt][0][threadIdx.x] = run_m[mt][1][threadIdx.x] = -INFINITY;
+    run_l[mt][0][threadIdx.x] = run_l[mt][1][threadIdx.x] = 0.f;
+  }
 
   // Pipeline: the K/V of tile t + 1 arrive by cp.async (bf16 pool: into the other bf16 buffer;
   // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
@@ -231,14 +296,24 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
+    // The block-table entry of tile + 2's key: loaded now, turned into a slot and stored after
+    // this tile's compute, so its latency hides behind the mma work.
+    const int32_t key2 = (tile + 2) * kKeys + slot_thread;
+    const bool valid2 = slot_thread >= 0 && tile + 2 <= tile_end && key2 >= lo && key2 < hi;
+    const int32_t block2 = valid2 ? block_table[key2 / bs] : 0;
     if (tile == tile_begin || tile % kSplitTiles == 0) {
 #pragma unroll
-      for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-      m[0] = m[1] = -INFINITY;
-      l[0] = l[1] = 0.f;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
+          o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+        }
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.f;
+      }
     }
     CpAsyncWaitAll();
-    __syncthreads();  // tile's K/V arrived; the previous tile's bf16 K/V are consumed
+    __syncthreads();  // tile's K/V (and Q) arrived; the previous tile's bf16 K/V are consumed
     const int next = (tile + 1 - tile_begin) & 1;
     if constexpr (kBf16Kv) {
       // This tile is in buffer next ^ 1 (tile_begin in 0); the next one goes to buffer next.
@@ -260,80 +335,128 @@ __global__ void __launch_bounds__(kWarps * 32)
       __syncthreads();  // bf16 tile ready, staging free
     }
     if (tile + 1 <= tile_end) issue_copy(slot_s[next], next);
-    if (slot_thread >= 0) slot_s[next ^ 1][slot_thread] = lookup_slot(tile + 2);
     // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
     const bool compute =
         warp_active && kt <= warp_last_pos &&
         !(a.sliding_window > 0 && kt + kKeys - 1 <= warp_first_pos - a.sliding_window);
     if (compute) {
-      // S = Q K^T: kKeys / 8 n-tiles of 8 keys.
-      float s[kKeys / 8][4];
+      // S = Q K^T: kKeys / 8 n-tiles of 8 keys; each K fragment serves the warp's kMT m-tiles.
+      float s[kMT][kKeys / 8][4];
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+      }
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t qa[kMT][4];
+        if constexpr (kMT == 1) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[0][i] = qf[ks][i];
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            LdMatrixX4(qa[mt], q_s + (warp_row0 + 16 * mt + lane % 16) * S::kLd + ks * 16 +
+                                   8 * (lane / 16));
+          }
+        }
 #pragma unroll
         for (int np = 0; np < kKeys / 16; ++np) {
           uint32_t b[4];
           const int key = np * 16 + (lane % 8) + 8 * (lane / 16);
           const int d = ks * 16 + 8 * ((lane / 8) % 2);
           LdMatrixX4(b, k_s + key * S::kLd + d);
-          Mma(s[2 * np], qf[ks], b[0], b[1]);
-          Mma(s[2 * np + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Mma(s[mt][2 * np], qa[mt], b[0], b[1]);
+            Mma(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+          }
         }
       }
-      // Scale, soft-cap, mask; online softmax over row 0 (c0, c1) and row 1 (c2, c3).
-      float mx[2] = {-INFINITY, -INFINITY};
+      // Scale, soft-cap, mask; online softmax over row 0 (c0, c1) and row 1 (c2, c3). A tile
+      // every row of the warp sees whole (prefill shape) takes the mask-free path: the same x per
+      // element, its rounding pinned (no contraction into the exponent's subtraction).
+      const bool whole =
+          kPrefill && kt + kKeys - 1 <= warp_first_pos &&
+          (a.sliding_window <= 0 || warp_last_pos - kt < a.sliding_window);
+      float mx[kMT][2];
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
+      for (int mt = 0; mt < kMT; ++mt) {
+        mx[mt][0] = mx[mt][1] = -INFINITY;
+        if (whole) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int32_t key = kt + n * 8 + 2 * t + (c & 1);
-          const int32_t p = pos[c / 2];
-          const bool visible =
-              p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
-          float x = s[n][c] * a.scale;
-          if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
-          s[n][c] = visible ? x : -INFINITY;
+          for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              float x = __fmul_rn(s[mt][n][c], a.scale);
+              if (a.softcap > 0.f) x = __fmul_rn(a.softcap, tanhf(__fdiv_rn(x, a.softcap)));
+              s[mt][n][c] = x;
+            }
+            mx[mt][0] = fmaxf(mx[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
+            mx[mt][1] = fmaxf(mx[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int32_t key = kt + n * 8 + 2 * t + (c & 1);
+              const int32_t p = pos[mt][c / 2];
+              const bool visible =
+                  p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
+              float x = s[mt][n][c] * a.scale;
+              if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+              s[mt][n][c] = visible ? x : -INFINITY;
+            }
+            mx[mt][0] = fmaxf(mx[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
+            mx[mt][1] = fmaxf(mx[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
+          }
         }
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
       }
-      float corr[2];
+      float corr[kMT][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float new_m = fmaxf(m[h], mx[h]);
-        corr[h] = Rescale(m[h], new_m);
-        m[h] = new_m;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 1));
+          mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 2));
+          const float new_m = fmaxf(m[mt][h], mx[mt][h]);
+          corr[mt][h] = Rescale(m[mt][h], new_m);
+          m[mt][h] = new_m;
+        }
       }
       // P as A fragments of the P.V product: keys 16kk..16kk+15 are n-tiles 2kk and 2kk+1.
-      uint32_t pf[kKeys / 16][4];
-      float sum0 = 0.f, sum1 = 0.f;
+      uint32_t pf[kMT][kKeys / 16][4];
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        float p[4];
+      for (int mt = 0; mt < kMT; ++mt) {
+        float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) p[c] = s[n][c] == -INFINITY ? 0.f : __expf(s[n][c] - m[c / 2]);
-        const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
-        const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
-        const __nv_bfloat162 hi_b = *reinterpret_cast<const __nv_bfloat162*>(&hi_pair);
-        sum0 += __low2float(lo_b) + __high2float(lo_b);
-        sum1 += __low2float(hi_b) + __high2float(hi_b);
-        pf[n / 2][(n % 2) * 2] = lo_pair;
-        pf[n / 2][(n % 2) * 2 + 1] = hi_pair;
+        for (int n = 0; n < kKeys / 8; ++n) {
+          float p[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            p[c] = s[mt][n][c] == -INFINITY ? 0.f : __expf(s[mt][n][c] - m[mt][c / 2]);
+          }
+          const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
+          const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
+          const __nv_bfloat162 hi_b = *reinterpret_cast<const __nv_bfloat162*>(&hi_pair);
+          sum0 += __low2float(lo_b) + __high2float(lo_b);
+          sum1 += __low2float(hi_b) + __high2float(hi_b);
+          pf[mt][n / 2][(n % 2) * 2] = lo_pair;
+          pf[mt][n / 2][(n % 2) * 2 + 1] = hi_pair;
+        }
+        l[mt][0] = __fadd_rn(__fmul_rn(l[mt][0], corr[mt][0]), sum0);
+        l[mt][1] = __fadd_rn(__fmul_rn(l[mt][1], corr[mt][1]), sum1);
+#pragma unroll
+        for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
+          o[mt][n][0] *= corr[mt][0];
+          o[mt][n][1] *= corr[mt][0];
+          o[mt][n][2] *= corr[mt][1];
+          o[mt][n][3] *= corr[mt][1];
+        }
       }
-      l[0] = __fadd_rn(__fmul_rn(l[0], corr[0]), sum0);
-      l[1] = __fadd_rn(__fmul_rn(l[1], corr[1]), sum1);
-#pragma unroll
-      for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
-        o[n][0] *= corr[0];
-        o[n][1] *= corr[0];
-        o[n][2] *= corr[1];
-        o[n][3] *= corr[1];
-      }
-      // O += P V over this warp's 16-column blocks: V tile [key][d] read transposed.
+      // O += P V over this warp's 16-column blocks: V tile [key][d] read transposed, each V
+      // fragment serving the kMT m-tiles.
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
 #pragma unroll
@@ -344,71 +467,85 @@ __global__ void __launch_bounds__(kWarps * 32)
           const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
           const int d = dp * 16 + 8 * (lane / 16);
           LdMatrixX4Trans(b, v_s + key * S::kLd + d);
-          Mma(o[2 * i], pf[kk], b[0], b[1]);
-          Mma(o[2 * i + 1], pf[kk], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
+            Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+          }
         }
       }
+    }
+
+    // slot_s[next ^ 1] (this tile's slots) was last read before this tile's __syncthreads.
+    if (slot_thread >= 0) {
+      slot_s[next ^ 1][slot_thread] =
+          valid2 ? static_cast<int64_t>(block2) * bs + key2 % bs : int64_t{-1};
     }
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
     if (warp_active && ((tile + 1) % kSplitTiles == 0 || tile == tile_end)) {
       const int32_t s_idx = tile / kSplitTiles;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float lh = l[h];
-        lh += __shfl_xor_sync(0xffffffffu, lh, 1);
-        lh += __shfl_xor_sync(0xffffffffu, lh, 2);
-        if (pos[h] < 0 || m[h] == -INFINITY) continue;  // no key of this split: a no-op
-        const int64_t row_id = static_cast<int64_t>(token[h]) * a.num_heads + head[h];
-        float* orow = out + row_id * D;
-        const int32_t first = FirstSplit(pos[h], a.sliding_window);
-        const int32_t last = pos[h] / kInvariantSplitKeys;
-        if (first == last) {
-          const float inv = __frcp_rn(lh);
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-            if (dp_begin + i >= dp_end) break;
+        for (int h = 0; h < 2; ++h) {
+          float lh = l[mt][h];
+          lh += __shfl_xor_sync(0xffffffffu, lh, 1);
+          lh += __shfl_xor_sync(0xffffffffu, lh, 2);
+          if (pos[mt][h] < 0 || m[mt][h] == -INFINITY) continue;  // no key of this split: no-op
+          const int64_t row_id = static_cast<int64_t>(row_token(mt, h)) * a.num_heads + row_head(mt, h);
+          float* orow = out + row_id * D;
+          const int32_t first = FirstSplit(pos[mt][h], a.sliding_window);
+          const int32_t last = pos[mt][h] / kInvariantSplitKeys;
+          if (first == last) {
+            const float inv = __frcp_rn(lh);
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-              *reinterpret_cast<float2*>(orow + col) =
-                  make_float2(__fmul_rn(o[n][2 * h], inv), __fmul_rn(o[n][2 * h + 1], inv));
+            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+              if (dp_begin + i >= dp_end) break;
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+                *reinterpret_cast<float2*>(orow + col) = make_float2(
+                    __fmul_rn(o[mt][n][2 * h], inv), __fmul_rn(o[mt][n][2 * h + 1], inv));
+              }
             }
-          }
-        } else if (num_splits > 0) {
-          float* rec = partials + (row_id * num_splits + s_idx) * (D + 2);
-          if (t == 0 && dim_part == 0) {
-            rec[0] = m[h];
-            rec[1] = lh;
-          }
-#pragma unroll
-          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-            if (dp_begin + i >= dp_end) break;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-              rec[2 + col] = o[n][2 * h];
-              rec[3 + col] = o[n][2 * h + 1];
+          } else if (num_splits > 0) {
+            float* rec = partials + (row_id * num_splits + s_idx) * (D + 2);
+            if (t == 0 && dim_part == 0) {
+              rec[0] = m[mt][h];
+              rec[1] = lh;
             }
-          }
-        } else {
-          const bool had = run_m[h] != -INFINITY;
-          float wa, wb;
-          FoldScalars(run_m[h], run_l[h], m[h], lh, wa, wb);
-          const bool final_split = s_idx == last;
-          const float inv = final_split ? __frcp_rn(run_l[h]) : 1.f;
 #pragma unroll
-          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-            if (dp_begin + i >= dp_end) break;
+            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+              if (dp_begin + i >= dp_end) break;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-              const float2 prev =
-                  had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
-              float2 v = make_float2(FoldValue(prev.x, o[n][2 * h], wa, wb),
-                                     FoldValue(prev.y, o[n][2 * h + 1], wa, wb));
-              if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
-              *reinterpret_cast<float2*>(orow + col) = v;
+              for (int half = 0; half < 2; ++half) {
+                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+                rec[2 + col] = o[mt][n][2 * h];
+                rec[3 + col] = o[mt][n][2 * h + 1];
+              }
+            }
+          } else {
+            float& rm = run_m[mt][h][threadIdx.x];
+            float& rl = run_l[mt][h][threadIdx.x];
+            const bool had = rm != -INFINITY;
+            float wa, wb;
+            FoldScalars(rm, rl, m[mt][h], lh, wa, wb);
+            const bool final_split = s_idx == last;
+            const float inv = final_split ? __frcp_rn(rl) : 1.f;
+#pragma unroll
+            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+              if (dp_begin + i >= dp_end) break;
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+                const float2 prev =
+                    had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
+                float2 v = make_float2(FoldValue(prev.x, o[mt][n][2 * h], wa, wb),
+                                       FoldValue(prev.y, o[mt][n][2 * h + 1], wa, wb));
+                if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
+                *reinterpret_cast<float2*>(orow + col) = v;
+              }
             }
           }
         }
@@ -443,29 +580,29 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
   }
 }
 
-template <int D, bool kBf16Kv>
+template <int D, bool kBf16Kv, int kMT, bool kPrefill>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
-                  const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
+                  const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, cudaStream_t stream) {
-  using S = Shape<D>;
-  constexpr size_t kSmemBytes = S::SmemBytes(kBf16Kv);
+  using S = Shape<D, kMT>;
+  constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
-      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D, kBf16Kv>,
+      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmemBytes)));
     });
   }
-  const int32_t group = args.num_heads / args.num_kv_heads;
-  const int64_t max_rows = static_cast<int64_t>(max_query_len) * group;
   const int64_t row_tiles = (max_rows + S::kRowsPerBlock - 1) / S::kRowsPerBlock;
-  const dim3 grid(static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1)),
-                  args.num_kv_heads, plan.num_seqs);
-  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv>, grid, dim3(kWarps * 32), kSmemBytes, stream, args,
-            q, kv, plan, num_splits, partials, out);
+  const dim3 grid(
+      static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1) * args.num_kv_heads), 1,
+      plan.num_seqs);
+  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill>, grid, dim3(kWarps * 32), kSmemBytes,
+            stream, args, q, kv, plan, num_splits, partials, out);
 }
 
+// The two-m-tile (prefill) shape when a sequence has more rows than one decode-shape block.
 template <int D>
 void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
               const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
@@ -473,10 +610,19 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
   if constexpr (D <= kMaxHeadDim) {
     if (args.head_dim != D) {
       Dispatch<D + 16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
-    } else if (kv.bf16) {
-      LaunchForDim<D, true>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+      return;
+    }
+    const int64_t max_rows =
+        static_cast<int64_t>(max_query_len) * (args.num_heads / args.num_kv_heads);
+    if (!kv.bf16) {
+      LaunchForDim<D, false, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
+                                       stream);
+    } else if (max_rows <= Shape<D, 1>::kRowsPerBlock) {
+      LaunchForDim<D, true, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
+                                      stream);
     } else {
-      LaunchForDim<D, false>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+      LaunchForDim<D, true, kPrefillMTiles<D>, true>(args, q, kv, plan, max_rows, num_splits,
+                                                      partials, out, stream);
     }
   }
 }
@@ -487,7 +633,7 @@ bool AttentionInvariantSupported(int32_t head_dim) {
   return head_dim >= 16 && head_dim <= kMaxHeadDim && head_dim % 16 == 0;
 }
 
-int32_t AttentionInvariantRowsPerBlock(int32_t head_dim) {
+int32_t AttentionInvariantRowsPerBlock(int32_t head_dim) {  // the decode shape's
   return head_dim > 128 ? 16 * kWarps / 2 : 16 * kWarps;
 }
 

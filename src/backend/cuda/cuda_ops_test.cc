@@ -947,6 +947,39 @@ TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
   }
 }
 
+// A prefill takes the kernel's two-m-tile block shape (Q in shared memory, mask-free whole tiles),
+// a step of single rows the one-m-tile decode shape: every row lands in a different warp, m-tile
+// and block position in the two, yet each row is bitwise the same. 128 decode rows of the target
+// sequence (one step; the entries share its block table) against the one-chunk prefill: the first
+// 48 rows (one tile), rows across the split and tile bounds, the last 64.
+TEST_P(AttentionInvariantTest, PrefillRowsEqualDecodeRows) {
+  const InvCase c = GetParam();
+  auto b = Make(false);
+  ASSERT_TRUE(b->AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
+                                c.head_dim)
+                  .ok());
+  const int32_t P = kTargetPos;
+  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
+  std::vector<int32_t> positions;
+  for (int32_t pos = 0; pos < 48; ++pos) positions.push_back(pos);
+  for (int32_t pos : {63, 64, 65, 127, 128, 200, 511, 512, 513, 575, 576, 700, 1023, 1024, 1025,
+                      1030}) {
+    positions.push_back(pos);
+  }
+  for (int32_t pos = P - 63; pos <= P; ++pos) positions.push_back(pos);
+  ASSERT_EQ(positions.size(), 128u);
+  std::vector<std::array<int32_t, 3>> batch;
+  for (int32_t pos : positions) batch.push_back({0, pos, 1});
+  const std::vector<float> decode = Run(*b, batch);
+  size_t mismatched_rows = 0;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const bool same = Row(decode, static_cast<int32_t>(i)) == Row(whole, positions[i]);
+    mismatched_rows += !same;
+    EXPECT_TRUE(same) << "pos " << positions[i];
+  }
+  EXPECT_EQ(mismatched_rows, 0u);
+}
+
 // The bf16 pool (WriteKv rounds RN once) gives bitwise the attention of an f32 pool (the kernel
 // rounds RN as it stages the tiles): prefill chunks, decode alone (split mode), decode in a batch.
 TEST_P(AttentionInvariantTest, Bf16PoolMatchesF32Pool) {
