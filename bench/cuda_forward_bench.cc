@@ -168,7 +168,10 @@ int Run(int argc, char** argv) {
       b.Attention(ap, q, attn);
       b.MatMul(attn, L.wo, nullptr, o);
       b.AddRmsNorm(x, o, L.ln2, 1e-5f, RmsNormKind::kPlain, h);
-      b.GatedMlp(h, L.w_gate, L.w_up, L.w_down, /*gelu=*/false, gate, upv, down);
+      b.MatMul(h, L.w_gate, nullptr, gate);
+      b.MatMul(h, L.w_up, nullptr, upv);
+      b.SiluMul(gate, upv, gate);
+      b.MatMul(gate, L.w_down, nullptr, down);
       const Tensor& next = l + 1 < layers.size() ? layers[l + 1].ln1 : final_norm;
       b.AddRmsNorm(x, down, next, 1e-5f, RmsNormKind::kPlain, h);
     }

@@ -24,18 +24,6 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
-void Backend::GatedMlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-                       const Tensor& w_down, bool gelu, Tensor gate, Tensor up, Tensor out) {
-  MatMul(x, w_gate, nullptr, gate);
-  MatMul(x, w_up, nullptr, up);
-  if (gelu) {
-    GeluTanhMul(gate, up, gate);
-  } else {
-    SiluMul(gate, up, gate);
-  }
-  MatMul(gate, w_down, nullptr, out);
-}
-
 int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int32_t i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];

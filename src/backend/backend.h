@@ -141,13 +141,6 @@ class Backend {
   // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
-  // The gated MLP: out = (act(x W_gate^T) * (x W_up^T)) W_down^T, act = gelu_tanh when `gelu`,
-  // else silu. x [rows, d], w_gate / w_up [inter, d], w_down [d_out, inter], out [rows, d_out];
-  // gate / up [rows, inter] float32 are working space whose contents are unspecified afterwards.
-  // The default is MatMul, MatMul, SiluMul / GeluTanhMul, MatMul through gate and up; a backend
-  // may fuse it (CUDA: 16-bit intermediates for prefill-sized steps in the bf16 mode).
-  virtual void GatedMlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-                        const Tensor& w_down, bool gelu, Tensor gate, Tensor up, Tensor out);
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

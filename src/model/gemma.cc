@@ -36,7 +36,10 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.RmsNorm(delta, w.post_attn_norm, eps, kNorm, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, *w.pre_ffn_norm, eps, kNorm, xn);
-    be.GatedMlp(xn, w.w_gate, w.w_up, w.w_down, /*gelu=*/true, gate, up, delta);
+    be.MatMul(xn, w.w_gate, nullptr, gate);
+    be.MatMul(xn, w.w_up, nullptr, up);
+    be.GeluTanhMul(gate, up, gate);
+    be.MatMul(gate, w.w_down, nullptr, delta);
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }
   be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, xn);

@@ -31,7 +31,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.MatMul(att, w.wo, nullptr, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    be.GatedMlp(xn, w.w_gate, w.w_up, w.w_down, /*gelu=*/false, gate, up, delta);
+    be.MatMul(xn, w.w_gate, nullptr, gate);
+    be.MatMul(xn, w.w_up, nullptr, up);
+    be.SiluMul(gate, up, gate);
+    be.MatMul(gate, w.w_down, nullptr, delta);
   }
   be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
   if (num_logits == 0) return Status::Ok();

@@ -137,8 +137,6 @@ class CudaBackend final : public Backend {
                           const cuda::KvLayerView& kv, float* op);
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override;
-  void GatedMlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
-                bool gelu, Tensor gate, Tensor up, Tensor out) override;
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
@@ -512,65 +510,6 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   g.record = recorder_.records();
 }
 
-namespace {
-
-// Row-major out[n, m] = x[n, k] W[m, k]^T (x and W of type wt, out of type ot, f32 accumulation)
-// == column-major out^T[m, n] = W^T x^T.
-void CublasGemm(cublasHandle_t handle, const void* w, cudaDataType_t wt, const void* x, void* out,
-                cudaDataType_t ot, int64_t n, int64_t m, int64_t k, cublasComputeType_t compute) {
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
-                            static_cast<int>(n), static_cast<int>(k), &alpha, w, wt,
-                            static_cast<int>(k), x, wt, static_cast<int>(k), &beta, out, ot,
-                            static_cast<int>(m), compute, CUBLAS_GEMM_DEFAULT));
-}
-
-}  // namespace
-
-void CudaBackend::GatedMlp(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-                           const Tensor& w_down, bool gelu, Tensor gate, Tensor up, Tensor out) {
-  const int64_t n = x.rows(), k = x.cols(), inter = w_gate.rows(), m = w_down.rows();
-  // Prefill-sized steps of the default bf16 mode: gate and up come out of cuBLAS as bf16 (into
-  // the f32 `gate` buffer, which holds both), the activation reads and writes bf16, and the down
-  // projection reads that directly: no f32 round trip of the [n, inter] intermediates and no
-  // conversion pass. Decode-sized steps keep the GEMV (f32 x); the batch-invariant and f32 modes
-  // keep one rounding sequence for every row count.
-  const bool fuse = !batch_invariant_ && !f32_compute_ && n > cuda::kGemvMaxRows &&
-                    w_gate.dtype == DType::kBF16 && w_up.dtype == DType::kBF16 &&
-                    w_down.dtype == DType::kBF16 && x.dtype == DType::kF32 && inter % 8 == 0;
-  if (!fuse) {
-    Backend::GatedMlp(x, w_gate, w_up, w_down, gelu, gate, up, out);
-    return;
-  }
-  CHECK_EQ(w_gate.cols(), k);
-  CHECK_EQ(w_up.rows(), inter);
-  CHECK_EQ(w_up.cols(), k);
-  CHECK_EQ(w_down.cols(), inter);
-  CHECK_EQ(gate.numel(), n * inter);
-  CHECK_EQ(up.numel(), n * inter);
-  CHECK_EQ(out.rows(), n);
-  CHECK_EQ(out.cols(), m);
-  void* xb = ArenaAlloc(static_cast<size_t>(n * k) * 2);
-  void* g = gate.data;                                       // bf16 [n, inter]
-  void* u = static_cast<uint16_t*>(gate.data) + n * inter;  // bf16 [n, inter]
-  const cublasHandle_t handle = cublas_.get();
-  // Tag 15: "GatedMlp(cublas)".
-  recorder_.Record({15, KeyOf(x.data), KeyOf(w_gate.data), KeyOf(w_up.data), KeyOf(w_down.data),
-                    U(gelu), U(n), U(k), U(inter), U(m), KeyOf(gate.data), KeyOf(out.data),
-                    KeyOf(xb)},
-                   [=](cudaStream_t st) {
-                     cuda::LaunchConvert(x.data, ElemType::kF32, xb, ElemType::kBF16, n * k, st);
-                     CublasGemm(handle, w_gate.data, CUDA_R_16BF, xb, g, CUDA_R_16BF, n, inter, k,
-                                CUBLAS_COMPUTE_32F);
-                     CublasGemm(handle, w_up.data, CUDA_R_16BF, xb, u, CUDA_R_16BF, n, inter, k,
-                                CUBLAS_COMPUTE_32F);
-                     cuda::LaunchGatedActivationBf16(g, u, g, n * inter, gelu, st);
-                     CublasGemm(handle, w_down.data, CUDA_R_16BF, g, out.data, CUDA_R_32F, n, m,
-                                inter, CUBLAS_COMPUTE_32F);
-                   });
-  last_matmul_ = LastMatMul{};
-}
-
 void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) {
   const int64_t n = x.rows(), k = x.cols(), m = weight.rows();
   CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight);
@@ -626,10 +565,16 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
       {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
        U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert)},
       [=](cudaStream_t st) {
+        const float alpha = 1.0f, beta = 0.0f;
         const void* b_operand = f32_weight ? x.data : converted;
         if (convert) cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
-        CublasGemm(handle, weight.data, wt, b_operand, out.data, CUDA_R_32F, n, m, k,
-                   f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F);
+        // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
+                                  static_cast<int>(n), static_cast<int>(k), &alpha, weight.data, wt,
+                                  static_cast<int>(k), b_operand, wt, static_cast<int>(k), &beta,
+                                  out.data, CUDA_R_32F, static_cast<int>(m),
+                                  f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
         if (bias_data != nullptr)
           cuda::LaunchAddBias(static_cast<float*>(out.data),
                               static_cast<const float*>(bias_data), n, m, st);
@@ -980,8 +925,7 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
   static const char* const kNames[] = {"?",           "Embedding",  "RmsNorm",     "AddRmsNorm",
                                        "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
                                        "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
-                                       "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)",
-                                       "GatedMlp(cublas)"};
+                                       "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

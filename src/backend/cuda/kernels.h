@@ -85,10 +85,6 @@ void LaunchRope(float* q, float* k, int32_t num_heads, int32_t num_kv_heads, int
 // out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat
 void LaunchGatedActivation(const float* gate, const float* up, float* out, int64_t n, bool gelu,
                            cudaStream_t stream);
-// The same over bf16 operands (the fused prefill MLP): f32 math, out rounded to nearest even.
-// out may alias gate.   all [n] flat, bf16
-void LaunchGatedActivationBf16(const void* gate, const void* up, void* out, int64_t n, bool gelu,
-                               cudaStream_t stream);
 
 // ---- elementwise.cu ----
 // Occupies the stream for about `ns` nanoseconds (lets the host queue a profiled step ahead).

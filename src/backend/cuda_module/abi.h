@@ -9,7 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 namespace ember {
-inline constexpr int kEmberCudaModuleAbi = 5;
+inline constexpr int kEmberCudaModuleAbi = 4;
 }  // namespace ember
 
 extern "C" {
