@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -71,6 +72,13 @@ struct Shape {
 // mask-free path and 3 blocks per SM 2% faster than the decode shape).
 template <int D>
 constexpr int kPrefillMTiles = D >= 128 ? 2 : 1;
+
+// Blocks per SM the register budget keeps (__launch_bounds__): the one-m-tile shapes keep the
+// occupancy the kernel had before the prefill shape existed (4 at D 16, 3 up to D 96: 128 and
+// 168 registers then), the two-m-tile shape 2 (255 registers).
+constexpr int MinBlocksPerSm(int d, int m_tiles) {
+  return m_tiles > 1 ? 2 : d <= 16 ? 4 : d <= 96 ? 3 : 1;
+}
 
 // The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
 // 0 for an empty state).
@@ -114,7 +122,7 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // D + 2]. blockIdx.x = (row tile * max(num_splits, 1) + split) * kv heads + kv head.
 // kBf16Kv: kv is a bf16 pool (kv.bf16). kMT: m-tiles per warp (Shape).
 template <int D, bool kBf16Kv, int kMT, bool kPrefill>
-__global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 64 ? 3 : 1))
+__global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
                              float* __restrict__ out) {
@@ -296,10 +304,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 6
 
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
-    // The block-table entry of tile + 2's key: loaded now, turned into a slot and stored after
-    // this tile's compute, so its latency hides behind the mma work.
+    // Prefill shape: the block-table entry of tile + 2's key is loaded now, turned into a slot
+    // and stored after this tile's compute, so its latency hides behind the mma work. (The
+    // decode shape looks it up after the copy is issued, as before: fewer live registers.)
     const int32_t key2 = (tile + 2) * kKeys + slot_thread;
-    const bool valid2 = slot_thread >= 0 && tile + 2 <= tile_end && key2 >= lo && key2 < hi;
+    const bool valid2 =
+        kPrefill && slot_thread >= 0 && tile + 2 <= tile_end && key2 >= lo && key2 < hi;
     const int32_t block2 = valid2 ? block_table[key2 / bs] : 0;
     if (tile == tile_begin || tile % kSplitTiles == 0) {
 #pragma unroll
@@ -335,6 +345,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 6
       __syncthreads();  // bf16 tile ready, staging free
     }
     if (tile + 1 <= tile_end) issue_copy(slot_s[next], next);
+    if (!kPrefill && slot_thread >= 0) slot_s[next ^ 1][slot_thread] = lookup_slot(tile + 2);
     // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
     const bool compute =
         warp_active && kt <= warp_last_pos &&
@@ -379,39 +390,52 @@ __global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 6
       const bool whole =
           kPrefill && kt + kKeys - 1 <= warp_first_pos &&
           (a.sliding_window <= 0 || warp_last_pos - kt < a.sliding_window);
+      // The soft-cap and mask tests are warp-uniform: hoisted out of the element loops, each of
+      // the four variants is straight-line code (one basic block the scheduler can interleave).
       float mx[kMT][2];
+      auto scores = [&](auto whole_tag, auto capped_tag) {
+        constexpr bool kWhole = decltype(whole_tag)::value;
+        constexpr bool kCapped = decltype(capped_tag)::value;
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        mx[mt][0] = mx[mt][1] = -INFINITY;
-        if (whole) {
-#pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              float x = __fmul_rn(s[mt][n][c], a.scale);
-              if (a.softcap > 0.f) x = __fmul_rn(a.softcap, tanhf(__fdiv_rn(x, a.softcap)));
-              s[mt][n][c] = x;
-            }
-            mx[mt][0] = fmaxf(mx[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
-            mx[mt][1] = fmaxf(mx[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
-          }
-        } else {
+        for (int mt = 0; mt < kMT; ++mt) {
+          mx[mt][0] = mx[mt][1] = -INFINITY;
 #pragma unroll
           for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              const int32_t key = kt + n * 8 + 2 * t + (c & 1);
-              const int32_t p = pos[mt][c / 2];
-              const bool visible =
-                  p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
-              float x = s[mt][n][c] * a.scale;
-              if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
-              s[mt][n][c] = visible ? x : -INFINITY;
+              if constexpr (kWhole) {
+                float x = __fmul_rn(s[mt][n][c], a.scale);
+                if constexpr (kCapped) {
+                  x = __fmul_rn(a.softcap, tanhf(__fdiv_rn(x, a.softcap)));
+                }
+                s[mt][n][c] = x;
+              } else {
+                const int32_t key = kt + n * 8 + 2 * t + (c & 1);
+                const int32_t p = pos[mt][c / 2];
+                const bool visible =
+                    p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
+                float x = s[mt][n][c] * a.scale;
+                if constexpr (kCapped) x = a.softcap * tanhf(x / a.softcap);
+                s[mt][n][c] = visible ? x : -INFINITY;
+              }
             }
             mx[mt][0] = fmaxf(mx[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
             mx[mt][1] = fmaxf(mx[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
           }
         }
+      };
+      using Yes = std::true_type;
+      using No = std::false_type;
+      if (whole) {
+        if (a.softcap > 0.f) {
+          scores(Yes{}, Yes{});
+        } else {
+          scores(Yes{}, No{});
+        }
+      } else if (a.softcap > 0.f) {
+        scores(No{}, Yes{});
+      } else {
+        scores(No{}, No{});
       }
       float corr[kMT][2];
 #pragma unroll
@@ -477,7 +501,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMT > 1 ? 2 : (kPrefill && D <= 6
     }
 
     // slot_s[next ^ 1] (this tile's slots) was last read before this tile's __syncthreads.
-    if (slot_thread >= 0) {
+    if (kPrefill && slot_thread >= 0) {
       slot_s[next ^ 1][slot_thread] =
           valid2 ? static_cast<int64_t>(block2) * bs + key2 % bs : int64_t{-1};
     }
