@@ -17,9 +17,10 @@
 //     block per split, more parallelism at small batch) does not change a bit of the result.
 // Two block shapes, the same per-row arithmetic (an mma computes each element from its own row):
 // steps of few rows (decode) use warps of one 16-row m-tile, Q held in registers; steps with more
-// rows than such a block (prefill, bf16 pool) use warps of two m-tiles (32 rows, 128 rows per
-// block at D <= 128), Q staged once as bf16 in shared memory and each K/V fragment fed to both
-// m-tiles' mma (half the shared-memory traffic per flop), and a mask-free path for tiles every row
+// rows than such a block (prefill, bf16 pool) take the prefill shape: from D 128 warps of two
+// m-tiles (32 rows; 128 rows per block at D 128, 64 above), Q staged once as bf16 in shared
+// memory and each K/V fragment fed to both m-tiles' mma (half the shared-memory traffic per
+// flop); below D 128 one m-tile (kPrefillMTiles); both with a mask-free path for tiles every row
 // of the warp sees whole. Blocks are ordered KV head fastest, longest row tiles first.
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
