@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   const int32_t* block_table = plan.block_tables + seq.w;
   const int32_t bs = plan.block_size;
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
-  PdlTriggerThenWait();
+  PdlWait();
+  PdlTrigger();
 
   // kMT == 1: Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
   // kMT > 1: Q rounded to bf16 the same way into q_s (zero rows past `rows`), read by ldmatrix.
@@ -584,7 +585,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, int32_t num_splits,
                                                 const float* __restrict__ partials,
                                                 float* __restrict__ out) {
-  PdlTriggerThenWait();
+  PdlWait();
+  PdlTrigger();
   const int32_t head = blockIdx.x, token = blockIdx.y;
   const int32_t pos = plan.positions[token];
   const int32_t first = FirstSplit(pos, a.sliding_window);

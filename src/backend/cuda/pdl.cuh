@@ -18,19 +18,9 @@
 
 namespace ember::cuda {
 
-__device__ __forceinline__ void PdlWait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void PdlTrigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-// The small kernels' prologue: let the next kernel launch at once, then wait for the previous
-// one. The chain of launches runs ahead of the data (each kernel still waits, and completes only
-// after its predecessor), so a GEMV a few kernels further on is already resident and streaming its
-// weights into L2 while the latency-bound kernels before it run.
-__device__ __forceinline__ void PdlTriggerThenWait() {
-  PdlTrigger();
-  PdlWait();
 }
 
 inline bool PdlEnabled() {
