@@ -509,6 +509,18 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     }
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
+    // ForEachPair visits this warp's O column pairs of row half h of m-tile mt: fn(col, o0, o1).
+    auto ForEachPair = [&](int mt, int h, auto&& fn) {
+#pragma unroll
+      for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+        if (dp_begin + i >= dp_end) break;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+          fn(col, o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+        }
+      }
+    };
     if (warp_active && ((tile + 1) % kSplitTiles == 0 || tile == tile_end)) {
       const int32_t s_idx = tile / kSplitTiles;
 #pragma unroll
@@ -525,32 +537,20 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           const int32_t last = pos[mt][h] / kInvariantSplitKeys;
           if (first == last) {
             const float inv = __frcp_rn(lh);
-#pragma unroll
-            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-              if (dp_begin + i >= dp_end) break;
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-                *reinterpret_cast<float2*>(orow + col) = make_float2(
-                    __fmul_rn(o[mt][n][2 * h], inv), __fmul_rn(o[mt][n][2 * h + 1], inv));
-              }
-            }
+            ForEachPair(mt, h, [&](int col, float o0, float o1) {
+              *reinterpret_cast<float2*>(orow + col) =
+                  make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv));
+            });
           } else if (num_splits > 0) {
             float* rec = partials + (row_id * num_splits + s_idx) * (D + 2);
             if (t == 0 && dim_part == 0) {
               rec[0] = m[mt][h];
               rec[1] = lh;
             }
-#pragma unroll
-            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-              if (dp_begin + i >= dp_end) break;
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-                rec[2 + col] = o[mt][n][2 * h];
-                rec[3 + col] = o[mt][n][2 * h + 1];
-              }
-            }
+            ForEachPair(mt, h, [&](int col, float o0, float o1) {
+              rec[2 + col] = o0;
+              rec[3 + col] = o1;
+            });
           } else {
             float& rm = run_m[mt][h][threadIdx.x];
             float& rl = run_l[mt][h][threadIdx.x];
@@ -559,20 +559,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             FoldScalars(rm, rl, m[mt][h], lh, wa, wb);
             const bool final_split = s_idx == last;
             const float inv = final_split ? __frcp_rn(rl) : 1.f;
-#pragma unroll
-            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-              if (dp_begin + i >= dp_end) break;
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-                const float2 prev =
-                    had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
-                float2 v = make_float2(FoldValue(prev.x, o[mt][n][2 * h], wa, wb),
-                                       FoldValue(prev.y, o[mt][n][2 * h + 1], wa, wb));
-                if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
-                *reinterpret_cast<float2*>(orow + col) = v;
-              }
-            }
+            ForEachPair(mt, h, [&](int col, float o0, float o1) {
+              const float2 prev =
+                  had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
+              float2 v = make_float2(FoldValue(prev.x, o0, wa, wb), FoldValue(prev.y, o1, wa, wb));
+              if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
+              *reinterpret_cast<float2*>(orow + col) = v;
+            });
           }
         }
       }

@@ -851,6 +851,13 @@ class AttentionInvariantTest : public CudaOpsTest,
     return ids;
   }
 
+  // The pool every case uses: the target's blocks and kOthers other sequences' blocks.
+  static Status AllocatePool(Backend& b) {
+    const InvCase c = GetParam();
+    return b.AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
+                            c.head_dim);
+  }
+
   // One step of (seq, first_pos, n) entries; returns out [num_tokens, heads * D].
   std::vector<float> Run(Backend& b, const std::vector<std::array<int32_t, 3>>& entries) {
     const InvCase c = GetParam();
@@ -908,11 +915,8 @@ class AttentionInvariantTest : public CudaOpsTest,
 };
 
 TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
-  const InvCase c = GetParam();
   auto b = Make(false);
-  ASSERT_TRUE(b->AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
-                                c.head_dim)
-                  .ok());
+  ASSERT_TRUE(AllocatePool(*b).ok());
   const int32_t P = kTargetPos;
   // (d) The target's prompt [0, P] as one chunk, then split at other boundaries (the later
   // chunks attend to the cached earlier part): every row bitwise equal.
@@ -953,11 +957,8 @@ TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
 // sequence (one step; the entries share its block table) against the one-chunk prefill: the first
 // 48 rows (one tile), rows across the split and tile bounds, the last 64.
 TEST_P(AttentionInvariantTest, PrefillRowsEqualDecodeRows) {
-  const InvCase c = GetParam();
   auto b = Make(false);
-  ASSERT_TRUE(b->AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
-                                c.head_dim)
-                  .ok());
+  ASSERT_TRUE(AllocatePool(*b).ok());
   const int32_t P = kTargetPos;
   const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
   std::vector<int32_t> positions;
@@ -992,9 +993,7 @@ TEST_P(AttentionInvariantTest, Bf16PoolMatchesF32Pool) {
     ASSERT_TRUE(created.ok()) << created.status().message();
     Backend& b = **created;
     EXPECT_EQ(b.KvElementBytes(c.head_dim), f32_pool == 1 ? 4 : 2);
-    ASSERT_TRUE(b.AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
-                                 c.head_dim)
-                    .ok());
+    ASSERT_TRUE(AllocatePool(b).ok());
     outs[f32_pool].push_back(Run(b, {{0, 0, 700}}));
     outs[f32_pool].push_back(Run(b, {{0, 700, kTargetPos + 1 - 700}, {1, 0, 40}}));
     outs[f32_pool].push_back(Run(b, {{0, kTargetPos, 1}}));
