@@ -525,9 +525,14 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   }
   const cuda::GemvPart part{weight.data, static_cast<const float*>(bias_data),
                             static_cast<float*>(out.data), m};
-  if (batch_invariant_ && weight.dtype == DType::kBF16) {
-    // Batch-invariant tensor-core GEMM for every n (gemm_invariant.cu): a row's bits never depend
-    // on the other rows of the step. Large n share one bf16 copy of x across the parts.
+  // Batch-invariant mode: the fixed-order tensor-core GEMM for every n (gemm_invariant.cu), so a
+  // row's bits never depend on the other rows of the step. Default mode: the same kernel for 2..8
+  // rows too, where it beats the f32-x GEMV by up to 3x (the GEMV re-reads every x row per weight
+  // load; H200, decode ms/step at 4 / 8 rows: 1B 2.26 / 3.73 GEMV vs 1.65 / 1.83, 8B 11.0 / 19.4
+  // vs 5.9 / 6.5; docs/perf.md, session 4). Large n share one bf16 copy of x across the parts.
+  const bool invariant_gemm =
+      weight.dtype == DType::kBF16 && (batch_invariant_ || (n >= 2 && n <= cuda::kGemvMaxRows));
+  if (invariant_gemm) {
     RecordPartsLaunch(MatMulGroup::kInvariant, x, n, k, part,
                       cuda::GemmInvariantScratchBytes(n, k),
                       [](const float* xp, void* scratch, const cuda::GemvPart* parts,
@@ -536,8 +541,9 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
                       });
     return;
   }
-  if (weight.dtype == DType::kBF16 && cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
-    // Decode-sized: a bandwidth-bound GEMV (f32 activations, bias fused).
+  if (weight.dtype == DType::kBF16 && n == 1 &&
+      cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
+    // One row (batch-1 decode): a bandwidth-bound GEMV (f32 activations, bias fused).
     RecordPartsLaunch(MatMulGroup::kGemv, x, n, k, part, 0,
                       [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts,
                          int64_t rows, int64_t cols, cudaStream_t st) {

@@ -213,8 +213,13 @@ TEST_F(CudaOpsTest, MatMulF32AndBf16) {
   }
 }
 
-// Decode-sized MatMul (n <= 8, k % 8 == 0) with batch invariance off: the bf16 GEMV path keeps
-// x in f32.
+// The x operand a default-mode bf16 MatMul of n rows multiplies: f32 for one row (the GEMV), bf16
+// for more (the tensor-core GEMM).
+double XOperand(float x, int64_t n) { return n == 1 ? x : RoundBf16(x); }
+
+// Decode-sized MatMul (n <= 8, k % 8 == 0) with batch invariance off: one row takes the bf16 GEMV,
+// which keeps x in f32; 2..8 rows take the tensor-core GEMM (gemm_invariant.cu), which rounds x to
+// bf16 (RN) and accumulates exact bf16 products in f32. The reference rounds the same operands.
 TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   const int64_t k = 512, m = 300;
   const std::vector<float> w = Random(static_cast<size_t>(m * k), 30, 0.05f);
@@ -233,7 +238,7 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
       for (int64_t j = 0; j < m; ++j) {
         double acc = bias[static_cast<size_t>(j)];
         for (int64_t c = 0; c < k; ++c)
-          acc += static_cast<double>(x[static_cast<size_t>(i * k + c)]) *
+          acc += XOperand(x[static_cast<size_t>(i * k + c)], n) *
                  RoundBf16(w[static_cast<size_t>(j * k + c)]);
         ref[static_cast<size_t>(i * m + j)] = acc;
       }
@@ -241,8 +246,8 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
   }
 }
 
-// Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight GEMV launch (batch
-// invariance off); k = 2048.
+// Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight launch (batch invariance
+// off; the GEMV for one row, the tensor-core GEMM for more, as above); k = 2048.
 TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   const int64_t k = 2048;
   const int64_t ms[3] = {300, 100, 36};
@@ -272,7 +277,7 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
         for (int64_t j = 0; j < m; ++j) {
           double acc = i == 1 ? 0.0 : bias[static_cast<size_t>(i)][static_cast<size_t>(j)];
           for (int64_t c = 0; c < k; ++c)
-            acc += static_cast<double>(x[static_cast<size_t>(r * k + c)]) *
+            acc += XOperand(x[static_cast<size_t>(r * k + c)], n) *
                    RoundBf16(w[static_cast<size_t>(i)][static_cast<size_t>(j * k + c)]);
           ref[static_cast<size_t>(r * m + j)] = acc;
         }

@@ -1,4 +1,5 @@
-// Skinny MatMul for decode (n <= 8 rows): out_p[n, m_p] = x[n, k] W_p[m_p, k]^T (+ bias_p) for up
+// Skinny MatMul for decode (n <= 8 rows; the backend uses it for n == 1, where it is fastest, and
+// gemm_invariant.cu for 2..8 rows): out_p[n, m_p] = x[n, k] W_p[m_p, k]^T (+ bias_p) for up
 // to kGemvMaxParts weights sharing one x (q/k/v, gate/up) in ONE launch. bf16 W read once with
 // 16-byte loads (double-buffered, 4 per lane per batch; the first batch is issued before
 // waiting on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation, one warp per
