@@ -530,8 +530,8 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   // rows too, where it beats the f32-x GEMV by up to 3x (the GEMV re-reads every x row per weight
   // load; H200, decode ms/step at 4 / 8 rows: 1B 2.26 / 3.73 GEMV vs 1.65 / 1.83, 8B 11.0 / 19.4
   // vs 5.9 / 6.5; docs/perf.md, session 4). Large n share one bf16 copy of x across the parts.
-  const bool invariant_gemm =
-      weight.dtype == DType::kBF16 && (batch_invariant_ || (n >= 2 && n <= cuda::kGemvMaxRows));
+  const bool invariant_gemm = weight.dtype == DType::kBF16 &&
+                              (batch_invariant_ || (n >= 2 && n <= cuda::kDecodeGemmMaxRows));
   if (invariant_gemm) {
     RecordPartsLaunch(MatMulGroup::kInvariant, x, n, k, part,
                       cuda::GemmInvariantScratchBytes(n, k),
@@ -541,13 +541,12 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
                       });
     return;
   }
-  if (weight.dtype == DType::kBF16 && n == 1 &&
-      cuda::GemvBf16Supported(x.data, weight.data, n, k)) {
+  if (weight.dtype == DType::kBF16 && n == 1 && cuda::GemvBf16Supported(x.data, weight.data, k)) {
     // One row (batch-1 decode): a bandwidth-bound GEMV (f32 activations, bias fused).
     RecordPartsLaunch(MatMulGroup::kGemv, x, n, k, part, 0,
                       [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts,
-                         int64_t rows, int64_t cols, cudaStream_t st) {
-                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, rows, cols, st);
+                         int64_t /*rows*/, int64_t cols, cudaStream_t st) {
+                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, cols, st);
                       });
     return;
   }

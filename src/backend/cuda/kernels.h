@@ -46,21 +46,19 @@ void LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_t
                    cudaStream_t stream);
 
 // ---- gemv.cu ----
-// out[n, m] = x[n, k] W[m, k]^T (+ bias[m]) for n <= kGemvMaxRows, W bf16, x/out f32.
-constexpr int64_t kGemvMaxRows = 8;
-bool GemvBf16Supported(const void* x, const void* w, int64_t n, int64_t k);
-void LaunchGemvBf16(const float* x, const void* w, const float* bias, float* out, int64_t n,
-                    int64_t m, int64_t k, cudaStream_t stream);
-// Several weights sharing one x in one launch (q/k/v, gate/up): out_i[n, m_i] = x W_i^T + bias_i.
+// One row: out[m] = W[m, k] x[k] (+ bias[m]), W bf16, x/out f32, for up to kGemvMaxParts
+// weights sharing x in one launch (q/k/v, gate/up): out_i = W_i x + bias_i. Needs k % 8 == 0 and
+// 16-byte aligned x and W.
 constexpr int kGemvMaxParts = 3;
+bool GemvBf16Supported(const void* x, const void* w, int64_t k);
 struct GemvPart {
   const void* w = nullptr;       // [m, k] bf16, 16-byte aligned
   const float* bias = nullptr;   // [m] or null
-  float* out = nullptr;          // [n, m]
+  float* out = nullptr;          // [n, m] (the GEMV: n = 1)
   int64_t m = 0;
 };
-void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t n,
-                         int64_t k, cudaStream_t stream);
+void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
+                         cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
@@ -195,6 +193,8 @@ namespace ember::cuda {
 // x_bf16: device scratch of GemmInvariantScratchBytes(n, k) bytes, 16-byte aligned (null when
 // that is 0); x [n, k] f32, W_i [m_i, k] bf16, bias_i [m_i] f32 or null, out_i [n, m_i] f32.
 constexpr int64_t kGemmSkinnyMaxRows = 32;
+// The default (not batch-invariant) mode's MatMul for 2..kDecodeGemmMaxRows rows; cuBLAS above.
+constexpr int64_t kDecodeGemmMaxRows = 8;
 int64_t GemmInvariantScratchBytes(int64_t n, int64_t k);
 void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, int num_parts,
                          int64_t n, int64_t k, cudaStream_t stream);
