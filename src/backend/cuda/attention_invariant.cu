@@ -81,18 +81,44 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
   return m_tiles > 1 ? 2 : d <= 16 ? 4 : d <= 96 ? 3 : 1;
 }
 
+// Scores are kept in "logit units" u, which need no per-element work before the running max:
+// without a soft-cap u = q.k (unscaled), with one u = cap * tanh(q.k * scale / cap). A key's
+// weight is 2^(u c - m c) with c = ExpScale(a) (the softmax scale, if not applied yet, times
+// log2 e): one FMA and one ex2 per score.
+__device__ __forceinline__ float ExpScale(const AttentionArgs& a) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  return a.softcap > 0.f ? kLog2e : __fmul_rn(a.scale, kLog2e);
+}
+
+__device__ __forceinline__ float Exp2(float x) {  // 2^x; ex2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// m c for the weights' exponents; 0 for an empty state (all its scores are -inf, so the weights
+// stay 0 rather than NaN).
+__device__ __forceinline__ float MaxTimesScale(float m, float c) {
+  return m == -INFINITY ? 0.f : __fmul_rn(m, c);
+}
+
+// The soft-capped score (pinned rounding: the same bits on every path).
+__device__ __forceinline__ float Capped(float qk, const AttentionArgs& a) {
+  return __fmul_rn(a.softcap, tanhf(__fdiv_rn(__fmul_rn(qk, a.scale), a.softcap)));
+}
+
 // The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
-// 0 for an empty state).
-__device__ __forceinline__ float Rescale(float m, float new_m) {
-  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : __expf(m - new_m));
+// 0 for an empty state). m, new_m in logit units, c = ExpScale.
+__device__ __forceinline__ float Rescale(float m, float new_m, float c) {
+  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : Exp2(__fmul_rn(__fsub_rn(m, new_m), c)));
 }
 
 // Folds a split state (m, l) into the running (M, L); a, b weigh the running and the split O.
-__device__ __forceinline__ void FoldScalars(float& M, float& L, float m, float l, float& a,
-                                            float& b) {
+__device__ __forceinline__ void FoldScalars(float& M, float& L, float m, float l, float c,
+                                            float& a, float& b) {
   const float new_m = fmaxf(M, m);
-  a = Rescale(M, new_m);
-  b = Rescale(m, new_m);
+  a = Rescale(M, new_m, c);
+  b = Rescale(m, new_m, c);
   L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
   M = new_m;
 }
@@ -195,6 +221,55 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   const int32_t* block_table = plan.block_tables + seq.w;
   const int32_t bs = plan.block_size;
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
+  const float exp_scale = ExpScale(a);
+
+  // Pipeline: the K/V of tile t + 1 arrive by cp.async (bf16 pool: into the other bf16 buffer;
+  // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
+  // up meanwhile by the last kKeys threads (idle warps in decode).
+  const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
+  auto lookup_slot = [&](int32_t tile) -> int64_t {
+    const int32_t key = tile * kKeys + slot_thread;
+    return tile <= tile_end && key >= lo && key < hi
+               ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
+               : -1;
+  };
+  auto issue_copy = [&](const int64_t* slots, int buffer) {
+    if constexpr (kBf16Kv) {
+      const __nv_bfloat16* k_pool = reinterpret_cast<const __nv_bfloat16*>(kv.k);
+      const __nv_bfloat16* v_pool = reinterpret_cast<const __nv_bfloat16*>(kv.v);
+      __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
+      __nv_bfloat16* v_dst = k_dst + kKeys * S::kLd;
+#pragma unroll 4
+      for (int it = 0; it < kKeys * D / 8 / (kWarps * 32); ++it) {  // 8 bf16 per copy
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        const int64_t slot = slots[j];
+        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_dst + j * S::kLd + d, k_pool + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_dst + j * S::kLd + d, v_pool + off, slot >= 0 ? 16 : 0);
+      }
+    } else {
+#pragma unroll 4
+      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {  // 4 floats per copy
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const int64_t slot = slots[j];
+        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+  if (slot_thread >= 0) {
+    slot_s[0][slot_thread] = lookup_slot(tile_begin);
+    slot_s[1][slot_thread] = lookup_slot(tile_begin + 1);
+  }
+  __syncthreads();
+  // Before PdlWait the kernel may read the plan and the keys of earlier steps: when the first
+  // tile holds no key this step writes, its copy overlaps the end of the previous kernel.
+  const bool early_copy = (tile_begin + 1) * kKeys <= plan.positions[seq.x];
+  if (early_copy) issue_copy(slot_s[0], 0);
   PdlWait();
   PdlTrigger();
 
@@ -259,50 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     run_l[mt][0][threadIdx.x] = run_l[mt][1][threadIdx.x] = 0.f;
   }
 
-  // Pipeline: the K/V of tile t + 1 arrive by cp.async (bf16 pool: into the other bf16 buffer;
-  // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
-  // up meanwhile by the last kKeys threads (idle warps in decode).
-  const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
-  auto lookup_slot = [&](int32_t tile) -> int64_t {
-    const int32_t key = tile * kKeys + slot_thread;
-    return tile <= tile_end && key >= lo && key < hi
-               ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
-               : -1;
-  };
-  auto issue_copy = [&](const int64_t* slots, int buffer) {
-    if constexpr (kBf16Kv) {
-      const __nv_bfloat16* k_pool = reinterpret_cast<const __nv_bfloat16*>(kv.k);
-      const __nv_bfloat16* v_pool = reinterpret_cast<const __nv_bfloat16*>(kv.v);
-      __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
-      __nv_bfloat16* v_dst = k_dst + kKeys * S::kLd;
-#pragma unroll 4
-      for (int it = 0; it < kKeys * D / 8 / (kWarps * 32); ++it) {  // 8 bf16 per copy
-        const int idx = it * kWarps * 32 + threadIdx.x;
-        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
-        const int64_t slot = slots[j];
-        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_dst + j * S::kLd + d, k_pool + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_dst + j * S::kLd + d, v_pool + off, slot >= 0 ? 16 : 0);
-      }
-    } else {
-#pragma unroll 4
-      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {  // 4 floats per copy
-        const int idx = it * kWarps * 32 + threadIdx.x;
-        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        const int64_t slot = slots[j];
-        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
-      }
-    }
-    CpAsyncCommit();
-  };
-  if (slot_thread >= 0) {
-    slot_s[0][slot_thread] = lookup_slot(tile_begin);
-    slot_s[1][slot_thread] = lookup_slot(tile_begin + 1);
-  }
-  __syncthreads();
-  issue_copy(slot_s[0], 0);
+  if (!early_copy) issue_copy(slot_s[0], 0);
 
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
@@ -386,11 +418,12 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           }
         }
       }
-      // Scale, soft-cap, mask; online softmax over row 0 (c0, c1) and row 1 (c2, c3). A tile
-      // every row of the warp sees whole (prefill shape) takes the mask-free path: the same x per
-      // element, its rounding pinned (no contraction into the exponent's subtraction).
+      // Soft-cap (when set) and mask into logit units (ExpScale); online softmax over row 0 (c0,
+      // c1) and row 1 (c2, c3). A tile every row of the warp sees whole skips the mask (rows past
+      // `rows` compute throwaway values from zero Q and are never stored); without a soft-cap it
+      // only takes the row maxima.
       const bool whole =
-          kPrefill && kt + kKeys - 1 <= warp_first_pos &&
+          kt + kKeys - 1 <= warp_first_pos &&
           (a.sliding_window <= 0 || warp_last_pos - kt < a.sliding_window);
       // The soft-cap and mask tests are warp-uniform: hoisted out of the element loops, each of
       // the four variants is straight-line code (one basic block the scheduler can interleave).
@@ -405,21 +438,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              if constexpr (kWhole) {
-                float x = __fmul_rn(s[mt][n][c], a.scale);
-                if constexpr (kCapped) {
-                  x = __fmul_rn(a.softcap, tanhf(__fdiv_rn(x, a.softcap)));
-                }
-                s[mt][n][c] = x;
-              } else {
+              float u = s[mt][n][c];
+              if constexpr (kCapped) u = Capped(u, a);
+              if constexpr (!kWhole) {
                 const int32_t key = kt + n * 8 + 2 * t + (c & 1);
                 const int32_t p = pos[mt][c / 2];
                 const bool visible =
                     p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
-                float x = s[mt][n][c] * a.scale;
-                if constexpr (kCapped) x = a.softcap * tanhf(x / a.softcap);
-                s[mt][n][c] = visible ? x : -INFINITY;
+                if (!visible) u = -INFINITY;
               }
+              s[mt][n][c] = u;
             }
             mx[mt][0] = fmaxf(mx[mt][0], fmaxf(s[mt][n][0], s[mt][n][1]));
             mx[mt][1] = fmaxf(mx[mt][1], fmaxf(s[mt][n][2], s[mt][n][3]));
@@ -439,7 +467,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       } else {
         scores(No{}, No{});
       }
-      float corr[kMT][2];
+      float corr[kMT][2], mc[kMT][2];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -447,8 +475,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 1));
           mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 2));
           const float new_m = fmaxf(m[mt][h], mx[mt][h]);
-          corr[mt][h] = Rescale(m[mt][h], new_m);
+          corr[mt][h] = Rescale(m[mt][h], new_m, exp_scale);
           m[mt][h] = new_m;
+          mc[mt][h] = MaxTimesScale(new_m, exp_scale);
         }
       }
       // P as A fragments of the P.V product: keys 16kk..16kk+15 are n-tiles 2kk and 2kk+1.
@@ -461,7 +490,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           float p[4];
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            p[c] = s[mt][n][c] == -INFINITY ? 0.f : __expf(s[mt][n][c] - m[mt][c / 2]);
+            p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
           }
           const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
           const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
@@ -473,12 +502,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         }
         l[mt][0] = __fadd_rn(__fmul_rn(l[mt][0], corr[mt][0]), sum0);
         l[mt][1] = __fadd_rn(__fmul_rn(l[mt][1], corr[mt][1]), sum1);
+        // O *= corr, skipped when no row of the m-tile moved its max (a factor of exactly 1).
+        if (__any_sync(0xffffffffu, corr[mt][0] != 1.f || corr[mt][1] != 1.f)) {
 #pragma unroll
-        for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
-          o[mt][n][0] *= corr[mt][0];
-          o[mt][n][1] *= corr[mt][0];
-          o[mt][n][2] *= corr[mt][1];
-          o[mt][n][3] *= corr[mt][1];
+          for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
+            o[mt][n][0] *= corr[mt][0];
+            o[mt][n][1] *= corr[mt][0];
+            o[mt][n][2] *= corr[mt][1];
+            o[mt][n][3] *= corr[mt][1];
+          }
         }
       }
       // O += P V over this warp's 16-column blocks: V tile [key][d] read transposed, each V
@@ -556,7 +588,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             float& rl = run_l[mt][h][threadIdx.x];
             const bool had = rm != -INFINITY;
             float wa, wb;
-            FoldScalars(rm, rl, m[mt][h], lh, wa, wb);
+            FoldScalars(rm, rl, m[mt][h], lh, exp_scale, wa, wb);
             const bool final_split = s_idx == last;
             const float inv = final_split ? __frcp_rn(rl) : 1.f;
             ForEachPair(mt, h, [&](int col, float o0, float o1) {
@@ -588,12 +620,13 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
   const int32_t D = a.head_dim;
   const int64_t row_id = static_cast<int64_t>(token) * a.num_heads + head;
   const float* rec0 = partials + row_id * num_splits * (D + 2);
+  const float exp_scale = ExpScale(a);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float M = -INFINITY, L = 0.f, O = 0.f;
     for (int32_t s = first; s <= last; ++s) {
       const float* rec = rec0 + static_cast<int64_t>(s) * (D + 2);
       float wa, wb;
-      FoldScalars(M, L, rec[0], rec[1], wa, wb);
+      FoldScalars(M, L, rec[0], rec[1], exp_scale, wa, wb);
       O = FoldValue(O, rec[2 + d], wa, wb);
     }
     out[row_id * D + d] = __fmul_rn(O, __frcp_rn(L));
