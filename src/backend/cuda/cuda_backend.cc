@@ -216,6 +216,13 @@ class CudaBackend final : public Backend {
     return !recorder_.empty() && recorder_.records() == l.record;
   }
   LastMatMul last_matmul_;
+  // The last recorded op when it is a Rope: a WriteKv of its k joins it (one RopeWriteKv launch).
+  struct LastRope {
+    uint64_t record = ~uint64_t{0};
+    float *q = nullptr, *k = nullptr;
+    int32_t num_heads = 0, rope_id = 0;
+  };
+  LastRope last_rope_;
   // Adds `part` (one weight over x) to a multi-part launch: amends the last recorded op when it
   // is a `group` launch over the same x, else records a new one with `scratch_bytes` of step
   // workspace. `launch` enqueues all parts at once.
@@ -614,6 +621,8 @@ void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
                                       num_heads, num_kv_heads, spec.head_dim, spec.rotary_dim,
                                       cos, sin, spec.max_positions, plan, st);
                    });
+  last_rope_ = LastRope{recorder_.records(), static_cast<float*>(q.data),
+                        static_cast<float*>(k.data), num_heads, rope_id};
 }
 
 cuda::KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads,
@@ -638,6 +647,26 @@ void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
   CHECK_EQ(v.numel(), k.numel());
   const cuda::KvLayerView kv = KvLayer(layer, kv_heads_, kv_head_dim_);
   const cuda::PlanView plan = plan_;
+  const LastRope r = last_rope_;
+  if (!recorder_.empty() && recorder_.records() == r.record && r.k == k.data &&
+      ropes_[static_cast<size_t>(r.rope_id)].spec.head_dim == kv_head_dim_) {
+    // Rope(q, k) then WriteKv(k, v): one launch (rope.cu's arithmetic, write_kv.cu's stores).
+    const DeviceRope& rope = ropes_[static_cast<size_t>(r.rope_id)];
+    const RopeSpec spec = rope.spec;
+    const float* cos = rope.cos.as<float>();
+    const float* sin = rope.sin.as<float>();
+    const float* vp = static_cast<const float*>(v.data);
+    const std::array<uint64_t, 17> key = {
+        15,           KeyOf(r.q),         KeyOf(r.k),       KeyOf(vp),   U(r.num_heads),
+        U(kv_heads_), U(spec.head_dim),   U(spec.rotary_dim), KeyOf(cos), KeyOf(sin),
+        U(spec.max_positions), KeyOf(kv.k), KeyOf(kv.v),    U(kv.bf16), KeyOf(plan.positions),
+        KeyOf(plan.slot_mapping), U(plan.num_tokens)};
+    recorder_.ReplaceLast(key, [=](cudaStream_t st) {
+      cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, kv.num_kv_heads, spec.head_dim,
+                              spec.rotary_dim, cos, sin, spec.max_positions, kv, plan, st);
+    });
+    return;
+  }
   recorder_.Record({6, KeyOf(k.data), KeyOf(v.data), KeyOf(kv.k), KeyOf(kv.v),
                     KeyOf(plan.slot_mapping), U(plan.num_tokens)},
                    [=](cudaStream_t st) {
@@ -930,7 +959,8 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
   static const char* const kNames[] = {"?",           "Embedding",  "RmsNorm",     "AddRmsNorm",
                                        "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
                                        "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
-                                       "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)"};
+                                       "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)",
+                                       "RopeWriteKv"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

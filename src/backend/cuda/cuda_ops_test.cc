@@ -576,6 +576,53 @@ TEST_F(CudaOpsTest, ElementwiseOps) {
   EXPECT_TRUE(std::equal(got.begin() + d, got.end(), g.begin()));
 }
 
+// The backend runs a Rope followed by a WriteKv of its k as one RopeWriteKv launch; with a flush
+// in between (a download) they run as two. Both give the same q, k and pool bits (the pool seen
+// through attention), for full and partial rotary, bf16 and f32 pools, decode and prefill steps.
+TEST_F(CudaOpsTest, RopeWriteKvEqualsRopeThenWriteKv) {
+  const int32_t heads = 4, kv_heads = 2, D = 64;
+  for (int32_t rotary : {64, 32}) {
+    for (bool kv_f32 : {false, true}) {
+      for (int32_t n : {1, 9}) {
+        std::vector<float> got[2][3];
+        for (int fused = 0; fused < 2; ++fused) {
+          CudaBackendOptions options;
+          options.kv_f32 = kv_f32;
+          options.profile_ops = true;
+          auto created = CreateCudaBackend(0, options);
+          ASSERT_TRUE(created.ok()) << created.status().message();
+          Backend& b = **created;
+          ASSERT_TRUE(b.AllocateKvPool(1, 8, 16, kv_heads, D).ok());
+          RopeSpec spec;
+          spec.head_dim = D;
+          spec.rotary_dim = rotary;
+          spec.max_positions = 256;
+          const int32_t rope = b.CreateRope(spec).value();
+          ASSERT_TRUE(b.BeginStep(SimplePlan(n, 40)).ok());
+          Tensor q = Upload(b, Random(static_cast<size_t>(n * heads * D), 50), {n, heads, D});
+          Tensor k = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 51), {n, kv_heads, D});
+          Tensor v = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 52), {n, kv_heads, D});
+          b.Rope(rope, q, k);
+          if (fused == 0) got[0][1] = Download(b, k);  // flushes: WriteKv records on its own
+          b.WriteKv(0, k, v);
+          Tensor out = b.Alloc({n, heads * D});
+          b.Attention(AttentionParams{0, heads, kv_heads, D, 0.125f, 0, 0.f}, q, out);
+          got[fused][0] = Download(b, out);
+          if (fused == 1) got[1][1] = Download(b, k);
+          got[fused][2] = Download(b, q);
+          bool saw_fused = false;
+          for (const CudaOpTime& t : CudaGetOpProfile(b)) saw_fused |= t.op == "RopeWriteKv";
+          EXPECT_EQ(saw_fused, fused == 1);
+        }
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(got[0][i], got[1][i])
+              << "output " << i << " rotary " << rotary << " kv_f32 " << kv_f32 << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 // Decode steps replayed from CUDA graphs give bit-identical results to op-by-op launches, with
 // fresh inputs each step (the graph reads the re-uploaded plan and activations).
 TEST_F(CudaOpsTest, GraphReplayMatchesEager) {

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_rotate.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -27,8 +28,9 @@ __global__ void RopeKernel(float* q, float* k, int32_t num_heads, int32_t num_kv
   const float x1 = x[i], x2 = x[i + half];
   const float c = cos_table[static_cast<int64_t>(pos) * half + i];
   const float s = sin_table[static_cast<int64_t>(pos) * half + i];
-  x[i] = x1 * c - x2 * s;
-  x[i + half] = x2 * c + x1 * s;
+  const float2 y = RotatePair(x1, x2, c, s);
+  x[i] = y.x;
+  x[i + half] = y.y;
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// WriteKv: scatters this step's k/v rows into the paged pool at their slots (one block per row).
+// WriteKv: scatters this step's k/v rows into the paged pool at their slots (one block per row);
+// RopeWriteKv: RoPE over q and k and the same scatter in one launch.
 // A bf16 pool stores each element rounded once, to nearest even (__float2bfloat16_rn): the same
 // rounding attention_invariant.cu applies when it stages an f32 pool's K/V, so both pools give
 // the same attention bits.
@@ -7,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_rotate.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -30,7 +32,74 @@ __global__ void WriteKvKernel(const float* k, const float* v, T* k_pool, T* v_po
   }
 }
 
+// One block per token: rotates q in place, rotates k in place and stores it (rotated pairs and
+// the dims past rotary_dim) and v at the token's slot; RopeKernel's arithmetic per pair.
+template <typename T>
+__global__ void RopeWriteKvKernel(float* q, float* k, const float* v, int32_t num_heads,
+                                  int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
+                                  const float* cos_table, const float* sin_table,
+                                  int32_t max_positions, const int32_t* positions,
+                                  const int32_t* slot_mapping, T* k_pool, T* v_pool) {
+  const int64_t token = blockIdx.x;
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
+  const int32_t pos = positions[token];
+  if (pos < 0 || pos >= max_positions) __trap();  // CHECKed on the host side too
+  const int32_t half = rotary_dim / 2;
+  const float* cos_row = cos_table + static_cast<int64_t>(pos) * half;
+  const float* sin_row = sin_table + static_cast<int64_t>(pos) * half;
+  const int64_t slot = slot_mapping[token];  // < 0: a padding row, rotated but not stored
+  const int64_t row_width = static_cast<int64_t>(num_kv_heads) * head_dim;
+  for (int32_t j = threadIdx.x; j < num_heads * half; j += blockDim.x) {
+    float* x = q + (token * num_heads + j / half) * head_dim;
+    const int32_t i = j % half;
+    const float2 y = RotatePair(x[i], x[i + half], cos_row[i], sin_row[i]);
+    x[i] = y.x;
+    x[i + half] = y.y;
+  }
+  // Per k head: head_dim - half items, a rotated pair (i < half) or a dim past rotary_dim.
+  const int32_t per_head = head_dim - half;
+  for (int32_t j = threadIdx.x; j < num_kv_heads * per_head; j += blockDim.x) {
+    const int32_t head = j / per_head, i = j % per_head;
+    float* x = k + (token * num_kv_heads + head) * head_dim;
+    T* dst = k_pool + slot * row_width + static_cast<int64_t>(head) * head_dim;
+    if (i < half) {
+      const float2 y = RotatePair(x[i], x[i + half], cos_row[i], sin_row[i]);
+      x[i] = y.x;
+      x[i + half] = y.y;
+      if (slot >= 0) {
+        Store(dst + i, y.x);
+        Store(dst + i + half, y.y);
+      }
+    } else if (slot >= 0) {
+      Store(dst + i + half, x[i + half]);
+    }
+  }
+  if (slot < 0) return;
+  for (int64_t c = threadIdx.x; c < row_width; c += blockDim.x)
+    Store(v_pool + slot * row_width + c, v[token * row_width + c]);
+}
+
 }  // namespace
+
+void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads,
+                       int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
+                       const float* cos_table, const float* sin_table, int32_t max_positions,
+                       const KvLayerView& kv, const PlanView& plan, cudaStream_t stream) {
+  if (plan.num_tokens == 0) return;
+  CHECK(kv.num_kv_heads == num_kv_heads && kv.head_dim == head_dim);
+  const dim3 grid(static_cast<unsigned>(plan.num_tokens)), block(256);
+  if (kv.bf16) {
+    LaunchPdl(RopeWriteKvKernel<__nv_bfloat16>, grid, block, 0, stream, q, k, v, num_heads,
+              num_kv_heads, head_dim, rotary_dim, cos_table, sin_table, max_positions,
+              plan.positions, plan.slot_mapping, reinterpret_cast<__nv_bfloat16*>(kv.k),
+              reinterpret_cast<__nv_bfloat16*>(kv.v));
+  } else {
+    LaunchPdl(RopeWriteKvKernel<float>, grid, block, 0, stream, q, k, v, num_heads, num_kv_heads,
+              head_dim, rotary_dim, cos_table, sin_table, max_positions, plan.positions,
+              plan.slot_mapping, kv.k, kv.v);
+  }
+}
 
 void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const PlanView& plan,
                    cudaStream_t stream) {
