@@ -31,11 +31,18 @@ __global__ void __launch_bounds__(kMaxThreads)
                   float eps, bool one_plus, int64_t d, float* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
-  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
-  PdlTrigger();
   const int64_t base = blockIdx.x * d;
   const int64_t nv = d / VEC;
   constexpr int kPerThread = 4;  // vectors kept in registers between the two passes
+  // The weights are no kernel's output: loaded while the previous kernel finishes.
+  Vec wv[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (c < nv) wv[i] = reinterpret_cast<const Vec*>(weight)[c];
+  }
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
   Vec vals[kPerThread];
   float sum_sq = 0.f;
   const float* src = residual != nullptr ? residual : x;
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (c >= nv) break;
-    const Vec w = reinterpret_cast<const Vec*>(weight)[c];
+    const Vec w = wv[i];
     Vec v = vals[i];
     if constexpr (VEC == 4) {
       v.x *= inv_rms * (one_plus ? 1.f + w.x : w.x);
