@@ -233,31 +233,28 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
                ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
                : -1;
   };
+  // Per tile, K and V rows of kKeys slots into shared rows of `ld` elements, 16 bytes a copy.
+  auto copy_rows = [&](const int64_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
+                       const auto* v_src) {
+    constexpr int kPer = 16 / sizeof(*k_src);  // elements per 16-byte copy
+#pragma unroll 4
+    for (int it = 0; it < kKeys * D / kPer / (kWarps * 32); ++it) {
+      const int idx = it * kWarps * 32 + threadIdx.x;
+      const int j = idx / (D / kPer), d = (idx % (D / kPer)) * kPer;
+      const int64_t slot = slots[j];
+      const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+      CpAsync16(k_dst + j * ld + d, k_src + off, slot >= 0 ? 16 : 0);
+      CpAsync16(v_dst + j * ld + d, v_src + off, slot >= 0 ? 16 : 0);
+    }
+  };
   auto issue_copy = [&](const int64_t* slots, int buffer) {
     if constexpr (kBf16Kv) {
-      const __nv_bfloat16* k_pool = reinterpret_cast<const __nv_bfloat16*>(kv.k);
-      const __nv_bfloat16* v_pool = reinterpret_cast<const __nv_bfloat16*>(kv.v);
       __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
-      __nv_bfloat16* v_dst = k_dst + kKeys * S::kLd;
-#pragma unroll 4
-      for (int it = 0; it < kKeys * D / 8 / (kWarps * 32); ++it) {  // 8 bf16 per copy
-        const int idx = it * kWarps * 32 + threadIdx.x;
-        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
-        const int64_t slot = slots[j];
-        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_dst + j * S::kLd + d, k_pool + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_dst + j * S::kLd + d, v_pool + off, slot >= 0 ? 16 : 0);
-      }
+      copy_rows(slots, k_dst, k_dst + kKeys * S::kLd, S::kLd,
+                reinterpret_cast<const __nv_bfloat16*>(kv.k),
+                reinterpret_cast<const __nv_bfloat16*>(kv.v));
     } else {
-#pragma unroll 4
-      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {  // 4 floats per copy
-        const int idx = it * kWarps * 32 + threadIdx.x;
-        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        const int64_t slot = slots[j];
-        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_stage + j * D + d, kv.k + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_stage + j * D + d, kv.v + off, slot >= 0 ? 16 : 0);
-      }
+      copy_rows(slots, k_stage, v_stage, D, kv.k, kv.v);
     }
     CpAsyncCommit();
   };
@@ -492,13 +489,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           for (int c = 0; c < 4; ++c) {
             p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
           }
-          const uint32_t lo_pair = PackBf16(p[0], p[1]), hi_pair = PackBf16(p[2], p[3]);
-          const __nv_bfloat162 lo_b = *reinterpret_cast<const __nv_bfloat162*>(&lo_pair);
-          const __nv_bfloat162 hi_b = *reinterpret_cast<const __nv_bfloat162*>(&hi_pair);
-          sum0 += __low2float(lo_b) + __high2float(lo_b);
-          sum1 += __low2float(hi_b) + __high2float(hi_b);
-          pf[mt][n / 2][(n % 2) * 2] = lo_pair;
-          pf[mt][n / 2][(n % 2) * 2 + 1] = hi_pair;
+          // l sums the f32 weights (P.V uses them rounded to bf16).
+          sum0 += p[0] + p[1];
+          sum1 += p[2] + p[3];
+          pf[mt][n / 2][(n % 2) * 2] = PackBf16(p[0], p[1]);
+          pf[mt][n / 2][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
         }
         l[mt][0] = __fadd_rn(__fmul_rn(l[mt][0], corr[mt][0]), sum0);
         l[mt][1] = __fadd_rn(__fmul_rn(l[mt][1], corr[mt][1]), sum1);
