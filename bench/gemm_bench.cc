@@ -20,24 +20,10 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "backend/cuda/cuda_check.h"
+#include "util/flags.h"
 
-#define CK(call)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CB(call)                                                                                  \
-  do {                                                                                            \
-    cublasStatus_t s_ = (call);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
-      std::fprintf(stderr, "%s:%d cublas status %d\n", __FILE__, __LINE__, static_cast<int>(s_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+namespace {
 
 struct Shape {
   const char* name;
@@ -46,23 +32,23 @@ struct Shape {
 
 // Median milliseconds of `reps` timed calls of fn (after 3 warm-up calls).
 template <typename Fn>
-double MedianMs(cudaStream_t st, int reps, Fn fn) {
+double MedianMs(cudaStream_t st, int64_t reps, Fn fn) {
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) fn();
   std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, st));
+  for (int64_t i = 0; i < reps; ++i) {
+    CUDA_CHECK(cudaEventRecord(a, st));
     fn();
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(b, st));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;
-    CK(cudaEventElapsedTime(&t, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
     ms.push_back(t);
   }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -71,19 +57,16 @@ double MedianMs(cudaStream_t st, int reps, Fn fn) {
 
 int main(int argc, char** argv) {
   std::string shape = "llama-3.1-8b";
-  int64_t n = 4096;
-  int reps = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--shape"))
-      shape = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--tokens"))
-      n = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps"))
-      reps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: gemm_bench [--shape S] [--tokens N] [--reps R]\n");
-      return 2;
-    }
+  int64_t n = 4096, reps = 20;
+  bool help = false;
+  ember::FlagParser flags("gemm_bench [flags]");
+  flags.AddString("--shape", &shape, "llama-3.1-8b | llama-3.2-1b");
+  flags.AddInt("--tokens", &n, "rows of x (prompt tokens in the step)");
+  flags.AddInt("--reps", &reps, "timed calls per variant (the median counts)");
+  const ember::Status parsed = flags.Parse(argc, argv, 1, &help);
+  if (!parsed.ok() || help) {
+    std::fprintf(stderr, "%s\n%s\n", parsed.message().c_str(), flags.Help().c_str());
+    return help ? 0 : 2;
   }
   std::vector<Shape> shapes;
   if (shape == "llama-3.1-8b") {
@@ -108,29 +91,29 @@ int main(int argc, char** argv) {
     std::vector<__nv_bfloat16> h(static_cast<size_t>(count));
     for (auto& v : h) v = __float2bfloat16(dist(rng) * scale);
     void* d = nullptr;
-    CK(cudaMalloc(&d, h.size() * sizeof(__nv_bfloat16)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(__nv_bfloat16)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
     return d;
   };
   void* w = random_bf16(max_mk, 0.02f);
   void* x = random_bf16(max_nk, 1.0f);
   void* out = nullptr;
-  CK(cudaMalloc(&out, static_cast<size_t>(max_nm) * 4));
+  CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(max_nm) * 4));
   const size_t ws_bytes = size_t{64} << 20;
   void* ws = nullptr;
-  CK(cudaMalloc(&ws, ws_bytes));
+  CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   cudaStream_t st;
-  CK(cudaStreamCreate(&st));
+  CUDA_CHECK(cudaStreamCreate(&st));
   cublasHandle_t h;
-  CB(cublasCreate(&h));
-  CB(cublasSetStream(h, st));
-  CB(cublasSetWorkspace(h, ws, ws_bytes));
+  CUBLAS_CHECK(cublasCreate(&h));
+  CUBLAS_CHECK(cublasSetStream(h, st));
+  CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_bytes));
   cublasLtHandle_t lt;
-  CB(cublasLtCreate(&lt));
+  CUBLAS_CHECK(cublasLtCreate(&lt));
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device=%s shape=%s tokens=%ld reps=%d\n", prop.name, shape.c_str(),
-              static_cast<long>(n), reps);
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device=%s shape=%s tokens=%ld reps=%ld\n", prop.name, shape.c_str(),
+              static_cast<long>(n), static_cast<long>(reps));
   std::printf("%-8s %6s %6s | %12s %12s %12s %12s  (TFLOP/s, median)\n", "weight", "m", "k",
               "gemmex-f32", "gemmex-bf16", "lt-f32", "lt-bf16");
   double total_flop = 0, total_ms[4] = {0, 0, 0, 0};
@@ -142,7 +125,7 @@ int main(int argc, char** argv) {
     for (int variant = 0; variant < 2; ++variant) {
       const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
       ms[variant] = MedianMs(st, reps, [&] {
-        CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m), static_cast<int>(n),
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m), static_cast<int>(n),
                         static_cast<int>(s.k), &alpha, w, CUDA_R_16BF, static_cast<int>(s.k), x,
                         CUDA_R_16BF, static_cast<int>(s.k), &beta, out, ct, static_cast<int>(s.m),
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -151,35 +134,35 @@ int main(int argc, char** argv) {
     for (int variant = 0; variant < 2; ++variant) {
       const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
       cublasLtMatmulDesc_t desc;
-      CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
-      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
-      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
       cublasLtMatrixLayout_t la, lb, lc;
-      CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.m, s.k));
-      CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, n, s.k));
-      CB(cublasLtMatrixLayoutCreate(&lc, ct, s.m, n, s.m));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.m, s.k));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, n, s.k));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, ct, s.m, n, s.m));
       cublasLtMatmulPreference_t pref;
-      CB(cublasLtMatmulPreferenceCreate(&pref));
-      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                               &ws_bytes, sizeof(ws_bytes)));
       cublasLtMatmulHeuristicResult_t res[8];
       int found = 0;
-      CB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, res, &found));
+      CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, res, &found));
       double best = 1e30;
       for (int a = 0; a < found; ++a) {
         const double t = MedianMs(st, reps, [&] {
-          CB(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &res[a].algo,
+          CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &res[a].algo,
                             ws, ws_bytes, st));
         });
         best = std::min(best, t);
       }
       ms[2 + variant] = best;
-      CB(cublasLtMatmulPreferenceDestroy(pref));
-      CB(cublasLtMatrixLayoutDestroy(la));
-      CB(cublasLtMatrixLayoutDestroy(lb));
-      CB(cublasLtMatrixLayoutDestroy(lc));
-      CB(cublasLtMatmulDescDestroy(desc));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+      CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+      CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+      CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+      CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
     }
     std::printf("%-8s %6ld %6ld |", s.name, static_cast<long>(s.m), static_cast<long>(s.k));
     for (int v = 0; v < 4; ++v) std::printf(" %12.1f", flop / (ms[v] * 1e-3) / 1e12);
@@ -196,7 +179,7 @@ int main(int argc, char** argv) {
   std::printf("layer (q,k,v,o,gate,up,down unfused) |");
   for (int v = 0; v < 4; ++v) std::printf(" %12.1f", total_flop / (total_ms[v] * 1e-3) / 1e12);
   std::printf("\n");
-  CB(cublasLtDestroy(lt));
-  CB(cublasDestroy(h));
+  CUBLAS_CHECK(cublasLtDestroy(lt));
+  CUBLAS_CHECK(cublasDestroy(h));
   return 0;
 }
