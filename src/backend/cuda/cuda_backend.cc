@@ -662,8 +662,8 @@ void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
         U(spec.max_positions), KeyOf(kv.k), KeyOf(kv.v),    U(kv.bf16), KeyOf(plan.positions),
         KeyOf(plan.slot_mapping), U(plan.num_tokens)};
     recorder_.ReplaceLast(key, [=](cudaStream_t st) {
-      cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, kv.num_kv_heads, spec.head_dim,
-                              spec.rotary_dim, cos, sin, spec.max_positions, kv, plan, st);
+      cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, spec.rotary_dim, cos, sin,
+                              spec.max_positions, kv, plan, st);
     });
     return;
   }

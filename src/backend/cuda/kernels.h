@@ -101,9 +101,9 @@ void LaunchGatherRows(const float* x, int64_t d, const PlanView& plan, float* ou
 // Writes k, v [num_tokens, num_kv_heads, head_dim] into the layer's pool at plan.slot_mapping.
 void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const PlanView& plan,
                    cudaStream_t stream);
-// LaunchRope then LaunchWriteKv of the rotated k, in one launch (the same bits).
-void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads,
-                       int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
+// LaunchRope then LaunchWriteKv of the rotated k, in one launch (the same bits); k and v have
+// the pool's heads and head dim.
+void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, int32_t rotary_dim,
                        const float* cos_table, const float* sin_table, int32_t max_positions,
                        const KvLayerView& kv, const PlanView& plan, cudaStream_t stream);
 

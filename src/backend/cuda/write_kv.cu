@@ -82,12 +82,12 @@ __global__ void RopeWriteKvKernel(float* q, float* k, const float* v, int32_t nu
 
 }  // namespace
 
-void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads,
-                       int32_t num_kv_heads, int32_t head_dim, int32_t rotary_dim,
+void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, int32_t rotary_dim,
                        const float* cos_table, const float* sin_table, int32_t max_positions,
                        const KvLayerView& kv, const PlanView& plan, cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
-  CHECK(kv.num_kv_heads == num_kv_heads && kv.head_dim == head_dim);
+  const int32_t num_kv_heads = kv.num_kv_heads, head_dim = kv.head_dim;
+  CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim) << "rotary_dim " << rotary_dim;
   const dim3 grid(static_cast<unsigned>(plan.num_tokens)), block(256);
   if (kv.bf16) {
     LaunchPdl(RopeWriteKvKernel<__nv_bfloat16>, grid, block, 0, stream, q, k, v, num_heads,
