@@ -25,3 +25,18 @@
     CHECK(_ember_st == CUBLAS_STATUS_SUCCESS) << #expr << ": " << cublasGetStatusName(_ember_st) \
                                               << " (" << cublasGetStatusString(_ember_st) << ")"; \
   } while (0)
+
+namespace ember::cuda {
+
+// The current device's SM count, read once per process (the backend uses one device).
+inline int CurrentDeviceSmCount() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  return sms;
+}
+
+}  // namespace ember::cuda

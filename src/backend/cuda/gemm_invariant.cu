@@ -336,16 +336,6 @@ GemmParts MakeParts(const GemvPart* parts, int num_parts, int rows_per_tile) {
   return p;
 }
 
-int NumSms() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
-  return sms;
-}
-
 constexpr int kSmemPerSm = 220 * 1024;  // of the H200's 228 KB, leaving room for L1 / reserved
 
 int64_t MTiles(const GemvPart* parts, int num_parts, int rows) {
@@ -382,7 +372,7 @@ void Launch(const void* x, const GemvPart* parts, int num_parts, int64_t n, int6
   CHECK(groups <= 65535) << n << " GEMM rows";
   if (tiles == 0) return;
   if (stages == 0) {
-    const int64_t per_sm = std::clamp<int64_t>((tiles * groups + NumSms() - 1) / NumSms(), 1, 4);
+    const int64_t per_sm = std::clamp<int64_t>((tiles * groups + CurrentDeviceSmCount() - 1) / CurrentDeviceSmCount(), 1, 4);
     const int64_t ktiles = (k + BK - 1) / BK;
     stages = kStageChoices[0];
     for (int s : kStageChoices)
@@ -400,9 +390,9 @@ template <int NT>
 void LaunchSkinny(const float* x, const GemvPart* parts, int num_parts, int64_t n, int64_t k,
                   cudaStream_t stream) {
   const int64_t tiles = MTiles(parts, num_parts, 16) * ((n + NT * 8 - 1) / (NT * 8));
-  if (tiles >= 8 * NumSms()) {
+  if (tiles >= 8 * CurrentDeviceSmCount()) {
     Launch<4, 4, 1, 1, NT, 64, true>(x, parts, num_parts, n, k, 0, stream);
-  } else if (tiles >= 3 * NumSms()) {
+  } else if (tiles >= 3 * CurrentDeviceSmCount()) {
     Launch<4, 2, 1, 1, NT, 128, true>(x, parts, num_parts, n, k, 0, stream);
   } else {
     Launch<4, 1, 1, 1, NT, 128, true>(x, parts, num_parts, n, k, 0, stream);
@@ -443,7 +433,7 @@ void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, in
   CHECK(x_bf16 != nullptr) << "GEMM of " << n << " rows without a bf16 scratch";
   LaunchConvert(x, ElemType::kF32, x_bf16, ElemType::kBF16, n * k, stream);
   // The largest CTA tile (m x n) that still gives every SM a CTA, else the smallest.
-  const int64_t groups = (n + 127) / 128, sms = NumSms();
+  const int64_t groups = (n + 127) / 128, sms = CurrentDeviceSmCount();
   if (MTiles(parts, num_parts, 128) * groups >= sms) {
     if (TiledVariant() == 1) {  // A/B: 4 stages of k32
       Launch<8, 2, 4, 4, 4, 32, false>(x_bf16, parts, num_parts, n, k, 4, stream);
