@@ -287,6 +287,37 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
   }
 }
 
+// The one-row GEMV (gemv.cu) over the shapes that exercise its edges: k below one lane's 16-byte
+// load per warp (k = 8), k whose last load batch is partial (1,016, 8,200), rows that do not fill
+// the last block's 8 warps, and the decode shapes' k (2,048 to 16,384).
+TEST_F(CudaOpsTest, MatMulGemvShapes) {
+  struct Shape {
+    int64_t k, m;
+  };
+  for (const Shape sh : {Shape{8, 3}, Shape{1016, 7}, Shape{2048, 1001}, Shape{8200, 301},
+                         Shape{14336, 611}, Shape{16384, 250}}) {
+    const std::vector<float> w = Random(static_cast<size_t>(sh.m * sh.k), 70, 0.05f);
+    const std::vector<float> bias = Random(static_cast<size_t>(sh.m), 71);
+    const std::vector<float> x = Random(static_cast<size_t>(sh.k), 72);
+    auto b = Make(false);
+    Tensor wt = Weight(*b, w, {sh.m, sh.k});
+    Tensor bt = Weight(*b, bias, {sh.m});
+    ASSERT_TRUE(b->BeginStep(SimplePlan(1)).ok());
+    Tensor xt = Upload(*b, x, {1, sh.k});
+    Tensor out = b->Alloc({1, sh.m});
+    b->MatMul(xt, wt, &bt, out);
+    std::vector<double> ref(static_cast<size_t>(sh.m));
+    for (int64_t j = 0; j < sh.m; ++j) {
+      double acc = bias[static_cast<size_t>(j)];
+      for (int64_t c = 0; c < sh.k; ++c)
+        acc += static_cast<double>(x[static_cast<size_t>(c)]) *
+               RoundBf16(w[static_cast<size_t>(j * sh.k + c)]);
+      ref[static_cast<size_t>(j)] = acc;
+    }
+    EXPECT_LT(RelL2(Download(*b, out), ref), 1e-5) << "k=" << sh.k << " m=" << sh.m;
+  }
+}
+
 // Backend contract (bf16 mode with batch_invariant): each output element is computed in an order
 // independent of n. The f32 parity mode makes no such promise (cuBLAS picks its kernel by n; on
 // the H200 n = 1, 3 and 64 differ in the last bits).
