@@ -247,10 +247,11 @@ TEST_F(CudaOpsTest, MatMulSkinnyBf16) {
 }
 
 // Consecutive decode MatMuls of one x (q/k/v) run as one multi-weight launch (batch invariance
-// off; the GEMV for one row, the tensor-core GEMM for more, as above); k = 2048.
+// off; the GEMV for one row, the tensor-core GEMM for more, as above); k = 4,096 and 4,136 rows in
+// all, so the GEMV splits each row over two warps.
 TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
-  const int64_t k = 2048;
-  const int64_t ms[3] = {300, 100, 36};
+  const int64_t k = 4096;
+  const int64_t ms[3] = {4000, 100, 36};
   std::vector<std::vector<float>> w, bias;
   auto b = Make(false);
   std::vector<Tensor> wt, bt;
@@ -289,13 +290,14 @@ TEST_F(CudaOpsTest, MatMulSkinnyFusedParts) {
 
 // The one-row GEMV (gemv.cu) over the shapes that exercise its edges: k below one lane's 16-byte
 // load per warp (k = 8), k whose last load batch is partial (1,016, 8,200), rows that do not fill
-// the last block's 8 warps, and the decode shapes' k (2,048 to 16,384).
+// the last block, and the decode shapes' k (2,048 to 16,384); launches of >= 4,096 rows of
+// k >= 4,096 split each row over two warps (8,200: unevenly).
 TEST_F(CudaOpsTest, MatMulGemvShapes) {
   struct Shape {
     int64_t k, m;
   };
   for (const Shape sh : {Shape{8, 3}, Shape{1016, 7}, Shape{2048, 1001}, Shape{8200, 301},
-                         Shape{14336, 611}, Shape{16384, 250}}) {
+                         Shape{8200, 4099}, Shape{14336, 611}, Shape{16384, 250}}) {
     const std::vector<float> w = Random(static_cast<size_t>(sh.m * sh.k), 70, 0.05f);
     const std::vector<float> bias = Random(static_cast<size_t>(sh.m), 71);
     const std::vector<float> x = Random(static_cast<size_t>(sh.k), 72);

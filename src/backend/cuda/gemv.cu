@@ -1,11 +1,15 @@
 // The one-row MatMul of batch-1 decode: out_p[m_p] = W_p[m_p, k] x[k] (+ bias_p) for up to
 // kGemvMaxParts weights sharing one x (q/k/v, gate/up) in ONE launch. bf16 W read once with
 // 16-byte loads (double-buffered, 4 per lane per batch; the first batch is issued before waiting
-// on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation, one
-// warp per output row; the summation order depends only on k. (Splitting a row's k over 2-8 warps
-// of a block, to give small matrices more warps, measured slower on the H200: 8B decode 156 vs
-// 166 tok/s. 2..8 rows take gemm_invariant.cu, which streams the weights once for all rows: up to
-// 3x faster than this kernel's former multi-row form, which re-read every x row per weight load.)
+// on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation. One
+// warp computes a row, except in launches of >= 4,096 rows of k >= 4,096: there two warps of a
+// block each take one half of the row's k and their sums are added in order, which doubles the
+// independent load chains. H200, bench/gemv_bench: 8B q/k/v 19.0 -> 16.6 us, down 37.5 -> 34.1 us,
+// 8B decode step 4.79 -> 4.65 ms. The 1B's k = 2,048 launches were slower split (q/k/v 5.7 -> 6.8
+// us, lm_head 123 -> 136 us) and its 2,048-row down (k = 8,192) cost 1% of tg128 split, hence the
+// two thresholds (docs/perf.md, session 6). The summation order depends only on the weight shapes.
+// 2..8 rows of x take gemm_invariant.cu, which streams the weights once for all rows (up to 3x
+// faster than this kernel's former multi-row form, which re-read every x row per weight load).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -18,6 +22,10 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kLoadsInFlight = 4;  // 16-byte weight loads per lane issued before their use
+// Launches of at least kSplitMinRows rows of at least kSplitMinK elements split each row over two
+// warps.
+constexpr int64_t kSplitMinK = 4096;
+constexpr int64_t kSplitMinRows = 4096;
 
 struct GemvParams {
   const __nv_bfloat16* w[kGemvMaxParts];
@@ -28,41 +36,51 @@ struct GemvParams {
   int count;
 };
 
-// Block: kWarpsPerBlock output rows (over the concatenation of the parts), one per warp.
+// Block: kWarpsPerBlock / kSplit output rows (over the concatenation of the parts); a row's k is
+// cut into kSplit slices of whole 256-element lane strides, one warp each, and the slices' warp
+// sums are added in slice order (kSplit = 1: one warp per row).
+template <int kSplit>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     GemvBf16Kernel(const float* __restrict__ x, GemvParams p, int64_t k) {
+  constexpr int kRowsPerBlock = kWarpsPerBlock / kSplit;
+  __shared__ float slice_sum[kWarpsPerBlock];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  if (row >= p.total) return;  // (a run-time index into p would put p in local memory)
-  // Select the part with constant indices only.
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp / kSplit;
+  const int slice = warp % kSplit;
+  const bool valid = row < p.total;
+  // Select the part with constant indices only (a run-time index into p would put p in local
+  // memory).
   const int part = (p.count > 1 && row >= p.end[0]) + (p.count > 2 && row >= p.end[1]);
   const int64_t local = row - (part == 0 ? 0 : part == 1 ? p.end[0] : p.end[1]);
   const __nv_bfloat16* w_part = part == 0 ? p.w[0] : part == 1 ? p.w[1] : p.w[2];
   const float* bias = part == 0 ? p.bias[0] : part == 1 ? p.bias[1] : p.bias[2];
   float* out = part == 0 ? p.out[0] : part == 1 ? p.out[1] : p.out[2];
 
-  float acc = 0.f;
-  const __nv_bfloat16* w_row = w_part + local * k;
   constexpr int64_t kStride = 32 * 8;  // elements between one lane's consecutive loads
   constexpr int64_t kStep = kStride * kLoadsInFlight;
+  const int64_t slice_len = (k + kStride * kSplit - 1) / (kStride * kSplit) * kStride;
+  const int64_t begin = slice * slice_len;
+  const int64_t end = valid ? min(k, begin + slice_len) : 0;
+  float acc = 0.f;
+  const __nv_bfloat16* w_row = valid ? w_part + local * k : w_part;  // (no pointer past the end)
   auto load = [&](uint4 (&raw)[kLoadsInFlight], int64_t base) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int64_t c = base + u * kStride;
-      raw[u] = c < k ? __ldg(reinterpret_cast<const uint4*>(w_row + c)) : make_uint4(0, 0, 0, 0);
+      raw[u] = c < end ? __ldg(reinterpret_cast<const uint4*>(w_row + c)) : make_uint4(0, 0, 0, 0);
     }
   };
   // The first weights stream in while the previous kernel finishes (x is not read before this).
   uint4 cur[kLoadsInFlight];
-  load(cur, lane * 8);
+  load(cur, begin + lane * 8);
   PdlWait();
-  for (int64_t base = lane * 8; base < k; base += kStep) {
+  for (int64_t base = begin + lane * 8; base < end; base += kStep) {
     uint4 next[kLoadsInFlight];
     load(next, base + kStep);  // double-buffered: up to 2 x kLoadsInFlight loads in flight
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int64_t c = base + u * kStride;
-      if (c >= k) break;
+      if (c >= end) break;
       const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&cur[u]);
       float wf[8];
 #pragma unroll
@@ -80,7 +98,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int u = 0; u < kLoadsInFlight; ++u) cur[u] = next[u];
   }
   const float v = WarpSum(acc);
-  if (lane == 0) out[local] = v + (bias != nullptr ? bias[local] : 0.f);
+  if constexpr (kSplit == 1) {
+    if (valid && lane == 0) out[local] = v + (bias != nullptr ? bias[local] : 0.f);
+  } else {
+    if (lane == 0) slice_sum[warp] = v;
+    __syncthreads();
+    if (valid && slice == 0 && lane == 0) {
+      float sum = slice_sum[warp];
+#pragma unroll
+      for (int i = 1; i < kSplit; ++i) sum += slice_sum[warp + i];
+      out[local] = sum + (bias != nullptr ? bias[local] : 0.f);
+    }
+  }
 }
 
 }  // namespace
@@ -105,8 +134,11 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   p.count = num_parts;
   p.total = end;
   if (end == 0) return;
-  const unsigned blocks = static_cast<unsigned>((p.total + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  LaunchPdl(GemvBf16Kernel, dim3(blocks), dim3(kWarpsPerBlock * 32), 0, stream, x, p, k);
+  const bool split = k >= kSplitMinK && p.total >= kSplitMinRows;
+  const int64_t rows_per_block = split ? kWarpsPerBlock / 2 : kWarpsPerBlock;
+  const unsigned blocks = static_cast<unsigned>((p.total + rows_per_block - 1) / rows_per_block);
+  LaunchPdl(split ? GemvBf16Kernel<2> : GemvBf16Kernel<1>, dim3(blocks),
+            dim3(kWarpsPerBlock * 32), 0, stream, x, p, k);
 }
 
 }  // namespace ember::cuda
