@@ -4,6 +4,8 @@
 #                                    default build/cuda-dev)
 #                                    and stages them, the non-system .so files they need and the
 #                                    small fixture models into .devbin/ (git-ignored).
+#   scripts/device-test.sh --unpack  on the GPU machine: only unpacks the xz-compressed binaries
+#                                    (for ad-hoc commands; OUTDIR runs do it themselves).
 #   scripts/device-test.sh OUTDIR    on the GPU machine (CUDA 13 toolkit, no Debian libraries):
 #                                    runs everything staged in .devbin/ and writes logs and
 #                                    summary.txt to OUTDIR. Stages first when .devbin/ is absent.
@@ -18,12 +20,13 @@ stage() {
   set -e
   local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
-  local targets=(cuda_ops_test cuda_forward_bench model_test engine_test threshold_sampling_test
+  local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test engine_test threshold_sampling_test
                  argmax_rows_test ember engine_bench ember_cuda gemm_bench gemv_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
-  cp "$build/src/backend/cuda/cuda_ops_test" "$build/bench/cuda_forward_bench" \
+  cp "$build/src/backend/cuda/cuda_ops_test" "$build/src/backend/cuda/cuda_attention_test" \
+     "$build/bench/cuda_forward_bench" \
      "$build/src/model/model_test" "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
      "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" "$build/bench/gemv_bench" "$build/libember_cuda.so" \
@@ -33,6 +36,9 @@ stage() {
     ldd "$bin" | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl|librt|/cuda' |
       xargs -r -I{} cp -L {} .devbin/lib/ || true
   done
+  # The binaries that carry all the kernels (~12 MB each) travel xz-compressed (~3.7 MB): the
+  # GPU runs carry at most 64 MiB. The run below unpacks them.
+  find .devbin/bin -type f -size +4M -exec xz -T2 -3 {} +
   local fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
   for m in llama3 qwen2 qwen3 mistral gemma2 gemma3 phi3 tinystories-656k; do
     [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
@@ -40,9 +46,18 @@ stage() {
   du -sh .devbin
 }
 
+unpack() {
+  for packed in .devbin/bin/*.xz; do
+    [ -e "$packed" ] && [ ! -e "${packed%.xz}" ] && xz -d -k "$packed" && chmod +x "${packed%.xz}"
+  done
+  return 0
+}
+
 if [ "${1:-}" = "--stage" ]; then stage; exit $?; fi
-out=${1:?usage: scripts/device-test.sh --stage | OUTDIR}
+if [ "${1:-}" = "--unpack" ]; then unpack; exit $?; fi
+out=${1:?usage: scripts/device-test.sh --stage | --unpack | OUTDIR}
 mkdir -p "$out"
+unpack
 [ -x .devbin/bin/cuda_ops_test ] || stage
 cublas_dir=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda*/lib*/libcublas.so.13 \
   2>/dev/null | head -1)" 2>/dev/null)
@@ -67,6 +82,7 @@ gtest() {
   log "$1 exit: $rc"
 }
 gtest cuda_ops_test
+gtest cuda_attention_test
 gtest model_test '*Cuda*:*Argmax*'        # f32 parity 1e-4, bf16 parity 3e-2, device argmax
 gtest engine_test '*Cuda*:*Backend*'      # batched == solo on the GPU, device logits processors
 gtest threshold_sampling_test             # SampleRows / logit-edit kernels == their CPU twins
@@ -78,13 +94,15 @@ log "== tinystories-656k greedy via ember run --device cuda (bf16)"
 
 if [ "${SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   log "== compute-sanitizer memcheck (attention + elementwise)"
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/bin/cuda_ops_test \
-    --gtest_filter='*PrefillMixedAndDecode/D64*:*LongContextSplitK/D80*:CudaOpsTest.*' \
-    >"$out/memcheck.log" 2>&1
-  log "memcheck exit: $? ($(grep -c 'Invalid' "$out/memcheck.log") invalid accesses)"
-  tail -3 "$out/memcheck.log" >>"$summary"
+  for bin in cuda_ops_test cuda_attention_test; do
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 ".devbin/bin/$bin" \
+      --gtest_filter='*PrefillMixedAndDecode/D64*:*LongContextSplitK/D80*:CudaOpsTest.*' \
+      >"$out/memcheck-$bin.log" 2>&1
+    log "memcheck $bin exit: $? ($(grep -c 'Invalid' "$out/memcheck-$bin.log") invalid accesses)"
+    tail -3 "$out/memcheck-$bin.log" >>"$summary"
+  done
   log "== compute-sanitizer racecheck (attention, shared-memory kernels)"
-  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/bin/cuda_ops_test \
+  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/bin/cuda_attention_test \
     --gtest_filter='*PrefillMixedAndDecode/D64*' >"$out/racecheck.log" 2>&1
   log "racecheck exit: $?"
   tail -3 "$out/racecheck.log" >>"$summary"
@@ -102,6 +120,10 @@ if [ "${BENCH:-1}" = 1 ]; then
   bench --shape llama-3.1-8b --batch 1 --prompt 4096 --gen 4 --prefill-chunk 4096
   bench --shape llama-3.2-1b --batch 128 --prompt 512 --gen 128
   bench --shape llama-3.1-8b --batch 128 --prompt 512 --gen 128
+  log "== gemv_bench (the batch-1 decode GEMV per weight group)"
+  for shape in llama-3.2-1b llama-3.1-8b; do
+    timeout 120 .devbin/bin/gemv_bench --shape $shape 2>&1 | tee -a "$summary" >/dev/null
+  done
   log "== gemm_bench (cuBLAS / cuBLASLt ceilings of the prefill GEMMs)"
   timeout 120 .devbin/bin/gemm_bench --shape llama-3.1-8b --tokens 4096 2>&1 | tee -a "$summary" >/dev/null
   log "== per-op GPU time (events, op by op; decode steps)"

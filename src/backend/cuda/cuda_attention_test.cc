@@ -1,0 +1,450 @@
+// Paged attention and KV-pool tests of the CUDA backend against a double-precision reference
+// (prefill, decode, split-K over long contexts, sliding windows, soft-capping, GQA), the bf16 KV
+// pool's rounding, and the batch-invariant attention kernel's bitwise guarantees. Tolerances as in
+// cuda_ops_test.cc. Skips when no CUDA device is present (CI has none).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_test_util.h"
+#include "util/half.h"
+
+namespace ember {
+namespace {
+
+using cuda_test::CudaOpsTest;
+using cuda_test::RelL2;
+using cuda_test::Random;
+using cuda_test::RoundBf16;
+
+// Double-precision attention of one query head at position `pos` over keys [lo, pos]: q(d),
+// k(j, d), v(j, d) give the operands; soft-capping when softcap > 0. Returns [head_dim].
+template <typename Q, typename K, typename V>
+std::vector<double> ReferenceHead(int32_t head_dim, int32_t lo, int32_t pos, double scale,
+                                  double softcap, Q q, K k, V v) {
+  std::vector<double> s;
+  for (int32_t j = lo; j <= pos; ++j) {
+    double dot = 0;
+    for (int32_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q(d)) * k(j, d);
+    dot *= scale;
+    if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
+    s.push_back(dot);
+  }
+  const double mx = *std::max_element(s.begin(), s.end());
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  std::vector<double> out(static_cast<size_t>(head_dim));
+  for (int32_t d = 0; d < head_dim; ++d) {
+    double acc = 0;
+    for (int32_t j = lo; j <= pos; ++j) acc += s[static_cast<size_t>(j - lo)] * v(j, d);
+    out[static_cast<size_t>(d)] = acc / sum;
+  }
+  return out;
+}
+
+// ---- paged attention ----
+
+struct AttnCase {
+  int32_t head_dim, num_heads, num_kv_heads, window;
+  float softcap;
+};
+
+std::string AttnCaseName(const ::testing::TestParamInfo<AttnCase>& info) {
+  const AttnCase& c = info.param;
+  char name[96];
+  std::snprintf(name, sizeof(name), "D%d_H%d_KV%d_W%d_cap%d", c.head_dim, c.num_heads,
+                c.num_kv_heads, c.window, static_cast<int>(c.softcap));
+  return std::string(name);
+}
+
+// Host K/V per sequence and position: [pos][num_kv_heads * head_dim].
+using SeqKv = std::vector<std::vector<float>>;
+
+class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<AttnCase> {
+ protected:
+  static constexpr int32_t kBlocks = 256, kLayers = 2, kLayer = 1;
+
+  // Runs one step: each entry (seq id, first_pos, n) adds n rows. Returns the rel-L2 error.
+  double Step(Backend& b, const std::vector<std::array<int32_t, 3>>& rows, uint32_t seed) {
+    const AttnCase c = GetParam();
+    BatchPlan plan;
+    for (const auto& [seq, first, n] : rows) {
+      std::vector<int32_t> tokens(static_cast<size_t>(n), 1);
+      plan.AddSequence(tokens, first, blocks_[static_cast<size_t>(seq)], false);
+    }
+    EXPECT_TRUE(b.BeginStep(plan).ok());
+    const int32_t T = plan.num_tokens(), D = c.head_dim;
+    const int64_t kvw = static_cast<int64_t>(c.num_kv_heads) * D;
+    const std::vector<float> q = Random(static_cast<size_t>(T * c.num_heads * D), seed);
+    const std::vector<float> k = Random(static_cast<size_t>(T * kvw), seed + 1);
+    const std::vector<float> v = Random(static_cast<size_t>(T * kvw), seed + 2);
+    Tensor qt = Upload(b, q, {T, c.num_heads, D});
+    Tensor kt = Upload(b, k, {T, c.num_kv_heads, D});
+    Tensor vt = Upload(b, v, {T, c.num_kv_heads, D});
+    b.WriteKv(kLayer, kt, vt);
+    AttentionParams p{kLayer, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)),
+                      c.window, c.softcap};
+    Tensor out = b.Alloc({T, c.num_heads * D});
+    b.Attention(p, qt, out);
+    // Reference: append this step's K/V, then attend.
+    int32_t row = 0;
+    for (const auto& [seq, first, n] : rows)
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        SeqKv& ks = k_[static_cast<size_t>(seq)];
+        SeqKv& vs = v_[static_cast<size_t>(seq)];
+        EXPECT_EQ(static_cast<int32_t>(ks.size()), first + i);
+        ks.emplace_back(k.begin() + row * kvw, k.begin() + (row + 1) * kvw);
+        vs.emplace_back(v.begin() + row * kvw, v.begin() + (row + 1) * kvw);
+      }
+    std::vector<double> ref(static_cast<size_t>(T * c.num_heads * D));
+    row = 0;
+    for (const auto& [seq, first, n] : rows)
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        const int32_t pos = first + i;
+        const int32_t lo = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+        for (int32_t h = 0; h < c.num_heads; ++h) {
+          const int32_t kvh = h / (c.num_heads / c.num_kv_heads);
+          const float* qh = &q[static_cast<size_t>((row * c.num_heads + h) * D)];
+          const SeqKv& ks = k_[static_cast<size_t>(seq)];
+          const SeqKv& vs = v_[static_cast<size_t>(seq)];
+          const std::vector<double> head = ReferenceHead(
+              D, lo, pos, p.scale, c.softcap, [&](int32_t d) { return qh[d]; },
+              [&](int32_t j, int32_t d) { return ks[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; },
+              [&](int32_t j, int32_t d) { return vs[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; });
+          std::copy(head.begin(), head.end(), ref.begin() + (row * c.num_heads + h) * D);
+        }
+      }
+    return RelL2(Download(b, out), ref);
+  }
+
+  // f32: the parity mode (f32 kernels: split-K decode, f32 prefill); else bf16 mode, whose
+  // attention is always the batch-invariant kernel. Tolerance: 1e-5 / 2e-2 relative L2.
+  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32) {
+    const AttnCase c = GetParam();
+    CudaBackendOptions options;
+    options.f32_compute = f32;
+    auto created = CreateCudaBackend(0, options);
+    EXPECT_TRUE(created.ok()) << created.status().message();
+    auto b = std::move(created).value();
+    EXPECT_TRUE(b->AllocateKvPool(kLayers, kBlocks, 16, c.num_kv_heads, c.head_dim).ok());
+    // Shuffled, disjoint block ids per sequence so a wrong block table shows.
+    std::vector<int32_t> ids(kBlocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+    const size_t per_seq = kBlocks / static_cast<size_t>(num_seqs);
+    blocks_.clear();
+    for (int32_t s = 0; s < num_seqs; ++s)
+      blocks_.emplace_back(ids.begin() + static_cast<int64_t>(s * per_seq),
+                           ids.begin() + static_cast<int64_t>((s + 1) * per_seq));
+    k_.assign(static_cast<size_t>(num_seqs), {});
+    v_.assign(static_cast<size_t>(num_seqs), {});
+    return b;
+  }
+
+  std::vector<std::vector<int32_t>> blocks_;
+  std::vector<SeqKv> k_, v_;
+};
+
+// mode 0: f32, 1: bf16 (the batch-invariant kernel).
+TEST_P(AttentionTest, PrefillMixedAndDecode) {
+  for (int mode : {0, 1}) {
+    auto b = Setup(3, mode == 0);
+    const double tol = mode == 0 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), tol) << "decode, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), tol) << "decode 2";
+    // A chunk continuing a long history (its first rows see keys of earlier steps).
+    EXPECT_LT(Step(*b, {{0, 43, 100}, {2, 7, 70}}, 450), tol) << "chunk, mode " << mode;
+  }
+}
+
+TEST_P(AttentionTest, LongContextSplitK) {
+  for (int mode : {0, 1}) {
+    auto b = Setup(2, mode == 0);
+    const double tol = mode == 0 ? 1e-5 : 2e-2;
+    EXPECT_LT(Step(*b, {{0, 0, 1300}}, 500), tol) << "long prefill, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 1300, 1}}, 600), tol) << "split-K decode, mode " << mode;
+    EXPECT_LT(Step(*b, {{0, 1301, 1}, {1, 0, 1}}, 700), tol) << "split-K decode, short + long";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Values(AttnCase{64, 8, 2, 0, 0.f}, AttnCase{128, 8, 8, 16, 0.f},
+                      AttnCase{80, 4, 1, 0, 30.f}, AttnCase{256, 4, 2, 100, 50.f},
+                      AttnCase{96, 6, 3, 0, 0.f}, AttnCase{128, 32, 2, 0, 0.f},
+                      AttnCase{256, 8, 1, 0, 0.f}, AttnCase{64, 4, 2, 24, 20.f}),
+    AttnCaseName);
+
+// ---- the bf16 KV pool ----
+
+TEST_F(CudaOpsTest, KvElementBytes) {
+  EXPECT_EQ(Make(false)->KvElementBytes(128), 2);  // bf16 mode, batch-invariant kernel: bf16
+  EXPECT_EQ(Make(false)->KvElementBytes(72), 4);   // no invariant kernel: the f32 kernels
+  EXPECT_EQ(Make(true)->KvElementBytes(128), 4);   // parity mode
+  CudaBackendOptions options;
+  options.kv_f32 = true;
+  EXPECT_EQ(CreateCudaBackend(0, options).value()->KvElementBytes(128), 4);
+}
+
+// WriteKv stores V rounded to bf16 to nearest even, as the kernel's staging of an f32 pool does:
+// a row at position 0 attends to its own key only (weight exactly 1), so its output is the
+// stored V. Ties and near-ties of both mantissa parities, then random values.
+TEST_F(CudaOpsTest, KvPoolStoresBf16RoundedToNearestEven) {
+  const int32_t heads = 4, kv_heads = 2, D = 64, kvw = kv_heads * D;
+  std::vector<float> v = Random(static_cast<size_t>(kvw), 77);
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+                              0xbf808000u, 0xbf818000u, 0x40490fdbu, 0x3eaaaaabu,
+                              0x477fffffu, 0x00000001u, 0xc0a00001u, 0x41200000u};
+  for (size_t i = 0; i < std::size(special); ++i) std::memcpy(&v[i], &special[i], 4);
+  size_t rn_differs_from_truncation = 0;
+  for (float x : v) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    float truncated;
+    const uint32_t t = u & 0xffff0000u;
+    std::memcpy(&truncated, &t, 4);
+    rn_differs_from_truncation += RoundBf16(x) != truncated;
+  }
+  ASSERT_GT(rn_differs_from_truncation, 20u);  // the data can tell RN from truncation
+  const std::vector<float> k = Random(static_cast<size_t>(kvw), 78);
+  const std::vector<float> q = Random(static_cast<size_t>(heads * D), 79);
+  for (bool kv_f32 : {false, true}) {
+    CudaBackendOptions options;
+    options.kv_f32 = kv_f32;
+    auto created = CreateCudaBackend(0, options);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Backend& b = **created;
+    ASSERT_TRUE(b.AllocateKvPool(1, 4, 16, kv_heads, D).ok());
+    ASSERT_TRUE(b.BeginStep(SimplePlan(1)).ok());
+    Tensor qt = Upload(b, q, {1, heads, D});
+    b.WriteKv(0, Upload(b, k, {1, kv_heads, D}), Upload(b, v, {1, kv_heads, D}));
+    Tensor out = b.Alloc({1, heads * D});
+    b.Attention(AttentionParams{0, heads, kv_heads, D, 0.125f, 0, 0.f}, qt, out);
+    const std::vector<float> got = Download(b, out);
+    size_t mismatches = 0;
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        const float want = RoundBf16(v[static_cast<size_t>(h / (heads / kv_heads) * D + d)]);
+        const float g = got[static_cast<size_t>(h * D + d)];
+        if (g != want && ++mismatches <= 5)
+          ADD_FAILURE() << "kv_f32 " << kv_f32 << " head " << h << " d " << d << ": " << g
+                        << " != " << want;
+      }
+    EXPECT_EQ(mismatches, 0u) << "kv_f32 " << kv_f32;
+  }
+}
+
+// ---- batch-invariant attention (issue 6) ----
+
+using InvCase = AttnCase;
+
+// Deterministic values for (kind, seq, pos, index): the same row gets the same Q/K/V whichever
+// step computes it.
+float HashValue(uint64_t kind, uint64_t seq, uint64_t pos, uint64_t idx) {
+  uint64_t z = (kind << 60) ^ (seq << 44) ^ (pos << 20) ^ idx;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+}
+
+// The same query rows computed in different steps (decode alone, decode among 127 others, a
+// prefill chunk among other chunks, prefills split at different chunk boundaries) are bitwise
+// equal in the bf16 mode, across fixed key splits, and within tolerance of a double reference.
+class AttentionInvariantTest : public CudaOpsTest,
+                               public ::testing::WithParamInterface<InvCase> {
+ protected:
+  static constexpr int32_t kTargetPos = 1100;  // spans three 512-key splits
+  static constexpr int32_t kTargetBlocks = 80, kOtherBlocks = 8, kOthers = 130;
+
+  std::vector<int32_t> Blocks(int32_t seq) const {
+    std::vector<int32_t> ids(static_cast<size_t>(seq == 0 ? kTargetBlocks : kOtherBlocks));
+    std::iota(ids.begin(), ids.end(), seq == 0 ? 0 : kTargetBlocks + (seq - 1) * kOtherBlocks);
+    std::reverse(ids.begin(), ids.end());  // non-contiguous order shows a wrong table
+    return ids;
+  }
+
+  // The pool every case uses: the target's blocks and kOthers other sequences' blocks.
+  static Status AllocatePool(Backend& b) {
+    const InvCase c = GetParam();
+    return b.AllocateKvPool(1, kTargetBlocks + kOthers * kOtherBlocks, 16, c.num_kv_heads,
+                            c.head_dim);
+  }
+
+  // One step of (seq, first_pos, n) entries; returns out [num_tokens, heads * D].
+  std::vector<float> Run(Backend& b, const std::vector<std::array<int32_t, 3>>& entries) {
+    const InvCase c = GetParam();
+    const int32_t D = c.head_dim;
+    BatchPlan plan;
+    std::vector<float> q, k, v;
+    for (const auto& [seq, first, n] : entries) {
+      plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), first, Blocks(seq),
+                       false);
+      for (int32_t pos = first; pos < first + n; ++pos) {
+        for (int32_t i = 0; i < c.num_heads * D; ++i) q.push_back(HashValue(1, seq, pos, i));
+        for (int32_t i = 0; i < c.num_kv_heads * D; ++i) {
+          k.push_back(HashValue(2, seq, pos, i));
+          v.push_back(HashValue(3, seq, pos, i));
+        }
+      }
+    }
+    EXPECT_TRUE(b.BeginStep(plan).ok());
+    const int32_t T = plan.num_tokens();
+    Tensor qt = Upload(b, q, {T, c.num_heads, D});
+    Tensor kt = Upload(b, k, {T, c.num_kv_heads, D});
+    Tensor vt = Upload(b, v, {T, c.num_kv_heads, D});
+    b.WriteKv(0, kt, vt);
+    AttentionParams p{0, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)), c.window,
+                      c.softcap};
+    Tensor out = b.Alloc({T, c.num_heads * D});
+    b.Attention(p, qt, out);
+    return Download(b, out);
+  }
+
+  // Row `index` of a step's output.
+  std::vector<float> Row(const std::vector<float>& out, int32_t index) const {
+    const size_t w = static_cast<size_t>(GetParam().num_heads * GetParam().head_dim);
+    return std::vector<float>(out.begin() + static_cast<int64_t>(index * w),
+                              out.begin() + static_cast<int64_t>((index + 1) * w));
+  }
+
+  // Double-precision attention of the target sequence's row at `pos` over keys [lo, pos].
+  std::vector<double> Reference(int32_t pos) const {
+    const InvCase c = GetParam();
+    const int32_t D = c.head_dim, group = c.num_heads / c.num_kv_heads;
+    const int32_t lo = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+    std::vector<double> ref(static_cast<size_t>(c.num_heads * D));
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      const int32_t kvh = h / group;
+      const std::vector<double> head = ReferenceHead(
+          D, lo, pos, 1.0 / std::sqrt(static_cast<double>(D)), c.softcap,
+          [&](int32_t d) { return HashValue(1, 0, pos, h * D + d); },
+          [&](int32_t j, int32_t d) { return HashValue(2, 0, j, kvh * D + d); },
+          [&](int32_t j, int32_t d) { return HashValue(3, 0, j, kvh * D + d); });
+      std::copy(head.begin(), head.end(), ref.begin() + h * D);
+    }
+    return ref;
+  }
+};
+
+TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
+  auto b = Make(false);
+  ASSERT_TRUE(AllocatePool(*b).ok());
+  const int32_t P = kTargetPos;
+  // (d) The target's prompt [0, P] as one chunk, then split at other boundaries (the later
+  // chunks attend to the cached earlier part): every row bitwise equal.
+  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
+  const std::vector<std::vector<std::array<int32_t, 2>>> chunkings = {
+      {{0, 700}, {700, P + 1}}, {{0, 64}, {64, 513}, {513, 1000}, {1000, P + 1}}};
+  for (size_t ci = 0; ci < chunkings.size(); ++ci) {
+    std::vector<float> joined;
+    for (const auto& [begin, end] : chunkings[ci]) {
+      const std::vector<float> part = Run(*b, {{0, begin, end - begin}});
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    ASSERT_EQ(joined.size(), whole.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
+    EXPECT_EQ(mismatches, 0u) << "chunking " << ci << " differs from the one-chunk prefill";
+  }
+  const std::vector<float> row_p = Row(whole, P);
+  // (a) Decode alone (few blocks: the split-mode path with the combine kernel).
+  EXPECT_EQ(Row(Run(*b, {{0, P, 1}}), 0), row_p) << "decode alone";
+  // (b) Decode among 127 other sequences.
+  std::vector<std::array<int32_t, 3>> batch;
+  for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+  batch.insert(batch.begin() + 60, {0, P, 1});
+  EXPECT_EQ(Row(Run(*b, batch), 60), row_p) << "decode with 127 others";
+  // (c) Inside a prefill chunk [P - 20, P] between other sequences' chunks.
+  EXPECT_EQ(Row(Run(*b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
+      << "prefill chunk among others";
+  // Against the double reference (the bf16 mode's tolerance), rows across the split bounds.
+  for (int32_t pos : {0, 37, 511, 512, 700, 1023, 1024, P}) {
+    EXPECT_LT(RelL2(Row(whole, pos), Reference(pos)), 2e-2) << "pos " << pos;
+  }
+}
+
+// A prefill takes the kernel's two-m-tile block shape (Q in shared memory, mask-free whole tiles),
+// a step of single rows the one-m-tile decode shape: every row lands in a different warp, m-tile
+// and block position in the two, yet each row is bitwise the same. 128 decode rows of the target
+// sequence (one step; the entries share its block table) against the one-chunk prefill: the first
+// 48 rows (one tile), rows across the split and tile bounds, the last 64.
+TEST_P(AttentionInvariantTest, PrefillRowsEqualDecodeRows) {
+  auto b = Make(false);
+  ASSERT_TRUE(AllocatePool(*b).ok());
+  const int32_t P = kTargetPos;
+  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
+  std::vector<int32_t> positions;
+  for (int32_t pos = 0; pos < 48; ++pos) positions.push_back(pos);
+  for (int32_t pos : {63, 64, 65, 127, 128, 200, 511, 512, 513, 575, 576, 700, 1023, 1024, 1025,
+                      1030}) {
+    positions.push_back(pos);
+  }
+  for (int32_t pos = P - 63; pos <= P; ++pos) positions.push_back(pos);
+  ASSERT_EQ(positions.size(), 128u);
+  std::vector<std::array<int32_t, 3>> batch;
+  for (int32_t pos : positions) batch.push_back({0, pos, 1});
+  const std::vector<float> decode = Run(*b, batch);
+  size_t mismatched_rows = 0;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const bool same = Row(decode, static_cast<int32_t>(i)) == Row(whole, positions[i]);
+    mismatched_rows += !same;
+    EXPECT_TRUE(same) << "pos " << positions[i];
+  }
+  EXPECT_EQ(mismatched_rows, 0u);
+}
+
+// The bf16 pool (WriteKv rounds RN once) gives bitwise the attention of an f32 pool (the kernel
+// rounds RN as it stages the tiles): prefill chunks, decode alone (split mode), decode in a batch.
+TEST_P(AttentionInvariantTest, Bf16PoolMatchesF32Pool) {
+  const InvCase c = GetParam();
+  std::vector<std::vector<float>> outs[2];
+  for (int f32_pool = 0; f32_pool < 2; ++f32_pool) {
+    CudaBackendOptions options;
+    options.kv_f32 = f32_pool == 1;
+    auto created = CreateCudaBackend(0, options);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Backend& b = **created;
+    EXPECT_EQ(b.KvElementBytes(c.head_dim), f32_pool == 1 ? 4 : 2);
+    ASSERT_TRUE(AllocatePool(b).ok());
+    outs[f32_pool].push_back(Run(b, {{0, 0, 700}}));
+    outs[f32_pool].push_back(Run(b, {{0, 700, kTargetPos + 1 - 700}, {1, 0, 40}}));
+    outs[f32_pool].push_back(Run(b, {{0, kTargetPos, 1}}));
+    std::vector<std::array<int32_t, 3>> batch;
+    for (int32_t s = 2; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+    batch.push_back({0, kTargetPos, 1});
+    batch.push_back({1, 40, 1});
+    outs[f32_pool].push_back(Run(b, batch));
+  }
+  ASSERT_EQ(outs[0].size(), outs[1].size());
+  for (size_t step = 0; step < outs[0].size(); ++step) {
+    ASSERT_EQ(outs[0][step].size(), outs[1][step].size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < outs[0][step].size(); ++i)
+      mismatches += std::memcmp(&outs[0][step][i], &outs[1][step][i], 4) != 0;
+    EXPECT_EQ(mismatches, 0u) << "step " << step << " of " << outs[0][step].size() << " values";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionInvariantTest,
+    ::testing::Values(InvCase{16, 8, 1, 0, 0.f}, InvCase{16, 4, 4, 100, 30.f},
+                      InvCase{32, 4, 2, 0, 50.f}, InvCase{32, 8, 1, 700, 0.f},
+                      InvCase{64, 8, 2, 0, 0.f}, InvCase{64, 8, 8, 300, 20.f},
+                      InvCase{128, 32, 8, 0, 0.f}, InvCase{128, 8, 1, 600, 30.f},
+                      InvCase{256, 8, 4, 0, 50.f}, InvCase{256, 4, 4, 600, 0.f},
+                      InvCase{256, 16, 2, 100, 30.f}, InvCase{80, 4, 1, 0, 0.f}),
+    AttnCaseName);
+
+}  // namespace
+}  // namespace ember
