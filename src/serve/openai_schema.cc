@@ -119,13 +119,7 @@ class ObjectReader {
   }
   ApiError OutOfRange(const std::string& name, const std::string& got, int64_t lo, int64_t hi) {
     std::ostringstream msg;
-    msg << Path(name) << ": must be in [" << lo << ", ";
-    if (hi == std::numeric_limits<int64_t>::max()) {
-      msg << "inf";
-    } else {
-      msg << hi;
-    }
-    msg << "], got " << got;
+    msg << Path(name) << ": must be in [" << lo << ", " << hi << "], got " << got;
     return InvalidRequest(msg.str(), Path(name));
   }
 

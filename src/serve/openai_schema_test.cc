@@ -115,6 +115,17 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
   }
 }
 
+// An integer range error states the real bounds: a seed past int64 once read "must be in
+// [-9223372036854775808, inf]", which the rejected 18446744073709551615 satisfies.
+TEST(OpenAiSchemaTest, IntegerRangeErrorsStateTheBounds) {
+  auto err = Chat(R"({"messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615})");
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->message.find("[-9223372036854775808, 9223372036854775807], got "
+                              "18446744073709551615"),
+            std::string::npos)
+      << err->message;
+}
+
 TEST(OpenAiSchemaTest, NonFiniteNumbersAreRejected) {
   // JSON text cannot spell NaN/inf (the HTTP layer's parser rejects 1e999 as malformed), but a
   // parsed document can hold them; the schema must still refuse.
