@@ -124,13 +124,16 @@ Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
 
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
-  int64_t p = 512, n = 128, reps = 5, threads = 0;
+  int64_t p = 512, n = 128, reps = 5, threads = 0, depth = 0;
   std::string device = "auto", batch_invariant = "off";
   FlagParser flags(
-      "usage: ember bench --model DIR [-p 512] [-n 128] [-r 5] [--threads N] [--device D]");
+      "usage: ember bench --model DIR [-p 512] [-n 128] [-d 0] [-r 5] [--threads N] [--device D]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
   flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
   flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
+  flags.AddInt("-d,--depth", &depth,
+               "tokens already in the KV cache when each test starts (prefilled once, untimed; "
+               "llama-bench's -d): the tests then run at a long context");
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
@@ -145,8 +148,8 @@ int BenchCommand(int argc, char** argv, int first) {
     std::printf("%s", flags.Help().c_str());
     return 0;
   }
-  if (model_dir.empty() || p < 0 || n < 0 || reps < 1 || threads < 0) {
-    std::fprintf(stderr, "ember bench: --model is required; -p, -n >= 0; -r >= 1\n");
+  if (model_dir.empty() || p < 0 || n < 0 || depth < 0 || reps < 1 || threads < 0) {
+    std::fprintf(stderr, "ember bench: --model is required; -p, -n, -d >= 0; -r >= 1\n");
     return 2;
   }
   EngineFlags device_flags;
@@ -165,13 +168,15 @@ int BenchCommand(int argc, char** argv, int first) {
   }
   Model& model = **loaded;
   const ModelConfig& c = model.config();
-  if (std::max(p, n) >= c.max_position_embeddings) {
-    std::fprintf(stderr, "ember bench: -p/-n must be below max_position_embeddings (%d)\n",
-                 c.max_position_embeddings);
+  if (depth + std::max(p, n) >= c.max_position_embeddings) {
+    std::fprintf(stderr,
+                 "ember bench: -d + max(-p, -n) = %lld must be below max_position_embeddings (%d)\n",
+                 static_cast<long long>(depth + std::max(p, n)), c.max_position_embeddings);
     return 2;
   }
   constexpr int32_t kBlockSize = 16;
-  const int32_t num_blocks = static_cast<int32_t>((std::max(p, n) + 1 + kBlockSize - 1) / kBlockSize);
+  const int32_t num_blocks =
+      static_cast<int32_t>((depth + std::max(p, n) + 1 + kBlockSize - 1) / kBlockSize);
   if (Status st = model.AllocateKvCache(num_blocks, kBlockSize); !st.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", st.message().c_str());
     return 1;
@@ -185,16 +190,29 @@ int BenchCommand(int argc, char** argv, int first) {
   for (const std::string& r : MachineNoise(model.WeightBytes()))
     std::printf("warning: noisy machine: %s\n", r.c_str());
 
+  // The depth context: positions [0, depth), prefilled in chunks of kDepthChunk tokens.
+  constexpr int64_t kDepthChunk = 2048;
+  for (int64_t start = 0; start < depth; start += kDepthChunk) {
+    std::vector<int32_t> chunk(static_cast<size_t>(std::min(kDepthChunk, depth - start)));
+    for (size_t i = 0; i < chunk.size(); ++i)
+      chunk[i] = static_cast<int32_t>(((start + static_cast<int64_t>(i)) * 104729 + 7) % c.vocab_size);
+    if (Status st = Step(model, chunk, static_cast<int32_t>(start), blocks, logits); !st.ok()) {
+      std::fprintf(stderr, "ember bench: prefilling the -d context: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
+  const int32_t first_pos = static_cast<int32_t>(depth);
+
   auto run_pp = [&]() -> Result<double> {
     const auto t0 = Clock::now();
-    EMBER_RETURN_IF_ERROR(Step(model, prompt, 0, blocks, logits));
+    EMBER_RETURN_IF_ERROR(Step(model, prompt, first_pos, blocks, logits));
     return static_cast<double>(p) / std::chrono::duration<double>(Clock::now() - t0).count();
   };
   auto run_tg = [&](int64_t count) -> Result<double> {
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < count; ++i)
       EMBER_RETURN_IF_ERROR(Step(model, {static_cast<int32_t>((i * 31 + 5) % c.vocab_size)},
-                                 static_cast<int32_t>(i), blocks, logits));
+                                 first_pos + static_cast<int32_t>(i), blocks, logits));
     return static_cast<double>(count) / std::chrono::duration<double>(Clock::now() - t0).count();
   };
 
@@ -232,7 +250,9 @@ int BenchCommand(int argc, char** argv, int first) {
       }
       rates.push_back(*rate);
     }
-    row((is_pp ? "pp" : "tg") + std::to_string(size), rates);
+    row((is_pp ? "pp" : "tg") + std::to_string(size) +
+            (depth > 0 ? " @ d" + std::to_string(depth) : std::string()),
+        rates);
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
