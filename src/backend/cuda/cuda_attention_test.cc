@@ -19,10 +19,7 @@
 namespace ember {
 namespace {
 
-using cuda_test::CudaOpsTest;
-using cuda_test::RelL2;
-using cuda_test::Random;
-using cuda_test::RoundBf16;
+using namespace cuda_test;  // the fixture and helpers shared with the other GPU test binary
 
 // Double-precision attention of one query head at position `pos` over keys [lo, pos]: q(d),
 // k(j, d), v(j, d) give the operands; soft-capping when softcap > 0. Returns [head_dim].

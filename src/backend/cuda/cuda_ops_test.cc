@@ -24,10 +24,7 @@
 namespace ember {
 namespace {
 
-using cuda_test::CudaOpsTest;
-using cuda_test::RelL2;
-using cuda_test::Random;
-using cuda_test::RoundBf16;
+using namespace cuda_test;  // the fixture and helpers shared with the other GPU test binary
 
 TEST_F(CudaOpsTest, EmbeddingBothModes) {
   const int64_t vocab = 50, d = 96;
