@@ -1,0 +1,28 @@
+#!/bin/sh
+# `ember bench -d`: on the tinystories fixture, the pp/tg rows run at the requested depth and say
+# so, a depth past the model's context is refused with the numbers, and no depth keeps the plain
+# labels. Skips (77) when the fixture is absent. Env: EMBER_BIN, EMBER_FIXTURES (or
+# EMBER_FIXTURES_DEFAULT).
+set -u
+model="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}/models/tinystories-656k"
+if [ ! -f "$model/config.json" ]; then
+  echo "skipped: no tinystories fixture at $model"
+  exit 77
+fi
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -d 200 -r 1 --device cpu 2>&1) ||
+  fail "bench -d 200 exited $?: $out"
+echo "$out" | grep -q '| pp16 @ d200 |' || fail "no pp16 @ d200 row: $out"
+echo "$out" | grep -q '| tg8 @ d200 |' || fail "no tg8 @ d200 row: $out"
+
+out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -r 1 --device cpu 2>&1) ||
+  fail "bench without -d exited $?: $out"
+echo "$out" | grep -q '| tg8 |' || fail "no plain tg8 row: $out"
+echo "$out" | grep -q '@ d' && fail "a depth label without -d: $out"
+
+out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -d 500 -r 1 --device cpu 2>&1)
+code=$?
+[ "$code" = 2 ] || fail "-d 500 on a 512-token model exited $code, want 2: $out"
+echo "$out" | grep -q 'max_position_embeddings (512)' || fail "-d 500 error does not name the limit: $out"
+echo "ok"
