@@ -14,13 +14,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "cuda_timing.h"
 #include "util/flags.h"
 
 namespace {
@@ -29,29 +29,6 @@ struct Shape {
   const char* name;
   int64_t m, k;
 };
-
-// Median milliseconds of `reps` timed calls of fn (after 3 warm-up calls).
-template <typename Fn>
-double MedianMs(cudaStream_t st, int64_t reps, Fn fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> ms;
-  for (int64_t i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a, st));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b, st));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 }  // namespace
 
@@ -124,11 +101,12 @@ int main(int argc, char** argv) {
     double ms[4];
     for (int variant = 0; variant < 2; ++variant) {
       const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
-      ms[variant] = MedianMs(st, reps, [&] {
-        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m), static_cast<int>(n),
-                        static_cast<int>(s.k), &alpha, w, CUDA_R_16BF, static_cast<int>(s.k), x,
-                        CUDA_R_16BF, static_cast<int>(s.k), &beta, out, ct, static_cast<int>(s.m),
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      ms[variant] = ember::bench::MedianMs(st, reps, [&] {
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m),
+                                  static_cast<int>(n), static_cast<int>(s.k), &alpha, w,
+                                  CUDA_R_16BF, static_cast<int>(s.k), x, CUDA_R_16BF,
+                                  static_cast<int>(s.k), &beta, out, ct, static_cast<int>(s.m),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
     }
     for (int variant = 0; variant < 2; ++variant) {
@@ -136,24 +114,26 @@ int main(int argc, char** argv) {
       cublasLtMatmulDesc_t desc;
       CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
       cublasLtMatrixLayout_t la, lb, lc;
       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.m, s.k));
       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, n, s.k));
       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, ct, s.m, n, s.m));
       cublasLtMatmulPreference_t pref;
       CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                              &ws_bytes, sizeof(ws_bytes)));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
       cublasLtMatmulHeuristicResult_t res[8];
       int found = 0;
       CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, res, &found));
       double best = 1e30;
       for (int a = 0; a < found; ++a) {
-        const double t = MedianMs(st, reps, [&] {
-          CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &res[a].algo,
-                            ws, ws_bytes, st));
+        const double t = ember::bench::MedianMs(st, reps, [&] {
+          CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc,
+                                      &res[a].algo, ws, ws_bytes, st));
         });
         best = std::min(best, t);
       }

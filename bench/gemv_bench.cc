@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "cuda_timing.h"
 #include "util/flags.h"
 
 namespace {
@@ -54,9 +55,6 @@ int main(int argc, char** argv) {
   }
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreate(&st));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
   std::printf("shape=%s chain=%ld reps=%ld\n%-8s %8s %6s | %9s %8s\n", shape.c_str(),
               static_cast<long>(chain), static_cast<long>(reps), "weights", "MB", "k", "us/call",
               "TB/s");
@@ -75,37 +73,25 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(g.k) * 4));
     CUDA_CHECK(cudaMemset(x, 0, static_cast<size_t>(g.k) * 4));
     CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m_total) * 4));
-    auto launch_chain = [&] {
-      for (int64_t i = 0; i < chain; ++i) {
-        const char* base = static_cast<const char*>(w[static_cast<size_t>(i % copies)]);
-        std::vector<ember::cuda::GemvPart> parts;
-        int64_t row = 0;
-        for (int64_t m : g.ms) {
-          parts.push_back({base + row * g.k * 2, nullptr, out + row, m});
-          row += m;
-        }
-        ember::cuda::LaunchGemvBf16Multi(x, parts.data(), static_cast<int>(parts.size()), g.k, st);
-      }
-    };
+    // The chain, captured once: launch i reads weight copy i % copies.
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    launch_chain();
+    for (int64_t i = 0; i < chain; ++i) {
+      const char* base = static_cast<const char*>(w[static_cast<size_t>(i % copies)]);
+      std::vector<ember::cuda::GemvPart> parts;
+      int64_t row = 0;
+      for (int64_t m : g.ms) {
+        parts.push_back({base + row * g.k * 2, nullptr, out + row, m});
+        row += m;
+      }
+      ember::cuda::LaunchGemvBf16Multi(x, parts.data(), static_cast<int>(parts.size()), g.k, st);
+    }
     CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(exec, st));
-    std::vector<float> ms;
-    for (int64_t r = 0; r < reps; ++r) {
-      CUDA_CHECK(cudaEventRecord(a, st));
-      CUDA_CHECK(cudaGraphLaunch(exec, st));
-      CUDA_CHECK(cudaEventRecord(b, st));
-      CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double us = 1e3 * ms[ms.size() / 2] / static_cast<double>(chain);
+    const double median_ms = ember::bench::MedianMs(
+        st, reps, [&] { CUDA_CHECK(cudaGraphLaunch(exec, st)); });
+    const double us = 1e3 * median_ms / static_cast<double>(chain);
     std::printf("%-8s %8.1f %6ld | %9.2f %8.2f\n", g.name, static_cast<double>(bytes) / 1e6,
                 static_cast<long>(g.k), us, static_cast<double>(bytes) / us / 1e6);
     CUDA_CHECK(cudaGraphExecDestroy(exec));
