@@ -20,8 +20,9 @@ stage() {
   set -e
   local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
-  local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test engine_test threshold_sampling_test
-                 argmax_rows_test ember engine_bench ember_cuda gemm_bench gemv_bench)
+  local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test engine_test
+                 threshold_sampling_test argmax_rows_test ember engine_bench ember_cuda gemm_bench
+                 gemv_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
@@ -29,7 +30,8 @@ stage() {
      "$build/bench/cuda_forward_bench" \
      "$build/src/model/model_test" "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
-     "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" "$build/bench/gemv_bench" "$build/libember_cuda.so" \
+     "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" \
+     "$build/bench/gemv_bench" "$build/libember_cuda.so" \
      .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do

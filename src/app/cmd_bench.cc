@@ -169,9 +169,9 @@ int BenchCommand(int argc, char** argv, int first) {
   Model& model = **loaded;
   const ModelConfig& c = model.config();
   if (depth + std::max(p, n) >= c.max_position_embeddings) {
-    std::fprintf(stderr,
-                 "ember bench: -d + max(-p, -n) = %lld must be below max_position_embeddings (%d)\n",
-                 static_cast<long long>(depth + std::max(p, n)), c.max_position_embeddings);
+    std::fprintf(
+        stderr, "ember bench: -d + max(-p, -n) = %lld must be below max_position_embeddings (%d)\n",
+        static_cast<long long>(depth + std::max(p, n)), c.max_position_embeddings);
     return 2;
   }
   constexpr int32_t kBlockSize = 16;
@@ -194,8 +194,10 @@ int BenchCommand(int argc, char** argv, int first) {
   constexpr int64_t kDepthChunk = 2048;
   for (int64_t start = 0; start < depth; start += kDepthChunk) {
     std::vector<int32_t> chunk(static_cast<size_t>(std::min(kDepthChunk, depth - start)));
-    for (size_t i = 0; i < chunk.size(); ++i)
-      chunk[i] = static_cast<int32_t>(((start + static_cast<int64_t>(i)) * 104729 + 7) % c.vocab_size);
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const int64_t pos = start + static_cast<int64_t>(i);
+      chunk[i] = static_cast<int32_t>((pos * 104729 + 7) % c.vocab_size);
+    }
     if (Status st = Step(model, chunk, static_cast<int32_t>(start), blocks, logits); !st.ok()) {
       std::fprintf(stderr, "ember bench: prefilling the -d context: %s\n", st.message().c_str());
       return 1;

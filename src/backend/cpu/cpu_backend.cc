@@ -550,7 +550,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
             float* raw = scores(g) + (b0 - first);  // [t - b0]
             int64_t i = 0, n = b1 - b0;
             if (hd % 8 == 0)
-              for (; i + 4 <= n; i += 4) Dot4(qv, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], hd, raw + i);
+              for (; i + 4 <= n; i += 4)
+                Dot4(qv, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], hd, raw + i);
             for (; i < n; ++i) raw[i] = Dot(qv, rows[i], hd);
           }
         }
@@ -586,7 +587,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
               for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(acc + 8 * j);
               for (int64_t i = 0; i < n; ++i) {
                 const __m256 pv = _mm256_set1_ps(w[i] * inv[g]);
-                for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(rows[i] + 8 * j), a[j]);
+                for (int j = 0; j < 8; ++j)
+                  a[j] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(rows[i] + 8 * j), a[j]);
               }
               for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
             } else {

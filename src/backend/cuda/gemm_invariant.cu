@@ -372,7 +372,8 @@ void Launch(const void* x, const GemvPart* parts, int num_parts, int64_t n, int6
   CHECK(groups <= 65535) << n << " GEMM rows";
   if (tiles == 0) return;
   if (stages == 0) {
-    const int64_t per_sm = std::clamp<int64_t>((tiles * groups + CurrentDeviceSmCount() - 1) / CurrentDeviceSmCount(), 1, 4);
+    const int64_t sms = CurrentDeviceSmCount();
+    const int64_t per_sm = std::clamp<int64_t>((tiles * groups + sms - 1) / sms, 1, 4);
     const int64_t ktiles = (k + BK - 1) / BK;
     stages = kStageChoices[0];
     for (int s : kStageChoices)

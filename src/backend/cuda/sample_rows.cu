@@ -484,14 +484,14 @@ __global__ void SampleRowsClusterKernel(const float* __restrict__ x, int64_t col
 // shape (many rows) or a slice would not fit in shared memory. Sets the kernel's dynamic shared
 // memory limit for the chosen shape.
 int ClusterSizeFor(int32_t num_rows, int64_t cols) {
-  static int num_sms = 0, max_smem = 0;
+  static int max_smem = 0;
   static int64_t checked_cols = -1;
   static bool sixteen = false;
   static size_t smem_set = 0;
-  if (num_sms == 0) {
+  const int num_sms = CurrentDeviceSmCount();
+  if (max_smem == 0) {
     int device;
     CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
     CUDA_CHECK(
         cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     max_smem -= static_cast<int>(sizeof(ClusterShared)) + 1024;  // static + BlockArgmax's slots

@@ -63,7 +63,8 @@ __global__ void RopeWriteKvKernel(float* q, float* k, const float* v, int32_t nu
     const int32_t head = j / per_head, i = j % per_head;
     float* x = k + (token * num_kv_heads + head) * head_dim;
     // (Formed only for a real slot: k_pool - row_width would point before the pool.)
-    T* dst = slot >= 0 ? k_pool + slot * row_width + static_cast<int64_t>(head) * head_dim : nullptr;
+    T* dst =
+        slot >= 0 ? k_pool + slot * row_width + static_cast<int64_t>(head) * head_dim : nullptr;
     if (i < half) {
       const float2 y = RotatePair(x[i], x[i + half], cos_row[i], sin_row[i]);
       x[i] = y.x;
