@@ -536,7 +536,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     }
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
-    // ForEachPair visits this warp's O column pairs of row half h of m-tile mt: fn(col, o0, o1).
+    // ForEachPair visits this warp's O column pairs of row half h of m-tile mt:
+    // fn(n, col, o0, o1), n the pair's index among them.
     auto ForEachPair = [&](int mt, int h, auto&& fn) {
 #pragma unroll
       for (int i = 0; i < kDimBlocksPerWarp; ++i) {
@@ -544,7 +545,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-          fn(col, o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+          fn(n, col, o[mt][n][2 * h], o[mt][n][2 * h + 1]);
         }
       }
     };
@@ -564,7 +565,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           const int32_t last = pos[mt][h] / kInvariantSplitKeys;
           if (first == last) {
             const float inv = __frcp_rn(lh);
-            ForEachPair(mt, h, [&](int col, float o0, float o1) {
+            ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
               *reinterpret_cast<float2*>(orow + col) =
                   make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv));
             });
@@ -574,7 +575,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
               rec[0] = m[mt][h];
               rec[1] = lh;
             }
-            ForEachPair(mt, h, [&](int col, float o0, float o1) {
+            ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
               rec[2 + col] = o0;
               rec[3 + col] = o1;
             });
@@ -586,10 +587,22 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             FoldScalars(rm, rl, m[mt][h], lh, exp_scale, wa, wb);
             const bool final_split = s_idx == last;
             const float inv = final_split ? __frcp_rn(rl) : 1.f;
-            ForEachPair(mt, h, [&](int col, float o0, float o1) {
-              const float2 prev =
-                  had ? *reinterpret_cast<const float2*>(orow + col) : make_float2(0.f, 0.f);
-              float2 v = make_float2(FoldValue(prev.x, o0, wa, wb), FoldValue(prev.y, o1, wa, wb));
+            // Every previous pair is loaded before the first store: loads and stores of `out`
+            // interleaved made each load wait for the one before it (a fifth of the prefill
+            // kernel's stall samples, ncu).
+            float2 prev[2 * kDimBlocksPerWarp];
+            if (had) {
+              ForEachPair(mt, h, [&](int n, int col, float, float) {
+                prev[n] = *reinterpret_cast<const float2*>(orow + col);
+              });
+            } else {
+              ForEachPair(mt, h, [&](int n, int, float, float) {
+                prev[n] = make_float2(0.f, 0.f);
+              });
+            }
+            ForEachPair(mt, h, [&](int n, int col, float o0, float o1) {
+              float2 v = make_float2(FoldValue(prev[n].x, o0, wa, wb),
+                                     FoldValue(prev[n].y, o1, wa, wb));
               if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
               *reinterpret_cast<float2*>(orow + col) = v;
             });
