@@ -117,6 +117,11 @@ class Backend {
   virtual Status BeginStep(const BatchPlan& plan) = 0;
   // A float32 activation buffer from the step workspace (contents undefined).
   virtual Tensor Alloc(std::initializer_list<int64_t> shape) = 0;
+  // A step buffer that only MatMul reads (as x) and only RmsNorm, AddRmsNorm (out), SiluMul and
+  // GeluTanhMul (out) write. Its element type is the backend's choice: float32 (this default),
+  // or the GEMM operand type (the CUDA bf16 mode at cuBLAS row counts: the writer rounds once
+  // and MatMul converts nothing, with the bits a conversion would give). Those ops accept it.
+  virtual Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) { return Alloc(shape); }
 
   // out[i, :] = table[plan.token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
   virtual void Embedding(const Tensor& table, float scale, Tensor out) = 0;

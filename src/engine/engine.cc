@@ -19,11 +19,12 @@ int64_t NowNs() {
 
 int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
   const ModelConfig& c = model.config();
-  // Per step row: residual, normed input, q, k, v, attention out, delta, gate, up (float32).
+  // Per step row: residual, normed input, q, k, v, attention out, delta, gate, up, the MLP
+  // activation, the final norm (float32 at most).
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim,
                 kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t per_row =
-      4 * (3 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim + 2 * int64_t{c.intermediate_size});
+      4 * (4 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim + 3 * int64_t{c.intermediate_size});
   const int64_t logits = int64_t{config.max_running} * c.vocab_size * 4 * 2;  // + hidden rows
   // x2 for backend scratch (bf16 copies, split-K partials), + 512 MiB for libraries and graphs.
   return 2 * (int64_t{config.max_step_tokens} * per_row + logits) + (int64_t{512} << 20);

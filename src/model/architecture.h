@@ -38,7 +38,8 @@ struct Model::Impl {
 // The per-step activation buffers of a dense decoder, from the backend's step workspace.
 struct DecoderActivations {
   Tensor x;      // [n, hidden]  residual stream
-  Tensor xn;     // [n, hidden]  normalised input of the next block
+  Tensor xn;     // [n, hidden]  normalised input of the next block's projections
+                 //              (AllocMatMulInput: MatMul is its only reader)
   Tensor q;      // [n, num_heads * head_dim]
   Tensor k;      // [n, num_kv_heads * head_dim]
   Tensor v;      // [n, num_kv_heads * head_dim]
@@ -46,6 +47,7 @@ struct DecoderActivations {
   Tensor delta;  // [n, hidden]  a block's contribution to the residual
   Tensor gate;   // [n, intermediate]
   Tensor up;     // [n, intermediate]
+  Tensor act;    // [n, intermediate]  act(gate) * up, the down projection's input
 };
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n);
 

@@ -9,9 +9,11 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
   const int64_t d = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  return DecoderActivations{be.Alloc({n, d}),      be.Alloc({n, d}),      be.Alloc({n, q_dim}),
-                            be.Alloc({n, kv_dim}), be.Alloc({n, kv_dim}), be.Alloc({n, q_dim}),
-                            be.Alloc({n, d}),      be.Alloc({n, inter}),  be.Alloc({n, inter})};
+  return DecoderActivations{be.Alloc({n, d}),          be.AllocMatMulInput({n, d}),
+                            be.Alloc({n, q_dim}),      be.Alloc({n, kv_dim}),
+                            be.Alloc({n, kv_dim}),     be.Alloc({n, q_dim}),
+                            be.Alloc({n, d}),          be.Alloc({n, inter}),
+                            be.Alloc({n, inter}),      be.AllocMatMulInput({n, inter})};
 }
 
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,

@@ -20,7 +20,7 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   // Buffers: see DecoderActivations (architecture.h) — delta is post-normed here.
-  auto [x, xn, q, k, v, att, delta, gate, up] = AllocDecoderActivations(be, c, n);
+  auto [x, xn, q, k, v, att, delta, gate, up, act] = AllocDecoderActivations(be, c, n);
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -38,15 +38,16 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.AddRmsNorm(x, delta, *w.pre_ffn_norm, eps, kNorm, xn);
     be.MatMul(xn, w.w_gate, nullptr, gate);
     be.MatMul(xn, w.w_up, nullptr, up);
-    be.GeluTanhMul(gate, up, gate);
-    be.MatMul(gate, w.w_down, nullptr, delta);
+    be.GeluTanhMul(gate, up, act);
+    be.MatMul(act, w.w_down, nullptr, delta);
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }
-  be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, xn);
+  Tensor normed = be.Alloc({n, d});  // f32: xn may be a bf16 GEMM operand
+  be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
   Tensor out = be.Alloc({num_logits, c.vocab_size});
-  be.GatherLogitsRows(xn, hidden);
+  be.GatherLogitsRows(normed, hidden);
   be.MatMul(hidden, m.lm_head, nullptr, out);
   if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
   return EmitLogits(be, out, outputs);

@@ -16,7 +16,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   // Buffers: see DecoderActivations (architecture.h).
-  auto [x, xn, q, k, v, att, delta, gate, up] = AllocDecoderActivations(be, c, n);
+  auto [x, xn, q, k, v, att, delta, gate, up, act] = AllocDecoderActivations(be, c, n);
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -33,14 +33,15 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
     be.MatMul(xn, w.w_gate, nullptr, gate);
     be.MatMul(xn, w.w_up, nullptr, up);
-    be.SiluMul(gate, up, gate);
-    be.MatMul(gate, w.w_down, nullptr, delta);
+    be.SiluMul(gate, up, act);
+    be.MatMul(act, w.w_down, nullptr, delta);
   }
-  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+  Tensor normed = be.Alloc({n, d});  // f32: xn may be a bf16 GEMM operand
+  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
   Tensor out = be.Alloc({num_logits, c.vocab_size});
-  be.GatherLogitsRows(xn, hidden);
+  be.GatherLogitsRows(normed, hidden);
   be.MatMul(hidden, m.lm_head, nullptr, out);
   return EmitLogits(be, out, outputs);
 }

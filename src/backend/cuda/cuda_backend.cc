@@ -16,6 +16,7 @@
 #include "backend/cuda/rope_table.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/threshold_sampling.h"  // CheckLogitEdits
+#include "util/half.h"
 #include "util/log.h"
 
 namespace ember {
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
   Result<int32_t> CreateRope(const RopeSpec& spec) override;
   Status BeginStep(const BatchPlan& plan) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
+  Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;
   void Embedding(const Tensor& table, float scale, Tensor out) override;
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
                Tensor out) override;
@@ -151,6 +153,8 @@ class CudaBackend final : public Backend {
 
  private:
   void* ArenaAlloc(size_t bytes);
+  Tensor AllocOf(DType dtype, std::initializer_list<int64_t> shape);
+  void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
   // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
   // head dim (it rounds K/V to bf16 RN anyway; the f32 kernels read f32 pools), unless kv_f32.
@@ -414,10 +418,25 @@ void* CudaBackend::ArenaAlloc(size_t bytes) {
 }
 
 Tensor CudaBackend::Alloc(std::initializer_list<int64_t> shape) {
+  return AllocOf(DType::kF32, shape);
+}
+
+// bf16 where MatMul takes the cuBLAS path (bf16 weights, more rows than the decode GEMM takes,
+// not batch-invariant): the producing op rounds its f32 result once, and MatMul needs no
+// conversion pass of its own (the same bits, a third of the bytes). f32 elsewhere: the GEMV and
+// the invariant GEMM read f32 rows.
+Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
+  const bool bf16 = !f32_compute_ && !batch_invariant_ && rows > cuda::kDecodeGemmMaxRows;
+  return AllocOf(bf16 ? DType::kBF16 : DType::kF32, shape);
+}
+
+Tensor CudaBackend::AllocOf(DType dtype, std::initializer_list<int64_t> shape) {
   CHECK(in_step_) << "Alloc before BeginStep";
   CHECK(shape.size() >= 1 && shape.size() <= 4);
   Tensor t;
-  t.dtype = DType::kF32;
+  t.dtype = dtype;
   t.ndim = static_cast<int32_t>(shape.size());
   size_t i = 0;
   for (int64_t d : shape) {
@@ -447,17 +466,19 @@ void CudaBackend::Embedding(const Tensor& table, float scale, Tensor out) {
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
                           Tensor out) {
-  CHECK(x.dtype == DType::kF32 && weight.dtype == DType::kF32 && out.dtype == DType::kF32);
+  CHECK(x.dtype == DType::kF32 && weight.dtype == DType::kF32);
+  CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
   CHECK_EQ(x.numel(), out.numel());
   CHECK_EQ(weight.numel(), x.cols());
   const bool one_plus = kind == RmsNormKind::kOnePlusWeight;
+  const bool out_bf16 = out.dtype == DType::kBF16;
   const int64_t rows = x.rows(), d = x.cols();
   recorder_.Record({2, KeyOf(x.data), KeyOf(weight.data), KeyOf(eps), U(one_plus), U(rows), U(d),
-                    KeyOf(out.data)},
+                    KeyOf(out.data), U(out_bf16)},
                    [=](cudaStream_t st) {
                      cuda::LaunchRmsNorm(static_cast<const float*>(x.data), nullptr, nullptr,
                                          static_cast<const float*>(weight.data), eps, one_plus,
-                                         rows, d, static_cast<float*>(out.data), st);
+                                         rows, d, out.data, out_bf16, st);
                    });
 }
 
@@ -466,16 +487,19 @@ void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor&
   CHECK_EQ(residual.numel(), delta.numel());
   CHECK_EQ(residual.numel(), out.numel());
   CHECK_EQ(weight.numel(), residual.cols());
-  CHECK(weight.dtype == DType::kF32);
+  CHECK(weight.dtype == DType::kF32 && residual.dtype == DType::kF32 &&
+        delta.dtype == DType::kF32);
+  CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
   const bool one_plus = kind == RmsNormKind::kOnePlusWeight;
+  const bool out_bf16 = out.dtype == DType::kBF16;
   const int64_t rows = residual.rows(), d = residual.cols();
   recorder_.Record({3, KeyOf(residual.data), KeyOf(delta.data), KeyOf(weight.data), KeyOf(eps),
-                    U(one_plus), U(rows), U(d), KeyOf(out.data)},
+                    U(one_plus), U(rows), U(d), KeyOf(out.data), U(out_bf16)},
                    [=](cudaStream_t st) {
                      cuda::LaunchRmsNorm(nullptr, static_cast<float*>(residual.data),
                                          static_cast<const float*>(delta.data),
                                          static_cast<const float*>(weight.data), eps, one_plus,
-                                         rows, d, static_cast<float*>(out.data), st);
+                                         rows, d, out.data, out_bf16, st);
                    });
 }
 
@@ -522,7 +546,13 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight);
   CHECK_EQ(out.rows(), n);
   CHECK_EQ(out.cols(), m);
-  CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
+  CHECK(out.dtype == DType::kF32);
+  // A bf16 x (AllocMatMulInput) is already the cuBLAS operand.
+  const bool x_bf16 = x.dtype == DType::kBF16;
+  CHECK(x.dtype == DType::kF32 || (x_bf16 && weight.dtype == DType::kBF16 && !batch_invariant_ &&
+                                   n > cuda::kDecodeGemmMaxRows))
+      << "MatMul: x " << DTypeName(x.dtype) << " [" << n << " rows] with "
+      << DTypeName(weight.dtype) << " weights";
   if (n == 0) return;
   const void* bias_data = nullptr;
   if (bias != nullptr) {
@@ -567,9 +597,10 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
                      c.converted_type == weight.dtype;
   void* converted =
       f32_weight ? nullptr
+      : x_bf16   ? x.data
       : reuse    ? c.converted
                  : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
-  const bool convert = !f32_weight && !reuse;
+  const bool convert = !f32_weight && !x_bf16 && !reuse;
   const ElemType wtype = ToElemType(weight.dtype);
   const cudaDataType_t wt = ToCudaType(weight.dtype);
   const cublasHandle_t handle = cublas_.get();
@@ -768,26 +799,26 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
 }
 
 void CudaBackend::SiluMul(const Tensor& gate, const Tensor& up, Tensor out) {
-  CHECK_EQ(gate.numel(), up.numel());
-  CHECK_EQ(gate.numel(), out.numel());
-  const int64_t n = gate.numel();
-  recorder_.Record({8, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n)},
-                   [=](cudaStream_t st) {
-                     cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
-                                                 static_cast<const float*>(up.data),
-                                                 static_cast<float*>(out.data), n, false, st);
-                   });
+  GatedActivation(gate, up, out, false);
 }
 
 void CudaBackend::GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) {
+  GatedActivation(gate, up, out, true);
+}
+
+void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu) {
   CHECK_EQ(gate.numel(), up.numel());
   CHECK_EQ(gate.numel(), out.numel());
+  CHECK(gate.dtype == DType::kF32 && up.dtype == DType::kF32);
+  CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
+  const bool out_bf16 = out.dtype == DType::kBF16;
   const int64_t n = gate.numel();
-  recorder_.Record({9, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n)},
+  recorder_.Record({gelu ? 9u : 8u, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n),
+                    U(out_bf16)},
                    [=](cudaStream_t st) {
                      cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
-                                                 static_cast<const float*>(up.data),
-                                                 static_cast<float*>(out.data), n, true, st);
+                                                 static_cast<const float*>(up.data), out.data,
+                                                 out_bf16, n, gelu, st);
                    });
 }
 
@@ -826,9 +857,17 @@ void CudaBackend::GatherLogitsRows(const Tensor& x, Tensor out) {
 }
 
 Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
-  CHECK(t.dtype == DType::kF32);
+  CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16) << DTypeName(t.dtype);
   CHECK_EQ(static_cast<int64_t>(out.size()), t.numel());
   Flush();
+  if (t.dtype == DType::kBF16) {  // an AllocMatMulInput buffer (tests): widened on the host
+    std::vector<uint16_t> bits(out.size());
+    CUDA_CHECK(cudaMemcpyAsync(bits.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost,
+                               stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    std::transform(bits.begin(), bits.end(), out.begin(), Bf16ToF32);
+    return Status::Ok();
+  }
   CUDA_CHECK(cudaMemcpyAsync(out.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost,
                              stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
@@ -979,11 +1018,17 @@ CudaGraphStats CudaGetGraphStats(Backend& backend) {
 Status CudaCopyFromHost(Backend& backend, std::span<const float> host, const Tensor& dst) {
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return Status::Error("CudaCopyFromHost: not a CUDA backend");
-  CHECK(dst.dtype == DType::kF32);
+  CHECK(dst.dtype == DType::kF32 || dst.dtype == DType::kBF16) << DTypeName(dst.dtype);
   CHECK_EQ(static_cast<int64_t>(host.size()), dst.numel());
   cuda_backend->Flush();
-  CUDA_CHECK(cudaMemcpyAsync(dst.data, host.data(), dst.nbytes(), cudaMemcpyHostToDevice,
-                             cuda_backend->stream()));
+  std::vector<uint16_t> bits;  // a bf16 destination: rounded RN on the host
+  if (dst.dtype == DType::kBF16) {
+    bits.resize(host.size());
+    std::transform(host.begin(), host.end(), bits.begin(), F32ToBf16);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, bits.empty() ? static_cast<const void*>(host.data())
+                                                    : static_cast<const void*>(bits.data()),
+                             dst.nbytes(), cudaMemcpyHostToDevice, cuda_backend->stream()));
   CUDA_CHECK(cudaStreamSynchronize(cuda_backend->stream()));
   return Status::Ok();
 }

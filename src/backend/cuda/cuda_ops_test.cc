@@ -89,6 +89,89 @@ TEST_F(CudaOpsTest, RmsNormAndAddRmsNorm) {
   }
 }
 
+// AllocMatMulInput: bf16 in the bf16 mode at cuBLAS row counts, f32 elsewhere. Its writers
+// (RmsNorm, AddRmsNorm, SiluMul, GeluTanhMul) store the bf16 rounding (RN) of the f32 result, and
+// MatMul over it gives the bits of MatMul over the f32 buffer (which converts x itself).
+TEST_F(CudaOpsTest, MatMulInputBf16) {
+  {
+    auto f32 = Make(true);
+    auto inv = MakeInvariant();
+    for (Backend* be : {f32.get(), inv.get()}) {
+      ASSERT_TRUE(be->BeginStep(SimplePlan(64)).ok());
+      EXPECT_EQ(be->AllocMatMulInput({64, 32}).dtype, DType::kF32);
+    }
+  }
+  auto b = Make(false);
+  ASSERT_TRUE(b->BeginStep(SimplePlan(64)).ok());
+  EXPECT_EQ(b->AllocMatMulInput({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
+  EXPECT_EQ(b->AllocMatMulInput({9, 32}).dtype, DType::kBF16);
+  // d = 300: the float4 paths; 301 (RMSNorm) and 33 x 7 (activations): the scalar ones.
+  for (int64_t d : {300, 301}) {
+    const int64_t rows = 33, m = 72;
+    const std::vector<float> x = Random(static_cast<size_t>(rows * d), 40);
+    const std::vector<float> delta = Random(static_cast<size_t>(rows * d), 41);
+    const std::vector<float> w = Random(static_cast<size_t>(d), 42);
+    const std::vector<float> wm = Random(static_cast<size_t>(m * d), 43, 0.05f);
+    auto be = Make(false);
+    Tensor wt = Weight(*be, w, {d});
+    Tensor wmt = Weight(*be, wm, {m, d});
+    ASSERT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+    Tensor xt = Upload(*be, x, {rows, d});
+    Tensor f32_out = be->Alloc({rows, d});
+    Tensor bf16_out = be->AllocMatMulInput({rows, d});
+    ASSERT_EQ(bf16_out.dtype, DType::kBF16);
+    be->RmsNorm(xt, wt, 1e-6f, RmsNormKind::kPlain, f32_out);
+    be->RmsNorm(xt, wt, 1e-6f, RmsNormKind::kPlain, bf16_out);
+    Tensor mm_f32 = be->Alloc({rows, m}), mm_bf16 = be->Alloc({rows, m});
+    be->MatMul(f32_out, wmt, nullptr, mm_f32);
+    be->MatMul(bf16_out, wmt, nullptr, mm_bf16);
+    // AddRmsNorm twice over the same residual: the second adds delta again, so each starts from
+    // its own copy.
+    Tensor res_a = Upload(*be, x, {rows, d}), res_b = Upload(*be, x, {rows, d});
+    Tensor dt = Upload(*be, delta, {rows, d});
+    Tensor add_f32 = be->Alloc({rows, d});
+    Tensor add_bf16 = be->AllocMatMulInput({rows, d});
+    be->AddRmsNorm(res_a, dt, wt, 1e-6f, RmsNormKind::kOnePlusWeight, add_f32);
+    be->AddRmsNorm(res_b, dt, wt, 1e-6f, RmsNormKind::kOnePlusWeight, add_bf16);
+    const std::vector<float> want = Download(*be, f32_out), got = Download(*be, bf16_out);
+    const std::vector<float> want_add = Download(*be, add_f32), got_add = Download(*be, add_bf16);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], RoundBf16(want[i])) << "RmsNorm d " << d << " element " << i;
+      ASSERT_EQ(got_add[i], RoundBf16(want_add[i])) << "AddRmsNorm d " << d << " element " << i;
+    }
+    EXPECT_EQ(Download(*be, res_a), Download(*be, res_b));
+    const std::vector<float> want_mm = Download(*be, mm_f32), got_mm = Download(*be, mm_bf16);
+    for (size_t i = 0; i < want_mm.size(); ++i) ASSERT_EQ(got_mm[i], want_mm[i]) << i;
+  }
+  for (std::array<int64_t, 2> shape : {std::array<int64_t, 2>{33, 7}, {40, 256}}) {
+    const int64_t rows = shape[0], cols = shape[1];
+    const std::vector<float> gate = Random(static_cast<size_t>(rows * cols), 44, 3.0f);
+    const std::vector<float> up = Random(static_cast<size_t>(rows * cols), 45);
+    for (bool gelu : {false, true}) {
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+      Tensor g = Upload(*b, gate, {rows, cols}), u = Upload(*b, up, {rows, cols});
+      Tensor f32_out = b->Alloc({rows, cols});
+      Tensor bf16_out = b->AllocMatMulInput({rows, cols});
+      ASSERT_EQ(bf16_out.dtype, DType::kBF16);
+      if (gelu) {
+        b->GeluTanhMul(g, u, f32_out);
+        b->GeluTanhMul(g, u, bf16_out);
+      } else {
+        b->SiluMul(g, u, f32_out);
+        b->SiluMul(g, u, bf16_out);
+      }
+      const std::vector<float> want = Download(*b, f32_out), got = Download(*b, bf16_out);
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double a = gelu ? 0.5 * gate[i] *
+                                    (1 + std::tanh(0.7978845608028654 *
+                                                   (gate[i] + 0.044715 * std::pow(gate[i], 3))))
+                              : gate[i] / (1 + std::exp(-static_cast<double>(gate[i])));
+        ASSERT_NEAR(want[i], a * up[i], 1e-5 * (1 + std::fabs(a * up[i]))) << i;
+        ASSERT_EQ(got[i], RoundBf16(want[i])) << (gelu ? "gelu " : "silu ") << i;
+      }
+    }
+  }
+}
 
 TEST_F(CudaOpsTest, MatMulF32AndBf16) {
   const int64_t n = 7, k = 257, m = 129;

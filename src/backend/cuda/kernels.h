@@ -67,10 +67,11 @@ void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int6
 
 // ---- rms_norm.cu ----
 // If residual != null: residual += delta first. out = residual / rms * (w or 1 + w).
-// x/residual, delta, out [rows, d]; weight [d] f32. out may alias x.
+// x/residual, delta, out [rows, d]; weight [d] f32. out: f32 (may alias x), or bf16 (out_bf16:
+// each value rounded RN, the bits of the f32 output converted).
 void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
-                   float eps, bool one_plus_weight, int64_t rows, int64_t d, float* out,
-                   cudaStream_t stream);
+                   float eps, bool one_plus_weight, int64_t rows, int64_t d, void* out,
+                   bool out_bf16, cudaStream_t stream);
 
 // ---- rope.cu ----
 // Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in place
@@ -80,9 +81,10 @@ void LaunchRope(float* q, float* k, int32_t num_heads, int32_t num_kv_heads, int
                 int32_t max_positions, const PlanView& plan, cudaStream_t stream);
 
 // ---- activation.cu ----
-// out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat
-void LaunchGatedActivation(const float* gate, const float* up, float* out, int64_t n, bool gelu,
-                           cudaStream_t stream);
+// out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat; out f32, or bf16 (out_bf16:
+// rounded RN from the f32 result).
+void LaunchGatedActivation(const float* gate, const float* up, void* out, bool out_bf16,
+                           int64_t n, bool gelu, cudaStream_t stream);
 
 // ---- elementwise.cu ----
 // Occupies the stream for about `ns` nanoseconds (lets the host queue a profiled step ahead).

@@ -1,8 +1,12 @@
 // RMSNorm, optionally fused with the residual add: one block per row, f32 sum of squares. The
 // block is as wide as the row (up to 1024 threads, float4 per thread when d % 4 == 0 and the
 // rows are 16-byte aligned), so a decode row's loads are all in flight at once instead of a
-// chain of strided iterations.
+// chain of strided iterations. The output is f32, or bf16 rounded RN from the same f32 values (a
+// GEMM input: the bits a separate f32 -> bf16 conversion would give).
+#include <cuda_bf16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -23,12 +27,29 @@ __device__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
+// Stores VEC consecutive f32 values at element c * VEC of `out` (f32 or bf16 RN).
+template <typename OutT, typename Vec>
+__device__ __forceinline__ void StoreVec(OutT* out, int64_t c, const Vec& v) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    reinterpret_cast<Vec*>(out)[c] = v;
+  } else if constexpr (std::is_same_v<Vec, float4>) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    reinterpret_cast<uint2*>(out)[c] = packed;
+  } else {
+    out[c] = __float2bfloat16_rn(v);
+  }
+}
+
 // src: the row to normalise; when residual != null, src = residual += delta first.
-// VEC: elements per thread access (4: float4, rows 16-byte aligned, d % 4 == 0).
-template <int VEC>
+// VEC: elements per thread access (4: float4, rows 16-byte aligned, d % 4 == 0). OutT: float or
+// __nv_bfloat16.
+template <int VEC, typename OutT>
 __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const float* x, float* residual, const float* delta, const float* weight,
-                  float eps, bool one_plus, int64_t d, float* out) {
+                  float eps, bool one_plus, int64_t d, OutT* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
   const int64_t base = blockIdx.x * d;
@@ -83,7 +104,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     } else {
       v *= inv_rms * (one_plus ? 1.f + w : w);
     }
-    reinterpret_cast<Vec*>(out + base)[c] = v;
+    StoreVec(out + base, c, v);
   }
 }
 
@@ -92,8 +113,8 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
-                   float eps, bool one_plus_weight, int64_t rows, int64_t d, float* out,
-                   cudaStream_t stream) {
+                   float eps, bool one_plus_weight, int64_t rows, int64_t d, void* out,
+                   bool out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
   CHECK_LE(d, 4 * 4 * kMaxThreads) << "RMSNorm row width";
   const bool vec4 = d % 4 == 0 && Aligned16(x) && Aligned16(residual) && Aligned16(delta) &&
@@ -104,14 +125,22 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
   threads = std::max<int64_t>(32, std::min<int64_t>(kMaxThreads, (threads + 31) / 32 * 32));
   if (nv <= kMaxThreads) threads = std::max<int64_t>(32, (nv + 31) / 32 * 32);
   CHECK_LE(nv, 4 * threads);
-  if (vec4) {
-    LaunchPdl(RmsNormKernel<4>, dim3(static_cast<unsigned>(rows)),
-              dim3(static_cast<unsigned>(threads)), 0, stream, x, residual, delta, weight, eps,
-              one_plus_weight, d, out);
+  const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
+  auto launch = [&](auto vec_tag, auto* typed_out) {
+    constexpr int kVec = decltype(vec_tag)::value;
+    LaunchPdl(RmsNormKernel<kVec, std::remove_pointer_t<decltype(typed_out)>>, grid, block, 0,
+              stream, x, residual, delta, weight, eps, one_plus_weight, d, typed_out);
+  };
+  using Vec4 = std::integral_constant<int, 4>;
+  using Vec1 = std::integral_constant<int, 1>;
+  if (out_bf16) {
+    auto* o = static_cast<__nv_bfloat16*>(out);
+    if (vec4) launch(Vec4{}, o);
+    else launch(Vec1{}, o);
   } else {
-    LaunchPdl(RmsNormKernel<1>, dim3(static_cast<unsigned>(rows)),
-              dim3(static_cast<unsigned>(threads)), 0, stream, x, residual, delta, weight, eps,
-              one_plus_weight, d, out);
+    auto* o = static_cast<float*>(out);
+    if (vec4) launch(Vec4{}, o);
+    else launch(Vec1{}, o);
   }
 }
 
