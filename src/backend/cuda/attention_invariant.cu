@@ -237,14 +237,35 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   auto copy_rows = [&](const int64_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
                        const auto* v_src) {
     constexpr int kPer = 16 / sizeof(*k_src);  // elements per 16-byte copy
+    constexpr int kChunks = D / kPer;          // copies per K (V) row
+    constexpr int kThreads = kWarps * 32;
+    if constexpr (kThreads % kChunks == 0) {
+      // Each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...: the addresses
+      // are a base and constant strides (the general loop below costs ~20 instructions a copy).
+      constexpr int kRowStep = kThreads / kChunks;
+      const int j0 = static_cast<int>(threadIdx.x) / kChunks;
+      const int d = (static_cast<int>(threadIdx.x) % kChunks) * kPer;
+      const auto* k_col = k_src + static_cast<int64_t>(kv_head) * D + d;
+      const auto* v_col = v_src + static_cast<int64_t>(kv_head) * D + d;
+      auto* k_row = k_dst + j0 * ld + d;
+      auto* v_row = v_dst + j0 * ld + d;
+#pragma unroll
+      for (int it = 0; it < kKeys / kRowStep; ++it) {
+        const int64_t slot = slots[j0 + it * kRowStep];
+        const int64_t off = slot >= 0 ? slot * kv_row : 0;
+        CpAsync16(k_row + it * kRowStep * ld, k_col + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_row + it * kRowStep * ld, v_col + off, slot >= 0 ? 16 : 0);
+      }
+    } else {
 #pragma unroll 4
-    for (int it = 0; it < kKeys * D / kPer / (kWarps * 32); ++it) {
-      const int idx = it * kWarps * 32 + threadIdx.x;
-      const int j = idx / (D / kPer), d = (idx % (D / kPer)) * kPer;
-      const int64_t slot = slots[j];
-      const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-      CpAsync16(k_dst + j * ld + d, k_src + off, slot >= 0 ? 16 : 0);
-      CpAsync16(v_dst + j * ld + d, v_src + off, slot >= 0 ? 16 : 0);
+      for (int it = 0; it < kKeys * kChunks / kThreads; ++it) {
+        const int idx = it * kThreads + threadIdx.x;
+        const int j = idx / kChunks, d = (idx % kChunks) * kPer;
+        const int64_t slot = slots[j];
+        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_dst + j * ld + d, k_src + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_dst + j * ld + d, v_src + off, slot >= 0 ? 16 : 0);
+      }
     }
   };
   auto issue_copy = [&](const int64_t* slots, int buffer) {
@@ -333,6 +354,20 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 
   if (!early_copy) issue_copy(slot_s[0], 0);
 
+  // A split starts from the empty state. (Reset at the end of the previous split, inside its
+  // branch: a reset at the top of the loop became ~136 selects in every tile.)
+  auto reset_state = [&] {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
+        o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+      }
+      m[mt][0] = m[mt][1] = -INFINITY;
+      l[mt][0] = l[mt][1] = 0.f;
+    }
+  };
+  reset_state();
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
     // Prefill shape: the block-table entry of tile + 2's key is loaded now, turned into a slot
@@ -342,17 +377,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     const bool valid2 =
         kPrefill && slot_thread >= 0 && tile + 2 <= tile_end && key2 >= lo && key2 < hi;
     const int32_t block2 = valid2 ? block_table[key2 / bs] : 0;
-    if (tile == tile_begin || tile % kSplitTiles == 0) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
-          o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-        }
-        m[mt][0] = m[mt][1] = -INFINITY;
-        l[mt][0] = l[mt][1] = 0.f;
-      }
-    }
     CpAsyncWaitAll();
     __syncthreads();  // tile's K/V (and Q) arrived; the previous tile's bf16 K/V are consumed
     const int next = (tile + 1 - tile_begin) & 1;
@@ -609,6 +633,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           }
         }
       }
+      reset_state();
     }
   }
 }
