@@ -108,9 +108,11 @@ __device__ __forceinline__ float Capped(float qk, const AttentionArgs& a) {
 }
 
 // The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
-// 0 for an empty state). m, new_m in logit units, c = ExpScale.
+// 0 for an empty state). m, new_m in logit units, c = ExpScale. The exponential is computed
+// whichever case holds, so the choice is two selects rather than branches.
 __device__ __forceinline__ float Rescale(float m, float new_m, float c) {
-  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : Exp2(__fmul_rn(__fsub_rn(m, new_m), c)));
+  const float e = Exp2(__fmul_rn(__fsub_rn(m, new_m), c));
+  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : e);
 }
 
 // Folds a split state (m, l) into the running (M, L); a, b weigh the running and the split O.
@@ -166,7 +168,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
   [[maybe_unused]] __nv_bfloat16* q_s =
       reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv>);
-  __shared__ int64_t slot_s[2][kKeys];  // pool slots of the next two tiles (-1: masked key)
+  // The next two tiles' keys as element offsets of their K (V) rows in the pool (slot *
+  // num_kv_heads * D); -1: a masked key.
+  __shared__ int64_t slot_s[2][kKeys];
 
   const int32_t group = a.num_heads / a.num_kv_heads;
   const int4 seq = plan.seqs[blockIdx.z];
@@ -230,10 +234,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   auto lookup_slot = [&](int32_t tile) -> int64_t {
     const int32_t key = tile * kKeys + slot_thread;
     return tile <= tile_end && key >= lo && key < hi
-               ? static_cast<int64_t>(block_table[key / bs]) * bs + key % bs
+               ? (static_cast<int64_t>(block_table[key / bs]) * bs + key % bs) * kv_row
                : -1;
   };
-  // Per tile, K and V rows of kKeys slots into shared rows of `ld` elements, 16 bytes a copy.
+  // Per tile, the K and V rows at kKeys offsets (slot_s) into shared rows of `ld` elements, 16
+  // bytes a copy.
   auto copy_rows = [&](const int64_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
                        const auto* v_src) {
     constexpr int kPer = 16 / sizeof(*k_src);  // elements per 16-byte copy
@@ -251,20 +256,20 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       auto* v_row = v_dst + j0 * ld + d;
 #pragma unroll
       for (int it = 0; it < kKeys / kRowStep; ++it) {
-        const int64_t slot = slots[j0 + it * kRowStep];
-        const int64_t off = slot >= 0 ? slot * kv_row : 0;
-        CpAsync16(k_row + it * kRowStep * ld, k_col + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_row + it * kRowStep * ld, v_col + off, slot >= 0 ? 16 : 0);
+        const int64_t row = slots[j0 + it * kRowStep];
+        const int64_t off = row >= 0 ? row : 0;
+        CpAsync16(k_row + it * kRowStep * ld, k_col + off, row >= 0 ? 16 : 0);
+        CpAsync16(v_row + it * kRowStep * ld, v_col + off, row >= 0 ? 16 : 0);
       }
     } else {
 #pragma unroll 4
       for (int it = 0; it < kKeys * kChunks / kThreads; ++it) {
         const int idx = it * kThreads + threadIdx.x;
         const int j = idx / kChunks, d = (idx % kChunks) * kPer;
-        const int64_t slot = slots[j];
-        const int64_t off = slot >= 0 ? slot * kv_row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_dst + j * ld + d, k_src + off, slot >= 0 ? 16 : 0);
-        CpAsync16(v_dst + j * ld + d, v_src + off, slot >= 0 ? 16 : 0);
+        const int64_t row = slots[j];
+        const int64_t off = row >= 0 ? row + static_cast<int64_t>(kv_head) * D + d : 0;
+        CpAsync16(k_dst + j * ld + d, k_src + off, row >= 0 ? 16 : 0);
+        CpAsync16(v_dst + j * ld + d, v_src + off, row >= 0 ? 16 : 0);
       }
     }
   };
@@ -489,12 +494,22 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         scores(No{}, No{});
       }
       float corr[kMT][2], mc[kMT][2];
+      // The rows' max reductions first, interleaved (a reduction per row between the rescales
+      // was a serial chain of shuffle latencies).
+#pragma unroll
+      for (int step = 1; step <= 2; step *= 2) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], step));
+          }
+        }
+      }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 1));
-          mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 2));
           const float new_m = fmaxf(m[mt][h], mx[mt][h]);
           corr[mt][h] = Rescale(m[mt][h], new_m, exp_scale);
           m[mt][h] = new_m;
@@ -556,7 +571,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     // slot_s[next ^ 1] (this tile's slots) was last read before this tile's __syncthreads.
     if (kPrefill && slot_thread >= 0) {
       slot_s[next ^ 1][slot_thread] =
-          valid2 ? static_cast<int64_t>(block2) * bs + key2 % bs : int64_t{-1};
+          valid2 ? (static_cast<int64_t>(block2) * bs + key2 % bs) * kv_row : int64_t{-1};
     }
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
