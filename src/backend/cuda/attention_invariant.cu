@@ -168,9 +168,18 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
   [[maybe_unused]] __nv_bfloat16* q_s =
       reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv>);
-  // The next two tiles' keys as element offsets of their K (V) rows in the pool (slot *
-  // num_kv_heads * D); -1: a masked key.
-  __shared__ int64_t slot_s[2][kKeys];
+  // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
+  // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
+  constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
+  constexpr bool kFixedChunk = (kWarps * 32) % kCopyChunks == 0;
+  constexpr int kRowStep = kFixedChunk ? kWarps * 32 / kCopyChunks : 1;
+  constexpr int kRowsPerThread = kKeys / kRowStep;
+  // The next two tiles' pool slots (-1: a masked key), key j at slot_pos(j): a thread's keys
+  // j0, j0 + kRowStep, ... are consecutive, read with 16-byte loads.
+  __shared__ __align__(16) int32_t slot_s[2][kKeys];
+  auto slot_pos = [](int j) {
+    return kFixedChunk ? (j % kRowStep) * kRowsPerThread + j / kRowStep : j;
+  };
 
   const int32_t group = a.num_heads / a.num_kv_heads;
   const int4 seq = plan.seqs[blockIdx.z];
@@ -224,56 +233,67 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           : -1;
   const int32_t* block_table = plan.block_tables + seq.w;
   const int32_t bs = plan.block_size;
-  const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
+  const int32_t kv_row = kv.num_kv_heads * D;  // elements per pool slot (a 32 x 32 -> 64 multiply)
   const float exp_scale = ExpScale(a);
 
   // Pipeline: the K/V of tile t + 1 arrive by cp.async (bf16 pool: into the other bf16 buffer;
   // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
   // up meanwhile by the last kKeys threads (idle warps in decode).
   const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
-  auto lookup_slot = [&](int32_t tile) -> int64_t {
+  auto lookup_slot = [&](int32_t tile) -> int32_t {
     const int32_t key = tile * kKeys + slot_thread;
-    return tile <= tile_end && key >= lo && key < hi
-               ? (static_cast<int64_t>(block_table[key / bs]) * bs + key % bs) * kv_row
-               : -1;
+    return tile <= tile_end && key >= lo && key < hi ? block_table[key / bs] * bs + key % bs
+                                                     : -1;
   };
-  // Per tile, the K and V rows at kKeys offsets (slot_s) into shared rows of `ld` elements, 16
-  // bytes a copy.
-  auto copy_rows = [&](const int64_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
+  // Per tile, the K and V rows of the kKeys slots (slot_s) into shared rows of `ld` elements.
+  auto copy_rows = [&](const int32_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
                        const auto* v_src) {
     constexpr int kPer = 16 / sizeof(*k_src);  // elements per 16-byte copy
-    constexpr int kChunks = D / kPer;          // copies per K (V) row
-    constexpr int kThreads = kWarps * 32;
-    if constexpr (kThreads % kChunks == 0) {
-      // Each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...: the addresses
-      // are a base and constant strides (the general loop below costs ~20 instructions a copy).
-      constexpr int kRowStep = kThreads / kChunks;
-      const int j0 = static_cast<int>(threadIdx.x) / kChunks;
-      const int d = (static_cast<int>(threadIdx.x) % kChunks) * kPer;
+    static_assert(kPer * kCopyChunks == D);
+    if constexpr (kFixedChunk) {
+      // A base pointer and constant strides per thread, the slots read 16 bytes at a time.
+      const int j0 = static_cast<int>(threadIdx.x) / kCopyChunks;
+      const int d = (static_cast<int>(threadIdx.x) % kCopyChunks) * kPer;
       const auto* k_col = k_src + static_cast<int64_t>(kv_head) * D + d;
       const auto* v_col = v_src + static_cast<int64_t>(kv_head) * D + d;
       auto* k_row = k_dst + j0 * ld + d;
       auto* v_row = v_dst + j0 * ld + d;
+      const int32_t* mine = slots + j0 * kRowsPerThread;
+      int32_t slot[kRowsPerThread];
+      if constexpr (kRowsPerThread % 4 == 0) {
 #pragma unroll
-      for (int it = 0; it < kKeys / kRowStep; ++it) {
-        const int64_t row = slots[j0 + it * kRowStep];
-        const int64_t off = row >= 0 ? row : 0;
-        CpAsync16(k_row + it * kRowStep * ld, k_col + off, row >= 0 ? 16 : 0);
-        CpAsync16(v_row + it * kRowStep * ld, v_col + off, row >= 0 ? 16 : 0);
+        for (int q = 0; q < kRowsPerThread / 4; ++q) {
+          const int4 v = reinterpret_cast<const int4*>(mine)[q];
+          slot[4 * q] = v.x;
+          slot[4 * q + 1] = v.y;
+          slot[4 * q + 2] = v.z;
+          slot[4 * q + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int it = 0; it < kRowsPerThread; ++it) slot[it] = mine[it];
+      }
+#pragma unroll
+      for (int it = 0; it < kRowsPerThread; ++it) {
+        const int64_t off = static_cast<int64_t>(max(slot[it], 0)) * kv_row;
+        CpAsync16(k_row + it * kRowStep * ld, k_col + off, slot[it] >= 0 ? 16 : 0);
+        CpAsync16(v_row + it * kRowStep * ld, v_col + off, slot[it] >= 0 ? 16 : 0);
       }
     } else {
 #pragma unroll 4
-      for (int it = 0; it < kKeys * kChunks / kThreads; ++it) {
-        const int idx = it * kThreads + threadIdx.x;
-        const int j = idx / kChunks, d = (idx % kChunks) * kPer;
-        const int64_t row = slots[j];
-        const int64_t off = row >= 0 ? row + static_cast<int64_t>(kv_head) * D + d : 0;
-        CpAsync16(k_dst + j * ld + d, k_src + off, row >= 0 ? 16 : 0);
-        CpAsync16(v_dst + j * ld + d, v_src + off, row >= 0 ? 16 : 0);
+      for (int it = 0; it < kKeys * kCopyChunks / (kWarps * 32); ++it) {
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / kCopyChunks, d = (idx % kCopyChunks) * kPer;
+        const int32_t slot = slots[slot_pos(j)];
+        const int64_t off =
+            slot >= 0 ? static_cast<int64_t>(slot) * kv_row + static_cast<int64_t>(kv_head) * D + d
+                      : int64_t{0};
+        CpAsync16(k_dst + j * ld + d, k_src + off, slot >= 0 ? 16 : 0);
+        CpAsync16(v_dst + j * ld + d, v_src + off, slot >= 0 ? 16 : 0);
       }
     }
   };
-  auto issue_copy = [&](const int64_t* slots, int buffer) {
+  auto issue_copy = [&](const int32_t* slots, int buffer) {
     if constexpr (kBf16Kv) {
       __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
       copy_rows(slots, k_dst, k_dst + kKeys * S::kLd, S::kLd,
@@ -285,8 +305,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     CpAsyncCommit();
   };
   if (slot_thread >= 0) {
-    slot_s[0][slot_thread] = lookup_slot(tile_begin);
-    slot_s[1][slot_thread] = lookup_slot(tile_begin + 1);
+    slot_s[0][slot_pos(slot_thread)] = lookup_slot(tile_begin);
+    slot_s[1][slot_pos(slot_thread)] = lookup_slot(tile_begin + 1);
   }
   __syncthreads();
   // Before PdlWait the kernel may read the plan and the keys of earlier steps: when the first
@@ -405,7 +425,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       __syncthreads();  // bf16 tile ready, staging free
     }
     if (tile + 1 <= tile_end) issue_copy(slot_s[next], next);
-    if (!kPrefill && slot_thread >= 0) slot_s[next ^ 1][slot_thread] = lookup_slot(tile + 2);
+    if (!kPrefill && slot_thread >= 0) {
+      slot_s[next ^ 1][slot_pos(slot_thread)] = lookup_slot(tile + 2);
+    }
     // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
     const bool compute =
         warp_active && kt <= warp_last_pos &&
@@ -516,27 +538,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           mc[mt][h] = MaxTimesScale(new_m, exp_scale);
         }
       }
-      // P as A fragments of the P.V product: keys 16kk..16kk+15 are n-tiles 2kk and 2kk+1.
-      uint32_t pf[kMT][kKeys / 16][4];
+      // O *= corr, skipped when no row of the m-tile moved its max (a factor of exactly 1).
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) {
-          float p[4];
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
-          }
-          // l sums the f32 weights (P.V uses them rounded to bf16).
-          sum0 += p[0] + p[1];
-          sum1 += p[2] + p[3];
-          pf[mt][n / 2][(n % 2) * 2] = PackBf16(p[0], p[1]);
-          pf[mt][n / 2][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
-        }
-        l[mt][0] = __fadd_rn(__fmul_rn(l[mt][0], corr[mt][0]), sum0);
-        l[mt][1] = __fadd_rn(__fmul_rn(l[mt][1], corr[mt][1]), sum1);
-        // O *= corr, skipped when no row of the m-tile moved its max (a factor of exactly 1).
         if (__any_sync(0xffffffffu, corr[mt][0] != 1.f || corr[mt][1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
@@ -547,31 +551,64 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           }
         }
       }
-      // O += P V over this warp's 16-column blocks: V tile [key][d] read transposed, each V
-      // fragment serving the kMT m-tiles.
+      // O += P V, kPvKeys keys at a time: the weights of those keys become A fragments (keys
+      // 16kk..16kk+15 are n-tiles 2kk, 2kk+1) and go straight into their mma. In the two-m-tile
+      // shape 16 keys, so only one key block's fragments are live (all four at once cost
+      // registers that the O accumulators then paid for in moves; 8B prefill attention -4%); the
+      // one-m-tile shape has the registers and runs the whole tile at once (16 keys: 1B prefill
+      // attention +4%). V tile [key][d] read transposed, each V fragment serving the kMT m-tiles.
+      // l sums the f32 weights (P.V uses them rounded to bf16), in key order either way.
+      constexpr int kPvKeys = kMT > 1 ? 16 : kKeys;
+      float sum[kMT][2];
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
+      for (int mt = 0; mt < kMT; ++mt) sum[mt][0] = sum[mt][1] = 0.f;
 #pragma unroll
-        for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-          const int dp = dp_begin + i;
-          if (dp >= dp_end) break;
-          uint32_t b[4];
-          const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-          const int d = dp * 16 + 8 * (lane / 16);
-          LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+      for (int k0 = 0; k0 < kKeys; k0 += kPvKeys) {
+        uint32_t pf[kMT][kPvKeys / 16][4];
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
-            Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int n = k0 / 8; n < (k0 + kPvKeys) / 8; ++n) {
+            float p[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
+            }
+            sum[mt][0] += p[0] + p[1];
+            sum[mt][1] += p[2] + p[3];
+            const int kk = n / 2 - k0 / 16;
+            pf[mt][kk][(n % 2) * 2] = PackBf16(p[0], p[1]);
+            pf[mt][kk][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
           }
         }
+#pragma unroll
+        for (int kk = 0; kk < kPvKeys / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+            const int dp = dp_begin + i;
+            if (dp >= dp_end) break;
+            uint32_t b[4];
+            const int key = k0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+            const int d = dp * 16 + 8 * (lane / 16);
+            LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
+              Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        l[mt][0] = __fadd_rn(__fmul_rn(l[mt][0], corr[mt][0]), sum[mt][0]);
+        l[mt][1] = __fadd_rn(__fmul_rn(l[mt][1], corr[mt][1]), sum[mt][1]);
       }
     }
 
     // slot_s[next ^ 1] (this tile's slots) was last read before this tile's __syncthreads.
     if (kPrefill && slot_thread >= 0) {
-      slot_s[next ^ 1][slot_thread] =
-          valid2 ? (static_cast<int64_t>(block2) * bs + key2 % bs) * kv_row : int64_t{-1};
+      slot_s[next ^ 1][slot_pos(slot_thread)] = valid2 ? block2 * bs + key2 % bs : -1;
     }
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
