@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
@@ -38,28 +39,12 @@ __global__ void GatedActivationKernel(const float* gate, const float* up, OutT* 
       const float4 u = reinterpret_cast<const float4*>(up)[i];
       const float4 r = make_float4(Gated(g.x, u.x, gelu), Gated(g.y, u.y, gelu),
                                    Gated(g.z, u.z, gelu), Gated(g.w, u.w, gelu));
-      if constexpr (std::is_same_v<OutT, float>) {
-        reinterpret_cast<float4*>(out)[i] = r;
-      } else {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(r.x, r.y);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(r.z, r.w);
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-        reinterpret_cast<uint2*>(out)[i] = packed;
-      }
+      StoreVec(out, i, r);
     } else {
-      const float r = Gated(gate[i], up[i], gelu);
-      if constexpr (std::is_same_v<OutT, float>) {
-        out[i] = r;
-      } else {
-        out[i] = __float2bfloat16_rn(r);
-      }
+      StoreVec(out, i, Gated(gate[i], up[i], gelu));
     }
   }
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -69,23 +54,12 @@ void LaunchGatedActivation(const float* gate, const float* up, void* out, bool o
   const bool vec4 = n % 4 == 0 && Aligned16(gate) && Aligned16(up) && Aligned16(out);
   int64_t blocks = (n / (vec4 ? 4 : 1) + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  auto launch = [&](auto vec_tag, auto* typed_out) {
+  DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
     LaunchPdl(GatedActivationKernel<kVec, std::remove_pointer_t<decltype(typed_out)>>,
               dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, gate, up, typed_out, n,
               gelu);
-  };
-  using Vec4 = std::integral_constant<int, 4>;
-  using Vec1 = std::integral_constant<int, 1>;
-  if (out_bf16) {
-    auto* o = static_cast<__nv_bfloat16*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  } else {
-    auto* o = static_cast<float*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  }
+  });
 }
 
 }  // namespace ember::cuda

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
@@ -25,22 +26,6 @@ __device__ float BlockSum(float v, float* scratch) {
   float total = 0.f;
   for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += scratch[w];
   return total;
-}
-
-// Stores VEC consecutive f32 values at element c * VEC of `out` (f32 or bf16 RN).
-template <typename OutT, typename Vec>
-__device__ __forceinline__ void StoreVec(OutT* out, int64_t c, const Vec& v) {
-  if constexpr (std::is_same_v<OutT, float>) {
-    reinterpret_cast<Vec*>(out)[c] = v;
-  } else if constexpr (std::is_same_v<Vec, float4>) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    reinterpret_cast<uint2*>(out)[c] = packed;
-  } else {
-    out[c] = __float2bfloat16_rn(v);
-  }
 }
 
 // src: the row to normalise; when residual != null, src = residual += delta first.
@@ -108,8 +93,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
@@ -126,22 +109,11 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
   if (nv <= kMaxThreads) threads = std::max<int64_t>(32, (nv + 31) / 32 * 32);
   CHECK_LE(nv, 4 * threads);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
-  auto launch = [&](auto vec_tag, auto* typed_out) {
+  DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
     LaunchPdl(RmsNormKernel<kVec, std::remove_pointer_t<decltype(typed_out)>>, grid, block, 0,
               stream, x, residual, delta, weight, eps, one_plus_weight, d, typed_out);
-  };
-  using Vec4 = std::integral_constant<int, 4>;
-  using Vec1 = std::integral_constant<int, 1>;
-  if (out_bf16) {
-    auto* o = static_cast<__nv_bfloat16*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  } else {
-    auto* o = static_cast<float*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  }
+  });
 }
 
 }  // namespace ember::cuda

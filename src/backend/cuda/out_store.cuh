@@ -1,0 +1,48 @@
+// Kernels whose output is f32 or bf16 (a GEMM input, AllocMatMulInput): one store helper that
+// rounds RN from the f32 value (the bits an f32 -> bf16 conversion gives), and the launcher-side
+// dispatch over (output type, float4 or scalar access).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace ember::cuda {
+
+// Stores Vec (float4 or float) at element c * (4 or 1) of `out`, an f32 or bf16 buffer.
+template <typename OutT, typename Vec>
+__device__ __forceinline__ void StoreVec(OutT* out, int64_t c, const Vec& v) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    reinterpret_cast<Vec*>(out)[c] = v;
+  } else if constexpr (std::is_same_v<Vec, float4>) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    reinterpret_cast<uint2*>(out)[c] = packed;
+  } else {
+    out[c] = __float2bfloat16_rn(v);
+  }
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls launch(vec, typed_out): vec an std::integral_constant<int, 4 or 1>, typed_out `out` as
+// __nv_bfloat16* (out_bf16) or float*.
+template <typename Launch>
+void DispatchOut(void* out, bool out_bf16, bool vec4, Launch&& launch) {
+  using Vec4 = std::integral_constant<int, 4>;
+  using Vec1 = std::integral_constant<int, 1>;
+  if (out_bf16) {
+    auto* o = static_cast<__nv_bfloat16*>(out);
+    if (vec4) launch(Vec4{}, o);
+    else launch(Vec1{}, o);
+  } else {
+    auto* o = static_cast<float*>(out);
+    if (vec4) launch(Vec4{}, o);
+    else launch(Vec1{}, o);
+  }
+}
+
+}  // namespace ember::cuda
