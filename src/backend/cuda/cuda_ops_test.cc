@@ -89,6 +89,41 @@ TEST_F(CudaOpsTest, RmsNormAndAddRmsNorm) {
   }
 }
 
+// RMSNorm rows are batch-invariant: rows of a 70-row launch equal the same rows normalised
+// alone, bit for bit (a launch shape chosen by row count would have to keep the reduction order).
+TEST_F(CudaOpsTest, RmsNormManyRowsEqualSolo) {
+  for (int64_t d : {2048, 2560, 4096}) {
+    const int64_t rows = 70;
+    const std::vector<float> x = Random(static_cast<size_t>(rows * d), 50);
+    const std::vector<float> delta = Random(static_cast<size_t>(rows * d), 51);
+    const std::vector<float> w = Random(static_cast<size_t>(d), 52);
+    auto b = Make(false);
+    Tensor wt = Weight(*b, w, {d});
+    ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+    Tensor xt = Upload(*b, x, {rows, d}), dt = Upload(*b, delta, {rows, d});
+    Tensor res = Upload(*b, x, {rows, d});
+    Tensor out = b->Alloc({rows, d}), out_add = b->Alloc({rows, d});
+    b->RmsNorm(xt, wt, 1e-5f, RmsNormKind::kPlain, out);
+    b->AddRmsNorm(res, dt, wt, 1e-5f, RmsNormKind::kOnePlusWeight, out_add);
+    const std::vector<float> all = Download(*b, out), all_add = Download(*b, out_add);
+    for (int64_t r : {int64_t{0}, int64_t{33}, rows - 1}) {
+      const size_t off = static_cast<size_t>(r * d), len = static_cast<size_t>(d);
+      const std::vector<float> xr(x.begin() + off, x.begin() + off + len);
+      const std::vector<float> dr(delta.begin() + off, delta.begin() + off + len);
+      Tensor x1 = Upload(*b, xr, {1, d}), d1 = Upload(*b, dr, {1, d});
+      Tensor r1 = Upload(*b, xr, {1, d});
+      Tensor o1 = b->Alloc({1, d}), o1_add = b->Alloc({1, d});
+      b->RmsNorm(x1, wt, 1e-5f, RmsNormKind::kPlain, o1);
+      b->AddRmsNorm(r1, d1, wt, 1e-5f, RmsNormKind::kOnePlusWeight, o1_add);
+      const std::vector<float> solo = Download(*b, o1), solo_add = Download(*b, o1_add);
+      for (size_t i = 0; i < len; ++i) {
+        ASSERT_EQ(all[off + i], solo[i]) << "d " << d << " row " << r << " col " << i;
+        ASSERT_EQ(all_add[off + i], solo_add[i]) << "add: d " << d << " row " << r << " col " << i;
+      }
+    }
+  }
+}
+
 // AllocMatMulInput: bf16 in the bf16 mode at cuBLAS row counts, f32 elsewhere. Its writers
 // (RmsNorm, AddRmsNorm, SiluMul, GeluTanhMul) store the bf16 rounding (RN) of the f32 result, and
 // MatMul over it gives the bits of MatMul over the f32 buffer (which converts x itself).
