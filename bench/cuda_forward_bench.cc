@@ -65,10 +65,7 @@ int Run(int argc, char** argv) {
   flags.AddBool("--profile", &profile, "time each op kind with events (decode steps only)");
   flags.AddBool("--batch-invariant", &invariant, "the fixed-order GEMM instead of GEMV/cuBLAS");
   Status st = flags.Parse(argc, argv, 1, &help);
-  if (!st.ok() || help) {
-    std::fprintf(stderr, "%s\n%s\n", st.message().c_str(), flags.Help().c_str());
-    return help ? 0 : 2;
-  }
+  if (const int status = flags.ExitStatusAfterParse(st, help); status >= 0) return status;
   const Shape* s = nullptr;
   for (const Shape& c : kShapes)
     if (shape_name == c.name) s = &c;

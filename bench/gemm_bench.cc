@@ -41,10 +41,7 @@ int main(int argc, char** argv) {
   flags.AddInt("--tokens", &n, "rows of x (prompt tokens in the step)");
   flags.AddInt("--reps", &reps, "timed calls per variant (the median counts)");
   const ember::Status parsed = flags.Parse(argc, argv, 1, &help);
-  if (!parsed.ok() || help) {
-    std::fprintf(stderr, "%s\n%s\n", parsed.message().c_str(), flags.Help().c_str());
-    return help ? 0 : 2;
-  }
+  if (const int status = flags.ExitStatusAfterParse(parsed, help); status >= 0) return status;
   std::vector<Shape> shapes;
   if (shape == "llama-3.1-8b") {
     shapes = {{"q/o", 4096, 4096},      {"k/v", 1024, 4096},      {"qkv", 6144, 4096},

@@ -36,9 +36,10 @@ int main(int argc, char** argv) {
   flags.AddInt("--chain", &chain, "GEMV launches per graph replay (each on its own weights)");
   flags.AddInt("--reps", &reps, "timed graph replays (the median counts)");
   const ember::Status parsed = flags.Parse(argc, argv, 1, &help);
-  if (!parsed.ok() || help || chain < 1 || reps < 1) {
-    std::fprintf(stderr, "%s\n%s\n", parsed.message().c_str(), flags.Help().c_str());
-    return help ? 0 : 2;
+  if (const int status = flags.ExitStatusAfterParse(parsed, help); status >= 0) return status;
+  if (chain < 1 || reps < 1) {
+    std::fprintf(stderr, "--chain and --reps must be >= 1\n");
+    return 2;
   }
   std::vector<Group> groups;
   if (shape == "llama-3.2-1b") {

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -99,6 +100,18 @@ bool FlagParser::WasSet(const std::string& long_name) const {
   for (const std::string& s : set_)
     if (s == long_name) return true;
   return false;
+}
+
+int FlagParser::ExitStatusAfterParse(const Status& parsed, bool help_requested) const {
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n%s\n", parsed.message().c_str(), Help().c_str());
+    return 2;
+  }
+  if (help_requested) {
+    std::printf("%s\n", Help().c_str());
+    return 0;
+  }
+  return -1;
 }
 
 std::string FlagParser::Help() const {

@@ -27,6 +27,9 @@ class FlagParser {
   // Names of the flags that were given on the command line (as declared, long form).
   bool WasSet(const std::string& long_name) const;
   std::string Help() const;
+  // For a program's main after Parse: -1 to go on; otherwise the exit status, after printing the
+  // help on stdout (--help: 0) or the parse error and the help on stderr (2).
+  int ExitStatusAfterParse(const Status& parsed, bool help_requested) const;
 
  private:
   struct Flag {
