@@ -2,7 +2,8 @@
 // of a model, out[n, m] = x[n, k] W[m, k]^T with bf16 x and W and f32 accumulation, timed as
 //   gemmex-f32   cublasGemmEx, f32 out (what the backend calls today),
 //   gemmex-bf16  cublasGemmEx, bf16 out,
-//   lt-f32/lt-bf16  cublasLt, the best of its first 8 heuristic algorithms (each timed),
+//   lt-f32/lt-bf16  cublasLt, the best of its first 8 heuristic algorithms (each timed; the
+//                   f32 candidates are also listed one by one, in the heuristic's order),
 // and reports TFLOP/s (2 n m k / time, median of the repetitions). Random data, so the clocks see
 // a real load. The question it answers: how much of the prefill gap is the GEMM call itself.
 // usage: gemm_bench [--shape llama-3.1-8b|llama-3.2-1b] [--tokens 4096] [--reps 20]
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
         2.0 * static_cast<double>(n) * static_cast<double>(s.m) * static_cast<double>(s.k);
     const float alpha = 1.f, beta = 0.f;
     double ms[4];
+    std::string candidates;  // lt-f32: every heuristic candidate, in cuBLASLt's order
     for (int variant = 0; variant < 2; ++variant) {
       const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
       ms[variant] = ember::bench::MedianMs(st, reps, [&] {
@@ -133,6 +135,11 @@ int main(int argc, char** argv) {
                                       &res[a].algo, ws, ws_bytes, st));
         });
         best = std::min(best, t);
+        if (variant == 0) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), " %.1f", flop / (t * 1e-3) / 1e12);
+          candidates += buf;
+        }
       }
       ms[2 + variant] = best;
       CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
@@ -143,7 +150,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%-8s %6ld %6ld |", s.name, static_cast<long>(s.m), static_cast<long>(s.k));
     for (int v = 0; v < 4; ++v) std::printf(" %12.1f", flop / (ms[v] * 1e-3) / 1e12);
-    std::printf("\n");
+    std::printf("\n         lt-f32 candidates in heuristic order (TFLOP/s):%s\n",
+                candidates.c_str());
     // Per-layer total over the unfused calls a llama layer makes (q, k, v, o, gate, up, down).
     const int calls = !std::strcmp(s.name, "q/o")       ? 2
                       : !std::strcmp(s.name, "k/v")     ? 2
