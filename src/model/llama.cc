@@ -36,7 +36,8 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.SiluMul(gate, up, act);
     be.MatMul(act, w.w_down, nullptr, delta);
   }
-  Tensor normed = be.Alloc({n, d});  // f32: xn may be a bf16 GEMM operand
+  // The final norm feeds the f32 logits rows: xn unless that is a bf16 GEMM operand.
+  Tensor normed = xn.dtype == DType::kF32 ? xn : be.Alloc({n, d});
   be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows

@@ -1,8 +1,6 @@
 // Gated activations of the MLP: silu(gate) * up and gelu_tanh(gate) * up, into f32 or into bf16
 // rounded RN from the same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion
 // would give). Four elements per thread access when the buffers allow it.
-#include <cuda_bf16.h>
-
 #include <cstdint>
 #include <type_traits>
 

@@ -154,6 +154,11 @@ class CudaBackend final : public Backend {
  private:
   void* ArenaAlloc(size_t bytes);
   Tensor AllocOf(DType dtype, std::initializer_list<int64_t> shape);
+  // Whether a MatMul over `rows` rows takes the cuBLAS path with bf16 operands: then its x may be
+  // a bf16 AllocMatMulInput buffer (the GEMV and the invariant GEMM read f32 rows).
+  bool Bf16MatMulInput(int64_t rows) const {
+    return !f32_compute_ && !batch_invariant_ && rows > cuda::kDecodeGemmMaxRows;
+  }
   void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
   // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
@@ -421,15 +426,13 @@ Tensor CudaBackend::Alloc(std::initializer_list<int64_t> shape) {
   return AllocOf(DType::kF32, shape);
 }
 
-// bf16 where MatMul takes the cuBLAS path (bf16 weights, more rows than the decode GEMM takes,
-// not batch-invariant): the producing op rounds its f32 result once, and MatMul needs no
-// conversion pass of its own (the same bits, a third of the bytes). f32 elsewhere: the GEMV and
-// the invariant GEMM read f32 rows.
+// bf16 where MatMul takes the cuBLAS path (Bf16MatMulInput): the producing op rounds its f32
+// result once, and MatMul needs no conversion pass of its own (the same bits, a third of the
+// bytes). f32 elsewhere.
 Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
-  const bool bf16 = !f32_compute_ && !batch_invariant_ && rows > cuda::kDecodeGemmMaxRows;
-  return AllocOf(bf16 ? DType::kBF16 : DType::kF32, shape);
+  return AllocOf(Bf16MatMulInput(rows) ? DType::kBF16 : DType::kF32, shape);
 }
 
 Tensor CudaBackend::AllocOf(DType dtype, std::initializer_list<int64_t> shape) {
@@ -549,8 +552,7 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   CHECK(out.dtype == DType::kF32);
   // A bf16 x (AllocMatMulInput) is already the cuBLAS operand.
   const bool x_bf16 = x.dtype == DType::kBF16;
-  CHECK(x.dtype == DType::kF32 || (x_bf16 && weight.dtype == DType::kBF16 && !batch_invariant_ &&
-                                   n > cuda::kDecodeGemmMaxRows))
+  CHECK(x.dtype == DType::kF32 || (x_bf16 && weight.dtype == DType::kBF16 && Bf16MatMulInput(n)))
       << "MatMul: x " << DTypeName(x.dtype) << " [" << n << " rows] with "
       << DTypeName(weight.dtype) << " weights";
   if (n == 0) return;

@@ -32,17 +32,12 @@ inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // __nv_bfloat16* (out_bf16) or float*.
 template <typename Launch>
 void DispatchOut(void* out, bool out_bf16, bool vec4, Launch&& launch) {
-  using Vec4 = std::integral_constant<int, 4>;
-  using Vec1 = std::integral_constant<int, 1>;
-  if (out_bf16) {
-    auto* o = static_cast<__nv_bfloat16*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  } else {
-    auto* o = static_cast<float*>(out);
-    if (vec4) launch(Vec4{}, o);
-    else launch(Vec1{}, o);
-  }
+  auto by_access = [&](auto* typed_out) {
+    if (vec4) launch(std::integral_constant<int, 4>{}, typed_out);
+    else launch(std::integral_constant<int, 1>{}, typed_out);
+  };
+  if (out_bf16) by_access(static_cast<__nv_bfloat16*>(out));
+  else by_access(static_cast<float*>(out));
 }
 
 }  // namespace ember::cuda

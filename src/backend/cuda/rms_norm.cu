@@ -3,8 +3,6 @@
 // rows are 16-byte aligned), so a decode row's loads are all in flight at once instead of a
 // chain of strided iterations. The output is f32, or bf16 rounded RN from the same f32 values (a
 // GEMM input: the bits a separate f32 -> bf16 conversion would give).
-#include <cuda_bf16.h>
-
 #include <cstdint>
 #include <type_traits>
 
