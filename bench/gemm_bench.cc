@@ -1,11 +1,14 @@
-// cuBLAS / cuBLASLt ceilings for the prefill GEMMs (docs/perf.md, issue 6): for each weight shape
-// of a model, out[n, m] = x[n, k] W[m, k]^T with bf16 x and W and f32 accumulation, timed as
-//   gemmex-f32   cublasGemmEx, f32 out (what the backend calls today),
+// cuBLAS / cuBLASLt ceilings for the prefill and batched-decode GEMMs (docs/perf.md, issue 6):
+// for each weight shape of a model, out[n, m] = x[n, k] W[m, k]^T with bf16 x and W and f32
+// accumulation, timed as
+//   gemmex-f32   cublasGemmEx, f32 out (what the backend calls above 8 rows),
 //   gemmex-bf16  cublasGemmEx, bf16 out,
 //   lt-f32/lt-bf16  cublasLt, the best of its first 8 heuristic algorithms (each timed; the
 //                   f32 candidates are also listed one by one, in the heuristic's order),
 // and reports TFLOP/s (2 n m k / time, median of the repetitions). Random data, so the clocks see
-// a real load. The question it answers: how much of the prefill gap is the GEMM call itself.
+// a real load. Every call reads its weights cold: calls rotate over copies of the weights that
+// together exceed the L2 (a forward pass reads each weight once; until session 8 the bench reused
+// one copy, which the L2 holds for the 1B's small matrices).
 // usage: gemm_bench [--shape llama-3.1-8b|llama-3.2-1b] [--tokens 4096] [--reps 20]
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -70,7 +73,21 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
     return d;
   };
-  void* w = random_bf16(max_mk, 0.02f);
+  // Weight copies rotated call by call, >= 256 MB in all (the H200's L2 is 50 MB).
+  const int64_t copies =
+      std::max<int64_t>(1, ((int64_t{256} << 20) + max_mk * 2 - 1) / (max_mk * 2));
+  auto* w_all = static_cast<__nv_bfloat16*>(random_bf16(max_mk, 0.02f));
+  {
+    void* grown = nullptr;
+    CUDA_CHECK(cudaMalloc(&grown, static_cast<size_t>(copies * max_mk) * 2));
+    for (int64_t c = 0; c < copies; ++c)
+      CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(grown) + c * max_mk, w_all,
+                            static_cast<size_t>(max_mk) * 2, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaFree(w_all));
+    w_all = static_cast<__nv_bfloat16*>(grown);
+  }
+  int64_t rotation = 0;
+  auto next_w = [&] { return w_all + (rotation++ % copies) * max_mk; };
   void* x = random_bf16(max_nk, 1.0f);
   void* out = nullptr;
   CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(max_nm) * 4));
@@ -91,18 +108,19 @@ int main(int argc, char** argv) {
               static_cast<long>(n), static_cast<long>(reps));
   std::printf("%-8s %6s %6s | %12s %12s %12s %12s  (TFLOP/s, median)\n", "weight", "m", "k",
               "gemmex-f32", "gemmex-bf16", "lt-f32", "lt-bf16");
-  double total_flop = 0, total_ms[4] = {0, 0, 0, 0};
+  constexpr int kVariants = 4;
+  double total_flop = 0, total_ms[kVariants] = {};
   for (const Shape& s : shapes) {
     const double flop =
         2.0 * static_cast<double>(n) * static_cast<double>(s.m) * static_cast<double>(s.k);
     const float alpha = 1.f, beta = 0.f;
-    double ms[4];
+    double ms[kVariants];
     std::string candidates;  // lt-f32: every heuristic candidate, in cuBLASLt's order
     for (int variant = 0; variant < 2; ++variant) {
       const cudaDataType_t ct = variant == 0 ? CUDA_R_32F : CUDA_R_16BF;
       ms[variant] = ember::bench::MedianMs(st, reps, [&] {
         CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.m),
-                                  static_cast<int>(n), static_cast<int>(s.k), &alpha, w,
+                                  static_cast<int>(n), static_cast<int>(s.k), &alpha, next_w(),
                                   CUDA_R_16BF, static_cast<int>(s.k), x, CUDA_R_16BF,
                                   static_cast<int>(s.k), &beta, out, ct, static_cast<int>(s.m),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -131,8 +149,8 @@ int main(int argc, char** argv) {
       double best = 1e30;
       for (int a = 0; a < found; ++a) {
         const double t = ember::bench::MedianMs(st, reps, [&] {
-          CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc,
-                                      &res[a].algo, ws, ws_bytes, st));
+          CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, next_w(), la, x, lb, &beta, out, lc, out,
+                                      lc, &res[a].algo, ws, ws_bytes, st));
         });
         best = std::min(best, t);
         if (variant == 0) {
@@ -149,7 +167,7 @@ int main(int argc, char** argv) {
       CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
     }
     std::printf("%-8s %6ld %6ld |", s.name, static_cast<long>(s.m), static_cast<long>(s.k));
-    for (int v = 0; v < 4; ++v) std::printf(" %12.1f", flop / (ms[v] * 1e-3) / 1e12);
+    for (int v = 0; v < kVariants; ++v) std::printf(" %12.1f", flop / (ms[v] * 1e-3) / 1e12);
     std::printf("\n         lt-f32 candidates in heuristic order (TFLOP/s):%s\n",
                 candidates.c_str());
     // Per-layer total over the unfused calls a llama layer makes (q, k, v, o, gate, up, down).
@@ -159,10 +177,11 @@ int main(int argc, char** argv) {
                       : !std::strcmp(s.name, "down")    ? 1
                                                         : 0;
     total_flop += calls * flop;
-    for (int v = 0; v < 4; ++v) total_ms[v] += calls * ms[v];
+    for (int v = 0; v < kVariants; ++v) total_ms[v] += calls * ms[v];
   }
   std::printf("layer (q,k,v,o,gate,up,down unfused) |");
-  for (int v = 0; v < 4; ++v) std::printf(" %12.1f", total_flop / (total_ms[v] * 1e-3) / 1e12);
+  for (int v = 0; v < kVariants; ++v)
+    std::printf(" %12.1f", total_flop / (total_ms[v] * 1e-3) / 1e12);
   std::printf("\n");
   CUBLAS_CHECK(cublasLtDestroy(lt));
   CUBLAS_CHECK(cublasDestroy(h));
