@@ -146,6 +146,7 @@ int Main(int argc, char** argv) {
               (*engine)->kv_cache_bytes() / 1048576.0);
   std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
               "mean TTFT ms |\n|---|---|---|---|---|\n");
+  std::string step_lines;  // where the engine thread's time went, printed after the table
   for (int64_t level : levels) {
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < level; ++i) {
@@ -158,11 +159,31 @@ int Main(int argc, char** argv) {
       r.ignore_eos = true;
       requests.push_back(std::move(r));
     }
+    const EngineStats before = (*engine)->Stats();
     RunResult r = RunConcurrent(**engine, requests);
+    const EngineStats after = (*engine)->Stats();
     std::printf("| %lld | %.1f | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
                 r.decode_tps, r.wall_s, r.mean_ttft_ms);
     std::fflush(stdout);
+    const int64_t steps = std::max<int64_t>(1, after.steps - before.steps);
+    auto per_step_ms = [&](int64_t ns) { return static_cast<double>(ns) / 1e6 / steps; };
+    const int64_t decode_steps = after.decode_steps - before.decode_steps;
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "concurrency %lld: %lld engine steps, per step: schedule %.3f ms, forward %.3f "
+                  "ms, rest %.3f ms; %lld decode-only steps (%.1f rows each): forward %.3f ms\n",
+                  static_cast<long long>(level), static_cast<long long>(steps),
+                  per_step_ms(after.schedule_ns - before.schedule_ns),
+                  per_step_ms(after.forward_ns - before.forward_ns),
+                  per_step_ms(after.finish_ns - before.finish_ns),
+                  static_cast<long long>(decode_steps),
+                  static_cast<double>(after.decode_rows - before.decode_rows) /
+                      static_cast<double>(std::max<int64_t>(1, decode_steps)),
+                  static_cast<double>(after.decode_forward_ns - before.decode_forward_ns) / 1e6 /
+                      static_cast<double>(std::max<int64_t>(1, decode_steps)));
+    step_lines += line;
   }
+  std::printf("\n%s", step_lines.c_str());
   (*engine)->Shutdown(true);
   engine->reset();  // give the KV pool back before the second engine sizes its own
   model->reset();

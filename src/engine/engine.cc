@@ -62,6 +62,51 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
   return std::min({want, int64_t{4} << 30, mem.free_bytes / 2});
 }
 
+namespace {
+
+// Runs a decode step of every graph bucket once before serving, so each is captured now: a
+// capture costs 6 to 50 ms on an H200 (1B and 8B shapes), which a step of a new batch size would
+// otherwise pay mid-stream. A first step of max_step_tokens prompt rows in up to max_running
+// sequences, each with a logits row, grows the backend's step workspace and plan buffer to their
+// serving size first (the graphs hold their addresses). Every row is a dummy: token 0, its K/V
+// in the scratch block, which no sequence owns; the outputs are dropped.
+Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config, int32_t scratch_block) {
+  const std::vector<int32_t> buckets = model.DecodeGraphBuckets(config.max_running);
+  if (buckets.empty()) return Status::Ok();
+  const int64_t start = NowNs();
+  const int32_t vocab = model.config().vocab_size;
+  auto run = [&](const BatchPlan& plan) {
+    const size_t rows = plan.logits_rows.size();
+    std::vector<RowOutput> kinds(rows, RowOutput::kArgmax);
+    std::vector<RowSampling> sampling(rows);
+    std::vector<int32_t> ids(rows);
+    return model.Forward(plan, StepOutputs{model.HostLogitsBuffer(rows * vocab), kinds, sampling,
+                                           ids, {}});
+  };
+  const int32_t bs = config.block_size;
+  const int32_t tokens = std::min(config.max_step_tokens, model.config().max_position_embeddings);
+  const int32_t seqs = std::min(config.max_running, tokens);
+  BatchPlan prefill;
+  prefill.block_size = bs;
+  for (int32_t s = 0; s < seqs; ++s) {
+    const int32_t len = tokens / seqs + (s < tokens % seqs ? 1 : 0);
+    const std::vector<int32_t> table(static_cast<size_t>((len + bs - 1) / bs), scratch_block);
+    prefill.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 0), 0, table, true);
+  }
+  EMBER_RETURN_IF_ERROR(run(prefill));
+  for (int32_t rows : buckets) {
+    BatchPlan decode;
+    decode.block_size = bs;
+    for (int32_t s = 0; s < rows; ++s) decode.AddSequence({0}, 0, {scratch_block}, true);
+    EMBER_RETURN_IF_ERROR(run(decode));
+  }
+  LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to "
+           << buckets.back() << " rows) captured in " << (NowNs() - start) / 1000000 << " ms";
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& config) {
   if (config.block_size <= 0) return Status::Error("block_size must be positive");
   if (config.max_running <= 0) return Status::Error("max batch must be positive");
@@ -81,7 +126,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
                          " tokens needs " +
                          std::to_string(model->KvBytesPerToken() * config.block_size) + " bytes)");
   }
-  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks, config.block_size));
+  // One more block than the sequences get: the scratch block of decode steps' padding rows.
+  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks + 1, config.block_size));
+  EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, /*scratch_block=*/num_blocks));
   const int64_t used_bytes = int64_t{num_blocks} * config.block_size * model->KvBytesPerToken();
   return std::unique_ptr<Engine>(new Engine(model, config, num_blocks, used_bytes));
 }
@@ -94,7 +141,9 @@ Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int
       context_length_(model->config().max_position_embeddings),
       vocab_size_(model->config().vocab_size),
       kv_(kv::KvCacheConfig{config.block_size, num_blocks, config.enable_prefix_caching}),
-      scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens}, &kv_) {
+      scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens}, &kv_),
+      graph_buckets_(model->DecodeGraphBuckets(config.max_running)),
+      scratch_block_(num_blocks) {
   counters_.kv_blocks_total = num_blocks;
   counters_.block_size = config.block_size;
   published_ = counters_;
@@ -286,6 +335,17 @@ void Engine::RunStep(const StepPlan& plan) {
                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
     batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
   }
+  // A decode step (one sampled row per sequence) is padded to its graph bucket's row count.
+  const int32_t real_rows = static_cast<int32_t>(batch.logits_rows.size());
+  const bool decode_only = batch.num_tokens() == batch.num_seqs() && real_rows == batch.num_seqs();
+  if (decode_only) {
+    ++counters_.decode_steps;
+    counters_.decode_rows += real_rows;
+    const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), real_rows);
+    if (bucket != graph_buckets_.end())
+      for (int32_t r = real_rows; r < *bucket; ++r)
+        batch.AddSequence({0}, 0, {scratch_block_}, true);
+  }
   // Rows that want no logprobs get their token from the backend: their processors (bias,
   // penalties, min_tokens mask) as a sparse edit list applied where the logits are, then the
   // argmax, or a draw with the sequence's next uniform where the backend prefers it. Logprobs rows
@@ -293,7 +353,9 @@ void Engine::RunStep(const StepPlan& plan) {
   const size_t num_rows = batch.logits_rows.size();
   const std::span<float> logits =
       model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
-  row_kinds_.assign(num_rows, RowOutput::kCopy);
+  // Padding rows (past real_rows): an argmax nobody reads.
+  row_kinds_.assign(num_rows, RowOutput::kArgmax);
+  std::fill(row_kinds_.begin(), row_kinds_.begin() + real_rows, RowOutput::kCopy);
   row_sampling_.assign(num_rows, RowSampling{});
   row_ids_.assign(num_rows, 0);
   row_params_.clear();
@@ -318,8 +380,12 @@ void Engine::RunStep(const StepPlan& plan) {
     }
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
   }
+  const int64_t forward_start = NowNs();
   Status st = model_->Forward(
       batch, StepOutputs{logits, row_kinds_, row_sampling_, row_ids_, row_edits});
+  const int64_t forward_end = NowNs();
+  counters_.forward_ns += forward_end - forward_start;
+  if (decode_only) counters_.decode_forward_ns += forward_end - forward_start;
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
   if (!st.ok()) {
@@ -332,10 +398,11 @@ void Engine::RunStep(const StepPlan& plan) {
   }
 
   // The rows the host samples, in parallel across rows (per-sequence RNG: order-independent).
-  row_outputs_.assign(num_rows, SampleOutput{});
-  host_skip_.assign(num_rows, 0);
-  for (size_t r = 0; r < num_rows; ++r) host_skip_[r] = row_kinds_[r] != RowOutput::kCopy;
-  SampleRows(logits, vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
+  row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
+  host_skip_.assign(static_cast<size_t>(real_rows), 0);
+  for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = row_kinds_[r] != RowOutput::kCopy;
+  SampleRows(logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
+             vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
 
   size_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
@@ -375,6 +442,7 @@ void Engine::RunStep(const StepPlan& plan) {
     state.stream->Push(std::move(event));
     if (finish != FinishReason::kNone) FinishSequence(seq, finish);
   }
+  counters_.finish_ns += NowNs() - forward_end;
 }
 
 void Engine::PublishStatsAndCloseStreams() {
@@ -412,7 +480,9 @@ void Engine::Loop() {
       PublishStatsAndCloseStreams();
       return;
     }
+    const int64_t schedule_start = NowNs();
     StepPlan plan = scheduler_.Schedule();
+    counters_.schedule_ns += NowNs() - schedule_start;
     if (plan.empty()) {
       // Nothing fits right now (cannot last: admission guarantees a lone sequence fits).
       PublishStatsAndCloseStreams();

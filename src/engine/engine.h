@@ -48,6 +48,12 @@ struct EngineStats {
   int32_t num_running = 0;  // sequences in the running batch
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  // Engine-thread wall time, summed over steps: scheduling, the model forward (recording and
+  // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
+  // bookkeeping, prefix-cache commits, streaming the events).
+  int64_t schedule_ns = 0, forward_ns = 0, finish_ns = 0;
+  // The steps whose rows are all decode rows (one new token per sequence): count, rows, forward.
+  int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0;
 };
 
 class Engine {
@@ -103,6 +109,10 @@ class Engine {
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
   std::vector<SampleOutput> row_outputs_;          // [rows]
+  // Decode steps are padded to these row counts (Backend::DecodeGraphBuckets); the padding rows
+  // write their K/V to scratch_block_, a KV block no sequence owns.
+  std::vector<int32_t> graph_buckets_;
+  int32_t scratch_block_ = 0;
   EngineStats counters_;                           // engine-thread running totals
   std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 

@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
     recorder_.set_profiling(options.profile_ops);
+    profiling_ = options.profile_ops;
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
@@ -148,6 +149,17 @@ class CudaBackend final : public Backend {
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override;
   bool prefers_backend_sampling() const override { return true; }
+  // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 graphs, inside the
+  // recorder's cache of 64. Larger decode steps are captured at their own size.
+  std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows) const override {
+    std::vector<int32_t> buckets;
+    if (!use_graphs_ || profiling_) return buckets;
+    for (int32_t b = 1; b <= kMaxGraphBucket; b = b < 8 ? 2 * b : b + 8) {
+      buckets.push_back(b);
+      if (b >= max_rows) break;
+    }
+    return buckets;
+  }
   Result<BackendMemory> MemoryInfo() const override;
   std::span<float> HostBuffer(size_t count) override;
 
@@ -183,6 +195,8 @@ class CudaBackend final : public Backend {
   bool use_graphs_;
   bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
   bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
+  bool profiling_ = false;  // ops timed one by one (no graphs)
+  static constexpr int32_t kMaxGraphBucket = 256;
   bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;
   Stream stream_;
@@ -352,7 +366,10 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   };
   const int64_t cap_tokens = grow(std::max<int64_t>(num_tokens, num_logits), plan_cap_tokens_);
   const int64_t cap_seqs = grow(num_seqs, plan_cap_seqs_);
-  const int64_t cap_tables = grow(num_tables, plan_cap_tables_);
+  // The tables' room starts large (at least two entries per KV block): the decode graphs hold the
+  // plan buffer's address, so it should not move as contexts grow. Only the used part is copied.
+  const int64_t cap_tables = grow(
+      std::max<int64_t>({num_tables, int64_t{1} << 16, 2 * int64_t{kv_blocks_}}), plan_cap_tables_);
   // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), then token_ids, positions,
   // slot_mapping, token_seq, logits_rows (cap_tokens each), block_tables (cap_tables).
   const int64_t total = 4 * cap_seqs + 5 * cap_tokens + cap_tables;
@@ -364,7 +381,10 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
     plan_cap_seqs_ = cap_seqs;
     plan_cap_tables_ = cap_tables;
   }
-  plan_host_.assign(static_cast<size_t>(total), 0);
+  // Everything before the tables is rewritten (zeros past the counts), the tables up to num_tables.
+  const int64_t used = 4 * cap_seqs + 5 * cap_tokens + num_tables;
+  plan_host_.resize(static_cast<size_t>(total));
+  std::fill(plan_host_.begin(), plan_host_.begin() + (used - num_tables), 0);
   int32_t* h = plan_host_.data();
   int32_t* h_tokens = h + 4 * cap_seqs;
   int32_t* h_positions = h_tokens + cap_tokens;
@@ -392,7 +412,7 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   std::copy(plan.block_tables.begin(), plan.block_tables.end(), h_tables);
   // Pageable source: the copy is staged before this returns, so plan_host_ may be reused.
   CUDA_CHECK(cudaMemcpyAsync(plan_device_.data(), plan_host_.data(),
-                             plan_host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             static_cast<size_t>(used) * sizeof(int32_t), cudaMemcpyHostToDevice,
                              stream_.get()));
   const int32_t* base = plan_device_.as<int32_t>();
   plan_.seqs = reinterpret_cast<const int4*>(base);
