@@ -111,7 +111,7 @@ if [ "${SANITIZER:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then
-  log "== cuda_forward_bench (random bf16 weights, backend ops only, host logits; no device sampling)"
+  log "== cuda_forward_bench (random bf16 weights, backend ops only, device argmax per step)"
   bench() {
     log "-- cuda_forward_bench $*"
     timeout 240 .devbin/bin/cuda_forward_bench "$@" 2>&1 | tee -a "$summary" >/dev/null
@@ -135,7 +135,10 @@ if [ "${BENCH:-1}" = 1 ]; then
   if [ "${MODELS:-1}" = 1 ]; then
     log "== ember bench / engine_bench on synth models (bf16, random weights)"
     models=${TMPDIR:-/tmp}/ember-synth
-    run() { log "-- $*"; timeout 300 "$@" 2>&1 | grep -E '^\||TTFT' | tee -a "$summary" >/dev/null; }
+    run() {
+      log "-- $*"
+      timeout 300 "$@" 2>&1 | grep -E '^\||TTFT|^concurrency|graphs for' | tee -a "$summary" >/dev/null
+    }
     for shape in llama-3.2-1b llama-3.1-8b; do
       .devbin/bin/ember synth --like $shape --dtype bf16 --out "$models/$shape" >/dev/null 2>&1
     done
