@@ -342,9 +342,11 @@ void Engine::RunStep(const StepPlan& plan) {
     ++counters_.decode_steps;
     counters_.decode_rows += real_rows;
     const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), real_rows);
-    if (bucket != graph_buckets_.end())
+    if (bucket != graph_buckets_.end()) {
       for (int32_t r = real_rows; r < *bucket; ++r)
         batch.AddSequence({0}, 0, {scratch_block_}, true);
+      counters_.decode_padding_rows += *bucket - real_rows;
+    }
   }
   // Rows that want no logprobs get their token from the backend: their processors (bias,
   // penalties, min_tokens mask) as a sparse edit list applied where the logits are, then the

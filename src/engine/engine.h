@@ -52,8 +52,9 @@ struct EngineStats {
   // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
   // bookkeeping, prefix-cache commits, streaming the events).
   int64_t schedule_ns = 0, forward_ns = 0, finish_ns = 0;
-  // The steps whose rows are all decode rows (one new token per sequence): count, rows, forward.
-  int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0;
+  // The steps whose rows are all decode rows (one new token per sequence): count, rows, forward,
+  // and the padding rows added to reach a graph bucket (Backend::DecodeGraphBuckets).
+  int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0, decode_padding_rows = 0;
 };
 
 class Engine {

@@ -224,6 +224,63 @@ TEST(EngineTest, SeededSamplingIsBatchIndependent) {
   for (auto& s : streams) Collect(s);
 }
 
+// Decode steps padded to graph buckets (as on a GPU; here the CPU backend reports buckets) give
+// the same tokens and logprobs as unpadded ones: the padding rows write only the scratch KV block
+// and their outputs are dropped. Greedy and seeded sampled requests, one with logprobs (its row's
+// logits go to the host sampler beside the padding rows' argmax), n = 2, and chunked prefill
+// mixed with decode rows; every KV block is free afterwards.
+TEST(EngineTest, PaddedDecodeStepsChangeNoToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests = MakeRequests(11, 2048, 5);
+  requests[2].sampling.temperature = 0.8f;
+  requests[2].sampling.top_p = 0.9f;
+  requests[2].sampling.seed = 7;
+  requests[5].sampling.top_logprobs = 3;
+  requests[7].n = 2;
+  requests[7].sampling.temperature = 1.0f;
+  requests[7].sampling.seed = 11;
+  struct Run {
+    std::vector<std::vector<std::pair<int32_t, float>>> events;  // per request and sample
+    EngineStats stats;
+  };
+  auto run = [&](const std::vector<int32_t>& buckets) {
+    ModelLoadOptions options;
+    options.cpu_decode_graph_buckets = buckets;
+    auto model = Model::Load(dir, options);
+    EXPECT_TRUE(model.ok()) << model.message();
+    EngineConfig config;
+    config.max_running = 6;
+    config.max_step_tokens = 13;
+    auto engine = Engine::Create(model->get(), config);
+    EXPECT_TRUE(engine.ok()) << engine.message();
+    std::vector<std::shared_ptr<ResponseStream>> streams;
+    for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
+    Run result;
+    for (auto& stream : streams) {
+      std::vector<TokenEvent> events;
+      std::vector<std::pair<int32_t, float>> got;
+      while (stream->Next(&events)) {
+        for (const TokenEvent& e : events)
+          if (e.token_id >= 0) got.emplace_back(e.token_id * 16 + e.sample_index, e.logprob);
+        events.clear();
+      }
+      result.events.push_back(got);
+    }
+    (*engine)->Shutdown(true);
+    result.stats = (*engine)->Stats();
+    EXPECT_EQ(result.stats.kv_blocks_used, 0);
+    return result;
+  };
+  const Run plain = run({});
+  const Run padded = run({1, 2, 4, 8});
+  EXPECT_EQ(plain.stats.decode_padding_rows, 0);
+  EXPECT_GT(padded.stats.decode_padding_rows, 0);  // the padding really ran
+  ASSERT_EQ(plain.events.size(), padded.events.size());
+  for (size_t i = 0; i < plain.events.size(); ++i)
+    EXPECT_EQ(plain.events[i], padded.events[i]) << "request " << i;
+}
+
 // Every request's sample-0 tokens from one engine over `dir` with the given backend sampling:
 // all submitted at once (batched as the engine thread picks them up), or one after another
 // (`solo`: every step's batch is the same in every run, whatever the timing).

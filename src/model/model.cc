@@ -160,6 +160,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   } else {
     CpuBackendOptions cpu;
     cpu.num_threads = opts.num_threads;
+    cpu.decode_graph_buckets = opts.cpu_decode_graph_buckets;
     model->backend_ = MakeCpuBackend(cpu);
   }
   model->impl_ = std::make_unique<Impl>();

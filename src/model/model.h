@@ -101,6 +101,8 @@ struct ModelLoadOptions {
   bool cuda_batch_invariant = false;
   // File name of the config inside the folder (tests load config.v4.json too).
   std::string config_file = "config.json";
+  // CPU, tests: CpuBackendOptions::decode_graph_buckets (the engine pads decode steps to them).
+  std::vector<int32_t> cpu_decode_graph_buckets;
 };
 
 class Model {

@@ -132,9 +132,18 @@ struct RopeTable {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options) {
+  explicit CpuBackend(const CpuBackendOptions& options)
+      : decode_graph_buckets_(options.decode_graph_buckets) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
+  }
+  std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows) const override {
+    std::vector<int32_t> buckets;
+    for (int32_t b : decode_graph_buckets_) {
+      buckets.push_back(b);
+      if (b >= max_rows) break;
+    }
+    return buckets;
   }
   std::string name() const override { return "cpu"; }
 
@@ -474,6 +483,7 @@ class CpuBackend final : public Backend {
   }
 
   int32_t num_threads_ = 1;
+  std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
   std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
   const BatchPlan* plan_ = nullptr;
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32

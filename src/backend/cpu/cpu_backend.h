@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -14,6 +15,9 @@ namespace ember {
 
 struct CpuBackendOptions {
   int32_t num_threads = 0;  // 0: all cores
+  // Tests: the row counts DecodeGraphBuckets reports (ascending). The CPU captures no graphs, so
+  // this only makes the engine pad its decode steps as it does for a GPU, where CI can run it.
+  std::vector<int32_t> decode_graph_buckets;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
