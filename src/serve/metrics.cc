@@ -146,6 +146,13 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
   Counter("ember_engine_steps_total", "Engine steps run.", e.steps, &out);
   Counter("ember_engine_preemptions_total", "Sequences preempted for KV space.", e.preemptions,
           &out);
+  Counter("ember_engine_forward_seconds_total",
+          "Engine-thread time in model forward steps (launch and wait).", e.forward_ns / 1e9, &out);
+  Counter("ember_engine_decode_steps_total", "Engine steps whose rows were all decode rows.",
+          e.decode_steps, &out);
+  Counter("ember_engine_decode_padding_rows_total",
+          "Rows added to decode steps to reach a captured batch-size bucket.",
+          e.decode_padding_rows, &out);
   Gauge("ember_open_streams", "Streaming responses in progress.", open_streams_, &out);
   Gauge("ember_queue_depth", "Requests waiting for admission.", e.num_queued, &out);
   Gauge("ember_running_sequences", "Sequences in the running batch.", e.num_running, &out);
@@ -181,7 +188,11 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"running_sequences", e.num_running},
         {"steps", e.steps},
         {"preemptions", e.preemptions},
-        {"computed_tokens", e.computed_tokens}}},
+        {"computed_tokens", e.computed_tokens},
+        {"forward_seconds", e.forward_ns / 1e9},
+        {"decode_steps", e.decode_steps},
+        {"decode_rows", e.decode_rows},
+        {"decode_padding_rows", e.decode_padding_rows}}},
       {"kv_cache",
        {{"blocks_total", e.kv_blocks_total},
         {"blocks_used", e.kv_blocks_used},
