@@ -168,6 +168,7 @@ int Main(int argc, char** argv) {
     const int64_t steps = std::max<int64_t>(1, after.steps - before.steps);
     auto per_step_ms = [&](int64_t ns) { return static_cast<double>(ns) / 1e6 / steps; };
     const int64_t decode_steps = after.decode_steps - before.decode_steps;
+    const double decode_div = static_cast<double>(std::max<int64_t>(1, decode_steps));
     char line[512];
     std::snprintf(line, sizeof(line),
                   "concurrency %lld: %lld engine steps, per step: schedule %.3f ms, forward %.3f "
@@ -177,10 +178,9 @@ int Main(int argc, char** argv) {
                   per_step_ms(after.forward_ns - before.forward_ns),
                   per_step_ms(after.finish_ns - before.finish_ns),
                   static_cast<long long>(decode_steps),
-                  static_cast<double>(after.decode_rows - before.decode_rows) /
-                      static_cast<double>(std::max<int64_t>(1, decode_steps)),
+                  static_cast<double>(after.decode_rows - before.decode_rows) / decode_div,
                   static_cast<double>(after.decode_forward_ns - before.decode_forward_ns) / 1e6 /
-                      static_cast<double>(std::max<int64_t>(1, decode_steps)));
+                      decode_div);
     step_lines += line;
   }
   std::printf("\n%s", step_lines.c_str());

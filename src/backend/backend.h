@@ -171,10 +171,10 @@ class Backend {
   // True when SampleRows is cheaper than copying the rows to the host sampler (a GPU).
   virtual bool prefers_backend_sampling() const { return false; }
   // The row counts of decode steps (one row per sequence) that this backend replays from a
-  // captured graph, ascending, up to the first that holds max_rows; empty where it captures
-  // nothing. The engine pads a decode step to the smallest bucket that holds it (with rows whose
-  // outputs it drops) and runs every bucket once before serving, so no step pays a capture.
-  virtual std::vector<int32_t> DecodeGraphBuckets(int32_t /*max_rows*/) const { return {}; }
+  // captured graph, ascending; empty where it captures nothing. The engine pads a decode step to
+  // the smallest bucket that holds it (with rows whose outputs it drops) and runs every bucket it
+  // can use once before serving, so no step pays a capture.
+  virtual std::vector<int32_t> DecodeGraphBuckets() const { return {}; }
   // The memory this backend allocates from, now (after the weights were uploaded): the GPU's for
   // a device backend, the host's (MemAvailable/MemTotal) for the CPU. Sizes the default KV pool.
   virtual Result<BackendMemory> MemoryInfo() const = 0;

@@ -64,14 +64,23 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
 
 namespace {
 
+// The backend's decode graph buckets this engine can use: up to the first that holds
+// max_running sequences.
+std::vector<int32_t> UsableGraphBuckets(const Model& model, int32_t max_running) {
+  std::vector<int32_t> buckets = model.DecodeGraphBuckets();
+  const auto holds = std::lower_bound(buckets.begin(), buckets.end(), max_running);
+  if (holds != buckets.end()) buckets.erase(holds + 1, buckets.end());
+  return buckets;
+}
+
 // Runs a decode step of every graph bucket once before serving, so each is captured now: a
 // capture costs 6 to 50 ms on an H200 (1B and 8B shapes), which a step of a new batch size would
 // otherwise pay mid-stream. A first step of max_step_tokens prompt rows in up to max_running
 // sequences, each with a logits row, grows the backend's step workspace and plan buffer to their
 // serving size first (the graphs hold their addresses). Every row is a dummy: token 0, its K/V
 // in the scratch block, which no sequence owns; the outputs are dropped.
-Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config, int32_t scratch_block) {
-  const std::vector<int32_t> buckets = model.DecodeGraphBuckets(config.max_running);
+Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
+                          const std::vector<int32_t>& buckets, int32_t scratch_block) {
   if (buckets.empty()) return Status::Ok();
   const int64_t start = NowNs();
   const int32_t vocab = model.config().vocab_size;
@@ -128,12 +137,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   }
   // One more block than the sequences get: the scratch block of decode steps' padding rows.
   EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks + 1, config.block_size));
-  EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, /*scratch_block=*/num_blocks));
+  std::vector<int32_t> buckets = UsableGraphBuckets(*model, config.max_running);
+  EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, buckets, /*scratch_block=*/num_blocks));
   const int64_t used_bytes = int64_t{num_blocks} * config.block_size * model->KvBytesPerToken();
-  return std::unique_ptr<Engine>(new Engine(model, config, num_blocks, used_bytes));
+  return std::unique_ptr<Engine>(
+      new Engine(model, config, num_blocks, used_bytes, std::move(buckets)));
 }
 
-Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes)
+Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes,
+               std::vector<int32_t> graph_buckets)
     : model_(model),
       config_(config),
       num_blocks_(num_blocks),
@@ -142,7 +154,7 @@ Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int
       vocab_size_(model->config().vocab_size),
       kv_(kv::KvCacheConfig{config.block_size, num_blocks, config.enable_prefix_caching}),
       scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens}, &kv_),
-      graph_buckets_(model->DecodeGraphBuckets(config.max_running)),
+      graph_buckets_(std::move(graph_buckets)),
       scratch_block_(num_blocks) {
   counters_.kv_blocks_total = num_blocks;
   counters_.block_size = config.block_size;

@@ -79,7 +79,8 @@ class Engine {
   const Model& model() const { return *model_; }
 
  private:
-  Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes);
+  Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int64_t kv_bytes,
+         std::vector<int32_t> graph_buckets);
   std::optional<SubmitError> Validate(const GenerationRequest& request) const;
   void Loop();
   void TakeInbox();

@@ -50,6 +50,9 @@ struct DecoderActivations {
   Tensor act;    // [n, intermediate]  act(gate) * up, the down projection's input
 };
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n);
+// The final norm's output buffer: the logits rows are gathered from it as f32, so xn itself
+// unless xn is a bf16 GEMM operand (AllocMatMulInput), else a new [n, hidden] f32 buffer.
+Tensor FinalNormOut(Backend& be, const Tensor& xn);
 
 // The attention core shared by every dense family: optional per-head q/k RMSNorm (`norm_kind`),
 // RoPE, the KV write at the plan's slots, and paged attention into `att`.

@@ -16,6 +16,10 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
                             be.Alloc({n, inter}),      be.AllocMatMulInput({n, inter})};
 }
 
+Tensor FinalNormOut(Backend& be, const Tensor& xn) {
+  return xn.dtype == DType::kF32 ? xn : be.Alloc({xn.rows(), xn.cols()});
+}
+
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att) {
   const int64_t n = q.dim(0);

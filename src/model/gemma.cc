@@ -42,8 +42,7 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.MatMul(act, w.w_down, nullptr, delta);
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }
-  // The final norm feeds the f32 logits rows: xn unless that is a bf16 GEMM operand.
-  Tensor normed = xn.dtype == DType::kF32 ? xn : be.Alloc({n, d});
+  Tensor normed = FinalNormOut(be, xn);
   be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows

@@ -36,8 +36,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.SiluMul(gate, up, act);
     be.MatMul(act, w.w_down, nullptr, delta);
   }
-  // The final norm feeds the f32 logits rows: xn unless that is a bf16 GEMM operand.
-  Tensor normed = xn.dtype == DType::kF32 ? xn : be.Alloc({n, d});
+  Tensor normed = FinalNormOut(be, xn);
   be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows

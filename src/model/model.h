@@ -120,9 +120,7 @@ class Model {
   std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }
   // True when RowOutput::kSample beats copying logits to the host sampler (a GPU backend).
   bool prefers_backend_sampling() const { return backend_->prefers_backend_sampling(); }
-  std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows) const {
-    return backend_->DecodeGraphBuckets(max_rows);
-  }
+  std::vector<int32_t> DecodeGraphBuckets() const { return backend_->DecodeGraphBuckets(); }
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;

@@ -137,14 +137,7 @@ class CpuBackend final : public Backend {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
-  std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows) const override {
-    std::vector<int32_t> buckets;
-    for (int32_t b : decode_graph_buckets_) {
-      buckets.push_back(b);
-      if (b >= max_rows) break;
-    }
-    return buckets;
-  }
+  std::vector<int32_t> DecodeGraphBuckets() const override { return decode_graph_buckets_; }
   std::string name() const override { return "cpu"; }
 
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,

@@ -98,7 +98,6 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
     recorder_.set_profiling(options.profile_ops);
-    profiling_ = options.profile_ops;
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
@@ -151,13 +150,10 @@ class CudaBackend final : public Backend {
   bool prefers_backend_sampling() const override { return true; }
   // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 graphs, inside the
   // recorder's cache of 64. Larger decode steps are captured at their own size.
-  std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows) const override {
+  std::vector<int32_t> DecodeGraphBuckets() const override {
     std::vector<int32_t> buckets;
-    if (!use_graphs_ || profiling_) return buckets;
-    for (int32_t b = 1; b <= kMaxGraphBucket; b = b < 8 ? 2 * b : b + 8) {
-      buckets.push_back(b);
-      if (b >= max_rows) break;
-    }
+    if (!use_graphs_ || recorder_.profiling()) return buckets;
+    for (int32_t b = 1; b <= kMaxGraphBucket; b = b < 8 ? 2 * b : b + 8) buckets.push_back(b);
     return buckets;
   }
   Result<BackendMemory> MemoryInfo() const override;
@@ -195,7 +191,6 @@ class CudaBackend final : public Backend {
   bool use_graphs_;
   bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
   bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
-  bool profiling_ = false;  // ops timed one by one (no graphs)
   static constexpr int32_t kMaxGraphBucket = 256;
   bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;

@@ -41,6 +41,7 @@ class StepRecorder {
   // Profiling: eager flushes time each op with events, accumulated per op tag (the first word
   // of its key). Costs a sync per flush; graphs are not used while profiling.
   void set_profiling(bool on) { profiling_ = on; }
+  bool profiling() const { return profiling_; }
   struct OpTime {
     uint64_t tag = 0;
     double total_ms = 0;
