@@ -64,6 +64,13 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
 
 namespace {
 
+// A decode step's padding row: token 0 at position 0, its K/V in the scratch block (which no
+// sequence owns), a logits row whose argmax is dropped. The warm-up captures steps of these rows,
+// so serving's padded steps must use the same.
+void AddPaddingRow(BatchPlan& plan, int32_t scratch_block) {
+  plan.AddSequence({0}, 0, {scratch_block}, true);
+}
+
 // The backend's decode graph buckets this engine can use: up to the first that holds
 // max_running sequences.
 std::vector<int32_t> UsableGraphBuckets(const Model& model, int32_t max_running) {
@@ -78,7 +85,7 @@ std::vector<int32_t> UsableGraphBuckets(const Model& model, int32_t max_running)
 // otherwise pay mid-stream. A first step of max_step_tokens prompt rows in up to max_running
 // sequences, each with a logits row, grows the backend's step workspace and plan buffer to their
 // serving size first (the graphs hold their addresses). Every row is a dummy: token 0, its K/V
-// in the scratch block, which no sequence owns; the outputs are dropped.
+// in the scratch block (AddPaddingRow); the outputs are dropped.
 Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
                           const std::vector<int32_t>& buckets, int32_t scratch_block) {
   if (buckets.empty()) return Status::Ok();
@@ -106,7 +113,7 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
   for (int32_t rows : buckets) {
     BatchPlan decode;
     decode.block_size = bs;
-    for (int32_t s = 0; s < rows; ++s) decode.AddSequence({0}, 0, {scratch_block}, true);
+    for (int32_t s = 0; s < rows; ++s) AddPaddingRow(decode, scratch_block);
     EMBER_RETURN_IF_ERROR(run(decode));
   }
   LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to "
@@ -355,8 +362,7 @@ void Engine::RunStep(const StepPlan& plan) {
     counters_.decode_rows += real_rows;
     const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), real_rows);
     if (bucket != graph_buckets_.end()) {
-      for (int32_t r = real_rows; r < *bucket; ++r)
-        batch.AddSequence({0}, 0, {scratch_block_}, true);
+      for (int32_t r = real_rows; r < *bucket; ++r) AddPaddingRow(batch, scratch_block_);
       counters_.decode_padding_rows += *bucket - real_rows;
     }
   }
