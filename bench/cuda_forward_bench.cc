@@ -156,6 +156,7 @@ int Run(int argc, char** argv) {
     Tensor q = b.Alloc({T, NH * D}), k = b.Alloc({T, NKV * D}), v = b.Alloc({T, NKV * D});
     Tensor attn = b.Alloc({T, NH * D}), o = b.Alloc({T, H});
     Tensor gate = b.Alloc({T, I}), upv = b.Alloc({T, I}), down = b.Alloc({T, H});
+    Tensor act = b.AllocMatMulInput({T, I});  // as the model (architecture.h) allocates it
     b.Embedding(embed, 1.0f, x);
     b.RmsNorm(x, layers[0].ln1, 1e-5f, RmsNormKind::kPlain, h);
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -171,8 +172,8 @@ int Run(int argc, char** argv) {
       b.AddRmsNorm(x, o, L.ln2, 1e-5f, RmsNormKind::kPlain, h);
       b.MatMul(h, L.w_gate, nullptr, gate);
       b.MatMul(h, L.w_up, nullptr, upv);
-      b.SiluMul(gate, upv, gate);
-      b.MatMul(gate, L.w_down, nullptr, down);
+      b.SiluMul(gate, upv, act);
+      b.MatMul(act, L.w_down, nullptr, down);
       const Tensor& next = l + 1 < layers.size() ? layers[l + 1].ln1 : final_norm;
       b.AddRmsNorm(x, down, next, 1e-5f, RmsNormKind::kPlain, h);
     }
