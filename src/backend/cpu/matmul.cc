@@ -25,9 +25,13 @@ namespace {
 // float per output (held in `out` between chunks), so the prefill blocking needs no spill
 // array, and decode and prefill read the weights in the same order.
 constexpr int64_t kKChunk = 512;    // k elements per accumulator chunk (part of the chain)
-constexpr int64_t kColBlock = 64;   // output columns per parallel work item
+constexpr int64_t kColBlock = 64;   // output columns per parallel work item (decode)
+// Prefill: output columns per work item. Each packed 4-row x chunk (8 KB, from L3) serves this
+// many columns before the next one is fetched, and the f32 panel (256 x 512 floats, 512 KB)
+// stays in the core's L2; with 64 columns the whole packed x was re-read once per 64 columns.
+constexpr int64_t kPanelColBlock = 256;
 constexpr int64_t kFewRows = 8;     // up to this many rows: weights converted in the kernel
-constexpr int kRowGroup = 4;        // prefill register tile: 4 rows x 3 columns
+constexpr int kRowGroup = 4;        // prefill register tile: 4 rows x kPanelCols columns
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -156,10 +160,10 @@ void PackRows(const float* x, int64_t k, int64_t r0, int64_t rows, int64_t k8, f
 
 using PanelFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
 template <int R>
-constexpr std::array<PanelFn, 3> PanelRow() {
-  return {PanelKernel<R, 1>, PanelKernel<R, 2>, PanelKernel<R, 3>};
+constexpr std::array<PanelFn, 4> PanelRow() {
+  return {PanelKernel<R, 1>, PanelKernel<R, 2>, PanelKernel<R, 3>, PanelKernel<R, 4>};
 }
-constexpr std::array<std::array<PanelFn, 3>, 4> kPanelTiles = {PanelRow<1>(), PanelRow<2>(),
+constexpr std::array<std::array<PanelFn, 4>, 4> kPanelTiles = {PanelRow<1>(), PanelRow<2>(),
                                                                PanelRow<3>(), PanelRow<4>()};
 
 using KernelFn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, int64_t, float*,
@@ -188,8 +192,14 @@ int MaxCols(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 3; }
 
 // Weight rows [c0, c0 + nc) x k [k0, k0 + len) as f32 panel tiles of kPanelCols columns, tile t
 // at panel + t * kPanelCols * len laid out [len / 8][cols of the tile][8]: the exact values the
-// kernel would convert itself, converted once for all rows of a prefill.
+// kernel would convert itself, converted once for all rows of a prefill. With AVX-512VL's 32
+// vector registers the tile is 4 x 4 (16 accumulators, and 256-column blocks end without a
+// narrower tile); AVX2's 16 registers hold 4 x 3. The tile shape changes no output's chain.
+#ifdef __AVX512VL__
+constexpr int kPanelCols = 4;
+#else
 constexpr int kPanelCols = 3;
+#endif
 template <DType D>
 void ConvertPanel(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t k0, int64_t len,
                   float* panel) {
@@ -203,7 +213,7 @@ void ConvertPanel(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t k0, 
 }
 
 // Output columns [c0, c0 + nc) of all n rows. Prefill only: xp is x packed by PackRows in groups
-// of kRowGroup rows (group g at xp + g * kRowGroup * k8), panel [kColBlock * kKChunk] floats.
+// of kRowGroup rows (group g at xp + g * kRowGroup * k8), panel [kPanelColBlock * kKChunk] floats.
 void ColumnBlock(const float* x, const float* xp, int64_t n, int64_t k, const void* w, DType dtype,
                  int64_t c0, int64_t nc, const float* bias, float* out, int64_t m, float* panel) {
   const int64_t k8 = k - k % 8;
@@ -278,10 +288,13 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
   if (n == 0 || m == 0) return;
   CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
       << "MatMul weight must be F32/F16/BF16";
-  const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
   // Small products run on the calling thread: waking another costs more than it saves.
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
   const bool use_panel = n > kFewRows;
+  // Prefill blocks are narrowed (to no less than decode's) until every thread gets one.
+  int64_t col_block = use_panel ? kPanelColBlock : kColBlock;
+  while (col_block > kColBlock && (m + col_block - 1) / col_block < max_threads) col_block /= 2;
+  const int64_t num_col_blocks = (m + col_block - 1) / col_block;
   const int64_t k8 = k - k % 8;
   // Prefill: x packed once, shared by every thread; [n rounded up to kRowGroup, k8] floats.
   float* xp = nullptr;
@@ -300,10 +313,10 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
       num_col_blocks,
       [&](int64_t b, int) {
         float* panel = use_panel ? Scratch(ScratchSlot::kPanel,
-                                           static_cast<size_t>(kColBlock * kKChunk))
+                                           static_cast<size_t>(kPanelColBlock * kKChunk))
                                  : nullptr;
-        const int64_t c0 = b * kColBlock;
-        ColumnBlock(x, xp, n, k, w, w_dtype, c0, std::min(kColBlock, m - c0), bias, out, m,
+        const int64_t c0 = b * col_block;
+        ColumnBlock(x, xp, n, k, w, w_dtype, c0, std::min(col_block, m - c0), bias, out, m,
                     panel);
       },
       max_threads);
