@@ -22,7 +22,7 @@ stage() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
   local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test engine_test
                  threshold_sampling_test argmax_rows_test ember engine_bench ember_cuda gemm_bench
-                 gemv_bench)
+                 gemv_bench cuda_sample_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
@@ -31,7 +31,7 @@ stage() {
      "$build/src/model/model_test" "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
      "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" \
-     "$build/bench/gemv_bench" "$build/libember_cuda.so" \
+     "$build/bench/gemv_bench" "$build/bench/cuda_sample_bench" "$build/libember_cuda.so" \
      .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do
@@ -125,6 +125,10 @@ if [ "${BENCH:-1}" = 1 ]; then
   log "== gemv_bench (the batch-1 decode GEMV per weight group)"
   for shape in llama-3.2-1b llama-3.1-8b; do
     timeout 120 .devbin/bin/gemv_bench --shape $shape 2>&1 | tee -a "$summary" >/dev/null
+  done
+  log "== cuda_sample_bench (SampleRows per launch, 128 and 1 rows of a 128k vocabulary)"
+  for rows in 128 1; do
+    timeout 120 .devbin/bin/cuda_sample_bench --rows $rows 2>&1 | tee -a "$summary" >/dev/null
   done
   log "== gemm_bench (cuBLAS / cuBLASLt ceilings of the prefill GEMMs)"
   timeout 120 .devbin/bin/gemm_bench --shape llama-3.1-8b --tokens 4096 2>&1 | tee -a "$summary" >/dev/null

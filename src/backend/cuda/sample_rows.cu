@@ -6,7 +6,15 @@
 //
 // Two kernels run that one algorithm (SampleWith, generic over the reduction context):
 //   - RowBlock: one 1,024-thread block per row reading the row from global memory each pass
-//     (many rows: the rows fill the GPU);
+//     (many rows: the rows fill the GPU). Once a search has established that every later probe
+//     of it lies at or above a floor L above which at most kCompactMax weights lie, the block's
+//     next pass over the row also gathers those weights into shared memory (each thread its own
+//     strided elements, in index order), and every later probe >= L is answered from them: the
+//     same elements summed in the same order, so the same bits, from a few thousand weights
+//     instead of the vocabulary. A real model's distribution has a small head, so most of a
+//     draw's ~40 passes leave global memory (128 rows of a 128k vocabulary are 64 MB, more than
+//     the L2: each full pass streams them from DRAM); a flat row (random weights) compacts late
+//     or never and costs what it did (bench/cuda_sample_bench, docs/perf.md);
 //   - RowCluster: a thread-block cluster of 8 or 16 blocks per row (few rows, batch-1 decode):
 //     each block holds its slice of the row's weights in shared memory, computed once, and a pass
 //     is one read of that slice plus a cluster-wide sum of the blocks' partials through
@@ -137,28 +145,130 @@ struct BlockShared {
   long long scan[kWarps + 1];
   Sums out;
   int out_i;
+  int num_ties;                 // compact NthTie: entries of tie_ids
+  int tie_ids[kThreads];
 };
+
+// Compaction: at most kCompactPerThread weights per thread in shared memory ([k][thread]
+// layout, weight and the element's stride index), tried when a floor has at most kCompactMax
+// weights at or above it (4 per thread on average; a thread with more than its 16 aborts it,
+// which spread evenly happens about once in 10^3 rows).
+constexpr int kCompactPerThread = 16;
+constexpr long long kCompactMax = 4 * kThreads;
+constexpr size_t kCompactSmemBytes =
+    size_t{kCompactPerThread} * kThreads * (sizeof(float) + sizeof(uint16_t));
+// Rows up to this many columns have stride indices below 2^16 (uint16_t).
+constexpr int64_t kCompactMaxCols = int64_t{kThreads} * 65536;
 
 struct RowBlock {
   const float* logits;
   int64_t n;
   float max, inv_t;
   BlockShared& s;
+  float* cand_w;      // [kCompactPerThread][kThreads]
+  uint16_t* cand_j;   // the same layout: element threadIdx.x + j * kThreads
+  bool compact = false;
+  float floor = INFINITY;      // compact: every weight >= floor is held
+  float pending = INFINITY;    // the next full pass gathers the weights >= pending
+  int held = 0;                // compact: this thread's weights
+  long long retry_below = kCompactMax + 1;
 
   __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ float W(int64_t i) const { return Weight(logits[i], max, inv_t); }
+  __device__ bool Covers(const float (&t)[kProbes]) const {
+    bool all = compact;
+#pragma unroll
+    for (int j = 0; j < kProbes; ++j) all = all && t[j] >= floor;
+    return all;
+  }
   // Block-wide sums for the thresholds t; every thread gets the result.
   __device__ Sums Probe(const float (&t)[kProbes]) {
-    BlockSum(ThreadSums(t, threadIdx.x, n, kThreads, [&](int64_t i) { return W(i); }),
-             s.warp_parts, &s.out);
+    if (Covers(t)) {
+      // The weights below the floor are below every t: skipping them leaves each thread's
+      // count and mass (index order) as the full pass has them.
+      BlockSum(ThreadSums(t, 0, held, 1,
+                          [&](int64_t k) { return cand_w[k * kThreads + threadIdx.x]; }),
+               s.warp_parts, &s.out);
+    } else if (pending == INFINITY) {
+      BlockSum(ThreadSums(t, threadIdx.x, n, kThreads, [&](int64_t i) { return W(i); }),
+               s.warp_parts, &s.out);
+    } else {
+      // The same pass, which also keeps this thread's weights >= pending (i = threadIdx.x +
+      // j * kThreads, visited in index order).
+      int got = 0;
+      BlockSum(ThreadSums(t, threadIdx.x, n, kThreads,
+                          [&](int64_t i) {
+                            const float w = W(i);
+                            if (w >= pending) {
+                              if (got < kCompactPerThread) {
+                                cand_w[got * kThreads + threadIdx.x] = w;
+                                cand_j[got * kThreads + threadIdx.x] =
+                                    static_cast<uint16_t>(i / kThreads);
+                              }
+                              ++got;
+                            }
+                            return w;
+                          }),
+               s.warp_parts, &s.out);
+      if (__syncthreads_or(got > kCompactPerThread)) {  // a thread's share overflowed
+        compact = false;
+        floor = INFINITY;
+      } else {
+        compact = true;
+        floor = pending;
+        held = got;
+      }
+      pending = INFINITY;
+    }
     __syncthreads();
     const Sums result = s.out;
     __syncthreads();
     return result;
   }
+  // A search's probes from now on are all >= low, and `count` weights are >= low: the next full
+  // pass gathers them when there are few enough (block-uniform arguments).
+  __device__ void MaybeCompact(float low, long long count) {
+    if (count > kCompactMax || count >= retry_below || (compact && low >= floor) ||
+        n > kCompactMaxCols) {
+      return;
+    }
+    pending = low;
+    retry_below = count / 2;  // after a failed gather, wait for a smaller head
+  }
   // The id of the r-th (1-based) token of weight t in id order: each thread scans a contiguous
-  // range; the block's exclusive scan of the per-thread counts places it.
+  // range; the block's exclusive scan of the per-thread counts places it. From the compacted
+  // weights (t >= floor): the ties' ids are listed and the one with r - 1 smaller ids wins.
   __device__ int NthTie(float t, long long r) {
+    if (compact && t >= floor) {
+      if (threadIdx.x == 0) {
+        s.num_ties = 0;
+        s.out_i = -1;
+      }
+      __syncthreads();
+      for (int k = 0; k < held; ++k) {
+        if (cand_w[k * kThreads + threadIdx.x] == t) {
+          const int slot = atomicAdd(&s.num_ties, 1);
+          if (slot < kThreads) {
+            s.tie_ids[slot] = static_cast<int>(threadIdx.x) +
+                              static_cast<int>(cand_j[k * kThreads + threadIdx.x]) * kThreads;
+          }
+        }
+      }
+      __syncthreads();
+      const int num_ties = s.num_ties;
+      if (num_ties <= kThreads) {  // else the scan below (more ties than the list holds)
+        if (static_cast<int>(threadIdx.x) < num_ties) {
+          const int mine = s.tie_ids[threadIdx.x];
+          long long smaller = 0;
+          for (int q = 0; q < num_ties; ++q) smaller += s.tie_ids[q] < mine;
+          if (smaller == r - 1) s.out_i = mine;
+        }
+        __syncthreads();
+        const int id = s.out_i;
+        __syncthreads();
+        return id;
+      }
+    }
     const int64_t chunk = (n + kThreads - 1) / kThreads;
     const int64_t begin = threadIdx.x * chunk, end = min(n, begin + chunk);
     long long c = 0;
@@ -206,6 +316,7 @@ struct RowCluster {
   int buf = 0;
 
   __device__ bool leader() const { return threadIdx.x == 0 && cluster.block_rank() == 0; }
+  __device__ void MaybeCompact(float, long long) {}  // the weights are in shared memory already
   // Every block's partial is published in its part[buf], then warp 0 of each block loads them
   // (lane k from rank k, in parallel) and folds them in one shuffle tree: the same order, hence
   // the same bits, in every block. Double buffering makes one cluster barrier per reduction
@@ -311,15 +422,19 @@ __device__ float LargestWhere(Ctx& ctx, float low, Pred pred) {
     }
     const Sums s = ctx.Probe(ts);
     unsigned new_lo = lo, new_hi = hi;
+    long long lo_count = -1;
     for (int j = kProbes - 1; j >= 0; --j) {
       if (pred(ts[j], s.count[j], s.mass[j])) {
         new_lo = mid[j];
+        lo_count = s.count[j];
         break;
       }
       new_hi = mid[j];
     }
     lo = new_lo;
     hi = new_hi;
+    // Every later probe of this search lies in (lo, hi).
+    if (lo_count >= 0 && hi - lo > 1) ctx.MaybeCompact(__uint_as_float(lo), lo_count);
   }
   return __uint_as_float(lo);
 }
@@ -403,11 +518,11 @@ __device__ int SampleWith(Ctx& ctx, const SampleRowParams& p) {
   return ctx.NthTie(t, r);
 }
 
-__global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
-                                 const int32_t* __restrict__ rows,
-                                 const SampleRowParams* __restrict__ params,
-                                 int32_t* __restrict__ ids) {
+__global__ void __launch_bounds__(kThreads)
+    SampleRowsKernel(const float* __restrict__ x, int64_t cols, const int32_t* __restrict__ rows,
+                     const SampleRowParams* __restrict__ params, int32_t* __restrict__ ids) {
   __shared__ BlockShared s;
+  extern __shared__ unsigned char compact_smem[];  // kCompactSmemBytes
   const SampleRowParams p = params[blockIdx.x];
   const float* logits = x + static_cast<int64_t>(rows[blockIdx.x]) * cols;
   float row_max;
@@ -417,7 +532,9 @@ __global__ void SampleRowsKernel(const float* __restrict__ x, int64_t cols,
     if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
     return;
   }
-  RowBlock ctx{logits, cols, row_max, 1.0f / p.temperature, s};
+  float* cand_w = reinterpret_cast<float*>(compact_smem);
+  RowBlock ctx{logits, cols, row_max, 1.0f / p.temperature, s, cand_w,
+               reinterpret_cast<uint16_t*>(cand_w + kCompactPerThread * kThreads)};
   const int id = SampleWith(ctx, p);
   if (ctx.leader()) ids[blockIdx.x] = id;
 }
@@ -549,8 +666,15 @@ void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
   if (num_rows == 0) return;
   const int cluster = ClusterSizeFor(num_rows, cols);
   if (cluster == 0) {
-    SampleRowsKernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(x, cols, rows,
-                                                                               params, ids);
+    static const bool smem_set = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(SampleRowsKernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kCompactSmemBytes)));
+      return true;
+    }();
+    (void)smem_set;
+    SampleRowsKernel<<<static_cast<unsigned>(num_rows), kThreads, kCompactSmemBytes, stream>>>(
+        x, cols, rows, params, ids);
     CUDA_CHECK(cudaGetLastError());
     return;
   }
