@@ -103,14 +103,20 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_ps();
+  // Where the prefetch distance runs past the end of the rows, it targets the same rows of the
+  // next column group (C rows on), which the caller reads next, instead of rows this group is
+  // already streaming.
+  constexpr int64_t kAheadElems = kDecodePrefetchBytes / kElemBytes;
+  const int64_t row_pos = R == 1 ? w_idx % w_stride : 0;
   for (int64_t i = 0; i < len; i += 8) {
     __m256 wv[C];
     if constexpr (R == 1) {
       if (i % kLineElems == 0) {
+        const int64_t ahead =
+            i + kAheadElems + (row_pos + i + kAheadElems >= w_stride ? (C - 1) * w_stride : 0);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-          _mm_prefetch(static_cast<const char*>(w) + (w_idx + c * w_stride + i) * kElemBytes +
-                           kDecodePrefetchBytes,
+          _mm_prefetch(static_cast<const char*>(w) + (w_idx + c * w_stride + ahead) * kElemBytes,
                        _MM_HINT_T0);
         }
       }
