@@ -89,10 +89,11 @@ TEST_F(CudaOpsTest, RmsNormAndAddRmsNorm) {
   }
 }
 
-// RMSNorm rows are batch-invariant: rows of a 70-row launch equal the same rows normalised
-// alone, bit for bit (a launch shape chosen by row count would have to keep the reduction order).
+// RMSNorm rows are batch-invariant: rows of a 70-row launch (RmsNormRowsKernel, 256 threads per
+// row) equal the same rows normalised alone (one thread per vector), bit for bit, residual
+// included: widths whose one-row block has 7, 8, 16, 20 and 32 warps, 1,000 with padding threads.
 TEST_F(CudaOpsTest, RmsNormManyRowsEqualSolo) {
-  for (int64_t d : {2048, 2560, 4096}) {
+  for (int64_t d : {896, 1000, 2048, 2560, 4096}) {
     const int64_t rows = 70;
     const std::vector<float> x = Random(static_cast<size_t>(rows * d), 50);
     const std::vector<float> delta = Random(static_cast<size_t>(rows * d), 51);
@@ -106,6 +107,7 @@ TEST_F(CudaOpsTest, RmsNormManyRowsEqualSolo) {
     b->RmsNorm(xt, wt, 1e-5f, RmsNormKind::kPlain, out);
     b->AddRmsNorm(res, dt, wt, 1e-5f, RmsNormKind::kOnePlusWeight, out_add);
     const std::vector<float> all = Download(*b, out), all_add = Download(*b, out_add);
+    const std::vector<float> all_res = Download(*b, res);
     for (int64_t r : {int64_t{0}, int64_t{33}, rows - 1}) {
       const size_t off = static_cast<size_t>(r * d), len = static_cast<size_t>(d);
       const std::vector<float> xr(x.begin() + off, x.begin() + off + len);
@@ -116,7 +118,9 @@ TEST_F(CudaOpsTest, RmsNormManyRowsEqualSolo) {
       b->RmsNorm(x1, wt, 1e-5f, RmsNormKind::kPlain, o1);
       b->AddRmsNorm(r1, d1, wt, 1e-5f, RmsNormKind::kOnePlusWeight, o1_add);
       const std::vector<float> solo = Download(*b, o1), solo_add = Download(*b, o1_add);
+      const std::vector<float> solo_res = Download(*b, r1);
       for (size_t i = 0; i < len; ++i) {
+        ASSERT_EQ(all_res[off + i], solo_res[i]) << "residual: d " << d << " row " << r;
         ASSERT_EQ(all[off + i], solo[i]) << "d " << d << " row " << r << " col " << i;
         ASSERT_EQ(all_add[off + i], solo_add[i]) << "add: d " << d << " row " << r << " col " << i;
       }

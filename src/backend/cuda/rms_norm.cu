@@ -1,8 +1,11 @@
-// RMSNorm, optionally fused with the residual add: one block per row, f32 sum of squares. The
-// block is as wide as the row (up to 1024 threads, float4 per thread when d % 4 == 0 and the
-// rows are 16-byte aligned), so a decode row's loads are all in flight at once instead of a
-// chain of strided iterations. The output is f32, or bf16 rounded RN from the same f32 values (a
-// GEMM input: the bits a separate f32 -> bf16 conversion would give).
+// RMSNorm, optionally fused with the residual add: one block per row, f32 sum of squares. For few
+// rows (decode) the block is as wide as the row (up to 1024 threads, float4 per thread when
+// d % 4 == 0 and the rows are 16-byte aligned), so a row's loads are all in flight at once
+// instead of a chain of strided iterations. From kRowsKernelMinRows rows (prefill) a 256-thread
+// block emulates that block's reduction (RmsNormRowsKernel), so that 8 rows rather than 1 are in
+// flight per SM, with the same bits (H200, 8B 4,096-token prefill: AddRmsNorm 23.3 -> 17.4 ms
+// over 4 prefills; docs/perf.md, session 11). The output is f32, or bf16 rounded RN from the
+// same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion would give).
 #include <cstdint>
 #include <type_traits>
 
@@ -15,6 +18,29 @@ namespace ember::cuda {
 namespace {
 
 constexpr int kMaxThreads = 1024;
+constexpr int64_t kRowsKernelMinRows = 64;  // RmsNormRowsKernel from this many rows
+
+// The one-row kernel's block for a row of nv vectors: enough threads for <= 4 vectors each, a
+// multiple of 32, at most 1,024; one vector per thread up to 1,024 vectors.
+__host__ __device__ inline int64_t RmsNormThreads(int64_t nv) {
+  if (nv <= kMaxThreads) return nv < 32 ? 32 : (nv + 31) / 32 * 32;
+  const int64_t threads = ((nv + 3) / 4 + 31) / 32 * 32;
+  return threads < kMaxThreads ? threads : kMaxThreads;
+}
+
+// The arithmetic both kernels share, with pinned rounding (no FMA contraction, which the compiler
+// may apply differently in each kernel): a float4's sum of squares, and the scaled output.
+__device__ __forceinline__ float SumSq4(const float4& v) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y)),
+                             __fmul_rn(v.z, v.z)),
+                   __fmul_rn(v.w, v.w));
+}
+__device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(d)), eps));
+}
+__device__ __forceinline__ float Scaled(float v, float inv_rms, float w, bool one_plus) {
+  return __fmul_rn(v, __fmul_rn(inv_rms, one_plus ? __fadd_rn(1.f, w) : w));
+}
 
 __device__ float BlockSum(float v, float* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -51,8 +77,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   float sum_sq = 0.f;
   const float* src = residual != nullptr ? residual : x;
   auto sq = [](const Vec& v) {
-    if constexpr (VEC == 4) return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    else return v * v;
+    if constexpr (VEC == 4) return SumSq4(v);
+    else return __fmul_rn(v, v);
   };
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
@@ -69,10 +95,10 @@ __global__ void __launch_bounds__(kMaxThreads)
       reinterpret_cast<Vec*>(residual + base)[c] = v;
     }
     vals[i] = v;
-    sum_sq += sq(v);
+    sum_sq = __fadd_rn(sum_sq, sq(v));
   }
   // Rows wider than kPerThread * blockDim vectors (not used by the launcher) would need more.
-  const float inv_rms = rsqrtf(BlockSum(sum_sq, scratch) / static_cast<float>(d) + eps);
+  const float inv_rms = InvRms(BlockSum(sum_sq, scratch), d, eps);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
@@ -80,14 +106,80 @@ __global__ void __launch_bounds__(kMaxThreads)
     const Vec w = wv[i];
     Vec v = vals[i];
     if constexpr (VEC == 4) {
-      v.x *= inv_rms * (one_plus ? 1.f + w.x : w.x);
-      v.y *= inv_rms * (one_plus ? 1.f + w.y : w.y);
-      v.z *= inv_rms * (one_plus ? 1.f + w.z : w.z);
-      v.w *= inv_rms * (one_plus ? 1.f + w.w : w.w);
+      v.x = Scaled(v.x, inv_rms, w.x, one_plus);
+      v.y = Scaled(v.y, inv_rms, w.y, one_plus);
+      v.z = Scaled(v.z, inv_rms, w.z, one_plus);
+      v.w = Scaled(v.w, inv_rms, w.w, one_plus);
     } else {
-      v *= inv_rms * (one_plus ? 1.f + w : w);
+      v = Scaled(v, inv_rms, w, one_plus);
     }
     StoreVec(out + base, c, v);
+  }
+}
+
+// Many rows (prefill, >= kRowsKernelMinRows): a 256-thread block per row whose threads each stand
+// for J threads of RmsNormKernel<4>'s block (RmsNormThreads(nv) of them, nv <= 1,024 vectors:
+// one vector each), so more rows are in flight per SM: the one-row kernel's 1,024-thread blocks
+// fit 2 per SM. Thread t, warp w is virtual thread t + 256 j of virtual warp w + 8 j; each
+// virtual warp's butterfly and the sum over virtual warps in order are RmsNormKernel's, so the
+// bits are the same (test RmsNormManyRowsEqualSolo). Every load of the row is issued before the
+// first reduction; the weights (the same for every row, L1/L2 hits) are read after it.
+constexpr int kRowsThreads = 256;
+template <int J, typename OutT>
+__global__ void __launch_bounds__(kRowsThreads)
+    RmsNormRowsKernel(const float* x, float* residual, const float* delta, const float* weight,
+                      float eps, bool one_plus, int64_t d, OutT* out) {
+  __shared__ float scratch[kMaxThreads / 32];
+  const int64_t nv = d / 4;
+  const int virt = static_cast<int>(RmsNormThreads(nv));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t base = blockIdx.x * d;
+  const float4* src = reinterpret_cast<const float4*>((residual != nullptr ? residual : x) + base);
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
+  float4 v[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + j * kRowsThreads;
+    if (c < nv) v[j] = src[c];
+  }
+  if (residual != nullptr) {
+    const float4* dsrc = reinterpret_cast<const float4*>(delta + base);
+    float4* res = reinterpret_cast<float4*>(residual + base);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = threadIdx.x + j * kRowsThreads;
+      if (c < nv) {
+        const float4 dv = dsrc[c];
+        v[j].x += dv.x; v[j].y += dv.y; v[j].z += dv.z; v[j].w += dv.w;
+        res[c] = v[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + j * kRowsThreads;
+    if (warp + 8 * j >= virt / 32) break;  // warp-uniform: past the emulated block
+    float sum_sq = 0.f;
+    if (c < nv) sum_sq = __fadd_rn(sum_sq, SumSq4(v[j]));
+    for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
+    if (lane == 0) scratch[warp + 8 * j] = sum_sq;
+  }
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < virt / 32; ++w) total += scratch[w];
+  const float inv_rms = InvRms(total, d, eps);
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = threadIdx.x + j * kRowsThreads;
+    if (c >= nv) break;
+    const float4 w = reinterpret_cast<const float4*>(weight)[c];
+    float4 r = v[j];
+    r.x = Scaled(r.x, inv_rms, w.x, one_plus);
+    r.y = Scaled(r.y, inv_rms, w.y, one_plus);
+    r.z = Scaled(r.z, inv_rms, w.z, one_plus);
+    r.w = Scaled(r.w, inv_rms, w.w, one_plus);
+    StoreVec(out + base, c, r);
   }
 }
 
@@ -101,12 +193,22 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
   const bool vec4 = d % 4 == 0 && Aligned16(x) && Aligned16(residual) && Aligned16(delta) &&
                     Aligned16(weight) && Aligned16(out);
   const int64_t nv = vec4 ? d / 4 : d;
-  // Enough threads for <= 4 vectors each, a multiple of 32, at most 1024.
-  int64_t threads = (nv + 3) / 4;
-  threads = std::max<int64_t>(32, std::min<int64_t>(kMaxThreads, (threads + 31) / 32 * 32));
-  if (nv <= kMaxThreads) threads = std::max<int64_t>(32, (nv + 31) / 32 * 32);
+  const int64_t threads = RmsNormThreads(nv);
   CHECK_LE(nv, 4 * threads);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
+  if (vec4 && nv <= kMaxThreads && rows >= kRowsKernelMinRows) {
+    const int j = static_cast<int>((threads + kRowsThreads - 1) / kRowsThreads);
+    DispatchOut(out, out_bf16, vec4, [&](auto, auto* typed_out) {
+      using OutT = std::remove_pointer_t<decltype(typed_out)>;
+      auto kernel = j == 1   ? RmsNormRowsKernel<1, OutT>
+                    : j == 2 ? RmsNormRowsKernel<2, OutT>
+                    : j == 3 ? RmsNormRowsKernel<3, OutT>
+                             : RmsNormRowsKernel<4, OutT>;
+      LaunchPdl(kernel, grid, dim3(kRowsThreads), 0, stream, x, residual, delta, weight, eps,
+                one_plus_weight, d, typed_out);
+    });
+    return;
+  }
   DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
     LaunchPdl(RmsNormKernel<kVec, std::remove_pointer_t<decltype(typed_out)>>, grid, block, 0,
