@@ -90,8 +90,9 @@ inline float HorizontalSum(__m256 v) {
 // w_idx + c * w_stride. With one x row (decode: C weight rows streamed at once) each row's cache
 // line kDecodePrefetchBytes ahead is prefetched once per line. On the AVX-512 EPYC box this
 // gained 11-18% of tg128 in interleaved runs, with 4 KB and with 2 MB page-cache folios
-// (docs/perf.md, issue 2 session 10; on the older Zen 3 box prefetching was slower). Prefetches
-// change no value, and one past the end of the mapping is dropped, not faulted.
+// (docs/perf.md, issue 2 session 10; on the older Zen 3 box prefetching was slower); sending the
+// prefetches past a row's end to the next column group gained another 18% (session 11).
+// Prefetches change no value, and one past the end of the mapping is dropped, not faulted.
 constexpr int64_t kDecodePrefetchBytes = 1024;
 template <DType D, int R, int C>
 void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, int64_t w_stride,
