@@ -20,7 +20,11 @@
 namespace ember::cuda {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
+// 4 warps (4 rows, or 2 split rows) per block: 8 blocks per SM at the kernel's 61 registers,
+// the same 32 warps as 2 blocks of 8 but finer tails. H200, same call (docs/perf.md, session
+// 11): decode ms/step 1B 1.042 / 1.025 -> 1.017 / 1.015, 8B 4.655 / 4.593 -> 4.578 / 4.589;
+// gemv_bench equal or 1-3% faster per weight group; 2 warps no better.
+constexpr int kWarpsPerBlock = 4;
 constexpr int kLoadsInFlight = 4;  // 16-byte weight loads per lane issued before their use
 // Launches of at least kSplitMinRows rows of at least kSplitMinK elements split each row over two
 // warps.
