@@ -13,6 +13,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -43,7 +44,7 @@ __device__ __forceinline__ float Scaled(float v, float inv_rms, float w, bool on
 }
 
 __device__ float BlockSum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = WarpSum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // bits are the same (test RmsNormManyRowsEqualSolo). Every load of the row is issued before the
 // first reduction; the weights (the same for every row, L1/L2 hits) are read after it.
 constexpr int kRowsThreads = 256;
+constexpr int kRowsWarps = kRowsThreads / 32;
 template <int J, typename OutT>
 __global__ void __launch_bounds__(kRowsThreads)
     RmsNormRowsKernel(const float* x, float* residual, const float* delta, const float* weight,
@@ -159,11 +161,12 @@ __global__ void __launch_bounds__(kRowsThreads)
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int c = threadIdx.x + j * kRowsThreads;
-    if (warp + 8 * j >= virt / 32) break;  // warp-uniform: past the emulated block
+    const int virt_warp = warp + kRowsWarps * j;
+    if (virt_warp >= virt / 32) break;  // warp-uniform: past the emulated block
     float sum_sq = 0.f;
     if (c < nv) sum_sq = __fadd_rn(sum_sq, SumSq4(v[j]));
-    for (int o = 16; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
-    if (lane == 0) scratch[warp + 8 * j] = sum_sq;
+    sum_sq = WarpSum(sum_sq);
+    if (lane == 0) scratch[virt_warp] = sum_sq;
   }
   __syncthreads();
   float total = 0.f;
