@@ -1,4 +1,4 @@
-// Event timing shared by the CUDA benchmark programs (gemm_bench, gemv_bench).
+// Event timing shared by the CUDA benchmark programs (gemm_bench, gemv_bench, cuda_sample_bench).
 #pragma once
 
 #include <cuda_runtime.h>
