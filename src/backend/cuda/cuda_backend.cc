@@ -7,7 +7,9 @@
 #include <array>
 #include <cstddef>
 #include <iterator>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -537,13 +539,15 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   }
   g.parts[g.num_parts++] = part;
   // Tag (the profile's op name): 13 "MatMul(gemv)", 14 "MatMul(gemm)".
-  std::vector<uint64_t> key = {group == MatMulGroup::kGemv ? 13u : 14u, KeyOf(x.data), U(n), U(k),
-                               U(g.num_parts), KeyOf(g.converted)};
+  std::array<uint64_t, 6 + 4 * cuda::kGemvMaxParts> key = {
+      group == MatMulGroup::kGemv ? 13u : 14u, KeyOf(x.data), U(n), U(k), U(g.num_parts),
+      KeyOf(g.converted)};
+  size_t key_len = 6;
   for (int i = 0; i < g.num_parts; ++i) {
-    key.push_back(KeyOf(g.parts[i].w));
-    key.push_back(KeyOf(g.parts[i].bias));
-    key.push_back(KeyOf(g.parts[i].out));
-    key.push_back(U(g.parts[i].m));
+    key[key_len++] = KeyOf(g.parts[i].w);
+    key[key_len++] = KeyOf(g.parts[i].bias);
+    key[key_len++] = KeyOf(g.parts[i].out);
+    key[key_len++] = U(g.parts[i].m);
   }
   const int num_parts = g.num_parts;
   std::array<cuda::GemvPart, cuda::kGemvMaxParts> parts;
@@ -552,9 +556,9 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   void* scratch = g.converted;
   auto op = [=](cudaStream_t st) { launch(xp, scratch, parts.data(), num_parts, n, k, st); };
   if (join) {
-    recorder_.ReplaceLast(key, op);
+    recorder_.ReplaceLast(std::span<const uint64_t>(key.data(), key_len), std::move(op));
   } else {
-    recorder_.Record(key, op);
+    recorder_.Record(std::span<const uint64_t>(key.data(), key_len), std::move(op));
   }
   g.record = recorder_.records();
 }

@@ -9,18 +9,71 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 #include <list>
+#include <new>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ember::cuda {
 
+// A launch closure stored in place (no heap allocation: a decode step records ~150 of them
+// while the GPU waits). Move-only; F must fit kCapacity bytes.
+class InlineOp {
+ public:
+  static constexpr size_t kCapacity = 256;
+  InlineOp() = default;
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, InlineOp>>>
+  InlineOp(F&& f) {  // NOLINT(google-explicit-constructor): lambdas convert as to std::function
+    using Fn = std::decay_t<F>;
+    static_assert(sizeof(Fn) <= kCapacity, "launch closure too large for InlineOp");
+    static_assert(alignof(Fn) <= alignof(std::max_align_t));
+    ::new (static_cast<void*>(storage_)) Fn(std::forward<F>(f));
+    call_ = [](void* p, cudaStream_t st) { (*static_cast<Fn*>(p))(st); };
+    move_ = [](void* dst, void* src) {
+      if (dst != nullptr) ::new (dst) Fn(std::move(*static_cast<Fn*>(src)));
+      static_cast<Fn*>(src)->~Fn();
+    };
+  }
+  InlineOp(InlineOp&& o) noexcept { MoveFrom(o); }
+  InlineOp& operator=(InlineOp&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      MoveFrom(o);
+    }
+    return *this;
+  }
+  InlineOp(const InlineOp&) = delete;
+  InlineOp& operator=(const InlineOp&) = delete;
+  ~InlineOp() { Reset(); }
+  void operator()(cudaStream_t st) { call_(storage_, st); }
+
+ private:
+  void Reset() {
+    if (move_ != nullptr) move_(nullptr, storage_);  // destroys
+    call_ = nullptr;
+    move_ = nullptr;
+  }
+  void MoveFrom(InlineOp& o) {
+    if (o.move_ == nullptr) return;
+    o.move_(storage_, o.storage_);
+    call_ = o.call_;
+    move_ = o.move_;
+    o.call_ = nullptr;
+    o.move_ = nullptr;
+  }
+  alignas(std::max_align_t) unsigned char storage_[kCapacity];
+  void (*call_)(void*, cudaStream_t) = nullptr;
+  void (*move_)(void* dst, void* src) = nullptr;  // dst null: only destroy src
+};
+
 class StepRecorder {
  public:
-  using Op = std::function<void(cudaStream_t)>;
+  using Op = InlineOp;
 
   StepRecorder(cudaStream_t stream, size_t max_graphs) : stream_(stream), max_graphs_(max_graphs) {}
   ~StepRecorder();
