@@ -167,16 +167,17 @@ struct RowBlock {
   BlockShared& s;
   float* cand_w;      // [kCompactPerThread][kThreads]
   uint16_t* cand_j;   // the same layout: element threadIdx.x + j * kThreads
-  bool compact = false;
-  float floor = INFINITY;      // compact: every weight >= floor is held
+  float floor = INFINITY;      // compact(): every weight >= floor is held
   float pending = INFINITY;    // the next full pass gathers the weights >= pending
-  int held = 0;                // compact: this thread's weights
+  int held = 0;                // compact(): this thread's weights
   long long retry_below = kCompactMax + 1;
 
   __device__ bool leader() const { return threadIdx.x == 0; }
+  // The weights >= floor are held in cand_w / cand_j (a finite floor is set only by a gather).
+  __device__ bool compact() const { return floor != INFINITY; }
   __device__ float W(int64_t i) const { return Weight(logits[i], max, inv_t); }
   __device__ bool Covers(const float (&t)[kProbes]) const {
-    bool all = compact;
+    bool all = compact();
 #pragma unroll
     for (int j = 0; j < kProbes; ++j) all = all && t[j] >= floor;
     return all;
@@ -211,10 +212,8 @@ struct RowBlock {
                           }),
                s.warp_parts, &s.out);
       if (__syncthreads_or(got > kCompactPerThread)) {  // a thread's share overflowed
-        compact = false;
         floor = INFINITY;
       } else {
-        compact = true;
         floor = pending;
         held = got;
       }
@@ -228,7 +227,7 @@ struct RowBlock {
   // A search's probes from now on are all >= low, and `count` weights are >= low: the next full
   // pass gathers them when there are few enough (block-uniform arguments).
   __device__ void MaybeCompact(float low, long long count) {
-    if (count > kCompactMax || count >= retry_below || (compact && low >= floor) ||
+    if (count > kCompactMax || count >= retry_below || (compact() && low >= floor) ||
         n > kCompactMaxCols) {
       return;
     }
@@ -239,7 +238,7 @@ struct RowBlock {
   // range; the block's exclusive scan of the per-thread counts places it. From the compacted
   // weights (t >= floor): the ties' ids are listed and the one with r - 1 smaller ids wins.
   __device__ int NthTie(float t, long long r) {
-    if (compact && t >= floor) {
+    if (compact() && t >= floor) {
       if (threadIdx.x == 0) {
         s.num_ties = 0;
         s.out_i = -1;
