@@ -86,7 +86,11 @@ int main(int argc, char** argv) {
         parts.push_back({base + row * g.k * 2, nullptr, out + row, m});
         row += m;
       }
-      ember::cuda::LaunchGemvBf16Multi(x, parts.data(), static_cast<int>(parts.size()), g.k, st);
+      // The next launch's weights are this one's L2 prefetch (as in a decode step).
+      const ember::cuda::GemvPrefetch next{w[static_cast<size_t>((i + 1) % copies)],
+                                           static_cast<int64_t>(bytes)};
+      ember::cuda::LaunchGemvBf16Multi(x, parts.data(), static_cast<int>(parts.size()), g.k, next,
+                                       st);
     }
     CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <iterator>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -111,7 +112,10 @@ class CudaBackend final : public Backend {
   }
   cudaStream_t stream() const { return stream_.get(); }
   // Enqueues every recorded op (the host-visible sync points call this first).
-  void Flush() { recorder_.Flush(use_graphs_ && max_query_len_ <= 1); }
+  void Flush() {
+    recorder_.Flush(use_graphs_ && max_query_len_ <= 1);
+    gemv_next_.clear();  // the flushed launches are gone: a later GEMV is nobody's prefetch
+  }
   const std::vector<cuda::StepRecorder::OpTime>& op_times() const {
     return recorder_.op_times();
   }
@@ -236,6 +240,9 @@ class CudaBackend final : public Backend {
     return !recorder_.empty() && recorder_.records() == l.record;
   }
   LastMatMul last_matmul_;
+  // Per GEMV launch recorded since the last Flush, in order: its prefetch target (the next
+  // GEMV launch's weights; the last one's stays empty).
+  std::vector<cuda::GemvPrefetch> gemv_next_;
   // The last recorded op when it is a Rope: a WriteKv of its k joins it (one RopeWriteKv launch).
   struct LastRope {
     uint64_t record = ~uint64_t{0};
@@ -246,8 +253,11 @@ class CudaBackend final : public Backend {
   // Adds `part` (one weight over x) to a multi-part launch: amends the last recorded op when it
   // is a `group` launch over the same x, else records a new one with `scratch_bytes` of step
   // workspace. `launch` enqueues all parts at once.
+  // `next`: the weights of the GEMV launch recorded after this one (kGemv only), filled in when
+  // that launch is recorded; the step's ops launch at Flush, after the whole step is recorded.
   using PartsLaunch = void (*)(const float* x, void* scratch, const cuda::GemvPart* parts,
-                               int num_parts, int64_t n, int64_t k, cudaStream_t stream);
+                               int num_parts, int64_t n, int64_t k,
+                               const cuda::GemvPrefetch* next, cudaStream_t stream);
   void RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t n, int64_t k,
                          const cuda::GemvPart& part, int64_t scratch_bytes, PartsLaunch launch);
 
@@ -529,6 +539,14 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   LastMatMul& g = last_matmul_;
   const bool join = LastOpIs(g) && g.group == group && g.x == x.data && g.n == n && g.k == k &&
                     g.num_parts < cuda::kGemvMaxParts;
+  if (group == MatMulGroup::kGemv && !join) {
+    // This launch's weights are the previous GEMV launch's prefetch target.
+    if (!gemv_next_.empty()) gemv_next_.back() = cuda::GemvPrefetch{part.w, part.m * k * 2};
+    gemv_next_.emplace_back();
+  }
+  // Read when the op launches (Flush), after the whole step is recorded.
+  const std::vector<cuda::GemvPrefetch>* hints = &gemv_next_;
+  const size_t hint = gemv_next_.empty() ? 0 : gemv_next_.size() - 1;
   if (!join) {
     g = LastMatMul{};
     g.group = group;
@@ -554,7 +572,10 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   std::copy(g.parts, g.parts + num_parts, parts.begin());
   const float* xp = static_cast<const float*>(x.data);
   void* scratch = g.converted;
-  auto op = [=](cudaStream_t st) { launch(xp, scratch, parts.data(), num_parts, n, k, st); };
+  const bool gemv = group == MatMulGroup::kGemv;
+  auto op = [=](cudaStream_t st) {
+    launch(xp, scratch, parts.data(), num_parts, n, k, gemv ? &(*hints)[hint] : nullptr, st);
+  };
   if (join) {
     recorder_.ReplaceLast(std::span<const uint64_t>(key.data(), key_len), std::move(op));
   } else {
@@ -594,7 +615,8 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     RecordPartsLaunch(MatMulGroup::kInvariant, x, n, k, part,
                       cuda::GemmInvariantScratchBytes(n, k),
                       [](const float* xp, void* scratch, const cuda::GemvPart* parts,
-                         int num_parts, int64_t rows, int64_t cols, cudaStream_t st) {
+                         int num_parts, int64_t rows, int64_t cols, const cuda::GemvPrefetch*,
+                         cudaStream_t st) {
                         cuda::LaunchGemmInvariant(xp, scratch, parts, num_parts, rows, cols, st);
                       });
     return;
@@ -603,8 +625,9 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     // One row (batch-1 decode): a bandwidth-bound GEMV (f32 activations, bias fused).
     RecordPartsLaunch(MatMulGroup::kGemv, x, n, k, part, 0,
                       [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts,
-                         int64_t /*rows*/, int64_t cols, cudaStream_t st) {
-                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, cols, st);
+                         int64_t /*rows*/, int64_t cols, const cuda::GemvPrefetch* next,
+                         cudaStream_t st) {
+                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, cols, *next, st);
                       });
     return;
   }

@@ -8,9 +8,14 @@
 // 8B decode step 4.79 -> 4.65 ms. The 1B's k = 2,048 launches were slower split (q/k/v 5.7 -> 6.8
 // us, lm_head 123 -> 136 us) and its 2,048-row down (k = 8,192) cost 1% of tg128 split, hence the
 // two thresholds (docs/perf.md, session 6). The summation order depends only on the weight shapes.
-// 2..8 rows of x take gemm_invariant.cu, which streams the weights once for all rows (up to 3x
-// faster than this kernel's former multi-row form, which re-read every x row per weight load).
+// When it knows the next GEMV launch's weights (GemvPrefetch), the launch's last wave of warps asks
+// the L2 for their first 4 MB as it finishes, so the DRAM streams on through this launch's tail and
+// the small kernels in between. 2..8 rows of x take gemm_invariant.cu, which streams the weights
+// once for all rows (up to 3x faster than this kernel's former multi-row form, which re-read every
+// x row per weight load).
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -30,6 +35,11 @@ constexpr int kLoadsInFlight = 4;  // 16-byte weight loads per lane issued befor
 // warps.
 constexpr int64_t kSplitMinK = 4096;
 constexpr int64_t kSplitMinRows = 4096;
+// The L2 prefetch of the next GEMV's weights (GemvPrefetch): ~1% of a batch-1 decode step. H200,
+// decode ms/step, same calls (docs/perf.md, session 12): 4 MB 1B 1.021 / 1.032 / 0.998 / 0.987
+// vs none 1.033 / 1.070 / 1.001 / 1.000, 8B 4.577 / 4.625 / 4.492 / 4.503 vs 4.621 / 4.643 /
+// 4.526 / 4.527; 8 MB no better, 16 and 32 MB slower.
+constexpr int64_t kPrefetchBytes = int64_t{4} << 20;
 
 struct GemvParams {
   const __nv_bfloat16* w[kGemvMaxParts];
@@ -38,7 +48,17 @@ struct GemvParams {
   int64_t end[kGemvMaxParts];  // exclusive prefix sums of m
   int64_t total;               // end[count - 1]
   int count;
+  // L2 prefetch by the warps of blocks >= prefetch_block once their row is done: warp i of
+  // them takes bytes [i * prefetch_chunk, min(prefetch_bytes, (i + 1) * prefetch_chunk)).
+  const unsigned char* prefetch;
+  int64_t prefetch_bytes, prefetch_chunk;
+  unsigned prefetch_block;
 };
+
+// Asks the L2 for [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned); no completion.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
 
 // Block: kWarpsPerBlock / kSplit output rows (over the concatenation of the parts); a row's k is
 // cut into kSplit slices of whole 256-element lane strides, one warp each, and the slices' warp
@@ -114,6 +134,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       out[local] = sum + (bias != nullptr ? bias[local] : 0.f);
     }
   }
+  if (p.prefetch_bytes > 0 && blockIdx.x >= p.prefetch_block && lane == 0) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x - p.prefetch_block) * kWarpsPerBlock + warp;
+    const int64_t begin = i * p.prefetch_chunk;
+    if (begin < p.prefetch_bytes) {
+      PrefetchL2(p.prefetch + begin,
+                 static_cast<uint32_t>(min(p.prefetch_chunk, p.prefetch_bytes - begin)));
+    }
+  }
 }
 
 }  // namespace
@@ -124,7 +152,7 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
 }
 
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         cudaStream_t stream) {
+                         GemvPrefetch next, cudaStream_t stream) {
   CHECK(num_parts >= 1 && num_parts <= kGemvMaxParts) << num_parts << " GEMV parts";
   GemvParams p{};
   int64_t end = 0;
@@ -141,6 +169,21 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   const bool split = k >= kSplitMinK && p.total >= kSplitMinRows;
   const int64_t rows_per_block = split ? kWarpsPerBlock / 2 : kWarpsPerBlock;
   const unsigned blocks = static_cast<unsigned>((p.total + rows_per_block - 1) / rows_per_block);
+  const int64_t prefetch_bytes = std::min(next.bytes, kPrefetchBytes) / 16 * 16;
+  if (next.w != nullptr && prefetch_bytes > 0 && reinterpret_cast<uintptr_t>(next.w) % 16 == 0) {
+    // The last wave: the blocks that start only once every earlier block has a slot.
+    static const int64_t resident = [] {
+      int per_sm = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvBf16Kernel<1>,
+                                                               kWarpsPerBlock * 32, 0));
+      return int64_t{per_sm} * CurrentDeviceSmCount();
+    }();
+    p.prefetch_block = static_cast<unsigned>(std::max<int64_t>(0, blocks - resident));
+    const int64_t warps = (blocks - p.prefetch_block) * int64_t{kWarpsPerBlock};
+    p.prefetch = static_cast<const unsigned char*>(next.w);
+    p.prefetch_bytes = prefetch_bytes;
+    p.prefetch_chunk = std::max<int64_t>(16, (prefetch_bytes / warps + 15) / 16 * 16);
+  }
   LaunchPdl(split ? GemvBf16Kernel<2> : GemvBf16Kernel<1>, dim3(blocks),
             dim3(kWarpsPerBlock * 32), 0, stream, x, p, k);
 }

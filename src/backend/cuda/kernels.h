@@ -57,8 +57,15 @@ struct GemvPart {
   float* out = nullptr;          // [n, m] (the GEMV: n = 1)
   int64_t m = 0;
 };
+// The next GEMV's weights (w null: none known): the launch's last wave of warps, once done,
+// asks the L2 for the first bytes of them, so the DRAM keeps streaming while this launch drains
+// and the kernels between the two run.
+struct GemvPrefetch {
+  const void* w = nullptr;
+  int64_t bytes = 0;
+};
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         cudaStream_t stream);
+                         GemvPrefetch next, cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
