@@ -1,6 +1,10 @@
 // `ember bench`: llama-bench-style throughput of one model on this machine: prompt processing
 // (ppP: one forward of P tokens) and text generation (tgN: N single-token decode steps), median
 // and spread over R repetitions. Checks the machine first and warns when it is noisy.
+// tg generates greedily as the engine does: each step's argmax is computed where the logits are
+// (on the GPU for --device cuda), only its id comes back, and it is the next step's input.
+// --tg-logits instead copies every step's logits row to the host and feeds a fixed token
+// sequence (what llama-bench's tg measures: llama_decode with its logits read back).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -120,14 +124,35 @@ Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
   return model.Forward(plan, logits);
 }
 
+// One decode step of `token` at `pos`; returns the argmax of its logits, computed by the backend.
+// (`logits` is the one-row host buffer Forward requires; this row's logits stay where they are.)
+Result<int32_t> GreedyStep(Model& model, int32_t token, int32_t pos,
+                           const std::vector<int32_t>& blocks, std::vector<float>& logits) {
+  BatchPlan plan;
+  plan.block_size = model.kv_block_size();
+  plan.AddSequence({token}, pos, blocks, true);
+  const RowOutput kind = RowOutput::kArgmax;
+  const RowSampling unused;  // (kSample rows only)
+  int32_t id = -1;
+  StepOutputs out;
+  out.logits = logits;
+  out.row_kinds = std::span<const RowOutput>(&kind, 1);
+  out.sampling = std::span<const RowSampling>(&unused, 1);
+  out.ids = std::span<int32_t>(&id, 1);
+  EMBER_RETURN_IF_ERROR(model.Forward(plan, out));
+  return id;
+}
+
 }  // namespace
 
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t p = 512, n = 128, reps = 5, threads = 0, depth = 0;
   std::string device = "auto", batch_invariant = "off";
+  bool tg_logits = false;
   FlagParser flags(
-      "usage: ember bench --model DIR [-p 512] [-n 128] [-d 0] [-r 5] [--threads N] [--device D]");
+      "usage: ember bench --model DIR [-p 512] [-n 128] [-d 0] [-r 5] [--threads N] [--device D] "
+      "[--tg-logits]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
   flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
   flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
@@ -137,6 +162,9 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
+  flags.AddBool("--tg-logits", &tg_logits,
+                "tg copies each step's logits row to the host and feeds fixed tokens (llama-bench's "
+                "tg) instead of generating greedily with the argmax where the logits are");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off: CUDA fixed-order GEMM (see ember run --help)");
   bool help = false;
@@ -212,9 +240,16 @@ int BenchCommand(int argc, char** argv, int first) {
   };
   auto run_tg = [&](int64_t count) -> Result<double> {
     const auto t0 = Clock::now();
-    for (int64_t i = 0; i < count; ++i)
-      EMBER_RETURN_IF_ERROR(Step(model, {static_cast<int32_t>((i * 31 + 5) % c.vocab_size)},
-                                 first_pos + static_cast<int32_t>(i), blocks, logits));
+    int32_t token = 5;
+    for (int64_t i = 0; i < count; ++i) {
+      const int32_t pos = first_pos + static_cast<int32_t>(i);
+      if (tg_logits) {
+        EMBER_RETURN_IF_ERROR(Step(model, {static_cast<int32_t>((i * 31 + 5) % c.vocab_size)},
+                                   pos, blocks, logits));
+      } else {
+        EMBER_ASSIGN_OR_RETURN(token, GreedyStep(model, token, pos, blocks, logits));
+      }
+    }
     return static_cast<double>(count) / std::chrono::duration<double>(Clock::now() - t0).count();
   };
 

@@ -21,6 +21,10 @@ out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -r 1 --device cpu 2>&1) ||
 echo "$out" | grep -q '| tg8 |' || fail "no plain tg8 row: $out"
 echo "$out" | grep -q '@ d' && fail "a depth label without -d: $out"
 
+out=$("$EMBER_BIN" bench --model "$model" -p 0 -n 8 -r 1 --device cpu --tg-logits 2>&1) ||
+  fail "bench --tg-logits exited $?: $out"
+echo "$out" | grep -q '| tg8 |' || fail "no tg8 row with --tg-logits: $out"
+
 out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -d 500 -r 1 --device cpu 2>&1)
 code=$?
 [ "$code" = 2 ] || fail "-d 500 on a 512-token model exited $code, want 2: $out"
