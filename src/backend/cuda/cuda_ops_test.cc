@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/rope_table.h"
+#include "backend/cuda/step_recorder.h"
 #include "util/half.h"
 
 namespace ember {
@@ -743,6 +745,34 @@ TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
   EXPECT_GE(stats[1].replays, 6) << "captures " << stats[1].captures;
   for (size_t step = 0; step < outputs[0].size(); ++step)
     EXPECT_EQ(outputs[0][step], outputs[1][step]) << "step " << step;
+}
+
+// Host only (runs without a GPU): the step recorder's in-place closures call, move and destroy
+// their captures exactly once, also captures larger than std::function's small buffer.
+TEST(InlineOpTest, CallsMovesAndDestroysCapturesOnce) {
+  auto alive = std::make_shared<int>(0);  // use_count() counts the live captures
+  std::array<int, 48> big{};               // 192 bytes
+  big[47] = 7;
+  int sum = 0;
+  {
+    std::vector<cuda::InlineOp> ops;
+    for (int i = 0; i < 40; ++i) {  // the vector's growth moves every op recorded so far
+      ops.emplace_back([alive, big, &sum, i](cudaStream_t st) {
+        sum += big[47] + i + (st == nullptr ? 0 : 1000);
+      });
+    }
+    EXPECT_EQ(alive.use_count(), 41);
+    for (cuda::InlineOp& op : ops) op(nullptr);
+    EXPECT_EQ(sum, 40 * 7 + 39 * 40 / 2);
+    cuda::InlineOp moved = std::move(ops[0]);
+    moved(nullptr);
+    EXPECT_EQ(sum, 40 * 7 + 39 * 40 / 2 + 7);
+    ops.back() = std::move(moved);  // destroys the closure it replaces
+    EXPECT_EQ(alive.use_count(), 40);
+    ops.back()(nullptr);
+    EXPECT_EQ(sum, 40 * 7 + 39 * 40 / 2 + 14);
+  }
+  EXPECT_EQ(alive.use_count(), 1);
 }
 
 }  // namespace
