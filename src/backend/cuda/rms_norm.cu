@@ -42,6 +42,15 @@ __device__ __forceinline__ float InvRms(float sum_sq, int64_t d, float eps) {
 __device__ __forceinline__ float Scaled(float v, float inv_rms, float w, bool one_plus) {
   return __fmul_rn(v, __fmul_rn(inv_rms, one_plus ? __fadd_rn(1.f, w) : w));
 }
+__device__ __forceinline__ float4 Scaled(float4 v, float inv_rms, float4 w, bool one_plus) {
+  return make_float4(Scaled(v.x, inv_rms, w.x, one_plus), Scaled(v.y, inv_rms, w.y, one_plus),
+                     Scaled(v.z, inv_rms, w.z, one_plus), Scaled(v.w, inv_rms, w.w, one_plus));
+}
+// The residual add (one rounding per element either way).
+__device__ __forceinline__ float Added(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 Added(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
 
 __device__ float BlockSum(float v, float* scratch) {
   v = WarpSum(v);
@@ -87,12 +96,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (c >= nv) break;
     Vec v = reinterpret_cast<const Vec*>(src + base)[c];
     if (residual != nullptr) {
-      const Vec dv = reinterpret_cast<const Vec*>(delta + base)[c];
-      if constexpr (VEC == 4) {
-        v.x += dv.x; v.y += dv.y; v.z += dv.z; v.w += dv.w;
-      } else {
-        v += dv;
-      }
+      v = Added(v, reinterpret_cast<const Vec*>(delta + base)[c]);
       reinterpret_cast<Vec*>(residual + base)[c] = v;
     }
     vals[i] = v;
@@ -104,17 +108,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (c >= nv) break;
-    const Vec w = wv[i];
-    Vec v = vals[i];
-    if constexpr (VEC == 4) {
-      v.x = Scaled(v.x, inv_rms, w.x, one_plus);
-      v.y = Scaled(v.y, inv_rms, w.y, one_plus);
-      v.z = Scaled(v.z, inv_rms, w.z, one_plus);
-      v.w = Scaled(v.w, inv_rms, w.w, one_plus);
-    } else {
-      v = Scaled(v, inv_rms, w, one_plus);
-    }
-    StoreVec(out + base, c, v);
+    StoreVec(out + base, c, Scaled(vals[i], inv_rms, wv[i], one_plus));
   }
 }
 
@@ -152,8 +146,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     for (int j = 0; j < J; ++j) {
       const int c = threadIdx.x + j * kRowsThreads;
       if (c < nv) {
-        const float4 dv = dsrc[c];
-        v[j].x += dv.x; v[j].y += dv.y; v[j].z += dv.z; v[j].w += dv.w;
+        v[j] = Added(v[j], dsrc[c]);
         res[c] = v[j];
       }
     }
@@ -176,13 +169,8 @@ __global__ void __launch_bounds__(kRowsThreads)
   for (int j = 0; j < J; ++j) {
     const int c = threadIdx.x + j * kRowsThreads;
     if (c >= nv) break;
-    const float4 w = reinterpret_cast<const float4*>(weight)[c];
-    float4 r = v[j];
-    r.x = Scaled(r.x, inv_rms, w.x, one_plus);
-    r.y = Scaled(r.y, inv_rms, w.y, one_plus);
-    r.z = Scaled(r.z, inv_rms, w.z, one_plus);
-    r.w = Scaled(r.w, inv_rms, w.w, one_plus);
-    StoreVec(out + base, c, r);
+    StoreVec(out + base, c,
+             Scaled(v[j], inv_rms, reinterpret_cast<const float4*>(weight)[c], one_plus));
   }
 }
 
