@@ -115,22 +115,25 @@ Stats Summarize(std::vector<double> v) {
   return s;
 }
 
-// One forward of `tokens` at positions [first_pos, ...) in blocks 0.., logits of the last row.
-Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
-            const std::vector<int32_t>& blocks, std::vector<float>& logits) {
+// One sequence's `tokens` at positions [first_pos, ...) in blocks 0.., logits of the last row.
+BatchPlan OneSequencePlan(const Model& model, const std::vector<int32_t>& tokens,
+                          int32_t first_pos, const std::vector<int32_t>& blocks) {
   BatchPlan plan;
   plan.block_size = model.kv_block_size();
   plan.AddSequence(tokens, first_pos, blocks, true);
-  return model.Forward(plan, logits);
+  return plan;
+}
+
+// One forward of `tokens`, the last row's logits copied to the host.
+Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
+            const std::vector<int32_t>& blocks, std::vector<float>& logits) {
+  return model.Forward(OneSequencePlan(model, tokens, first_pos, blocks), logits);
 }
 
 // One decode step of `token` at `pos`; returns the argmax of its logits, computed by the backend.
 // (`logits` is the one-row host buffer Forward requires; this row's logits stay where they are.)
 Result<int32_t> GreedyStep(Model& model, int32_t token, int32_t pos,
                            const std::vector<int32_t>& blocks, std::vector<float>& logits) {
-  BatchPlan plan;
-  plan.block_size = model.kv_block_size();
-  plan.AddSequence({token}, pos, blocks, true);
   const RowOutput kind = RowOutput::kArgmax;
   const RowSampling unused;  // (kSample rows only)
   int32_t id = -1;
@@ -139,7 +142,7 @@ Result<int32_t> GreedyStep(Model& model, int32_t token, int32_t pos,
   out.row_kinds = std::span<const RowOutput>(&kind, 1);
   out.sampling = std::span<const RowSampling>(&unused, 1);
   out.ids = std::span<int32_t>(&id, 1);
-  EMBER_RETURN_IF_ERROR(model.Forward(plan, out));
+  EMBER_RETURN_IF_ERROR(model.Forward(OneSequencePlan(model, {token}, pos, blocks), out));
   return id;
 }
 
