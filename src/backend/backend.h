@@ -158,8 +158,9 @@ class Backend {
   // largest value of row j of x (the lowest such index on ties; NaN never wins; 0 when a row is
   // all NaN) — the sampler's greedy choice, without moving the logits. x [rows, cols] float32.
   virtual Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) = 0;
-  // Ends the step like ArgmaxRows for sampled rows: ids[j] = the token drawn from row rows[j] of
-  // x with params[j] (ThresholdSample's algorithm). x [num_rows, vocab] float32.
+  // Ends the step like ArgmaxRows for sampled rows: ids[rows[j]] = the token drawn from row
+  // rows[j] of x with params[j] (ThresholdSample's algorithm); the other ids are left as they are.
+  // x [num_rows, vocab] float32, ids [num_rows].
   virtual Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                             std::span<const RowSampling> params, std::span<int32_t> ids) = 0;
   // The logits processors of the rows whose token the backend makes (ArgmaxRows / SampleRows
@@ -170,6 +171,18 @@ class Backend {
   virtual Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) = 0;
   // True when SampleRows is cheaper than copying the rows to the host sampler (a GPU).
   virtual bool prefers_backend_sampling() const { return false; }
+  // ---- device-fed steps (the engine launches a step before it reads the previous one's ids) ----
+  // A plan token id -1 - r (any negative id) is fed: the id the previous step's ArgmaxRows /
+  // SampleRows made for its logits row r, taken where those ids are, so the host need not know it
+  // (Model::Forward checks that row r made one). After DeferStepIds() the current step's
+  // ArgmaxRows and SampleRows enqueue their work and return without waiting: their id spans must
+  // stay valid until WaitIds() fills them. BeginStep ends the deferral; at most two steps may
+  // have unread ids. A backend that computes ids at once (the CPU) fills them at once.
+  virtual void DeferStepIds() {}
+  // Forgets the current step's deferred ids (the step failed): WaitIds will not fill them.
+  virtual void DropStepIds() {}
+  // Waits for the oldest step whose ids were deferred and fills its spans; Ok when none is left.
+  virtual Status WaitIds() { return Status::Ok(); }
   // The row counts of decode steps (one row per sequence) that this backend replays from a
   // captured graph, ascending; empty where it captures nothing. The engine pads a decode step to
   // the smallest bucket that holds it (with rows whose outputs it drops) and runs every bucket it

@@ -22,7 +22,8 @@ struct SequenceSlice {
 
 struct BatchPlan {
   int32_t block_size = 16;
-  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> token_ids;     // [num_tokens]; -1 - r: the previous step's id of its
+                                      // logits row r (a fed token, Backend::DeferStepIds)
   std::vector<int32_t> positions;     // [num_tokens] position of each row in its sequence
   std::vector<int32_t> slot_mapping;  // [num_tokens] KV slot (block_id * block_size + offset)
   std::vector<SequenceSlice> seqs;    // [num_seqs]

@@ -109,14 +109,18 @@ TEST(ThresholdSampleTest, CpuBackendSampleRows) {
   params[0] = {0.8f, 10, 0.9f, 0.0f, 0.31};
   params[1] = {1.0f, 0, 1.0f, 0.0f, 0.77};
   params[2] = {1.3f, 0, 0.6f, 0.02f, 0.05};
-  std::vector<int32_t> ids(3, -1);
+  std::vector<int32_t> ids(rows, -1);  // by logits row: the rows not sampled stay -1
   ASSERT_TRUE(be->SampleRows(*x, which, params, ids).ok());
   for (size_t j = 0; j < which.size(); ++j) {
     std::span<const float> row(data.data() + which[j] * vocab, static_cast<size_t>(vocab));
-    EXPECT_EQ(ids[j], ThresholdSample(row, params[j])) << "row " << which[j];
+    EXPECT_EQ(ids[static_cast<size_t>(which[j])], ThresholdSample(row, params[j]))
+        << "row " << which[j];
   }
+  EXPECT_EQ(ids[1], -1);
+  EXPECT_EQ(ids[3], -1);
   const std::vector<int32_t> bad = {5};
-  EXPECT_FALSE(be->SampleRows(*x, bad, std::span(params).first(1), std::span(ids).first(1)).ok());
+  EXPECT_FALSE(be->SampleRows(*x, bad, std::span(params).first(1), ids).ok());
+  EXPECT_FALSE(be->SampleRows(*x, which, params, std::span(ids).first(3)).ok());
 }
 
 // The CUDA kernel against its twin, where a GPU exists: real-vocabulary rows, every filter.
@@ -153,16 +157,15 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
     }
     // All rows at once (one block per row), then in groups of 12 (a cluster of 8 blocks per
     // row) and alone (a cluster of 16 blocks where the device runs it, batch-1 decode's shape).
-    std::vector<int32_t> ids(which.size(), -1);
+    std::vector<int32_t> ids(static_cast<size_t>(rows), -1);  // by logits row
     ASSERT_TRUE((*be)->SampleRows(*x, which, params, ids).ok());
     for (size_t group : {size_t{12}, size_t{1}}) {
-      std::vector<int32_t> grouped(which.size(), -1);
+      std::vector<int32_t> grouped(static_cast<size_t>(rows), -1);
       for (size_t j = 0; j < which.size(); j += group) {
         const size_t len = std::min(group, which.size() - j);
         ASSERT_TRUE((*be)
                         ->SampleRows(*x, std::span(which).subspan(j, len),
-                                     std::span(params).subspan(j, len),
-                                     std::span(grouped).subspan(j, len))
+                                     std::span(params).subspan(j, len), grouped)
                         .ok());
       }
       EXPECT_EQ(grouped, ids) << "vocab " << vocab << ", groups of " << group;
@@ -172,11 +175,12 @@ TEST(ThresholdSampleTest, CudaMatchesTheTwin) {
       std::span<const float> row(data.data() + static_cast<size_t>(which[j]) * vocab,
                                  static_cast<size_t>(vocab));
       const int32_t want = ThresholdSample(row, params[j]);
-      if (ids[j] != want) {
+      const int32_t got = ids[static_cast<size_t>(which[j])];
+      if (got != want) {
         ++mismatches;
         ADD_FAILURE() << "vocab " << vocab << " row " << which[j] << " T " << params[j].temperature
                       << " k " << params[j].top_k << " p " << params[j].top_p << " min_p "
-                      << params[j].min_p << " u " << params[j].u << ": cuda " << ids[j] << " twin "
+                      << params[j].min_p << " u " << params[j].u << ": cuda " << got << " twin "
                       << want;
       }
     }

@@ -70,12 +70,8 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
     EMBER_RETURN_IF_ERROR(be.ApplyLogitEdits(logits, outputs.edits));
   }
   if (any_argmax) EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.ids));
-  if (!sample_rows.empty()) {
-    std::vector<int32_t> sampled(sample_rows.size());
-    EMBER_RETURN_IF_ERROR(be.SampleRows(logits, sample_rows, sample_params, sampled));
-    for (size_t j = 0; j < sample_rows.size(); ++j)
-      outputs.ids[static_cast<size_t>(sample_rows[j])] = sampled[j];
-  }
+  if (!sample_rows.empty())
+    EMBER_RETURN_IF_ERROR(be.SampleRows(logits, sample_rows, sample_params, outputs.ids));
   // The kCopy rows' logits, one copy per run of consecutive rows.
   for (int64_t r = 0; r < rows;) {
     if (kind(r) != RowOutput::kCopy) {

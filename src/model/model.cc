@@ -217,18 +217,44 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
     return Status::Error("logits span has " + std::to_string(logits.size()) + " floats, expected " +
                          std::to_string(plan.logits_rows.size()) + " x vocab " +
                          std::to_string(config_.vocab_size));
-  for (int32_t id : plan.token_ids)
-    if (id < 0 || id >= config_.vocab_size)
+  for (int32_t id : plan.token_ids) {
+    if (id >= config_.vocab_size)
       return Status::Error("token id " + std::to_string(id) + " outside the vocabulary (" +
                            std::to_string(config_.vocab_size) + ")");
+    if (id < 0) {
+      const int64_t r = -1 - static_cast<int64_t>(id);
+      if (r >= static_cast<int64_t>(made_ids_.size()) || made_ids_[static_cast<size_t>(r)] == 0)
+        return Status::Error("fed token id " + std::to_string(id) + " names logits row " +
+                             std::to_string(r) + ", for which the last step made no id");
+    }
+  }
+  if (outputs.defer_ids) {
+    if (outputs.row_kinds.empty() && rows > 0)
+      return Status::Error("StepOutputs: defer_ids without row_kinds");
+    for (RowOutput kind : outputs.row_kinds)
+      if (kind == RowOutput::kCopy)
+        return Status::Error("StepOutputs: defer_ids with a kCopy row");
+  }
   for (int32_t pos : plan.positions)
     if (pos >= config_.max_position_embeddings)
       return Status::Error("position " + std::to_string(pos) + " beyond max_position_embeddings " +
                            std::to_string(config_.max_position_embeddings));
-  if (plan.num_tokens() == 0) return Status::Ok();
+  made_ids_.clear();  // fed tokens name only the step just before theirs
+  if (plan.num_tokens() == 0) {
+    // (A deferred step must reach the backend: each one is paired with a WaitIds.)
+    if (outputs.defer_ids) return Status::Error("StepOutputs: defer_ids for a plan without rows");
+    return Status::Ok();
+  }
   EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
-  if (IsGemma(config_)) return ForwardGemma(*impl_, plan, outputs);
-  return ForwardLlama(*impl_, plan, outputs);
+  if (outputs.defer_ids) backend_->DeferStepIds();
+  Status st = IsGemma(config_) ? ForwardGemma(*impl_, plan, outputs)
+                               : ForwardLlama(*impl_, plan, outputs);
+  if (!st.ok()) {
+    if (outputs.defer_ids) backend_->DropStepIds();
+    return st;
+  }
+  for (RowOutput kind : outputs.row_kinds) made_ids_.push_back(kind != RowOutput::kCopy);
+  return Status::Ok();
 }
 
 }  // namespace ember

@@ -88,6 +88,9 @@ struct StepOutputs {
   // Processors of kArgmax/kSample rows (sampling/logit_edits.h); an edit of a kCopy row is an
   // error (the host applies those rows' processors itself).
   std::span<const LogitEdit> edits = {};
+  // Forward returns once the step is enqueued; `ids` is filled by Model::WaitIds (and must stay
+  // valid until then). Only for steps without kCopy rows (Backend::DeferStepIds).
+  bool defer_ids = false;
 };
 
 enum class DeviceKind { kCpu, kCuda };
@@ -131,7 +134,11 @@ class Model {
   Status Forward(const BatchPlan& plan, std::span<float> logits);
   // One step where some rows need only a token (greedy rows, or sampled rows without logits
   // processors): the backend computes it where the logits are; only kCopy rows are copied.
+  // A plan token id -1 - r is fed: the id the previous Forward made for its logits row r
+  // (a kArgmax / kSample row of that step; anything else is an error).
   Status Forward(const BatchPlan& plan, const StepOutputs& outputs);
+  // Waits for the oldest Forward with defer_ids and fills its ids (Backend::WaitIds).
+  Status WaitIds() { return backend_->WaitIds(); }
 
   struct Impl;  // the architecture's weights and forward pass (model/*.cc)
 
@@ -144,6 +151,8 @@ class Model {
   std::unique_ptr<Impl> impl_;
   int32_t num_kv_blocks_ = 0;
   int32_t kv_block_size_ = 0;
+  // Per logits row of the last Forward: whether it made an id that a fed token may name.
+  std::vector<uint8_t> made_ids_;
 };
 
 }  // namespace ember

@@ -288,6 +288,73 @@ void CheckArgmaxRows(DeviceKind device) {
   EXPECT_FALSE(model->Forward(plan, StepOutputs{logits, kinds, sampling, bad_ids}).ok());
 }
 
+// Fed tokens: a step launched with defer_ids, then (before its ids are read) a decode step whose
+// rows take those ids as fed tokens (-1 - r), gives the same logits bits as the same two steps
+// run with the ids read in between and passed explicitly; WaitIds then delivers the first
+// step's ids. A fed token that names a row which made no id is an error.
+void CheckFedTokens(DeviceKind device) {
+  const std::string dir = ModelDir("tinystories-656k");
+  auto model = LoadOrDie(dir, "config.json", device);
+  ASSERT_NE(model, nullptr);
+  const int32_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> a = {1, 80, 147, 201, 282}, b = {57, 9, 33};
+  BatchPlan first;
+  first.block_size = kBlockSize;
+  first.AddSequence(a, 0, Blocks(0, 4), true);
+  first.AddSequence(b, 0, Blocks(4, 4), true);
+  const std::vector<RowOutput> kinds = {RowOutput::kSample, RowOutput::kArgmax};
+  const std::vector<RowSampling> sampling = {{0.9f, 40, 0.95f, 0.0f, 0.37}, {}};
+  std::vector<float> no_logits(2 * static_cast<size_t>(vocab));
+  auto decode = [&](int32_t token_a, int32_t token_b) {
+    BatchPlan plan;
+    plan.block_size = kBlockSize;
+    plan.AddSequence({token_a}, static_cast<int32_t>(a.size()), Blocks(0, 4), true);
+    plan.AddSequence({token_b}, static_cast<int32_t>(b.size()), Blocks(4, 4), true);
+    return plan;
+  };
+  // Explicit: read the ids, then feed them.
+  std::vector<int32_t> ids(2, -1);
+  ASSERT_TRUE(model->Forward(first, StepOutputs{no_logits, kinds, sampling, ids}).ok());
+  std::vector<float> want(2 * static_cast<size_t>(vocab));
+  ASSERT_TRUE(model->Forward(decode(ids[0], ids[1]), want).ok());
+  // Fed: the decode step is launched before the ids are read.
+  std::vector<int32_t> deferred(2, -1);
+  StepOutputs outputs{no_logits, kinds, sampling, deferred};
+  outputs.defer_ids = true;
+  ASSERT_TRUE(model->Forward(first, outputs).ok());
+  std::vector<float> got(2 * static_cast<size_t>(vocab));
+  Status st = model->Forward(decode(-1, -2), got);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_TRUE(model->WaitIds().ok());
+  EXPECT_EQ(deferred, ids);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  // The last step copied its logits: it made no ids to feed.
+  st = model->Forward(decode(-1, -2), got);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("made no id"), std::string::npos) << st.message();
+  // A kCopy row makes no id either, nor does a row past the step's.
+  const std::vector<RowOutput> one_copied = {RowOutput::kArgmax, RowOutput::kCopy};
+  ASSERT_TRUE(model->Forward(first, StepOutputs{no_logits, one_copied, sampling, ids}).ok());
+  EXPECT_FALSE(model->Forward(decode(-1, -2), got).ok());
+  ASSERT_TRUE(model->Forward(first, StepOutputs{no_logits, kinds, sampling, ids}).ok());
+  EXPECT_FALSE(model->Forward(decode(-1, -3), got).ok());
+  EXPECT_TRUE(model->Forward(decode(-2, -1), got).ok());
+  // defer_ids with a kCopy row is refused.
+  outputs.row_kinds = one_copied;
+  EXPECT_FALSE(model->Forward(first, outputs).ok());
+}
+
+TEST(TinyStoriesTest, FedTokensOnCpu) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  CheckFedTokens(DeviceKind::kCpu);
+}
+
+TEST(TinyStoriesTest, FedTokensOnCuda) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  CheckFedTokens(DeviceKind::kCuda);
+}
+
 TEST(TinyStoriesTest, ArgmaxRowsOnCpu) {
   EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
   CheckArgmaxRows(DeviceKind::kCpu);

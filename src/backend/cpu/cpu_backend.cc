@@ -230,6 +230,8 @@ class CpuBackend final : public Backend {
                            " differs from the KV pool's " + std::to_string(block_size_));
     plan_ = &plan;
     next_buffer_ = 0;
+    fed_ids_.swap(step_ids_);  // this step's fed tokens are the last step's ids
+    step_ids_.clear();
     return Status::Ok();
   }
 
@@ -257,6 +259,12 @@ class CpuBackend final : public Backend {
     float* y = F(out);
     for (int64_t i = 0; i < n; ++i) {
       int32_t id = plan_->token_ids[static_cast<size_t>(i)];
+      if (id < 0) {  // fed: the previous step's id of its logits row -1 - id
+        const size_t r = static_cast<size_t>(-1 - static_cast<int64_t>(id));
+        CHECK(r < fed_ids_.size()) << "fed token of row " << r << ": the last step made "
+                                   << fed_ids_.size() << " ids";
+        id = fed_ids_[r];
+      }
       CHECK(id >= 0 && id < vocab) << "token id " << id << " outside vocab " << vocab;
       cpu::ConvertToF32(static_cast<const uint8_t*>(table.data) +
                             static_cast<size_t>(id * d) * DTypeSize(table.dtype),
@@ -436,14 +444,22 @@ class CpuBackend final : public Backend {
 
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override {
-    if (rows.size() != params.size() || rows.size() != ids.size())
-      return Status::Error("SampleRows: rows, params and ids differ in length");
+    if (rows.size() != params.size())
+      return Status::Error("SampleRows: rows and params differ in length");
+    if (ids.size() != static_cast<size_t>(x.rows()))
+      return Status::Error("SampleRows: " + std::to_string(ids.size()) + " ids for tensor " +
+                           ShapeString(x));
     const int64_t cols = x.cols();
     for (size_t j = 0; j < rows.size(); ++j) {
       if (rows[j] < 0 || rows[j] >= x.rows())
         return Status::Error("SampleRows: row " + std::to_string(rows[j]) + " outside " +
                              ShapeString(x));
-      ids[j] = ThresholdSample({F(x) + rows[j] * cols, static_cast<size_t>(cols)}, params[j]);
+    }
+    StepIds(x.rows());
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const size_t r = static_cast<size_t>(rows[j]);
+      ids[r] = ThresholdSample({F(x) + rows[j] * cols, static_cast<size_t>(cols)}, params[j]);
+      step_ids_[r] = ids[r];
     }
     return Status::Ok();
   }
@@ -453,8 +469,11 @@ class CpuBackend final : public Backend {
       return Status::Error("ArgmaxRows: " + std::to_string(ids.size()) + " ids for tensor " +
                            ShapeString(x));
     const size_t cols = static_cast<size_t>(x.cols());
-    for (int64_t r = 0; r < x.rows(); ++r)
+    StepIds(x.rows());
+    for (int64_t r = 0; r < x.rows(); ++r) {
       ids[static_cast<size_t>(r)] = RowArgmax({F(x) + r * x.cols(), cols});
+      step_ids_[static_cast<size_t>(r)] = ids[static_cast<size_t>(r)];
+    }
     return Status::Ok();
   }
 
@@ -479,6 +498,12 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
   std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
   const BatchPlan* plan_ = nullptr;
+  // The ids this step's ArgmaxRows / SampleRows made, by logits row (-1: none), and the last
+  // step's, which this step's fed tokens name. Ids are made at once, so nothing is deferred.
+  std::vector<int32_t> step_ids_, fed_ids_;
+  void StepIds(int64_t rows) {
+    if (step_ids_.size() < static_cast<size_t>(rows)) step_ids_.resize(static_cast<size_t>(rows), -1);
+  }
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstring>
+#include <deque>
 #include <iterator>
 #include <memory>
 #include <span>
@@ -78,6 +80,41 @@ class CublasHandle {
 
  private:
   cublasHandle_t handle_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() { CUDA_CHECK(cudaEventDestroy(event_)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Page-locked host bytes (copies to and from them neither stage nor wait), grown on demand;
+// growing drops the contents.
+class PinnedBytes {
+ public:
+  unsigned char* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  void Reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    data_.reset();
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    data_.reset(static_cast<unsigned char*>(p));
+    bytes_ = bytes;
+  }
+
+ private:
+  struct Deleter {
+    void operator()(unsigned char* p) const { CUDA_CHECK(cudaFreeHost(p)); }
+  };
+  std::unique_ptr<unsigned char, Deleter> data_;
+  size_t bytes_ = 0;
 };
 
 struct DeviceRope {
@@ -154,6 +191,17 @@ class CudaBackend final : public Backend {
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override;
   bool prefers_backend_sampling() const override { return true; }
+  void DeferStepIds() override {
+    defer_ids_ = true;
+    StepDelivery();  // one delivery per deferred step, even one that makes no ids
+  }
+  void DropStepIds() override {
+    if (defer_ids_ && delivery_step_ == steps_begun_ && !deliveries_.empty())
+      deliveries_.pop_back();
+    delivery_step_ = ~uint64_t{0};
+    defer_ids_ = false;
+  }
+  Status WaitIds() override;
   // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 graphs, inside the
   // recorder's cache of 64. Larger decode steps are captured at their own size.
   std::vector<int32_t> DecodeGraphBuckets() const override {
@@ -182,9 +230,45 @@ class CudaBackend final : public Backend {
   }
 
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-  DeviceBuffer argmax_ids_;  // ArgmaxRows' device output, grown on demand
-  DeviceBuffer sample_args_;  // SampleRows' rows + params + ids, grown on demand
+  DeviceBuffer sample_args_;  // SampleRows' params + rows, grown on demand
   DeviceBuffer logit_edits_;  // ApplyLogitEdits' edits, grown on demand
+
+  // The ids ArgmaxRows / SampleRows make, by logits row: [plan_cap_tokens_] int32. One buffer at a
+  // fixed address (the decode graphs' embeddings read it as plan_.fed_ids): a step's embedding
+  // reads the previous step's ids before its own ArgmaxRows overwrites them, in stream order.
+  DeviceBuffer step_ids_;
+  // Grows step_ids_ to `rows` ids (waits for the stream; the ids it held are kept).
+  void EnsureStepIds(int64_t rows);
+  // Page-locked memory of alternate steps (half_ is the current step's): the sources of the
+  // step's uploads (plan, sampling parameters, logit edits; bump-allocated) and its ids copied
+  // back. `copied` is recorded behind the half's last copy: the next step may fill the other
+  // half while this one's copies are still queued, which lets a step launch before the host
+  // has read the previous step's ids.
+  struct StagingHalf {
+    PinnedBytes upload;
+    size_t used = 0;
+    PinnedBytes ids;
+    Event copied;
+  };
+  std::array<StagingHalf, 2> staging_;
+  int half_ = 0;
+  // Copies `bytes` from the host to `dst` on the stream through the current half (the call does
+  // not wait for the device).
+  void Upload(void* dst, const void* src, size_t bytes);
+  // Copies the step's first `rows` ids back into the current half's ids; returns them.
+  const int32_t* CopyIdsBack(int64_t rows);
+  // Deferred ids (DeferStepIds): what WaitIds fills for each step, oldest first.
+  struct IdsDelivery {
+    int half = 0;
+    std::span<int32_t> argmax;          // ArgmaxRows: every row
+    std::span<int32_t> sampled;         // SampleRows: sampled[r] for r in sample_rows
+    std::vector<int32_t> sample_rows;
+  };
+  std::deque<IdsDelivery> deliveries_;
+  bool defer_ids_ = false;  // the current step's ids go to deliveries_
+  uint64_t steps_begun_ = 0;
+  uint64_t delivery_step_ = ~uint64_t{0};  // the step deliveries_.back() belongs to
+  IdsDelivery& StepDelivery();
   // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
   struct PinnedDeleter {
     void operator()(float* p) const { CUDA_CHECK(cudaFreeHost(p)); }
@@ -354,6 +438,15 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
       return Status::Error("BatchPlan: block_size " + std::to_string(plan.block_size) +
                            " differs from the KV pool's " + std::to_string(kv_block_size_));
   }
+  // This step takes the other staging half, last used two steps ago: its ids must have been read
+  // and its copies done (they are, unless nothing waited for that step).
+  for (const IdsDelivery& d : deliveries_)
+    if (d.half != half_) return Status::Error("BeginStep: two earlier steps' ids are unread (WaitIds)");
+  half_ ^= 1;
+  CUDA_CHECK(cudaEventSynchronize(staging_[static_cast<size_t>(half_)].copied.get()));
+  staging_[static_cast<size_t>(half_)].used = 0;
+  defer_ids_ = false;
+  ++steps_begun_;
   // Workspace: if the last step spilled into several chunks, merge them into one.
   if (arena_chunks_.size() > 1) {
     size_t total = 0;
@@ -384,6 +477,7 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
       cap_tables != plan_cap_tables_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     plan_device_ = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
+    EnsureStepIds(cap_tokens);
     plan_cap_tokens_ = cap_tokens;
     plan_cap_seqs_ = cap_seqs;
     plan_cap_tables_ = cap_tables;
@@ -417,10 +511,7 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   std::copy(plan.slot_mapping.begin(), plan.slot_mapping.end(), h_slots);
   std::copy(plan.logits_rows.begin(), plan.logits_rows.end(), h_logits);
   std::copy(plan.block_tables.begin(), plan.block_tables.end(), h_tables);
-  // Pageable source: the copy is staged before this returns, so plan_host_ may be reused.
-  CUDA_CHECK(cudaMemcpyAsync(plan_device_.data(), plan_host_.data(),
-                             static_cast<size_t>(used) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             stream_.get()));
+  Upload(plan_device_.data(), plan_host_.data(), static_cast<size_t>(used) * sizeof(int32_t));
   const int32_t* base = plan_device_.as<int32_t>();
   plan_.seqs = reinterpret_cast<const int4*>(base);
   plan_.token_ids = base + (h_tokens - h);
@@ -429,11 +520,72 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   plan_.token_seq = base + (h_token_seq - h);
   plan_.logits_rows = base + (h_logits - h);
   plan_.block_tables = base + (h_tables - h);
+  plan_.fed_ids = step_ids_.as<int32_t>();
   plan_.num_tokens = num_tokens;
   plan_.num_seqs = num_seqs;
   plan_.num_logits_rows = static_cast<int32_t>(num_logits);
   plan_.block_size = plan.block_size;
   in_step_ = true;
+  return Status::Ok();
+}
+
+void CudaBackend::EnsureStepIds(int64_t rows) {
+  const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+  if (step_ids_.bytes() >= bytes) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  DeviceBuffer grown(bytes);
+  if (step_ids_.bytes() > 0)
+    CUDA_CHECK(cudaMemcpyAsync(grown.data(), step_ids_.data(), step_ids_.bytes(),
+                               cudaMemcpyDeviceToDevice, stream_.get()));
+  step_ids_ = std::move(grown);  // (freeing the old buffer waits for the copy)
+}
+
+void CudaBackend::Upload(void* dst, const void* src, size_t bytes) {
+  StagingHalf& h = staging_[static_cast<size_t>(half_)];
+  size_t offset = (h.used + 15) / 16 * 16;
+  if (offset + bytes > h.upload.bytes()) {
+    // The half's earlier copies read the memory that growing drops: let them finish first.
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    h.upload.Reserve(std::max({bytes, 2 * h.upload.bytes(), size_t{1} << 20}));
+    offset = 0;
+  }
+  std::memcpy(h.upload.data() + offset, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst, h.upload.data() + offset, bytes, cudaMemcpyHostToDevice,
+                             stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
+  h.used = offset + bytes;
+}
+
+const int32_t* CudaBackend::CopyIdsBack(int64_t rows) {
+  StagingHalf& h = staging_[static_cast<size_t>(half_)];
+  const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+  if (h.ids.bytes() < bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // a queued copy may target the old memory
+    h.ids.Reserve(std::max<size_t>(bytes, 4096));
+  }
+  CUDA_CHECK(cudaMemcpyAsync(h.ids.data(), step_ids_.data(), bytes, cudaMemcpyDeviceToHost,
+                             stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
+  return reinterpret_cast<const int32_t*>(h.ids.data());
+}
+
+CudaBackend::IdsDelivery& CudaBackend::StepDelivery() {
+  if (deliveries_.empty() || delivery_step_ != steps_begun_) {
+    deliveries_.push_back(IdsDelivery{half_, {}, {}, {}});
+    delivery_step_ = steps_begun_;
+  }
+  return deliveries_.back();
+}
+
+Status CudaBackend::WaitIds() {
+  if (deliveries_.empty()) return Status::Ok();
+  IdsDelivery d = std::move(deliveries_.front());
+  deliveries_.pop_front();
+  const StagingHalf& h = staging_[static_cast<size_t>(d.half)];
+  CUDA_CHECK(cudaEventSynchronize(h.copied.get()));
+  const int32_t* ids = reinterpret_cast<const int32_t*>(h.ids.data());
+  std::copy(ids, ids + d.argmax.size(), d.argmax.begin());
+  for (int32_t r : d.sample_rows) d.sampled[static_cast<size_t>(r)] = ids[r];
   return Status::Ok();
 }
 
@@ -487,7 +639,8 @@ void CudaBackend::Embedding(const Tensor& table, float scale, Tensor out) {
   const ElemType type = ToElemType(table.dtype);
   const int64_t vocab = table.rows(), d = table.cols();
   recorder_.Record({1, KeyOf(table.data), U(static_cast<int>(type)), U(vocab), U(d), KeyOf(scale),
-                    KeyOf(plan.token_ids), U(plan.num_tokens), KeyOf(out.data)},
+                    KeyOf(plan.token_ids), KeyOf(plan.fed_ids), U(plan.num_tokens),
+                    KeyOf(out.data)},
                    [=](cudaStream_t st) {
                      cuda::LaunchEmbedding(table.data, type, vocab, d, scale, plan,
                                            static_cast<float*>(out.data), st);
@@ -947,27 +1100,32 @@ Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
                                std::span<const RowSampling> params, std::span<int32_t> ids) {
   CHECK(x.dtype == DType::kF32);
   CHECK_EQ(rows.size(), params.size());
-  CHECK_EQ(rows.size(), ids.size());
+  CHECK_EQ(static_cast<int64_t>(ids.size()), x.rows());
   for (int32_t r : rows) CHECK(r >= 0 && r < x.rows()) << "SampleRows: row " << r;
   Flush();
   if (rows.empty()) return Status::Ok();
-  // One buffer: params (8-byte aligned) first, then rows, then ids.
+  EnsureStepIds(x.rows());
+  // One buffer: params (8-byte aligned) first, then rows.
   const size_t params_bytes = params.size_bytes(), rows_bytes = rows.size_bytes();
-  const size_t bytes = params_bytes + rows_bytes + ids.size_bytes();
-  if (sample_args_.bytes() < bytes) sample_args_ = DeviceBuffer(bytes);
+  if (sample_args_.bytes() < params_bytes + rows_bytes)
+    sample_args_ = DeviceBuffer(params_bytes + rows_bytes);
   char* base = sample_args_.as<char>();
-  CUDA_CHECK(cudaMemcpyAsync(base, params.data(), params_bytes, cudaMemcpyHostToDevice,
-                             stream_.get()));
-  CUDA_CHECK(cudaMemcpyAsync(base + params_bytes, rows.data(), rows_bytes,
-                             cudaMemcpyHostToDevice, stream_.get()));
-  int32_t* dev_ids = reinterpret_cast<int32_t*>(base + params_bytes + rows_bytes);
+  Upload(base, params.data(), params_bytes);
+  Upload(base + params_bytes, rows.data(), rows_bytes);
   cuda::LaunchSampleRows(static_cast<const float*>(x.data), x.cols(),
                          reinterpret_cast<const int32_t*>(base + params_bytes),
                          reinterpret_cast<const cuda::SampleRowParams*>(base),
-                         static_cast<int32_t>(rows.size()), dev_ids, stream_.get());
-  CUDA_CHECK(cudaMemcpyAsync(ids.data(), dev_ids, ids.size_bytes(), cudaMemcpyDeviceToHost,
-                             stream_.get()));
+                         static_cast<int32_t>(rows.size()), step_ids_.as<int32_t>(),
+                         stream_.get());
+  const int32_t* host = CopyIdsBack(x.rows());
+  if (defer_ids_) {
+    IdsDelivery& d = StepDelivery();
+    d.sampled = ids;
+    d.sample_rows.assign(rows.begin(), rows.end());
+    return Status::Ok();
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  for (int32_t r : rows) ids[static_cast<size_t>(r)] = host[r];
   return Status::Ok();
 }
 
@@ -980,9 +1138,7 @@ Status CudaBackend::ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) 
   if (edits.empty()) return Status::Ok();
   CHECK_LE(edits.size(), size_t{INT32_MAX});
   if (logit_edits_.bytes() < edits.size_bytes()) logit_edits_ = DeviceBuffer(edits.size_bytes());
-  // Pageable source: the call returns once the edits are staged, so `edits` may die after it.
-  CUDA_CHECK(cudaMemcpyAsync(logit_edits_.data(), edits.data(), edits.size_bytes(),
-                             cudaMemcpyHostToDevice, stream_.get()));
+  Upload(logit_edits_.data(), edits.data(), edits.size_bytes());  // `edits` may die after it
   cuda::LaunchLogitEdits(static_cast<float*>(x.data), x.cols(), logit_edits_.as<LogitEdit>(),
                          static_cast<int32_t>(edits.size()), stream_.get());
   return Status::Ok();
@@ -992,12 +1148,16 @@ Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
   CHECK(x.dtype == DType::kF32);
   CHECK_EQ(static_cast<int64_t>(ids.size()), x.rows());
   Flush();
-  if (argmax_ids_.bytes() < ids.size_bytes()) argmax_ids_ = DeviceBuffer(ids.size_bytes());
+  EnsureStepIds(x.rows());
   cuda::LaunchArgmaxRows(static_cast<const float*>(x.data), x.rows(), x.cols(),
-                         argmax_ids_.as<int32_t>(), stream_.get());
-  CUDA_CHECK(cudaMemcpyAsync(ids.data(), argmax_ids_.data(), ids.size_bytes(),
-                             cudaMemcpyDeviceToHost, stream_.get()));
+                         step_ids_.as<int32_t>(), stream_.get());
+  const int32_t* host = CopyIdsBack(x.rows());
+  if (defer_ids_) {
+    StepDelivery().argmax = ids;
+    return Status::Ok();
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  std::copy(host, host + ids.size(), ids.begin());
   return Status::Ok();
 }
 

@@ -9,9 +9,11 @@ namespace ember::cuda {
 namespace {
 
 __global__ void EmbeddingKernel(const void* table, ElemType table_type, int64_t vocab, int64_t d,
-                                float scale, const int32_t* token_ids, float* out) {
+                                float scale, const int32_t* token_ids, const int32_t* fed_ids,
+                                float* out) {
   const int64_t row = blockIdx.x;
-  const int64_t token = token_ids[row];
+  int64_t token = token_ids[row];
+  if (token < 0) token = fed_ids[-1 - token];  // the previous step's id of that logits row
   if (token < 0 || token >= vocab) __trap();  // the engine validated ids; a bad one is a bug
   const int64_t base = token * d;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
@@ -33,7 +35,7 @@ void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int6
                      const PlanView& plan, float* out, cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
   EmbeddingKernel<<<plan.num_tokens, 256, 0, stream>>>(table, table_type, vocab, d, scale,
-                                                       plan.token_ids, out);
+                                                       plan.token_ids, plan.fed_ids, out);
   CUDA_CHECK_LAUNCH();
 }
 

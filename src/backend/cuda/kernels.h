@@ -20,6 +20,8 @@ struct PlanView {
                                           //             block_table_start}
   const int32_t* block_tables = nullptr;  // concatenated block ids
   const int32_t* logits_rows = nullptr;   // [num_logits_rows]
+  // The ids the previous step made, by logits row: a token id -1 - r reads fed_ids[r].
+  const int32_t* fed_ids = nullptr;
   int32_t num_tokens = 0;
   int32_t num_seqs = 0;
   int32_t num_logits_rows = 0;
@@ -68,7 +70,8 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
                          GemvPrefetch next, cudaStream_t stream);
 
 // ---- embedding.cu ----
-// out[i, :] = table[token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
+// out[i, :] = table[token_ids[i], :] * scale (token_ids[i] = -1 - r: plan.fed_ids[r]).
+// table [vocab, d], out [num_tokens, d]
 void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int64_t d, float scale,
                      const PlanView& plan, float* out, cudaStream_t stream);
 
@@ -158,8 +161,8 @@ struct SampleRowParams {
   float min_p;
   double u;
 };
-// ids[j] = the token drawn from row rows[j] of x (backend/threshold_sampling.h's algorithm).
-// x [*, cols] float32; rows, params, ids [num_rows] on the device.
+// ids[rows[j]] = the token drawn from row rows[j] of x (backend/threshold_sampling.h's
+// algorithm). x [*, cols] float32; rows, params [num_rows], ids [rows of x] on the device.
 void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
                       const SampleRowParams* params, int32_t num_rows, int32_t* ids,
                       cudaStream_t stream);

@@ -528,14 +528,14 @@ __global__ void __launch_bounds__(kThreads)
   int argmax;
   BlockArgmax<kThreads>(logits, cols, &row_max, &argmax);
   if (!isfinite(row_max)) {  // all -inf, or +inf present: the host falls back to argmax
-    if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
+    if (threadIdx.x == 0) ids[rows[blockIdx.x]] = argmax;
     return;
   }
   float* cand_w = reinterpret_cast<float*>(compact_smem);
   RowBlock ctx{logits, cols, row_max, 1.0f / p.temperature, s, cand_w,
                reinterpret_cast<uint16_t*>(cand_w + kCompactPerThread * kThreads)};
   const int id = SampleWith(ctx, p);
-  if (ctx.leader()) ids[blockIdx.x] = id;
+  if (ctx.leader()) ids[rows[blockIdx.x]] = id;
 }
 
 // Grid: num_rows clusters of C blocks; block rank k owns columns [k * slice, (k + 1) * slice).
@@ -591,7 +591,7 @@ __global__ void SampleRowsClusterKernel(const float* __restrict__ x, int64_t col
     RowCluster ctx{weights, len, offset, s, cluster};
     id = SampleWith(ctx, p);
   }
-  if (threadIdx.x == 0 && cluster.block_rank() == 0) ids[row_index] = id;
+  if (threadIdx.x == 0 && cluster.block_rank() == 0) ids[rows[row_index]] = id;
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
