@@ -106,8 +106,10 @@ int Main(int argc, char** argv) {
   flags.AddString("--device", &device, "cpu | cuda");
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
-  bool invariant = false;
+  bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
+  flags.AddBool("--no-overlap", &no_overlap,
+                "each step waits for the previous step's tokens (EngineConfig::overlap_steps off)");
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
   if (help || !st.ok() || model_dir.empty()) {
@@ -135,6 +137,7 @@ int Main(int argc, char** argv) {
   config.kv_cache_bytes = kv_bytes;
   config.max_queue = static_cast<int32_t>(max_level) + 8;
   config.enable_prefix_caching = false;  // distinct prompts: measure computation, not cache hits
+  config.overlap_steps = !no_overlap;
   auto engine = Engine::Create(model->get(), config);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
@@ -172,7 +175,8 @@ int Main(int argc, char** argv) {
     char line[512];
     std::snprintf(line, sizeof(line),
                   "concurrency %lld: %lld engine steps, per step: schedule %.3f ms, forward %.3f "
-                  "ms, rest %.3f ms; %lld decode-only steps (%.1f rows each): forward %.3f ms\n",
+                  "ms, rest %.3f ms; %lld decode-only steps (%.1f rows each): forward %.3f ms; "
+                  "%lld steps overlapped\n",
                   static_cast<long long>(level), static_cast<long long>(steps),
                   per_step_ms(after.schedule_ns - before.schedule_ns),
                   per_step_ms(after.forward_ns - before.forward_ns),
@@ -180,7 +184,8 @@ int Main(int argc, char** argv) {
                   static_cast<long long>(decode_steps),
                   static_cast<double>(after.decode_rows - before.decode_rows) / decode_div,
                   static_cast<double>(after.decode_forward_ns - before.decode_forward_ns) / 1e6 /
-                      decode_div);
+                      decode_div,
+                  static_cast<long long>(after.overlapped_steps - before.overlapped_steps));
     step_lines += line;
   }
   std::printf("\n%s", step_lines.c_str());
@@ -195,6 +200,7 @@ int Main(int argc, char** argv) {
     c2.max_running = 1;
     c2.max_step_tokens = static_cast<int32_t>(step_tokens);
     c2.kv_cache_bytes = kv_bytes;
+    c2.overlap_steps = !no_overlap;
     auto engine2 = Engine::Create(model2->get(), c2);
     if (!engine2.ok()) {
       std::fprintf(stderr, "%s\n", engine2.message().c_str());

@@ -69,6 +69,9 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddInt("--max-step-tokens", &max_step_tokens,
                "tokens per engine step; longer prompts prefill in chunks (default 512)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
+  flags.AddBool("--no-overlap", &no_overlap,
+                "launch each step only after the previous step's tokens are read (by default a "
+                "step whose tokens need no host work launches first)");
   if (serving) flags.AddInt("--max-queue", &max_queue, "requests waiting before 429 (default 1024)");
 }
 
@@ -100,6 +103,7 @@ EngineConfig EngineFlags::Config() const {
   c.max_step_tokens = static_cast<int32_t>(max_step_tokens);
   c.max_queue = static_cast<int32_t>(max_queue);
   c.enable_prefix_caching = !no_prefix_cache;
+  c.overlap_steps = !no_overlap;
   return c;
 }
 

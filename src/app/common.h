@@ -42,6 +42,7 @@ struct EngineFlags {
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
+  bool no_overlap = false;
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;
   EngineConfig Config() const;

@@ -311,6 +311,8 @@ void Engine::EmitFinalEvent(Sequence* seq, FinishReason reason) {
 }
 
 void Engine::FinishSequence(Sequence* seq, FinishReason reason) {
+  // A token still being chosen by a step in flight is not the sequence's: it ends before it.
+  while (!seq->tokens.empty() && seq->tokens.back() < 0) seq->tokens.pop_back();
   seq->finish = reason;
   scheduler_.Remove(seq);
   RequestState& state = *seq->request;
@@ -330,7 +332,11 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason) {
     ++counters_.requests_finished;
     if (reason == FinishReason::kCancelled) ++counters_.requests_cancelled;
   }
-  live_.erase(seq->id);  // destroys seq
+  auto it = live_.find(seq->id);
+  // A launched step still has rows of it (their K/V goes to blocks it no longer owns, ahead of
+  // any later step in the device's order): keep the object until that step completes.
+  if (seq->steps_in_flight > 0) retired_.push_back(std::move(it->second));
+  live_.erase(it);  // destroys seq unless retired
 }
 
 void Engine::ReapCancelled() {
@@ -344,20 +350,37 @@ void Engine::ReapCancelled() {
   }
 }
 
+namespace {
+// Whether the backend makes this row's token from state the host already has, so the step may
+// launch before the previous step's tokens are known: no logprobs, greedy or backend-sampled, and
+// no processor that depends on the tokens (penalties; the min_tokens mask while it applies: the
+// state's count may lag by the one token in flight, and once it reaches min_tokens the true count
+// has too).
+bool FedRowOk(const SamplingParams& p, const SamplerState& state, bool backend_samples) {
+  return BackendCanSample(p) && (p.is_greedy() || backend_samples) && !p.has_penalties() &&
+         (p.min_tokens == 0 || state.num_output_tokens() >= p.min_tokens);
+}
+}  // namespace
+
 void Engine::RunStep(const StepPlan& plan) {
   BatchPlan batch;
   batch.block_size = config_.block_size;
   std::vector<int32_t> chunk;
   for (const ScheduledSequence& s : plan.scheduled) {
     Sequence* seq = s.seq;
+    ++seq->steps_in_flight;  // from here on the step holds it (CompleteStep / FailStep let go)
+    // Placeholders (-1 - r) of the step in flight pass through as fed tokens: it is the model's
+    // previous Forward.
     chunk.assign(seq->tokens.begin() + seq->num_computed_tokens,
                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
     batch.AddSequence(chunk, seq->num_computed_tokens, kv_.BlockTable(seq->id), s.samples);
   }
+  LaunchedStep step;
   // A decode step (one sampled row per sequence) is padded to its graph bucket's row count.
-  const int32_t real_rows = static_cast<int32_t>(batch.logits_rows.size());
-  const bool decode_only = batch.num_tokens() == batch.num_seqs() && real_rows == batch.num_seqs();
-  if (decode_only) {
+  step.real_rows = static_cast<int32_t>(batch.logits_rows.size());
+  const int32_t real_rows = step.real_rows;
+  step.decode_only = batch.num_tokens() == batch.num_seqs() && real_rows == batch.num_seqs();
+  if (step.decode_only) {
     ++counters_.decode_steps;
     counters_.decode_rows += real_rows;
     const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), real_rows);
@@ -366,23 +389,31 @@ void Engine::RunStep(const StepPlan& plan) {
       counters_.decode_padding_rows += *bucket - real_rows;
     }
   }
+  const bool backend_samples = model_->prefers_backend_sampling() ||
+                               config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
+  step.deferred = config_.overlap_steps;
+  for (const ScheduledSequence& s : plan.scheduled)
+    if (s.samples && !FedRowOk(s.seq->request->request.sampling, *s.seq->sampler, backend_samples))
+      step.deferred = false;
+  // The host builds this step's processors and samples its kCopy rows from the sequences' states:
+  // those need the tokens of the step in flight first. (Rows of sequences that end there still
+  // run; their tokens are dropped.)
+  if (!step.deferred) CompleteInFlight();
+
   // Rows that want no logprobs get their token from the backend: their processors (bias,
   // penalties, min_tokens mask) as a sparse edit list applied where the logits are, then the
   // argmax, or a draw with the sequence's next uniform where the backend prefers it. Logprobs rows
   // (and sampled rows on a backend that prefers the host) copy their logits to the host sampler.
   const size_t num_rows = batch.logits_rows.size();
-  const std::span<float> logits =
-      model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
+  step.logits = model_->HostLogitsBuffer(num_rows * static_cast<size_t>(vocab_size_));
   // Padding rows (past real_rows): an argmax nobody reads.
-  row_kinds_.assign(num_rows, RowOutput::kArgmax);
-  std::fill(row_kinds_.begin(), row_kinds_.begin() + real_rows, RowOutput::kCopy);
+  step.kinds.assign(num_rows, RowOutput::kArgmax);
+  std::fill(step.kinds.begin(), step.kinds.begin() + real_rows, RowOutput::kCopy);
   row_sampling_.assign(num_rows, RowSampling{});
-  row_ids_.assign(num_rows, 0);
+  step.ids.assign(num_rows, 0);
   row_params_.clear();
   row_states_.clear();
   std::vector<LogitEdit> row_edits;  // allocates only when some row has processors
-  const bool backend_samples = model_->prefers_backend_sampling() ||
-                               config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
     const size_t r = row_params_.size();
@@ -391,9 +422,9 @@ void Engine::RunStep(const StepPlan& plan) {
     row_states_.push_back(s.seq->sampler.get());
     if (!BackendCanSample(p)) continue;
     if (p.is_greedy()) {
-      row_kinds_[r] = RowOutput::kArgmax;
+      step.kinds[r] = RowOutput::kArgmax;
     } else if (backend_samples) {
-      row_kinds_[r] = RowOutput::kSample;
+      step.kinds[r] = RowOutput::kSample;
       row_sampling_[r] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
     } else {
       continue;
@@ -401,55 +432,129 @@ void Engine::RunStep(const StepPlan& plan) {
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
   }
   const int64_t forward_start = NowNs();
-  Status st = model_->Forward(
-      batch, StepOutputs{logits, row_kinds_, row_sampling_, row_ids_, row_edits});
-  const int64_t forward_end = NowNs();
-  counters_.forward_ns += forward_end - forward_start;
-  if (decode_only) counters_.decode_forward_ns += forward_end - forward_start;
+  StepOutputs outputs{step.logits, step.kinds, row_sampling_, step.ids, row_edits};
+  outputs.defer_ids = step.deferred;
+  Status st = model_->Forward(batch, outputs);
+  const int64_t forward_ns = NowNs() - forward_start;
+  counters_.forward_ns += forward_ns;
+  if (step.decode_only) counters_.decode_forward_ns += forward_ns;
   ++counters_.steps;
   counters_.computed_tokens += batch.num_tokens();
+  step.scheduled = plan.scheduled;
   if (!st.ok()) {
     LOG_ERROR << "forward step failed: " << st.message();
-    for (const ScheduledSequence& s : plan.scheduled) {
-      EmitFinalEvent(s.seq, FinishReason::kError);
-      FinishSequence(s.seq, FinishReason::kError);
-    }
+    CompleteInFlight();
+    FailStep(step);
     return;
   }
+  if (step.deferred) ++counters_.overlapped_steps;
 
-  // The rows the host samples, in parallel across rows (per-sequence RNG: order-independent).
-  row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
-  host_skip_.assign(static_cast<size_t>(real_rows), 0);
-  for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = row_kinds_[r] != RowOutput::kCopy;
-  SampleRows(logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
-             vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
-
-  size_t row = 0;
+  // The step's rows count as computed now (the next step is planned before this one completes);
+  // each sampled row's token is a placeholder until the step completes.
+  step.computed_end.reserve(plan.scheduled.size());
+  step.token_index.reserve(plan.scheduled.size());
+  int32_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     Sequence* seq = s.seq;
-    RequestState& state = *seq->request;
     seq->num_computed_tokens += s.num_new_tokens;
-    kv_.CommitComputed(seq->id, seq->tokens, seq->num_computed_tokens,
-                       state.request.cache_namespace);
+    step.computed_end.push_back(seq->num_computed_tokens);
+    if (!s.samples) {
+      step.token_index.push_back(-1);
+      continue;
+    }
+    step.token_index.push_back(seq->num_tokens());
+    seq->tokens.push_back(-1 - row++);
+    if (seq->num_generated() >= seq->request->request.max_tokens) seq->last_token_pending = true;
+  }
+  CompleteInFlight();  // the previous step, while this one computes
+  if (step.deferred) {
+    in_flight_ = std::move(step);
+  } else {
+    CompleteStep(step);
+  }
+}
+
+void Engine::CompleteInFlight() {
+  if (!in_flight_) return;
+  LaunchedStep step = std::move(*in_flight_);
+  in_flight_.reset();
+  CompleteStep(step);
+}
+
+// A step whose Forward failed: its sequences end with an error (their K/V is not trusted).
+void Engine::FailStep(const LaunchedStep& step) {
+  for (const ScheduledSequence& s : step.scheduled) {
+    if (s.seq->finish != FinishReason::kNone) continue;  // ended while it was being planned
+    EmitFinalEvent(s.seq, FinishReason::kError);
+    FinishSequence(s.seq, FinishReason::kError);
+  }
+  ReleaseStep(step);
+}
+
+void Engine::ReleaseStep(const LaunchedStep& step) {
+  for (const ScheduledSequence& s : step.scheduled) --s.seq->steps_in_flight;
+  std::erase_if(retired_, [](const auto& seq) { return seq->steps_in_flight == 0; });
+}
+
+void Engine::CompleteStep(LaunchedStep& step) {
+  const int64_t wait_start = NowNs();
+  if (step.deferred) {
+    Status st = model_->WaitIds();
+    const int64_t wait_ns = NowNs() - wait_start;
+    counters_.forward_ns += wait_ns;
+    if (step.decode_only) counters_.decode_forward_ns += wait_ns;
+    if (!st.ok()) {
+      LOG_ERROR << "forward step failed: " << st.message();
+      FailStep(step);
+      return;
+    }
+  }
+  const int64_t finish_start = NowNs();
+  const int32_t real_rows = step.real_rows;
+  if (!step.deferred) {
+    // The rows the host samples, in parallel across rows (per-sequence RNG: order-independent).
+    row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
+    host_skip_.assign(static_cast<size_t>(real_rows), 0);
+    for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
+    SampleRows(
+        step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
+        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
+  }
+
+  size_t row = 0;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const ScheduledSequence& s = step.scheduled[i];
+    Sequence* seq = s.seq;
+    const size_t r = row;
+    if (s.samples) ++row;
+    if (seq->finish != FinishReason::kNone) continue;  // ended while this step was in flight
+    RequestState& state = *seq->request;
+    // Blocks of a sequence preempted since the launch are gone; it recomputes them.
+    if (seq->started)
+      kv_.CommitComputed(seq->id, seq->tokens, step.computed_end[i], state.request.cache_namespace);
     if (!state.admitted) {
       state.admitted = true;
       num_queued_.fetch_sub(1);
     }
-    if (seq->sample_index == 0 && seq->num_computed_tokens >= seq->prompt_len)
+    if (seq->sample_index == 0 && step.computed_end[i] >= seq->prompt_len)
       state.prompt_prefilled = true;
     if (!s.samples) continue;
 
-    SampleOutput out = std::move(row_outputs_[row]);
-    if (row_kinds_[row] != RowOutput::kCopy) out.token_id = row_ids_[row];
-    ++row;
+    SampleOutput out;
+    if (step.kinds[r] != RowOutput::kCopy) {
+      out.token_id = step.ids[r];
+    } else {
+      out = std::move(row_outputs_[r]);
+    }
+    const int32_t index = step.token_index[i];
+    seq->tokens[static_cast<size_t>(index)] = out.token_id;
     seq->sampler->Accept(out.token_id);
-    seq->tokens.push_back(out.token_id);
 
     FinishReason finish = FinishReason::kNone;
     if (std::find(state.stop_ids.begin(), state.stop_ids.end(), out.token_id) !=
         state.stop_ids.end()) {
       finish = FinishReason::kStop;
-    } else if (seq->num_generated() >= state.request.max_tokens) {
+    } else if (index + 1 - seq->prompt_len >= state.request.max_tokens) {
       finish = FinishReason::kLength;
     }
     TokenEvent event;
@@ -462,7 +567,8 @@ void Engine::RunStep(const StepPlan& plan) {
     state.stream->Push(std::move(event));
     if (finish != FinishReason::kNone) FinishSequence(seq, finish);
   }
-  counters_.finish_ns += NowNs() - forward_end;
+  ReleaseStep(step);
+  counters_.finish_ns += NowNs() - finish_start;
 }
 
 void Engine::PublishStatsAndCloseStreams() {
@@ -486,7 +592,7 @@ void Engine::Loop() {
     bool stop_now = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (live_.empty()) {
+      if (live_.empty() && !in_flight_) {
         cv_.wait(lock, [this] { return !inbox_.empty() || stopping_; });
       }
       if (stopping_ && (!drain_ || (live_.empty() && inbox_.empty()))) stop_now = true;
@@ -497,12 +603,19 @@ void Engine::Loop() {
     }
     ReapCancelled();
     if (stop_now) {
+      CompleteInFlight();
       PublishStatsAndCloseStreams();
       return;
     }
     const int64_t schedule_start = NowNs();
     StepPlan plan = scheduler_.Schedule();
     counters_.schedule_ns += NowNs() - schedule_start;
+    if (plan.empty() && in_flight_) {
+      // Nothing to add behind the step in flight (its sequences are on their last tokens).
+      CompleteInFlight();
+      PublishStatsAndCloseStreams();
+      continue;
+    }
     if (plan.empty()) {
       // Nothing fits right now (cannot last: admission guarantees a lone sequence fits).
       PublishStatsAndCloseStreams();

@@ -1,6 +1,7 @@
 // Engine: owns the scheduler, the KV bookkeeping and the step loop on ONE engine thread; callers
 // on any thread Submit() requests and read tokens from the returned ResponseStream. Each step is
-// schedule -> forward -> sample/postprocess. Requests are validated up front (lengths against the
+// schedule -> forward -> sample/postprocess; with overlapped steps (EngineConfig::overlap_steps)
+// step N + 1 is scheduled and launched before step N's tokens are read and streamed. Requests are validated up front (lengths against the
 // context and the KV capacity, sampling parameters): a request that can never run is refused with
 // the numbers instead of failing later. Submit/Stats/Shutdown are thread-safe.
 #pragma once
@@ -11,6 +12,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <variant>
@@ -37,6 +40,12 @@ struct EngineConfig {
   // Sampled rows without logits processors: drawn by the backend (Backend::SampleRows) when it
   // prefers that (a GPU), or always (tests of the CPU twin), else by the host sampler.
   enum class BackendSampling { kAuto, kAlways } backend_sampling = BackendSampling::kAuto;
+  // Overlapped steps: when every row's token is made by the backend from state the host already
+  // has (greedy or backend-sampled, no penalties, min_tokens reached, no logprobs), a step is
+  // launched before the previous step's ids are read: its decode rows take those ids as fed
+  // tokens, and the host's bookkeeping of step N runs while step N + 1 computes. A sequence that
+  // stops at step N has one wasted row in step N + 1. Outputs are identical either way.
+  bool overlap_steps = true;
 };
 
 struct EngineStats {
@@ -55,6 +64,8 @@ struct EngineStats {
   // The steps whose rows are all decode rows (one new token per sequence): count, rows, forward,
   // and the padding rows added to reach a graph bucket (Backend::DecodeGraphBuckets).
   int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0, decode_padding_rows = 0;
+  // Steps launched before the previous step's ids were read (EngineConfig::overlap_steps).
+  int64_t overlapped_steps = 0;
 };
 
 class Engine {
@@ -85,7 +96,26 @@ class Engine {
   void Loop();
   void TakeInbox();
   void ReapCancelled();
+  // A launched step: what completing it needs.
+  struct LaunchedStep {
+    std::vector<ScheduledSequence> scheduled;
+    std::vector<int32_t> computed_end;  // [scheduled] num_computed_tokens after the step
+    std::vector<int32_t> token_index;   // [scheduled] its placeholder in tokens, or -1
+    std::vector<RowOutput> kinds;       // [rows]
+    std::vector<int32_t> ids;           // [rows] tokens of kArgmax/kSample rows
+    std::span<float> logits;            // kCopy rows (never in a deferred step)
+    int32_t real_rows = 0;
+    bool decode_only = false;
+    bool deferred = false;  // ids arrive through Model::WaitIds
+  };
+  // Builds and launches one step; completes it at once unless it is deferred (then it stays in
+  // flight until the next step has launched).
   void RunStep(const StepPlan& plan);
+  // Reads the step's tokens, commits its KV blocks, streams the tokens, ends finished sequences.
+  void CompleteStep(LaunchedStep& step);
+  void CompleteInFlight();
+  void FailStep(const LaunchedStep& step);
+  void ReleaseStep(const LaunchedStep& step);  // the step no longer holds its sequences
   void FinishSequence(Sequence* seq, FinishReason reason);
   void EmitFinalEvent(Sequence* seq, FinishReason reason);
   // Publishes the step's counters for Stats(), then closes the streams of requests that ended.
@@ -104,9 +134,7 @@ class Engine {
   Scheduler scheduler_;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
-  std::vector<RowOutput> row_kinds_;               // [rows] how each row's token is made
   std::vector<RowSampling> row_sampling_;          // [rows] kSample rows' parameters and draw
-  std::vector<int32_t> row_ids_;                   // [rows] tokens of kArgmax/kSample rows
   std::vector<uint8_t> host_skip_;                 // [rows] rows the host sampler leaves alone
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
@@ -115,6 +143,9 @@ class Engine {
   // write their K/V to scratch_block_, a KV block no sequence owns.
   std::vector<int32_t> graph_buckets_;
   int32_t scratch_block_ = 0;
+  std::optional<LaunchedStep> in_flight_;  // a deferred step whose ids are not read yet
+  // Ended sequences that a step in flight still has rows of (destroyed once it completes).
+  std::vector<std::unique_ptr<Sequence>> retired_;
   EngineStats counters_;                           // engine-thread running totals
   std::vector<std::shared_ptr<ResponseStream>> streams_to_close_;  // finished this step
 

@@ -446,6 +446,97 @@ TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {
   EXPECT_EQ(stats.num_running, 0);
 }
 
+// Overlapped steps (EngineConfig::overlap_steps: a step launched before the previous step's
+// tokens are read, its decode rows fed those tokens where they were made) change nothing a client
+// sees: greedy and seeded sampled requests, ones that end early on a stop id (their wasted row in
+// the next step is dropped), n = 2, and requests whose steps cannot overlap (penalties,
+// min_tokens, logprobs), with room for every sequence and under preemption, give the same tokens,
+// finish reasons and usage with and without, and free every KV block; with it on steps did
+// overlap.
+void CheckOverlappedSteps(const std::string& dir, DeviceKind device) {
+  std::vector<GenerationRequest> requests = MakeRequests(24, 2048, 17);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SamplingParams& s = requests[i].sampling;
+    requests[i].max_tokens = 6 + static_cast<int32_t>(i % 9);
+    s.seed = 500 + i;
+    if (i % 4 == 1) {
+      s.temperature = 0.8f;
+      s.top_p = 0.9f;
+    }
+    if (i == 3 || i == 15) {
+      requests[i].n = 2;
+      s.temperature = 1.0f;
+    }
+    if (i == 6) s.repetition_penalty = 1.2f;
+    if (i == 10) s.top_logprobs = 2;
+  }
+  struct Run {
+    std::vector<Output> outputs;
+    EngineStats stats;
+  };
+  auto run = [&](bool overlap, bool tiny_kv) {
+    auto model = LoadModel(dir, device);
+    EngineConfig config;
+    config.max_running = 16;
+    config.max_step_tokens = 48;
+    config.overlap_steps = overlap;
+    config.backend_sampling = EngineConfig::BackendSampling::kAlways;
+    if (tiny_kv) config.kv_cache_bytes = model->KvBytesPerToken() * 16 * 8;
+    auto engine = Engine::Create(model.get(), config);
+    EXPECT_TRUE(engine.ok()) << engine.message();
+    std::vector<std::shared_ptr<ResponseStream>> streams;
+    for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
+    Run result;
+    for (auto& stream : streams) result.outputs.push_back(Collect(stream));
+    (*engine)->Shutdown(true);
+    result.stats = (*engine)->Stats();
+    EXPECT_EQ(result.stats.kv_blocks_used, 0);
+    EXPECT_EQ(result.stats.num_running, 0);
+    return result;
+  };
+  // Stop ids from a first run: request i stops at its third token (min_tokens 4 for one of them
+  // masks it at first).
+  const Run first = run(false, false);
+  for (size_t i = 0; i < requests.size(); i += 5) {
+    ASSERT_GE(first.outputs[i].samples[0].size(), 3u) << "request " << i;
+    requests[i].stop_token_ids = {first.outputs[i].samples[0][2]};
+  }
+  requests[5].sampling.min_tokens = 4;
+  for (bool tiny_kv : {false, true}) {
+    const Run plain = run(false, tiny_kv);
+    const Run overlapped = run(true, tiny_kv);
+    EXPECT_EQ(plain.stats.overlapped_steps, 0);
+    EXPECT_GT(overlapped.stats.overlapped_steps, 0);
+    if (tiny_kv) {
+      EXPECT_GT(overlapped.stats.preemptions, 0);
+    }
+    int stopped = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const Output& a = plain.outputs[i];
+      const Output& b = overlapped.outputs[i];
+      EXPECT_EQ(a.samples, b.samples) << "request " << i << (tiny_kv ? " (tiny KV)" : "");
+      EXPECT_EQ(a.finish, b.finish) << "request " << i;
+      EXPECT_EQ(a.usage.completion_tokens, b.usage.completion_tokens) << "request " << i;
+      stopped += b.finish == FinishReason::kStop;
+    }
+    EXPECT_GE(stopped, 3);  // the stop ids did end requests early
+  }
+}
+
+TEST(EngineTest, OverlappedStepsChangeNoToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  CheckOverlappedSteps(dir, DeviceKind::kCpu);
+}
+
+// The same on a GPU (bf16, batch-invariant GEMM: batching may differ between the runs).
+TEST(EngineTest, CudaOverlappedStepsChangeNoToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CheckOverlappedSteps(dir, DeviceKind::kCuda);
+}
+
 TEST(EngineTest, DefaultKvCacheFollowsTheMemoryBudget) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);

@@ -29,7 +29,7 @@ StepPlan Scheduler::Schedule() {
   // 1. Running sequences, oldest first. Preempt from the newest end when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    int32_t num_new = std::min(seq->num_uncomputed(), budget);
+    int32_t num_new = seq->last_token_pending ? 0 : std::min(seq->num_uncomputed(), budget);
     if (num_new == 0) {
       ++i;
       continue;

@@ -1,7 +1,9 @@
 // Sequence: one token stream being generated (a request with n samples owns n of them).
 // `num_computed_tokens` catches up with `tokens.size()`: there are no prefill/decode phases, a
 // sequence simply has uncomputed tokens (a prompt chunk, or its last sampled token). Owned and
-// mutated by the engine thread only.
+// mutated by the engine thread only. While a step is in flight (Engine: overlapped steps) the
+// token it samples for the sequence is a placeholder in `tokens`, -1 - r (the step's logits row
+// r): the next step may compute it as a fed token (BatchPlan) before the host knows it.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,8 @@ struct Sequence {
   bool ever_started = false;
   std::unique_ptr<SamplerState> sampler;
   FinishReason finish = FinishReason::kNone;
+  int32_t steps_in_flight = 0;  // launched steps with rows of this sequence, not yet completed
+  bool last_token_pending = false;  // its placeholder is its max_tokens-th token: no more rows
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - prompt_len; }
