@@ -2,7 +2,9 @@
 // (ppP: one forward of P tokens) and text generation (tgN: N single-token decode steps), median
 // and spread over R repetitions. Checks the machine first and warns when it is noisy.
 // tg generates greedily as the engine does: each step's argmax is computed where the logits are
-// (on the GPU for --device cuda), only its id comes back, and it is the next step's input.
+// (on the GPU for --device cuda), only its id comes back, and it is the next step's input, fed
+// where it was made: each step launches before the host reads the previous step's id (the
+// engine's overlapped steps; --no-overlap waits for each id first).
 // --tg-logits instead copies every step's logits row to the host and feeds a fixed token
 // sequence (what llama-bench's tg measures: llama_decode with its logits read back).
 #include <sys/resource.h>
@@ -130,20 +132,20 @@ Status Step(Model& model, const std::vector<int32_t>& tokens, int32_t first_pos,
   return model.Forward(OneSequencePlan(model, tokens, first_pos, blocks), logits);
 }
 
-// One decode step of `token` at `pos`; returns the argmax of its logits, computed by the backend.
+// One decode step of `token` at `pos` (-1: the previous step's id, fed where it was made); `*id`
+// gets the argmax of its logits, computed by the backend, at once or (defer) by Model::WaitIds.
 // (`logits` is the one-row host buffer Forward requires; this row's logits stay where they are.)
-Result<int32_t> GreedyStep(Model& model, int32_t token, int32_t pos,
-                           const std::vector<int32_t>& blocks, std::vector<float>& logits) {
-  const RowOutput kind = RowOutput::kArgmax;
-  const RowSampling unused;  // (kSample rows only)
-  int32_t id = -1;
+Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<int32_t>& blocks,
+                  std::vector<float>& logits, int32_t* id, bool defer) {
+  static const RowOutput kind = RowOutput::kArgmax;
+  static const RowSampling unused;  // (kSample rows only)
   StepOutputs out;
   out.logits = logits;
   out.row_kinds = std::span<const RowOutput>(&kind, 1);
   out.sampling = std::span<const RowSampling>(&unused, 1);
-  out.ids = std::span<int32_t>(&id, 1);
-  EMBER_RETURN_IF_ERROR(model.Forward(OneSequencePlan(model, {token}, pos, blocks), out));
-  return id;
+  out.ids = std::span<int32_t>(id, 1);
+  out.defer_ids = defer;
+  return model.Forward(OneSequencePlan(model, {token}, pos, blocks), out);
 }
 
 }  // namespace
@@ -152,10 +154,10 @@ int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t p = 512, n = 128, reps = 5, threads = 0, depth = 0;
   std::string device = "auto", batch_invariant = "off";
-  bool tg_logits = false;
+  bool tg_logits = false, no_overlap = false;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512] [-n 128] [-d 0] [-r 5] [--threads N] [--device D] "
-      "[--tg-logits]");
+      "[--tg-logits | --no-overlap]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
   flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
   flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
@@ -168,6 +170,9 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddBool("--tg-logits", &tg_logits,
                 "tg copies each step's logits row to the host and feeds fixed tokens (llama-bench's "
                 "tg) instead of generating greedily with the argmax where the logits are");
+  flags.AddBool("--no-overlap", &no_overlap,
+                "tg waits for each step's id before launching the next (the engine with "
+                "overlapped steps off)");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off: CUDA fixed-order GEMM (see ember run --help)");
   bool help = false;
@@ -178,6 +183,10 @@ int BenchCommand(int argc, char** argv, int first) {
   if (help) {
     std::printf("%s", flags.Help().c_str());
     return 0;
+  }
+  if (tg_logits && no_overlap) {
+    std::fprintf(stderr, "ember bench: --tg-logits and --no-overlap are two different tg tests\n");
+    return 2;
   }
   if (model_dir.empty() || p < 0 || n < 0 || depth < 0 || reps < 1 || threads < 0) {
     std::fprintf(stderr, "ember bench: --model is required; -p, -n, -d >= 0; -r >= 1\n");
@@ -243,16 +252,22 @@ int BenchCommand(int argc, char** argv, int first) {
   };
   auto run_tg = [&](int64_t count) -> Result<double> {
     const auto t0 = Clock::now();
-    int32_t token = 5;
+    int32_t ids[2] = {5, 5};  // step i's id lands in ids[i % 2]
     for (int64_t i = 0; i < count; ++i) {
       const int32_t pos = first_pos + static_cast<int32_t>(i);
+      int32_t* id = &ids[i % 2];
       if (tg_logits) {
         EMBER_RETURN_IF_ERROR(Step(model, {static_cast<int32_t>((i * 31 + 5) % c.vocab_size)},
                                    pos, blocks, logits));
+      } else if (no_overlap) {
+        EMBER_RETURN_IF_ERROR(GreedyStep(model, ids[(i + 1) % 2], pos, blocks, logits, id, false));
       } else {
-        EMBER_ASSIGN_OR_RETURN(token, GreedyStep(model, token, pos, blocks, logits));
+        // Launch step i with step i - 1's id fed, then read that id (as the engine does).
+        EMBER_RETURN_IF_ERROR(GreedyStep(model, i == 0 ? 5 : -1, pos, blocks, logits, id, true));
+        if (i > 0) EMBER_RETURN_IF_ERROR(model.WaitIds());
       }
     }
+    if (!tg_logits && !no_overlap && count > 0) EMBER_RETURN_IF_ERROR(model.WaitIds());
     return static_cast<double>(count) / std::chrono::duration<double>(Clock::now() - t0).count();
   };
 

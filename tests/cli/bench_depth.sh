@@ -1,8 +1,8 @@
 #!/bin/sh
 # `ember bench -d`: on the tinystories fixture, the pp/tg rows run at the requested depth and say
 # so, a depth past the model's context is refused with the numbers, and no depth keeps the plain
-# labels. Skips (77) when the fixture is absent. Env: EMBER_BIN, EMBER_FIXTURES (or
-# EMBER_FIXTURES_DEFAULT).
+# labels; the tg variants (--tg-logits, --no-overlap) run, and not together. Skips (77) when the
+# fixture is absent. Env: EMBER_BIN, EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT).
 set -u
 model="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}/models/tinystories-656k"
 if [ ! -f "$model/config.json" ]; then
@@ -24,6 +24,12 @@ echo "$out" | grep -q '@ d' && fail "a depth label without -d: $out"
 out=$("$EMBER_BIN" bench --model "$model" -p 0 -n 8 -r 1 --device cpu --tg-logits 2>&1) ||
   fail "bench --tg-logits exited $?: $out"
 echo "$out" | grep -q '| tg8 |' || fail "no tg8 row with --tg-logits: $out"
+
+out=$("$EMBER_BIN" bench --model "$model" -p 0 -n 8 -r 1 --device cpu --no-overlap 2>&1) ||
+  fail "bench --no-overlap exited $?: $out"
+echo "$out" | grep -q '| tg8 |' || fail "no tg8 row with --no-overlap: $out"
+out=$("$EMBER_BIN" bench --model "$model" -p 0 -n 8 -r 1 --device cpu --no-overlap --tg-logits 2>&1)
+[ $? = 2 ] || fail "--no-overlap with --tg-logits was accepted: $out"
 
 out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -d 500 -r 1 --device cpu 2>&1)
 code=$?
