@@ -135,7 +135,9 @@ class Backend {
   // Each output element is computed in an order independent of n (batch-invariant).
   virtual void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) = 0;
   // Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in
-  // place at plan.positions (HF rotate-half layout, first rotary_dim dims).
+  // place at plan.positions (HF rotate-half layout, first rotary_dim dims). A backend may fold the
+  // rotation (and the WriteKv of k) into the Attention of q that follows: q and k are for those
+  // two ops only, and may read unrotated afterwards (CUDA decode steps).
   virtual void Rope(int32_t rope_id, Tensor q, Tensor k) = 0;
   // Writes k, v [num_tokens, num_kv_heads, head_dim] of `layer` at plan.slot_mapping.
   virtual void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) = 0;

@@ -38,6 +38,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_rotate.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -149,13 +150,17 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // num_splits == 0: sequential mode, grid (kv heads * row tiles, 1, seqs). Otherwise split mode,
 // grid (kv heads * row tiles * num_splits, 1, seqs); partials [num_tokens, num_heads, num_splits,
 // D + 2]. blockIdx.x = (row tile * max(num_splits, 1) + split) * kv heads + kv head.
-// kBf16Kv: kv is a bf16 pool (kv.bf16). kMT: m-tiles per warp (Shape).
-template <int D, bool kBf16Kv, int kMT, bool kPrefill>
+// kBf16Kv: kv is a bf16 pool (kv.bf16). kMT: m-tiles per warp (Shape). kRope (decode shape,
+// one token per sequence, full rotary): q and the step's k arrive unrotated and the block whose
+// keys include the token first stores its rotated k and its v (`rope`), as RopeWriteKvKernel
+// would have (the same arithmetic and rounding, so the same bits).
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
-                             float* __restrict__ out) {
+                             float* __restrict__ out, RopeKvInput rope) {
   using S = Shape<D, kMT>;
+  static_assert(!kRope || (kMT == 1 && kBf16Kv && !kPrefill), "RoPE in the decode shape only");
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -315,6 +320,28 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   if (early_copy) issue_copy(slot_s[0], 0);
   PdlWait();
   PdlTrigger();
+  if constexpr (kRope) {
+    const int32_t p = plan.positions[seq.x];
+    const int64_t slot = plan.slot_mapping[seq.x];  // < 0: a padding row, nothing stored
+    if (slot >= 0 && tile_begin <= p / kKeys && p / kKeys <= tile_end) {
+      constexpr int kHalf = D / 2;
+      const float* cos_row = rope.cos_table + static_cast<int64_t>(p) * kHalf;
+      const float* sin_row = rope.sin_table + static_cast<int64_t>(p) * kHalf;
+      const int64_t src = (static_cast<int64_t>(seq.x) * a.num_kv_heads + kv_head) * D;
+      const int64_t dst = slot * kv_row + static_cast<int64_t>(kv_head) * D;
+      __nv_bfloat16* k_pool = reinterpret_cast<__nv_bfloat16*>(kv.k);
+      __nv_bfloat16* v_pool = reinterpret_cast<__nv_bfloat16*>(kv.v);
+      for (int i = threadIdx.x; i < kHalf; i += kWarps * 32) {
+        const float2 y = RotatePair(rope.k[src + i], rope.k[src + i + kHalf], cos_row[i], sin_row[i]);
+        k_pool[dst + i] = __float2bfloat16_rn(y.x);
+        k_pool[dst + i + kHalf] = __float2bfloat16_rn(y.y);
+      }
+      for (int i = threadIdx.x; i < D; i += kWarps * 32)
+        v_pool[dst + i] = __float2bfloat16_rn(rope.v[src + i]);
+    }
+    __threadfence_block();  // the stores before this block's copies of the token's tile
+    __syncthreads();
+  }
 
   // kMT == 1: Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
   // kMT > 1: Q rounded to bf16 the same way into q_s (zero rows past `rows`), read by ldmatrix.
@@ -322,18 +349,41 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   if constexpr (kMT == 1) {
     const float* q0 = q + (static_cast<int64_t>(row_token(0, 0)) * a.num_heads + row_head(0, 0)) * D;
     const float* q1 = q + (static_cast<int64_t>(row_token(0, 1)) * a.num_heads + row_head(0, 1)) * D;
+    // x[ks]: rows g, g + 8 at columns c = 16 ks + 2t (+1), then c + 8 (+1).
+    float2 x[D / 16][4];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const int c = ks * 16 + 2 * t;
       const float2 z = make_float2(0.f, 0.f);
-      const float2 x0 = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c) : z;
-      const float2 x1 = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c) : z;
-      const float2 x2 = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c + 8) : z;
-      const float2 x3 = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
-      qf[ks][0] = PackBf16(x0.x, x0.y);
-      qf[ks][1] = PackBf16(x1.x, x1.y);
-      qf[ks][2] = PackBf16(x2.x, x2.y);
-      qf[ks][3] = PackBf16(x3.x, x3.y);
+      x[ks][0] = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c) : z;
+      x[ks][1] = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c) : z;
+      x[ks][2] = pos[0][0] >= 0 ? *reinterpret_cast<const float2*>(q0 + c + 8) : z;
+      x[ks][3] = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
+    }
+    if constexpr (kRope) {
+      // Rotate-half pairs (column c, c + D / 2): both in this thread, ks and ks + D / 32. The
+      // block's rows are one token's heads, all at its position.
+      const int32_t p = plan.positions[seq.x];
+      const float* cos_row = rope.cos_table + static_cast<int64_t>(p) * (D / 2);
+      const float* sin_row = rope.sin_table + static_cast<int64_t>(p) * (D / 2);
+#pragma unroll
+      for (int ks = 0; ks < D / 32; ++ks) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = ks * 16 + 2 * t + (j >= 2 ? 8 : 0);
+          float2& lo = x[ks][j];
+          float2& hi = x[ks + D / 32][j];
+          const float2 y0 = RotatePair(lo.x, hi.x, cos_row[c], sin_row[c]);
+          const float2 y1 = RotatePair(lo.y, hi.y, cos_row[c + 1], sin_row[c + 1]);
+          lo = make_float2(y0.x, y1.x);
+          hi = make_float2(y0.y, y1.y);
+        }
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) qf[ks][j] = PackBf16(x[ks][j].x, x[ks][j].y);
     }
   } else {
     // Batches of kBatch float2 loads in flight before their conversions.
@@ -718,17 +768,17 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
   }
 }
 
-template <int D, bool kBf16Kv, int kMT, bool kPrefill>
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
-                  float* out, cudaStream_t stream) {
+                  float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT>;
   constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv>;
+  constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
-      CUDA_CHECK(cudaFuncSetAttribute(AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmemBytes)));
     });
   }
@@ -736,31 +786,39 @@ void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& 
   const dim3 grid(
       static_cast<uint32_t>(row_tiles * (num_splits > 0 ? num_splits : 1) * args.num_kv_heads), 1,
       plan.num_seqs);
-  LaunchPdl(AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill>, grid, dim3(kWarps * 32), kSmemBytes,
-            stream, args, q, kv, plan, num_splits, partials, out);
+  LaunchPdl(kKernel, grid, dim3(kWarps * 32), kSmemBytes, stream, args, q, kv, plan, num_splits,
+            partials, out, rope);
 }
+
+// The head dims with a RoPE-fused decode kernel (each instantiation costs build time).
+constexpr bool RopeFusedDim(int32_t d) { return d == 64 || d == 128; }
 
 // The two-m-tile (prefill) shape when a sequence has more rows than one decode-shape block.
 template <int D>
 void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
               const PlanView& plan, int32_t max_query_len, int32_t num_splits, float* partials,
-              float* out, cudaStream_t stream) {
+              float* out, const RopeKvInput* rope, cudaStream_t stream) {
   if constexpr (D <= kMaxHeadDim) {
     if (args.head_dim != D) {
-      Dispatch<D + 16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+      Dispatch<D + 16>(args, q, kv, plan, max_query_len, num_splits, partials, out, rope, stream);
       return;
     }
     const int64_t max_rows =
         static_cast<int64_t>(max_query_len) * (args.num_heads / args.num_kv_heads);
-    if (!kv.bf16) {
+    if (rope != nullptr) {
+      if constexpr (RopeFusedDim(D)) {
+        LaunchForDim<D, true, 1, false, true>(args, q, kv, plan, max_rows, num_splits, partials,
+                                              out, *rope, stream);
+      }
+    } else if (!kv.bf16) {
       LaunchForDim<D, false, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
-                                       stream);
+                                       {}, stream);
     } else if (max_rows <= Shape<D, 1>::kRowsPerBlock) {
-      LaunchForDim<D, true, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
+      LaunchForDim<D, true, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out, {},
                                       stream);
     } else {
       LaunchForDim<D, true, kPrefillMTiles<D>, true>(args, q, kv, plan, max_rows, num_splits,
-                                                      partials, out, stream);
+                                                      partials, out, {}, stream);
     }
   }
 }
@@ -775,6 +833,13 @@ int32_t AttentionInvariantRowsPerBlock(int32_t head_dim) {  // the decode shape'
   return head_dim > 128 ? 16 * kWarps / 2 : 16 * kWarps;
 }
 
+bool AttentionInvariantCanFuseRope(const AttentionArgs& args, int32_t rotary_dim,
+                                   int32_t max_query_len, const KvLayerView& kv) {
+  return AttentionInvariantSupported(args.head_dim) && RopeFusedDim(args.head_dim) &&
+         rotary_dim == args.head_dim && max_query_len == 1 && kv.bf16 &&
+         args.num_heads / args.num_kv_heads <= AttentionInvariantRowsPerBlock(args.head_dim);
+}
+
 int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
                                          int32_t num_splits) {
   return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
@@ -782,11 +847,14 @@ int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads, 
 
 void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                               const PlanView& plan, int32_t max_query_len, int32_t num_splits,
-                              float* partials, float* out, cudaStream_t stream) {
+                              float* partials, float* out, const RopeKvInput* rope,
+                              cudaStream_t stream) {
   if (plan.num_tokens == 0 || plan.num_seqs == 0 || max_query_len <= 0) return;
   CHECK(AttentionInvariantSupported(args.head_dim)) << "head_dim " << args.head_dim;
   CHECK(num_splits == 0 || partials != nullptr);
-  Dispatch<16>(args, q, kv, plan, max_query_len, num_splits, partials, out, stream);
+  CHECK(rope == nullptr ||
+        AttentionInvariantCanFuseRope(args, rope->rotary_dim, max_query_len, kv));
+  Dispatch<16>(args, q, kv, plan, max_query_len, num_splits, partials, out, rope, stream);
   if (num_splits > 0) {
     LaunchPdl(AttentionInvariantCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128), 0,
               stream, args, plan, num_splits, static_cast<const float*>(partials), out);

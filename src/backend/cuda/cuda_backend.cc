@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
   void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override;
   void Attention(const AttentionParams& params, const Tensor& q, Tensor out) override;
   void AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
-                          const cuda::KvLayerView& kv, float* op);
+                          const cuda::KvLayerView& kv, float* op, int32_t layer);
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
@@ -334,6 +334,14 @@ class CudaBackend final : public Backend {
     int32_t num_heads = 0, rope_id = 0;
   };
   LastRope last_rope_;
+  // The last recorded op when it is a RopeWriteKv: the decode Attention of its q over its layer
+  // can take it over (one launch; q and k are then left unrotated, which nothing else reads).
+  struct LastRopeKv {
+    uint64_t record = ~uint64_t{0};
+    const float *q = nullptr, *k = nullptr, *v = nullptr;
+    int32_t layer = 0, rope_id = 0;
+  };
+  LastRopeKv last_rope_kv_;
   // Adds `part` (one weight over x) to a multi-part launch: amends the last recorded op when it
   // is a `group` launch over the same x, else records a new one with `scratch_bytes` of step
   // workspace. `launch` enqueues all parts at once.
@@ -893,6 +901,7 @@ void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
       cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, spec.rotary_dim, cos, sin,
                               spec.max_positions, kv, plan, st);
     });
+    last_rope_kv_ = LastRopeKv{recorder_.records(), r.q, r.k, vp, layer, r.rope_id};
     return;
   }
   recorder_.Record({6, KeyOf(k.data), KeyOf(v.data), KeyOf(kv.k), KeyOf(kv.v),
@@ -919,7 +928,7 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   // per-step split-K decode and flash prefill kernels it replaced, docs/perf.md); those f32
   // kernels below serve the parity mode and head dims it does not support.
   if (!f32_compute_ && cuda::AttentionInvariantSupported(params.head_dim)) {
-    AttentionInvariant(args, qp, kv, op);
+    AttentionInvariant(args, qp, kv, op, params.layer);
     return;
   }
   CHECK(!kv.bf16);  // the f32 kernels below read float32 pools
@@ -964,7 +973,7 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
 // key split, then a fold kernel) only when the row tiles alone would leave SMs idle; it gives the
 // same bits as the sequential mode.
 void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
-                                     const cuda::KvLayerView& kv, float* op) {
+                                     const cuda::KvLayerView& kv, float* op, int32_t layer) {
   const cuda::PlanView plan = plan_;
   const int32_t max_query_len = max_query_len_;
   const int64_t group = args.num_heads / args.num_kv_heads;
@@ -983,6 +992,29 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
       partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
     }
   }
+  // A decode step's attention right after the RopeWriteKv of its q and layer takes it over:
+  // one launch instead of two (the same bits; `RopeWriteKvFoldsIntoDecodeAttention`).
+  const LastRopeKv& r = last_rope_kv_;
+  if (!recorder_.empty() && recorder_.records() == r.record && r.q == qp && r.layer == layer &&
+      cuda::AttentionInvariantCanFuseRope(
+          args, ropes_[static_cast<size_t>(r.rope_id)].spec.rotary_dim, max_query_len, kv)) {
+    const DeviceRope& rope = ropes_[static_cast<size_t>(r.rope_id)];
+    const cuda::RopeKvInput in{r.k, r.v, rope.cos.as<float>(), rope.sin.as<float>(),
+                               rope.spec.rotary_dim};
+    // Op 17 (profiled as "RopeAttention").
+    const std::array<uint64_t, 21> key = {
+        17,           KeyOf(qp),         KeyOf(op),           KeyOf(kv.k),
+        KeyOf(kv.v),  U(args.num_heads), U(args.num_kv_heads), U(args.head_dim),
+        KeyOf(args.scale), U(args.sliding_window), KeyOf(args.softcap), U(splits),
+        KeyOf(partials), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
+        U(plan.block_size), KeyOf(in.k),  KeyOf(in.v),        KeyOf(in.cos_table),
+        KeyOf(plan.slot_mapping)};
+    recorder_.ReplaceLast(key, [=](cudaStream_t st) {
+      cuda::LaunchAttentionInvariant(args, qp, kv, plan, max_query_len, splits, partials, op, &in,
+                                     st);
+    });
+    return;
+  }
   // Op 7 (profiled as "Attention"); 1000 + splits tells these launches from the per-step ones.
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
@@ -991,7 +1023,7 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
                     U(plan.block_size)},
                    [=](cudaStream_t st) {
                      cuda::LaunchAttentionInvariant(args, qp, kv, plan, max_query_len, splits,
-                                                    partials, op, st);
+                                                    partials, op, nullptr, st);
                    });
 }
 
@@ -1203,7 +1235,7 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
                                        "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
                                        "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
                                        "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)",
-                                       "RopeWriteKv"};
+                                       "RopeWriteKv", "?", "RopeAttention"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

@@ -674,11 +674,13 @@ TEST_F(CudaOpsTest, RopeWriteKvEqualsRopeThenWriteKv) {
           b.Rope(rope, q, k);
           if (fused == 0) got[0][1] = Download(b, k);  // flushes: WriteKv records on its own
           b.WriteKv(0, k, v);
+          // (Downloaded before the Attention: one right after the RopeWriteKv of a decode step
+          // would take it over and leave q and k unrotated, RopeWriteKvFoldsIntoDecodeAttention.)
+          if (fused == 1) got[1][1] = Download(b, k);
+          got[fused][2] = Download(b, q);
           Tensor out = b.Alloc({n, heads * D});
           b.Attention(AttentionParams{0, heads, kv_heads, D, 0.125f, 0, 0.f}, q, out);
           got[fused][0] = Download(b, out);
-          if (fused == 1) got[1][1] = Download(b, k);
-          got[fused][2] = Download(b, q);
           bool saw_fused = false;
           for (const CudaOpTime& t : CudaGetOpProfile(b)) saw_fused |= t.op == "RopeWriteKv";
           EXPECT_EQ(saw_fused, fused == 1);
@@ -688,6 +690,91 @@ TEST_F(CudaOpsTest, RopeWriteKvEqualsRopeThenWriteKv) {
               << "output " << i << " rotary " << rotary << " kv_f32 " << kv_f32 << " n " << n;
         }
       }
+    }
+  }
+}
+
+// A decode step's Attention right after the RopeWriteKv of its q takes that launch over (one
+// "RopeAttention" launch): the same output bits as RopeWriteKv then Attention, and the same K/V
+// in the pool, seen through a later step's attention over every position; head dims 64 and 128,
+// GQA, contexts in one key split and in several (split mode), a graph-replayed repeat.
+TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
+  const int32_t heads = 8, kv_heads = 2, seqs = 3, bs = 16;
+  for (int32_t D : {64, 128}) {
+    for (int32_t ctx : {37, 700}) {
+      const int32_t blocks_per_seq = (ctx + 3 + bs - 1) / bs;
+      std::vector<float> got[2][3];
+      for (int fold = 0; fold < 2; ++fold) {
+        CudaBackendOptions options;
+        options.profile_ops = fold == 1;  // (profiling flushes eagerly: no graphs)
+        auto created = CreateCudaBackend(0, options);
+        ASSERT_TRUE(created.ok()) << created.status().message();
+        Backend& b = **created;
+        ASSERT_TRUE(b.AllocateKvPool(1, seqs * blocks_per_seq, bs, kv_heads, D).ok());
+        RopeSpec spec;
+        spec.head_dim = D;
+        spec.rotary_dim = D;
+        spec.max_positions = 1024;
+        const int32_t rope = b.CreateRope(spec).value();
+        const AttentionParams ap{0, heads, kv_heads, D, 1.0f / 8, 0, 0.f};
+        auto table = [&](int32_t s) {
+          std::vector<int32_t> t;
+          for (int32_t i = 0; i < blocks_per_seq; ++i) t.push_back(s * blocks_per_seq + i);
+          return t;
+        };
+        // One step: `len` tokens per sequence from position `first[s]`; returns the attention.
+        auto step = [&](const std::vector<int32_t>& first, int32_t len, uint32_t seed,
+                        bool flush_before_attention) {
+          BatchPlan plan;
+          plan.block_size = bs;
+          for (int32_t s = 0; s < seqs; ++s)
+            plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 1), first[s],
+                             table(s), true);
+          EXPECT_TRUE(b.BeginStep(plan).ok());
+          const int64_t n = plan.num_tokens();
+          Tensor q = Upload(b, Random(static_cast<size_t>(n * heads * D), seed), {n, heads, D});
+          Tensor k =
+              Upload(b, Random(static_cast<size_t>(n * kv_heads * D), seed + 1), {n, kv_heads, D});
+          Tensor v =
+              Upload(b, Random(static_cast<size_t>(n * kv_heads * D), seed + 2), {n, kv_heads, D});
+          b.Rope(rope, q, k);
+          b.WriteKv(0, k, v);
+          if (flush_before_attention) (void)Download(b, v);
+          Tensor out = b.Alloc({n, heads * D});
+          b.Attention(ap, q, out);
+          return Download(b, out);
+        };
+        // The context (the same in both runs), then two decode steps and a 2-token step.
+        std::vector<int32_t> at = {ctx - 4, ctx - 1, ctx - 9};
+        BatchPlan fill;
+        fill.block_size = bs;
+        for (int32_t s = 0; s < seqs; ++s)
+          fill.AddSequence(std::vector<int32_t>(static_cast<size_t>(at[s]), 1), 0, table(s), true);
+        ASSERT_TRUE(b.BeginStep(fill).ok());
+        {
+          const int64_t n = fill.num_tokens();
+          Tensor q = Upload(b, Random(static_cast<size_t>(n * heads * D), 60), {n, heads, D});
+          Tensor k = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 61), {n, kv_heads, D});
+          Tensor v = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 62), {n, kv_heads, D});
+          b.Rope(rope, q, k);
+          b.WriteKv(0, k, v);
+          Tensor out = b.Alloc({n, heads * D});
+          b.Attention(ap, q, out);
+          (void)Download(b, out);
+        }
+        got[fold][0] = step(at, 1, 70, fold == 0);
+        for (int32_t& p : at) ++p;
+        got[fold][1] = step(at, 1, 80, fold == 0);
+        for (int32_t& p : at) ++p;
+        got[fold][2] = step(at, 2, 90, false);  // two rows per sequence: never folded
+        if (fold == 1) {
+          bool saw = false;
+          for (const CudaOpTime& t : CudaGetOpProfile(b)) saw |= t.op == "RopeAttention";
+          EXPECT_TRUE(saw) << "D " << D;
+        }
+      }
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(got[0][i], got[1][i]) << "D " << D << " ctx " << ctx << " step " << i;
     }
   }
 }

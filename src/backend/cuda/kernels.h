@@ -183,9 +183,25 @@ bool AttentionInvariantSupported(int32_t head_dim);
 int32_t AttentionInvariantRowsPerBlock(int32_t head_dim);  // (token, head) rows per block
 int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads,
                                          int32_t head_dim, int32_t num_splits);
+// The step's RoPE and K/V store done by the attention kernel itself (LaunchAttentionInvariant's
+// `rope`; else q must be rotated and the K/V stored already, LaunchRopeWriteKv): q and k
+// unrotated, k and v [num_tokens, num_kv_heads, head_dim] f32, the cos/sin tables of
+// LaunchRope. The same bits as LaunchRopeWriteKv then attention. Only where
+// AttentionInvariantCanFuseRope: decode steps (one row per sequence) over a bf16 pool, full
+// rotary, head dims 64 and 128, the GQA group in one block.
+struct RopeKvInput {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* cos_table = nullptr;
+  const float* sin_table = nullptr;
+  int32_t rotary_dim = 0;
+};
+bool AttentionInvariantCanFuseRope(const AttentionArgs& args, int32_t rotary_dim,
+                                   int32_t max_query_len, const KvLayerView& kv);
 void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                               const PlanView& plan, int32_t max_query_len, int32_t num_splits,
-                              float* partials, float* out, cudaStream_t stream);
+                              float* partials, float* out, const RopeKvInput* rope,
+                              cudaStream_t stream);
 }  // namespace ember::cuda
 
 // ---- logit_edits.cu ----
