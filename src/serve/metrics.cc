@@ -153,6 +153,9 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
   Counter("ember_engine_decode_padding_rows_total",
           "Rows added to decode steps to reach a captured batch-size bucket.",
           e.decode_padding_rows, &out);
+  Counter("ember_engine_overlapped_steps_total",
+          "Engine steps launched before the previous step's tokens were read.",
+          e.overlapped_steps, &out);
   Gauge("ember_open_streams", "Streaming responses in progress.", open_streams_, &out);
   Gauge("ember_queue_depth", "Requests waiting for admission.", e.num_queued, &out);
   Gauge("ember_running_sequences", "Sequences in the running batch.", e.num_running, &out);
@@ -192,7 +195,8 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"forward_seconds", e.forward_ns / 1e9},
         {"decode_steps", e.decode_steps},
         {"decode_rows", e.decode_rows},
-        {"decode_padding_rows", e.decode_padding_rows}}},
+        {"decode_padding_rows", e.decode_padding_rows},
+        {"overlapped_steps", e.overlapped_steps}}},
       {"kv_cache",
        {{"blocks_total", e.kv_blocks_total},
         {"blocks_used", e.kv_blocks_used},

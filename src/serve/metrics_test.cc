@@ -36,10 +36,12 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   e.prefix_query_tokens = 100;
   e.prefix_hit_tokens = 25;
   e.decode_padding_rows = 6;
+  e.overlapped_steps = 9;
   e.forward_ns = 1500000000;
   const std::string text = m.Prometheus(e);
   EXPECT_NE(text.find("ember_engine_decode_padding_rows_total 6\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_forward_seconds_total 1.5\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_engine_overlapped_steps_total 9\n"), std::string::npos);
   EXPECT_NE(text.find("ember_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2"),
             std::string::npos);
   EXPECT_NE(text.find("ember_queue_depth 3\n"), std::string::npos);
@@ -51,6 +53,7 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_EQ(j["tokens"]["generated"], 5);
   EXPECT_EQ(j["engine"]["queue_depth"], 3);
   EXPECT_EQ(j["engine"]["decode_padding_rows"], 6);
+  EXPECT_EQ(j["engine"]["overlapped_steps"], 9);
   EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
 }
 
