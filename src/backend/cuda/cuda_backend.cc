@@ -270,11 +270,7 @@ class CudaBackend final : public Backend {
   uint64_t delivery_step_ = ~uint64_t{0};  // the step deliveries_.back() belongs to
   IdsDelivery& StepDelivery();
   // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
-  struct PinnedDeleter {
-    void operator()(float* p) const { CUDA_CHECK(cudaFreeHost(p)); }
-  };
-  std::unique_ptr<float, PinnedDeleter> pinned_;
-  size_t pinned_count_ = 0;
+  PinnedBytes host_buffer_;
 
   int device_;
   bool f32_compute_;
@@ -1104,14 +1100,8 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
 }
 
 std::span<float> CudaBackend::HostBuffer(size_t count) {
-  if (count > pinned_count_) {
-    pinned_.reset();
-    float* p = nullptr;
-    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(float)));
-    pinned_.reset(p);
-    pinned_count_ = count;
-  }
-  return {pinned_.get(), count};
+  host_buffer_.Reserve(count * sizeof(float));
+  return {reinterpret_cast<float*>(host_buffer_.data()), count};
 }
 
 Result<BackendMemory> CudaBackend::MemoryInfo() const {
