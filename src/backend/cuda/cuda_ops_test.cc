@@ -722,13 +722,13 @@ TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
           for (int32_t i = 0; i < blocks_per_seq; ++i) t.push_back(s * blocks_per_seq + i);
           return t;
         };
-        // One step: `len` tokens per sequence from position `first[s]`; returns the attention.
-        auto step = [&](const std::vector<int32_t>& first, int32_t len, uint32_t seed,
-                        bool flush_before_attention) {
+        // One step: len[s] tokens of sequence s from position first[s]; returns the attention.
+        auto step = [&](const std::vector<int32_t>& first, const std::vector<int32_t>& len,
+                        uint32_t seed, bool flush_before_attention) {
           BatchPlan plan;
           plan.block_size = bs;
           for (int32_t s = 0; s < seqs; ++s)
-            plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 1), first[s],
+            plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(len[s]), 1), first[s],
                              table(s), true);
           EXPECT_TRUE(b.BeginStep(plan).ok());
           const int64_t n = plan.num_tokens();
@@ -746,27 +746,13 @@ TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
         };
         // The context (the same in both runs), then two decode steps and a 2-token step.
         std::vector<int32_t> at = {ctx - 4, ctx - 1, ctx - 9};
-        BatchPlan fill;
-        fill.block_size = bs;
-        for (int32_t s = 0; s < seqs; ++s)
-          fill.AddSequence(std::vector<int32_t>(static_cast<size_t>(at[s]), 1), 0, table(s), true);
-        ASSERT_TRUE(b.BeginStep(fill).ok());
-        {
-          const int64_t n = fill.num_tokens();
-          Tensor q = Upload(b, Random(static_cast<size_t>(n * heads * D), 60), {n, heads, D});
-          Tensor k = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 61), {n, kv_heads, D});
-          Tensor v = Upload(b, Random(static_cast<size_t>(n * kv_heads * D), 62), {n, kv_heads, D});
-          b.Rope(rope, q, k);
-          b.WriteKv(0, k, v);
-          Tensor out = b.Alloc({n, heads * D});
-          b.Attention(ap, q, out);
-          (void)Download(b, out);
-        }
-        got[fold][0] = step(at, 1, 70, fold == 0);
+        const std::vector<int32_t> ones(seqs, 1), twos(seqs, 2);
+        (void)step(std::vector<int32_t>(seqs, 0), at, 60, false);
+        got[fold][0] = step(at, ones, 70, fold == 0);
         for (int32_t& p : at) ++p;
-        got[fold][1] = step(at, 1, 80, fold == 0);
+        got[fold][1] = step(at, ones, 80, fold == 0);
         for (int32_t& p : at) ++p;
-        got[fold][2] = step(at, 2, 90, false);  // two rows per sequence: never folded
+        got[fold][2] = step(at, twos, 90, false);  // two rows per sequence: never folded
         if (fold == 1) {
           bool saw = false;
           for (const CudaOpTime& t : CudaGetOpProfile(b)) saw |= t.op == "RopeAttention";
