@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -64,6 +65,14 @@ __device__ __forceinline__ PartTile SelectPart(const GemmParts& p, int tile, int
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+// The same, its L2 lines under `policy` (cache_hints.cuh).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid,
+                                          uint64_t policy) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "l"(policy)
                : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() {
@@ -221,12 +230,16 @@ __global__ void __launch_bounds__(W * 32, W == 8 ? 2 : 1)
     xdst[i] = static_cast<uint32_t>(C::kWBytes + (r * C::kLd + cc * C::kXPer) * C::kXElem);
     xcol[i] = cc * C::kXPer;
   }
+  // A launch of one CTA column reads each weight once: its lines go first from the L2. Wider
+  // launches read every weight tile once per column, so those keep the normal priority.
+  const uint64_t w_policy = gridDim.y == 1 ? EvictFirstPolicy() : EvictNormalPolicy();
   auto load_w = [&](int64_t kt, int slot) {
     const uint32_t base = smem0 + slot * C::kStageBytes;
 #pragma unroll
     for (int i = 0; i < C::kWCopies; ++i) {
       const bool in_k = kt * BK + wcol[i] < k;
-      if (wrow_ok[i]) CpAsync16(base + wdst[i], in_k ? wsrc[i] + kt * BK : wsrc[i], in_k);
+      if (wrow_ok[i])
+        CpAsync16(base + wdst[i], in_k ? wsrc[i] + kt * BK : wsrc[i], in_k, w_policy);
     }
   };
   auto load_x = [&](int64_t kt, int slot) {

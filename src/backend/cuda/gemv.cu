@@ -1,7 +1,8 @@
 // The one-row MatMul of batch-1 decode: out_p[m_p] = W_p[m_p, k] x[k] (+ bias_p) for up to
 // kGemvMaxParts weights sharing one x (q/k/v, gate/up) in ONE launch. bf16 W read once with
 // 16-byte loads (double-buffered, 4 per lane per batch; the first batch is issued before waiting
-// on the previous kernel: programmatic dependent launch, pdl.cuh), f32 x, f32 accumulation. One
+// on the previous kernel: programmatic dependent launch, pdl.cuh; no L1 allocation and evict-first
+// in the L2: cache_hints.cuh), f32 x, f32 accumulation. One
 // warp computes a row, except in launches of >= 4,096 rows of k >= 4,096: there two warps of a
 // block each take one half of the row's k and their sums are added in order, which doubles the
 // independent load chains. H200, bench/gemv_bench: 8B q/k/v 19.0 -> 16.6 us, down 37.5 -> 34.1 us,
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -86,12 +88,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t begin = slice * slice_len;
   const int64_t end = valid ? min(k, begin + slice_len) : 0;
   float acc = 0.f;
+  const uint64_t policy = EvictFirstPolicy();
   const __nv_bfloat16* w_row = valid ? w_part + local * k : w_part;  // (no pointer past the end)
   auto load = [&](uint4 (&raw)[kLoadsInFlight], int64_t base) {
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int64_t c = base + u * kStride;
-      raw[u] = c < end ? __ldg(reinterpret_cast<const uint4*>(w_row + c)) : make_uint4(0, 0, 0, 0);
+      raw[u] = c < end ? LoadStreaming16(w_row + c, policy) : make_uint4(0, 0, 0, 0);
     }
   };
   // The first weights stream in while the previous kernel finishes (x is not read before this).
