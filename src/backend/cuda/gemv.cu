@@ -27,8 +27,8 @@
 namespace ember::cuda {
 namespace {
 
-// 4 warps (4 rows, or 2 split rows) per block: 8 blocks per SM at the kernel's 61 registers,
-// the same 32 warps as 2 blocks of 8 but finer tails. H200, same call (docs/perf.md, session
+// 4 warps (4 rows, or 2 split rows) per block: 8 blocks per SM at 64 registers (7 for the
+// unsplit kernel, see kMinBlocks), the same 32 warps as 2 blocks of 8 but finer tails. H200, same call (docs/perf.md, session
 // 11): decode ms/step 1B 1.042 / 1.025 -> 1.017 / 1.015, 8B 4.655 / 4.593 -> 4.578 / 4.589;
 // gemv_bench equal or 1-3% faster per weight group; 2 warps no better.
 constexpr int kWarpsPerBlock = 4;
@@ -42,6 +42,13 @@ constexpr int64_t kSplitMinRows = 4096;
 // vs none 1.033 / 1.070 / 1.001 / 1.000, 8B 4.577 / 4.625 / 4.492 / 4.503 vs 4.621 / 4.643 /
 // 4.526 / 4.527; 8 MB no better, 16 and 32 MB slower.
 constexpr int64_t kPrefetchBytes = int64_t{4} << 20;
+// __launch_bounds__'s blocks-per-SM hint (0: none). With a hint of 1, ptxas schedules the unsplit
+// kernel in 68 registers instead of 64 (7 blocks per SM instead of 8; the same PTX apart from the
+// hint, so the same arithmetic): `ember bench` tg128 on the 1B 1,071.0 / 1,071.4 -> 1,089.7 /
+// 1,088.8 tok/s. The split kernel got slower with it (8B 234.5 -> 227.3), so it has none. H200,
+// same call (docs/perf.md, session 14).
+template <int kSplit>
+constexpr int kMinBlocks = kSplit == 1 ? 1 : 0;
 
 struct GemvParams {
   const __nv_bfloat16* w[kGemvMaxParts];
@@ -66,7 +73,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 // cut into kSplit slices of whole 256-element lane strides, one warp each, and the slices' warp
 // sums are added in slice order (kSplit = 1: one warp per row).
 template <int kSplit>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks<kSplit>)
     GemvBf16Kernel(const float* __restrict__ x, GemvParams p, int64_t k) {
   constexpr int kRowsPerBlock = kWarpsPerBlock / kSplit;
   __shared__ float slice_sum[kWarpsPerBlock];
@@ -175,12 +182,16 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   const int64_t prefetch_bytes = std::min(next.bytes, kPrefetchBytes) / 16 * 16;
   if (next.w != nullptr && prefetch_bytes > 0 && reinterpret_cast<uintptr_t>(next.w) % 16 == 0) {
     // The last wave: the blocks that start only once every earlier block has a slot.
-    static const int64_t resident = [] {
+    // (The two kernels differ in registers, so each has its own count.)
+    auto resident_of = [](void (*kernel)(const float*, GemvParams, int64_t)) {
       int per_sm = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvBf16Kernel<1>,
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
                                                                kWarpsPerBlock * 32, 0));
       return int64_t{per_sm} * CurrentDeviceSmCount();
-    }();
+    };
+    static const int64_t resident_unsplit = resident_of(GemvBf16Kernel<1>);
+    static const int64_t resident_split = resident_of(GemvBf16Kernel<2>);
+    const int64_t resident = split ? resident_split : resident_unsplit;
     p.prefetch_block = static_cast<unsigned>(std::max<int64_t>(0, blocks - resident));
     const int64_t warps = (blocks - p.prefetch_block) * int64_t{kWarpsPerBlock};
     p.prefetch = static_cast<const unsigned char*>(next.w);
