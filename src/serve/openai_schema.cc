@@ -210,6 +210,16 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, CommonParams
             &seed));
   if (seed) p->seed = static_cast<uint64_t>(*seed);
   EMBER_RETURN_IF_API_ERROR(ParseStop(r, limits, &p->stop));
+  EMBER_RETURN_IF_API_ERROR(r.Bool("ignore_eos", &p->ignore_eos));
+  std::optional<int32_t> min_tokens;
+  EMBER_RETURN_IF_API_ERROR(r.Int32("min_tokens", 0, INT32_MAX, &min_tokens));
+  p->min_tokens = min_tokens.value_or(0);
+  if (p->max_tokens && p->min_tokens > *p->max_tokens) {
+    return InvalidRequest("min_tokens: must not exceed max_tokens (" +
+                              std::to_string(*p->max_tokens) + "); got " +
+                              std::to_string(p->min_tokens),
+                          r.Path("min_tokens"));
+  }
   std::optional<int32_t> n;
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);

@@ -39,6 +39,10 @@ struct CommonParams {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int32_t top_logprobs = -1;   // -1: no logprobs; else the chosen token + this many alternatives
+  // vLLM's extensions: generate through the model's EOS ids (the request's stop strings still
+  // stop), and mask the EOS ids until this many tokens were generated.
+  bool ignore_eos = false;
+  int32_t min_tokens = 0;
 };
 
 struct ChatRequest {

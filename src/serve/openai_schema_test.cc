@@ -58,6 +58,22 @@ TEST(OpenAiSchemaTest, ParsesAFullChatRequest) {
   EXPECT_EQ(req.chat_template_kwargs["enable_thinking"], false);
 }
 
+// vLLM's extensions for fixed-length generations (benchmarks): both endpoints.
+TEST(OpenAiSchemaTest, ParsesIgnoreEosAndMinTokens) {
+  ChatRequest chat;
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":true,
+                       "max_tokens":9,"min_tokens":9})",
+                    &chat));
+  EXPECT_TRUE(chat.params.ignore_eos);
+  EXPECT_EQ(chat.params.min_tokens, 9);
+  CompletionRequest completion;
+  ASSERT_FALSE(Completion(R"({"prompt":"a","min_tokens":3})", &completion));
+  EXPECT_FALSE(completion.params.ignore_eos);
+  EXPECT_EQ(completion.params.min_tokens, 3);
+  ASSERT_FALSE(Completion(R"({"prompt":"a"})", &completion));
+  EXPECT_EQ(completion.params.min_tokens, 0);
+}
+
 TEST(OpenAiSchemaTest, NullsCountAsAbsent) {
   ChatRequest req;
   ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"temperature":null,
@@ -103,6 +119,10 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
       {R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615})", "seed"},
       {R"({"messages":[{"role":"user","content":"hi"}],"user":5})", "user"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":1})", "ignore_eos"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"min_tokens":-1})", "min_tokens"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"min_tokens":5})",
+       "min_tokens"},
   };
   for (const BadCase& c : cases) {
     auto err = Chat(c.body);

@@ -30,6 +30,7 @@ SamplingParams ToSampling(const ServedModel& model, const CommonParams& p) {
   s.logit_bias = p.logit_bias;
   s.seed = p.seed;
   s.top_logprobs = p.top_logprobs;
+  s.min_tokens = p.min_tokens;
   return s;
 }
 
@@ -70,6 +71,15 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   }
   if (!p.max_tokens && kv_room >= 1) max_tokens = std::min(max_tokens, kv_room);
   r->max_tokens = static_cast<int32_t>(max_tokens);
+  // (A max_tokens given in the request was checked against min_tokens by the schema; a default
+  // one is cut to the room left, which min_tokens must then fit too.)
+  if (p.min_tokens > max_tokens) {
+    return InvalidRequest("min_tokens: " + std::to_string(p.min_tokens) +
+                              " exceeds the tokens this request may generate (" +
+                              std::to_string(max_tokens) + ")",
+                          "min_tokens");
+  }
+  r->ignore_eos = p.ignore_eos;
   r->sampling = ToSampling(model, p);
   r->n = p.n;
   Status st = r->sampling.Validate(model.vocab_size);

@@ -3,7 +3,7 @@
 // 32 concurrent identical requests, prompt forms, echo, cancellation mid-stream.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { getJson, missing, startServer, tinyStoriesDir, waitFor } from './helpers.mjs';
+import { getJson, missing, postJson, startServer, tinyStoriesDir, waitFor } from './helpers.mjs';
 
 const skip = missing(tinyStoriesDir);
 const PROMPT = 'Once upon a time';
@@ -125,6 +125,23 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     const solo = (await greedy()).choices[0].text;
     const results = await Promise.all(Array.from({ length: 32 }, () => greedy()));
     for (const r of results) assert.equal(r.choices[0].text, solo);
+  });
+
+  test('ignore_eos and min_tokens (vLLM extensions) generate past the EOS', async () => {
+    // Greedy TinyStories ends its story with EOS well inside 400 tokens.
+    const free = await greedy({ max_tokens: 400 });
+    assert.equal(free.choices[0].finish_reason, 'stop');
+    const k = free.usage.completion_tokens;  // includes the EOS token
+    const through = await greedy({ max_tokens: k + 10, ignore_eos: true });
+    assert.equal(through.choices[0].finish_reason, 'length');
+    assert.equal(through.usage.completion_tokens, k + 10);
+    assert.ok(through.choices[0].text.startsWith(free.choices[0].text));
+    const floor = await greedy({ max_tokens: 400, min_tokens: k + 5 });
+    assert.ok(floor.usage.completion_tokens >= k + 5, `${floor.usage.completion_tokens}`);
+    const bad = await postJson(server.baseURL, '/v1/completions',
+                               { prompt: PROMPT, max_tokens: 4, min_tokens: 5 });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.param, 'min_tokens');
   });
 
   test('prompt as token ids, a batch of prompts, and echo', async () => {
