@@ -86,6 +86,17 @@ Status Decoder::Add(Json json) {
 }
 
 std::string Decoder::Decode(std::vector<std::string> tokens, bool at_start, bool* hold) const {
+  return Run(std::move(tokens), at_start, hold, /*lossless=*/false);
+}
+
+std::string Decoder::DecodeBytes(std::string token) const {
+  std::vector<std::string> tokens;
+  tokens.push_back(std::move(token));
+  return Run(std::move(tokens), /*at_start=*/false, nullptr, /*lossless=*/true);
+}
+
+std::string Decoder::Run(std::vector<std::string> tokens, bool at_start, bool* hold,
+                         bool lossless) const {
   bool fused = false;  // tokens[0] stands for the whole window (after Fuse / ByteLevel)
   bool held = false;
   for (const Step& step : steps_) {
@@ -112,7 +123,7 @@ std::string Decoder::Decode(std::vector<std::string> tokens, bool at_start, bool
           }
         }
         held = IncompleteUtf8Tail(bytes) > 0;
-        tokens.assign(1, Utf8Lossy(bytes));
+        tokens.assign(1, lossless ? std::move(bytes) : Utf8Lossy(bytes));
         fused = true;
         break;
       }
@@ -156,7 +167,7 @@ std::string Decoder::Decode(std::vector<std::string> tokens, bool at_start, bool
         size_t run_len = 0;
         auto flush = [&] {
           if (run_len == 0) return;
-          if (IsValidUtf8(run)) {
+          if (lossless || IsValidUtf8(run)) {
             out.push_back(run);
           } else {
             for (size_t k = 0; k < run_len; ++k) out.push_back("\xEF\xBF\xBD");

@@ -19,6 +19,10 @@ class Decoder {
  public:
   static Result<std::unique_ptr<Decoder>> FromJson(Json json);
   std::string Decode(std::vector<std::string> tokens, bool at_start, bool* hold) const;
+  // The raw bytes one token contributes in the middle of a stream (at_start false): the same
+  // steps, but byte-level and byte-fallback bytes are kept as they are instead of replacing an
+  // incomplete UTF-8 sequence with U+FFFD. (For constrained decoding: the bytes a token adds.)
+  std::string DecodeBytes(std::string token) const;
 
  private:
   enum class Kind { kByteLevel, kMetaspace, kReplace, kByteFallback, kFuse, kStrip };
@@ -31,6 +35,7 @@ class Decoder {
     size_t start = 0, stop = 0;        // Strip
   };
   Status Add(Json json);
+  std::string Run(std::vector<std::string> tokens, bool at_start, bool* hold, bool lossless) const;
   std::vector<Step> steps_;
 };
 

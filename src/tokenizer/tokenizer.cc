@@ -256,6 +256,13 @@ std::optional<std::string> Tokenizer::DecodeToken(int32_t id, bool skip_special_
   return *s;
 }
 
+std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
+  std::optional<std::string> s = DecodeToken(id, /*skip_special_tokens=*/true);
+  if (!s) return std::nullopt;
+  if (decoder_) return decoder_->DecodeBytes(std::move(*s));
+  return ' ' + *s;  // DecodeTokens without a decoder: tokens after the first join with a space
+}
+
 std::string Tokenizer::DecodeTokens(std::vector<std::string> tokens, bool at_start,
                                     bool* hold) const {
   if (decoder_) return decoder_->Decode(std::move(tokens), at_start, hold);

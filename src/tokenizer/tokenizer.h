@@ -53,6 +53,9 @@ class Tokenizer {
   // For IncrementalDetokenizer: the string the decoder sees for `id`, or nullopt when the id
   // is unknown or skipped as special.
   std::optional<std::string> DecodeToken(int32_t id, bool skip_special_tokens) const;
+  // The raw bytes `id` adds to a stream's text after its start (a byte-level token may hold part
+  // of a UTF-8 character); nullopt for a special or unknown id. For constrained decoding.
+  std::optional<std::string> TokenBytes(int32_t id) const;
   // Decodes a window of token strings; `at_start` says whether it begins the stream; `*hold`
   // is set when the window's end may still change with more tokens.
   std::string DecodeTokens(std::vector<std::string> tokens, bool at_start, bool* hold) const;

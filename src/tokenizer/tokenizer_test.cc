@@ -177,6 +177,33 @@ TEST(IncrementalDetokenizerTest, RandomIdSequencesMatchDecode) {
   }
 }
 
+// TokenBytes: the raw bytes each token adds mid-stream. Concatenated over an encoding (after a
+// first token that starts the stream) they spell the text exactly, including characters split
+// across byte-level or byte-fallback tokens; specials have none.
+TEST(TokenizerTest, TokenBytesSpellTheTextMidStream) {
+  for (const char* name : {"llama3", "llama2", "qwen3", "gemma3"}) {
+    std::string dir = testing::TokenizersDir() + "/" + name;
+    EMBER_REQUIRE_DIR(dir);
+    const Tokenizer* tok = LoadShared(dir);
+    ASSERT_NE(tok, nullptr);
+    const std::string text = "{\"k\": [1, -2.5e3, true], \"s\": \"emoji 👍🏽 中文\\n\"}";
+    std::vector<int32_t> ids = tok->Encode("x" + text, false);
+    ASSERT_GT(ids.size(), 1u);
+    std::string bytes;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::optional<std::string> b = tok->TokenBytes(ids[i]);
+      ASSERT_TRUE(b.has_value()) << name << " id " << ids[i];
+      bytes += *b;
+    }
+    // Mid-stream, a SentencePiece tokenizer's first "▁x" is " x" (at the start it drops the
+    // space); a byte-level one adds nothing.
+    EXPECT_TRUE(bytes == "x" + text || bytes == " x" + text) << name << ": " << bytes;
+    if (tok->eos_token_id() && tok->IsSpecial(*tok->eos_token_id())) {
+      EXPECT_FALSE(tok->TokenBytes(*tok->eos_token_id()).has_value()) << name;
+    }
+  }
+}
+
 TEST(TokenizerTest, EncodeIsThreadSafe) {
   std::string dir = testing::TokenizersDir() + "/qwen3";
   EMBER_REQUIRE_DIR(dir);
