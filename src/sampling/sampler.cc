@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -77,7 +78,8 @@ double SamplerState::NextUniform() {
 
 bool BackendCanSample(const SamplingParams& params) { return !params.wants_logprobs(); }
 
-SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state) {
+SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
+                    std::span<const uint8_t> allowed) {
   CHECK(!logits.empty());
   Scratch& scratch = t_scratch;
   SampleOutput out;
@@ -99,6 +101,12 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
     const Status st =
         ApplyLogitEditsToRows(logits, static_cast<int64_t>(logits.size()), scratch.edits);
     CHECK(st.ok()) << st.message();  // ids were validated with the request
+  }
+  // A token constraint (structured output): what it does not allow is out.
+  if (!allowed.empty()) {
+    CHECK_EQ(allowed.size(), logits.size());
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (allowed[i] == 0) logits[i] = -std::numeric_limits<float>::infinity();
   }
 
   // Top-k / top-p / min-p always keep the argmax, so greedy ignores them and draws nothing.
@@ -127,8 +135,10 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
-                std::span<const uint8_t> skip) {
+                std::span<const uint8_t> skip,
+                std::span<const std::span<const uint8_t>> allowed) {
   const size_t num_rows = out.size();
+  CHECK(allowed.empty() || allowed.size() == num_rows);
   CHECK_EQ(params.size(), num_rows);
   CHECK_EQ(states.size(), num_rows);
   CHECK(skip.empty() || skip.size() == num_rows);
@@ -143,7 +153,8 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < rows.size();) {
       const size_t row = rows[i];
-      out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
+      out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row],
+                        allowed.empty() ? std::span<const uint8_t>() : allowed[row]);
     }
   };
   const size_t num_threads =

@@ -89,15 +89,19 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 
 // Samples one token from `logits` ([vocab_size], modified in place as scratch). `params` must
 // have passed Validate(logits.size()); `state` must have been built from the same params.
-SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state);
+// `allowed` (empty, or [vocab_size]): a token constraint's mask (token_constraint.h); ids with
+// allowed[id] == 0 are set to -inf after the processors (the logprobs stay raw).
+SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
+                    std::span<const uint8_t> allowed = {});
 
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
 // parallel (threads started per call when two or more rows need sampling). params[i] / states[i]
 // belong to row i; results go to out[i]. Rows with skip[i] != 0 (when skip is given) are left
-// alone: their logits need not be valid.
+// alone: their logits need not be valid. allowed[i] (when given) is row i's constraint mask.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
-                std::span<const uint8_t> skip = {});
+                std::span<const uint8_t> skip = {},
+                std::span<const std::span<const uint8_t>> allowed = {});
 
 }  // namespace ember

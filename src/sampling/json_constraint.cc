@@ -1,0 +1,282 @@
+#include "sampling/json_constraint.h"
+
+#include "util/check.h"
+
+namespace ember {
+
+namespace {
+bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool IsHex(uint8_t c) {
+  return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+constexpr const char* kLiterals[3] = {"true", "false", "null"};
+constexpr uint8_t kLiteralLengths[3] = {4, 5, 4};
+}  // namespace
+
+bool JsonScanner::Push(bool array) {
+  if (depth_ >= kMaxDepth) return false;
+  const uint64_t bit = uint64_t{1} << depth_;
+  stack_ = array ? (stack_ | bit) : (stack_ & ~bit);
+  ++depth_;
+  mode_ = array ? kArrayOpen : kObjectOpen;
+  return true;
+}
+
+void JsonScanner::EndValue() { mode_ = depth_ == 0 ? kDone : kAfterValue; }
+
+bool JsonScanner::Close(bool array) {
+  const bool top_is_array = (stack_ >> (depth_ - 1)) & 1;
+  if (top_is_array != array) return false;
+  --depth_;
+  EndValue();
+  return true;
+}
+
+bool JsonScanner::StartValue(uint8_t c) {
+  switch (c) {
+    case '{': return Push(false);
+    case '[': return Push(true);
+    case '"':
+      mode_ = kString;
+      key_ = false;
+      return true;
+    case '-': mode_ = kNumMinus; return true;
+    case '0': mode_ = kNumZero; return true;
+    case 't': case 'f': case 'n':
+      mode_ = kLiteral;
+      literal_ = c == 't' ? 0 : c == 'f' ? 1 : 2;
+      count_ = 1;
+      return true;
+    default:
+      if (c >= '1' && c <= '9') {
+        mode_ = kNumInt;
+        return true;
+      }
+      return false;
+  }
+}
+
+bool JsonScanner::Step(uint8_t c) {
+  switch (mode_) {
+    case kObjectOpen: case kObjectKey: case kColon: case kValue: case kArrayOpen: case kAfterValue:
+      if (IsWhitespace(c)) return ++ws_run_ <= kMaxWhitespaceRun;
+      ws_run_ = 0;
+      break;
+    default:
+      break;
+  }
+  switch (mode_) {
+    case kStart:
+      return c == '{' && Push(false);  // the output starts with the object itself
+    case kObjectOpen:
+      if (c == '}') return Close(false);
+      [[fallthrough]];
+    case kObjectKey:
+      if (c != '"') return false;
+      mode_ = kString;
+      key_ = true;
+      return true;
+    case kColon:
+      if (c != ':') return false;
+      mode_ = kValue;
+      return true;
+    case kArrayOpen:
+      if (c == ']') return Close(true);
+      [[fallthrough]];
+    case kValue:
+      return StartValue(c);
+    case kAfterValue: {
+      const bool in_array = (stack_ >> (depth_ - 1)) & 1;
+      if (c == ',') {
+        mode_ = in_array ? kValue : kObjectKey;
+        return true;
+      }
+      if (c == '}' || c == ']') return Close(c == ']');
+      return false;
+    }
+    case kString:
+      if (c == '"') {
+        if (key_) {
+          mode_ = kColon;
+        } else {
+          EndValue();
+        }
+        return true;
+      }
+      if (c == '\\') {
+        mode_ = kEscape;
+        return true;
+      }
+      if (c < 0x20) return false;
+      if (c < 0x80) return true;
+      // A UTF-8 lead byte: how many continuation bytes follow, and the first one's range (no
+      // overlong forms, no surrogates, nothing past U+10FFFF).
+      lo_ = 0x80;
+      hi_ = 0xBF;
+      if (c >= 0xC2 && c <= 0xDF) {
+        count_ = 1;
+      } else if (c >= 0xE0 && c <= 0xEF) {
+        count_ = 2;
+        if (c == 0xE0) lo_ = 0xA0;
+        if (c == 0xED) hi_ = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        count_ = 3;
+        if (c == 0xF0) lo_ = 0x90;
+        if (c == 0xF4) hi_ = 0x8F;
+      } else {
+        return false;
+      }
+      mode_ = kUtf8;
+      return true;
+    case kUtf8:
+      if (c < lo_ || c > hi_) return false;
+      lo_ = 0x80;
+      hi_ = 0xBF;
+      if (--count_ == 0) mode_ = kString;
+      return true;
+    case kEscape:
+      if (c == 'u') {
+        mode_ = kHex;
+        count_ = 4;
+        return true;
+      }
+      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' ||
+          c == 't') {
+        mode_ = kString;
+        return true;
+      }
+      return false;
+    case kHex:
+      if (!IsHex(c)) return false;
+      if (--count_ == 0) mode_ = kString;
+      return true;
+    case kLiteral:
+      if (c != static_cast<uint8_t>(kLiterals[literal_][count_])) return false;
+      if (++count_ == kLiteralLengths[literal_]) EndValue();
+      return true;
+    case kNumMinus:
+      if (c == '0') {
+        mode_ = kNumZero;
+        return true;
+      }
+      if (c >= '1' && c <= '9') {
+        mode_ = kNumInt;
+        return true;
+      }
+      return false;
+    case kNumInt:
+      if (IsDigit(c)) return true;
+      [[fallthrough]];
+    case kNumZero:
+      if (c == '.') {
+        mode_ = kNumDot;
+        return true;
+      }
+      if (c == 'e' || c == 'E') {
+        mode_ = kNumE;
+        return true;
+      }
+      EndValue();  // the number ended; c belongs to what follows it
+      return Step(c);
+    case kNumDot:
+      if (!IsDigit(c)) return false;
+      mode_ = kNumFrac;
+      return true;
+    case kNumFrac:
+      if (IsDigit(c)) return true;
+      if (c == 'e' || c == 'E') {
+        mode_ = kNumE;
+        return true;
+      }
+      EndValue();
+      return Step(c);
+    case kNumE:
+      if (c == '+' || c == '-') {
+        mode_ = kNumESign;
+        return true;
+      }
+      [[fallthrough]];
+    case kNumESign:
+      if (!IsDigit(c)) return false;
+      mode_ = kNumExp;
+      return true;
+    case kNumExp:
+      if (IsDigit(c)) return true;
+      EndValue();
+      return Step(c);
+    case kDone:
+      return false;
+  }
+  return false;
+}
+
+std::shared_ptr<const TokenTexts> TokenTexts::Build(
+    std::vector<std::optional<std::string>> bytes) {
+  auto t = std::make_shared<TokenTexts>();
+  t->plain.assign(bytes.size(), 0);
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (!bytes[id] || bytes[id]->empty()) continue;
+    bool plain = true;
+    for (char ch : *bytes[id]) {
+      const auto c = static_cast<uint8_t>(ch);
+      if (c < 0x20 || c >= 0x7F || c == '"' || c == '\\') {
+        plain = false;
+        break;
+      }
+    }
+    t->plain[id] = plain;
+  }
+  t->bytes = std::move(bytes);
+  return t;
+}
+
+JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const TokenTexts> texts)
+    : texts_(std::move(texts)) {
+  CHECK(texts_ != nullptr);
+}
+
+std::unique_ptr<TokenConstraint> JsonObjectConstraint::Clone() const {
+  return std::make_unique<JsonObjectConstraint>(*this);
+}
+
+int32_t JsonObjectConstraint::vocab_size() const {
+  return static_cast<int32_t>(texts_->bytes.size());
+}
+
+int64_t JsonObjectConstraint::Allowed(std::vector<uint8_t>& allowed) const {
+  const size_t n = texts_->bytes.size();
+  allowed.assign(n, 0);
+  if (scanner_.Done()) return 0;
+  const bool in_string = scanner_.InPlainString();
+  int64_t count = 0;
+  for (size_t id = 0; id < n; ++id) {
+    const std::optional<std::string>& b = texts_->bytes[id];
+    if (!b || b->empty()) continue;  // no text: a special token, or no progress
+    bool ok = in_string && texts_->plain[id];
+    if (!ok) {
+      JsonScanner s = scanner_;
+      ok = true;
+      for (char ch : *b) {
+        if (!s.Step(static_cast<uint8_t>(ch))) {
+          ok = false;
+          break;
+        }
+      }
+    }
+    allowed[id] = ok;
+    count += ok;
+  }
+  return count;
+}
+
+bool JsonObjectConstraint::Accept(int32_t id) {
+  if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+  const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
+  if (!b || b->empty()) return false;
+  for (char ch : *b)
+    if (!scanner_.Step(static_cast<uint8_t>(ch))) return false;
+  return true;
+}
+
+}  // namespace ember

@@ -1,0 +1,120 @@
+// JSON mode: the byte scanner accepts exactly the JSON objects (valid and invalid documents fed
+// byte by byte), and the token constraint allows exactly the tokens whose bytes the scanner
+// accepts, over a small vocabulary that spells documents in pieces.
+#include "sampling/json_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+namespace ember {
+namespace {
+
+// Whether `text` is accepted as a prefix, and whether it completes an object.
+struct Scan {
+  bool prefix_ok;
+  bool done;
+};
+Scan ScanText(const std::string& text) {
+  JsonScanner s;
+  for (char c : text)
+    if (!s.Step(static_cast<uint8_t>(c))) return {false, false};
+  return {true, s.Done()};
+}
+
+TEST(JsonScannerTest, AcceptsObjects) {
+  for (const std::string doc :
+       {"{}", "{\n}", "{\"a\":1}", "{\"a\" : [1, -0, 2.5, -3e+7, 4E-2, 0.0e1]}",
+        "{\"k\":{\"n\":{\"m\":[[], {}, [{}]]}}}", "{\"t\":true,\"f\":false,\"z\":null}",
+        "{\"s\":\"esc \\\" \\\\ \\/ \\b\\f\\n\\r\\t \\u00e9\\uD83D\"}",
+        "{\"utf8\":\"é 中 👍 \xF4\x8F\xBF\xBF\"}", "{\"\":\"\"}"}) {
+    const Scan s = ScanText(doc);
+    EXPECT_TRUE(s.prefix_ok && s.done) << doc;
+  }
+}
+
+TEST(JsonScannerTest, RefusesWhatIsNotAnObject) {
+  for (const std::string doc :
+       {"[]", "1", "\"s\"", "true", "{,}", "{\"a\"}", "{\"a\":}", "{\"a\":1,}", "{\"a\":01}",
+        "{\"a\":1.}", "{\"a\":.5}", "{\"a\":1e}", "{\"a\":-}", "{\"a\":+1}", "{\"a\":tru}",
+        "{\"a\":True}", "{\"a\":[1,]}", "{\"a\":[1 2]}", "{\"a\":\"\x01\"}", "{\"a\":\"\\x\"}",
+        "{\"a\":\"\\u12G4\"}", "{\"a\":\"\xC0\x80\"}", "{\"a\":\"\xED\xA0\x80\"}",
+        "{\"a\":\"\xF4\x90\x80\x80\"}", "{\"a\":\"\x80\"}", "{\"a\":1]", "{} ", "{}{}",
+        "{'a':1}", "{a:1}", " {}"}) {
+    const Scan s = ScanText(doc);
+    EXPECT_FALSE(s.prefix_ok && s.done) << doc;
+  }
+  // Prefixes of valid documents are accepted without being done.
+  for (const std::string prefix : {"{", "{\"a", "{\"a\":[1", "{\"a\":1", "{\"a\":\"\xE4\xB8"}) {
+    const Scan s = ScanText(prefix);
+    EXPECT_TRUE(s.prefix_ok && !s.done) << prefix;
+  }
+}
+
+TEST(JsonScannerTest, LimitsDepthAndWhitespace) {
+  std::string deep = "{\"a\":";
+  for (int i = 1; i < JsonScanner::kMaxDepth; ++i) deep += "[";
+  EXPECT_TRUE(ScanText(deep).prefix_ok);
+  EXPECT_FALSE(ScanText(deep + "[").prefix_ok);
+  const std::string pad(JsonScanner::kMaxWhitespaceRun, ' ');
+  EXPECT_TRUE(ScanText("{" + pad + "}").done);
+  EXPECT_FALSE(ScanText("{" + pad + " }").prefix_ok);
+  EXPECT_TRUE(ScanText("{\"" + pad + pad + "\":1}").done);  // inside a string: no limit
+}
+
+// A vocabulary of pieces: Allowed() must equal "every byte of the piece scans", and a random walk
+// through allowed tokens must only ever build valid prefixes until the object closes.
+TEST(JsonObjectConstraintTest, AllowsExactlyTheTokensThatScan) {
+  std::vector<std::optional<std::string>> pieces = {
+      std::nullopt, "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "key", "\":", "\": \"",
+      "1", "-", ".", "5e", "+", "0", "true", "nul", "l", "\\", "n", "u00", "é", "\xE4", "\xB8",
+      "\xAD", "{\"", "\"}", "}}", "]}", "x\"y", std::string(), "  ", "\t"};
+  // Every printable ASCII byte alone too, so a walk can always go on (as in a real vocabulary).
+  for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
+  auto texts = TokenTexts::Build(pieces);
+  JsonObjectConstraint c(texts);
+  EXPECT_EQ(c.vocab_size(), static_cast<int32_t>(pieces.size()));
+  std::mt19937 rng(7);
+  std::vector<uint8_t> allowed;
+  int completed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    JsonObjectConstraint walk(texts);
+    std::string text;
+    for (int step = 0; step < 200 && !walk.Done(); ++step) {
+      const int64_t count = walk.Allowed(allowed);
+      int64_t expected = 0;
+      for (size_t id = 0; id < pieces.size(); ++id) {
+        bool ok = pieces[id].has_value() && !pieces[id]->empty() &&
+                  ScanText(text + *pieces[id]).prefix_ok;
+        EXPECT_EQ(allowed[id], ok) << "after '" << text << "', piece " << id;
+        expected += ok;
+      }
+      ASSERT_EQ(count, expected);
+      ASSERT_GT(count, 0) << text;
+      std::vector<int32_t> ids;
+      for (size_t id = 0; id < pieces.size(); ++id)
+        if (allowed[id]) ids.push_back(static_cast<int32_t>(id));
+      const int32_t pick = ids[rng() % ids.size()];
+      ASSERT_TRUE(walk.Accept(pick));
+      text += *pieces[static_cast<size_t>(pick)];
+    }
+    const Scan s = ScanText(text);
+    EXPECT_TRUE(s.prefix_ok) << text;
+    EXPECT_EQ(s.done, walk.Done()) << text;
+    if (walk.Done()) {
+      ++completed;
+      EXPECT_EQ(walk.Allowed(allowed), 0);  // nothing may follow the object
+    }
+  }
+  EXPECT_GT(completed, 0);
+  JsonObjectConstraint fresh(texts);
+  EXPECT_FALSE(fresh.Accept(2));  // "}" cannot start
+  EXPECT_FALSE(JsonObjectConstraint(texts).Accept(0));  // no text
+  auto clone = c.Clone();
+  EXPECT_TRUE(clone->Accept(1));
+  EXPECT_FALSE(c.Done());
+}
+
+}  // namespace
+}  // namespace ember

@@ -1,0 +1,31 @@
+// A constraint on which token may come next in a sample (structured output). The engine asks it
+// for the allowed set before sampling each token of a constrained sample, masks the rest to -inf
+// after the raw logprobs are taken (sampler.h), tells it the chosen token, and ends the sample
+// with finish reason "stop" once the constraint says the output is complete. A constrained row
+// is always sampled on the host (its logits are copied back), and its steps never overlap
+// (engine.h). One instance per sample: a request's prototype is cloned for each of its n.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ember {
+
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual std::unique_ptr<TokenConstraint> Clone() const = 0;
+  virtual int32_t vocab_size() const = 0;
+  // allowed[id] = 1 for each id that may come next, 0 for the others (resized to vocab_size()).
+  // Returns how many are allowed; 0 means the sample cannot go on (the engine ends it with an
+  // error).
+  virtual int64_t Allowed(std::vector<uint8_t>& allowed) const = 0;
+  // Advances past `id`. False when `id` was not allowed (a sampler fallback on a broken logits
+  // row can pick one): the state is then undefined and the engine ends the sample with an error.
+  virtual bool Accept(int32_t id) = 0;
+  // The output is complete: nothing may follow.
+  virtual bool Done() const = 0;
+};
+
+}  // namespace ember
