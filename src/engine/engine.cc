@@ -228,6 +228,11 @@ std::optional<SubmitError> Engine::Validate(const GenerationRequest& r) const {
                        ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")",
                    "min_tokens");
   }
+  if (r.constraint != nullptr && r.constraint->vocab_size() != vocab_size_) {
+    return invalid("the output constraint covers " + std::to_string(r.constraint->vocab_size()) +
+                       " token ids but the model has " + std::to_string(vocab_size_),
+                   "response_format");
+  }
   Status st = r.sampling.Validate(vocab_size_);
   if (!st.ok()) {
     std::string param = st.message().substr(0, st.message().find(':'));
@@ -296,6 +301,7 @@ void Engine::TakeInbox() {
       seq->prompt_len = seq->num_tokens();
       seq->sampler = std::make_unique<SamplerState>(
           state->request.sampling, static_cast<uint64_t>(i), seq->tokens, state->stop_ids);
+      if (state->request.constraint) seq->constraint = state->request.constraint->Clone();
       scheduler_.AddWaiting(seq.get());
       live_.emplace(seq->id, std::move(seq));
     }
@@ -355,10 +361,12 @@ namespace {
 // launch before the previous step's tokens are known: no logprobs, greedy or backend-sampled, and
 // no processor that depends on the tokens (penalties; the min_tokens mask while it applies: the
 // state's count may lag by the one token in flight, and once it reaches min_tokens the true count
-// has too).
-bool FedRowOk(const SamplingParams& p, const SamplerState& state, bool backend_samples) {
-  return BackendCanSample(p) && (p.is_greedy() || backend_samples) && !p.has_penalties() &&
-         (p.min_tokens == 0 || state.num_output_tokens() >= p.min_tokens);
+// has too); no token constraint (its mask depends on the token in flight).
+bool FedRowOk(const Sequence& seq, bool backend_samples) {
+  const SamplingParams& p = seq.request->request.sampling;
+  return seq.constraint == nullptr && BackendCanSample(p) && (p.is_greedy() || backend_samples) &&
+         !p.has_penalties() &&
+         (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
 }
 }  // namespace
 
@@ -393,7 +401,7 @@ void Engine::RunStep(const StepPlan& plan) {
                                config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   step.deferred = config_.overlap_steps;
   for (const ScheduledSequence& s : plan.scheduled)
-    if (s.samples && !FedRowOk(s.seq->request->request.sampling, *s.seq->sampler, backend_samples))
+    if (s.samples && !FedRowOk(*s.seq, backend_samples))
       step.deferred = false;
   // The host builds this step's processors and samples its kCopy rows from the sequences' states:
   // those need the tokens of the step in flight first. (Rows of sequences that end there still
@@ -420,7 +428,7 @@ void Engine::RunStep(const StepPlan& plan) {
     const SamplingParams& p = s.seq->request->request.sampling;
     row_params_.push_back(&p);
     row_states_.push_back(s.seq->sampler.get());
-    if (!BackendCanSample(p)) continue;
+    if (!BackendCanSample(p) || s.seq->constraint != nullptr) continue;  // sampled on the host
     if (p.is_greedy()) {
       step.kinds[r] = RowOutput::kArgmax;
     } else if (backend_samples) {
@@ -516,9 +524,30 @@ void Engine::CompleteStep(LaunchedStep& step) {
     row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
     host_skip_.assign(static_cast<size_t>(real_rows), 0);
     for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
+    // Constrained rows: the tokens their constraint allows now (a row it allows none of ends).
+    row_allowed_.assign(static_cast<size_t>(real_rows), {});
+    row_blocked_.assign(static_cast<size_t>(real_rows), 0);
+    bool any_constraint = false;
+    size_t r = 0;
+    for (const ScheduledSequence& s : step.scheduled) {
+      if (!s.samples) continue;
+      const size_t row = r++;
+      const Sequence* seq = s.seq;
+      if (seq->constraint == nullptr || seq->finish != FinishReason::kNone) continue;
+      if (row_masks_.size() <= row) row_masks_.resize(row + 1);
+      if (seq->constraint->Allowed(row_masks_[row]) == 0) {
+        row_blocked_[row] = 1;
+        host_skip_[row] = 1;
+        continue;
+      }
+      row_allowed_[row] = row_masks_[row];
+      any_constraint = true;
+    }
     SampleRows(
         step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
-        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_);
+        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_,
+        any_constraint ? std::span<const std::span<const uint8_t>>(row_allowed_)
+                       : std::span<const std::span<const uint8_t>>());
   }
 
   size_t row = 0;
@@ -540,6 +569,12 @@ void Engine::CompleteStep(LaunchedStep& step) {
       state.prompt_prefilled = true;
     if (!s.samples) continue;
 
+    if (!step.deferred && row_blocked_[r]) {
+      LOG_WARN << "request " << state.request_id << ": the output constraint allows no token";
+      EmitFinalEvent(seq, FinishReason::kError);
+      FinishSequence(seq, FinishReason::kError);
+      continue;
+    }
     SampleOutput out;
     if (step.kinds[r] != RowOutput::kCopy) {
       out.token_id = step.ids[r];
@@ -549,11 +584,23 @@ void Engine::CompleteStep(LaunchedStep& step) {
     const int32_t index = step.token_index[i];
     seq->tokens[static_cast<size_t>(index)] = out.token_id;
     seq->sampler->Accept(out.token_id);
+    const bool constraint_broken =
+        seq->constraint != nullptr && !seq->constraint->Accept(out.token_id);
+    if (constraint_broken) {
+      LOG_WARN << "request " << state.request_id << ": token " << out.token_id
+               << " broke the output constraint (non-finite logits?)";
+    }
 
     FinishReason finish = FinishReason::kNone;
-    if (std::find(state.stop_ids.begin(), state.stop_ids.end(), out.token_id) !=
-        state.stop_ids.end()) {
+    bool stop_token = false;
+    if (constraint_broken) {
+      finish = FinishReason::kError;
+    } else if (std::find(state.stop_ids.begin(), state.stop_ids.end(), out.token_id) !=
+               state.stop_ids.end()) {
       finish = FinishReason::kStop;
+      stop_token = true;
+    } else if (seq->constraint != nullptr && seq->constraint->Done()) {
+      finish = FinishReason::kStop;  // the structured output is complete
     } else if (index + 1 - seq->prompt_len >= state.request.max_tokens) {
       finish = FinishReason::kLength;
     }
@@ -563,6 +610,7 @@ void Engine::CompleteStep(LaunchedStep& step) {
     event.logprob = out.logprob;
     event.top_logprobs = std::move(out.top_logprobs);
     event.finish = finish;
+    event.stop_token = stop_token;
     event.time_ns = NowNs();
     state.stream->Push(std::move(event));
     if (finish != FinishReason::kNone) FinishSequence(seq, finish);

@@ -224,6 +224,83 @@ TEST(EngineTest, SeededSamplingIsBatchIndependent) {
   for (auto& s : streams) Collect(s);
 }
 
+// A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after
+// `length` tokens; from token `block_at` on it allows nothing.
+class StrideConstraint : public TokenConstraint {
+ public:
+  StrideConstraint(int32_t vocab, int32_t stride, int32_t length, int32_t block_at = -1)
+      : vocab_(vocab), stride_(stride), length_(length), block_at_(block_at) {}
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<StrideConstraint>(*this);
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
+    allowed.assign(static_cast<size_t>(vocab_), 0);
+    if (accepted_ == block_at_) return 0;
+    int64_t count = 0;
+    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
+    return count;
+  }
+  bool Accept(int32_t id) override {
+    ++accepted_;
+    return id % stride_ == 0;
+  }
+  bool Done() const override { return accepted_ >= length_; }
+
+ private:
+  int32_t vocab_, stride_, length_, block_at_;
+  int32_t accepted_ = 0;
+};
+
+// A token constraint (structured output) decides every token of its samples, alone and beside
+// unconstrained requests (whose tokens it does not change), greedy and seeded-sampled, n = 2 with
+// logprobs; the sample ends with "stop" when the constraint is done, and with an error (no
+// token) when it allows nothing; a constraint over another vocabulary is refused.
+TEST(EngineTest, TokenConstraintDecidesEveryToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  const int32_t vocab = model->config().vocab_size;
+  std::vector<GenerationRequest> others = MakeRequests(4, vocab, 5);
+  std::vector<std::vector<int32_t>> solo = RunSolo(dir, others);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok());
+
+  GenerationRequest greedy = Greedy({1, 80, 147, 201}, 30);
+  greedy.constraint = std::make_shared<StrideConstraint>(vocab, 7, 9);
+  GenerationRequest sampled = greedy;
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 3;
+  sampled.sampling.top_logprobs = 2;
+  sampled.n = 2;
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : others) streams.push_back(SubmitOrDie(**engine, r));
+  auto greedy_stream = SubmitOrDie(**engine, greedy);
+  auto sampled_stream = SubmitOrDie(**engine, sampled);
+  for (size_t i = 0; i < others.size(); ++i)
+    EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << "request " << i;
+  for (const Output& out : {Collect(greedy_stream), Collect(sampled_stream)}) {
+    EXPECT_EQ(out.finish, FinishReason::kStop);
+    for (const auto& sample : out.samples) {
+      EXPECT_EQ(sample.size(), 9u);
+      for (int32_t id : sample) EXPECT_EQ(id % 7, 0) << id;
+    }
+  }
+
+  GenerationRequest blocked = Greedy({1, 80, 147}, 30);
+  blocked.constraint = std::make_shared<StrideConstraint>(vocab, 7, 9, /*block_at=*/3);
+  Output out = Collect(SubmitOrDie(**engine, blocked));
+  EXPECT_EQ(out.finish, FinishReason::kError);
+  EXPECT_EQ(out.samples[0].size(), 3u);
+
+  GenerationRequest wrong = Greedy({1, 80}, 4);
+  wrong.constraint = std::make_shared<StrideConstraint>(vocab + 1, 7, 9);
+  auto refused = (*engine)->Submit(wrong);
+  ASSERT_TRUE(std::holds_alternative<SubmitError>(refused));
+  EXPECT_EQ(std::get<SubmitError>(refused).param, "response_format");
+  EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
+}
+
 // Decode steps padded to graph buckets (as on a GPU; here the CPU backend reports buckets) give
 // the same tokens and logprobs as unpadded ones: the padding rows write only the scratch KV block
 // and their outputs are dropped. Greedy and seeded sampled requests, one with logprobs (its row's

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sampling/sampler.h"
+#include "sampling/token_constraint.h"
 
 namespace ember {
 
@@ -21,6 +23,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;     // in addition to the model's eos ids
   bool ignore_eos = false;                 // when true the model's eos ids do not stop
   uint64_t cache_namespace = 0;            // prefix-cache namespace (adapter id, later)
+  // Structured output: which token may come next (token_constraint.h); each sample runs a clone.
+  // Its vocabulary must be the model's. A constrained sample ends ("stop") when it is complete.
+  std::shared_ptr<const TokenConstraint> constraint;
 };
 
 // One generated token of one sample. The last event of a sample has finish != kNone; a sample
@@ -31,6 +36,10 @@ struct TokenEvent {
   float logprob = 0.0f;                    // when the request asked for logprobs
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;
+  // The token is a stop id (an EOS id or a request stop id; finish is then kStop): counted in
+  // usage, not part of the text. A kStop finish without it (a completed output constraint) ends
+  // the sample after a token that is.
+  bool stop_token = false;
   int64_t time_ns = 0;                     // steady_clock when the engine emitted it
 };
 

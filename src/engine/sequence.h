@@ -40,6 +40,7 @@ struct Sequence {
   bool started = false;                // holds KV blocks (AcquireCachedPrefix done)
   bool ever_started = false;
   std::unique_ptr<SamplerState> sampler;
+  std::unique_ptr<TokenConstraint> constraint;  // the request's, cloned (structured output)
   FinishReason finish = FinishReason::kNone;
   int32_t steps_in_flight = 0;  // launched steps with rows of this sequence, not yet completed
   bool last_token_pending = false;  // its placeholder is its max_tokens-th token: no more rows

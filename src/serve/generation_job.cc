@@ -119,8 +119,8 @@ void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
     if (s.last_token_ns > 0) metrics_->ObserveInterTokenLatency(double(e.time_ns - s.last_token_ns) * 1e-9);
     s.last_token_ns = e.time_ns;
     ++s.num_tokens;
-    // A kStop finish on a token means it is a stop id (EOS): counted, never shown.
-    const bool is_stop_token = e.finish == FinishReason::kStop;
+    // A stop id (EOS, a request stop id): counted, never shown.
+    const bool is_stop_token = e.stop_token;
     if (!is_stop_token) {
       if (prepared_.top_logprobs >= 0) {
         TokenLogprobEntry entry = MakeLogprob(e);
