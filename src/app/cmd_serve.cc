@@ -98,6 +98,7 @@ int ServeCommand(int argc, char** argv, int first) {
   served.context_length = lm.engine->context_length();
   served.vocab_size = lm.engine->vocab_size();
   served.max_n = engine_flags.Config().max_n;
+  served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
 
   http.host = host;
   http.port = static_cast<int>(port);

@@ -40,6 +40,7 @@ class GenerationJobTest : public ::testing::Test {
     served_.defaults = model_->generation_defaults();
     served_.context_length = engine_->context_length();
     served_.vocab_size = engine_->vocab_size();
+    served_.token_texts = JsonModeTexts(*tokenizer_, served_.vocab_size);
   }
 
   std::unique_ptr<GenerationJob> Start(const json& body) {

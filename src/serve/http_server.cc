@@ -137,8 +137,10 @@ json HttpServer::ModelJson() const {
       // parsed out of the output yet, so the model cannot be said to support tools.
       {"tools", false},
       {"tool_definitions_in_prompt", chat},
+      // JSON mode (json_object); JSON schemas are not compiled to constraints yet.
       {"structured_output", false},
-      {"response_formats", json::array({"text"})},
+      {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object"})
+                                                         : json::array({"text"})},
       {"embeddings", false},
       {"vision", false},
       {"audio", false},

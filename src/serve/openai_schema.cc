@@ -351,16 +351,20 @@ MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
   return std::nullopt;
 }
 
-MaybeError ParseResponseFormat(ObjectReader& r) {
+// response_format: {"type": "text"} or {"type": "json_object"} (JSON mode); "json_schema" is
+// refused until schemas are compiled to constraints.
+MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   const nlohmann::json* v = r.Get("response_format");
   if (v == nullptr) return std::nullopt;
   if (!v->is_object()) return WrongType("response_format", "an object", *v);
   ObjectReader fr(*v, "response_format");
   std::string type;
   EMBER_RETURN_IF_API_ERROR(fr.String("type", &type));
-  if (type != "text") {
-    return InvalidRequest("response_format.type: only \"text\" is supported by this build "
-                          "(structured output is not implemented), got '" + type + "'",
+  if (type == "json_object") {
+    p->json_object = true;
+  } else if (type != "text") {
+    return InvalidRequest("response_format.type: \"text\" and \"json_object\" are supported "
+                          "(a JSON schema is not yet), got '" + type + "'",
                           "response_format.type", "unsupported_value");
   }
   return fr.CheckUnknown();
@@ -413,7 +417,7 @@ std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const Schem
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
     out->chat_template_kwargs = *kw;
   }
-  EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r));
+  EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));
   return r.CheckUnknown();
 }
 
@@ -488,6 +492,7 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
                           "implemented)",
                           "echo", "unsupported_value");
   }
+  EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));  // as vLLM: also here
   return r.CheckUnknown();
 }
 

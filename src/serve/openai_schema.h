@@ -43,6 +43,7 @@ struct CommonParams {
   // stop), and mask the EOS ids until this many tokens were generated.
   bool ignore_eos = false;
   int32_t min_tokens = 0;
+  bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
 };
 
 struct ChatRequest {

@@ -58,8 +58,8 @@ TEST(OpenAiSchemaTest, ParsesAFullChatRequest) {
   EXPECT_EQ(req.chat_template_kwargs["enable_thinking"], false);
 }
 
-// vLLM's extensions for fixed-length generations (benchmarks): both endpoints.
-TEST(OpenAiSchemaTest, ParsesIgnoreEosAndMinTokens) {
+// vLLM's extensions for fixed-length generations (benchmarks), and JSON mode: both endpoints.
+TEST(OpenAiSchemaTest, ParsesIgnoreEosMinTokensAndJsonMode) {
   ChatRequest chat;
   ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":true,
                        "max_tokens":9,"min_tokens":9})",
@@ -72,6 +72,14 @@ TEST(OpenAiSchemaTest, ParsesIgnoreEosAndMinTokens) {
   EXPECT_EQ(completion.params.min_tokens, 3);
   ASSERT_FALSE(Completion(R"({"prompt":"a"})", &completion));
   EXPECT_EQ(completion.params.min_tokens, 0);
+  EXPECT_FALSE(completion.params.json_object);
+  ASSERT_FALSE(Completion(R"({"prompt":"a","response_format":{"type":"json_object"}})",
+                          &completion));
+  EXPECT_TRUE(completion.params.json_object);
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],
+                       "response_format":{"type":"json_object"}})",
+                    &chat));
+  EXPECT_TRUE(chat.params.json_object);
 }
 
 TEST(OpenAiSchemaTest, NullsCountAsAbsent) {
@@ -114,8 +122,11 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
        "top_logprobs"},
       {R"({"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}})",
        "stream_options"},
-      {R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})",
+      {R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema"}})",
        "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object",
+          "schema":{}}})",
+       "response_format.schema"},
       {R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"required"})", "tool_choice"},
       {R"({"messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615})", "seed"},
       {R"({"messages":[{"role":"user","content":"hi"}],"user":5})", "user"},

@@ -80,6 +80,14 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
                           "min_tokens");
   }
   r->ignore_eos = p.ignore_eos;
+  if (p.json_object) {
+    if (model.token_texts == nullptr) {
+      return InvalidRequest("response_format: JSON mode is not available for this model: no token "
+                                "of its vocabulary can start a JSON object",
+                            "response_format", "unsupported_value");
+    }
+    r->constraint = std::make_shared<JsonObjectConstraint>(model.token_texts);
+  }
   r->sampling = ToSampling(model, p);
   r->n = p.n;
   Status st = r->sampling.Validate(model.vocab_size);
@@ -125,6 +133,16 @@ Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& r
 }
 
 }  // namespace
+
+std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
+  const int32_t known = std::min(vocab_size, tokenizer.vocab_size());
+  for (int32_t id = 0; id < known; ++id) bytes[static_cast<size_t>(id)] = tokenizer.TokenBytes(id);
+  std::shared_ptr<const TokenTexts> texts = TokenTexts::Build(std::move(bytes));
+  std::vector<uint8_t> allowed;
+  if (JsonObjectConstraint(texts).Allowed(allowed) == 0) return nullptr;
+  return texts;
+}
 
 SchemaLimits LimitsFor(const ServedModel& model) {
   SchemaLimits limits;

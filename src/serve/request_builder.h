@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -15,6 +16,7 @@
 
 #include "engine/request.h"
 #include "model/model.h"
+#include "sampling/json_constraint.h"
 #include "serve/api_error.h"
 #include "serve/openai_schema.h"
 
@@ -36,7 +38,14 @@ struct ServedModel {
   int32_t context_length = 0;
   int32_t vocab_size = 0;
   int32_t max_n = 16;
+  // JSON mode (response_format json_object): every token id's text; null when the vocabulary
+  // cannot start a JSON object (JSON mode requests are then refused). JsonModeTexts() builds it.
+  std::shared_ptr<const TokenTexts> token_texts;
 };
+
+// The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
+// the tokenizer's have no text); null when no token can start an object.
+std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size);
 
 enum class Endpoint { kChat, kCompletion };
 

@@ -53,6 +53,12 @@ describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStorie
     assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
   });
 
+  test('JSON mode is refused for a vocabulary that cannot spell "{"', async () => {
+    await assert.rejects(client.chat.completions.create({ model: 'test-model', messages,
+      max_tokens: 8, response_format: { type: 'json_object' } }),
+      (err) => err.status === 400 && err.param === 'response_format');
+  });
+
   test('streamed chat equals non-streamed at temperature 0, with role chunk and usage', async () => {
     const params = { model: 'test-model', messages, max_tokens: 40, temperature: 0 };
     const solo = await client.chat.completions.create(params);
@@ -85,7 +91,7 @@ describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStorie
 
   test('unsupported chat features are 400s naming the field', async () => {
     const bad = [
-      [{ response_format: { type: 'json_object' } }, 'response_format.type'],
+      [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }, 'response_format.type'],
       [{ tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
       [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 'messages[0].content[0].type'],
       [{ top_logprobs: 2 }, 'top_logprobs'],
@@ -150,5 +156,28 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     const models = await client.models.list();
     assert.equal(models.data[0].capabilities.chat_completions, true);
     assert.equal(models.data[0].context_length, 40960);
+    assert.deepEqual(models.data[0].capabilities.response_formats, ['text', 'json_object']);
+  });
+
+  test('JSON mode: the output is one JSON object (also streamed); json_schema is refused', async () => {
+    const base = { model: 'test-model', messages: [{ role: 'user', content: 'JSON please' }],
+                   temperature: 1, seed: 5, chat_template_kwargs: { enable_thinking: false },
+                   response_format: { type: 'json_object' } };
+    // Random weights: nudge '}' (qwen3 id 92) so the object closes within the budget.
+    const closed = await client.chat.completions.create({ ...base, max_tokens: 200,
+                                                          logit_bias: { 92: 12 } });
+    assert.equal(closed.choices[0].finish_reason, 'stop');
+    const value = JSON.parse(closed.choices[0].message.content);
+    assert.equal(typeof value, 'object');
+    assert.ok(value !== null && !Array.isArray(value));
+    const s = await collectChat(client, { ...base, max_tokens: 200, logit_bias: { 92: 12 } });
+    assert.equal(s.texts[0], closed.choices[0].message.content);
+    assert.equal(s.finish[0], 'stop');
+    // Unnudged, the random model writes a long string: cut by max_tokens, still an object's start.
+    const open = await client.chat.completions.create({ ...base, max_tokens: 24 });
+    assert.ok(open.choices[0].message.content.startsWith('{'), open.choices[0].message.content);
+    await assert.rejects(client.chat.completions.create({ ...base, max_tokens: 8,
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }),
+      (err) => err.status === 400 && err.param === 'response_format.type');
   });
 });
