@@ -214,18 +214,31 @@ bool JsonScanner::Step(uint8_t c) {
 std::shared_ptr<const TokenTexts> TokenTexts::Build(
     std::vector<std::optional<std::string>> bytes) {
   auto t = std::make_shared<TokenTexts>();
-  t->plain.assign(bytes.size(), 0);
+  t->string_safe.assign(bytes.size(), 0);
+  t->first.assign(257, 0);
+  // A scanner between the characters of a string value.
+  JsonScanner in_string;
+  for (char c : std::string("{\"k\":\"")) in_string.Step(static_cast<uint8_t>(c));
   for (size_t id = 0; id < bytes.size(); ++id) {
     if (!bytes[id] || bytes[id]->empty()) continue;
-    bool plain = true;
+    ++t->first[static_cast<uint8_t>((*bytes[id])[0]) + 1];
+    JsonScanner s = in_string;
+    bool safe = true;
     for (char ch : *bytes[id]) {
-      const auto c = static_cast<uint8_t>(ch);
-      if (c < 0x20 || c >= 0x7F || c == '"' || c == '\\') {
-        plain = false;
+      if (ch == '"' || ch == '\\' || !s.Step(static_cast<uint8_t>(ch))) {
+        safe = false;
         break;
       }
     }
-    t->plain[id] = plain;
+    t->string_safe[id] = safe && s.InPlainString();
+  }
+  for (int b = 0; b < 256; ++b) t->first[b + 1] += t->first[b];
+  t->by_first_byte.resize(static_cast<size_t>(t->first[256]));
+  std::vector<int32_t> fill(t->first.begin(), t->first.end() - 1);
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (!bytes[id] || bytes[id]->empty()) continue;
+    t->by_first_byte[static_cast<size_t>(fill[static_cast<uint8_t>((*bytes[id])[0])]++)] =
+        static_cast<int32_t>(id);
   }
   t->bytes = std::move(bytes);
   return t;
@@ -245,27 +258,31 @@ int32_t JsonObjectConstraint::vocab_size() const {
 }
 
 int64_t JsonObjectConstraint::Allowed(std::vector<uint8_t>& allowed) const {
-  const size_t n = texts_->bytes.size();
-  allowed.assign(n, 0);
+  const TokenTexts& t = *texts_;
+  allowed.assign(t.bytes.size(), 0);
   if (scanner_.Done()) return 0;
   const bool in_string = scanner_.InPlainString();
   int64_t count = 0;
-  for (size_t id = 0; id < n; ++id) {
-    const std::optional<std::string>& b = texts_->bytes[id];
-    if (!b || b->empty()) continue;  // no text: a special token, or no progress
-    bool ok = in_string && texts_->plain[id];
-    if (!ok) {
-      JsonScanner s = scanner_;
-      ok = true;
-      for (char ch : *b) {
-        if (!s.Step(static_cast<uint8_t>(ch))) {
-          ok = false;
-          break;
+  for (int b = 0; b < 256; ++b) {
+    JsonScanner after_first = scanner_;
+    if (!after_first.Step(static_cast<uint8_t>(b))) continue;  // no token starting with b fits
+    for (int32_t i = t.first[b]; i < t.first[b + 1]; ++i) {
+      const auto id = static_cast<size_t>(t.by_first_byte[static_cast<size_t>(i)]);
+      bool ok = in_string && t.string_safe[id];
+      if (!ok) {
+        JsonScanner s = after_first;
+        const std::string& text = *t.bytes[id];
+        ok = true;
+        for (size_t k = 1; k < text.size(); ++k) {
+          if (!s.Step(static_cast<uint8_t>(text[k]))) {
+            ok = false;
+            break;
+          }
         }
       }
+      allowed[id] = ok;
+      count += ok;
     }
-    allowed[id] = ok;
-    count += ok;
   }
   return count;
 }

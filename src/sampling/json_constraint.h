@@ -10,9 +10,9 @@
 //
 // JsonObjectConstraint applies it to tokens: a token is allowed when every byte of its text
 // (Tokenizer::TokenBytes, mid-stream form) is; tokens without text (specials, EOS) never are, and
-// the sample ends as soon as the object closes. Allowed() tries each token of the vocabulary from
-// the current state: O(vocabulary) per token generated, with a fast path for plain ASCII text
-// inside strings (~1-3 ms per step for a 128k vocabulary on one core).
+// the sample ends as soon as the object closes. Allowed() scans tokens from the current state:
+// between a string's characters every string-safe token is allowed without a scan; elsewhere only
+// the tokens whose first byte the state accepts are scanned.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +58,12 @@ class JsonScanner {
 // The text of every token id (nullopt: no text, never allowed), shared by all JSON samples.
 struct TokenTexts {
   std::vector<std::optional<std::string>> bytes;
-  std::vector<uint8_t> plain;  // 1: non-empty printable ASCII without '"' or '\\'
+  // 1: whole characters of string content (valid UTF-8, no '"', '\\' or control character):
+  // allowed anywhere between a string's characters without scanning.
+  std::vector<uint8_t> string_safe;
+  // The ids with text grouped by their first byte: by_first_byte[first[b] .. first[b + 1]).
+  std::vector<int32_t> by_first_byte;
+  std::vector<int32_t> first;  // [257]
   static std::shared_ptr<const TokenTexts> Build(std::vector<std::optional<std::string>> bytes);
 };
 
