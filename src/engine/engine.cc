@@ -524,30 +524,22 @@ void Engine::CompleteStep(LaunchedStep& step) {
     row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
     host_skip_.assign(static_cast<size_t>(real_rows), 0);
     for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
-    // Constrained rows: the tokens their constraint allows now (a row it allows none of ends).
-    row_allowed_.assign(static_cast<size_t>(real_rows), {});
-    row_blocked_.assign(static_cast<size_t>(real_rows), 0);
+    // Constrained rows: their masks are built with the sampling, in parallel across rows.
+    row_constraints_.assign(static_cast<size_t>(real_rows), nullptr);
     bool any_constraint = false;
     size_t r = 0;
     for (const ScheduledSequence& s : step.scheduled) {
       if (!s.samples) continue;
       const size_t row = r++;
-      const Sequence* seq = s.seq;
-      if (seq->constraint == nullptr || seq->finish != FinishReason::kNone) continue;
-      if (row_masks_.size() <= row) row_masks_.resize(row + 1);
-      if (seq->constraint->Allowed(row_masks_[row]) == 0) {
-        row_blocked_[row] = 1;
-        host_skip_[row] = 1;
-        continue;
-      }
-      row_allowed_[row] = row_masks_[row];
+      if (s.seq->constraint == nullptr || s.seq->finish != FinishReason::kNone) continue;
+      row_constraints_[row] = s.seq->constraint.get();
       any_constraint = true;
     }
     SampleRows(
         step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
         vocab_size_, row_params_, row_states_, row_outputs_, host_skip_,
-        any_constraint ? std::span<const std::span<const uint8_t>>(row_allowed_)
-                       : std::span<const std::span<const uint8_t>>());
+        any_constraint ? std::span<const TokenConstraint* const>(row_constraints_)
+                       : std::span<const TokenConstraint* const>());
   }
 
   size_t row = 0;
@@ -569,17 +561,17 @@ void Engine::CompleteStep(LaunchedStep& step) {
       state.prompt_prefilled = true;
     if (!s.samples) continue;
 
-    if (!step.deferred && row_blocked_[r]) {
-      LOG_WARN << "request " << state.request_id << ": the output constraint allows no token";
-      EmitFinalEvent(seq, FinishReason::kError);
-      FinishSequence(seq, FinishReason::kError);
-      continue;
-    }
     SampleOutput out;
     if (step.kinds[r] != RowOutput::kCopy) {
       out.token_id = step.ids[r];
     } else {
       out = std::move(row_outputs_[r]);
+    }
+    if (out.token_id < 0) {  // its token constraint allowed nothing
+      LOG_WARN << "request " << state.request_id << ": the output constraint allows no token";
+      EmitFinalEvent(seq, FinishReason::kError);
+      FinishSequence(seq, FinishReason::kError);
+      continue;
     }
     const int32_t index = step.token_index[i];
     seq->tokens[static_cast<size_t>(index)] = out.token_id;

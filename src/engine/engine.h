@@ -139,9 +139,7 @@ class Engine {
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
   std::vector<SampleOutput> row_outputs_;          // [rows]
-  std::vector<std::vector<uint8_t>> row_masks_;    // [rows] constrained rows' allowed tokens
-  std::vector<std::span<const uint8_t>> row_allowed_;  // [rows] views of those (empty: none)
-  std::vector<uint8_t> row_blocked_;               // [rows] a constraint allowed no token
+  std::vector<const TokenConstraint*> row_constraints_;  // [rows] null: unconstrained
   // Decode steps are padded to these row counts (Backend::DecodeGraphBuckets); the padding rows
   // write their K/V to scratch_block_, a KV block no sequence owns.
   std::vector<int32_t> graph_buckets_;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sampling/sampling_params.h"
+#include "sampling/token_constraint.h"
 
 namespace ember {
 
@@ -97,11 +98,13 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
 // parallel (threads started per call when two or more rows need sampling). params[i] / states[i]
 // belong to row i; results go to out[i]. Rows with skip[i] != 0 (when skip is given) are left
-// alone: their logits need not be valid. allowed[i] (when given) is row i's constraint mask.
+// alone: their logits need not be valid. constraints[i] (when given and not null) is row i's
+// token constraint: its mask is built on the row's thread, and a row it allows no token gets
+// token_id -1.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
                 std::span<const uint8_t> skip = {},
-                std::span<const std::span<const uint8_t>> allowed = {});
+                std::span<const TokenConstraint* const> constraints = {});
 
 }  // namespace ember
