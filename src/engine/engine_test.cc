@@ -256,13 +256,12 @@ class StrideConstraint : public TokenConstraint {
 // unconstrained requests (whose tokens it does not change), greedy and seeded-sampled, n = 2 with
 // logprobs; the sample ends with "stop" when the constraint is done, and with an error (no
 // token) when it allows nothing; a constraint over another vocabulary is refused.
-TEST(EngineTest, TokenConstraintDecidesEveryToken) {
-  const std::string dir = ModelDir("tinystories-656k");
-  EMBER_REQUIRE_DIR(dir);
-  auto model = LoadModel(dir);
+void CheckTokenConstraint(const std::string& dir, DeviceKind device) {
+  auto model = LoadModel(dir, device);
+  ASSERT_NE(model, nullptr);
   const int32_t vocab = model->config().vocab_size;
   std::vector<GenerationRequest> others = MakeRequests(4, vocab, 5);
-  std::vector<std::vector<int32_t>> solo = RunSolo(dir, others);
+  std::vector<std::vector<int32_t>> solo = RunSolo(dir, others, device);
   auto engine = Engine::Create(model.get(), EngineConfig{});
   ASSERT_TRUE(engine.ok());
 
@@ -299,6 +298,20 @@ TEST(EngineTest, TokenConstraintDecidesEveryToken) {
   ASSERT_TRUE(std::holds_alternative<SubmitError>(refused));
   EXPECT_EQ(std::get<SubmitError>(refused).param, "response_format");
   EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
+}
+
+TEST(EngineTest, TokenConstraintDecidesEveryToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  CheckTokenConstraint(dir, DeviceKind::kCpu);
+}
+
+// On the GPU a constrained row copies its logits to the host beside rows the backend samples.
+TEST(EngineTest, CudaTokenConstraintDecidesEveryToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CheckTokenConstraint(dir, DeviceKind::kCuda);
 }
 
 // Decode steps padded to graph buckets (as on a GPU; here the CPU backend reports buckets) give
