@@ -13,6 +13,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "serve/request_builder.h"
 #include "serve/text_stream.h"
 
 namespace ember::app {
@@ -40,8 +41,15 @@ Result<int64_t> IntegerField(const json& j, const char* key) {
   return v.get<int64_t>();
 }
 
+// JSON mode's token texts, built by the first line that asks (null after that: unavailable).
+struct JsonModeCache {
+  bool built = false;
+  std::shared_ptr<const TokenTexts> texts;
+};
+
 // Parses one input line into a request (sampling defaults from generation_config.json).
-Status ParseLine(const std::string& text, const LoadedModel& lm, BatchLine* line) {
+Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* json_mode,
+                 BatchLine* line) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::Error("not a JSON object");
   GenerationRequest& r = line->request;
@@ -109,6 +117,42 @@ Status ParseLine(const std::string& text, const LoadedModel& lm, BatchLine* line
         if (s.empty()) return Status::Error("stop: stop strings must not be empty");
       if (!line->stop_strings.empty() && lm.tokenizer == nullptr)
         return Status::Error("stop: needs the model's tokenizer.json");
+    } else if (key == "logit_bias") {
+      if (!value.is_object()) return Status::Error("logit_bias: expected {\"token id\": bias}");
+      for (const auto& [id_text, bias] : value.items()) {
+        size_t used = 0;
+        long long id = -1;
+        try {
+          id = std::stoll(id_text, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used == 0 || used != id_text.size() || id < 0 || id > INT32_MAX || !bias.is_number())
+          return Status::Error("logit_bias: expected {\"token id\": bias}, got key '" + id_text +
+                               "'");
+        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+      }
+    } else if (key == "response_format") {
+      const json* type = value.is_object() && value.size() == 1 && value.contains("type")
+                             ? &value["type"]
+                             : nullptr;
+      if (type == nullptr || !type->is_string())
+        return Status::Error("response_format: expected {\"type\": \"text\" | \"json_object\"}");
+      if (*type == "json_object") {
+        if (lm.tokenizer == nullptr)
+          return Status::Error("response_format: JSON mode needs the model's tokenizer.json");
+        if (!json_mode->built) {
+          json_mode->texts = serve::JsonModeTexts(*lm.tokenizer, lm.engine->vocab_size());
+          json_mode->built = true;
+        }
+        if (json_mode->texts == nullptr) {
+          return Status::Error("response_format: JSON mode is not available for this model: no "
+                               "token of its vocabulary can start a JSON object");
+        }
+        r.constraint = std::make_shared<JsonObjectConstraint>(json_mode->texts);
+      } else if (*type != "text") {
+        return Status::Error("response_format: type must be \"text\" or \"json_object\"");
+      }
     } else {
       return Status::Error("unknown field '" + key + "'");
     }
@@ -168,7 +212,9 @@ int BatchCommand(int argc, char** argv, int first) {
       "usage: ember batch --model DIR --input IN.jsonl --output OUT.jsonl [--max-batch N]\n"
       "       [--kv-cache-bytes B]\n"
       "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional max_tokens,\n"
-      "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty.");
+      "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty,\n"
+      "logit_bias ({\"id\": bias}), response_format ({\"type\": \"json_object\"}: the text is\n"
+      "one JSON object).");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--input", &input_path, "input JSONL file");
   flags.AddString("--output", &output_path, "output JSONL file");
@@ -190,8 +236,9 @@ int BatchCommand(int argc, char** argv, int first) {
   LoadedModel& lm = *loaded;
 
   std::vector<BatchLine> batch(lines.size());
+  JsonModeCache json_mode;
   for (size_t i = 0; i < lines.size(); ++i) {
-    Status st = ParseLine(lines[i], lm, &batch[i]);
+    Status st = ParseLine(lines[i], lm, &json_mode, &batch[i]);
     if (!st.ok()) {
       batch[i].error = input_path + " line " + std::to_string(i + 1) + ": " + st.message();
       continue;

@@ -1,0 +1,69 @@
+#!/bin/sh
+# `ember batch` end to end: on the tinystories fixture, greedy lines by text and by ids give the
+# same tokens, refused lines (unknown field, JSON mode on a vocabulary without "{") become error
+# lines in place while the rest run; with qwen3's tokenizer on an `ember synth` body, a JSON-mode
+# line's text is a JSON object (or its start, when max_tokens cuts it), and one nudged toward "}"
+# by logit_bias finishes with a whole object. Skips (77) when the
+# fixture is absent; the qwen3 part is skipped when its tokenizer is. Env: EMBER_BIN,
+# EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT), EMBER_TOKENIZERS (or EMBER_TOKENIZERS_DEFAULT).
+set -u
+model="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}/models/tinystories-656k"
+if [ ! -f "$model/config.json" ]; then
+  echo "skipped: no tinystories fixture at $model"
+  exit 77
+fi
+fail() { echo "FAIL: $*"; exit 1; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# One JSON field of output line N (1-based), via node (installed by scripts/setup.sh).
+field() {
+  node -e 'const l = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n");
+           const v = JSON.parse(l[Number(process.argv[2]) - 1])[process.argv[3]];
+           console.log(typeof v === "string" ? v : JSON.stringify(v));' "$1" "$2" "$3"
+}
+
+cat >"$dir/in.jsonl" <<'JSONL'
+{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "colour": "red"}
+{"prompt_ids": [1, 80, 147, 201, 282, 57], "max_tokens": 12, "temperature": 0}
+{"prompt": "Once upon a time", "max_tokens": 12, "response_format": {"type": "json_object"}}
+JSONL
+"$EMBER_BIN" batch --model "$model" --input "$dir/in.jsonl" --output "$dir/out.jsonl" \
+  --device cpu 2>"$dir/err" || true
+[ "$(wc -l <"$dir/out.jsonl")" = 4 ] || fail "want 4 output lines: $(cat "$dir/out.jsonl")"
+[ "$(field "$dir/out.jsonl" 1 ids)" = "$(field "$dir/out.jsonl" 3 ids)" ] ||
+  fail "text and id prompts differ: $(cat "$dir/out.jsonl")"
+field "$dir/out.jsonl" 2 error | grep -q "unknown field 'colour'" ||
+  fail "no error for the unknown field: $(cat "$dir/out.jsonl")"
+field "$dir/out.jsonl" 4 error | grep -q "JSON mode is not available" ||
+  fail "JSON mode on tinystories was not refused: $(cat "$dir/out.jsonl")"
+
+qwen3="${EMBER_TOKENIZERS:-${EMBER_TOKENIZERS_DEFAULT:-}}/qwen3"
+if [ -f "$qwen3/tokenizer.json" ]; then
+  "$EMBER_BIN" synth --like tiny-qwen3 --tokenizer "$qwen3" --out "$dir/tq" >/dev/null 2>&1 ||
+    fail "ember synth tiny-qwen3 failed"
+  cat >"$dir/json.jsonl" <<'JSONL'
+{"prompt": "JSON:", "max_tokens": 40, "temperature": 1, "seed": 3, "response_format": {"type": "json_object"}}
+{"prompt": "JSON:", "max_tokens": 40, "temperature": 1, "seed": 4, "response_format": {"type": "json_object"}, "logit_bias": {"92": 12}}
+JSONL
+  "$EMBER_BIN" batch --model "$dir/tq" --input "$dir/json.jsonl" --output "$dir/json.out" \
+    --device cpu 2>"$dir/err" || fail "batch on the qwen3 synth failed: $(cat "$dir/err")"
+  # (Line 2 nudges "}", qwen3 id 92, so the random model closes its object: it must finish.)
+  [ "$(field "$dir/json.out" 2 finish_reason)" = stop ] ||
+    fail "the nudged JSON line did not finish: $(cat "$dir/json.out")"
+  for n in 1 2; do
+    text=$(field "$dir/json.out" $n text)
+    finish=$(field "$dir/json.out" $n finish_reason)
+    case "$text" in "{"*) ;; *) fail "line $n text does not start an object: $text" ;; esac
+    if [ "$finish" = stop ]; then
+      node -e 'const v = JSON.parse(process.argv[1]);
+               if (typeof v !== "object" || v === null || Array.isArray(v)) process.exit(1);' \
+        "$text" || fail "line $n finished but is not a JSON object: $text"
+    else
+      [ "$finish" = length ] || fail "line $n finish_reason $finish"
+    fi
+  done
+else
+  echo "note: no qwen3 tokenizer at $qwen3; JSON-mode part skipped"
+fi
+echo "ok"
