@@ -13,6 +13,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "serve/openai_schema.h"
 #include "serve/request_builder.h"
 #include "serve/text_stream.h"
 
@@ -120,17 +121,11 @@ Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* 
     } else if (key == "logit_bias") {
       if (!value.is_object()) return Status::Error("logit_bias: expected {\"token id\": bias}");
       for (const auto& [id_text, bias] : value.items()) {
-        size_t used = 0;
-        long long id = -1;
-        try {
-          id = std::stoll(id_text, &used);
-        } catch (...) {
-          used = 0;
-        }
-        if (used == 0 || used != id_text.size() || id < 0 || id > INT32_MAX || !bias.is_number())
+        const std::optional<int32_t> id = serve::ParseTokenIdKey(id_text);
+        if (!id || !bias.is_number())
           return Status::Error("logit_bias: expected {\"token id\": bias}, got key '" + id_text +
                                "'");
-        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+        r.sampling.logit_bias.emplace_back(*id, bias.get<float>());
       }
     } else if (key == "response_format") {
       const json* type = value.is_object() && value.size() == 1 && value.contains("type")

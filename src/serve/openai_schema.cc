@@ -163,14 +163,8 @@ MaybeError ParseLogitBias(ObjectReader& r, const SchemaLimits& limits,
   for (auto it = v->begin(); it != v->end(); ++it) {
     const std::string& key = it.key();
     const std::string item = path + "." + key;
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(key, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != key.size() || key.empty() || id < 0 || id >= limits.vocab_size) {
+    const std::optional<int32_t> id = ParseTokenIdKey(key);
+    if (!id || *id >= limits.vocab_size) {
       return InvalidRequest(item + ": keys must be token ids in [0, " +
                                 std::to_string(limits.vocab_size) + ")",
                             path);
@@ -179,7 +173,7 @@ MaybeError ParseLogitBias(ObjectReader& r, const SchemaLimits& limits,
     const double bias = it->get<double>();
     if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0)
       return InvalidRequest(item + ": bias must be in [-100, 100]", path);
-    out->emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    out->emplace_back(*id, static_cast<float>(bias));
   }
   return std::nullopt;
 }
@@ -371,6 +365,17 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
 }
 
 }  // namespace
+
+std::optional<int32_t> ParseTokenIdKey(const std::string& key) {
+  if (key.empty() || key.size() > 10) return std::nullopt;
+  int64_t id = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + (c - '0');
+  }
+  if (id > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(id);
+}
 
 std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
                                          ChatRequest* out) {

@@ -65,6 +65,9 @@ struct CompletionRequest {
   bool echo = false;
 };
 
+// A logit_bias key: a decimal token id (digits only, at most INT32_MAX); nullopt otherwise.
+std::optional<int32_t> ParseTokenIdKey(const std::string& key);
+
 std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
                                          ChatRequest* out);
 std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,

@@ -7,12 +7,7 @@
 # fixture is absent; the qwen3 part is skipped when its tokenizer is. Env: EMBER_BIN,
 # EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT), EMBER_TOKENIZERS (or EMBER_TOKENIZERS_DEFAULT).
 set -u
-model="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}/models/tinystories-656k"
-if [ ! -f "$model/config.json" ]; then
-  echo "skipped: no tinystories fixture at $model"
-  exit 77
-fi
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/common.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # One JSON field of output line N (1-based), via node (installed by scripts/setup.sh).

@@ -4,12 +4,7 @@
 # labels; the tg variants (--tg-logits, --no-overlap) run, and not together. Skips (77) when the
 # fixture is absent. Env: EMBER_BIN, EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT).
 set -u
-model="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}/models/tinystories-656k"
-if [ ! -f "$model/config.json" ]; then
-  echo "skipped: no tinystories fixture at $model"
-  exit 77
-fi
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/common.sh"
 
 out=$("$EMBER_BIN" bench --model "$model" -p 16 -n 8 -d 200 -r 1 --device cpu 2>&1) ||
   fail "bench -d 200 exited $?: $out"
