@@ -82,6 +82,13 @@ TEST(OpenAiSchemaTest, ParsesIgnoreEosMinTokensAndJsonMode) {
   EXPECT_TRUE(chat.params.json_object);
 }
 
+TEST(OpenAiSchemaTest, TokenIdKeysAreDigitsOnly) {
+  EXPECT_EQ(ParseTokenIdKey("0"), 0);
+  EXPECT_EQ(ParseTokenIdKey("2147483647"), 2147483647);
+  for (const char* bad : {"", "+1", " 1", "1 ", "-1", "1e3", "0x10", "2147483648", "99999999999"})
+    EXPECT_FALSE(ParseTokenIdKey(bad).has_value()) << bad;
+}
+
 TEST(OpenAiSchemaTest, NullsCountAsAbsent) {
   ChatRequest req;
   ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"temperature":null,
