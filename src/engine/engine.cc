@@ -357,15 +357,20 @@ void Engine::ReapCancelled() {
 }
 
 namespace {
+// Whether the backend makes this row's token where the logits are (the argmax, or a draw where
+// the backend samples): no logprobs and no token constraint, whose rows the host samples.
+bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
+  const SamplingParams& p = seq.request->request.sampling;
+  return seq.constraint == nullptr && BackendCanSample(p) && (p.is_greedy() || backend_samples);
+}
+
 // Whether the backend makes this row's token from state the host already has, so the step may
-// launch before the previous step's tokens are known: no logprobs, greedy or backend-sampled, and
-// no processor that depends on the tokens (penalties; the min_tokens mask while it applies: the
-// state's count may lag by the one token in flight, and once it reaches min_tokens the true count
-// has too); no token constraint (its mask depends on the token in flight).
+// launch before the previous step's tokens are known: no processor that depends on the tokens
+// (penalties; the min_tokens mask while it applies: the state's count may lag by the one token in
+// flight, and once it reaches min_tokens the true count has too).
 bool FedRowOk(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
-  return seq.constraint == nullptr && BackendCanSample(p) && (p.is_greedy() || backend_samples) &&
-         !p.has_penalties() &&
+  return BackendMakesToken(seq, backend_samples) && !p.has_penalties() &&
          (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
 }
 }  // namespace
@@ -428,14 +433,12 @@ void Engine::RunStep(const StepPlan& plan) {
     const SamplingParams& p = s.seq->request->request.sampling;
     row_params_.push_back(&p);
     row_states_.push_back(s.seq->sampler.get());
-    if (!BackendCanSample(p) || s.seq->constraint != nullptr) continue;  // sampled on the host
+    if (!BackendMakesToken(*s.seq, backend_samples)) continue;  // kCopy: the host samples it
     if (p.is_greedy()) {
       step.kinds[r] = RowOutput::kArgmax;
-    } else if (backend_samples) {
+    } else {
       step.kinds[r] = RowOutput::kSample;
       row_sampling_[r] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
-    } else {
-      continue;
     }
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
   }
