@@ -1,5 +1,7 @@
 #include "sampling/json_constraint.h"
 
+#include <string_view>
+
 #include "util/check.h"
 
 namespace ember {
@@ -12,6 +14,13 @@ bool IsHex(uint8_t c) {
 }
 constexpr const char* kLiterals[3] = {"true", "false", "null"};
 constexpr uint8_t kLiteralLengths[3] = {4, 5, 4};
+
+// Steps `s` through every byte of `bytes`; false at the first byte it refuses.
+bool StepAll(JsonScanner& s, std::string_view bytes) {
+  for (char ch : bytes)
+    if (!s.Step(static_cast<uint8_t>(ch))) return false;
+  return true;
+}
 }  // namespace
 
 bool JsonScanner::Push(bool array) {
@@ -223,14 +232,8 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
     if (!bytes[id] || bytes[id]->empty()) continue;
     ++t->first[static_cast<uint8_t>((*bytes[id])[0]) + 1];
     JsonScanner s = in_string;
-    bool safe = true;
-    for (char ch : *bytes[id]) {
-      if (ch == '"' || ch == '\\' || !s.Step(static_cast<uint8_t>(ch))) {
-        safe = false;
-        break;
-      }
-    }
-    t->string_safe[id] = safe && s.InPlainString();
+    t->string_safe[id] = bytes[id]->find_first_of("\"\\") == std::string::npos &&
+                         StepAll(s, *bytes[id]) && s.InPlainString();
   }
   for (int b = 0; b < 256; ++b) t->first[b + 1] += t->first[b];
   t->by_first_byte.resize(static_cast<size_t>(t->first[256]));
@@ -271,14 +274,7 @@ int64_t JsonObjectConstraint::Allowed(std::vector<uint8_t>& allowed) const {
       bool ok = in_string && t.string_safe[id];
       if (!ok) {
         JsonScanner s = after_first;
-        const std::string& text = *t.bytes[id];
-        ok = true;
-        for (size_t k = 1; k < text.size(); ++k) {
-          if (!s.Step(static_cast<uint8_t>(text[k]))) {
-            ok = false;
-            break;
-          }
-        }
+        ok = StepAll(s, std::string_view(*t.bytes[id]).substr(1));
       }
       allowed[id] = ok;
       count += ok;
@@ -290,10 +286,7 @@ int64_t JsonObjectConstraint::Allowed(std::vector<uint8_t>& allowed) const {
 bool JsonObjectConstraint::Accept(int32_t id) {
   if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
   const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
-  if (!b || b->empty()) return false;
-  for (char ch : *b)
-    if (!scanner_.Step(static_cast<uint8_t>(ch))) return false;
-  return true;
+  return b && !b->empty() && StepAll(scanner_, *b);
 }
 
 }  // namespace ember
