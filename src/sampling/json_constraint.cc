@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "util/check.h"
+#include "util/utf8.h"
 
 namespace ember {
 
@@ -119,22 +120,13 @@ bool JsonScanner::Step(uint8_t c) {
       }
       if (c < 0x20) return false;
       if (c < 0x80) return true;
-      // A UTF-8 lead byte: how many continuation bytes follow, and the first one's range (no
-      // overlong forms, no surrogates, nothing past U+10FFFF).
-      lo_ = 0x80;
-      hi_ = 0xBF;
-      if (c >= 0xC2 && c <= 0xDF) {
-        count_ = 1;
-      } else if (c >= 0xE0 && c <= 0xEF) {
-        count_ = 2;
-        if (c == 0xE0) lo_ = 0xA0;
-        if (c == 0xED) hi_ = 0x9F;
-      } else if (c >= 0xF0 && c <= 0xF4) {
-        count_ = 3;
-        if (c == 0xF0) lo_ = 0x90;
-        if (c == 0xF4) hi_ = 0x8F;
-      } else {
-        return false;
+      {
+        // A UTF-8 lead byte: the continuation bytes to come and the first one's range.
+        Utf8Lead lead;
+        if (!ParseUtf8Lead(c, &lead)) return false;
+        count_ = static_cast<uint8_t>(lead.continuations);
+        lo_ = lead.first_lo;
+        hi_ = lead.first_hi;
       }
       mode_ = kUtf8;
       return true;

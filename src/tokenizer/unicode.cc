@@ -24,24 +24,14 @@ namespace {
 // Length of the valid UTF-8 prefix of the sequence at p[0..n): returns the full sequence length
 // when valid and complete, else 0 and sets *consumed to the maximal valid-prefix length (>= 1).
 size_t ValidSeq(const uint8_t* p, size_t n, size_t* consumed) {
-  uint8_t b = p[0];
-  size_t need;
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (b < 0x80) return 1;
-  if (b >= 0xC2 && b <= 0xDF) {
-    need = 2;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    need = 3;
-    if (b == 0xE0) lo = 0xA0;
-    if (b == 0xED) hi = 0x9F;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    need = 4;
-    if (b == 0xF0) lo = 0x90;
-    if (b == 0xF4) hi = 0x8F;
-  } else {
+  if (p[0] < 0x80) return 1;
+  Utf8Lead lead;
+  if (!ParseUtf8Lead(p[0], &lead)) {
     *consumed = 1;
     return 0;
   }
+  const size_t need = static_cast<size_t>(lead.continuations) + 1;
+  const uint8_t lo = lead.first_lo, hi = lead.first_hi;
   size_t i = 1;
   for (; i < need && i < n; ++i) {
     uint8_t c = p[i];
