@@ -15,13 +15,6 @@ bool IsHex(uint8_t c) {
 }
 constexpr const char* kLiterals[3] = {"true", "false", "null"};
 constexpr uint8_t kLiteralLengths[3] = {4, 5, 4};
-
-// Steps `s` through every byte of `bytes`; false at the first byte it refuses.
-bool StepAll(JsonScanner& s, std::string_view bytes) {
-  for (char ch : bytes)
-    if (!s.Step(static_cast<uint8_t>(ch))) return false;
-  return true;
-}
 }  // namespace
 
 bool JsonScanner::Push(bool array) {
@@ -237,48 +230,6 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
   }
   t->bytes = std::move(bytes);
   return t;
-}
-
-JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const TokenTexts> texts)
-    : texts_(std::move(texts)) {
-  CHECK(texts_ != nullptr);
-}
-
-std::unique_ptr<TokenConstraint> JsonObjectConstraint::Clone() const {
-  return std::make_unique<JsonObjectConstraint>(*this);
-}
-
-int32_t JsonObjectConstraint::vocab_size() const {
-  return static_cast<int32_t>(texts_->bytes.size());
-}
-
-int64_t JsonObjectConstraint::Allowed(std::vector<uint8_t>& allowed) const {
-  const TokenTexts& t = *texts_;
-  allowed.assign(t.bytes.size(), 0);
-  if (scanner_.Done()) return 0;
-  const bool in_string = scanner_.InPlainString();
-  int64_t count = 0;
-  for (int b = 0; b < 256; ++b) {
-    JsonScanner after_first = scanner_;
-    if (!after_first.Step(static_cast<uint8_t>(b))) continue;  // no token starting with b fits
-    for (int32_t i = t.first[b]; i < t.first[b + 1]; ++i) {
-      const auto id = static_cast<size_t>(t.by_first_byte[static_cast<size_t>(i)]);
-      bool ok = in_string && t.string_safe[id];
-      if (!ok) {
-        JsonScanner s = after_first;
-        ok = StepAll(s, std::string_view(*t.bytes[id]).substr(1));
-      }
-      allowed[id] = ok;
-      count += ok;
-    }
-  }
-  return count;
-}
-
-bool JsonObjectConstraint::Accept(int32_t id) {
-  if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
-  const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
-  return b && !b->empty() && StepAll(scanner_, *b);
 }
 
 }  // namespace ember

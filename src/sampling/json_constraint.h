@@ -8,20 +8,24 @@
 // run of whitespace outside strings to kMaxWhitespaceRun bytes (so a model cannot pad forever).
 // Its state is a few bytes, copied freely.
 //
-// JsonObjectConstraint applies it to tokens: a token is allowed when every byte of its text
-// (Tokenizer::TokenBytes, mid-stream form) is; tokens without text (specials, EOS) never are, and
-// the sample ends as soon as the object closes. Allowed() scans tokens from the current state:
-// between a string's characters every string-safe token is allowed without a scan; elsewhere only
-// the tokens whose first byte the state accepts are scanned.
+// ByteMachineConstraint applies a byte machine (JsonScanner, or one that embeds it) to tokens: a
+// token is allowed when every byte of its text (Tokenizer::TokenBytes, mid-stream form) is;
+// tokens without text (specials, EOS) never are, and the sample ends as soon as the machine is
+// done. Allowed() scans tokens from the current state: between a JSON string's characters every
+// string-safe token is allowed without a scan; elsewhere only the tokens whose first byte the
+// state accepts are scanned. JsonObjectConstraint is JSON mode: the machine is a JsonScanner.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sampling/token_constraint.h"
+#include "util/check.h"
 
 namespace ember {
 
@@ -67,18 +71,67 @@ struct TokenTexts {
   static std::shared_ptr<const TokenTexts> Build(std::vector<std::optional<std::string>> bytes);
 };
 
-class JsonObjectConstraint : public TokenConstraint {
+// Steps `m` through every byte of `bytes`; false at the first byte it refuses.
+template <typename Machine>
+bool StepAll(Machine& m, std::string_view bytes) {
+  for (char ch : bytes)
+    if (!m.Step(static_cast<uint8_t>(ch))) return false;
+  return true;
+}
+
+// Machine: a small copyable value with bool Step(uint8_t), bool Done() and bool InPlainString()
+// (true only between the characters of a JSON string, where every string-safe token fits).
+// `keep_alive` owns whatever the machine points to (it is copied with every clone).
+template <typename Machine>
+class ByteMachineConstraint : public TokenConstraint {
  public:
-  explicit JsonObjectConstraint(std::shared_ptr<const TokenTexts> texts);
-  std::unique_ptr<TokenConstraint> Clone() const override;
-  int32_t vocab_size() const override;
+  explicit ByteMachineConstraint(std::shared_ptr<const TokenTexts> texts, Machine start = {},
+                                 std::shared_ptr<const void> keep_alive = nullptr)
+      : texts_(std::move(texts)), keep_alive_(std::move(keep_alive)), machine_(start) {
+    CHECK(texts_ != nullptr);
+  }
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<ByteMachineConstraint>(*this);
+  }
+  int32_t vocab_size() const override { return static_cast<int32_t>(texts_->bytes.size()); }
   int64_t Allowed(std::vector<uint8_t>& allowed) const override;
-  bool Accept(int32_t id) override;
-  bool Done() const override { return scanner_.Done(); }
+  bool Accept(int32_t id) override {
+    if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+    const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
+    return b && !b->empty() && StepAll(machine_, *b);
+  }
+  bool Done() const override { return machine_.Done(); }
 
  private:
   std::shared_ptr<const TokenTexts> texts_;
-  JsonScanner scanner_;
+  std::shared_ptr<const void> keep_alive_;
+  Machine machine_;
 };
+
+template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
+  const TokenTexts& t = *texts_;
+  allowed.assign(t.bytes.size(), 0);
+  if (machine_.Done()) return 0;
+  const bool in_string = machine_.InPlainString();
+  int64_t count = 0;
+  for (int b = 0; b < 256; ++b) {
+    Machine after_first = machine_;
+    if (!after_first.Step(static_cast<uint8_t>(b))) continue;  // no token starting with b fits
+    for (int32_t i = t.first[b]; i < t.first[b + 1]; ++i) {
+      const auto id = static_cast<size_t>(t.by_first_byte[static_cast<size_t>(i)]);
+      bool ok = in_string && t.string_safe[id];
+      if (!ok) {
+        Machine m = after_first;
+        ok = StepAll(m, std::string_view(*t.bytes[id]).substr(1));
+      }
+      allowed[id] = ok;
+      count += ok;
+    }
+  }
+  return count;
+}
+
+using JsonObjectConstraint = ByteMachineConstraint<JsonScanner>;
 
 }  // namespace ember
