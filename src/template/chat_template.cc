@@ -38,6 +38,7 @@ Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bo
                                               std::string eos_token) {
   ChatTemplate t;
   EMBER_ASSIGN_OR_RETURN(t.default_, ParseTemplate(source));
+  t.tools_source_ = std::move(source);
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
   return t;
@@ -66,6 +67,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(source);
     if (!program.ok()) return program.status().WithContext(jinja_path);
     t.default_ = *program;
+    t.tools_source_ = std::move(source);
     return t;
   }
   auto it = config.find("chat_template");
@@ -74,6 +76,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(it->get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template");
     t.default_ = *program;
+    t.tools_source_ = it->get<std::string>();
     return t;
   }
   if (!it->is_array())
@@ -87,6 +90,8 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(entry["template"].get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template '" + name + "'");
     (name == "default" ? t.default_ : t.tool_use_) = *program;
+    // Tools render through "tool_use" when there is one (RenderImpl).
+    if (name == "tool_use" || !t.tool_use_) t.tools_source_ = entry["template"].get<std::string>();
   }
   return t;
 }

@@ -35,6 +35,9 @@ class ChatTemplate {
   bool has_template() const { return default_ != nullptr || tool_use_ != nullptr; }
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  // The source of the template that renders requests with tools ("" without a template): the
+  // server reads the model's tool-call syntax from it.
+  const std::string& tools_source() const { return tools_source_; }
 
   // messages: JSON array; tools: JSON array or null; extra_kwargs: JSON object (may be empty).
   // raise_exception and runtime errors come back as an error naming line:column.
@@ -50,6 +53,7 @@ class ChatTemplate {
 
   std::shared_ptr<const tmpl::Program> default_;   // may be null when only tool_use exists
   std::shared_ptr<const tmpl::Program> tool_use_;  // the "tool_use" named template, if any
+  std::string tools_source_;
   std::string bos_token_;
   std::string eos_token_;
   // unk/pad/sep/cls/mask tokens from tokenizer_config.json: transformers passes its whole
