@@ -1,0 +1,233 @@
+#include "serve/tool_calls.h"
+
+#include <nlohmann/json.hpp>
+
+#include "util/check.h"
+
+namespace ember::serve {
+
+namespace {
+
+using ordered = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+std::string_view TrimRight(std::string_view s) {
+  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of `tag`.
+size_t HeldTagPrefix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
+  return 0;
+}
+
+// {"name": "...", <args_key>: {...}} (the arguments may also be a string holding JSON, or absent:
+// no arguments). Nothing else may be in the object.
+std::optional<ToolCall> CallFromObject(const ordered& j, std::initializer_list<const char*> args_keys) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  ToolCall call;
+  call.name = j["name"].get<std::string>();
+  if (call.name.empty()) return std::nullopt;
+  const ordered* args = nullptr;
+  size_t known = 1;
+  for (const char* key : args_keys) {
+    if (j.contains(key)) {
+      if (args != nullptr) return std::nullopt;  // both spellings: not a call we understand
+      args = &j[key];
+      ++known;
+    }
+  }
+  if (j.size() != known) return std::nullopt;
+  if (args == nullptr) {
+    call.arguments = "{}";
+  } else if (args->is_object()) {
+    call.arguments = args->dump();
+  } else if (args->is_string()) {
+    const ordered inner = ordered::parse(args->get<std::string>(), nullptr, false);
+    if (!inner.is_object()) return std::nullopt;
+    call.arguments = inner.dump();
+  } else {
+    return std::nullopt;
+  }
+  return call;
+}
+
+std::optional<ToolCall> ParseHermesBody(std::string_view body) {
+  const ordered j = ordered::parse(body, nullptr, /*allow_exceptions=*/false);
+  return CallFromObject(j, {"arguments", "parameters"});
+}
+
+// One object, or several separated by ';' (Llama's parallel calls); all must be calls.
+std::optional<std::vector<ToolCall>> ParseLlama3Calls(std::string_view text) {
+  std::vector<ToolCall> calls;
+  size_t start = 0;
+  while (text.find_first_not_of(" \n\t\r", start) != std::string_view::npos) {
+    // The shortest ';'-delimited piece from `start` that parses (a ';' may sit inside a string).
+    size_t end = start;
+    std::optional<ToolCall> call;
+    while (true) {
+      end = text.find(';', end);
+      const std::string_view piece = text.substr(start, end == std::string_view::npos ? end : end - start);
+      call = CallFromObject(ordered::parse(piece, nullptr, false), {"parameters", "arguments"});
+      if (call || end == std::string_view::npos) break;
+      ++end;
+    }
+    if (!call) return std::nullopt;
+    calls.push_back(std::move(*call));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  if (calls.empty()) return std::nullopt;
+  return calls;
+}
+
+}  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kNone: return "none";
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+  }
+  return "none";
+}
+
+std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+    if (name == ToolCallFormatName(f)) return f;
+  return std::nullopt;
+}
+
+ToolCallFormat DetectToolCallFormat(std::string_view source) {
+  if (source.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find("<|python_tag|>") != std::string_view::npos) return ToolCallFormat::kLlama3Json;
+  return ToolCallFormat::kNone;
+}
+
+std::string ForcedCallHead(ToolCallFormat format, const std::string& name) {
+  const std::string quoted = nlohmann::json(name).dump();
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return std::string(kHermesOpen) + "\n{\"name\": " + quoted + ", \"arguments\": ";
+    case ToolCallFormat::kLlama3Json:
+      return "{\"name\": " + quoted + ", \"parameters\": ";
+    case ToolCallFormat::kNone: break;
+  }
+  CHECK(false) << "ForcedCallHead: no tool-call format";
+  return {};
+}
+
+std::string ForcedCallTail(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return "}\n" + std::string(kHermesClose);
+    case ToolCallFormat::kLlama3Json: return "}";
+    case ToolCallFormat::kNone: break;
+  }
+  CHECK(false) << "ForcedCallTail: no tool-call format";
+  return {};
+}
+
+ToolCallParser::ToolCallParser(ToolCallFormat format) : format_(format) {
+  CHECK(format != ToolCallFormat::kNone);
+}
+
+void ToolCallParser::Release(std::string_view content, ToolCallDelta* out) {
+  out->content.append(content);
+}
+
+void ToolCallParser::AddCall(ToolCall call, ToolCallDelta* out) {
+  call.index = num_calls_++;
+  out->calls.push_back(std::move(call));
+}
+
+// Content up to a call is released without its trailing whitespace (the separator before the
+// call); content is otherwise released up to any trailing whitespace, which is held until
+// something other than a call follows it.
+void ToolCallParser::ScanHermes(bool final, ToolCallDelta* out) {
+  while (true) {
+    if (!in_call_) {
+      const size_t open = pending_.find(kHermesOpen);
+      if (open != std::string::npos) {
+        Release(TrimRight(std::string_view(pending_).substr(0, open)), out);
+        pending_.erase(0, open + kHermesOpen.size());
+        in_call_ = true;
+        continue;
+      }
+      std::string_view ready(pending_);
+      if (final) {
+        Release(num_calls_ > 0 ? TrimRight(ready) : ready, out);
+        pending_.clear();
+        return;
+      }
+      ready = TrimRight(ready.substr(0, ready.size() - HeldTagPrefix(ready, kHermesOpen)));
+      Release(ready, out);
+      pending_.erase(0, ready.size());
+      return;
+    }
+    const size_t close = pending_.find(kHermesClose);
+    if (close == std::string::npos && !final) return;  // the call is still arriving
+    const std::string_view body = std::string_view(pending_).substr(0, close);
+    if (std::optional<ToolCall> call = ParseHermesBody(body)) {
+      AddCall(std::move(*call), out);
+    } else {
+      // Not a call we understand: the block stays content, as generated.
+      Release(kHermesOpen, out);
+      Release(body, out);
+      if (close != std::string::npos) Release(kHermesClose, out);
+    }
+    pending_.erase(0, close == std::string::npos ? pending_.size() : close + kHermesClose.size());
+    in_call_ = false;
+    if (final && pending_.empty()) return;
+  }
+}
+
+// The output is a call only if it starts (after whitespace) with '{'; such output is held to the
+// end, then parsed whole.
+void ToolCallParser::ScanLlama3(bool final, ToolCallDelta* out) {
+  if (lead_ == Lead::kUnknown) {
+    const size_t first = pending_.find_first_not_of(" \n\t\r");
+    if (first == std::string::npos) {
+      if (final) {
+        Release(pending_, out);
+        pending_.clear();
+      }
+      return;
+    }
+    lead_ = pending_[first] == '{' ? Lead::kJson : Lead::kContent;
+  }
+  if (lead_ == Lead::kContent) {
+    Release(pending_, out);
+    pending_.clear();
+    return;
+  }
+  if (!final) return;
+  if (std::optional<std::vector<ToolCall>> calls = ParseLlama3Calls(pending_)) {
+    for (ToolCall& call : *calls) AddCall(std::move(call), out);
+  } else {
+    Release(pending_, out);
+  }
+  pending_.clear();
+}
+
+ToolCallDelta ToolCallParser::Push(std::string_view text) {
+  ToolCallDelta out;
+  pending_.append(text);
+  if (format_ == ToolCallFormat::kHermes) ScanHermes(false, &out);
+  else ScanLlama3(false, &out);
+  return out;
+}
+
+ToolCallDelta ToolCallParser::Finish() {
+  ToolCallDelta out;
+  if (format_ == ToolCallFormat::kHermes) ScanHermes(true, &out);
+  else ScanLlama3(true, &out);
+  return out;
+}
+
+}  // namespace ember::serve
