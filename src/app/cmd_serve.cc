@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "app/commands.h"
@@ -31,7 +32,7 @@ std::string BaseName(std::string dir) {
 }  // namespace
 
 int ServeCommand(int argc, char** argv, int first) {
-  std::string model_dir, served_name, chat_template_file;
+  std::string model_dir, served_name, chat_template_file, tool_call_parser = "auto";
   std::string host = "127.0.0.1";
   int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 512;
   double shutdown_grace = 30.0;
@@ -40,13 +41,16 @@ int ServeCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember serve --model DIR [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
-      "       [--chat-template FILE] [--max-body-bytes B] [--http-threads N]");
+      "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json]\n"
+      "       [--max-body-bytes B] [--http-threads N]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
   flags.AddInt("--port", &port, "TCP port (default 8080; 0 = any free port)");
   flags.AddString("--served-model-name", &served_name, "model id clients use (default: folder name)");
   flags.AddString("--api-key", &http.api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
   flags.AddString("--chat-template", &chat_template_file, "Jinja chat template file (overrides the model's)");
+  flags.AddString("--tool-call-parser", &tool_call_parser,
+                  "how the model writes tool calls (default auto: read from the chat template)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
   flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
   flags.AddDouble("--shutdown-grace", &shutdown_grace,
@@ -56,6 +60,13 @@ int ServeCommand(int argc, char** argv, int first) {
   if (model_dir.empty()) return Fail("--model is required");
   if (port < 0 || port > 65535) return Fail("--port: must be in [0, 65535]");
   if (max_body_bytes < 1) return Fail("--max-body-bytes: must be positive");
+  std::optional<serve::ToolCallFormat> tool_format;
+  if (tool_call_parser != "auto") {
+    tool_format = serve::ParseToolCallFormat(tool_call_parser);
+    if (!tool_format)
+      return Fail("--tool-call-parser: must be auto, none, hermes or llama3_json, got '" +
+                  tool_call_parser + "'");
+  }
   if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
   if (!(shutdown_grace >= 0 && shutdown_grace <= 86400))
     return Fail("--shutdown-grace: must be in [0, 86400] seconds");
@@ -99,6 +110,8 @@ int ServeCommand(int argc, char** argv, int first) {
   served.vocab_size = lm.engine->vocab_size();
   served.max_n = engine_flags.Config().max_n;
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
+  served.tool_format =
+      tool_format.value_or(serve::DetectToolCallFormat(chat_template.tools_source()));
 
   http.host = host;
   http.port = static_cast<int>(port);
@@ -109,10 +122,12 @@ int ServeCommand(int argc, char** argv, int first) {
   if (!bound.ok()) return Fail(bound.message());
 
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
-  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes)%s%s\n",
+  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
+              "%s%s%s\n",
               served.name.c_str(), model_dir.c_str(), served.context_length,
               static_cast<long long>(lm.engine->kv_capacity_tokens()),
               static_cast<long long>(lm.engine->kv_cache_bytes()),
+              serve::ToolCallFormatName(served.tool_format),
               chat_template.has_template() ? "" : ", no chat template (completions only)",
               http.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);

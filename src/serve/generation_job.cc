@@ -65,6 +65,8 @@ GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared,
       s.choice_index = static_cast<int32_t>(p) * n + i;
       s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
                                             /*skip_special_tokens=*/true);
+      if (prepared_.tool_format != ToolCallFormat::kNone)
+        s.tool_parser = std::make_unique<ToolCallParser>(prepared_.tool_format);
       s.full_text = prepared_.prompts[p].echo_text;
       s.unsent_text = s.full_text;
       samples_.push_back(std::move(s));
@@ -96,16 +98,37 @@ TokenLogprobEntry GenerationJob::MakeLogprob(const TokenEvent& e) const {
   return entry;
 }
 
+void GenerationJob::AppendDelta(Sample& s, ToolCallDelta delta) {
+  // parallel_tool_calls false: nothing after the first call counts.
+  if (!prepared_.parallel_tool_calls && !s.tool_calls.empty()) return;
+  if (!prepared_.parallel_tool_calls && delta.calls.size() > 1) delta.calls.resize(1);
+  s.full_text += delta.content;
+  s.unsent_text += delta.content;
+  for (ToolCall& call : delta.calls) {
+    call.id = NewToolCallId();
+    s.tool_calls.push_back(call);
+    s.unsent_tool_calls.push_back(std::move(call));
+  }
+}
+
 void GenerationJob::AppendText(Sample& s, const std::string& text) {
-  s.full_text += text;
-  s.unsent_text += text;
+  if (s.tool_parser == nullptr) {
+    AppendDelta(s, ToolCallDelta{text, {}});
+    return;
+  }
+  AppendDelta(s, s.tool_parser->Push(text));
+  // parallel_tool_calls false: the first call ends the sample (the engine's work is cancelled
+  // once every sample of the prompt is done).
+  if (!prepared_.parallel_tool_calls && !s.tool_calls.empty()) FinishSample(s, "stop");
 }
 
 void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
   if (s.done) return;
-  AppendText(s, s.text->Finish());
   s.done = true;
+  AppendText(s, s.text->Finish());
+  if (s.tool_parser != nullptr) AppendDelta(s, s.tool_parser->Finish());
   s.finish_reason = s.text->stopped() ? "stop" : reason;
+  if (s.finish_reason == "stop" && !s.tool_calls.empty()) s.finish_reason = "tool_calls";
 }
 
 void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
@@ -129,6 +152,7 @@ void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
       }
       TextDelta delta = s.text->Push(e.token_id);
       AppendText(s, delta.text);
+      if (s.done) return;  // its first tool call ended it (parallel_tool_calls false)
       if (delta.stopped) {
         FinishSample(s, "stop");
         return;
@@ -213,6 +237,7 @@ std::variant<nlohmann::json, ApiError> GenerationJob::Result() const {
     c.with_logprobs = prepared_.top_logprobs >= 0;
     c.logprobs = s.logprobs;
     c.finish_reason = s.finish_reason;
+    c.tool_calls = s.tool_calls;
     choices.push_back(std::move(c));
   }
   return FinalBody(meta_, choices, TotalUsage());
@@ -229,10 +254,12 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
   if (!finished_) Pump(wait);
   const bool with_logprobs = prepared_.top_logprobs >= 0;
   for (Sample& s : samples_) {
-    if (!s.unsent_text.empty() || !s.unsent_logprobs.empty()) {
+    if (!s.unsent_text.empty() || !s.unsent_logprobs.empty() || !s.unsent_tool_calls.empty()) {
       ChoiceOutput c;
       c.index = s.choice_index;
       c.text = std::move(s.unsent_text);
+      c.tool_calls = std::move(s.unsent_tool_calls);
+      s.unsent_tool_calls.clear();
       c.with_logprobs = with_logprobs;
       c.logprobs = std::move(s.unsent_logprobs);
       c.text_offset = s.sent_offset;

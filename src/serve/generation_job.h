@@ -23,6 +23,7 @@
 #include "serve/openai_response.h"
 #include "serve/request_builder.h"
 #include "serve/text_stream.h"
+#include "serve/tool_calls.h"
 
 namespace ember::serve {
 
@@ -53,9 +54,11 @@ class GenerationJob {
   struct Sample {
     int32_t choice_index = 0;
     std::unique_ptr<TextStream> text;
+    std::unique_ptr<ToolCallParser> tool_parser;  // chat with tools: calls out of the text
     std::string full_text;                   // everything released so far (with echo)
     std::string unsent_text;                 // streaming: released but not yet sent
     std::vector<TokenLogprobEntry> logprobs, unsent_logprobs;
+    std::vector<ToolCall> tool_calls, unsent_tool_calls;
     int64_t sent_offset = 0;                 // bytes of full_text already streamed
     int32_t num_tokens = 0;
     int64_t last_token_ns = 0;
@@ -77,6 +80,7 @@ class GenerationJob {
   void FinishSample(Sample& sample, const std::string& reason);
   TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
   void AppendText(Sample& sample, const std::string& text);
+  void AppendDelta(Sample& sample, ToolCallDelta delta);
   void OnAllClosed();
   Usage TotalUsage() const;
 

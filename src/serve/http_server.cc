@@ -133,9 +133,10 @@ json HttpServer::ModelJson() const {
       {"stop_strings", true},
       {"seed", true},
       {"logit_bias", true},
-      // Tool definitions reach the prompt through the chat template, but tool calls are not
-      // parsed out of the output yet, so the model cannot be said to support tools.
-      {"tools", false},
+      // Tool definitions reach the prompt through the chat template; calls come back as
+      // tool_calls when the server knows the model's tool-call format.
+      {"tools", chat && model_.tool_format != ToolCallFormat::kNone},
+      {"tool_call_format", ToolCallFormatName(model_.tool_format)},
       {"tool_definitions_in_prompt", chat},
       // JSON mode (json_object); JSON schemas are not compiled to constraints yet.
       {"structured_output", false},

@@ -71,9 +71,8 @@ json FinishJson(const ChoiceOutput& c) {
   return c.finish_reason ? json(*c.finish_reason) : json(nullptr);
 }
 
-}  // namespace
-
-std::string NewResponseId(Endpoint endpoint) {
+// 24 hex digits: a per-process random salt and a counter.
+std::string UniqueSuffix() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}() ^ uint64_t(std::chrono::system_clock::now()
                                                                      .time_since_epoch()
@@ -82,8 +81,28 @@ std::string NewResponseId(Endpoint endpoint) {
   std::snprintf(buf, sizeof(buf), "%016llx%08llx",
                 static_cast<unsigned long long>(salt),
                 static_cast<unsigned long long>(counter.fetch_add(1) & 0xffffffffu));
-  return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + buf;
+  return buf;
 }
+
+json ToolCallsJson(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    json call = {{"id", c.id},
+                 {"type", "function"},
+                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+    if (with_index) call["index"] = c.index;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string NewResponseId(Endpoint endpoint) {
+  return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + UniqueSuffix();
+}
+
+std::string NewToolCallId() { return "call_" + UniqueSuffix(); }
 
 json UsageJson(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -101,7 +120,11 @@ json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choice
     json choice = {{"index", c.index}, {"logprobs", LogprobsJson(meta, c)},
                    {"finish_reason", FinishJson(c)}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      choice["message"] = {{"role", "assistant"},
+                           {"content", c.text.empty() && !c.tool_calls.empty() ? json(nullptr)
+                                                                                : json(c.text)},
+                           {"refusal", nullptr}};
+      if (!c.tool_calls.empty()) choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
     } else {
       choice["text"] = c.text;
     }
@@ -119,6 +142,7 @@ json ChunkBody(const ResponseMeta& meta, const ChoiceOutput& c, bool usage_null)
                  {"finish_reason", FinishJson(c)}};
   if (chat) {
     choice["delta"] = c.text.empty() ? json::object() : json{{"content", c.text}};
+    if (!c.tool_calls.empty()) choice["delta"]["tool_calls"] = ToolCallsJson(c.tool_calls, true);
   } else {
     choice["text"] = c.text;
   }

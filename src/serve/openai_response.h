@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/request_builder.h"
+#include "serve/tool_calls.h"
 
 namespace ember::serve {
 
@@ -42,9 +43,12 @@ struct ChoiceOutput {
   std::vector<TokenLogprobEntry> logprobs;
   int64_t text_offset = 0;              // completions: where `text` starts in the choice
   std::optional<std::string> finish_reason;
+  std::vector<ToolCall> tool_calls;     // chat: the calls (a final body's content is null when
+                                        // it has calls and no text)
 };
 
 std::string NewResponseId(Endpoint endpoint);
+std::string NewToolCallId();  // "call_" + 24 hex digits, unique in this process
 nlohmann::json UsageJson(const Usage& usage);
 
 // Non-streaming body.

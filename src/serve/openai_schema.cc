@@ -239,8 +239,9 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, CommonParams
 
 namespace {
 
-// messages[i]: role + content (string, or text parts joined with "\n"), name, tool_calls,
-// tool_call_id. Returns the normalised message the chat template sees.
+// messages[i]: role + content (string, or text parts joined with "\n"; null only beside
+// tool_calls, then ""), name, tool_calls, tool_call_id. Returns the normalised message the chat
+// template sees.
 MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohmann::json* out) {
   if (!m.is_object()) return WrongType(path, "an object", m);
   ObjectReader r(m, path);
@@ -307,6 +308,10 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
   if (msg["content"].is_null() && !msg.contains("tool_calls"))
     return InvalidRequest(path + ".content: required", path + ".content",
                           "missing_required_parameter");
+  // An assistant turn that only calls tools comes back from clients with content null (as the
+  // response gave it); templates test the content as a string ('</think>' in content), so they
+  // get "" (what transformers' own examples pass).
+  if (msg["content"].is_null()) msg["content"] = "";
   EMBER_RETURN_IF_API_ERROR(r.CheckUnknown());
   *out = std::move(msg);
   return std::nullopt;
@@ -342,6 +347,53 @@ MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
     EMBER_RETURN_IF_API_ERROR(tr.CheckUnknown());
   }
   *tools = *v;
+  return std::nullopt;
+}
+
+// tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": N}} with
+// N one of the tools. Runs after ParseTools.
+MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
+  const nlohmann::json* tc = r.Get("tool_choice");
+  if (tc == nullptr) return std::nullopt;
+  if (tc->is_string()) {
+    const std::string choice = tc->get<std::string>();
+    if (choice == "none") {
+      out->tools = nullptr;  // the model is told about no tools
+    } else if (choice == "required") {
+      if (out->tools.is_null() || out->tools.empty())
+        return InvalidRequest("tool_choice: \"required\" needs at least one tool in tools",
+                              "tool_choice");
+      out->tool_choice = ToolChoice::kRequired;
+    } else if (choice != "auto") {
+      return InvalidRequest("tool_choice: must be \"none\", \"auto\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}}, got '" +
+                                choice + "'",
+                            "tool_choice");
+    }
+    return std::nullopt;
+  }
+  if (!tc->is_object()) return WrongType("tool_choice", "a string or an object", *tc);
+  ObjectReader cr(*tc, "tool_choice");
+  std::string type;
+  EMBER_RETURN_IF_API_ERROR(cr.String("type", &type));
+  if (type != "function")
+    return InvalidRequest("tool_choice.type: must be \"function\"", "tool_choice.type");
+  const nlohmann::json* f = cr.Get("function");
+  if (f == nullptr || !f->is_object())
+    return InvalidRequest("tool_choice.function: required object", "tool_choice.function");
+  ObjectReader fr(*f, "tool_choice.function");
+  std::string name;
+  EMBER_RETURN_IF_API_ERROR(fr.String("name", &name));
+  EMBER_RETURN_IF_API_ERROR(fr.CheckUnknown());
+  EMBER_RETURN_IF_API_ERROR(cr.CheckUnknown());
+  bool known = false;
+  if (out->tools.is_array())
+    for (const nlohmann::json& t : out->tools) known |= t["function"]["name"] == name;
+  if (!known)
+    return InvalidRequest("tool_choice.function.name: '" + name + "' is not one of the tools",
+                          "tool_choice.function.name");
+  out->tool_choice = ToolChoice::kFunction;
+  out->tool_choice_name = name;
   return std::nullopt;
 }
 
@@ -405,19 +457,8 @@ std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const Schem
   out->params.top_logprobs = logprobs ? top_logprobs.value_or(0) : -1;
 
   EMBER_RETURN_IF_API_ERROR(ParseTools(r, &out->tools));
-  if (const nlohmann::json* tc = r.Get("tool_choice")) {
-    if (tc->is_string() && tc->get<std::string>() == "none") {
-      out->tools = nullptr;  // the model is told about no tools
-    } else if (tc->is_string() && tc->get<std::string>() == "auto") {
-      // tools are rendered into the prompt; the model decides
-    } else if (tc->is_string() || tc->is_object()) {
-      return InvalidRequest("tool_choice: only \"auto\" and \"none\" are supported (forcing a "
-                            "tool call needs tool-call parsing, not implemented yet)",
-                            "tool_choice", "unsupported_value");
-    } else {
-      return WrongType("tool_choice", "a string or an object", *tc);
-    }
-  }
+  EMBER_RETURN_IF_API_ERROR(ParseToolChoice(r, out));
+  EMBER_RETURN_IF_API_ERROR(r.Bool("parallel_tool_calls", &out->parallel_tool_calls));
   if (const nlohmann::json* kw = r.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
     out->chat_template_kwargs = *kw;

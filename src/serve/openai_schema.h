@@ -46,10 +46,17 @@ struct CommonParams {
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
 };
 
+// tool_choice: kAuto lets the model decide (the default), kRequired forces one call to any of
+// the tools, kFunction forces one call to `tool_choice_name`; "none" clears `tools` instead.
+enum class ToolChoice { kAuto, kRequired, kFunction };
+
 struct ChatRequest {
   CommonParams params;
-  nlohmann::json messages;  // normalised: every content is a string (text parts joined) or null
+  nlohmann::json messages;  // normalised: every content is a string (text parts joined)
   nlohmann::json tools;     // null or the validated array (null when tool_choice is "none")
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;     // kFunction: a function of `tools`
+  bool parallel_tool_calls = true;  // false: the sample ends after its first call
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
 };
 

@@ -55,7 +55,25 @@ TEST(OpenAiSchemaTest, ParsesAFullChatRequest) {
   EXPECT_EQ(p.top_logprobs, 3);
   EXPECT_EQ(req.messages[1]["content"], "a\nb");
   EXPECT_TRUE(req.tools.is_array());
+  EXPECT_EQ(req.tool_choice, ToolChoice::kAuto);
+  EXPECT_TRUE(req.parallel_tool_calls);
   EXPECT_EQ(req.chat_template_kwargs["enable_thinking"], false);
+}
+
+TEST(OpenAiSchemaTest, ToolChoiceForms) {
+  const std::string head = R"({"messages":[{"role":"user","content":"hi"}],
+      "tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],)";
+  ChatRequest req;
+  ASSERT_FALSE(Chat(head + R"("tool_choice":"required","parallel_tool_calls":false})", &req));
+  EXPECT_EQ(req.tool_choice, ToolChoice::kRequired);
+  EXPECT_FALSE(req.parallel_tool_calls);
+  ChatRequest named;
+  ASSERT_FALSE(Chat(head + R"("tool_choice":{"type":"function","function":{"name":"g"}}})", &named));
+  EXPECT_EQ(named.tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(named.tool_choice_name, "g");
+  ChatRequest none;
+  ASSERT_FALSE(Chat(head + R"("tool_choice":"none"})", &none));
+  EXPECT_TRUE(none.tools.is_null());
 }
 
 // vLLM's extensions for fixed-length generations (benchmarks), and JSON mode: both endpoints.
@@ -135,6 +153,20 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
           "schema":{}}})",
        "response_format.schema"},
       {R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"required"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"always"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":3})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",
+          "function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       "tool_choice.function.name"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",
+          "function":{"name":"f"}}],"tool_choice":{"type":"tool","function":{"name":"f"}}})",
+       "tool_choice.type"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",
+          "function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f",
+          "x":1}}})",
+       "tool_choice.function.x"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"parallel_tool_calls":"no"})",
+       "parallel_tool_calls"},
       {R"({"messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615})", "seed"},
       {R"({"messages":[{"role":"user","content":"hi"}],"user":5})", "user"},
       {R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":1})", "ignore_eos"},

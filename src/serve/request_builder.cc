@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/engine.h"
+#include "sampling/tool_call_constraint.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -132,6 +133,45 @@ Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& r
   return model.chat_template->Render(messages, tools, /*add_generation_prompt=*/true, kwargs);
 }
 
+// Tool calls: which format to parse, and for a forced call (tool_choice "required" or a named
+// function) the constraint that makes the sample one call in that format.
+std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequest& req,
+                                        PreparedRequest* out) {
+  if (req.tools.is_null()) return std::nullopt;  // no tools, or tool_choice "none"
+  out->tool_format = model.tool_format;
+  out->parallel_tool_calls = req.parallel_tool_calls;
+  if (req.tool_choice == ToolChoice::kAuto) return std::nullopt;
+  if (model.tool_format == ToolCallFormat::kNone) {
+    return InvalidRequest("tool_choice: forcing a tool call needs the model's tool-call format, "
+                          "and this model's chat template uses none that the server knows (start "
+                          "it with --tool-call-parser hermes|llama3_json)",
+                          "tool_choice", "unsupported_value");
+  }
+  if (req.params.json_object) {
+    return InvalidRequest("response_format: JSON mode cannot be combined with a forced tool call "
+                          "(tool_choice)",
+                          "response_format");
+  }
+  if (model.token_texts == nullptr) {
+    return InvalidRequest("tool_choice: this model's vocabulary cannot spell a JSON object, so a "
+                          "tool call cannot be forced",
+                          "tool_choice", "unsupported_value");
+  }
+  ToolCallPattern pattern;
+  for (const nlohmann::json& tool : req.tools) {
+    const std::string name = tool["function"]["name"].get<std::string>();
+    if (req.tool_choice == ToolChoice::kFunction && name != req.tool_choice_name) continue;
+    const std::string head = ForcedCallHead(model.tool_format, name);
+    if (std::find(pattern.heads.begin(), pattern.heads.end(), head) == pattern.heads.end())
+      pattern.heads.push_back(head);
+  }
+  pattern.tail = ForcedCallTail(model.tool_format);
+  std::shared_ptr<TokenConstraint> constraint =
+      MakeToolCallConstraint(model.token_texts, std::move(pattern));
+  for (PreparedPrompt& p : out->prompts) p.request.constraint = constraint;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
@@ -174,6 +214,7 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
   if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages", &prompt.request))
     return *err;
   out.prompts.push_back(std::move(prompt));
+  if (auto err = ApplyToolChoice(model, req, &out)) return *err;
   return out;
 }
 

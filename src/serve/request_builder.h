@@ -19,6 +19,7 @@
 #include "sampling/json_constraint.h"
 #include "serve/api_error.h"
 #include "serve/openai_schema.h"
+#include "serve/tool_calls.h"
 
 namespace ember {
 class Tokenizer;
@@ -41,6 +42,9 @@ struct ServedModel {
   // JSON mode (response_format json_object): every token id's text; null when the vocabulary
   // cannot start a JSON object (JSON mode requests are then refused). JsonModeTexts() builds it.
   std::shared_ptr<const TokenTexts> token_texts;
+  // How the model writes tool calls (from its chat template or --tool-call-parser); kNone: tool
+  // calls stay in the content and forcing one (tool_choice) is refused.
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
 };
 
 // The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
@@ -63,6 +67,9 @@ struct PreparedRequest {
   bool stream = false;
   bool include_usage = false;
   int32_t top_logprobs = -1;  // -1: no logprobs
+  // Chat with tools: parse each sample's calls out of its text (kNone: no parsing).
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  bool parallel_tool_calls = true;  // false: a sample ends after its first call
 };
 
 SchemaLimits LimitsFor(const ServedModel& model);

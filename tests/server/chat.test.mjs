@@ -15,7 +15,7 @@ const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 
 async function collectChat(client, params) {
   const stream = await client.chat.completions.create({ ...params, stream: true });
-  const texts = {}, finish = {}, roles = {};
+  const texts = {}, finish = {}, roles = {}, toolCalls = {};
   let usage = null, first = true;
   for await (const chunk of stream) {
     assert.equal(chunk.object, 'chat.completion.chunk');
@@ -25,11 +25,20 @@ async function collectChat(client, params) {
       if (first) assert.equal(c.delta.role, 'assistant', 'the first chunk carries the role');
       if (c.delta.role) roles[c.index] = c.delta.role;
       if (c.delta.content) texts[c.index] = (texts[c.index] ?? '') + c.delta.content;
+      for (const call of c.delta.tool_calls ?? []) {
+        // Merge deltas by call index, as OpenAI clients do.
+        const calls = (toolCalls[c.index] ??= []);
+        const into = (calls[call.index] ??= { id: '', type: '', function: { name: '', arguments: '' } });
+        into.id += call.id ?? '';
+        into.type += call.type ?? '';
+        into.function.name += call.function?.name ?? '';
+        into.function.arguments += call.function?.arguments ?? '';
+      }
       if (c.finish_reason) finish[c.index] = c.finish_reason;
     }
     first = false;
   }
-  return { texts, finish, usage, roles };
+  return { texts, finish, usage, roles, toolCalls };
 }
 
 describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStoriesDir) ?? false }, () => {
@@ -92,6 +101,7 @@ describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStorie
   test('unsupported chat features are 400s naming the field', async () => {
     const bad = [
       [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }, 'response_format.type'],
+      // The plain template has no tool-call syntax, so a call cannot be forced.
       [{ tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
       [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 'messages[0].content[0].type'],
       [{ top_logprobs: 2 }, 'top_logprobs'],
@@ -179,5 +189,57 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     await assert.rejects(client.chat.completions.create({ ...base, max_tokens: 8,
       response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }),
       (err) => err.status === 400 && err.param === 'response_format.type');
+  });
+
+  test('tool calls: forced calls come back as tool_calls (also streamed) and go round the template', async () => {
+    const tools = [
+      { type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
+      { type: 'function', function: { name: 'get_time', parameters: { type: 'object' } } }];
+    // Random weights: nudge '}' (qwen3 id 92) so that the arguments object closes at once.
+    const base = { model: 'test-model', messages: [{ role: 'user', content: 'Weather in Paris?' }],
+                   tools, temperature: 1, seed: 3, max_tokens: 80, logit_bias: { 92: 100 },
+                   chat_template_kwargs: { enable_thinking: false } };
+    const models = await client.models.list();
+    assert.equal(models.data[0].capabilities.tools, true);
+    assert.equal(models.data[0].capabilities.tool_call_format, 'hermes');
+
+    const required = await client.chat.completions.create({ ...base, tool_choice: 'required' });
+    const choice = required.choices[0];
+    assert.equal(choice.finish_reason, 'tool_calls');
+    assert.equal(choice.message.content, null);
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.match(call.id, /^call_/);
+    assert.equal(call.type, 'function');
+    assert.ok(['get_weather', 'get_time'].includes(call.function.name), call.function.name);
+    assert.deepEqual(JSON.parse(call.function.arguments), {});
+
+    const streamed = await collectChat(client, { ...base, tool_choice: 'required' });
+    assert.equal(streamed.finish[0], 'tool_calls');
+    assert.equal(streamed.texts[0], undefined, 'no content around the call');
+    assert.equal(streamed.toolCalls[0].length, 1);
+    assert.equal(streamed.toolCalls[0][0].function.name, call.function.name);
+    assert.equal(streamed.toolCalls[0][0].function.arguments, call.function.arguments);
+
+    for (const name of ['get_weather', 'get_time']) {
+      const named = await client.chat.completions.create({ ...base, parallel_tool_calls: false,
+        tool_choice: { type: 'function', function: { name } } });
+      assert.equal(named.choices[0].message.tool_calls[0].function.name, name);
+      assert.equal(named.choices[0].finish_reason, 'tool_calls');
+    }
+
+    // The client sends the call and its result back; the template renders both.
+    const followUp = await client.chat.completions.create({ ...base, max_tokens: 4, logit_bias: {},
+      messages: [...base.messages,
+                 { role: 'assistant', content: null, tool_calls: [call] },
+                 { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' }] });
+    assert.ok(followUp.usage.prompt_tokens > required.usage.prompt_tokens);
+
+    await assert.rejects(client.chat.completions.create({ ...base, tool_choice: 'required',
+      response_format: { type: 'json_object' } }), (err) => err.status === 400 && err.param === 'response_format');
+    await assert.rejects(client.chat.completions.create({ ...base,
+      tool_choice: { type: 'function', function: { name: 'nope' } } }),
+      (err) => err.status === 400 && err.param === 'tool_choice.function.name');
   });
 });
