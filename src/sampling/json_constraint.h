@@ -34,9 +34,22 @@ class JsonScanner {
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxWhitespaceRun = 64;
 
+  // A scanner of one JSON value of any kind (not only an object), for schemas' untyped and
+  // scalar values. A number at the top level never reports Done (the byte after it decides):
+  // its owner asks NumberComplete() before stepping a byte that cannot continue it.
+  static JsonScanner AnyValue() {
+    JsonScanner s;
+    s.mode_ = kValue;
+    return s;
+  }
+
   bool Step(uint8_t c);  // false (state unchanged or garbage; discard the copy) if c may not come
   bool Done() const { return mode_ == kDone; }
   bool InPlainString() const { return mode_ == kString; }  // between characters of a string
+  // A top-level number that could end here (digits after the sign, the dot or the exponent).
+  bool NumberComplete() const {
+    return depth_ == 0 && (mode_ == kNumZero || mode_ == kNumInt || mode_ == kNumFrac || mode_ == kNumExp);
+  }
 
  private:
   enum Mode : uint8_t {

@@ -1,0 +1,124 @@
+// Structured output with a JSON Schema (`response_format: {"type": "json_schema"}`): the sample's
+// text must be one JSON value valid against the schema. CompileJsonSchema turns the supported
+// subset into a graph of nodes; JsonSchemaMachine is the byte machine of that language for
+// ByteMachineConstraint (json_constraint.h).
+//
+// Supported: `type` (a name or a list), `enum`, `const`, `properties` + `required` (properties are
+// written in the schema's order; optional ones may be left out; no others are generated),
+// `additionalProperties` (a schema for the values of an object without `properties`), `items`,
+// `minItems`, `maxItems`, `anyOf` / `oneOf` whose branches start with different bytes (string vs
+// number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion allowed),
+// and annotations that do not constrain (`title`, `description`, `default`, `examples`,
+// `format`, ...). Anything else that would constrain the value (`pattern`, `minLength`,
+// `minimum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword and its
+// path, never a silent no-op. The root must be an object schema. Strings are any valid JSON
+// strings; whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes; schema
+// containers nest at most kMaxFrames deep (a deeper value cannot be generated).
+//
+// The compiled schema is immutable and shared; the machine borrows it (the constraint owns it)
+// and is a small value copied freely.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "sampling/json_constraint.h"
+#include "sampling/token_constraint.h"
+#include "util/status.h"
+
+namespace ember {
+
+struct JsonSchemaNode {
+  enum Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull,
+                        kLiterals, kUnion };
+  struct Property {
+    std::string key;  // JSON text of the key with its quotes, e.g. "\"name\""
+    int32_t node = 0;
+    bool required = false;
+  };
+  Kind kind = kAny;
+  // kObject: properties in order; without properties, any keys whose values match `values`.
+  std::vector<Property> properties;
+  bool any_keys = false;  // kObject without properties: any keys (additionalProperties not false)
+  int32_t values = -1;    // ... whose values match this node (-1: any value)
+  // kArray
+  int32_t items = -1;  // -1: any value
+  int32_t min_items = 0, max_items = INT32_MAX;
+  // kLiterals: the compact JSON text of each allowed value, sorted.
+  std::vector<std::string> literals;
+  // kUnion: the branch node for each first byte (-1: none).
+  std::array<int32_t, 256> branch_by_first_byte{};
+};
+
+struct CompiledJsonSchema {
+  std::vector<JsonSchemaNode> nodes;
+  int32_t root = 0;  // an object node
+};
+
+// `path` names the schema in errors (e.g. "response_format.json_schema.schema"). The schema is an
+// ordered_json: properties are generated in the order the client wrote them.
+Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const nlohmann::ordered_json& schema,
+                                                                    const std::string& path);
+
+class JsonSchemaMachine {
+ public:
+  static constexpr int kMaxFrames = 16;
+
+  JsonSchemaMachine() = default;
+  explicit JsonSchemaMachine(const CompiledJsonSchema* schema);  // borrowed
+
+  bool Step(uint8_t c);  // false if c may not come (the state is then garbage)
+  bool Done() const { return done_; }
+  bool InPlainString() const { return leaf_ == kLeafScanner && scanner_.InPlainString(); }
+
+ private:
+  enum Phase : uint8_t {
+    kObjectOpen,   // after '{': a key, or '}' when nothing required is left
+    kObjectKey,    // after ',': a key
+    kColon,        // after a key
+    kMemberValue,  // after ':': the value
+    kAfterMember,  // ',' or '}'
+    kArrayOpen,    // after '[': an item or ']'
+    kArrayItem,    // after ',': an item
+    kAfterItem,    // ',' or ']'
+  };
+  struct Frame {
+    uint16_t node;
+    Phase phase;
+    uint8_t pad;
+    uint16_t index;  // object: next property; array: items so far
+    uint16_t value;  // object: the node of the member being read (+1; 0: any)
+  };
+  enum Leaf : uint8_t { kLeafNone, kLeafScanner, kLeafLiteral, kLeafKey };
+  enum LiteralStep : uint8_t { kLiteralTook, kLiteralRefused, kLiteralEnded };
+
+  bool StartValue(int32_t node, uint8_t c);
+  bool StepStructure(uint8_t c);
+  LiteralStep StepLiteral(uint8_t c);
+  bool StepKey(uint8_t c);
+  void ValueDone();
+  bool CanClose(const Frame& f) const;
+  uint64_t KeyCandidates(const Frame& f) const;
+
+  const CompiledJsonSchema* schema_ = nullptr;
+  std::array<Frame, kMaxFrames> frames_{};
+  uint8_t depth_ = 0;
+  Leaf leaf_ = kLeafNone;
+  bool integer_ = false;  // the leaf scanner reads an integer
+  bool done_ = false;
+  uint8_t ws_run_ = 0;
+  JsonScanner scanner_;
+  uint16_t lit_node_ = 0, lit_lo_ = 0, lit_hi_ = 0, lit_pos_ = 0;  // kLeafLiteral
+  uint64_t key_mask_ = 0;                                         // kLeafKey: keys still possible
+};
+
+// JSON-schema structured output over `texts` (json_constraint.h).
+std::shared_ptr<TokenConstraint> MakeJsonSchemaConstraint(
+    std::shared_ptr<const TokenTexts> texts, std::shared_ptr<const CompiledJsonSchema> schema);
+
+}  // namespace ember
