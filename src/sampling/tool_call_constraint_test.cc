@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -19,7 +20,8 @@ struct Scan {
 // The reference: some head is a prefix of `text` (or `text` of it); after the head the rest is
 // a JSON object prefix, then a prefix of the tail.
 Scan Reference(const ToolCallPattern& p, const std::string& text) {
-  for (const std::string& head : p.heads) {
+  for (const ToolCallPattern::Call& call : p.calls) {
+    const std::string& head = call.head;
     if (head.starts_with(text)) return {true, false};
     if (!text.starts_with(head)) continue;
     JsonScanner json;
@@ -39,7 +41,7 @@ Scan Reference(const ToolCallPattern& p, const std::string& text) {
 ToolCallPattern HermesLike() {
   ToolCallPattern p;
   for (const char* name : {"get_weather", "get_time", "f", "get"})
-    p.heads.push_back(std::string("<call>{\"name\": \"") + name + "\", \"arguments\": ");
+    p.calls.push_back({std::string("<call>{\"name\": \"") + name + "\", \"arguments\": ", nullptr});
   p.tail = "}</call>";
   return p;
 }
@@ -94,7 +96,7 @@ TEST(ToolCallConstraintTest, NamesAreMatchedWhole) {
                                                     "_time", "_weather", "{}", "}</call>", "x"};
   auto texts = TokenTexts::Build(pieces);
   ToolCallPattern one;
-  one.heads = {"<call>{\"name\": \"get_time\", \"arguments\": "};
+  one.calls = {{"<call>{\"name\": \"get_time\", \"arguments\": ", nullptr}};
   one.tail = "}</call>";
   std::shared_ptr<TokenConstraint> c = MakeToolCallConstraint(texts, one);
   std::vector<uint8_t> allowed;
@@ -110,6 +112,30 @@ TEST(ToolCallConstraintTest, NamesAreMatchedWhole) {
   EXPECT_TRUE(c->Done());
   EXPECT_FALSE(copy->Accept(3));  // the clone kept its own state (after "get")
   EXPECT_FALSE(MakeToolCallConstraint(texts, one)->Accept(6));
+}
+
+TEST(ToolCallConstraintTest, ArgumentsFollowTheCallsSchema) {
+  std::vector<std::optional<std::string>> pieces;
+  for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
+  auto texts = TokenTexts::Build(pieces);
+  auto schema = CompileJsonSchema(nlohmann::ordered_json::parse(
+                                      R"({"type": "object", "properties": {"x": {"type": "integer"}},
+                                          "required": ["x"]})"),
+                                  "parameters");
+  ASSERT_TRUE(schema.ok()) << schema.message();
+  ToolCallPattern p;
+  p.calls = {{"<call>a:", *schema}, {"<call>b:", nullptr}};
+  p.tail = "</call>";
+  auto accepts = [&](const std::string& text) {
+    std::shared_ptr<TokenConstraint> c = MakeToolCallConstraint(texts, p);
+    for (char ch : text)
+      if (!c->Accept(ch - 0x20)) return false;
+    return c->Done();
+  };
+  EXPECT_TRUE(accepts("<call>a:{\"x\": 5}</call>"));
+  EXPECT_FALSE(accepts("<call>a:{\"x\": 5.5}</call>"));
+  EXPECT_FALSE(accepts("<call>a:{\"y\": 5}</call>"));
+  EXPECT_TRUE(accepts("<call>b:{\"y\": [5.5]}</call>"));
 }
 
 }  // namespace
