@@ -138,9 +138,9 @@ json HttpServer::ModelJson() const {
       {"tools", chat && model_.tool_format != ToolCallFormat::kNone},
       {"tool_call_format", ToolCallFormatName(model_.tool_format)},
       {"tool_definitions_in_prompt", chat},
-      // JSON mode (json_object); JSON schemas are not compiled to constraints yet.
-      {"structured_output", false},
-      {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object"})
+      // JSON mode and JSON schemas (the supported subset: src/serve/README.md).
+      {"structured_output", model_.token_texts != nullptr},
+      {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})
                                                          : json::array({"text"})},
       {"embeddings", false},
       {"vision", false},
@@ -176,7 +176,7 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
     return;
   }
   Prepared prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body, req.body)
-                                                  : PrepareCompletion(model_, body);
+                                                  : PrepareCompletion(model_, body, req.body);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     SendError(res, *error);
     return;

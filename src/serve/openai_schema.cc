@@ -397,8 +397,9 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
   return std::nullopt;
 }
 
-// response_format: {"type": "text"} or {"type": "json_object"} (JSON mode); "json_schema" is
-// refused until schemas are compiled to constraints.
+// response_format: {"type": "text"}, {"type": "json_object"} (JSON mode) or {"type":
+// "json_schema", "json_schema": {"name", "schema", "strict", "description"}}. The schema itself is
+// compiled by the request builder (from the body in the client's key order).
 MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   const nlohmann::json* v = r.Get("response_format");
   if (v == nullptr) return std::nullopt;
@@ -408,9 +409,28 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   EMBER_RETURN_IF_API_ERROR(fr.String("type", &type));
   if (type == "json_object") {
     p->json_object = true;
+  } else if (type == "json_schema") {
+    const nlohmann::json* js = fr.Get("json_schema");
+    if (js == nullptr || !js->is_object())
+      return InvalidRequest("response_format.json_schema: required object {name, schema}",
+                            "response_format.json_schema", "missing_required_parameter");
+    ObjectReader sr(*js, "response_format.json_schema");
+    std::string name, description;
+    bool strict = false;
+    EMBER_RETURN_IF_API_ERROR(sr.String("name", &name));
+    EMBER_RETURN_IF_API_ERROR(sr.String("description", &description));
+    EMBER_RETURN_IF_API_ERROR(sr.Bool("strict", &strict));  // always enforced
+    const nlohmann::json* schema = sr.Get("schema");
+    if (schema == nullptr)
+      return InvalidRequest("response_format.json_schema.schema: required",
+                            "response_format.json_schema.schema", "missing_required_parameter");
+    if (!schema->is_object())
+      return WrongType("response_format.json_schema.schema", "an object (JSON Schema)", *schema);
+    EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
+    p->json_schema = true;
   } else if (type != "text") {
-    return InvalidRequest("response_format.type: \"text\" and \"json_object\" are supported "
-                          "(a JSON schema is not yet), got '" + type + "'",
+    return InvalidRequest("response_format.type: must be \"text\", \"json_object\" or "
+                          "\"json_schema\", got '" + type + "'",
                           "response_format.type", "unsupported_value");
   }
   return fr.CheckUnknown();

@@ -44,6 +44,9 @@ struct CommonParams {
   bool ignore_eos = false;
   int32_t min_tokens = 0;
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
+  // response_format {"type": "json_schema"}: the output is valid against
+  // response_format.json_schema.schema (the request builder compiles it).
+  bool json_schema = false;
 };
 
 // tool_choice: kAuto lets the model decide (the default), kRequired forces one call to any of

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/engine.h"
+#include "sampling/json_schema.h"
 #include "sampling/tool_call_constraint.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -35,11 +36,35 @@ SamplingParams ToSampling(const ServedModel& model, const CommonParams& p) {
   return s;
 }
 
+// response_format's constraint (null for text): JSON mode, or the compiled JSON schema (taken
+// from the raw body when there is one, so that properties keep the client's order).
+using Constraint = std::shared_ptr<const TokenConstraint>;
+std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model, const CommonParams& p,
+                                                    const nlohmann::json& body,
+                                                    std::string_view raw_body) {
+  if (!p.json_object && !p.json_schema) return Constraint();
+  if (model.token_texts == nullptr) {
+    return InvalidRequest("response_format: structured output is not available for this model: "
+                          "no token of its vocabulary can start a JSON object",
+                          "response_format", "unsupported_value");
+  }
+  if (p.json_object) return Constraint(std::make_shared<JsonObjectConstraint>(model.token_texts));
+  using ordered = nlohmann::ordered_json;
+  ordered raw = raw_body.empty() ? ordered() : ordered::parse(raw_body, nullptr, false);
+  const std::string path = "response_format.json_schema.schema";
+  ordered schema = raw.is_object() && raw.contains("response_format")
+                       ? raw["response_format"]["json_schema"]["schema"]
+                       : ordered::parse(body["response_format"]["json_schema"]["schema"].dump());
+  auto compiled = CompileJsonSchema(schema, path);
+  if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
+  return Constraint(MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled)));
+}
+
 // Fills max_tokens and checks the prompt against the context. `prompt_field` names the field
 // that carried the prompt, for the error.
 std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonParams& p,
                                       Endpoint endpoint, const std::string& prompt_field,
-                                      GenerationRequest* r) {
+                                      const Constraint& constraint, GenerationRequest* r) {
   const int64_t prompt_len = static_cast<int64_t>(r->prompt_ids.size());
   if (prompt_len == 0) return InvalidRequest(prompt_field + ": the prompt is empty", prompt_field);
   const int64_t room = int64_t{model.context_length} - prompt_len;
@@ -81,14 +106,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
                           "min_tokens");
   }
   r->ignore_eos = p.ignore_eos;
-  if (p.json_object) {
-    if (model.token_texts == nullptr) {
-      return InvalidRequest("response_format: JSON mode is not available for this model: no token "
-                                "of its vocabulary can start a JSON object",
-                            "response_format", "unsupported_value");
-    }
-    r->constraint = std::make_shared<JsonObjectConstraint>(model.token_texts);
-  }
+  r->constraint = constraint;
   r->sampling = ToSampling(model, p);
   r->n = p.n;
   Status st = r->sampling.Validate(model.vocab_size);
@@ -134,9 +152,12 @@ Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& r
 }
 
 // Tool calls: which format to parse, and for a forced call (tool_choice "required" or a named
-// function) the constraint that makes the sample one call in that format.
+// function) the constraint that makes the sample one call in that format. A called function's
+// arguments follow its `parameters` schema when that compiles (json_schema.h); when it does not,
+// a function marked `strict` is a 400 and any other gets any JSON object (as OpenAI's non-strict
+// functions, the schema is then only a hint). `raw_body` gives the schemas in the client's order.
 std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequest& req,
-                                        PreparedRequest* out) {
+                                        std::string_view raw_body, PreparedRequest* out) {
   if (req.tools.is_null()) return std::nullopt;  // no tools, or tool_choice "none"
   out->tool_format = model.tool_format;
   out->parallel_tool_calls = req.parallel_tool_calls;
@@ -147,9 +168,9 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "it with --tool-call-parser hermes|llama3_json)",
                           "tool_choice", "unsupported_value");
   }
-  if (req.params.json_object) {
-    return InvalidRequest("response_format: JSON mode cannot be combined with a forced tool call "
-                          "(tool_choice)",
+  if (req.params.json_object || req.params.json_schema) {
+    return InvalidRequest("response_format: structured output cannot be combined with a forced "
+                          "tool call (tool_choice)",
                           "response_format");
   }
   if (model.token_texts == nullptr) {
@@ -157,13 +178,31 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "tool call cannot be forced",
                           "tool_choice", "unsupported_value");
   }
+  using ordered = nlohmann::ordered_json;
+  ordered raw = raw_body.empty() ? ordered() : ordered::parse(raw_body, nullptr, false);
+  const ordered tools = raw.is_object() && raw.contains("tools") ? raw["tools"]
+                                                                 : ordered::parse(req.tools.dump());
   ToolCallPattern pattern;
-  for (const nlohmann::json& tool : req.tools) {
-    const std::string name = tool["function"]["name"].get<std::string>();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered& function = tools[i]["function"];
+    const std::string name = function["name"].get<std::string>();
     if (req.tool_choice == ToolChoice::kFunction && name != req.tool_choice_name) continue;
-    const std::string head = ForcedCallHead(model.tool_format, name);
-    if (std::find(pattern.heads.begin(), pattern.heads.end(), head) == pattern.heads.end())
-      pattern.heads.push_back(head);
+    ToolCallPattern::Call call{ForcedCallHead(model.tool_format, name), nullptr};
+    const bool duplicate = std::any_of(pattern.calls.begin(), pattern.calls.end(),
+                                       [&](const auto& c) { return c.head == call.head; });
+    if (duplicate) continue;  // the first definition of a name wins
+    if (function.contains("parameters")) {
+      const std::string path = "tools[" + std::to_string(i) + "].function.parameters";
+      auto compiled = CompileJsonSchema(function["parameters"], path);
+      if (compiled.ok()) {
+        call.arguments = std::move(*compiled);
+      } else if (function.value("strict", false)) {
+        return InvalidRequest(compiled.message() + " (the function is strict, and tool_choice "
+                                                   "forces a call to it)",
+                              path, "unsupported_value");
+      }
+    }
+    pattern.calls.push_back(std::move(call));
   }
   pattern.tail = ForcedCallTail(model.tool_format);
   std::shared_ptr<TokenConstraint> constraint =
@@ -211,18 +250,24 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
   PreparedPrompt prompt;
   // The rendered template already holds the special tokens (BOS, role markers).
   prompt.request.prompt_ids = model.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-  if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages", &prompt.request))
+  auto constraint = OutputConstraint(model, req.params, body, raw_body);
+  if (auto* err = std::get_if<ApiError>(&constraint)) return *err;
+  if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages",
+                               std::get<Constraint>(constraint), &prompt.request))
     return *err;
   out.prompts.push_back(std::move(prompt));
-  if (auto err = ApplyToolChoice(model, req, &out)) return *err;
+  if (auto err = ApplyToolChoice(model, req, raw_body, &out)) return *err;
   return out;
 }
 
-Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body) {
+Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
+                           std::string_view raw_body) {
   CompletionRequest req;
   if (auto err = ParseCompletionRequest(body, LimitsFor(model), &req)) return *err;
   if (auto err = CheckModelName(model, req.params)) return *err;
   PreparedRequest out = Skeleton(Endpoint::kCompletion, req.params);
+  auto constraint = OutputConstraint(model, req.params, body, raw_body);
+  if (auto* err = std::get_if<ApiError>(&constraint)) return *err;
   for (PromptInput& in : req.prompts) {
     PreparedPrompt prompt;
     if (in.is_token_ids) {
@@ -234,7 +279,8 @@ Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body)
       if (req.echo) prompt.echo_text = in.text;
     }
     if (auto err =
-            FinishRequest(model, req.params, Endpoint::kCompletion, "prompt", &prompt.request))
+            FinishRequest(model, req.params, Endpoint::kCompletion, "prompt",
+                          std::get<Constraint>(constraint), &prompt.request))
       return *err;
     out.prompts.push_back(std::move(prompt));
   }

@@ -39,8 +39,9 @@ struct ServedModel {
   int32_t context_length = 0;
   int32_t vocab_size = 0;
   int32_t max_n = 16;
-  // JSON mode (response_format json_object): every token id's text; null when the vocabulary
-  // cannot start a JSON object (JSON mode requests are then refused). JsonModeTexts() builds it.
+  // Structured output (response_format, forced tool calls): every token id's text; null when the
+  // vocabulary cannot start a JSON object (such requests are then refused). JsonModeTexts()
+  // builds it.
   std::shared_ptr<const TokenTexts> token_texts;
   // How the model writes tool calls (from its chat template or --tool-call-parser); kNone: tool
   // calls stay in the content and forcing one (tool_choice) is refused.
@@ -76,9 +77,11 @@ SchemaLimits LimitsFor(const ServedModel& model);
 
 using Prepared = std::variant<PreparedRequest, ApiError>;
 // `raw_body` (optional) is the request text: when given, tool schemas, tool-call arguments and
-// chat_template_kwargs reach the template in the client's key order.
+// chat_template_kwargs reach the template, and a response_format JSON schema's properties reach
+// the output, in the client's key order.
 Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
                      std::string_view raw_body = {});
-Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body);
+Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
+                           std::string_view raw_body = {});
 
 }  // namespace ember::serve

@@ -100,7 +100,8 @@ describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStorie
 
   test('unsupported chat features are 400s naming the field', async () => {
     const bad = [
-      [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }, 'response_format.type'],
+      // TinyStories' vocabulary cannot spell '{': no structured output.
+      [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }, 'response_format'],
       // The plain template has no tool-call syntax, so a call cannot be forced.
       [{ tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
       [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 'messages[0].content[0].type'],
@@ -166,10 +167,10 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     const models = await client.models.list();
     assert.equal(models.data[0].capabilities.chat_completions, true);
     assert.equal(models.data[0].context_length, 40960);
-    assert.deepEqual(models.data[0].capabilities.response_formats, ['text', 'json_object']);
+    assert.deepEqual(models.data[0].capabilities.response_formats, ['text', 'json_object', 'json_schema']);
   });
 
-  test('JSON mode: the output is one JSON object (also streamed); json_schema is refused', async () => {
+  test('JSON mode: the output is one JSON object (also streamed)', async () => {
     const base = { model: 'test-model', messages: [{ role: 'user', content: 'JSON please' }],
                    temperature: 1, seed: 5, chat_template_kwargs: { enable_thinking: false },
                    response_format: { type: 'json_object' } };
@@ -186,9 +187,39 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     // Unnudged, the random model writes a long string: cut by max_tokens, still an object's start.
     const open = await client.chat.completions.create({ ...base, max_tokens: 24 });
     assert.ok(open.choices[0].message.content.startsWith('{'), open.choices[0].message.content);
-    await assert.rejects(client.chat.completions.create({ ...base, max_tokens: 8,
-      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }),
-      (err) => err.status === 400 && err.param === 'response_format.type');
+  });
+
+  test('JSON schema: the output is valid against the schema (also streamed); unsupported keywords are 400s', async () => {
+    const schema = { type: 'object', additionalProperties: false, required: ['ok', 'count', 'color', 'note'],
+                     properties: { ok: { type: 'boolean' }, count: { type: 'integer' },
+                                   color: { enum: ['red', 'green'] }, note: { type: ['null', 'number'] },
+                                   list: { type: 'array', items: { type: 'integer' }, maxItems: 2 } } };
+    // Random weights: nudge '}' and ',' (qwen3 ids 92, 11) so that the object closes in time.
+    const params = { model: 'test-model', messages: [{ role: 'user', content: 'JSON please' }],
+                     temperature: 1, seed: 7, max_tokens: 400, logit_bias: { 92: 30, 11: 30 },
+                     chat_template_kwargs: { enable_thinking: false },
+                     response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } } };
+    const r = await client.chat.completions.create(params);
+    assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+    const value = JSON.parse(r.choices[0].message.content);
+    assert.deepEqual(Object.keys(value).slice(0, 3), ['ok', 'count', 'color'], 'the schema\'s order');
+    assert.equal(typeof value.ok, 'boolean');
+    assert.ok(Number.isInteger(value.count));
+    assert.ok(['red', 'green'].includes(value.color));
+    assert.ok(value.note === null || typeof value.note === 'number');
+    assert.ok(value.list === undefined || (value.list.length <= 2 && value.list.every(Number.isInteger)));
+    const s = await collectChat(client, params);
+    assert.equal(s.texts[0], r.choices[0].message.content);
+    const completion = await client.completions.create({ model: 'test-model', prompt: 'JSON:', temperature: 1,
+      seed: 7, max_tokens: 400, logit_bias: { 92: 30, 11: 30 }, response_format: params.response_format });
+    assert.equal(completion.choices[0].finish_reason, 'stop');
+    assert.equal(typeof JSON.parse(completion.choices[0].text).ok, 'boolean');
+    for (const [bad, param] of [[{ type: 'object', properties: { a: { type: 'string', pattern: 'x' } } }, 'response_format.json_schema.schema'],
+                                [{ type: 'string' }, 'response_format.json_schema.schema']]) {
+      await assert.rejects(client.chat.completions.create({ ...params, max_tokens: 8,
+        response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bad } } }),
+        (err) => err.status === 400 && err.param === param && err.message.includes(param));
+    }
   });
 
   test('tool calls: forced calls come back as tool_calls (also streamed) and go round the template', async () => {
@@ -228,6 +259,20 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
       assert.equal(named.choices[0].message.tool_calls[0].function.name, name);
       assert.equal(named.choices[0].finish_reason, 'tool_calls');
     }
+
+    // A forced call's arguments follow the function's parameters schema.
+    const book = { type: 'function', function: { name: 'book', parameters: { type: 'object',
+      properties: { city: { type: 'string' }, nights: { type: 'integer' } }, required: ['city'] } } };
+    const booked = await client.chat.completions.create({ ...base, tools: [...tools, book],
+      logit_bias: { 92: 100, 1: 100 }, tool_choice: { type: 'function', function: { name: 'book' } } });
+    assert.equal(booked.choices[0].finish_reason, 'tool_calls');
+    const args = JSON.parse(booked.choices[0].message.tool_calls[0].function.arguments);
+    assert.equal(typeof args.city, 'string');
+    assert.ok(Object.keys(args).every((k) => k === 'city' || k === 'nights'), JSON.stringify(args));
+    await assert.rejects(client.chat.completions.create({ ...base, tool_choice: 'required',
+      tools: [{ type: 'function', function: { name: 'f', strict: true,
+        parameters: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } }] }),
+      (err) => err.status === 400 && err.param === 'tools[0].function.parameters');
 
     // The client sends the call and its result back; the template renders both.
     const followUp = await client.chat.completions.create({ ...base, max_tokens: 4, logit_bias: {},
