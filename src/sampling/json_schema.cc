@@ -32,6 +32,7 @@ const std::set<std::string>& Annotations() {
 const std::set<std::string>& Understood() {
   static const std::set<std::string> k = {"type", "enum", "const", "properties", "required",
                                           "additionalProperties", "items", "minItems", "maxItems",
+                                          "minLength", "maxLength",
                                           "anyOf", "oneOf", "$ref"};
   return k;
 }
@@ -240,6 +241,15 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     EMBER_RETURN_IF_ERROR(FillArray(node, s, path));
   } else if (type == "string") {
     node.kind = JsonSchemaNode::kString;
+    for (const char* key : {"minLength", "maxLength"}) {
+      const auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_number_unsigned() || it->get<uint64_t>() > INT32_MAX)
+        return Unsupported(path + "." + key, "must be a non-negative integer");
+      (key[1] == 'i' ? node.min_length : node.max_length) = it->get<int32_t>();
+    }
+    if (node.min_length > node.max_length)
+      return Unsupported(path + ".minLength", "exceeds maxLength: no string fits");
   } else if (type == "number") {
     node.kind = JsonSchemaNode::kNumber;
   } else if (type == "integer") {
@@ -356,6 +366,7 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
   auto scan = [this](bool integer, uint8_t first) {
     scanner_ = JsonScanner::AnyValue();
     integer_ = integer;
+    bounded_ = false;
     leaf_ = kLeafScanner;
     return scanner_.Step(first);
   };
@@ -370,7 +381,12 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       frames_[depth_++] = Frame{static_cast<uint16_t>(node_id), object ? kObjectOpen : kArrayOpen, 0, 0, 0};
       return true;
     }
-    case JsonSchemaNode::kString: return c == '"' && scan(false, c);
+    case JsonSchemaNode::kString:
+      if (c != '"' || !scan(false, c)) return false;
+      bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
+      leaf_node_ = static_cast<uint16_t>(node_id);
+      chars_ = 0;
+      return true;
     case JsonSchemaNode::kNumber: return (c == '-' || IsDigit(c)) && scan(false, c);
     case JsonSchemaNode::kInteger: return (c == '-' || IsDigit(c)) && scan(true, c);
     case JsonSchemaNode::kBoolean: return (c == 't' || c == 'f') && scan(false, c);
@@ -457,6 +473,7 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
       f.value = static_cast<uint16_t>(n.values + 1);
       scanner_ = JsonScanner::AnyValue();
       integer_ = false;
+      bounded_ = false;
       leaf_ = kLeafScanner;
       return scanner_.Step(c);
     }
@@ -509,6 +526,12 @@ bool JsonSchemaMachine::Step(uint8_t c) {
         break;
       }
       if (integer_ && (c == '.' || c == 'e' || c == 'E')) return false;
+      if (bounded_ && scanner_.InPlainString()) {  // c closes the string or starts a character
+        const JsonSchemaNode& n = schema_->nodes[leaf_node_];
+        if (c == '"' ? chars_ < static_cast<uint32_t>(n.min_length)
+                     : ++chars_ > static_cast<uint32_t>(n.max_length))
+          return false;
+      }
       if (!scanner_.Step(c)) return false;
       if (scanner_.Done()) {
         leaf_ = kLeafNone;

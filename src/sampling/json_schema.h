@@ -6,12 +6,13 @@
 // Supported: `type` (a name or a list), `enum`, `const`, `properties` + `required` (properties are
 // written in the schema's order; optional ones may be left out; no others are generated),
 // `additionalProperties` (a schema for the values of an object without `properties`), `items`,
-// `minItems`, `maxItems`, `anyOf` / `oneOf` whose branches start with different bytes (string vs
+// `minItems`, `maxItems`, `minLength`, `maxLength`, `anyOf` / `oneOf` whose branches start with different bytes (string vs
 // number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion allowed),
 // and annotations that do not constrain (`title`, `description`, `default`, `examples`,
 // `format`, ...). Anything else that would constrain the value (`pattern`, `minLength`,
 // `minimum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword and its
-// path, never a silent no-op. The root must be an object schema. Strings are any valid JSON
+// path, never a silent no-op.
+// (`minLength`/`maxLength` count code points, an escape sequence being one.) The root must be an object schema. Strings are any valid JSON
 // strings; whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes; schema
 // containers nest at most kMaxFrames deep (a deeper value cannot be generated).
 //
@@ -49,6 +50,8 @@ struct JsonSchemaNode {
   // kArray
   int32_t items = -1;  // -1: any value
   int32_t min_items = 0, max_items = INT32_MAX;
+  // kString: bounds on the number of characters (code points; an escape is one).
+  int32_t min_length = 0, max_length = INT32_MAX;
   // kLiterals: the compact JSON text of each allowed value, sorted.
   std::vector<std::string> literals;
   // kUnion: the branch node for each first byte (-1: none).
@@ -74,7 +77,10 @@ class JsonSchemaMachine {
 
   bool Step(uint8_t c);  // false if c may not come (the state is then garbage)
   bool Done() const { return done_; }
-  bool InPlainString() const { return leaf_ == kLeafScanner && scanner_.InPlainString(); }
+  // (Not inside a string whose length is bounded: there every token must be counted.)
+  bool InPlainString() const {
+    return leaf_ == kLeafScanner && !bounded_ && scanner_.InPlainString();
+  }
 
  private:
   enum Phase : uint8_t {
@@ -110,6 +116,9 @@ class JsonSchemaMachine {
   uint8_t depth_ = 0;
   Leaf leaf_ = kLeafNone;
   bool integer_ = false;  // the leaf scanner reads an integer
+  bool bounded_ = false;  // the leaf scanner reads a string with length bounds (leaf_node_)
+  uint16_t leaf_node_ = 0;
+  uint32_t chars_ = 0;    // bounded_: characters so far
   bool done_ = false;
   uint8_t ws_run_ = 0;
   JsonScanner scanner_;

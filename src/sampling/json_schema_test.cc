@@ -80,6 +80,18 @@ TEST(JsonSchemaTest, RefusesInvalidDocuments) {
   }
 }
 
+TEST(JsonSchemaTest, StringLengthsCountCharacters) {
+  auto s = Compile(R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2,
+      "maxLength": 3}, "t": {"type": ["string", "null"], "maxLength": 1}}})");
+  ASSERT_NE(s, nullptr);
+  for (const std::string ok : {R"({"s": "ab"})", R"({"s": "abc"})", R"({"s": "é中"})",
+                               R"({"s": "\n\u00e9x"})", R"({"t": null})", R"({"t": "x"})", R"({"t": ""})"})
+    EXPECT_TRUE(ScanText(*s, ok).done) << ok;
+  for (const std::string bad : {R"({"s": "a"})", R"({"s": "abcd"})", R"({"s": "é中👍x"})",
+                                R"({"s": "\n\n\n\n"})", R"({"t": "xy"})"})
+    EXPECT_FALSE(ScanText(*s, bad).prefix_ok && ScanText(*s, bad).done) << bad;
+}
+
 TEST(JsonSchemaTest, RecursiveRefsAndMaps) {
   auto tree = Compile(R"({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object",
       "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
@@ -134,6 +146,11 @@ bool Valid(const json& v, const json& s, const json& root) {
     const std::string name = s["$ref"].get<std::string>().substr(std::string("#/$defs/").size());
     return Valid(v, root["$defs"][name], root);
   }
+  if (v.is_string() && s.contains("maxLength")) {
+    size_t chars = 0;
+    for (unsigned char c : v.get<std::string>()) chars += (c & 0xC0) != 0x80;
+    if (chars > s["maxLength"].get<size_t>()) return false;
+  }
   if (s.contains("enum")) {
     for (const json& e : s["enum"])
       if (e == v) return true;
@@ -176,7 +193,7 @@ bool Valid(const json& v, const json& s, const json& root) {
 TEST(JsonSchemaTest, TokenWalksWriteValidDocuments) {
   const json schema = json::parse(R"({"type": "object", "$defs": {"P": {"type": "object",
       "properties": {"x": {"type": "number"}, "y": {"enum": [1, 12, "s", true]}}, "required": ["x"]}},
-      "properties": {"id": {"type": "integer"}, "name": {"type": ["string", "null"]},
+      "properties": {"id": {"type": "integer"}, "name": {"type": ["string", "null"], "maxLength": 3},
                      "ps": {"type": "array", "items": {"$ref": "#/$defs/P"}, "minItems": 1, "maxItems": 3},
                      "ok": {"type": "boolean"}},
       "required": ["id", "ps"]})");
