@@ -14,6 +14,7 @@
 #include "app/commands.h"
 #include "app/common.h"
 #include "serve/http_server.h"
+#include "serve/reasoning.h"
 #include "template/chat_template.h"
 #include "util/flags.h"
 #include "util/log.h"
@@ -32,7 +33,8 @@ std::string BaseName(std::string dir) {
 }  // namespace
 
 int ServeCommand(int argc, char** argv, int first) {
-  std::string model_dir, served_name, chat_template_file, tool_call_parser = "auto";
+  std::string model_dir, served_name, chat_template_file, tool_call_parser = "auto",
+              reasoning_parser = "auto";
   std::string host = "127.0.0.1";
   int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 512;
   double shutdown_grace = 30.0;
@@ -42,6 +44,7 @@ int ServeCommand(int argc, char** argv, int first) {
       "usage: ember serve --model DIR [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
       "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json]\n"
+      "       [--reasoning-parser auto|none|think]\n"
       "       [--max-body-bytes B] [--http-threads N]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
@@ -51,6 +54,9 @@ int ServeCommand(int argc, char** argv, int first) {
   flags.AddString("--chat-template", &chat_template_file, "Jinja chat template file (overrides the model's)");
   flags.AddString("--tool-call-parser", &tool_call_parser,
                   "how the model writes tool calls (default auto: read from the chat template)");
+  flags.AddString("--reasoning-parser", &reasoning_parser,
+                  "split a leading <think> block into reasoning_content (default auto: when the "
+                  "chat template writes think blocks)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
   flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
   flags.AddDouble("--shutdown-grace", &shutdown_grace,
@@ -67,6 +73,8 @@ int ServeCommand(int argc, char** argv, int first) {
       return Fail("--tool-call-parser: must be auto, none, hermes or llama3_json, got '" +
                   tool_call_parser + "'");
   }
+  if (reasoning_parser != "auto" && reasoning_parser != "none" && reasoning_parser != "think")
+    return Fail("--reasoning-parser: must be auto, none or think, got '" + reasoning_parser + "'");
   if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
   if (!(shutdown_grace >= 0 && shutdown_grace <= 86400))
     return Fail("--shutdown-grace: must be in [0, 86400] seconds");
@@ -112,6 +120,9 @@ int ServeCommand(int argc, char** argv, int first) {
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
   served.tool_format =
       tool_format.value_or(serve::DetectToolCallFormat(chat_template.tools_source()));
+  served.reasoning_parser =
+      reasoning_parser == "think" ||
+      (reasoning_parser == "auto" && serve::TemplateHasThinkBlocks(chat_template.tools_source()));
 
   http.host = host;
   http.port = static_cast<int>(port);
@@ -123,11 +134,12 @@ int ServeCommand(int argc, char** argv, int first) {
 
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
   std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
-              "%s%s%s\n",
+              "%s, reasoning: %s%s%s\n",
               served.name.c_str(), model_dir.c_str(), served.context_length,
               static_cast<long long>(lm.engine->kv_capacity_tokens()),
               static_cast<long long>(lm.engine->kv_cache_bytes()),
               serve::ToolCallFormatName(served.tool_format),
+              served.reasoning_parser ? "think" : "none",
               chat_template.has_template() ? "" : ", no chat template (completions only)",
               http.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);

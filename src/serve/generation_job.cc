@@ -65,6 +65,8 @@ GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared,
       s.choice_index = static_cast<int32_t>(p) * n + i;
       s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
                                             /*skip_special_tokens=*/true);
+      if (prepared_.reasoning)
+        s.reasoning_parser = std::make_unique<ReasoningParser>(prepared_.starts_in_reasoning);
       if (prepared_.tool_format != ToolCallFormat::kNone)
         s.tool_parser = std::make_unique<ToolCallParser>(prepared_.tool_format);
       s.full_text = prepared_.prompts[p].echo_text;
@@ -111,7 +113,20 @@ void GenerationJob::AppendDelta(Sample& s, ToolCallDelta delta) {
   }
 }
 
+// Released text flows: reasoning parser (chat, a thinking model) -> tool-call parser (chat with
+// tools) -> the sample's content.
 void GenerationJob::AppendText(Sample& s, const std::string& text) {
+  if (s.reasoning_parser == nullptr) {
+    AppendContent(s, text);
+    return;
+  }
+  ReasoningDelta d = s.reasoning_parser->Push(text);
+  s.reasoning += d.reasoning;
+  s.unsent_reasoning += d.reasoning;
+  AppendContent(s, d.content);
+}
+
+void GenerationJob::AppendContent(Sample& s, const std::string& text) {
   if (s.tool_parser == nullptr) {
     AppendDelta(s, ToolCallDelta{text, {}});
     return;
@@ -126,6 +141,12 @@ void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
   if (s.done) return;
   s.done = true;
   AppendText(s, s.text->Finish());
+  if (s.reasoning_parser != nullptr) {
+    ReasoningDelta d = s.reasoning_parser->Finish();
+    s.reasoning += d.reasoning;
+    s.unsent_reasoning += d.reasoning;
+    AppendContent(s, d.content);
+  }
   if (s.tool_parser != nullptr) AppendDelta(s, s.tool_parser->Finish());
   s.finish_reason = s.text->stopped() ? "stop" : reason;
   if (s.finish_reason == "stop" && !s.tool_calls.empty()) s.finish_reason = "tool_calls";
@@ -238,6 +259,7 @@ std::variant<nlohmann::json, ApiError> GenerationJob::Result() const {
     c.logprobs = s.logprobs;
     c.finish_reason = s.finish_reason;
     c.tool_calls = s.tool_calls;
+    c.reasoning = s.reasoning;
     choices.push_back(std::move(c));
   }
   return FinalBody(meta_, choices, TotalUsage());
@@ -254,10 +276,13 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
   if (!finished_) Pump(wait);
   const bool with_logprobs = prepared_.top_logprobs >= 0;
   for (Sample& s : samples_) {
-    if (!s.unsent_text.empty() || !s.unsent_logprobs.empty() || !s.unsent_tool_calls.empty()) {
+    if (!s.unsent_text.empty() || !s.unsent_logprobs.empty() || !s.unsent_tool_calls.empty() ||
+        !s.unsent_reasoning.empty()) {
       ChoiceOutput c;
       c.index = s.choice_index;
       c.text = std::move(s.unsent_text);
+      c.reasoning = std::move(s.unsent_reasoning);
+      s.unsent_reasoning.clear();
       c.tool_calls = std::move(s.unsent_tool_calls);
       s.unsent_tool_calls.clear();
       c.with_logprobs = with_logprobs;

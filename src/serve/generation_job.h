@@ -22,6 +22,7 @@
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/request_builder.h"
+#include "serve/reasoning.h"
 #include "serve/text_stream.h"
 #include "serve/tool_calls.h"
 
@@ -54,7 +55,9 @@ class GenerationJob {
   struct Sample {
     int32_t choice_index = 0;
     std::unique_ptr<TextStream> text;
+    std::unique_ptr<ReasoningParser> reasoning_parser;  // chat, thinking model: <think> blocks
     std::unique_ptr<ToolCallParser> tool_parser;  // chat with tools: calls out of the text
+    std::string reasoning, unsent_reasoning;
     std::string full_text;                   // everything released so far (with echo)
     std::string unsent_text;                 // streaming: released but not yet sent
     std::vector<TokenLogprobEntry> logprobs, unsent_logprobs;
@@ -80,6 +83,7 @@ class GenerationJob {
   void FinishSample(Sample& sample, const std::string& reason);
   TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
   void AppendText(Sample& sample, const std::string& text);
+  void AppendContent(Sample& sample, const std::string& text);
   void AppendDelta(Sample& sample, ToolCallDelta delta);
   void OnAllClosed();
   Usage TotalUsage() const;

@@ -124,6 +124,7 @@ json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choice
                            {"content", c.text.empty() && !c.tool_calls.empty() ? json(nullptr)
                                                                                 : json(c.text)},
                            {"refusal", nullptr}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       if (!c.tool_calls.empty()) choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
     } else {
       choice["text"] = c.text;
@@ -142,6 +143,7 @@ json ChunkBody(const ResponseMeta& meta, const ChoiceOutput& c, bool usage_null)
                  {"finish_reason", FinishJson(c)}};
   if (chat) {
     choice["delta"] = c.text.empty() ? json::object() : json{{"content", c.text}};
+    if (!c.reasoning.empty()) choice["delta"]["reasoning_content"] = c.reasoning;
     if (!c.tool_calls.empty()) choice["delta"]["tool_calls"] = ToolCallsJson(c.tool_calls, true);
   } else {
     choice["text"] = c.text;

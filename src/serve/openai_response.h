@@ -43,6 +43,7 @@ struct ChoiceOutput {
   std::vector<TokenLogprobEntry> logprobs;
   int64_t text_offset = 0;              // completions: where `text` starts in the choice
   std::optional<std::string> finish_reason;
+  std::string reasoning;                // chat: reasoning_content (a thinking model's <think>)
   std::vector<ToolCall> tool_calls;     // chat: the calls (a final body's content is null when
                                         // it has calls and no text)
 };

@@ -289,6 +289,23 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
   std::string name;
   EMBER_RETURN_IF_API_ERROR(r.String("name", &name));
   if (!name.empty()) msg["name"] = name;
+  // A response's message sent back as it came: its null fields, refusal and annotations are
+  // accepted and not rendered; its reasoning reaches the template (Qwen3's renders it).
+  if (role == "assistant") {
+    for (const char* key : {"function_call", "audio"}) {
+      if (r.Get(key) != nullptr)
+        return InvalidRequest(path + "." + key + ": not supported (only null is accepted)",
+                              path + "." + key);
+    }
+    if (const nlohmann::json* v = r.Get("refusal"); v != nullptr && !v->is_string())
+      return WrongType(path + ".refusal", "a string or null", *v);
+    if (const nlohmann::json* v = r.Get("annotations"); v != nullptr && !v->is_array())
+      return WrongType(path + ".annotations", "an array or null", *v);
+    if (const nlohmann::json* v = r.Get("reasoning_content")) {
+      if (!v->is_string()) return WrongType(path + ".reasoning_content", "a string or null", *v);
+      msg["reasoning_content"] = *v;
+    }
+  }
   if (const nlohmann::json* tc = r.Get("tool_calls")) {
     if (role != "assistant")
       return InvalidRequest(path + ".tool_calls: only assistant messages carry tool calls",

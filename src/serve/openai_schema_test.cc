@@ -60,6 +60,22 @@ TEST(OpenAiSchemaTest, ParsesAFullChatRequest) {
   EXPECT_EQ(req.chat_template_kwargs["enable_thinking"], false);
 }
 
+TEST(OpenAiSchemaTest, AResponseMessageCanBeSentBack) {
+  ChatRequest req;
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"},
+      {"role":"assistant","content":null,"refusal":null,"annotations":[],"function_call":null,
+       "audio":null,"reasoning_content":"hmm","tool_calls":[{"id":"call_1","type":"function",
+       "function":{"name":"f","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"42"}]})",
+                    &req));
+  EXPECT_EQ(req.messages[1]["content"], "");
+  EXPECT_EQ(req.messages[1]["reasoning_content"], "hmm");
+  EXPECT_FALSE(req.messages[1].contains("refusal"));
+  auto err = Chat(R"({"messages":[{"role":"assistant","content":"a","function_call":{"name":"f"}}]})");
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "messages[0].function_call");
+}
+
 TEST(OpenAiSchemaTest, ToolChoiceForms) {
   const std::string head = R"({"messages":[{"role":"user","content":"hi"}],
       "tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],)";

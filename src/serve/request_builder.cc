@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "sampling/json_schema.h"
 #include "sampling/tool_call_constraint.h"
+#include "serve/reasoning.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -256,6 +257,8 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
                                std::get<Constraint>(constraint), &prompt.request))
     return *err;
   out.prompts.push_back(std::move(prompt));
+  out.reasoning = model.reasoning_parser;
+  out.starts_in_reasoning = model.reasoning_parser && PromptEndsInThinkBlock(*text);
   if (auto err = ApplyToolChoice(model, req, raw_body, &out)) return *err;
   return out;
 }

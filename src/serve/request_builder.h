@@ -46,6 +46,9 @@ struct ServedModel {
   // How the model writes tool calls (from its chat template or --tool-call-parser); kNone: tool
   // calls stay in the content and forcing one (tool_choice) is refused.
   ToolCallFormat tool_format = ToolCallFormat::kNone;
+  // Chat replies' leading <think> blocks become reasoning_content (from the template, or
+  // --reasoning-parser).
+  bool reasoning_parser = false;
 };
 
 // The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
@@ -71,6 +74,8 @@ struct PreparedRequest {
   // Chat with tools: parse each sample's calls out of its text (kNone: no parsing).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   bool parallel_tool_calls = true;  // false: a sample ends after its first call
+  bool reasoning = false;            // chat: split reasoning_content off (reasoning.h)
+  bool starts_in_reasoning = false;  // the prompt ends inside an open <think> block
 };
 
 SchemaLimits LimitsFor(const ServedModel& model);

@@ -15,7 +15,7 @@ const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 
 async function collectChat(client, params) {
   const stream = await client.chat.completions.create({ ...params, stream: true });
-  const texts = {}, finish = {}, roles = {}, toolCalls = {};
+  const texts = {}, finish = {}, roles = {}, toolCalls = {}, reasoning = {};
   let usage = null, first = true;
   for await (const chunk of stream) {
     assert.equal(chunk.object, 'chat.completion.chunk');
@@ -25,6 +25,7 @@ async function collectChat(client, params) {
       if (first) assert.equal(c.delta.role, 'assistant', 'the first chunk carries the role');
       if (c.delta.role) roles[c.index] = c.delta.role;
       if (c.delta.content) texts[c.index] = (texts[c.index] ?? '') + c.delta.content;
+      if (c.delta.reasoning_content) reasoning[c.index] = (reasoning[c.index] ?? '') + c.delta.reasoning_content;
       for (const call of c.delta.tool_calls ?? []) {
         // Merge deltas by call index, as OpenAI clients do.
         const calls = (toolCalls[c.index] ??= []);
@@ -38,7 +39,7 @@ async function collectChat(client, params) {
     }
     first = false;
   }
-  return { texts, finish, usage, roles, toolCalls };
+  return { texts, finish, usage, roles, toolCalls, reasoning };
 }
 
 describe('chat (tinystories-656k + --chat-template)', { skip: missing(tinyStoriesDir) ?? false }, () => {
@@ -277,7 +278,7 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     // The client sends the call and its result back; the template renders both.
     const followUp = await client.chat.completions.create({ ...base, max_tokens: 4, logit_bias: {},
       messages: [...base.messages,
-                 { role: 'assistant', content: null, tool_calls: [call] },
+                 choice.message,  // as it came: content null, refusal null, tool_calls
                  { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' }] });
     assert.ok(followUp.usage.prompt_tokens > required.usage.prompt_tokens);
 
@@ -286,5 +287,36 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     await assert.rejects(client.chat.completions.create({ ...base,
       tool_choice: { type: 'function', function: { name: 'nope' } } }),
       (err) => err.status === 400 && err.param === 'tool_choice.function.name');
+  });
+
+  test('reasoning: a leading think block becomes reasoning_content (also streamed)', async () => {
+    // An R1-style template opens the think block in the prompt; the reply starts inside it.
+    const file = path.join(tmpDir('ember-think-'), 'think.jinja');
+    fs.writeFileSync(file, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<think>\n");
+    const thinking = await startServer(modelDir, ['--chat-template', file, '--reasoning-parser', 'think']);
+    try {
+      const c = thinking.client();
+      const models = await c.models.list();
+      assert.equal(models.data[0].capabilities.reasoning_content, true);
+      // Random weights: nudge '</think>' (qwen3 id 151668) so that the block closes early on.
+      const params = { model: 'test-model', messages: [{ role: 'user', content: 'Think first.' }],
+                       max_tokens: 24, temperature: 1, seed: 4, logit_bias: { 151668: 3 }, logprobs: true };
+      const r = await c.chat.completions.create(params);
+      // The raw text, from the chosen tokens' bytes.
+      const raw = Buffer.from(r.choices[0].logprobs.content.flatMap((t) => t.bytes)).toString('utf8');
+      const close = raw.indexOf('</think>');
+      assert.ok(close > 0, `the nudge closes the block after some reasoning: ${JSON.stringify(raw)}`);
+      const message = r.choices[0].message;
+      assert.equal(message.reasoning_content ?? '', raw.slice(0, close));
+      assert.equal(message.content, raw.slice(close + '</think>'.length).replace(/^\s+/, ''));
+      const s = await collectChat(c, params);
+      assert.equal(s.reasoning[0] ?? '', message.reasoning_content ?? '');
+      assert.equal(s.texts[0] ?? '', message.content);
+    } finally {
+      await thinking.stop();
+    }
+    // The qwen3 server parses think blocks by default (its template writes them).
+    const models = await client.models.list();
+    assert.equal(models.data[0].capabilities.reasoning_content, true);
   });
 });
