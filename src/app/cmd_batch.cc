@@ -13,6 +13,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "sampling/json_schema.h"
 #include "serve/openai_schema.h"
 #include "serve/request_builder.h"
 #include "serve/text_stream.h"
@@ -128,25 +129,38 @@ Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* 
         r.sampling.logit_bias.emplace_back(*id, bias.get<float>());
       }
     } else if (key == "response_format") {
-      const json* type = value.is_object() && value.size() == 1 && value.contains("type")
-                             ? &value["type"]
-                             : nullptr;
-      if (type == nullptr || !type->is_string())
-        return Status::Error("response_format: expected {\"type\": \"text\" | \"json_object\"}");
-      if (*type == "json_object") {
+      const json* type = value.is_object() && value.contains("type") ? &value["type"] : nullptr;
+      const bool schema = type != nullptr && *type == "json_schema";
+      if (type == nullptr || !type->is_string() || value.size() != (schema ? 2u : 1u) ||
+          (schema && !(value.contains("json_schema") && value["json_schema"].is_object() &&
+                       value["json_schema"].contains("schema"))))
+        return Status::Error("response_format: expected {\"type\": \"text\" | \"json_object\"} or "
+                             "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
+      if (*type == "json_object" || schema) {
         if (lm.tokenizer == nullptr)
-          return Status::Error("response_format: JSON mode needs the model's tokenizer.json");
+          return Status::Error("response_format: structured output needs the model's tokenizer.json");
         if (!json_mode->built) {
           json_mode->texts = serve::JsonModeTexts(*lm.tokenizer, lm.engine->vocab_size());
           json_mode->built = true;
         }
         if (json_mode->texts == nullptr) {
-          return Status::Error("response_format: JSON mode is not available for this model: no "
-                               "token of its vocabulary can start a JSON object");
+          return Status::Error("response_format: structured output is not available for this "
+                               "model: no token of its vocabulary can start a JSON object");
         }
+      }
+      if (*type == "json_object") {
         r.constraint = std::make_shared<JsonObjectConstraint>(json_mode->texts);
+      } else if (schema) {
+        // The line again, in its key order: properties are written in the schema's order.
+        const auto ordered = nlohmann::ordered_json::parse(text);
+        EMBER_ASSIGN_OR_RETURN(
+            auto compiled,
+            CompileJsonSchema(ordered["response_format"]["json_schema"]["schema"],
+                              "response_format.json_schema.schema"));
+        r.constraint = MakeJsonSchemaConstraint(json_mode->texts, std::move(compiled));
       } else if (*type != "text") {
-        return Status::Error("response_format: type must be \"text\" or \"json_object\"");
+        return Status::Error("response_format: type must be \"text\", \"json_object\" or "
+                             "\"json_schema\"");
       }
     } else {
       return Status::Error("unknown field '" + key + "'");
@@ -208,7 +222,8 @@ int BatchCommand(int argc, char** argv, int first) {
       "       [--kv-cache-bytes B]\n"
       "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional max_tokens,\n"
       "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty,\n"
-      "logit_bias ({\"id\": bias}), response_format ({\"type\": \"json_object\"}: the text is\n"
+      "logit_bias ({\"id\": bias}), response_format ({\"type\": \"json_object\"} or {\"type\":\n"
+      "\"json_schema\", \"json_schema\": {\"schema\": {...}}}: the text is\n"
       "one JSON object).");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--input", &input_path, "input JSONL file");

@@ -30,7 +30,7 @@ JSONL
   fail "text and id prompts differ: $(cat "$dir/out.jsonl")"
 field "$dir/out.jsonl" 2 error | grep -q "unknown field 'colour'" ||
   fail "no error for the unknown field: $(cat "$dir/out.jsonl")"
-field "$dir/out.jsonl" 4 error | grep -q "JSON mode is not available" ||
+field "$dir/out.jsonl" 4 error | grep -q "structured output is not available" ||
   fail "JSON mode on tinystories was not refused: $(cat "$dir/out.jsonl")"
 
 qwen3="${EMBER_TOKENIZERS:-${EMBER_TOKENIZERS_DEFAULT:-}}/qwen3"
@@ -40,9 +40,13 @@ if [ -f "$qwen3/tokenizer.json" ]; then
   cat >"$dir/json.jsonl" <<'JSONL'
 {"prompt": "JSON:", "max_tokens": 40, "temperature": 1, "seed": 3, "response_format": {"type": "json_object"}}
 {"prompt": "JSON:", "max_tokens": 40, "temperature": 1, "seed": 4, "response_format": {"type": "json_object"}, "logit_bias": {"92": 12}}
+{"prompt": "JSON:", "max_tokens": 200, "temperature": 1, "seed": 5, "logit_bias": {"92": 30, "11": 30}, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"ok": {"type": "boolean"}, "none": {"type": "null"}}, "required": ["ok", "none"]}}}}
+{"prompt": "JSON:", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}}}}
 JSONL
+  # (Exits non-zero: line 4 is refused, in place.)
   "$EMBER_BIN" batch --model "$dir/tq" --input "$dir/json.jsonl" --output "$dir/json.out" \
-    --device cpu 2>"$dir/err" || fail "batch on the qwen3 synth failed: $(cat "$dir/err")"
+    --device cpu 2>"$dir/err" || true
+  [ "$(wc -l <"$dir/json.out")" = 4 ] || fail "batch on the qwen3 synth: $(cat "$dir/err")"
   # (Line 2 nudges "}", qwen3 id 92, so the random model closes its object: it must finish.)
   [ "$(field "$dir/json.out" 2 finish_reason)" = stop ] ||
     fail "the nudged JSON line did not finish: $(cat "$dir/json.out")"
@@ -58,6 +62,15 @@ JSONL
       [ "$finish" = length ] || fail "line $n finish_reason $finish"
     fi
   done
+  # Line 3: a JSON schema (nudged to close); line 4: a keyword outside the subset.
+  [ "$(field "$dir/json.out" 3 finish_reason)" = stop ] ||
+    fail "the JSON-schema line did not finish: $(cat "$dir/json.out")"
+  node -e 'const v = JSON.parse(process.argv[1]);
+           if (typeof v.ok !== "boolean" || v.none !== null ||
+               Object.keys(v).join() !== "ok,none") process.exit(1);' \
+    "$(field "$dir/json.out" 3 text)" || fail "line 3 is not valid against its schema: $(field "$dir/json.out" 3 text)"
+  field "$dir/json.out" 4 error | grep -q "properties.s.pattern" ||
+    fail "the unsupported keyword was not named: $(cat "$dir/json.out")"
 else
   echo "note: no qwen3 tokenizer at $qwen3; JSON-mode part skipped"
 fi
