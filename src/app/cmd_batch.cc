@@ -2,6 +2,8 @@
 // once; the engine interleaves them (continuous batching, shared prefixes cached). Output lines
 // are written in input order: {"index", "ids", "text", "finish_reason", "usage"} or, for a line
 // that was refused, {"index", "error"}.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -245,6 +247,8 @@ int BatchCommand(int argc, char** argv, int first) {
   if (!loaded.ok()) return Fail(loaded.message());
   LoadedModel& lm = *loaded;
 
+  // Generation time: from the first submission to the last line's end (the model is loaded).
+  const auto start = std::chrono::steady_clock::now();
   std::vector<BatchLine> batch(lines.size());
   JsonModeCache json_mode;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -274,16 +278,20 @@ int BatchCommand(int argc, char** argv, int first) {
     out << result.dump() << "\n";
   }
   out.flush();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   lm.engine->Shutdown(/*drain=*/true);
   EngineStats stats = lm.engine->Stats();
   std::fprintf(stderr,
                "ember batch: %zu lines, %lld refused; %lld prompt tokens (%lld from the prefix "
-               "cache), %lld generated, %lld steps, %lld preemptions\n",
+               "cache), %lld generated, %lld steps, %lld preemptions; %.3f s (%.1f generated "
+               "tok/s)\n",
                lines.size(), static_cast<long long>(num_errors),
                static_cast<long long>(stats.prompt_tokens),
                static_cast<long long>(stats.prefix_hit_tokens),
                static_cast<long long>(stats.generated_tokens), static_cast<long long>(stats.steps),
-               static_cast<long long>(stats.preemptions));
+               static_cast<long long>(stats.preemptions), seconds,
+               double(stats.generated_tokens) / std::max(seconds, 1e-9));
   if (!out) return Fail(output_path + ": write error");
   return num_errors > 0 ? 1 : 0;
 }
