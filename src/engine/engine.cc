@@ -442,6 +442,7 @@ void Engine::RunStep(const StepPlan& plan) {
     }
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
   }
+  StartMasks(plan, step);
   const int64_t forward_start = NowNs();
   StepOutputs outputs{step.logits, step.kinds, row_sampling_, step.ids, row_edits};
   outputs.defer_ids = step.deferred;
@@ -482,6 +483,29 @@ void Engine::RunStep(const StepPlan& plan) {
     in_flight_ = std::move(step);
   } else {
     CompleteStep(step);
+  }
+}
+
+// A constrained row's mask depends only on the tokens its sequence already accepted (its steps
+// never overlap), so it is built on a helper thread per row while the forward runs.
+void Engine::StartMasks(const StepPlan& plan, LaunchedStep& step) {
+  size_t num_constrained = 0;
+  for (const ScheduledSequence& s : plan.scheduled)
+    num_constrained += s.samples && s.seq->constraint != nullptr;
+  if (num_constrained == 0) return;
+  CHECK(!step.deferred);
+  step.masks.resize(num_constrained);  // not resized again: the threads hold pointers into it
+  step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
+  size_t row = 0, m = 0;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (!s.samples) continue;
+    const size_t r = row++;
+    if (s.seq->constraint == nullptr) continue;
+    TokenMask* mask = &step.masks[m++];
+    step.row_masks[r] = mask;
+    const TokenConstraint* constraint = s.seq->constraint.get();
+    step.masks_built.push_back(
+        std::async(std::launch::async, [mask, constraint] { mask->Build(*constraint); }));
   }
 }
 
@@ -527,22 +551,10 @@ void Engine::CompleteStep(LaunchedStep& step) {
     row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
     host_skip_.assign(static_cast<size_t>(real_rows), 0);
     for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
-    // Constrained rows: their masks are built with the sampling, in parallel across rows.
-    row_constraints_.assign(static_cast<size_t>(real_rows), nullptr);
-    bool any_constraint = false;
-    size_t r = 0;
-    for (const ScheduledSequence& s : step.scheduled) {
-      if (!s.samples) continue;
-      const size_t row = r++;
-      if (s.seq->constraint == nullptr || s.seq->finish != FinishReason::kNone) continue;
-      row_constraints_[row] = s.seq->constraint.get();
-      any_constraint = true;
-    }
+    for (std::future<void>& built : step.masks_built) built.get();
     SampleRows(
         step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
-        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_,
-        any_constraint ? std::span<const TokenConstraint* const>(row_constraints_)
-                       : std::span<const TokenConstraint* const>());
+        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_, step.row_masks);
   }
 
   size_t row = 0;

@@ -136,9 +136,9 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
                 std::span<const uint8_t> skip,
-                std::span<const TokenConstraint* const> constraints) {
+                std::span<const TokenMask* const> masks) {
   const size_t num_rows = out.size();
-  CHECK(constraints.empty() || constraints.size() == num_rows);
+  CHECK(masks.empty() || masks.size() == num_rows);
   CHECK_EQ(params.size(), num_rows);
   CHECK_EQ(states.size(), num_rows);
   CHECK(skip.empty() || skip.size() == num_rows);
@@ -153,18 +153,17 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < rows.size();) {
       const size_t row = rows[i];
-      const TokenConstraint* constraint = constraints.empty() ? nullptr : constraints[row];
-      if (constraint == nullptr) {
+      const TokenMask* mask = masks.empty() ? nullptr : masks[row];
+      if (mask == nullptr) {
         out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
         continue;
       }
-      thread_local std::vector<uint8_t> allowed;
-      if (constraint->Allowed(allowed) == 0) {
+      if (mask->num_allowed == 0) {
         out[row] = SampleOutput{};  // token_id -1: nothing may come next
         continue;
       }
       out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row],
-                        allowed);
+                        mask->allowed);
     }
   };
   const size_t num_threads =

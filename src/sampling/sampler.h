@@ -95,16 +95,23 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
                     std::span<const uint8_t> allowed = {});
 
+// A token constraint's mask for one row (token_constraint.h), built before the row is sampled:
+// the engine builds it while the step's logits are computed.
+struct TokenMask {
+  std::vector<uint8_t> allowed;  // [vocab_size]
+  int64_t num_allowed = 0;
+  void Build(const TokenConstraint& constraint) { num_allowed = constraint.Allowed(allowed); }
+};
+
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
 // parallel (threads started per call when two or more rows need sampling). params[i] / states[i]
 // belong to row i; results go to out[i]. Rows with skip[i] != 0 (when skip is given) are left
-// alone: their logits need not be valid. constraints[i] (when given and not null) is row i's
-// token constraint: its mask is built on the row's thread, and a row it allows no token gets
-// token_id -1.
+// alone: their logits need not be valid. masks[i] (when given and not null) is row i's token
+// mask: a row it allows no token gets token_id -1.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,
                 std::span<const uint8_t> skip = {},
-                std::span<const TokenConstraint* const> constraints = {});
+                std::span<const TokenMask* const> masks = {});
 
 }  // namespace ember
