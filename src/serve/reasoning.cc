@@ -1,5 +1,7 @@
 #include "serve/reasoning.h"
 
+#include "serve/stop_matcher.h"
+
 namespace ember::serve {
 
 namespace {
@@ -8,12 +10,6 @@ constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
 constexpr const char* kSpace = " \n\t\r";
 
-// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-size_t HeldTagPrefix(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n)
-    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
-  return 0;
-}
 
 }  // namespace
 
@@ -54,7 +50,7 @@ void ReasoningParser::Scan(ReasoningDelta* out) {
           state_ = State::kAfterEnd;
           continue;
         }
-        const size_t ready = pending_.size() - HeldTagPrefix(pending_, kClose);
+        const size_t ready = pending_.size() - PartialTagLength(pending_, kClose);
         out->reasoning.append(pending_, 0, ready);
         pending_.erase(0, ready);
         return;

@@ -8,7 +8,6 @@ namespace ember::serve {
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
     : stop_strings_(std::move(stop_strings)) {
   std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
-  for (const std::string& s : stop_strings_) max_stop_len_ = std::max(max_stop_len_, s.size());
 }
 
 TextDelta StopStringMatcher::Push(std::string_view piece) {
@@ -22,8 +21,8 @@ TextDelta StopStringMatcher::Push(std::string_view piece) {
     return delta;
   }
   pending_.append(piece);
-  // Earliest match over all stop strings. Only the held suffix (< max_stop_len_ bytes) plus the
-  // new piece can contain a match that was not seen before, and pending_ is exactly that.
+  // Earliest match over all stop strings. Only the held suffix (shorter than the longest stop
+  // string) plus the new piece can contain a match not seen before, and pending_ is exactly that.
   size_t first = std::string::npos;
   for (const std::string& s : stop_strings_) first = std::min(first, pending_.find(s));
   if (first != std::string::npos) {
@@ -47,13 +46,14 @@ std::string StopStringMatcher::Finish() {
 }
 
 size_t StopStringMatcher::HeldSuffixLength() const {
-  const size_t limit = std::min(pending_.size(), max_stop_len_ - 1);
-  for (size_t len = limit; len > 0; --len) {
-    std::string_view suffix(pending_.data() + pending_.size() - len, len);
-    for (const std::string& s : stop_strings_) {
-      if (s.size() > len && std::string_view(s).substr(0, len) == suffix) return len;
-    }
-  }
+  size_t held = 0;
+  for (const std::string& s : stop_strings_) held = std::max(held, PartialTagLength(pending_, s));
+  return held;
+}
+
+size_t PartialTagLength(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.empty() ? 0 : tag.size() - 1); n > 0; --n)
+    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
   return 0;
 }
 

@@ -14,6 +14,10 @@
 
 namespace ember::serve {
 
+// Length of the longest suffix of `text` that is a proper prefix of `tag`: the text that must be
+// held back because `tag` may still complete there (stop strings, tool-call and think tags).
+size_t PartialTagLength(std::string_view text, std::string_view tag);
+
 struct TextDelta {
   std::string text;      // newly released output text (may be empty)
   bool stopped = false;  // a stop string matched; `text` ends right before it
@@ -37,7 +41,6 @@ class StopStringMatcher {
   size_t HeldSuffixLength() const;
 
   std::vector<std::string> stop_strings_;
-  size_t max_stop_len_ = 0;
   std::string pending_;  // text received but not yet released
   bool stopped_ = false;
 };

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve/stop_matcher.h"
 #include "util/check.h"
 
 namespace ember::serve {
@@ -20,12 +21,6 @@ std::string_view TrimRight(std::string_view s) {
   return s;
 }
 
-// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-size_t HeldTagPrefix(std::string_view text, std::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n)
-    if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
-  return 0;
-}
 
 // {"name": "...", <args_key>: {...}} (the arguments may also be a string holding JSON, or absent:
 // no arguments). Nothing else may be in the object.
@@ -165,7 +160,7 @@ void ToolCallParser::ScanHermes(bool final, ToolCallDelta* out) {
         pending_.clear();
         return;
       }
-      ready = TrimRight(ready.substr(0, ready.size() - HeldTagPrefix(ready, kHermesOpen)));
+      ready = TrimRight(ready.substr(0, ready.size() - PartialTagLength(ready, kHermesOpen)));
       Release(ready, out);
       pending_.erase(0, ready.size());
       return;
