@@ -3,6 +3,8 @@
 // accepts, over a small vocabulary that spells documents in pieces.
 #include "sampling/json_constraint.h"
 
+#include "sampling/constraint_walk.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -80,32 +82,13 @@ TEST(JsonObjectConstraintTest, AllowsExactlyTheTokensThatScan) {
   int completed = 0;
   for (int trial = 0; trial < 200; ++trial) {
     JsonObjectConstraint walk(texts);
-    std::string text;
-    for (int step = 0; step < 200 && !walk.Done(); ++step) {
-      const int64_t count = walk.Allowed(allowed);
-      int64_t expected = 0;
-      for (size_t id = 0; id < pieces.size(); ++id) {
-        bool ok = pieces[id].has_value() && !pieces[id]->empty() &&
-                  ScanText(text + *pieces[id]).prefix_ok;
-        EXPECT_EQ(allowed[id], ok) << "after '" << text << "', piece " << id;
-        expected += ok;
-      }
-      ASSERT_EQ(count, expected);
-      ASSERT_GT(count, 0) << text;
-      std::vector<int32_t> ids;
-      for (size_t id = 0; id < pieces.size(); ++id)
-        if (allowed[id]) ids.push_back(static_cast<int32_t>(id));
-      const int32_t pick = ids[rng() % ids.size()];
-      ASSERT_TRUE(walk.Accept(pick));
-      text += *pieces[static_cast<size_t>(pick)];
-    }
+    const std::string text = testing::CheckedWalk(
+        walk, pieces, [](const std::string& t) { return ScanText(t).prefix_ok; },
+        [&](const std::vector<int32_t>& ids) { return ids[rng() % ids.size()]; }, 200);
     const Scan s = ScanText(text);
     EXPECT_TRUE(s.prefix_ok) << text;
     EXPECT_EQ(s.done, walk.Done()) << text;
-    if (walk.Done()) {
-      ++completed;
-      EXPECT_EQ(walk.Allowed(allowed), 0);  // nothing may follow the object
-    }
+    completed += walk.Done();
   }
   EXPECT_GT(completed, 0);
   JsonObjectConstraint fresh(texts);

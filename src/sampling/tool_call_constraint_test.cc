@@ -3,6 +3,8 @@
 // string comparisons and the JSON scanner, over random walks in a small vocabulary.
 #include "sampling/tool_call_constraint.h"
 
+#include "sampling/constraint_walk.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -58,35 +60,20 @@ TEST(ToolCallConstraintTest, AllowsExactlyTheTokensThatKeepAPrefix) {
   int completed = 0;
   for (int trial = 0; trial < 150; ++trial) {
     std::shared_ptr<TokenConstraint> walk = MakeToolCallConstraint(texts, pattern);
-    std::string text;
-    for (int step = 0; step < 120 && !walk->Done(); ++step) {
-      const int64_t count = walk->Allowed(allowed);
-      int64_t expected = 0;
-      for (size_t id = 0; id < pieces.size(); ++id) {
-        const bool ok = pieces[id].has_value() && !pieces[id]->empty() &&
-                        Reference(pattern, text + *pieces[id]).prefix_ok;
-        EXPECT_EQ(allowed[id], ok) << "after '" << text << "', piece " << id;
-        expected += ok;
-      }
-      ASSERT_EQ(count, expected);
-      ASSERT_GT(count, 0) << text;
-      std::vector<int32_t> ids;
-      for (size_t id = 0; id < pieces.size(); ++id)
-        if (allowed[id]) ids.push_back(static_cast<int32_t>(id));
-      // Lean on the longer pieces so that walks finish heads and tails.
-      int32_t pick = ids[rng() % ids.size()];
-      for (int32_t id : ids)
-        if (pieces[static_cast<size_t>(id)]->size() > 3 && rng() % 2 == 0) pick = id;
-      ASSERT_TRUE(walk->Accept(pick));
-      text += *pieces[static_cast<size_t>(pick)];
-    }
+    // Lean on the longer pieces so that walks finish heads and tails.
+    const std::string text = testing::CheckedWalk(
+        *walk, pieces, [&](const std::string& t) { return Reference(pattern, t).prefix_ok; },
+        [&](const std::vector<int32_t>& ids) {
+          int32_t pick = ids[rng() % ids.size()];
+          for (int32_t id : ids)
+            if (pieces[static_cast<size_t>(id)]->size() > 3 && rng() % 2 == 0) pick = id;
+          return pick;
+        },
+        120);
     const Scan s = Reference(pattern, text);
     EXPECT_TRUE(s.prefix_ok) << text;
     EXPECT_EQ(s.done, walk->Done()) << text;
-    if (walk->Done()) {
-      ++completed;
-      EXPECT_EQ(walk->Allowed(allowed), 0);  // nothing follows the call
-    }
+    completed += walk->Done();
   }
   EXPECT_GT(completed, 5);
 }

@@ -1,0 +1,52 @@
+// Test helper (header-only, tests only): a random walk through a token constraint that checks,
+// at every step, that Allowed() is exactly the set of pieces `prefix_ok` accepts after the text
+// so far, then accepts one allowed piece chosen by `pick`. The constraint tests of JSON mode,
+// JSON schemas and forced tool calls share it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sampling/token_constraint.h"
+
+namespace ember::testing {
+
+using Pieces = std::vector<std::optional<std::string>>;
+
+// Returns the text written; stops when the constraint is done or after max_steps. A failed
+// check is a gtest failure (the walk then stops early).
+inline std::string CheckedWalk(TokenConstraint& walk, const Pieces& pieces,
+                               const std::function<bool(const std::string&)>& prefix_ok,
+                               const std::function<int32_t(const std::vector<int32_t>&)>& pick,
+                               int max_steps) {
+  std::string text;
+  std::vector<uint8_t> allowed;
+  for (int step = 0; step < max_steps && !walk.Done(); ++step) {
+    const int64_t count = walk.Allowed(allowed);
+    std::vector<int32_t> ids;
+    for (size_t id = 0; id < pieces.size(); ++id) {
+      const bool ok = pieces[id].has_value() && !pieces[id]->empty() && prefix_ok(text + *pieces[id]);
+      EXPECT_EQ(allowed[id], ok) << "after '" << text << "', piece " << id;
+      if (ok) ids.push_back(static_cast<int32_t>(id));
+    }
+    EXPECT_EQ(count, static_cast<int64_t>(ids.size())) << text;
+    if (ids.empty() || count != static_cast<int64_t>(ids.size())) {
+      ADD_FAILURE() << "the walk is stuck after '" << text << "'";
+      break;
+    }
+    const int32_t id = pick(ids);
+    EXPECT_TRUE(walk.Accept(id)) << text;
+    text += *pieces[static_cast<size_t>(id)];
+  }
+  if (walk.Done()) {
+    EXPECT_EQ(walk.Allowed(allowed), 0) << "something may follow " << text;
+  }
+  return text;
+}
+
+}  // namespace ember::testing
