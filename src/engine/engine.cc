@@ -487,25 +487,40 @@ void Engine::RunStep(const StepPlan& plan) {
 }
 
 // A constrained row's mask depends only on the tokens its sequence already accepted (its steps
-// never overlap), so it is built on a helper thread per row while the forward runs.
+// never overlap), so masks are built on helper threads while the forward runs: at most half the
+// host's cores (the rest drive the backend), rows claimed from a counter. Masks of states seen
+// before come from the constraint's cache (json_constraint.h), so most cost a copy.
 void Engine::StartMasks(const StepPlan& plan, LaunchedStep& step) {
-  size_t num_constrained = 0;
-  for (const ScheduledSequence& s : plan.scheduled)
-    num_constrained += s.samples && s.seq->constraint != nullptr;
-  if (num_constrained == 0) return;
-  CHECK(!step.deferred);
-  step.masks.resize(num_constrained);  // not resized again: the threads hold pointers into it
+  std::vector<const TokenConstraint*> constraints;
   step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
-  size_t row = 0, m = 0;
+  size_t row = 0;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (!s.samples) continue;
+    ++row;
+    if (s.seq->constraint != nullptr) constraints.push_back(s.seq->constraint.get());
+  }
+  if (constraints.empty()) {
+    step.row_masks.clear();
+    return;
+  }
+  CHECK(!step.deferred);
+  step.masks.resize(constraints.size());  // not resized again: the threads hold pointers into it
+  row = 0;
+  size_t m = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
     const size_t r = row++;
-    if (s.seq->constraint == nullptr) continue;
-    TokenMask* mask = &step.masks[m++];
-    step.row_masks[r] = mask;
-    const TokenConstraint* constraint = s.seq->constraint.get();
+    if (s.seq->constraint != nullptr) step.row_masks[r] = &step.masks[m++];
+  }
+  auto next = std::make_shared<std::atomic<size_t>>(0);
+  const size_t num_threads = std::min<size_t>(
+      constraints.size(), std::max(1u, std::thread::hardware_concurrency() / 2));
+  for (size_t t = 0; t < num_threads; ++t) {
     step.masks_built.push_back(
-        std::async(std::launch::async, [mask, constraint] { mask->Build(*constraint); }));
+        std::async(std::launch::async, [next, constraints, masks = step.masks.data()] {
+          for (size_t i; (i = next->fetch_add(1)) < constraints.size();)
+            masks[i].Build(*constraints[i]);
+        }));
   }
 }
 

@@ -30,7 +30,8 @@ inline std::string CheckedWalk(TokenConstraint& walk, const Pieces& pieces,
     const int64_t count = walk.Allowed(allowed);
     std::vector<int32_t> ids;
     for (size_t id = 0; id < pieces.size(); ++id) {
-      const bool ok = pieces[id].has_value() && !pieces[id]->empty() && prefix_ok(text + *pieces[id]);
+      const bool ok =
+          pieces[id].has_value() && !pieces[id]->empty() && prefix_ok(text + *pieces[id]);
       EXPECT_EQ(allowed[id], ok) << "after '" << text << "', piece " << id;
       if (ok) ids.push_back(static_cast<int32_t>(id));
     }

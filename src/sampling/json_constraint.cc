@@ -205,6 +205,43 @@ bool JsonScanner::Step(uint8_t c) {
   return false;
 }
 
+void JsonScanner::AppendKey(std::string* key) const {
+  // Only what the mode reads: bits of stack_ above depth_, and the counters of other modes, are
+  // leftovers (so that, say, every state between a string's characters has one key).
+  const uint64_t stack = depth_ == 0 ? 0 : stack_ & (~uint64_t{0} >> (64 - depth_));
+  key->append(reinterpret_cast<const char*>(&stack), sizeof(stack));
+  uint8_t bytes[] = {depth_, static_cast<uint8_t>(mode_), ws_run_, 0, 0, 0, 0};
+  switch (mode_) {
+    case kString: case kEscape: bytes[3] = key_; break;
+    case kHex: bytes[3] = key_; bytes[4] = count_; break;
+    case kUtf8: bytes[3] = key_; bytes[4] = count_; bytes[5] = lo_; bytes[6] = hi_; break;
+    case kLiteral: bytes[4] = count_; bytes[5] = literal_; break;
+    default: break;
+  }
+  key->append(reinterpret_cast<const char*>(bytes), sizeof(bytes));
+}
+
+int64_t MaskCache::Find(const std::string& key, std::vector<uint8_t>* allowed) const {
+  std::shared_ptr<const std::vector<uint8_t>> hit;
+  int64_t count = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return -1;
+    hit = it->second.allowed;
+    count = it->second.count;
+  }
+  *allowed = *hit;  // outside the lock: other rows' lookups need not wait for the copy
+  return count;
+}
+
+void MaskCache::Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count) {
+  auto copy = std::make_shared<const std::vector<uint8_t>>(allowed);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.size() >= kMaxEntries) entries_.clear();
+  entries_[key] = Entry{std::move(copy), count};
+}
+
 std::shared_ptr<const TokenTexts> TokenTexts::Build(
     std::vector<std::optional<std::string>> bytes) {
   auto t = std::make_shared<TokenTexts>();

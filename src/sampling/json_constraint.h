@@ -18,9 +18,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -46,9 +48,13 @@ class JsonScanner {
   bool Step(uint8_t c);  // false (state unchanged or garbage; discard the copy) if c may not come
   bool Done() const { return mode_ == kDone; }
   bool InPlainString() const { return mode_ == kString; }  // between characters of a string
+  // Appends the state's bytes (everything Step and Done depend on) to *key: equal keys, equal
+  // futures. For caching masks by state.
+  void AppendKey(std::string* key) const;
   // A top-level number that could end here (digits after the sign, the dot or the exponent).
   bool NumberComplete() const {
-    return depth_ == 0 && (mode_ == kNumZero || mode_ == kNumInt || mode_ == kNumFrac || mode_ == kNumExp);
+    return depth_ == 0 &&
+           (mode_ == kNumZero || mode_ == kNumInt || mode_ == kNumFrac || mode_ == kNumExp);
   }
 
  private:
@@ -84,6 +90,26 @@ struct TokenTexts {
   static std::shared_ptr<const TokenTexts> Build(std::vector<std::optional<std::string>> bytes);
 };
 
+// Masks already computed, by machine state: a mask depends only on the state (Machine::
+// AppendKey) and the vocabulary, and a sample revisits few states (inside a long string, one).
+// Shared by a constraint's clones (all samples of a request), thread-safe, bounded: it forgets
+// everything when full.
+class MaskCache {
+ public:
+  static constexpr size_t kMaxEntries = 32;
+  // Copies the mask for `key` into *allowed and returns its count; -1 if not cached.
+  int64_t Find(const std::string& key, std::vector<uint8_t>* allowed) const;
+  void Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count);
+
+ private:
+  struct Entry {
+    std::shared_ptr<const std::vector<uint8_t>> allowed;
+    int64_t count = 0;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;
+};
+
 // Steps `m` through every byte of `bytes`; false at the first byte it refuses.
 template <typename Machine>
 bool StepAll(Machine& m, std::string_view bytes) {
@@ -92,15 +118,19 @@ bool StepAll(Machine& m, std::string_view bytes) {
   return true;
 }
 
-// Machine: a small copyable value with bool Step(uint8_t), bool Done() and bool InPlainString()
-// (true only between the characters of a JSON string, where every string-safe token fits).
+// Machine: a small copyable value with bool Step(uint8_t), bool Done(), bool InPlainString()
+// (true only between the characters of a JSON string, where every string-safe token fits) and
+// AppendKey(std::string*) (its state's bytes: masks are cached by them).
 // `keep_alive` owns whatever the machine points to (it is copied with every clone).
 template <typename Machine>
 class ByteMachineConstraint : public TokenConstraint {
  public:
   explicit ByteMachineConstraint(std::shared_ptr<const TokenTexts> texts, Machine start = {},
                                  std::shared_ptr<const void> keep_alive = nullptr)
-      : texts_(std::move(texts)), keep_alive_(std::move(keep_alive)), machine_(start) {
+      : texts_(std::move(texts)),
+        keep_alive_(std::move(keep_alive)),
+        cache_(std::make_shared<MaskCache>()),
+        machine_(start) {
     CHECK(texts_ != nullptr);
   }
   std::unique_ptr<TokenConstraint> Clone() const override {
@@ -118,14 +148,21 @@ class ByteMachineConstraint : public TokenConstraint {
  private:
   std::shared_ptr<const TokenTexts> texts_;
   std::shared_ptr<const void> keep_alive_;
+  std::shared_ptr<MaskCache> cache_;
   Machine machine_;
 };
 
 template <typename Machine>
 int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
   const TokenTexts& t = *texts_;
+  if (machine_.Done()) {
+    allowed.assign(t.bytes.size(), 0);
+    return 0;
+  }
+  std::string key;
+  machine_.AppendKey(&key);
+  if (const int64_t cached = cache_->Find(key, &allowed); cached >= 0) return cached;
   allowed.assign(t.bytes.size(), 0);
-  if (machine_.Done()) return 0;
   const bool in_string = machine_.InPlainString();
   int64_t count = 0;
   for (int b = 0; b < 256; ++b) {
@@ -142,6 +179,7 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
       count += ok;
     }
   }
+  cache_->Insert(key, allowed, count);
   return count;
 }
 

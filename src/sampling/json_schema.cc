@@ -16,24 +16,28 @@ namespace {
 using json = nlohmann::ordered_json;
 using FirstBytes = std::bitset<256>;
 
-bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool IsWhitespace(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+bool IsDigit(uint8_t c) {
+  return c >= '0' && c <= '9';
+}
 bool IsNumberByte(uint8_t c) {
   return IsDigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
 }
 
 // Keywords that only describe a value: accepted and ignored.
 const std::set<std::string>& Annotations() {
-  static const std::set<std::string> k = {"title", "description", "default", "examples", "format",
-                                          "$schema", "$id", "$comment", "deprecated", "readOnly",
-                                          "writeOnly", "$defs", "definitions"};
+  static const std::set<std::string> k = {
+      "title",    "description", "default",  "examples",  "format", "$schema",    "$id",
+      "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",  "definitions"};
   return k;
 }
 const std::set<std::string>& Understood() {
-  static const std::set<std::string> k = {"type", "enum", "const", "properties", "required",
-                                          "additionalProperties", "items", "minItems", "maxItems",
-                                          "minLength", "maxLength",
-                                          "anyOf", "oneOf", "$ref"};
+  static const std::set<std::string> k = {
+      "type",  "enum",     "const",    "properties", "required",  "additionalProperties",
+      "items", "minItems", "maxItems", "minLength",  "maxLength", "anyOf",
+      "oneOf", "$ref"};
   return k;
 }
 
@@ -85,8 +89,9 @@ Result<int32_t> Compiler::Ref(const std::string& ref, const std::string& path) {
     }
   }
   if (target == nullptr)
-    return Unsupported(path + ".$ref", "'" + ref + "' is not a definition of this schema (only "
-                                       "local #/$defs/NAME, #/definitions/NAME and # are)");
+    return Unsupported(path + ".$ref", "'" + ref +
+                                           "' is not a definition of this schema (only "
+                                           "local #/$defs/NAME, #/definitions/NAME and # are)");
   // Allocated before it is filled, so that a recursive reference finds it.
   const int32_t id = Allocate();
   refs_[ref] = id;
@@ -180,7 +185,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
-  if (s.contains("$ref")) return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
+  if (s.contains("$ref"))
+    return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
   if (s.contains("enum") || s.contains("const")) {
     node.kind = JsonSchemaNode::kLiterals;
     if (s.contains("const")) {
@@ -191,7 +197,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
       for (const json& v : s["enum"]) node.literals.push_back(v.dump());
     }
     std::sort(node.literals.begin(), node.literals.end());
-    node.literals.erase(std::unique(node.literals.begin(), node.literals.end()), node.literals.end());
+    node.literals.erase(std::unique(node.literals.begin(), node.literals.end()),
+                        node.literals.end());
     nodes_[static_cast<size_t>(id)] = std::move(node);
     return Status::Ok();
   }
@@ -200,12 +207,14 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     std::vector<int32_t> branches;
     if (union_key != nullptr) {
       if (s.contains("type") || (s.contains("anyOf") && s.contains("oneOf")))
-        return Unsupported(path + "." + union_key, "is supported only without type or the other of anyOf/oneOf");
+        return Unsupported(path + "." + union_key,
+                           "is supported only without type or the other of anyOf/oneOf");
       const json& list = s[union_key];
       if (!list.is_array() || list.empty())
         return Unsupported(path + "." + union_key, "must be a non-empty array");
       for (size_t i = 0; i < list.size(); ++i) {
-        EMBER_ASSIGN_OR_RETURN(int32_t b, Node(list[i], path + "." + union_key + "[" + std::to_string(i) + "]"));
+        EMBER_ASSIGN_OR_RETURN(
+            int32_t b, Node(list[i], path + "." + union_key + "[" + std::to_string(i) + "]"));
         branches.push_back(b);
       }
     } else {
@@ -219,19 +228,23 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     node.kind = JsonSchemaNode::kUnion;
     nodes_[static_cast<size_t>(id)] = std::move(node);
     branches_[static_cast<size_t>(id)] = std::move(branches);
-    paths_[static_cast<size_t>(id)] = path + (union_key != nullptr ? std::string(".") + union_key : ".type");
+    paths_[static_cast<size_t>(id)] =
+        path + (union_key != nullptr ? std::string(".") + union_key : ".type");
     return Status::Ok();
   }
   std::string type;
   if (const auto it = s.find("type"); it != s.end()) {
-    if (!it->is_string()) return Unsupported(path + ".type", "must be a string or an array of strings");
+    if (!it->is_string())
+      return Unsupported(path + ".type", "must be a string or an array of strings");
     type = it->get<std::string>();
-  } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+  } else if (s.contains("properties") || s.contains("required") ||
+             s.contains("additionalProperties")) {
     type = "object";
   } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
     type = "array";
   }
-  const bool object_keys = s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
+  const bool object_keys =
+      s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
   const bool array_keys = s.contains("items") || s.contains("minItems") || s.contains("maxItems");
   if ((object_keys && type != "object") || (array_keys && type != "array"))
     return Unsupported(path + ".type", "'" + type + "' does not go with object or array keywords");
@@ -272,13 +285,28 @@ FirstBytes Compiler::StartsOf(int32_t id, std::vector<uint8_t>& visiting) const 
   };
   const JsonSchemaNode& n = nodes_[static_cast<size_t>(id)];
   switch (n.kind) {
-    case JsonSchemaNode::kAny: add("{[\"-0123456789tfn"); break;
-    case JsonSchemaNode::kObject: add("{"); break;
-    case JsonSchemaNode::kArray: add("["); break;
-    case JsonSchemaNode::kString: add("\""); break;
-    case JsonSchemaNode::kNumber: case JsonSchemaNode::kInteger: add("-0123456789"); break;
-    case JsonSchemaNode::kBoolean: add("tf"); break;
-    case JsonSchemaNode::kNull: add("n"); break;
+    case JsonSchemaNode::kAny:
+      add("{[\"-0123456789tfn");
+      break;
+    case JsonSchemaNode::kObject:
+      add("{");
+      break;
+    case JsonSchemaNode::kArray:
+      add("[");
+      break;
+    case JsonSchemaNode::kString:
+      add("\"");
+      break;
+    case JsonSchemaNode::kNumber:
+    case JsonSchemaNode::kInteger:
+      add("-0123456789");
+      break;
+    case JsonSchemaNode::kBoolean:
+      add("tf");
+      break;
+    case JsonSchemaNode::kNull:
+      add("n");
+      break;
     case JsonSchemaNode::kLiterals:
       for (const std::string& l : n.literals) out.set(static_cast<uint8_t>(l[0]));
       break;
@@ -373,12 +401,14 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
   if (node_id < 0) return scan(false, c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
   switch (n.kind) {
-    case JsonSchemaNode::kAny: return scan(false, c);
+    case JsonSchemaNode::kAny:
+      return scan(false, c);
     case JsonSchemaNode::kObject:
     case JsonSchemaNode::kArray: {
       const bool object = n.kind == JsonSchemaNode::kObject;
       if (c != (object ? '{' : '[') || depth_ >= kMaxFrames) return false;
-      frames_[depth_++] = Frame{static_cast<uint16_t>(node_id), object ? kObjectOpen : kArrayOpen, 0, 0, 0};
+      frames_[depth_++] =
+          Frame{static_cast<uint16_t>(node_id), object ? kObjectOpen : kArrayOpen, 0, 0, 0};
       return true;
     }
     case JsonSchemaNode::kString:
@@ -387,10 +417,14 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       leaf_node_ = static_cast<uint16_t>(node_id);
       chars_ = 0;
       return true;
-    case JsonSchemaNode::kNumber: return (c == '-' || IsDigit(c)) && scan(false, c);
-    case JsonSchemaNode::kInteger: return (c == '-' || IsDigit(c)) && scan(true, c);
-    case JsonSchemaNode::kBoolean: return (c == 't' || c == 'f') && scan(false, c);
-    case JsonSchemaNode::kNull: return c == 'n' && scan(false, c);
+    case JsonSchemaNode::kNumber:
+      return (c == '-' || IsDigit(c)) && scan(false, c);
+    case JsonSchemaNode::kInteger:
+      return (c == '-' || IsDigit(c)) && scan(true, c);
+    case JsonSchemaNode::kBoolean:
+      return (c == 't' || c == 'f') && scan(false, c);
+    case JsonSchemaNode::kNull:
+      return c == 'n' && scan(false, c);
     case JsonSchemaNode::kLiterals:
       leaf_ = kLeafLiteral;
       lit_node_ = static_cast<uint16_t>(node_id);
@@ -410,10 +444,13 @@ JsonSchemaMachine::LiteralStep JsonSchemaMachine::StepLiteral(uint8_t c) {
   const std::vector<std::string>& lits = schema_->nodes[lit_node_].literals;
   // [lit_lo_, lit_hi_) share their first lit_pos_ bytes; one of exactly that length sorts first.
   const bool first_complete = lits[lit_lo_].size() == lit_pos_;
-  const auto begin = lits.begin() + lit_lo_ + (first_complete ? 1 : 0), end = lits.begin() + lit_hi_;
+  const auto begin = lits.begin() + lit_lo_ + (first_complete ? 1 : 0),
+             end = lits.begin() + lit_hi_;
   const size_t pos = lit_pos_;
-  const auto lo = std::partition_point(begin, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) < c; });
-  const auto hi = std::partition_point(lo, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) == c; });
+  const auto lo = std::partition_point(
+      begin, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) < c; });
+  const auto hi = std::partition_point(
+      lo, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) == c; });
   if (lo == hi) {
     if (!first_complete) return kLiteralRefused;
     leaf_ = kLeafNone;  // a number literal ended; c belongs to what follows
@@ -516,6 +553,44 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
   return false;
 }
 
+void JsonSchemaMachine::AppendKey(std::string* key) const {
+  auto put = [key](auto v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(depth_);
+  for (int d = 0; d < depth_; ++d) {
+    const Frame& f = frames_[d];
+    put(f.node);
+    put(static_cast<uint8_t>(f.phase));
+    put(f.index);
+    put(f.value);
+  }
+  put(static_cast<uint8_t>(leaf_));
+  put(static_cast<uint8_t>(done_));
+  put(ws_run_);
+  switch (leaf_) {
+    case kLeafScanner:
+      put(static_cast<uint8_t>(integer_));
+      put(static_cast<uint8_t>(bounded_));
+      if (bounded_) {
+        put(leaf_node_);
+        put(chars_);
+      }
+      scanner_.AppendKey(key);
+      break;
+    case kLeafLiteral:
+      put(lit_node_);
+      put(lit_lo_);
+      put(lit_hi_);
+      put(lit_pos_);
+      break;
+    case kLeafKey:
+      put(key_mask_);
+      put(lit_pos_);
+      break;
+    case kLeafNone:
+      break;
+  }
+}
+
 bool JsonSchemaMachine::Step(uint8_t c) {
   if (done_) return false;
   switch (leaf_) {
@@ -541,9 +616,12 @@ bool JsonSchemaMachine::Step(uint8_t c) {
       return true;
     case kLeafLiteral:
       switch (StepLiteral(c)) {
-        case kLiteralTook: return true;
-        case kLiteralRefused: return false;
-        case kLiteralEnded: break;
+        case kLiteralTook:
+          return true;
+        case kLiteralRefused:
+          return false;
+        case kLiteralEnded:
+          break;
       }
       break;
     case kLeafKey:

@@ -6,15 +6,16 @@
 // Supported: `type` (a name or a list), `enum`, `const`, `properties` + `required` (properties are
 // written in the schema's order; optional ones may be left out; no others are generated),
 // `additionalProperties` (a schema for the values of an object without `properties`), `items`,
-// `minItems`, `maxItems`, `minLength`, `maxLength`, `anyOf` / `oneOf` whose branches start with different bytes (string vs
-// number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion allowed),
-// and annotations that do not constrain (`title`, `description`, `default`, `examples`,
-// `format`, ...). Anything else that would constrain the value (`pattern`, `minLength`,
-// `minimum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword and its
-// path, never a silent no-op.
-// (`minLength`/`maxLength` count code points, an escape sequence being one.) The root must be an object schema. Strings are any valid JSON
-// strings; whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes; schema
-// containers nest at most kMaxFrames deep (a deeper value cannot be generated).
+// `minItems`, `maxItems`, `minLength`, `maxLength`, `anyOf` / `oneOf` whose branches start with
+// different bytes (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`,
+// `#`; recursion allowed), and annotations that do not constrain (`title`, `description`,
+// `default`, `examples`, `format`, ...). Anything else that would constrain the value (`pattern`,
+// `minLength`, `minimum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
+// and its path, never a silent no-op.
+// (`minLength`/`maxLength` count code points, an escape sequence being one.) The root must be an
+// object schema. Strings are any valid JSON strings; whitespace between tokens runs at most
+// JsonScanner::kMaxWhitespaceRun bytes; schema containers nest at most kMaxFrames deep (a deeper
+// value cannot be generated).
 //
 // The compiled schema is immutable and shared; the machine borrows it (the constraint owns it)
 // and is a small value copied freely.
@@ -35,8 +36,18 @@
 namespace ember {
 
 struct JsonSchemaNode {
-  enum Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull,
-                        kLiterals, kUnion };
+  enum Kind : uint8_t {
+    kAny,
+    kObject,
+    kArray,
+    kString,
+    kNumber,
+    kInteger,
+    kBoolean,
+    kNull,
+    kLiterals,
+    kUnion
+  };
   struct Property {
     std::string key;  // JSON text of the key with its quotes, e.g. "\"name\""
     int32_t node = 0;
@@ -65,8 +76,8 @@ struct CompiledJsonSchema {
 
 // `path` names the schema in errors (e.g. "response_format.json_schema.schema"). The schema is an
 // ordered_json: properties are generated in the order the client wrote them.
-Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const nlohmann::ordered_json& schema,
-                                                                    const std::string& path);
+Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(
+    const nlohmann::ordered_json& schema, const std::string& path);
 
 class JsonSchemaMachine {
  public:
@@ -77,6 +88,7 @@ class JsonSchemaMachine {
 
   bool Step(uint8_t c);  // false if c may not come (the state is then garbage)
   bool Done() const { return done_; }
+  void AppendKey(std::string* key) const;  // the state's bytes (json_constraint.h)
   // (Not inside a string whose length is bounded: there every token must be counted.)
   bool InPlainString() const {
     return leaf_ == kLeafScanner && !bounded_ && scanner_.InPlainString();
@@ -118,12 +130,12 @@ class JsonSchemaMachine {
   bool integer_ = false;  // the leaf scanner reads an integer
   bool bounded_ = false;  // the leaf scanner reads a string with length bounds (leaf_node_)
   uint16_t leaf_node_ = 0;
-  uint32_t chars_ = 0;    // bounded_: characters so far
+  uint32_t chars_ = 0;  // bounded_: characters so far
   bool done_ = false;
   uint8_t ws_run_ = 0;
   JsonScanner scanner_;
   uint16_t lit_node_ = 0, lit_lo_ = 0, lit_hi_ = 0, lit_pos_ = 0;  // kLeafLiteral
-  uint64_t key_mask_ = 0;                                         // kLeafKey: keys still possible
+  uint64_t key_mask_ = 0;                                          // kLeafKey: keys still possible
 };
 
 // JSON-schema structured output over `texts` (json_constraint.h).

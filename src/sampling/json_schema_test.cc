@@ -51,11 +51,12 @@ const char* kPerson = R"({
 TEST(JsonSchemaTest, AcceptsValidDocuments) {
   auto s = Compile(kPerson);
   ASSERT_NE(s, nullptr);
-  for (const std::string doc :
-       {R"({"name": "x", "age": 3})", R"({"name":"Zoë \"Z\"","age":-12,"tags":[],"kind":"b"})",
-        R"({"name": "x", "age": 0, "tags": ["a", "b"], "kind": 12, "opt": 1.5e3, "flag": true})",
-        R"({"name": "x", "age": 7, "kind": 1, "opt": null, "flag": null, "extra": [1, {"k": "v"}]})",
-        "{\n  \"name\": \"x\",\n  \"age\": 3\n}", R"({"name": "x", "age": 3, "kind": null})"}) {
+  for (
+      const std::string doc :
+      {R"({"name": "x", "age": 3})", R"({"name":"Zoë \"Z\"","age":-12,"tags":[],"kind":"b"})",
+       R"({"name": "x", "age": 0, "tags": ["a", "b"], "kind": 12, "opt": 1.5e3, "flag": true})",
+       R"({"name": "x", "age": 7, "kind": 1, "opt": null, "flag": null, "extra": [1, {"k": "v"}]})",
+       "{\n  \"name\": \"x\",\n  \"age\": 3\n}", R"({"name": "x", "age": 3, "kind": null})"}) {
     const Scan r = ScanText(*s, doc);
     EXPECT_TRUE(r.prefix_ok && r.done) << doc;
   }
@@ -67,10 +68,11 @@ TEST(JsonSchemaTest, RefusesInvalidDocuments) {
   for (const std::string doc :
        {R"({"name": "x"})", R"({"age": 3, "name": "x"})", R"({"name": "x", "age": 3.5})",
         R"({"name": "x", "age": 1e3})", R"({"name": 1, "age": 3})",
-        R"({"name": "x", "age": 3, "tags": ["a", "b", "c"]})", R"({"name": "x", "age": 3, "kind": "c"})",
-        R"({"name": "x", "age": 3, "kind": 123})", R"({"name": "x", "age": 3, "other": 1})",
-        R"({"name": "x", "age": 3, "opt": "s"})", R"({"name": "x", "age": 3, "flag": 0})",
-        R"({"name": "x", "age": 3,})", R"( {"name": "x", "age": 3})", R"({"name": "x", "age": 3} )",
+        R"({"name": "x", "age": 3, "tags": ["a", "b", "c"]})",
+        R"({"name": "x", "age": 3, "kind": "c"})", R"({"name": "x", "age": 3, "kind": 123})",
+        R"({"name": "x", "age": 3, "other": 1})", R"({"name": "x", "age": 3, "opt": "s"})",
+        R"({"name": "x", "age": 3, "flag": 0})", R"({"name": "x", "age": 3,})",
+        R"( {"name": "x", "age": 3})", R"({"name": "x", "age": 3} )",
         R"({"name": "x", "name": "y", "age": 3})", R"([])"}) {
     const Scan r = ScanText(*s, doc);
     EXPECT_FALSE(r.prefix_ok && r.done) << doc;
@@ -86,8 +88,9 @@ TEST(JsonSchemaTest, StringLengthsCountCharacters) {
   auto s = Compile(R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2,
       "maxLength": 3}, "t": {"type": ["string", "null"], "maxLength": 1}}})");
   ASSERT_NE(s, nullptr);
-  for (const std::string ok : {R"({"s": "ab"})", R"({"s": "abc"})", R"({"s": "é中"})",
-                               R"({"s": "\n\u00e9x"})", R"({"t": null})", R"({"t": "x"})", R"({"t": ""})"})
+  for (const std::string ok :
+       {R"({"s": "ab"})", R"({"s": "abc"})", R"({"s": "é中"})", R"({"s": "\n\u00e9x"})",
+        R"({"t": null})", R"({"t": "x"})", R"({"t": ""})"})
     EXPECT_TRUE(ScanText(*s, ok).done) << ok;
   for (const std::string bad : {R"({"s": "a"})", R"({"s": "abcd"})", R"({"s": "é中👍x"})",
                                 R"({"s": "\n\n\n\n"})", R"({"t": "xy"})"})
@@ -99,7 +102,9 @@ TEST(JsonSchemaTest, RecursiveRefsAndMaps) {
       "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
       "required": ["value"]}}})");
   ASSERT_NE(tree, nullptr);
-  EXPECT_TRUE(ScanText(*tree, R"({"value": 1, "children": [{"value": 2}, {"value": 3, "children": []}]})").done);
+  EXPECT_TRUE(
+      ScanText(*tree, R"({"value": 1, "children": [{"value": 2}, {"value": 3, "children": []}]})")
+          .done);
   EXPECT_FALSE(ScanText(*tree, R"({"value": 1, "children": [{"children": []}]})").prefix_ok);
   auto map = Compile(R"({"type": "object", "additionalProperties": {"type": "number"}})");
   ASSERT_NE(map, nullptr);
@@ -112,7 +117,8 @@ TEST(JsonSchemaTest, RecursiveRefsAndMaps) {
   EXPECT_FALSE(ScanText(*closed, R"({"a")").prefix_ok);
   // Deeper than the machine's frames cannot be generated (and is refused, not mis-scanned).
   std::string deep, close;
-  for (int i = 0; i <= JsonSchemaMachine::kMaxFrames; ++i) deep += R"({"value": 1, "children": [)", close += "]}";
+  for (int i = 0; i <= JsonSchemaMachine::kMaxFrames; ++i)
+    deep += R"({"value": 1, "children": [)", close += "]}";
   EXPECT_FALSE(ScanText(*tree, deep).prefix_ok);
 }
 
@@ -201,10 +207,25 @@ TEST(JsonSchemaTest, TokenWalksWriteValidDocuments) {
       "required": ["id", "ps"]})");
   auto compiled = CompileJsonSchema(schema, "schema");
   ASSERT_TRUE(compiled.ok()) << compiled.message();
-  std::vector<std::optional<std::string>> pieces = {
-      std::nullopt, "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "\"id\"", "\": ", "id", "name",
-      "ps", "\"x\": ", "x", "y", "1", "12", "2", "-", ".", "5", "e", "true", "null", "nul", "l", "s",
-      "ok", "\": [{\"", "}]", "}, {", "\\", "é", std::string(), "\"ok\": false}"};
+  std::vector<std::optional<std::string>> pieces = {std::nullopt,  "{",
+                                                    "}",           "[",
+                                                    "]",           "\"",
+                                                    ":",           ",",
+                                                    " ",           "\n",
+                                                    "\"id\"",      "\": ",
+                                                    "id",          "name",
+                                                    "ps",          "\"x\": ",
+                                                    "x",           "y",
+                                                    "1",           "12",
+                                                    "2",           "-",
+                                                    ".",           "5",
+                                                    "e",           "true",
+                                                    "null",        "nul",
+                                                    "l",           "s",
+                                                    "ok",          "\": [{\"",
+                                                    "}]",          "}, {",
+                                                    "\\",          "é",
+                                                    std::string(), "\"ok\": false}"};
   for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
   auto texts = TokenTexts::Build(pieces);
   std::mt19937 rng(5);

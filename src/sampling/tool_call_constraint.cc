@@ -9,6 +9,18 @@ namespace ember {
 ToolCallMachine::ToolCallMachine(const ToolCallPattern* pattern)
     : pattern_(pattern), hi_(static_cast<uint32_t>(pattern->calls.size())) {}
 
+void ToolCallMachine::AppendKey(std::string* key) const {
+  const uint32_t words[] = {static_cast<uint32_t>(phase_), pos_, lo_, hi_,
+                            static_cast<uint32_t>(schema_)};
+  key->append(reinterpret_cast<const char*>(words), sizeof(words));
+  if (phase_ != kArguments) return;
+  if (schema_) {
+    schema_arguments_.AppendKey(key);
+  } else {
+    arguments_.AppendKey(key);
+  }
+}
+
 bool ToolCallMachine::Step(uint8_t c) {
   switch (phase_) {
     case kHead: {
@@ -20,8 +32,10 @@ bool ToolCallMachine::Step(uint8_t c) {
       auto byte_at = [pos](const ToolCallPattern::Call& call) {
         return static_cast<uint8_t>(call.head[pos]);
       };
-      const auto lo = std::partition_point(first, last, [&](const auto& h) { return byte_at(h) < c; });
-      const auto hi = std::partition_point(lo, last, [&](const auto& h) { return byte_at(h) == c; });
+      const auto lo =
+          std::partition_point(first, last, [&](const auto& h) { return byte_at(h) < c; });
+      const auto hi =
+          std::partition_point(lo, last, [&](const auto& h) { return byte_at(h) == c; });
       if (lo == hi) return false;
       lo_ = static_cast<uint32_t>(lo - calls.begin());
       hi_ = static_cast<uint32_t>(hi - calls.begin());

@@ -22,7 +22,7 @@ namespace ember {
 
 struct ToolCallPattern {
   struct Call {
-    std::string head;                                 // non-empty
+    std::string head;                                     // non-empty
     std::shared_ptr<const CompiledJsonSchema> arguments;  // null: any JSON object
   };
   std::vector<Call> calls;  // heads distinct and prefix-free; sorted by head when built
@@ -36,6 +36,7 @@ class ToolCallMachine {
 
   bool Step(uint8_t c);
   bool Done() const { return phase_ == kDone; }
+  void AppendKey(std::string* key) const;  // the state's bytes (json_constraint.h)
   bool InPlainString() const {
     return phase_ == kArguments &&
            (schema_ ? schema_arguments_.InPlainString() : arguments_.InPlainString());

@@ -50,8 +50,12 @@ ToolCallPattern HermesLike() {
 
 TEST(ToolCallConstraintTest, AllowsExactlyTheTokensThatKeepAPrefix) {
   std::vector<std::optional<std::string>> pieces = {
-      std::nullopt, "<call>", "<call>{\"name\": \"", "get", "_weather", "\", \"arguments\": ",
-      "{", "}", "\"", ":", "1", "}</call>", "</call>", "}}", "{\"", "\":", std::string(), "é"};
+      std::nullopt, "<call>",      "<call>{\"name\": \"",
+      "get",        "_weather",    "\", \"arguments\": ",
+      "{",          "}",           "\"",
+      ":",          "1",           "}</call>",
+      "</call>",    "}}",          "{\"",
+      "\":",        std::string(), "é"};
   for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
   const ToolCallPattern pattern = HermesLike();
   auto texts = TokenTexts::Build(pieces);
@@ -79,8 +83,8 @@ TEST(ToolCallConstraintTest, AllowsExactlyTheTokensThatKeepAPrefix) {
 }
 
 TEST(ToolCallConstraintTest, NamesAreMatchedWhole) {
-  std::vector<std::optional<std::string>> pieces = {"<call>{\"name\": \"get", "\", \"arguments\": ",
-                                                    "_time", "_weather", "{}", "}</call>", "x"};
+  std::vector<std::optional<std::string>> pieces = {
+      "<call>{\"name\": \"get", "\", \"arguments\": ", "_time", "_weather", "{}", "}</call>", "x"};
   auto texts = TokenTexts::Build(pieces);
   ToolCallPattern one;
   one.calls = {{"<call>{\"name\": \"get_time\", \"arguments\": ", nullptr}};
@@ -105,10 +109,11 @@ TEST(ToolCallConstraintTest, ArgumentsFollowTheCallsSchema) {
   std::vector<std::optional<std::string>> pieces;
   for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
   auto texts = TokenTexts::Build(pieces);
-  auto schema = CompileJsonSchema(nlohmann::ordered_json::parse(
-                                      R"({"type": "object", "properties": {"x": {"type": "integer"}},
+  auto schema =
+      CompileJsonSchema(nlohmann::ordered_json::parse(
+                            R"({"type": "object", "properties": {"x": {"type": "integer"}},
                                           "required": ["x"]})"),
-                                  "parameters");
+                        "parameters");
   ASSERT_TRUE(schema.ok()) << schema.message();
   ToolCallPattern p;
   p.calls = {{"<call>a:", *schema}, {"<call>b:", nullptr}};

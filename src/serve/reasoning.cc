@@ -10,7 +10,6 @@ constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
 constexpr const char* kSpace = " \n\t\r";
 
-
 }  // namespace
 
 bool TemplateHasThinkBlocks(std::string_view source) {

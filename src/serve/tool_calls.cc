@@ -14,17 +14,19 @@ using ordered = nlohmann::ordered_json;
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
 std::string_view TrimRight(std::string_view s) {
   while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
   return s;
 }
 
-
 // {"name": "...", <args_key>: {...}} (the arguments may also be a string holding JSON, or absent:
 // no arguments). Nothing else may be in the object.
-std::optional<ToolCall> CallFromObject(const ordered& j, std::initializer_list<const char*> args_keys) {
+std::optional<ToolCall> CallFromObject(const ordered& j,
+                                       std::initializer_list<const char*> args_keys) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   ToolCall call;
   call.name = j["name"].get<std::string>();
@@ -68,7 +70,8 @@ std::optional<std::vector<ToolCall>> ParseLlama3Calls(std::string_view text) {
     std::optional<ToolCall> call;
     while (true) {
       end = text.find(';', end);
-      const std::string_view piece = text.substr(start, end == std::string_view::npos ? end : end - start);
+      const std::string_view piece =
+          text.substr(start, end == std::string_view::npos ? end : end - start);
       call = CallFromObject(ordered::parse(piece, nullptr, false), {"parameters", "arguments"});
       if (call || end == std::string_view::npos) break;
       ++end;
@@ -86,15 +89,19 @@ std::optional<std::vector<ToolCall>> ParseLlama3Calls(std::string_view text) {
 
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kNone: return "none";
-    case ToolCallFormat::kHermes: return "hermes";
-    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kNone:
+      return "none";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
   }
   return "none";
 }
 
 std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+  for (ToolCallFormat f :
+       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
     if (name == ToolCallFormatName(f)) return f;
   return std::nullopt;
 }
@@ -112,7 +119,8 @@ std::string ForcedCallHead(ToolCallFormat format, const std::string& name) {
       return std::string(kHermesOpen) + "\n{\"name\": " + quoted + ", \"arguments\": ";
     case ToolCallFormat::kLlama3Json:
       return "{\"name\": " + quoted + ", \"parameters\": ";
-    case ToolCallFormat::kNone: break;
+    case ToolCallFormat::kNone:
+      break;
   }
   CHECK(false) << "ForcedCallHead: no tool-call format";
   return {};
@@ -120,9 +128,12 @@ std::string ForcedCallHead(ToolCallFormat format, const std::string& name) {
 
 std::string ForcedCallTail(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kHermes: return "}\n" + std::string(kHermesClose);
-    case ToolCallFormat::kLlama3Json: return "}";
-    case ToolCallFormat::kNone: break;
+    case ToolCallFormat::kHermes:
+      return "}\n" + std::string(kHermesClose);
+    case ToolCallFormat::kLlama3Json:
+      return "}";
+    case ToolCallFormat::kNone:
+      break;
   }
   CHECK(false) << "ForcedCallTail: no tool-call format";
   return {};
@@ -213,15 +224,19 @@ void ToolCallParser::ScanLlama3(bool final, ToolCallDelta* out) {
 ToolCallDelta ToolCallParser::Push(std::string_view text) {
   ToolCallDelta out;
   pending_.append(text);
-  if (format_ == ToolCallFormat::kHermes) ScanHermes(false, &out);
-  else ScanLlama3(false, &out);
+  if (format_ == ToolCallFormat::kHermes)
+    ScanHermes(false, &out);
+  else
+    ScanLlama3(false, &out);
   return out;
 }
 
 ToolCallDelta ToolCallParser::Finish() {
   ToolCallDelta out;
-  if (format_ == ToolCallFormat::kHermes) ScanHermes(true, &out);
-  else ScanLlama3(true, &out);
+  if (format_ == ToolCallFormat::kHermes)
+    ScanHermes(true, &out);
+  else
+    ScanLlama3(true, &out);
   return out;
 }
 

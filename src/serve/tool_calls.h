@@ -2,9 +2,11 @@
 // syntax; ToolCallParser turns a sample's released text into OpenAI `tool_calls` and the content
 // around them, incrementally, so streamed and non-streamed responses carry the same calls and
 // the same content. Formats:
-//   hermes       (Qwen2.5, Qwen3, Hermes): <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>,
+//   hermes       (Qwen2.5, Qwen3, Hermes): <tool_call>\n{"name": N, "arguments":
+//   {...}}\n</tool_call>,
 //                any number, with content before and between them;
-//   llama3_json  (Llama 3.1 / 3.2): the whole output is {"name": N, "parameters": {...}}, or several
+//   llama3_json  (Llama 3.1 / 3.2): the whole output is {"name": N, "parameters": {...}}, or
+//   several
 //                separated by ";".
 // A block that does not parse as a call stays content, unchanged. The format comes from the chat
 // template (DetectToolCallFormat) or `ember serve --tool-call-parser`. Not thread-safe: one parser
@@ -32,8 +34,8 @@ std::string ForcedCallHead(ToolCallFormat format, const std::string& name);
 std::string ForcedCallTail(ToolCallFormat format);
 
 struct ToolCall {
-  int32_t index = 0;      // position among the sample's calls
-  std::string id;         // "call_..." (given by the server, not the parser)
+  int32_t index = 0;  // position among the sample's calls
+  std::string id;     // "call_..." (given by the server, not the parser)
   std::string name;
   std::string arguments;  // JSON text of the arguments object, keys in the model's order
 };
@@ -64,8 +66,8 @@ class ToolCallParser {
   void AddCall(ToolCall call, ToolCallDelta* out);
 
   ToolCallFormat format_;
-  std::string pending_;      // received, not yet released
-  bool in_call_ = false;     // hermes: inside <tool_call> ... (the body is pending_)
+  std::string pending_;   // received, not yet released
+  bool in_call_ = false;  // hermes: inside <tool_call> ... (the body is pending_)
   enum class Lead : uint8_t { kUnknown, kContent, kJson } lead_ = Lead::kUnknown;  // llama3_json
   int32_t num_calls_ = 0;
 };

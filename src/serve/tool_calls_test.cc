@@ -21,7 +21,8 @@ void Append(Parsed& p, ToolCallDelta d) {
   for (ToolCall& c : d.calls) p.calls.push_back(std::move(c));
 }
 
-Parsed ParseInPieces(ToolCallFormat format, const std::string& text, const std::vector<size_t>& cuts) {
+Parsed ParseInPieces(ToolCallFormat format, const std::string& text,
+                     const std::vector<size_t>& cuts) {
   ToolCallParser parser(format);
   Parsed p;
   size_t at = 0;
@@ -70,15 +71,15 @@ TEST(ToolCallParserTest, HermesCallsAndContent) {
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[0].name, "get_weather");
   // Compact, keys in the model's order, non-ASCII kept.
-  EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Zürich\",\"unit\":\"celsius\",\"a\":[1,{\"b\":null}]}");
+  EXPECT_EQ(p.calls[0].arguments,
+            "{\"city\":\"Zürich\",\"unit\":\"celsius\",\"a\":[1,{\"b\":null}]}");
   EXPECT_EQ(p.calls[1].name, "get_time");
   EXPECT_EQ(p.calls[1].arguments, "{}");
 }
 
 TEST(ToolCallParserTest, HermesWithoutCallsIsPlainContent) {
-  for (const std::string text :
-       {"Hello, world.", "a <tool b", "ends with <tool_c", "x < y\n\n", "  spaced  out  \n",
-        "<tool_calls> is not the tag", ""}) {
+  for (const std::string text : {"Hello, world.", "a <tool b", "ends with <tool_c", "x < y\n\n",
+                                 "  spaced  out  \n", "<tool_calls> is not the tag", ""}) {
     const Parsed p = ParseEveryWay(ToolCallFormat::kHermes, text);
     EXPECT_EQ(p.content, text);
     EXPECT_TRUE(p.calls.empty()) << text;
@@ -120,21 +121,23 @@ TEST(ToolCallParserTest, HermesHoldsOnlyWhatMayStillBeACall) {
 }
 
 TEST(ToolCallParserTest, Llama3JsonCalls) {
-  Parsed p = ParseEveryWay(ToolCallFormat::kLlama3Json,
-                           "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris; FR\"}}");
+  Parsed p =
+      ParseEveryWay(ToolCallFormat::kLlama3Json,
+                    "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris; FR\"}}");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].name, "get_weather");
   EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Paris; FR\"}");
   EXPECT_EQ(p.content, "");
-  p = ParseEveryWay(ToolCallFormat::kLlama3Json,
-                    " {\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"arguments\": {\"k\": 2}}");
+  p = ParseEveryWay(
+      ToolCallFormat::kLlama3Json,
+      " {\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"arguments\": {\"k\": 2}}");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[1].name, "b");
   EXPECT_EQ(p.calls[1].arguments, "{\"k\":2}");
-  for (const std::string text : {"The answer is {\"name\": \"a\", \"parameters\": {}}",
-                                 "{\"name\": \"a\", \"parameters\": {}} and more",
-                                 "{\"key\": \"a json answer\"}", "{\"name\": \"a\", \"param",
-                                 "   ", "plain"}) {
+  for (const std::string text :
+       {"The answer is {\"name\": \"a\", \"parameters\": {}}",
+        "{\"name\": \"a\", \"parameters\": {}} and more", "{\"key\": \"a json answer\"}",
+        "{\"name\": \"a\", \"param", "   ", "plain"}) {
     p = ParseEveryWay(ToolCallFormat::kLlama3Json, text);
     EXPECT_TRUE(p.calls.empty()) << text;
     EXPECT_EQ(p.content, text);
@@ -146,7 +149,8 @@ TEST(ToolCallParserTest, Llama3JsonCalls) {
 
 TEST(ToolCallParserTest, ForcedCallTextsParseBack) {
   for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
-    const std::string text = ForcedCallHead(f, "say \"hi\"") + "{\"to\": \"you\"}" + ForcedCallTail(f);
+    const std::string text =
+        ForcedCallHead(f, "say \"hi\"") + "{\"to\": \"you\"}" + ForcedCallTail(f);
     const Parsed p = ParseEveryWay(f, text);
     ASSERT_EQ(p.calls.size(), 1u) << text;
     EXPECT_EQ(p.calls[0].name, "say \"hi\"");
@@ -156,7 +160,8 @@ TEST(ToolCallParserTest, ForcedCallTextsParseBack) {
 }
 
 TEST(ToolCallFormatTest, NamesAndDetection) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+  for (ToolCallFormat f :
+       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
     EXPECT_EQ(ParseToolCallFormat(ToolCallFormatName(f)), f);
   EXPECT_FALSE(ParseToolCallFormat("mistral").has_value());
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
