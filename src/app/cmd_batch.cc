@@ -282,16 +282,17 @@ int BatchCommand(int argc, char** argv, int first) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   lm.engine->Shutdown(/*drain=*/true);
   EngineStats stats = lm.engine->Stats();
-  std::fprintf(stderr,
-               "ember batch: %zu lines, %lld refused; %lld prompt tokens (%lld from the prefix "
-               "cache), %lld generated, %lld steps, %lld preemptions; %.3f s (%.1f generated "
-               "tok/s)\n",
-               lines.size(), static_cast<long long>(num_errors),
-               static_cast<long long>(stats.prompt_tokens),
-               static_cast<long long>(stats.prefix_hit_tokens),
-               static_cast<long long>(stats.generated_tokens), static_cast<long long>(stats.steps),
-               static_cast<long long>(stats.preemptions), seconds,
-               double(stats.generated_tokens) / std::max(seconds, 1e-9));
+  std::fprintf(
+      stderr,
+      "ember batch: %zu lines, %lld refused; %lld prompt tokens (%lld from the prefix "
+      "cache), %lld generated, %lld steps, %lld preemptions; %.3f s (%.1f generated "
+      "tok/s; engine thread: schedule %.3f s, forward %.3f s, finish %.3f s)\n",
+      lines.size(), static_cast<long long>(num_errors), static_cast<long long>(stats.prompt_tokens),
+      static_cast<long long>(stats.prefix_hit_tokens),
+      static_cast<long long>(stats.generated_tokens), static_cast<long long>(stats.steps),
+      static_cast<long long>(stats.preemptions), seconds,
+      double(stats.generated_tokens) / std::max(seconds, 1e-9), 1e-9 * double(stats.schedule_ns),
+      1e-9 * double(stats.forward_ns), 1e-9 * double(stats.finish_ns));
   if (!out) return Fail(output_path + ": write error");
   return num_errors > 0 ? 1 : 0;
 }
