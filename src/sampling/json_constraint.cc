@@ -1,5 +1,7 @@
 #include "sampling/json_constraint.h"
 
+#include <algorithm>
+
 #include <string_view>
 
 #include "util/check.h"
@@ -246,24 +248,25 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
     std::vector<std::optional<std::string>> bytes) {
   auto t = std::make_shared<TokenTexts>();
   t->string_safe.assign(bytes.size(), 0);
-  t->first.assign(257, 0);
   // A scanner between the characters of a string value.
   JsonScanner in_string;
   for (char c : std::string("{\"k\":\"")) in_string.Step(static_cast<uint8_t>(c));
   for (size_t id = 0; id < bytes.size(); ++id) {
     if (!bytes[id] || bytes[id]->empty()) continue;
-    ++t->first[static_cast<uint8_t>((*bytes[id])[0]) + 1];
+    t->sorted.push_back(static_cast<int32_t>(id));
     JsonScanner s = in_string;
     t->string_safe[id] = bytes[id]->find_first_of("\"\\") == std::string::npos &&
                          StepAll(s, *bytes[id]) && s.InPlainString();
   }
-  for (int b = 0; b < 256; ++b) t->first[b + 1] += t->first[b];
-  t->by_first_byte.resize(static_cast<size_t>(t->first[256]));
-  std::vector<int32_t> fill(t->first.begin(), t->first.end() - 1);
-  for (size_t id = 0; id < bytes.size(); ++id) {
-    if (!bytes[id] || bytes[id]->empty()) continue;
-    t->by_first_byte[static_cast<size_t>(fill[static_cast<uint8_t>((*bytes[id])[0])]++)] =
-        static_cast<int32_t>(id);
+  auto text = [&bytes](int32_t id) -> const std::string& { return *bytes[static_cast<size_t>(id)]; };
+  std::sort(t->sorted.begin(), t->sorted.end(),
+            [&](int32_t a, int32_t b) { return text(a) < text(b); });
+  t->shared_prefix.assign(t->sorted.size(), 0);
+  for (size_t i = 1; i < t->sorted.size(); ++i) {
+    const std::string& a = text(t->sorted[i - 1]);
+    const std::string& b = text(t->sorted[i]);
+    const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+    t->shared_prefix[i] = static_cast<int32_t>(mismatch.first - a.begin());
   }
   t->bytes = std::move(bytes);
   return t;

@@ -11,11 +11,14 @@
 // ByteMachineConstraint applies a byte machine (JsonScanner, or one that embeds it) to tokens: a
 // token is allowed when every byte of its text (Tokenizer::TokenBytes, mid-stream form) is;
 // tokens without text (specials, EOS) never are, and the sample ends as soon as the machine is
-// done. Allowed() scans tokens from the current state: between a JSON string's characters every
-// string-safe token is allowed without a scan; elsewhere only the tokens whose first byte the
-// state accepts are scanned. JsonObjectConstraint is JSON mode: the machine is a JsonScanner.
+// done. Allowed() walks the tokens in byte order as a trie: a prefix is stepped once for all the
+// tokens that share it, and once a byte is refused every token sharing that prefix is refused
+// without a step; between a JSON string's characters every string-safe token is allowed without
+// a step. Masks are cached by state (MaskCache). JsonObjectConstraint is JSON mode: the machine
+// is a JsonScanner.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -84,9 +87,10 @@ struct TokenTexts {
   // 1: whole characters of string content (valid UTF-8, no '"', '\\' or control character):
   // allowed anywhere between a string's characters without scanning.
   std::vector<uint8_t> string_safe;
-  // The ids with text grouped by their first byte: by_first_byte[first[b] .. first[b + 1]).
-  std::vector<int32_t> by_first_byte;
-  std::vector<int32_t> first;  // [257]
+  // The ids with text in the order of their bytes (a flattened trie), and for each the length
+  // of the prefix it shares with the one before it (0 for the first).
+  std::vector<int32_t> sorted;
+  std::vector<int32_t> shared_prefix;
   static std::shared_ptr<const TokenTexts> Build(std::vector<std::optional<std::string>> bytes);
 };
 
@@ -164,20 +168,40 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
   if (const int64_t cached = cache_->Find(key, &allowed); cached >= 0) return cached;
   allowed.assign(t.bytes.size(), 0);
   const bool in_string = machine_.InPlainString();
+  // states[d]: the machine after the first d bytes of the token at hand, valid for d <= valid.
+  thread_local std::vector<Machine> states;
+  states.resize(1);
+  states[0] = machine_;
+  size_t valid = 0;
+  size_t refused_at = SIZE_MAX;  // the last stepped token's byte that was refused
   int64_t count = 0;
-  for (int b = 0; b < 256; ++b) {
-    Machine after_first = machine_;
-    if (!after_first.Step(static_cast<uint8_t>(b))) continue;  // no token starting with b fits
-    for (int32_t i = t.first[b]; i < t.first[b + 1]; ++i) {
-      const auto id = static_cast<size_t>(t.by_first_byte[static_cast<size_t>(i)]);
-      bool ok = in_string && t.string_safe[id];
-      if (!ok) {
-        Machine m = after_first;
-        ok = StepAll(m, std::string_view(*t.bytes[id]).substr(1));
-      }
-      allowed[id] = ok;
-      count += ok;
+  for (size_t i = 0; i < t.sorted.size(); ++i) {
+    const auto id = static_cast<size_t>(t.sorted[i]);
+    const auto shared = static_cast<size_t>(t.shared_prefix[i]);
+    // Shares the refused byte's whole prefix: refused too (and valid stays within that prefix).
+    if (refused_at != SIZE_MAX && shared > refused_at) continue;
+    refused_at = SIZE_MAX;
+    valid = std::min(valid, shared);
+    if (in_string && t.string_safe[id]) {
+      allowed[id] = 1;
+      ++count;
+      continue;
     }
+    const std::string& bytes = *t.bytes[id];
+    if (states.size() < bytes.size() + 1) states.resize(bytes.size() + 1);
+    size_t d = valid;
+    for (; d < bytes.size(); ++d) {
+      states[d + 1] = states[d];
+      if (!states[d + 1].Step(static_cast<uint8_t>(bytes[d]))) break;
+    }
+    if (d < bytes.size()) {
+      refused_at = d;
+      valid = d;
+      continue;
+    }
+    valid = bytes.size();
+    allowed[id] = 1;
+    ++count;
   }
   cache_->Insert(key, allowed, count);
   return count;
