@@ -359,9 +359,30 @@ void Engine::ReapCancelled() {
 namespace {
 // Whether the backend makes this row's token where the logits are (the argmax, or a draw where
 // the backend samples): no logprobs and no token constraint, whose rows the host samples.
+// A token mask as kMask edits of `row`, after the row's processor edits (from first_edit on): an
+// element those edit turns into one kMask where it is masked (an element's edits stay adjacent),
+// every other masked element gets one.
+void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
+                     std::vector<LogitEdit>& edits) {
+  std::vector<int32_t> edited;
+  for (size_t i = first_edit; i < edits.size(); ++i) {
+    edited.push_back(edits[i].token);
+    if (!mask.allowed[static_cast<size_t>(edits[i].token)]) edits[i].op = LogitEditOp::kMask;
+  }
+  std::sort(edited.begin(), edited.end());
+  for (size_t token = 0; token < mask.allowed.size(); ++token) {
+    if (mask.allowed[token]) continue;
+    const auto id = static_cast<int32_t>(token);
+    if (!std::binary_search(edited.begin(), edited.end(), id))
+      edits.push_back(LogitEdit{row, id, LogitEditOp::kMask, 0.0f});
+  }
+}
+
+// Whether the backend makes this row's token (argmax, or a draw where the backend samples): no
+// logprobs wanted. A constrained row's mask then goes along as edits.
 bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
-  return seq.constraint == nullptr && BackendCanSample(p) && (p.is_greedy() || backend_samples);
+  return BackendCanSample(p) && (p.is_greedy() || backend_samples);
 }
 
 // Whether the backend makes this row's token from state the host already has, so the step may
@@ -370,7 +391,8 @@ bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
 // flight, and once it reaches min_tokens the true count has too).
 bool FedRowOk(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
-  return BackendMakesToken(seq, backend_samples) && !p.has_penalties() &&
+  return seq.constraint == nullptr && BackendMakesToken(seq, backend_samples) &&
+         !p.has_penalties() &&
          (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
 }
 }  // namespace
@@ -434,13 +456,23 @@ void Engine::RunStep(const StepPlan& plan) {
     row_params_.push_back(&p);
     row_states_.push_back(s.seq->sampler.get());
     if (!BackendMakesToken(*s.seq, backend_samples)) continue;  // kCopy: the host samples it
+    // A constrained row's mask goes to the backend as kMask edits, so it is built now (a state
+    // seen before costs a copy: MaskCache). One that allows nothing stays kCopy: the host path
+    // ends the sample with an error.
+    if (s.seq->constraint != nullptr) {
+      launch_mask_.Build(*s.seq->constraint);
+      if (launch_mask_.num_allowed == 0) continue;
+    }
     if (p.is_greedy()) {
       step.kinds[r] = RowOutput::kArgmax;
     } else {
       step.kinds[r] = RowOutput::kSample;
       row_sampling_[r] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
     }
+    const size_t first_edit = row_edits.size();
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
+    if (s.seq->constraint != nullptr)
+      AppendMaskEdits(launch_mask_, static_cast<int32_t>(r), first_edit, row_edits);
   }
   StartMasks(plan, step);
   const int64_t forward_start = NowNs();
@@ -486,18 +518,21 @@ void Engine::RunStep(const StepPlan& plan) {
   }
 }
 
-// A constrained row's mask depends only on the tokens its sequence already accepted (its steps
-// never overlap), so masks are built on helper threads while the forward runs: at most half the
-// host's cores (the rest drive the backend), rows claimed from a counter. Masks of states seen
-// before come from the constraint's cache (json_constraint.h), so most cost a copy.
+// A host-sampled (kCopy) constrained row's mask depends only on the tokens its sequence already
+// accepted (its steps never overlap), so it is built on a helper thread while the forward runs:
+// at most half the host's cores (the rest drive the backend), rows claimed from a counter. Masks
+// of states seen before come from the constraint's cache (json_constraint.h), so most cost a
+// copy.
 void Engine::StartMasks(const StepPlan& plan, LaunchedStep& step) {
+  auto host_constrained = [&step](const ScheduledSequence& s, size_t row) {
+    return s.seq->constraint != nullptr && step.kinds[row] == RowOutput::kCopy;
+  };
   std::vector<const TokenConstraint*> constraints;
   step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
   size_t row = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
-    ++row;
-    if (s.seq->constraint != nullptr) constraints.push_back(s.seq->constraint.get());
+    if (host_constrained(s, row++)) constraints.push_back(s.seq->constraint.get());
   }
   if (constraints.empty()) {
     step.row_masks.clear();
@@ -510,7 +545,7 @@ void Engine::StartMasks(const StepPlan& plan, LaunchedStep& step) {
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
     const size_t r = row++;
-    if (s.seq->constraint != nullptr) step.row_masks[r] = &step.masks[m++];
+    if (host_constrained(s, r)) step.row_masks[r] = &step.masks[m++];
   }
   auto next = std::make_shared<std::atomic<size_t>>(0);
   const size_t num_threads = std::min<size_t>(

@@ -145,6 +145,7 @@ class Engine {
   std::vector<uint8_t> host_skip_;                 // [rows] rows the host sampler leaves alone
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
+  TokenMask launch_mask_;  // a backend-sampled constrained row's mask, while its edits are made
   std::vector<SampleOutput> row_outputs_;          // [rows]
   // Decode steps are padded to these row counts (Backend::DecodeGraphBuckets); the padding rows
   // write their K/V to scratch_block_, a KV block no sequence owns.

@@ -278,13 +278,23 @@ void CheckTokenConstraint(const std::string& dir, DeviceKind device) {
   auto sampled_stream = SubmitOrDie(**engine, sampled);
   for (size_t i = 0; i < others.size(); ++i)
     EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << "request " << i;
-  for (const Output& out : {Collect(greedy_stream), Collect(sampled_stream)}) {
+  // The same requests with logprobs: their rows are sampled on the host (the mask applied
+  // there) instead of by the backend (the mask as edits); the tokens must not change.
+  GenerationRequest greedy_host = greedy, sampled_backend = sampled;
+  greedy_host.sampling.top_logprobs = 0;
+  sampled_backend.sampling.top_logprobs = -1;
+  auto greedy_host_stream = SubmitOrDie(**engine, greedy_host);
+  auto sampled_backend_stream = SubmitOrDie(**engine, sampled_backend);
+  const Output greedy_out = Collect(greedy_stream), sampled_out = Collect(sampled_stream);
+  for (const Output& out : {greedy_out, sampled_out}) {
     EXPECT_EQ(out.finish, FinishReason::kStop);
     for (const auto& sample : out.samples) {
       EXPECT_EQ(sample.size(), 9u);
       for (int32_t id : sample) EXPECT_EQ(id % 7, 0) << id;
     }
   }
+  EXPECT_EQ(Collect(greedy_host_stream).samples, greedy_out.samples);
+  EXPECT_EQ(Collect(sampled_backend_stream).samples, sampled_out.samples);
 
   GenerationRequest blocked = Greedy({1, 80, 147}, 30);
   blocked.constraint = std::make_shared<StrideConstraint>(vocab, 7, 9, /*block_at=*/3);
@@ -306,7 +316,8 @@ TEST(EngineTest, TokenConstraintDecidesEveryToken) {
   CheckTokenConstraint(dir, DeviceKind::kCpu);
 }
 
-// On the GPU a constrained row copies its logits to the host beside rows the backend samples.
+// On the GPU a constrained row's mask goes to the backend as edits (or, with logprobs, its
+// logits come to the host) beside rows the backend samples.
 TEST(EngineTest, CudaTokenConstraintDecidesEveryToken) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
