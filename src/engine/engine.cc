@@ -359,6 +359,10 @@ void Engine::ReapCancelled() {
 namespace {
 // Whether the backend makes this row's token where the logits are (the argmax, or a draw where
 // the backend samples): no logprobs and no token constraint, whose rows the host samples.
+// A constrained row's mask goes to the backend as edits only up to this many masked tokens (a
+// longer list costs more to build and upload than sampling the row on the host).
+constexpr int64_t kMaxMaskEdits = 8192;
+
 // A token mask as kMask edits of `row`, after the row's processor edits (from first_edit on): an
 // element those edit turns into one kMask where it is masked (an element's edits stay adjacent),
 // every other masked element gets one.
@@ -428,8 +432,7 @@ void Engine::RunStep(const StepPlan& plan) {
                                config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   step.deferred = config_.overlap_steps;
   for (const ScheduledSequence& s : plan.scheduled)
-    if (s.samples && !FedRowOk(*s.seq, backend_samples))
-      step.deferred = false;
+    if (s.samples && !FedRowOk(*s.seq, backend_samples)) step.deferred = false;
   // The host builds this step's processors and samples its kCopy rows from the sequences' states:
   // those need the tokens of the step in flight first. (Rows of sequences that end there still
   // run; their tokens are dropped.)
@@ -449,20 +452,21 @@ void Engine::RunStep(const StepPlan& plan) {
   row_params_.clear();
   row_states_.clear();
   std::vector<LogitEdit> row_edits;  // allocates only when some row has processors
+  BuildMasks(plan, step);
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
     const size_t r = row_params_.size();
     const SamplingParams& p = s.seq->request->request.sampling;
     row_params_.push_back(&p);
     row_states_.push_back(s.seq->sampler.get());
-    if (!BackendMakesToken(*s.seq, backend_samples)) continue;  // kCopy: the host samples it
-    // A constrained row's mask goes to the backend as kMask edits, so it is built now (a state
-    // seen before costs a copy: MaskCache). One that allows nothing stays kCopy: the host path
-    // ends the sample with an error.
-    if (s.seq->constraint != nullptr) {
-      launch_mask_.Build(*s.seq->constraint);
-      if (launch_mask_.num_allowed == 0) continue;
-    }
+    const TokenMask* mask = step.row_masks.empty() ? nullptr : step.row_masks[r];
+    // A constrained row goes to the backend only when its mask is a short edit list (few tokens
+    // masked: inside a JSON string); one that allows nothing stays kCopy too (the host ends it).
+    const bool mask_as_edits =
+        mask != nullptr && mask->num_allowed > 0 &&
+        static_cast<int64_t>(mask->allowed.size()) - mask->num_allowed <= kMaxMaskEdits;
+    if (!BackendMakesToken(*s.seq, backend_samples) || (mask != nullptr && !mask_as_edits))
+      continue;  // kCopy: the host samples it (with its mask)
     if (p.is_greedy()) {
       step.kinds[r] = RowOutput::kArgmax;
     } else {
@@ -471,10 +475,11 @@ void Engine::RunStep(const StepPlan& plan) {
     }
     const size_t first_edit = row_edits.size();
     AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(r), row_edits);
-    if (s.seq->constraint != nullptr)
-      AppendMaskEdits(launch_mask_, static_cast<int32_t>(r), first_edit, row_edits);
+    if (mask != nullptr) {
+      AppendMaskEdits(*mask, static_cast<int32_t>(r), first_edit, row_edits);
+      step.row_masks[r] = nullptr;  // the backend applies it
+    }
   }
-  StartMasks(plan, step);
   const int64_t forward_start = NowNs();
   StepOutputs outputs{step.logits, step.kinds, row_sampling_, step.ids, row_edits};
   outputs.defer_ids = step.deferred;
@@ -518,44 +523,33 @@ void Engine::RunStep(const StepPlan& plan) {
   }
 }
 
-// A host-sampled (kCopy) constrained row's mask depends only on the tokens its sequence already
-// accepted (its steps never overlap), so it is built on a helper thread while the forward runs:
-// at most half the host's cores (the rest drive the backend), rows claimed from a counter. Masks
-// of states seen before come from the constraint's cache (json_constraint.h), so most cost a
-// copy.
-void Engine::StartMasks(const StepPlan& plan, LaunchedStep& step) {
-  auto host_constrained = [&step](const ScheduledSequence& s, size_t row) {
-    return s.seq->constraint != nullptr && step.kinds[row] == RowOutput::kCopy;
-  };
+// The masks of the step's constrained rows (the tokens they may take next), built before the
+// launch on helper threads (at most half the host's cores, rows claimed from a counter). A state
+// seen before costs a copy (MaskCache in json_constraint.h). row_masks[r] points to row r's.
+void Engine::BuildMasks(const StepPlan& plan, LaunchedStep& step) {
   std::vector<const TokenConstraint*> constraints;
-  step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
-  size_t row = 0;
-  for (const ScheduledSequence& s : plan.scheduled) {
-    if (!s.samples) continue;
-    if (host_constrained(s, row++)) constraints.push_back(s.seq->constraint.get());
-  }
-  if (constraints.empty()) {
-    step.row_masks.clear();
-    return;
-  }
+  for (const ScheduledSequence& s : plan.scheduled)
+    if (s.samples && s.seq->constraint != nullptr) constraints.push_back(s.seq->constraint.get());
+  if (constraints.empty()) return;
   CHECK(!step.deferred);
-  step.masks.resize(constraints.size());  // not resized again: the threads hold pointers into it
-  row = 0;
-  size_t m = 0;
+  step.masks.resize(constraints.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < constraints.size();)
+      step.masks[i].Build(*constraints[i]);
+  };
+  const size_t num_threads =
+      std::min<size_t>(constraints.size(), std::max(1u, std::thread::hardware_concurrency() / 2));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < num_threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
+  size_t row = 0, m = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     if (!s.samples) continue;
     const size_t r = row++;
-    if (host_constrained(s, r)) step.row_masks[r] = &step.masks[m++];
-  }
-  auto next = std::make_shared<std::atomic<size_t>>(0);
-  const size_t num_threads = std::min<size_t>(
-      constraints.size(), std::max(1u, std::thread::hardware_concurrency() / 2));
-  for (size_t t = 0; t < num_threads; ++t) {
-    step.masks_built.push_back(
-        std::async(std::launch::async, [next, constraints, masks = step.masks.data()] {
-          for (size_t i; (i = next->fetch_add(1)) < constraints.size();)
-            masks[i].Build(*constraints[i]);
-        }));
+    if (s.seq->constraint != nullptr) step.row_masks[r] = &step.masks[m++];
   }
 }
 
@@ -601,10 +595,8 @@ void Engine::CompleteStep(LaunchedStep& step) {
     row_outputs_.assign(static_cast<size_t>(real_rows), SampleOutput{});
     host_skip_.assign(static_cast<size_t>(real_rows), 0);
     for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
-    for (std::future<void>& built : step.masks_built) built.get();
-    SampleRows(
-        step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
-        vocab_size_, row_params_, row_states_, row_outputs_, host_skip_, step.row_masks);
+    SampleRows(step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
+               vocab_size_, row_params_, row_states_, row_outputs_, host_skip_, step.row_masks);
   }
 
   size_t row = 0;

@@ -10,7 +10,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -108,11 +107,11 @@ class Engine {
     int32_t real_rows = 0;
     bool decode_only = false;
     bool deferred = false;  // ids arrive through Model::WaitIds
-    // Constrained rows (never in a deferred step): their masks, built on helper threads while
-    // the forward runs (a mask depends only on the tokens already accepted).
-    std::vector<TokenMask> masks;               // one per constrained row
-    std::vector<const TokenMask*> row_masks;    // [rows] null: unconstrained
-    std::vector<std::future<void>> masks_built;
+    // Constrained rows (never in a deferred step): their masks, built before the launch (a
+    // mask depends only on the tokens already accepted).
+    std::vector<TokenMask> masks;             // one per constrained row
+    std::vector<const TokenMask*> row_masks;  // [rows] the host applies it; null: none (or the
+                                              // backend applies it as edits)
   };
   // Builds and launches one step; completes it at once unless it is deferred (then it stays in
   // flight until the next step has launched).
@@ -120,7 +119,7 @@ class Engine {
   // Reads the step's tokens, commits its KV blocks, streams the tokens, ends finished sequences.
   void CompleteStep(LaunchedStep& step);
   void CompleteInFlight();
-  void StartMasks(const StepPlan& plan, LaunchedStep& step);
+  void BuildMasks(const StepPlan& plan, LaunchedStep& step);
   void FailStep(const LaunchedStep& step);
   void ReleaseStep(const LaunchedStep& step);  // the step no longer holds its sequences
   void FinishSequence(Sequence* seq, FinishReason reason);
@@ -145,7 +144,6 @@ class Engine {
   std::vector<uint8_t> host_skip_;                 // [rows] rows the host sampler leaves alone
   std::vector<const SamplingParams*> row_params_;  // [rows] of the step's sampling sequences
   std::vector<SamplerState*> row_states_;          // [rows]
-  TokenMask launch_mask_;  // a backend-sampled constrained row's mask, while its edits are made
   std::vector<SampleOutput> row_outputs_;          // [rows]
   // Decode steps are padded to these row counts (Backend::DecodeGraphBuckets); the padding rows
   // write their K/V to scratch_block_, a KV block no sequence owns.

@@ -1,10 +1,9 @@
 // A constraint on which token may come next in a sample (structured output). The engine asks it
-// for the allowed set before sampling each token of a constrained sample (on a helper thread,
-// while the step's forward runs: Allowed must not depend on anything but the accepted tokens;
-// it is const and called while nothing else touches the instance), masks the rest to -inf
-// after the raw logprobs are taken (sampler.h), tells it the chosen token, and ends the sample
-// with finish reason "stop" once the constraint says the output is complete. A constrained row
-// is always sampled on the host (its logits are copied back), and its steps never overlap
+// for the allowed set before sampling each token of a constrained sample (before the step's
+// launch, on a helper thread: Allowed is const and depends only on the accepted tokens), masks
+// the rest to -inf (after the raw logprobs on the host, or as logit edits where the backend
+// samples a row with few masked tokens), tells it the chosen token, and ends the sample with
+// finish reason "stop" once the constraint says the output is complete. Its steps never overlap
 // (engine.h). One instance per sample: a request's prototype is cloned for each of its n.
 #pragma once
 
