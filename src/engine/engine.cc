@@ -363,9 +363,9 @@ namespace {
 // longer list costs more to build and upload than sampling the row on the host).
 constexpr int64_t kMaxMaskEdits = 8192;
 
-// A token mask as kMask edits of `row`, after the row's processor edits (from first_edit on): an
-// element those edit turns into one kMask where it is masked (an element's edits stay adjacent),
-// every other masked element gets one.
+// A token mask (with its `masked` ids) as kMask edits of `row`, after the row's processor edits
+// (from first_edit on): an element those edit turns into one kMask where it is masked (an
+// element's edits stay adjacent), every other masked element gets one.
 void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
                      std::vector<LogitEdit>& edits) {
   std::vector<int32_t> edited;
@@ -374,12 +374,9 @@ void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
     if (!mask.allowed[static_cast<size_t>(edits[i].token)]) edits[i].op = LogitEditOp::kMask;
   }
   std::sort(edited.begin(), edited.end());
-  for (size_t token = 0; token < mask.allowed.size(); ++token) {
-    if (mask.allowed[token]) continue;
-    const auto id = static_cast<int32_t>(token);
+  for (int32_t id : mask.masked)
     if (!std::binary_search(edited.begin(), edited.end(), id))
       edits.push_back(LogitEdit{row, id, LogitEditOp::kMask, 0.0f});
-  }
 }
 
 // Whether the backend makes this row's token (argmax, or a draw where the backend samples): no
@@ -462,9 +459,9 @@ void Engine::RunStep(const StepPlan& plan) {
     const TokenMask* mask = step.row_masks.empty() ? nullptr : step.row_masks[r];
     // A constrained row goes to the backend only when its mask is a short edit list (few tokens
     // masked: inside a JSON string); one that allows nothing stays kCopy too (the host ends it).
-    const bool mask_as_edits =
-        mask != nullptr && mask->num_allowed > 0 &&
-        static_cast<int64_t>(mask->allowed.size()) - mask->num_allowed <= kMaxMaskEdits;
+    const bool mask_as_edits = mask != nullptr && mask->num_allowed > 0 &&
+                               static_cast<int64_t>(mask->masked.size()) ==
+                                   static_cast<int64_t>(mask->allowed.size()) - mask->num_allowed;
     if (!BackendMakesToken(*s.seq, backend_samples) || (mask != nullptr && !mask_as_edits))
       continue;  // kCopy: the host samples it (with its mask)
     if (p.is_greedy()) {
@@ -536,7 +533,7 @@ void Engine::BuildMasks(const StepPlan& plan, LaunchedStep& step) {
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < constraints.size();)
-      step.masks[i].Build(*constraints[i]);
+      step.masks[i].Build(*constraints[i], kMaxMaskEdits);
   };
   const size_t num_threads =
       std::min<size_t>(constraints.size(), std::max(1u, std::thread::hardware_concurrency() / 2));

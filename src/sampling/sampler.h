@@ -100,7 +100,14 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 struct TokenMask {
   std::vector<uint8_t> allowed;  // [vocab_size]
   int64_t num_allowed = 0;
-  void Build(const TokenConstraint& constraint) { num_allowed = constraint.Allowed(allowed); }
+  std::vector<int32_t> masked;   // the ids not allowed, when at most max_masked of them
+  void Build(const TokenConstraint& constraint, int64_t max_masked = 0) {
+    num_allowed = constraint.Allowed(allowed);
+    masked.clear();
+    if (static_cast<int64_t>(allowed.size()) - num_allowed > max_masked) return;
+    for (size_t id = 0; id < allowed.size(); ++id)
+      if (!allowed[id]) masked.push_back(static_cast<int32_t>(id));
+  }
 };
 
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
