@@ -10,10 +10,9 @@
 // different bytes (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`,
 // `#`; recursion allowed), and annotations that do not constrain (`title`, `description`,
 // `default`, `examples`, `format`, ...). Anything else that would constrain the value (`pattern`,
-// `minLength`, `minimum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
-// and its path, never a silent no-op.
-// (`minLength`/`maxLength` count code points, an escape sequence being one.) The root must be an
-// object schema. Strings are any valid JSON strings; whitespace between tokens runs at most
+// `minimum`, `maximum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
+// and its path, never a silent no-op. `minLength`/`maxLength` count code points (an escape
+// sequence is one). The root must be an object schema. Strings are any valid JSON strings; whitespace between tokens runs at most
 // JsonScanner::kMaxWhitespaceRun bytes; schema containers nest at most kMaxFrames deep (a deeper
 // value cannot be generated).
 //

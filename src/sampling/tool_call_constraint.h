@@ -1,7 +1,7 @@
 // Forced tool calls (`tool_choice` "required" or a named function): the sample's text must be
 // exactly one call in the model's own tool-call syntax. The serve layer spells that syntax as a
-// ToolCallPattern: one of `heads` (the call's opening up to its arguments, one per function the
-// call may name), then one JSON object (the arguments: valid against that function's compiled
+// ToolCallPattern: one of its calls' heads (the call's opening up to its arguments, one per
+// function the call may name), then one JSON object (the arguments: valid against that function's compiled
 // parameters schema when it has one, else any object, as JSON mode scans them), then `tail`.
 // ToolCallMachine is the byte machine of that language for ByteMachineConstraint
 // (json_constraint.h); MakeToolCallConstraint builds the token constraint. Heads must be

@@ -2,12 +2,11 @@
 // syntax; ToolCallParser turns a sample's released text into OpenAI `tool_calls` and the content
 // around them, incrementally, so streamed and non-streamed responses carry the same calls and
 // the same content. Formats:
-//   hermes       (Qwen2.5, Qwen3, Hermes): <tool_call>\n{"name": N, "arguments":
-//   {...}}\n</tool_call>,
-//                any number, with content before and between them;
-//   llama3_json  (Llama 3.1 / 3.2): the whole output is {"name": N, "parameters": {...}}, or
-//   several
-//                separated by ";".
+//   hermes (Qwen2.5, Qwen3, Hermes): any number of
+//     <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>
+//     with content before and between them;
+//   llama3_json (Llama 3.1 / 3.2): the whole output is {"name": N, "parameters": {...}}, or
+//     several separated by ";".
 // A block that does not parse as a call stays content, unchanged. The format comes from the chat
 // template (DetectToolCallFormat) or `ember serve --tool-call-parser`. Not thread-safe: one parser
 // per sample.
