@@ -224,24 +224,27 @@ void JsonScanner::AppendKey(std::string* key) const {
 }
 
 int64_t MaskCache::Find(const std::string& key, std::vector<uint8_t>* allowed) const {
-  std::shared_ptr<const std::vector<uint8_t>> hit;
-  int64_t count = -1;
+  Entry hit;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return -1;
-    hit = it->second.allowed;
-    count = it->second.count;
+    hit = it->second;
   }
-  *allowed = *hit;  // outside the lock: other rows' lookups need not wait for the copy
-  return count;
+  // Outside the lock: other rows' lookups need not wait for the unpacking.
+  allowed->resize(hit.size);
+  const std::vector<uint64_t>& bits = *hit.bits;
+  for (size_t id = 0; id < hit.size; ++id) (*allowed)[id] = (bits[id / 64] >> (id % 64)) & 1;
+  return hit.count;
 }
 
 void MaskCache::Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count) {
-  auto copy = std::make_shared<const std::vector<uint8_t>>(allowed);
+  auto bits = std::make_shared<std::vector<uint64_t>>((allowed.size() + 63) / 64, 0);
+  for (size_t id = 0; id < allowed.size(); ++id)
+    (*bits)[id / 64] |= uint64_t{allowed[id] != 0} << (id % 64);
   std::lock_guard<std::mutex> lock(mu_);
   if (entries_.size() >= kMaxEntries) entries_.clear();
-  entries_[key] = Entry{std::move(copy), count};
+  entries_[key] = Entry{std::move(bits), allowed.size(), count};
 }
 
 std::shared_ptr<const TokenTexts> TokenTexts::Build(

@@ -96,18 +96,20 @@ struct TokenTexts {
 
 // Masks already computed, by machine state: a mask depends only on the state (Machine::
 // AppendKey) and the vocabulary, and a sample revisits few states (inside a long string, one).
-// Shared by a constraint's clones (all samples of a request), thread-safe, bounded: it forgets
-// everything when full.
+// Shared by a constraint's clones (all samples of a request), thread-safe, bounded: masks are
+// kept as bits (~19 KB for a 152k vocabulary, 32 of them at most: ~600 KB per request) and it
+// forgets everything when full.
 class MaskCache {
  public:
   static constexpr size_t kMaxEntries = 32;
-  // Copies the mask for `key` into *allowed and returns its count; -1 if not cached.
+  // Writes the mask for `key` into *allowed and returns its count; -1 if not cached.
   int64_t Find(const std::string& key, std::vector<uint8_t>* allowed) const;
   void Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count);
 
  private:
   struct Entry {
-    std::shared_ptr<const std::vector<uint8_t>> allowed;
+    std::shared_ptr<const std::vector<uint64_t>> bits;  // bit id % 64 of word id / 64
+    size_t size = 0;                                    // the mask's length
     int64_t count = 0;
   };
   mutable std::mutex mu_;
