@@ -6,6 +6,7 @@
 
 #include "sampling/logit_edits.h"
 #include "util/log.h"
+#include "util/parallel.h"
 
 namespace ember {
 
@@ -357,14 +358,12 @@ void Engine::ReapCancelled() {
 }
 
 namespace {
-// Whether the backend makes this row's token where the logits are (the argmax, or a draw where
-// the backend samples): no logprobs and no token constraint, whose rows the host samples.
 // A constrained row's mask goes to the backend as edits only up to this many masked tokens (a
 // longer list costs more to build and upload than sampling the row on the host).
 constexpr int64_t kMaxMaskEdits = 8192;
 
 // A token mask (with its `masked` ids) as kMask edits of `row`, after the row's processor edits
-// (from first_edit on): an element those edit turns into one kMask where it is masked (an
+// (from first_edit on): each of those edits whose element is masked turns into a kMask (an
 // element's edits stay adjacent), every other masked element gets one.
 void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
                      std::vector<LogitEdit>& edits) {
@@ -459,9 +458,7 @@ void Engine::RunStep(const StepPlan& plan) {
     const TokenMask* mask = step.row_masks.empty() ? nullptr : step.row_masks[r];
     // A constrained row goes to the backend only when its mask is a short edit list (few tokens
     // masked: inside a JSON string); one that allows nothing stays kCopy too (the host ends it).
-    const bool mask_as_edits = mask != nullptr && mask->num_allowed > 0 &&
-                               static_cast<int64_t>(mask->masked.size()) ==
-                                   static_cast<int64_t>(mask->allowed.size()) - mask->num_allowed;
+    const bool mask_as_edits = mask != nullptr && mask->num_allowed > 0 && mask->masked_listed();
     if (!BackendMakesToken(*s.seq, backend_samples) || (mask != nullptr && !mask_as_edits))
       continue;  // kCopy: the host samples it (with its mask)
     if (p.is_greedy()) {
@@ -530,17 +527,8 @@ void Engine::BuildMasks(const StepPlan& plan, LaunchedStep& step) {
   if (constraints.empty()) return;
   CHECK(!step.deferred);
   step.masks.resize(constraints.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < constraints.size();)
-      step.masks[i].Build(*constraints[i], kMaxMaskEdits);
-  };
-  const size_t num_threads =
-      std::min<size_t>(constraints.size(), std::max(1u, std::thread::hardware_concurrency() / 2));
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < num_threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+  ForEachOnThreads(constraints.size(), std::thread::hardware_concurrency() / 2,
+                   [&](size_t i) { step.masks[i].Build(*constraints[i], kMaxMaskEdits); });
   step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
   size_t row = 0, m = 0;
   for (const ScheduledSequence& s : plan.scheduled) {

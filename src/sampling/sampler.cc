@@ -12,6 +12,7 @@
 #include "sampling/processors.h"
 #include "sampling/weighted_row.h"
 #include "util/check.h"
+#include "util/parallel.h"
 
 namespace ember {
 namespace {
@@ -147,31 +148,18 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
   std::vector<size_t> rows;
   for (size_t row = 0; row < num_rows; ++row)
     if (skip.empty() || skip[row] == 0) rows.push_back(row);
-  // Rows are claimed from a counter by the caller plus short-lived threads (no idle pool
-  // spinning next to the CPU backend's workers); each row's result is the same on any thread.
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < rows.size();) {
-      const size_t row = rows[i];
-      const TokenMask* mask = masks.empty() ? nullptr : masks[row];
-      if (mask == nullptr) {
-        out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row]);
-        continue;
-      }
-      if (mask->num_allowed == 0) {
-        out[row] = SampleOutput{};  // token_id -1: nothing may come next
-        continue;
-      }
-      out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row],
-                        mask->allowed);
+  // Each row's result is the same on any thread (per-sequence RNG).
+  ForEachOnThreads(rows.size(), std::thread::hardware_concurrency(), [&](size_t i) {
+    const size_t row = rows[i];
+    const TokenMask* mask = masks.empty() ? nullptr : masks[row];
+    if (mask != nullptr && mask->num_allowed == 0) {
+      out[row] = SampleOutput{};  // token_id -1: nothing may come next
+      return;
     }
-  };
-  const size_t num_threads =
-      std::min<size_t>(rows.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < num_threads; ++t) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
+    out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row],
+                      mask != nullptr ? std::span<const uint8_t>(mask->allowed)
+                                      : std::span<const uint8_t>());
+  });
 }
 
 }  // namespace ember

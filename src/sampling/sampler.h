@@ -95,8 +95,7 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
                     std::span<const uint8_t> allowed = {});
 
-// A token constraint's mask for one row (token_constraint.h), built before the row is sampled:
-// the engine builds it while the step's logits are computed.
+// A token constraint's mask for one row (token_constraint.h), built before the step's launch.
 struct TokenMask {
   std::vector<uint8_t> allowed;  // [vocab_size]
   int64_t num_allowed = 0;
@@ -107,6 +106,10 @@ struct TokenMask {
     if (static_cast<int64_t>(allowed.size()) - num_allowed > max_masked) return;
     for (size_t id = 0; id < allowed.size(); ++id)
       if (!allowed[id]) masked.push_back(static_cast<int32_t>(id));
+  }
+  // Every masked id is listed in `masked` (there were at most max_masked).
+  bool masked_listed() const {
+    return static_cast<int64_t>(masked.size()) == static_cast<int64_t>(allowed.size()) - num_allowed;
   }
 };
 
