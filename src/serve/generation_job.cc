@@ -120,10 +120,13 @@ void GenerationJob::AppendText(Sample& s, const std::string& text) {
     AppendContent(s, text);
     return;
   }
-  ReasoningDelta d = s.reasoning_parser->Push(text);
-  s.reasoning += d.reasoning;
-  s.unsent_reasoning += d.reasoning;
-  AppendContent(s, d.content);
+  AppendReasoning(s, s.reasoning_parser->Push(text));
+}
+
+void GenerationJob::AppendReasoning(Sample& s, const ReasoningDelta& delta) {
+  s.reasoning += delta.reasoning;
+  s.unsent_reasoning += delta.reasoning;
+  AppendContent(s, delta.content);
 }
 
 void GenerationJob::AppendContent(Sample& s, const std::string& text) {
@@ -141,12 +144,7 @@ void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
   if (s.done) return;
   s.done = true;
   AppendText(s, s.text->Finish());
-  if (s.reasoning_parser != nullptr) {
-    ReasoningDelta d = s.reasoning_parser->Finish();
-    s.reasoning += d.reasoning;
-    s.unsent_reasoning += d.reasoning;
-    AppendContent(s, d.content);
-  }
+  if (s.reasoning_parser != nullptr) AppendReasoning(s, s.reasoning_parser->Finish());
   if (s.tool_parser != nullptr) AppendDelta(s, s.tool_parser->Finish());
   s.finish_reason = s.text->stopped() ? "stop" : reason;
   if (s.finish_reason == "stop" && !s.tool_calls.empty()) s.finish_reason = "tool_calls";

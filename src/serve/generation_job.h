@@ -83,6 +83,7 @@ class GenerationJob {
   void FinishSample(Sample& sample, const std::string& reason);
   TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
   void AppendText(Sample& sample, const std::string& text);
+  void AppendReasoning(Sample& sample, const ReasoningDelta& delta);
   void AppendContent(Sample& sample, const std::string& text);
   void AppendDelta(Sample& sample, ToolCallDelta delta);
   void OnAllClosed();

@@ -37,12 +37,21 @@ SamplingParams ToSampling(const ServedModel& model, const CommonParams& p) {
   return s;
 }
 
+using ordered = nlohmann::ordered_json;
+
+// The request text parsed in the client's key order (discarded, not an object, when there is
+// none): parsed once per request and read wherever key order matters.
+ordered ParseOrdered(std::string_view raw_body) {
+  if (raw_body.empty()) return ordered();
+  return ordered::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+}
+
 // response_format's constraint (null for text): JSON mode, or the compiled JSON schema (taken
 // from the raw body when there is one, so that properties keep the client's order).
 using Constraint = std::shared_ptr<const TokenConstraint>;
 std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model, const CommonParams& p,
                                                     const nlohmann::json& body,
-                                                    std::string_view raw_body) {
+                                                    const ordered& raw) {
   if (!p.json_object && !p.json_schema) return Constraint();
   if (model.token_texts == nullptr) {
     return InvalidRequest("response_format: structured output is not available for this model: "
@@ -50,12 +59,11 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model, co
                           "response_format", "unsupported_value");
   }
   if (p.json_object) return Constraint(std::make_shared<JsonObjectConstraint>(model.token_texts));
-  using ordered = nlohmann::ordered_json;
-  ordered raw = raw_body.empty() ? ordered() : ordered::parse(raw_body, nullptr, false);
   const std::string path = "response_format.json_schema.schema";
-  ordered schema = raw.is_object() && raw.contains("response_format")
-                       ? raw["response_format"]["json_schema"]["schema"]
-                       : ordered::parse(body["response_format"]["json_schema"]["schema"].dump());
+  const ordered schema =
+      raw.is_object() && raw.contains("response_format")
+          ? raw["response_format"]["json_schema"]["schema"]
+          : ordered::parse(body["response_format"]["json_schema"]["schema"].dump());
   auto compiled = CompileJsonSchema(schema, path);
   if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
   return Constraint(MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled)));
@@ -133,10 +141,8 @@ PreparedRequest Skeleton(Endpoint endpoint, const CommonParams& p) {
 // insertion order and `tojson` prints it): tool schemas and tool-call arguments come from an
 // order-preserving parse of the raw body. The validated (sorted) request gives everything else.
 Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& req,
-                                  std::string_view raw_body) {
-  using ordered = nlohmann::ordered_json;
-  ordered raw = ordered::parse(raw_body, nullptr, /*allow_exceptions=*/false);
-  if (raw_body.empty() || !raw.is_object()) {
+                                  const ordered& raw) {
+  if (!raw.is_object()) {
     return model.chat_template->Render(req.messages, req.tools, /*add_generation_prompt=*/true,
                                        req.chat_template_kwargs);
   }
@@ -156,9 +162,9 @@ Result<std::string> RenderOrdered(const ServedModel& model, const ChatRequest& r
 // function) the constraint that makes the sample one call in that format. A called function's
 // arguments follow its `parameters` schema when that compiles (json_schema.h); when it does not,
 // a function marked `strict` is a 400 and any other gets any JSON object (as OpenAI's non-strict
-// functions, the schema is then only a hint). `raw_body` gives the schemas in the client's order.
+// functions, the schema is then only a hint). `raw` gives the schemas in the client's order.
 std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequest& req,
-                                        std::string_view raw_body, PreparedRequest* out) {
+                                        const ordered& raw, PreparedRequest* out) {
   if (req.tools.is_null()) return std::nullopt;  // no tools, or tool_choice "none"
   out->tool_format = model.tool_format;
   out->parallel_tool_calls = req.parallel_tool_calls;
@@ -179,8 +185,6 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "tool call cannot be forced",
                           "tool_choice", "unsupported_value");
   }
-  using ordered = nlohmann::ordered_json;
-  ordered raw = raw_body.empty() ? ordered() : ordered::parse(raw_body, nullptr, false);
   const ordered tools = raw.is_object() && raw.contains("tools") ? raw["tools"]
                                                                  : ordered::parse(req.tools.dump());
   ToolCallPattern pattern;
@@ -242,7 +246,8 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
                           "server with --chat-template FILE",
                           "messages", "no_chat_template");
   }
-  Result<std::string> text = RenderOrdered(model, req, raw_body);
+  const ordered raw = ParseOrdered(raw_body);
+  Result<std::string> text = RenderOrdered(model, req, raw);
   if (!text.ok()) {
     return InvalidRequest("the chat template failed to render these messages: " + text.message(),
                           "messages", "template_error");
@@ -251,7 +256,7 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
   PreparedPrompt prompt;
   // The rendered template already holds the special tokens (BOS, role markers).
   prompt.request.prompt_ids = model.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-  auto constraint = OutputConstraint(model, req.params, body, raw_body);
+  auto constraint = OutputConstraint(model, req.params, body, raw);
   if (auto* err = std::get_if<ApiError>(&constraint)) return *err;
   if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages",
                                std::get<Constraint>(constraint), &prompt.request))
@@ -259,7 +264,7 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
   out.prompts.push_back(std::move(prompt));
   out.reasoning = model.reasoning_parser;
   out.starts_in_reasoning = model.reasoning_parser && PromptEndsInThinkBlock(*text);
-  if (auto err = ApplyToolChoice(model, req, raw_body, &out)) return *err;
+  if (auto err = ApplyToolChoice(model, req, raw, &out)) return *err;
   return out;
 }
 
@@ -269,7 +274,9 @@ Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
   if (auto err = ParseCompletionRequest(body, LimitsFor(model), &req)) return *err;
   if (auto err = CheckModelName(model, req.params)) return *err;
   PreparedRequest out = Skeleton(Endpoint::kCompletion, req.params);
-  auto constraint = OutputConstraint(model, req.params, body, raw_body);
+  // (Only a JSON schema needs the key order here.)
+  auto constraint = OutputConstraint(model, req.params, body,
+                                     req.params.json_schema ? ParseOrdered(raw_body) : ordered());
   if (auto* err = std::get_if<ApiError>(&constraint)) return *err;
   for (PromptInput& in : req.prompts) {
     PreparedPrompt prompt;
