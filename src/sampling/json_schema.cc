@@ -26,6 +26,22 @@ bool IsNumberByte(uint8_t c) {
   return IsDigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
 }
 
+// The bytes a value of a scalar or container kind may start with (not kLiterals / kUnion, whose
+// first bytes are their literals' and branches').
+std::string_view KindStarts(JsonSchemaNode::Kind kind) {
+  switch (kind) {
+    case JsonSchemaNode::kAny: return "{[\"-0123456789tfn";
+    case JsonSchemaNode::kObject: return "{";
+    case JsonSchemaNode::kArray: return "[";
+    case JsonSchemaNode::kString: return "\"";
+    case JsonSchemaNode::kNumber: case JsonSchemaNode::kInteger: return "-0123456789";
+    case JsonSchemaNode::kBoolean: return "tf";
+    case JsonSchemaNode::kNull: return "n";
+    case JsonSchemaNode::kLiterals: case JsonSchemaNode::kUnion: break;
+  }
+  return "";
+}
+
 // Keywords that only describe a value: accepted and ignored.
 const std::set<std::string>& Annotations() {
   static const std::set<std::string> k = {
@@ -232,20 +248,16 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
         path + (union_key != nullptr ? std::string(".") + union_key : ".type");
     return Status::Ok();
   }
-  std::string type;
+  const bool object_keys =
+      s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
+  const bool array_keys = s.contains("items") || s.contains("minItems") || s.contains("maxItems");
+  // Without a type, object or array keywords say which.
+  std::string type = object_keys ? "object" : array_keys ? "array" : "";
   if (const auto it = s.find("type"); it != s.end()) {
     if (!it->is_string())
       return Unsupported(path + ".type", "must be a string or an array of strings");
     type = it->get<std::string>();
-  } else if (s.contains("properties") || s.contains("required") ||
-             s.contains("additionalProperties")) {
-    type = "object";
-  } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
-    type = "array";
   }
-  const bool object_keys =
-      s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
-  const bool array_keys = s.contains("items") || s.contains("minItems") || s.contains("maxItems");
   if ((object_keys && type != "object") || (array_keys && type != "array"))
     return Unsupported(path + ".type", "'" + type + "' does not go with object or array keywords");
   if (type == "object") {
@@ -280,42 +292,16 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
 
 FirstBytes Compiler::StartsOf(int32_t id, std::vector<uint8_t>& visiting) const {
   FirstBytes out;
-  auto add = [&out](std::string_view bytes) {
-    for (char c : bytes) out.set(static_cast<uint8_t>(c));
-  };
   const JsonSchemaNode& n = nodes_[static_cast<size_t>(id)];
-  switch (n.kind) {
-    case JsonSchemaNode::kAny:
-      add("{[\"-0123456789tfn");
-      break;
-    case JsonSchemaNode::kObject:
-      add("{");
-      break;
-    case JsonSchemaNode::kArray:
-      add("[");
-      break;
-    case JsonSchemaNode::kString:
-      add("\"");
-      break;
-    case JsonSchemaNode::kNumber:
-    case JsonSchemaNode::kInteger:
-      add("-0123456789");
-      break;
-    case JsonSchemaNode::kBoolean:
-      add("tf");
-      break;
-    case JsonSchemaNode::kNull:
-      add("n");
-      break;
-    case JsonSchemaNode::kLiterals:
-      for (const std::string& l : n.literals) out.set(static_cast<uint8_t>(l[0]));
-      break;
-    case JsonSchemaNode::kUnion:
-      if (visiting[static_cast<size_t>(id)]) break;  // a union that reaches itself adds nothing new
-      visiting[static_cast<size_t>(id)] = 1;
-      for (int32_t b : branches_[static_cast<size_t>(id)]) out |= StartsOf(b, visiting);
-      visiting[static_cast<size_t>(id)] = 0;
-      break;
+  if (n.kind == JsonSchemaNode::kLiterals) {
+    for (const std::string& l : n.literals) out.set(static_cast<uint8_t>(l[0]));
+  } else if (n.kind == JsonSchemaNode::kUnion) {
+    if (visiting[static_cast<size_t>(id)]) return out;  // a union that reaches itself adds nothing
+    visiting[static_cast<size_t>(id)] = 1;
+    for (int32_t b : branches_[static_cast<size_t>(id)]) out |= StartsOf(b, visiting);
+    visiting[static_cast<size_t>(id)] = 0;
+  } else {
+    for (char c : KindStarts(n.kind)) out.set(static_cast<uint8_t>(c));
   }
   return out;
 }
@@ -400,31 +386,30 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
   };
   if (node_id < 0) return scan(false, c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
+  const bool starts = KindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
   switch (n.kind) {
     case JsonSchemaNode::kAny:
       return scan(false, c);
     case JsonSchemaNode::kObject:
     case JsonSchemaNode::kArray: {
-      const bool object = n.kind == JsonSchemaNode::kObject;
-      if (c != (object ? '{' : '[') || depth_ >= kMaxFrames) return false;
-      frames_[depth_++] =
-          Frame{static_cast<uint16_t>(node_id), object ? kObjectOpen : kArrayOpen, 0, 0, 0};
+      if (!starts || depth_ >= kMaxFrames) return false;
+      frames_[depth_++] = Frame{static_cast<uint16_t>(node_id),
+                                n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0,
+                                0, 0};
       return true;
     }
     case JsonSchemaNode::kString:
-      if (c != '"' || !scan(false, c)) return false;
+      if (!starts || !scan(false, c)) return false;
       bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
       leaf_node_ = static_cast<uint16_t>(node_id);
       chars_ = 0;
       return true;
     case JsonSchemaNode::kNumber:
-      return (c == '-' || IsDigit(c)) && scan(false, c);
-    case JsonSchemaNode::kInteger:
-      return (c == '-' || IsDigit(c)) && scan(true, c);
     case JsonSchemaNode::kBoolean:
-      return (c == 't' || c == 'f') && scan(false, c);
     case JsonSchemaNode::kNull:
-      return c == 'n' && scan(false, c);
+      return starts && scan(false, c);
+    case JsonSchemaNode::kInteger:
+      return starts && scan(true, c);
     case JsonSchemaNode::kLiterals:
       leaf_ = kLeafLiteral;
       lit_node_ = static_cast<uint16_t>(node_id);
