@@ -50,6 +50,10 @@ Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
   return t;
 }
 
+void Backend::MoeMlp(const Tensor&, const Tensor&, const MoeExperts&, Tensor) {
+  CHECK(false) << "backend " << name() << " has no MoeMlp (supports_moe() is false)";
+}
+
 std::string ShapeString(const Tensor& t) {
   std::ostringstream os;
   os << "[";

@@ -20,7 +20,10 @@ struct LayerWeights {
   std::optional<Tensor> q_norm, k_norm;      // [head_dim] (qwen3, gemma3)
   Tensor post_attn_norm;                     // [hidden]  llama: before MLP; gemma: after attention
   std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
-  Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter]
+  Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter] (dense MLP)
+  bool moe = false;                          // the MLP is a mixture of experts (qwen3_moe):
+  Tensor router;                             //   [num_experts, hidden]  mlp.gate
+  MoeExperts experts;                        //   mlp.experts.E.{gate,up,down}_proj
   int32_t rope_id = 0;                       // global or local rope table
   int32_t sliding_window = 0;                // 0: full attention
 };
@@ -35,7 +38,8 @@ struct Model::Impl {
   int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
 };
 
-// The per-step activation buffers of a dense decoder, from the backend's step workspace.
+// The per-step activation buffers of a decoder, from the backend's step workspace (gate, up and
+// act only as wide as a dense MLP needs: [n, 1] when every layer's MLP is a mixture of experts).
 struct DecoderActivations {
   Tensor x;      // [n, hidden]  residual stream
   Tensor xn;     // [n, hidden]  normalised input of the next block's projections

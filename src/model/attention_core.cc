@@ -6,7 +6,9 @@
 namespace ember {
 
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n) {
-  const int64_t d = c.hidden_size, inter = c.intermediate_size;
+  bool dense = c.num_experts == 0;
+  for (uint8_t moe : c.moe_layers) dense |= moe == 0;
+  const int64_t d = c.hidden_size, inter = dense ? c.intermediate_size : 1;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   return DecoderActivations{be.Alloc({n, d}),          be.AllocMatMulInput({n, d}),

@@ -14,8 +14,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::vector<std::string> kSupported = {"llama", "mistral", "qwen2", "qwen3",
-                                              "phi3", "gemma2", "gemma3_text"};
+const std::vector<std::string> kSupported = {"llama", "mistral", "qwen2",  "qwen3",
+                                              "qwen3_moe", "phi3",  "gemma2", "gemma3_text"};
 
 class Reader {
  public:
@@ -107,6 +107,37 @@ Result<RopeConfig> ParseRope(const json* params, double theta, const std::string
   }
   return Status::Error(source + ": field \"" + field + "\": rope_type \"" + type +
                        "\" is not supported (supported: default, linear, llama3)");
+}
+
+// qwen3_moe: the experts (4.x says num_experts, 5.x num_local_experts) and which layers use them:
+// layer l when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (transformers'
+// rule; the others keep a dense MLP of intermediate_size).
+Status ParseMoe(const Reader& r, ModelConfig* c) {
+  const std::string experts_field = r.Present("num_experts") ? "num_experts" : "num_local_experts";
+  EMBER_ASSIGN_OR_RETURN(c->num_experts, r.Int(experts_field));
+  EMBER_ASSIGN_OR_RETURN(c->num_experts_per_tok, r.Int("num_experts_per_tok"));
+  EMBER_ASSIGN_OR_RETURN(c->moe_intermediate_size, r.Int("moe_intermediate_size"));
+  EMBER_ASSIGN_OR_RETURN(c->norm_topk_prob, r.Bool("norm_topk_prob", false));
+  EMBER_ASSIGN_OR_RETURN(int32_t sparse_step, r.Int("decoder_sparse_step", 1));
+  if (c->num_experts <= 0) return r.Err(experts_field, "must be positive");
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts)
+    return r.Err("num_experts_per_tok",
+                 "must be in [1, " + experts_field + " = " + std::to_string(c->num_experts) + "]");
+  if (c->moe_intermediate_size <= 0) return r.Err("moe_intermediate_size", "must be positive");
+  if (sparse_step <= 0) return r.Err("decoder_sparse_step", "must be positive");
+  std::set<int32_t> dense;
+  if (r.Present("mlp_only_layers")) {
+    const json& v = r.j()["mlp_only_layers"];
+    if (!v.is_array()) return r.Err("mlp_only_layers", "must be a list of layer indices");
+    for (const json& e : v) {
+      if (!e.is_number_integer()) return r.Err("mlp_only_layers", "must be a list of layer indices");
+      dense.insert(e.get<int32_t>());
+    }
+  }
+  c->moe_layers.assign(static_cast<size_t>(c->num_layers), 0);
+  for (int32_t l = 0; l < c->num_layers; ++l)
+    c->moe_layers[static_cast<size_t>(l)] = !dense.contains(l) && (l + 1) % sparse_step == 0;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -204,7 +235,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     if (pattern <= 0) return r.Err("sliding_window_pattern", "must be positive");
     for (int32_t i = 0; i < c.num_layers; ++i)
       if ((i + 1) % pattern != 0) c.layer_types[i] = LayerType::kSlidingAttention;
-  } else if (t == "qwen2" || t == "qwen3") {
+  } else if (t == "qwen2" || t == "qwen3" || t == "qwen3_moe") {
     EMBER_ASSIGN_OR_RETURN(bool use_sw, r.Bool("use_sliding_window", false));
     EMBER_ASSIGN_OR_RETURN(int32_t max_window_layers, r.Int("max_window_layers", c.num_layers));
     if (use_sw)
@@ -221,7 +252,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   // ---- family features ----
   EMBER_ASSIGN_OR_RETURN(bool attn_bias, r.Bool("attention_bias", false));
   c.attention_bias = t == "qwen2" || attn_bias;
-  c.qk_norm = t == "qwen3" || t == "gemma3_text";
+  c.qk_norm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text";
   c.fused_qkv = t == "phi3";
   c.gemma_norms = gemma;
   std::string act_field = r.Present("hidden_activation") ? "hidden_activation" : "hidden_act";
@@ -239,6 +270,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   } else {
     c.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   }
+  if (t == "qwen3_moe") EMBER_RETURN_IF_ERROR(ParseMoe(r, &c));
   if (r.Present("bos_token_id")) { EMBER_ASSIGN_OR_RETURN(c.bos_token_id, r.Int("bos_token_id")); }
   EMBER_ASSIGN_OR_RETURN(c.eos_token_ids, r.IntOrList("eos_token_id"));
   return c;

@@ -1,8 +1,9 @@
-// The Llama-style dense decoder as backend ops: llama (incl. llama3 rope), mistral (sliding
-// window), qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm), phi3 (fused projections, split into
-// row views at load; partial rotary). Pre-norm blocks:
+// The Llama-style decoder as backend ops: llama (incl. llama3 rope), mistral (sliding window),
+// qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm), qwen3_moe (qwen3 with mixture-of-experts
+// MLPs), phi3 (fused projections, split into row views at load; partial rotary). Pre-norm blocks:
 //   x = embed(tokens)
 //   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x))) * up(..))
+//               (MoE layers: x += MoeMlp(norm(x), router(norm(x))), Backend::MoeMlp)
 //   logits = lm_head(norm(x))[logits_rows]
 #include "model/architecture.h"
 
@@ -31,6 +32,12 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.MatMul(att, w.wo, nullptr, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
+    if (w.moe) {
+      Tensor router_logits = be.Alloc({n, w.router.rows()});
+      be.MatMul(xn, w.router, nullptr, router_logits);
+      be.MoeMlp(xn, router_logits, w.experts, delta);
+      continue;
+    }
     be.MatMul(xn, w.w_gate, nullptr, gate);
     be.MatMul(xn, w.w_up, nullptr, up);
     be.SiluMul(gate, up, act);

@@ -39,7 +39,8 @@ ModelConfig ParseFile(const std::string& path) {
 }
 
 TEST(ConfigTest, V4AndV5LayoutsAgree) {
-  for (const char* name : {"llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"}) {
+  for (const char* name :
+       {"llama3", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma2", "gemma3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     ModelConfig a = ParseFile(ModelDir(name) + "/config.json");
     ModelConfig b = ParseFile(ModelDir(name) + "/config.v4.json");
@@ -54,7 +55,41 @@ TEST(ConfigTest, V4AndV5LayoutsAgree) {
     EXPECT_EQ(a.layer_types, b.layer_types) << name;
     EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings) << name;
     EXPECT_EQ(a.torch_dtype, b.torch_dtype) << name;
+    EXPECT_EQ(a.num_experts, b.num_experts) << name;
+    EXPECT_EQ(a.moe_layers, b.moe_layers) << name;
   }
+}
+
+TEST(ConfigTest, MixtureOfExperts) {
+  EMBER_REQUIRE_DIR(ModelDir("qwen3_moe"));
+  ModelConfig moe = ParseFile(ModelDir("qwen3_moe") + "/config.json");
+  EXPECT_EQ(moe.num_experts, 8);
+  EXPECT_EQ(moe.num_experts_per_tok, 2);
+  EXPECT_EQ(moe.moe_intermediate_size, 32);
+  EXPECT_TRUE(moe.norm_topk_prob);
+  EXPECT_TRUE(moe.qk_norm);
+  EXPECT_EQ(moe.moe_layers, (std::vector<uint8_t>{1, 1}));
+  EXPECT_EQ(ParseFile(ModelDir("qwen3") + "/config.json").num_experts, 0);
+  // 4.x spelling (num_experts), dense layers by mlp_only_layers and decoder_sparse_step.
+  const std::string base = R"({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2,
+      "moe_intermediate_size": 4, )";
+  auto c = ParseModelConfig(base + R"("num_experts": 4, "num_experts_per_tok": 2,
+      "decoder_sparse_step": 2, "mlp_only_layers": [3]})", "c.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->num_experts, 4);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_EQ(c->moe_layers, (std::vector<uint8_t>{0, 1, 0, 0}));
+  c = ParseModelConfig(base + R"("num_experts": 4, "num_experts_per_tok": 5})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("num_experts_per_tok"), std::string::npos) << c.message();
+  c = ParseModelConfig(base + R"("num_experts_per_tok": 2})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("num_local_experts"), std::string::npos) << c.message();
+  c = ParseModelConfig(base + R"("num_experts": 4, "num_experts_per_tok": 2,
+      "mlp_only_layers": "all"})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("mlp_only_layers"), std::string::npos) << c.message();
 }
 
 TEST(ConfigTest, FamilyFeatures) {

@@ -63,6 +63,25 @@ bool SameRope(const RopeConfig& a, const RopeConfig& b) {
          a.original_max_position_embeddings == b.original_max_position_embeddings;
 }
 
+// A mixture-of-experts MLP (qwen3_moe): the router mlp.gate and each expert's projections.
+Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up,
+                   LayerWeights* w) {
+  const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
+  EMBER_ASSIGN_OR_RETURN(w->router, up.Get(prefix + "mlp.gate.weight", {c.num_experts, d}));
+  w->experts.top_k = c.num_experts_per_tok;
+  w->experts.normalize = c.norm_topk_prob;
+  for (int32_t e = 0; e < c.num_experts; ++e) {
+    const std::string p = prefix + "mlp.experts." + std::to_string(e) + ".";
+    EMBER_ASSIGN_OR_RETURN(Tensor gate, up.Get(p + "gate_proj.weight", {inter, d}));
+    EMBER_ASSIGN_OR_RETURN(Tensor up_proj, up.Get(p + "up_proj.weight", {inter, d}));
+    EMBER_ASSIGN_OR_RETURN(Tensor down, up.Get(p + "down_proj.weight", {d, inter}));
+    w->experts.gate.push_back(gate);
+    w->experts.up.push_back(up_proj);
+    w->experts.down.push_back(down);
+  }
+  return Status::Ok();
+}
+
 Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, Model::Impl* m) {
   Uploader up(store, be);
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
@@ -103,11 +122,18 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
       EMBER_ASSIGN_OR_RETURN(w.wq, up.Get(p + "self_attn.q_proj.weight", {q_dim, d}));
       EMBER_ASSIGN_OR_RETURN(w.wk, up.Get(p + "self_attn.k_proj.weight", {kv_dim, d}));
       EMBER_ASSIGN_OR_RETURN(w.wv, up.Get(p + "self_attn.v_proj.weight", {kv_dim, d}));
-      EMBER_ASSIGN_OR_RETURN(w.w_gate, up.Get(p + "mlp.gate_proj.weight", {inter, d}));
-      EMBER_ASSIGN_OR_RETURN(w.w_up, up.Get(p + "mlp.up_proj.weight", {inter, d}));
     }
     EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
-    EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
+    w.moe = !c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0;
+    if (w.moe) {
+      EMBER_RETURN_IF_ERROR(LoadExperts(c, p, up, &w));
+    } else {
+      if (!c.fused_qkv) {
+        EMBER_ASSIGN_OR_RETURN(w.w_gate, up.Get(p + "mlp.gate_proj.weight", {inter, d}));
+        EMBER_ASSIGN_OR_RETURN(w.w_up, up.Get(p + "mlp.up_proj.weight", {inter, d}));
+      }
+      EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
+    }
     EMBER_ASSIGN_OR_RETURN(w.bq,
                            up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, c.attention_bias));
     EMBER_ASSIGN_OR_RETURN(w.bk,
@@ -163,6 +189,10 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
     cpu.decode_graph_buckets = opts.cpu_decode_graph_buckets;
     model->backend_ = MakeCpuBackend(cpu);
   }
+  if (model->config_.num_experts > 0 && !model->backend_->supports_moe())
+    return Status::Error(config_path + ": model_type \"" + model->config_.model_type +
+                         "\" (mixture of experts) is not supported on the " +
+                         model->backend_->name() + " backend yet; run it with --device cpu");
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();

@@ -41,7 +41,7 @@ struct RopeConfig {
 
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3_text
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen3_moe | phi3 | gemma2 | gemma3_text
   int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0,
           num_kv_heads = 0, head_dim = 0;
   int32_t max_position_embeddings = 0;  // context length
@@ -62,6 +62,13 @@ struct ModelConfig {
   float attention_scale = 0.0f;         // query_pre_attn_scalar^-0.5, else 1/sqrt(head_dim)
   float attn_logit_softcapping = 0.0f;  // 0: none
   float final_logit_softcapping = 0.0f;
+  // Mixture of experts (qwen3_moe): the MLP of a layer with moe_layers[l] set is num_experts
+  // experts of moe_intermediate_size, num_experts_per_tok of them per token, chosen by a router
+  // (softmax over the experts, top k, renormalised to sum 1 when norm_topk_prob).
+  int32_t num_experts = 0;  // 0: every layer is dense
+  int32_t num_experts_per_tok = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::vector<uint8_t> moe_layers;  // [num_layers]; empty when num_experts == 0
   std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;

@@ -147,8 +147,8 @@ TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
-                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "mistral",
-                                                              "phi3", "gemma2", "gemma3"),
+                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe",
+                                                              "mistral", "phi3", "gemma2", "gemma3"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -156,6 +156,18 @@ INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// A mixture-of-experts model on a backend without MoeMlp is refused at load, naming the type.
+TEST(MoeTest, CudaRefusesMixtureOfExperts) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  EMBER_REQUIRE_DIR(ModelDir("qwen3_moe"));
+  ModelLoadOptions opts;
+  opts.device = DeviceKind::kCuda;
+  auto model = Model::Load(ModelDir("qwen3_moe"), opts);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.message().find("qwen3_moe"), std::string::npos) << model.message();
+  EXPECT_NE(model.message().find("--device cpu"), std::string::npos) << model.message();
+}
 
 // The same goldens through Model on the CUDA backend (f32 compute mode), where a GPU exists.
 class CudaParityTest : public ::testing::TestWithParam<std::string> {};
@@ -393,7 +405,7 @@ TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
 // Three sequences in one plan (a fresh prefill, a decode row, a second prefill chunk) give
 // bitwise the same logits as each run alone.
 TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
-  for (const std::string name : {"qwen3", "gemma3"}) {
+  for (const std::string name : {"qwen3", "qwen3_moe", "gemma3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     auto model = LoadOrDie(ModelDir(name), "config.json");
     ASSERT_NE(model, nullptr);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/moe_route.h"
 #include "backend/threshold_sampling.h"
 #include "backend/cpu/thread_pool.h"
 
@@ -354,6 +355,10 @@ class CpuBackend final : public Backend {
 
   void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
 
+  bool supports_moe() const override { return true; }
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
+              Tensor out) override;
+
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override {
     const int64_t count = gate.numel();
     const float *g = F(gate), *u = F(up);
@@ -504,6 +509,11 @@ class CpuBackend final : public Backend {
   void StepIds(int64_t rows) {
     if (step_ids_.size() < static_cast<size_t>(rows)) step_ids_.resize(static_cast<size_t>(rows), -1);
   }
+  // MoeMlp's working set, reused by every call: the rows routed to each expert (row, weight),
+  // and the gathered rows and their expert's activations.
+  std::vector<std::vector<std::pair<int64_t, float>>> moe_rows_;
+  std::vector<int32_t> moe_ids_;
+  std::vector<float> moe_weights_, moe_x_, moe_gate_, moe_up_, moe_act_, moe_y_;
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;
@@ -512,6 +522,70 @@ class CpuBackend final : public Backend {
   std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
+
+// Each expert runs over the rows routed to it as one batch (gather, gate/up, activation, down);
+// its rows' results are added into out in ascending expert order. cpu::MatMul computes a row the
+// same way whatever the batch, so a row's result does not depend on the other rows.
+void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
+                        Tensor out) {
+  const int64_t n = x.rows(), d = x.cols();
+  const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
+  const int32_t k = experts.top_k;
+  CHECK(num_experts > 0 && experts.up.size() == experts.gate.size() &&
+        experts.down.size() == experts.gate.size());
+  CHECK_EQ(router_logits.rows(), n);
+  CHECK_EQ(router_logits.cols(), num_experts);
+  CHECK_EQ(out.rows(), n);
+  CHECK_EQ(out.cols(), d);
+  const int64_t inter = experts.gate[0].rows();
+  const float* logits = F(router_logits);
+  moe_ids_.resize(static_cast<size_t>(n * k));
+  moe_weights_.resize(static_cast<size_t>(n * k));
+  moe_rows_.resize(static_cast<size_t>(num_experts));
+  for (auto& rows : moe_rows_) rows.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(i * k);
+    MoeRoute(std::span<const float>(logits + i * num_experts, static_cast<size_t>(num_experts)), k,
+             experts.normalize, moe_ids_.data() + at, moe_weights_.data() + at);
+    for (int32_t j = 0; j < k; ++j)
+      moe_rows_[static_cast<size_t>(moe_ids_[at + static_cast<size_t>(j)])].emplace_back(
+          i, moe_weights_[at + static_cast<size_t>(j)]);
+  }
+  for (auto* v : {&moe_x_, &moe_y_}) v->resize(static_cast<size_t>(n * d));
+  for (auto* v : {&moe_gate_, &moe_up_, &moe_act_}) v->resize(static_cast<size_t>(n * inter));
+  float* y = F(out);
+  std::fill(y, y + n * d, 0.0f);
+  const float* in = F(x);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    const auto& rows = moe_rows_[static_cast<size_t>(e)];
+    if (rows.empty()) continue;
+    const Tensor& gate = experts.gate[static_cast<size_t>(e)];
+    const Tensor& up = experts.up[static_cast<size_t>(e)];
+    const Tensor& down = experts.down[static_cast<size_t>(e)];
+    CHECK(gate.rows() == inter && gate.cols() == d && up.rows() == inter && up.cols() == d &&
+          down.rows() == d && down.cols() == inter)
+        << "expert " << e << ": gate " << ShapeString(gate) << ", up " << ShapeString(up)
+        << ", down " << ShapeString(down);
+    const int64_t r = static_cast<int64_t>(rows.size());
+    for (int64_t j = 0; j < r; ++j)
+      std::memcpy(moe_x_.data() + j * d, in + rows[static_cast<size_t>(j)].first * d,
+                  static_cast<size_t>(d) * 4);
+    cpu::MatMul(moe_x_.data(), r, d, gate.data, gate.dtype, inter, nullptr, moe_gate_.data(),
+                *pool_);
+    cpu::MatMul(moe_x_.data(), r, d, up.data, up.dtype, inter, nullptr, moe_up_.data(), *pool_);
+    Tensor g{moe_gate_.data(), DType::kF32, 2, {r, inter, 0, 0}};
+    Tensor u{moe_up_.data(), DType::kF32, 2, {r, inter, 0, 0}};
+    SiluMul(g, u, Tensor{moe_act_.data(), DType::kF32, 2, {r, inter, 0, 0}});
+    cpu::MatMul(moe_act_.data(), r, inter, down.data, down.dtype, d, nullptr, moe_y_.data(),
+                *pool_);
+    for (int64_t j = 0; j < r; ++j) {
+      const auto [row, weight] = rows[static_cast<size_t>(j)];
+      const float* src = moe_y_.data() + j * d;
+      float* dst = y + row * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += src[c] * weight;
+    }
+  }
+}
 
 constexpr int64_t kMaxGroup = 64;  // query heads per KV head (GQA group) the CPU attention takes
 
