@@ -9,16 +9,18 @@ namespace ember::app {
 
 int SynthCommand(int argc, char** argv, int first) {
   std::string like, out, tokenizer, dtype = "bf16";
-  int64_t seed = 0;
+  int64_t seed = 0, layers = 0;
   std::string presets;
   for (const std::string& n : SynthPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
   FlagParser flags("usage: ember synth --like PRESET --out DIR [--tokenizer DIR] "
-                   "[--dtype bf16|f16|f32] [--seed S]\n  presets: " + presets);
+                   "[--dtype bf16|f16|f32] [--seed S] [--layers N]\n  presets: " + presets);
   flags.AddString("--like", &like, "preset: the real model whose shapes and config to copy");
   flags.AddString("--out", &out, "output folder (created)");
   flags.AddString("--tokenizer", &tokenizer, "folder to copy tokenizer.json + tokenizer_config.json from");
   flags.AddString("--dtype", &dtype, "weight dtype: bf16 (default), f16 or f32");
   flags.AddInt("--seed", &seed, "random seed (default 0)");
+  flags.AddInt("--layers", &layers,
+               "keep only the first N layers (a shallower model of the same layer shapes)");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
     std::fprintf(stderr, "ember synth: %s\n%s", st.message().c_str(), flags.Help().c_str());
@@ -33,6 +35,12 @@ int SynthCommand(int argc, char** argv, int first) {
   opts.out_dir = out;
   opts.tokenizer_dir = tokenizer;
   opts.seed = static_cast<uint64_t>(seed);
+  if (layers < 0 || layers > 100000) {
+    std::fprintf(stderr, "ember synth: --layers must be a positive layer count, got %lld\n",
+                 static_cast<long long>(layers));
+    return 2;
+  }
+  opts.num_layers = static_cast<int32_t>(layers);
   if (dtype == "bf16") opts.dtype = DType::kBF16;
   else if (dtype == "f16") opts.dtype = DType::kF16;
   else if (dtype == "f32") opts.dtype = DType::kF32;

@@ -50,8 +50,12 @@ Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
   return t;
 }
 
+std::string Backend::MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const {
+  return "the " + name() + " backend has no mixture-of-experts kernels";
+}
+
 void Backend::MoeMlp(const Tensor&, const Tensor&, const MoeExperts&, Tensor) {
-  CHECK(false) << "backend " << name() << " has no MoeMlp (supports_moe() is false)";
+  CHECK(false) << "backend " << name() << " has no MoeMlp";
 }
 
 std::string ShapeString(const Tensor& t) {

@@ -160,8 +160,11 @@ class Backend {
   // Mixture of experts: per row i, the experts E_i = MoeRoute(router_logits[i], top_k,
   // normalize) (moe_route.h) with weights p_e, and out[i] = sum over E_i in ascending expert
   // order of p_e * expert_e(x[i]) (transformers' order). x, out [rows, d]; router_logits
-  // [rows, num_experts] float32. Only where supports_moe(); others refuse such models at load.
-  virtual bool supports_moe() const { return false; }
+  // [rows, num_experts] float32. Only for shapes MoeUnsupported accepts (models it refuses are
+  // refused at load).
+  // Why this backend cannot run such an MoeMlp ("" when it can).
+  virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
+                                     int64_t inter) const;
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
                       Tensor out);
   // out = a + b (out may alias a).

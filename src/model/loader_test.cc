@@ -267,5 +267,30 @@ TEST(SynthTest, TinyPresetLoadsAndRuns) {
   EXPECT_NE(st.message().find("llama-3.2-1b"), std::string::npos) << st.message();
 }
 
+// The MoE preset, cut to one layer by num_layers: loads as qwen3_moe and runs on the CPU.
+TEST(SynthTest, MoePresetWithFewerLayers) {
+  std::string dir = TempDir() + "/moe";
+  SynthOptions opts;
+  opts.preset = "tiny-qwen3-moe";
+  opts.out_dir = dir;
+  opts.num_layers = 1;
+  ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+  auto m = Model::Load(dir, {});
+  ASSERT_TRUE(m.ok()) << m.message();
+  EXPECT_EQ((*m)->config().model_type, "qwen3_moe");
+  EXPECT_EQ((*m)->config().num_layers, 1);
+  EXPECT_EQ((*m)->config().num_experts, 8);
+  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+  BatchPlan plan;
+  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
+  std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
+  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  opts.num_layers = 3;
+  Status st = WriteSynthCheckpoint(opts);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--layers 3"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace ember

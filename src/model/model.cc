@@ -189,10 +189,14 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
     cpu.decode_graph_buckets = opts.cpu_decode_graph_buckets;
     model->backend_ = MakeCpuBackend(cpu);
   }
-  if (model->config_.num_experts > 0 && !model->backend_->supports_moe())
-    return Status::Error(config_path + ": model_type \"" + model->config_.model_type +
-                         "\" (mixture of experts) is not supported on the " +
-                         model->backend_->name() + " backend yet; run it with --device cpu");
+  if (const ModelConfig& c = model->config_; c.num_experts > 0) {
+    const std::string why = model->backend_->MoeUnsupported(
+        c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
+    if (!why.empty())
+      return Status::Error(config_path + ": model_type \"" + c.model_type +
+                           "\" (mixture of experts): " + why +
+                           (model->backend_->name() == "cpu" ? "" : "; run it with --device cpu"));
+  }
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();

@@ -79,6 +79,21 @@ json Qwen3Config(int hidden, int inter, int layers, int heads, int kv, bool tied
               {"torch_dtype", "bfloat16"}};
 }
 
+// Qwen3-MoE: Qwen3 attention, every MLP a mixture of `experts` experts of width `moe_inter`.
+json Qwen3MoeConfig(int hidden, int layers, int heads, int kv, int experts, int top_k,
+                    int moe_inter) {
+  json c = Qwen3Config(hidden, 6144, layers, heads, kv, false);
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["model_type"] = "qwen3_moe";
+  c["num_experts"] = experts;
+  c["num_experts_per_tok"] = top_k;
+  c["moe_intermediate_size"] = moe_inter;
+  c["norm_topk_prob"] = true;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = json::array();
+  return c;
+}
+
 std::vector<Preset> Presets() {
   json llama_gen = {{"bos_token_id", 128000}, {"eos_token_id", {128001, 128008, 128009}},
                     {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}};
@@ -94,14 +109,18 @@ std::vector<Preset> Presets() {
   // enough for the server's chat tests.
   json tiny_qwen3 = Qwen3Config(64, 128, 2, 4, 2, true);
   tiny_qwen3["head_dim"] = 16;
+  json tiny_qwen3_moe = Qwen3MoeConfig(64, 2, 4, 2, 8, 2, 32);
+  tiny_qwen3_moe["head_dim"] = 16;
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
       {"llama-3.1-8b", LlamaConfig(4096, 14336, 32, 32, 8, 128, false, 8.0), llama_gen},
       {"qwen3-0.6b", Qwen3Config(1024, 3072, 28, 16, 8, true), qwen_gen},
       {"qwen3-8b", Qwen3Config(4096, 12288, 36, 32, 8, false), qwen_gen},
+      {"qwen3-30b-a3b", Qwen3MoeConfig(2048, 48, 32, 4, 128, 8, 768), qwen_gen},
       {"tiny-llama", tiny, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
       {"tiny-qwen3", tiny_qwen3, qwen_gen},
+      {"tiny-qwen3-moe", tiny_qwen3_moe, qwen_gen},
   };
 }
 
@@ -120,7 +139,8 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
   const int64_t d = c["hidden_size"], inter = c["intermediate_size"], vocab = c["vocab_size"];
   const int64_t layers = c["num_hidden_layers"], heads = c["num_attention_heads"];
   const int64_t kv = c["num_key_value_heads"], hd = c["head_dim"];
-  const bool qwen3 = c["model_type"] == "qwen3";
+  const bool moe = c["model_type"] == "qwen3_moe";
+  const bool qwen3 = c["model_type"] == "qwen3" || moe;
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {vocab, d}});
   for (int64_t l = 0; l < layers; ++l) {
@@ -135,6 +155,17 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
     }
     t.push_back({p + "self_attn.o_proj.weight", {d, heads * hd}});
     t.push_back({p + "post_attention_layernorm.weight", {d}, true});
+    if (moe) {
+      const int64_t experts = c["num_experts"], moe_inter = c["moe_intermediate_size"];
+      t.push_back({p + "mlp.gate.weight", {experts, d}});
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        t.push_back({q + "gate_proj.weight", {moe_inter, d}});
+        t.push_back({q + "up_proj.weight", {moe_inter, d}});
+        t.push_back({q + "down_proj.weight", {d, moe_inter}});
+      }
+      continue;
+    }
     t.push_back({p + "mlp.gate_proj.weight", {inter, d}});
     t.push_back({p + "mlp.up_proj.weight", {inter, d}});
     t.push_back({p + "mlp.down_proj.weight", {d, inter}});
@@ -239,6 +270,13 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
   if (dir.empty()) return Status::Error("--out is required");
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Status::Error(dir + ": cannot create directory");
   json config = preset->config;
+  if (options.num_layers > 0) {
+    if (options.num_layers > config["num_hidden_layers"].get<int>())
+      return Status::Error("--layers " + std::to_string(options.num_layers) + ": the preset has " +
+                           std::to_string(config["num_hidden_layers"].get<int>()));
+    config["num_hidden_layers"] = options.num_layers;
+    if (config.contains("max_window_layers")) config["max_window_layers"] = options.num_layers;
+  }
   config["torch_dtype"] = options.dtype == DType::kF32 ? "float32" : options.dtype == DType::kF16 ? "float16" : "bfloat16";
   config["transformers_version"] = "4.51.0";
   EMBER_RETURN_IF_ERROR(WriteStringToFile(dir + "/config.json", config.dump(2) + "\n"));

@@ -20,6 +20,7 @@ struct SynthOptions {
   DType dtype = DType::kBF16;  // kF32, kF16 or kBF16
   uint64_t seed = 0;
   int64_t max_shard_bytes = 4LL << 30;  // split into model-0000i-of-0000N.safetensors above this
+  int32_t num_layers = 0;  // > 0: only the first this many layers (shapes per layer unchanged)
 };
 
 std::vector<std::string> SynthPresetNames();

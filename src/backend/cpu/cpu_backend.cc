@@ -355,7 +355,7 @@ class CpuBackend final : public Backend {
 
   void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
 
-  bool supports_moe() const override { return true; }
+  std::string MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const override { return ""; }
   void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
               Tensor out) override;
 

@@ -182,6 +182,15 @@ class CudaBackend final : public Backend {
                           const cuda::KvLayerView& kv, float* op, int32_t layer);
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
   void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
+                             int64_t inter) const override {
+    if (cuda::MoeSupported(num_experts, top_k, d, inter)) return "";
+    return "the cuda backend's kernels take up to 1,024 experts, top k <= 32, and hidden and "
+           "expert widths that are multiples of 8 and at most " +
+           std::to_string(cuda::kMoeMaxSmem / 4 / cuda::kMoeTileRows);
+  }
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
+              Tensor out) override;
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
@@ -287,6 +296,9 @@ class CudaBackend final : public Backend {
 
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
+  // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
+  // gate, up and down pointers, uploaded at its first use.
+  std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
 
   // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
   // KvBf16(kv_head_dim_), else f32.
@@ -1047,6 +1059,75 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
                    });
 }
 
+void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
+                         Tensor out) {
+  const int64_t rows = x.rows(), d = x.cols();
+  const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
+  CHECK(num_experts > 0 && experts.up.size() == experts.gate.size() &&
+        experts.down.size() == experts.gate.size());
+  CHECK_EQ(router_logits.rows(), rows);
+  CHECK_EQ(router_logits.cols(), num_experts);
+  CHECK(router_logits.dtype == DType::kF32 && out.dtype == DType::kF32);
+  CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
+  CHECK_EQ(out.rows(), rows);
+  CHECK_EQ(out.cols(), d);
+  const int64_t inter = experts.gate[0].rows();
+  const DType wtype = experts.gate[0].dtype;
+  CHECK(wtype == DType::kBF16 || wtype == DType::kF32) << DTypeName(wtype);
+  CHECK(cuda::MoeSupported(num_experts, experts.top_k, d, inter));
+  auto table = std::find_if(moe_tables_.begin(), moe_tables_.end(), [&](const auto& t) {
+    return t.first == experts.gate[0].data;
+  });
+  if (table == moe_tables_.end()) {
+    std::vector<const void*> ptrs;
+    for (const std::vector<Tensor>* part : {&experts.gate, &experts.up, &experts.down}) {
+      for (const Tensor& w : *part) {
+        const bool down = part == &experts.down;
+        CHECK(w.dtype == wtype && w.rows() == (down ? d : inter) && w.cols() == (down ? inter : d))
+            << "expert weight " << ShapeString(w) << " " << DTypeName(w.dtype);
+        CHECK_EQ(reinterpret_cast<uintptr_t>(w.data) % 16, 0u);
+        ptrs.push_back(w.data);
+      }
+    }
+    if (moe_tables_.empty()) cuda::PrepareMoeKernels();
+    DeviceBuffer buffer(ptrs.size() * sizeof(void*));
+    CUDA_CHECK(cudaMemcpy(buffer.data(), ptrs.data(), buffer.bytes(), cudaMemcpyHostToDevice));
+    moe_tables_.emplace_back(experts.gate[0].data, std::move(buffer));
+    table = moe_tables_.end() - 1;
+  }
+  cuda::MoeArgs a;
+  a.logits = static_cast<const float*>(router_logits.data);
+  a.x = x.data;
+  a.x_bf16 = x.dtype == DType::kBF16;
+  const auto* ptrs = static_cast<const void* const*>(table->second.data());
+  a.gate = ptrs;
+  a.up = ptrs + num_experts;
+  a.down = ptrs + 2 * num_experts;
+  a.w_bf16 = wtype == DType::kBF16;
+  a.rows = rows;
+  a.d = d;
+  a.inter = inter;
+  a.num_experts = num_experts;
+  a.top_k = experts.top_k;
+  a.normalize = experts.normalize;
+  a.max_tiles = cuda::MoeMaxTiles(rows, experts.top_k, num_experts);
+  const size_t pairs = static_cast<size_t>(rows * experts.top_k);
+  a.ids = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
+  a.weights = static_cast<float*>(ArenaAlloc(pairs * 4));
+  a.sorted = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
+  a.pair_pos = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
+  a.tiles = static_cast<int32_t*>(ArenaAlloc(static_cast<size_t>(a.max_tiles) * 12));
+  a.num_tiles = static_cast<int32_t*>(ArenaAlloc(4));
+  a.act = static_cast<float*>(ArenaAlloc(pairs * static_cast<size_t>(inter) * 4));
+  a.y = static_cast<float*>(ArenaAlloc(pairs * static_cast<size_t>(d) * 4));
+  a.out = static_cast<float*>(out.data);
+  // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
+  recorder_.Record({18, KeyOf(a.logits), KeyOf(a.x), U(a.x_bf16), KeyOf(ptrs), U(a.w_bf16),
+                    U(rows), U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize),
+                    KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out)},
+                   [=](cudaStream_t st) { cuda::LaunchMoeMlp(a, st); });
+}
+
 void CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor out) {
   CHECK_EQ(a.numel(), b.numel());
   CHECK_EQ(a.numel(), out.numel());
@@ -1225,7 +1306,7 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
                                        "MatMul(cublas)", "Rope",    "WriteKv",     "Attention",
                                        "SiluMul",     "GeluTanhMul", "Add",        "Softcap",
                                        "GatherLogitsRows", "MatMul(gemv)",   "MatMul(gemm)",
-                                       "RopeWriteKv", "?", "RopeAttention"};
+                                       "RopeWriteKv", "?", "RopeAttention", "MoeMlp"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

@@ -15,12 +15,15 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/rope_table.h"
 #include "backend/cuda/step_recorder.h"
+#include "backend/moe_route.h"
 #include "util/half.h"
 
 namespace ember {
@@ -822,6 +825,85 @@ TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
 
 // Host only (runs without a GPU): the step recorder's in-place closures call, move and destroy
 // their captures exactly once, also captures larger than std::function's small buffer.
+// MoeMlp (moe.cu) against a double-precision reference routed by the CPU twin (moe_route.h),
+// in both modes; the rows of a batch give the bits they give alone (tiles of one expert mix rows).
+TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
+  const int64_t d = 64, inter = 40;
+  const int32_t num_experts = 8;
+  for (bool f32 : {true, false}) {
+    for (const auto& [rows, top_k, normalize] :
+         std::vector<std::tuple<int64_t, int32_t, bool>>{{1, 2, true}, {37, 2, true}, {9, 3, false}}) {
+      SCOPED_TRACE(::testing::Message() << (f32 ? "f32" : "bf16") << " rows " << rows << " top "
+                                        << top_k);
+      auto b = Make(f32);
+      MoeExperts experts;
+      experts.top_k = top_k;
+      experts.normalize = normalize;
+      std::vector<std::vector<float>> host[3];  // gate, up, down
+      for (int32_t e = 0; e < num_experts; ++e) {
+        for (int part = 0; part < 3; ++part) {
+          host[part].push_back(
+              Random(static_cast<size_t>(inter * d), static_cast<uint32_t>(100 + 3 * e + part),
+                     0.2f));
+          if (!f32)
+            for (float& v : host[part].back()) v = RoundBf16(v);
+        }
+        experts.gate.push_back(Weight(*b, host[0].back(), {inter, d}));
+        experts.up.push_back(Weight(*b, host[1].back(), {inter, d}));
+        experts.down.push_back(Weight(*b, host[2].back(), {d, inter}));
+      }
+      const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
+      const std::vector<float> logits = Random(static_cast<size_t>(rows * num_experts), 42);
+      auto run = [&](int64_t first, int64_t count) {
+        EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
+        const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
+        const std::vector<float> ls(logits.begin() + first * num_experts,
+                                    logits.begin() + (first + count) * num_experts);
+        Tensor xt = Upload(*b, xs, {count, d});
+        Tensor lt = Upload(*b, ls, {count, num_experts});
+        Tensor out = b->Alloc({count, d});
+        b->MoeMlp(xt, lt, experts, out);
+        return Download(*b, out);
+      };
+      const std::vector<float> got = run(0, rows);
+      std::vector<double> ref(static_cast<size_t>(rows * d), 0.0);
+      std::vector<int32_t> ids(static_cast<size_t>(top_k));
+      std::vector<float> w(static_cast<size_t>(top_k));
+      for (int64_t i = 0; i < rows; ++i) {
+        MoeRoute(std::span<const float>(logits.data() + i * num_experts,
+                                        static_cast<size_t>(num_experts)),
+                 top_k, normalize, ids.data(), w.data());
+        for (int32_t j = 0; j < top_k; ++j) {
+          const size_t e = static_cast<size_t>(ids[static_cast<size_t>(j)]);
+          std::vector<double> act(static_cast<size_t>(inter));
+          for (int64_t f = 0; f < inter; ++f) {
+            double g = 0, u = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              const double xv = x[static_cast<size_t>(i * d + c)];
+              g += xv * host[0][e][static_cast<size_t>(f * d + c)];
+              u += xv * host[1][e][static_cast<size_t>(f * d + c)];
+            }
+            act[static_cast<size_t>(f)] = g / (1 + std::exp(-g)) * u;
+          }
+          for (int64_t c = 0; c < d; ++c) {
+            double acc = 0;
+            for (int64_t f = 0; f < inter; ++f)
+              acc += act[static_cast<size_t>(f)] * host[2][e][static_cast<size_t>(c * inter + f)];
+            ref[static_cast<size_t>(i * d + c)] += w[static_cast<size_t>(j)] * acc;
+          }
+        }
+      }
+      EXPECT_LT(RelL2(got, ref), 1e-5);
+      for (int64_t i = 0; i < rows; i += 4) {
+        const std::vector<float> solo = run(i, 1);
+        for (int64_t c = 0; c < d; ++c)
+          ASSERT_EQ(solo[static_cast<size_t>(c)], got[static_cast<size_t>(i * d + c)])
+              << "row " << i << " col " << c;
+      }
+    }
+  }
+}
+
 TEST(InlineOpTest, CallsMovesAndDestroysCapturesOnce) {
   auto alive = std::make_shared<int>(0);  // use_count() counts the live captures
   std::array<int, 48> big{};               // 192 bytes

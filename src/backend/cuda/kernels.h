@@ -69,6 +69,44 @@ struct GemvPrefetch {
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
                          GemvPrefetch next, cudaStream_t stream);
 
+// ---- moe.cu ----
+// Backend::MoeMlp: out = the router's top-k experts of each row of x, weighted (see moe.cu).
+// gate/up/down: device arrays of num_experts weight pointers ([inter, d], [inter, d], [d, inter];
+// bf16 or f32 per w_bf16, 16-byte aligned). The scratch buffers are sized by MoeMaxTiles and the
+// row count; everything stays on the device (graph-capturable).
+constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
+constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
+struct MoeArgs {
+  const float* logits = nullptr;  // [rows, num_experts]
+  const void* x = nullptr;        // [rows, d], f32 or bf16 (x_bf16)
+  bool x_bf16 = false;
+  const void* const* gate = nullptr;
+  const void* const* up = nullptr;
+  const void* const* down = nullptr;
+  bool w_bf16 = true;
+  int64_t rows = 0, d = 0, inter = 0;
+  int32_t num_experts = 0, top_k = 0;
+  bool normalize = false;
+  int32_t max_tiles = 0;  // MoeMaxTiles(rows, top_k, num_experts)
+  // Scratch: [rows * top_k] each, tiles [3 * max_tiles], num_tiles [1], act [rows * top_k, inter],
+  // y [rows * top_k, d].
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  int32_t* sorted = nullptr;
+  int32_t* pair_pos = nullptr;
+  int32_t* tiles = nullptr;
+  int32_t* num_tiles = nullptr;
+  float* act = nullptr;
+  float* y = nullptr;
+  float* out = nullptr;  // [rows, d] f32
+};
+int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts);
+// The shapes LaunchMoeMlp takes (up to 1,024 experts, top k <= 32, d and inter multiples of 8
+// whose tile rows fit kMoeMaxSmem).
+bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter);
+void PrepareMoeKernels();  // once, before the first launch (not during a graph capture)
+void LaunchMoeMlp(const MoeArgs& args, cudaStream_t stream);
+
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale (token_ids[i] = -1 - r: plan.fed_ids[r]).
 // table [vocab, d], out [num_tokens, d]

@@ -1,0 +1,348 @@
+// Mixture-of-experts MLP (Backend::MoeMlp) on the device, with no host round trip (decode steps
+// replay as graphs): five launches.
+//   1. route: a warp per row: softmax of the router logits, the top k (lower expert first on
+//      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
+//      backend/moe_route.h).
+//   2. schedule (one block): the (row, slot) pairs grouped by expert, rows ascending within an
+//      expert, and cut into tiles of up to kMoeTileRows pairs of one expert.
+//   3. gate/up: per tile, its pairs' x rows in shared memory (f32); a warp per pair of
+//      intermediate features streams those features' gate and up rows (16-byte loads) against
+//      every row of the tile; act = silu(gate) * up, f32.
+//   4. down: the same over the tile's act rows and the down rows.
+//   5. combine: out[i] = sum over the row's slots in ascending expert order of weight * y.
+// Each pair's dot products are reduced in a fixed order (lane-strided partial sums, then the warp
+// butterfly) whatever the other pairs of its tile, so a row's result does not depend on the
+// batch. The grid is sized for the worst case (MoeMaxTiles); tiles past the schedule's count
+// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32 or bf16.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
+
+namespace ember::cuda {
+namespace {
+
+constexpr int kRouteWarps = 4;
+constexpr int kScheduleThreads = 1024;
+constexpr int kMaxExperts = 32 * 32;  // the route kernel's per-lane chosen mask covers 32 each
+constexpr int kMaxTopK = 32;
+constexpr int kWarps = 8;  // gate/up and down blocks
+constexpr int kFeaturesPerWarp = 2;
+constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
+
+__global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int32_t num_experts,
+                               int32_t top_k, bool normalize, int32_t* __restrict__ ids,
+                               float* __restrict__ weights) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (row >= n) return;
+  const float* l = logits + row * num_experts;
+  float max = -INFINITY;
+  for (int e = lane; e < num_experts; e += 32) max = fmaxf(max, l[e]);
+  max = WarpMax(max);
+  float sum = 0.0f;
+  for (int e = lane; e < num_experts; e += 32) sum += expf(l[e] - max);
+  sum = WarpSum(sum);
+  uint32_t chosen = 0;  // bit i: expert lane + 32 i taken
+  int32_t top_e[kMaxTopK];
+  float top_p[kMaxTopK];
+  for (int r = 0; r < top_k; ++r) {
+    float best_p = -1.0f;
+    int best_e = num_experts;
+    for (int i = 0, e = lane; e < num_experts; ++i, e += 32) {
+      if (chosen & (1u << i)) continue;
+      const float p = expf(l[e] - max) / sum;
+      if (p > best_p) {  // e ascends, so ties keep the lower expert
+        best_p = p;
+        best_e = e;
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, best_p, off);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
+      if (op > best_p || (op == best_p && oe < best_e)) {
+        best_p = op;
+        best_e = oe;
+      }
+    }
+    if (best_e % 32 == lane) chosen |= 1u << (best_e / 32);
+    top_e[r] = best_e;
+    top_p[r] = best_p;
+  }
+  if (lane != 0) return;
+  float top_sum = 0.0f;  // in rank order, as the twin
+  for (int r = 0; r < top_k; ++r) top_sum += top_p[r];
+  for (int r = 1; r < top_k; ++r) {  // ascending expert order
+    const int32_t e = top_e[r];
+    const float p = top_p[r];
+    int j = r;
+    for (; j > 0 && top_e[j - 1] > e; --j) {
+      top_e[j] = top_e[j - 1];
+      top_p[j] = top_p[j - 1];
+    }
+    top_e[j] = e;
+    top_p[j] = p;
+  }
+  for (int r = 0; r < top_k; ++r) {
+    ids[row * top_k + r] = top_e[r];
+    weights[row * top_k + r] = normalize ? top_p[r] / top_sum : top_p[r];
+  }
+}
+
+// One block. Pairs p = row * top_k + slot; sorted[offset[e] + j] is the j-th pair (by row) routed
+// to expert e, pair_pos its inverse; tiles[3 t ..] = {expert, first, end} in sorted positions.
+__global__ void MoeScheduleKernel(const int32_t* __restrict__ ids, int32_t pairs,
+                                  int32_t num_experts, int32_t* __restrict__ sorted,
+                                  int32_t* __restrict__ pair_pos, int32_t* __restrict__ tiles,
+                                  int32_t* __restrict__ num_tiles) {
+  __shared__ int32_t count[kMaxExperts];
+  __shared__ int32_t offset[kMaxExperts];
+  __shared__ int32_t tile_base[kMaxExperts];
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t at = 0, tile = 0;
+    for (int e = 0; e < num_experts; ++e) {
+      offset[e] = at;
+      tile_base[e] = tile;
+      at += count[e];
+      tile += (count[e] + kMoeTileRows - 1) / kMoeTileRows;
+    }
+    *num_tiles = tile;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    if (count[e] == 0) continue;
+    int32_t at = offset[e];
+    for (int p = 0; p < pairs; ++p) {
+      if (ids[p] != e) continue;
+      sorted[at] = p;
+      pair_pos[p] = at;
+      ++at;
+    }
+    const int32_t end = offset[e] + count[e];
+    for (int32_t first = offset[e], t = tile_base[e]; first < end; first += kMoeTileRows, ++t) {
+      tiles[3 * t] = e;
+      tiles[3 * t + 1] = first;
+      tiles[3 * t + 2] = min(end, first + kMoeTileRows);
+    }
+  }
+}
+
+template <typename W>
+struct Loads;
+template <>
+struct Loads<__nv_bfloat16> {  // 8 weights per 16-byte load
+  static __device__ __forceinline__ void Get(const __nv_bfloat16* w, float (&f)[8]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(pairs[i]);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+};
+template <>
+struct Loads<float> {
+  static __device__ __forceinline__ void Get(const float* w, float (&f)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(w));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(w + 4));
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+
+// acc[r] += w_row . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows.
+template <typename W>
+__device__ __forceinline__ void DotRows(const W* __restrict__ w_row, const float* xs, int64_t k,
+                                        int rows, float (&acc)[kMoeTileRows]) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t c = lane * 8; c < k; c += 32 * 8) {
+    float wf[8];
+    Loads<W>::Get(w_row + c, wf);
+#pragma unroll
+    for (int r = 0; r < kMoeTileRows; ++r) {
+      if (r >= rows) break;
+      const float4 x0 = *reinterpret_cast<const float4*>(xs + r * k + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(xs + r * k + c + 4);
+      acc[r] += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x +
+                wf[5] * x1.y + wf[6] * x1.z + wf[7] * x1.w;
+    }
+  }
+}
+
+struct Tile {
+  int32_t expert, first, rows;
+};
+__device__ __forceinline__ bool LoadTile(const int32_t* tiles, const int32_t* num_tiles, Tile* t) {
+  if (static_cast<int32_t>(blockIdx.x) >= *num_tiles) return false;
+  t->expert = tiles[3 * blockIdx.x];
+  t->first = tiles[3 * blockIdx.x + 1];
+  t->rows = tiles[3 * blockIdx.x + 2] - t->first;
+  return true;
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeGateUpKernel(const void* __restrict__ x, bool x_bf16, const W* const* __restrict__ gate,
+                    const W* const* __restrict__ up, const int32_t* __restrict__ sorted,
+                    const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
+                    int32_t top_k, int64_t d, int64_t inter, float* __restrict__ act) {
+  extern __shared__ float xs[];  // [rows, d]
+  Tile t;
+  if (!LoadTile(tiles, num_tiles, &t)) return;
+  for (int r = 0; r < t.rows; ++r) {
+    const int64_t row = sorted[t.first + r] / top_k;
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+      xs[r * d + c] = x_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(x)[row * d + c])
+                             : static_cast<const float*>(x)[row * d + c];
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const W* g_w = gate[t.expert];
+  const W* u_w = up[t.expert];
+#pragma unroll
+  for (int f = 0; f < kFeaturesPerWarp; ++f) {
+    const int64_t c =
+        static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
+    if (c >= inter) break;
+    float g[kMoeTileRows] = {}, u[kMoeTileRows] = {};
+    DotRows(g_w + c * d, xs, d, t.rows, g);
+    DotRows(u_w + c * d, xs, d, t.rows, u);
+#pragma unroll
+    for (int r = 0; r < kMoeTileRows; ++r) {
+      g[r] = WarpSum(g[r]);
+      u[r] = WarpSum(u[r]);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kMoeTileRows; ++r) {
+        if (r >= t.rows) break;
+        act[(t.first + r) * inter + c] = g[r] / (1.0f + expf(-g[r])) * u[r];
+      }
+    }
+  }
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kWarps * 32)
+    MoeDownKernel(const float* __restrict__ act, const W* const* __restrict__ down,
+                  const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
+                  int64_t d, int64_t inter, float* __restrict__ y) {
+  extern __shared__ float as[];  // [rows, inter]
+  Tile t;
+  if (!LoadTile(tiles, num_tiles, &t)) return;
+  for (int64_t i = threadIdx.x; i < t.rows * inter; i += blockDim.x)
+    as[i] = act[t.first * inter + i];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const W* d_w = down[t.expert];
+#pragma unroll
+  for (int f = 0; f < kFeaturesPerWarp; ++f) {
+    const int64_t c =
+        static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
+    if (c >= d) break;
+    float acc[kMoeTileRows] = {};
+    DotRows(d_w + c * inter, as, inter, t.rows, acc);
+#pragma unroll
+    for (int r = 0; r < kMoeTileRows; ++r) acc[r] = WarpSum(acc[r]);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kMoeTileRows; ++r) {
+        if (r >= t.rows) break;
+        y[(t.first + r) * d + c] = acc[r];
+      }
+    }
+  }
+}
+
+__global__ void MoeCombineKernel(const float* __restrict__ y, const float* __restrict__ weights,
+                                 const int32_t* __restrict__ pair_pos, int32_t top_k, int64_t d,
+                                 float* __restrict__ out) {
+  const int64_t row = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t p = row * top_k + j;
+      acc = __fadd_rn(acc, __fmul_rn(y[pair_pos[p] * d + c], weights[p]));
+    }
+    out[row * d + c] = acc;
+  }
+}
+
+template <typename W>
+void LaunchExperts(const MoeArgs& a, cudaStream_t stream) {
+  const size_t x_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.d);
+  const size_t act_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.inter);
+  const auto* gate = reinterpret_cast<const W* const*>(a.gate);
+  const auto* up = reinterpret_cast<const W* const*>(a.up);
+  const auto* down = reinterpret_cast<const W* const*>(a.down);
+  const unsigned tiles = static_cast<unsigned>(a.max_tiles);
+  MoeGateUpKernel<W>
+      <<<dim3(tiles, static_cast<unsigned>((a.inter + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
+         kWarps * 32, x_smem, stream>>>(a.x, a.x_bf16, gate, up, a.sorted, a.tiles, a.num_tiles,
+                                        a.top_k, a.d, a.inter, a.act);
+  CUDA_CHECK(cudaGetLastError());
+  MoeDownKernel<W>
+      <<<dim3(tiles, static_cast<unsigned>((a.d + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
+         kWarps * 32, act_smem, stream>>>(a.act, down, a.tiles, a.num_tiles, a.d, a.inter, a.y);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts) {
+  const int64_t pairs = rows * top_k;
+  return static_cast<int32_t>(
+      std::min<int64_t>(pairs, (pairs + kMoeTileRows - 1) / kMoeTileRows + num_experts));
+}
+
+bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter) {
+  return num_experts >= 1 && num_experts <= kMaxExperts && top_k >= 1 && top_k <= kMaxTopK &&
+         top_k <= num_experts && d % 8 == 0 && inter % 8 == 0 &&
+         static_cast<int64_t>(kMoeTileRows) * std::max(d, inter) * 4 <= kMoeMaxSmem;
+}
+
+void PrepareMoeKernels() {
+  // Up to kMoeMaxSmem bytes of rows; set once, outside any graph capture.
+  for (const void* kernel : {reinterpret_cast<const void*>(MoeGateUpKernel<__nv_bfloat16>),
+                             reinterpret_cast<const void*>(MoeGateUpKernel<float>),
+                             reinterpret_cast<const void*>(MoeDownKernel<__nv_bfloat16>),
+                             reinterpret_cast<const void*>(MoeDownKernel<float>)}) {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMoeMaxSmem));
+  }
+}
+
+void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
+  CHECK(MoeSupported(a.num_experts, a.top_k, a.d, a.inter))
+      << a.num_experts << " experts, top " << a.top_k << ", d " << a.d << ", inter " << a.inter;
+  if (a.rows == 0) return;
+  MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
+                   kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
+                                                  a.num_experts, a.top_k, a.normalize, a.ids,
+                                                  a.weights);
+  CUDA_CHECK(cudaGetLastError());
+  MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
+      a.ids, static_cast<int32_t>(a.rows * a.top_k), a.num_experts, a.sorted, a.pair_pos, a.tiles,
+      a.num_tiles);
+  CUDA_CHECK(cudaGetLastError());
+  if (a.w_bf16) {
+    LaunchExperts<__nv_bfloat16>(a, stream);
+  } else {
+    LaunchExperts<float>(a, stream);
+  }
+  MoeCombineKernel<<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a.y, a.weights, a.pair_pos,
+                                                                      a.top_k, a.d, a.out);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ember::cuda
