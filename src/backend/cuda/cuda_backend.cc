@@ -299,6 +299,11 @@ class CudaBackend final : public Backend {
   // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
   // gate, up and down pointers, uploaded at its first use.
   std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
+  // MoeMlp's scratch (route, schedule, activations): one arena region per step, shared by the
+  // step's MoE layers (their launches run in stream order), grown when a layer needs more.
+  uint64_t moe_scratch_step_ = 0;
+  size_t moe_scratch_bytes_ = 0;
+  unsigned char* moe_scratch_ = nullptr;
 
   // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
   // KvBf16(kv_head_dim_), else f32.
@@ -1112,19 +1117,36 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   a.normalize = experts.normalize;
   a.max_tiles = cuda::MoeMaxTiles(rows, experts.top_k, num_experts);
   const size_t pairs = static_cast<size_t>(rows * experts.top_k);
-  a.ids = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
-  a.weights = static_cast<float*>(ArenaAlloc(pairs * 4));
-  a.sorted = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
-  a.pair_pos = static_cast<int32_t*>(ArenaAlloc(pairs * 4));
-  a.tiles = static_cast<int32_t*>(ArenaAlloc(static_cast<size_t>(a.max_tiles) * 12));
-  a.num_tiles = static_cast<int32_t*>(ArenaAlloc(4));
-  a.act = static_cast<float*>(ArenaAlloc(pairs * static_cast<size_t>(inter) * 4));
-  a.y = static_cast<float*>(ArenaAlloc(pairs * static_cast<size_t>(d) * 4));
+  auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t pair_bytes = align(pairs * 4),
+               tile_bytes = align(static_cast<size_t>(a.max_tiles) * 12);
+  const size_t act_bytes = align(pairs * static_cast<size_t>(inter) * 4);
+  const size_t need =
+      4 * pair_bytes + tile_bytes + 256 + act_bytes + pairs * static_cast<size_t>(d) * 4;
+  if (moe_scratch_step_ != steps_begun_ || moe_scratch_bytes_ < need) {
+    moe_scratch_ = static_cast<unsigned char*>(ArenaAlloc(need));
+    moe_scratch_bytes_ = need;
+    moe_scratch_step_ = steps_begun_;
+  }
+  unsigned char* at = moe_scratch_;
+  auto take = [&](size_t bytes) {
+    unsigned char* p = at;
+    at += bytes;
+    return p;
+  };
+  a.ids = reinterpret_cast<int32_t*>(take(pair_bytes));
+  a.weights = reinterpret_cast<float*>(take(pair_bytes));
+  a.sorted = reinterpret_cast<int32_t*>(take(pair_bytes));
+  a.pair_pos = reinterpret_cast<int32_t*>(take(pair_bytes));
+  a.tiles = reinterpret_cast<int32_t*>(take(tile_bytes));
+  a.num_tiles = reinterpret_cast<int32_t*>(take(256));
+  a.act = reinterpret_cast<float*>(take(act_bytes));
+  a.y = reinterpret_cast<float*>(take(pairs * static_cast<size_t>(d) * 4));
   a.out = static_cast<float*>(out.data);
   // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
-  recorder_.Record({18, KeyOf(a.logits), KeyOf(a.x), U(a.x_bf16), KeyOf(ptrs), U(a.w_bf16),
-                    U(rows), U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize),
-                    KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out)},
+  recorder_.Record({18, KeyOf(a.logits), KeyOf(a.x), U(a.x_bf16), KeyOf(ptrs), U(a.w_bf16), U(rows),
+                    U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize), KeyOf(a.ids),
+                    KeyOf(a.y), KeyOf(a.out)},
                    [=](cudaStream_t st) { cuda::LaunchMoeMlp(a, st); });
 }
 
