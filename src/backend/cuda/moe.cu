@@ -159,21 +159,27 @@ struct Loads<float> {
   }
 };
 
-// acc[r] += w_row . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows.
-template <typename W>
-__device__ __forceinline__ void DotRows(const W* __restrict__ w_row, const float* xs, int64_t k,
-                                        int rows, float (&acc)[kMoeTileRows]) {
+// acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
+// kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
+template <int kParts, typename W>
+__device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float* xs, int64_t k,
+                                        int rows, float (&acc)[kParts][kMoeTileRows]) {
   const int lane = threadIdx.x % 32;
+#pragma unroll 2
   for (int64_t c = lane * 8; c < k; c += 32 * 8) {
-    float wf[8];
-    Loads<W>::Get(w_row + c, wf);
+    float wf[kParts][8];
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) Loads<W>::Get(w[q] + c, wf[q]);
 #pragma unroll
     for (int r = 0; r < kMoeTileRows; ++r) {
       if (r >= rows) break;
       const float4 x0 = *reinterpret_cast<const float4*>(xs + r * k + c);
       const float4 x1 = *reinterpret_cast<const float4*>(xs + r * k + c + 4);
-      acc[r] += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x +
-                wf[5] * x1.y + wf[6] * x1.z + wf[7] * x1.w;
+#pragma unroll
+      for (int q = 0; q < kParts; ++q) {
+        acc[q][r] += wf[q][0] * x0.x + wf[q][1] * x0.y + wf[q][2] * x0.z + wf[q][3] * x0.w +
+                     wf[q][4] * x1.x + wf[q][5] * x1.y + wf[q][6] * x1.z + wf[q][7] * x1.w;
+      }
     }
   }
 }
@@ -214,19 +220,20 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t c =
         static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
     if (c >= inter) break;
-    float g[kMoeTileRows] = {}, u[kMoeTileRows] = {};
-    DotRows(g_w + c * d, xs, d, t.rows, g);
-    DotRows(u_w + c * d, xs, d, t.rows, u);
+    float acc[2][kMoeTileRows] = {};
+    const W* const rows_w[2] = {g_w + c * d, u_w + c * d};
+    DotRows<2>(rows_w, xs, d, t.rows, acc);
 #pragma unroll
     for (int r = 0; r < kMoeTileRows; ++r) {
-      g[r] = WarpSum(g[r]);
-      u[r] = WarpSum(u[r]);
+      acc[0][r] = WarpSum(acc[0][r]);
+      acc[1][r] = WarpSum(acc[1][r]);
     }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kMoeTileRows; ++r) {
         if (r >= t.rows) break;
-        act[(t.first + r) * inter + c] = g[r] / (1.0f + expf(-g[r])) * u[r];
+        const float g = acc[0][r], u = acc[1][r];
+        act[(t.first + r) * inter + c] = g / (1.0f + expf(-g)) * u;
       }
     }
   }
@@ -250,15 +257,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t c =
         static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
     if (c >= d) break;
-    float acc[kMoeTileRows] = {};
-    DotRows(d_w + c * inter, as, inter, t.rows, acc);
+    float acc[1][kMoeTileRows] = {};
+    const W* const rows_w[1] = {d_w + c * inter};
+    DotRows<1>(rows_w, as, inter, t.rows, acc);
 #pragma unroll
-    for (int r = 0; r < kMoeTileRows; ++r) acc[r] = WarpSum(acc[r]);
+    for (int r = 0; r < kMoeTileRows; ++r) acc[0][r] = WarpSum(acc[0][r]);
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kMoeTileRows; ++r) {
         if (r >= t.rows) break;
-        y[(t.first + r) * d + c] = acc[r];
+        y[(t.first + r) * d + c] = acc[0][r];
       }
     }
   }
