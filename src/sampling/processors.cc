@@ -106,4 +106,12 @@ std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, double log_
   return top;
 }
 
+int32_t LogprobRank(std::span<const float> logits, int32_t id) {
+  CHECK(id >= 0 && static_cast<size_t>(id) < logits.size()) << "token " << id;
+  const RanksBefore before{logits.data()};
+  int32_t rank = 1;
+  for (size_t i = 0; i < logits.size(); ++i) rank += before(static_cast<int32_t>(i), id) ? 1 : 0;
+  return rank;
+}
+
 }  // namespace ember

@@ -42,4 +42,8 @@ double LogSumExp(std::span<const float> logits);
 // log_sum_exp is LogSumExp(logits). One pass, O(vocab + k^2).
 std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, double log_sum_exp, int32_t k);
 
+// 1 + the number of ids that TopLogprobs ranks before `id` (logit desc, ties by lower id): the
+// 1-based place `id` takes in that order. One pass.
+int32_t LogprobRank(std::span<const float> logits, int32_t id);
+
 }  // namespace ember

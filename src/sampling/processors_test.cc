@@ -87,5 +87,17 @@ TEST(ProcessorsTest, LogSumExpAndTopLogprobsMatchDoubleReference) {
   EXPECT_EQ(TopLogprobs(std::vector<float>{1.0f, 2.0f}, 0.0, 5).size(), 2u);
 }
 
+// LogprobRank is the 1-based place in TopLogprobs' order: ties by lower id, NaN last.
+TEST(ProcessorsTest, LogprobRankIsThePlaceInTopLogprobsOrder) {
+  const std::vector<float> logits = {1.0f, 5.0f, 5.0f, -kInf, NAN, 3.0f};
+  const auto top = TopLogprobs(logits, LogSumExp(std::vector<float>{1.0f, 5.0f, 5.0f, 3.0f}), 6);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(LogprobRank(logits, top[i].token_id), int32_t(i) + 1);
+  EXPECT_EQ(LogprobRank(logits, 1), 1);
+  EXPECT_EQ(LogprobRank(logits, 2), 2);
+  EXPECT_EQ(LogprobRank(logits, 5), 3);
+  EXPECT_EQ(LogprobRank(logits, 0), 4);
+  EXPECT_EQ(LogprobRank(logits, 3), 5);
+}
+
 }  // namespace
 }  // namespace ember

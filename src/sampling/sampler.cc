@@ -87,12 +87,7 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 
   // Logprobs come from the RAW logits, before any processing: vLLM v1's default
   // (logprobs_mode = "raw_logprobs"). Only computed when requested: it costs a copy and a pass.
-  double log_sum_exp = 0.0;
-  if (params.wants_logprobs()) {
-    scratch.raw_logits.assign(logits.begin(), logits.end());
-    log_sum_exp = LogSumExp(logits);
-    out.top_logprobs = TopLogprobs(logits, log_sum_exp, params.top_logprobs);
-  }
+  if (params.wants_logprobs()) scratch.raw_logits.assign(logits.begin(), logits.end());
 
   // Logits processors, in vLLM order (bias on the raw logits, then penalties, then min_tokens),
   // as the edit list a backend applies for the rows it samples (logit_edits.h): one reference.
@@ -127,9 +122,20 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
   }
 
   if (params.wants_logprobs()) {
-    out.logprob =
-        static_cast<float>(scratch.raw_logits[static_cast<size_t>(out.token_id)] - log_sum_exp);
+    SampleOutput raw = TokenLogprobs(scratch.raw_logits, out.token_id, params.top_logprobs);
+    out.logprob = raw.logprob;
+    out.top_logprobs = std::move(raw.top_logprobs);
   }
+  return out;
+}
+
+SampleOutput TokenLogprobs(std::span<const float> logits, int32_t token_id, int32_t num_top) {
+  CHECK(token_id >= 0 && static_cast<size_t>(token_id) < logits.size()) << "token " << token_id;
+  const double log_sum_exp = LogSumExp(logits);
+  SampleOutput out;
+  out.token_id = token_id;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token_id)] - log_sum_exp);
+  out.top_logprobs = TopLogprobs(logits, log_sum_exp, num_top);
   return out;
 }
 

@@ -95,6 +95,12 @@ uint64_t MixSeed(uint64_t seed, uint64_t sample_index);
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
                     std::span<const uint8_t> allowed = {});
 
+// The raw logprobs of `token_id` in one row of logits: log_softmax(logits)[token_id] (float, from
+// a log-sum-exp accumulated in double) and the row's top `num_top` entries (TopLogprobs, none
+// when num_top <= 0). What Sample() reports for the token it draws; the engine's prompt logprobs
+// use it for prompt tokens, so both are one computation. token_id must be in the row.
+SampleOutput TokenLogprobs(std::span<const float> logits, int32_t token_id, int32_t num_top);
+
 // A token constraint's mask for one row (token_constraint.h), built before the step's launch.
 struct TokenMask {
   std::vector<uint8_t> allowed;  // [vocab_size]
