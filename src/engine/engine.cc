@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "sampling/logit_edits.h"
+#include "sampling/processors.h"
 #include "util/log.h"
 #include "util/parallel.h"
 
@@ -18,6 +19,11 @@ int64_t NowNs() {
 }
 }  // namespace
 
+int32_t PromptLogitsRows(const EngineConfig& config, int32_t vocab_size) {
+  const int64_t rows = config.prompt_logits_bytes / (int64_t{4} * std::max(vocab_size, 1));
+  return static_cast<int32_t>(std::clamp<int64_t>(rows, 1, std::max(config.max_step_tokens, 1)));
+}
+
 int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
   const ModelConfig& c = model.config();
   // Per step row: residual, normed input, q, k, v, attention out, delta, gate, up, the MLP
@@ -26,7 +32,9 @@ int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
                 kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t per_row =
       4 * (4 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim + 3 * int64_t{c.intermediate_size});
-  const int64_t logits = int64_t{config.max_running} * c.vocab_size * 4 * 2;  // + hidden rows
+  // A step's logits rows: one sampled row per running sequence, and prompt-logprobs rows.
+  const int64_t logits_rows = int64_t{config.max_running} + PromptLogitsRows(config, c.vocab_size);
+  const int64_t logits = logits_rows * c.vocab_size * 4 * 2;  // + hidden rows
   // x2 for backend scratch (bf16 copies, split-K partials), + 512 MiB for libraries and graphs.
   return 2 * (int64_t{config.max_step_tokens} * per_row + logits) + (int64_t{512} << 20);
 }
@@ -161,7 +169,9 @@ Engine::Engine(Model* model, const EngineConfig& config, int32_t num_blocks, int
       context_length_(model->config().max_position_embeddings),
       vocab_size_(model->config().vocab_size),
       kv_(kv::KvCacheConfig{config.block_size, num_blocks, config.enable_prefix_caching}),
-      scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens}, &kv_),
+      scheduler_(SchedulerConfig{config.max_running, config.max_step_tokens,
+                                 PromptLogitsRows(config, model->config().vocab_size)},
+                 &kv_),
       graph_buckets_(std::move(graph_buckets)),
       scratch_block_(num_blocks) {
   counters_.kv_blocks_total = num_blocks;
@@ -201,9 +211,14 @@ std::optional<SubmitError> Engine::Validate(const GenerationRequest& r) const {
                      "prompt");
     }
   }
-  if (r.max_tokens < 1) {
-    return invalid("max_tokens must be at least 1, got " + std::to_string(r.max_tokens),
+  if (r.max_tokens < 0) {
+    return invalid("max_tokens must be at least 0, got " + std::to_string(r.max_tokens),
                    "max_tokens");
+  }
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxTopLogprobs) {
+    return invalid("prompt_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                       "] (or -1: off), got " + std::to_string(r.prompt_logprobs),
+                   "prompt_logprobs");
   }
   if (r.n < 1 || r.n > config_.max_n) {
     return invalid(
@@ -303,15 +318,32 @@ void Engine::TakeInbox() {
       seq->sampler = std::make_unique<SamplerState>(
           state->request.sampling, static_cast<uint64_t>(i), seq->tokens, state->stop_ids);
       if (state->request.constraint) seq->constraint = state->request.constraint->Clone();
+      if (i == 0 && state->request.prompt_logprobs >= 0) {
+        seq->needs_prompt_logits = true;
+        seq->prompt_logprobs.resize(static_cast<size_t>(seq->prompt_len - 1));
+      }
       scheduler_.AddWaiting(seq.get());
       live_.emplace(seq->id, std::move(seq));
     }
   }
 }
 
-void Engine::EmitFinalEvent(Sequence* seq, FinishReason reason) {
+namespace {
+// A sequence's next event; the first one after its prompt logprobs are complete carries them.
+TokenEvent NewEvent(Sequence* seq) {
   TokenEvent event;
   event.sample_index = seq->sample_index;
+  if (seq->prompt_logprobs_ready) {
+    event.prompt_logprobs = std::move(seq->prompt_logprobs);
+    seq->prompt_logprobs.clear();
+    seq->prompt_logprobs_ready = false;
+  }
+  return event;
+}
+}  // namespace
+
+void Engine::EmitFinalEvent(Sequence* seq, FinishReason reason) {
+  TokenEvent event = NewEvent(seq);
   event.finish = reason;
   event.time_ns = NowNs();
   seq->request->stream->Push(std::move(event));
@@ -414,7 +446,9 @@ void Engine::RunStep(const StepPlan& plan) {
   // A decode step (one sampled row per sequence) is padded to its graph bucket's row count.
   step.real_rows = static_cast<int32_t>(batch.logits_rows.size());
   const int32_t real_rows = step.real_rows;
-  step.decode_only = batch.num_tokens() == batch.num_seqs() && real_rows == batch.num_seqs();
+  step.decode_only = batch.num_tokens() == batch.num_seqs() && real_rows == batch.num_seqs() &&
+                     std::none_of(plan.scheduled.begin(), plan.scheduled.end(),
+                                  [](const auto& s) { return s.seq->needs_prompt_logits; });
   if (step.decode_only) {
     ++counters_.decode_steps;
     counters_.decode_rows += real_rows;
@@ -424,11 +458,13 @@ void Engine::RunStep(const StepPlan& plan) {
       counters_.decode_padding_rows += *bucket - real_rows;
     }
   }
+  AddPromptRows(plan, batch, step);
   const bool backend_samples = model_->prefers_backend_sampling() ||
                                config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
   step.deferred = config_.overlap_steps;
   for (const ScheduledSequence& s : plan.scheduled)
     if (s.samples && !FedRowOk(*s.seq, backend_samples)) step.deferred = false;
+  if (!step.prompt_rows.empty()) step.deferred = false;  // their logits come to the host
   // The host builds this step's processors and samples its kCopy rows from the sequences' states:
   // those need the tokens of the step in flight first. (Rows of sequences that end there still
   // run; their tokens are dropped.)
@@ -443,6 +479,8 @@ void Engine::RunStep(const StepPlan& plan) {
   // Padding rows (past real_rows): an argmax nobody reads.
   step.kinds.assign(num_rows, RowOutput::kArgmax);
   std::fill(step.kinds.begin(), step.kinds.begin() + real_rows, RowOutput::kCopy);
+  for (const LaunchedStep::PromptRows& run : step.prompt_rows)
+    std::fill_n(step.kinds.begin() + run.first_row, run.num_rows, RowOutput::kCopy);
   row_sampling_.assign(num_rows, RowSampling{});
   step.ids.assign(num_rows, 0);
   row_params_.clear();
@@ -538,6 +576,57 @@ void Engine::BuildMasks(const StepPlan& plan, LaunchedStep& step) {
   }
 }
 
+// Every prompt row of a sequence that needs prompt logprobs gets a logits row, after the sampled
+// and padding rows (so the sampled rows keep rows 0..real_rows-1), except the prompt's last row:
+// its logits are the sampled row's (or unused, with max_tokens 0). The scheduler bounded these
+// rows (SchedulerConfig::max_prompt_logits_rows).
+void Engine::AddPromptRows(const StepPlan& plan, BatchPlan& batch, LaunchedStep& step) {
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const Sequence& seq = *plan.scheduled[i].seq;
+    if (!seq.needs_prompt_logits) continue;
+    const int32_t first_pos = seq.num_computed_tokens;
+    const int32_t end = std::min(first_pos + plan.scheduled[i].num_new_tokens, seq.prompt_len - 1);
+    if (end <= first_pos) continue;
+    LaunchedStep::PromptRows run;
+    run.scheduled_index = i;
+    run.first_pos = first_pos;
+    run.num_rows = end - first_pos;
+    run.first_row = static_cast<int32_t>(batch.logits_rows.size());
+    for (int32_t r = 0; r < run.num_rows; ++r)
+      batch.logits_rows.push_back(batch.seqs[i].query_start + r);
+    step.prompt_rows.push_back(run);
+  }
+}
+
+// The logits row of prompt position p gives the logprob of the prompt token at p + 1, as a
+// generated token's is computed (TokenLogprobs on the raw row: no processor ever touched a
+// kCopy prompt row), rows in parallel.
+void Engine::ComputePromptLogprobs(const LaunchedStep& step) {
+  struct Row {
+    Sequence* seq;
+    int32_t pos;
+    size_t logits_row;
+  };
+  std::vector<Row> rows;
+  for (const LaunchedStep::PromptRows& run : step.prompt_rows) {
+    Sequence* seq = step.scheduled[run.scheduled_index].seq;
+    if (seq->finish != FinishReason::kNone) continue;
+    for (int32_t r = 0; r < run.num_rows; ++r)
+      rows.push_back({seq, run.first_pos + r, static_cast<size_t>(run.first_row + r)});
+  }
+  const auto vocab = static_cast<size_t>(vocab_size_);
+  ForEachOnThreads(rows.size(), std::thread::hardware_concurrency(), [&](size_t i) {
+    const Row& row = rows[i];
+    const std::span<const float> logits = step.logits.subspan(row.logits_row * vocab, vocab);
+    const int32_t token = row.seq->tokens[static_cast<size_t>(row.pos) + 1];
+    SampleOutput raw = TokenLogprobs(logits, token, row.seq->request->request.prompt_logprobs);
+    PromptLogprob& out = row.seq->prompt_logprobs[static_cast<size_t>(row.pos)];
+    out.logprob = raw.logprob;
+    out.rank = LogprobRank(logits, token);
+    out.top_logprobs = std::move(raw.top_logprobs);
+  });
+}
+
 void Engine::CompleteInFlight() {
   if (!in_flight_) return;
   LaunchedStep step = std::move(*in_flight_);
@@ -582,6 +671,7 @@ void Engine::CompleteStep(LaunchedStep& step) {
     for (int32_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
     SampleRows(step.logits.first(static_cast<size_t>(real_rows) * static_cast<size_t>(vocab_size_)),
                vocab_size_, row_params_, row_states_, row_outputs_, host_skip_, step.row_masks);
+    ComputePromptLogprobs(step);
   }
 
   size_t row = 0;
@@ -599,9 +689,19 @@ void Engine::CompleteStep(LaunchedStep& step) {
       state.admitted = true;
       num_queued_.fetch_sub(1);
     }
-    if (seq->sample_index == 0 && step.computed_end[i] >= seq->prompt_len)
-      state.prompt_prefilled = true;
-    if (!s.samples) continue;
+    const bool prompt_done = step.computed_end[i] >= seq->prompt_len;
+    if (seq->sample_index == 0 && prompt_done) state.prompt_prefilled = true;
+    if (seq->needs_prompt_logits && prompt_done) {
+      seq->needs_prompt_logits = false;
+      seq->prompt_logprobs_ready = true;  // sent with the event below
+    }
+    if (!s.samples) {
+      if (state.request.max_tokens == 0 && prompt_done) {  // a prompt-only request
+        EmitFinalEvent(seq, FinishReason::kLength);
+        FinishSequence(seq, FinishReason::kLength);
+      }
+      continue;
+    }
 
     SampleOutput out;
     if (step.kinds[r] != RowOutput::kCopy) {
@@ -638,8 +738,7 @@ void Engine::CompleteStep(LaunchedStep& step) {
     } else if (index + 1 - seq->prompt_len >= state.request.max_tokens) {
       finish = FinishReason::kLength;
     }
-    TokenEvent event;
-    event.sample_index = seq->sample_index;
+    TokenEvent event = NewEvent(seq);
     event.token_id = out.token_id;
     event.logprob = out.logprob;
     event.top_logprobs = std::move(out.top_logprobs);

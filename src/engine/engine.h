@@ -46,6 +46,10 @@ struct EngineConfig {
   // tokens, and the host's bookkeeping of step N runs while step N + 1 computes. A sequence that
   // stops at step N has one wasted row in step N + 1. Outputs are identical either way.
   bool overlap_steps = true;
+  // Prompt logprobs keep the float32 logits of every prompt row of such a request: one step holds
+  // at most this many bytes of them (PromptLogitsRows), so a long prompt prefills in more, shorter
+  // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
+  int64_t prompt_logits_bytes = int64_t{64} << 20;
 };
 
 struct EngineStats {
@@ -112,6 +116,14 @@ class Engine {
     std::vector<TokenMask> masks;             // one per constrained row
     std::vector<const TokenMask*> row_masks;  // [rows] the host applies it; null: none (or the
                                               // backend applies it as edits)
+    // Prompt-logprobs rows (never in a deferred step): per sequence that needs them, positions
+    // [first_pos, first_pos + num_rows), whose logits are the kCopy logits rows from first_row on
+    // (after the sampled rows).
+    struct PromptRows {
+      size_t scheduled_index = 0;
+      int32_t first_pos = 0, num_rows = 0, first_row = 0;
+    };
+    std::vector<PromptRows> prompt_rows;
   };
   // Builds and launches one step; completes it at once unless it is deferred (then it stays in
   // flight until the next step has launched).
@@ -120,6 +132,10 @@ class Engine {
   void CompleteStep(LaunchedStep& step);
   void CompleteInFlight();
   void BuildMasks(const StepPlan& plan, LaunchedStep& step);
+  // Adds the logits rows of the step's prompt-logprobs positions (LaunchedStep::prompt_rows).
+  void AddPromptRows(const StepPlan& plan, BatchPlan& batch, LaunchedStep& step);
+  // The prompt logprobs of a completed step's prompt rows, into their sequences.
+  void ComputePromptLogprobs(const LaunchedStep& step);
   void FailStep(const LaunchedStep& step);
   void ReleaseStep(const LaunchedStep& step);  // the step no longer holds its sequences
   void FinishSequence(Sequence* seq, FinishReason reason);
@@ -172,5 +188,9 @@ class Engine {
 // (StepWorkspaceBytes; an error when nothing is left); on the CPU min(4 GiB, MemAvailable / 2).
 Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config);
 int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config);
+// Rows of one step whose logits are kept for prompt logprobs: config.prompt_logits_bytes of
+// float32 rows of `vocab_size` (64 MiB: 110 rows of a 152k vocabulary, 512 of a 32k one), at
+// least 1, at most max_step_tokens.
+int32_t PromptLogitsRows(const EngineConfig& config, int32_t vocab_size);
 
 }  // namespace ember

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,10 @@ const char* FinishReasonName(FinishReason reason);  // "stop", "length", "cancel
 struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
-  int32_t max_tokens = 16;                 // new tokens per sample
+  // New tokens per sample. 0: the prompt is only computed (its blocks are committed to the prefix
+  // cache, its prompt logprobs delivered when asked); each sample then ends with kLength and no
+  // token.
+  int32_t max_tokens = 16;
   int32_t n = 1;                           // parallel samples sharing one prompt prefill
   std::vector<int32_t> stop_token_ids;     // in addition to the model's eos ids
   bool ignore_eos = false;                 // when true the model's eos ids do not stop
@@ -26,6 +30,18 @@ struct GenerationRequest {
   // Structured output: which token may come next (token_constraint.h); each sample runs a clone.
   // Its vocabulary must be the model's. A constrained sample ends ("stop") when it is complete.
   std::shared_ptr<const TokenConstraint> constraint;
+  // Prompt logprobs: -1 off; 0: each prompt token's own logprob; N (<= kMaxTopLogprobs): also the
+  // top N alternatives. The raw model's (no logits processor applies), computed once per request
+  // (not per sample) from every prompt row's logits, so the prompt takes no prefix-cache hit.
+  int32_t prompt_logprobs = -1;
+};
+
+// The logprob of one prompt token given the tokens before it: log_softmax of the logits of the
+// position before it (TokenLogprobs in sampler.h, the same computation as a generated token's).
+struct PromptLogprob {
+  float logprob = 0.0f;
+  int32_t rank = 0;  // 1-based place of the token in the order of top_logprobs (LogprobRank)
+  std::vector<TokenLogprob> top_logprobs;  // desc by logprob, ties by lower id
 };
 
 // One generated token of one sample. The last event of a sample has finish != kNone; a sample
@@ -41,6 +57,10 @@ struct TokenEvent {
   // the sample after a token that is.
   bool stop_token = false;
   int64_t time_ns = 0;                     // steady_clock when the engine emitted it
+  // Set on the first event of sample 0 when the request asked for prompt logprobs (whatever `n`):
+  // entry i is prompt position i + 1's (the first token has none), prompt_ids.size() - 1 entries.
+  // Absent when sample 0 ended (cancelled, failed) before its prompt was computed.
+  std::optional<std::vector<PromptLogprob>> prompt_logprobs;
 };
 
 struct RequestUsage {

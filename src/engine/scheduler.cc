@@ -8,6 +8,20 @@ bool Scheduler::WaitsForSibling(const Sequence* seq) {
   return seq->sample_index > 0 && !seq->request->prompt_prefilled;
 }
 
+int32_t Scheduler::ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left) {
+  int32_t num_new = std::min(seq->num_uncomputed(), budget);
+  if (seq->needs_prompt_logits) {
+    num_new = std::min(num_new, *prompt_rows_left);
+    *prompt_rows_left -= num_new;
+  }
+  return num_new;
+}
+
+ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) {
+  const bool reaches_end = seq->num_computed_tokens + num_new == seq->num_tokens();
+  return {seq, num_new, reaches_end && seq->request->request.max_tokens > 0};
+}
+
 void Scheduler::Preempt(Sequence* seq) {
   kv_->Free(seq->id);
   seq->started = false;
@@ -25,11 +39,12 @@ void Scheduler::Remove(Sequence* seq) {
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int32_t budget = config_.max_step_tokens;
+  int32_t prompt_rows_left = config_.max_prompt_logits_rows;
 
   // 1. Running sequences, oldest first. Preempt from the newest end when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    int32_t num_new = seq->last_token_pending ? 0 : std::min(seq->num_uncomputed(), budget);
+    int32_t num_new = seq->last_token_pending ? 0 : ChunkRows(seq, budget, &prompt_rows_left);
     if (num_new == 0) {
       ++i;
       continue;
@@ -44,7 +59,7 @@ StepPlan Scheduler::Schedule() {
       if (victim == seq) break;
     }
     if (!allocated) break;  // `seq` itself was preempted: it was the newest
-    plan.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    plan.scheduled.push_back(Scheduled(seq, num_new));
     plan.num_tokens += num_new;
     budget -= num_new;
     ++i;
@@ -57,27 +72,42 @@ StepPlan Scheduler::Schedule() {
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     Sequence* seq = waiting_.front();
     if (WaitsForSibling(seq)) break;
+    // A sequence that needs every prompt row's logits computes them all: no cached prefix
+    // (Allocate below starts it with an empty block table).
+    const bool looks_up_prefix = !seq->needs_prompt_logits;
     if (!seq->started) {
-      int32_t cached = kv_->AcquireCachedPrefix(seq->id, seq->tokens, seq->request->request.cache_namespace);
-      seq->num_computed_tokens = cached;
+      seq->num_computed_tokens =
+          looks_up_prefix ? kv_->AcquireCachedPrefix(seq->id, seq->tokens,
+                                                     seq->request->request.cache_namespace)
+                          : 0;
       seq->started = true;
     }
-    int32_t num_new = std::min(seq->num_uncomputed(), budget);
+    int32_t prompt_rows_after = prompt_rows_left;
+    const int32_t num_new = ChunkRows(seq, budget, &prompt_rows_after);
+    if (num_new == 0) {  // no prompt-logits rows left this step: it waits for the next
+      kv_->Free(seq->id);
+      seq->started = false;
+      seq->num_computed_tokens = 0;
+      break;
+    }
     if (!kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
       kv_->Free(seq->id);  // drop the prefix references; retry on a later step
       seq->started = false;
       seq->num_computed_tokens = 0;
       break;
     }
+    prompt_rows_left = prompt_rows_after;
     if (!seq->ever_started) {  // first admission: the request's prefix-cache outcome
       seq->num_cached_prompt_tokens = seq->num_computed_tokens;
-      prefix_query_tokens_ += seq->prompt_len;
-      prefix_hit_tokens_ += seq->num_computed_tokens;
+      if (looks_up_prefix) {
+        prefix_query_tokens_ += seq->prompt_len;
+        prefix_hit_tokens_ += seq->num_computed_tokens;
+      }
       seq->ever_started = true;
     }
     waiting_.pop_front();
     running_.push_back(seq);
-    plan.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    plan.scheduled.push_back(Scheduled(seq, num_new));
     plan.num_tokens += num_new;
     budget -= num_new;
   }

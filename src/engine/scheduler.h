@@ -18,12 +18,18 @@ namespace ember {
 struct SchedulerConfig {
   int32_t max_running = 64;        // sequences in one batch
   int32_t max_step_tokens = 512;   // rows in one forward step (chunked prefill budget)
+  // Rows of one step whose logits are kept for prompt logprobs (Sequence::needs_prompt_logits):
+  // such a sequence's prefill chunk is cut to what is left of this, so a long prompt prefills in
+  // several steps instead of holding every row's logits at once (the engine sizes it by bytes).
+  int32_t max_prompt_logits_rows = 512;
 };
 
 struct ScheduledSequence {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;  // rows this step, starting at seq->num_computed_tokens
-  bool samples = false;        // this chunk reaches the end: sample a token after the step
+  // This chunk reaches the end: sample a token after the step (never for max_tokens 0: that
+  // sample ends once its prompt is computed).
+  bool samples = false;
 };
 
 struct StepPlan {
@@ -55,6 +61,10 @@ class Scheduler {
   void Preempt(Sequence* seq);
   // Siblings (sample_index > 0) wait until sample 0 finished the prompt, so they reuse its blocks.
   static bool WaitsForSibling(const Sequence* seq);
+  // Rows of `seq` to compute this step within `budget` (and, when it needs its prompt rows'
+  // logits, within *prompt_rows_left, which it then uses up).
+  static int32_t ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left);
+  static ScheduledSequence Scheduled(Sequence* seq, int32_t num_new);
 
   SchedulerConfig config_;
   kv::KvCacheManager* kv_;

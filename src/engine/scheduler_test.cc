@@ -148,5 +148,35 @@ TEST(SchedulerTest, WaitingSequenceThatDoesNotFitBlocksTheQueue) {
   EXPECT_EQ(h.kv_.CheckInvariants(), "");
 }
 
+// A sequence that needs its prompt rows' logits takes no prefix hit, and its chunks (with those
+// of another such sequence) stay within max_prompt_logits_rows a step while others use the rest
+// of the budget; with max_tokens 0 its last chunk samples nothing.
+TEST(SchedulerTest, PromptLogitsRowsAreBoundedAndTakeNoPrefixHit) {
+  SchedulerHarness h(64, 4, SchedulerConfig{8, 32, 10});
+  Sequence* cached = h.Add(12);  // fills the prefix cache with ids 0..11
+  h.Step();
+  h.Finish(cached);
+  auto request = std::make_shared<RequestState>();
+  request->request.max_tokens = 0;
+  Sequence* a = h.Add(12, 0, request);
+  a->needs_prompt_logits = true;
+  Sequence* b = h.Add(12, 0, nullptr);  // the same ids: a hit on 8 of them
+  StepPlan p1 = h.Step();
+  ASSERT_EQ(p1.scheduled.size(), 2u);
+  EXPECT_EQ(p1.scheduled[0].seq, a);
+  EXPECT_EQ(p1.scheduled[0].num_new_tokens, 10);  // the bound, not the 32-token budget
+  EXPECT_EQ(p1.scheduled[1].seq, b);
+  EXPECT_EQ(p1.scheduled[1].num_new_tokens, 4);  // 12 - the 8 cached
+  Sequence* c = h.Add(20, 0, nullptr, 500);
+  c->needs_prompt_logits = true;
+  StepPlan p2 = h.Step();  // a's last 2 rows, c gets the 8 left of the bound
+  ASSERT_EQ(p2.scheduled.size(), 3u);
+  EXPECT_EQ(p2.scheduled[0].num_new_tokens, 2);
+  EXPECT_FALSE(p2.scheduled[0].samples);  // max_tokens 0
+  EXPECT_EQ(p2.scheduled[2].seq, c);
+  EXPECT_EQ(p2.scheduled[2].num_new_tokens, 8);
+  EXPECT_EQ(h.scheduler_.prefix_hit_tokens(), 8);  // b's only
+}
+
 }  // namespace
 }  // namespace ember

@@ -44,6 +44,12 @@ struct Sequence {
   FinishReason finish = FinishReason::kNone;
   int32_t steps_in_flight = 0;  // launched steps with rows of this sequence, not yet completed
   bool last_token_pending = false;  // its placeholder is its max_tokens-th token: no more rows
+  // Sample 0 of a request with prompt logprobs, until its prompt is computed: each prefill chunk
+  // has a logits row (kCopy) for every prompt row, it takes no prefix-cache hit (it needs every
+  // row's logits) and its chunks are bounded (SchedulerConfig::max_prompt_logits_rows).
+  bool needs_prompt_logits = false;
+  std::vector<PromptLogprob> prompt_logprobs;  // [prompt_len - 1]; entry i: position i + 1's
+  bool prompt_logprobs_ready = false;          // complete, not yet sent with an event
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - prompt_len; }
