@@ -5,6 +5,7 @@
 #include <span>
 
 #include "engine/engine.h"
+#include "serve/prompt_logprobs.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ember::serve {
@@ -71,6 +72,8 @@ GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared,
         s.tool_parser = std::make_unique<ToolCallParser>(prepared_.tool_format);
       s.full_text = prepared_.prompts[p].echo_text;
       s.unsent_text = s.full_text;
+      s.logprob_offset = static_cast<int64_t>(s.full_text.size());
+      s.awaits_prompt_logprobs = prepared_.echo_logprobs;
       samples_.push_back(std::move(s));
     }
   }
@@ -150,7 +153,28 @@ void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
   if (s.finish_reason == "stop" && !s.tool_calls.empty()) s.finish_reason = "tool_calls";
 }
 
+void GenerationJob::OnPromptLogprobs(size_t prompt_idx,
+                                     const std::vector<PromptLogprob>& logprobs) {
+  PromptRun& run = prompts_[prompt_idx];
+  run.got_prompt_logprobs = true;
+  const std::vector<int32_t>& ids = prepared_.prompts[prompt_idx].request.prompt_ids;
+  if (prepared_.prompt_logprobs >= 0)
+    run.vllm_prompt_logprobs =
+        VllmPromptLogprobs(*model_.tokenizer, ids, logprobs, prepared_.prompt_logprobs);
+  if (!prepared_.echo_logprobs) return;
+  const std::vector<TokenLogprobEntry> entries =
+      EchoLogprobEntries(*model_.tokenizer, ids, logprobs, prepared_.top_logprobs,
+                         prepared_.prompts[prompt_idx].echo_text);
+  for (int32_t i = 0; i < prepared_.n; ++i) {
+    Sample& s = samples_[prompt_idx * prepared_.n + i];
+    s.logprobs.insert(s.logprobs.begin(), entries.begin(), entries.end());
+    s.unsent_logprobs.insert(s.unsent_logprobs.begin(), entries.begin(), entries.end());
+    s.awaits_prompt_logprobs = false;
+  }
+}
+
 void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
+  if (e.prompt_logprobs) OnPromptLogprobs(prompt_idx, *e.prompt_logprobs);
   Sample& s = samples_[prompt_idx * prepared_.n + e.sample_index];
   if (s.done) return;  // stopped by a stop string; the engine may still be producing
   if (e.token_id >= 0) {
@@ -166,6 +190,8 @@ void GenerationJob::OnEvent(size_t prompt_idx, const TokenEvent& e) {
     if (!is_stop_token) {
       if (prepared_.top_logprobs >= 0) {
         TokenLogprobEntry entry = MakeLogprob(e);
+        entry.text_offset = s.logprob_offset;
+        s.logprob_offset += static_cast<int64_t>(entry.token.size());
         s.logprobs.push_back(entry);
         s.unsent_logprobs.push_back(std::move(entry));
       }
@@ -225,6 +251,14 @@ void GenerationJob::Pump(std::chrono::milliseconds wait) {
 
 void GenerationJob::OnAllClosed() {
   finished_ = true;
+  // Sample 0's first event carries its prompt's logprobs; only a failed or cancelled request
+  // (which answers with its error) ends without them.
+  const bool wants_prompt_logprobs = prepared_.echo_logprobs || prepared_.prompt_logprobs >= 0;
+  for (const PromptRun& p : prompts_) {
+    if (wants_prompt_logprobs && !p.got_prompt_logprobs && !error_ && !cancelled_by_client_)
+      error_ = ApiError{500, "the engine ended the request without its prompt logprobs",
+                        "server_error", "", "engine_error"};
+  }
   for (Sample& s : samples_) FinishSample(s, "abort");  // only samples the engine never ended
   const Usage usage = TotalUsage();
   metrics_->CountTokens(usage.prompt_tokens, usage.completion_tokens);
@@ -258,6 +292,8 @@ std::variant<nlohmann::json, ApiError> GenerationJob::Result() const {
     c.finish_reason = s.finish_reason;
     c.tool_calls = s.tool_calls;
     c.reasoning = s.reasoning;
+    c.prompt_logprobs =
+        prompts_[static_cast<size_t>(s.choice_index / prepared_.n)].vllm_prompt_logprobs;
     choices.push_back(std::move(c));
   }
   return FinalBody(meta_, choices, TotalUsage());
@@ -274,6 +310,7 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
   if (!finished_) Pump(wait);
   const bool with_logprobs = prepared_.top_logprobs >= 0;
   for (Sample& s : samples_) {
+    if (s.awaits_prompt_logprobs) continue;  // (an error ends the stream without them)
     if (!s.unsent_text.empty() || !s.unsent_logprobs.empty() || !s.unsent_tool_calls.empty() ||
         !s.unsent_reasoning.empty()) {
       ChoiceOutput c;
@@ -285,8 +322,6 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
       s.unsent_tool_calls.clear();
       c.with_logprobs = with_logprobs;
       c.logprobs = std::move(s.unsent_logprobs);
-      c.text_offset = s.sent_offset;
-      s.sent_offset += static_cast<int64_t>(c.text.size());
       s.unsent_text.clear();
       s.unsent_logprobs.clear();
       *out += SseEvent(ChunkBody(meta_, c, usage_null));

@@ -61,8 +61,11 @@ class GenerationJob {
     std::string full_text;                   // everything released so far (with echo)
     std::string unsent_text;                 // streaming: released but not yet sent
     std::vector<TokenLogprobEntry> logprobs, unsent_logprobs;
+    int64_t logprob_offset = 0;  // text_offset of the next generated token's entry
+    // Echo with logprobs: nothing is streamed until the prompt's entries arrived (they lead the
+    // first chunk, with the echoed text).
+    bool awaits_prompt_logprobs = false;
     std::vector<ToolCall> tool_calls, unsent_tool_calls;
-    int64_t sent_offset = 0;                 // bytes of full_text already streamed
     int32_t num_tokens = 0;
     int64_t last_token_ns = 0;
     bool done = false;
@@ -74,12 +77,17 @@ class GenerationJob {
     int32_t prompt_tokens = 0;
     bool closed = false;
     bool cancel_sent = false;
+    bool got_prompt_logprobs = false;
+    std::optional<nlohmann::json> vllm_prompt_logprobs;  // prompt_logprobs asked (vLLM's field)
   };
 
   GenerationJob(const ServedModel& model, PreparedRequest prepared, Metrics* metrics,
                 int64_t arrival_ns);
   void Pump(std::chrono::milliseconds wait);
   void OnEvent(size_t prompt_idx, const TokenEvent& event);
+  // The prompt's logprobs (sample 0's first event): vLLM's list, and the echo's entries at the
+  // front of each of the prompt's samples' logprobs.
+  void OnPromptLogprobs(size_t prompt_idx, const std::vector<PromptLogprob>& logprobs);
   void FinishSample(Sample& sample, const std::string& reason);
   TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
   void AppendText(Sample& sample, const std::string& text);

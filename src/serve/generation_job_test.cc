@@ -62,14 +62,14 @@ class GenerationJobTest : public ::testing::Test {
     return std::get<json>(result);
   }
 
-  // Concatenated text of the SSE chunks (choice 0) and the finish reason.
-  std::pair<std::string, std::string> RunStream(json body) {
+  // The SSE chunks of a streamed request, up to "data: [DONE]".
+  std::vector<json> StreamChunks(json body) {
     body["stream"] = true;
     auto job = Start(body);
     std::string sse;
     while (job->PollStream(std::chrono::milliseconds(20), &sse)) {
     }
-    std::string text, finish;
+    std::vector<json> chunks;
     size_t pos = 0;
     bool saw_done = false;
     while ((pos = sse.find("data: ", pos)) != std::string::npos) {
@@ -80,14 +80,22 @@ class GenerationJobTest : public ::testing::Test {
         saw_done = true;
         continue;
       }
-      json chunk = json::parse(data);
-      EXPECT_EQ(chunk["object"], "text_completion");
+      chunks.push_back(json::parse(data));
+      EXPECT_EQ(chunks.back()["object"], "text_completion");
+    }
+    EXPECT_TRUE(saw_done);
+    return chunks;
+  }
+
+  // Concatenated text of the SSE chunks (choice 0) and the finish reason.
+  std::pair<std::string, std::string> RunStream(json body) {
+    std::string text, finish;
+    for (const json& chunk : StreamChunks(std::move(body))) {
       for (const json& c : chunk["choices"]) {
         text += c["text"].get<std::string>();
         if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
       }
     }
-    EXPECT_TRUE(saw_done);
     return {text, finish};
   }
 
@@ -165,6 +173,161 @@ TEST_F(GenerationJobTest, ToolSchemasReachTheTemplateInRequestKeyOrder) {
       std::get<PreparedRequest>(prepared).prompts[0].request.prompt_ids, true);
   EXPECT_LT(prompt.find("type"), prompt.find("function")) << prompt;
   EXPECT_LT(prompt.find("zebra"), prompt.find("apple")) << prompt;
+}
+
+// The legacy logprobs object's token entries are where their text is in the choice's text.
+void ExpectOffsetsLocateTokens(const json& choice) {
+  const json& lp = choice["logprobs"];
+  const std::string text = choice["text"];
+  ASSERT_EQ(lp["tokens"].size(), lp["text_offset"].size());
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    const std::string token = lp["tokens"][i];
+    const size_t offset = lp["text_offset"][i];
+    EXPECT_EQ(text.substr(offset, token.size()), token) << "token " << i;
+  }
+}
+
+// echo + logprobs on a token-id prompt: the prompt's tokens lead the logprobs (the first with
+// null logprob and alternatives), its values are the engine's prompt logprobs, the generated
+// part is what the request gives without echo, and the offsets locate every token in the text.
+TEST_F(GenerationJobTest, EchoWithLogprobsCoversThePromptThenTheCompletion) {
+  const std::vector<int32_t> ids = {1, 80, 147, 201, 282, 57};
+  const json request = {{"prompt", ids}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+  json echo_request = request;
+  echo_request["echo"] = true;
+  const json plain = RunToBody(request)["choices"][0];
+  const json body = RunToBody(echo_request);
+  const json& choice = body["choices"][0];
+  const std::string prompt_text = tokenizer_->Decode(ids, false);
+  EXPECT_EQ(choice["text"], prompt_text + plain["text"].get<std::string>());
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + plain["logprobs"]["tokens"].size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  std::string joined;
+  for (const json& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, choice["text"]);
+  ExpectOffsetsLocateTokens(choice);
+
+  GenerationRequest direct;
+  direct.prompt_ids = ids;
+  direct.max_tokens = 0;
+  direct.prompt_logprobs = 2;
+  auto stream = std::get<std::shared_ptr<ResponseStream>>(engine_->Submit(direct));
+  std::vector<TokenEvent> events;
+  std::vector<PromptLogprob> want;
+  while (stream->Next(&events)) {
+    for (TokenEvent& e : events)
+      if (e.prompt_logprobs) want = *e.prompt_logprobs;
+    events.clear();
+  }
+  ASSERT_EQ(want.size(), ids.size() - 1);
+  for (size_t p = 1; p < ids.size(); ++p) {
+    EXPECT_EQ(lp["token_logprobs"][p].get<double>(), double(want[p - 1].logprob)) << p;
+    ASSERT_EQ(lp["top_logprobs"][p].size(), want[p - 1].top_logprobs.size());
+    const std::string best =
+        tokenizer_->Decode(std::vector<int32_t>{want[p - 1].top_logprobs[0].token_id}, false);
+    EXPECT_EQ(lp["top_logprobs"][p][best].get<double>(),
+              double(want[p - 1].top_logprobs[0].logprob));
+  }
+  const json& generated = plain["logprobs"];
+  for (size_t i = 0; i < generated["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["tokens"][ids.size() + i], generated["tokens"][i]);
+    EXPECT_EQ(lp["token_logprobs"][ids.size() + i], generated["token_logprobs"][i]);
+    EXPECT_EQ(lp["top_logprobs"][ids.size() + i], generated["top_logprobs"][i]);
+  }
+
+  // Streamed: the first chunk carries the echoed text and every prompt entry; the chunks' entries
+  // put together equal the body's.
+  const std::vector<json> chunks = StreamChunks(echo_request);
+  ASSERT_FALSE(chunks.empty());
+  const json& first = chunks[0]["choices"][0];
+  EXPECT_EQ(first["text"].get<std::string>().substr(0, prompt_text.size()), prompt_text);
+  ASSERT_GE(first["logprobs"]["tokens"].size(), ids.size());
+  json streamed = {{"tokens", json::array()},
+                   {"token_logprobs", json::array()},
+                   {"top_logprobs", json::array()},
+                   {"text_offset", json::array()}};
+  for (const json& chunk : chunks) {
+    const json& c = chunk["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const json& v : c["logprobs"][key]) streamed[key].push_back(v);
+  }
+  EXPECT_EQ(streamed, lp);
+}
+
+// A text prompt: what the tokenizer adds (a BOS, a leading space) is not in the echoed text: those
+// tokens sit at offset 0, the others where their text is;
+// max_tokens 0 returns the prompt alone with finish_reason "length" and no completion tokens.
+// max_tokens 0 without echo is refused naming the field.
+TEST_F(GenerationJobTest, EchoWithMaxTokensZeroReturnsThePromptAlone) {
+  const json body = RunToBody(
+      {{"prompt", "Once upon a time"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  const json& choice = body["choices"][0];
+  EXPECT_EQ(choice["text"], "Once upon a time");
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 6);
+  // Tokens <|start_story|>, "▁" (the normalizer's prefix), "On", "ce▁", "upon▁a▁tim", "e": the
+  // decoded prompt "<|start_story|> Once upon a time" has 16 bytes before the echoed text.
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  EXPECT_EQ(lp["text_offset"], json({0, 0, 0, 2, 5, 15}));
+  EXPECT_EQ(lp["tokens"], json({"<|start_story|>", " ", "On", "ce ", "upon a tim", "e"}));
+  for (size_t i = 1; i < 6; ++i) EXPECT_LE(lp["token_logprobs"][i], 0.0);
+  const json plain = RunToBody({{"prompt", "Once upon a time"}, {"max_tokens", 0}, {"echo", true}});
+  EXPECT_EQ(plain["choices"][0]["text"], "Once upon a time");
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+  Prepared refused = PrepareCompletion(served_, {{"prompt", "Once"}, {"max_tokens", 0}});
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "max_tokens");
+}
+
+// vLLM's prompt_logprobs: on each completions choice, on the chat body; a list with null first,
+// then per position the prompt token's {logprob, rank, decoded_token} and the top alternatives,
+// keyed by id. Its values are the echo's.
+TEST_F(GenerationJobTest, VllmPromptLogprobsOnCompletionsAndChat) {
+  const std::vector<int32_t> ids = {1, 80, 147, 201, 282, 57};
+  const json body = RunToBody(
+      {{"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}, {"prompt_logprobs", 2}, {"n", 2}});
+  const json echo = RunToBody({{"prompt", ids},
+                               {"max_tokens", 0},
+                               {"echo", true},
+                               {"logprobs", 2}})["choices"][0]["logprobs"];
+  ASSERT_EQ(body["choices"].size(), 2u);
+  const json& list = body["choices"][0]["prompt_logprobs"];
+  EXPECT_EQ(body["choices"][1]["prompt_logprobs"], list);
+  ASSERT_EQ(list.size(), ids.size());
+  EXPECT_TRUE(list[0].is_null());
+  for (size_t p = 1; p < ids.size(); ++p) {
+    const json& position = list[p];
+    EXPECT_GE(position.size(), 2u);
+    EXPECT_LE(position.size(), 3u);
+    const json& own = position[std::to_string(ids[p])];
+    EXPECT_EQ(own["logprob"], echo["token_logprobs"][p]);
+    EXPECT_EQ(own["decoded_token"], tokenizer_->Decode(std::vector<int32_t>{ids[p]}, false));
+    EXPECT_GE(own["rank"].get<int>(), 1);
+    int32_t ranks = 0;
+    for (const auto& [id, item] : position.items()) ranks += item["rank"].get<int>() <= 2;
+    EXPECT_EQ(ranks, 2);
+  }
+  auto tmpl = ChatTemplate::FromSource("{{ messages[0].content }}", "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  served_.chat_template = &*tmpl;
+  Prepared chat = PrepareChat(served_, {{"messages", {{{"role", "user"}, {"content", "Once"}}}},
+                                        {"max_tokens", 1},
+                                        {"prompt_logprobs", 0}});
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(chat)) << std::get<ApiError>(chat).message;
+  const size_t num_prompt = std::get<PreparedRequest>(chat).prompts[0].request.prompt_ids.size();
+  auto job = GenerationJob::Start(served_, std::get<PreparedRequest>(chat), &metrics_, 0);
+  auto& started = std::get<std::unique_ptr<GenerationJob>>(job);
+  while (!started->PollUntilDone(std::chrono::milliseconds(20))) {
+  }
+  const json chat_body = std::get<json>(started->Result());
+  ASSERT_EQ(chat_body["prompt_logprobs"].size(), num_prompt);
+  EXPECT_FALSE(chat_body["choices"][0].contains("prompt_logprobs"));
+  for (size_t p = 1; p < num_prompt; ++p) EXPECT_EQ(chat_body["prompt_logprobs"][p].size(), 1u);
 }
 
 }  // namespace

@@ -17,9 +17,6 @@ json Bytes(const std::string& s) {
   return out;
 }
 
-// JSON cannot hold -inf; OpenAI clamps to -9999.0 for tokens with zero probability.
-double SafeLogprob(float lp) { return lp < -9999.0f ? -9999.0 : double(lp); }
-
 json ChatLogprobs(const std::vector<TokenLogprobEntry>& entries) {
   json content = json::array();
   for (const TokenLogprobEntry& e : entries) {
@@ -34,18 +31,21 @@ json ChatLogprobs(const std::vector<TokenLogprobEntry>& entries) {
   return {{"content", content}, {"refusal", nullptr}};
 }
 
-json CompletionLogprobs(const std::vector<TokenLogprobEntry>& entries, int64_t text_offset) {
+json CompletionLogprobs(const std::vector<TokenLogprobEntry>& entries) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
        offsets = json::array();
-  int64_t offset = text_offset;
   for (const TokenLogprobEntry& e : entries) {
     tokens.push_back(e.token);
+    offsets.push_back(e.text_offset);
+    if (e.null_logprob) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(SafeLogprob(e.logprob));
     json alternatives = json::object();
     for (const auto& [tok, lp] : e.top) alternatives[tok] = SafeLogprob(lp);
     top.push_back(alternatives);
-    offsets.push_back(offset);
-    offset += static_cast<int64_t>(e.token.size());
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},
@@ -56,7 +56,7 @@ json CompletionLogprobs(const std::vector<TokenLogprobEntry>& entries, int64_t t
 json LogprobsJson(const ResponseMeta& meta, const ChoiceOutput& c) {
   if (!c.with_logprobs) return nullptr;
   return meta.endpoint == Endpoint::kChat ? ChatLogprobs(c.logprobs)
-                                          : CompletionLogprobs(c.logprobs, c.text_offset);
+                                          : CompletionLogprobs(c.logprobs);
 }
 
 json Envelope(const ResponseMeta& meta, const char* object) {
@@ -98,6 +98,10 @@ json ToolCallsJson(const std::vector<ToolCall>& calls, bool with_index) {
 
 }  // namespace
 
+double SafeLogprob(float logprob) {
+  return logprob < -9999.0f ? -9999.0 : double(logprob);
+}
+
 std::string NewResponseId(Endpoint endpoint) {
   return std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + UniqueSuffix();
 }
@@ -128,10 +132,13 @@ json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choice
       if (!c.tool_calls.empty()) choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
     } else {
       choice["text"] = c.text;
+      if (c.prompt_logprobs) choice["prompt_logprobs"] = *c.prompt_logprobs;
     }
     list.push_back(std::move(choice));
   }
   body["choices"] = std::move(list);
+  if (chat && !choices.empty() && choices[0].prompt_logprobs)
+    body["prompt_logprobs"] = *choices[0].prompt_logprobs;
   body["usage"] = UsageJson(usage);
   return body;
 }

@@ -24,11 +24,14 @@ struct ResponseMeta {
   std::string model;
 };
 
-// One generated token's logprob information (token strings already decoded).
+// One token's logprob information (token strings already decoded): a generated token, or a
+// prompt token of an echo (completions).
 struct TokenLogprobEntry {
   std::string token;
   float logprob = 0.0f;
   std::vector<std::pair<std::string, float>> top;  // desc by logprob
+  int64_t text_offset = 0;    // completions: where the token's text starts in the choice's text
+  bool null_logprob = false;  // an echoed prompt's first token: logprob and top are null
 };
 
 struct Usage {
@@ -41,12 +44,17 @@ struct ChoiceOutput {
   std::string text;
   bool with_logprobs = false;
   std::vector<TokenLogprobEntry> logprobs;
-  int64_t text_offset = 0;              // completions: where `text` starts in the choice
   std::optional<std::string> finish_reason;
   std::string reasoning;                // chat: reasoning_content (a thinking model's <think>)
   std::vector<ToolCall> tool_calls;     // chat: the calls (a final body's content is null when
                                         // it has calls and no text)
+  // vLLM's prompt_logprobs of the choice's prompt (prompt_logprobs.h), when asked: a final
+  // body has it on the choice (completions) or on the body, from the first choice (chat).
+  std::optional<nlohmann::json> prompt_logprobs;
 };
+
+// A logprob as JSON holds it: JSON has no -inf, so (as OpenAI) anything below -9999 is -9999.
+double SafeLogprob(float logprob);
 
 std::string NewResponseId(Endpoint endpoint);
 std::string NewToolCallId();  // "call_" + 24 hex digits, unique in this process

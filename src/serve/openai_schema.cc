@@ -39,6 +39,11 @@ class ObjectReader {
  public:
   ObjectReader(const json& object, std::string path) : object_(object), path_(std::move(path)) {}
 
+  // The field's value without consuming it (null when absent).
+  const json* Peek(const std::string& name) const {
+    auto it = object_.find(name);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
   const json* Get(const std::string& name) {
     known_.insert(name);
     auto it = object_.find(name);
@@ -178,14 +183,22 @@ MaybeError ParseLogitBias(ObjectReader& r, const SchemaLimits& limits,
   return std::nullopt;
 }
 
-// Fields common to both endpoints (everything but the prompt/messages and logprobs).
-MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, CommonParams* p) {
+// Fields common to both endpoints (everything but the prompt/messages and logprobs). `echo`: the
+// request echoes its prompt (completions), which max_tokens 0 needs.
+MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, bool echo, CommonParams* p) {
   EMBER_RETURN_IF_API_ERROR(r.String("model", &p->model));
   std::optional<int32_t> max_tokens, max_completion_tokens;
-  EMBER_RETURN_IF_API_ERROR(r.Int32("max_tokens", 1, INT32_MAX, &max_tokens));
-  EMBER_RETURN_IF_API_ERROR(
-      r.Int32("max_completion_tokens", 1, INT32_MAX, &max_completion_tokens));
+  EMBER_RETURN_IF_API_ERROR(r.Int32("max_tokens", 0, INT32_MAX, &max_tokens));
+  EMBER_RETURN_IF_API_ERROR(r.Int32("max_completion_tokens", 0, INT32_MAX, &max_completion_tokens));
   p->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  // 0 generates nothing: only an echo of the prompt (completions) makes sense of it.
+  if (p->max_tokens == 0 && !echo) {
+    const std::string field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
+    return InvalidRequest(r.Path(field) +
+                              ": must be at least 1 (0 only on /v1/completions with "
+                              "echo, which returns the prompt alone), got 0",
+                          r.Path(field));
+  }
   EMBER_RETURN_IF_API_ERROR(r.Float("temperature", 0.0, 2.0, false, &p->temperature));
   EMBER_RETURN_IF_API_ERROR(r.Float("top_p", 0.0, 1.0, /*lo_open=*/true, &p->top_p));
   EMBER_RETURN_IF_API_ERROR(r.Float("min_p", 0.0, 1.0, false, &p->min_p));
@@ -218,6 +231,16 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, CommonParams
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);
   EMBER_RETURN_IF_API_ERROR(r.Bool("stream", &p->stream));
+  std::optional<int32_t> prompt_logprobs;
+  EMBER_RETURN_IF_API_ERROR(
+      r.Int32("prompt_logprobs", 0, limits.max_top_logprobs, &prompt_logprobs));
+  if (prompt_logprobs && p->stream) {
+    return InvalidRequest(r.Path("prompt_logprobs") +
+                              ": not available with stream (as vLLM); "
+                              "use echo with logprobs on completions",
+                          r.Path("prompt_logprobs"), "unsupported_value");
+  }
+  p->prompt_logprobs = prompt_logprobs.value_or(-1);
   if (const json* so = r.Get("stream_options")) {
     const std::string path = r.Path("stream_options");
     if (!so->is_object()) return WrongType(path, "an object", *so);
@@ -470,7 +493,7 @@ std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const Schem
                                          ChatRequest* out) {
   if (!body.is_object()) return WrongType("body", "a JSON object", body);
   ObjectReader r(body, "");
-  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, &out->params));
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, /*echo=*/false, &out->params));
 
   const nlohmann::json* messages = r.Get("messages");
   if (messages == nullptr)
@@ -564,17 +587,14 @@ std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
                                                const SchemaLimits& limits, CompletionRequest* out) {
   if (!body.is_object()) return WrongType("body", "a JSON object", body);
   ObjectReader r(body, "");
-  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, &out->params));
+  const nlohmann::json* echo = r.Peek("echo");  // read (and type-checked) below
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(
+      r, limits, echo != nullptr && echo->is_boolean() && echo->get<bool>(), &out->params));
   EMBER_RETURN_IF_API_ERROR(ParsePrompt(r.Get("prompt"), limits, &out->prompts));
   std::optional<int32_t> logprobs;
   EMBER_RETURN_IF_API_ERROR(r.Int32("logprobs", 0, limits.max_top_logprobs, &logprobs));
   out->params.top_logprobs = logprobs.value_or(-1);
   EMBER_RETURN_IF_API_ERROR(r.Bool("echo", &out->echo));
-  if (out->echo && logprobs) {
-    return InvalidRequest("echo: cannot be combined with logprobs (prompt logprobs are not "
-                          "implemented)",
-                          "echo", "unsupported_value");
-  }
   EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));  // as vLLM: also here
   return r.CheckUnknown();
 }

@@ -28,7 +28,7 @@ struct SchemaLimits {
 // Fields shared by chat and completions. Unset optionals fall back to the model's defaults.
 struct CommonParams {
   std::string model;  // "" when absent
-  std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens
+  std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens (0 only with echo)
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k;
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;
@@ -39,6 +39,9 @@ struct CommonParams {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int32_t top_logprobs = -1;   // -1: no logprobs; else the chosen token + this many alternatives
+  // vLLM's prompt_logprobs (-1: absent): each prompt token's logprob + this many alternatives,
+  // returned as vLLM does (not with stream).
+  int32_t prompt_logprobs = -1;
   // vLLM's extensions: generate through the model's EOS ids (the request's stop strings still
   // stop), and mask the EOS ids until this many tokens were generated.
   bool ignore_eos = false;
@@ -72,6 +75,8 @@ struct PromptInput {
 struct CompletionRequest {
   CommonParams params;
   std::vector<PromptInput> prompts;  // one per prompt in the batch, >= 1
+  // The prompt leads each choice's text; with logprobs (params.top_logprobs) its tokens lead the
+  // logprobs too (the first with null logprobs).
   bool echo = false;
 };
 

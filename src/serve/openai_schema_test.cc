@@ -197,6 +197,13 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
       {R"({"messages":[{"role":"user","content":"hi"}],"min_tokens":-1})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"min_tokens":5})",
        "min_tokens"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0})",
+       "max_completion_tokens"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"echo":true,"max_tokens":0})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"echo":true})", "echo"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"prompt_logprobs":21})", "prompt_logprobs"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"prompt_logprobs":true})",
+       "prompt_logprobs"},
   };
   for (const BadCase& c : cases) {
     auto err = Chat(c.body);
@@ -249,6 +256,29 @@ TEST(OpenAiSchemaTest, CompletionPromptForms) {
   EXPECT_EQ(d.prompts.size(), 2u);
 }
 
+// echo with logprobs covers the prompt; max_tokens 0 only echoes it; prompt_logprobs (vLLM) on
+// both endpoints, not with stream.
+TEST(OpenAiSchemaTest, PromptLogprobsEchoAndMaxTokensZero) {
+  CompletionRequest a, b;
+  ASSERT_FALSE(Completion(R"({"prompt":"x","echo":true,"logprobs":1,"max_tokens":0})", &a));
+  EXPECT_TRUE(a.echo);
+  EXPECT_EQ(a.params.top_logprobs, 1);
+  EXPECT_EQ(a.params.max_tokens, 0);
+  EXPECT_EQ(a.params.prompt_logprobs, -1);
+  ASSERT_FALSE(Completion(R"({"prompt":"x","prompt_logprobs":3,"max_completion_tokens":2})", &b));
+  EXPECT_EQ(b.params.prompt_logprobs, 3);
+  EXPECT_FALSE(b.echo);
+  ChatRequest c;
+  ASSERT_FALSE(ParseChatRequest(
+      json::parse(R"({"messages":[{"role":"user","content":"hi"}],"prompt_logprobs":0})"), Limits(),
+      &c));
+  EXPECT_EQ(c.params.prompt_logprobs, 0);
+  auto err = Completion(R"({"prompt":"x","max_tokens":0})");
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->message.find("0 only on /v1/completions with echo"), std::string::npos)
+      << err->message;
+}
+
 TEST(OpenAiSchemaTest, BadCompletionRequestsNameTheField) {
   const BadCase cases[] = {
       {R"({})", "prompt"},
@@ -259,7 +289,15 @@ TEST(OpenAiSchemaTest, BadCompletionRequestsNameTheField) {
       {R"({"prompt":"x","best_of":2})", "best_of"},
       {R"({"prompt":"x","suffix":"y"})", "suffix"},
       {R"({"prompt":"x","logprobs":true})", "logprobs"},
-      {R"({"prompt":"x","logprobs":1,"echo":true})", "echo"},
+      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":0,"echo":false})", "max_tokens"},
+      {R"({"prompt":"x","max_completion_tokens":0,"logprobs":1})", "max_completion_tokens"},
+      {R"({"prompt":"x","max_tokens":-1,"echo":true})", "max_tokens"},
+      {R"({"prompt":"x","echo":1})", "echo"},
+      {R"({"prompt":"x","prompt_logprobs":-1})", "prompt_logprobs"},
+      {R"({"prompt":"x","prompt_logprobs":21})", "prompt_logprobs"},
+      {R"({"prompt":"x","prompt_logprobs":"2"})", "prompt_logprobs"},
+      {R"({"prompt":"x","prompt_logprobs":1,"stream":true})", "prompt_logprobs"},
   };
   for (const BadCase& c : cases) {
     auto err = Completion(c.body);

@@ -80,10 +80,12 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   // A default max_tokens must also fit the KV cache, or every request without one would fail.
   const int64_t kv_room =
       model.engine != nullptr ? model.engine->kv_capacity_tokens() - prompt_len : room;
-  if (room < 1) {
+  const bool prompt_only = p.max_tokens == 0;  // echo with max_tokens 0: nothing to generate
+  if (room < (prompt_only ? 0 : 1)) {
     return InvalidRequest("This model's maximum context length is " +
-                              std::to_string(model.context_length) + " tokens, but the prompt has " +
-                              std::to_string(prompt_len) + " tokens (no room to generate)",
+                              std::to_string(model.context_length) +
+                              " tokens, but the prompt has " + std::to_string(prompt_len) +
+                              (prompt_only ? " tokens" : " tokens (no room to generate)"),
                           prompt_field, "context_length_exceeded");
   }
   int64_t max_tokens;
@@ -118,6 +120,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   r->constraint = constraint;
   r->sampling = ToSampling(model, p);
   r->n = p.n;
+  r->prompt_logprobs = p.prompt_logprobs;
   Status st = r->sampling.Validate(model.vocab_size);
   if (!st.ok()) {
     const std::string& m = st.message();
@@ -134,6 +137,7 @@ PreparedRequest Skeleton(Endpoint endpoint, const CommonParams& p) {
   out.stream = p.stream;
   out.include_usage = p.include_usage;
   out.top_logprobs = p.top_logprobs;
+  out.prompt_logprobs = p.prompt_logprobs;
   return out;
 }
 
@@ -274,6 +278,7 @@ Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
   if (auto err = ParseCompletionRequest(body, LimitsFor(model), &req)) return *err;
   if (auto err = CheckModelName(model, req.params)) return *err;
   PreparedRequest out = Skeleton(Endpoint::kCompletion, req.params);
+  out.echo_logprobs = req.echo && req.params.top_logprobs >= 0;
   // (Only a JSON schema needs the key order here.)
   auto constraint = OutputConstraint(model, req.params, body,
                                      req.params.json_schema ? ParseOrdered(raw_body) : ordered());
@@ -292,6 +297,10 @@ Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
             FinishRequest(model, req.params, Endpoint::kCompletion, "prompt",
                           std::get<Constraint>(constraint), &prompt.request))
       return *err;
+    // The echo's logprobs need the prompt's (as many alternatives as either field asks).
+    if (out.echo_logprobs)
+      prompt.request.prompt_logprobs =
+          std::max(req.params.top_logprobs, req.params.prompt_logprobs);
     out.prompts.push_back(std::move(prompt));
   }
   return out;

@@ -71,6 +71,12 @@ struct PreparedRequest {
   bool stream = false;
   bool include_usage = false;
   int32_t top_logprobs = -1;  // -1: no logprobs
+  // Completions with echo and logprobs: each choice's logprobs start with its prompt's tokens
+  // (top_logprobs alternatives each; the engine request asks for the prompt logprobs).
+  bool echo_logprobs = false;
+  // vLLM's prompt_logprobs (-1: not asked): returned on each choice (completions) or on the body
+  // (chat), as vLLM does.
+  int32_t prompt_logprobs = -1;
   // Chat with tools: parse each sample's calls out of its text (kNone: no parsing).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   bool parallel_tool_calls = true;  // false: a sample ends after its first call

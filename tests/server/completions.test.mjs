@@ -1,6 +1,7 @@
 // /v1/completions against the real TinyStories-656K model, driven by the official openai client:
 // greedy non-streaming vs streaming, n, stop strings, logprobs, seeds (alone and under load),
-// 32 concurrent identical requests, prompt forms, echo, cancellation mid-stream.
+// 32 concurrent identical requests, prompt forms, echo, echo + logprobs (prompt logprobs, also
+// vLLM's prompt_logprobs), cancellation mid-stream.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { getJson, missing, postJson, startServer, tinyStoriesDir, waitFor } from './helpers.mjs';
@@ -154,6 +155,65 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     assert.equal(batch.usage.prompt_tokens, 6 + (await greedy({ prompt: 'The dog', max_tokens: 1 })).usage.prompt_tokens);
     const echo = await greedy({ max_tokens: 16, echo: true });
     assert.equal(echo.choices[0].text, PROMPT + byText.choices[0].text);
+  });
+
+  test('echo + logprobs score the prompt (lm-eval style), streamed as in the body', async () => {
+    const params = { model: 'test-model', prompt: PROMPT, max_tokens: 4, temperature: 0, echo: true,
+                     logprobs: 2 };
+    const r = await client.completions.create(params);
+    const c = r.choices[0];
+    assert.ok(c.text.startsWith(PROMPT), c.text);
+    const lp = c.logprobs;
+    assert.equal(lp.tokens.length, 6 + r.usage.completion_tokens);  // BOS + 5 prompt tokens first
+    assert.equal(lp.token_logprobs[0], null);
+    assert.equal(lp.top_logprobs[0], null);
+    for (let i = 1; i < lp.tokens.length; i++) {
+      assert.ok(lp.token_logprobs[i] <= 0);
+      const alts = Object.values(lp.top_logprobs[i]);
+      assert.ok(alts.length >= 1 && alts.length <= 2);
+      assert.ok(Math.max(...alts) >= lp.token_logprobs[i]);
+    }
+    const generated = lp.text_offset.slice(6);
+    assert.equal(generated[0], PROMPT.length);  // the completion's tokens start after the echo
+
+    const stream = await client.completions.create({ ...params, stream: true });
+    const got = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+    let text = '';
+    let first = null;
+    for await (const chunk of stream) {
+      for (const ch of chunk.choices) {
+        if (first === null && ch.text) first = ch;
+        text += ch.text;
+        if (!ch.logprobs) continue;
+        for (const k of Object.keys(got)) got[k].push(...ch.logprobs[k]);
+      }
+    }
+    assert.ok(first.text.startsWith(PROMPT));  // the first chunk: the echo and the prompt's entries
+    assert.ok(first.logprobs.tokens.length >= 6);
+    assert.equal(text, c.text);
+    for (const k of Object.keys(got)) assert.deepEqual(got[k].slice(0, 6), lp[k].slice(0, 6), k);
+    assert.deepEqual(got, { tokens: lp.tokens, token_logprobs: lp.token_logprobs,
+                            top_logprobs: lp.top_logprobs, text_offset: lp.text_offset });
+
+    // max_tokens 0: the prompt alone, the same prompt entries, no completion tokens.
+    const only = await client.completions.create({ ...params, max_tokens: 0 });
+    assert.equal(only.choices[0].text, PROMPT);
+    assert.equal(only.choices[0].finish_reason, 'length');
+    assert.equal(only.usage.completion_tokens, 0);
+    assert.deepEqual(only.choices[0].logprobs.token_logprobs, lp.token_logprobs.slice(0, 6));
+  });
+
+  test('prompt_logprobs (vLLM extension) on each choice', async () => {
+    const r = await postJson(server.baseURL, '/v1/completions',
+      { model: 'test-model', prompt: [1, 80, 147, 201, 282, 57], max_tokens: 1, prompt_logprobs: 1 });
+    assert.equal(r.status, 200, r.text);
+    const list = r.json.choices[0].prompt_logprobs;
+    assert.equal(list.length, 6);
+    assert.equal(list[0], null);
+    for (const [p, id] of [[1, 80], [2, 147], [5, 57]]) {
+      const own = list[p][String(id)];
+      assert.ok(own.logprob <= 0 && own.rank >= 1 && typeof own.decoded_token === 'string');
+    }
   });
 
   test('cancelling mid-stream frees the sequence; the server stays healthy', async () => {

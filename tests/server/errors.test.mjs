@@ -47,6 +47,13 @@ describe('errors (tinystories-656k)', { skip: skip ?? false }, () => {
     assertError(await completions({ prompt: PROMPT, frobnicate: true }), 400, 'frobnicate');
     assertError(await completions({ prompt: [1, 5000] }), 400, 'prompt');
     assertError(await completions({ max_tokens: 5 }), 400, 'prompt');
+    // max_tokens 0 only echoes a prompt; prompt_logprobs (vLLM) is an integer in [0, 20], not streamed.
+    assertError(await completions({ prompt: PROMPT, max_tokens: 0 }), 400, 'max_tokens');
+    assertError(await completions({ prompt: PROMPT, prompt_logprobs: -1 }), 400, 'prompt_logprobs');
+    assertError(await completions({ prompt: PROMPT, prompt_logprobs: 21 }), 400, 'prompt_logprobs');
+    assertError(await completions({ prompt: PROMPT, prompt_logprobs: 'all' }), 400, 'prompt_logprobs');
+    assertError(await completions({ prompt: PROMPT, prompt_logprobs: 1, stream: true }), 400,
+                'prompt_logprobs');
     // NaN cannot be written in JSON; 1e999 overflows the parser: both are rejected.
     assertError(await completions('{"prompt": "x", "temperature": NaN}'), 400);
     assertError(await completions('{"prompt": "x", "temperature": 1e999}'), 400);
