@@ -827,12 +827,14 @@ TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
 // their captures exactly once, also captures larger than std::function's small buffer.
 // MoeMlp (moe.cu) against a double-precision reference routed by the CPU twin (moe_route.h),
 // in both modes; the rows of a batch give the bits they give alone (tiles of one expert mix rows).
+// 100 rows take the separate route kernel, fewer the one fused into the schedule.
 TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
   const int64_t d = 64, inter = 40;
   const int32_t num_experts = 8;
   for (bool f32 : {true, false}) {
     for (const auto& [rows, top_k, normalize] :
-         std::vector<std::tuple<int64_t, int32_t, bool>>{{1, 2, true}, {37, 2, true}, {9, 3, false}}) {
+         std::vector<std::tuple<int64_t, int32_t, bool>>{
+             {1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}) {
       SCOPED_TRACE(::testing::Message() << (f32 ? "f32" : "bf16") << " rows " << rows << " top "
                                         << top_k);
       auto b = Make(f32);

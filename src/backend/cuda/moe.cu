@@ -27,18 +27,18 @@ namespace {
 
 constexpr int kRouteWarps = 4;
 constexpr int kScheduleThreads = 1024;
+constexpr int kFusedRouteRows = 64;   // steps of up to this many rows route inside the schedule
 constexpr int kMaxExperts = 32 * 32;  // the route kernel's per-lane chosen mask covers 32 each
 constexpr int kMaxTopK = 32;
 constexpr int kWarps = 8;  // gate/up and down blocks
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
 
-__global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int32_t num_experts,
-                               int32_t top_k, bool normalize, int32_t* __restrict__ ids,
-                               float* __restrict__ weights) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (row >= n) return;
+// One row, by one whole warp.
+__device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t num_experts,
+                         int32_t top_k, bool normalize, int32_t* __restrict__ ids,
+                         float* __restrict__ weights) {
+  const int lane = threadIdx.x % 32;
   const float* l = logits + row * num_experts;
   float max = -INFINITY;
   for (int e = lane; e < num_experts; e += 32) max = fmaxf(max, l[e]);
@@ -93,12 +93,26 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int3
   }
 }
 
+__global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int32_t num_experts,
+                               int32_t top_k, bool normalize, int32_t* __restrict__ ids,
+                               float* __restrict__ weights) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (row < n) RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
+}
+
 // One block. Pairs p = row * top_k + slot; sorted[offset[e] + j] is the j-th pair (by row) routed
 // to expert e, pair_pos its inverse; tiles[3 t ..] = {expert, first, end} in sorted positions.
-__global__ void MoeScheduleKernel(const int32_t* __restrict__ ids, int32_t pairs,
+// With route_rows (steps of up to kFusedRouteRows rows: one launch fewer) the block's warps first
+// route those rows themselves.
+__global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t route_rows,
+                                  bool normalize, int32_t* __restrict__ ids,
+                                  float* __restrict__ weights, int32_t pairs, int32_t top_k,
                                   int32_t num_experts, int32_t* __restrict__ sorted,
                                   int32_t* __restrict__ pair_pos, int32_t* __restrict__ tiles,
                                   int32_t* __restrict__ num_tiles) {
+  for (int64_t row = threadIdx.x / 32; row < route_rows; row += blockDim.x / 32)
+    RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
+  __syncthreads();  // (the block's own global writes are visible to it after the barrier)
   __shared__ int32_t count[kMaxExperts];
   __shared__ int32_t offset[kMaxExperts];
   __shared__ int32_t tile_base[kMaxExperts];
@@ -204,11 +218,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ float xs[];  // [rows, d]
   Tile t;
   if (!LoadTile(tiles, num_tiles, &t)) return;
-  for (int r = 0; r < t.rows; ++r) {
+  // 8 values (one 16-byte bf16 load or two f32 ones) per thread and step.
+  for (int64_t i = threadIdx.x; i < t.rows * d / 8; i += blockDim.x) {
+    const int64_t r = i / (d / 8), c = i % (d / 8) * 8;
     const int64_t row = sorted[t.first + r] / top_k;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-      xs[r * d + c] = x_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(x)[row * d + c])
-                             : static_cast<const float*>(x)[row * d + c];
+    float4* dst = reinterpret_cast<float4*>(xs + r * d + c);
+    if (x_bf16) {
+      float f[8];
+      Loads<__nv_bfloat16>::Get(static_cast<const __nv_bfloat16*>(x) + row * d + c, f);
+      dst[0] = make_float4(f[0], f[1], f[2], f[3]);
+      dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+    } else {
+      const float4* src =
+          reinterpret_cast<const float4*>(static_cast<const float*>(x) + row * d + c);
+      dst[0] = src[0];
+      dst[1] = src[1];
     }
   }
   __syncthreads();
@@ -247,8 +271,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ float as[];  // [rows, inter]
   Tile t;
   if (!LoadTile(tiles, num_tiles, &t)) return;
-  for (int64_t i = threadIdx.x; i < t.rows * inter; i += blockDim.x)
-    as[i] = act[t.first * inter + i];
+  for (int64_t i = threadIdx.x; i < t.rows * inter / 4; i += blockDim.x)
+    reinterpret_cast<float4*>(as)[i] = reinterpret_cast<const float4*>(act + t.first * inter)[i];
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const W* d_w = down[t.expert];
@@ -334,13 +358,17 @@ void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
   CHECK(MoeSupported(a.num_experts, a.top_k, a.d, a.inter))
       << a.num_experts << " experts, top " << a.top_k << ", d " << a.d << ", inter " << a.inter;
   if (a.rows == 0) return;
-  MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
-                   kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
-                                                  a.num_experts, a.top_k, a.normalize, a.ids,
-                                                  a.weights);
-  CUDA_CHECK(cudaGetLastError());
+  const bool fused_route = a.rows <= kFusedRouteRows;
+  if (!fused_route) {
+    MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
+                     kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
+                                                    a.num_experts, a.top_k, a.normalize, a.ids,
+                                                    a.weights);
+    CUDA_CHECK(cudaGetLastError());
+  }
   MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
-      a.ids, static_cast<int32_t>(a.rows * a.top_k), a.num_experts, a.sorted, a.pair_pos, a.tiles,
+      a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.normalize, a.ids, a.weights,
+      static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, a.sorted, a.pair_pos, a.tiles,
       a.num_tiles);
   CUDA_CHECK(cudaGetLastError());
   if (a.w_bf16) {
