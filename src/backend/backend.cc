@@ -54,7 +54,7 @@ std::string Backend::MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const {
   return "the " + name() + " backend has no mixture-of-experts kernels";
 }
 
-void Backend::MoeMlp(const Tensor&, const Tensor&, const MoeExperts&, Tensor) {
+void Backend::MoeMlp(const Tensor&, const MoeExperts&, Tensor) {
   CHECK(false) << "backend " << name() << " has no MoeMlp";
 }
 

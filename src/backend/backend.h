@@ -94,9 +94,11 @@ struct AttentionParams {
 
 enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
 
-// One mixture-of-experts MLP (Backend::MoeMlp): expert e maps a row x to
+// One mixture-of-experts MLP (Backend::MoeMlp): the router [num_experts, d] scores the experts
+// of a row x (logits router x, in float32), expert e maps it to
 // down[e] (silu(gate[e] x) * up[e] x); gate[e], up[e] [inter, d], down[e] [d, inter].
 struct MoeExperts {
+  Tensor router;
   std::vector<Tensor> gate, up, down;  // one per expert
   int32_t top_k = 0;                   // experts per row
   bool normalize = false;              // renormalise the top k probabilities to sum 1
@@ -126,7 +128,7 @@ class Backend {
   virtual Status BeginStep(const BatchPlan& plan) = 0;
   // A float32 activation buffer from the step workspace (contents undefined).
   virtual Tensor Alloc(std::initializer_list<int64_t> shape) = 0;
-  // A step buffer that only MatMul (as x) and MoeMlp read and only RmsNorm, AddRmsNorm (out), SiluMul and
+  // A step buffer that only MatMul reads (as x) and only RmsNorm, AddRmsNorm (out), SiluMul and
   // GeluTanhMul (out) write. Its element type is the backend's choice: float32 (this default),
   // or the GEMM operand type (the CUDA bf16 mode at cuBLAS row counts: the writer rounds once
   // and MatMul converts nothing, with the bits a conversion would give). Those ops accept it.
@@ -157,16 +159,16 @@ class Backend {
   // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
-  // Mixture of experts: per row i, the experts E_i = MoeRoute(router_logits[i], top_k,
-  // normalize) (moe_route.h) with weights p_e, and out[i] = sum over E_i in ascending expert
-  // order of p_e * expert_e(x[i]) (transformers' order). x, out [rows, d]; router_logits
-  // [rows, num_experts] float32. Only for shapes MoeUnsupported accepts (models it refuses are
-  // refused at load).
+  // Mixture of experts: per row i, the router's logits l_i = router x[i] (float32 throughout:
+  // a routing decision is the most rounding-sensitive step of the layer), the experts
+  // E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h) with weights p_e, and out[i] = sum over
+  // E_i in ascending expert order of p_e * expert_e(x[i]) (transformers' order). x, out
+  // [rows, d] float32. Only for shapes MoeUnsupported accepts (models it refuses are refused at
+  // load).
   // Why this backend cannot run such an MoeMlp ("" when it can).
   virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
                                      int64_t inter) const;
-  virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
-                      Tensor out);
+  virtual void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out);
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

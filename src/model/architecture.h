@@ -22,8 +22,7 @@ struct LayerWeights {
   std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
   Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter] (dense MLP)
   bool moe = false;                          // the MLP is a mixture of experts (qwen3_moe):
-  Tensor router;                             //   [num_experts, hidden]  mlp.gate
-  MoeExperts experts;                        //   mlp.experts.E.{gate,up,down}_proj
+  MoeExperts experts;                        //   mlp.gate, mlp.experts.E.{gate,up,down}_proj
   int32_t rope_id = 0;                       // global or local rope table
   int32_t sliding_window = 0;                // 0: full attention
 };

@@ -3,7 +3,7 @@
 // MLPs), phi3 (fused projections, split into row views at load; partial rotary). Pre-norm blocks:
 //   x = embed(tokens)
 //   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x))) * up(..))
-//               (MoE layers: x += MoeMlp(norm(x), router(norm(x))), Backend::MoeMlp)
+//               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
 //   logits = lm_head(norm(x))[logits_rows]
 #include "model/architecture.h"
 
@@ -31,13 +31,13 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, nullptr, delta);
     // ---- MLP block ----
-    be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    if (w.moe) {
-      Tensor router_logits = be.Alloc({n, w.router.rows()});
-      be.MatMul(xn, w.router, nullptr, router_logits);
-      be.MoeMlp(xn, router_logits, w.experts, delta);
+    if (w.moe) {  // its input stays float32 (xn may be a bf16 GEMM operand)
+      Tensor xm = be.Alloc({n, d});
+      be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xm);
+      be.MoeMlp(xm, w.experts, delta);
       continue;
     }
+    be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
     be.MatMul(xn, w.w_gate, nullptr, gate);
     be.MatMul(xn, w.w_up, nullptr, up);
     be.SiluMul(gate, up, act);

@@ -67,7 +67,8 @@ bool SameRope(const RopeConfig& a, const RopeConfig& b) {
 Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up,
                    LayerWeights* w) {
   const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
-  EMBER_ASSIGN_OR_RETURN(w->router, up.Get(prefix + "mlp.gate.weight", {c.num_experts, d}));
+  EMBER_ASSIGN_OR_RETURN(w->experts.router,
+                         up.Get(prefix + "mlp.gate.weight", {c.num_experts, d}));
   w->experts.top_k = c.num_experts_per_tok;
   w->experts.normalize = c.norm_topk_prob;
   for (int32_t e = 0; e < c.num_experts; ++e) {

@@ -356,8 +356,7 @@ class CpuBackend final : public Backend {
   void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
 
   std::string MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const override { return ""; }
-  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
-              Tensor out) override;
+  void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
 
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override {
     const int64_t count = gate.numel();
@@ -509,11 +508,11 @@ class CpuBackend final : public Backend {
   void StepIds(int64_t rows) {
     if (step_ids_.size() < static_cast<size_t>(rows)) step_ids_.resize(static_cast<size_t>(rows), -1);
   }
-  // MoeMlp's working set, reused by every call: the rows routed to each expert (row, weight),
-  // and the gathered rows and their expert's activations.
+  // MoeMlp's working set, reused by every call: the router logits, the rows routed to each
+  // expert (row, weight), and the gathered rows and their expert's activations.
   std::vector<std::vector<std::pair<int64_t, float>>> moe_rows_;
   std::vector<int32_t> moe_ids_;
-  std::vector<float> moe_weights_, moe_x_, moe_gate_, moe_up_, moe_act_, moe_y_;
+  std::vector<float> moe_logits_, moe_weights_, moe_x_, moe_gate_, moe_up_, moe_act_, moe_y_;
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;
@@ -526,19 +525,21 @@ class CpuBackend final : public Backend {
 // Each expert runs over the rows routed to it as one batch (gather, gate/up, activation, down);
 // its rows' results are added into out in ascending expert order. cpu::MatMul computes a row the
 // same way whatever the batch, so a row's result does not depend on the other rows.
-void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
-                        Tensor out) {
+void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
   const int64_t n = x.rows(), d = x.cols();
   const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
   const int32_t k = experts.top_k;
   CHECK(num_experts > 0 && experts.up.size() == experts.gate.size() &&
         experts.down.size() == experts.gate.size());
-  CHECK_EQ(router_logits.rows(), n);
-  CHECK_EQ(router_logits.cols(), num_experts);
+  CHECK(experts.router.rows() == num_experts && experts.router.cols() == d)
+      << "router " << ShapeString(experts.router);
   CHECK_EQ(out.rows(), n);
   CHECK_EQ(out.cols(), d);
   const int64_t inter = experts.gate[0].rows();
-  const float* logits = F(router_logits);
+  moe_logits_.resize(static_cast<size_t>(n * num_experts));
+  cpu::MatMul(F(x), n, d, experts.router.data, experts.router.dtype, num_experts, nullptr,
+              moe_logits_.data(), *pool_);
+  const float* logits = moe_logits_.data();
   moe_ids_.resize(static_cast<size_t>(n * k));
   moe_weights_.resize(static_cast<size_t>(n * k));
   moe_rows_.resize(static_cast<size_t>(num_experts));

@@ -189,8 +189,7 @@ class CudaBackend final : public Backend {
            "expert widths that are multiples of 8 and at most " +
            std::to_string(cuda::kMoeMaxSmem / 4 / cuda::kMoeTileRows);
   }
-  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
-              Tensor out) override;
+  void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
@@ -1064,16 +1063,16 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
                    });
 }
 
-void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeExperts& experts,
-                         Tensor out) {
+void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
   const int64_t rows = x.rows(), d = x.cols();
   const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
   CHECK(num_experts > 0 && experts.up.size() == experts.gate.size() &&
         experts.down.size() == experts.gate.size());
-  CHECK_EQ(router_logits.rows(), rows);
-  CHECK_EQ(router_logits.cols(), num_experts);
-  CHECK(router_logits.dtype == DType::kF32 && out.dtype == DType::kF32);
-  CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
+  CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
+  CHECK(experts.router.rows() == num_experts && experts.router.cols() == d &&
+        experts.router.dtype == experts.gate[0].dtype)
+      << "router " << ShapeString(experts.router) << " " << DTypeName(experts.router.dtype);
+  CHECK_EQ(reinterpret_cast<uintptr_t>(experts.router.data) % 16, 0u);
   CHECK_EQ(out.rows(), rows);
   CHECK_EQ(out.cols(), d);
   const int64_t inter = experts.gate[0].rows();
@@ -1101,9 +1100,8 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
     table = moe_tables_.end() - 1;
   }
   cuda::MoeArgs a;
-  a.logits = static_cast<const float*>(router_logits.data);
-  a.x = x.data;
-  a.x_bf16 = x.dtype == DType::kBF16;
+  a.router = experts.router.data;
+  a.x = static_cast<const float*>(x.data);
   const auto* ptrs = static_cast<const void* const*>(table->second.data());
   a.gate = ptrs;
   a.up = ptrs + num_experts;
@@ -1121,8 +1119,9 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   const size_t pair_bytes = align(pairs * 4),
                tile_bytes = align(static_cast<size_t>(a.max_tiles) * 12);
   const size_t act_bytes = align(pairs * static_cast<size_t>(inter) * 4);
-  const size_t need =
-      4 * pair_bytes + tile_bytes + 256 + act_bytes + pairs * static_cast<size_t>(d) * 4;
+  const size_t logit_bytes = align(static_cast<size_t>(rows * num_experts) * 4);
+  const size_t need = logit_bytes + 4 * pair_bytes + tile_bytes + 256 + act_bytes +
+                      pairs * static_cast<size_t>(d) * 4;
   if (moe_scratch_step_ != steps_begun_ || moe_scratch_bytes_ < need) {
     moe_scratch_ = static_cast<unsigned char*>(ArenaAlloc(need));
     moe_scratch_bytes_ = need;
@@ -1134,6 +1133,7 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
     at += bytes;
     return p;
   };
+  a.logits = reinterpret_cast<float*>(take(logit_bytes));
   a.ids = reinterpret_cast<int32_t*>(take(pair_bytes));
   a.weights = reinterpret_cast<float*>(take(pair_bytes));
   a.sorted = reinterpret_cast<int32_t*>(take(pair_bytes));
@@ -1144,9 +1144,9 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   a.y = reinterpret_cast<float*>(take(pairs * static_cast<size_t>(d) * 4));
   a.out = static_cast<float*>(out.data);
   // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
-  recorder_.Record({18, KeyOf(a.logits), KeyOf(a.x), U(a.x_bf16), KeyOf(ptrs), U(a.w_bf16), U(rows),
-                    U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize), KeyOf(a.ids),
-                    KeyOf(a.y), KeyOf(a.out)},
+  recorder_.Record({18, KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs),
+                    U(a.w_bf16), U(rows), U(d), U(inter), U(num_experts), U(a.top_k),
+                    U(a.normalize), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out)},
                    [=](cudaStream_t st) { cuda::LaunchMoeMlp(a, st); });
 }
 

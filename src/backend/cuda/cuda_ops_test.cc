@@ -825,8 +825,8 @@ TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
 
 // Host only (runs without a GPU): the step recorder's in-place closures call, move and destroy
 // their captures exactly once, also captures larger than std::function's small buffer.
-// MoeMlp (moe.cu) against a double-precision reference routed by the CPU twin (moe_route.h),
-// in both modes; the rows of a batch give the bits they give alone (tiles of one expert mix rows).
+// MoeMlp (moe.cu) against a double-precision reference routed by the CPU twin (moe_route.h) over
+// the router logits in double, in both modes; the rows of a batch give the bits they give alone (tiles of one expert mix rows).
 // 100 rows take the separate route kernel, fewer the one fused into the schedule.
 TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
   const int64_t d = 64, inter = 40;
@@ -854,17 +854,26 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
         experts.up.push_back(Weight(*b, host[1].back(), {inter, d}));
         experts.down.push_back(Weight(*b, host[2].back(), {d, inter}));
       }
+      std::vector<float> router = Random(static_cast<size_t>(num_experts * d), 40, 0.5f);
+      if (!f32)
+        for (float& v : router) v = RoundBf16(v);
+      experts.router = Weight(*b, router, {num_experts, d});
       const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
-      const std::vector<float> logits = Random(static_cast<size_t>(rows * num_experts), 42);
+      std::vector<float> logits(static_cast<size_t>(rows * num_experts));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int32_t e = 0; e < num_experts; ++e) {
+          double acc = 0;
+          for (int64_t c = 0; c < d; ++c)
+            acc += static_cast<double>(x[static_cast<size_t>(i * d + c)]) *
+                   router[static_cast<size_t>(e * d + c)];
+          logits[static_cast<size_t>(i * num_experts + e)] = static_cast<float>(acc);
+        }
       auto run = [&](int64_t first, int64_t count) {
         EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
         const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
-        const std::vector<float> ls(logits.begin() + first * num_experts,
-                                    logits.begin() + (first + count) * num_experts);
         Tensor xt = Upload(*b, xs, {count, d});
-        Tensor lt = Upload(*b, ls, {count, num_experts});
         Tensor out = b->Alloc({count, d});
-        b->MoeMlp(xt, lt, experts, out);
+        b->MoeMlp(xt, experts, out);
         return Download(*b, out);
       };
       const std::vector<float> got = run(0, rows);

@@ -77,9 +77,8 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
 constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
 constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
 struct MoeArgs {
-  const float* logits = nullptr;  // [rows, num_experts]
-  const void* x = nullptr;        // [rows, d], f32 or bf16 (x_bf16)
-  bool x_bf16 = false;
+  const void* router = nullptr;   // [num_experts, d], bf16 or f32 as the experts
+  const float* x = nullptr;       // [rows, d]
   const void* const* gate = nullptr;
   const void* const* up = nullptr;
   const void* const* down = nullptr;
@@ -88,8 +87,9 @@ struct MoeArgs {
   int32_t num_experts = 0, top_k = 0;
   bool normalize = false;
   int32_t max_tiles = 0;  // MoeMaxTiles(rows, top_k, num_experts)
-  // Scratch: [rows * top_k] each, tiles [3 * max_tiles], num_tiles [1], act [rows * top_k, inter],
-  // y [rows * top_k, d].
+  // Scratch: logits [rows, num_experts], [rows * top_k] each, tiles [3 * max_tiles], num_tiles
+  // [1], act [rows * top_k, inter], y [rows * top_k, d].
+  float* logits = nullptr;
   int32_t* ids = nullptr;
   float* weights = nullptr;
   int32_t* sorted = nullptr;

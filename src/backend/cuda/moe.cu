@@ -1,5 +1,6 @@
 // Mixture-of-experts MLP (Backend::MoeMlp) on the device, with no host round trip (decode steps
-// replay as graphs): five launches.
+// replay as graphs): six launches (five up to kFusedRouteRows rows).
+//   0. router: a warp per (row, expert): the logit, f32 x times the router row, f32 accumulation.
 //   1. route: a warp per row: softmax of the router logits, the top k (lower expert first on
 //      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
 //      backend/moe_route.h).
@@ -13,7 +14,7 @@
 // Each pair's dot products are reduced in a fixed order (lane-strided partial sums, then the warp
 // butterfly) whatever the other pairs of its tile, so a row's result does not depend on the
 // batch. The grid is sized for the worst case (MoeMaxTiles); tiles past the schedule's count
-// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32 or bf16.
+// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -33,6 +34,54 @@ constexpr int kMaxTopK = 32;
 constexpr int kWarps = 8;  // gate/up and down blocks
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
+
+template <typename W>
+struct Loads;
+template <>
+struct Loads<__nv_bfloat16> {  // 8 weights per 16-byte load
+  static __device__ __forceinline__ void Get(const __nv_bfloat16* w, float (&f)[8]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(pairs[i]);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+};
+template <>
+struct Loads<float> {
+  static __device__ __forceinline__ void Get(const float* w, float (&f)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(w));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(w + 4));
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+
+// logits[row, e] = router[e] . x[row]: a warp per (row, expert), lane-strided over d (d % 8 == 0)
+// then the warp butterfly.
+template <typename W>
+__global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict__ router,
+                                int64_t rows, int32_t num_experts, int64_t d,
+                                float* __restrict__ logits) {
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (item >= rows * num_experts) return;
+  const int64_t row = item / num_experts, e = item % num_experts;
+  const float* xr = x + row * d;
+  const W* w = router + e * d;
+  float acc = 0.0f;
+  for (int64_t c = (threadIdx.x % 32) * 8; c < d; c += 32 * 8) {
+    float wf[8];
+    Loads<W>::Get(w + c, wf);
+    const float4 x0 = __ldg(reinterpret_cast<const float4*>(xr + c));
+    const float4 x1 = __ldg(reinterpret_cast<const float4*>(xr + c + 4));
+    acc += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x + wf[5] * x1.y +
+           wf[6] * x1.z + wf[7] * x1.w;
+  }
+  acc = WarpSum(acc);
+  if (threadIdx.x % 32 == 0) logits[item] = acc;
+}
 
 // One row, by one whole warp.
 __device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t num_experts,
@@ -149,30 +198,6 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
   }
 }
 
-template <typename W>
-struct Loads;
-template <>
-struct Loads<__nv_bfloat16> {  // 8 weights per 16-byte load
-  static __device__ __forceinline__ void Get(const __nv_bfloat16* w, float (&f)[8]) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(pairs[i]);
-      f[2 * i] = v.x;
-      f[2 * i + 1] = v.y;
-    }
-  }
-};
-template <>
-struct Loads<float> {
-  static __device__ __forceinline__ void Get(const float* w, float (&f)[8]) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(w));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(w + 4));
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  }
-};
-
 // acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
 // kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
 template <int kParts, typename W>
@@ -211,29 +236,17 @@ __device__ __forceinline__ bool LoadTile(const int32_t* tiles, const int32_t* nu
 
 template <typename W>
 __global__ void __launch_bounds__(kWarps * 32)
-    MoeGateUpKernel(const void* __restrict__ x, bool x_bf16, const W* const* __restrict__ gate,
+    MoeGateUpKernel(const float* __restrict__ x, const W* const* __restrict__ gate,
                     const W* const* __restrict__ up, const int32_t* __restrict__ sorted,
                     const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
                     int32_t top_k, int64_t d, int64_t inter, float* __restrict__ act) {
   extern __shared__ float xs[];  // [rows, d]
   Tile t;
   if (!LoadTile(tiles, num_tiles, &t)) return;
-  // 8 values (one 16-byte bf16 load or two f32 ones) per thread and step.
-  for (int64_t i = threadIdx.x; i < t.rows * d / 8; i += blockDim.x) {
-    const int64_t r = i / (d / 8), c = i % (d / 8) * 8;
+  for (int64_t i = threadIdx.x; i < t.rows * d / 4; i += blockDim.x) {
+    const int64_t r = i / (d / 4), c = i % (d / 4) * 4;
     const int64_t row = sorted[t.first + r] / top_k;
-    float4* dst = reinterpret_cast<float4*>(xs + r * d + c);
-    if (x_bf16) {
-      float f[8];
-      Loads<__nv_bfloat16>::Get(static_cast<const __nv_bfloat16*>(x) + row * d + c, f);
-      dst[0] = make_float4(f[0], f[1], f[2], f[3]);
-      dst[1] = make_float4(f[4], f[5], f[6], f[7]);
-    } else {
-      const float4* src =
-          reinterpret_cast<const float4*>(static_cast<const float*>(x) + row * d + c);
-      dst[0] = src[0];
-      dst[1] = src[1];
-    }
+    *reinterpret_cast<float4*>(xs + r * d + c) = *reinterpret_cast<const float4*>(x + row * d + c);
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -310,8 +323,29 @@ __global__ void MoeCombineKernel(const float* __restrict__ y, const float* __res
   }
 }
 
+void LaunchRouteAndSchedule(const MoeArgs& a, cudaStream_t stream) {
+  const bool fused_route = a.rows <= kFusedRouteRows;
+  if (!fused_route) {
+    MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
+                     kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
+                                                    a.num_experts, a.top_k, a.normalize, a.ids,
+                                                    a.weights);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
+      a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.normalize, a.ids, a.weights,
+      static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, a.sorted, a.pair_pos, a.tiles,
+      a.num_tiles);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename W>
-void LaunchExperts(const MoeArgs& a, cudaStream_t stream) {
+void LaunchStages(const MoeArgs& a, cudaStream_t stream) {
+  const int64_t router_threads = a.rows * a.num_experts * 32;
+  MoeRouterKernel<W><<<static_cast<unsigned>((router_threads + 255) / 256), 256, 0, stream>>>(
+      a.x, static_cast<const W*>(a.router), a.rows, a.num_experts, a.d, a.logits);
+  CUDA_CHECK(cudaGetLastError());
+  LaunchRouteAndSchedule(a, stream);
   const size_t x_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.d);
   const size_t act_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.inter);
   const auto* gate = reinterpret_cast<const W* const*>(a.gate);
@@ -320,8 +354,8 @@ void LaunchExperts(const MoeArgs& a, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(a.max_tiles);
   MoeGateUpKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.inter + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
-         kWarps * 32, x_smem, stream>>>(a.x, a.x_bf16, gate, up, a.sorted, a.tiles, a.num_tiles,
-                                        a.top_k, a.d, a.inter, a.act);
+         kWarps * 32, x_smem, stream>>>(a.x, gate, up, a.sorted, a.tiles, a.num_tiles, a.top_k, a.d,
+                                        a.inter, a.act);
   CUDA_CHECK(cudaGetLastError());
   MoeDownKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.d + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
@@ -358,23 +392,10 @@ void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
   CHECK(MoeSupported(a.num_experts, a.top_k, a.d, a.inter))
       << a.num_experts << " experts, top " << a.top_k << ", d " << a.d << ", inter " << a.inter;
   if (a.rows == 0) return;
-  const bool fused_route = a.rows <= kFusedRouteRows;
-  if (!fused_route) {
-    MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
-                     kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
-                                                    a.num_experts, a.top_k, a.normalize, a.ids,
-                                                    a.weights);
-    CUDA_CHECK(cudaGetLastError());
-  }
-  MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
-      a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.normalize, a.ids, a.weights,
-      static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, a.sorted, a.pair_pos, a.tiles,
-      a.num_tiles);
-  CUDA_CHECK(cudaGetLastError());
   if (a.w_bf16) {
-    LaunchExperts<__nv_bfloat16>(a, stream);
+    LaunchStages<__nv_bfloat16>(a, stream);
   } else {
-    LaunchExperts<float>(a, stream);
+    LaunchStages<float>(a, stream);
   }
   MoeCombineKernel<<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a.y, a.weights, a.pair_pos,
                                                                       a.top_k, a.d, a.out);
