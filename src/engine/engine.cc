@@ -30,8 +30,13 @@ int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
   // activation, the final norm (float32 at most).
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim,
                 kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const int64_t per_row =
+  int64_t per_row =
       4 * (4 * int64_t{c.hidden_size} + 2 * q_dim + 2 * kv_dim + 3 * int64_t{c.intermediate_size});
+  // Mixture of experts: the MLP's f32 input, the router logits, and per (row, expert) pair the
+  // expert's activation and output (Backend::MoeMlp's scratch, one layer's at a time).
+  if (c.num_experts > 0)
+    per_row += 4 * (int64_t{c.hidden_size} + c.num_experts +
+                    int64_t{c.num_experts_per_tok} * (c.moe_intermediate_size + c.hidden_size + 4));
   // A step's logits rows: one sampled row per running sequence, and prompt-logprobs rows.
   const int64_t logits_rows = int64_t{config.max_running} + PromptLogitsRows(config, c.vocab_size);
   const int64_t logits = logits_rows * c.vocab_size * 4 * 2;  // + hidden rows
