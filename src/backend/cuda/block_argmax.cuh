@@ -7,6 +7,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/warp_reduce.cuh"
+
 namespace ember::cuda {
 
 template <int kThreads>
@@ -29,14 +31,7 @@ __device__ void BlockArgmax(const float* __restrict__ x, int64_t n, float* max_o
       best_i = static_cast<int>(j);
     }
   }
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_down_sync(0xffffffffu, best, off);
-    const int oi = __shfl_down_sync(0xffffffffu, best_i, off);
-    if (ov > best || (ov == best && oi < best_i)) {
-      best = ov;
-      best_i = oi;
-    }
-  }
+  WarpArgmax(best, best_i);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
     warp_max[warp] = best;

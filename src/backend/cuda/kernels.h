@@ -76,6 +76,8 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
 // row count; everything stays on the device (graph-capturable).
 constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
 constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
+constexpr int kMoeMaxExperts = 32 * 32;       // the route kernel's per-lane masks cover 32 each
+constexpr int kMoeMaxTopK = 32;
 struct MoeArgs {
   const void* router = nullptr;   // [num_experts, d], bf16 or f32 as the experts
   const float* x = nullptr;       // [rows, d]
@@ -101,8 +103,8 @@ struct MoeArgs {
   float* out = nullptr;  // [rows, d] f32
 };
 int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts);
-// The shapes LaunchMoeMlp takes (up to 1,024 experts, top k <= 32, d and inter multiples of 8
-// whose tile rows fit kMoeMaxSmem).
+// The shapes LaunchMoeMlp takes (up to kMoeMaxExperts experts, top k <= kMoeMaxTopK, d and inter
+// multiples of 8 whose tile rows fit kMoeMaxSmem).
 bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter);
 void PrepareMoeKernels();  // once, before the first launch (not during a graph capture)
 void LaunchMoeMlp(const MoeArgs& args, cudaStream_t stream);

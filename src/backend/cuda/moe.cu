@@ -28,10 +28,8 @@ namespace {
 
 constexpr int kRouteWarps = 4;
 constexpr int kScheduleThreads = 1024;
-constexpr int kFusedRouteRows = 64;   // steps of up to this many rows route inside the schedule
-constexpr int kMaxExperts = 32 * 32;  // the route kernel's per-lane chosen mask covers 32 each
-constexpr int kMaxTopK = 32;
-constexpr int kWarps = 8;  // gate/up and down blocks
+constexpr int kFusedRouteRows = 64;  // steps of up to this many rows route inside the schedule
+constexpr int kWarps = 8;            // gate/up and down blocks
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
 
@@ -59,6 +57,31 @@ struct Loads<float> {
   }
 };
 
+// acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
+// kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
+template <int kParts, typename W>
+__device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float* xs, int64_t k,
+                                        int rows, float (&acc)[kParts][kMoeTileRows]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 2
+  for (int64_t c = lane * 8; c < k; c += 32 * 8) {
+    float wf[kParts][8];
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) Loads<W>::Get(w[q] + c, wf[q]);
+#pragma unroll
+    for (int r = 0; r < kMoeTileRows; ++r) {
+      if (r >= rows) break;
+      const float4 x0 = *reinterpret_cast<const float4*>(xs + r * k + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(xs + r * k + c + 4);
+#pragma unroll
+      for (int q = 0; q < kParts; ++q) {
+        acc[q][r] += wf[q][0] * x0.x + wf[q][1] * x0.y + wf[q][2] * x0.z + wf[q][3] * x0.w +
+                     wf[q][4] * x1.x + wf[q][5] * x1.y + wf[q][6] * x1.z + wf[q][7] * x1.w;
+      }
+    }
+  }
+}
+
 // logits[row, e] = router[e] . x[row]: a warp per (row, expert), lane-strided over d (d % 8 == 0)
 // then the warp butterfly.
 template <typename W>
@@ -68,19 +91,11 @@ __global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (item >= rows * num_experts) return;
   const int64_t row = item / num_experts, e = item % num_experts;
-  const float* xr = x + row * d;
-  const W* w = router + e * d;
-  float acc = 0.0f;
-  for (int64_t c = (threadIdx.x % 32) * 8; c < d; c += 32 * 8) {
-    float wf[8];
-    Loads<W>::Get(w + c, wf);
-    const float4 x0 = __ldg(reinterpret_cast<const float4*>(xr + c));
-    const float4 x1 = __ldg(reinterpret_cast<const float4*>(xr + c + 4));
-    acc += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x + wf[5] * x1.y +
-           wf[6] * x1.z + wf[7] * x1.w;
-  }
-  acc = WarpSum(acc);
-  if (threadIdx.x % 32 == 0) logits[item] = acc;
+  float acc[1][kMoeTileRows] = {};
+  const W* const w[1] = {router + e * d};
+  DotRows<1>(w, x + row * d, d, 1, acc);
+  const float logit = WarpSum(acc[0][0]);
+  if (threadIdx.x % 32 == 0) logits[item] = logit;
 }
 
 // One row, by one whole warp.
@@ -96,8 +111,8 @@ __device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t 
   for (int e = lane; e < num_experts; e += 32) sum += expf(l[e] - max);
   sum = WarpSum(sum);
   uint32_t chosen = 0;  // bit i: expert lane + 32 i taken
-  int32_t top_e[kMaxTopK];
-  float top_p[kMaxTopK];
+  int32_t top_e[kMoeMaxTopK];
+  float top_p[kMoeMaxTopK];
   for (int r = 0; r < top_k; ++r) {
     float best_p = -1.0f;
     int best_e = num_experts;
@@ -109,15 +124,7 @@ __device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t 
         best_e = e;
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, best_p, off);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, off);
-      if (op > best_p || (op == best_p && oe < best_e)) {
-        best_p = op;
-        best_e = oe;
-      }
-    }
+    WarpArgmax(best_p, best_e);
     if (best_e % 32 == lane) chosen |= 1u << (best_e / 32);
     top_e[r] = best_e;
     top_p[r] = best_p;
@@ -162,9 +169,9 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
   for (int64_t row = threadIdx.x / 32; row < route_rows; row += blockDim.x / 32)
     RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
   __syncthreads();  // (the block's own global writes are visible to it after the barrier)
-  __shared__ int32_t count[kMaxExperts];
-  __shared__ int32_t offset[kMaxExperts];
-  __shared__ int32_t tile_base[kMaxExperts];
+  __shared__ int32_t count[kMoeMaxExperts];
+  __shared__ int32_t offset[kMoeMaxExperts];
+  __shared__ int32_t tile_base[kMoeMaxExperts];
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
@@ -194,31 +201,6 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
       tiles[3 * t] = e;
       tiles[3 * t + 1] = first;
       tiles[3 * t + 2] = min(end, first + kMoeTileRows);
-    }
-  }
-}
-
-// acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
-// kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
-template <int kParts, typename W>
-__device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float* xs, int64_t k,
-                                        int rows, float (&acc)[kParts][kMoeTileRows]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll 2
-  for (int64_t c = lane * 8; c < k; c += 32 * 8) {
-    float wf[kParts][8];
-#pragma unroll
-    for (int q = 0; q < kParts; ++q) Loads<W>::Get(w[q] + c, wf[q]);
-#pragma unroll
-    for (int r = 0; r < kMoeTileRows; ++r) {
-      if (r >= rows) break;
-      const float4 x0 = *reinterpret_cast<const float4*>(xs + r * k + c);
-      const float4 x1 = *reinterpret_cast<const float4*>(xs + r * k + c + 4);
-#pragma unroll
-      for (int q = 0; q < kParts; ++q) {
-        acc[q][r] += wf[q][0] * x0.x + wf[q][1] * x0.y + wf[q][2] * x0.z + wf[q][3] * x0.w +
-                     wf[q][4] * x1.x + wf[q][5] * x1.y + wf[q][6] * x1.z + wf[q][7] * x1.w;
-      }
     }
   }
 }
@@ -372,7 +354,7 @@ int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts) {
 }
 
 bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter) {
-  return num_experts >= 1 && num_experts <= kMaxExperts && top_k >= 1 && top_k <= kMaxTopK &&
+  return num_experts >= 1 && num_experts <= kMoeMaxExperts && top_k >= 1 && top_k <= kMoeMaxTopK &&
          top_k <= num_experts && d % 8 == 0 && inter % 8 == 0 &&
          static_cast<int64_t>(kMoeTileRows) * std::max(d, inter) * 4 <= kMoeMaxSmem;
 }
