@@ -165,10 +165,10 @@ class Backend {
   // E_i in ascending expert order of p_e * expert_e(x[i]) (transformers' order). x, out
   // [rows, d] float32. Only for shapes MoeUnsupported accepts (models it refuses are refused at
   // load).
+  virtual void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out);
   // Why this backend cannot run such an MoeMlp ("" when it can).
   virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
                                      int64_t inter) const;
-  virtual void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out);
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

@@ -21,8 +21,9 @@ struct LayerWeights {
   Tensor post_attn_norm;                     // [hidden]  llama: before MLP; gemma: after attention
   std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
   Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter] (dense MLP)
-  bool moe = false;                          // the MLP is a mixture of experts (qwen3_moe):
-  MoeExperts experts;                        //   mlp.gate, mlp.experts.E.{gate,up,down}_proj
+  MoeExperts experts;  // a mixture-of-experts MLP (qwen3_moe) when it has experts: mlp.gate,
+                       // mlp.experts.E.{gate,up,down}_proj
+  bool moe() const { return !experts.gate.empty(); }
   int32_t rope_id = 0;                       // global or local rope table
   int32_t sliding_window = 0;                // 0: full attention
 };

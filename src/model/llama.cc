@@ -31,7 +31,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, nullptr, delta);
     // ---- MLP block ----
-    if (w.moe) {  // its input stays float32 (xn may be a bf16 GEMM operand)
+    if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
       be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xm);
       be.MoeMlp(xm, w.experts, delta);

@@ -125,8 +125,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
       EMBER_ASSIGN_OR_RETURN(w.wv, up.Get(p + "self_attn.v_proj.weight", {kv_dim, d}));
     }
     EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
-    w.moe = !c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0;
-    if (w.moe) {
+    if (!c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0) {
       EMBER_RETURN_IF_ERROR(LoadExperts(c, p, up, &w));
     } else {
       if (!c.fused_qkv) {
