@@ -305,12 +305,10 @@ TEST(PromptLogprobsTest, UnchangedUnderPreemption) {
 TEST(PromptLogprobsTest, LogitsProcessorsDoNotApplyAndGenerationIsUnchanged) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
-  auto model = LoadModel(dir);
-  ASSERT_NE(model, nullptr);
-  auto engine = Engine::Create(model.get(), EngineConfig{});
-  ASSERT_TRUE(engine.ok());
+  ModelAndEngine run = Start(dir, EngineConfig{});
+  ASSERT_NE(run.engine, nullptr);
   const std::vector<int32_t> prompt = {1, 80, 147, 201, 282, 57, 80, 147, 201, 282, 57};
-  const Output plain = Generate(**engine, PromptOnly(prompt, 4));
+  const Output plain = Generate(*run.engine, PromptOnly(prompt, 4));
   ASSERT_EQ(plain.prompt_logprobs.size(), prompt.size() - 1);
 
   GenerationRequest processed = PromptOnly(prompt, 4);
@@ -324,16 +322,16 @@ TEST(PromptLogprobsTest, LogitsProcessorsDoNotApplyAndGenerationIsUnchanged) {
   s.frequency_penalty = 0.5f;
   s.min_tokens = 3;
   s.logit_bias = {{prompt[3], 40.0f}, {prompt[5], -40.0f}};
-  const Output out = Generate(**engine, processed);
+  const Output out = Generate(*run.engine, processed);
   EXPECT_EQ(out.num_prompt_logprob_events, 1);
   ExpectIdentical(out.prompt_logprobs, plain.prompt_logprobs, "with processors");
   GenerationRequest without = processed;
   without.prompt_logprobs = -1;
-  const Output reference = Generate(**engine, without);
+  const Output reference = Generate(*run.engine, without);
   EXPECT_EQ(out.samples, reference.samples);
   EXPECT_EQ(reference.num_prompt_logprob_events, 0);
   // A one-token prompt has no prompt logprobs, but still gets the (empty) list once.
-  const Output one = Generate(**engine, PromptOnly({1}, 2));
+  const Output one = Generate(*run.engine, PromptOnly({1}, 2));
   EXPECT_EQ(one.num_prompt_logprob_events, 1);
   EXPECT_TRUE(one.prompt_logprobs.empty());
   EXPECT_EQ(one.finish[0], FinishReason::kLength);
@@ -342,12 +340,10 @@ TEST(PromptLogprobsTest, LogitsProcessorsDoNotApplyAndGenerationIsUnchanged) {
 TEST(PromptLogprobsTest, ValidateNamesTheField) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
-  auto model = LoadModel(dir);
-  ASSERT_NE(model, nullptr);
-  auto engine = Engine::Create(model.get(), EngineConfig{});
-  ASSERT_TRUE(engine.ok());
+  ModelAndEngine run = Start(dir, EngineConfig{});
+  ASSERT_NE(run.engine, nullptr);
   auto refused = [&](GenerationRequest r) {
-    auto result = (*engine)->Submit(r);
+    auto result = run.engine->Submit(r);
     EXPECT_TRUE(std::holds_alternative<SubmitError>(result));
     return std::holds_alternative<SubmitError>(result) ? std::get<SubmitError>(result).param : "";
   };
@@ -361,7 +357,7 @@ TEST(PromptLogprobsTest, ValidateNamesTheField) {
   min_tokens.sampling.min_tokens = 1;
   EXPECT_EQ(refused(min_tokens), "min_tokens");
   GenerationRequest prefill_only = PromptOnly({1, 2, 3}, -1);
-  const Output out = Generate(**engine, prefill_only);
+  const Output out = Generate(*run.engine, prefill_only);
   EXPECT_EQ(out.finish[0], FinishReason::kLength);
   EXPECT_TRUE(out.samples[0].empty());
   EXPECT_EQ(out.num_prompt_logprob_events, 0);
