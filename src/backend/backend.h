@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,7 +71,7 @@ struct BackendMemory {
 // How to turn positions into rotation angles. Built once into a cos/sin table of
 // [max_positions, rotary_dim / 2].
 struct RopeSpec {
-  enum class Type { kDefault, kLinear, kLlama3 };
+  enum class Type { kDefault, kLinear, kLlama3, kYarn };
   Type type = Type::kDefault;
   int32_t head_dim = 0;
   int32_t rotary_dim = 0;  // <= head_dim; the first rotary_dim dims rotate (partial rotary)
@@ -78,7 +79,10 @@ struct RopeSpec {
   double factor = 1.0;             // kLinear, kLlama3
   double low_freq_factor = 1.0;    // kLlama3
   double high_freq_factor = 4.0;   // kLlama3
-  int32_t original_max_positions = 8192;  // kLlama3
+  int32_t original_max_positions = 8192;  // kLlama3, kYarn: the pre-extension context
+  double beta_fast = 32.0, beta_slow = 1.0;  // kYarn: the correction range, in rotations
+  bool truncate = true;            // kYarn: round the correction range out to whole dims
+  double attention_factor = 1.0;   // every type: cos and sin are multiplied by it (YaRN's mscale)
   int32_t max_positions = 0;       // table length; positions >= this are a CHECK failure
 };
 
@@ -90,18 +94,36 @@ struct AttentionParams {
   float scale = 1.0f;            // usually 1/sqrt(head_dim); gemma: query_pre_attn_scalar^-0.5
   int32_t sliding_window = 0;    // 0: full causal; W: key pos k visible from q iff q - k < W
   float softcap = 0.0f;          // 0: none; else scores = softcap * tanh(scores / softcap)
+  // Learned attention sinks (gpt_oss): [num_heads] float32 logits, or null. Head h's softmax
+  // gains a term exp(sinks[h]) in its denominator (a key every row sees, with no value), so the
+  // weights of the real keys sum to less than 1. Compared with the scaled (and capped) scores.
+  const Tensor* sinks = nullptr;
 };
 
 enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
 
+// The gated activation of an expert, act(g, u) for its gate and up values.
+enum class MoeActivation : uint8_t {
+  kSilu,           // silu(g) * u
+  kClampedSwiglu,  // gpt_oss: g' = min(g, limit), u' = clamp(u, -limit, limit),
+                   // act = (u' + 1) * g' * sigmoid(alpha * g')
+};
+
 // One mixture-of-experts MLP (Backend::MoeMlp): the router [num_experts, d] scores the experts
-// of a row x (logits router x, in float32), expert e maps it to
-// down[e] (silu(gate[e] x) * up[e] x); gate[e], up[e] [inter, d], down[e] [d, inter].
+// of a row x (logits router x (+ router_bias), in float32), expert e maps it to
+// down[e] act(gate[e] x + gate_bias[e], up[e] x + up_bias[e]) + down_bias[e];
+// gate[e], up[e] [inter, d], down[e] [d, inter]; biases float32 [inter], [inter], [d].
 struct MoeExperts {
   Tensor router;
+  std::optional<Tensor> router_bias;   // [num_experts] (gpt_oss)
   std::vector<Tensor> gate, up, down;  // one per expert
-  int32_t top_k = 0;                   // experts per row
-  bool normalize = false;              // renormalise the top k probabilities to sum 1
+  std::vector<Tensor> gate_bias, up_bias, down_bias;  // empty, or one per expert (gpt_oss)
+  MoeActivation activation = MoeActivation::kSilu;
+  float swiglu_limit = 7.0f;   // kClampedSwiglu
+  float swiglu_alpha = 1.702f;  // kClampedSwiglu
+  int32_t top_k = 0;           // experts per row
+  bool normalize = false;      // renormalise the top k probabilities to sum 1
+  bool biased() const { return !gate_bias.empty(); }
 };
 
 class Backend {
@@ -114,6 +136,9 @@ class Backend {
   // pointer (it must outlive the backend: the model keeps the mmap); a GPU backend copies.
   virtual Result<Tensor> UploadWeight(const std::string& name, DType dtype,
                                       std::span<const int64_t> shape, const void* host_data) = 0;
+  // True when UploadWeight keeps `host_data` (so weights the loader converted on the host must
+  // live as long as the backend); false when it copies them.
+  virtual bool KeepsHostWeights() const { return false; }
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
   // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
@@ -159,12 +184,12 @@ class Backend {
   // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
-  // Mixture of experts: per row i, the router's logits l_i = router x[i] (float32 throughout:
-  // a routing decision is the most rounding-sensitive step of the layer), the experts
-  // E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h) with weights p_e, and out[i] = sum over
-  // E_i in ascending expert order of p_e * expert_e(x[i]) (transformers' order). x, out
-  // [rows, d] float32. Only for shapes MoeUnsupported accepts (models it refuses are refused at
-  // load).
+  // Mixture of experts: per row i, the router's logits l_i = router x[i] (+ router_bias;
+  // float32 throughout: a routing decision is the most rounding-sensitive step of the layer),
+  // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h) with weights p_e, and
+  // out[i] = sum over E_i in ascending expert order of p_e * expert_e(x[i]) (transformers'
+  // order; MoeExperts defines expert_e). x, out [rows, d] float32. Only for shapes
+  // MoeUnsupported accepts (models it refuses are refused at load).
   virtual void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out);
   // Why this backend cannot run such an MoeMlp ("" when it can).
   virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/moe_route.h"
+#include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
 #include "backend/cpu/thread_pool.h"
 
@@ -126,7 +127,7 @@ inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-struct RopeTable {
+struct CpuRope {  // a BuildRopeTable table and its shape
   int32_t head_dim = 0, rotary_dim = 0, max_positions = 0;
   std::vector<float> cos, sin;  // [max_positions, rotary_dim / 2]
 };
@@ -141,6 +142,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> DecodeGraphBuckets() const override { return decode_graph_buckets_; }
   std::string name() const override { return "cpu"; }
 
+  bool KeepsHostWeights() const override { return true; }
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override {
     if (shape.empty() || shape.size() > 4)
@@ -179,47 +181,13 @@ class CpuBackend final : public Backend {
   }
 
   Result<int32_t> CreateRope(const RopeSpec& spec) override {
-    if (spec.rotary_dim <= 0 || spec.rotary_dim > spec.head_dim || spec.rotary_dim % 2 != 0)
-      return Status::Error("rope: rotary_dim must be even and in (0, head_dim]");
-    if (spec.max_positions <= 0) return Status::Error("rope: max_positions must be positive");
-    RopeTable table;
+    EMBER_ASSIGN_OR_RETURN(RopeTable built, BuildRopeTable(spec));
+    CpuRope table;
     table.head_dim = spec.head_dim;
     table.rotary_dim = spec.rotary_dim;
     table.max_positions = spec.max_positions;
-    const int32_t half = spec.rotary_dim / 2;
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    for (int32_t i = 0; i < half; ++i) {
-      // As transformers: 1 / theta^(2i / dim) in float32, then the scaling rule.
-      float exponent = static_cast<float>(2 * i) / static_cast<float>(spec.rotary_dim);
-      float f = 1.0f / std::pow(static_cast<float>(spec.theta), exponent);
-      if (spec.type == RopeSpec::Type::kLinear) {
-        f = f / static_cast<float>(spec.factor);
-      } else if (spec.type == RopeSpec::Type::kLlama3) {
-        const double old_ctx = spec.original_max_positions;
-        const double low_wavelen = old_ctx / spec.low_freq_factor;
-        const double high_wavelen = old_ctx / spec.high_freq_factor;
-        const double wavelen = 2.0 * M_PI / f;
-        double scaled = f;
-        if (wavelen > low_wavelen) {
-          scaled = f / spec.factor;
-        } else if (wavelen >= high_wavelen) {
-          double smooth = (old_ctx / wavelen - spec.low_freq_factor) /
-                          (spec.high_freq_factor - spec.low_freq_factor);
-          scaled = (1.0 - smooth) * f / spec.factor + smooth * f;
-        }
-        f = static_cast<float>(scaled);
-      }
-      inv_freq[static_cast<size_t>(i)] = f;
-    }
-    table.cos.resize(static_cast<size_t>(spec.max_positions) * half);
-    table.sin.resize(table.cos.size());
-    for (int32_t p = 0; p < spec.max_positions; ++p) {
-      for (int32_t i = 0; i < half; ++i) {
-        float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
-        table.cos[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        table.sin[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-      }
-    }
+    table.cos = std::move(built.cos);
+    table.sin = std::move(built.sin);
     ropes_.push_back(std::move(table));
     return static_cast<int32_t>(ropes_.size() - 1);
   }
@@ -313,7 +281,7 @@ class CpuBackend final : public Backend {
   }
 
   void Rope(int32_t rope_id, Tensor q, Tensor k) override {
-    const RopeTable& table = ropes_.at(static_cast<size_t>(rope_id));
+    const CpuRope& table = ropes_.at(static_cast<size_t>(rope_id));
     const int64_t n = plan_->num_tokens();
     const int32_t hd = table.head_dim, half = table.rotary_dim / 2;
     CHECK_EQ(q.cols() % hd, 0);
@@ -516,7 +484,7 @@ class CpuBackend final : public Backend {
   std::vector<FloatBuffer> owned_;                          // 1-D weights as f32
   std::vector<std::pair<FloatBuffer, size_t>> buffers_;     // step workspace, reused per step
   size_t next_buffer_ = 0;
-  std::vector<RopeTable> ropes_;
+  std::vector<CpuRope> ropes_;
   std::vector<float> host_buffer_;  // HostBuffer
   std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;

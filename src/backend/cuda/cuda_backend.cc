@@ -18,7 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/rope_table.h"
+#include "backend/rope_table.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/threshold_sampling.h"  // CheckLogitEdits
 #include "util/half.h"
@@ -435,7 +435,7 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
 }
 
 Result<int32_t> CudaBackend::CreateRope(const RopeSpec& spec) {
-  EMBER_ASSIGN_OR_RETURN(cuda::RopeTable table, cuda::BuildRopeTable(spec));
+  EMBER_ASSIGN_OR_RETURN(RopeTable table, BuildRopeTable(spec));
   DeviceRope rope;
   rope.spec = spec;
   rope.cos = DeviceBuffer(table.cos.size() * sizeof(float));

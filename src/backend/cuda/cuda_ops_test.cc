@@ -21,7 +21,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
-#include "backend/cuda/rope_table.h"
+#include "backend/rope_table.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/moe_route.h"
 #include "util/half.h"
@@ -545,7 +545,7 @@ TEST(RopeTableTest, InvFreqMatchesFormula) {
   for (auto type : {RopeSpec::Type::kDefault, RopeSpec::Type::kLinear, RopeSpec::Type::kLlama3}) {
     spec.type = type;
     spec.factor = type == RopeSpec::Type::kDefault ? 1.0 : 8.0;
-    const std::vector<float> inv = cuda::RopeInvFreq(spec);
+    const std::vector<float> inv = RopeInvFreq(spec);
     ASSERT_EQ(inv.size(), 64u);
     for (size_t i = 0; i < inv.size(); ++i) {
       double f = 1.0 / std::pow(spec.theta, 2.0 * static_cast<double>(i) / spec.rotary_dim);
@@ -566,7 +566,7 @@ TEST(RopeTableTest, InvFreqMatchesFormula) {
     }
   }
   spec.rotary_dim = 7;
-  EXPECT_FALSE(cuda::BuildRopeTable(spec).ok());
+  EXPECT_FALSE(BuildRopeTable(spec).ok());
 }
 
 TEST_F(CudaOpsTest, RopeAllTypes) {
@@ -591,7 +591,7 @@ TEST_F(CudaOpsTest, RopeAllTypes) {
       Tensor qt = Upload(*b, q, {n, heads, head_dim});
       Tensor kt = Upload(*b, k, {n, kv_heads, head_dim});
       b->Rope(*id, qt, kt);
-      const std::vector<float> inv = cuda::RopeInvFreq(spec);
+      const std::vector<float> inv = RopeInvFreq(spec);
       auto rotate = [&](const std::vector<float>& x, int32_t nh) {
         std::vector<double> out(x.begin(), x.end());
         for (int32_t t = 0; t < n; ++t)

@@ -1,18 +1,56 @@
-#include "backend/cuda/rope_table.h"
+#include "backend/rope_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
-namespace ember::cuda {
+namespace ember {
+namespace {
+
+// YaRN: the rotary dimension at which a frequency completes `rotations` turns over the original
+// context (transformers' find_correction_dim, in double as Python computes it).
+double YarnCorrectionDim(double rotations, int32_t dim, double base, double original_len) {
+  return dim * std::log(original_len / (rotations * 2.0 * std::numbers::pi)) /
+         (2.0 * std::log(base));
+}
+
+void ApplyYarn(const RopeSpec& spec, const std::vector<float>& pos_freq, std::vector<float>& inv) {
+  const int32_t dim = spec.rotary_dim;
+  double low = YarnCorrectionDim(spec.beta_fast, dim, spec.theta, spec.original_max_positions);
+  double high = YarnCorrectionDim(spec.beta_slow, dim, spec.theta, spec.original_max_positions);
+  if (spec.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  // The ramp in float32 (a torch.float32 tensor against Python floats).
+  const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+  const float factor = static_cast<float>(spec.factor);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const float ramp = std::clamp((static_cast<float>(i) - lo) / span, 0.0f, 1.0f);
+    const float extrapolation = 1.0f - ramp;  // weight of the unscaled frequency
+    const float interpolated = 1.0f / (factor * pos_freq[i]);
+    inv[i] = interpolated * (1.0f - extrapolation) + inv[i] * extrapolation;
+  }
+}
+
+}  // namespace
+
+double YarnAttentionFactor(double factor) {
+  return factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
+}
 
 std::vector<float> RopeInvFreq(const RopeSpec& spec) {
   const int32_t half = spec.rotary_dim / 2;
-  std::vector<float> inv(static_cast<size_t>(half));
+  std::vector<float> inv(static_cast<size_t>(half)), pos_freq(inv.size());
   const float base = static_cast<float>(spec.theta);
   for (int32_t i = 0; i < half; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(spec.rotary_dim);
     const float pw = static_cast<float>(std::pow(static_cast<double>(base),
                                                  static_cast<double>(exponent)));
+    pos_freq[static_cast<size_t>(i)] = pw;
     inv[static_cast<size_t>(i)] = 1.0f / pw;
   }
   if (spec.type == RopeSpec::Type::kLinear) {
@@ -33,6 +71,8 @@ std::vector<float> RopeInvFreq(const RopeSpec& spec) {
       }
       f = scaled;
     }
+  } else if (spec.type == RopeSpec::Type::kYarn) {
+    ApplyYarn(spec, pos_freq, inv);
   }
   return inv;
 }
@@ -52,21 +92,25 @@ Result<RopeTable> BuildRopeTable(const RopeSpec& spec) {
       (spec.high_freq_factor == spec.low_freq_factor || spec.original_max_positions <= 0))
     return Status::Error("RopeSpec: llama3 needs high_freq_factor != low_freq_factor and "
                          "original_max_positions > 0");
+  if (spec.type == RopeSpec::Type::kYarn &&
+      (spec.original_max_positions <= 0 || spec.beta_fast <= 0 || spec.beta_slow <= 0))
+    return Status::Error("RopeSpec: yarn needs original_max_positions, beta_fast and beta_slow > 0");
+  if (!(spec.attention_factor > 0)) return Status::Error("RopeSpec: attention_factor must be > 0");
   const std::vector<float> inv = RopeInvFreq(spec);
   const size_t half = inv.size();
+  const float scale = static_cast<float>(spec.attention_factor);
   RopeTable table;
   table.cos.resize(static_cast<size_t>(spec.max_positions) * half);
   table.sin.resize(table.cos.size());
   for (int32_t pos = 0; pos < spec.max_positions; ++pos) {
     for (size_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(pos) * inv[i];  // f32 product, as HF
-      table.cos[static_cast<size_t>(pos) * half + i] =
-          static_cast<float>(std::cos(static_cast<double>(angle)));
-      table.sin[static_cast<size_t>(pos) * half + i] =
-          static_cast<float>(std::sin(static_cast<double>(angle)));
+      const size_t at = static_cast<size_t>(pos) * half + i;
+      table.cos[at] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+      table.sin[at] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
     }
   }
   return table;
 }
 
-}  // namespace ember::cuda
+}  // namespace ember
