@@ -2,6 +2,8 @@
 // over its share of the row's visible keys; each lane scores one key per 32-key tile and owns
 // head_dim / 32 output dims. With num_splits > 1 (long contexts, few rows) each split writes an
 // unnormalised partial (max, sum, acc[head_dim]) and a second kernel merges them (split-K).
+// Attention sinks (args.sinks) join the denominator where a row is finally normalised (the
+// single split's epilogue, or the merge): exp(sink - max) with the row's overall max.
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -165,6 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     const int64_t head = head0 + g;
     if (num_splits == 1) {
+      if (a.sinks != nullptr) block_l += expf(a.sinks[head] - block_m);
       out[(static_cast<int64_t>(token) * a.num_heads + head) * D + d] = v / block_l;
     } else {
       float* part = partials +
@@ -178,11 +181,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Merges the splits of one (head, row): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+// Merges the splits of one (head, row): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+// (+ e^(sink - M) in the denominator with sinks, [num_heads] or null).
 // The per-split weights are computed once into shared memory (all splits' (m, l) loaded in
 // parallel), then each thread sums its dims over the splits with independent loads.
 constexpr int kMaxSplits = 64;
 __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int32_t num_splits,
+                                       const float* __restrict__ sinks,
                                        const float* __restrict__ partials,
                                        float* __restrict__ out) {
   __shared__ float w_s[kMaxSplits];
@@ -210,6 +215,7 @@ __global__ void AttentionCombineKernel(int32_t num_heads, int32_t head_dim, int3
       L += ls[i] * w;
     }
     L = WarpSum(L);
+    if (sinks != nullptr) L += expf(sinks[head] - M);
     if (lane == 0) inv_l = 1.f / L;
   }
   __syncthreads();
@@ -242,7 +248,8 @@ void LaunchAttentionDecode(const AttentionArgs& args, const float* q, const KvLa
   if (num_splits > 1) {
     CHECK(num_splits <= kMaxSplits) << num_splits << " splits";
     LaunchPdl(AttentionCombineKernel, dim3(args.num_heads, plan.num_tokens), dim3(128), 0, stream,
-              args.num_heads, args.head_dim, num_splits, partials, out);
+              args.num_heads, args.head_dim, num_splits, args.sinks,
+              static_cast<const float*>(partials), out);
   }
 }
 

@@ -25,6 +25,10 @@
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
+// Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
+// direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
+// SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
+// agree bitwise; without sinks nothing changes.
 // The kernel replaced the per-step split-K decode and flash/WMMA prefill kernels in the bf16
 // mode (as fast or faster in every measured shape, docs/perf.md).
 #include <cuda_bf16.h>
@@ -86,8 +90,8 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
 // without a soft-cap u = q.k (unscaled), with one u = cap * tanh(q.k * scale / cap). A key's
 // weight is 2^(u c - m c) with c = ExpScale(a) (the softmax scale, if not applied yet, times
 // log2 e): one FMA and one ex2 per score.
+constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float ExpScale(const AttentionArgs& a) {
-  constexpr float kLog2e = 1.4426950408889634f;
   return a.softcap > 0.f ? kLog2e : __fmul_rn(a.scale, kLog2e);
 }
 
@@ -101,6 +105,16 @@ __device__ __forceinline__ float Exp2(float x) {  // 2^x; ex2(-inf) = 0
 // stay 0 rather than NaN).
 __device__ __forceinline__ float MaxTimesScale(float m, float c) {
   return m == -INFINITY ? 0.f : __fmul_rn(m, c);
+}
+
+// A finished row's softmax denominator: its keys' sum l plus, with sinks, head `head`'s sink
+// weight relative to the row's max m (logit units): 2^(sink log2 e - m c). The sink is in the
+// units of the scaled (and capped) scores, which are u c / log2 e in both cases of ExpScale.
+// Pinned rounding: every mode that finishes the row adds the same bits.
+__device__ __forceinline__ float WithSink(float l, float m, float c, const AttentionArgs& a,
+                                          int32_t head) {
+  if (a.sinks == nullptr) return l;
+  return __fadd_rn(l, Exp2(__fsub_rn(__fmul_rn(a.sinks[head], kLog2e), MaxTimesScale(m, c))));
 }
 
 // The soft-capped score (pinned rounding: the same bits on every path).
@@ -690,7 +704,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           const int32_t first = FirstSplit(pos[mt][h], a.sliding_window);
           const int32_t last = pos[mt][h] / kInvariantSplitKeys;
           if (first == last) {
-            const float inv = __frcp_rn(lh);
+            const float inv =
+                __frcp_rn(WithSink(lh, m[mt][h], exp_scale, a, row_head(mt, h)));
             ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
               *reinterpret_cast<float2*>(orow + col) =
                   make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv));
@@ -712,7 +727,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             float wa, wb;
             FoldScalars(rm, rl, m[mt][h], lh, exp_scale, wa, wb);
             const bool final_split = s_idx == last;
-            const float inv = final_split ? __frcp_rn(rl) : 1.f;
+            const float inv =
+                final_split ? __frcp_rn(WithSink(rl, rm, exp_scale, a, row_head(mt, h))) : 1.f;
             // Every previous pair is loaded before the first store: loads and stores of `out`
             // interleaved made each load wait for the one before it (a fifth of the prefill
             // kernel's stall samples, ncu).
@@ -764,7 +780,7 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
       FoldScalars(M, L, rec[0], rec[1], exp_scale, wa, wb);
       O = FoldValue(O, rec[2 + d], wa, wb);
     }
-    out[row_id * D + d] = __fmul_rn(O, __frcp_rn(L));
+    out[row_id * D + d] = __fmul_rn(O, __frcp_rn(WithSink(L, M, exp_scale, a, head)));
   }
 }
 

@@ -1,7 +1,8 @@
 // Paged attention for prefill chunks (and mixed steps): block (query tile, head, sequence) holds
 // 16 query rows of one sequence; 32-key tiles of K and V are staged in shared memory and shared
 // by the tile's rows (4 warps x 4 rows; lane = key for scores, lane = output dims for P.V).
-// Causal, sliding window, soft-capping and GQA are per-(row, key) masks/maps. A plain CUDA-core
+// Causal, sliding window, soft-capping and GQA are per-(row, key) masks/maps; attention sinks
+// (args.sinks) add exp(sink - max) to a row's final denominator. A plain CUDA-core
 // flash-style kernel: correct first; tensor-core tiles are later work.
 #include <cmath>
 
@@ -131,7 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     if (row_pos[rr] < 0) continue;
-    const float total = WarpSum(l[rr]);
+    float total = WarpSum(l[rr]);
+    if (a.sinks != nullptr) total += expf(a.sinks[head] - m[rr]);  // m: the row's max, warp-uniform
     const int32_t token = first_token + warp * kRowsPerWarp + rr;
     float* out_row = out + (static_cast<int64_t>(token) * a.num_heads + head) * D;
 #pragma unroll

@@ -122,6 +122,12 @@ struct DeviceRope {
   DeviceBuffer cos, sin;  // each [max_positions, rotary_dim / 2] f32
 };
 
+// What a rope launch needs of its RopeSpec (launch closures stay within InlineOp's capacity).
+struct RopeDims {
+  int32_t head_dim, rotary_dim, max_positions;
+  static RopeDims Of(const RopeSpec& s) { return {s.head_dim, s.rotary_dim, s.max_positions}; }
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options)
@@ -858,17 +864,17 @@ void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
   CHECK_EQ(k.numel() % per_token, 0);
   const int32_t num_heads = static_cast<int32_t>(q.numel() / per_token);
   const int32_t num_kv_heads = static_cast<int32_t>(k.numel() / per_token);
-  const RopeSpec spec = rope.spec;
+  const RopeDims dims = RopeDims::Of(rope.spec);  // (the closure holds no whole RopeSpec)
   const float* cos = rope.cos.as<float>();
   const float* sin = rope.sin.as<float>();
   const cuda::PlanView plan = plan_;
   recorder_.Record({5, KeyOf(q.data), KeyOf(k.data), U(num_heads), U(num_kv_heads),
-                    U(spec.head_dim), U(spec.rotary_dim), KeyOf(cos), KeyOf(sin),
-                    U(spec.max_positions), KeyOf(plan.positions), U(plan.num_tokens)},
+                    U(dims.head_dim), U(dims.rotary_dim), KeyOf(cos), KeyOf(sin),
+                    U(dims.max_positions), KeyOf(plan.positions), U(plan.num_tokens)},
                    [=](cudaStream_t st) {
                      cuda::LaunchRope(static_cast<float*>(q.data), static_cast<float*>(k.data),
-                                      num_heads, num_kv_heads, spec.head_dim, spec.rotary_dim,
-                                      cos, sin, spec.max_positions, plan, st);
+                                      num_heads, num_kv_heads, dims.head_dim, dims.rotary_dim,
+                                      cos, sin, dims.max_positions, plan, st);
                    });
   last_rope_ = LastRope{recorder_.records(), static_cast<float*>(q.data),
                         static_cast<float*>(k.data), num_heads, rope_id};
@@ -901,18 +907,18 @@ void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {
       ropes_[static_cast<size_t>(r.rope_id)].spec.head_dim == kv_head_dim_) {
     // Rope(q, k) then WriteKv(k, v): one launch (rope.cu's arithmetic, write_kv.cu's stores).
     const DeviceRope& rope = ropes_[static_cast<size_t>(r.rope_id)];
-    const RopeSpec spec = rope.spec;
+    const RopeDims dims = RopeDims::Of(rope.spec);
     const float* cos = rope.cos.as<float>();
     const float* sin = rope.sin.as<float>();
     const float* vp = static_cast<const float*>(v.data);
     const std::array<uint64_t, 17> key = {
         15,           KeyOf(r.q),         KeyOf(r.k),       KeyOf(vp),   U(r.num_heads),
-        U(kv_heads_), U(spec.head_dim),   U(spec.rotary_dim), KeyOf(cos), KeyOf(sin),
-        U(spec.max_positions), KeyOf(kv.k), KeyOf(kv.v),    U(kv.bf16), KeyOf(plan.positions),
+        U(kv_heads_), U(dims.head_dim),   U(dims.rotary_dim), KeyOf(cos), KeyOf(sin),
+        U(dims.max_positions), KeyOf(kv.k), KeyOf(kv.v),    U(kv.bf16), KeyOf(plan.positions),
         KeyOf(plan.slot_mapping), U(plan.num_tokens)};
     recorder_.ReplaceLast(key, [=](cudaStream_t st) {
-      cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, spec.rotary_dim, cos, sin,
-                              spec.max_positions, kv, plan, st);
+      cuda::LaunchRopeWriteKv(r.q, r.k, vp, r.num_heads, dims.rotary_dim, cos, sin,
+                              dims.max_positions, kv, plan, st);
     });
     last_rope_kv_ = LastRopeKv{recorder_.records(), r.q, r.k, vp, layer, r.rope_id};
     return;
@@ -932,8 +938,15 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   CHECK_EQ(q.numel(), plan_.num_tokens * width);
   CHECK_EQ(out.numel(), plan_.num_tokens * width);
   const cuda::KvLayerView kv = KvLayer(params.layer, params.num_kv_heads, params.head_dim);
-  const cuda::AttentionArgs args{params.num_heads, params.num_kv_heads, params.head_dim,
-                                 params.scale,     params.sliding_window, params.softcap};
+  if (params.sinks != nullptr) {
+    CHECK(params.sinks->dtype == DType::kF32 && params.sinks->numel() == params.num_heads)
+        << "attention sinks " << ShapeString(*params.sinks) << " "
+        << DTypeName(params.sinks->dtype) << ", want [" << params.num_heads << "] F32";
+  }
+  const cuda::AttentionArgs args{
+      params.num_heads,     params.num_kv_heads, params.head_dim,
+      params.scale,         params.sliding_window, params.softcap,
+      params.sinks != nullptr ? static_cast<const float*>(params.sinks->data) : nullptr};
   const float* qp = static_cast<const float*>(q.data);
   float* op = static_cast<float*>(out.data);
   const cuda::PlanView plan = plan_;
@@ -970,9 +983,9 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
   const int32_t max_query_len = max_query_len_;
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
-                    U(args.sliding_window), KeyOf(args.softcap), U(splits), KeyOf(partials),
-                    U(max_query_len), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
-                    U(plan.block_size)},
+                    U(args.sliding_window), KeyOf(args.softcap), KeyOf(args.sinks), U(splits),
+                    KeyOf(partials), U(max_query_len), KeyOf(plan.seqs), U(plan.num_tokens),
+                    U(plan.num_seqs), U(plan.block_size)},
                    [=](cudaStream_t st) {
                      if (splits > 0) {
                        cuda::LaunchAttentionDecode(args, qp, kv, plan, splits, partials, op, st);
@@ -1015,13 +1028,13 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
     const cuda::RopeKvInput in{r.k, r.v, rope.cos.as<float>(), rope.sin.as<float>(),
                                rope.spec.rotary_dim};
     // Op 17 (profiled as "RopeAttention").
-    const std::array<uint64_t, 21> key = {
+    const std::array<uint64_t, 22> key = {
         17,           KeyOf(qp),         KeyOf(op),           KeyOf(kv.k),
         KeyOf(kv.v),  U(args.num_heads), U(args.num_kv_heads), U(args.head_dim),
-        KeyOf(args.scale), U(args.sliding_window), KeyOf(args.softcap), U(splits),
-        KeyOf(partials), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
-        U(plan.block_size), KeyOf(in.k),  KeyOf(in.v),        KeyOf(in.cos_table),
-        KeyOf(plan.slot_mapping)};
+        KeyOf(args.scale), U(args.sliding_window), KeyOf(args.softcap), KeyOf(args.sinks),
+        U(splits),    KeyOf(partials),   KeyOf(plan.seqs),     U(plan.num_tokens),
+        U(plan.num_seqs), U(plan.block_size), KeyOf(in.k),     KeyOf(in.v),
+        KeyOf(in.cos_table), KeyOf(plan.slot_mapping)};
     recorder_.ReplaceLast(key, [=](cudaStream_t st) {
       cuda::LaunchAttentionInvariant(args, qp, kv, plan, max_query_len, splits, partials, op, &in,
                                      st);
@@ -1031,9 +1044,9 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
   // Op 7 (profiled as "Attention"); 1000 + splits tells these launches from the per-step ones.
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
-                    U(args.sliding_window), KeyOf(args.softcap), U(1000 + splits), KeyOf(partials),
-                    U(max_query_len), KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs),
-                    U(plan.block_size)},
+                    U(args.sliding_window), KeyOf(args.softcap), KeyOf(args.sinks),
+                    U(1000 + splits), KeyOf(partials), U(max_query_len), KeyOf(plan.seqs),
+                    U(plan.num_tokens), U(plan.num_seqs), U(plan.block_size)},
                    [=](cudaStream_t st) {
                      cuda::LaunchAttentionInvariant(args, qp, kv, plan, max_query_len, splits,
                                                     partials, op, nullptr, st);

@@ -167,6 +167,10 @@ struct AttentionArgs {
   float scale = 1.0f;
   int32_t sliding_window = 0;
   float softcap = 0.0f;
+  // Learned attention sinks [num_heads] f32, or null (AttentionParams::sinks): head h's softmax
+  // denominator gains exp(sinks[h] - max), in the units of the scaled (and capped) scores. Read
+  // once per row at its final normalisation, so null costs a uniform branch.
+  const float* sinks = nullptr;
 };
 constexpr int32_t kMaxHeadDim = 256;
 
