@@ -303,7 +303,8 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
   // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
-  // gate, up and down pointers, uploaded at its first use.
+  // gate, up and down pointers (then gate, up and down bias pointers for a biased set), uploaded
+  // at its first use.
   std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
   // MoeMlp's scratch (route, schedule, activations): one arena region per step, shared by the
   // step's MoE layers (their launches run in stream order), grown when a layer needs more.
@@ -1092,10 +1093,16 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   const int64_t inter = experts.gate[0].rows();
   const DType wtype = experts.gate[0].dtype;
   CHECK(wtype == DType::kBF16 || wtype == DType::kF32) << DTypeName(wtype);
+  const bool biased = experts.biased();
+  if (experts.router_bias) {
+    CHECK(experts.router_bias->dtype == DType::kF32 && experts.router_bias->numel() == num_experts)
+        << "router bias " << ShapeString(*experts.router_bias);
+  }
   auto table = std::find_if(moe_tables_.begin(), moe_tables_.end(), [&](const auto& t) {
     return t.first == experts.gate[0].data;
   });
   if (table == moe_tables_.end()) {
+    // [gate, up, down (, gate_bias, up_bias, down_bias)] x num_experts pointers.
     std::vector<const void*> ptrs;
     for (const std::vector<Tensor>* part : {&experts.gate, &experts.up, &experts.down}) {
       for (const Tensor& w : *part) {
@@ -1104,6 +1111,18 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
             << "expert weight " << ShapeString(w) << " " << DTypeName(w.dtype);
         CHECK_EQ(reinterpret_cast<uintptr_t>(w.data) % 16, 0u);
         ptrs.push_back(w.data);
+      }
+    }
+    if (biased) {
+      for (const std::vector<Tensor>* part :
+           {&experts.gate_bias, &experts.up_bias, &experts.down_bias}) {
+        CHECK_EQ(part->size(), experts.gate.size());
+        for (const Tensor& bias : *part) {
+          CHECK(bias.dtype == DType::kF32 &&
+                bias.numel() == (part == &experts.down_bias ? d : inter))
+              << "expert bias " << ShapeString(bias) << " " << DTypeName(bias.dtype);
+          ptrs.push_back(bias.data);
+        }
       }
     }
     if (moe_tables_.empty()) cuda::PrepareMoeKernels();
@@ -1119,6 +1138,18 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.gate = ptrs;
   a.up = ptrs + num_experts;
   a.down = ptrs + 2 * num_experts;
+  a.router_bias =
+      experts.router_bias ? static_cast<const float*>(experts.router_bias->data) : nullptr;
+  if (biased) {
+    CHECK_EQ(table->second.bytes(), 6 * num_experts * sizeof(void*));  // built biased
+    const auto* biases = reinterpret_cast<const float* const*>(ptrs + 3 * num_experts);
+    a.gate_bias = biases;
+    a.up_bias = biases + num_experts;
+    a.down_bias = biases + 2 * num_experts;
+  }
+  a.clamped_swiglu = experts.activation == MoeActivation::kClampedSwiglu;
+  a.swiglu_limit = experts.swiglu_limit;
+  a.swiglu_alpha = experts.swiglu_alpha;
   a.w_bf16 = wtype == DType::kBF16;
   a.rows = rows;
   a.d = d;
@@ -1159,7 +1190,9 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
   recorder_.Record({18, KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs),
                     U(a.w_bf16), U(rows), U(d), U(inter), U(num_experts), U(a.top_k),
-                    U(a.normalize), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out)},
+                    U(a.normalize), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out), KeyOf(a.router_bias),
+                    KeyOf(a.gate_bias), U(a.clamped_swiglu), KeyOf(a.swiglu_limit),
+                    KeyOf(a.swiglu_alpha)},
                    [=](cudaStream_t st) { cuda::LaunchMoeMlp(a, st); });
 }
 

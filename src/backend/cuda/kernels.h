@@ -72,8 +72,9 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
 // ---- moe.cu ----
 // Backend::MoeMlp: out = the router's top-k experts of each row of x, weighted (see moe.cu).
 // gate/up/down: device arrays of num_experts weight pointers ([inter, d], [inter, d], [d, inter];
-// bf16 or f32 per w_bf16, 16-byte aligned). The scratch buffers are sized by MoeMaxTiles and the
-// row count; everything stays on the device (graph-capturable).
+// bf16 or f32 per w_bf16, 16-byte aligned); gate_bias/up_bias/down_bias: null, or device arrays of
+// num_experts f32 vector pointers ([inter], [inter], [d]; all three or none). The scratch buffers
+// are sized by MoeMaxTiles and the row count; everything stays on the device (graph-capturable).
 constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
 constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
 constexpr int kMoeMaxExperts = 32 * 32;       // the route kernel's per-lane masks cover 32 each
@@ -84,6 +85,13 @@ struct MoeArgs {
   const void* const* gate = nullptr;
   const void* const* up = nullptr;
   const void* const* down = nullptr;
+  const float* router_bias = nullptr;            // [num_experts] or null
+  const float* const* gate_bias = nullptr;       // [num_experts] pointers or null, as up/down
+  const float* const* up_bias = nullptr;
+  const float* const* down_bias = nullptr;
+  // false: act = silu(g) * u; true: the clamped SwiGLU of MoeActivation::kClampedSwiglu.
+  bool clamped_swiglu = false;
+  float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
   bool w_bf16 = true;
   int64_t rows = 0, d = 0, inter = 0;
   int32_t num_experts = 0, top_k = 0;

@@ -1,6 +1,7 @@
 // Mixture-of-experts MLP (Backend::MoeMlp) on the device, with no host round trip (decode steps
 // replay as graphs): six launches (five up to kFusedRouteRows rows).
-//   0. router: a warp per (row, expert): the logit, f32 x times the router row, f32 accumulation.
+//   0. router: a warp per (row, expert): the logit, f32 x times the router row, f32 accumulation
+//      (+ the router bias, gpt_oss).
 //   1. route: a warp per row: softmax of the router logits, the top k (lower expert first on
 //      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
 //      backend/moe_route.h).
@@ -8,13 +9,15 @@
 //      expert, and cut into tiles of up to kMoeTileRows pairs of one expert.
 //   3. gate/up: per tile, its pairs' x rows in shared memory (f32); a warp per pair of
 //      intermediate features streams those features' gate and up rows (16-byte loads) against
-//      every row of the tile; act = silu(gate) * up, f32.
-//   4. down: the same over the tile's act rows and the down rows.
+//      every row of the tile; gate and up (+ their biases) through the activation: silu(gate) * up
+//      or gpt_oss's clamped SwiGLU, f32.
+//   4. down: the same over the tile's act rows and the down rows (+ the down bias).
 //   5. combine: out[i] = sum over the row's slots in ascending expert order of weight * y.
 // Each pair's dot products are reduced in a fixed order (lane-strided partial sums, then the warp
 // butterfly) whatever the other pairs of its tile, so a row's result does not depend on the
 // batch. The grid is sized for the worst case (MoeMaxTiles); tiles past the schedule's count
-// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32.
+// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32, biases f32. Without
+// biases and with silu the arithmetic is what it was before either existed (the same bits).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -84,17 +87,19 @@ __device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float
 
 // logits[row, e] = router[e] . x[row]: a warp per (row, expert), lane-strided over d (d % 8 == 0)
 // then the warp butterfly.
+// (+ bias[e] when bias is not null).
 template <typename W>
 __global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict__ router,
-                                int64_t rows, int32_t num_experts, int64_t d,
-                                float* __restrict__ logits) {
+                                const float* __restrict__ bias, int64_t rows,
+                                int32_t num_experts, int64_t d, float* __restrict__ logits) {
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (item >= rows * num_experts) return;
   const int64_t row = item / num_experts, e = item % num_experts;
   float acc[1][kMoeTileRows] = {};
   const W* const w[1] = {router + e * d};
   DotRows<1>(w, x + row * d, d, 1, acc);
-  const float logit = WarpSum(acc[0][0]);
+  float logit = WarpSum(acc[0][0]);
+  if (bias != nullptr) logit += bias[e];
   if (threadIdx.x % 32 == 0) logits[item] = logit;
 }
 
@@ -205,6 +210,23 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
   }
 }
 
+// The gated activation of the gate/up kernel and the experts' gate/up biases (null: none).
+struct ExpertActivation {
+  const float* const* gate_bias;  // [num_experts] pointers to [inter] f32, or null
+  const float* const* up_bias;
+  bool clamped_swiglu;            // false: silu(g) * u
+  float limit, alpha;
+};
+
+// act(g, u): silu(g) u, or (gpt_oss, transformers' order) g' = min(g, limit),
+// u' = clamp(u, -limit, limit), (u' + 1) (g' sigmoid(alpha g')).
+__device__ __forceinline__ float Activate(float g, float u, const ExpertActivation& p) {
+  if (!p.clamped_swiglu) return g / (1.0f + expf(-g)) * u;
+  g = fminf(g, p.limit);
+  u = fminf(fmaxf(u, -p.limit), p.limit);
+  return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * p.alpha)))));
+}
+
 struct Tile {
   int32_t expert, first, rows;
 };
@@ -221,7 +243,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     MoeGateUpKernel(const float* __restrict__ x, const W* const* __restrict__ gate,
                     const W* const* __restrict__ up, const int32_t* __restrict__ sorted,
                     const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
-                    int32_t top_k, int64_t d, int64_t inter, float* __restrict__ act) {
+                    int32_t top_k, int64_t d, int64_t inter, ExpertActivation activation,
+                    float* __restrict__ act) {
   extern __shared__ float xs[];  // [rows, d]
   Tile t;
   if (!LoadTile(tiles, num_tiles, &t)) return;
@@ -234,6 +257,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const W* g_w = gate[t.expert];
   const W* u_w = up[t.expert];
+  const float* g_b = activation.gate_bias != nullptr ? activation.gate_bias[t.expert] : nullptr;
+  const float* u_b = activation.up_bias != nullptr ? activation.up_bias[t.expert] : nullptr;
 #pragma unroll
   for (int f = 0; f < kFeaturesPerWarp; ++f) {
     const int64_t c =
@@ -251,8 +276,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int r = 0; r < kMoeTileRows; ++r) {
         if (r >= t.rows) break;
-        const float g = acc[0][r], u = acc[1][r];
-        act[(t.first + r) * inter + c] = g / (1.0f + expf(-g)) * u;
+        float g = acc[0][r], u = acc[1][r];
+        if (g_b != nullptr) {
+          g += g_b[c];
+          u += u_b[c];
+        }
+        act[(t.first + r) * inter + c] = Activate(g, u, activation);
       }
     }
   }
@@ -261,6 +290,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <typename W>
 __global__ void __launch_bounds__(kWarps * 32)
     MoeDownKernel(const float* __restrict__ act, const W* const* __restrict__ down,
+                  const float* const* __restrict__ down_bias,
                   const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
                   int64_t d, int64_t inter, float* __restrict__ y) {
   extern __shared__ float as[];  // [rows, inter]
@@ -271,6 +301,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const W* d_w = down[t.expert];
+  const float* d_b = down_bias != nullptr ? down_bias[t.expert] : nullptr;  // [d] or null
 #pragma unroll
   for (int f = 0; f < kFeaturesPerWarp; ++f) {
     const int64_t c =
@@ -285,7 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int r = 0; r < kMoeTileRows; ++r) {
         if (r >= t.rows) break;
-        y[(t.first + r) * d + c] = acc[0][r];
+        y[(t.first + r) * d + c] = d_b != nullptr ? acc[0][r] + d_b[c] : acc[0][r];
       }
     }
   }
@@ -325,7 +356,7 @@ template <typename W>
 void LaunchStages(const MoeArgs& a, cudaStream_t stream) {
   const int64_t router_threads = a.rows * a.num_experts * 32;
   MoeRouterKernel<W><<<static_cast<unsigned>((router_threads + 255) / 256), 256, 0, stream>>>(
-      a.x, static_cast<const W*>(a.router), a.rows, a.num_experts, a.d, a.logits);
+      a.x, static_cast<const W*>(a.router), a.router_bias, a.rows, a.num_experts, a.d, a.logits);
   CUDA_CHECK(cudaGetLastError());
   LaunchRouteAndSchedule(a, stream);
   const size_t x_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.d);
@@ -334,14 +365,17 @@ void LaunchStages(const MoeArgs& a, cudaStream_t stream) {
   const auto* up = reinterpret_cast<const W* const*>(a.up);
   const auto* down = reinterpret_cast<const W* const*>(a.down);
   const unsigned tiles = static_cast<unsigned>(a.max_tiles);
+  const ExpertActivation activation{a.gate_bias, a.up_bias, a.clamped_swiglu, a.swiglu_limit,
+                                 a.swiglu_alpha};
   MoeGateUpKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.inter + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
          kWarps * 32, x_smem, stream>>>(a.x, gate, up, a.sorted, a.tiles, a.num_tiles, a.top_k, a.d,
-                                        a.inter, a.act);
+                                        a.inter, activation, a.act);
   CUDA_CHECK(cudaGetLastError());
   MoeDownKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.d + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
-         kWarps * 32, act_smem, stream>>>(a.act, down, a.tiles, a.num_tiles, a.d, a.inter, a.y);
+         kWarps * 32, act_smem, stream>>>(a.act, down, a.down_bias, a.tiles, a.num_tiles, a.d,
+                                          a.inter, a.y);
   CUDA_CHECK(cudaGetLastError());
 }
 
