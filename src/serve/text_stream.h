@@ -1,12 +1,17 @@
 // TextStream: turns one sample's generated token ids into output text deltas — incremental
 // detokenization (never a partial UTF-8 character) followed by stop-string matching across token
 // boundaries (a stop string never reaches the output; only the longest suffix that could still
-// start one is held back). Used by the HTTP server and by `ember run` / `ember batch`.
+// start one is held back). Special tokens are all kept or all skipped, or all skipped but a given
+// few (harmony's control tokens, which its parser reads: harmony.h). Used by the HTTP server and
+// by `ember run` / `ember batch`.
 // Not thread-safe: one TextStream per sample; the Tokenizer must outlive it.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "serve/stop_matcher.h"
@@ -19,6 +24,10 @@ class TextStream {
  public:
   TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
              bool skip_special_tokens);
+  // Skips special tokens except those whose text is in `kept_special_tokens` (tokens the
+  // vocabulary lacks are ignored): their text stays in the output.
+  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+             std::span<const std::string_view> kept_special_tokens);
 
   // Feeds one generated token. Once `stopped` is true the sample is done: the caller stops
   // generating; later pushes return {"", true}.
@@ -30,7 +39,12 @@ class TextStream {
   bool stopped() const { return matcher_.stopped(); }
 
  private:
+  const Tokenizer& tokenizer_;
   IncrementalDetokenizer detokenizer_;
+  // With kept special tokens: the detokenizer keeps every special token and Push drops those not
+  // kept (dropping an id before the detokenizer is what skipping it there does).
+  bool skip_unkept_special_ = false;
+  std::unordered_set<int32_t> kept_special_ids_;
   StopStringMatcher matcher_;
   bool finished_ = false;
 };

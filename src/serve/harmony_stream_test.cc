@@ -1,0 +1,119 @@
+// Harmony through the server's real detokenize path: a reply encoded with the gpt-oss tokenizer
+// (its control tokens are single special ids) streamed id by id through a TextStream that keeps
+// harmony's control tokens, into a HarmonyParser, splits exactly as the text does; other special
+// tokens stay skipped, and a TextStream that skips every special token is unchanged.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/harmony.h"
+#include "serve/text_stream.h"
+#include "util/testing.h"
+
+namespace ember::serve {
+namespace {
+
+constexpr std::string_view kReply =
+    "<|channel|>analysis<|message|>User wants the weather in Zürich — call get_weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    "<|message|>{\"location\": \"Zürich\", \"unit\": \"°C\"}<|call|>";
+
+class HarmonyStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::TokenizersDir() + "/gptoss";
+    EMBER_REQUIRE_DIR(dir);
+    auto tok = Tokenizer::Load(dir);
+    ASSERT_TRUE(tok.ok()) << tok.message();
+    tokenizer_ = std::move(*tok);
+  }
+
+  std::vector<int32_t> Ids(std::string_view text) const {
+    return tokenizer_->Encode(text, /*add_special_tokens=*/false);
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+TEST_F(HarmonyStreamTest, ControlTokensAreSingleSpecialIds) {
+  for (std::string_view token : HarmonyControlTokens()) {
+    const std::optional<int32_t> id = tokenizer_->TokenToId(token);
+    ASSERT_TRUE(id.has_value()) << token;
+    EXPECT_TRUE(tokenizer_->IsSpecial(*id)) << token;
+    EXPECT_EQ(Ids(token), std::vector<int32_t>{*id}) << token;
+  }
+}
+
+TEST_F(HarmonyStreamTest, TokenByTokenThroughTextStream) {
+  // The model's last token, <|call|>, is a stop token: the server never pushes it.
+  std::vector<int32_t> ids = Ids(kReply);
+  ASSERT_EQ(ids.back(), *tokenizer_->TokenToId("<|call|>"));
+  ids.pop_back();
+  // An unkept special token (<|endoftext|>) in the middle must vanish, as it does today.
+  const int32_t endoftext = *tokenizer_->TokenToId("<|endoftext|>");
+  ids.insert(ids.begin() + 3, endoftext);
+
+  TextStream stream(*tokenizer_, {}, HarmonyControlTokens());
+  HarmonyParser parser(HarmonyOptions{}, "<|start|>user<|message|>Weather?<|end|><|start|>assistant");
+  std::string text, reasoning, content;
+  std::vector<ToolCall> calls;
+  auto add = [&](HarmonyDelta d) {
+    reasoning += d.reasoning;
+    content += d.content;
+    for (ToolCall& c : d.calls) calls.push_back(std::move(c));
+  };
+  for (int32_t id : ids) {
+    const TextDelta delta = stream.Push(id);
+    ASSERT_FALSE(delta.stopped);
+    text += delta.text;
+    add(parser.Push(delta.text));
+  }
+  const std::string tail = stream.Finish();
+  text += tail;
+  add(parser.Push(tail));
+  add(parser.Finish());
+
+  EXPECT_EQ(text, std::string(kReply.substr(0, kReply.size() - std::string_view("<|call|>").size())));
+  EXPECT_EQ(reasoning, "User wants the weather in Zürich — call get_weather.");
+  EXPECT_EQ(content, "");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(calls[0].arguments),
+            nlohmann::json::parse(R"({"location": "Zürich", "unit": "°C"})"));
+}
+
+TEST_F(HarmonyStreamTest, SkippingStreamIsUnchanged) {
+  // Other models' samples skip every special token, harmony's included, as before.
+  const std::vector<int32_t> ids = Ids(kReply);
+  TextStream stream(*tokenizer_, {}, /*skip_special_tokens=*/true);
+  std::string text;
+  for (int32_t id : ids) text += stream.Push(id).text;
+  text += stream.Finish();
+  EXPECT_EQ(text, tokenizer_->Decode(ids, /*skip_special_tokens=*/true));
+  for (std::string_view token : HarmonyControlTokens()) EXPECT_EQ(text.find(token), std::string::npos);
+}
+
+TEST_F(HarmonyStreamTest, StopStringStillCutsTheText) {
+  const std::vector<int32_t> ids = Ids(
+      "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>One. STOP Two.");
+  TextStream stream(*tokenizer_, {"STOP"}, HarmonyControlTokens());
+  HarmonyParser parser(HarmonyOptions{}, "<|start|>assistant");
+  std::string reasoning, content;
+  for (int32_t id : ids) {
+    const TextDelta delta = stream.Push(id);
+    const HarmonyDelta d = parser.Push(delta.text);
+    reasoning += d.reasoning;
+    content += d.content;
+    if (delta.stopped) break;
+  }
+  const HarmonyDelta d = parser.Finish();
+  reasoning += d.reasoning;
+  content += d.content;
+  EXPECT_TRUE(stream.stopped());
+  EXPECT_EQ(reasoning, "Think.");
+  EXPECT_EQ(content, "One. ");
+}
+
+}  // namespace
+}  // namespace ember::serve
