@@ -38,10 +38,6 @@ void ApplyYarn(const RopeSpec& spec, const std::vector<float>& pos_freq, std::ve
 
 }  // namespace
 
-double YarnAttentionFactor(double factor) {
-  return factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
-}
-
 std::vector<float> RopeInvFreq(const RopeSpec& spec) {
   const int32_t half = spec.rotary_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half)), pos_freq(inv.size());

@@ -15,9 +15,6 @@ namespace ember {
 // kYarn: interpolated below the correction range, extrapolated above it, ramped between).
 std::vector<float> RopeInvFreq(const RopeSpec& spec);
 
-// YaRN's default attention factor for a context-extension factor s: 0.1 ln(s) + 1 (1 for s <= 1).
-double YarnAttentionFactor(double factor);
-
 struct RopeTable {
   std::vector<float> cos, sin;  // each [max_positions, rotary_dim / 2], times attention_factor
 };

@@ -174,8 +174,8 @@ TEST_P(PromptLogprobsGoldenTest, EqualLogSoftmaxOfTheGoldenLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PromptLogprobsGoldenTest,
-                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-                                           "gemma2", "gemma3"));
+                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
+                                           "mistral", "phi3", "gemma2", "gemma3"));
 
 // A prompt of `len` ids over the vocabulary, deterministic.
 std::vector<int32_t> Prompt(int32_t len, int32_t vocab, int32_t salt) {

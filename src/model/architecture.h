@@ -1,7 +1,7 @@
-// Internal to model/: the weights of a dense decoder as backend tensors, and the per-family
-// forward passes (llama.cc: llama/mistral/qwen2/qwen3/phi3; gemma.cc: gemma2/gemma3_text).
-// Built once by Model::Load; Forward functions run one step on the model's backend. Not
-// thread-safe (the engine thread only).
+// Internal to model/: the weights of a decoder as backend tensors, and the per-family forward
+// passes (llama.cc: llama/mistral/qwen2/qwen3/qwen3_moe/phi3/gpt_oss; gemma.cc:
+// gemma2/gemma3_text). Built once by Model::Load; Forward functions run one step on the model's
+// backend. Not thread-safe (the engine thread only).
 #pragma once
 
 #include <optional>
@@ -17,12 +17,14 @@ struct LayerWeights {
   Tensor attn_norm;                          // [hidden]  input_layernorm
   Tensor wq, wk, wv, wo;                     // [q_dim, hidden], [kv_dim, hidden] x2, [hidden, q_dim]
   std::optional<Tensor> bq, bk, bv;          // [q_dim], [kv_dim], [kv_dim] (qwen2)
+  std::optional<Tensor> bo;                  // [hidden] o_proj bias (ModelConfig::o_bias)
+  std::optional<Tensor> sinks;               // [num_heads] attention sinks (gpt_oss)
   std::optional<Tensor> q_norm, k_norm;      // [head_dim] (qwen3, gemma3)
   Tensor post_attn_norm;                     // [hidden]  llama: before MLP; gemma: after attention
   std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
   Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter] (dense MLP)
-  MoeExperts experts;  // a mixture-of-experts MLP (qwen3_moe) when it has experts: mlp.gate,
-                       // mlp.experts.E.{gate,up,down}_proj
+  MoeExperts experts;  // a mixture-of-experts MLP when it has experts (qwen3_moe: mlp.gate,
+                       // mlp.experts.E.{gate,up,down}_proj; gpt_oss: mlp.router, mlp.experts.*)
   bool moe() const { return !experts.gate.empty(); }
   int32_t rope_id = 0;                       // global or local rope table
   int32_t sliding_window = 0;                // 0: full attention
@@ -36,6 +38,9 @@ struct Model::Impl {
   Tensor final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
   int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
+  // Weights the loader rearranged on the host (gpt_oss experts), kept while the backend points
+  // into them (Backend::KeepsHostWeights).
+  std::vector<std::vector<uint8_t>> host_weights;
 };
 
 // The per-step activation buffers of a decoder, from the backend's step workspace (gate, up and

@@ -42,6 +42,7 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   ap.scale = c.attention_scale;
   ap.sliding_window = w.sliding_window;
   ap.softcap = c.attn_logit_softcapping;  // 0 (none) outside gemma2
+  ap.sinks = w.sinks ? &*w.sinks : nullptr;
   be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
 }
 

@@ -14,8 +14,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::vector<std::string> kSupported = {"llama", "mistral", "qwen2",  "qwen3",
-                                              "qwen3_moe", "phi3",  "gemma2", "gemma3_text"};
+const std::vector<std::string> kSupported = {
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "gpt_oss"};
 
 class Reader {
  public:
@@ -81,9 +81,35 @@ class Reader {
   std::string source_;
 };
 
+// YaRN's attention factor (transformers' _compute_yarn_parameters): attention_factor when
+// given, else from mscale / mscale_all_dim when both are, else 0.1 ln(factor) + 1.
+Status ParseYarn(const Reader& r, int32_t max_positions, RopeConfig* rope) {
+  EMBER_ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                         r.Int("original_max_position_embeddings", max_positions));
+  EMBER_ASSIGN_OR_RETURN(rope->beta_fast, r.Num("beta_fast", 32.0));
+  EMBER_ASSIGN_OR_RETURN(rope->beta_slow, r.Num("beta_slow", 1.0));
+  EMBER_ASSIGN_OR_RETURN(rope->truncate, r.Bool("truncate", true));
+  if (!(rope->factor > 0)) return r.Err("factor", "must be positive");
+  if (rope->original_max_position_embeddings <= 0)
+    return r.Err("original_max_position_embeddings", "must be positive");
+  if (!(rope->beta_fast > 0) || !(rope->beta_slow > 0))
+    return r.Err("beta_fast", "and beta_slow must be positive");
+  if (r.Present("attention_factor")) {
+    EMBER_ASSIGN_OR_RETURN(rope->attention_factor, r.Num("attention_factor"));
+    return Status::Ok();
+  }
+  const auto mscale = [&](double m) {
+    return rope->factor <= 1.0 ? 1.0 : 0.1 * m * std::log(rope->factor) + 1.0;
+  };
+  EMBER_ASSIGN_OR_RETURN(double m, r.Num("mscale", 0.0));
+  EMBER_ASSIGN_OR_RETURN(double m_all, r.Num("mscale_all_dim", 0.0));
+  rope->attention_factor = m != 0.0 && m_all != 0.0 ? mscale(m) / mscale(m_all) : mscale(1.0);
+  return Status::Ok();
+}
+
 // Reads one rope description: {rope_type|type, rope_theta?, factor, ...}. `theta` is the default.
-Result<RopeConfig> ParseRope(const json* params, double theta, const std::string& source,
-                             const std::string& field) {
+Result<RopeConfig> ParseRope(const json* params, double theta, int32_t max_positions,
+                             const std::string& source, const std::string& field) {
   RopeConfig rope;
   rope.theta = theta;
   if (params == nullptr || params->is_null()) return rope;
@@ -105,8 +131,13 @@ Result<RopeConfig> ParseRope(const json* params, double theta, const std::string
     }
     return rope;
   }
+  if (type == "yarn") {
+    EMBER_ASSIGN_OR_RETURN(rope.factor, r.Num("factor"));
+    EMBER_RETURN_IF_ERROR(ParseYarn(r, max_positions, &rope));
+    return rope;
+  }
   return Status::Error(source + ": field \"" + field + "\": rope_type \"" + type +
-                       "\" is not supported (supported: default, linear, llama3)");
+                       "\" is not supported (supported: default, linear, llama3, yarn)");
 }
 
 // qwen3_moe: the experts (4.x says num_experts, 5.x num_local_experts) and which layers use them:
@@ -137,6 +168,30 @@ Status ParseMoe(const Reader& r, ModelConfig* c) {
   c->moe_layers.assign(static_cast<size_t>(c->num_layers), 0);
   for (int32_t l = 0; l < c->num_layers; ++l)
     c->moe_layers[static_cast<size_t>(l)] = !dense.contains(l) && (l + 1) % sparse_step == 0;
+  return Status::Ok();
+}
+
+// gpt_oss: every layer's MLP is num_local_experts experts of intermediate_size, the top
+// num_experts_per_tok (4.x checkpoints also say experts_per_token) weighted by a softmax over
+// their logits: MoeRoute's renormalised top k of the full softmax, the same weights.
+Status ParseGptOssMoe(const Reader& r, ModelConfig* c) {
+  EMBER_ASSIGN_OR_RETURN(c->num_experts, r.Int("num_local_experts"));
+  const std::string k_field = r.Present("num_experts_per_tok") || !r.Present("experts_per_token")
+                                  ? "num_experts_per_tok"
+                                  : "experts_per_token";
+  EMBER_ASSIGN_OR_RETURN(c->num_experts_per_tok, r.Int(k_field));
+  EMBER_ASSIGN_OR_RETURN(double limit, r.Num("swiglu_limit", 7.0));
+  if (c->num_experts <= 0) return r.Err("num_local_experts", "must be positive");
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts)
+    return r.Err(k_field,
+                 "must be in [1, num_local_experts = " + std::to_string(c->num_experts) + "]");
+  if (!(limit > 0)) return r.Err("swiglu_limit", "must be positive");
+  c->moe_intermediate_size = c->intermediate_size;
+  c->norm_topk_prob = true;
+  c->moe_biased = true;
+  c->moe_activation = MoeActivation::kClampedSwiglu;
+  c->swiglu_limit = static_cast<float>(limit);
+  c->moe_layers.assign(static_cast<size_t>(c->num_layers), 1);
   return Status::Ok();
 }
 
@@ -187,13 +242,15 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   if (r.Present("rope_parameters")) {
     const json& rp = j["rope_parameters"];
     if (rp.is_object() && rp.contains("full_attention")) {  // per layer type (gemma3)
-      EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(&rp["full_attention"], 10000.0, source,
-                                               "rope_parameters.full_attention"));
+      EMBER_ASSIGN_OR_RETURN(
+          c.rope, ParseRope(&rp["full_attention"], 10000.0, c.max_position_embeddings, source,
+                            "rope_parameters.full_attention"));
       const json* local = rp.contains("sliding_attention") ? &rp["sliding_attention"] : nullptr;
-      EMBER_ASSIGN_OR_RETURN(c.rope_local, ParseRope(local, 10000.0, source,
-                                                     "rope_parameters.sliding_attention"));
+      EMBER_ASSIGN_OR_RETURN(c.rope_local, ParseRope(local, 10000.0, c.max_position_embeddings,
+                                                     source, "rope_parameters.sliding_attention"));
     } else {
-      EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(&rp, 10000.0, source, "rope_parameters"));
+      EMBER_ASSIGN_OR_RETURN(
+          c.rope, ParseRope(&rp, 10000.0, c.max_position_embeddings, source, "rope_parameters"));
       c.rope_local = c.rope;
       if (rp.is_object() && rp.contains("partial_rotary_factor") &&
           rp["partial_rotary_factor"].is_number())
@@ -202,7 +259,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   } else {
     EMBER_ASSIGN_OR_RETURN(double theta, r.Num("rope_theta", 10000.0));
     const json* scaling = r.Present("rope_scaling") ? &j["rope_scaling"] : nullptr;
-    EMBER_ASSIGN_OR_RETURN(c.rope, ParseRope(scaling, theta, source, "rope_scaling"));
+    EMBER_ASSIGN_OR_RETURN(
+        c.rope, ParseRope(scaling, theta, c.max_position_embeddings, source, "rope_scaling"));
     c.rope_local = c.rope;
     if (t == "gemma3_text") {  // 4.x: scaling applies to global layers; local uses its own base
       EMBER_ASSIGN_OR_RETURN(double local_theta, r.Num("rope_local_base_freq", 10000.0));
@@ -228,7 +286,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
       else if (s != "full_attention")
         return r.Err("layer_types", "entry " + std::to_string(i) + " must be \"full_attention\" or \"sliding_attention\"");
     }
-  } else if (t == "gemma2") {  // 4.x: even layers slide
+  } else if (t == "gemma2" || t == "gpt_oss") {  // no layer_types: even layers slide
     for (int32_t i = 0; i < c.num_layers; i += 2) c.layer_types[i] = LayerType::kSlidingAttention;
   } else if (t == "gemma3_text") {
     EMBER_ASSIGN_OR_RETURN(int32_t pattern, r.Int("sliding_window_pattern", 6));
@@ -252,6 +310,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   // ---- family features ----
   EMBER_ASSIGN_OR_RETURN(bool attn_bias, r.Bool("attention_bias", false));
   c.attention_bias = t == "qwen2" || attn_bias;
+  c.o_bias = attn_bias && t != "qwen2";  // qwen2's o_proj has none (and no attention_bias field)
+  c.attention_sinks = t == "gpt_oss";
   c.qk_norm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text";
   c.fused_qkv = t == "phi3";
   c.gemma_norms = gemma;
@@ -271,6 +331,17 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     c.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   }
   if (t == "qwen3_moe") EMBER_RETURN_IF_ERROR(ParseMoe(r, &c));
+  if (t == "gpt_oss") EMBER_RETURN_IF_ERROR(ParseGptOssMoe(r, &c));
+  if (r.Present("quantization_config")) {  // weights in a quantized format we cannot read
+    const json& q = j["quantization_config"];
+    const std::string method =
+        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+            ? q["quant_method"].get<std::string>()
+            : "?";
+    return r.Err("quantization_config", "(quant_method \"" + method +
+                                            "\"): quantized checkpoints are not supported; Ember "
+                                            "loads float32, float16 and bfloat16 weights");
+  }
   if (r.Present("bos_token_id")) { EMBER_ASSIGN_OR_RETURN(c.bos_token_id, r.Int("bos_token_id")); }
   EMBER_ASSIGN_OR_RETURN(c.eos_token_ids, r.IntOrList("eos_token_id"));
   return c;

@@ -1,8 +1,11 @@
 // The Llama-style decoder as backend ops: llama (incl. llama3 rope), mistral (sliding window),
 // qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm), qwen3_moe (qwen3 with mixture-of-experts
-// MLPs), phi3 (fused projections, split into row views at load; partial rotary). Pre-norm blocks:
+// MLPs), phi3 (fused projections, split into row views at load; partial rotary), gpt_oss
+// (q/k/v/o biases, attention sinks, YaRN rope, sliding/full layers, biased experts with a
+// clamped SwiGLU: AttentionParams::sinks, MoeExperts). Pre-norm blocks:
 //   x = embed(tokens)
-//   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x))) * up(..))
+//   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x)))
+//   * up(..))
 //               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
 //   logits = lm_head(norm(x))[logits_rows]
 #include "model/architecture.h"
@@ -29,7 +32,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.MatMul(xn, w.wk, w.bk ? &*w.bk : nullptr, k);
     be.MatMul(xn, w.wv, w.bv ? &*w.bv : nullptr, v);
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
-    be.MatMul(att, w.wo, nullptr, delta);
+    be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});

@@ -39,8 +39,8 @@ ModelConfig ParseFile(const std::string& path) {
 }
 
 TEST(ConfigTest, V4AndV5LayoutsAgree) {
-  for (const char* name :
-       {"llama3", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3", "gemma2", "gemma3"}) {
+  for (const char* name : {"llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "mistral", "phi3",
+                           "gemma2", "gemma3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     ModelConfig a = ParseFile(ModelDir(name) + "/config.json");
     ModelConfig b = ParseFile(ModelDir(name) + "/config.v4.json");
@@ -92,6 +92,53 @@ TEST(ConfigTest, MixtureOfExperts) {
   EXPECT_NE(c.message().find("mlp_only_layers"), std::string::npos) << c.message();
 }
 
+TEST(ConfigTest, GptOss) {
+  EMBER_REQUIRE_DIR(ModelDir("gpt_oss"));
+  for (const char* file : {"/config.json", "/config.v4.json"}) {
+    ModelConfig c = ParseFile(ModelDir("gpt_oss") + file);
+    EXPECT_EQ(c.rope.type, "yarn") << file;
+    EXPECT_EQ(c.rope.factor, 32.0) << file;  // explicit, not max_position_embeddings / 4096
+    EXPECT_EQ(c.rope.original_max_position_embeddings, 4096) << file;
+    EXPECT_FALSE(c.rope.truncate) << file;
+    EXPECT_NEAR(c.rope.attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-12) << file;
+    EXPECT_TRUE(c.attention_bias && c.o_bias && c.attention_sinks) << file;
+    EXPECT_EQ(c.num_experts, 4) << file;
+    EXPECT_EQ(c.num_experts_per_tok, 2) << file;
+    EXPECT_EQ(c.moe_intermediate_size, c.intermediate_size) << file;
+    EXPECT_TRUE(c.norm_topk_prob && c.moe_biased) << file;
+    EXPECT_EQ(c.moe_activation, MoeActivation::kClampedSwiglu) << file;
+    EXPECT_EQ(c.swiglu_limit, 7.0f) << file;
+    EXPECT_EQ(c.moe_layers, (std::vector<uint8_t>{1, 1})) << file;
+    EXPECT_EQ(c.layer_types,
+              (std::vector<LayerType>{LayerType::kSlidingAttention, LayerType::kFullAttention}))
+        << file;
+  }
+  // Hub checkpoints: experts_per_token, no layer_types (even layers slide), mscale pair.
+  const std::string base = R"({"model_type": "gpt_oss", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 3, "num_attention_heads": 2,
+      "num_local_experts": 4, "sliding_window": 4, )";
+  auto c = ParseModelConfig(base + R"("experts_per_token": 3, "rope_scaling": {"rope_type":
+      "yarn", "factor": 4.0, "mscale": 2.0, "mscale_all_dim": 1.0}})",
+                            "c.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->num_experts_per_tok, 3);
+  EXPECT_EQ(c->layer_types,
+            (std::vector<LayerType>{LayerType::kSlidingAttention, LayerType::kFullAttention,
+                                    LayerType::kSlidingAttention}));
+  EXPECT_NEAR(c->rope.attention_factor, (0.2 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1),
+              1e-12);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 4096);  // max_position_embeddings' default
+  EXPECT_TRUE(c->rope.truncate);
+  c = ParseModelConfig(base + R"("num_experts_per_tok": 2, "quantization_config":
+      {"quant_method": "mxfp4"}})",
+                       "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("mxfp4"), std::string::npos) << c.message();
+  c = ParseModelConfig(base + R"("num_experts_per_tok": 5})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("num_experts_per_tok"), std::string::npos) << c.message();
+}
+
 TEST(ConfigTest, FamilyFeatures) {
   EMBER_REQUIRE_DIR(ModelDir("gemma3"));
   ModelConfig llama = ParseFile(ModelDir("llama3") + "/config.v4.json");
@@ -134,10 +181,12 @@ TEST(ConfigTest, MissingOrBadFieldsAreNamed) {
   auto c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8})", "c.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.message().find("intermediate_size"), std::string::npos) << c.message();
-  c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-      "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4}})", "c.json");
+  c = ParseModelConfig(
+      R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "longrope", "factor": 4}})",
+      "c.json");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.message().find("yarn"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("longrope"), std::string::npos) << c.message();
   c = ParseModelConfig(R"({"model_type": "llama", "vocab_size": "many"})", "c.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.message().find("vocab_size"), std::string::npos) << c.message();

@@ -4,10 +4,13 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_loader.h"
 #include "model/architecture.h"
 #include "model/safetensors.h"
+#include "model/weight_convert.h"
 #include "util/mapped_file.h"
 
 namespace ember {
@@ -28,6 +31,19 @@ class Uploader {
     num_parameters += numel;
     return backend_.UploadWeight(name, view.dtype, view.shape, view.data);
   }
+  // A tensor the loader built on the host (`bytes` of dtype and shape): uploaded, and kept in
+  // `keep` when the backend points into host memory. Counts as `parameters` checkpoint elements.
+  Result<Tensor> Converted(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                           std::vector<uint8_t> bytes, int64_t parameters,
+                           std::vector<std::vector<uint8_t>>& keep) {
+    num_parameters += parameters;
+    EMBER_ASSIGN_OR_RETURN(Tensor t, backend_.UploadWeight(name, dtype, shape, bytes.data()));
+    if (backend_.KeepsHostWeights()) keep.push_back(std::move(bytes));
+    return t;
+  }
+  Result<TensorView> View(const std::string& name, std::vector<int64_t> shape) const {
+    return store_.GetWithShape(name, std::move(shape));
+  }
   Result<std::optional<Tensor>> GetOptional(const std::string& name, std::vector<int64_t> shape,
                                             bool wanted) {
     if (!wanted) return std::optional<Tensor>();
@@ -45,6 +61,7 @@ RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
   RopeSpec spec;
   spec.type = r.type == "llama3"   ? RopeSpec::Type::kLlama3
               : r.type == "linear" ? RopeSpec::Type::kLinear
+              : r.type == "yarn"   ? RopeSpec::Type::kYarn
                                    : RopeSpec::Type::kDefault;
   spec.head_dim = c.head_dim;
   spec.rotary_dim = c.rotary_dim;
@@ -53,6 +70,10 @@ RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
   spec.low_freq_factor = r.low_freq_factor;
   spec.high_freq_factor = r.high_freq_factor;
   spec.original_max_positions = r.original_max_position_embeddings;
+  spec.beta_fast = r.beta_fast;
+  spec.beta_slow = r.beta_slow;
+  spec.truncate = r.truncate;
+  spec.attention_factor = r.attention_factor;
   spec.max_positions = c.max_position_embeddings;
   return spec;
 }
@@ -60,7 +81,9 @@ RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
 bool SameRope(const RopeConfig& a, const RopeConfig& b) {
   return a.type == b.type && a.theta == b.theta && a.factor == b.factor &&
          a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
-         a.original_max_position_embeddings == b.original_max_position_embeddings;
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.truncate == b.truncate &&
+         a.attention_factor == b.attention_factor;
 }
 
 // A mixture-of-experts MLP (qwen3_moe): the router mlp.gate and each expert's projections.
@@ -79,6 +102,61 @@ Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up
     w->experts.gate.push_back(gate);
     w->experts.up.push_back(up_proj);
     w->experts.down.push_back(down);
+  }
+  return Status::Ok();
+}
+
+// gpt_oss's experts, stored fused in the x W layout: gate_up_proj [E, d, 2 inter] (gate and up
+// interleaved by column: gate = [..., 0::2], up = [..., 1::2]), gate_up_proj_bias [E, 2 inter],
+// down_proj [E, inter, d], down_proj_bias [E, d]; rearranged on the host into per-expert
+// [out, in] rows of the checkpoint's dtype and float32 biases. The router is mlp.router.
+Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Uploader& up,
+                         LayerWeights* w, std::vector<std::vector<uint8_t>>& keep) {
+  const int64_t d = c.hidden_size, inter = c.moe_intermediate_size, num = c.num_experts;
+  MoeExperts& x = w->experts;
+  EMBER_ASSIGN_OR_RETURN(x.router, up.Get(prefix + "mlp.router.weight", {num, d}));
+  EMBER_ASSIGN_OR_RETURN(x.router_bias, up.GetOptional(prefix + "mlp.router.bias", {num}, true));
+  x.top_k = c.num_experts_per_tok;
+  x.normalize = c.norm_topk_prob;
+  x.activation = c.moe_activation;
+  x.swiglu_limit = c.swiglu_limit;
+  const std::string p = prefix + "mlp.experts.";
+  EMBER_ASSIGN_OR_RETURN(TensorView gate_up, up.View(p + "gate_up_proj", {num, d, 2 * inter}));
+  EMBER_ASSIGN_OR_RETURN(TensorView gate_up_bias,
+                         up.View(p + "gate_up_proj_bias", {num, 2 * inter}));
+  EMBER_ASSIGN_OR_RETURN(TensorView down, up.View(p + "down_proj", {num, inter, d}));
+  EMBER_ASSIGN_OR_RETURN(TensorView down_bias, up.View(p + "down_proj_bias", {num, d}));
+  const size_t elem = DTypeSize(gate_up.dtype), down_elem = DTypeSize(down.dtype);
+  const auto* gu = static_cast<const uint8_t*>(gate_up.data);
+  const auto* dn = static_cast<const uint8_t*>(down.data);
+  auto bias = [&](const std::string& name, const TensorView& v, int64_t first, int64_t stride,
+                  int64_t count) -> Result<Tensor> {
+    std::vector<float> f = StridedToF32(v.data, v.dtype, first, stride, count);
+    std::vector<uint8_t> bytes(f.size() * sizeof(float));
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+    return up.Converted(name, DType::kF32, {count}, std::move(bytes), count, keep);
+  };
+  for (int64_t e = 0; e < num; ++e) {
+    const std::string n = p + std::to_string(e) + ".";
+    const uint8_t* gu_e = gu + static_cast<size_t>(e * d * 2 * inter) * elem;
+    const uint8_t* dn_e = dn + static_cast<size_t>(e * inter * d) * down_elem;
+    for (int half = 0; half < 2; ++half) {  // 0: gate (even columns), 1: up (odd)
+      EMBER_ASSIGN_OR_RETURN(
+          Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), gate_up.dtype, {inter, d},
+                                 TransposeColumns(gu_e, d, 2 * inter, half, 2, inter, elem),
+                                 inter * d, keep));
+      (half == 0 ? x.gate : x.up).push_back(t);
+      EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"), gate_up_bias,
+                                            e * 2 * inter + half, 2, inter));
+      (half == 0 ? x.gate_bias : x.up_bias).push_back(b);
+    }
+    EMBER_ASSIGN_OR_RETURN(
+        Tensor dt,
+        up.Converted(n + "down", down.dtype, {d, inter},
+                     TransposeColumns(dn_e, inter, d, 0, 1, d, down_elem), d * inter, keep));
+    x.down.push_back(dt);
+    EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", down_bias, e * d, 1, d));
+    x.down_bias.push_back(db);
   }
   return Status::Ok();
 }
@@ -126,7 +204,11 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
     }
     EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
     if (!c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0) {
-      EMBER_RETURN_IF_ERROR(LoadExperts(c, p, up, &w));
+      if (c.moe_biased) {
+        EMBER_RETURN_IF_ERROR(LoadGptOssExperts(c, p, up, &w, m->host_weights));
+      } else {
+        EMBER_RETURN_IF_ERROR(LoadExperts(c, p, up, &w));
+      }
     } else {
       if (!c.fused_qkv) {
         EMBER_ASSIGN_OR_RETURN(w.w_gate, up.Get(p + "mlp.gate_proj.weight", {inter, d}));
@@ -140,6 +222,9 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
                            up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, c.attention_bias));
     EMBER_ASSIGN_OR_RETURN(w.bv,
                            up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, c.attention_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bo, up.GetOptional(p + "self_attn.o_proj.bias", {d}, c.o_bias));
+    EMBER_ASSIGN_OR_RETURN(w.sinks,
+                           up.GetOptional(p + "self_attn.sinks", {c.num_heads}, c.attention_sinks));
     EMBER_ASSIGN_OR_RETURN(w.q_norm,
                            up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm));
     EMBER_ASSIGN_OR_RETURN(w.k_norm,

@@ -32,16 +32,20 @@ enum class LayerType { kFullAttention, kSlidingAttention };
 
 // The rope of one kind of layer (gemma3 has a local one for sliding layers).
 struct RopeConfig {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | yarn
   double theta = 10000.0;
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   int32_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+  bool truncate = true;                      // yarn
+  double attention_factor = 1.0;  // cos/sin multiplier (yarn: given, or from factor and mscale)
 };
 
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen3_moe | phi3 | gemma2 | gemma3_text
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen3_moe | phi3 | gemma2 |
+                           // gemma3_text | gpt_oss
   int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0,
           num_kv_heads = 0, head_dim = 0;
   int32_t max_position_embeddings = 0;  // context length
@@ -53,6 +57,8 @@ struct ModelConfig {
   std::vector<LayerType> layer_types;  // [num_layers]
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (qwen2; llama attention_bias)
+  bool o_bias = false;          // o_proj bias (attention_bias outside qwen2: llama, qwen3, gpt_oss)
+  bool attention_sinks = false;  // per-head learned sink logits, self_attn.sinks (gpt_oss)
   bool qk_norm = false;         // per-head q/k RMSNorm before rope (qwen3, gemma3)
   bool fused_qkv = false;       // phi3 qkv_proj + gate_up_proj
   // Gemma family: (1+w) RMSNorm, sqrt(hidden) embedding scale, pre/post norms, gelu-tanh.
@@ -62,12 +68,17 @@ struct ModelConfig {
   float attention_scale = 0.0f;         // query_pre_attn_scalar^-0.5, else 1/sqrt(head_dim)
   float attn_logit_softcapping = 0.0f;  // 0: none
   float final_logit_softcapping = 0.0f;
-  // Mixture of experts (qwen3_moe): the MLP of a layer with moe_layers[l] set is num_experts
-  // experts of moe_intermediate_size, num_experts_per_tok of them per token, chosen by a router
-  // (softmax over the experts, top k, renormalised to sum 1 when norm_topk_prob).
+  // Mixture of experts (qwen3_moe, gpt_oss): the MLP of a layer with moe_layers[l] set is
+  // num_experts experts of moe_intermediate_size, num_experts_per_tok of them per token, chosen by
+  // a router (softmax over the experts, top k, renormalised to sum 1 when norm_topk_prob; gpt_oss's
+  // softmax over the top k logits is the same weights).
   int32_t num_experts = 0;  // 0: every layer is dense
   int32_t num_experts_per_tok = 0, moe_intermediate_size = 0;
   bool norm_topk_prob = false;
+  // gpt_oss: biased router and experts, fused interleaved gate_up_proj, clamped SwiGLU.
+  bool moe_biased = false;
+  MoeActivation moe_activation = MoeActivation::kSilu;
+  float swiglu_limit = 7.0f;
   std::vector<uint8_t> moe_layers;  // [num_layers]; empty when num_experts == 0
   std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;

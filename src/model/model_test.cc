@@ -148,8 +148,9 @@ TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
-                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe",
-                                                              "mistral", "phi3", "gemma2", "gemma3"),
+                         ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
+                                                              "qwen3_moe", "gpt_oss", "mistral",
+                                                              "phi3", "gemma2", "gemma3"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -168,8 +169,8 @@ TEST_P(CudaParityTest, LogitsAndGreedyMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
-                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-                                           "gemma2", "gemma3"),
+                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
+                                           "mistral", "phi3", "gemma2", "gemma3"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
@@ -259,8 +260,8 @@ TEST_P(CudaBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaBf16ParityTest,
-                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "mistral", "phi3",
-                                           "gemma2", "gemma3"));
+                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
+                                           "mistral", "phi3", "gemma2", "gemma3"));
 
 // StepOutputs with argmax and sampled rows: the backend's ids equal the argmax / ThresholdSample
 // of the logits a plain Forward gives, and the copied rows' logits are the same bits.
@@ -410,7 +411,7 @@ TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
 // Three sequences in one plan (a fresh prefill, a decode row, a second prefill chunk) give
 // bitwise the same logits as each run alone.
 TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
-  for (const std::string name : {"qwen3", "qwen3_moe", "gemma3"}) {
+  for (const std::string name : {"qwen3", "qwen3_moe", "gpt_oss", "gemma3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     auto model = LoadOrDie(ModelDir(name), "config.json");
     ASSERT_NE(model, nullptr);

@@ -490,6 +490,16 @@ class CpuBackend final : public Backend {
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
+// gpt_oss's expert activation (MoeActivation::kClampedSwiglu), element-wise.
+void ClampedSwiglu(const float* gate, const float* up, int64_t n, float limit, float alpha,
+                   float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
 // Each expert runs over the rows routed to it as one batch (gather, gate/up, activation, down);
 // its rows' results are added into out in ascending expert order. cpu::MatMul computes a row the
 // same way whatever the batch, so a row's result does not depend on the other rows.
@@ -505,8 +515,12 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
   CHECK_EQ(out.cols(), d);
   const int64_t inter = experts.gate[0].rows();
   moe_logits_.resize(static_cast<size_t>(n * num_experts));
-  cpu::MatMul(F(x), n, d, experts.router.data, experts.router.dtype, num_experts, nullptr,
-              moe_logits_.data(), *pool_);
+  cpu::MatMul(F(x), n, d, experts.router.data, experts.router.dtype, num_experts,
+              experts.router_bias ? F(*experts.router_bias) : nullptr, moe_logits_.data(), *pool_);
+  const bool biased = experts.biased();
+  CHECK(!biased || (experts.gate_bias.size() == experts.gate.size() &&
+                    experts.up_bias.size() == experts.gate.size() &&
+                    experts.down_bias.size() == experts.gate.size()));
   const float* logits = moe_logits_.data();
   moe_ids_.resize(static_cast<size_t>(n * k));
   moe_weights_.resize(static_cast<size_t>(n * k));
@@ -539,14 +553,24 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
     for (int64_t j = 0; j < r; ++j)
       std::memcpy(moe_x_.data() + j * d, in + rows[static_cast<size_t>(j)].first * d,
                   static_cast<size_t>(d) * 4);
-    cpu::MatMul(moe_x_.data(), r, d, gate.data, gate.dtype, inter, nullptr, moe_gate_.data(),
-                *pool_);
-    cpu::MatMul(moe_x_.data(), r, d, up.data, up.dtype, inter, nullptr, moe_up_.data(), *pool_);
+    const auto bias = [&](const std::vector<Tensor>& b) {
+      return biased ? F(b[static_cast<size_t>(e)]) : nullptr;
+    };
+    cpu::MatMul(moe_x_.data(), r, d, gate.data, gate.dtype, inter, bias(experts.gate_bias),
+                moe_gate_.data(), *pool_);
+    cpu::MatMul(moe_x_.data(), r, d, up.data, up.dtype, inter, bias(experts.up_bias),
+                moe_up_.data(), *pool_);
     Tensor g{moe_gate_.data(), DType::kF32, 2, {r, inter, 0, 0}};
     Tensor u{moe_up_.data(), DType::kF32, 2, {r, inter, 0, 0}};
-    SiluMul(g, u, Tensor{moe_act_.data(), DType::kF32, 2, {r, inter, 0, 0}});
-    cpu::MatMul(moe_act_.data(), r, inter, down.data, down.dtype, d, nullptr, moe_y_.data(),
-                *pool_);
+    Tensor act{moe_act_.data(), DType::kF32, 2, {r, inter, 0, 0}};
+    if (experts.activation == MoeActivation::kSilu) {
+      SiluMul(g, u, act);
+    } else {
+      ClampedSwiglu(moe_gate_.data(), moe_up_.data(), r * inter, experts.swiglu_limit,
+                    experts.swiglu_alpha, moe_act_.data());
+    }
+    cpu::MatMul(moe_act_.data(), r, inter, down.data, down.dtype, d, bias(experts.down_bias),
+                moe_y_.data(), *pool_);
     for (int64_t j = 0; j < r; ++j) {
       const auto [row, weight] = rows[static_cast<size_t>(j)];
       const float* src = moe_y_.data() + j * d;
@@ -571,6 +595,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const float* vc = kv_[static_cast<size_t>(2 * p.layer + 1)]->get();
   const float* qd = F(q);
   float* od = F(out);
+  const float* sinks = p.sinks == nullptr ? nullptr : F(*p.sinks);
+  if (sinks != nullptr) CHECK_EQ(p.sinks->numel(), p.num_heads);
   // Work items: (sequence row, KV head), each the `group` query heads that share that KV head.
   // Keys are taken in blocks of kKeyBlock, and every head of the group goes through a block
   // before the next one, so a block's K (then V) rows are located (block table) and read from
@@ -637,12 +663,16 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
             sc[i] = x;
             max_score = std::max(max_score, x);
           }
+          // A sink (gpt_oss) joins the max and the denominator, never the values.
+          const float sink = sinks == nullptr ? -INFINITY : sinks[kvh * group + g];
+          max_score = std::max(max_score, sink);
           float sum = 0.0f;
           for (int64_t i = 0; i < len; ++i) {
             const float e = std::exp(sc[i] - max_score);
             sc[i] = e;
             sum += e;
           }
+          if (sinks != nullptr) sum += std::exp(sink - max_score);
           inv[g] = 1.0f / sum;
           std::fill(accum(g), accum(g) + hd, 0.0f);
         }

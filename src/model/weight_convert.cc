@@ -1,0 +1,58 @@
+#include "model/weight_convert.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "util/check.h"
+#include "util/half.h"
+
+namespace ember {
+
+std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, int64_t first,
+                                      int64_t stride, int64_t rows, size_t elem) {
+  CHECK(k > 0 && rows > 0 && stride > 0 && first >= 0 && first + (rows - 1) * stride < cols)
+      << "columns " << first << " + " << stride << " * [0, " << rows << ") of " << cols;
+  CHECK(elem == 1 || elem == 2 || elem == 4);
+  const auto* in = static_cast<const uint8_t*>(src);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * k) * elem);
+  // Tiles of 64 x 64 so both sides stay in cache (a gpt-oss-20b layer is ~1.6 GB of experts).
+  constexpr int64_t kTile = 64;
+  for (int64_t j0 = 0; j0 < rows; j0 += kTile) {
+    const int64_t j1 = std::min(rows, j0 + kTile);
+    for (int64_t r0 = 0; r0 < k; r0 += kTile) {
+      const int64_t r1 = std::min(k, r0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t* col = in + static_cast<size_t>(first + j * stride) * elem;
+        uint8_t* dst = out.data() + static_cast<size_t>(j * k) * elem;
+        for (int64_t r = r0; r < r1; ++r)
+          std::memcpy(dst + static_cast<size_t>(r) * elem,
+                      col + static_cast<size_t>(r * cols) * elem, elem);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
+                                int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t at = first + i * stride;
+    switch (dtype) {
+      case DType::kF32:
+        out[static_cast<size_t>(i)] = static_cast<const float*>(src)[at];
+        break;
+      case DType::kF16:
+        out[static_cast<size_t>(i)] = F16ToF32(static_cast<const uint16_t*>(src)[at]);
+        break;
+      case DType::kBF16:
+        out[static_cast<size_t>(i)] = Bf16ToF32(static_cast<const uint16_t*>(src)[at]);
+        break;
+      case DType::kI32:
+        CHECK(false) << "StridedToF32 of I32";
+    }
+  }
+  return out;
+}
+
+}  // namespace ember

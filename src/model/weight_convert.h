@@ -1,0 +1,24 @@
+// Host-side rearrangements of checkpoint tensors whose layout differs from the backend's
+// [out_features, in_features] rows (gpt_oss's fused experts). Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ember {
+
+// A [k, cols] row-major matrix of `elem`-byte elements, read as the x W layout (x [n, k] times
+// it), into W^T rows: out [rows, k] with out[j, :] = src[:, first + j * stride]. Element bytes
+// are moved unchanged. (gpt_oss: gate_up_proj[e] [d, 2 inter] -> gate rows with first 0,
+// stride 2 and up rows with first 1, stride 2; down_proj[e] [inter, d] -> first 0, stride 1.)
+std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, int64_t first,
+                                      int64_t stride, int64_t rows, size_t elem);
+
+// Elements first, first + stride, ... (count of them) of an F32/F16/BF16 array, as float32.
+std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
+                                int64_t count);
+
+}  // namespace ember
