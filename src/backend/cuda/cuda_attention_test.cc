@@ -1,7 +1,8 @@
 // Paged attention and KV-pool tests of the CUDA backend against a double-precision reference
-// (prefill, decode, split-K over long contexts, sliding windows, soft-capping, GQA), the bf16 KV
-// pool's rounding, and the batch-invariant attention kernel's bitwise guarantees. Tolerances as in
-// cuda_ops_test.cc. Skips when no CUDA device is present (CI has none).
+// (prefill, decode, split-K over long contexts, sliding windows, soft-capping, GQA, attention
+// sinks), the bf16 KV pool's rounding, and the batch-invariant attention kernel's bitwise
+// guarantees (also with sinks). Tolerances as in cuda_ops_test.cc. Skips when no CUDA device is
+// present (CI has none).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,10 +24,13 @@ namespace {
 using namespace cuda_test;  // the fixture and helpers shared with the other GPU test binary
 
 // Double-precision attention of one query head at position `pos` over keys [lo, pos]: q(d),
-// k(j, d), v(j, d) give the operands; soft-capping when softcap > 0. Returns [head_dim].
+// k(j, d), v(j, d) give the operands; soft-capping when softcap > 0. `sink` (-inf: none) is the
+// head's attention sink, a logit in the scaled (and capped) scores' units that joins the softmax
+// without a value (transformers' gpt_oss: softmax over [scores, sink], the sink's column dropped).
+// Returns [head_dim].
 template <typename Q, typename K, typename V>
 std::vector<double> ReferenceHead(int32_t head_dim, int32_t lo, int32_t pos, double scale,
-                                  double softcap, Q q, K k, V v) {
+                                  double softcap, Q q, K k, V v, double sink = -INFINITY) {
   std::vector<double> s;
   for (int32_t j = lo; j <= pos; ++j) {
     double dot = 0;
@@ -34,8 +39,8 @@ std::vector<double> ReferenceHead(int32_t head_dim, int32_t lo, int32_t pos, dou
     if (softcap > 0) dot = softcap * std::tanh(dot / softcap);
     s.push_back(dot);
   }
-  const double mx = *std::max_element(s.begin(), s.end());
-  double sum = 0;
+  const double mx = std::max(*std::max_element(s.begin(), s.end()), sink);
+  double sum = std::exp(sink - mx);  // 0 without a sink
   for (double& x : s) sum += (x = std::exp(x - mx));
   std::vector<double> out(static_cast<size_t>(head_dim));
   for (int32_t d = 0; d < head_dim; ++d) {
@@ -44,6 +49,32 @@ std::vector<double> ReferenceHead(int32_t head_dim, int32_t lo, int32_t pos, dou
     out[static_cast<size_t>(d)] = acc / sum;
   }
   return out;
+}
+
+// The worst relative L2 error over the (row, head) vectors of head_dim values: a head whose
+// output is tiny (a large sink) is held to the tolerance on its own scale.
+double WorstHeadRelL2(const std::vector<float>& got, const std::vector<double>& ref,
+                      int32_t head_dim) {
+  EXPECT_EQ(got.size(), ref.size());
+  double worst = 0;
+  const size_t hd = static_cast<size_t>(head_dim);
+  for (size_t at = 0; at + hd <= std::min(got.size(), ref.size()); at += hd) {
+    worst = std::max(worst, RelL2(std::vector<float>(got.begin() + static_cast<int64_t>(at),
+                                                     got.begin() + static_cast<int64_t>(at + hd)),
+                                  std::vector<double>(ref.begin() + static_cast<int64_t>(at),
+                                                      ref.begin() + static_cast<int64_t>(at + hd))));
+  }
+  return worst;
+}
+
+// Sink logits for `num_heads` heads: large positive ones (a head whose keys keep almost no
+// weight), large negative ones (no effect), and values near the scores' own range.
+std::vector<float> TestSinks(int32_t num_heads) {
+  static constexpr float kValues[] = {-30.f, 30.f, 0.f, 2.5f, -2.f, 8.f, -8.f, 1.f,
+                                      15.f,  -0.5f, 4.f, -60.f, 0.75f, 5.f, -4.f, 3.f};
+  std::vector<float> sinks(static_cast<size_t>(num_heads));
+  for (size_t h = 0; h < sinks.size(); ++h) sinks[h] = kValues[h % std::size(kValues)];
+  return sinks;
 }
 
 // ---- paged attention ----
@@ -88,6 +119,7 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
     b.WriteKv(kLayer, kt, vt);
     AttentionParams p{kLayer, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)),
                       c.window, c.softcap};
+    if (sinks_) p.sinks = &*sinks_;
     Tensor out = b.Alloc({T, c.num_heads * D});
     b.Attention(p, qt, out);
     // Reference: append this step's K/V, then attend.
@@ -114,16 +146,20 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
           const std::vector<double> head = ReferenceHead(
               D, lo, pos, p.scale, c.softcap, [&](int32_t d) { return qh[d]; },
               [&](int32_t j, int32_t d) { return ks[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; },
-              [&](int32_t j, int32_t d) { return vs[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; });
+              [&](int32_t j, int32_t d) { return vs[static_cast<size_t>(j)][static_cast<size_t>(kvh * D + d)]; },
+              sink_values_.empty() ? -INFINITY : sink_values_[static_cast<size_t>(h)]);
           std::copy(head.begin(), head.end(), ref.begin() + (row * c.num_heads + h) * D);
         }
       }
-    return RelL2(Download(b, out), ref);
+    const std::vector<float> got = Download(b, out);
+    worst_head_ = WorstHeadRelL2(got, ref, D);
+    return RelL2(got, ref);
   }
 
   // f32: the parity mode (f32 kernels: split-K decode, f32 prefill); else bf16 mode, whose
   // attention is always the batch-invariant kernel. Tolerance: 1e-5 / 2e-2 relative L2.
-  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32) {
+  // Non-empty sinks [num_heads] become every Step's AttentionParams::sinks.
+  std::unique_ptr<Backend> Setup(int32_t num_seqs, bool f32, std::vector<float> sinks = {}) {
     const AttnCase c = GetParam();
     CudaBackendOptions options;
     options.f32_compute = f32;
@@ -142,11 +178,17 @@ class AttentionTest : public CudaOpsTest, public ::testing::WithParamInterface<A
                            ids.begin() + static_cast<int64_t>((s + 1) * per_seq));
     k_.assign(static_cast<size_t>(num_seqs), {});
     v_.assign(static_cast<size_t>(num_seqs), {});
+    sink_values_ = std::move(sinks);
+    sinks_.reset();
+    if (!sink_values_.empty()) sinks_ = Weight(*b, sink_values_, {c.num_heads});
     return b;
   }
 
   std::vector<std::vector<int32_t>> blocks_;
   std::vector<SeqKv> k_, v_;
+  std::vector<float> sink_values_;  // [num_heads] or empty
+  std::optional<Tensor> sinks_;     // their upload
+  double worst_head_ = 0;           // the last Step's WorstHeadRelL2
 };
 
 // mode 0: f32, 1: bf16 (the batch-invariant kernel).
@@ -179,6 +221,41 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{80, 4, 1, 0, 30.f}, AttnCase{256, 4, 2, 100, 50.f},
                       AttnCase{96, 6, 3, 0, 0.f}, AttnCase{128, 32, 2, 0, 0.f},
                       AttnCase{256, 8, 1, 0, 0.f}, AttnCase{64, 4, 2, 24, 20.f}),
+    AttnCaseName);
+
+// Attention sinks against the reference with each head's sink in its denominator, both modes:
+// a prefill and a chunk crossing the 512-key splits (bf16: direct rows and the sequential mode's
+// final fold), decode of a long context (bf16: split mode and its combine kernel; f32: split-K
+// and its combine) beside a short one (a single split: the direct normalisation), and decode of
+// short contexts only (f32: one split). Each (row, head) is also held to a tolerance alone, so
+// a head whose sink leaves its keys almost no weight is checked on its own scale.
+class AttentionSinksTest : public AttentionTest {};
+
+TEST_P(AttentionSinksTest, MatchReferenceBothModes) {
+  const AttnCase c = GetParam();
+  for (int mode : {0, 1}) {
+    auto b = Setup(3, mode == 0, TestSinks(c.num_heads));
+    const double tol = mode == 0 ? 1e-5 : 2e-2;
+    const double head_tol = mode == 0 ? 1e-4 : 5e-2;
+    auto check = [&](double err, const char* what) {
+      EXPECT_LT(err, tol) << what << ", mode " << mode;
+      EXPECT_LT(worst_head_, head_tol) << what << " (worst head), mode " << mode;
+    };
+    check(Step(*b, {{0, 0, 600}, {1, 0, 40}}, 1100), "prefill");
+    check(Step(*b, {{0, 600, 700}, {2, 0, 9}}, 1200), "chunk");
+    check(Step(*b, {{0, 1300, 1}, {1, 40, 1}}, 1300), "long decode");
+    check(Step(*b, {{1, 41, 1}, {2, 9, 1}}, 1400), "short decode");
+    check(Step(*b, {{0, 1301, 1}}, 1500), "long decode alone");
+  }
+}
+
+// gpt-oss's shapes (head dim 64, 64 query heads over 8 KV heads, full and 128-key sliding
+// window), head dim 128 with a group of 8, and sinks beside a soft-cap (the units agree).
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionSinksTest,
+    ::testing::Values(AttnCase{64, 64, 8, 0, 0.f}, AttnCase{64, 64, 8, 128, 0.f},
+                      AttnCase{128, 16, 2, 0, 0.f}, AttnCase{128, 16, 2, 200, 0.f},
+                      AttnCase{64, 8, 1, 0, 30.f}),
     AttnCaseName);
 
 // ---- the bf16 KV pool ----
@@ -303,6 +380,7 @@ class AttentionInvariantTest : public CudaOpsTest,
     b.WriteKv(0, kt, vt);
     AttentionParams p{0, c.num_heads, c.num_kv_heads, D, 1.0f / std::sqrt(float(D)), c.window,
                       c.softcap};
+    if (sinks_) p.sinks = &*sinks_;
     Tensor out = b.Alloc({T, c.num_heads * D});
     b.Attention(p, qt, out);
     return Download(b, out);
@@ -327,11 +405,21 @@ class AttentionInvariantTest : public CudaOpsTest,
           D, lo, pos, 1.0 / std::sqrt(static_cast<double>(D)), c.softcap,
           [&](int32_t d) { return HashValue(1, 0, pos, h * D + d); },
           [&](int32_t j, int32_t d) { return HashValue(2, 0, j, kvh * D + d); },
-          [&](int32_t j, int32_t d) { return HashValue(3, 0, j, kvh * D + d); });
+          [&](int32_t j, int32_t d) { return HashValue(3, 0, j, kvh * D + d); },
+          sink_values_.empty() ? -INFINITY : sink_values_[static_cast<size_t>(h)]);
       std::copy(head.begin(), head.end(), ref.begin() + h * D);
     }
     return ref;
   }
+
+  // Run's and Reference's sinks (AttentionParams::sinks) from now on, uploaded to `b`.
+  void UseSinks(Backend& b, std::vector<float> sinks) {
+    sink_values_ = std::move(sinks);
+    sinks_ = Weight(b, sink_values_, {GetParam().num_heads});
+  }
+
+  std::vector<float> sink_values_;  // [num_heads] or empty
+  std::optional<Tensor> sinks_;     // their upload
 };
 
 TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
@@ -432,6 +520,61 @@ TEST_P(AttentionInvariantTest, Bf16PoolMatchesF32Pool) {
     EXPECT_EQ(mismatches, 0u) << "step " << step << " of " << outs[0][step].size() << " values";
   }
 }
+
+// With attention sinks the bf16 mode's rows stay bitwise independent of the step: the sink enters
+// the direct normalisation, the sequential mode's last fold and the combine kernel alike. The
+// target's one-chunk prefill (rows in one split: direct; across splits: the sequential fold)
+// against a chunked prefill, decode alone (split mode, the combine kernel), decode among 127 other
+// sequences (sequential mode: 128 sequences x >= 2 KV heads fill the SMs), a prefill chunk among
+// others, and one step of decode rows of the target at positions across the split bounds; rows
+// against the double reference with sinks, per (row, head) too.
+class AttentionInvariantSinksTest : public AttentionInvariantTest {};
+
+TEST_P(AttentionInvariantSinksTest, RowsIndependentOfTheStep) {
+  const InvCase c = GetParam();
+  auto b = Make(false);
+  ASSERT_TRUE(AllocatePool(*b).ok());
+  UseSinks(*b, TestSinks(c.num_heads));
+  const int32_t P = kTargetPos;
+  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
+  std::vector<float> joined;
+  for (const auto& [begin, end] : std::vector<std::array<int32_t, 2>>{{0, 700}, {700, P + 1}}) {
+    const std::vector<float> part = Run(*b, {{0, begin, end - begin}});
+    joined.insert(joined.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(joined.size(), whole.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
+  EXPECT_EQ(mismatches, 0u) << "the chunked prefill differs from the one-chunk prefill";
+  const std::vector<float> row_p = Row(whole, P);
+  EXPECT_EQ(Row(Run(*b, {{0, P, 1}}), 0), row_p) << "decode alone";
+  std::vector<std::array<int32_t, 3>> batch;
+  for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+  batch.insert(batch.begin() + 60, {0, P, 1});
+  EXPECT_EQ(Row(Run(*b, batch), 60), row_p) << "decode with 127 others";
+  EXPECT_EQ(Row(Run(*b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
+      << "prefill chunk among others";
+  const std::vector<int32_t> positions = {0, 37, 511, 512, 700, 1023, 1024, P};
+  std::vector<std::array<int32_t, 3>> rows;
+  for (int32_t pos : positions) rows.push_back({0, pos, 1});
+  const std::vector<float> decode = Run(*b, rows);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int32_t pos = positions[i];
+    EXPECT_EQ(Row(decode, static_cast<int32_t>(i)), Row(whole, pos)) << "decode row, pos " << pos;
+    const std::vector<double> ref = Reference(pos);
+    EXPECT_LT(RelL2(Row(whole, pos), ref), 2e-2) << "pos " << pos;
+    EXPECT_LT(WorstHeadRelL2(Row(whole, pos), ref, c.head_dim), 5e-2) << "pos " << pos;
+  }
+}
+
+// gpt-oss's shapes (full and 128-key window), head dim 128 with groups of 8 (one with a
+// soft-cap), head dim 64 with a group of 4 and a long window.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionInvariantSinksTest,
+    ::testing::Values(InvCase{64, 64, 8, 0, 0.f}, InvCase{64, 64, 8, 128, 0.f},
+                      InvCase{128, 16, 2, 0, 0.f}, InvCase{128, 32, 4, 300, 20.f},
+                      InvCase{64, 8, 2, 700, 0.f}),
+    AttnCaseName);
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionInvariantTest,

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/rope_table.h"
@@ -700,10 +701,14 @@ TEST_F(CudaOpsTest, RopeWriteKvEqualsRopeThenWriteKv) {
 // A decode step's Attention right after the RopeWriteKv of its q takes that launch over (one
 // "RopeAttention" launch): the same output bits as RopeWriteKv then Attention, and the same K/V
 // in the pool, seen through a later step's attention over every position; head dims 64 and 128,
-// GQA, contexts in one key split and in several (split mode), a graph-replayed repeat.
+// GQA, contexts in one key split and in several (split mode), a graph-replayed repeat; without
+// and with attention sinks.
 TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
   const int32_t heads = 8, kv_heads = 2, seqs = 3, bs = 16;
-  for (int32_t D : {64, 128}) {
+  const std::vector<float> sink_values = {-30.f, 30.f, 0.f, 2.5f, -2.f, 8.f, 1.f, -0.5f};
+  for (int config = 0; config < 4; ++config) {
+    const bool with_sinks = config >= 2;
+    const int32_t D = config % 2 == 0 ? 64 : 128;
     for (int32_t ctx : {37, 700}) {
       const int32_t blocks_per_seq = (ctx + 3 + bs - 1) / bs;
       std::vector<float> got[2][3];
@@ -719,7 +724,9 @@ TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
         spec.rotary_dim = D;
         spec.max_positions = 1024;
         const int32_t rope = b.CreateRope(spec).value();
-        const AttentionParams ap{0, heads, kv_heads, D, 1.0f / 8, 0, 0.f};
+        const Tensor sinks = Weight(b, sink_values, {heads});
+        AttentionParams ap{0, heads, kv_heads, D, 1.0f / 8, 0, 0.f};
+        if (with_sinks) ap.sinks = &sinks;
         auto table = [&](int32_t s) {
           std::vector<int32_t> t;
           for (int32_t i = 0; i < blocks_per_seq; ++i) t.push_back(s * blocks_per_seq + i);
@@ -759,11 +766,12 @@ TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
         if (fold == 1) {
           bool saw = false;
           for (const CudaOpTime& t : CudaGetOpProfile(b)) saw |= t.op == "RopeAttention";
-          EXPECT_TRUE(saw) << "D " << D;
+          EXPECT_TRUE(saw) << "D " << D << " sinks " << with_sinks;
         }
       }
       for (int i = 0; i < 3; ++i)
-        EXPECT_EQ(got[0][i], got[1][i]) << "D " << D << " ctx " << ctx << " step " << i;
+        EXPECT_EQ(got[0][i], got[1][i])
+            << "D " << D << " ctx " << ctx << " step " << i << " sinks " << with_sinks;
     }
   }
 }
@@ -823,51 +831,154 @@ TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
     EXPECT_EQ(outputs[0][step], outputs[1][step]) << "step " << step;
 }
 
-// Host only (runs without a GPU): the step recorder's in-place closures call, move and destroy
-// their captures exactly once, also captures larger than std::function's small buffer.
-// MoeMlp (moe.cu) against a double-precision reference routed by the CPU twin (moe_route.h) over
-// the router logits in double, in both modes; the rows of a batch give the bits they give alone (tiles of one expert mix rows).
-// 100 rows take the separate route kernel, fewer the one fused into the schedule.
+// ---- MoeMlp ----
+
+// Host copies of one MoeMlp's weights, as uploaded (bf16-rounded for the bf16 mode, whose
+// conversion at upload is then exact).
+struct MoeHost {
+  int64_t d = 0, inter = 0;
+  int32_t num_experts = 0;
+  std::vector<float> router, router_bias;          // [num_experts, d]; [num_experts] or empty
+  std::vector<std::vector<float>> gate, up, down;  // per expert [inter, d], [inter, d], [d, inter]
+  std::vector<std::vector<float>> gate_bias, up_bias, down_bias;  // per expert [inter], [inter],
+                                                                  // [d]; or empty
+};
+
+// Matrices N(0, scale) (expert e's part p from seed + 3e + p, the router N(0, router_scale) from
+// router_seed); with bias_scale > 0 all four kinds of bias N(0, bias_scale), else none.
+MoeHost RandomMoe(int64_t d, int64_t inter, int32_t num_experts, bool f32, float scale,
+                  float router_scale, float bias_scale, uint32_t seed, uint32_t router_seed) {
+  MoeHost m;
+  m.d = d;
+  m.inter = inter;
+  m.num_experts = num_experts;
+  auto rounded = [&](std::vector<float> v) {
+    if (!f32)
+      for (float& x : v) x = RoundBf16(x);
+    return v;
+  };
+  for (int32_t e = 0; e < num_experts; ++e) {
+    const uint32_t s = seed + 3 * static_cast<uint32_t>(e);
+    m.gate.push_back(rounded(Random(static_cast<size_t>(inter * d), s, scale)));
+    m.up.push_back(rounded(Random(static_cast<size_t>(inter * d), s + 1, scale)));
+    m.down.push_back(rounded(Random(static_cast<size_t>(d * inter), s + 2, scale)));
+  }
+  m.router = rounded(Random(static_cast<size_t>(num_experts * d), router_seed, router_scale));
+  if (bias_scale > 0) {
+    const uint32_t s0 = seed + 3 * static_cast<uint32_t>(num_experts);
+    m.router_bias = Random(static_cast<size_t>(num_experts), router_seed + 1, bias_scale);
+    for (int32_t e = 0; e < num_experts; ++e) {
+      const uint32_t s = s0 + 3 * static_cast<uint32_t>(e);
+      m.gate_bias.push_back(Random(static_cast<size_t>(inter), s, bias_scale));
+      m.up_bias.push_back(Random(static_cast<size_t>(inter), s + 1, bias_scale));
+      m.down_bias.push_back(Random(static_cast<size_t>(d), s + 2, bias_scale));
+    }
+  }
+  return m;
+}
+
+// `m` as MoeExperts of backend b (a CPU backend keeps pointers into m: m must outlive its use),
+// with top_k, normalize and the activation still to set.
+MoeExperts UploadMoe(Backend& b, const MoeHost& m) {
+  auto up = [&](const std::vector<float>& host, std::vector<int64_t> shape) {
+    auto r = b.UploadWeight("w", DType::kF32, shape, host.data());
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.value();
+  };
+  MoeExperts experts;
+  experts.router = up(m.router, {m.num_experts, m.d});
+  if (!m.router_bias.empty()) experts.router_bias = up(m.router_bias, {m.num_experts});
+  for (int32_t e = 0; e < m.num_experts; ++e) {
+    const size_t i = static_cast<size_t>(e);
+    experts.gate.push_back(up(m.gate[i], {m.inter, m.d}));
+    experts.up.push_back(up(m.up[i], {m.inter, m.d}));
+    experts.down.push_back(up(m.down[i], {m.d, m.inter}));
+    if (!m.gate_bias.empty()) {
+      experts.gate_bias.push_back(up(m.gate_bias[i], {m.inter}));
+      experts.up_bias.push_back(up(m.up_bias[i], {m.inter}));
+      experts.down_bias.push_back(up(m.down_bias[i], {m.d}));
+    }
+  }
+  return experts;
+}
+
+// Double-precision MoeMlp of x [rows, d] by MoeExperts' definition (options from `opts`), routed
+// by the CPU twin (moe_route.h) over the router logits computed in double. Counts the gate and
+// up values the clamped SwiGLU clamps (the data can tell a missing clamp).
+struct MoeReferenceResult {
+  std::vector<double> out;  // [rows, d]
+  int64_t gates_clamped = 0, ups_clamped = 0;
+};
+MoeReferenceResult MoeReference(const MoeHost& m, const MoeExperts& opts,
+                                const std::vector<float>& x, int64_t rows) {
+  const int64_t d = m.d, inter = m.inter;
+  const int32_t top_k = opts.top_k;
+  MoeReferenceResult r;
+  r.out.assign(static_cast<size_t>(rows * d), 0.0);
+  std::vector<float> logits(static_cast<size_t>(m.num_experts));
+  std::vector<int32_t> ids(static_cast<size_t>(top_k));
+  std::vector<float> w(static_cast<size_t>(top_k));
+  std::vector<double> act(static_cast<size_t>(inter));
+  const double limit = opts.swiglu_limit, alpha = opts.swiglu_alpha;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xi = x.data() + i * d;
+    for (int32_t e = 0; e < m.num_experts; ++e) {
+      double acc = m.router_bias.empty() ? 0.0 : m.router_bias[static_cast<size_t>(e)];
+      for (int64_t c = 0; c < d; ++c)
+        acc += static_cast<double>(xi[c]) * m.router[static_cast<size_t>(e * d + c)];
+      logits[static_cast<size_t>(e)] = static_cast<float>(acc);
+    }
+    MoeRoute(logits, top_k, opts.normalize, ids.data(), w.data());
+    for (int32_t j = 0; j < top_k; ++j) {
+      const size_t e = static_cast<size_t>(ids[static_cast<size_t>(j)]);
+      for (int64_t f = 0; f < inter; ++f) {
+        double g = m.gate_bias.empty() ? 0.0 : m.gate_bias[e][static_cast<size_t>(f)];
+        double u = m.up_bias.empty() ? 0.0 : m.up_bias[e][static_cast<size_t>(f)];
+        for (int64_t c = 0; c < d; ++c) {
+          g += static_cast<double>(xi[c]) * m.gate[e][static_cast<size_t>(f * d + c)];
+          u += static_cast<double>(xi[c]) * m.up[e][static_cast<size_t>(f * d + c)];
+        }
+        double a;
+        if (opts.activation == MoeActivation::kClampedSwiglu) {
+          r.gates_clamped += g > limit;
+          r.ups_clamped += std::abs(u) > limit;
+          g = std::min(g, limit);
+          u = std::clamp(u, -limit, limit);
+          a = (u + 1) * g / (1 + std::exp(-alpha * g));
+        } else {
+          a = g / (1 + std::exp(-g)) * u;
+        }
+        act[static_cast<size_t>(f)] = a;
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        double acc = m.down_bias.empty() ? 0.0 : m.down_bias[e][static_cast<size_t>(c)];
+        for (int64_t f = 0; f < inter; ++f)
+          acc += act[static_cast<size_t>(f)] * m.down[e][static_cast<size_t>(c * inter + f)];
+        r.out[static_cast<size_t>(i * d + c)] += w[static_cast<size_t>(j)] * acc;
+      }
+    }
+  }
+  return r;
+}
+
+// MoeMlp (moe.cu) against the double-precision reference in both modes; the rows of a batch give
+// the bits they give alone (tiles of one expert mix rows). 100 rows take the separate route
+// kernel, fewer the one fused into the schedule.
 TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
   const int64_t d = 64, inter = 40;
   const int32_t num_experts = 8;
   for (bool f32 : {true, false}) {
+    const MoeHost m = RandomMoe(d, inter, num_experts, f32, 0.2f, 0.5f, 0.f, 100, 40);
     for (const auto& [rows, top_k, normalize] :
          std::vector<std::tuple<int64_t, int32_t, bool>>{
              {1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}) {
       SCOPED_TRACE(::testing::Message() << (f32 ? "f32" : "bf16") << " rows " << rows << " top "
                                         << top_k);
       auto b = Make(f32);
-      MoeExperts experts;
+      MoeExperts experts = UploadMoe(*b, m);
       experts.top_k = top_k;
       experts.normalize = normalize;
-      std::vector<std::vector<float>> host[3];  // gate, up, down
-      for (int32_t e = 0; e < num_experts; ++e) {
-        for (int part = 0; part < 3; ++part) {
-          host[part].push_back(
-              Random(static_cast<size_t>(inter * d), static_cast<uint32_t>(100 + 3 * e + part),
-                     0.2f));
-          if (!f32)
-            for (float& v : host[part].back()) v = RoundBf16(v);
-        }
-        experts.gate.push_back(Weight(*b, host[0].back(), {inter, d}));
-        experts.up.push_back(Weight(*b, host[1].back(), {inter, d}));
-        experts.down.push_back(Weight(*b, host[2].back(), {d, inter}));
-      }
-      std::vector<float> router = Random(static_cast<size_t>(num_experts * d), 40, 0.5f);
-      if (!f32)
-        for (float& v : router) v = RoundBf16(v);
-      experts.router = Weight(*b, router, {num_experts, d});
       const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
-      std::vector<float> logits(static_cast<size_t>(rows * num_experts));
-      for (int64_t i = 0; i < rows; ++i)
-        for (int32_t e = 0; e < num_experts; ++e) {
-          double acc = 0;
-          for (int64_t c = 0; c < d; ++c)
-            acc += static_cast<double>(x[static_cast<size_t>(i * d + c)]) *
-                   router[static_cast<size_t>(e * d + c)];
-          logits[static_cast<size_t>(i * num_experts + e)] = static_cast<float>(acc);
-        }
       auto run = [&](int64_t first, int64_t count) {
         EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
         const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
@@ -877,34 +988,7 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
         return Download(*b, out);
       };
       const std::vector<float> got = run(0, rows);
-      std::vector<double> ref(static_cast<size_t>(rows * d), 0.0);
-      std::vector<int32_t> ids(static_cast<size_t>(top_k));
-      std::vector<float> w(static_cast<size_t>(top_k));
-      for (int64_t i = 0; i < rows; ++i) {
-        MoeRoute(std::span<const float>(logits.data() + i * num_experts,
-                                        static_cast<size_t>(num_experts)),
-                 top_k, normalize, ids.data(), w.data());
-        for (int32_t j = 0; j < top_k; ++j) {
-          const size_t e = static_cast<size_t>(ids[static_cast<size_t>(j)]);
-          std::vector<double> act(static_cast<size_t>(inter));
-          for (int64_t f = 0; f < inter; ++f) {
-            double g = 0, u = 0;
-            for (int64_t c = 0; c < d; ++c) {
-              const double xv = x[static_cast<size_t>(i * d + c)];
-              g += xv * host[0][e][static_cast<size_t>(f * d + c)];
-              u += xv * host[1][e][static_cast<size_t>(f * d + c)];
-            }
-            act[static_cast<size_t>(f)] = g / (1 + std::exp(-g)) * u;
-          }
-          for (int64_t c = 0; c < d; ++c) {
-            double acc = 0;
-            for (int64_t f = 0; f < inter; ++f)
-              acc += act[static_cast<size_t>(f)] * host[2][e][static_cast<size_t>(c * inter + f)];
-            ref[static_cast<size_t>(i * d + c)] += w[static_cast<size_t>(j)] * acc;
-          }
-        }
-      }
-      EXPECT_LT(RelL2(got, ref), 1e-5);
+      EXPECT_LT(RelL2(got, MoeReference(m, experts, x, rows).out), 1e-5);
       for (int64_t i = 0; i < rows; i += 4) {
         const std::vector<float> solo = run(i, 1);
         for (int64_t c = 0; c < d; ++c)
@@ -915,6 +999,80 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
   }
 }
 
+// gpt_oss's MoeMlp: the router bias, per-expert gate/up/down biases and the clamped SwiGLU, with
+// weights and biases large enough that the clamp bites (gate above the limit, up on both sides),
+// and each extra without the other, in both modes, against the CPU backend (the twin) and the
+// double reference; the rows of a batch give the bits they give alone.
+TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
+  const int64_t d = 64, inter = 40;
+  const int32_t num_experts = 16;
+  auto cpu = MakeCpuBackend(CpuBackendOptions{});
+  ASSERT_TRUE(cpu->AllocateKvPool(1, 16, 16, 1, 16).ok());
+  struct Variant {
+    bool biased;
+    MoeActivation activation;
+  };
+  for (bool f32 : {true, false}) {
+    for (const Variant v : {Variant{true, MoeActivation::kClampedSwiglu},
+                            Variant{true, MoeActivation::kSilu},
+                            Variant{false, MoeActivation::kClampedSwiglu}}) {
+      const bool clamped = v.activation == MoeActivation::kClampedSwiglu;
+      const MoeHost m =
+          RandomMoe(d, inter, num_experts, f32, 0.5f, 0.5f, v.biased ? 2.0f : 0.f, 300, 60);
+      auto b = Make(f32);
+      MoeExperts experts = UploadMoe(*b, m);
+      MoeExperts cpu_experts = UploadMoe(*cpu, m);
+      for (MoeExperts* e : {&experts, &cpu_experts}) e->activation = v.activation;
+      for (const auto& [rows, top_k, normalize] :
+           std::vector<std::tuple<int64_t, int32_t, bool>>{
+               {1, 4, true}, {37, 4, true}, {100, 2, false}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (f32 ? "f32" : "bf16") << (v.biased ? " biased" : " unbiased")
+                     << (clamped ? " clamped swiglu" : " silu") << " rows " << rows << " top "
+                     << top_k);
+        for (MoeExperts* e : {&experts, &cpu_experts}) {
+          e->top_k = top_k;
+          e->normalize = normalize;
+        }
+        const std::vector<float> x = Random(static_cast<size_t>(rows * d), 61);
+        auto run = [&](int64_t first, int64_t count) {
+          EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
+          const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
+          Tensor xt = Upload(*b, xs, {count, d});
+          Tensor out = b->Alloc({count, d});
+          b->MoeMlp(xt, experts, out);
+          return Download(*b, out);
+        };
+        const std::vector<float> got = run(0, rows);
+        // The CPU twin over the same rows (its plan must outlive the step).
+        const BatchPlan plan = SimplePlan(static_cast<int32_t>(rows));
+        ASSERT_TRUE(cpu->BeginStep(plan).ok());
+        Tensor cpu_x = cpu->Alloc({rows, d});
+        std::memcpy(cpu_x.data, x.data(), x.size() * sizeof(float));
+        Tensor cpu_out = cpu->Alloc({rows, d});
+        cpu->MoeMlp(cpu_x, cpu_experts, cpu_out);
+        std::vector<float> twin(static_cast<size_t>(rows * d));
+        ASSERT_TRUE(cpu->CopyToHost(cpu_out, twin).ok());
+        EXPECT_LT(RelL2(got, std::vector<double>(twin.begin(), twin.end())), 1e-5) << "vs CPU";
+        const MoeReferenceResult ref = MoeReference(m, experts, x, rows);
+        EXPECT_LT(RelL2(got, ref.out), 1e-5) << "vs the double reference";
+        if (clamped) {
+          EXPECT_GT(ref.gates_clamped, 0);
+          EXPECT_GT(ref.ups_clamped, 0);
+        }
+        for (int64_t i = 0; i < rows; i += 4) {
+          const std::vector<float> solo = run(i, 1);
+          for (int64_t c = 0; c < d; ++c)
+            ASSERT_EQ(solo[static_cast<size_t>(c)], got[static_cast<size_t>(i * d + c)])
+                << "row " << i << " col " << c;
+        }
+      }
+    }
+  }
+}
+
+// Host only (runs without a GPU): the step recorder's in-place closures call, move and destroy
+// their captures exactly once, also captures larger than std::function's small buffer.
 TEST(InlineOpTest, CallsMovesAndDestroysCapturesOnce) {
   auto alive = std::make_shared<int>(0);  // use_count() counts the live captures
   std::array<int, 48> big{};               // 192 bytes
