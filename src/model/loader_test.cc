@@ -341,5 +341,30 @@ TEST(SynthTest, MoePresetWithFewerLayers) {
   EXPECT_NE(st.message().find("--layers 3"), std::string::npos) << st.message();
 }
 
+// gpt-oss's shapes on a toy body (fused experts, biases, sinks, layer_types cut to --layers).
+TEST(SynthTest, GptOssPreset) {
+  std::string dir = TempDir() + "/gpt_oss";
+  SynthOptions opts;
+  opts.preset = "tiny-gpt-oss";
+  opts.out_dir = dir;
+  opts.num_layers = 1;
+  ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+  auto m = Model::Load(dir, {});
+  ASSERT_TRUE(m.ok()) << m.message();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.model_type, "gpt_oss");
+  EXPECT_EQ(c.layer_types, std::vector<LayerType>{LayerType::kSlidingAttention});
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ((*m)->generation_defaults().eos_token_ids,
+            (std::vector<int32_t>{200002, 199999, 200012}));
+  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+  BatchPlan plan;
+  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
 }  // namespace
 }  // namespace ember

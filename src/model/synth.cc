@@ -94,6 +94,46 @@ json Qwen3MoeConfig(int hidden, int layers, int heads, int kv, int experts, int 
   return c;
 }
 
+// gpt-oss: biased attention with sinks, alternating sliding (128) and full layers, YaRN rope,
+// every MLP `experts` biased experts of width `hidden` (fused gate_up_proj, clamped SwiGLU).
+json GptOssConfig(int layers, int experts) {
+  json types = json::array();
+  for (int l = 0; l < layers; ++l)
+    types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  return json{{"architectures", {"GptOssForCausalLM"}},
+              {"model_type", "gpt_oss"},
+              {"vocab_size", 201088},
+              {"hidden_size", 2880},
+              {"intermediate_size", 2880},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", 64},
+              {"num_key_value_heads", 8},
+              {"head_dim", 64},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 131072},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 150000.0},
+              {"rope_scaling",
+               {{"rope_type", "yarn"},
+                {"factor", 32.0},
+                {"beta_fast", 32.0},
+                {"beta_slow", 1.0},
+                {"original_max_position_embeddings", 4096},
+                {"truncate", false}}},
+              {"sliding_window", 128},
+              {"layer_types", types},
+              {"attention_bias", true},
+              {"num_local_experts", experts},
+              {"num_experts_per_tok", 4},
+              {"experts_per_token", 4},
+              {"swiglu_limit", 7.0},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 199998},
+              {"eos_token_id", 200002},
+              {"pad_token_id", 199999},
+              {"torch_dtype", "bfloat16"}};
+}
+
 std::vector<Preset> Presets() {
   json llama_gen = {{"bos_token_id", 128000}, {"eos_token_id", {128001, 128008, 128009}},
                     {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}};
@@ -111,6 +151,16 @@ std::vector<Preset> Presets() {
   tiny_qwen3["head_dim"] = 16;
   json tiny_qwen3_moe = Qwen3MoeConfig(64, 2, 4, 2, 8, 2, 32);
   tiny_qwen3_moe["head_dim"] = 16;
+  json gpt_oss_gen = {{"bos_token_id", 199998},
+                      {"eos_token_id", {200002, 199999, 200012}},
+                      {"pad_token_id", 199999},
+                      {"do_sample", true}};
+  json tiny_gpt_oss = GptOssConfig(2, 8);
+  for (const char* key : {"hidden_size", "intermediate_size"}) tiny_gpt_oss[key] = 64;
+  tiny_gpt_oss["num_attention_heads"] = 4;
+  tiny_gpt_oss["num_key_value_heads"] = 2;
+  tiny_gpt_oss["head_dim"] = 16;
+  tiny_gpt_oss["num_experts_per_tok"] = tiny_gpt_oss["experts_per_token"] = 2;
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
@@ -121,6 +171,9 @@ std::vector<Preset> Presets() {
       {"tiny-llama", tiny, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
       {"tiny-qwen3", tiny_qwen3, qwen_gen},
       {"tiny-qwen3-moe", tiny_qwen3_moe, qwen_gen},
+      {"gpt-oss-20b", GptOssConfig(24, 32), gpt_oss_gen},
+      {"gpt-oss-120b", GptOssConfig(36, 128), gpt_oss_gen},
+      {"tiny-gpt-oss", tiny_gpt_oss, gpt_oss_gen},
   };
 }
 
@@ -141,6 +194,7 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
   const int64_t kv = c["num_key_value_heads"], hd = c["head_dim"];
   const bool moe = c["model_type"] == "qwen3_moe";
   const bool qwen3 = c["model_type"] == "qwen3" || moe;
+  const bool gpt_oss = c["model_type"] == "gpt_oss";
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {vocab, d}});
   for (int64_t l = 0; l < layers; ++l) {
@@ -155,6 +209,19 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
     }
     t.push_back({p + "self_attn.o_proj.weight", {d, heads * hd}});
     t.push_back({p + "post_attention_layernorm.weight", {d}, true});
+    if (gpt_oss) {
+      for (auto [name, n] : {std::pair{"q", heads * hd}, {"k", kv * hd}, {"v", kv * hd}, {"o", d}})
+        t.push_back({p + "self_attn." + name + "_proj.bias", {n}});
+      t.push_back({p + "self_attn.sinks", {heads}});
+      const int64_t experts = c["num_local_experts"];
+      t.push_back({p + "mlp.router.weight", {experts, d}});
+      t.push_back({p + "mlp.router.bias", {experts}});
+      t.push_back({p + "mlp.experts.gate_up_proj", {experts, d, 2 * inter}});
+      t.push_back({p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}});
+      t.push_back({p + "mlp.experts.down_proj", {experts, inter, d}});
+      t.push_back({p + "mlp.experts.down_proj_bias", {experts, d}});
+      continue;
+    }
     if (moe) {
       const int64_t experts = c["num_experts"], moe_inter = c["moe_intermediate_size"];
       t.push_back({p + "mlp.gate.weight", {experts, d}});
@@ -276,6 +343,10 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
                            std::to_string(config["num_hidden_layers"].get<int>()));
     config["num_hidden_layers"] = options.num_layers;
     if (config.contains("max_window_layers")) config["max_window_layers"] = options.num_layers;
+    if (config.contains("layer_types")) {
+      json& types = config["layer_types"];
+      types.erase(types.begin() + options.num_layers, types.end());
+    }
   }
   config["torch_dtype"] = options.dtype == DType::kF32 ? "float32" : options.dtype == DType::kF16 ? "float16" : "bfloat16";
   config["transformers_version"] = "4.51.0";
