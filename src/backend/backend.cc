@@ -10,6 +10,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -20,6 +22,8 @@ const char* DTypeName(DType dtype) {
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
     case DType::kI32: return "I32";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }

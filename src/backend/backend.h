@@ -24,10 +24,12 @@
 
 namespace ember {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+// kU8: packed checkpoint bytes (MXFP4 blocks and scales), read by the loader, never a backend
+// tensor.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8 };
 
 size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "I32" (safetensors spelling)
+const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "I32", "U8" (safetensors spelling)
 
 // A handle to backend-owned memory: row-major, contiguous, up to 4 dims. Copying a Tensor copies
 // the handle, not the data. For a CPU backend `data` is a host pointer (for weights: straight

@@ -332,15 +332,18 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   }
   if (t == "qwen3_moe") EMBER_RETURN_IF_ERROR(ParseMoe(r, &c));
   if (t == "gpt_oss") EMBER_RETURN_IF_ERROR(ParseGptOssMoe(r, &c));
-  if (r.Present("quantization_config")) {  // weights in a quantized format we cannot read
+  if (r.Present("quantization_config")) {  // weights in a quantized format
     const json& q = j["quantization_config"];
     const std::string method =
         q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
             ? q["quant_method"].get<std::string>()
             : "?";
-    return r.Err("quantization_config", "(quant_method \"" + method +
-                                            "\"): quantized checkpoints are not supported; Ember "
-                                            "loads float32, float16 and bfloat16 weights");
+    // OpenAI's gpt-oss checkpoints: MXFP4 experts, dequantized to bf16 at load (model.cc).
+    if (!(method == "mxfp4" && t == "gpt_oss"))
+      return r.Err("quantization_config",
+                   "(quant_method \"" + method +
+                       "\"): quantized checkpoints are not supported (only gpt_oss's mxfp4 "
+                       "experts); Ember loads float32, float16 and bfloat16 weights");
   }
   if (r.Present("bos_token_id")) { EMBER_ASSIGN_OR_RETURN(c.bos_token_id, r.Int("bos_token_id")); }
   EMBER_ASSIGN_OR_RETURN(c.eos_token_ids, r.IntOrList("eos_token_id"));

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
+#include "util/half.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
 
@@ -132,8 +133,12 @@ TEST(ConfigTest, GptOss) {
   c = ParseModelConfig(base + R"("num_experts_per_tok": 2, "quantization_config":
       {"quant_method": "mxfp4"}})",
                        "c.json");
+  EXPECT_TRUE(c.ok()) << c.message();  // OpenAI's checkpoints: MXFP4 experts
+  c = ParseModelConfig(base + R"("num_experts_per_tok": 2, "quantization_config":
+      {"quant_method": "awq"}})",
+                       "c.json");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.message().find("mxfp4"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find("awq"), std::string::npos) << c.message();
   c = ParseModelConfig(base + R"("num_experts_per_tok": 5})", "c.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.message().find("num_experts_per_tok"), std::string::npos) << c.message();
@@ -364,6 +369,103 @@ TEST(SynthTest, GptOssPreset) {
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   ASSERT_TRUE((*m)->Forward(plan, logits).ok());
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// One safetensors file of (name, dtype, shape, bytes) tensors.
+struct RawTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+void WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  const uint64_t len = text.size();
+  std::string file(reinterpret_cast<const char*>(&len), 8);
+  file += text;
+  for (const RawTensor& t : tensors) file.append(t.bytes.begin(), t.bytes.end());
+  ASSERT_TRUE(WriteStringToFile(path, file).ok());
+}
+
+// OpenAI's MXFP4 experts load as the bf16 checkpoint whose gate_up_proj / down_proj are their
+// dequantization by transformers' rule (convert_moe_packed_tensors: E2M1 lookup, low nibble
+// first, ldexp by scale - 127, then [E, out, in] transposed to [E, in, out]): same logits, bit for
+// bit, so the packed layout, the row interleave and the transposes all agree.
+TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
+  const std::string base = TempDir() + "/base";
+  SynthOptions opts;
+  opts.preset = "tiny-gpt-oss";
+  opts.out_dir = base;
+  ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+  auto store = WeightStore::Open(base);
+  ASSERT_TRUE(store.ok()) << store.message();
+  auto text = ReadFileToString(base + "/config.json");
+  ASSERT_TRUE(text.ok());
+  nlohmann::json config = nlohmann::json::parse(*text);
+  const int64_t d = config["hidden_size"], inter = config["intermediate_size"];
+  const int64_t num = config["num_local_experts"];
+  std::vector<RawTensor> packed, reference;
+  uint32_t rng = 12345;
+  auto next = [&] { return rng = rng * 1664525u + 1013904223u; };
+  static const float kE2M1[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                  -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  for (const std::string& name : (*store)->Names()) {
+    auto view = (*store)->Get(name);
+    ASSERT_TRUE(view.ok());
+    const bool gate_up = name.ends_with("experts.gate_up_proj");
+    if (!gate_up && !name.ends_with("experts.down_proj")) {
+      const auto* p = static_cast<const uint8_t*>(view->data);
+      RawTensor t{name, view->dtype, view->shape, std::vector<uint8_t>(p, p + view->nbytes)};
+      packed.push_back(t);
+      reference.push_back(t);
+      continue;
+    }
+    const int64_t out = gate_up ? 2 * inter : d, k = gate_up ? d : inter, groups = k / 32;
+    std::vector<uint8_t> blocks(static_cast<size_t>(num * out * groups * 16));
+    std::vector<uint8_t> scales(static_cast<size_t>(num * out * groups));
+    for (uint8_t& b : blocks) b = static_cast<uint8_t>(next() >> 24);
+    for (uint8_t& s : scales) s = static_cast<uint8_t>(118 + (next() >> 24) % 10);
+    // transformers: [E, out, in] dequantized, then transposed to [E, in, out].
+    std::vector<uint8_t> deq(static_cast<size_t>(num * k * out) * 2);
+    auto* dst = reinterpret_cast<uint16_t*>(deq.data());
+    for (int64_t e = 0; e < num; ++e)
+      for (int64_t r = 0; r < out; ++r)
+        for (int64_t c = 0; c < k; ++c) {
+          const size_t blk = static_cast<size_t>((e * out + r) * groups + c / 32);
+          const uint8_t byte = blocks[blk * 16 + static_cast<size_t>(c % 32 / 2)];
+          const float v = std::ldexp(kE2M1[c % 2 == 0 ? byte & 15 : byte >> 4], scales[blk] - 127);
+          dst[(e * k + c) * out + r] = F32ToBf16(v);
+        }
+    const std::string stem = name.substr(0, name.size() - std::string("_proj").size()) + "_proj";
+    packed.push_back({stem + "_blocks", DType::kU8, {num, out, groups, 16}, blocks});
+    packed.push_back({stem + "_scales", DType::kU8, {num, out, groups}, scales});
+    reference.push_back({name, DType::kBF16, {num, k, out}, deq});
+  }
+  std::vector<float> logits[2];
+  for (int variant = 0; variant < 2; ++variant) {
+    const std::string dir = TempDir();
+    nlohmann::json c = config;
+    if (variant == 0) c["quantization_config"] = {{"quant_method", "mxfp4"}};
+    ASSERT_TRUE(WriteStringToFile(dir + "/config.json", c.dump()).ok());
+    WriteSafetensors(dir + "/model.safetensors", variant == 0 ? packed : reference);
+    auto m = Model::Load(dir, {});
+    ASSERT_TRUE(m.ok()) << m.message();
+    ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+    BatchPlan plan;
+    plan.AddSequence({1, 2, 3, 4, 5, 6, 7}, 0, {0, 1}, true);
+    logits[variant].resize(static_cast<size_t>((*m)->config().vocab_size));
+    ASSERT_TRUE((*m)->Forward(plan, logits[variant]).ok());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  for (float v : logits[0]) ASSERT_TRUE(std::isfinite(v));
 }
 
 }  // namespace

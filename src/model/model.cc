@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <functional>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_loader.h"
@@ -44,6 +45,10 @@ class Uploader {
   Result<TensorView> View(const std::string& name, std::vector<int64_t> shape) const {
     return store_.GetWithShape(name, std::move(shape));
   }
+  Result<TensorView> Packed(const std::string& name, std::vector<int64_t> shape) const {
+    return store_.GetPacked(name, std::move(shape));
+  }
+  bool Has(const std::string& name) const { return store_.Has(name); }
   Result<std::optional<Tensor>> GetOptional(const std::string& name, std::vector<int64_t> shape,
                                             bool wanted) {
     if (!wanted) return std::optional<Tensor>();
@@ -110,6 +115,9 @@ Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up
 // interleaved by column: gate = [..., 0::2], up = [..., 1::2]), gate_up_proj_bias [E, 2 inter],
 // down_proj [E, inter, d], down_proj_bias [E, d]; rearranged on the host into per-expert
 // [out, in] rows of the checkpoint's dtype and float32 biases. The router is mlp.router.
+// OpenAI's own checkpoints store the two matrices as MXFP4 instead, already as [out, in] rows
+// (gate_up_proj_blocks [E, 2 inter, d / 32, 16] and _scales [E, 2 inter, d / 32], gate and up
+// interleaved by row; down_proj_blocks [E, d, inter / 32, 16], _scales): dequantized to bf16.
 Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Uploader& up,
                          LayerWeights* w, std::vector<std::vector<uint8_t>>& keep) {
   const int64_t d = c.hidden_size, inter = c.moe_intermediate_size, num = c.num_experts;
@@ -121,14 +129,54 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   x.activation = c.moe_activation;
   x.swiglu_limit = c.swiglu_limit;
   const std::string p = prefix + "mlp.experts.";
-  EMBER_ASSIGN_OR_RETURN(TensorView gate_up, up.View(p + "gate_up_proj", {num, d, 2 * inter}));
   EMBER_ASSIGN_OR_RETURN(TensorView gate_up_bias,
                          up.View(p + "gate_up_proj_bias", {num, 2 * inter}));
-  EMBER_ASSIGN_OR_RETURN(TensorView down, up.View(p + "down_proj", {num, inter, d}));
   EMBER_ASSIGN_OR_RETURN(TensorView down_bias, up.View(p + "down_proj_bias", {num, d}));
-  const size_t elem = DTypeSize(gate_up.dtype), down_elem = DTypeSize(down.dtype);
-  const auto* gu = static_cast<const uint8_t*>(gate_up.data);
-  const auto* dn = static_cast<const uint8_t*>(down.data);
+  // Per expert e, the [out, in] rows of one part (0 gate, 1 up, 2 down), of type `dtype`.
+  std::function<std::vector<uint8_t>(int64_t, int)> rows;
+  DType dtype = DType::kBF16;
+  if (up.Has(p + "gate_up_proj_blocks")) {  // MXFP4
+    if (d % 32 != 0 || inter % 32 != 0)
+      return Status::Error(p +
+                           "gate_up_proj_blocks: MXFP4 needs hidden_size and "
+                           "intermediate_size to be multiples of 32");
+    EMBER_ASSIGN_OR_RETURN(TensorView gu_blocks,
+                           up.Packed(p + "gate_up_proj_blocks", {num, 2 * inter, d / 32, 16}));
+    EMBER_ASSIGN_OR_RETURN(TensorView gu_scales,
+                           up.Packed(p + "gate_up_proj_scales", {num, 2 * inter, d / 32}));
+    EMBER_ASSIGN_OR_RETURN(TensorView dn_blocks,
+                           up.Packed(p + "down_proj_blocks", {num, d, inter / 32, 16}));
+    EMBER_ASSIGN_OR_RETURN(TensorView dn_scales,
+                           up.Packed(p + "down_proj_scales", {num, d, inter / 32}));
+    for (const TensorView* v : {&gu_blocks, &gu_scales, &dn_blocks, &dn_scales})
+      if (v->dtype != DType::kU8)
+        return Status::Error(v->file + ": tensor \"" + v->name + "\": MXFP4 data must be U8");
+    rows = [=](int64_t e, int part) {
+      const bool gu = part < 2;
+      const int64_t k = gu ? d : inter, out = gu ? 2 * inter : d;
+      const int64_t at = e * out * (k / 32);  // the expert's first (row, block)
+      const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
+      const auto* s = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
+      return DequantizeMxfp4Rows(b + at * 16, s + at, k, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+    };
+  } else {
+    EMBER_ASSIGN_OR_RETURN(TensorView gate_up, up.View(p + "gate_up_proj", {num, d, 2 * inter}));
+    EMBER_ASSIGN_OR_RETURN(TensorView down, up.View(p + "down_proj", {num, inter, d}));
+    if (gate_up.dtype != down.dtype)
+      return Status::Error(down.file + ": tensor \"" + down.name +
+                           "\": dtype differs from gate_up_proj's");
+    dtype = gate_up.dtype;
+    rows = [=](int64_t e, int part) {
+      const size_t elem = DTypeSize(gate_up.dtype);
+      if (part == 2)
+        return TransposeColumns(
+            static_cast<const uint8_t*>(down.data) + static_cast<size_t>(e * inter * d) * elem,
+            inter, d, 0, 1, d, elem);
+      return TransposeColumns(
+          static_cast<const uint8_t*>(gate_up.data) + static_cast<size_t>(e * d * 2 * inter) * elem,
+          d, 2 * inter, part, 2, inter, elem);
+    };
+  }
   auto bias = [&](const std::string& name, const TensorView& v, int64_t first, int64_t stride,
                   int64_t count) -> Result<Tensor> {
     std::vector<float> f = StridedToF32(v.data, v.dtype, first, stride, count);
@@ -138,22 +186,16 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   };
   for (int64_t e = 0; e < num; ++e) {
     const std::string n = p + std::to_string(e) + ".";
-    const uint8_t* gu_e = gu + static_cast<size_t>(e * d * 2 * inter) * elem;
-    const uint8_t* dn_e = dn + static_cast<size_t>(e * inter * d) * down_elem;
     for (int half = 0; half < 2; ++half) {  // 0: gate (even columns), 1: up (odd)
-      EMBER_ASSIGN_OR_RETURN(
-          Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), gate_up.dtype, {inter, d},
-                                 TransposeColumns(gu_e, d, 2 * inter, half, 2, inter, elem),
-                                 inter * d, keep));
+      EMBER_ASSIGN_OR_RETURN(Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), dtype,
+                                                    {inter, d}, rows(e, half), inter * d, keep));
       (half == 0 ? x.gate : x.up).push_back(t);
       EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"), gate_up_bias,
                                             e * 2 * inter + half, 2, inter));
       (half == 0 ? x.gate_bias : x.up_bias).push_back(b);
     }
     EMBER_ASSIGN_OR_RETURN(
-        Tensor dt,
-        up.Converted(n + "down", down.dtype, {d, inter},
-                     TransposeColumns(dn_e, inter, d, 0, 1, d, down_elem), d * inter, keep));
+        Tensor dt, up.Converted(n + "down", dtype, {d, inter}, rows(e, 2), d * inter, keep));
     x.down.push_back(dt);
     EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", down_bias, e * d, 1, d));
     x.down_bias.push_back(db);

@@ -16,7 +16,8 @@ Result<DType> ParseSafetensorsDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "I32") return DType::kI32;
-  return Status::Error("unsupported dtype \"" + name + "\" (supported: F32, F16, BF16, I32)");
+  if (name == "U8") return DType::kU8;
+  return Status::Error("unsupported dtype \"" + name + "\" (supported: F32, F16, BF16, I32, U8)");
 }
 
 Result<std::unique_ptr<WeightStore>> WeightStore::OpenFile(const std::string& path) {
@@ -139,8 +140,8 @@ Result<TensorView> WeightStore::Get(const std::string& name) const {
   return it->second;
 }
 
-Result<TensorView> WeightStore::GetWithShape(const std::string& name,
-                                             std::vector<int64_t> shape) const {
+Result<TensorView> WeightStore::GetWithShape(const std::string& name, std::vector<int64_t> shape,
+                                             Want want) const {
   EMBER_ASSIGN_OR_RETURN(TensorView view, Get(name));
   auto shape_str = [](const std::vector<int64_t>& s) {
     std::string out = "[";
@@ -150,9 +151,17 @@ Result<TensorView> WeightStore::GetWithShape(const std::string& name,
   if (view.shape != shape)
     return Status::Error(view.file + ": tensor \"" + name + "\" has shape " + shape_str(view.shape) +
                          " but config.json implies " + shape_str(shape));
-  if (view.dtype == DType::kI32)
-    return Status::Error(view.file + ": tensor \"" + name + "\" has dtype I32; weights must be F32, F16 or BF16");
+  const bool packed = view.dtype == DType::kI32 || view.dtype == DType::kU8;
+  if (packed != (want == Want::kPacked))
+    return Status::Error(
+        view.file + ": tensor \"" + name + "\" has dtype " + DTypeName(view.dtype) +
+        (packed ? "; weights must be F32, F16 or BF16" : "; expected U8 (packed)"));
   return view;
+}
+
+Result<TensorView> WeightStore::GetPacked(const std::string& name,
+                                          std::vector<int64_t> shape) const {
+  return GetWithShape(name, std::move(shape), Want::kPacked);
 }
 
 std::vector<std::string> WeightStore::Names() const {

@@ -34,8 +34,12 @@ class WeightStore {
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The tensor, or an error naming it and the checkpoint.
   Result<TensorView> Get(const std::string& name) const;
-  // The tensor, checked to have `shape` (dtype must be F32/F16/BF16).
-  Result<TensorView> GetWithShape(const std::string& name, std::vector<int64_t> shape) const;
+  enum class Want { kFloat, kPacked };
+  // The tensor, checked to have `shape` and a float dtype (F32/F16/BF16), or with kPacked an
+  // integer one (U8: MXFP4 blocks and scales; I32).
+  Result<TensorView> GetWithShape(const std::string& name, std::vector<int64_t> shape,
+                                  Want want = Want::kFloat) const;
+  Result<TensorView> GetPacked(const std::string& name, std::vector<int64_t> shape) const;
   std::vector<std::string> Names() const;
   int64_t total_file_bytes() const;
 
@@ -46,7 +50,7 @@ class WeightStore {
   std::map<std::string, TensorView> tensors_;
 };
 
-// Parses a safetensors dtype name ("F32", "F16", "BF16", "I32").
+// Parses a safetensors dtype name ("F32", "F16", "BF16", "I32", "U8").
 Result<DType> ParseSafetensorsDType(const std::string& name);
 
 }  // namespace ember

@@ -1,6 +1,7 @@
 #include "model/weight_convert.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "util/check.h"
@@ -33,6 +34,29 @@ std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, 
   return out;
 }
 
+std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* scales, int64_t k,
+                                         int64_t first, int64_t stride, int64_t count) {
+  CHECK(k % 32 == 0 && count > 0 && stride > 0 && first >= 0) << "k " << k;
+  static constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const int64_t groups = k / 32;
+  std::vector<uint8_t> out(static_cast<size_t>(count * k) * 2);
+  auto* dst = reinterpret_cast<uint16_t*>(out.data());
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t row = first + j * stride;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int exponent = static_cast<int>(scales[row * groups + g]) - 127;
+      const uint8_t* b = blocks + (row * groups + g) * 16;
+      uint16_t* o = dst + j * k + g * 32;
+      for (int i = 0; i < 16; ++i) {
+        o[2 * i] = F32ToBf16(std::ldexp(kE2M1[b[i] & 0x0f], exponent));
+        o[2 * i + 1] = F32ToBf16(std::ldexp(kE2M1[b[i] >> 4], exponent));
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
                                 int64_t count) {
   std::vector<float> out(static_cast<size_t>(count));
@@ -49,7 +73,8 @@ std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int
         out[static_cast<size_t>(i)] = Bf16ToF32(static_cast<const uint16_t*>(src)[at]);
         break;
       case DType::kI32:
-        CHECK(false) << "StridedToF32 of I32";
+      case DType::kU8:
+        CHECK(false) << "StridedToF32 of " << DTypeName(dtype);
     }
   }
   return out;

@@ -17,6 +17,14 @@ namespace ember {
 std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, int64_t first,
                                       int64_t stride, int64_t rows, size_t elem);
 
+// MXFP4 (OCP microscaling; gpt-oss checkpoints' experts) of a [rows, k] matrix: `blocks`
+// [rows, k / 32, 16] bytes, two FP4 E2M1 values per byte (low nibble first), `scales`
+// [rows, k / 32] bytes, each block of 32 values times 2^(scale - 127). Rows first,
+// first + stride, ... (count of them) dequantized to bfloat16 (exact but for values below bf16's
+// range): out [count, k] as bytes.
+std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* scales, int64_t k,
+                                         int64_t first, int64_t stride, int64_t count);
+
 // Elements first, first + stride, ... (count of them) of an F32/F16/BF16 array, as float32.
 std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
                                 int64_t count);

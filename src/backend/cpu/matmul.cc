@@ -59,7 +59,9 @@ float LoadWeight(const void* w, DType dtype, int64_t idx) {
     case DType::kF32: return static_cast<const float*>(w)[idx];
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(w)[idx]);
     case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(w)[idx]);
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kU8:
+      break;
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";
   return 0.0f;

@@ -38,7 +38,9 @@ ElemType ToElemType(DType t) {
     case DType::kF16: return ElemType::kF16;
     case DType::kBF16: return ElemType::kBF16;
     case DType::kF32: return ElemType::kF32;
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kU8:
+      break;
   }
   CHECK(false) << "no element type for " << DTypeName(t);
   return ElemType::kF32;
@@ -49,7 +51,9 @@ cudaDataType_t ToCudaType(DType t) {
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF32: return CUDA_R_32F;
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kU8:
+      break;
   }
   CHECK(false) << "no cuBLAS type for " << DTypeName(t);
   return CUDA_R_32F;
