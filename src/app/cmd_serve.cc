@@ -14,7 +14,7 @@
 #include "app/commands.h"
 #include "app/common.h"
 #include "serve/http_server.h"
-#include "serve/reasoning.h"
+#include "serve/output_parsers.h"
 #include "template/chat_template.h"
 #include "util/flags.h"
 #include "util/log.h"
@@ -43,8 +43,8 @@ int ServeCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember serve --model DIR [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
-      "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json]\n"
-      "       [--reasoning-parser auto|none|think]\n"
+      "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json|harmony]\n"
+      "       [--reasoning-parser auto|none|think|harmony]\n"
       "       [--max-body-bytes B] [--http-threads N]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
@@ -55,8 +55,8 @@ int ServeCommand(int argc, char** argv, int first) {
   flags.AddString("--tool-call-parser", &tool_call_parser,
                   "how the model writes tool calls (default auto: read from the chat template)");
   flags.AddString("--reasoning-parser", &reasoning_parser,
-                  "split a leading <think> block into reasoning_content (default auto: when the "
-                  "chat template writes think blocks)");
+                  "split reasoning_content off: think (a leading <think> block) or harmony "
+                  "(gpt-oss's analysis channel) (default auto: read from the chat template)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
   flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
   flags.AddDouble("--shutdown-grace", &shutdown_grace,
@@ -66,15 +66,10 @@ int ServeCommand(int argc, char** argv, int first) {
   if (model_dir.empty()) return Fail("--model is required");
   if (port < 0 || port > 65535) return Fail("--port: must be in [0, 65535]");
   if (max_body_bytes < 1) return Fail("--max-body-bytes: must be positive");
-  std::optional<serve::ToolCallFormat> tool_format;
-  if (tool_call_parser != "auto") {
-    tool_format = serve::ParseToolCallFormat(tool_call_parser);
-    if (!tool_format)
-      return Fail("--tool-call-parser: must be auto, none, hermes or llama3_json, got '" +
-                  tool_call_parser + "'");
-  }
-  if (reasoning_parser != "auto" && reasoning_parser != "none" && reasoning_parser != "think")
-    return Fail("--reasoning-parser: must be auto, none or think, got '" + reasoning_parser + "'");
+  // Bad names and flags that conflict by themselves fail before the model loads (with no
+  // template, auto adds no conflict); the template's part of the choice comes after.
+  if (auto early = serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, ""); !early.ok())
+    return Fail(early.message());
   if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
   if (!(shutdown_grace >= 0 && shutdown_grace <= 86400))
     return Fail("--shutdown-grace: must be in [0, 86400] seconds");
@@ -118,11 +113,11 @@ int ServeCommand(int argc, char** argv, int first) {
   served.vocab_size = lm.engine->vocab_size();
   served.max_n = engine_flags.Config().max_n;
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
-  served.tool_format =
-      tool_format.value_or(serve::DetectToolCallFormat(chat_template.tools_source()));
-  served.reasoning_parser =
-      reasoning_parser == "think" ||
-      (reasoning_parser == "auto" && serve::TemplateHasThinkBlocks(chat_template.tools_source()));
+  auto parsers =
+      serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, chat_template.tools_source());
+  if (!parsers.ok()) return Fail(parsers.message());
+  served.tool_format = parsers->tools;
+  served.reasoning_format = parsers->reasoning;
 
   http.host = host;
   http.port = static_cast<int>(port);
@@ -139,7 +134,7 @@ int ServeCommand(int argc, char** argv, int first) {
               static_cast<long long>(lm.engine->kv_capacity_tokens()),
               static_cast<long long>(lm.engine->kv_cache_bytes()),
               serve::ToolCallFormatName(served.tool_format),
-              served.reasoning_parser ? "think" : "none",
+              serve::ReasoningFormatName(served.reasoning_format),
               chat_template.has_template() ? "" : ", no chat template (completions only)",
               http.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);

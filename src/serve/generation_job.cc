@@ -64,12 +64,24 @@ GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared,
     for (int32_t i = 0; i < n; ++i) {
       Sample s;
       s.choice_index = static_cast<int32_t>(p) * n + i;
-      s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
-                                            /*skip_special_tokens=*/true);
-      if (prepared_.reasoning)
-        s.reasoning_parser = std::make_unique<ReasoningParser>(prepared_.starts_in_reasoning);
-      if (prepared_.tool_format != ToolCallFormat::kNone)
-        s.tool_parser = std::make_unique<ToolCallParser>(prepared_.tool_format);
+      if (prepared_.harmony) {
+        // Harmony's parser reads its control tokens, so the text keeps them (no other special
+        // token); the parser never releases them.
+        s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
+                                              HarmonyControlTokens());
+        const HarmonyOptions options{
+            .reasoning = prepared_.reasoning,
+            .tool_calls = prepared_.tool_format == ToolCallFormat::kHarmony};
+        s.harmony_parser =
+            std::make_unique<HarmonyParser>(options, prepared_.harmony_last_message);
+      } else {
+        s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
+                                              /*skip_special_tokens=*/true);
+        if (prepared_.reasoning)
+          s.reasoning_parser = std::make_unique<ReasoningParser>(prepared_.starts_in_reasoning);
+        if (prepared_.tool_format != ToolCallFormat::kNone)
+          s.tool_parser = std::make_unique<ToolCallParser>(prepared_.tool_format);
+      }
       s.full_text = prepared_.prompts[p].echo_text;
       s.unsent_text = s.full_text;
       s.logprob_offset = static_cast<int64_t>(s.full_text.size());
@@ -117,8 +129,12 @@ void GenerationJob::AppendDelta(Sample& s, ToolCallDelta delta) {
 }
 
 // Released text flows: reasoning parser (chat, a thinking model) -> tool-call parser (chat with
-// tools) -> the sample's content.
+// tools) -> the sample's content; or, for a harmony model, through its one parser.
 void GenerationJob::AppendText(Sample& s, const std::string& text) {
+  if (s.harmony_parser != nullptr) {
+    AppendHarmony(s, s.harmony_parser->Push(text));
+    return;
+  }
   if (s.reasoning_parser == nullptr) {
     AppendContent(s, text);
     return;
@@ -130,6 +146,14 @@ void GenerationJob::AppendReasoning(Sample& s, const ReasoningDelta& delta) {
   s.reasoning += delta.reasoning;
   s.unsent_reasoning += delta.reasoning;
   AppendContent(s, delta.content);
+}
+
+void GenerationJob::AppendHarmony(Sample& s, HarmonyDelta delta) {
+  s.reasoning += delta.reasoning;
+  s.unsent_reasoning += delta.reasoning;
+  AppendDelta(s, ToolCallDelta{std::move(delta.content), std::move(delta.calls)});
+  // parallel_tool_calls false: the first call ends the sample (as in AppendContent).
+  if (!prepared_.parallel_tool_calls && !s.tool_calls.empty()) FinishSample(s, "stop");
 }
 
 void GenerationJob::AppendContent(Sample& s, const std::string& text) {
@@ -147,6 +171,7 @@ void GenerationJob::FinishSample(Sample& s, const std::string& reason) {
   if (s.done) return;
   s.done = true;
   AppendText(s, s.text->Finish());
+  if (s.harmony_parser != nullptr) AppendHarmony(s, s.harmony_parser->Finish());
   if (s.reasoning_parser != nullptr) AppendReasoning(s, s.reasoning_parser->Finish());
   if (s.tool_parser != nullptr) AppendDelta(s, s.tool_parser->Finish());
   s.finish_reason = s.text->stopped() ? "stop" : reason;

@@ -1,6 +1,7 @@
 // GenerationJob: one HTTP request's generation in flight. It submits each prompt to the engine,
 // reads TokenEvents from the ResponseStreams, turns each sample's tokens into text through a
-// TextStream (stop strings never leak, UTF-8 never split), collects logprobs and usage, and
+// TextStream (stop strings never leak, UTF-8 never split), splits chat replies into reasoning,
+// content and tool calls (reasoning.h, tool_calls.h, or harmony.h), collects logprobs and usage, and
 // renders either streaming SSE chunks or the final response body (openai_response.h).
 // A sample that hits a stop string stops consuming; when every sample of a prompt is done the
 // engine request is cancelled so its KV blocks are freed. Destroying an unfinished job cancels
@@ -19,6 +20,7 @@
 
 #include "engine/response_stream.h"
 #include "serve/api_error.h"
+#include "serve/harmony.h"
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/request_builder.h"
@@ -57,6 +59,7 @@ class GenerationJob {
     std::unique_ptr<TextStream> text;
     std::unique_ptr<ReasoningParser> reasoning_parser;  // chat, thinking model: <think> blocks
     std::unique_ptr<ToolCallParser> tool_parser;  // chat with tools: calls out of the text
+    std::unique_ptr<HarmonyParser> harmony_parser;  // chat, harmony model: instead of the two
     std::string reasoning, unsent_reasoning;
     std::string full_text;                   // everything released so far (with echo)
     std::string unsent_text;                 // streaming: released but not yet sent
@@ -92,6 +95,7 @@ class GenerationJob {
   TokenLogprobEntry MakeLogprob(const TokenEvent& event) const;
   void AppendText(Sample& sample, const std::string& text);
   void AppendReasoning(Sample& sample, const ReasoningDelta& delta);
+  void AppendHarmony(Sample& sample, HarmonyDelta delta);
   void AppendContent(Sample& sample, const std::string& text);
   void AppendDelta(Sample& sample, ToolCallDelta delta);
   void OnAllClosed();

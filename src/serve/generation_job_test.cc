@@ -330,5 +330,55 @@ TEST_F(GenerationJobTest, VllmPromptLogprobsOnCompletionsAndChat) {
   for (size_t p = 1; p < num_prompt; ++p) EXPECT_EQ(chat_body["prompt_logprobs"][p].size(), 1u);
 }
 
+// A server set to harmony whose model writes none (TinyStories): the job's harmony path (a
+// TextStream keeping control tokens, a HarmonyParser) loses nothing. Content is exactly the plain
+// path's, in the body and in the stream, and there is no reasoning.
+TEST_F(GenerationJobTest, HarmonyPathLosesNothingOfPlainOutput) {
+  auto tmpl = ChatTemplate::FromSource("{{ messages[0].content }}", "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  served_.chat_template = &*tmpl;
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                     {"max_tokens", 24},
+                     {"temperature", 0}};
+  auto run = [&](json b, std::string* streamed) {
+    Prepared prepared = PrepareChat(served_, b);
+    EXPECT_TRUE(std::holds_alternative<PreparedRequest>(prepared));
+    auto started = GenerationJob::Start(served_, std::get<PreparedRequest>(prepared), &metrics_, 0);
+    auto& job = std::get<std::unique_ptr<GenerationJob>>(started);
+    if (b.value("stream", false)) {
+      std::string sse;
+      while (job->PollStream(std::chrono::milliseconds(20), &sse)) {
+      }
+      for (size_t pos = 0; (pos = sse.find("data: {", pos)) != std::string::npos;) {
+        const size_t end = sse.find("\n\n", pos);
+        const json chunk = json::parse(sse.substr(pos + 6, end - pos - 6));
+        pos = end;
+        for (const json& c : chunk["choices"]) {
+          EXPECT_FALSE(c["delta"].contains("reasoning_content"));
+          if (c["delta"].contains("content") && c["delta"]["content"].is_string())
+            *streamed += c["delta"]["content"].get<std::string>();
+        }
+      }
+      return json();
+    }
+    while (!job->PollUntilDone(std::chrono::milliseconds(20))) {
+    }
+    return std::get<json>(job->Result())["choices"][0]["message"];
+  };
+  const json plain = run(body, nullptr);
+  ASSERT_TRUE(plain["content"].is_string());
+  ASSERT_FALSE(plain["content"].get<std::string>().empty());
+  served_.reasoning_format = ReasoningFormat::kHarmony;
+  served_.tool_format = ToolCallFormat::kHarmony;
+  const json harmony = run(body, nullptr);
+  EXPECT_EQ(harmony["content"], plain["content"]);
+  EXPECT_FALSE(harmony.contains("reasoning_content"));
+  json stream_body = body;
+  stream_body["stream"] = true;
+  std::string streamed;
+  run(stream_body, &streamed);
+  EXPECT_EQ(streamed, plain["content"].get<std::string>());
+}
+
 }  // namespace
 }  // namespace ember::serve

@@ -107,11 +107,16 @@ bool TemplateRendersHarmony(std::string_view source) {
   return source.find(kChannel) != std::string_view::npos;
 }
 
+std::string_view HarmonyLastMessage(std::string_view prompt) {
+  const size_t start = prompt.rfind(kStart);
+  return start == std::string_view::npos ? std::string_view() : prompt.substr(start);
+}
+
 // The output continues the prompt's last message: find where that message stands.
 HarmonyParser::HarmonyParser(HarmonyOptions options, std::string_view prompt) : options_(options) {
-  const size_t start = prompt.rfind(kStart);
-  if (start == std::string_view::npos) return;  // no harmony message open: between messages
-  const std::string_view tail = prompt.substr(start + kStart.size());
+  const std::string_view last = HarmonyLastMessage(prompt);
+  if (last.empty()) return;  // no harmony message open: between messages
+  const std::string_view tail = last.substr(kStart.size());
   if (FindControl(tail, EndsMessage)) return;  // the last message is closed
   const size_t message = tail.find(kMessage);
   if (message == std::string_view::npos) {

@@ -24,6 +24,8 @@ namespace ember::serve {
 std::span<const std::string_view> HarmonyControlTokens();
 // Whether a chat template renders harmony (gpt-oss's writes <|channel|> into every message).
 bool TemplateRendersHarmony(std::string_view template_source);
+// The prompt from its last <|start|> (empty when it has none): all HarmonyParser reads of it.
+std::string_view HarmonyLastMessage(std::string_view prompt);
 
 struct HarmonyOptions {
   bool reasoning = true;   // analysis text is reasoning (false: it is content)
@@ -38,8 +40,9 @@ struct HarmonyDelta {
 
 class HarmonyParser {
  public:
-  // `prompt` is the rendered prompt: where it stops (after `<|start|>assistant`, normally)
-  // says where the output starts: in a header, in a message body, or between messages.
+  // `prompt` is the rendered prompt (or its HarmonyLastMessage): where it stops (after
+  // `<|start|>assistant`, normally) says where the output starts: in a header, in a message
+  // body, or between messages.
   HarmonyParser(HarmonyOptions options, std::string_view prompt);
 
   // Appends released text (whole UTF-8 characters); holds back only headers, a call's body and

@@ -1,13 +1,19 @@
 // Harmony through the server's real detokenize path: a reply encoded with the gpt-oss tokenizer
 // (its control tokens are single special ids) streamed id by id through a TextStream that keeps
 // harmony's control tokens, into a HarmonyParser, splits exactly as the text does; other special
-// tokens stay skipped, and a TextStream that skips every special token is unchanged.
+// tokens stay skipped, and a TextStream that skips every special token is unchanged. A chat
+// request to a harmony model is prepared for the harmony parser (forced calls are refused).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
 #include "serve/harmony.h"
+#include "serve/output_parsers.h"
+#include "serve/request_builder.h"
 #include "serve/text_stream.h"
+#include "template/chat_template.h"
 #include "util/testing.h"
 
 namespace ember::serve {
@@ -113,6 +119,47 @@ TEST_F(HarmonyStreamTest, StopStringStillCutsTheText) {
   EXPECT_TRUE(stream.stopped());
   EXPECT_EQ(reasoning, "Think.");
   EXPECT_EQ(content, "One. ");
+}
+
+TEST_F(HarmonyStreamTest, ChatRequestIsPreparedForHarmony) {
+  // Enough of gpt-oss's template to end where its generation prompt does.
+  auto tmpl = ChatTemplate::FromSource(
+      "{%- for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endfor %}"
+      "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
+      "{#- <|channel|>commentary to=functions. #}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  ServedModel served;
+  served.name = "gpt-oss";
+  served.tokenizer = tokenizer_.get();
+  served.chat_template = &*tmpl;
+  served.context_length = 4096;
+  served.vocab_size = tokenizer_->vocab_size();
+  Result<OutputParsers> parsers = ChooseOutputParsers("auto", "auto", tmpl->tools_source());
+  ASSERT_TRUE(parsers.ok()) << parsers.message();
+  served.reasoning_format = parsers->reasoning;
+  served.tool_format = parsers->tools;
+  const nlohmann::json tools = nlohmann::json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
+  nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"tools", tools}};
+
+  Prepared prepared = PrepareChat(served, body);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
+      << std::get<ApiError>(prepared).message;
+  const PreparedRequest& request = std::get<PreparedRequest>(prepared);
+  EXPECT_TRUE(request.harmony);
+  EXPECT_TRUE(request.reasoning);
+  EXPECT_EQ(request.tool_format, ToolCallFormat::kHarmony);
+  EXPECT_EQ(request.harmony_last_message, "<|start|>assistant");
+  // The rendered control tokens are encoded as their special ids.
+  const std::vector<int32_t>& ids = request.prompts[0].request.prompt_ids;
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *tokenizer_->TokenToId("<|start|>")), 2);
+
+  body["tool_choice"] = "required";
+  prepared = PrepareChat(served, body);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
+  EXPECT_EQ(std::get<ApiError>(prepared).param, "tool_choice");
+  EXPECT_NE(std::get<ApiError>(prepared).message.find("harmony"), std::string::npos);
 }
 
 }  // namespace

@@ -138,8 +138,9 @@ json HttpServer::ModelJson() const {
       {"tools", chat && model_.tool_format != ToolCallFormat::kNone},
       {"tool_call_format", ToolCallFormatName(model_.tool_format)},
       {"tool_definitions_in_prompt", chat},
-      // A leading <think> block comes back as reasoning_content.
-      {"reasoning_content", chat && model_.reasoning_parser},
+      // A leading <think> block (or harmony's analysis channel) comes back as reasoning_content.
+      {"reasoning_content", chat && model_.reasoning_format != ReasoningFormat::kNone},
+      {"reasoning_format", ReasoningFormatName(model_.reasoning_format)},
       // JSON mode and JSON schemas (the supported subset: src/serve/README.md).
       {"structured_output", model_.token_texts != nullptr},
       {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})

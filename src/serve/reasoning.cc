@@ -12,6 +12,24 @@ constexpr const char* kSpace = " \n\t\r";
 
 }  // namespace
 
+const char* ReasoningFormatName(ReasoningFormat format) {
+  switch (format) {
+    case ReasoningFormat::kNone:
+      return "none";
+    case ReasoningFormat::kThink:
+      return "think";
+    case ReasoningFormat::kHarmony:
+      return "harmony";
+  }
+  return "none";
+}
+
+std::optional<ReasoningFormat> ParseReasoningFormat(std::string_view name) {
+  for (ReasoningFormat f : {ReasoningFormat::kNone, ReasoningFormat::kThink, ReasoningFormat::kHarmony})
+    if (name == ReasoningFormatName(f)) return f;
+  return std::nullopt;
+}
+
 bool TemplateHasThinkBlocks(std::string_view source) {
   return source.find(kClose) != std::string_view::npos;
 }

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 #include "sampling/json_schema.h"
 #include "sampling/tool_call_constraint.h"
+#include "serve/harmony.h"
 #include "serve/reasoning.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -179,6 +180,12 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "it with --tool-call-parser hermes|llama3_json)",
                           "tool_choice", "unsupported_value");
   }
+  if (model.tool_format == ToolCallFormat::kHarmony) {
+    return InvalidRequest("tool_choice: forcing a tool call is not supported for harmony models "
+                          "(gpt-oss): their calls start with special tokens that the output "
+                          "constraint cannot write; use tool_choice \"auto\"",
+                          "tool_choice", "unsupported_value");
+  }
   if (req.params.json_object || req.params.json_schema) {
     return InvalidRequest("response_format: structured output cannot be combined with a forced "
                           "tool call (tool_choice)",
@@ -266,8 +273,12 @@ Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
                                std::get<Constraint>(constraint), &prompt.request))
     return *err;
   out.prompts.push_back(std::move(prompt));
-  out.reasoning = model.reasoning_parser;
-  out.starts_in_reasoning = model.reasoning_parser && PromptEndsInThinkBlock(*text);
+  out.reasoning = model.reasoning_format != ReasoningFormat::kNone;
+  out.starts_in_reasoning =
+      model.reasoning_format == ReasoningFormat::kThink && PromptEndsInThinkBlock(*text);
+  out.harmony = model.reasoning_format == ReasoningFormat::kHarmony ||
+                model.tool_format == ToolCallFormat::kHarmony;
+  if (out.harmony) out.harmony_last_message = HarmonyLastMessage(*text);
   if (auto err = ApplyToolChoice(model, req, raw, &out)) return *err;
   return out;
 }

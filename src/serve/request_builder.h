@@ -19,6 +19,7 @@
 #include "sampling/json_constraint.h"
 #include "serve/api_error.h"
 #include "serve/openai_schema.h"
+#include "serve/reasoning.h"
 #include "serve/tool_calls.h"
 
 namespace ember {
@@ -43,12 +44,12 @@ struct ServedModel {
   // vocabulary cannot start a JSON object (such requests are then refused). JsonModeTexts()
   // builds it.
   std::shared_ptr<const TokenTexts> token_texts;
-  // How the model writes tool calls (from its chat template or --tool-call-parser); kNone: tool
-  // calls stay in the content and forcing one (tool_choice) is refused.
+  // How the model writes tool calls and reasoning (ChooseOutputParsers: from its chat template
+  // or the flags). Tool calls kNone: they stay in the content and forcing one (tool_choice) is
+  // refused. Reasoning kNone: no reasoning_content. Harmony in either: one HarmonyParser does
+  // both halves (never together with another parser).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
-  // Chat replies' leading <think> blocks become reasoning_content (from the template, or
-  // --reasoning-parser).
-  bool reasoning_parser = false;
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
 };
 
 // The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
@@ -80,8 +81,13 @@ struct PreparedRequest {
   // Chat with tools: parse each sample's calls out of its text (kNone: no parsing).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   bool parallel_tool_calls = true;  // false: a sample ends after its first call
-  bool reasoning = false;            // chat: split reasoning_content off (reasoning.h)
+  bool reasoning = false;            // chat: split reasoning_content off (reasoning.h, harmony.h)
   bool starts_in_reasoning = false;  // the prompt ends inside an open <think> block
+  // Chat with a harmony model: each sample's text (with harmony's control tokens kept) goes
+  // through a HarmonyParser, for reasoning when `reasoning` and for calls when tool_format is
+  // kHarmony, instead of the other two parsers. It starts from the prompt's last message.
+  bool harmony = false;
+  std::string harmony_last_message;  // the prompt from its last <|start|> (HarmonyLastMessage)
 };
 
 SchemaLimits LimitsFor(const ServedModel& model);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve/harmony.h"
 #include "serve/stop_matcher.h"
 #include "util/check.h"
 
@@ -95,18 +96,21 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "hermes";
     case ToolCallFormat::kLlama3Json:
       return "llama3_json";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
   }
   return "none";
 }
 
 std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
-  for (ToolCallFormat f :
-       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
+                           ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony})
     if (name == ToolCallFormatName(f)) return f;
   return std::nullopt;
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view source) {
+  if (TemplateRendersHarmony(source)) return ToolCallFormat::kHarmony;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
   if (source.find("<|python_tag|>") != std::string_view::npos) return ToolCallFormat::kLlama3Json;
   return ToolCallFormat::kNone;
@@ -120,9 +124,10 @@ std::string ForcedCallHead(ToolCallFormat format, const std::string& name) {
     case ToolCallFormat::kLlama3Json:
       return "{\"name\": " + quoted + ", \"parameters\": ";
     case ToolCallFormat::kNone:
+    case ToolCallFormat::kHarmony:
       break;
   }
-  CHECK(false) << "ForcedCallHead: no tool-call format";
+  CHECK(false) << "ForcedCallHead: no forcible tool-call format";
   return {};
 }
 
@@ -133,14 +138,15 @@ std::string ForcedCallTail(ToolCallFormat format) {
     case ToolCallFormat::kLlama3Json:
       return "}";
     case ToolCallFormat::kNone:
+    case ToolCallFormat::kHarmony:
       break;
   }
-  CHECK(false) << "ForcedCallTail: no tool-call format";
+  CHECK(false) << "ForcedCallTail: no forcible tool-call format";
   return {};
 }
 
 ToolCallParser::ToolCallParser(ToolCallFormat format) : format_(format) {
-  CHECK(format != ToolCallFormat::kNone);
+  CHECK(format == ToolCallFormat::kHermes || format == ToolCallFormat::kLlama3Json);
 }
 
 void ToolCallParser::Release(std::string_view content, ToolCallDelta* out) {

@@ -7,6 +7,7 @@
 //     with content before and between them;
 //   llama3_json (Llama 3.1 / 3.2): the whole output is {"name": N, "parameters": {...}}, or
 //     several separated by ";".
+// (harmony, gpt-oss's, is parsed together with its reasoning by HarmonyParser: harmony.h.)
 // A block that does not parse as a call stays content, unchanged. The format comes from the chat
 // template (DetectToolCallFormat) or `ember serve --tool-call-parser`. Not thread-safe: one parser
 // per sample.
@@ -20,15 +21,17 @@
 
 namespace ember::serve {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json };
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kHarmony };
 
-const char* ToolCallFormatName(ToolCallFormat format);  // "none", "hermes", "llama3_json"
+// "none", "hermes", "llama3_json", "harmony"
+const char* ToolCallFormatName(ToolCallFormat format);
 std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name);
 // The format a chat template's tool-call rendering uses; kNone when it is not one we parse.
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 
 // Forced calls (tool_choice): the text of a call to `name` up to where its arguments object
-// starts, and the text after that object. `format` must not be kNone.
+// starts, and the text after that object. `format` must be kHermes or kLlama3Json (harmony's
+// calls start with special tokens, which the output constraint cannot spell).
 std::string ForcedCallHead(ToolCallFormat format, const std::string& name);
 std::string ForcedCallTail(ToolCallFormat format);
 
@@ -46,7 +49,7 @@ struct ToolCallDelta {
 
 class ToolCallParser {
  public:
-  explicit ToolCallParser(ToolCallFormat format);
+  explicit ToolCallParser(ToolCallFormat format);  // kHermes or kLlama3Json
 
   // Appends released text (whole UTF-8 characters); returns what is now certain. Text that may
   // still turn out to be (part of) a call, and whitespace that may turn out to separate calls,

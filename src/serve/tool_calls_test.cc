@@ -160,14 +160,16 @@ TEST(ToolCallParserTest, ForcedCallTextsParseBack) {
 }
 
 TEST(ToolCallFormatTest, NamesAndDetection) {
-  for (ToolCallFormat f :
-       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
+                           ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony})
     EXPECT_EQ(ParseToolCallFormat(ToolCallFormatName(f)), f);
   EXPECT_FALSE(ParseToolCallFormat("mistral").has_value());
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("{{- '<|python_tag|>' + tool_call.name }}"),
             ToolCallFormat::kLlama3Json);
   EXPECT_EQ(DetectToolCallFormat("{{ messages[0]['content'] }}"), ToolCallFormat::kNone);
+  EXPECT_EQ(DetectToolCallFormat("{{- '<|start|>assistant<|channel|>commentary to=functions.' }}"),
+            ToolCallFormat::kHarmony);
 }
 
 }  // namespace
