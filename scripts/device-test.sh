@@ -42,7 +42,7 @@ stage() {
   # GPU runs carry at most 64 MiB. The run below unpacks them.
   find .devbin/bin -type f -size +4M -exec xz -T2 -3 {} +
   local fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
-  for m in llama3 qwen2 qwen3 qwen3_moe mistral gemma2 gemma3 phi3 tinystories-656k; do
+  for m in llama3 qwen2 qwen3 qwen3_moe gpt_oss mistral gemma2 gemma3 phi3 tinystories-656k; do
     [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
   done
   du -sh .devbin
