@@ -1,7 +1,8 @@
 // Op-level tests of the CUDA backend against CPU twins (plain double-precision reference code
 // in this file, written from the Backend interface's definitions): embedding, RMSNorm, MatMul
-// (GEMV, batch-invariant GEMM, cuBLAS), RoPE, elementwise ops, graph replay. Attention and the KV
-// pool are in cuda_attention_test.cc. Tolerances (relative L2): f32 compute mode 1e-5; bf16 mode
+// (GEMV, batch-invariant GEMM, cuBLAS), RoPE, elementwise ops, graph replay, MoeMlp (also against
+// the CPU backend, for gpt_oss's biases and clamped SwiGLU). Attention and the KV pool are in
+// cuda_attention_test.cc. Tolerances (relative L2): f32 compute mode 1e-5; bf16 mode
 // 1e-2 vs the unrounded reference and 1e-5 vs a reference over bf16-rounded operands. Skips when
 // no CUDA device is present (CI has none).
 #include <gtest/gtest.h>
