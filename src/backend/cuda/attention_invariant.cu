@@ -107,13 +107,16 @@ __device__ __forceinline__ float MaxTimesScale(float m, float c) {
   return m == -INFINITY ? 0.f : __fmul_rn(m, c);
 }
 
-// A finished row's softmax denominator: its keys' sum l plus, with sinks, head `head`'s sink
-// weight relative to the row's max m (logit units): 2^(sink log2 e - m c). The sink is in the
-// units of the scaled (and capped) scores, which are u c / log2 e in both cases of ExpScale.
-// Pinned rounding: every mode that finishes the row adds the same bits.
+// A finished row's softmax denominator: its keys' sum l plus, with sinks, its head's sink weight
+// relative to the row's max m (logit units): 2^(sink log2 e - m c). The sink is in the units of
+// the scaled (and capped) scores, which are u c / log2 e in both cases of ExpScale. row_id =
+// token * num_heads + head. Pinned rounding: every mode that finishes the row adds the same bits.
+// (The head comes from row_id, not from a row_head() argument: with that one ptxas allocated the
+// main kernel's registers worse, e.g. a 60-byte spill in the D 96 decode shape.)
 __device__ __forceinline__ float WithSink(float l, float m, float c, const AttentionArgs& a,
-                                          int32_t head) {
+                                          int64_t row_id) {
   if (a.sinks == nullptr) return l;
+  const int32_t head = static_cast<int32_t>(row_id % a.num_heads);
   return __fadd_rn(l, Exp2(__fsub_rn(__fmul_rn(a.sinks[head], kLog2e), MaxTimesScale(m, c))));
 }
 
@@ -705,7 +708,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           const int32_t last = pos[mt][h] / kInvariantSplitKeys;
           if (first == last) {
             const float inv =
-                __frcp_rn(WithSink(lh, m[mt][h], exp_scale, a, row_head(mt, h)));
+                __frcp_rn(WithSink(lh, m[mt][h], exp_scale, a, row_id));
             ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
               *reinterpret_cast<float2*>(orow + col) =
                   make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv));
@@ -728,7 +731,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             FoldScalars(rm, rl, m[mt][h], lh, exp_scale, wa, wb);
             const bool final_split = s_idx == last;
             const float inv =
-                final_split ? __frcp_rn(WithSink(rl, rm, exp_scale, a, row_head(mt, h))) : 1.f;
+                final_split ? __frcp_rn(WithSink(rl, rm, exp_scale, a, row_id)) : 1.f;
             // Every previous pair is loaded before the first store: loads and stores of `out`
             // interleaved made each load wait for the one before it (a fifth of the prefill
             // kernel's stall samples, ncu).
@@ -780,7 +783,7 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
       FoldScalars(M, L, rec[0], rec[1], exp_scale, wa, wb);
       O = FoldValue(O, rec[2 + d], wa, wb);
     }
-    out[row_id * D + d] = __fmul_rn(O, __frcp_rn(WithSink(L, M, exp_scale, a, head)));
+    out[row_id * D + d] = __fmul_rn(O, __frcp_rn(WithSink(L, M, exp_scale, a, row_id)));
   }
 }
 
