@@ -85,9 +85,8 @@ __device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float
   }
 }
 
-// logits[row, e] = router[e] . x[row]: a warp per (row, expert), lane-strided over d (d % 8 == 0)
-// then the warp butterfly.
-// (+ bias[e] when bias is not null).
+// logits[row, e] = router[e] . x[row] (+ bias[e] when bias is not null): a warp per (row, expert),
+// lane-strided over d (d % 8 == 0) then the warp butterfly.
 template <typename W>
 __global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict__ router,
                                 const float* __restrict__ bias, int64_t rows,
