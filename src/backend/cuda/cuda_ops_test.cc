@@ -537,40 +537,6 @@ TEST_F(CudaOpsTest, MatMulInvariantGraphReplay) {
   EXPECT_LT(RelL2(results[0], TwinMatMulBf16(x, w, nullptr, n, m, k, 1)), 1e-5);
 }
 
-// The table builder's inverse frequencies against an independent double-precision formula.
-TEST(RopeTableTest, InvFreqMatchesFormula) {
-  RopeSpec spec;
-  spec.head_dim = 128;
-  spec.rotary_dim = 128;
-  spec.theta = 500000.0;
-  spec.max_positions = 16;
-  for (auto type : {RopeSpec::Type::kDefault, RopeSpec::Type::kLinear, RopeSpec::Type::kLlama3}) {
-    spec.type = type;
-    spec.factor = type == RopeSpec::Type::kDefault ? 1.0 : 8.0;
-    const std::vector<float> inv = RopeInvFreq(spec);
-    ASSERT_EQ(inv.size(), 64u);
-    for (size_t i = 0; i < inv.size(); ++i) {
-      double f = 1.0 / std::pow(spec.theta, 2.0 * static_cast<double>(i) / spec.rotary_dim);
-      if (type == RopeSpec::Type::kLinear) f /= spec.factor;
-      if (type == RopeSpec::Type::kLlama3) {
-        const double wavelen = 2 * M_PI / f;
-        const double low_wl = spec.original_max_positions / spec.low_freq_factor;
-        const double high_wl = spec.original_max_positions / spec.high_freq_factor;
-        if (wavelen > low_wl) {
-          f /= spec.factor;
-        } else if (wavelen >= high_wl) {
-          const double smooth = (spec.original_max_positions / wavelen - spec.low_freq_factor) /
-                                (spec.high_freq_factor - spec.low_freq_factor);
-          f = (1 - smooth) * f / spec.factor + smooth * f;
-        }
-      }
-      EXPECT_NEAR(inv[i], f, 2e-6 * f) << "type " << static_cast<int>(type) << " i " << i;
-    }
-  }
-  spec.rotary_dim = 7;
-  EXPECT_FALSE(BuildRopeTable(spec).ok());
-}
-
 TEST_F(CudaOpsTest, RopeAllTypes) {
   const int32_t n = 6, heads = 4, kv_heads = 2, head_dim = 64;
   for (auto type : {RopeSpec::Type::kDefault, RopeSpec::Type::kLinear, RopeSpec::Type::kLlama3}) {
@@ -878,6 +844,22 @@ MoeHost RandomMoe(int64_t d, int64_t inter, int32_t num_experts, bool f32, float
   return m;
 }
 
+// MoeMlp of rows [first, first + count) of x [rows, d] as one step of backend b (`plan`: one of
+// count rows); the output rows.
+std::vector<float> RunMoeRows(Backend& b, const BatchPlan& plan, const MoeExperts& experts,
+                              const std::vector<float>& x, int64_t d, int64_t first) {
+  const int64_t count = plan.num_tokens();
+  EXPECT_TRUE(b.BeginStep(plan).ok());
+  const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
+  Tensor xt = b.Alloc({count, d});
+  EXPECT_TRUE(CudaCopyFromHost(b, xs, xt).ok());
+  Tensor out = b.Alloc({count, d});
+  b.MoeMlp(xt, experts, out);
+  std::vector<float> host(static_cast<size_t>(count * d), NAN);
+  EXPECT_TRUE(b.CopyToHost(out, host).ok());
+  return host;
+}
+
 // `m` as MoeExperts of backend b (a CPU backend keeps pointers into m: m must outlive its use),
 // with top_k, normalize and the activation still to set.
 MoeExperts UploadMoe(Backend& b, const MoeHost& m) {
@@ -981,12 +963,7 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
       experts.normalize = normalize;
       const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
       auto run = [&](int64_t first, int64_t count) {
-        EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
-        const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
-        Tensor xt = Upload(*b, xs, {count, d});
-        Tensor out = b->Alloc({count, d});
-        b->MoeMlp(xt, experts, out);
-        return Download(*b, out);
+        return RunMoeRows(*b, SimplePlan(static_cast<int32_t>(count)), experts, x, d, first);
       };
       const std::vector<float> got = run(0, rows);
       EXPECT_LT(RelL2(got, MoeReference(m, experts, x, rows).out), 1e-5);
@@ -1037,12 +1014,7 @@ TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
         }
         const std::vector<float> x = Random(static_cast<size_t>(rows * d), 61);
         auto run = [&](int64_t first, int64_t count) {
-          EXPECT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(count))).ok());
-          const std::vector<float> xs(x.begin() + first * d, x.begin() + (first + count) * d);
-          Tensor xt = Upload(*b, xs, {count, d});
-          Tensor out = b->Alloc({count, d});
-          b->MoeMlp(xt, experts, out);
-          return Download(*b, out);
+          return RunMoeRows(*b, SimplePlan(static_cast<int32_t>(count)), experts, x, d, first);
         };
         const std::vector<float> got = run(0, rows);
         // The CPU twin over the same rows (its plan must outlive the step).
