@@ -173,7 +173,8 @@ TEST_P(BatchInvarianceTest, OnCuda) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvarianceTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
-                                           "mistral", "phi3", "gemma2", "gemma3"));
+                                           "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
+                                           "gemma3"));
 
 TEST(EngineTest, PrefixCacheHitReproducesUncachedOutput) {
   const std::string dir = ModelDir("tinystories-656k");
