@@ -4,8 +4,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_loader.h"
@@ -13,6 +15,7 @@
 #include "model/safetensors.h"
 #include "model/weight_convert.h"
 #include "util/mapped_file.h"
+#include "util/parallel.h"
 
 namespace ember {
 namespace {
@@ -184,18 +187,31 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
     std::memcpy(bytes.data(), f.data(), bytes.size());
     return up.Converted(name, DType::kF32, {count}, std::move(bytes), count, keep);
   };
+  // The rearrangement (or dequantization) runs on every core, a few experts at a time (a
+  // gpt-oss-20b layer is 1.6 GB of them); uploads stay in expert order.
+  const int64_t batch = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::vector<uint8_t>> parts;
   for (int64_t e = 0; e < num; ++e) {
+    const int64_t slot = e % batch;
+    if (slot == 0) {
+      const int64_t count = std::min(batch, num - e);
+      parts.assign(static_cast<size_t>(3 * count), {});
+      ForEachOnThreads(parts.size(), static_cast<size_t>(batch), [&](size_t i) {
+        parts[i] = rows(e + static_cast<int64_t>(i) / 3, static_cast<int>(i % 3));
+      });
+    }
+    auto part = [&](int which) { return std::move(parts[static_cast<size_t>(3 * slot + which)]); };
     const std::string n = p + std::to_string(e) + ".";
     for (int half = 0; half < 2; ++half) {  // 0: gate (even columns), 1: up (odd)
       EMBER_ASSIGN_OR_RETURN(Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), dtype,
-                                                    {inter, d}, rows(e, half), inter * d, keep));
+                                                    {inter, d}, part(half), inter * d, keep));
       (half == 0 ? x.gate : x.up).push_back(t);
       EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"), gate_up_bias,
                                             e * 2 * inter + half, 2, inter));
       (half == 0 ? x.gate_bias : x.up_bias).push_back(b);
     }
-    EMBER_ASSIGN_OR_RETURN(
-        Tensor dt, up.Converted(n + "down", dtype, {d, inter}, rows(e, 2), d * inter, keep));
+    EMBER_ASSIGN_OR_RETURN(Tensor dt,
+                           up.Converted(n + "down", dtype, {d, inter}, part(2), d * inter, keep));
     x.down.push_back(dt);
     EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", down_bias, e * d, 1, d));
     x.down_bias.push_back(db);
