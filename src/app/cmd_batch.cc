@@ -1,6 +1,7 @@
 // `ember batch`: offline generation for a JSONL file. Every line is validated and submitted at
 // once; the engine interleaves them (continuous batching, shared prefixes cached). Output lines
-// are written in input order: {"index", "ids", "text", "finish_reason", "usage"} or, for a line
+// are written in input order: {"index", "ids", "text", "finish_reason", "usage"} (+ "logprobs"
+// per generated token and "prompt_logprobs" per prompt token when the line asks) or, for a line
 // that was refused, {"index", "error"}.
 #include <algorithm>
 #include <chrono>
@@ -84,8 +85,13 @@ Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* 
       has_prompt = true;
     } else if (key == "max_tokens") {
       EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "max_tokens"));
-      if (v < 1 || v > INT32_MAX) return Status::Error("max_tokens: must be >= 1");
+      if (v < 0 || v > INT32_MAX) return Status::Error("max_tokens: must be >= 0");
       r.max_tokens = static_cast<int32_t>(v);
+    } else if (key == "logprobs" || key == "prompt_logprobs") {
+      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, key.c_str()));
+      if (v < 0 || v > kMaxTopLogprobs)
+        return Status::Error(key + ": must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+      (key == "logprobs" ? r.sampling.top_logprobs : r.prompt_logprobs) = static_cast<int32_t>(v);
     } else if (key == "temperature") {
       EMBER_ASSIGN_OR_RETURN(r.sampling.temperature, NumberField(j, "temperature"));
     } else if (key == "top_p") {
@@ -169,7 +175,15 @@ Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* 
     }
   }
   if (!has_prompt) return Status::Error("one of prompt or prompt_ids is required");
+  if (r.max_tokens == 0 && r.prompt_logprobs < 0)
+    return Status::Error("max_tokens: 0 only scores the prompt; it needs prompt_logprobs");
   return Status::Ok();
+}
+
+json TopLogprobsJson(const std::vector<TokenLogprob>& top) {
+  json list = json::array();
+  for (const TokenLogprob& t : top) list.push_back({{"id", t.token_id}, {"logprob", t.logprob}});
+  return list;
 }
 
 // Reads one finished line's tokens, applying stop strings; returns the output JSON.
@@ -178,14 +192,30 @@ json CollectLine(int64_t index, BatchLine& line, const Tokenizer* tokenizer) {
   if (tokenizer != nullptr)
     text_stream = std::make_unique<serve::TextStream>(*tokenizer, line.stop_strings, true);
   std::vector<int32_t> ids;
+  json logprobs = json::array(), prompt_logprobs;
+  const bool want_logprobs = line.request.sampling.wants_logprobs();
   std::string text;
   FinishReason finish = FinishReason::kNone;
   bool stopped_by_string = false;
   std::vector<TokenEvent> events;
   while (line.stream->Next(&events)) {
     for (const TokenEvent& e : events) {
+      if (e.prompt_logprobs) {  // entry i is prompt position i + 1's; the first token has none
+        prompt_logprobs = json::array({nullptr});
+        for (size_t i = 0; i < e.prompt_logprobs->size(); ++i) {
+          const PromptLogprob& p = (*e.prompt_logprobs)[i];
+          prompt_logprobs.push_back({{"id", line.request.prompt_ids[i + 1]},
+                                     {"logprob", p.logprob},
+                                     {"rank", p.rank},
+                                     {"top_logprobs", TopLogprobsJson(p.top_logprobs)}});
+        }
+      }
       if (e.token_id >= 0 && !stopped_by_string) {
         ids.push_back(e.token_id);
+        if (want_logprobs)
+          logprobs.push_back({{"id", e.token_id},
+                              {"logprob", e.logprob},
+                              {"top_logprobs", TopLogprobsJson(e.top_logprobs)}});
         if (text_stream != nullptr) {
           serve::TextDelta delta = text_stream->Push(e.token_id);
           text += delta.text;
@@ -208,6 +238,8 @@ json CollectLine(int64_t index, BatchLine& line, const Tokenizer* tokenizer) {
   json out = {{"index", index}, {"ids", ids}};
   if (tokenizer != nullptr) out["text"] = text;
   out["finish_reason"] = FinishReasonName(finish);
+  if (want_logprobs) out["logprobs"] = logprobs;
+  if (line.request.prompt_logprobs >= 0) out["prompt_logprobs"] = prompt_logprobs;
   out["usage"] = {{"prompt_tokens", usage.prompt_tokens},
                   {"cached_tokens", usage.cached_tokens},
                   {"completion_tokens", static_cast<int32_t>(ids.size())}};
@@ -222,11 +254,14 @@ int BatchCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember batch --model DIR --input IN.jsonl --output OUT.jsonl [--max-batch N]\n"
       "       [--kv-cache-bytes B]\n"
-      "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional max_tokens,\n"
+      "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional "
+      "max_tokens,\n"
       "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty,\n"
       "logit_bias ({\"id\": bias}), response_format ({\"type\": \"json_object\"} or {\"type\":\n"
       "\"json_schema\", \"json_schema\": {\"schema\": {...}}}: the text is\n"
-      "one JSON object).");
+      "one JSON object), logprobs (N: each generated token's logprob and its top N),\n"
+      "prompt_logprobs (N: the same for every prompt token but the first; with max_tokens 0\n"
+      "the prompt is only scored).");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--input", &input_path, "input JSONL file");
   flags.AddString("--output", &output_path, "output JSONL file");

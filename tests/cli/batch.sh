@@ -3,7 +3,7 @@
 # same tokens, refused lines (unknown field, JSON mode on a vocabulary without "{") become error
 # lines in place while the rest run; with qwen3's tokenizer on an `ember synth` body, a JSON-mode
 # line's text is a JSON object (or its start, when max_tokens cuts it), and one nudged toward "}"
-# by logit_bias finishes with a whole object. Skips (77) when the
+# by logit_bias finishes with a whole object; logprobs and prompt logprobs. Skips (77) when the
 # fixture is absent; the qwen3 part is skipped when its tokenizer is. Env: EMBER_BIN,
 # EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT), EMBER_TOKENIZERS (or EMBER_TOKENIZERS_DEFAULT).
 set -u
@@ -32,6 +32,32 @@ field "$dir/out.jsonl" 2 error | grep -q "unknown field 'colour'" ||
   fail "no error for the unknown field: $(cat "$dir/out.jsonl")"
 field "$dir/out.jsonl" 4 error | grep -q "structured output is not available" ||
   fail "JSON mode on tinystories was not refused: $(cat "$dir/out.jsonl")"
+
+# Logprobs: a scored prompt (max_tokens 0) and a greedy line. The prompt entries are one per
+# token, the first null; a greedy token is its own top 1; the prompt's last entry, scored with the
+# greedy line's first token appended, is that token's logprob (the same logits row).
+cat >"$dir/lp.jsonl" <<'JSONL'
+{"prompt_ids": [1, 80, 147, 201, 282, 57, 313], "max_tokens": 0, "prompt_logprobs": 2}
+{"prompt_ids": [1, 80, 147, 201, 282, 57], "max_tokens": 4, "temperature": 0, "logprobs": 1}
+{"prompt_ids": [1, 80], "max_tokens": 0}
+JSONL
+"$EMBER_BIN" batch --model "$model" --input "$dir/lp.jsonl" --output "$dir/lp.out" \
+  --device cpu 2>"$dir/err" || true
+node -e 'const l = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n")
+           .map(JSON.parse);
+         const fail = (m) => { console.error(m); process.exit(1); };
+         const p = l[0].prompt_logprobs, g = l[1].logprobs;
+         if (!p || p.length !== 7 || p[0] !== null) fail("prompt_logprobs shape");
+         for (const e of p.slice(1))
+           if (!(e.logprob <= 0) || e.top_logprobs.length !== 2 || e.rank < 1) fail("prompt entry");
+         if (l[0].ids.length !== 0) fail("max_tokens 0 generated tokens");
+         if (!g || g.length !== 4) fail("logprobs shape");
+         for (const e of g)
+           if (e.top_logprobs[0].id !== e.id || e.top_logprobs[0].logprob !== e.logprob)
+             fail("a greedy token is not its own top 1");
+         if (Math.abs(p[6].logprob - g[0].logprob) > 1e-6) fail("scored != generated logprob");
+         if (!/needs prompt_logprobs/.test(l[2].error)) fail("max_tokens 0 without scoring");' \
+  "$dir/lp.out" || fail "logprobs: $(cat "$dir/lp.out")"
 
 qwen3="${EMBER_TOKENIZERS:-${EMBER_TOKENIZERS_DEFAULT:-}}/qwen3"
 if [ -f "$qwen3/tokenizer.json" ]; then
