@@ -4,8 +4,8 @@
 // (q/k/v/o biases, attention sinks, YaRN rope, sliding/full layers, biased experts with a
 // clamped SwiGLU: AttentionParams::sinks, MoeExperts). Pre-norm blocks:
 //   x = embed(tokens)
-//   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)));  x += down(silu(gate(norm(x)))
-//   * up(..))
+//   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)))
+//               x += down(silu(gate(norm(x))) * up(..))
 //               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
 //   logits = lm_head(norm(x))[logits_rows]
 #include "model/architecture.h"

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul.h"  // ConvertToF32
 #include "backend/cuda_loader.h"
 #include "model/architecture.h"
 #include "model/safetensors.h"
@@ -180,11 +181,16 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
           d, 2 * inter, part, 2, inter, elem);
     };
   }
-  auto bias = [&](const std::string& name, const TensorView& v, int64_t first, int64_t stride,
+  // The biases as f32, each tensor converted once; an expert's bias is every stride-th value.
+  std::vector<float> gu_bias(static_cast<size_t>(num * 2 * inter));
+  std::vector<float> dn_bias(static_cast<size_t>(num * d));
+  cpu::ConvertToF32(gate_up_bias.data, gate_up_bias.dtype, num * 2 * inter, gu_bias.data());
+  cpu::ConvertToF32(down_bias.data, down_bias.dtype, num * d, dn_bias.data());
+  auto bias = [&](const std::string& name, const float* first, int64_t stride,
                   int64_t count) -> Result<Tensor> {
-    std::vector<float> f = StridedToF32(v.data, v.dtype, first, stride, count);
-    std::vector<uint8_t> bytes(f.size() * sizeof(float));
-    std::memcpy(bytes.data(), f.data(), bytes.size());
+    std::vector<uint8_t> bytes(static_cast<size_t>(count) * sizeof(float));
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(bytes.data() + i * sizeof(float), first + i * stride, sizeof(float));
     return up.Converted(name, DType::kF32, {count}, std::move(bytes), count, keep);
   };
   // The rearrangement (or dequantization) runs on every core, a few experts at a time (a
@@ -206,14 +212,14 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
       EMBER_ASSIGN_OR_RETURN(Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), dtype,
                                                     {inter, d}, part(half), inter * d, keep));
       (half == 0 ? x.gate : x.up).push_back(t);
-      EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"), gate_up_bias,
-                                            e * 2 * inter + half, 2, inter));
+      EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"),
+                                            gu_bias.data() + e * 2 * inter + half, 2, inter));
       (half == 0 ? x.gate_bias : x.up_bias).push_back(b);
     }
     EMBER_ASSIGN_OR_RETURN(Tensor dt,
                            up.Converted(n + "down", dtype, {d, inter}, part(2), d * inter, keep));
     x.down.push_back(dt);
-    EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", down_bias, e * d, 1, d));
+    EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", dn_bias.data() + e * d, 1, d));
     x.down_bias.push_back(db);
   }
   return Status::Ok();

@@ -57,27 +57,4 @@ std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* s
   return out;
 }
 
-std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
-                                int64_t count) {
-  std::vector<float> out(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t at = first + i * stride;
-    switch (dtype) {
-      case DType::kF32:
-        out[static_cast<size_t>(i)] = static_cast<const float*>(src)[at];
-        break;
-      case DType::kF16:
-        out[static_cast<size_t>(i)] = F16ToF32(static_cast<const uint16_t*>(src)[at]);
-        break;
-      case DType::kBF16:
-        out[static_cast<size_t>(i)] = Bf16ToF32(static_cast<const uint16_t*>(src)[at]);
-        break;
-      case DType::kI32:
-      case DType::kU8:
-        CHECK(false) << "StridedToF32 of " << DTypeName(dtype);
-    }
-  }
-  return out;
-}
-
 }  // namespace ember

@@ -25,8 +25,4 @@ std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, 
 std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* scales, int64_t k,
                                          int64_t first, int64_t stride, int64_t count);
 
-// Elements first, first + stride, ... (count of them) of an F32/F16/BF16 array, as float32.
-std::vector<float> StridedToF32(const void* src, DType dtype, int64_t first, int64_t stride,
-                                int64_t count);
-
 }  // namespace ember
