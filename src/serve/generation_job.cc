@@ -151,9 +151,7 @@ void GenerationJob::AppendReasoning(Sample& s, const ReasoningDelta& delta) {
 void GenerationJob::AppendHarmony(Sample& s, HarmonyDelta delta) {
   s.reasoning += delta.reasoning;
   s.unsent_reasoning += delta.reasoning;
-  AppendDelta(s, ToolCallDelta{std::move(delta.content), std::move(delta.calls)});
-  // parallel_tool_calls false: the first call ends the sample (as in AppendContent).
-  if (!prepared_.parallel_tool_calls && !s.tool_calls.empty()) FinishSample(s, "stop");
+  AppendParsed(s, ToolCallDelta{std::move(delta.content), std::move(delta.calls)});
 }
 
 void GenerationJob::AppendContent(Sample& s, const std::string& text) {
@@ -161,7 +159,11 @@ void GenerationJob::AppendContent(Sample& s, const std::string& text) {
     AppendDelta(s, ToolCallDelta{text, {}});
     return;
   }
-  AppendDelta(s, s.tool_parser->Push(text));
+  AppendParsed(s, s.tool_parser->Push(text));
+}
+
+void GenerationJob::AppendParsed(Sample& s, ToolCallDelta delta) {
+  AppendDelta(s, std::move(delta));
   // parallel_tool_calls false: the first call ends the sample (the engine's work is cancelled
   // once every sample of the prompt is done).
   if (!prepared_.parallel_tool_calls && !s.tool_calls.empty()) FinishSample(s, "stop");

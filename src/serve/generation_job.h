@@ -98,6 +98,9 @@ class GenerationJob {
   void AppendHarmony(Sample& sample, HarmonyDelta delta);
   void AppendContent(Sample& sample, const std::string& text);
   void AppendDelta(Sample& sample, ToolCallDelta delta);
+  // AppendDelta of a tool-call-parsing parser's output; ends the sample at its first call when
+  // parallel_tool_calls is false.
+  void AppendParsed(Sample& sample, ToolCallDelta delta);
   void OnAllClosed();
   Usage TotalUsage() const;
 
