@@ -418,6 +418,37 @@ class AttentionInvariantTest : public CudaOpsTest,
     sinks_ = Weight(b, sink_values_, {GetParam().num_heads});
   }
 
+  // The target's rows are bitwise the same whatever the step: its one-chunk prefill [0, P]
+  // (`whole`) against each of `chunkings` of it (the later chunks attend to the cached earlier
+  // part), then row P decoded alone (few blocks: the split-mode path with the combine kernel),
+  // among 127 other sequences, and inside a prefill chunk [P - 20, P] between other sequences'.
+  void CheckRowsIndependentOfTheStep(
+      Backend& b, const std::vector<std::vector<std::array<int32_t, 2>>>& chunkings,
+      std::vector<float>* whole_out) {
+    const int32_t P = kTargetPos;
+    const std::vector<float> whole = Run(b, {{0, 0, P + 1}});
+    for (size_t ci = 0; ci < chunkings.size(); ++ci) {
+      std::vector<float> joined;
+      for (const auto& [begin, end] : chunkings[ci]) {
+        const std::vector<float> part = Run(b, {{0, begin, end - begin}});
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      ASSERT_EQ(joined.size(), whole.size());
+      size_t mismatches = 0;
+      for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
+      EXPECT_EQ(mismatches, 0u) << "chunking " << ci << " differs from the one-chunk prefill";
+    }
+    const std::vector<float> row_p = Row(whole, P);
+    EXPECT_EQ(Row(Run(b, {{0, P, 1}}), 0), row_p) << "decode alone";
+    std::vector<std::array<int32_t, 3>> batch;
+    for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
+    batch.insert(batch.begin() + 60, {0, P, 1});
+    EXPECT_EQ(Row(Run(b, batch), 60), row_p) << "decode with 127 others";
+    EXPECT_EQ(Row(Run(b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
+        << "prefill chunk among others";
+    *whole_out = whole;
+  }
+
   std::vector<float> sink_values_;  // [num_heads] or empty
   std::optional<Tensor> sinks_;     // their upload
 };
@@ -426,33 +457,10 @@ TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
   auto b = Make(false);
   ASSERT_TRUE(AllocatePool(*b).ok());
   const int32_t P = kTargetPos;
-  // (d) The target's prompt [0, P] as one chunk, then split at other boundaries (the later
-  // chunks attend to the cached earlier part): every row bitwise equal.
-  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
-  const std::vector<std::vector<std::array<int32_t, 2>>> chunkings = {
-      {{0, 700}, {700, P + 1}}, {{0, 64}, {64, 513}, {513, 1000}, {1000, P + 1}}};
-  for (size_t ci = 0; ci < chunkings.size(); ++ci) {
-    std::vector<float> joined;
-    for (const auto& [begin, end] : chunkings[ci]) {
-      const std::vector<float> part = Run(*b, {{0, begin, end - begin}});
-      joined.insert(joined.end(), part.begin(), part.end());
-    }
-    ASSERT_EQ(joined.size(), whole.size());
-    size_t mismatches = 0;
-    for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
-    EXPECT_EQ(mismatches, 0u) << "chunking " << ci << " differs from the one-chunk prefill";
-  }
-  const std::vector<float> row_p = Row(whole, P);
-  // (a) Decode alone (few blocks: the split-mode path with the combine kernel).
-  EXPECT_EQ(Row(Run(*b, {{0, P, 1}}), 0), row_p) << "decode alone";
-  // (b) Decode among 127 other sequences.
-  std::vector<std::array<int32_t, 3>> batch;
-  for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
-  batch.insert(batch.begin() + 60, {0, P, 1});
-  EXPECT_EQ(Row(Run(*b, batch), 60), row_p) << "decode with 127 others";
-  // (c) Inside a prefill chunk [P - 20, P] between other sequences' chunks.
-  EXPECT_EQ(Row(Run(*b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
-      << "prefill chunk among others";
+  std::vector<float> whole;
+  CheckRowsIndependentOfTheStep(
+      *b, {{{0, 700}, {700, P + 1}}, {{0, 64}, {64, 513}, {513, 1000}, {1000, P + 1}}}, &whole);
+  if (HasFatalFailure()) return;
   // Against the double reference (the bf16 mode's tolerance), rows across the split bounds.
   for (int32_t pos : {0, 37, 511, 512, 700, 1023, 1024, P}) {
     EXPECT_LT(RelL2(Row(whole, pos), Reference(pos)), 2e-2) << "pos " << pos;
@@ -536,24 +544,9 @@ TEST_P(AttentionInvariantSinksTest, RowsIndependentOfTheStep) {
   ASSERT_TRUE(AllocatePool(*b).ok());
   UseSinks(*b, TestSinks(c.num_heads));
   const int32_t P = kTargetPos;
-  const std::vector<float> whole = Run(*b, {{0, 0, P + 1}});
-  std::vector<float> joined;
-  for (const auto& [begin, end] : std::vector<std::array<int32_t, 2>>{{0, 700}, {700, P + 1}}) {
-    const std::vector<float> part = Run(*b, {{0, begin, end - begin}});
-    joined.insert(joined.end(), part.begin(), part.end());
-  }
-  ASSERT_EQ(joined.size(), whole.size());
-  size_t mismatches = 0;
-  for (size_t i = 0; i < whole.size(); ++i) mismatches += joined[i] != whole[i];
-  EXPECT_EQ(mismatches, 0u) << "the chunked prefill differs from the one-chunk prefill";
-  const std::vector<float> row_p = Row(whole, P);
-  EXPECT_EQ(Row(Run(*b, {{0, P, 1}}), 0), row_p) << "decode alone";
-  std::vector<std::array<int32_t, 3>> batch;
-  for (int32_t s = 1; s <= 127; ++s) batch.push_back({s, (s * 7) % 100, 1});
-  batch.insert(batch.begin() + 60, {0, P, 1});
-  EXPECT_EQ(Row(Run(*b, batch), 60), row_p) << "decode with 127 others";
-  EXPECT_EQ(Row(Run(*b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
-      << "prefill chunk among others";
+  std::vector<float> whole;
+  CheckRowsIndependentOfTheStep(*b, {{{0, 700}, {700, P + 1}}}, &whole);
+  if (HasFatalFailure()) return;
   const std::vector<int32_t> positions = {0, 37, 511, 512, 700, 1023, 1024, P};
   std::vector<std::array<int32_t, 3>> rows;
   for (int32_t pos : positions) rows.push_back({0, pos, 1});
