@@ -20,7 +20,7 @@ stage() {
   set -e
   local build=${STAGE_BUILD:-build/cuda-dev}
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
-  local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test engine_test
+  local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test model_loader_test engine_test
                  threshold_sampling_test argmax_rows_test ember engine_bench ember_cuda gemm_bench
                  gemv_bench cuda_sample_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
@@ -28,7 +28,8 @@ stage() {
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
   cp "$build/src/backend/cuda/cuda_ops_test" "$build/src/backend/cuda/cuda_attention_test" \
      "$build/bench/cuda_forward_bench" \
-     "$build/src/model/model_test" "$build/src/engine/engine_test" \
+     "$build/src/model/model_test" "$build/src/model/model_loader_test" \
+     "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
      "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" \
      "$build/bench/gemv_bench" "$build/bench/cuda_sample_bench" "$build/libember_cuda.so" \
@@ -86,6 +87,7 @@ gtest() {
 gtest cuda_ops_test
 gtest cuda_attention_test
 gtest model_test '*Cuda*:*Argmax*'        # f32 parity 1e-4, bf16 parity 3e-2, device argmax
+gtest model_loader_test '*Mxfp4*'         # packed MXFP4 experts == their bf16 dequantization
 gtest engine_test '*Cuda*:*Backend*'      # batched == solo on the GPU, device logits processors
 gtest threshold_sampling_test             # SampleRows / logit-edit kernels == their CPU twins
 gtest argmax_rows_test

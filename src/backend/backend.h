@@ -120,12 +120,17 @@ struct MoeExperts {
   std::optional<Tensor> router_bias;   // [num_experts] (gpt_oss)
   std::vector<Tensor> gate, up, down;  // one per expert
   std::vector<Tensor> gate_bias, up_bias, down_bias;  // empty, or one per expert (gpt_oss)
+  // MXFP4 experts kept packed (Backend::TakesMxfp4Experts; gpt-oss checkpoints): gate/up/down are
+  // kU8 [out, in / 2] (two FP4 E2M1 values per byte, low nibble first) and these kU8
+  // [out, in / 32] (each block of 32 values times 2^(scale - 127)). Empty otherwise.
+  std::vector<Tensor> gate_scales, up_scales, down_scales;
   MoeActivation activation = MoeActivation::kSilu;
   float swiglu_limit = 7.0f;   // kClampedSwiglu
   float swiglu_alpha = 1.702f;  // kClampedSwiglu
   int32_t top_k = 0;           // experts per row
   bool normalize = false;      // renormalise the top k probabilities to sum 1
   bool biased() const { return !gate_bias.empty(); }
+  bool mxfp4() const { return !gate_scales.empty(); }
 };
 
 class Backend {
@@ -136,6 +141,7 @@ class Backend {
   // ---- set-up (before the first step) ----
   // Makes `host_data` (dtype, shape; row-major) available as a weight. The CPU backend keeps the
   // pointer (it must outlive the backend: the model keeps the mmap); a GPU backend copies.
+  // kU8 data (packed MXFP4 experts, TakesMxfp4Experts) stays bytes.
   virtual Result<Tensor> UploadWeight(const std::string& name, DType dtype,
                                       std::span<const int64_t> shape, const void* host_data) = 0;
   // True when UploadWeight keeps `host_data` (so weights the loader converted on the host must
@@ -193,6 +199,8 @@ class Backend {
   // order; MoeExperts defines expert_e). x, out [rows, d] float32. Only for shapes
   // MoeUnsupported accepts (models it refuses are refused at load).
   virtual void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out);
+  // Whether MoeMlp takes MXFP4 experts (MoeExperts::mxfp4); else the loader dequantizes them.
+  virtual bool TakesMxfp4Experts() const { return false; }
   // Why this backend cannot run such an MoeMlp ("" when it can).
   virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
                                      int64_t inter) const;

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_loader.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
@@ -432,7 +433,12 @@ TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
     std::vector<uint8_t> blocks(static_cast<size_t>(num * out * groups * 16));
     std::vector<uint8_t> scales(static_cast<size_t>(num * out * groups));
     for (uint8_t& b : blocks) b = static_cast<uint8_t>(next() >> 24);
-    for (uint8_t& s : scales) s = static_cast<uint8_t>(118 + (next() >> 24) % 10);
+    // Scales around 2^-5, and a few of 2^-127..2^-125 (values below bf16's normal range: the
+    // CUDA kernel's exact slow path).
+    for (uint8_t& s : scales) {
+      const uint32_t r = next() >> 24;
+      s = static_cast<uint8_t>(r % 61 == 0 ? r % 3 : 118 + r % 10);
+    }
     // transformers: [E, out, in] dequantized, then transposed to [E, in, out].
     std::vector<uint8_t> deq(static_cast<size_t>(num * k * out) * 2);
     auto* dst = reinterpret_cast<uint16_t*>(deq.data());
@@ -449,23 +455,69 @@ TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
     packed.push_back({stem + "_scales", DType::kU8, {num, out, groups}, scales});
     reference.push_back({name, DType::kBF16, {num, k, out}, deq});
   }
-  std::vector<float> logits[2];
+  std::string dirs[2];
   for (int variant = 0; variant < 2; ++variant) {
-    const std::string dir = TempDir();
+    dirs[variant] = TempDir();
     nlohmann::json c = config;
     if (variant == 0) c["quantization_config"] = {{"quant_method", "mxfp4"}};
-    ASSERT_TRUE(WriteStringToFile(dir + "/config.json", c.dump()).ok());
-    WriteSafetensors(dir + "/model.safetensors", variant == 0 ? packed : reference);
-    auto m = Model::Load(dir, {});
-    ASSERT_TRUE(m.ok()) << m.message();
-    ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-    BatchPlan plan;
-    plan.AddSequence({1, 2, 3, 4, 5, 6, 7}, 0, {0, 1}, true);
-    logits[variant].resize(static_cast<size_t>((*m)->config().vocab_size));
-    ASSERT_TRUE((*m)->Forward(plan, logits[variant]).ok());
+    ASSERT_TRUE(WriteStringToFile(dirs[variant] + "/config.json", c.dump()).ok());
+    WriteSafetensors(dirs[variant] + "/model.safetensors", variant == 0 ? packed : reference);
   }
-  EXPECT_EQ(logits[0], logits[1]);
-  for (float v : logits[0]) ASSERT_TRUE(std::isfinite(v));
+  // On the CPU the packed experts are dequantized at load; the CUDA bf16 mode keeps them packed
+  // and dequantizes as its MoE kernels load them (Backend::TakesMxfp4Experts), to the same
+  // values: the same logits there too, for a 7-token prefill and a decode step.
+  for (DeviceKind device : {DeviceKind::kCpu, DeviceKind::kCuda}) {
+    if (device == DeviceKind::kCuda && CudaDevicesAvailable() == 0) {
+      std::printf("no CUDA device: the packed-experts kernels are not tested here\n");
+      continue;
+    }
+    SCOPED_TRACE(device == DeviceKind::kCpu ? "cpu" : "cuda");
+    std::vector<float> logits[2][2];  // [variant][step]
+    for (int variant = 0; variant < 2; ++variant) {
+      ModelLoadOptions opts;
+      opts.device = device;
+      auto m = Model::Load(dirs[variant], opts);
+      ASSERT_TRUE(m.ok()) << m.message();
+      ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+      const std::vector<int32_t> steps[2] = {{1, 2, 3, 4, 5, 6, 7}, {8}};
+      for (int step = 0; step < 2; ++step) {
+        BatchPlan plan;
+        plan.AddSequence(steps[step], step == 0 ? 0 : 7, {0, 1}, true);
+        logits[variant][step].resize(static_cast<size_t>((*m)->config().vocab_size));
+        ASSERT_TRUE((*m)->Forward(plan, logits[variant][step]).ok());
+      }
+    }
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(logits[0][step], logits[1][step]) << "step " << step;
+      for (float v : logits[0][step]) ASSERT_TRUE(std::isfinite(v));
+    }
+  }
+}
+
+// `ember synth --mxfp4`: a gpt_oss checkpoint with OpenAI's packed experts that loads and runs.
+TEST(SynthTest, Mxfp4SynthLoadsAndRuns) {
+  SynthOptions opts;
+  opts.preset = "tiny-gpt-oss";
+  opts.out_dir = TempDir() + "/mx";
+  opts.mxfp4 = true;
+  ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+  auto store = WeightStore::Open(opts.out_dir);
+  ASSERT_TRUE(store.ok()) << store.message();
+  EXPECT_TRUE((*store)->Has("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+  EXPECT_FALSE((*store)->Has("model.layers.0.mlp.experts.gate_up_proj"));
+  auto m = Model::Load(opts.out_dir, {});
+  ASSERT_TRUE(m.ok()) << m.message();
+  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+  BatchPlan plan;
+  plan.AddSequence({1, 2, 3}, 0, {0}, true);
+  std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
+  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  opts.preset = "tiny-llama";
+  opts.out_dir = TempDir() + "/mx2";
+  const Status refused = WriteSynthCheckpoint(opts);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("--mxfp4"), std::string::npos) << refused.message();
 }
 
 }  // namespace

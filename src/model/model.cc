@@ -53,6 +53,7 @@ class Uploader {
     return store_.GetPacked(name, std::move(shape));
   }
   bool Has(const std::string& name) const { return store_.Has(name); }
+  Backend& backend() const { return backend_; }
   Result<std::optional<Tensor>> GetOptional(const std::string& name, std::vector<int64_t> shape,
                                             bool wanted) {
     if (!wanted) return std::optional<Tensor>();
@@ -138,6 +139,8 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   EMBER_ASSIGN_OR_RETURN(TensorView down_bias, up.View(p + "down_proj_bias", {num, d}));
   // Per expert e, the [out, in] rows of one part (0 gate, 1 up, 2 down), of type `dtype`.
   std::function<std::vector<uint8_t>(int64_t, int)> rows;
+  // Packed MXFP4 (Backend::TakesMxfp4Experts): per expert e, the scale rows of a part.
+  std::function<std::vector<uint8_t>(int64_t, int)> scale_rows;
   DType dtype = DType::kBF16;
   if (up.Has(p + "gate_up_proj_blocks")) {  // MXFP4
     if (d % 32 != 0 || inter % 32 != 0)
@@ -155,14 +158,35 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
     for (const TensorView* v : {&gu_blocks, &gu_scales, &dn_blocks, &dn_scales})
       if (v->dtype != DType::kU8)
         return Status::Error(v->file + ": tensor \"" + v->name + "\": MXFP4 data must be U8");
-    rows = [=](int64_t e, int part) {
+    // Gate is every even row of gate_up, up every odd one.
+    auto at = [=](int64_t e, int part) {  // the expert's first (row, block)
       const bool gu = part < 2;
-      const int64_t k = gu ? d : inter, out = gu ? 2 * inter : d;
-      const int64_t at = e * out * (k / 32);  // the expert's first (row, block)
-      const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
-      const auto* s = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
-      return DequantizeMxfp4Rows(b + at * 16, s + at, k, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+      return e * (gu ? 2 * inter : d) * ((gu ? d : inter) / 32);
     };
+    if (up.backend().TakesMxfp4Experts()) {
+      dtype = DType::kU8;
+      rows = [=](int64_t e, int part) {
+        const bool gu = part < 2;
+        const int64_t k = gu ? d : inter;
+        const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
+        return GatherRows(b + at(e, part) * 16, k / 2, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+      };
+      scale_rows = [=](int64_t e, int part) {
+        const bool gu = part < 2;
+        const int64_t k = gu ? d : inter;
+        const auto* sc = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
+        return GatherRows(sc + at(e, part), k / 32, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+      };
+    } else {
+      rows = [=](int64_t e, int part) {
+        const bool gu = part < 2;
+        const int64_t k = gu ? d : inter;
+        const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
+        const auto* sc = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
+        return DequantizeMxfp4Rows(b + at(e, part) * 16, sc + at(e, part), k, gu ? part : 0,
+                                   gu ? 2 : 1, gu ? inter : d);
+      };
+    }
   } else {
     EMBER_ASSIGN_OR_RETURN(TensorView gate_up, up.View(p + "gate_up_proj", {num, d, 2 * inter}));
     EMBER_ASSIGN_OR_RETURN(TensorView down, up.View(p + "down_proj", {num, inter, d}));
@@ -208,17 +232,31 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
     }
     auto part = [&](int which) { return std::move(parts[static_cast<size_t>(3 * slot + which)]); };
     const std::string n = p + std::to_string(e) + ".";
+    // Packed: [out, in / 2] bytes plus [out, in / 32] scales per matrix.
+    const bool packed = dtype == DType::kU8;
+    auto cols = [&](int64_t in) { return packed ? in / 2 : in; };
+    auto scales = [&](const std::string& name, int which, int64_t out, int64_t in,
+                      std::vector<Tensor>& to) -> Status {
+      if (!packed) return Status::Ok();
+      EMBER_ASSIGN_OR_RETURN(
+          Tensor t, up.Converted(name, DType::kU8, {out, in / 32}, scale_rows(e, which), 0, keep));
+      to.push_back(t);
+      return Status::Ok();
+    };
     for (int half = 0; half < 2; ++half) {  // 0: gate (even columns), 1: up (odd)
       EMBER_ASSIGN_OR_RETURN(Tensor t, up.Converted(n + (half == 0 ? "gate" : "up"), dtype,
-                                                    {inter, d}, part(half), inter * d, keep));
+                                                    {inter, cols(d)}, part(half), inter * d, keep));
       (half == 0 ? x.gate : x.up).push_back(t);
+      EMBER_RETURN_IF_ERROR(scales(n + (half == 0 ? "gate_scales" : "up_scales"), half, inter, d,
+                                   half == 0 ? x.gate_scales : x.up_scales));
       EMBER_ASSIGN_OR_RETURN(Tensor b, bias(n + (half == 0 ? "gate_bias" : "up_bias"),
                                             gu_bias.data() + e * 2 * inter + half, 2, inter));
       (half == 0 ? x.gate_bias : x.up_bias).push_back(b);
     }
-    EMBER_ASSIGN_OR_RETURN(Tensor dt,
-                           up.Converted(n + "down", dtype, {d, inter}, part(2), d * inter, keep));
+    EMBER_ASSIGN_OR_RETURN(
+        Tensor dt, up.Converted(n + "down", dtype, {d, cols(inter)}, part(2), d * inter, keep));
     x.down.push_back(dt);
+    EMBER_RETURN_IF_ERROR(scales(n + "down_scales", 2, d, inter, x.down_scales));
     EMBER_ASSIGN_OR_RETURN(Tensor db, bias(n + "down_bias", dn_bias.data() + e * d, 1, d));
     x.down_bias.push_back(db);
   }

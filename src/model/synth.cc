@@ -181,6 +181,8 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   bool is_norm = false;  // filled with ones
+  // 0: the checkpoint's dtype; 1 / 2: MXFP4 blocks / scales (U8).
+  int mxfp4 = 0;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -216,9 +218,17 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
       const int64_t experts = c["num_local_experts"];
       t.push_back({p + "mlp.router.weight", {experts, d}});
       t.push_back({p + "mlp.router.bias", {experts}});
-      t.push_back({p + "mlp.experts.gate_up_proj", {experts, d, 2 * inter}});
+      if (c.contains("quantization_config")) {  // MXFP4, [E, out, in / 32, 16] and scales
+        const std::string q = p + "mlp.experts.";
+        t.push_back({q + "gate_up_proj_blocks", {experts, 2 * inter, d / 32, 16}, false, 1});
+        t.push_back({q + "gate_up_proj_scales", {experts, 2 * inter, d / 32}, false, 2});
+        t.push_back({q + "down_proj_blocks", {experts, d, inter / 32, 16}, false, 1});
+        t.push_back({q + "down_proj_scales", {experts, d, inter / 32}, false, 2});
+      } else {
+        t.push_back({p + "mlp.experts.gate_up_proj", {experts, d, 2 * inter}});
+        t.push_back({p + "mlp.experts.down_proj", {experts, inter, d}});
+      }
       t.push_back({p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}});
-      t.push_back({p + "mlp.experts.down_proj", {experts, inter, d}});
       t.push_back({p + "mlp.experts.down_proj_bias", {experts, d}});
       continue;
     }
@@ -258,14 +268,25 @@ struct Rng {
   }
 };
 
+DType DTypeOf(const TensorSpec& spec, DType dtype) {
+  return spec.mxfp4 ? DType::kU8 : dtype;
+}
+
 Status WriteTensor(std::FILE* f, const TensorSpec& spec, DType dtype, uint64_t seed,
                    const std::string& path) {
   Rng rng{seed};
   const int64_t chunk = 1 << 20;
+  dtype = DTypeOf(spec, dtype);
   std::vector<uint8_t> buf(static_cast<size_t>(chunk) * DTypeSize(dtype));
   for (int64_t done = 0; done < spec.numel(); done += chunk) {
     const int64_t count = std::min(chunk, spec.numel() - done);
     for (int64_t i = 0; i < count; ++i) {
+      if (spec.mxfp4 != 0) {  // random E2M1 pairs; scales 118..120 (values up to 6 * 2^-7)
+        const uint64_t r = rng.Next() >> 40;
+        buf[static_cast<size_t>(i)] =
+            static_cast<uint8_t>(spec.mxfp4 == 1 ? r & 0xff : 118 + r % 3);
+        continue;
+      }
       const float v = spec.is_norm ? 1.0f : rng.Small();
       if (dtype == DType::kF32) {
         std::memcpy(buf.data() + i * 4, &v, 4);
@@ -286,8 +307,10 @@ Status WriteShard(const std::string& path, const std::vector<TensorSpec>& specs,
   header["__metadata__"] = {{"format", "pt"}};
   size_t offset = 0;
   for (size_t i : indices) {
-    const size_t bytes = static_cast<size_t>(specs[i].numel()) * DTypeSize(dtype);
-    header[specs[i].name] = {{"dtype", DTypeName(dtype)}, {"shape", specs[i].shape},
+    const DType type = DTypeOf(specs[i], dtype);
+    const size_t bytes = static_cast<size_t>(specs[i].numel()) * DTypeSize(type);
+    header[specs[i].name] = {{"dtype", DTypeName(type)},
+                             {"shape", specs[i].shape},
                              {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -348,6 +371,11 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
       types.erase(types.begin() + options.num_layers, types.end());
     }
   }
+  if (options.mxfp4) {
+    if (config["model_type"] != "gpt_oss")
+      return Status::Error("--mxfp4: only the gpt_oss presets have MXFP4 experts");
+    config["quantization_config"] = {{"quant_method", "mxfp4"}};
+  }
   config["torch_dtype"] = options.dtype == DType::kF32 ? "float32" : options.dtype == DType::kF16 ? "float16" : "bfloat16";
   config["transformers_version"] = "4.51.0";
   EMBER_RETURN_IF_ERROR(WriteStringToFile(dir + "/config.json", config.dump(2) + "\n"));
@@ -364,7 +392,8 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
   std::vector<std::vector<size_t>> shards(1);
   int64_t shard_bytes = 0, total_bytes = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const int64_t bytes = specs[i].numel() * static_cast<int64_t>(DTypeSize(options.dtype));
+    const int64_t bytes =
+        specs[i].numel() * static_cast<int64_t>(DTypeSize(DTypeOf(specs[i], options.dtype)));
     if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;

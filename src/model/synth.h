@@ -21,6 +21,10 @@ struct SynthOptions {
   uint64_t seed = 0;
   int64_t max_shard_bytes = 4LL << 30;  // split into model-0000i-of-0000N.safetensors above this
   int32_t num_layers = 0;  // > 0: only the first this many layers (shapes per layer unchanged)
+  // gpt_oss presets: the experts as OpenAI's checkpoints store them, MXFP4 (gate_up_proj_blocks /
+  // _scales, down_proj_blocks / _scales: random E2M1 bytes, scales 2^-9 to 2^-7) with
+  // quantization_config mxfp4; everything else in `dtype`.
+  bool mxfp4 = false;
 };
 
 std::vector<std::string> SynthPresetNames();

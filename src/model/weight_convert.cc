@@ -57,4 +57,14 @@ std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* s
   return out;
 }
 
+std::vector<uint8_t> GatherRows(const uint8_t* src, int64_t row_bytes, int64_t first,
+                                int64_t stride, int64_t count) {
+  CHECK(row_bytes > 0 && count > 0 && stride > 0 && first >= 0);
+  std::vector<uint8_t> out(static_cast<size_t>(count * row_bytes));
+  for (int64_t j = 0; j < count; ++j)
+    std::memcpy(out.data() + j * row_bytes, src + (first + j * stride) * row_bytes,
+                static_cast<size_t>(row_bytes));
+  return out;
+}
+
 }  // namespace ember

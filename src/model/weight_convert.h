@@ -25,4 +25,9 @@ std::vector<uint8_t> TransposeColumns(const void* src, int64_t k, int64_t cols, 
 std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* scales, int64_t k,
                                          int64_t first, int64_t stride, int64_t count);
 
+// Rows first, first + stride, ... (count of them) of a matrix of `row_bytes`-byte rows, copied:
+// out [count, row_bytes]. (Packed MXFP4 experts: gate_up_proj's even rows are gate's, odd up's.)
+std::vector<uint8_t> GatherRows(const uint8_t* src, int64_t row_bytes, int64_t first,
+                                int64_t stride, int64_t count);
+
 }  // namespace ember

@@ -201,6 +201,7 @@ class CudaBackend final : public Backend {
            std::to_string(cuda::kMoeMaxSmem / 4 / cuda::kMoeTileRows);
   }
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
+  bool TakesMxfp4Experts() const override { return !f32_compute_; }
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
   void Softcap(Tensor x, float cap) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
@@ -395,8 +396,11 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
     if (shape[i] <= 0) return Status::Error("weight " + name + ": non-positive dim");
     t.shape[i] = shape[i];
   }
-  // Matrices go to bf16 (the GEMM/embedding operand type); norms and biases stay f32.
-  t.dtype = (f32_compute_ || shape.size() == 1) ? DType::kF32 : DType::kBF16;
+  // Matrices go to bf16 (the GEMM/embedding operand type); norms and biases stay f32; bytes
+  // (packed MXFP4 experts) stay bytes.
+  t.dtype = dtype == DType::kU8                   ? DType::kU8
+            : (f32_compute_ || shape.size() == 1) ? DType::kF32
+                                                  : DType::kBF16;
   const int64_t n = t.numel();
   Flush();
   DeviceBuffer buffer(t.nbytes());
@@ -1089,14 +1093,24 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
         experts.down.size() == experts.gate.size());
   CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
   CHECK(experts.router.rows() == num_experts && experts.router.cols() == d &&
-        experts.router.dtype == experts.gate[0].dtype)
+        (experts.router.dtype == experts.gate[0].dtype || experts.mxfp4()))
       << "router " << ShapeString(experts.router) << " " << DTypeName(experts.router.dtype);
   CHECK_EQ(reinterpret_cast<uintptr_t>(experts.router.data) % 16, 0u);
   CHECK_EQ(out.rows(), rows);
   CHECK_EQ(out.cols(), d);
+  const bool mxfp4 = experts.mxfp4();
   const int64_t inter = experts.gate[0].rows();
   const DType wtype = experts.gate[0].dtype;
-  CHECK(wtype == DType::kBF16 || wtype == DType::kF32) << DTypeName(wtype);
+  CHECK(mxfp4 ? wtype == DType::kU8 && experts.router.dtype == DType::kBF16
+              : wtype == DType::kBF16 || wtype == DType::kF32)
+      << DTypeName(wtype) << (mxfp4 ? " MXFP4 experts" : " experts");
+  if (mxfp4) {
+    CHECK(!f32_compute_ && d % 32 == 0 && inter % 32 == 0)
+        << "MXFP4 experts: d " << d << ", inter " << inter;
+    CHECK(experts.up_scales.size() == experts.gate.size() &&
+          experts.down_scales.size() == experts.gate.size() &&
+          experts.gate_scales.size() == experts.gate.size());
+  }
   const bool biased = experts.biased();
   if (experts.router_bias) {
     CHECK(experts.router_bias->dtype == DType::kF32 && experts.router_bias->numel() == num_experts)
@@ -1108,13 +1122,28 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   if (table == moe_tables_.end()) {
     // [gate, up, down (, gate_bias, up_bias, down_bias)] x num_experts pointers.
     std::vector<const void*> ptrs;
+    // A matrix [out, in]: MXFP4 [out, in / 2] bytes with scales [out, in / 32].
+    const int64_t per_byte = mxfp4 ? 2 : 1;
     for (const std::vector<Tensor>* part : {&experts.gate, &experts.up, &experts.down}) {
       for (const Tensor& w : *part) {
         const bool down = part == &experts.down;
-        CHECK(w.dtype == wtype && w.rows() == (down ? d : inter) && w.cols() == (down ? inter : d))
+        CHECK(w.dtype == wtype && w.rows() == (down ? d : inter) &&
+              w.cols() * per_byte == (down ? inter : d))
             << "expert weight " << ShapeString(w) << " " << DTypeName(w.dtype);
         CHECK_EQ(reinterpret_cast<uintptr_t>(w.data) % 16, 0u);
         ptrs.push_back(w.data);
+      }
+    }
+    if (mxfp4) {
+      for (const std::vector<Tensor>* part :
+           {&experts.gate_scales, &experts.up_scales, &experts.down_scales}) {
+        for (const Tensor& sc : *part) {
+          const bool down = part == &experts.down_scales;
+          CHECK(sc.dtype == DType::kU8 && sc.rows() == (down ? d : inter) &&
+                sc.cols() * 32 == (down ? inter : d))
+              << "expert scales " << ShapeString(sc) << " " << DTypeName(sc.dtype);
+          ptrs.push_back(sc.data);
+        }
       }
     }
     if (biased) {
@@ -1144,9 +1173,16 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.down = ptrs + 2 * num_experts;
   a.router_bias =
       experts.router_bias ? static_cast<const float*>(experts.router_bias->data) : nullptr;
+  const int64_t scale_ptrs = mxfp4 ? 3 * num_experts : 0;
+  if (mxfp4) {
+    a.mxfp4 = true;
+    a.gate_scales = ptrs + 3 * num_experts;
+    a.up_scales = ptrs + 4 * num_experts;
+    a.down_scales = ptrs + 5 * num_experts;
+  }
   if (biased) {
-    CHECK_EQ(table->second.bytes(), 6 * num_experts * sizeof(void*));  // built biased
-    const auto* biases = reinterpret_cast<const float* const*>(ptrs + 3 * num_experts);
+    CHECK_EQ(table->second.bytes(), (6 * num_experts + scale_ptrs) * sizeof(void*));  // biased
+    const auto* biases = reinterpret_cast<const float* const*>(ptrs + 3 * num_experts + scale_ptrs);
     a.gate_bias = biases;
     a.up_bias = biases + num_experts;
     a.down_bias = biases + 2 * num_experts;
@@ -1154,7 +1190,7 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.clamped_swiglu = experts.activation == MoeActivation::kClampedSwiglu;
   a.swiglu_limit = experts.swiglu_limit;
   a.swiglu_alpha = experts.swiglu_alpha;
-  a.w_bf16 = wtype == DType::kBF16;
+  a.w_bf16 = mxfp4 || wtype == DType::kBF16;
   a.rows = rows;
   a.d = d;
   a.inter = inter;
@@ -1192,9 +1228,10 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.y = reinterpret_cast<float*>(take(pairs * static_cast<size_t>(d) * 4));
   a.out = static_cast<float*>(out.data);
   // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
-  recorder_.Record({18, KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs),
-                    U(a.w_bf16), U(rows), U(d), U(inter), U(num_experts), U(a.top_k),
-                    U(a.normalize), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out), KeyOf(a.router_bias),
+  const uint64_t weights_kind = U(a.w_bf16) | U(a.mxfp4) << 1;
+  recorder_.Record({18, KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs), weights_kind,
+                    U(rows), U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize),
+                    KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out), KeyOf(a.router_bias),
                     KeyOf(a.gate_bias), U(a.clamped_swiglu), KeyOf(a.swiglu_limit),
                     KeyOf(a.swiglu_alpha)},
                    [=](cudaStream_t st) { cuda::LaunchMoeMlp(a, st); });

@@ -92,7 +92,13 @@ struct MoeArgs {
   // false: act = silu(g) * u; true: the clamped SwiGLU of MoeActivation::kClampedSwiglu.
   bool clamped_swiglu = false;
   float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
-  bool w_bf16 = true;
+  bool w_bf16 = true;  // the router's (and, unless mxfp4, the experts') type: bf16, else f32
+  // MXFP4 experts (gpt-oss checkpoints kept packed): gate/up/down point at [out, in / 2] bytes
+  // of E2M1 pairs and *_scales at [out, in / 32] E8M0 bytes (d and inter multiples of 32).
+  bool mxfp4 = false;
+  const void* const* gate_scales = nullptr;  // [num_experts] pointers, as gate (mxfp4 only)
+  const void* const* up_scales = nullptr;
+  const void* const* down_scales = nullptr;
   int64_t rows = 0, d = 0, inter = 0;
   int32_t num_experts = 0, top_k = 0;
   bool normalize = false;

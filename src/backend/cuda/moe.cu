@@ -16,9 +16,11 @@
 // Each pair's dot products are reduced in a fixed order (lane-strided partial sums, then the warp
 // butterfly) whatever the other pairs of its tile, so a row's result does not depend on the
 // batch. The grid is sized for the worst case (MoeMaxTiles); tiles past the schedule's count
-// exit at once. f32 accumulation throughout; weights bf16 or f32, x f32, biases f32. Without
-// biases and with silu the arithmetic is what it was before either existed (the same bits).
+// exit at once. f32 accumulation throughout; weights bf16 or f32 (or MXFP4 experts with a bf16
+// router, dequantized as they load to the values the bf16 path would read), x f32, biases f32.
+// Without biases and with silu the arithmetic is what it was before either existed (the same bits).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -36,12 +38,22 @@ constexpr int kWarps = 8;            // gate/up and down blocks
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
 
+// MXFP4 expert rows (gpt-oss checkpoints kept packed): per row, k / 2 bytes of FP4 E2M1 pairs
+// (low nibble first) and k / 32 scale bytes (2^(scale - 127) per block of 32).
+struct Mxfp4 {};
+
+// Loads<W>: a weight row's reference (Ref), made from the expert's matrix (and scales) and a
+// row, and Get: its 8 weights at element c (c % 8 == 0) as f32.
 template <typename W>
 struct Loads;
 template <>
 struct Loads<__nv_bfloat16> {  // 8 weights per 16-byte load
-  static __device__ __forceinline__ void Get(const __nv_bfloat16* w, float (&f)[8]) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w));
+  using Ref = const __nv_bfloat16*;
+  static __device__ __forceinline__ Ref Row(const void* w, const void*, int64_t row, int64_t k) {
+    return static_cast<const __nv_bfloat16*>(w) + row * k;
+  }
+  static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w + c));
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -53,24 +65,76 @@ struct Loads<__nv_bfloat16> {  // 8 weights per 16-byte load
 };
 template <>
 struct Loads<float> {
-  static __device__ __forceinline__ void Get(const float* w, float (&f)[8]) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(w));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(w + 4));
+  using Ref = const float*;
+  static __device__ __forceinline__ Ref Row(const void* w, const void*, int64_t row, int64_t k) {
+    return static_cast<const float*>(w) + row * k;
+  }
+  static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(w + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(w + c + 4));
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+template <>
+struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
+  struct Ref {
+    const uint8_t* blocks;
+    const uint8_t* scales;
+  };
+  static __device__ __forceinline__ Ref Row(const void* w, const void* scales, int64_t row,
+                                            int64_t k) {
+    return {static_cast<const uint8_t*>(w) + row * (k / 2),
+            static_cast<const uint8_t*>(scales) + row * (k / 32)};
+  }
+  // The f32 value of E2M1 nibble n times 2^(s - 127) as the host's dequantization to bf16
+  // gives it (model/weight_convert.cc): ldexp, then bf16 RN (only values below bf16's normal
+  // range round). The slow path, for scales outside [2, 240].
+  static __device__ __forceinline__ float Slow(uint32_t n, int s) {
+    const uint32_t m = n & 7;
+    const uint32_t bits =
+        m < 2 ? (m == 1 ? 0x3F000000u : 0u) : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
+    const float v = ldexpf(__uint_as_float(bits | ((n & 8u) << 28)), s - 127);
+    return __bfloat162float(__float2bfloat16_rn(v));
+  }
+  static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
+    const uint32_t packed = __ldg(reinterpret_cast<const uint32_t*>(w.blocks + c / 2));
+    const int s = __ldg(w.scales + c / 32);
+    if (s >= 2 && s <= 240) {
+      // An E2M1 nibble [sign e1 e0 m] placed at fp16's bits 15 and 11..9 is the value times
+      // 2^-14 (the e = 0 half-values land on fp16 subnormals); times 2^(s - 113) it is the value
+      // times 2^(s - 127), exactly (a normal float for these scales).
+      const float scale = __int_as_float((s + 14) << 23);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t b = packed >> (8 * i);
+        const uint32_t h2 =
+            ((b & 0x08u) << 12) | ((b & 0x07u) << 9) | ((b & 0x80u) << 24) | ((b & 0x70u) << 21);
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+        f[2 * i] = v.x * scale;
+        f[2 * i + 1] = v.y * scale;
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t byte = packed >> (8 * i);
+      f[2 * i] = Slow(byte & 15u, s);
+      f[2 * i + 1] = Slow((byte >> 4) & 15u, s);
+    }
   }
 };
 
 // acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
 // kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
 template <int kParts, typename W>
-__device__ __forceinline__ void DotRows(const W* const (&w)[kParts], const float* xs, int64_t k,
-                                        int rows, float (&acc)[kParts][kMoeTileRows]) {
+__device__ __forceinline__ void DotRows(const typename Loads<W>::Ref (&w)[kParts], const float* xs,
+                                        int64_t k, int rows, float (&acc)[kParts][kMoeTileRows]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll 2
   for (int64_t c = lane * 8; c < k; c += 32 * 8) {
     float wf[kParts][8];
 #pragma unroll
-    for (int q = 0; q < kParts; ++q) Loads<W>::Get(w[q] + c, wf[q]);
+    for (int q = 0; q < kParts; ++q) Loads<W>::Get(w[q], c, wf[q]);
 #pragma unroll
     for (int r = 0; r < kMoeTileRows; ++r) {
       if (r >= rows) break;
@@ -96,7 +160,7 @@ __global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict
   const int64_t row = item / num_experts, e = item % num_experts;
   float acc[1][kMoeTileRows] = {};
   const W* const w[1] = {router + e * d};
-  DotRows<1>(w, x + row * d, d, 1, acc);
+  DotRows<1, W>(w, x + row * d, d, 1, acc);
   float logit = WarpSum(acc[0][0]);
   if (bias != nullptr) logit += bias[e];
   if (threadIdx.x % 32 == 0) logits[item] = logit;
@@ -239,8 +303,9 @@ __device__ __forceinline__ bool LoadTile(const int32_t* tiles, const int32_t* nu
 
 template <typename W>
 __global__ void __launch_bounds__(kWarps * 32)
-    MoeGateUpKernel(const float* __restrict__ x, const W* const* __restrict__ gate,
-                    const W* const* __restrict__ up, const int32_t* __restrict__ sorted,
+    MoeGateUpKernel(const float* __restrict__ x, const void* const* __restrict__ gate,
+                    const void* const* __restrict__ up, const void* const* __restrict__ gate_scales,
+                    const void* const* __restrict__ up_scales, const int32_t* __restrict__ sorted,
                     const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
                     int32_t top_k, int64_t d, int64_t inter, ExpertActivation activation,
                     float* __restrict__ act) {
@@ -254,8 +319,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const W* g_w = gate[t.expert];
-  const W* u_w = up[t.expert];
+  const void* g_w = gate[t.expert];
+  const void* u_w = up[t.expert];
+  const void* g_s = gate_scales != nullptr ? gate_scales[t.expert] : nullptr;
+  const void* u_s = up_scales != nullptr ? up_scales[t.expert] : nullptr;
   const float* g_b = activation.gate_bias != nullptr ? activation.gate_bias[t.expert] : nullptr;
   const float* u_b = activation.up_bias != nullptr ? activation.up_bias[t.expert] : nullptr;
 #pragma unroll
@@ -264,8 +331,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
     if (c >= inter) break;
     float acc[2][kMoeTileRows] = {};
-    const W* const rows_w[2] = {g_w + c * d, u_w + c * d};
-    DotRows<2>(rows_w, xs, d, t.rows, acc);
+    const typename Loads<W>::Ref rows_w[2] = {Loads<W>::Row(g_w, g_s, c, d),
+                                              Loads<W>::Row(u_w, u_s, c, d)};
+    DotRows<2, W>(rows_w, xs, d, t.rows, acc);
 #pragma unroll
     for (int r = 0; r < kMoeTileRows; ++r) {
       acc[0][r] = WarpSum(acc[0][r]);
@@ -288,10 +356,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <typename W>
 __global__ void __launch_bounds__(kWarps * 32)
-    MoeDownKernel(const float* __restrict__ act, const W* const* __restrict__ down,
-                  const float* const* __restrict__ down_bias,
-                  const int32_t* __restrict__ tiles, const int32_t* __restrict__ num_tiles,
-                  int64_t d, int64_t inter, float* __restrict__ y) {
+    MoeDownKernel(const float* __restrict__ act, const void* const* __restrict__ down,
+                  const void* const* __restrict__ down_scales,
+                  const float* const* __restrict__ down_bias, const int32_t* __restrict__ tiles,
+                  const int32_t* __restrict__ num_tiles, int64_t d, int64_t inter,
+                  float* __restrict__ y) {
   extern __shared__ float as[];  // [rows, inter]
   Tile t;
   if (!LoadTile(tiles, num_tiles, &t)) return;
@@ -299,7 +368,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     reinterpret_cast<float4*>(as)[i] = reinterpret_cast<const float4*>(act + t.first * inter)[i];
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const W* d_w = down[t.expert];
+  const void* d_w = down[t.expert];
+  const void* d_s = down_scales != nullptr ? down_scales[t.expert] : nullptr;
   const float* d_b = down_bias != nullptr ? down_bias[t.expert] : nullptr;  // [d] or null
 #pragma unroll
   for (int f = 0; f < kFeaturesPerWarp; ++f) {
@@ -307,8 +377,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         static_cast<int64_t>(blockIdx.y) * kFeaturesPerBlock + warp * kFeaturesPerWarp + f;
     if (c >= d) break;
     float acc[1][kMoeTileRows] = {};
-    const W* const rows_w[1] = {d_w + c * inter};
-    DotRows<1>(rows_w, as, inter, t.rows, acc);
+    const typename Loads<W>::Ref rows_w[1] = {Loads<W>::Row(d_w, d_s, c, inter)};
+    DotRows<1, W>(rows_w, as, inter, t.rows, acc);
 #pragma unroll
     for (int r = 0; r < kMoeTileRows; ++r) acc[0][r] = WarpSum(acc[0][r]);
     if (lane == 0) {
@@ -351,30 +421,28 @@ void LaunchRouteAndSchedule(const MoeArgs& a, cudaStream_t stream) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename W>
+template <typename W, typename R>  // expert weights, router weights
 void LaunchStages(const MoeArgs& a, cudaStream_t stream) {
   const int64_t router_threads = a.rows * a.num_experts * 32;
-  MoeRouterKernel<W><<<static_cast<unsigned>((router_threads + 255) / 256), 256, 0, stream>>>(
-      a.x, static_cast<const W*>(a.router), a.router_bias, a.rows, a.num_experts, a.d, a.logits);
+  MoeRouterKernel<R><<<static_cast<unsigned>((router_threads + 255) / 256), 256, 0, stream>>>(
+      a.x, static_cast<const R*>(a.router), a.router_bias, a.rows, a.num_experts, a.d, a.logits);
   CUDA_CHECK(cudaGetLastError());
   LaunchRouteAndSchedule(a, stream);
   const size_t x_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.d);
   const size_t act_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.inter);
-  const auto* gate = reinterpret_cast<const W* const*>(a.gate);
-  const auto* up = reinterpret_cast<const W* const*>(a.up);
-  const auto* down = reinterpret_cast<const W* const*>(a.down);
   const unsigned tiles = static_cast<unsigned>(a.max_tiles);
   const ExpertActivation activation{a.gate_bias, a.up_bias, a.clamped_swiglu, a.swiglu_limit,
                                  a.swiglu_alpha};
   MoeGateUpKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.inter + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
-         kWarps * 32, x_smem, stream>>>(a.x, gate, up, a.sorted, a.tiles, a.num_tiles, a.top_k, a.d,
-                                        a.inter, activation, a.act);
+         kWarps * 32, x_smem, stream>>>(a.x, a.gate, a.up, a.gate_scales, a.up_scales, a.sorted,
+                                        a.tiles, a.num_tiles, a.top_k, a.d, a.inter, activation,
+                                        a.act);
   CUDA_CHECK(cudaGetLastError());
   MoeDownKernel<W>
       <<<dim3(tiles, static_cast<unsigned>((a.d + kFeaturesPerBlock - 1) / kFeaturesPerBlock)),
-         kWarps * 32, act_smem, stream>>>(a.act, down, a.down_bias, a.tiles, a.num_tiles, a.d,
-                                          a.inter, a.y);
+         kWarps * 32, act_smem, stream>>>(a.act, a.down, a.down_scales, a.down_bias, a.tiles,
+                                          a.num_tiles, a.d, a.inter, a.y);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -396,8 +464,10 @@ void PrepareMoeKernels() {
   // Up to kMoeMaxSmem bytes of rows; set once, outside any graph capture.
   for (const void* kernel : {reinterpret_cast<const void*>(MoeGateUpKernel<__nv_bfloat16>),
                              reinterpret_cast<const void*>(MoeGateUpKernel<float>),
+                             reinterpret_cast<const void*>(MoeGateUpKernel<Mxfp4>),
                              reinterpret_cast<const void*>(MoeDownKernel<__nv_bfloat16>),
-                             reinterpret_cast<const void*>(MoeDownKernel<float>)}) {
+                             reinterpret_cast<const void*>(MoeDownKernel<float>),
+                             reinterpret_cast<const void*>(MoeDownKernel<Mxfp4>)}) {
     CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMoeMaxSmem));
   }
@@ -407,10 +477,14 @@ void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
   CHECK(MoeSupported(a.num_experts, a.top_k, a.d, a.inter))
       << a.num_experts << " experts, top " << a.top_k << ", d " << a.d << ", inter " << a.inter;
   if (a.rows == 0) return;
-  if (a.w_bf16) {
-    LaunchStages<__nv_bfloat16>(a, stream);
+  if (a.mxfp4) {
+    CHECK(a.w_bf16 && a.d % 32 == 0 && a.inter % 32 == 0)
+        << "MXFP4 experts: bf16 router, d " << a.d << ", inter " << a.inter;
+    LaunchStages<Mxfp4, __nv_bfloat16>(a, stream);
+  } else if (a.w_bf16) {
+    LaunchStages<__nv_bfloat16, __nv_bfloat16>(a, stream);
   } else {
-    LaunchStages<float>(a, stream);
+    LaunchStages<float, float>(a, stream);
   }
   MoeCombineKernel<<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a.y, a.weights, a.pair_pos,
                                                                       a.top_k, a.d, a.out);
