@@ -158,33 +158,35 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
     for (const TensorView* v : {&gu_blocks, &gu_scales, &dn_blocks, &dn_scales})
       if (v->dtype != DType::kU8)
         return Status::Error(v->file + ": tensor \"" + v->name + "\": MXFP4 data must be U8");
-    // Gate is every even row of gate_up, up every odd one.
-    auto at = [=](int64_t e, int part) {  // the expert's first (row, block)
+    // Expert e's part (0 gate, 1 up, 2 down) in the packed tensors: its first row's blocks and
+    // scales, k, and which rows (gate is every even row of gate_up, up every odd one).
+    struct PackedRows {
+      const uint8_t* blocks;
+      const uint8_t* scales;
+      int64_t k, first, stride, count;
+    };
+    auto packed_rows = [=](int64_t e, int part) {
       const bool gu = part < 2;
-      return e * (gu ? 2 * inter : d) * ((gu ? d : inter) / 32);
+      const int64_t k = gu ? d : inter;
+      const int64_t at = e * (gu ? 2 * inter : d) * (k / 32);  // (row, block) index
+      return PackedRows{static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data) + at * 16,
+                        static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data) + at, k,
+                        gu ? part : 0, gu ? 2 : 1, gu ? inter : d};
     };
     if (up.backend().TakesMxfp4Experts()) {
       dtype = DType::kU8;
       rows = [=](int64_t e, int part) {
-        const bool gu = part < 2;
-        const int64_t k = gu ? d : inter;
-        const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
-        return GatherRows(b + at(e, part) * 16, k / 2, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+        const PackedRows q = packed_rows(e, part);
+        return GatherRows(q.blocks, q.k / 2, q.first, q.stride, q.count);
       };
       scale_rows = [=](int64_t e, int part) {
-        const bool gu = part < 2;
-        const int64_t k = gu ? d : inter;
-        const auto* sc = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
-        return GatherRows(sc + at(e, part), k / 32, gu ? part : 0, gu ? 2 : 1, gu ? inter : d);
+        const PackedRows q = packed_rows(e, part);
+        return GatherRows(q.scales, q.k / 32, q.first, q.stride, q.count);
       };
     } else {
       rows = [=](int64_t e, int part) {
-        const bool gu = part < 2;
-        const int64_t k = gu ? d : inter;
-        const auto* b = static_cast<const uint8_t*>(gu ? gu_blocks.data : dn_blocks.data);
-        const auto* sc = static_cast<const uint8_t*>(gu ? gu_scales.data : dn_scales.data);
-        return DequantizeMxfp4Rows(b + at(e, part) * 16, sc + at(e, part), k, gu ? part : 0,
-                                   gu ? 2 : 1, gu ? inter : d);
+        const PackedRows q = packed_rows(e, part);
+        return DequantizeMxfp4Rows(q.blocks, q.scales, q.k, q.first, q.stride, q.count);
       };
     }
   } else {
@@ -221,6 +223,9 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   // gpt-oss-20b layer is 1.6 GB of them); uploads stay in expert order.
   const int64_t batch = std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::vector<std::vector<uint8_t>> parts;
+  // Packed: [out, in / 2] bytes plus [out, in / 32] scales per matrix.
+  const bool packed = dtype == DType::kU8;
+  auto cols = [&](int64_t in) { return packed ? in / 2 : in; };
   for (int64_t e = 0; e < num; ++e) {
     const int64_t slot = e % batch;
     if (slot == 0) {
@@ -232,9 +237,6 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
     }
     auto part = [&](int which) { return std::move(parts[static_cast<size_t>(3 * slot + which)]); };
     const std::string n = p + std::to_string(e) + ".";
-    // Packed: [out, in / 2] bytes plus [out, in / 32] scales per matrix.
-    const bool packed = dtype == DType::kU8;
-    auto cols = [&](int64_t in) { return packed ? in / 2 : in; };
     auto scales = [&](const std::string& name, int which, int64_t out, int64_t in,
                       std::vector<Tensor>& to) -> Status {
       if (!packed) return Status::Ok();

@@ -86,30 +86,25 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
     return {static_cast<const uint8_t*>(w) + row * (k / 2),
             static_cast<const uint8_t*>(scales) + row * (k / 32)};
   }
-  // The f32 value of E2M1 nibble n times 2^(s - 127) as the host's dequantization to bf16
-  // gives it (model/weight_convert.cc): ldexp, then bf16 RN (only values below bf16's normal
-  // range round). The slow path, for scales outside [2, 240].
-  static __device__ __forceinline__ float Slow(uint32_t n, int s) {
-    const uint32_t m = n & 7;
-    const uint32_t bits =
-        m < 2 ? (m == 1 ? 0x3F000000u : 0u) : (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
-    const float v = ldexpf(__uint_as_float(bits | ((n & 8u) << 28)), s - 127);
-    return __bfloat162float(__float2bfloat16_rn(v));
+  // The two E2M1 nibbles of byte b (low first) times 2^-14: each placed at fp16's bits 15 and
+  // 11..9 (the e = 0 half-values land on fp16 subnormals), exactly.
+  static __device__ __forceinline__ float2 Nibbles(uint32_t b) {
+    const uint32_t h2 =
+        ((b & 0x08u) << 12) | ((b & 0x07u) << 9) | ((b & 0x80u) << 24) | ((b & 0x70u) << 21);
+    return __half22float2(*reinterpret_cast<const __half2*>(&h2));
   }
+  // 8 weights: E2M1 times 2^(s - 127), the values the host's dequantization to bf16 gives
+  // (model/weight_convert.cc: ldexp, then bf16 RN). For scales in [2, 240] that is one exact
+  // multiply by 2^(s - 113) (a normal float); outside, ldexp and the bf16 rounding (values below
+  // bf16's normal range round).
   static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
     const uint32_t packed = __ldg(reinterpret_cast<const uint32_t*>(w.blocks + c / 2));
     const int s = __ldg(w.scales + c / 32);
     if (s >= 2 && s <= 240) {
-      // An E2M1 nibble [sign e1 e0 m] placed at fp16's bits 15 and 11..9 is the value times
-      // 2^-14 (the e = 0 half-values land on fp16 subnormals); times 2^(s - 113) it is the value
-      // times 2^(s - 127), exactly (a normal float for these scales).
-      const float scale = __int_as_float((s + 14) << 23);
+      const float scale = __uint_as_float(static_cast<uint32_t>(s + 14) << 23);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t b = packed >> (8 * i);
-        const uint32_t h2 =
-            ((b & 0x08u) << 12) | ((b & 0x07u) << 9) | ((b & 0x80u) << 24) | ((b & 0x70u) << 21);
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+        const float2 v = Nibbles(packed >> (8 * i));
         f[2 * i] = v.x * scale;
         f[2 * i + 1] = v.y * scale;
       }
@@ -117,9 +112,9 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t byte = packed >> (8 * i);
-      f[2 * i] = Slow(byte & 15u, s);
-      f[2 * i + 1] = Slow((byte >> 4) & 15u, s);
+      const float2 v = Nibbles(packed >> (8 * i));
+      f[2 * i] = __bfloat162float(__float2bfloat16_rn(ldexpf(v.x, s - 113)));
+      f[2 * i + 1] = __bfloat162float(__float2bfloat16_rn(ldexpf(v.y, s - 113)));
     }
   }
 };
