@@ -88,6 +88,7 @@ gtest cuda_ops_test
 gtest cuda_attention_test
 gtest model_test '*Cuda*:*Argmax*'        # f32 parity 1e-4, bf16 parity 3e-2, device argmax
 gtest model_loader_test '*Mxfp4*'         # packed MXFP4 experts == their bf16 dequantization
+EMBER_MOE_MMA=1 gtest model_loader_test '*Mxfp4*'  # the same, decode on the tensor-core experts too
 gtest engine_test '*Cuda*:*Backend*'      # batched == solo on the GPU, device logits processors
 gtest threshold_sampling_test             # SampleRows / logit-edit kernels == their CPU twins
 gtest argmax_rows_test

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -465,29 +466,34 @@ TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
   }
   // On the CPU the packed experts are dequantized at load; the CUDA bf16 mode keeps them packed
   // and dequantizes as its MoE kernels load them (Backend::TakesMxfp4Experts), to the same
-  // values: the same logits there too, for a 7-token prefill and a decode step.
+  // values: the same logits there too, for a 520-token prefill (130 pairs per expert: the
+  // tensor-core experts' 128-pair tiles), a 40-token chunk (10: 64-pair tiles) and a decode step
+  // (SIMT, or with EMBER_MOE_MMA=1 the 8-pair tiles).
   for (DeviceKind device : {DeviceKind::kCpu, DeviceKind::kCuda}) {
     if (device == DeviceKind::kCuda && CudaDevicesAvailable() == 0) {
       std::printf("no CUDA device: the packed-experts kernels are not tested here\n");
       continue;
     }
     SCOPED_TRACE(device == DeviceKind::kCpu ? "cpu" : "cuda");
-    std::vector<float> logits[2][2];  // [variant][step]
+    std::vector<float> logits[2][3];  // [variant][step]
     for (int variant = 0; variant < 2; ++variant) {
       ModelLoadOptions opts;
       opts.device = device;
       auto m = Model::Load(dirs[variant], opts);
       ASSERT_TRUE(m.ok()) << m.message();
-      ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-      const std::vector<int32_t> steps[2] = {{1, 2, 3, 4, 5, 6, 7}, {8}};
-      for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE((*m)->AllocateKvCache(36, 16).ok());
+      std::vector<int32_t> steps[3];
+      for (int32_t i = 0; i < 561; ++i) steps[i < 520 ? 0 : i < 560 ? 1 : 2].push_back(1 + i % 997);
+      std::vector<int32_t> blocks(36);
+      std::iota(blocks.begin(), blocks.end(), 0);
+      for (int step = 0, pos = 0; step < 3; pos += static_cast<int>(steps[step].size()), ++step) {
         BatchPlan plan;
-        plan.AddSequence(steps[step], step == 0 ? 0 : 7, {0, 1}, true);
+        plan.AddSequence(steps[step], pos, blocks, true);
         logits[variant][step].resize(static_cast<size_t>((*m)->config().vocab_size));
         ASSERT_TRUE((*m)->Forward(plan, logits[variant][step]).ok());
       }
     }
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < 3; ++step) {
       EXPECT_EQ(logits[0][step], logits[1][step]) << "step " << step;
       for (float v : logits[0][step]) ASSERT_TRUE(std::isfinite(v));
     }

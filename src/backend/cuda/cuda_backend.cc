@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <iterator>
@@ -241,6 +242,11 @@ class CudaBackend final : public Backend {
   bool Bf16MatMulInput(int64_t rows) const {
     return !f32_compute_ && !batch_invariant_ && rows > cuda::kDecodeGemmMaxRows;
   }
+  // Whether MoeMlp runs the experts on tensor cores (moe.cu): in the bf16 mode, with
+  // batch_invariant for every step (one path for every step size), else where
+  // cuda::MoeMmaPays (small steps run faster on the SIMT kernels).
+  // EMBER_MOE_MMA=0 / 1 in the environment: never / always (A/B measurements).
+  bool MoeOnTensorCores(int64_t rows, int32_t top_k, int32_t num_experts, bool mxfp4) const;
   void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
   // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
@@ -1086,6 +1092,17 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
                    });
 }
 
+bool CudaBackend::MoeOnTensorCores(int64_t rows, int32_t top_k, int32_t num_experts,
+                                   bool mxfp4) const {
+  static const int mode = [] {
+    const char* e = std::getenv("EMBER_MOE_MMA");
+    return e == nullptr ? -1 : std::atoi(e);
+  }();
+  if (f32_compute_ || mode == 0) return false;
+  if (mode == 1 || batch_invariant_) return true;
+  return cuda::MoeMmaPays(rows * top_k, num_experts, mxfp4);
+}
+
 void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
   const int64_t rows = x.rows(), d = x.cols();
   const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
@@ -1191,6 +1208,7 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.swiglu_limit = experts.swiglu_limit;
   a.swiglu_alpha = experts.swiglu_alpha;
   a.w_bf16 = mxfp4 || wtype == DType::kBF16;
+  a.mma = a.w_bf16 && MoeOnTensorCores(rows, experts.top_k, num_experts, mxfp4);
   a.rows = rows;
   a.d = d;
   a.inter = inter;
@@ -1228,7 +1246,7 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.y = reinterpret_cast<float*>(take(pairs * static_cast<size_t>(d) * 4));
   a.out = static_cast<float*>(out.data);
   // Op 18 (profiled as "MoeMlp"); the scratch follows from the arena's state, also keyed.
-  const uint64_t weights_kind = U(a.w_bf16) | U(a.mxfp4) << 1;
+  const uint64_t weights_kind = U(a.w_bf16) | U(a.mxfp4) << 1 | U(a.mma) << 2;
   recorder_.Record({18, KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs), weights_kind,
                     U(rows), U(d), U(inter), U(num_experts), U(a.top_k), U(a.normalize),
                     KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out), KeyOf(a.router_bias),

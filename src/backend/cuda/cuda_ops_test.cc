@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -23,9 +24,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
-#include "backend/rope_table.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/moe_route.h"
+#include "backend/rope_table.h"
 #include "util/half.h"
 
 namespace ember {
@@ -886,14 +888,17 @@ MoeExperts UploadMoe(Backend& b, const MoeHost& m) {
 }
 
 // Double-precision MoeMlp of x [rows, d] by MoeExperts' definition (options from `opts`), routed
-// by the CPU twin (moe_route.h) over the router logits computed in double. Counts the gate and
-// up values the clamped SwiGLU clamps (the data can tell a missing clamp).
+// by the CPU twin (moe_route.h) over the router logits computed in double. bf16_inputs: the
+// experts' inputs as the tensor-core path rounds them (x and the activations to bf16 RN; the
+// router still reads x). Counts the gate and up values the clamped SwiGLU clamps (the data can
+// tell a missing clamp).
 struct MoeReferenceResult {
   std::vector<double> out;  // [rows, d]
   int64_t gates_clamped = 0, ups_clamped = 0;
 };
 MoeReferenceResult MoeReference(const MoeHost& m, const MoeExperts& opts,
-                                const std::vector<float>& x, int64_t rows) {
+                                const std::vector<float>& x, int64_t rows,
+                                bool bf16_inputs = false) {
   const int64_t d = m.d, inter = m.inter;
   const int32_t top_k = opts.top_k;
   MoeReferenceResult r;
@@ -912,14 +917,19 @@ MoeReferenceResult MoeReference(const MoeHost& m, const MoeExperts& opts,
       logits[static_cast<size_t>(e)] = static_cast<float>(acc);
     }
     MoeRoute(logits, top_k, opts.normalize, ids.data(), w.data());
+    std::vector<float> xe(xi, xi + d);  // the experts' view of x
+    if (bf16_inputs)
+      for (float& v : xe) v = RoundBf16(v);
     for (int32_t j = 0; j < top_k; ++j) {
       const size_t e = static_cast<size_t>(ids[static_cast<size_t>(j)]);
       for (int64_t f = 0; f < inter; ++f) {
         double g = m.gate_bias.empty() ? 0.0 : m.gate_bias[e][static_cast<size_t>(f)];
         double u = m.up_bias.empty() ? 0.0 : m.up_bias[e][static_cast<size_t>(f)];
         for (int64_t c = 0; c < d; ++c) {
-          g += static_cast<double>(xi[c]) * m.gate[e][static_cast<size_t>(f * d + c)];
-          u += static_cast<double>(xi[c]) * m.up[e][static_cast<size_t>(f * d + c)];
+          g += static_cast<double>(xe[static_cast<size_t>(c)]) *
+               m.gate[e][static_cast<size_t>(f * d + c)];
+          u += static_cast<double>(xe[static_cast<size_t>(c)]) *
+               m.up[e][static_cast<size_t>(f * d + c)];
         }
         double a;
         if (opts.activation == MoeActivation::kClampedSwiglu) {
@@ -931,7 +941,7 @@ MoeReferenceResult MoeReference(const MoeHost& m, const MoeExperts& opts,
         } else {
           a = g / (1 + std::exp(-g)) * u;
         }
-        act[static_cast<size_t>(f)] = a;
+        act[static_cast<size_t>(f)] = bf16_inputs ? RoundBf16(static_cast<float>(a)) : a;
       }
       for (int64_t c = 0; c < d; ++c) {
         double acc = m.down_bias.empty() ? 0.0 : m.down_bias[e][static_cast<size_t>(c)];
@@ -944,34 +954,80 @@ MoeReferenceResult MoeReference(const MoeHost& m, const MoeExperts& opts,
   return r;
 }
 
-// MoeMlp (moe.cu) against the double-precision reference in both modes; the rows of a batch give
-// the bits they give alone (tiles of one expert mix rows). 100 rows take the separate route
-// kernel, fewer the one fused into the schedule.
+// The modes MoeMlp runs in: f32 (SIMT kernels), bf16 (SIMT kernels, or tensor cores for steps
+// where cuda::MoeMmaPays) and bf16 with batch_invariant (tensor cores for every step).
+enum class MoeMode { kF32, kBf16, kBf16Invariant };
+constexpr MoeMode kMoeModes[] = {MoeMode::kF32, MoeMode::kBf16, MoeMode::kBf16Invariant};
+const char* MoeModeName(MoeMode mode) {
+  return mode == MoeMode::kF32 ? "f32" : mode == MoeMode::kBf16 ? "bf16" : "bf16 invariant";
+}
+bool MoeOnTensorCores(MoeMode mode, int64_t pairs, int32_t num_experts) {
+  return mode == MoeMode::kBf16Invariant ||
+         (mode == MoeMode::kBf16 && cuda::MoeMmaPays(pairs, num_experts, false));
+}
+
+// One MoeMlp step's output `got` against the double reference: within 1e-5 where the SIMT
+// kernels ran (f32 activations); where the tensor cores ran, within 1e-4 of the reference with
+// their bf16 inputs and within 1e-2 of the exact one. Returns the exact reference.
+MoeReferenceResult CheckMoeAgainstReference(const std::vector<float>& got, bool tensor_cores,
+                                            const MoeHost& m, const MoeExperts& experts,
+                                            const std::vector<float>& x, int64_t rows) {
+  MoeReferenceResult ref = MoeReference(m, experts, x, rows);
+  EXPECT_LT(RelL2(got, ref.out), tensor_cores ? 1e-2 : 1e-5) << "vs the double reference";
+  if (tensor_cores) {
+    EXPECT_LT(RelL2(got, MoeReference(m, experts, x, rows, true).out), 1e-4)
+        << "vs the double reference with bf16 inputs";
+  }
+  return ref;
+}
+
+// Rows i = 0, stride, ... of `got` (a step of all rows) against each row run alone, bitwise.
+void CheckMoeRowsSolo(const std::vector<float>& got, int64_t rows, int64_t d, int64_t stride,
+                      const std::function<std::vector<float>(int64_t, int64_t)>& run) {
+  for (int64_t i = 0; i < rows; i += stride) {
+    const std::vector<float> solo = run(i, 1);
+    for (int64_t c = 0; c < d; ++c)
+      ASSERT_EQ(solo[static_cast<size_t>(c)], got[static_cast<size_t>(i * d + c)])
+          << "row " << i << " col " << c;
+  }
+}
+
+// MoeMlp (moe.cu) against the double-precision reference in every mode. The rows of a batch give
+// the bits they give alone (tiles of one expert mix rows) where the mode promises it: f32, and the
+// batch-invariant mode, whose large steps take other tiles than one row alone; in the default bf16
+// mode where both steps ran the SIMT kernels. 100 rows take the separate route kernel, fewer the
+// one fused into the schedule; d 256 / inter 160 give several feature blocks, several 64-pair
+// tiles of one expert and partial k blocks.
 TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
-  const int64_t d = 64, inter = 40;
-  const int32_t num_experts = 8;
-  for (bool f32 : {true, false}) {
-    const MoeHost m = RandomMoe(d, inter, num_experts, f32, 0.2f, 0.5f, 0.f, 100, 40);
-    for (const auto& [rows, top_k, normalize] :
-         std::vector<std::tuple<int64_t, int32_t, bool>>{
-             {1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}) {
-      SCOPED_TRACE(::testing::Message() << (f32 ? "f32" : "bf16") << " rows " << rows << " top "
-                                        << top_k);
-      auto b = Make(f32);
-      MoeExperts experts = UploadMoe(*b, m);
-      experts.top_k = top_k;
-      experts.normalize = normalize;
-      const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
-      auto run = [&](int64_t first, int64_t count) {
-        return RunMoeRows(*b, SimplePlan(static_cast<int32_t>(count)), experts, x, d, first);
-      };
-      const std::vector<float> got = run(0, rows);
-      EXPECT_LT(RelL2(got, MoeReference(m, experts, x, rows).out), 1e-5);
-      for (int64_t i = 0; i < rows; i += 4) {
-        const std::vector<float> solo = run(i, 1);
-        for (int64_t c = 0; c < d; ++c)
-          ASSERT_EQ(solo[static_cast<size_t>(c)], got[static_cast<size_t>(i * d + c)])
-              << "row " << i << " col " << c;
+  struct Shape {
+    int64_t d, inter;
+    int32_t num_experts;
+  };
+  for (const Shape shape : {Shape{64, 40, 8}, Shape{256, 160, 4}}) {
+    const int64_t d = shape.d, inter = shape.inter;
+    for (const MoeMode mode : kMoeModes) {
+      const bool f32 = mode == MoeMode::kF32;
+      const MoeHost m = RandomMoe(d, inter, shape.num_experts, f32, 0.2f, 0.5f, 0.f, 100, 40);
+      using Case = std::tuple<int64_t, int32_t, bool>;
+      const std::vector<Case> cases =
+          d == 64 ? std::vector<Case>{{1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}
+                  : std::vector<Case>{{3, 2, true}, {300, 2, false}};
+      for (const auto& [rows, top_k, normalize] : cases) {
+        SCOPED_TRACE(::testing::Message()
+                     << MoeModeName(mode) << " d " << d << " rows " << rows << " top " << top_k);
+        auto b = mode == MoeMode::kBf16Invariant ? MakeInvariant() : Make(f32);
+        MoeExperts experts = UploadMoe(*b, m);
+        experts.top_k = top_k;
+        experts.normalize = normalize;
+        const std::vector<float> x = Random(static_cast<size_t>(rows * d), 41);
+        auto run = [&](int64_t first, int64_t count) {
+          return RunMoeRows(*b, SimplePlan(static_cast<int32_t>(count)), experts, x, d, first);
+        };
+        const std::vector<float> got = run(0, rows);
+        const bool mma = MoeOnTensorCores(mode, rows * top_k, shape.num_experts);
+        CheckMoeAgainstReference(got, mma, m, experts, x, rows);
+        if (mma == MoeOnTensorCores(mode, top_k, shape.num_experts))
+          CheckMoeRowsSolo(got, rows, d, rows > 100 ? 29 : 4, run);
       }
     }
   }
@@ -979,8 +1035,9 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
 
 // gpt_oss's MoeMlp: the router bias, per-expert gate/up/down biases and the clamped SwiGLU, with
 // weights and biases large enough that the clamp bites (gate above the limit, up on both sides),
-// and each extra without the other, in both modes, against the CPU backend (the twin) and the
-// double reference; the rows of a batch give the bits they give alone.
+// and each extra without the other, in every mode, against the CPU backend (the twin: within 1e-5
+// where the SIMT kernels ran, 1e-2 where the tensor cores did) and the double reference; the rows
+// of a batch give the bits they give alone where the mode promises it.
 TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
   const int64_t d = 64, inter = 40;
   const int32_t num_experts = 16;
@@ -990,14 +1047,15 @@ TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
     bool biased;
     MoeActivation activation;
   };
-  for (bool f32 : {true, false}) {
+  for (const MoeMode mode : kMoeModes) {
+    const bool f32 = mode == MoeMode::kF32;
     for (const Variant v : {Variant{true, MoeActivation::kClampedSwiglu},
                             Variant{true, MoeActivation::kSilu},
                             Variant{false, MoeActivation::kClampedSwiglu}}) {
       const bool clamped = v.activation == MoeActivation::kClampedSwiglu;
       const MoeHost m =
           RandomMoe(d, inter, num_experts, f32, 0.5f, 0.5f, v.biased ? 2.0f : 0.f, 300, 60);
-      auto b = Make(f32);
+      auto b = mode == MoeMode::kBf16Invariant ? MakeInvariant() : Make(f32);
       MoeExperts experts = UploadMoe(*b, m);
       MoeExperts cpu_experts = UploadMoe(*cpu, m);
       for (MoeExperts* e : {&experts, &cpu_experts}) e->activation = v.activation;
@@ -1005,7 +1063,7 @@ TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
            std::vector<std::tuple<int64_t, int32_t, bool>>{
                {1, 4, true}, {37, 4, true}, {100, 2, false}}) {
         SCOPED_TRACE(::testing::Message()
-                     << (f32 ? "f32" : "bf16") << (v.biased ? " biased" : " unbiased")
+                     << MoeModeName(mode) << (v.biased ? " biased" : " unbiased")
                      << (clamped ? " clamped swiglu" : " silu") << " rows " << rows << " top "
                      << top_k);
         for (MoeExperts* e : {&experts, &cpu_experts}) {
@@ -1026,19 +1084,17 @@ TEST_F(CudaOpsTest, MoeMlpBiasesAndClampedSwigluMatchCpuAndSolo) {
         cpu->MoeMlp(cpu_x, cpu_experts, cpu_out);
         std::vector<float> twin(static_cast<size_t>(rows * d));
         ASSERT_TRUE(cpu->CopyToHost(cpu_out, twin).ok());
-        EXPECT_LT(RelL2(got, std::vector<double>(twin.begin(), twin.end())), 1e-5) << "vs CPU";
-        const MoeReferenceResult ref = MoeReference(m, experts, x, rows);
-        EXPECT_LT(RelL2(got, ref.out), 1e-5) << "vs the double reference";
+        // The tensor-core experts round x and the activations to bf16; the CPU twin keeps f32.
+        const bool mma = MoeOnTensorCores(mode, rows * top_k, num_experts);
+        EXPECT_LT(RelL2(got, std::vector<double>(twin.begin(), twin.end())), mma ? 1e-2 : 1e-5)
+            << "vs CPU";
+        const MoeReferenceResult ref = CheckMoeAgainstReference(got, mma, m, experts, x, rows);
         if (clamped) {
           EXPECT_GT(ref.gates_clamped, 0);
           EXPECT_GT(ref.ups_clamped, 0);
         }
-        for (int64_t i = 0; i < rows; i += 4) {
-          const std::vector<float> solo = run(i, 1);
-          for (int64_t c = 0; c < d; ++c)
-            ASSERT_EQ(solo[static_cast<size_t>(c)], got[static_cast<size_t>(i * d + c)])
-                << "row " << i << " col " << c;
-        }
+        if (mma == MoeOnTensorCores(mode, top_k, num_experts))
+          CheckMoeRowsSolo(got, rows, d, 4, run);
       }
     }
   }

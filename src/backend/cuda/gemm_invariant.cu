@@ -23,6 +23,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/cache_hints.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -60,43 +61,6 @@ __device__ __forceinline__ PartTile SelectPart(const GemmParts& p, int tile, int
   t.m0 = static_cast<int64_t>(tile - first) * rows;
   return t;
 }
-
-// 16-byte global -> shared copy; zero-fills the destination when !valid (src then unread).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-}
-// The same, its L2 lines under `policy` (cache_hints.cuh).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid,
-                                          uint64_t policy) {
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// At most n groups pending (wait_group takes an immediate; n is one of the ring depths - 2).
-__device__ __forceinline__ void CpAsyncWaitPending(int n) {
-  switch (n) {
-    case 1: return CpAsyncWait<1>();
-    case 2: return CpAsyncWait<2>();
-    case 4: return CpAsyncWait<4>();
-    case 6: return CpAsyncWait<6>();
-    case 10: return CpAsyncWait<10>();
-    case 14: return CpAsyncWait<14>();
-    case 22: return CpAsyncWait<22>();
-    case 30: return CpAsyncWait<30>();
-    default: return CpAsyncWait<0>();
-  }
-}
-constexpr int kStageChoices[] = {3, 4, 6, 8, 12, 16, 24, 32};  // ring depths (waits above)
 
 // acc (c0..c3 of an m16n8 tile: (feature g, row 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)) + bias.
 __device__ __forceinline__ void StoreTile(const PartTile& pt, const float (&acc)[4], int64_t f0,

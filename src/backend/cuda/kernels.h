@@ -79,6 +79,13 @@ constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
 constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
 constexpr int kMoeMaxExperts = 32 * 32;       // the route kernel's per-lane masks cover 32 each
 constexpr int kMoeMaxTopK = 32;
+// The default mode's choice of the experts' kernels for a step of `pairs` (row, expert) pairs:
+// tensor cores from one pair per expert on average (two with MXFP4 weights, whose conversion
+// costs more), the SIMT kernels below (they read each chosen expert once with less start-up;
+// H200 crossover, docs/perf.md session 19).
+inline bool MoeMmaPays(int64_t pairs, int32_t num_experts, bool mxfp4) {
+  return pairs >= (mxfp4 ? 2 : 1) * static_cast<int64_t>(num_experts);
+}
 struct MoeArgs {
   const void* router = nullptr;   // [num_experts, d], bf16 or f32 as the experts
   const float* x = nullptr;       // [rows, d]
@@ -93,6 +100,9 @@ struct MoeArgs {
   bool clamped_swiglu = false;
   float swiglu_limit = 7.0f, swiglu_alpha = 1.702f;
   bool w_bf16 = true;  // the router's (and, unless mxfp4, the experts') type: bf16, else f32
+  // The experts on tensor cores (bf16 or MXFP4 weights; B rows rounded to bf16), else the SIMT
+  // kernels (f32 activations). Either way a row's bits do not depend on the step's other rows.
+  bool mma = false;
   // MXFP4 experts (gpt-oss checkpoints kept packed): gate/up/down point at [out, in / 2] bytes
   // of E2M1 pairs and *_scales at [out, in / 32] E8M0 bytes (d and inter multiples of 32).
   bool mxfp4 = false;
@@ -104,7 +114,7 @@ struct MoeArgs {
   bool normalize = false;
   int32_t max_tiles = 0;  // MoeMaxTiles(rows, top_k, num_experts)
   // Scratch: logits [rows, num_experts], [rows * top_k] each, tiles [3 * max_tiles], num_tiles
-  // [1], act [rows * top_k, inter], y [rows * top_k, d].
+  // [1], act [rows * top_k, inter] (f32-sized), y [rows * top_k, d] (f32).
   float* logits = nullptr;
   int32_t* ids = nullptr;
   float* weights = nullptr;

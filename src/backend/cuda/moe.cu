@@ -6,8 +6,10 @@
 //      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
 //      backend/moe_route.h).
 //   2. schedule (one block): the (row, slot) pairs grouped by expert, rows ascending within an
-//      expert, and cut into tiles of up to kMoeTileRows pairs of one expert.
-//   3. gate/up: per tile, its pairs' x rows in shared memory (f32); a warp per pair of
+//      expert, and cut into tiles of up to kMoeTileRows (SIMT) or 8 / 64 (tensor cores) pairs of
+//      one expert.
+//   3. gate/up: SIMT (MoeArgs::mma false; the tensor-core kernels are described below, at
+//      MmaConfig): per tile, its pairs' x rows in shared memory (f32); a warp per pair of
 //      intermediate features streams those features' gate and up rows (16-byte loads) against
 //      every row of the tile; gate and up (+ their biases) through the activation: silu(gate) * up
 //      or gpt_oss's clamped SwiGLU, f32.
@@ -19,13 +21,20 @@
 // exit at once. f32 accumulation throughout; weights bf16 or f32 (or MXFP4 experts with a bf16
 // router, dequantized as they load to the values the bf16 path would read), x f32, biases f32.
 // Without biases and with silu the arithmetic is what it was before either existed (the same bits).
+// With MoeArgs::mma, stages 3 and 4 run as grouped GEMMs on tensor cores instead (bf16 or MXFP4
+// weights; the experts' inputs rounded to bf16; also batch-invariant), with one more launch for
+// large steps (x gathered to bf16 in expert order).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
@@ -98,8 +107,10 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
   // multiply by 2^(s - 113) (a normal float); outside, ldexp and the bf16 rounding (values below
   // bf16's normal range round).
   static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
-    const uint32_t packed = __ldg(reinterpret_cast<const uint32_t*>(w.blocks + c / 2));
-    const int s = __ldg(w.scales + c / 32);
+    Decode(__ldg(reinterpret_cast<const uint32_t*>(w.blocks + c / 2)), __ldg(w.scales + c / 32), f);
+  }
+  // The 8 weights of 4 packed bytes under scale byte s.
+  static __device__ __forceinline__ void Decode(uint32_t packed, int s, float (&f)[8]) {
     if (s >= 2 && s <= 240) {
       const float scale = __uint_as_float(static_cast<uint32_t>(s + 14) << 23);
 #pragma unroll
@@ -220,15 +231,16 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int3
 }
 
 // One block. Pairs p = row * top_k + slot; sorted[offset[e] + j] is the j-th pair (by row) routed
-// to expert e, pair_pos its inverse; tiles[3 t ..] = {expert, first, end} in sorted positions.
+// to expert e, pair_pos its inverse; tiles[3 t ..] = {expert, first, end} in sorted positions,
+// each of up to tile_rows pairs.
 // With route_rows (steps of up to kFusedRouteRows rows: one launch fewer) the block's warps first
 // route those rows themselves.
 __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t route_rows,
                                   bool normalize, int32_t* __restrict__ ids,
                                   float* __restrict__ weights, int32_t pairs, int32_t top_k,
-                                  int32_t num_experts, int32_t* __restrict__ sorted,
-                                  int32_t* __restrict__ pair_pos, int32_t* __restrict__ tiles,
-                                  int32_t* __restrict__ num_tiles) {
+                                  int32_t num_experts, int32_t tile_rows,
+                                  int32_t* __restrict__ sorted, int32_t* __restrict__ pair_pos,
+                                  int32_t* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
   for (int64_t row = threadIdx.x / 32; row < route_rows; row += blockDim.x / 32)
     RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
   __syncthreads();  // (the block's own global writes are visible to it after the barrier)
@@ -245,7 +257,7 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
       offset[e] = at;
       tile_base[e] = tile;
       at += count[e];
-      tile += (count[e] + kMoeTileRows - 1) / kMoeTileRows;
+      tile += (count[e] + tile_rows - 1) / tile_rows;
     }
     *num_tiles = tile;
   }
@@ -260,10 +272,10 @@ __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t rout
       ++at;
     }
     const int32_t end = offset[e] + count[e];
-    for (int32_t first = offset[e], t = tile_base[e]; first < end; first += kMoeTileRows, ++t) {
+    for (int32_t first = offset[e], t = tile_base[e]; first < end; first += tile_rows, ++t) {
       tiles[3 * t] = e;
       tiles[3 * t + 1] = first;
-      tiles[3 * t + 2] = min(end, first + kMoeTileRows);
+      tiles[3 * t + 2] = min(end, first + tile_rows);
     }
   }
 }
@@ -400,7 +412,7 @@ __global__ void MoeCombineKernel(const float* __restrict__ y, const float* __res
   }
 }
 
-void LaunchRouteAndSchedule(const MoeArgs& a, cudaStream_t stream) {
+void LaunchRouteAndSchedule(const MoeArgs& a, int32_t tile_rows, cudaStream_t stream) {
   const bool fused_route = a.rows <= kFusedRouteRows;
   if (!fused_route) {
     MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
@@ -411,18 +423,357 @@ void LaunchRouteAndSchedule(const MoeArgs& a, cudaStream_t stream) {
   }
   MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
       a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.normalize, a.ids, a.weights,
-      static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, a.sorted, a.pair_pos, a.tiles,
-      a.num_tiles);
+      static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, tile_rows, a.sorted,
+      a.pair_pos, a.tiles, a.num_tiles);
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename W, typename R>  // expert weights, router weights
-void LaunchStages(const MoeArgs& a, cudaStream_t stream) {
+// ---- The experts on tensor cores (MoeArgs::mma) ----
+// A grouped GEMM over the schedule's tiles: CTA (tile, m block) computes out[first + r, f] for the
+// tile's pairs r and BM output features f of its expert, W (the expert's [m, k] rows) the mma A
+// operand, the pairs' rows the B operand. The invariant, as gemm_invariant.cu's: every output
+// element's f32 accumulator receives the mma.sync m16n8k16 steps of k16 blocks in ascending k
+// from 0 (ceil(k / 16) of them, one chain), with W's values and the B row rounded to bf16 RN in
+// the natural fragment positions; biases and the activation come after the chain. An element
+// depends only on its own W row and B row, so neither the tile shape nor the other pairs of a
+// tile change its bits: a row's result is the same in every step. B rows: x (gate/up; pair
+// sorted[p] / top_k) or act (down), read f32 and rounded in the fragment load (small steps), or
+// bf16 copies made beforehand (x gathered by MoeGatherBf16Kernel; act stored bf16 by gate/up).
+// MXFP4 weights are staged as bytes and converted once per stage, in shared memory, to the values
+// the bf16 path reads (Loads<Mxfp4>).
+template <typename W, int P, int WM, int WN, int TM, int TN, int BK, bool B_F32>
+struct MmaConfig {
+  static constexpr bool kMx = std::is_same_v<W, Mxfp4>;
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int kBM = WM * TM * 16, kBN = WN * TN * 8;
+  static constexpr int kWRowBytes = kMx ? BK / 2 : BK * 2;  // one weight row of a stage
+  static constexpr int kWLd = kWRowBytes + 16;              // + 16-byte pad: conflict-free
+  static constexpr int kWBytes = P * kBM * kWLd;
+  static constexpr int kALd = (BK + 8) * 2;  // bf16 W rows (the stage's, or MXFP4's converted)
+  static constexpr int kCvtBytes = kMx ? P * kBM * kALd : 0;  // MXFP4: one converted stage
+  static constexpr int kBElem = B_F32 ? 4 : 2;
+  static constexpr int kBLd = (BK + 8) * kBElem;
+  static constexpr int kStageBytes = kWBytes + kBN * kBLd;
+  static constexpr int kWCopies = P * kBM * (kWRowBytes / 16);  // 16-byte copies per stage
+  static constexpr int kBCopies = kBN * (BK * kBElem / 16);
+  static_assert(BK % 32 == 0 && (B_F32 || TN % 2 == 0), "bad tile");
+};
+
+struct MmaParams {
+  const void* b;          // B rows [*, k]: f32 (B_F32) or bf16
+  const int32_t* gather;  // null: the tile's row r is B row first + r; else gather[first + r] / div
+  int32_t gather_div;
+  const void* const* w[2];       // per part: [num_experts] pointers to [m, k] weights
+  const void* const* scales[2];  // MXFP4: [num_experts] pointers to [m, k / 32] scale bytes
+  const float* const* bias[2];   // null or [num_experts] pointers to [m] f32
+  const int32_t* tiles;
+  const int32_t* num_tiles;
+  int64_t m, k;
+  ExpertActivation activation;  // P == 2: out = act(gate + bias, up + bias)
+  void* out;                    // [pairs, m] in sorted positions: f32, or bf16 (out_bf16)
+  bool out_bf16;
+};
+
+// MXFP4: the stage's weight bytes (raw, rows of C::kWLd bytes) as bf16 rows of C::kALd bytes in
+// cvt, by the whole CTA, 8 weights per item: Loads<Mxfp4>'s values, which bf16 holds exactly, so
+// the mma reads what the bf16 path would. ss: the tile's scale bytes ([P * BM][k32]); k0: the
+// stage's first k.
+template <typename C, int BK>
+__device__ __forceinline__ void ConvertMxfp4Stage(const unsigned char* raw, unsigned char* cvt,
+                                                  const uint8_t* ss, int64_t k32, int64_t k0) {
+  constexpr int kItems = C::kWBytes / C::kWLd * (BK / 8);  // rows x 8-weight groups
+  for (int i = threadIdx.x; i < kItems; i += C::kThreads) {
+    const int row = i / (BK / 8), c8 = i % (BK / 8);
+    float f[8];
+    Loads<Mxfp4>::Decode(*reinterpret_cast<const uint32_t*>(raw + row * C::kWLd + c8 * 4),
+                         ss[row * k32 + (k0 + c8 * 8) / 32], f);
+    const uint32_t out[4] = {PackBf16(f[0], f[1]), PackBf16(f[2], f[3]), PackBf16(f[4], f[5]),
+                             PackBf16(f[6], f[7])};
+    *reinterpret_cast<uint4*>(cvt + row * C::kALd + c8 * 16) = {out[0], out[1], out[2], out[3]};
+  }
+}
+
+template <typename W, int P, int WM, int WN, int TM, int TN, int BK, bool B_F32>
+__global__ void __launch_bounds__(WM* WN * 32) MoeMmaKernel(MmaParams prm, int stages) {
+  using C = MmaConfig<W, P, WM, WN, TM, TN, BK, B_F32>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  Tile tile;
+  if (!LoadTile(prm.tiles, prm.num_tiles, &tile)) return;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * C::kBM, k = prm.k, m = prm.m;
+  const int64_t k32 = (k + 31) / 32, ktiles = (k + BK - 1) / BK;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % WM, wn = warp / WM;
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const unsigned char* w[P];
+  unsigned char* cvt = smem + stages * C::kStageBytes;  // MXFP4: the converted stage
+  uint8_t* ws_scales = cvt + C::kCvtBytes;              // MXFP4: [P][BM][k32]
+#pragma unroll
+  for (int p = 0; p < P; ++p) w[p] = static_cast<const unsigned char*>(prm.w[p][tile.expert]);
+  if constexpr (C::kMx) {
+    uint8_t* sc = ws_scales;
+    for (int64_t i = threadIdx.x; i < P * C::kBM * k32; i += C::kThreads) {
+      const int p = static_cast<int>(i / (C::kBM * k32));
+      const int64_t r = i / k32 % C::kBM, j = i % k32;
+      const auto* src = static_cast<const uint8_t*>(prm.scales[p == 0 ? 0 : 1][tile.expert]);
+      sc[i] = m0 + r < m ? src[(m0 + r) * k32 + j] : 127;
+    }
+  }
+  // Weight rows past m and B rows past the tile are not copied: they only feed outputs that are
+  // never stored. Columns past k are zero-filled.
+  const int64_t w_row_bytes = C::kMx ? k / 2 : k * 2;
+  auto load_stage = [&](int64_t kt, int slot) {
+    const uint32_t base = smem0 + slot * C::kStageBytes;
+    for (int c = threadIdx.x; c < C::kWCopies; c += C::kThreads) {
+      constexpr int kPerRow = C::kWRowBytes / 16;
+      const int p = c / (C::kBM * kPerRow), r = c / kPerRow % C::kBM, cc = c % kPerRow;
+      const int64_t col = kt * C::kWRowBytes + cc * 16;  // bytes into the row
+      if (m0 + r >= m) continue;
+      const bool in_k = col < w_row_bytes;
+      const unsigned char* src = (p == 0 ? w[0] : w[P - 1]) + (m0 + r) * w_row_bytes;
+      CpAsync16(base + (p * C::kBM + r) * C::kWLd + cc * 16, in_k ? src + col : src, in_k);
+    }
+    for (int c = threadIdx.x; c < C::kBCopies; c += C::kThreads) {
+      constexpr int kPerRow = BK * C::kBElem / 16;
+      const int r = c / kPerRow, cc = c % kPerRow;
+      if (r >= tile.rows) continue;
+      const int64_t pos = tile.first + r;
+      const int64_t row = prm.gather != nullptr ? prm.gather[pos] / prm.gather_div : pos;
+      const int64_t col = kt * BK + cc * (16 / C::kBElem);  // elements
+      const bool in_k = col < k;
+      const unsigned char* src =
+          static_cast<const unsigned char*>(prm.b) + (row * k + (in_k ? col : 0)) * C::kBElem;
+      CpAsync16(base + C::kWBytes + r * C::kBLd + cc * 16, src, in_k);
+    }
+  };
+
+  float acc[P][TM][TN][4];
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j)
+        acc[p][i][j][0] = acc[p][i][j][1] = acc[p][i][j][2] = acc[p][i][j][3] = 0.f;
+
+  for (int s = 0; s < stages - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    CpAsyncCommit();
+  }
+  int slot = 0;
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    CpAsyncWaitPending(stages - 2);  // stage kt has landed (this thread's copies)
+    __syncthreads();                 // ... everyone's (and the scales); slot kt - 1 is free
+    {
+      const int64_t next = kt + stages - 1;
+      if (next < ktiles) load_stage(next, slot == 0 ? stages - 1 : slot - 1);
+      CpAsyncCommit();
+    }
+    const unsigned char* st = smem + slot * C::kStageBytes;
+    const unsigned char* bs = st + C::kWBytes;
+    const unsigned char* ws = st;  // bf16 W rows of C::kALd bytes
+    if constexpr (C::kMx) {
+      ConvertMxfp4Stage<C, BK>(st, cvt, ws_scales, k32, kt * BK);
+      __syncthreads();  // (the barrier above: every warp is done with the previous conversion)
+      ws = cvt;
+    }
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      if (kt * BK + kk >= k) break;  // exactly ceil(k / 16) steps
+      uint32_t a[P][TM][4];
+      uint32_t b[TN][2];
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+          LdMatrixX4(a[p][i], ws + (p * C::kBM + wm * TM * 16 + i * 16 + lane % 16) * C::kALd +
+                                  (kk + (lane / 16) * 8) * 2);
+      if constexpr (B_F32) {
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          const float* br =
+              reinterpret_cast<const float*>(bs + (wn * TN * 8 + j * 8 + g) * C::kBLd) + kk + 2 * t;
+          const float2 lo = *reinterpret_cast<const float2*>(br);
+          const float2 hi = *reinterpret_cast<const float2*>(br + 8);
+          b[j][0] = PackBf16(lo.x, lo.y);
+          b[j][1] = PackBf16(hi.x, hi.y);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < TN; j += 2) {
+          uint32_t r[4];
+          LdMatrixX4(r, bs + (wn * TN * 8 + j * 8 + lane % 8 + (lane / 16) * 8) * C::kBLd +
+                            (kk + ((lane / 8) % 2) * 8) * 2);
+          b[j][0] = r[0];
+          b[j][1] = r[1];
+          b[j + 1][0] = r[2];
+          b[j + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) Mma(acc[p][i][j], a[p][i], b[j][0], b[j][1]);
+    }
+    slot = slot == stages - 1 ? 0 : slot + 1;
+  }
+  CpAsyncWait<0>();
+
+  // acc c0..c3: (feature g, pair 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+  const float* bias[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) bias[p] = prm.bias[p] != nullptr ? prm.bias[p][tile.expert] : nullptr;
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t f = m0 + wm * TM * 16 + i * 16 + g + (e >= 2 ? 8 : 0);
+        const int r = wn * TN * 8 + j * 8 + 2 * t + (e & 1);
+        if (f >= m || r >= tile.rows) continue;
+        float v = acc[0][i][j][e] + (bias[0] != nullptr ? bias[0][f] : 0.f);
+        if constexpr (P == 2)
+          v = Activate(v, acc[P - 1][i][j][e] + (bias[P - 1] != nullptr ? bias[P - 1][f] : 0.f),
+                       prm.activation);
+        const int64_t at = (tile.first + r) * m + f;
+        if (prm.out_bf16) {
+          static_cast<__nv_bfloat16*>(prm.out)[at] = __float2bfloat16_rn(v);
+        } else {
+          static_cast<float*>(prm.out)[at] = v;
+        }
+      }
+}
+
+// xg[p] = x[sorted[p] / top_k] rounded to bf16 RN, for every sorted position p (d % 8 == 0).
+__global__ void MoeGatherBf16Kernel(const float* __restrict__ x, const int32_t* __restrict__ sorted,
+                                    int32_t top_k, int64_t d, __nv_bfloat16* __restrict__ xg) {
+  const int64_t p = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(sorted[p] / top_k) * d;
+  for (int64_t c = threadIdx.x * 8; c < d; c += blockDim.x * 8) {
+    const float4 lo = *reinterpret_cast<const float4*>(src + c);
+    const float4 hi = *reinterpret_cast<const float4*>(src + c + 4);
+    const uint4 v = {PackBf16(lo.x, lo.y), PackBf16(lo.z, lo.w), PackBf16(hi.x, hi.y),
+                     PackBf16(hi.z, hi.w)};
+    *reinterpret_cast<uint4*>(xg + p * d + c) = v;
+  }
+}
+
+constexpr int kSmemPerSm = 220 * 1024;  // of the H200's 228 KB
+
+// One MoeMmaKernel configuration over tiles of C::kBN pairs (grid: the most such tiles the step
+// can have x the m blocks); the ring as deep as the CTAs per SM leave room for.
+template <typename W, int P, int WM, int WN, int TM, int TN, int BK, bool B_F32>
+void LaunchMma(const MoeArgs& a, const MmaParams& prm, cudaStream_t stream) {
+  using C = MmaConfig<W, P, WM, WN, TM, TN, BK, B_F32>;
+  auto* kernel = MoeMmaKernel<W, P, WM, WN, TM, TN, BK, B_F32>;  // (PrepareMoeKernels)
+  const int64_t pairs = a.rows * a.top_k;
+  const int64_t tiles = std::min<int64_t>(pairs, (pairs + C::kBN - 1) / C::kBN + a.num_experts);
+  const int64_t mblocks = (prm.m + C::kBM - 1) / C::kBM;
+  const int64_t ktiles = (prm.k + BK - 1) / BK;
+  const size_t extra_bytes =
+      C::kMx ? C::kCvtBytes + (P * C::kBM * ((prm.k + 31) / 32) + 15) / 16 * 16 : 0;
+  const int64_t per_sm = std::clamp<int64_t>(
+      (tiles * mblocks + CurrentDeviceSmCount() - 1) / CurrentDeviceSmCount(), 1, 4);
+  int stages = kStageChoices[0];
+  for (int s : kStageChoices)
+    if ((s * C::kStageBytes + extra_bytes) * per_sm <= kSmemPerSm && s <= ktiles + 1) stages = s;
+  const size_t smem = static_cast<size_t>(stages) * C::kStageBytes + extra_bytes;
+  CHECK(smem <= static_cast<size_t>(kSmemPerSm) && mblocks <= 65535)
+      << "MoE tile ring of " << smem << " bytes, " << mblocks << " m blocks";
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(mblocks)), C::kThreads, smem,
+           stream>>>(prm, stages);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Steps of up to kMmaSmallPairsPerExpert pairs per expert on average take tiles of 8 pairs with
+// f32 B rows; larger ones tiles of 64 with bf16 B copies, and from kMmaWidePairsPerExpert tiles
+// of 128, which read each expert's weights half as often but leave more of a tile empty (H200:
+// pp2048 +12%, pp512 -3% on a gpt-oss-20b shape; docs/perf.md, session 19).
+constexpr int64_t kMmaSmallPairsPerExpert = 8;
+constexpr int64_t kMmaWidePairsPerExpert = 128;
+
+template <typename W>
+void LaunchMmaStages(const MoeArgs& a, cudaStream_t stream) {
+  constexpr bool kMx = std::is_same_v<W, Mxfp4>;
+  const int64_t pairs = a.rows * a.top_k;
+  const bool small = pairs <= kMmaSmallPairsPerExpert * a.num_experts;
+  const bool wide = pairs >= kMmaWidePairsPerExpert * a.num_experts;
+  LaunchRouteAndSchedule(a, small ? 8 : wide ? 128 : 64, stream);
+  MmaParams up{};
+  up.w[0] = a.gate;
+  up.w[1] = a.up;
+  up.scales[0] = a.gate_scales;
+  up.scales[1] = a.up_scales;
+  up.bias[0] = a.gate_bias;
+  up.bias[1] = a.up_bias;
+  up.tiles = a.tiles;
+  up.num_tiles = a.num_tiles;
+  up.m = a.inter;
+  up.k = a.d;
+  up.activation = {nullptr, nullptr, a.clamped_swiglu, a.swiglu_limit, a.swiglu_alpha};
+  up.out = a.act;
+  MmaParams down{};
+  down.w[0] = down.w[1] = a.down;
+  down.scales[0] = down.scales[1] = a.down_scales;
+  down.bias[0] = down.bias[1] = a.down_bias;
+  down.tiles = a.tiles;
+  down.num_tiles = a.num_tiles;
+  down.m = a.d;
+  down.k = a.inter;
+  down.b = a.act;
+  down.out = a.y;
+  if (small) {  // 4 warps, each one m16 tile per part over 8 pairs
+    up.b = a.x;
+    up.gather = a.sorted;
+    up.gather_div = a.top_k;
+    LaunchMma<W, 2, 4, 1, 1, 1, 64, true>(a, up, stream);
+    LaunchMma<W, 1, 4, 1, 1, 1, 64, true>(a, down, stream);
+    return;
+  }
+  // 8 warps (2 x 4), each 2 m16 tiles per part x 2 (4) n8 tiles: 64 features x 64 (128) pairs.
+  // x gathered to bf16 into y's space (read by gate/up before down writes y), act stored bf16.
+  auto* xg = reinterpret_cast<__nv_bfloat16*>(a.y);
+  MoeGatherBf16Kernel<<<static_cast<unsigned>(pairs), 128, 0, stream>>>(a.x, a.sorted, a.top_k, a.d,
+                                                                        xg);
+  CUDA_CHECK_LAUNCH();
+  up.b = xg;
+  up.out_bf16 = true;
+  constexpr int kBK = kMx ? 64 : 32;
+  if (wide) {
+    LaunchMma<W, 2, 2, 4, 2, 4, kBK, false>(a, up, stream);
+    LaunchMma<W, 1, 2, 4, 2, 4, kBK, false>(a, down, stream);
+    return;
+  }
+  LaunchMma<W, 2, 2, 4, 2, 2, kBK, false>(a, up, stream);
+  LaunchMma<W, 1, 2, 4, 2, 2, kBK, false>(a, down, stream);
+}
+
+// LaunchMmaStages' kernels for weights W (PrepareMoeKernels sets their shared-memory limit).
+template <typename W>
+std::array<const void*, 6> MmaKernels() {
+  constexpr int kBK = std::is_same_v<W, Mxfp4> ? 64 : 32;
+  return {reinterpret_cast<const void*>(MoeMmaKernel<W, 2, 4, 1, 1, 1, 64, true>),
+          reinterpret_cast<const void*>(MoeMmaKernel<W, 1, 4, 1, 1, 1, 64, true>),
+          reinterpret_cast<const void*>(MoeMmaKernel<W, 2, 2, 4, 2, 4, kBK, false>),
+          reinterpret_cast<const void*>(MoeMmaKernel<W, 1, 2, 4, 2, 4, kBK, false>),
+          reinterpret_cast<const void*>(MoeMmaKernel<W, 2, 2, 4, 2, 2, kBK, false>),
+          reinterpret_cast<const void*>(MoeMmaKernel<W, 1, 2, 4, 2, 2, kBK, false>)};
+}
+
+template <typename R>  // router weights
+void LaunchRouter(const MoeArgs& a, cudaStream_t stream) {
   const int64_t router_threads = a.rows * a.num_experts * 32;
   MoeRouterKernel<R><<<static_cast<unsigned>((router_threads + 255) / 256), 256, 0, stream>>>(
       a.x, static_cast<const R*>(a.router), a.router_bias, a.rows, a.num_experts, a.d, a.logits);
   CUDA_CHECK(cudaGetLastError());
-  LaunchRouteAndSchedule(a, stream);
+}
+
+template <typename W>  // expert weights
+void LaunchSimtStages(const MoeArgs& a, cudaStream_t stream) {
+  LaunchRouteAndSchedule(a, kMoeTileRows, stream);
   const size_t x_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.d);
   const size_t act_smem = sizeof(float) * kMoeTileRows * static_cast<size_t>(a.inter);
   const unsigned tiles = static_cast<unsigned>(a.max_tiles);
@@ -466,6 +817,12 @@ void PrepareMoeKernels() {
     CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMoeMaxSmem));
   }
+  for (const auto& kernels : {MmaKernels<__nv_bfloat16>(), MmaKernels<Mxfp4>()}) {
+    for (const void* kernel : kernels) {
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemPerSm));
+    }
+  }
 }
 
 void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
@@ -475,11 +832,23 @@ void LaunchMoeMlp(const MoeArgs& a, cudaStream_t stream) {
   if (a.mxfp4) {
     CHECK(a.w_bf16 && a.d % 32 == 0 && a.inter % 32 == 0)
         << "MXFP4 experts: bf16 router, d " << a.d << ", inter " << a.inter;
-    LaunchStages<Mxfp4, __nv_bfloat16>(a, stream);
-  } else if (a.w_bf16) {
-    LaunchStages<__nv_bfloat16, __nv_bfloat16>(a, stream);
+  }
+  CHECK(!a.mma || a.w_bf16) << "tensor-core experts need bf16 or MXFP4 weights";
+  if (a.w_bf16) {
+    LaunchRouter<__nv_bfloat16>(a, stream);
   } else {
-    LaunchStages<float, float>(a, stream);
+    LaunchRouter<float>(a, stream);
+  }
+  if (a.mma && a.mxfp4) {
+    LaunchMmaStages<Mxfp4>(a, stream);
+  } else if (a.mma) {
+    LaunchMmaStages<__nv_bfloat16>(a, stream);
+  } else if (a.mxfp4) {
+    LaunchSimtStages<Mxfp4>(a, stream);
+  } else if (a.w_bf16) {
+    LaunchSimtStages<__nv_bfloat16>(a, stream);
+  } else {
+    LaunchSimtStages<float>(a, stream);
   }
   MoeCombineKernel<<<static_cast<unsigned>(a.rows), 256, 0, stream>>>(a.y, a.weights, a.pair_pos,
                                                                       a.top_k, a.d, a.out);
