@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -152,14 +153,16 @@ Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<in
 
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
-  int64_t p = 512, n = 128, reps = 5, threads = 0, depth = 0;
-  std::string device = "auto", batch_invariant = "off";
+  int64_t n = 128, reps = 5, threads = 0, depth = 0;
+  std::string p_list = "512", device = "auto", batch_invariant = "off";
   bool tg_logits = false, no_overlap = false;
   FlagParser flags(
-      "usage: ember bench --model DIR [-p 512] [-n 128] [-d 0] [-r 5] [--threads N] [--device D] "
-      "[--tg-logits | --no-overlap]");
+      "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
+      "[--device D] [--tg-logits | --no-overlap]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
-  flags.AddInt("-p,--n-prompt", &p, "prompt tokens of the pp test (0: skip)");
+  flags.AddString("-p,--n-prompt", &p_list,
+                  "prompt tokens of the pp test (0: skip); a comma-separated list runs one pp test "
+                  "per size");
   flags.AddInt("-n,--n-gen", &n, "generated tokens of the tg test (0: skip)");
   flags.AddInt("-d,--depth", &depth,
                "tokens already in the KV cache when each test starts (prefilled once, untimed; "
@@ -188,7 +191,22 @@ int BenchCommand(int argc, char** argv, int first) {
     std::fprintf(stderr, "ember bench: --tg-logits and --no-overlap are two different tg tests\n");
     return 2;
   }
-  if (model_dir.empty() || p < 0 || n < 0 || depth < 0 || reps < 1 || threads < 0) {
+  std::vector<int64_t> pp_sizes;
+  for (size_t at = 0; at <= p_list.size();) {
+    const size_t comma = std::min(p_list.find(',', at), p_list.size());
+    const std::string item = p_list.substr(at, comma - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0) {
+      std::fprintf(stderr, "ember bench: -p takes sizes >= 0 separated by commas, got '%s'\n",
+                   p_list.c_str());
+      return 2;
+    }
+    if (v > 0) pp_sizes.push_back(v);
+    at = comma + 1;
+  }
+  const int64_t p = pp_sizes.empty() ? 0 : *std::max_element(pp_sizes.begin(), pp_sizes.end());
+  if (model_dir.empty() || n < 0 || depth < 0 || reps < 1 || threads < 0) {
     std::fprintf(stderr, "ember bench: --model is required; -p, -n, -d >= 0; -r >= 1\n");
     return 2;
   }
@@ -224,8 +242,7 @@ int BenchCommand(int argc, char** argv, int first) {
   std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
   for (int32_t i = 0; i < num_blocks; ++i) blocks[static_cast<size_t>(i)] = i;
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
-  std::vector<int32_t> prompt(static_cast<size_t>(p));
-  for (int64_t i = 0; i < p; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+  std::vector<int32_t> prompt;  // the pp test's tokens (resized per size)
 
   for (const std::string& r : MachineNoise(model.WeightBytes()))
     std::printf("warning: noisy machine: %s\n", r.c_str());
@@ -248,7 +265,8 @@ int BenchCommand(int argc, char** argv, int first) {
   auto run_pp = [&]() -> Result<double> {
     const auto t0 = Clock::now();
     EMBER_RETURN_IF_ERROR(Step(model, prompt, first_pos, blocks, logits));
-    return static_cast<double>(p) / std::chrono::duration<double>(Clock::now() - t0).count();
+    return static_cast<double>(prompt.size()) /
+           std::chrono::duration<double>(Clock::now() - t0).count();
   };
   auto run_tg = [&](int64_t count) -> Result<double> {
     const auto t0 = Clock::now();
@@ -286,10 +304,16 @@ int BenchCommand(int argc, char** argv, int first) {
                 test.c_str(), s.median, s.min, s.max);
     std::fflush(stdout);
   };
-  for (int pass = 0; pass < 2; ++pass) {
-    const bool is_pp = pass == 0;
-    const int64_t size = is_pp ? p : n;
-    if (size == 0) continue;
+  std::vector<int64_t> tests = pp_sizes;  // pp sizes, then tg (-1)
+  if (n > 0) tests.push_back(-1);
+  for (const int64_t test : tests) {
+    const bool is_pp = test > 0;
+    const int64_t size = is_pp ? test : n;
+    if (is_pp) {
+      prompt.resize(static_cast<size_t>(size));
+      for (int64_t i = 0; i < size; ++i)
+        prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+    }
     // Warm-up (page in the weights, size the workspace), not timed.
     auto warm = is_pp ? run_pp() : run_tg(std::min<int64_t>(n, 4));
     if (!warm.ok()) {
