@@ -494,7 +494,7 @@ __device__ __forceinline__ void ConvertMxfp4Stage(const unsigned char* raw, unsi
 }
 
 template <typename W, int P, int WM, int WN, int TM, int TN, int BK, bool B_F32>
-__global__ void __launch_bounds__(WM* WN * 32) MoeMmaKernel(MmaParams prm, int stages) {
+__global__ void __launch_bounds__(32 * WM * WN) MoeMmaKernel(MmaParams prm, int stages) {
   using C = MmaConfig<W, P, WM, WN, TM, TN, BK, B_F32>;
   extern __shared__ __align__(16) unsigned char smem[];
   Tile tile;
