@@ -338,7 +338,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
         q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
             ? q["quant_method"].get<std::string>()
             : "?";
-    // OpenAI's gpt-oss checkpoints: MXFP4 experts, dequantized to bf16 at load (model.cc).
+    // OpenAI's gpt-oss checkpoints: MXFP4 experts (model.cc: packed, or dequantized to bf16).
     if (!(method == "mxfp4" && t == "gpt_oss"))
       return r.Err("quantization_config",
                    "(quant_method \"" + method +

@@ -464,8 +464,8 @@ TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
     ASSERT_TRUE(WriteStringToFile(dirs[variant] + "/config.json", c.dump()).ok());
     WriteSafetensors(dirs[variant] + "/model.safetensors", variant == 0 ? packed : reference);
   }
-  // On the CPU the packed experts are dequantized at load; the CUDA bf16 mode keeps them packed
-  // and dequantizes as its MoE kernels load them (Backend::TakesMxfp4Experts), to the same
+  // The CPU and the CUDA bf16 mode keep the packed experts (Backend::TakesMxfp4Experts) and
+  // convert them as their MoE kernels load them (cpu::MatMulMxfp4, cuda/moe.cu), to the same
   // values: the same logits there too, for a 520-token prefill (130 pairs per expert: the
   // tensor-core experts' 128-pair tiles), a 40-token chunk (10: 64-pair tiles) and a decode step
   // (SIMT, or with EMBER_MOE_MMA=1 the 8-pair tiles).

@@ -122,7 +122,9 @@ Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up
 // [out, in] rows of the checkpoint's dtype and float32 biases. The router is mlp.router.
 // OpenAI's own checkpoints store the two matrices as MXFP4 instead, already as [out, in] rows
 // (gate_up_proj_blocks [E, 2 inter, d / 32, 16] and _scales [E, 2 inter, d / 32], gate and up
-// interleaved by row; down_proj_blocks [E, d, inter / 32, 16], _scales): dequantized to bf16.
+// interleaved by row; down_proj_blocks [E, d, inter / 32, 16], _scales): kept packed where the
+// backend takes them (Backend::TakesMxfp4Experts: the CPU, CUDA's bf16 mode), else dequantized to
+// bf16.
 Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Uploader& up,
                          LayerWeights* w, std::vector<std::vector<uint8_t>>& keep) {
   const int64_t d = c.hidden_size, inter = c.moe_intermediate_size, num = c.num_experts;

@@ -151,8 +151,13 @@ class CpuBackend final : public Backend {
     t.dtype = dtype;
     t.ndim = static_cast<int32_t>(shape.size());
     for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+    if (dtype == DType::kU8) {  // packed MXFP4 experts (TakesMxfp4Experts): the bytes as they are
+      if (t.ndim != 2) return Status::Error("weight \"" + name + "\": U8 (MXFP4) must be 2-D");
+      t.data = const_cast<void*>(host_data);
+      return t;
+    }
     if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16)
-      return Status::Error("weight \"" + name + "\": dtype must be F32, F16 or BF16");
+      return Status::Error("weight \"" + name + "\": dtype must be F32, F16, BF16 or U8");
     if (t.ndim == 1) {  // small: keep an f32 copy so norms and biases read plain floats
       owned_.push_back(AllocFloats(static_cast<size_t>(t.numel())));
       cpu::ConvertToF32(host_data, dtype, t.numel(), owned_.back().get());
@@ -325,6 +330,9 @@ class CpuBackend final : public Backend {
 
   std::string MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const override { return ""; }
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
+  // gpt-oss's MXFP4 experts stay packed (4.25 bits a weight) and cpu::MatMulMxfp4 converts them
+  // as it reads them, to the values their bf16 dequantization holds (the same outputs).
+  bool TakesMxfp4Experts() const override { return true; }
 
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override {
     const int64_t count = gate.numel();
@@ -514,6 +522,10 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
   CHECK_EQ(out.rows(), n);
   CHECK_EQ(out.cols(), d);
   const int64_t inter = experts.gate[0].rows();
+  const bool mxfp4 = experts.mxfp4();
+  CHECK(!mxfp4 || (experts.up_scales.size() == experts.gate.size() &&
+                   experts.down_scales.size() == experts.gate.size() &&
+                   experts.gate_scales.size() == experts.gate.size()));
   moe_logits_.resize(static_cast<size_t>(n * num_experts));
   cpu::MatMul(F(x), n, d, experts.router.data, experts.router.dtype, num_experts,
               experts.router_bias ? F(*experts.router_bias) : nullptr, moe_logits_.data(), *pool_);
@@ -545,21 +557,33 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
     const Tensor& gate = experts.gate[static_cast<size_t>(e)];
     const Tensor& up = experts.up[static_cast<size_t>(e)];
     const Tensor& down = experts.down[static_cast<size_t>(e)];
-    CHECK(gate.rows() == inter && gate.cols() == d && up.rows() == inter && up.cols() == d &&
-          down.rows() == d && down.cols() == inter)
+    const int64_t per_byte = mxfp4 ? 2 : 1;  // MXFP4: two weights a byte
+    CHECK(gate.rows() == inter && gate.cols() * per_byte == d && up.rows() == inter &&
+          up.cols() * per_byte == d && down.rows() == d && down.cols() * per_byte == inter)
         << "expert " << e << ": gate " << ShapeString(gate) << ", up " << ShapeString(up)
         << ", down " << ShapeString(down);
     const int64_t r = static_cast<int64_t>(rows.size());
     for (int64_t j = 0; j < r; ++j)
       std::memcpy(moe_x_.data() + j * d, in + rows[static_cast<size_t>(j)].first * d,
                   static_cast<size_t>(d) * 4);
+    // out [r, m] = moe rows x [r, k] times part w (+ bias), as stored: a plain or MXFP4 matrix.
+    auto matmul = [&](const float* xs, int64_t k, const Tensor& w,
+                      const std::vector<Tensor>& scales, int64_t m, const float* b, float* o) {
+      if (!mxfp4) return cpu::MatMul(xs, r, k, w.data, w.dtype, m, b, o, *pool_);
+      const Tensor& sc = scales[static_cast<size_t>(e)];
+      CHECK(w.dtype == DType::kU8 && sc.dtype == DType::kU8 && sc.rows() == m &&
+            sc.cols() * 32 == k)
+          << "MXFP4 expert " << e << ": " << ShapeString(w) << ", scales " << ShapeString(sc);
+      cpu::MatMulMxfp4(xs, r, k,
+                       {static_cast<const uint8_t*>(w.data), static_cast<const uint8_t*>(sc.data)},
+                       m, b, o, *pool_);
+    };
     const auto bias = [&](const std::vector<Tensor>& b) {
       return biased ? F(b[static_cast<size_t>(e)]) : nullptr;
     };
-    cpu::MatMul(moe_x_.data(), r, d, gate.data, gate.dtype, inter, bias(experts.gate_bias),
-                moe_gate_.data(), *pool_);
-    cpu::MatMul(moe_x_.data(), r, d, up.data, up.dtype, inter, bias(experts.up_bias),
-                moe_up_.data(), *pool_);
+    matmul(moe_x_.data(), d, gate, experts.gate_scales, inter, bias(experts.gate_bias),
+           moe_gate_.data());
+    matmul(moe_x_.data(), d, up, experts.up_scales, inter, bias(experts.up_bias), moe_up_.data());
     Tensor g{moe_gate_.data(), DType::kF32, 2, {r, inter, 0, 0}};
     Tensor u{moe_up_.data(), DType::kF32, 2, {r, inter, 0, 0}};
     Tensor act{moe_act_.data(), DType::kF32, 2, {r, inter, 0, 0}};
@@ -569,8 +593,8 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
       ClampedSwiglu(moe_gate_.data(), moe_up_.data(), r * inter, experts.swiglu_limit,
                     experts.swiglu_alpha, moe_act_.data());
     }
-    cpu::MatMul(moe_act_.data(), r, inter, down.data, down.dtype, d, bias(experts.down_bias),
-                moe_y_.data(), *pool_);
+    matmul(moe_act_.data(), inter, down, experts.down_scales, d, bias(experts.down_bias),
+           moe_y_.data());
     for (int64_t j = 0; j < r; ++j) {
       const auto [row, weight] = rows[static_cast<size_t>(j)];
       const float* src = moe_y_.data() + j * d;

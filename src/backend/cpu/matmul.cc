@@ -54,23 +54,78 @@ float* Scratch(ScratchSlot slot, size_t count) {
   return buffer.get();
 }
 
+// Inside this file DType::kU8 weights are MXFP4: w points at an Mxfp4Matrix (MatMulMxfp4).
+constexpr DType kMxfp4 = DType::kU8;
+
+// 2^e (|e| <= 126) as a float.
+inline float Pow2(int e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The two exact power-of-two factors of MXFP4 scale byte s (2^(s - 127) = first * second, each a
+// normal float): a product by both is rounded at most once, as ldexp is.
+inline std::pair<float, float> Mxfp4Scale(int s) {
+  const int e = s - 127, e1 = e / 2;
+  return {Pow2(e1), Pow2(e - e1)};
+}
+
+// 2^(s - 127) as one float for scale bytes s < 255 (s = 0: the subnormal 2^-127). An E2M1 value
+// times it is exact wherever the result is finite (at most two significant bits, at least
+// 2^-128), so one product equals ldexp; 2^128 (s = 255) is no float and takes the two factors.
+const std::array<float, 256> kMxfp4Pow2 = [] {
+  std::array<float, 256> t{};
+  for (uint32_t s = 0; s < 255; ++s) {
+    const uint32_t bits = s == 0 ? 0x00400000u : s << 23;
+    std::memcpy(&t[s], &bits, 4);
+  }
+  return t;
+}();
+
 float LoadWeight(const void* w, DType dtype, int64_t idx) {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(w)[idx];
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(w)[idx]);
     case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(w)[idx]);
+    case DType::kU8: {  // kMxfp4
+      static constexpr float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      const auto* mx = static_cast<const Mxfp4Matrix*>(w);
+      const int code = (mx->blocks[idx / 2] >> (4 * (idx % 2))) & 15;
+      const auto [a, b] = Mxfp4Scale(mx->scales[idx / 32]);
+      return (code & 8 ? -kE2M1[code & 7] : kE2M1[code & 7]) * a * b;
+    }
     case DType::kI32:
-    case DType::kU8:
       break;
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";
   return 0.0f;
 }
 
-// 8 consecutive weights of one row as f32.
+// 8 consecutive weights of one row as f32 (MXFP4: idx % 8 == 0).
 template <DType D>
 inline __m256 Load8(const void* w, int64_t idx) {
-  if constexpr (D == DType::kF16) {
+  if constexpr (D == kMxfp4) {
+    const auto* mx = static_cast<const Mxfp4Matrix*>(w);
+    uint32_t packed;
+    std::memcpy(&packed, mx->blocks + idx / 2, 4);
+    // Lane j holds nibble j in its low 4 bits (higher bits: later nibbles): the permute reads the
+    // low 3 (the magnitude), bit 3 shifted to bit 31 is the sign.
+    const __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)),
+                                            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256 magnitude = _mm256_permutevar8x32_ps(
+        _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), codes);
+    const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(
+        _mm256_slli_epi32(codes, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+    const __m256 v = _mm256_or_ps(magnitude, sign);
+    const int s = mx->scales[idx / 32];
+    if (s != 255) [[likely]] {
+      return _mm256_mul_ps(v, _mm256_set1_ps(kMxfp4Pow2[s]));
+    }
+    const auto [a, b] = Mxfp4Scale(s);
+    return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(a)), _mm256_set1_ps(b));
+  } else if constexpr (D == DType::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + idx)));
   } else if constexpr (D == DType::kBF16) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + idx)));
@@ -99,8 +154,12 @@ constexpr int64_t kDecodePrefetchBytes = 1024;
 template <DType D, int R, int C>
 void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, int64_t w_stride,
                int64_t len, float* sums, int64_t sums_stride) {
-  constexpr int64_t kElemBytes = D == DType::kF32 ? 4 : 2;
-  constexpr int64_t kLineElems = 64 / kElemBytes;  // a multiple of the 8 elements per step
+  // Weights per 64-byte line (a multiple of the 8 per step), and element idx's byte address.
+  constexpr int64_t kLineElems = D == DType::kF32 ? 16 : D == kMxfp4 ? 128 : 32;
+  const char* bytes =
+      D == kMxfp4 ? reinterpret_cast<const char*>(static_cast<const Mxfp4Matrix*>(w)->blocks)
+                  : static_cast<const char*>(w);
+  auto address = [&](int64_t idx) { return bytes + idx * 64 / kLineElems; };
   __m256 a[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -109,7 +168,7 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
   // Where the prefetch distance runs past the end of the rows, it targets the same rows of the
   // next column group (C rows on), which the caller reads next, instead of rows this group is
   // already streaming.
-  constexpr int64_t kAheadElems = kDecodePrefetchBytes / kElemBytes;
+  constexpr int64_t kAheadElems = kDecodePrefetchBytes / 64 * kLineElems;
   const int64_t row_pos = R == 1 ? w_idx % w_stride : 0;
   for (int64_t i = 0; i < len; i += 8) {
     __m256 wv[C];
@@ -119,8 +178,7 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
             i + kAheadElems + (row_pos + i + kAheadElems >= w_stride ? (C - 1) * w_stride : 0);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-          _mm_prefetch(static_cast<const char*>(w) + (w_idx + c * w_stride + ahead) * kElemBytes,
-                       _MM_HINT_T0);
+          _mm_prefetch(address(w_idx + c * w_stride + ahead), _MM_HINT_T0);
         }
       }
     }
@@ -211,6 +269,7 @@ using KernelTableT = std::array<std::array<KernelFn, 8>, 4>;
 constexpr KernelTableT kF32Kernels = KernelTable<DType::kF32>();
 constexpr KernelTableT kF16Kernels = KernelTable<DType::kF16>();
 constexpr KernelTableT kBF16Kernels = KernelTable<DType::kBF16>();
+constexpr KernelTableT kMxfp4Kernels = KernelTable<kMxfp4>();
 
 // Widest column group for a row group (accumulators + loads within 16 registers).
 int MaxCols(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 3; }
@@ -248,6 +307,7 @@ void ColumnBlock(const float* x, const float* xp, int64_t n, int64_t k, const vo
     // weight row is one sequential stream.
     const KernelTableT& kernels = dtype == DType::kF16    ? kF16Kernels
                                   : dtype == DType::kBF16 ? kBF16Kernels
+                                  : dtype == kMxfp4       ? kMxfp4Kernels
                                                           : kF32Kernels;
     const int rows = static_cast<int>(n);
     for (int64_t r = 0; r < n;) {
@@ -266,9 +326,11 @@ void ColumnBlock(const float* x, const float* xp, int64_t n, int64_t k, const vo
     // by all rows; each 4x3 tile's operands (8 KB of x, 6 KB of panel) stay in L1.
     for (int64_t k0 = 0; k0 < k8; k0 += kKChunk) {
       const int64_t len = std::min(kKChunk, k8 - k0);
-      if (dtype == DType::kF16) ConvertPanel<DType::kF16>(w, k, c0, nc, k0, len, panel);
-      else if (dtype == DType::kBF16) ConvertPanel<DType::kBF16>(w, k, c0, nc, k0, len, panel);
-      else ConvertPanel<DType::kF32>(w, k, c0, nc, k0, len, panel);
+      const auto convert = dtype == DType::kF16    ? ConvertPanel<DType::kF16>
+                           : dtype == DType::kBF16 ? ConvertPanel<DType::kBF16>
+                           : dtype == kMxfp4       ? ConvertPanel<kMxfp4>
+                                                   : ConvertPanel<DType::kF32>;
+      convert(w, k, c0, nc, k0, len, panel);
       for (int64_t r = 0; r < n; r += kRowGroup) {
         const int rg = static_cast<int>(std::min<int64_t>(kRowGroup, n - r));
         // The next row group's packed x chunk (rg * len floats, contiguous) comes from L3: fetch
@@ -308,11 +370,12 @@ void ConvertToF32(const void* src, DType dtype, int64_t count, float* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = LoadWeight(src, dtype, i);
 }
 
-void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
-            const float* bias, float* out, ThreadPool& pool) {
+namespace {
+
+// MatMul and MatMulMxfp4 (dtype kMxfp4: w an Mxfp4Matrix).
+void MatMulAny(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
+               const float* bias, float* out, ThreadPool& pool) {
   if (n == 0 || m == 0) return;
-  CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
-      << "MatMul weight must be F32/F16/BF16";
   // Small products run on the calling thread: waking another costs more than it saves.
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
   const bool use_panel = n > kFewRows;
@@ -345,6 +408,21 @@ void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, 
                     panel);
       },
       max_threads);
+}
+
+}  // namespace
+
+void MatMul(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
+            const float* bias, float* out, ThreadPool& pool) {
+  CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
+      << "MatMul weight must be F32/F16/BF16";
+  MatMulAny(x, n, k, w, w_dtype, m, bias, out, pool);
+}
+
+void MatMulMxfp4(const float* x, int64_t n, int64_t k, const Mxfp4Matrix& w, int64_t m,
+                 const float* bias, float* out, ThreadPool& pool) {
+  CHECK_EQ(k % 32, 0) << "MXFP4 MatMul: k " << k;
+  MatMulAny(x, n, k, &w, kMxfp4, m, bias, out, pool);
 }
 
 }  // namespace ember::cpu

@@ -76,5 +76,51 @@ TEST(MatMulTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// MXFP4 weights (gpt-oss experts kept packed) give the bits MatMul gives over their dequantization
+// to bf16 by weight_convert's rule (E2M1 value, ldexp by scale - 127, bf16 RN), on the decode and
+// the prefill paths, across k chunks, with scales at the ends of the range (2^-127: bf16
+// subnormals; 2^127, 2^128: overflow to infinity, zero staying zero) and negative zeros.
+TEST(MatMulTest, Mxfp4MatchesItsBf16Dequantization) {
+  static const float kE2M1[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                  -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (auto [n, k, m] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 70},
+                         {3, 96, 13},
+                         {8, 1056, 40},
+                         {9, 64, 131},
+                         {20, 1056, 70}}) {
+    std::vector<uint8_t> blocks(static_cast<size_t>(m * k / 2)),
+        scales(static_cast<size_t>(m * k / 32));
+    for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+    for (size_t i = 0; i < scales.size(); ++i) {
+      // Mostly around 2^-4; every 7th block one of the extremes.
+      static const uint8_t kEdges[] = {0, 1, 2, 126, 127, 128, 240, 254, 255};
+      scales[i] = i % 7 == 3 ? kEdges[rng() % 9] : static_cast<uint8_t>(120 + rng() % 6);
+    }
+    std::vector<uint16_t> bf16(static_cast<size_t>(m * k));
+    for (int64_t i = 0; i < m * k; ++i) {
+      const int code = (blocks[static_cast<size_t>(i / 2)] >> (4 * (i % 2))) & 15;
+      bf16[static_cast<size_t>(i)] =
+          F32ToBf16(std::ldexp(kE2M1[code], scales[static_cast<size_t>(i / 32)] - 127));
+    }
+    std::vector<float> x(static_cast<size_t>(n * k)), bias(static_cast<size_t>(m));
+    for (float& v : x) v = dist(rng) * 1e-3f;
+    for (float& v : bias) v = dist(rng);
+    std::vector<float> want(static_cast<size_t>(n * m)), got(want.size());
+    MatMul(x.data(), n, k, bf16.data(), DType::kBF16, m, bias.data(), want.data(), pool);
+    MatMulMxfp4(x.data(), n, k, {blocks.data(), scales.data()}, m, bias.data(), got.data(), pool);
+    size_t infinite = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      infinite += std::isinf(want[i]);
+      ASSERT_TRUE(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))
+          << "n=" << n << " k=" << k << " m=" << m << " at " << i << ": " << got[i] << " vs "
+          << want[i];
+    }
+    EXPECT_LT(infinite, want.size()) << "the extremes swamped every output";
+  }
+}
+
 }  // namespace
 }  // namespace ember::cpu
