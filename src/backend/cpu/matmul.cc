@@ -74,15 +74,43 @@ inline std::pair<float, float> Mxfp4Scale(int s) {
 
 // 2^(s - 127) as one float for scale bytes s < 255 (s = 0: the subnormal 2^-127). An E2M1 value
 // times it is exact wherever the result is finite (at most two significant bits, at least
-// 2^-128), so one product equals ldexp; 2^128 (s = 255) is no float and takes the two factors.
+// 2^-128), so one product equals ldexp. 2^128 (s = 255) is no float: there the magnitudes are
+// doubled (exactly) and the entry is 2^127.
 const std::array<float, 256> kMxfp4Pow2 = [] {
   std::array<float, 256> t{};
-  for (uint32_t s = 0; s < 255; ++s) {
-    const uint32_t bits = s == 0 ? 0x00400000u : s << 23;
+  for (uint32_t s = 0; s < 256; ++s) {
+    const uint32_t bits = s == 0 ? 0x00400000u : std::min<uint32_t>(s, 254) << 23;
     std::memcpy(&t[s], &bits, 4);
   }
   return t;
 }();
+
+// A block of 32 MXFP4 weights' scale: the E2M1 magnitude table and the multiplier.
+struct Mxfp4Block {
+  __m256 magnitudes;
+  __m256 scale;
+};
+alignas(32) constexpr float kE2M1Magnitudes[2][8] = {
+    {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f},
+    {0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 6.0f, 8.0f, 12.0f}};
+inline Mxfp4Block Mxfp4BlockOf(int s) {
+  return {_mm256_load_ps(kE2M1Magnitudes[s == 255]),
+          _mm256_set1_ps(kMxfp4Pow2[static_cast<size_t>(s)])};
+}
+
+// The 8 weights of 4 packed bytes (low nibble first) under their block's scale.
+inline __m256 Mxfp4Values(const uint8_t* packed_bytes, const Mxfp4Block& block) {
+  uint32_t packed;
+  std::memcpy(&packed, packed_bytes, 4);
+  // Lane j holds nibble j in its low 4 bits (higher bits: later nibbles): the permute reads the
+  // low 3 (the magnitude), bit 3 shifted to bit 31 is the sign.
+  const __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)),
+                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256 magnitude = _mm256_permutevar8x32_ps(block.magnitudes, codes);
+  const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(
+      _mm256_slli_epi32(codes, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+  return _mm256_mul_ps(_mm256_or_ps(magnitude, sign), block.scale);
+}
 
 float LoadWeight(const void* w, DType dtype, int64_t idx) {
   switch (dtype) {
@@ -108,23 +136,12 @@ template <DType D>
 inline __m256 Load8(const void* w, int64_t idx) {
   if constexpr (D == kMxfp4) {
     const auto* mx = static_cast<const Mxfp4Matrix*>(w);
-    uint32_t packed;
-    std::memcpy(&packed, mx->blocks + idx / 2, 4);
-    // Lane j holds nibble j in its low 4 bits (higher bits: later nibbles): the permute reads the
-    // low 3 (the magnitude), bit 3 shifted to bit 31 is the sign.
-    const __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(packed)),
-                                            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256 magnitude = _mm256_permutevar8x32_ps(
-        _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), codes);
-    const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(
-        _mm256_slli_epi32(codes, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
-    const __m256 v = _mm256_or_ps(magnitude, sign);
     const int s = mx->scales[idx / 32];
-    if (s != 255) [[likely]] {
-      return _mm256_mul_ps(v, _mm256_set1_ps(kMxfp4Pow2[s]));
+    if (s != 255) [[likely]] {  // the plain table: a constant the caller's loop keeps
+      return Mxfp4Values(mx->blocks + idx / 2,
+                         {_mm256_load_ps(kE2M1Magnitudes[0]), _mm256_set1_ps(kMxfp4Pow2[s])});
     }
-    const auto [a, b] = Mxfp4Scale(s);
-    return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(a)), _mm256_set1_ps(b));
+    return Mxfp4Values(mx->blocks + idx / 2, Mxfp4BlockOf(s));
   } else if constexpr (D == DType::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + idx)));
   } else if constexpr (D == DType::kBF16) {
@@ -170,7 +187,10 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
   // already streaming.
   constexpr int64_t kAheadElems = kDecodePrefetchBytes / 64 * kLineElems;
   const int64_t row_pos = R == 1 ? w_idx % w_stride : 0;
-  for (int64_t i = 0; i < len; i += 8) {
+  // Decode with MXFP4 weights steps a scale block (32) at a time: each column's scale is read
+  // once per block, and its 4 groups of 8 go through the chain in order, as the 8-step does.
+  constexpr bool kMxDecode = D == kMxfp4 && R == 1;
+  for (int64_t i = 0; i < len; i += kMxDecode ? 32 : 8) {
     __m256 wv[C];
     if constexpr (R == 1) {
       if (i % kLineElems == 0) {
@@ -181,6 +201,22 @@ void DotKernel(const float* x, int64_t x_stride, const void* w, int64_t w_idx, i
           _mm_prefetch(address(w_idx + c * w_stride + ahead), _MM_HINT_T0);
         }
       }
+    }
+    if constexpr (kMxDecode) {
+      const auto* mx = static_cast<const Mxfp4Matrix*>(w);
+      __m256 xv[4];
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) xv[q] = _mm256_loadu_ps(x + i + 8 * q);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const int64_t idx = w_idx + c * w_stride + i;
+        const Mxfp4Block block = Mxfp4BlockOf(mx->scales[idx / 32]);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+          a[0][c] =
+              _mm256_fmadd_ps(xv[q], Mxfp4Values(mx->blocks + idx / 2 + 4 * q, block), a[0][c]);
+      }
+      continue;
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
