@@ -101,7 +101,6 @@ __device__ __forceinline__ void ComputeStage(float (&acc)[TM][TN][4], const __nv
                                              const unsigned char* xs, int wm, int wn, int lane,
                                              int64_t k_left) {
   static_assert((BK / 16) % KG == 0, "KG must divide the stage's k16 steps");
-  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int k0 = 0; k0 < BK; k0 += 16 * KG) {
     if (kGuard && k0 >= k_left) break;
@@ -112,30 +111,17 @@ __device__ __forceinline__ void ComputeStage(float (&acc)[TM][TN][4], const __nv
       const int kk = k0 + 16 * s;
 #pragma unroll
       for (int i = 0; i < TM; ++i)
-        LdMatrixX4(a[s][i],
-                   ws + (wm * TM * 16 + i * 16 + lane % 16) * C::kLd + kk + (lane / 16) * 8);
+        LoadAFragment(a[s][i], ws, wm * TM * 16 + i * 16, C::kLd, kk, lane);
       if constexpr (X_F32) {
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          const float* xr = reinterpret_cast<const float*>(xs) +
-                            (wn * TN * 8 + j * 8 + g) * C::kLd + kk + 2 * t;
-          const float2 lo = *reinterpret_cast<const float2*>(xr);
-          const float2 hi = *reinterpret_cast<const float2*>(xr + 8);
-          b[s][j][0] = PackBf16(lo.x, lo.y);
-          b[s][j][1] = PackBf16(hi.x, hi.y);
-        }
+        for (int j = 0; j < TN; ++j)
+          LoadBFragmentF32(b[s][j], reinterpret_cast<const float*>(xs), wn * TN * 8 + j * 8, C::kLd,
+                           kk, lane);
       } else {
 #pragma unroll
-        for (int j = 0; j < TN; j += 2) {
-          uint32_t r[4];
-          LdMatrixX4(r, reinterpret_cast<const __nv_bfloat16*>(xs) +
-                            (wn * TN * 8 + j * 8 + lane % 8 + (lane / 16) * 8) * C::kLd + kk +
-                            ((lane / 8) % 2) * 8);
-          b[s][j][0] = r[0];
-          b[s][j][1] = r[1];
-          b[s][j + 1][0] = r[2];
-          b[s][j + 1][1] = r[3];
-        }
+        for (int j = 0; j < TN; j += 2)
+          LoadBFragmentsBf16(b[s][j], b[s][j + 1], reinterpret_cast<const __nv_bfloat16*>(xs),
+                             wn * TN * 8 + j * 8, C::kLd, kk, lane);
       }
     }
 #pragma unroll

@@ -39,4 +39,36 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* sm
                : "r"(addr));
 }
 
+// Fragments of row-major tiles in shared memory for Mma (lane = 4 g + t): of the rows of `tile`
+// (`ld` elements apart) from row0, k from kk,
+// the A fragment of an m16 x k16 tile (16 bf16 weight rows) ...
+__device__ __forceinline__ void LoadAFragment(uint32_t (&a)[4], const __nv_bfloat16* tile, int row0,
+                                              int ld, int kk, int lane) {
+  LdMatrixX4(a, tile + (row0 + lane % 16) * ld + kk + (lane / 16) * 8);
+}
+
+// ... the B fragment of a k16 x n8 tile from 8 f32 rows, rounded to bf16 RN (row g's elements
+// kk + 2t, kk + 2t + 1 and those 8 on) ...
+__device__ __forceinline__ void LoadBFragmentF32(uint32_t (&b)[2], const float* tile, int row0,
+                                                 int ld, int kk, int lane) {
+  const float* xr = tile + (row0 + lane / 4) * ld + kk + 2 * (lane % 4);
+  const float2 lo = *reinterpret_cast<const float2*>(xr);
+  const float2 hi = *reinterpret_cast<const float2*>(xr + 8);
+  b[0] = PackBf16(lo.x, lo.y);
+  b[1] = PackBf16(hi.x, hi.y);
+}
+
+// ... and the B fragments of two k16 x n8 tiles from 16 bf16 rows (b0: rows 0..7, b1: 8..15), by
+// one ldmatrix.
+__device__ __forceinline__ void LoadBFragmentsBf16(uint32_t (&b0)[2], uint32_t (&b1)[2],
+                                                   const __nv_bfloat16* tile, int row0, int ld,
+                                                   int kk, int lane) {
+  uint32_t r[4];
+  LdMatrixX4(r, tile + (row0 + lane % 8 + (lane / 16) * 8) * ld + kk + ((lane / 8) % 2) * 8);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
+}
+
 }  // namespace ember::cuda

@@ -6,8 +6,8 @@
 //      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
 //      backend/moe_route.h).
 //   2. schedule (one block): the (row, slot) pairs grouped by expert, rows ascending within an
-//      expert, and cut into tiles of up to kMoeTileRows (SIMT) or 8 / 64 (tensor cores) pairs of
-//      one expert.
+//      expert, and cut into tiles of up to kMoeTileRows (SIMT) or 8, 64 or 128 (tensor cores)
+//      pairs of one expert.
 //   3. gate/up: SIMT (MoeArgs::mma false; the tensor-core kernels are described below, at
 //      MmaConfig): per tile, its pairs' x rows in shared memory (f32); a warp per pair of
 //      intermediate features streams those features' gate and up rows (16-byte loads) against
@@ -449,10 +449,11 @@ struct MmaConfig {
   static constexpr int kWRowBytes = kMx ? BK / 2 : BK * 2;  // one weight row of a stage
   static constexpr int kWLd = kWRowBytes + 16;              // + 16-byte pad: conflict-free
   static constexpr int kWBytes = P * kBM * kWLd;
-  static constexpr int kALd = (BK + 8) * 2;  // bf16 W rows (the stage's, or MXFP4's converted)
+  static constexpr int kLd = BK + 8;    // elements per row of the bf16 W and the B tiles
+  static constexpr int kALd = kLd * 2;  // bf16 W rows (the stage's, or MXFP4's converted)
   static constexpr int kCvtBytes = kMx ? P * kBM * kALd : 0;  // MXFP4: one converted stage
   static constexpr int kBElem = B_F32 ? 4 : 2;
-  static constexpr int kBLd = (BK + 8) * kBElem;
+  static constexpr int kBLd = kLd * kBElem;
   static constexpr int kStageBytes = kWBytes + kBN * kBLd;
   static constexpr int kWCopies = P * kBM * (kWRowBytes / 16);  // 16-byte copies per stage
   static constexpr int kBCopies = kBN * (BK * kBElem / 16);
@@ -586,29 +587,18 @@ __global__ void __launch_bounds__(32 * WM * WN) MoeMmaKernel(MmaParams prm, int 
       for (int p = 0; p < P; ++p)
 #pragma unroll
         for (int i = 0; i < TM; ++i)
-          LdMatrixX4(a[p][i], ws + (p * C::kBM + wm * TM * 16 + i * 16 + lane % 16) * C::kALd +
-                                  (kk + (lane / 16) * 8) * 2);
+          LoadAFragment(a[p][i], reinterpret_cast<const __nv_bfloat16*>(ws),
+                        p * C::kBM + wm * TM * 16 + i * 16, C::kLd, kk, lane);
       if constexpr (B_F32) {
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          const float* br =
-              reinterpret_cast<const float*>(bs + (wn * TN * 8 + j * 8 + g) * C::kBLd) + kk + 2 * t;
-          const float2 lo = *reinterpret_cast<const float2*>(br);
-          const float2 hi = *reinterpret_cast<const float2*>(br + 8);
-          b[j][0] = PackBf16(lo.x, lo.y);
-          b[j][1] = PackBf16(hi.x, hi.y);
-        }
+        for (int j = 0; j < TN; ++j)
+          LoadBFragmentF32(b[j], reinterpret_cast<const float*>(bs), wn * TN * 8 + j * 8, C::kLd,
+                           kk, lane);
       } else {
 #pragma unroll
-        for (int j = 0; j < TN; j += 2) {
-          uint32_t r[4];
-          LdMatrixX4(r, bs + (wn * TN * 8 + j * 8 + lane % 8 + (lane / 16) * 8) * C::kBLd +
-                            (kk + ((lane / 8) % 2) * 8) * 2);
-          b[j][0] = r[0];
-          b[j][1] = r[1];
-          b[j + 1][0] = r[2];
-          b[j + 1][1] = r[3];
-        }
+        for (int j = 0; j < TN; j += 2)
+          LoadBFragmentsBf16(b[j], b[j + 1], reinterpret_cast<const __nv_bfloat16*>(bs),
+                             wn * TN * 8 + j * 8, C::kLd, kk, lane);
       }
 #pragma unroll
       for (int p = 0; p < P; ++p)
