@@ -57,21 +57,6 @@ float* Scratch(ScratchSlot slot, size_t count) {
 // Inside this file DType::kU8 weights are MXFP4: w points at an Mxfp4Matrix (MatMulMxfp4).
 constexpr DType kMxfp4 = DType::kU8;
 
-// 2^e (|e| <= 126) as a float.
-inline float Pow2(int e) {
-  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// The two exact power-of-two factors of MXFP4 scale byte s (2^(s - 127) = first * second, each a
-// normal float): a product by both is rounded at most once, as ldexp is.
-inline std::pair<float, float> Mxfp4Scale(int s) {
-  const int e = s - 127, e1 = e / 2;
-  return {Pow2(e1), Pow2(e - e1)};
-}
-
 // 2^(s - 127) as one float for scale bytes s < 255 (s = 0: the subnormal 2^-127). An E2M1 value
 // times it is exact wherever the result is finite (at most two significant bits, at least
 // 2^-128), so one product equals ldexp. 2^128 (s = 255) is no float: there the magnitudes are
@@ -117,14 +102,8 @@ float LoadWeight(const void* w, DType dtype, int64_t idx) {
     case DType::kF32: return static_cast<const float*>(w)[idx];
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(w)[idx]);
     case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(w)[idx]);
-    case DType::kU8: {  // kMxfp4
-      static constexpr float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-      const auto* mx = static_cast<const Mxfp4Matrix*>(w);
-      const int code = (mx->blocks[idx / 2] >> (4 * (idx % 2))) & 15;
-      const auto [a, b] = Mxfp4Scale(mx->scales[idx / 32]);
-      return (code & 8 ? -kE2M1[code & 7] : kE2M1[code & 7]) * a * b;
-    }
     case DType::kI32:
+    case DType::kU8:  // (MXFP4 has no k % 8 tail: MatMulMxfp4 takes k % 32 == 0)
       break;
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";
