@@ -22,7 +22,7 @@ stage() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
   local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test model_loader_test engine_test
                  threshold_sampling_test argmax_rows_test ember engine_bench ember_cuda gemm_bench
-                 gemv_bench cuda_sample_bench)
+                 gemv_bench cuda_sample_bench moe_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
@@ -32,7 +32,8 @@ stage() {
      "$build/src/engine/engine_test" \
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
      "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" \
-     "$build/bench/gemv_bench" "$build/bench/cuda_sample_bench" "$build/libember_cuda.so" \
+     "$build/bench/gemv_bench" "$build/bench/cuda_sample_bench" "$build/bench/moe_bench" \
+     "$build/libember_cuda.so" \
      .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
   for bin in .devbin/bin/*; do
@@ -85,10 +86,12 @@ gtest() {
   log "$1 exit: $rc"
 }
 gtest cuda_ops_test
+EMBER_MOE_MMA=0 gtest cuda_ops_test '*Moe*'  # bf16 batches on the SIMT tile kernels == solo by pair
 gtest cuda_attention_test
 gtest model_test '*Cuda*:*Argmax*'        # f32 parity 1e-4, bf16 parity 3e-2, device argmax
 gtest model_loader_test '*Mxfp4*'         # packed MXFP4 experts == their bf16 dequantization
 EMBER_MOE_MMA=1 gtest model_loader_test '*Mxfp4*'  # the same, decode on the tensor-core experts too
+EMBER_MOE_MMA=0 gtest model_loader_test '*Mxfp4*'  # the same, prefill on the SIMT tile kernels
 gtest engine_test '*Cuda*:*Backend*'      # batched == solo on the GPU, device logits processors
 gtest threshold_sampling_test             # SampleRows / logit-edit kernels == their CPU twins
 gtest argmax_rows_test

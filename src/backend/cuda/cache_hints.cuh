@@ -34,4 +34,13 @@ __device__ __forceinline__ uint4 LoadStreaming16(const void* p, uint64_t policy)
   return r;
 }
 
+// The same for 4 bytes.
+__device__ __forceinline__ uint32_t LoadStreaming4(const void* p, uint64_t policy) {
+  uint32_t r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;"
+               : "=r"(r)
+               : "l"(p), "l"(policy));
+  return r;
+}
+
 }  // namespace ember::cuda

@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -961,9 +962,14 @@ constexpr MoeMode kMoeModes[] = {MoeMode::kF32, MoeMode::kBf16, MoeMode::kBf16In
 const char* MoeModeName(MoeMode mode) {
   return mode == MoeMode::kF32 ? "f32" : mode == MoeMode::kBf16 ? "bf16" : "bf16 invariant";
 }
+// As CudaBackend::MoeOnTensorCores, EMBER_MOE_MMA=0 / 1 included: scripts/device-test.sh also
+// runs these tests with EMBER_MOE_MMA=0, where the bf16 batches take the SIMT tile kernels and
+// the solo rows the by-pair ones, so CheckMoeRowsSolo compares those bitwise.
 bool MoeOnTensorCores(MoeMode mode, int64_t pairs, int32_t num_experts) {
-  return mode == MoeMode::kBf16Invariant ||
-         (mode == MoeMode::kBf16 && cuda::MoeMmaPays(pairs, num_experts, false));
+  const char* forced = std::getenv("EMBER_MOE_MMA");
+  if (mode == MoeMode::kF32 || (forced != nullptr && std::atoi(forced) == 0)) return false;
+  if (forced != nullptr && std::atoi(forced) == 1) return true;
+  return mode == MoeMode::kBf16Invariant || cuda::MoeMmaPays(pairs, num_experts, false);
 }
 
 // One MoeMlp step's output `got` against the double reference: within 1e-5 where the SIMT
@@ -995,23 +1001,27 @@ void CheckMoeRowsSolo(const std::vector<float>& got, int64_t rows, int64_t d, in
 // MoeMlp (moe.cu) against the double-precision reference in every mode. The rows of a batch give
 // the bits they give alone (tiles of one expert mix rows) where the mode promises it: f32, and the
 // batch-invariant mode, whose large steps take other tiles than one row alone; in the default bf16
-// mode where both steps ran the SIMT kernels. 100 rows take the separate route kernel, fewer the
+// mode where both steps ran the SIMT kernels. Single rows take the SIMT kernels by pair, batches
+// of 2+ pairs per expert the tile kernels, so in f32 (and in bf16 under EMBER_MOE_MMA=0) this also
+// checks that both give the same bits. 100 rows take the separate route kernel, fewer the
 // one fused into the schedule; d 256 / inter 160 give several feature blocks, several 64-pair
-// tiles of one expert and partial k blocks.
+// tiles of one expert and partial k blocks; d = inter = 1,056 several load batches per row in the
+// by-pair kernels.
 TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
   struct Shape {
     int64_t d, inter;
     int32_t num_experts;
   };
-  for (const Shape shape : {Shape{64, 40, 8}, Shape{256, 160, 4}}) {
+  for (const Shape shape : {Shape{64, 40, 8}, Shape{256, 160, 4}, Shape{1056, 1056, 4}}) {
     const int64_t d = shape.d, inter = shape.inter;
     for (const MoeMode mode : kMoeModes) {
       const bool f32 = mode == MoeMode::kF32;
       const MoeHost m = RandomMoe(d, inter, shape.num_experts, f32, 0.2f, 0.5f, 0.f, 100, 40);
       using Case = std::tuple<int64_t, int32_t, bool>;
       const std::vector<Case> cases =
-          d == 64 ? std::vector<Case>{{1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}
-                  : std::vector<Case>{{3, 2, true}, {300, 2, false}};
+          d == 64    ? std::vector<Case>{{1, 2, true}, {37, 2, true}, {9, 3, false}, {100, 2, true}}
+          : d == 256 ? std::vector<Case>{{3, 2, true}, {300, 2, false}}
+                     : std::vector<Case>{{3, 2, true}, {24, 2, false}};
       for (const auto& [rows, top_k, normalize] : cases) {
         SCOPED_TRACE(::testing::Message()
                      << MoeModeName(mode) << " d " << d << " rows " << rows << " top " << top_k);
@@ -1023,8 +1033,12 @@ TEST_F(CudaOpsTest, MoeMlpMatchesReferenceAndSolo) {
         auto run = [&](int64_t first, int64_t count) {
           return RunMoeRows(*b, SimplePlan(static_cast<int32_t>(count)), experts, x, d, first);
         };
-        const std::vector<float> got = run(0, rows);
         const bool mma = MoeOnTensorCores(mode, rows * top_k, shape.num_experts);
+        // The widest shape is for the SIMT kernels (several load batches per row by pair); on the
+        // tensor cores it measured above the 1e-4 against the bf16-input reference that holds for
+        // the narrower shapes (H200, session 20), a tolerance this test does not re-derive.
+        if (d == 1056 && mma) continue;
+        const std::vector<float> got = run(0, rows);
         CheckMoeAgainstReference(got, mma, m, experts, x, rows);
         if (mma == MoeOnTensorCores(mode, top_k, shape.num_experts))
           CheckMoeRowsSolo(got, rows, d, rows > 100 ? 29 : 4, run);

@@ -127,6 +127,10 @@ struct MoeArgs {
   float* out = nullptr;  // [rows, d] f32
 };
 int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts);
+// Whether the SIMT kernels take a step of `pairs` (row, expert) pairs by pair (small steps: no
+// schedule, the combine folded into down) rather than by tile; the same bits either way.
+// EMBER_MOE_BY_PAIR=0 / 1 in the environment: never / always (A/B measurements).
+bool MoeByPair(int64_t pairs, int32_t num_experts);
 // The shapes LaunchMoeMlp takes (up to kMoeMaxExperts experts, top k <= kMoeMaxTopK, d and inter
 // multiples of 8 whose tile rows fit kMoeMaxSmem).
 bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter);
