@@ -434,11 +434,12 @@ TEST(SynthTest, Mxfp4ExpertsLoadAsTheirDequantization) {
     std::vector<uint8_t> blocks(static_cast<size_t>(num * out * groups * 16));
     std::vector<uint8_t> scales(static_cast<size_t>(num * out * groups));
     for (uint8_t& b : blocks) b = static_cast<uint8_t>(next() >> 24);
-    // Scales around 2^-5, and a few of 2^-127..2^-125 (values below bf16's normal range: the
-    // CUDA kernel's exact slow path).
+    // Scales around 2^-5, a few of 2^1..2^3 (both sides of the CUDA kernel's s = 128 edge between
+    // its float-bits and fp16 paths), and a few of 2^-127..2^-125 (values below bf16's normal
+    // range: its exact slow path).
     for (uint8_t& s : scales) {
       const uint32_t r = next() >> 24;
-      s = static_cast<uint8_t>(r % 61 == 0 ? r % 3 : 118 + r % 10);
+      s = static_cast<uint8_t>(r % 61 == 0 ? r % 3 : r % 53 == 1 ? 128 + r % 3 : 118 + r % 10);
     }
     // transformers: [E, out, in] dequantized, then transposed to [E, in, out].
     std::vector<uint8_t> deq(static_cast<size_t>(num * k * out) * 2);

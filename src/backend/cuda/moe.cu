@@ -126,8 +126,9 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
   }
   // 8 weights: E2M1 times 2^(s - 127), the values the host's dequantization to bf16 gives
   // (model/weight_convert.cc: ldexp, then bf16 RN). For scales in [2, 240] that is one exact
-  // multiply by 2^(s - 113) (a normal float); outside, ldexp and the bf16 rounding (values below
-  // bf16's normal range round).
+  // multiply of the nibble's value by a power of two (a normal float): for [2, 128] from float
+  // bits, for (128, 240] through fp16 (2^(s - 1) would overflow); outside, ldexp and the bf16
+  // rounding (values below bf16's normal range round).
   static __device__ __forceinline__ void Get(Ref w, int64_t c, float (&f)[8]) {
     Decode(__ldg(reinterpret_cast<const uint32_t*>(w.blocks + c / 2)), __ldg(w.scales + c / 32), f);
   }
@@ -143,7 +144,18 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
   }
   // The 8 weights of 4 packed bytes under scale byte s.
   static __device__ __forceinline__ void Decode(uint32_t packed, int s, float (&f)[8]) {
-    if (s >= 2 && s <= 240) {
+    if (s >= 2 && s <= 128) {
+      // Nibble j's sign at bit 31 and its 3 bits at 24..22 of a float: E2M1 x 2^-126 (the 0.5s a
+      // subnormal), times 2^(s - 1), both exact (one shift pair, one select, one multiply each).
+      const float scale = __uint_as_float(static_cast<uint32_t>(s + 126) << 23);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t v = packed << (28 - 4 * j);
+        f[j] = __uint_as_float((v & 0x80000000u) | ((v >> 6) & 0x01C00000u)) * scale;
+      }
+      return;
+    }
+    if (s <= 240) {
       const float scale = __uint_as_float(static_cast<uint32_t>(s + 14) << 23);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
