@@ -174,6 +174,13 @@ struct Loads<Mxfp4> {  // 8 weights per 4-byte load (+ the block's scale byte)
   }
 };
 
+// One lane-stride group's contribution: its 8 products summed in element order. Every SIMT dot
+// product here adds these to its accumulator, so the tile, by-pair and router kernels round alike.
+__device__ __forceinline__ float Group8(const float (&w)[8], const float4& x0, const float4& x1) {
+  return w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y +
+         w[6] * x1.z + w[7] * x1.w;
+}
+
 // acc_p[r] += w_p . xs[r] over k (k % 8 == 0), lane-strided, for the tile's `rows` rows and
 // kParts weight rows streamed together (gate and up: both rows' loads in flight at once).
 template <int kParts, typename W>
@@ -191,10 +198,7 @@ __device__ __forceinline__ void DotRows(const typename Loads<W>::Ref (&w)[kParts
       const float4 x0 = *reinterpret_cast<const float4*>(xs + r * k + c);
       const float4 x1 = *reinterpret_cast<const float4*>(xs + r * k + c + 4);
 #pragma unroll
-      for (int q = 0; q < kParts; ++q) {
-        acc[q][r] += wf[q][0] * x0.x + wf[q][1] * x0.y + wf[q][2] * x0.z + wf[q][3] * x0.w +
-                     wf[q][4] * x1.x + wf[q][5] * x1.y + wf[q][6] * x1.z + wf[q][7] * x1.w;
-      }
+      for (int q = 0; q < kParts; ++q) acc[q][r] += Group8(wf[q], x0, x1);
     }
   }
 }
@@ -232,8 +236,7 @@ struct PartDots {
         }
         float wf[8];
         L::Unpack(raw[q][u], wf);
-        acc[q] += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x +
-                  wf[5] * x1.y + wf[6] * x1.z + wf[7] * x1.w;
+        acc[q] += Group8(wf, x0, x1);
       }
     }
   }
