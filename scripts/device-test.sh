@@ -22,7 +22,7 @@ stage() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBER_CUDA=ON >/dev/null
   local targets=(cuda_ops_test cuda_attention_test cuda_forward_bench model_test model_loader_test engine_test
                  threshold_sampling_test argmax_rows_test ember engine_bench ember_cuda gemm_bench
-                 gemv_bench cuda_sample_bench moe_bench)
+                 gemv_bench cuda_sample_bench moe_bench stream_bench)
   cmake --build "$build" --target "${targets[@]}" -j2
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/lib .devbin/fixtures/models
   # The CUDA backend module (libember_cuda.so) is loaded from the executable's own folder.
@@ -33,6 +33,7 @@ stage() {
      "$build/src/backend/threshold_sampling_test" "$build/src/backend/argmax_rows_test" \
      "$build/ember" "$build/bench/engine_bench" "$build/bench/gemm_bench" \
      "$build/bench/gemv_bench" "$build/bench/cuda_sample_bench" "$build/bench/moe_bench" \
+     "$build/bench/stream_bench" \
      "$build/libember_cuda.so" \
      .devbin/bin/
   # Libraries outside glibc/libstdc++ and the CUDA toolkit (the GPU machine has those).
@@ -132,6 +133,8 @@ if [ "${BENCH:-1}" = 1 ]; then
   for shape in llama-3.2-1b llama-3.1-8b; do
     timeout 120 .devbin/bin/gemv_bench --shape $shape 2>&1 | tee -a "$summary" >/dev/null
   done
+  log "== stream_bench (DRAM -> shared memory by bulk copies into a ring, against plain loads)"
+  timeout 120 .devbin/bin/stream_bench 2>&1 | tee -a "$summary" >/dev/null
   log "== cuda_sample_bench (SampleRows per launch, 128 and 1 rows of a 128k vocabulary)"
   for rows in 128 1; do
     timeout 120 .devbin/bin/cuda_sample_bench --rows $rows 2>&1 | tee -a "$summary" >/dev/null
