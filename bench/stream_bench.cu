@@ -10,11 +10,8 @@
 // usage: stream_bench [--mb 1024] [--reps 20]
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <string>
-#include <vector>
 
 #include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -155,7 +152,7 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreate(&st));
   const int64_t share = bytes / sms / 16 * 16;  // per block
-  auto gbps = [&](double ms, int64_t moved) { return static_cast<double>(moved) / (ms * 1e6); };
+  auto gbps = [](double ms, int64_t moved) { return static_cast<double>(moved) / (ms * 1e6); };
   std::printf("SMs %d, %lld MiB, reps %lld; GB/s (median)\n", sms, static_cast<long long>(mb),
               static_cast<long long>(reps));
   for (const int blocks_per_sm : {8, 16}) {
