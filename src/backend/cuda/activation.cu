@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gated.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -12,23 +13,14 @@
 namespace ember::cuda {
 namespace {
 
-__device__ __forceinline__ float Gated(float g, float u, bool gelu) {
-  float a;
-  if (gelu) {
-    const float kSqrt2OverPi = 0.7978845608028654f;
-    a = 0.5f * g * (1.f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-  } else {
-    a = g / (1.f + expf(-g));
-  }
-  return a * u;
-}
-
 // VEC 4: n % 4 == 0 and every buffer 16-byte aligned (gate/up read as float4).
 template <int VEC, typename OutT>
 __global__ void GatedActivationKernel(const float* gate, const float* up, OutT* out, int64_t n,
                                       bool gelu) {
-  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  // Dependents first (the ring GEMV after this kernel starts its weight copies while this one
+  // waits; pdl.cuh), then the previous kernel's outputs, visible after PdlWait.
   PdlTrigger();
+  PdlWait();
   const int64_t nv = n / VEC;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nv;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

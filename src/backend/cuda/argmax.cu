@@ -4,6 +4,7 @@
 #include "backend/cuda/block_argmax.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -23,6 +24,7 @@ __global__ void ArgmaxRowsKernel(const float* __restrict__ x, int64_t cols,
 void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
                       cudaStream_t stream) {
   if (rows == 0) return;
+  PreferMaxShared(reinterpret_cast<const void*>(ArgmaxRowsKernel));
   ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, ids);
   CUDA_CHECK(cudaGetLastError());
 }

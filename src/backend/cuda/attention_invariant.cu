@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // tile holds no key this step writes, its copy overlaps the end of the previous kernel.
   const bool early_copy = (tile_begin + 1) * kKeys <= plan.positions[seq.x];
   if (early_copy) issue_copy(slot_s[0], 0);
+  PdlTrigger();  // dependents first: see pdl.cuh
   PdlWait();
-  PdlTrigger();
   if constexpr (kRope) {
     const int32_t p = plan.positions[seq.x];
     const int64_t slot = plan.slot_mapping[seq.x];  // < 0: a padding row, nothing stored

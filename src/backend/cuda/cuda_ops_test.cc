@@ -364,6 +364,133 @@ TEST_F(CudaOpsTest, MatMulGemvShapes) {
   }
 }
 
+// The batch-1 MLP's gate and up GEMV followed by its gated activation (SiluMul / GeluTanhMul): the
+// backend records one launch that writes gate, up and the activation (gemv.cu's ring kernel), or
+// the GEMV and the activation kernel where the ring kernel is off or cannot take the shape. All
+// three outputs against the double twin: rows split over 1, 2 and 8 warps (k 2,048, 4,096,
+// 14,336), an odd row count per block, a partial last chunk (k 1,016), biases.
+TEST_F(CudaOpsTest, MatMulGemvGatedActivation) {
+  struct Shape {
+    int64_t k, m;
+    bool gelu, bias;
+  };
+  for (const Shape sh : {Shape{2048, 1000, false, false}, Shape{4096, 301, true, false},
+                         Shape{14336, 140, false, true}, Shape{1016, 37, true, true}}) {
+    const std::vector<float> wg = Random(static_cast<size_t>(sh.m * sh.k), 80, 0.05f);
+    const std::vector<float> wu = Random(static_cast<size_t>(sh.m * sh.k), 81, 0.05f);
+    const std::vector<float> bg = Random(static_cast<size_t>(sh.m), 82);
+    const std::vector<float> bu = Random(static_cast<size_t>(sh.m), 83);
+    const std::vector<float> x = Random(static_cast<size_t>(sh.k), 84);
+    auto b = Make(false);
+    Tensor wgt = Weight(*b, wg, {sh.m, sh.k});
+    Tensor wut = Weight(*b, wu, {sh.m, sh.k});
+    Tensor bgt = Weight(*b, bg, {sh.m});
+    Tensor but = Weight(*b, bu, {sh.m});
+    ASSERT_TRUE(b->BeginStep(SimplePlan(1)).ok());
+    Tensor xt = Upload(*b, x, {1, sh.k});
+    Tensor gate = b->Alloc({1, sh.m}), up = b->Alloc({1, sh.m}), act = b->Alloc({1, sh.m});
+    b->MatMul(xt, wgt, sh.bias ? &bgt : nullptr, gate);
+    b->MatMul(xt, wut, sh.bias ? &but : nullptr, up);
+    if (sh.gelu) {
+      b->GeluTanhMul(gate, up, act);
+    } else {
+      b->SiluMul(gate, up, act);
+    }
+    std::vector<double> ref_g(static_cast<size_t>(sh.m)), ref_u(ref_g.size()), ref_a(ref_g.size());
+    for (int64_t j = 0; j < sh.m; ++j) {
+      double g = sh.bias ? bg[static_cast<size_t>(j)] : 0.0;
+      double u = sh.bias ? bu[static_cast<size_t>(j)] : 0.0;
+      for (int64_t c = 0; c < sh.k; ++c) {
+        const double xv = x[static_cast<size_t>(c)];
+        g += xv * RoundBf16(wg[static_cast<size_t>(j * sh.k + c)]);
+        u += xv * RoundBf16(wu[static_cast<size_t>(j * sh.k + c)]);
+      }
+      const double a =
+          sh.gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                  : g / (1.0 + std::exp(-g));
+      ref_g[static_cast<size_t>(j)] = g;
+      ref_u[static_cast<size_t>(j)] = u;
+      ref_a[static_cast<size_t>(j)] = a * u;
+    }
+    const std::string what = "k=" + std::to_string(sh.k) + " m=" + std::to_string(sh.m);
+    EXPECT_LT(RelL2(Download(*b, gate), ref_g), 1e-5) << what << " gate";
+    EXPECT_LT(RelL2(Download(*b, up), ref_u), 1e-5) << what << " up";
+    EXPECT_LT(RelL2(Download(*b, act), ref_a), 1e-5) << what << " act";
+  }
+}
+
+// A one-row RMSNorm (AddRmsNorm, or RmsNorm) followed by the batch-1 GEMVs of its output (q/k/v:
+// three parts): the backend records one launch that normalises x itself (gemv.cu's ring kernel)
+// where it can. The GEMV outputs, the updated residual and the normalised row against the double
+// twin: rows split over 1 and 2 warps (k 2,048, 4,096), a partial last chunk (k 1,016), the
+// (1 + w) weights, biases.
+TEST_F(CudaOpsTest, MatMulGemvAfterRmsNorm) {
+  struct Shape {
+    int64_t k;
+    bool add, one_plus;
+  };
+  const std::vector<int64_t> ms = {300, 77, 77};
+  for (const Shape sh :
+       {Shape{2048, true, false}, Shape{4096, false, true}, Shape{1016, true, true}}) {
+    const std::vector<float> res = Random(static_cast<size_t>(sh.k), 90);
+    const std::vector<float> delta = Random(static_cast<size_t>(sh.k), 91);
+    const std::vector<float> nw = Random(static_cast<size_t>(sh.k), 92);
+    auto b = Make(false);
+    std::vector<std::vector<float>> ws, bs;
+    std::vector<Tensor> wts, bts;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      ws.push_back(Random(static_cast<size_t>(ms[i] * sh.k), 93 + static_cast<int>(i), 0.05f));
+      bs.push_back(Random(static_cast<size_t>(ms[i]), 96 + static_cast<int>(i)));
+      wts.push_back(Weight(*b, ws.back(), {ms[i], sh.k}));
+      bts.push_back(Weight(*b, bs.back(), {ms[i]}));
+    }
+    Tensor nwt = Weight(*b, nw, {sh.k});
+    const float eps = 1e-5f;
+    const RmsNormKind kind = sh.one_plus ? RmsNormKind::kOnePlusWeight : RmsNormKind::kPlain;
+    ASSERT_TRUE(b->BeginStep(SimplePlan(1)).ok());
+    Tensor rt = Upload(*b, res, {1, sh.k});
+    Tensor dt = Upload(*b, delta, {1, sh.k});
+    Tensor xn = b->Alloc({1, sh.k});
+    if (sh.add) {
+      b->AddRmsNorm(rt, dt, nwt, eps, kind, xn);
+    } else {
+      b->RmsNorm(rt, nwt, eps, kind, xn);
+    }
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      outs.push_back(b->Alloc({1, ms[i]}));
+      b->MatMul(xn, wts[i], i != 1 ? &bts[i] : nullptr, outs.back());
+    }
+    std::vector<double> v(static_cast<size_t>(sh.k)), xr(v.size());
+    double ss = 0;
+    for (int64_t c = 0; c < sh.k; ++c) {
+      v[static_cast<size_t>(c)] =
+          res[static_cast<size_t>(c)] + (sh.add ? delta[static_cast<size_t>(c)] : 0.f);
+      ss += v[static_cast<size_t>(c)] * v[static_cast<size_t>(c)];
+    }
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(sh.k) + eps);
+    for (int64_t c = 0; c < sh.k; ++c) {
+      const double w = nw[static_cast<size_t>(c)];
+      xr[static_cast<size_t>(c)] = v[static_cast<size_t>(c)] * inv * (sh.one_plus ? 1.0 + w : w);
+    }
+    const std::string what = "k=" + std::to_string(sh.k);
+    EXPECT_LT(RelL2(Download(*b, rt), sh.add ? v : std::vector<double>(res.begin(), res.end())),
+              1e-6)
+        << what << " residual";
+    EXPECT_LT(RelL2(Download(*b, xn), xr), 1e-5) << what << " normalised row";
+    for (size_t i = 0; i < ms.size(); ++i) {
+      std::vector<double> ref(static_cast<size_t>(ms[i]));
+      for (int64_t j = 0; j < ms[i]; ++j) {
+        double acc = i != 1 ? bs[i][static_cast<size_t>(j)] : 0.0;
+        for (int64_t c = 0; c < sh.k; ++c)
+          acc += xr[static_cast<size_t>(c)] * RoundBf16(ws[i][static_cast<size_t>(j * sh.k + c)]);
+        ref[static_cast<size_t>(j)] = acc;
+      }
+      EXPECT_LT(RelL2(Download(*b, outs[i]), ref), 1e-5) << what << " part " << i;
+    }
+  }
+}
+
 // Backend contract (bf16 mode with batch_invariant): each output element is computed in an order
 // independent of n. The f32 parity mode makes no such promise (cuBLAS picks its kernel by n; on
 // the H200 n = 1, 3 and 64 differ in the last bits).

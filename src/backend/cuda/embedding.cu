@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace ember::cuda {
 namespace {
@@ -34,6 +35,7 @@ __global__ void EmbeddingKernel(const void* table, ElemType table_type, int64_t 
 void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int64_t d, float scale,
                      const PlanView& plan, float* out, cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
+  PreferMaxShared(reinterpret_cast<const void*>(EmbeddingKernel));
   EmbeddingKernel<<<plan.num_tokens, 256, 0, stream>>>(table, table_type, vocab, d, scale,
                                                        plan.token_ids, plan.fed_ids, out);
   CUDA_CHECK_LAUNCH();

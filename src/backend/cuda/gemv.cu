@@ -17,9 +17,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gated.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/warp_reduce.cuh"
@@ -154,6 +158,299 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks<kSplit>)
   }
 }
 
+// ---- The ring GEMV: weights streamed into shared memory by a producer lane ----
+// One block per SM owns a contiguous share of the rows (over the concatenation of the parts). Its
+// last warp's lane 0 copies them, whole rows at a time, into a ring of shared-memory stages of
+// kRingRows rows (cp.async.bulk, completion counted on the stage's `full` mbarrier), and starts
+// at once: weights are constant, so the copies need not wait for the previous kernel, and the
+// block triggers its dependents at its start. So while the kernel before it (an RMSNorm, the
+// attention, the gated activation) still runs, the ring fills: up to kRingBytes per SM of this
+// GEMV's weights arrive before its x exists. The consumer warps wait on PdlWait, take their x
+// columns into registers once, and then drain the stages: warp w handles row w / G of a stage
+// (G = kRingConsumers / rows per stage warps per row, each a fixed interleaved subset of the
+// row's 16-byte chunks), and G > 1 warps add their sums in warp order through shared memory.
+constexpr int kRingConsumers = 8;
+constexpr int kRingThreads = (kRingConsumers + 1) * 32;
+constexpr int kRingMaxStages = 16;
+constexpr int kRingChunks = 8;  // 16-byte chunks per lane per row: x in 64 registers
+constexpr int64_t kRingMaxStageBytes = 48 << 10;
+// The ring per SM: two ring blocks fit an SM beside the 1B's attention block, so a GEMV's copies
+// start while the GEMV before it drains. H200, tg128 in one call (docs/perf.md, session 22): 1B
+// 1,114 / 1,101 / 1,036 tok/s at 96 / 160 / 64 KB (small kernels triggering after their wait),
+// 1,119 / 1,103 / 1,036 with them triggering first; 8B 244.3 at 96 KB against 236.6 at 160.
+constexpr int64_t kRingDefaultKb = 96;
+
+__device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&w);
+  float d = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    d = fmaf(f.x, x[2 * i], d);
+    d = fmaf(f.y, x[2 * i + 1], d);
+  }
+  return d;
+}
+
+// At most 112 registers, so the small kernels before and after it fit beside a block.
+__global__ void __maxnreg__(112)
+    GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
+                   int stages, float* __restrict__ gated_out, int gated, GemvNormIn norm) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ uint64_t full[kRingMaxStages], empty[kRingMaxStages];
+  __shared__ float norm_sums[kRingConsumers];
+  __shared__ int norm_last;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row_bytes = k * 2;
+  const int64_t stage_bytes = row_bytes * rows_per_stage;
+  // gated (1 silu, 2 gelu_tanh): rows interleave the two parts, gate i then up i (row 2i, 2i + 1),
+  // and a block owns whole pairs.
+  const int64_t units = gated ? p.total / 2 : p.total, unit_rows = gated ? 2 : 1;
+  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * units / gridDim.x * unit_rows;
+  const int64_t row_end = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x * unit_rows;
+  const int64_t num_stages = (row_end - row_begin + rows_per_stage - 1) / rows_per_stage;
+  // Rows split over several warps, or gated: [rows of the block][warps per row] warp sums, added
+  // after the ring.
+  float* partials = reinterpret_cast<float*>(ring + stages * stage_bytes);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      MbarInit(full + i, 1);
+      MbarInit(empty + i, kRingConsumers);
+    }
+    MbarInitFence();
+  }
+  __syncthreads();
+  PdlTrigger();
+  auto part_of = [&](int64_t row) -> int {
+    if (gated) return static_cast<int>(row & 1);
+    return (p.count > 1 && row >= p.end[0]) + (p.count > 2 && row >= p.end[1]);
+  };
+  auto local_of = [&](int64_t row, int part) {
+    if (gated) return row >> 1;
+    return row - (part == 0 ? 0 : part == 1 ? p.end[0] : p.end[1]);
+  };
+  if (warp == kRingConsumers) {
+    if (lane != 0) return;
+    const uint64_t policy = EvictFirstPolicy();
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int64_t s = 0; s < num_stages; ++s) {
+      const int64_t r0 = row_begin + s * rows_per_stage;
+      const int n = static_cast<int>(min(int64_t{rows_per_stage}, row_end - r0));
+      MbarWait(empty + slot, phase ^ 1);
+      MbarArriveExpectTx(full + slot, static_cast<uint32_t>(n * row_bytes));
+      unsigned char* dst = ring + slot * stage_bytes;
+      for (int i = 0; i < n; ++i) {
+        const int part = part_of(r0 + i);
+        const __nv_bfloat16* w = part == 0 ? p.w[0] : part == 1 ? p.w[1] : p.w[2];
+        BulkCopyToShared(dst + i * row_bytes, w + local_of(r0 + i, part) * k,
+                         static_cast<uint32_t>(row_bytes), full + slot, policy);
+      }
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+    return;
+  }
+  // Stores row's sum (+ bias) and returns the stored value.
+  auto row_sum_store = [&](int64_t row, float v) {
+    const int part = part_of(row);
+    const int64_t local = local_of(row, part);
+    const float* bias = part == 0 ? p.bias[0] : part == 1 ? p.bias[1] : p.bias[2];
+    float* out = part == 0 ? p.out[0] : part == 1 ? p.out[1] : p.out[2];
+    const float value = v + (bias != nullptr ? bias[local] : 0.f);
+    out[local] = value;
+    return value;
+  };
+  const int group = kRingConsumers / rows_per_stage;  // warps per row
+  const int row_in_stage = warp / group, g = warp % group;
+  const int64_t chunks = k / 8;
+  PdlWait();
+  float xr[kRingChunks][8];
+  const float* src = norm.weight != nullptr ? norm.residual : x;
+#pragma unroll
+  for (int j = 0; j < kRingChunks; ++j) {
+    const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+    const float4 a =
+        c < chunks ? reinterpret_cast<const float4*>(src)[2 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 b = c < chunks ? reinterpret_cast<const float4*>(src)[2 * c + 1]
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+    xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
+    xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
+  }
+  if (norm.weight != nullptr) {
+    // The RMSNorm of the row in the prologue: each warp holds its columns; the warps of the first
+    // row of a stage hold every column once, so their sums of squares make the row's.
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRingChunks; ++j) {
+      const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+      if (c < chunks && norm.delta != nullptr) {
+        const float4 da = reinterpret_cast<const float4*>(norm.delta)[2 * c];
+        const float4 db = reinterpret_cast<const float4*>(norm.delta)[2 * c + 1];
+        xr[j][0] += da.x, xr[j][1] += da.y, xr[j][2] += da.z, xr[j][3] += da.w;
+        xr[j][4] += db.x, xr[j][5] += db.y, xr[j][6] += db.z, xr[j][7] += db.w;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq = __fadd_rn(sum_sq, __fmul_rn(xr[j][e], xr[j][e]));
+    }
+    sum_sq = WarpSum(sum_sq);
+    if (lane == 0) norm_sums[warp] = sum_sq;
+    asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
+    // Every warp of the block has read the residual: count the block out; the last block of the
+    // launch writes the new residual and the normalised row, and resets the counter.
+    if (threadIdx.x == 0) {
+      __threadfence();
+      norm_last = atomicAdd(norm.counter, 1u) == gridDim.x - 1;
+      if (norm_last) *norm.counter = 0;
+    }
+    float total = norm_sums[0];
+    for (int i = 1; i < group; ++i) total = __fadd_rn(total, norm_sums[i]);
+    const float inv_rms = rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(k)), norm.eps));
+    asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
+    const bool write = norm_last && warp < group;
+#pragma unroll
+    for (int j = 0; j < kRingChunks; ++j) {
+      const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+      if (c >= chunks) continue;
+      const float* w = norm.weight + 8 * c;
+      if (write && norm.delta != nullptr) {
+        reinterpret_cast<float4*>(norm.residual)[2 * c] =
+            make_float4(xr[j][0], xr[j][1], xr[j][2], xr[j][3]);
+        reinterpret_cast<float4*>(norm.residual)[2 * c + 1] =
+            make_float4(xr[j][4], xr[j][5], xr[j][6], xr[j][7]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float we = w[e];
+        xr[j][e] = __fmul_rn(xr[j][e], __fmul_rn(inv_rms, norm.one_plus ? __fadd_rn(1.f, we) : we));
+      }
+      if (write) {
+        reinterpret_cast<float4*>(norm.out)[2 * c] =
+            make_float4(xr[j][0], xr[j][1], xr[j][2], xr[j][3]);
+        reinterpret_cast<float4*>(norm.out)[2 * c + 1] =
+            make_float4(xr[j][4], xr[j][5], xr[j][6], xr[j][7]);
+      }
+    }
+  }
+  int slot = 0;
+  uint32_t phase = 0;
+  for (int64_t s = 0; s < num_stages; ++s) {
+    const int64_t row = row_begin + s * rows_per_stage + row_in_stage;
+    const bool valid = row < row_end;
+    MbarWait(full + slot, phase);
+    float sum = 0.f;
+    if (valid) {
+      const uint4* w =
+          reinterpret_cast<const uint4*>(ring + slot * stage_bytes + row_in_stage * row_bytes);
+      float dots[kRingChunks];
+#pragma unroll
+      for (int j = 0; j < kRingChunks; ++j) {
+        const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+        dots[j] = c < chunks ? Dot8(w[c], xr[j]) : 0.f;
+      }
+      float acc = dots[0];
+#pragma unroll
+      for (int j = 1; j < kRingChunks; ++j) acc += dots[j];
+      sum = WarpSum(acc);
+    }
+    __syncwarp();
+    if (lane == 0) MbarArrive(empty + slot);
+    if (group == 1 && !gated) {
+      if (valid && lane == 0) row_sum_store(row, sum);
+    } else if (valid && lane == 0) {
+      partials[(row - row_begin) * group + g] = sum;
+    }
+    if (++slot == stages) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+  if (group > 1 || gated) {
+    // The row sums of the warps sharing each row, added in warp order (barrier 1: the consumers).
+    asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
+    auto row_total = [&](int64_t i) {
+      float total = partials[i * group];
+      for (int j = 1; j < group; ++j) total += partials[i * group + j];
+      return row_sum_store(row_begin + i, total);
+    };
+    if (gated) {
+      for (int64_t i = threadIdx.x; 2 * i < row_end - row_begin; i += kRingConsumers * 32) {
+        const float gate = row_total(2 * i), up = row_total(2 * i + 1);
+        gated_out[(row_begin >> 1) + i] = Gated(gate, up, gated == 2);
+      }
+    } else {
+      for (int64_t i = threadIdx.x; i < row_end - row_begin; i += kRingConsumers * 32) row_total(i);
+    }
+  }
+}
+
+// EMBER_GEMV_RING_STAGE_KB: the largest stage of more than one row (default kRingMaxStageBytes).
+int64_t RingMaxStageBytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("EMBER_GEMV_RING_STAGE_KB");
+    return v != nullptr ? std::clamp<int64_t>(std::atoll(v), 4, 48) << 10 : kRingMaxStageBytes;
+  }();
+  return bytes;
+}
+
+// Rows per stage for k: the most (8, 4, 2, 1) whose warps' share of a row fits kRingChunks
+// chunks per lane and whose stage fits kRingMaxStageBytes; 0: the ring kernel cannot take k.
+int RingRowsPerStage(int64_t k) {
+  for (int rows = kRingConsumers; rows >= 1; rows /= 2) {
+    const int64_t group = kRingConsumers / rows;
+    const bool fits_lanes = (k / 8 + 32 * group - 1) / (32 * group) <= kRingChunks;
+    if (fits_lanes && (rows == 1 || rows * k * 2 <= RingMaxStageBytes())) return rows;
+  }
+  return 0;
+}
+
+// The ring kernel serves batch-1 GEMVs unless EMBER_GEMV_RING=0 (the earlier kernel, for A/B
+// measurements); EMBER_GEMV_RING_KB sets its ring per SM.
+bool RingEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_GEMV_RING");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+int64_t RingBytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("EMBER_GEMV_RING_KB");
+    const int64_t kb = v != nullptr ? std::atoll(v) : kRingDefaultKb;
+    return std::clamp<int64_t>(kb, 32, 200) << 10;
+  }();
+  return bytes;
+}
+
+struct RingPlan {
+  int rows_per_stage = 0, stages = 0;
+  int64_t smem_bytes = 0;
+};
+constexpr int64_t kRingMaxSmem = 200 << 10;
+
+// The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel is on and
+// can take them.
+bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
+  if (!RingEnabled()) return false;
+  const int rows_per_stage = RingRowsPerStage(k);
+  if (rows_per_stage == 0) return false;
+  const int64_t stage_bytes = rows_per_stage * k * 2;
+  const int64_t sms = CurrentDeviceSmCount();
+  const int64_t max_rows = gated ? 2 * ((total / 2 + sms - 1) / sms) : (total + sms - 1) / sms;
+  const int64_t block_stages = (max_rows + rows_per_stage - 1) / rows_per_stage;
+  const int64_t group = kRingConsumers / rows_per_stage;
+  const int64_t partial_bytes = group > 1 || gated ? max_rows * group * 4 : 0;
+  const int64_t stages =
+      std::min<int64_t>({int64_t{kRingMaxStages}, block_stages, RingBytes() / stage_bytes});
+  if (stages < 1 || stages * stage_bytes + partial_bytes > kRingMaxSmem) return false;
+  plan->rows_per_stage = rows_per_stage;
+  plan->stages = static_cast<int>(stages);
+  plan->smem_bytes = stages * stage_bytes + partial_bytes;
+  return true;
+}
+
 }  // namespace
 
 bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
@@ -161,9 +458,30 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
          (reinterpret_cast<uintptr_t>(w) % 16) == 0;
 }
 
+bool GemvNormFused(int64_t k) {
+  static const bool off = [] {  // EMBER_GEMV_NORM=0: never fused (A/B measurements)
+    const char* v = std::getenv("EMBER_GEMV_NORM");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return !off && k % 8 == 0 && RingEnabled() && RingRowsPerStage(k) > 0;
+}
+
+bool GemvGatedFused(int64_t m, int64_t k) {
+  static const bool off = [] {  // EMBER_GEMV_GATED=0: never fused (A/B measurements)
+    const char* v = std::getenv("EMBER_GEMV_GATED");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  if (off) return false;
+  RingPlan plan;
+  return RingPlanFor(2 * m, k, true, &plan);
+}
+
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream) {
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated,
+                         const GemvNormIn& norm) {
   CHECK(num_parts >= 1 && num_parts <= kGemvMaxParts) << num_parts << " GEMV parts";
+  CHECK(gated.out == nullptr || (num_parts == 2 && parts[0].m == parts[1].m))
+      << "a gated GEMV takes the gate and the up part, of equal rows";
   GemvParams p{};
   int64_t end = 0;
   for (int i = 0; i < num_parts; ++i) {
@@ -176,6 +494,34 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   p.count = num_parts;
   p.total = end;
   if (end == 0) return;
+  RingPlan plan;
+  const bool ring = RingPlanFor(p.total, k, gated.out != nullptr, &plan);
+  if (norm.weight != nullptr && !ring) {  // the RMSNorm kernel, then this launch on its output
+    LaunchRmsNorm(norm.delta != nullptr ? nullptr : norm.residual,
+                  norm.delta != nullptr ? norm.residual : nullptr, norm.delta, norm.weight,
+                  norm.eps, norm.one_plus, 1, k, norm.out, false, stream);
+    LaunchGemvBf16Multi(norm.out, parts, num_parts, k, next, stream, gated);
+    return;
+  }
+  if (ring) {
+    static const bool attr = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(GemvRingKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kRingMaxSmem));
+      return true;
+    }();
+    (void)attr;
+    LaunchPdl(GemvRingKernel, dim3(static_cast<unsigned>(CurrentDeviceSmCount())),
+              dim3(kRingThreads), static_cast<size_t>(plan.smem_bytes), stream, x, p, k,
+              plan.rows_per_stage, plan.stages, gated.out, gated.out ? (gated.gelu ? 2 : 1) : 0,
+              norm);
+    return;
+  }
+  if (gated.out != nullptr) {  // the GEMV, then the activation
+    LaunchGemvBf16Multi(x, parts, num_parts, k, next, stream);
+    LaunchGatedActivation(parts[0].out, parts[1].out, gated.out, false, parts[0].m, gated.gelu,
+                          stream);
+    return;
+  }
   const bool split = k >= kSplitMinK && p.total >= kSplitMinRows;
   const int64_t rows_per_block = split ? kWarpsPerBlock / 2 : kWarpsPerBlock;
   const unsigned blocks = static_cast<unsigned>((p.total + rows_per_block - 1) / rows_per_block);

@@ -66,8 +66,35 @@ struct GemvPrefetch {
   const void* w = nullptr;
   int64_t bytes = 0;
 };
+// With `gated.out`: parts 0 and 1 are the gate and up of an MLP (equal m), and the launch also
+// writes gated.out[i] = act(gate_i) * up_i (gated.cuh), as LaunchGatedActivation would.
+struct GemvGatedOut {
+  float* out = nullptr;
+  bool gelu = false;
+};
+// With `norm.weight`: the launch computes its x itself, as the RMSNorm op (LaunchRmsNorm with
+// out = norm.out) would have just before it: v = residual (+ delta), x = v * rsqrt(mean(v^2) +
+// eps) * (one_plus ? 1 + weight : weight); it also stores v into residual (when delta is given)
+// and x into norm.out, so nothing else changes. The last block to have read the residual writes
+// them, counted on `counter` (zero between launches; one launch at a time per counter).
+struct GemvNormIn {
+  float* residual = nullptr;
+  const float* delta = nullptr;   // null: residual is only read (the RmsNorm op)
+  const float* weight = nullptr;  // null: no norm, x as given
+  float eps = 0.f;
+  bool one_plus = false;
+  float* out = nullptr;
+  unsigned* counter = nullptr;
+};
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream);
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated = {},
+                         const GemvNormIn& norm = {});
+// Whether a launch of k-element rows can take the norm itself (else LaunchGemvBf16Multi runs the
+// RMSNorm kernel first).
+bool GemvNormFused(int64_t k);
+// Whether a gated launch of m-row gate and up parts is one kernel (else it is the GEMV, then the
+// activation kernel).
+bool GemvGatedFused(int64_t m, int64_t k);
 
 // ---- moe.cu ----
 // Backend::MoeMlp: out = the router's top-k experts of each row of x, weighted (see moe.cu).

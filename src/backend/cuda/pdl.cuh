@@ -12,6 +12,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -31,9 +33,37 @@ inline bool PdlEnabled() {
   return enabled;
 }
 
+// Every kernel prefers the largest shared-memory carveout while the batch-1 GEMV is the ring kernel
+// (gemv.cu, EMBER_GEMV_RING unset or 1): an SM whose L1 / shared split differs from what a kernel
+// needs must drain before that kernel's block can be placed, so a ring GEMV needing ~100 KB could
+// not start its copies beside the small kernel before it. H200, `ember bench` tg128 in one call
+// (docs/perf.md, session 22): ring GEMV 1B 1,044 -> 1,101 tok/s with the carveout. With the
+// earlier GEMV (EMBER_GEMV_RING=0) it costs 14% (1,091 -> 939: the small L1 that is left), so
+// it follows the GEMV choice; EMBER_CUDA_CARVEOUT=0 / 1 overrides it.
+inline bool MaxSharedCarveout() {
+  static const bool on = [] {
+    if (const char* v = std::getenv("EMBER_CUDA_CARVEOUT"); v != nullptr && *v != '\0')
+      return std::strcmp(v, "0") != 0;
+    const char* ring = std::getenv("EMBER_GEMV_RING");
+    return ring == nullptr || std::strcmp(ring, "0") != 0;
+  }();
+  return on;
+}
+inline void PreferMaxShared(const void* kernel) {
+  if (!MaxSharedCarveout()) return;
+  static std::mutex mu;
+  static std::unordered_set<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.insert(kernel).second) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+  }
+}
+
 template <typename... KernelArgs, typename... Args>
 void LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                cudaStream_t stream, Args&&... args) {
+  PreferMaxShared(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

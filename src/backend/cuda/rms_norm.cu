@@ -81,8 +81,10 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (c < nv) wv[i] = reinterpret_cast<const Vec*>(weight)[c];
   }
-  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  // Dependents first (the ring GEMV after this kernel starts its weight copies while this one
+  // waits; pdl.cuh), then the previous kernel's outputs, visible after PdlWait.
   PdlTrigger();
+  PdlWait();
   Vec vals[kPerThread];
   float sum_sq = 0.f;
   const float* src = residual != nullptr ? residual : x;
@@ -131,8 +133,10 @@ __global__ void __launch_bounds__(kRowsThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t base = blockIdx.x * d;
   const float4* src = reinterpret_cast<const float4*>((residual != nullptr ? residual : x) + base);
-  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  // Dependents first (the ring GEMV after this kernel starts its weight copies while this one
+  // waits; pdl.cuh), then the previous kernel's outputs, visible after PdlWait.
   PdlTrigger();
+  PdlWait();
   float4 v[J];
 #pragma unroll
   for (int j = 0; j < J; ++j) {
