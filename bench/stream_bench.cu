@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "cuda_timing.h"
@@ -22,22 +23,6 @@ namespace {
 
 constexpr int kMaxStages = 16;
 constexpr int kMaxSmem = 227 << 10;
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(SmemAddr(bar)), "r"(parity)
-        : "memory");
-  }
-}
 
 // Block b streams bytes [b * share, (b + 1) * share) of src through `stages` stages of
 // stage_bytes; warp `consumers` (the last) is the producer. touch: the consumers read every
@@ -49,12 +34,10 @@ __global__ void RingKernel(const unsigned char* src, int64_t share, int stages, 
   uint64_t* empty = full + kMaxStages;
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SmemAddr(full + i)) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(empty + i)),
-                   "r"(consumers)
-                   : "memory");
+      ember::cuda::MbarInit(full + i, 1);
+      ember::cuda::MbarInit(empty + i, static_cast<uint32_t>(consumers));
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    ember::cuda::MbarInitFence();
   }
   __syncthreads();
   const unsigned char* base = src + blockIdx.x * share;
@@ -72,16 +55,10 @@ __global__ void RingKernel(const unsigned char* src, int64_t share, int stages, 
     const uint64_t policy = ember::cuda::EvictFirstPolicy();
     for (int64_t off = 0; off < share; off += stage_bytes) {
       const uint32_t n = static_cast<uint32_t>(min(int64_t{stage_bytes}, share - off));
-      MbarWait(empty + slot, phase ^ 1);
-      asm volatile(
-          "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(full + slot)),
-          "r"(n)
-          : "memory");
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-          " [%0], [%1], %2, [%3], %4;" ::"r"(SmemAddr(smem + int64_t{slot} * stage_bytes)),
-          "l"(base + off), "r"(n), "r"(SmemAddr(full + slot)), "l"(policy)
-          : "memory");
+      ember::cuda::MbarWait(empty + slot, phase ^ 1);
+      ember::cuda::MbarArriveExpectTx(full + slot, n);
+      ember::cuda::BulkCopyToShared(smem + int64_t{slot} * stage_bytes, base + off, n, full + slot,
+                                    policy);
       advance();
     }
     return;
@@ -89,7 +66,7 @@ __global__ void RingKernel(const unsigned char* src, int64_t share, int stages, 
   unsigned acc = 0;
   for (int64_t off = 0; off < share; off += stage_bytes) {
     const int n = static_cast<int>(min(int64_t{stage_bytes}, share - off));
-    MbarWait(full + slot, phase);
+    ember::cuda::MbarWait(full + slot, phase);
     if (touch) {
       const uint4* s = reinterpret_cast<const uint4*>(smem + int64_t{slot} * stage_bytes);
       for (int i = warp * 32 + lane; i < n / 16; i += consumers * 32) {
@@ -98,9 +75,7 @@ __global__ void RingKernel(const unsigned char* src, int64_t share, int stages, 
       }
     }
     __syncwarp();
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(empty + slot))
-                   : "memory");
+    if (lane == 0) ember::cuda::MbarArrive(empty + slot);
     advance();
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the reads
