@@ -193,9 +193,11 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
 }
 
 // At most 112 registers, so the small kernels before and after it fit beside a block.
+template <bool kNorm, bool kGated>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
-                   int stages, float* __restrict__ gated_out, int gated, GemvNormIn norm) {
+                   int stages, float* __restrict__ gated_out, int gated_kind, GemvNormIn norm) {
+  constexpr bool gated = kGated;
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kRingMaxStages], empty[kRingMaxStages];
   __shared__ float norm_sums[kRingConsumers];
@@ -268,7 +270,7 @@ __global__ void __maxnreg__(112)
   const int64_t chunks = k / 8;
   PdlWait();
   float xr[kRingChunks][8];
-  const float* src = norm.weight != nullptr ? norm.residual : x;
+  const float* src = kNorm ? norm.residual : x;
 #pragma unroll
   for (int j = 0; j < kRingChunks; ++j) {
     const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
@@ -279,7 +281,7 @@ __global__ void __maxnreg__(112)
     xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
     xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
   }
-  if (norm.weight != nullptr) {
+  if constexpr (kNorm) {
     // The RMSNorm of the row in the prologue: each warp holds its columns; the warps of the first
     // row of a stage hold every column once, so their sums of squares make the row's.
     float sum_sq = 0.f;
@@ -378,7 +380,7 @@ __global__ void __maxnreg__(112)
     if (gated) {
       for (int64_t i = threadIdx.x; 2 * i < row_end - row_begin; i += kRingConsumers * 32) {
         const float gate = row_total(2 * i), up = row_total(2 * i + 1);
-        gated_out[(row_begin >> 1) + i] = Gated(gate, up, gated == 2);
+        gated_out[(row_begin >> 1) + i] = Gated(gate, up, gated_kind == 2);
       }
     } else {
       for (int64_t i = threadIdx.x; i < row_end - row_begin; i += kRingConsumers * 32) row_total(i);
@@ -459,11 +461,15 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
 }
 
 bool GemvNormFused(int64_t k) {
-  static const bool off = [] {  // EMBER_GEMV_NORM=0: never fused (A/B measurements)
+  // Off unless EMBER_GEMV_NORM=1: measured slower. H200, tg128 in one call (docs/perf.md, session
+  // 22): 1B 923 / 924 tok/s with it against 1,046 / 1,043 without (the prologue's loads, two block
+  // barriers and the counter sit on the path of every block, where the RMSNorm kernel before a
+  // ring GEMV costs little: the ring fills meanwhile).
+  static const bool on = [] {
     const char* v = std::getenv("EMBER_GEMV_NORM");
-    return v != nullptr && std::strcmp(v, "0") == 0;
+    return v != nullptr && std::strcmp(v, "1") == 0;
   }();
-  return !off && k % 8 == 0 && RingEnabled() && RingRowsPerStage(k) > 0;
+  return on && k % 8 == 0 && RingEnabled() && RingRowsPerStage(k) > 0;
 }
 
 bool GemvGatedFused(int64_t m, int64_t k) {
@@ -505,15 +511,21 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   }
   if (ring) {
     static const bool attr = [] {
-      CUDA_CHECK(cudaFuncSetAttribute(GemvRingKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kRingMaxSmem));
+      for (auto kernel : {GemvRingKernel<false, false>, GemvRingKernel<false, true>,
+                          GemvRingKernel<true, false>, GemvRingKernel<true, true>}) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kRingMaxSmem));
+      }
       return true;
     }();
     (void)attr;
-    LaunchPdl(GemvRingKernel, dim3(static_cast<unsigned>(CurrentDeviceSmCount())),
-              dim3(kRingThreads), static_cast<size_t>(plan.smem_bytes), stream, x, p, k,
-              plan.rows_per_stage, plan.stages, gated.out, gated.out ? (gated.gelu ? 2 : 1) : 0,
-              norm);
+    const bool fused_norm = norm.weight != nullptr, fused_gate = gated.out != nullptr;
+    LaunchPdl(fused_norm
+                  ? (fused_gate ? GemvRingKernel<true, true> : GemvRingKernel<true, false>)
+                  : (fused_gate ? GemvRingKernel<false, true> : GemvRingKernel<false, false>),
+              dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
+              static_cast<size_t>(plan.smem_bytes), stream, x, p, k, plan.rows_per_stage,
+              plan.stages, gated.out, gated.out ? (gated.gelu ? 2 : 1) : 0, norm);
     return;
   }
   if (gated.out != nullptr) {  // the GEMV, then the activation
