@@ -1148,7 +1148,7 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
     const cuda::GemvGatedOut gated{static_cast<float*>(out.data), gelu};
     const cuda::GemvNormIn norm = g.norm;
     // Tag 16: "MatMul(gemv)+act".
-    const std::array<uint64_t, 16> key = {16u,
+    const std::array<uint64_t, 17> key = {16u,
                                           KeyOf(xp),
                                           U(k),
                                           U(gelu),
@@ -1163,7 +1163,8 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
                                           KeyOf(norm.residual),
                                           KeyOf(norm.delta),
                                           KeyOf(norm.weight),
-                                          KeyOf(norm.eps)};
+                                          KeyOf(norm.eps),
+                                          U(norm.one_plus)};
     recorder_.ReplaceLast(key, [=](cudaStream_t st) {
       cuda::LaunchGemvBf16Multi(xp, parts.data(), 2, k, (*hints)[hint], st, gated, norm);
     });

@@ -161,10 +161,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks<kSplit>)
 // ---- The ring GEMV: weights streamed into shared memory by a producer lane ----
 // One block per SM owns a contiguous share of the rows (over the concatenation of the parts). Its
 // last warp's lane 0 copies them, whole rows at a time, into a ring of shared-memory stages of
-// kRingRows rows (cp.async.bulk, completion counted on the stage's `full` mbarrier), and starts
-// at once: weights are constant, so the copies need not wait for the previous kernel, and the
-// block triggers its dependents at its start. So while the kernel before it (an RMSNorm, the
-// attention, the gated activation) still runs, the ring fills: up to kRingBytes per SM of this
+// rows_per_stage rows (cp.async.bulk, completion counted on the stage's `full` mbarrier), and
+// starts at once: weights are constant, so the copies need not wait for the previous kernel, and
+// the block triggers its dependents at its start. So while the kernel before it (an RMSNorm, the
+// attention, the gated activation) still runs, the ring fills: up to RingBytes() per SM of this
 // GEMV's weights arrive before its x exists. The consumer warps wait on PdlWait, take their x
 // columns into registers once, and then drain the stages: warp w handles row w / G of a stage
 // (G = kRingConsumers / rows per stage warps per row, each a fixed interleaved subset of the
@@ -196,7 +196,7 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
 template <bool kNorm, bool kGated>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
-                   int stages, float* __restrict__ gated_out, int gated_kind, GemvNormIn norm) {
+                   int stages, float* __restrict__ gated_out, bool gelu, GemvNormIn norm) {
   constexpr bool gated = kGated;
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kRingMaxStages], empty[kRingMaxStages];
@@ -205,8 +205,8 @@ __global__ void __maxnreg__(112)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row_bytes = k * 2;
   const int64_t stage_bytes = row_bytes * rows_per_stage;
-  // gated (1 silu, 2 gelu_tanh): rows interleave the two parts, gate i then up i (row 2i, 2i + 1),
-  // and a block owns whole pairs.
+  // gated (gelu: gelu_tanh, else silu): rows interleave the two parts, gate i then up i (row 2i, 2i
+  // + 1), and a block owns whole pairs.
   const int64_t units = gated ? p.total / 2 : p.total, unit_rows = gated ? 2 : 1;
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * units / gridDim.x * unit_rows;
   const int64_t row_end = static_cast<int64_t>(blockIdx.x + 1) * units / gridDim.x * unit_rows;
@@ -380,7 +380,7 @@ __global__ void __maxnreg__(112)
     if (gated) {
       for (int64_t i = threadIdx.x; 2 * i < row_end - row_begin; i += kRingConsumers * 32) {
         const float gate = row_total(2 * i), up = row_total(2 * i + 1);
-        gated_out[(row_begin >> 1) + i] = Gated(gate, up, gated_kind == 2);
+        gated_out[(row_begin >> 1) + i] = Gated(gate, up, gelu);
       }
     } else {
       for (int64_t i = threadIdx.x; i < row_end - row_begin; i += kRingConsumers * 32) row_total(i);
@@ -525,7 +525,7 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
                   : (fused_gate ? GemvRingKernel<false, true> : GemvRingKernel<false, false>),
               dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
               static_cast<size_t>(plan.smem_bytes), stream, x, p, k, plan.rows_per_stage,
-              plan.stages, gated.out, gated.out ? (gated.gelu ? 2 : 1) : 0, norm);
+              plan.stages, gated.out, gated.gelu, norm);
     return;
   }
   if (gated.out != nullptr) {  // the GEMV, then the activation
