@@ -1,6 +1,8 @@
 // Backend::ArgmaxRows on every backend present against the sampler's tie rules: first index of
 // the maximum, NaN never wins, an all-NaN row answers 0, -inf rows still have an argmax; long
-// rows (a real vocabulary) with the maximum in the last element.
+// rows (a real vocabulary) with the maximum in the last element. The CUDA backend cuts a few long
+// rows into chunks (one block each) and gives many rows a block each: both shapes are checked,
+// with row lengths that are and are not a multiple of 4 (its vector and scalar loads).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,8 +19,9 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-void CheckBackend(Backend& be) {
-  const int64_t cols = 151'936;  // qwen's vocabulary: many strides per thread
+// The rule cases on rows of `cols` columns, then `fillers` rows whose maximum sits at a spread
+// of positions.
+void CheckBackend(Backend& be, int64_t cols, int fillers) {
   std::vector<std::vector<float>> rows = {
       {1.0f, 5.0f, 5.0f, -1.0f},       // tie: the first
       {kNaN, 0.0f, kNaN, 2.0f, 2.0f},  // NaN skipped
@@ -40,6 +43,12 @@ void CheckBackend(Backend& be) {
   data[(last + 1) * cols + 77] = 3.0f;  // the same maximum twice, far apart
   data[(last + 2) * cols - 5] = 3.0f;
   want.push_back(77);
+  data.resize(data.size() + static_cast<size_t>(fillers * cols), -1.0f);
+  for (int f = 0; f < fillers; ++f) {
+    const int64_t at = (f * int64_t{7919}) % cols;
+    data[static_cast<size_t>((last + 2 + f) * cols + at)] = 2.0f;
+    want.push_back(static_cast<int32_t>(at));
+  }
   const int64_t num_rows = static_cast<int64_t>(want.size());
   const std::vector<int64_t> shape = {num_rows, cols};
   auto x = be.UploadWeight("argmax_input", DType::kF32, shape, data.data());
@@ -47,14 +56,20 @@ void CheckBackend(Backend& be) {
   std::vector<int32_t> ids(want.size(), -1);
   Status st = be.ArgmaxRows(*x, ids);
   ASSERT_TRUE(st.ok()) << st.message();
-  EXPECT_EQ(ids, want) << be.name();
+  EXPECT_EQ(ids, want) << be.name() << " cols " << cols << " rows " << num_rows;
+}
+
+void CheckShapes(Backend& be) {
+  CheckBackend(be, 151'936, 0);  // qwen's vocabulary: 8 rows (the CUDA split shape)
+  CheckBackend(be, 50'257, 3);   // gpt-2's: not a multiple of 4
+  CheckBackend(be, 32'000, 40);  // 48 rows (CUDA: a block per row)
 }
 
 TEST(ArgmaxRowsTest, Cpu) {
   CpuBackendOptions options;
   options.num_threads = 1;
   auto be = MakeCpuBackend(options);
-  CheckBackend(*be);
+  CheckShapes(*be);
 }
 
 TEST(ArgmaxRowsTest, CudaMatchesTheSameRules) {
@@ -63,7 +78,7 @@ TEST(ArgmaxRowsTest, CudaMatchesTheSameRules) {
   options.f32_compute = true;  // keep the uploaded matrix float32
   auto be = LoadCudaBackend(0, options);
   ASSERT_TRUE(be.ok()) << be.message();
-  CheckBackend(**be);
+  CheckShapes(**be);
 }
 
 }  // namespace

@@ -49,6 +49,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kKeys = 64;  // keys per tile
+constexpr int32_t kFilledByBlock = -2;  // a tile slot the block fills itself (kRope), not copied
 constexpr int kSplitTiles = kInvariantSplitKeys / kKeys;
 static_assert(kInvariantSplitKeys % kKeys == 0);
 
@@ -262,8 +263,17 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // f32 pool: into the f32 staging) while tile t is computed; the slots of tile t + 2 are looked
   // up meanwhile by the last kKeys threads (idle warps in decode).
   const int slot_thread = static_cast<int>(threadIdx.x) - (kWarps * 32 - kKeys);
+  // kRope: the step's token p, whose K/V this kernel makes. When p lies in one of the block's
+  // first two tiles, the block writes its rotated k and its v straight into that tile's shared
+  // rows (kFilledByBlock: no copy for that key), so the first tile can be copied before PdlWait
+  // and the pool store is off the critical path. Later tiles copy it from the pool as before.
+  const int32_t step_pos = kRope ? plan.positions[seq.x] : -1;
+  const bool fill_step_key = kRope && plan.slot_mapping[seq.x] >= 0 &&
+                             step_pos / kKeys >= tile_begin && step_pos / kKeys <= tile_begin + 1 &&
+                             step_pos / kKeys <= tile_end && step_pos >= lo;
   auto lookup_slot = [&](int32_t tile) -> int32_t {
     const int32_t key = tile * kKeys + slot_thread;
+    if (fill_step_key && key == step_pos) return kFilledByBlock;
     return tile <= tile_end && key >= lo && key < hi ? block_table[key / bs] * bs + key % bs
                                                      : -1;
   };
@@ -297,6 +307,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
 #pragma unroll
       for (int it = 0; it < kRowsPerThread; ++it) {
+        if (kRope && slot[it] == kFilledByBlock) continue;
         const int64_t off = static_cast<int64_t>(max(slot[it], 0)) * kv_row;
         CpAsync16(k_row + it * kRowStep * ld, k_col + off, slot[it] >= 0 ? 16 : 0);
         CpAsync16(v_row + it * kRowStep * ld, v_col + off, slot[it] >= 0 ? 16 : 0);
@@ -307,6 +318,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         const int idx = it * kWarps * 32 + threadIdx.x;
         const int j = idx / kCopyChunks, d = (idx % kCopyChunks) * kPer;
         const int32_t slot = slots[slot_pos(j)];
+        if (kRope && slot == kFilledByBlock) continue;
         const int64_t off =
             slot >= 0 ? static_cast<int64_t>(slot) * kv_row + static_cast<int64_t>(kv_head) * D + d
                       : int64_t{0};
@@ -332,33 +344,37 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   }
   __syncthreads();
   // Before PdlWait the kernel may read the plan and the keys of earlier steps: when the first
-  // tile holds no key this step writes, its copy overlaps the end of the previous kernel.
-  const bool early_copy = (tile_begin + 1) * kKeys <= plan.positions[seq.x];
+  // tile holds no key this step writes (with kRope: none it must copy), its copy overlaps the end
+  // of the previous kernel.
+  const bool early_copy = kRope || (tile_begin + 1) * kKeys <= plan.positions[seq.x];
   if (early_copy) issue_copy(slot_s[0], 0);
+  // kRope: the rotation's cos / sin at the token's position (constant tables) before PdlWait: this
+  // thread's q columns (as x below) and, for threads under D / 2, its k column pair.
+  static_assert(!kRope || D / 2 <= kWarps * 32);
+  [[maybe_unused]] float q_cos[kRope ? D / 32 : 1][4][2], q_sin[kRope ? D / 32 : 1][4][2];
+  [[maybe_unused]] float k_cos = 0.f, k_sin = 0.f;
+  if constexpr (kRope) {
+    const int64_t row = static_cast<int64_t>(max(step_pos, 0)) * (D / 2);
+    const float* cos_row = rope.cos_table + row;
+    const float* sin_row = rope.sin_table + row;
+#pragma unroll
+    for (int ks = 0; ks < D / 32; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = ks * 16 + 2 * t + (j >= 2 ? 8 : 0);
+        q_cos[ks][j][0] = cos_row[c];
+        q_cos[ks][j][1] = cos_row[c + 1];
+        q_sin[ks][j][0] = sin_row[c];
+        q_sin[ks][j][1] = sin_row[c + 1];
+      }
+    }
+    if (threadIdx.x < D / 2) {
+      k_cos = cos_row[threadIdx.x];
+      k_sin = sin_row[threadIdx.x];
+    }
+  }
   PdlTrigger();  // dependents first: see pdl.cuh
   PdlWait();
-  if constexpr (kRope) {
-    const int32_t p = plan.positions[seq.x];
-    const int64_t slot = plan.slot_mapping[seq.x];  // < 0: a padding row, nothing stored
-    if (slot >= 0 && tile_begin <= p / kKeys && p / kKeys <= tile_end) {
-      constexpr int kHalf = D / 2;
-      const float* cos_row = rope.cos_table + static_cast<int64_t>(p) * kHalf;
-      const float* sin_row = rope.sin_table + static_cast<int64_t>(p) * kHalf;
-      const int64_t src = (static_cast<int64_t>(seq.x) * a.num_kv_heads + kv_head) * D;
-      const int64_t dst = slot * kv_row + static_cast<int64_t>(kv_head) * D;
-      __nv_bfloat16* k_pool = reinterpret_cast<__nv_bfloat16*>(kv.k);
-      __nv_bfloat16* v_pool = reinterpret_cast<__nv_bfloat16*>(kv.v);
-      for (int i = threadIdx.x; i < kHalf; i += kWarps * 32) {
-        const float2 y = RotatePair(rope.k[src + i], rope.k[src + i + kHalf], cos_row[i], sin_row[i]);
-        k_pool[dst + i] = __float2bfloat16_rn(y.x);
-        k_pool[dst + i + kHalf] = __float2bfloat16_rn(y.y);
-      }
-      for (int i = threadIdx.x; i < D; i += kWarps * 32)
-        v_pool[dst + i] = __float2bfloat16_rn(rope.v[src + i]);
-    }
-    __threadfence_block();  // the stores before this block's copies of the token's tile
-    __syncthreads();
-  }
 
   // kMT == 1: Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
   // kMT > 1: Q rounded to bf16 the same way into q_s (zero rows past `rows`), read by ldmatrix.
@@ -366,7 +382,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   if constexpr (kMT == 1) {
     const float* q0 = q + (static_cast<int64_t>(row_token(0, 0)) * a.num_heads + row_head(0, 0)) * D;
     const float* q1 = q + (static_cast<int64_t>(row_token(0, 1)) * a.num_heads + row_head(0, 1)) * D;
-    // x[ks]: rows g, g + 8 at columns c = 16 ks + 2t (+1), then c + 8 (+1).
+    // x[ks]: rows g, g + 8 at columns c = 16 ks + 2t (+1), then c + 8 (+1). (Loaded before the
+    // kRope stores below, so that both loads are in flight together.)
     float2 x[D / 16][4];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
@@ -378,20 +395,49 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       x[ks][3] = pos[0][1] >= 0 ? *reinterpret_cast<const float2*>(q1 + c + 8) : z;
     }
     if constexpr (kRope) {
+      const int32_t p = step_pos;
+      const int64_t slot = plan.slot_mapping[seq.x];  // < 0: a padding row, nothing stored
+      if (slot >= 0 && tile_begin <= p / kKeys && p / kKeys <= tile_end) {
+        constexpr int kHalf = D / 2;
+        const int64_t src = (static_cast<int64_t>(seq.x) * a.num_kv_heads + kv_head) * D;
+        const int64_t dst = slot * kv_row + static_cast<int64_t>(kv_head) * D;
+        __nv_bfloat16* k_pool = reinterpret_cast<__nv_bfloat16*>(kv.k);
+        __nv_bfloat16* v_pool = reinterpret_cast<__nv_bfloat16*>(kv.v);
+        // The token's shared rows (fill_step_key): tile p / kKeys is in buffer (its tile -
+        // tile_begin), row p % kKeys; the same bf16 values as the pool's.
+        __nv_bfloat16* k_fill =
+            reinterpret_cast<__nv_bfloat16*>(smem + (p / kKeys - tile_begin) * S::kTileBytes) +
+            (p % kKeys) * S::kLd;
+        __nv_bfloat16* v_fill = k_fill + kKeys * S::kLd;
+        if (const int i = threadIdx.x; i < kHalf) {
+          const float2 y = RotatePair(rope.k[src + i], rope.k[src + i + kHalf], k_cos, k_sin);
+          const __nv_bfloat16 lo_k = __float2bfloat16_rn(y.x), hi_k = __float2bfloat16_rn(y.y);
+          k_pool[dst + i] = lo_k;
+          k_pool[dst + i + kHalf] = hi_k;
+          if (fill_step_key) {
+            k_fill[i] = lo_k;
+            k_fill[i + kHalf] = hi_k;
+          }
+        }
+        for (int i = threadIdx.x; i < D; i += kWarps * 32) {
+          const __nv_bfloat16 vv = __float2bfloat16_rn(rope.v[src + i]);
+          v_pool[dst + i] = vv;
+          if (fill_step_key) v_fill[i] = vv;
+        }
+      }
+      __threadfence_block();  // the stores before this block's copies of the token's tile
+      __syncthreads();
+
       // Rotate-half pairs (column c, c + D / 2): both in this thread, ks and ks + D / 32. The
       // block's rows are one token's heads, all at its position.
-      const int32_t p = plan.positions[seq.x];
-      const float* cos_row = rope.cos_table + static_cast<int64_t>(p) * (D / 2);
-      const float* sin_row = rope.sin_table + static_cast<int64_t>(p) * (D / 2);
 #pragma unroll
       for (int ks = 0; ks < D / 32; ++ks) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int c = ks * 16 + 2 * t + (j >= 2 ? 8 : 0);
           float2& lo = x[ks][j];
           float2& hi = x[ks + D / 32][j];
-          const float2 y0 = RotatePair(lo.x, hi.x, cos_row[c], sin_row[c]);
-          const float2 y1 = RotatePair(lo.y, hi.y, cos_row[c + 1], sin_row[c + 1]);
+          const float2 y0 = RotatePair(lo.x, hi.x, q_cos[ks][j][0], q_sin[ks][j][0]);
+          const float2 y1 = RotatePair(lo.y, hi.y, q_cos[ks][j][1], q_sin[ks][j][1]);
           lo = make_float2(y0.x, y1.x);
           hi = make_float2(y0.y, y1.y);
         }

@@ -144,9 +144,12 @@ class CudaBackend final : public Backend {
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
         cublas_workspace_(kCublasWorkspaceBytes),
-        norm_counter_(sizeof(unsigned)) {
+        norm_counter_(sizeof(unsigned)),
+        argmax_scratch_(size_t{kArgmaxSplitRows} * kArgmaxSplitChunks * 8 +
+                        kArgmaxSplitRows * sizeof(unsigned)) {
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
     CUDA_CHECK(cudaMemset(norm_counter_.data(), 0, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(argmax_scratch_.data(), 0, argmax_scratch_.bytes()));
     // cuBLAS must not allocate while a graph is being captured: give it a fixed workspace.
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
@@ -155,6 +158,11 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     recorder_.Flush(false);
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+#ifdef EMBER_CUDA_TRACE
+    if (const char* path = std::getenv("EMBER_CUDA_TRACE_OUT"); path != nullptr) {
+      cuda::DumpStepTrace(path);
+    }
+#endif
   }
 
   std::string name() const override {
@@ -313,6 +321,11 @@ class CudaBackend final : public Backend {
   cuda::StepRecorder recorder_;
   DeviceBuffer cublas_workspace_;
   DeviceBuffer norm_counter_;  // the norm-fused GEMV's block counter (GemvNormIn::counter)
+  // ArgmaxRows's split shape (cuda::ArgmaxScratch): steps of up to kArgmaxSplitRows rows of up to
+  // kArgmaxSplitChunks * 2,048 columns; float maxima, int32 indices, then the zeroed counters.
+  static constexpr int32_t kArgmaxSplitRows = 32;
+  static constexpr int32_t kArgmaxSplitChunks = 128;
+  DeviceBuffer argmax_scratch_;
 
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
@@ -1465,10 +1478,23 @@ Status CudaBackend::ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) 
 Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
   CHECK(x.dtype == DType::kF32);
   CHECK_EQ(static_cast<int64_t>(ids.size()), x.rows());
+  EnsureStepIds(x.rows());  // (before the op's key holds the ids' address)
+  // Recorded as the step's last op: the decode graph ends with it, a programmatic dependent
+  // launch behind the lm_head.
+  const size_t cells = size_t{kArgmaxSplitRows} * kArgmaxSplitChunks;
+  cuda::ArgmaxScratch scratch;
+  scratch.max = argmax_scratch_.as<float>();
+  scratch.index = reinterpret_cast<int32_t*>(scratch.max + cells);
+  scratch.counters = reinterpret_cast<unsigned*>(scratch.index + cells);
+  scratch.max_rows = kArgmaxSplitRows;
+  scratch.max_chunks = kArgmaxSplitChunks;
+  const float* xp = static_cast<const float*>(x.data);
+  const int64_t rows = x.rows(), cols = x.cols();
+  int32_t* idp = step_ids_.as<int32_t>();
+  recorder_.Record(
+      {19, KeyOf(xp), U(rows), U(cols), KeyOf(idp), KeyOf(scratch.max)},
+      [=](cudaStream_t st) { cuda::LaunchArgmaxRows(xp, rows, cols, idp, &scratch, st); });
   Flush();
-  EnsureStepIds(x.rows());
-  cuda::LaunchArgmaxRows(static_cast<const float*>(x.data), x.rows(), x.cols(),
-                         step_ids_.as<int32_t>(), stream_.get());
   const int32_t* host = CopyIdsBack(x.rows());
   if (defer_ids_) {
     StepDelivery().argmax = ids;
@@ -1521,7 +1547,7 @@ std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
       "?",           "Embedding",        "RmsNorm",          "AddRmsNorm",   "MatMul(cublas)",
       "Rope",        "WriteKv",          "Attention",        "SiluMul",      "GeluTanhMul",
       "Add",         "Softcap",          "GatherLogitsRows", "MatMul(gemv)", "MatMul(gemm)",
-      "RopeWriteKv", "MatMul(gemv)+act", "RopeAttention",    "MoeMlp"};
+      "RopeWriteKv", "MatMul(gemv)+act", "RopeAttention",    "MoeMlp",       "ArgmaxRows"};
   std::vector<CudaOpTime> out;
   auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (cuda_backend == nullptr) return out;

@@ -12,6 +12,7 @@ namespace {
 __global__ void EmbeddingKernel(const void* table, ElemType table_type, int64_t vocab, int64_t d,
                                 float scale, const int32_t* token_ids, const int32_t* fed_ids,
                                 float* out) {
+  TraceStamp();  // (the step's first kernel: no PdlWait to stamp)
   const int64_t row = blockIdx.x;
   int64_t token = token_ids[row];
   if (token < 0) token = fed_ids[-1 - token];  // the previous step's id of that logits row

@@ -246,10 +246,24 @@ void LaunchAttentionPrefill(const AttentionArgs& args, const float* q, const KvL
                             cudaStream_t stream);
 
 // ---- argmax.cu ----
+#ifdef EMBER_CUDA_TRACE
+// The step timeline's stamps (pdl.cuh, TraceStamp), sorted by time, into the file at `path`.
+void DumpStepTrace(const char* path);
+#endif
+
 // ids[r] = first index of the maximum of row r (NaN never wins; 0 for an all-NaN row).
-// x [rows, cols] float32; ids [rows] int32 on the device.
+// x [rows, cols] float32; ids [rows] int32 on the device. With `scratch` (device memory the
+// caller keeps, counters zeroed once), up to max_rows rows take the split shape (argmax.cu).
+struct ArgmaxScratch {
+  float* max = nullptr;          // [max_rows * max_chunks]
+  int32_t* index = nullptr;      // [max_rows * max_chunks]
+  unsigned* counters = nullptr;  // [max_rows], zero between launches
+  int32_t max_rows = 0;
+  int32_t max_chunks = 0;
+};
+int32_t ArgmaxSplitChunks(int64_t cols);  // the split shape's blocks per row
 void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
-                      cudaStream_t stream);
+                      const ArgmaxScratch* scratch, cudaStream_t stream);
 
 // ---- sample_rows.cu ----
 // One sampled row's parameters (the layout of ember::RowSampling).

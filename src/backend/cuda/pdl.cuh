@@ -10,6 +10,12 @@
 
 #include <cuda_runtime.h>
 
+#ifdef EMBER_CUDA_TRACE
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+#endif
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -20,7 +26,71 @@
 
 namespace ember::cuda {
 
-__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#ifdef EMBER_CUDA_TRACE
+// The step timeline (a build with -DEMBER_CUDA_TRACE=ON only; no profiler needed): thread 0 of
+// block 0 of every kernel stamps %globaltimer when its PdlWait returns, with its grid size, block
+// size and dynamic shared memory. Kernel N's wait returns once kernel N - 1 has completed, so the
+// gap between consecutive stamps is the time kernel N - 1 held the stream's critical path.
+// Each translation unit keeps its own ring of stamps; DumpTrace (CudaBackend's destructor, when
+// EMBER_CUDA_TRACE_OUT names a file) merges them by time.
+struct TraceStampRecord {
+  unsigned long long t;
+  unsigned grid;
+  unsigned block;
+  unsigned smem;
+  unsigned pad;
+};
+constexpr unsigned kTraceRing = 1u << 15;
+using TraceReader = void (*)(std::vector<TraceStampRecord>&);
+inline std::vector<TraceReader>& TraceReaders() {
+  static std::vector<TraceReader> readers;
+  return readers;
+}
+namespace {
+__device__ TraceStampRecord g_trace[kTraceRing];
+__device__ unsigned g_trace_next;
+void ReadTrace(std::vector<TraceStampRecord>& out) {
+  unsigned n = 0;
+  if (cudaMemcpyFromSymbol(&n, g_trace_next, sizeof n) != cudaSuccess || n == 0) return;
+  std::vector<TraceStampRecord> ring(kTraceRing);
+  CUDA_CHECK(cudaMemcpyFromSymbol(ring.data(), g_trace, sizeof(TraceStampRecord) * kTraceRing));
+  ring.resize(n < kTraceRing ? n : kTraceRing);
+  out.insert(out.end(), ring.begin(), ring.end());
+}
+[[maybe_unused]] const bool g_trace_registered = (TraceReaders().push_back(&ReadTrace), true);
+}  // namespace
+__device__ __forceinline__ void TraceStamp() {
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  unsigned smem;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+  const unsigned i = atomicAdd(&g_trace_next, 1u) % kTraceRing;
+  g_trace[i] = {t, gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y * blockDim.z, smem,
+                0u};
+}
+// Writes every translation unit's stamps, sorted by time, one "t_ns grid block smem" line each
+// (kernels.h's DumpStepTrace, for host code).
+inline void DumpTrace(const char* path) {
+  std::vector<TraceStampRecord> all;
+  for (TraceReader r : TraceReaders()) r(all);
+  std::sort(all.begin(), all.end(),
+            [](const TraceStampRecord& a, const TraceStampRecord& b) { return a.t < b.t; });
+  if (FILE* f = std::fopen(path, "w")) {
+    for (const TraceStampRecord& r : all) {
+      std::fprintf(f, "%llu %u %u %u\n", r.t, r.grid, r.block, r.smem);
+    }
+    std::fclose(f);
+  }
+}
+#else
+__device__ __forceinline__ void TraceStamp() {}
+#endif
+
+__device__ __forceinline__ void PdlWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  TraceStamp();
+}
 __device__ __forceinline__ void PdlTrigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
