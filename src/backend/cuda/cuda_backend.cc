@@ -144,11 +144,9 @@ class CudaBackend final : public Backend {
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/64),
         cublas_workspace_(kCublasWorkspaceBytes),
-        norm_counter_(sizeof(unsigned)),
         argmax_scratch_(size_t{kArgmaxSplitRows} * kArgmaxSplitChunks * 8 +
                         kArgmaxSplitRows * sizeof(unsigned)) {
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
-    CUDA_CHECK(cudaMemset(norm_counter_.data(), 0, sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(argmax_scratch_.data(), 0, argmax_scratch_.bytes()));
     // cuBLAS must not allocate while a graph is being captured: give it a fixed workspace.
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
@@ -320,7 +318,6 @@ class CudaBackend final : public Backend {
   CublasHandle cublas_;
   cuda::StepRecorder recorder_;
   DeviceBuffer cublas_workspace_;
-  DeviceBuffer norm_counter_;  // the norm-fused GEMV's block counter (GemvNormIn::counter)
   // ArgmaxRows's split shape (cuda::ArgmaxScratch): steps of up to kArgmaxSplitRows rows of up to
   // kArgmaxSplitChunks * 2,048 columns; float maxima, int32 indices, then the zeroed counters.
   static constexpr int32_t kArgmaxSplitRows = 32;
@@ -366,21 +363,11 @@ class CudaBackend final : public Backend {
     cuda::GemvPart parts[cuda::kGemvMaxParts];
     void* converted = nullptr;  // x in the weight's 16-bit type (cuBLAS; kInvariant's scratch)
     DType converted_type = DType::kF32;
-    cuda::GemvNormIn norm;  // kGemv: the RMSNorm the launch computes x with (norm.weight set)
   };
   bool LastOpIs(const LastMatMul& l) const {
     return !recorder_.empty() && recorder_.records() == l.record;
   }
   LastMatMul last_matmul_;
-  // The last recorded op when it is a one-row RMSNorm (RmsNorm, AddRmsNorm) into f32: a batch-1
-  // GEMV of its output takes it over (the ring GEMV normalises x in its prologue).
-  struct LastNorm {
-    uint64_t record = ~uint64_t{0};
-    cuda::GemvNormIn norm;
-  };
-  LastNorm last_norm_;
-  // Notes the RMSNorm just recorded as last_norm_ when a GEMV could take it over.
-  void NoteNorm(int64_t rows, bool out_bf16, cuda::GemvNormIn norm);
   // Per GEMV launch recorded since the last Flush, in order: its prefetch target (the next
   // GEMV launch's weights; the last one's stays empty).
   std::vector<cuda::GemvPrefetch> gemv_next_;
@@ -404,14 +391,11 @@ class CudaBackend final : public Backend {
   // workspace. `launch` enqueues all parts at once.
   // `next`: the weights of the GEMV launch recorded after this one (kGemv only), filled in when
   // that launch is recorded; the step's ops launch at Flush, after the whole step is recorded.
-  // `norm` (kGemv, a new launch only): the launch replaces the last recorded op, the RMSNorm
-  // that produced x, and computes x itself.
   using PartsLaunch = void (*)(const float* x, void* scratch, const cuda::GemvPart* parts,
                                int num_parts, int64_t n, int64_t k, const cuda::GemvPrefetch* next,
-                               const cuda::GemvNormIn& norm, cudaStream_t stream);
+                               cudaStream_t stream);
   void RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t n, int64_t k,
-                         const cuda::GemvPart& part, int64_t scratch_bytes, PartsLaunch launch,
-                         const cuda::GemvNormIn* norm = nullptr);
+                         const cuda::GemvPart& part, int64_t scratch_bytes, PartsLaunch launch);
 
   // Step workspace: bump allocation over chunks; merged into one chunk at BeginStep.
   std::vector<DeviceBuffer> arena_chunks_;
@@ -734,19 +718,6 @@ void CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsN
                                          static_cast<const float*>(weight.data), eps, one_plus,
                                          rows, d, out.data, out_bf16, st);
                    });
-  NoteNorm(
-      rows, out_bf16,
-      cuda::GemvNormIn{static_cast<float*>(x.data), nullptr, static_cast<const float*>(weight.data),
-                       eps, one_plus, static_cast<float*>(out.data)});
-}
-
-void CudaBackend::NoteNorm(int64_t rows, bool out_bf16, cuda::GemvNormIn norm) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (rows == 1 && !out_bf16 && aligned(norm.residual) && aligned(norm.delta) &&
-      aligned(norm.weight) && aligned(norm.out)) {
-    norm.counter = static_cast<unsigned*>(norm_counter_.data());
-    last_norm_ = LastNorm{recorder_.records(), norm};
-  }
 }
 
 void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
@@ -768,18 +739,13 @@ void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor&
                                          static_cast<const float*>(weight.data), eps, one_plus,
                                          rows, d, out.data, out_bf16, st);
                    });
-  NoteNorm(
-      rows, out_bf16,
-      cuda::GemvNormIn{static_cast<float*>(residual.data), static_cast<const float*>(delta.data),
-                       static_cast<const float*>(weight.data), eps, one_plus,
-                       static_cast<float*>(out.data)});
 }
 
 void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t n, int64_t k,
                                     const cuda::GemvPart& part, int64_t scratch_bytes,
-                                    PartsLaunch launch, const cuda::GemvNormIn* norm) {
+                                    PartsLaunch launch) {
   LastMatMul& g = last_matmul_;
-  const bool join = norm == nullptr && LastOpIs(g) && g.group == group && g.x == x.data &&
+  const bool join = LastOpIs(g) && g.group == group && g.x == x.data &&
                     g.n == n && g.k == k && g.num_parts < cuda::kGemvMaxParts;
   if (group == MatMulGroup::kGemv && !join) {
     // This launch's weights are the previous GEMV launch's prefetch target.
@@ -796,23 +762,13 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
     g.n = n;
     g.k = k;
     g.converted = scratch_bytes > 0 ? ArenaAlloc(static_cast<size_t>(scratch_bytes)) : nullptr;
-    if (norm != nullptr) g.norm = *norm;
   }
   g.parts[g.num_parts++] = part;
   // Tag (the profile's op name): 13 "MatMul(gemv)", 14 "MatMul(gemm)".
-  const cuda::GemvNormIn fused_norm = g.norm;
-  std::array<uint64_t, 11 + 4 * cuda::kGemvMaxParts> key = {group == MatMulGroup::kGemv ? 13u : 14u,
-                                                            KeyOf(x.data),
-                                                            U(n),
-                                                            U(k),
-                                                            U(g.num_parts),
-                                                            KeyOf(g.converted),
-                                                            KeyOf(fused_norm.residual),
-                                                            KeyOf(fused_norm.delta),
-                                                            KeyOf(fused_norm.weight),
-                                                            KeyOf(fused_norm.eps),
-                                                            U(fused_norm.one_plus)};
-  size_t key_len = 11;
+  std::array<uint64_t, 6 + 4 * cuda::kGemvMaxParts> key = {
+      group == MatMulGroup::kGemv ? 13u : 14u, KeyOf(x.data), U(n), U(k), U(g.num_parts),
+      KeyOf(g.converted)};
+  size_t key_len = 6;
   for (int i = 0; i < g.num_parts; ++i) {
     key[key_len++] = KeyOf(g.parts[i].w);
     key[key_len++] = KeyOf(g.parts[i].bias);
@@ -826,10 +782,9 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
   void* scratch = g.converted;
   const bool gemv = group == MatMulGroup::kGemv;
   auto op = [=](cudaStream_t st) {
-    launch(xp, scratch, parts.data(), num_parts, n, k, gemv ? &(*hints)[hint] : nullptr, fused_norm,
-           st);
+    launch(xp, scratch, parts.data(), num_parts, n, k, gemv ? &(*hints)[hint] : nullptr, st);
   };
-  if (join || norm != nullptr) {
+  if (join) {
     recorder_.ReplaceLast(std::span<const uint64_t>(key.data(), key_len), std::move(op));
   } else {
     recorder_.Record(std::span<const uint64_t>(key.data(), key_len), std::move(op));
@@ -868,26 +823,19 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
     RecordPartsLaunch(
         MatMulGroup::kInvariant, x, n, k, part, cuda::GemmInvariantScratchBytes(n, k),
         [](const float* xp, void* scratch, const cuda::GemvPart* parts, int num_parts, int64_t rows,
-           int64_t cols, const cuda::GemvPrefetch*, const cuda::GemvNormIn&, cudaStream_t st) {
+           int64_t cols, const cuda::GemvPrefetch*, cudaStream_t st) {
           cuda::LaunchGemmInvariant(xp, scratch, parts, num_parts, rows, cols, st);
         });
     return;
   }
   if (weight.dtype == DType::kBF16 && n == 1 && cuda::GemvBf16Supported(x.data, weight.data, k)) {
-    // One row (batch-1 decode): a bandwidth-bound GEMV (f32 activations, bias fused). Right after
-    // the RMSNorm of x it takes the norm over (one kernel and one wait fewer).
-    const bool fuse_norm = !recorder_.empty() && recorder_.records() == last_norm_.record &&
-                           last_norm_.norm.out == x.data && cuda::GemvNormFused(k);
-    const cuda::GemvNormIn norm = last_norm_.norm;
-    if (fuse_norm) last_norm_ = LastNorm{};
-    RecordPartsLaunch(
-        MatMulGroup::kGemv, x, n, k, part, 0,
-        [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts, int64_t /*rows*/,
-           int64_t cols, const cuda::GemvPrefetch* next, const cuda::GemvNormIn& norm,
-           cudaStream_t st) {
-          cuda::LaunchGemvBf16Multi(xp, parts, num_parts, cols, *next, st, {}, norm);
-        },
-        fuse_norm ? &norm : nullptr);
+    // One row (batch-1 decode): a bandwidth-bound GEMV (f32 activations, bias fused).
+    RecordPartsLaunch(MatMulGroup::kGemv, x, n, k, part, 0,
+                      [](const float* xp, void*, const cuda::GemvPart* parts, int num_parts,
+                         int64_t /*rows*/, int64_t cols, const cuda::GemvPrefetch* next,
+                         cudaStream_t st) {
+                        cuda::LaunchGemvBf16Multi(xp, parts, num_parts, cols, *next, st);
+                      });
     return;
   }
   // Parity mode (f32 weights): true fp32 FMA, never TF32. Otherwise the activations are
@@ -1159,9 +1107,8 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
     const std::vector<cuda::GemvPrefetch>* hints = &gemv_next_;
     const size_t hint = gemv_next_.size() - 1;  // this GEMV launch's entry
     const cuda::GemvGatedOut gated{static_cast<float*>(out.data), gelu};
-    const cuda::GemvNormIn norm = g.norm;
     // Tag 16: "MatMul(gemv)+act".
-    const std::array<uint64_t, 17> key = {16u,
+    const std::array<uint64_t, 12> key = {16u,
                                           KeyOf(xp),
                                           U(k),
                                           U(gelu),
@@ -1172,14 +1119,9 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
                                           KeyOf(parts[0].out),
                                           KeyOf(parts[1].w),
                                           KeyOf(parts[1].bias),
-                                          KeyOf(parts[1].out),
-                                          KeyOf(norm.residual),
-                                          KeyOf(norm.delta),
-                                          KeyOf(norm.weight),
-                                          KeyOf(norm.eps),
-                                          U(norm.one_plus)};
+                                          KeyOf(parts[1].out)};
     recorder_.ReplaceLast(key, [=](cudaStream_t st) {
-      cuda::LaunchGemvBf16Multi(xp, parts.data(), 2, k, (*hints)[hint], st, gated, norm);
+      cuda::LaunchGemvBf16Multi(xp, parts.data(), 2, k, (*hints)[hint], st, gated);
     });
     last_matmul_ = LastMatMul{};  // nothing joins a fused launch
     return;
@@ -1491,9 +1433,8 @@ Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
   const float* xp = static_cast<const float*>(x.data);
   const int64_t rows = x.rows(), cols = x.cols();
   int32_t* idp = step_ids_.as<int32_t>();
-  recorder_.Record(
-      {19, KeyOf(xp), U(rows), U(cols), KeyOf(idp), KeyOf(scratch.max)},
-      [=](cudaStream_t st) { cuda::LaunchArgmaxRows(xp, rows, cols, idp, &scratch, st); });
+  recorder_.Record({19, KeyOf(xp), U(rows), U(cols), KeyOf(idp), KeyOf(scratch.max)},
+                   [=](cudaStream_t st) { cuda::LaunchArgmaxRows(xp, rows, cols, idp, &scratch, st); });
   Flush();
   const int32_t* host = CopyIdsBack(x.rows());
   if (defer_ids_) {

@@ -193,15 +193,13 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
 }
 
 // At most 112 registers, so the small kernels before and after it fit beside a block.
-template <bool kNorm, bool kGated>
+template <bool kGated>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
-                   int stages, float* __restrict__ gated_out, bool gelu, GemvNormIn norm) {
+                   int stages, float* __restrict__ gated_out, bool gelu) {
   constexpr bool gated = kGated;
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ uint64_t full[kRingMaxStages], empty[kRingMaxStages];
-  __shared__ float norm_sums[kRingConsumers];
-  __shared__ int norm_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row_bytes = k * 2;
   const int64_t stage_bytes = row_bytes * rows_per_stage;
@@ -270,71 +268,15 @@ __global__ void __maxnreg__(112)
   const int64_t chunks = k / 8;
   PdlWait();
   float xr[kRingChunks][8];
-  const float* src = kNorm ? norm.residual : x;
 #pragma unroll
   for (int j = 0; j < kRingChunks; ++j) {
     const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
     const float4 a =
-        c < chunks ? reinterpret_cast<const float4*>(src)[2 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 b = c < chunks ? reinterpret_cast<const float4*>(src)[2 * c + 1]
+        c < chunks ? reinterpret_cast<const float4*>(x)[2 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 b = c < chunks ? reinterpret_cast<const float4*>(x)[2 * c + 1]
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
     xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
     xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
-  }
-  if constexpr (kNorm) {
-    // The RMSNorm of the row in the prologue: each warp holds its columns; the warps of the first
-    // row of a stage hold every column once, so their sums of squares make the row's.
-    float sum_sq = 0.f;
-#pragma unroll
-    for (int j = 0; j < kRingChunks; ++j) {
-      const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
-      if (c < chunks && norm.delta != nullptr) {
-        const float4 da = reinterpret_cast<const float4*>(norm.delta)[2 * c];
-        const float4 db = reinterpret_cast<const float4*>(norm.delta)[2 * c + 1];
-        xr[j][0] += da.x, xr[j][1] += da.y, xr[j][2] += da.z, xr[j][3] += da.w;
-        xr[j][4] += db.x, xr[j][5] += db.y, xr[j][6] += db.z, xr[j][7] += db.w;
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum_sq = __fadd_rn(sum_sq, __fmul_rn(xr[j][e], xr[j][e]));
-    }
-    sum_sq = WarpSum(sum_sq);
-    if (lane == 0) norm_sums[warp] = sum_sq;
-    asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
-    // Every warp of the block has read the residual: count the block out; the last block of the
-    // launch writes the new residual and the normalised row, and resets the counter.
-    if (threadIdx.x == 0) {
-      __threadfence();
-      norm_last = atomicAdd(norm.counter, 1u) == gridDim.x - 1;
-      if (norm_last) *norm.counter = 0;
-    }
-    float total = norm_sums[0];
-    for (int i = 1; i < group; ++i) total = __fadd_rn(total, norm_sums[i]);
-    const float inv_rms = rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(k)), norm.eps));
-    asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
-    const bool write = norm_last && warp < group;
-#pragma unroll
-    for (int j = 0; j < kRingChunks; ++j) {
-      const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
-      if (c >= chunks) continue;
-      const float* w = norm.weight + 8 * c;
-      if (write && norm.delta != nullptr) {
-        reinterpret_cast<float4*>(norm.residual)[2 * c] =
-            make_float4(xr[j][0], xr[j][1], xr[j][2], xr[j][3]);
-        reinterpret_cast<float4*>(norm.residual)[2 * c + 1] =
-            make_float4(xr[j][4], xr[j][5], xr[j][6], xr[j][7]);
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float we = w[e];
-        xr[j][e] = __fmul_rn(xr[j][e], __fmul_rn(inv_rms, norm.one_plus ? __fadd_rn(1.f, we) : we));
-      }
-      if (write) {
-        reinterpret_cast<float4*>(norm.out)[2 * c] =
-            make_float4(xr[j][0], xr[j][1], xr[j][2], xr[j][3]);
-        reinterpret_cast<float4*>(norm.out)[2 * c + 1] =
-            make_float4(xr[j][4], xr[j][5], xr[j][6], xr[j][7]);
-      }
-    }
   }
   int slot = 0;
   uint32_t phase = 0;
@@ -460,18 +402,6 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
          (reinterpret_cast<uintptr_t>(w) % 16) == 0;
 }
 
-bool GemvNormFused(int64_t k) {
-  // Off unless EMBER_GEMV_NORM=1: measured slower. H200, tg128 in one call (docs/perf.md, session
-  // 22): 1B 923 / 924 tok/s with it against 1,046 / 1,043 without (the prologue's loads, two block
-  // barriers and the counter sit on the path of every block, where the RMSNorm kernel before a
-  // ring GEMV costs little: the ring fills meanwhile).
-  static const bool on = [] {
-    const char* v = std::getenv("EMBER_GEMV_NORM");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return on && k % 8 == 0 && RingEnabled() && RingRowsPerStage(k) > 0;
-}
-
 bool GemvGatedFused(int64_t m, int64_t k) {
   static const bool off = [] {  // EMBER_GEMV_GATED=0: never fused (A/B measurements)
     const char* v = std::getenv("EMBER_GEMV_GATED");
@@ -483,8 +413,7 @@ bool GemvGatedFused(int64_t m, int64_t k) {
 }
 
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated,
-                         const GemvNormIn& norm) {
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated) {
   CHECK(num_parts >= 1 && num_parts <= kGemvMaxParts) << num_parts << " GEMV parts";
   CHECK(gated.out == nullptr || (num_parts == 2 && parts[0].m == parts[1].m))
       << "a gated GEMV takes the gate and the up part, of equal rows";
@@ -502,30 +431,19 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   if (end == 0) return;
   RingPlan plan;
   const bool ring = RingPlanFor(p.total, k, gated.out != nullptr, &plan);
-  if (norm.weight != nullptr && !ring) {  // the RMSNorm kernel, then this launch on its output
-    LaunchRmsNorm(norm.delta != nullptr ? nullptr : norm.residual,
-                  norm.delta != nullptr ? norm.residual : nullptr, norm.delta, norm.weight,
-                  norm.eps, norm.one_plus, 1, k, norm.out, false, stream);
-    LaunchGemvBf16Multi(norm.out, parts, num_parts, k, next, stream, gated);
-    return;
-  }
   if (ring) {
     static const bool attr = [] {
-      for (auto kernel : {GemvRingKernel<false, false>, GemvRingKernel<false, true>,
-                          GemvRingKernel<true, false>, GemvRingKernel<true, true>}) {
+      for (auto kernel : {GemvRingKernel<false>, GemvRingKernel<true>}) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kRingMaxSmem));
       }
       return true;
     }();
     (void)attr;
-    const bool fused_norm = norm.weight != nullptr, fused_gate = gated.out != nullptr;
-    LaunchPdl(fused_norm
-                  ? (fused_gate ? GemvRingKernel<true, true> : GemvRingKernel<true, false>)
-                  : (fused_gate ? GemvRingKernel<false, true> : GemvRingKernel<false, false>),
+    LaunchPdl(gated.out != nullptr ? GemvRingKernel<true> : GemvRingKernel<false>,
               dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
               static_cast<size_t>(plan.smem_bytes), stream, x, p, k, plan.rows_per_stage,
-              plan.stages, gated.out, gated.gelu, norm);
+              plan.stages, gated.out, gated.gelu);
     return;
   }
   if (gated.out != nullptr) {  // the GEMV, then the activation

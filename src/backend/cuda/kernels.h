@@ -72,26 +72,8 @@ struct GemvGatedOut {
   float* out = nullptr;
   bool gelu = false;
 };
-// With `norm.weight`: the launch computes its x itself, as the RMSNorm op (LaunchRmsNorm with
-// out = norm.out) would have just before it: v = residual (+ delta), x = v * rsqrt(mean(v^2) +
-// eps) * (one_plus ? 1 + weight : weight); it also stores v into residual (when delta is given)
-// and x into norm.out, so nothing else changes. The last block to have read the residual writes
-// them, counted on `counter` (zero between launches; one launch at a time per counter).
-struct GemvNormIn {
-  float* residual = nullptr;
-  const float* delta = nullptr;   // null: residual is only read (the RmsNorm op)
-  const float* weight = nullptr;  // null: no norm, x as given
-  float eps = 0.f;
-  bool one_plus = false;
-  float* out = nullptr;
-  unsigned* counter = nullptr;
-};
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated = {},
-                         const GemvNormIn& norm = {});
-// Whether a launch of k-element rows can take the norm itself (else LaunchGemvBf16Multi runs the
-// RMSNorm kernel first).
-bool GemvNormFused(int64_t k);
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated = {});
 // Whether a gated launch of m-row gate and up parts is one kernel (else it is the GEMV, then the
 // activation kernel).
 bool GemvGatedFused(int64_t m, int64_t k);
@@ -255,8 +237,8 @@ void DumpStepTrace(const char* path);
 // x [rows, cols] float32; ids [rows] int32 on the device. With `scratch` (device memory the
 // caller keeps, counters zeroed once), up to max_rows rows take the split shape (argmax.cu).
 struct ArgmaxScratch {
-  float* max = nullptr;          // [max_rows * max_chunks]
-  int32_t* index = nullptr;      // [max_rows * max_chunks]
+  float* max = nullptr;         // [max_rows * max_chunks]
+  int32_t* index = nullptr;     // [max_rows * max_chunks]
   unsigned* counters = nullptr;  // [max_rows], zero between launches
   int32_t max_rows = 0;
   int32_t max_chunks = 0;
