@@ -35,15 +35,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) ids[blockIdx.x] = index;
 }
 
-// (value, index) beats (best, best_i) when larger, or equal at a lower index; an empty slot is
-// (-inf, INT_MAX), which loses every tie against a real index.
-__device__ __forceinline__ void Better(float v, int i, float& best, int& best_i) {
-  if (v > best || (v == best && i < best_i)) {
-    best = v;
-    best_i = i;
-  }
-}
-
 // Block (chunk, row). kVec: cols % 4 == 0 and x 16-byte aligned (float4 loads).
 template <bool kVec>
 __global__ void __launch_bounds__(kSplitThreads)
@@ -83,18 +74,11 @@ __global__ void __launch_bounds__(kSplitThreads)
       best_i = static_cast<int>(c0 + u);
     }
   }
-  WarpArgmax(best, best_i);
   __shared__ float warp_max[kSplitThreads / 32];
   __shared__ int warp_index[kSplitThreads / 32];
   __shared__ bool last;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_max[warp] = best;
-    warp_index[warp] = best_i;
-  }
-  __syncthreads();
+  BlockArgmaxFold<kSplitThreads>(best, best_i, warp_max, warp_index);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kSplitThreads / 32; ++w) Better(warp_max[w], warp_index[w], best, best_i);
     scratch.max[row * chunks + blockIdx.x] = best;
     scratch.index[row * chunks + blockIdx.x] = best_i;
     __threadfence();  // the partial before the count
@@ -106,17 +90,11 @@ __global__ void __launch_bounds__(kSplitThreads)
   best = -INFINITY;
   best_i = INT_MAX;
   for (int j = threadIdx.x; j < chunks; j += kSplitThreads) {
-    Better(__ldcg(scratch.max + row * chunks + j), __ldcg(scratch.index + row * chunks + j), best,
-           best_i);
+    ArgmaxTake(__ldcg(scratch.max + row * chunks + j), __ldcg(scratch.index + row * chunks + j),
+               best, best_i);
   }
-  WarpArgmax(best, best_i);
-  if (lane == 0) {
-    warp_max[warp] = best;
-    warp_index[warp] = best_i;
-  }
-  __syncthreads();
+  BlockArgmaxFold<kSplitThreads>(best, best_i, warp_max, warp_index);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kSplitThreads / 32; ++w) Better(warp_max[w], warp_index[w], best, best_i);
     ids[row] = best_i == INT_MAX ? 0 : best_i;
     scratch.counters[row] = 0;  // ready for the next launch (stream-ordered after this one)
   }

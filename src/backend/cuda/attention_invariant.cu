@@ -345,9 +345,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   __syncthreads();
   // Before PdlWait the kernel may read the plan and the keys of earlier steps: when the first
   // tile holds no key this step writes (with kRope: none it must copy), its copy overlaps the end
-  // of the previous kernel.
+  // of the previous kernel. With kRope the second tile's too (both buffers are free; the loop
+  // then skips it), so a decode at 64-127 keys waits for no copy after PdlWait.
   const bool early_copy = kRope || (tile_begin + 1) * kKeys <= plan.positions[seq.x];
   if (early_copy) issue_copy(slot_s[0], 0);
+  if (kRope && tile_begin + 1 <= tile_end) issue_copy(slot_s[1], 1);
   // kRope: the rotation's cos / sin at the token's position (constant tables) before PdlWait: this
   // thread's q columns (as x below) and, for threads under D / 2, its k column pair.
   static_assert(!kRope || D / 2 <= kWarps * 32);
@@ -537,7 +539,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
       __syncthreads();  // bf16 tile ready, staging free
     }
-    if (tile + 1 <= tile_end) issue_copy(slot_s[next], next);
+    if (tile + 1 <= tile_end && !(kRope && tile == tile_begin)) issue_copy(slot_s[next], next);
     if (!kPrefill && slot_thread >= 0) {
       slot_s[next ^ 1][slot_pos(slot_thread)] = lookup_slot(tile + 2);
     }

@@ -11,6 +11,31 @@
 
 namespace ember::cuda {
 
+// (v, i) beats (best, best_i) when larger, or equal at a lower index; an empty slot (-inf,
+// INT_MAX) loses every tie against a real index.
+__device__ __forceinline__ void ArgmaxTake(float v, int i, float& best, int& best_i) {
+  if (v > best || (v == best && i < best_i)) {
+    best = v;
+    best_i = i;
+  }
+}
+
+// Folds every thread's (best, best_i) over the block: thread 0 ends with the block's, folded in
+// warp order. warp_max / warp_index: kThreads / 32 shared slots each.
+template <int kThreads>
+__device__ void BlockArgmaxFold(float& best, int& best_i, float* warp_max, int* warp_index) {
+  WarpArgmax(best, best_i);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_max[warp] = best;
+    warp_index[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) ArgmaxTake(warp_max[w], warp_index[w], best, best_i);
+  }
+}
+
 template <int kThreads>
 __device__ void BlockArgmax(const float* __restrict__ x, int64_t n, float* max_out,
                             int* index_out) {
@@ -19,8 +44,6 @@ __device__ void BlockArgmax(const float* __restrict__ x, int64_t n, float* max_o
   __shared__ int warp_index[kWarps];
   __shared__ float block_max;
   __shared__ int block_index;
-  // (value, index) beats (best, best_i) when larger, or equal at a lower index; an empty lane
-  // (-inf, INT_MAX) loses every tie against a real index.
   float best = -INFINITY;
   int best_i = INT_MAX;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
@@ -31,20 +54,8 @@ __device__ void BlockArgmax(const float* __restrict__ x, int64_t n, float* max_o
       best_i = static_cast<int>(j);
     }
   }
-  WarpArgmax(best, best_i);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_max[warp] = best;
-    warp_index[warp] = best_i;
-  }
-  __syncthreads();
+  BlockArgmaxFold<kThreads>(best, best_i, warp_max, warp_index);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarps; ++w) {
-      if (warp_max[w] > best || (warp_max[w] == best && warp_index[w] < best_i)) {
-        best = warp_max[w];
-        best_i = warp_index[w];
-      }
-    }
     block_max = best;
     block_index = best_i == INT_MAX ? 0 : best_i;
   }
