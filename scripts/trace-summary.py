@@ -2,10 +2,11 @@
 """Summarises a step timeline (a build with -DEMBER_CUDA_TRACE=ON, EMBER_CUDA_TRACE_OUT=FILE).
 
 Each line of FILE is "t_ns grid block smem": one kernel's PdlWait return (pdl.cuh, TraceStamp).
-A kernel's share of the critical path is the gap to the next stamp. Steps end at a kernel with
-the signature --end (default: the argmax, grid 1 x 512 threads). Prints, for the last --steps
-steps of the most common length, each position's signature and mean gap in microseconds.
-Usage: trace-summary.py FILE [--steps N] [--end GRID,BLOCK]
+A kernel's share of the critical path is the gap to the next stamp. Steps begin at a kernel with
+the signature --start (default: the embedding of a one-row step, grid 1 x 256 threads). Prints,
+for the last --steps steps of the most common length, each position's signature and mean gap in
+microseconds.
+Usage: trace-summary.py FILE [--steps N] [--start GRID,BLOCK]
 """
 import argparse
 import collections
@@ -13,9 +14,9 @@ import collections
 ap = argparse.ArgumentParser()
 ap.add_argument("file")
 ap.add_argument("--steps", type=int, default=32)
-ap.add_argument("--end", default="1,512")
+ap.add_argument("--start", default="1,256")
 args = ap.parse_args()
-end_grid, end_block = (int(v) for v in args.end.split(","))
+start_grid, start_block = (int(v) for v in args.start.split(","))
 
 recs = []
 with open(args.file) as f:
@@ -24,10 +25,10 @@ with open(args.file) as f:
         recs.append((t, g, b, s))
 steps, cur = [], []
 for i, r in enumerate(recs):
-    cur.append(i)
-    if r[1] == end_grid and r[2] == end_block:
+    if r[1] == start_grid and r[2] == start_block and cur:
         steps.append(cur)
         cur = []
+    cur.append(i)
 lengths = collections.Counter(len(s) for s in steps[1:])
 if not lengths:
     raise SystemExit("no complete step in the trace")
