@@ -100,11 +100,12 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
-}  // namespace
-
+// The split shape's blocks per row.
 int32_t ArgmaxSplitChunks(int64_t cols) {
   return static_cast<int32_t>((cols + kChunkCols - 1) / kChunkCols);
 }
+
+}  // namespace
 
 void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
                       const ArgmaxScratch* scratch, cudaStream_t stream) {

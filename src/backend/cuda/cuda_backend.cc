@@ -745,8 +745,8 @@ void CudaBackend::RecordPartsLaunch(MatMulGroup group, const Tensor& x, int64_t 
                                     const cuda::GemvPart& part, int64_t scratch_bytes,
                                     PartsLaunch launch) {
   LastMatMul& g = last_matmul_;
-  const bool join = LastOpIs(g) && g.group == group && g.x == x.data &&
-                    g.n == n && g.k == k && g.num_parts < cuda::kGemvMaxParts;
+  const bool join = LastOpIs(g) && g.group == group && g.x == x.data && g.n == n && g.k == k &&
+                    g.num_parts < cuda::kGemvMaxParts;
   if (group == MatMulGroup::kGemv && !join) {
     // This launch's weights are the previous GEMV launch's prefetch target.
     if (!gemv_next_.empty()) gemv_next_.back() = cuda::GemvPrefetch{part.w, part.m * k * 2};

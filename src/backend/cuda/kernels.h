@@ -243,7 +243,6 @@ struct ArgmaxScratch {
   int32_t max_rows = 0;
   int32_t max_chunks = 0;
 };
-int32_t ArgmaxSplitChunks(int64_t cols);  // the split shape's blocks per row
 void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
                       const ArgmaxScratch* scratch, cudaStream_t stream);
 
