@@ -21,7 +21,12 @@
 // m-tiles (32 rows; 128 rows per block at D 128, 64 above), Q staged once as bf16 in shared
 // memory and each K/V fragment fed to both m-tiles' mma (half the shared-memory traffic per
 // flop); below D 128 one m-tile (kPrefillMTiles); both with a mask-free path for tiles every row
-// of the warp sees whole. Blocks are ordered KV head fastest, longest row tiles first.
+// of the warp sees whole. Blocks are ordered KV head fastest, longest row tiles first. A decode
+// step whose sequences have at most 16 rows per KV head (D 64 and 128) takes the key-split form
+// of the decode shape: all four warps share the one m-tile (in the plain shape three of them had
+// no rows), each computing a quarter of a tile's scores and of O's columns; the tile's row maxima,
+// the weights' pair sums and the bf16 weights meet in shared memory and every warp sums and
+// multiplies them in the one-warp order (measurements at KeySplitEnabled).
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
@@ -35,6 +40,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <type_traits>
 
@@ -54,9 +61,14 @@ constexpr int kSplitTiles = kInvariantSplitKeys / kKeys;
 static_assert(kInvariantSplitKeys % kKeys == 0);
 
 // kMT: 16-row m-tiles per warp (1: decode shape, Q in registers; 2: prefill shape, Q in shared).
-template <int D, int kMT>
+// kKeySplit (decode shape, D <= 128): the block's rows are one m-tile that all kWarps warps
+// share: each computes the scores of its kKeys / kWarps keys of a tile and a quarter of O's
+// columns (the weights P pass through shared memory).
+template <int D, int kMT, bool kKeySplit = false>
 struct Shape {
-  static constexpr int kDimSplit = D > 128 ? 2 : 1;  // warps sharing one row group's O columns
+  static_assert(!kKeySplit || (kMT == 1 && D <= 128 && D / 16 % kWarps == 0));
+  // warps sharing one row group's O columns
+  static constexpr int kDimSplit = kKeySplit ? kWarps : D > 128 ? 2 : 1;
   static constexpr int kWarpRows = 16 * kMT;
   static constexpr int kRowsPerBlock = kWarpRows * kWarps / kDimSplit;
   static constexpr int kDimBlocks = D / 16;  // 16-column blocks of the P.V product
@@ -172,13 +184,14 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // one token per sequence, full rotary): q and the step's k arrive unrotated and the block whose
 // keys include the token first stores its rotated k and its v (`rope`), as RopeWriteKvKernel
 // would have (the same arithmetic and rounding, so the same bits).
-template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false>
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
                              float* __restrict__ out, RopeKvInput rope) {
-  using S = Shape<D, kMT>;
+  using S = Shape<D, kMT, kKeySplit>;
   static_assert(!kRope || (kMT == 1 && kBf16Kv && !kPrefill), "RoPE in the decode shape only");
+  static_assert(!kKeySplit || !kPrefill, "key split in the decode shape only");
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -486,6 +499,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   float m[kMT][2], l[kMT][2];
   // The running fold lives in shared memory (registers go to o and s): [mt][h][thread].
   __shared__ float run_m[kMT][2][kWarps * 32], run_l[kMT][2][kWarps * 32];
+  // kKeySplit: each tile's row maxima per warp, weights' pair sums [n-tile][row half][lane] and P
+  // as A fragments [16-key block][register][lane].
+  struct KeySplitShared {
+    float max[kWarps][16];
+    float pair_sum[kKeys / 8][2][32];
+    uint32_t p[kKeys / 16][4][32];
+  };
+  struct NoKeySplit {};
+  __shared__ std::conditional_t<kKeySplit, KeySplitShared, NoKeySplit> key_split;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     run_m[mt][0][threadIdx.x] = run_m[mt][1][threadIdx.x] = -INFINITY;
@@ -508,6 +530,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     }
   };
   reset_state();
+#ifdef EMBER_TRACE_ATTENTION
+  // A trace build (pdl.cuh) with -DEMBER_TRACE_ATTENTION in CMAKE_CUDA_FLAGS stamps the step
+  // timeline here and at the end too: the loads, the tiles' compute and the exit apart.
+  TraceStamp();
+#endif
   for (int32_t tile = tile_begin; tile <= tile_end; ++tile) {
     const int32_t kt = tile * kKeys;
     // Prefill shape: the block-table entry of tile + 2's key is loaded now, turned into a slot
@@ -548,12 +575,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         warp_active && kt <= warp_last_pos &&
         !(a.sliding_window > 0 && kt + kKeys - 1 <= warp_first_pos - a.sliding_window);
     if (compute) {
-      // S = Q K^T: kKeys / 8 n-tiles of 8 keys; each K fragment serves the warp's kMT m-tiles.
-      float s[kMT][kKeys / 8][4];
+      // S = Q K^T: kNt n-tiles of 8 keys from n-tile n_first (kKeySplit: this warp's share of the
+      // tile, else all of it); each K fragment serves the warp's kMT m-tiles.
+      constexpr int kNt = kKeySplit ? kKeys / 8 / kWarps : kKeys / 8;
+      const int n_first = kKeySplit ? warp * kNt : 0;
+      float s[kMT][kNt][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < kKeys / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        for (int n = 0; n < kNt; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
       }
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
@@ -569,9 +599,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           }
         }
 #pragma unroll
-        for (int np = 0; np < kKeys / 16; ++np) {
+        for (int np = 0; np < kNt / 2; ++np) {
           uint32_t b[4];
-          const int key = np * 16 + (lane % 8) + 8 * (lane / 16);
+          const int key = n_first * 8 + np * 16 + (lane % 8) + 8 * (lane / 16);
           const int d = ks * 16 + 8 * ((lane / 8) % 2);
           LdMatrixX4(b, k_s + key * S::kLd + d);
 #pragma unroll
@@ -598,13 +628,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         for (int mt = 0; mt < kMT; ++mt) {
           mx[mt][0] = mx[mt][1] = -INFINITY;
 #pragma unroll
-          for (int n = 0; n < kKeys / 8; ++n) {
+          for (int n = 0; n < kNt; ++n) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
               float u = s[mt][n][c];
               if constexpr (kCapped) u = Capped(u, a);
               if constexpr (!kWhole) {
-                const int32_t key = kt + n * 8 + 2 * t + (c & 1);
+                const int32_t key = kt + (n_first + n) * 8 + 2 * t + (c & 1);
                 const int32_t p = pos[mt][c / 2];
                 const bool visible =
                     p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
@@ -643,6 +673,20 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           }
         }
       }
+      if constexpr (kKeySplit) {  // the tile's row maxima over the warps' keys (exact: a max)
+        if (t == 0) {
+          key_split.max[warp][g] = mx[0][0];
+          key_split.max[warp][g + 8] = mx[0][1];
+        }
+        __syncthreads();  // (block-uniform: every warp has the same rows)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = key_split.max[0][g + 8 * h];
+#pragma unroll
+          for (int w = 1; w < kWarps; ++w) v = fmaxf(v, key_split.max[w][g + 8 * h]);
+          mx[0][h] = v;
+        }
+      }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -677,39 +721,77 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       float sum[kMT][2];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) sum[mt][0] = sum[mt][1] = 0.f;
+      if constexpr (kKeySplit) {
+        // This warp's keys' weights: their pair sums and bf16 A fragments to shared memory, then
+        // every warp adds all pair sums in key order and multiplies all fragments into its
+        // columns in key order: the arithmetic of the unsplit warp below.
 #pragma unroll
-      for (int k0 = 0; k0 < kKeys; k0 += kPvKeys) {
-        uint32_t pf[kMT][kPvKeys / 16][4];
+        for (int n = 0; n < kNt; ++n) {
+          float p[4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
+          for (int c = 0; c < 4; ++c) p[c] = Exp2(__fmaf_rn(s[0][n][c], exp_scale, -mc[0][c / 2]));
+          key_split.pair_sum[n_first + n][0][lane] = p[0] + p[1];
+          key_split.pair_sum[n_first + n][1][lane] = p[2] + p[3];
+          key_split.p[(n_first + n) / 2][(n % 2) * 2][lane] = PackBf16(p[0], p[1]);
+          key_split.p[(n_first + n) / 2][(n % 2) * 2 + 1][lane] = PackBf16(p[2], p[3]);
+        }
+        __syncthreads();
 #pragma unroll
-          for (int n = k0 / 8; n < (k0 + kPvKeys) / 8; ++n) {
-            float p[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
-            }
-            sum[mt][0] += p[0] + p[1];
-            sum[mt][1] += p[2] + p[3];
-            const int kk = n / 2 - k0 / 16;
-            pf[mt][kk][(n % 2) * 2] = PackBf16(p[0], p[1]);
-            pf[mt][kk][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
-          }
+        for (int n = 0; n < kKeys / 8; ++n) {
+          sum[0][0] += key_split.pair_sum[n][0][lane];
+          sum[0][1] += key_split.pair_sum[n][1][lane];
         }
 #pragma unroll
-        for (int kk = 0; kk < kPvKeys / 16; ++kk) {
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t pf[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pf[i] = key_split.p[kk][i][lane];
 #pragma unroll
           for (int i = 0; i < kDimBlocksPerWarp; ++i) {
             const int dp = dp_begin + i;
-            if (dp >= dp_end) break;
             uint32_t b[4];
-            const int key = k0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+            const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
             const int d = dp * 16 + 8 * (lane / 16);
             LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+            Mma(o[0][2 * i], pf, b[0], b[1]);
+            Mma(o[0][2 * i + 1], pf, b[2], b[3]);
+          }
+        }
+      } else {
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
-              Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+        for (int k0 = 0; k0 < kKeys; k0 += kPvKeys) {
+          uint32_t pf[kMT][kPvKeys / 16][4];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int n = k0 / 8; n < (k0 + kPvKeys) / 8; ++n) {
+              float p[4];
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                p[c] = Exp2(__fmaf_rn(s[mt][n][c], exp_scale, -mc[mt][c / 2]));  // masked: 0
+              }
+              sum[mt][0] += p[0] + p[1];
+              sum[mt][1] += p[2] + p[3];
+              const int kk = n / 2 - k0 / 16;
+              pf[mt][kk][(n % 2) * 2] = PackBf16(p[0], p[1]);
+              pf[mt][kk][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
+            }
+          }
+#pragma unroll
+          for (int kk = 0; kk < kPvKeys / 16; ++kk) {
+#pragma unroll
+            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+              const int dp = dp_begin + i;
+              if (dp >= dp_end) break;
+              uint32_t b[4];
+              const int key = k0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+              const int d = dp * 16 + 8 * (lane / 16);
+              LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+#pragma unroll
+              for (int mt = 0; mt < kMT; ++mt) {
+                Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
+                Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+              }
             }
           }
         }
@@ -805,6 +887,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       reset_state();
     }
   }
+#ifdef EMBER_TRACE_ATTENTION
+  TraceStamp();
+#endif
 }
 
 // Split mode's second pass: block (head, token) folds the row's split states in split order
@@ -835,13 +920,13 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
   }
 }
 
-template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false>
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
-  using S = Shape<D, kMT>;
+  using S = Shape<D, kMT, kKeySplit>;
   constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv>;
-  constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope>;
+  constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -857,8 +942,23 @@ void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& 
             partials, out, rope);
 }
 
-// The head dims with a RoPE-fused decode kernel (each instantiation costs build time).
+// The head dims with a RoPE-fused decode kernel and a key-split decode shape (each
+// instantiation costs build time).
 constexpr bool RopeFusedDim(int32_t d) { return d == 64 || d == 128; }
+constexpr bool KeySplitDim(int32_t d) { return d == 64 || d == 128; }
+
+// The key-split decode shape serves steps of at most 16 rows per (sequence, KV head) unless
+// EMBER_ATTN_KEY_SPLIT=0 (A/B measurements; the same bits either way). H200, one call
+// (docs/perf.md, session 24): tg128 8B 246.8 -> 252.5 tok/s (attention 7.5 -> 5.9 us a layer),
+// 1B 1,185 -> 1,198 (1,219 with the one-vector RMSNorm); 128 concurrent 512/128, decode tok/s:
+// 1B 50,740 -> 53,476, 8B 13,488 -> 13,912.
+bool KeySplitEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_ATTN_KEY_SPLIT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 
 // The two-m-tile (prefill) shape when a sequence has more rows than one decode-shape block.
 template <int D>
@@ -872,7 +972,15 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
     }
     const int64_t max_rows =
         static_cast<int64_t>(max_query_len) * (args.num_heads / args.num_kv_heads);
+    const bool key_split = KeySplitDim(D) && max_rows <= 16 && KeySplitEnabled();
     if (rope != nullptr) {
+      if constexpr (RopeFusedDim(D) && KeySplitDim(D)) {
+        if (key_split) {
+          LaunchForDim<D, true, 1, false, true, true>(args, q, kv, plan, max_rows, num_splits,
+                                                      partials, out, *rope, stream);
+          return;
+        }
+      }
       if constexpr (RopeFusedDim(D)) {
         LaunchForDim<D, true, 1, false, true>(args, q, kv, plan, max_rows, num_splits, partials,
                                               out, *rope, stream);
@@ -881,6 +989,13 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
       LaunchForDim<D, false, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
                                        {}, stream);
     } else if (max_rows <= Shape<D, 1>::kRowsPerBlock) {
+      if constexpr (KeySplitDim(D)) {
+        if (key_split) {
+          LaunchForDim<D, true, 1, false, false, true>(args, q, kv, plan, max_rows, num_splits,
+                                                       partials, out, {}, stream);
+          return;
+        }
+      }
       LaunchForDim<D, true, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out, {},
                                       stream);
     } else {
