@@ -7,6 +7,8 @@
 // over 4 prefills; docs/perf.md, session 11). The output is f32, or bf16 rounded RN from the
 // same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion would give).
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -64,16 +66,19 @@ __device__ float BlockSum(float v, float* scratch) {
 
 // src: the row to normalise; when residual != null, src = residual += delta first.
 // VEC: elements per thread access (4: float4, rows 16-byte aligned, d % 4 == 0). OutT: float or
-// __nv_bfloat16.
-template <int VEC, typename OutT>
-__global__ void __launch_bounds__(kMaxThreads)
+// __nv_bfloat16. kPerThread: vectors kept in registers between the two passes, 1 when the block
+// has a thread per vector (decode rows up to 4,096 wide): 30 registers instead of 57, so the
+// block takes at most half an SM's register file and fits beside a ring GEMV block (gemv.cu).
+// H200 tg128, one call (docs/perf.md, session 24): alone 1B 1,184 / 8B 246.7 against 1,185 /
+// 246.8, with the key-split decode attention 1,219 / 252.7 against its 1,198 / 252.5.
+template <int VEC, typename OutT, int kPerThread>
+__global__ void __launch_bounds__(kMaxThreads, kPerThread == 1 ? 2 : 1)
     RmsNormKernel(const float* x, float* residual, const float* delta, const float* weight,
                   float eps, bool one_plus, int64_t d, OutT* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
   const int64_t base = blockIdx.x * d;
   const int64_t nv = d / VEC;
-  constexpr int kPerThread = 4;  // vectors kept in registers between the two passes
   // The weights are no kernel's output: loaded while the previous kernel finishes.
   Vec wv[kPerThread];
 #pragma unroll
@@ -204,9 +209,16 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
     });
     return;
   }
+  // EMBER_RMSNORM_ONE=0: the 4-vector kernel for every width (A/B measurements; same bits).
+  static const bool one_ok = [] {
+    const char* v = std::getenv("EMBER_RMSNORM_ONE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  const bool one = one_ok && nv <= threads;
   DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
-    LaunchPdl(RmsNormKernel<kVec, std::remove_pointer_t<decltype(typed_out)>>, grid, block, 0,
+    using OutT = std::remove_pointer_t<decltype(typed_out)>;
+    LaunchPdl(one ? RmsNormKernel<kVec, OutT, 1> : RmsNormKernel<kVec, OutT, 4>, grid, block, 0,
               stream, x, residual, delta, weight, eps, one_plus_weight, d, typed_out);
   });
 }
