@@ -94,7 +94,7 @@ std::vector<int32_t> UsableGraphBuckets(const Model& model, int32_t max_running)
   return buckets;
 }
 
-// Runs a decode step of every graph bucket once before serving, so each is captured now: a
+// Runs decode steps of every graph bucket (two each) before serving, so each is captured now: a
 // capture costs 6 to 50 ms on an H200 (1B and 8B shapes), which a step of a new batch size would
 // otherwise pay mid-stream. A first step of max_step_tokens prompt rows in up to max_running
 // sequences, each with a logits row, grows the backend's step workspace and plan buffer to their
@@ -128,6 +128,9 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
     BatchPlan decode;
     decode.block_size = bs;
     for (int32_t s = 0; s < rows; ++s) AddPaddingRow(decode, scratch_block);
+    // Twice: consecutive steps alternate between two sets of plan and ids buffers (the CUDA
+    // backend's staging halves), so a bucket has a graph for each.
+    EMBER_RETURN_IF_ERROR(run(decode));
     EMBER_RETURN_IF_ERROR(run(decode));
   }
   LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to "

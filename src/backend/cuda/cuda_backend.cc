@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
         batch_invariant_(options.batch_invariant && !options.f32_compute),
         kv_f32_(options.kv_f32),
         cublas_(stream_.get()),
-        recorder_(stream_.get(), /*max_graphs=*/64),
+        recorder_(stream_.get(), /*max_graphs=*/128),
         cublas_workspace_(kCublasWorkspaceBytes),
         argmax_scratch_(size_t{kArgmaxSplitRows} * kArgmaxSplitChunks * 8 +
                         kArgmaxSplitRows * sizeof(unsigned)) {
@@ -155,7 +155,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    SyncAllStreams();
 #ifdef EMBER_CUDA_TRACE
     if (const char* path = std::getenv("EMBER_CUDA_TRACE_OUT"); path != nullptr) {
       cuda::DumpStepTrace(path);
@@ -231,8 +231,9 @@ class CudaBackend final : public Backend {
     defer_ids_ = false;
   }
   Status WaitIds() override;
-  // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 graphs, inside the
-  // recorder's cache of 64. Larger decode steps are captured at their own size.
+  // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 x 2 graphs (one per
+  // staging half: the plan and ids buffers alternate), inside the recorder's cache of 128. Larger
+  // decode steps are captured at their own size.
   std::vector<int32_t> DecodeGraphBuckets() const override {
     std::vector<int32_t> buckets;
     if (!use_graphs_ || recorder_.profiling()) return buckets;
@@ -267,30 +268,49 @@ class CudaBackend final : public Backend {
   DeviceBuffer sample_args_;  // SampleRows' params + rows, grown on demand
   DeviceBuffer logit_edits_;  // ApplyLogitEdits' edits, grown on demand
 
-  // The ids ArgmaxRows / SampleRows make, by logits row: [plan_cap_tokens_] int32. One buffer at a
-  // fixed address (the decode graphs' embeddings read it as plan_.fed_ids): a step's embedding
-  // reads the previous step's ids before its own ArgmaxRows overwrites them, in stream order.
-  DeviceBuffer step_ids_;
-  // Grows step_ids_ to `rows` ids (waits for the stream; the ids it held are kept).
+  // The ids ArgmaxRows / SampleRows make, by logits row: [plan_cap_tokens_] int32, one buffer per
+  // staging half (a step writes its half's, and its embedding reads the previous step's as
+  // plan_.fed_ids), at fixed addresses (the decode graphs hold them): so the copy of a step's ids
+  // to the host can run beside the next step, which writes the other buffer.
+  std::array<DeviceBuffer, 2> step_ids_;
+  // Grows both step_ids_ buffers to `rows` ids (waits for the streams; their ids are kept).
   void EnsureStepIds(int64_t rows);
   // Page-locked memory of alternate steps (half_ is the current step's): the sources of the
   // step's uploads (plan, sampling parameters, logit edits; bump-allocated) and its ids copied
-  // back. `copied` is recorded behind the half's last copy: the next step may fill the other
-  // half while this one's copies are still queued, which lets a step launch before the host
-  // has read the previous step's ids.
+  // back. `copied` is recorded on the stream behind the half's last upload, `ids_copied` on
+  // ids_stream_ behind its ids' copy: the next step may fill the other half while this one's
+  // copies are still queued, which lets a step launch before the host has read the previous
+  // step's ids. `step_end` marks the end of the half's step on the stream (recorded when the
+  // next step begins), `uploaded` its plan's upload, `ids_ready` its ids.
   struct StagingHalf {
     PinnedBytes upload;
     size_t used = 0;
     PinnedBytes ids;
-    Event copied;
+    Event copied, ids_copied, step_end, uploaded, ids_ready;
   };
   std::array<StagingHalf, 2> staging_;
   int half_ = 0;
+  // The plan's upload and the ids' copy back run on streams of their own, off the step's critical
+  // path: a decode step's plan (into its half's plan_device_, free once the step two back has
+  // ended) is copied while the step before it still computes, and its ids go to the host while the
+  // next step computes. Between two decode graphs the stream then only waits on events.
+  Stream upload_stream_, ids_stream_;
+  // Waits for the stream and both copy streams.
+  void SyncAllStreams();
+  // Where `bytes` go in h.upload (bump allocation; grows it, after SyncAllStreams, when full).
+  size_t StageOffset(StagingHalf& h, size_t bytes);
   // Copies `bytes` from the host to `dst` on the stream through the current half (the call does
   // not wait for the device).
   void Upload(void* dst, const void* src, size_t bytes);
-  // Copies the step's first `rows` ids back into the current half's ids; returns them.
+  // Copies the plan (plan_host_'s first `bytes`) into the current half's plan_device_ on
+  // upload_stream_; the stream waits for it.
+  void UploadPlan(size_t bytes);
+  // Copies the step's first `rows` ids back into the current half's ids (on ids_stream_, behind
+  // the step's ops); returns them. Read them after WaitIdsCopied().
   const int32_t* CopyIdsBack(int64_t rows);
+  void WaitIdsCopied() {
+    CUDA_CHECK(cudaEventSynchronize(staging_[static_cast<size_t>(half_)].ids_copied.get()));
+  }
   // Deferred ids (DeferStepIds): what WaitIds fills for each step, oldest first.
   struct IdsDelivery {
     int half = 0;
@@ -345,7 +365,7 @@ class CudaBackend final : public Backend {
   // Fixed-capacity regions so the device addresses (baked into graphs) only change on growth.
   std::vector<int32_t> plan_host_;
   int64_t plan_cap_tokens_ = 0, plan_cap_seqs_ = 0, plan_cap_tables_ = 0;
-  DeviceBuffer plan_device_;
+  std::array<DeviceBuffer, 2> plan_device_;  // by staging half
   cuda::PlanView plan_;
   int32_t max_query_len_ = 0;
   int32_t max_context_len_ = 0;
@@ -497,8 +517,12 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   // and its copies done (they are, unless nothing waited for that step).
   for (const IdsDelivery& d : deliveries_)
     if (d.half != half_) return Status::Error("BeginStep: two earlier steps' ids are unread (WaitIds)");
+  // Every op of the current half's step is on the stream (Flush above): mark its end, which the
+  // upload into that half's plan buffer two steps on waits for.
+  CUDA_CHECK(cudaEventRecord(staging_[static_cast<size_t>(half_)].step_end.get(), stream_.get()));
   half_ ^= 1;
   CUDA_CHECK(cudaEventSynchronize(staging_[static_cast<size_t>(half_)].copied.get()));
+  CUDA_CHECK(cudaEventSynchronize(staging_[static_cast<size_t>(half_)].ids_copied.get()));
   staging_[static_cast<size_t>(half_)].used = 0;
   defer_ids_ = false;
   ++steps_begun_;
@@ -530,8 +554,10 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   const int64_t total = 4 * cap_seqs + 5 * cap_tokens + cap_tables;
   if (cap_tokens != plan_cap_tokens_ || cap_seqs != plan_cap_seqs_ ||
       cap_tables != plan_cap_tables_) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    plan_device_ = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
+    SyncAllStreams();
+    for (DeviceBuffer& b : plan_device_) {
+      b = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
+    }
     EnsureStepIds(cap_tokens);
     plan_cap_tokens_ = cap_tokens;
     plan_cap_seqs_ = cap_seqs;
@@ -566,8 +592,8 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   std::copy(plan.slot_mapping.begin(), plan.slot_mapping.end(), h_slots);
   std::copy(plan.logits_rows.begin(), plan.logits_rows.end(), h_logits);
   std::copy(plan.block_tables.begin(), plan.block_tables.end(), h_tables);
-  Upload(plan_device_.data(), plan_host_.data(), static_cast<size_t>(used) * sizeof(int32_t));
-  const int32_t* base = plan_device_.as<int32_t>();
+  UploadPlan(static_cast<size_t>(used) * sizeof(int32_t));
+  const int32_t* base = plan_device_[static_cast<size_t>(half_)].as<int32_t>();
   plan_.seqs = reinterpret_cast<const int4*>(base);
   plan_.token_ids = base + (h_tokens - h);
   plan_.positions = base + (h_positions - h);
@@ -575,7 +601,7 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   plan_.token_seq = base + (h_token_seq - h);
   plan_.logits_rows = base + (h_logits - h);
   plan_.block_tables = base + (h_tables - h);
-  plan_.fed_ids = step_ids_.as<int32_t>();
+  plan_.fed_ids = step_ids_[static_cast<size_t>(half_ ^ 1)].as<int32_t>();
   plan_.num_tokens = num_tokens;
   plan_.num_seqs = num_seqs;
   plan_.num_logits_rows = static_cast<int32_t>(num_logits);
@@ -584,29 +610,58 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   return Status::Ok();
 }
 
+void CudaBackend::SyncAllStreams() {
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(upload_stream_.get()));
+  CUDA_CHECK(cudaStreamSynchronize(ids_stream_.get()));
+}
+
 void CudaBackend::EnsureStepIds(int64_t rows) {
   const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-  if (step_ids_.bytes() >= bytes) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  DeviceBuffer grown(bytes);
-  if (step_ids_.bytes() > 0)
-    CUDA_CHECK(cudaMemcpyAsync(grown.data(), step_ids_.data(), step_ids_.bytes(),
-                               cudaMemcpyDeviceToDevice, stream_.get()));
-  step_ids_ = std::move(grown);  // (freeing the old buffer waits for the copy)
+  if (step_ids_[0].bytes() >= bytes) return;
+  SyncAllStreams();
+  for (DeviceBuffer& ids : step_ids_) {
+    DeviceBuffer grown(bytes);
+    if (ids.bytes() > 0)
+      CUDA_CHECK(cudaMemcpyAsync(grown.data(), ids.data(), ids.bytes(), cudaMemcpyDeviceToDevice,
+                                 stream_.get()));
+    ids = std::move(grown);  // (freeing the old buffer waits for the copy)
+  }
+}
+
+size_t CudaBackend::StageOffset(StagingHalf& h, size_t bytes) {
+  size_t offset = (h.used + 15) / 16 * 16;
+  if (offset + bytes > h.upload.bytes()) {
+    // The half's earlier copies read the memory that growing drops: let them finish first.
+    SyncAllStreams();
+    h.upload.Reserve(std::max({bytes, 2 * h.upload.bytes(), size_t{1} << 20}));
+    offset = 0;
+  }
+  return offset;
 }
 
 void CudaBackend::Upload(void* dst, const void* src, size_t bytes) {
   StagingHalf& h = staging_[static_cast<size_t>(half_)];
-  size_t offset = (h.used + 15) / 16 * 16;
-  if (offset + bytes > h.upload.bytes()) {
-    // The half's earlier copies read the memory that growing drops: let them finish first.
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    h.upload.Reserve(std::max({bytes, 2 * h.upload.bytes(), size_t{1} << 20}));
-    offset = 0;
-  }
+  const size_t offset = StageOffset(h, bytes);
   std::memcpy(h.upload.data() + offset, src, bytes);
   CUDA_CHECK(cudaMemcpyAsync(dst, h.upload.data() + offset, bytes, cudaMemcpyHostToDevice,
                              stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
+  h.used = offset + bytes;
+}
+
+void CudaBackend::UploadPlan(size_t bytes) {
+  StagingHalf& h = staging_[static_cast<size_t>(half_)];
+  const size_t offset = StageOffset(h, bytes);
+  std::memcpy(h.upload.data() + offset, plan_host_.data(), bytes);
+  // The half's plan buffer was last read by the step two back (its step_end).
+  CUDA_CHECK(cudaStreamWaitEvent(upload_stream_.get(), h.step_end.get(), 0));
+  CUDA_CHECK(cudaMemcpyAsync(plan_device_[static_cast<size_t>(half_)].data(),
+                             h.upload.data() + offset, bytes, cudaMemcpyHostToDevice,
+                             upload_stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.uploaded.get(), upload_stream_.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), h.uploaded.get(), 0));
+  // Recorded behind the wait: complete once the upload has read the staging bytes.
   CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
   h.used = offset + bytes;
 }
@@ -615,12 +670,14 @@ const int32_t* CudaBackend::CopyIdsBack(int64_t rows) {
   StagingHalf& h = staging_[static_cast<size_t>(half_)];
   const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
   if (h.ids.bytes() < bytes) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // a queued copy may target the old memory
+    SyncAllStreams();  // a queued copy may target the old memory
     h.ids.Reserve(std::max<size_t>(bytes, 4096));
   }
-  CUDA_CHECK(cudaMemcpyAsync(h.ids.data(), step_ids_.data(), bytes, cudaMemcpyDeviceToHost,
-                             stream_.get()));
-  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.ids_ready.get(), stream_.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(ids_stream_.get(), h.ids_ready.get(), 0));
+  CUDA_CHECK(cudaMemcpyAsync(h.ids.data(), step_ids_[static_cast<size_t>(half_)].data(), bytes,
+                             cudaMemcpyDeviceToHost, ids_stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.ids_copied.get(), ids_stream_.get()));
   return reinterpret_cast<const int32_t*>(h.ids.data());
 }
 
@@ -637,7 +694,7 @@ Status CudaBackend::WaitIds() {
   IdsDelivery d = std::move(deliveries_.front());
   deliveries_.pop_front();
   const StagingHalf& h = staging_[static_cast<size_t>(d.half)];
-  CUDA_CHECK(cudaEventSynchronize(h.copied.get()));
+  CUDA_CHECK(cudaEventSynchronize(h.ids_copied.get()));
   const int32_t* ids = reinterpret_cast<const int32_t*>(h.ids.data());
   std::copy(ids, ids + d.argmax.size(), d.argmax.begin());
   for (int32_t r : d.sample_rows) d.sampled[static_cast<size_t>(r)] = ids[r];
@@ -1388,8 +1445,8 @@ Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
   cuda::LaunchSampleRows(static_cast<const float*>(x.data), x.cols(),
                          reinterpret_cast<const int32_t*>(base + params_bytes),
                          reinterpret_cast<const cuda::SampleRowParams*>(base),
-                         static_cast<int32_t>(rows.size()), step_ids_.as<int32_t>(),
-                         stream_.get());
+                         static_cast<int32_t>(rows.size()),
+                         step_ids_[static_cast<size_t>(half_)].as<int32_t>(), stream_.get());
   const int32_t* host = CopyIdsBack(x.rows());
   if (defer_ids_) {
     IdsDelivery& d = StepDelivery();
@@ -1397,7 +1454,7 @@ Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
     d.sample_rows.assign(rows.begin(), rows.end());
     return Status::Ok();
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  WaitIdsCopied();
   for (int32_t r : rows) ids[static_cast<size_t>(r)] = host[r];
   return Status::Ok();
 }
@@ -1432,7 +1489,7 @@ Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
   scratch.max_chunks = kArgmaxSplitChunks;
   const float* xp = static_cast<const float*>(x.data);
   const int64_t rows = x.rows(), cols = x.cols();
-  int32_t* idp = step_ids_.as<int32_t>();
+  int32_t* idp = step_ids_[static_cast<size_t>(half_)].as<int32_t>();
   recorder_.Record({19, KeyOf(xp), U(rows), U(cols), KeyOf(idp), KeyOf(scratch.max)},
                    [=](cudaStream_t st) { cuda::LaunchArgmaxRows(xp, rows, cols, idp, &scratch, st); });
   Flush();
@@ -1441,7 +1498,7 @@ Status CudaBackend::ArgmaxRows(const Tensor& x, std::span<int32_t> ids) {
     StepDelivery().argmax = ids;
     return Status::Ok();
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  WaitIdsCopied();
   std::copy(host, host + ids.size(), ids.begin());
   return Status::Ok();
 }
