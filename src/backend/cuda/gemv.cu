@@ -174,11 +174,16 @@ constexpr int kRingThreads = (kRingConsumers + 1) * 32;
 constexpr int kRingMaxStages = 16;
 constexpr int kRingChunks = 8;  // 16-byte chunks per lane per row: x in 64 registers
 constexpr int64_t kRingMaxStageBytes = 48 << 10;
-// The ring per SM: two ring blocks fit an SM beside the 1B's attention block, so a GEMV's copies
-// start while the GEMV before it drains. H200, tg128 in one call (docs/perf.md, session 22): 1B
-// 1,114 / 1,101 / 1,036 tok/s at 96 / 160 / 64 KB (small kernels triggering after their wait),
-// 1,119 / 1,103 / 1,036 with them triggering first; 8B 244.3 at 96 KB against 236.6 at 160.
-constexpr int64_t kRingDefaultKb = 96;
+// The most ring per SM (a launch takes only the stages its blocks need): a GEMV's copies start
+// while the GEMV before it drains when the two rings fit an SM together (q/k/v's 96 KB beside
+// the down's 128 KB; gate/up and down, both 128 KB, do not). H200, tg128 in one call
+// (docs/perf.md, session 22): 1B 1,114 / 1,101 / 1,036 tok/s at 96 / 160 / 64 KB (small kernels
+// triggering after their wait), 1,119 / 1,103 / 1,036 with them triggering first; 8B 244.3 at
+// 96 KB against 236.6 at 160. Session 24 (the key-split attention, the copies on their own
+// streams), two calls: 1B 1,261.2 / 1,260.8 / 1,261.0 at 128 KB against 1,247.1 / 1,246.7 at 96,
+// 1,247.7 at 112, 1,149.2 at 80, 1,260.7 at 144 (still 4 stages of 32 KB); 8B 254.82 at 128
+// against 254.09 / 254.10 at 96.
+constexpr int64_t kRingDefaultKb = 128;
 
 __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&w);
