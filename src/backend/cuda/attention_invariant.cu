@@ -440,7 +440,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           if (fill_step_key) v_fill[i] = vv;
         }
       }
-      __threadfence_block();  // the stores before this block's copies of the token's tile
+      // The stores before this block's copies of the token's tile (none when the block fills the
+      // token's shared rows itself).
+      if (!fill_step_key) __threadfence_block();
       __syncthreads();
 
       // Rotate-half pairs (column c, c + D / 2): both in this thread, ks and ks + D / 32. The

@@ -316,6 +316,11 @@ __global__ void __maxnreg__(112)
       phase ^= 1;
     }
   }
+#ifdef EMBER_TRACE_GEMV
+  // A trace build (pdl.cuh) with -DEMBER_TRACE_GEMV in CMAKE_CUDA_FLAGS stamps the step timeline
+  // here (block 0 has drained its ring) and when the grid's last block ends.
+  TraceStamp();
+#endif
   if (group > 1 || gated) {
     // The row sums of the warps sharing each row, added in warp order (barrier 1: the consumers).
     asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
@@ -333,6 +338,9 @@ __global__ void __maxnreg__(112)
       for (int64_t i = threadIdx.x; i < row_end - row_begin; i += kRingConsumers * 32) row_total(i);
     }
   }
+#ifdef EMBER_TRACE_GEMV
+  if (threadIdx.x == 0) TraceStampLastBlock();
+#endif
 }
 
 // EMBER_GEMV_RING_STAGE_KB: the largest stage of more than one row (default kRingMaxStageBytes).
@@ -364,12 +372,20 @@ bool RingEnabled() {
   }();
   return on;
 }
+int64_t RingKbFromEnv(const char* name, int64_t fallback_kb) {
+  const char* v = std::getenv(name);
+  const int64_t kb = v != nullptr ? std::atoll(v) : fallback_kb;
+  return std::clamp<int64_t>(kb, 32, 200) << 10;
+}
 int64_t RingBytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("EMBER_GEMV_RING_KB");
-    const int64_t kb = v != nullptr ? std::atoll(v) : kRingDefaultKb;
-    return std::clamp<int64_t>(kb, 32, 200) << 10;
-  }();
+  static const int64_t bytes = RingKbFromEnv("EMBER_GEMV_RING_KB", kRingDefaultKb);
+  return bytes;
+}
+// EMBER_GEMV_RING_GATED_KB: the ring of gated (gate/up) launches; unset, RingPlanFor chooses.
+int64_t RingGatedBytesFromEnv() {
+  static const int64_t bytes = std::getenv("EMBER_GEMV_RING_GATED_KB") != nullptr
+                                   ? RingKbFromEnv("EMBER_GEMV_RING_GATED_KB", kRingDefaultKb)
+                                   : 0;
   return bytes;
 }
 
@@ -379,10 +395,9 @@ struct RingPlan {
 };
 constexpr int64_t kRingMaxSmem = 200 << 10;
 
-// The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel is on and
-// can take them.
-bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
-  if (!RingEnabled()) return false;
+// The ring launch for `total` rows of k (gated: gate / up pairs) with at most ring_bytes of
+// stages, if the ring kernel can take them.
+bool RingPlanWithRing(int64_t total, int64_t k, bool gated, int64_t ring_bytes, RingPlan* plan) {
   const int rows_per_stage = RingRowsPerStage(k);
   if (rows_per_stage == 0) return false;
   const int64_t stage_bytes = rows_per_stage * k * 2;
@@ -392,12 +407,49 @@ bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
   const int64_t group = kRingConsumers / rows_per_stage;
   const int64_t partial_bytes = group > 1 || gated ? max_rows * group * 4 : 0;
   const int64_t stages =
-      std::min<int64_t>({int64_t{kRingMaxStages}, block_stages, RingBytes() / stage_bytes});
+      std::min<int64_t>({int64_t{kRingMaxStages}, block_stages, ring_bytes / stage_bytes});
   if (stages < 1 || stages * stage_bytes + partial_bytes > kRingMaxSmem) return false;
   plan->rows_per_stage = rows_per_stage;
   plan->stages = static_cast<int>(stages);
   plan->smem_bytes = stages * stage_bytes + partial_bytes;
   return true;
+}
+
+// Shared memory an SM offers two ring blocks side by side (less the per-block reservation and
+// the kernel's mbarriers).
+int64_t RingPairSmem() {
+  static const int64_t bytes = [] {
+    int device = 0, per_sm = 0, reserved = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+    return int64_t{per_sm} - 2 * (int64_t{reserved} + 2 * kRingMaxStages * 8);
+  }();
+  return bytes;
+}
+
+// The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel is on and
+// can take them. A gated launch fills its ring while the chain before it (the attention, its
+// output projection, the RMSNorm) runs, so a larger ring helps as long as it still fits an SM
+// beside the output projection's (k rows of k, as in a Llama layer): then it takes
+// kRingGatedKb. H200, tg128 in one call (docs/perf.md, session 25): 1B (o ring 64 KB) 1,271.9 /
+// 1,271.8 tok/s at 160 KB against 1,262.5 / 1,263.5 at 128, 1,252 at 96, 1,200 at 64; 192 KB
+// (not beside o) 1,260; 8B (o ring 128 KB, so 160 does not fit beside it) 254.2 at 160 against
+// 255.0 at 128.
+constexpr int64_t kRingGatedKb = 160;
+bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
+  if (!RingEnabled()) return false;
+  if (!gated) return RingPlanWithRing(total, k, false, RingBytes(), plan);
+  if (RingGatedBytesFromEnv() > 0)
+    return RingPlanWithRing(total, k, true, RingGatedBytesFromEnv(), plan);
+  RingPlan before;
+  if (!RingPlanWithRing(k, k, false, RingBytes(), &before)) before.smem_bytes = 0;
+  if (RingPlanWithRing(total, k, true, kRingGatedKb << 10, plan) &&
+      plan->smem_bytes + before.smem_bytes <= RingPairSmem()) {
+    return true;
+  }
+  return RingPlanWithRing(total, k, true, RingBytes(), plan);
 }
 
 }  // namespace

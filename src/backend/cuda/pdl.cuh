@@ -59,8 +59,8 @@ void ReadTrace(std::vector<TraceStampRecord>& out) {
 }
 [[maybe_unused]] const bool g_trace_registered = (TraceReaders().push_back(&ReadTrace), true);
 }  // namespace
-__device__ __forceinline__ void TraceStamp() {
-  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) != 0) return;
+__device__ unsigned g_trace_arrivals;
+__device__ __forceinline__ void TraceStampNow() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   unsigned smem;
@@ -68,6 +68,16 @@ __device__ __forceinline__ void TraceStamp() {
   const unsigned i = atomicAdd(&g_trace_next, 1u) % kTraceRing;
   g_trace[i] = {t, gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y * blockDim.z, smem,
                 0u};
+}
+__device__ __forceinline__ void TraceStamp() {
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) != 0) return;
+  TraceStampNow();
+}
+// Called by one thread of every block: the grid's last block to arrive stamps (one counter per
+// translation unit, so kernels calling it in one unit must not run their ends concurrently).
+__device__ __forceinline__ void TraceStampLastBlock() {
+  const unsigned n = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(&g_trace_arrivals, 1u) % n == n - 1) TraceStampNow();
 }
 // Writes every translation unit's stamps, sorted by time, one "t_ns grid block smem" line each
 // (kernels.h's DumpStepTrace, for host code).
@@ -85,6 +95,7 @@ inline void DumpTrace(const char* path) {
 }
 #else
 __device__ __forceinline__ void TraceStamp() {}
+__device__ __forceinline__ void TraceStampLastBlock() {}
 #endif
 
 __device__ __forceinline__ void PdlWait() {
