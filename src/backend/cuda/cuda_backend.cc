@@ -18,9 +18,10 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemm_skinny.h"
 #include "backend/cuda/kernels.h"
-#include "backend/rope_table.h"
 #include "backend/cuda/step_recorder.h"
+#include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"  // CheckLogitEdits
 #include "util/half.h"
 #include "util/log.h"
@@ -152,6 +153,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
     recorder_.set_profiling(options.profile_ops);
+    cuda::SkinnyGemmWarmUp();  // its kernels' attributes, before any graph capture
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
@@ -912,20 +914,30 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   const ElemType wtype = ToElemType(weight.dtype);
   const cudaDataType_t wt = ToCudaType(weight.dtype);
   const cublasHandle_t handle = cublas_.get();
+  // bf16 GEMMs of a few rows against small weights: the wgmma skinny GEMM where it beats cuBLAS.
+  const bool skinny = weight.dtype == DType::kBF16 && cuda::SkinnyGemmPreferred(n, m, k) &&
+                      cuda::SkinnyGemmSupported(n, m, k, converted, weight.data);
+  // (Its plan queries the occupancy once per shape: here, not while a graph is being captured.)
+  if (skinny) (void)cuda::PlanSkinnyGemm(n, m, k);
   recorder_.Record(
       {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
-       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert)},
+       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert), U(skinny)},
       [=](cudaStream_t st) {
         const float alpha = 1.0f, beta = 0.0f;
         const void* b_operand = f32_weight ? x.data : converted;
         if (convert) cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
-        // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
-                                  static_cast<int>(n), static_cast<int>(k), &alpha, weight.data, wt,
-                                  static_cast<int>(k), b_operand, wt, static_cast<int>(k), &beta,
-                                  out.data, CUDA_R_32F, static_cast<int>(m),
-                                  f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+        if (skinny) {
+          cuda::LaunchSkinnyGemm(static_cast<const __nv_bfloat16*>(converted),
+                                 static_cast<const __nv_bfloat16*>(weight.data),
+                                 static_cast<float*>(out.data), m, n, m, k, nullptr, st);
+        } else {
+          // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
+          CUBLAS_CHECK(cublasGemmEx(
+              handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), &alpha, weight.data, wt, static_cast<int>(k), b_operand, wt,
+              static_cast<int>(k), &beta, out.data, CUDA_R_32F, static_cast<int>(m),
+              f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
         if (bias_data != nullptr)
           cuda::LaunchAddBias(static_cast<float*>(out.data),
                               static_cast<const float*>(bias_data), n, m, st);

@@ -25,6 +25,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/gemm_skinny.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_recorder.h"
 #include "backend/moe_route.h"
@@ -531,6 +532,37 @@ std::vector<double> TwinMatMulBf16(const std::vector<float>& x, const std::vecto
       out.push_back(acc + (bias != nullptr ? (*bias)[static_cast<size_t>(j)] : 0.0));
     }
   return out;
+}
+
+// bf16 MatMuls of 9..256 rows against small weights take the wgmma skinny GEMM (gemm_skinny.cu):
+// every row count bucket, a k split over a cluster (small m, long k) and persistent row tiles, the
+// same bits twice, and the bf16 twin within 1e-5.
+TEST_F(CudaOpsTest, MatMulSkinnyGemm) {
+  struct Case {
+    int64_t n, m, k;
+  };
+  for (const Case& c :
+       {Case{9, 192, 512}, Case{16, 64, 4096}, Case{37, 1024, 2048}, Case{64, 1024, 4096},
+        Case{128, 512, 1024}, Case{200, 1024, 512}, Case{256, 512, 2048}}) {
+    SCOPED_TRACE(testing::Message() << "n " << c.n << " m " << c.m << " k " << c.k);
+    ASSERT_TRUE(cuda::SkinnyGemmPreferred(c.n, c.m, c.k));
+    const std::vector<float> x = Random(static_cast<size_t>(c.n * c.k), 11);
+    const std::vector<float> w = Random(static_cast<size_t>(c.m * c.k), 12, 0.05f);
+    const std::vector<float> bias = Random(static_cast<size_t>(c.m), 13);
+    auto b = Make(false);
+    Tensor wt = Weight(*b, w, {c.m, c.k});
+    Tensor bt = Weight(*b, bias, {c.m});
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(c.n))).ok());
+      Tensor xt = Upload(*b, x, {c.n, c.k});
+      Tensor out = b->Alloc({c.n, c.m});
+      b->MatMul(xt, wt, &bt, out);
+      runs.push_back(Download(*b, out));
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+    EXPECT_LT(RelL2(runs[0], TwinMatMulBf16(x, w, &bias, c.n, c.m, c.k, 1)), 1e-5);
+  }
 }
 
 // The batch-invariant GEMM (bf16, batch_invariant): every row of an n-row MatMul, n from 1 to
