@@ -929,7 +929,7 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
         if (skinny) {
           cuda::LaunchSkinnyGemm(static_cast<const __nv_bfloat16*>(converted),
                                  static_cast<const __nv_bfloat16*>(weight.data),
-                                 static_cast<float*>(out.data), m, n, m, k, nullptr, st);
+                                 static_cast<float*>(out.data), m, n, m, k, st);
         } else {
           // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
           CUBLAS_CHECK(cublasGemmEx(

@@ -616,10 +616,6 @@ void SkinnyGemmWarmUp() {
   (void)Kernel(kTokenBuckets[0], 64);
 }
 
-int64_t SkinnyGemmWorkspaceBytes(int64_t /*tokens*/, int64_t /*m*/, int64_t /*k*/) {
-  return 0;
-}
-
 void LaunchSkinnyGemmWithPlan(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out,
                               int64_t ldo, int64_t tokens, int64_t m, int64_t k,
                               const SkinnyGemmPlan& plan, cudaStream_t stream) {
@@ -660,8 +656,7 @@ void LaunchSkinnyGemmWithPlan(const __nv_bfloat16* x, const __nv_bfloat16* w, fl
 }
 
 void LaunchSkinnyGemm(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int64_t ldo,
-                      int64_t tokens, int64_t m, int64_t k, void* /*workspace*/,
-                      cudaStream_t stream) {
+                      int64_t tokens, int64_t m, int64_t k, cudaStream_t stream) {
   LaunchSkinnyGemmWithPlan(x, w, out, ldo, tokens, m, k, PlanSkinnyGemm(tokens, m, k), stream);
 }
 

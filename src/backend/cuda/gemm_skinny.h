@@ -41,14 +41,10 @@ struct SkinnyGemmPlan {
 };
 SkinnyGemmPlan PlanSkinnyGemm(int64_t tokens, int64_t m, int64_t k);
 
-// Bytes of workspace LaunchSkinnyGemm needs: 0 (the split-k reduction goes through distributed
-// shared memory). Kept so a caller can size one once should that change.
-int64_t SkinnyGemmWorkspaceBytes(int64_t tokens, int64_t m, int64_t k);
-
 // out[t * ldo + m_idx] for t < tokens, m_idx < m; x: [tokens, k], w: [m, k], ldo >= m.
-// Requires SkinnyGemmSupported. `workspace` may be null (see SkinnyGemmWorkspaceBytes).
+// Requires SkinnyGemmSupported.
 void LaunchSkinnyGemm(const __nv_bfloat16* x, const __nv_bfloat16* w, float* out, int64_t ldo,
-                      int64_t tokens, int64_t m, int64_t k, void* workspace, cudaStream_t stream);
+                      int64_t tokens, int64_t m, int64_t k, cudaStream_t stream);
 
 // The same with an explicit plan (bench/skinny_gemm_bench sweeps them): plan.n >= tokens from
 // {16, 32, 64, 128, 256}, block_m 64 or 128, split 1..min(8, k / 64); grid is recomputed.

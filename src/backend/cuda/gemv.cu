@@ -372,20 +372,18 @@ bool RingEnabled() {
   }();
   return on;
 }
-int64_t RingKbFromEnv(const char* name, int64_t fallback_kb) {
+// A ring size from the environment (KB, clamped to 32..200) in bytes; 0 when `name` is unset.
+int64_t RingBytesFromEnv(const char* name) {
   const char* v = std::getenv(name);
-  const int64_t kb = v != nullptr ? std::atoll(v) : fallback_kb;
-  return std::clamp<int64_t>(kb, 32, 200) << 10;
+  return v != nullptr ? std::clamp<int64_t>(std::atoll(v), 32, 200) << 10 : 0;
 }
 int64_t RingBytes() {
-  static const int64_t bytes = RingKbFromEnv("EMBER_GEMV_RING_KB", kRingDefaultKb);
-  return bytes;
+  static const int64_t env = RingBytesFromEnv("EMBER_GEMV_RING_KB");
+  return env > 0 ? env : kRingDefaultKb << 10;
 }
-// EMBER_GEMV_RING_GATED_KB: the ring of gated (gate/up) launches; unset, RingPlanFor chooses.
+// EMBER_GEMV_RING_GATED_KB: the ring of gated (gate/up) launches; unset (0), RingPlanFor chooses.
 int64_t RingGatedBytesFromEnv() {
-  static const int64_t bytes = std::getenv("EMBER_GEMV_RING_GATED_KB") != nullptr
-                                   ? RingKbFromEnv("EMBER_GEMV_RING_GATED_KB", kRingDefaultKb)
-                                   : 0;
+  static const int64_t bytes = RingBytesFromEnv("EMBER_GEMV_RING_GATED_KB");
   return bytes;
 }
 
