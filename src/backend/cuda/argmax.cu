@@ -11,6 +11,7 @@
 // Both are programmatic dependent launches (they wait for the logits with PdlWait).
 
 #include <climits>
+#include <string>
 
 #include "backend/cuda/block_argmax.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -128,8 +129,14 @@ void LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
 }
 
 #ifdef EMBER_CUDA_TRACE
+#ifdef EMBER_TRACE_GEMV
+void DumpGemvDetail(const char* path);  // gemv.cu
+#endif
 void DumpStepTrace(const char* path) {
   DumpTrace(path);
+#ifdef EMBER_TRACE_GEMV
+  DumpGemvDetail((std::string(path) + ".gemv").c_str());
+#endif
 }
 #endif
 

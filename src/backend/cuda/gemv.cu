@@ -19,6 +19,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#ifdef EMBER_TRACE_GEMV
+#include <cstdio>
+#include <vector>
+#endif
 
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cache_hints.cuh"
@@ -168,7 +172,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks<kSplit>)
 // GEMV's weights arrive before its x exists. The consumer warps wait on PdlWait, take their x
 // columns into registers once, and then drain the stages: warp w handles row w / G of a stage
 // (G = kRingConsumers / rows per stage warps per row, each a fixed interleaved subset of the
-// row's 16-byte chunks), and G > 1 warps add their sums in warp order through shared memory.
+// row's 16-byte chunks), releases each stage once its dot products are done, folds its lane sums
+// of kFoldRows stages across the warp together, and G > 1 warps add their sums in warp order
+// through shared memory.
 constexpr int kRingConsumers = 8;
 constexpr int kRingThreads = (kRingConsumers + 1) * 32;
 constexpr int kRingMaxStages = 16;
@@ -186,18 +192,117 @@ constexpr int64_t kRingMaxStageBytes = 48 << 10;
 constexpr int64_t kRingDefaultKb = 128;
 
 __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&w);
+  // bf16 to f32 is a shift: element 2i is word i's low half, 2i + 1 its high half.
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
   float d = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    d = fmaf(f.x, x[2 * i], d);
-    d = fmaf(f.y, x[2 * i + 1], d);
+    d = fmaf(__uint_as_float(u[i] << 16), x[2 * i], d);
+    d = fmaf(__uint_as_float(u[i] & 0xffff0000u), x[2 * i + 1], d);
   }
   return d;
 }
 
+// One 16-byte shared-memory load. Dot8 over a uint4 still in shared memory had the compiler read
+// it as four 4-byte loads, each chunk's behind its own branch, so a warp's chunks ran one after
+// the other. H200, a trace build's clock stamps (docs/perf.md, session 26): a warp's dot products
+// over a 32 KB stage took ~1,400 cycles (~200 with the math replaced by an XOR of the words), ~850
+// with one 16-byte load a chunk, all issued first; tg128 1B 1,271 -> 1,321, 8B 254.9 -> 259.4.
+__device__ __forceinline__ uint4 LoadShared16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(SmemAddr(p)));
+  return v;
+}
+
+// A warp's share of one row in a ring stage: chunks g * 32 + lane + j * 32 * group (j <
+// kRingChunks) of w against x's matching registers, summed over j in order; chunks past the row
+// add 0. All loads are issued before any math.
+__device__ __forceinline__ float StageRowDot(const uint4* w, int64_t chunks, int g, int group,
+                                             int lane, const float (&xr)[kRingChunks][8]) {
+  uint4 wv[kRingChunks];
+#pragma unroll
+  for (int j = 0; j < kRingChunks; ++j) {
+    const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+    wv[j] = LoadShared16(w + (c < chunks ? c : 0));
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < kRingChunks; ++j) {
+    const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
+    const float d = c < chunks ? Dot8(wv[j], xr[j]) : 0.f;
+    acc = j == 0 ? d : acc + d;
+  }
+  return acc;
+}
+
+#ifdef EMBER_TRACE_GEMV
+// The ring GEMV's own timeline (a trace build with -DEMBER_TRACE_GEMV): blocks 0, grid / 2 and
+// grid - 1 of every launch record %globaltimer at their start, when PdlWait returns (with how
+// many of their first stages had already landed), when x is in registers, when each of the first
+// kGemvDetailStages stages' copies had landed, when the ring is drained and at the end.
+// DumpGemvDetail writes them (DumpStepTrace, to EMBER_CUDA_TRACE_OUT.gemv).
+constexpr int kGemvDetailStages = 16;
+struct GemvDetail {
+  unsigned long long entry, wait, x, drained, end, full[kGemvDetailStages];
+  // %clock64 in the first 8 stages: the stage's copies landed, its dot products done, its slot
+  // released.
+  long long clk[8][3];
+  unsigned block, grid, k, total, ready, num_stages, stages, pad;
+};
+constexpr unsigned kGemvDetailRing = 1u << 16;
+__device__ GemvDetail g_gemv_detail[kGemvDetailRing];
+__device__ unsigned g_gemv_detail_next;
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+template <typename T>
+__device__ __forceinline__ long long ClockAfter(T dep) {
+  long long c;
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "f"(dep) : "memory");
+  } else {
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "l"(dep) : "memory");
+  }
+  return c;
+}
+__device__ __forceinline__ bool MbarReady(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(SmemAddr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+#endif
+
 // At most 112 registers, so the small kernels before and after it fit beside a block.
+// A warp folds its lane sums of kFoldRows consecutive stages (one row of each) across the warp
+// together: 6 shuffles for 4 rows instead of 20, off the path to each stage's release. H200, tg128
+// in one call (docs/perf.md, session 26): 1B 1,320.5 / 1,321.1 -> 1,335.0 / 1,335.6 tok/s, 8B
+// 259.4 -> 259.8 against a warp sum per stage.
+constexpr int kFoldRows = 4;
+__device__ __forceinline__ float FoldRows4(const float (&p)[kFoldRows], int lane) {
+  const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
+  float w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float send = hi16 ? p[i] : p[i + 2], keep = hi16 ? p[i + 2] : p[i];
+    w[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+  const float send = hi8 ? w[0] : w[1], keep = hi8 ? w[1] : w[0];
+  float z = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  z += __shfl_xor_sync(0xffffffffu, z, 4);
+  z += __shfl_xor_sync(0xffffffffu, z, 2);
+  z += __shfl_xor_sync(0xffffffffu, z, 1);
+  return z;  // the sum of p[2 * hi16 + hi8] over the warp, in every lane of the 8 sharing it
+}
+
 template <bool kGated>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
@@ -217,6 +322,20 @@ __global__ void __maxnreg__(112)
   // Rows split over several warps, or gated: [rows of the block][warps per row] warp sums, added
   // after the ring.
   float* partials = reinterpret_cast<float*>(ring + stages * stage_bytes);
+#ifdef EMBER_TRACE_GEMV
+  GemvDetail* detail = nullptr;
+  if (threadIdx.x == 0 &&
+      (blockIdx.x == 0 || blockIdx.x == gridDim.x / 2 || blockIdx.x == gridDim.x - 1)) {
+    detail = g_gemv_detail + atomicAdd(&g_gemv_detail_next, 1u) % kGemvDetailRing;
+    detail->entry = GlobalTimer();
+    detail->block = blockIdx.x;
+    detail->grid = gridDim.x;
+    detail->k = static_cast<unsigned>(k);
+    detail->total = static_cast<unsigned>(p.total);
+    detail->num_stages = static_cast<unsigned>(num_stages);
+    detail->stages = static_cast<unsigned>(stages);
+  }
+#endif
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
       MbarInit(full + i, 1);
@@ -272,6 +391,14 @@ __global__ void __maxnreg__(112)
   const int row_in_stage = warp / group, g = warp % group;
   const int64_t chunks = k / 8;
   PdlWait();
+#ifdef EMBER_TRACE_GEMV
+  if (detail != nullptr) {
+    detail->wait = GlobalTimer();
+    unsigned ready = 0;
+    for (int i = 0; i < stages && i < num_stages; ++i) ready += MbarReady(full + i, 0);
+    detail->ready = ready;
+  }
+#endif
   float xr[kRingChunks][8];
 #pragma unroll
   for (int j = 0; j < kRingChunks; ++j) {
@@ -283,43 +410,65 @@ __global__ void __maxnreg__(112)
     xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
     xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
   }
+#ifdef EMBER_TRACE_GEMV
+  if (detail != nullptr) {
+    float dep = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRingChunks; ++j) dep += xr[j][0];
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(dep) : "memory");
+    detail->x = t;
+  }
+#endif
   int slot = 0;
   uint32_t phase = 0;
-  for (int64_t s = 0; s < num_stages; ++s) {
-    const int64_t row = row_begin + s * rows_per_stage + row_in_stage;
-    const bool valid = row < row_end;
-    MbarWait(full + slot, phase);
-    float sum = 0.f;
-    if (valid) {
-      const uint4* w =
-          reinterpret_cast<const uint4*>(ring + slot * stage_bytes + row_in_stage * row_bytes);
-      float dots[kRingChunks];
+  for (int64_t s0 = 0; s0 < num_stages; s0 += kFoldRows) {
+    float pend[kFoldRows];  // this lane's share of row row_in_stage of stages s0, s0 + 1, ...
 #pragma unroll
-      for (int j = 0; j < kRingChunks; ++j) {
-        const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
-        dots[j] = c < chunks ? Dot8(w[c], xr[j]) : 0.f;
+    for (int u = 0; u < kFoldRows; ++u) {
+      pend[u] = 0.f;
+      const int64_t s = s0 + u;
+      if (s >= num_stages) continue;
+      const int64_t row = row_begin + s * rows_per_stage + row_in_stage;
+      MbarWait(full + slot, phase);
+#ifdef EMBER_TRACE_GEMV
+      if (detail != nullptr && s < kGemvDetailStages) detail->full[s] = GlobalTimer();
+      if (detail != nullptr && s < 8) detail->clk[s][0] = clock64();
+#endif
+      if (row < row_end) {
+        pend[u] = StageRowDot(
+            reinterpret_cast<const uint4*>(ring + slot * stage_bytes + row_in_stage * row_bytes),
+            chunks, g, group, lane, xr);
       }
-      float acc = dots[0];
-#pragma unroll
-      for (int j = 1; j < kRingChunks; ++j) acc += dots[j];
-      sum = WarpSum(acc);
+#ifdef EMBER_TRACE_GEMV
+      if (detail != nullptr && s < 8) detail->clk[s][1] = ClockAfter(pend[u]);
+#endif
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty + slot);
+#ifdef EMBER_TRACE_GEMV
+      if (detail != nullptr && s < 8) detail->clk[s][2] = clock64();
+#endif
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
-    __syncwarp();
-    if (lane == 0) MbarArrive(empty + slot);
-    if (group == 1 && !gated) {
-      if (valid && lane == 0) row_sum_store(row, sum);
-    } else if (valid && lane == 0) {
-      partials[(row - row_begin) * group + g] = sum;
-    }
-    if (++slot == stages) {
-      slot = 0;
-      phase ^= 1;
+    const float sum = FoldRows4(pend, lane);
+    const int64_t s = s0 + ((lane >> 4) & 1) * 2 + ((lane >> 3) & 1);
+    const int64_t row = row_begin + s * rows_per_stage + row_in_stage;
+    if ((lane & 7) == 0 && s < num_stages && row < row_end) {
+      if (group == 1 && !gated) {
+        row_sum_store(row, sum);
+      } else {
+        partials[(row - row_begin) * group + g] = sum;
+      }
     }
   }
 #ifdef EMBER_TRACE_GEMV
   // A trace build (pdl.cuh) with -DEMBER_TRACE_GEMV in CMAKE_CUDA_FLAGS stamps the step timeline
   // here (block 0 has drained its ring) and when the grid's last block ends.
   TraceStamp();
+  if (detail != nullptr) detail->drained = GlobalTimer();
 #endif
   if (group > 1 || gated) {
     // The row sums of the warps sharing each row, added in warp order (barrier 1: the consumers).
@@ -340,6 +489,7 @@ __global__ void __maxnreg__(112)
   }
 #ifdef EMBER_TRACE_GEMV
   if (threadIdx.x == 0) TraceStampLastBlock();
+  if (detail != nullptr) detail->end = GlobalTimer();
 #endif
 }
 
@@ -495,8 +645,8 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
       return true;
     }();
     (void)attr;
-    LaunchPdl(gated.out != nullptr ? GemvRingKernel<true> : GemvRingKernel<false>,
-              dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
+    auto kernel = gated.out != nullptr ? GemvRingKernel<true> : GemvRingKernel<false>;
+    LaunchPdl(kernel, dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
               static_cast<size_t>(plan.smem_bytes), stream, x, p, k, plan.rows_per_stage,
               plan.stages, gated.out, gated.gelu);
     return;
@@ -532,5 +682,40 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   LaunchPdl(split ? GemvBf16Kernel<2> : GemvBf16Kernel<1>, dim3(blocks),
             dim3(kWarpsPerBlock * 32), 0, stream, x, p, k);
 }
+
+#ifdef EMBER_TRACE_GEMV
+// One line per recorded block: k total grid block stages num_stages ready, then entry, x,
+// drained, end and the first stages' landing times, all in ns from its PdlWait.
+void DumpGemvDetail(const char* path) {
+  unsigned n = 0;
+  if (cudaMemcpyFromSymbol(&n, g_gemv_detail_next, sizeof n) != cudaSuccess || n == 0) return;
+  std::vector<GemvDetail> all(kGemvDetailRing);
+  CUDA_CHECK(cudaMemcpyFromSymbol(all.data(), g_gemv_detail, sizeof(GemvDetail) * all.size()));
+  all.resize(std::min(n, kGemvDetailRing));
+  std::sort(all.begin(), all.end(),
+            [](const GemvDetail& a, const GemvDetail& b) { return a.wait < b.wait; });
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return;
+  auto rel = [](unsigned long long t, unsigned long long w) {
+    return static_cast<long long>(t) - static_cast<long long>(w);
+  };
+  for (const GemvDetail& d : all) {
+    std::fprintf(f, "%u %u %u %u %u %u %u %lld %lld %lld %lld", d.k, d.total, d.grid, d.block,
+                 d.stages, d.num_stages, d.ready, rel(d.entry, d.wait), rel(d.x, d.wait),
+                 rel(d.drained, d.wait), rel(d.end, d.wait));
+    for (unsigned s = 0; s < d.num_stages && s < kGemvDetailStages; ++s)
+      std::fprintf(f, " %lld", rel(d.full[s], d.wait));
+    // then "|" and per stage (of the first 8): cycles from stage 0's landing to its own, then from
+    // its landing to its dot products and to its release.
+    std::fprintf(f, " |");
+    for (unsigned s = 0; s < d.num_stages && s < 8; ++s) {
+      std::fprintf(f, " %lld %lld %lld", d.clk[s][0] - d.clk[0][0], d.clk[s][1] - d.clk[s][0],
+                   d.clk[s][2] - d.clk[s][0]);
+    }
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+}
+#endif
 
 }  // namespace ember::cuda
