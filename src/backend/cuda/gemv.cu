@@ -180,9 +180,11 @@ constexpr int kRingThreads = (kRingConsumers + 1) * 32;
 constexpr int kRingMaxStages = 16;
 constexpr int kRingChunks = 8;  // 16-byte chunks per lane per row: x in 64 registers
 constexpr int64_t kRingMaxStageBytes = 48 << 10;
-// The most ring per SM (a launch takes only the stages its blocks need): a GEMV's copies start
-// while the GEMV before it drains when the two rings fit an SM together (q/k/v's 96 KB beside
-// the down's 128 KB; gate/up and down, both 128 KB, do not). H200, tg128 in one call
+// The most ring per SM (a launch takes only the stages its blocks need). The sizes were chosen
+// by measurement; the reason first given for them (a GEMV's copies starting beside the GEMV
+// before it when the two rings fit an SM) does not hold: two ring blocks never share an SM (9
+// warps of 112 registers each), so a ring fills while the small kernels before its GEMV run
+// (docs/perf.md, session 26's per-block timeline). H200, tg128 in one call
 // (docs/perf.md, session 22): 1B 1,114 / 1,101 / 1,036 tok/s at 96 / 160 / 64 KB (small kernels
 // triggering after their wait), 1,119 / 1,103 / 1,036 with them triggering first; 8B 244.3 at
 // 96 KB against 236.6 at 160. Session 24 (the key-split attention, the copies on their own
@@ -578,10 +580,10 @@ int64_t RingPairSmem() {
 }
 
 // The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel is on and
-// can take them. A gated launch fills its ring while the chain before it (the attention, its
-// output projection, the RMSNorm) runs, so a larger ring helps as long as it still fits an SM
-// beside the output projection's (k rows of k, as in a Llama layer): then it takes
-// kRingGatedKb. H200, tg128 in one call (docs/perf.md, session 25): 1B (o ring 64 KB) 1,271.9 /
+// can take them. A gated launch takes kRingGatedKb when that ring and the output projection's
+// (k rows of k, as in a Llama layer) would fit an SM together (the measured rule: the two blocks
+// do not actually share an SM, see kRingDefaultKb). H200, tg128 in one call (docs/perf.md,
+// session 25): 1B (o ring 64 KB) 1,271.9 /
 // 1,271.8 tok/s at 160 KB against 1,262.5 / 1,263.5 at 128, 1,252 at 96, 1,200 at 64; 192 KB
 // (not beside o) 1,260; 8B (o ring 128 KB, so 160 does not fit beside it) 254.2 at 160 against
 // 255.0 at 128.
