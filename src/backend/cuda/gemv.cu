@@ -283,7 +283,6 @@ __device__ __forceinline__ bool MbarReady(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
-// At most 112 registers, so the small kernels before and after it fit beside a block.
 // A warp folds its lane sums of kFoldRows consecutive stages (one row of each) across the warp
 // together: 6 shuffles for 4 rows instead of 20, off the path to each stage's release. H200, tg128
 // in one call (docs/perf.md, session 26): 1B 1,320.5 / 1,321.1 -> 1,335.0 / 1,335.6 tok/s, 8B
@@ -305,6 +304,7 @@ __device__ __forceinline__ float FoldRows4(const float (&p)[kFoldRows], int lane
   return z;  // the sum of p[2 * hi16 + hi8] over the warp, in every lane of the 8 sharing it
 }
 
+// At most 112 registers, so the small kernels before and after it fit beside a block.
 template <bool kGated>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
