@@ -261,14 +261,15 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
 }
-template <typename T>
-__device__ __forceinline__ long long ClockAfter(T dep) {
+// The timers read once `dep` (a value the timed work produced) is in a register.
+__device__ __forceinline__ unsigned long long GlobalTimerAfter(float dep) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(dep) : "memory");
+  return t;
+}
+__device__ __forceinline__ long long ClockAfter(float dep) {
   long long c;
-  if constexpr (sizeof(T) == 4) {
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "f"(dep) : "memory");
-  } else {
-    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "l"(dep) : "memory");
-  }
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "f"(dep) : "memory");
   return c;
 }
 __device__ __forceinline__ bool MbarReady(uint64_t* bar, uint32_t parity) {
@@ -417,9 +418,7 @@ __global__ void __maxnreg__(112)
     float dep = 0.f;
 #pragma unroll
     for (int j = 0; j < kRingChunks; ++j) dep += xr[j][0];
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(dep) : "memory");
-    detail->x = t;
+    detail->x = GlobalTimerAfter(dep);
   }
 #endif
   int slot = 0;
