@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -80,15 +79,9 @@ RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& re
   return result;
 }
 
-std::vector<int64_t> ParseList(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoll(item));
-  return out;
-}
-
 int Main(int argc, char** argv) {
-  std::string model_dir, concurrency = "1,4,16,64", device = "cpu";
+  std::string model_dir, device = "cpu";
+  std::vector<int64_t> levels = {1, 4, 16, 64};
   int64_t prompt_len = 512, gen_len = 128, prefix_len = 2000, threads = 0, kv_bytes = 0;
   int64_t step_tokens = 512;
   double temperature = 0.0, top_p = 1.0;
@@ -96,7 +89,7 @@ int Main(int argc, char** argv) {
       "usage: engine_bench --model DIR [--concurrency 1,4,16,64] [--prompt-len 512]\n"
       "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]");
   flags.AddString("--model", &model_dir, "model folder");
-  flags.AddString("--concurrency", &concurrency, "comma-separated concurrency levels");
+  flags.AddIntList("--concurrency", &levels, "comma-separated concurrency levels");
   flags.AddInt("--prompt-len", &prompt_len, "prompt tokens per request");
   flags.AddInt("--gen-len", &gen_len, "generated tokens per request");
   flags.AddInt("--prefix-len", &prefix_len, "shared prefix for the TTFT test (0: skip)");
@@ -129,7 +122,6 @@ int Main(int argc, char** argv) {
   const int32_t vocab = (*model)->config().vocab_size;
   std::mt19937 rng(42);
 
-  std::vector<int64_t> levels = ParseList(concurrency);
   int64_t max_level = *std::max_element(levels.begin(), levels.end());
   EngineConfig config;
   config.max_running = static_cast<int32_t>(max_level);

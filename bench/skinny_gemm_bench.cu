@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -155,22 +154,17 @@ bool CheckSmallCase(int64_t tokens, int64_t m, int64_t k, cudaStream_t st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape = "llama-3.1-8b", tokens_list = "16,32,64,128,256";
+  std::string shape = "llama-3.1-8b";
+  std::vector<int64_t> token_counts = {16, 32, 64, 128, 256};
   int64_t reps = 20;
   bool sweep = false, help = false;
   ember::FlagParser flags("skinny_gemm_bench [flags]");
   flags.AddString("--shape", &shape, "llama-3.2-1b | llama-3.1-8b");
-  flags.AddString("--tokens", &tokens_list, "comma-separated rows of x (1..256)");
+  flags.AddIntList("--tokens", &token_counts, "comma-separated rows of x (1..256)");
   flags.AddInt("--reps", &reps, "timed calls per variant (the median counts)");
   flags.AddBool("--sweep", &sweep, "also time every plan (block_m x split)");
   const ember::Status parsed = flags.Parse(argc, argv, 1, &help);
   if (const int status = flags.ExitStatusAfterParse(parsed, help); status >= 0) return status;
-  std::vector<int64_t> token_counts;
-  {
-    std::stringstream ss(tokens_list);
-    std::string item;
-    while (std::getline(ss, item, ',')) token_counts.push_back(std::atoll(item.c_str()));
-  }
   for (int64_t t : token_counts) {
     if (t < 1 || t > 256) {
       std::fprintf(stderr, "--tokens: %ld is not in 1..256\n", static_cast<long>(t));
@@ -198,8 +192,11 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaStreamCreate(&st));
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device=%s shape=%s tokens=%s reps=%ld\n", prop.name, shape.c_str(),
-              tokens_list.c_str(), static_cast<long>(reps));
+  std::printf("device=%s shape=%s tokens=", prop.name, shape.c_str());
+  for (size_t i = 0; i < token_counts.size(); ++i) {
+    std::printf("%s%ld", i > 0 ? "," : "", static_cast<long>(token_counts[i]));
+  }
+  std::printf(" reps=%ld\n", static_cast<long>(reps));
 
   bool all_ok = CheckSmallCase(9, 128, 128, st);
   all_ok = CheckSmallCase(37, 192, 512, st) && all_ok;  // a half-empty last row tile, n = 64

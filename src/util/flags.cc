@@ -9,18 +9,27 @@
 namespace ember {
 
 namespace {
-std::vector<std::string> SplitNames(const std::string& names) {
+std::vector<std::string> SplitCommas(const std::string& text) {
   std::vector<std::string> out;
-  std::stringstream ss(names);
+  std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(item);
   return out;
+}
+// A whole decimal integer in int64 range.
+bool ParseInt64(const std::string& v, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0) return false;
+  *out = x;
+  return true;
 }
 }  // namespace
 
 void FlagParser::Add(const std::string& names, const std::string& help, bool takes_value,
                      std::function<Status(const std::string&)> set) {
-  flags_.push_back(Flag{SplitNames(names), help, takes_value, std::move(set)});
+  flags_.push_back(Flag{SplitCommas(names), help, takes_value, std::move(set)});
 }
 
 void FlagParser::AddString(const std::string& names, std::string* dest, const std::string& help) {
@@ -31,20 +40,32 @@ void FlagParser::AddString(const std::string& names, std::string* dest, const st
 }
 
 void FlagParser::AddInt(const std::string& names, int64_t* dest, const std::string& help) {
-  std::string name = SplitNames(names).back();
+  std::string name = SplitCommas(names).back();
   Add(names, help, true, [dest, name](const std::string& v) {
-    errno = 0;
-    char* end = nullptr;
-    long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno != 0)
-      return Status::Error(name + ": expected an integer, got '" + v + "'");
-    *dest = x;
+    if (!ParseInt64(v, dest)) return Status::Error(name + ": expected an integer, got '" + v + "'");
+    return Status::Ok();
+  });
+}
+
+void FlagParser::AddIntList(const std::string& names, std::vector<int64_t>* dest,
+                            const std::string& help) {
+  std::string name = SplitCommas(names).back();
+  Add(names, help, true, [dest, name](const std::string& v) {
+    // (getline drops a trailing empty item, so a trailing comma is checked apart.)
+    bool ok = !v.empty() && v.back() != ',';
+    std::vector<int64_t> list;
+    for (const std::string& item : SplitCommas(v))
+      ok = ok && ParseInt64(item, &list.emplace_back());
+    if (!ok) {
+      return Status::Error(name + ": expected comma-separated integers, got '" + v + "'");
+    }
+    *dest = std::move(list);
     return Status::Ok();
   });
 }
 
 void FlagParser::AddDouble(const std::string& names, double* dest, const std::string& help) {
-  std::string name = SplitNames(names).back();
+  std::string name = SplitCommas(names).back();
   Add(names, help, true, [dest, name](const std::string& v) {
     errno = 0;
     char* end = nullptr;

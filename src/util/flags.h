@@ -19,6 +19,8 @@ class FlagParser {
   // `names` is "--long" or "-s,--long". Destinations keep their value when the flag is absent.
   void AddString(const std::string& names, std::string* dest, const std::string& help);
   void AddInt(const std::string& names, int64_t* dest, const std::string& help);
+  // A comma-separated list of integers ("1,4,16"); a given flag replaces the whole list.
+  void AddIntList(const std::string& names, std::vector<int64_t>* dest, const std::string& help);
   void AddDouble(const std::string& names, double* dest, const std::string& help);
   void AddBool(const std::string& names, bool* dest, const std::string& help);  // no value
 

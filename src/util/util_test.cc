@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "util/flags.h"
 #include "util/half.h"
 #include "util/mapped_file.h"
 #include "util/status.h"
@@ -45,6 +48,44 @@ TEST(MappedFileTest, MissingFileNamesPath) {
   auto r = MappedFile::Open("/nonexistent/file.bin");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("/nonexistent/file.bin"), std::string::npos);
+}
+
+// Parses `args` (after a program name) with an int flag and an int-list flag.
+Status ParseNumbers(std::vector<std::string> args, int64_t* n, std::vector<int64_t>* list) {
+  FlagParser flags("test");
+  flags.AddInt("--n", n, "an integer");
+  flags.AddIntList("--list", list, "integers");
+  args.insert(args.begin(), "prog");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  bool help = false;
+  return flags.Parse(static_cast<int>(argv.size()), argv.data(), 1, &help);
+}
+
+TEST(FlagParserTest, IntListReplacesTheDefault) {
+  int64_t n = 0;
+  std::vector<int64_t> list = {1, 4};
+  ASSERT_TRUE(ParseNumbers({"--n", "-7", "--list=16,-2,300"}, &n, &list).ok());
+  EXPECT_EQ(n, -7);
+  EXPECT_EQ(list, (std::vector<int64_t>{16, -2, 300}));
+  ASSERT_TRUE(ParseNumbers({"--list", "5"}, &n, &list).ok());
+  EXPECT_EQ(list, (std::vector<int64_t>{5}));
+}
+
+TEST(FlagParserTest, MalformedNumbersNameTheFlag) {
+  int64_t n = 3;
+  std::vector<int64_t> list = {1, 4};
+  for (const char* bad : {"", "1,,2", "1,2,", ",1", "1,x", "1.5", "99999999999999999999"}) {
+    const Status st = ParseNumbers({"--list", bad}, &n, &list);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("--list: expected comma-separated integers"), std::string::npos)
+        << st.message();
+    EXPECT_EQ(list, (std::vector<int64_t>{1, 4})) << "a rejected list leaves the default";
+  }
+  const Status st = ParseNumbers({"--n", "12a"}, &n, &list);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--n: expected an integer, got '12a'"), std::string::npos);
+  EXPECT_EQ(n, 3);
 }
 
 }  // namespace
