@@ -20,6 +20,9 @@
 #include <cstdlib>
 #include <cstring>
 #ifdef EMBER_TRACE_GEMV
+#ifndef EMBER_CUDA_TRACE
+#error "-DEMBER_TRACE_GEMV stamps the step timeline too: configure with -DEMBER_CUDA_TRACE=ON"
+#endif
 #include <cstdio>
 #include <vector>
 #endif
@@ -256,11 +259,6 @@ struct GemvDetail {
 constexpr unsigned kGemvDetailRing = 1u << 16;
 __device__ GemvDetail g_gemv_detail[kGemvDetailRing];
 __device__ unsigned g_gemv_detail_next;
-__device__ __forceinline__ unsigned long long GlobalTimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
 // The timers read once `dep` (a value the timed work produced) is in a register.
 __device__ __forceinline__ unsigned long long GlobalTimerAfter(float dep) {
   unsigned long long t;
@@ -271,16 +269,6 @@ __device__ __forceinline__ long long ClockAfter(float dep) {
   long long c;
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "f"(dep) : "memory");
   return c;
-}
-__device__ __forceinline__ bool MbarReady(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(SmemAddr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
 }
 #endif
 

@@ -60,9 +60,13 @@ void ReadTrace(std::vector<TraceStampRecord>& out) {
 [[maybe_unused]] const bool g_trace_registered = (TraceReaders().push_back(&ReadTrace), true);
 }  // namespace
 __device__ unsigned g_trace_arrivals;
-__device__ __forceinline__ void TraceStampNow() {
+__device__ __forceinline__ unsigned long long GlobalTimer() {
   unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ void TraceStampNow() {
+  const unsigned long long t = GlobalTimer();
   unsigned smem;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
   const unsigned i = atomicAdd(&g_trace_next, 1u) % kTraceRing;
