@@ -45,6 +45,7 @@ int RunCommand(int argc, char** argv, int first) {
   flags.AddInt("-n,--max-tokens", &max_tokens, "tokens to generate (default 128)");
   flags.AddString("--output", &output, "text (default), ids (JSON array on the last line), json");
   gen.Register(flags);
+  engine_flags.max_batch = 1;  // one request: no decode graphs for batches it cannot have
   engine_flags.Register(flags, /*serving=*/false);
   if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
 

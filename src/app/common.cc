@@ -62,12 +62,18 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                   "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
                   "slower). Default off: last-bit differences between batch sizes. The CPU "
                   "backend always is");
-  flags.AddInt("--max-batch", &max_batch, "sequences decoded together (default 64)");
+  flags.AddInt("--max-batch", &max_batch,
+               max_batch > 0
+                   ? "sequences decoded together (default " + std::to_string(max_batch) + ")"
+                   : std::string("sequences decoded together (default 0: 256 on a "
+                                 "GPU, 64 on the CPU)"));
   flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
   flags.AddDouble("--gpu-memory-fraction", &gpu_memory_fraction,
                   "share of the GPU's memory for weights + KV cache + work (default 0.9)");
   flags.AddInt("--max-step-tokens", &max_step_tokens,
-               "tokens per engine step; longer prompts prefill in chunks (default 512)");
+               "tokens per engine step; longer prompts prefill in chunks (default 0: 512 on the "
+               "CPU; on a GPU 8192, halved while a step's workspace would take more than a "
+               "quarter of the memory left after the weights)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
@@ -108,8 +114,11 @@ EngineConfig EngineFlags::Config() const {
 }
 
 Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags) {
-  if (flags.max_batch < 1) return Status::Error("--max-batch: must be >= 1");
-  if (flags.max_step_tokens < 1) return Status::Error("--max-step-tokens: must be >= 1");
+  constexpr int64_t kMaxLimit = int64_t{1} << 20;
+  if (flags.max_batch < 0 || flags.max_batch > kMaxLimit)
+    return Status::Error("--max-batch: must be in [0, 1048576] (0: the default)");
+  if (flags.max_step_tokens < 0 || flags.max_step_tokens > kMaxLimit)
+    return Status::Error("--max-step-tokens: must be in [0, 1048576] (0: the default)");
   if (flags.kv_cache_bytes < 0) return Status::Error("--kv-cache-bytes: must be >= 0");
   if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
   EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());

@@ -38,7 +38,7 @@ struct GenerationFlags {
 struct EngineFlags {
   std::string device = "auto";
   std::string batch_invariant = "off";
-  int64_t threads = 0, max_batch = 64, kv_cache_bytes = 0, max_step_tokens = 512;
+  int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;

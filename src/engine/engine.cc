@@ -76,6 +76,35 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
   return std::min({want, int64_t{4} << 30, mem.free_bytes / 2});
 }
 
+int32_t GpuStepTokens(const Model& model, EngineConfig config, int64_t bytes) {
+  config.max_step_tokens = 8192;
+  while (config.max_step_tokens > 512 && StepWorkspaceBytes(model, config) > bytes)
+    config.max_step_tokens /= 2;
+  return config.max_step_tokens;
+}
+
+Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config) {
+  if (config.max_running < 0)
+    return Status::Error("--max-batch: must be >= 0 (0: the device's default), got " +
+                         std::to_string(config.max_running));
+  if (config.max_step_tokens < 0)
+    return Status::Error("--max-step-tokens: must be >= 0 (0: the device's default), got " +
+                         std::to_string(config.max_step_tokens));
+  if (config.max_running > 0 && config.max_step_tokens > 0) return config;
+  EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
+  if (config.max_running == 0) config.max_running = mem.device ? 256 : 64;
+  if (config.max_step_tokens == 0) {
+    config.max_step_tokens = 512;
+    if (mem.device) {
+      const int64_t left =
+          static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem.total_bytes)) -
+          (mem.total_bytes - mem.free_bytes);
+      config.max_step_tokens = GpuStepTokens(model, config, left / 4);
+    }
+  }
+  return config;
+}
+
 namespace {
 
 // A decode step's padding row: token 0 at position 0, its K/V in the scratch block (which no
@@ -140,13 +169,16 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& config) {
-  if (config.block_size <= 0) return Status::Error("block_size must be positive");
-  if (config.max_running <= 0) return Status::Error("max batch must be positive");
-  if (config.max_step_tokens <= 0) return Status::Error("max step tokens must be positive");
-  if (!(config.gpu_memory_fraction > 0.0 && config.gpu_memory_fraction <= 1.0))
+Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested) {
+  if (!(requested.gpu_memory_fraction > 0.0 && requested.gpu_memory_fraction <= 1.0))
     return Status::Error("--gpu-memory-fraction must be in (0, 1], got " +
-                         std::to_string(config.gpu_memory_fraction));
+                         std::to_string(requested.gpu_memory_fraction));
+  EMBER_ASSIGN_OR_RETURN(const EngineConfig config, ResolveEngineLimits(*model, requested));
+  if (config.block_size <= 0) return Status::Error("block_size must be positive");
+  if (requested.max_running == 0 || requested.max_step_tokens == 0) {
+    LOG_INFO << "engine limits: " << config.max_running << " sequences, " << config.max_step_tokens
+             << " tokens a step";
+  }
   int64_t bytes = config.kv_cache_bytes;
   if (bytes <= 0) {
     EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(*model, config));

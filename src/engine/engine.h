@@ -29,6 +29,7 @@
 namespace ember {
 
 struct EngineConfig {
+  // 0 in either of the two limits below: the device's default (ResolveEngineLimits).
   int32_t max_running = 64;          // sequences decoded together (--max-batch)
   int32_t max_step_tokens = 512;     // rows per forward step; longer prompts prefill in chunks
   int64_t kv_cache_bytes = 0;        // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
@@ -188,6 +189,16 @@ class Engine {
 // (StepWorkspaceBytes; an error when nothing is left); on the CPU min(4 GiB, MemAvailable / 2).
 Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config);
 int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config);
+// The limits a config leaves at 0, by where the model runs. On a GPU: 256 sequences, and steps of
+// 8,192 tokens, halved (to 512 at least) while a step's workspace would take more than a quarter
+// of the memory --gpu-memory-fraction leaves after the weights (GpuStepTokens). On the CPU: 64
+// and 512. A negative limit is an error naming its flag. (H200, 128 concurrent 512-token prompts
+// with 128 tokens out: 256 / 8,192 made 5,730-5,749 output tok/s on an 8B and 29,355-29,516 on a
+// 1B, against 4,452 and 20,907 with 64 / 512; docs/perf.md, session 27.)
+Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config);
+// The largest of 8,192, 4,096, ..., 512 step tokens whose StepWorkspaceBytes (with the config's
+// max_running) is at most `bytes`; 512 when none is.
+int32_t GpuStepTokens(const Model& model, EngineConfig config, int64_t bytes);
 // Rows of one step whose logits are kept for prompt logprobs: config.prompt_logits_bytes of
 // float32 rows of `vocab_size` (64 MiB: 110 rows of a 152k vocabulary, 512 of a 32k one), at
 // least 1, at most max_step_tokens.

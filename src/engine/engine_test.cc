@@ -661,6 +661,85 @@ TEST(EngineTest, DefaultKvCacheFollowsTheMemoryBudget) {
   EXPECT_NE(bad.message().find("--gpu-memory-fraction"), std::string::npos) << bad.message();
 }
 
+// Limits left at 0 take the device's defaults; negative ones are errors naming their flag.
+TEST(EngineTest, DeviceDefaultLimitsOnTheCpu) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.max_running = 0;
+  config.max_step_tokens = 0;
+  auto resolved = ResolveEngineLimits(*model, config);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(resolved->max_running, 64);
+  EXPECT_EQ(resolved->max_step_tokens, 512);
+  config.max_running = 3;
+  config.max_step_tokens = 100;
+  resolved = ResolveEngineLimits(*model, config);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(resolved->max_running, 3);
+  EXPECT_EQ(resolved->max_step_tokens, 100);
+  config.max_running = -1;
+  resolved = ResolveEngineLimits(*model, config);
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_NE(resolved.message().find("--max-batch"), std::string::npos) << resolved.message();
+  config.max_running = 0;
+  config.max_step_tokens = -5;
+  auto bad = Engine::Create(model.get(), config);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--max-step-tokens"), std::string::npos) << bad.message();
+  // An engine of default limits serves.
+  config.max_step_tokens = 0;
+  auto engine = Engine::Create(model.get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  Output out = Collect(SubmitOrDie(**engine, Greedy({1, 80, 147}, 5)));
+  EXPECT_EQ(out.usage.completion_tokens, 5);
+}
+
+// A GPU's default step: 8,192 tokens, halved while its workspace exceeds the given bytes.
+TEST(EngineTest, GpuStepTokensHalveToFitTheBudget) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.max_running = 256;
+  auto workspace = [&](int32_t tokens) {
+    EngineConfig c = config;
+    c.max_step_tokens = tokens;
+    return StepWorkspaceBytes(*model, c);
+  };
+  EXPECT_EQ(GpuStepTokens(*model, config, int64_t{1} << 50), 8192);
+  EXPECT_EQ(GpuStepTokens(*model, config, workspace(8192)), 8192);
+  EXPECT_EQ(GpuStepTokens(*model, config, workspace(8192) - 1), 4096);
+  EXPECT_EQ(GpuStepTokens(*model, config, workspace(2048)), 2048);
+  EXPECT_EQ(GpuStepTokens(*model, config, workspace(1024) - 1), 512);
+  EXPECT_EQ(GpuStepTokens(*model, config, 0), 512);
+}
+
+// On a GPU: 256 sequences and the largest step whose workspace fits a quarter of what is left.
+TEST(EngineTest, CudaDefaultLimits) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  auto model = LoadModel(dir, DeviceKind::kCuda);
+  EngineConfig config;
+  config.max_running = 0;
+  config.max_step_tokens = 0;
+  auto resolved = ResolveEngineLimits(*model, config);
+  ASSERT_TRUE(resolved.ok()) << resolved.message();
+  EXPECT_EQ(resolved->max_running, 256);
+  auto mem = model->MemoryInfo();
+  ASSERT_TRUE(mem.ok() && mem->device);
+  const int64_t left =
+      static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem->total_bytes)) -
+      (mem->total_bytes - mem->free_bytes);
+  EXPECT_EQ(resolved->max_step_tokens, GpuStepTokens(*model, *resolved, left / 4));
+  auto engine = Engine::Create(model.get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  Output out = Collect(SubmitOrDie(**engine, Greedy({1, 80, 147}, 5)));
+  EXPECT_EQ(out.usage.completion_tokens, 5);
+}
+
 TEST(EngineTest, CancelFreesBlocksAndRejectsImpossibleRequests) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
