@@ -83,11 +83,12 @@ int Main(int argc, char** argv) {
   std::string model_dir, device = "cpu";
   std::vector<int64_t> levels = {1, 4, 16, 64};
   int64_t prompt_len = 512, gen_len = 128, prefix_len = 2000, threads = 0, kv_bytes = 0;
-  int64_t step_tokens = 512;
+  int64_t step_tokens = 0, max_batch = 0;
   double temperature = 0.0, top_p = 1.0;
   FlagParser flags(
       "usage: engine_bench --model DIR [--concurrency 1,4,16,64] [--prompt-len 512]\n"
-      "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]");
+      "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]\n"
+      "       [--max-step-tokens N] [--max-batch N] [--device cpu|cuda]");
   flags.AddString("--model", &model_dir, "model folder");
   flags.AddIntList("--concurrency", &levels, "comma-separated concurrency levels");
   flags.AddInt("--prompt-len", &prompt_len, "prompt tokens per request");
@@ -95,7 +96,10 @@ int Main(int argc, char** argv) {
   flags.AddInt("--prefix-len", &prefix_len, "shared prefix for the TTFT test (0: skip)");
   flags.AddInt("--threads", &threads, "CPU threads (0: all)");
   flags.AddInt("--kv-cache-bytes", &kv_bytes, "KV cache cap (0: auto)");
-  flags.AddInt("--max-step-tokens", &step_tokens, "tokens per engine step");
+  flags.AddInt("--max-step-tokens", &step_tokens,
+               "tokens per engine step (default 0: the engine's default for the device)");
+  flags.AddInt("--max-batch", &max_batch,
+               "sequences decoded together (default 0: the largest concurrency level)");
   flags.AddString("--device", &device, "cpu | cuda");
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
@@ -105,6 +109,7 @@ int Main(int argc, char** argv) {
                 "each step waits for the previous step's tokens (EngineConfig::overlap_steps off)");
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
+  if (st.ok() && max_batch < 0) st = Status::Error("--max-batch: must be >= 0");
   if (help || !st.ok() || model_dir.empty()) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
                  flags.Help().c_str());
@@ -124,7 +129,7 @@ int Main(int argc, char** argv) {
 
   int64_t max_level = *std::max_element(levels.begin(), levels.end());
   EngineConfig config;
-  config.max_running = static_cast<int32_t>(max_level);
+  config.max_running = static_cast<int32_t>(max_batch > 0 ? max_batch : max_level);
   config.max_step_tokens = static_cast<int32_t>(step_tokens);
   config.kv_cache_bytes = kv_bytes;
   config.max_queue = static_cast<int32_t>(max_level) + 8;

@@ -157,7 +157,7 @@ if [ "${BENCH:-1}" = 1 ]; then
     done
     run .devbin/bin/ember bench --device cuda --model "$models/llama-3.2-1b" -p 512 -n 128 -r 3
     run .devbin/bin/ember bench --device cuda --model "$models/llama-3.1-8b" -p 4096 -n 128 -r 2
-    eb=(--device cuda --prompt-len 512 --gen-len 128 --max-step-tokens 4096)
+    eb=(--device cuda --prompt-len 512 --gen-len 128)  # steps of the GPU default size
     run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 1,128 \
       --prefix-len 2000
     run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 1,128 \
