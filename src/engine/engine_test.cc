@@ -661,14 +661,28 @@ TEST(EngineTest, DefaultKvCacheFollowsTheMemoryBudget) {
   EXPECT_NE(bad.message().find("--gpu-memory-fraction"), std::string::npos) << bad.message();
 }
 
+// A config whose two limits are left to the device (ResolveEngineLimits).
+EngineConfig AutoLimits() {
+  EngineConfig config;
+  config.max_running = 0;
+  config.max_step_tokens = 0;
+  return config;
+}
+
+// An engine whose limits are the device's defaults serves a request.
+void ExpectDefaultLimitsServe(Model& model) {
+  auto engine = Engine::Create(&model, AutoLimits());
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  Output out = Collect(SubmitOrDie(**engine, Greedy({1, 80, 147}, 5)));
+  EXPECT_EQ(out.usage.completion_tokens, 5);
+}
+
 // Limits left at 0 take the device's defaults; negative ones are errors naming their flag.
 TEST(EngineTest, DeviceDefaultLimitsOnTheCpu) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
   auto model = LoadModel(dir);
-  EngineConfig config;
-  config.max_running = 0;
-  config.max_step_tokens = 0;
+  EngineConfig config = AutoLimits();
   auto resolved = ResolveEngineLimits(*model, config);
   ASSERT_TRUE(resolved.ok()) << resolved.message();
   EXPECT_EQ(resolved->max_running, 64);
@@ -688,12 +702,7 @@ TEST(EngineTest, DeviceDefaultLimitsOnTheCpu) {
   auto bad = Engine::Create(model.get(), config);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--max-step-tokens"), std::string::npos) << bad.message();
-  // An engine of default limits serves.
-  config.max_step_tokens = 0;
-  auto engine = Engine::Create(model.get(), config);
-  ASSERT_TRUE(engine.ok()) << engine.message();
-  Output out = Collect(SubmitOrDie(**engine, Greedy({1, 80, 147}, 5)));
-  EXPECT_EQ(out.usage.completion_tokens, 5);
+  ExpectDefaultLimitsServe(*model);
 }
 
 // A GPU's default step: 8,192 tokens, halved while its workspace exceeds the given bytes.
@@ -722,9 +731,7 @@ TEST(EngineTest, CudaDefaultLimits) {
   EMBER_REQUIRE_DIR(dir);
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
   auto model = LoadModel(dir, DeviceKind::kCuda);
-  EngineConfig config;
-  config.max_running = 0;
-  config.max_step_tokens = 0;
+  const EngineConfig config = AutoLimits();
   auto resolved = ResolveEngineLimits(*model, config);
   ASSERT_TRUE(resolved.ok()) << resolved.message();
   EXPECT_EQ(resolved->max_running, 256);
@@ -734,10 +741,7 @@ TEST(EngineTest, CudaDefaultLimits) {
       static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem->total_bytes)) -
       (mem->total_bytes - mem->free_bytes);
   EXPECT_EQ(resolved->max_step_tokens, GpuStepTokens(*model, *resolved, left / 4));
-  auto engine = Engine::Create(model.get(), config);
-  ASSERT_TRUE(engine.ok()) << engine.message();
-  Output out = Collect(SubmitOrDie(**engine, Greedy({1, 80, 147}, 5)));
-  EXPECT_EQ(out.usage.completion_tokens, 5);
+  ExpectDefaultLimitsServe(*model);
 }
 
 TEST(EngineTest, CancelFreesBlocksAndRejectsImpossibleRequests) {
