@@ -3,7 +3,8 @@
 # same tokens, refused lines (unknown field, JSON mode on a vocabulary without "{") become error
 # lines in place while the rest run; with qwen3's tokenizer on an `ember synth` body, a JSON-mode
 # line's text is a JSON object (or its start, when max_tokens cuts it), and one nudged toward "}"
-# by logit_bias finishes with a whole object; logprobs and prompt logprobs. Skips (77) when the
+# by logit_bias finishes with a whole object; logprobs and prompt logprobs; the engine limits'
+# flags (0: the device's default; negative: refused naming the flag). Skips (77) when the
 # fixture is absent; the qwen3 part is skipped when its tokenizer is. Env: EMBER_BIN,
 # EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT), EMBER_TOKENIZERS (or EMBER_TOKENIZERS_DEFAULT).
 set -u
@@ -32,6 +33,22 @@ field "$dir/out.jsonl" 2 error | grep -q "unknown field 'colour'" ||
   fail "no error for the unknown field: $(cat "$dir/out.jsonl")"
 field "$dir/out.jsonl" 4 error | grep -q "structured output is not available" ||
   fail "JSON mode on tinystories was not refused: $(cat "$dir/out.jsonl")"
+
+# The engine limits: 0 is the device's default (the flags' default), a negative one is refused
+# naming its flag, before any line runs.
+head -1 "$dir/in.jsonl" >"$dir/one.jsonl"
+"$EMBER_BIN" batch --model "$model" --input "$dir/one.jsonl" --output "$dir/limits.jsonl" \
+  --device cpu --max-batch 0 --max-step-tokens 0 2>"$dir/err" ||
+  fail "limits of 0 were refused: $(cat "$dir/err")"
+[ "$(field "$dir/limits.jsonl" 1 ids)" = "$(field "$dir/out.jsonl" 1 ids)" ] ||
+  fail "limits of 0 changed the tokens"
+for flag in --max-batch --max-step-tokens; do
+  if "$EMBER_BIN" batch --model "$model" --input "$dir/one.jsonl" --output "$dir/bad.jsonl" \
+    --device cpu $flag -1 2>"$dir/err"; then
+    fail "$flag -1 was accepted"
+  fi
+  grep -q -- "$flag" "$dir/err" || fail "$flag -1: the error does not name the flag: $(cat "$dir/err")"
+done
 
 # Logprobs: a scored prompt (max_tokens 0) and a greedy line. The prompt entries are one per
 # token, the first null; a greedy token is its own top 1; the prompt's last entry, scored with the
