@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# device-engine-ab.sh: same-instance A/B runs of engine_bench (many concurrent requests) on the GPU
+# machine, after `scripts/device-test.sh --stage` here (carry .devbin/ to the GPU machine).
+#   scripts/device-engine-ab.sh [--models "M ..."] [--rounds R] [--concurrency C] [--prompt P]
+#                               [--gen G] LABEL[:VAR=VALUE[,VAR=VALUE...]] ...
+# M: an `ember synth --like` shape (default: llama-3.2-1b llama-3.1-8b; synthesized as bf16 into
+# /tmp/ember-ab-M once per machine, shared with device-ab.sh) or a model folder. Each LABEL runs
+# with its variables set (e.g. base:EMBER_CUDA_MODULE=.devbin/mods/base.so or
+# nogroup:EMBER_CUDA_SKINNY_GROUP=0); the configurations run in turn, R rounds, each one
+# `engine_bench --concurrency C --prompt-len P --gen-len G --prefix-len 0` (C 128, P 512, G 128;
+# the engine's defaults otherwise) under a 120 s timeout. Prints one line per run: model, label, round, then
+# output tok/s of the whole run / of the decode after the last first token, and the mean TTFT.
+# EMBER_AB_DEVICE=cpu runs the same on the CPU backend (to try the script on a small model).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+models="llama-3.2-1b llama-3.1-8b"
+rounds=1
+concurrency=128
+prompt=512
+gen=128
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --models) models=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --concurrency) concurrency=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --gen) gen=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+if [[ $# -lt 1 ]]; then
+  echo "usage: scripts/device-engine-ab.sh [--models \"M ...\"] [--rounds R] [--concurrency C]" \
+    "[--prompt P] [--gen G] LABEL[:VAR=VALUE,...] ..." >&2
+  exit 2
+fi
+
+device=${EMBER_AB_DEVICE:-cuda}
+
+bash scripts/device-test.sh --unpack
+chmod +x .devbin/bin/* 2>/dev/null
+for packed in .devbin/mods/*.xz; do
+  [[ -e $packed && ! -e ${packed%.xz} ]] && xz -d -k "$packed"
+done
+export LD_LIBRARY_PATH="$PWD/.devbin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+
+model_dir() { if [[ -d $1 ]]; then echo "$1"; else echo "/tmp/ember-ab-$1"; fi; }
+for m in $models; do
+  dir=$(model_dir "$m")
+  if [[ ! -f $dir/config.json ]]; then
+    timeout 300 .devbin/bin/ember synth --like "$m" --dtype bf16 --out "$dir" >/dev/null || {
+      echo "device-engine-ab: ember synth --like $m failed" >&2
+      exit 1
+    }
+  fi
+done
+
+for ((round = 1; round <= rounds; ++round)); do
+  for m in $models; do
+    dir=$(model_dir "$m")
+    for config in "$@"; do
+      label=${config%%:*}
+      vars=()
+      [[ $config == *:* ]] && IFS=, read -ra vars <<<"${config#*:}"
+      # The table row: | concurrency | whole tok/s | decode tok/s | wall s | mean TTFT ms |
+      row=$(env "${vars[@]}" timeout 120 .devbin/bin/engine_bench --device "$device" --model "$dir" \
+        --concurrency "$concurrency" --prompt-len "$prompt" --gen-len "$gen" --prefix-len 0 2>&1 |
+        grep -E "^\| $concurrency ")
+      echo "$(basename "$m") $label round $round:" \
+        "$(awk -F'|' '{gsub(/ /, ""); printf "%s / %s, TTFT %s ms", $3, $4, $6}' <<<"$row")"
+    done
+  done
+done
