@@ -91,6 +91,9 @@ class Engine {
   int32_t context_length() const { return context_length_; }
   int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
   int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  // The limits in force (a config's 0s resolved by ResolveEngineLimits).
+  int32_t max_running() const { return config_.max_running; }
+  int32_t max_step_tokens() const { return config_.max_step_tokens; }
   int32_t vocab_size() const { return vocab_size_; }
   const Model& model() const { return *model_; }
 

@@ -281,6 +281,8 @@ void HttpServer::Route() {
     stats["context_length"] = model_.context_length;
     stats["kv_capacity_tokens"] = model_.engine->kv_capacity_tokens();
     stats["kv_cache_bytes"] = model_.engine->kv_cache_bytes();
+    stats["max_batch"] = model_.engine->max_running();
+    stats["max_step_tokens"] = model_.engine->max_step_tokens();
     SendJson(res, 200, stats);
   });
 

@@ -284,5 +284,8 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     assert.ok(stats.tokens.generated > 0);
     assert.ok(stats.latency_seconds.time_to_first_token.count > 0);
     assert.equal(stats.context_length, 512);
+    // The engine's limits in force: the CPU's defaults (the flags' 0s resolved).
+    assert.equal(stats.max_batch, 64);
+    assert.equal(stats.max_step_tokens, 512);
   });
 });
