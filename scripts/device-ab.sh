@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# device-ab.sh: same-instance A/B runs of `ember bench` tg128 on the GPU machine, after
-# `scripts/device-test.sh --stage` here (carry .devbin/ to the GPU machine).
-#   scripts/device-ab.sh [--models "M ..."] [--rounds R] LABEL[:VAR=VALUE[,VAR=VALUE...]] ...
+# device-ab.sh: same-instance A/B runs on the GPU machine, after `scripts/device-test.sh --stage`
+# here (carry .devbin/ to the GPU machine).
+#   scripts/device-ab.sh [--models "M ..."] [--rounds R]
+#                        [--engine [--concurrency C] [--prompt P] [--gen G]]
+#                        LABEL[:VAR=VALUE[,VAR=VALUE...]] ...
 # M: an `ember synth --like` shape (default: llama-3.2-1b llama-3.1-8b; synthesized as bf16 into
 # /tmp/ember-ab-M once per machine) or a model folder. Each LABEL runs with its variables set,
 # e.g. base:EMBER_CUDA_MODULE=.devbin/mods/base.so or ring96:EMBER_GEMV_RING_KB=96 (modules put
 # in .devbin/mods/ xz-compressed are unpacked first). The configurations run in turn, R rounds
-# over (drift between rounds shows the instance's noise), each `ember bench -p 0 -n 128 -r 2`.
-# Prints one line per run: model, label, round, then the median tok/s and its range.
+# over (drift between rounds shows the instance's noise), each under a timeout, and print one
+# line per run: model, label, round, then
+# - by default `ember bench -p 0 -n 128 -r 2` (tg128): the median tok/s and its range;
+# - with --engine `engine_bench --concurrency C --prompt-len P --gen-len G --prefix-len 0` (C 128,
+#   P 512, G 128, the engine's defaults otherwise): output tok/s of the whole run / of the decode
+#   after the last first token, and the mean TTFT.
 # EMBER_AB_DEVICE=cpu runs the same on the CPU backend (to try the script on a small model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 models="llama-3.2-1b llama-3.1-8b"
 rounds=1
+engine=0
+concurrency=128
+prompt=512
+gen=128
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) models=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --engine) engine=1; shift ;;
+    --concurrency) concurrency=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --gen) gen=$2; shift 2 ;;
     *) break ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
-  echo "usage: scripts/device-ab.sh [--models \"M ...\"] [--rounds R] LABEL[:VAR=VALUE,...] ..." >&2
+  echo "usage: scripts/device-ab.sh [--models \"M ...\"] [--rounds R] [--engine [--concurrency C]" \
+    "[--prompt P] [--gen G]] LABEL[:VAR=VALUE,...] ..." >&2
   exit 2
 fi
 device=${EMBER_AB_DEVICE:-cuda}
@@ -33,19 +48,36 @@ for packed in .devbin/mods/*.xz; do
   [[ -e $packed && ! -e ${packed%.xz} ]] && xz -d -k "$packed"
 done
 export LD_LIBRARY_PATH="$PWD/.devbin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-ember=.devbin/bin/ember
 
 # The model folder of M.
 model_dir() { if [[ -d $1 ]]; then echo "$1"; else echo "/tmp/ember-ab-$1"; fi; }
 for m in $models; do
   dir=$(model_dir "$m")
   if [[ ! -f $dir/config.json ]]; then
-    "$ember" synth --like "$m" --dtype bf16 --out "$dir" >/dev/null || {
+    timeout 300 .devbin/bin/ember synth --like "$m" --dtype bf16 --out "$dir" >/dev/null || {
       echo "device-ab: ember synth --like $m failed" >&2
       exit 1
     }
   fi
 done
+
+# One run in model folder $1 with the variables $2...: its result on one line.
+run_one() {
+  local dir=$1 row
+  shift
+  if ((engine)); then
+    row=$(env "$@" timeout 300 .devbin/bin/engine_bench --device "$device" --model "$dir" \
+      --concurrency "$concurrency" --prompt-len "$prompt" --gen-len "$gen" --prefix-len 0 2>&1 |
+      grep -E "^\| $concurrency ")
+    # The table row: | concurrency | whole tok/s | decode tok/s | wall s | mean TTFT ms |
+    awk -F'|' '{gsub(/ /, ""); printf "%s / %s, TTFT %s ms", $3, $4, $6}' <<<"$row"
+  else
+    row=$(env "$@" timeout 300 .devbin/bin/ember bench --device "$device" --model "$dir" -p 0 \
+      -n 128 -r 2 2>&1 | grep tg128)
+    # The table row: | model | size | params | backend | threads | test | t/s | min .. max |
+    awk -F'|' '{print $8 "(" $9 ")"}' <<<"$row"
+  fi
+}
 
 for ((round = 1; round <= rounds; ++round)); do
   for m in $models; do
@@ -54,10 +86,7 @@ for ((round = 1; round <= rounds; ++round)); do
       label=${config%%:*}
       vars=()
       [[ $config == *:* ]] && IFS=, read -ra vars <<<"${config#*:}"
-      row=$(env "${vars[@]}" "$ember" bench --device "$device" --model "$dir" -p 0 -n 128 -r 2 \
-        2>&1 | grep tg128)
-      # The table row: | model | size | params | backend | threads | test | t/s | min .. max |
-      echo "$(basename "$m") $label round $round: $(awk -F'|' '{print $8 "(" $9 ")"}' <<<"$row")"
+      echo "$(basename "$m") $label round $round: $(run_one "$dir" "${vars[@]}")"
     done
   done
 done
