@@ -44,6 +44,15 @@ int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
   return 2 * (int64_t{config.max_step_tokens} * per_row + logits) + (int64_t{512} << 20);
 }
 
+namespace {
+// vLLM's rule: this process may use `fraction` of the device's memory, and what is in use now
+// (weights, runtime) counts against it. The bytes that leaves (negative when none).
+int64_t DeviceBytesLeft(const BackendMemory& mem, double fraction) {
+  return static_cast<int64_t>(fraction * static_cast<double>(mem.total_bytes)) -
+         (mem.total_bytes - mem.free_bytes);
+}
+}  // namespace
+
 Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
   const int64_t per_token = model.KvBytesPerToken();
   // Never more than every running sequence at full context could use.
@@ -52,12 +61,10 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
   EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (mem.device) {
-    // vLLM's rule: this process may use `gpu_memory_fraction` of the device; what is in use now
-    // (weights, runtime) counts against it, and a step's workspace stays free.
+    // A step's workspace stays free.
     const int64_t used = mem.total_bytes - mem.free_bytes;
     const int64_t budget =
-        static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem.total_bytes)) -
-        used - StepWorkspaceBytes(model, config);
+        DeviceBytesLeft(mem, config.gpu_memory_fraction) - StepWorkspaceBytes(model, config);
     if (budget < per_token * config.block_size) {
       char msg[256];
       std::snprintf(msg, sizeof(msg),
@@ -96,10 +103,8 @@ Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config
   if (config.max_step_tokens == 0) {
     config.max_step_tokens = 512;
     if (mem.device) {
-      const int64_t left =
-          static_cast<int64_t>(config.gpu_memory_fraction * static_cast<double>(mem.total_bytes)) -
-          (mem.total_bytes - mem.free_bytes);
-      config.max_step_tokens = GpuStepTokens(model, config, left / 4);
+      config.max_step_tokens =
+          GpuStepTokens(model, config, DeviceBytesLeft(mem, config.gpu_memory_fraction) / 4);
     }
   }
   return config;
