@@ -3,14 +3,20 @@
 //      G new tokens each, EOS ignored) for each C in --concurrency, over the whole run (prefill
 //      included) and in the decode phase (tokens after the last request's first token, over the
 //      time from then to the end: the rate with every sequence decoding);
-//   2. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
+//   2. with --sustain N, the same load as serve_bench makes it: a closed loop of C clients that
+//      each submit their next request as soon as the last one finished, N requests in all per
+//      level; output tokens/s over the whole run and over the steady window (from the C-th
+//      request's end to the (N-C)-th's, past the first wave's ramp and before the drain);
+//   3. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
 //      (the prefix cached by an earlier request with a different suffix).
 // Results go to docs/perf.md with the machine, the command and the date.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -38,37 +44,91 @@ struct RunResult {
   int64_t generated = 0;
 };
 
+std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
+  auto submitted = engine.Submit(request);
+  if (auto* e = std::get_if<SubmitError>(&submitted)) {
+    std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
+    std::exit(1);
+  }
+  return std::get<std::shared_ptr<ResponseStream>>(std::move(submitted));
+}
+
+// Drains one stream: appends its generated tokens' stamps to *times; returns its first one's.
+int64_t Drain(ResponseStream& stream, std::vector<int64_t>* times) {
+  std::vector<TokenEvent> events;
+  int64_t first = 0;
+  while (stream.Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id < 0) continue;
+      if (first == 0) first = e.time_ns;
+      times->push_back(e.time_ns);
+    }
+    events.clear();
+  }
+  return first;
+}
+
+struct SustainedResult {
+  double wall_s = 0, whole_tps = 0, steady_tps = 0, steady_s = 0, mean_ttft_ms = 0;
+};
+
+// The closed loop serve_bench runs against a server: `clients` threads each submit a request,
+// read it to the end and submit the next, until all of `requests` were served.
+SustainedResult RunSustained(Engine& engine, const std::vector<GenerationRequest>& requests,
+                             int32_t clients) {
+  std::atomic<size_t> next{0};
+  std::vector<std::vector<int64_t>> times(clients), ends(clients);
+  std::vector<double> ttft_ms(clients, 0.0);
+  const int64_t start = NowNs();
+  std::vector<std::thread> threads;
+  for (int32_t c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      for (size_t i = next++; i < requests.size(); i = next++) {
+        const int64_t submitted = NowNs();
+        auto stream = SubmitOrDie(engine, requests[i]);
+        ttft_ms[c] += Seconds(Drain(*stream, &times[c]) - submitted) * 1e3;
+        ends[c].push_back(NowNs());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  SustainedResult result;
+  result.wall_s = Seconds(NowNs() - start);
+  std::vector<int64_t> all_times, all_ends;
+  for (int32_t c = 0; c < clients; ++c) {
+    all_times.insert(all_times.end(), times[c].begin(), times[c].end());
+    all_ends.insert(all_ends.end(), ends[c].begin(), ends[c].end());
+    result.mean_ttft_ms += ttft_ms[c];
+  }
+  result.mean_ttft_ms /= static_cast<double>(requests.size());
+  result.whole_tps = static_cast<double>(all_times.size()) / result.wall_s;
+  std::sort(all_ends.begin(), all_ends.end());
+  const size_t n = all_ends.size(), c = static_cast<size_t>(clients);
+  if (n > 2 * c) {
+    const int64_t from = all_ends[c - 1], to = all_ends[n - c - 1];
+    const auto in_window = std::count_if(all_times.begin(), all_times.end(),
+                                         [&](int64_t t) { return t > from && t <= to; });
+    result.steady_s = Seconds(to - from);
+    if (to > from) result.steady_tps = static_cast<double>(in_window) / result.steady_s;
+  }
+  return result;
+}
+
 // Submits all requests at once and waits for them; returns throughput and mean TTFT.
 RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& requests) {
   int64_t start = NowNs();
   std::vector<std::shared_ptr<ResponseStream>> streams;
-  for (const GenerationRequest& r : requests) {
-    auto submitted = engine.Submit(r);
-    if (auto* e = std::get_if<SubmitError>(&submitted)) {
-      std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
-      std::exit(1);
-    }
-    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(submitted));
-  }
+  for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(engine, r));
   RunResult result;
   double ttft_sum = 0;
-  std::vector<TokenEvent> events;
   std::vector<int64_t> times;  // every generated token's stamp
   int64_t last_first = 0;      // when the last request got its first token
   for (auto& stream : streams) {
-    int64_t first = 0;
-    while (stream->Next(&events)) {
-      for (const TokenEvent& e : events) {
-        if (e.token_id < 0) continue;
-        if (first == 0) first = e.time_ns;
-        times.push_back(e.time_ns);
-        ++result.generated;
-      }
-      events.clear();
-    }
+    const int64_t first = Drain(*stream, &times);
     ttft_sum += Seconds(first - start) * 1e3;
     last_first = std::max(last_first, first);
   }
+  result.generated = static_cast<int64_t>(times.size());
   result.wall_s = Seconds(NowNs() - start);
   result.gen_tps = result.generated / result.wall_s;
   const int64_t end = times.empty() ? 0 : *std::max_element(times.begin(), times.end());
@@ -83,12 +143,12 @@ int Main(int argc, char** argv) {
   std::string model_dir, device = "cpu";
   std::vector<int64_t> levels = {1, 4, 16, 64};
   int64_t prompt_len = 512, gen_len = 128, prefix_len = 2000, threads = 0, kv_bytes = 0;
-  int64_t step_tokens = 0, max_batch = 0;
+  int64_t step_tokens = 0, max_batch = 0, sustain = 0;
   double temperature = 0.0, top_p = 1.0;
   FlagParser flags(
       "usage: engine_bench --model DIR [--concurrency 1,4,16,64] [--prompt-len 512]\n"
       "       [--gen-len 128] [--prefix-len 2000] [--threads N] [--kv-cache-bytes B]\n"
-      "       [--max-step-tokens N] [--max-batch N] [--device cpu|cuda]");
+      "       [--max-step-tokens N] [--max-batch N] [--sustain N] [--device cpu|cuda]");
   flags.AddString("--model", &model_dir, "model folder");
   flags.AddIntList("--concurrency", &levels, "comma-separated concurrency levels");
   flags.AddInt("--prompt-len", &prompt_len, "prompt tokens per request");
@@ -98,6 +158,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("--kv-cache-bytes", &kv_bytes, "KV cache cap (0: auto)");
   flags.AddInt("--max-step-tokens", &step_tokens,
                "tokens per engine step (default 0: the engine's default for the device)");
+  flags.AddInt("--sustain", &sustain,
+               "also run each level as a closed loop of C clients, N requests in all (0: off)");
   flags.AddInt("--max-batch", &max_batch,
                "sequences decoded together (default 0: the largest concurrency level)");
   flags.AddString("--device", &device, "cpu | cuda");
@@ -110,6 +172,7 @@ int Main(int argc, char** argv) {
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
   if (st.ok() && max_batch < 0) st = Status::Error("--max-batch: must be >= 0");
+  if (st.ok() && sustain < 0) st = Status::Error("--sustain: must be >= 0");
   if (help || !st.ok() || model_dir.empty()) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
                  flags.Help().c_str());
@@ -146,10 +209,9 @@ int Main(int argc, char** argv) {
               (*engine)->kv_cache_bytes() / 1048576.0);
   std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
               "mean TTFT ms |\n|---|---|---|---|---|\n");
-  std::string step_lines;  // where the engine thread's time went, printed after the table
-  for (int64_t level : levels) {
+  auto make_requests = [&](int64_t count) {
     std::vector<GenerationRequest> requests;
-    for (int64_t i = 0; i < level; ++i) {
+    for (int64_t i = 0; i < count; ++i) {
       GenerationRequest r;
       r.prompt_ids = RandomPrompt(rng, static_cast<int32_t>(prompt_len), vocab);
       r.max_tokens = static_cast<int32_t>(gen_len);
@@ -159,6 +221,11 @@ int Main(int argc, char** argv) {
       r.ignore_eos = true;
       requests.push_back(std::move(r));
     }
+    return requests;
+  };
+  std::string step_lines;  // where the engine thread's time went, printed after the table
+  for (int64_t level : levels) {
+    const std::vector<GenerationRequest> requests = make_requests(level);
     const EngineStats before = (*engine)->Stats();
     RunResult r = RunConcurrent(**engine, requests);
     const EngineStats after = (*engine)->Stats();
@@ -186,6 +253,27 @@ int Main(int argc, char** argv) {
     step_lines += line;
   }
   std::printf("\n%s", step_lines.c_str());
+  if (sustain > 0) {
+    std::printf(
+        "\nclosed loop, %lld requests per level (each client submits its next request when "
+        "its last one ends):\n| clients | output tok/s (whole run) | output tok/s (steady) | "
+        "steady s | wall s | mean TTFT ms | steps | rows per step | preemptions |\n"
+        "|---|---|---|---|---|---|---|---|---|\n",
+        static_cast<long long>(sustain));
+    for (int64_t level : levels) {
+      const EngineStats before = (*engine)->Stats();
+      const SustainedResult r =
+          RunSustained(**engine, make_requests(sustain), static_cast<int32_t>(level));
+      const EngineStats after = (*engine)->Stats();
+      const int64_t steps = std::max<int64_t>(1, after.steps - before.steps);
+      std::printf("| %lld | %.1f | %.1f | %.1f | %.1f | %.0f | %lld | %.1f | %lld |\n",
+                  static_cast<long long>(level), r.whole_tps, r.steady_tps, r.steady_s, r.wall_s,
+                  r.mean_ttft_ms, static_cast<long long>(steps),
+                  static_cast<double>(after.computed_tokens - before.computed_tokens) / steps,
+                  static_cast<long long>(after.preemptions - before.preemptions));
+      std::fflush(stdout);
+    }
+  }
   (*engine)->Shutdown(true);
   engine->reset();  // give the KV pool back before the second engine sizes its own
   model->reset();

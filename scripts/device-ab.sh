@@ -2,7 +2,7 @@
 # device-ab.sh: same-instance A/B runs on the GPU machine, after `scripts/device-test.sh --stage`
 # here (carry .devbin/ to the GPU machine).
 #   scripts/device-ab.sh [--models "M ..."] [--rounds R]
-#                        [--engine [--concurrency C] [--prompt P] [--gen G]]
+#                        [--engine [--concurrency C] [--prompt P] [--gen G] [--sustain N]]
 #                        LABEL[:VAR=VALUE[,VAR=VALUE...]] ...
 # M: an `ember synth --like` shape (default: llama-3.2-1b llama-3.1-8b; synthesized as bf16 into
 # /tmp/ember-ab-M once per machine) or a model folder. Each LABEL runs with its variables set,
@@ -13,7 +13,8 @@
 # - by default `ember bench -p 0 -n 128 -r 2` (tg128): the median tok/s and its range;
 # - with --engine `engine_bench --concurrency C --prompt-len P --gen-len G --prefix-len 0` (C 128,
 #   P 512, G 128, the engine's defaults otherwise): output tok/s of the whole run / of the decode
-#   after the last first token, and the mean TTFT.
+#   after the last first token, and the mean TTFT; with --sustain N also the closed loop of C
+#   clients over N requests (engine_bench --sustain): its steady output tok/s.
 # EMBER_AB_DEVICE=cpu runs the same on the CPU backend (to try the script on a small model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ engine=0
 concurrency=128
 prompt=512
 gen=128
+sustain=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -32,12 +34,13 @@ while [[ $# -gt 0 ]]; do
     --concurrency) concurrency=$2; shift 2 ;;
     --prompt) prompt=$2; shift 2 ;;
     --gen) gen=$2; shift 2 ;;
+    --sustain) sustain=$2; shift 2 ;;
     *) break ;;
   esac
 done
 if [[ $# -lt 1 ]]; then
   echo "usage: scripts/device-ab.sh [--models \"M ...\"] [--rounds R] [--engine [--concurrency C]" \
-    "[--prompt P] [--gen G]] LABEL[:VAR=VALUE,...] ..." >&2
+    "[--prompt P] [--gen G] [--sustain N]] LABEL[:VAR=VALUE,...] ..." >&2
   exit 2
 fi
 device=${EMBER_AB_DEVICE:-cuda}
@@ -67,10 +70,12 @@ run_one() {
   shift
   if ((engine)); then
     row=$(env "$@" timeout 300 .devbin/bin/engine_bench --device "$device" --model "$dir" \
-      --concurrency "$concurrency" --prompt-len "$prompt" --gen-len "$gen" --prefix-len 0 2>&1 |
-      grep -E "^\| $concurrency ")
-    # The table row: | concurrency | whole tok/s | decode tok/s | wall s | mean TTFT ms |
-    awk -F'|' '{gsub(/ /, ""); printf "%s / %s, TTFT %s ms", $3, $4, $6}' <<<"$row"
+      --concurrency "$concurrency" --prompt-len "$prompt" --gen-len "$gen" --prefix-len 0 \
+      --sustain "$sustain" 2>&1 | grep -E "^\| $concurrency ")
+    # The first table's row: | concurrency | whole tok/s | decode tok/s | wall s | mean TTFT ms |;
+    # the closed loop's: | clients | whole tok/s | steady tok/s | steady s | wall s | TTFT | ...
+    awk -F'|' '{gsub(/ /, "")} NR == 1 {printf "%s / %s, TTFT %s ms", $3, $4, $6}
+               NR == 2 {printf "; closed loop %s steady, TTFT %s ms", $4, $7}' <<<"$row"
   else
     row=$(env "$@" timeout 300 .devbin/bin/ember bench --device "$device" --model "$dir" -p 0 \
       -n 128 -r 2 2>&1 | grep tg128)

@@ -150,7 +150,7 @@ if [ "${BENCH:-1}" = 1 ]; then
     models=${TMPDIR:-/tmp}/ember-synth
     run() {
       log "-- $*"
-      timeout 300 "$@" 2>&1 | grep -E '^\||TTFT|^concurrency|graphs for' | tee -a "$summary" >/dev/null
+      timeout 300 "$@" 2>&1 | grep -E '^\||TTFT|^concurrency|^closed loop|graphs for' | tee -a "$summary" >/dev/null
     }
     for shape in llama-3.2-1b llama-3.1-8b; do
       .devbin/bin/ember synth --like $shape --dtype bf16 --out "$models/$shape" >/dev/null 2>&1
@@ -164,8 +164,12 @@ if [ "${BENCH:-1}" = 1 ]; then
       --prefix-len 0 --temperature 1 --top-p 0.9
     run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 128 \
       --prefix-len 0 --batch-invariant
+    # The 128-concurrent runs also as serve_bench's closed loop (--sustain: N requests through
+    # 128 client slots).
+    run .devbin/bin/engine_bench --model "$models/llama-3.2-1b" "${eb[@]}" --concurrency 128 \
+      --prefix-len 0 --sustain 2048
     run .devbin/bin/engine_bench --model "$models/llama-3.1-8b" "${eb[@]}" --concurrency 128 \
-      --prefix-len 0
+      --prefix-len 0 --sustain 1024
     rm -rf "$models"
   fi
 fi
