@@ -54,8 +54,8 @@ struct DecoderActivations {
   Tensor v;      // [n, num_kv_heads * head_dim]
   Tensor att;    // [n, num_heads * head_dim]  attention output, heads concatenated
   Tensor delta;  // [n, hidden]  a block's contribution to the residual
-  Tensor gate;   // [n, intermediate]
-  Tensor up;     // [n, intermediate]
+  Tensor gate;   // [n, intermediate]  (AllocGateUp: MatMul writes it, the gated activation
+  Tensor up;     // [n, intermediate]   reads it)
   Tensor act;    // [n, intermediate]  act(gate) * up, the down projection's input
 };
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n);

@@ -11,11 +11,11 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
   const int64_t d = c.hidden_size, inter = dense ? c.intermediate_size : 1;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  return DecoderActivations{be.Alloc({n, d}),          be.AllocMatMulInput({n, d}),
-                            be.Alloc({n, q_dim}),      be.Alloc({n, kv_dim}),
-                            be.Alloc({n, kv_dim}),     be.Alloc({n, q_dim}),
-                            be.Alloc({n, d}),          be.Alloc({n, inter}),
-                            be.Alloc({n, inter}),      be.AllocMatMulInput({n, inter})};
+  return DecoderActivations{be.Alloc({n, d}),           be.AllocMatMulInput({n, d}),
+                            be.Alloc({n, q_dim}),       be.Alloc({n, kv_dim}),
+                            be.Alloc({n, kv_dim}),      be.Alloc({n, q_dim}),
+                            be.Alloc({n, d}),           be.AllocGateUp({n, inter}),
+                            be.AllocGateUp({n, inter}), be.AllocMatMulInput({n, inter})};
 }
 
 Tensor FinalNormOut(Backend& be, const Tensor& xn) {

@@ -190,6 +190,7 @@ class CudaBackend final : public Backend {
   Status BeginStep(const BatchPlan& plan) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
   Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;
+  Tensor AllocGateUp(std::initializer_list<int64_t> shape) override;
   void Embedding(const Tensor& table, float scale, Tensor out) override;
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
                Tensor out) override;
@@ -728,6 +729,19 @@ Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
   return AllocOf(Bf16MatMulInput(rows) ? DType::kBF16 : DType::kF32, shape);
 }
 
+// bf16 where MatMul takes the cuBLAS path, as AllocMatMulInput: cuBLAS writes the bf16 result
+// (rounded RN from its f32 accumulators) and the gated activation reads half the bytes.
+// EMBER_CUDA_GATE_UP_BF16=0 keeps them f32 (A/B runs).
+Tensor CudaBackend::AllocGateUp(std::initializer_list<int64_t> shape) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("EMBER_CUDA_GATE_UP_BF16");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
+  return AllocOf(enabled && Bf16MatMulInput(rows) ? DType::kBF16 : DType::kF32, shape);
+}
+
 Tensor CudaBackend::AllocOf(DType dtype, std::initializer_list<int64_t> shape) {
   CHECK(in_step_) << "Alloc before BeginStep";
   CHECK(shape.size() >= 1 && shape.size() <= 4);
@@ -856,7 +870,11 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight);
   CHECK_EQ(out.rows(), n);
   CHECK_EQ(out.cols(), m);
-  CHECK(out.dtype == DType::kF32);
+  // A bf16 out (AllocGateUp) only where the cuBLAS path runs and writes it.
+  const bool out_bf16 = out.dtype == DType::kBF16;
+  CHECK(out.dtype == DType::kF32 ||
+        (out_bf16 && weight.dtype == DType::kBF16 && bias == nullptr && Bf16MatMulInput(n)))
+      << "MatMul: out " << DTypeName(out.dtype) << " [" << n << " rows]";
   // A bf16 x (AllocMatMulInput) is already the cuBLAS operand.
   const bool x_bf16 = x.dtype == DType::kBF16;
   CHECK(x.dtype == DType::kF32 || (x_bf16 && weight.dtype == DType::kBF16 && Bf16MatMulInput(n)))
@@ -915,13 +933,14 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   const cudaDataType_t wt = ToCudaType(weight.dtype);
   const cublasHandle_t handle = cublas_.get();
   // bf16 GEMMs of a few rows against small weights: the wgmma skinny GEMM where it beats cuBLAS.
-  const bool skinny = weight.dtype == DType::kBF16 && cuda::SkinnyGemmPreferred(n, m, k) &&
+  const bool skinny = weight.dtype == DType::kBF16 && !out_bf16 &&
+                      cuda::SkinnyGemmPreferred(n, m, k) &&
                       cuda::SkinnyGemmSupported(n, m, k, converted, weight.data);
   // (Its plan queries the occupancy once per shape: here, not while a graph is being captured.)
   if (skinny) (void)cuda::PlanSkinnyGemm(n, m, k);
   recorder_.Record(
       {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
-       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert), U(skinny)},
+       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert), U(skinny), U(out_bf16)},
       [=](cudaStream_t st) {
         const float alpha = 1.0f, beta = 0.0f;
         const void* b_operand = f32_weight ? x.data : converted;
@@ -935,8 +954,9 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
           CUBLAS_CHECK(cublasGemmEx(
               handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), &alpha, weight.data, wt, static_cast<int>(k), b_operand, wt,
-              static_cast<int>(k), &beta, out.data, CUDA_R_32F, static_cast<int>(m),
-              f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+              static_cast<int>(k), &beta, out.data, out_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+              static_cast<int>(m), f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+              CUBLAS_GEMM_DEFAULT));
         }
         if (bias_data != nullptr)
           cuda::LaunchAddBias(static_cast<float*>(out.data),
@@ -1160,14 +1180,16 @@ void CudaBackend::GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) 
 void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu) {
   CHECK_EQ(gate.numel(), up.numel());
   CHECK_EQ(gate.numel(), out.numel());
-  CHECK(gate.dtype == DType::kF32 && up.dtype == DType::kF32);
+  CHECK(gate.dtype == up.dtype && (gate.dtype == DType::kF32 || gate.dtype == DType::kBF16))
+      << DTypeName(gate.dtype) << ", " << DTypeName(up.dtype);
   CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
+  const bool in_bf16 = gate.dtype == DType::kBF16;
   const bool out_bf16 = out.dtype == DType::kBF16;
   const int64_t n = gate.numel();
   // Right after the batch-1 GEMV of gate and up (one launch over x): that launch computes the
   // activation too, so the step loses a kernel and its wait (gate and up are still written).
   const LastMatMul& g = last_matmul_;
-  if (!out_bf16 && LastOpIs(g) && g.group == MatMulGroup::kGemv && g.num_parts == 2 &&
+  if (!out_bf16 && !in_bf16 && LastOpIs(g) && g.group == MatMulGroup::kGemv && g.num_parts == 2 &&
       g.parts[0].out == gate.data && g.parts[1].out == up.data && g.parts[0].m == n &&
       g.parts[1].m == n && cuda::GemvGatedFused(n, g.k)) {
     const std::array<cuda::GemvPart, 2> parts = {g.parts[0], g.parts[1]};
@@ -1196,11 +1218,10 @@ void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Tensor o
     return;
   }
   recorder_.Record({gelu ? 9u : 8u, KeyOf(gate.data), KeyOf(up.data), KeyOf(out.data), U(n),
-                    U(out_bf16)},
+                    U(out_bf16), U(in_bf16)},
                    [=](cudaStream_t st) {
-                     cuda::LaunchGatedActivation(static_cast<const float*>(gate.data),
-                                                 static_cast<const float*>(up.data), out.data,
-                                                 out_bf16, n, gelu, st);
+                     cuda::LaunchGatedActivation(gate.data, up.data, in_bf16, out.data, out_bf16, n,
+                                                 gelu, st);
                    });
 }
 

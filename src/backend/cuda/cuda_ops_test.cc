@@ -223,6 +223,67 @@ TEST_F(CudaOpsTest, MatMulInputBf16) {
   }
 }
 
+// AllocGateUp: bf16 where MatMul takes the cuBLAS path (unless EMBER_CUDA_GATE_UP_BF16=0), f32
+// elsewhere. cuBLAS writes the bf16 gate/up (within a rounding of the f32 result) and the gated
+// activations read them: act(g) * u over the stored bf16 values, for the float4 (m 72) and the
+// scalar (m 75) paths, into f32 and bf16 outputs.
+TEST_F(CudaOpsTest, MatMulGateUpBf16) {
+  const char* env = std::getenv("EMBER_CUDA_GATE_UP_BF16");
+  const DType wide = env != nullptr && std::strcmp(env, "0") == 0 ? DType::kF32 : DType::kBF16;
+  {
+    auto f32 = Make(true);
+    auto inv = MakeInvariant();
+    for (Backend* be : {f32.get(), inv.get()}) {
+      ASSERT_TRUE(be->BeginStep(SimplePlan(64)).ok());
+      EXPECT_EQ(be->AllocGateUp({64, 32}).dtype, DType::kF32);
+    }
+  }
+  auto b = Make(false);
+  ASSERT_TRUE(b->BeginStep(SimplePlan(64)).ok());
+  EXPECT_EQ(b->AllocGateUp({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
+  EXPECT_EQ(b->AllocGateUp({9, 32}).dtype, wide);
+  const int64_t k = 256;
+  for (int64_t m : {72, 75}) {
+    for (int64_t rows : {33, 300}) {
+      SCOPED_TRACE(testing::Message() << "m " << m << " rows " << rows);
+      const std::vector<float> x = Random(static_cast<size_t>(rows * k), 50);
+      const std::vector<float> wg = Random(static_cast<size_t>(m * k), 51, 0.2f);
+      const std::vector<float> wu = Random(static_cast<size_t>(m * k), 52, 0.1f);
+      Tensor wgt = Weight(*b, wg, {m, k}), wut = Weight(*b, wu, {m, k});
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+      Tensor xt = Upload(*b, x, {rows, k});
+      Tensor g32 = b->Alloc({rows, m});
+      Tensor g = b->AllocGateUp({rows, m}), u = b->AllocGateUp({rows, m});
+      ASSERT_EQ(g.dtype, wide);
+      b->MatMul(xt, wgt, nullptr, g32);
+      b->MatMul(xt, wgt, nullptr, g);
+      b->MatMul(xt, wut, nullptr, u);
+      Tensor silu = b->Alloc({rows, m}), gelu = b->Alloc({rows, m});
+      Tensor silu16 = b->AllocMatMulInput({rows, m});
+      b->SiluMul(g, u, silu);
+      b->GeluTanhMul(g, u, gelu);
+      b->SiluMul(g, u, silu16);
+      const std::vector<float> want_g = Download(*b, g32), got_g = Download(*b, g);
+      const std::vector<float> got_u = Download(*b, u);
+      const std::vector<float> got_silu = Download(*b, silu), got_gelu = Download(*b, gelu);
+      const std::vector<float> got_silu16 = Download(*b, silu16);
+      for (size_t i = 0; i < want_g.size(); ++i) {
+        ASSERT_NEAR(got_g[i], want_g[i], std::ldexp(std::fabs(want_g[i]), -8) + 1e-6) << i;
+        if (wide == DType::kBF16) {
+          ASSERT_EQ(got_g[i], RoundBf16(got_g[i])) << i;
+        }
+        const double gi = got_g[i], ui = got_u[i];
+        const double s = gi / (1 + std::exp(-gi)) * ui;
+        const double t =
+            0.5 * gi * (1 + std::tanh(0.7978845608028654 * (gi + 0.044715 * gi * gi * gi))) * ui;
+        ASSERT_NEAR(got_silu[i], s, 1e-5 * (1 + std::fabs(s))) << i;
+        ASSERT_NEAR(got_gelu[i], t, 1e-5 * (1 + std::fabs(t))) << i;
+        ASSERT_EQ(got_silu16[i], RoundBf16(got_silu[i])) << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, MatMulF32AndBf16) {
   const int64_t n = 7, k = 257, m = 129;
   const std::vector<float> x = Random(static_cast<size_t>(n * k), 5);

@@ -642,8 +642,8 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   }
   if (gated.out != nullptr) {  // the GEMV, then the activation
     LaunchGemvBf16Multi(x, parts, num_parts, k, next, stream);
-    LaunchGatedActivation(parts[0].out, parts[1].out, gated.out, false, parts[0].m, gated.gelu,
-                          stream);
+    LaunchGatedActivation(parts[0].out, parts[1].out, false, gated.out, false, parts[0].m,
+                          gated.gelu, stream);
     return;
   }
   const bool split = k >= kSplitMinK && p.total >= kSplitMinRows;

@@ -168,9 +168,9 @@ void LaunchRope(float* q, float* k, int32_t num_heads, int32_t num_kv_heads, int
                 int32_t max_positions, const PlanView& plan, cudaStream_t stream);
 
 // ---- activation.cu ----
-// out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat; out f32, or bf16 (out_bf16:
-// rounded RN from the f32 result).
-void LaunchGatedActivation(const float* gate, const float* up, void* out, bool out_bf16,
+// out = act(gate) * up, act = silu or gelu_tanh.   all [n] flat; gate and up f32, or bf16
+// (in_bf16); out f32, or bf16 (out_bf16: rounded RN from the f32 result).
+void LaunchGatedActivation(const void* gate, const void* up, bool in_bf16, void* out, bool out_bf16,
                            int64_t n, bool gelu, cudaStream_t stream);
 
 // ---- elementwise.cu ----

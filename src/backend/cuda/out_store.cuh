@@ -26,6 +26,21 @@ __device__ __forceinline__ void StoreVec(OutT* out, int64_t c, const Vec& v) {
   }
 }
 
+// Loads element c * (4 or 1) of `in`, an f32 or bf16 buffer, as Vec (float4 or float).
+template <typename Vec, typename InT>
+__device__ __forceinline__ Vec LoadVec(const InT* in, int64_t c) {
+  if constexpr (std::is_same_v<InT, float>) {
+    return reinterpret_cast<const Vec*>(in)[c];
+  } else if constexpr (std::is_same_v<Vec, float4>) {
+    const uint2 packed = reinterpret_cast<const uint2*>(in)[c];
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    return __bfloat162float(in[c]);
+  }
+}
+
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls launch(vec, typed_out): vec an std::integral_constant<int, 4 or 1>, typed_out `out` as
