@@ -166,11 +166,12 @@ class Backend {
   // or the GEMM operand type (the CUDA bf16 mode at cuBLAS row counts: the writer rounds once
   // and MatMul converts nothing, with the bits a conversion would give). Those ops accept it.
   virtual Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) { return Alloc(shape); }
-  // A step buffer that only MatMul writes (out, with no bias) and only SiluMul and GeluTanhMul
-  // read (gate, up): the MLP's gate and up projections. Its element type is the backend's choice:
-  // float32 (this default), or the GEMM's 16-bit type (the CUDA bf16 mode at cuBLAS row counts:
-  // half the bytes written and read back). Those ops accept it.
-  virtual Tensor AllocGateUp(std::initializer_list<int64_t> shape) { return Alloc(shape); }
+  // A step buffer that only MatMul writes (out, with no bias) and only SiluMul, GeluTanhMul
+  // (gate, up) and AddRmsNorm (delta) read: the MLP's gate and up projections, a block's output
+  // projection. Its element type is the backend's choice: float32 (this default), or the GEMM's
+  // 16-bit type (the CUDA bf16 mode at cuBLAS row counts: half the bytes written and read back).
+  // Those ops accept it.
+  virtual Tensor AllocMatMulOutput(std::initializer_list<int64_t> shape) { return Alloc(shape); }
 
   // out[i, :] = table[plan.token_ids[i], :] * scale.   table [vocab, d], out [num_tokens, d]
   virtual void Embedding(const Tensor& table, float scale, Tensor out) = 0;

@@ -54,11 +54,15 @@ struct DecoderActivations {
   Tensor v;      // [n, num_kv_heads * head_dim]
   Tensor att;    // [n, num_heads * head_dim]  attention output, heads concatenated
   Tensor delta;  // [n, hidden]  a block's contribution to the residual
-  Tensor gate;   // [n, intermediate]  (AllocGateUp: MatMul writes it, the gated activation
-  Tensor up;     // [n, intermediate]   reads it)
+  Tensor gate;   // [n, intermediate]  (AllocMatMulOutput: MatMul writes it, the gated
+  Tensor up;     // [n, intermediate]   activation reads it)
   Tensor act;    // [n, intermediate]  act(gate) * up, the down projection's input
 };
-DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n);
+// matmul_delta: only MatMul without a bias writes delta and only AddRmsNorm reads it (no layer is
+// a mixture of experts, none has an output-projection bias, delta is not normalised in place):
+// delta comes from AllocMatMulOutput.
+DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n,
+                                           bool matmul_delta = false);
 // The final norm's output buffer: the logits rows are gathered from it as f32, so xn itself
 // unless xn is a bf16 GEMM operand (AllocMatMulInput), else a new [n, hidden] f32 buffer.
 Tensor FinalNormOut(Backend& be, const Tensor& xn);

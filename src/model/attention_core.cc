@@ -5,17 +5,23 @@
 
 namespace ember {
 
-DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n) {
+DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n,
+                                           bool matmul_delta) {
   bool dense = c.num_experts == 0;
   for (uint8_t moe : c.moe_layers) dense |= moe == 0;
   const int64_t d = c.hidden_size, inter = dense ? c.intermediate_size : 1;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  return DecoderActivations{be.Alloc({n, d}),           be.AllocMatMulInput({n, d}),
-                            be.Alloc({n, q_dim}),       be.Alloc({n, kv_dim}),
-                            be.Alloc({n, kv_dim}),      be.Alloc({n, q_dim}),
-                            be.Alloc({n, d}),           be.AllocGateUp({n, inter}),
-                            be.AllocGateUp({n, inter}), be.AllocMatMulInput({n, inter})};
+  return DecoderActivations{be.Alloc({n, d}),
+                            be.AllocMatMulInput({n, d}),
+                            be.Alloc({n, q_dim}),
+                            be.Alloc({n, kv_dim}),
+                            be.Alloc({n, kv_dim}),
+                            be.Alloc({n, q_dim}),
+                            matmul_delta ? be.AllocMatMulOutput({n, d}) : be.Alloc({n, d}),
+                            be.AllocMatMulOutput({n, inter}),
+                            be.AllocMatMulOutput({n, inter}),
+                            be.AllocMatMulInput({n, inter})};
 }
 
 Tensor FinalNormOut(Backend& be, const Tensor& xn) {

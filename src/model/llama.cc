@@ -8,6 +8,8 @@
 //               x += down(silu(gate(norm(x))) * up(..))
 //               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
 //   logits = lm_head(norm(x))[logits_rows]
+#include <algorithm>
+
 #include "model/architecture.h"
 
 namespace ember {
@@ -20,7 +22,12 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   // Buffers: see DecoderActivations (architecture.h).
-  auto [x, xn, q, k, v, att, delta, gate, up, act] = AllocDecoderActivations(be, c, n);
+  // delta from AllocMatMulOutput unless a MoeMlp or a biased o projection writes it.
+  const bool matmul_delta =
+      std::none_of(m.layers.begin(), m.layers.end(),
+                   [](const LayerWeights& w) { return w.moe() || w.bo.has_value(); });
+  auto [x, xn, q, k, v, att, delta, gate, up, act] =
+      AllocDecoderActivations(be, c, n, matmul_delta);
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {

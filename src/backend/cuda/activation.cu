@@ -1,7 +1,7 @@
 // Gated activations of the MLP: silu(gate) * up and gelu_tanh(gate) * up, from f32 or bf16 gate
-// and up (AllocGateUp), into f32 or into bf16 rounded RN from the same f32 values (a GEMM input:
-// the bits a separate f32 -> bf16 conversion would give). Four elements per thread access when
-// the buffers allow it.
+// and up (AllocMatMulOutput), into f32 or into bf16 rounded RN from the same f32 values (a GEMM
+// input: the bits a separate f32 -> bf16 conversion would give). Four elements per thread access
+// when the buffers allow it.
 #include <cstdint>
 #include <type_traits>
 

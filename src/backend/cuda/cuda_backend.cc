@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
   Status BeginStep(const BatchPlan& plan) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
   Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;
-  Tensor AllocGateUp(std::initializer_list<int64_t> shape) override;
+  Tensor AllocMatMulOutput(std::initializer_list<int64_t> shape) override;
   void Embedding(const Tensor& table, float scale, Tensor out) override;
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
                Tensor out) override;
@@ -730,11 +730,11 @@ Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
 }
 
 // bf16 where MatMul takes the cuBLAS path, as AllocMatMulInput: cuBLAS writes the bf16 result
-// (rounded RN from its f32 accumulators) and the gated activation reads half the bytes.
-// EMBER_CUDA_GATE_UP_BF16=0 keeps them f32 (A/B runs).
-Tensor CudaBackend::AllocGateUp(std::initializer_list<int64_t> shape) {
+// (rounded RN from its f32 accumulators) and its reader reads half the bytes.
+// EMBER_CUDA_MATMUL_OUT_BF16=0 keeps them f32 (A/B runs).
+Tensor CudaBackend::AllocMatMulOutput(std::initializer_list<int64_t> shape) {
   static const bool enabled = [] {
-    const char* v = std::getenv("EMBER_CUDA_GATE_UP_BF16");
+    const char* v = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   int64_t rows = 1;
@@ -787,7 +787,7 @@ void CudaBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsN
   recorder_.Record({2, KeyOf(x.data), KeyOf(weight.data), KeyOf(eps), U(one_plus), U(rows), U(d),
                     KeyOf(out.data), U(out_bf16)},
                    [=](cudaStream_t st) {
-                     cuda::LaunchRmsNorm(static_cast<const float*>(x.data), nullptr, nullptr,
+                     cuda::LaunchRmsNorm(static_cast<const float*>(x.data), nullptr, nullptr, false,
                                          static_cast<const float*>(weight.data), eps, one_plus,
                                          rows, d, out.data, out_bf16, st);
                    });
@@ -798,19 +798,19 @@ void CudaBackend::AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor&
   CHECK_EQ(residual.numel(), delta.numel());
   CHECK_EQ(residual.numel(), out.numel());
   CHECK_EQ(weight.numel(), residual.cols());
-  CHECK(weight.dtype == DType::kF32 && residual.dtype == DType::kF32 &&
-        delta.dtype == DType::kF32);
+  CHECK(weight.dtype == DType::kF32 && residual.dtype == DType::kF32);
+  CHECK(delta.dtype == DType::kF32 || delta.dtype == DType::kBF16) << DTypeName(delta.dtype);
   CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
   const bool one_plus = kind == RmsNormKind::kOnePlusWeight;
+  const bool delta_bf16 = delta.dtype == DType::kBF16;
   const bool out_bf16 = out.dtype == DType::kBF16;
   const int64_t rows = residual.rows(), d = residual.cols();
   recorder_.Record({3, KeyOf(residual.data), KeyOf(delta.data), KeyOf(weight.data), KeyOf(eps),
-                    U(one_plus), U(rows), U(d), KeyOf(out.data), U(out_bf16)},
+                    U(one_plus), U(rows), U(d), KeyOf(out.data), U(out_bf16), U(delta_bf16)},
                    [=](cudaStream_t st) {
-                     cuda::LaunchRmsNorm(nullptr, static_cast<float*>(residual.data),
-                                         static_cast<const float*>(delta.data),
-                                         static_cast<const float*>(weight.data), eps, one_plus,
-                                         rows, d, out.data, out_bf16, st);
+                     cuda::LaunchRmsNorm(nullptr, static_cast<float*>(residual.data), delta.data,
+                                         delta_bf16, static_cast<const float*>(weight.data), eps,
+                                         one_plus, rows, d, out.data, out_bf16, st);
                    });
 }
 
@@ -870,7 +870,7 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   CHECK_EQ(weight.cols(), k) << "MatMul " << ShapeString(x) << " x " << ShapeString(weight);
   CHECK_EQ(out.rows(), n);
   CHECK_EQ(out.cols(), m);
-  // A bf16 out (AllocGateUp) only where the cuBLAS path runs and writes it.
+  // A bf16 out (AllocMatMulOutput) only where the cuBLAS path runs and writes it.
   const bool out_bf16 = out.dtype == DType::kBF16;
   CHECK(out.dtype == DType::kF32 ||
         (out_bf16 && weight.dtype == DType::kBF16 && bias == nullptr && Bf16MatMulInput(n)))

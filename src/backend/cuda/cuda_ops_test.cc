@@ -223,25 +223,25 @@ TEST_F(CudaOpsTest, MatMulInputBf16) {
   }
 }
 
-// AllocGateUp: bf16 where MatMul takes the cuBLAS path (unless EMBER_CUDA_GATE_UP_BF16=0), f32
-// elsewhere. cuBLAS writes the bf16 gate/up (within a rounding of the f32 result) and the gated
+// AllocMatMulOutput: bf16 where MatMul takes the cuBLAS path (unless EMBER_CUDA_MATMUL_OUT_BF16=0),
+// f32 elsewhere. cuBLAS writes the bf16 gate/up (within a rounding of the f32 result) and the gated
 // activations read them: act(g) * u over the stored bf16 values, for the float4 (m 72) and the
 // scalar (m 75) paths, into f32 and bf16 outputs.
 TEST_F(CudaOpsTest, MatMulGateUpBf16) {
-  const char* env = std::getenv("EMBER_CUDA_GATE_UP_BF16");
+  const char* env = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
   const DType wide = env != nullptr && std::strcmp(env, "0") == 0 ? DType::kF32 : DType::kBF16;
   {
     auto f32 = Make(true);
     auto inv = MakeInvariant();
     for (Backend* be : {f32.get(), inv.get()}) {
       ASSERT_TRUE(be->BeginStep(SimplePlan(64)).ok());
-      EXPECT_EQ(be->AllocGateUp({64, 32}).dtype, DType::kF32);
+      EXPECT_EQ(be->AllocMatMulOutput({64, 32}).dtype, DType::kF32);
     }
   }
   auto b = Make(false);
   ASSERT_TRUE(b->BeginStep(SimplePlan(64)).ok());
-  EXPECT_EQ(b->AllocGateUp({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
-  EXPECT_EQ(b->AllocGateUp({9, 32}).dtype, wide);
+  EXPECT_EQ(b->AllocMatMulOutput({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
+  EXPECT_EQ(b->AllocMatMulOutput({9, 32}).dtype, wide);
   const int64_t k = 256;
   for (int64_t m : {72, 75}) {
     for (int64_t rows : {33, 300}) {
@@ -253,7 +253,7 @@ TEST_F(CudaOpsTest, MatMulGateUpBf16) {
       ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
       Tensor xt = Upload(*b, x, {rows, k});
       Tensor g32 = b->Alloc({rows, m});
-      Tensor g = b->AllocGateUp({rows, m}), u = b->AllocGateUp({rows, m});
+      Tensor g = b->AllocMatMulOutput({rows, m}), u = b->AllocMatMulOutput({rows, m});
       ASSERT_EQ(g.dtype, wide);
       b->MatMul(xt, wgt, nullptr, g32);
       b->MatMul(xt, wgt, nullptr, g);
@@ -280,6 +280,39 @@ TEST_F(CudaOpsTest, MatMulGateUpBf16) {
         ASSERT_NEAR(got_gelu[i], t, 1e-5 * (1 + std::fabs(t))) << i;
         ASSERT_EQ(got_silu16[i], RoundBf16(got_silu[i])) << i;
       }
+    }
+  }
+}
+
+// AddRmsNorm over a bf16 delta (AllocMatMulOutput, written by cuBLAS) gives the bits of the same
+// values as an f32 delta: residual and output, one-row and rows kernels, float4 and scalar paths.
+TEST_F(CudaOpsTest, AddRmsNormBf16Delta) {
+  auto b = Make(false);
+  const int64_t k = 128;
+  for (int64_t d : {256, 258}) {
+    for (int64_t rows : {33, 100}) {
+      SCOPED_TRACE(testing::Message() << "d " << d << " rows " << rows);
+      const std::vector<float> xin = Random(static_cast<size_t>(rows * k), 60);
+      const std::vector<float> wm = Random(static_cast<size_t>(d * k), 61, 0.1f);
+      const std::vector<float> x = Random(static_cast<size_t>(rows * d), 62);
+      const std::vector<float> w = Random(static_cast<size_t>(d), 63);
+      Tensor wmt = Weight(*b, wm, {d, k}), wt = Weight(*b, w, {d});
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+      Tensor delta = b->AllocMatMulOutput({rows, d});
+      b->MatMul(Upload(*b, xin, {rows, k}), wmt, nullptr, delta);
+      const std::vector<float> delta_values = Download(*b, delta);
+      Tensor delta32 = Upload(*b, delta_values, {rows, d});
+      Tensor res_a = Upload(*b, x, {rows, d}), res_b = Upload(*b, x, {rows, d});
+      Tensor out_a = b->AllocMatMulInput({rows, d}), out_b = b->AllocMatMulInput({rows, d});
+      Tensor f32_a = b->Alloc({rows, d}), f32_b = b->Alloc({rows, d});
+      b->AddRmsNorm(res_a, delta, wt, 1e-6f, RmsNormKind::kPlain, out_a);
+      b->AddRmsNorm(res_b, delta32, wt, 1e-6f, RmsNormKind::kPlain, out_b);
+      EXPECT_EQ(Download(*b, res_a), Download(*b, res_b));
+      EXPECT_EQ(Download(*b, out_a), Download(*b, out_b));
+      b->AddRmsNorm(res_a, delta, wt, 1e-6f, RmsNormKind::kOnePlusWeight, f32_a);
+      b->AddRmsNorm(res_b, delta32, wt, 1e-6f, RmsNormKind::kOnePlusWeight, f32_b);
+      EXPECT_EQ(Download(*b, res_a), Download(*b, res_b));
+      EXPECT_EQ(Download(*b, f32_a), Download(*b, f32_b));
     }
   }
 }

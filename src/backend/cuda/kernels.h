@@ -154,11 +154,11 @@ void LaunchEmbedding(const void* table, ElemType table_type, int64_t vocab, int6
 
 // ---- rms_norm.cu ----
 // If residual != null: residual += delta first. out = residual / rms * (w or 1 + w).
-// x/residual, delta, out [rows, d]; weight [d] f32. out: f32 (may alias x), or bf16 (out_bf16:
-// each value rounded RN, the bits of the f32 output converted).
-void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
-                   float eps, bool one_plus_weight, int64_t rows, int64_t d, void* out,
-                   bool out_bf16, cudaStream_t stream);
+// x/residual, delta, out [rows, d]; weight [d] f32; delta f32, or bf16 (delta_bf16). out: f32
+// (may alias x), or bf16 (out_bf16: each value rounded RN, the bits of the f32 output converted).
+void LaunchRmsNorm(const float* x, float* residual, const void* delta, bool delta_bf16,
+                   const float* weight, float eps, bool one_plus_weight, int64_t rows, int64_t d,
+                   void* out, bool out_bf16, cudaStream_t stream);
 
 // ---- rope.cu ----
 // Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in place

@@ -5,7 +5,8 @@
 // block emulates that block's reduction (RmsNormRowsKernel), so that 8 rows rather than 1 are in
 // flight per SM, with the same bits (H200, 8B 4,096-token prefill: AddRmsNorm 23.3 -> 17.4 ms
 // over 4 prefills; docs/perf.md, session 11). The output is f32, or bf16 rounded RN from the
-// same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion would give).
+// same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion would give). The
+// residual's delta is f32, or bf16 (a cuBLAS output, AllocMatMulOutput), widened exactly.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -65,15 +66,15 @@ __device__ float BlockSum(float v, float* scratch) {
 }
 
 // src: the row to normalise; when residual != null, src = residual += delta first.
-// VEC: elements per thread access (4: float4, rows 16-byte aligned, d % 4 == 0). OutT: float or
-// __nv_bfloat16. kPerThread: vectors kept in registers between the two passes, 1 when the block
-// has a thread per vector (decode rows up to 4,096 wide): 30 registers instead of 57, so the
+// VEC: elements per thread access (4: float4, rows 16-byte aligned, d % 4 == 0). DeltaT, OutT:
+// float or __nv_bfloat16. kPerThread: vectors kept in registers between the two passes, 1 when the
+// block has a thread per vector (decode rows up to 4,096 wide): 30 registers instead of 57, so the
 // block takes at most half an SM's register file and fits beside a ring GEMV block (gemv.cu).
 // H200 tg128, one call (docs/perf.md, session 24): alone 1B 1,184 / 8B 246.7 against 1,185 /
 // 246.8, with the key-split decode attention 1,219 / 252.7 against its 1,198 / 252.5.
-template <int VEC, typename OutT, int kPerThread>
+template <int VEC, typename DeltaT, typename OutT, int kPerThread>
 __global__ void __launch_bounds__(kMaxThreads, kPerThread == 1 ? 2 : 1)
-    RmsNormKernel(const float* x, float* residual, const float* delta, const float* weight,
+    RmsNormKernel(const float* x, float* residual, const DeltaT* delta, const float* weight,
                   float eps, bool one_plus, int64_t d, OutT* out) {
   using Vec = typename std::conditional<VEC == 4, float4, float>::type;
   __shared__ float scratch[kMaxThreads / 32];
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kMaxThreads, kPerThread == 1 ? 2 : 1)
     if (c >= nv) break;
     Vec v = reinterpret_cast<const Vec*>(src + base)[c];
     if (residual != nullptr) {
-      v = Added(v, reinterpret_cast<const Vec*>(delta + base)[c]);
+      v = Added(v, LoadVec<Vec>(delta + base, c));
       reinterpret_cast<Vec*>(residual + base)[c] = v;
     }
     vals[i] = v;
@@ -128,9 +129,9 @@ __global__ void __launch_bounds__(kMaxThreads, kPerThread == 1 ? 2 : 1)
 // first reduction; the weights (the same for every row, L1/L2 hits) are read after it.
 constexpr int kRowsThreads = 256;
 constexpr int kRowsWarps = kRowsThreads / 32;
-template <int J, typename OutT>
+template <int J, typename DeltaT, typename OutT>
 __global__ void __launch_bounds__(kRowsThreads)
-    RmsNormRowsKernel(const float* x, float* residual, const float* delta, const float* weight,
+    RmsNormRowsKernel(const float* x, float* residual, const DeltaT* delta, const float* weight,
                       float eps, bool one_plus, int64_t d, OutT* out) {
   __shared__ float scratch[kMaxThreads / 32];
   const int64_t nv = d / 4;
@@ -149,13 +150,12 @@ __global__ void __launch_bounds__(kRowsThreads)
     if (c < nv) v[j] = src[c];
   }
   if (residual != nullptr) {
-    const float4* dsrc = reinterpret_cast<const float4*>(delta + base);
     float4* res = reinterpret_cast<float4*>(residual + base);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int c = threadIdx.x + j * kRowsThreads;
       if (c < nv) {
-        v[j] = Added(v[j], dsrc[c]);
+        v[j] = Added(v[j], LoadVec<float4>(delta + base, c));
         res[c] = v[j];
       }
     }
@@ -183,11 +183,10 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
 }
 
-}  // namespace
-
-void LaunchRmsNorm(const float* x, float* residual, const float* delta, const float* weight,
-                   float eps, bool one_plus_weight, int64_t rows, int64_t d, void* out,
-                   bool out_bf16, cudaStream_t stream) {
+template <typename DeltaT>
+void LaunchRmsNormOf(const float* x, float* residual, const DeltaT* delta, const float* weight,
+                     float eps, bool one_plus_weight, int64_t rows, int64_t d, void* out,
+                     bool out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
   CHECK_LE(d, 4 * 4 * kMaxThreads) << "RMSNorm row width";
   const bool vec4 = d % 4 == 0 && Aligned16(x) && Aligned16(residual) && Aligned16(delta) &&
@@ -200,10 +199,10 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
     const int j = static_cast<int>((threads + kRowsThreads - 1) / kRowsThreads);
     DispatchOut(out, out_bf16, vec4, [&](auto, auto* typed_out) {
       using OutT = std::remove_pointer_t<decltype(typed_out)>;
-      auto kernel = j == 1   ? RmsNormRowsKernel<1, OutT>
-                    : j == 2 ? RmsNormRowsKernel<2, OutT>
-                    : j == 3 ? RmsNormRowsKernel<3, OutT>
-                             : RmsNormRowsKernel<4, OutT>;
+      auto kernel = j == 1   ? RmsNormRowsKernel<1, DeltaT, OutT>
+                    : j == 2 ? RmsNormRowsKernel<2, DeltaT, OutT>
+                    : j == 3 ? RmsNormRowsKernel<3, DeltaT, OutT>
+                             : RmsNormRowsKernel<4, DeltaT, OutT>;
       LaunchPdl(kernel, grid, dim3(kRowsThreads), 0, stream, x, residual, delta, weight, eps,
                 one_plus_weight, d, typed_out);
     });
@@ -218,9 +217,24 @@ void LaunchRmsNorm(const float* x, float* residual, const float* delta, const fl
   DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
     using OutT = std::remove_pointer_t<decltype(typed_out)>;
-    LaunchPdl(one ? RmsNormKernel<kVec, OutT, 1> : RmsNormKernel<kVec, OutT, 4>, grid, block, 0,
-              stream, x, residual, delta, weight, eps, one_plus_weight, d, typed_out);
+    LaunchPdl(one ? RmsNormKernel<kVec, DeltaT, OutT, 1> : RmsNormKernel<kVec, DeltaT, OutT, 4>,
+              grid, block, 0, stream, x, residual, delta, weight, eps, one_plus_weight, d,
+              typed_out);
   });
+}
+
+}  // namespace
+
+void LaunchRmsNorm(const float* x, float* residual, const void* delta, bool delta_bf16,
+                   const float* weight, float eps, bool one_plus_weight, int64_t rows, int64_t d,
+                   void* out, bool out_bf16, cudaStream_t stream) {
+  if (delta_bf16) {
+    LaunchRmsNormOf(x, residual, static_cast<const __nv_bfloat16*>(delta), weight, eps,
+                    one_plus_weight, rows, d, out, out_bf16, stream);
+  } else {
+    LaunchRmsNormOf(x, residual, static_cast<const float*>(delta), weight, eps, one_plus_weight,
+                    rows, d, out, out_bf16, stream);
+  }
 }
 
 }  // namespace ember::cuda
