@@ -139,22 +139,37 @@ TEST_F(CudaOpsTest, RmsNormManyRowsEqualSolo) {
   }
 }
 
-// AllocMatMulInput: bf16 in the bf16 mode at cuBLAS row counts, f32 elsewhere. Its writers
-// (RmsNorm, AddRmsNorm, SiluMul, GeluTanhMul) store the bf16 rounding (RN) of the f32 result, and
-// MatMul over it gives the bits of MatMul over the f32 buffer (which converts x itself).
-TEST_F(CudaOpsTest, MatMulInputBf16) {
+// The bf16 mode's bf16 MatMul operands where MatMul takes the cuBLAS path, f32 elsewhere:
+// AllocMatMulInput always, AllocMatMulOutput unless EMBER_CUDA_MATMUL_OUT_BF16=0.
+DType MatMulOutputWide() {
+  const char* env = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
+  return env != nullptr && std::strcmp(env, "0") == 0 ? DType::kF32 : DType::kBF16;
+}
+
+TEST_F(CudaOpsTest, MatMulOperandTypes) {
   {
     auto f32 = Make(true);
     auto inv = MakeInvariant();
     for (Backend* be : {f32.get(), inv.get()}) {
       ASSERT_TRUE(be->BeginStep(SimplePlan(64)).ok());
       EXPECT_EQ(be->AllocMatMulInput({64, 32}).dtype, DType::kF32);
+      EXPECT_EQ(be->AllocMatMulOutput({64, 32}).dtype, DType::kF32);
     }
   }
   auto b = Make(false);
   ASSERT_TRUE(b->BeginStep(SimplePlan(64)).ok());
-  EXPECT_EQ(b->AllocMatMulInput({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
+  // 8 rows: the GEMV / decode GEMM rows.
+  EXPECT_EQ(b->AllocMatMulInput({8, 32}).dtype, DType::kF32);
   EXPECT_EQ(b->AllocMatMulInput({9, 32}).dtype, DType::kBF16);
+  EXPECT_EQ(b->AllocMatMulOutput({8, 32}).dtype, DType::kF32);
+  EXPECT_EQ(b->AllocMatMulOutput({9, 32}).dtype, MatMulOutputWide());
+}
+
+// AllocMatMulInput's writers (RmsNorm, AddRmsNorm, SiluMul, GeluTanhMul) store the bf16 rounding
+// (RN) of the f32 result, and MatMul over it gives the bits of MatMul over the f32 buffer (which
+// converts x itself).
+TEST_F(CudaOpsTest, MatMulInputBf16) {
+  auto b = Make(false);
   // d = 300: the float4 paths; 301 (RMSNorm) and 33 x 7 (activations): the scalar ones.
   for (int64_t d : {300, 301}) {
     const int64_t rows = 33, m = 72;
@@ -223,25 +238,12 @@ TEST_F(CudaOpsTest, MatMulInputBf16) {
   }
 }
 
-// AllocMatMulOutput: bf16 where MatMul takes the cuBLAS path (unless EMBER_CUDA_MATMUL_OUT_BF16=0),
-// f32 elsewhere. cuBLAS writes the bf16 gate/up (within a rounding of the f32 result) and the gated
-// activations read them: act(g) * u over the stored bf16 values, for the float4 (m 72) and the
-// scalar (m 75) paths, into f32 and bf16 outputs.
+// cuBLAS writes a bf16 AllocMatMulOutput gate/up (within a rounding of the f32 result) and the
+// gated activations read them: act(g) * u over the stored bf16 values, for the float4 (m 72) and
+// the scalar (m 75) paths, into f32 and bf16 outputs.
 TEST_F(CudaOpsTest, MatMulGateUpBf16) {
-  const char* env = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
-  const DType wide = env != nullptr && std::strcmp(env, "0") == 0 ? DType::kF32 : DType::kBF16;
-  {
-    auto f32 = Make(true);
-    auto inv = MakeInvariant();
-    for (Backend* be : {f32.get(), inv.get()}) {
-      ASSERT_TRUE(be->BeginStep(SimplePlan(64)).ok());
-      EXPECT_EQ(be->AllocMatMulOutput({64, 32}).dtype, DType::kF32);
-    }
-  }
+  const DType wide = MatMulOutputWide();
   auto b = Make(false);
-  ASSERT_TRUE(b->BeginStep(SimplePlan(64)).ok());
-  EXPECT_EQ(b->AllocMatMulOutput({8, 32}).dtype, DType::kF32);  // the GEMV / decode GEMM rows
-  EXPECT_EQ(b->AllocMatMulOutput({9, 32}).dtype, wide);
   const int64_t k = 256;
   for (int64_t m : {72, 75}) {
     for (int64_t rows : {33, 300}) {
