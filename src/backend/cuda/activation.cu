@@ -45,20 +45,16 @@ void LaunchGatedActivation(const void* gate, const void* up, bool in_bf16, void*
   const bool vec4 = n % 4 == 0 && Aligned16(gate) && Aligned16(up) && Aligned16(out);
   int64_t blocks = (n / (vec4 ? 4 : 1) + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  auto launch = [&](auto* typed_in) {
-    using InT = std::remove_const_t<std::remove_pointer_t<decltype(typed_in)>>;
+  DispatchIn(gate, in_bf16, [&](auto* typed_gate) {
+    using InT = std::remove_const_t<std::remove_pointer_t<decltype(typed_gate)>>;
     const InT* typed_up = static_cast<const InT*>(up);
     DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
       constexpr int kVec = decltype(vec_tag)::value;
       LaunchPdl(GatedActivationKernel<kVec, InT, std::remove_pointer_t<decltype(typed_out)>>,
-                dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, typed_in, typed_up,
+                dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, typed_gate, typed_up,
                 typed_out, n, gelu);
     });
-  };
-  if (in_bf16)
-    launch(static_cast<const __nv_bfloat16*>(gate));
-  else
-    launch(static_cast<const float*>(gate));
+  });
 }
 
 }  // namespace ember::cuda

@@ -35,6 +35,13 @@ using cuda::KeyOf;
 
 uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
 
+// The rows of a buffer seen as a matrix: the product of every dimension but the last.
+int64_t MatrixRows(std::initializer_list<int64_t> shape) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
+  return rows;
+}
+
 ElemType ToElemType(DType t) {
   switch (t) {
     case DType::kF16: return ElemType::kF16;
@@ -724,9 +731,7 @@ Tensor CudaBackend::Alloc(std::initializer_list<int64_t> shape) {
 // result once, and MatMul needs no conversion pass of its own (the same bits, a third of the
 // bytes). f32 elsewhere.
 Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
-  return AllocOf(Bf16MatMulInput(rows) ? DType::kBF16 : DType::kF32, shape);
+  return AllocOf(Bf16MatMulInput(MatrixRows(shape)) ? DType::kBF16 : DType::kF32, shape);
 }
 
 // bf16 where MatMul takes the cuBLAS path, as AllocMatMulInput: cuBLAS writes the bf16 result
@@ -737,9 +742,7 @@ Tensor CudaBackend::AllocMatMulOutput(std::initializer_list<int64_t> shape) {
     const char* v = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape.begin()[i];
-  return AllocOf(enabled && Bf16MatMulInput(rows) ? DType::kBF16 : DType::kF32, shape);
+  return AllocOf(enabled && Bf16MatMulInput(MatrixRows(shape)) ? DType::kBF16 : DType::kF32, shape);
 }
 
 Tensor CudaBackend::AllocOf(DType dtype, std::initializer_list<int64_t> shape) {

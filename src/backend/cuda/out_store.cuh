@@ -1,6 +1,7 @@
 // Kernels whose output is f32 or bf16 (a GEMM input, AllocMatMulInput): one store helper that
 // rounds RN from the f32 value (the bits an f32 -> bf16 conversion gives), and the launcher-side
-// dispatch over (output type, float4 or scalar access).
+// dispatch over (output type, float4 or scalar access). Likewise for inputs that are f32 or bf16
+// (a GEMM output, AllocMatMulOutput): a load helper that widens exactly, and its dispatch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +43,15 @@ __device__ __forceinline__ Vec LoadVec(const InT* in, int64_t c) {
 }
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls launch(typed_in): `in` as const __nv_bfloat16* (in_bf16) or const float*.
+template <typename Launch>
+void DispatchIn(const void* in, bool in_bf16, Launch&& launch) {
+  if (in_bf16)
+    launch(static_cast<const __nv_bfloat16*>(in));
+  else
+    launch(static_cast<const float*>(in));
+}
 
 // Calls launch(vec, typed_out): vec an std::integral_constant<int, 4 or 1>, typed_out `out` as
 // __nv_bfloat16* (out_bf16) or float*.

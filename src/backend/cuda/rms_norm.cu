@@ -228,13 +228,10 @@ void LaunchRmsNormOf(const float* x, float* residual, const DeltaT* delta, const
 void LaunchRmsNorm(const float* x, float* residual, const void* delta, bool delta_bf16,
                    const float* weight, float eps, bool one_plus_weight, int64_t rows, int64_t d,
                    void* out, bool out_bf16, cudaStream_t stream) {
-  if (delta_bf16) {
-    LaunchRmsNormOf(x, residual, static_cast<const __nv_bfloat16*>(delta), weight, eps,
-                    one_plus_weight, rows, d, out, out_bf16, stream);
-  } else {
-    LaunchRmsNormOf(x, residual, static_cast<const float*>(delta), weight, eps, one_plus_weight,
-                    rows, d, out, out_bf16, stream);
-  }
+  DispatchIn(delta, delta_bf16, [&](auto* typed_delta) {
+    LaunchRmsNormOf(x, residual, typed_delta, weight, eps, one_plus_weight, rows, d, out, out_bf16,
+                    stream);
+  });
 }
 
 }  // namespace ember::cuda
