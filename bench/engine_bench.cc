@@ -223,15 +223,8 @@ int Main(int argc, char** argv) {
     }
     return requests;
   };
-  std::string step_lines;  // where the engine thread's time went, printed after the table
-  for (int64_t level : levels) {
-    const std::vector<GenerationRequest> requests = make_requests(level);
-    const EngineStats before = (*engine)->Stats();
-    RunResult r = RunConcurrent(**engine, requests);
-    const EngineStats after = (*engine)->Stats();
-    std::printf("| %lld | %.1f | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
-                r.decode_tps, r.wall_s, r.mean_ttft_ms);
-    std::fflush(stdout);
+  // Where the engine thread's time went between two Stats(), a line printed after a table.
+  auto step_line = [](int64_t level, const EngineStats& before, const EngineStats& after) {
     const int64_t steps = std::max<int64_t>(1, after.steps - before.steps);
     auto per_step_ms = [&](int64_t ns) { return static_cast<double>(ns) / 1e6 / steps; };
     const int64_t decode_steps = after.decode_steps - before.decode_steps;
@@ -250,7 +243,18 @@ int Main(int argc, char** argv) {
                   static_cast<double>(after.decode_forward_ns - before.decode_forward_ns) / 1e6 /
                       decode_div,
                   static_cast<long long>(after.overlapped_steps - before.overlapped_steps));
-    step_lines += line;
+    return std::string(line);
+  };
+  std::string step_lines;
+  for (int64_t level : levels) {
+    const std::vector<GenerationRequest> requests = make_requests(level);
+    const EngineStats before = (*engine)->Stats();
+    RunResult r = RunConcurrent(**engine, requests);
+    const EngineStats after = (*engine)->Stats();
+    std::printf("| %lld | %.1f | %.1f | %.1f | %.0f |\n", static_cast<long long>(level), r.gen_tps,
+                r.decode_tps, r.wall_s, r.mean_ttft_ms);
+    std::fflush(stdout);
+    step_lines += step_line(level, before, after);
   }
   std::printf("\n%s", step_lines.c_str());
   if (sustain > 0) {
@@ -260,6 +264,7 @@ int Main(int argc, char** argv) {
         "steady s | wall s | mean TTFT ms | steps | rows per step | preemptions |\n"
         "|---|---|---|---|---|---|---|---|---|\n",
         static_cast<long long>(sustain));
+    step_lines.clear();
     for (int64_t level : levels) {
       const EngineStats before = (*engine)->Stats();
       const SustainedResult r =
@@ -272,7 +277,9 @@ int Main(int argc, char** argv) {
                   static_cast<double>(after.computed_tokens - before.computed_tokens) / steps,
                   static_cast<long long>(after.preemptions - before.preemptions));
       std::fflush(stdout);
+      step_lines += step_line(level, before, after);
     }
+    std::printf("\n%s", step_lines.c_str());
   }
   (*engine)->Shutdown(true);
   engine->reset();  // give the KV pool back before the second engine sizes its own

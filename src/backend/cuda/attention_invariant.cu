@@ -38,12 +38,14 @@
 // mode (as fast or faster in every measured shape, docs/perf.md).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -1027,6 +1029,34 @@ bool AttentionInvariantCanFuseRope(const AttentionArgs& args, int32_t rotary_dim
 int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads, int32_t head_dim,
                                          int32_t num_splits) {
   return static_cast<int64_t>(num_tokens) * num_heads * num_splits * (head_dim + 2);
+}
+
+std::vector<AttentionRun> AttentionInvariantRuns(const std::vector<int32_t>& query_lens,
+                                                 int32_t group, int32_t head_dim) {
+  // Dispatch's choice: the key-split decode shape, the decode shape, the prefill shape.
+  const bool key_split = KeySplitDim(head_dim) && KeySplitEnabled();
+  const int64_t decode_rows = AttentionInvariantRowsPerBlock(head_dim);
+  auto shape = [&](int32_t query_len) {
+    const int64_t rows = int64_t{query_len} * group;
+    return key_split && rows <= 16 ? 0 : rows <= decode_rows ? 1 : 2;
+  };
+  std::vector<AttentionRun> runs;
+  int prev = -1;
+  for (size_t s = 0; s < query_lens.size(); ++s) {
+    const int32_t len = query_lens[s];
+    if (len <= 0) continue;  // (no rows: in whichever run it falls)
+    const int cur = shape(len);
+    if (runs.empty() || cur != prev) {
+      if (runs.size() == kMaxAttentionRuns) return {};
+      runs.push_back(AttentionRun{static_cast<int32_t>(s), 0, 0});
+      prev = cur;
+    }
+    AttentionRun& run = runs.back();
+    run.num_seqs = static_cast<int32_t>(s) + 1 - run.first_seq;
+    run.max_query_len = std::max(run.max_query_len, len);
+  }
+  if (runs.size() <= 1) return {};
+  return runs;
 }
 
 void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const KvLayerView& kv,

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/kernels.h"
 #include "util/half.h"
 
 namespace ember {
@@ -446,12 +447,37 @@ class AttentionInvariantTest : public CudaOpsTest,
     EXPECT_EQ(Row(Run(b, batch), 60), row_p) << "decode with 127 others";
     EXPECT_EQ(Row(Run(b, {{128, 0, 30}, {0, P - 20, 21}, {129, 0, 50}}), 30 + 20), row_p)
         << "prefill chunk among others";
+    // Mixed steps, one launch per run of sequences of one block shape: decode rows, the target's
+    // chunk, decode rows, another prefill chunk; then the target's decode row in such a step.
+    std::vector<std::array<int32_t, 3>> mixed;
+    for (int32_t s = 1; s <= 80; ++s) mixed.push_back({s, (s * 7) % 100, 1});
+    mixed.insert(mixed.begin() + 40, {0, P - 20, 21});
+    mixed.push_back({129, 0, 50});
+    EXPECT_EQ(Row(Run(b, mixed), 40 + 20), row_p) << "prefill chunk in a mixed step";
+    mixed[40] = {0, P, 1};
+    EXPECT_EQ(Row(Run(b, mixed), 40), row_p) << "decode row in a mixed step";
     *whole_out = whole;
   }
 
   std::vector<float> sink_values_;  // [num_heads] or empty
   std::optional<Tensor> sinks_;     // their upload
 };
+
+// The runs of one block shape a mixed step launches separately (group 4, D 128: up to 4 rows per
+// KV head take the key-split decode shape, up to 64 the decode shape, more the prefill shape).
+TEST(AttentionInvariantRunsTest, RunsOfOneShape) {
+  using cuda::AttentionInvariantRuns;
+  const auto runs = AttentionInvariantRuns({1, 1, 0, 1, 512, 200, 1, 12}, 4, 128);
+  ASSERT_EQ(runs.size(), 4u);
+  const int32_t want[4][3] = {{0, 4, 1}, {4, 2, 512}, {6, 1, 1}, {7, 1, 12}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].first_seq, want[i][0]) << "run " << i;
+    EXPECT_EQ(runs[i].num_seqs, want[i][1]) << "run " << i;
+    EXPECT_EQ(runs[i].max_query_len, want[i][2]) << "run " << i;
+  }
+  EXPECT_TRUE(AttentionInvariantRuns({1, 1, 1}, 4, 128).empty()) << "one shape: one launch";
+  EXPECT_TRUE(AttentionInvariantRuns({1, 512, 1, 512, 1}, 4, 128).empty()) << "over the cap";
+}
 
 TEST_P(AttentionInvariantTest, RowsIndependentOfTheStep) {
   auto b = Make(false);

@@ -141,6 +141,65 @@ struct RopeDims {
   static RopeDims Of(const RopeSpec& s) { return {s.head_dim, s.rotary_dim, s.max_positions}; }
 };
 
+// One GEMM of a cuBLAS MatMul op: out[n, m] = x W^T (+ bias), by cublasGemmEx or the skinny
+// wgmma GEMM.
+struct CublasPart {
+  const void* w = nullptr;
+  const void* bias = nullptr;  // f32 [m] or null
+  void* out = nullptr;
+  int64_t m = 0;
+  bool skinny = false;
+  bool out_bf16 = false;
+};
+
+// A cuBLAS MatMul op: up to kMaxParts GEMMs of one x (consecutive MatMuls of the same x: q/k/v,
+// gate/up). The first part runs on the step's stream, the others on the side stream at the same
+// time (the streams fork after x's conversion and join before the op ends). At a 128-row decode
+// step cuBLAS's q GEMM keeps a fraction of the SMs busy and the skinny k/v GEMMs are latency
+// bound: side by side they overlap.
+struct CublasGroup {
+  static constexpr int kMaxParts = 3;
+  const void* x = nullptr;    // f32 x when convert
+  void* converted = nullptr;  // x in the weight's type (the GEMMs' operand; null: f32 weights)
+  bool convert = false;       // the op converts x into `converted` first
+  DType wdtype = DType::kBF16;
+  int64_t n = 0, k = 0;
+  int num_parts = 0;
+  CublasPart parts[kMaxParts];
+};
+
+void RunCublasPart(const CublasGroup& g, const CublasPart& p, cublasHandle_t handle,
+                   cudaStream_t st) {
+  const int64_t n = g.n, k = g.k, m = p.m;
+  if (p.skinny) {
+    cuda::LaunchSkinnyGemm(static_cast<const __nv_bfloat16*>(g.converted),
+                           static_cast<const __nv_bfloat16*>(p.w), static_cast<float*>(p.out), m, n,
+                           m, k, st);
+  } else {
+    // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
+    const bool f32_weight = g.wdtype == DType::kF32;
+    const float alpha = 1.0f, beta = 0.0f;
+    const cudaDataType_t wt = ToCudaType(g.wdtype);
+    CUBLAS_CHECK(cublasGemmEx(
+        handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
+        static_cast<int>(k), &alpha, p.w, wt, static_cast<int>(k), f32_weight ? g.x : g.converted,
+        wt, static_cast<int>(k), &beta, p.out, p.out_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+        static_cast<int>(m), f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+  }
+  if (p.bias != nullptr)
+    cuda::LaunchAddBias(static_cast<float*>(p.out), static_cast<const float*>(p.bias), n, m, st);
+}
+
+// MatMuls of one x as one op on two streams unless EMBER_CUDA_MATMUL_STREAMS=0 (A/B runs).
+bool MatMulStreamsEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_CUDA_MATMUL_STREAMS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options)
@@ -152,6 +211,8 @@ class CudaBackend final : public Backend {
         cublas_(stream_.get()),
         recorder_(stream_.get(), /*max_graphs=*/128),
         cublas_workspace_(kCublasWorkspaceBytes),
+        cublas_side_(side_stream_.get()),
+        cublas_side_workspace_(kCublasWorkspaceBytes),
         argmax_scratch_(size_t{kArgmaxSplitRows} * kArgmaxSplitChunks * 8 +
                         kArgmaxSplitRows * sizeof(unsigned)) {
     CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
@@ -159,12 +220,20 @@ class CudaBackend final : public Backend {
     // cuBLAS must not allocate while a graph is being captured: give it a fixed workspace.
     CUBLAS_CHECK(cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(),
                                     cublas_workspace_.bytes()));
-    recorder_.set_profiling(options.profile_ops);
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_side_.get(), cublas_side_workspace_.data(),
+                                    cublas_side_workspace_.bytes()));
+    // EMBER_CUDA_PROFILE_OUT=FILE (diagnostics): time every op kind with events, as profile_ops
+    // does, and append the totals to FILE when the backend goes away (a program that cannot
+    // call CudaGetOpProfile, such as engine_bench, which reaches the backend through the module).
+    if (const char* path = std::getenv("EMBER_CUDA_PROFILE_OUT"); path != nullptr && *path != 0)
+      profile_out_ = path;
+    recorder_.set_profiling(options.profile_ops || !profile_out_.empty());
     cuda::SkinnyGemmWarmUp();  // its kernels' attributes, before any graph capture
   }
   ~CudaBackend() override {
     recorder_.Flush(false);
     SyncAllStreams();
+    if (!profile_out_.empty()) AppendOpProfile(profile_out_);
 #ifdef EMBER_CUDA_TRACE
     if (const char* path = std::getenv("EMBER_CUDA_TRACE_OUT"); path != nullptr) {
       cuda::DumpStepTrace(path);
@@ -187,6 +256,8 @@ class CudaBackend final : public Backend {
   CudaGraphStats graph_stats() const {
     return {recorder_.graph_captures(), recorder_.graph_replays()};
   }
+  // EMBER_CUDA_PROFILE_OUT: the op totals, after a line with the steps and rows they cover.
+  void AppendOpProfile(const std::string& path) const;
 
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override;
@@ -207,6 +278,11 @@ class CudaBackend final : public Backend {
   void Rope(int32_t rope_id, Tensor q, Tensor k) override;
   void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override;
   void Attention(const AttentionParams& params, const Tensor& q, Tensor out) override;
+  // Records g as one op (replace_last: in place of the last op, a group g grew from).
+  void RecordCublasGroup(const CublasGroup& g, bool replace_last);
+  void AttentionInvariantLaunch(const cuda::AttentionArgs& args, const float* qp,
+                                const cuda::KvLayerView& kv, float* op, const cuda::PlanView& plan,
+                                int32_t max_query_len, int32_t splits, float* partials);
   void AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
                           const cuda::KvLayerView& kv, float* op, int32_t layer);
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
@@ -341,6 +417,8 @@ class CudaBackend final : public Backend {
   bool use_graphs_;
   bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
   bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
+  std::string profile_out_;    // EMBER_CUDA_PROFILE_OUT
+  int64_t profiled_rows_ = 0;  // the rows of the steps begun (steps_begun_)
   static constexpr int32_t kMaxGraphBucket = 256;
   bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
   int num_sms_ = 132;
@@ -348,6 +426,12 @@ class CudaBackend final : public Backend {
   CublasHandle cublas_;
   cuda::StepRecorder recorder_;
   DeviceBuffer cublas_workspace_;
+  // The second stream of a shared-x MatMul group (CublasGroup): its own cuBLAS handle and
+  // workspace; fork_ and join_ order it after the group's x and before the group's readers.
+  Stream side_stream_;
+  CublasHandle cublas_side_;
+  DeviceBuffer cublas_side_workspace_;
+  Event fork_, join_;
   // ArgmaxRows's split shape (cuda::ArgmaxScratch): steps of up to kArgmaxSplitRows rows of up to
   // kArgmaxSplitChunks * 2,048 columns; float maxima, int32 indices, then the zeroed counters.
   static constexpr int32_t kArgmaxSplitRows = 32;
@@ -379,6 +463,7 @@ class CudaBackend final : public Backend {
   cuda::PlanView plan_;
   int32_t max_query_len_ = 0;
   int32_t max_context_len_ = 0;
+  std::vector<int32_t> query_lens_;  // the step's rows per sequence (host copy of the plan's)
   bool in_step_ = false;
 
   // The last recorded op when it is a multi-part launch (or a cuBLAS MatMul) over x: a following
@@ -393,6 +478,7 @@ class CudaBackend final : public Backend {
     cuda::GemvPart parts[cuda::kGemvMaxParts];
     void* converted = nullptr;  // x in the weight's 16-bit type (cuBLAS; kInvariant's scratch)
     DType converted_type = DType::kF32;
+    CublasGroup cublas;  // kNone: the launch as recorded (a following MatMul may join)
   };
   bool LastOpIs(const LastMatMul& l) const {
     return !recorder_.empty() && recorder_.records() == l.record;
@@ -547,6 +633,7 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   arena_offset_ = 0;
 
   const int32_t num_tokens = plan.num_tokens(), num_seqs = plan.num_seqs();
+  profiled_rows_ += num_tokens;
   const int64_t num_tables = static_cast<int64_t>(plan.block_tables.size());
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
   auto grow = [](int64_t need, int64_t cap) {
@@ -586,8 +673,10 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   int32_t* h_tables = h_logits + cap_tokens;
   max_query_len_ = 0;
   max_context_len_ = 0;
+  query_lens_.resize(static_cast<size_t>(num_seqs));
   for (int32_t s = 0; s < num_seqs; ++s) {
     const SequenceSlice& q = plan.seqs[static_cast<size_t>(s)];
+    query_lens_[static_cast<size_t>(s)] = q.query_len;
     h[4 * s] = q.query_start;
     h[4 * s + 1] = q.query_len;
     h[4 * s + 2] = q.context_len;
@@ -932,39 +1021,30 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
       : reuse    ? c.converted
                  : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
   const bool convert = !f32_weight && !x_bf16 && !reuse;
-  const ElemType wtype = ToElemType(weight.dtype);
-  const cudaDataType_t wt = ToCudaType(weight.dtype);
-  const cublasHandle_t handle = cublas_.get();
   // bf16 GEMMs of a few rows against small weights: the wgmma skinny GEMM where it beats cuBLAS.
   const bool skinny = weight.dtype == DType::kBF16 && !out_bf16 &&
                       cuda::SkinnyGemmPreferred(n, m, k) &&
                       cuda::SkinnyGemmSupported(n, m, k, converted, weight.data);
   // (Its plan queries the occupancy once per shape: here, not while a graph is being captured.)
   if (skinny) (void)cuda::PlanSkinnyGemm(n, m, k);
-  recorder_.Record(
-      {4, KeyOf(x.data), KeyOf(weight.data), U(static_cast<int>(wtype)), KeyOf(bias_data), U(n),
-       U(k), U(m), KeyOf(out.data), KeyOf(converted), U(convert), U(skinny), U(out_bf16)},
-      [=](cudaStream_t st) {
-        const float alpha = 1.0f, beta = 0.0f;
-        const void* b_operand = f32_weight ? x.data : converted;
-        if (convert) cuda::LaunchConvert(x.data, ElemType::kF32, converted, wtype, n * k, st);
-        if (skinny) {
-          cuda::LaunchSkinnyGemm(static_cast<const __nv_bfloat16*>(converted),
-                                 static_cast<const __nv_bfloat16*>(weight.data),
-                                 static_cast<float*>(out.data), m, n, m, k, st);
-        } else {
-          // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
-          CUBLAS_CHECK(cublasGemmEx(
-              handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), &alpha, weight.data, wt, static_cast<int>(k), b_operand, wt,
-              static_cast<int>(k), &beta, out.data, out_bf16 ? CUDA_R_16BF : CUDA_R_32F,
-              static_cast<int>(m), f32_weight ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT));
-        }
-        if (bias_data != nullptr)
-          cuda::LaunchAddBias(static_cast<float*>(out.data),
-                              static_cast<const float*>(bias_data), n, m, st);
-      });
+  const CublasPart gemm{weight.data, bias_data, out.data, m, skinny, out_bf16};
+  if (reuse && MatMulStreamsEnabled() && c.cublas.num_parts < CublasGroup::kMaxParts) {
+    // The same x as the MatMul just recorded (q/k/v, gate/up): one op of both, the later parts
+    // on the side stream while the first runs.
+    c.cublas.parts[c.cublas.num_parts++] = gemm;
+    RecordCublasGroup(c.cublas, /*replace_last=*/true);
+    return;
+  }
+  CublasGroup group;
+  group.x = x.data;
+  group.converted = converted;
+  group.convert = convert;
+  group.wdtype = weight.dtype;
+  group.n = n;
+  group.k = k;
+  group.parts[0] = gemm;
+  group.num_parts = 1;
+  RecordCublasGroup(group, /*replace_last=*/false);
   c = LastMatMul{};
   c.record = recorder_.records();
   c.x = x.data;
@@ -972,6 +1052,43 @@ void CudaBackend::MatMul(const Tensor& x, const Tensor& weight, const Tensor* bi
   c.k = k;
   c.converted = converted;
   c.converted_type = weight.dtype;
+  c.cublas = group;
+}
+
+void CudaBackend::RecordCublasGroup(const CublasGroup& g, bool replace_last) {
+  std::array<uint64_t, 7 + 6 * CublasGroup::kMaxParts> key{};
+  size_t len = 0;
+  for (uint64_t v : {uint64_t{4}, KeyOf(g.x), KeyOf(g.converted), U(g.convert),
+                     U(static_cast<int>(g.wdtype)), U(g.n), U(g.k)})
+    key[len++] = v;
+  for (int i = 0; i < g.num_parts; ++i) {
+    const CublasPart& p = g.parts[i];
+    for (uint64_t v : {KeyOf(p.w), KeyOf(p.bias), KeyOf(p.out), U(p.m), U(p.skinny), U(p.out_bf16)})
+      key[len++] = v;
+  }
+  const cublasHandle_t main = cublas_.get(), side = cublas_side_.get();
+  const cudaStream_t side_stream = side_stream_.get();
+  const cudaEvent_t fork = fork_.get(), join = join_.get();
+  auto launch = [g, main, side, side_stream, fork, join](cudaStream_t st) {
+    if (g.convert)
+      cuda::LaunchConvert(g.x, ElemType::kF32, g.converted, ToElemType(g.wdtype), g.n * g.k, st);
+    if (g.num_parts > 1) {
+      CUDA_CHECK(cudaEventRecord(fork, st));
+      CUDA_CHECK(cudaStreamWaitEvent(side_stream, fork));
+      for (int i = 1; i < g.num_parts; ++i) RunCublasPart(g, g.parts[i], side, side_stream);
+    }
+    RunCublasPart(g, g.parts[0], main, st);
+    if (g.num_parts > 1) {
+      CUDA_CHECK(cudaEventRecord(join, side_stream));
+      CUDA_CHECK(cudaStreamWaitEvent(st, join));
+    }
+  };
+  const std::span<const uint64_t> k(key.data(), len);
+  if (replace_last) {
+    recorder_.ReplaceLast(k, launch);
+  } else {
+    recorder_.Record(k, launch);
+  }
 }
 
 void CudaBackend::Rope(int32_t rope_id, Tensor q, Tensor k) {
@@ -1114,14 +1231,44 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
                    });
 }
 
+namespace {
+// A launch per run of one block shape in mixed steps unless EMBER_ATTN_RUNS=0 (A/B runs).
+bool AttentionRunsEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_ATTN_RUNS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace
+
 // One kernel for every step shape (see attention_invariant.cu). Split mode (one block per fixed
 // key split, then a fold kernel) only when the row tiles alone would leave SMs idle; it gives the
 // same bits as the sequential mode.
 void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const float* qp,
                                      const cuda::KvLayerView& kv, float* op, int32_t layer) {
+  const int64_t group = args.num_heads / args.num_kv_heads;
+  // A step whose sequences need different block shapes (a mixed step: decode rows beside a
+  // prompt's chunk) launches the kernel once per run of consecutive sequences of one shape.
+  // One launch sized for the longest sequence gave every decode sequence the prefill shape (one
+  // busy warp of four) and a grid of mostly empty blocks (15 of 16 row tiles of each decode
+  // sequence at a 512-row chunk). The shapes give the same bits (attention_invariant.cu).
+  const std::vector<cuda::AttentionRun> runs =
+      AttentionRunsEnabled()
+          ? cuda::AttentionInvariantRuns(query_lens_, static_cast<int32_t>(group), args.head_dim)
+          : std::vector<cuda::AttentionRun>{};
+  if (runs.size() > 1) {
+    for (const cuda::AttentionRun& run : runs) {
+      cuda::PlanView sub = plan_;
+      sub.seqs += run.first_seq;
+      sub.num_seqs = run.num_seqs;
+      // Sequential mode only: the split mode's fold kernel runs over every token of the step.
+      AttentionInvariantLaunch(args, qp, kv, op, sub, run.max_query_len, 0, nullptr);
+    }
+    return;
+  }
   const cuda::PlanView plan = plan_;
   const int32_t max_query_len = max_query_len_;
-  const int64_t group = args.num_heads / args.num_kv_heads;
   const int64_t rows_per_block = cuda::AttentionInvariantRowsPerBlock(args.head_dim);
   const int64_t blocks = (max_query_len * group + rows_per_block - 1) / rows_per_block *
                          args.num_kv_heads * plan.num_seqs;
@@ -1160,6 +1307,13 @@ void CudaBackend::AttentionInvariant(const cuda::AttentionArgs& args, const floa
     });
     return;
   }
+  AttentionInvariantLaunch(args, qp, kv, op, plan, max_query_len, splits, partials);
+}
+
+void CudaBackend::AttentionInvariantLaunch(const cuda::AttentionArgs& args, const float* qp,
+                                           const cuda::KvLayerView& kv, float* op,
+                                           const cuda::PlanView& plan, int32_t max_query_len,
+                                           int32_t splits, float* partials) {
   // Op 7 (profiled as "Attention"); 1000 + splits tells these launches from the per-step ones.
   recorder_.Record({7, KeyOf(qp), KeyOf(op), KeyOf(kv.k), KeyOf(kv.v), U(args.num_heads),
                     U(args.num_kv_heads), U(args.head_dim), KeyOf(args.scale),
@@ -1576,20 +1730,41 @@ Result<CudaMemoryInfo> CudaGetMemoryInfo(int device) {
   return info;
 }
 
-std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
+namespace {
+
+std::vector<CudaOpTime> NamedOpTimes(const std::vector<cuda::StepRecorder::OpTime>& times) {
   static const char* const kNames[] = {
       "?",           "Embedding",        "RmsNorm",          "AddRmsNorm",   "MatMul(cublas)",
       "Rope",        "WriteKv",          "Attention",        "SiluMul",      "GeluTanhMul",
       "Add",         "Softcap",          "GatherLogitsRows", "MatMul(gemv)", "MatMul(gemm)",
       "RopeWriteKv", "MatMul(gemv)+act", "RopeAttention",    "MoeMlp",       "ArgmaxRows"};
   std::vector<CudaOpTime> out;
-  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
-  if (cuda_backend == nullptr) return out;
-  for (const auto& t : cuda_backend->op_times()) {
+  for (const auto& t : times) {
     const char* name = t.tag < std::size(kNames) ? kNames[t.tag] : "?";
     out.push_back(CudaOpTime{name, t.total_ms, t.calls});
   }
   return out;
+}
+
+}  // namespace
+
+void CudaBackend::AppendOpProfile(const std::string& path) const {
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    LOG_WARN << "EMBER_CUDA_PROFILE_OUT: cannot open " << path;
+    return;
+  }
+  std::fprintf(f, "# %s: %lld steps, %lld rows; op, calls, GPU ms in all\n", name().c_str(),
+               static_cast<long long>(steps_begun_), static_cast<long long>(profiled_rows_));
+  for (const CudaOpTime& t : NamedOpTimes(op_times()))
+    std::fprintf(f, "%s %lld %.3f\n", t.op.c_str(), static_cast<long long>(t.calls), t.total_ms);
+  std::fclose(f);
+}
+
+std::vector<CudaOpTime> CudaGetOpProfile(Backend& backend) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda_backend == nullptr) return {};
+  return NamedOpTimes(cuda_backend->op_times());
 }
 
 CudaGraphStats CudaGetGraphStats(Backend& backend) {

@@ -286,6 +286,48 @@ TEST_F(CudaOpsTest, MatMulGateUpBf16) {
   }
 }
 
+// Consecutive MatMuls of one x past the decode GEMMs (q/k/v, gate/up) run as one op on two
+// streams: every output is bitwise that of the same MatMul alone (x copied, so nothing groups),
+// for an f32 and a bf16 x, skinny (m <= 1,024, up to 256 rows) and cuBLAS parts, a bias, a bf16
+// output, and a fourth MatMul past a group's three parts.
+TEST_F(CudaOpsTest, MatMulSharedXGroupsEqualSingles) {
+  auto b = Make(false);
+  const int64_t k = 512;
+  const int64_t ms[4] = {2048, 512, 320, 1024};
+  std::vector<Tensor> ws;
+  for (int i = 0; i < 4; ++i)
+    ws.push_back(Weight(*b, Random(static_cast<size_t>(ms[i] * k), 70 + i, 0.05f), {ms[i], k}));
+  const Tensor bias = Weight(*b, Random(static_cast<size_t>(ms[2]), 75), {ms[2]});
+  for (int64_t rows : {128, 300}) {
+    for (bool bf16_x : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " bf16 x " << bf16_x);
+      const std::vector<float> x = Random(static_cast<size_t>(rows * k), 80);
+      ASSERT_TRUE(b->BeginStep(SimplePlan(static_cast<int32_t>(rows))).ok());
+      auto upload_x = [&] {
+        Tensor t = bf16_x ? b->AllocMatMulInput({rows, k}) : b->Alloc({rows, k});
+        EXPECT_TRUE(CudaCopyFromHost(*b, x, t).ok());
+        return t;
+      };
+      auto outs = [&] {
+        return std::vector<Tensor>{b->Alloc({rows, ms[0]}), b->Alloc({rows, ms[1]}),
+                                   b->Alloc({rows, ms[2]}), b->AllocMatMulOutput({rows, ms[3]})};
+      };
+      const Tensor xg = upload_x();
+      ASSERT_EQ(xg.dtype, bf16_x ? DType::kBF16 : DType::kF32);
+      const std::vector<Tensor> grouped = outs(), single = outs();
+      for (int i = 0; i < 4; ++i) b->MatMul(xg, ws[i], i == 2 ? &bias : nullptr, grouped[i]);
+      for (int i = 0; i < 4; ++i) b->MatMul(upload_x(), ws[i], i == 2 ? &bias : nullptr, single[i]);
+      for (int i = 0; i < 4; ++i) {
+        const std::vector<float> want = Download(*b, single[i]);
+        EXPECT_EQ(Download(*b, grouped[i]), want) << "part " << i;
+        double sum = 0;
+        for (float v : want) sum += std::fabs(v);
+        EXPECT_GT(sum, 0.0) << "part " << i;
+      }
+    }
+  }
+}
+
 // AddRmsNorm over a bf16 delta (AllocMatMulOutput, written by cuBLAS) gives the bits of the same
 // values as an f32 delta: residual and output, one-row and rows kernels, float4 and scalar paths.
 TEST_F(CudaOpsTest, AddRmsNormBf16Delta) {
@@ -1004,56 +1046,66 @@ TEST_F(CudaOpsTest, RopeWriteKvFoldsIntoDecodeAttention) {
 // Decode steps replayed from CUDA graphs give bit-identical results to op-by-op launches, with
 // fresh inputs each step (the graph reads the re-uploaded plan and activations).
 TEST_F(CudaOpsTest, GraphReplayMatchesEager) {
-  const int32_t heads = 8, kv_heads = 2, D = 64, hidden = heads * D, seqs = 3;
+  const int32_t heads = 8, kv_heads = 2, D = 64, hidden = heads * D;
   const std::vector<float> wq = Random(static_cast<size_t>(hidden * hidden), 20, 0.05f);
+  const std::vector<float> wq2 = Random(static_cast<size_t>(hidden * hidden), 22, 0.05f);
   const std::vector<float> norm_w = Random(static_cast<size_t>(hidden), 21);
   RopeSpec spec;
   spec.head_dim = D;
   spec.rotary_dim = D;
   spec.max_positions = 256;
-  std::vector<std::vector<float>> outputs[2];
-  CudaGraphStats stats[2];
-  for (int graphs = 0; graphs < 2; ++graphs) {
-    CudaBackendOptions options;
-    options.cuda_graphs = graphs == 1;
-    auto created = CreateCudaBackend(0, options);
-    ASSERT_TRUE(created.ok());
-    Backend& b = **created;
-    Tensor w = Weight(b, wq, {hidden, hidden});
-    Tensor nw = Weight(b, norm_w, {hidden});
-    ASSERT_TRUE(b.AllocateKvPool(1, 64, 16, kv_heads, D).ok());
-    const int32_t rope = b.CreateRope(spec).value();
-    for (int32_t step = 0; step < 8; ++step) {
-      BatchPlan plan;
-      for (int32_t s = 0; s < seqs; ++s) {
-        std::vector<int32_t> blocks(16);
-        std::iota(blocks.begin(), blocks.end(), s * 16);
-        plan.AddSequence({1}, step + s, blocks, true);
+  // 3 rows: the tensor-core decode GEMM; 24: the skinny GEMM, two MatMuls of h as one op on two
+  // streams (captured with the fork and join).
+  for (const int32_t seqs : {3, 24}) {
+    SCOPED_TRACE(testing::Message() << "rows " << seqs);
+    std::vector<std::vector<float>> outputs[2];
+    CudaGraphStats stats[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      CudaBackendOptions options;
+      options.cuda_graphs = graphs == 1;
+      auto created = CreateCudaBackend(0, options);
+      ASSERT_TRUE(created.ok());
+      Backend& b = **created;
+      Tensor w = Weight(b, wq, {hidden, hidden}), w2 = Weight(b, wq2, {hidden, hidden});
+      Tensor nw = Weight(b, norm_w, {hidden});
+      ASSERT_TRUE(b.AllocateKvPool(1, seqs * 16, 16, kv_heads, D).ok());
+      const int32_t rope = b.CreateRope(spec).value();
+      for (int32_t step = 0; step < 8; ++step) {
+        BatchPlan plan;
+        for (int32_t s = 0; s < seqs; ++s) {
+          std::vector<int32_t> blocks(16);
+          std::iota(blocks.begin(), blocks.end(), s * 16);
+          plan.AddSequence({1}, step + s, blocks, true);
+        }
+        ASSERT_TRUE(b.BeginStep(plan).ok());
+        Tensor x =
+            Upload(b, Random(static_cast<size_t>(seqs * hidden), 100 + step), {seqs, hidden});
+        Tensor k = Upload(b, Random(static_cast<size_t>(seqs * kv_heads * D), 200 + step),
+                          {seqs, kv_heads, D});
+        Tensor v = Upload(b, Random(static_cast<size_t>(seqs * kv_heads * D), 300 + step),
+                          {seqs, kv_heads, D});
+        Tensor q = b.Alloc({seqs, hidden}), attn = b.Alloc({seqs, hidden});
+        Tensor h = b.Alloc({seqs, hidden}), logits = b.Alloc({seqs, hidden});
+        Tensor q2 = b.Alloc({seqs, hidden});
+        b.RmsNorm(x, nw, 1e-6f, RmsNormKind::kPlain, h);
+        b.MatMul(h, w, nullptr, q);
+        b.MatMul(h, w2, nullptr, q2);
+        b.Rope(rope, q.Reshape({seqs, heads, D}), k);
+        b.WriteKv(0, k, v);
+        AttentionParams p{0, heads, kv_heads, D, 0.125f, 0, 0.f};
+        b.Attention(p, q, attn);
+        b.AddRmsNorm(x, attn, nw, 1e-6f, RmsNormKind::kPlain, h);
+        b.GatherLogitsRows(h, logits);
+        outputs[graphs].push_back(Download(b, logits));
+        outputs[graphs].push_back(Download(b, q2));
       }
-      ASSERT_TRUE(b.BeginStep(plan).ok());
-      Tensor x = Upload(b, Random(static_cast<size_t>(seqs * hidden), 100 + step), {seqs, hidden});
-      Tensor k = Upload(b, Random(static_cast<size_t>(seqs * kv_heads * D), 200 + step),
-                        {seqs, kv_heads, D});
-      Tensor v = Upload(b, Random(static_cast<size_t>(seqs * kv_heads * D), 300 + step),
-                        {seqs, kv_heads, D});
-      Tensor q = b.Alloc({seqs, hidden}), attn = b.Alloc({seqs, hidden});
-      Tensor h = b.Alloc({seqs, hidden}), logits = b.Alloc({seqs, hidden});
-      b.RmsNorm(x, nw, 1e-6f, RmsNormKind::kPlain, h);
-      b.MatMul(h, w, nullptr, q);
-      b.Rope(rope, q.Reshape({seqs, heads, D}), k);
-      b.WriteKv(0, k, v);
-      AttentionParams p{0, heads, kv_heads, D, 0.125f, 0, 0.f};
-      b.Attention(p, q, attn);
-      b.AddRmsNorm(x, attn, nw, 1e-6f, RmsNormKind::kPlain, h);
-      b.GatherLogitsRows(h, logits);
-      outputs[graphs].push_back(Download(b, logits));
+      stats[graphs] = CudaGetGraphStats(b);
     }
-    stats[graphs] = CudaGetGraphStats(b);
+    EXPECT_EQ(stats[0].captures + stats[0].replays, 0);
+    EXPECT_GE(stats[1].replays, 6) << "captures " << stats[1].captures;
+    for (size_t i = 0; i < outputs[0].size(); ++i)
+      EXPECT_EQ(outputs[0][i], outputs[1][i]) << "step " << i / 2 << (i % 2 ? " q2" : " logits");
   }
-  EXPECT_EQ(stats[0].captures + stats[0].replays, 0);
-  EXPECT_GE(stats[1].replays, 6) << "captures " << stats[1].captures;
-  for (size_t step = 0; step < outputs[0].size(); ++step)
-    EXPECT_EQ(outputs[0][step], outputs[1][step]) << "step " << step;
 }
 
 // ---- MoeMlp ----

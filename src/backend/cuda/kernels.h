@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace ember::cuda {
 
@@ -296,6 +297,17 @@ void LaunchAttentionInvariant(const AttentionArgs& args, const float* q, const K
                               const PlanView& plan, int32_t max_query_len, int32_t num_splits,
                               float* partials, float* out, const RopeKvInput* rope,
                               cudaStream_t stream);
+// Consecutive sequences that LaunchAttentionInvariant gives one block shape (by their rows per
+// KV head: query_len * group): a launch per run takes each sequence in its own shape. Empty when
+// the step needs one shape only or more than kMaxAttentionRuns runs (then one launch for all).
+struct AttentionRun {
+  int32_t first_seq = 0;
+  int32_t num_seqs = 0;
+  int32_t max_query_len = 0;
+};
+constexpr size_t kMaxAttentionRuns = 4;
+std::vector<AttentionRun> AttentionInvariantRuns(const std::vector<int32_t>& query_lens,
+                                                 int32_t group, int32_t head_dim);
 }  // namespace ember::cuda
 
 // ---- logit_edits.cu ----
