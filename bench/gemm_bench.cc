@@ -183,6 +183,107 @@ int main(int argc, char** argv) {
   for (int v = 0; v < kVariants; ++v)
     std::printf(" %12.1f", total_flop / (total_ms[v] * 1e-3) / 1e12);
   std::printf("\n");
+
+  // A layer's 7 GEMMs back to back as the backend issues them (cublasGemmEx, f32 out), on one
+  // stream and with q/k/v and gate/up as the backend's two-stream groups (the later GEMMs of a
+  // group on a second stream and handle between a fork and a join event).
+  {
+    auto find = [&](const char* name) {
+      for (const Shape& sh : shapes)
+        if (!std::strcmp(sh.name, name)) return sh;
+      return Shape{name, 0, 0};
+    };
+    const Shape qo = find("q/o"), kv = find("k/v"), gu = find("gate/up"), down = find("down");
+    cudaStream_t side;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cublasHandle_t h2;
+    CUBLAS_CHECK(cublasCreate(&h2));
+    CUBLAS_CHECK(cublasSetStream(h2, side));
+    void* ws2 = nullptr;
+    CUDA_CHECK(cudaMalloc(&ws2, ws_bytes));
+    CUBLAS_CHECK(cublasSetWorkspace(h2, ws2, ws_bytes));
+    void* out2 = nullptr;
+    void* out3 = nullptr;
+    CUDA_CHECK(cudaMalloc(&out2, static_cast<size_t>(max_nm) * 4));
+    CUDA_CHECK(cudaMalloc(&out3, static_cast<size_t>(max_nm) * 4));
+    cudaEvent_t fork, join;
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    const float alpha = 1.f, beta = 0.f;
+    auto gemm = [&](cublasHandle_t hh, const Shape& sh, void* o) {
+      CUBLAS_CHECK(cublasGemmEx(hh, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh.m),
+                                static_cast<int>(n), static_cast<int>(sh.k), &alpha, next_w(),
+                                CUDA_R_16BF, static_cast<int>(sh.k), x, CUDA_R_16BF,
+                                static_cast<int>(sh.k), &beta, o, CUDA_R_32F,
+                                static_cast<int>(sh.m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    // gemms[0] on st, the rest on the side stream when `two`.
+    auto group = [&](bool two, std::initializer_list<Shape> gemms) {
+      void* outs[3] = {out, out2, out3};
+      int i = 0;
+      if (two) {
+        CUDA_CHECK(cudaEventRecord(fork, st));
+        CUDA_CHECK(cudaStreamWaitEvent(side, fork));
+      }
+      for (const Shape& sh : gemms) {
+        gemm(two && i > 0 ? h2 : h, sh, outs[i]);
+        ++i;
+      }
+      if (two) {
+        CUDA_CHECK(cudaEventRecord(join, side));
+        CUDA_CHECK(cudaStreamWaitEvent(st, join));
+      }
+    };
+    double layer_ms[2];
+    for (int two = 0; two < 2; ++two) {
+      layer_ms[two] = ember::bench::MedianMs(st, reps, [&] {
+        group(two == 1, {qo, kv, kv});
+        group(false, {qo});
+        group(two == 1, {gu, gu});
+        group(false, {down});
+      });
+    }
+    // q/k/v and gate/up as one GEMM each over concatenated weights, then each part's columns
+    // copied out of the wide result into its own [n, m] buffer (a strided copy per part).
+    const Shape qkv = find("qkv"), gate_up = find("gate_up");
+    auto split = [&](const Shape& wide, std::initializer_list<int64_t> parts) {
+      int64_t col = 0;
+      void* dsts[3] = {out2, out3, out2};
+      int i = 0;
+      for (int64_t m : parts) {
+        CUDA_CHECK(cudaMemcpy2DAsync(dsts[i++], static_cast<size_t>(m) * 4,
+                                     static_cast<char*>(out) + col * 4,
+                                     static_cast<size_t>(wide.m) * 4, static_cast<size_t>(m) * 4,
+                                     static_cast<size_t>(n), cudaMemcpyDeviceToDevice, st));
+        col += m;
+      }
+    };
+    const double fused_ms = ember::bench::MedianMs(st, reps, [&] {
+      group(false, {qkv});
+      split(qkv, {qo.m, kv.m, kv.m});
+      group(false, {qo});
+      group(false, {gate_up});
+      split(gate_up, {gu.m, gu.m});
+      group(false, {down});
+    });
+    const double nofuse_split_ms = ember::bench::MedianMs(st, reps, [&] {
+      group(false, {qkv});
+      group(false, {qo});
+      group(false, {gate_up});
+      group(false, {down});
+    });
+    std::printf(
+        "layer's 7 GEMMs in order, us (TFLOP/s): one stream %.1f (%.1f), q/k/v and gate/up "
+        "on two streams %.1f (%.1f), q/k/v and gate/up fused then split %.1f (%.1f), fused "
+        "without the split %.1f\n",
+        layer_ms[0] * 1e3, total_flop / (layer_ms[0] * 1e-3) / 1e12, layer_ms[1] * 1e3,
+        total_flop / (layer_ms[1] * 1e-3) / 1e12, fused_ms * 1e3,
+        total_flop / (fused_ms * 1e-3) / 1e12, nofuse_split_ms * 1e3);
+    CUDA_CHECK(cudaEventDestroy(fork));
+    CUDA_CHECK(cudaEventDestroy(join));
+    CUBLAS_CHECK(cublasDestroy(h2));
+    CUDA_CHECK(cudaStreamDestroy(side));
+  }
   CUBLAS_CHECK(cublasLtDestroy(lt));
   CUBLAS_CHECK(cublasDestroy(h));
   return 0;
