@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -957,10 +958,7 @@ constexpr bool KeySplitDim(int32_t d) { return d == 64 || d == 128; }
 // 1B 1,185 -> 1,198 (1,219 with the one-vector RMSNorm); 128 concurrent 512/128, decode tok/s:
 // 1B 50,740 -> 53,476, 8B 13,488 -> 13,912.
 bool KeySplitEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("EMBER_ATTN_KEY_SPLIT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("EMBER_ATTN_KEY_SPLIT");
   return on;
 }
 

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemm_skinny.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_recorder.h"
@@ -193,10 +194,7 @@ void RunCublasPart(const CublasGroup& g, const CublasPart& p, cublasHandle_t han
 
 // MatMuls of one x as one op on two streams unless EMBER_CUDA_MATMUL_STREAMS=0 (A/B runs).
 bool MatMulStreamsEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("EMBER_CUDA_MATMUL_STREAMS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = cuda::EnvSwitchOn("EMBER_CUDA_MATMUL_STREAMS");
   return on;
 }
 
@@ -827,10 +825,7 @@ Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
 // (rounded RN from its f32 accumulators) and its reader reads half the bytes.
 // EMBER_CUDA_MATMUL_OUT_BF16=0 keeps them f32 (A/B runs).
 Tensor CudaBackend::AllocMatMulOutput(std::initializer_list<int64_t> shape) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("EMBER_CUDA_MATMUL_OUT_BF16");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = cuda::EnvSwitchOn("EMBER_CUDA_MATMUL_OUT_BF16");
   return AllocOf(enabled && Bf16MatMulInput(MatrixRows(shape)) ? DType::kBF16 : DType::kF32, shape);
 }
 
@@ -1234,10 +1229,7 @@ void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tens
 namespace {
 // A launch per run of one block shape in mixed steps unless EMBER_ATTN_RUNS=0 (A/B runs).
 bool AttentionRunsEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("EMBER_ATTN_RUNS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = cuda::EnvSwitchOn("EMBER_ATTN_RUNS");
   return on;
 }
 }  // namespace

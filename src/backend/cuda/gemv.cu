@@ -30,6 +30,7 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gated.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -505,10 +506,7 @@ int RingRowsPerStage(int64_t k) {
 // The ring kernel serves batch-1 GEMVs unless EMBER_GEMV_RING=0 (the earlier kernel, for A/B
 // measurements); EMBER_GEMV_RING_KB sets its ring per SM.
 bool RingEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("EMBER_GEMV_RING");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvSwitchOn("EMBER_GEMV_RING");
   return on;
 }
 // A ring size from the environment (KB, clamped to 32..200) in bytes; 0 when `name` is unset.
@@ -597,10 +595,8 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
 }
 
 bool GemvGatedFused(int64_t m, int64_t k) {
-  static const bool off = [] {  // EMBER_GEMV_GATED=0: never fused (A/B measurements)
-    const char* v = std::getenv("EMBER_GEMV_GATED");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
+  // EMBER_GEMV_GATED=0: never fused (A/B measurements)
+  static const bool off = !EnvSwitchOn("EMBER_GEMV_GATED");
   if (off) return false;
   RingPlan plan;
   return RingPlanFor(2 * m, k, true, &plan);

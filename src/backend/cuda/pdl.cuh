@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/env_switch.h"
 
 namespace ember::cuda {
 
@@ -111,10 +112,7 @@ __device__ __forceinline__ void PdlTrigger() {
 }
 
 inline bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("EMBER_CUDA_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvSwitchOn("EMBER_CUDA_PDL");
   return enabled;
 }
 
@@ -129,8 +127,7 @@ inline bool MaxSharedCarveout() {
   static const bool on = [] {
     if (const char* v = std::getenv("EMBER_CUDA_CARVEOUT"); v != nullptr && *v != '\0')
       return std::strcmp(v, "0") != 0;
-    const char* ring = std::getenv("EMBER_GEMV_RING");
-    return ring == nullptr || std::strcmp(ring, "0") != 0;
+    return EnvSwitchOn("EMBER_GEMV_RING");
   }();
   return on;
 }

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -209,10 +210,7 @@ void LaunchRmsNormOf(const float* x, float* residual, const DeltaT* delta, const
     return;
   }
   // EMBER_RMSNORM_ONE=0: the 4-vector kernel for every width (A/B measurements; same bits).
-  static const bool one_ok = [] {
-    const char* v = std::getenv("EMBER_RMSNORM_ONE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool one_ok = EnvSwitchOn("EMBER_RMSNORM_ONE");
   const bool one = one_ok && nv <= threads;
   DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
