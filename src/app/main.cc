@@ -4,6 +4,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "util/version.h"
 
 namespace {
 
@@ -15,7 +16,8 @@ struct Command {
 
 // Register a subcommand here once its app/cmd_*.cc exists.
 constexpr Command kCommands[] = {
-    {"version", nullptr, "print the version"},
+    {"version", nullptr, "print the version (also --version)"},
+    {"help", nullptr, "this list (also --help); `ember COMMAND --help` for a command's flags"},
     {"run", ember::app::RunCommand, "generate from one prompt (text, ids or JSON output)"},
     {"batch", ember::app::BatchCommand, "offline generation for a JSONL file of prompts"},
     {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
@@ -34,13 +36,17 @@ void PrintUsage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
+  if (argc < 2) {
     PrintUsage();
-    return argc < 2 ? 2 : 0;
+    return 2;
   }
-  std::string name = argv[1];
-  if (name == "version") {
-    std::printf("ember 0.1.0\n");
+  const std::string name = argv[1];
+  if (name == "help" || name == "-h" || name == "--help") {
+    PrintUsage();
+    return 0;
+  }
+  if (name == "version" || name == "--version" || name == "-V") {
+    std::printf("ember %s\n", ember::kEmberVersion);
     return 0;
   }
   for (const Command& c : kCommands) {
