@@ -305,6 +305,7 @@ class CudaBackend final : public Backend {
   // batch_invariant for every step (one path for every step size), else where
   // cuda::MoeMmaPays (small steps run faster on the SIMT kernels); switches_.moe_mma forces it.
   bool MoeOnTensorCores(int64_t rows, int32_t top_k, int32_t num_experts, bool mxfp4) const;
+  void CheckMoeMlp(const Tensor& x, const MoeExperts& experts, const Tensor& out) const;
   // The device table of an expert set's weight pointers (uploaded at its first use).
   const DeviceBuffer& MoeTable(const MoeExperts& experts, int64_t d, int64_t inter);
   // Points a's scratch buffers into the step arena (shared by the step's MoE layers).

@@ -27,7 +27,8 @@ bool CudaBackend::MoeOnTensorCores(int64_t rows, int32_t top_k, int32_t num_expe
   return MoeMmaPays(rows * top_k, num_experts, mxfp4);
 }
 
-void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
+// MoeMlp's checks of its operands (the expert weights themselves: MoeTable, at first use).
+void CudaBackend::CheckMoeMlp(const Tensor& x, const MoeExperts& experts, const Tensor& out) const {
   const int64_t rows = x.rows(), d = x.cols();
   const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
   CHECK(num_experts > 0 && experts.up.size() == experts.gate.size() &&
@@ -52,11 +53,19 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
           experts.down_scales.size() == experts.gate.size() &&
           experts.gate_scales.size() == experts.gate.size());
   }
-  const bool biased = experts.biased();
   if (experts.router_bias) {
     CHECK(experts.router_bias->dtype == DType::kF32 && experts.router_bias->numel() == num_experts)
         << "router bias " << ShapeString(*experts.router_bias);
   }
+}
+
+void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
+  CheckMoeMlp(x, experts, out);
+  const int64_t rows = x.rows(), d = x.cols();
+  const int32_t num_experts = static_cast<int32_t>(experts.gate.size());
+  const bool mxfp4 = experts.mxfp4(), biased = experts.biased();
+  const int64_t inter = experts.gate[0].rows();
+  const DType wtype = experts.gate[0].dtype;
   const DeviceBuffer& table = MoeTable(experts, d, inter);
   MoeArgs a;
   a.router = experts.router.data;
