@@ -316,6 +316,7 @@ class CudaBackend final : public Backend {
   void EnsureStepIds(int64_t rows);
   // Stages the plan (plan_host_, plan_) and uploads it into the current half's plan_device_.
   void UploadStepPlan(const BatchPlan& plan);
+  void GrowPlanBuffers(const BatchPlan& plan);
   // Waits for the stream and both copy streams.
   void SyncAllStreams();
   struct StagingHalf;

@@ -57,37 +57,47 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
   return Status::Ok();
 }
 
-// The plan into plan_host_ (fixed-capacity regions, grown when a step needs more), its host
-// facts into plan_, and its upload into the current half's plan_device_.
-void CudaBackend::UploadStepPlan(const BatchPlan& plan) {
-  const int32_t num_tokens = plan.num_tokens(), num_seqs = plan.num_seqs();
-  profiled_rows_ += num_tokens;
+// Grows the plan's fixed-capacity regions (plan_device_, step_ids_) to hold `plan`.
+void CudaBackend::GrowPlanBuffers(const BatchPlan& plan) {
   const int64_t num_tables = static_cast<int64_t>(plan.block_tables.size());
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
   auto grow = [](int64_t need, int64_t cap) {
     while (cap < need) cap = std::max<int64_t>(64, cap * 2);
     return cap;
   };
-  const int64_t cap_tokens = grow(std::max<int64_t>(num_tokens, num_logits), plan_cap_tokens_);
-  const int64_t cap_seqs = grow(num_seqs, plan_cap_seqs_);
+  const int64_t cap_tokens =
+      grow(std::max<int64_t>(plan.num_tokens(), num_logits), plan_cap_tokens_);
+  const int64_t cap_seqs = grow(plan.num_seqs(), plan_cap_seqs_);
   // The tables' room starts large (at least two entries per KV block): the decode graphs hold the
   // plan buffer's address, so it should not move as contexts grow. Only the used part is copied.
   const int64_t cap_tables = grow(
       std::max<int64_t>({num_tables, int64_t{1} << 16, 2 * int64_t{kv_blocks_}}), plan_cap_tables_);
-  // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), then token_ids, positions,
-  // slot_mapping, token_seq, logits_rows (cap_tokens each), block_tables (cap_tables).
+  if (cap_tokens == plan_cap_tokens_ && cap_seqs == plan_cap_seqs_ &&
+      cap_tables == plan_cap_tables_)
+    return;
+  SyncAllStreams();
   const int64_t total = 4 * cap_seqs + 5 * cap_tokens + cap_tables;
-  if (cap_tokens != plan_cap_tokens_ || cap_seqs != plan_cap_seqs_ ||
-      cap_tables != plan_cap_tables_) {
-    SyncAllStreams();
-    for (DeviceBuffer& b : plan_device_) {
-      b = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
-    }
-    EnsureStepIds(cap_tokens);
-    plan_cap_tokens_ = cap_tokens;
-    plan_cap_seqs_ = cap_seqs;
-    plan_cap_tables_ = cap_tables;
+  for (DeviceBuffer& b : plan_device_) {
+    b = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
   }
+  EnsureStepIds(cap_tokens);
+  plan_cap_tokens_ = cap_tokens;
+  plan_cap_seqs_ = cap_seqs;
+  plan_cap_tables_ = cap_tables;
+}
+
+// The plan into plan_host_, its host facts into plan_, and its upload into the current half's
+// plan_device_.
+void CudaBackend::UploadStepPlan(const BatchPlan& plan) {
+  const int32_t num_tokens = plan.num_tokens(), num_seqs = plan.num_seqs();
+  profiled_rows_ += num_tokens;
+  const int64_t num_tables = static_cast<int64_t>(plan.block_tables.size());
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+  GrowPlanBuffers(plan);
+  const int64_t cap_tokens = plan_cap_tokens_, cap_seqs = plan_cap_seqs_;
+  // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), then token_ids, positions,
+  // slot_mapping, token_seq, logits_rows (cap_tokens each), block_tables (plan_cap_tables_).
+  const int64_t total = 4 * cap_seqs + 5 * cap_tokens + plan_cap_tables_;
   // Everything before the tables is rewritten (zeros past the counts), the tables up to num_tables.
   const int64_t used = 4 * cap_seqs + 5 * cap_tokens + num_tables;
   plan_host_.resize(static_cast<size_t>(total));
