@@ -161,18 +161,13 @@ int Run(int argc, char** argv) {
     b.RmsNorm(x, layers[0].ln1, 1e-5f, RmsNormKind::kPlain, h);
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];
-      b.MatMul(h, L.wq, nullptr, q);
-      b.MatMul(h, L.wk, nullptr, k);
-      b.MatMul(h, L.wv, nullptr, v);
-      b.Rope(rope_id, q.Reshape({T, NH, D}), k.Reshape({T, NKV, D}));
-      b.WriteKv(static_cast<int32_t>(l), k, v);
+      const MatMulPart qkv[] = {{&L.wq, nullptr, q}, {&L.wk, nullptr, k}, {&L.wv, nullptr, v}};
+      b.MatMulGroup(h, qkv);
       ap.layer = static_cast<int32_t>(l);
-      b.Attention(ap, q, attn);
+      b.RopeWriteKvAttention(rope_id, ap, q.Reshape({T, NH, D}), k.Reshape({T, NKV, D}), v, attn);
       b.MatMul(attn, L.wo, nullptr, o);
       b.AddRmsNorm(x, o, L.ln2, 1e-5f, RmsNormKind::kPlain, h);
-      b.MatMul(h, L.w_gate, nullptr, gate);
-      b.MatMul(h, L.w_up, nullptr, upv);
-      b.SiluMul(gate, upv, act);
+      b.GateUpActivation(h, L.w_gate, L.w_up, GateActivation::kSilu, gate, upv, act);
       b.MatMul(act, L.w_down, nullptr, down);
       const Tensor& next = l + 1 < layers.size() ? layers[l + 1].ln1 : final_norm;
       b.AddRmsNorm(x, down, next, 1e-5f, RmsNormKind::kPlain, h);

@@ -5,7 +5,8 @@
 // Prints microseconds per launch (median of the replays), the distinct experts the last launch
 // chose, and those experts' weight bytes (plus the router's) per second. The question it answers:
 // how close to the device-copy bandwidth the experts of a small step stream, and what a step costs
-// beyond them. EMBER_MOE_BY_PAIR=0 / 1 in the environment and `--mma` pick the kernels (A/B).
+// beyond them. `--mma` picks the tensor-core or the SIMT kernels (A/B); the SIMT kernels take
+// small steps by pair (kernels.h, MoeByPair).
 // usage: moe_bench [--shape gpt-oss-20b|qwen3-30b-a3b] [--mxfp4] [--rows 1,2,4,8]
 //                  [--mma -1|0|1] [--chain 16] [--reps 20]
 #include <cuda_bf16.h>

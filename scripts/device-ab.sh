@@ -6,7 +6,7 @@
 #                        LABEL[:VAR=VALUE[,VAR=VALUE...]] ...
 # M: an `ember synth --like` shape (default: llama-3.2-1b llama-3.1-8b; synthesized as bf16 into
 # /tmp/ember-ab-M once per machine) or a model folder. Each LABEL runs with its variables set,
-# e.g. base:EMBER_CUDA_MODULE=.devbin/mods/base.so or ring96:EMBER_GEMV_RING_KB=96 (modules put
+# e.g. base:EMBER_CUDA_MODULE=.devbin/mods/base.so or simt:EMBER_MOE_MMA=0 (modules put
 # in .devbin/mods/ xz-compressed are unpacked first). The configurations run in turn, R rounds
 # over (drift between rounds shows the instance's noise), each under a timeout, and print one
 # line per run: model, label, round, then

@@ -62,6 +62,33 @@ void Backend::MoeMlp(const Tensor&, const MoeExperts&, Tensor) {
   CHECK(false) << "backend " << name() << " has no MoeMlp";
 }
 
+void Backend::MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts) {
+  CHECK_LE(parts.size(), kMaxMatMulGroupParts);
+  for (const MatMulPart& part : parts) MatMul(x, *part.weight, part.bias, part.out);
+}
+
+void Backend::RopeWriteKv(int32_t rope_id, int32_t layer, Tensor q, Tensor k, const Tensor& v) {
+  Rope(rope_id, q, k);
+  WriteKv(layer, k, v);
+}
+
+void Backend::RopeWriteKvAttention(int32_t rope_id, const AttentionParams& params, Tensor q,
+                                   Tensor k, const Tensor& v, Tensor out) {
+  RopeWriteKv(rope_id, params.layer, q, k, v);
+  Attention(params, q, out);
+}
+
+void Backend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                               GateActivation activation, Tensor gate, Tensor up, Tensor out) {
+  const MatMulPart parts[] = {{&w_gate, nullptr, gate}, {&w_up, nullptr, up}};
+  MatMulGroup(x, parts);
+  if (activation == GateActivation::kSilu) {
+    SiluMul(gate, up, out);
+  } else {
+    GeluTanhMul(gate, up, out);
+  }
+}
+
 std::string ShapeString(const Tensor& t) {
   std::ostringstream os;
   os << "[";

@@ -104,6 +104,16 @@ struct AttentionParams {
 
 enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
 
+// The gated activation of a dense MLP (Backend::GateUpActivation): SiluMul or GeluTanhMul.
+enum class GateActivation : uint8_t { kSilu, kGeluTanh };
+
+// One product of Backend::MatMulGroup: out = x weight^T (+ bias), as MatMul's arguments.
+struct MatMulPart {
+  const Tensor* weight = nullptr;
+  const Tensor* bias = nullptr;  // or null
+  Tensor out;
+};
+
 // The gated activation of an expert, act(g, u) for its gate and up values.
 enum class MoeActivation : uint8_t {
   kSilu,           // silu(g) * u
@@ -185,9 +195,7 @@ class Backend {
   // Each output element is computed in an order independent of n (batch-invariant).
   virtual void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) = 0;
   // Rotates q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim] in
-  // place at plan.positions (HF rotate-half layout, first rotary_dim dims). A backend may fold the
-  // rotation (and the WriteKv of k) into the Attention of q that follows: q and k are for those
-  // two ops only, and may read unrotated afterwards (CUDA decode steps).
+  // place at plan.positions (HF rotate-half layout, first rotary_dim dims).
   virtual void Rope(int32_t rope_id, Tensor q, Tensor k) = 0;
   // Writes k, v [num_tokens, num_kv_heads, head_dim] of `layer` at plan.slot_mapping.
   virtual void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) = 0;
@@ -198,6 +206,24 @@ class Backend {
   // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
+
+  // ---- fused operations: each is named by the ops it stands for, and its default (backend.cc)
+  // runs exactly those ops in that order; a backend overrides it where it has fewer launches
+  // that give the same results ----
+  // MatMul(x, part.weight, part.bias, part.out) for each part in order: the projections of one
+  // input (q/k/v, gate/up). At most kMaxMatMulGroupParts parts.
+  static constexpr size_t kMaxMatMulGroupParts = 3;
+  virtual void MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts);
+  // Rope(rope_id, q, k) then WriteKv(layer, k, v).
+  virtual void RopeWriteKv(int32_t rope_id, int32_t layer, Tensor q, Tensor k, const Tensor& v);
+  // RopeWriteKv(rope_id, params.layer, q, k, v) then Attention(params, q, out). A backend that
+  // folds the rotation into the attention may leave q and k unrotated: they are this op's only.
+  virtual void RopeWriteKvAttention(int32_t rope_id, const AttentionParams& params, Tensor q,
+                                    Tensor k, const Tensor& v, Tensor out);
+  // MatMulGroup(x, {w_gate -> gate, w_up -> up}) then SiluMul / GeluTanhMul(gate, up, out):
+  // the dense MLP's first half. gate and up are written too.
+  virtual void GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                GateActivation activation, Tensor gate, Tensor up, Tensor out);
   // Mixture of experts: per row i, the router's logits l_i = router x[i] (+ router_bias;
   // float32 throughout: a routing decision is the most rounding-sensitive step of the layer),
   // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h) with weights p_e, and

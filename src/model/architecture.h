@@ -68,7 +68,8 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
 Tensor FinalNormOut(Backend& be, const Tensor& xn);
 
 // The attention core shared by every dense family: optional per-head q/k RMSNorm (`norm_kind`),
-// RoPE, the KV write at the plan's slots, and paged attention into `att`.
+// then RoPE, the KV write at the plan's slots and paged attention into `att` as one
+// Backend::RopeWriteKvAttention (q and k may read unrotated afterwards).
 // q [n, num_heads * head_dim], k and v [n, num_kv_heads * head_dim], att [n, num_heads * head_dim].
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);

@@ -38,8 +38,6 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
     be.RmsNorm(q_heads, *w.q_norm, c.rms_norm_eps, norm_kind, q_heads);
     be.RmsNorm(k_heads, *w.k_norm, c.rms_norm_eps, norm_kind, k_heads);
   }
-  be.Rope(w.rope_id, q, k);
-  be.WriteKv(layer, k, v);
   AttentionParams ap;
   ap.layer = layer;
   ap.num_heads = c.num_heads;
@@ -49,7 +47,8 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   ap.sliding_window = w.sliding_window;
   ap.softcap = c.attn_logit_softcapping;  // 0 (none) outside gemma2
   ap.sinks = w.sinks ? &*w.sinks : nullptr;
-  be.Attention(ap, q.Reshape({n, c.num_heads, hd}), att);
+  // RoPE on q and k, k and v into the KV pool, attention of q over the pool.
+  be.RopeWriteKvAttention(w.rope_id, ap, q.Reshape({n, c.num_heads, hd}), k, v, att);
 }
 
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {

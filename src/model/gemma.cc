@@ -28,17 +28,14 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     // ---- attention block ----
     if (l == 0) be.RmsNorm(x, w.attn_norm, eps, kNorm, xn);
     else be.AddRmsNorm(x, delta, w.attn_norm, eps, kNorm, xn);
-    be.MatMul(xn, w.wq, nullptr, q);
-    be.MatMul(xn, w.wk, nullptr, k);
-    be.MatMul(xn, w.wv, nullptr, v);
+    const MatMulPart qkv[] = {{&w.wq, nullptr, q}, {&w.wk, nullptr, k}, {&w.wv, nullptr, v}};
+    be.MatMulGroup(xn, qkv);
     AttentionCore(be, c, w, static_cast<int32_t>(l), kNorm, q, k, v, att);
     be.MatMul(att, w.wo, nullptr, delta);
     be.RmsNorm(delta, w.post_attn_norm, eps, kNorm, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, *w.pre_ffn_norm, eps, kNorm, xn);
-    be.MatMul(xn, w.w_gate, nullptr, gate);
-    be.MatMul(xn, w.w_up, nullptr, up);
-    be.GeluTanhMul(gate, up, act);
+    be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kGeluTanh, gate, up, act);
     be.MatMul(act, w.w_down, nullptr, delta);
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }

@@ -35,9 +35,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     // ---- attention block ----
     if (l == 0) be.RmsNorm(x, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
     else be.AddRmsNorm(x, delta, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    be.MatMul(xn, w.wq, w.bq ? &*w.bq : nullptr, q);
-    be.MatMul(xn, w.wk, w.bk ? &*w.bk : nullptr, k);
-    be.MatMul(xn, w.wv, w.bv ? &*w.bv : nullptr, v);
+    const MatMulPart qkv[] = {{&w.wq, w.bq ? &*w.bq : nullptr, q},
+                              {&w.wk, w.bk ? &*w.bk : nullptr, k},
+                              {&w.wv, w.bv ? &*w.bv : nullptr, v}};
+    be.MatMulGroup(xn, qkv);
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
     // ---- MLP block ----
@@ -48,9 +49,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
       continue;
     }
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    be.MatMul(xn, w.w_gate, nullptr, gate);
-    be.MatMul(xn, w.w_up, nullptr, up);
-    be.SiluMul(gate, up, act);
+    be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     be.MatMul(act, w.w_down, nullptr, delta);
   }
   Tensor normed = FinalNormOut(be, xn);

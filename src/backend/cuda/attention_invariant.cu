@@ -26,7 +26,9 @@
 // of the decode shape: all four warps share the one m-tile (in the plain shape three of them had
 // no rows), each computing a quarter of a tile's scores and of O's columns; the tile's row maxima,
 // the weights' pair sums and the bf16 weights meet in shared memory and every warp sums and
-// multiplies them in the one-warp order (measurements at KeySplitEnabled).
+// multiplies them in the one-warp order. H200, one call (docs/perf.md, session 24): tg128 8B
+// 246.8 -> 252.5 tok/s (attention 7.5 -> 5.9 us a layer), 1B 1,185 -> 1,198; 128 concurrent
+// 512/128 decode tok/s: 1B 50,740 -> 53,476, 8B 13,488 -> 13,912.
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
@@ -48,7 +50,6 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -952,16 +953,6 @@ void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& 
 constexpr bool RopeFusedDim(int32_t d) { return d == 64 || d == 128; }
 constexpr bool KeySplitDim(int32_t d) { return d == 64 || d == 128; }
 
-// The key-split decode shape serves steps of at most 16 rows per (sequence, KV head) unless
-// EMBER_ATTN_KEY_SPLIT=0 (A/B measurements; the same bits either way). H200, one call
-// (docs/perf.md, session 24): tg128 8B 246.8 -> 252.5 tok/s (attention 7.5 -> 5.9 us a layer),
-// 1B 1,185 -> 1,198 (1,219 with the one-vector RMSNorm); 128 concurrent 512/128, decode tok/s:
-// 1B 50,740 -> 53,476, 8B 13,488 -> 13,912.
-bool KeySplitEnabled() {
-  static const bool on = EnvSwitchOn("EMBER_ATTN_KEY_SPLIT");
-  return on;
-}
-
 // The two-m-tile (prefill) shape when a sequence has more rows than one decode-shape block.
 template <int D>
 void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
@@ -974,7 +965,7 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
     }
     const int64_t max_rows =
         static_cast<int64_t>(max_query_len) * (args.num_heads / args.num_kv_heads);
-    const bool key_split = KeySplitDim(D) && max_rows <= 16 && KeySplitEnabled();
+    const bool key_split = KeySplitDim(D) && max_rows <= 16;
     if (rope != nullptr) {
       if constexpr (RopeFusedDim(D) && KeySplitDim(D)) {
         if (key_split) {
@@ -1032,7 +1023,7 @@ int64_t AttentionInvariantPartialsFloats(int32_t num_tokens, int32_t num_heads, 
 std::vector<AttentionRun> AttentionInvariantRuns(const std::vector<int32_t>& query_lens,
                                                  int32_t group, int32_t head_dim) {
   // Dispatch's choice: the key-split decode shape, the decode shape, the prefill shape.
-  const bool key_split = KeySplitDim(head_dim) && KeySplitEnabled();
+  const bool key_split = KeySplitDim(head_dim);
   const int64_t decode_rows = AttentionInvariantRowsPerBlock(head_dim);
   auto shape = [&](int32_t query_len) {
     const int64_t rows = int64_t{query_len} * group;

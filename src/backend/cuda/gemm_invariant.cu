@@ -307,16 +307,6 @@ int64_t MTiles(const GemvPart* parts, int num_parts, int rows) {
   return tiles;
 }
 
-// EMBER_GEMM_VARIANT=1 in the environment: the 128 x 128 tile with 4 stages of k32 instead of 3
-// of k64 (an A/B switch for measurements; every variant gives the same bits).
-int TiledVariant() {
-  static const int v = [] {
-    const char* e = std::getenv("EMBER_GEMM_VARIANT");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  return v;
-}
-
 // Launches one configuration; stages == 0: as deep a ring as the CTAs per SM leave room for.
 template <int W, int WM, int WN, int TM, int TN, int BK, bool X_F32>
 void Launch(const void* x, const GemvPart* parts, int num_parts, int64_t n, int64_t k,
@@ -376,7 +366,7 @@ int64_t GemmInvariantScratchBytes(int64_t n, int64_t k) {
 }
 
 void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, int num_parts,
-                         int64_t n, int64_t k, cudaStream_t stream) {
+                         int64_t n, int64_t k, int tiled_variant, cudaStream_t stream) {
   if (n <= 0) return;
   const bool fast = GemmInvariantFast(x, parts, num_parts, k) &&
                     (n <= kGemmSkinnyMaxRows || reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0);
@@ -399,7 +389,7 @@ void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, in
   // The largest CTA tile (m x n) that still gives every SM a CTA, else the smallest.
   const int64_t groups = (n + 127) / 128, sms = CurrentDeviceSmCount();
   if (MTiles(parts, num_parts, 128) * groups >= sms) {
-    if (TiledVariant() == 1) {  // A/B: 4 stages of k32
+    if (tiled_variant == 1) {  // A/B: 4 stages of k32
       Launch<8, 2, 4, 4, 4, 32, false>(x_bf16, parts, num_parts, n, k, 4, stream);
     } else {
       Launch<8, 2, 4, 4, 4, 64, false>(x_bf16, parts, num_parts, n, k, 3, stream);  // 128 x 128

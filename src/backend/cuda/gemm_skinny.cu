@@ -601,14 +601,7 @@ SkinnyGemmPlan PlanSkinnyGemm(int64_t tokens, int64_t m, int64_t k) {
 // with k/v here; the 1B with q/o here too lost 0.25%, with only k/v here it gained 3% (53,480 /
 // 53,419 -> 55,168 / 54,901), so only the k/v shapes come here.
 bool SkinnyGemmPreferred(int64_t tokens, int64_t m, int64_t k) {
-  static const int mode = [] {  // 0: never, 1: measured wins, 2: always
-    const char* v = std::getenv("EMBER_CUDA_SKINNY");
-    if (v == nullptr) return 1;
-    if (std::strcmp(v, "0") == 0) return 0;
-    return std::strcmp(v, "all") == 0 ? 2 : 1;
-  }();
-  if (mode == 0 || tokens < 1 || tokens > kMaxTokens) return false;
-  if (mode == 2) return true;
+  if (tokens < 1 || tokens > kMaxTokens) return false;
   return m <= 1024 && m * k <= (int64_t{4} << 20);
 }
 
@@ -642,7 +635,7 @@ void LaunchSkinnyGemmWithPlan(const __nv_bfloat16* x, const __nv_bfloat16* w, fl
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
   config.numAttrs = 1;
   if (plan.split > 1) {
     attrs[1].id = cudaLaunchAttributeClusterDimension;

@@ -23,7 +23,6 @@ bool SkinnyGemmSupported(int64_t tokens, int64_t m, int64_t k, const void* x, co
 
 // Whether the backend's MatMul takes this kernel instead of cublasGemmEx (both supported): where
 // it measured faster, the GEMMs of at most 1,024 weight rows and 8 MB (a Llama layer's k and v).
-// EMBER_CUDA_SKINNY=0: never (A/B runs); =all: every supported call.
 bool SkinnyGemmPreferred(int64_t tokens, int64_t m, int64_t k);
 
 // Sets the kernels' shared-memory limits and reads their occupancy (otherwise done at the first

@@ -30,7 +30,6 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cache_hints.cuh"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gated.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -172,7 +171,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kMinBlocks<kSplit>)
 // rows_per_stage rows (cp.async.bulk, completion counted on the stage's `full` mbarrier), and
 // starts at once: weights are constant, so the copies need not wait for the previous kernel, and
 // the block triggers its dependents at its start. So while the kernel before it (an RMSNorm, the
-// attention, the gated activation) still runs, the ring fills: up to RingBytes() per SM of this
+// attention, the gated activation) still runs, the ring fills: up to kRingBytes per SM of this
 // GEMV's weights arrive before its x exists. The consumer warps wait on PdlWait, take their x
 // columns into registers once, and then drain the stages: warp w handles row w / G of a stage
 // (G = kRingConsumers / rows per stage warps per row, each a fixed interleaved subset of the
@@ -195,7 +194,7 @@ constexpr int64_t kRingMaxStageBytes = 48 << 10;
 // streams), two calls: 1B 1,261.2 / 1,260.8 / 1,261.0 at 128 KB against 1,247.1 / 1,246.7 at 96,
 // 1,247.7 at 112, 1,149.2 at 80, 1,260.7 at 144 (still 4 stages of 32 KB); 8B 254.82 at 128
 // against 254.09 / 254.10 at 96.
-constexpr int64_t kRingDefaultKb = 128;
+constexpr int64_t kRingBytes = 128 << 10;
 
 __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
   // bf16 to f32 is a shift: element 2i is word i's low half, 2i + 1 its high half.
@@ -483,45 +482,15 @@ __global__ void __maxnreg__(112)
 #endif
 }
 
-// EMBER_GEMV_RING_STAGE_KB: the largest stage of more than one row (default kRingMaxStageBytes).
-int64_t RingMaxStageBytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("EMBER_GEMV_RING_STAGE_KB");
-    return v != nullptr ? std::clamp<int64_t>(std::atoll(v), 4, 48) << 10 : kRingMaxStageBytes;
-  }();
-  return bytes;
-}
-
 // Rows per stage for k: the most (8, 4, 2, 1) whose warps' share of a row fits kRingChunks
 // chunks per lane and whose stage fits kRingMaxStageBytes; 0: the ring kernel cannot take k.
 int RingRowsPerStage(int64_t k) {
   for (int rows = kRingConsumers; rows >= 1; rows /= 2) {
     const int64_t group = kRingConsumers / rows;
     const bool fits_lanes = (k / 8 + 32 * group - 1) / (32 * group) <= kRingChunks;
-    if (fits_lanes && (rows == 1 || rows * k * 2 <= RingMaxStageBytes())) return rows;
+    if (fits_lanes && (rows == 1 || rows * k * 2 <= kRingMaxStageBytes)) return rows;
   }
   return 0;
-}
-
-// The ring kernel serves batch-1 GEMVs unless EMBER_GEMV_RING=0 (the earlier kernel, for A/B
-// measurements); EMBER_GEMV_RING_KB sets its ring per SM.
-bool RingEnabled() {
-  static const bool on = EnvSwitchOn("EMBER_GEMV_RING");
-  return on;
-}
-// A ring size from the environment (KB, clamped to 32..200) in bytes; 0 when `name` is unset.
-int64_t RingBytesFromEnv(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::clamp<int64_t>(std::atoll(v), 32, 200) << 10 : 0;
-}
-int64_t RingBytes() {
-  static const int64_t env = RingBytesFromEnv("EMBER_GEMV_RING_KB");
-  return env > 0 ? env : kRingDefaultKb << 10;
-}
-// EMBER_GEMV_RING_GATED_KB: the ring of gated (gate/up) launches; unset (0), RingPlanFor chooses.
-int64_t RingGatedBytesFromEnv() {
-  static const int64_t bytes = RingBytesFromEnv("EMBER_GEMV_RING_GATED_KB");
-  return bytes;
 }
 
 struct RingPlan {
@@ -564,27 +533,24 @@ int64_t RingPairSmem() {
   return bytes;
 }
 
-// The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel is on and
-// can take them. A gated launch takes kRingGatedKb when that ring and the output projection's
+// The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel can take
+// them. A gated launch takes kRingGatedKb when that ring and the output projection's
 // (k rows of k, as in a Llama layer) would fit an SM together (the measured rule: the two blocks
-// do not actually share an SM, see kRingDefaultKb). H200, tg128 in one call (docs/perf.md,
+// do not actually share an SM, see kRingBytes). H200, tg128 in one call (docs/perf.md,
 // session 25): 1B (o ring 64 KB) 1,271.9 /
 // 1,271.8 tok/s at 160 KB against 1,262.5 / 1,263.5 at 128, 1,252 at 96, 1,200 at 64; 192 KB
 // (not beside o) 1,260; 8B (o ring 128 KB, so 160 does not fit beside it) 254.2 at 160 against
 // 255.0 at 128.
 constexpr int64_t kRingGatedKb = 160;
 bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
-  if (!RingEnabled()) return false;
-  if (!gated) return RingPlanWithRing(total, k, false, RingBytes(), plan);
-  if (RingGatedBytesFromEnv() > 0)
-    return RingPlanWithRing(total, k, true, RingGatedBytesFromEnv(), plan);
+  if (!gated) return RingPlanWithRing(total, k, false, kRingBytes, plan);
   RingPlan before;
-  if (!RingPlanWithRing(k, k, false, RingBytes(), &before)) before.smem_bytes = 0;
+  if (!RingPlanWithRing(k, k, false, kRingBytes, &before)) before.smem_bytes = 0;
   if (RingPlanWithRing(total, k, true, kRingGatedKb << 10, plan) &&
       plan->smem_bytes + before.smem_bytes <= RingPairSmem()) {
     return true;
   }
-  return RingPlanWithRing(total, k, true, RingBytes(), plan);
+  return RingPlanWithRing(total, k, true, kRingBytes, plan);
 }
 
 }  // namespace
@@ -595,9 +561,6 @@ bool GemvBf16Supported(const void* x, const void* w, int64_t k) {
 }
 
 bool GemvGatedFused(int64_t m, int64_t k) {
-  // EMBER_GEMV_GATED=0: never fused (A/B measurements)
-  static const bool off = !EnvSwitchOn("EMBER_GEMV_GATED");
-  if (off) return false;
   RingPlan plan;
   return RingPlanFor(2 * m, k, true, &plan);
 }

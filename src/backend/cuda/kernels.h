@@ -139,7 +139,8 @@ struct MoeArgs {
 int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts);
 // Whether the SIMT kernels take a step of `pairs` (row, expert) pairs by pair (small steps: no
 // schedule, the combine folded into down) rather than by tile; the same bits either way.
-// EMBER_MOE_BY_PAIR=0 / 1 in the environment: never / always (A/B measurements).
+// H200 tg128 (docs/perf.md, session 20): gpt-oss MXFP4 495 -> 736, qwen3-moe
+// 1,110 -> 1,447 tok/s against the tile kernels.
 bool MoeByPair(int64_t pairs, int32_t num_experts);
 // The shapes LaunchMoeMlp takes (up to kMoeMaxExperts experts, top k <= kMoeMaxTopK, d and inter
 // multiples of 8 whose tile rows fit kMoeMaxSmem).
@@ -335,6 +336,8 @@ constexpr int64_t kGemmSkinnyMaxRows = 32;
 // The default (not batch-invariant) mode's MatMul for 2..kDecodeGemmMaxRows rows; cuBLAS above.
 constexpr int64_t kDecodeGemmMaxRows = 8;
 int64_t GemmInvariantScratchBytes(int64_t n, int64_t k);
+// tiled_variant 1 (RuntimeSwitches::gemm_tiled_variant, an A/B knob): the 128 x 128 tile with 4
+// stages of k32 instead of 3 of k64, the same bits.
 void LaunchGemmInvariant(const float* x, void* x_bf16, const GemvPart* parts, int num_parts,
-                         int64_t n, int64_t k, cudaStream_t stream);
+                         int64_t n, int64_t k, int tiled_variant, cudaStream_t stream);
 }  // namespace ember::cuda

@@ -1049,13 +1049,6 @@ int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts) {
 }
 
 bool MoeByPair(int64_t pairs, int32_t num_experts) {
-  static const int mode = [] {
-    const char* e = std::getenv("EMBER_MOE_BY_PAIR");
-    return e == nullptr ? -1 : std::atoi(e);
-  }();
-  if (mode == 0) return false;
-  // (gate/up's grid has a y block per pair)
-  if (mode == 1) return pairs <= 65535;
   return pairs < kByPairMaxPairsPerExpert * num_experts;
 }
 

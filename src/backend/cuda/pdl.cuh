@@ -5,7 +5,6 @@
 // its writes are visible. Every PDL-launched kernel calls PdlWait() in every block that touches
 // activations, so completion stays ordered through chains of such kernels. Both instructions are
 // no-ops when the kernel was launched normally. Graph capture records the programmatic edges.
-// EMBER_CUDA_PDL=0 in the environment launches these kernels normally (A/B measurements).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,14 +15,11 @@
 #include <vector>
 #endif
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <unordered_set>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/env_switch.h"
 
 namespace ember::cuda {
 
@@ -111,28 +107,11 @@ __device__ __forceinline__ void PdlTrigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-inline bool PdlEnabled() {
-  static const bool enabled = EnvSwitchOn("EMBER_CUDA_PDL");
-  return enabled;
-}
-
-// Every kernel prefers the largest shared-memory carveout while the batch-1 GEMV is the ring kernel
-// (gemv.cu, EMBER_GEMV_RING unset or 1): an SM whose L1 / shared split differs from what a kernel
-// needs must drain before that kernel's block can be placed, so a ring GEMV needing ~100 KB could
-// not start its copies beside the small kernel before it. H200, `ember bench` tg128 in one call
-// (docs/perf.md, session 22): ring GEMV 1B 1,044 -> 1,101 tok/s with the carveout. With the
-// earlier GEMV (EMBER_GEMV_RING=0) it costs 14% (1,091 -> 939: the small L1 that is left), so
-// it follows the GEMV choice; EMBER_CUDA_CARVEOUT=0 / 1 overrides it.
-inline bool MaxSharedCarveout() {
-  static const bool on = [] {
-    if (const char* v = std::getenv("EMBER_CUDA_CARVEOUT"); v != nullptr && *v != '\0')
-      return std::strcmp(v, "0") != 0;
-    return EnvSwitchOn("EMBER_GEMV_RING");
-  }();
-  return on;
-}
+// Every kernel prefers the largest shared-memory carveout: an SM whose L1 / shared split differs
+// from what a kernel needs must drain before that kernel's block can be placed, so a ring GEMV
+// (gemv.cu) needing ~100 KB could not start its copies beside the small kernel before it. H200,
+// `ember bench` tg128 in one call (docs/perf.md, session 22): 1B 1,044 -> 1,101 tok/s.
 inline void PreferMaxShared(const void* kernel) {
-  if (!MaxSharedCarveout()) return;
   static std::mutex mu;
   static std::unordered_set<const void*> done;
   std::lock_guard<std::mutex> lock(mu);
@@ -153,7 +132,7 @@ void LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));

@@ -13,7 +13,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/out_store.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -209,9 +208,7 @@ void LaunchRmsNormOf(const float* x, float* residual, const DeltaT* delta, const
     });
     return;
   }
-  // EMBER_RMSNORM_ONE=0: the 4-vector kernel for every width (A/B measurements; same bits).
-  static const bool one_ok = EnvSwitchOn("EMBER_RMSNORM_ONE");
-  const bool one = one_ok && nv <= threads;
+  const bool one = nv <= threads;
   DispatchOut(out, out_bf16, vec4, [&](auto vec_tag, auto* typed_out) {
     constexpr int kVec = decltype(vec_tag)::value;
     using OutT = std::remove_pointer_t<decltype(typed_out)>;

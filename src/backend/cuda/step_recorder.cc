@@ -9,31 +9,47 @@ namespace ember::cuda {
 
 uint64_t KeyOf(float f) { return std::bit_cast<uint32_t>(f); }
 
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kEmbedding: return "Embedding";
+    case OpKind::kRmsNorm: return "RmsNorm";
+    case OpKind::kAddRmsNorm: return "AddRmsNorm";
+    case OpKind::kMatMulCublas: return "MatMul(cublas)";
+    case OpKind::kRope: return "Rope";
+    case OpKind::kWriteKv: return "WriteKv";
+    case OpKind::kAttention: return "Attention";
+    case OpKind::kSiluMul: return "SiluMul";
+    case OpKind::kGeluTanhMul: return "GeluTanhMul";
+    case OpKind::kAdd: return "Add";
+    case OpKind::kSoftcap: return "Softcap";
+    case OpKind::kGatherLogitsRows: return "GatherLogitsRows";
+    case OpKind::kMatMulGemv: return "MatMul(gemv)";
+    case OpKind::kMatMulGemm: return "MatMul(gemm)";
+    case OpKind::kRopeWriteKv: return "RopeWriteKv";
+    case OpKind::kMatMulGemvActivation: return "MatMul(gemv)+act";
+    case OpKind::kRopeAttention: return "RopeAttention";
+    case OpKind::kMoeMlp: return "MoeMlp";
+    case OpKind::kArgmaxRows: return "ArgmaxRows";
+  }
+  return "?";
+}
+
 StepRecorder::~StepRecorder() {
   for (Graph& g : graphs_) CUDA_CHECK(cudaGraphExecDestroy(g.exec));
   for (cudaEvent_t e : events_) CUDA_CHECK(cudaEventDestroy(e));
 }
 
-void StepRecorder::Record(std::initializer_list<uint64_t> key, Op op) {
-  Record(std::span<const uint64_t>(key.begin(), key.size()), std::move(op));
+void StepRecorder::Record(OpKind kind, std::initializer_list<uint64_t> key, Op op) {
+  Record(kind, std::span<const uint64_t>(key.begin(), key.size()), std::move(op));
 }
 
-void StepRecorder::Record(std::span<const uint64_t> key, Op op) {
-  last_key_start_ = key_.size();
-  key_.push_back(0xC0FFEEull + key.size());  // op boundary, so keys cannot alias across ops
+void StepRecorder::Record(OpKind kind, std::span<const uint64_t> key, Op op) {
+  // The op boundary (so keys cannot alias across ops), the kind, then the op's words.
+  key_.push_back(0xC0FFEEull + 1 + key.size());
+  key_.push_back(static_cast<uint64_t>(kind));
   key_.insert(key_.end(), key.begin(), key.end());
-  tags_.push_back(key.size() > 0 ? key.front() : 0);
+  kinds_.push_back(kind);
   ops_.push_back(std::move(op));
-  ++records_;
-}
-
-void StepRecorder::ReplaceLast(std::span<const uint64_t> key, Op op) {
-  CHECK(!ops_.empty()) << "ReplaceLast with no recorded op";
-  key_.resize(last_key_start_);
-  key_.push_back(0xC0FFEEull + key.size());
-  key_.insert(key_.end(), key.begin(), key.end());
-  tags_.back() = key.size() > 0 ? key.front() : 0;
-  ops_.back() = std::move(op);
 }
 
 void StepRecorder::FlushProfiled() {
@@ -53,8 +69,8 @@ void StepRecorder::FlushProfiled() {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
     auto it = op_times_.begin();
-    while (it != op_times_.end() && it->tag != tags_[i]) ++it;
-    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{tags_[i], 0, 0});
+    while (it != op_times_.end() && it->kind != kinds_[i]) ++it;
+    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{kinds_[i], 0, 0});
     it->total_ms += ms;
     ++it->calls;
   }
@@ -92,7 +108,7 @@ void StepRecorder::Flush(bool use_graph) {
   }
   ops_.clear();
   key_.clear();
-  tags_.clear();
+  kinds_.clear();
 }
 
 }  // namespace ember::cuda

@@ -1,7 +1,7 @@
 // StepRecorder: defers one step's kernel launches so that a repeated step (a decode step of the
 // same batch shape) replays as one CUDA graph instead of hundreds of launches. Each op is
-// recorded with a key — every scalar and pointer its launch depends on — and a closure that
-// launches it. Flush() either runs the closures eagerly, or looks the full key sequence up in a
+// recorded with its OpKind and a key — every scalar and pointer its launch depends on — and a
+// closure that launches it. Ops are only ever appended: a fusion is a backend op of its own. Flush() either runs the closures eagerly, or looks the full key sequence up in a
 // cache of instantiated graphs (exact comparison, so a replay launches exactly what the closures
 // would) and captures a new graph on a miss. Per-step inputs must live at stable device
 // addresses that are written before Flush (the plan upload). Not thread-safe.
@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "backend/cuda/op_kind.h"
 
 namespace ember::cuda {
 
@@ -80,23 +82,18 @@ class StepRecorder {
   StepRecorder(const StepRecorder&) = delete;
   StepRecorder& operator=(const StepRecorder&) = delete;
 
-  void Record(std::initializer_list<uint64_t> key, Op op);
-  void Record(std::span<const uint64_t> key, Op op);
-  // Replaces the most recently recorded op (its key and closure), to merge adjacent launches.
-  // Only valid while !empty().
-  void ReplaceLast(std::span<const uint64_t> key, Op op);
+  void Record(OpKind kind, std::initializer_list<uint64_t> key, Op op);
+  void Record(OpKind kind, std::span<const uint64_t> key, Op op);
   bool empty() const { return ops_.empty(); }
-  // Ops recorded since creation (ReplaceLast does not count): identifies "the last op".
-  uint64_t records() const { return records_; }
   // Enqueues the recorded ops on the stream (as a graph when use_graph) and clears them.
   void Flush(bool use_graph);
 
-  // Profiling: eager flushes time each op with events, accumulated per op tag (the first word
-  // of its key). Costs a sync per flush; graphs are not used while profiling.
+  // Profiling: eager flushes time each op with events, accumulated per OpKind. Costs a sync per
+  // flush; graphs are not used while profiling.
   void set_profiling(bool on) { profiling_ = on; }
   bool profiling() const { return profiling_; }
   struct OpTime {
-    uint64_t tag = 0;
+    OpKind kind = OpKind::kEmbedding;
     double total_ms = 0;
     int64_t calls = 0;
   };
@@ -118,12 +115,10 @@ class StepRecorder {
   std::list<Graph> graphs_;  // most recently used first
   void FlushProfiled();
   bool profiling_ = false;
-  std::vector<uint64_t> tags_;
+  std::vector<OpKind> kinds_;
   std::vector<cudaEvent_t> events_;  // reused; 2 per op
   std::vector<OpTime> op_times_;
   int64_t graph_replays_ = 0, graph_captures_ = 0;
-  uint64_t records_ = 0;
-  size_t last_key_start_ = 0;
 };
 
 // Key helpers: pointers and floats as 64-bit words.

@@ -1,0 +1,446 @@
+// CudaBackend, the class behind CreateCudaBackend (cuda_backend.h), internal to the CUDA backend.
+// Its member functions are defined by concern: cuda_backend.cc (lifetime, weights, KV pool, rope
+// tables, the step arena, the op profile), cuda_step_io.cc (the plan's upload, staging, ids and
+// logits back to the host), cuda_matmul.cc (MatMul, MatMulGroup, GateUpActivation),
+// cuda_attention.cc (Rope, WriteKv, Attention and their fused forms), cuda_pointwise.cc (embedding,
+// norms, activations, elementwise ops), cuda_moe.cc (MoeMlp). Every op CHECKs its shapes and
+// records its launch (StepRecorder) with every value it depends on as the graph key; nothing
+// reaches the GPU before Flush(). Not thread-safe: one thread drives a backend.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/runtime_switches.h"
+#include "backend/cuda/step_recorder.h"
+
+namespace ember::cuda {
+
+inline uint64_t U(int64_t v) {
+  return static_cast<uint64_t>(v);
+}
+inline uint64_t U(OpKind kind) {
+  return static_cast<uint64_t>(kind);
+}
+ElemType ToElemType(DType t);
+
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { CUDA_CHECK(cudaStreamDestroy(stream_)); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream) {
+    CUBLAS_CHECK(cublasCreate(&handle_));
+    CUBLAS_CHECK(cublasSetStream(handle_, stream));
+  }
+  ~CublasHandle() { CUBLAS_CHECK(cublasDestroy(handle_)); }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() { CUDA_CHECK(cudaEventDestroy(event_)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Page-locked host bytes (copies to and from them neither stage nor wait), grown on demand;
+// growing drops the contents.
+class PinnedBytes {
+ public:
+  unsigned char* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  void Reserve(size_t bytes) {
+    if (bytes <= bytes_) return;
+    data_.reset();
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    data_.reset(static_cast<unsigned char*>(p));
+    bytes_ = bytes;
+  }
+
+ private:
+  struct Deleter {
+    void operator()(unsigned char* p) const { CUDA_CHECK(cudaFreeHost(p)); }
+  };
+  std::unique_ptr<unsigned char, Deleter> data_;
+  size_t bytes_ = 0;
+};
+
+struct DeviceRope {
+  RopeSpec spec;
+  DeviceBuffer cos, sin;  // each [max_positions, rotary_dim / 2] f32
+};
+
+// What a rope launch needs of its RopeSpec (launch closures stay within InlineOp's capacity).
+struct RopeDims {
+  int32_t head_dim, rotary_dim, max_positions;
+  static RopeDims Of(const RopeSpec& s) { return {s.head_dim, s.rotary_dim, s.max_positions}; }
+};
+
+// One GEMM of a cuBLAS MatMul op: out[n, m] = x W^T (+ bias), by cublasGemmEx or the skinny
+// wgmma GEMM.
+struct CublasPart {
+  const void* w = nullptr;
+  const void* bias = nullptr;  // f32 [m] or null
+  void* out = nullptr;
+  int64_t m = 0;
+  bool skinny = false;
+  bool out_bf16 = false;
+};
+
+// A cuBLAS MatMul op: up to kMaxParts GEMMs of one x (the parts of a MatMulGroup: q/k/v,
+// gate/up). The first part runs on the step's stream, the others on the side stream at the same
+// time (the streams fork after x's conversion and join before the op ends). The small GEMMs of a
+// decode step do not fill the GPU alone: an 8B layer's GEMMs at 128 rows took 162.1 us in a row
+// and 156.8 us grouped (gemm_bench; engine +0.5-1% decode, docs/perf.md session 30).
+struct CublasGroup {
+  static constexpr int kMaxParts = 3;
+  const void* x = nullptr;    // f32 x when convert
+  void* converted = nullptr;  // x in the weight's type (the GEMMs' operand; null: f32 weights)
+  bool convert = false;       // the op converts x into `converted` first
+  DType wdtype = DType::kBF16;
+  int64_t n = 0, k = 0;
+  int num_parts = 0;
+  CublasPart parts[kMaxParts];
+};
+
+// Which kernel a MatMul of one weight takes (CudaBackend::MatMulPathOf).
+enum class MatMulPath : uint8_t {
+  kGemv,       // one row: the bandwidth-bound GEMV (gemv.cu)
+  kInvariant,  // the fixed-order tensor-core GEMM (gemm_invariant.cu)
+  kCublas,     // cuBLAS, or the skinny wgmma GEMM (a CublasGroup)
+};
+
+// The GEMV / invariant-GEMM launch over the parts of one x that MatMulGroup is assembling.
+struct PartsLaunch {
+  MatMulPath path = MatMulPath::kGemv;
+  const float* x = nullptr;
+  int64_t n = 0, k = 0;
+  void* scratch = nullptr;  // kInvariant: x in bf16 (GemmInvariantScratchBytes)
+  size_t hint = 0;          // kGemv: this launch's entry of CudaBackend::gemv_next_
+  int num_parts = 0;
+  std::array<GemvPart, kGemvMaxParts> parts{};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const CudaBackendOptions& options, RuntimeSwitches switches);
+  ~CudaBackend() override;
+
+  std::string name() const override {
+    return std::string("cuda:") + std::to_string(device_) + (f32_compute_ ? " (f32)" : " (bf16)");
+  }
+  cudaStream_t stream() const { return stream_.get(); }
+  // Enqueues every recorded op (the host-visible sync points call this first).
+  void Flush() {
+    recorder_.Flush(use_graphs_ && max_query_len_ <= 1);
+    gemv_next_.clear();  // the flushed launches are gone: a later GEMV is nobody's prefetch
+  }
+  const std::vector<StepRecorder::OpTime>& op_times() const { return recorder_.op_times(); }
+  CudaGraphStats graph_stats() const {
+    return {recorder_.graph_captures(), recorder_.graph_replays()};
+  }
+  // EMBER_CUDA_PROFILE_OUT: the op totals, after a line with the steps and rows they cover.
+  void AppendOpProfile(const std::string& path) const;
+
+  // ---- set-up (cuda_backend.cc) ----
+  Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
+                              const void* host_data) override;
+  Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                        int32_t num_kv_heads, int32_t head_dim) override;
+  int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
+  Result<int32_t> CreateRope(const RopeSpec& spec) override;
+  Tensor Alloc(std::initializer_list<int64_t> shape) override;
+  Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;
+  Tensor AllocMatMulOutput(std::initializer_list<int64_t> shape) override;
+  Result<BackendMemory> MemoryInfo() const override;
+  std::span<float> HostBuffer(size_t count) override;
+  // 1, 2, 4, 8, then every multiple of 8 to 256 (vLLM's buckets): at most 35 x 2 graphs (one per
+  // staging half: the plan and ids buffers alternate), inside the recorder's cache of 128. Larger
+  // decode steps are captured at their own size.
+  std::vector<int32_t> DecodeGraphBuckets() const override;
+
+  // ---- step input and output (cuda_step_io.cc) ----
+  Status BeginStep(const BatchPlan& plan) override;
+  void GatherLogitsRows(const Tensor& x, Tensor out) override;
+  Status CopyToHost(const Tensor& t, std::span<float> out) override;
+  Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override;
+  Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
+  Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                    std::span<const RowSampling> params, std::span<int32_t> ids) override;
+  bool prefers_backend_sampling() const override { return true; }
+  void DeferStepIds() override;
+  void DropStepIds() override;
+  Status WaitIds() override;
+
+  // ---- matrix products (cuda_matmul.cc) ----
+  void MatMul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor out) override;
+  void MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts) override;
+  void GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                        GateActivation activation, Tensor gate, Tensor up, Tensor out) override;
+
+  // ---- attention (cuda_attention.cc) ----
+  void Rope(int32_t rope_id, Tensor q, Tensor k) override;
+  void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override;
+  void Attention(const AttentionParams& params, const Tensor& q, Tensor out) override;
+  void RopeWriteKv(int32_t rope_id, int32_t layer, Tensor q, Tensor k, const Tensor& v) override;
+  void RopeWriteKvAttention(int32_t rope_id, const AttentionParams& params, Tensor q, Tensor k,
+                            const Tensor& v, Tensor out) override;
+
+  // ---- pointwise and row-wise ops (cuda_pointwise.cc) ----
+  void Embedding(const Tensor& table, float scale, Tensor out) override;
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, RmsNormKind kind,
+               Tensor out) override;
+  void AddRmsNorm(Tensor residual, const Tensor& delta, const Tensor& weight, float eps,
+                  RmsNormKind kind, Tensor out) override;
+  void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void Add(const Tensor& a, const Tensor& b, Tensor out) override;
+  void Softcap(Tensor x, float cap) override;
+
+  // ---- mixture of experts (cuda_moe.cc) ----
+  std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
+                             int64_t inter) const override;
+  void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
+  bool TakesMxfp4Experts() const override { return !f32_compute_; }
+
+ private:
+  // ---- the step workspace (cuda_backend.cc) ----
+  void* ArenaAlloc(size_t bytes);
+  Tensor AllocOf(DType dtype, std::initializer_list<int64_t> shape);
+  // Whether a MatMul over `rows` rows takes the cuBLAS path with bf16 operands: then its x may be
+  // a bf16 AllocMatMulInput buffer and its out a bf16 AllocMatMulOutput buffer (the GEMV and the
+  // invariant GEMM read and write f32 rows).
+  bool Bf16MatMulInput(int64_t rows) const {
+    return !f32_compute_ && !batch_invariant_ && rows > kDecodeGemmMaxRows;
+  }
+
+  // ---- matrix products (cuda_matmul.cc) ----
+  MatMulPath MatMulPathOf(const Tensor& x, const Tensor& weight) const;
+  // Adds the part to `launch` (a GEMV / invariant-GEMM launch over x) or starts a new launch in
+  // it (recording the one it held): the first part of a launch takes its scratch and, for the
+  // GEMV, its prefetch entry.
+  void AddToPartsLaunch(MatMulPath path, const Tensor& x, const GemvPart& part,
+                        std::optional<PartsLaunch>& launch);
+  void RecordPartsLaunch(const PartsLaunch& launch);
+  // Adds the part to `group` (a cuBLAS op over x) when it can share its converted x, else records
+  // the group held and starts a new one.
+  void AddToCublasGroup(const Tensor& x, const Tensor& weight, const void* bias, Tensor out,
+                        std::optional<CublasGroup>& group);
+  void RecordCublasGroup(const CublasGroup& g);
+  // The checks MatMul makes of its operands; returns the product's rows.
+  int64_t CheckMatMul(const Tensor& x, const Tensor& weight, const Tensor* bias,
+                      const Tensor& out) const;
+  void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
+
+  // ---- attention (cuda_attention.cc) ----
+  cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
+  // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
+  // head dim (it rounds K/V to bf16 RN anyway; the f32 kernels read f32 pools), unless kv_f32.
+  bool KvBf16(int32_t head_dim) const {
+    return !f32_compute_ && !kv_f32_ && AttentionInvariantSupported(head_dim);
+  }
+  // Rope's checks; returns its rope table and q's heads.
+  const DeviceRope& CheckRope(int32_t rope_id, const Tensor& q, const Tensor& k,
+                              int32_t* num_heads) const;
+  void CheckWriteKv(const Tensor& k, const Tensor& v) const;
+  // An Attention call's checked operands.
+  struct AttentionCall {
+    AttentionArgs args;
+    KvLayerView kv;
+    const float* q = nullptr;
+    float* out = nullptr;
+  };
+  AttentionCall PrepareAttention(const AttentionParams& params, const Tensor& q,
+                                 const Tensor& out) const;
+  // The step's launches of the invariant attention, one per run of one block shape (empty: one
+  // launch for the whole step).
+  std::vector<AttentionRun> AttentionRuns(const AttentionArgs& args) const;
+  // The batch-invariant attention; with `rope`, as one launch that also rotates q and k and
+  // writes k and v (the caller checked AttentionInvariantCanFuseRope and a single run).
+  void AttentionInvariant(const AttentionCall& call, const RopeKvInput* rope);
+  void AttentionInvariantLaunch(const AttentionCall& call, const PlanView& plan,
+                                int32_t max_query_len, int32_t splits, float* partials);
+  void AttentionF32(const AttentionParams& params, const AttentionCall& call);
+
+  // ---- mixture of experts (cuda_moe.cc) ----
+  // Whether MoeMlp runs the experts on tensor cores (moe.cu): in the bf16 mode, with
+  // batch_invariant for every step (one path for every step size), else where
+  // cuda::MoeMmaPays (small steps run faster on the SIMT kernels); switches_.moe_mma forces it.
+  bool MoeOnTensorCores(int64_t rows, int32_t top_k, int32_t num_experts, bool mxfp4) const;
+  void CheckMoeMlp(const Tensor& x, const MoeExperts& experts, const Tensor& out) const;
+  // The device table of an expert set's weight pointers (uploaded at its first use).
+  const DeviceBuffer& MoeTable(const MoeExperts& experts, int64_t d, int64_t inter);
+  // Points a's scratch buffers into the step arena (shared by the step's MoE layers).
+  void MoeScratch(MoeArgs& a, int64_t rows, int64_t d, int64_t inter);
+
+  // ---- step input and output (cuda_step_io.cc) ----
+  // Grows both step_ids_ buffers to `rows` ids (waits for the streams; their ids are kept).
+  void EnsureStepIds(int64_t rows);
+  // Stages the plan (plan_host_, plan_) and uploads it into the current half's plan_device_.
+  void UploadStepPlan(const BatchPlan& plan);
+  void GrowPlanBuffers(const BatchPlan& plan);
+  // Waits for the stream and both copy streams.
+  void SyncAllStreams();
+  struct StagingHalf;
+  // Where `bytes` go in h.upload (bump allocation; grows it, after SyncAllStreams, when full).
+  size_t StageOffset(StagingHalf& h, size_t bytes);
+  // Copies `bytes` from the host to `dst` on the stream through the current half (the call does
+  // not wait for the device).
+  void Upload(void* dst, const void* src, size_t bytes);
+  // Copies the plan (plan_host_'s first `bytes`) into the current half's plan_device_ on
+  // upload_stream_; the stream waits for it.
+  void UploadPlan(size_t bytes);
+  // Copies the step's first `rows` ids back into the current half's ids (on ids_stream_, behind
+  // the step's ops); returns them. Read them after WaitIdsCopied().
+  const int32_t* CopyIdsBack(int64_t rows);
+  void WaitIdsCopied();
+  struct IdsDelivery;
+  IdsDelivery& StepDelivery();
+
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  static constexpr int32_t kMaxGraphBucket = 256;
+  // ArgmaxRows's split shape (ArgmaxScratch): steps of up to kArgmaxSplitRows rows of up to
+  // kArgmaxSplitChunks * 2,048 columns; float maxima, int32 indices, then the zeroed counters.
+  static constexpr int32_t kArgmaxSplitRows = 32;
+  static constexpr int32_t kArgmaxSplitChunks = 128;
+
+  // ---- settings ----
+  int device_;
+  bool f32_compute_;
+  bool use_graphs_;
+  bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
+  bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
+  RuntimeSwitches switches_;
+  int num_sms_ = 132;
+  bool warned_attention_variant_ = false;  // logged once: no invariant kernel for head_dim
+
+  // ---- streams, handles and the recorder ----
+  Stream stream_;
+  CublasHandle cublas_;
+  StepRecorder recorder_;
+  DeviceBuffer cublas_workspace_;
+  // The second stream of a MatMulGroup's cuBLAS op (CublasGroup): its own cuBLAS handle and
+  // workspace; fork_ and join_ order it after the group's x and before the group's readers.
+  Stream side_stream_;
+  CublasHandle cublas_side_;
+  DeviceBuffer cublas_side_workspace_;
+  Event fork_, join_;
+  // The plan's upload and the ids' copy back run on streams of their own, off the step's critical
+  // path: a decode step's plan (into its half's plan_device_, free once the step two back has
+  // ended) is copied while the step before it still computes, and its ids go to the host while the
+  // next step computes. Between two decode graphs the stream then only waits on events.
+  Stream upload_stream_, ids_stream_;
+
+  // ---- weights, rope tables, KV pool ----
+  std::vector<DeviceBuffer> weights_;
+  std::vector<DeviceRope> ropes_;
+  // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
+  // KvBf16(kv_head_dim_), else f32.
+  DeviceBuffer kv_pool_;
+  int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
+  // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
+  // gate, up and down pointers (then scale and bias pointers), uploaded at its first use.
+  std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
+  // MoeMlp's scratch (route, schedule, activations): one arena region per step, shared by the
+  // step's MoE layers (their launches run in stream order), grown when a layer needs more.
+  uint64_t moe_scratch_step_ = 0;
+  size_t moe_scratch_bytes_ = 0;
+  unsigned char* moe_scratch_ = nullptr;
+
+  // ---- the step: plan, workspace, ids ----
+  // The step's plan: host staging, device copy and the host facts launches need.
+  // Fixed-capacity regions so the device addresses (baked into graphs) only change on growth.
+  std::vector<int32_t> plan_host_;
+  int64_t plan_cap_tokens_ = 0, plan_cap_seqs_ = 0, plan_cap_tables_ = 0;
+  std::array<DeviceBuffer, 2> plan_device_;  // by staging half
+  PlanView plan_;
+  int32_t max_query_len_ = 0;
+  int32_t max_context_len_ = 0;
+  std::vector<int32_t> query_lens_;  // the step's rows per sequence (host copy of the plan's)
+  bool in_step_ = false;
+  uint64_t steps_begun_ = 0;
+  int64_t profiled_rows_ = 0;  // the rows of the steps begun (steps_begun_)
+  // Step workspace: bump allocation over chunks; merged into one chunk at BeginStep.
+  std::vector<DeviceBuffer> arena_chunks_;
+  size_t arena_offset_ = 0;  // into arena_chunks_.back()
+  // Per GEMV launch recorded since the last Flush, in order: its prefetch target (the next
+  // GEMV launch's weights; the last one's stays empty). A launch reads its entry at Flush, after
+  // the whole step is recorded.
+  std::vector<GemvPrefetch> gemv_next_;
+
+  DeviceBuffer sample_args_;  // SampleRows' params + rows, grown on demand
+  DeviceBuffer logit_edits_;  // ApplyLogitEdits' edits, grown on demand
+  DeviceBuffer argmax_scratch_;
+  // The ids ArgmaxRows / SampleRows make, by logits row: [plan_cap_tokens_] int32, one buffer per
+  // staging half (a step writes its half's, and its embedding reads the previous step's as
+  // plan_.fed_ids), at fixed addresses (the decode graphs hold them): so the copy of a step's ids
+  // to the host can run beside the next step, which writes the other buffer.
+  std::array<DeviceBuffer, 2> step_ids_;
+  // Page-locked memory of alternate steps (half_ is the current step's): the sources of the
+  // step's uploads (plan, sampling parameters, logit edits; bump-allocated) and its ids copied
+  // back. `copied` is recorded on the stream behind the half's last upload, `ids_copied` on
+  // ids_stream_ behind its ids' copy: the next step may fill the other half while this one's
+  // copies are still queued, which lets a step launch before the host has read the previous
+  // step's ids. `step_end` marks the end of the half's step on the stream (recorded when the
+  // next step begins), `uploaded` its plan's upload, `ids_ready` its ids.
+  struct StagingHalf {
+    PinnedBytes upload;
+    size_t used = 0;
+    PinnedBytes ids;
+    Event copied, ids_copied, step_end, uploaded, ids_ready;
+  };
+  std::array<StagingHalf, 2> staging_;
+  int half_ = 0;
+  // Deferred ids (DeferStepIds): what WaitIds fills for each step, oldest first.
+  struct IdsDelivery {
+    int half = 0;
+    std::span<int32_t> argmax;   // ArgmaxRows: every row
+    std::span<int32_t> sampled;  // SampleRows: sampled[r] for r in sample_rows
+    std::vector<int32_t> sample_rows;
+  };
+  std::deque<IdsDelivery> deliveries_;
+  bool defer_ids_ = false;                 // the current step's ids go to deliveries_
+  uint64_t delivery_step_ = ~uint64_t{0};  // the step deliveries_.back() belongs to
+  // HostBuffer's page-locked memory (device-to-host copies at full speed), grown on demand.
+  PinnedBytes host_buffer_;
+};
+
+}  // namespace ember::cuda

@@ -1,0 +1,27 @@
+#include "backend/cuda/runtime_switches.h"
+
+#include <cstdlib>
+
+namespace ember::cuda {
+namespace {
+
+std::string EnvString(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+}  // namespace
+
+RuntimeSwitches RuntimeSwitches::FromEnvironment() {
+  RuntimeSwitches s;
+  if (const char* moe_mma = std::getenv("EMBER_MOE_MMA"); moe_mma != nullptr) {
+    const int mode = std::atoi(moe_mma);  // (set but not a number: 0)
+    s.moe_mma = mode == 0 ? MoeMma::kNever : mode == 1 ? MoeMma::kAlways : MoeMma::kAuto;
+  }
+  s.gemm_tiled_variant = std::atoi(EnvString("EMBER_GEMM_VARIANT").c_str());
+  s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
+  s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
+  return s;
+}
+
+}  // namespace ember::cuda

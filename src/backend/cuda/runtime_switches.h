@@ -1,0 +1,30 @@
+// RuntimeSwitches: the CUDA backend's settings read from the environment, once, when a backend is
+// created (CreateCudaBackend); kernel launchers get these values as arguments and read no
+// environment. Only diagnostics and live A/B knobs live here; a switch whose A/B is decided is
+// removed with its losing code path (docs/perf.md records each decision). Plain data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ember::cuda {
+
+struct RuntimeSwitches {
+  // EMBER_MOE_MMA=0 / 1: MoeMlp's experts never / always on the tensor cores (unset: the
+  // measured rule, MoeMmaPays). scripts/device-test.sh runs the MoE tests under both to cover
+  // the kernels the rule does not pick at test sizes.
+  enum class MoeMma : uint8_t { kAuto, kNever, kAlways };
+  MoeMma moe_mma = MoeMma::kAuto;
+  // EMBER_GEMM_VARIANT=1: the batch-invariant tiled GEMM's 128 x 128 tile with 4 stages of k32
+  // instead of 3 of k64 (the same bits; an A/B knob with no recorded result yet).
+  int32_t gemm_tiled_variant = 0;
+  // EMBER_CUDA_PROFILE_OUT=FILE: time every op kind with events and append the totals to FILE
+  // when the backend goes away (for programs that cannot call CudaGetOpProfile).
+  std::string profile_out;
+  // EMBER_CUDA_TRACE_OUT=FILE: where a -DEMBER_CUDA_TRACE=ON build writes its step timeline.
+  std::string trace_out;
+
+  static RuntimeSwitches FromEnvironment();
+};
+
+}  // namespace ember::cuda
