@@ -7,7 +7,9 @@
 # M: an `ember synth --like` shape (default: llama-3.2-1b llama-3.1-8b; synthesized as bf16 into
 # /tmp/ember-ab-M once per machine) or a model folder. Each LABEL runs with its variables set,
 # e.g. base:EMBER_CUDA_MODULE=.devbin/mods/base.so or simt:EMBER_MOE_MMA=0 (modules put
-# in .devbin/mods/ xz-compressed are unpacked first). The configurations run in turn, R rounds
+# in .devbin/mods/ xz-compressed are unpacked first; EMBER_AB_BIN=DIR runs another build's
+# ember, engine_bench and libember_cuda.so staged in DIR, e.g. base:EMBER_AB_BIN=.devbin/base, for
+# a whole-build A/B when the backend interface changed). The configurations run in turn, R rounds
 # over (drift between rounds shows the instance's noise), each under a timeout, and print one
 # line per run: model, label, round, then
 # - by default `ember bench -p 0 -n 128 -r 2` (tg128): the median tok/s and its range;
@@ -47,7 +49,8 @@ device=${EMBER_AB_DEVICE:-cuda}
 
 bash scripts/device-test.sh --unpack
 chmod +x .devbin/bin/* 2>/dev/null
-for packed in .devbin/mods/*.xz; do
+for packed in .devbin/mods/*.xz .devbin/*/ember.xz .devbin/*/engine_bench.xz \
+  .devbin/*/libember_cuda.so.xz; do
   [[ -e $packed && ! -e ${packed%.xz} ]] && xz -d -k "$packed"
 done
 export LD_LIBRARY_PATH="$PWD/.devbin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -66,10 +69,12 @@ done
 
 # One run in model folder $1 with the variables $2...: its result on one line.
 run_one() {
-  local dir=$1 row
+  local dir=$1 row bin=.devbin/bin v
   shift
+  for v in "$@"; do [[ $v == EMBER_AB_BIN=* ]] && bin=${v#EMBER_AB_BIN=}; done
+  chmod +x "$bin"/ember "$bin"/engine_bench 2>/dev/null
   if ((engine)); then
-    row=$(env "$@" timeout 300 .devbin/bin/engine_bench --device "$device" --model "$dir" \
+    row=$(env "$@" timeout 300 "$bin"/engine_bench --device "$device" --model "$dir" \
       --concurrency "$concurrency" --prompt-len "$prompt" --gen-len "$gen" --prefix-len 0 \
       --sustain "$sustain" 2>&1 | grep -E "^\| $concurrency ")
     # The first table's row: | concurrency | whole tok/s | decode tok/s | wall s | mean TTFT ms |;
@@ -77,7 +82,7 @@ run_one() {
     awk -F'|' '{gsub(/ /, "")} NR == 1 {printf "%s / %s, TTFT %s ms", $3, $4, $6}
                NR == 2 {printf "; closed loop %s steady, TTFT %s ms", $4, $7}' <<<"$row"
   else
-    row=$(env "$@" timeout 300 .devbin/bin/ember bench --device "$device" --model "$dir" -p 0 \
+    row=$(env "$@" timeout 300 "$bin"/ember bench --device "$device" --model "$dir" -p 0 \
       -n 128 -r 2 2>&1 | grep tg128)
     # The table row: | model | size | params | backend | threads | test | t/s | min .. max |
     awk -F'|' '{print $8 "(" $9 ")"}' <<<"$row"

@@ -43,11 +43,15 @@ stage() {
   done
   # The binaries that carry all the kernels (~12 MB each) travel xz-compressed (~3.7 MB): the
   # GPU runs carry at most 64 MiB. The run below unpacks them.
-  find .devbin/bin -type f -size +4M -exec xz -T2 -3 {} +
+  find .devbin/bin -type f -size +1M -exec xz -T2 -3 {} +
+  # The fixture models travel with ../shared (every GPU call carries it); copy them only when
+  # there is no ../shared to read them from there.
   local fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
-  for m in llama3 qwen2 qwen3 qwen3_moe gpt_oss mistral gemma2 gemma3 phi3 tinystories-656k; do
-    [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
-  done
+  if [ "${STAGE_FIXTURES:-0}" = 1 ]; then
+    for m in llama3 qwen2 qwen3 qwen3_moe gpt_oss mistral gemma2 gemma3 phi3 tinystories-656k; do
+      [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
+    done
+  fi
   du -sh .devbin
 }
 
@@ -67,7 +71,11 @@ unpack
 cublas_dir=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda*/lib*/libcublas.so.13 \
   2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$root/.devbin/lib:${cublas_dir:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
-export EMBER_FIXTURES="$root/.devbin/fixtures"
+if [ -d "$root/.devbin/fixtures/models/tinystories-656k" ]; then
+  export EMBER_FIXTURES="$root/.devbin/fixtures"
+else
+  export EMBER_FIXTURES="${EMBER_FIXTURES:-$root/../shared/fixtures}"
+fi
 summary="$out/summary.txt"
 : >"$summary"
 log() { echo "$*" | tee -a "$summary"; }
