@@ -46,11 +46,11 @@ TEST(RequestSamplingTest, RequestBeatsGenerationConfigBeatsOpenAiDefaults) {
   const ResolvedSampling out = Resolve(r, c);
   EXPECT_FLOAT_EQ(out.params.temperature, 0.2f);
   EXPECT_EQ(out.params.top_k, 0);
-  EXPECT_FLOAT_EQ(out.params.top_p, 0.95f);               // generation_config
-  EXPECT_FLOAT_EQ(out.params.repetition_penalty, 1.1f);   // generation_config
-  EXPECT_FLOAT_EQ(out.params.min_p, 0.0f);                // OpenAI's default
-  EXPECT_FLOAT_EQ(out.params.presence_penalty, 0.0f);     // OpenAI's default
-  EXPECT_EQ(out.max_tokens, 100);                         // generation_config's max_new_tokens
+  EXPECT_FLOAT_EQ(out.params.top_p, 0.95f);              // generation_config
+  EXPECT_FLOAT_EQ(out.params.repetition_penalty, 1.1f);  // generation_config
+  EXPECT_FLOAT_EQ(out.params.min_p, 0.0f);               // OpenAI's default
+  EXPECT_FLOAT_EQ(out.params.presence_penalty, 0.0f);    // OpenAI's default
+  EXPECT_EQ(out.max_tokens, 100);                        // generation_config's max_new_tokens
   r.max_tokens = 7;
   EXPECT_EQ(Resolve(r, c).max_tokens, 7);
 
@@ -124,8 +124,14 @@ TEST(RequestSamplingTest, EachInvalidFieldIsNamed) {
       {"repetition_penalty", [](SamplingRequest& r) { r.repetition_penalty = 11.0f; }},
       {"presence_penalty", [](SamplingRequest& r) { r.presence_penalty = 3.0f; }},
       {"frequency_penalty", [](SamplingRequest& r) { r.frequency_penalty = -2.5f; }},
-      {"logit_bias", [](SamplingRequest& r) { r.logit_bias = {{1000, 1.0f}}; }},
-      {"logit_bias", [](SamplingRequest& r) { r.logit_bias = {{5, 101.0f}}; }},
+      {"logit_bias",
+       [](SamplingRequest& r) {
+         r.logit_bias = {{1000, 1.0f}};
+       }},
+      {"logit_bias",
+       [](SamplingRequest& r) {
+         r.logit_bias = {{5, 101.0f}};
+       }},
       {"top_logprobs", [](SamplingRequest& r) { r.top_logprobs = 21; }},
       {"min_tokens", [](SamplingRequest& r) { r.min_tokens = -1; }},
       {"min_tokens",
@@ -153,7 +159,7 @@ TEST(RequestSamplingTest, MinTokensMustFitTheResolvedMaxTokens) {
   SamplingRequest r;
   r.min_tokens = 20;
   EXPECT_FALSE(ValidateSamplingRequest(r, 1000).has_value());  // max_tokens not known yet
-  const SamplingError e = Refuse(r);                            // the default is 16
+  const SamplingError e = Refuse(r);                           // the default is 16
   EXPECT_EQ(e.field, "min_tokens");
   EXPECT_NE(e.message.find("16"), std::string::npos) << e.message;
 }

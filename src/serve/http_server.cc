@@ -178,8 +178,8 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
                                   "", "invalid_json"));
     return;
   }
-  Prepared prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body)
-                                                  : PrepareCompletion(model_, body);
+  Prepared prepared =
+      endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     SendError(res, *error);
     return;

@@ -207,8 +207,9 @@ MaybeError ParseSampling(ObjectReader& r, const SchemaLimits& limits,
   p->min_tokens = min_tokens.value_or(0);
   if (auto error = ValidateSamplingRequest(*p, limits.vocab_size)) {
     // "max_tokens" blames whichever of the two spellings the request used.
-    const std::string field =
-        error->field == "max_tokens" && max_completion_tokens ? "max_completion_tokens" : error->field;
+    const std::string field = error->field == "max_tokens" && max_completion_tokens
+                                  ? "max_completion_tokens"
+                                  : error->field;
     return InvalidRequest(error->message, r.Path(field));
   }
   return std::nullopt;
@@ -629,12 +630,12 @@ std::optional<ApiError> ParseCompletionRequest(const json& body, const SchemaLim
   if (batch_line) EMBER_RETURN_IF_API_ERROR(RefuseOutsideBatchLine(r));
   // max_tokens 0 returns the prompt alone: its echo, or in a batch line its prompt_logprobs.
   const json* echo = r.Peek("echo");  // read (and type-checked) below
-  const bool prompt_only_asked = batch_line ? r.Peek("prompt_logprobs") != nullptr
-                                            : echo != nullptr && echo->is_boolean() && echo->get<bool>();
-  const char* zero_refusal =
-      prompt_only_asked ? nullptr
-      : batch_line      ? "0 only scores the prompt; it needs prompt_logprobs"
-                        : kZeroMaxTokensNeedsEcho;
+  const bool prompt_only_asked = batch_line
+                                     ? r.Peek("prompt_logprobs") != nullptr
+                                     : echo != nullptr && echo->is_boolean() && echo->get<bool>();
+  const char* zero_refusal = prompt_only_asked ? nullptr
+                             : batch_line ? "0 only scores the prompt; it needs prompt_logprobs"
+                                          : kZeroMaxTokensNeedsEcho;
   EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, zero_refusal, &out->params));
   if (batch_line) {
     EMBER_RETURN_IF_API_ERROR(ParseBatchLinePrompt(r, limits, &out->prompts));

@@ -90,13 +90,14 @@ std::optional<ApiError> ParseChatRequest(const RequestJson& body, const SchemaLi
                                          ChatRequest* out);
 
 // Where a completion request comes from. An `ember batch` line is the completions body with these
-// differences: the prompt may also come as `prompt_ids` (token ids), it holds one prompt, max_tokens
-// 0 asks for prompt_logprobs (the prompt is only scored) instead of echo, and what one output line
-// cannot carry is refused: n, echo, stream, stream_options, model (the batch runs --model).
+// differences: the prompt may also come as `prompt_ids` (token ids), it holds one prompt,
+// max_tokens 0 asks for prompt_logprobs (the prompt is only scored) instead of echo, and what one
+// output line cannot carry is refused: n, echo, stream, stream_options, model (the batch runs
+// --model).
 enum class CompletionSource { kHttpBody, kBatchLine };
 
-std::optional<ApiError> ParseCompletionRequest(const RequestJson& body, const SchemaLimits& limits,
-                                               CompletionRequest* out,
-                                               CompletionSource source = CompletionSource::kHttpBody);
+std::optional<ApiError> ParseCompletionRequest(
+    const RequestJson& body, const SchemaLimits& limits, CompletionRequest* out,
+    CompletionSource source = CompletionSource::kHttpBody);
 
 }  // namespace ember::serve

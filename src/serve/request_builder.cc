@@ -24,11 +24,9 @@ std::optional<ApiError> CheckModelName(const ServedModel& model, const CommonPar
 // The sizes a request must fit: the served model's, with the engine's KV capacity (the context
 // stands in for it without an engine).
 TokenLimits LimitsOfServed(const ServedModel& model) {
-  TokenLimits limits = model.engine != nullptr ? TokenLimitsOf(*model.engine) : TokenLimits{};
-  limits.vocab_size = model.vocab_size;
-  limits.context_length = model.context_length;
-  if (model.engine == nullptr) limits.kv_capacity_tokens = model.context_length;
-  return limits;
+  const int64_t kv_capacity =
+      model.engine != nullptr ? model.engine->kv_capacity_tokens() : model.context_length;
+  return TokenLimits{model.vocab_size, model.context_length, kv_capacity};
 }
 
 // response_format's constraint (null for text): JSON mode, or the compiled JSON schema (its
@@ -65,9 +63,9 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   context.prompt_field = prompt_field;
   auto resolved = ResolveSampling(p, context);
   if (auto* error = std::get_if<SamplingError>(&resolved)) {
-    return InvalidRequest(error->message, error->field,
-                          error->context_length_exceeded ? "context_length_exceeded"
-                                                         : "invalid_value");
+    return InvalidRequest(
+        error->message, error->field,
+        error->context_length_exceeded ? "context_length_exceeded" : "invalid_value");
   }
   r->sampling = std::move(std::get<ResolvedSampling>(resolved).params);
   r->max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
@@ -85,7 +83,8 @@ std::optional<ApiError> CheckTokenizerNeeds(const ServedModel& model,
   if (model.tokenizer != nullptr) return std::nullopt;
   for (const PromptInput& in : req.prompts) {
     if (!in.is_token_ids)
-      return InvalidRequest("prompt: the model has no tokenizer.json; give the prompt as token ids", "prompt");
+      return InvalidRequest("prompt: the model has no tokenizer.json; give the prompt as token ids",
+                            "prompt");
   }
   if (!req.params.stop.empty())
     return InvalidRequest("stop: stop strings need the model's tokenizer.json", "stop");
@@ -188,14 +187,12 @@ SchemaLimits LimitsFor(const ServedModel& model) {
 }
 
 SamplingDefaults SamplingDefaultsOf(const GenerationDefaults& d) {
-  SamplingDefaults out;
-  out.temperature = d.temperature;
-  out.top_p = d.top_p;
-  out.min_p = d.min_p;
-  out.repetition_penalty = d.repetition_penalty;
-  out.top_k = d.top_k;
-  out.max_new_tokens = d.max_new_tokens;
-  return out;
+  return {.temperature = d.temperature,
+          .top_p = d.top_p,
+          .min_p = d.min_p,
+          .repetition_penalty = d.repetition_penalty,
+          .top_k = d.top_k,
+          .max_new_tokens = d.max_new_tokens};
 }
 
 TokenLimits TokenLimitsOf(const Engine& engine) {
