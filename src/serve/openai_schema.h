@@ -35,10 +35,10 @@ using RequestJson = nlohmann::ordered_json;
 
 // Fields shared by chat and completions: the sampling request (request_sampling.h; unset
 // optionals fall back to the model's defaults there) and the fields around it.
+// (SamplingRequest::max_tokens is max_completion_tokens or max_tokens; 0 only with echo, or in a
+// batch line with prompt_logprobs.)
 struct CommonParams : SamplingRequest {
   std::string model;  // "" when absent
-  // (max_tokens: max_tokens or max_completion_tokens; 0 only with echo, or in a batch line with
-  // prompt_logprobs.)
   std::vector<std::string> stop;
   int32_t n = 1;
   bool stream = false;
