@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +15,6 @@
 
 #include "app/commands.h"
 #include "app/common.h"
-#include "sampling/json_schema.h"
 #include "serve/openai_schema.h"
 #include "serve/request_builder.h"
 #include "serve/text_stream.h"
@@ -34,149 +32,25 @@ struct BatchLine {
   std::shared_ptr<ResponseStream> stream;
 };
 
-Result<float> NumberField(const json& j, const char* key) {
-  const json& v = j.at(key);
-  if (!v.is_number()) return Status::Error(std::string(key) + ": expected a number");
-  return v.get<float>();
-}
-
-Result<int64_t> IntegerField(const json& j, const char* key) {
-  const json& v = j.at(key);
-  if (!v.is_number_integer()) return Status::Error(std::string(key) + ": expected an integer");
-  return v.get<int64_t>();
-}
-
-// JSON mode's token texts, built by the first line that asks (null after that: unavailable).
-struct JsonModeCache {
-  bool built = false;
-  std::shared_ptr<const TokenTexts> texts;
-};
-
-// Parses one input line into a request (sampling defaults from generation_config.json).
-Status ParseLine(const std::string& text, const LoadedModel& lm, JsonModeCache* json_mode,
+// Parses one input line with /v1/completions' schema and request builder (the batch-line source:
+// openai_schema.h), so a line is checked and resolved exactly as that body would be. JSON mode's
+// token texts are built for the first line that asks for structured output.
+Status ParseLine(const std::string& text, serve::ServedModel* model, bool* json_mode_built,
                  BatchLine* line) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::Error("not a JSON object");
-  GenerationRequest& r = line->request;
-  const GenerationDefaults& d = lm.model->generation_defaults();
-  r.sampling.temperature = d.temperature.value_or(1.0f);
-  r.sampling.top_p = d.top_p.value_or(1.0f);
-  r.sampling.top_k = d.top_k.value_or(0);
-  r.sampling.min_p = d.min_p.value_or(0.0f);
-  r.sampling.repetition_penalty = d.repetition_penalty.value_or(1.0f);
-  r.max_tokens = 16;
-  bool has_prompt = false;
-  for (const auto& [key, value] : j.items()) {
-    if (key == "prompt_ids") {
-      if (!value.is_array()) return Status::Error("prompt_ids: expected an array of token ids");
-      for (const json& id : value) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-          return Status::Error("prompt_ids: every element must be a non-negative integer");
-        r.prompt_ids.push_back(id.get<int32_t>());
-      }
-      if (has_prompt) return Status::Error("give only one of prompt and prompt_ids");
-      has_prompt = true;
-    } else if (key == "prompt") {
-      if (!value.is_string()) return Status::Error("prompt: expected a string");
-      if (lm.tokenizer == nullptr)
-        return Status::Error("prompt: the model folder has no tokenizer.json; use prompt_ids");
-      if (has_prompt) return Status::Error("give only one of prompt and prompt_ids");
-      r.prompt_ids = lm.tokenizer->Encode(value.get<std::string>(), /*add_special_tokens=*/true);
-      has_prompt = true;
-    } else if (key == "max_tokens") {
-      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "max_tokens"));
-      if (v < 0 || v > INT32_MAX) return Status::Error("max_tokens: must be >= 0");
-      r.max_tokens = static_cast<int32_t>(v);
-    } else if (key == "logprobs" || key == "prompt_logprobs") {
-      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, key.c_str()));
-      if (v < 0 || v > kMaxTopLogprobs)
-        return Status::Error(key + ": must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
-      (key == "logprobs" ? r.sampling.top_logprobs : r.prompt_logprobs) = static_cast<int32_t>(v);
-    } else if (key == "temperature") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.temperature, NumberField(j, "temperature"));
-    } else if (key == "top_p") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.top_p, NumberField(j, "top_p"));
-    } else if (key == "min_p") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.min_p, NumberField(j, "min_p"));
-    } else if (key == "top_k") {
-      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "top_k"));
-      if (v < -1 || v > INT32_MAX) return Status::Error("top_k: must be -1, 0 or positive");
-      r.sampling.top_k = static_cast<int32_t>(v);
-    } else if (key == "seed") {
-      EMBER_ASSIGN_OR_RETURN(int64_t v, IntegerField(j, "seed"));
-      if (v < 0) return Status::Error("seed: must be non-negative");
-      r.sampling.seed = static_cast<uint64_t>(v);
-    } else if (key == "repetition_penalty") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.repetition_penalty, NumberField(j, "repetition_penalty"));
-    } else if (key == "presence_penalty") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.presence_penalty, NumberField(j, "presence_penalty"));
-    } else if (key == "frequency_penalty") {
-      EMBER_ASSIGN_OR_RETURN(r.sampling.frequency_penalty, NumberField(j, "frequency_penalty"));
-    } else if (key == "stop") {
-      if (value.is_string()) {
-        line->stop_strings.push_back(value.get<std::string>());
-      } else if (value.is_array()) {
-        for (const json& s : value) {
-          if (!s.is_string()) return Status::Error("stop: expected a string or a list of strings");
-          line->stop_strings.push_back(s.get<std::string>());
-        }
-      } else {
-        return Status::Error("stop: expected a string or a list of strings");
-      }
-      for (const std::string& s : line->stop_strings)
-        if (s.empty()) return Status::Error("stop: stop strings must not be empty");
-      if (!line->stop_strings.empty() && lm.tokenizer == nullptr)
-        return Status::Error("stop: needs the model's tokenizer.json");
-    } else if (key == "logit_bias") {
-      if (!value.is_object()) return Status::Error("logit_bias: expected {\"token id\": bias}");
-      for (const auto& [id_text, bias] : value.items()) {
-        const std::optional<int32_t> id = serve::ParseTokenIdKey(id_text);
-        if (!id || !bias.is_number())
-          return Status::Error("logit_bias: expected {\"token id\": bias}, got key '" + id_text +
-                               "'");
-        r.sampling.logit_bias.emplace_back(*id, bias.get<float>());
-      }
-    } else if (key == "response_format") {
-      const json* type = value.is_object() && value.contains("type") ? &value["type"] : nullptr;
-      const bool schema = type != nullptr && *type == "json_schema";
-      if (type == nullptr || !type->is_string() || value.size() != (schema ? 2u : 1u) ||
-          (schema && !(value.contains("json_schema") && value["json_schema"].is_object() &&
-                       value["json_schema"].contains("schema"))))
-        return Status::Error("response_format: expected {\"type\": \"text\" | \"json_object\"} or "
-                             "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
-      if (*type == "json_object" || schema) {
-        if (lm.tokenizer == nullptr)
-          return Status::Error("response_format: structured output needs the model's tokenizer.json");
-        if (!json_mode->built) {
-          json_mode->texts = serve::JsonModeTexts(*lm.tokenizer, lm.engine->vocab_size());
-          json_mode->built = true;
-        }
-        if (json_mode->texts == nullptr) {
-          return Status::Error("response_format: structured output is not available for this "
-                               "model: no token of its vocabulary can start a JSON object");
-        }
-      }
-      if (*type == "json_object") {
-        r.constraint = std::make_shared<JsonObjectConstraint>(json_mode->texts);
-      } else if (schema) {
-        // The line again, in its key order: properties are written in the schema's order.
-        const auto ordered = nlohmann::ordered_json::parse(text);
-        EMBER_ASSIGN_OR_RETURN(
-            auto compiled,
-            CompileJsonSchema(ordered["response_format"]["json_schema"]["schema"],
-                              "response_format.json_schema.schema"));
-        r.constraint = MakeJsonSchemaConstraint(json_mode->texts, std::move(compiled));
-      } else if (*type != "text") {
-        return Status::Error("response_format: type must be \"text\", \"json_object\" or "
-                             "\"json_schema\"");
-      }
-    } else {
-      return Status::Error("unknown field '" + key + "'");
-    }
+  const serve::RequestJson body =
+      serve::RequestJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return Status::Error("not valid JSON");
+  if (!*json_mode_built && body.is_object() && body.contains("response_format") &&
+      model->tokenizer != nullptr) {
+    model->token_texts = serve::JsonModeTexts(*model->tokenizer, model->vocab_size);
+    *json_mode_built = true;
   }
-  if (!has_prompt) return Status::Error("one of prompt or prompt_ids is required");
-  if (r.max_tokens == 0 && r.prompt_logprobs < 0)
-    return Status::Error("max_tokens: 0 only scores the prompt; it needs prompt_logprobs");
+  serve::Prepared prepared =
+      serve::PrepareCompletion(*model, body, serve::CompletionSource::kBatchLine);
+  if (auto* error = std::get_if<serve::ApiError>(&prepared)) return Status::Error(error->message);
+  serve::PreparedRequest& request = std::get<serve::PreparedRequest>(prepared);
+  line->request = std::move(request.prompts[0].request);
+  line->stop_strings = std::move(request.stop);
   return Status::Ok();
 }
 
@@ -254,14 +128,16 @@ int BatchCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember batch --model DIR --input IN.jsonl --output OUT.jsonl [--max-batch N]\n"
       "       [--kv-cache-bytes B]\n"
-      "Each input line: {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} with optional "
+      "Each input line is a /v1/completions body (same fields, checks and messages) with one\n"
+      "prompt: {\"prompt_ids\": [...]} or {\"prompt\": \"...\" or [ids]} with optional "
       "max_tokens,\n"
       "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty,\n"
-      "logit_bias ({\"id\": bias}), response_format ({\"type\": \"json_object\"} or {\"type\":\n"
-      "\"json_schema\", \"json_schema\": {\"schema\": {...}}}: the text is\n"
-      "one JSON object), logprobs (N: each generated token's logprob and its top N),\n"
+      "min_tokens, ignore_eos, logit_bias ({\"id\": bias}), response_format ({\"type\":\n"
+      "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}: the\n"
+      "text is one JSON object), logprobs (N: each generated token's logprob and its top N),\n"
       "prompt_logprobs (N: the same for every prompt token but the first; with max_tokens 0\n"
-      "the prompt is only scored).");
+      "the prompt is only scored). Unset fields fall back to generation_config.json, then to\n"
+      "OpenAI's defaults (max_tokens 16). Not in a line: n, echo, stream, model.");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--input", &input_path, "input JSONL file");
   flags.AddString("--output", &output_path, "output JSONL file");
@@ -285,9 +161,11 @@ int BatchCommand(int argc, char** argv, int first) {
   // Generation time: from the first submission to the last line's end (the model is loaded).
   const auto start = std::chrono::steady_clock::now();
   std::vector<BatchLine> batch(lines.size());
-  JsonModeCache json_mode;
+  serve::ServedModel served = ServedModelOf(lm);
+  served.max_n = 1;
+  bool json_mode_built = false;
   for (size_t i = 0; i < lines.size(); ++i) {
-    Status st = ParseLine(lines[i], lm, &json_mode, &batch[i]);
+    Status st = ParseLine(lines[i], &served, &json_mode_built, &batch[i]);
     if (!st.ok()) {
       batch[i].error = input_path + " line " + std::to_string(i + 1) + ": " + st.message();
       continue;

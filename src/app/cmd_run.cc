@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "app/common.h"
 #include "engine/engine.h"
+#include "serve/request_builder.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
@@ -29,11 +30,14 @@ Result<std::vector<int32_t>> ParseIdArray(const std::string& text, const std::st
   return ids;
 }
 
+// max_tokens when neither --max-tokens nor generation_config.json gives it.
+constexpr int32_t kDefaultMaxTokens = 128;
+
 }  // namespace
 
 int RunCommand(int argc, char** argv, int first) {
   std::string model_dir, prompt, prompt_ids_json, output = "text";
-  int64_t max_tokens = 128;
+  int64_t max_tokens = kDefaultMaxTokens;
   GenerationFlags gen;
   EngineFlags engine_flags;
   FlagParser flags(
@@ -42,7 +46,9 @@ int RunCommand(int argc, char** argv, int first) {
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--prompt", &prompt, "prompt text (needs the model's tokenizer.json)");
   flags.AddString("--prompt-ids", &prompt_ids_json, "prompt as a JSON array of token ids");
-  flags.AddInt("-n,--max-tokens", &max_tokens, "tokens to generate (default 128)");
+  flags.AddInt("-n,--max-tokens", &max_tokens,
+               "tokens to generate (default: generation_config.json's max_new_tokens, else 128; "
+               "cut to the room left in the context)");
   flags.AddString("--output", &output, "text (default), ids (JSON array on the last line), json");
   gen.Register(flags);
   engine_flags.max_batch = 1;  // one request: no decode graphs for batches it cannot have
@@ -74,9 +80,22 @@ int RunCommand(int argc, char** argv, int first) {
     if (!ids.ok()) return Fail(ids.message());
     request.prompt_ids = std::move(*ids);
   }
-  request.max_tokens = static_cast<int32_t>(max_tokens);
-  if (Status st = gen.Apply(flags, lm.model->generation_defaults(), &request.sampling); !st.ok())
-    return Fail(st.message());
+  Result<SamplingRequest> asked = gen.Request(flags);
+  if (!asked.ok()) return Fail(asked.message());
+  if (flags.WasSet("--max-tokens")) {
+    if (max_tokens < 0 || max_tokens > INT32_MAX)
+      return Fail("--max-tokens: must be in [0, 2147483647], got " + std::to_string(max_tokens));
+    asked->max_tokens = static_cast<int32_t>(max_tokens);
+  }
+  SamplingContext context;
+  context.defaults = serve::SamplingDefaultsOf(lm.model->generation_defaults());
+  context.limits = serve::TokenLimitsOf(*lm.engine);
+  context.fallback_max_tokens = kDefaultMaxTokens;
+  context.num_prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
+  auto resolved = ResolveSampling(*asked, context);
+  if (auto* error = std::get_if<SamplingError>(&resolved)) return Fail(error->message);
+  request.sampling = std::get<ResolvedSampling>(resolved).params;
+  request.max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
 
   auto submitted = lm.engine->Submit(request);
   if (auto* error = std::get_if<SubmitError>(&submitted)) return Fail(error->message);

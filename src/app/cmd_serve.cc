@@ -103,14 +103,9 @@ int ServeCommand(int argc, char** argv, int first) {
     have_template_object = true;
   }
 
-  serve::ServedModel served;
+  serve::ServedModel served = ServedModelOf(lm);
   served.name = served_name.empty() ? BaseName(model_dir) : served_name;
-  served.tokenizer = lm.tokenizer.get();
   served.chat_template = have_template_object ? &chat_template : nullptr;
-  served.engine = lm.engine.get();
-  served.defaults = lm.model->generation_defaults();
-  served.context_length = lm.engine->context_length();
-  served.vocab_size = lm.engine->vocab_size();
   served.max_n = engine_flags.Config().max_n;
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
   auto parsers =

@@ -33,26 +33,29 @@ void GenerationFlags::Register(FlagParser& flags) {
   flags.AddDouble("--repetition-penalty", &repetition_penalty, "HF repetition penalty (1 = off)");
   flags.AddDouble("--presence-penalty", &presence_penalty, "OpenAI presence penalty");
   flags.AddDouble("--frequency-penalty", &frequency_penalty, "OpenAI frequency penalty");
-  flags.AddInt("--seed", &seed, "sampling seed (default: random)");
+  flags.AddInt("--seed", &seed,
+               "sampling seed, any 64-bit integer as in the API (default: random)");
 }
 
-Status GenerationFlags::Apply(const FlagParser& flags, const GenerationDefaults& d,
-                              SamplingParams* p) const {
-  p->temperature = flags.WasSet("--temperature") ? static_cast<float>(temperature)
-                                                 : d.temperature.value_or(1.0f);
-  p->top_p = flags.WasSet("--top-p") ? static_cast<float>(top_p) : d.top_p.value_or(1.0f);
-  p->top_k = flags.WasSet("--top-k") ? static_cast<int32_t>(top_k) : d.top_k.value_or(0);
-  p->min_p = flags.WasSet("--min-p") ? static_cast<float>(min_p) : d.min_p.value_or(0.0f);
-  p->repetition_penalty = flags.WasSet("--repetition-penalty")
-                              ? static_cast<float>(repetition_penalty)
-                              : d.repetition_penalty.value_or(1.0f);
-  p->presence_penalty = static_cast<float>(presence_penalty);
-  p->frequency_penalty = static_cast<float>(frequency_penalty);
-  if (flags.WasSet("--seed")) {
-    if (seed < 0) return Status::Error("--seed: must be non-negative");
-    p->seed = static_cast<uint64_t>(seed);
+Result<SamplingRequest> GenerationFlags::Request(const FlagParser& flags) const {
+  SamplingRequest r;
+  auto number = [&](const char* flag, double value, std::optional<float>* out) {
+    if (flags.WasSet(flag)) *out = static_cast<float>(value);
+  };
+  number("--temperature", temperature, &r.temperature);
+  number("--top-p", top_p, &r.top_p);
+  number("--min-p", min_p, &r.min_p);
+  number("--repetition-penalty", repetition_penalty, &r.repetition_penalty);
+  number("--presence-penalty", presence_penalty, &r.presence_penalty);
+  number("--frequency-penalty", frequency_penalty, &r.frequency_penalty);
+  if (flags.WasSet("--top-k")) {
+    if (top_k < INT32_MIN || top_k > INT32_MAX)
+      return Status::Error("--top-k: must be a 32-bit integer, got " + std::to_string(top_k));
+    r.top_k = static_cast<int32_t>(top_k);
   }
-  return Status::Ok();
+  // Any 64-bit integer; a negative one keeps its bits, as the API's seed (SamplingRequest).
+  if (flags.WasSet("--seed")) r.seed = static_cast<uint64_t>(seed);
+  return r;
 }
 
 void EngineFlags::Register(FlagParser& flags, bool serving) {
@@ -129,6 +132,16 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
   }
   EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), flags.Config()));
   return lm;
+}
+
+serve::ServedModel ServedModelOf(const LoadedModel& lm) {
+  serve::ServedModel served;
+  served.tokenizer = lm.tokenizer.get();
+  served.engine = lm.engine.get();
+  served.defaults = lm.model->generation_defaults();
+  served.context_length = lm.engine->context_length();
+  served.vocab_size = lm.engine->vocab_size();
+  return served;
 }
 
 namespace {

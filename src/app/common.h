@@ -11,7 +11,8 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
-#include "sampling/sampling_params.h"
+#include "sampling/request_sampling.h"
+#include "serve/request_builder.h"
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
 #include "util/status.h"
@@ -23,15 +24,15 @@ int Fail(const std::string& message);
 // Parses flags; returns -1 to continue, else the exit code to return (help printed, or error).
 int ParseOrExit(FlagParser& flags, int argc, char** argv, int first);
 
-// --temperature --top-p --top-k --min-p --seed --repetition-penalty ... (unset flags fall back to
-// generation_config.json, then to OpenAI's defaults).
+// --temperature --top-p --top-k --min-p --seed --repetition-penalty ... as a SamplingRequest:
+// the flags that were given, for the resolver (sampling/request_sampling.h), which falls back to
+// generation_config.json, then to OpenAI's defaults, and checks the values as the server does.
 struct GenerationFlags {
   double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   double repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
-  int64_t top_k = 0, seed = -1;
+  int64_t top_k = 0, seed = 0;
   void Register(FlagParser& flags);
-  Status Apply(const FlagParser& flags, const GenerationDefaults& defaults,
-               SamplingParams* params) const;
+  Result<SamplingRequest> Request(const FlagParser& flags) const;
 };
 
 // --device --threads --max-batch --kv-cache-bytes --max-step-tokens
@@ -54,6 +55,9 @@ struct LoadedModel {
   std::unique_ptr<Engine> engine;
 };
 Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags);
+// What the request builder needs of a loaded model: its tokenizer, engine, generation_config.json
+// and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
+serve::ServedModel ServedModelOf(const LoadedModel& lm);
 
 // Time to first token and decode rate of one generation, from TokenEvent stamps.
 class GenerationTimer {

@@ -315,7 +315,7 @@ TEST(SamplingParamsTest, ValidationMessagesNameTheField) {
   EXPECT_EQ(Check([](SamplingParams& p) { p.top_k = -2; }).message(),
             "top_k: must be -1 or 0 (off) or >= 1, got -2");
   EXPECT_EQ(Check([](SamplingParams& p) { p.repetition_penalty = 0.0f; }).message(),
-            "repetition_penalty: must be finite and > 0, got 0");
+            "repetition_penalty: must be in (0, 10], got 0");
   EXPECT_EQ(Check([](SamplingParams& p) { p.repetition_penalty = INFINITY; })
                 .message()
                 .rfind("repetition_penalty: ", 0),

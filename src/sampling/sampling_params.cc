@@ -37,9 +37,8 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
   EMBER_RETURN_IF_ERROR(CheckRange("top_p", top_p, 0.0, true, 1.0, false));
   EMBER_RETURN_IF_ERROR(CheckRange("min_p", min_p, 0.0, false, 1.0, false));
   if (top_k < -1) return Bad("top_k", "-1 or 0 (off) or >= 1", top_k);
-  if (!std::isfinite(repetition_penalty) || !(repetition_penalty > 0.0f)) {
-    return Bad("repetition_penalty", "finite and > 0", repetition_penalty);
-  }
+  EMBER_RETURN_IF_ERROR(
+      CheckRange("repetition_penalty", repetition_penalty, 0.0, true, 10.0, false));
   EMBER_RETURN_IF_ERROR(CheckRange("presence_penalty", presence_penalty, -2.0, false, 2.0, false));
   EMBER_RETURN_IF_ERROR(
       CheckRange("frequency_penalty", frequency_penalty, -2.0, false, 2.0, false));

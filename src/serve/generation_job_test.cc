@@ -166,7 +166,7 @@ TEST_F(GenerationJobTest, ToolSchemasReachTheTemplateInRequestKeyOrder) {
   const std::string raw =
       R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"tools":[{"type":"function",)"
       R"("function":{"name":"zeta","parameters":{"zebra":1,"apple":2}}}]})";
-  Prepared prepared = PrepareChat(served_, json::parse(raw), raw);
+  Prepared prepared = PrepareChat(served_, RequestJson::parse(raw));
   ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
       << std::get<ApiError>(prepared).message;
   const std::string prompt = tokenizer_->Decode(

@@ -169,17 +169,17 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
                             "shutting_down"});
     return;
   }
-  json body;
+  RequestJson body;  // parsed once, in the client's key order
   try {
-    body = json::parse(req.body);
+    body = RequestJson::parse(req.body);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     SendError(res, InvalidRequest(std::string("the request body is not valid JSON (UTF-8): ") +
                                       e.what(),
                                   "", "invalid_json"));
     return;
   }
-  Prepared prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body, req.body)
-                                                  : PrepareCompletion(model_, body, req.body);
+  Prepared prepared =
+      endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
   if (auto* error = std::get_if<ApiError>(&prepared)) {
     SendError(res, *error);
     return;

@@ -1,5 +1,6 @@
 #include "serve/openai_schema.h"
 
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -7,9 +8,9 @@
 
 namespace ember::serve {
 
-namespace {
+using json = RequestJson;
 
-using nlohmann::json;
+namespace {
 
 #define EMBER_RETURN_IF_API_ERROR(expr) \
   do {                                  \
@@ -31,6 +32,16 @@ const char* TypeName(const json& v) {
 ApiError WrongType(const std::string& path, const char* expected, const json& got) {
   return InvalidRequest(path + ": expected " + expected + ", got " + TypeName(got), path,
                         "invalid_type");
+}
+
+// A JSON number a float can hold (finite), at `path`; errors blame `param`.
+MaybeError ReadFloat(const json& v, const std::string& path, const std::string& param, float* out) {
+  if (!v.is_number()) return WrongType(path, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || std::fabs(x) > FLT_MAX)
+    return InvalidRequest(path + ": must be a finite number", param);
+  *out = static_cast<float>(x);
+  return std::nullopt;
 }
 
 // Reads the fields of one JSON object, remembering which were consumed so the rest can be
@@ -91,21 +102,13 @@ class ObjectReader {
     return std::nullopt;
   }
 
-  // A finite number in [lo, hi] (lo excluded when lo_open).
-  MaybeError Float(const std::string& name, double lo, double hi, bool lo_open,
-                   std::optional<float>* out) {
+  // A number a float can hold (finite). Its range is the resolver's (ValidateSamplingRequest).
+  MaybeError Number(const std::string& name, std::optional<float>* out) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) return WrongType(Path(name), "a number", *v);
-    const double x = v->get<double>();
-    if (!std::isfinite(x))
-      return InvalidRequest(Path(name) + ": must be a finite number", Path(name));
-    if (x > hi || x < lo || (lo_open && x == lo)) {
-      return InvalidRequest(Path(name) + ": must be in " + (lo_open ? "(" : "[") + Num(lo) +
-                                ", " + Num(hi) + "], got " + Num(x),
-                            Path(name));
-    }
-    *out = static_cast<float>(x);
+    float x = 0.0f;
+    EMBER_RETURN_IF_API_ERROR(ReadFloat(*v, Path(name), Path(name), &x));
+    *out = x;
     return std::nullopt;
   }
 
@@ -118,10 +121,6 @@ class ObjectReader {
   }
 
  private:
-  static std::string Num(double x) {
-    json j = x;
-    return j.dump();
-  }
   ApiError OutOfRange(const std::string& name, const std::string& got, int64_t lo, int64_t hi) {
     std::ostringstream msg;
     msg << Path(name) << ": must be in [" << lo << ", " << hi << "], got " << got;
@@ -159,74 +158,75 @@ MaybeError ParseStop(ObjectReader& r, const SchemaLimits& limits, std::vector<st
   return std::nullopt;
 }
 
-MaybeError ParseLogitBias(ObjectReader& r, const SchemaLimits& limits,
-                          std::vector<std::pair<int32_t, float>>* out) {
+// logit_bias: {"token id": bias}. The ids' and biases' ranges are the resolver's.
+MaybeError ParseLogitBias(ObjectReader& r, std::vector<std::pair<int32_t, float>>* out) {
   const json* v = r.Get("logit_bias");
   if (v == nullptr) return std::nullopt;
   const std::string path = r.Path("logit_bias");
   if (!v->is_object()) return WrongType(path, "an object mapping token ids to biases", *v);
   for (auto it = v->begin(); it != v->end(); ++it) {
-    const std::string& key = it.key();
-    const std::string item = path + "." + key;
-    const std::optional<int32_t> id = ParseTokenIdKey(key);
-    if (!id || *id >= limits.vocab_size) {
-      return InvalidRequest(item + ": keys must be token ids in [0, " +
-                                std::to_string(limits.vocab_size) + ")",
-                            path);
-    }
-    if (!it->is_number()) return WrongType(item, "a number", *it);
-    const double bias = it->get<double>();
-    if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0)
-      return InvalidRequest(item + ": bias must be in [-100, 100]", path);
-    out->emplace_back(*id, static_cast<float>(bias));
+    const std::string item = path + "." + it.key();
+    const std::optional<int32_t> id = ParseTokenIdKey(it.key());
+    if (!id) return InvalidRequest(item + ": keys must be token ids (decimal integers)", path);
+    float bias = 0.0f;
+    EMBER_RETURN_IF_API_ERROR(ReadFloat(*it, item, path, &bias));
+    out->emplace_back(*id, bias);
   }
   return std::nullopt;
 }
 
-// Fields common to both endpoints (everything but the prompt/messages and logprobs). `echo`: the
-// request echoes its prompt (completions), which max_tokens 0 needs.
-MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits, bool echo, CommonParams* p) {
-  EMBER_RETURN_IF_API_ERROR(r.String("model", &p->model));
+// The sampling fields (SamplingRequest) but logprobs, which each endpoint spells its own way:
+// read with their JSON types here, then checked by the resolver's rules
+// (ValidateSamplingRequest). `zero_max_tokens_refusal`: why max_tokens 0 is refused here (null:
+// 0 is allowed, the prompt alone is wanted).
+MaybeError ParseSampling(ObjectReader& r, const SchemaLimits& limits,
+                         const char* zero_max_tokens_refusal, CommonParams* p) {
   std::optional<int32_t> max_tokens, max_completion_tokens;
   EMBER_RETURN_IF_API_ERROR(r.Int32("max_tokens", 0, INT32_MAX, &max_tokens));
   EMBER_RETURN_IF_API_ERROR(r.Int32("max_completion_tokens", 0, INT32_MAX, &max_completion_tokens));
   p->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
-  // 0 generates nothing: only an echo of the prompt (completions) makes sense of it.
-  if (p->max_tokens == 0 && !echo) {
+  if (p->max_tokens == 0 && zero_max_tokens_refusal != nullptr) {
     const std::string field = max_completion_tokens ? "max_completion_tokens" : "max_tokens";
-    return InvalidRequest(r.Path(field) +
-                              ": must be at least 1 (0 only on /v1/completions with "
-                              "echo, which returns the prompt alone), got 0",
-                          r.Path(field));
+    return InvalidRequest(r.Path(field) + ": " + zero_max_tokens_refusal, r.Path(field));
   }
-  EMBER_RETURN_IF_API_ERROR(r.Float("temperature", 0.0, 2.0, false, &p->temperature));
-  EMBER_RETURN_IF_API_ERROR(r.Float("top_p", 0.0, 1.0, /*lo_open=*/true, &p->top_p));
-  EMBER_RETURN_IF_API_ERROR(r.Float("min_p", 0.0, 1.0, false, &p->min_p));
-  EMBER_RETURN_IF_API_ERROR(
-      r.Float("repetition_penalty", 0.0, 10.0, /*lo_open=*/true, &p->repetition_penalty));
-  EMBER_RETURN_IF_API_ERROR(r.Int32("top_k", -1, INT32_MAX, &p->top_k));
-  std::optional<float> presence, frequency;
-  EMBER_RETURN_IF_API_ERROR(r.Float("presence_penalty", -2.0, 2.0, false, &presence));
-  EMBER_RETURN_IF_API_ERROR(r.Float("frequency_penalty", -2.0, 2.0, false, &frequency));
-  p->presence_penalty = presence.value_or(0.0f);
-  p->frequency_penalty = frequency.value_or(0.0f);
-  EMBER_RETURN_IF_API_ERROR(ParseLogitBias(r, limits, &p->logit_bias));
-  std::optional<int64_t> seed;
+  EMBER_RETURN_IF_API_ERROR(r.Number("temperature", &p->temperature));
+  EMBER_RETURN_IF_API_ERROR(r.Number("top_p", &p->top_p));
+  EMBER_RETURN_IF_API_ERROR(r.Number("min_p", &p->min_p));
+  EMBER_RETURN_IF_API_ERROR(r.Number("repetition_penalty", &p->repetition_penalty));
+  EMBER_RETURN_IF_API_ERROR(r.Int32("top_k", INT32_MIN, INT32_MAX, &p->top_k));
+  EMBER_RETURN_IF_API_ERROR(r.Number("presence_penalty", &p->presence_penalty));
+  EMBER_RETURN_IF_API_ERROR(r.Number("frequency_penalty", &p->frequency_penalty));
+  EMBER_RETURN_IF_API_ERROR(ParseLogitBias(r, &p->logit_bias));
+  std::optional<int64_t> seed;  // any int64; a negative one keeps its bits (SamplingRequest)
   EMBER_RETURN_IF_API_ERROR(
       r.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
             &seed));
   if (seed) p->seed = static_cast<uint64_t>(*seed);
+  std::optional<int32_t> min_tokens;
+  EMBER_RETURN_IF_API_ERROR(r.Int32("min_tokens", INT32_MIN, INT32_MAX, &min_tokens));
+  p->min_tokens = min_tokens.value_or(0);
+  if (auto error = ValidateSamplingRequest(*p, limits.vocab_size)) {
+    // "max_tokens" blames whichever of the two spellings the request used.
+    const std::string field = error->field == "max_tokens" && max_completion_tokens
+                                  ? "max_completion_tokens"
+                                  : error->field;
+    return InvalidRequest(error->message, r.Path(field));
+  }
+  return std::nullopt;
+}
+
+// 0 generates nothing: only an echo of the prompt (completions) makes sense of it.
+constexpr const char* kZeroMaxTokensNeedsEcho =
+    "must be at least 1 (0 only on /v1/completions with echo, which returns the prompt alone), "
+    "got 0";
+
+// Fields common to both endpoints (everything but the prompt/messages and logprobs).
+MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
+                       const char* zero_max_tokens_refusal, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(r.String("model", &p->model));
+  EMBER_RETURN_IF_API_ERROR(ParseSampling(r, limits, zero_max_tokens_refusal, p));
   EMBER_RETURN_IF_API_ERROR(ParseStop(r, limits, &p->stop));
   EMBER_RETURN_IF_API_ERROR(r.Bool("ignore_eos", &p->ignore_eos));
-  std::optional<int32_t> min_tokens;
-  EMBER_RETURN_IF_API_ERROR(r.Int32("min_tokens", 0, INT32_MAX, &min_tokens));
-  p->min_tokens = min_tokens.value_or(0);
-  if (p->max_tokens && p->min_tokens > *p->max_tokens) {
-    return InvalidRequest("min_tokens: must not exceed max_tokens (" +
-                              std::to_string(*p->max_tokens) + "); got " +
-                              std::to_string(p->min_tokens),
-                          r.Path("min_tokens"));
-  }
   std::optional<int32_t> n;
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);
@@ -265,7 +265,7 @@ namespace {
 // messages[i]: role + content (string, or text parts joined with "\n"; null only beside
 // tool_calls, then ""), name, tool_calls, tool_call_id. Returns the normalised message the chat
 // template sees.
-MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohmann::json* out) {
+MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
   if (!m.is_object()) return WrongType(path, "an object", m);
   ObjectReader r(m, path);
   std::string role;
@@ -279,15 +279,17 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
                           "got '" + role + "'",
                           path + ".role");
   }
+  // Sorted keys (what templates have always seen); tool_calls, which sorts last, is appended at
+  // the end in the client's key order.
   nlohmann::json msg = {{"role", role}, {"content", nullptr}};
-  if (const nlohmann::json* c = r.Get("content")) {
+  if (const json* c = r.Get("content")) {
     if (c->is_string()) {
       msg["content"] = *c;
     } else if (c->is_array()) {
       std::string text;
       for (size_t i = 0; i < c->size(); ++i) {
         const std::string ppath = path + ".content[" + std::to_string(i) + "]";
-        const nlohmann::json& part = (*c)[i];
+        const json& part = (*c)[i];
         if (!part.is_object()) return WrongType(ppath, "an object", part);
         ObjectReader pr(part, ppath);
         std::string type, part_text;
@@ -297,7 +299,7 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
                                 "build (no vision or audio), got '" + type + "'",
                                 ppath + ".type");
         }
-        const nlohmann::json* t = pr.Get("text");
+        const json* t = pr.Get("text");
         if (t == nullptr || !t->is_string())
           return InvalidRequest(ppath + ".text: required string", ppath + ".text");
         EMBER_RETURN_IF_API_ERROR(pr.CheckUnknown());
@@ -320,32 +322,33 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
         return InvalidRequest(path + "." + key + ": not supported (only null is accepted)",
                               path + "." + key);
     }
-    if (const nlohmann::json* v = r.Get("refusal"); v != nullptr && !v->is_string())
+    if (const json* v = r.Get("refusal"); v != nullptr && !v->is_string())
       return WrongType(path + ".refusal", "a string or null", *v);
-    if (const nlohmann::json* v = r.Get("annotations"); v != nullptr && !v->is_array())
+    if (const json* v = r.Get("annotations"); v != nullptr && !v->is_array())
       return WrongType(path + ".annotations", "an array or null", *v);
-    if (const nlohmann::json* v = r.Get("reasoning_content")) {
+    if (const json* v = r.Get("reasoning_content")) {
       if (!v->is_string()) return WrongType(path + ".reasoning_content", "a string or null", *v);
       msg["reasoning_content"] = *v;
     }
   }
-  if (const nlohmann::json* tc = r.Get("tool_calls")) {
+  const json* tool_calls = nullptr;
+  if (const json* tc = r.Get("tool_calls")) {
     if (role != "assistant")
       return InvalidRequest(path + ".tool_calls: only assistant messages carry tool calls",
                             path + ".tool_calls");
     if (!tc->is_array()) return WrongType(path + ".tool_calls", "an array", *tc);
     for (size_t i = 0; i < tc->size(); ++i) {
-      const nlohmann::json& call = (*tc)[i];
+      const json& call = (*tc)[i];
       const std::string cpath = path + ".tool_calls[" + std::to_string(i) + "]";
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
         return InvalidRequest(cpath + ": expected {id, type, function: {name, arguments}}", cpath);
     }
-    msg["tool_calls"] = *tc;
+    tool_calls = tc;
   }
   std::string tool_call_id;
   EMBER_RETURN_IF_API_ERROR(r.String("tool_call_id", &tool_call_id));
   if (!tool_call_id.empty()) msg["tool_call_id"] = tool_call_id;
-  if (msg["content"].is_null() && !msg.contains("tool_calls"))
+  if (msg["content"].is_null() && tool_calls == nullptr)
     return InvalidRequest(path + ".content: required", path + ".content",
                           "missing_required_parameter");
   // An assistant turn that only calls tools comes back from clients with content null (as the
@@ -353,24 +356,25 @@ MaybeError ParseMessage(const nlohmann::json& m, const std::string& path, nlohma
   // get "" (what transformers' own examples pass).
   if (msg["content"].is_null()) msg["content"] = "";
   EMBER_RETURN_IF_API_ERROR(r.CheckUnknown());
-  *out = std::move(msg);
+  *out = json(msg);
+  if (tool_calls != nullptr) (*out)["tool_calls"] = *tool_calls;
   return std::nullopt;
 }
 
-MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
-  const nlohmann::json* v = r.Get("tools");
+MaybeError ParseTools(ObjectReader& r, json* tools) {
+  const json* v = r.Get("tools");
   if (v == nullptr) return std::nullopt;
   if (!v->is_array()) return WrongType("tools", "an array", *v);
   for (size_t i = 0; i < v->size(); ++i) {
     const std::string path = "tools[" + std::to_string(i) + "]";
-    const nlohmann::json& t = (*v)[i];
+    const json& t = (*v)[i];
     if (!t.is_object()) return WrongType(path, "an object", t);
     ObjectReader tr(t, path);
     std::string type;
     EMBER_RETURN_IF_API_ERROR(tr.String("type", &type));
     if (type != "function")
       return InvalidRequest(path + ".type: must be \"function\"", path + ".type");
-    const nlohmann::json* f = tr.Get("function");
+    const json* f = tr.Get("function");
     if (f == nullptr || !f->is_object())
       return InvalidRequest(path + ".function: required object", path + ".function");
     ObjectReader fr(*f, path + ".function");
@@ -379,7 +383,7 @@ MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
     if (name.empty())
       return InvalidRequest(path + ".function.name: required", path + ".function.name");
     EMBER_RETURN_IF_API_ERROR(fr.String("description", &description));
-    if (const nlohmann::json* p = fr.Get("parameters"); p != nullptr && !p->is_object())
+    if (const json* p = fr.Get("parameters"); p != nullptr && !p->is_object())
       return WrongType(path + ".function.parameters", "an object (JSON Schema)", *p);
     bool strict = false;
     EMBER_RETURN_IF_API_ERROR(fr.Bool("strict", &strict));
@@ -393,7 +397,7 @@ MaybeError ParseTools(ObjectReader& r, nlohmann::json* tools) {
 // tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": N}} with
 // N one of the tools. Runs after ParseTools.
 MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
-  const nlohmann::json* tc = r.Get("tool_choice");
+  const json* tc = r.Get("tool_choice");
   if (tc == nullptr) return std::nullopt;
   if (tc->is_string()) {
     const std::string choice = tc->get<std::string>();
@@ -418,7 +422,7 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
   EMBER_RETURN_IF_API_ERROR(cr.String("type", &type));
   if (type != "function")
     return InvalidRequest("tool_choice.type: must be \"function\"", "tool_choice.type");
-  const nlohmann::json* f = cr.Get("function");
+  const json* f = cr.Get("function");
   if (f == nullptr || !f->is_object())
     return InvalidRequest("tool_choice.function: required object", "tool_choice.function");
   ObjectReader fr(*f, "tool_choice.function");
@@ -428,7 +432,7 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
   EMBER_RETURN_IF_API_ERROR(cr.CheckUnknown());
   bool known = false;
   if (out->tools.is_array())
-    for (const nlohmann::json& t : out->tools) known |= t["function"]["name"] == name;
+    for (const json& t : out->tools) known |= t["function"]["name"] == name;
   if (!known)
     return InvalidRequest("tool_choice.function.name: '" + name + "' is not one of the tools",
                           "tool_choice.function.name");
@@ -439,9 +443,9 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
 
 // response_format: {"type": "text"}, {"type": "json_object"} (JSON mode) or {"type":
 // "json_schema", "json_schema": {"name", "schema", "strict", "description"}}. The schema itself is
-// compiled by the request builder (from the body in the client's key order).
+// kept as the client wrote it and compiled by the request builder.
 MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
-  const nlohmann::json* v = r.Get("response_format");
+  const json* v = r.Get("response_format");
   if (v == nullptr) return std::nullopt;
   if (!v->is_object()) return WrongType("response_format", "an object", *v);
   ObjectReader fr(*v, "response_format");
@@ -450,7 +454,7 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   if (type == "json_object") {
     p->json_object = true;
   } else if (type == "json_schema") {
-    const nlohmann::json* js = fr.Get("json_schema");
+    const json* js = fr.Get("json_schema");
     if (js == nullptr || !js->is_object())
       return InvalidRequest("response_format.json_schema: required object {name, schema}",
                             "response_format.json_schema", "missing_required_parameter");
@@ -460,14 +464,14 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
     EMBER_RETURN_IF_API_ERROR(sr.String("name", &name));
     EMBER_RETURN_IF_API_ERROR(sr.String("description", &description));
     EMBER_RETURN_IF_API_ERROR(sr.Bool("strict", &strict));  // always enforced
-    const nlohmann::json* schema = sr.Get("schema");
+    const json* schema = sr.Get("schema");
     if (schema == nullptr)
       return InvalidRequest("response_format.json_schema.schema: required",
                             "response_format.json_schema.schema", "missing_required_parameter");
     if (!schema->is_object())
       return WrongType("response_format.json_schema.schema", "an object (JSON Schema)", *schema);
     EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
-    p->json_schema = true;
+    p->json_schema = *schema;
   } else if (type != "text") {
     return InvalidRequest("response_format.type: must be \"text\", \"json_object\" or "
                           "\"json_schema\", got '" + type + "'",
@@ -489,20 +493,20 @@ std::optional<int32_t> ParseTokenIdKey(const std::string& key) {
   return static_cast<int32_t>(id);
 }
 
-std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
+std::optional<ApiError> ParseChatRequest(const json& body, const SchemaLimits& limits,
                                          ChatRequest* out) {
   if (!body.is_object()) return WrongType("body", "a JSON object", body);
   ObjectReader r(body, "");
-  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, /*echo=*/false, &out->params));
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, kZeroMaxTokensNeedsEcho, &out->params));
 
-  const nlohmann::json* messages = r.Get("messages");
+  const json* messages = r.Get("messages");
   if (messages == nullptr)
     return InvalidRequest("messages: required", "messages", "missing_required_parameter");
   if (!messages->is_array()) return WrongType("messages", "an array", *messages);
   if (messages->empty()) return InvalidRequest("messages: must not be empty", "messages");
-  out->messages = nlohmann::json::array();
+  out->messages = json::array();
   for (size_t i = 0; i < messages->size(); ++i) {
-    nlohmann::json msg;
+    json msg;
     EMBER_RETURN_IF_API_ERROR(
         ParseMessage((*messages)[i], "messages[" + std::to_string(i) + "]", &msg));
     out->messages.push_back(std::move(msg));
@@ -519,7 +523,7 @@ std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const Schem
   EMBER_RETURN_IF_API_ERROR(ParseTools(r, &out->tools));
   EMBER_RETURN_IF_API_ERROR(ParseToolChoice(r, out));
   EMBER_RETURN_IF_API_ERROR(r.Bool("parallel_tool_calls", &out->parallel_tool_calls));
-  if (const nlohmann::json* kw = r.Get("chat_template_kwargs")) {
+  if (const json* kw = r.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
     out->chat_template_kwargs = *kw;
   }
@@ -529,26 +533,26 @@ std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const Schem
 
 namespace {
 
-MaybeError ParseTokenIds(const nlohmann::json& v, const std::string& path,
+// Token ids at `path` (errors blame `field`, the request field that holds them).
+MaybeError ParseTokenIds(const json& v, const std::string& path, const std::string& field,
                          const SchemaLimits& limits, PromptInput* out) {
   out->is_token_ids = true;
   if (v.empty()) return InvalidRequest(path + ": the prompt is empty", path);
   for (size_t i = 0; i < v.size(); ++i) {
-    const nlohmann::json& id = v[i];
+    const json& id = v[i];
     const std::string ipath = path + "[" + std::to_string(i) + "]";
     if (!id.is_number_integer()) return WrongType(ipath, "an integer token id", id);
     if (id.is_number_unsigned() ? id.get<uint64_t>() >= uint64_t(limits.vocab_size)
                                 : (id.get<int64_t>() < 0 || id.get<int64_t>() >= limits.vocab_size))
       return InvalidRequest(ipath + ": token id " + id.dump() + " is outside the vocabulary [0, " +
                                 std::to_string(limits.vocab_size) + ")",
-                            "prompt");
+                            field);
     out->token_ids.push_back(id.get<int32_t>());
   }
   return std::nullopt;
 }
 
-MaybeError ParsePrompt(const nlohmann::json* v, const SchemaLimits& limits,
-                       std::vector<PromptInput>* out) {
+MaybeError ParsePrompt(const json* v, const SchemaLimits& limits, std::vector<PromptInput>* out) {
   if (v == nullptr)
     return InvalidRequest("prompt: required", "prompt", "missing_required_parameter");
   if (v->is_string()) {
@@ -558,21 +562,21 @@ MaybeError ParsePrompt(const nlohmann::json* v, const SchemaLimits& limits,
   if (!v->is_array())
     return WrongType("prompt", "a string, an array of strings, or an array of token ids", *v);
   if (v->empty()) return InvalidRequest("prompt: must not be empty", "prompt");
-  const nlohmann::json& first = (*v)[0];
+  const json& first = (*v)[0];
   if (first.is_number()) {
     PromptInput p;
-    EMBER_RETURN_IF_API_ERROR(ParseTokenIds(*v, "prompt", limits, &p));
+    EMBER_RETURN_IF_API_ERROR(ParseTokenIds(*v, "prompt", "prompt", limits, &p));
     out->push_back(std::move(p));
     return std::nullopt;
   }
   for (size_t i = 0; i < v->size(); ++i) {
-    const nlohmann::json& item = (*v)[i];
+    const json& item = (*v)[i];
     const std::string path = "prompt[" + std::to_string(i) + "]";
     if (item.is_string() && first.is_string()) {
       out->push_back(PromptInput{false, item.get<std::string>(), {}});
     } else if (item.is_array() && first.is_array()) {
       PromptInput p;
-      EMBER_RETURN_IF_API_ERROR(ParseTokenIds(item, path, limits, &p));
+      EMBER_RETURN_IF_API_ERROR(ParseTokenIds(item, path, "prompt", limits, &p));
       out->push_back(std::move(p));
     } else {
       return WrongType(path, first.is_array() ? "an array of token ids" : "a string", item);
@@ -581,16 +585,63 @@ MaybeError ParsePrompt(const nlohmann::json* v, const SchemaLimits& limits,
   return std::nullopt;
 }
 
+// A batch line's one prompt: `prompt` (as on /v1/completions) or `prompt_ids` (token ids).
+MaybeError ParseBatchLinePrompt(ObjectReader& r, const SchemaLimits& limits,
+                                std::vector<PromptInput>* out) {
+  const json* prompt = r.Get("prompt");
+  const json* ids = r.Get("prompt_ids");
+  if (prompt != nullptr && ids != nullptr)
+    return InvalidRequest("prompt_ids: give only one of prompt and prompt_ids", "prompt_ids");
+  if (ids == nullptr) {
+    EMBER_RETURN_IF_API_ERROR(ParsePrompt(prompt, limits, out));
+    if (out->size() > 1)
+      return InvalidRequest("prompt: a batch line holds one prompt (write one line per prompt)",
+                            "prompt");
+    return std::nullopt;
+  }
+  if (!ids->is_array()) return WrongType("prompt_ids", "an array of token ids", *ids);
+  PromptInput p;
+  EMBER_RETURN_IF_API_ERROR(ParseTokenIds(*ids, "prompt_ids", "prompt_ids", limits, &p));
+  out->push_back(std::move(p));
+  return std::nullopt;
+}
+
+// What a batch line cannot carry: one output line holds one sample of one prompt, and the batch
+// runs its --model.
+MaybeError RefuseOutsideBatchLine(ObjectReader& r) {
+  for (const char* field : {"n", "echo", "stream", "stream_options", "model"}) {
+    if (r.Get(field) != nullptr) {
+      return InvalidRequest(std::string(field) +
+                                ": not available in an `ember batch` line (one line gives one "
+                                "sample of one prompt, from the batch's --model)",
+                            field, "unsupported_parameter");
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
-                                               const SchemaLimits& limits, CompletionRequest* out) {
+std::optional<ApiError> ParseCompletionRequest(const json& body, const SchemaLimits& limits,
+                                               CompletionRequest* out, CompletionSource source) {
   if (!body.is_object()) return WrongType("body", "a JSON object", body);
   ObjectReader r(body, "");
-  const nlohmann::json* echo = r.Peek("echo");  // read (and type-checked) below
-  EMBER_RETURN_IF_API_ERROR(ParseCommon(
-      r, limits, echo != nullptr && echo->is_boolean() && echo->get<bool>(), &out->params));
-  EMBER_RETURN_IF_API_ERROR(ParsePrompt(r.Get("prompt"), limits, &out->prompts));
+  const bool batch_line = source == CompletionSource::kBatchLine;
+  if (batch_line) EMBER_RETURN_IF_API_ERROR(RefuseOutsideBatchLine(r));
+  // max_tokens 0 returns the prompt alone: its echo, or in a batch line its prompt_logprobs.
+  const json* echo = r.Peek("echo");  // read (and type-checked) below
+  const bool prompt_only_asked = batch_line
+                                     ? r.Peek("prompt_logprobs") != nullptr
+                                     : echo != nullptr && echo->is_boolean() && echo->get<bool>();
+  const char* zero_refusal = prompt_only_asked ? nullptr
+                             : batch_line ? "0 only scores the prompt; it needs prompt_logprobs"
+                                          : kZeroMaxTokensNeedsEcho;
+  EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, zero_refusal, &out->params));
+  if (batch_line) {
+    EMBER_RETURN_IF_API_ERROR(ParseBatchLinePrompt(r, limits, &out->prompts));
+  } else {
+    EMBER_RETURN_IF_API_ERROR(ParsePrompt(r.Get("prompt"), limits, &out->prompts));
+  }
   std::optional<int32_t> logprobs;
   EMBER_RETURN_IF_API_ERROR(r.Int32("logprobs", 0, limits.max_top_logprobs, &logprobs));
   out->params.top_logprobs = logprobs.value_or(-1);

@@ -1,8 +1,12 @@
-// Strict parsing of OpenAI request bodies into typed requests: every field is type- and
-// range-checked, NaN/infinity are rejected, and an unknown field is a 400 that names it (never a
-// silent no-op). Accepted and ignored on purpose: `user`, `metadata`. Defaults that depend on the
-// model (generation_config.json, context length) are NOT applied here: absent fields stay unset.
-// Pure functions; thread-safe.
+// Strict parsing of OpenAI request bodies into typed requests: every field is type-checked,
+// NaN/infinity are rejected, and an unknown field is a 400 that names it (never a silent no-op).
+// The sampling fields' ranges are the resolver's (ValidateSamplingRequest, request_sampling.h),
+// checked here so that a bad value is refused before any work. Accepted and ignored on purpose:
+// `user`, `metadata`. Defaults that depend on the model (generation_config.json, context length)
+// are NOT applied here: absent fields stay unset. A body is parsed once, in the client's key order
+// (RequestJson), and the typed request keeps that order wherever a template or a schema shows it.
+// The completions schema also reads `ember batch` lines (CompletionSource). Pure functions;
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sampling/request_sampling.h"
 #include "serve/api_error.h"
 
 namespace ember::serve {
@@ -25,31 +30,29 @@ struct SchemaLimits {
   int32_t max_top_logprobs = 20;
 };
 
-// Fields shared by chat and completions. Unset optionals fall back to the model's defaults.
-struct CommonParams {
+// A request body, parsed once in the client's key order.
+using RequestJson = nlohmann::ordered_json;
+
+// Fields shared by chat and completions: the sampling request (request_sampling.h; unset
+// optionals fall back to the model's defaults there) and the fields around it.
+// (SamplingRequest::max_tokens is max_completion_tokens or max_tokens; 0 only with echo, or in a
+// batch line with prompt_logprobs.)
+struct CommonParams : SamplingRequest {
   std::string model;  // "" when absent
-  std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens (0 only with echo)
-  std::optional<float> temperature, top_p, min_p, repetition_penalty;
-  std::optional<int32_t> top_k;
-  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
-  std::vector<std::pair<int32_t, float>> logit_bias;
-  std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  int32_t top_logprobs = -1;   // -1: no logprobs; else the chosen token + this many alternatives
   // vLLM's prompt_logprobs (-1: absent): each prompt token's logprob + this many alternatives,
   // returned as vLLM does (not with stream).
   int32_t prompt_logprobs = -1;
-  // vLLM's extensions: generate through the model's EOS ids (the request's stop strings still
-  // stop), and mask the EOS ids until this many tokens were generated.
+  // vLLM's extension: generate through the model's EOS ids (the request's stop strings still
+  // stop); min_tokens (SamplingRequest) masks them until that many tokens were generated.
   bool ignore_eos = false;
-  int32_t min_tokens = 0;
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
-  // response_format {"type": "json_schema"}: the output is valid against
-  // response_format.json_schema.schema (the request builder compiles it).
-  bool json_schema = false;
+  // response_format {"type": "json_schema"}: response_format.json_schema.schema, in the client's
+  // key order (the request builder compiles it); null otherwise.
+  RequestJson json_schema;
 };
 
 // tool_choice: kAuto lets the model decide (the default), kRequired forces one call to any of
@@ -58,12 +61,12 @@ enum class ToolChoice { kAuto, kRequired, kFunction };
 
 struct ChatRequest {
   CommonParams params;
-  nlohmann::json messages;  // normalised: every content is a string (text parts joined)
-  nlohmann::json tools;     // null or the validated array (null when tool_choice is "none")
+  RequestJson messages;  // normalised: every content is a string (text parts joined)
+  RequestJson tools;     // null or the validated array (null when tool_choice is "none")
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;     // kFunction: a function of `tools`
   bool parallel_tool_calls = true;  // false: the sample ends after its first call
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  RequestJson chat_template_kwargs = RequestJson::object();
 };
 
 struct PromptInput {
@@ -83,9 +86,18 @@ struct CompletionRequest {
 // A logit_bias key: a decimal token id (digits only, at most INT32_MAX); nullopt otherwise.
 std::optional<int32_t> ParseTokenIdKey(const std::string& key);
 
-std::optional<ApiError> ParseChatRequest(const nlohmann::json& body, const SchemaLimits& limits,
+std::optional<ApiError> ParseChatRequest(const RequestJson& body, const SchemaLimits& limits,
                                          ChatRequest* out);
-std::optional<ApiError> ParseCompletionRequest(const nlohmann::json& body,
-                                               const SchemaLimits& limits, CompletionRequest* out);
+
+// Where a completion request comes from. An `ember batch` line is the completions body with these
+// differences: the prompt may also come as `prompt_ids` (token ids), it holds one prompt,
+// max_tokens 0 asks for prompt_logprobs (the prompt is only scored) instead of echo, and what one
+// output line cannot carry is refused: n, echo, stream, stream_options, model (the batch runs
+// --model).
+enum class CompletionSource { kHttpBody, kBatchLine };
+
+std::optional<ApiError> ParseCompletionRequest(
+    const RequestJson& body, const SchemaLimits& limits, CompletionRequest* out,
+    CompletionSource source = CompletionSource::kHttpBody);
 
 }  // namespace ember::serve

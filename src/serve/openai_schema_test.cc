@@ -306,5 +306,90 @@ TEST(OpenAiSchemaTest, BadCompletionRequestsNameTheField) {
   }
 }
 
+std::optional<ApiError> BatchLine(const std::string& line, CompletionRequest* out = nullptr) {
+  CompletionRequest scratch;
+  return ParseCompletionRequest(RequestJson::parse(line), Limits(), out ? out : &scratch,
+                                CompletionSource::kBatchLine);
+}
+
+// An `ember batch` line is read by the completions schema: each invalid field gives the very
+// error (message and param) that the same /v1/completions body gets.
+TEST(OpenAiSchemaTest, BatchLinesShareTheCompletionSchema) {
+  const char* bad_fields[] = {
+      R"("temperature":2.5)",
+      R"("temperature":"hot")",
+      R"("top_p":0)",
+      R"("top_k":-2)",
+      R"("min_p":-1)",
+      R"("repetition_penalty":11)",
+      R"("presence_penalty":3)",
+      R"("logit_bias":{"1000":1})",
+      R"("logit_bias":{"abc":1})",
+      R"("logit_bias":{"1":101})",
+      R"("seed":1.5)",
+      R"("stop":[""])",
+      R"("max_tokens":-1)",
+      R"("min_tokens":-1)",
+      R"("max_tokens":4,"min_tokens":5)",
+      R"("logprobs":21)",
+      R"("prompt_logprobs":21)",
+      R"("colour":"red")",
+      R"("response_format":{"type":"xml"})",
+  };
+  for (const char* field : bad_fields) {
+    const std::string body = std::string(R"({"prompt":"x",)") + field + "}";
+    auto server = Completion(body);
+    auto batch = BatchLine(body);
+    ASSERT_TRUE(server.has_value()) << body;
+    ASSERT_TRUE(batch.has_value()) << body;
+    EXPECT_EQ(batch->message, server->message);
+    EXPECT_EQ(batch->param, server->param);
+  }
+  CompletionRequest ok;
+  ASSERT_FALSE(BatchLine(R"({"prompt":"x","seed":-3,"top_k":40,"ignore_eos":true})", &ok));
+  EXPECT_EQ(*ok.params.seed, static_cast<uint64_t>(int64_t{-3}));
+  EXPECT_EQ(*ok.params.top_k, 40);
+  EXPECT_TRUE(ok.params.ignore_eos);
+}
+
+// What only a batch line has: prompt_ids, one prompt, max_tokens 0 to score the prompt with
+// prompt_logprobs, and no field that one output line cannot carry.
+TEST(OpenAiSchemaTest, BatchLineForms) {
+  CompletionRequest ids, scored;
+  ASSERT_FALSE(BatchLine(R"({"prompt_ids":[1,2,3],"max_tokens":4})", &ids));
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_TRUE(ids.prompts[0].is_token_ids);
+  EXPECT_EQ(ids.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_FALSE(BatchLine(R"({"prompt_ids":[1,2],"max_tokens":0,"prompt_logprobs":2})", &scored));
+  EXPECT_EQ(scored.params.max_tokens, 0);
+  EXPECT_EQ(scored.params.prompt_logprobs, 2);
+  auto zero = BatchLine(R"({"prompt_ids":[1,2],"max_tokens":0})");
+  ASSERT_TRUE(zero.has_value());
+  EXPECT_EQ(zero->param, "max_tokens");
+  EXPECT_NE(zero->message.find("needs prompt_logprobs"), std::string::npos) << zero->message;
+  const BadCase cases[] = {
+      {R"({"prompt":"x","prompt_ids":[1]})", "prompt_ids"},
+      {R"({"prompt_ids":"x"})", "prompt_ids"},
+      {R"({"prompt_ids":[1,5000]})", "prompt_ids"},
+      {R"({"prompt_ids":[]})", "prompt_ids"},
+      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({})", "prompt"},
+      {R"({"prompt":"x","n":2})", "n"},
+      {R"({"prompt":"x","echo":true})", "echo"},
+      {R"({"prompt":"x","stream":true})", "stream"},
+      {R"({"prompt":"x","model":"m"})", "model"},
+  };
+  for (const BadCase& c : cases) {
+    auto err = BatchLine(c.body);
+    ASSERT_TRUE(err.has_value()) << c.body;
+    EXPECT_EQ(err->param, c.param) << c.body << " -> " << err->message;
+    EXPECT_NE(err->message.find(c.param), std::string::npos) << err->message;
+  }
+  // On /v1/completions prompt_ids is not a field.
+  auto http = Completion(R"({"prompt":"x","prompt_ids":[1]})");
+  ASSERT_TRUE(http.has_value());
+  EXPECT_EQ(http->param, "prompt_ids");
+}
+
 }  // namespace
 }  // namespace ember::serve

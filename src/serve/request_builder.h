@@ -1,14 +1,14 @@
-// RequestBuilder: turns a parsed OpenAI request (openai_schema.h) into what the engine runs —
-// renders the chat template, tokenizes, applies the model's generation defaults
-// (generation_config.json) to unset sampling fields, picks max_tokens, and checks the prompt
-// against the context length with the numbers in the error. Stateless apart from the borrowed
-// ServedModel; safe to call from many HTTP threads at once.
+// RequestBuilder: turns a request body (parsed once, in the client's key order) into what the
+// engine runs — validates it (openai_schema.h), renders the chat template, tokenizes, and resolves
+// the sampling fields, max_tokens and the context check through the one resolver
+// (sampling/request_sampling.h). Serves /v1/chat/completions, /v1/completions and `ember batch`
+// lines. Stateless apart from the borrowed ServedModel; safe to call from many HTTP threads at
+// once.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -17,6 +17,7 @@
 #include "engine/request.h"
 #include "model/model.h"
 #include "sampling/json_constraint.h"
+#include "sampling/request_sampling.h"
 #include "serve/api_error.h"
 #include "serve/openai_schema.h"
 #include "serve/reasoning.h"
@@ -33,7 +34,7 @@ namespace ember::serve {
 // Everything the server knows about the model it serves. Borrowed pointers outlive the server.
 struct ServedModel {
   std::string name;                            // the id clients pass as `model`
-  const Tokenizer* tokenizer = nullptr;
+  const Tokenizer* tokenizer = nullptr;  // null (batch only): prompts and stops need token ids
   const ChatTemplate* chat_template = nullptr;  // null or !has_template(): chat answers 400
   Engine* engine = nullptr;
   GenerationDefaults defaults;
@@ -92,13 +93,17 @@ struct PreparedRequest {
 
 SchemaLimits LimitsFor(const ServedModel& model);
 
+// generation_config.json's sampling fields, as the resolver takes them.
+SamplingDefaults SamplingDefaultsOf(const GenerationDefaults& defaults);
+// The sizes of `engine` that a request must fit (TokenLimits).
+TokenLimits TokenLimitsOf(const Engine& engine);
+
 using Prepared = std::variant<PreparedRequest, ApiError>;
-// `raw_body` (optional) is the request text: when given, tool schemas, tool-call arguments and
-// chat_template_kwargs reach the template, and a response_format JSON schema's properties reach
-// the output, in the client's key order.
-Prepared PrepareChat(const ServedModel& model, const nlohmann::json& body,
-                     std::string_view raw_body = {});
-Prepared PrepareCompletion(const ServedModel& model, const nlohmann::json& body,
-                           std::string_view raw_body = {});
+// `body` in the client's key order: tool schemas, tool-call arguments and chat_template_kwargs
+// reach the template, and a response_format JSON schema's properties reach the output, in it.
+Prepared PrepareChat(const ServedModel& model, const RequestJson& body);
+// `source` kBatchLine: an `ember batch` line (CompletionSource); one prompt.
+Prepared PrepareCompletion(const ServedModel& model, const RequestJson& body,
+                           CompletionSource source = CompletionSource::kHttpBody);
 
 }  // namespace ember::serve
