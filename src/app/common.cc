@@ -1,5 +1,7 @@
 #include "app/common.h"
 
+#include "util/log.h"
+
 #include <chrono>
 #include <cstdio>
 
@@ -88,7 +90,11 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
   ModelLoadOptions opts;
   if (device == "auto") {
     opts.device = DeviceKind::kCpu;
-    if (CudaDevicesAvailable() > 0) opts.device = DeviceKind::kCuda;
+    if (CudaDevicesAvailable() > 0) {
+      opts.device = DeviceKind::kCuda;
+    } else if (CudaDriverPresent()) {
+      LOG_WARN << "--device auto: no usable CUDA device (see above); running on the CPU";
+    }
   } else if (device == "cpu") {
     opts.device = DeviceKind::kCpu;
   } else if (device == "cuda") {

@@ -93,6 +93,8 @@ int CudaDevicesAvailable() {
   return m.device_count != nullptr ? m.device_count() : 0;
 }
 
+bool CudaDriverPresent() { return GetModule().driver; }
+
 Result<std::unique_ptr<Backend>> LoadCudaBackend(int device, const CudaBackendOptions& options) {
   const Module& m = GetModule();
   if (m.create == nullptr) return Status::Error("--device cuda: " + m.error);

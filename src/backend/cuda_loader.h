@@ -15,9 +15,12 @@
 
 namespace ember {
 
-// Number of usable CUDA devices: 0 without an NVIDIA driver (libcuda.so.1 not loadable), without
+// Number of usable CUDA devices (compute capability 9.0; others are named in a warning): 0
+// without an NVIDIA driver (libcuda.so.1 not loadable), without
 // the module, or when the runtime reports an error. Loads the module only when a driver exists.
 int CudaDevicesAvailable();
+// Whether an NVIDIA driver (libcuda.so.1) is present, usable device or not.
+bool CudaDriverPresent();
 
 // A CUDA backend on `device`; errors say why (module not found and where it was looked for,
 // driver missing, no such device).

@@ -250,7 +250,10 @@ void CudaBackend::AppendOpProfile(const std::string& path) const {
 
 }  // namespace cuda
 
-int CudaDeviceCount() {
+namespace {
+
+// Devices the runtime sees, whatever their kind (0 when there is no driver or device).
+int CudaDevicesPresent() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky "no device" error
@@ -259,12 +262,44 @@ int CudaDeviceCount() {
   return count;
 }
 
+// Why `device` cannot run this build's kernels (built for compute capability 9.0, sm_90a:
+// wgmma, bulk copies), or "" when it can.
+std::string UnusableReason(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cuda device " + std::to_string(device) + ": its properties cannot be read";
+  }
+  if (prop.major == 9 && prop.minor == 0) return "";
+  return "cuda device " + std::to_string(device) + " is " + prop.name + " (compute capability " +
+         std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+         "); this build's kernels run only on compute capability 9.0 (Hopper: H100, H200)";
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  const int present = CudaDevicesPresent();
+  int usable = 0;
+  for (int d = 0; d < present; ++d) {
+    const std::string why = UnusableReason(d);
+    if (why.empty()) {
+      ++usable;
+    } else {
+      LOG_WARN << why;
+    }
+  }
+  return usable;
+}
+
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options) {
-  const int count = CudaDeviceCount();
+  const int count = CudaDevicesPresent();
   if (count == 0) return Status::Error("--device cuda: no CUDA device is available");
   if (device < 0 || device >= count)
     return Status::Error("cuda device " + std::to_string(device) + " does not exist (" +
                          std::to_string(count) + " present)");
+  if (std::string why = UnusableReason(device); !why.empty())
+    return Status::Error("--device cuda: " + why);
   CUDA_CHECK(cudaSetDevice(device));
   return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>(
       device, options, cuda::RuntimeSwitches::FromEnvironment()));
@@ -277,7 +312,7 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool f32_compute)
 }
 
 Result<CudaMemoryInfo> CudaGetMemoryInfo(int device) {
-  const int count = CudaDeviceCount();
+  const int count = CudaDevicesPresent();
   if (device < 0 || device >= count)
     return Status::Error("cuda device " + std::to_string(device) + " does not exist");
   CUDA_CHECK(cudaSetDevice(device));

@@ -19,7 +19,9 @@
 
 namespace ember {
 
-// Number of usable CUDA devices; 0 when the driver/runtime is missing or reports an error.
+// Number of CUDA devices this build's kernels run on (compute capability 9.0); each other device
+// present is named in a warning. 0 when the driver/runtime is missing or reports an error, so
+// `--device auto` then falls back to the CPU (and `--device cuda` fails with the reason).
 int CudaDeviceCount();
 
 // A backend on CUDA device `device`. f32_compute: keep weights in float32 and run float32 GEMMs
