@@ -1,8 +1,9 @@
 // Engine limits and defaults: the config's 0s resolved by where the model runs, the default KV
 // pool size, the rows a step may keep for prompt logprobs, and the one check of a request against
-// these limits (ValidateRequest). Pure functions of their arguments (and the device's memory,
-// read through the model); any thread. The workspace a step needs is the model's to say
-// (Model::StepWorkspaceBytes); this file only says how many rows a step has.
+// these limits (ValidateRequest). Functions of their arguments and the device's memory (read
+// through the model, so before the engine thread drives it: Engine::Create); ValidateRequest
+// from any thread. The workspace a step needs is the model's to say (Model::StepWorkspaceBytes);
+// this file only says how many rows a step has.
 #pragma once
 
 #include <cstdint>
