@@ -32,6 +32,10 @@ struct EngineConfig {
   int64_t prompt_logits_bytes = int64_t{64} << 20;
 };
 
+// Who counts what: LiveSequences the requests and tokens (requests_*, prompt_tokens,
+// generated_tokens), ModelRunner the launches (steps, computed_tokens, forward_ns,
+// decode_forward_ns, overlapped_steps), StepBuilder the decode steps (decode_steps, decode_rows,
+// decode_padding_rows), StepPostprocessor finish_ns, the Engine schedule_ns and the gauges.
 struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;

@@ -145,8 +145,7 @@ std::optional<SubmitError> ValidatePromptAndCounts(const GenerationRequest& r,
 }
 
 // The prompt plus max_tokens against the context length and the KV pool.
-std::optional<SubmitError> ValidateLength(const GenerationRequest& r,
-                                          const RequestLimits& limits) {
+std::optional<SubmitError> ValidateLength(const GenerationRequest& r, const RequestLimits& limits) {
   const int64_t prompt_len = static_cast<int64_t>(r.prompt_ids.size());
   const int64_t total = prompt_len + r.max_tokens;
   if (total > limits.context_length) {

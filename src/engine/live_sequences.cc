@@ -25,8 +25,8 @@ void LiveSequences::Add(const std::shared_ptr<RequestState>& state) {
     seq->request = state;
     seq->tokens = state->request.prompt_ids;
     seq->prompt_len = seq->num_tokens();
-    seq->sampler = std::make_unique<SamplerState>(
-        state->request.sampling, static_cast<uint64_t>(i), seq->tokens, state->stop_ids);
+    seq->sampler = std::make_unique<SamplerState>(state->request.sampling, static_cast<uint64_t>(i),
+                                                  seq->tokens, state->stop_ids);
     if (state->request.constraint) seq->constraint = state->request.constraint->Clone();
     if (i == 0 && state->request.prompt_logprobs >= 0) {
       seq->needs_prompt_logits = true;

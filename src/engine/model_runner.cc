@@ -31,8 +31,8 @@ Status RunDummyStep(Model& model, const BatchPlan& plan) {
   std::vector<RowOutput> kinds(rows, RowOutput::kArgmax);
   std::vector<RowSampling> sampling(rows);
   std::vector<int32_t> ids(rows);
-  return model.Forward(plan, StepOutputs{model.HostLogitsBuffer(rows * model.config().vocab_size),
-                                         kinds, sampling, ids, {}});
+  const std::span<float> logits = model.HostLogitsBuffer(rows * model.config().vocab_size);
+  return model.Forward(plan, StepOutputs{logits, kinds, sampling, ids, {}});
 }
 
 // Runs decode steps of every graph bucket (two each) before serving, so each is captured now: a
@@ -65,8 +65,8 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
     EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
     EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
   }
-  LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to "
-           << buckets.back() << " rows) captured in " << (NowNs() - start) / 1000000 << " ms";
+  LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to " << buckets.back()
+           << " rows) captured in " << (NowNs() - start) / 1000000 << " ms";
   return Status::Ok();
 }
 

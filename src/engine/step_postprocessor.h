@@ -46,8 +46,8 @@ class StepPostprocessor {
   bool CommitComputed(const StepBatch& step, size_t i);
   // Scheduled sequence i's sampled token (row `row`) joins it; ends it on a stop condition.
   void AcceptToken(const StepBatch& step, size_t i, size_t row);
-  FinishReason StopReason(const Sequence& seq, int32_t index, int32_t token,
-                          bool constraint_broken, bool* stop_token) const;
+  FinishReason StopReason(const Sequence& seq, int32_t index, int32_t token, bool constraint_broken,
+                          bool* stop_token) const;
 
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;
