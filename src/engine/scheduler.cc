@@ -38,13 +38,20 @@ void Scheduler::Remove(Sequence* seq) {
 
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
-  int32_t budget = config_.max_step_tokens;
-  int32_t prompt_rows_left = config_.max_prompt_logits_rows;
+  Budget budget{config_.max_step_tokens, config_.max_prompt_logits_rows};
+  ScheduleRunning(plan, budget);
+  // Victims come from the newest end, never from the already-scheduled older sequences.
+  if (!plan.preempted.empty()) return plan;  // under memory pressure admit nothing new
+  AdmitWaiting(plan, budget);
+  return plan;
+}
 
-  // 1. Running sequences, oldest first. Preempt from the newest end when blocks run out.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+// 1. Running sequences, oldest first. Preempt from the newest end when blocks run out.
+void Scheduler::ScheduleRunning(StepPlan& plan, Budget& budget) {
+  for (size_t i = 0; i < running_.size() && budget.tokens > 0;) {
     Sequence* seq = running_[i];
-    int32_t num_new = seq->last_token_pending ? 0 : ChunkRows(seq, budget, &prompt_rows_left);
+    int32_t num_new =
+        seq->last_token_pending ? 0 : ChunkRows(seq, budget.tokens, &budget.prompt_rows);
     if (num_new == 0) {
       ++i;
       continue;
@@ -61,14 +68,14 @@ StepPlan Scheduler::Schedule() {
     if (!allocated) break;  // `seq` itself was preempted: it was the newest
     plan.scheduled.push_back(Scheduled(seq, num_new));
     plan.num_tokens += num_new;
-    budget -= num_new;
+    budget.tokens -= num_new;
     ++i;
   }
-  // Victims come from the newest end, never from the already-scheduled older sequences.
-  if (!plan.preempted.empty()) return plan;  // under memory pressure admit nothing new
+}
 
-  // 2. Admit waiting sequences in FIFO order while they fit.
-  while (!waiting_.empty() && budget > 0 &&
+// 2. Admit waiting sequences in FIFO order while they fit.
+void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
+  while (!waiting_.empty() && budget.tokens > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     Sequence* seq = waiting_.front();
     if (WaitsForSibling(seq)) break;
@@ -82,36 +89,34 @@ StepPlan Scheduler::Schedule() {
                           : 0;
       seq->started = true;
     }
-    int32_t prompt_rows_after = prompt_rows_left;
-    const int32_t num_new = ChunkRows(seq, budget, &prompt_rows_after);
-    if (num_new == 0) {  // no prompt-logits rows left this step: it waits for the next
+    int32_t prompt_rows_after = budget.prompt_rows;
+    const int32_t num_new = ChunkRows(seq, budget.tokens, &prompt_rows_after);
+    // No prompt-logits rows left this step (it waits for the next), or no blocks: drop the
+    // prefix references; retry on a later step.
+    if (num_new == 0 || !kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
       kv_->Free(seq->id);
       seq->started = false;
       seq->num_computed_tokens = 0;
       break;
     }
-    if (!kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
-      kv_->Free(seq->id);  // drop the prefix references; retry on a later step
-      seq->started = false;
-      seq->num_computed_tokens = 0;
-      break;
-    }
-    prompt_rows_left = prompt_rows_after;
-    if (!seq->ever_started) {  // first admission: the request's prefix-cache outcome
-      seq->num_cached_prompt_tokens = seq->num_computed_tokens;
-      if (looks_up_prefix) {
-        prefix_query_tokens_ += seq->prompt_len;
-        prefix_hit_tokens_ += seq->num_computed_tokens;
-      }
-      seq->ever_started = true;
-    }
+    budget.prompt_rows = prompt_rows_after;
+    if (!seq->ever_started) NoteFirstAdmission(seq, looks_up_prefix);
     waiting_.pop_front();
     running_.push_back(seq);
     plan.scheduled.push_back(Scheduled(seq, num_new));
     plan.num_tokens += num_new;
-    budget -= num_new;
+    budget.tokens -= num_new;
   }
-  return plan;
+}
+
+// The request's prefix-cache outcome, counted on its first admission only.
+void Scheduler::NoteFirstAdmission(Sequence* seq, bool looked_up_prefix) {
+  seq->num_cached_prompt_tokens = seq->num_computed_tokens;
+  if (looked_up_prefix) {
+    prefix_query_tokens_ += seq->prompt_len;
+    prefix_hit_tokens_ += seq->num_computed_tokens;
+  }
+  seq->ever_started = true;
 }
 
 }  // namespace ember

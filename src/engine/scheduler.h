@@ -58,6 +58,14 @@ class Scheduler {
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
+  // What is left of a step's rows, and of its prompt-logprobs rows.
+  struct Budget {
+    int32_t tokens = 0;
+    int32_t prompt_rows = 0;
+  };
+  void ScheduleRunning(StepPlan& plan, Budget& budget);
+  void AdmitWaiting(StepPlan& plan, Budget& budget);
+  void NoteFirstAdmission(Sequence* seq, bool looked_up_prefix);
   void Preempt(Sequence* seq);
   // Siblings (sample_index > 0) wait until sample 0 finished the prompt, so they reuse its blocks.
   static bool WaitsForSibling(const Sequence* seq);

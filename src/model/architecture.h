@@ -63,6 +63,13 @@ struct DecoderActivations {
 // delta comes from AllocMatMulOutput.
 DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, int64_t n,
                                            bool matmul_delta = false);
+// Upper bound of one step row's activation bytes, at float32: the DecoderActivations above (x,
+// xn, q, k, v, att, delta, gate, up, act), the final norm's output (FinalNormOut) and, with
+// experts, Backend::MoeMlp's per-row scratch (its f32 input, the router logits, and per routed
+// expert its activation and output). gate/up/act count intermediate_size wide even where
+// AllocDecoderActivations makes them [n, 1] (every layer a mixture of experts): the GPU limits
+// were measured with that margin. Model::StepWorkspaceBytes is its one user.
+int64_t DecoderActivationBytesPerRow(const ModelConfig& c);
 // The final norm's output buffer: the logits rows are gathered from it as f32, so xn itself
 // unless xn is a bf16 GEMM operand (AllocMatMulInput), else a new [n, hidden] f32 buffer.
 Tensor FinalNormOut(Backend& be, const Tensor& xn);

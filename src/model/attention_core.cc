@@ -24,6 +24,18 @@ DecoderActivations AllocDecoderActivations(Backend& be, const ModelConfig& c, in
                             be.AllocMatMulInput({n, inter})};
 }
 
+int64_t DecoderActivationBytesPerRow(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  // x, xn, delta, the final norm's output; q, att; k, v; gate, up, act.
+  int64_t floats = 4 * d + 2 * q_dim + 2 * kv_dim + 3 * inter;
+  if (c.num_experts > 0)
+    floats += d + c.num_experts +
+              int64_t{c.num_experts_per_tok} * (c.moe_intermediate_size + d + 4);
+  return 4 * floats;
+}
+
 Tensor FinalNormOut(Backend& be, const Tensor& xn) {
   return xn.dtype == DType::kF32 ? xn : be.Alloc({xn.rows(), xn.cols()});
 }

@@ -401,6 +401,12 @@ int64_t Model::KvBytesPerToken() const {
          backend_->KvElementBytes(config_.head_dim);
 }
 
+int64_t Model::StepWorkspaceBytes(int64_t step_tokens, int64_t logits_rows) const {
+  // A logits row: float32 logits and its gathered hidden row (at most as wide).
+  const int64_t logits = logits_rows * config_.vocab_size * 4 * 2;
+  return 2 * (step_tokens * DecoderActivationBytesPerRow(config_) + logits) + (int64_t{512} << 20);
+}
+
 Result<BackendMemory> Model::MemoryInfo() const {
   return backend_->MemoryInfo();
 }

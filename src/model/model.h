@@ -142,6 +142,11 @@ class Model {
   // True when RowOutput::kSample beats copying logits to the host sampler (a GPU backend).
   bool prefers_backend_sampling() const { return backend_->prefers_backend_sampling(); }
   std::vector<int32_t> DecodeGraphBuckets() const { return backend_->DecodeGraphBuckets(); }
+  // Device memory a step of `step_tokens` rows with `logits_rows` logits rows may take beyond the
+  // weights and the KV pool: its activations (DecoderActivationBytesPerRow) and logits, twice for
+  // the backend's scratch (bf16 copies, split-K partials), plus 512 MiB for libraries and graphs.
+  // The one definition of a step's workspace; the engine sizes its limits and the KV pool by it.
+  int64_t StepWorkspaceBytes(int64_t step_tokens, int64_t logits_rows) const;
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;

@@ -1,0 +1,59 @@
+// EngineConfig (what the engine is asked to run with; ResolveEngineLimits fills its 0s) and
+// EngineStats (its counters). Plain values: a config is fixed once the engine is created; the
+// engine thread keeps the running totals and Engine::Stats() returns a snapshot to any thread.
+#pragma once
+
+#include <cstdint>
+
+namespace ember {
+
+struct EngineConfig {
+  // 0 in either of the two limits below: the device's default (ResolveEngineLimits).
+  int32_t max_running = 64;          // sequences decoded together (--max-batch)
+  int32_t max_step_tokens = 512;     // rows per forward step; longer prompts prefill in chunks
+  int64_t kv_cache_bytes = 0;        // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
+  double gpu_memory_fraction = 0.9;  // of a GPU's memory this process may use (weights + KV + work)
+  int32_t block_size = 16;
+  int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
+  bool enable_prefix_caching = true;
+  int32_t max_n = 16;  // largest `n` accepted
+  // Sampled rows without logits processors: drawn by the backend (Backend::SampleRows) when it
+  // prefers that (a GPU), or always (tests of the CPU twin), else by the host sampler.
+  enum class BackendSampling { kAuto, kAlways } backend_sampling = BackendSampling::kAuto;
+  // Overlapped steps: when every row's token is made by the backend from state the host already
+  // has (greedy or backend-sampled, no penalties, min_tokens reached, no logprobs), a step is
+  // launched before the previous step's ids are read: its decode rows take those ids as fed
+  // tokens, and the host's bookkeeping of step N runs while step N + 1 computes. A sequence that
+  // stops at step N has one wasted row in step N + 1. Outputs are identical either way.
+  bool overlap_steps = true;
+  // Prompt logprobs keep the float32 logits of every prompt row of such a request: one step holds
+  // at most this many bytes of them (PromptLogitsRows), so a long prompt prefills in more, shorter
+  // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
+  int64_t prompt_logits_bytes = int64_t{64} << 20;
+};
+
+// Who counts what: LiveSequences the requests and tokens (requests_*, prompt_tokens,
+// generated_tokens), ModelRunner the launches (steps, computed_tokens, forward_ns,
+// decode_forward_ns, overlapped_steps), StepBuilder the decode steps (decode_steps, decode_rows,
+// decode_padding_rows), StepPostprocessor finish_ns, the Engine schedule_ns and the gauges.
+struct EngineStats {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t computed_tokens = 0;  // rows run through the model
+  int64_t steps = 0, preemptions = 0;
+  int32_t num_queued = 0;   // requests not yet admitted
+  int32_t num_running = 0;  // sequences in the running batch
+  int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  // Engine-thread wall time, summed over steps: scheduling, the model forward (recording and
+  // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
+  // bookkeeping, prefix-cache commits, streaming the events).
+  int64_t schedule_ns = 0, forward_ns = 0, finish_ns = 0;
+  // The steps whose rows are all decode rows (one new token per sequence): count, rows, forward,
+  // and the padding rows added to reach a graph bucket (Backend::DecodeGraphBuckets).
+  int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0, decode_padding_rows = 0;
+  // Steps launched before the previous step's ids were read (EngineConfig::overlap_steps).
+  int64_t overlapped_steps = 0;
+};
+
+}  // namespace ember

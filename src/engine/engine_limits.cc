@@ -1,0 +1,204 @@
+#include "engine/engine_limits.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "kv/kv_cache_manager.h"
+#include "util/log.h"
+
+namespace ember {
+
+int32_t PromptLogitsRows(const EngineConfig& config, int32_t vocab_size) {
+  const int64_t rows = config.prompt_logits_bytes / (int64_t{4} * std::max(vocab_size, 1));
+  return static_cast<int32_t>(std::clamp<int64_t>(rows, 1, std::max(config.max_step_tokens, 1)));
+}
+
+int64_t StepWorkspaceBytes(const Model& model, const EngineConfig& config) {
+  // A step's logits rows: one sampled row per running sequence, and prompt-logprobs rows.
+  const int64_t logits_rows =
+      int64_t{config.max_running} + PromptLogitsRows(config, model.config().vocab_size);
+  return model.StepWorkspaceBytes(config.max_step_tokens, logits_rows);
+}
+
+int64_t DeviceBytesLeft(const BackendMemory& mem, double fraction) {
+  return static_cast<int64_t>(fraction * static_cast<double>(mem.total_bytes)) -
+         (mem.total_bytes - mem.free_bytes);
+}
+
+Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
+  const int64_t per_token = model.KvBytesPerToken();
+  // Never more than every running sequence at full context could use.
+  const int64_t want =
+      int64_t{config.max_running} * model.config().max_position_embeddings * per_token;
+  EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (mem.device) {
+    // A step's workspace stays free.
+    const int64_t used = mem.total_bytes - mem.free_bytes;
+    const int64_t budget =
+        DeviceBytesLeft(mem, config.gpu_memory_fraction) - StepWorkspaceBytes(model, config);
+    if (budget < per_token * config.block_size) {
+      char msg[256];
+      std::snprintf(msg, sizeof(msg),
+                    "no GPU memory left for the KV cache: %.1f of %.1f GiB in use after loading "
+                    "the weights, --gpu-memory-fraction %.2f allows %.1f GiB and a step needs "
+                    "%.1f GiB of workspace (raise the fraction or give --kv-cache-bytes)",
+                    used / kGiB, mem.total_bytes / kGiB, config.gpu_memory_fraction,
+                    config.gpu_memory_fraction * mem.total_bytes / kGiB,
+                    StepWorkspaceBytes(model, config) / kGiB);
+      return Status::Error(msg);
+    }
+    return std::min(want, budget);
+  }
+  // Host memory: the pool is committed lazily (only used blocks are resident), but admission
+  // must not promise more than half of what is available, and at most 4 GiB by default.
+  return std::min({want, int64_t{4} << 30, mem.free_bytes / 2});
+}
+
+int32_t GpuStepTokens(const Model& model, EngineConfig config, int64_t bytes) {
+  config.max_step_tokens = 8192;
+  while (config.max_step_tokens > 512 && StepWorkspaceBytes(model, config) > bytes)
+    config.max_step_tokens /= 2;
+  return config.max_step_tokens;
+}
+
+Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config) {
+  if (config.max_running < 0)
+    return Status::Error("--max-batch: must be >= 0 (0: the device's default), got " +
+                         std::to_string(config.max_running));
+  if (config.max_step_tokens < 0)
+    return Status::Error("--max-step-tokens: must be >= 0 (0: the device's default), got " +
+                         std::to_string(config.max_step_tokens));
+  if (config.max_running > 0 && config.max_step_tokens > 0) return config;
+  EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
+  if (config.max_running == 0) config.max_running = mem.device ? 256 : 64;
+  if (config.max_step_tokens == 0) {
+    config.max_step_tokens = 512;
+    if (mem.device) {
+      config.max_step_tokens =
+          GpuStepTokens(model, config, DeviceBytesLeft(mem, config.gpu_memory_fraction) / 4);
+    }
+  }
+  return config;
+}
+
+Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested) {
+  if (!(requested.gpu_memory_fraction > 0.0 && requested.gpu_memory_fraction <= 1.0))
+    return Status::Error("--gpu-memory-fraction must be in (0, 1], got " +
+                         std::to_string(requested.gpu_memory_fraction));
+  EngineSizing sizing;
+  EMBER_ASSIGN_OR_RETURN(sizing.config, ResolveEngineLimits(model, requested));
+  const EngineConfig& config = sizing.config;
+  if (config.block_size <= 0) return Status::Error("block_size must be positive");
+  if (requested.max_running == 0 || requested.max_step_tokens == 0) {
+    LOG_INFO << "engine limits: " << config.max_running << " sequences, " << config.max_step_tokens
+             << " tokens a step";
+  }
+  int64_t bytes = config.kv_cache_bytes;
+  if (bytes <= 0) {
+    EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(model, config));
+  }
+  const int64_t per_token = model.KvBytesPerToken();
+  sizing.num_blocks = kv::NumBlocksForBytes(bytes, per_token, config.block_size);
+  if (sizing.num_blocks < 1) {
+    return Status::Error("--kv-cache-bytes " + std::to_string(bytes) +
+                         " holds no KV block (one block of " + std::to_string(config.block_size) +
+                         " tokens needs " + std::to_string(per_token * config.block_size) +
+                         " bytes)");
+  }
+  sizing.kv_cache_bytes = int64_t{sizing.num_blocks} * config.block_size * per_token;
+  return sizing;
+}
+
+namespace {
+
+SubmitError Invalid(std::string message, std::string param) {
+  return SubmitError{SubmitError::Code::kInvalidRequest, std::move(message), std::move(param)};
+}
+
+// The prompt's ids and the request's counts (max_tokens, prompt_logprobs, n, min_tokens).
+std::optional<SubmitError> ValidatePromptAndCounts(const GenerationRequest& r,
+                                                   const RequestLimits& limits) {
+  if (r.prompt_ids.empty()) return Invalid("the prompt is empty", "prompt");
+  for (int32_t id : r.prompt_ids) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(limits.vocab_size) + ")",
+                     "prompt");
+    }
+  }
+  if (r.max_tokens < 0) {
+    return Invalid("max_tokens must be at least 0, got " + std::to_string(r.max_tokens),
+                   "max_tokens");
+  }
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > kMaxTopLogprobs) {
+    return Invalid("prompt_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) +
+                       "] (or -1: off), got " + std::to_string(r.prompt_logprobs),
+                   "prompt_logprobs");
+  }
+  if (r.n < 1 || r.n > limits.max_n) {
+    return Invalid(
+        "n must be in [1, " + std::to_string(limits.max_n) + "], got " + std::to_string(r.n), "n");
+  }
+  return std::nullopt;
+}
+
+// The prompt plus max_tokens against the context length and the KV pool.
+std::optional<SubmitError> ValidateLength(const GenerationRequest& r, const RequestLimits& limits) {
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt_ids.size());
+  const int64_t total = prompt_len + r.max_tokens;
+  if (total > limits.context_length) {
+    return Invalid("this model's maximum context length is " +
+                       std::to_string(limits.context_length) + " tokens; the prompt has " +
+                       std::to_string(prompt_len) + " tokens and max_tokens asks for " +
+                       std::to_string(r.max_tokens) + " more (" + std::to_string(total) +
+                       " in total)",
+                   "max_tokens");
+  }
+  if (total > limits.kv_capacity_tokens) {
+    return Invalid("the KV cache holds " + std::to_string(limits.kv_capacity_tokens) +
+                       " tokens; the prompt (" + std::to_string(prompt_len) +
+                       ") plus max_tokens (" + std::to_string(r.max_tokens) + ") needs " +
+                       std::to_string(total) + " (raise --kv-cache-bytes)",
+                   "max_tokens");
+  }
+  return std::nullopt;
+}
+
+// min_tokens, the output constraint, the sampling parameters and the stop ids.
+std::optional<SubmitError> ValidateSampling(const GenerationRequest& r,
+                                            const RequestLimits& limits) {
+  if (r.sampling.min_tokens > r.max_tokens) {
+    return Invalid("min_tokens (" + std::to_string(r.sampling.min_tokens) +
+                       ") must not exceed max_tokens (" + std::to_string(r.max_tokens) + ")",
+                   "min_tokens");
+  }
+  if (r.constraint != nullptr && r.constraint->vocab_size() != limits.vocab_size) {
+    return Invalid("the output constraint covers " + std::to_string(r.constraint->vocab_size()) +
+                       " token ids but the model has " + std::to_string(limits.vocab_size),
+                   "response_format");
+  }
+  Status st = r.sampling.Validate(limits.vocab_size);
+  if (!st.ok()) {
+    std::string param = st.message().substr(0, st.message().find(':'));
+    return Invalid(st.message(), param);
+  }
+  for (int32_t id : r.stop_token_ids) {
+    if (id < 0 || id >= limits.vocab_size)
+      return Invalid("stop token id " + std::to_string(id) + " is outside the vocabulary",
+                     "stop_token_ids");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<SubmitError> ValidateRequest(const GenerationRequest& request,
+                                           const RequestLimits& limits) {
+  if (auto error = ValidatePromptAndCounts(request, limits)) return error;
+  if (auto error = ValidateLength(request, limits)) return error;
+  return ValidateSampling(request, limits);
+}
+
+}  // namespace ember

@@ -1,0 +1,195 @@
+#include "engine/step_builder.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "sampling/logit_edits.h"
+#include "util/check.h"
+#include "util/parallel.h"
+
+namespace ember {
+
+namespace {
+
+// A constrained row's mask goes to the backend as edits only up to this many masked tokens (a
+// longer list costs more to build and upload than sampling the row on the host).
+constexpr int64_t kMaxMaskEdits = 8192;
+
+// A token mask (with its `masked` ids) as kMask edits of `row`, after the row's processor edits
+// (from first_edit on): each of those edits whose element is masked turns into a kMask (an
+// element's edits stay adjacent), every other masked element gets one.
+void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
+                     std::vector<LogitEdit>& edits) {
+  std::vector<int32_t> edited;
+  for (size_t i = first_edit; i < edits.size(); ++i) {
+    edited.push_back(edits[i].token);
+    if (!mask.allowed[static_cast<size_t>(edits[i].token)]) edits[i].op = LogitEditOp::kMask;
+  }
+  std::sort(edited.begin(), edited.end());
+  for (int32_t id : mask.masked)
+    if (!std::binary_search(edited.begin(), edited.end(), id))
+      edits.push_back(LogitEdit{row, id, LogitEditOp::kMask, 0.0f});
+}
+
+// Whether the backend makes this row's token (argmax, or a draw where the backend samples): no
+// logprobs wanted. A constrained row's mask then goes along as edits.
+bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
+  const SamplingParams& p = seq.request->request.sampling;
+  return BackendCanSample(p) && (p.is_greedy() || backend_samples);
+}
+
+// Whether the backend makes this row's token from state the host already has, so the step may
+// launch before the previous step's tokens are known: no processor that depends on the tokens
+// (penalties; the min_tokens mask while it applies: the state's count may lag by the one token in
+// flight, and once it reaches min_tokens the true count has too).
+bool FedRowOk(const Sequence& seq, bool backend_samples) {
+  const SamplingParams& p = seq.request->request.sampling;
+  return seq.constraint == nullptr && BackendMakesToken(seq, backend_samples) &&
+         !p.has_penalties() &&
+         (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
+}
+
+}  // namespace
+
+StepBatch StepBuilder::Build(const StepPlan& plan) {
+  StepBatch step;
+  step.scheduled = plan.scheduled;
+  AddSequenceRows(step);
+  // A decode step (one sampled row per sequence) is padded to its graph bucket's row count.
+  const BatchPlan& batch = step.batch;
+  step.real_rows = static_cast<int32_t>(batch.logits_rows.size());
+  step.decode_only = batch.num_tokens() == batch.num_seqs() && step.real_rows == batch.num_seqs() &&
+                     std::none_of(step.scheduled.begin(), step.scheduled.end(),
+                                  [](const auto& s) { return s.seq->needs_prompt_logits; });
+  if (step.decode_only) {
+    ++counters_->decode_steps;
+    counters_->decode_rows += step.real_rows;
+    counters_->decode_padding_rows += runner_->PadToGraphBucket(step.batch);
+  }
+  AddPromptRows(step);
+  step.deferred = MayDefer(step);
+  return step;
+}
+
+// Each scheduled sequence's new tokens, at its computed position, over its block table; a
+// sampled sequence's last row is a logits row.
+void StepBuilder::AddSequenceRows(StepBatch& step) {
+  step.batch.block_size = config_.block_size;
+  for (const ScheduledSequence& s : step.scheduled) {
+    Sequence* seq = s.seq;
+    ++seq->steps_in_flight;  // from here on the step holds it (Complete / Fail let go)
+    // Placeholders (-1 - r) of the step in flight pass through as fed tokens: it is the model's
+    // previous Forward.
+    chunk_.assign(seq->tokens.begin() + seq->num_computed_tokens,
+                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
+    step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id), s.samples);
+  }
+}
+
+// Every prompt row of a sequence that needs prompt logprobs gets a logits row, after the sampled
+// and padding rows (so the sampled rows keep rows 0..real_rows-1), except the prompt's last row:
+// its logits are the sampled row's (or unused, with max_tokens 0). The scheduler bounded these
+// rows (SchedulerConfig::max_prompt_logits_rows).
+void StepBuilder::AddPromptRows(StepBatch& step) {
+  BatchPlan& batch = step.batch;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const Sequence& seq = *step.scheduled[i].seq;
+    if (!seq.needs_prompt_logits) continue;
+    const int32_t first_pos = seq.num_computed_tokens;
+    const int32_t end = std::min(first_pos + step.scheduled[i].num_new_tokens, seq.prompt_len - 1);
+    if (end <= first_pos) continue;
+    StepBatch::PromptRows run;
+    run.scheduled_index = i;
+    run.first_pos = first_pos;
+    run.num_rows = end - first_pos;
+    run.first_row = static_cast<int32_t>(batch.logits_rows.size());
+    for (int32_t r = 0; r < run.num_rows; ++r)
+      batch.logits_rows.push_back(batch.seqs[i].query_start + r);
+    step.prompt_rows.push_back(run);
+  }
+}
+
+bool StepBuilder::BackendSamples() const {
+  return runner_->prefers_backend_sampling() ||
+         config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
+}
+
+// A step may launch before the step in flight's ids are read when every sampled row's token is
+// made by the backend from state the host already has (FedRowOk) and no logits come to the host.
+bool StepBuilder::MayDefer(const StepBatch& step) const {
+  if (!config_.overlap_steps || !step.prompt_rows.empty()) return false;
+  const bool backend_samples = BackendSamples();
+  return std::all_of(step.scheduled.begin(), step.scheduled.end(), [&](const auto& s) {
+    return !s.samples || FedRowOk(*s.seq, backend_samples);
+  });
+}
+
+// Rows that want no logprobs get their token from the backend: their processors (bias,
+// penalties, min_tokens mask) as a sparse edit list applied where the logits are, then the
+// argmax, or a draw with the sequence's next uniform where the backend prefers it. Logprobs rows
+// (and sampled rows on a backend that prefers the host) copy their logits to the host sampler.
+void StepBuilder::DecideRowOutputs(StepBatch& step) {
+  const size_t num_rows = step.batch.logits_rows.size();
+  step.logits = runner_->LogitsBuffer(num_rows);
+  // Padding rows (past real_rows): an argmax nobody reads.
+  step.kinds.assign(num_rows, RowOutput::kArgmax);
+  std::fill(step.kinds.begin(), step.kinds.begin() + step.real_rows, RowOutput::kCopy);
+  for (const StepBatch::PromptRows& run : step.prompt_rows)
+    std::fill_n(step.kinds.begin() + run.first_row, run.num_rows, RowOutput::kCopy);
+  step.sampling.assign(num_rows, RowSampling{});
+  step.ids.assign(num_rows, 0);
+  BuildMasks(step);
+  for (const ScheduledSequence& s : step.scheduled) {
+    if (!s.samples) continue;
+    const size_t row = step.row_params.size();
+    step.row_params.push_back(&s.seq->request->request.sampling);
+    step.row_states.push_back(s.seq->sampler.get());
+    DecideSampledRow(s, row, step);
+  }
+}
+
+// Sampled row `row` of sequence s: kCopy (the host samples it, with its mask) unless the backend
+// makes its token; then kArgmax or kSample with the row's processors (and mask) as edits.
+void StepBuilder::DecideSampledRow(const ScheduledSequence& s, size_t row, StepBatch& step) {
+  const SamplingParams& p = s.seq->request->request.sampling;
+  const TokenMask* mask = step.row_masks.empty() ? nullptr : step.row_masks[row];
+  // A constrained row goes to the backend only when its mask is a short edit list (few tokens
+  // masked: inside a JSON string); one that allows nothing stays kCopy too (the host ends it).
+  const bool mask_as_edits = mask != nullptr && mask->num_allowed > 0 && mask->masked_listed();
+  if (!BackendMakesToken(*s.seq, BackendSamples()) || (mask != nullptr && !mask_as_edits)) return;
+  if (p.is_greedy()) {
+    step.kinds[row] = RowOutput::kArgmax;
+  } else {
+    step.kinds[row] = RowOutput::kSample;
+    step.sampling[row] = {p.temperature, p.top_k, p.top_p, p.min_p, s.seq->sampler->NextUniform()};
+  }
+  const size_t first_edit = step.edits.size();
+  AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(row), step.edits);
+  if (mask != nullptr) {
+    AppendMaskEdits(*mask, static_cast<int32_t>(row), first_edit, step.edits);
+    step.row_masks[row] = nullptr;  // the backend applies it
+  }
+}
+
+// The masks of the step's constrained rows (the tokens they may take next), built before the
+// launch on helper threads (at most half the host's cores, rows claimed from a counter). A state
+// seen before costs a copy (MaskCache in json_constraint.h). row_masks[r] points to row r's.
+void StepBuilder::BuildMasks(StepBatch& step) {
+  std::vector<const TokenConstraint*> constraints;
+  for (const ScheduledSequence& s : step.scheduled)
+    if (s.samples && s.seq->constraint != nullptr) constraints.push_back(s.seq->constraint.get());
+  if (constraints.empty()) return;
+  CHECK(!step.deferred);
+  step.masks.resize(constraints.size());
+  ForEachOnThreads(constraints.size(), std::thread::hardware_concurrency() / 2,
+                   [&](size_t i) { step.masks[i].Build(*constraints[i], kMaxMaskEdits); });
+  step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
+  size_t row = 0, m = 0;
+  for (const ScheduledSequence& s : step.scheduled) {
+    if (!s.samples) continue;
+    const size_t r = row++;
+    if (s.seq->constraint != nullptr) step.row_masks[r] = &step.masks[m++];
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,103 @@
+// StepBuilder: the ONE place where a step's rows are decided. It turns the scheduler's StepPlan
+// into a StepBatch: the BatchPlan (each scheduled sequence's new tokens, decode steps padded to a
+// graph bucket, the logits rows of prompt-logprobs positions), whether the step may launch before
+// the step in flight has delivered its ids (deferred), and per logits row what comes back
+// (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
+// LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
+// the sequences' states and draws their sampling uniforms; it changes nothing else. Engine thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/batch_plan.h"
+#include "backend/logit_edit.h"
+#include "engine/engine_config.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "kv/kv_cache_manager.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+
+namespace ember {
+
+// One step from its build to its completion. Logits rows: first one per sampled sequence (in
+// scheduled order: rows [0, real_rows)), then a decode step's padding rows, then the
+// prompt-logprobs rows (prompt_rows). A StepBatch may be moved while in flight: the spans the
+// backend holds point into its vectors' heap buffers, which a move keeps.
+struct StepBatch {
+  std::vector<ScheduledSequence> scheduled;  // the StepPlan's, in row order
+  BatchPlan batch;
+  int32_t real_rows = 0;     // sampled rows: one per scheduled sequence with `samples`
+  bool decode_only = false;  // every row a decode row (one new token per sequence)
+  bool deferred = false;     // launched before the step in flight's ids are read; ids come
+                             // through ModelRunner::WaitIds (no kCopy row, no host state needed)
+
+  // [rows] what each logits row delivers, and what the backend needs to make its token.
+  std::vector<RowOutput> kinds;
+  std::vector<RowSampling> sampling;  // kSample rows' parameters and uniform draw
+  std::vector<LogitEdit> edits;       // kArgmax/kSample rows' processors and masks (kMask)
+  std::vector<int32_t> ids;           // kArgmax/kSample rows' tokens, filled by the step
+  std::span<float> logits;            // kCopy rows (never in a deferred step)
+  // [real_rows] the host sampler's inputs for the kCopy sampled rows.
+  std::vector<const SamplingParams*> row_params;
+  std::vector<SamplerState*> row_states;
+  // Constrained rows (never in a deferred step): their masks, built before the launch (a mask
+  // depends only on the tokens already accepted). row_masks[r]: the host applies it to sampled
+  // row r; null: none, or the backend applies it as kMask edits. Empty: no constrained row.
+  std::vector<TokenMask> masks;
+  std::vector<const TokenMask*> row_masks;
+  // Prompt-logprobs rows (never in a deferred step): per sequence that needs them, positions
+  // [first_pos, first_pos + num_rows), whose logits are the kCopy rows from first_row on.
+  struct PromptRows {
+    size_t scheduled_index = 0;
+    int32_t first_pos = 0, num_rows = 0, first_row = 0;
+  };
+  std::vector<PromptRows> prompt_rows;
+
+  // Set at launch (StepPostprocessor::Launched), per scheduled sequence.
+  std::vector<int32_t> computed_end;  // num_computed_tokens after the step
+  std::vector<int32_t> token_index;   // where its sampled token goes in tokens, or -1
+
+  StepOutputs outputs() {
+    StepOutputs out{logits, kinds, sampling, ids, edits};
+    out.defer_ids = deferred;
+    return out;
+  }
+};
+
+class StepBuilder {
+ public:
+  // All pointers must outlive the builder. It adds decode_steps, decode_rows and
+  // decode_padding_rows to `counters` (the engine's running totals).
+  StepBuilder(const EngineConfig& config, ModelRunner* runner, kv::KvCacheManager* kv,
+              EngineStats* counters)
+      : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
+
+  // The step's rows and whether it may be deferred. Reads only what the step in flight cannot
+  // change (its sampled tokens pass through as fed placeholders). From here on the step holds
+  // its sequences (Sequence::steps_in_flight) until it completes or fails.
+  StepBatch Build(const StepPlan& plan);
+  // What each logits row delivers: its kind, its processors and mask, its sampling draw. These
+  // read the sequences' accepted tokens, so a step that is not deferred must be given them only
+  // after the step in flight has completed.
+  void DecideRowOutputs(StepBatch& step);
+
+ private:
+  void AddSequenceRows(StepBatch& step);
+  void AddPromptRows(StepBatch& step);
+  bool MayDefer(const StepBatch& step) const;
+  bool BackendSamples() const;
+  void BuildMasks(StepBatch& step);
+  void DecideSampledRow(const ScheduledSequence& s, size_t row, StepBatch& step);
+
+  const EngineConfig config_;
+  ModelRunner* runner_;
+  kv::KvCacheManager* kv_;
+  EngineStats* counters_;
+  std::vector<int32_t> chunk_;  // scratch: one sequence's new tokens
+};
+
+}  // namespace ember

@@ -1,0 +1,177 @@
+#include "engine/step_postprocessor.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "engine/clock.h"
+#include "sampling/processors.h"
+#include "util/log.h"
+#include "util/parallel.h"
+
+namespace ember {
+
+void StepPostprocessor::Launched(StepBatch& step) {
+  step.computed_end.reserve(step.scheduled.size());
+  step.token_index.reserve(step.scheduled.size());
+  int32_t row = 0;
+  for (const ScheduledSequence& s : step.scheduled) {
+    Sequence* seq = s.seq;
+    seq->num_computed_tokens += s.num_new_tokens;
+    step.computed_end.push_back(seq->num_computed_tokens);
+    if (!s.samples) {
+      step.token_index.push_back(-1);
+      continue;
+    }
+    step.token_index.push_back(seq->num_tokens());
+    seq->tokens.push_back(-1 - row++);
+    if (seq->num_generated() >= seq->request->request.max_tokens) seq->last_token_pending = true;
+  }
+}
+
+void StepPostprocessor::Fail(const StepBatch& step) {
+  for (const ScheduledSequence& s : step.scheduled) {
+    if (s.seq->finish != FinishReason::kNone) continue;  // ended while it was being planned
+    sequences_->EndWithoutToken(s.seq, FinishReason::kError);
+  }
+  sequences_->Release(step.scheduled);
+}
+
+void StepPostprocessor::Complete(StepBatch& step) {
+  if (step.deferred) {
+    Status st = runner_->WaitIds(step.decode_only);
+    if (!st.ok()) {
+      LOG_ERROR << "forward step failed: " << st.message();
+      Fail(step);
+      return;
+    }
+  }
+  const int64_t finish_start = NowNs();
+  if (!step.deferred) {
+    SampleOnHost(step);
+    ComputePromptLogprobs(step);
+  }
+  size_t row = 0;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const ScheduledSequence& s = step.scheduled[i];
+    const size_t r = row;
+    if (s.samples) ++row;
+    if (s.seq->finish != FinishReason::kNone) continue;  // ended while this step was in flight
+    const bool prompt_done = CommitComputed(step, i);
+    if (s.samples) {
+      AcceptToken(step, i, r);
+    } else if (s.seq->request->request.max_tokens == 0 && prompt_done) {  // prompt-only request
+      sequences_->EndWithoutToken(s.seq, FinishReason::kLength);
+    }
+  }
+  sequences_->Release(step.scheduled);
+  counters_->finish_ns += NowNs() - finish_start;
+}
+
+void StepPostprocessor::SampleOnHost(const StepBatch& step) {
+  const auto real_rows = static_cast<size_t>(step.real_rows);
+  row_outputs_.assign(real_rows, SampleOutput{});
+  host_skip_.assign(real_rows, 0);
+  for (size_t r = 0; r < real_rows; ++r) host_skip_[r] = step.kinds[r] != RowOutput::kCopy;
+  const int32_t vocab = runner_->vocab_size();
+  SampleRows(step.logits.first(real_rows * static_cast<size_t>(vocab)), vocab, step.row_params,
+             step.row_states, row_outputs_, host_skip_, step.row_masks);
+}
+
+// The logits row of prompt position p gives the logprob of the prompt token at p + 1, as a
+// generated token's is computed (TokenLogprobs on the raw row: no processor ever touched a
+// kCopy prompt row), rows in parallel.
+void StepPostprocessor::ComputePromptLogprobs(const StepBatch& step) {
+  struct Row {
+    Sequence* seq;
+    int32_t pos;
+    size_t logits_row;
+  };
+  std::vector<Row> rows;
+  for (const StepBatch::PromptRows& run : step.prompt_rows) {
+    Sequence* seq = step.scheduled[run.scheduled_index].seq;
+    if (seq->finish != FinishReason::kNone) continue;
+    for (int32_t r = 0; r < run.num_rows; ++r)
+      rows.push_back({seq, run.first_pos + r, static_cast<size_t>(run.first_row + r)});
+  }
+  const auto vocab = static_cast<size_t>(runner_->vocab_size());
+  ForEachOnThreads(rows.size(), std::thread::hardware_concurrency(), [&](size_t i) {
+    const Row& row = rows[i];
+    const std::span<const float> logits = step.logits.subspan(row.logits_row * vocab, vocab);
+    const int32_t token = row.seq->tokens[static_cast<size_t>(row.pos) + 1];
+    SampleOutput raw = TokenLogprobs(logits, token, row.seq->request->request.prompt_logprobs);
+    PromptLogprob& out = row.seq->prompt_logprobs[static_cast<size_t>(row.pos)];
+    out.logprob = raw.logprob;
+    out.rank = LogprobRank(logits, token);
+    out.top_logprobs = std::move(raw.top_logprobs);
+  });
+}
+
+bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i) {
+  Sequence* seq = step.scheduled[i].seq;
+  RequestState& state = *seq->request;
+  // Blocks of a sequence preempted since the launch are gone; it recomputes them.
+  if (seq->started)
+    kv_->CommitComputed(seq->id, seq->tokens, step.computed_end[i], state.request.cache_namespace);
+  sequences_->MarkAdmitted(state);
+  const bool prompt_done = step.computed_end[i] >= seq->prompt_len;
+  if (seq->sample_index == 0 && prompt_done) state.prompt_prefilled = true;
+  if (seq->needs_prompt_logits && prompt_done) {
+    seq->needs_prompt_logits = false;
+    seq->prompt_logprobs_ready = true;  // sent with the next event
+  }
+  return prompt_done;
+}
+
+void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row) {
+  Sequence* seq = step.scheduled[i].seq;
+  RequestState& state = *seq->request;
+  SampleOutput out;
+  if (step.kinds[row] != RowOutput::kCopy) {
+    out.token_id = step.ids[row];
+  } else {
+    out = std::move(row_outputs_[row]);
+  }
+  if (out.token_id < 0) {  // its token constraint allowed nothing
+    LOG_WARN << "request " << state.request_id << ": the output constraint allows no token";
+    sequences_->EndWithoutToken(seq, FinishReason::kError);
+    return;
+  }
+  const int32_t index = step.token_index[i];
+  seq->tokens[static_cast<size_t>(index)] = out.token_id;
+  seq->sampler->Accept(out.token_id);
+  const bool constraint_broken =
+      seq->constraint != nullptr && !seq->constraint->Accept(out.token_id);
+  if (constraint_broken) {
+    LOG_WARN << "request " << state.request_id << ": token " << out.token_id
+             << " broke the output constraint (non-finite logits?)";
+  }
+  TokenEvent event = NextEvent(seq);
+  event.token_id = out.token_id;
+  event.logprob = out.logprob;
+  event.top_logprobs = std::move(out.top_logprobs);
+  event.finish = StopReason(*seq, index, out.token_id, constraint_broken, &event.stop_token);
+  event.time_ns = NowNs();
+  const FinishReason finish = event.finish;
+  state.stream->Push(std::move(event));
+  if (finish != FinishReason::kNone) sequences_->Finish(seq, finish);
+}
+
+// Why the sequence ends with the token at `index` (kNone: it goes on). *stop_token: the token is
+// a stop id.
+FinishReason StepPostprocessor::StopReason(const Sequence& seq, int32_t index, int32_t token,
+                                           bool constraint_broken, bool* stop_token) const {
+  const RequestState& state = *seq.request;
+  *stop_token = false;
+  if (constraint_broken) return FinishReason::kError;
+  if (std::find(state.stop_ids.begin(), state.stop_ids.end(), token) != state.stop_ids.end()) {
+    *stop_token = true;
+    return FinishReason::kStop;
+  }
+  if (seq.constraint != nullptr && seq.constraint->Done()) {
+    return FinishReason::kStop;  // the structured output is complete
+  }
+  if (index + 1 - seq.prompt_len >= state.request.max_tokens) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+}  // namespace ember
