@@ -9,9 +9,7 @@
 #include <functional>
 #include <thread>
 
-#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul.h"  // ConvertToF32
-#include "backend/cuda_loader.h"
 #include "model/architecture.h"
 #include "model/safetensors.h"
 #include "model/weight_convert.h"
@@ -353,6 +351,14 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
 Model::~Model() = default;
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& opts) {
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(opts));
+  return Load(dir, std::move(backend), opts);
+}
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                           std::unique_ptr<Backend> backend,
+                                           const ModelLoadOptions& opts) {
+  CHECK(backend != nullptr);
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return Status::Error(dir + ": model directory not found");
@@ -369,17 +375,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLo
   EMBER_ASSIGN_OR_RETURN(model->generation_,
                          ParseGenerationConfig(gen_text, gen_path, model->config_));
   EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
-  if (opts.device == DeviceKind::kCuda) {
-    CudaBackendOptions cuda;
-    cuda.f32_compute = opts.cuda_f32_compute;
-    cuda.batch_invariant = opts.cuda_batch_invariant;
-    EMBER_ASSIGN_OR_RETURN(model->backend_, LoadCudaBackend(opts.cuda_device, cuda));
-  } else {
-    CpuBackendOptions cpu;
-    cpu.num_threads = opts.num_threads;
-    cpu.decode_graph_buckets = opts.cpu_decode_graph_buckets;
-    model->backend_ = MakeCpuBackend(cpu);
-  }
+  model->backend_ = std::move(backend);
   if (const ModelConfig& c = model->config_; c.num_experts > 0) {
     const std::string why = model->backend_->MoeUnsupported(
         c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/backend_factory.h"
 #include "backend/batch_plan.h"
 #include "util/status.h"
 
@@ -111,23 +112,20 @@ struct StepOutputs {
   bool defer_ids = false;
 };
 
-enum class DeviceKind { kCpu, kCuda };
-struct ModelLoadOptions {
-  DeviceKind device = DeviceKind::kCpu;
-  int32_t num_threads = 0;  // 0 = all cores
-  int32_t cuda_device = 0;
-  bool cuda_f32_compute = false;  // CUDA: f32 weights and GEMMs (parity mode) instead of bf16
-  // CUDA bf16: the batch-invariant GEMM too (a row's result never depends on the rest of the
-  // step; slower). Attention is batch-invariant either way.
-  bool cuda_batch_invariant = false;
+// How to load a model: the backend to build (BackendChoice, for the convenience Load) and the
+// config file's name.
+struct ModelLoadOptions : BackendChoice {
   // File name of the config inside the folder (tests load config.v4.json too).
   std::string config_file = "config.json";
-  // CPU, tests: CpuBackendOptions::decode_graph_buckets (the engine pads decode steps to them).
-  std::vector<int32_t> cpu_decode_graph_buckets;
 };
 
 class Model {
  public:
+  // Loads the checkpoint in `dir` onto `backend` (which the model then owns).
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir,
+                                             std::unique_ptr<Backend> backend,
+                                             const ModelLoadOptions& opts);
+  // The same on a new backend of opts' choice (CreateBackend).
   static Result<std::unique_ptr<Model>> Load(const std::string& dir, const ModelLoadOptions& opts);
   ~Model();
   Model(const Model&) = delete;

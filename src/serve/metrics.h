@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/engine.h"
+#include "engine/engine_config.h"  // EngineStats
 
 namespace ember::serve {
 

@@ -1,0 +1,21 @@
+#include "backend/backend_factory.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_loader.h"
+
+namespace ember {
+
+Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
+  if (choice.device == DeviceKind::kCuda) {
+    CudaBackendOptions cuda;
+    cuda.f32_compute = choice.cuda_f32_compute;
+    cuda.batch_invariant = choice.cuda_batch_invariant;
+    return LoadCudaBackend(choice.cuda_device, cuda);
+  }
+  CpuBackendOptions cpu;
+  cpu.num_threads = choice.num_threads;
+  cpu.decode_graph_buckets = choice.cpu_decode_graph_buckets;
+  return MakeCpuBackend(cpu);
+}
+
+}  // namespace ember
