@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kv/kv_cache_manager.h"
+#include "sampling/request_sampling.h"
 #include "util/log.h"
 
 namespace ember {
@@ -144,25 +145,14 @@ std::optional<SubmitError> ValidatePromptAndCounts(const GenerationRequest& r,
   return std::nullopt;
 }
 
-// The prompt plus max_tokens against the context length and the KV pool.
+// The prompt plus max_tokens against the context length and the KV pool: the one rule
+// (CheckContextFits) the request parsers apply too.
 std::optional<SubmitError> ValidateLength(const GenerationRequest& r, const RequestLimits& limits) {
-  const int64_t prompt_len = static_cast<int64_t>(r.prompt_ids.size());
-  const int64_t total = prompt_len + r.max_tokens;
-  if (total > limits.context_length) {
-    return Invalid("this model's maximum context length is " +
-                       std::to_string(limits.context_length) + " tokens; the prompt has " +
-                       std::to_string(prompt_len) + " tokens and max_tokens asks for " +
-                       std::to_string(r.max_tokens) + " more (" + std::to_string(total) +
-                       " in total)",
-                   "max_tokens");
-  }
-  if (total > limits.kv_capacity_tokens) {
-    return Invalid("the KV cache holds " + std::to_string(limits.kv_capacity_tokens) +
-                       " tokens; the prompt (" + std::to_string(prompt_len) +
-                       ") plus max_tokens (" + std::to_string(r.max_tokens) + ") needs " +
-                       std::to_string(total) + " (raise --kv-cache-bytes)",
-                   "max_tokens");
-  }
+  const TokenLimits token_limits{limits.vocab_size, limits.context_length,
+                                 limits.kv_capacity_tokens};
+  if (auto error = CheckContextFits(static_cast<int64_t>(r.prompt_ids.size()), r.max_tokens,
+                                    token_limits, "prompt"))
+    return Invalid(error->message, error->field);
   return std::nullopt;
 }
 
