@@ -161,15 +161,30 @@ std::string StrRepr(const std::string& s) {
 
 }  // namespace
 
-std::string Repr(const Value& v) {
+namespace {
+
+// Printing and dumping recurse over lists and dicts: a value a template built deeper than this
+// is an error, not a stack overflow (client values are bounded far below it at the render).
+constexpr int kMaxPrintDepth = 512;
+
+void CheckPrintDepth(int depth) {
+  if (depth > kMaxPrintDepth)
+    throw TemplateError("ValueError: the value nests deeper than " + std::to_string(kMaxPrintDepth) +
+                        " lists/dicts");
+}
+
+std::string ToStrAt(const Value& v, int depth);
+
+std::string ReprAt(const Value& v, int depth) {
   switch (v.kind()) {
     case Kind::kString: return StrRepr(v.str());
     case Kind::kUndefined: return "Undefined";
-    default: return ToStr(v);
+    default: return ToStrAt(v, depth);
   }
 }
 
-std::string ToStr(const Value& v) {
+std::string ToStrAt(const Value& v, int depth) {
+  CheckPrintDepth(depth);
   switch (v.kind()) {
     case Kind::kUndefined: return "";
     case Kind::kNone: return "None";
@@ -181,7 +196,7 @@ std::string ToStr(const Value& v) {
       std::string out = v.is_tuple() ? "(" : "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i) out += ", ";
-        out += Repr(v.list()[i]);
+        out += ReprAt(v.list()[i], depth + 1);
       }
       if (v.is_tuple() && v.list().size() == 1) out += ",";
       return out + (v.is_tuple() ? ")" : "]");
@@ -192,7 +207,7 @@ std::string ToStr(const Value& v) {
       for (const auto& [k, val] : v.dict().items) {
         if (!first) out += ", ";
         first = false;
-        out += Repr(k) + ": " + Repr(val);
+        out += ReprAt(k, depth + 1) + ": " + ReprAt(val, depth + 1);
       }
       return out + "}";
     }
@@ -201,6 +216,12 @@ std::string ToStr(const Value& v) {
   }
   return "";
 }
+
+}  // namespace
+
+std::string Repr(const Value& v) { return ReprAt(v, 0); }
+
+std::string ToStr(const Value& v) { return ToStrAt(v, 0); }
 
 bool Equal(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
@@ -313,6 +334,7 @@ struct JsonOptions {
 };
 
 void JsonDump(const Value& v, const JsonOptions& o, int depth, std::string& out) {
+  CheckPrintDepth(depth);
   const int indent = o.indent;
   auto newline = [&](int d) {
     if (indent < 0) return;
