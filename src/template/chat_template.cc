@@ -144,7 +144,7 @@ Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bo
   t.tools_source_ = std::move(source);
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
-  t.NoteInspectedLiterals();
+  t.NoteInspectedLiterals(t.tools_source_);
   return t;
 }
 
@@ -172,7 +172,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     if (!program.ok()) return program.status().WithContext(jinja_path);
     t.default_ = *program;
     t.tools_source_ = std::move(source);
-    t.NoteInspectedLiterals();
+    t.NoteInspectedLiterals(t.tools_source_);
     return t;
   }
   auto it = config.find("chat_template");
@@ -182,11 +182,12 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template");
     t.default_ = *program;
     t.tools_source_ = it->get<std::string>();
-    t.NoteInspectedLiterals();
+    t.NoteInspectedLiterals(t.tools_source_);
     return t;
   }
   if (!it->is_array())
     return Status::Error(config_path + ": chat_template must be a string or a list of {name, template}");
+  std::string sources;
   for (const auto& entry : *it) {
     if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
         !entry["name"].is_string() || !entry["template"].is_string())
@@ -196,10 +197,11 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(entry["template"].get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template '" + name + "'");
     (name == "default" ? t.default_ : t.tool_use_) = *program;
+    sources += entry["template"].get<std::string>();
     // Tools render through "tool_use" when there is one (RenderImpl).
     if (name == "tool_use" || !t.tool_use_) t.tools_source_ = entry["template"].get<std::string>();
   }
-  t.NoteInspectedLiterals();
+  t.NoteInspectedLiterals(std::move(sources));
   return t;
 }
 
@@ -266,7 +268,8 @@ Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
   return RenderImpl(messages, tools, add_generation_prompt, extra_kwargs, nullptr);
 }
 
-void ChatTemplate::NoteInspectedLiterals() {
+void ChatTemplate::NoteInspectedLiterals(std::string sources) {
+  sources_ = std::move(sources);
   InspectedLiterals walker;
   for (const auto* program : {default_.get(), tool_use_.get()})
     if (program != nullptr) walker.Walk(program->body);
@@ -278,6 +281,10 @@ std::vector<std::string> ChatTemplate::ProtectedTokenStrings(
   std::vector<std::string> out(special_tokens.begin(), special_tokens.end());
   for (const std::string& token : added_tokens) {
     if (token.empty() || std::find(out.begin(), out.end(), token) != out.end()) continue;
+    // Only the template's own markers: added tokens that are ordinary text (Gemma's whitespace
+    // runs and HTML tags) must keep tokenizing as the reference does.
+    const bool whitespace = token.find_first_not_of(" \t\n\r") == std::string::npos;
+    if (whitespace || sources_.find(token) == std::string::npos) continue;
     const bool inspected =
         std::any_of(inspected_literals_.begin(), inspected_literals_.end(),
                     [&](const std::string& literal) { return literal.find(token) != std::string::npos; });

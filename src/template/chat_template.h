@@ -66,8 +66,9 @@ class ChatTemplate {
                              bool add_generation_prompt, const nlohmann::ordered_json& extra_kwargs) const;
 
   // The strings to keep out of client text (RenderPrompt's protected_strings): every special
-  // token, and every other added token unless this template looks for it inside strings (Qwen3
-  // reads '</think>' and '<tool_response>' out of message content, so those must stay as sent).
+  // token, and the other added tokens that the template writes itself (DeepSeek's <｜User｜>,
+  // Qwen3's <tool_call>), except whitespace and those the template looks for inside strings
+  // (Qwen3 reads '</think>' and '<tool_response>' out of message content: they stay as sent).
   std::vector<std::string> ProtectedTokenStrings(std::span<const std::string> special_tokens,
                                                  std::span<const std::string> added_tokens) const;
 
@@ -88,7 +89,7 @@ class ChatTemplate {
   template <typename Json>
   Result<std::string> RenderImpl(const Json& messages, const Json& tools, bool add_generation_prompt,
                                  const Json& extra_kwargs, const ClientTextGuard* guard) const;
-  void NoteInspectedLiterals();
+  void NoteInspectedLiterals(std::string sources);
   template <typename Json>
   Result<RenderedPrompt> RenderPromptImpl(const Json& messages, const Json& tools,
                                           bool add_generation_prompt, const Json& extra_kwargs,
@@ -104,6 +105,7 @@ class ChatTemplate {
   std::vector<std::pair<std::string, std::string>> other_special_tokens_;
   // String literals the templates search client strings for (`'</think>' in content`).
   std::vector<std::string> inspected_literals_;
+  std::string sources_;  // the text of every parsed template
 };
 
 }  // namespace ember

@@ -142,13 +142,15 @@ TEST(ClientTextGuard, ProtectedTokenStringsKeepsWhatTheTemplateInspects) {
   auto t = ChatTemplate::FromSource(
       "{% for m in messages %}{% if '</think>' in m.content %}{{ m.content.split('</think>')[-1] }}"
       "{% elif m.content.startswith('<tool_response>') %}T{% else %}<tool_call>{{ m.content }}"
-      "{% endif %}{% endfor %}", "", "");
+      "\n{% endif %}{% endfor %}", "", "");
   ASSERT_TRUE(t.ok()) << t.message();
   const std::vector<std::string> special = {"<|im_start|>"};
+  // Kept: special tokens, the markers the template writes. Left as text: what it inspects, what
+  // it never writes (<table>), whitespace.
   const std::vector<std::string> added = {"<|im_start|>", "</think>", "<tool_response>",
-                                          "<tool_call>", "<think>"};
+                                          "<tool_call>", "<table>", "\n"};
   EXPECT_EQ(t->ProtectedTokenStrings(special, added),
-            (std::vector<std::string>{"<|im_start|>", "<tool_call>", "<think>"}));
+            (std::vector<std::string>{"<|im_start|>", "<tool_call>"}));
 }
 
 }  // namespace
