@@ -12,6 +12,7 @@
 #include "sampling/json_schema.h"
 #include "sampling/tool_call_constraint.h"
 #include "tokenizer/tokenizer.h"
+#include "util/json_bounds.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -19,8 +20,12 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+// (Parsed with ParseOrderedJsonBounded: ordered_json::parse is quadratic in an object's keys.)
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileText(const std::string& text) {
-  return CompileJsonSchema(json::parse(text), "schema");
+  auto parsed = ParseOrderedJsonBounded(text, 1 << 20);
+  EXPECT_TRUE(parsed.ok()) << parsed.message();
+  if (!parsed.ok()) return parsed.status();
+  return CompileJsonSchema(*parsed, "schema");
 }
 
 std::string Repeat(const std::string& s, int n) {

@@ -14,9 +14,10 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson Deep(int depth) {  // nlohmann's parser is iterative
-  return ojson::parse(std::string(static_cast<size_t>(depth), '[') +
-                      std::string(static_cast<size_t>(depth), ']'));
+// `depth` nested arrays as JSON text. Deep documents are only ever parsed (nlohmann's parser and
+// destructor are iterative; its copy constructor is not, so the tests never copy one).
+std::string DeepText(int depth) {
+  return std::string(static_cast<size_t>(depth), '[') + std::string(static_cast<size_t>(depth), ']');
 }
 
 ChatTemplate Simple() {
@@ -31,33 +32,38 @@ ChatTemplate Simple() {
 
 TEST(ChatTemplateHostile, DeepInputsAreErrors) {
   const ChatTemplate t = Simple();
-  const ojson deep = Deep(20000);
-  const ojson user = {{"role", "user"}, {"content", "hi"}};
-  ojson messages = ojson::array({user, {{"role", "user"}, {"content", deep}}});
-  ojson tools = ojson::array(
-      {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", deep}}}}});
-  const std::vector<std::string> none;
+  const std::string deep = DeepText(20000);
+  const std::string user = R"({"role": "user", "content": "hi"})";
   struct Case {
-    ojson messages, tools, kwargs;
-    std::string what;
+    std::string messages, tools, kwargs, what;
   };
-  for (const Case& c : {Case{messages, nullptr, ojson::object(), "messages"},
-                        Case{ojson::array({user}), tools, ojson::object(), "tools"},
-                        Case{ojson::array({user}), nullptr, {{"deep", deep}}, "chat_template_kwargs"}}) {
-    auto r = t.Render(c.messages, c.tools, true, c.kwargs);
+  const Case cases[] = {
+      {"[" + user + R"(, {"role": "user", "content": )" + deep + "}]", "null", "{}", "messages"},
+      {"[" + user + "]",
+       R"([{"type": "function", "function": {"name": "f", "parameters": )" + deep + "}}]", "{}",
+       "tools"},
+      {"[" + user + "]", "null", R"({"deep": )" + deep + "}", "chat_template_kwargs"},
+  };
+  const std::vector<std::string> none;
+  for (const Case& c : cases) {
+    const ojson messages = ojson::parse(c.messages), tools = ojson::parse(c.tools),
+                kwargs = ojson::parse(c.kwargs);
+    auto r = t.Render(messages, tools, true, kwargs);
     ASSERT_FALSE(r.ok()) << c.what;
     EXPECT_EQ(r.message(), c.what + ": nests deeper than 128 arrays/objects");
-    auto p = t.RenderPrompt(c.messages, c.tools, true, c.kwargs, none);
+    auto p = t.RenderPrompt(messages, tools, true, kwargs, none);
     ASSERT_FALSE(p.ok()) << c.what;
     EXPECT_EQ(p.message(), r.message());
   }
-  // At the limit it renders.
-  messages[1]["content"] = Deep(ChatTemplate::kMaxInputDepth - 2);  // + messages + message
-  EXPECT_TRUE(t.Render(messages, nullptr, true, ojson::object()).ok());
+  // At the limit it renders (+ the messages array and the message object).
+  const ojson at_limit = ojson::parse("[" + user + R"(, {"role": "user", "content": )" +
+                                     DeepText(ChatTemplate::kMaxInputDepth - 2) + "}]");
+  EXPECT_TRUE(t.Render(at_limit, nullptr, true, ojson::object()).ok());
 }
 
 TEST(ChatTemplateHostile, DeepTemplateValuesFailToPrint) {
-  for (const char* print : {"{{ ns.x | tojson }}", "{{ ns.x }}", "{{ ns.x | string }}"}) {
+  for (const char* print :
+       {"{{ ns.x | tojson }}", "{{ ns.x }}", "{{ ns.x | string }}", "{{ ns.x == [ns.x] }}"}) {
     auto t = ChatTemplate::FromSource(
         std::string("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}"
                     "{% set ns.x = [ns.x] %}{% endfor %}") + print, "", "");
