@@ -167,6 +167,33 @@ TEST(JsonSchemaHostile, ValuesStartOnlyWhereTheyCanFinish) {
   EXPECT_TRUE(Scans(**tree, to15 + R"("kids": []})" + Repeat("]}", 7), &done) && done);
 }
 
+// The machines' state is bounded: 20,000 opening brackets in the output are refused at a fixed
+// depth (JsonScanner::kMaxDepth for untyped values, kMaxFrames for the schema's containers).
+TEST(JsonSchemaHostile, DeepOutputIsRefusedAtAFixedDepth) {
+  const std::string deep(20000, '[');
+  auto any = CompileText(R"({"type": "object", "properties": {"a": {}}})");
+  ASSERT_TRUE(any.ok()) << any.message();
+  JsonSchemaMachine m(any->get());
+  int taken = 0;
+  for (const char c : R"({"a": )" + deep) {
+    if (!m.Step(static_cast<uint8_t>(c))) break;
+    ++taken;
+  }
+  EXPECT_EQ(taken, 6 + JsonScanner::kMaxDepth);
+  auto tree = CompileText(R"({"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#"}}}})");
+  ASSERT_TRUE(tree.ok()) << tree.message();
+  EXPECT_FALSE(Scans(**tree, Repeat(R"({"k": [)", 10000)));
+  ToolCallPattern pattern;
+  pattern.calls.push_back({"<call>", nullptr});
+  ToolCallMachine call(&pattern);
+  taken = 0;
+  for (const char c : std::string(R"(<call>{"a": )") + deep) {
+    if (!call.Step(static_cast<uint8_t>(c))) break;
+    ++taken;
+  }
+  EXPECT_EQ(taken, 12 + JsonScanner::kMaxDepth - 1);  // the object itself is one level
+}
+
 // Over each fixture tokenizer's vocabulary: JSON mode, schemas and forced tool calls can start.
 TEST(JsonSchemaHostile, FreshConstraintsAllowATokenWithRealVocabularies) {
   for (const char* name : {"llama2", "llama3", "qwen3", "gemma3", "deepseek_v3", "gptoss"}) {
