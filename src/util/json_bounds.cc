@@ -163,7 +163,8 @@ class BoundedBuilder {
 template <typename Json>
 Result<Json> ParseBounded(std::string_view text, int max_depth) {
   // The pre-scan stops at the limit without allocating; the builder checks again as it goes.
-  EMBER_RETURN_IF_ERROR(CheckJsonDepth(text, max_depth));
+  if (JsonNestingDepth(text, max_depth) > max_depth)
+    return Status::Error("nests deeper than " + std::to_string(max_depth) + " arrays/objects");
   BoundedBuilder<Json> builder(max_depth);
   const bool ok = Json::sax_parse(text, &builder, nlohmann::json::input_format_t::json,
                                   /*strict=*/true);

@@ -24,7 +24,8 @@ int JsonNestingDepth(std::string_view text, int stop_above = 1 << 30);
 // `what` names the text in the message ("the request body", "tools[0].function.parameters").
 Status CheckJsonDepth(std::string_view text, int max_depth, std::string_view what = "JSON");
 
-// Parses `text` (refusing it when it nests deeper than max_depth, or is not valid JSON). The
+// Parses `text`. Errors: "nests deeper than N arrays/objects", "invalid JSON: <nlohmann's
+// message>". The
 // ordered variant keeps key order (a repeated key keeps its first place and its last value, as
 // ordered_json::parse does) in time linear in the number of keys.
 Result<nlohmann::json> ParseJsonBounded(std::string_view text, int max_depth);
