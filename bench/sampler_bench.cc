@@ -1,6 +1,9 @@
 // sampler_bench: time per row of ember::Sample() at a Qwen-sized vocabulary for common
 // parameter mixes. Usage: sampler_bench [vocab_size=151936] [iterations=200]
 // Logits are N(0, 2) with a few peaked entries, roughly like a real LM head.
+// Then a full-vocabulary logit_bias request: parsing its body (ordered_json::parse against
+// ParseOrderedJsonBounded, at a few sizes: the first is quadratic in the keys), Validate, and one
+// step's AppendLogitEdits with the list in request order and sorted by id.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +13,13 @@
 
 #include <time.h>
 
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "sampling/logit_edits.h"
 #include "sampling/sampler.h"
+#include "util/json_bounds.h"
 
 namespace {
 
@@ -19,6 +28,62 @@ double ThreadCpuMicros() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
+}
+
+double MillisSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A body {"logit_bias": {"0": 1, ..., "n-1": 1}} and its entries in the order a parsed
+// nlohmann::json object yields them (keys as strings, sorted: "0", "1", "10", "100", ...).
+std::string BiasBody(int n, std::vector<std::pair<int32_t, float>>* entries) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(std::to_string(i));
+  std::sort(keys.begin(), keys.end());
+  std::string body = "{\"logit_bias\": {";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0) body += ", ";
+    body += '"';
+    body += keys[i];
+    body += "\": 1";
+    entries->emplace_back(std::stoi(keys[i]), 1.0f);
+  }
+  return body + "}}";
+}
+
+void BenchLogitBias(int vocab) {
+  std::printf("\nlogit_bias for every id, one request\n");
+  for (int n : {10000, 20000, 40000, vocab}) {
+    std::vector<std::pair<int32_t, float>> entries;
+    const std::string body = BiasBody(n, &entries);
+    auto start = std::chrono::steady_clock::now();
+    const bool ok = ember::ParseOrderedJsonBounded(body, 64).ok();
+    const double bounded_ms = MillisSince(start);
+    double ordered_ms = -1.0;
+    if (n <= 40000) {  // ~13 s at 152k
+      start = std::chrono::steady_clock::now();
+      const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(body);
+      if (parsed.empty()) std::printf("  (empty)\n");
+      ordered_ms = MillisSince(start);
+    }
+    std::printf("  %6d keys: ParseOrderedJsonBounded %8.1f ms (%s), ordered_json::parse %8.1f ms\n",
+                n, bounded_ms, ok ? "ok" : "FAILED", ordered_ms);
+  }
+  ember::SamplingParams p;
+  BiasBody(vocab, &p.logit_bias);
+  auto start = std::chrono::steady_clock::now();
+  const bool valid = p.Validate(vocab).ok();
+  std::printf("  Validate: %.2f ms (%s)\n", MillisSince(start), valid ? "ok" : "FAILED");
+  ember::SamplerState state(p, 0, {});
+  std::vector<ember::LogitEdit> edits;
+  for (const char* order : {"request order", "sorted by id"}) {
+    if (order[0] == 's') p.SortLogitBias();
+    edits.clear();
+    start = std::chrono::steady_clock::now();
+    ember::AppendLogitEdits(p, state, 0, edits);
+    std::printf("  AppendLogitEdits, %s: %.2f ms, %zu edits\n", order, MillisSince(start),
+                edits.size());
+  }
 }
 
 struct Case {
@@ -94,5 +159,6 @@ int main(int argc, char** argv) {
     std::printf("  %-32s %8.1f us/row cpu %8.1f us/row wall\n", c.name, cpu_us / iterations,
                 wall_us / iterations);
   }
+  BenchLogitBias(vocab);
   return 0;
 }

@@ -275,4 +275,11 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
   return t;
 }
 
+Status CheckConstraintCanStart(const TokenConstraint& constraint, const std::string& path) {
+  if (constraint.Done()) return Status::Ok();  // nothing to write
+  std::vector<uint8_t> allowed;
+  if (constraint.Allowed(allowed) > 0) return Status::Ok();
+  return Status::Error(path + ": no token of this model's vocabulary can start the required output");
+}
+
 }  // namespace ember

@@ -31,6 +31,7 @@
 
 #include "sampling/token_constraint.h"
 #include "util/check.h"
+#include "util/status.h"
 
 namespace ember {
 
@@ -210,5 +211,11 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
 }
 
 using JsonObjectConstraint = ByteMachineConstraint<JsonScanner>;
+
+// An error naming `path` when a fresh constraint allows no token: the output could not even
+// start with this model's vocabulary (a tool-call head or a literal whose first bytes no token
+// spells). Check it when the request is built, before admission, so that it is a 400 and not an
+// error mid-generation. Computes the first mask, which the constraint caches for its first step.
+Status CheckConstraintCanStart(const TokenConstraint& constraint, const std::string& path);
 
 }  // namespace ember

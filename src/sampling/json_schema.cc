@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <bitset>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "util/check.h"
+#include "util/json_bounds.h"
 
 namespace ember {
 
@@ -57,12 +59,19 @@ const std::set<std::string>& Understood() {
   return k;
 }
 
+// Subschemas (properties, items, anyOf/oneOf, $ref chains) nest at most this deep while
+// compiling; the schema's JSON text at most kMaxSchemaJsonDepth.
+constexpr int kMaxSubschemaDepth = 64;
+constexpr int kMaxSchemaJsonDepth = 128;
+constexpr uint8_t kNoValue = JsonSchemaMachine::kMaxFrames + 1;  // min_frames: nothing fits
+
 class Compiler {
  public:
-  explicit Compiler(const json& root) : root_(root) {}
+  Compiler(const json& root, std::string root_path) : root_(root), root_path_(std::move(root_path)) {}
 
   Result<int32_t> Node(const json& s, const std::string& path);
   Status FinishUnions();
+  std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
 
  private:
@@ -76,9 +85,15 @@ class Compiler {
   Status Fill(int32_t id, const json& s, const std::string& path);
   Status FillObject(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
-  FirstBytes StartsOf(int32_t id, std::vector<uint8_t>& visiting) const;
+  Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
+                       const std::string& path);
+  std::vector<FirstBytes> AllStarts() const;
 
   const json& root_;
+  std::string root_path_;  // names the root in errors
+  int depth_ = 0;       // Node() calls open on the compile path
+  int containers_ = 0;  // objects and arrays open on the compile path
   std::vector<JsonSchemaNode> nodes_;
   std::vector<std::vector<int32_t>> branches_;  // kUnion: the branch nodes, resolved at the end
   std::vector<std::string> paths_;              // kUnion: where, for errors
@@ -108,14 +123,31 @@ Result<int32_t> Compiler::Ref(const std::string& ref, const std::string& path) {
     return Unsupported(path + ".$ref", "'" + ref +
                                            "' is not a definition of this schema (only "
                                            "local #/$defs/NAME, #/definitions/NAME and # are)");
-  // Allocated before it is filled, so that a recursive reference finds it.
+  // Allocated before it is filled, so that a recursive reference finds it. Errors inside name
+  // the definition's own path ("schema.$defs.Node.properties.x").
   const int32_t id = Allocate();
   refs_[ref] = id;
-  EMBER_RETURN_IF_ERROR(Fill(id, *target, ref));
+  std::string target_path = root_path_;
+  for (size_t at = 1; at < ref.size();) {
+    const size_t next = std::min(ref.find('/', at + 1), ref.size());
+    target_path.push_back('.');
+    target_path.append(ref, at + 1, next - at - 1);
+    at = next;
+  }
+  EMBER_RETURN_IF_ERROR(Fill(id, *target, target_path));
   return id;
 }
 
 Result<int32_t> Compiler::Node(const json& s, const std::string& path) {
+  if (depth_ >= kMaxSubschemaDepth) {
+    return Unsupported(path, "subschemas nest deeper than " + std::to_string(kMaxSubschemaDepth) +
+                                 " (properties, items, anyOf/oneOf and $ref chains)");
+  }
+  struct Open {
+    int& depth;
+    explicit Open(int& d) : depth(++d) {}
+    ~Open() { --depth; }
+  } open(depth_);
   if (s.is_object() && s.contains("$ref")) {
     for (const auto& [key, value] : s.items()) {
       if (key != "$ref" && Annotations().count(key) == 0)
@@ -204,20 +236,12 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
   if (s.contains("enum") || s.contains("const")) {
-    node.kind = JsonSchemaNode::kLiterals;
-    if (s.contains("const")) {
-      node.literals.push_back(s["const"].dump());
-    } else {
-      if (!s["enum"].is_array() || s["enum"].empty())
-        return Unsupported(path + ".enum", "must be a non-empty array");
-      for (const json& v : s["enum"]) node.literals.push_back(v.dump());
-    }
-    std::sort(node.literals.begin(), node.literals.end());
-    node.literals.erase(std::unique(node.literals.begin(), node.literals.end()),
-                        node.literals.end());
+    EMBER_RETURN_IF_ERROR(FillLiterals(node, s, path));
     nodes_[static_cast<size_t>(id)] = std::move(node);
     return Status::Ok();
   }
+  if (const auto it = s.find("type"); it != s.end() && it->is_array() && it->empty())
+    return Unsupported(path + ".type", "an empty list of types allows no value");
   const char* union_key = s.contains("anyOf") ? "anyOf" : s.contains("oneOf") ? "oneOf" : nullptr;
   if (union_key != nullptr || (s.contains("type") && s["type"].is_array())) {
     std::vector<int32_t> branches;
@@ -260,10 +284,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   if ((object_keys && type != "object") || (array_keys && type != "array"))
     return Unsupported(path + ".type", "'" + type + "' does not go with object or array keywords");
-  if (type == "object") {
-    EMBER_RETURN_IF_ERROR(FillObject(node, s, path));
-  } else if (type == "array") {
-    EMBER_RETURN_IF_ERROR(FillArray(node, s, path));
+  if (type == "object" || type == "array") {
+    EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, path));
   } else if (type == "string") {
     node.kind = JsonSchemaNode::kString;
     for (const char* key : {"minLength", "maxLength"}) {
@@ -290,31 +312,136 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   return Status::Ok();
 }
 
-FirstBytes Compiler::StartsOf(int32_t id, std::vector<uint8_t>& visiting) const {
-  FirstBytes out;
-  const JsonSchemaNode& n = nodes_[static_cast<size_t>(id)];
-  if (n.kind == JsonSchemaNode::kLiterals) {
-    for (const std::string& l : n.literals) out.set(static_cast<uint8_t>(l[0]));
-  } else if (n.kind == JsonSchemaNode::kUnion) {
-    if (visiting[static_cast<size_t>(id)]) return out;  // a union that reaches itself adds nothing
-    visiting[static_cast<size_t>(id)] = 1;
-    for (int32_t b : branches_[static_cast<size_t>(id)]) out |= StartsOf(b, visiting);
-    visiting[static_cast<size_t>(id)] = 0;
-  } else {
-    for (char c : KindStarts(n.kind)) out.set(static_cast<uint8_t>(c));
+Status Compiler::FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
+                               const std::string& path) {
+  if (containers_ >= JsonSchemaMachine::kMaxFrames) {
+    return Unsupported(path, "objects and arrays nest deeper than " +
+                                 std::to_string(JsonSchemaMachine::kMaxFrames) + " in this schema");
   }
-  return out;
+  ++containers_;
+  Status st = type == "object" ? FillObject(node, s, path) : FillArray(node, s, path);
+  --containers_;
+  return st;
+}
+
+// The length of a JSON string in code points (what minLength / maxLength count).
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (const char c : s) n += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+bool HasType(const json& v, const std::string& type) {
+  if (type == "string") return v.is_string();
+  if (type == "number") return v.is_number();
+  if (type == "integer")
+    return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "object") return v.is_object();
+  return type == "array" && v.is_array();
+}
+
+// enum / const: the values that also satisfy the schema's type and string lengths; none is an
+// error (the schema allows no value).
+Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path) {
+  const std::string key = s.contains("const") ? "const" : "enum";
+  if (s.contains("const") && s.contains("enum"))
+    return Unsupported(path + ".enum", "enum beside const is not supported");
+  for (const char* other : {"properties", "required", "additionalProperties", "items", "minItems",
+                            "maxItems", "anyOf", "oneOf"}) {
+    if (s.contains(other))
+      return Unsupported(path + "." + other, "is not supported beside " + key);
+  }
+  std::vector<const json*> values;
+  if (key == "const") {
+    values.push_back(&s["const"]);
+  } else {
+    if (!s["enum"].is_array() || s["enum"].empty())
+      return Unsupported(path + ".enum", "must be a non-empty array");
+    for (const json& v : s["enum"]) values.push_back(&v);
+  }
+  std::vector<std::string> types;
+  if (const auto it = s.find("type"); it != s.end()) {
+    for (const json& t : it->is_array() ? *it : json::array({*it})) {
+      static const std::set<std::string> kTypes = {"string", "number", "integer", "boolean",
+                                                   "null",   "object", "array"};
+      if (!t.is_string() || kTypes.count(t.get<std::string>()) == 0)
+        return Unsupported(path + ".type", "must name JSON types (\"string\", \"integer\", ...)");
+      types.push_back(t.get<std::string>());
+    }
+    if (types.empty()) return Unsupported(path + ".type", "an empty list of types allows no value");
+  }
+  uint64_t min_length = 0, max_length = UINT64_MAX;
+  for (const char* bound : {"minLength", "maxLength"}) {
+    const auto it = s.find(bound);
+    if (it == s.end()) continue;
+    if (!it->is_number_unsigned()) return Unsupported(path + "." + bound, "must be a non-negative integer");
+    (bound[1] == 'i' ? min_length : max_length) = it->get<uint64_t>();
+  }
+  node.kind = JsonSchemaNode::kLiterals;
+  for (const json* v : values) {
+    const bool typed = types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) {
+                         return HasType(*v, t);
+                       });
+    if (!typed) continue;
+    if (v->is_string()) {
+      const size_t length = CodePoints(v->get<std::string>());
+      if (length < min_length || length > max_length) continue;
+    }
+    node.literals.push_back(v->dump());
+  }
+  if (node.literals.empty()) {
+    return Unsupported(path + "." + key,
+                       "no value satisfies the schema's type and length keywords: the schema "
+                       "allows no value");
+  }
+  std::sort(node.literals.begin(), node.literals.end());
+  node.literals.erase(std::unique(node.literals.begin(), node.literals.end()), node.literals.end());
+  return Status::Ok();
+}
+
+// The first bytes of each node's values. A union's are its branches' (through unions, a cycle of
+// unions adds nothing): a worklist over the union edges, each set growing at most 256 times.
+std::vector<FirstBytes> Compiler::AllStarts() const {
+  const size_t n = nodes_.size();
+  std::vector<FirstBytes> starts(n);
+  std::vector<std::vector<int32_t>> unions_of(n);  // node -> the unions it is a branch of
+  for (size_t id = 0; id < n; ++id) {
+    const JsonSchemaNode& node = nodes_[id];
+    if (node.kind == JsonSchemaNode::kLiterals) {
+      for (const std::string& l : node.literals) starts[id].set(static_cast<uint8_t>(l[0]));
+    } else if (node.kind == JsonSchemaNode::kUnion) {
+      for (int32_t b : branches_[id]) unions_of[static_cast<size_t>(b)].push_back(static_cast<int32_t>(id));
+    } else {
+      for (char c : KindStarts(node.kind)) starts[id].set(static_cast<uint8_t>(c));
+    }
+  }
+  std::vector<int32_t> pending;
+  for (size_t id = 0; id < n; ++id)
+    if (starts[id].any()) pending.push_back(static_cast<int32_t>(id));
+  while (!pending.empty()) {
+    const auto id = static_cast<size_t>(pending.back());
+    pending.pop_back();
+    for (int32_t u : unions_of[id]) {
+      const FirstBytes grown = starts[static_cast<size_t>(u)] | starts[id];
+      if (grown == starts[static_cast<size_t>(u)]) continue;
+      starts[static_cast<size_t>(u)] = grown;
+      pending.push_back(u);
+    }
+  }
+  return starts;
 }
 
 Status Compiler::FinishUnions() {
-  std::vector<uint8_t> visiting(nodes_.size(), 0);
+  const std::vector<FirstBytes> starts = AllStarts();
   for (size_t id = 0; id < nodes_.size(); ++id) {
     if (nodes_[id].kind != JsonSchemaNode::kUnion) continue;
     nodes_[id].branch_by_first_byte.fill(-1);
     for (int32_t b : branches_[id]) {
-      const FirstBytes starts = StartsOf(b, visiting);
+      const FirstBytes& branch_starts = starts[static_cast<size_t>(b)];
       for (int c = 0; c < 256; ++c) {
-        if (!starts.test(static_cast<size_t>(c))) continue;
+        if (!branch_starts.test(static_cast<size_t>(c))) continue;
         int32_t& slot = nodes_[id].branch_by_first_byte[static_cast<size_t>(c)];
         if (slot != -1 && slot != b)
           return Unsupported(paths_[id], "branches that can start with the same byte ('" +
@@ -327,18 +454,82 @@ Status Compiler::FinishUnions() {
   return Status::Ok();
 }
 
+// For each node, the fewest machine frames (open objects/arrays) a value of it needs, kNoValue
+// when none fits in kMaxFrames (or it has no value at all: a required recursion, a union whose
+// branches all lead back to it). Values only fall, each at most kNoValue times: a worklist.
+std::vector<uint8_t> Compiler::MinFrames() const {
+  const size_t n = nodes_.size();
+  std::vector<uint8_t> frames(n, kNoValue);
+  std::vector<std::vector<int32_t>> users(n);  // node -> the nodes whose value depends on it
+  auto edges = [&](size_t id, auto&& visit) {
+    const JsonSchemaNode& node = nodes_[id];
+    if (node.kind == JsonSchemaNode::kObject) {
+      for (const auto& p : node.properties)
+        if (p.required) visit(p.node);
+    } else if (node.kind == JsonSchemaNode::kArray) {
+      if (node.min_items > 0 && node.items >= 0) visit(node.items);
+    } else if (node.kind == JsonSchemaNode::kUnion) {
+      for (int32_t b : node.branch_by_first_byte)
+        if (b >= 0) visit(b);
+    }
+  };
+  auto evaluate = [&](size_t id) -> uint8_t {
+    const JsonSchemaNode& node = nodes_[id];
+    auto at = [&](int32_t b) { return b < 0 ? uint8_t{0} : frames[static_cast<size_t>(b)]; };
+    int best = 0;
+    switch (node.kind) {
+      case JsonSchemaNode::kObject:
+      case JsonSchemaNode::kArray:
+        best = 0;
+        edges(id, [&](int32_t b) { best = std::max<int>(best, at(b)); });
+        return static_cast<uint8_t>(std::min<int>(best + 1, kNoValue));
+      case JsonSchemaNode::kUnion:
+        best = kNoValue;
+        edges(id, [&](int32_t b) { best = std::min<int>(best, at(b)); });
+        return static_cast<uint8_t>(best);
+      default:
+        return 0;
+    }
+  };
+  for (size_t id = 0; id < n; ++id)
+    edges(id, [&](int32_t b) { users[static_cast<size_t>(b)].push_back(static_cast<int32_t>(id)); });
+  std::vector<int32_t> pending(n);
+  for (size_t id = 0; id < n; ++id) pending[id] = static_cast<int32_t>(n - 1 - id);
+  while (!pending.empty()) {
+    const auto id = static_cast<size_t>(pending.back());
+    pending.pop_back();
+    const uint8_t value = evaluate(id);
+    if (value >= frames[id]) continue;
+    frames[id] = value;
+    for (int32_t u : users[id]) pending.push_back(u);
+  }
+  return frames;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& schema,
                                                                     const std::string& path) {
-  Compiler compiler(schema);
+  // Compiling copies and prints parts of the schema (recursively): bound its depth first.
+  if (JsonValueDepth(schema) > kMaxSchemaJsonDepth) {
+    return Unsupported(path, "nests deeper than " + std::to_string(kMaxSchemaJsonDepth) +
+                                 " arrays/objects");
+  }
+  Compiler compiler(schema, path);
   EMBER_ASSIGN_OR_RETURN(int32_t root, compiler.Node(schema, path));
   EMBER_RETURN_IF_ERROR(compiler.FinishUnions());
   auto out = std::make_shared<CompiledJsonSchema>();
+  out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();
   if (out->nodes.size() > 65535) return Unsupported(path, "the schema is too large");
   if (out->nodes[static_cast<size_t>(root)].kind != JsonSchemaNode::kObject)
     return Unsupported(path, "the root schema must be an object (\"type\": \"object\")");
+  if (out->min_frames[static_cast<size_t>(root)] > JsonSchemaMachine::kMaxFrames) {
+    return Unsupported(path, "the schema allows no value that nests at most " +
+                                 std::to_string(JsonSchemaMachine::kMaxFrames) +
+                                 " objects/arrays deep (a required property or item recurses, "
+                                 "or a union has no branch with a value)");
+  }
   out->root = root;
   return std::shared_ptr<const CompiledJsonSchema>(std::move(out));
 }
@@ -349,7 +540,8 @@ uint64_t JsonSchemaMachine::KeyCandidates(const Frame& f) const {
   const auto& props = schema_->nodes[f.node].properties;
   uint64_t mask = 0;
   for (size_t j = f.index; j < props.size(); ++j) {
-    mask |= uint64_t{1} << j;
+    // An optional property whose value cannot fit in the frames left is never started.
+    if (Fits(props[j].node)) mask |= uint64_t{1} << j;
     if (props[j].required) break;  // properties come in order: a required one cannot be skipped
   }
   return mask;
@@ -384,6 +576,14 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
     leaf_ = kLeafScanner;
     return scanner_.Step(first);
   };
+  // A union picks its branch by the first byte (never a cycle of unions: FinishUnions).
+  for (size_t hops = 0; node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind ==
+                                            JsonSchemaNode::kUnion;
+       ++hops) {
+    if (hops == schema_->nodes.size()) return false;
+    node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
+    if (node_id < 0) return false;
+  }
   if (node_id < 0) return scan(false, c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
   const bool starts = KindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
@@ -392,7 +592,7 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       return scan(false, c);
     case JsonSchemaNode::kObject:
     case JsonSchemaNode::kArray: {
-      if (!starts || depth_ >= kMaxFrames) return false;
+      if (!starts || !Fits(node_id)) return false;
       frames_[depth_++] = Frame{static_cast<uint16_t>(node_id),
                                 n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0,
                                 0, 0};
@@ -417,10 +617,8 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       lit_hi_ = static_cast<uint16_t>(n.literals.size());
       lit_pos_ = 0;
       return StepLiteral(c) == kLiteralTook;
-    case JsonSchemaNode::kUnion: {
-      const int32_t branch = n.branch_by_first_byte[c];
-      return branch >= 0 && StartValue(branch, c);
-    }
+    case JsonSchemaNode::kUnion:
+      break;  // resolved above
   }
   return false;
 }
@@ -490,7 +688,7 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
   };
   auto start_key = [&]() {
     if (n.properties.empty()) {
-      if (!n.any_keys) return false;
+      if (!n.any_keys || !Fits(n.values)) return false;
       f.phase = kColon;  // after the key's string, which the scanner reads
       f.value = static_cast<uint16_t>(n.values + 1);
       scanner_ = JsonScanner::AnyValue();
@@ -521,7 +719,7 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
       if (c == '}') return CanClose(f) && close();
       if (c != ',') return false;
       if (!n.properties.empty() && KeyCandidates(f) == 0) return false;
-      if (n.properties.empty() && !n.any_keys) return false;
+      if (n.properties.empty() && (!n.any_keys || !Fits(n.values))) return false;
       f.phase = kObjectKey;
       return true;
     case kArrayOpen:

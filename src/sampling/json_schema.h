@@ -12,9 +12,17 @@
 // `default`, `examples`, `format`, ...). Anything else that would constrain the value (`pattern`,
 // `minimum`, `maximum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
 // and its path, never a silent no-op. `minLength`/`maxLength` count code points (an escape
-// sequence is one). The root must be an object schema. Strings are any valid JSON strings; whitespace between tokens runs at most
-// JsonScanner::kMaxWhitespaceRun bytes; schema containers nest at most kMaxFrames deep (a deeper
-// value cannot be generated).
+// sequence is one). The root must be an object schema. Strings are any valid JSON strings;
+// whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes.
+//
+// Bounds (client schemas): the schema's JSON nests at most 128 deep and its subschemas at most
+// 64 (through $ref chains too); objects and arrays written in the schema nest at most kMaxFrames
+// (16) deep, an error naming the path. A recursive $ref may describe deeper values: the machine
+// generates them up to kMaxFrames, starting a value only where it can be completed.
+// Unsatisfiable schemas are refused when compiled, naming keyword and path: an empty type list,
+// an enum/const with no value of the schema's type and lengths, minLength > maxLength, minItems
+// > maxItems, a required property not in properties, `false`, and a root with no value within
+// kMaxFrames (a required recursion). So a compiled schema's machine can always finish.
 //
 // The compiled schema is immutable and shared; the machine borrows it (the constraint owns it)
 // and is a small value copied freely.
@@ -70,6 +78,9 @@ struct JsonSchemaNode {
 
 struct CompiledJsonSchema {
   std::vector<JsonSchemaNode> nodes;
+  // Per node: the fewest open objects/arrays a value of it needs (JsonSchemaMachine::kMaxFrames
+  // + 1: no value fits). The machine starts a value only where it fits, so it never strands.
+  std::vector<uint8_t> min_frames;
   int32_t root = 0;  // an object node
 };
 
@@ -121,6 +132,10 @@ class JsonSchemaMachine {
   void ValueDone();
   bool CanClose(const Frame& f) const;
   uint64_t KeyCandidates(const Frame& f) const;
+  // A value of `node` (-1: any value) can still be completed from the current depth.
+  bool Fits(int32_t node) const {
+    return node < 0 || depth_ + schema_->min_frames[static_cast<size_t>(node)] <= kMaxFrames;
+  }
 
   const CompiledJsonSchema* schema_ = nullptr;
   std::array<Frame, kMaxFrames> frames_{};

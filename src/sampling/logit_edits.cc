@@ -35,11 +35,13 @@ void AppendLogitEdits(const SamplingParams& params, const SamplerState& state, i
   const auto is_masked = [&](int32_t token) {
     return std::binary_search(s.masked.begin(), s.masked.end(), token);
   };
-  // Bias entries by token; a stable order keeps a repeated id's entries in request order.
+  // Bias entries by token; a stable order keeps a repeated id's entries in request order. A list
+  // sorted by id already (SamplingParams::SortLogitBias) costs one linear pass per step.
   s.bias.clear();
   for (size_t i = 0; i < params.logit_bias.size(); ++i)
     s.bias.emplace_back(params.logit_bias[i].first, static_cast<int32_t>(i));
-  std::sort(s.bias.begin(), s.bias.end());  // (token, index): ties by index = request order
+  if (!std::is_sorted(s.bias.begin(), s.bias.end()))
+    std::sort(s.bias.begin(), s.bias.end());  // (token, index): ties by index = request order
   s.bias_done.assign(s.bias.size(), 0);
   const auto add_bias = [&](int32_t token) {  // the token's kAdds, if it has any
     auto it = std::lower_bound(s.bias.begin(), s.bias.end(), std::pair<int32_t, int32_t>{token, 0});

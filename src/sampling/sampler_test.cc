@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "sampling/logit_edits.h"
+#include "sampling/processors.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -344,6 +347,51 @@ TEST(SamplingParamsTest, ValidationMessagesNameTheField) {
                 p.top_logprobs = 20;
                 p.logit_bias = {{999, -100.0f}};
               }).ok());
+}
+
+// A bias for every id of a 152k vocabulary (a valid request), in the order a parsed JSON object
+// yields its keys ("0", "1", "10", "100", ...): it validates, a bad entry at its end is named,
+// and the step's edits are one kAdd per entry, in id order, adding what ApplyLogitBias adds.
+TEST(LogitBiasTest, FullVocabularyBiasList) {
+  constexpr int32_t kFullVocab = 152064;
+  std::vector<std::string> keys;
+  for (int32_t id = 0; id < kFullVocab; ++id) keys.push_back(std::to_string(id));
+  std::sort(keys.begin(), keys.end());
+  SamplingParams params;
+  for (size_t i = 0; i < keys.size(); ++i)
+    params.logit_bias.emplace_back(std::stoi(keys[i]), static_cast<float>(i % 200) - 100.0f);
+  params.logit_bias.emplace_back(7, 0.5f);  // a repeated id: its entries add up in request order
+  ASSERT_TRUE(params.Validate(kFullVocab).ok());
+  SamplingParams bad = params;
+  bad.logit_bias.emplace_back(kFullVocab, 1.0f);
+  EXPECT_EQ(bad.Validate(kFullVocab).message(),
+            "logit_bias[152064]: token id must be in [0, 152064), got 152064");
+
+  SamplerState state(params, 0, {});
+  std::vector<LogitEdit> edits;
+  AppendLogitEdits(params, state, /*row=*/0, edits);
+  ASSERT_EQ(edits.size(), params.logit_bias.size());
+  for (size_t i = 1; i < edits.size(); ++i) ASSERT_LE(edits[i - 1].token, edits[i].token);
+  SamplingParams sorted = params;
+  sorted.SortLogitBias();
+  ASSERT_TRUE(std::is_sorted(sorted.logit_bias.begin(), sorted.logit_bias.end(),
+                             [](const auto& a, const auto& b) { return a.first < b.first; }));
+  std::vector<LogitEdit> sorted_edits;
+  AppendLogitEdits(sorted, state, /*row=*/0, sorted_edits);
+  ASSERT_EQ(sorted_edits.size(), edits.size());
+  for (size_t i = 0; i < edits.size(); ++i) {
+    ASSERT_EQ(sorted_edits[i].token, edits[i].token) << i;
+    ASSERT_EQ(sorted_edits[i].value, edits[i].value) << i;
+  }
+  // The repeated id keeps its request order: its catalogue value first, then 0.5.
+  const auto seven = std::find_if(edits.begin(), edits.end(), [](const auto& e) { return e.token == 7; });
+  ASSERT_NE(seven, edits.end());
+  EXPECT_EQ((seven + 1)->token, 7);
+  EXPECT_EQ((seven + 1)->value, 0.5f);
+  std::vector<float> by_edits(kFullVocab, 1.0f), by_bias(kFullVocab, 1.0f);
+  for (const LogitEdit& e : edits) by_edits[static_cast<size_t>(e.token)] += e.value;
+  ApplyLogitBias(by_bias, params.logit_bias);
+  EXPECT_EQ(by_edits, by_bias);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "sampling/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -42,13 +43,17 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
   EMBER_RETURN_IF_ERROR(CheckRange("presence_penalty", presence_penalty, -2.0, false, 2.0, false));
   EMBER_RETURN_IF_ERROR(
       CheckRange("frequency_penalty", frequency_penalty, -2.0, false, 2.0, false));
+  // One pass of comparisons (a bias for every id of a 152k vocabulary is a valid request); the
+  // message is built only for the entry that fails.
   for (const auto& [id, bias] : logit_bias) {
+    if (id >= 0 && id < vocab_size && std::isfinite(bias) && bias >= -100.0f && bias <= 100.0f)
+      continue;
     const std::string field = "logit_bias[" + std::to_string(id) + "]";
     if (id < 0 || id >= vocab_size) {
       return Status::Error(field + ": token id must be in [0, " + std::to_string(vocab_size) +
                            "), got " + std::to_string(id));
     }
-    EMBER_RETURN_IF_ERROR(CheckRange(field.c_str(), bias, -100.0, false, 100.0, false));
+    return CheckRange(field.c_str(), bias, -100.0, false, 100.0, false);
   }
   if (top_logprobs < -1 || top_logprobs > kMaxTopLogprobs) {
     return Bad("top_logprobs", "in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: off)",
@@ -56,6 +61,11 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   if (min_tokens < 0) return Bad("min_tokens", ">= 0", min_tokens);
   return Status::Ok();
+}
+
+void SamplingParams::SortLogitBias() {
+  std::stable_sort(logit_bias.begin(), logit_bias.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
 }
 
 }  // namespace ember

@@ -22,7 +22,9 @@ struct SamplingParams {
   float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
   int32_t top_k = 0;  // 0 or -1: off; k >= vocab is also effectively off
   float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
-  // (token id, bias) added to the raw logits; a repeated id adds its biases together.
+  // (token id, bias) added to the raw logits; a repeated id adds its biases together, in order.
+  // Validate and the per-step edit list (logit_edits.h) are linear when it is sorted by id
+  // (SortLogitBias, once per request); otherwise each step sorts a copy (n log n).
   std::vector<std::pair<int32_t, float>> logit_bias;
   // Seeds the per-sequence RNG (mixed with the sample index for n > 1); unset: random device.
   std::optional<uint64_t> seed;
@@ -36,6 +38,9 @@ struct SamplingParams {
   // Returns an error naming the field, e.g. "top_p: must be in (0, 1], got 1.5". NaN and
   // infinities are rejected everywhere. vocab_size bounds logit_bias.
   Status Validate(int32_t vocab_size) const;
+  // Orders logit_bias by token id, stably (a repeated id keeps its entries in request order, so
+  // the biases add up bit for bit as before). Call once when the request is built.
+  void SortLogitBias();
   bool is_greedy() const { return temperature < kGreedyTemperature; }
   bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;

@@ -1,7 +1,11 @@
 #include "template/chat_template.h"
 
+#include <algorithm>
+
 #include "template/ast.h"
+#include "template/builtins.h"
 #include "template/interpreter.h"
+#include "util/json_bounds.h"
 #include "util/mapped_file.h"
 
 namespace ember {
@@ -32,7 +36,106 @@ std::string TokenString(const nlohmann::json& config, const char* key) {
   return "";
 }
 
+// The template's view of client JSON: every string and key escaped by `guard` (when given).
+// Recursive: callers bound the depth first (ChatTemplate::kMaxInputDepth).
+template <typename Json>
+tmpl::Value ClientValue(const Json& j, const ClientTextGuard* guard) {
+  using tmpl::Value;
+  auto text = [guard](const std::string& s) { return guard ? guard->Escape(s) : s; };
+  switch (j.type()) {
+    case nlohmann::json::value_t::string: return Value::Str(text(j.template get_ref<const std::string&>()));
+    case nlohmann::json::value_t::array: {
+      tmpl::List items;
+      items.reserve(j.size());
+      for (const auto& e : j) items.push_back(ClientValue(e, guard));
+      return Value::MakeList(std::move(items));
+    }
+    case nlohmann::json::value_t::object: {
+      tmpl::Dict d;
+      d.items.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.items.emplace_back(Value::Str(text(it.key())), ClientValue(it.value(), guard));
+      return Value::MakeDict(std::move(d));
+    }
+    default: return Value::FromJson(j);  // a scalar
+  }
+}
+
+template <typename Json>
+Status CheckDepth(const Json& j, const char* what) {
+  if (JsonValueDepth(j) <= ChatTemplate::kMaxInputDepth) return Status::Ok();
+  return Status::Error(std::string(what) + ": nests deeper than " +
+                       std::to_string(ChatTemplate::kMaxInputDepth) + " arrays/objects");
+}
+
+template <typename Json>
+Status CheckKwargs(const Json& kwargs) {
+  if (kwargs.is_null()) return Status::Ok();
+  if (!kwargs.is_object()) return Status::Error("chat template kwargs must be a JSON object");
+  const std::vector<std::string>& reserved = ReservedTemplateVariables();
+  for (auto it = kwargs.begin(); it != kwargs.end(); ++it) {
+    if (std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end()) {
+      return Status::Error("chat_template_kwargs." + it.key() +
+                           ": the chat template defines this name itself; it cannot be passed");
+    }
+  }
+  return Status::Ok();
+}
+
+// The string literals a template looks for inside other strings: operands of `in` / `not in`,
+// and arguments of method calls (`content.split('</think>')`), filters and tests.
+class InspectedLiterals {
+ public:
+  void Walk(const tmpl::Body& body) {
+    for (const tmpl::StmtPtr& s : body) Walk(*s);
+  }
+  std::vector<std::string> Take() { return std::move(found_); }
+
+ private:
+  void Walk(const tmpl::Stmt& s) {
+    for (const tmpl::ExprPtr* e : {&s.expr, &s.cond, &s.filter}) Walk(e->get());
+    for (const tmpl::ExprPtr& e : s.conds) Walk(e.get());
+    for (const tmpl::ExprPtr& e : s.defaults) Walk(e.get());
+    for (const tmpl::Body& b : s.bodies) Walk(b);
+    Walk(s.body);
+    Walk(s.else_body);
+  }
+  void Walk(const tmpl::Expr* e) {
+    if (e == nullptr) return;
+    const bool method_call = e->kind == tmpl::ExprKind::kCall && !e->children.empty() &&
+                             e->children[0] && e->children[0]->kind == tmpl::ExprKind::kGetAttr;
+    if (e->kind == tmpl::ExprKind::kBinary && (e->name == "in" || e->name == "not in"))
+      Note(e->children[0].get());
+    if (method_call || e->kind == tmpl::ExprKind::kFilter || e->kind == tmpl::ExprKind::kTest) {
+      for (const tmpl::ExprPtr& a : e->args) Note(a.get());
+    }
+    for (const tmpl::ExprPtr& c : e->children) Walk(c.get());
+    for (const tmpl::ExprPtr& a : e->args) Walk(a.get());
+    for (const auto& [name, value] : e->kwargs) Walk(value.get());
+  }
+  void Note(const tmpl::Expr* e) {
+    if (e != nullptr && e->kind == tmpl::ExprKind::kLiteral && e->literal.is_string())
+      found_.push_back(e->literal.str());
+  }
+  std::vector<std::string> found_;
+};
+
 }  // namespace
+
+const std::vector<std::string>& ReservedTemplateVariables() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {"messages",  "tools",     "documents", "add_generation_prompt",
+                                  "bos_token", "eos_token", "unk_token", "sep_token",
+                                  "pad_token", "cls_token", "mask_token", "loop",
+                                  "caller",    "varargs",   "kwargs",    "self"};
+    for (const auto& [name, value] : tmpl::MakeGlobals()) n.push_back(name);
+    return n;
+  }();
+  return names;
+}
+
+Status CheckTemplateKwargs(const nlohmann::json& kwargs) { return CheckKwargs(kwargs); }
+Status CheckTemplateKwargs(const nlohmann::ordered_json& kwargs) { return CheckKwargs(kwargs); }
 
 Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bos_token,
                                               std::string eos_token) {
@@ -41,6 +144,7 @@ Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bo
   t.tools_source_ = std::move(source);
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
+  t.NoteInspectedLiterals(t.tools_source_);
   return t;
 }
 
@@ -68,6 +172,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     if (!program.ok()) return program.status().WithContext(jinja_path);
     t.default_ = *program;
     t.tools_source_ = std::move(source);
+    t.NoteInspectedLiterals(t.tools_source_);
     return t;
   }
   auto it = config.find("chat_template");
@@ -77,10 +182,12 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template");
     t.default_ = *program;
     t.tools_source_ = it->get<std::string>();
+    t.NoteInspectedLiterals(t.tools_source_);
     return t;
   }
   if (!it->is_array())
     return Status::Error(config_path + ": chat_template must be a string or a list of {name, template}");
+  std::string sources;
   for (const auto& entry : *it) {
     if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
         !entry["name"].is_string() || !entry["template"].is_string())
@@ -90,15 +197,18 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(entry["template"].get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template '" + name + "'");
     (name == "default" ? t.default_ : t.tool_use_) = *program;
+    sources += entry["template"].get<std::string>();
     // Tools render through "tool_use" when there is one (RenderImpl).
     if (name == "tool_use" || !t.tool_use_) t.tools_source_ = entry["template"].get<std::string>();
   }
+  t.NoteInspectedLiterals(std::move(sources));
   return t;
 }
 
 template <typename Json>
 Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& tools,
-                                             bool add_generation_prompt, const Json& extra_kwargs) const {
+                                             bool add_generation_prompt, const Json& extra_kwargs,
+                                             const ClientTextGuard* guard) const {
   bool has_tools = !tools.is_null();
   const tmpl::Program* program = (has_tools && tool_use_) ? tool_use_.get() : default_.get();
   if (program == nullptr) {
@@ -108,13 +218,16 @@ Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& t
   }
   if (!messages.is_array()) return Status::Error("messages must be a JSON array");
   if (has_tools && !tools.is_array()) return Status::Error("tools must be a JSON array or null");
-  if (!extra_kwargs.is_null() && !extra_kwargs.is_object())
-    return Status::Error("chat template kwargs must be a JSON object");
+  EMBER_RETURN_IF_ERROR(CheckKwargs(extra_kwargs));
+  // The conversion below and the interpreter recurse over the values: bound their depth first.
+  EMBER_RETURN_IF_ERROR(CheckDepth(messages, "messages"));
+  EMBER_RETURN_IF_ERROR(CheckDepth(tools, "tools"));
+  EMBER_RETURN_IF_ERROR(CheckDepth(extra_kwargs, "chat_template_kwargs"));
 
   using tmpl::Value;
   std::vector<std::pair<std::string, Value>> vars;
-  vars.emplace_back("messages", Value::FromJson(messages));
-  vars.emplace_back("tools", Value::FromJson(tools));
+  vars.emplace_back("messages", ClientValue(messages, guard));
+  vars.emplace_back("tools", ClientValue(tools, guard));
   vars.emplace_back("documents", Value::None());
   vars.emplace_back("add_generation_prompt", Value::Bool(add_generation_prompt));
   if (!bos_token_.empty()) vars.emplace_back("bos_token", Value::Str(bos_token_));
@@ -122,7 +235,7 @@ Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& t
   for (const auto& [key, token] : other_special_tokens_) vars.emplace_back(key, Value::Str(token));
   if (extra_kwargs.is_object()) {
     for (auto it = extra_kwargs.begin(); it != extra_kwargs.end(); ++it)
-      vars.emplace_back(it.key(), Value::FromJson(it.value()));
+      vars.emplace_back(it.key(), ClientValue(it.value(), guard));
   }
   try {
     return tmpl::RenderProgram(*program, vars);
@@ -133,15 +246,67 @@ Result<std::string> ChatTemplate::RenderImpl(const Json& messages, const Json& t
   }
 }
 
+template <typename Json>
+Result<RenderedPrompt> ChatTemplate::RenderPromptImpl(
+    const Json& messages, const Json& tools, bool add_generation_prompt, const Json& extra_kwargs,
+    std::span<const std::string> protected_strings) const {
+  EMBER_ASSIGN_OR_RETURN(ClientTextGuard guard, ClientTextGuard::Make(protected_strings));
+  auto rendered = RenderImpl(messages, tools, add_generation_prompt, extra_kwargs, &guard);
+  // An error may quote client text (raise_exception): show it as the client wrote it.
+  if (!rendered.ok()) return Status::Error(guard.Restore(rendered.message()).text);
+  return guard.Restore(*rendered);
+}
+
 Result<std::string> ChatTemplate::Render(const nlohmann::json& messages, const nlohmann::json& tools,
                                          bool add_generation_prompt, const nlohmann::json& extra_kwargs) const {
-  return RenderImpl(messages, tools, add_generation_prompt, extra_kwargs);
+  return RenderImpl(messages, tools, add_generation_prompt, extra_kwargs, nullptr);
 }
 
 Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages,
                                          const nlohmann::ordered_json& tools, bool add_generation_prompt,
                                          const nlohmann::ordered_json& extra_kwargs) const {
-  return RenderImpl(messages, tools, add_generation_prompt, extra_kwargs);
+  return RenderImpl(messages, tools, add_generation_prompt, extra_kwargs, nullptr);
+}
+
+void ChatTemplate::NoteInspectedLiterals(std::string sources) {
+  sources_ = std::move(sources);
+  InspectedLiterals walker;
+  for (const auto* program : {default_.get(), tool_use_.get()})
+    if (program != nullptr) walker.Walk(program->body);
+  inspected_literals_ = walker.Take();
+}
+
+std::vector<std::string> ChatTemplate::ProtectedTokenStrings(
+    std::span<const std::string> special_tokens, std::span<const std::string> added_tokens) const {
+  std::vector<std::string> out(special_tokens.begin(), special_tokens.end());
+  for (const std::string& token : added_tokens) {
+    if (token.empty() || std::find(out.begin(), out.end(), token) != out.end()) continue;
+    // Only the template's own markers: added tokens that are ordinary text (Gemma's whitespace
+    // runs and HTML tags) must keep tokenizing as the reference does.
+    const bool whitespace = token.find_first_not_of(" \t\n\r") == std::string::npos;
+    if (whitespace || sources_.find(token) == std::string::npos) continue;
+    const bool inspected =
+        std::any_of(inspected_literals_.begin(), inspected_literals_.end(),
+                    [&](const std::string& literal) { return literal.find(token) != std::string::npos; });
+    if (!inspected) out.push_back(token);
+  }
+  return out;
+}
+
+Result<RenderedPrompt> ChatTemplate::RenderPrompt(const nlohmann::json& messages,
+                                                  const nlohmann::json& tools,
+                                                  bool add_generation_prompt,
+                                                  const nlohmann::json& extra_kwargs,
+                                                  std::span<const std::string> protected_strings) const {
+  return RenderPromptImpl(messages, tools, add_generation_prompt, extra_kwargs, protected_strings);
+}
+
+Result<RenderedPrompt> ChatTemplate::RenderPrompt(const nlohmann::ordered_json& messages,
+                                                  const nlohmann::ordered_json& tools,
+                                                  bool add_generation_prompt,
+                                                  const nlohmann::ordered_json& extra_kwargs,
+                                                  std::span<const std::string> protected_strings) const {
+  return RenderPromptImpl(messages, tools, add_generation_prompt, extra_kwargs, protected_strings);
 }
 
 }  // namespace ember

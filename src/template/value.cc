@@ -161,15 +161,30 @@ std::string StrRepr(const std::string& s) {
 
 }  // namespace
 
-std::string Repr(const Value& v) {
+namespace {
+
+// Printing, dumping and comparing recurse over lists and dicts: a value a template built deeper
+// than this is an error, not a stack overflow (client values are bounded far below it).
+constexpr int kMaxPrintDepth = 512;
+
+void CheckPrintDepth(int depth) {
+  if (depth > kMaxPrintDepth)
+    throw TemplateError("ValueError: the value nests deeper than " + std::to_string(kMaxPrintDepth) +
+                        " lists/dicts");
+}
+
+std::string ToStrAt(const Value& v, int depth);
+
+std::string ReprAt(const Value& v, int depth) {
   switch (v.kind()) {
     case Kind::kString: return StrRepr(v.str());
     case Kind::kUndefined: return "Undefined";
-    default: return ToStr(v);
+    default: return ToStrAt(v, depth);
   }
 }
 
-std::string ToStr(const Value& v) {
+std::string ToStrAt(const Value& v, int depth) {
+  CheckPrintDepth(depth);
   switch (v.kind()) {
     case Kind::kUndefined: return "";
     case Kind::kNone: return "None";
@@ -181,7 +196,7 @@ std::string ToStr(const Value& v) {
       std::string out = v.is_tuple() ? "(" : "[";
       for (size_t i = 0; i < v.list().size(); ++i) {
         if (i) out += ", ";
-        out += Repr(v.list()[i]);
+        out += ReprAt(v.list()[i], depth + 1);
       }
       if (v.is_tuple() && v.list().size() == 1) out += ",";
       return out + (v.is_tuple() ? ")" : "]");
@@ -192,7 +207,7 @@ std::string ToStr(const Value& v) {
       for (const auto& [k, val] : v.dict().items) {
         if (!first) out += ", ";
         first = false;
-        out += Repr(k) + ": " + Repr(val);
+        out += ReprAt(k, depth + 1) + ": " + ReprAt(val, depth + 1);
       }
       return out + "}";
     }
@@ -202,7 +217,16 @@ std::string ToStr(const Value& v) {
   return "";
 }
 
-bool Equal(const Value& a, const Value& b) {
+}  // namespace
+
+std::string Repr(const Value& v) { return ReprAt(v, 0); }
+
+std::string ToStr(const Value& v) { return ToStrAt(v, 0); }
+
+namespace {
+
+bool EqualAt(const Value& a, const Value& b, int depth) {
+  CheckPrintDepth(depth);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_float() == b.as_float();
     return a.as_int() == b.as_int();
@@ -215,14 +239,14 @@ bool Equal(const Value& a, const Value& b) {
     case Kind::kList: {
       if (a.list().size() != b.list().size()) return false;
       for (size_t i = 0; i < a.list().size(); ++i)
-        if (!Equal(a.list()[i], b.list()[i])) return false;
+        if (!EqualAt(a.list()[i], b.list()[i], depth + 1)) return false;
       return true;
     }
     case Kind::kDict: {
       if (a.dict().items.size() != b.dict().items.size()) return false;
       for (const auto& [k, v] : a.dict().items) {
         Value* other = b.dict().Find(k);
-        if (other == nullptr || !Equal(v, *other)) return false;
+        if (other == nullptr || !EqualAt(v, *other, depth + 1)) return false;
       }
       return true;
     }
@@ -231,7 +255,8 @@ bool Equal(const Value& a, const Value& b) {
   }
 }
 
-bool Less(const Value& a, const Value& b) {
+bool LessAt(const Value& a, const Value& b, int depth) {
+  CheckPrintDepth(depth);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_float() < b.as_float();
     return a.as_int() < b.as_int();
@@ -241,7 +266,7 @@ bool Less(const Value& a, const Value& b) {
     const List& x = a.list();
     const List& y = b.list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!Equal(x[i], y[i])) return Less(x[i], y[i]);
+      if (!EqualAt(x[i], y[i], depth + 1)) return LessAt(x[i], y[i], depth + 1);
     }
     return x.size() < y.size();
   }
@@ -249,6 +274,12 @@ bool Less(const Value& a, const Value& b) {
   throw TemplateError("TypeError: '<' not supported between instances of '" + a.TypeName() +
                       "' and '" + b.TypeName() + "'");
 }
+
+}  // namespace
+
+bool Equal(const Value& a, const Value& b) { return EqualAt(a, b, 0); }
+
+bool Less(const Value& a, const Value& b) { return LessAt(a, b, 0); }
 
 std::string JsonQuote(const std::string& s, bool ensure_ascii) {
   std::string out = "\"";
@@ -313,6 +344,7 @@ struct JsonOptions {
 };
 
 void JsonDump(const Value& v, const JsonOptions& o, int depth, std::string& out) {
+  CheckPrintDepth(depth);
   const int indent = o.indent;
   auto newline = [&](int d) {
     if (indent < 0) return;

@@ -38,13 +38,29 @@ void TokenTrie::Insert(std::string_view pattern, int32_t token_index) {
   if (nodes_[size_t(node)].token_index < 0) nodes_[size_t(node)].token_index = token_index;
 }
 
-// tokenizers' AddedVocabulary::find_matches with a leftmost-longest automaton.
+// tokenizers' AddedVocabulary::find_matches with a leftmost-longest automaton; a match may not
+// touch a `no_match` span, and lstrip / rstrip stop at one.
 void TokenTrie::Split(std::string_view text, const std::vector<AddedToken>& tokens,
-                      std::vector<Segment>* out) const {
+                      std::vector<Segment>* out, std::span<const TextSpan> no_match) const {
   if (text.empty()) return;
   size_t start_offset = 0;
   size_t i = 0;
+  size_t next_span = 0;      // the first span that ends after i
+  size_t floor_of_span = 0;  // the end of the last span before i: lstrip stops there
   while (i < text.size()) {
+    while (next_span < no_match.size() && no_match[next_span].end <= i) {
+      floor_of_span = no_match[next_span].end;
+      ++next_span;
+    }
+    // The bytes a match starting at i may use: up to the next span's start.
+    size_t limit = text.size();
+    if (next_span < no_match.size()) {
+      if (no_match[next_span].begin <= i) {
+        i = no_match[next_span].end;
+        continue;
+      }
+      limit = no_match[next_span].begin;
+    }
     int32_t node = root_children_[uint8_t(text[i])];
     if (node < 0) {
       ++i;
@@ -52,7 +68,7 @@ void TokenTrie::Split(std::string_view text, const std::vector<AddedToken>& toke
     }
     int32_t best = nodes_[size_t(node)].token_index;
     size_t best_end = i + 1;
-    for (size_t j = i + 1; j < text.size(); ++j) {
+    for (size_t j = i + 1; j < limit; ++j) {
       node = Child(node, uint8_t(text[j]));
       if (node < 0) break;
       if (nodes_[size_t(node)].token_index >= 0) {
@@ -75,19 +91,19 @@ void TokenTrie::Split(std::string_view text, const std::vector<AddedToken>& toke
     }
     if (tok.lstrip) {
       size_t s = start;
-      while (s > 0) {
+      while (s > floor_of_span) {
         size_t p = s - 1;
         while (p > 0 && (uint8_t(text[p]) & 0xC0) == 0x80) --p;
         size_t len;
-        if (!IsWhitespace(DecodeCodePoint(text, p, &len))) break;
+        if (p < floor_of_span || !IsWhitespace(DecodeCodePoint(text, p, &len))) break;
         s = p;
       }
       start = std::max(s, start_offset);
     }
     if (tok.rstrip) {
-      while (stop < text.size()) {
+      while (stop < limit) {
         size_t len;
-        if (!IsWhitespace(DecodeCodePoint(text, stop, &len))) break;
+        if (!IsWhitespace(DecodeCodePoint(text, stop, &len)) || stop + len > limit) break;
         stop += len;
       }
     }

@@ -2,16 +2,21 @@
 // the model sees it: leftmost-longest matching over a byte trie, with the `single_word`,
 // `lstrip` and `rstrip` flags applied as Hugging Face `tokenizers` does. Tokens with
 // `normalized: false` match the raw text; the others match the normalized text in their
-// normalized form. Immutable after Build; Split is safe from several threads at once.
+// normalized form. Split can be told spans of the text where no added token may match (client
+// text, encoded as ordinary text: Hugging Face's split_special_tokens for those bytes only).
+// Immutable after Build; Split is safe from several threads at once.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "util/text_span.h"
 
 namespace ember::tok {
 
@@ -30,9 +35,10 @@ struct Segment {
 class TokenTrie {
  public:
   void Insert(std::string_view pattern, int32_t token_index);
-  // Appends the segments of `text` (covering it, in order; empty text gives none).
+  // Appends the segments of `text` (covering it, in order; empty text gives none). No token
+  // matches a byte inside `no_match` (sorted, disjoint spans of `text`), nor strips into one.
   void Split(std::string_view text, const std::vector<AddedToken>& tokens,
-             std::vector<Segment>* out) const;
+             std::vector<Segment>* out, std::span<const TextSpan> no_match = {}) const;
   bool empty() const { return nodes_.size() <= 1; }
   TokenTrie() { std::fill(std::begin(root_children_), std::end(root_children_), -1); }
 

@@ -9,6 +9,7 @@
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "util/check.h"
 #include "util/mapped_file.h"
 
 namespace ember {
@@ -195,31 +196,128 @@ Status Tokenizer::LoadConfig(const std::string& path) {
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  return Encode(text, add_special_tokens, {});
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens,
+                                       std::span<const TextSpan> no_special_spans) const {
+  for (size_t i = 0; i < no_special_spans.size(); ++i) {
+    const TextSpan& span = no_special_spans[i];
+    CHECK(span.begin <= span.end && span.end <= text.size()) << "no_special_spans[" << i << "]";
+    if (i > 0) CHECK(no_special_spans[i - 1].end <= span.begin) << "no_special_spans unsorted";
+  }
   std::vector<int32_t> ids;
   if (tok::IsValidUtf8(text)) {
-    EncodeText(text, &ids);
+    EncodeText(text, no_special_spans, &ids);
   } else {
-    EncodeText(tok::Utf8Lossy(text), &ids);
+    // Repaired piece by piece, so that the spans move with their text.
+    std::string repaired;
+    std::vector<TextSpan> moved;
+    size_t at = 0;
+    for (const TextSpan& span : no_special_spans) {
+      repaired += tok::Utf8Lossy(text.substr(at, span.begin - at));
+      const size_t begin = repaired.size();
+      repaired += tok::Utf8Lossy(text.substr(span.begin, span.end - span.begin));
+      moved.push_back({begin, repaired.size()});
+      at = span.end;
+    }
+    repaired += tok::Utf8Lossy(text.substr(at));
+    EncodeText(repaired, moved, &ids);
   }
   if (add_special_tokens) PostProcess(&ids);
   return ids;
 }
 
+std::vector<std::string> Tokenizer::SpecialTokenContents() const {
+  std::vector<std::string> out;
+  for (const tok::AddedToken& t : added_)
+    if (t.special) out.push_back(t.content);
+  return out;
+}
+
+std::vector<std::string> Tokenizer::AddedTokenContents() const {
+  std::vector<std::string> out;
+  for (const tok::AddedToken& t : added_) out.push_back(t.content);
+  return out;
+}
+
+// The normalizer runs on the whole segment (a Prepend or a Strip must see it whole); a private
+// code point marks each span's ends so that they can be found in the normalized text. Should the
+// segment hold that code point already, or the normalizer not keep the marks, the whole segment
+// is taken as client text (no normalized added token matches in it).
+std::string Tokenizer::NormalizeSegment(std::string_view segment, std::span<const TextSpan> spans,
+                                        std::vector<TextSpan>* normalized_spans) const {
+  normalized_spans->clear();
+  if (!normalizer_) {
+    normalized_spans->assign(spans.begin(), spans.end());
+    return std::string(segment);
+  }
+  static constexpr std::string_view kMark = "\xF4\x8F\xBF\xBC";  // U+10FFFC
+  auto whole = [&]() {
+    std::string normalized = normalizer_->Normalize(std::string(segment));
+    normalized_spans->push_back({0, normalized.size()});
+    return normalized;
+  };
+  if (segment.find(kMark) != std::string_view::npos) return whole();
+  std::string marked;
+  size_t at = 0;
+  for (const TextSpan& span : spans) {
+    marked.append(segment.substr(at, span.begin - at)).append(kMark);
+    marked.append(segment.substr(span.begin, span.end - span.begin)).append(kMark);
+    at = span.end;
+  }
+  marked.append(segment.substr(at));
+  const std::string normalized_marked = normalizer_->Normalize(std::move(marked));
+  std::string normalized;
+  std::vector<size_t> marks;  // positions in `normalized`
+  for (size_t pos = 0;;) {
+    const size_t found = normalized_marked.find(kMark, pos);
+    normalized.append(normalized_marked, pos,
+                      (found == std::string::npos ? normalized_marked.size() : found) - pos);
+    if (found == std::string::npos) break;
+    marks.push_back(normalized.size());
+    pos = found + kMark.size();
+  }
+  if (marks.size() != 2 * spans.size()) return whole();
+  for (size_t k = 0; k < marks.size(); k += 2) normalized_spans->push_back({marks[k], marks[k + 1]});
+  return normalized;
+}
+
 // tokenizers' encode_single_sequence: raw added tokens, then normalize, then normalized added
-// tokens, then pre-tokenize and run the model on each piece.
-void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* ids) const {
+// tokens, then pre-tokenize and run the model on each piece. No added token matches inside
+// `no_special_spans`.
+void Tokenizer::EncodeText(std::string_view text, std::span<const TextSpan> no_special_spans,
+                           std::vector<int32_t>* ids) const {
   std::vector<tok::Segment> raw_segments, norm_segments;
   std::vector<tok::Piece> pieces;
-  raw_trie_.Split(text, added_, &raw_segments);
+  std::vector<TextSpan> local_spans, normalized_spans;
+  raw_trie_.Split(text, added_, &raw_segments, no_special_spans);
+  size_t next_span = 0;
   for (const tok::Segment& seg : raw_segments) {
     if (seg.id >= 0) {
       ids->push_back(seg.id);
       continue;
     }
-    std::string normalized(text.substr(seg.begin, seg.end - seg.begin));
-    if (normalizer_) normalized = normalizer_->Normalize(std::move(normalized));
+    // The spans that reach into this segment, relative to it.
+    local_spans.clear();
+    while (next_span < no_special_spans.size() && no_special_spans[next_span].end <= seg.begin)
+      ++next_span;
+    for (size_t k = next_span; k < no_special_spans.size() && no_special_spans[k].begin < seg.end;
+         ++k) {
+      local_spans.push_back({std::max(no_special_spans[k].begin, seg.begin) - seg.begin,
+                             std::min(no_special_spans[k].end, seg.end) - seg.begin});
+    }
+    const std::string_view raw = text.substr(seg.begin, seg.end - seg.begin);
+    std::string normalized;
+    normalized_spans.clear();
+    if (local_spans.empty() || normalized_trie_.empty()) {
+      normalized = std::string(raw);
+      if (normalizer_) normalized = normalizer_->Normalize(std::move(normalized));
+    } else {
+      normalized = NormalizeSegment(raw, local_spans, &normalized_spans);
+    }
     norm_segments.clear();
-    normalized_trie_.Split(normalized, added_, &norm_segments);
+    normalized_trie_.Split(normalized, added_, &norm_segments, normalized_spans);
     for (const tok::Segment& sub : norm_segments) {
       if (sub.id >= 0) {
         ids->push_back(sub.id);

@@ -3,6 +3,10 @@
 // pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json.
 // Immutable after Load: Encode, Decode and the lookups are const and safe to call from several
 // threads at once (per-call scratch and a per-thread word cache).
+//
+// Client text inside a prompt (template/chat_template.h's RenderedPrompt::client_spans) is encoded
+// with the no_special_spans overload: there the bytes of an added token ("<|im_start|>") are
+// ordinary text, so a user cannot forge the template's control tokens.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,7 @@
 
 #include "tokenizer/added_vocabulary.h"
 #include "util/status.h"
+#include "util/text_span.h"
 
 namespace ember {
 
@@ -38,6 +43,15 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
   // Invalid UTF-8 in `text` is replaced by U+FFFD first.
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const;
+  // As above, but no added token (special or not) matches a byte inside `no_special_spans`
+  // (sorted, disjoint spans of `text`; what is there is encoded like ordinary text, as HF's
+  // split_special_tokens=True does). Empty spans: the same ids as Encode(text, ...).
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens,
+                              std::span<const TextSpan> no_special_spans) const;
+  // The contents of the added tokens flagged special ("<|im_start|>", "<|eot_id|>", ...), and of
+  // every added token: the strings a chat render must keep out of client text.
+  std::vector<std::string> SpecialTokenContents() const;
+  std::vector<std::string> AddedTokenContents() const;
   // Ids outside the vocab are skipped.
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
   int32_t vocab_size() const { return vocab_size_; }  // incl. added tokens (max id + 1)
@@ -64,7 +78,11 @@ class Tokenizer {
   Tokenizer();
   Status LoadTokenizerJson(const std::string& path);
   Status LoadConfig(const std::string& path);
-  void EncodeText(std::string_view text, std::vector<int32_t>* ids) const;
+  void EncodeText(std::string_view text, std::span<const TextSpan> no_special_spans,
+                  std::vector<int32_t>* ids) const;
+  // The normalized text of raw[seg] and, within it, the images of `spans` (relative to seg).
+  std::string NormalizeSegment(std::string_view segment, std::span<const TextSpan> spans,
+                               std::vector<TextSpan>* normalized_spans) const;
   void PostProcess(std::vector<int32_t>* ids) const;
 
   std::unique_ptr<tok::Normalizer> normalizer_;
