@@ -18,6 +18,7 @@
 #include "serve/openai_schema.h"
 #include "serve/request_builder.h"
 #include "serve/text_stream.h"
+#include "util/json_bounds.h"
 
 namespace ember::app {
 
@@ -37,9 +38,11 @@ struct BatchLine {
 // token texts are built for the first line that asks for structured output.
 Status ParseLine(const std::string& text, serve::ServedModel* model, bool* json_mode_built,
                  BatchLine* line) {
-  const serve::RequestJson body =
-      serve::RequestJson::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Status::Error("not valid JSON");
+  // Bounded like an HTTP body: nesting past serve::kMaxBodyDepth is refused before any recursion,
+  // and objects parse in time linear in their keys.
+  Result<serve::RequestJson> parsed = ParseOrderedJsonBounded(text, serve::kMaxBodyDepth);
+  if (!parsed.ok()) return Status::Error("not valid JSON: " + parsed.message());
+  const serve::RequestJson body = std::move(*parsed);
   if (!*json_mode_built && body.is_object() && body.contains("response_format") &&
       model->tokenizer != nullptr) {
     model->token_texts = serve::JsonModeTexts(*model->tokenizer, model->vocab_size);

@@ -106,6 +106,8 @@ int ServeCommand(int argc, char** argv, int first) {
   serve::ServedModel served = ServedModelOf(lm);
   served.name = served_name.empty() ? BaseName(model_dir) : served_name;
   served.chat_template = have_template_object ? &chat_template : nullptr;
+  if (have_template_object && lm.tokenizer != nullptr)
+    served.protected_strings = serve::ProtectedStringsOf(*lm.tokenizer, chat_template);
   served.max_n = engine_flags.Config().max_n;
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
   auto parsers =

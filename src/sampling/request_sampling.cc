@@ -17,6 +17,7 @@ SamplingParams Merge(const SamplingRequest& r, const SamplingDefaults& d) {
   s.presence_penalty = r.presence_penalty.value_or(s.presence_penalty);
   s.frequency_penalty = r.frequency_penalty.value_or(s.frequency_penalty);
   s.logit_bias = r.logit_bias;
+  s.SortLogitBias();  // once per request, so each step's edits need no sort
   s.seed = r.seed;
   s.top_logprobs = r.top_logprobs;
   s.min_tokens = r.min_tokens;

@@ -10,6 +10,7 @@
 #include "serve/generation_job.h"
 #include "serve/peer_watch.h"
 #include "template/chat_template.h"
+#include "util/json_bounds.h"
 #include "util/log.h"
 
 namespace ember::serve {
@@ -169,15 +170,16 @@ void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response
                             "shutting_down"});
     return;
   }
-  RequestJson body;  // parsed once, in the client's key order
-  try {
-    body = RequestJson::parse(req.body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
-    SendError(res, InvalidRequest(std::string("the request body is not valid JSON (UTF-8): ") +
-                                      e.what(),
+  // Parsed once, in the client's key order; nesting past kMaxBodyDepth is refused by a linear
+  // pre-scan before the parser sees it, and objects parse in time linear in their keys.
+  Result<RequestJson> parsed = ParseOrderedJsonBounded(req.body, kMaxBodyDepth);
+  if (!parsed.ok()) {
+    SendError(res, InvalidRequest("the request body is not valid JSON (UTF-8): " +
+                                      parsed.message(),
                                   "", "invalid_json"));
     return;
   }
+  const RequestJson body = std::move(*parsed);
   Prepared prepared =
       endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
   if (auto* error = std::get_if<ApiError>(&prepared)) {

@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "template/chat_template.h"  // CheckTemplateKwargs
+
 namespace ember::serve {
 
 using json = RequestJson;
@@ -525,6 +527,10 @@ std::optional<ApiError> ParseChatRequest(const json& body, const SchemaLimits& l
   EMBER_RETURN_IF_API_ERROR(r.Bool("parallel_tool_calls", &out->parallel_tool_calls));
   if (const json* kw = r.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
+    // The render's own variables (messages, tools, add_generation_prompt, ...) and the
+    // template language's builtins cannot be overridden from a request.
+    if (Status st = CheckTemplateKwargs(*kw); !st.ok())
+      return InvalidRequest(st.message(), "chat_template_kwargs", "invalid_value");
     out->chat_template_kwargs = *kw;
   }
   EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));

@@ -32,6 +32,9 @@ struct SchemaLimits {
 
 // A request body, parsed once in the client's key order.
 using RequestJson = nlohmann::ordered_json;
+// Arrays and objects a request body (or an `ember batch` line) may nest: deeper is a 400 before
+// the body is parsed (ParseOrderedJsonBounded), so no recursion ever meets client nesting.
+inline constexpr int kMaxBodyDepth = 64;
 
 // Fields shared by chat and completions: the sampling request (request_sampling.h; unset
 // optionals fall back to the model's defaults there) and the fields around it.

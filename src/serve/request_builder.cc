@@ -44,7 +44,11 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
   const std::string path = "response_format.json_schema.schema";
   auto compiled = CompileJsonSchema(p.json_schema, path);
   if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
-  return Constraint(MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled)));
+  Constraint constraint = MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled));
+  // Refused now, not mid-generation: a constraint no token of this vocabulary can start.
+  if (Status st = CheckConstraintCanStart(*constraint, path); !st.ok())
+    return InvalidRequest(st.message(), path, "unsupported_value");
+  return constraint;
 }
 
 // Resolves sampling and max_tokens (request_sampling.h: the precedence, the validation and the
@@ -163,6 +167,8 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
   pattern.tail = ForcedCallTail(model.tool_format);
   std::shared_ptr<TokenConstraint> constraint =
       MakeToolCallConstraint(model.token_texts, std::move(pattern));
+  if (Status st = CheckConstraintCanStart(*constraint, "tool_choice"); !st.ok())
+    return InvalidRequest(st.message(), "tool_choice", "unsupported_value");
   for (PreparedPrompt& p : out->prompts) p.request.constraint = constraint;
   return std::nullopt;
 }
@@ -195,6 +201,14 @@ SamplingDefaults SamplingDefaultsOf(const GenerationDefaults& d) {
           .max_new_tokens = d.max_new_tokens};
 }
 
+std::shared_ptr<const std::vector<std::string>> ProtectedStringsOf(const Tokenizer& tokenizer,
+                                                                   const ChatTemplate& chat_template) {
+  const std::vector<std::string> special = tokenizer.SpecialTokenContents();
+  const std::vector<std::string> added = tokenizer.AddedTokenContents();
+  return std::make_shared<const std::vector<std::string>>(
+      chat_template.ProtectedTokenStrings(special, added));
+}
+
 TokenLimits TokenLimitsOf(const Engine& engine) {
   return TokenLimits{engine.vocab_size(), engine.context_length(), engine.kv_capacity_tokens()};
 }
@@ -210,17 +224,24 @@ Prepared PrepareChat(const ServedModel& model, const RequestJson& body) {
                           "messages", "no_chat_template");
   }
   // Objects in the client's key order, as transformers renders them (Python dicts keep insertion
-  // order and `tojson` prints it).
-  Result<std::string> text = model.chat_template->Render(
-      req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
-  if (!text.ok()) {
-    return InvalidRequest("the chat template failed to render these messages: " + text.message(),
-                          "messages", "template_error");
+  // order and `tojson` prints it). Control-token text inside client strings stays text: the
+  // render reports where it landed (client_spans) and the encoder matches no special token there.
+  std::shared_ptr<const std::vector<std::string>> protect = model.protected_strings;
+  if (protect == nullptr) protect = ProtectedStringsOf(*model.tokenizer, *model.chat_template);
+  Result<RenderedPrompt> rendered =
+      model.chat_template->RenderPrompt(req.messages, req.tools, /*add_generation_prompt=*/true,
+                                        req.chat_template_kwargs, *protect);
+  if (!rendered.ok()) {
+    return InvalidRequest(
+        "the chat template failed to render these messages: " + rendered.message(), "messages",
+        "template_error");
   }
+  const std::string& text = rendered->text;
   PreparedRequest out = Skeleton(Endpoint::kChat, req.params);
   PreparedPrompt prompt;
   // The rendered template already holds the special tokens (BOS, role markers).
-  prompt.request.prompt_ids = model.tokenizer->Encode(*text, /*add_special_tokens=*/false);
+  prompt.request.prompt_ids =
+      model.tokenizer->Encode(text, /*add_special_tokens=*/false, rendered->client_spans);
   auto constraint = OutputConstraint(model, req.params);
   if (auto* err = std::get_if<ApiError>(&constraint)) return *err;
   if (auto err = FinishRequest(model, req.params, Endpoint::kChat, "messages",
@@ -229,10 +250,10 @@ Prepared PrepareChat(const ServedModel& model, const RequestJson& body) {
   out.prompts.push_back(std::move(prompt));
   out.reasoning = model.reasoning_format != ReasoningFormat::kNone;
   out.starts_in_reasoning =
-      model.reasoning_format == ReasoningFormat::kThink && PromptEndsInThinkBlock(*text);
+      model.reasoning_format == ReasoningFormat::kThink && PromptEndsInThinkBlock(text);
   out.harmony = model.reasoning_format == ReasoningFormat::kHarmony ||
                 model.tool_format == ToolCallFormat::kHarmony;
-  if (out.harmony) out.harmony_last_message = HarmonyLastMessage(*text);
+  if (out.harmony) out.harmony_last_message = HarmonyLastMessage(text);
   if (auto err = ApplyToolChoice(model, req, &out)) return *err;
   return out;
 }

@@ -51,7 +51,15 @@ struct ServedModel {
   // both halves (never together with another parser).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   ReasoningFormat reasoning_format = ReasoningFormat::kNone;
+  // The token texts client text may not produce as control tokens (ProtectedStringsOf: the
+  // special tokens and the template's own markers), computed once at start-up; null: computed
+  // for each chat request (never skipped).
+  std::shared_ptr<const std::vector<std::string>> protected_strings;
 };
+
+// ChatTemplate::ProtectedTokenStrings for this tokenizer's special and added tokens.
+std::shared_ptr<const std::vector<std::string>> ProtectedStringsOf(const Tokenizer& tokenizer,
+                                                                   const ChatTemplate& chat_template);
 
 // The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
 // the tokenizer's have no text); null when no token can start an object.
