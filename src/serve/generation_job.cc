@@ -102,6 +102,10 @@ void GenerationJob::Cancel() {
   }
 }
 
+void GenerationJob::SetNotify(const std::function<void()>& notify) {
+  for (PromptRun& p : prompts_) p.stream->SetNotify(notify);
+}
+
 bool GenerationJob::done() const { return finished_; }
 
 TokenLogprobEntry GenerationJob::MakeLogprob(const TokenEvent& e) const {
