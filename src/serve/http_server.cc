@@ -169,6 +169,10 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   HttpHooks hooks;
   hooks.check_header = [this](const HttpRequest& head) { return CheckHeader(head); };
   hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
+  // Everything but a generation is answered from memory.
+  hooks.cheap = [](const HttpRequest& req) {
+    return !(req.method == "POST" && IsGenerationRoute(req.path));
+  };
   hooks.error = [](int status, const std::string& message, const std::string& code) {
     return ErrorResponse(ApiError{status, message,
                                   status >= 500 ? "server_error" : "invalid_request_error", "",

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -188,6 +189,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OnHeader();
   void FailParse(error_code ec);
   void OnRequest();
+  Handled RunHandler();
   void OnHandled(Handled handled);
   void PollAsync();
   void Queue(std::string bytes);
@@ -210,7 +212,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const TransportConfig& config_;
   tcp::socket socket_;
   asio::steady_timer read_deadline_, stall_timer_, probe_timer_;
-  boost::beast::flat_buffer in_;
+  boost::beast::flat_buffer in_;  // received, not yet parsed
+  std::array<char, kReadChunk> read_chunk_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Phase phase_ = Phase::kReading;
   bool first_request_ = true, header_checked_ = false, reading_ = false, peer_eof_ = false;
@@ -259,7 +262,9 @@ void Session::Read() {
   if (phase_ != Phase::kReading && phase_ != Phase::kLingering && in_.size() >= kMaxHeldBytes)
     return;  // pipelined input waits in the kernel until this response is done
   reading_ = true;
-  socket_.async_read_some(in_.prepare(kReadChunk),
+  // Into a buffer of its own: in_ may be parsed and consumed while this read is pending (the
+  // next request of a keep-alive connection), which moves in_'s free space.
+  socket_.async_read_some(asio::buffer(read_chunk_),
                           [self = shared_from_this()](error_code ec, size_t n) {
                             self->OnRead(ec, n);
                           });
@@ -276,8 +281,12 @@ void Session::OnRead(error_code ec, size_t n) {
     OnPeerGone();
     return;
   }
+  if (phase_ == Phase::kLingering) {
+    Read();  // draining: the bytes are dropped
+    return;
+  }
+  asio::buffer_copy(in_.prepare(n), asio::buffer(read_chunk_.data(), n));
   in_.commit(n);
-  if (phase_ == Phase::kLingering) in_.consume(in_.size());
   if (phase_ == Phase::kReading) ParseBuffered();
   Read();
 }
@@ -351,22 +360,31 @@ void Session::OnRequest() {
   current_.body = std::move(request.body());
   keep_alive_ = request.keep_alive() && !stop_requested_ && !owner_->stopping.load();
   chunked_ = current_.version >= 11;
+  if (owner_->hooks.cheap && owner_->hooks.cheap(current_)) {
+    OnHandled(RunHandler());
+    Read();
+    return;
+  }
   asio::post(owner_->workers, [self = shared_from_this()]() mutable {
     // current_ is not touched on the strand while the handler runs.
-    Handled handled;
-    try {
-      handled = self->owner_->hooks.handle(self->current_);
-    } catch (const std::exception& e) {
-      LOG_ERROR << "request handler threw: " << e.what();
-      handled.response = self->owner_->hooks.error(500, std::string("internal error: ") + e.what(),
-                                                   "internal_error");
-    }
+    Handled handled = self->RunHandler();
     auto executor = self->executor();
     asio::post(executor, [self = std::move(self), handled = std::move(handled)]() mutable {
       self->OnHandled(std::move(handled));
     });
   });
   Read();  // keeps watching: EOF (half-close or gone), a reset, or pipelined requests
+}
+
+Handled Session::RunHandler() {
+  try {
+    return owner_->hooks.handle(current_);
+  } catch (const std::exception& e) {
+    LOG_ERROR << "request handler threw: " << e.what();
+    return Handled{owner_->hooks.error(500, std::string("internal error: ") + e.what(),
+                                       "internal_error"),
+                   nullptr};
+  }
 }
 
 void Session::OnHandled(Handled handled) {

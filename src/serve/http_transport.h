@@ -70,8 +70,11 @@ struct HttpHooks {
   // After the header, before the body is read: a response that refuses the request (the
   // connection then closes without reading the body), or nullopt to go on. I/O thread: cheap.
   std::function<std::optional<HttpResponse>(const HttpRequest& head)> check_header;
-  // The whole request. Runs on a worker thread.
+  // The whole request. Runs on a worker thread, or on the I/O thread when `cheap` says so.
   std::function<Handled(const HttpRequest& request)> handle;
+  // Requests answered at once from memory (health, metrics): handled on the I/O thread, so a
+  // queue of expensive requests (tokenizing prompts) never delays them. Empty: none.
+  std::function<bool(const HttpRequest& request)> cheap;
   // Error responses the transport makes itself (400, 408, 413, 431, 503 at the connection cap).
   std::function<HttpResponse(int status, const std::string& message, const std::string& code)>
       error;
