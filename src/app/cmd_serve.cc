@@ -67,7 +67,7 @@ int ServeCommand(int argc, char** argv, int first) {
                   "(gpt-oss's analysis channel) (default auto: read from the chat template)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
   flags.AddInt("--http-threads", &http_threads,
-               "I/O threads; every connection shares them (default 2)");
+               "I/O threads, shared by every connection (default 2; at most 64 are used)");
   flags.AddInt("--max-connections", &max_connections,
                "open connections at most; more are answered 503 and closed (default 4096)");
   flags.AddDouble("--header-timeout", &header_timeout,
@@ -96,7 +96,8 @@ int ServeCommand(int argc, char** argv, int first) {
   // template, auto adds no conflict); the template's part of the choice comes after.
   if (auto early = serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, ""); !early.ok())
     return Fail(early.message());
-  if (http_threads < 1 || http_threads > 256) return Fail("--http-threads: must be in [1, 256]");
+  // Still accepts the old thread-per-connection values; more than 64 I/O threads buy nothing.
+  if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
   if (max_connections < 1 || max_connections > 1000000)
     return Fail("--max-connections: must be in [1, 1000000]");
   if (stream_buffer_bytes < 1) return Fail("--stream-buffer-bytes: must be positive");
@@ -120,7 +121,7 @@ int ServeCommand(int argc, char** argv, int first) {
   http.host = host;
   http.port = static_cast<int>(port);
   http.max_body_bytes = static_cast<size_t>(max_body_bytes);
-  http.num_threads = static_cast<int>(http_threads);
+  http.num_threads = static_cast<int>(std::min<int64_t>(http_threads, 64));
   http.max_connections = static_cast<int>(max_connections);
   http.header_timeout_s = header_timeout;
   http.body_timeout_s = body_timeout;
