@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
-      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libboost1.81-dev
       libgtest-dev libgmock-dev libbenchmark-dev libsimdjson-dev)
 # Node.js + npm run the server tests; machines that already have a node with a bundled npm
 # (e.g. from nodesource) keep it, others get Debian's.

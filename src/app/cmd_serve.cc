@@ -1,12 +1,15 @@
 // `ember serve`: the OpenAI-compatible HTTP server over one model (see src/serve/http_server.h).
-// Start-up prints the address, model, context length and KV capacity. SIGINT/SIGTERM: new
+// Cheap checks come first: the flags, then the port (bound before the weights load, so a port in
+// use fails at once). Start-up prints the address, model, context length and KV capacity. SIGINT/SIGTERM: new
 // requests get 503 at once, in-flight ones may finish for --shutdown-grace seconds (a second
 // signal, or the end of the grace period, cancels what is left), then the process exits 0.
 #include <pthread.h>
 #include <signal.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -36,8 +39,11 @@ int ServeCommand(int argc, char** argv, int first) {
   std::string model_dir, served_name, chat_template_file, tool_call_parser = "auto",
               reasoning_parser = "auto";
   std::string host = "127.0.0.1";
-  int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 512;
-  double shutdown_grace = 30.0;
+  int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 2;
+  int64_t max_connections = 4096, stream_buffer_bytes = int64_t{1} << 20;
+  double shutdown_grace = 30.0, header_timeout = 10, body_timeout = 30, keep_alive_timeout = 10,
+         stall_timeout = 30;
+  std::string allowed_hosts, cors_origin;
   serve::HttpConfig http;
   EngineFlags engine_flags;
   FlagParser flags(
@@ -45,7 +51,9 @@ int ServeCommand(int argc, char** argv, int first) {
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
       "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json|harmony]\n"
       "       [--reasoning-parser auto|none|think|harmony]\n"
-      "       [--max-body-bytes B] [--http-threads N]");
+      "       [--max-body-bytes B] [--http-threads N] [--max-connections N]\n"
+      "       [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S]\n"
+      "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H] [--cors-origin O]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
   flags.AddInt("--port", &port, "TCP port (default 8080; 0 = any free port)");
@@ -58,7 +66,25 @@ int ServeCommand(int argc, char** argv, int first) {
                   "split reasoning_content off: think (a leading <think> block) or harmony "
                   "(gpt-oss's analysis channel) (default auto: read from the chat template)");
   flags.AddInt("--max-body-bytes", &max_body_bytes, "request body limit, 413 above (default 16 MiB)");
-  flags.AddInt("--http-threads", &http_threads, "connections served at once (default 512)");
+  flags.AddInt("--http-threads", &http_threads,
+               "I/O threads, shared by every connection (default 2; at most 64 are used)");
+  flags.AddInt("--max-connections", &max_connections,
+               "open connections at most; more are answered 503 and closed (default 4096)");
+  flags.AddDouble("--header-timeout", &header_timeout,
+                  "seconds a request header may take to arrive (default 10; 408 after)");
+  flags.AddDouble("--body-timeout", &body_timeout,
+                  "seconds a request body may take after its header (default 30; 408 after)");
+  flags.AddDouble("--keep-alive-timeout", &keep_alive_timeout,
+                  "seconds an idle connection waits for its next request (default 10)");
+  flags.AddInt("--stream-buffer-bytes", &stream_buffer_bytes,
+               "unsent response bytes above which a stream stops taking tokens (default 1 MiB)");
+  flags.AddDouble("--stall-timeout", &stall_timeout,
+                  "seconds a client may read nothing while output waits; then its request is "
+                  "cancelled and the connection closed (default 30)");
+  flags.AddString("--allowed-hosts", &allowed_hosts,
+                  "comma-separated Host names accepted besides the bound address ('*': any)");
+  flags.AddString("--cors-origin", &cors_origin,
+                  "let web pages from ORIGIN call the server ('*': any; default: none)");
   flags.AddDouble("--shutdown-grace", &shutdown_grace,
                   "seconds in-flight requests may finish after SIGTERM/SIGINT (default 30)");
   engine_flags.Register(flags, /*serving=*/true);
@@ -70,7 +96,17 @@ int ServeCommand(int argc, char** argv, int first) {
   // template, auto adds no conflict); the template's part of the choice comes after.
   if (auto early = serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, ""); !early.ok())
     return Fail(early.message());
+  // Still accepts the old thread-per-connection values; more than 64 I/O threads buy nothing.
   if (http_threads < 1 || http_threads > 8192) return Fail("--http-threads: must be in [1, 8192]");
+  if (max_connections < 1 || max_connections > 1000000)
+    return Fail("--max-connections: must be in [1, 1000000]");
+  if (stream_buffer_bytes < 1) return Fail("--stream-buffer-bytes: must be positive");
+  for (auto [name, value] : {std::pair{"--header-timeout", header_timeout},
+                             std::pair{"--body-timeout", body_timeout},
+                             std::pair{"--keep-alive-timeout", keep_alive_timeout},
+                             std::pair{"--stall-timeout", stall_timeout}}) {
+    if (!(value > 0 && value <= 86400)) return Fail(std::string(name) + ": must be in (0, 86400] seconds");
+  }
   if (!(shutdown_grace >= 0 && shutdown_grace <= 86400))
     return Fail("--shutdown-grace: must be in [0, 86400] seconds");
 
@@ -81,6 +117,26 @@ int ServeCommand(int argc, char** argv, int first) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client that hung up must not kill the server
+
+  http.host = host;
+  http.port = static_cast<int>(port);
+  http.max_body_bytes = static_cast<size_t>(max_body_bytes);
+  http.num_threads = static_cast<int>(std::min<int64_t>(http_threads, 64));
+  http.max_connections = static_cast<int>(max_connections);
+  http.header_timeout_s = header_timeout;
+  http.body_timeout_s = body_timeout;
+  http.keep_alive_timeout_s = keep_alive_timeout;
+  http.stream_buffer_bytes = static_cast<size_t>(stream_buffer_bytes);
+  http.stall_timeout_s = stall_timeout;
+  http.cors_origin = cors_origin;
+  for (size_t start = 0; start <= allowed_hosts.size();) {
+    const size_t comma = std::min(allowed_hosts.find(',', start), allowed_hosts.size());
+    if (comma > start) http.allowed_hosts.push_back(allowed_hosts.substr(start, comma - start));
+    start = comma + 1;
+  }
+  serve::HttpServer server(http);
+  auto bound = server.Bind();  // before the weights: a port in use fails in milliseconds
+  if (!bound.ok()) return Fail(bound.message());
 
   auto loaded = LoadModelAndEngine(model_dir, engine_flags);
   if (!loaded.ok()) return Fail(loaded.message());
@@ -116,14 +172,6 @@ int ServeCommand(int argc, char** argv, int first) {
   served.tool_format = parsers->tools;
   served.reasoning_format = parsers->reasoning;
 
-  http.host = host;
-  http.port = static_cast<int>(port);
-  http.max_body_bytes = static_cast<size_t>(max_body_bytes);
-  http.num_threads = static_cast<int>(http_threads);
-  serve::HttpServer server(http, served);
-  auto bound = server.Bind();
-  if (!bound.ok()) return Fail(bound.message());
-
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
   std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
               "%s, reasoning: %s%s%s\n",
@@ -157,7 +205,7 @@ int ServeCommand(int argc, char** argv, int first) {
     lm.engine->Shutdown(/*drain=*/false);  // what is left ends now (cancelled: 503 / error event)
     server.Stop();                         // stop accepting; Serve() returns
   });
-  server.Serve();
+  server.Serve(std::move(served));
   // Serve() also returns if the listener fails; make sure the signal thread ends either way.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

@@ -1,12 +1,15 @@
 // ResponseStream: the thread-safe channel between the engine thread (producer) and one caller
 // (consumer) for one request. The engine pushes TokenEvents and finally closes the stream; the
 // caller pops them and may Cancel() at any time (the engine frees the request's KV blocks before
-// its next step). Any thread may call any method.
+// its next step). An event-driven consumer registers SetNotify instead of blocking in Next. Any
+// thread may call any method.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -26,6 +29,12 @@ class ResponseStream {
   // Consumer: asks the engine to stop this request. Idempotent.
   void Cancel();
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  // Consumer: `notify` runs whenever a Next call would return something new: after every Push
+  // and on Close (on the engine thread), at once here when events are already pending or the
+  // stream closed, and in Next when it hands over a closed stream's last events (the end is then
+  // still to be seen). Never with the stream's lock held; it must be cheap (post work to the
+  // consumer's own thread). An empty function removes the hook.
+  void SetNotify(std::function<void()> notify);
 
   // Valid after the stream closed.
   RequestUsage usage() const;
@@ -43,6 +52,7 @@ class ResponseStream {
   std::vector<TokenEvent> pending_;
   RequestUsage usage_;
   bool closed_ = false;
+  std::shared_ptr<const std::function<void()>> notify_;  // copied under mu_, called outside it
   std::atomic<bool> cancelled_{false};
 };
 

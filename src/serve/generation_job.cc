@@ -102,6 +102,10 @@ void GenerationJob::Cancel() {
   }
 }
 
+void GenerationJob::SetNotify(const std::function<void()>& notify) {
+  for (PromptRun& p : prompts_) p.stream->SetNotify(notify);
+}
+
 bool GenerationJob::done() const { return finished_; }
 
 TokenLogprobEntry GenerationJob::MakeLogprob(const TokenEvent& e) const {
@@ -254,8 +258,11 @@ void GenerationJob::Pump(std::chrono::milliseconds wait) {
   size_t num_open = 0;
   for (const PromptRun& p : prompts_) num_open += p.closed ? 0 : 1;
   if (num_open == 0) return;
-  const auto per_stream = std::max(std::chrono::milliseconds(1),
-                                   wait / static_cast<int64_t>(num_open));
+  // A zero wait never blocks (event-driven callers poll when woken).
+  const auto per_stream = wait.count() == 0
+                              ? wait
+                              : std::max(std::chrono::milliseconds(1),
+                                         wait / static_cast<int64_t>(num_open));
   std::vector<TokenEvent> events;
   for (size_t p = 0; p < prompts_.size(); ++p) {
     PromptRun& run = prompts_[p];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -52,6 +53,11 @@ class GenerationJob {
 
   // Stops generation now (client went away). Idempotent.
   void Cancel();
+  // Event-driven consumers: `notify` runs (on the engine thread; it must only post work) whenever
+  // one of the job's engine streams has events or closes; poll with a zero wait then.
+  void SetNotify(const std::function<void()>& notify);
+  // Tokens so far (final once done()).
+  Usage usage() const { return TotalUsage(); }
 
  private:
   struct Sample {

@@ -1,14 +1,14 @@
 #include "serve/http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
+#include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "engine/engine.h"
 #include "serve/generation_job.h"
-#include "serve/peer_watch.h"
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
 #include "util/log.h"
@@ -19,7 +19,9 @@ namespace {
 
 using nlohmann::json;
 
-constexpr auto kPollInterval = std::chrono::milliseconds(20);
+constexpr auto kNoWait = std::chrono::milliseconds(0);
+constexpr const char* kGenerationRoutes[] = {"/v1/chat/completions", "/v1/completions"};
+constexpr const char* kReadRoutes[] = {"/v1/models", "/health", "/metrics", "/stats"};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -27,13 +29,14 @@ int64_t NowNs() {
       .count();
 }
 
-void SendJson(httplib::Response& res, int status, const json& body) {
+HttpResponse JsonResponse(int status, const json& body) {
+  HttpResponse res;
   res.status = status;
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
-                  "application/json");
+  res.body = body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  return res;
 }
 
-void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.http_status, e.ToJson()); }
+HttpResponse ErrorResponse(const ApiError& e) { return JsonResponse(e.http_status, e.ToJson()); }
 
 // Constant-time comparison: the time taken does not depend on where the strings differ.
 bool SecureEquals(const std::string& a, const std::string& b) {
@@ -47,71 +50,236 @@ bool SecureEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool IsGenerationRoute(const std::string& path) {
+  for (const char* r : kGenerationRoutes)
+    if (path == r) return true;
+  return false;
+}
+
+bool IsModelPath(const std::string& path) {
+  return path.size() > 11 && path.rfind("/v1/models/", 0) == 0;
+}
+
+bool IsReadRoute(const std::string& path) {
+  for (const char* r : kReadRoutes)
+    if (path == r) return true;
+  return IsModelPath(path);
+}
+
 std::string RouteLabel(const std::string& path) {
-  static const char* kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                  "/health", "/metrics", "/stats"};
-  for (const char* r : kRoutes)
-    if (path == r) return r;
-  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  if (IsGenerationRoute(path) || IsReadRoute(path)) return IsModelPath(path) ? "/v1/models" : path;
   return "other";
 }
 
-// httplib 0.11 listens with a backlog of 5, far too few for hundreds of clients connecting at
-// once (dropped SYNs cost seconds of retransmits). The listening socket is protected state of
-// httplib::Server; this subclass exposes it so Bind can raise the backlog (Linux lets listen()
-// be called again on a listening socket to change it).
-class BacklogServer : public httplib::Server {
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// The host name of a Host header: "[::1]:8080" -> "::1", "Example.com:80" -> "example.com".
+std::string HostName(const std::string& header) {
+  if (!header.empty() && header[0] == '[') {
+    const size_t close = header.find(']');
+    return Lower(header.substr(1, close == std::string::npos ? std::string::npos : close - 1));
+  }
+  const size_t colon = header.find(':');
+  if (colon != std::string::npos && header.find(':', colon + 1) == std::string::npos)
+    return Lower(header.substr(0, colon));
+  return Lower(header);
+}
+
+bool IsIpLiteral(const std::string& host) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+bool IsWildcard(const std::string& host) { return host.empty() || host == "0.0.0.0" || host == "::"; }
+
+// For the access log: the path only (never the query), printable, bounded.
+std::string LoggablePath(const std::string& path) {
+  std::string out;
+  for (char c : path.substr(0, 200)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+// A generation in flight, driven by its connection: the job's streams wake the connection, which
+// polls without waiting. Destroying an unfinished one cancels the job.
+class GenerationResponse final : public AsyncResponse {
  public:
-  int listening_socket() const { return static_cast<int>(svr_sock_.load()); }
+  GenerationResponse(std::unique_ptr<GenerationJob> job, Metrics* metrics)
+      : job_(std::move(job)), metrics_(metrics) {
+    if (job_->stream()) metrics_->StreamOpened();
+  }
+  ~GenerationResponse() override {
+    job_->SetNotify(nullptr);  // the engine may outlive the connection that woke on it
+    if (job_->stream()) metrics_->StreamClosed();
+  }
+
+  bool streaming() const override { return job_->stream(); }
+  HttpResponse Head() override {
+    HttpResponse head;
+    head.content_type = "text/event-stream";
+    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    return head;
+  }
+  void Start(std::function<void()> wake) override { job_->SetNotify(wake); }
+  bool Poll(std::string* out) override {
+    if (job_->stream()) return job_->PollStream(kNoWait, out);
+    return !job_->PollUntilDone(kNoWait);
+  }
+  HttpResponse Final() override {
+    std::variant<json, ApiError> result = job_->Result();
+    if (auto* error = std::get_if<ApiError>(&result)) return ErrorResponse(*error);
+    return JsonResponse(200, std::get<json>(result));
+  }
+  void Abort() override { job_->Cancel(); }
+  std::string LogNote() const override {
+    const Usage usage = job_->usage();
+    return "tokens=" + std::to_string(usage.prompt_tokens) + "+" +
+           std::to_string(usage.completion_tokens);
+  }
+
+ private:
+  std::unique_ptr<GenerationJob> job_;
+  Metrics* metrics_;
 };
 
 }  // namespace
 
-HttpServer::HttpServer(HttpConfig config, ServedModel model)
-    : config_(std::move(config)), model_(std::move(model)),
-      server_(std::make_unique<BacklogServer>()) {
+HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
-  const int threads = config_.num_threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_->set_payload_max_length(config_.max_body_bytes);
-  server_->set_keep_alive_max_count(100000);
-  server_->set_keep_alive_timeout(config_.keep_alive_seconds);
-  server_->set_tcp_nodelay(true);
-  Route();
+  TransportConfig t;
+  t.host = config_.host;
+  t.port = config_.port;
+  t.io_threads = config_.num_threads;
+  t.worker_threads = std::max(2, config_.num_threads);
+  t.max_connections = config_.max_connections;
+  t.max_body_bytes = config_.max_body_bytes;
+  t.header_timeout_s = config_.header_timeout_s;
+  t.body_timeout_s = config_.body_timeout_s;
+  t.keep_alive_timeout_s = config_.keep_alive_timeout_s;
+  t.stream_buffer_bytes = config_.stream_buffer_bytes;
+  t.stall_timeout_s = config_.stall_timeout_s;
+  HttpHooks hooks;
+  hooks.check_header = [this](const HttpRequest& head) { return CheckHeader(head); };
+  hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
+  // Everything but a generation is answered from memory.
+  hooks.cheap = [](const HttpRequest& req) {
+    return !(req.method == "POST" && IsGenerationRoute(req.path));
+  };
+  hooks.error = [](int status, const std::string& message, const std::string& code) {
+    return ErrorResponse(ApiError{status, message,
+                                  status >= 500 ? "server_error" : "invalid_request_error", "",
+                                  code});
+  };
+  hooks.decorate = [this](const HttpRequest& req, HttpResponse* res) { AddCorsHeaders(req, res); };
+  hooks.finished = [this](const HttpRequest& req, int status, double seconds,
+                          const std::string& note) { OnFinished(req, status, seconds, note); };
+  hooks.count = [this](const char* event) { metrics_.CountConnectionEvent(event); };
+  transport_ = std::make_unique<HttpTransport>(std::move(t), std::move(hooks));
 }
 
 HttpServer::~HttpServer() = default;
 
-Result<int> HttpServer::Bind() {
-  int port = config_.port;
-  if (port == 0) {
-    port = server_->bind_to_any_port(config_.host);
-    if (port < 0) return Status::Error("cannot bind to " + config_.host + " (any port)");
-  } else if (!server_->bind_to_port(config_.host, port)) {
-    return Status::Error("cannot bind to " + config_.host + ":" + std::to_string(port) +
-                         " (in use, or not an address of this machine)");
-  }
-  const int fd = static_cast<BacklogServer*>(server_.get())->listening_socket();
-  if (fd >= 0 && ::listen(fd, SOMAXCONN) != 0) {
-    LOG_WARN << "could not raise the listen backlog; many simultaneous connects may be slow";
-  }
-  return port;
+Result<int> HttpServer::Bind() { return transport_->Bind(); }
+
+void HttpServer::Serve(ServedModel model) {
+  model_ = std::move(model);
+  transport_->Serve();
 }
 
-void HttpServer::Serve() { server_->listen_after_bind(); }
+void HttpServer::Stop() { transport_->Stop(); }
 
-void HttpServer::Stop() { server_->stop(); }
+// ---- request policy: Host, Origin, CORS, auth ----
 
-bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
-  if (config_.api_key.empty()) return true;
-  if (SecureEquals(req.get_header_value("Authorization"), "Bearer " + config_.api_key))
-    return true;
-  SendError(res, ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
-                          "invalid_request_error", "", "invalid_api_key"});
-  return false;
+bool HttpServer::HostAllowed(const std::string& host_header) const {
+  const std::string name = HostName(host_header);
+  const std::string bound = Lower(config_.host);
+  for (const std::string& allowed : config_.allowed_hosts)
+    if (allowed == "*" || Lower(allowed) == name) return true;
+  if (name == bound) return true;
+  if (IsLoopback(bound) && IsLoopback(name)) return true;
+  // Bound to every address: the client names one of them (a DNS-rebinding page needs a name).
+  return IsWildcard(bound) && (IsIpLiteral(name) || name == "localhost");
 }
+
+std::optional<HttpResponse> HttpServer::CheckHeader(const HttpRequest& head) const {
+  if (!head.HasHeader("host")) {
+    if (head.version < 11) return std::nullopt;  // HTTP/1.0 may omit it
+    return ErrorResponse(InvalidRequest("the Host header is required (HTTP/1.1)", "",
+                                        "missing_host"));
+  }
+  const std::string host = head.Header("host");
+  if (!HostAllowed(host)) {
+    return ErrorResponse(ApiError{
+        403,
+        "Host '" + LoggablePath(host) + "' is not a name of this server (DNS-rebinding "
+        "protection); to reach it by that name start it with --allowed-hosts " +
+            LoggablePath(HostName(host)) + " (or '*')",
+        "invalid_request_error", "", "host_not_allowed"});
+  }
+  const std::string origin = head.Header("origin");
+  if (!origin.empty() && config_.cors_origin != "*" && origin != config_.cors_origin) {
+    return ErrorResponse(ApiError{
+        403,
+        "cross-origin request from '" + LoggablePath(origin) +
+            "' refused: start the server with --cors-origin ORIGIN to let a web page call it",
+        "invalid_request_error", "", "origin_not_allowed"});
+  }
+  return std::nullopt;
+}
+
+void HttpServer::AddCorsHeaders(const HttpRequest& req, HttpResponse* res) const {
+  if (config_.cors_origin.empty()) return;
+  const std::string origin = req.Header("origin");
+  if (origin.empty()) return;
+  if (config_.cors_origin != "*" && origin != config_.cors_origin) return;
+  res->headers.emplace_back("Access-Control-Allow-Origin",
+                            config_.cors_origin == "*" ? "*" : config_.cors_origin);
+  res->headers.emplace_back("Vary", "Origin");
+}
+
+// OPTIONS: a browser's preflight (its Origin already passed CheckHeader) or a plain question.
+HttpResponse HttpServer::Preflight(const HttpRequest& req) const {
+  HttpResponse res;
+  res.status = 204;
+  const std::string methods = IsGenerationRoute(req.path) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+  res.headers.emplace_back("Allow", methods);
+  if (!config_.cors_origin.empty() && req.HasHeader("origin")) {
+    res.headers.emplace_back("Access-Control-Allow-Methods", methods);
+    std::string headers = req.Header("access-control-request-headers");
+    res.headers.emplace_back("Access-Control-Allow-Headers",
+                             headers.empty() ? "Authorization, Content-Type" : headers);
+    res.headers.emplace_back("Access-Control-Max-Age", "600");
+  }
+  return res;
+}
+
+std::optional<HttpResponse> HttpServer::Unauthorized(const HttpRequest& req) const {
+  if (config_.api_key.empty()) return std::nullopt;
+  if (SecureEquals(req.Header("authorization"), "Bearer " + config_.api_key)) return std::nullopt;
+  return ErrorResponse(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
+                                "invalid_request_error", "", "invalid_api_key"});
+}
+
+void HttpServer::OnFinished(const HttpRequest& req, int status, double seconds,
+                            const std::string& note) {
+  metrics_.CountRequest(RouteLabel(req.path), status);
+  char ms[32];
+  std::snprintf(ms, sizeof(ms), "%.1f", seconds * 1e3);
+  LOG_INFO << "http " << (req.method.empty() ? "-" : LoggablePath(req.method)) << " "
+           << (req.path.empty() ? "-" : LoggablePath(req.path)) << " " << status << " " << ms
+           << " ms" << (note.empty() ? "" : " ") << note;
+}
+
+// ---- routes ----
 
 json HttpServer::ModelJson() const {
   const GenerationDefaults& d = model_.defaults;
@@ -161,186 +329,97 @@ json HttpServer::ModelJson() const {
           {"capabilities", capabilities}};
 }
 
-void HttpServer::HandleGeneration(const httplib::Request& req, httplib::Response& res,
-                                  Endpoint endpoint) {
+Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) {
   const int64_t arrival_ns = NowNs();
-  if (!Authorized(req, res)) return;
+  if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
   if (shutting_down_.load()) {
-    SendError(res, ApiError{503, "the server is shutting down", "server_error", "",
-                            "shutting_down"});
-    return;
+    return {ErrorResponse(ApiError{503, "the server is shutting down", "server_error", "",
+                                   "shutting_down"}),
+            nullptr};
   }
   // Parsed once, in the client's key order; nesting past kMaxBodyDepth is refused by a linear
   // pre-scan before the parser sees it, and objects parse in time linear in their keys.
   Result<RequestJson> parsed = ParseOrderedJsonBounded(req.body, kMaxBodyDepth);
   if (!parsed.ok()) {
-    SendError(res, InvalidRequest("the request body is not valid JSON (UTF-8): " +
-                                      parsed.message(),
-                                  "", "invalid_json"));
-    return;
+    return {ErrorResponse(InvalidRequest(
+                "the request body is not valid JSON (UTF-8): " + parsed.message(), "",
+                "invalid_json")),
+            nullptr};
   }
   const RequestJson body = std::move(*parsed);
   Prepared prepared =
       endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
-  if (auto* error = std::get_if<ApiError>(&prepared)) {
-    SendError(res, *error);
-    return;
-  }
+  if (auto* error = std::get_if<ApiError>(&prepared)) return {ErrorResponse(*error), nullptr};
   auto started = GenerationJob::Start(model_, std::move(std::get<PreparedRequest>(prepared)),
                                       &metrics_, arrival_ns);
-  if (auto* error = std::get_if<ApiError>(&started)) {
-    SendError(res, *error);
-    return;
-  }
-  std::shared_ptr<GenerationJob> job = std::move(std::get<std::unique_ptr<GenerationJob>>(started));
-  auto watch = std::make_shared<PeerWatch>(req.remote_addr, req.remote_port, req.local_port);
-
-  if (!job->stream()) {
-    while (!job->PollUntilDone(kPollInterval)) {
-      if (watch->PeerGone()) {
-        job->Cancel();
-        metrics_.CountDisconnect();
-        res.status = 499;  // nobody reads it; the connection is gone
-        return;
-      }
-    }
-    std::variant<json, ApiError> result = job->Result();
-    if (auto* error = std::get_if<ApiError>(&result)) {
-      SendError(res, *error);
-    } else {
-      SendJson(res, 200, std::get<json>(result));
-    }
-    return;
-  }
-
-  metrics_.StreamOpened();
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  Metrics* metrics = &metrics_;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [job, watch, metrics](size_t, httplib::DataSink& sink) {
-        std::string out;
-        const bool more = job->PollStream(kPollInterval, &out);
-        if (!out.empty() && !sink.write(out.data(), out.size())) {
-          job->Cancel();
-          metrics->CountDisconnect();
-          return false;
-        }
-        if (!more) {
-          sink.done();
-          return true;
-        }
-        if (out.empty() && watch->PeerGone()) {
-          job->Cancel();
-          metrics->CountDisconnect();
-          return false;
-        }
-        return true;
-      },
-      [job, metrics](bool success) {
-        if (!success) job->Cancel();
-        metrics->StreamClosed();
-      });
+  if (auto* error = std::get_if<ApiError>(&started)) return {ErrorResponse(*error), nullptr};
+  return {HttpResponse{}, std::make_unique<GenerationResponse>(
+                              std::move(std::get<std::unique_ptr<GenerationJob>>(started)),
+                              &metrics_)};
 }
 
-void HttpServer::Route() {
-  httplib::Server& s = *server_;
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGeneration(req, res, Endpoint::kChat);
-  });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGeneration(req, res, Endpoint::kCompletion);
-  });
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res)) return;
-    SendJson(res, 200, {{"object", "list"}, {"data", json::array({ModelJson()})}});
-  });
-  s.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res)) return;
-    if (req.matches[1] != model_.name) {
-      SendError(res, ApiError{404, "The model '" + std::string(req.matches[1]) +
-                                       "' does not exist",
-                              "invalid_request_error", "model", "model_not_found"});
-      return;
-    }
-    SendJson(res, 200, ModelJson());
-  });
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (shutting_down_.load()) {
-      SendJson(res, 503, {{"status", "shutting_down"}});
-    } else {
-      SendJson(res, 200, {{"status", "ok"}});
-    }
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.Prometheus(model_.engine->Stats()),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
-  s.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
-    json stats = metrics_.Json(model_.engine->Stats());
-    stats["model"] = model_.name;
-    stats["context_length"] = model_.context_length;
-    stats["kv_capacity_tokens"] = model_.engine->kv_capacity_tokens();
-    stats["kv_cache_bytes"] = model_.engine->kv_cache_bytes();
-    stats["max_batch"] = model_.engine->max_running();
-    stats["max_step_tokens"] = model_.engine->max_step_tokens();
-    SendJson(res, 200, stats);
-  });
+HttpResponse HttpServer::Stats() const {
+  json stats = metrics_.Json(model_.engine->Stats());
+  stats["model"] = model_.name;
+  stats["context_length"] = model_.context_length;
+  stats["kv_capacity_tokens"] = model_.engine->kv_capacity_tokens();
+  stats["kv_cache_bytes"] = model_.engine->kv_cache_bytes();
+  stats["max_batch"] = model_.engine->max_running();
+  stats["max_step_tokens"] = model_.engine->max_step_tokens();
+  stats["http"]["open_connections"] = transport_->num_connections();
+  return JsonResponse(200, stats);
+}
 
-  // Known paths with the wrong method: 405 rather than 404.
-  auto method_not_allowed = [](const httplib::Request& req, httplib::Response& res) {
-    SendError(res, ApiError{405, "Method " + req.method + " is not allowed on " + req.path,
-                            "invalid_request_error", "", "method_not_allowed"});
-  };
-  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
-    s.Get(path, method_not_allowed);
-    s.Put(path, method_not_allowed);
-    s.Patch(path, method_not_allowed);
-    s.Delete(path, method_not_allowed);
+Handled HttpServer::Handle(const HttpRequest& req) {
+  try {
+    return Route(req);
+  } catch (const std::exception& e) {
+    LOG_ERROR << "request handler threw: " << e.what();
+    return {ErrorResponse(ApiError{500, std::string("internal error: ") + e.what(), "server_error",
+                                   "", "internal_error"}),
+            nullptr};
   }
-  for (const char* path : {"/v1/models", "/health", "/metrics", "/stats"}) {
-    s.Post(path, method_not_allowed);
-    s.Put(path, method_not_allowed);
-    s.Patch(path, method_not_allowed);
-    s.Delete(path, method_not_allowed);
-  }
+}
 
-  // Errors httplib produces itself (404 unknown path, 413 body too large, 400 bad HTTP) get an
-  // OpenAI-shaped body.
-  const size_t max_body = config_.max_body_bytes;
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [max_body](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.http_status = res.status;
-    if (res.status == 404) {
-      e.message = "Unknown path " + req.path;
-      e.code = "not_found";
-    } else if (res.status == 413) {
-      e.message = "The request body is larger than the limit of " + std::to_string(max_body) +
-                  " bytes (--max-body-bytes)";
-      e.code = "request_too_large";
-    } else {
-      e.message = "HTTP error " + std::to_string(res.status);
-    }
-    SendError(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    LOG_ERROR << "request handler threw: " << what;
-    SendError(res, ApiError{500, "internal error: " + what, "server_error", "", "internal_error"});
-  });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.CountRequest(RouteLabel(req.path), res.status);
-  });
+Handled HttpServer::Route(const HttpRequest& req) {
+  const std::string& path = req.path;
+  const bool generation = IsGenerationRoute(path);
+  if (!generation && !IsReadRoute(path))
+    return {ErrorResponse(ApiError{404, "Unknown path " + LoggablePath(path),
+                                   "invalid_request_error", "", "not_found"}),
+            nullptr};
+  if (req.method == "OPTIONS") return {Preflight(req), nullptr};
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  if (generation ? req.method != "POST" : !get) {
+    return {ErrorResponse(ApiError{405, "Method " + LoggablePath(req.method) +
+                                            " is not allowed on " + LoggablePath(path),
+                                   "invalid_request_error", "", "method_not_allowed"}),
+            nullptr};
+  }
+  if (generation)
+    return HandleGeneration(req, path == "/v1/chat/completions" ? Endpoint::kChat
+                                                                : Endpoint::kCompletion);
+  if (path == "/health") {
+    if (shutting_down_.load()) return {JsonResponse(503, {{"status", "shutting_down"}}), nullptr};
+    return {JsonResponse(200, {{"status", "ok"}}), nullptr};
+  }
+  if (path == "/metrics") {
+    HttpResponse res;
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res.body = metrics_.Prometheus(model_.engine->Stats());
+    return {std::move(res), nullptr};
+  }
+  if (path == "/stats") return {Stats(), nullptr};
+  if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
+  if (path == "/v1/models")
+    return {JsonResponse(200, {{"object", "list"}, {"data", json::array({ModelJson()})}}), nullptr};
+  const std::string id = path.substr(std::string("/v1/models/").size());
+  if (id != model_.name) {
+    return {ErrorResponse(ApiError{404, "The model '" + id + "' does not exist",
+                                   "invalid_request_error", "model", "model_not_found"}),
+            nullptr};
+  }
+  return {JsonResponse(200, ModelJson()), nullptr};
 }
 
 }  // namespace ember::serve

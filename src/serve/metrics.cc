@@ -125,6 +125,19 @@ void Metrics::CountDisconnect() {
   ++disconnects_;
 }
 
+void Metrics::CountConnectionEvent(const std::string& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (event == "disconnect") {
+    ++disconnects_;
+  } else if (event == "stalled") {
+    ++stalled_clients_;
+  } else if (event == "rejected") {
+    ++rejected_connections_;
+  } else if (event == "timeout") {
+    ++request_timeouts_;
+  }
+}
+
 std::string Metrics::Prometheus(const EngineStats& e) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
@@ -139,6 +152,14 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
           completion_tokens_, &out);
   Counter("ember_client_disconnects_total", "Requests cancelled because the client went away.",
           disconnects_, &out);
+  Counter("ember_http_stalled_clients_total",
+          "Connections cut off because the client read nothing for --stall-timeout seconds.",
+          stalled_clients_, &out);
+  Counter("ember_http_rejected_connections_total",
+          "Connections answered 503 and closed because --max-connections were open.",
+          rejected_connections_, &out);
+  Counter("ember_http_request_timeouts_total",
+          "Requests whose header or body missed its deadline (408).", request_timeouts_, &out);
   Counter("ember_engine_requests_finished_total", "Requests the engine finished.",
           e.requests_finished, &out);
   Counter("ember_engine_requests_cancelled_total", "Requests the engine cancelled.",
@@ -181,7 +202,9 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
     requests.push_back({{"route", key.first}, {"status", key.second}, {"count", count}});
   return {
       {"http", {{"requests", requests}, {"open_streams", open_streams_},
-                {"client_disconnects", disconnects_}}},
+                {"client_disconnects", disconnects_}, {"stalled_clients", stalled_clients_},
+                {"rejected_connections", rejected_connections_},
+                {"request_timeouts", request_timeouts_}}},
       {"tokens", {{"prompt", prompt_tokens_}, {"generated", completion_tokens_}}},
       {"engine",
        {{"requests_submitted", e.requests_submitted},

@@ -46,6 +46,10 @@ class Metrics {
   void StreamOpened();
   void StreamClosed();
   void CountDisconnect();
+  // A connection event from the HTTP transport: "disconnect" (as CountDisconnect), "stalled" (a
+  // client that stopped reading was cut off), "rejected" (over --max-connections), "timeout" (a
+  // request header/body missed its deadline). Unknown names are ignored.
+  void CountConnectionEvent(const std::string& event);
 
   std::string Prometheus(const EngineStats& engine) const;
   nlohmann::json Json(const EngineStats& engine) const;
@@ -55,6 +59,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status) -> count
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   int64_t open_streams_ = 0, disconnects_ = 0;
+  int64_t stalled_clients_ = 0, rejected_connections_ = 0, request_timeouts_ = 0;
   Histogram ttft_, itl_, e2e_;
 };
 
