@@ -44,10 +44,10 @@ stage() {
   # The binaries that carry all the kernels (~12 MB each) travel xz-compressed (~3.7 MB): the
   # GPU runs carry at most 64 MiB. The run below unpacks them.
   find .devbin/bin -type f -size +1M -exec xz -T2 -3 {} +
-  # The fixture models travel with ../shared (every GPU call carries it); copy them only when
-  # there is no ../shared to read them from there.
+  # The GPU machine gets the checkout only (../shared stays here): the fixture models travel in
+  # .devbin (STAGE_FIXTURES=0 leaves them out, for runs that need none).
   local fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
-  if [ "${STAGE_FIXTURES:-0}" = 1 ]; then
+  if [ "${STAGE_FIXTURES:-1}" = 1 ]; then
     for m in llama3 qwen2 qwen3 qwen3_moe gpt_oss mistral gemma2 gemma3 phi3 tinystories-656k; do
       [ -d "$fixtures/models/$m" ] && cp -r "$fixtures/models/$m" .devbin/fixtures/models/
     done
