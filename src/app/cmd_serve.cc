@@ -6,13 +6,13 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
-#include <utility>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "app/commands.h"
 #include "app/common.h"
@@ -138,17 +138,18 @@ int ServeCommand(int argc, char** argv, int first) {
   auto bound = server.Bind();  // before the weights: a port in use fails in milliseconds
   if (!bound.ok()) return Fail(bound.message());
 
-  auto loaded = LoadModelAndEngine(model_dir, engine_flags);
-  if (!loaded.ok()) return Fail(loaded.message());
-  LoadedModel& lm = *loaded;
-  if (lm.tokenizer == nullptr) return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
-
+  // The tokenizer and the chat template before the weights: a missing or broken one fails in
+  // milliseconds, not after minutes of loading a large model.
+  if (!FileExists(model_dir + "/tokenizer.json"))
+    return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
+  auto tokenizer = Tokenizer::Load(model_dir);
+  if (!tokenizer.ok()) return Fail(tokenizer.message());
   ChatTemplate chat_template;
   bool have_template_object = false;
   if (!chat_template_file.empty()) {
     auto source = ReadFileToString(chat_template_file);
     if (!source.ok()) return Fail(source.message());
-    auto t = ChatTemplate::FromSource(*source, lm.tokenizer->bos_token(), lm.tokenizer->eos_token());
+    auto t = ChatTemplate::FromSource(*source, (*tokenizer)->bos_token(), (*tokenizer)->eos_token());
     if (!t.ok()) return Fail(chat_template_file + ": " + t.message());
     chat_template = std::move(*t);
     have_template_object = true;
@@ -158,6 +159,13 @@ int ServeCommand(int argc, char** argv, int first) {
     chat_template = std::move(*t);
     have_template_object = true;
   }
+  auto parsers =
+      serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, chat_template.tools_source());
+  if (!parsers.ok()) return Fail(parsers.message());
+
+  auto loaded = LoadModelAndEngine(model_dir, engine_flags, std::move(*tokenizer));
+  if (!loaded.ok()) return Fail(loaded.message());
+  LoadedModel& lm = *loaded;
 
   serve::ServedModel served = ServedModelOf(lm);
   served.name = served_name.empty() ? BaseName(model_dir) : served_name;
@@ -166,9 +174,6 @@ int ServeCommand(int argc, char** argv, int first) {
     served.protected_strings = serve::ProtectedStringsOf(*lm.tokenizer, chat_template);
   served.max_n = engine_flags.Config().max_n;
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
-  auto parsers =
-      serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, chat_template.tools_source());
-  if (!parsers.ok()) return Fail(parsers.message());
   served.tool_format = parsers->tools;
   served.reasoning_format = parsers->reasoning;
 

@@ -79,6 +79,9 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                "tokens per engine step; longer prompts prefill in chunks (default 0: 512 on the "
                "CPU; on a GPU 8192, halved while a step's workspace would take more than a "
                "quarter of the memory left after the weights)");
+  flags.AddInt("--ctx-size,--max-model-len", &max_model_len,
+               "the served context in tokens, at most the model's and what the KV cache holds "
+               "(default 0: the model's, capped to the KV cache)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
@@ -116,26 +119,32 @@ EngineConfig EngineFlags::Config() const {
   c.kv_cache_bytes = kv_cache_bytes;
   c.gpu_memory_fraction = gpu_memory_fraction;
   c.max_step_tokens = static_cast<int32_t>(max_step_tokens);
+  c.max_model_len = static_cast<int32_t>(max_model_len);
   c.max_queue = static_cast<int32_t>(max_queue);
   c.enable_prefix_caching = !no_prefix_cache;
   c.overlap_steps = !no_overlap;
   return c;
 }
 
-Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags) {
+Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags,
+                                       std::unique_ptr<Tokenizer> tokenizer) {
   constexpr int64_t kMaxLimit = int64_t{1} << 20;
   if (flags.max_batch < 0 || flags.max_batch > kMaxLimit)
     return Status::Error("--max-batch: must be in [0, 1048576] (0: the default)");
   if (flags.max_step_tokens < 0 || flags.max_step_tokens > kMaxLimit)
     return Status::Error("--max-step-tokens: must be in [0, 1048576] (0: the default)");
   if (flags.kv_cache_bytes < 0) return Status::Error("--kv-cache-bytes: must be >= 0");
+  if (flags.max_model_len < 0 || flags.max_model_len > (int64_t{1} << 30))
+    return Status::Error("--max-model-len: must be in [0, 2^30] (0: the model's context)");
   if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
   EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());
   LoadedModel lm;
-  EMBER_ASSIGN_OR_RETURN(lm.model, Model::Load(model_dir, opts));
-  if (FileExists(model_dir + "/tokenizer.json")) {
+  // The tokenizer first (cheap): a broken one fails before the weights load.
+  lm.tokenizer = std::move(tokenizer);
+  if (lm.tokenizer == nullptr && FileExists(model_dir + "/tokenizer.json")) {
     EMBER_ASSIGN_OR_RETURN(lm.tokenizer, Tokenizer::Load(model_dir));
   }
+  EMBER_ASSIGN_OR_RETURN(lm.model, Model::Load(model_dir, opts));
   EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), flags.Config()));
   return lm;
 }

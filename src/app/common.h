@@ -35,11 +35,12 @@ struct GenerationFlags {
   Result<SamplingRequest> Request(const FlagParser& flags) const;
 };
 
-// --device --threads --max-batch --kv-cache-bytes --max-step-tokens
+// --device --threads --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
 struct EngineFlags {
   std::string device = "auto";
   std::string batch_invariant = "off";
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;
+  int64_t max_model_len = 0;  // --max-model-len (alias --ctx-size); 0: the model's
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
@@ -54,7 +55,10 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
   std::unique_ptr<Engine> engine;
 };
-Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags);
+// Checks the flags, loads the tokenizer (`tokenizer` when the caller already loaded it; none when
+// the folder has no tokenizer.json) before the weights, then the model and the engine.
+Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags,
+                                       std::unique_ptr<Tokenizer> tokenizer = nullptr);
 // What the request builder needs of a loaded model: its tokenizer, engine, generation_config.json
 // and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
 serve::ServedModel ServedModelOf(const LoadedModel& lm);

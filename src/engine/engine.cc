@@ -19,7 +19,7 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner)
       config_(sizing.config),
       num_blocks_(sizing.num_blocks),
       kv_cache_bytes_(sizing.kv_cache_bytes),
-      context_length_(model->config().max_position_embeddings),
+      context_length_(sizing.config.max_model_len),
       vocab_size_(model->config().vocab_size),
       kv_(kv::KvCacheConfig{config_.block_size, num_blocks_, config_.enable_prefix_caching}),
       scheduler_(SchedulerConfig{config_.max_running, config_.max_step_tokens,

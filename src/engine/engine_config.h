@@ -14,6 +14,9 @@ struct EngineConfig {
   int64_t kv_cache_bytes = 0;        // KV pool cap (--kv-cache-bytes); 0: DefaultKvCacheBytes()
   double gpu_memory_fraction = 0.9;  // of a GPU's memory this process may use (weights + KV + work)
   int32_t block_size = 16;
+  // The served context in tokens (--max-model-len): at most the model's max_position_embeddings
+  // and what the KV pool holds (SizeEngine refuses more). 0: the model's, capped to the pool.
+  int32_t max_model_len = 0;
   int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
   int32_t max_n = 16;  // largest `n` accepted

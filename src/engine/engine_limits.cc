@@ -29,9 +29,10 @@ int64_t DeviceBytesLeft(const BackendMemory& mem, double fraction) {
 
 Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& config) {
   const int64_t per_token = model.KvBytesPerToken();
-  // Never more than every running sequence at full context could use.
-  const int64_t want =
-      int64_t{config.max_running} * model.config().max_position_embeddings * per_token;
+  // Never more than every running sequence at full (served) context could use.
+  const int64_t context =
+      config.max_model_len > 0 ? config.max_model_len : model.config().max_position_embeddings;
+  const int64_t want = int64_t{config.max_running} * context * per_token;
   EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (mem.device) {
@@ -71,6 +72,11 @@ Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config
   if (config.max_step_tokens < 0)
     return Status::Error("--max-step-tokens: must be >= 0 (0: the device's default), got " +
                          std::to_string(config.max_step_tokens));
+  const int32_t model_context = model.config().max_position_embeddings;
+  if (config.max_model_len < 0 || config.max_model_len > model_context)
+    return Status::Error("--max-model-len: must be in [1, " + std::to_string(model_context) +
+                         "] (the model's max_position_embeddings; 0: that), got " +
+                         std::to_string(config.max_model_len));
   if (config.max_running > 0 && config.max_step_tokens > 0) return config;
   EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
   if (config.max_running == 0) config.max_running = mem.device ? 256 : 64;
@@ -83,6 +89,35 @@ Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config
   }
   return config;
 }
+
+namespace {
+
+// The served context: --max-model-len when it fits the pool (an error naming both numbers when it
+// does not), else the model's context capped to what the pool holds, so that /v1/models never
+// advertises more than one request can use.
+Status ResolveServedContext(const Model& model, EngineSizing& sizing) {
+  EngineConfig& config = sizing.config;
+  const int64_t pool_tokens = int64_t{sizing.num_blocks} * config.block_size;
+  const int32_t model_context = model.config().max_position_embeddings;
+  if (config.max_model_len > 0) {
+    if (config.max_model_len > pool_tokens)
+      return Status::Error("--max-model-len " + std::to_string(config.max_model_len) +
+                           ": the KV cache holds only " + std::to_string(pool_tokens) +
+                           " tokens (" + std::to_string(sizing.kv_cache_bytes) +
+                           " bytes); raise --kv-cache-bytes (or --gpu-memory-fraction) or lower "
+                           "--max-model-len");
+    return Status::Ok();
+  }
+  config.max_model_len = static_cast<int32_t>(std::min<int64_t>(model_context, pool_tokens));
+  if (config.max_model_len < model_context) {
+    LOG_INFO << "served context: " << config.max_model_len << " tokens (the KV cache holds "
+             << pool_tokens << " of the model's " << model_context
+             << "; raise --kv-cache-bytes for more)";
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested) {
   if (!(requested.gpu_memory_fraction > 0.0 && requested.gpu_memory_fraction <= 1.0))
@@ -109,6 +144,7 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
                          " bytes)");
   }
   sizing.kv_cache_bytes = int64_t{sizing.num_blocks} * config.block_size * per_token;
+  EMBER_RETURN_IF_ERROR(ResolveServedContext(model, sizing));
   return sizing;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "model/architecture.h"
 #include "model/safetensors.h"
 #include "model/weight_convert.h"
+#include "util/log.h"
 #include "util/mapped_file.h"
 #include "util/parallel.h"
 
@@ -265,6 +267,16 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   return Status::Ok();
 }
 
+// A line per quarter of the layers while a checkpoint of at least 1 GiB loads (smaller ones load
+// in well under a second).
+void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes) {
+  if (file_bytes < (int64_t{1} << 30) || num_layers < 4) return;
+  const int32_t quarter = layers_done * 4 / num_layers;
+  if (quarter == (layers_done - 1) * 4 / num_layers || quarter == 4) return;
+  LOG_INFO << "loaded " << layers_done << " of " << num_layers << " layers ("
+           << quarter * 25 << "% of " << (file_bytes >> 20) << " MiB)";
+}
+
 Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, Model::Impl* m) {
   Uploader up(store, be);
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
@@ -341,6 +353,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
     w.sliding_window = sliding ? c.sliding_window : 0;
     w.rope_id = sliding ? local_rope : global_rope;
     m->layers.push_back(std::move(w));
+    LogLoadProgress(l + 1, c.num_layers, store.total_file_bytes());
   }
   m->num_parameters = up.num_parameters;
   return Status::Ok();
@@ -387,8 +400,16 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();
+  const auto start = std::chrono::steady_clock::now();
+  LOG_INFO << "loading " << dir << ": " << (model->weights_->total_file_bytes() >> 20)
+           << " MiB of " << model->config_.torch_dtype << " weights, "
+           << model->config_.num_layers << " layers, onto the " << model->backend_->name()
+           << " backend";
   EMBER_RETURN_IF_ERROR(
       LoadWeights(model->config_, *model->weights_, *model->backend_, model->impl_.get()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  LOG_INFO << "loaded " << model->impl_->num_parameters << " parameters in " << seconds << " s";
   return model;
 }
 

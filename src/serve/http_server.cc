@@ -12,6 +12,7 @@
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
 #include "util/log.h"
+#include "util/version.h"
 
 namespace ember::serve {
 
@@ -22,6 +23,12 @@ using nlohmann::json;
 constexpr auto kNoWait = std::chrono::milliseconds(0);
 constexpr const char* kGenerationRoutes[] = {"/v1/chat/completions", "/v1/completions"};
 constexpr const char* kReadRoutes[] = {"/v1/models", "/health", "/metrics", "/stats"};
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -152,9 +159,7 @@ class GenerationResponse final : public AsyncResponse {
 }  // namespace
 
 HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
-  started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
+  started_unix_ = UnixNow();
   TransportConfig t;
   t.host = config_.host;
   t.port = config_.port;
@@ -323,6 +328,8 @@ json HttpServer::ModelJson() const {
           {"object", "model"},
           {"created", started_unix_},
           {"owned_by", "ember"},
+          {"ember_version", kEmberVersion},
+          {"uptime_s", UnixNow() - started_unix_},
           {"context_length", model_.context_length},
           {"max_model_len", model_.context_length},
           {"generation_defaults", defaults},

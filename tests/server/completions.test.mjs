@@ -272,6 +272,8 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     assert.equal(m.capabilities.streaming, true);
     assert.equal(m.capabilities.chat_completions, false);  // no chat template
     assert.equal(m.capabilities.embeddings, false);
+    assert.match(m.ember_version, /^\d+\.\d+\.\d+$/);
+    assert.ok(Number.isInteger(m.uptime_s) && m.uptime_s >= 0, `uptime_s ${m.uptime_s}`);
     assert.equal((await getJson(server.baseURL, '/health')).json.status, 'ok');
     const metrics = await (await fetch(server.baseURL + '/metrics')).text();
     for (const name of ['ember_http_requests_total', 'ember_queue_depth', 'ember_running_sequences',
