@@ -1,8 +1,8 @@
 // cuda_forward_bench: a Llama-shaped forward pass (random bf16 weights) driven straight through
 // the CUDA backend's ops, without the model/engine layers: prefill of `batch` prompts, then
 // `gen` decode steps of `batch` rows; every step ends as the engine's greedy steps do, with the
-// device argmax of each row's logits and only the ids copied to the host (until session 8 the
-// bench copied every row's logits, 66 MB a step at 128 rows of the 1B: PCIe time, not GPU time).
+// device argmax of each row's logits and only the ids copied to the host (copying every row's
+// logits, 66 MB a step at 128 rows of the 1B, would time PCIe, not the GPU).
 // Reports tokens/s and the fraction of the device-copy bandwidth the decode step reaches.
 // Usage: cuda_forward_bench --shape llama-3.2-1b|llama-3.1-8b [--batch 1] [--prompt 512]
 //        [--gen 128] [--prefill-chunk 8192] [--f32]

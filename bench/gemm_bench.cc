@@ -1,4 +1,4 @@
-// cuBLAS / cuBLASLt ceilings for the prefill and batched-decode GEMMs (docs/perf.md, issue 6):
+// cuBLAS / cuBLASLt ceilings for the prefill and batched-decode GEMMs (docs/perf.md):
 // for each weight shape of a model, out[n, m] = x[n, k] W[m, k]^T with bf16 x and W and f32
 // accumulation, timed as
 //   gemmex-f32   cublasGemmEx, f32 out (what the backend calls above 8 rows),
@@ -7,8 +7,8 @@
 //                   f32 candidates are also listed one by one, in the heuristic's order),
 // and reports TFLOP/s (2 n m k / time, median of the repetitions). Random data, so the clocks see
 // a real load. Every call reads its weights cold: calls rotate over copies of the weights that
-// together exceed the L2 (a forward pass reads each weight once; until session 8 the bench reused
-// one copy, which the L2 holds for the 1B's small matrices).
+// together exceed the L2. Why: a forward pass reads each weight once, and one reused copy would stay
+// in the L2 for the 1B's small matrices.
 // usage: gemm_bench [--shape llama-3.1-8b|llama-3.2-1b] [--tokens 4096] [--reps 20]
 #include <cublasLt.h>
 #include <cublas_v2.h>

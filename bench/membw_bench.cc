@@ -1,4 +1,4 @@
-// Machine ceilings for the CPU backend (docs/perf.md, issue 2): streaming read bandwidth of a
+// Machine ceilings for the CPU backend (docs/perf.md): streaming read bandwidth of a
 // buffer far larger than the L3 on 1..T threads, with 4 KB pages and with MADV_HUGEPAGE anonymous
 // memory, as one stream per thread and as 8 prefetched streams per thread (the decode GEMV's
 // pattern); and the FMA peak (12 independent 8-lane FMA chains per thread). Decode is bound by

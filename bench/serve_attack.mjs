@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// serve_attack: `ember serve` under attack (issue 47). Phase 1: --streams well-behaved streaming
+// serve_attack: `ember serve` under attack. Phase 1: --streams well-behaved streaming
 // clients (raw keep-alive sockets, each looping /v1/completions stream requests) and --slow
 // slowloris connections (each trickles header bytes; reconnects when the server cuts it off)
 // for --duration seconds, while /health is timed every 100 ms on a fresh connection. Reports

@@ -2,10 +2,9 @@
 // (cp.async.bulk into a ring of stages, completion on mbarriers; one producer lane per block and
 // `consumers` warps that wait for each stage, optionally read all of it, and release it), against
 // plain 16-byte loads by many warps (the batch-1 GEMV's way: no L1 allocation, evict-first in the
-// L2). The question it answers (docs/perf.md, session 21): a persistent decode kernel fed this
-// way streamed each GEMV phase at about its bytes over 3.6-3.8 TB/s and took ~1 us per 32 KB
-// stage whatever the stage size; is that the bulk-copy ring's own rate (stages in flight x stage
-// size / latency), or the rest of that kernel? Every byte comes from DRAM (the buffer is 20x the
+// L2). The question it answers (docs/perf.md): when a persistent decode kernel fed this way takes
+// ~1 us per 32 KB stage whatever the stage size, is that the bulk-copy ring's own rate (stages in
+// flight x stage size / latency), or the rest of that kernel? Every byte comes from DRAM (the buffer is 20x the
 // L2). Prints GB/s (median of the reps) per configuration.
 // usage: stream_bench [--mb 1024] [--reps 20]
 #include <cuda_runtime.h>

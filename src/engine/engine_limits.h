@@ -33,9 +33,8 @@ Result<int64_t> DefaultKvCacheBytes(const Model& model, const EngineConfig& conf
 // The limits a config leaves at 0, by where the model runs. On a GPU: 256 sequences, and steps of
 // 8,192 tokens, halved (to 512 at least) while a step's workspace would take more than a quarter
 // of the memory --gpu-memory-fraction leaves after the weights (GpuStepTokens). On the CPU: 64
-// and 512. A negative limit is an error naming its flag. (H200, 128 concurrent 512-token prompts
-// with 128 tokens out: 256 / 8,192 made 5,730-5,749 output tok/s on an 8B and 29,355-29,516 on a
-// 1B, against 4,452 and 20,907 with 64 / 512; docs/perf.md, session 27.)
+// and 512. A negative limit is an error naming its flag. Why the GPU defaults are that large:
+// concurrent serving throughput grows with both over the CPU's 64 / 512 (docs/perf.md).
 Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config);
 // The largest of 8,192, 4,096, ..., 512 step tokens whose StepWorkspaceBytes (with the config's
 // max_running) is at most `bytes`; 512 when none is.

@@ -325,7 +325,7 @@ Status WriteShard(const std::string& path, const std::vector<TensorSpec>& specs,
     EMBER_RETURN_IF_ERROR(WriteTensor(f.get(), specs[i], dtype, seed * 1000003ULL + i, path));
   // The shard leaves the page cache once on disk: the write path caches it in 4 KB folios, and a
   // later load that reads it from disk through MappedFile's MADV_HUGEPAGE mapping gets 2 MB ones,
-  // which the CPU decode streams faster (docs/perf.md, issue 2 session 10).
+  // which the CPU decode streams faster (docs/perf.md).
   const int fd = fileno(f.get());
   if (std::fflush(f.get()) != 0 || fdatasync(fd) != 0) return Status::Error(path + ": write failed");
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advice: nothing to do when it is refused

@@ -57,8 +57,7 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
     // Advice only (no copy, no extra memory): on kernels whose page cache keeps large folios
     // (ext4 and others since Linux 6.x), pages read through this mapping come in as 2 MB folios
     // mapped by PMD entries, which the CPU backend's weight streaming reads faster than 4 KB
-    // pages (this box: 36 -> 42 GB/s on two threads, docs/perf.md). Pages already cached in small
-    // folios stay as they are.
+    // pages (docs/perf.md). Pages already cached in small folios stay as they are.
     madvise(p, file.size_, MADV_HUGEPAGE);
   }
   ::close(fd);

@@ -624,9 +624,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   // Work items: (sequence row, KV head), each the `group` query heads that share that KV head.
   // Keys are taken in blocks of kKeyBlock, and every head of the group goes through a block
   // before the next one, so a block's K (then V) rows are located (block table) and read from
-  // memory once, then from L1 by the other heads. One item per query head did both `group` times:
-  // 1B f16 decode at a 4,096-token context 4.23 / 3.87 -> 4.73 / 4.50 tok/s on the 2-core box
-  // (docs/perf.md, session 6). Per (row, head) the arithmetic is unchanged: the same Dot4 groups of
+  // memory once, then from L1 by the other heads, not `group` times as one item per query head
+  // would (faster long-context decode, docs/perf.md). Per (row, head) the arithmetic is unchanged: the same Dot4 groups of
   // 4 keys from `first`, Dot for the tail, scores in key order, V accumulated in key order,
   // whatever the other rows of the step, so attention stays batch-invariant (and its bits are
   // those of the per-head version).

@@ -141,10 +141,10 @@ inline float HorizontalSum(__m256 v) {
 // sums[r * sums_stride + c] += HorizontalSum(x[r, 0:len] (.) W[c, 0:len]) for an R x C tile, len
 // a multiple of 8 (one k chunk). x rows are x_stride apart; W row c starts at element
 // w_idx + c * w_stride. With one x row (decode: C weight rows streamed at once) each row's cache
-// line kDecodePrefetchBytes ahead is prefetched once per line. On the AVX-512 EPYC box this
-// gained 11-18% of tg128 in interleaved runs, with 4 KB and with 2 MB page-cache folios
-// (docs/perf.md, issue 2 session 10; on the older Zen 3 box prefetching was slower); sending the
-// prefetches past a row's end to the next column group gained another 18% (session 11).
+// line kDecodePrefetchBytes ahead is prefetched once per line, and past a row's end the
+// prefetches go on into the next column group's rows. Why: each measured faster decode on the
+// AVX-512 box, with 4 KB and with 2 MB page-cache folios (docs/perf.md; on a Zen 3 box
+// prefetching measured slower).
 // Prefetches change no value, and one past the end of the mapping is dropped, not faulted.
 constexpr int64_t kDecodePrefetchBytes = 1024;
 template <DType D, int R, int C>

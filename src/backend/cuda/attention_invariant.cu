@@ -1,4 +1,4 @@
-// Batch-invariant paged attention for the bf16 mode (issue 6): one kernel for decode and prefill
+// Batch-invariant paged attention for the bf16 mode: one kernel for decode and prefill
 // whose per-row operation sequence does not depend on the other rows of the step.
 //
 // Rows: a block owns (sequence, KV head, row tile); its rows are the (query token, head of the
@@ -23,12 +23,10 @@
 // flop); below D 128 one m-tile (kPrefillMTiles); both with a mask-free path for tiles every row
 // of the warp sees whole. Blocks are ordered KV head fastest, longest row tiles first. A decode
 // step whose sequences have at most 16 rows per KV head (D 64 and 128) takes the key-split form
-// of the decode shape: all four warps share the one m-tile (in the plain shape three of them had
+// of the decode shape: all four warps share the one m-tile (in the plain shape three of them have
 // no rows), each computing a quarter of a tile's scores and of O's columns; the tile's row maxima,
 // the weights' pair sums and the bf16 weights meet in shared memory and every warp sums and
-// multiplies them in the one-warp order. H200, one call (docs/perf.md, session 24): tg128 8B
-// 246.8 -> 252.5 tok/s (attention 7.5 -> 5.9 us a layer), 1B 1,185 -> 1,198; 128 concurrent
-// 512/128 decode tok/s: 1B 50,740 -> 53,476, 8B 13,488 -> 13,912.
+// multiplies them in the one-warp order (faster batch-1 and batched decode, docs/perf.md).
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
@@ -36,8 +34,8 @@
 // direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
 // SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
 // agree bitwise; without sinks nothing changes.
-// The kernel replaced the per-step split-K decode and flash/WMMA prefill kernels in the bf16
-// mode (as fast or faster in every measured shape, docs/perf.md).
+// The bf16 mode has no per-step split-K decode or flash/WMMA prefill kernels: this kernel is as
+// fast or faster in every measured shape (docs/perf.md).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -90,15 +88,15 @@ struct Shape {
   static constexpr size_t kSmemBytes = kQOffset<kBf16Kv> + kQBytes;
 };
 
-// The prefill shape's m-tiles per warp: 2 from D 128 (8B at 4,096 tokens: attention 36.7 -> 33.4
-// ms on an H200), 1 below (1B at D 64: 2 m-tiles measured 18% slower, 1 m-tile with the
-// mask-free path and 3 blocks per SM 2% faster than the decode shape).
+// The prefill shape's m-tiles per warp: 2 from D 128 (a faster 8B prefill), 1 below (at D 64 two
+// m-tiles measured slower, and one m-tile with the mask-free path and 3 blocks per SM slightly
+// faster than the decode shape; docs/perf.md).
 template <int D>
 constexpr int kPrefillMTiles = D >= 128 ? 2 : 1;
 
-// Blocks per SM the register budget keeps (__launch_bounds__): the one-m-tile shapes keep the
-// occupancy the kernel had before the prefill shape existed (4 at D 16, 3 up to D 96: 128 and
-// 168 registers then), the two-m-tile shape 2 (255 registers).
+// Blocks per SM the register budget keeps (__launch_bounds__): for the one-m-tile shapes 4 at
+// D 16 and 3 up to D 96 (at most 128 and 168 registers), else 1; the two-m-tile shape 2 (255
+// registers).
 constexpr int MinBlocksPerSm(int d, int m_tiles) {
   return m_tiles > 1 ? 2 : d <= 16 ? 4 : d <= 96 ? 3 : 1;
 }
@@ -523,7 +521,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   if (!early_copy) issue_copy(slot_s[0], 0);
 
   // A split starts from the empty state. (Reset at the end of the previous split, inside its
-  // branch: a reset at the top of the loop became ~136 selects in every tile.)
+  // branch: a reset at the top of the loop compiles to ~136 selects in every tile.)
   auto reset_state = [&] {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {

@@ -1,10 +1,9 @@
 // Cache hints for weights that a kernel streams once per step (batch-1 decode GEMV, the
 // invariant GEMM's one-column launches: decode of 2..128 rows). Without them each 16-byte weight load allocates in L1, where it evicts the GEMV's x,
 // and enters the L2 at normal priority, where it evicts what is read again soon: the next
-// GEMV's first rows that the last wave prefetched, the activations, the KV cache. H200, same
-// call (docs/perf.md, session 14): batch-1 decode 1B 0.971 / 0.990 -> 0.935 / 0.939 ms, 8B
-// 4.443 / 4.447 -> 4.218 / 4.219 ms; `ember bench` tg128 1B 1,036.5 -> 1,070.5, 8B 227.8 ->
-// 238.9 tok/s. L1::no_allocate alone gave about two thirds of that.
+// GEMV's first rows that the last wave prefetched, the activations, the KV cache. The two hints
+// together make batch-1 decode ~4-5% faster; L1::no_allocate gives about two thirds of that
+// (docs/perf.md).
 #pragma once
 
 #include <cstdint>

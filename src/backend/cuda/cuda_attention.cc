@@ -133,8 +133,8 @@ CudaBackend::AttentionCall CudaBackend::PrepareAttention(const AttentionParams& 
   return call;
 }
 
-// bf16 mode: always the batch-invariant kernel (it measured as fast or faster than the per-step
-// split-K decode and flash prefill kernels it replaced, docs/perf.md); the f32 kernels serve the
+// bf16 mode: always the batch-invariant kernel (as fast as or faster than per-step split-K decode
+// and flash prefill kernels in every measured shape, docs/perf.md); the f32 kernels serve the
 // parity mode and head dims it does not support.
 void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tensor out) {
   const AttentionCall call = PrepareAttention(params, q, out);
@@ -169,12 +169,11 @@ void CudaBackend::RopeWriteKvAttention(int32_t rope_id, const AttentionParams& p
 }
 
 // A step whose sequences need different block shapes (a mixed step: decode rows beside a
-// prompt's chunk) launches the kernel once per run of consecutive sequences of one shape. One
-// launch sized for the longest sequence gave every decode sequence the prefill shape (one busy
-// warp of four) and a grid of mostly empty blocks (15 of 16 row tiles of each decode sequence at
-// a 512-row chunk). The shapes give the same bits (attention_invariant.cu). H200, 8B 128
-// concurrent 512/128: prefill and mixed attention -16%, loop 5,985.7 -> 6,008.3 tok/s
-// (docs/perf.md, session 30).
+// prompt's chunk) launches the kernel once per run of consecutive sequences of one shape. Why: one
+// launch sized for the longest sequence would give every decode sequence the prefill shape (one
+// busy warp of four) and a grid of mostly empty blocks (15 of 16 row tiles of each decode
+// sequence at a 512-row chunk); per-run launches cut mixed steps' attention time (docs/perf.md).
+// The shapes give the same bits (attention_invariant.cu).
 std::vector<AttentionRun> CudaBackend::AttentionRuns(const AttentionArgs& args) const {
   const int32_t group = args.num_heads / args.num_kv_heads;
   return AttentionInvariantRuns(query_lens_, group, args.head_dim);

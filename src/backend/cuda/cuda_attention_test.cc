@@ -318,7 +318,7 @@ TEST_F(CudaOpsTest, KvPoolStoresBf16RoundedToNearestEven) {
   }
 }
 
-// ---- batch-invariant attention (issue 6) ----
+// ---- batch-invariant attention ----
 
 using InvCase = AttnCase;
 

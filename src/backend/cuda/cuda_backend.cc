@@ -198,8 +198,8 @@ Tensor CudaBackend::AllocMatMulInput(std::initializer_list<int64_t> shape) {
 }
 
 // bf16 where MatMul takes the cuBLAS path, as AllocMatMulInput: cuBLAS writes the bf16 result
-// (rounded RN from its f32 accumulators) and its reader reads half the bytes (H200, 8B pp4096
-// 34,792 -> 35,798 tok/s with gate/up and delta; docs/perf.md, session 29).
+// (rounded RN from its f32 accumulators) and its reader reads half the bytes (a faster prefill,
+// docs/perf.md).
 Tensor CudaBackend::AllocMatMulOutput(std::initializer_list<int64_t> shape) {
   return AllocOf(Bf16MatMulInput(MatrixRows(shape)) ? DType::kBF16 : DType::kF32, shape);
 }

@@ -128,8 +128,8 @@ struct CublasPart {
 // A cuBLAS MatMul op: up to kMaxParts GEMMs of one x (the parts of a MatMulGroup: q/k/v,
 // gate/up). The first part runs on the step's stream, the others on the side stream at the same
 // time (the streams fork after x's conversion and join before the op ends). The small GEMMs of a
-// decode step do not fill the GPU alone: an 8B layer's GEMMs at 128 rows took 162.1 us in a row
-// and 156.8 us grouped (gemm_bench; engine +0.5-1% decode, docs/perf.md session 30).
+// decode step do not fill the GPU alone, so running them side by side takes less time than in a
+// row (gemm_bench and a slightly faster decode, docs/perf.md).
 struct CublasGroup {
   static constexpr int kMaxParts = 3;
   const void* x = nullptr;    // f32 x when convert

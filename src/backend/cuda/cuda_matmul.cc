@@ -86,8 +86,7 @@ int64_t CudaBackend::CheckMatMul(const Tensor& x, const Tensor& weight, const Te
 // Batch-invariant mode: the fixed-order tensor-core GEMM for every n (gemm_invariant.cu), so a
 // row's bits never depend on the other rows of the step. Default mode: the same kernel for 2..8
 // rows too, where it beats the f32-x GEMV by up to 3x (the GEMV re-reads every x row per weight
-// load; H200, decode ms/step at 4 / 8 rows: 1B 2.26 / 3.73 GEMV vs 1.65 / 1.83, 8B 11.0 / 19.4
-// vs 5.9 / 6.5; docs/perf.md, session 4). One row: the bandwidth-bound GEMV (f32 activations,
+// load; docs/perf.md). One row: the bandwidth-bound GEMV (f32 activations,
 // bias fused). Otherwise cuBLAS.
 MatMulPath CudaBackend::MatMulPathOf(const Tensor& x, const Tensor& weight) const {
   const int64_t n = x.rows(), k = x.cols();

@@ -429,8 +429,8 @@ TEST_F(CudaOpsTest, MatMulGemvGatedActivation) {
 // A one-row RMSNorm (AddRmsNorm, or RmsNorm) followed by the batch-1 GEMVs of its output (q/k/v:
 // three parts: one launch). The GEMV outputs, the updated residual and the normalised row against
 // the double twin: rows split over 1 and 2 warps (k 2,048, 4,096), a partial last chunk (k
-// 1,016), the (1 + w) weights, biases. (A GEMV prologue that computed the norm itself measured
-// slower, twice: docs/perf.md, sessions 22 and 23.)
+// 1,016), the (1 + w) weights, biases. (The norm stays its own kernel: a GEMV prologue that
+// computes it measured slower, docs/perf.md.)
 TEST_F(CudaOpsTest, MatMulGemvAfterRmsNorm) {
   struct Shape {
     int64_t k;

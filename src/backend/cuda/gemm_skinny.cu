@@ -591,15 +591,10 @@ SkinnyGemmPlan PlanSkinnyGemm(int64_t tokens, int64_t m, int64_t k) {
   return pos->second;
 }
 
-// H200 (docs/perf.md, session 25; bench/skinny_gemm_bench, cold weights, µs per call against
-// cublasGemmEx at 16 / 64 / 128 / 256 rows): 1B k/v (512 x 2,048) 5.0 / 4.9 / 5.9 / 8.3 against
-// 11.8 / 11.6 / 11.6 / 11.8; 8B k/v (1,024 x 4,096) 7.4 / 7.9 / 10.2 / 13.4 against 17.3 / 17.4 /
-// 18.0 / 14.0; 1B q/o (2,048 x 2,048) 7.5 / 8.2 / 10.4 / 14.6 against 12.4 / 12.0 / 12.4 / 12.8.
-// Larger matrices were slower than cuBLAS at 128 rows and more (the 8B's gate/up 42.2 against 37.3
-// µs at 128 rows) and within a few percent below. In the engine's replayed graphs (engine_bench,
-// 128 concurrent, 512 in / 128 out) the 8B decode went 13,922 / 13,951 -> 14,087 / 14,104 tok/s
-// with k/v here; the 1B with q/o here too lost 0.25%, with only k/v here it gained 3% (53,480 /
-// 53,419 -> 55,168 / 54,901), so only the k/v shapes come here.
+// Why only the k/v shapes (at most 1,024 rows and 4 M elements): on them this kernel beats
+// cublasGemmEx at every row count (bench/skinny_gemm_bench) and speeds up batched decode in the
+// engine. Larger matrices are slower than cuBLAS from 128 rows and within a few percent below, and
+// adding the 1B's q/o made the engine slower (docs/perf.md).
 bool SkinnyGemmPreferred(int64_t tokens, int64_t m, int64_t k) {
   if (tokens < 1 || tokens > kMaxTokens) return false;
   return m <= 1024 && m * k <= (int64_t{4} << 20);

@@ -5,15 +5,13 @@
 // in the L2: cache_hints.cuh), f32 x, f32 accumulation. One
 // warp computes a row, except in launches of >= 4,096 rows of k >= 4,096: there two warps of a
 // block each take one half of the row's k and their sums are added in order, which doubles the
-// independent load chains. H200, bench/gemv_bench: 8B q/k/v 19.0 -> 16.6 us, down 37.5 -> 34.1 us,
-// 8B decode step 4.79 -> 4.65 ms. The 1B's k = 2,048 launches were slower split (q/k/v 5.7 -> 6.8
-// us, lm_head 123 -> 136 us) and its 2,048-row down (k = 8,192) cost 1% of tg128 split, hence the
-// two thresholds (docs/perf.md, session 6). The summation order depends only on the weight shapes.
+// independent load chains. Why two thresholds: the split pays on the 8B's wide launches and
+// measures slower on the 1B's k = 2,048 launches and its 2,048-row down (docs/perf.md). The
+// summation order depends only on the weight shapes.
 // When it knows the next GEMV launch's weights (GemvPrefetch), the launch's last wave of warps asks
 // the L2 for their first 4 MB as it finishes, so the DRAM streams on through this launch's tail and
 // the small kernels in between. 2..8 rows of x take gemm_invariant.cu, which streams the weights
-// once for all rows (up to 3x faster than this kernel's former multi-row form, which re-read every
-// x row per weight load).
+// once for all rows instead of re-reading every x row per weight load.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -39,25 +37,21 @@ namespace ember::cuda {
 namespace {
 
 // 4 warps (4 rows, or 2 split rows) per block: 8 blocks per SM at 64 registers (7 for the
-// unsplit kernel, see kMinBlocks), the same 32 warps as 2 blocks of 8 but finer tails. H200, same call (docs/perf.md, session
-// 11): decode ms/step 1B 1.042 / 1.025 -> 1.017 / 1.015, 8B 4.655 / 4.593 -> 4.578 / 4.589;
-// gemv_bench equal or 1-3% faster per weight group; 2 warps no better.
+// unsplit kernel, see kMinBlocks), the same 32 warps as 2 blocks of 8 but finer tails, which
+// decode slightly faster (2 warps are no better; docs/perf.md).
 constexpr int kWarpsPerBlock = 4;
 constexpr int kLoadsInFlight = 4;  // 16-byte weight loads per lane issued before their use
 // Launches of at least kSplitMinRows rows of at least kSplitMinK elements split each row over two
 // warps.
 constexpr int64_t kSplitMinK = 4096;
 constexpr int64_t kSplitMinRows = 4096;
-// The L2 prefetch of the next GEMV's weights (GemvPrefetch): ~1% of a batch-1 decode step. H200,
-// decode ms/step, same calls (docs/perf.md, session 12): 4 MB 1B 1.021 / 1.032 / 0.998 / 0.987
-// vs none 1.033 / 1.070 / 1.001 / 1.000, 8B 4.577 / 4.625 / 4.492 / 4.503 vs 4.621 / 4.643 /
-// 4.526 / 4.527; 8 MB no better, 16 and 32 MB slower.
+// The L2 prefetch of the next GEMV's weights (GemvPrefetch): ~1% of a batch-1 decode step. 4 MB
+// is the measured best: 8 MB is no better, 16 and 32 MB are slower (docs/perf.md).
 constexpr int64_t kPrefetchBytes = int64_t{4} << 20;
 // __launch_bounds__'s blocks-per-SM hint (0: none). With a hint of 1, ptxas schedules the unsplit
 // kernel in 68 registers instead of 64 (7 blocks per SM instead of 8; the same PTX apart from the
-// hint, so the same arithmetic): `ember bench` tg128 on the 1B 1,071.0 / 1,071.4 -> 1,089.7 /
-// 1,088.8 tok/s. The split kernel got slower with it (8B 234.5 -> 227.3), so it has none. H200,
-// same call (docs/perf.md, session 14).
+// hint, so the same arithmetic), which decodes the 1B faster. The split kernel is slower with the
+// hint, so it has none (docs/perf.md).
 template <int kSplit>
 constexpr int kMinBlocks = kSplit == 1 ? 1 : 0;
 
@@ -183,17 +177,11 @@ constexpr int kRingThreads = (kRingConsumers + 1) * 32;
 constexpr int kRingMaxStages = 16;
 constexpr int kRingChunks = 8;  // 16-byte chunks per lane per row: x in 64 registers
 constexpr int64_t kRingMaxStageBytes = 48 << 10;
-// The most ring per SM (a launch takes only the stages its blocks need). The sizes were chosen
-// by measurement; the reason first given for them (a GEMV's copies starting beside the GEMV
-// before it when the two rings fit an SM) does not hold: two ring blocks never share an SM (9
-// warps of 112 registers each), so a ring fills while the small kernels before its GEMV run
-// (docs/perf.md, session 26's per-block timeline). H200, tg128 in one call
-// (docs/perf.md, session 22): 1B 1,114 / 1,101 / 1,036 tok/s at 96 / 160 / 64 KB (small kernels
-// triggering after their wait), 1,119 / 1,103 / 1,036 with them triggering first; 8B 244.3 at
-// 96 KB against 236.6 at 160. Session 24 (the key-split attention, the copies on their own
-// streams), two calls: 1B 1,261.2 / 1,260.8 / 1,261.0 at 128 KB against 1,247.1 / 1,246.7 at 96,
-// 1,247.7 at 112, 1,149.2 at 80, 1,260.7 at 144 (still 4 stages of 32 KB); 8B 254.82 at 128
-// against 254.09 / 254.10 at 96.
+// The most ring per SM (a launch takes only the stages its blocks need). The size is measured,
+// not derived: two ring blocks never share an SM (9 warps of 112 registers each), so a GEMV's
+// copies do not start beside the GEMV before it; a ring fills while the small kernels before its
+// GEMV run. 128 KB (4 stages of 32 KB) is the fastest size measured for the 1B and the 8B
+// (docs/perf.md).
 constexpr int64_t kRingBytes = 128 << 10;
 
 __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
@@ -208,11 +196,10 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
   return d;
 }
 
-// One 16-byte shared-memory load. Dot8 over a uint4 still in shared memory had the compiler read
-// it as four 4-byte loads, each chunk's behind its own branch, so a warp's chunks ran one after
-// the other. H200, a trace build's clock stamps (docs/perf.md, session 26): a warp's dot products
-// over a 32 KB stage took ~1,400 cycles (~200 with the math replaced by an XOR of the words), ~850
-// with one 16-byte load a chunk, all issued first; tg128 1B 1,271 -> 1,321, 8B 254.9 -> 259.4.
+// One 16-byte shared-memory load. Why: given a uint4 still in shared memory, the compiler reads it
+// as four 4-byte loads, each chunk's behind its own branch, so a warp's chunks run one after the
+// other; with one 16-byte load a chunk, all issued first, a stage's dot products take far fewer
+// cycles (a trace build's clock stamps, docs/perf.md).
 __device__ __forceinline__ uint4 LoadShared16(const uint4* p) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -273,9 +260,8 @@ __device__ __forceinline__ long long ClockAfter(float dep) {
 #endif
 
 // A warp folds its lane sums of kFoldRows consecutive stages (one row of each) across the warp
-// together: 6 shuffles for 4 rows instead of 20, off the path to each stage's release. H200, tg128
-// in one call (docs/perf.md, session 26): 1B 1,320.5 / 1,321.1 -> 1,335.0 / 1,335.6 tok/s, 8B
-// 259.4 -> 259.8 against a warp sum per stage.
+// together: 6 shuffles for 4 rows instead of 20, off the path to each stage's release (a little
+// faster than a warp sum per stage, docs/perf.md).
 constexpr int kFoldRows = 4;
 __device__ __forceinline__ float FoldRows4(const float (&p)[kFoldRows], int lane) {
   const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
@@ -535,12 +521,10 @@ int64_t RingPairSmem() {
 
 // The ring launch for `total` rows of k (gated: gate / up pairs), if the ring kernel can take
 // them. A gated launch takes kRingGatedKb when that ring and the output projection's
-// (k rows of k, as in a Llama layer) would fit an SM together (the measured rule: the two blocks
-// do not actually share an SM, see kRingBytes). H200, tg128 in one call (docs/perf.md,
-// session 25): 1B (o ring 64 KB) 1,271.9 /
-// 1,271.8 tok/s at 160 KB against 1,262.5 / 1,263.5 at 128, 1,252 at 96, 1,200 at 64; 192 KB
-// (not beside o) 1,260; 8B (o ring 128 KB, so 160 does not fit beside it) 254.2 at 160 against
-// 255.0 at 128.
+// (k rows of k, as in a Llama layer) would fit an SM together, else kRingBytes. This is a measured
+// rule, not a mechanism (the two blocks do not actually share an SM, see kRingBytes): 160 KB is
+// the fastest gated ring on the 1B (o ring 64 KB), and 128 KB beats 160 on the 8B (o ring
+// 128 KB), where the rule picks it (docs/perf.md).
 constexpr int64_t kRingGatedKb = 160;
 bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
   if (!gated) return RingPlanWithRing(total, k, false, kRingBytes, plan);

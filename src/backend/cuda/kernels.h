@@ -92,7 +92,7 @@ constexpr int kMoeMaxTopK = 32;
 // The default mode's choice of the experts' kernels for a step of `pairs` (row, expert) pairs:
 // tensor cores from one pair per expert on average (two with MXFP4 weights, whose conversion
 // costs more), the SIMT kernels below (they read each chosen expert once with less start-up;
-// H200 crossover, docs/perf.md session 19).
+// the thresholds are the measured crossover, docs/perf.md).
 inline bool MoeMmaPays(int64_t pairs, int32_t num_experts, bool mxfp4) {
   return pairs >= (mxfp4 ? 2 : 1) * static_cast<int64_t>(num_experts);
 }
@@ -138,9 +138,8 @@ struct MoeArgs {
 };
 int32_t MoeMaxTiles(int64_t rows, int32_t top_k, int32_t num_experts);
 // Whether the SIMT kernels take a step of `pairs` (row, expert) pairs by pair (small steps: no
-// schedule, the combine folded into down) rather than by tile; the same bits either way.
-// H200 tg128 (docs/perf.md, session 20): gpt-oss MXFP4 495 -> 736, qwen3-moe
-// 1,110 -> 1,447 tok/s against the tile kernels.
+// schedule, the combine folded into down) rather than by tile; the same bits either way. Why:
+// small decode steps run much faster by pair than through the tile kernels (docs/perf.md).
 bool MoeByPair(int64_t pairs, int32_t num_experts);
 // The shapes LaunchMoeMlp takes (up to kMoeMaxExperts experts, top k <= kMoeMaxTopK, d and inter
 // multiples of 8 whose tile rows fit kMoeMaxSmem).
@@ -265,7 +264,7 @@ void LaunchSampleRows(const float* x, int64_t cols, const int32_t* rows,
 
 }  // namespace ember::cuda
 
-// ---- attention_invariant.cu (batch-invariant attention, issue 6) ----
+// ---- attention_invariant.cu (batch-invariant attention) ----
 namespace ember::cuda {
 // Every row's result is bitwise independent of the other rows of the step: key tiles of 64 at
 // absolute positions, the online-softmax state restarted every kInvariantSplitKeys keys and the
@@ -323,7 +322,7 @@ void LaunchLogitEdits(float* x, int64_t cols, const LogitEdit* edits, int32_t nu
                       cudaStream_t stream);
 }  // namespace ember::cuda
 
-// ---- gemm_invariant.cu (batch-invariant bf16 GEMM, issue 6) ----
+// ---- gemm_invariant.cu (batch-invariant bf16 GEMM) ----
 namespace ember::cuda {
 // Tensor-core GEMM: out_i[n, m_i] = x[n, k] W_i[m_i, k]^T (+ bias_i) for num_parts
 // (<= kGemvMaxParts) weights sharing x, one launch. Every output element's bits depend only on

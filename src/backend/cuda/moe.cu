@@ -903,8 +903,8 @@ void LaunchMma(const MoeArgs& a, const MmaParams& prm, cudaStream_t stream) {
 
 // Steps of up to kMmaSmallPairsPerExpert pairs per expert on average take tiles of 8 pairs with
 // f32 B rows; larger ones tiles of 64 with bf16 B copies, and from kMmaWidePairsPerExpert tiles
-// of 128, which read each expert's weights half as often but leave more of a tile empty (H200:
-// pp2048 +12%, pp512 -3% on a gpt-oss-20b shape; docs/perf.md, session 19).
+// of 128, which read each expert's weights half as often but leave more of a tile empty (so they
+// pay on long prefills only; docs/perf.md).
 constexpr int64_t kMmaSmallPairsPerExpert = 8;
 constexpr int64_t kMmaWidePairsPerExpert = 128;
 
@@ -984,10 +984,8 @@ void LaunchByPairStagesT(const MoeArgs& a, cudaStream_t stream) {
 }
 
 // The by-pair kernels' loads in flight, per weight type: gate/up's lane strides per row, down's
-// rows per pass and lane strides per row. H200, bench/moe_bench at 1 / 2 / 4 / 8 rows
-// (docs/perf.md, session 20): MXFP4 gpt-oss 4/2/4 60.3 / 102.4 / 182.4 / 346.4 us against 84.7 /
-// 140.3 / 256.7 / 484.1 for 12/2/12 (157 registers) and 62.3 / 106.4 / 195.1 / 374.9 for 6/2/6;
-// bf16 4/4/4 was best or within 4% on gpt-oss and qwen3-moe.
+// rows per pass and lane strides per row. The values are the fastest measured in bench/moe_bench
+// at 1 to 8 rows (deeper strides cost registers: 12/2/12 takes 157; docs/perf.md).
 template <typename W>
 void LaunchByPairStages(const MoeArgs& a, cudaStream_t stream) {
   if constexpr (std::is_same_v<W, Mxfp4>) {

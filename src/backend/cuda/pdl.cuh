@@ -109,8 +109,8 @@ __device__ __forceinline__ void PdlTrigger() {
 
 // Every kernel prefers the largest shared-memory carveout: an SM whose L1 / shared split differs
 // from what a kernel needs must drain before that kernel's block can be placed, so a ring GEMV
-// (gemv.cu) needing ~100 KB could not start its copies beside the small kernel before it. H200,
-// `ember bench` tg128 in one call (docs/perf.md, session 22): 1B 1,044 -> 1,101 tok/s.
+// (gemv.cu) needing ~100 KB could not start its copies beside the small kernel before it
+// (docs/perf.md).
 inline void PreferMaxShared(const void* kernel) {
   static std::mutex mu;
   static std::unordered_set<const void*> done;

@@ -3,8 +3,7 @@
 // d % 4 == 0 and the rows are 16-byte aligned), so a row's loads are all in flight at once
 // instead of a chain of strided iterations. From kRowsKernelMinRows rows (prefill) a 256-thread
 // block emulates that block's reduction (RmsNormRowsKernel), so that 8 rows rather than 1 are in
-// flight per SM, with the same bits (H200, 8B 4,096-token prefill: AddRmsNorm 23.3 -> 17.4 ms
-// over 4 prefills; docs/perf.md, session 11). The output is f32, or bf16 rounded RN from the
+// flight per SM, with the same bits (a faster prefill, docs/perf.md). The output is f32, or bf16 rounded RN from the
 // same f32 values (a GEMM input: the bits a separate f32 -> bf16 conversion would give). The
 // residual's delta is f32, or bf16 (a cuBLAS output, AllocMatMulOutput), widened exactly.
 #include <cstdint>
@@ -70,8 +69,8 @@ __device__ float BlockSum(float v, float* scratch) {
 // float or __nv_bfloat16. kPerThread: vectors kept in registers between the two passes, 1 when the
 // block has a thread per vector (decode rows up to 4,096 wide): 30 registers instead of 57, so the
 // block takes at most half an SM's register file and fits beside a ring GEMV block (gemv.cu).
-// H200 tg128, one call (docs/perf.md, session 24): alone 1B 1,184 / 8B 246.7 against 1,185 /
-// 246.8, with the key-split decode attention 1,219 / 252.7 against its 1,198 / 252.5.
+// Alone this is neutral; with the key-split decode attention it makes decode faster
+// (docs/perf.md).
 template <int VEC, typename DeltaT, typename OutT, int kPerThread>
 __global__ void __launch_bounds__(kMaxThreads, kPerThread == 1 ? 2 : 1)
     RmsNormKernel(const float* x, float* residual, const DeltaT* delta, const float* weight,

@@ -14,7 +14,7 @@
 //     instead of the vocabulary. A real model's distribution has a small head, so most of a
 //     draw's ~40 passes leave global memory (128 rows of a 128k vocabulary are 64 MB, more than
 //     the L2: each full pass streams them from DRAM); a flat row (random weights) compacts late
-//     or never and costs what it did (bench/cuda_sample_bench, docs/perf.md);
+//     or never and pays a full pass per probe (bench/cuda_sample_bench, docs/perf.md);
 //   - RowCluster: a thread-block cluster of 8 or 16 blocks per row (few rows, batch-1 decode):
 //     each block holds its slice of the row's weights in shared memory, computed once, and a pass
 //     is one read of that slice plus a cluster-wide sum of the blocks' partials through
@@ -150,7 +150,7 @@ struct BlockShared {
 };
 
 // Compaction: at most kCompactPerThread weights per thread in shared memory ([k][thread]
-// layout, weight and the element's stride index), tried when a floor has at most kCompactMax
+// layout, weight and the element's stride index), attempted when a floor has at most kCompactMax
 // weights at or above it (4 per thread on average; a thread with more than its 16 aborts it,
 // which spread evenly happens about once in 10^3 rows).
 constexpr int kCompactPerThread = 16;
