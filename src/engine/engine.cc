@@ -41,7 +41,7 @@ Engine::~Engine() {
 
 void Engine::Shutdown(bool drain) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!stopping_) {
       stopping_ = true;
       drain_ = drain;
@@ -49,7 +49,7 @@ void Engine::Shutdown(bool drain) {
       drain_ = false;
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -69,7 +69,7 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   state->usage.prompt_tokens = static_cast<int32_t>(request.prompt_ids.size());
   state->request = std::move(request);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) {
       return SubmitError{SubmitError::Code::kShuttingDown, "the server is shutting down", ""};
     }
@@ -83,12 +83,12 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
     num_queued_.fetch_add(1);
     inbox_.push_back(state);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return state->stream;
 }
 
 EngineStats Engine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EngineStats s = published_;
   s.num_queued = num_queued_.load();
   return s;
@@ -122,9 +122,9 @@ bool Engine::TakeWork() {
   bool stop_now = false;
   std::deque<std::shared_ptr<RequestState>> incoming;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (sequences_.empty() && !in_flight_) {
-      cv_.wait(lock, [this] { return !inbox_.empty() || stopping_; });
+      cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return HasIncoming(); });
     }
     if (stopping_ && (!drain_ || (sequences_.empty() && inbox_.empty()))) stop_now = true;
     incoming.swap(inbox_);
@@ -151,8 +151,8 @@ std::optional<StepPlan> Engine::ScheduleStep() {
   }
   // Nothing fits right now (cannot last: admission guarantees a lone sequence fits).
   PublishStatsAndCloseStreams();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(5));
+  MutexLock lock(&mu_);
+  cv_.WaitFor(&mu_, std::chrono::milliseconds(5));
   return std::nullopt;
 }
 
@@ -189,7 +189,7 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     published_ = counters_;
   }
   // A caller that sees its stream end also sees Stats() that include its request.

@@ -5,15 +5,14 @@
 // overlapped steps (EngineConfig::overlap_steps) step N + 1 is built and launched before step N
 // is completed (Engine::Loop shows both). Requests are validated up front against the limits
 // (engine_limits.h): one that can never run is refused with the numbers instead of failing later.
-// Submit/Stats/Shutdown are thread-safe; everything else is the engine thread's.
+// Submit/Stats/Shutdown are thread-safe; everything else is the engine thread's. The state they
+// share with the engine thread is GUARDED_BY(mu_) (checked by clang -Wthread-safety).
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <variant>
@@ -29,6 +28,8 @@
 #include "engine/step_postprocessor.h"
 #include "kv/kv_cache_manager.h"
 #include "model/model.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace ember {
 
@@ -41,12 +42,12 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   using SubmitResult = std::variant<std::shared_ptr<ResponseStream>, SubmitError>;
-  SubmitResult Submit(GenerationRequest request);
+  SubmitResult Submit(GenerationRequest request) EXCLUDES(mu_);
 
   // Stops accepting; drain=true finishes in-flight requests, false cancels them. Joins the thread.
-  void Shutdown(bool drain);
+  void Shutdown(bool drain) EXCLUDES(mu_);
 
-  EngineStats Stats() const;
+  EngineStats Stats() const EXCLUDES(mu_);
   int32_t context_length() const { return context_length_; }
   int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
   int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -61,13 +62,15 @@ class Engine {
   RequestLimits Limits() const;
   void Loop();
   // Waits while there is nothing to do, takes the inbox, ends cancelled sequences. False: stop.
-  bool TakeWork();
+  bool TakeWork() EXCLUDES(mu_);
+  // True when the engine thread has something to take: a new request or a stop.
+  bool HasIncoming() const REQUIRES(mu_) { return !inbox_.empty() || stopping_; }
   // Schedules the next step; on an empty plan finishes what is in flight (or waits a little).
-  std::optional<StepPlan> ScheduleStep();
+  std::optional<StepPlan> ScheduleStep() EXCLUDES(mu_);
   bool Launch(StepBatch& step);  // false: the launch failed and the step was failed
   void CompleteInFlight();
   // Publishes the step's counters for Stats(), then closes the streams of requests that ended.
-  void PublishStatsAndCloseStreams();
+  void PublishStatsAndCloseStreams() EXCLUDES(mu_);
 
   Model* model_;
   const EngineConfig config_;
@@ -76,7 +79,8 @@ class Engine {
   const int32_t context_length_;
   const int32_t vocab_size_;
 
-  // Engine-thread state (no lock: only the engine thread touches it once the thread started).
+  // Engine-thread state, deliberately not GUARDED_BY: no lock, only the engine thread touches it
+  // once the thread started (the constructor sets it up before starting the thread).
   EngineStats counters_;  // running totals; each seam adds its own (see their constructors)
   kv::KvCacheManager kv_;
   Scheduler scheduler_;
@@ -86,17 +90,18 @@ class Engine {
   StepPostprocessor postprocessor_;
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet
 
-  // Shared with callers. mu_ guards inbox_, stopping_, drain_, next_request_id_ and published_;
-  // cv_ (with mu_) wakes the engine thread for new requests and Shutdown. num_queued_ is an
-  // atomic: Submit reads it under mu_, the engine thread decrements it without.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<RequestState>> inbox_;
-  bool stopping_ = false;
-  bool drain_ = true;
-  uint64_t next_request_id_ = 1;
+  // Shared with callers: mu_ guards the members marked GUARDED_BY(mu_); cv_ (with mu_) wakes the
+  // engine thread for new requests and Shutdown. num_queued_ is an atomic: Submit reads it under
+  // mu_, the engine thread decrements it without (LiveSequences holds a pointer to it).
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<RequestState>> inbox_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool drain_ GUARDED_BY(mu_) = true;
+  uint64_t next_request_id_ GUARDED_BY(mu_) = 1;
   std::atomic<int32_t> num_queued_{0};
-  EngineStats published_;  // snapshot for Stats()
+  EngineStats published_ GUARDED_BY(mu_);  // snapshot for Stats()
+  // Started by the constructor, joined by Shutdown (callers must not race Shutdown with ~Engine).
   std::thread thread_;
 };
 

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -22,6 +21,8 @@
 #include <boost/beast/http.hpp>
 
 #include "util/log.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace ember::serve {
 
@@ -133,10 +134,12 @@ class HttpTransport::Impl {
   void Accept();
   void OnAccept(error_code ec, tcp::socket socket);
   void RejectBusy(tcp::socket& socket);
-  void Register(Session* session, std::weak_ptr<Session> weak);
-  void Unregister(Session* session);
-  int64_t NumConnections() const {
-    std::lock_guard<std::mutex> lock(sessions_mu);
+  void Register(Session* session, std::weak_ptr<Session> weak) EXCLUDES(sessions_mu);
+  void Unregister(Session* session) EXCLUDES(sessions_mu);
+  // The open sessions (those still alive), collected under sessions_mu.
+  std::vector<std::shared_ptr<Session>> OpenSessions() const EXCLUDES(sessions_mu);
+  int64_t NumConnections() const EXCLUDES(sessions_mu) {
+    MutexLock lock(&sessions_mu);
     return static_cast<int64_t>(sessions.size());
   }
   void Count(const char* event) const {
@@ -147,8 +150,9 @@ class HttpTransport::Impl {
   const HttpHooks hooks;
   int max_connections = 0;  // config.max_connections within the descriptor limit
   std::atomic<bool> stopping{false};
-  mutable std::mutex sessions_mu;
-  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+  // The connection registry: I/O threads register and unregister sessions, Stop and Serve walk it.
+  mutable Mutex sessions_mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions GUARDED_BY(sessions_mu);
   asio::thread_pool workers;
   // Destroyed before the members above: pending handlers own sessions, which unregister.
   asio::io_context io;
@@ -718,12 +722,7 @@ void HttpTransport::Impl::Serve() {
   workers.join();
   // Connections Stop's grace left open: close them and run their last handlers here, so no
   // response outlives Serve (its job borrows the model).
-  std::vector<std::shared_ptr<Session>> open;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    for (auto& [ptr, weak] : sessions)
-      if (auto s = weak.lock()) open.push_back(std::move(s));
-  }
+  std::vector<std::shared_ptr<Session>> open = OpenSessions();
   for (auto& s : open) s->ForceClose();
   open.clear();
   io.restart();
@@ -779,15 +778,23 @@ void HttpTransport::Impl::RejectBusy(tcp::socket& socket) {
   socket.close(ec);
 }
 
+std::vector<std::shared_ptr<Session>> HttpTransport::Impl::OpenSessions() const {
+  std::vector<std::shared_ptr<Session>> open;
+  MutexLock lock(&sessions_mu);
+  for (auto& [ptr, weak] : sessions)
+    if (auto s = weak.lock()) open.push_back(std::move(s));
+  return open;
+}
+
 void HttpTransport::Impl::Register(Session* session, std::weak_ptr<Session> weak) {
-  std::lock_guard<std::mutex> lock(sessions_mu);
+  MutexLock lock(&sessions_mu);
   sessions.emplace(session, std::move(weak));
 }
 
 void HttpTransport::Impl::Unregister(Session* session) {
   bool last = false;
   {
-    std::lock_guard<std::mutex> lock(sessions_mu);
+    MutexLock lock(&sessions_mu);
     sessions.erase(session);
     last = sessions.empty();
   }
@@ -800,12 +807,7 @@ void HttpTransport::Impl::Stop() {
     error_code ignored;
     acceptor.close(ignored);
     retry_timer.cancel();
-    std::vector<std::shared_ptr<Session>> open;
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu);
-      for (auto& [ptr, weak] : sessions)
-        if (auto s = weak.lock()) open.push_back(std::move(s));
-    }
+    std::vector<std::shared_ptr<Session>> open = OpenSessions();
     if (open.empty()) return;
     for (auto& s : open) asio::post(s->executor(), [s] { s->CloseWhenIdle(); });
     // Responses in flight get a short while to finish; then the I/O threads stop regardless.

@@ -85,48 +85,48 @@ std::vector<double> LatencyBuckets() {
 Metrics::Metrics() : ttft_(LatencyBuckets()), itl_(LatencyBuckets()), e2e_(LatencyBuckets()) {}
 
 void Metrics::CountRequest(const std::string& route, int status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++requests_[{route, status}];
 }
 
 void Metrics::CountTokens(int64_t prompt_tokens, int64_t completion_tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   prompt_tokens_ += prompt_tokens;
   completion_tokens_ += completion_tokens;
 }
 
 void Metrics::ObserveTimeToFirstToken(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ttft_.Observe(seconds);
 }
 
 void Metrics::ObserveInterTokenLatency(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   itl_.Observe(seconds);
 }
 
 void Metrics::ObserveRequestLatency(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   e2e_.Observe(seconds);
 }
 
 void Metrics::StreamOpened() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++open_streams_;
 }
 
 void Metrics::StreamClosed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   --open_streams_;
 }
 
 void Metrics::CountDisconnect() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++disconnects_;
 }
 
 void Metrics::CountConnectionEvent(const std::string& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (event == "disconnect") {
     ++disconnects_;
   } else if (event == "stalled") {
@@ -139,7 +139,7 @@ void Metrics::CountConnectionEvent(const std::string& event) {
 }
 
 std::string Metrics::Prometheus(const EngineStats& e) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string out;
   out += "# HELP ember_http_requests_total HTTP requests by route and status code.\n"
          "# TYPE ember_http_requests_total counter\n";
@@ -196,7 +196,7 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
 }
 
 nlohmann::json Metrics::Json(const EngineStats& e) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   nlohmann::json requests = nlohmann::json::array();
   for (const auto& [key, count] : requests_)
     requests.push_back({{"route", key.first}, {"status", key.second}, {"count", count}});

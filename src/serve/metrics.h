@@ -1,18 +1,20 @@
 // Metrics: the server's counters and latency histograms, rendered as Prometheus text (/metrics)
 // and as JSON (/stats) together with a snapshot of the engine's EngineStats (queue depth, running
 // sequences, KV usage, prefix-cache hit rate). TTFT and inter-token latency come from the
-// TokenEvent time_ns stamps. Thread-safe: every method may be called from any HTTP thread.
+// TokenEvent time_ns stamps. Thread-safe: every method may be called from any HTTP thread; the
+// counters and histograms are GUARDED_BY(mu_).
 #pragma once
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_config.h"  // EngineStats
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace ember::serve {
 
@@ -38,29 +40,36 @@ class Metrics {
  public:
   Metrics();
   // One finished HTTP request on `route` with its status code.
-  void CountRequest(const std::string& route, int status);
-  void CountTokens(int64_t prompt_tokens, int64_t completion_tokens);
-  void ObserveTimeToFirstToken(double seconds);
-  void ObserveInterTokenLatency(double seconds);
-  void ObserveRequestLatency(double seconds);
-  void StreamOpened();
-  void StreamClosed();
-  void CountDisconnect();
+  void CountRequest(const std::string& route, int status) EXCLUDES(mu_);
+  void CountTokens(int64_t prompt_tokens, int64_t completion_tokens) EXCLUDES(mu_);
+  void ObserveTimeToFirstToken(double seconds) EXCLUDES(mu_);
+  void ObserveInterTokenLatency(double seconds) EXCLUDES(mu_);
+  void ObserveRequestLatency(double seconds) EXCLUDES(mu_);
+  void StreamOpened() EXCLUDES(mu_);
+  void StreamClosed() EXCLUDES(mu_);
+  void CountDisconnect() EXCLUDES(mu_);
   // A connection event from the HTTP transport: "disconnect" (as CountDisconnect), "stalled" (a
   // client that stopped reading was cut off), "rejected" (over --max-connections), "timeout" (a
   // request header/body missed its deadline). Unknown names are ignored.
-  void CountConnectionEvent(const std::string& event);
+  void CountConnectionEvent(const std::string& event) EXCLUDES(mu_);
 
-  std::string Prometheus(const EngineStats& engine) const;
-  nlohmann::json Json(const EngineStats& engine) const;
+  std::string Prometheus(const EngineStats& engine) const EXCLUDES(mu_);
+  nlohmann::json Json(const EngineStats& engine) const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, int64_t> requests_;  // (route, status) -> count
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
-  int64_t open_streams_ = 0, disconnects_ = 0;
-  int64_t stalled_clients_ = 0, rejected_connections_ = 0, request_timeouts_ = 0;
-  Histogram ttft_, itl_, e2e_;
+  mutable Mutex mu_;
+  // (route, status) -> count
+  std::map<std::pair<std::string, int>, int64_t> requests_ GUARDED_BY(mu_);
+  int64_t prompt_tokens_ GUARDED_BY(mu_) = 0;
+  int64_t completion_tokens_ GUARDED_BY(mu_) = 0;
+  int64_t open_streams_ GUARDED_BY(mu_) = 0;
+  int64_t disconnects_ GUARDED_BY(mu_) = 0;
+  int64_t stalled_clients_ GUARDED_BY(mu_) = 0;
+  int64_t rejected_connections_ GUARDED_BY(mu_) = 0;
+  int64_t request_timeouts_ GUARDED_BY(mu_) = 0;
+  Histogram ttft_ GUARDED_BY(mu_);
+  Histogram itl_ GUARDED_BY(mu_);
+  Histogram e2e_ GUARDED_BY(mu_);
 };
 
 }  // namespace ember::serve
