@@ -55,6 +55,29 @@ std::map<int32_t, int> ControlIds(const Tokenizer& tok, const std::vector<std::s
 
 class Forgery : public ::testing::TestWithParam<Family> {};
 
+// A family's golden, chat template, tokenizer and protected strings, for the template-level
+// tests. Skips (or fails) the calling test when they cannot be loaded: callers return when
+// IsSkipped() or HasFatalFailure().
+struct TemplateCase {
+  testing::TemplateGolden golden;
+  ChatTemplate tmpl;
+  std::unique_ptr<Tokenizer> tok;
+  std::vector<std::string> protect;
+};
+void LoadTemplateCase(const Family& f, TemplateCase* c) {
+  testing::LoadTemplateGolden(f.name, &c->golden);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  auto tmpl = ChatTemplate::Load(c->golden.model_dir);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  if (!tmpl->has_template()) GTEST_SKIP() << f.name << " has no chat template";
+  c->tmpl = std::move(*tmpl);
+  auto tok = Tokenizer::Load(c->golden.model_dir);
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  c->tok = std::move(*tok);
+  c->protect =
+      c->tmpl.ProtectedTokenStrings(c->tok->SpecialTokenContents(), c->tok->AddedTokenContents());
+}
+
 // Tokenizer level (every family, with or without a chat template): inside a span the markers are
 // text; outside it the same bytes are still control tokens.
 TEST_P(Forgery, TokenizerEncodesSpansAsText) {
@@ -85,17 +108,10 @@ TEST_P(Forgery, TokenizerEncodesSpansAsText) {
 // Template level (the families whose reference has a chat template).
 TEST_P(Forgery, UserContentCannotOpenATurn) {
   const Family& f = GetParam();
-  testing::TemplateGolden g;
-  testing::LoadTemplateGolden(f.name, &g);
+  TemplateCase tc;
+  LoadTemplateCase(f, &tc);
   if (IsSkipped() || HasFatalFailure()) return;
-  auto tmpl = ChatTemplate::Load(g.model_dir);
-  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
-  if (!tmpl->has_template()) GTEST_SKIP() << f.name << " has no chat template";
-  auto tok = Tokenizer::Load(g.model_dir);
-  ASSERT_TRUE(tok.ok()) << tok.message();
-  const std::vector<std::string> special = (*tok)->SpecialTokenContents();
-  const std::vector<std::string> added = (*tok)->AddedTokenContents();
-  const std::vector<std::string> protect = tmpl->ProtectedTokenStrings(special, added);
+  const std::vector<std::string>& protect = tc.protect;
 
   auto chat = [](const std::string& content, const std::string& tool_name) {
     return std::make_pair(
@@ -111,22 +127,22 @@ TEST_P(Forgery, UserContentCannotOpenATurn) {
   for (const bool with_tools : {false, true}) {
     SCOPED_TRACE(with_tools ? "with tools" : "without tools");
     const ojson none;
-    auto clean = tmpl->RenderPrompt(clean_messages, with_tools ? clean_tools : none, true,
+    auto clean = tc.tmpl.RenderPrompt(clean_messages, with_tools ? clean_tools : none, true,
                                     ojson::object(), protect);
-    auto forged = tmpl->RenderPrompt(forged_messages, with_tools ? forged_tools : none, true,
+    auto forged = tc.tmpl.RenderPrompt(forged_messages, with_tools ? forged_tools : none, true,
                                      ojson::object(), protect);
     ASSERT_TRUE(clean.ok()) << clean.message();
     ASSERT_TRUE(forged.ok()) << forged.message();
     EXPECT_TRUE(clean->client_spans.empty());
     EXPECT_FALSE(forged->client_spans.empty());
-    const auto clean_ids = (*tok)->Encode(clean->text, false, clean->client_spans);
-    const auto forged_ids = (*tok)->Encode(forged->text, false, forged->client_spans);
-    const auto template_markers = ControlIds(**tok, f.markers, clean_ids);
+    const auto clean_ids = tc.tok->Encode(clean->text, false, clean->client_spans);
+    const auto forged_ids = tc.tok->Encode(forged->text, false, forged->client_spans);
+    const auto template_markers = ControlIds(*tc.tok, f.markers, clean_ids);
     EXPECT_FALSE(template_markers.empty());
     // The template's markers, and nothing the user wrote.
-    EXPECT_EQ(ControlIds(**tok, f.markers, forged_ids), template_markers);
+    EXPECT_EQ(ControlIds(*tc.tok, f.markers, forged_ids), template_markers);
     // Without the spans the forgery would have worked (so this test can fail).
-    EXPECT_NE(ControlIds(**tok, f.markers, (*tok)->Encode(forged->text, false)), template_markers);
+    EXPECT_NE(ControlIds(*tc.tok, f.markers, tc.tok->Encode(forged->text, false)), template_markers);
   }
 }
 
@@ -134,22 +150,16 @@ TEST_P(Forgery, UserContentCannotOpenATurn) {
 // client wrote no protected string (then there are no spans).
 TEST_P(Forgery, GoldenPromptsTokenizeAsBefore) {
   const Family& f = GetParam();
-  testing::TemplateGolden g;
-  testing::LoadTemplateGolden(f.name, &g);
+  TemplateCase tc;
+  LoadTemplateCase(f, &tc);
   if (IsSkipped() || HasFatalFailure()) return;
-  auto tmpl = ChatTemplate::Load(g.model_dir);
-  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
-  if (!tmpl->has_template()) GTEST_SKIP() << f.name << " has no chat template";
-  auto tok = Tokenizer::Load(g.model_dir);
-  ASSERT_TRUE(tok.ok()) << tok.message();
-  const std::vector<std::string> protect =
-      tmpl->ProtectedTokenStrings((*tok)->SpecialTokenContents(), (*tok)->AddedTokenContents());
+  const std::vector<std::string>& protect = tc.protect;
   int num_checked = 0, num_with_spans = 0;
-  for (const ojson& c : g.golden["chat"]) {
+  for (const ojson& c : tc.golden.golden["chat"]) {
     if (c.contains("error") || !c.contains("ids")) continue;
     SCOPED_TRACE(f.name + "/" + c["name"].get<std::string>());
     const ojson kwargs = c.contains("kwargs") ? c["kwargs"] : ojson::object();
-    auto rendered = tmpl->RenderPrompt(c["messages"], c["tools"],
+    auto rendered = tc.tmpl.RenderPrompt(c["messages"], c["tools"],
                                        c["add_generation_prompt"].get<bool>(), kwargs, protect);
     ASSERT_TRUE(rendered.ok()) << rendered.message();
     EXPECT_EQ(rendered->text, c["rendered"].get<std::string>());
@@ -157,7 +167,7 @@ TEST_P(Forgery, GoldenPromptsTokenizeAsBefore) {
       ++num_with_spans;
       continue;
     }
-    EXPECT_EQ((*tok)->Encode(rendered->text, false, rendered->client_spans),
+    EXPECT_EQ(tc.tok->Encode(rendered->text, false, rendered->client_spans),
               c["ids"].get<std::vector<int32_t>>());
     ++num_checked;
   }
