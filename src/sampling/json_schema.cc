@@ -44,10 +44,11 @@ std::string_view KindStarts(JsonSchemaNode::Kind kind) {
   return "";
 }
 
-// Keywords that only describe a value: accepted and ignored.
+// Keywords that only describe a value: accepted and ignored. (`format` constrains the value —
+// a "date" must be a date —, so it is refused like any other keyword the machine cannot enforce.)
 const std::set<std::string>& Annotations() {
   static const std::set<std::string> k = {
-      "title",    "description", "default",  "examples",  "format", "$schema",    "$id",
+      "title",    "description", "default",  "examples", "$schema",    "$id",
       "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",  "definitions"};
   return k;
 }

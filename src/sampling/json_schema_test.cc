@@ -139,6 +139,9 @@ TEST(JsonSchemaTest, UnsupportedSchemasNameThePath) {
       {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}]}}})",
        "schema.properties.a.items"},
       {R"({"type": "object", "properties": {"a": false}})", "schema.properties.a"},
+      // `format` constrains the value; it is not enforced yet, so it is refused, never ignored.
+      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})",
+       "schema.properties.d.format"},
   };
   for (const auto& [schema, path] : cases) {
     auto c = CompileJsonSchema(json::parse(schema), "schema");
