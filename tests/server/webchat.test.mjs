@@ -236,6 +236,9 @@ describe('web chat page (tinystories-656k, --api-key)', { skip: skipReason() ?? 
     await page.waitForFunction(() => document.querySelector('article.assistant .copy-message').textContent === 'Copied');
     assert.equal(await page.evaluate(() => navigator.clipboard.readText()), markdown);
     await screenshot(page, '03-markdown');
+    await page.emulateMediaFeatures([{ name: 'prefers-color-scheme', value: 'dark' }]);
+    await screenshot(page, '03-markdown-dark');
+    await page.emulateMediaFeatures([{ name: 'prefers-color-scheme', value: 'light' }]);
   });
 
   test('a reload keeps the conversations; new and delete work', async () => {

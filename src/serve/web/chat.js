@@ -222,8 +222,9 @@ function statusText(message) {
   if (message.status === 'stopped') parts.push('Stopped');
   if (message.finish === 'length') parts.push('Reached the token limit');
   if (message.usage) parts.push(`${message.usage.completion_tokens} tokens`);
-  if (message.usage && message.seconds > 0) {
-    parts.push(`${(message.usage.completion_tokens / message.seconds).toFixed(1)} tok/s`);
+  // The clock starts at the first token, so the rate counts the tokens after it.
+  if (message.usage?.completion_tokens > 1 && message.seconds > 0) {
+    parts.push(`${((message.usage.completion_tokens - 1) / message.seconds).toFixed(1)} tok/s`);
   }
   return parts.join(' · ');
 }
@@ -415,6 +416,9 @@ function wire() {
   });
   ui.prompt.addEventListener('input', resizePrompt);
   ui.stop.addEventListener('click', () => inFlight?.controller.abort());
+  document.addEventListener('keydown', (event) => {
+    if (event.key === 'Escape' && inFlight && !ui.keyDialog.open) inFlight.controller.abort();
+  });
   ui.newChat.addEventListener('click', () => {
     const current = store.current();
     if (current.messages.length > 0) store.create();
