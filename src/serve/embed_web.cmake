@@ -23,7 +23,8 @@ foreach(name IN LISTS WEB_FILES)
   string(SUBSTRING "${sha}" 0 16 etag)
   # Two hex digits per byte -> "0x..,"; 24 bytes a line. A trailing 0 keeps an empty file legal.
   string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
-  string(REGEX REPLACE "((0x[0-9a-f][0-9a-f],){24})" "\\1\n    " bytes "${bytes}")
+  string(REPEAT "0x[0-9a-f][0-9a-f]," 24 line_pattern)  # CMake regexes have no {n}
+  string(REGEX REPLACE "(${line_pattern})" "\\1\n    " bytes "${bytes}")
   string(APPEND arrays "// ${name}\nconst unsigned char kFile${index}[] = {\n    ${bytes}0};\n\n")
   string(APPEND entries
          "    {\"${name}\", \"${etag}\",\n     std::string_view(reinterpret_cast<const char*>(kFile${index}), ${size})},\n")
