@@ -220,6 +220,7 @@ function statusText(message) {
   const parts = [];
   if (message.status === 'streaming') parts.push('Generating…');
   if (message.status === 'stopped') parts.push('Stopped');
+  if (message.status === 'error') parts.push('Cut short by an error');
   if (message.finish === 'length') parts.push('Reached the token limit');
   if (message.usage) parts.push(`${message.usage.completion_tokens} tokens`);
   // The clock starts at the first token, so the rate counts the tokens after it.
@@ -328,6 +329,7 @@ function applyChunk(reply, chunk) {
 async function send(text) {
   clearError();
   const conversation = store.current();
+  conversation.system = ui.system.value;  // also when its change event has not fired yet
   const user = { role: 'user', content: text };
   const reply = { role: 'assistant', content: '', model: ui.model.value, status: 'streaming' };
   const body = requestBody({ ...conversation, messages: [...conversation.messages, user] });
