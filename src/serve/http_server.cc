@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "serve/generation_job.h"
+#include "serve/web_ui.h"
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
 #include "util/log.h"
@@ -70,7 +71,7 @@ bool IsModelPath(const std::string& path) {
 bool IsReadRoute(const std::string& path) {
   for (const char* r : kReadRoutes)
     if (path == r) return true;
-  return IsModelPath(path);
+  return IsModelPath(path) || IsWebUiPath(path);
 }
 
 std::string RouteLabel(const std::string& path) {
@@ -231,7 +232,8 @@ std::optional<HttpResponse> HttpServer::CheckHeader(const HttpRequest& head) con
         "invalid_request_error", "", "host_not_allowed"});
   }
   const std::string origin = head.Header("origin");
-  if (!origin.empty() && config_.cors_origin != "*" && origin != config_.cors_origin) {
+  if (!origin.empty() && config_.cors_origin != "*" && origin != config_.cors_origin &&
+      !IsSameOrigin(origin, host)) {
     return ErrorResponse(ApiError{
         403,
         "cross-origin request from '" + LoggablePath(origin) +
@@ -417,6 +419,7 @@ Handled HttpServer::Route(const HttpRequest& req) {
     return {std::move(res), nullptr};
   }
   if (path == "/stats") return {Stats(), nullptr};
+  if (IsWebUiPath(path)) return {WebUiResponse(req), nullptr};  // the page needs no key
   if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
   if (path == "/v1/models")
     return {JsonResponse(200, {{"object", "list"}, {"data", json::array({ModelJson()})}}), nullptr};
