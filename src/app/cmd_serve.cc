@@ -16,6 +16,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/served_bundle.h"
 #include "serve/http_server.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
@@ -138,54 +139,27 @@ int ServeCommand(int argc, char** argv, int first) {
   auto bound = server.Bind();  // before the weights: a port in use fails in milliseconds
   if (!bound.ok()) return Fail(bound.message());
 
-  // The tokenizer and the chat template before the weights: a missing or broken one fails in
-  // milliseconds, not after minutes of loading a large model.
-  if (!FileExists(model_dir + "/tokenizer.json"))
-    return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
-  auto tokenizer = Tokenizer::Load(model_dir);
-  if (!tokenizer.ok()) return Fail(tokenizer.message());
-  ChatTemplate chat_template;
-  bool have_template_object = false;
-  if (!chat_template_file.empty()) {
-    auto source = ReadFileToString(chat_template_file);
-    if (!source.ok()) return Fail(source.message());
-    auto t = ChatTemplate::FromSource(*source, (*tokenizer)->bos_token(), (*tokenizer)->eos_token());
-    if (!t.ok()) return Fail(chat_template_file + ": " + t.message());
-    chat_template = std::move(*t);
-    have_template_object = true;
-  } else {
-    auto t = ChatTemplate::Load(model_dir);
-    if (!t.ok()) return Fail(t.message());
-    chat_template = std::move(*t);
-    have_template_object = true;
-  }
-  auto parsers =
-      serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, chat_template.tools_source());
-  if (!parsers.ok()) return Fail(parsers.message());
-
-  auto loaded = LoadModelAndEngine(model_dir, engine_flags, std::move(*tokenizer));
+  ServeModelOptions model_options;
+  model_options.chat_template_file = chat_template_file;
+  model_options.reasoning_parser = reasoning_parser;
+  model_options.tool_call_parser = tool_call_parser;
+  model_options.engine = engine_flags;
+  auto loaded = ServedBundle::Load(model_dir, served_name.empty() ? BaseName(model_dir) : served_name,
+                                   model_options);
   if (!loaded.ok()) return Fail(loaded.message());
-  LoadedModel& lm = *loaded;
-
-  serve::ServedModel served = ServedModelOf(lm);
-  served.name = served_name.empty() ? BaseName(model_dir) : served_name;
-  served.chat_template = have_template_object ? &chat_template : nullptr;
-  if (have_template_object && lm.tokenizer != nullptr)
-    served.protected_strings = serve::ProtectedStringsOf(*lm.tokenizer, chat_template);
-  served.max_n = engine_flags.Config().max_n;
-  served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
-  served.tool_format = parsers->tools;
-  served.reasoning_format = parsers->reasoning;
+  std::unique_ptr<ServedBundle> bundle = std::move(*loaded);
+  const serve::ServedModel& served = bundle->served();
+  Engine& engine = bundle->engine();
 
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
   std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
               "%s, reasoning: %s%s%s\n",
               served.name.c_str(), model_dir.c_str(), served.context_length,
-              static_cast<long long>(lm.engine->kv_capacity_tokens()),
-              static_cast<long long>(lm.engine->kv_cache_bytes()),
+              static_cast<long long>(engine.kv_capacity_tokens()),
+              static_cast<long long>(engine.kv_cache_bytes()),
               serve::ToolCallFormatName(served.tool_format),
               serve::ReasoningFormatName(served.reasoning_format),
-              chat_template.has_template() ? "" : ", no chat template (completions only)",
+              bundle->chat_template().has_template() ? "" : ", no chat template (completions only)",
               http.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
 
@@ -199,7 +173,7 @@ int ServeCommand(int argc, char** argv, int first) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(shutdown_grace);
     while (std::chrono::steady_clock::now() < deadline) {
-      const EngineStats stats = lm.engine->Stats();
+      const EngineStats stats = engine.Stats();
       if (stats.num_running == 0 && stats.num_queued == 0) break;
       const timespec poll{0, 50'000'000};
       if (sigtimedwait(&signals, nullptr, &poll) > 0) {
@@ -207,14 +181,14 @@ int ServeCommand(int argc, char** argv, int first) {
         break;
       }
     }
-    lm.engine->Shutdown(/*drain=*/false);  // what is left ends now (cancelled: 503 / error event)
+    engine.Shutdown(/*drain=*/false);  // what is left ends now (cancelled: 503 / error event)
     server.Stop();                         // stop accepting; Serve() returns
   });
-  server.Serve(std::move(served));
+  server.Serve(served);
   // Serve() also returns if the listener fails; make sure the signal thread ends either way.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
-  lm.engine->Shutdown(/*drain=*/false);
+  engine.Shutdown(/*drain=*/false);
   std::printf("ember serve: stopped\n");
   return 0;
 }
