@@ -316,6 +316,20 @@ std::variant<ModelLibrary::Lease, LibraryError> ModelLibrary::Acquire(const std:
   return Pin(slot);
 }
 
+ModelLibrary::Lease ModelLibrary::FindResident(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = slots_.find(id);
+  return it != slots_.end() && it->second->model != nullptr ? Pin(it->second) : nullptr;
+}
+
+std::vector<ModelLibrary::Lease> ModelLibrary::Resident() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Lease> out;
+  for (const auto& [id, slot] : slots_)
+    if (slot->model != nullptr) out.push_back(Pin(slot));
+  return out;
+}
+
 json ModelLibrary::Stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return {{"root", root_},

@@ -81,6 +81,11 @@ class ModelLibrary {
   // The model `id`, loaded if it is not (see the header comment). Blocks for a load.
   std::variant<Lease, LibraryError> Acquire(const std::string& id);
 
+  // A lease on `id` when it is resident (never loads it); null otherwise.
+  Lease FindResident(const std::string& id) const;
+  // A lease on every resident model (for stats and shutdown), sorted by id.
+  std::vector<Lease> Resident() const;
+
   // {"root", "memory_budget_bytes", "resident_bytes", "loads", "load_failures", "evictions",
   //  "loading": id or null}
   nlohmann::json Stats() const;
