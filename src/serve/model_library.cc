@@ -187,14 +187,14 @@ ModelLibrary::~ModelLibrary() = default;
 Status ModelLibrary::Rescan() {
   auto found = ScanModelFolders(root_);
   if (!found.ok()) return found.status();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   scanned_.clear();
   for (LibraryModelInfo& info : *found) scanned_[info.id] = std::move(info);
   return Status::Ok();
 }
 
 bool ModelLibrary::Contains(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   return scanned_.count(id) != 0 || slots_.count(id) != 0;
 }
 
@@ -221,7 +221,7 @@ json ModelLibrary::EntryLocked(const LibraryModelInfo& info) const {
 }
 
 std::vector<json> ModelLibrary::List() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   std::vector<json> out;
   for (const auto& [id, info] : scanned_) out.push_back(EntryLocked(info));
   return out;
@@ -265,29 +265,38 @@ bool ModelLibrary::MakeRoomLocked(int64_t needed,
   return true;
 }
 
-std::variant<ModelLibrary::Lease, LibraryError> ModelLibrary::Acquire(const std::string& id) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    auto slot_it = slots_.find(id);
-    if (slot_it != slots_.end() && slot_it->second->model != nullptr) return Pin(slot_it->second);
-    if (loading_.empty()) break;
-    load_done_.wait(lock);  // one load at a time: memory is checked against what is resident
-  }
+std::variant<ModelLibrary::Lease, LibraryError, std::monostate> ModelLibrary::BeginLoad(
+    const std::string& id, LibraryModelInfo* info,
+    std::vector<std::unique_ptr<ResidentModel>>* victims) {
+  MutexLock lock(&mu_);
+  // One load at a time: memory is checked against what is resident.
+  load_done_.Wait(&mu_, [&]() REQUIRES(mu_) {
+    auto it = slots_.find(id);
+    return loading_.empty() || (it != slots_.end() && it->second->model != nullptr);
+  });
+  auto slot_it = slots_.find(id);
+  if (slot_it != slots_.end() && slot_it->second->model != nullptr) return Pin(slot_it->second);
   auto info_it = scanned_.find(id);
-  if (info_it == scanned_.end())
-    return LibraryError{404, "The model '" + id + "' does not exist"};
-  const LibraryModelInfo info = info_it->second;
-  if (!info.problem.empty())
-    return LibraryError{400, "The model '" + id + "' cannot be loaded: " + info.problem};
-  const int64_t estimate = hooks_.estimate_bytes ? hooks_.estimate_bytes(info) : 0;
-  std::vector<std::unique_ptr<ResidentModel>> victims;
-  if (!MakeRoomLocked(estimate, &victims)) {
+  if (info_it == scanned_.end()) return LibraryError{404, "The model '" + id + "' does not exist"};
+  *info = info_it->second;
+  if (!info->problem.empty())
+    return LibraryError{400, "The model '" + id + "' cannot be loaded: " + info->problem};
+  const int64_t estimate = hooks_.estimate_bytes ? hooks_.estimate_bytes(*info) : 0;
+  if (!MakeRoomLocked(estimate, victims)) {
     return LibraryError{503, "The model '" + id + "' needs about " + std::to_string(estimate >> 20) +
                                  " MiB and the models in use leave less of the memory budget (" +
                                  std::to_string(budget_ >> 20) + " MiB); retry when they are idle"};
   }
   loading_ = id;
-  lock.unlock();
+  return std::monostate{};
+}
+
+std::variant<ModelLibrary::Lease, LibraryError> ModelLibrary::Acquire(const std::string& id) {
+  LibraryModelInfo info;
+  std::vector<std::unique_ptr<ResidentModel>> victims;
+  auto begun = BeginLoad(id, &info, &victims);
+  if (auto* lease = std::get_if<Lease>(&begun)) return std::move(*lease);
+  if (auto* error = std::get_if<LibraryError>(&begun)) return std::move(*error);
   for (const auto& victim : victims) LOG_INFO << "model library: evicting " << victim->served().name;
   victims.clear();  // their engines stop here, outside the lock
   LOG_INFO << "model library: loading " << id << " from " << info.path;
@@ -297,9 +306,9 @@ std::variant<ModelLibrary::Lease, LibraryError> ModelLibrary::Acquire(const std:
   } catch (const std::exception& e) {  // e.g. out of memory: the library stays consistent
     loaded = Status::Error(e.what());
   }
-  lock.lock();
+  MutexLock lock(&mu_);
   loading_.clear();
-  load_done_.notify_all();
+  load_done_.NotifyAll();
   std::shared_ptr<Slot>& slot = slots_[id];
   if (slot == nullptr) slot = std::make_shared<Slot>();
   ++loads_;
@@ -317,13 +326,13 @@ std::variant<ModelLibrary::Lease, LibraryError> ModelLibrary::Acquire(const std:
 }
 
 ModelLibrary::Lease ModelLibrary::FindResident(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   auto it = slots_.find(id);
   return it != slots_.end() && it->second->model != nullptr ? Pin(it->second) : nullptr;
 }
 
 std::vector<ModelLibrary::Lease> ModelLibrary::Resident() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   std::vector<Lease> out;
   for (const auto& [id, slot] : slots_)
     if (slot->model != nullptr) out.push_back(Pin(slot));
@@ -331,7 +340,7 @@ std::vector<ModelLibrary::Lease> ModelLibrary::Resident() const {
 }
 
 json ModelLibrary::Stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mu_);
   return {{"root", root_},
           {"memory_budget_bytes", budget_},
           {"resident_bytes", ResidentBytesLocked()},

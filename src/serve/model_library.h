@@ -9,19 +9,18 @@
 // it from a worker thread, never an I/O thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <variant>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "serve/request_builder.h"
+#include "util/mutex.h"
 #include "util/status.h"
 
 namespace ember::serve {
@@ -71,24 +70,24 @@ class ModelLibrary {
 
   // Finds the models below the root again (models that are gone stay resident until idle and
   // evicted; their leases stay valid). An unreadable root is an error.
-  Status Rescan();
+  Status Rescan() EXCLUDES(mu_);
 
   // Every scanned model, sorted by id, with its state: "available", "loading", "loaded" or
   // "failed" (+ "error", the last load's message) and, when loaded, "memory_bytes".
-  std::vector<nlohmann::json> List() const;
-  bool Contains(const std::string& id) const;
+  std::vector<nlohmann::json> List() const EXCLUDES(mu_);
+  bool Contains(const std::string& id) const EXCLUDES(mu_);
 
   // The model `id`, loaded if it is not (see the header comment). Blocks for a load.
-  std::variant<Lease, LibraryError> Acquire(const std::string& id);
+  std::variant<Lease, LibraryError> Acquire(const std::string& id) EXCLUDES(mu_);
 
   // A lease on `id` when it is resident (never loads it); null otherwise.
-  Lease FindResident(const std::string& id) const;
+  Lease FindResident(const std::string& id) const EXCLUDES(mu_);
   // A lease on every resident model (for stats and shutdown), sorted by id.
-  std::vector<Lease> Resident() const;
+  std::vector<Lease> Resident() const EXCLUDES(mu_);
 
   // {"root", "memory_budget_bytes", "resident_bytes", "loads", "load_failures", "evictions",
   //  "loading": id or null}
-  nlohmann::json Stats() const;
+  nlohmann::json Stats() const EXCLUDES(mu_);
 
  private:
   struct Slot;
@@ -96,19 +95,27 @@ class ModelLibrary {
   // Takes idle resident models out, least recently used first, until `needed` more bytes fit
   // the budget; the caller destroys *victims after unlocking (their engines join threads).
   // False (nothing taken) when busy models hold too much.
-  bool MakeRoomLocked(int64_t needed, std::vector<std::unique_ptr<ResidentModel>>* victims);
-  int64_t ResidentBytesLocked() const;
-  nlohmann::json EntryLocked(const LibraryModelInfo& info) const;
+  bool MakeRoomLocked(int64_t needed, std::vector<std::unique_ptr<ResidentModel>>* victims)
+      REQUIRES(mu_);
+  int64_t ResidentBytesLocked() const REQUIRES(mu_);
+  nlohmann::json EntryLocked(const LibraryModelInfo& info) const REQUIRES(mu_);
+  // Acquire's first half: a resident model's lease, an error, or (neither) the load to run
+  // with loading_ set and *info / *victims filled.
+  std::variant<Lease, LibraryError, std::monostate> BeginLoad(
+      const std::string& id, LibraryModelInfo* info,
+      std::vector<std::unique_ptr<ResidentModel>>* victims) EXCLUDES(mu_);
 
   const std::string root_;
   const int64_t budget_;
   LibraryHooks hooks_;
-  mutable std::mutex mutex_;
-  std::condition_variable load_done_;
-  std::map<std::string, LibraryModelInfo> scanned_;
-  std::map<std::string, std::shared_ptr<Slot>> slots_;  // every id ever acquired
-  std::string loading_;                                 // the id being loaded ("" none)
-  int64_t loads_ = 0, load_failures_ = 0, evictions_ = 0;
+  mutable Mutex mu_;
+  CondVar load_done_;  // loading_ went back to ""
+  std::map<std::string, LibraryModelInfo> scanned_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Slot>> slots_ GUARDED_BY(mu_);  // every id ever acquired
+  std::string loading_ GUARDED_BY(mu_);                                 // being loaded ("" none)
+  int64_t loads_ GUARDED_BY(mu_) = 0;
+  int64_t load_failures_ GUARDED_BY(mu_) = 0;
+  int64_t evictions_ GUARDED_BY(mu_) = 0;
 };
 
 // The scan itself (exposed for tests): model folders below `root`, at most `max_depth` levels
