@@ -4,6 +4,7 @@
 // requests get 503 at once, in-flight ones may finish for --shutdown-grace seconds (a second
 // signal, or the end of the grace period, cancels what is left), then the process exits 0.
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/served_bundle.h"
 #include "serve/http_server.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
@@ -33,12 +35,34 @@ std::string BaseName(std::string dir) {
   return slash == std::string::npos ? dir : dir.substr(slash + 1);
 }
 
+void PrintServedModel(const ServedBundle& bundle, const std::string& dir, const std::string& host,
+                      int port, bool api_key) {
+  const serve::ServedModel& served = bundle.served();
+  std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), port);
+  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
+              "%s, reasoning: %s%s%s\n",
+              served.name.c_str(), dir.c_str(), served.context_length,
+              static_cast<long long>(bundle.engine().kv_capacity_tokens()),
+              static_cast<long long>(bundle.engine().kv_cache_bytes()),
+              serve::ToolCallFormatName(served.tool_format),
+              serve::ReasoningFormatName(served.reasoning_format),
+              bundle.chat_template().has_template() ? "" : ", no chat template (completions only)",
+              api_key ? ", API key required" : "");
+}
+
+// The library's default budget: three quarters of the machine's memory.
+int64_t DefaultModelsMemory() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? pages / 4 * 3 * page : int64_t{8} << 30;
+}
+
 }  // namespace
 
 int ServeCommand(int argc, char** argv, int first) {
-  std::string model_dir, served_name, chat_template_file, tool_call_parser = "auto",
+  std::string model_dir, models_dir, served_name, chat_template_file, tool_call_parser = "auto",
               reasoning_parser = "auto";
   std::string host = "127.0.0.1";
+  int64_t models_memory = 0;
   int64_t port = 8080, max_body_bytes = int64_t{16} << 20, http_threads = 2;
   int64_t max_connections = 4096, stream_buffer_bytes = int64_t{1} << 20;
   double shutdown_grace = 30.0, header_timeout = 10, body_timeout = 30, keep_alive_timeout = 10,
@@ -47,7 +71,7 @@ int ServeCommand(int argc, char** argv, int first) {
   serve::HttpConfig http;
   EngineFlags engine_flags;
   FlagParser flags(
-      "usage: ember serve --model DIR [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
+      "usage: ember serve (--model DIR | --models-dir DIR [--models-memory B]) [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
       "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json|harmony]\n"
       "       [--reasoning-parser auto|none|think|harmony]\n"
@@ -55,6 +79,11 @@ int ServeCommand(int argc, char** argv, int first) {
       "       [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S]\n"
       "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H] [--cors-origin O]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--models-dir", &models_dir,
+                  "serve every model folder below DIR, each loaded when a request names it");
+  flags.AddInt("--models-memory", &models_memory,
+               "bytes the library's resident models may hold (weights + KV caps; least recently "
+               "used idle models are evicted; default 3/4 of the machine's memory)");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
   flags.AddInt("--port", &port, "TCP port (default 8080; 0 = any free port)");
   flags.AddString("--served-model-name", &served_name, "model id clients use (default: folder name)");
@@ -89,7 +118,16 @@ int ServeCommand(int argc, char** argv, int first) {
                   "seconds in-flight requests may finish after SIGTERM/SIGINT (default 30)");
   engine_flags.Register(flags, /*serving=*/true);
   if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
-  if (model_dir.empty()) return Fail("--model is required");
+  if (model_dir.empty() == models_dir.empty())
+    return Fail(model_dir.empty() ? "--model DIR (or --models-dir DIR) is required"
+                                  : "--model and --models-dir exclude each other");
+  if (!models_dir.empty() && !served_name.empty())
+    return Fail("--served-model-name: not with --models-dir (a library model's id is its folder)");
+  if (!models_dir.empty() && !chat_template_file.empty())
+    return Fail("--chat-template: not with --models-dir (each model uses its own)");
+  if (models_memory < 0) return Fail("--models-memory: must be positive");
+  if (models_memory > 0 && models_dir.empty()) return Fail("--models-memory: needs --models-dir");
+  if (models_memory == 0) models_memory = DefaultModelsMemory();
   if (port < 0 || port > 65535) return Fail("--port: must be in [0, 65535]");
   if (max_body_bytes < 1) return Fail("--max-body-bytes: must be positive");
   // Bad names and flags that conflict by themselves fail before the model loads (with no
@@ -138,56 +176,47 @@ int ServeCommand(int argc, char** argv, int first) {
   auto bound = server.Bind();  // before the weights: a port in use fails in milliseconds
   if (!bound.ok()) return Fail(bound.message());
 
-  // The tokenizer and the chat template before the weights: a missing or broken one fails in
-  // milliseconds, not after minutes of loading a large model.
-  if (!FileExists(model_dir + "/tokenizer.json"))
-    return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
-  auto tokenizer = Tokenizer::Load(model_dir);
-  if (!tokenizer.ok()) return Fail(tokenizer.message());
-  ChatTemplate chat_template;
-  bool have_template_object = false;
-  if (!chat_template_file.empty()) {
-    auto source = ReadFileToString(chat_template_file);
-    if (!source.ok()) return Fail(source.message());
-    auto t = ChatTemplate::FromSource(*source, (*tokenizer)->bos_token(), (*tokenizer)->eos_token());
-    if (!t.ok()) return Fail(chat_template_file + ": " + t.message());
-    chat_template = std::move(*t);
-    have_template_object = true;
+  ServeModelOptions model_options;
+  model_options.chat_template_file = chat_template_file;
+  model_options.reasoning_parser = reasoning_parser;
+  model_options.tool_call_parser = tool_call_parser;
+  model_options.engine = engine_flags;
+  // One model (--model), or a library of them loaded on demand (--models-dir).
+  std::unique_ptr<ServedBundle> bundle;
+  std::unique_ptr<serve::ModelLibrary> library;
+  if (!models_dir.empty()) {
+    serve::LibraryHooks hooks;
+    hooks.load = [model_options](const serve::LibraryModelInfo& info)
+        -> Result<std::unique_ptr<serve::ResidentModel>> {
+      auto b = ServedBundle::Load(info.path, info.id, model_options);
+      if (!b.ok()) return b.status();
+      return std::unique_ptr<serve::ResidentModel>(std::move(*b));
+    };
+    hooks.estimate_bytes = [engine_flags](const serve::LibraryModelInfo& info) {
+      return EstimateServedBytes(info, engine_flags);
+    };
+    library = std::make_unique<serve::ModelLibrary>(models_dir, models_memory, std::move(hooks));
+    if (Status scanned = library->Rescan(); !scanned.ok()) return Fail(scanned.message());
+    std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
+    std::printf("  model library %s: %zu models, loaded on demand within %lld MiB%s\n",
+                models_dir.c_str(), library->List().size(),
+                static_cast<long long>(models_memory >> 20),
+                http.api_key.empty() ? "" : ", API key required");
   } else {
-    auto t = ChatTemplate::Load(model_dir);
-    if (!t.ok()) return Fail(t.message());
-    chat_template = std::move(*t);
-    have_template_object = true;
+    auto loaded = ServedBundle::Load(
+        model_dir, served_name.empty() ? BaseName(model_dir) : served_name, model_options);
+    if (!loaded.ok()) return Fail(loaded.message());
+    bundle = std::move(*loaded);
+    PrintServedModel(*bundle, model_dir, host, *bound, !http.api_key.empty());
   }
-  auto parsers =
-      serve::ChooseOutputParsers(reasoning_parser, tool_call_parser, chat_template.tools_source());
-  if (!parsers.ok()) return Fail(parsers.message());
-
-  auto loaded = LoadModelAndEngine(model_dir, engine_flags, std::move(*tokenizer));
-  if (!loaded.ok()) return Fail(loaded.message());
-  LoadedModel& lm = *loaded;
-
-  serve::ServedModel served = ServedModelOf(lm);
-  served.name = served_name.empty() ? BaseName(model_dir) : served_name;
-  served.chat_template = have_template_object ? &chat_template : nullptr;
-  if (have_template_object && lm.tokenizer != nullptr)
-    served.protected_strings = serve::ProtectedStringsOf(*lm.tokenizer, chat_template);
-  served.max_n = engine_flags.Config().max_n;
-  served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
-  served.tool_format = parsers->tools;
-  served.reasoning_format = parsers->reasoning;
-
-  std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
-  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
-              "%s, reasoning: %s%s%s\n",
-              served.name.c_str(), model_dir.c_str(), served.context_length,
-              static_cast<long long>(lm.engine->kv_capacity_tokens()),
-              static_cast<long long>(lm.engine->kv_cache_bytes()),
-              serve::ToolCallFormatName(served.tool_format),
-              serve::ReasoningFormatName(served.reasoning_format),
-              chat_template.has_template() ? "" : ", no chat template (completions only)",
-              http.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
+  // The engines serving now (the library's resident ones), for the shutdown's drain.
+  const auto engines = [&] {
+    std::vector<serve::ModelLibrary::Lease> leases;
+    if (library != nullptr) leases = library->Resident();
+    else leases.emplace_back(&bundle->served(), [](const serve::ServedModel*) {});
+    return leases;
+  };
 
   std::thread signal_thread([&] {
     int sig = 0;
@@ -199,22 +228,28 @@ int ServeCommand(int argc, char** argv, int first) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(shutdown_grace);
     while (std::chrono::steady_clock::now() < deadline) {
-      const EngineStats stats = lm.engine->Stats();
-      if (stats.num_running == 0 && stats.num_queued == 0) break;
+      bool idle = true;
+      for (const auto& m : engines()) {
+        const EngineStats stats = m->engine->Stats();
+        idle = idle && stats.num_running == 0 && stats.num_queued == 0;
+      }
+      if (idle) break;
       const timespec poll{0, 50'000'000};
       if (sigtimedwait(&signals, nullptr, &poll) > 0) {
         LOG_INFO << "ember serve: second signal, cancelling in-flight requests";
         break;
       }
     }
-    lm.engine->Shutdown(/*drain=*/false);  // what is left ends now (cancelled: 503 / error event)
-    server.Stop();                         // stop accepting; Serve() returns
+    // What is left ends now (cancelled: 503 / error event).
+    for (const auto& m : engines()) m->engine->Shutdown(/*drain=*/false);
+    server.Stop();  // stop accepting; Serve() returns
   });
-  server.Serve(std::move(served));
+  if (library != nullptr) server.ServeLibrary(library.get());
+  else server.Serve(bundle->served());
   // Serve() also returns if the listener fails; make sure the signal thread ends either way.
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
-  lm.engine->Shutdown(/*drain=*/false);
+  for (const auto& m : engines()) m->engine->Shutdown(/*drain=*/false);
   std::printf("ember serve: stopped\n");
   return 0;
 }

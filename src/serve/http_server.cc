@@ -119,8 +119,8 @@ std::string LoggablePath(const std::string& path) {
 // polls without waiting. Destroying an unfinished one cancels the job.
 class GenerationResponse final : public AsyncResponse {
  public:
-  GenerationResponse(std::unique_ptr<GenerationJob> job, Metrics* metrics)
-      : job_(std::move(job)), metrics_(metrics) {
+  GenerationResponse(ModelLibrary::Lease model, std::unique_ptr<GenerationJob> job, Metrics* metrics)
+      : model_(std::move(model)), job_(std::move(job)), metrics_(metrics) {
     if (job_->stream()) metrics_->StreamOpened();
   }
   ~GenerationResponse() override {
@@ -153,9 +153,44 @@ class GenerationResponse final : public AsyncResponse {
   }
 
  private:
+  ModelLibrary::Lease model_;  // pins the model the job borrows (declared first: outlives the job)
   std::unique_ptr<GenerationJob> job_;
   Metrics* metrics_;
 };
+
+void AddEngineStats(const EngineStats& s, EngineStats* total) {
+  total->requests_submitted += s.requests_submitted;
+  total->requests_finished += s.requests_finished;
+  total->requests_cancelled += s.requests_cancelled;
+  total->prompt_tokens += s.prompt_tokens;
+  total->generated_tokens += s.generated_tokens;
+  total->computed_tokens += s.computed_tokens;
+  total->steps += s.steps;
+  total->preemptions += s.preemptions;
+  total->num_queued += s.num_queued;
+  total->num_running += s.num_running;
+  total->kv_blocks_total += s.kv_blocks_total;
+  total->kv_blocks_used += s.kv_blocks_used;
+  total->kv_blocks_cached += s.kv_blocks_cached;
+  total->block_size = s.block_size;
+  total->prefix_query_tokens += s.prefix_query_tokens;
+  total->prefix_hit_tokens += s.prefix_hit_tokens;
+  total->schedule_ns += s.schedule_ns;
+  total->forward_ns += s.forward_ns;
+  total->finish_ns += s.finish_ns;
+  total->decode_steps += s.decode_steps;
+  total->decode_rows += s.decode_rows;
+  total->decode_forward_ns += s.decode_forward_ns;
+  total->decode_padding_rows += s.decode_padding_rows;
+  total->overlapped_steps += s.overlapped_steps;
+}
+
+// The body's `model` when it is a string ("" otherwise: the schema names a wrong type).
+std::string RequestedModel(const RequestJson& body) {
+  if (!body.is_object()) return "";
+  auto it = body.find("model");
+  return it != body.end() && it->is_string() ? it->get<std::string>() : "";
+}
 
 }  // namespace
 
@@ -196,8 +231,13 @@ HttpServer::~HttpServer() = default;
 
 Result<int> HttpServer::Bind() { return transport_->Bind(); }
 
-void HttpServer::Serve(ServedModel model) {
-  model_ = std::move(model);
+void HttpServer::Serve(const ServedModel& model) {
+  model_ = &model;
+  transport_->Serve();
+}
+
+void HttpServer::ServeLibrary(ModelLibrary* library) {
+  library_ = library;
   transport_->Serve();
 }
 
@@ -288,8 +328,8 @@ void HttpServer::OnFinished(const HttpRequest& req, int status, double seconds,
 
 // ---- routes ----
 
-json HttpServer::ModelJson() const {
-  const GenerationDefaults& d = model_.defaults;
+json HttpServer::ModelJson(const ServedModel& model) const {
+  const GenerationDefaults& d = model.defaults;
   json defaults = json::object();
   if (d.temperature) defaults["temperature"] = *d.temperature;
   if (d.top_p) defaults["top_p"] = *d.top_p;
@@ -298,42 +338,42 @@ json HttpServer::ModelJson() const {
   if (d.repetition_penalty) defaults["repetition_penalty"] = *d.repetition_penalty;
   if (d.max_new_tokens) defaults["max_tokens"] = *d.max_new_tokens;
   defaults["eos_token_ids"] = d.eos_token_ids;
-  const bool chat = model_.chat_template != nullptr && model_.chat_template->has_template();
+  const bool chat = model.chat_template != nullptr && model.chat_template->has_template();
   json capabilities = {
       {"completions", true},
       {"chat_completions", chat},
       {"streaming", true},
       {"logprobs", true},
       {"max_top_logprobs", 20},
-      {"max_n", model_.max_n},
+      {"max_n", model.max_n},
       {"stop_strings", true},
       {"seed", true},
       {"logit_bias", true},
       // Tool definitions reach the prompt through the chat template; calls come back as
       // tool_calls when the server knows the model's tool-call format.
-      {"tools", chat && model_.tool_format != ToolCallFormat::kNone},
-      {"tool_call_format", ToolCallFormatName(model_.tool_format)},
+      {"tools", chat && model.tool_format != ToolCallFormat::kNone},
+      {"tool_call_format", ToolCallFormatName(model.tool_format)},
       {"tool_definitions_in_prompt", chat},
       // A leading <think> block (or harmony's analysis channel) comes back as reasoning_content.
-      {"reasoning_content", chat && model_.reasoning_format != ReasoningFormat::kNone},
-      {"reasoning_format", ReasoningFormatName(model_.reasoning_format)},
+      {"reasoning_content", chat && model.reasoning_format != ReasoningFormat::kNone},
+      {"reasoning_format", ReasoningFormatName(model.reasoning_format)},
       // JSON mode and JSON schemas (the supported subset: src/serve/README.md).
-      {"structured_output", model_.token_texts != nullptr},
-      {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})
+      {"structured_output", model.token_texts != nullptr},
+      {"response_formats", model.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})
                                                          : json::array({"text"})},
       {"embeddings", false},
       {"vision", false},
       {"audio", false},
       {"prefix_caching", true},
   };
-  return {{"id", model_.name},
+  return {{"id", model.name},
           {"object", "model"},
           {"created", started_unix_},
           {"owned_by", "ember"},
           {"ember_version", kEmberVersion},
           {"uptime_s", UnixNow() - started_unix_},
-          {"context_length", model_.context_length},
-          {"max_model_len", model_.context_length},
+          {"context_length", model.context_length},
+          {"max_model_len", model.context_length},
           {"generation_defaults", defaults},
           {"capabilities", capabilities}};
 }
@@ -356,27 +396,130 @@ Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) 
             nullptr};
   }
   const RequestJson body = std::move(*parsed);
+  auto resolved = ResolveModel(RequestedModel(body));
+  if (auto* error = std::get_if<ApiError>(&resolved)) return {ErrorResponse(*error), nullptr};
+  ModelLibrary::Lease model = std::move(std::get<ModelLibrary::Lease>(resolved));
   Prepared prepared =
-      endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
+      endpoint == Endpoint::kChat ? PrepareChat(*model, body) : PrepareCompletion(*model, body);
   if (auto* error = std::get_if<ApiError>(&prepared)) return {ErrorResponse(*error), nullptr};
-  auto started = GenerationJob::Start(model_, std::move(std::get<PreparedRequest>(prepared)),
+  auto started = GenerationJob::Start(*model, std::move(std::get<PreparedRequest>(prepared)),
                                       &metrics_, arrival_ns);
   if (auto* error = std::get_if<ApiError>(&started)) return {ErrorResponse(*error), nullptr};
   return {HttpResponse{}, std::make_unique<GenerationResponse>(
+                              std::move(model),
                               std::move(std::get<std::unique_ptr<GenerationJob>>(started)),
                               &metrics_)};
 }
 
+std::variant<ModelLibrary::Lease, ApiError> HttpServer::ResolveModel(const std::string& requested) {
+  if (model_ != nullptr)  // the single model: request_builder checks the name
+    return ModelLibrary::Lease(model_, [](const ServedModel*) {});
+  if (requested.empty()) {
+    return InvalidRequest("model: required (this server serves a library of models; GET "
+                          "/v1/models lists them)",
+                          "model", "model_required");
+  }
+  auto acquired = library_->Acquire(requested);
+  if (auto* lease = std::get_if<ModelLibrary::Lease>(&acquired)) return std::move(*lease);
+  const LibraryError& e = std::get<LibraryError>(acquired);
+  const char* code = e.http_status == 404   ? "model_not_found"
+                     : e.http_status == 503 ? "model_memory_busy"
+                     : e.http_status == 400 ? "model_unavailable"
+                                            : "model_load_failed";
+  return ApiError{e.http_status, e.message,
+                  e.http_status >= 500 ? "server_error" : "invalid_request_error", "model", code};
+}
+
+EngineStats HttpServer::TotalEngineStats() const {
+  if (model_ != nullptr) return model_->engine->Stats();
+  EngineStats total;
+  for (const ModelLibrary::Lease& m : library_->Resident()) AddEngineStats(m->engine->Stats(), &total);
+  return total;
+}
+
+// The sizes and limits of one served model, for /stats.
+static json EngineSizes(const ServedModel& m) {
+  return {{"model", m.name},
+          {"context_length", m.context_length},
+          {"kv_capacity_tokens", m.engine->kv_capacity_tokens()},
+          {"kv_cache_bytes", m.engine->kv_cache_bytes()},
+          {"max_batch", m.engine->max_running()},
+          {"max_step_tokens", m.engine->max_step_tokens()}};
+}
+
 HttpResponse HttpServer::Stats() const {
-  json stats = metrics_.Json(model_.engine->Stats());
-  stats["model"] = model_.name;
-  stats["context_length"] = model_.context_length;
-  stats["kv_capacity_tokens"] = model_.engine->kv_capacity_tokens();
-  stats["kv_cache_bytes"] = model_.engine->kv_cache_bytes();
-  stats["max_batch"] = model_.engine->max_running();
-  stats["max_step_tokens"] = model_.engine->max_step_tokens();
+  json stats = metrics_.Json(TotalEngineStats());
+  if (model_ != nullptr) {
+    stats.update(EngineSizes(*model_));
+  } else {
+    stats["library"] = library_->Stats();
+    json models = json::array();
+    for (const ModelLibrary::Lease& m : library_->Resident()) {
+      json entry = EngineSizes(*m);
+      const EngineStats s = m->engine->Stats();
+      entry["num_running"] = s.num_running;
+      entry["num_queued"] = s.num_queued;
+      models.push_back(std::move(entry));
+    }
+    stats["models"] = std::move(models);
+  }
   stats["http"]["open_connections"] = transport_->num_connections();
   return JsonResponse(200, stats);
+}
+
+// A library model's /v1/models entry: the served model's when it is resident, else what the scan
+// read from its files; `library` carries the scan's details and its state either way.
+json HttpServer::LibraryModelJson(const json& entry) const {
+  const std::string id = entry.value("id", "");
+  if (ModelLibrary::Lease m = library_->FindResident(id)) {
+    json out = ModelJson(*m);
+    out["library"] = entry;
+    return out;
+  }
+  const bool loadable = entry.value("state", "") != "unavailable";
+  const bool chat = loadable && entry.value("chat_template", false);
+  const std::string reasoning = entry.value("reasoning_format", "none");
+  json capabilities = {{"completions", loadable},
+                       {"chat_completions", chat},
+                       {"tools", chat && entry.value("tools", false)},
+                       {"tool_call_format", entry.value("tool_call_format", "none")},
+                       {"reasoning_content", chat && reasoning != "none"},
+                       {"reasoning_format", reasoning},
+                       {"embeddings", false}};
+  return {{"id", id},
+          {"object", "model"},
+          {"created", started_unix_},
+          {"owned_by", "ember"},
+          {"ember_version", kEmberVersion},
+          {"context_length", entry.value("context_length", json())},
+          {"capabilities", capabilities},
+          {"library", entry}};
+}
+
+HttpResponse HttpServer::ModelsList(const HttpRequest& req) {
+  json data = json::array();
+  if (model_ != nullptr) {
+    data.push_back(ModelJson(*model_));
+  } else {
+    const std::string& target = req.target;
+    if (target.find("refresh=1") != std::string::npos ||
+        target.find("refresh=true") != std::string::npos) {
+      if (Status rescanned = library_->Rescan(); !rescanned.ok())
+        return ErrorResponse(ApiError{500, rescanned.message(), "server_error", "", "rescan_failed"});
+    }
+    for (const json& entry : library_->List()) data.push_back(LibraryModelJson(entry));
+  }
+  return JsonResponse(200, {{"object", "list"}, {"data", std::move(data)}});
+}
+
+HttpResponse HttpServer::ModelDetails(const std::string& id) const {
+  if (model_ != nullptr && id == model_->name) return JsonResponse(200, ModelJson(*model_));
+  if (library_ != nullptr) {
+    for (const json& entry : library_->List())
+      if (entry.value("id", "") == id) return JsonResponse(200, LibraryModelJson(entry));
+  }
+  return ErrorResponse(ApiError{404, "The model '" + id + "' does not exist",
+                                "invalid_request_error", "model", "model_not_found"});
 }
 
 Handled HttpServer::Handle(const HttpRequest& req) {
@@ -415,21 +558,14 @@ Handled HttpServer::Route(const HttpRequest& req) {
   if (path == "/metrics") {
     HttpResponse res;
     res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res.body = metrics_.Prometheus(model_.engine->Stats());
+    res.body = metrics_.Prometheus(TotalEngineStats());
     return {std::move(res), nullptr};
   }
   if (path == "/stats") return {Stats(), nullptr};
   if (IsWebUiPath(path)) return {WebUiResponse(req), nullptr};  // the page needs no key
   if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
-  if (path == "/v1/models")
-    return {JsonResponse(200, {{"object", "list"}, {"data", json::array({ModelJson()})}}), nullptr};
-  const std::string id = path.substr(std::string("/v1/models/").size());
-  if (id != model_.name) {
-    return {ErrorResponse(ApiError{404, "The model '" + id + "' does not exist",
-                                   "invalid_request_error", "model", "model_not_found"}),
-            nullptr};
-  }
-  return {JsonResponse(200, ModelJson()), nullptr};
+  if (path == "/v1/models") return {ModelsList(req), nullptr};
+  return {ModelDetails(path.substr(std::string("/v1/models/").size())), nullptr};
 }
 
 }  // namespace ember::serve

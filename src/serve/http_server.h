@@ -20,6 +20,7 @@
 
 #include "serve/http_transport.h"
 #include "serve/metrics.h"
+#include "serve/model_library.h"
 #include "serve/request_builder.h"
 #include "util/status.h"
 
@@ -53,16 +54,20 @@ class HttpServer {
   // Binds and listens; returns the port bound. Cheap: call it before loading the model, so a
   // port in use fails at once.
   Result<int> Bind();
-  // Serves `model` until Stop(). Returns when every connection has closed.
-  void Serve(ServedModel model);
+  // Serves `model` (borrowed; it outlives Serve) until Stop(). Returns when every connection has
+  // closed.
+  void Serve(const ServedModel& model);
+  // The same over a model library (--models-dir): requests name their model, which is loaded on
+  // demand; /v1/models lists the library.
+  void ServeLibrary(ModelLibrary* library);
   // Refuse new generation requests with 503 (in-flight ones continue).
   void BeginShutdown() { shutting_down_.store(true); }
   // Stops accepting and ends Serve() (responses in flight get a few seconds to finish).
   void Stop();
 
   Metrics& metrics() { return metrics_; }
-  // The /v1/models entry for the served model (also used by tests).
-  nlohmann::json ModelJson() const;
+  // The /v1/models entry for a served model (also used by tests).
+  nlohmann::json ModelJson(const ServedModel& model) const;
 
  private:
   Handled Handle(const HttpRequest& req);
@@ -75,9 +80,17 @@ class HttpServer {
   HttpResponse Stats() const;
   void OnFinished(const HttpRequest& req, int status, double seconds, const std::string& note);
   Handled HandleGeneration(const HttpRequest& req, Endpoint endpoint);
+  // The model a request names (`requested`, the body's `model`; empty when absent): the served
+  // model, or a library model loaded if need be (blocks for the load: worker threads only).
+  std::variant<ModelLibrary::Lease, ApiError> ResolveModel(const std::string& requested);
+  HttpResponse ModelsList(const HttpRequest& req);
+  HttpResponse ModelDetails(const std::string& id) const;
+  nlohmann::json LibraryModelJson(const nlohmann::json& entry) const;
+  EngineStats TotalEngineStats() const;
 
   HttpConfig config_;
-  ServedModel model_;
+  const ServedModel* model_ = nullptr;  // the single served model, or null with a library
+  ModelLibrary* library_ = nullptr;
   Metrics metrics_;
   std::unique_ptr<HttpTransport> transport_;
   std::atomic<bool> shutting_down_{false};

@@ -29,10 +29,18 @@ export function missing(...paths) {
 
 // Starts `ember serve` on a free loopback port; resolves once it prints its address.
 export async function startServer(modelDir, extraArgs = []) {
-  const args = ['serve', '--model', modelDir, '--host', '127.0.0.1', '--port', '0',
-                '--served-model-name', 'test-model', ...extraArgs];
+  return spawnServer(['--model', modelDir, '--served-model-name', 'test-model', ...extraArgs]);
+}
+
+// Starts `ember serve --models-dir DIR` (a model library) the same way.
+export async function startLibraryServer(modelsDir, extraArgs = []) {
+  return spawnServer(['--models-dir', modelsDir, ...extraArgs]);
+}
+
+async function spawnServer(serveArgs) {
+  const args = ['serve', '--host', '127.0.0.1', '--port', '0', ...serveArgs];
   // stop() should not wait for a drain unless a test asks for one.
-  if (!extraArgs.includes('--shutdown-grace')) args.push('--shutdown-grace', '0');
+  if (!serveArgs.includes('--shutdown-grace')) args.push('--shutdown-grace', '0');
   const proc = spawn(emberBin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
