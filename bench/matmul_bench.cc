@@ -1,5 +1,6 @@
-// CPU matmul kernel throughput (backend/cpu/matmul.h): GFLOP/s of out = x W^T for prefill-sized
-// (n = 512) and decode-sized (n = 1) x, per weight dtype, on one or more threads. Reports the
+// CPU matmul kernel throughput (backend/cpu/matmul.h, and matmul_bf16.h's AVX512_BF16 kernel
+// where the CPU has it): GFLOP/s of out = x W^T for prefill-sized (n = 512) and decode-sized
+// (n = 1) x, per weight dtype and kernel, on one or more threads. Reports the
 // best repetition's wall-clock rate (the least disturbed one on a noisy shared machine), the
 // median, and the process-CPU-time rate.
 // usage: matmul_bench [threads] [n] [k] [m]
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_bf16.h"
 #include "util/half.h"
 
 namespace {
@@ -40,22 +42,30 @@ int main(int argc, char** argv) {
   for (uint16_t& v : wbf) v = ember::F32ToBf16(dist(rng));
   ember::cpu::ThreadPool pool(threads);
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m);
-  for (auto [name, w, dtype] : {std::tuple{"f16", static_cast<const void*>(w16.data()), ember::DType::kF16},
-                                std::tuple{"bf16", static_cast<const void*>(wbf.data()), ember::DType::kBF16}}) {
-    ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);  // warm-up
+  using Kernel = void (*)(const float*, int64_t, int64_t, const void*, ember::DType, int64_t,
+                         const float*, float*, ember::cpu::ThreadPool&);
+  std::vector<std::tuple<const char*, const void*, ember::DType, Kernel>> runs = {
+      {"f16 exact", w16.data(), ember::DType::kF16, ember::cpu::MatMul},
+      {"bf16 exact", wbf.data(), ember::DType::kBF16, ember::cpu::MatMul}};
+  if (ember::cpu::HasBf16Dot()) {
+    runs.emplace_back("f16 bf16dot", w16.data(), ember::DType::kF16, ember::cpu::MatMulBf16);
+    runs.emplace_back("bf16 bf16dot", wbf.data(), ember::DType::kBF16, ember::cpu::MatMulBf16);
+  }
+  for (auto [name, w, dtype, matmul] : runs) {
+    matmul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);  // warm-up
     // About a second of repetitions (at least 5): many short ones let the best dodge neighbours.
     const int reps = static_cast<int>(std::clamp(1e9 / flops * 40.0, 5.0, 2000.0));
     std::vector<double> times;
     const double c0 = CpuSeconds();
     for (int r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      ember::cpu::MatMul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);
+      matmul(x.data(), n, k, w, dtype, m, nullptr, out.data(), pool);
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double cpu = CpuSeconds() - c0;
     std::sort(times.begin(), times.end());
     const double best = times.front(), median = times[times.size() / 2];
-    std::printf("%-4s n=%lld k=%lld m=%lld threads=%d: best %.1f GFLOP/s (median %.1f), %.1f GFLOP/s "
+    std::printf("%-12s n=%lld k=%lld m=%lld threads=%d: best %.1f GFLOP/s (median %.1f), %.1f GFLOP/s "
                 "per CPU-second, best %.2f GB/s weights\n",
                 name, static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m),
                 threads, flops / best / 1e9, flops / median / 1e9, flops * reps / cpu / 1e9,

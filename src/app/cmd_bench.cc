@@ -154,7 +154,7 @@ Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<in
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t n = 128, reps = 5, threads = 0, depth = 0;
-  std::string p_list = "512", device = "auto", batch_invariant = "off";
+  std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact";
   bool tg_logits = false, no_overlap = false;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
@@ -178,6 +178,8 @@ int BenchCommand(int argc, char** argv, int first) {
                 "overlapped steps off)");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off: CUDA fixed-order GEMM (see ember run --help)");
+  flags.AddString("--cpu-matmul", &cpu_matmul,
+                  "exact | bf16 | auto: CPU matrix products (see ember run --help)");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
     std::fprintf(stderr, "ember bench: %s\n%s", st.message().c_str(), flags.Help().c_str());
@@ -214,6 +216,7 @@ int BenchCommand(int argc, char** argv, int first) {
   device_flags.device = device;
   device_flags.threads = threads;
   device_flags.batch_invariant = batch_invariant;
+  device_flags.cpu_matmul = cpu_matmul;
   auto opts = device_flags.LoadOptions();
   if (!opts.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());

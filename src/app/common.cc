@@ -7,6 +7,7 @@
 
 #include "util/mapped_file.h"
 
+#include "backend/backend_factory.h"
 #include "backend/cuda_loader.h"
 
 namespace ember::app {
@@ -67,6 +68,11 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                   "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
                   "slower). Default off: last-bit differences between batch sizes. The CPU "
                   "backend always is");
+  flags.AddString("--cpu-matmul", &cpu_matmul,
+                  "exact | bf16 | auto: CPU matrix products in float32 (exact, the reference) or on "
+                  "the CPU's bf16 dot-product instructions (AVX512_BF16: x and weights rounded to "
+                  "bf16, float32 sums; faster prompt processing); auto: bf16 where the CPU has it. "
+                  "Default exact");
   flags.AddInt("--max-batch", &max_batch,
                max_batch > 0
                    ? "sequences decoded together (default " + std::to_string(max_batch) + ")"
@@ -109,6 +115,12 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
   if (batch_invariant != "on" && batch_invariant != "off")
     return Status::Error("--batch-invariant must be on or off, got '" + batch_invariant + "'");
   opts.cuda_batch_invariant = batch_invariant == "on";
+  if (cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
+    return Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
+  if (cpu_matmul == "bf16" && !CpuHasBf16Dot())
+    return Status::Error("--cpu-matmul bf16: this CPU has no AVX512_BF16 instructions (use exact or "
+                         "auto)");
+  opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
   opts.num_threads = static_cast<int32_t>(threads);
   return opts;
 }

@@ -39,6 +39,7 @@ struct GenerationFlags {
 struct EngineFlags {
   std::string device = "auto";
   std::string batch_invariant = "off";
+  std::string cpu_matmul = "exact";  // --cpu-matmul exact|bf16|auto
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;
   int64_t max_model_len = 0;  // --max-model-len (alias --ctx-size); 0: the model's
   int64_t max_queue = 1024;

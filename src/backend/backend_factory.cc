@@ -1,9 +1,12 @@
 #include "backend/backend_factory.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul_bf16.h"
 #include "backend/cuda_loader.h"
 
 namespace ember {
+
+bool CpuHasBf16Dot() { return cpu::HasBf16Dot(); }
 
 Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   if (choice.device == DeviceKind::kCuda) {
@@ -15,6 +18,7 @@ Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   CpuBackendOptions cpu;
   cpu.num_threads = choice.num_threads;
   cpu.decode_graph_buckets = choice.cpu_decode_graph_buckets;
+  cpu.bf16_matmul = choice.cpu_bf16_matmul;
   return MakeCpuBackend(cpu);
 }
 

@@ -23,9 +23,14 @@ struct BackendChoice {
   // CUDA bf16: the batch-invariant GEMM too (a row's result never depends on the rest of the
   // step; slower). Attention is batch-invariant either way.
   bool cuda_batch_invariant = false;
+  // CPU: bf16 dot products for matrix products (CpuBackendOptions::bf16_matmul).
+  bool cpu_bf16_matmul = false;
   // CPU, tests: CpuBackendOptions::decode_graph_buckets (the engine pads decode steps to them).
   std::vector<int32_t> cpu_decode_graph_buckets;
 };
+
+// Whether this CPU has the bf16 dot-product instructions cpu_bf16_matmul uses (AVX512_BF16).
+bool CpuHasBf16Dot();
 
 // A new backend of the chosen kind; errors say why (no CUDA module, driver or usable device).
 Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice);

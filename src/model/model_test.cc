@@ -37,6 +37,7 @@ std::unique_ptr<Model> LoadOrDie(const std::string& dir, const std::string& conf
   opts.config_file = config_file;
   opts.device = device;
   opts.cuda_f32_compute = f32_compute;  // CUDA parity mode: f32 weights and GEMMs
+  opts.cpu_bf16_matmul = !f32_compute;  // CPU: the bf16 dot-product kernels for prefill
   auto model = Model::Load(dir, opts);
   EXPECT_TRUE(model.ok()) << model.message();
   if (!model.ok()) return nullptr;
@@ -183,14 +184,13 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
 // only where our own top-1/top-2 margin is below twice the largest absolute logit error seen on
 // that sequence's prefill (after which the continuations legitimately diverge), and not at all
 // when the golden's smallest margin over the whole generation exceeds that bound.
-class CudaBf16ParityTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(CudaBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
-  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
-  const std::string name = GetParam();
+// bf16 arithmetic (the CUDA backend's default; the CPU's --cpu-matmul bf16) against the float32
+// goldens: every position's logits within 3e-2 relative L2, and greedy steps equal wherever the
+// golden's margin is clear of twice the largest logit error seen.
+void CheckBf16Parity(const std::string& name, DeviceKind device) {
   const std::string dir = ModelDir(name);
   EMBER_REQUIRE_DIR(dir);
-  auto model = LoadOrDie(dir, "config.json", DeviceKind::kCuda, /*f32_compute=*/false);
+  auto model = LoadOrDie(dir, "config.json", device, /*f32_compute=*/false);
   ASSERT_NE(model, nullptr);
   json golden = json::parse(*ReadFileToString(dir + "/golden.json"));
   auto golden_logits = WeightStore::OpenFile(dir + "/golden_logits.safetensors");
@@ -258,6 +258,24 @@ TEST_P(CudaBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
     }
   }
 }
+
+class CudaBf16ParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CheckBf16Parity(GetParam(), DeviceKind::kCuda);
+}
+
+class CpuBf16ParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
+  if (!CpuHasBf16Dot()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  CheckBf16Parity(GetParam(), DeviceKind::kCpu);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CpuBf16ParityTest,
+                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
+                                           "mistral", "phi3", "gemma2", "gemma3"));
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_bf16.h"
 #include "backend/moe_route.h"
 #include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
@@ -137,6 +138,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendOptions& options)
       : decode_graph_buckets_(options.decode_graph_buckets) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
+    bf16_matmul_ = options.bf16_matmul && cpu::HasBf16Dot();
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
   std::vector<int32_t> DecodeGraphBuckets() const override { return decode_graph_buckets_; }
@@ -282,7 +284,7 @@ class CpuBackend final : public Backend {
     CHECK_EQ(out.rows(), n);
     CHECK_EQ(out.cols(), m);
     const float* b = bias != nullptr ? F(*bias) : nullptr;
-    cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), *pool_);
+    MatMulRows(F(x), n, k, weight.data, weight.dtype, m, b, F(out));
   }
 
   void Rope(int32_t rope_id, Tensor q, Tensor k) override {
@@ -460,6 +462,15 @@ class CpuBackend final : public Backend {
  private:
   // Threads worth waking for `work` (about one flop each): small ops stay on the caller.
   int ThreadsFor(int64_t work) const { return work < (1 << 18) ? 1 : num_threads_; }
+  // out [n, m] = x [n, k] W^T (+ bias): with bf16_matmul_, products of more than
+  // kBf16MinRows rows (prefill: compute-bound) on the bf16 kernel; fewer rows (decode:
+  // memory-bound, where the exact kernels stream the weights faster) stay exact.
+  void MatMulRows(const float* x, int64_t n, int64_t k, const void* w, DType dtype, int64_t m,
+                  const float* bias, float* out) {
+    if (bf16_matmul_ && n > kBf16MinRows)
+      return cpu::MatMulBf16(x, n, k, w, dtype, m, bias, out, *pool_);
+    cpu::MatMul(x, n, k, w, dtype, m, bias, out, *pool_);
+  }
   static constexpr int64_t kElementChunk = 4096;  // elementwise ops: floats per work item (mult. of 8)
 
   static void NormRow(const float* x, const float* w, int64_t d, float eps, RmsNormKind kind,
@@ -474,7 +485,9 @@ class CpuBackend final : public Backend {
     }
   }
 
+  static constexpr int64_t kBf16MinRows = 8;
   int32_t num_threads_ = 1;
+  bool bf16_matmul_ = false;
   std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
   std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
   const BatchPlan* plan_ = nullptr;
@@ -569,7 +582,7 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
     // out [r, m] = moe rows x [r, k] times part w (+ bias), as stored: a plain or MXFP4 matrix.
     auto matmul = [&](const float* xs, int64_t k, const Tensor& w,
                       const std::vector<Tensor>& scales, int64_t m, const float* b, float* o) {
-      if (!mxfp4) return cpu::MatMul(xs, r, k, w.data, w.dtype, m, b, o, *pool_);
+      if (!mxfp4) return MatMulRows(xs, r, k, w.data, w.dtype, m, b, o);
       const Tensor& sc = scales[static_cast<size_t>(e)];
       CHECK(w.dtype == DType::kU8 && sc.dtype == DType::kU8 && sc.rows() == m &&
             sc.cols() * 32 == k)

@@ -1,9 +1,10 @@
 // The CPU backend: the reference implementation of backend.h (float32 arithmetic over
-// f32/f16/bf16 weights read straight from the checkpoint mapping), AVX2+FMA+F16C kernels,
+// f32/f16/bf16 weights read straight from the checkpoint mapping; optionally bf16 dot products
+// for the matrix products, CpuBackendOptions::bf16_matmul), AVX2+FMA+F16C kernels,
 // spread over cores by its own thread pool (cpu/thread_pool.h). Matrix weights are never copied (UploadWeight keeps the pointer, which
 // must outlive the backend); 1-D weights (norms, biases) are converted to small f32 copies.
 // Every op computes each output row independently of the other rows of the batch, in a fixed
-// order, so results are bitwise batch-invariant. Not thread-safe: one driving thread.
+// order, so results are bitwise batch-invariant (unless bf16_matmul is on). Not thread-safe: one driving thread.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,11 @@ namespace ember {
 
 struct CpuBackendOptions {
   int32_t num_threads = 0;  // 0: all cores
+  // Prefill-sized matrix products (more than 8 rows) of f32/f16/bf16 weights on AVX512_BF16
+  // (cpu/matmul_bf16.h: x and W rounded to bf16, f32 sums) instead of the exact float32 kernels;
+  // decode-sized ones, MXFP4 experts and MoE routers stay exact. A row's result then depends on
+  // how many rows its step has (not batch-invariant). Ignored (exact) on CPUs without it.
+  bool bf16_matmul = false;
   // Tests: the row counts DecodeGraphBuckets reports (ascending). The CPU captures no graphs, so
   // this only makes the engine pad its decode steps as it does for a GPU, where CI can run it.
   std::vector<int32_t> decode_graph_buckets;
