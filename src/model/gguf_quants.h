@@ -71,4 +71,9 @@ std::string DequantizableTypeNames();
 // blocks (naming the type and its block size) or the byte count overflows.
 Result<uint64_t> GgmlRowBytes(GgmlType type, int64_t num_elements);
 
+// Dequantizes `num_elements` elements (a whole number of blocks) of `type` at `src` into `dst`.
+// `src` needs no alignment. CHECKs that the type is dequantizable and the count is whole blocks:
+// callers validate files first (GgufFile::Open refuses other types and partial blocks).
+void DequantizeRow(GgmlType type, const void* src, int64_t num_elements, float* dst);
+
 }  // namespace ember
