@@ -95,6 +95,24 @@ uint64_t LoadScalar(const uint8_t* p, uint64_t width) {
   return bits;
 }
 
+// A key or tensor name from the file as error messages show it: printable ASCII kept, other
+// bytes as \xNN, at most 120 characters (a corrupt file can hold anything there).
+std::string Printable(std::string_view name) {
+  constexpr size_t kMaxShown = 120;
+  std::string out;
+  for (size_t i = 0; i < name.size() && i < kMaxShown; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+    }
+  }
+  if (name.size() > kMaxShown) out += "...";
+  return out;
+}
+
 uint64_t AlignUp(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
@@ -235,7 +253,7 @@ class GgufParser {
     std::string_view key_view;
     EMBER_RETURN_IF_ERROR(ReadString(&key_view, where + " key"));
     std::string key(key_view);
-    const std::string what = "metadata key '" + key + "'";
+    const std::string what = "metadata key '" + Printable(key) + "'";
     if (file_.values_.count(key) != 0) return Error(what + " appears twice");
     uint32_t type_id = 0;
     EMBER_RETURN_IF_ERROR(Read(&type_id, what + " type"));
@@ -314,7 +332,7 @@ class GgufParser {
     EMBER_RETURN_IF_ERROR(ReadString(&name_view, "tensor info #" + std::to_string(index) + " name"));
     GgufTensorInfo info;
     info.name = std::string(name_view);
-    const std::string what = "tensor '" + info.name + "'";
+    const std::string what = "tensor '" + Printable(info.name) + "'";
     if (file_.tensor_index_.count(info.name) != 0) return Error(what + " appears twice");
     uint32_t num_dims = 0;
     EMBER_RETURN_IF_ERROR(Read(&num_dims, what + " dimension count"));
@@ -383,7 +401,7 @@ class GgufParser {
     const uint64_t data_bytes =
         file_.data_offset_ <= bytes_.size() ? bytes_.size() - file_.data_offset_ : 0;
     for (GgufTensorInfo& info : file_.tensors_) {
-      const std::string what = "tensor '" + info.name + "'";
+      const std::string what = "tensor '" + Printable(info.name) + "'";
       if (info.offset % alignment != 0) {
         return Error(what + " data offset " + std::to_string(info.offset) +
                      " is not a multiple of the alignment " + std::to_string(alignment));
@@ -408,8 +426,9 @@ class GgufParser {
       const GgufTensorInfo& prev = tensors[order[i - 1]];
       const GgufTensorInfo& cur = tensors[order[i]];
       if (prev.nbytes > 0 && cur.nbytes > 0 && prev.offset + prev.nbytes > cur.offset) {
-        return Error("tensor '" + cur.name + "' (data offset " + std::to_string(cur.offset) +
-                     ") overlaps tensor '" + prev.name + "' (data offset " +
+        return Error("tensor '" + Printable(cur.name) + "' (data offset " +
+                     std::to_string(cur.offset) + ") overlaps tensor '" + Printable(prev.name) +
+                     "' (data offset " +
                      std::to_string(prev.offset) + ", " + std::to_string(prev.nbytes) +
                      " bytes)");
       }

@@ -245,6 +245,16 @@ TEST(GgufValidation, UnknownNestedAndDuplicateKeys) {
   EXPECT_HAS(ParseError(d.Build()), "metadata key 'general.name' appears twice");
 }
 
+TEST(GgufValidation, NamesFromTheFileAreEscapedInErrors) {
+  GgufBuilder b;
+  b.String("bad\nkey\xff", "a").String("bad\nkey\xff", "b");
+  EXPECT_HAS(ParseError(b.Build()), "metadata key 'bad\\x0akey\\xff' appears twice");
+  GgufBuilder t;
+  t.AddTensor(std::string(300, 'w'), {8}, GgmlType::kF32);
+  t.tensors[0].type_id = 1000;
+  EXPECT_HAS(ParseError(t.Build()), "tensor '" + std::string(120, 'w') + "...' has unknown");
+}
+
 TEST(GgufValidation, Alignment) {
   GgufBuilder ok;
   ok.alignment = 64;
