@@ -176,6 +176,14 @@ int ServeCommand(int argc, char** argv, int first) {
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
   served.tool_format = parsers->tools;
   served.reasoning_format = parsers->reasoning;
+  served.embeddings = serve::ReadEmbeddingSupport(model_dir);
+  if (served.embeddings.available) {
+    LOG_INFO << "embeddings: " << PoolingKindName(served.embeddings.pooling.kind) << " pooling"
+             << (served.embeddings.pooling.normalize ? ", L2-normalized" : "") << " ("
+             << served.embeddings.source << ")";
+  } else {
+    LOG_WARN << "embeddings unavailable: " << served.embeddings.unavailable_reason;
+  }
 
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), *bound);
   std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "

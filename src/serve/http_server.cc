@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "serve/generation_job.h"
+#include "serve/utility_routes.h"
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
 #include "util/log.h"
@@ -74,7 +75,8 @@ bool IsReadRoute(const std::string& path) {
 }
 
 std::string RouteLabel(const std::string& path) {
-  if (IsGenerationRoute(path) || IsReadRoute(path)) return IsModelPath(path) ? "/v1/models" : path;
+  if (IsGenerationRoute(path) || IsReadRoute(path) || IsUtilityRoute(path))
+    return IsModelPath(path) ? "/v1/models" : path;
   return "other";
 }
 
@@ -177,7 +179,7 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
   // Everything but a generation is answered from memory.
   hooks.cheap = [](const HttpRequest& req) {
-    return !(req.method == "POST" && IsGenerationRoute(req.path));
+    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)));
   };
   hooks.error = [](int status, const std::string& message, const std::string& code) {
     return ErrorResponse(ApiError{status, message,
@@ -255,7 +257,9 @@ void HttpServer::AddCorsHeaders(const HttpRequest& req, HttpResponse* res) const
 HttpResponse HttpServer::Preflight(const HttpRequest& req) const {
   HttpResponse res;
   res.status = 204;
-  const std::string methods = IsGenerationRoute(req.path) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+  const std::string methods = IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)
+                                  ? "POST, OPTIONS"
+                                  : "GET, HEAD, OPTIONS";
   res.headers.emplace_back("Allow", methods);
   if (!config_.cors_origin.empty() && req.HasHeader("origin")) {
     res.headers.emplace_back("Access-Control-Allow-Methods", methods);
@@ -319,7 +323,7 @@ json HttpServer::ModelJson() const {
       {"structured_output", model_.token_texts != nullptr},
       {"response_formats", model_.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})
                                                          : json::array({"text"})},
-      {"embeddings", false},
+      {"embeddings", model_.embeddings.available},
       {"vision", false},
       {"audio", false},
       {"prefix_caching", true},
@@ -391,17 +395,22 @@ Handled HttpServer::Handle(const HttpRequest& req) {
 Handled HttpServer::Route(const HttpRequest& req) {
   const std::string& path = req.path;
   const bool generation = IsGenerationRoute(path);
-  if (!generation && !IsReadRoute(path))
+  const bool utility = IsUtilityRoute(path);  // /v1/embeddings, /tokenize, /detokenize, /version
+  if (!generation && !utility && !IsReadRoute(path))
     return {ErrorResponse(ApiError{404, "Unknown path " + LoggablePath(path),
                                    "invalid_request_error", "", "not_found"}),
             nullptr};
   if (req.method == "OPTIONS") return {Preflight(req), nullptr};
   const bool get = req.method == "GET" || req.method == "HEAD";
-  if (generation ? req.method != "POST" : !get) {
+  if (generation || IsUtilityPostRoute(path) ? req.method != "POST" : !get) {
     return {ErrorResponse(ApiError{405, "Method " + LoggablePath(req.method) +
                                             " is not allowed on " + LoggablePath(path),
                                    "invalid_request_error", "", "method_not_allowed"}),
             nullptr};
+  }
+  if (utility) {
+    if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
+    return HandleUtilityRoute(model_, req, shutting_down_.load());
   }
   if (generation)
     return HandleGeneration(req, path == "/v1/chat/completions" ? Endpoint::kChat
