@@ -197,12 +197,12 @@ void CheckGoldenBatch(const std::string& name, int32_t step_tokens) {
     ASSERT_EQ(ref->nbytes, prompt.size() * static_cast<size_t>(dim) * 4);
     const auto* rows = static_cast<const float*>(ref->data);
     for (const PoolingSpec& spec : kSpecs) {
-      pending.push_back({seq_name + "/" + PoolingKindName(spec.kind) +
-                             (spec.normalize ? "+norm" : ""),
-                         SubmitOrFail(**engine, EmbedRequest(prompt, spec)),
-                         ReferencePool(rows, static_cast<int64_t>(prompt.size()), dim, spec),
-                         spec.normalize,
-                         {}});
+      pending.push_back(
+          {seq_name + "/" + PoolingKindName(spec.kind) + (spec.normalize ? "+norm" : ""),
+           SubmitOrFail(**engine, EmbedRequest(prompt, spec)),
+           ReferencePool(rows, static_cast<int64_t>(prompt.size()), dim, spec),
+           spec.normalize,
+           {}});
     }
     if (!golden.json["greedy"].contains(seq_name)) continue;
     GenerationRequest gen;
@@ -269,8 +269,7 @@ TEST(EmbeddingEngineTest, PrefixCacheHitsPoolTheSameBits) {
     ASSERT_TRUE(fresh.ok());
     auto cold_engine = Engine::Create(fresh->get(), EngineConfig{});
     ASSERT_TRUE(cold_engine.ok());
-    const Embedded cold =
-        Collect(SubmitOrFail(**cold_engine, EmbedRequest(prompt, {kind, true})));
+    const Embedded cold = Collect(SubmitOrFail(**cold_engine, EmbedRequest(prompt, {kind, true})));
     ASSERT_EQ(cold.usage.cached_tokens, 0);
     // A generating request commits the prompt's full blocks; then the embedding request.
     GenerationRequest gen;

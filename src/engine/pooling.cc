@@ -9,10 +9,14 @@ namespace ember {
 
 const char* PoolingKindName(PoolingKind kind) {
   switch (kind) {
-    case PoolingKind::kNone: return "none";
-    case PoolingKind::kLastToken: return "last";
-    case PoolingKind::kMean: return "mean";
-    case PoolingKind::kCls: return "cls";
+    case PoolingKind::kNone:
+      return "none";
+    case PoolingKind::kLastToken:
+      return "last";
+    case PoolingKind::kMean:
+      return "mean";
+    case PoolingKind::kCls:
+      return "cls";
   }
   return "none";
 }
@@ -26,10 +30,17 @@ PositionRange PooledPositions(PoolingKind kind, int32_t prompt_len, int32_t firs
   const int32_t end = std::min(first_pos + num_rows, prompt_len);
   PositionRange wanted;  // the positions pooling reads over the whole prompt
   switch (kind) {
-    case PoolingKind::kNone: return {};
-    case PoolingKind::kLastToken: wanted = {prompt_len - 1, prompt_len}; break;
-    case PoolingKind::kMean: wanted = {0, prompt_len}; break;
-    case PoolingKind::kCls: wanted = {0, 1}; break;
+    case PoolingKind::kNone:
+      return {};
+    case PoolingKind::kLastToken:
+      wanted = {prompt_len - 1, prompt_len};
+      break;
+    case PoolingKind::kMean:
+      wanted = {0, prompt_len};
+      break;
+    case PoolingKind::kCls:
+      wanted = {0, 1};
+      break;
   }
   const int32_t begin = std::max(first_pos, wanted.begin);
   const int32_t stop = std::min(end, wanted.end);

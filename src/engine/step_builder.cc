@@ -127,7 +127,8 @@ void StepBuilder::AddHiddenRows(StepBatch& step) {
     run.first_pos = pooled.begin;
     run.num_rows = pooled.size();
     run.first_row = step.num_hidden_rows;
-    const int32_t first_plan_row = batch.seqs[i].query_start + pooled.begin - seq.num_computed_tokens;
+    const int32_t first_plan_row =
+        batch.seqs[i].query_start + (pooled.begin - seq.num_computed_tokens);
     for (int32_t r = 0; r < run.num_rows; ++r) batch.logits_rows.push_back(first_plan_row + r);
     step.num_hidden_rows += run.num_rows;
     step.hidden_runs.push_back(run);

@@ -26,8 +26,9 @@ namespace ember {
 
 // One step from its build to its completion. Logits rows: first one per sampled sequence (in
 // scheduled order: rows [0, real_rows)), then a decode step's padding rows, then the
-// prompt-logprobs rows (prompt_rows), then the hidden-state rows (hidden_runs). A StepBatch may be moved while in flight: the spans the
-// backend holds point into its vectors' heap buffers, which a move keeps.
+// prompt-logprobs rows (prompt_rows), then the hidden-state rows (hidden_runs). A StepBatch may be
+// moved while in flight: the spans the backend holds point into its vectors' heap buffers, which a
+// move keeps.
 struct StepBatch {
   std::vector<ScheduledSequence> scheduled;  // the StepPlan's, in row order
   BatchPlan batch;

@@ -4,7 +4,9 @@ namespace ember::serve {
 
 namespace {
 
-std::string TypeName(const RequestJson& v) { return v.type_name(); }
+std::string TypeName(const RequestJson& v) {
+  return v.type_name();
+}
 
 ApiError WrongType(const std::string& name, const char* want, const RequestJson& v) {
   return InvalidRequest(name + ": expected " + want + ", got " + TypeName(v), name, "invalid_type");
@@ -19,8 +21,7 @@ FieldError CheckFields(const RequestJson& body, std::initializer_list<const char
   for (const auto& [key, value] : body.items()) {
     bool ok = false;
     for (const char* k : known) ok |= key == k;
-    if (!ok)
-      return InvalidRequest("unknown field '" + key + "'", key, "unknown_field");
+    if (!ok) return InvalidRequest("unknown field '" + key + "'", key, "unknown_parameter");
   }
   return std::nullopt;
 }
@@ -33,8 +34,7 @@ FieldError ReadBool(const RequestJson& body, const char* name, std::optional<boo
   return std::nullopt;
 }
 
-FieldError ReadString(const RequestJson& body, const char* name,
-                      std::optional<std::string>* out) {
+FieldError ReadString(const RequestJson& body, const char* name, std::optional<std::string>* out) {
   const auto it = body.find(name);
   if (it == body.end()) return std::nullopt;
   if (!it->is_string()) return WrongType(name, "a string", *it);
@@ -63,9 +63,9 @@ FieldError CheckTokenId(const RequestJson& v, const std::string& path, const std
   if (!v.is_number_integer())
     return InvalidRequest(path + ": expected a token id (an integer), got " + TypeName(v), param,
                           "invalid_type");
-  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
-                                               : v.get<int64_t>() >= 0 &&
-                                                     v.get<int64_t>() < vocab_size;
+  const bool in_range = v.is_number_unsigned()
+                            ? v.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                            : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size;
   if (!in_range)
     return InvalidRequest(path + ": token id " + v.dump() + " is outside the vocabulary [0, " +
                               std::to_string(vocab_size) + ")",
@@ -77,9 +77,9 @@ FieldError CheckTokenId(const RequestJson& v, const std::string& path, const std
 FieldError CheckServedModelName(const std::optional<std::string>& model,
                                 const std::string& served_name) {
   if (!model || model->empty() || *model == served_name) return std::nullopt;
-  return ApiError{404, "The model '" + *model + "' does not exist; this server serves '" +
-                           served_name + "'",
-                  "invalid_request_error", "model", "model_not_found"};
+  return ApiError{
+      404, "The model '" + *model + "' does not exist; this server serves '" + served_name + "'",
+      "invalid_request_error", "model", "model_not_found"};
 }
 
 }  // namespace ember::serve

@@ -37,15 +37,15 @@ Result<PoolingKind> PoolingModeOf(const json& config, const std::string& path) {
     const auto it = config.find(key);
     return it != config.end() && it->is_boolean() && it->get<bool>();
   };
-  for (const char* unsupported :
-       {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens"}) {
+  for (const char* unsupported : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                                  "pooling_mode_weightedmean_tokens"}) {
     if (on(unsupported)) return Status::Error(path + ": " + unsupported + " is not supported");
   }
   const bool last = on("pooling_mode_lasttoken"), mean = on("pooling_mode_mean_tokens"),
              cls = on("pooling_mode_cls_token");
   if (last + mean + cls != 1)
-    return Status::Error(path + ": exactly one of pooling_mode_lasttoken, "
+    return Status::Error(path +
+                         ": exactly one of pooling_mode_lasttoken, "
                          "pooling_mode_mean_tokens, pooling_mode_cls_token must be true");
   return last ? PoolingKind::kLastToken : mean ? PoolingKind::kMean : PoolingKind::kCls;
 }

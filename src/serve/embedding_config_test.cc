@@ -32,7 +32,8 @@ class EmbeddingConfigTest : public ::testing::Test {
         R"([{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},)"
         R"({"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"})";
     if (normalize)
-      modules += R"(,{"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.models.Normalize"})";
+      modules +=
+          R"(,{"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.models.Normalize"})";
     modules += extra_module + "]";
     Write("modules.json", modules);
   }
@@ -81,7 +82,9 @@ TEST_F(EmbeddingConfigTest, RefusesWhatItCannotRunNamingIt) {
   EXPECT_NE(s.unavailable_reason.find("exactly one"), std::string::npos);
 
   Write("1_Pooling/config.json", R"({"pooling_mode_mean_tokens": true})");
-  WriteModules(true, R"(,{"idx":3,"name":"3","path":"3_Dense","type":"sentence_transformers.models.Dense"})");
+  WriteModules(
+      true,
+      R"(,{"idx":3,"name":"3","path":"3_Dense","type":"sentence_transformers.models.Dense"})");
   s = Read();
   EXPECT_FALSE(s.available);
   EXPECT_NE(s.unavailable_reason.find("sentence_transformers.models.Dense"), std::string::npos);

@@ -24,7 +24,9 @@ HttpResponse JsonBody(int status, const json& body) {
   return res;
 }
 
-std::string At(size_t i) { return "input[" + std::to_string(i) + "]"; }
+std::string At(size_t i) {
+  return "input[" + std::to_string(i) + "]";
+}
 
 // One element of an `input` array of ids: a list of token ids.
 FieldError ReadIds(const RequestJson& v, const std::string& path, int32_t vocab,
@@ -44,7 +46,8 @@ FieldError ReadIds(const RequestJson& v, const std::string& path, int32_t vocab,
 FieldError ReadInputs(const ServedModel& model, const RequestJson& body,
                       std::vector<std::vector<int32_t>>* inputs) {
   const auto it = body.find("input");
-  if (it == body.end()) return InvalidRequest("input: required", "input", "missing_field");
+  if (it == body.end())
+    return InvalidRequest("input: required", "input", "missing_required_parameter");
   const RequestJson& input = *it;
   const auto encode = [&](const RequestJson& text, const std::string& path) -> FieldError {
     if (text.get_ref<const std::string&>().empty())
@@ -55,9 +58,11 @@ FieldError ReadInputs(const ServedModel& model, const RequestJson& body,
   };
   if (input.is_string()) return encode(input, "input");
   if (!input.is_array())
-    return InvalidRequest("input: expected a string, an array of strings, an array of token ids "
-                          "or an array of arrays of token ids, got " + std::string(input.type_name()),
-                          "input", "invalid_type");
+    return InvalidRequest(
+        "input: expected a string, an array of strings, an array of token ids "
+        "or an array of arrays of token ids, got " +
+            std::string(input.type_name()),
+        "input", "invalid_type");
   if (input.empty()) return InvalidRequest("input: must hold at least one input", "input");
   if (input.size() > kMaxEmbeddingInputs)
     return InvalidRequest("input: at most " + std::to_string(kMaxEmbeddingInputs) +
@@ -76,8 +81,10 @@ FieldError ReadInputs(const ServedModel& model, const RequestJson& body,
       inputs->emplace_back();
       if (auto e = ReadIds(item, At(i), vocab, &inputs->back())) return e;
     } else {
-      return InvalidRequest(At(i) + ": every element must be of one kind (strings, or arrays of "
-                            "token ids), got " + std::string(item.type_name()),
+      return InvalidRequest(At(i) +
+                                ": every element must be of one kind (strings, or arrays of "
+                                "token ids), got " +
+                                std::string(item.type_name()),
                             "input", "invalid_type");
     }
   }
@@ -115,8 +122,11 @@ class EmbeddingResponse final : public AsyncResponse {
  public:
   EmbeddingResponse(const ServedModel& model, EmbeddingRequest request,
                     std::vector<std::shared_ptr<ResponseStream>> streams)
-      : model_(model), request_(std::move(request)), streams_(std::move(streams)),
-        vectors_(streams_.size()), closed_(streams_.size(), false) {
+      : model_(model),
+        request_(std::move(request)),
+        streams_(std::move(streams)),
+        vectors_(streams_.size()),
+        closed_(streams_.size(), false) {
     for (const auto& ids : request_.inputs) prompt_tokens_ += static_cast<int64_t>(ids.size());
   }
   ~EmbeddingResponse() override {
@@ -151,16 +161,16 @@ class EmbeddingResponse final : public AsyncResponse {
                                  .ToJson());
       if (request_.dimensions) vectors_[i] = TruncateEmbedding(vectors_[i], *request_.dimensions);
     }
-    return JsonBody(200, EmbeddingsResponse(model_.name, vectors_, request_.base64,
-                                            prompt_tokens_));
+    return JsonBody(200,
+                    EmbeddingsResponse(model_.name, vectors_, request_.base64, prompt_tokens_));
   }
   void Abort() override {
     for (size_t i = 0; i < streams_.size(); ++i)
       if (!closed_[i]) streams_[i]->Cancel();
   }
   std::string LogNote() const override {
-    return "tokens=" + std::to_string(prompt_tokens_) + "+0 inputs=" +
-           std::to_string(streams_.size());
+    return "tokens=" + std::to_string(prompt_tokens_) +
+           "+0 inputs=" + std::to_string(streams_.size());
   }
 
  private:
@@ -197,21 +207,22 @@ std::variant<EmbeddingRequest, ApiError> PrepareEmbeddings(const ServedModel& mo
   if (auto e = ReadString(body, "user", &user)) return *e;  // accepted, not used
   if (auto e = ReadString(body, "encoding_format", &format)) return *e;
   if (format && *format != "float" && *format != "base64")
-    return InvalidRequest("encoding_format: must be \"float\" or \"base64\", got \"" + *format +
-                              "\"",
-                          "encoding_format");
+    return InvalidRequest(
+        "encoding_format: must be \"float\" or \"base64\", got \"" + *format + "\"",
+        "encoding_format");
   if (!model.embeddings.available)
-    return InvalidRequest("the model '" + model.name + "' cannot serve embeddings: " +
-                              model.embeddings.unavailable_reason,
+    return InvalidRequest("the model '" + model.name +
+                              "' cannot serve embeddings: " + model.embeddings.unavailable_reason,
                           "model", "embeddings_unavailable");
   const int32_t hidden = model.engine->model().config().hidden_size;
   std::optional<int64_t> dimensions;
   if (auto e = ReadInt(body, "dimensions", 1, hidden, &dimensions)) return *e;
   if (dimensions && !model.embeddings.pooling.normalize)
-    return InvalidRequest("dimensions: this model's embeddings are not normalized (its pooling "
-                          "config has no Normalize module), so a truncated vector would not be "
-                          "what the model was trained to give; omit dimensions",
-                          "dimensions", "unsupported_value");
+    return InvalidRequest(
+        "dimensions: this model's embeddings are not normalized (its pooling "
+        "config has no Normalize module), so a truncated vector would not be "
+        "what the model was trained to give; omit dimensions",
+        "dimensions", "unsupported_value");
   EmbeddingRequest out;
   out.base64 = format.value_or("float") == "base64";
   if (dimensions) out.dimensions = static_cast<int32_t>(*dimensions);
@@ -266,7 +277,8 @@ Handled HandleEmbeddings(const ServedModel& model, const HttpRequest& req, bool 
     return Handled{JsonBody(e.http_status, e.ToJson()), nullptr};
   };
   if (shutting_down)
-    return refuse(ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"});
+    return refuse(
+        ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"});
   Result<RequestJson> body = ParseOrderedJsonBounded(req.body, kMaxBodyDepth);
   if (!body.ok())
     return refuse(InvalidRequest("the request body is not valid JSON (UTF-8): " + body.message(),

@@ -32,9 +32,10 @@ std::variant<bool, ApiError> AddSpecial(const RequestJson& body, bool fallback) 
   if (auto e = ReadBool(body, "add_special", &llama)) return *e;
   if (auto e = ReadBool(body, "add_special_tokens", &vllm)) return *e;
   if (llama && vllm)
-    return InvalidRequest("add_special and add_special_tokens: give one of them (llama.cpp's or "
-                          "vLLM's name), not both",
-                          "add_special_tokens");
+    return InvalidRequest(
+        "add_special and add_special_tokens: give one of them (llama.cpp's or "
+        "vLLM's name), not both",
+        "add_special_tokens");
   return llama.value_or(vllm.value_or(fallback));
 }
 
@@ -46,8 +47,9 @@ struct Rendered {
 };
 std::variant<Rendered, ApiError> RenderMessages(const ServedModel& model, const RequestJson& body) {
   if (model.chat_template == nullptr || !model.chat_template->has_template())
-    return InvalidRequest("the model '" + model.name + "' has no chat template: tokenize text "
-                          "with \"content\" or \"prompt\" instead",
+    return InvalidRequest("the model '" + model.name +
+                              "' has no chat template: tokenize text "
+                              "with \"content\" or \"prompt\" instead",
                           "messages", "no_chat_template");
   std::optional<bool> add_generation_prompt, continue_final;
   if (auto e = ReadBool(body, "add_generation_prompt", &add_generation_prompt)) return *e;
@@ -66,9 +68,9 @@ std::variant<Rendered, ApiError> RenderMessages(const ServedModel& model, const 
       req.messages, req.tools, add_generation_prompt.value_or(true), req.chat_template_kwargs,
       *protect);
   if (!rendered.ok())
-    return InvalidRequest("the chat template failed to render these messages: " +
-                              rendered.message(),
-                          "messages", "template_error");
+    return InvalidRequest(
+        "the chat template failed to render these messages: " + rendered.message(), "messages",
+        "template_error");
   return Rendered{rendered->text, rendered->client_spans};
 }
 
@@ -80,8 +82,7 @@ bool IsValidUtf8(const std::string& s) {
       continue;
     }
     Utf8Lead lead;
-    if (!ParseUtf8Lead(b, &lead) || i + lead.continuations >= s.size())
-      return false;
+    if (!ParseUtf8Lead(b, &lead) || i + lead.continuations >= s.size()) return false;
     for (int k = 1; k <= lead.continuations; ++k) {
       const auto c = static_cast<uint8_t>(s[i + k]);
       const uint8_t lo = k == 1 ? lead.first_lo : 0x80, hi = k == 1 ? lead.first_hi : 0xBF;
@@ -114,10 +115,10 @@ bool IsUtilityRoute(const std::string& path) {
 }
 
 std::variant<json, ApiError> Tokenize(const ServedModel& model, const RequestJson& body) {
-  if (auto e = CheckFields(body, {"content", "prompt", "messages", "model", "add_special",
-                                  "add_special_tokens", "parse_special", "with_pieces",
-                                  "return_token_strs", "add_generation_prompt",
-                                  "continue_final_message", "tools", "chat_template_kwargs"}))
+  if (auto e = CheckFields(
+          body, {"content", "prompt", "messages", "model", "add_special", "add_special_tokens",
+                 "parse_special", "with_pieces", "return_token_strs", "add_generation_prompt",
+                 "continue_final_message", "tools", "chat_template_kwargs"}))
     return *e;
   std::optional<std::string> name, content, prompt;
   if (auto e = ReadString(body, "model", &name)) return *e;
@@ -127,9 +128,12 @@ std::variant<json, ApiError> Tokenize(const ServedModel& model, const RequestJso
   const bool chat = body.contains("messages");
   if (static_cast<int>(content.has_value()) + prompt.has_value() + chat != 1)
     return InvalidRequest("give exactly one of content (llama.cpp), prompt or messages (vLLM)",
-                          content ? "content" : prompt ? "prompt" : "messages", "missing_field");
-  for (const char* chat_only : {"add_generation_prompt", "continue_final_message", "tools",
-                                "chat_template_kwargs"})
+                          content  ? "content"
+                          : prompt ? "prompt"
+                                   : "messages",
+                          "missing_required_parameter");
+  for (const char* chat_only :
+       {"add_generation_prompt", "continue_final_message", "tools", "chat_template_kwargs"})
     if (!chat && body.contains(chat_only))
       return InvalidRequest(std::string(chat_only) + ": only with messages", chat_only);
   std::optional<bool> parse_special, with_pieces, token_strs;
@@ -181,11 +185,12 @@ std::variant<json, ApiError> Detokenize(const ServedModel& model, const RequestJ
   std::optional<bool> skip_special;
   if (auto e = ReadBool(body, "skip_special_tokens", &skip_special)) return *e;
   const auto it = body.find("tokens");
-  if (it == body.end()) return InvalidRequest("tokens: required", "tokens", "missing_field");
+  if (it == body.end())
+    return InvalidRequest("tokens: required", "tokens", "missing_required_parameter");
   if (!it->is_array())
-    return InvalidRequest("tokens: expected an array of token ids, got " +
-                              std::string(it->type_name()),
-                          "tokens", "invalid_type");
+    return InvalidRequest(
+        "tokens: expected an array of token ids, got " + std::string(it->type_name()), "tokens",
+        "invalid_type");
   std::vector<int32_t> ids;
   ids.reserve(it->size());
   const int32_t vocab = std::max(model.tokenizer->vocab_size(), model.vocab_size);
@@ -210,7 +215,8 @@ Handled HandleUtilityRoute(const ServedModel& model, const HttpRequest& req, boo
     return {JsonBody(e.http_status, e.ToJson()), nullptr};
   }
   auto answer = req.path == kTokenize ? Tokenize(model, *body) : Detokenize(model, *body);
-  if (auto* e = std::get_if<ApiError>(&answer)) return {JsonBody(e->http_status, e->ToJson()), nullptr};
+  if (auto* e = std::get_if<ApiError>(&answer))
+    return {JsonBody(e->http_status, e->ToJson()), nullptr};
   return {JsonBody(200, std::get<json>(answer)), nullptr};
 }
 

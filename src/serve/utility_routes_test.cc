@@ -92,7 +92,8 @@ TEST_F(UtilityRoutesTest, TokenizeUnderBothServersFieldNames) {
   // parse_special false: special-token text is ordinary text.
   r = Ok(Tokenize(served_, RequestJson{{"content", "<|start_story|>Once"}}));
   EXPECT_EQ(r["tokens"][0], kBos);
-  r = Ok(Tokenize(served_, RequestJson{{"content", "<|start_story|>Once"}, {"parse_special", false}}));
+  r = Ok(
+      Tokenize(served_, RequestJson{{"content", "<|start_story|>Once"}, {"parse_special", false}}));
   EXPECT_NE(r["tokens"][0], kBos);
   // with_pieces: {id, piece}; the pieces spell the text (SentencePiece's leading space too).
   r = Ok(Tokenize(served_, RequestJson{{"content", "Once upon"}, {"with_pieces", true}}));
@@ -113,16 +114,18 @@ TEST_F(UtilityRoutesTest, TokenizeRefusesBadFieldsNamingThem) {
   EXPECT_EQ(Param(Tokenize(served_, RequestJson::object())), "messages");
   EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"content", "a"}, {"add_special", "yes"}})),
             "add_special");
-  EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"content", "a"}, {"add_special", true},
+  EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"content", "a"},
+                                                {"add_special", true},
                                                 {"add_special_tokens", true}})),
             "add_special_tokens");
   EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"content", "a"}, {"tools", json::array()}})),
             "tools");
   EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"content", "a"}, {"model", "other"}})), "model");
   // No chat template: the chat form is refused naming messages.
-  EXPECT_EQ(Param(Tokenize(served_, RequestJson{{"messages", json::array({{{"role", "user"},
-                                                                           {"content", "hi"}}})}})),
-            "messages");
+  EXPECT_EQ(
+      Param(Tokenize(served_, RequestJson{{"messages",
+                                           json::array({{{"role", "user"}, {"content", "hi"}}})}})),
+      "messages");
   EXPECT_EQ(Param(Tokenize(served_, RequestJson(json::array()))), "");
 }
 
@@ -167,8 +170,11 @@ TEST(UtilityRoutesQwen3Test, DetokenizeSkipsSpecialTokensWhenAsked) {
 
 TEST_F(UtilityRoutesTest, EmbeddingsRefuseBadFieldsNamingThem) {
   EXPECT_EQ(EmbedParam({{"input", "hello"}}), "(ok)");
-  EXPECT_EQ(EmbedParam({{"input", {"a", "b"}}, {"encoding_format", "base64"}, {"user", "u"},
-                        {"dimensions", 8}, {"model", "tiny"}}),
+  EXPECT_EQ(EmbedParam({{"input", {"a", "b"}},
+                        {"encoding_format", "base64"},
+                        {"user", "u"},
+                        {"dimensions", 8},
+                        {"model", "tiny"}}),
             "(ok)");
   EXPECT_EQ(EmbedParam({{"input", {5, 6, 7}}}), "(ok)");
   EXPECT_EQ(EmbedParam({{"input", {{5, 6}, {7}}}}), "(ok)");
@@ -189,8 +195,9 @@ TEST_F(UtilityRoutesTest, EmbeddingsRefuseBadFieldsNamingThem) {
   EXPECT_EQ(EmbedParam({{"input", "a"}, {"max_tokens", 1}}), "max_tokens");
   // An input longer than the served context is named by its index.
   auto r = PrepareEmbeddings(
-      served_, RequestJson{{"input", {json::array({5}), std::vector<int32_t>(
-                                                           served_.context_length + 1, 5)}}});
+      served_,
+      RequestJson{
+          {"input", {json::array({5}), std::vector<int32_t>(served_.context_length + 1, 5)}}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_EQ(std::get<ApiError>(r).param, "input");
   EXPECT_NE(std::get<ApiError>(r).message.find("input[1]"), std::string::npos);
@@ -203,7 +210,7 @@ TEST_F(UtilityRoutesTest, EmbeddingsRefuseBadFieldsNamingThem) {
 }
 
 TEST_F(UtilityRoutesTest, Base64IsLittleEndianFloat32) {
-  EXPECT_EQ(Base64Floats(std::vector<float>{1.0f}), "AACAPw==");          // 00 00 80 3f
+  EXPECT_EQ(Base64Floats(std::vector<float>{1.0f}), "AACAPw==");             // 00 00 80 3f
   EXPECT_EQ(Base64Floats(std::vector<float>{1.0f, -2.0f}), "AACAPwAAAMA=");  // + 00 00 00 c0
   EXPECT_EQ(Base64Floats(std::vector<float>{}), "");
 }
@@ -230,8 +237,7 @@ TEST_F(UtilityRoutesTest, EmbeddingsRequestEndToEnd) {
   json r = run({{"input", {"Once upon a time", "The end"}}});
   ASSERT_EQ(r["data"].size(), 2u);
   EXPECT_EQ(r["data"][1]["index"], 1);
-  EXPECT_EQ(r["usage"]["prompt_tokens"],
-            ids.size() + tokenizer_->Encode("The end", true).size());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size() + tokenizer_->Encode("The end", true).size());
   const std::vector<float> text_vec = r["data"][0]["embedding"].get<std::vector<float>>();
   EXPECT_EQ(static_cast<int32_t>(text_vec.size()), model_->config().hidden_size);
   double sq = 0;
@@ -240,8 +246,7 @@ TEST_F(UtilityRoutesTest, EmbeddingsRequestEndToEnd) {
   json by_ids = run({{"input", ids}});
   EXPECT_EQ(by_ids["data"][0]["embedding"].get<std::vector<float>>(), text_vec);
   json cut = run({{"input", ids}, {"dimensions", 8}, {"encoding_format", "base64"}});
-  EXPECT_EQ(cut["data"][0]["embedding"],
-            Base64Floats(TruncateEmbedding(text_vec, 8)));
+  EXPECT_EQ(cut["data"][0]["embedding"], Base64Floats(TruncateEmbedding(text_vec, 8)));
   HttpRequest version;
   version.method = "GET";
   version.path = "/version";
