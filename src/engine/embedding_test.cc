@@ -235,6 +235,61 @@ void CheckGoldenBatch(const std::string& name, int32_t step_tokens) {
   }
 }
 
+// The model seam itself: a plan whose last row is an LM-head row (its logits copied) and whose
+// every row is also a hidden-state row: the hidden rows are transformers' final hidden states,
+// the logits row is its logits; a malformed request of hidden rows is an error, not a crash.
+TEST(EmbeddingModelTest, ForwardReturnsHiddenRowsBesideLogitsRows) {
+  const std::string dir = ModelDir("qwen3");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.message();
+  Model& m = **model;
+  ASSERT_TRUE(m.AllocateKvCache(8, 16).ok());
+  Golden golden = LoadGolden(dir);
+  const std::vector<int32_t> prompt = golden.json["sequences"]["short"].get<std::vector<int32_t>>();
+  const auto len = static_cast<int32_t>(prompt.size());
+  const int32_t dim = m.config().hidden_size, vocab = m.config().vocab_size;
+  BatchPlan plan;
+  plan.block_size = 16;
+  plan.AddSequence(prompt, 0, {0, 1}, /*want_logits=*/true);  // the LM-head row: the last
+  for (int32_t r = 0; r < len; ++r) plan.logits_rows.push_back(r);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::vector<float> hidden(static_cast<size_t>(len) * dim, 0.0f);
+  StepOutputs outputs{logits, {}, {}, {}};
+  outputs.hidden_rows = len;
+  outputs.hidden = hidden;
+  Status st = m.Forward(plan, outputs);
+  ASSERT_TRUE(st.ok()) << st.message();
+  auto want_hidden = golden.hidden->Get("hidden.short");
+  ASSERT_TRUE(want_hidden.ok());
+  const auto* want = static_cast<const float*>(want_hidden->data);
+  double max_abs = 0.0;
+  for (size_t j = 0; j < hidden.size(); ++j) max_abs = std::max(max_abs, std::abs(double{want[j]}));
+  for (size_t j = 0; j < hidden.size(); ++j)
+    ASSERT_NEAR(hidden[j], want[j], kRelTolerance * max_abs) << "element " << j;
+  auto golden_logits = WeightStore::OpenFile(dir + "/golden_logits.safetensors");
+  ASSERT_TRUE(golden_logits.ok());
+  auto want_logits = (*golden_logits)->Get("logits.short");
+  ASSERT_TRUE(want_logits.ok());
+  const float* last = static_cast<const float*>(want_logits->data) + (len - 1) * vocab;
+  for (int32_t j = 0; j < vocab; ++j) ASSERT_NEAR(logits[j], last[j], 1e-3) << "logit " << j;
+
+  StepOutputs too_many = outputs;
+  too_many.hidden_rows = len + 2;
+  EXPECT_FALSE(m.Forward(plan, too_many).ok());
+  StepOutputs short_span = outputs;
+  short_span.hidden = std::span<float>(hidden).first(hidden.size() - 1);
+  EXPECT_FALSE(m.Forward(plan, short_span).ok());
+  std::vector<RowOutput> kinds = {RowOutput::kArgmax};
+  std::vector<RowSampling> sampling(1);
+  std::vector<int32_t> ids(1);
+  StepOutputs deferred{logits, kinds, sampling, ids};
+  deferred.defer_ids = true;
+  deferred.hidden_rows = len;
+  deferred.hidden = hidden;
+  EXPECT_FALSE(m.Forward(plan, deferred).ok());
+}
+
 class EmbeddingGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EmbeddingGoldenTest, BatchedAndMixedMatchTheGoldenHiddenStates) {

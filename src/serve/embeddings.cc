@@ -1,5 +1,6 @@
 #include "serve/embeddings.h"
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstring>

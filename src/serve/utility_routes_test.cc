@@ -254,5 +254,27 @@ TEST_F(UtilityRoutesTest, EmbeddingsRequestEndToEnd) {
             kEmberVersion);
 }
 
+// A client that goes away: destroying the response before the vectors arrive cancels every input
+// still running, and the engine ends them (nothing is left running or queued).
+TEST_F(UtilityRoutesTest, AbandonedEmbeddingsAreCancelled) {
+  HttpRequest req;
+  req.method = "POST";
+  req.path = "/v1/embeddings";
+  std::vector<std::vector<int32_t>> inputs(64, std::vector<int32_t>(400, 5));
+  req.body = json{{"input", inputs}}.dump();
+  Handled handled = HandleUtilityRoute(served_, req, false);
+  ASSERT_NE(handled.async, nullptr) << handled.response.body;
+  handled.async.reset();  // the client is gone
+  bool drained = false;
+  for (int i = 0; i < 2000 && !drained; ++i) {
+    const EngineStats stats = engine_->Stats();
+    drained = stats.requests_finished + stats.requests_cancelled >= 64 && stats.num_running == 0 &&
+              stats.num_queued == 0;
+    if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(drained);
+  EXPECT_GT(engine_->Stats().requests_cancelled, 0);
+}
+
 }  // namespace
 }  // namespace ember::serve
