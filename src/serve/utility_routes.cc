@@ -104,6 +104,29 @@ json Piece(const Tokenizer& tokenizer, int32_t id) {
   return out;
 }
 
+// /tokenize's answer: the ids (llama.cpp's {id, piece} objects with_pieces), count and
+// max_model_len (vLLM), and vLLM's token_strs when asked.
+json TokenizeAnswer(const ServedModel& model, const std::vector<int32_t>& ids, bool with_pieces,
+                    bool token_strs) {
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (with_pieces) {
+      tokens.push_back({{"id", id}, {"piece", Piece(*model.tokenizer, id)}});
+    } else {
+      tokens.push_back(id);
+    }
+  }
+  json out = {{"tokens", std::move(tokens)},
+              {"count", ids.size()},
+              {"max_model_len", model.context_length}};
+  if (token_strs) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(model.tokenizer->IdToToken(id));
+    out["token_strs"] = std::move(strs);
+  }
+  return out;
+}
+
 }  // namespace
 
 bool IsUtilityPostRoute(const std::string& path) {
@@ -136,6 +159,9 @@ std::variant<json, ApiError> Tokenize(const ServedModel& model, const RequestJso
        {"add_generation_prompt", "continue_final_message", "tools", "chat_template_kwargs"})
     if (!chat && body.contains(chat_only))
       return InvalidRequest(std::string(chat_only) + ": only with messages", chat_only);
+  // Client text in messages never matches special tokens (RenderPrompt's client spans).
+  if (chat && body.contains("parse_special"))
+    return InvalidRequest("parse_special: only with content or prompt", "parse_special");
   std::optional<bool> parse_special, with_pieces, token_strs;
   if (auto e = ReadBool(body, "parse_special", &parse_special)) return *e;
   if (auto e = ReadBool(body, "with_pieces", &with_pieces)) return *e;
@@ -158,23 +184,7 @@ std::variant<json, ApiError> Tokenize(const ServedModel& model, const RequestJso
   }
   const std::vector<int32_t> ids =
       model.tokenizer->Encode(text, std::get<bool>(add_special), no_special);
-  json tokens = json::array();
-  for (int32_t id : ids) {
-    if (with_pieces.value_or(false)) {
-      tokens.push_back({{"id", id}, {"piece", Piece(*model.tokenizer, id)}});
-    } else {
-      tokens.push_back(id);
-    }
-  }
-  json out = {{"tokens", std::move(tokens)},
-              {"count", ids.size()},
-              {"max_model_len", model.context_length}};
-  if (token_strs.value_or(false)) {
-    json strs = json::array();
-    for (int32_t id : ids) strs.push_back(model.tokenizer->IdToToken(id));
-    out["token_strs"] = std::move(strs);
-  }
-  return out;
+  return TokenizeAnswer(model, ids, with_pieces.value_or(false), token_strs.value_or(false));
 }
 
 std::variant<json, ApiError> Detokenize(const ServedModel& model, const RequestJson& body) {

@@ -147,6 +147,8 @@ describe('/tokenize chat form (ember synth qwen3-shaped model + qwen3 tokenizer)
     const bad = await postJson(server.baseURL, '/tokenize', { messages: [{ role: 'user' }] });
     assert.equal(bad.status, 400);
     assert.match(bad.json.error.param, /^messages/);
+    const parse = await postJson(server.baseURL, '/tokenize', { messages, parse_special: true });
+    assert.equal(parse.json.error.param, 'parse_special');
     const cont = await postJson(server.baseURL, '/tokenize', { messages, continue_final_message: true });
     assert.equal(cont.json.error.param, 'continue_final_message');
   });
