@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "serve/embedding_config.h"
 #include "serve/output_parsers.h"
+#include "util/log.h"
 #include "util/mapped_file.h"
 
 namespace ember::app {
@@ -48,6 +50,14 @@ Result<std::unique_ptr<ServedBundle>> ServedBundle::Load(const std::string& dir,
   served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
   served.tool_format = parsers.tools;
   served.reasoning_format = parsers.reasoning;
+  served.embeddings = serve::ReadEmbeddingSupport(dir);
+  if (served.embeddings.available) {
+    LOG_INFO << name << ": embeddings by " << PoolingKindName(served.embeddings.pooling.kind)
+             << " pooling" << (served.embeddings.pooling.normalize ? ", L2-normalized" : "")
+             << " (" << served.embeddings.source << ")";
+  } else {
+    LOG_WARN << name << ": embeddings unavailable: " << served.embeddings.unavailable_reason;
+  }
   return bundle;
 }
 

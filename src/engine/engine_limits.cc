@@ -218,12 +218,26 @@ std::optional<SubmitError> ValidateSampling(const GenerationRequest& r,
   return std::nullopt;
 }
 
+// An embedding request computes its prompt only, once (request.h: GenerationRequest::pooling).
+std::optional<SubmitError> ValidateEmbedding(const GenerationRequest& r) {
+  if (r.pooling.kind == PoolingKind::kNone) return std::nullopt;
+  if (r.max_tokens != 0)
+    return Invalid("an embedding request generates nothing: max_tokens must be 0", "max_tokens");
+  if (r.n != 1) return Invalid("an embedding request has one sample: n must be 1", "n");
+  if (r.prompt_logprobs >= 0)
+    return Invalid("an embedding request takes no prompt_logprobs", "prompt_logprobs");
+  if (r.constraint != nullptr)
+    return Invalid("an embedding request takes no output constraint", "response_format");
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<SubmitError> ValidateRequest(const GenerationRequest& request,
                                            const RequestLimits& limits) {
   if (auto error = ValidatePromptAndCounts(request, limits)) return error;
   if (auto error = ValidateLength(request, limits)) return error;
+  if (auto error = ValidateEmbedding(request)) return error;
   return ValidateSampling(request, limits);
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/pooling.h"
 #include "sampling/sampler.h"
 #include "sampling/token_constraint.h"
 
@@ -34,6 +35,12 @@ struct GenerationRequest {
   // top N alternatives. The raw model's (no logits processor applies), computed once per request
   // (not per sample) from every prompt row's logits, so the prompt takes no prefix-cache hit.
   int32_t prompt_logprobs = -1;
+  // Embedding request (pooling.kind != kNone): the prompt is computed and nothing is generated
+  // (max_tokens 0, n 1, no prompt_logprobs, no constraint; ValidateRequest). Its one event carries
+  // the pooled final hidden state (TokenEvent::embedding) with finish kStop. Mean and CLS pooling
+  // take no prefix-cache hit (they read early rows' hidden states, which the cache does not keep);
+  // last-token pooling may (the prompt's last row is always computed).
+  PoolingSpec pooling;
 };
 
 // The logprob of one prompt token given the tokens before it: log_softmax of the logits of the
@@ -61,6 +68,8 @@ struct TokenEvent {
   // entry i is prompt position i + 1's (the first token has none), prompt_ids.size() - 1 entries.
   // Absent when sample 0 ended (cancelled, failed) before its prompt was computed.
   std::optional<std::vector<PromptLogprob>> prompt_logprobs;
+  // An embedding request's pooled vector ([hidden_size] float32), on its one (finishing) event.
+  std::vector<float> embedding;
 };
 
 struct RequestUsage {

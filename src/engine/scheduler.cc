@@ -26,6 +26,7 @@ void Scheduler::Preempt(Sequence* seq) {
   kv_->Free(seq->id);
   seq->started = false;
   seq->num_computed_tokens = 0;
+  seq->pooled.Reset();  // its prompt's rows are computed (and pooled) again
   ++num_preemptions_;
 }
 
@@ -79,9 +80,11 @@ void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     Sequence* seq = waiting_.front();
     if (WaitsForSibling(seq)) break;
-    // A sequence that needs every prompt row's logits computes them all: no cached prefix
-    // (Allocate below starts it with an empty block table).
-    const bool looks_up_prefix = !seq->needs_prompt_logits;
+    // A sequence that needs every prompt row's logits, or early rows' hidden states (mean / CLS
+    // pooling), computes them all: no cached prefix (Allocate below starts it with an empty block
+    // table).
+    const bool looks_up_prefix =
+        !seq->needs_prompt_logits && !PoolingReadsEarlyRows(seq->request->request.pooling.kind);
     if (!seq->started) {
       seq->num_computed_tokens =
           looks_up_prefix ? kv_->AcquireCachedPrefix(seq->id, seq->tokens,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/pooling.h"
 #include "engine/request.h"
 #include "engine/response_stream.h"
 #include "kv/kv_cache_manager.h"
@@ -50,6 +51,10 @@ struct Sequence {
   bool needs_prompt_logits = false;
   std::vector<PromptLogprob> prompt_logprobs;  // [prompt_len - 1]; entry i: position i + 1's
   bool prompt_logprobs_ready = false;          // complete, not yet sent with an event
+  // An embedding request's pooled rows so far (GenerationRequest::pooling); reset on preemption.
+  PoolingAccumulator pooled;
+
+  bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - prompt_len; }

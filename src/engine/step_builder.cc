@@ -59,14 +59,16 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
   const BatchPlan& batch = step.batch;
   step.real_rows = static_cast<int32_t>(batch.logits_rows.size());
   step.decode_only = batch.num_tokens() == batch.num_seqs() && step.real_rows == batch.num_seqs() &&
-                     std::none_of(step.scheduled.begin(), step.scheduled.end(),
-                                  [](const auto& s) { return s.seq->needs_prompt_logits; });
+                     std::none_of(step.scheduled.begin(), step.scheduled.end(), [](const auto& s) {
+                       return s.seq->needs_prompt_logits || s.seq->embeds();
+                     });
   if (step.decode_only) {
     ++counters_->decode_steps;
     counters_->decode_rows += step.real_rows;
     counters_->decode_padding_rows += runner_->PadToGraphBucket(step.batch);
   }
   AddPromptRows(step);
+  AddHiddenRows(step);
   step.deferred = MayDefer(step);
   return step;
 }
@@ -109,18 +111,48 @@ void StepBuilder::AddPromptRows(StepBatch& step) {
   }
 }
 
+// The rows whose final hidden states an embedding request pools (PooledPositions: its last
+// prompt row, or every row for mean pooling), after every other logits row: they take no LM head.
+void StepBuilder::AddHiddenRows(StepBatch& step) {
+  BatchPlan& batch = step.batch;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const Sequence& seq = *step.scheduled[i].seq;
+    if (!seq.embeds()) continue;
+    const PositionRange pooled =
+        PooledPositions(seq.request->request.pooling.kind, seq.prompt_len,
+                        seq.num_computed_tokens, step.scheduled[i].num_new_tokens);
+    if (pooled.size() == 0) continue;
+    StepBatch::HiddenRows run;
+    run.scheduled_index = i;
+    run.first_pos = pooled.begin;
+    run.num_rows = pooled.size();
+    run.first_row = step.num_hidden_rows;
+    const int32_t first_plan_row =
+        batch.seqs[i].query_start + (pooled.begin - seq.num_computed_tokens);
+    for (int32_t r = 0; r < run.num_rows; ++r) batch.logits_rows.push_back(first_plan_row + r);
+    step.num_hidden_rows += run.num_rows;
+    step.hidden_runs.push_back(run);
+  }
+  step.hidden.assign(static_cast<size_t>(step.num_hidden_rows) *
+                         static_cast<size_t>(runner_->model().config().hidden_size),
+                     0.0f);
+}
+
 bool StepBuilder::BackendSamples() const {
   return runner_->prefers_backend_sampling() ||
          config_.backend_sampling == EngineConfig::BackendSampling::kAlways;
 }
 
 // A step may launch before the step in flight's ids are read when every sampled row's token is
-// made by the backend from state the host already has (FedRowOk) and no logits come to the host.
+// made by the backend from state the host already has (FedRowOk), no logits come to the host and
+// no embedding request has rows in it.
 bool StepBuilder::MayDefer(const StepBatch& step) const {
   if (!config_.overlap_steps || !step.prompt_rows.empty()) return false;
   const bool backend_samples = BackendSamples();
+  // An embedding request's step completes before the next is scheduled, so a preemption never
+  // meets its pooled rows half-accounted.
   return std::all_of(step.scheduled.begin(), step.scheduled.end(), [&](const auto& s) {
-    return !s.samples || FedRowOk(*s.seq, backend_samples);
+    return !s.seq->embeds() && (!s.samples || FedRowOk(*s.seq, backend_samples));
   });
 }
 
@@ -129,7 +161,8 @@ bool StepBuilder::MayDefer(const StepBatch& step) const {
 // argmax, or a draw with the sequence's next uniform where the backend prefers it. Logprobs rows
 // (and sampled rows on a backend that prefers the host) copy their logits to the host sampler.
 void StepBuilder::DecideRowOutputs(StepBatch& step) {
-  const size_t num_rows = step.batch.logits_rows.size();
+  // The hidden-state rows (the last ones) take no LM head: no logits, no kind.
+  const size_t num_rows = step.batch.logits_rows.size() - static_cast<size_t>(step.num_hidden_rows);
   step.logits = runner_->LogitsBuffer(num_rows);
   // Padding rows (past real_rows): an argmax nobody reads.
   step.kinds.assign(num_rows, RowOutput::kArgmax);

@@ -1,6 +1,7 @@
 // StepBuilder: the ONE place where a step's rows are decided. It turns the scheduler's StepPlan
 // into a StepBatch: the BatchPlan (each scheduled sequence's new tokens, decode steps padded to a
-// graph bucket, the logits rows of prompt-logprobs positions), whether the step may launch before
+// graph bucket, the logits rows of prompt-logprobs positions, the hidden-state rows that
+// embedding requests pool), whether the step may launch before
 // the step in flight has delivered its ids (deferred), and per logits row what comes back
 // (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
 // LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
@@ -25,8 +26,9 @@ namespace ember {
 
 // One step from its build to its completion. Logits rows: first one per sampled sequence (in
 // scheduled order: rows [0, real_rows)), then a decode step's padding rows, then the
-// prompt-logprobs rows (prompt_rows). A StepBatch may be moved while in flight: the spans the
-// backend holds point into its vectors' heap buffers, which a move keeps.
+// prompt-logprobs rows (prompt_rows), then the hidden-state rows (hidden_runs). A StepBatch may be
+// moved while in flight: the spans the backend holds point into its vectors' heap buffers, which a
+// move keeps.
 struct StepBatch {
   std::vector<ScheduledSequence> scheduled;  // the StepPlan's, in row order
   BatchPlan batch;
@@ -56,6 +58,17 @@ struct StepBatch {
     int32_t first_pos = 0, num_rows = 0, first_row = 0;
   };
   std::vector<PromptRows> prompt_rows;
+  // Hidden-state rows (embedding requests; never in a deferred step): the plan's last
+  // num_hidden_rows logits rows, which take no LM head. Per sequence that pools rows of this
+  // step, hidden rows [first_row, first_row + num_rows) (counted among the hidden rows) are its
+  // positions from first_pos on; `hidden` [num_hidden_rows, hidden_size] receives them.
+  struct HiddenRows {
+    size_t scheduled_index = 0;
+    int32_t first_pos = 0, num_rows = 0, first_row = 0;
+  };
+  std::vector<HiddenRows> hidden_runs;
+  int32_t num_hidden_rows = 0;
+  std::vector<float> hidden;
 
   // Set at launch (StepPostprocessor::Launched), per scheduled sequence.
   std::vector<int32_t> computed_end;  // num_computed_tokens after the step
@@ -64,6 +77,8 @@ struct StepBatch {
   StepOutputs outputs() {
     StepOutputs out{logits, kinds, sampling, ids, edits};
     out.defer_ids = deferred;
+    out.hidden_rows = num_hidden_rows;
+    out.hidden = hidden;
     return out;
   }
 };
@@ -88,6 +103,7 @@ class StepBuilder {
  private:
   void AddSequenceRows(StepBatch& step);
   void AddPromptRows(StepBatch& step);
+  void AddHiddenRows(StepBatch& step);
   bool MayDefer(const StepBatch& step) const;
   bool BackendSamples() const;
   void BuildMasks(StepBatch& step);

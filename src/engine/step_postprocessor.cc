@@ -5,6 +5,7 @@
 
 #include "engine/clock.h"
 #include "sampling/processors.h"
+#include "util/check.h"
 #include "util/log.h"
 #include "util/parallel.h"
 
@@ -49,6 +50,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
   if (!step.deferred) {
     SampleOnHost(step);
     ComputePromptLogprobs(step);
+    PoolHiddenRows(step);
   }
   size_t row = 0;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
@@ -59,6 +61,8 @@ void StepPostprocessor::Complete(StepBatch& step) {
     const bool prompt_done = CommitComputed(step, i);
     if (s.samples) {
       AcceptToken(step, i, r);
+    } else if (s.seq->embeds() && prompt_done) {
+      EmitEmbedding(s.seq);
     } else if (s.seq->request->request.max_tokens == 0 && prompt_done) {  // prompt-only request
       sequences_->EndWithoutToken(s.seq, FinishReason::kLength);
     }
@@ -104,6 +108,32 @@ void StepPostprocessor::ComputePromptLogprobs(const StepBatch& step) {
     out.rank = LogprobRank(logits, token);
     out.top_logprobs = std::move(raw.top_logprobs);
   });
+}
+
+// Each embedding request's hidden-state rows of this step join its pooled rows (in position
+// order: its chunks complete in order, a step with hidden rows is never deferred).
+void StepPostprocessor::PoolHiddenRows(const StepBatch& step) {
+  const int32_t dim = runner_->model().config().hidden_size;
+  for (const StepBatch::HiddenRows& run : step.hidden_runs) {
+    Sequence* seq = step.scheduled[run.scheduled_index].seq;
+    if (seq->finish != FinishReason::kNone) continue;
+    seq->pooled.Add(std::span<const float>(step.hidden).subspan(
+                        static_cast<size_t>(run.first_row) * static_cast<size_t>(dim),
+                        static_cast<size_t>(run.num_rows) * static_cast<size_t>(dim)),
+                    dim);
+  }
+}
+
+// An embedding request's prompt is computed: its one event carries the pooled vector.
+void StepPostprocessor::EmitEmbedding(Sequence* seq) {
+  TokenEvent event = NextEvent(seq);
+  event.embedding = seq->pooled.Finish(seq->request->request.pooling);
+  CHECK(!event.embedding.empty()) << "embedding request " << seq->request->request_id
+                                  << " computed its prompt without pooling a row";
+  event.finish = FinishReason::kStop;
+  event.time_ns = NowNs();
+  seq->request->stream->Push(std::move(event));
+  sequences_->Finish(seq, FinishReason::kStop);
 }
 
 bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i) {

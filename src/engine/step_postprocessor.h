@@ -1,9 +1,10 @@
 // StepPostprocessor: the ONE place where a step's tokens are accepted. At launch it marks the
 // step's rows computed and puts a placeholder where each sampled token goes (Launched); when the
 // step completes it reads the backend's ids (waiting for a deferred step's) or samples the kCopy
-// rows on the host, computes prompt logprobs, commits the computed KV blocks to the prefix cache,
-// accepts each token into its sequence, sampler and output constraint, checks the stop
-// conditions, streams the TokenEvents and ends finished sequences (LiveSequences). Engine thread.
+// rows on the host, computes prompt logprobs, pools embedding requests' hidden-state rows, commits
+// the computed KV blocks to the prefix cache, accepts each token into its sequence, sampler and
+// output constraint, checks the stop conditions, streams the TokenEvents (an embedding request's
+// pooled vector) and ends finished sequences (LiveSequences). Engine thread.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,10 @@ class StepPostprocessor {
   // order-independent), into row_outputs_.
   void SampleOnHost(const StepBatch& step);
   void ComputePromptLogprobs(const StepBatch& step);
+  // The hidden-state rows into their sequences' PoolingAccumulator.
+  void PoolHiddenRows(const StepBatch& step);
+  // Ends an embedding request whose prompt is computed with its pooled vector (finish kStop).
+  void EmitEmbedding(Sequence* seq);
   // Scheduled sequence i's rows are computed: commits its blocks, notes its prompt's progress.
   // Returns whether its prompt is now computed.
   bool CommitComputed(const StepBatch& step, size_t i);

@@ -85,6 +85,11 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
 // to the host, per `outputs`. logits [logits_rows, vocab] on the backend.
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs);
 
+// Copies the hidden-state rows (StepOutputs::hidden_rows: the last rows of `hidden`, the final
+// hidden states of the logits rows, [logits_rows, hidden] f32) to the host; called after
+// EmitLogits, so the step's logits rows are done first.
+Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs);
+
 // One step over the plan already given to BeginStep; delivers the logits rows per `outputs`.
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);

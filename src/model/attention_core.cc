@@ -63,6 +63,12 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   be.RopeWriteKvAttention(w.rope_id, ap, q.Reshape({n, c.num_heads, hd}), k, v, att);
 }
 
+Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs) {
+  if (outputs.hidden_rows == 0) return Status::Ok();
+  return be.CopyToHost(hidden.RowSlice(hidden.rows() - outputs.hidden_rows, outputs.hidden_rows),
+                       outputs.hidden);
+}
+
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {
   if (outputs.row_kinds.empty()) {
     if (!outputs.edits.empty())

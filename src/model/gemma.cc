@@ -5,7 +5,7 @@
 // sliding layers, per-head q/k norms).
 //   x = embed(tokens) * sqrt(hidden)
 //   per layer:  x += post_attn_norm(o(attn(norm(x))));  x += post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..)))
-//   logits = softcap(lm_head(norm(x)))[logits_rows]
+//   logits = softcap(lm_head(norm(x)))[logits_rows]   (hidden-state rows: norm(x)[rows])
 #include "model/architecture.h"
 
 namespace ember {
@@ -43,11 +43,16 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
-  Tensor out = be.Alloc({num_logits, c.vocab_size});
   be.GatherLogitsRows(normed, hidden);
-  be.MatMul(hidden, m.lm_head, nullptr, out);
-  if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
-  return EmitLogits(be, out, outputs);
+  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
+  const int64_t lm_rows = num_logits - outputs.hidden_rows;
+  if (lm_rows > 0) {
+    Tensor out = be.Alloc({lm_rows, c.vocab_size});
+    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
+    if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
+    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
+  }
+  return CopyHiddenRows(be, hidden, outputs);
 }
 
 }  // namespace ember

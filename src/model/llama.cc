@@ -7,7 +7,7 @@
 //   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)))
 //               x += down(silu(gate(norm(x))) * up(..))
 //               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
-//   logits = lm_head(norm(x))[logits_rows]
+//   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head)
 #include <algorithm>
 
 #include "model/architecture.h"
@@ -56,10 +56,15 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
   if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
-  Tensor out = be.Alloc({num_logits, c.vocab_size});
   be.GatherLogitsRows(normed, hidden);
-  be.MatMul(hidden, m.lm_head, nullptr, out);
-  return EmitLogits(be, out, outputs);
+  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
+  const int64_t lm_rows = num_logits - outputs.hidden_rows;
+  if (lm_rows > 0) {
+    Tensor out = be.Alloc({lm_rows, c.vocab_size});
+    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
+    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
+  }
+  return CopyHiddenRows(be, hidden, outputs);
 }
 
 }  // namespace ember

@@ -450,7 +450,16 @@ Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
 
 Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
   const std::span<float> logits = outputs.logits;
-  const size_t rows = plan.logits_rows.size();
+  if (outputs.hidden_rows < 0 ||
+      static_cast<size_t>(outputs.hidden_rows) > plan.logits_rows.size() ||
+      outputs.hidden.size() !=
+          static_cast<size_t>(outputs.hidden_rows) * static_cast<size_t>(config_.hidden_size))
+    return Status::Error("StepOutputs: hidden_rows " + std::to_string(outputs.hidden_rows) +
+                         " needs a [rows, hidden_size] span within the plan's logits rows");
+  if (outputs.hidden_rows > 0 && outputs.defer_ids)
+    return Status::Error("StepOutputs: defer_ids with hidden-state rows");
+  // The rows that go through the LM head (the hidden-state rows are the plan's last).
+  const size_t rows = plan.logits_rows.size() - static_cast<size_t>(outputs.hidden_rows);
   if (!outputs.row_kinds.empty() && (outputs.row_kinds.size() != rows ||
                                      outputs.ids.size() != rows || outputs.sampling.size() != rows))
     return Status::Error("StepOutputs: row_kinds/sampling/ids need one entry per logits row (" +
@@ -461,9 +470,9 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
                          " != KV block size " + std::to_string(kv_block_size_));
   if (std::string bad = plan.Validate(num_kv_blocks_); !bad.empty())
     return Status::Error("invalid BatchPlan: " + bad);
-  if (logits.size() != plan.logits_rows.size() * static_cast<size_t>(config_.vocab_size))
+  if (logits.size() != rows * static_cast<size_t>(config_.vocab_size))
     return Status::Error("logits span has " + std::to_string(logits.size()) + " floats, expected " +
-                         std::to_string(plan.logits_rows.size()) + " x vocab " +
+                         std::to_string(rows) + " x vocab " +
                          std::to_string(config_.vocab_size));
   for (int32_t id : plan.token_ids) {
     if (id >= config_.vocab_size)

@@ -110,6 +110,12 @@ struct StepOutputs {
   // Forward returns once the step is enqueued; `ids` is filled by Model::WaitIds (and must stay
   // valid until then). Only for steps without kCopy rows (Backend::DeferStepIds).
   bool defer_ids = false;
+  // Hidden-state rows (embedding requests): the LAST hidden_rows of plan.logits_rows take no LM
+  // head; their final hidden states (after the final norm) are copied into `hidden`
+  // [hidden_rows, hidden_size] float32. logits / row_kinds / sampling / ids cover only the
+  // logits rows before them. Never with defer_ids.
+  int32_t hidden_rows = 0;
+  std::span<float> hidden = {};
 };
 
 // How to load a model: the backend to build (BackendChoice, for the convenience Load) and the

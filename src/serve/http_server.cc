@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "serve/generation_job.h"
+#include "serve/utility_routes.h"
 #include "serve/web_ui.h"
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
@@ -75,7 +76,8 @@ bool IsReadRoute(const std::string& path) {
 }
 
 std::string RouteLabel(const std::string& path) {
-  if (IsGenerationRoute(path) || IsReadRoute(path)) return IsModelPath(path) ? "/v1/models" : path;
+  if (IsGenerationRoute(path) || IsReadRoute(path) || IsUtilityRoute(path))
+    return IsModelPath(path) ? "/v1/models" : path;
   return "other";
 }
 
@@ -158,6 +160,24 @@ class GenerationResponse final : public AsyncResponse {
   Metrics* metrics_;
 };
 
+// Another response that borrows a model, holding the model's lease as long as it lives.
+class LeasedResponse final : public AsyncResponse {
+ public:
+  LeasedResponse(ModelLibrary::Lease model, std::unique_ptr<AsyncResponse> inner)
+      : model_(std::move(model)), inner_(std::move(inner)) {}
+  bool streaming() const override { return inner_->streaming(); }
+  HttpResponse Head() override { return inner_->Head(); }
+  void Start(std::function<void()> wake) override { inner_->Start(std::move(wake)); }
+  bool Poll(std::string* out) override { return inner_->Poll(out); }
+  HttpResponse Final() override { return inner_->Final(); }
+  void Abort() override { inner_->Abort(); }
+  std::string LogNote() const override { return inner_->LogNote(); }
+
+ private:
+  ModelLibrary::Lease model_;  // declared first: outlives inner_
+  std::unique_ptr<AsyncResponse> inner_;
+};
+
 void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->requests_submitted += s.requests_submitted;
   total->requests_finished += s.requests_finished;
@@ -213,7 +233,7 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
   // Everything but a generation is answered from memory.
   hooks.cheap = [](const HttpRequest& req) {
-    return !(req.method == "POST" && IsGenerationRoute(req.path));
+    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)));
   };
   hooks.error = [](int status, const std::string& message, const std::string& code) {
     return ErrorResponse(ApiError{status, message,
@@ -297,7 +317,9 @@ void HttpServer::AddCorsHeaders(const HttpRequest& req, HttpResponse* res) const
 HttpResponse HttpServer::Preflight(const HttpRequest& req) const {
   HttpResponse res;
   res.status = 204;
-  const std::string methods = IsGenerationRoute(req.path) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+  const std::string methods = IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)
+                                  ? "POST, OPTIONS"
+                                  : "GET, HEAD, OPTIONS";
   res.headers.emplace_back("Allow", methods);
   if (!config_.cors_origin.empty() && req.HasHeader("origin")) {
     res.headers.emplace_back("Access-Control-Allow-Methods", methods);
@@ -361,7 +383,7 @@ json HttpServer::ModelJson(const ServedModel& model) const {
       {"structured_output", model.token_texts != nullptr},
       {"response_formats", model.token_texts != nullptr ? json::array({"text", "json_object", "json_schema"})
                                                          : json::array({"text"})},
-      {"embeddings", false},
+      {"embeddings", model.embeddings.available},
       {"vision", false},
       {"audio", false},
       {"prefix_caching", true},
@@ -409,6 +431,30 @@ Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) 
                               std::move(model),
                               std::move(std::get<std::unique_ptr<GenerationJob>>(started)),
                               &metrics_)};
+}
+
+// /v1/embeddings, /tokenize, /detokenize on the model the body names (utility_routes.h), the
+// response holding the model's lease; /version needs none.
+Handled HttpServer::HandleUtility(const HttpRequest& req) {
+  if (req.path == "/version") return {JsonResponse(200, {{"version", kEmberVersion}}), nullptr};
+  std::string requested;
+  if (library_ != nullptr) {  // the body names the model (a single model's name is checked later)
+    Result<RequestJson> body = ParseOrderedJsonBounded(req.body, kMaxBodyDepth);
+    if (!body.ok()) {
+      return {ErrorResponse(InvalidRequest(
+                  "the request body is not valid JSON (UTF-8): " + body.message(), "",
+                  "invalid_json")),
+              nullptr};
+    }
+    requested = RequestedModel(*body);
+  }
+  auto resolved = ResolveModel(requested);
+  if (auto* error = std::get_if<ApiError>(&resolved)) return {ErrorResponse(*error), nullptr};
+  ModelLibrary::Lease model = std::move(std::get<ModelLibrary::Lease>(resolved));
+  Handled handled = HandleUtilityRoute(*model, req, shutting_down_.load());
+  if (handled.async != nullptr)
+    handled.async = std::make_unique<LeasedResponse>(std::move(model), std::move(handled.async));
+  return handled;
 }
 
 std::variant<ModelLibrary::Lease, ApiError> HttpServer::ResolveModel(const std::string& requested) {
@@ -485,7 +531,7 @@ json HttpServer::LibraryModelJson(const json& entry) const {
                        {"tool_call_format", entry.value("tool_call_format", "none")},
                        {"reasoning_content", chat && reasoning != "none"},
                        {"reasoning_format", reasoning},
-                       {"embeddings", false}};
+                       {"embeddings", loadable && entry.value("embeddings", false)}};
   return {{"id", id},
           {"object", "model"},
           {"created", started_unix_},
@@ -536,17 +582,22 @@ Handled HttpServer::Handle(const HttpRequest& req) {
 Handled HttpServer::Route(const HttpRequest& req) {
   const std::string& path = req.path;
   const bool generation = IsGenerationRoute(path);
-  if (!generation && !IsReadRoute(path))
+  const bool utility = IsUtilityRoute(path);  // /v1/embeddings, /tokenize, /detokenize, /version
+  if (!generation && !utility && !IsReadRoute(path))
     return {ErrorResponse(ApiError{404, "Unknown path " + LoggablePath(path),
                                    "invalid_request_error", "", "not_found"}),
             nullptr};
   if (req.method == "OPTIONS") return {Preflight(req), nullptr};
   const bool get = req.method == "GET" || req.method == "HEAD";
-  if (generation ? req.method != "POST" : !get) {
+  if (generation || IsUtilityPostRoute(path) ? req.method != "POST" : !get) {
     return {ErrorResponse(ApiError{405, "Method " + LoggablePath(req.method) +
                                             " is not allowed on " + LoggablePath(path),
                                    "invalid_request_error", "", "method_not_allowed"}),
             nullptr};
+  }
+  if (utility) {
+    if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
+    return HandleUtility(req);
   }
   if (generation)
     return HandleGeneration(req, path == "/v1/chat/completions" ? Endpoint::kChat

@@ -80,6 +80,7 @@ class HttpServer {
   HttpResponse Stats() const;
   void OnFinished(const HttpRequest& req, int status, double seconds, const std::string& note);
   Handled HandleGeneration(const HttpRequest& req, Endpoint endpoint);
+  Handled HandleUtility(const HttpRequest& req);
   // The model a request names (`requested`, the body's `model`; empty when absent): the served
   // model, or a library model loaded if need be (blocks for the load: worker threads only).
   std::variant<ModelLibrary::Lease, ApiError> ResolveModel(const std::string& requested);

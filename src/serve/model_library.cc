@@ -7,6 +7,7 @@
 #include <set>
 #include <system_error>
 
+#include "serve/embedding_config.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
 #include "util/log.h"
@@ -124,6 +125,7 @@ LibraryModelInfo Describe(const fs::path& root, const fs::path& dir) {
   }
   DescribeConfig(*config, &info.details);
   info.details["pooling"] = PoolingOf(dir);
+  info.details["embeddings"] = ReadEmbeddingSupport(dir.string()).available;
   DescribeTemplate(dir, &info);
   if (!IsFile(dir / "tokenizer.json")) info.problem = "no tokenizer.json (the server needs one)";
   return info;

@@ -19,6 +19,7 @@
 #include "sampling/json_constraint.h"
 #include "sampling/request_sampling.h"
 #include "serve/api_error.h"
+#include "serve/embedding_config.h"
 #include "serve/openai_schema.h"
 #include "serve/reasoning.h"
 #include "serve/tool_calls.h"
@@ -55,6 +56,9 @@ struct ServedModel {
   // special tokens and the template's own markers), computed once at start-up; null: computed
   // for each chat request (never skipped).
   std::shared_ptr<const std::vector<std::string>> protected_strings;
+  // How /v1/embeddings pools this model's hidden states (ReadEmbeddingSupport at start-up);
+  // unavailable by default.
+  EmbeddingSupport embeddings;
 };
 
 // ChatTemplate::ProtectedTokenStrings for this tokenizer's special and added tokens.

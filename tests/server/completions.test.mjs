@@ -271,7 +271,7 @@ describe('completions (tinystories-656k)', { skip: skip ?? false }, () => {
     assert.equal(m.context_length, 512);
     assert.equal(m.capabilities.streaming, true);
     assert.equal(m.capabilities.chat_completions, false);  // no chat template
-    assert.equal(m.capabilities.embeddings, false);
+    assert.equal(m.capabilities.embeddings, true);  // a decoder: last-token pooling (serve/README.md)
     assert.match(m.ember_version, /^\d+\.\d+\.\d+$/);
     assert.ok(Number.isInteger(m.uptime_s) && m.uptime_s >= 0, `uptime_s ${m.uptime_s}`);
     assert.equal((await getJson(server.baseURL, '/health')).json.status, 'ok');
