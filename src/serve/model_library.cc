@@ -83,16 +83,6 @@ void DescribeConfig(const json& config, json* details) {
   (*details)["quantization"] = quant;
 }
 
-// sentence-transformers' pooling module, when the folder has one: "last", "mean", "cls" or null.
-json PoolingOf(const fs::path& dir) {
-  auto pooling = ReadJsonFile(dir / "1_Pooling" / "config.json");
-  if (!pooling.ok()) return json();
-  if (pooling->value("pooling_mode_lasttoken", false)) return "last";
-  if (pooling->value("pooling_mode_mean_tokens", false)) return "mean";
-  if (pooling->value("pooling_mode_cls_token", false)) return "cls";
-  return json();
-}
-
 void DescribeTemplate(const fs::path& dir, LibraryModelInfo* info) {
   auto chat_template = ChatTemplate::Load(dir.string());
   if (!chat_template.ok()) {
@@ -124,8 +114,11 @@ LibraryModelInfo Describe(const fs::path& root, const fs::path& dir) {
     return info;
   }
   DescribeConfig(*config, &info.details);
-  info.details["pooling"] = PoolingOf(dir);
-  info.details["embeddings"] = ReadEmbeddingSupport(dir.string()).available;
+  // Embeddings by the server's own rule (sentence-transformers' modules, else last token).
+  const EmbeddingSupport embeddings = ReadEmbeddingSupport(dir.string());
+  info.details["embeddings"] = embeddings.available;
+  info.details["pooling"] =
+      embeddings.available ? json(PoolingKindName(embeddings.pooling.kind)) : json();
   DescribeTemplate(dir, &info);
   if (!IsFile(dir / "tokenizer.json")) info.problem = "no tokenizer.json (the server needs one)";
   return info;
