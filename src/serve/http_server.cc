@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "engine/engine.h"
+#include "serve/api_dialect.h"
 #include "serve/generation_job.h"
 #include "template/chat_template.h"
 #include "util/json_bounds.h"
@@ -60,7 +61,7 @@ bool SecureEquals(const std::string& a, const std::string& b) {
 bool IsGenerationRoute(const std::string& path) {
   for (const char* r : kGenerationRoutes)
     if (path == r) return true;
-  return false;
+  return IsDialectRoute(path);  // Anthropic Messages, OpenAI Responses (api_dialect.h)
 }
 
 bool IsModelPath(const std::string& path) {
@@ -115,11 +116,13 @@ std::string LoggablePath(const std::string& path) {
 }
 
 // A generation in flight, driven by its connection: the job's streams wake the connection, which
-// polls without waiting. Destroying an unfinished one cancels the job.
+// polls without waiting. Destroying an unfinished one cancels the job. A dialect route's output
+// (non-null `dialect`) is reshaped from the chat completion's.
 class GenerationResponse final : public AsyncResponse {
  public:
-  GenerationResponse(std::unique_ptr<GenerationJob> job, Metrics* metrics)
-      : job_(std::move(job)), metrics_(metrics) {
+  GenerationResponse(std::unique_ptr<GenerationJob> job, Metrics* metrics,
+                     std::unique_ptr<DialectOutput> dialect)
+      : job_(std::move(job)), metrics_(metrics), dialect_(std::move(dialect)) {
     if (job_->stream()) metrics_->StreamOpened();
   }
   ~GenerationResponse() override {
@@ -136,12 +139,15 @@ class GenerationResponse final : public AsyncResponse {
   }
   void Start(std::function<void()> wake) override { job_->SetNotify(wake); }
   bool Poll(std::string* out) override {
-    if (job_->stream()) return job_->PollStream(kNoWait, out);
-    return !job_->PollUntilDone(kNoWait);
+    if (!job_->stream()) return !job_->PollUntilDone(kNoWait);
+    if (dialect_ == nullptr) return job_->PollStream(kNoWait, out);
+    return PollDialect(out);
   }
   HttpResponse Final() override {
     std::variant<json, ApiError> result = job_->Result();
     if (auto* error = std::get_if<ApiError>(&result)) return ErrorResponse(*error);
+    if (dialect_ != nullptr)
+      return JsonResponse(200, dialect_->Body(std::get<json>(result), job_->stop_string(0)));
     return JsonResponse(200, std::get<json>(result));
   }
   void Abort() override { job_->Cancel(); }
@@ -152,8 +158,24 @@ class GenerationResponse final : public AsyncResponse {
   }
 
  private:
+  bool PollDialect(std::string* out) {
+    if (!dialect_begun_) {
+      dialect_begun_ = true;
+      dialect_->Begin(job_->usage(), out);
+    }
+    std::vector<json> chunks;
+    const bool more = job_->PollChunks(kNoWait, &chunks);
+    for (const json& chunk : chunks) dialect_->Chunk(chunk, out);
+    if (more) return true;
+    if (job_->error()) dialect_->Fail(*job_->error(), out);
+    else dialect_->End(job_->usage(), job_->stop_string(0), out);
+    return false;
+  }
+
   std::unique_ptr<GenerationJob> job_;
   Metrics* metrics_;
+  std::unique_ptr<DialectOutput> dialect_;
+  bool dialect_begun_ = false;
 };
 
 }  // namespace
@@ -184,7 +206,10 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
                                   status >= 500 ? "server_error" : "invalid_request_error", "",
                                   code});
   };
-  hooks.decorate = [this](const HttpRequest& req, HttpResponse* res) { AddCorsHeaders(req, res); };
+  hooks.decorate = [this](const HttpRequest& req, HttpResponse* res) {
+    ShapeDialectError(req.path, res->status, &res->body);  // Anthropic's error shape on its routes
+    AddCorsHeaders(req, res);
+  };
   hooks.finished = [this](const HttpRequest& req, int status, double seconds,
                           const std::string& note) { OnFinished(req, status, seconds, note); };
   hooks.count = [this](const char* event) { metrics_.CountConnectionEvent(event); };
@@ -270,7 +295,9 @@ HttpResponse HttpServer::Preflight(const HttpRequest& req) const {
 std::optional<HttpResponse> HttpServer::Unauthorized(const HttpRequest& req) const {
   if (config_.api_key.empty()) return std::nullopt;
   if (SecureEquals(req.Header("authorization"), "Bearer " + config_.api_key)) return std::nullopt;
-  return ErrorResponse(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
+  if (SecureEquals(req.Header("x-api-key"), config_.api_key)) return std::nullopt;  // Anthropic's
+  return ErrorResponse(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' "
+                                "(or 'x-api-key: KEY')",
                                 "invalid_request_error", "", "invalid_api_key"});
 }
 
@@ -354,15 +381,25 @@ Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) 
             nullptr};
   }
   const RequestJson body = std::move(*parsed);
-  Prepared prepared =
-      endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
+  std::unique_ptr<DialectOutput> dialect;
+  Prepared prepared;
+  if (IsDialectRoute(req.path)) {
+    DialectResult result = PrepareDialect(req.path, model_, body);
+    if (auto* error = std::get_if<ApiError>(&result)) return {ErrorResponse(*error), nullptr};
+    if (auto* answer = std::get_if<json>(&result)) return {JsonResponse(200, *answer), nullptr};
+    DialectGeneration& generation = std::get<DialectGeneration>(result);
+    prepared = std::move(generation.prepared);
+    dialect = std::move(generation.output);
+  } else {
+    prepared = endpoint == Endpoint::kChat ? PrepareChat(model_, body) : PrepareCompletion(model_, body);
+  }
   if (auto* error = std::get_if<ApiError>(&prepared)) return {ErrorResponse(*error), nullptr};
   auto started = GenerationJob::Start(model_, std::move(std::get<PreparedRequest>(prepared)),
                                       &metrics_, arrival_ns);
   if (auto* error = std::get_if<ApiError>(&started)) return {ErrorResponse(*error), nullptr};
   return {HttpResponse{}, std::make_unique<GenerationResponse>(
                               std::move(std::get<std::unique_ptr<GenerationJob>>(started)),
-                              &metrics_)};
+                              &metrics_, std::move(dialect))};
 }
 
 HttpResponse HttpServer::Stats() const {
@@ -404,8 +441,8 @@ Handled HttpServer::Route(const HttpRequest& req) {
             nullptr};
   }
   if (generation)
-    return HandleGeneration(req, path == "/v1/chat/completions" ? Endpoint::kChat
-                                                                : Endpoint::kCompletion);
+    return HandleGeneration(req, path == "/v1/completions" ? Endpoint::kCompletion
+                                                           : Endpoint::kChat);
   if (path == "/health") {
     if (shutting_down_.load()) return {JsonResponse(503, {{"status", "shutting_down"}}), nullptr};
     return {JsonResponse(200, {{"status", "ok"}}), nullptr};
