@@ -32,8 +32,10 @@ MaybeApiError BlockType(FieldReader& r, std::string* type) {
 
 ApiError UnsupportedBlock(const std::string& path, const std::string& type, const char* allowed) {
   if (type == "image" || type == "document")
-    return InvalidRequest(path + ".type: '" + type + "' blocks are not supported by this server "
-                          "(no vision or documents)", path + ".type", "unsupported_value");
+    return InvalidRequest(path + ".type: '" + type +
+                              "' blocks are not supported by this server "
+                              "(no vision or documents)",
+                          path + ".type", "unsupported_value");
   return InvalidRequest(path + ".type: must be one of " + allowed + " here, got '" + type + "'",
                         path + ".type", "invalid_value");
 }
@@ -67,7 +69,8 @@ MaybeApiError ReadToolResult(FieldReader& r, const std::string& path, ChatMessag
   EMBER_DIALECT_TRY(r.Required("tool_use_id", &idv));
   if (!idv->is_string()) return FieldTypeError(r.Path("tool_use_id"), "a string", *idv);
   id = idv->get<std::string>();
-  if (const json* c = r.Get("content")) EMBER_DIALECT_TRY(ReadText(*c, r.Path("content"), &content));
+  if (const json* c = r.Get("content"))
+    EMBER_DIALECT_TRY(ReadText(*c, r.Path("content"), &content));
   std::optional<bool> is_error;
   EMBER_DIALECT_TRY(r.Bool("is_error", &is_error));
   r.Get("cache_control");
@@ -77,7 +80,8 @@ MaybeApiError ReadToolResult(FieldReader& r, const std::string& path, ChatMessag
 }
 
 // A user turn: text blocks become user messages, tool_result blocks tool messages, in order.
-MaybeApiError TranslateUserBlocks(const json& blocks, const std::string& path, ChatMessageList* out) {
+MaybeApiError TranslateUserBlocks(const json& blocks, const std::string& path,
+                                  ChatMessageList* out) {
   std::string text;
   bool have_text = false;
   auto flush = [&] {
@@ -119,7 +123,8 @@ MaybeApiError ReadToolUse(FieldReader& r, json* call) {
   if (!input->is_object()) return FieldTypeError(r.Path("input"), "an object", *input);
   r.Get("cache_control");
   EMBER_DIALECT_TRY(r.CheckUnknown());
-  *call = json{{"id", *id}, {"type", "function"},
+  *call = json{{"id", *id},
+               {"type", "function"},
                {"function", json{{"name", *name}, {"arguments", *input}}}};
   return std::nullopt;
 }
@@ -201,8 +206,9 @@ MaybeApiError TranslateMessages(FieldReader& r, ChatMessageList* out) {
   // assistant prefill (a last assistant message the reply would continue) cannot be honoured.
   if (messages->back().value("role", "") == "assistant") {
     const std::string path = ItemPath("messages", messages->size() - 1);
-    return InvalidRequest(path + ": a final assistant message (prefill) is not supported by this "
-                          "server; end the conversation with a user message",
+    return InvalidRequest(path +
+                              ": a final assistant message (prefill) is not supported by this "
+                              "server; end the conversation with a user message",
                           path, "unsupported_value");
   }
   return std::nullopt;
@@ -222,8 +228,9 @@ MaybeApiError TranslateTools(FieldReader& r, json* chat_body) {
     std::string type = "custom", description;
     EMBER_DIALECT_TRY(tr.String("type", &type));
     if (type != "custom")
-      return InvalidRequest(path + ".type: '" + type + "' tools (Anthropic's server tools) are not "
-                            "supported; define a custom tool (name, description, input_schema)",
+      return InvalidRequest(path + ".type: '" + type +
+                                "' tools (Anthropic's server tools) are not "
+                                "supported; define a custom tool (name, description, input_schema)",
                             path + ".type", "unsupported_value");
     const json *name = nullptr, *schema = nullptr;
     EMBER_DIALECT_TRY(tr.Required("name", &name));
@@ -262,9 +269,9 @@ MaybeApiError TranslateToolChoice(FieldReader& r, json* chat_body) {
   } else if (type == "auto" || type == "any" || type == "none") {
     (*chat_body)["tool_choice"] = type == "any" ? "required" : type;
   } else {
-    return InvalidRequest("tool_choice.type: must be 'auto', 'any', 'tool' or 'none', got '" +
-                              type + "'",
-                          "tool_choice.type");
+    return InvalidRequest(
+        "tool_choice.type: must be 'auto', 'any', 'tool' or 'none', got '" + type + "'",
+        "tool_choice.type");
   }
   EMBER_DIALECT_TRY(cr.CheckUnknown());
   if (no_parallel) (*chat_body)["parallel_tool_calls"] = !*no_parallel;
@@ -369,7 +376,8 @@ std::string AnthropicPath(const std::string& path, const std::vector<std::string
   if (path.rfind("tools[", 0) == 0) {
     const size_t close = path.find(']');
     const std::string tool = path.substr(0, close + 1);
-    if (auto r = RenamedPath(path, tool + ".function.parameters", tool + ".input_schema")) return *r;
+    if (auto r = RenamedPath(path, tool + ".function.parameters", tool + ".input_schema"))
+      return *r;
     if (auto r = RenamedPath(path, tool + ".function", tool)) return *r;
   }
   return path;
@@ -388,13 +396,20 @@ ApiError WithAnthropicFieldNames(ApiError error, const std::vector<std::string>&
 
 std::string AnthropicErrorType(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "overloaded_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
   }
 }
 
@@ -492,16 +507,16 @@ void AnthropicOutput::OpenBlock(Block block, std::string* out) {
       block == Block::kThinking
           ? out_json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
           : out_json{{"type", "text"}, {"text", ""}};
-  *out += SseNamedEvent("content_block_start", {{"type", "content_block_start"},
-                                                {"index", num_blocks_},
-                                                {"content_block", content_block}});
+  *out += SseNamedEvent(
+      "content_block_start",
+      {{"type", "content_block_start"}, {"index", num_blocks_}, {"content_block", content_block}});
   open_ = block;
 }
 
 void AnthropicOutput::CloseBlock(std::string* out) {
   if (open_ == Block::kNone) return;
-  *out += SseNamedEvent("content_block_stop",
-                        {{"type", "content_block_stop"}, {"index", num_blocks_}});
+  *out +=
+      SseNamedEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", num_blocks_}});
   open_ = Block::kNone;
   ++num_blocks_;
 }
@@ -513,18 +528,17 @@ void AnthropicOutput::ToolUseBlock(const out_json& call, std::string* out) {
                           {"id", ToolUseId(StringField(call, "id"))},
                           {"name", call["function"]["name"]},
                           {"input", out_json::object()}};
-  *out += SseNamedEvent("content_block_start", {{"type", "content_block_start"},
-                                                {"index", num_blocks_},
-                                                {"content_block", block}});
+  *out += SseNamedEvent(
+      "content_block_start",
+      {{"type", "content_block_start"}, {"index", num_blocks_}, {"content_block", block}});
   std::string arguments = StringField(call["function"], "arguments");
   if (arguments.empty()) arguments = "{}";
-  *out += SseNamedEvent(
-      "content_block_delta",
-      {{"type", "content_block_delta"},
-       {"index", num_blocks_},
-       {"delta", {{"type", "input_json_delta"}, {"partial_json", arguments}}}});
-  *out += SseNamedEvent("content_block_stop",
-                        {{"type", "content_block_stop"}, {"index", num_blocks_}});
+  *out += SseNamedEvent("content_block_delta",
+                        {{"type", "content_block_delta"},
+                         {"index", num_blocks_},
+                         {"delta", {{"type", "input_json_delta"}, {"partial_json", arguments}}}});
+  *out +=
+      SseNamedEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", num_blocks_}});
   ++num_blocks_;
 }
 
@@ -543,10 +557,10 @@ void AnthropicOutput::Chunk(const out_json& chunk, std::string* out) {
   const std::string text = StringField(delta, "content");
   if (!text.empty()) {
     OpenBlock(Block::kText, out);
-    *out += SseNamedEvent("content_block_delta",
-                          {{"type", "content_block_delta"},
-                           {"index", num_blocks_},
-                           {"delta", {{"type", "text_delta"}, {"text", text}}}});
+    *out +=
+        SseNamedEvent("content_block_delta", {{"type", "content_block_delta"},
+                                              {"index", num_blocks_},
+                                              {"delta", {{"type", "text_delta"}, {"text", text}}}});
   }
   if (delta.contains("tool_calls"))
     for (const out_json& call : delta["tool_calls"]) ToolUseBlock(call, out);
@@ -556,12 +570,12 @@ void AnthropicOutput::Chunk(const out_json& chunk, std::string* out) {
 
 void AnthropicOutput::End(const Usage& usage, const std::string& stop_string, std::string* out) {
   CloseBlock(out);
-  *out += SseNamedEvent(
-      "message_delta",
-      {{"type", "message_delta"},
-       {"delta", {{"stop_reason", StopReason(finish_reason_, stop_string)},
-                  {"stop_sequence", StopSequence(stop_string)}}},
-       {"usage", UsageOf(usage.prompt_tokens, usage.completion_tokens)}});
+  *out += SseNamedEvent("message_delta",
+                        {{"type", "message_delta"},
+                         {"delta",
+                          {{"stop_reason", StopReason(finish_reason_, stop_string)},
+                           {"stop_sequence", StopSequence(stop_string)}}},
+                         {"usage", UsageOf(usage.prompt_tokens, usage.completion_tokens)}});
   *out += SseNamedEvent("message_stop", {{"type", "message_stop"}});
 }
 

@@ -12,7 +12,9 @@ namespace {
 
 using json = nlohmann::json;
 
-RequestJson Parse(const char* text) { return RequestJson::parse(text); }
+RequestJson Parse(const char* text) {
+  return RequestJson::parse(text);
+}
 
 AnthropicTranslation Translate(const char* body, AnthropicRoute route = AnthropicRoute::kMessages) {
   auto r = TranslateAnthropicRequest(Parse(body), route);
@@ -89,27 +91,37 @@ TEST(AnthropicMessagesTest, BadFieldsAreRefusedByName) {
       {R"({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]})", "max_tokens"},
       {R"({"max_tokens": 1, "messages": []})", "messages"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "n": 2})", "n"},
-      {R"({"max_tokens": 1, "messages": [{"role": "system", "content": "hi"}]})", "messages[0].role"},
+      {R"({"max_tokens": 1, "messages": [{"role": "system", "content": "hi"}]})",
+       "messages[0].role"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "image",
-          "source": {}}]}]})", "messages[0].content[0].type"},
+          "source": {}}]}]})",
+       "messages[0].content[0].type"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text",
-          "text": "a", "extra": 1}]}]})", "messages[0].content[0].extra"},
+          "text": "a", "extra": 1}]}]})",
+       "messages[0].content[0].extra"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]})",
        "messages[0].content[0].tool_use_id"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"},
-          {"role": "assistant", "content": "prefill"}]})", "messages[1]"},
+          {"role": "assistant", "content": "prefill"}]})",
+       "messages[1]"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools[0].type"},
+          "tools": [{"type": "web_search_20250305", "name": "web_search"}]})",
+       "tools[0].type"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "tools": [{"name": "f"}]})", "tools[0].input_schema"},
+          "tools": [{"name": "f"}]})",
+       "tools[0].input_schema"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "tool_choice": {"type": "tool"}})", "tool_choice.name"},
+          "tool_choice": {"type": "tool"}})",
+       "tool_choice.name"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "stop_sequences": [1]})", "stop_sequences[0]"},
+          "stop_sequences": [1]})",
+       "stop_sequences[0]"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "thinking": {"type": "enabled"}})", "thinking.budget_tokens"},
+          "thinking": {"type": "enabled"}})",
+       "thinking.budget_tokens"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}],
-          "metadata": {"user_id": "u", "other": 1}})", "metadata.other"},
+          "metadata": {"user_id": "u", "other": 1}})",
+       "metadata.other"},
   };
   for (const auto& [body, param] : cases) {
     const ApiError e = Refusal(body);
@@ -119,16 +131,18 @@ TEST(AnthropicMessagesTest, BadFieldsAreRefusedByName) {
   }
   // count_tokens takes no generation fields.
   EXPECT_EQ(Refusal(R"({"max_tokens": 1, "messages": [{"role": "user", "content": "a"}]})",
-                    AnthropicRoute::kCountTokens).param,
+                    AnthropicRoute::kCountTokens)
+                .param,
             "max_tokens");
-  EXPECT_FALSE(Translate(R"({"messages": [{"role": "user", "content": "a"}]})",
-                         AnthropicRoute::kCountTokens).chat_body.contains("max_tokens"));
+  EXPECT_FALSE(
+      Translate(R"({"messages": [{"role": "user", "content": "a"}]})", AnthropicRoute::kCountTokens)
+          .chat_body.contains("max_tokens"));
 }
 
 TEST(AnthropicMessagesTest, ChatErrorsGetAnthropicFieldNames) {
   const std::vector<std::string> paths = {"system", "messages[0]", "messages[1].content[0]"};
-  ApiError e = WithAnthropicFieldNames(InvalidRequest("tools[2].function.parameters: bad",
-                                                      "tools[2].function.parameters"), paths);
+  ApiError e = WithAnthropicFieldNames(
+      InvalidRequest("tools[2].function.parameters: bad", "tools[2].function.parameters"), paths);
   EXPECT_EQ(e.param, "tools[2].input_schema");
   EXPECT_EQ(e.message, "tools[2].input_schema: bad");
   EXPECT_EQ(WithAnthropicFieldNames(InvalidRequest("stop: too many", "stop"), paths).param,
@@ -153,27 +167,30 @@ TEST(AnthropicMessagesTest, ErrorShapeByStatus) {
 }
 
 json ChatBody(const char* message, const char* finish) {
-  json body = {{"id", "chatcmpl-1"}, {"object", "chat.completion"}, {"model", "m"},
+  json body = {{"id", "chatcmpl-1"},
+               {"object", "chat.completion"},
+               {"model", "m"},
                {"usage", {{"prompt_tokens", 11}, {"completion_tokens", 7}}}};
-  body["choices"] = json::array(
-      {{{"index", 0}, {"message", json::parse(message)}, {"finish_reason", finish}}});
+  body["choices"] =
+      json::array({{{"index", 0}, {"message", json::parse(message)}, {"finish_reason", finish}}});
   return body;
 }
 
 TEST(AnthropicMessagesTest, BodyHasBlocksStopReasonAndUsage) {
   AnthropicOutput out("served");
-  const json body = out.Body(
-      ChatBody(R"({"role": "assistant", "content": "Sure.", "reasoning_content": "hmm",
+  const json body =
+      out.Body(ChatBody(R"({"role": "assistant", "content": "Sure.", "reasoning_content": "hmm",
                    "tool_calls": [{"id": "call_abc", "type": "function",
                                    "function": {"name": "f", "arguments": "{\"a\":1}"}}]})",
-               "tool_calls"),
-      "");
+                        "tool_calls"),
+               "");
   EXPECT_EQ(body["type"], "message");
   EXPECT_EQ(body["role"], "assistant");
   EXPECT_EQ(body["model"], "served");
   EXPECT_EQ(body["id"].get<std::string>().rfind("msg_", 0), 0u);
   ASSERT_EQ(body["content"].size(), 3u);
-  EXPECT_EQ(body["content"][0], json::parse(R"({"type": "thinking", "thinking": "hmm", "signature": ""})"));
+  EXPECT_EQ(body["content"][0],
+            json::parse(R"({"type": "thinking", "thinking": "hmm", "signature": ""})"));
   EXPECT_EQ(body["content"][1], json::parse(R"({"type": "text", "text": "Sure."})"));
   EXPECT_EQ(body["content"][2], json::parse(R"({"type": "tool_use", "id": "toolu_abc", "name": "f",
                                                 "input": {"a": 1}})"));
@@ -206,7 +223,8 @@ std::vector<std::pair<std::string, json>> Events(const std::string& sse) {
 }
 
 json Chunk(const char* delta, const char* finish = nullptr) {
-  json choice = {{"index", 0}, {"delta", json::parse(delta)},
+  json choice = {{"index", 0},
+                 {"delta", json::parse(delta)},
                  {"finish_reason", finish ? json(finish) : json(nullptr)}};
   return {{"object", "chat.completion.chunk"}, {"choices", json::array({choice})}};
 }
@@ -220,23 +238,23 @@ TEST(AnthropicMessagesTest, StreamOpensAndClosesBlocksInOrder) {
   out.Chunk(Chunk(R"({"reasoning_content": " think", "content": "Hi"})"), &sse);
   out.Chunk(Chunk(R"({"content": " there"})"), &sse);
   out.Chunk(Chunk(R"({"tool_calls": [{"index": 0, "id": "call_9", "type": "function",
-                      "function": {"name": "f", "arguments": "{\"a\":2}"}}]})"), &sse);
+                      "function": {"name": "f", "arguments": "{\"a\":2}"}}]})"),
+            &sse);
   out.Chunk(Chunk("{}", "tool_calls"), &sse);
   out.End(Usage{.prompt_tokens = 9, .completion_tokens = 5}, "", &sse);
   const auto events = Events(sse);
   std::vector<std::string> names;
   for (const auto& [name, data] : events) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{
-                       "message_start", "ping",
-                       "content_block_start", "content_block_delta", "content_block_delta",
-                       "content_block_stop",
-                       "content_block_start", "content_block_delta", "content_block_delta",
-                       "content_block_stop",
+                       "message_start", "ping", "content_block_start", "content_block_delta",
+                       "content_block_delta", "content_block_stop", "content_block_start",
+                       "content_block_delta", "content_block_delta", "content_block_stop",
                        "content_block_start", "content_block_delta", "content_block_stop",
                        "message_delta", "message_stop"}));
   EXPECT_EQ(events[0].second["message"]["usage"]["input_tokens"], 9);
   EXPECT_EQ(events[2].second["content_block"]["type"], "thinking");
-  EXPECT_EQ(events[3].second["delta"], json::parse(R"({"type": "thinking_delta", "thinking": "let me"})"));
+  EXPECT_EQ(events[3].second["delta"],
+            json::parse(R"({"type": "thinking_delta", "thinking": "let me"})"));
   EXPECT_EQ(events[6].second["index"], 1);
   EXPECT_EQ(events[7].second["delta"], json::parse(R"({"type": "text_delta", "text": "Hi"})"));
   EXPECT_EQ(events[10].second["index"], 2);

@@ -11,7 +11,9 @@ constexpr const char* kMessagesRoute = "/v1/messages";
 constexpr const char* kCountTokensRoute = "/v1/messages/count_tokens";
 constexpr const char* kResponsesRoute = "/v1/responses";
 
-bool IsAnthropicPath(const std::string& path) { return path.rfind(kMessagesRoute, 0) == 0; }
+bool IsAnthropicPath(const std::string& path) {
+  return path.rfind(kMessagesRoute, 0) == 0;
+}
 
 DialectResult PrepareAnthropic(const ServedModel& model, const RequestJson& body,
                                AnthropicRoute route) {
@@ -58,8 +60,8 @@ void ShapeDialectError(const std::string& path, int status, std::string* body) {
   std::string message = "error " + std::to_string(status);
   if (parsed.is_object() && parsed.contains("error") && parsed["error"].is_object())
     message = parsed["error"].value("message", message);
-  *body = AnthropicErrorJson(status, message).dump(-1, ' ', false,
-                                                   nlohmann::json::error_handler_t::replace) +
+  *body = AnthropicErrorJson(status, message)
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
           "\n";
 }
 

@@ -40,8 +40,8 @@ std::string StringField(const nlohmann::json& o, const char* key) {
 }
 
 std::string SseNamedEvent(const std::string& name, const nlohmann::json& data) {
-  return "event: " + name + "\ndata: " +
-         data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+  return "event: " + name +
+         "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
 }
 
 const RequestJson* FieldReader::Get(const std::string& name) {
@@ -91,7 +91,8 @@ MaybeApiError FieldReader::Int(const std::string& name, int64_t lo, int64_t hi,
 
 MaybeApiError FieldReader::Object(const std::string& name, const RequestJson** out) {
   *out = Get(name);
-  if (*out != nullptr && !(*out)->is_object()) return FieldTypeError(Path(name), "an object", **out);
+  if (*out != nullptr && !(*out)->is_object())
+    return FieldTypeError(Path(name), "an object", **out);
   return std::nullopt;
 }
 
@@ -104,8 +105,9 @@ MaybeApiError FieldReader::Array(const std::string& name, const RequestJson** ou
 MaybeApiError FieldReader::CheckUnknown() const {
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     if (known_.count(it.key()) == 0) {
-      return InvalidRequest(Path(it.key()) + ": Extra inputs are not permitted (this server does "
-                                             "not implement this field)",
+      return InvalidRequest(Path(it.key()) +
+                                ": Extra inputs are not permitted (this server does "
+                                "not implement this field)",
                             Path(it.key()), "unknown_parameter");
     }
   }

@@ -20,8 +20,8 @@ namespace ember::serve {
 
 using MaybeApiError = std::optional<ApiError>;
 
-#define EMBER_DIALECT_TRY(expr)                   \
-  do {                                            \
+#define EMBER_DIALECT_TRY(expr)                           \
+  do {                                                    \
     if (auto _dialect_err = (expr)) return *_dialect_err; \
   } while (0)
 

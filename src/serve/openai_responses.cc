@@ -18,7 +18,8 @@ MaybeApiError ReadContentText(const json& content, const std::string& path, std:
     *out = content.get<std::string>();
     return std::nullopt;
   }
-  if (!content.is_array()) return FieldTypeError(path, "a string or an array of content parts", content);
+  if (!content.is_array())
+    return FieldTypeError(path, "a string or an array of content parts", content);
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string ppath = ItemPath(path, i);
     if (!content[i].is_object()) return FieldTypeError(ppath, "an object", content[i]);
@@ -29,8 +30,10 @@ MaybeApiError ReadContentText(const json& content, const std::string& path, std:
     if (!t->is_string()) return FieldTypeError(pr.Path("type"), "a string", *t);
     type = t->get<std::string>();
     if (type != "input_text" && type != "output_text") {
-      return InvalidRequest(ppath + ".type: only 'input_text' and 'output_text' parts are supported "
-                            "by this server (no images, files or audio), got '" + type + "'",
+      return InvalidRequest(ppath +
+                                ".type: only 'input_text' and 'output_text' parts are supported "
+                                "by this server (no images, files or audio), got '" +
+                                type + "'",
                             ppath + ".type", "unsupported_value");
     }
     const json* text = nullptr;
@@ -75,8 +78,9 @@ class InputItems {
     if (type == "function_call") return FunctionCall(r, path);
     if (type == "function_call_output") return FunctionCallOutput(r, path);
     if (type == "reasoning") return Reasoning(r);
-    return InvalidRequest(path + ".type: '" + type + "' items are not supported by this server "
-                          "(message, function_call, function_call_output, reasoning)",
+    return InvalidRequest(path + ".type: '" + type +
+                              "' items are not supported by this server "
+                              "(message, function_call, function_call_output, reasoning)",
                           path + ".type", "unsupported_value");
   }
 
@@ -85,8 +89,11 @@ class InputItems {
     std::string role, text;
     EMBER_DIALECT_TRY(RequiredString(r, "role", &role));
     if (role != "user" && role != "assistant" && role != "system" && role != "developer")
-      return InvalidRequest(path + ".role: must be 'user', 'assistant', 'system' or 'developer', "
-                            "got '" + role + "'", path + ".role");
+      return InvalidRequest(path +
+                                ".role: must be 'user', 'assistant', 'system' or 'developer', "
+                                "got '" +
+                                role + "'",
+                            path + ".role");
     const json* content = nullptr;
     EMBER_DIALECT_TRY(r.Required("content", &content));
     EMBER_DIALECT_TRY(ReadContentText(*content, r.Path("content"), &text));
@@ -104,7 +111,8 @@ class InputItems {
     EMBER_DIALECT_TRY(RequiredString(r, "name", &name));
     EMBER_DIALECT_TRY(RequiredString(r, "arguments", &arguments));
     EMBER_DIALECT_TRY(r.CheckUnknown());
-    const json call = {{"id", call_id}, {"type", "function"},
+    const json call = {{"id", call_id},
+                       {"type", "function"},
                        {"function", {{"name", name}, {"arguments", arguments}}}};
     if (!assistant_open_) {
       json message = {{"role", "assistant"}, {"content", ""}};
@@ -135,8 +143,10 @@ class InputItems {
     EMBER_DIALECT_TRY(Texts(r, "content", "reasoning_text", &content));
     EMBER_DIALECT_TRY(Texts(r, "summary", "summary_text", &summary));
     if (r.Get("encrypted_content") != nullptr)
-      return InvalidRequest(r.Path("encrypted_content") + ": this server never encrypts reasoning "
-                            "and cannot read it", r.Path("encrypted_content"), "unsupported_value");
+      return InvalidRequest(r.Path("encrypted_content") +
+                                ": this server never encrypts reasoning "
+                                "and cannot read it",
+                            r.Path("encrypted_content"), "unsupported_value");
     EMBER_DIALECT_TRY(r.CheckUnknown());
     pending_reasoning_ += content.empty() ? summary : content;
     return std::nullopt;
@@ -186,8 +196,10 @@ MaybeApiError TranslateTools(FieldReader& r, json* chat, json* echo) {
     std::string type, name, description;
     EMBER_DIALECT_TRY(RequiredString(tr, "type", &type));
     if (type != "function")
-      return InvalidRequest(path + ".type: '" + type + "' tools are not supported by this server "
-                            "(only 'function')", path + ".type", "unsupported_value");
+      return InvalidRequest(path + ".type: '" + type +
+                                "' tools are not supported by this server "
+                                "(only 'function')",
+                            path + ".type", "unsupported_value");
     EMBER_DIALECT_TRY(RequiredString(tr, "name", &name));
     EMBER_DIALECT_TRY(tr.String("description", &description));
     const json* parameters = nullptr;
@@ -220,8 +232,9 @@ MaybeApiError TranslateToolChoice(FieldReader& r, json* chat, json* echo) {
   std::string type, name;
   EMBER_DIALECT_TRY(RequiredString(cr, "type", &type));
   if (type != "function")
-    return InvalidRequest("tool_choice.type: only 'function' is supported by this server, got '" +
-                              type + "'", "tool_choice.type", "unsupported_value");
+    return InvalidRequest(
+        "tool_choice.type: only 'function' is supported by this server, got '" + type + "'",
+        "tool_choice.type", "unsupported_value");
   EMBER_DIALECT_TRY(RequiredString(cr, "name", &name));
   EMBER_DIALECT_TRY(cr.CheckUnknown());
   (*chat)["tool_choice"] = json{{"type", "function"}, {"function", {{"name", name}}}};
@@ -254,8 +267,9 @@ MaybeApiError TranslateText(FieldReader& r, json* chat, json* echo) {
     return std::nullopt;
   }
   if (type != "json_schema")
-    return InvalidRequest("text.format.type: must be 'text', 'json_object' or 'json_schema', got '" +
-                              type + "'", "text.format.type", "unsupported_value");
+    return InvalidRequest(
+        "text.format.type: must be 'text', 'json_object' or 'json_schema', got '" + type + "'",
+        "text.format.type", "unsupported_value");
   std::string name, description;
   EMBER_DIALECT_TRY(RequiredString(fr, "name", &name));
   EMBER_DIALECT_TRY(fr.String("description", &description));
@@ -288,8 +302,11 @@ MaybeApiError TranslateReasoning(FieldReader& r, json* chat, json* echo) {
     bool known = false;
     for (const char* e : kEfforts) known |= effort == e;
     if (!known)
-      return InvalidRequest("reasoning.effort: must be none, minimal, low, medium, high or xhigh, "
-                            "got '" + effort + "'", "reasoning.effort");
+      return InvalidRequest(
+          "reasoning.effort: must be none, minimal, low, medium, high or xhigh, "
+          "got '" +
+              effort + "'",
+          "reasoning.effort");
     (*chat)["chat_template_kwargs"] =
         json{{"enable_thinking", effort != "none" && effort != "minimal"}};
   }
@@ -303,9 +320,10 @@ MaybeApiError TranslateReasoning(FieldReader& r, json* chat, json* echo) {
 MaybeApiError RefuseStatefulFields(FieldReader& r) {
   for (const char* name : {"previous_response_id", "conversation", "prompt"}) {
     if (r.Get(name) != nullptr)
-      return InvalidRequest(std::string(name) + ": not supported: this server is stateless (it "
-                            "stores no responses, conversations or prompts); send the whole "
-                            "conversation as input items",
+      return InvalidRequest(std::string(name) +
+                                ": not supported: this server is stateless (it "
+                                "stores no responses, conversations or prompts); send the whole "
+                                "conversation as input items",
                             name, "unsupported_parameter");
   }
   std::optional<bool> background, store;
@@ -317,8 +335,10 @@ MaybeApiError RefuseStatefulFields(FieldReader& r) {
   std::string truncation;
   EMBER_DIALECT_TRY(r.String("truncation", &truncation));
   if (!truncation.empty() && truncation != "disabled")
-    return InvalidRequest("truncation: only 'disabled' is supported (a prompt past the context is "
-                          "a 400)", "truncation", "unsupported_value");
+    return InvalidRequest(
+        "truncation: only 'disabled' is supported (a prompt past the context is "
+        "a 400)",
+        "truncation", "unsupported_value");
   const json* include = nullptr;
   EMBER_DIALECT_TRY(r.Array("include", &include));
   if (include != nullptr && !include->empty())
@@ -354,13 +374,20 @@ MaybeApiError TranslateSampling(FieldReader& r, json* chat, json* echo) {
 }
 
 nlohmann::json DefaultEcho() {
-  return {{"instructions", nullptr},     {"max_output_tokens", nullptr},
-          {"metadata", json::object()},  {"parallel_tool_calls", true},
-          {"previous_response_id", nullptr}, {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
-          {"store", false},              {"temperature", nullptr},
-          {"text", {{"format", {{"type", "text"}}}}}, {"tool_choice", "auto"},
-          {"tools", json::array()},      {"top_p", nullptr},
-          {"truncation", "disabled"},    {"user", nullptr},
+  return {{"instructions", nullptr},
+          {"max_output_tokens", nullptr},
+          {"metadata", json::object()},
+          {"parallel_tool_calls", true},
+          {"previous_response_id", nullptr},
+          {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+          {"store", false},
+          {"temperature", nullptr},
+          {"text", {{"format", {{"type", "text"}}}}},
+          {"tool_choice", "auto"},
+          {"tools", json::array()},
+          {"top_p", nullptr},
+          {"truncation", "disabled"},
+          {"user", nullptr},
           {"background", false}};
 }
 
@@ -425,7 +452,8 @@ ApiError WithResponsesFieldNames(ApiError error, const std::vector<std::string>&
     renamed = RenamedPath(path, tool + ".function", tool);
   }
   if (!renamed) return error;
-  if (error.message.rfind(path, 0) == 0) error.message = *renamed + error.message.substr(path.size());
+  if (error.message.rfind(path, 0) == 0)
+    error.message = *renamed + error.message.substr(path.size());
   error.param = *renamed;
   return error;
 }
@@ -443,13 +471,18 @@ std::string NewId(const char* prefix) {
 }
 
 out_json OutputTextPart(const std::string& text) {
-  return {{"type", "output_text"}, {"text", text}, {"annotations", out_json::array()},
+  return {{"type", "output_text"},
+          {"text", text},
+          {"annotations", out_json::array()},
           {"logprobs", out_json::array()}};
 }
 
 out_json MessageItem(const std::string& id, const std::string& status, const std::string& text,
                      bool with_part) {
-  return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"},
+  return {{"type", "message"},
+          {"id", id},
+          {"status", status},
+          {"role", "assistant"},
           {"content", with_part ? out_json::array({OutputTextPart(text)}) : out_json::array()}};
 }
 
@@ -461,8 +494,11 @@ out_json ReasoningItem(const std::string& id, const std::string& text) {
 
 out_json FunctionCallItem(const out_json& call, const std::string& status,
                           const std::string& arguments) {
-  return {{"type", "function_call"}, {"id", NewId("fc_")}, {"call_id", StringField(call, "id")},
-          {"name", StringField(call["function"], "name")}, {"arguments", arguments},
+  return {{"type", "function_call"},
+          {"id", NewId("fc_")},
+          {"call_id", StringField(call, "id")},
+          {"name", StringField(call["function"], "name")},
+          {"arguments", arguments},
           {"status", status}};
 }
 
@@ -484,9 +520,9 @@ ResponsesOutput::ResponsesOutput(std::string model, nlohmann::json echo)
 }
 
 out_json ResponsesOutput::ResponseJson(const std::string& status, const Usage* usage) const {
-  out_json body = {{"id", id_}, {"object", "response"}, {"created_at", created_at_},
-                   {"status", status}, {"error", nullptr}, {"incomplete_details", nullptr},
-                   {"model", model_}, {"output", items_}};
+  out_json body = {{"id", id_},        {"object", "response"}, {"created_at", created_at_},
+                   {"status", status}, {"error", nullptr},     {"incomplete_details", nullptr},
+                   {"model", model_},  {"output", items_}};
   if (status == "incomplete") body["incomplete_details"] = {{"reason", "max_output_tokens"}};
   for (auto it = echo_.begin(); it != echo_.end(); ++it) body[it.key()] = it.value();
   body["usage"] = usage != nullptr ? UsageJsonOf(*usage) : out_json(nullptr);
@@ -502,10 +538,12 @@ out_json ResponsesOutput::Body(const out_json& chat, const std::string& /*stop_s
   if (!reasoning.empty()) items_.push_back(ReasoningItem(NewId("rs_"), reasoning));
   const std::string text = StringField(message, "content");
   const bool has_calls = message.contains("tool_calls") && !message["tool_calls"].empty();
-  if (!text.empty() || !has_calls) items_.push_back(MessageItem(NewId("msg_"), item_status, text, true));
+  if (!text.empty() || !has_calls)
+    items_.push_back(MessageItem(NewId("msg_"), item_status, text, true));
   if (has_calls) {
     for (const out_json& call : message["tool_calls"])
-      items_.push_back(FunctionCallItem(call, "completed", StringField(call["function"], "arguments")));
+      items_.push_back(
+          FunctionCallItem(call, "completed", StringField(call["function"], "arguments")));
   }
   const out_json& u = chat.at("usage");
   Usage usage;
@@ -540,8 +578,11 @@ void ResponsesOutput::OpenItem(Open kind, std::string* out) {
   }
   items_.push_back(MessageItem(NewId("msg_"), "in_progress", "", false));
   Emit("response.output_item.added", {{"output_index", index}, {"item", items_.back()}}, out);
-  Emit("response.content_part.added", {{"item_id", items_.back()["id"]}, {"output_index", index},
-                                       {"content_index", 0}, {"part", OutputTextPart("")}},
+  Emit("response.content_part.added",
+       {{"item_id", items_.back()["id"]},
+        {"output_index", index},
+        {"content_index", 0},
+        {"part", OutputTextPart("")}},
        out);
 }
 
@@ -551,17 +592,24 @@ void ResponsesOutput::CloseItem(std::string* out) {
   out_json& item = items_.back();
   const out_json item_id = item["id"];
   if (open_ == Open::kReasoning) {
-    Emit("response.reasoning_text.done", {{"item_id", item_id}, {"output_index", index},
-                                          {"content_index", 0}, {"text", open_text_}},
-         out);
+    Emit(
+        "response.reasoning_text.done",
+        {{"item_id", item_id}, {"output_index", index}, {"content_index", 0}, {"text", open_text_}},
+        out);
     item = ReasoningItem(item_id.get<std::string>(), open_text_);
   } else {
-    Emit("response.output_text.done", {{"item_id", item_id}, {"output_index", index},
-                                       {"content_index", 0}, {"text", open_text_},
-                                       {"logprobs", out_json::array()}},
+    Emit("response.output_text.done",
+         {{"item_id", item_id},
+          {"output_index", index},
+          {"content_index", 0},
+          {"text", open_text_},
+          {"logprobs", out_json::array()}},
          out);
-    Emit("response.content_part.done", {{"item_id", item_id}, {"output_index", index},
-                                        {"content_index", 0}, {"part", OutputTextPart(open_text_)}},
+    Emit("response.content_part.done",
+         {{"item_id", item_id},
+          {"output_index", index},
+          {"content_index", 0},
+          {"part", OutputTextPart(open_text_)}},
          out);
     item = MessageItem(item_id.get<std::string>(), incomplete() ? "incomplete" : "completed",
                        open_text_, true);
@@ -581,7 +629,9 @@ void ResponsesOutput::FunctionCall(const out_json& call, std::string* out) {
   Emit("response.function_call_arguments.delta",
        {{"item_id", item_id}, {"output_index", index}, {"delta", arguments}}, out);
   Emit("response.function_call_arguments.done",
-       {{"item_id", item_id}, {"output_index", index}, {"arguments", arguments},
+       {{"item_id", item_id},
+        {"output_index", index},
+        {"arguments", arguments},
         {"name", items_.back()["name"]}},
        out);
   items_.back()["arguments"] = arguments;
@@ -626,9 +676,10 @@ void ResponsesOutput::End(const Usage& usage, const std::string& /*stop_string*/
 }
 
 void ResponsesOutput::Fail(const ApiError& error, std::string* out) {
-  Emit("error", {{"code", error.code.empty() ? out_json(nullptr) : out_json(error.code)},
-                 {"message", error.message},
-                 {"param", error.param.empty() ? out_json(nullptr) : out_json(error.param)}},
+  Emit("error",
+       {{"code", error.code.empty() ? out_json(nullptr) : out_json(error.code)},
+        {"message", error.message},
+        {"param", error.param.empty() ? out_json(nullptr) : out_json(error.param)}},
        out);
 }
 

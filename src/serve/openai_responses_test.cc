@@ -22,7 +22,8 @@ TEST(OpenAiResponsesTest, StringInputAndInstructions) {
   const ResponsesTranslation t = Translate(
       R"({"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9,
           "temperature": 0.2, "store": true, "metadata": {"k": "v"}})");
-  EXPECT_EQ(t.chat_body["messages"], RequestJson::parse(R"([{"role": "system", "content": "Be brief."},
+  EXPECT_EQ(t.chat_body["messages"],
+            RequestJson::parse(R"([{"role": "system", "content": "Be brief."},
                                                            {"role": "user", "content": "Hi"}])"));
   EXPECT_EQ(t.chat_body["max_tokens"], 9);
   EXPECT_EQ(t.chat_body["temperature"], 0.2);
@@ -56,7 +57,8 @@ TEST(OpenAiResponsesTest, ItemsBecomeChatTurns) {
   EXPECT_EQ(m[1]["tool_calls"][0], RequestJson::parse(R"({"id": "call_1", "type": "function",
       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})"));
   EXPECT_EQ(m[1]["tool_calls"][1]["id"], "call_2");
-  EXPECT_EQ(m[2], RequestJson::parse(R"({"role": "tool", "tool_call_id": "call_1", "content": "21C"})"));
+  EXPECT_EQ(m[2],
+            RequestJson::parse(R"({"role": "tool", "tool_call_id": "call_1", "content": "21C"})"));
   EXPECT_EQ(m[4], RequestJson::parse(R"({"role": "assistant", "content": "Sunny."})"));
   EXPECT_EQ(m[5], RequestJson::parse(R"({"role": "user", "content": "Thanks"})"));
   EXPECT_EQ(t.message_paths[1], "input[2]");
@@ -77,8 +79,10 @@ TEST(OpenAiResponsesTest, BadAndStatefulFieldsAreRefusedByName) {
       {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})",
        "input[0].content[0].type"},
       {R"({"input": [{"type": "item_reference", "id": "x"}]})", "input[0].type"},
-      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})", "input[0].call_id"},
-      {R"({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}})", "text.format.name"},
+      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})",
+       "input[0].call_id"},
+      {R"({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}})",
+       "text.format.name"},
       {R"({"input": "x", "include": ["reasoning.encrypted_content"]})", "include[0]"},
   };
   for (const auto& [body, param] : cases) {
@@ -92,17 +96,22 @@ TEST(OpenAiResponsesTest, BadAndStatefulFieldsAreRefusedByName) {
   const std::vector<std::string> paths = {"instructions", "input[0]"};
   EXPECT_EQ(WithResponsesFieldNames(InvalidRequest("max_tokens: x", "max_tokens"), paths).param,
             "max_output_tokens");
-  EXPECT_EQ(WithResponsesFieldNames(InvalidRequest("x", "tools[1].function.parameters"), paths).param,
-            "tools[1].parameters");
-  EXPECT_EQ(WithResponsesFieldNames(InvalidRequest("x", "response_format.json_schema.schema"), paths)
-                .param, "text.format.schema");
+  EXPECT_EQ(
+      WithResponsesFieldNames(InvalidRequest("x", "tools[1].function.parameters"), paths).param,
+      "tools[1].parameters");
+  EXPECT_EQ(
+      WithResponsesFieldNames(InvalidRequest("x", "response_format.json_schema.schema"), paths)
+          .param,
+      "text.format.schema");
   EXPECT_EQ(WithResponsesFieldNames(InvalidRequest("x", "messages[1].content"), paths).param,
             "input[0].content");
 }
 
 json ChatBody(const char* message, const char* finish) {
-  json body = {{"usage", {{"prompt_tokens", 5}, {"completion_tokens", 3},
-                          {"prompt_tokens_details", {{"cached_tokens", 2}}}}}};
+  json body = {{"usage",
+                {{"prompt_tokens", 5},
+                 {"completion_tokens", 3},
+                 {"prompt_tokens_details", {{"cached_tokens", 2}}}}}};
   body["choices"] = json::array({{{"message", json::parse(message)}, {"finish_reason", finish}}});
   return body;
 }
@@ -111,7 +120,8 @@ TEST(OpenAiResponsesTest, BodyHasItemsStatusAndUsage) {
   ResponsesOutput out("served", json{{"store", false}, {"tools", json::array()}});
   const json r = out.Body(ChatBody(R"({"content": null, "reasoning_content": "hmm",
       "tool_calls": [{"id": "call_7", "function": {"name": "f", "arguments": "{\"a\":1}"}}]})",
-                                   "tool_calls"), "");
+                                   "tool_calls"),
+                          "");
   EXPECT_EQ(r["object"], "response");
   EXPECT_EQ(r["id"].get<std::string>().rfind("resp_", 0), 0u);
   EXPECT_EQ(r["status"], "completed");
@@ -149,7 +159,8 @@ std::vector<json> Events(const std::string& sse) {
 }
 
 json Chunk(const char* delta, const char* finish = nullptr) {
-  json choice = {{"delta", json::parse(delta)}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  json choice = {{"delta", json::parse(delta)},
+                 {"finish_reason", finish ? json(finish) : json(nullptr)}};
   return {{"choices", json::array({choice})}};
 }
 
@@ -161,7 +172,9 @@ TEST(OpenAiResponsesTest, StreamEventsInOrderWithSequenceNumbers) {
   out.Chunk(Chunk(R"({"reasoning_content": "r"})"), &sse);
   out.Chunk(Chunk(R"({"content": "He"})"), &sse);
   out.Chunk(Chunk(R"({"content": "llo"})"), &sse);
-  out.Chunk(Chunk(R"({"tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": "{}"}}]})"), &sse);
+  out.Chunk(
+      Chunk(R"({"tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": "{}"}}]})"),
+      &sse);
   out.Chunk(Chunk("{}", "tool_calls"), &sse);
   out.End(Usage{.prompt_tokens = 4, .completion_tokens = 6}, "", &sse);
   const std::vector<json> events = Events(sse);
@@ -170,16 +183,16 @@ TEST(OpenAiResponsesTest, StreamEventsInOrderWithSequenceNumbers) {
     EXPECT_EQ(events[i]["sequence_number"], i);
     types.push_back(events[i]["type"]);
   }
-  EXPECT_EQ(types, (std::vector<std::string>{
-      "response.created", "response.in_progress",
-      "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.done",
-      "response.output_item.done",
-      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
-      "response.output_item.done",
-      "response.output_item.added", "response.function_call_arguments.delta",
-      "response.function_call_arguments.done", "response.output_item.done",
-      "response.completed"}));
+  EXPECT_EQ(
+      types,
+      (std::vector<std::string>{
+          "response.created", "response.in_progress", "response.output_item.added",
+          "response.reasoning_text.delta", "response.reasoning_text.done",
+          "response.output_item.done", "response.output_item.added", "response.content_part.added",
+          "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+          "response.content_part.done", "response.output_item.done", "response.output_item.added",
+          "response.function_call_arguments.delta", "response.function_call_arguments.done",
+          "response.output_item.done", "response.completed"}));
   EXPECT_EQ(events[10]["text"], "Hello");
   EXPECT_EQ(events[12]["item"]["content"][0]["text"], "Hello");
   EXPECT_EQ(events[16]["output_index"], 2);
