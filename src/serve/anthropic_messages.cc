@@ -196,6 +196,8 @@ MaybeApiError TranslateMessages(FieldReader& r, ChatMessageList* out) {
       out->Push(json{{"role", role}, {"content", *content}}, path);
     } else if (!content->is_array()) {
       return FieldTypeError(path + ".content", "a string or an array of content blocks", *content);
+    } else if (content->empty()) {
+      return InvalidRequest(path + ".content: must not be empty", path + ".content");
     } else if (role == "user") {
       EMBER_DIALECT_TRY(TranslateUserBlocks(*content, path, out));
     } else {

@@ -90,6 +90,7 @@ TEST(AnthropicMessagesTest, BadFieldsAreRefusedByName) {
       {R"({"messages": [{"role": "user", "content": "hi"}]})", "max_tokens"},
       {R"({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]})", "max_tokens"},
       {R"({"max_tokens": 1, "messages": []})", "messages"},
+      {R"({"max_tokens": 1, "messages": [{"role": "user", "content": []}]})", "messages[0].content"},
       {R"({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "n": 2})", "n"},
       {R"({"max_tokens": 1, "messages": [{"role": "system", "content": "hi"}]})",
        "messages[0].role"},

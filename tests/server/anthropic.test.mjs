@@ -181,6 +181,35 @@ describe('anthropic messages (tinystories-656k + plain template)', { skip: missi
     assert.equal(openai.json.error.param, 'frobnicate');
   });
 
+  test('every field with every wrong type is a 4xx naming a field, never a 500', async () => {
+    const base = { model: MODEL, max_tokens: 1, system: 's', stop_sequences: ['x'], temperature: 0, metadata: { user_id: 'u' },
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }] },
+                 { role: 'assistant', content: [{ type: 'tool_use', id: 't', name: 'f', input: {} }] },
+                 { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't', content: 'r' }] }],
+      tools: [{ name: 'f', input_schema: { type: 'object' } }], tool_choice: { type: 'auto' } };
+    const wrong = [1, -1, 'x', '', true, [], [1], ['x'], [{}], {}, { type: 1 }, { type: 'text' }];
+    // (path into the body, setter) for top-level fields and a few nested ones.
+    const targets = Object.keys(base).map((k) => [k, (b, v) => { b[k] = v; }]);
+    targets.push(['messages[0].content[0]', (b, v) => { b.messages[0].content[0] = v; }],
+                 ['messages[1].content[0].input', (b, v) => { b.messages[1].content[0].input = v; }],
+                 ['messages[2].content[0].content', (b, v) => { b.messages[2].content[0].content = v; }],
+                 ['tools[0].input_schema', (b, v) => { b.tools[0].input_schema = v; }],
+                 ['tool_choice.type', (b, v) => { b.tool_choice.type = v; }]);
+    for (const [where, set] of targets) {
+      for (const value of wrong) {
+        const body = structuredClone(base);
+        set(body, value);
+        const r = await postJson(server.baseURL, '/v1/messages', body);
+        const what = `${where} = ${JSON.stringify(value)}: ${r.text}`;
+        assert.ok(r.status === 200 || r.status === 400 || r.status === 404, what);
+        if (r.status !== 200) {
+          assert.equal(r.json.type, 'error', what);
+          if (r.status === 400) assert.match(r.json.error.message, /^[a-z_]+[a-z_\[\].0-9]*[: ]/, what);
+        }
+      }
+    }
+  });
+
   test('metrics count the route; the server still answers after every error', async () => {
     const metrics = await (await fetch(`${server.baseURL}/metrics`)).text();
     assert.match(metrics, /ember_http_requests_total\{route="\/v1\/messages",status="200"\} [1-9]/);

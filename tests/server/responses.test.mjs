@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
-import { missing, startServer, synthModel, tinyStoriesDir, tokenizersDir } from './helpers.mjs';
+import { missing, postJson, startServer, synthModel, tinyStoriesDir, tmpDir, tokenizersDir } from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -111,6 +111,35 @@ describe('responses (tinystories-656k + plain template)', { skip: missing(tinySt
       });
     }
     await assert.rejects(client.responses.create({ model: 'other', input: 'Hi' }), (err) => err.status === 404);
+
+    // Every field with every wrong type: a 4xx naming a field, never a 500.
+    const base = { model: MODEL, max_output_tokens: 1, instructions: 'i', temperature: 0, top_p: 1, store: false,
+      metadata: { k: 'v' }, parallel_tool_calls: true, text: { format: { type: 'text' } }, reasoning: { effort: 'low' },
+      input: [{ role: 'user', content: [{ type: 'input_text', text: 'a' }] },
+              { type: 'function_call', call_id: 'c', name: 'f', arguments: '{}' },
+              { type: 'function_call_output', call_id: 'c', output: 'r' },
+              { type: 'reasoning', summary: [{ type: 'summary_text', text: 's' }] },
+              { role: 'user', content: 'b' }],
+      tools: [{ type: 'function', name: 'f', parameters: { type: 'object' } }], tool_choice: 'auto' };
+    const wrong = [1, -1, 'x', '', true, [], [1], ['x'], [{}], {}, { type: 1 }, { type: 'function' }];
+    const targets = Object.keys(base).map((k) => [k, (b, v) => { b[k] = v; }]);
+    for (let i = 0; i < base.input.length; i++) targets.push([`input[${i}]`, (b, v) => { b.input[i] = v; }]);
+    targets.push(['input[0].content[0]', (b, v) => { b.input[0].content[0] = v; }],
+                 ['input[1].arguments', (b, v) => { b.input[1].arguments = v; }],
+                 ['input[2].output', (b, v) => { b.input[2].output = v; }],
+                 ['input[3].summary', (b, v) => { b.input[3].summary = v; }],
+                 ['tools[0].parameters', (b, v) => { b.tools[0].parameters = v; }],
+                 ['text.format', (b, v) => { b.text.format = v; }]);
+    for (const [where, set] of targets) {
+      for (const value of wrong) {
+        const body = structuredClone(base);
+        set(body, value);
+        const r = await postJson(server.baseURL, '/v1/responses', body);
+        const what = `${where} = ${JSON.stringify(value)}: ${r.text}`;
+        assert.ok(r.status === 200 || r.status === 400 || r.status === 404, what);
+        if (r.status !== 200) assert.ok(r.json.error.param, what);
+      }
+    }
     const metrics = await (await fetch(`${server.baseURL}/metrics`)).text();
     assert.match(metrics, /ember_http_requests_total\{route="\/v1\/responses",status="200"\} [1-9]/);
     assert.match(metrics, /ember_http_requests_total\{route="\/v1\/responses",status="400"\} [1-9]/);
@@ -167,5 +196,44 @@ describe('responses with qwen3\'s template (ember synth qwen3 + qwen3 tokenizer)
 
     await assert.rejects(client.responses.create({ ...base, input: [question], tool_choice: { type: 'function', name: 'nope' } }),
       (err) => err.status === 400 && err.param === 'tool_choice.name');
+  });
+
+  test('text.format json_schema: the output follows the schema (the chat path\'s structured output)', async () => {
+    const schema = { type: 'object', properties: { ok: { enum: ['yes'] } }, required: ['ok'], additionalProperties: false };
+    // (Random weights favour whitespace, which JSON allows between tokens: a generous budget.)
+    const r = await client.responses.create({ model: MODEL, input: 'JSON please', max_output_tokens: 200, temperature: 0,
+      reasoning: { effort: 'high' }, text: { format: { type: 'json_schema', name: 'answer', schema, strict: true } } });
+    assert.equal(r.status, 'completed', r.output_text);
+    assert.deepEqual(JSON.parse(r.output_text), { ok: 'yes' });
+    assert.equal(r.text.format.type, 'json_schema');
+    await assert.rejects(client.responses.create({ model: MODEL, input: 'x', max_output_tokens: 4,
+      text: { format: { type: 'json_schema', name: 'a', schema: { type: 'string' } } } }),
+      (err) => err.status === 400 && err.param === 'text.format.schema');
+  });
+
+  test('reasoning: a think block comes back as a reasoning item (reasoning_text events when streamed)', async () => {
+    // An R1-style template opens the think block in the prompt; the reply starts inside it.
+    const file = path.join(tmpDir('ember-think-'), 'think.jinja');
+    fs.writeFileSync(file, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<think>\n");
+    const thinking = await startServer(modelDir, ['--chat-template', file, '--reasoning-parser', 'think']);
+    try {
+      const c = thinking.client();
+      const params = { model: MODEL, input: 'Think first.', max_output_tokens: 12, temperature: 0 };
+      const r = await c.responses.create(params);
+      assert.equal(r.output[0].type, 'reasoning');
+      assert.match(r.output[0].id, /^rs_/);
+      const thought = r.output[0].content[0].text;
+      assert.ok(thought.length > 0);
+      const events = await collect(c, params);
+      const deltas = events.filter((e) => e.type === 'response.reasoning_text.delta').map((e) => e.delta).join('');
+      assert.equal(deltas, thought);
+      assert.equal(events.find((e) => e.type === 'response.reasoning_text.done').text, thought);
+      // The reasoning item goes back as input (before the assistant turn it belongs to).
+      const again = await c.responses.create({ ...params, max_output_tokens: 2,
+        input: [{ role: 'user', content: 'Think first.' }, ...r.output, { role: 'user', content: 'More?' }] });
+      assert.equal(again.object, 'response');
+    } finally {
+      await thinking.stop();
+    }
   });
 });
