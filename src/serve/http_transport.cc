@@ -339,7 +339,10 @@ bool Session::OnHeader() {
 }
 
 void Session::FailParse(error_code ec) {
-  if (current_.method.empty() && parser_->is_header_done()) FillHead(parser_->get(), &current_);
+  // An announced Content-Length over the limit fails as the header completes: the header is
+  // whole then too (the error body's shape depends on the path).
+  if (current_.method.empty() && (parser_->is_header_done() || ec == http::error::body_limit))
+    FillHead(parser_->get(), &current_);
   if (!header_checked_) started_ = Clock::now();
   const auto& error = owner_->hooks.error;
   if (ec == http::error::body_limit) {

@@ -24,7 +24,13 @@ TextDelta StopStringMatcher::Push(std::string_view piece) {
   // Earliest match over all stop strings. Only the held suffix (shorter than the longest stop
   // string) plus the new piece can contain a match not seen before, and pending_ is exactly that.
   size_t first = std::string::npos;
-  for (const std::string& s : stop_strings_) first = std::min(first, pending_.find(s));
+  for (const std::string& s : stop_strings_) {
+    const size_t at = pending_.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     delta.text = pending_.substr(0, first);
     delta.stopped = true;

@@ -34,6 +34,8 @@ class StopStringMatcher {
   std::string Finish();
 
   bool stopped() const { return stopped_; }
+  // The stop string that matched ("" until one did; the earliest, the first listed on a tie).
+  const std::string& matched() const { return matched_; }
   size_t num_held_bytes() const { return pending_.size(); }
 
  private:
@@ -42,6 +44,7 @@ class StopStringMatcher {
 
   std::vector<std::string> stop_strings_;
   std::string pending_;  // text received but not yet released
+  std::string matched_;
   bool stopped_ = false;
 };
 

@@ -79,6 +79,15 @@ TEST(StopStringMatcherTest, EarliestOfSeveralStopsWins) {
   TextDelta d = m.Push("Hello world");
   EXPECT_TRUE(d.stopped);
   EXPECT_EQ(d.text, "Hel");
+  EXPECT_EQ(m.matched(), "lo w");  // the earliest match, not the first listed
+}
+
+TEST(StopStringMatcherTest, MatchedIsEmptyUntilAStopStringMatches) {
+  StopStringMatcher m({"END"});
+  EXPECT_EQ(m.Push("abc EN").text, "abc ");
+  EXPECT_EQ(m.matched(), "");
+  EXPECT_TRUE(m.Push("D").stopped);
+  EXPECT_EQ(m.matched(), "END");
 }
 
 TEST(StopStringMatcherTest, OverlappingPrefixesHoldTheLongestCandidate) {

@@ -37,6 +37,8 @@ class TextStream {
   std::string Finish();
 
   bool stopped() const { return matcher_.stopped(); }
+  // The stop string that ended the sample ("" when none did).
+  const std::string& stop_string() const { return matcher_.matched(); }
 
  private:
   const Tokenizer& tokenizer_;
