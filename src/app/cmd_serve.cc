@@ -16,6 +16,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/model_files.h"
 #include "serve/http_server.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
@@ -54,7 +55,7 @@ int ServeCommand(int argc, char** argv, int first) {
       "       [--max-body-bytes B] [--http-threads N] [--max-connections N]\n"
       "       [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S]\n"
       "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H] [--cors-origin O]");
-  flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder or .gguf file");
   flags.AddString("--host", &host, "address to bind (default 127.0.0.1: loopback only)");
   flags.AddInt("--port", &port, "TCP port (default 8080; 0 = any free port)");
   flags.AddString("--served-model-name", &served_name, "model id clients use (default: folder name)");
@@ -140,10 +141,9 @@ int ServeCommand(int argc, char** argv, int first) {
 
   // The tokenizer and the chat template before the weights: a missing or broken one fails in
   // milliseconds, not after minutes of loading a large model.
-  if (!FileExists(model_dir + "/tokenizer.json"))
-    return Fail(model_dir + "/tokenizer.json: not found (serve needs it)");
-  auto tokenizer = Tokenizer::Load(model_dir);
+  auto tokenizer = LoadModelTokenizer(model_dir);
   if (!tokenizer.ok()) return Fail(tokenizer.message());
+  if (*tokenizer == nullptr) return Fail(TokenizerSource(model_dir) + ": not found (serve needs it)");
   ChatTemplate chat_template;
   bool have_template_object = false;
   if (!chat_template_file.empty()) {
@@ -154,7 +154,7 @@ int ServeCommand(int argc, char** argv, int first) {
     chat_template = std::move(*t);
     have_template_object = true;
   } else {
-    auto t = ChatTemplate::Load(model_dir);
+    auto t = LoadModelChatTemplate(model_dir);
     if (!t.ok()) return Fail(t.message());
     chat_template = std::move(*t);
     have_template_object = true;

@@ -1,4 +1,5 @@
-// Model: a loaded Hugging Face checkpoint (config + mmapped safetensors) bound to a backend, as
+// Model: a loaded checkpoint (a Hugging Face folder's config + mmapped safetensors, or one GGUF
+// file) bound to a backend, as
 // the engine sees it: one Forward per step over a BatchPlan, logits out. The model owns the
 // backend, the weight mappings and the paged KV pool. Not thread-safe: the engine drives it from
 // one thread (its engine thread); config()/generation_defaults() are immutable after Load.
@@ -121,7 +122,8 @@ struct ModelLoadOptions : BackendChoice {
 
 class Model {
  public:
-  // Loads the checkpoint in `dir` onto `backend` (which the model then owns).
+  // Loads the checkpoint `dir` onto `backend` (which the model then owns): a Hugging Face folder
+  // (config.json + safetensors) or one .gguf file (model/gguf_model.h).
   static Result<std::unique_ptr<Model>> Load(const std::string& dir,
                                              std::unique_ptr<Backend> backend,
                                              const ModelLoadOptions& opts);
