@@ -94,8 +94,9 @@ Status ParseRopeScaling(const Meta& m, RopeConfig* rope) {
   return m.Err("rope.scaling.type", "is \"" + type + "\": not supported (none, linear, yarn)");
 }
 
-// Which layers slide and their window: gemma2 alternates (even layers slide), gemma3 keeps every
-// sixth layer global, phi3 slides everywhere when the file gives a window (as transformers does).
+// Which layers slide and their window: in gemma2 every second layer is global, in gemma3 every
+// sixth (llama.cpp's patterns; <arch>.attention.sliding_window_pattern overrides them), and phi3
+// slides everywhere when the file gives a window (as transformers does).
 Status ParseSlidingWindow(const Meta& m, ModelConfig* c) {
   const std::string& t = c->model_type;
   c->layer_types.assign(static_cast<size_t>(c->num_layers), LayerType::kFullAttention);
@@ -110,8 +111,11 @@ Status ParseSlidingWindow(const Meta& m, ModelConfig* c) {
     if (t == "phi3") return Status::Ok();
     return m.Err("attention.sliding_window", "must be positive");
   }
+  EMBER_ASSIGN_OR_RETURN(int32_t pattern, m.Int("attention.sliding_window_pattern",
+                                                 t == "gemma2" ? 2 : t == "gemma3_text" ? 6 : 0));
+  if (t != "phi3" && pattern <= 0) return m.Err("attention.sliding_window_pattern", "must be positive");
   for (int32_t l = 0; l < c->num_layers; ++l) {
-    const bool slide = t == "gemma2" ? l % 2 == 0 : t == "gemma3_text" ? (l + 1) % 6 != 0 : true;
+    const bool slide = t == "phi3" || (l + 1) % pattern != 0;
     if (slide) c->layer_types[static_cast<size_t>(l)] = LayerType::kSlidingAttention;
   }
   return Status::Ok();

@@ -10,10 +10,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <cstring>
+#include <map>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/matmul.h"  // ConvertToF32
 #include "model/gguf_test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
@@ -170,7 +173,9 @@ TEST(GgufModelTest, TinyStoriesF32ReproducesTheTransformersGolden) {
   EMBER_REQUIRE_DIR(TinyStoriesDir());
   auto model = LoadOrDie(GgufDir() + "/ts-f32.gguf");
   ASSERT_NE(model, nullptr);
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     const auto want = p["greedy_ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(Greedy(*model, p["ids"].get<std::vector<int32_t>>(), want.size()), want)
         << p["prompt"];
@@ -188,7 +193,9 @@ TEST(GgufModelTest, TinyStoriesF32LogitsEqualTheSafetensorsModel) {
   EXPECT_EQ(gguf->config().vocab_size, reference->config().vocab_size);
   EXPECT_EQ(gguf->config().tie_word_embeddings, reference->config().tie_word_embeddings);
   EXPECT_EQ(gguf->generation_defaults().eos_token_ids, reference->generation_defaults().eos_token_ids);
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     std::vector<int32_t> tokens = p["ids"].get<std::vector<int32_t>>();
     const auto greedy = p["greedy_ids"].get<std::vector<int32_t>>();
     tokens.insert(tokens.end(), greedy.begin(), greedy.begin() + 20);
@@ -232,7 +239,9 @@ TEST(GgufModelTest, TinyStoriesVocabularyMatchesTokenizerJson) {
     }
     texts.push_back(text);
   }
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     texts.push_back(p["full_text"]);
     EXPECT_EQ((*tok)->Decode(p["greedy_ids"].get<std::vector<int32_t>>(), true), p["greedy_text"]);
   }
@@ -326,6 +335,215 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
             std::string::npos) << foreign.message();
   std::remove(path.c_str());
 }
+
+// ---- Round trip: a Hugging Face fixture written as llama.cpp's converter writes a GGUF ----
+
+// The GGUF name llama.cpp gives a Hugging Face tensor; "" for expert tensors (stacked apart).
+std::string GgufNameOf(const std::string& hf, bool gemma) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string layers = "model.layers.";
+  const size_t dot = hf.find('.', layers.size());
+  const std::string layer = hf.substr(layers.size(), dot - layers.size());
+  const std::string rest = hf.substr(dot + 1);
+  const std::map<std::string, std::string> names = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", gemma ? "post_attention_norm.weight" : "ffn_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},    {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"}};
+  auto it = names.find(rest);
+  if (it == names.end()) return "";
+  std::string out = "blk.";
+  out.append(layer).append(".").append(it->second);
+  return out;
+}
+
+struct GgufTensorData {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major
+  GgmlType type;
+  std::vector<uint8_t> bytes;
+};
+
+// `config` as the converter's metadata for `arch`, the weights as its tensors: vectors in F32
+// (gemma norms as 1 + w), matrices in the checkpoint's dtype, llama's q/k rows permuted for
+// GGML's rope, qwen3moe experts stacked [experts, rows, cols].
+std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& arch) {
+  const json config = ReadJson(dir + "/config.json");
+  auto store = WeightStore::Open(dir);
+  EXPECT_TRUE(store.ok()) << store.message();
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const int64_t hidden = config["hidden_size"], heads = config["num_attention_heads"];
+  const int64_t kv_heads = config["num_key_value_heads"];
+  const int64_t head_dim = config.value("head_dim", hidden / heads);
+  std::vector<GgufTensorData> tensors;
+  std::map<std::string, std::vector<std::vector<uint8_t>>> experts;  // GGUF name -> per expert
+  std::map<std::string, std::vector<int64_t>> expert_shape;
+  std::map<std::string, GgmlType> expert_type;
+  for (const std::string& name : (*store)->Names()) {
+    const TensorView view = *(*store)->Get(name);
+    GgufTensorData t{GgufNameOf(name, gemma), view.shape, GgmlType::kF32, {}};
+    const int64_t cols = view.shape.back(), rows = int64_t(view.nbytes / DTypeSize(view.dtype)) / cols;
+    const size_t row_bytes = size_t(cols) * DTypeSize(view.dtype);
+    const auto* src = static_cast<const uint8_t*>(view.data);
+    if (view.shape.size() == 1) {  // converters keep vectors in F32
+      std::vector<float> v(static_cast<size_t>(cols));
+      cpu::ConvertToF32(view.data, view.dtype, cols, v.data());
+      const bool is_norm = name.find("norm.weight") != std::string::npos;
+      if (gemma && is_norm)
+        for (float& x : v) x += 1.0f;
+      t.bytes.assign(reinterpret_cast<uint8_t*>(v.data()), reinterpret_cast<uint8_t*>(v.data() + cols));
+    } else {
+      t.type = view.dtype == DType::kF16 ? GgmlType::kF16 : view.dtype == DType::kBF16 ? GgmlType::kBF16 : GgmlType::kF32;
+      t.bytes.resize(size_t(rows) * row_bytes);
+      const bool q = t.name.find(".attn_q.") != std::string::npos, k = t.name.find(".attn_k.") != std::string::npos;
+      const int64_t permute = arch == "llama" && (q || k) ? (q ? heads : kv_heads) : 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t dst = r;
+        if (permute > 0) {  // Ember's row h*d + j*d/2 + i goes to GGML's h*d + 2i + j
+          const int64_t d = rows / permute, head = r / d, j = (r % d) / (d / 2), i = (r % d) % (d / 2);
+          dst = head * d + 2 * i + j;
+        }
+        std::memcpy(t.bytes.data() + dst * row_bytes, src + r * row_bytes, row_bytes);
+      }
+    }
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      const size_t at = name.find(".mlp.experts.");
+      const std::string layer = name.substr(13, name.find('.', 13) - 13);
+      const std::string proj = name.substr(name.rfind('.', name.size() - 8) + 1);  // gate_proj.weight
+      std::string gguf = "blk.";
+      gguf.append(layer).append(".ffn_").append(proj.substr(0, proj.find('_'))).append("_exps.weight");
+      const int64_t e = std::stoll(name.substr(at + 13, name.find('.', at + 13) - at - 13));
+      auto& list = experts[gguf];
+      if (list.size() <= size_t(e)) list.resize(size_t(e) + 1);
+      list[size_t(e)] = std::move(t.bytes);
+      expert_shape[gguf] = view.shape;
+      expert_type[gguf] = t.type;
+      expert_shape[gguf].insert(expert_shape[gguf].begin(), 0);
+      continue;
+    }
+    EXPECT_FALSE(t.name.empty()) << name;
+    tensors.push_back(std::move(t));
+  }
+  for (auto& [name, list] : experts) {
+    GgufTensorData t{name, expert_shape[name], expert_type[name], {}};
+    t.shape[0] = int64_t(list.size());
+    for (const auto& part : list) t.bytes.insert(t.bytes.end(), part.begin(), part.end());
+    tensors.push_back(std::move(t));
+  }
+
+  testing::GgufBuilder b;
+  const auto u32 = [&](const std::string& key, int64_t v) {
+    b.Scalar(arch + "." + key, GgufValueType::kUint32, uint32_t(v));
+  };
+  const auto f32 = [&](const std::string& key, double v) {
+    b.Scalar(arch + "." + key, GgufValueType::kFloat32, float(v));
+  };
+  b.String("general.architecture", arch);
+  u32("context_length", config["max_position_embeddings"]);
+  u32("embedding_length", hidden);
+  u32("block_count", config["num_hidden_layers"]);
+  u32("feed_forward_length", config["intermediate_size"]);
+  u32("attention.head_count", heads);
+  u32("attention.head_count_kv", kv_heads);
+  u32("attention.key_length", head_dim);
+  u32("attention.value_length", head_dim);
+  f32("attention.layer_norm_rms_epsilon", config["rms_norm_eps"]);
+  const json rope = config["rope_parameters"].contains("full_attention")
+                        ? config["rope_parameters"]["full_attention"] : config["rope_parameters"];
+  f32("rope.freq_base", rope["rope_theta"]);
+  u32("rope.dimension_count", int64_t(head_dim * config.value("partial_rotary_factor", 1.0)));
+  if (gemma) {
+    u32("attention.sliding_window", config["sliding_window"]);
+    u32("attention.sliding_window_pattern", 2);  // the fixtures' layer_types alternate
+    if (config["attn_logit_softcapping"].is_number()) f32("attn_logit_softcapping", config["attn_logit_softcapping"]);
+    if (config["final_logit_softcapping"].is_number()) f32("final_logit_softcapping", config["final_logit_softcapping"]);
+  }
+  if (arch == "qwen3moe") {
+    u32("expert_count", config["num_local_experts"]);
+    u32("expert_used_count", config["num_experts_per_tok"]);
+    u32("expert_feed_forward_length", config["moe_intermediate_size"]);
+  }
+  std::vector<std::string> tokens;
+  for (int i = 0; i < config["vocab_size"].get<int>(); ++i) tokens.push_back(std::to_string(i));
+  b.StringArray("tokenizer.ggml.tokens", tokens);
+  b.Scalar("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, uint32_t(config["eos_token_id"]));
+  for (const GgufTensorData& t : tensors)
+    b.AddTensor(t.name, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), t.type);
+  std::vector<uint8_t> bytes = b.Build();
+  uint64_t data_size = 0;
+  for (const auto& t : b.tensors) data_size = std::max(data_size, t.offset + t.nbytes);
+  const size_t data_start = bytes.size() - data_size;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(tensors[i].bytes.size(), b.tensors[i].nbytes) << tensors[i].name;
+    std::memcpy(bytes.data() + data_start + b.tensors[i].offset, tensors[i].bytes.data(),
+                std::min<size_t>(tensors[i].bytes.size(), b.tensors[i].nbytes));
+  }
+  return bytes;
+}
+
+struct RoundTrip {
+  std::string fixture, arch;
+};
+
+class GgufRoundTripTest : public ::testing::TestWithParam<RoundTrip> {};
+
+// The same weights through a GGUF file give the safetensors model's logits (positions below the
+// fixtures' 16-token sliding window: llama.cpp's llama architecture has no window, so mistral's
+// is lost in a GGUF file).
+TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
+  const std::string dir = testing::FixturesDir() + "/models/" + GetParam().fixture;
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<uint8_t> bytes = ConvertToGguf(dir, GetParam().arch);
+  const std::string path = ::testing::TempDir() + "/ember_roundtrip_" + GetParam().fixture + ".gguf";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  auto gguf = LoadOrDie(path);
+  auto reference = LoadOrDie(dir);
+  std::remove(path.c_str());
+  ASSERT_NE(gguf, nullptr);
+  ASSERT_NE(reference, nullptr);
+  // (GGUF calls mistral llama; both run the same forward pass.)
+  if (GetParam().fixture != "mistral") {
+    EXPECT_EQ(gguf->config().model_type, reference->config().model_type);
+  }
+  EXPECT_EQ(gguf->config().tie_word_embeddings, reference->config().tie_word_embeddings);
+  EXPECT_EQ(gguf->config().rotary_dim, reference->config().rotary_dim);
+  EXPECT_EQ(gguf->config().attention_scale, reference->config().attention_scale);
+  const json fixture_golden = ReadJson(dir + "/golden.json");
+  ASSERT_GE(fixture_golden["sequences"].size(), 1u);
+  for (const json& seq : fixture_golden["sequences"]) {
+    std::vector<int32_t> tokens = seq.get<std::vector<int32_t>>();
+    if (tokens.size() > 16) tokens.resize(16);
+    const std::vector<float> a = AllLogits(*gguf, tokens), b = AllLogits(*reference, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i]))));
+    EXPECT_LT(worst, 1e-5) << GetParam().fixture << ": worst relative logit difference";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufRoundTripTest,
+                         ::testing::Values(RoundTrip{"mistral", "llama"}, RoundTrip{"qwen2", "qwen2"},
+                                           RoundTrip{"qwen3", "qwen3"},
+                                           RoundTrip{"qwen3_moe", "qwen3moe"},
+                                           RoundTrip{"gemma2", "gemma2"},
+                                           RoundTrip{"gemma3", "gemma3"}, RoundTrip{"phi3", "phi3"}),
+                         [](const ::testing::TestParamInfo<RoundTrip>& info) {
+                           return info.param.fixture;
+                         });
 
 }  // namespace
 }  // namespace ember
