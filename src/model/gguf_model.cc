@@ -94,6 +94,22 @@ Status ParseRopeScaling(const Meta& m, RopeConfig* rope) {
   return m.Err("rope.scaling.type", "is \"" + type + "\": not supported (none, linear, yarn)");
 }
 
+// rope_freqs.weight: per-frequency divisors of the inverse frequencies (how llama.cpp's converter
+// stores Llama 3.1's rope scaling; the same frequencies as transformers' "llama3" rope).
+Status ReadRopeFreqs(const GgufFile& file, int32_t rotary_dim, RopeConfig* rope) {
+  const GgufTensorInfo* info = file.FindTensor("rope_freqs.weight");
+  if (info == nullptr) return Status::Ok();
+  if (info->dims.size() != 1 || info->dims[0] != rotary_dim / 2 ||
+      !GgmlTraits(info->type).dequantizable)
+    return Status::Error(file.path() + ": tensor 'rope_freqs.weight' must be " +
+                         std::to_string(rotary_dim / 2) + " float values (rope.dimension_count / 2)");
+  rope->freq_factors.resize(static_cast<size_t>(rotary_dim / 2));
+  DequantizeRow(info->type, info->data, rotary_dim / 2, rope->freq_factors.data());
+  for (float f : rope->freq_factors)
+    if (!(f > 0)) return Status::Error(file.path() + ": tensor 'rope_freqs.weight' holds a value <= 0");
+  return Status::Ok();
+}
+
 // Which layers slide and their window: in gemma2 every second layer is global, in gemma3 every
 // sixth (llama.cpp's patterns; <arch>.attention.sliding_window_pattern overrides them), and phi3
 // slides everywhere when the file gives a window (as transformers does).
@@ -235,9 +251,10 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
   c.torch_dtype = "GGUF";
   EMBER_ASSIGN_OR_RETURN(c.rope.theta, m.Num("rope.freq_base", 10000.0));
   EMBER_RETURN_IF_ERROR(ParseRopeScaling(m, &c.rope));
-  if (file.FindTensor("rope_freqs.weight") != nullptr || file.FindTensor("rope_factors_long.weight"))
-    return Status::Error(file.path() + ": per-dimension rope factors (tensor rope_freqs.weight or "
-                                       "rope_factors_long.weight) are not supported yet");
+  EMBER_RETURN_IF_ERROR(ReadRopeFreqs(file, c.rotary_dim, &c.rope));
+  if (file.FindTensor("rope_factors_long.weight") != nullptr)
+    return Status::Error(file.path() + ": tensor 'rope_factors_long.weight' (LongRoPE scaling) is "
+                                       "not supported");
   c.rope_local = c.rope;
   EMBER_RETURN_IF_ERROR(ParseSlidingWindow(m, &c));
 

@@ -436,6 +436,28 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
     EXPECT_FALSE(t.name.empty()) << name;
     tensors.push_back(std::move(t));
   }
+  const json rope = config["rope_parameters"].contains("full_attention")
+                        ? config["rope_parameters"]["full_attention"] : config["rope_parameters"];
+  if (rope.value("rope_type", "default") == "llama3") {
+    // llama.cpp's converter stores Llama 3's scaling as a divisor per frequency: 1 above the
+    // high-frequency wavelength bound, `factor` below the low one, interpolated between.
+    const double factor = rope["factor"], low = rope["low_freq_factor"], high = rope["high_freq_factor"];
+    const double old_len = rope["original_max_position_embeddings"], theta = rope["rope_theta"];
+    std::vector<float> divisors;
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const double wavelen = 2 * M_PI * std::pow(theta, double(2 * i) / double(head_dim));
+      if (wavelen < old_len / high) divisors.push_back(1.0f);
+      else if (wavelen > old_len / low) divisors.push_back(float(factor));
+      else {
+        const double smooth = (old_len / wavelen - low) / (high - low);
+        divisors.push_back(float(1.0 / ((1.0 - smooth) / factor + smooth)));
+      }
+    }
+    GgufTensorData t{"rope_freqs.weight", {head_dim / 2}, GgmlType::kF32, {}};
+    t.bytes.assign(reinterpret_cast<uint8_t*>(divisors.data()),
+                   reinterpret_cast<uint8_t*>(divisors.data() + divisors.size()));
+    tensors.push_back(std::move(t));
+  }
   for (auto& [name, list] : experts) {
     GgufTensorData t{name, expert_shape[name], expert_type[name], {}};
     t.shape[0] = int64_t(list.size());
@@ -460,8 +482,6 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
   u32("attention.key_length", head_dim);
   u32("attention.value_length", head_dim);
   f32("attention.layer_norm_rms_epsilon", config["rms_norm_eps"]);
-  const json rope = config["rope_parameters"].contains("full_attention")
-                        ? config["rope_parameters"]["full_attention"] : config["rope_parameters"];
   f32("rope.freq_base", rope["rope_theta"]);
   u32("rope.dimension_count", int64_t(head_dim * config.value("partial_rotary_factor", 1.0)));
   if (gemma) {
@@ -501,7 +521,7 @@ class GgufRoundTripTest : public ::testing::TestWithParam<RoundTrip> {};
 
 // The same weights through a GGUF file give the safetensors model's logits (positions below the
 // fixtures' 16-token sliding window: llama.cpp's llama architecture has no window, so mistral's
-// is lost in a GGUF file).
+// is lost in a GGUF file). llama3's "llama3" rope travels as rope_freqs.weight.
 TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
   const std::string dir = testing::FixturesDir() + "/models/" + GetParam().fixture;
   EMBER_REQUIRE_DIR(dir);
@@ -536,7 +556,8 @@ TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufRoundTripTest,
-                         ::testing::Values(RoundTrip{"mistral", "llama"}, RoundTrip{"qwen2", "qwen2"},
+                         ::testing::Values(RoundTrip{"llama3", "llama"}, RoundTrip{"mistral", "llama"},
+                                           RoundTrip{"qwen2", "qwen2"},
                                            RoundTrip{"qwen3", "qwen3"},
                                            RoundTrip{"qwen3_moe", "qwen3moe"},
                                            RoundTrip{"gemma2", "gemma2"},

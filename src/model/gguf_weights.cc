@@ -225,8 +225,10 @@ Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufF
                                                      std::string* summary) {
   const std::string& path = file->path();
   std::vector<Placement> placements;
-  for (const GgufTensorInfo& info : file->tensors())
+  for (const GgufTensorInfo& info : file->tensors()) {
+    if (info.name == "rope_freqs.weight") continue;  // read into the config (GgufModelConfig)
     EMBER_RETURN_IF_ERROR(Place(info, config, path, &placements));
+  }
   auto holder = std::make_shared<Holder>();
   holder->file = file;
   std::vector<TensorView> views;
