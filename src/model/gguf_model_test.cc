@@ -9,8 +9,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -41,14 +41,18 @@ struct GoldenFile {
   double margin_tolerance;
 };
 const GoldenFile kGoldenFiles[] = {
-    {"ts-f32.gguf", 0.01},         {"ts-q8_0.gguf", 0.1},          {"ts-q5_1.gguf", 0.1},
-    {"ts-q4_0.gguf", 0.1},         {"small-k-f16.gguf", 0.01},     {"small-k-q8_0.gguf", 0.1},
-    {"small-k-q6_k.gguf", 0.3},    {"small-k-q5_k_m.gguf", 0.3},   {"small-k-q4_k_m.gguf", 0.3},
+    {"ts-f32.gguf", 0.01},        {"ts-q8_0.gguf", 0.1},        {"ts-q5_1.gguf", 0.1},
+    {"ts-q4_0.gguf", 0.1},        {"small-k-f16.gguf", 0.01},   {"small-k-q8_0.gguf", 0.1},
+    {"small-k-q6_k.gguf", 0.3},   {"small-k-q5_k_m.gguf", 0.3}, {"small-k-q4_k_m.gguf", 0.3},
     {"small-k-iq4_xs.gguf", 0.3},
 };
 
-std::string GgufDir() { return testing::FixturesDir() + "/gguf"; }
-std::string TinyStoriesDir() { return testing::FixturesDir() + "/models/tinystories-656k"; }
+std::string GgufDir() {
+  return testing::FixturesDir() + "/gguf";
+}
+std::string TinyStoriesDir() {
+  return testing::FixturesDir() + "/models/tinystories-656k";
+}
 
 json ReadJson(const std::string& path) {
   auto text = ReadFileToString(path);
@@ -192,7 +196,8 @@ TEST(GgufModelTest, TinyStoriesF32LogitsEqualTheSafetensorsModel) {
   ASSERT_NE(reference, nullptr);
   EXPECT_EQ(gguf->config().vocab_size, reference->config().vocab_size);
   EXPECT_EQ(gguf->config().tie_word_embeddings, reference->config().tie_word_embeddings);
-  EXPECT_EQ(gguf->generation_defaults().eos_token_ids, reference->generation_defaults().eos_token_ids);
+  EXPECT_EQ(gguf->generation_defaults().eos_token_ids,
+            reference->generation_defaults().eos_token_ids);
   const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
   ASSERT_GE(ts_golden["prompts"].size(), 3u);
   for (const json& p : ts_golden["prompts"]) {
@@ -230,7 +235,8 @@ TEST(GgufModelTest, TinyStoriesVocabularyMatchesTokenizerJson) {
     const std::string text = e["text"];
     // Control tokens: llama.cpp matches them in raw text, this tokenizer.json only after "▁".
     if (text.find('<') != std::string::npos) continue;
-    EXPECT_EQ((*tok)->Encode(text, true), e["ids_with_special"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ((*tok)->Encode(text, true), e["ids_with_special"].get<std::vector<int32_t>>())
+        << text;
     // tokenizer.json shows "<unk>" (as " <unk>") even when skipping special tokens; llama.cpp
     // skips it as the control token the file says it is.
     const auto ids = e["ids"].get<std::vector<int32_t>>();
@@ -282,11 +288,13 @@ TEST(GgufModelTest, BadMetadataIsAnErrorNamingTheKey) {
   auto wrong_arch = ConfigOf(LlamaMetadata("mamba"), &bytes);
   ASSERT_FALSE(wrong_arch.ok());
   EXPECT_NE(wrong_arch.message().find("general.architecture \"mamba\" is not supported"),
-            std::string::npos) << wrong_arch.message();
+            std::string::npos)
+      << wrong_arch.message();
 
   auto no_layers = ConfigOf(LlamaMetadata("llama"), &bytes);  // llama.block_count missing
   ASSERT_FALSE(no_layers.ok());
-  EXPECT_NE(no_layers.message().find("llama.block_count"), std::string::npos) << no_layers.message();
+  EXPECT_NE(no_layers.message().find("llama.block_count"), std::string::npos)
+      << no_layers.message();
 
   testing::GgufBuilder odd_kv = LlamaMetadata("qwen2");
   odd_kv.Scalar("qwen2.block_count", GgufValueType::kUint32, uint32_t{1});
@@ -306,6 +314,40 @@ TEST(GgufModelTest, BadMetadataIsAnErrorNamingTheKey) {
   EXPECT_TRUE(config->tie_word_embeddings);  // no output.weight
 }
 
+TEST(GgufModelTest, ChatTemplateAndVocabularyKeys) {
+  testing::GgufBuilder b = LlamaMetadata("llama");
+  std::vector<uint8_t> bytes = b.Build();
+  auto plain = GgufFile::Parse(bytes, "plain.gguf");
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  auto none = GgufChatTemplate(*plain);
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_EQ(*none, "");  // no template: completions only
+
+  b.String("tokenizer.chat_template", "{{ bos_token }}{{ messages[0]['content'] }}");
+  b.Scalar("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, uint32_t{1});
+  b.Scalar("tokenizer.ggml.eot_token_id", GgufValueType::kInt32, int32_t{3});
+  b.Scalar("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, uint32_t{2});
+  b.Scalar("tokenizer.ggml.padding_token_id", GgufValueType::kInt32, int32_t{-1});
+  b.Scalar("tokenizer.ggml.add_bos_token", GgufValueType::kBool, true);
+  b.Scalar("llama.block_count", GgufValueType::kUint32, uint32_t{1});
+  bytes = b.Build();
+  auto file = GgufFile::Parse(bytes, "chat.gguf");
+  ASSERT_TRUE(file.ok()) << file.message();
+  auto source = GgufChatTemplate(*file);
+  ASSERT_TRUE(source.ok()) << source.message();
+  EXPECT_EQ(*source, "{{ bos_token }}{{ messages[0]['content'] }}");
+  auto vocab = GgufVocabOf(*file);
+  ASSERT_TRUE(vocab.ok()) << vocab.message();
+  EXPECT_EQ(vocab->bos_token_id, 1);
+  EXPECT_EQ(vocab->eos_token_id, 2);
+  EXPECT_FALSE(vocab->padding_token_id.has_value());  // -1: none
+  EXPECT_EQ(vocab->add_bos_token, true);
+  auto config = GgufModelConfig(*file);
+  ASSERT_TRUE(config.ok()) << config.message();
+  // Generation stops at the end-of-sequence and end-of-turn tokens.
+  EXPECT_EQ(GgufGenerationDefaults(*config).eos_token_ids, (std::vector<int32_t>{2, 3}));
+}
+
 // A file whose tensors do not fit its metadata fails at load, naming the GGUF tensor.
 TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   testing::GgufBuilder b = LlamaMetadata("llama");
@@ -316,8 +358,8 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   const std::string path = ::testing::TempDir() + "/ember_gguf_model_test.gguf";
   auto write = [&](const testing::GgufBuilder& builder) {
     const std::vector<uint8_t> bytes = builder.Build();
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                std::streamsize(bytes.size()));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   };
   write(b);
   ModelLoadOptions opts;
@@ -332,7 +374,8 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   auto foreign = Model::Load(path, opts);
   ASSERT_FALSE(foreign.ok());
   EXPECT_NE(foreign.message().find("tensor 'blk.0.ssm_conv1d.weight' is not part of a llama model"),
-            std::string::npos) << foreign.message();
+            std::string::npos)
+      << foreign.message();
   std::remove(path.c_str());
 }
 
@@ -352,15 +395,20 @@ std::string GgufNameOf(const std::string& hf, bool gemma) {
       {"post_attention_layernorm.weight", gemma ? "post_attention_norm.weight" : "ffn_norm.weight"},
       {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
       {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
-      {"self_attn.k_proj.weight", "attn_k.weight"},   {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
       {"self_attn.q_norm.weight", "attn_q_norm.weight"},
       {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-      {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},    {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},
       {"mlp.gate.weight", "ffn_gate_inp.weight"}};
   auto it = names.find(rest);
   if (it == names.end()) return "";
@@ -394,7 +442,8 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
   for (const std::string& name : (*store)->Names()) {
     const TensorView view = *(*store)->Get(name);
     GgufTensorData t{GgufNameOf(name, gemma), view.shape, GgmlType::kF32, {}};
-    const int64_t cols = view.shape.back(), rows = int64_t(view.nbytes / DTypeSize(view.dtype)) / cols;
+    const int64_t cols = view.shape.back(),
+                  rows = int64_t(view.nbytes / DTypeSize(view.dtype)) / cols;
     const size_t row_bytes = size_t(cols) * DTypeSize(view.dtype);
     const auto* src = static_cast<const uint8_t*>(view.data);
     if (view.shape.size() == 1) {  // converters keep vectors in F32
@@ -403,16 +452,21 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
       const bool is_norm = name.find("norm.weight") != std::string::npos;
       if (gemma && is_norm)
         for (float& x : v) x += 1.0f;
-      t.bytes.assign(reinterpret_cast<uint8_t*>(v.data()), reinterpret_cast<uint8_t*>(v.data() + cols));
+      t.bytes.assign(reinterpret_cast<uint8_t*>(v.data()),
+                     reinterpret_cast<uint8_t*>(v.data() + cols));
     } else {
-      t.type = view.dtype == DType::kF16 ? GgmlType::kF16 : view.dtype == DType::kBF16 ? GgmlType::kBF16 : GgmlType::kF32;
+      t.type = view.dtype == DType::kF16    ? GgmlType::kF16
+               : view.dtype == DType::kBF16 ? GgmlType::kBF16
+                                            : GgmlType::kF32;
       t.bytes.resize(size_t(rows) * row_bytes);
-      const bool q = t.name.find(".attn_q.") != std::string::npos, k = t.name.find(".attn_k.") != std::string::npos;
+      const bool q = t.name.find(".attn_q.") != std::string::npos,
+                 k = t.name.find(".attn_k.") != std::string::npos;
       const int64_t permute = arch == "llama" && (q || k) ? (q ? heads : kv_heads) : 0;
       for (int64_t r = 0; r < rows; ++r) {
         int64_t dst = r;
         if (permute > 0) {  // Ember's row h*d + j*d/2 + i goes to GGML's h*d + 2i + j
-          const int64_t d = rows / permute, head = r / d, j = (r % d) / (d / 2), i = (r % d) % (d / 2);
+          const int64_t d = rows / permute, head = r / d, j = (r % d) / (d / 2),
+                        i = (r % d) % (d / 2);
           dst = head * d + 2 * i + j;
         }
         std::memcpy(t.bytes.data() + dst * row_bytes, src + r * row_bytes, row_bytes);
@@ -421,9 +475,13 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
     if (name.find(".mlp.experts.") != std::string::npos) {
       const size_t at = name.find(".mlp.experts.");
       const std::string layer = name.substr(13, name.find('.', 13) - 13);
-      const std::string proj = name.substr(name.rfind('.', name.size() - 8) + 1);  // gate_proj.weight
+      const std::string proj =
+          name.substr(name.rfind('.', name.size() - 8) + 1);  // gate_proj.weight
       std::string gguf = "blk.";
-      gguf.append(layer).append(".ffn_").append(proj.substr(0, proj.find('_'))).append("_exps.weight");
+      gguf.append(layer)
+          .append(".ffn_")
+          .append(proj.substr(0, proj.find('_')))
+          .append("_exps.weight");
       const int64_t e = std::stoll(name.substr(at + 13, name.find('.', at + 13) - at - 13));
       auto& list = experts[gguf];
       if (list.size() <= size_t(e)) list.resize(size_t(e) + 1);
@@ -437,17 +495,21 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
     tensors.push_back(std::move(t));
   }
   const json rope = config["rope_parameters"].contains("full_attention")
-                        ? config["rope_parameters"]["full_attention"] : config["rope_parameters"];
+                        ? config["rope_parameters"]["full_attention"]
+                        : config["rope_parameters"];
   if (rope.value("rope_type", "default") == "llama3") {
     // llama.cpp's converter stores Llama 3's scaling as a divisor per frequency: 1 above the
     // high-frequency wavelength bound, `factor` below the low one, interpolated between.
-    const double factor = rope["factor"], low = rope["low_freq_factor"], high = rope["high_freq_factor"];
+    const double factor = rope["factor"], low = rope["low_freq_factor"],
+                 high = rope["high_freq_factor"];
     const double old_len = rope["original_max_position_embeddings"], theta = rope["rope_theta"];
     std::vector<float> divisors;
     for (int64_t i = 0; i < head_dim / 2; ++i) {
       const double wavelen = 2 * M_PI * std::pow(theta, double(2 * i) / double(head_dim));
-      if (wavelen < old_len / high) divisors.push_back(1.0f);
-      else if (wavelen > old_len / low) divisors.push_back(float(factor));
+      if (wavelen < old_len / high)
+        divisors.push_back(1.0f);
+      else if (wavelen > old_len / low)
+        divisors.push_back(float(factor));
       else {
         const double smooth = (old_len / wavelen - low) / (high - low);
         divisors.push_back(float(1.0 / ((1.0 - smooth) / factor + smooth)));
@@ -487,8 +549,10 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
   if (gemma) {
     u32("attention.sliding_window", config["sliding_window"]);
     u32("attention.sliding_window_pattern", 2);  // the fixtures' layer_types alternate
-    if (config["attn_logit_softcapping"].is_number()) f32("attn_logit_softcapping", config["attn_logit_softcapping"]);
-    if (config["final_logit_softcapping"].is_number()) f32("final_logit_softcapping", config["final_logit_softcapping"]);
+    if (config["attn_logit_softcapping"].is_number())
+      f32("attn_logit_softcapping", config["attn_logit_softcapping"]);
+    if (config["final_logit_softcapping"].is_number())
+      f32("final_logit_softcapping", config["final_logit_softcapping"]);
   }
   if (arch == "qwen3moe") {
     u32("expert_count", config["num_local_experts"]);
@@ -526,7 +590,8 @@ TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
   const std::string dir = testing::FixturesDir() + "/models/" + GetParam().fixture;
   EMBER_REQUIRE_DIR(dir);
   const std::vector<uint8_t> bytes = ConvertToGguf(dir, GetParam().arch);
-  const std::string path = ::testing::TempDir() + "/ember_roundtrip_" + GetParam().fixture + ".gguf";
+  const std::string path =
+      ::testing::TempDir() + "/ember_roundtrip_" + GetParam().fixture + ".gguf";
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   auto gguf = LoadOrDie(path);
@@ -555,16 +620,13 @@ TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GgufRoundTripTest,
-                         ::testing::Values(RoundTrip{"llama3", "llama"}, RoundTrip{"mistral", "llama"},
-                                           RoundTrip{"qwen2", "qwen2"},
-                                           RoundTrip{"qwen3", "qwen3"},
-                                           RoundTrip{"qwen3_moe", "qwen3moe"},
-                                           RoundTrip{"gemma2", "gemma2"},
-                                           RoundTrip{"gemma3", "gemma3"}, RoundTrip{"phi3", "phi3"}),
-                         [](const ::testing::TestParamInfo<RoundTrip>& info) {
-                           return info.param.fixture;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GgufRoundTripTest,
+    ::testing::Values(RoundTrip{"llama3", "llama"}, RoundTrip{"mistral", "llama"},
+                      RoundTrip{"qwen2", "qwen2"}, RoundTrip{"qwen3", "qwen3"},
+                      RoundTrip{"qwen3_moe", "qwen3moe"}, RoundTrip{"gemma2", "gemma2"},
+                      RoundTrip{"gemma3", "gemma3"}, RoundTrip{"phi3", "phi3"}),
+    [](const ::testing::TestParamInfo<RoundTrip>& info) { return info.param.fixture; });
 
 }  // namespace
 }  // namespace ember

@@ -34,13 +34,19 @@ const PreTokenizerSpec kPreTokenizers[] = {
     {{"default", "gpt2", nullptr}, nullptr, false, false, false},
     {{"llama3", "llama-v3", "llama-bpe"},
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     true, false, true},
+     true,
+     false,
+     true},
     {{"qwen2", nullptr, nullptr},
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     false, true, false},
+     false,
+     true,
+     false},
     {{"gpt-4o", nullptr, nullptr},
      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-     true, false, false},
+     true,
+     false,
+     false},
 };
 
 const PreTokenizerSpec* FindPreTokenizer(const std::string& pre) {
@@ -80,8 +86,8 @@ Status CheckVocab(const GgufVocab& v) {
                          " entries, expected one per token (" + std::to_string(n) + ")");
   for (size_t i = 0; i < v.token_types.size(); ++i)
     if (v.token_types[i] < 0 || v.token_types[i] > int32_t(GgufTokenType::kByte))
-      return Status::Error("tokenizer.ggml.token_type[" + std::to_string(i) + "]: " +
-                           std::to_string(v.token_types[i]) + " is not a token type (0-6)");
+      return Status::Error("tokenizer.ggml.token_type[" + std::to_string(i) +
+                           "]: " + std::to_string(v.token_types[i]) + " is not a token type (0-6)");
   EMBER_RETURN_IF_ERROR(CheckId(v.bos_token_id, "tokenizer.ggml.bos_token_id", n));
   EMBER_RETURN_IF_ERROR(CheckId(v.eos_token_id, "tokenizer.ggml.eos_token_id", n));
   EMBER_RETURN_IF_ERROR(CheckId(v.unknown_token_id, "tokenizer.ggml.unknown_token_id", n));
@@ -128,30 +134,31 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVocab& v) 
     if (space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
     normalizers.push_back(
         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
-    EMBER_ASSIGN_OR_RETURN(t->normalizer_, FromSpec<tok::Normalizer>(
-                                               {{"type", "Sequence"}, {"normalizers", normalizers}}));
+    EMBER_ASSIGN_OR_RETURN(
+        t->normalizer_,
+        FromSpec<tok::Normalizer>({{"type", "Sequence"}, {"normalizers", normalizers}}));
     json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
                      {{"type", "ByteFallback"}},
                      {{"type", "Fuse"}}};
     if (space_prefix)
       decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    EMBER_ASSIGN_OR_RETURN(t->decoder_, FromSpec<tok::Decoder>(
-                                            {{"type", "Sequence"}, {"decoders", decoders}}));
+    EMBER_ASSIGN_OR_RETURN(t->decoder_,
+                           FromSpec<tok::Decoder>({{"type", "Sequence"}, {"decoders", decoders}}));
     std::vector<uint8_t> mergeable(v.tokens.size());
     for (size_t id = 0; id < v.tokens.size(); ++id) {
       const GgufTokenType type = TypeOf(v, id);
       mergeable[id] = type == GgufTokenType::kNormal || type == GgufTokenType::kUndefined;
     }
-    EMBER_ASSIGN_OR_RETURN(t->model_, tok::SpmModel::Create(v.tokens, v.scores,
-                                                            std::move(mergeable), unk));
+    EMBER_ASSIGN_OR_RETURN(t->model_,
+                           tok::SpmModel::Create(v.tokens, v.scores, std::move(mergeable), unk));
   } else {
     const PreTokenizerSpec* pre = FindPreTokenizer(v.pre);
     if (pre == nullptr)
-      return Status::Error("tokenizer.ggml.pre: \"" + v.pre + "\" is not supported (supported: " +
-                           SupportedGgufPreTokenizers() + ")");
+      return Status::Error("tokenizer.ggml.pre: \"" + v.pre +
+                           "\" is not supported (supported: " + SupportedGgufPreTokenizers() + ")");
     add_bos = v.add_bos_token.value_or(pre->add_bos);
-    json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                       {"use_regex", pre->regex == nullptr}};
+    json byte_level = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", pre->regex == nullptr}};
     json steps = json::array();
     if (pre->regex != nullptr)
       steps.push_back({{"type", "Split"},
@@ -159,8 +166,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVocab& v) 
                        {"behavior", "Isolated"},
                        {"invert", false}});
     steps.push_back(byte_level);
-    EMBER_ASSIGN_OR_RETURN(t->pre_tokenizer_, FromSpec<tok::PreTokenizer>(
-                                                  {{"type", "Sequence"}, {"pretokenizers", steps}}));
+    EMBER_ASSIGN_OR_RETURN(
+        t->pre_tokenizer_,
+        FromSpec<tok::PreTokenizer>({{"type", "Sequence"}, {"pretokenizers", steps}}));
     if (pre->nfc) {
       EMBER_ASSIGN_OR_RETURN(t->normalizer_, FromSpec<tok::Normalizer>({{"type", "NFC"}}));
     }

@@ -44,8 +44,9 @@ class SpmModel : public WordModel {
 
   std::vector<std::string> tokens_;
   std::vector<float> scores_;
-  std::unordered_map<std::string_view, int32_t> pieces_;  // mergeable tokens -> id (views into tokens_)
-  std::unordered_map<std::string_view, int32_t> all_;     // every token -> its first id
+  std::unordered_map<std::string_view, int32_t>
+      pieces_;  // mergeable tokens -> id (views into tokens_)
+  std::unordered_map<std::string_view, int32_t> all_;  // every token -> its first id
   std::optional<int32_t> unk_id_;
   int32_t byte_ids_[256];  // "<0xNN>" ids, -1 when absent
 };
