@@ -190,7 +190,8 @@ Status ParseShape(const Meta& m, ModelConfig* c) {
   EMBER_ASSIGN_OR_RETURN(c->num_kv_heads, m.Int("attention.head_count_kv", c->num_heads));
   EMBER_ASSIGN_OR_RETURN(c->max_position_embeddings, m.Int("context_length"));
   if (c->hidden_size <= 0) return m.Err("embedding_length", "must be positive");
-  if (c->num_layers <= 0) return m.Err("block_count", "must be positive");
+  if (c->num_layers <= 0 || c->num_layers > 65536)
+    return m.Err("block_count", "must be in [1, 65536]");
   if (c->num_heads <= 0) return m.Err("attention.head_count", "must be positive");
   if (c->max_position_embeddings <= 0) return m.Err("context_length", "must be positive");
   if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0)

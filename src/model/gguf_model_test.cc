@@ -369,6 +369,14 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   EXPECT_NE(missing.message().find("missing GGUF tensor 'blk.0.post_attention_norm.weight'"),
             std::string::npos)
       << missing.message();
+  testing::GgufBuilder bad_q = b;
+  bad_q.AddTensor("blk.0.attn_q.weight", {8, 3}, GgmlType::kF32);  // 3 rows, not 2 heads x 4
+  write(bad_q);
+  auto short_q = Model::Load(path, opts);
+  ASSERT_FALSE(short_q.ok());
+  EXPECT_NE(short_q.message().find("tensor 'blk.0.attn_q.weight' must have 8 rows"),
+            std::string::npos)
+      << short_q.message();
   b.AddTensor("blk.0.ssm_conv1d.weight", {8}, GgmlType::kF32);
   write(b);
   auto foreign = Model::Load(path, opts);

@@ -86,7 +86,8 @@ Status Place(const GgufTensorInfo& info, const ModelConfig& c, const std::string
   std::string suffix;
   if (p.name.empty() && n.rfind("blk.", 0) == 0) {
     const size_t dot = n.find('.', 4);
-    if (dot != std::string::npos && dot > 4 && n.find_first_not_of("0123456789", 4) == dot) {
+    if (dot != std::string::npos && dot > 4 && dot <= 4 + 9 &&
+        n.find_first_not_of("0123456789", 4) == dot) {
       layer = std::stoll(n.substr(4, dot - 4));
       suffix = n.substr(dot + 1);
     }
@@ -116,8 +117,13 @@ Status Place(const GgufTensorInfo& info, const ModelConfig& c, const std::string
     p.name = prefix + hf;
     // llama.cpp's llama converter interleaves each head's rope halves in q and k.
     if (c.model_type == "llama" &&
-        (suffix.rfind("attn_q.", 0) == 0 || suffix.rfind("attn_k.", 0) == 0))
+        (suffix.rfind("attn_q.", 0) == 0 || suffix.rfind("attn_k.", 0) == 0)) {
       p.permute_heads = suffix[5] == 'q' ? c.num_heads : c.num_kv_heads;
+      if (p.shape.empty() || p.shape[0] != int64_t{p.permute_heads} * c.head_dim)
+        return Status::Error(path + ": tensor '" + n + "' must have " +
+                             std::to_string(int64_t{p.permute_heads} * c.head_dim) +
+                             " rows (heads x head dim)");
+    }
   }
   const bool is_norm = n.size() >= 11 && n.compare(n.size() - 11, 11, "norm.weight") == 0;
   p.minus_one = IsGemma(c) && is_norm;
