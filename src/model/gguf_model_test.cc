@@ -432,11 +432,42 @@ struct GgufTensorData {
   std::vector<uint8_t> bytes;
 };
 
-// `config` as the converter's metadata for `arch`, the weights as its tensors: vectors in F32
-// (gemma norms as 1 + w), matrices in the checkpoint's dtype, llama's q/k rows permuted for
-// GGML's rope, qwen3moe experts stacked [experts, rows, cols].
-std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& arch) {
-  const json config = ReadJson(dir + "/config.json");
+// The rope of the full-attention layers in a 5.x config.
+json RopeOf(const json& config) {
+  const json& rp = config["rope_parameters"];
+  return rp.contains("full_attention") ? rp["full_attention"] : rp;
+}
+
+// rope_freqs.weight for a "llama3" rope: llama.cpp's converter stores Llama 3's scaling as a
+// divisor per frequency: 1 above the high-frequency wavelength bound, `factor` below the low
+// one, interpolated between.
+GgufTensorData RopeFreqsTensor(const json& rope, int64_t head_dim) {
+  const double factor = rope["factor"], low = rope["low_freq_factor"];
+  const double high = rope["high_freq_factor"], theta = rope["rope_theta"];
+  const double old_len = rope["original_max_position_embeddings"];
+  std::vector<float> divisors;
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const double wavelen = 2 * M_PI * std::pow(theta, double(2 * i) / double(head_dim));
+    if (wavelen < old_len / high) {
+      divisors.push_back(1.0f);
+    } else if (wavelen > old_len / low) {
+      divisors.push_back(float(factor));
+    } else {
+      const double smooth = (old_len / wavelen - low) / (high - low);
+      divisors.push_back(float(1.0 / ((1.0 - smooth) / factor + smooth)));
+    }
+  }
+  GgufTensorData t{"rope_freqs.weight", {head_dim / 2}, GgmlType::kF32, {}};
+  t.bytes.assign(reinterpret_cast<uint8_t*>(divisors.data()),
+                 reinterpret_cast<uint8_t*>(divisors.data() + divisors.size()));
+  return t;
+}
+
+// The checkpoint's tensors as the converter writes them: vectors in F32 (gemma norms as 1 + w),
+// matrices in the checkpoint's dtype, llama's q/k rows permuted for GGML's rope, qwen3moe
+// experts stacked [experts, rows, cols], a llama3 rope as rope_freqs.weight.
+std::vector<GgufTensorData> ConvertTensors(const std::string& dir, const std::string& arch,
+                                           const json& config) {
   auto store = WeightStore::Open(dir);
   EXPECT_TRUE(store.ok()) << store.message();
   const bool gemma = arch == "gemma2" || arch == "gemma3";
@@ -502,39 +533,27 @@ std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& ar
     EXPECT_FALSE(t.name.empty()) << name;
     tensors.push_back(std::move(t));
   }
-  const json rope = config["rope_parameters"].contains("full_attention")
-                        ? config["rope_parameters"]["full_attention"]
-                        : config["rope_parameters"];
-  if (rope.value("rope_type", "default") == "llama3") {
-    // llama.cpp's converter stores Llama 3's scaling as a divisor per frequency: 1 above the
-    // high-frequency wavelength bound, `factor` below the low one, interpolated between.
-    const double factor = rope["factor"], low = rope["low_freq_factor"],
-                 high = rope["high_freq_factor"];
-    const double old_len = rope["original_max_position_embeddings"], theta = rope["rope_theta"];
-    std::vector<float> divisors;
-    for (int64_t i = 0; i < head_dim / 2; ++i) {
-      const double wavelen = 2 * M_PI * std::pow(theta, double(2 * i) / double(head_dim));
-      if (wavelen < old_len / high)
-        divisors.push_back(1.0f);
-      else if (wavelen > old_len / low)
-        divisors.push_back(float(factor));
-      else {
-        const double smooth = (old_len / wavelen - low) / (high - low);
-        divisors.push_back(float(1.0 / ((1.0 - smooth) / factor + smooth)));
-      }
-    }
-    GgufTensorData t{"rope_freqs.weight", {head_dim / 2}, GgmlType::kF32, {}};
-    t.bytes.assign(reinterpret_cast<uint8_t*>(divisors.data()),
-                   reinterpret_cast<uint8_t*>(divisors.data() + divisors.size()));
-    tensors.push_back(std::move(t));
-  }
+  const json rope = RopeOf(config);
+  if (rope.value("rope_type", "default") == "llama3")
+    tensors.push_back(RopeFreqsTensor(rope, head_dim));
   for (auto& [name, list] : experts) {
     GgufTensorData t{name, expert_shape[name], expert_type[name], {}};
     t.shape[0] = int64_t(list.size());
     for (const auto& part : list) t.bytes.insert(t.bytes.end(), part.begin(), part.end());
     tensors.push_back(std::move(t));
   }
+  return tensors;
+}
 
+// `config` as the converter's metadata for `arch`, with ConvertTensors' tensors.
+std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& arch) {
+  const json config = ReadJson(dir + "/config.json");
+  const std::vector<GgufTensorData> tensors = ConvertTensors(dir, arch, config);
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const int64_t hidden = config["hidden_size"], heads = config["num_attention_heads"];
+  const int64_t kv_heads = config["num_key_value_heads"];
+  const int64_t head_dim = config.value("head_dim", hidden / heads);
+  const json rope = RopeOf(config);
   testing::GgufBuilder b;
   const auto u32 = [&](const std::string& key, int64_t v) {
     b.Scalar(arch + "." + key, GgufValueType::kUint32, uint32_t(v));
