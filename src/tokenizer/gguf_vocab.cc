@@ -140,7 +140,10 @@ Result<Pipeline> SentencePiecePipeline(const GgufVocab& v) {
   std::vector<uint8_t> mergeable(v.tokens.size());
   for (size_t id = 0; id < v.tokens.size(); ++id) {
     const GgufTokenType type = TypeOf(v, id);
-    mergeable[id] = type == GgufTokenType::kNormal || type == GgufTokenType::kUndefined;
+    // User-defined pieces merge by score too (llama.cpp looks every token up; SentencePiece
+    // gives them score 0, so whitespace runs such as "▁▁" form first).
+    mergeable[id] = type == GgufTokenType::kNormal || type == GgufTokenType::kUndefined ||
+                    type == GgufTokenType::kUserDefined;
   }
   EMBER_ASSIGN_OR_RETURN(p.model, tok::SpmModel::Create(v.tokens, v.scores, std::move(mergeable),
                                                         v.unknown_token_id.value_or(0)));

@@ -61,6 +61,9 @@ GgufVocab VocabFromTokenizerJson(const std::string& dir, const std::string& mode
     }
     for (size_t id = 0; id < n; ++id)
       if (auto it = rank.find(v.tokens[id]); it != rank.end()) v.scores[id] = -float(it->second);
+    // SentencePiece models give their user-defined pieces score 0, above every merged piece.
+    for (size_t id = 0; id < n; ++id)
+      if (v.token_types[id] == int32_t(GgufTokenType::kUserDefined)) v.scores[id] = 0.0f;
     v.merges.clear();
   }
   v.add_bos_token = false;
@@ -88,6 +91,7 @@ std::vector<std::string> RandomStrings(int count, uint32_t seed) {
 
 struct Case {
   std::string name, model, pre, golden;
+  bool add_space_prefix = true;  // "llama" vocabularies
 };
 
 class GgufVocabTest : public ::testing::TestWithParam<Case> {};
@@ -103,7 +107,9 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
   EMBER_REQUIRE_DIR(testing::FixturesDir() + "/tokenizers/" + c.golden);
   auto reference = Tokenizer::Load(dir);
   ASSERT_TRUE(reference.ok()) << reference.message();
-  auto built = Tokenizer::FromGgufVocab(VocabFromTokenizerJson(dir, c.model, c.pre));
+  GgufVocab vocab = VocabFromTokenizerJson(dir, c.model, c.pre);
+  if (c.model == "llama") vocab.add_space_prefix = c.add_space_prefix;
+  auto built = Tokenizer::FromGgufVocab(vocab);
   ASSERT_TRUE(built.ok()) << built.message();
   const Tokenizer& ref = **reference;
   const Tokenizer& tok = **built;
@@ -136,19 +142,20 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabularies, GgufVocabTest,
-                         ::testing::Values(Case{"llama3", "gpt2", "llama-bpe", "llama3"},
-                                           Case{"qwen3", "gpt2", "qwen2", "qwen3"},
-                                           Case{"gptoss", "gpt2", "gpt-4o", "gptoss"},
-                                           Case{"llama2", "llama", "", "llama2"},
-                                           Case{"tinystories-656k", "llama", "",
-                                                "tinystories-656k"}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = info.param.name;
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Vocabularies, GgufVocabTest,
+    ::testing::Values(Case{"llama3", "gpt2", "llama-bpe", "llama3"},
+                      Case{"qwen3", "gpt2", "qwen2", "qwen3"},
+                      Case{"gptoss", "gpt2", "gpt-4o", "gptoss"},
+                      Case{"llama2", "llama", "", "llama2"},
+                      Case{"gemma3", "llama", "", "gemma3", /*add_space_prefix=*/false},
+                      Case{"tinystories-656k", "llama", "", "tinystories-656k"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.name;
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
+      return name;
+    });
 
 TEST(GgufVocabTest, ErrorsNameTheKey) {
   GgufVocab v;

@@ -23,7 +23,7 @@ class SpmModel : public WordModel {
  public:
   // `tokens[i]` and `scores[i]` of id i (same length); `unk_id` the token for characters the
   // vocab cannot spell (nullopt: they are dropped). `mergeable[i]` false keeps id i out of merges
-  // and lookups (control, user-defined, unused and byte tokens: only NORMAL tokens are pieces).
+  // (control, unknown, unused and byte tokens are not pieces).
   static Result<std::unique_ptr<SpmModel>> Create(std::vector<std::string> tokens,
                                                   std::vector<float> scores,
                                                   std::vector<uint8_t> mergeable,
