@@ -159,7 +159,7 @@ int BenchCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
       "[--device D] [--tg-logits | --no-overlap]");
-  flags.AddString("--model", &model_dir, "model folder (config.json + safetensors)");
+  flags.AddString("--model", &model_dir, "model folder (config.json + safetensors) or .gguf file");
   flags.AddString("-p,--n-prompt", &p_list,
                   "prompt tokens of the pp test (0: skip); a comma-separated list runs one pp test "
                   "per size");

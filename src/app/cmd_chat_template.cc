@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_files.h"
 #include "template/chat_template.h"
 #include "util/flags.h"
 #include "util/mapped_file.h"
@@ -28,7 +29,7 @@ int Fail(std::string message) {
 Result<ChatTemplate> LoadTemplate(const std::string& model_dir, const std::string& template_file) {
   std::string bos, eos;
   if (!model_dir.empty()) {
-    EMBER_ASSIGN_OR_RETURN(ChatTemplate model_template, ChatTemplate::Load(model_dir));
+    EMBER_ASSIGN_OR_RETURN(ChatTemplate model_template, LoadModelChatTemplate(model_dir));
     if (template_file.empty()) {
       if (!model_template.has_template())
         return Status::Error(model_dir + " has no chat template (pass --chat-template FILE)");
@@ -51,7 +52,7 @@ int ChatTemplateCommand(int argc, char** argv, int first) {
       "usage: ember chat-template --model DIR [--chat-template FILE] < request.json\n"
       "  stdin: {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": true, ...kwargs}\n"
       "  prints the rendered prompt exactly, without a trailing newline");
-  flags.AddString("--model", &model_dir, "model folder (chat_template.jinja or tokenizer_config.json)");
+  flags.AddString("--model", &model_dir, "model folder (chat_template.jinja or tokenizer_config.json) or .gguf file");
   flags.AddString("--chat-template", &template_file, "Jinja file that overrides the model's template");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) return Fail(st.message());

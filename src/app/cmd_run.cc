@@ -7,6 +7,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "app/model_files.h"
 #include "engine/engine.h"
 #include "serve/request_builder.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -43,8 +44,8 @@ int RunCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember run --model DIR (--prompt TEXT | --prompt-ids JSON_ARRAY) [--max-tokens N]\n"
       "       [--temperature T] [--top-p P] [--top-k K] [--seed S] [--output text|ids|json]");
-  flags.AddString("--model", &model_dir, "Hugging Face model folder");
-  flags.AddString("--prompt", &prompt, "prompt text (needs the model's tokenizer.json)");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder or .gguf file");
+  flags.AddString("--prompt", &prompt, "prompt text (needs the model's tokenizer)");
   flags.AddString("--prompt-ids", &prompt_ids_json, "prompt as a JSON array of token ids");
   flags.AddInt("-n,--max-tokens", &max_tokens,
                "tokens to generate (default: generation_config.json's max_new_tokens, else 128; "
@@ -67,7 +68,7 @@ int RunCommand(int argc, char** argv, int first) {
 
   const bool need_tokenizer = !prompt.empty() || output != "ids";
   if (need_tokenizer && lm.tokenizer == nullptr) {
-    return Fail(model_dir + "/tokenizer.json: not found; " +
+    return Fail(TokenizerSource(model_dir) + ": not found; " +
                 (prompt.empty() ? std::string("use --output ids") : std::string("use --prompt-ids")) +
                 " with a model that has no tokenizer");
   }

@@ -78,7 +78,7 @@ int ServeCommand(int argc, char** argv, int first) {
       "       [--max-body-bytes B] [--http-threads N] [--max-connections N]\n"
       "       [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S]\n"
       "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H] [--cors-origin O]");
-  flags.AddString("--model", &model_dir, "Hugging Face model folder");
+  flags.AddString("--model", &model_dir, "Hugging Face model folder or .gguf file");
   flags.AddString("--models-dir", &models_dir,
                   "serve every model folder below DIR, each loaded when a request names it");
   flags.AddInt("--models-memory", &models_memory,

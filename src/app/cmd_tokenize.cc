@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/model_files.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 #include "util/flags.h"
@@ -52,14 +53,15 @@ int TokenizeCommand(int argc, char** argv, int first) {
   bool add_special = false;
   FlagParser flags("usage: ember tokenize --tokenizer DIR [--add-special] < text.txt\n"
                    "  prints the token ids of stdin (UTF-8) as a JSON array");
-  flags.AddString("--tokenizer", &dir, "folder with tokenizer.json (+ tokenizer_config.json)");
+  flags.AddString("--tokenizer", &dir, "folder with tokenizer.json (+ tokenizer_config.json), or a .gguf file");
   flags.AddBool("--add-special", &add_special, "apply the post-processor (e.g. add BOS)");
   if (int rc = ParseFlags(flags, argc, argv, first, dir, "tokenize"); rc >= 0) return rc;
 
   std::string text = ReadStdin();
   if (!tok::IsValidUtf8(text)) return Die("tokenize: stdin is not valid UTF-8");
-  auto tok = Tokenizer::Load(dir);
+  auto tok = LoadModelTokenizer(dir);
   if (!tok.ok()) return Die("tokenize: " + tok.message());
+  if (*tok == nullptr) return Die("tokenize: " + dir + "/tokenizer.json: not found");
   std::vector<int32_t> ids = (*tok)->Encode(text, add_special);
   std::string out = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -76,15 +78,16 @@ int DetokenizeCommand(int argc, char** argv, int first) {
   bool skip_special = false;
   FlagParser flags("usage: ember detokenize --tokenizer DIR [--skip-special] < ids.json\n"
                    "  prints the text of a JSON array of ids exactly (no added newline)");
-  flags.AddString("--tokenizer", &dir, "folder with tokenizer.json (+ tokenizer_config.json)");
+  flags.AddString("--tokenizer", &dir, "folder with tokenizer.json (+ tokenizer_config.json), or a .gguf file");
   flags.AddBool("--skip-special", &skip_special, "leave out special tokens");
   if (int rc = ParseFlags(flags, argc, argv, first, dir, "detokenize"); rc >= 0) return rc;
 
   nlohmann::json input = nlohmann::json::parse(ReadStdin(), nullptr, /*allow_exceptions=*/false);
   if (input.is_discarded()) return Die("detokenize: stdin is not valid JSON");
   if (!input.is_array()) return Die("detokenize: expected a JSON array of token ids");
-  auto tok = Tokenizer::Load(dir);
+  auto tok = LoadModelTokenizer(dir);
   if (!tok.ok()) return Die("detokenize: " + tok.message());
+  if (*tok == nullptr) return Die("detokenize: " + dir + "/tokenizer.json: not found");
   std::vector<int32_t> ids;
   ids.reserve(input.size());
   for (size_t i = 0; i < input.size(); ++i) {

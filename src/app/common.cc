@@ -1,5 +1,7 @@
 #include "app/common.h"
 
+#include "app/model_files.h"
+
 #include "util/log.h"
 
 #include <chrono>
@@ -153,8 +155,8 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
   LoadedModel lm;
   // The tokenizer first (cheap): a broken one fails before the weights load.
   lm.tokenizer = std::move(tokenizer);
-  if (lm.tokenizer == nullptr && FileExists(model_dir + "/tokenizer.json")) {
-    EMBER_ASSIGN_OR_RETURN(lm.tokenizer, Tokenizer::Load(model_dir));
+  if (lm.tokenizer == nullptr) {
+    EMBER_ASSIGN_OR_RETURN(lm.tokenizer, LoadModelTokenizer(model_dir));
   }
   EMBER_ASSIGN_OR_RETURN(lm.model, Model::Load(model_dir, opts));
   EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), flags.Config()));

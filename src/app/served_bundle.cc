@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "app/model_files.h"
 #include "serve/embedding_config.h"
 #include "serve/output_parsers.h"
 #include "util/log.h"
@@ -11,9 +12,9 @@ namespace ember::app {
 
 namespace {
 
-Result<ChatTemplate> LoadChatTemplate(const std::string& dir, const std::string& file,
+Result<ChatTemplate> LoadChatTemplate(const std::string& model_path, const std::string& file,
                                       const Tokenizer& tokenizer) {
-  if (file.empty()) return ChatTemplate::Load(dir);
+  if (file.empty()) return LoadModelChatTemplate(model_path);
   auto source = ReadFileToString(file);
   if (!source.ok()) return source.status();
   auto t = ChatTemplate::FromSource(*source, tokenizer.bos_token(), tokenizer.eos_token());
@@ -28,9 +29,9 @@ Result<std::unique_ptr<ServedBundle>> ServedBundle::Load(const std::string& dir,
                                                          const ServeModelOptions& options) {
   // The tokenizer and the chat template before the weights: a missing or broken one fails in
   // milliseconds, not after minutes of loading a large model.
-  if (!FileExists(dir + "/tokenizer.json"))
-    return Status::Error(dir + "/tokenizer.json: not found (serve needs it)");
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Load(dir));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadModelTokenizer(dir));
+  if (tokenizer == nullptr)
+    return Status::Error(TokenizerSource(dir) + ": not found (serve needs it)");
   std::unique_ptr<ServedBundle> bundle(new ServedBundle());
   EMBER_ASSIGN_OR_RETURN(bundle->chat_template_,
                          LoadChatTemplate(dir, options.chat_template_file, *tokenizer));

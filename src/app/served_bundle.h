@@ -24,7 +24,8 @@ struct ServeModelOptions {
 
 class ServedBundle final : public serve::ResidentModel {
  public:
-  // `dir` holds config.json, the weights and tokenizer.json; `name` is the id clients send.
+  // `dir` is a Hugging Face folder (config.json, weights, tokenizer.json) or a .gguf file;
+  // `name` is the id clients send.
   static Result<std::unique_ptr<ServedBundle>> Load(const std::string& dir, const std::string& name,
                                                     const ServeModelOptions& options);
   ~ServedBundle() override;

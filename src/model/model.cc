@@ -12,6 +12,7 @@
 
 #include "backend/cpu/matmul.h"  // ConvertToF32
 #include "model/architecture.h"
+#include "model/gguf_model.h"
 #include "model/safetensors.h"
 #include "model/weight_convert.h"
 #include "util/log.h"
@@ -85,6 +86,7 @@ RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
   spec.truncate = r.truncate;
   spec.attention_factor = r.attention_factor;
   spec.max_positions = c.max_position_embeddings;
+  spec.freq_factors = r.freq_factors;
   return spec;
 }
 
@@ -93,7 +95,7 @@ bool SameRope(const RopeConfig& a, const RopeConfig& b) {
          a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
          a.original_max_position_embeddings == b.original_max_position_embeddings &&
          a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.truncate == b.truncate &&
-         a.attention_factor == b.attention_factor;
+         a.attention_factor == b.attention_factor && a.freq_factors == b.freq_factors;
 }
 
 // A mixture-of-experts MLP (qwen3_moe): the router mlp.gate and each expert's projections.
@@ -359,6 +361,48 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, 
   return Status::Ok();
 }
 
+// What Model::Load reads before it touches the backend.
+struct Checkpoint {
+  ModelConfig config;
+  GenerationDefaults generation;
+  std::unique_ptr<WeightStore> weights;
+  std::string config_source;  // the file the config came from (for messages)
+};
+
+// A Hugging Face folder: config.json (or opts.config_file), generation_config.json, safetensors.
+Result<Checkpoint> ReadHuggingFaceCheckpoint(const std::string& dir, const ModelLoadOptions& opts) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::Error(dir + ": model directory not found (expected a folder or a .gguf file)");
+  Checkpoint ckpt;
+  ckpt.config_source = dir + "/" + opts.config_file;
+  if (!FileExists(ckpt.config_source)) return Status::Error(ckpt.config_source + ": file not found");
+  EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(ckpt.config_source));
+  EMBER_ASSIGN_OR_RETURN(ckpt.config, ParseModelConfig(config_text, ckpt.config_source));
+  const std::string gen_path = dir + "/generation_config.json";
+  std::string gen_text;
+  if (FileExists(gen_path)) {
+    EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path));
+  }
+  EMBER_ASSIGN_OR_RETURN(ckpt.generation, ParseGenerationConfig(gen_text, gen_path, ckpt.config));
+  EMBER_ASSIGN_OR_RETURN(ckpt.weights, WeightStore::Open(dir));
+  return ckpt;
+}
+
+// One GGUF file: config and generation defaults from its metadata, its tensors (gguf_model.h).
+Result<Checkpoint> ReadGgufCheckpoint(const std::string& path) {
+  EMBER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(path));
+  auto shared = std::make_shared<const GgufFile>(std::move(file));
+  Checkpoint ckpt;
+  ckpt.config_source = path;
+  EMBER_ASSIGN_OR_RETURN(ckpt.config, GgufModelConfig(*shared));
+  ckpt.generation = GgufGenerationDefaults(ckpt.config);
+  std::string summary;
+  EMBER_ASSIGN_OR_RETURN(ckpt.weights, OpenGgufWeights(shared, ckpt.config, &summary));
+  LOG_INFO << summary;
+  return ckpt;
+}
+
 }  // namespace
 
 Model::~Model() = default;
@@ -372,22 +416,14 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                            std::unique_ptr<Backend> backend,
                                            const ModelLoadOptions& opts) {
   CHECK(backend != nullptr);
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return Status::Error(dir + ": model directory not found");
   auto model = std::unique_ptr<Model>(new Model());
-  const std::string config_path = dir + "/" + opts.config_file;
-  if (!FileExists(config_path)) return Status::Error(config_path + ": file not found");
-  EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
-  EMBER_ASSIGN_OR_RETURN(model->config_, ParseModelConfig(config_text, config_path));
-  const std::string gen_path = dir + "/generation_config.json";
-  std::string gen_text;
-  if (FileExists(gen_path)) {
-    EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path));
-  }
-  EMBER_ASSIGN_OR_RETURN(model->generation_,
-                         ParseGenerationConfig(gen_text, gen_path, model->config_));
-  EMBER_ASSIGN_OR_RETURN(model->weights_, WeightStore::Open(dir));
+  EMBER_ASSIGN_OR_RETURN(
+      Checkpoint checkpoint,
+      IsGgufFile(dir) ? ReadGgufCheckpoint(dir) : ReadHuggingFaceCheckpoint(dir, opts));
+  model->config_ = std::move(checkpoint.config);
+  model->generation_ = std::move(checkpoint.generation);
+  model->weights_ = std::move(checkpoint.weights);
+  const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
   if (const ModelConfig& c = model->config_; c.num_experts > 0) {
     const std::string why = model->backend_->MoeUnsupported(

@@ -1,4 +1,5 @@
-// Model: a loaded Hugging Face checkpoint (config + mmapped safetensors) bound to a backend, as
+// Model: a loaded checkpoint (a Hugging Face folder's config + mmapped safetensors, or one GGUF
+// file) bound to a backend, as
 // the engine sees it: one Forward per step over a BatchPlan, logits out. The model owns the
 // backend, the weight mappings and the paged KV pool. Not thread-safe: the engine drives it from
 // one thread (its engine thread); config()/generation_defaults() are immutable after Load.
@@ -41,6 +42,7 @@ struct RopeConfig {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn
   double attention_factor = 1.0;  // cos/sin multiplier (yarn: given, or from factor and mscale)
+  std::vector<float> freq_factors;  // GGUF rope_freqs.weight: inverse frequency divisors (RopeSpec)
 };
 
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
@@ -127,7 +129,8 @@ struct ModelLoadOptions : BackendChoice {
 
 class Model {
  public:
-  // Loads the checkpoint in `dir` onto `backend` (which the model then owns).
+  // Loads the checkpoint `dir` onto `backend` (which the model then owns): a Hugging Face folder
+  // (config.json + safetensors) or one .gguf file (model/gguf_model.h).
   static Result<std::unique_ptr<Model>> Load(const std::string& dir,
                                              std::unique_ptr<Backend> backend,
                                              const ModelLoadOptions& opts);

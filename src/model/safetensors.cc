@@ -27,6 +27,21 @@ Result<std::unique_ptr<WeightStore>> WeightStore::OpenFile(const std::string& pa
   return store;
 }
 
+std::unique_ptr<WeightStore> WeightStore::FromViews(
+    std::string where, std::vector<TensorView> views, std::shared_ptr<const void> keep_alive,
+    int64_t file_bytes, std::function<std::string(const std::string&)> describe_missing) {
+  auto store = std::unique_ptr<WeightStore>(new WeightStore());
+  store->where_ = std::move(where);
+  for (TensorView& view : views) {
+    std::string name = view.name;
+    store->tensors_.emplace(std::move(name), std::move(view));
+  }
+  store->keep_alive_ = std::move(keep_alive);
+  store->view_file_bytes_ = file_bytes;
+  store->describe_missing_ = std::move(describe_missing);
+  return store;
+}
+
 Result<std::unique_ptr<WeightStore>> WeightStore::Open(const std::string& dir) {
   auto store = std::unique_ptr<WeightStore>(new WeightStore());
   store->where_ = dir;
@@ -136,7 +151,10 @@ Status WeightStore::AddFile(const std::string& path) {
 
 Result<TensorView> WeightStore::Get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end()) return Status::Error(where_ + ": missing tensor \"" + name + "\"");
+  if (it == tensors_.end()) {
+    if (describe_missing_) return Status::Error(where_ + ": missing " + describe_missing_(name));
+    return Status::Error(where_ + ": missing tensor \"" + name + "\"");
+  }
   return it->second;
 }
 
@@ -171,7 +189,7 @@ std::vector<std::string> WeightStore::Names() const {
 }
 
 int64_t WeightStore::total_file_bytes() const {
-  int64_t total = 0;
+  int64_t total = view_file_bytes_;
   for (const MappedFile& f : files_) total += static_cast<int64_t>(f.size());
   return total;
 }

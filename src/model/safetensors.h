@@ -1,11 +1,14 @@
 // WeightStore: the tensors of a safetensors checkpoint (one file, or shards listed by
-// model.safetensors.index.json), memory-mapped and validated, never copied. Open() checks every
+// model.safetensors.index.json), memory-mapped and validated, never copied; or tensors another
+// format's loader laid out under Ember's names (FromViews: a GGUF file). Open() checks every
 // header (length, JSON, dtype, shape vs byte range, ranges inside the file and not overlapping)
 // and names the file and tensor in its errors. Immutable after Open; safe to read from any thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,12 @@ class WeightStore {
   static Result<std::unique_ptr<WeightStore>> Open(const std::string& dir);
   // Opens exactly one safetensors file (also used for golden logits in tests).
   static Result<std::unique_ptr<WeightStore>> OpenFile(const std::string& path);
+  // Tensors laid out by another loader: `views` point into memory that `keep_alive` owns (kept
+  // as long as the store). `file_bytes` is what total_file_bytes() reports; `describe_missing`
+  // turns a name Get does not find into the file's own words for it.
+  static std::unique_ptr<WeightStore> FromViews(
+      std::string where, std::vector<TensorView> views, std::shared_ptr<const void> keep_alive,
+      int64_t file_bytes, std::function<std::string(const std::string&)> describe_missing);
 
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The tensor, or an error naming it and the checkpoint.
@@ -47,6 +56,9 @@ class WeightStore {
   Status AddFile(const std::string& path);
   std::string where_;  // the directory or file, for messages
   std::vector<MappedFile> files_;
+  std::shared_ptr<const void> keep_alive_;  // FromViews: what the views point into
+  int64_t view_file_bytes_ = 0;             // FromViews: the file's size
+  std::function<std::string(const std::string&)> describe_missing_;
   std::map<std::string, TensorView> tensors_;
 };
 

@@ -113,7 +113,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
     int64_t id = field.value.get_int64().value_unsafe();
     m->id_to_token_[size_t(id)] = std::string(field.key);
   }
-  m->vocab_.Build(&m->id_to_token_);
+  m->InitVocab();
 
   m->continuing_subword_prefix_ = JsonStringOr(json, "continuing_subword_prefix", "");
   m->end_of_word_suffix_ = JsonStringOr(json, "end_of_word_suffix", "");
@@ -133,18 +133,45 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(Json json) {
     if (dropout->get_double().get(d) == simdjson::SUCCESS && d > 0)
       return Status::Error("model.dropout is not supported (must be null)");
   }
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    m->byte_ids_[b] = m->Lookup(name).value_or(-1);
-  }
-
   if (auto merges = JsonField(json, "merges")) {
     EMBER_RETURN_IF_ERROR(m->LoadMerges(*merges));
   } else {
     m->merges_.Reserve(1);
   }
   return m;
+}
+
+Result<std::unique_ptr<BpeModel>> BpeModel::FromVocab(std::vector<std::string> id_to_token,
+                                                      const std::vector<std::string>& merges,
+                                                      bool ignore_merges) {
+  auto m = std::make_unique<BpeModel>();
+  m->cache_owner_ = g_next_model_id.fetch_add(1);
+  m->id_to_token_ = std::move(id_to_token);
+  m->ignore_merges_ = ignore_merges;
+  m->InitVocab();
+  std::vector<MergePair> pairs(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r)
+    EMBER_RETURN_IF_ERROR(SplitMerge(merges[r], r, &pairs[r]));
+  EMBER_RETURN_IF_ERROR(m->LoadMergePairs(pairs));
+  return m;
+}
+
+void BpeModel::InitVocab() {
+  vocab_.Build(&id_to_token_);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    byte_ids_[b] = Lookup(name).value_or(-1);
+  }
+}
+
+Status BpeModel::SplitMerge(std::string_view line, size_t rank, MergePair* pair) {
+  size_t sp = line.find(' ');
+  if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
+    return Status::Error("merges[" + std::to_string(rank) + "]: expected 'a b', got '" +
+                         std::string(line) + "'");
+  *pair = {line.substr(0, sp), line.substr(sp + 1)};
+  return Status::Ok();
 }
 
 // Merges: "a b" strings or ["a", "b"] pairs; rank = position. Resolving a merge to ids is bound
@@ -154,10 +181,29 @@ Status BpeModel::LoadMerges(Json json) {
   simdjson::dom::array merges;
   if (json.get_array().get(merges) != simdjson::SUCCESS)
     return Status::Error("model: 'merges' must be an array");
-  std::vector<Json> elems;
-  elems.reserve(merges.size());
-  for (Json e : merges) elems.push_back(e);
-  const size_t n = elems.size();
+  std::vector<MergePair> pairs;
+  pairs.reserve(merges.size());
+  for (Json e : merges) {
+    const size_t r = pairs.size();
+    MergePair pair;
+    std::string_view line;
+    if (e.get_string().get(line) == simdjson::SUCCESS) {
+      EMBER_RETURN_IF_ERROR(SplitMerge(line, r, &pair).WithContext("model"));
+    } else {
+      simdjson::dom::array arr;
+      if (e.get_array().get(arr) != simdjson::SUCCESS || arr.size() != 2 ||
+          arr.at(0).get_string().get(pair.first) != simdjson::SUCCESS ||
+          arr.at(1).get_string().get(pair.second) != simdjson::SUCCESS)
+        return Status::Error("model.merges[" + std::to_string(r) +
+                             "]: expected a string or a pair of strings");
+    }
+    pairs.push_back(pair);
+  }
+  return LoadMergePairs(pairs);
+}
+
+Status BpeModel::LoadMergePairs(const std::vector<MergePair>& pairs) {
+  const size_t n = pairs.size();
   std::vector<uint64_t> keys(n), values(n);
 
   size_t num_threads = n < 20000 ? 1 : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
@@ -165,8 +211,8 @@ Status BpeModel::LoadMerges(Json json) {
   std::vector<std::thread> threads;
   for (size_t t = 0; t < num_threads; ++t) {
     size_t begin = n * t / num_threads, end = n * (t + 1) / num_threads;
-    auto work = [this, &elems, &keys, &values, &statuses, t, begin, end] {
-      statuses[t] = ResolveMerges(elems, begin, end, keys.data(), values.data());
+    auto work = [this, &pairs, &keys, &values, &statuses, t, begin, end] {
+      statuses[t] = ResolveMerges(pairs, begin, end, keys.data(), values.data());
     };
     if (t + 1 == num_threads) work();
     else threads.emplace_back(work);
@@ -183,7 +229,7 @@ Status BpeModel::LoadMerges(Json json) {
   return Status::Ok();
 }
 
-Status BpeModel::ResolveMerges(const std::vector<Json>& elems, size_t begin, size_t end,
+Status BpeModel::ResolveMerges(const std::vector<MergePair>& pairs, size_t begin, size_t end,
                                uint64_t* keys, uint64_t* values) const {
   constexpr size_t kChunk = 32;
   struct Item {
@@ -196,27 +242,12 @@ Status BpeModel::ResolveMerges(const std::vector<Json>& elems, size_t begin, siz
   const size_t prefix = continuing_subword_prefix_.size();
   for (size_t base = begin; base < end; base += kChunk) {
     const size_t n = std::min(kChunk, end - base);
-    // 1. Parse a chunk, hash its strings, prefetch their vocab slots.
+    // 1. Hash a chunk's strings, prefetch their vocab slots.
     joined.clear();
     for (size_t k = 0; k < n; ++k) {
       Item& item = items[k];
-      const size_t r = base + k;
-      std::string_view line;
-      if (elems[r].get_string().get(line) == simdjson::SUCCESS) {
-        size_t sp = line.find(' ');
-        if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
-          return Status::Error("model.merges[" + std::to_string(r) + "]: expected 'a b', got '" +
-                               std::string(line) + "'");
-        item.a = line.substr(0, sp);
-        item.b = line.substr(sp + 1);
-      } else {
-        simdjson::dom::array pair;
-        if (elems[r].get_array().get(pair) != simdjson::SUCCESS || pair.size() != 2 ||
-            pair.at(0).get_string().get(item.a) != simdjson::SUCCESS ||
-            pair.at(1).get_string().get(item.b) != simdjson::SUCCESS)
-          return Status::Error("model.merges[" + std::to_string(r) +
-                               "]: expected a string or a pair of strings");
-      }
+      item.a = pairs[base + k].first;
+      item.b = pairs[base + k].second;
       item.joined_begin = joined.size();
       joined.append(item.a);
       joined.append(item.b.substr(std::min(prefix, item.b.size())));

@@ -2,7 +2,7 @@
 // continuing_subword_prefix / end_of_word_suffix and ignore_merges, reproducing Hugging Face
 // `tokenizers` (merges applied lowest rank first, leftmost first). Merges live in a hash map
 // keyed by the packed pair of ids; each thread keeps a cache of recently encoded words.
-// Immutable after FromJson; Tokenize is safe from several threads at once.
+// Immutable after FromJson / FromVocab; Tokenize is safe from several threads at once.
 #pragma once
 
 #include <cstdint>
@@ -15,20 +15,26 @@
 #include <vector>
 
 #include "tokenizer/json.h"
+#include "tokenizer/word_model.h"
 
 namespace ember::tok {
 
-class BpeModel {
+class BpeModel : public WordModel {
  public:
   // `json` is tokenizer.json's "model" object (type BPE).
   static Result<std::unique_ptr<BpeModel>> FromJson(Json json);
+  // A byte-level vocabulary given as plain data (GGUF's "gpt2" model): the token of each id and
+  // the merges ("a b", rank = position); no unk token, no byte fallback.
+  static Result<std::unique_ptr<BpeModel>> FromVocab(std::vector<std::string> id_to_token,
+                                                     const std::vector<std::string>& merges,
+                                                     bool ignore_merges);
   // Appends the ids of one pre-tokenized word.
-  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
+  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
 
-  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::optional<int32_t> TokenToId(std::string_view token) const override;
   // nullptr when the id is not in the vocab.
-  const std::string* IdToToken(int32_t id) const;
-  int32_t max_id() const { return int32_t(id_to_token_.size()) - 1; }
+  const std::string* IdToToken(int32_t id) const override;
+  int32_t max_id() const override { return int32_t(id_to_token_.size()) - 1; }
 
  private:
   struct Symbol {
@@ -92,10 +98,15 @@ class BpeModel {
     size_t mask_ = 0;
   };
 
+  using MergePair = std::pair<std::string_view, std::string_view>;
+  void InitVocab();  // after id_to_token_ is set: the vocab map and the byte-fallback ids
   Status LoadMerges(Json merges);
+  // Splits "a b" merge strings (error messages say where they came from: `what`).
+  static Status SplitMerge(std::string_view line, size_t rank, MergePair* pair);
+  Status LoadMergePairs(const std::vector<MergePair>& pairs);
   // Resolves merges [begin, end) to (left << 32 | right) keys and (rank << 32 | merged) values.
-  Status ResolveMerges(const std::vector<Json>& elems, size_t begin, size_t end, uint64_t* keys,
-                       uint64_t* values) const;
+  Status ResolveMerges(const std::vector<MergePair>& pairs, size_t begin, size_t end,
+                       uint64_t* keys, uint64_t* values) const;
   void Encode(std::string_view word, std::vector<int32_t>* ids) const;
   void MergeAll(std::vector<Symbol>* symbols) const;
   std::optional<int32_t> Lookup(std::string_view s) const;

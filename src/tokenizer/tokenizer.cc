@@ -136,7 +136,6 @@ Status Tokenizer::LoadTokenizerJson(const std::string& path) {
   if (JsonField(root, "truncation") || JsonField(root, "padding"))
     return Status::Error("'truncation' and 'padding' are not supported (must be null)");
 
-  vocab_size_ = model_->max_id() + 1;
   simdjson::dom::array added;
   if (auto a = JsonField(root, "added_tokens"); a && a->get_array().get(added) == simdjson::SUCCESS) {
     for (Json item : added) {
@@ -156,6 +155,12 @@ Status Tokenizer::LoadTokenizerJson(const std::string& path) {
       added_.push_back(std::move(t));
     }
   }
+  IndexAddedTokens();
+  return Status::Ok();
+}
+
+void Tokenizer::IndexAddedTokens() {
+  vocab_size_ = model_->max_id() + 1;
   for (size_t i = 0; i < added_.size(); ++i) {
     const tok::AddedToken& t = added_[i];
     added_by_id_[t.id] = i;
@@ -171,7 +176,6 @@ Status Tokenizer::LoadTokenizerJson(const std::string& path) {
     else raw_trie_.Insert(form, int32_t(i));
     added_decode_form_.push_back(std::move(form));
   }
-  return Status::Ok();
 }
 
 // tokenizer_config.json is small but holds numbers simdjson rejects (model_max_length 1e30):

@@ -1,6 +1,7 @@
 // Tokenizer: an exact reimplementation of Hugging Face `tokenizers` for a model's
 // tokenizer.json (BPE models, byte-level or SentencePiece-style; added tokens; normalizers,
-// pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json.
+// pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json;
+// or the same pipeline built from a GGUF file's vocabulary (FromGgufVocab, gguf_vocab.h).
 // Immutable after Load: Encode, Decode and the lookups are const and safe to call from several
 // threads at once (per-call scratch and a per-thread word cache).
 //
@@ -26,11 +27,13 @@
 namespace ember {
 
 namespace tok {
-class BpeModel;
 class Decoder;
 class Normalizer;
 class PreTokenizer;
+class WordModel;
 }  // namespace tok
+
+struct GgufVocab;
 
 class Tokenizer {
  public:
@@ -41,6 +44,8 @@ class Tokenizer {
   // dir holds tokenizer.json and (optionally) tokenizer_config.json. An unsupported component
   // is an error that names it.
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
+  // From a GGUF file's vocabulary (tokenizer/gguf_vocab.h); errors name the tokenizer.ggml key.
+  static Result<std::unique_ptr<Tokenizer>> FromGgufVocab(const GgufVocab& vocab);
   // Invalid UTF-8 in `text` is replaced by U+FFFD first.
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const;
   // As above, but no added token (special or not) matches a byte inside `no_special_spans`
@@ -58,7 +63,8 @@ class Tokenizer {
   std::optional<int32_t> TokenToId(std::string_view token) const;
   std::string IdToToken(int32_t id) const;  // "" when the id is unknown
   bool IsSpecial(int32_t id) const;
-  // From tokenizer_config.json (string or {"content": ...}); empty/nullopt when absent.
+  // From tokenizer_config.json (string or {"content": ...}), or a GGUF vocabulary's bos/eos ids;
+  // empty/nullopt when absent.
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
   std::optional<int32_t> bos_token_id() const { return bos_token_id_; }
@@ -84,10 +90,12 @@ class Tokenizer {
   std::string NormalizeSegment(std::string_view segment, std::span<const TextSpan> spans,
                                std::vector<TextSpan>* normalized_spans) const;
   void PostProcess(std::vector<int32_t>* ids) const;
+  // After added_ is filled: the lookup tables and tries over it, and vocab_size_.
+  void IndexAddedTokens();
 
   std::unique_ptr<tok::Normalizer> normalizer_;
   std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;
-  std::unique_ptr<tok::BpeModel> model_;
+  std::unique_ptr<tok::WordModel> model_;
   std::unique_ptr<tok::Decoder> decoder_;
 
   std::vector<tok::AddedToken> added_;                  // in file order
