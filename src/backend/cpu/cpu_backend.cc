@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_quant.h"
 #include "backend/moe_route.h"
 #include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
@@ -143,6 +144,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   bool KeepsHostWeights() const override { return true; }
+  bool TakesQuantizedWeights(DType dtype) const override { return IsBlockQuantized(dtype); }
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override {
     if (shape.empty() || shape.size() > 4)
@@ -153,6 +155,14 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
     if (dtype == DType::kU8) {  // packed MXFP4 experts (TakesMxfp4Experts): the bytes as they are
       if (t.ndim != 2) return Status::Error("weight \"" + name + "\": U8 (MXFP4) must be 2-D");
+      t.data = const_cast<void*>(host_data);
+      return t;
+    }
+    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 matrices: the blocks as they are
+      if (t.ndim != 2 || t.cols() % cpu::kQuantBlock != 0)
+        return Status::Error("weight \"" + name + "\": " + DTypeName(dtype) +
+                             " must be a 2-D matrix with rows of a multiple of 32 values, got " +
+                             ShapeString(t));
       t.data = const_cast<void*>(host_data);
       return t;
     }
@@ -240,9 +250,12 @@ class CpuBackend final : public Backend {
         id = fed_ids_[r];
       }
       CHECK(id >= 0 && id < vocab) << "token id " << id << " outside vocab " << vocab;
-      cpu::ConvertToF32(static_cast<const uint8_t*>(table.data) +
-                            static_cast<size_t>(id * d) * DTypeSize(table.dtype),
-                        table.dtype, d, y + i * d);
+      const void* row = static_cast<const uint8_t*>(table.data) +
+                        static_cast<size_t>(id) * DTypeRowBytes(table.dtype, d);
+      if (IsBlockQuantized(table.dtype))  // a quantized table: the row dequantized on lookup
+        cpu::DequantizeQuantRow(table.dtype, row, d, y + i * d);
+      else
+        cpu::ConvertToF32(row, table.dtype, d, y + i * d);
       if (scale != 1.0f)
         for (int64_t j = 0; j < d; ++j) y[i * d + j] *= scale;
     }
@@ -282,7 +295,10 @@ class CpuBackend final : public Backend {
     CHECK_EQ(out.rows(), n);
     CHECK_EQ(out.cols(), m);
     const float* b = bias != nullptr ? F(*bias) : nullptr;
-    cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), *pool_);
+    if (IsBlockQuantized(weight.dtype))
+      cpu::MatMulQuant(F(x), n, k, weight.data, weight.dtype, m, b, F(out), *pool_);
+    else
+      cpu::MatMul(F(x), n, k, weight.data, weight.dtype, m, b, F(out), *pool_);
   }
 
   void Rope(int32_t rope_id, Tensor q, Tensor k) override {
