@@ -154,11 +154,11 @@ Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<in
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t n = 128, reps = 5, threads = 0, depth = 0;
-  std::string p_list = "512", device = "auto", batch_invariant = "off";
+  std::string p_list = "512", device = "auto", batch_invariant = "off", quantize;
   bool tg_logits = false, no_overlap = false;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
-      "[--device D] [--tg-logits | --no-overlap]");
+      "[--device D] [--quantize T] [--tg-logits | --no-overlap]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors) or .gguf file");
   flags.AddString("-p,--n-prompt", &p_list,
                   "prompt tokens of the pp test (0: skip); a comma-separated list runs one pp test "
@@ -170,6 +170,8 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
+  flags.AddString("--quantize", &quantize,
+                  "q8_0 | q4_0: quantize the linear projections at load (see ember run --help)");
   flags.AddBool("--tg-logits", &tg_logits,
                 "tg copies each step's logits row to the host and feeds fixed tokens (llama-bench's "
                 "tg) instead of generating greedily with the argmax where the logits are");
@@ -214,6 +216,7 @@ int BenchCommand(int argc, char** argv, int first) {
   device_flags.device = device;
   device_flags.threads = threads;
   device_flags.batch_invariant = batch_invariant;
+  device_flags.quantize = quantize;
   auto opts = device_flags.LoadOptions();
   if (!opts.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());

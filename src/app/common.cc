@@ -1,6 +1,7 @@
 #include "app/common.h"
 
 #include "app/model_files.h"
+#include "model/quantize.h"
 
 #include "util/log.h"
 
@@ -65,6 +66,9 @@ Result<SamplingRequest> GenerationFlags::Request(const FlagParser& flags) const 
 void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
+  flags.AddString("--quantize", &quantize,
+                  "q8_0 | q4_0: quantize the linear projections of a F32/F16/BF16 checkpoint at "
+                  "load (CPU; embeddings, lm_head and norms stay as stored)");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
                   "slower). Default off: last-bit differences between batch sizes. The CPU "
@@ -112,6 +116,7 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     return Status::Error("--batch-invariant must be on or off, got '" + batch_invariant + "'");
   opts.cuda_batch_invariant = batch_invariant == "on";
   opts.num_threads = static_cast<int32_t>(threads);
+  EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
   return opts;
 }
 
