@@ -187,6 +187,15 @@ TEST(MatMulQuantTest, QuantizersFollowGgmlReferenceRules) {
     const int hi = std::min(15, int(int8_t(x[size_t(j + 16)] * inv4 + 8.5f)));
     EXPECT_EQ(q4[size_t(2 + j)], lo | (hi << 4)) << j;
   }
+  // A tie that fused multiply-add rounding would break: 0.703125 / (0.75 / -8) = -7.5 exactly in
+  // two float steps (x * (1 / d) rounds to -7.5), so q = trunc(-7.5 + 8.5) = 1, as llama-quantize
+  // writes it (one fma gives 0.99999978 and q = 0).
+  std::vector<float> tie(32, 0.0f);
+  tie[0] = 0.75f;
+  tie[1] = 0.703125f;
+  QuantizeRow(DType::kQ4_0, tie.data(), 32, q4.data());
+  EXPECT_EQ(q4[3] & 0x0f, 1);
+  QuantizeRow(DType::kQ4_0, x.data(), 32, q4.data());
   std::vector<float> back(32);
   DequantizeQuantRow(DType::kQ4_0, q4.data(), 32, back.data());
   EXPECT_FLOAT_EQ(back[31], -8 * F16ToF32(h));  // the max maps to q = 0: (0 - 8) * d
