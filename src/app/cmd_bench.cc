@@ -299,10 +299,12 @@ int BenchCommand(int argc, char** argv, int first) {
   const char* backend_name = opts->device == DeviceKind::kCuda ? "CUDA" : "CPU";
   std::printf("| model | size | params | backend | threads | test | t/s (median) | min .. max |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  // --quantize: the projections' type after the stored one (the size is still the file's).
+  const std::string weights = c.torch_dtype + (quantize.empty() ? "" : " -> " + quantize);
   auto row = [&](const std::string& test, const std::vector<double>& rates) {
     Stats s = Summarize(rates);
     std::printf("| %s %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f | %.2f .. %.2f |\n",
-                c.model_type.c_str(), c.torch_dtype.c_str(), gib, params_b, backend_name,
+                c.model_type.c_str(), weights.c_str(), gib, params_b, backend_name,
                 used_threads,
                 test.c_str(), s.median, s.min, s.max);
     std::fflush(stdout);

@@ -42,7 +42,7 @@ inline float HorizontalSum8(__m256 v) {
 
 }  // namespace
 
-// ---- the prefill kernel, once per integer-dot ISA (matmul_quant_prefill.inc) ----
+// ---- the int8-x kernel, once per integer-dot ISA (matmul_quant_prefill.inc) ----
 namespace quant_avx2 {
 #define EMBER_QUANT_ISA 0
 #include "backend/cpu/matmul_quant_prefill.inc"
@@ -69,7 +69,7 @@ namespace quant_avx512vnni {
 
 namespace {
 
-std::atomic<QuantKernel> forced_kernel{QuantKernel::kAuto};
+std::atomic<QuantKernel> forced_kernel{QuantKernel::kInt8X};
 std::atomic<QuantIsa> forced_isa{QuantIsa::kAuto};
 
 QuantIsa BestIsa() {
@@ -84,7 +84,7 @@ QuantIsa ActiveIsa() {
   return forced == QuantIsa::kAuto ? BestIsa() : forced;
 }
 
-// ---- decode: fused dequantize + FMA over float32 x ----
+// ---- float32 x: fused dequantize + FMA ----
 
 // The 32 values of a block without its scale (q, or q - 8) as 4 x 8 floats.
 template <DType D>
@@ -168,7 +168,7 @@ void DecodeBlock(const float* x, int64_t n, int64_t k, const uint8_t* w, size_t 
   }
 }
 
-// ---- prefill: x quantized to int8 per block of 32 ----
+// ---- int8 x: x quantized per block of 32 ----
 
 // One row's blocks: q = round-to-nearest-even(x / d), d = max|x| / 127 (0 for an all-zero block).
 void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d) {
@@ -234,24 +234,26 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
   CHECK(IsBlockQuantized(w_dtype)) << "MatMulQuant weight " << DTypeName(w_dtype);
   CHECK_EQ(k % kQuantBlock, 0) << "MatMulQuant: k " << k << " is not a multiple of 32";
   if (n == 0 || m == 0) return;
-  const QuantKernel kernel = forced_kernel.load(std::memory_order_relaxed);
-  const bool decode =
-      kernel == QuantKernel::kDecode || (kernel == QuantKernel::kAuto && n <= kQuantFewRows);
+  const bool float_x = forced_kernel.load(std::memory_order_relaxed) == QuantKernel::kFloatX;
   const auto* wb = static_cast<const uint8_t*>(w);
   const size_t row_bytes = DTypeRowBytes(w_dtype, k);
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
   const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
-  if (decode) {
-    CHECK_LE(n, kQuantFewRows) << "the decode kernel takes at most 8 rows";
+  if (float_x) {  // groups of up to 8 rows: a row's chain is the same in any group
     pool.ParallelFor(
         num_col_blocks,
         [&](int64_t blk, int) {
           const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
           const float* b = bias ? bias + c0 : nullptr;
-          if (w_dtype == DType::kQ8_0)
-            DecodeBlock<DType::kQ8_0>(x, n, k, wb + c0 * row_bytes, row_bytes, cols, b, out + c0, m);
-          else
-            DecodeBlock<DType::kQ4_0>(x, n, k, wb + c0 * row_bytes, row_bytes, cols, b, out + c0, m);
+          for (int64_t r = 0; r < n; r += kFloatXRows) {
+            const int64_t rows = std::min(kFloatXRows, n - r);
+            if (w_dtype == DType::kQ8_0)
+              DecodeBlock<DType::kQ8_0>(x + r * k, rows, k, wb + c0 * row_bytes, row_bytes, cols,
+                                        b, out + r * m + c0, m);
+            else
+              DecodeBlock<DType::kQ4_0>(x + r * k, rows, k, wb + c0 * row_bytes, row_bytes, cols,
+                                        b, out + r * m + c0, m);
+          }
         },
         max_threads);
     return;
@@ -340,7 +342,7 @@ const char* QuantDotIsaName() {
   }
 }
 
-void SetQuantKernelForTesting(QuantKernel kernel, QuantIsa isa) {
+void SetQuantKernel(QuantKernel kernel, QuantIsa isa) {
   CHECK(CpuHasQuantIsa(isa)) << "this CPU lacks the requested integer-dot ISA";
   forced_kernel.store(kernel, std::memory_order_relaxed);
   forced_isa.store(isa, std::memory_order_relaxed);

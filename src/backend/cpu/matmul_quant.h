@@ -1,16 +1,20 @@
 // CPU matmul over block-quantized weights kept as they are in memory (DType::kQ8_0, kQ4_0: ggml's
 // layouts, see backend.h): out = x W^T (+ bias), x float32 [n, k], k % 32 == 0. Two kernels:
-//  - decode (n <= kQuantFewRows): fused dequantize + FMA in float32 (each weight block is widened
-//    to floats in registers and multiplied with x's float32 values; weights streamed once);
-//  - prefill (n > kQuantFewRows): x's rows are quantized per block of 32 to int8 (scale
-//    max|x| / 127, round to nearest even, float32 scale) and each block's product is an exact
-//    int32 dot (VPDPBUSD on AVX512_VNNI or AVX-VNNI, else AVX2 VPMADDUBSW/VPMADDWD), scaled by
-//    the two blocks' scales into a float32 accumulator.
-// Batch invariance: within each kernel a row's result is one fixed chain whatever n and the
-// thread count (and, in the prefill kernel, whatever integer-dot ISA the CPU has: the int32 dots
-// are exact, the float steps identical), so a row never depends on its batch-mates -- except
-// that which kernel runs depends on n: the same row gives (slightly) different results in a
-// decode-sized and a prefill-sized product. Pure apart from the pool (one caller at a time).
+//  - int8 x (the default, every n): x's rows are quantized per block of 32 to int8 (scale
+//    max|x| / 127, round to nearest even, float32 scale, as ggml's Q8_0 activations) and each
+//    block's product is an exact int32 dot (VPDPBUSD on AVX512_VNNI or AVX-VNNI, else AVX2
+//    VPMADDUBSW/VPMADDWD, chosen at run time), scaled by the two blocks' scales into a float32
+//    accumulator. Measured faster than the float kernel at every n, decode included (see
+//    bench/quant_matmul_bench.cc), because a block costs one integer dot instead of widening 32
+//    weights to floats.
+//  - float32 x (QuantKernel::kFloatX, the exact-activation mode): each weight block is widened to
+//    floats in registers (fused dequantize + FMA) and multiplied with x's float32 values, rows in
+//    groups of up to 8 (weights streamed once per group).
+// Batch invariance: in either kernel a row's result is one fixed chain whatever n, the thread
+// count and (int8 x) the integer-dot ISA -- the int32 dots are exact and the float steps
+// identical -- so a row never depends on its batch-mates. The two kernels differ from each other
+// (int8 x is within max|x_b| / 254 per element of float32 x). Pure apart from the pool and the
+// process-wide kernel choice (one MatMulQuant caller at a time).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +25,7 @@
 namespace ember::cpu {
 
 constexpr int64_t kQuantBlock = 32;     // values per block (both types)
-constexpr int64_t kQuantFewRows = 8;    // up to this many rows: the float32 decode kernel
+constexpr int64_t kFloatXRows = 8;      // the float32-x kernel's row group
 
 // x [n, k] f32, w [m, k] of w_dtype (kQ8_0 / kQ4_0, rows of DTypeRowBytes(w_dtype, k) bytes),
 // bias [m] f32 or null, out [n, m] f32. CHECKs k % 32 == 0.
@@ -38,11 +42,12 @@ void DequantizeQuantRow(DType dtype, const void* src, int64_t count, float* dst)
 // The prefill kernel's integer dot on this CPU: "avx512vnni", "avxvnni" or "avx2".
 const char* QuantDotIsaName();
 
-// Tests and benchmarks: which kernel and integer dot to use (kAuto: by n, and the best ISA the
-// CPU runs). Forcing an ISA the CPU lacks is a CHECK failure.
-enum class QuantKernel { kAuto, kDecode, kPrefill };
+// Which kernel and integer dot MatMulQuant uses from now on, process-wide (kInt8X with kAuto: the
+// best ISA the CPU runs; the default). Forcing an ISA the CPU lacks is a CHECK failure. For
+// tests, benchmarks and an exact-activation mode; not to be called while a MatMulQuant runs.
+enum class QuantKernel { kInt8X, kFloatX };
 enum class QuantIsa { kAuto, kAvx2, kAvxVnni, kAvx512Vnni };
-void SetQuantKernelForTesting(QuantKernel kernel, QuantIsa isa);
+void SetQuantKernel(QuantKernel kernel, QuantIsa isa);
 bool CpuHasQuantIsa(QuantIsa isa);
 
 }  // namespace ember::cpu

@@ -1,10 +1,10 @@
 // The quantized CPU matmul (Q8_0, Q4_0 weights) against a dequantize-then-double reference for
 // decode- and prefill-sized x and awkward shapes (m tails of the column tiles, row-group tails,
-// k of 1 to 64 blocks), with the stated tolerances: the decode kernel (float32 x) within
-// 1e-5 * sum|w x| + 1e-6 of the exact product; the prefill kernel (x quantized to int8 per block)
+// k of 1 to 64 blocks), with the stated tolerances: the float32-x kernel within
+// 1e-5 * sum|w x| + 1e-6 of the exact product; the int8-x kernel (x quantized per block of 32)
 // within its quantization bound sum_b (max|x_b| / 254) sum_j |w_j| (+ the same float slack), and
 // within 1e-5 * sum|w x| of the double product of the int8 x it used. Also: a row's result never
-// depends on its batch-mates or the thread count (per kernel), the prefill outputs are bitwise
+// depends on its batch-mates or the thread count (per kernel), the int8-x outputs are bitwise
 // equal for every integer-dot ISA the CPU has, and the quantizers follow ggml's reference rules.
 #include "backend/cpu/matmul_quant.h"
 
@@ -80,9 +80,11 @@ TEST(MatMulQuantTest, MatchesDequantizedReferenceWithinStatedTolerance) {
       const std::vector<float> w = Dequantize(dtype, q, c.m, c.k);
       const std::vector<float> bias = Random(c.m, rng, 1.0f);
       const std::vector<double> xq = QuantizedActivations(x);
-      std::vector<float> out;
+      std::vector<float> out, out_float_x;
       RunMatMul(x, c, q, dtype, bias, pool, &out);
-      const bool prefill = c.n > kQuantFewRows;
+      SetQuantKernel(QuantKernel::kFloatX, QuantIsa::kAuto);
+      RunMatMul(x, c, q, dtype, bias, pool, &out_float_x);
+      SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
       for (int64_t i = 0; i < c.n; ++i) {
         for (int64_t j = 0; j < c.m; ++j) {
           double exact = bias[size_t(j)], exact_q = bias[size_t(j)], magnitude = 0, bound = 0;
@@ -101,12 +103,10 @@ TEST(MatMulQuantTest, MatchesDequantizedReferenceWithinStatedTolerance) {
           }
           const double got = out[size_t(i * c.m + j)];
           const double slack = 1e-5 * magnitude + 1e-6;
-          if (prefill) {
-            ASSERT_NEAR(got, exact_q, slack) << "row " << i << " col " << j;
-            ASSERT_NEAR(got, exact, bound * 1.0001 + slack) << "row " << i << " col " << j;
-          } else {
-            ASSERT_NEAR(got, exact, slack) << "row " << i << " col " << j;
-          }
+          ASSERT_NEAR(got, exact_q, slack) << "int8 x: row " << i << " col " << j;
+          ASSERT_NEAR(got, exact, bound * 1.0001 + slack) << "int8 x: row " << i << " col " << j;
+          ASSERT_NEAR(out_float_x[size_t(i * c.m + j)], exact, slack)
+              << "float x: row " << i << " col " << j;
         }
       }
     }
@@ -114,14 +114,14 @@ TEST(MatMulQuantTest, MatchesDequantizedReferenceWithinStatedTolerance) {
 }
 
 // Row i of an n-row product on two threads equals the 1-row product of row i on one thread,
-// bit for bit, within each kernel (forced, so the prefill kernel also runs a single row).
+// bit for bit, within each kernel (n = 23: the float-x kernel's groups of 8 and a tail of 7).
 TEST(MatMulQuantTest, RowsAreIndependentOfBatchAndThreads) {
   std::mt19937 rng(5);
   ThreadPool one(1), two(2);
-  for (QuantKernel kernel : {QuantKernel::kDecode, QuantKernel::kPrefill}) {
-    SetQuantKernelForTesting(kernel, QuantIsa::kAuto);
+  for (QuantKernel kernel : {QuantKernel::kFloatX, QuantKernel::kInt8X}) {
+    SetQuantKernel(kernel, QuantIsa::kAuto);
     for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
-      const Case c{kernel == QuantKernel::kDecode ? 7 : 23, 2048, 300};
+      const Case c{23, 2048, 300};
       const std::vector<float> x = Random(c.n * c.k, rng, 1.0f);
       const std::vector<uint8_t> q = Quantize(dtype, Random(c.m * c.k, rng, 0.05f), c.m, c.k);
       const std::vector<float> bias = Random(c.m, rng, 1.0f);
@@ -136,7 +136,7 @@ TEST(MatMulQuantTest, RowsAreIndependentOfBatchAndThreads) {
       }
     }
   }
-  SetQuantKernelForTesting(QuantKernel::kAuto, QuantIsa::kAuto);
+  SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
 }
 
 TEST(MatMulQuantTest, PrefillIsBitwiseEqualAcrossIntegerDotIsas) {
@@ -147,13 +147,13 @@ TEST(MatMulQuantTest, PrefillIsBitwiseEqualAcrossIntegerDotIsas) {
     const std::vector<float> x = Random(c.n * c.k, rng, 1.0f);
     const std::vector<uint8_t> q = Quantize(dtype, Random(c.m * c.k, rng, 0.05f), c.m, c.k);
     const std::vector<float> bias = Random(c.m, rng, 1.0f);
-    SetQuantKernelForTesting(QuantKernel::kPrefill, QuantIsa::kAvx2);
+    SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAvx2);
     std::vector<float> reference;
     RunMatMul(x, c, q, dtype, bias, pool, &reference);
     int compared = 0;
     for (QuantIsa isa : {QuantIsa::kAvxVnni, QuantIsa::kAvx512Vnni}) {
       if (!CpuHasQuantIsa(isa)) continue;
-      SetQuantKernelForTesting(QuantKernel::kPrefill, isa);
+      SetQuantKernel(QuantKernel::kInt8X, isa);
       std::vector<float> got;
       RunMatMul(x, c, q, dtype, bias, pool, &got);
       EXPECT_EQ(0, std::memcmp(reference.data(), got.data(), sizeof(float) * got.size()))
@@ -162,7 +162,7 @@ TEST(MatMulQuantTest, PrefillIsBitwiseEqualAcrossIntegerDotIsas) {
     }
     if (compared == 0) GTEST_LOG_(INFO) << "no VNNI on this CPU: only the AVX2 dot ran";
   }
-  SetQuantKernelForTesting(QuantKernel::kAuto, QuantIsa::kAuto);
+  SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
 }
 
 // ggml's reference quantizers on hand-made blocks.
