@@ -95,6 +95,9 @@ struct RopeSpec {
   bool truncate = true;            // kYarn: round the correction range out to whole dims
   double attention_factor = 1.0;   // every type: cos and sin are multiplied by it (YaRN's mscale)
   int32_t max_positions = 0;       // table length; positions >= this are a CHECK failure
+  // Empty, or [rotary_dim / 2] divisors applied to each inverse frequency after the type's scaling
+  // (a GGUF file's rope_freqs.weight: llama.cpp stores Llama 3.1's scaling that way).
+  std::vector<float> freq_factors;
 };
 
 struct AttentionParams {

@@ -70,6 +70,8 @@ std::vector<float> RopeInvFreq(const RopeSpec& spec) {
   } else if (spec.type == RopeSpec::Type::kYarn) {
     ApplyYarn(spec, pos_freq, inv);
   }
+  for (size_t i = 0; i < spec.freq_factors.size() && i < inv.size(); ++i)
+    inv[i] /= spec.freq_factors[i];
   return inv;
 }
 
@@ -82,6 +84,14 @@ Result<RopeTable> BuildRopeTable(const RopeSpec& spec) {
   if (spec.max_positions <= 0)
     return Status::Error("RopeSpec: max_positions must be > 0");
   if (spec.theta <= 0) return Status::Error("RopeSpec: theta must be > 0");
+  if (!spec.freq_factors.empty()) {
+    if (spec.freq_factors.size() != static_cast<size_t>(spec.rotary_dim / 2))
+      return Status::Error("RopeSpec: freq_factors has " + std::to_string(spec.freq_factors.size()) +
+                           " entries, expected rotary_dim / 2 = " +
+                           std::to_string(spec.rotary_dim / 2));
+    for (float f : spec.freq_factors)
+      if (!(f > 0)) return Status::Error("RopeSpec: freq_factors must be > 0");
+  }
   if (spec.type != RopeSpec::Type::kDefault && spec.factor <= 0)
     return Status::Error("RopeSpec: factor must be > 0");
   if (spec.type == RopeSpec::Type::kLlama3 &&

@@ -12,7 +12,8 @@
 namespace ember {
 
 // inv_freq [rotary_dim / 2] after the spec's scaling (kLinear: / factor; kLlama3: banded;
-// kYarn: interpolated below the correction range, extrapolated above it, ramped between).
+// kYarn: interpolated below the correction range, extrapolated above it, ramped between), then
+// divided by freq_factors when given.
 std::vector<float> RopeInvFreq(const RopeSpec& spec);
 
 struct RopeTable {

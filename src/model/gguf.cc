@@ -329,7 +329,8 @@ class GgufParser {
 
   Status ReadTensorInfo(uint64_t index) {
     std::string_view name_view;
-    EMBER_RETURN_IF_ERROR(ReadString(&name_view, "tensor info #" + std::to_string(index) + " name"));
+    EMBER_RETURN_IF_ERROR(
+        ReadString(&name_view, "tensor info #" + std::to_string(index) + " name"));
     GgufTensorInfo info;
     info.name = std::string(name_view);
     const std::string what = "tensor '" + Printable(info.name) + "'";

@@ -132,8 +132,9 @@ FuzzStats FuzzFile(std::vector<uint8_t> original, uint64_t seed, int iterations)
     std::memcpy(bytes.data(), original.data(), header_end);
   }
   for (int i = 0; i < iterations / 4; ++i) {
-    const size_t size = rng() % 8 == 0 ? original.size() - 1 - rng() % std::min<size_t>(original.size(), 4096)
-                                       : rng() % (header_end + 64);
+    const size_t size = rng() % 8 == 0
+                            ? original.size() - 1 - rng() % std::min<size_t>(original.size(), 4096)
+                            : rng() % (header_end + 64);
     std::vector<uint8_t> cut(original.begin(), original.begin() + std::min(size, original.size()));
     ParseAndExercise(cut, &stats);
   }

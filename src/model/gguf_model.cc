@@ -15,7 +15,7 @@ namespace {
 
 // general.architecture -> Ember's model_type.
 const std::pair<const char*, const char*> kArchitectures[] = {
-    {"llama", "llama"},   {"qwen2", "qwen2"},   {"qwen3", "qwen3"},     {"qwen3moe", "qwen3_moe"},
+    {"llama", "llama"},   {"qwen2", "qwen2"},        {"qwen3", "qwen3"}, {"qwen3moe", "qwen3_moe"},
     {"gemma2", "gemma2"}, {"gemma3", "gemma3_text"}, {"phi3", "phi3"},
 };
 
@@ -74,7 +74,8 @@ Status ParseRopeScaling(const Meta& m, RopeConfig* rope) {
   }
   EMBER_ASSIGN_OR_RETURN(double factor, m.Num("rope.scaling.factor", 0.0));
   if (type == "none" || (type == "linear" && factor == 1.0)) return Status::Ok();
-  if (!(factor > 0)) return m.Err("rope.scaling.factor", "must be positive for " + type + " scaling");
+  if (!(factor > 0))
+    return m.Err("rope.scaling.factor", "must be positive for " + type + " scaling");
   rope->factor = factor;
   if (type == "linear") {
     rope->type = "linear";
@@ -94,8 +95,27 @@ Status ParseRopeScaling(const Meta& m, RopeConfig* rope) {
   return m.Err("rope.scaling.type", "is \"" + type + "\": not supported (none, linear, yarn)");
 }
 
-// Which layers slide and their window: gemma2 alternates (even layers slide), gemma3 keeps every
-// sixth layer global, phi3 slides everywhere when the file gives a window (as transformers does).
+// rope_freqs.weight: per-frequency divisors of the inverse frequencies (how llama.cpp's converter
+// stores Llama 3.1's rope scaling; the same frequencies as transformers' "llama3" rope).
+Status ReadRopeFreqs(const GgufFile& file, int32_t rotary_dim, RopeConfig* rope) {
+  const GgufTensorInfo* info = file.FindTensor("rope_freqs.weight");
+  if (info == nullptr) return Status::Ok();
+  if (info->dims.size() != 1 || info->dims[0] != rotary_dim / 2 ||
+      !GgmlTraits(info->type).dequantizable)
+    return Status::Error(file.path() + ": tensor 'rope_freqs.weight' must be " +
+                         std::to_string(rotary_dim / 2) +
+                         " float values (rope.dimension_count / 2)");
+  rope->freq_factors.resize(static_cast<size_t>(rotary_dim / 2));
+  DequantizeRow(info->type, info->data, rotary_dim / 2, rope->freq_factors.data());
+  for (float f : rope->freq_factors)
+    if (!(f > 0))
+      return Status::Error(file.path() + ": tensor 'rope_freqs.weight' holds a value <= 0");
+  return Status::Ok();
+}
+
+// Which layers slide and their window: in gemma2 every second layer is global, in gemma3 every
+// sixth (llama.cpp's patterns; <arch>.attention.sliding_window_pattern overrides them), and phi3
+// slides everywhere when the file gives a window (as transformers does).
 Status ParseSlidingWindow(const Meta& m, ModelConfig* c) {
   const std::string& t = c->model_type;
   c->layer_types.assign(static_cast<size_t>(c->num_layers), LayerType::kFullAttention);
@@ -110,8 +130,14 @@ Status ParseSlidingWindow(const Meta& m, ModelConfig* c) {
     if (t == "phi3") return Status::Ok();
     return m.Err("attention.sliding_window", "must be positive");
   }
+  EMBER_ASSIGN_OR_RETURN(int32_t pattern,
+                         m.Int("attention.sliding_window_pattern", t == "gemma2"        ? 2
+                                                                   : t == "gemma3_text" ? 6
+                                                                                        : 0));
+  if (t != "phi3" && pattern <= 0)
+    return m.Err("attention.sliding_window_pattern", "must be positive");
   for (int32_t l = 0; l < c->num_layers; ++l) {
-    const bool slide = t == "gemma2" ? l % 2 == 0 : t == "gemma3_text" ? (l + 1) % 6 != 0 : true;
+    const bool slide = t == "phi3" || (l + 1) % pattern != 0;
     if (slide) c->layer_types[static_cast<size_t>(l)] = LayerType::kSlidingAttention;
   }
   return Status::Ok();
@@ -156,20 +182,21 @@ Status ParseExperts(const Meta& m, ModelConfig* c) {
 Status ParseShape(const Meta& m, ModelConfig* c) {
   EMBER_ASSIGN_OR_RETURN(c->hidden_size, m.Int("embedding_length"));
   EMBER_ASSIGN_OR_RETURN(c->num_layers, m.Int("block_count"));
-  EMBER_ASSIGN_OR_RETURN(c->intermediate_size,
-                         m.Int("feed_forward_length",
-                               c->model_type == "qwen3_moe" ? std::optional<int32_t>(0)
-                                                            : std::nullopt));
+  EMBER_ASSIGN_OR_RETURN(
+      c->intermediate_size,
+      m.Int("feed_forward_length",
+            c->model_type == "qwen3_moe" ? std::optional<int32_t>(0) : std::nullopt));
   EMBER_ASSIGN_OR_RETURN(c->num_heads, m.Int("attention.head_count"));
   EMBER_ASSIGN_OR_RETURN(c->num_kv_heads, m.Int("attention.head_count_kv", c->num_heads));
   EMBER_ASSIGN_OR_RETURN(c->max_position_embeddings, m.Int("context_length"));
   if (c->hidden_size <= 0) return m.Err("embedding_length", "must be positive");
-  if (c->num_layers <= 0) return m.Err("block_count", "must be positive");
+  if (c->num_layers <= 0 || c->num_layers > 65536)
+    return m.Err("block_count", "must be in [1, 65536]");
   if (c->num_heads <= 0) return m.Err("attention.head_count", "must be positive");
   if (c->max_position_embeddings <= 0) return m.Err("context_length", "must be positive");
   if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0)
-    return m.Err("attention.head_count_kv", "must divide attention.head_count (" +
-                                                std::to_string(c->num_heads) + ")");
+    return m.Err("attention.head_count_kv",
+                 "must divide attention.head_count (" + std::to_string(c->num_heads) + ")");
   EMBER_ASSIGN_OR_RETURN(c->head_dim, m.Int("attention.key_length", c->hidden_size / c->num_heads));
   EMBER_ASSIGN_OR_RETURN(int32_t value_dim, m.Int("attention.value_length", c->head_dim));
   if (c->head_dim <= 0 || c->head_dim % 2 != 0)
@@ -182,8 +209,8 @@ Status ParseShape(const Meta& m, ModelConfig* c) {
   c->rms_norm_eps = static_cast<float>(eps);
   EMBER_ASSIGN_OR_RETURN(c->rotary_dim, m.Int("rope.dimension_count", c->head_dim));
   if (c->rotary_dim <= 0 || c->rotary_dim > c->head_dim || c->rotary_dim % 2 != 0)
-    return m.Err("rope.dimension_count", "must be even and in [2, head dim " +
-                                             std::to_string(c->head_dim) + "]");
+    return m.Err("rope.dimension_count",
+                 "must be even and in [2, head dim " + std::to_string(c->head_dim) + "]");
   return Status::Ok();
 }
 
@@ -197,7 +224,8 @@ bool IsGgufFile(const std::string& path) {
 
 std::string SupportedGgufArchitectures() {
   std::string out;
-  for (const auto& [arch, type] : kArchitectures) out += (out.empty() ? "" : ", ") + std::string(arch);
+  for (const auto& [arch, type] : kArchitectures)
+    out += (out.empty() ? "" : ", ") + std::string(arch);
   return out;
 }
 
@@ -219,7 +247,8 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
   if (m.Has("vocab_size")) {
     EMBER_ASSIGN_OR_RETURN(int32_t declared, m.Int("vocab_size"));
     if (declared != c.vocab_size)
-      return m.Err("vocab_size", "is " + std::to_string(declared) + " but tokenizer.ggml.tokens has " +
+      return m.Err("vocab_size", "is " + std::to_string(declared) +
+                                     " but tokenizer.ggml.tokens has " +
                                      std::to_string(c.vocab_size) + " tokens");
   }
   if (const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
@@ -231,9 +260,11 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
   c.torch_dtype = "GGUF";
   EMBER_ASSIGN_OR_RETURN(c.rope.theta, m.Num("rope.freq_base", 10000.0));
   EMBER_RETURN_IF_ERROR(ParseRopeScaling(m, &c.rope));
-  if (file.FindTensor("rope_freqs.weight") != nullptr || file.FindTensor("rope_factors_long.weight"))
-    return Status::Error(file.path() + ": per-dimension rope factors (tensor rope_freqs.weight or "
-                                       "rope_factors_long.weight) are not supported yet");
+  EMBER_RETURN_IF_ERROR(ReadRopeFreqs(file, c.rotary_dim, &c.rope));
+  if (file.FindTensor("rope_factors_long.weight") != nullptr)
+    return Status::Error(file.path() +
+                         ": tensor 'rope_factors_long.weight' (LongRoPE scaling) is "
+                         "not supported");
   c.rope_local = c.rope;
   EMBER_RETURN_IF_ERROR(ParseSlidingWindow(m, &c));
 
@@ -253,7 +284,8 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file) {
     if (id && *id >= c.vocab_size)
       return Status::Error(file.path() + ": metadata key '" + key + "' is " + std::to_string(*id) +
                            ", outside the vocabulary (" + std::to_string(c.vocab_size) + ")");
-    if (id && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end())
+    if (id &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end())
       c.eos_token_ids.push_back(*id);
   }
   return c;
@@ -281,7 +313,8 @@ Result<GgufVocab> GgufVocabOf(const GgufFile& file) {
     EMBER_ASSIGN_OR_RETURN(v.scores, file.GetFloatArray("tokenizer.ggml.scores"));
   }
   if (file.HasKey("tokenizer.ggml.token_type")) {
-    EMBER_ASSIGN_OR_RETURN(std::vector<int64_t> types, file.GetIntArray("tokenizer.ggml.token_type"));
+    EMBER_ASSIGN_OR_RETURN(std::vector<int64_t> types,
+                           file.GetIntArray("tokenizer.ggml.token_type"));
     for (int64_t type : types)
       v.token_types.push_back(type < 0 || type > 255 ? -1 : static_cast<int32_t>(type));
   }

@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/matmul.h"  // ConvertToF32
 #include "model/gguf_test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
@@ -38,14 +41,18 @@ struct GoldenFile {
   double margin_tolerance;
 };
 const GoldenFile kGoldenFiles[] = {
-    {"ts-f32.gguf", 0.01},         {"ts-q8_0.gguf", 0.1},          {"ts-q5_1.gguf", 0.1},
-    {"ts-q4_0.gguf", 0.1},         {"small-k-f16.gguf", 0.01},     {"small-k-q8_0.gguf", 0.1},
-    {"small-k-q6_k.gguf", 0.3},    {"small-k-q5_k_m.gguf", 0.3},   {"small-k-q4_k_m.gguf", 0.3},
+    {"ts-f32.gguf", 0.01},        {"ts-q8_0.gguf", 0.1},        {"ts-q5_1.gguf", 0.1},
+    {"ts-q4_0.gguf", 0.1},        {"small-k-f16.gguf", 0.01},   {"small-k-q8_0.gguf", 0.1},
+    {"small-k-q6_k.gguf", 0.3},   {"small-k-q5_k_m.gguf", 0.3}, {"small-k-q4_k_m.gguf", 0.3},
     {"small-k-iq4_xs.gguf", 0.3},
 };
 
-std::string GgufDir() { return testing::FixturesDir() + "/gguf"; }
-std::string TinyStoriesDir() { return testing::FixturesDir() + "/models/tinystories-656k"; }
+std::string GgufDir() {
+  return testing::FixturesDir() + "/gguf";
+}
+std::string TinyStoriesDir() {
+  return testing::FixturesDir() + "/models/tinystories-656k";
+}
 
 json ReadJson(const std::string& path) {
   auto text = ReadFileToString(path);
@@ -170,7 +177,9 @@ TEST(GgufModelTest, TinyStoriesF32ReproducesTheTransformersGolden) {
   EMBER_REQUIRE_DIR(TinyStoriesDir());
   auto model = LoadOrDie(GgufDir() + "/ts-f32.gguf");
   ASSERT_NE(model, nullptr);
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     const auto want = p["greedy_ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(Greedy(*model, p["ids"].get<std::vector<int32_t>>(), want.size()), want)
         << p["prompt"];
@@ -187,8 +196,11 @@ TEST(GgufModelTest, TinyStoriesF32LogitsEqualTheSafetensorsModel) {
   ASSERT_NE(reference, nullptr);
   EXPECT_EQ(gguf->config().vocab_size, reference->config().vocab_size);
   EXPECT_EQ(gguf->config().tie_word_embeddings, reference->config().tie_word_embeddings);
-  EXPECT_EQ(gguf->generation_defaults().eos_token_ids, reference->generation_defaults().eos_token_ids);
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  EXPECT_EQ(gguf->generation_defaults().eos_token_ids,
+            reference->generation_defaults().eos_token_ids);
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     std::vector<int32_t> tokens = p["ids"].get<std::vector<int32_t>>();
     const auto greedy = p["greedy_ids"].get<std::vector<int32_t>>();
     tokens.insert(tokens.end(), greedy.begin(), greedy.begin() + 20);
@@ -223,7 +235,8 @@ TEST(GgufModelTest, TinyStoriesVocabularyMatchesTokenizerJson) {
     const std::string text = e["text"];
     // Control tokens: llama.cpp matches them in raw text, this tokenizer.json only after "▁".
     if (text.find('<') != std::string::npos) continue;
-    EXPECT_EQ((*tok)->Encode(text, true), e["ids_with_special"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ((*tok)->Encode(text, true), e["ids_with_special"].get<std::vector<int32_t>>())
+        << text;
     // tokenizer.json shows "<unk>" (as " <unk>") even when skipping special tokens; llama.cpp
     // skips it as the control token the file says it is.
     const auto ids = e["ids"].get<std::vector<int32_t>>();
@@ -232,7 +245,9 @@ TEST(GgufModelTest, TinyStoriesVocabularyMatchesTokenizerJson) {
     }
     texts.push_back(text);
   }
-  for (const json& p : ReadJson(TinyStoriesDir() + "/golden.json")["prompts"]) {
+  const json ts_golden = ReadJson(TinyStoriesDir() + "/golden.json");
+  ASSERT_GE(ts_golden["prompts"].size(), 3u);
+  for (const json& p : ts_golden["prompts"]) {
     texts.push_back(p["full_text"]);
     EXPECT_EQ((*tok)->Decode(p["greedy_ids"].get<std::vector<int32_t>>(), true), p["greedy_text"]);
   }
@@ -273,11 +288,13 @@ TEST(GgufModelTest, BadMetadataIsAnErrorNamingTheKey) {
   auto wrong_arch = ConfigOf(LlamaMetadata("mamba"), &bytes);
   ASSERT_FALSE(wrong_arch.ok());
   EXPECT_NE(wrong_arch.message().find("general.architecture \"mamba\" is not supported"),
-            std::string::npos) << wrong_arch.message();
+            std::string::npos)
+      << wrong_arch.message();
 
   auto no_layers = ConfigOf(LlamaMetadata("llama"), &bytes);  // llama.block_count missing
   ASSERT_FALSE(no_layers.ok());
-  EXPECT_NE(no_layers.message().find("llama.block_count"), std::string::npos) << no_layers.message();
+  EXPECT_NE(no_layers.message().find("llama.block_count"), std::string::npos)
+      << no_layers.message();
 
   testing::GgufBuilder odd_kv = LlamaMetadata("qwen2");
   odd_kv.Scalar("qwen2.block_count", GgufValueType::kUint32, uint32_t{1});
@@ -297,6 +314,40 @@ TEST(GgufModelTest, BadMetadataIsAnErrorNamingTheKey) {
   EXPECT_TRUE(config->tie_word_embeddings);  // no output.weight
 }
 
+TEST(GgufModelTest, ChatTemplateAndVocabularyKeys) {
+  testing::GgufBuilder b = LlamaMetadata("llama");
+  std::vector<uint8_t> bytes = b.Build();
+  auto plain = GgufFile::Parse(bytes, "plain.gguf");
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  auto none = GgufChatTemplate(*plain);
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_EQ(*none, "");  // no template: completions only
+
+  b.String("tokenizer.chat_template", "{{ bos_token }}{{ messages[0]['content'] }}");
+  b.Scalar("tokenizer.ggml.bos_token_id", GgufValueType::kUint32, uint32_t{1});
+  b.Scalar("tokenizer.ggml.eot_token_id", GgufValueType::kInt32, int32_t{3});
+  b.Scalar("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, uint32_t{2});
+  b.Scalar("tokenizer.ggml.padding_token_id", GgufValueType::kInt32, int32_t{-1});
+  b.Scalar("tokenizer.ggml.add_bos_token", GgufValueType::kBool, true);
+  b.Scalar("llama.block_count", GgufValueType::kUint32, uint32_t{1});
+  bytes = b.Build();
+  auto file = GgufFile::Parse(bytes, "chat.gguf");
+  ASSERT_TRUE(file.ok()) << file.message();
+  auto source = GgufChatTemplate(*file);
+  ASSERT_TRUE(source.ok()) << source.message();
+  EXPECT_EQ(*source, "{{ bos_token }}{{ messages[0]['content'] }}");
+  auto vocab = GgufVocabOf(*file);
+  ASSERT_TRUE(vocab.ok()) << vocab.message();
+  EXPECT_EQ(vocab->bos_token_id, 1);
+  EXPECT_EQ(vocab->eos_token_id, 2);
+  EXPECT_FALSE(vocab->padding_token_id.has_value());  // -1: none
+  EXPECT_EQ(vocab->add_bos_token, true);
+  auto config = GgufModelConfig(*file);
+  ASSERT_TRUE(config.ok()) << config.message();
+  // Generation stops at the end-of-sequence and end-of-turn tokens.
+  EXPECT_EQ(GgufGenerationDefaults(*config).eos_token_ids, (std::vector<int32_t>{2, 3}));
+}
+
 // A file whose tensors do not fit its metadata fails at load, naming the GGUF tensor.
 TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   testing::GgufBuilder b = LlamaMetadata("llama");
@@ -307,8 +358,8 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   const std::string path = ::testing::TempDir() + "/ember_gguf_model_test.gguf";
   auto write = [&](const testing::GgufBuilder& builder) {
     const std::vector<uint8_t> bytes = builder.Build();
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                std::streamsize(bytes.size()));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   };
   write(b);
   ModelLoadOptions opts;
@@ -318,14 +369,291 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   EXPECT_NE(missing.message().find("missing GGUF tensor 'blk.0.post_attention_norm.weight'"),
             std::string::npos)
       << missing.message();
+  testing::GgufBuilder bad_q = b;
+  bad_q.AddTensor("blk.0.attn_q.weight", {8, 3}, GgmlType::kF32);  // 3 rows, not 2 heads x 4
+  write(bad_q);
+  auto short_q = Model::Load(path, opts);
+  ASSERT_FALSE(short_q.ok());
+  EXPECT_NE(short_q.message().find("tensor 'blk.0.attn_q.weight' must have 8 rows"),
+            std::string::npos)
+      << short_q.message();
   b.AddTensor("blk.0.ssm_conv1d.weight", {8}, GgmlType::kF32);
   write(b);
   auto foreign = Model::Load(path, opts);
   ASSERT_FALSE(foreign.ok());
   EXPECT_NE(foreign.message().find("tensor 'blk.0.ssm_conv1d.weight' is not part of a llama model"),
-            std::string::npos) << foreign.message();
+            std::string::npos)
+      << foreign.message();
   std::remove(path.c_str());
 }
+
+// ---- Round trip: a Hugging Face fixture written as llama.cpp's converter writes a GGUF ----
+
+// The GGUF name llama.cpp gives a Hugging Face tensor; "" for expert tensors (stacked apart).
+std::string GgufNameOf(const std::string& hf, bool gemma) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string layers = "model.layers.";
+  const size_t dot = hf.find('.', layers.size());
+  const std::string layer = hf.substr(layers.size(), dot - layers.size());
+  const std::string rest = hf.substr(dot + 1);
+  const std::map<std::string, std::string> names = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", gemma ? "post_attention_norm.weight" : "ffn_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"}};
+  auto it = names.find(rest);
+  if (it == names.end()) return "";
+  std::string out = "blk.";
+  out.append(layer).append(".").append(it->second);
+  return out;
+}
+
+struct GgufTensorData {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major
+  GgmlType type;
+  std::vector<uint8_t> bytes;
+};
+
+// The rope of the full-attention layers in a 5.x config.
+json RopeOf(const json& config) {
+  const json& rp = config["rope_parameters"];
+  return rp.contains("full_attention") ? rp["full_attention"] : rp;
+}
+
+// rope_freqs.weight for a "llama3" rope: llama.cpp's converter stores Llama 3's scaling as a
+// divisor per frequency: 1 above the high-frequency wavelength bound, `factor` below the low
+// one, interpolated between.
+GgufTensorData RopeFreqsTensor(const json& rope, int64_t head_dim) {
+  const double factor = rope["factor"], low = rope["low_freq_factor"];
+  const double high = rope["high_freq_factor"], theta = rope["rope_theta"];
+  const double old_len = rope["original_max_position_embeddings"];
+  std::vector<float> divisors;
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const double wavelen = 2 * M_PI * std::pow(theta, double(2 * i) / double(head_dim));
+    if (wavelen < old_len / high) {
+      divisors.push_back(1.0f);
+    } else if (wavelen > old_len / low) {
+      divisors.push_back(float(factor));
+    } else {
+      const double smooth = (old_len / wavelen - low) / (high - low);
+      divisors.push_back(float(1.0 / ((1.0 - smooth) / factor + smooth)));
+    }
+  }
+  GgufTensorData t{"rope_freqs.weight", {head_dim / 2}, GgmlType::kF32, {}};
+  t.bytes.assign(reinterpret_cast<uint8_t*>(divisors.data()),
+                 reinterpret_cast<uint8_t*>(divisors.data() + divisors.size()));
+  return t;
+}
+
+// The checkpoint's tensors as the converter writes them: vectors in F32 (gemma norms as 1 + w),
+// matrices in the checkpoint's dtype, llama's q/k rows permuted for GGML's rope, qwen3moe
+// experts stacked [experts, rows, cols], a llama3 rope as rope_freqs.weight.
+std::vector<GgufTensorData> ConvertTensors(const std::string& dir, const std::string& arch,
+                                           const json& config) {
+  auto store = WeightStore::Open(dir);
+  EXPECT_TRUE(store.ok()) << store.message();
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const int64_t hidden = config["hidden_size"], heads = config["num_attention_heads"];
+  const int64_t kv_heads = config["num_key_value_heads"];
+  const int64_t head_dim = config.value("head_dim", hidden / heads);
+  std::vector<GgufTensorData> tensors;
+  std::map<std::string, std::vector<std::vector<uint8_t>>> experts;  // GGUF name -> per expert
+  std::map<std::string, std::vector<int64_t>> expert_shape;
+  std::map<std::string, GgmlType> expert_type;
+  for (const std::string& name : (*store)->Names()) {
+    const TensorView view = *(*store)->Get(name);
+    GgufTensorData t{GgufNameOf(name, gemma), view.shape, GgmlType::kF32, {}};
+    const int64_t cols = view.shape.back(),
+                  rows = int64_t(view.nbytes / DTypeSize(view.dtype)) / cols;
+    const size_t row_bytes = size_t(cols) * DTypeSize(view.dtype);
+    const auto* src = static_cast<const uint8_t*>(view.data);
+    if (view.shape.size() == 1) {  // converters keep vectors in F32
+      std::vector<float> v(static_cast<size_t>(cols));
+      cpu::ConvertToF32(view.data, view.dtype, cols, v.data());
+      const bool is_norm = name.find("norm.weight") != std::string::npos;
+      if (gemma && is_norm)
+        for (float& x : v) x += 1.0f;
+      t.bytes.assign(reinterpret_cast<uint8_t*>(v.data()),
+                     reinterpret_cast<uint8_t*>(v.data() + cols));
+    } else {
+      t.type = view.dtype == DType::kF16    ? GgmlType::kF16
+               : view.dtype == DType::kBF16 ? GgmlType::kBF16
+                                            : GgmlType::kF32;
+      t.bytes.resize(size_t(rows) * row_bytes);
+      const bool q = t.name.find(".attn_q.") != std::string::npos,
+                 k = t.name.find(".attn_k.") != std::string::npos;
+      const int64_t permute = arch == "llama" && (q || k) ? (q ? heads : kv_heads) : 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t dst = r;
+        if (permute > 0) {  // Ember's row h*d + j*d/2 + i goes to GGML's h*d + 2i + j
+          const int64_t d = rows / permute, head = r / d, j = (r % d) / (d / 2),
+                        i = (r % d) % (d / 2);
+          dst = head * d + 2 * i + j;
+        }
+        std::memcpy(t.bytes.data() + dst * row_bytes, src + r * row_bytes, row_bytes);
+      }
+    }
+    if (name.find(".mlp.experts.") != std::string::npos) {
+      const size_t at = name.find(".mlp.experts.");
+      const std::string layer = name.substr(13, name.find('.', 13) - 13);
+      const std::string proj =
+          name.substr(name.rfind('.', name.size() - 8) + 1);  // gate_proj.weight
+      std::string gguf = "blk.";
+      gguf.append(layer)
+          .append(".ffn_")
+          .append(proj.substr(0, proj.find('_')))
+          .append("_exps.weight");
+      const int64_t e = std::stoll(name.substr(at + 13, name.find('.', at + 13) - at - 13));
+      auto& list = experts[gguf];
+      if (list.size() <= size_t(e)) list.resize(size_t(e) + 1);
+      list[size_t(e)] = std::move(t.bytes);
+      expert_shape[gguf] = view.shape;
+      expert_type[gguf] = t.type;
+      expert_shape[gguf].insert(expert_shape[gguf].begin(), 0);
+      continue;
+    }
+    EXPECT_FALSE(t.name.empty()) << name;
+    tensors.push_back(std::move(t));
+  }
+  const json rope = RopeOf(config);
+  if (rope.value("rope_type", "default") == "llama3")
+    tensors.push_back(RopeFreqsTensor(rope, head_dim));
+  for (auto& [name, list] : experts) {
+    GgufTensorData t{name, expert_shape[name], expert_type[name], {}};
+    t.shape[0] = int64_t(list.size());
+    for (const auto& part : list) t.bytes.insert(t.bytes.end(), part.begin(), part.end());
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
+// `config` as the converter's metadata for `arch`, with ConvertTensors' tensors.
+std::vector<uint8_t> ConvertToGguf(const std::string& dir, const std::string& arch) {
+  const json config = ReadJson(dir + "/config.json");
+  const std::vector<GgufTensorData> tensors = ConvertTensors(dir, arch, config);
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const int64_t hidden = config["hidden_size"], heads = config["num_attention_heads"];
+  const int64_t kv_heads = config["num_key_value_heads"];
+  const int64_t head_dim = config.value("head_dim", hidden / heads);
+  const json rope = RopeOf(config);
+  testing::GgufBuilder b;
+  const auto u32 = [&](const std::string& key, int64_t v) {
+    b.Scalar(arch + "." + key, GgufValueType::kUint32, uint32_t(v));
+  };
+  const auto f32 = [&](const std::string& key, double v) {
+    b.Scalar(arch + "." + key, GgufValueType::kFloat32, float(v));
+  };
+  b.String("general.architecture", arch);
+  u32("context_length", config["max_position_embeddings"]);
+  u32("embedding_length", hidden);
+  u32("block_count", config["num_hidden_layers"]);
+  u32("feed_forward_length", config["intermediate_size"]);
+  u32("attention.head_count", heads);
+  u32("attention.head_count_kv", kv_heads);
+  u32("attention.key_length", head_dim);
+  u32("attention.value_length", head_dim);
+  f32("attention.layer_norm_rms_epsilon", config["rms_norm_eps"]);
+  f32("rope.freq_base", rope["rope_theta"]);
+  u32("rope.dimension_count", int64_t(head_dim * config.value("partial_rotary_factor", 1.0)));
+  if (gemma) {
+    u32("attention.sliding_window", config["sliding_window"]);
+    u32("attention.sliding_window_pattern", 2);  // the fixtures' layer_types alternate
+    if (config["attn_logit_softcapping"].is_number())
+      f32("attn_logit_softcapping", config["attn_logit_softcapping"]);
+    if (config["final_logit_softcapping"].is_number())
+      f32("final_logit_softcapping", config["final_logit_softcapping"]);
+  }
+  if (arch == "qwen3moe") {
+    u32("expert_count", config["num_local_experts"]);
+    u32("expert_used_count", config["num_experts_per_tok"]);
+    u32("expert_feed_forward_length", config["moe_intermediate_size"]);
+  }
+  std::vector<std::string> tokens;
+  for (int i = 0; i < config["vocab_size"].get<int>(); ++i) tokens.push_back(std::to_string(i));
+  b.StringArray("tokenizer.ggml.tokens", tokens);
+  b.Scalar("tokenizer.ggml.eos_token_id", GgufValueType::kUint32, uint32_t(config["eos_token_id"]));
+  for (const GgufTensorData& t : tensors)
+    b.AddTensor(t.name, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), t.type);
+  std::vector<uint8_t> bytes = b.Build();
+  uint64_t data_size = 0;
+  for (const auto& t : b.tensors) data_size = std::max(data_size, t.offset + t.nbytes);
+  const size_t data_start = bytes.size() - data_size;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(tensors[i].bytes.size(), b.tensors[i].nbytes) << tensors[i].name;
+    std::memcpy(bytes.data() + data_start + b.tensors[i].offset, tensors[i].bytes.data(),
+                std::min<size_t>(tensors[i].bytes.size(), b.tensors[i].nbytes));
+  }
+  return bytes;
+}
+
+struct RoundTrip {
+  std::string fixture, arch;
+};
+
+class GgufRoundTripTest : public ::testing::TestWithParam<RoundTrip> {};
+
+// The same weights through a GGUF file give the safetensors model's logits (positions below the
+// fixtures' 16-token sliding window: llama.cpp's llama architecture has no window, so mistral's
+// is lost in a GGUF file). llama3's "llama3" rope travels as rope_freqs.weight.
+TEST_P(GgufRoundTripTest, LogitsEqualTheSafetensorsModel) {
+  const std::string dir = testing::FixturesDir() + "/models/" + GetParam().fixture;
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<uint8_t> bytes = ConvertToGguf(dir, GetParam().arch);
+  const std::string path =
+      ::testing::TempDir() + "/ember_roundtrip_" + GetParam().fixture + ".gguf";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  auto gguf = LoadOrDie(path);
+  auto reference = LoadOrDie(dir);
+  std::remove(path.c_str());
+  ASSERT_NE(gguf, nullptr);
+  ASSERT_NE(reference, nullptr);
+  // (GGUF calls mistral llama; both run the same forward pass.)
+  if (GetParam().fixture != "mistral") {
+    EXPECT_EQ(gguf->config().model_type, reference->config().model_type);
+  }
+  EXPECT_EQ(gguf->config().tie_word_embeddings, reference->config().tie_word_embeddings);
+  EXPECT_EQ(gguf->config().rotary_dim, reference->config().rotary_dim);
+  EXPECT_EQ(gguf->config().attention_scale, reference->config().attention_scale);
+  const json fixture_golden = ReadJson(dir + "/golden.json");
+  ASSERT_GE(fixture_golden["sequences"].size(), 1u);
+  for (const json& seq : fixture_golden["sequences"]) {
+    std::vector<int32_t> tokens = seq.get<std::vector<int32_t>>();
+    if (tokens.size() > 16) tokens.resize(16);
+    const std::vector<float> a = AllLogits(*gguf, tokens), b = AllLogits(*reference, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i]))));
+    EXPECT_LT(worst, 1e-5) << GetParam().fixture << ": worst relative logit difference";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GgufRoundTripTest,
+    ::testing::Values(RoundTrip{"llama3", "llama"}, RoundTrip{"mistral", "llama"},
+                      RoundTrip{"qwen2", "qwen2"}, RoundTrip{"qwen3", "qwen3"},
+                      RoundTrip{"qwen3_moe", "qwen3moe"}, RoundTrip{"gemma2", "gemma2"},
+                      RoundTrip{"gemma3", "gemma3"}, RoundTrip{"phi3", "phi3"}),
+    [](const ::testing::TestParamInfo<RoundTrip>& info) { return info.param.fixture; });
 
 }  // namespace
 }  // namespace ember

@@ -71,7 +71,8 @@ const GgmlTypeTraits* FindGgmlType(uint32_t id) {
 
 const GgmlTypeTraits& GgmlTraits(GgmlType type) {
   const GgmlTypeTraits* traits = FindGgmlType(static_cast<uint32_t>(type));
-  CHECK(traits != nullptr) << "GgmlType id " << static_cast<uint32_t>(type) << " is not in the table";
+  CHECK(traits != nullptr) << "GgmlType id " << static_cast<uint32_t>(type)
+                           << " is not in the table";
   return *traits;
 }
 
@@ -134,6 +135,16 @@ uint32_t LoadU32(const uint8_t* p) {
 
 float LoadHalf(const uint8_t* p) { return F16ToF32(LoadU16(p)); }
 
+// Exactly F16ToF32, without branches (so that a row loop vectorizes): the exponent and mantissa
+// moved into float32 position and scaled by 2^112 rebias normal and subnormal halves alike
+// (the product is exact); infinities and NaNs keep their payload.
+float HalfBitsToFloat(uint16_t h) {
+  const uint32_t magnitude = static_cast<uint32_t>(h & 0x7FFFu) << 13;
+  uint32_t bits = std::bit_cast<uint32_t>(std::bit_cast<float>(magnitude) * 0x1p112f);
+  if ((h & 0x7C00u) == 0x7C00u) bits = 0x7F800000u | magnitude;
+  return std::bit_cast<float>(bits | static_cast<uint32_t>(h & 0x8000u) << 16);
+}
+
 // The 4-bit non-linear codebook of IQ4_NL and IQ4_XS.
 constexpr std::array<int8_t, 16> kIq4Values = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
@@ -141,22 +152,28 @@ constexpr std::array<int8_t, 16> kIq4Values = {-127, -104, -83, -65, -49, -35, -
 constexpr std::array<int8_t, 16> kFp4DoubledValues = {0, 1,  2,  3,  4,  6,  8,  12,
                                                       0, -1, -2, -3, -4, -6, -8, -12};
 
-// Low nibbles of the 16 bytes are elements 0..15, high nibbles elements 16..31.
-uint8_t Nibble(const uint8_t* qs, int element) {
-  return element < 16 ? (qs[element] & 0x0F) : (qs[element - 16] >> 4);
-}
+// The 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) store element l (< 16) in the
+// low nibble of byte l and element l + 16 in its high nibble.
 
 // Q4_0: f16 d, 16 bytes of nibbles; x = d * (q - 8).
 void BlockQ4_0(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
-  for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(Nibble(block + 2, i) - 8);
+  const uint8_t* qs = block + 2;
+  for (int l = 0; l < 16; ++l) {
+    out[l] = d * static_cast<float>((qs[l] & 0x0F) - 8);
+    out[l + 16] = d * static_cast<float>((qs[l] >> 4) - 8);
+  }
 }
 
 // Q4_1: f16 d, f16 m, 16 bytes of nibbles; x = d * q + m.
 void BlockQ4_1(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
   const float m = LoadHalf(block + 2);
-  for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(Nibble(block + 4, i)) + m;
+  const uint8_t* qs = block + 4;
+  for (int l = 0; l < 16; ++l) {
+    out[l] = d * static_cast<float>(qs[l] & 0x0F) + m;
+    out[l + 16] = d * static_cast<float>(qs[l] >> 4) + m;
+  }
 }
 
 // Q5_0: f16 d, 32 high bits (uint32, bit i for element i), 16 bytes of nibbles;
@@ -164,9 +181,12 @@ void BlockQ4_1(const uint8_t* block, float* out) {
 void BlockQ5_0(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
   const uint32_t high = LoadU32(block + 2);
-  for (int i = 0; i < 32; ++i) {
-    const int q = Nibble(block + 6, i) | static_cast<int>((high >> i) & 1u) << 4;
-    out[i] = d * static_cast<float>(q - 16);
+  const uint8_t* qs = block + 6;
+  for (int l = 0; l < 16; ++l) {
+    const int q0 = (qs[l] & 0x0F) | static_cast<int>((high >> l) & 1u) << 4;
+    const int q1 = (qs[l] >> 4) | static_cast<int>((high >> (l + 16)) & 1u) << 4;
+    out[l] = d * static_cast<float>(q0 - 16);
+    out[l + 16] = d * static_cast<float>(q1 - 16);
   }
 }
 
@@ -175,9 +195,12 @@ void BlockQ5_1(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
   const float m = LoadHalf(block + 2);
   const uint32_t high = LoadU32(block + 4);
-  for (int i = 0; i < 32; ++i) {
-    const int q = Nibble(block + 8, i) | static_cast<int>((high >> i) & 1u) << 4;
-    out[i] = d * static_cast<float>(q) + m;
+  const uint8_t* qs = block + 8;
+  for (int l = 0; l < 16; ++l) {
+    const int q0 = (qs[l] & 0x0F) | static_cast<int>((high >> l) & 1u) << 4;
+    const int q1 = (qs[l] >> 4) | static_cast<int>((high >> (l + 16)) & 1u) << 4;
+    out[l] = d * static_cast<float>(q0) + m;
+    out[l + 16] = d * static_cast<float>(q1) + m;
   }
 }
 
@@ -195,12 +218,13 @@ void BlockQ2_K(const uint8_t* block, float* out) {
   const uint8_t* qs = block + 16;
   const float d = LoadHalf(block + 80);
   const float dmin = LoadHalf(block + 82);
-  for (int e = 0; e < 256; ++e) {
-    const int half = e / 128, shift = (e % 128) / 32, l = e % 32;
-    const uint8_t sc = scales[e / 16];
-    const float dl = d * static_cast<float>(sc & 0x0F);
-    const float ml = dmin * static_cast<float>(sc >> 4);
-    out[e] = dl * static_cast<float>((qs[half * 32 + l] >> (2 * shift)) & 3) - ml;
+  for (int sub = 0; sub < 16; ++sub) {  // elements sub*16 .. sub*16 + 15
+    const float dl = d * static_cast<float>(scales[sub] & 0x0F);
+    const float ml = dmin * static_cast<float>(scales[sub] >> 4);
+    const uint8_t* bytes = qs + (sub / 8) * 32 + (sub % 2) * 16;
+    const int shift = 2 * ((sub % 8) / 2);
+    float* y = out + sub * 16;
+    for (int i = 0; i < 16; ++i) y[i] = dl * static_cast<float>((bytes[i] >> shift) & 3) - ml;
   }
 }
 
@@ -212,17 +236,20 @@ void BlockQ3_K(const uint8_t* block, float* out) {
   const uint8_t* qs = block + 32;
   const uint8_t* packed = block + 96;
   const float d = LoadHalf(block + 108);
-  float dl[16];
-  for (int i = 0; i < 16; ++i) {
-    const int low = (i < 8 ? packed[i] : packed[i - 8] >> 4) & 0x0F;
-    const int high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-    dl[i] = d * static_cast<float>(static_cast<int8_t>(low | high << 4) - 32);
-  }
-  for (int e = 0; e < 256; ++e) {
-    const int half = e / 128, shift = (e % 128) / 32, l = e % 32;
-    const int low = (qs[half * 32 + l] >> (2 * shift)) & 3;
-    const int minus4 = ((hmask[l] >> (e / 32)) & 1) ? 0 : 4;
-    out[e] = dl[e / 16] * static_cast<float>(low - minus4);
+  for (int sub = 0; sub < 16; ++sub) {  // elements sub*16 .. sub*16 + 15
+    const int scale_low = (sub < 8 ? packed[sub] : packed[sub - 8] >> 4) & 0x0F;
+    const int scale_high = (packed[8 + sub % 4] >> (2 * (sub / 4))) & 3;
+    const float dl = d * static_cast<float>(static_cast<int8_t>(scale_low | scale_high << 4) - 32);
+    const uint8_t* bytes = qs + (sub / 8) * 32 + (sub % 2) * 16;
+    const int shift = 2 * ((sub % 8) / 2);
+    const uint8_t* high_bits = hmask + (sub % 2) * 16;
+    const int high_bit = sub / 2;
+    float* y = out + sub * 16;
+    for (int i = 0; i < 16; ++i) {
+      const int low = (bytes[i] >> shift) & 3;
+      const int minus4 = ((high_bits[i] >> high_bit) & 1) ? 0 : 4;
+      y[i] = dl * static_cast<float>(low - minus4);
+    }
   }
 }
 
@@ -246,12 +273,13 @@ void BlockQ4_K(const uint8_t* block, float* out) {
   uint8_t scale[8], min[8];
   UnpackScaleMinK4(block + 4, scale, min);
   const uint8_t* qs = block + 16;
-  for (int e = 0; e < 256; ++e) {
-    const int sub = e / 32, chunk = e / 64, l = e % 32;
-    const int q = (qs[chunk * 32 + l] >> (4 * (sub % 2))) & 0x0F;
+  for (int sub = 0; sub < 8; ++sub) {  // elements sub*32 .. sub*32 + 31
     const float dl = d * static_cast<float>(scale[sub]);
     const float ml = dmin * static_cast<float>(min[sub]);
-    out[e] = dl * static_cast<float>(q) - ml;
+    const uint8_t* bytes = qs + (sub / 2) * 32;
+    const int shift = 4 * (sub % 2);
+    float* y = out + sub * 32;
+    for (int l = 0; l < 32; ++l) y[l] = dl * static_cast<float>((bytes[l] >> shift) & 0x0F) - ml;
   }
 }
 
@@ -264,12 +292,16 @@ void BlockQ5_K(const uint8_t* block, float* out) {
   UnpackScaleMinK4(block + 4, scale, min);
   const uint8_t* qh = block + 16;
   const uint8_t* qs = block + 48;
-  for (int e = 0; e < 256; ++e) {
-    const int sub = e / 32, chunk = e / 64, l = e % 32;
-    const int q = ((qs[chunk * 32 + l] >> (4 * (sub % 2))) & 0x0F) | ((qh[l] >> sub) & 1) << 4;
+  for (int sub = 0; sub < 8; ++sub) {  // elements sub*32 .. sub*32 + 31
     const float dl = d * static_cast<float>(scale[sub]);
     const float ml = dmin * static_cast<float>(min[sub]);
-    out[e] = dl * static_cast<float>(q) - ml;
+    const uint8_t* bytes = qs + (sub / 2) * 32;
+    const int shift = 4 * (sub % 2);
+    float* y = out + sub * 32;
+    for (int l = 0; l < 32; ++l) {
+      const int q = ((bytes[l] >> shift) & 0x0F) | ((qh[l] >> sub) & 1) << 4;
+      y[l] = dl * static_cast<float>(q) - ml;
+    }
   }
 }
 
@@ -281,19 +313,30 @@ void BlockQ6_K(const uint8_t* block, float* out) {
   const uint8_t* qh = block + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
   const float d = LoadHalf(block + 208);
-  for (int e = 0; e < 256; ++e) {
-    const int half = e / 128, in_half = e % 128;
-    const int low = (ql[half * 64 + in_half % 64] >> (4 * (in_half / 64))) & 0x0F;
-    const int high = (qh[half * 32 + in_half % 32] >> (2 * (in_half / 32))) & 3;
-    const float dl = d * static_cast<float>(scales[e / 16]);
-    out[e] = dl * static_cast<float>(static_cast<int8_t>(low | high << 4) - 32);
+  for (int sub = 0; sub < 16; ++sub) {  // elements sub*16 .. sub*16 + 15
+    const float dl = d * static_cast<float>(scales[sub]);
+    const int half = sub / 8, in_half = (sub % 8) * 16;
+    const uint8_t* low_bytes = ql + half * 64 + in_half % 64;
+    const int low_shift = 4 * (in_half / 64);
+    const uint8_t* high_bytes = qh + half * 32 + in_half % 32;
+    const int high_shift = 2 * (in_half / 32);
+    float* y = out + sub * 16;
+    for (int i = 0; i < 16; ++i) {
+      const int low = (low_bytes[i] >> low_shift) & 0x0F;
+      const int high = (high_bytes[i] >> high_shift) & 3;
+      y[i] = dl * static_cast<float>(static_cast<int8_t>(low | high << 4) - 32);
+    }
   }
 }
 
 // IQ4_NL: f16 d, 16 bytes of codebook indices (as Q4_0's nibbles); x = d * codebook[q].
 void BlockIQ4_NL(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
-  for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(kIq4Values[Nibble(block + 2, i)]);
+  const uint8_t* qs = block + 2;
+  for (int l = 0; l < 16; ++l) {
+    out[l] = d * static_cast<float>(kIq4Values[qs[l] & 0x0F]);
+    out[l + 16] = d * static_cast<float>(kIq4Values[qs[l] >> 4]);
+  }
 }
 
 // IQ4_XS: f16 d, uint16 of 2-bit scale highs (sub-block i at bits 2i), 4 bytes of 4-bit scale
@@ -303,13 +346,15 @@ void BlockIQ4_XS(const uint8_t* block, float* out) {
   const float d = LoadHalf(block);
   const uint16_t scales_high = LoadU16(block + 2);
   const uint8_t* scales_low = block + 4;
-  const uint8_t* qs = block + 8;
-  for (int sub = 0; sub < 8; ++sub) {
+  for (int sub = 0; sub < 8; ++sub) {  // elements sub*32 .. sub*32 + 31
     const int low = (scales_low[sub / 2] >> (4 * (sub % 2))) & 0x0F;
     const int high = (scales_high >> (2 * sub)) & 3;
     const float dl = d * static_cast<float>(static_cast<int8_t>(low | high << 4) - 32);
-    for (int i = 0; i < 32; ++i) {
-      out[sub * 32 + i] = dl * static_cast<float>(kIq4Values[Nibble(qs + sub * 16, i)]);
+    const uint8_t* qs = block + 8 + sub * 16;
+    float* y = out + sub * 32;
+    for (int l = 0; l < 16; ++l) {
+      y[l] = dl * static_cast<float>(kIq4Values[qs[l] & 0x0F]);
+      y[l + 16] = dl * static_cast<float>(kIq4Values[qs[l] >> 4]);
     }
   }
 }
@@ -323,22 +368,18 @@ float E8M0HalfToF32(uint8_t e) {
 // MXFP4: E8M0 exponent byte, 16 bytes of FP4 indices (as Q4_0's nibbles); x = scale * fp4[q].
 void BlockMXFP4(const uint8_t* block, float* out) {
   const float d = E8M0HalfToF32(block[0]);
-  for (int i = 0; i < 32; ++i) {
-    out[i] = d * static_cast<float>(kFp4DoubledValues[Nibble(block + 1, i)]);
+  const uint8_t* qs = block + 1;
+  for (int l = 0; l < 16; ++l) {
+    out[l] = d * static_cast<float>(kFp4DoubledValues[qs[l] & 0x0F]);
+    out[l + 16] = d * static_cast<float>(kFp4DoubledValues[qs[l] >> 4]);
   }
 }
 
-void BlockF32(const uint8_t* block, float* out) { std::memcpy(out, block, 4); }
-void BlockF16(const uint8_t* block, float* out) { *out = LoadHalf(block); }
-void BlockBF16(const uint8_t* block, float* out) { *out = Bf16ToF32(LoadU16(block)); }
 
 using BlockDecoder = void (*)(const uint8_t* block, float* out);
 
 BlockDecoder FindDecoder(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: return BlockF32;
-    case GgmlType::kF16: return BlockF16;
-    case GgmlType::kBF16: return BlockBF16;
     case GgmlType::kQ4_0: return BlockQ4_0;
     case GgmlType::kQ4_1: return BlockQ4_1;
     case GgmlType::kQ5_0: return BlockQ5_0;
@@ -360,20 +401,28 @@ BlockDecoder FindDecoder(GgmlType type) {
 
 void DequantizeRow(GgmlType type, const void* src, int64_t num_elements, float* dst) {
   const GgmlTypeTraits& traits = GgmlTraits(type);
-  const BlockDecoder decode = FindDecoder(type);
-  CHECK(decode != nullptr && traits.dequantizable) << "DequantizeRow: " << traits.name
-                                                   << " is not dequantizable";
+  CHECK(traits.dequantizable) << "DequantizeRow: " << traits.name << " is not dequantizable";
   CHECK(num_elements >= 0 && num_elements % traits.block_size == 0)
       << "DequantizeRow: " << num_elements << " " << traits.name << " elements are not whole "
       << traits.block_size << "-element blocks";
+  const auto* bytes = static_cast<const uint8_t*>(src);
   if (type == GgmlType::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(num_elements) * sizeof(float));
     return;
   }
-  const auto* block = static_cast<const uint8_t*>(src);
+  if (type == GgmlType::kF16) {
+    for (int64_t i = 0; i < num_elements; ++i) dst[i] = HalfBitsToFloat(LoadU16(bytes + 2 * i));
+    return;
+  }
+  if (type == GgmlType::kBF16) {
+    for (int64_t i = 0; i < num_elements; ++i) dst[i] = Bf16ToF32(LoadU16(bytes + 2 * i));
+    return;
+  }
+  const BlockDecoder decode = FindDecoder(type);
+  CHECK(decode != nullptr) << "DequantizeRow: no decoder for " << traits.name;
   const int64_t num_blocks = num_elements / traits.block_size;
   for (int64_t b = 0; b < num_blocks; ++b) {
-    decode(block + b * traits.type_size, dst + b * traits.block_size);
+    decode(bytes + b * traits.type_size, dst + b * traits.block_size);
   }
 }
 

@@ -307,7 +307,8 @@ TEST(GgufValidation, TensorDims) {
   GgufBuilder overflow;
   overflow.AddTensor("w", {1, 1}, GgmlType::kF32);
   overflow.tensors[0].dims = {1ull << 32, 1ull << 32};
-  EXPECT_HAS(ParseError(overflow.Build()), "tensor 'w': the element count of its dimensions overflows");
+  EXPECT_HAS(ParseError(overflow.Build()),
+             "tensor 'w': the element count of its dimensions overflows");
   overflow.tensors[0].dims = {1ull << 31, 1ull << 31};  // 2^62 elements * 4 bytes
   EXPECT_HAS(ParseError(overflow.Build()), "tensor 'w': its byte size overflows");
   overflow.tensors[0].dims = {~0ull};

@@ -29,7 +29,9 @@ struct Holder {  // what the views point into
   std::vector<std::vector<uint8_t>> buffers;
 };
 
-bool IsGemma(const ModelConfig& c) { return c.model_type == "gemma2" || c.model_type == "gemma3_text"; }
+bool IsGemma(const ModelConfig& c) {
+  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
 
 // The Hugging Face name of a per-layer GGUF tensor suffix ("attn_q.weight"), "" when unknown.
 std::string LayerTensorName(const std::string& suffix, const ModelConfig& c) {
@@ -53,7 +55,8 @@ std::string LayerTensorName(const std::string& suffix, const ModelConfig& c) {
       {"post_attention_norm.weight", "post_attention_layernorm.weight"},
       {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
   };
-  if (suffix == "ffn_up.weight") return c.fused_qkv ? "mlp.gate_up_proj.weight" : "mlp.up_proj.weight";
+  if (suffix == "ffn_up.weight")
+    return c.fused_qkv ? "mlp.gate_up_proj.weight" : "mlp.up_proj.weight";
   if (suffix == "ffn_norm.weight")
     return gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
   auto it = kCommon.find(suffix);
@@ -74,14 +77,18 @@ Status Place(const GgufTensorInfo& info, const ModelConfig& c, const std::string
   p.info = &info;
   p.shape = info.row_major_shape();
   const std::string& n = info.name;
-  if (n == "token_embd.weight") p.name = "model.embed_tokens.weight";
-  else if (n == "output_norm.weight") p.name = "model.norm.weight";
-  else if (n == "output.weight") p.name = "lm_head.weight";
+  if (n == "token_embd.weight")
+    p.name = "model.embed_tokens.weight";
+  else if (n == "output_norm.weight")
+    p.name = "model.norm.weight";
+  else if (n == "output.weight")
+    p.name = "lm_head.weight";
   int64_t layer = -1;
   std::string suffix;
   if (p.name.empty() && n.rfind("blk.", 0) == 0) {
     const size_t dot = n.find('.', 4);
-    if (dot != std::string::npos && dot > 4 && n.find_first_not_of("0123456789", 4) == dot) {
+    if (dot != std::string::npos && dot > 4 && dot <= 4 + 9 &&
+        n.find_first_not_of("0123456789", 4) == dot) {
       layer = std::stoll(n.substr(4, dot - 4));
       suffix = n.substr(dot + 1);
     }
@@ -110,8 +117,14 @@ Status Place(const GgufTensorInfo& info, const ModelConfig& c, const std::string
     if (hf.empty()) return unused();
     p.name = prefix + hf;
     // llama.cpp's llama converter interleaves each head's rope halves in q and k.
-    if (c.model_type == "llama" && (suffix.rfind("attn_q.", 0) == 0 || suffix.rfind("attn_k.", 0) == 0))
+    if (c.model_type == "llama" &&
+        (suffix.rfind("attn_q.", 0) == 0 || suffix.rfind("attn_k.", 0) == 0)) {
       p.permute_heads = suffix[5] == 'q' ? c.num_heads : c.num_kv_heads;
+      if (p.shape.empty() || p.shape[0] != int64_t{p.permute_heads} * c.head_dim)
+        return Status::Error(path + ": tensor '" + n + "' must have " +
+                             std::to_string(int64_t{p.permute_heads} * c.head_dim) +
+                             " rows (heads x head dim)");
+    }
   }
   const bool is_norm = n.size() >= 11 && n.compare(n.size() - 11, 11, "norm.weight") == 0;
   p.minus_one = IsGemma(c) && is_norm;
@@ -133,7 +146,9 @@ bool TakenAsStored(GgmlType type) {
 }
 
 DType EmberDType(GgmlType type) {
-  return type == GgmlType::kF16 ? DType::kF16 : type == GgmlType::kBF16 ? DType::kBF16 : DType::kF32;
+  return type == GgmlType::kF16    ? DType::kF16
+         : type == GgmlType::kBF16 ? DType::kBF16
+                                   : DType::kF32;
 }
 
 // The block-quantized DType a GGUF type is, if Ember has one (same block layout).
@@ -196,8 +211,8 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
   if ((TakenAsStored(info.type) || kept) && !p.minus_one && rows > 1) {  // rows moved as they are
     buffer.resize(static_cast<size_t>(rows) * row_bytes);
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(buffer.data() + r * row_bytes, first + SourceRow(r, rows, p.permute_heads) * row_bytes,
-                  row_bytes);
+      std::memcpy(buffer.data() + r * row_bytes,
+                  first + SourceRow(r, rows, p.permute_heads) * row_bytes, row_bytes);
     view.dtype = kept ? *quantized : EmberDType(info.type);
   } else {
     buffer.resize(static_cast<size_t>(numel) * sizeof(float));
@@ -208,7 +223,8 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
     });
     if (rows == 1 && p.permute_heads > 0) {  // a q/k bias: its elements are the "rows"
       std::vector<float> v(out, out + row_len);
-      for (int64_t i = 0; i < row_len; ++i) out[i] = v[size_t(SourceRow(i, row_len, p.permute_heads))];
+      for (int64_t i = 0; i < row_len; ++i)
+        out[i] = v[size_t(SourceRow(i, row_len, p.permute_heads))];
     }
     if (p.minus_one)
       for (int64_t i = 0; i < numel; ++i) out[i] -= 1.0f;
@@ -223,20 +239,25 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
 // Place for the names LoadWeights asks for).
 std::string DescribeMissing(const std::string& name, const ModelConfig& c) {
   std::string gguf;
-  if (name == "model.embed_tokens.weight") gguf = "token_embd.weight";
-  else if (name == "model.norm.weight") gguf = "output_norm.weight";
-  else if (name == "lm_head.weight") gguf = "output.weight";
+  if (name == "model.embed_tokens.weight")
+    gguf = "token_embd.weight";
+  else if (name == "model.norm.weight")
+    gguf = "output_norm.weight";
+  else if (name == "lm_head.weight")
+    gguf = "output.weight";
   const std::string layers = "model.layers.";
   if (gguf.empty() && name.rfind(layers, 0) == 0) {
     const size_t dot = name.find('.', layers.size());
     const std::string layer = name.substr(layers.size(), dot - layers.size());
     const std::string rest = dot == std::string::npos ? "" : name.substr(dot + 1);
     static const char* kSuffixes[] = {
-        "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias",
-        "attn_v.weight", "attn_v.bias", "attn_output.weight", "attn_output.bias",
-        "attn_qkv.weight", "attn_q_norm.weight", "attn_k_norm.weight", "ffn_gate.weight",
-        "ffn_up.weight", "ffn_down.weight", "ffn_norm.weight", "ffn_gate_inp.weight",
-        "post_attention_norm.weight", "post_ffw_norm.weight"};
+        "attn_norm.weight",    "attn_q.weight",       "attn_q.bias",
+        "attn_k.weight",       "attn_k.bias",         "attn_v.weight",
+        "attn_v.bias",         "attn_output.weight",  "attn_output.bias",
+        "attn_qkv.weight",     "attn_q_norm.weight",  "attn_k_norm.weight",
+        "ffn_gate.weight",     "ffn_up.weight",       "ffn_down.weight",
+        "ffn_norm.weight",     "ffn_gate_inp.weight", "post_attention_norm.weight",
+        "post_ffw_norm.weight"};
     for (const char* s : kSuffixes)
       if (LayerTensorName(s, c) == rest) gguf = "blk." + layer + "." + s;
     for (const auto& [s, hf] : kExpertTensors)
@@ -256,8 +277,10 @@ Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufF
                                                      std::string* summary) {
   const std::string& path = file->path();
   std::vector<Placement> placements;
-  for (const GgufTensorInfo& info : file->tensors())
+  for (const GgufTensorInfo& info : file->tensors()) {
+    if (info.name == "rope_freqs.weight") continue;  // read into the config (GgufModelConfig)
     EMBER_RETURN_IF_ERROR(Place(info, config, path, &placements));
+  }
   auto holder = std::make_shared<Holder>();
   holder->file = file;
   std::vector<TensorView> views;

@@ -102,6 +102,7 @@ RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
   spec.truncate = r.truncate;
   spec.attention_factor = r.attention_factor;
   spec.max_positions = c.max_position_embeddings;
+  spec.freq_factors = r.freq_factors;
   return spec;
 }
 
@@ -110,7 +111,7 @@ bool SameRope(const RopeConfig& a, const RopeConfig& b) {
          a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
          a.original_max_position_embeddings == b.original_max_position_embeddings &&
          a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.truncate == b.truncate &&
-         a.attention_factor == b.attention_factor;
+         a.attention_factor == b.attention_factor && a.freq_factors == b.freq_factors;
 }
 
 // A mixture-of-experts MLP (qwen3_moe): the router mlp.gate and each expert's projections.

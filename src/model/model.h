@@ -42,6 +42,7 @@ struct RopeConfig {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn
   double attention_factor = 1.0;  // cos/sin multiplier (yarn: given, or from factor and mscale)
+  std::vector<float> freq_factors;  // GGUF rope_freqs.weight: inverse frequency divisors (RopeSpec)
 };
 
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.

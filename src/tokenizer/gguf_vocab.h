@@ -19,12 +19,18 @@ namespace ember {
 
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 enum class GgufTokenType : int32_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6
 };
 
 struct GgufVocab {
-  std::string model;  // tokenizer.ggml.model: "llama" or "gpt2"
-  std::string pre;    // tokenizer.ggml.pre ("gpt2" only; empty: "default")
+  std::string model;                 // tokenizer.ggml.model: "llama" or "gpt2"
+  std::string pre;                   // tokenizer.ggml.pre ("gpt2" only; empty: "default")
   std::vector<std::string> tokens;   // tokenizer.ggml.tokens, by id
   std::vector<float> scores;         // tokenizer.ggml.scores ("llama": one per token)
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type (empty: all normal)

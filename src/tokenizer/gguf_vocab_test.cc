@@ -61,6 +61,9 @@ GgufVocab VocabFromTokenizerJson(const std::string& dir, const std::string& mode
     }
     for (size_t id = 0; id < n; ++id)
       if (auto it = rank.find(v.tokens[id]); it != rank.end()) v.scores[id] = -float(it->second);
+    // SentencePiece models give their user-defined pieces score 0, above every merged piece.
+    for (size_t id = 0; id < n; ++id)
+      if (v.token_types[id] == int32_t(GgufTokenType::kUserDefined)) v.scores[id] = 0.0f;
     v.merges.clear();
   }
   v.add_bos_token = false;
@@ -70,9 +73,11 @@ GgufVocab VocabFromTokenizerJson(const std::string& dir, const std::string& mode
 // Random strings from a pool of ASCII, spaces, newlines, accents, CJK, emoji and byte soup.
 std::vector<std::string> RandomStrings(int count, uint32_t seed) {
   static const std::vector<std::string> kPieces = {
-      "a", "e", "the", " ", "  ", "\n", "\n\n", "\t", "Once", " upon", "Lily", "'s", "'ll", "!",
-      ",", ".", "?", "123", "4567", "é", "ü", "中文", "日本", "👍", "🇫🇷", "\xC2\xA0", "-", "(",
-      ")", "\"", "x", "Z", "ing", " dog", "  cat", "\r\n", "e\xCC\x81", "\xE2\x80\x89"};
+      "a",    "e",        "the",   " ",    "  ",        "\n",          "\n\n", "\t",
+      "Once", " upon",    "Lily",  "'s",   "'ll",       "!",           ",",    ".",
+      "?",    "123",      "4567",  "é",    "ü",         "中文",        "日本", "👍",
+      "🇫🇷",   "\xC2\xA0", "-",     "(",    ")",         "\"",          "x",    "Z",
+      "ing",  " dog",     "  cat", "\r\n", "e\xCC\x81", "\xE2\x80\x89"};
   std::mt19937 rng(seed);
   std::vector<std::string> out;
   for (int i = 0; i < count; ++i) {
@@ -86,6 +91,7 @@ std::vector<std::string> RandomStrings(int count, uint32_t seed) {
 
 struct Case {
   std::string name, model, pre, golden;
+  bool add_space_prefix = true;  // "llama" vocabularies
 };
 
 class GgufVocabTest : public ::testing::TestWithParam<Case> {};
@@ -96,11 +102,14 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
                               ? testing::FixturesDir() + "/models/tinystories-656k"
                               : testing::TokenizersDir() + "/" + c.name;
   EMBER_REQUIRE_DIR(dir);
-  const std::string golden_path = testing::FixturesDir() + "/tokenizers/" + c.golden + "/golden.json";
+  const std::string golden_path =
+      testing::FixturesDir() + "/tokenizers/" + c.golden + "/golden.json";
   EMBER_REQUIRE_DIR(testing::FixturesDir() + "/tokenizers/" + c.golden);
   auto reference = Tokenizer::Load(dir);
   ASSERT_TRUE(reference.ok()) << reference.message();
-  auto built = Tokenizer::FromGgufVocab(VocabFromTokenizerJson(dir, c.model, c.pre));
+  GgufVocab vocab = VocabFromTokenizerJson(dir, c.model, c.pre);
+  if (c.model == "llama") vocab.add_space_prefix = c.add_space_prefix;
+  auto built = Tokenizer::FromGgufVocab(vocab);
   ASSERT_TRUE(built.ok()) << built.message();
   const Tokenizer& ref = **reference;
   const Tokenizer& tok = **built;
@@ -117,7 +126,8 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
     // only in normalized text, so texts that spell one are compared against the golden only
     // where both rules agree: those without "<".
     if (text.find('<') != std::string::npos) continue;
-    EXPECT_EQ(tok.Encode(text, false), e["ids"].get<std::vector<int32_t>>()) << c.name << ": " << text;
+    EXPECT_EQ(tok.Encode(text, false), e["ids"].get<std::vector<int32_t>>())
+        << c.name << ": " << text;
     texts.push_back(text);
     ++num_golden;
   }
@@ -138,6 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3", "gpt2", "qwen2", "qwen3"},
                       Case{"gptoss", "gpt2", "gpt-4o", "gptoss"},
                       Case{"llama2", "llama", "", "llama2"},
+                      Case{"gemma3", "llama", "", "gemma3", /*add_space_prefix=*/false},
                       Case{"tinystories-656k", "llama", "", "tinystories-656k"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.name;
@@ -193,8 +204,19 @@ TEST(GgufVocabTest, ErrorsNameTheKey) {
 TEST(GgufVocabTest, SentencePieceMergesByScore) {
   GgufVocab v;
   v.model = "llama";
-  v.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "c", "ab", "bc", "\xE2\x96\x81" "a",
-              "<0x0A>", "abc"};
+  v.tokens = {"<unk>",
+              "<s>",
+              "</s>",
+              "\xE2\x96\x81",
+              "a",
+              "b",
+              "c",
+              "ab",
+              "bc",
+              "\xE2\x96\x81"
+              "a",
+              "<0x0A>",
+              "abc"};
   v.scores = {0, 0, 0, -10, -10, -10, -10, -2, -1, -3, 0, -5};
   v.token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6, 1};
   auto t = Tokenizer::FromGgufVocab(v);
@@ -206,7 +228,10 @@ TEST(GgufVocabTest, SentencePieceMergesByScore) {
   // "▁cabc": the same, but ▁a is not adjacent: bc, then abc.
   EXPECT_EQ(tok.Encode("cabc", false), (std::vector<int32_t>{3, 6, 11}));
   // "\n" has a byte token; "é" and "ü" have none: one unknown token for both.
-  EXPECT_EQ(tok.Encode("a\n\xC3\xA9\xC3\xBC" "b", false), (std::vector<int32_t>{9, 10, 0, 5}));
+  EXPECT_EQ(tok.Encode("a\n\xC3\xA9\xC3\xBC"
+                       "b",
+                       false),
+            (std::vector<int32_t>{9, 10, 0, 5}));
   EXPECT_EQ(tok.Decode(std::vector<int32_t>{1, 9, 10, 5}, true), "a\nb");
   EXPECT_EQ(tok.Encode("</s>c", false), (std::vector<int32_t>{2, 3, 6}));
   EXPECT_EQ(tok.bos_token_id(), 1);

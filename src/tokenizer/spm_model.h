@@ -23,7 +23,7 @@ class SpmModel : public WordModel {
  public:
   // `tokens[i]` and `scores[i]` of id i (same length); `unk_id` the token for characters the
   // vocab cannot spell (nullopt: they are dropped). `mergeable[i]` false keeps id i out of merges
-  // and lookups (control, user-defined, unused and byte tokens: only NORMAL tokens are pieces).
+  // (control, unknown, unused and byte tokens are not pieces).
   static Result<std::unique_ptr<SpmModel>> Create(std::vector<std::string> tokens,
                                                   std::vector<float> scores,
                                                   std::vector<uint8_t> mergeable,
@@ -44,8 +44,9 @@ class SpmModel : public WordModel {
 
   std::vector<std::string> tokens_;
   std::vector<float> scores_;
-  std::unordered_map<std::string_view, int32_t> pieces_;  // mergeable tokens -> id (views into tokens_)
-  std::unordered_map<std::string_view, int32_t> all_;     // every token -> its first id
+  std::unordered_map<std::string_view, int32_t>
+      pieces_;  // mergeable tokens -> id (views into tokens_)
+  std::unordered_map<std::string_view, int32_t> all_;  // every token -> its first id
   std::optional<int32_t> unk_id_;
   int32_t byte_ids_[256];  // "<0xNN>" ids, -1 when absent
 };

@@ -1,6 +1,7 @@
 // Tokenizer: an exact reimplementation of Hugging Face `tokenizers` for a model's
 // tokenizer.json (BPE models, byte-level or SentencePiece-style; added tokens; normalizers,
-// pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json.
+// pre-tokenizers, post-processors, decoders), plus the bos/eos tokens of tokenizer_config.json;
+// or the same pipeline built from a GGUF file's vocabulary (FromGgufVocab, gguf_vocab.h).
 // Immutable after Load: Encode, Decode and the lookups are const and safe to call from several
 // threads at once (per-call scratch and a per-thread word cache).
 //
