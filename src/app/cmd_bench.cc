@@ -154,11 +154,12 @@ Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<in
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t n = 128, reps = 5, threads = 0, depth = 0;
-  std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact";
+  std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact",
+              quantize;
   bool tg_logits = false, no_overlap = false;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
-      "[--device D] [--tg-logits | --no-overlap]");
+      "[--device D] [--quantize T] [--tg-logits | --no-overlap]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors) or .gguf file");
   flags.AddString("-p,--n-prompt", &p_list,
                   "prompt tokens of the pp test (0: skip); a comma-separated list runs one pp test "
@@ -170,6 +171,8 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddInt("-r,--repetitions", &reps, "repetitions of each test");
   flags.AddInt("--threads", &threads, "CPU threads (0: all cores)");
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
+  flags.AddString("--quantize", &quantize,
+                  "q8_0 | q4_0: quantize the linear projections at load (see ember run --help)");
   flags.AddBool("--tg-logits", &tg_logits,
                 "tg copies each step's logits row to the host and feeds fixed tokens (llama-bench's "
                 "tg) instead of generating greedily with the argmax where the logits are");
@@ -217,6 +220,7 @@ int BenchCommand(int argc, char** argv, int first) {
   device_flags.threads = threads;
   device_flags.batch_invariant = batch_invariant;
   device_flags.cpu_matmul = cpu_matmul;
+  device_flags.quantize = quantize;
   auto opts = device_flags.LoadOptions();
   if (!opts.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());
@@ -299,10 +303,12 @@ int BenchCommand(int argc, char** argv, int first) {
   const char* backend_name = opts->device == DeviceKind::kCuda ? "CUDA" : "CPU";
   std::printf("| model | size | params | backend | threads | test | t/s (median) | min .. max |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+  // --quantize: the projections' type after the stored one (the size is still the file's).
+  const std::string weights = c.torch_dtype + (quantize.empty() ? "" : " -> " + quantize);
   auto row = [&](const std::string& test, const std::vector<double>& rates) {
     Stats s = Summarize(rates);
     std::printf("| %s %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f | %.2f .. %.2f |\n",
-                c.model_type.c_str(), c.torch_dtype.c_str(), gib, params_b, backend_name,
+                c.model_type.c_str(), weights.c_str(), gib, params_b, backend_name,
                 used_threads,
                 test.c_str(), s.median, s.min, s.max);
     std::fflush(stdout);

@@ -1,6 +1,7 @@
 #include "app/common.h"
 
 #include "app/model_files.h"
+#include "model/quantize.h"
 
 #include "util/log.h"
 
@@ -66,6 +67,9 @@ Result<SamplingRequest> GenerationFlags::Request(const FlagParser& flags) const 
 void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
+  flags.AddString("--quantize", &quantize,
+                  "q8_0 | q4_0: quantize the linear projections of a F32/F16/BF16 checkpoint at "
+                  "load (CPU; embeddings, lm_head and norms stay as stored)");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
                   "slower). Default off: last-bit differences between batch sizes. The CPU "
@@ -124,6 +128,7 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
                          "auto)");
   opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
   opts.num_threads = static_cast<int32_t>(threads);
+  EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
   return opts;
 }
 

@@ -35,9 +35,10 @@ struct GenerationFlags {
   Result<SamplingRequest> Request(const FlagParser& flags) const;
 };
 
-// --device --threads --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
+// --device --threads --quantize --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
 struct EngineFlags {
   std::string device = "auto";
+  std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
   std::string batch_invariant = "off";
   std::string cpu_matmul = "exact";  // --cpu-matmul exact|bf16|auto
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;

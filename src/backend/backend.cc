@@ -12,8 +12,20 @@ size_t DTypeSize(DType dtype) {
     case DType::kI32: return 4;
     case DType::kU8:
       return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;
   }
+  CHECK(false) << "DTypeSize of block-quantized " << DTypeName(dtype) << " (use DTypeRowBytes)";
   return 0;
+}
+
+bool IsBlockQuantized(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kQ4_0; }
+
+size_t DTypeRowBytes(DType dtype, int64_t cols) {
+  if (!IsBlockQuantized(dtype)) return static_cast<size_t>(cols) * DTypeSize(dtype);
+  CHECK_EQ(cols % 32, 0) << DTypeName(dtype) << " row of " << cols << " values";
+  return static_cast<size_t>(cols / 32) * (dtype == DType::kQ8_0 ? 34 : 18);
 }
 
 const char* DTypeName(DType dtype) {
@@ -24,6 +36,8 @@ const char* DTypeName(DType dtype) {
     case DType::kI32: return "I32";
     case DType::kU8:
       return "U8";
+    case DType::kQ8_0: return "Q8_0";
+    case DType::kQ4_0: return "Q4_0";
   }
   return "?";
 }
@@ -48,7 +62,7 @@ Tensor Tensor::Reshape(std::initializer_list<int64_t> new_shape) const {
 Tensor Tensor::RowSlice(int64_t first, int64_t count) const {
   CHECK(first >= 0 && count >= 0 && first + count <= rows());
   Tensor t = *this;
-  t.data = static_cast<uint8_t*>(data) + static_cast<size_t>(first * cols()) * DTypeSize(dtype);
+  t.data = static_cast<uint8_t*>(data) + static_cast<size_t>(first) * DTypeRowBytes(dtype, cols());
   t.ndim = 2;
   t.shape = {count, cols(), 0, 0};
   return t;

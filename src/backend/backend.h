@@ -25,11 +25,20 @@
 namespace ember {
 
 // kU8: packed checkpoint bytes (MXFP4 blocks and scales), read by the loader, never a backend
-// tensor.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8 };
+// tensor. kQ8_0, kQ4_0: block-quantized weight matrices in ggml's layouts (blocks of 32 values
+// along a row; Q8_0 = f16 scale d + 32 int8, value q * d, 34 bytes; Q4_0 = f16 scale d + 16
+// bytes of nibbles, element j in the low nibble of byte j and j + 16 in its high nibble, value
+// (q - 8) * d, 18 bytes). Only as weights of backends that take them (TakesQuantizedWeights),
+// with a row length that is a multiple of 32.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8, kQ8_0, kQ4_0 };
 
+// Bytes per element; CHECK-fails for block-quantized types (use DTypeRowBytes).
 size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "I32", "U8" (safetensors spelling)
+// "F32", "F16", "BF16", "I32", "U8" (safetensors spelling), "Q8_0", "Q4_0" (GGUF's).
+const char* DTypeName(DType dtype);
+bool IsBlockQuantized(DType dtype);  // kQ8_0, kQ4_0
+// Bytes of a row of `cols` elements (cols % 32 == 0 for block-quantized types; CHECKed).
+size_t DTypeRowBytes(DType dtype, int64_t cols);
 
 // A handle to backend-owned memory: row-major, contiguous, up to 4 dims. Copying a Tensor copies
 // the handle, not the data. For a CPU backend `data` is a host pointer (for weights: straight
@@ -44,7 +53,7 @@ struct Tensor {
   int64_t numel() const;
   int64_t rows() const { return numel() / cols(); }  // product of all but the last dim
   int64_t cols() const { return ndim == 0 ? 1 : shape[static_cast<size_t>(ndim - 1)]; }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  size_t nbytes() const { return static_cast<size_t>(rows()) * DTypeRowBytes(dtype, cols()); }
   // Same data viewed with another shape (numel must match; CHECKed).
   Tensor Reshape(std::initializer_list<int64_t> new_shape) const;
   // Rows [first, first + count) of a tensor viewed as [rows(), cols()] (a view, no copy).
@@ -160,6 +169,9 @@ class Backend {
   // True when UploadWeight keeps `host_data` (so weights the loader converted on the host must
   // live as long as the backend); false when it copies them.
   virtual bool KeepsHostWeights() const { return false; }
+  // True when UploadWeight takes matrices of this block-quantized dtype (kQ8_0, kQ4_0) and MatMul
+  // and Embedding read them as they are; loaders dequantize (or refuse to quantize) otherwise.
+  virtual bool TakesQuantizedWeights(DType /*dtype*/) const { return false; }
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
   // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,

@@ -9,6 +9,7 @@
 // the GGUF key or tensor. Pure functions over an immutable GgufFile; safe from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,11 +34,15 @@ Result<GgufVocab> GgufVocabOf(const GgufFile& file);
 // tokenizer.chat_template, or "" when the file has none.
 Result<std::string> GgufChatTemplate(const GgufFile& file);
 
+// Whether the backend takes matrices of a block-quantized DType as they are (null: none).
+using KeepQuantized = std::function<bool(DType)>;
+
 // The weights of `file` under Ember's tensor names, for `config` (from GgufModelConfig). The store
 // keeps the file (its mapping) alive. `*summary` is set to a line for the load log saying what
-// was read in place, what was dequantized to float32 (counted per GGUF type) and rearranged.
+// was read in place, kept quantized, dequantized to float32 (counted per GGUF type) and rearranged.
 Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufFile> file,
                                                      const ModelConfig& config,
+                                                     const KeepQuantized& keep,
                                                      std::string* summary);
 
 }  // namespace ember

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "model/gguf_model.h"
@@ -150,14 +151,41 @@ DType EmberDType(GgmlType type) {
                                    : DType::kF32;
 }
 
+// The block-quantized DType a GGUF type is, if Ember has one (same block layout).
+std::optional<DType> QuantizedDType(GgmlType type) {
+  if (type == GgmlType::kQ8_0) return DType::kQ8_0;
+  if (type == GgmlType::kQ4_0) return DType::kQ4_0;
+  return std::nullopt;
+}
+
+// True for the matrices only MatMul (and, for the embedding, Embedding) reads: these may stay
+// block-quantized. Experts, routers, norms and biases are dequantized whatever the backend.
+bool IsPlainMatrix(const Placement& p) {
+  static const char* kSuffixes[] = {"q_proj.weight",    "k_proj.weight",    "v_proj.weight",
+                                    "o_proj.weight",    "qkv_proj.weight",  "gate_proj.weight",
+                                    "up_proj.weight",   "down_proj.weight", "gate_up_proj.weight"};
+  if (p.shape.size() != 2 || p.minus_one || p.name.find(".experts.") != std::string::npos)
+    return false;
+  if (p.name == "lm_head.weight" || p.name == "model.embed_tokens.weight") return true;
+  for (const char* s : kSuffixes) {
+    const std::string suffix = std::string(".") + s;
+    if (p.name.size() > suffix.size() &&
+        p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
 int64_t NumElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
-// The view of one placement: into the mapping, or into a new buffer of `holder`.
-Result<TensorView> Materialize(const Placement& p, const std::string& path, Holder* holder) {
+// The view of one placement: into the mapping, or into a new buffer of `holder`. A matrix of a
+// type `keep` accepts stays block-quantized (its rows moved as they are where q/k are unpermuted).
+Result<TensorView> Materialize(const Placement& p, const std::string& path, Holder* holder,
+                               const KeepQuantized& keep) {
   const GgufTensorInfo& info = *p.info;
   TensorView view;
   view.name = p.name;
@@ -168,8 +196,10 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
   const int64_t rows = row_len == 0 ? 0 : numel / row_len;
   const uint64_t row_bytes = info.row_bytes();
   const uint8_t* first = info.data + static_cast<uint64_t>(p.first_row) * row_bytes;
-  if (TakenAsStored(info.type) && !p.minus_one && p.permute_heads == 0) {
-    view.dtype = EmberDType(info.type);
+  const std::optional<DType> quantized = QuantizedDType(info.type);
+  const bool kept = quantized && keep && IsPlainMatrix(p) && keep(*quantized);
+  if ((TakenAsStored(info.type) || kept) && !p.minus_one && p.permute_heads == 0) {
+    view.dtype = kept ? *quantized : EmberDType(info.type);
     view.data = first;
     view.nbytes = static_cast<size_t>(rows) * row_bytes;
     return view;
@@ -178,12 +208,12 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
     return Status::Error(view.file + ": type " + std::string(GgmlTypeName(info.type)) +
                          " is not supported (supported: " + DequantizableTypeNames() + ")");
   std::vector<uint8_t>& buffer = holder->buffers.emplace_back();
-  if (TakenAsStored(info.type) && !p.minus_one && rows > 1) {  // rows moved as they are
+  if ((TakenAsStored(info.type) || kept) && !p.minus_one && rows > 1) {  // rows moved as they are
     buffer.resize(static_cast<size_t>(rows) * row_bytes);
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(buffer.data() + r * row_bytes,
                   first + SourceRow(r, rows, p.permute_heads) * row_bytes, row_bytes);
-    view.dtype = EmberDType(info.type);
+    view.dtype = kept ? *quantized : EmberDType(info.type);
   } else {
     buffer.resize(static_cast<size_t>(numel) * sizeof(float));
     float* out = reinterpret_cast<float*>(buffer.data());
@@ -243,6 +273,7 @@ std::string DescribeMissing(const std::string& name, const ModelConfig& c) {
 
 Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufFile> file,
                                                      const ModelConfig& config,
+                                                     const KeepQuantized& keep,
                                                      std::string* summary) {
   const std::string& path = file->path();
   std::vector<Placement> placements;
@@ -254,12 +285,14 @@ Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufF
   holder->file = file;
   std::vector<TensorView> views;
   views.reserve(placements.size());
-  std::map<std::string, int> in_place, dequantized;  // GGUF type name -> tensors
+  std::map<std::string, int> in_place, dequantized, kept;  // GGUF type name -> tensors
   int unpermuted = 0, shifted = 0;
   for (const Placement& p : placements) {
-    EMBER_ASSIGN_OR_RETURN(TensorView view, Materialize(p, path, holder.get()));
+    EMBER_ASSIGN_OR_RETURN(TensorView view, Materialize(p, path, holder.get(), keep));
     const std::string type(GgmlTypeName(p.info->type));
-    if (view.data >= static_cast<const void*>(p.info->data) &&
+    if (IsBlockQuantized(view.dtype))
+      ++kept[type];
+    else if (view.data >= static_cast<const void*>(p.info->data) &&
         view.data < static_cast<const void*>(p.info->data + p.info->nbytes))
       ++in_place[type];
     else if (!TakenAsStored(p.info->type))
@@ -276,8 +309,10 @@ Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufF
   };
   *summary = path + ": " + std::to_string(views.size()) + " tensors";
   if (!in_place.empty()) *summary += "; read in place: " + list(in_place);
+  if (!kept.empty()) *summary += "; kept quantized for the backend's kernels: " + list(kept);
   if (!dequantized.empty())
-    *summary += "; dequantized to f32 at load (no quantized kernels yet): " + list(dequantized);
+    *summary += "; dequantized to f32 at load (the backend has no kernels for them): " +
+                list(dequantized);
   if (unpermuted > 0)
     *summary += "; q/k rows of " + std::to_string(unpermuted) +
                 " tensors put back in the Hugging Face rope order";

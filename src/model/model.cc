@@ -13,6 +13,7 @@
 #include "backend/cpu/matmul.h"  // ConvertToF32
 #include "model/architecture.h"
 #include "model/gguf_model.h"
+#include "model/quantize.h"
 #include "model/safetensors.h"
 #include "model/weight_convert.h"
 #include "util/log.h"
@@ -28,12 +29,25 @@ bool IsGemma(const ModelConfig& c) {
 
 class Uploader {
  public:
-  Uploader(const WeightStore& store, Backend& backend) : store_(store), backend_(backend) {}
+  // `quantize`: --quantize's type for the projections (model/quantize.h), quantized on the host
+  // into buffers kept in `keep`.
+  Uploader(const WeightStore& store, Backend& backend, std::optional<DType> quantize,
+           std::vector<std::vector<uint8_t>>& keep)
+      : store_(store), backend_(backend), quantize_(quantize), keep_(keep) {}
 
   Result<Tensor> Get(const std::string& name, std::vector<int64_t> shape) {
     EMBER_ASSIGN_OR_RETURN(TensorView view, store_.GetWithShape(name, shape));
     int64_t numel = 1;
     for (int64_t d : view.shape) numel *= d;
+    if (quantize_ && IsQuantizedProjection(name)) {
+      const std::string flag = "--quantize " + std::string(DTypeName(*quantize_));
+      if (!backend_.TakesQuantizedWeights(*quantize_))
+        return Status::Error(flag + ": the " + backend_.name() + " backend has no kernels for " +
+                             DTypeName(*quantize_) + " weights (run it with --device cpu)");
+      EMBER_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                             QuantizeMatrix(view, *quantize_, flag, std::thread::hardware_concurrency()));
+      return Converted(name, *quantize_, view.shape, std::move(bytes), numel, keep_);
+    }
     num_parameters += numel;
     return backend_.UploadWeight(name, view.dtype, view.shape, view.data);
   }
@@ -66,6 +80,8 @@ class Uploader {
  private:
   const WeightStore& store_;
   Backend& backend_;
+  std::optional<DType> quantize_;
+  std::vector<std::vector<uint8_t>>& keep_;
 };
 
 RopeSpec MakeRopeSpec(const ModelConfig& c, const RopeConfig& r) {
@@ -279,8 +295,9 @@ void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes
            << quarter * 25 << "% of " << (file_bytes >> 20) << " MiB)";
 }
 
-Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be, Model::Impl* m) {
-  Uploader up(store, be);
+Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
+                   std::optional<DType> quantize, Model::Impl* m) {
+  Uploader up(store, be, quantize, m->host_weights);
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd, vocab = c.vocab_size;
   // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
@@ -390,7 +407,7 @@ Result<Checkpoint> ReadHuggingFaceCheckpoint(const std::string& dir, const Model
 }
 
 // One GGUF file: config and generation defaults from its metadata, its tensors (gguf_model.h).
-Result<Checkpoint> ReadGgufCheckpoint(const std::string& path) {
+Result<Checkpoint> ReadGgufCheckpoint(const std::string& path, const Backend& backend) {
   EMBER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(path));
   auto shared = std::make_shared<const GgufFile>(std::move(file));
   Checkpoint ckpt;
@@ -398,7 +415,8 @@ Result<Checkpoint> ReadGgufCheckpoint(const std::string& path) {
   EMBER_ASSIGN_OR_RETURN(ckpt.config, GgufModelConfig(*shared));
   ckpt.generation = GgufGenerationDefaults(ckpt.config);
   std::string summary;
-  EMBER_ASSIGN_OR_RETURN(ckpt.weights, OpenGgufWeights(shared, ckpt.config, &summary));
+  const KeepQuantized keep = [&backend](DType t) { return backend.TakesQuantizedWeights(t); };
+  EMBER_ASSIGN_OR_RETURN(ckpt.weights, OpenGgufWeights(shared, ckpt.config, keep, &summary));
   LOG_INFO << summary;
   return ckpt;
 }
@@ -419,7 +437,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   auto model = std::unique_ptr<Model>(new Model());
   EMBER_ASSIGN_OR_RETURN(
       Checkpoint checkpoint,
-      IsGgufFile(dir) ? ReadGgufCheckpoint(dir) : ReadHuggingFaceCheckpoint(dir, opts));
+      IsGgufFile(dir) ? ReadGgufCheckpoint(dir, *backend) : ReadHuggingFaceCheckpoint(dir, opts));
   model->config_ = std::move(checkpoint.config);
   model->generation_ = std::move(checkpoint.generation);
   model->weights_ = std::move(checkpoint.weights);
@@ -442,7 +460,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
            << model->config_.num_layers << " layers, onto the " << model->backend_->name()
            << " backend";
   EMBER_RETURN_IF_ERROR(
-      LoadWeights(model->config_, *model->weights_, *model->backend_, model->impl_.get()));
+      LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize,
+                  model->impl_.get()));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   LOG_INFO << "loaded " << model->impl_->num_parameters << " parameters in " << seconds << " s";

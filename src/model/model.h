@@ -125,6 +125,9 @@ struct StepOutputs {
 struct ModelLoadOptions : BackendChoice {
   // File name of the config inside the folder (tests load config.v4.json too).
   std::string config_file = "config.json";
+  // --quantize: the linear projections of a float checkpoint become this block-quantized type at
+  // load (model/quantize.h; a backend without kernels for it refuses). nullopt: as stored.
+  std::optional<DType> quantize;
 };
 
 class Model {

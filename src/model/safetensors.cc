@@ -173,7 +173,8 @@ Result<TensorView> WeightStore::GetWithShape(const std::string& name, std::vecto
   if (packed != (want == Want::kPacked))
     return Status::Error(
         view.file + ": tensor \"" + name + "\" has dtype " + DTypeName(view.dtype) +
-        (packed ? "; weights must be F32, F16 or BF16" : "; expected U8 (packed)"));
+        (packed ? "; weights must be F32, F16, BF16 (or Q8_0 / Q4_0 from a GGUF file)"
+                : "; expected U8 (packed)"));
   return view;
 }
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # `--model FILE.gguf` end to end on the fixture GGUFs: `ember run` on ts-f32.gguf gives the same
 # greedy ids as on the safetensors folder and logs the f32 tensors as read in place (q and k as
-# un-permuted copies); on ts-q4_0.gguf the log says which tensors were dequantized at load;
+# un-permuted copies); on ts-q4_0.gguf the log says its Q4_0/Q8_0 tensors stay quantized for the
+# CPU's kernels, on ts-q5_1.gguf which tensors were dequantized at load;
 # `ember tokenize` reads the file's vocabulary; a .gguf path that is not a file, and a file that is not GGUF, are clear
 # errors. Skips (77) when the fixtures are absent. Env: EMBER_BIN, EMBER_FIXTURES (or
 # EMBER_FIXTURES_DEFAULT).
@@ -24,8 +25,11 @@ out=$(run "$gguf/ts-f32.gguf") || fail "run on ts-f32.gguf exited $?: $out"
 echo "$out" | grep -q "read in place: 16 F32; q/k rows of 4 tensors put back" || fail "no in-place line for ts-f32.gguf: $out"
 
 out=$(run "$gguf/ts-q4_0.gguf") || fail "run on ts-q4_0.gguf exited $?: $out"
-echo "$out" | grep -q "dequantized to f32 at load (no quantized kernels yet): 14 Q4_0, 1 Q8_0" ||
-  fail "no dequantization line for ts-q4_0.gguf: $out"
+echo "$out" | grep -q "kept quantized for the backend's kernels: 14 Q4_0, 1 Q8_0" ||
+  fail "no kept-quantized line for ts-q4_0.gguf: $out"
+out=$(run "$gguf/ts-q5_1.gguf") || fail "run on ts-q5_1.gguf exited $?: $out"
+echo "$out" | grep -q "kept quantized for the backend's kernels: 1 Q8_0; dequantized to f32 at load (the backend has no kernels for them): 14 Q5_1" ||
+  fail "no dequantization line for ts-q5_1.gguf: $out"
 
 ids=$(printf 'Hello world' | "$EMBER_BIN" tokenize --tokenizer "$gguf/ts-f32.gguf") ||
   fail "tokenize with a .gguf exited $?: $ids"

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
+#include "backend/cpu/matmul_quant.h"
 #include "backend/moe_route.h"
 #include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
@@ -145,6 +146,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   bool KeepsHostWeights() const override { return true; }
+  bool TakesQuantizedWeights(DType dtype) const override { return IsBlockQuantized(dtype); }
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override {
     if (shape.empty() || shape.size() > 4)
@@ -155,6 +157,14 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
     if (dtype == DType::kU8) {  // packed MXFP4 experts (TakesMxfp4Experts): the bytes as they are
       if (t.ndim != 2) return Status::Error("weight \"" + name + "\": U8 (MXFP4) must be 2-D");
+      t.data = const_cast<void*>(host_data);
+      return t;
+    }
+    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 matrices: the blocks as they are
+      if (t.ndim != 2 || t.cols() % cpu::kQuantBlock != 0)
+        return Status::Error("weight \"" + name + "\": " + DTypeName(dtype) +
+                             " must be a 2-D matrix with rows of a multiple of 32 values, got " +
+                             ShapeString(t));
       t.data = const_cast<void*>(host_data);
       return t;
     }
@@ -242,9 +252,12 @@ class CpuBackend final : public Backend {
         id = fed_ids_[r];
       }
       CHECK(id >= 0 && id < vocab) << "token id " << id << " outside vocab " << vocab;
-      cpu::ConvertToF32(static_cast<const uint8_t*>(table.data) +
-                            static_cast<size_t>(id * d) * DTypeSize(table.dtype),
-                        table.dtype, d, y + i * d);
+      const void* row = static_cast<const uint8_t*>(table.data) +
+                        static_cast<size_t>(id) * DTypeRowBytes(table.dtype, d);
+      if (IsBlockQuantized(table.dtype))  // a quantized table: the row dequantized on lookup
+        cpu::DequantizeQuantRow(table.dtype, row, d, y + i * d);
+      else
+        cpu::ConvertToF32(row, table.dtype, d, y + i * d);
       if (scale != 1.0f)
         for (int64_t j = 0; j < d; ++j) y[i * d + j] *= scale;
     }
@@ -462,11 +475,13 @@ class CpuBackend final : public Backend {
  private:
   // Threads worth waking for `work` (about one flop each): small ops stay on the caller.
   int ThreadsFor(int64_t work) const { return work < (1 << 18) ? 1 : num_threads_; }
-  // out [n, m] = x [n, k] W^T (+ bias): with bf16_matmul_, products of more than
+  // out [n, m] = x [n, k] W^T (+ bias): Q8_0/Q4_0 weights on their int8 kernels (matmul_quant.h);
+  // otherwise, with bf16_matmul_, products of more than
   // kBf16MinRows rows (prefill: compute-bound) on the bf16 kernel; fewer rows (decode:
   // memory-bound, where the exact kernels stream the weights faster) stay exact.
   void MatMulRows(const float* x, int64_t n, int64_t k, const void* w, DType dtype, int64_t m,
                   const float* bias, float* out) {
+    if (IsBlockQuantized(dtype)) return cpu::MatMulQuant(x, n, k, w, dtype, m, bias, out, *pool_);
     if (bf16_matmul_ && n > kBf16MinRows)
       return cpu::MatMulBf16(x, n, k, w, dtype, m, bias, out, *pool_);
     cpu::MatMul(x, n, k, w, dtype, m, bias, out, *pool_);

@@ -104,6 +104,8 @@ float LoadWeight(const void* w, DType dtype, int64_t idx) {
     case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(w)[idx]);
     case DType::kI32:
     case DType::kU8:  // (MXFP4 has no k % 8 tail: MatMulMxfp4 takes k % 32 == 0)
+    case DType::kQ8_0:  // (block-quantized weights go to MatMulQuant)
+    case DType::kQ4_0:
       break;
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";

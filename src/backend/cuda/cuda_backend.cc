@@ -45,6 +45,8 @@ ElemType ToElemType(DType t) {
       return ElemType::kF32;
     case DType::kI32:
     case DType::kU8:
+    case DType::kQ8_0:  // block-quantized weights never reach CUDA (UploadWeight refuses them)
+    case DType::kQ4_0:
       break;
   }
   CHECK(false) << "no element type for " << DTypeName(t);
@@ -99,6 +101,9 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
                          std::to_string(shape.size()));
   if (dtype == DType::kI32)
     return Status::Error("weight " + name + ": I32 weights are not supported");
+  if (IsBlockQuantized(dtype))  // (TakesQuantizedWeights is false: loaders dequantize for CUDA)
+    return Status::Error("weight " + name + ": the CUDA backend has no kernels for " +
+                         DTypeName(dtype) + " weights");
   Tensor t;
   t.ndim = static_cast<int32_t>(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {

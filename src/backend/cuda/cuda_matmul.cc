@@ -25,6 +25,8 @@ cudaDataType_t ToCudaType(DType t) {
       return CUDA_R_32F;
     case DType::kI32:
     case DType::kU8:
+    case DType::kQ8_0:  // block-quantized weights never reach CUDA (UploadWeight refuses them)
+    case DType::kQ4_0:
       break;
   }
   CHECK(false) << "no cuBLAS type for " << DTypeName(t);

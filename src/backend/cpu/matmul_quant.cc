@@ -1,0 +1,351 @@
+#include "backend/cpu/matmul_quant.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "util/check.h"
+#include "util/half.h"
+
+// GCC 12's AVX-512 intrinsics pass an undefined vector as their (ignored) merge source, which
+// -Wuninitialized reports once they are inlined into target("avx512f") functions.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ember::cpu {
+namespace {
+
+constexpr int64_t kColBlock = 64;  // output columns per parallel work item
+
+size_t QuantBlockBytes(DType dtype) { return dtype == DType::kQ8_0 ? 34 : 18; }
+
+// A block's f16 scale as float (F16C: the same value as F16ToF32).
+inline float BlockScale(const uint8_t* block) {
+  uint16_t h;
+  std::memcpy(&h, block, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+// The fixed horizontal sum of 8 lanes: halves, then pairs, then the last two.
+inline float HorizontalSum8(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+}  // namespace
+
+// ---- the int8-x kernel, once per integer-dot ISA (matmul_quant_prefill.inc) ----
+namespace quant_avx2 {
+#define EMBER_QUANT_ISA 0
+#include "backend/cpu/matmul_quant_prefill.inc"
+#undef EMBER_QUANT_ISA
+}  // namespace quant_avx2
+
+#pragma GCC push_options
+#pragma GCC target("avxvnni,avx2,fma,f16c")
+namespace quant_avxvnni {
+#define EMBER_QUANT_ISA 1
+#include "backend/cpu/matmul_quant_prefill.inc"
+#undef EMBER_QUANT_ISA
+}  // namespace quant_avxvnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+namespace quant_avx512vnni {
+#define EMBER_QUANT_ISA 2
+#include "backend/cpu/matmul_quant_prefill.inc"
+#undef EMBER_QUANT_ISA
+}  // namespace quant_avx512vnni
+#pragma GCC pop_options
+
+namespace {
+
+std::atomic<QuantKernel> forced_kernel{QuantKernel::kInt8X};
+std::atomic<QuantIsa> forced_isa{QuantIsa::kAuto};
+
+QuantIsa BestIsa() {
+  static const QuantIsa best = CpuHasQuantIsa(QuantIsa::kAvx512Vnni) ? QuantIsa::kAvx512Vnni
+                               : CpuHasQuantIsa(QuantIsa::kAvxVnni)  ? QuantIsa::kAvxVnni
+                                                                     : QuantIsa::kAvx2;
+  return best;
+}
+
+QuantIsa ActiveIsa() {
+  const QuantIsa forced = forced_isa.load(std::memory_order_relaxed);
+  return forced == QuantIsa::kAuto ? BestIsa() : forced;
+}
+
+// ---- float32 x: fused dequantize + FMA ----
+
+// The 32 values of a block without its scale (q, or q - 8) as 4 x 8 floats.
+template <DType D>
+inline void WidenBlock(const uint8_t* block, __m256 (&wf)[4]) {
+  if constexpr (D == DType::kQ8_0) {
+    const uint8_t* q = block + 2;
+    for (int j = 0; j < 4; ++j)
+      wf[j] = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j))));
+  } else {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m128i low_mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(packed, low_mask), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), low_mask), eight);
+    wf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    wf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    wf[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    wf[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  }
+}
+
+// N rows x C columns. Per output, per block b in order: t = (w0 x0 + w2 x2) + (w1 x1 + w3 x3)
+// (8 lanes, the values of each quarter of the block), acc = fma(t, d_b, acc); then the fixed
+// horizontal sum, then + bias.
+template <DType D, int N, int C>
+void DecodeTile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* out,
+                int64_t out_stride, const float* bias) {
+  const int64_t num_blocks = k / kQuantBlock;
+  const size_t block_bytes = QuantBlockBytes(D);
+  __m256 acc[N][C];
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* block = w + c * row_bytes + static_cast<size_t>(b) * block_bytes;
+      __m256 wf[4];
+      WidenBlock<D>(block, wf);
+      const __m256 d = _mm256_set1_ps(BlockScale(block));
+      for (int r = 0; r < N; ++r) {
+        const float* xr = x + r * k + b * kQuantBlock;
+        __m256 t0 = _mm256_mul_ps(wf[0], _mm256_loadu_ps(xr));
+        __m256 t1 = _mm256_mul_ps(wf[1], _mm256_loadu_ps(xr + 8));
+        t0 = _mm256_fmadd_ps(wf[2], _mm256_loadu_ps(xr + 16), t0);
+        t1 = _mm256_fmadd_ps(wf[3], _mm256_loadu_ps(xr + 24), t1);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), d, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = HorizontalSum8(acc[r][c]);
+      if (bias != nullptr) s += bias[c];
+      out[r * out_stride + c] = s;
+    }
+}
+
+// Columns [0, cols) of w for N rows; C columns at a time (N * C <= 8 accumulators), then singles.
+template <DType D, int N>
+void DecodeColumns(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, int64_t cols,
+                   const float* bias, float* out, int64_t m) {
+  constexpr int C = N <= 2 ? 4 : N <= 4 ? 2 : 1;
+  int64_t c = 0;
+  for (; c + C <= cols; c += C)
+    DecodeTile<D, N, C>(x, k, w + c * row_bytes, row_bytes, out + c, m, bias ? bias + c : nullptr);
+  for (; c < cols; ++c)
+    DecodeTile<D, N, 1>(x, k, w + c * row_bytes, row_bytes, out + c, m, bias ? bias + c : nullptr);
+}
+
+template <DType D>
+void DecodeBlock(const float* x, int64_t n, int64_t k, const uint8_t* w, size_t row_bytes,
+                 int64_t cols, const float* bias, float* out, int64_t m) {
+  switch (n) {
+    case 1: return DecodeColumns<D, 1>(x, k, w, row_bytes, cols, bias, out, m);
+    case 2: return DecodeColumns<D, 2>(x, k, w, row_bytes, cols, bias, out, m);
+    case 3: return DecodeColumns<D, 3>(x, k, w, row_bytes, cols, bias, out, m);
+    case 4: return DecodeColumns<D, 4>(x, k, w, row_bytes, cols, bias, out, m);
+    case 5: return DecodeColumns<D, 5>(x, k, w, row_bytes, cols, bias, out, m);
+    case 6: return DecodeColumns<D, 6>(x, k, w, row_bytes, cols, bias, out, m);
+    case 7: return DecodeColumns<D, 7>(x, k, w, row_bytes, cols, bias, out, m);
+    default: return DecodeColumns<D, 8>(x, k, w, row_bytes, cols, bias, out, m);
+  }
+}
+
+// ---- int8 x: x quantized per block of 32 ----
+
+// One row's blocks: q = round-to-nearest-even(x / d), d = max|x| / 127 (0 for an all-zero block).
+void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < k / kQuantBlock; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float max_abs = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float scale = max_abs / 127.0f;
+    d[b] = scale;
+    const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j)
+      i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], inv),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // packs interleave 128-bit lanes; the permute puts the 8 dwords back in element order.
+    const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), ordered);
+  }
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// The calling thread's quantized-x buffer (grows, never shrinks; 64-byte aligned).
+uint8_t* ActivationScratch(size_t bytes) {
+  thread_local std::pair<std::unique_ptr<uint8_t, FreeDeleter>, size_t> buffer;
+  if (buffer.second < bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    buffer.first.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
+    CHECK(buffer.first != nullptr) << "out of memory allocating " << rounded << " bytes";
+    buffer.second = bytes;
+  }
+  return buffer.first.get();
+}
+
+using PrefillFn = void (*)(const int8_t*, const float*, int64_t, int64_t, const uint8_t*, DType,
+                           size_t, int64_t, const float*, float*, int64_t);
+
+PrefillFn PrefillFor(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kAvx512Vnni: return quant_avx512vnni::PrefillColumns;
+    case QuantIsa::kAvxVnni: return quant_avxvnni::PrefillColumns;
+    default: return quant_avx2::PrefillColumns;
+  }
+}
+
+}  // namespace
+
+void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
+                 const float* bias, float* out, ThreadPool& pool) {
+  CHECK(IsBlockQuantized(w_dtype)) << "MatMulQuant weight " << DTypeName(w_dtype);
+  CHECK_EQ(k % kQuantBlock, 0) << "MatMulQuant: k " << k << " is not a multiple of 32";
+  if (n == 0 || m == 0) return;
+  const bool float_x = forced_kernel.load(std::memory_order_relaxed) == QuantKernel::kFloatX;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const size_t row_bytes = DTypeRowBytes(w_dtype, k);
+  const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
+  const int64_t num_col_blocks = (m + kColBlock - 1) / kColBlock;
+  if (float_x) {  // groups of up to 8 rows: a row's chain is the same in any group
+    pool.ParallelFor(
+        num_col_blocks,
+        [&](int64_t blk, int) {
+          const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
+          const float* b = bias ? bias + c0 : nullptr;
+          for (int64_t r = 0; r < n; r += kFloatXRows) {
+            const int64_t rows = std::min(kFloatXRows, n - r);
+            if (w_dtype == DType::kQ8_0)
+              DecodeBlock<DType::kQ8_0>(x + r * k, rows, k, wb + c0 * row_bytes, row_bytes, cols,
+                                        b, out + r * m + c0, m);
+            else
+              DecodeBlock<DType::kQ4_0>(x + r * k, rows, k, wb + c0 * row_bytes, row_bytes, cols,
+                                        b, out + r * m + c0, m);
+          }
+        },
+        max_threads);
+    return;
+  }
+  const int64_t num_blocks = k / kQuantBlock;
+  uint8_t* scratch = ActivationScratch(static_cast<size_t>(n * k + n * num_blocks * 4));
+  auto* xq = reinterpret_cast<int8_t*>(scratch);
+  auto* xd = reinterpret_cast<float*>(scratch + n * k);  // n * k is a multiple of 32
+  pool.ParallelFor(
+      n, [&](int64_t r, int) { QuantizeActivationRow(x + r * k, k, xq + r * k, xd + r * num_blocks); },
+      max_threads);
+  const PrefillFn prefill = PrefillFor(ActiveIsa());
+  pool.ParallelFor(
+      num_col_blocks,
+      [&](int64_t blk, int) {
+        const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
+        prefill(xq, xd, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols,
+                bias ? bias + c0 : nullptr, out + c0, m);
+      },
+      max_threads);
+}
+
+void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst) {
+  CHECK(IsBlockQuantized(dtype) && count % kQuantBlock == 0);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < count / kQuantBlock; ++b) {
+    const float* x = src + b * kQuantBlock;
+    uint8_t* block = out + b * QuantBlockBytes(dtype);
+    float amax = 0.0f, signed_max = 0.0f;
+    for (int64_t j = 0; j < kQuantBlock; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        signed_max = x[j];
+      }
+    }
+    const float d = dtype == DType::kQ8_0 ? amax / 127.0f : signed_max / -8.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = F32ToF16(d);
+    std::memcpy(block, &h, sizeof h);
+    if (dtype == DType::kQ8_0) {
+      for (int64_t j = 0; j < kQuantBlock; ++j)
+        block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[j] * inv)));
+    } else {
+      for (int64_t j = 0; j < kQuantBlock / 2; ++j) {
+        const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * inv + 8.5f)));
+        const int hi = std::min(15, static_cast<int>(static_cast<int8_t>(x[j + 16] * inv + 8.5f)));
+        block[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+void DequantizeQuantRow(DType dtype, const void* src, int64_t count, float* dst) {
+  CHECK(IsBlockQuantized(dtype) && count % kQuantBlock == 0);
+  const auto* in = static_cast<const uint8_t*>(src);
+  for (int64_t b = 0; b < count / kQuantBlock; ++b) {
+    const uint8_t* block = in + b * QuantBlockBytes(dtype);
+    const float d = BlockScale(block);
+    float* y = dst + b * kQuantBlock;
+    if (dtype == DType::kQ8_0) {
+      for (int64_t j = 0; j < kQuantBlock; ++j) y[j] = static_cast<int8_t>(block[2 + j]) * d;
+    } else {
+      for (int64_t j = 0; j < kQuantBlock / 2; ++j) {
+        y[j] = static_cast<float>((block[2 + j] & 0x0f) - 8) * d;
+        y[j + 16] = static_cast<float>((block[2 + j] >> 4) - 8) * d;
+      }
+    }
+  }
+}
+
+bool CpuHasQuantIsa(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kAvx512Vnni:
+      return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw");
+    case QuantIsa::kAvxVnni: return __builtin_cpu_supports("avxvnni");
+    default: return true;
+  }
+}
+
+const char* QuantDotIsaName() {
+  switch (ActiveIsa()) {
+    case QuantIsa::kAvx512Vnni: return "avx512vnni";
+    case QuantIsa::kAvxVnni: return "avxvnni";
+    default: return "avx2";
+  }
+}
+
+void SetQuantKernel(QuantKernel kernel, QuantIsa isa) {
+  CHECK(CpuHasQuantIsa(isa)) << "this CPU lacks the requested integer-dot ISA";
+  forced_kernel.store(kernel, std::memory_order_relaxed);
+  forced_isa.store(isa, std::memory_order_relaxed);
+}
+
+}  // namespace ember::cpu
