@@ -7,6 +7,9 @@
 #include <set>
 #include <system_error>
 
+#include "model/gguf.h"
+#include "model/gguf_model.h"
+#include "model/gguf_quants.h"
 #include "serve/embedding_config.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
@@ -83,8 +86,7 @@ void DescribeConfig(const json& config, json* details) {
   (*details)["quantization"] = quant;
 }
 
-void DescribeTemplate(const fs::path& dir, LibraryModelInfo* info) {
-  auto chat_template = ChatTemplate::Load(dir.string());
+void DescribeTemplate(Result<ChatTemplate> chat_template, LibraryModelInfo* info) {
   if (!chat_template.ok()) {
     info->details["chat_template"] = false;
     info->problem = "chat template: " + chat_template.message();
@@ -100,10 +102,82 @@ void DescribeTemplate(const fs::path& dir, LibraryModelInfo* info) {
   info->details["reasoning_format"] = ReasoningFormatName(reasoning);
 }
 
+// The id of a model found at `path` below `root`: the names walked, links unresolved.
+std::string IdOf(const fs::path& root, const fs::path& path) {
+  const fs::path rel = path.lexically_relative(root);
+  return rel.empty() || rel == "." ? path.filename().string() : rel.generic_string();
+}
+
+// Embeddings by the server's own rule (sentence-transformers' modules, else the last token).
+void DescribeEmbeddings(const std::string& path, LibraryModelInfo* info) {
+  const EmbeddingSupport embeddings = ReadEmbeddingSupport(path);
+  info->details["embeddings"] = embeddings.available;
+  info->details["pooling"] =
+      embeddings.available ? json(PoolingKindName(embeddings.pooling.kind)) : json();
+}
+
+// The most common type among a GGUF file's matrices (its quantization, e.g. "Q4_K").
+std::string MainTensorType(const GgufFile& file) {
+  std::map<std::string, int64_t> bytes;
+  for (const GgufTensorInfo& t : file.tensors())
+    if (t.dims.size() >= 2) bytes[std::string(GgmlTypeName(t.type))] += t.nbytes;
+  std::string best;
+  for (const auto& [name, n] : bytes)
+    if (best.empty() || n > bytes[best]) best = name;
+  return best;
+}
+
+// A .gguf file: what its metadata says (the config Ember would build, the main tensor type, the
+// chat template), without reading its tensors.
+LibraryModelInfo DescribeGgufFile(const fs::path& root, const fs::path& file) {
+  LibraryModelInfo info;
+  std::string id = IdOf(root, file);
+  if (id.size() > 5 && id.ends_with(".gguf")) id.resize(id.size() - 5);
+  info.id = id;
+  info.path = file.string();
+  std::error_code ec;
+  info.disk_bytes = static_cast<int64_t>(fs::file_size(file, ec));
+  info.details["format"] = "gguf";
+  info.details["disk_bytes"] = info.disk_bytes;
+  auto gguf = GgufFile::Open(info.path);
+  if (!gguf.ok()) {
+    info.problem = gguf.message();
+    return info;
+  }
+  auto arch = gguf->GetString("general.architecture");
+  info.details["architecture"] = arch.ok() ? json(std::string(*arch)) : json();
+  info.details["model_type"] = info.details["architecture"];
+  const std::string main_type = MainTensorType(*gguf);
+  info.details["dtype"] = main_type.empty() ? json() : json(main_type);
+  const bool quantized = !main_type.empty() && main_type != "F32" && main_type != "F16" &&
+                         main_type != "BF16";
+  info.details["quantization"] = quantized ? json(main_type) : json();
+  auto config = GgufModelConfig(*gguf);
+  info.details["context_length"] = config.ok() ? json(config->max_position_embeddings) : json();
+  DescribeEmbeddings(info.path, &info);
+  auto source = GgufChatTemplate(*gguf);
+  auto vocab = GgufVocabOf(*gguf);
+  if (source.ok() && vocab.ok() && !source->empty()) {
+    const auto token = [&](std::optional<int32_t> id) {
+      return id && *id >= 0 && *id < static_cast<int32_t>(vocab->tokens.size())
+                 ? vocab->tokens[static_cast<size_t>(*id)]
+                 : std::string();
+    };
+    DescribeTemplate(ChatTemplate::FromSource(*source, token(vocab->bos_token_id),
+                                              token(vocab->eos_token_id)),
+                     &info);
+  } else {
+    DescribeTemplate(ChatTemplate(), &info);
+  }
+  if (!config.ok()) info.problem = config.message();
+  else if (!vocab.ok()) info.problem = vocab.message();
+  else if (!source.ok()) info.problem = source.message();
+  return info;
+}
+
 LibraryModelInfo Describe(const fs::path& root, const fs::path& dir) {
   LibraryModelInfo info;
-  const fs::path rel = dir.lexically_relative(root);  // the names walked, links unresolved
-  info.id = rel.empty() || rel == "." ? dir.filename().string() : rel.generic_string();
+  info.id = IdOf(root, dir);
   info.path = dir.string();
   info.disk_bytes = FolderBytes(dir);
   info.details["format"] = "safetensors";
@@ -114,12 +188,8 @@ LibraryModelInfo Describe(const fs::path& root, const fs::path& dir) {
     return info;
   }
   DescribeConfig(*config, &info.details);
-  // Embeddings by the server's own rule (sentence-transformers' modules, else last token).
-  const EmbeddingSupport embeddings = ReadEmbeddingSupport(dir.string());
-  info.details["embeddings"] = embeddings.available;
-  info.details["pooling"] =
-      embeddings.available ? json(PoolingKindName(embeddings.pooling.kind)) : json();
-  DescribeTemplate(dir, &info);
+  DescribeEmbeddings(dir.string(), &info);
+  DescribeTemplate(ChatTemplate::Load(dir.string()), &info);
   if (!IsFile(dir / "tokenizer.json")) info.problem = "no tokenizer.json (the server needs one)";
   return info;
 }
@@ -134,13 +204,16 @@ void Walk(const fs::path& root, const fs::path& dir, int depth, int max_depth,
     return;
   }
   if (depth >= max_depth) return;
-  std::vector<fs::path> children;
+  std::vector<fs::path> children, gguf_files;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     std::error_code type_ec;
     const std::string name = e.path().filename().string();
-    if (name.empty() || name[0] == '.' || !e.is_directory(type_ec)) continue;
-    children.push_back(e.path());
+    if (name.empty() || name[0] == '.') continue;
+    if (e.is_directory(type_ec)) children.push_back(e.path());
+    else if (IsGgufFile(e.path().string())) gguf_files.push_back(e.path());
   }
+  std::sort(gguf_files.begin(), gguf_files.end());
+  for (const fs::path& file : gguf_files) out->push_back(DescribeGgufFile(root, file));
   std::sort(children.begin(), children.end());
   for (const fs::path& child : children) Walk(root, child, depth + 1, max_depth, seen, out);
 }

@@ -1,6 +1,6 @@
 // ModelLibrary: the models below a folder (`ember serve --models-dir DIR`). A scan finds every
-// Hugging Face model folder (config.json beside model.safetensors or its index) and describes it
-// from its files without loading it: architecture, context length, dtype or quantization, chat
+// Hugging Face model folder (config.json beside model.safetensors or its index) and every .gguf
+// file (id: its path without ".gguf"), and describes each from its files without loading it: architecture, context length, dtype or quantization, chat
 // template, tool-call and reasoning formats, embedding pooling, size on disk. A request naming a
 // model acquires it: a resident one at once, otherwise the injected loader builds it (one load at a
 // time; callers asking for a model being loaded wait for that load) after the least recently used
@@ -27,7 +27,7 @@ namespace ember::serve {
 
 // What a scan knows of one model folder.
 struct LibraryModelInfo {
-  std::string id;    // the folder's path below the library's root ("org/name")
+  std::string id;    // the path below the library's root ("org/name"; a .gguf file's without .gguf)
   std::string path;  // the folder
   int64_t disk_bytes = 0;  // weights, tokenizer and config files together
   // architecture, model_type, context_length, dtype, quantization, chat_template, tools,

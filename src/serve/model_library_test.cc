@@ -136,6 +136,31 @@ TEST_F(ModelLibraryTest, LinkedFolderReportsTemplateFormats) {
   EXPECT_GT((*found)[0].disk_bytes, 1000000);  // sizes through the links
 }
 
+TEST_F(ModelLibraryTest, GgufFilesAreListedFromTheirMetadata) {
+  const fs::path gguf = fs::absolute(testing::FixturesDir() + "/gguf");
+  if (!fs::exists(gguf / "ts-q4_0.gguf")) GTEST_SKIP() << "fixture absent: " << gguf;
+  fs::create_directories(root_ / "files");
+  fs::create_symlink(gguf / "ts-f32.gguf", root_ / "files" / "ts-f32.gguf");
+  fs::create_symlink(gguf / "ts-q4_0.gguf", root_ / "ts-q4_0.gguf");
+  WriteFile(root_ / "broken.gguf", "GGUF but not really");
+  auto found = ScanModelFolders(root_.string());
+  ASSERT_TRUE(found.ok()) << found.message();
+  std::vector<std::string> ids;
+  for (const auto& m : *found) ids.push_back(m.id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"broken", "files/ts-f32", "ts-q4_0"}));
+  EXPECT_FALSE((*found)[0].problem.empty());  // a corrupt file is listed as unavailable
+  const json& f32 = (*found)[1].details;
+  EXPECT_EQ(f32["format"], "gguf");
+  EXPECT_EQ(f32["architecture"], "llama");
+  EXPECT_EQ(f32["dtype"], "F32");
+  EXPECT_TRUE(f32["quantization"].is_null());
+  EXPECT_EQ(f32["context_length"], 512) << f32.dump();
+  EXPECT_TRUE((*found)[1].problem.empty()) << (*found)[1].problem;
+  const json& q4 = (*found)[2].details;
+  EXPECT_EQ(q4["quantization"], "Q4_0") << q4.dump();
+  EXPECT_GT((*found)[2].disk_bytes, 100000);
+}
+
 TEST_F(ModelLibraryTest, LoadsOnDemandAndEvictsLeastRecentlyUsedIdle) {
   MakeModel(root_ / "a", 400);
   MakeModel(root_ / "b", 400);

@@ -6,9 +6,10 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { emberBin, getJson, missing, postJson, startLibraryServer, tinyStoriesDir } from './helpers.mjs';
+import { emberBin, fixturesDir, getJson, missing, postJson, startLibraryServer, tinyStoriesDir } from './helpers.mjs';
 
-const skip = missing(tinyStoriesDir) ?? false;
+const tinyGguf = path.join(fixturesDir, 'gguf', 'ts-f32.gguf');
+const skip = missing(tinyStoriesDir, tinyGguf) ?? false;
 
 // A folder whose files are links to the tinystories fixture's (the Hugging Face cache's layout).
 function linkModel(dir, { tokenizer = true } = {}) {
@@ -26,6 +27,8 @@ describe('model library', { skip }, () => {
     linkModel(path.join(root, 'alpha'));
     linkModel(path.join(root, 'team', 'beta'));
     linkModel(path.join(root, 'broken'), { tokenizer: false });
+    fs.mkdirSync(path.join(root, 'files'));
+    fs.symlinkSync(tinyGguf, path.join(root, 'files', 'tiny.gguf'));  // a GGUF file is a model too
     // Each model holds ~3 MB of weights + a 2 MB KV cap: the budget holds one at a time.
     server = await startLibraryServer(root, ['--kv-cache-bytes', '2000000', '--models-memory', '8000000']);
   });
@@ -40,7 +43,11 @@ describe('model library', { skip }, () => {
   test('lists every folder with what its files say, none loaded yet', async () => {
     const { status, json } = await getJson(server.baseURL, '/v1/models');
     assert.equal(status, 200);
-    assert.deepEqual(json.data.map((m) => m.id), ['alpha', 'broken', 'team/beta']);
+    assert.deepEqual(json.data.map((m) => m.id), ['alpha', 'broken', 'files/tiny', 'team/beta']);
+    const tiny = json.data[2];
+    assert.equal(tiny.library.format, 'gguf');
+    assert.equal(tiny.library.architecture, 'llama');
+    assert.equal(tiny.library.state, 'available');
     const alpha = json.data[0];
     assert.equal(alpha.library.state, 'available');
     assert.equal(alpha.library.architecture, 'LlamaForCausalLM');
@@ -90,6 +97,13 @@ describe('model library', { skip }, () => {
     assert.equal(broken.status, 400);
     assert.equal(broken.json.error.code, 'model_unavailable');
     assert.equal((await getJson(server.baseURL, '/v1/models/nope')).status, 404);
+  });
+
+  test('a GGUF file loads like a folder', async () => {
+    const r = await complete('files/tiny');
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.model, 'files/tiny');
+    assert.ok(r.json.choices[0].text.length > 0);
   });
 
   test('?refresh=1 rescans the folder', async () => {
