@@ -116,14 +116,15 @@ void DescribeEmbeddings(const std::string& path, LibraryModelInfo* info) {
       embeddings.available ? json(PoolingKindName(embeddings.pooling.kind)) : json();
 }
 
-// The most common type among a GGUF file's matrices (its quantization, e.g. "Q4_K").
+// The type most of a GGUF file's matrices have (its quantization, e.g. "Q4_K"), counted per
+// tensor: a Q4_0 file whose large embedding table is Q8_0 is still a Q4_0 file.
 std::string MainTensorType(const GgufFile& file) {
-  std::map<std::string, int64_t> bytes;
+  std::map<std::string, int64_t> count;
   for (const GgufTensorInfo& t : file.tensors())
-    if (t.dims.size() >= 2) bytes[std::string(GgmlTypeName(t.type))] += t.nbytes;
+    if (t.dims.size() >= 2) ++count[std::string(GgmlTypeName(t.type))];
   std::string best;
-  for (const auto& [name, n] : bytes)
-    if (best.empty() || n > bytes[best]) best = name;
+  for (const auto& [name, n] : count)
+    if (best.empty() || n > count[best]) best = name;
   return best;
 }
 
