@@ -36,6 +36,7 @@ struct GenerationFlags {
 };
 
 // --device --threads --quantize --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
+// --spec-method --num-spec-tokens --spec-max-batch --draft-model
 struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
@@ -47,8 +48,14 @@ struct EngineFlags {
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
   bool no_overlap = false;
+  std::string spec_method = "none";  // --spec-method none|ngram|draft
+  std::string draft_model;           // --draft-model DIR
+  int64_t num_spec_tokens = 4, spec_max_batch = 16;
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;
+  // The speculation flags, checked (a method not supported yet is an error naming it): what a
+  // command calls before it loads anything.
+  Status CheckSpeculation() const;
   EngineConfig Config() const;
 };
 

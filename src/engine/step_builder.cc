@@ -78,7 +78,8 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
 
 // Each scheduled sequence's new tokens, at its computed position, over its block table; a
 // sampled sequence's last row is a logits row. A sequence with drafts: its last token and its
-// drafts, the last token's row its sampled row (the draft rows come in AddDraftRows).
+// drafts, the last token's row its sampled row (decided as any sampled row: its processors and
+// mask read only accepted tokens); the draft rows come in AddDraftRows.
 void StepBuilder::AddSequenceRows(StepBatch& step) {
   step.batch.block_size = config_.block_size;
   for (const ScheduledSequence& s : step.scheduled) {
@@ -209,7 +210,7 @@ void StepBuilder::DecideRowOutputs(StepBatch& step) {
     const size_t row = step.row_params.size();
     step.row_params.push_back(&s.seq->request->request.sampling);
     step.row_states.push_back(s.seq->sampler.get());
-    if (s.num_draft == 0) DecideSampledRow(s, row, step);  // else kCopy: the host verifies
+    DecideSampledRow(s, row, step);
   }
 }
 

@@ -7,8 +7,9 @@
 // LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
 // the sequences' states and draws their sampling uniforms; it changes nothing else. A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
-// sampled row and the draft rows as kCopy logits rows after the padding (DraftRows): all its rows
-// are sampled on the host (the postprocessor verifies them in order). Engine thread.
+// sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
+// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.
+// Engine thread.
 #pragma once
 
 #include <cstddef>

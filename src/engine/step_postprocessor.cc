@@ -159,14 +159,19 @@ bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i, int32_t 
   return prompt_done;
 }
 
-void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row) {
-  Sequence* seq = step.scheduled[i].seq;
+SampleOutput StepPostprocessor::TakeRowOutput(const StepBatch& step, size_t row) {
   SampleOutput out;
   if (step.kinds[row] != RowOutput::kCopy) {
     out.token_id = step.ids[row];
   } else {
     out = std::move(row_outputs_[row]);
   }
+  return out;
+}
+
+void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row) {
+  Sequence* seq = step.scheduled[i].seq;
+  SampleOutput out = TakeRowOutput(step, row);
   ++counters_->sampled_seq_steps;
   if (out.token_id < 0) {  // its token constraint allowed nothing
     LOG_WARN << "request " << seq->request->request_id
@@ -191,7 +196,7 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
   int32_t accepted = 0;
   bool blocked = false;
   for (int32_t j = 0; j <= k; ++j) {
-    SampleOutput out = j == 0 ? std::move(row_outputs_[row])
+    SampleOutput out = j == 0 ? TakeRowOutput(step, row)
                               : SampleRow(step, static_cast<size_t>(run.first_row + j - 1), seq);
     if (out.token_id < 0) {
       blocked = true;

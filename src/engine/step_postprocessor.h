@@ -59,6 +59,8 @@ class StepPostprocessor {
   // Scheduled sequence i's rows up to computed_end are computed: commits its blocks, notes its
   // prompt's progress. Returns whether its prompt is now computed.
   bool CommitComputed(const StepBatch& step, size_t i, int32_t computed_end);
+  // Sampled row `row`'s token: the backend's id, or what the host sampled (kCopy).
+  SampleOutput TakeRowOutput(const StepBatch& step, size_t row);
   // Scheduled sequence i's sampled token (row `row`) joins it; ends it on a stop condition.
   void AcceptToken(const StepBatch& step, size_t i, size_t row);
   // Scheduled sequence i verified `run`'s drafts (its sampled row `row`, then run's rows): the
