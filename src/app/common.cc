@@ -217,6 +217,28 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   return served;
 }
 
+void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json) {
+  if (!usage.speculative) return;
+  (*usage_json)["completion_tokens_details"] = {
+      {"accepted_prediction_tokens", usage.accepted_prediction_tokens},
+      {"rejected_prediction_tokens", usage.rejected_prediction_tokens}};
+}
+
+std::string SpeculationSummary(const EngineStats& s) {
+  if (s.spec_draft_tokens == 0) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "; speculation: %lld drafted, %lld accepted (%.1f%%), %.3f tokens per target step",
+                static_cast<long long>(s.spec_draft_tokens),
+                static_cast<long long>(s.spec_accepted_tokens),
+                100.0 * static_cast<double>(s.spec_accepted_tokens) /
+                    static_cast<double>(s.spec_draft_tokens),
+                s.sampled_seq_steps > 0 ? static_cast<double>(s.sampled_tokens) /
+                                              static_cast<double>(s.sampled_seq_steps)
+                                        : 0.0);
+  return buf;
+}
+
 namespace {
 int64_t SteadyNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

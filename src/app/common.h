@@ -72,6 +72,14 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
 // and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
 serve::ServedModel ServedModelOf(const LoadedModel& lm);
 
+// A speculating request's drafted tokens in a usage object, under OpenAI's names:
+// completion_tokens_details {accepted_prediction_tokens, rejected_prediction_tokens}. Nothing
+// when speculation did not run for it.
+void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json);
+// "; speculation: D drafted, A accepted (R%), T tokens per target step" from the engine's
+// counters, or "" when nothing was drafted.
+std::string SpeculationSummary(const EngineStats& stats);
+
 // Time to first token and decode rate of one generation, from TokenEvent stamps.
 class GenerationTimer {
  public:
