@@ -9,6 +9,10 @@
 //      request's end to the (N-C)-th's, past the first wave's ramp and before the drain);
 //   3. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
 //      (the prefix cached by an earlier request with a different suffix).
+// --spec-method ngram runs every test with speculative decoding; each level's line then adds the
+// drafted and accepted tokens, the acceptance rate and the tokens per target step (a sequence's
+// tokens per step it sampled in). --copy-prompt makes each prompt a random quarter repeated four
+// times (copy-heavy text, where prompt lookup finds its drafts).
 // Results go to docs/perf.md with the machine, the command and the date.
 #include <algorithm>
 #include <atomic>
@@ -33,9 +37,13 @@ int64_t NowNs() {
       .count();
 }
 
-std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab) {
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab,
+                                  bool copy = false) {
   std::vector<int32_t> ids(len);
   for (int32_t& id : ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+  const int32_t period = std::max(1, len / 4);
+  if (copy)
+    for (int32_t i = period; i < len; ++i) ids[i] = ids[i % period];
   return ids;
 }
 
@@ -165,6 +173,15 @@ int Main(int argc, char** argv) {
   flags.AddString("--device", &device, "cpu | cuda");
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
+  std::string spec_method = "none";
+  int64_t num_spec_tokens = 4, spec_max_batch = 16;
+  bool copy_prompt = false;
+  flags.AddString("--spec-method", &spec_method, "none | ngram: speculative decoding (default none)");
+  flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per sequence and step (4)");
+  flags.AddInt("--spec-max-batch", &spec_max_batch,
+               "no drafts while more sequences than this run (16)");
+  flags.AddBool("--copy-prompt", &copy_prompt,
+                "each prompt is a random quarter repeated four times (copy-heavy)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
   flags.AddBool("--no-overlap", &no_overlap,
@@ -173,6 +190,8 @@ int Main(int argc, char** argv) {
   Status st = flags.Parse(argc, argv, 1, &help);
   if (st.ok() && max_batch < 0) st = Status::Error("--max-batch: must be >= 0");
   if (st.ok() && sustain < 0) st = Status::Error("--sustain: must be >= 0");
+  if (st.ok() && spec_method != "none" && spec_method != "ngram" && spec_method != "draft")
+    st = Status::Error("--spec-method must be none, ngram or draft");
   if (help || !st.ok() || model_dir.empty()) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
                  flags.Help().c_str());
@@ -198,6 +217,11 @@ int Main(int argc, char** argv) {
   config.max_queue = static_cast<int32_t>(max_level) + 8;
   config.enable_prefix_caching = false;  // distinct prompts: measure computation, not cache hits
   config.overlap_steps = !no_overlap;
+  config.speculation.method = spec_method == "ngram"   ? SpeculationConfig::Method::kNgram
+                              : spec_method == "draft" ? SpeculationConfig::Method::kDraft
+                                                       : SpeculationConfig::Method::kNone;
+  config.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
+  config.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
   auto engine = Engine::Create(model->get(), config);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
@@ -213,7 +237,7 @@ int Main(int argc, char** argv) {
     std::vector<GenerationRequest> requests;
     for (int64_t i = 0; i < count; ++i) {
       GenerationRequest r;
-      r.prompt_ids = RandomPrompt(rng, static_cast<int32_t>(prompt_len), vocab);
+      r.prompt_ids = RandomPrompt(rng, static_cast<int32_t>(prompt_len), vocab, copy_prompt);
       r.max_tokens = static_cast<int32_t>(gen_len);
       r.sampling.temperature = static_cast<float>(temperature);
       r.sampling.top_p = static_cast<float>(top_p);
@@ -243,7 +267,18 @@ int Main(int argc, char** argv) {
                   static_cast<double>(after.decode_forward_ns - before.decode_forward_ns) / 1e6 /
                       decode_div,
                   static_cast<long long>(after.overlapped_steps - before.overlapped_steps));
-    return std::string(line);
+    const int64_t drafted = after.spec_draft_tokens - before.spec_draft_tokens;
+    const int64_t accepted = after.spec_accepted_tokens - before.spec_accepted_tokens;
+    const int64_t seq_steps = after.sampled_seq_steps - before.sampled_seq_steps;
+    const int64_t tokens = after.sampled_tokens - before.sampled_tokens;
+    char spec[256];
+    std::snprintf(spec, sizeof(spec),
+                  "  speculation: %lld drafted, %lld accepted (%.1f%%), %.3f tokens per target "
+                  "step\n",
+                  static_cast<long long>(drafted), static_cast<long long>(accepted),
+                  drafted > 0 ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
+                  seq_steps > 0 ? static_cast<double>(tokens) / seq_steps : 0.0);
+    return std::string(line) + spec;
   };
   std::string step_lines;
   for (int64_t level : levels) {

@@ -120,6 +120,7 @@ json CollectLine(int64_t index, BatchLine& line, const Tokenizer* tokenizer) {
   out["usage"] = {{"prompt_tokens", usage.prompt_tokens},
                   {"cached_tokens", usage.cached_tokens},
                   {"completion_tokens", static_cast<int32_t>(ids.size())}};
+  AddSpeculationUsage(usage, &out["usage"]);
   return out;
 }
 
@@ -202,13 +203,14 @@ int BatchCommand(int argc, char** argv, int first) {
       stderr,
       "ember batch: %zu lines, %lld refused; %lld prompt tokens (%lld from the prefix "
       "cache), %lld generated, %lld steps, %lld preemptions; %.3f s (%.1f generated "
-      "tok/s; engine thread: schedule %.3f s, forward %.3f s, finish %.3f s)\n",
+      "tok/s; engine thread: schedule %.3f s, forward %.3f s, finish %.3f s)%s\n",
       lines.size(), static_cast<long long>(num_errors), static_cast<long long>(stats.prompt_tokens),
       static_cast<long long>(stats.prefix_hit_tokens),
       static_cast<long long>(stats.generated_tokens), static_cast<long long>(stats.steps),
       static_cast<long long>(stats.preemptions), seconds,
       double(stats.generated_tokens) / std::max(seconds, 1e-9), 1e-9 * double(stats.schedule_ns),
-      1e-9 * double(stats.forward_ns), 1e-9 * double(stats.finish_ns));
+      1e-9 * double(stats.forward_ns), 1e-9 * double(stats.finish_ns),
+      SpeculationSummary(stats).c_str());
   if (!out) return Fail(output_path + ": write error");
   return num_errors > 0 ? 1 : 0;
 }

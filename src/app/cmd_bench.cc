@@ -7,6 +7,9 @@
 // engine's overlapped steps; --no-overlap waits for each id first).
 // --tg-logits instead copies every step's logits row to the host and feeds a fixed token
 // sequence (what llama-bench's tg measures: llama_decode with its logits read back).
+// --spec-method ngram adds two rows that generate through the engine (one greedy request of N
+// tokens after a copy-heavy prompt: 64 synthetic tokens four times), speculation off and on, and
+// a line with the drafted and accepted tokens and the tokens per target step.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -149,6 +152,44 @@ Status GreedyStep(Model& model, int32_t token, int32_t pos, const std::vector<in
   return model.Forward(OneSequencePlan(model, {token}, pos, blocks), out);
 }
 
+// One greedy request of `n` tokens through a fresh engine over the model folder (EOS ignored),
+// after a copy-heavy prompt; its decode rate (tokens after the first over the time after it).
+struct EngineTg {
+  double tps = 0;
+  EngineStats stats;
+};
+Result<EngineTg> RunEngineTg(const std::string& model_dir, const ModelLoadOptions& opts,
+                             const EngineConfig& config, int64_t n) {
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(model_dir, opts));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model.get(), config));
+  GenerationRequest r;
+  for (int copy = 0; copy < 4; ++copy)
+    for (int32_t i = 0; i < 64; ++i)
+      r.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % model->config().vocab_size));
+  r.max_tokens = static_cast<int32_t>(n);
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  auto submitted = engine->Submit(r);
+  if (auto* error = std::get_if<SubmitError>(&submitted)) return Status::Error(error->message);
+  auto stream = std::get<std::shared_ptr<ResponseStream>>(submitted);
+  std::vector<TokenEvent> events;
+  int64_t first_ns = 0, last_ns = 0, count = 0;
+  while (stream->Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id < 0) continue;
+      if (count++ == 0) first_ns = e.time_ns;
+      last_ns = e.time_ns;
+    }
+    events.clear();
+  }
+  engine->Shutdown(/*drain=*/true);
+  EngineTg out;
+  out.stats = engine->Stats();
+  if (count > 1 && last_ns > first_ns)
+    out.tps = static_cast<double>(count - 1) / (static_cast<double>(last_ns - first_ns) * 1e-9);
+  return out;
+}
+
 }  // namespace
 
 int BenchCommand(int argc, char** argv, int first) {
@@ -157,6 +198,8 @@ int BenchCommand(int argc, char** argv, int first) {
   std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact",
               quantize;
   bool tg_logits = false, no_overlap = false;
+  std::string spec_method = "none", draft_model;
+  int64_t num_spec_tokens = 4;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
       "[--device D] [--quantize T] [--tg-logits | --no-overlap]");
@@ -183,6 +226,12 @@ int BenchCommand(int argc, char** argv, int first) {
                   "on | off: CUDA fixed-order GEMM (see ember run --help)");
   flags.AddString("--cpu-matmul", &cpu_matmul,
                   "exact | bf16 | auto: CPU matrix products (see ember run --help)");
+  flags.AddString("--spec-method", &spec_method,
+                  "none | ngram | draft: also run tg through the engine with speculation off and "
+                  "on, after a copy-heavy prompt (see ember run --help; draft is not supported "
+                  "yet)");
+  flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per step (default 4)");
+  flags.AddString("--draft-model", &draft_model, "draft model for --spec-method draft");
   bool help = false;
   if (Status st = flags.Parse(argc, argv, first, &help); !st.ok()) {
     std::fprintf(stderr, "ember bench: %s\n%s", st.message().c_str(), flags.Help().c_str());
@@ -221,6 +270,13 @@ int BenchCommand(int argc, char** argv, int first) {
   device_flags.batch_invariant = batch_invariant;
   device_flags.cpu_matmul = cpu_matmul;
   device_flags.quantize = quantize;
+  device_flags.spec_method = spec_method;
+  device_flags.num_spec_tokens = num_spec_tokens;
+  device_flags.draft_model = draft_model;
+  if (Status st = device_flags.CheckSpeculation(); !st.ok()) {
+    std::fprintf(stderr, "ember bench: %s\n", st.message().c_str());
+    return 2;
+  }
   auto opts = device_flags.LoadOptions();
   if (!opts.ok()) {
     std::fprintf(stderr, "ember bench: %s\n", opts.message().c_str());
@@ -341,6 +397,30 @@ int BenchCommand(int argc, char** argv, int first) {
     row((is_pp ? "pp" : "tg") + std::to_string(size) +
             (depth > 0 ? " @ d" + std::to_string(depth) : std::string()),
         rates);
+  }
+  if (spec_method != "none" && n > 0) {
+    std::string spec_line;
+    for (const bool spec : {false, true}) {
+      EngineConfig config = device_flags.Config();
+      if (!spec) config.speculation.method = SpeculationConfig::Method::kNone;
+      std::vector<double> rates;
+      EngineStats stats;
+      for (int64_t r = 0; r <= reps; ++r) {  // the first run warms up
+        auto tg = RunEngineTg(model_dir, *opts, config, n);
+        if (!tg.ok()) {
+          std::fprintf(stderr, "ember bench: %s\n", tg.message().c_str());
+          return 1;
+        }
+        if (r > 0) rates.push_back(tg->tps);
+        stats = tg->stats;
+      }
+      row("tg" + std::to_string(n) + " engine" + (spec ? " " + spec_method + " k=" +
+                                                            std::to_string(num_spec_tokens)
+                                                      : std::string()),
+          rates);
+      if (spec) spec_line = SpeculationSummary(stats);
+    }
+    std::printf("engine tg (last run)%s\n", spec_line.empty() ? ": nothing drafted" : spec_line.c_str());
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -146,11 +146,14 @@ int RunCommand(int argc, char** argv, int first) {
                           {"cached_tokens", usage.cached_tokens},
                           {"completion_tokens", usage.completion_tokens}}},
                         {"timings", timer.ToJson()}};
+    AddSpeculationUsage(usage, &j["usage"]);
     if (detok != nullptr) j["text"] = text;
     std::printf("%s\n", j.dump().c_str());
   }
-  if (output != "json") std::fprintf(stderr, "%s\n", timer.Summary(usage).c_str());
   lm.engine->Shutdown(/*drain=*/true);
+  if (output != "json")
+    std::fprintf(stderr, "%s%s\n", timer.Summary(usage).c_str(),
+                 SpeculationSummary(lm.engine->Stats()).c_str());
   return finish == FinishReason::kError ? 1 : 0;
 }
 

@@ -118,6 +118,8 @@ int ServeCommand(int argc, char** argv, int first) {
                   "seconds in-flight requests may finish after SIGTERM/SIGINT (default 30)");
   engine_flags.Register(flags, /*serving=*/true);
   if (int rc = ParseOrExit(flags, argc, argv, first); rc >= 0) return rc;
+  // Refused before anything loads (a library model would otherwise fail at its first request).
+  if (Status st = engine_flags.CheckSpeculation(); !st.ok()) return Fail(st.message());
   if (model_dir.empty() == models_dir.empty())
     return Fail(model_dir.empty() ? "--model DIR (or --models-dir DIR) is required"
                                   : "--model and --models-dir exclude each other");

@@ -98,7 +98,41 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
                 "step whose tokens need no host work launches first)");
+  flags.AddString("--spec-method", &spec_method,
+                  "none | ngram | draft: speculative decoding. ngram drafts from the sequence's own "
+                  "prompt and output (prompt lookup, no weights); outputs are unchanged. draft (a "
+                  "draft model) is not supported yet. Default none");
+  flags.AddInt("--num-spec-tokens", &num_spec_tokens,
+               "the most tokens a sequence drafts per step, 1..64 (default 4; adapted per sequence "
+               "to its acceptance)");
+  flags.AddInt("--spec-max-batch", &spec_max_batch,
+               "no sequence drafts while more than this many are running (a large batch is "
+               "compute-bound; default 16)");
+  flags.AddString("--draft-model", &draft_model,
+                  "draft model folder for --spec-method draft (not supported yet)");
   if (serving) flags.AddInt("--max-queue", &max_queue, "requests waiting before 429 (default 1024)");
+}
+
+namespace {
+// --spec-method's value as the engine's method; nullopt for an unknown name.
+std::optional<SpeculationConfig::Method> SpecMethodOf(const std::string& name) {
+  using Method = SpeculationConfig::Method;
+  if (name == "none") return Method::kNone;
+  if (name == "ngram") return Method::kNgram;
+  if (name == "draft") return Method::kDraft;
+  return std::nullopt;
+}
+}  // namespace
+
+Status EngineFlags::CheckSpeculation() const {
+  if (!SpecMethodOf(spec_method))
+    return Status::Error("--spec-method must be none, ngram or draft, got '" + spec_method + "'");
+  if (num_spec_tokens < 1 || num_spec_tokens > 64)
+    return Status::Error("--num-spec-tokens: must be in [1, 64], got " +
+                         std::to_string(num_spec_tokens));
+  if (spec_max_batch < 0 || spec_max_batch > (int64_t{1} << 20))
+    return Status::Error("--spec-max-batch: must be in [0, 1048576]");
+  return CreateDraftSource(Config().speculation).status();
 }
 
 Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
@@ -142,6 +176,10 @@ EngineConfig EngineFlags::Config() const {
   c.max_queue = static_cast<int32_t>(max_queue);
   c.enable_prefix_caching = !no_prefix_cache;
   c.overlap_steps = !no_overlap;
+  c.speculation.method = SpecMethodOf(spec_method).value_or(SpeculationConfig::Method::kNone);
+  c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
+  c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
+  c.speculation.draft_model = draft_model;
   return c;
 }
 
@@ -156,6 +194,7 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
   if (flags.max_model_len < 0 || flags.max_model_len > (int64_t{1} << 30))
     return Status::Error("--max-model-len: must be in [0, 2^30] (0: the model's context)");
   if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
+  EMBER_RETURN_IF_ERROR(flags.CheckSpeculation());
   EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());
   LoadedModel lm;
   // The tokenizer first (cheap): a broken one fails before the weights load.
@@ -176,6 +215,28 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   served.context_length = lm.engine->context_length();
   served.vocab_size = lm.engine->vocab_size();
   return served;
+}
+
+void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json) {
+  if (!usage.speculative) return;
+  (*usage_json)["completion_tokens_details"] = {
+      {"accepted_prediction_tokens", usage.accepted_prediction_tokens},
+      {"rejected_prediction_tokens", usage.rejected_prediction_tokens}};
+}
+
+std::string SpeculationSummary(const EngineStats& s) {
+  if (s.spec_draft_tokens == 0) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "; speculation: %lld drafted, %lld accepted (%.1f%%), %.3f tokens per target step",
+                static_cast<long long>(s.spec_draft_tokens),
+                static_cast<long long>(s.spec_accepted_tokens),
+                100.0 * static_cast<double>(s.spec_accepted_tokens) /
+                    static_cast<double>(s.spec_draft_tokens),
+                s.sampled_seq_steps > 0 ? static_cast<double>(s.sampled_tokens) /
+                                              static_cast<double>(s.sampled_seq_steps)
+                                        : 0.0);
+  return buf;
 }
 
 namespace {

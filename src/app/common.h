@@ -36,6 +36,7 @@ struct GenerationFlags {
 };
 
 // --device --threads --quantize --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
+// --spec-method --num-spec-tokens --spec-max-batch --draft-model
 struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
@@ -47,8 +48,14 @@ struct EngineFlags {
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
   bool no_overlap = false;
+  std::string spec_method = "none";  // --spec-method none|ngram|draft
+  std::string draft_model;           // --draft-model DIR
+  int64_t num_spec_tokens = 4, spec_max_batch = 16;
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;
+  // The speculation flags, checked (a method not supported yet is an error naming it): what a
+  // command calls before it loads anything.
+  Status CheckSpeculation() const;
   EngineConfig Config() const;
 };
 
@@ -64,6 +71,14 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
 // What the request builder needs of a loaded model: its tokenizer, engine, generation_config.json
 // and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
 serve::ServedModel ServedModelOf(const LoadedModel& lm);
+
+// A speculating request's drafted tokens in a usage object, under OpenAI's names:
+// completion_tokens_details {accepted_prediction_tokens, rejected_prediction_tokens}. Nothing
+// when speculation did not run for it.
+void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json);
+// "; speculation: D drafted, A accepted (R%), T tokens per target step" from the engine's
+// counters, or "" when nothing was drafted.
+std::string SpeculationSummary(const EngineStats& stats);
 
 // Time to first token and decode rate of one generation, from TokenEvent stamps.
 class GenerationTimer {

@@ -7,14 +7,20 @@
 
 namespace ember {
 
-Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested) {
+Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested,
+                                               std::unique_ptr<DraftSource> draft_source) {
+  if (draft_source == nullptr) {
+    EMBER_ASSIGN_OR_RETURN(draft_source, CreateDraftSource(requested.speculation));
+  }
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks));
-  return std::unique_ptr<Engine>(new Engine(model, sizing, std::move(runner)));
+  return std::unique_ptr<Engine>(
+      new Engine(model, sizing, std::move(runner), std::move(draft_source)));
 }
 
-Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner)
+Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
+               std::unique_ptr<DraftSource> draft_source)
     : model_(model),
       config_(sizing.config),
       num_blocks_(sizing.num_blocks),
@@ -26,9 +32,11 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner)
                                  PromptLogitsRows(config_, vocab_size_)},
                  &kv_),
       runner_(std::move(runner)),
-      sequences_(&scheduler_, &num_queued_, &counters_),
+      speculator_(config_.speculation, std::move(draft_source), &counters_),
+      sequences_(&scheduler_, &num_queued_, &counters_,
+                 speculator_.enabled() ? config_.speculation.num_spec_tokens : 0),
       builder_(config_, &runner_, &kv_, &counters_),
-      postprocessor_(&runner_, &kv_, &sequences_, &counters_) {
+      postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
   counters_.kv_blocks_total = num_blocks_;
   counters_.block_size = config_.block_size;
   published_ = counters_;
@@ -98,9 +106,11 @@ EngineStats Engine::Stats() const {
 // deferred step in flight) while N + 1 computes; keep N + 1 in flight if it is deferred, else
 // complete it now. A step that is not deferred needs step N's tokens before its row outputs are
 // decided (its processors, masks and draws read them), so step N completes first; its rows
-// already in the batch take step N's ids as fed tokens either way.
+// already in the batch take step N's ids as fed tokens either way. Before scheduling, the
+// speculator proposes drafts for the running sequences whose tokens are all known.
 void Engine::Loop() {
   while (TakeWork()) {
+    speculator_.Propose(scheduler_.running());
     std::optional<StepPlan> plan = ScheduleStep();
     if (!plan) continue;
     StepBatch next = builder_.Build(*plan);

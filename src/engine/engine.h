@@ -24,6 +24,7 @@
 #include "engine/request.h"
 #include "engine/response_stream.h"
 #include "engine/scheduler.h"
+#include "engine/speculator.h"
 #include "engine/step_builder.h"
 #include "engine/step_postprocessor.h"
 #include "kv/kv_cache_manager.h"
@@ -36,7 +37,9 @@ namespace ember {
 class Engine {
  public:
   // `model` must outlive the engine. Allocates the KV pool and starts the engine thread.
-  static Result<std::unique_ptr<Engine>> Create(Model* model, const EngineConfig& config);
+  // `draft_source` (tests): speculate with this source instead of config.speculation's method.
+  static Result<std::unique_ptr<Engine>> Create(Model* model, const EngineConfig& config,
+                                                std::unique_ptr<DraftSource> draft_source = {});
   ~Engine();  // Shutdown(/*drain=*/false)
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -58,7 +61,8 @@ class Engine {
   const Model& model() const { return *model_; }
 
  private:
-  Engine(Model* model, const EngineSizing& sizing, ModelRunner runner);
+  Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
+         std::unique_ptr<DraftSource> draft_source);
   RequestLimits Limits() const;
   void Loop();
   // Waits while there is nothing to do, takes the inbox, ends cancelled sequences. False: stop.
@@ -85,6 +89,7 @@ class Engine {
   kv::KvCacheManager kv_;
   Scheduler scheduler_;
   ModelRunner runner_;
+  Speculator speculator_;
   LiveSequences sequences_;
   StepBuilder builder_;
   StepPostprocessor postprocessor_;

@@ -4,8 +4,25 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace ember {
+
+// Speculative decoding (speculator.h): a draft source proposes up to num_spec_tokens tokens per
+// sequence and step, and the step verifies them (1 + k rows of that sequence). Outputs are the
+// same with it on or off; only the tokens per step change.
+struct SpeculationConfig {
+  enum class Method { kNone, kNgram, kDraft };  // kDraft (a draft model) is not supported yet
+  Method method = Method::kNone;
+  // K: the most tokens one sequence drafts per step (its adaptive length stays within 1..K).
+  int32_t num_spec_tokens = 4;
+  // Back-off across the batch: no sequence drafts while more than this many sequences are
+  // running (a large decode batch is compute-bound: verifying drafts would slow every row).
+  int32_t max_batch = 16;
+  // ngram: the history suffix lengths tried, longest first.
+  int32_t ngram_min = 1, ngram_max = 3;
+  std::string draft_model;  // kDraft's checkpoint (--draft-model)
+};
 
 struct EngineConfig {
   // 0 in either of the two limits below: the device's default (ResolveEngineLimits).
@@ -33,12 +50,14 @@ struct EngineConfig {
   // at most this many bytes of them (PromptLogitsRows), so a long prompt prefills in more, shorter
   // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
   int64_t prompt_logits_bytes = int64_t{64} << 20;
+  SpeculationConfig speculation;
 };
 
 // Who counts what: LiveSequences the requests and tokens (requests_*, prompt_tokens,
 // generated_tokens), ModelRunner the launches (steps, computed_tokens, forward_ns,
 // decode_forward_ns, overlapped_steps), StepBuilder the decode steps (decode_steps, decode_rows,
-// decode_padding_rows), StepPostprocessor finish_ns, the Engine schedule_ns and the gauges.
+// decode_padding_rows), StepPostprocessor finish_ns and the sampled/speculation counts, the
+// Engine schedule_ns and the gauges.
 struct EngineStats {
   int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
@@ -57,6 +76,11 @@ struct EngineStats {
   int64_t decode_steps = 0, decode_rows = 0, decode_forward_ns = 0, decode_padding_rows = 0;
   // Steps launched before the previous step's ids were read (EngineConfig::overlap_steps).
   int64_t overlapped_steps = 0;
+  // Per sequence and step that sampled: how many such (sequence, step) pairs, and the tokens they
+  // produced (more than one when drafts were accepted): tokens per target step = their ratio.
+  int64_t sampled_seq_steps = 0, sampled_tokens = 0;
+  // Speculative decoding: sequence-steps that verified drafts, tokens drafted, drafts accepted.
+  int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 }  // namespace ember

@@ -28,6 +28,11 @@ void LiveSequences::Add(const std::shared_ptr<RequestState>& state) {
     seq->sampler = std::make_unique<SamplerState>(state->request.sampling, static_cast<uint64_t>(i),
                                                   seq->tokens, state->stop_ids);
     if (state->request.constraint) seq->constraint = state->request.constraint->Clone();
+    if (num_spec_tokens_ > 0 && state->request.speculate && state->request.max_tokens > 0) {
+      seq->speculates = true;
+      seq->spec = SpecAdapt(num_spec_tokens_);
+      state->usage.speculative = true;
+    }
     if (i == 0 && state->request.prompt_logprobs >= 0) {
       seq->needs_prompt_logits = true;
       seq->prompt_logprobs.resize(static_cast<size_t>(seq->prompt_len - 1));
@@ -63,6 +68,8 @@ void LiveSequences::Finish(Sequence* seq, FinishReason reason) {
     state.usage.cached_tokens = seq->num_cached_prompt_tokens;
   }
   state.usage.completion_tokens += seq->num_generated();
+  state.usage.accepted_prediction_tokens += seq->accepted_drafts;
+  state.usage.rejected_prediction_tokens += seq->rejected_drafts;
   counters_->generated_tokens += seq->num_generated();
   if (--state.num_unfinished == 0) {
     state.stream->SetUsage(state.usage);

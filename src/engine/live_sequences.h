@@ -25,8 +25,13 @@ class LiveSequences {
  public:
   // The pointers must outlive this. It adds requests_submitted, prompt_tokens, generated_tokens,
   // requests_finished and requests_cancelled to `counters` (the engine's running totals).
-  LiveSequences(Scheduler* scheduler, std::atomic<int32_t>* num_queued, EngineStats* counters)
-      : scheduler_(scheduler), num_queued_(num_queued), counters_(counters) {}
+  // num_spec_tokens > 0: speculation is on; a request that allows it drafts up to that many.
+  LiveSequences(Scheduler* scheduler, std::atomic<int32_t>* num_queued, EngineStats* counters,
+                int32_t num_spec_tokens = 0)
+      : scheduler_(scheduler),
+        num_queued_(num_queued),
+        counters_(counters),
+        num_spec_tokens_(num_spec_tokens) {}
 
   bool empty() const { return live_.empty(); }
   // The request's n sequences, waiting in the scheduler.
@@ -48,6 +53,7 @@ class LiveSequences {
   Scheduler* scheduler_;
   std::atomic<int32_t>* num_queued_;
   EngineStats* counters_;
+  int32_t num_spec_tokens_;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
   // Ended sequences that a step in flight still has rows of (destroyed once it completes).

@@ -41,6 +41,9 @@ struct GenerationRequest {
   // take no prefix-cache hit (they read early rows' hidden states, which the cache does not keep);
   // last-token pooling may (the prompt's last row is always computed).
   PoolingSpec pooling;
+  // Speculative decoding for this request when the engine has it on (EngineConfig::speculation);
+  // false turns it off for this request alone (the API's `speculative_decoding: false`).
+  bool speculate = true;
 };
 
 // The logprob of one prompt token given the tokens before it: log_softmax of the logits of the
@@ -76,6 +79,10 @@ struct RequestUsage {
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;      // prompt tokens served from the prefix cache (first sample)
   int32_t completion_tokens = 0;  // over all samples
+  // Speculative decoding ran for this request (the engine has it on and the request did not turn
+  // it off): drafted tokens kept in the output, and drafted tokens verified and dropped.
+  bool speculative = false;
+  int32_t accepted_prediction_tokens = 0, rejected_prediction_tokens = 0;
 };
 
 // Why Submit refused a request; maps to HTTP 400 / 429 / 503.

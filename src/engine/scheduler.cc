@@ -22,10 +22,21 @@ ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) {
   return {seq, num_new, reaches_end && seq->request->request.max_tokens > 0};
 }
 
+int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
+                              int32_t reserve_blocks) {
+  if (seq->draft.empty() || num_new != 1 || seq->num_uncomputed() != 1) return 0;
+  const int32_t num_draft = std::min(static_cast<int32_t>(seq->draft.size()), budget - 1);
+  if (num_draft <= 0) return 0;
+  const int32_t end = seq->num_computed_tokens + 1 + num_draft;
+  if (kv_->NumFreeBlocks() - kv_->NumBlocksNeeded(seq->id, end) < reserve_blocks) return 0;
+  return kv_->Allocate(seq->id, end) ? num_draft : 0;
+}
+
 void Scheduler::Preempt(Sequence* seq) {
   kv_->Free(seq->id);
   seq->started = false;
   seq->num_computed_tokens = 0;
+  seq->draft.clear();
   seq->pooled.Reset();  // its prompt's rows are computed (and pooled) again
   ++num_preemptions_;
 }
@@ -57,6 +68,9 @@ void Scheduler::ScheduleRunning(StepPlan& plan, Budget& budget) {
       ++i;
       continue;
     }
+    // Drafts leave a block for each sequence after this one (none is preempted for them).
+    const int32_t num_draft = TakeDrafts(seq, num_new, budget.tokens,
+                                         static_cast<int32_t>(running_.size() - i - 1));
     bool allocated = false;
     while (!(allocated = kv_->Allocate(seq->id, seq->num_computed_tokens + num_new))) {
       Sequence* victim = running_.back();
@@ -67,9 +81,12 @@ void Scheduler::ScheduleRunning(StepPlan& plan, Budget& budget) {
       if (victim == seq) break;
     }
     if (!allocated) break;  // `seq` itself was preempted: it was the newest
-    plan.scheduled.push_back(Scheduled(seq, num_new));
-    plan.num_tokens += num_new;
-    budget.tokens -= num_new;
+    ScheduledSequence scheduled = Scheduled(seq, num_new);
+    scheduled.num_draft = num_draft;
+    scheduled.num_new_tokens += num_draft;
+    plan.scheduled.push_back(scheduled);
+    plan.num_tokens += scheduled.num_new_tokens;
+    budget.tokens -= scheduled.num_new_tokens;
     ++i;
   }
 }

@@ -2,7 +2,9 @@
 // sequences go first, oldest first: each gets its uncomputed tokens (1 when decoding, a prompt
 // chunk when prefilling) as the budget allows. When KV blocks run out, the newest running
 // sequence is preempted (its blocks freed; it is recomputed later from its tokens). Waiting
-// sequences are then admitted in FIFO order while their KV fits and the batch has room.
+// sequences are then admitted in FIFO order while their KV fits and the batch has room. A decoding
+// sequence with drafts (Sequence::draft, speculator.h) gets 1 + k rows, k cut to the budget; its
+// drafts never preempt anyone (no blocks for them: it decodes one token as usual).
 // Integers only: no tensors, no model; engine-thread only; unit-tested with a simulated cache.
 #pragma once
 
@@ -30,6 +32,9 @@ struct ScheduledSequence {
   // This chunk reaches the end: sample a token after the step (never for max_tokens 0: that
   // sample ends once its prompt is computed).
   bool samples = false;
+  // Of those rows, the last num_draft are seq->draft's first num_draft tokens (verified this
+  // step); the token before them is the sequence's last (uncomputed) token.
+  int32_t num_draft = 0;
 };
 
 struct StepPlan {
@@ -73,6 +78,10 @@ class Scheduler {
   // logits, within *prompt_rows_left, which it then uses up).
   static int32_t ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left);
   static ScheduledSequence Scheduled(Sequence* seq, int32_t num_new);
+  // Drafts seq verifies this step (num_new: its rows without drafts): blocks for them taken now,
+  // leaving at least reserve_blocks free; 0 when it has none, the budget has no room or the
+  // blocks are short.
+  int32_t TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget, int32_t reserve_blocks);
 
   SchedulerConfig config_;
   kv::KvCacheManager* kv_;

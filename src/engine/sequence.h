@@ -13,6 +13,7 @@
 #include "engine/pooling.h"
 #include "engine/request.h"
 #include "engine/response_stream.h"
+#include "engine/spec_adapt.h"
 #include "kv/kv_cache_manager.h"
 #include "sampling/sampler.h"
 
@@ -53,6 +54,15 @@ struct Sequence {
   bool prompt_logprobs_ready = false;          // complete, not yet sent with an event
   // An embedding request's pooled rows so far (GenerationRequest::pooling); reset on preemption.
   PoolingAccumulator pooled;
+  // Speculative decoding (speculator.h). `speculates`: the engine and the request allow it.
+  // `draft`: the tokens proposed for the next step (the Scheduler may take fewer), re-proposed
+  // before each step. `wants_drafts`: the speculator would draft for it now (not paused, the
+  // batch not backing off), so its steps are never deferred (drafting needs its last token).
+  bool speculates = false;
+  SpecAdapt spec;
+  std::vector<int32_t> draft;
+  bool wants_drafts = false;
+  int32_t accepted_drafts = 0, rejected_drafts = 0;  // over its verifications (usage)
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

@@ -41,10 +41,12 @@ bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
 // Whether the backend makes this row's token from state the host already has, so the step may
 // launch before the previous step's tokens are known: no processor that depends on the tokens
 // (penalties; the min_tokens mask while it applies: the state's count may lag by the one token in
-// flight, and once it reaches min_tokens the true count has too).
+// flight, and once it reaches min_tokens the true count has too), and no speculation wanted (a
+// sequence drafts only from known tokens, so its steps complete before the next is built).
 bool FedRowOk(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
-  return seq.constraint == nullptr && BackendMakesToken(seq, backend_samples) &&
+  return seq.constraint == nullptr && !seq.wants_drafts &&
+         BackendMakesToken(seq, backend_samples) &&
          !p.has_penalties() &&
          (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
 }
@@ -67,6 +69,7 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
     counters_->decode_rows += step.real_rows;
     counters_->decode_padding_rows += runner_->PadToGraphBucket(step.batch);
   }
+  AddDraftRows(step);
   AddPromptRows(step);
   AddHiddenRows(step);
   step.deferred = MayDefer(step);
@@ -74,7 +77,9 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
 }
 
 // Each scheduled sequence's new tokens, at its computed position, over its block table; a
-// sampled sequence's last row is a logits row.
+// sampled sequence's last row is a logits row. A sequence with drafts: its last token and its
+// drafts, the last token's row its sampled row (decided as any sampled row: its processors and
+// mask read only accepted tokens); the draft rows come in AddDraftRows.
 void StepBuilder::AddSequenceRows(StepBatch& step) {
   step.batch.block_size = config_.block_size;
   for (const ScheduledSequence& s : step.scheduled) {
@@ -82,9 +87,35 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
     ++seq->steps_in_flight;  // from here on the step holds it (Complete / Fail let go)
     // Placeholders (-1 - r) of the step in flight pass through as fed tokens: it is the model's
     // previous Forward.
+    const int32_t num_known = s.num_new_tokens - s.num_draft;
     chunk_.assign(seq->tokens.begin() + seq->num_computed_tokens,
-                  seq->tokens.begin() + seq->num_computed_tokens + s.num_new_tokens);
-    step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id), s.samples);
+                  seq->tokens.begin() + seq->num_computed_tokens + num_known);
+    if (s.num_draft == 0) {
+      step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id),
+                             s.samples);
+      continue;
+    }
+    CHECK(s.samples && num_known == 1 && !seq->draft.empty());
+    chunk_.insert(chunk_.end(), seq->draft.begin(), seq->draft.begin() + s.num_draft);
+    step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id), false);
+    step.batch.logits_rows.push_back(step.batch.seqs.back().query_start);
+  }
+}
+
+// A sequence verifying drafts: one kCopy logits row per draft, after the sampled and padding rows
+// (the sampled rows keep rows 0..real_rows-1).
+void StepBuilder::AddDraftRows(StepBatch& step) {
+  BatchPlan& batch = step.batch;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const ScheduledSequence& s = step.scheduled[i];
+    if (s.num_draft == 0) continue;
+    StepBatch::DraftRows run;
+    run.scheduled_index = i;
+    run.first_row = static_cast<int32_t>(batch.logits_rows.size());
+    run.tokens.assign(s.seq->draft.begin(), s.seq->draft.begin() + s.num_draft);
+    for (int32_t r = 1; r <= s.num_draft; ++r)
+      batch.logits_rows.push_back(batch.seqs[i].query_start + r);
+    step.draft_rows.push_back(std::move(run));
   }
 }
 
@@ -147,7 +178,7 @@ bool StepBuilder::BackendSamples() const {
 // made by the backend from state the host already has (FedRowOk), no logits come to the host and
 // no embedding request has rows in it.
 bool StepBuilder::MayDefer(const StepBatch& step) const {
-  if (!config_.overlap_steps || !step.prompt_rows.empty()) return false;
+  if (!config_.overlap_steps || !step.prompt_rows.empty() || !step.draft_rows.empty()) return false;
   const bool backend_samples = BackendSamples();
   // An embedding request's step completes before the next is scheduled, so a preemption never
   // meets its pooled rows half-accounted.
@@ -169,6 +200,8 @@ void StepBuilder::DecideRowOutputs(StepBatch& step) {
   std::fill(step.kinds.begin(), step.kinds.begin() + step.real_rows, RowOutput::kCopy);
   for (const StepBatch::PromptRows& run : step.prompt_rows)
     std::fill_n(step.kinds.begin() + run.first_row, run.num_rows, RowOutput::kCopy);
+  for (const StepBatch::DraftRows& run : step.draft_rows)
+    std::fill_n(step.kinds.begin() + run.first_row, run.tokens.size(), RowOutput::kCopy);
   step.sampling.assign(num_rows, RowSampling{});
   step.ids.assign(num_rows, 0);
   BuildMasks(step);

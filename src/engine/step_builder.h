@@ -5,7 +5,11 @@
 // the step in flight has delivered its ids (deferred), and per logits row what comes back
 // (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
 // LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
-// the sequences' states and draws their sampling uniforms; it changes nothing else. Engine thread.
+// the sequences' states and draws their sampling uniforms; it changes nothing else. A sequence
+// with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
+// sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
+// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.
+// Engine thread.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +29,9 @@
 namespace ember {
 
 // One step from its build to its completion. Logits rows: first one per sampled sequence (in
-// scheduled order: rows [0, real_rows)), then a decode step's padding rows, then the
-// prompt-logprobs rows (prompt_rows), then the hidden-state rows (hidden_runs). A StepBatch may be
+// scheduled order: rows [0, real_rows)), then a decode step's padding rows, then the draft rows
+// (draft_rows), then the prompt-logprobs rows (prompt_rows), then the hidden-state rows
+// (hidden_runs). A StepBatch may be
 // moved while in flight: the spans the backend holds point into its vectors' heap buffers, which a
 // move keeps.
 struct StepBatch {
@@ -58,6 +63,16 @@ struct StepBatch {
     int32_t first_pos = 0, num_rows = 0, first_row = 0;
   };
   std::vector<PromptRows> prompt_rows;
+  // Draft rows (never in a deferred step), in scheduled order: a sequence verifying k drafts has
+  // its sampled row (the logits after its last token: verifies tokens[0]) and k kCopy rows from
+  // first_row on, row first_row + j holding the logits after tokens[j] (verifies tokens[j + 1];
+  // the last gives the token after every draft).
+  struct DraftRows {
+    size_t scheduled_index = 0;
+    int32_t first_row = 0;
+    std::vector<int32_t> tokens;  // the drafts
+  };
+  std::vector<DraftRows> draft_rows;
   // Hidden-state rows (embedding requests; never in a deferred step): the plan's last
   // num_hidden_rows logits rows, which take no LM head. Per sequence that pools rows of this
   // step, hidden rows [first_row, first_row + num_rows) (counted among the hidden rows) are its
@@ -102,6 +117,7 @@ class StepBuilder {
 
  private:
   void AddSequenceRows(StepBatch& step);
+  void AddDraftRows(StepBatch& step);
   void AddPromptRows(StepBatch& step);
   void AddHiddenRows(StepBatch& step);
   bool MayDefer(const StepBatch& step) const;

@@ -52,13 +52,20 @@ void StepPostprocessor::Complete(StepBatch& step) {
     ComputePromptLogprobs(step);
     PoolHiddenRows(step);
   }
-  size_t row = 0;
+  size_t row = 0, next_draft = 0;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
     const ScheduledSequence& s = step.scheduled[i];
     const size_t r = row;
     if (s.samples) ++row;
+    const StepBatch::DraftRows* drafts = nullptr;
+    if (next_draft < step.draft_rows.size() && step.draft_rows[next_draft].scheduled_index == i)
+      drafts = &step.draft_rows[next_draft++];
     if (s.seq->finish != FinishReason::kNone) continue;  // ended while this step was in flight
-    const bool prompt_done = CommitComputed(step, i);
+    if (drafts != nullptr) {
+      VerifyDrafts(step, i, r, *drafts);
+      continue;
+    }
+    const bool prompt_done = CommitComputed(step, i, step.computed_end[i]);
     if (s.samples) {
       AcceptToken(step, i, r);
     } else if (s.seq->embeds() && prompt_done) {
@@ -136,14 +143,14 @@ void StepPostprocessor::EmitEmbedding(Sequence* seq) {
   sequences_->Finish(seq, FinishReason::kStop);
 }
 
-bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i) {
+bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i, int32_t computed_end) {
   Sequence* seq = step.scheduled[i].seq;
   RequestState& state = *seq->request;
   // Blocks of a sequence preempted since the launch are gone; it recomputes them.
   if (seq->started)
-    kv_->CommitComputed(seq->id, seq->tokens, step.computed_end[i], state.request.cache_namespace);
+    kv_->CommitComputed(seq->id, seq->tokens, computed_end, state.request.cache_namespace);
   sequences_->MarkAdmitted(state);
-  const bool prompt_done = step.computed_end[i] >= seq->prompt_len;
+  const bool prompt_done = computed_end >= seq->prompt_len;
   if (seq->sample_index == 0 && prompt_done) state.prompt_prefilled = true;
   if (seq->needs_prompt_logits && prompt_done) {
     seq->needs_prompt_logits = false;
@@ -152,27 +159,97 @@ bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i) {
   return prompt_done;
 }
 
-void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row) {
-  Sequence* seq = step.scheduled[i].seq;
-  RequestState& state = *seq->request;
+SampleOutput StepPostprocessor::TakeRowOutput(const StepBatch& step, size_t row) {
   SampleOutput out;
   if (step.kinds[row] != RowOutput::kCopy) {
     out.token_id = step.ids[row];
   } else {
     out = std::move(row_outputs_[row]);
   }
+  return out;
+}
+
+void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row) {
+  Sequence* seq = step.scheduled[i].seq;
+  SampleOutput out = TakeRowOutput(step, row);
+  ++counters_->sampled_seq_steps;
   if (out.token_id < 0) {  // its token constraint allowed nothing
-    LOG_WARN << "request " << state.request_id << ": the output constraint allows no token";
+    LOG_WARN << "request " << seq->request->request_id
+             << ": the output constraint allows no token";
     sequences_->EndWithoutToken(seq, FinishReason::kError);
     return;
   }
-  const int32_t index = step.token_index[i];
+  ++counters_->sampled_tokens;
+  Emit(seq, RecordToken(seq, step.token_index[i], std::move(out)));
+}
+
+// Row j of the verification is sampled with the state after tokens 0..j-1 were recorded (as
+// ordinary decoding would sample that position: same processors, mask and uniform draw); draft j
+// is kept when the token equals it. The first token that differs, the token after the last
+// draft, a stop, or a row the constraint blocks ends the step's tokens.
+void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
+                                     const StepBatch::DraftRows& run) {
+  Sequence* seq = step.scheduled[i].seq;
+  const auto k = static_cast<int32_t>(run.tokens.size());
+  const int32_t first_index = step.token_index[i];  // the placeholder Launched put
+  std::vector<TokenEvent> events;
+  int32_t accepted = 0;
+  bool blocked = false;
+  for (int32_t j = 0; j <= k; ++j) {
+    SampleOutput out = j == 0 ? TakeRowOutput(step, row)
+                              : SampleRow(step, static_cast<size_t>(run.first_row + j - 1), seq);
+    if (out.token_id < 0) {
+      blocked = true;
+      break;
+    }
+    const int32_t token = out.token_id;
+    if (j > 0) seq->tokens.push_back(token);
+    events.push_back(RecordToken(seq, first_index + j, std::move(out)));
+    const bool kept = j < k && token == run.tokens[static_cast<size_t>(j)];
+    accepted += kept ? 1 : 0;
+    if (!kept || events.back().finish != FinishReason::kNone) break;
+  }
+  const auto emitted = static_cast<int32_t>(events.size());
+  ++counters_->sampled_seq_steps;
+  counters_->sampled_tokens += emitted;
+  speculator_->Record(seq, k, accepted);
+  // Valid K/V: the last token's row and the rows of the emitted tokens but the last (each equals
+  // its draft); the rows of rejected drafts are dropped with the blocks past the new end.
+  const int32_t computed_end = step.computed_end[i] - (k + 1 - emitted);
+  if (seq->started && emitted > 0) {  // none emitted: it ends below (blocked at row 0)
+    seq->num_computed_tokens = computed_end;
+    // Exactly the last emitted token is uncomputed.
+    CHECK_EQ(computed_end, seq->num_tokens() - 1)
+        << "seq " << seq->id << " verified " << k << " drafts, emitted " << emitted;
+    kv_->Truncate(seq->id, seq->num_tokens());
+  }
+  CommitComputed(step, i, computed_end);
+  for (TokenEvent& event : events) Emit(seq, std::move(event));
+  if (blocked) {
+    LOG_WARN << "request " << seq->request->request_id
+             << ": the output constraint allows no token";
+    sequences_->EndWithoutToken(seq, FinishReason::kError);
+  }
+}
+
+SampleOutput StepPostprocessor::SampleRow(StepBatch& step, size_t logits_row, Sequence* seq) {
+  const auto vocab = static_cast<size_t>(runner_->vocab_size());
+  TokenMask mask;
+  if (seq->constraint != nullptr) {
+    mask.Build(*seq->constraint);
+    if (mask.num_allowed == 0) return SampleOutput{};
+  }
+  return Sample(step.logits.subspan(logits_row * vocab, vocab), seq->request->request.sampling,
+                *seq->sampler, mask.allowed);
+}
+
+TokenEvent StepPostprocessor::RecordToken(Sequence* seq, int32_t index, SampleOutput out) {
   seq->tokens[static_cast<size_t>(index)] = out.token_id;
   seq->sampler->Accept(out.token_id);
   const bool constraint_broken =
       seq->constraint != nullptr && !seq->constraint->Accept(out.token_id);
   if (constraint_broken) {
-    LOG_WARN << "request " << state.request_id << ": token " << out.token_id
+    LOG_WARN << "request " << seq->request->request_id << ": token " << out.token_id
              << " broke the output constraint (non-finite logits?)";
   }
   TokenEvent event = NextEvent(seq);
@@ -181,8 +258,12 @@ void StepPostprocessor::AcceptToken(const StepBatch& step, size_t i, size_t row)
   event.top_logprobs = std::move(out.top_logprobs);
   event.finish = StopReason(*seq, index, out.token_id, constraint_broken, &event.stop_token);
   event.time_ns = NowNs();
+  return event;
+}
+
+void StepPostprocessor::Emit(Sequence* seq, TokenEvent event) {
   const FinishReason finish = event.finish;
-  state.stream->Push(std::move(event));
+  seq->request->stream->Push(std::move(event));
   if (finish != FinishReason::kNone) sequences_->Finish(seq, finish);
 }
 

@@ -4,7 +4,11 @@
 // rows on the host, computes prompt logprobs, pools embedding requests' hidden-state rows, commits
 // the computed KV blocks to the prefix cache, accepts each token into its sequence, sampler and
 // output constraint, checks the stop conditions, streams the TokenEvents (an embedding request's
-// pooled vector) and ends finished sequences (LiveSequences). Engine thread.
+// pooled vector) and ends finished sequences (LiveSequences). A sequence that verified drafts
+// (speculator.h) takes its tokens row by row (VerifyDrafts): each row sampled on the host with the
+// state its earlier tokens left, kept while it equals the draft; then its computed end is rolled
+// back to what was kept, the blocks past it are released (KvCacheManager::Truncate) and only then
+// are its blocks committed, so no rejected token reaches the prefix cache. Engine thread.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +18,7 @@
 #include "engine/engine_config.h"
 #include "engine/live_sequences.h"
 #include "engine/model_runner.h"
+#include "engine/speculator.h"
 #include "engine/step_builder.h"
 #include "kv/kv_cache_manager.h"
 #include "sampling/sampler.h"
@@ -22,10 +27,15 @@ namespace ember {
 
 class StepPostprocessor {
  public:
-  // The pointers must outlive this. It adds finish_ns to `counters` (the engine's totals).
+  // The pointers must outlive this. It adds finish_ns, sampled_seq_steps and sampled_tokens to
+  // `counters` (the engine's totals); `speculator` records verifications.
   StepPostprocessor(ModelRunner* runner, kv::KvCacheManager* kv, LiveSequences* sequences,
-                    EngineStats* counters)
-      : runner_(runner), kv_(kv), sequences_(sequences), counters_(counters) {}
+                    Speculator* speculator, EngineStats* counters)
+      : runner_(runner),
+        kv_(kv),
+        sequences_(sequences),
+        speculator_(speculator),
+        counters_(counters) {}
 
   // After a successful launch: the step's rows count as computed (the next step is planned
   // before this one completes); each sampled row's token is a placeholder -1 - r (its logits
@@ -46,17 +56,31 @@ class StepPostprocessor {
   void PoolHiddenRows(const StepBatch& step);
   // Ends an embedding request whose prompt is computed with its pooled vector (finish kStop).
   void EmitEmbedding(Sequence* seq);
-  // Scheduled sequence i's rows are computed: commits its blocks, notes its prompt's progress.
-  // Returns whether its prompt is now computed.
-  bool CommitComputed(const StepBatch& step, size_t i);
+  // Scheduled sequence i's rows up to computed_end are computed: commits its blocks, notes its
+  // prompt's progress. Returns whether its prompt is now computed.
+  bool CommitComputed(const StepBatch& step, size_t i, int32_t computed_end);
+  // Sampled row `row`'s token: the backend's id, or what the host sampled (kCopy).
+  SampleOutput TakeRowOutput(const StepBatch& step, size_t row);
   // Scheduled sequence i's sampled token (row `row`) joins it; ends it on a stop condition.
   void AcceptToken(const StepBatch& step, size_t i, size_t row);
+  // Scheduled sequence i verified `run`'s drafts (its sampled row `row`, then run's rows): the
+  // tokens it keeps join it; rolls back, truncates and commits its blocks; streams the tokens.
+  void VerifyDrafts(StepBatch& step, size_t i, size_t row, const StepBatch::DraftRows& run);
+  // Logits row `logits_row` sampled with the sequence's current state (and constraint mask), as
+  // the host samples a kCopy row. token_id -1: the constraint allows nothing.
+  SampleOutput SampleRow(StepBatch& step, size_t logits_row, Sequence* seq);
+  // `out` (a token, >= 0) becomes the sequence's token at `index`: tokens, sampler, constraint;
+  // returns its event, finish set by StopReason.
+  TokenEvent RecordToken(Sequence* seq, int32_t index, SampleOutput out);
+  // Streams the event; ends the sequence when the event finishes it.
+  void Emit(Sequence* seq, TokenEvent event);
   FinishReason StopReason(const Sequence& seq, int32_t index, int32_t token, bool constraint_broken,
                           bool* stop_token) const;
 
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;
   LiveSequences* sequences_;
+  Speculator* speculator_;
   EngineStats* counters_;
   std::vector<SampleOutput> row_outputs_;  // [real_rows] host-sampled rows' tokens
   std::vector<uint8_t> host_skip_;         // [real_rows] rows the host sampler leaves alone

@@ -39,7 +39,7 @@ class StepSeamsTest : public ::testing::Test {
                        &*kv_);
     sequences_.emplace(&*scheduler_, &num_queued_, &counters_);
     builder_.emplace(config_, &*runner_, &*kv_, &counters_);
-    postprocessor_.emplace(&*runner_, &*kv_, &*sequences_, &counters_);
+    postprocessor_.emplace(&*runner_, &*kv_, &*sequences_, &speculator_, &counters_);
   }
 
   std::shared_ptr<RequestState> Add(GenerationRequest request) {
@@ -72,6 +72,7 @@ class StepSeamsTest : public ::testing::Test {
   std::optional<Scheduler> scheduler_;
   std::optional<LiveSequences> sequences_;
   std::optional<StepBuilder> builder_;
+  Speculator speculator_{SpeculationConfig{}, nullptr, &counters_};  // off
   std::optional<StepPostprocessor> postprocessor_;
 };
 

@@ -161,6 +161,21 @@ void KvCacheManager::Free(SeqId seq) {
   seqs_.erase(it);
 }
 
+void KvCacheManager::Truncate(SeqId seq, int32_t num_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  SeqState& state = it->second;
+  const auto keep = static_cast<size_t>(BlocksFor(num_tokens, config_.block_size));
+  if (state.blocks.size() <= keep) return;
+  CHECK_LE(state.num_registered, static_cast<int32_t>(keep))
+      << "Truncate: seq " << seq << " would drop a block registered in the prefix cache";
+  while (state.blocks.size() > keep) {
+    const int32_t b = state.blocks.back();
+    state.blocks.pop_back();
+    pool_.Release(b, cache_.is_cached(b) ? BlockPool::FreeEnd::kBack : BlockPool::FreeEnd::kFront);
+  }
+}
+
 const std::vector<int32_t>& KvCacheManager::BlockTable(SeqId seq) const {
   auto it = seqs_.find(seq);
   CHECK(it != seqs_.end()) << "BlockTable: unknown seq " << seq;

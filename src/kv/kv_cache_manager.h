@@ -53,6 +53,12 @@ class KvCacheManager {
   // cache (tokens = seq's full token list; idempotent for blocks already registered).
   void CommitComputed(SeqId seq, std::span<const int32_t> tokens, int32_t num_computed,
                       uint64_t ns);
+  // Shrinks seq's block table to the blocks covering its first num_tokens slots, releasing the
+  // rest (speculative decoding: the blocks past a sequence's end after rejected drafts). Block
+  // bookkeeping only: nothing is copied; the slots past num_tokens in the last kept block are
+  // simply written again later. CHECKs that no block registered in the prefix cache is dropped
+  // (the caller commits only what it keeps). Unknown seq or a table already that short: no-op.
+  void Truncate(SeqId seq, int32_t num_tokens);
   // Releases seq's references (cached blocks stay revivable in LRU order). Unknown seq: no-op.
   void Free(SeqId seq);
   // seq's blocks in slot order. CHECKs Has(seq).

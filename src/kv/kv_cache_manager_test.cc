@@ -75,6 +75,28 @@ TEST(KvCacheManagerTest, AllocateGrowsTableAndFreeReturnsBlocks) {
   EXPECT_EQ(kv.CheckInvariants(), "");
 }
 
+// Speculative decoding's rollback: the blocks past a sequence's new end go back to the free list
+// (uncached, at the front), the registered ones stay, and dropping a registered block is a CHECK.
+TEST(KvCacheManagerTest, TruncateReleasesTheBlocksPastTheEnd) {
+  KvCacheManager kv(Config(8));
+  const V tokens = Iota(9);  // block size 4: two full blocks and one more token
+  ASSERT_TRUE(kv.Allocate(1, 20));  // 5 blocks: room for 11 drafted tokens
+  kv.CommitComputed(1, tokens, 8, 0);  // registers blocks 0 and 1
+  EXPECT_EQ(kv.NumCachedBlocks(), 2);
+  kv.Truncate(1, 9);
+  EXPECT_EQ(kv.BlockTable(1), (V{0, 1, 2}));
+  EXPECT_EQ(kv.NumUsedBlocks(), 3);
+  EXPECT_EQ(kv.pool().front(), 3);  // released uncached: handed out first
+  kv.Truncate(1, 12);  // already that short: nothing
+  kv.Truncate(99, 0);  // unknown: nothing
+  EXPECT_EQ(kv.BlockTable(1).size(), 3u);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  EXPECT_DEATH(kv.Truncate(1, 4), "registered in the prefix cache");
+  kv.Free(1);
+  EXPECT_EQ(kv.NumUsedBlocks(), 0);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
 TEST(KvCacheManagerTest, AllocateFailureChangesNothing) {
   KvCacheManager kv(Config(4));
   RunPrompt(kv, 1, Iota(9));  // 3 blocks, 2 of them full and cached

@@ -303,7 +303,11 @@ Usage GenerationJob::TotalUsage() const {
   Usage u;
   for (const PromptRun& p : prompts_) {
     u.prompt_tokens += p.prompt_tokens;
-    u.cached_tokens += p.stream->usage().cached_tokens;
+    const RequestUsage engine_usage = p.stream->usage();
+    u.cached_tokens += engine_usage.cached_tokens;
+    u.speculative = u.speculative || engine_usage.speculative;
+    u.accepted_prediction_tokens += engine_usage.accepted_prediction_tokens;
+    u.rejected_prediction_tokens += engine_usage.rejected_prediction_tokens;
   }
   for (const Sample& s : samples_) u.completion_tokens += s.num_tokens;
   return u;

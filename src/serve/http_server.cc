@@ -226,6 +226,11 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->decode_forward_ns += s.decode_forward_ns;
   total->decode_padding_rows += s.decode_padding_rows;
   total->overlapped_steps += s.overlapped_steps;
+  total->sampled_seq_steps += s.sampled_seq_steps;
+  total->sampled_tokens += s.sampled_tokens;
+  total->spec_verify_steps += s.spec_verify_steps;
+  total->spec_draft_tokens += s.spec_draft_tokens;
+  total->spec_accepted_tokens += s.spec_accepted_tokens;
 }
 
 // The body's `model` when it is a string ("" otherwise: the schema names a wrong type).

@@ -177,6 +177,18 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
   Counter("ember_engine_overlapped_steps_total",
           "Engine steps launched before the previous step's tokens were read.",
           e.overlapped_steps, &out);
+  Counter("ember_spec_draft_tokens_total",
+          "Draft tokens proposed and verified (speculative decoding).", e.spec_draft_tokens, &out);
+  Counter("ember_spec_accepted_tokens_total", "Draft tokens accepted (speculative decoding).",
+          e.spec_accepted_tokens, &out);
+  Counter("ember_spec_verify_steps_total",
+          "Sequence-steps that verified drafts (speculative decoding).", e.spec_verify_steps,
+          &out);
+  Gauge("ember_spec_acceptance_ratio", "Draft tokens accepted / proposed.",
+        Ratio(e.spec_accepted_tokens, e.spec_draft_tokens), &out);
+  Gauge("ember_tokens_per_target_step",
+        "Tokens generated per sequence-step that sampled (above 1 with accepted drafts).",
+        Ratio(e.sampled_tokens, e.sampled_seq_steps), &out);
   Gauge("ember_open_streams", "Streaming responses in progress.", open_streams_, &out);
   Gauge("ember_queue_depth", "Requests waiting for admission.", e.num_queued, &out);
   Gauge("ember_running_sequences", "Sequences in the running batch.", e.num_running, &out);
@@ -226,6 +238,13 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"blocks_cached", e.kv_blocks_cached},
         {"block_size", e.block_size},
         {"usage", Ratio(e.kv_blocks_used, e.kv_blocks_total)}}},
+      {"speculative",
+       {{"verify_steps", e.spec_verify_steps},
+        {"draft_tokens", e.spec_draft_tokens},
+        {"accepted_tokens", e.spec_accepted_tokens},
+        {"acceptance_rate", Ratio(e.spec_accepted_tokens, e.spec_draft_tokens)},
+        {"sampled_sequence_steps", e.sampled_seq_steps},
+        {"tokens_per_target_step", Ratio(e.sampled_tokens, e.sampled_seq_steps)}}},
       {"prefix_cache",
        {{"query_tokens", e.prefix_query_tokens},
         {"hit_tokens", e.prefix_hit_tokens},

@@ -109,10 +109,16 @@ std::string NewResponseId(Endpoint endpoint) {
 std::string NewToolCallId() { return "call_" + UniqueSuffix(); }
 
 json UsageJson(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json usage = {{"prompt_tokens", u.prompt_tokens},
+                {"completion_tokens", u.completion_tokens},
+                {"total_tokens", u.prompt_tokens + u.completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  if (u.speculative) {
+    usage["completion_tokens_details"] = {
+        {"accepted_prediction_tokens", u.accepted_prediction_tokens},
+        {"rejected_prediction_tokens", u.rejected_prediction_tokens}};
+  }
+  return usage;
 }
 
 json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,

@@ -36,6 +36,10 @@ struct TokenLogprobEntry {
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  // Speculative decoding ran for the request: completion_tokens_details carries the drafted
+  // tokens kept (accepted_prediction_tokens) and dropped (rejected_prediction_tokens).
+  bool speculative = false;
+  int64_t accepted_prediction_tokens = 0, rejected_prediction_tokens = 0;
 };
 
 // A piece of one choice: for a chunk, the new text; for a final body, the whole text.

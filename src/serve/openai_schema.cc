@@ -229,6 +229,7 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
   EMBER_RETURN_IF_API_ERROR(ParseSampling(r, limits, zero_max_tokens_refusal, p));
   EMBER_RETURN_IF_API_ERROR(ParseStop(r, limits, &p->stop));
   EMBER_RETURN_IF_API_ERROR(r.Bool("ignore_eos", &p->ignore_eos));
+  EMBER_RETURN_IF_API_ERROR(r.Bool("speculative_decoding", &p->speculative_decoding));
   std::optional<int32_t> n;
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);

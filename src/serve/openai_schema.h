@@ -52,6 +52,10 @@ struct CommonParams : SamplingRequest {
   // vLLM's extension: generate through the model's EOS ids (the request's stop strings still
   // stop); min_tokens (SamplingRequest) masks them until that many tokens were generated.
   bool ignore_eos = false;
+  // Ember's extension: false turns speculative decoding off for this request (the server's
+  // --spec-method applies otherwise; outputs are the same either way, only the speed and the
+  // usage's completion_tokens_details differ).
+  bool speculative_decoding = true;
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
   // response_format {"type": "json_schema"}: response_format.json_schema.schema, in the client's
   // key order (the request builder compiles it); null otherwise.

@@ -99,6 +99,7 @@ TEST(OpenAiSchemaTest, ParsesIgnoreEosMinTokensAndJsonMode) {
                        "max_tokens":9,"min_tokens":9})",
                     &chat));
   EXPECT_TRUE(chat.params.ignore_eos);
+  EXPECT_TRUE(chat.params.speculative_decoding);  // absent: the server's setting
   EXPECT_EQ(chat.params.min_tokens, 9);
   CompletionRequest completion;
   ASSERT_FALSE(Completion(R"({"prompt":"a","min_tokens":3})", &completion));
@@ -194,6 +195,8 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
       {R"({"messages":[{"role":"user","content":"hi"}],"seed":18446744073709551615})", "seed"},
       {R"({"messages":[{"role":"user","content":"hi"}],"user":5})", "user"},
       {R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":1})", "ignore_eos"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"speculative_decoding":"off"})",
+       "speculative_decoding"},
       {R"({"messages":[{"role":"user","content":"hi"}],"min_tokens":-1})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"min_tokens":5})",
        "min_tokens"},
@@ -350,6 +353,9 @@ TEST(OpenAiSchemaTest, BatchLinesShareTheCompletionSchema) {
   EXPECT_EQ(*ok.params.seed, static_cast<uint64_t>(int64_t{-3}));
   EXPECT_EQ(*ok.params.top_k, 40);
   EXPECT_TRUE(ok.params.ignore_eos);
+  CompletionRequest spec_off;
+  ASSERT_FALSE(BatchLine(R"({"prompt":"x","speculative_decoding":false})", &spec_off));
+  EXPECT_FALSE(spec_off.params.speculative_decoding);
 }
 
 // What only a batch line has: prompt_ids, one prompt, max_tokens 0 to score the prompt with

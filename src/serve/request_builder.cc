@@ -74,6 +74,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   r->sampling = std::move(std::get<ResolvedSampling>(resolved).params);
   r->max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
   r->ignore_eos = p.ignore_eos;
+  r->speculate = p.speculative_decoding;
   r->constraint = constraint;
   r->n = p.n;
   r->prompt_logprobs = p.prompt_logprobs;

@@ -1,0 +1,417 @@
+// Speculative decoding in the engine on real checkpoints (CPU backend): outputs are token-identical
+// with and without it — greedy against the reference goldens of every fixture model, solo and in
+// a mixed batch (speculating and non-speculating requests, staggered, chunked prefill); seeded
+// sampled requests with every logits processor (penalties, logit_bias, min_tokens, logprobs, n)
+// and constrained requests likewise; drafts that are mostly wrong leave no KV block behind, even
+// under preemption; usage counts the drafts of a speculating request and nothing otherwise.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+std::string ModelDir(const std::string& name) {
+  return testing::FixturesDir() + "/models/" + name;
+}
+
+struct SampleOut {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
+  FinishReason finish = FinishReason::kNone;
+  bool operator==(const SampleOut& o) const {
+    if (ids != o.ids || logprobs != o.logprobs || finish != o.finish || top.size() != o.top.size())
+      return false;
+    for (size_t i = 0; i < top.size(); ++i) {
+      if (top[i].size() != o.top[i].size()) return false;
+      for (size_t j = 0; j < top[i].size(); ++j)
+        if (top[i][j].token_id != o.top[i][j].token_id || top[i][j].logprob != o.top[i][j].logprob)
+          return false;
+    }
+    return true;
+  }
+};
+
+struct RunResult {
+  std::vector<std::vector<SampleOut>> outputs;  // per request, per sample
+  std::vector<RequestUsage> usage;
+  EngineStats stats;
+};
+
+// Replays known continuations (the target's own outputs from a run without speculation) as
+// drafts, every `error_every`-th proposed token replaced by a wrong one: the verification sees
+// kept drafts, rejected drafts and full acceptances. A history whose prompt and output so far
+// match no known continuation gets no proposal.
+class ReplayDraftSource : public DraftSource {
+ public:
+  ReplayDraftSource(const std::vector<GenerationRequest>& requests, const RunResult& reference,
+                    int32_t error_every, int32_t vocab)
+      : error_every_(error_every), vocab_(vocab) {
+    for (size_t i = 0; i < requests.size(); ++i)
+      for (const SampleOut& s : reference.outputs[i]) runs_.push_back({requests[i].prompt_ids, s.ids});
+  }
+  std::string name() const override { return "replay"; }
+  void Propose(kv::SeqId, std::span<const int32_t> tokens, int32_t max_tokens,
+               std::vector<int32_t>* out) override {
+    out->clear();
+    for (const auto& [prompt, continuation] : runs_) {
+      if (tokens.size() < prompt.size() ||
+          !std::equal(prompt.begin(), prompt.end(), tokens.begin()))
+        continue;
+      const size_t done = tokens.size() - prompt.size();
+      if (done > continuation.size() ||
+          !std::equal(tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end(),
+                      continuation.begin()))
+        continue;
+      for (size_t j = done; j < continuation.size() && out->size() < size_t(max_tokens); ++j) {
+        int32_t t = continuation[j];
+        if (++proposed_ % error_every_ == 0) t = (t + 1) % vocab_;
+        out->push_back(t);
+      }
+      return;
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> runs_;
+  int32_t error_every_, vocab_;
+  int64_t proposed_ = 0;
+};
+
+// Proposes random tokens: almost every draft is rejected.
+class NoiseDraftSource : public DraftSource {
+ public:
+  explicit NoiseDraftSource(int32_t vocab) : vocab_(vocab) {}
+  std::string name() const override { return "noise"; }
+  void Propose(kv::SeqId, std::span<const int32_t>, int32_t max_tokens,
+               std::vector<int32_t>* out) override {
+    out->clear();
+    for (int32_t i = 0; i < max_tokens; ++i)
+      out->push_back(static_cast<int32_t>(rng_() % static_cast<uint32_t>(vocab_)));
+  }
+
+ private:
+  int32_t vocab_;
+  std::mt19937 rng_{17};
+};
+
+struct RunOptions {
+  int32_t max_running = 16;
+  int32_t max_step_tokens = 0;  // 0: the default
+  int64_t kv_cache_bytes = 0;
+  bool stagger = false;
+  bool solo = false;  // one request at a time
+  SpeculationConfig::Method method = SpeculationConfig::Method::kNone;
+  std::unique_ptr<DraftSource> source;  // replaces `method`'s when set
+};
+
+RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>& requests,
+              RunOptions options) {
+  RunResult result;
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return result;
+  EngineConfig config;
+  config.max_running = options.max_running;
+  config.max_step_tokens = options.max_step_tokens;
+  config.kv_cache_bytes = options.kv_cache_bytes;
+  config.speculation.method = options.method;
+  config.speculation.num_spec_tokens = 4;
+  config.speculation.max_batch = 64;
+  if (options.source != nullptr) config.speculation.method = SpeculationConfig::Method::kNgram;
+  auto engine = Engine::Create(model->get(), config, std::move(options.source));
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  if (!engine.ok()) return result;
+  auto collect = [&](const std::shared_ptr<ResponseStream>& stream) {
+    std::vector<SampleOut> samples(static_cast<size_t>(stream->num_samples()));
+    std::vector<TokenEvent> events;
+    while (stream->Next(&events)) {
+      for (const TokenEvent& e : events) {
+        SampleOut& s = samples[static_cast<size_t>(e.sample_index)];
+        if (e.token_id >= 0) {
+          s.ids.push_back(e.token_id);
+          s.logprobs.push_back(e.logprob);
+          s.top.push_back(e.top_logprobs);
+        }
+        if (e.finish != FinishReason::kNone) s.finish = e.finish;
+      }
+      events.clear();
+    }
+    result.outputs.push_back(std::move(samples));
+    result.usage.push_back(stream->usage());
+  };
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto submitted = (*engine)->Submit(requests[i]);
+    if (auto* error = std::get_if<SubmitError>(&submitted)) {
+      ADD_FAILURE() << "submit refused: " << error->message;
+      return result;
+    }
+    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(submitted));
+    if (options.solo) collect(streams.back());
+    if (options.stagger && i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!options.solo)
+    for (auto& s : streams) collect(s);
+  (*engine)->Shutdown(true);
+  result.stats = (*engine)->Stats();
+  EXPECT_EQ(result.stats.kv_blocks_used, 0) << "blocks leaked";
+  return result;
+}
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  return r;
+}
+
+// The golden prompts of a fixture model and their reference greedy continuations.
+void GoldenRequests(const std::string& dir, std::vector<GenerationRequest>* requests,
+                    std::vector<std::vector<int32_t>>* expected) {
+  std::ifstream in(dir + "/golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  if (golden.contains("prompts")) {  // tinystories-656k
+    for (const auto& p : golden["prompts"]) {
+      expected->push_back(p["greedy_ids"].get<std::vector<int32_t>>());
+      requests->push_back(Greedy(p["ids"].get<std::vector<int32_t>>(),
+                                 static_cast<int32_t>(expected->back().size())));
+    }
+    return;
+  }
+  for (const auto& [name, ids] : golden["sequences"].items()) {
+    if (!golden["greedy"].contains(name)) continue;  // a sequence with logits goldens only
+    expected->push_back(golden["greedy"][name].get<std::vector<int32_t>>());
+    requests->push_back(Greedy(ids.get<std::vector<int32_t>>(),
+                               static_cast<int32_t>(expected->back().size())));
+  }
+}
+
+std::vector<std::vector<int32_t>> FirstSamples(const RunResult& r) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& samples : r.outputs) out.push_back(samples.empty() ? std::vector<int32_t>{} : samples[0].ids);
+  return out;
+}
+
+class SpecGreedyTest : public ::testing::TestWithParam<std::string> {};
+
+// The reference greedy continuations with ngram drafts (solo), and with replayed drafts (one in
+// three wrong) in a staggered batch with chunked prefill where every other request does not
+// speculate and unrelated requests run beside them.
+TEST_P(SpecGreedyTest, GoldenContinuationsWithDraftsSoloAndBatched) {
+  const std::string dir = ModelDir(GetParam());
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  GoldenRequests(dir, &requests, &expected);
+  RunOptions ngram;
+  ngram.solo = true;
+  ngram.method = SpeculationConfig::Method::kNgram;
+  const RunResult solo = RunEngine(dir, requests, std::move(ngram));
+  EXPECT_EQ(FirstSamples(solo), expected);
+  EXPECT_GT(solo.stats.spec_draft_tokens, 0) << "ngram proposed nothing: the test tests nothing";
+
+  // The batch: the golden requests twice (speculating, then not) and unrelated prompts.
+  const size_t num_golden = requests.size();
+  std::vector<GenerationRequest> batch = requests;
+  for (size_t i = 0; i < num_golden; ++i) {
+    batch.push_back(requests[i]);
+    batch.back().speculate = false;
+  }
+  std::mt19937 rng(3);
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt(1 + rng() % 30);
+    for (int32_t& t : prompt) t = 1 + static_cast<int32_t>(rng() % 200);
+    batch.push_back(Greedy(prompt, 6 + static_cast<int32_t>(rng() % 10)));
+  }
+  RunOptions plain_options;
+  plain_options.solo = true;
+  const RunResult plain = RunEngine(dir, batch, std::move(plain_options));
+  RunOptions replay;
+  replay.max_step_tokens = 13;
+  replay.stagger = true;
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok());
+  replay.source = std::make_unique<ReplayDraftSource>(batch, plain, 3,
+                                                      (*probe)->config().vocab_size);
+  const RunResult batched = RunEngine(dir, batch, std::move(replay));
+  const auto got = FirstSamples(batched);
+  ASSERT_EQ(got.size(), batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(got[i], i < 2 * num_golden ? expected[i % num_golden] : FirstSamples(plain)[i])
+        << "request " << i;
+  }
+  EXPECT_GT(batched.stats.spec_accepted_tokens, 0);
+  EXPECT_GT(batched.stats.spec_draft_tokens, batched.stats.spec_accepted_tokens);
+  for (size_t i = 0; i < batch.size(); ++i)
+    EXPECT_EQ(batched.usage[i].speculative, batch[i].speculate) << "request " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpecGreedyTest,
+                         ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
+                                           "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
+                                           "gemma3"));
+
+std::vector<GenerationRequest> SampledRequests() {
+  std::vector<GenerationRequest> requests;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 80, 147, 201, 282, 57}, {1, 300, 301, 302, 300, 301, 302, 300}, {1, 45, 9, 77}};
+  for (int i = 0; i < 9; ++i) {
+    GenerationRequest r = Greedy(prompts[static_cast<size_t>(i) % prompts.size()], 40);
+    SamplingParams& s = r.sampling;
+    s.temperature = 0.5f + 0.15f * static_cast<float>(i % 4);
+    s.seed = 100 + static_cast<uint64_t>(i);
+    if (i % 3 == 1) s.top_k = 20;
+    if (i % 3 == 2) s.top_p = 0.9f;
+    if (i == 3) s.min_p = 0.05f;
+    if (i == 4) s.repetition_penalty = 1.3f;
+    if (i == 5) s.frequency_penalty = 0.5f, s.presence_penalty = 0.3f;
+    if (i == 6) s.logit_bias = {{300, 3.0f}, {57, -2.0f}};
+    if (i == 7) {
+      s.min_tokens = 30;
+      r.ignore_eos = false;
+    }
+    if (i == 8) s.top_logprobs = 3, r.n = 2;
+    requests.push_back(r);
+  }
+  requests.push_back(Greedy({1, 80, 147}, 30));
+  requests.back().sampling.repetition_penalty = 1.2f;  // greedy with a processor
+  return requests;
+}
+
+// Seeded sampled requests draw the same tokens (and logprobs) with drafts as without: each
+// verified row is sampled with the state ordinary decoding has at that position, including its
+// uniform. Drafts replay the outputs with one in three wrong, so rows are kept and rejected.
+TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<GenerationRequest> requests = SampledRequests();
+  RunOptions plain_options;
+  plain_options.max_running = 4;
+  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  for (int32_t error_every : {2, 5}) {
+    RunOptions spec;
+    spec.max_running = 4;
+    spec.source = std::make_unique<ReplayDraftSource>(requests, plain, error_every, 2048);
+    const RunResult got = RunEngine(dir, requests, std::move(spec));
+    ASSERT_EQ(got.outputs.size(), plain.outputs.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i << " errors " << error_every;
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
+    // More than one token per target step on average: the drafts paid.
+    EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
+  }
+}
+
+// Only ids that are multiples of `stride`, done after `length` tokens.
+class StrideConstraint : public TokenConstraint {
+ public:
+  StrideConstraint(int32_t vocab, int32_t stride, int32_t length)
+      : vocab_(vocab), stride_(stride), length_(length) {}
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<StrideConstraint>(*this);
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
+    allowed.assign(static_cast<size_t>(vocab_), 0);
+    int64_t count = 0;
+    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
+    return count;
+  }
+  bool Accept(int32_t id) override {
+    ++accepted_;
+    return id % stride_ == 0;
+  }
+  bool Done() const override { return accepted_ >= length_; }
+
+ private:
+  int32_t vocab_, stride_, length_;
+  int32_t accepted_ = 0;
+};
+
+// A constrained request's rows are verified under the constraint's mask as if the drafts before
+// them were accepted: the same tokens as without drafts, all allowed, done at the same token;
+// drafts the mask forbids (the replay's wrong ones, and noise) are simply rejected.
+TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r = Greedy({1, 80, 147, 201}, 40);
+    r.constraint = std::make_shared<StrideConstraint>(2048, 7 + i % 2, 25);
+    if (i >= 2) r.sampling.temperature = 0.9f, r.sampling.seed = 5 + static_cast<uint64_t>(i);
+    if (i == 3) r.sampling.top_logprobs = 1;
+    requests.push_back(r);
+  }
+  const RunResult plain = RunEngine(dir, requests, RunOptions{});
+  for (const auto& samples : plain.outputs) ASSERT_EQ(samples[0].ids.size(), 25u);
+  RunOptions replay;
+  replay.source = std::make_unique<ReplayDraftSource>(requests, plain, 3, 2048);
+  const RunResult got = RunEngine(dir, requests, std::move(replay));
+  RunOptions noise;
+  noise.source = std::make_unique<NoiseDraftSource>(2048);
+  const RunResult noisy = RunEngine(dir, requests, std::move(noise));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i;
+    EXPECT_TRUE(noisy.outputs[i] == plain.outputs[i]) << "request " << i;
+    EXPECT_EQ(got.outputs[i][0].finish, FinishReason::kStop);
+  }
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+}
+
+// Drafts that are nearly all wrong, many requests, a KV cache small enough to preempt, prefix
+// caching on: the outputs do not change, every block comes back, the counters add up, and the
+// requests' usage carries exactly their drafted tokens.
+TEST(SpecDecodeTest, RejectedDraftsLeaveNoBlockBehindUnderPreemption) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests;
+  std::mt19937 rng(11);
+  const std::vector<int32_t> shared = {1, 80, 147, 201, 282, 57, 300, 301, 302, 300, 301, 302,
+                                       9, 10, 11, 12, 13, 14};
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> prompt = shared;
+    for (int j = 0; j < i % 5; ++j) prompt.push_back(1 + static_cast<int32_t>(rng() % 2000));
+    requests.push_back(Greedy(prompt, 20 + i));
+  }
+  RunOptions plain_options;
+  plain_options.solo = true;
+  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  // TinyStories' KV: 2 layers x 2 (K, V) x 4 heads x 16 floats = 1 KiB a token; 12 blocks of 16 tokens.
+  RunOptions noisy_options;
+  noisy_options.kv_cache_bytes = int64_t{12} * 16 * 1024;
+  noisy_options.max_running = 8;
+  noisy_options.source = std::make_unique<NoiseDraftSource>(2048);
+  const RunResult noisy = RunEngine(dir, requests, std::move(noisy_options));
+  EXPECT_EQ(FirstSamples(noisy), FirstSamples(plain));
+  EXPECT_GT(noisy.stats.preemptions, 0) << "no preemption: make the cache smaller";
+  EXPECT_GT(noisy.stats.spec_draft_tokens, 50);  // few: the sequences pause drafting (SpecAdapt)
+  int64_t accepted = 0, rejected = 0;
+  for (const RequestUsage& u : noisy.usage) {
+    EXPECT_TRUE(u.speculative);
+    accepted += u.accepted_prediction_tokens;
+    rejected += u.rejected_prediction_tokens;
+  }
+  EXPECT_EQ(accepted, noisy.stats.spec_accepted_tokens);
+  EXPECT_EQ(accepted + rejected, noisy.stats.spec_draft_tokens);
+  EXPECT_EQ(noisy.stats.kv_blocks_used, 0);
+  for (const RequestUsage& u : plain.usage) {
+    EXPECT_FALSE(u.speculative);
+    EXPECT_EQ(u.accepted_prediction_tokens + u.rejected_prediction_tokens, 0);
+  }
+}
+
+}  // namespace
+}  // namespace ember
