@@ -15,10 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda_loader.h"
+#include "engine/test_constraints.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
+
+using testing::StrideConstraint;
 
 std::string ModelDir(const std::string& name) {
   return testing::FixturesDir() + "/models/" + name;
@@ -224,34 +227,6 @@ TEST(EngineTest, SeededSamplingIsBatchIndependent) {
   EXPECT_EQ(batched.samples, alone.samples);
   for (auto& s : streams) Collect(s);
 }
-
-// A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after
-// `length` tokens; from token `block_at` on it allows nothing.
-class StrideConstraint : public TokenConstraint {
- public:
-  StrideConstraint(int32_t vocab, int32_t stride, int32_t length, int32_t block_at = -1)
-      : vocab_(vocab), stride_(stride), length_(length), block_at_(block_at) {}
-  std::unique_ptr<TokenConstraint> Clone() const override {
-    return std::make_unique<StrideConstraint>(*this);
-  }
-  int32_t vocab_size() const override { return vocab_; }
-  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
-    allowed.assign(static_cast<size_t>(vocab_), 0);
-    if (accepted_ == block_at_) return 0;
-    int64_t count = 0;
-    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
-    return count;
-  }
-  bool Accept(int32_t id) override {
-    ++accepted_;
-    return id % stride_ == 0;
-  }
-  bool Done() const override { return accepted_ >= length_; }
-
- private:
-  int32_t vocab_, stride_, length_, block_at_;
-  int32_t accepted_ = 0;
-};
 
 // A token constraint (structured output) decides every token of its samples, alone and beside
 // unconstrained requests (whose tokens it does not change), greedy and seeded-sampled, n = 2 with

@@ -14,10 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/test_constraints.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
+
+using testing::StrideConstraint;
 
 std::string ModelDir(const std::string& name) {
   return testing::FixturesDir() + "/models/" + name;
@@ -314,32 +317,6 @@ TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
     EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
   }
 }
-
-// Only ids that are multiples of `stride`, done after `length` tokens.
-class StrideConstraint : public TokenConstraint {
- public:
-  StrideConstraint(int32_t vocab, int32_t stride, int32_t length)
-      : vocab_(vocab), stride_(stride), length_(length) {}
-  std::unique_ptr<TokenConstraint> Clone() const override {
-    return std::make_unique<StrideConstraint>(*this);
-  }
-  int32_t vocab_size() const override { return vocab_; }
-  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
-    allowed.assign(static_cast<size_t>(vocab_), 0);
-    int64_t count = 0;
-    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
-    return count;
-  }
-  bool Accept(int32_t id) override {
-    ++accepted_;
-    return id % stride_ == 0;
-  }
-  bool Done() const override { return accepted_ >= length_; }
-
- private:
-  int32_t vocab_, stride_, length_;
-  int32_t accepted_ = 0;
-};
 
 // A constrained request's rows are verified under the constraint's mask as if the drafts before
 // them were accepted: the same tokens as without drafts, all allowed, done at the same token;

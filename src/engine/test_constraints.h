@@ -1,0 +1,40 @@
+// Test-only token constraints shared by the engine's tests (engine_test, spec_decode_test).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "sampling/token_constraint.h"
+
+namespace ember::testing {
+
+// A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after
+// `length` tokens; from token `block_at` on it allows nothing.
+class StrideConstraint : public TokenConstraint {
+ public:
+  StrideConstraint(int32_t vocab, int32_t stride, int32_t length, int32_t block_at = -1)
+      : vocab_(vocab), stride_(stride), length_(length), block_at_(block_at) {}
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<StrideConstraint>(*this);
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
+    allowed.assign(static_cast<size_t>(vocab_), 0);
+    if (accepted_ == block_at_) return 0;
+    int64_t count = 0;
+    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
+    return count;
+  }
+  bool Accept(int32_t id) override {
+    ++accepted_;
+    return id % stride_ == 0;
+  }
+  bool Done() const override { return accepted_ >= length_; }
+
+ private:
+  int32_t vocab_, stride_, length_, block_at_;
+  int32_t accepted_ = 0;
+};
+
+}  // namespace ember::testing
