@@ -4,17 +4,64 @@
 
 #include "engine/clock.h"
 #include "util/log.h"
+#include "util/sha256.h"
 
 namespace ember {
+
+namespace {
+
+// The disk tier's store for this model (null without --prompt-cache-dir). Opened after the KV
+// pool is allocated: the block size and bytes per block are the pool's.
+Result<std::unique_ptr<prompt_cache::DiskStore>> OpenPromptCacheDisk(const Model& model,
+                                                                      const EngineConfig& config) {
+  const PromptCacheConfig& pc = config.prompt_cache;
+  if (pc.ram_bytes > 0)
+    return Status::Error(
+        "--prompt-cache-ram-bytes: the host-RAM tier is not built yet (on the CPU the KV pool "
+        "already is host RAM: raise --kv-cache-bytes; for restarts use --prompt-cache-dir)");
+  if (pc.dir.empty()) {
+    if (pc.disk_bytes > 0)
+      return Status::Error("--prompt-cache-disk-bytes: needs --prompt-cache-dir");
+    return std::unique_ptr<prompt_cache::DiskStore>();
+  }
+  if (!config.enable_prefix_caching)
+    return Status::Error("--prompt-cache-dir: needs the prefix cache (drop --no-prefix-cache)");
+  if (model.KvBlockBytes() <= 0)
+    return Status::Error("--prompt-cache-dir: this backend cannot copy KV blocks to host memory");
+  prompt_cache::DiskStoreConfig disk;
+  disk.dir = pc.dir;
+  disk.max_bytes = pc.disk_bytes;
+  disk.block_size = config.block_size;
+  disk.payload_bytes = model.KvBlockBytes();
+  disk.max_queue_bytes = pc.max_queue_bytes;
+  disk.fingerprint_text = model.KvFingerprint() + "block_size " +
+                          std::to_string(config.block_size) + " record format " +
+                          std::to_string(prompt_cache::kFormatVersion) + "\n";
+  disk.fingerprint = Sha256Of(disk.fingerprint_text);
+  return prompt_cache::DiskStore::Open(disk);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested) {
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks));
-  return std::unique_ptr<Engine>(new Engine(model, sizing, std::move(runner)));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<prompt_cache::DiskStore> disk,
+                         OpenPromptCacheDisk(*model, sizing.config));
+  return std::unique_ptr<Engine>(new Engine(model, sizing, std::move(runner), std::move(disk)));
 }
 
-Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner)
+uint64_t Engine::CacheNamespaceOf(uint64_t ns, const std::string& cache_salt) {
+  if (cache_salt.empty()) return ns;
+  const Sha256Digest d = Sha256().UpdateU64(ns).Update(cache_salt).Finish();
+  uint64_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= static_cast<uint64_t>(d[static_cast<size_t>(i)]) << (8 * i);
+  return out;
+}
+
+Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
+               std::unique_ptr<prompt_cache::DiskStore> disk)
     : model_(model),
       config_(sizing.config),
       num_blocks_(sizing.num_blocks),
@@ -29,6 +76,13 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner)
       sequences_(&scheduler_, &num_queued_, &counters_),
       builder_(config_, &runner_, &kv_, &counters_),
       postprocessor_(&runner_, &kv_, &sequences_, &counters_) {
+  if (disk != nullptr) {
+    tier_ = std::make_unique<PromptTier>(std::move(disk), config_.prompt_cache.reuse, &runner_,
+                                         &counters_);
+    scheduler_.set_prompt_tier(tier_.get());
+    postprocessor_.set_prompt_tier(tier_.get());
+    counters_.prompt_cache = tier_->Stats();
+  }
   counters_.kv_blocks_total = num_blocks_;
   counters_.block_size = config_.block_size;
   published_ = counters_;
@@ -59,6 +113,7 @@ RequestLimits Engine::Limits() const {
 
 Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   if (auto error = ValidateRequest(request, Limits())) return *error;
+  request.cache_namespace = CacheNamespaceOf(request.cache_namespace, request.cache_salt);
   auto state = std::make_shared<RequestState>();
   state->stream = std::make_shared<ResponseStream>(request.n);
   state->stop_ids = request.stop_token_ids;
@@ -85,6 +140,17 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   }
   cv_.NotifyAll();
   return state->stream;
+}
+
+int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
+  const std::optional<uint64_t> ns =
+      cache_salt ? std::optional<uint64_t>(CacheNamespaceOf(0, *cache_salt)) : std::nullopt;
+  {
+    MutexLock lock(&mu_);
+    pool_clears_.push_back(ns);
+  }
+  cv_.NotifyAll();
+  return tier_ != nullptr ? tier_->Clear(ns) : 0;
 }
 
 EngineStats Engine::Stats() const {
@@ -121,6 +187,7 @@ void Engine::Loop() {
 bool Engine::TakeWork() {
   bool stop_now = false;
   std::deque<std::shared_ptr<RequestState>> incoming;
+  std::vector<std::optional<uint64_t>> clears;
   {
     MutexLock lock(&mu_);
     if (sequences_.empty() && !in_flight_) {
@@ -128,7 +195,9 @@ bool Engine::TakeWork() {
     }
     if (stopping_ && (!drain_ || (sequences_.empty() && inbox_.empty()))) stop_now = true;
     incoming.swap(inbox_);
+    clears.swap(pool_clears_);
   }
+  for (const std::optional<uint64_t>& ns : clears) kv_.DropCached(ns);
   for (const std::shared_ptr<RequestState>& state : incoming) sequences_.Add(state);
   if (stop_now) sequences_.CancelAll();
   sequences_.ReapCancelled();
@@ -188,6 +257,7 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.kv_blocks_cached = kv_.NumCachedBlocks();
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  if (tier_ != nullptr) counters_.prompt_cache = tier_->Stats();
   {
     MutexLock lock(&mu_);
     published_ = counters_;

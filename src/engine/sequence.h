@@ -15,6 +15,7 @@
 #include "engine/response_stream.h"
 #include "kv/kv_cache_manager.h"
 #include "sampling/sampler.h"
+#include "util/sha256.h"
 
 namespace ember {
 
@@ -53,6 +54,10 @@ struct Sequence {
   bool prompt_logprobs_ready = false;          // complete, not yet sent with an event
   // An embedding request's pooled rows so far (GenerationRequest::pooling); reset on preemption.
   PoolingAccumulator pooled;
+  // The prompt cache's disk tier (engine/prompt_tier.h): chain key of each full block so far
+  // (entry i names blocks 0..i), and how many leading blocks are stored or queued below the pool.
+  std::vector<Sha256Digest> tier_keys;
+  int32_t tier_blocks_stored = 0;
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

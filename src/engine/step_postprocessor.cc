@@ -140,8 +140,10 @@ bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i) {
   Sequence* seq = step.scheduled[i].seq;
   RequestState& state = *seq->request;
   // Blocks of a sequence preempted since the launch are gone; it recomputes them.
-  if (seq->started)
+  if (seq->started) {
     kv_->CommitComputed(seq->id, seq->tokens, step.computed_end[i], state.request.cache_namespace);
+    if (tier_ != nullptr) tier_->CommitComputed(*seq, step.computed_end[i], *kv_);
+  }
   sequences_->MarkAdmitted(state);
   const bool prompt_done = step.computed_end[i] >= seq->prompt_len;
   if (seq->sample_index == 0 && prompt_done) state.prompt_prefilled = true;
