@@ -154,9 +154,15 @@ int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
 }
 
 EngineStats Engine::Stats() const {
-  MutexLock lock(&mu_);
-  EngineStats s = published_;
+  EngineStats s;
+  {
+    MutexLock lock(&mu_);
+    s = published_;
+  }
   s.num_queued = num_queued_.load();
+  // The disk tier's writer runs between steps too: its counters are read now, not at the last
+  // step (the tier object lives as long as the engine; its store is thread-safe).
+  if (tier_ != nullptr) PromptTier::DiskStats(tier_->disk(), &s.prompt_cache);
   return s;
 }
 

@@ -158,19 +158,16 @@ void PromptTier::CommitComputed(Sequence& seq, int32_t num_computed,
   seq.tier_blocks_stored = j;
 }
 
-PromptCacheStats PromptTier::Stats() const {
-  const prompt_cache::DiskStoreStats d = disk_->Stats();
-  PromptCacheStats s;
+void PromptTier::DiskStats(const prompt_cache::DiskStore& disk, PromptCacheStats* out) {
+  const prompt_cache::DiskStoreStats d = disk.Stats();
+  PromptCacheStats& s = *out;
   s.enabled = true;
   s.records = d.records;
   s.bytes = d.bytes;
   s.capacity_bytes = d.capacity_bytes;
   s.queued_bytes = d.queued_bytes;
-  s.lookups = lookups_;
-  s.lookup_misses = lookup_misses_;
   s.hits = d.hits;
   s.misses = d.misses;
-  s.promotions = promoted_blocks_;
   s.evictions = d.evictions;
   s.writes = d.writes;
   s.write_drops = d.write_drops;
@@ -179,6 +176,14 @@ PromptCacheStats PromptTier::Stats() const {
   s.stale_temps_removed = d.stale_temps_removed;
   s.bytes_read = d.bytes_read;
   s.bytes_written = d.bytes_written;
+}
+
+PromptCacheStats PromptTier::Stats() const {
+  PromptCacheStats s;
+  DiskStats(*disk_, &s);
+  s.lookups = lookups_;
+  s.lookup_misses = lookup_misses_;
+  s.promotions = promoted_blocks_;
   s.loads = loads_;
   s.recomputes = recomputes_;
   s.read_bytes_per_s = ReadBytesPerSecond();

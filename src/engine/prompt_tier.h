@@ -62,7 +62,10 @@ class PromptTier {
   // The disk's counters with this tier's decisions and rates. Any thread for the disk's part;
   // the decision counters are the engine thread's (the engine publishes them each step).
   PromptCacheStats Stats() const;
+  // The disk's fields of PromptCacheStats, now (any thread: the store's counters are its own).
+  static void DiskStats(const prompt_cache::DiskStore& disk, PromptCacheStats* out);
   prompt_cache::DiskStore& disk() { return *disk_; }
+  const prompt_cache::DiskStore& disk() const { return *disk_; }
 
  private:
   // Computes seq's chain keys up to `num_blocks` blocks (stops at a token not yet known).

@@ -47,15 +47,20 @@ describe('prompt cache disk tier (tinystories-656k)', { skip: skip ?? false }, (
 
   test('kill -9 leaves a directory the next server uses', async () => {
     let server = await startServer(tinyStoriesDir, args());
-    const other = await ask(server.client(), { prompt: PROMPT + ' The end.', cache_salt: 'k9' });
-    // Let the writer finish (kill -9 mid-write is the fault-injection tests' business: a torn
-    // record is a temp file, removed at start-up), then kill without any shutdown.
-    assert.ok(await waitFor(async () => {
-      const d = (await getJson(server.baseURL, '/stats')).json.prompt_cache.tiers.disk;
-      return d.queued_bytes === 0 && d.writes > 0;
-    }));
-    server.proc.kill('SIGKILL');
-    await server.exited;
+    let other, written;
+    try {
+      other = await ask(server.client(), { prompt: PROMPT + ' The end.', cache_salt: 'k9' });
+      // Let the writer finish (kill -9 mid-write is the fault-injection tests' business: a torn
+      // record is a temp file, removed at start-up), then kill without any shutdown.
+      written = await waitFor(async () => {
+        const d = (await getJson(server.baseURL, '/stats')).json.prompt_cache.tiers.disk;
+        return d.queued_bytes === 0 && d.writes > 0;
+      });
+    } finally {
+      server.proc.kill('SIGKILL');
+      await server.exited;
+    }
+    assert.ok(written);
     server = await startServer(tinyStoriesDir, args());
     try {
       const again = await ask(server.client(), { prompt: PROMPT + ' The end.', cache_salt: 'k9' });
