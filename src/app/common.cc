@@ -95,6 +95,14 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                "the served context in tokens, at most the model's and what the KV cache holds "
                "(default 0: the model's, capped to the KV cache)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
+  flags.AddString("--prompt-cache-dir", &prompt_cache_dir,
+                  "keep full prompt KV blocks on disk in DIR (a subfolder per model fingerprint), "
+                  "so a restart or a pool eviction does not recompute long prompts; needs "
+                  "--prompt-cache-disk-bytes");
+  flags.AddInt("--prompt-cache-disk-bytes", &prompt_cache_disk_bytes,
+               "byte cap of --prompt-cache-dir (least recently used blocks are evicted first)");
+  flags.AddInt("--prompt-cache-ram-bytes", &prompt_cache_ram_bytes,
+               "host-RAM tier between a GPU's KV pool and the disk: not built yet (refused)");
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
                 "step whose tokens need no host work launches first)");
@@ -180,6 +188,9 @@ EngineConfig EngineFlags::Config() const {
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
   c.speculation.draft_model = draft_model;
+  c.prompt_cache.dir = prompt_cache_dir;
+  c.prompt_cache.disk_bytes = prompt_cache_disk_bytes;
+  c.prompt_cache.ram_bytes = prompt_cache_ram_bytes;
   return c;
 }
 
@@ -195,6 +206,8 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
     return Status::Error("--max-model-len: must be in [0, 2^30] (0: the model's context)");
   if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
   EMBER_RETURN_IF_ERROR(flags.CheckSpeculation());
+  if (flags.prompt_cache_disk_bytes < 0 || flags.prompt_cache_ram_bytes < 0)
+    return Status::Error("--prompt-cache-disk-bytes / --prompt-cache-ram-bytes: must be >= 0");
   EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());
   LoadedModel lm;
   // The tokenizer first (cheap): a broken one fails before the weights load.

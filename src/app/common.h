@@ -47,6 +47,8 @@ struct EngineFlags {
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
+  std::string prompt_cache_dir;  // --prompt-cache-dir
+  int64_t prompt_cache_disk_bytes = 0, prompt_cache_ram_bytes = 0;
   bool no_overlap = false;
   std::string spec_method = "none";  // --spec-method none|ngram|draft
   std::string draft_model;           // --draft-model DIR

@@ -76,6 +76,14 @@ void Backend::MoeMlp(const Tensor&, const MoeExperts&, Tensor) {
   CHECK(false) << "backend " << name() << " has no MoeMlp";
 }
 
+Status Backend::CopyKvBlockToHost(int32_t /*block_id*/, std::span<uint8_t> /*out*/) {
+  return Status::Error("the " + name() + " backend cannot copy KV blocks to host memory");
+}
+
+Status Backend::CopyKvBlockFromHost(int32_t /*block_id*/, std::span<const uint8_t> /*in*/) {
+  return Status::Error("the " + name() + " backend cannot copy KV blocks from host memory");
+}
+
 void Backend::MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts) {
   CHECK_LE(parts.size(), kMaxMatMulGroupParts);
   for (const MatMulPart& part : parts) MatMul(x, *part.weight, part.bias, part.out);

@@ -178,6 +178,17 @@ class Backend {
                                 int32_t num_kv_heads, int32_t head_dim) = 0;
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
   virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
+  // ---- KV blocks to and from host memory (the prompt cache's tiers below the pool) ----
+  // Bytes of one block's K/V over every layer, as the two copies below lay them out: for each
+  // layer in order its K rows then its V rows of the block, each [block_size, num_kv_heads,
+  // head_dim] of KvElementBytes. 0 when the pool is not allocated or the backend has no copies.
+  virtual int64_t KvBlockBytes() const { return 0; }
+  // Copies block `block_id` of the pool into `out` [KvBlockBytes()], after every op enqueued so
+  // far; returns once `out` is filled.
+  virtual Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out);
+  // Writes `in` [KvBlockBytes()] into block `block_id` of the pool, after every op enqueued so far
+  // and before every later one; `in` may be reused once it returns.
+  virtual Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
   // Builds a cos/sin table; returns its id for Rope().
   virtual Result<int32_t> CreateRope(const RopeSpec& spec) = 0;
 

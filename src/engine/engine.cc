@@ -4,8 +4,44 @@
 
 #include "engine/clock.h"
 #include "util/log.h"
+#include "util/sha256.h"
 
 namespace ember {
+
+namespace {
+
+// The disk tier's store for this model (null without --prompt-cache-dir). Opened after the KV
+// pool is allocated: the block size and bytes per block are the pool's.
+Result<std::unique_ptr<prompt_cache::DiskStore>> OpenPromptCacheDisk(const Model& model,
+                                                                      const EngineConfig& config) {
+  const PromptCacheConfig& pc = config.prompt_cache;
+  if (pc.ram_bytes > 0)
+    return Status::Error(
+        "--prompt-cache-ram-bytes: the host-RAM tier is not built yet (on the CPU the KV pool "
+        "already is host RAM: raise --kv-cache-bytes; for restarts use --prompt-cache-dir)");
+  if (pc.dir.empty()) {
+    if (pc.disk_bytes > 0)
+      return Status::Error("--prompt-cache-disk-bytes: needs --prompt-cache-dir");
+    return std::unique_ptr<prompt_cache::DiskStore>();
+  }
+  if (!config.enable_prefix_caching)
+    return Status::Error("--prompt-cache-dir: needs the prefix cache (drop --no-prefix-cache)");
+  if (model.KvBlockBytes() <= 0)
+    return Status::Error("--prompt-cache-dir: this backend cannot copy KV blocks to host memory");
+  prompt_cache::DiskStoreConfig disk;
+  disk.dir = pc.dir;
+  disk.max_bytes = pc.disk_bytes;
+  disk.block_size = config.block_size;
+  disk.payload_bytes = model.KvBlockBytes();
+  disk.max_queue_bytes = pc.max_queue_bytes;
+  disk.fingerprint_text = model.KvFingerprint() + "block_size " +
+                          std::to_string(config.block_size) + " record format " +
+                          std::to_string(prompt_cache::kFormatVersion) + "\n";
+  disk.fingerprint = Sha256Of(disk.fingerprint_text);
+  return prompt_cache::DiskStore::Open(disk);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested,
                                                std::unique_ptr<DraftSource> draft_source) {
@@ -15,12 +51,23 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks));
-  return std::unique_ptr<Engine>(
-      new Engine(model, sizing, std::move(runner), std::move(draft_source)));
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<prompt_cache::DiskStore> disk,
+                         OpenPromptCacheDisk(*model, sizing.config));
+  return std::unique_ptr<Engine>(new Engine(model, sizing, std::move(runner),
+                                            std::move(draft_source), std::move(disk)));
+}
+
+uint64_t Engine::CacheNamespaceOf(uint64_t ns, const std::string& cache_salt) {
+  if (cache_salt.empty()) return ns;
+  const Sha256Digest d = Sha256().UpdateU64(ns).Update(cache_salt).Finish();
+  uint64_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= static_cast<uint64_t>(d[static_cast<size_t>(i)]) << (8 * i);
+  return out;
 }
 
 Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
-               std::unique_ptr<DraftSource> draft_source)
+               std::unique_ptr<DraftSource> draft_source,
+               std::unique_ptr<prompt_cache::DiskStore> disk)
     : model_(model),
       config_(sizing.config),
       num_blocks_(sizing.num_blocks),
@@ -37,6 +84,13 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
                  speculator_.enabled() ? config_.speculation.num_spec_tokens : 0),
       builder_(config_, &runner_, &kv_, &counters_),
       postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
+  if (disk != nullptr) {
+    tier_ = std::make_unique<PromptTier>(std::move(disk), config_.prompt_cache.reuse, &runner_,
+                                         &counters_);
+    scheduler_.set_prompt_tier(tier_.get());
+    postprocessor_.set_prompt_tier(tier_.get());
+    counters_.prompt_cache = tier_->Stats();
+  }
   counters_.kv_blocks_total = num_blocks_;
   counters_.block_size = config_.block_size;
   published_ = counters_;
@@ -67,6 +121,7 @@ RequestLimits Engine::Limits() const {
 
 Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   if (auto error = ValidateRequest(request, Limits())) return *error;
+  request.cache_namespace = CacheNamespaceOf(request.cache_namespace, request.cache_salt);
   auto state = std::make_shared<RequestState>();
   state->stream = std::make_shared<ResponseStream>(request.n);
   state->stop_ids = request.stop_token_ids;
@@ -95,10 +150,27 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   return state->stream;
 }
 
+int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
+  const std::optional<uint64_t> ns =
+      cache_salt ? std::optional<uint64_t>(CacheNamespaceOf(0, *cache_salt)) : std::nullopt;
+  {
+    MutexLock lock(&mu_);
+    pool_clears_.push_back(ns);
+  }
+  cv_.NotifyAll();
+  return tier_ != nullptr ? tier_->Clear(ns) : 0;
+}
+
 EngineStats Engine::Stats() const {
-  MutexLock lock(&mu_);
-  EngineStats s = published_;
+  EngineStats s;
+  {
+    MutexLock lock(&mu_);
+    s = published_;
+  }
   s.num_queued = num_queued_.load();
+  // The disk tier's writer runs between steps too: its counters are read now, not at the last
+  // step (the tier object lives as long as the engine; its store is thread-safe).
+  if (tier_ != nullptr) PromptTier::DiskStats(tier_->disk(), &s.prompt_cache);
   return s;
 }
 
@@ -131,6 +203,7 @@ void Engine::Loop() {
 bool Engine::TakeWork() {
   bool stop_now = false;
   std::deque<std::shared_ptr<RequestState>> incoming;
+  std::vector<std::optional<uint64_t>> clears;
   {
     MutexLock lock(&mu_);
     if (sequences_.empty() && !in_flight_) {
@@ -138,7 +211,9 @@ bool Engine::TakeWork() {
     }
     if (stopping_ && (!drain_ || (sequences_.empty() && inbox_.empty()))) stop_now = true;
     incoming.swap(inbox_);
+    clears.swap(pool_clears_);
   }
+  for (const std::optional<uint64_t>& ns : clears) kv_.DropCached(ns);
   for (const std::shared_ptr<RequestState>& state : incoming) sequences_.Add(state);
   if (stop_now) sequences_.CancelAll();
   sequences_.ReapCancelled();
@@ -198,6 +273,7 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.kv_blocks_cached = kv_.NumCachedBlocks();
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  if (tier_ != nullptr) counters_.prompt_cache = tier_->Stats();
   {
     MutexLock lock(&mu_);
     published_ = counters_;

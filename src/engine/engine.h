@@ -14,13 +14,16 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "engine/engine_config.h"
 #include "engine/engine_limits.h"
 #include "engine/live_sequences.h"
 #include "engine/model_runner.h"
+#include "engine/prompt_tier.h"
 #include "engine/request.h"
 #include "engine/response_stream.h"
 #include "engine/scheduler.h"
@@ -51,6 +54,15 @@ class Engine {
   void Shutdown(bool drain) EXCLUDES(mu_);
 
   EngineStats Stats() const EXCLUDES(mu_);
+
+  // Drops cached prompt KV (POST /v1/cache/clear): of every namespace (nullopt), or of the
+  // namespace of requests with this cache_salt. The disk tier's records go at once (returned:
+  // how many); the pool's cached blocks before the engine's next step. Any thread.
+  int64_t ClearPromptCache(std::optional<std::string> cache_salt) EXCLUDES(mu_);
+  // The prefix-cache namespace of a request with this namespace and cache_salt (Submit applies
+  // it): `ns` itself without a salt, else a 64-bit digest of both.
+  static uint64_t CacheNamespaceOf(uint64_t ns, const std::string& cache_salt);
+  bool has_prompt_cache_disk() const { return tier_ != nullptr; }
   int32_t context_length() const { return context_length_; }
   int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
   int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -62,13 +74,16 @@ class Engine {
 
  private:
   Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
-         std::unique_ptr<DraftSource> draft_source);
+         std::unique_ptr<DraftSource> draft_source,
+         std::unique_ptr<prompt_cache::DiskStore> disk);
   RequestLimits Limits() const;
   void Loop();
   // Waits while there is nothing to do, takes the inbox, ends cancelled sequences. False: stop.
   bool TakeWork() EXCLUDES(mu_);
   // True when the engine thread has something to take: a new request or a stop.
-  bool HasIncoming() const REQUIRES(mu_) { return !inbox_.empty() || stopping_; }
+  bool HasIncoming() const REQUIRES(mu_) {
+    return !inbox_.empty() || stopping_ || !pool_clears_.empty();
+  }
   // Schedules the next step; on an empty plan finishes what is in flight (or waits a little).
   std::optional<StepPlan> ScheduleStep() EXCLUDES(mu_);
   bool Launch(StepBatch& step);  // false: the launch failed and the step was failed
@@ -93,6 +108,7 @@ class Engine {
   LiveSequences sequences_;
   StepBuilder builder_;
   StepPostprocessor postprocessor_;
+  std::unique_ptr<PromptTier> tier_;    // the disk tier (--prompt-cache-dir), or null
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet
 
   // Shared with callers: mu_ guards the members marked GUARDED_BY(mu_); cv_ (with mu_) wakes the
@@ -106,6 +122,8 @@ class Engine {
   uint64_t next_request_id_ GUARDED_BY(mu_) = 1;
   std::atomic<int32_t> num_queued_{0};
   EngineStats published_ GUARDED_BY(mu_);  // snapshot for Stats()
+  // ClearPromptCache's requests for the pool (nullopt: every namespace), applied by TakeWork.
+  std::vector<std::optional<uint64_t>> pool_clears_ GUARDED_BY(mu_);
   // Started by the constructor, joined by Shutdown (callers must not race Shutdown with ~Engine).
   std::thread thread_;
 };

@@ -24,6 +24,19 @@ struct SpeculationConfig {
   std::string draft_model;  // kDraft's checkpoint (--draft-model)
 };
 
+// The prompt cache below the KV pool (engine/prompt_tier.h, prompt_cache/disk_store.h).
+struct PromptCacheConfig {
+  std::string dir;         // --prompt-cache-dir: the disk tier's directory; empty: no disk tier
+  int64_t disk_bytes = 0;  // --prompt-cache-disk-bytes: its cap (> 0 with dir)
+  // --prompt-cache-ram-bytes: a host-RAM tier between a device pool and the disk. Not built yet:
+  // any value > 0 is refused at Engine::Create (on the CPU the pool already is host RAM).
+  int64_t ram_bytes = 0;
+  // kCostAware: load a disk hit only when the measured read rate beats the measured prefill rate;
+  // kAlways: load every hit (tests, benchmarks).
+  enum class Reuse { kCostAware, kAlways } reuse = Reuse::kCostAware;
+  int64_t max_queue_bytes = int64_t{256} << 20;  // writes waiting for the disk; beyond: dropped
+};
+
 struct EngineConfig {
   // 0 in either of the two limits below: the device's default (ResolveEngineLimits).
   int32_t max_running = 64;          // sequences decoded together (--max-batch)
@@ -51,7 +64,31 @@ struct EngineConfig {
   // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
   int64_t prompt_logits_bytes = int64_t{64} << 20;
   SpeculationConfig speculation;
+  PromptCacheConfig prompt_cache;
 };
+
+// The disk tier's counters (PromptTier::Stats). Blocks are full KV blocks (block_size tokens).
+struct PromptCacheStats {
+  // The last cost decision: load from disk (rates measured, or not yet), or recompute.
+  enum class Choice : uint8_t { kNone, kLoad, kLoadUnmeasured, kRecompute };
+  bool enabled = false;
+  int64_t records = 0, bytes = 0, capacity_bytes = 0, queued_bytes = 0;
+  int64_t lookups = 0;         // admissions that looked past the pool's hit
+  int64_t lookup_misses = 0;   // ... and found no next block on disk
+  int64_t hits = 0;            // blocks read and verified
+  int64_t misses = 0;          // blocks read that were gone (evicted between lookup and read)
+  int64_t promotions = 0;      // blocks copied into the pool (counted as computed)
+  int64_t evictions = 0, writes = 0, write_drops = 0, write_errors = 0;
+  int64_t corrupt_dropped = 0, stale_temps_removed = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+  int64_t loads = 0, recomputes = 0;  // cost decisions
+  double read_bytes_per_s = 0, prefill_tokens_per_s = 0;  // measured so far (0: not yet)
+  // The last decision: its choice and the rates it compared.
+  Choice last_choice = Choice::kNone;
+  double last_read_bytes_per_s = 0, last_prefill_tokens_per_s = 0;
+};
+// "none", "load", "load_unmeasured", "recompute".
+const char* PromptCacheChoiceName(PromptCacheStats::Choice choice);
 
 // Who counts what: LiveSequences the requests and tokens (requests_*, prompt_tokens,
 // generated_tokens), ModelRunner the launches (steps, computed_tokens, forward_ns,
@@ -81,6 +118,7 @@ struct EngineStats {
   int64_t sampled_seq_steps = 0, sampled_tokens = 0;
   // Speculative decoding: sequence-steps that verified drafts, tokens drafted, drafts accepted.
   int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir
 };
 
 }  // namespace ember

@@ -12,12 +12,13 @@
 
 #include "backend/batch_plan.h"
 #include "engine/engine_config.h"
+#include "engine/prompt_tier.h"  // KvBlockIo
 #include "model/model.h"
 #include "util/status.h"
 
 namespace ember {
 
-class ModelRunner {
+class ModelRunner : public KvBlockIo {
  public:
   // Allocates the KV pool (num_blocks for the sequences, one more for the padding rows), picks
   // the graph buckets this engine can use and warms them up (WarmUpDecodeGraphs). `model` must
@@ -46,6 +47,14 @@ class ModelRunner {
   Status Launch(const BatchPlan& batch, const StepOutputs& outputs, bool decode_only);
   // Waits for the oldest deferred step's ids (Model::WaitIds); its time counts as forward time.
   Status WaitIds(bool decode_only);
+  // KvBlockIo: the prompt cache's block copies (Model::CopyKvBlockToHost / FromHost), ordered
+  // after every step launched so far.
+  Status CopyBlockToHost(int32_t block_id, std::span<uint8_t> out) override {
+    return model_->CopyKvBlockToHost(block_id, out);
+  }
+  Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
+    return model_->CopyKvBlockFromHost(block_id, in);
+  }
 
  private:
   ModelRunner(Model* model, std::vector<int32_t> graph_buckets, int32_t scratch_block)

@@ -28,6 +28,10 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;     // in addition to the model's eos ids
   bool ignore_eos = false;                 // when true the model's eos ids do not stop
   uint64_t cache_namespace = 0;            // prefix-cache namespace (adapter id, later)
+  // Per-request cache isolation (vLLM's cache_salt): only requests with the same salt (and
+  // namespace) share cached KV, in the pool and on disk. Engine::Submit folds it into
+  // cache_namespace (CacheNamespaceOf); the disk keys also digest the salt itself.
+  std::string cache_salt;
   // Structured output: which token may come next (token_constraint.h); each sample runs a clone.
   // Its vocabulary must be the model's. A constrained sample ends ("stop") when it is complete.
   std::shared_ptr<const TokenConstraint> constraint;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/prompt_tier.h"
+
 namespace ember {
 
 bool Scheduler::WaitsForSibling(const Sequence* seq) {
@@ -107,6 +109,10 @@ void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
           looks_up_prefix ? kv_->AcquireCachedPrefix(seq->id, seq->tokens,
                                                      seq->request->request.cache_namespace)
                           : 0;
+      if (looks_up_prefix && tier_ != nullptr) {  // blocks the pool missed, from below it
+        seq->num_computed_tokens =
+            tier_->ExtendCachedPrefix(*seq, seq->num_computed_tokens, *kv_, budget.tokens);
+      }
       seq->started = true;
     }
     int32_t prompt_rows_after = budget.prompt_rows;

@@ -44,9 +44,13 @@ struct StepPlan {
   bool empty() const { return scheduled.empty(); }
 };
 
+class PromptTier;
+
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, kv::KvCacheManager* kv) : config_(config), kv_(kv) {}
+  // The prompt cache below the pool (prompt_tier.h): admission extends a pool hit from it.
+  void set_prompt_tier(PromptTier* tier) { tier_ = tier; }
 
   void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
   // Plans the next step (allocating KV blocks for it). Empty when nothing can run.
@@ -85,6 +89,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   kv::KvCacheManager* kv_;
+  PromptTier* tier_ = nullptr;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: oldest first
   int64_t num_preemptions_ = 0;

@@ -16,6 +16,7 @@
 #include "engine/spec_adapt.h"
 #include "kv/kv_cache_manager.h"
 #include "sampling/sampler.h"
+#include "util/sha256.h"
 
 namespace ember {
 
@@ -63,6 +64,10 @@ struct Sequence {
   std::vector<int32_t> draft;
   bool wants_drafts = false;
   int32_t accepted_drafts = 0, rejected_drafts = 0;  // over its verifications (usage)
+  // The prompt cache's disk tier (engine/prompt_tier.h): chain key of each full block so far
+  // (entry i names blocks 0..i), and how many leading blocks are stored or queued below the pool.
+  std::vector<Sha256Digest> tier_keys;
+  int32_t tier_blocks_stored = 0;
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

@@ -147,8 +147,10 @@ bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i, int32_t 
   Sequence* seq = step.scheduled[i].seq;
   RequestState& state = *seq->request;
   // Blocks of a sequence preempted since the launch are gone; it recomputes them.
-  if (seq->started)
+  if (seq->started) {
     kv_->CommitComputed(seq->id, seq->tokens, computed_end, state.request.cache_namespace);
+    if (tier_ != nullptr) tier_->CommitComputed(*seq, computed_end, *kv_);
+  }
   sequences_->MarkAdmitted(state);
   const bool prompt_done = computed_end >= seq->prompt_len;
   if (seq->sample_index == 0 && prompt_done) state.prompt_prefilled = true;

@@ -19,6 +19,7 @@
 #include "engine/live_sequences.h"
 #include "engine/model_runner.h"
 #include "engine/speculator.h"
+#include "engine/prompt_tier.h"
 #include "engine/step_builder.h"
 #include "kv/kv_cache_manager.h"
 #include "sampling/sampler.h"
@@ -36,6 +37,9 @@ class StepPostprocessor {
         sequences_(sequences),
         speculator_(speculator),
         counters_(counters) {}
+
+  // The prompt cache below the pool (prompt_tier.h): computed blocks are written through to it.
+  void set_prompt_tier(PromptTier* tier) { tier_ = tier; }
 
   // After a successful launch: the step's rows count as computed (the next step is planned
   // before this one completes); each sampled row's token is a placeholder -1 - r (its logits
@@ -82,6 +86,7 @@ class StepPostprocessor {
   LiveSequences* sequences_;
   Speculator* speculator_;
   EngineStats* counters_;
+  PromptTier* tier_ = nullptr;
   std::vector<SampleOutput> row_outputs_;  // [real_rows] host-sampled rows' tokens
   std::vector<uint8_t> host_skip_;         // [real_rows] rows the host sampler leaves alone
 };

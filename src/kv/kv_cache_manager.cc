@@ -176,6 +176,20 @@ void KvCacheManager::Truncate(SeqId seq, int32_t num_tokens) {
   }
 }
 
+int32_t KvCacheManager::DropCached(std::optional<uint64_t> ns) {
+  int32_t dropped = 0;
+  for (int32_t b = 0; b < pool_.num_blocks(); ++b) {
+    if (!cache_.is_cached(b) || (ns && cache_.ns(b) != *ns)) continue;
+    cache_.Evict(b);
+    if (pool_.is_free(b)) {  // uncached free blocks go before cached ones
+      pool_.AddRef(b);
+      pool_.Release(b, BlockPool::FreeEnd::kFront);
+    }
+    ++dropped;
+  }
+  return dropped;
+}
+
 const std::vector<int32_t>& KvCacheManager::BlockTable(SeqId seq) const {
   auto it = seqs_.find(seq);
   CHECK(it != seqs_.end()) << "BlockTable: unknown seq " << seq;

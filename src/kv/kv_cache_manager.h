@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -61,6 +62,11 @@ class KvCacheManager {
   void Truncate(SeqId seq, int32_t num_tokens);
   // Releases seq's references (cached blocks stay revivable in LRU order). Unknown seq: no-op.
   void Free(SeqId seq);
+  // Forgets cached content, of every namespace or of `ns`: free cached blocks become plain free
+  // blocks (front of the free list), blocks in use stay with their sequences but are no longer
+  // found by lookups (a running sequence registers its blocks again as it commits). Returns how
+  // many blocks were forgotten.
+  int32_t DropCached(std::optional<uint64_t> ns);
   // seq's blocks in slot order. CHECKs Has(seq).
   const std::vector<int32_t>& BlockTable(SeqId seq) const;
   bool Has(SeqId seq) const { return seqs_.contains(seq); }

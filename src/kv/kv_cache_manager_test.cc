@@ -363,3 +363,35 @@ TEST(KvCacheManagerDeathTest, AcquireOnASequenceWithBlocksAborts) {
 
 }  // namespace
 }  // namespace ember::kv
+
+namespace ember::kv {
+namespace {
+
+// DropCached (POST /v1/cache/clear): one namespace's free cached blocks become plain free blocks
+// at the front, a running sequence keeps its blocks and registers them again as it commits.
+TEST(KvCacheManagerTest, DropCachedForgetsOneNamespaceOrAll) {
+  KvCacheManager kv(Config(16));
+  RunPrompt(kv, 1, Iota(9), /*ns=*/1);
+  RunPrompt(kv, 2, Iota(9), /*ns=*/2);
+  kv.Free(1);
+  kv.Free(2);
+  EXPECT_EQ(kv.NumCachedBlocks(), 4);
+  EXPECT_EQ(kv.DropCached(uint64_t{1}), 2);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  EXPECT_EQ(kv.PeekCachedPrefix(Iota(9), 1), 0);
+  EXPECT_EQ(kv.PeekCachedPrefix(Iota(9), 2), 8);
+  // A running sequence's blocks: forgotten now, registered again by its next commit.
+  const V longer = Iota(13);
+  EXPECT_EQ(kv.AcquireCachedPrefix(3, longer, 2), 8);
+  ASSERT_TRUE(kv.Allocate(3, 13));
+  EXPECT_EQ(kv.DropCached(std::nullopt), 2);
+  EXPECT_EQ(kv.NumCachedBlocks(), 0);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  kv.CommitComputed(3, longer, 13, 2);
+  EXPECT_EQ(kv.NumCachedBlocks(), 3);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+  EXPECT_EQ(kv.PeekCachedPrefix(longer, 2), 12);
+}
+
+}  // namespace
+}  // namespace ember::kv

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include "backend/cpu/matmul.h"  // ConvertToF32
@@ -19,6 +20,7 @@
 #include "util/log.h"
 #include "util/mapped_file.h"
 #include "util/parallel.h"
+#include "util/sha256.h"
 
 namespace ember {
 namespace {
@@ -384,7 +386,30 @@ struct Checkpoint {
   GenerationDefaults generation;
   std::unique_ptr<WeightStore> weights;
   std::string config_source;  // the file the config came from (for messages)
+  std::string config_digest;  // SHA-256 of config.json's text (HF folders; GGUF: empty)
 };
+
+// The text Model::KvFingerprint digests: what decides the bits of a KV block.
+std::string KvFingerprintText(const ModelConfig& c, const Checkpoint& ckpt,
+                              const WeightStore& weights, const Backend& backend,
+                              const ModelLoadOptions& opts) {
+  std::ostringstream out;
+  out << "ember kv layout " << Model::kKvLayoutVersion
+      << " (per layer K then V rows [block_size, num_kv_heads, head_dim])\n"
+      << "model_type " << c.model_type << " layers " << c.num_layers << " heads " << c.num_heads
+      << " kv_heads " << c.num_kv_heads << " head_dim " << c.head_dim << " hidden "
+      << c.hidden_size << " vocab " << c.vocab_size << " rope " << c.rope.type << " "
+      << c.rope.theta << " " << c.rope.factor << " local " << c.rope_local.theta
+      << " sliding_window " << c.sliding_window << "\n"
+      << "config " << (ckpt.config_digest.empty() ? "(gguf metadata)" : ckpt.config_digest)
+      << "\n"
+      << weights.Fingerprint() << "backend " << backend.name() << " kv_element_bytes "
+      << backend.KvElementBytes(c.head_dim) << " quantize "
+      << (opts.quantize ? DTypeName(*opts.quantize) : "none") << " cpu_bf16_matmul "
+      << opts.cpu_bf16_matmul << " cuda_f32_compute " << opts.cuda_f32_compute
+      << " cuda_batch_invariant " << opts.cuda_batch_invariant << "\n";
+  return out.str();
+}
 
 // A Hugging Face folder: config.json (or opts.config_file), generation_config.json, safetensors.
 Result<Checkpoint> ReadHuggingFaceCheckpoint(const std::string& dir, const ModelLoadOptions& opts) {
@@ -396,6 +421,7 @@ Result<Checkpoint> ReadHuggingFaceCheckpoint(const std::string& dir, const Model
   if (!FileExists(ckpt.config_source)) return Status::Error(ckpt.config_source + ": file not found");
   EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(ckpt.config_source));
   EMBER_ASSIGN_OR_RETURN(ckpt.config, ParseModelConfig(config_text, ckpt.config_source));
+  ckpt.config_digest = HexOf(Sha256Of(config_text));
   const std::string gen_path = dir + "/generation_config.json";
   std::string gen_text;
   if (FileExists(gen_path)) {
@@ -462,6 +488,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   EMBER_RETURN_IF_ERROR(
       LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize,
                   model->impl_.get()));
+  model->kv_fingerprint_ =
+      KvFingerprintText(model->config_, checkpoint, *model->weights_, *model->backend_, opts);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   LOG_INFO << "loaded " << model->impl_->num_parameters << " parameters in " << seconds << " s";
@@ -497,6 +525,16 @@ Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   num_kv_blocks_ = num_blocks;
   kv_block_size_ = block_size;
   return Status::Ok();
+}
+
+int64_t Model::KvBlockBytes() const {
+  return backend_->KvBlockBytes();
+}
+Status Model::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
+  return backend_->CopyKvBlockToHost(block_id, out);
+}
+Status Model::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
+  return backend_->CopyKvBlockFromHost(block_id, in);
 }
 
 Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {

@@ -162,6 +162,19 @@ class Model {
   int64_t NumParameters() const;
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size);  // call once before Forward
   int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
+  // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
+  int64_t KvBlockBytes() const;
+  Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out);
+  Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
+  // What decides the bits of this model's KV blocks, as text: the layout version, the
+  // architecture's shapes, config.json's digest, the weights' (WeightStore::Fingerprint), the
+  // backend, its KV element size and the load options that change results (--quantize,
+  // --cpu-matmul, CUDA modes). The prompt cache digests it (with the block size) so a disk
+  // record is never read by another model, dtype or layout.
+  const std::string& KvFingerprint() const { return kv_fingerprint_; }
+  // Bumped whenever the block layout of CopyKvBlockToHost or the meaning of its bytes changes.
+  static constexpr int kKvLayoutVersion = 1;
   int32_t kv_block_size() const { return kv_block_size_; }
   // One step. logits: [plan.logits_rows.size(), vocab_size] float32, row-major, filled in order.
   Status Forward(const BatchPlan& plan, std::span<float> logits);
@@ -184,6 +197,7 @@ class Model {
   std::unique_ptr<Impl> impl_;
   int32_t num_kv_blocks_ = 0;
   int32_t kv_block_size_ = 0;
+  std::string kv_fingerprint_;
   // Per logits row of the last Forward: whether it made an id that a fed token may name.
   std::vector<uint8_t> made_ids_;
 };

@@ -4,8 +4,11 @@
 #include <cstring>
 #include <memory>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "util/sha256.h"
 
 namespace ember {
 
@@ -187,6 +190,56 @@ std::vector<std::string> WeightStore::Names() const {
   std::vector<std::string> names;
   for (const auto& [name, view] : tensors_) names.push_back(name);
   return names;
+}
+
+namespace {
+// SHA-256 (hex) of up to 64 KiB at the start, the middle and the end of `bytes`.
+std::string SampleDigest(std::span<const uint8_t> bytes) {
+  constexpr size_t kSample = size_t{64} << 10;
+  Sha256 h;
+  if (bytes.size() <= 3 * kSample) {
+    h.Update(bytes);
+  } else {
+    h.Update(bytes.first(kSample));
+    h.Update(bytes.subspan(bytes.size() / 2 - kSample / 2, kSample));
+    h.Update(bytes.last(kSample));
+  }
+  return HexOf(h.Finish());
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+}  // namespace
+
+std::string WeightStore::Fingerprint() const {
+  std::ostringstream out;
+  for (const MappedFile& f : files_) {
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, f.data(), 8);  // validated by AddFile
+    const auto header = f.bytes().first(8 + static_cast<size_t>(header_len));
+    out << "weights " << BaseName(f.path()) << " " << f.size() << " header "
+        << HexOf(Sha256().Update(header).Finish()) << " data "
+        << SampleDigest(f.bytes().subspan(header.size())) << "\n";
+  }
+  if (files_.empty()) {
+    out << "weights " << BaseName(where_) << " " << view_file_bytes_ << "\n";
+    Sha256 layout;
+    for (const auto& [name, view] : tensors_) {
+      layout.Update(name).Update(DTypeName(view.dtype));
+      for (int64_t d : view.shape) layout.UpdateU64(static_cast<uint64_t>(d));
+    }
+    out << "tensors " << HexOf(layout.Finish());
+    size_t i = 0;
+    for (const auto& [name, view] : tensors_) {  // the first, the middle and the last tensor
+      if (i == 0 || i == tensors_.size() / 2 || i + 1 == tensors_.size())
+        out << " " << SampleDigest({static_cast<const uint8_t*>(view.data), view.nbytes});
+      ++i;
+    }
+    out << "\n";
+  }
+  return out.str();
 }
 
 int64_t WeightStore::total_file_bytes() const {

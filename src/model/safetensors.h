@@ -51,6 +51,12 @@ class WeightStore {
   Result<TensorView> GetPacked(const std::string& name, std::vector<int64_t> shape) const;
   std::vector<std::string> Names() const;
   int64_t total_file_bytes() const;
+  // Lines that identify these weights for the prompt cache's model fingerprint, without reading
+  // them all: per safetensors file its name, size, a SHA-256 of its header and of three 64 KiB
+  // samples of its data (start, middle, end: two fine-tunes of one base share names, sizes and
+  // headers, not bytes); for views (GGUF) the file's name and size, every tensor's name, dtype
+  // and shape, and samples of three tensors' data.
+  std::string Fingerprint() const;
 
  private:
   Status AddFile(const std::string& path);

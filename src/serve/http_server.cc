@@ -201,6 +201,40 @@ class LeasedResponse final : public AsyncResponse {
   std::unique_ptr<AsyncResponse> inner_;
 };
 
+// A library's models each have their own disk tier directory: their counters add up; the last
+// decision shown is any model's.
+void AddPromptCacheStats(const PromptCacheStats& s, PromptCacheStats* total) {
+  if (!s.enabled) return;
+  total->enabled = true;
+  for (auto [sum, value] : {std::pair{&total->records, s.records},
+                            {&total->bytes, s.bytes},
+                            {&total->capacity_bytes, s.capacity_bytes},
+                            {&total->queued_bytes, s.queued_bytes},
+                            {&total->lookups, s.lookups},
+                            {&total->lookup_misses, s.lookup_misses},
+                            {&total->hits, s.hits},
+                            {&total->misses, s.misses},
+                            {&total->promotions, s.promotions},
+                            {&total->evictions, s.evictions},
+                            {&total->writes, s.writes},
+                            {&total->write_drops, s.write_drops},
+                            {&total->write_errors, s.write_errors},
+                            {&total->corrupt_dropped, s.corrupt_dropped},
+                            {&total->stale_temps_removed, s.stale_temps_removed},
+                            {&total->bytes_read, s.bytes_read},
+                            {&total->bytes_written, s.bytes_written},
+                            {&total->loads, s.loads},
+                            {&total->recomputes, s.recomputes}})
+    *sum += value;
+  if (s.last_choice != PromptCacheStats::Choice::kNone) {
+    total->last_choice = s.last_choice;
+    total->last_read_bytes_per_s = s.last_read_bytes_per_s;
+    total->last_prefill_tokens_per_s = s.last_prefill_tokens_per_s;
+  }
+  total->read_bytes_per_s = std::max(total->read_bytes_per_s, s.read_bytes_per_s);
+  total->prefill_tokens_per_s = std::max(total->prefill_tokens_per_s, s.prefill_tokens_per_s);
+}
+
 void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->requests_submitted += s.requests_submitted;
   total->requests_finished += s.requests_finished;
@@ -231,6 +265,7 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->spec_verify_steps += s.spec_verify_steps;
   total->spec_draft_tokens += s.spec_draft_tokens;
   total->spec_accepted_tokens += s.spec_accepted_tokens;
+  AddPromptCacheStats(s.prompt_cache, &total->prompt_cache);
 }
 
 // The body's `model` when it is a string ("" otherwise: the schema names a wrong type).

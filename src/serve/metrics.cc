@@ -25,6 +25,80 @@ void Counter(const std::string& name, const std::string& help, double value, std
 
 double Ratio(int64_t num, int64_t den) { return den > 0 ? double(num) / double(den) : 0.0; }
 
+// One metric of the disk tier, labelled tier="disk" (the pool's are the kv/prefix metrics).
+void Tier(const char* type, const std::string& name, const std::string& help, double value,
+          std::string* out) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name +
+          "{tier=\"disk\"} " + Fmt(value) + "\n";
+}
+
+// The prompt cache below the pool (--prompt-cache-dir): nothing when it is off.
+void AppendPromptCache(const PromptCacheStats& p, std::string* out) {
+  if (!p.enabled) return;
+  Tier("gauge", "ember_prompt_cache_bytes", "Bytes of KV blocks stored in the tier.", p.bytes, out);
+  Tier("gauge", "ember_prompt_cache_capacity_bytes", "The tier's byte cap.", p.capacity_bytes, out);
+  Tier("gauge", "ember_prompt_cache_blocks", "KV blocks stored in the tier.", p.records, out);
+  Tier("counter", "ember_prompt_cache_hits_total", "Blocks read from the tier and verified.",
+       p.hits, out);
+  Tier("counter", "ember_prompt_cache_misses_total",
+       "Admissions that looked in the tier past the pool's hit and found no block.",
+       p.lookup_misses, out);
+  Tier("counter", "ember_prompt_cache_promotions_total",
+       "Blocks copied from the tier into the KV pool.", p.promotions, out);
+  Tier("counter", "ember_prompt_cache_evictions_total", "Blocks evicted to stay under the cap.",
+       p.evictions, out);
+  Tier("counter", "ember_prompt_cache_read_bytes_total", "Bytes read from the tier.", p.bytes_read,
+       out);
+  Tier("counter", "ember_prompt_cache_written_bytes_total", "Bytes written to the tier.",
+       p.bytes_written, out);
+  Tier("counter", "ember_prompt_cache_corrupt_dropped_total",
+       "Records refused (size, header, tokens or checksum) and removed.", p.corrupt_dropped, out);
+  Tier("counter", "ember_prompt_cache_write_drops_total",
+       "Blocks not written because the write queue was full.", p.write_drops, out);
+  Tier("counter", "ember_prompt_cache_write_errors_total", "Writes that failed.", p.write_errors,
+       out);
+  *out += "# HELP ember_prompt_cache_reuse_decisions_total Disk hits loaded or recomputed, by "
+          "the measured rates.\n# TYPE ember_prompt_cache_reuse_decisions_total counter\n"
+          "ember_prompt_cache_reuse_decisions_total{choice=\"load\"} " +
+          Fmt(static_cast<double>(p.loads)) +
+          "\nember_prompt_cache_reuse_decisions_total{choice=\"recompute\"} " +
+          Fmt(static_cast<double>(p.recomputes)) + "\n";
+}
+
+nlohmann::json PromptCacheJson(const EngineStats& e) {
+  const PromptCacheStats& p = e.prompt_cache;
+  nlohmann::json tiers = {
+      {"pool", {{"blocks_cached", e.kv_blocks_cached}, {"hit_tokens", e.prefix_hit_tokens},
+                {"query_tokens", e.prefix_query_tokens}}}};
+  if (!p.enabled) return {{"tiers", tiers}};
+  tiers["disk"] = {{"blocks", p.records},
+                   {"bytes", p.bytes},
+                   {"capacity_bytes", p.capacity_bytes},
+                   {"queued_bytes", p.queued_bytes},
+                   {"lookups", p.lookups},
+                   {"misses", p.lookup_misses},
+                   {"hits", p.hits},
+                   {"gone_on_read", p.misses},
+                   {"promotions", p.promotions},
+                   {"evictions", p.evictions},
+                   {"writes", p.writes},
+                   {"write_drops", p.write_drops},
+                   {"write_errors", p.write_errors},
+                   {"corrupt_dropped", p.corrupt_dropped},
+                   {"stale_temps_removed", p.stale_temps_removed},
+                   {"bytes_read", p.bytes_read},
+                   {"bytes_written", p.bytes_written}};
+  return {{"tiers", tiers},
+          {"reuse",
+           {{"loads", p.loads},
+            {"recomputes", p.recomputes},
+            {"read_bytes_per_s", p.read_bytes_per_s},
+            {"prefill_tokens_per_s", p.prefill_tokens_per_s},
+            {"last_choice", PromptCacheChoiceName(p.last_choice)},
+            {"last_read_bytes_per_s", p.last_read_bytes_per_s},
+            {"last_prefill_tokens_per_s", p.last_prefill_tokens_per_s}}}};
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -198,6 +272,7 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
         Ratio(e.kv_blocks_used, e.kv_blocks_total), &out);
   Gauge("ember_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / queried.",
         Ratio(e.prefix_hit_tokens, e.prefix_query_tokens), &out);
+  AppendPromptCache(e.prompt_cache, &out);
   ttft_.AppendPrometheus("ember_time_to_first_token_seconds",
                          "Request arrival to its first generated token.", &out);
   itl_.AppendPrometheus("ember_inter_token_latency_seconds",
@@ -249,6 +324,7 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
        {{"query_tokens", e.prefix_query_tokens},
         {"hit_tokens", e.prefix_hit_tokens},
         {"hit_rate", Ratio(e.prefix_hit_tokens, e.prefix_query_tokens)}}},
+      {"prompt_cache", PromptCacheJson(e)},
       {"latency_seconds",
        {{"time_to_first_token", ttft_.ToJson()},
         {"inter_token", itl_.ToJson()},

@@ -55,6 +55,43 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_EQ(j["engine"]["decode_padding_rows"], 6);
   EXPECT_EQ(j["engine"]["overlapped_steps"], 9);
   EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
+  // No disk tier: no disk metrics, and /stats shows the pool only.
+  EXPECT_EQ(text.find("ember_prompt_cache_"), std::string::npos);
+  EXPECT_FALSE(j["prompt_cache"]["tiers"].contains("disk"));
+}
+
+TEST(MetricsTest, PromptCacheDiskTier) {
+  Metrics m;
+  EngineStats e;
+  e.kv_blocks_cached = 4;
+  PromptCacheStats& p = e.prompt_cache;
+  p.enabled = true;
+  p.bytes = 4096;
+  p.records = 2;
+  p.hits = 5;
+  p.lookup_misses = 1;
+  p.promotions = 5;
+  p.evictions = 3;
+  p.bytes_read = 10240;
+  p.bytes_written = 8192;
+  p.corrupt_dropped = 2;
+  p.loads = 4;
+  p.recomputes = 1;
+  p.last_choice = PromptCacheStats::Choice::kRecompute;
+  const std::string text = m.Prometheus(e);
+  EXPECT_NE(text.find("ember_prompt_cache_bytes{tier=\"disk\"} 4096\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_hits_total{tier=\"disk\"} 5\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_misses_total{tier=\"disk\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_evictions_total{tier=\"disk\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_corrupt_dropped_total{tier=\"disk\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_reuse_decisions_total{choice=\"recompute\"} 1\n"),
+            std::string::npos);
+  const nlohmann::json j = m.Json(e)["prompt_cache"];
+  EXPECT_EQ(j["tiers"]["pool"]["blocks_cached"], 4);
+  EXPECT_EQ(j["tiers"]["disk"]["bytes_written"], 8192);
+  EXPECT_EQ(j["tiers"]["disk"]["promotions"], 5);
+  EXPECT_EQ(j["reuse"]["last_choice"], "recompute");
 }
 
 }  // namespace

@@ -230,6 +230,13 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
   EMBER_RETURN_IF_API_ERROR(ParseStop(r, limits, &p->stop));
   EMBER_RETURN_IF_API_ERROR(r.Bool("ignore_eos", &p->ignore_eos));
   EMBER_RETURN_IF_API_ERROR(r.Bool("speculative_decoding", &p->speculative_decoding));
+  if (r.Peek("cache_salt") != nullptr) {
+    EMBER_RETURN_IF_API_ERROR(r.String("cache_salt", &p->cache_salt));
+    if (p->cache_salt.empty() || p->cache_salt.size() > kMaxCacheSaltBytes)
+      return InvalidRequest(r.Path("cache_salt") + ": must be a non-empty string of at most " +
+                                std::to_string(kMaxCacheSaltBytes) + " bytes",
+                            r.Path("cache_salt"));
+  }
   std::optional<int32_t> n;
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);

@@ -35,6 +35,7 @@ using RequestJson = nlohmann::ordered_json;
 // Arrays and objects a request body (or an `ember batch` line) may nest: deeper is a 400 before
 // the body is parsed (ParseOrderedJsonBounded), so no recursion ever meets client nesting.
 inline constexpr int kMaxBodyDepth = 64;
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 // Fields shared by chat and completions: the sampling request (request_sampling.h; unset
 // optionals fall back to the model's defaults there) and the fields around it.
@@ -56,6 +57,9 @@ struct CommonParams : SamplingRequest {
   // --spec-method applies otherwise; outputs are the same either way, only the speed and the
   // usage's completion_tokens_details differ).
   bool speculative_decoding = true;
+  // vLLM's cache_salt: only requests with the same salt share cached prompt KV (the pool and the
+  // disk tier). "" when absent; at most kMaxCacheSaltBytes.
+  std::string cache_salt;
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
   // response_format {"type": "json_schema"}: response_format.json_schema.schema, in the client's
   // key order (the request builder compiles it); null otherwise.

@@ -93,6 +93,20 @@ TEST(OpenAiSchemaTest, ToolChoiceForms) {
 }
 
 // vLLM's extensions for fixed-length generations (benchmarks), and JSON mode: both endpoints.
+// vLLM's cache_salt: kept as given on both endpoints; at most 1024 bytes.
+TEST(OpenAiSchemaTest, ParsesCacheSalt) {
+  ChatRequest chat;
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"cache_salt":"t1"})", &chat));
+  EXPECT_EQ(chat.params.cache_salt, "t1");
+  CompletionRequest completion;
+  ASSERT_FALSE(Completion(R"({"prompt":"a"})", &completion));
+  EXPECT_EQ(completion.params.cache_salt, "");
+  const std::string too_long(1025, 'x');
+  auto err = Completion(R"({"prompt":"a","cache_salt":")" + too_long + R"("})", &completion);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "cache_salt");
+}
+
 TEST(OpenAiSchemaTest, ParsesIgnoreEosMinTokensAndJsonMode) {
   ChatRequest chat;
   ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":true,
@@ -197,6 +211,8 @@ TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
       {R"({"messages":[{"role":"user","content":"hi"}],"ignore_eos":1})", "ignore_eos"},
       {R"({"messages":[{"role":"user","content":"hi"}],"speculative_decoding":"off"})",
        "speculative_decoding"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"cache_salt":7})", "cache_salt"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"cache_salt":""})", "cache_salt"},
       {R"({"messages":[{"role":"user","content":"hi"}],"min_tokens":-1})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"min_tokens":5})",
        "min_tokens"},

@@ -78,6 +78,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   r->constraint = constraint;
   r->n = p.n;
   r->prompt_logprobs = p.prompt_logprobs;
+  r->cache_salt = p.cache_salt;
   return std::nullopt;
 }
 

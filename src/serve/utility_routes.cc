@@ -1,5 +1,6 @@
 #include "serve/utility_routes.h"
 
+#include "engine/engine.h"
 #include "serve/body_fields.h"
 #include "serve/embeddings.h"
 #include "template/chat_template.h"
@@ -18,6 +19,7 @@ constexpr const char* kEmbeddings = "/v1/embeddings";
 constexpr const char* kTokenize = "/tokenize";
 constexpr const char* kDetokenize = "/detokenize";
 constexpr const char* kVersion = "/version";
+constexpr const char* kCacheClear = "/v1/cache/clear";
 
 HttpResponse JsonBody(int status, const json& body) {
   HttpResponse res;
@@ -130,7 +132,24 @@ json TokenizeAnswer(const ServedModel& model, const std::vector<int32_t>& ids, b
 }  // namespace
 
 bool IsUtilityPostRoute(const std::string& path) {
-  return path == kEmbeddings || path == kTokenize || path == kDetokenize;
+  return path == kEmbeddings || path == kTokenize || path == kDetokenize || path == kCacheClear;
+}
+
+std::variant<json, ApiError> ClearCache(const ServedModel& model, const RequestJson& body) {
+  if (!body.is_object()) return InvalidRequest("the request body must be a JSON object", "");
+  if (auto e = CheckFields(body, {"model", "cache_salt"})) return *e;
+  std::optional<std::string> name, salt;
+  if (auto e = ReadString(body, "model", &name)) return *e;
+  if (auto e = CheckServedModelName(name, model.name)) return *e;
+  if (auto e = ReadString(body, "cache_salt", &salt)) return *e;
+  if (salt && salt->size() > kMaxCacheSaltBytes)
+    return InvalidRequest("cache_salt: at most " + std::to_string(kMaxCacheSaltBytes) + " bytes",
+                          "cache_salt");
+  const int64_t removed = model.engine->ClearPromptCache(salt);
+  return json{{"object", "cache.clear"},
+              {"model", model.name},
+              {"scope", salt ? "cache_salt" : "all"},
+              {"disk_blocks_removed", removed}};
 }
 
 bool IsUtilityRoute(const std::string& path) {
@@ -224,7 +243,9 @@ Handled HandleUtilityRoute(const ServedModel& model, const HttpRequest& req, boo
         "the request body is not valid JSON (UTF-8): " + body.message(), "", "invalid_json");
     return {JsonBody(e.http_status, e.ToJson()), nullptr};
   }
-  auto answer = req.path == kTokenize ? Tokenize(model, *body) : Detokenize(model, *body);
+  auto answer = req.path == kTokenize     ? Tokenize(model, *body)
+                : req.path == kCacheClear ? ClearCache(model, *body)
+                                          : Detokenize(model, *body);
   if (auto* e = std::get_if<ApiError>(&answer))
     return {JsonBody(e->http_status, e->ToJson()), nullptr};
   return {JsonBody(200, std::get<json>(answer)), nullptr};

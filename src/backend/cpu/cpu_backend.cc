@@ -197,6 +197,28 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  int64_t KvBlockBytes() const override {
+    return static_cast<int64_t>(kv_.size()) * KvBlockFloats() * static_cast<int64_t>(sizeof(float));
+  }
+
+  Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override {
+    EMBER_RETURN_IF_ERROR(CheckKvBlockCopy(block_id, out.size()));
+    const size_t n = static_cast<size_t>(KvBlockFloats());
+    for (size_t t = 0; t < kv_.size(); ++t)  // layer-major, K then V
+      std::memcpy(out.data() + t * n * sizeof(float), kv_[t]->get() + block_id * n,
+                  n * sizeof(float));
+    return Status::Ok();
+  }
+
+  Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
+    EMBER_RETURN_IF_ERROR(CheckKvBlockCopy(block_id, in.size()));
+    const size_t n = static_cast<size_t>(KvBlockFloats());
+    for (size_t t = 0; t < kv_.size(); ++t)
+      std::memcpy(kv_[t]->get() + block_id * n, in.data() + t * n * sizeof(float),
+                  n * sizeof(float));
+    return Status::Ok();
+  }
+
   Result<int32_t> CreateRope(const RopeSpec& spec) override {
     EMBER_ASSIGN_OR_RETURN(RopeTable built, BuildRopeTable(spec));
     CpuRope table;
@@ -522,6 +544,16 @@ class CpuBackend final : public Backend {
   size_t next_buffer_ = 0;
   std::vector<CpuRope> ropes_;
   std::vector<float> host_buffer_;  // HostBuffer
+  // Floats of one block in one layer's K (or V) tensor.
+  int64_t KvBlockFloats() const {
+    return static_cast<int64_t>(block_size_) * kv_heads_ * kv_head_dim_;
+  }
+  Status CheckKvBlockCopy(int32_t block_id, size_t bytes) const {
+    if (kv_.empty()) return Status::Error("KV block copy before AllocateKvPool");
+    CHECK(block_id >= 0 && block_id < num_blocks_) << "KV block " << block_id << " out of range";
+    CHECK_EQ(static_cast<int64_t>(bytes), KvBlockBytes());
+    return Status::Ok();
+  }
   std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };

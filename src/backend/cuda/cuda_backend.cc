@@ -163,6 +163,56 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   return Status::Ok();
 }
 
+int64_t CudaBackend::KvBlockBytes() const {
+  if (kv_pool_.data() == nullptr) return 0;
+  return 2 * int64_t{kv_layers_} * kv_block_size_ * kv_heads_ * kv_head_dim_ *
+         KvElementBytes(kv_head_dim_);
+}
+
+namespace {
+// (device byte offset of block_id in tensor t = 2 * layer + (0: K, 1: V), host offset) pairs.
+struct KvBlockSpan {
+  size_t tensor_bytes = 0, block_bytes = 0;
+  size_t Device(int32_t t, int32_t block_id) const {
+    return tensor_bytes * static_cast<size_t>(t) + block_bytes * static_cast<size_t>(block_id);
+  }
+  size_t Host(int32_t t) const { return block_bytes * static_cast<size_t>(t); }
+};
+}  // namespace
+
+Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
+  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
+  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
+  CHECK_EQ(static_cast<int64_t>(out.size()), KvBlockBytes());
+  Flush();
+  const size_t block_bytes = static_cast<size_t>(KvBlockBytes() / (2 * kv_layers_));
+  const KvBlockSpan span{block_bytes * static_cast<size_t>(kv_blocks_), block_bytes};
+  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
+    CUDA_CHECK(cudaMemcpyAsync(out.data() + span.Host(t),
+                               kv_pool_.as<unsigned char>() + span.Device(t, block_id),
+                               block_bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return Status::Ok();
+}
+
+Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
+  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
+  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
+  CHECK_EQ(static_cast<int64_t>(in.size()), KvBlockBytes());
+  Flush();
+  const size_t block_bytes = static_cast<size_t>(KvBlockBytes() / (2 * kv_layers_));
+  const KvBlockSpan span{block_bytes * static_cast<size_t>(kv_blocks_), block_bytes};
+  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
+    CUDA_CHECK(cudaMemcpyAsync(kv_pool_.as<unsigned char>() + span.Device(t, block_id),
+                               in.data() + span.Host(t), block_bytes, cudaMemcpyHostToDevice,
+                               stream_.get()));
+  }
+  // `in` is pageable and reused by the caller: wait until the copies have read it.
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  return Status::Ok();
+}
+
 Result<int32_t> CudaBackend::CreateRope(const RopeSpec& spec) {
   EMBER_ASSIGN_OR_RETURN(RopeTable table, BuildRopeTable(spec));
   DeviceRope rope;

@@ -186,6 +186,11 @@ class CudaBackend final : public Backend {
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override;
   int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
+  // Block copies for the prompt cache: one cudaMemcpyAsync per layer's K and V on the step
+  // stream (after the recorded ops are flushed), then a wait for the stream.
+  int64_t KvBlockBytes() const override;
+  Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override;
+  Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override;
   Result<int32_t> CreateRope(const RopeSpec& spec) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
   Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;

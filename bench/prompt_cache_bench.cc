@@ -1,0 +1,178 @@
+// prompt_cache_bench: time to first token of one long prompt (a shared prefix) through the
+// prompt cache's tiers, on one model (no HTTP):
+//   cold       a fresh engine over an empty --prompt-cache-dir: the whole prompt is prefilled
+//              (and its blocks written through to the directory);
+//   pool       the same prompt again on that engine: the KV pool's prefix cache;
+//   disk cold  a new engine (a restart) over the directory, its files dropped from the OS page
+//              cache first (posix_fadvise DONTNEED): blocks read from the disk itself;
+//   disk warm  another restart, the files now in the page cache (the common case on a server
+//              that restarts without a reboot).
+// Each row is --repeats runs (a fresh model, engine and directory state per run where the row
+// needs one); the median TTFT is printed with the tokens served from cache and the measured
+// disk read rate. max_tokens 1. Results go to docs/perf.md with machine, command and date.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "util/flags.h"
+
+namespace ember {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Sample {
+  double ttft_ms = 0;
+  int32_t cached_tokens = 0;
+  double read_mb_per_s = 0;
+};
+
+// One request of max_tokens 1: its TTFT (submit to the first token) and cached tokens.
+Sample Ask(Engine& engine, const std::vector<int32_t>& prompt) {
+  GenerationRequest r;
+  r.prompt_ids = prompt;
+  r.max_tokens = 1;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  const int64_t start = NowNs();
+  auto submitted = engine.Submit(r);
+  if (auto* e = std::get_if<SubmitError>(&submitted)) {
+    std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
+    std::exit(1);
+  }
+  auto stream = std::get<std::shared_ptr<ResponseStream>>(std::move(submitted));
+  std::vector<TokenEvent> events;
+  int64_t first = 0;
+  while (stream->Next(&events)) {
+    for (const TokenEvent& e : events)
+      if (first == 0 && e.token_id >= 0) first = e.time_ns;
+    events.clear();
+  }
+  Sample s;
+  s.ttft_ms = static_cast<double>(first - start) / 1e6;
+  s.cached_tokens = stream->usage().cached_tokens;
+  const PromptCacheStats pc = engine.Stats().prompt_cache;
+  s.read_mb_per_s = pc.read_bytes_per_s / 1e6;
+  return s;
+}
+
+// Drops the directory's files from the page cache (clean pages only: the engine that wrote them
+// is gone and its writer flushed them to the file system; fdatasync makes them clean).
+void DropFromPageCache(const std::string& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    (void)::fdatasync(fd);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int Main(int argc, char** argv) {
+  std::string model_dir, cache_dir = "/tmp/ember_prompt_cache_bench";
+  int64_t prompt_len = 2048, threads = 0, repeats = 3, step_tokens = 0;
+  FlagParser flags(
+      "usage: prompt_cache_bench --model DIR [--prompt-len 2048] [--cache-dir DIR]\n"
+      "       [--repeats 3] [--threads N] [--max-step-tokens N]");
+  flags.AddString("--model", &model_dir, "model folder");
+  flags.AddString("--cache-dir", &cache_dir, "prompt cache directory (emptied first)");
+  flags.AddInt("--prompt-len", &prompt_len, "prompt tokens");
+  flags.AddInt("--repeats", &repeats, "runs per row (the median is printed)");
+  flags.AddInt("--threads", &threads, "CPU threads (0: all)");
+  flags.AddInt("--max-step-tokens", &step_tokens, "tokens per engine step (0: the default)");
+  bool help = false;
+  Status st = flags.Parse(argc, argv, 1, &help);
+  if (help || !st.ok() || model_dir.empty() || repeats < 1) {
+    std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
+                 flags.Help().c_str());
+    return help ? 0 : 2;
+  }
+  ModelLoadOptions opts;
+  opts.num_threads = static_cast<int32_t>(threads);
+  EngineConfig config;
+  config.max_running = 4;
+  config.max_step_tokens = static_cast<int32_t>(step_tokens);
+  config.prompt_cache.dir = cache_dir;
+  config.prompt_cache.disk_bytes = int64_t{8} << 30;
+  // A model per engine (a model holds one KV pool), as a restarted server loads it again.
+  std::vector<std::unique_ptr<Model>> models;
+  auto new_engine = [&]() {
+    auto model = Model::Load(model_dir, opts);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.message().c_str());
+      std::exit(1);
+    }
+    models.push_back(std::move(model).value());
+    auto engine = Engine::Create(models.back().get(), config);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "%s\n", engine.message().c_str());
+      std::exit(1);
+    }
+    return std::move(engine).value();
+  };
+  std::vector<double> cold, pool, disk_cold, disk_warm;
+  Sample last_pool, last_disk_cold, last_disk_warm;
+  for (int64_t rep = 0; rep < repeats; ++rep) {
+    std::filesystem::remove_all(cache_dir);
+    std::mt19937 rng(static_cast<uint32_t>(rep + 1));
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+    {
+      auto engine = new_engine();
+      const int32_t vocab = models.back()->config().vocab_size;
+      for (int32_t& t : prompt) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+      cold.push_back(Ask(*engine, prompt).ttft_ms);
+      last_pool = Ask(*engine, prompt);
+      pool.push_back(last_pool.ttft_ms);
+    }  // the engine's writer flushes the directory before it goes
+    DropFromPageCache(cache_dir);
+    {
+      auto engine = new_engine();
+      last_disk_cold = Ask(*engine, prompt);
+      disk_cold.push_back(last_disk_cold.ttft_ms);
+    }
+    {
+      auto engine = new_engine();
+      last_disk_warm = Ask(*engine, prompt);
+      disk_warm.push_back(last_disk_warm.ttft_ms);
+    }
+    models.clear();
+  }
+  const double c = Median(cold);
+  std::printf("prompt %lld tokens, %lld runs per row (median TTFT)\n",
+              static_cast<long long>(prompt_len), static_cast<long long>(repeats));
+  std::printf("%-28s %10s %8s %14s %9s\n", "path", "TTFT ms", "cached", "disk read MB/s",
+              "vs cold");
+  auto row = [&](const char* name, double ms, const Sample& s) {
+    std::printf("%-28s %10.1f %8d %14.0f %8.1fx\n", name, ms, s.cached_tokens, s.read_mb_per_s,
+                ms > 0 ? c / ms : 0.0);
+  };
+  row("cold (prefill)", c, Sample{});
+  row("pool hit", Median(pool), last_pool);
+  row("disk hit, restart, cold pc", Median(disk_cold), last_disk_cold);
+  row("disk hit, restart, warm pc", Median(disk_warm), last_disk_warm);
+  std::filesystem::remove_all(cache_dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember
+
+int main(int argc, char** argv) { return ember::Main(argc, argv); }

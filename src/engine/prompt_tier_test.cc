@@ -1,0 +1,346 @@
+// The prompt cache's disk tier end to end on a real checkpoint (tinystories-656k, CPU): a prompt
+// run by one engine is served from disk by the next engine on the same directory (cached_tokens
+// cover its whole blocks) with the output tokens of a cold run; damaged records (flipped bytes,
+// truncation, a crashed writer's temp file) cost reuse, never correctness; salts and models do
+// not share; clearing drops both tiers; the cost rule picks the faster path.
+#include "engine/prompt_tier.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine.h"
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+constexpr int32_t kBlock = 16;
+
+std::string ModelDir(const std::string& name) {
+  return testing::FixturesDir() + "/models/" + name;
+}
+
+std::unique_ptr<Model> LoadModel(const std::string& dir) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  RequestUsage usage;
+};
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, const std::string& salt = "") {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = 12;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  r.cache_salt = salt;
+  return r;
+}
+
+Outcome Generate(Engine& engine, const GenerationRequest& request) {
+  auto submitted = engine.Submit(request);
+  Outcome run;
+  auto* stream = std::get_if<std::shared_ptr<ResponseStream>>(&submitted);
+  if (stream == nullptr) {
+    ADD_FAILURE() << "refused: " << std::get<SubmitError>(submitted).message;
+    return run;
+  }
+  std::vector<TokenEvent> events;
+  while ((*stream)->Next(&events)) {
+    for (const TokenEvent& e : events)
+      if (e.token_id >= 0) run.tokens.push_back(e.token_id);
+    events.clear();
+  }
+  run.usage = (*stream)->usage();
+  return run;
+}
+
+// A prompt of `len` tokens over the vocabulary, deterministic in `seed`.
+std::vector<int32_t> Prompt(int32_t len, int32_t seed) {
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (int32_t i = 0; i < len; ++i) p[static_cast<size_t>(i)] = 3 + (i * 37 + seed * 101) % 2000;
+  return p;
+}
+
+class PromptTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_dir_ = ModelDir("tinystories-656k");
+    if (!testing::DirExists(model_dir_)) GTEST_SKIP() << "fixture not found: " << model_dir_;
+    char tmpl[] = "/tmp/ember_prompt_tier_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    cache_dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (!cache_dir_.empty()) std::filesystem::remove_all(cache_dir_);
+  }
+
+  EngineConfig Config(bool disk = true) const {
+    EngineConfig c;
+    c.block_size = kBlock;
+    c.max_running = 4;
+    c.max_step_tokens = 64;  // prompts prefill in chunks, restored blocks join mid-prompt
+    if (disk) {
+      c.prompt_cache.dir = cache_dir_;
+      c.prompt_cache.disk_bytes = int64_t{64} << 20;
+      c.prompt_cache.reuse = PromptCacheConfig::Reuse::kAlways;
+    }
+    return c;
+  }
+  // A model owns one KV pool, so each engine gets its own model (kept until the test ends).
+  Model* NewModel() {
+    models_.push_back(LoadModel(model_dir_));
+    return models_.back().get();
+  }
+  std::unique_ptr<Engine> NewEngine(const EngineConfig& config) {
+    auto engine = Engine::Create(NewModel(), config);
+    EXPECT_TRUE(engine.ok()) << engine.message();
+    return engine.ok() ? std::move(engine).value() : nullptr;
+  }
+  // The output of a run without any cache.
+  std::vector<int32_t> Cold(const GenerationRequest& request) {
+    EngineConfig c = Config(/*disk=*/false);
+    c.enable_prefix_caching = false;
+    return Generate(*NewEngine(c), request).tokens;
+  }
+  // Runs `request` on a fresh engine over the directory and shuts it down (records flushed).
+  Outcome RunAndStop(const GenerationRequest& request, const EngineConfig& config) {
+    std::unique_ptr<Engine> engine = NewEngine(config);
+    if (engine == nullptr) return {};
+    return Generate(*engine, request);
+  }
+  std::vector<std::filesystem::path> Records() const {
+    std::vector<std::filesystem::path> out;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(cache_dir_))
+      if (e.path().extension() == ".kv") out.push_back(e.path());
+    return out;
+  }
+
+  std::string model_dir_, cache_dir_;
+  std::vector<std::unique_ptr<Model>> models_;  // declared last: engines go before their models
+};
+
+TEST_F(PromptTierTest, RestartServesThePrefixFromDiskWithColdOutputs) {
+  const GenerationRequest request = Greedy(Prompt(150, 1));
+  const std::vector<int32_t> cold = Cold(request);
+  const Outcome first = RunAndStop(request, Config());
+  EXPECT_EQ(first.tokens, cold);
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  // 150 prompt + 12 generated tokens (the last one never computed): 10 full blocks written.
+  EXPECT_EQ(Records().size(), 10u);
+
+  std::unique_ptr<Engine> engine = NewEngine(Config());
+  ASSERT_NE(engine, nullptr);
+  const Outcome second = Generate(*engine, request);
+  EXPECT_EQ(second.tokens, cold);
+  EXPECT_EQ(second.usage.cached_tokens, 144);  // (150 - 1) / 16 whole blocks
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_TRUE(s.enabled);
+  EXPECT_EQ(s.promotions, 9);
+  EXPECT_EQ(s.hits, 9);
+  EXPECT_EQ(s.corrupt_dropped, 0);
+  EXPECT_GT(s.bytes_read, 0);
+  // The same prompt again hits the pool, not the disk.
+  const Outcome third = Generate(*engine, request);
+  EXPECT_EQ(third.tokens, cold);
+  EXPECT_EQ(third.usage.cached_tokens, 144);
+  EXPECT_EQ(engine->Stats().prompt_cache.hits, 9);
+}
+
+TEST_F(PromptTierTest, LongerPromptExtendsAPoolHitFromDisk) {
+  const GenerationRequest shorter = Greedy(Prompt(70, 2));
+  std::vector<int32_t> longer_ids = Prompt(70, 2);
+  const std::vector<int32_t> tail = Prompt(90, 9);
+  longer_ids.insert(longer_ids.end(), tail.begin(), tail.end());
+  const GenerationRequest longer = Greedy(longer_ids);
+  RunAndStop(longer, Config());  // the disk holds the long prompt's blocks
+  std::unique_ptr<Engine> engine = NewEngine(Config());
+  ASSERT_NE(engine, nullptr);
+  Generate(*engine, shorter);  // the pool holds the first 4 blocks (Prompt(70, 2))
+  const Outcome run = Generate(*engine, longer);
+  EXPECT_EQ(run.tokens, Cold(longer));
+  EXPECT_EQ(run.usage.cached_tokens, 144);  // 4 blocks from the pool, 5 from disk
+}
+
+TEST_F(PromptTierTest, DamagedRecordsCostReuseNotCorrectness) {
+  const GenerationRequest request = Greedy(Prompt(150, 3));
+  const std::vector<int32_t> cold = Cold(request);
+  RunAndStop(request, Config());
+  // Flip one byte in block 4's record, truncate block 7's, leave a crashed writer's temp file.
+  std::unique_ptr<Engine> probe_engine;
+  std::vector<std::filesystem::path> records = Records();
+  ASSERT_EQ(records.size(), 10u);
+  // Which file is which block: block j's key is the chain key of the prompt's first j + 1 blocks.
+  auto model_fp_dir = records[0].parent_path();
+  std::string fingerprint_text;
+  {
+    std::ifstream in(model_fp_dir / "FINGERPRINT");
+    fingerprint_text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  prompt_cache::Key key = prompt_cache::RootKey(Sha256Of(fingerprint_text), 0, "");
+  std::vector<std::filesystem::path> by_block;
+  for (int j = 0; j < 9; ++j) {
+    key = prompt_cache::ChainKey(
+        key, std::span<const int32_t>(request.prompt_ids).subspan(static_cast<size_t>(j) * kBlock,
+                                                                  kBlock));
+    by_block.push_back(model_fp_dir / ("0000000000000000-" + HexOf(key) + ".kv"));
+    ASSERT_TRUE(std::filesystem::exists(by_block.back())) << j;
+  }
+  {
+    std::fstream f(by_block[4], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1000);
+    const char c = static_cast<char>(f.peek());
+    f.seekp(1000);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  std::filesystem::resize_file(by_block[7], std::filesystem::file_size(by_block[7]) / 2);
+  std::ofstream(by_block[8].string() + ".tmp") << "torn";
+
+  std::unique_ptr<Engine> engine = NewEngine(Config());
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->Stats().prompt_cache.stale_temps_removed, 1);
+  EXPECT_EQ(engine->Stats().prompt_cache.corrupt_dropped, 1);  // the truncated one, at start-up
+  const Outcome run = Generate(*engine, request);
+  EXPECT_EQ(run.tokens, cold);
+  EXPECT_EQ(run.usage.cached_tokens, 4 * kBlock);  // blocks 0-3; block 4 is refused on read
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.corrupt_dropped, 2);
+  EXPECT_EQ(s.promotions, 4);
+  // The run wrote the refused and missing blocks again: the next engine reuses everything.
+  engine.reset();
+  std::unique_ptr<Engine> again = NewEngine(Config());
+  ASSERT_NE(again, nullptr);
+  const Outcome healed = Generate(*again, request);
+  EXPECT_EQ(healed.tokens, cold);
+  EXPECT_EQ(healed.usage.cached_tokens, 144);
+}
+
+TEST_F(PromptTierTest, SaltsDoNotShareInThePoolOrOnDisk) {
+  const std::vector<int32_t> ids = Prompt(100, 4);
+  RunAndStop(Greedy(ids, "tenant-a"), Config());
+  std::unique_ptr<Engine> engine = NewEngine(Config());
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(Generate(*engine, Greedy(ids, "tenant-b")).usage.cached_tokens, 0);
+  EXPECT_EQ(Generate(*engine, Greedy(ids)).usage.cached_tokens, 0);  // no salt: another namespace
+  const Outcome a = Generate(*engine, Greedy(ids, "tenant-a"));
+  EXPECT_EQ(a.usage.cached_tokens, 96);
+  EXPECT_EQ(a.tokens, Cold(Greedy(ids)));
+  // In one engine's pool too: b's blocks are now cached, c sees none of them.
+  EXPECT_EQ(Generate(*engine, Greedy(ids, "tenant-c")).usage.cached_tokens, 0);
+}
+
+TEST_F(PromptTierTest, AnotherModelOrBlockSizeReusesNothing) {
+  const std::vector<int32_t> ids = Prompt(100, 5);
+  RunAndStop(Greedy(ids), Config());
+  EngineConfig bigger_blocks = Config();
+  bigger_blocks.block_size = 32;
+  {
+    std::unique_ptr<Engine> engine = NewEngine(bigger_blocks);
+    ASSERT_NE(engine, nullptr);
+    EXPECT_EQ(engine->Stats().prompt_cache.records, 0);
+    EXPECT_EQ(Generate(*engine, Greedy(ids)).usage.cached_tokens, 0);
+  }
+  const std::string other_dir = ModelDir("llama3");
+  if (!testing::DirExists(other_dir)) return;
+  std::unique_ptr<Model> other = LoadModel(other_dir);
+  ASSERT_NE(other, nullptr);
+  auto engine = Engine::Create(other.get(), Config());
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  EXPECT_EQ((*engine)->Stats().prompt_cache.records, 0);
+  std::vector<int32_t> small_vocab = ids;
+  for (int32_t& t : small_vocab) t %= 500;
+  EXPECT_EQ(Generate(**engine, Greedy(small_vocab)).usage.cached_tokens, 0);
+}
+
+TEST_F(PromptTierTest, SecondEngineOnTheDirectoryIsRefused) {
+  std::unique_ptr<Engine> first = NewEngine(Config());
+  ASSERT_NE(first, nullptr);
+  auto second = Engine::Create(NewModel(), Config());
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.message().find("in use by another Ember engine"), std::string::npos)
+      << second.message();
+}
+
+TEST_F(PromptTierTest, ClearDropsThePoolAndTheDisk) {
+  const GenerationRequest request = Greedy(Prompt(100, 6));
+  std::unique_ptr<Engine> engine = NewEngine(Config());
+  ASSERT_NE(engine, nullptr);
+  Generate(*engine, request);
+  EXPECT_EQ(Generate(*engine, request).usage.cached_tokens, 96);
+  // Another namespace's clear leaves it alone.
+  engine->ClearPromptCache(std::string("someone-else"));
+  EXPECT_EQ(Generate(*engine, request).usage.cached_tokens, 96);
+  engine->ClearPromptCache(std::nullopt);
+  EXPECT_EQ(Generate(*engine, request).usage.cached_tokens, 0);
+  engine.reset();
+  // Writes queued by the last run land after the clear: only that run's blocks are on disk.
+  std::unique_ptr<Engine> next = NewEngine(Config());
+  ASSERT_NE(next, nullptr);
+  EXPECT_LE(next->Stats().prompt_cache.records, 6);
+}
+
+TEST_F(PromptTierTest, RefusedConfigurations) {
+  EngineConfig ram = Config();
+  ram.prompt_cache.ram_bytes = 1 << 20;
+  auto r = Engine::Create(NewModel(), ram);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("--prompt-cache-ram-bytes"), std::string::npos);
+  EngineConfig no_cap = Config();
+  no_cap.prompt_cache.disk_bytes = 0;
+  r = Engine::Create(NewModel(), no_cap);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("--prompt-cache-disk-bytes"), std::string::npos);
+  EngineConfig no_prefix = Config();
+  no_prefix.enable_prefix_caching = false;
+  EXPECT_FALSE(Engine::Create(NewModel(), no_prefix).ok());
+}
+
+TEST_F(PromptTierTest, CostAwareReuseMeasuresAndReports) {
+  const GenerationRequest a = Greedy(Prompt(150, 7)), b = Greedy(Prompt(150, 8));
+  EngineConfig config = Config();
+  config.prompt_cache.reuse = PromptCacheConfig::Reuse::kCostAware;
+  {
+    std::unique_ptr<Engine> engine = NewEngine(config);
+    ASSERT_NE(engine, nullptr);
+    Generate(*engine, a);
+    Generate(*engine, b);
+  }
+  std::unique_ptr<Engine> engine = NewEngine(config);
+  ASSERT_NE(engine, nullptr);
+  // Nothing measured yet (no read, no prefill): the first hit loads, and measures the reads.
+  EXPECT_EQ(Generate(*engine, a).usage.cached_tokens, 144);
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.last_choice, PromptCacheStats::Choice::kLoadUnmeasured);
+  EXPECT_EQ(s.loads, 1);
+  EXPECT_GT(s.read_bytes_per_s, 0);
+  EXPECT_GT(s.prefill_tokens_per_s, 0);
+  // The second hit compares the measured rates, and does what they say.
+  const Outcome second = Generate(*engine, b);
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.loads + s.recomputes, 2);
+  ASSERT_GT(s.last_read_bytes_per_s, 0);
+  ASSERT_GT(s.last_prefill_tokens_per_s, 0);
+  const bool load = LoadBeatsRecompute(9, engine->Stats().prompt_cache.bytes / s.records, kBlock,
+                                       s.last_read_bytes_per_s, s.last_prefill_tokens_per_s);
+  EXPECT_EQ(s.last_choice,
+            load ? PromptCacheStats::Choice::kLoad : PromptCacheStats::Choice::kRecompute);
+  EXPECT_EQ(second.usage.cached_tokens, load ? 144 : 0);
+  EXPECT_EQ(second.tokens, Cold(b));
+}
+
+TEST(LoadBeatsRecomputeTest, ComparesTheMeasuredRates) {
+  // 10 blocks of 16 tokens, 1 MB each: 10 MB at 1 GB/s = 10 ms vs 160 tokens at 1000 tok/s.
+  EXPECT_TRUE(LoadBeatsRecompute(10, 1'000'000, 16, 1e9, 1000));
+  // The same at 10 MB/s (1 s) vs 100k tok/s (1.6 ms): recompute.
+  EXPECT_FALSE(LoadBeatsRecompute(10, 1'000'000, 16, 1e7, 1e5));
+}
+
+}  // namespace
+}  // namespace ember
