@@ -160,10 +160,11 @@ class CpuBackend final : public Backend {
       t.data = const_cast<void*>(host_data);
       return t;
     }
-    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 matrices: the blocks as they are
-      if (t.ndim != 2 || t.cols() % cpu::kQuantBlock != 0)
+    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 / k-quant matrices: the blocks as they are
+      if (t.ndim != 2 || t.cols() % DTypeBlockValues(dtype) != 0)
         return Status::Error("weight \"" + name + "\": " + DTypeName(dtype) +
-                             " must be a 2-D matrix with rows of a multiple of 32 values, got " +
+                             " must be a 2-D matrix with rows of a multiple of " +
+                             std::to_string(DTypeBlockValues(dtype)) + " values, got " +
                              ShapeString(t));
       t.data = const_cast<void*>(host_data);
       return t;
