@@ -11,7 +11,9 @@
 // The kernel (float32 x, exact activations): each super-block of up to 4 weight rows is
 // dequantized into a stack buffer (AVX2, the same float32 values as ggml's dequantization, bit
 // for bit) and multiplied with up to 16 x rows by 8-lane FMAs, so weights are read from memory
-// once per 16 x rows and never widened to a whole f32 matrix.
+// once per 16 x rows and never widened to a whole f32 matrix. For 1 or 2 x rows (decode) the
+// stack buffer is skipped: each run of 8 values goes straight from the decode to its FMAs (the
+// same values and chains, so the same results bit for bit).
 // Batch invariance: a row's result is one fixed chain (per super-block two 8-lane FMA chains over
 // its 256 values, summed and added to a running 8-lane sum; then a fixed horizontal sum; then
 // the bias) whatever n and the thread count, so a row never depends on its batch-mates. Pure
