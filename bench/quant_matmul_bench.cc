@@ -2,7 +2,10 @@
 // (backend/cpu/matmul.h) in the same run: for each n (decode: <= 8, prefill: > 8) and weight type,
 // the best repetition's GFLOP/s (2 n k m / time) and weight GB/s (the matrix's bytes / time), and
 // the median. Q8_0 / Q4_0 run the default int8-x kernel (best ISA) and the float32-x kernel; with
-// "all", also every other integer-dot ISA the CPU has.
+// "all", also every other integer-dot ISA the CPU has. Q4_K / Q5_K / Q6_K (matmul_kquant.h: one
+// float32-x kernel) run on random packed super-blocks (no k-quant quantizer here: random quant
+// bytes and f16 scales of 0.001), next to "f32" (the same shape as the f32 matrix the loader
+// dequantizes them to without the kernels).
 // usage: quant_matmul_bench [threads] [k] [m] [n1,n2,...] [all]
 #include <algorithm>
 #include <chrono>
@@ -83,6 +86,18 @@ int main(int argc, char** argv) {
     for (int64_t r = 0; r < m; ++r)
       cpu::QuantizeRow(t, wf.data() + r * k, k, quantized.back().data() + r * row);
   }
+  const DType kquants[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  std::vector<std::vector<uint8_t>> packed;
+  for (DType t : kquants) {
+    packed.emplace_back(ember::DTypeRowBytes(t, k) * static_cast<size_t>(m));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (uint8_t& b : packed.back()) b = static_cast<uint8_t>(byte(rng));
+    const size_t block = ember::DTypeRowBytes(t, 256);
+    const uint16_t scale = ember::F32ToF16(0.001f);
+    for (size_t off = 0; off < packed.back().size(); off += block)
+      for (size_t at : t == DType::kQ6_K ? std::vector<size_t>{208} : std::vector<size_t>{0, 2})
+        std::memcpy(packed.back().data() + off + at, &scale, 2);
+  }
   cpu::ThreadPool pool(threads);
   std::printf("threads %d, prefill integer dot: %s\n", threads, cpu::QuantDotIsaName());
   std::printf("| type  | kernel             |    n |     k |     m | GFLOP/s | median  | GB/s w | best ms  |\n");
@@ -109,6 +124,12 @@ int main(int argc, char** argv) {
       }
       cpu::SetQuantKernel(cpu::QuantKernel::kInt8X, cpu::QuantIsa::kAuto);
     }
+    if (k % 256 != 0) continue;
+    Measure("f32", "exact f32", x.data(), n, k, wf.data(), DType::kF32, m, wf.size() * 4,
+            out.data(), pool);
+    for (size_t t = 0; t < packed.size(); ++t)
+      Measure(ember::DTypeName(kquants[t]), "float32 x kquant", x.data(), n, k,
+              packed[t].data(), kquants[t], m, packed[t].size(), out.data(), pool);
   }
   return 0;
 }

@@ -14,18 +14,44 @@ size_t DTypeSize(DType dtype) {
       return 1;
     case DType::kQ8_0:
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
       break;
   }
   CHECK(false) << "DTypeSize of block-quantized " << DTypeName(dtype) << " (use DTypeRowBytes)";
   return 0;
 }
 
-bool IsBlockQuantized(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kQ4_0; }
+bool IsKQuant(DType dtype) {
+  return dtype == DType::kQ4_K || dtype == DType::kQ5_K || dtype == DType::kQ6_K;
+}
+
+bool IsBlockQuantized(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || IsKQuant(dtype);
+}
+
+int64_t DTypeBlockValues(DType dtype) {
+  return IsKQuant(dtype) ? 256 : IsBlockQuantized(dtype) ? 32 : 1;
+}
+
+namespace {
+size_t BlockBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kQ8_0: return 34;
+    case DType::kQ4_0: return 18;
+    case DType::kQ4_K: return 144;
+    case DType::kQ5_K: return 176;
+    case DType::kQ6_K: return 210;
+    default: return DTypeSize(dtype);
+  }
+}
+}  // namespace
 
 size_t DTypeRowBytes(DType dtype, int64_t cols) {
-  if (!IsBlockQuantized(dtype)) return static_cast<size_t>(cols) * DTypeSize(dtype);
-  CHECK_EQ(cols % 32, 0) << DTypeName(dtype) << " row of " << cols << " values";
-  return static_cast<size_t>(cols / 32) * (dtype == DType::kQ8_0 ? 34 : 18);
+  const int64_t block = DTypeBlockValues(dtype);
+  CHECK_EQ(cols % block, 0) << DTypeName(dtype) << " row of " << cols << " values";
+  return static_cast<size_t>(cols / block) * BlockBytes(dtype);
 }
 
 const char* DTypeName(DType dtype) {
@@ -38,6 +64,9 @@ const char* DTypeName(DType dtype) {
       return "U8";
     case DType::kQ8_0: return "Q8_0";
     case DType::kQ4_0: return "Q4_0";
+    case DType::kQ4_K: return "Q4_K";
+    case DType::kQ5_K: return "Q5_K";
+    case DType::kQ6_K: return "Q6_K";
   }
   return "?";
 }

@@ -28,16 +28,21 @@ namespace ember {
 // tensor. kQ8_0, kQ4_0: block-quantized weight matrices in ggml's layouts (blocks of 32 values
 // along a row; Q8_0 = f16 scale d + 32 int8, value q * d, 34 bytes; Q4_0 = f16 scale d + 16
 // bytes of nibbles, element j in the low nibble of byte j and j + 16 in its high nibble, value
-// (q - 8) * d, 18 bytes). Only as weights of backends that take them (TakesQuantizedWeights),
-// with a row length that is a multiple of 32.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8, kQ8_0, kQ4_0 };
+// (q - 8) * d, 18 bytes). kQ4_K, kQ5_K, kQ6_K: ggml's k-quants, super-blocks of 256 values
+// (Q4_K 144 bytes, Q5_K 176, Q6_K 210; layouts in backend/cpu/matmul_kquant.h). Only as weights
+// of backends that take them (TakesQuantizedWeights), with a row length that is a multiple of
+// the block (DTypeBlockValues: 32, or 256 for the k-quants).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kU8, kQ8_0, kQ4_0, kQ4_K, kQ5_K, kQ6_K };
 
 // Bytes per element; CHECK-fails for block-quantized types (use DTypeRowBytes).
 size_t DTypeSize(DType dtype);
-// "F32", "F16", "BF16", "I32", "U8" (safetensors spelling), "Q8_0", "Q4_0" (GGUF's).
+// "F32", "F16", "BF16", "I32", "U8" (safetensors spelling), "Q8_0", "Q4_0", "Q4_K", ... (GGUF's).
 const char* DTypeName(DType dtype);
-bool IsBlockQuantized(DType dtype);  // kQ8_0, kQ4_0
-// Bytes of a row of `cols` elements (cols % 32 == 0 for block-quantized types; CHECKed).
+bool IsBlockQuantized(DType dtype);  // kQ8_0, kQ4_0, kQ4_K, kQ5_K, kQ6_K
+bool IsKQuant(DType dtype);          // kQ4_K, kQ5_K, kQ6_K
+// Values per block of a block-quantized type (32; 256 for the k-quants); 1 otherwise.
+int64_t DTypeBlockValues(DType dtype);
+// Bytes of a row of `cols` elements (cols % DTypeBlockValues == 0; CHECKed).
 size_t DTypeRowBytes(DType dtype, int64_t cols);
 
 // A handle to backend-owned memory: row-major, contiguous, up to 4 dims. Copying a Tensor copies
@@ -169,7 +174,7 @@ class Backend {
   // True when UploadWeight keeps `host_data` (so weights the loader converted on the host must
   // live as long as the backend); false when it copies them.
   virtual bool KeepsHostWeights() const { return false; }
-  // True when UploadWeight takes matrices of this block-quantized dtype (kQ8_0, kQ4_0) and MatMul
+  // True when UploadWeight takes matrices of this block-quantized dtype (kQ8_0, kQ4_0, k-quants) and MatMul
   // and Embedding read them as they are; loaders dequantize (or refuse to quantize) otherwise.
   virtual bool TakesQuantizedWeights(DType /*dtype*/) const { return false; }
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]

@@ -1,8 +1,9 @@
 // GGUF checkpoints against their references: llama.cpp's greedy tokens on the fixture files
 // (gguf/golden.json, compared where its recorded top-1/top-2 margin is at least the file's stated
 // tolerance), the transformers golden of TinyStories on ts-f32.gguf, logits equal to the
-// safetensors checkpoint's, the GGUF vocabulary equal to tokenizer.json's, and load errors that
-// name the key or tensor. Skips when the fixtures are absent.
+// safetensors checkpoint's, the GGUF vocabulary equal to tokenizer.json's, the k-quant files'
+// packed kernels equal to the same weights dequantized to f32, and load errors that name the key
+// or tensor. Skips when the fixtures are absent.
 #include "model/gguf_model.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/matmul.h"  // ConvertToF32
+#include "backend/cpu/cpu_backend.h"  // MakeCpuBackend (the dequantized reference)
+#include "backend/cpu/matmul.h"       // ConvertToF32
 #include "model/gguf_test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
@@ -170,6 +172,61 @@ INSTANTIATE_TEST_SUITE_P(Files, GgufGoldenTest, ::testing::ValuesIn(kGoldenFiles
                              if (c == '-' || c == '.') c = '_';
                            return name;
                          });
+
+// The k-quant matrices kept packed (MatMulKQuant) against the same files dequantized to f32 at
+// load (a CPU backend that takes no quantized weights): the dequantized values are bit-equal, so
+// only the summation order differs; logits agree within 1e-4 relative (|a - b| / (1 + |b|)) on
+// the prefill of each golden prompt and on 24 decode steps fed the reference's argmax, and the
+// argmax agrees wherever the reference's top-1/top-2 margin is above 1e-3.
+TEST(GgufModelTest, KQuantKernelsMatchTheDequantizedModel) {
+  EMBER_REQUIRE_DIR(GgufDir());
+  const json golden = ReadJson(GgufDir() + "/golden.json");
+  for (const char* name : {"small-k-q4_k_m.gguf", "small-k-q5_k_m.gguf", "small-k-q6_k.gguf"}) {
+    const std::string path = GgufDir() + "/" + name;
+    auto packed = LoadOrDie(path);
+    CpuBackendOptions dequantize;
+    dequantize.takes_quantized_weights = false;
+    auto loaded = Model::Load(path, MakeCpuBackend(dequantize), ModelLoadOptions{});
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    std::unique_ptr<Model> reference = std::move(loaded).value();
+    ASSERT_TRUE(reference->AllocateKvCache(kNumBlocks, kBlockSize).ok());
+    ASSERT_NE(packed, nullptr);
+    const int32_t vocab = reference->config().vocab_size;
+    auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double w = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        w = std::max(w, std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i]))));
+      return w;
+    };
+    int argmax_compared = 0;
+    for (const json& c : golden["files"][name]) {
+      std::vector<int32_t> step = c["ids"].get<std::vector<int32_t>>();
+      EXPECT_LT(worst(AllLogits(*packed, step), AllLogits(*reference, step)), 1e-4)
+          << name << ": prefill logits";
+      std::vector<float> a(static_cast<size_t>(vocab)), b(a.size());
+      int32_t pos = 0;
+      for (int s = 0; s < 24; ++s) {
+        BatchPlan plan;
+        plan.block_size = kBlockSize;
+        plan.AddSequence(step, pos, AllBlocks(), true);
+        ASSERT_TRUE(packed->Forward(plan, a).ok());
+        ASSERT_TRUE(reference->Forward(plan, b).ok());
+        ASSERT_LT(worst(a, b), 1e-4) << name << " step " << s;
+        const int32_t top = Argmax(b.data(), vocab);
+        float second = -INFINITY;
+        for (int32_t i = 0; i < vocab; ++i)
+          if (i != top) second = std::max(second, b[size_t(i)]);
+        if (b[size_t(top)] - second > 1e-3f) {
+          ++argmax_compared;
+          EXPECT_EQ(Argmax(a.data(), vocab), top) << name << " step " << s;
+        }
+        pos += static_cast<int32_t>(step.size());
+        step = {top};
+      }
+    }
+    EXPECT_GT(argmax_compared, 48) << name;
+  }
+}
 
 // llama.cpp reproduces the transformers greedy tokens on ts-f32.gguf; so must Ember, exactly.
 TEST(GgufModelTest, TinyStoriesF32ReproducesTheTransformersGolden) {

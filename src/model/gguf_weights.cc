@@ -155,6 +155,9 @@ DType EmberDType(GgmlType type) {
 std::optional<DType> QuantizedDType(GgmlType type) {
   if (type == GgmlType::kQ8_0) return DType::kQ8_0;
   if (type == GgmlType::kQ4_0) return DType::kQ4_0;
+  if (type == GgmlType::kQ4_K) return DType::kQ4_K;
+  if (type == GgmlType::kQ5_K) return DType::kQ5_K;
+  if (type == GgmlType::kQ6_K) return DType::kQ6_K;
   return std::nullopt;
 }
 

@@ -137,7 +137,8 @@ struct CpuRope {  // a BuildRopeTable table and its shape
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : decode_graph_buckets_(options.decode_graph_buckets) {
+      : decode_graph_buckets_(options.decode_graph_buckets),
+        takes_quantized_(options.takes_quantized_weights) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
     bf16_matmul_ = options.bf16_matmul && cpu::HasBf16Dot();
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
@@ -146,7 +147,9 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   bool KeepsHostWeights() const override { return true; }
-  bool TakesQuantizedWeights(DType dtype) const override { return IsBlockQuantized(dtype); }
+  bool TakesQuantizedWeights(DType dtype) const override {
+    return takes_quantized_ && IsBlockQuantized(dtype);
+  }
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override {
     if (shape.empty() || shape.size() > 4)
@@ -160,10 +163,11 @@ class CpuBackend final : public Backend {
       t.data = const_cast<void*>(host_data);
       return t;
     }
-    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 matrices: the blocks as they are
-      if (t.ndim != 2 || t.cols() % cpu::kQuantBlock != 0)
+    if (IsBlockQuantized(dtype)) {  // Q8_0 / Q4_0 / k-quant matrices: the blocks as they are
+      if (t.ndim != 2 || t.cols() % DTypeBlockValues(dtype) != 0)
         return Status::Error("weight \"" + name + "\": " + DTypeName(dtype) +
-                             " must be a 2-D matrix with rows of a multiple of 32 values, got " +
+                             " must be a 2-D matrix with rows of a multiple of " +
+                             std::to_string(DTypeBlockValues(dtype)) + " values, got " +
                              ShapeString(t));
       t.data = const_cast<void*>(host_data);
       return t;
@@ -526,6 +530,7 @@ class CpuBackend final : public Backend {
   int32_t num_threads_ = 1;
   bool bf16_matmul_ = false;
   std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
+  bool takes_quantized_;  // CpuBackendOptions::takes_quantized_weights
   std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
   const BatchPlan* plan_ = nullptr;
   // The ids this step's ArgmaxRows / SampleRows made, by logits row (-1: none), and the last

@@ -24,6 +24,9 @@ struct CpuBackendOptions {
   // Tests: the row counts DecodeGraphBuckets reports (ascending). The CPU captures no graphs, so
   // this only makes the engine pad its decode steps as it does for a GPU, where CI can run it.
   std::vector<int32_t> decode_graph_buckets;
+  // Tests: false makes TakesQuantizedWeights false for every type, so loaders dequantize the
+  // block-quantized matrices to f32 (the reference the quantized kernels are compared with).
+  bool takes_quantized_weights = true;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -106,6 +106,9 @@ float LoadWeight(const void* w, DType dtype, int64_t idx) {
     case DType::kU8:  // (MXFP4 has no k % 8 tail: MatMulMxfp4 takes k % 32 == 0)
     case DType::kQ8_0:  // (block-quantized weights go to MatMulQuant)
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
       break;
   }
   CHECK(false) << "MatMul weight must be F32/F16/BF16";

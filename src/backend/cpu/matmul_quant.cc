@@ -11,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/cpu/matmul_kquant.h"
 #include "util/check.h"
 #include "util/half.h"
 
@@ -232,6 +233,7 @@ PrefillFn PrefillFor(QuantIsa isa) {
 void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
                  const float* bias, float* out, ThreadPool& pool) {
   CHECK(IsBlockQuantized(w_dtype)) << "MatMulQuant weight " << DTypeName(w_dtype);
+  if (IsKQuant(w_dtype)) return MatMulKQuant(x, n, k, w, w_dtype, m, bias, out, pool);
   CHECK_EQ(k % kQuantBlock, 0) << "MatMulQuant: k " << k << " is not a multiple of 32";
   if (n == 0 || m == 0) return;
   const bool float_x = forced_kernel.load(std::memory_order_relaxed) == QuantKernel::kFloatX;
@@ -277,7 +279,8 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
 }
 
 void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst) {
-  CHECK(IsBlockQuantized(dtype) && count % kQuantBlock == 0);
+  CHECK(IsBlockQuantized(dtype) && !IsKQuant(dtype) && count % kQuantBlock == 0)
+      << "QuantizeRow: " << DTypeName(dtype) << " (no quantizer for the k-quants)";
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t b = 0; b < count / kQuantBlock; ++b) {
     const float* x = src + b * kQuantBlock;
@@ -307,6 +310,7 @@ void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst) {
 }
 
 void DequantizeQuantRow(DType dtype, const void* src, int64_t count, float* dst) {
+  if (IsKQuant(dtype)) return DequantizeKQuantRow(dtype, src, count, dst);
   CHECK(IsBlockQuantized(dtype) && count % kQuantBlock == 0);
   const auto* in = static_cast<const uint8_t*>(src);
   for (int64_t b = 0; b < count / kQuantBlock; ++b) {

@@ -1,5 +1,6 @@
 // CPU matmul over block-quantized weights kept as they are in memory (DType::kQ8_0, kQ4_0: ggml's
-// layouts, see backend.h): out = x W^T (+ bias), x float32 [n, k], k % 32 == 0. Two kernels:
+// layouts, see backend.h): out = x W^T (+ bias), x float32 [n, k], k % 32 == 0. The k-quants
+// (kQ4_K, kQ5_K, kQ6_K) go on to MatMulKQuant (matmul_kquant.h, k % 256 == 0). Two kernels:
 //  - int8 x (the default, every n): x's rows are quantized per block of 32 to int8 (scale
 //    max|x| / 127, round to nearest even, float32 scale, as ggml's Q8_0 activations) and each
 //    block's product is an exact int32 dot (VPDPBUSD on AVX512_VNNI or AVX-VNNI, else AVX2
@@ -27,16 +28,17 @@ namespace ember::cpu {
 constexpr int64_t kQuantBlock = 32;     // values per block (both types)
 constexpr int64_t kFloatXRows = 8;      // the float32-x kernel's row group
 
-// x [n, k] f32, w [m, k] of w_dtype (kQ8_0 / kQ4_0, rows of DTypeRowBytes(w_dtype, k) bytes),
-// bias [m] f32 or null, out [n, m] f32. CHECKs k % 32 == 0.
+// x [n, k] f32, w [m, k] of w_dtype (IsBlockQuantized, rows of DTypeRowBytes(w_dtype, k) bytes),
+// bias [m] f32 or null, out [n, m] f32. CHECKs k % 32 == 0 (k-quants: % 256, MatMulKQuant).
 void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
                  const float* bias, float* out, ThreadPool& pool);
 
 // ggml's reference quantizers (round to nearest): Q8_0 d = max|x| / 127, q = round(x / d);
 // Q4_0 d = m / -8 with m the value of largest magnitude (sign kept), q = min(15, trunc(x / d +
 // 8.5)). The scale is stored as f16. `count` % 32 == 0; dst holds DTypeRowBytes(dtype, count).
+// Q8_0 / Q4_0 only (CHECKed).
 void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst);
-// The values a quantized row stands for (q * d, (q - 8) * d) as float32.
+// The values a quantized row stands for (q * d, (q - 8) * d; k-quants: DequantizeKQuantRow).
 void DequantizeQuantRow(DType dtype, const void* src, int64_t count, float* dst);
 
 // The prefill kernel's integer dot on this CPU: "avx512vnni", "avxvnni" or "avx2".

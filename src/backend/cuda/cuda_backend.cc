@@ -47,6 +47,9 @@ ElemType ToElemType(DType t) {
     case DType::kU8:
     case DType::kQ8_0:  // block-quantized weights never reach CUDA (UploadWeight refuses them)
     case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
       break;
   }
   CHECK(false) << "no element type for " << DTypeName(t);
