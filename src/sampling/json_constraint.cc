@@ -65,7 +65,7 @@ bool JsonScanner::StartValue(uint8_t c) {
 bool JsonScanner::Step(uint8_t c) {
   switch (mode_) {
     case kObjectOpen: case kObjectKey: case kColon: case kValue: case kArrayOpen: case kAfterValue:
-      if (IsWhitespace(c)) return ++ws_run_ <= kMaxWhitespaceRun;
+      if (IsWhitespace(c)) return StepWhitespace(c, &ws_run_);
       ws_run_ = 0;
       break;
     default:

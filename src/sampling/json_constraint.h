@@ -4,8 +4,10 @@
 // JsonScanner is a byte-level pushdown recogniser of that language: Step() says whether a byte
 // may come next and advances; Done() says the top-level object is closed. Strings must be valid
 // UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without raw control
-// characters; numbers follow the JSON grammar; nesting is limited to kMaxDepth containers and a
-// run of whitespace outside strings to kMaxWhitespaceRun bytes (so a model cannot pad forever).
+// characters; numbers follow the JSON grammar; nesting is limited to kMaxDepth containers.
+// Insignificant whitespace (outside strings, between tokens) is bounded so that a weak model
+// cannot spend its budget on it: each run is empty, one space, or one newline followed by at most
+// kMaxIndent spaces/tabs (llama.cpp's JSON grammar rule; StepWhitespace, shared with schemas).
 // Its state is a few bytes, copied freely.
 //
 // ByteMachineConstraint applies a byte machine (JsonScanner, or one that embeds it) to tokens: a
@@ -35,10 +37,28 @@
 
 namespace ember {
 
+// One byte of insignificant whitespace: true if `c` (a JSON whitespace byte) may extend the run
+// `*run` (0: none yet; 1: after a lone space or tab; 2 + k: after a newline and k indent bytes).
+inline constexpr int kMaxIndent = 20;
+inline bool StepWhitespace(uint8_t c, uint8_t* run) {
+  if (c == '\n') {
+    if (*run != 0) return false;
+    *run = 2;
+    return true;
+  }
+  if (c != ' ' && c != '\t') return false;  // '\r' never: one newline form
+  if (*run == 0) {
+    *run = 1;
+    return true;
+  }
+  if (*run < 2 || *run >= 2 + kMaxIndent) return false;
+  ++*run;
+  return true;
+}
+
 class JsonScanner {
  public:
   static constexpr int kMaxDepth = 64;
-  static constexpr int kMaxWhitespaceRun = 64;
 
   // A scanner of one JSON value of any kind (not only an object), for schemas' untyped and
   // scalar values. A number at the top level never reports Done (the byte after it decides):
@@ -129,14 +149,19 @@ bool StepAll(Machine& m, std::string_view bytes) {
 // (true only between the characters of a JSON string, where every string-safe token fits) and
 // AppendKey(std::string*) (its state's bytes: masks are cached by them).
 // `keep_alive` owns whatever the machine points to (it is copied with every clone).
+// A machine whose language is not self-delimiting (a regex) also has bool CanEnd(): the text so
+// far is complete but may go on; then the `end_ids` (the model's end-of-sequence tokens) are
+// allowed too, and accepting one completes the output.
 template <typename Machine>
 class ByteMachineConstraint : public TokenConstraint {
  public:
   explicit ByteMachineConstraint(std::shared_ptr<const TokenTexts> texts, Machine start = {},
-                                 std::shared_ptr<const void> keep_alive = nullptr)
+                                 std::shared_ptr<const void> keep_alive = nullptr,
+                                 std::vector<int32_t> end_ids = {})
       : texts_(std::move(texts)),
         keep_alive_(std::move(keep_alive)),
         cache_(std::make_shared<MaskCache>()),
+        end_ids_(std::make_shared<const std::vector<int32_t>>(std::move(end_ids))),
         machine_(start) {
     CHECK(texts_ != nullptr);
   }
@@ -146,23 +171,39 @@ class ByteMachineConstraint : public TokenConstraint {
   int32_t vocab_size() const override { return static_cast<int32_t>(texts_->bytes.size()); }
   int64_t Allowed(std::vector<uint8_t>& allowed) const override;
   bool Accept(int32_t id) override {
-    if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+    if (ended_ || id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+    if (CanEnd() && IsEndId(id)) return ended_ = true;
     const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
     return b && !b->empty() && StepAll(machine_, *b);
   }
-  bool Done() const override { return machine_.Done(); }
+  bool Done() const override { return ended_ || machine_.Done(); }
 
  private:
+  bool CanEnd() const {
+    if constexpr (requires(const Machine& m) { m.CanEnd(); }) {
+      return machine_.CanEnd();
+    } else {
+      return false;
+    }
+  }
+  // An end id, allowed only where the machine CanEnd (a token with text stays a text token).
+  bool IsEndId(int32_t id) const {
+    return !texts_->bytes[static_cast<size_t>(id)].has_value() &&
+           std::find(end_ids_->begin(), end_ids_->end(), id) != end_ids_->end();
+  }
+
   std::shared_ptr<const TokenTexts> texts_;
   std::shared_ptr<const void> keep_alive_;
   std::shared_ptr<MaskCache> cache_;
+  std::shared_ptr<const std::vector<int32_t>> end_ids_;
   Machine machine_;
+  bool ended_ = false;  // an end id was accepted
 };
 
 template <typename Machine>
 int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
   const TokenTexts& t = *texts_;
-  if (machine_.Done()) {
+  if (Done()) {
     allowed.assign(t.bytes.size(), 0);
     return 0;
   }
@@ -205,6 +246,13 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
     valid = bytes.size();
     allowed[id] = 1;
     ++count;
+  }
+  if (CanEnd()) {
+    for (int32_t id : *end_ids_) {
+      if (id < 0 || static_cast<size_t>(id) >= t.bytes.size() || !IsEndId(id)) continue;
+      count += allowed[static_cast<size_t>(id)] == 0;
+      allowed[static_cast<size_t>(id)] = 1;
+    }
   }
   cache_->Insert(key, allowed, count);
   return count;

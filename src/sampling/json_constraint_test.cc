@@ -59,10 +59,16 @@ TEST(JsonScannerTest, LimitsDepthAndWhitespace) {
   for (int i = 1; i < JsonScanner::kMaxDepth; ++i) deep += "[";
   EXPECT_TRUE(ScanText(deep).prefix_ok);
   EXPECT_FALSE(ScanText(deep + "[").prefix_ok);
-  const std::string pad(JsonScanner::kMaxWhitespaceRun, ' ');
-  EXPECT_TRUE(ScanText("{" + pad + "}").done);
-  EXPECT_FALSE(ScanText("{" + pad + " }").prefix_ok);
-  EXPECT_TRUE(ScanText("{\"" + pad + pad + "\":1}").done);  // inside a string: no limit
+  // Whitespace runs: none, one space, or a newline and at most kMaxIndent spaces/tabs.
+  const std::string indent(kMaxIndent, ' ');
+  EXPECT_TRUE(ScanText("{\n" + indent + "\"a\": 1,\n\t\"b\":\n  [ 1 ]\n}").done);
+  EXPECT_TRUE(ScanText("{ \"a\" : 1 }").done);
+  EXPECT_FALSE(ScanText("{\n" + indent + " }").prefix_ok);
+  EXPECT_FALSE(ScanText("{  }").prefix_ok);
+  EXPECT_FALSE(ScanText("{\n\n}").prefix_ok);
+  EXPECT_FALSE(ScanText("{ \n}").prefix_ok);
+  EXPECT_FALSE(ScanText("{\r\n}").prefix_ok);
+  EXPECT_TRUE(ScanText("{\"" + indent + indent + "\":1}").done);  // inside a string: no limit
 }
 
 // A vocabulary of pieces: Allowed() must equal "every byte of the piece scans", and a random walk

@@ -8,6 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sampling/regex_dfa.h"
+#include "sampling/schema_regexes.h"
+#include "sampling/schema_rewrite.h"
 #include "util/check.h"
 #include "util/json_bounds.h"
 
@@ -54,9 +57,11 @@ const std::set<std::string>& Annotations() {
 }
 const std::set<std::string>& Understood() {
   static const std::set<std::string> k = {
-      "type",  "enum",     "const",    "properties", "required",  "additionalProperties",
-      "items", "minItems", "maxItems", "minLength",  "maxLength", "anyOf",
-      "oneOf", "$ref"};
+      "type",       "enum",      "const",         "properties",       "required",
+      "additionalProperties",    "items",         "prefixItems",      "additionalItems",
+      "minItems",   "maxItems",  "minLength",     "maxLength",        "pattern",
+      "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
+      "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable"};
   return k;
 }
 
@@ -74,6 +79,7 @@ class Compiler {
   Status FinishUnions();
   std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
+  std::vector<std::shared_ptr<const RegexDfa>> TakeDfas() { return std::move(dfas_); }
 
  private:
   int32_t Allocate() {
@@ -87,6 +93,12 @@ class Compiler {
   Status FillObject(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer, const std::string& path);
+  int32_t AddDfa(std::shared_ptr<const RegexDfa> dfa) {
+    dfas_.push_back(std::move(dfa));
+    return static_cast<int32_t>(dfas_.size() - 1);
+  }
   Status FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
                        const std::string& path);
   std::vector<FirstBytes> AllStarts() const;
@@ -99,6 +111,7 @@ class Compiler {
   std::vector<std::vector<int32_t>> branches_;  // kUnion: the branch nodes, resolved at the end
   std::vector<std::string> paths_;              // kUnion: where, for errors
   std::map<std::string, int32_t> refs_;
+  std::vector<std::shared_ptr<const RegexDfa>> dfas_;
 };
 
 Status Unsupported(const std::string& path, const std::string& what) {
@@ -107,19 +120,7 @@ Status Unsupported(const std::string& path, const std::string& what) {
 
 Result<int32_t> Compiler::Ref(const std::string& ref, const std::string& path) {
   if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
-  const json* target = nullptr;
-  if (ref == "#") {
-    target = &root_;
-  } else {
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string p(prefix);
-      if (!ref.starts_with(p)) continue;
-      const std::string name = ref.substr(p.size());
-      const std::string section = p.substr(2, p.size() - 3);
-      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
-        target = &root_[section][name];
-    }
-  }
+  const json* target = RefTarget(root_, ref);
   if (target == nullptr)
     return Unsupported(path + ".$ref", "'" + ref +
                                            "' is not a definition of this schema (only "
@@ -150,12 +151,17 @@ Result<int32_t> Compiler::Node(const json& s, const std::string& path) {
     ~Open() { --depth; }
   } open(depth_);
   if (s.is_object() && s.contains("$ref")) {
-    for (const auto& [key, value] : s.items()) {
-      if (key != "$ref" && Annotations().count(key) == 0)
-        return Unsupported(path + "." + key, "keywords beside $ref are not supported");
-    }
     if (!s["$ref"].is_string()) return Unsupported(path + ".$ref", "must be a string");
-    return Ref(s["$ref"].get<std::string>(), path);
+    json rest = s;
+    rest.erase("$ref");
+    bool beside = false;
+    for (const auto& [key, value] : rest.items()) beside |= Annotations().count(key) == 0;
+    if (!beside) return Ref(s["$ref"].get<std::string>(), path);
+    // Keywords beside $ref apply too (draft 2019+): the allOf of the two.
+    const json both = {{"allOf", json::array({json{{"$ref", s["$ref"]}}, rest})}};
+    const int32_t id = Allocate();
+    EMBER_RETURN_IF_ERROR(Fill(id, both, path));
+    return id;
   }
   const int32_t id = Allocate();
   EMBER_RETURN_IF_ERROR(Fill(id, s, path));
@@ -199,10 +205,26 @@ Status Compiler::FillObject(JsonSchemaNode& node, const json& s, const std::stri
 
 Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::string& path) {
   node.kind = JsonSchemaNode::kArray;
-  if (const auto it = s.find("items"); it != s.end()) {
-    if (it->is_array())
-      return Unsupported(path + ".items", "a list of item schemas (a tuple) is not supported");
-    EMBER_ASSIGN_OR_RETURN(node.items, Node(*it, path + ".items"));
+  // A tuple: prefixItems then items (2020-12), or items as a list then additionalItems (older).
+  const bool old_tuple = s.contains("items") && s["items"].is_array();
+  const char* prefix_key = old_tuple ? "items" : "prefixItems";
+  const char* rest_key = old_tuple ? "additionalItems" : "items";
+  if (const auto it = s.find(prefix_key); it != s.end()) {
+    if (!it->is_array() || it->size() > 64)
+      return Unsupported(path + "." + prefix_key, "must be an array of at most 64 schemas");
+    for (size_t i = 0; i < it->size(); ++i) {
+      EMBER_ASSIGN_OR_RETURN(int32_t item,
+                             Node((*it)[i], path + "." + prefix_key + "[" + std::to_string(i) + "]"));
+      node.prefix_items.push_back(item);
+    }
+  }
+  bool closed = false;
+  if (const auto it = s.find(rest_key); it != s.end()) {
+    if (it->is_boolean() && !it->get<bool>()) {
+      closed = true;
+    } else {
+      EMBER_ASSIGN_OR_RETURN(node.items, Node(*it, path + "." + rest_key));
+    }
   }
   for (const char* key : {"minItems", "maxItems"}) {
     const auto it = s.find(key);
@@ -217,8 +239,9 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
       node.max_items = static_cast<int32_t>(std::min<uint64_t>(v, 65535));
     }
   }
+  if (closed) node.max_items = std::min<int32_t>(node.max_items, static_cast<int32_t>(node.prefix_items.size()));
   if (node.min_items > node.max_items)
-    return Unsupported(path + ".minItems", "exceeds maxItems: no array fits");
+    return Unsupported(path + ".minItems", "exceeds maxItems (or the tuple's length): no array fits");
   return Status::Ok();
 }
 
@@ -233,6 +256,11 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   for (const auto& [key, value] : s.items()) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
+  }
+  if (s.contains("nullable")) return Fill(id, WithoutNullable(s), path);
+  if (s.contains("allOf")) {
+    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
+    return Fill(id, merged, path);
   }
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
@@ -275,7 +303,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   const bool object_keys =
       s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
-  const bool array_keys = s.contains("items") || s.contains("minItems") || s.contains("maxItems");
+  const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
+                          s.contains("minItems") || s.contains("maxItems");
   // Without a type, object or array keywords say which.
   std::string type = object_keys ? "object" : array_keys ? "array" : "";
   if (const auto it = s.find("type"); it != s.end()) {
@@ -283,8 +312,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
       return Unsupported(path + ".type", "must be a string or an array of strings");
     type = it->get<std::string>();
   }
-  if ((object_keys && type != "object") || (array_keys && type != "array"))
-    return Unsupported(path + ".type", "'" + type + "' does not go with object or array keywords");
+  // Keywords of other types than `type` do not apply to its values (JSON Schema): a type list's
+  // branches each read their own.
   if (type == "object" || type == "array") {
     EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, path));
   } else if (type == "string") {
@@ -298,10 +327,10 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     }
     if (node.min_length > node.max_length)
       return Unsupported(path + ".minLength", "exceeds maxLength: no string fits");
-  } else if (type == "number") {
-    node.kind = JsonSchemaNode::kNumber;
-  } else if (type == "integer") {
-    node.kind = JsonSchemaNode::kInteger;
+    EMBER_RETURN_IF_ERROR(StringAutomaton(node, s, path));
+  } else if (type == "number" || type == "integer") {
+    node.kind = type == "number" ? JsonSchemaNode::kNumber : JsonSchemaNode::kInteger;
+    EMBER_RETURN_IF_ERROR(NumberAutomaton(node, s, type == "integer", path));
   } else if (type == "boolean") {
     node.kind = JsonSchemaNode::kBoolean;
   } else if (type == "null") {
@@ -323,6 +352,89 @@ Status Compiler::FillContainer(JsonSchemaNode& node, const json& s, const std::s
   Status st = type == "object" ? FillObject(node, s, path) : FillArray(node, s, path);
   --containers_;
   return st;
+}
+
+// pattern and format as automata over the decoded string; with one of them, the length bounds
+// join the automaton (an intersection), where a counter would not know which lengths the
+// pattern can still reach.
+Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path) {
+  std::vector<std::shared_ptr<const RegexDfa>> parts;
+  if (const auto it = s.find("pattern"); it != s.end()) {
+    if (!it->is_string()) return Unsupported(path + ".pattern", "must be a string");
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(it->get<std::string>(), RegexMatch::kSearch,
+                                                  path + ".pattern"));
+    parts.push_back(std::move(dfa));
+  }
+  if (const auto it = s.find("format"); it != s.end()) {
+    if (!it->is_string()) return Unsupported(path + ".format", "must be a string");
+    const std::optional<std::string> regex = FormatRegex(it->get<std::string>());
+    if (!regex) {
+      return Unsupported(path + ".format", "the format '" + it->get<std::string>() +
+                                               "' is not supported (supported: " +
+                                               SupportedFormats() + ")");
+    }
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(*regex, RegexMatch::kWhole, path + ".format"));
+    parts.push_back(std::move(dfa));
+  }
+  if (parts.empty()) return Status::Ok();
+  const std::string both = path + " (minLength/maxLength with pattern/format)";
+  if (node.min_length > 0 || node.max_length < INT32_MAX) {
+    RegexSyntax lengths;
+    const int32_t root =
+        lengths.Repeat(lengths.Set(AnyCodePoint()), node.min_length,
+                       node.max_length == INT32_MAX ? -1 : node.max_length);
+    EMBER_ASSIGN_OR_RETURN(auto dfa, RegexDfa::Compile(lengths, root, both));
+    parts.push_back(std::move(dfa));
+  }
+  std::shared_ptr<const RegexDfa> whole = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    EMBER_ASSIGN_OR_RETURN(whole, RegexDfa::Intersect(*whole, *parts[i],
+                                                      parts.size() == 2 && node.min_length == 0 &&
+                                                              node.max_length == INT32_MAX
+                                                          ? path + " (pattern with format)"
+                                                          : both));
+  }
+  node.dfa = AddDfa(std::move(whole));
+  return Status::Ok();
+}
+
+// minimum / maximum / exclusiveMinimum / exclusiveMaximum as an automaton over the number's text
+// (schema_regexes.h). Bounds are rounded inward to integers: exact for integers; for numbers the
+// documented approximation (decimals only where their whole unit interval fits).
+Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer,
+                                 const std::string& path) {
+  constexpr double kLimit = 1e18;
+  std::optional<int64_t> lo, hi;
+  bool any = false;
+  for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+    const auto it = s.find(key);
+    if (it == s.end() || it->is_boolean()) continue;  // draft 4's boolean exclusive* below
+    if (!it->is_number()) return Unsupported(path + "." + key, "must be a number");
+    any = true;
+    const std::string_view name(key);
+    const bool lower = name == "minimum" || name == "exclusiveMinimum";
+    const std::string other = std::string("exclusive") + (lower ? "Minimum" : "Maximum");
+    const bool exclusive = name.starts_with("exclusive") ||
+                           (s.contains(other) && s[other].is_boolean() && s[other].get<bool>());
+    const double x = it->get<double>();
+    if (lower ? x < -kLimit : x > kLimit) continue;  // no bound within reach
+    if (std::fabs(x) > kLimit)
+      return Unsupported(path + "." + key, "bounds beyond ±10^18 are not supported");
+    const auto bound = static_cast<int64_t>(lower ? (exclusive ? std::floor(x) + 1 : std::ceil(x))
+                                                  : (exclusive ? std::ceil(x) - 1 : std::floor(x)));
+    if (lower) lo = lo ? std::max(*lo, bound) : bound;
+    if (!lower) hi = hi ? std::min(*hi, bound) : bound;
+  }
+  if (!any || (!lo && !hi)) return Status::Ok();
+  const std::string where = path + "." + (lo ? "minimum" : "maximum");
+  if (lo && hi && *lo > *hi)
+    return Unsupported(where, "no " + std::string(integer ? "integer" : "value") +
+                                  " lies within the bounds (number bounds are rounded inward "
+                                  "to integers)");
+  const std::string regex = integer ? IntegerRangeRegex(lo, hi) : NumberRangeRegex(lo, hi);
+  EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
+  node.dfa = AddDfa(std::move(dfa));
+  return Status::Ok();
 }
 
 // The length of a JSON string in code points (what minLength / maxLength count).
@@ -349,8 +461,9 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
   const std::string key = s.contains("const") ? "const" : "enum";
   if (s.contains("const") && s.contains("enum"))
     return Unsupported(path + ".enum", "enum beside const is not supported");
-  for (const char* other : {"properties", "required", "additionalProperties", "items", "minItems",
-                            "maxItems", "anyOf", "oneOf"}) {
+  for (const char* other : {"properties", "required", "additionalProperties", "items", "prefixItems",
+                            "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
+                            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }
@@ -468,7 +581,10 @@ std::vector<uint8_t> Compiler::MinFrames() const {
       for (const auto& p : node.properties)
         if (p.required) visit(p.node);
     } else if (node.kind == JsonSchemaNode::kArray) {
-      if (node.min_items > 0 && node.items >= 0) visit(node.items);
+      const auto num_prefix = static_cast<int32_t>(node.prefix_items.size());
+      for (int32_t i = 0; i < std::min(node.min_items, num_prefix); ++i)
+        visit(node.prefix_items[static_cast<size_t>(i)]);
+      if (node.min_items > num_prefix && node.items >= 0) visit(node.items);
     } else if (node.kind == JsonSchemaNode::kUnion) {
       for (int32_t b : node.branch_by_first_byte)
         if (b >= 0) visit(b);
@@ -522,6 +638,7 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   auto out = std::make_shared<CompiledJsonSchema>();
   out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();
+  out->dfas = compiler.TakeDfas();
   if (out->nodes.size() > 65535) return Unsupported(path, "the schema is too large");
   if (out->nodes[static_cast<size_t>(root)].kind != JsonSchemaNode::kObject)
     return Unsupported(path, "the root schema must be an object (\"type\": \"object\")");
@@ -600,17 +717,31 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       return true;
     }
     case JsonSchemaNode::kString:
+      if (n.dfa >= 0) {
+        if (c != '"') return false;
+        leaf_ = kLeafDfaString;
+        leaf_node_ = static_cast<uint16_t>(node_id);
+        dfa_state_ = LeafDfa().start();
+        escape_ = 0;
+        return true;
+      }
       if (!starts || !scan(false, c)) return false;
       bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
       leaf_node_ = static_cast<uint16_t>(node_id);
       chars_ = 0;
       return true;
     case JsonSchemaNode::kNumber:
+    case JsonSchemaNode::kInteger:
+      if (n.dfa >= 0) {
+        leaf_ = kLeafDfaNumber;
+        leaf_node_ = static_cast<uint16_t>(node_id);
+        dfa_state_ = LeafDfa().Next(LeafDfa().start(), c);
+        return dfa_state_ != RegexDfa::kDead;
+      }
+      return starts && scan(n.kind == JsonSchemaNode::kInteger, c);
     case JsonSchemaNode::kBoolean:
     case JsonSchemaNode::kNull:
       return starts && scan(false, c);
-    case JsonSchemaNode::kInteger:
-      return starts && scan(true, c);
     case JsonSchemaNode::kLiterals:
       leaf_ = kLeafLiteral;
       lit_node_ = static_cast<uint16_t>(node_id);
@@ -679,7 +810,7 @@ bool JsonSchemaMachine::StepKey(uint8_t c) {
 bool JsonSchemaMachine::StepStructure(uint8_t c) {
   if (depth_ == 0) return StartValue(schema_->root, c);  // the output starts with the value itself
   Frame& f = frames_[depth_ - 1];
-  if (IsWhitespace(c)) return ++ws_run_ <= JsonScanner::kMaxWhitespaceRun;
+  if (IsWhitespace(c)) return StepWhitespace(c, &ws_run_);
   ws_run_ = 0;
   const JsonSchemaNode& n = schema_->nodes[f.node];
   auto close = [this]() {
@@ -727,7 +858,8 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
       if (c == ']') return n.min_items == 0 && close();
       [[fallthrough]];
     case kArrayItem:
-      return f.index < n.max_items && StartValue(n.items, c);
+      return f.index < n.max_items &&
+             StartValue(f.index < n.prefix_items.size() ? n.prefix_items[f.index] : n.items, c);
     case kAfterItem:
       if (c == ']') return f.index >= n.min_items && close();
       if (c != ',' || f.index >= n.max_items) return false;
@@ -770,8 +902,82 @@ void JsonSchemaMachine::AppendKey(std::string* key) const {
       put(key_mask_);
       put(lit_pos_);
       break;
+    case kLeafDfaString:
+    case kLeafDfaNumber:
+      put(leaf_node_);
+      put(dfa_state_);
+      put(escape_);
+      put(escape_value_);
+      break;
     case kLeafNone:
       break;
+  }
+}
+
+bool JsonSchemaMachine::DfaTakesAny(uint8_t lo, uint8_t hi) const {
+  const RegexDfa& dfa = LeafDfa();
+  for (int b = lo; b <= hi; ++b)
+    if (dfa.Next(dfa_state_, static_cast<uint8_t>(b)) != RegexDfa::kDead) return true;
+  return false;
+}
+
+// A string's content as its decoded bytes through the automaton. Written raw: printable ASCII
+// but the quote and the backslash, and UTF-8 (the automaton accepts only valid sequences).
+// Escaped: quote, backslash, slash, and the control characters (b f n r t, the others as u00XX);
+// other u escapes are never written. Every character the automaton allows can so be written, and each
+// escape is entered only when one of its completions is allowed: the string never strands.
+bool JsonSchemaMachine::StepDfaString(uint8_t c) {
+  const RegexDfa& dfa = LeafDfa();
+  auto take = [&](uint8_t decoded) {
+    const int32_t next = dfa.Next(dfa_state_, decoded);
+    if (next == RegexDfa::kDead) return false;
+    dfa_state_ = next;
+    escape_ = 0;
+    return true;
+  };
+  switch (escape_) {
+    case 0:
+      if (c == '"') {
+        if (!dfa.Accepting(dfa_state_)) return false;
+        leaf_ = kLeafNone;
+        ValueDone();
+        return true;
+      }
+      if (c == '\\') {
+        escape_ = 1;
+        return DfaTakesAny(0x00, 0x1F) || DfaTakesAny('"', '"') || DfaTakesAny('\\', '\\') ||
+               DfaTakesAny('/', '/');
+      }
+      return c >= 0x20 && take(c);
+    case 1:
+      switch (c) {
+        case '"': case '\\': case '/': return take(c);
+        case 'b': return take('\b');
+        case 'f': return take('\f');
+        case 'n': return take('\n');
+        case 'r': return take('\r');
+        case 't': return take('\t');
+        case 'u':
+          escape_ = 2;
+          return DfaTakesAny(0x00, 0x1F);
+        default: return false;
+      }
+    case 2: case 3:
+      if (c != '0') return false;
+      ++escape_;
+      return true;
+    case 4:
+      if (c != '0' && c != '1') return false;
+      escape_value_ = static_cast<uint8_t>((c - '0') * 16);
+      escape_ = 5;
+      return DfaTakesAny(escape_value_, static_cast<uint8_t>(escape_value_ + 15));
+    default: {
+      const int h = c >= '0' && c <= '9' ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      return h >= 0 && take(static_cast<uint8_t>(escape_value_ + h));
+    }
   }
 }
 
@@ -810,6 +1016,19 @@ bool JsonSchemaMachine::Step(uint8_t c) {
       break;
     case kLeafKey:
       return StepKey(c);
+    case kLeafDfaString:
+      return StepDfaString(c);
+    case kLeafDfaNumber:
+      if (IsNumberByte(c)) {
+        const int32_t next = LeafDfa().Next(dfa_state_, c);
+        if (next == RegexDfa::kDead) return false;
+        dfa_state_ = next;
+        return true;
+      }
+      if (!LeafDfa().Accepting(dfa_state_)) return false;
+      leaf_ = kLeafNone;  // the number ended; c belongs to what follows
+      ValueDone();
+      break;
     case kLeafNone:
       break;
   }

@@ -37,6 +37,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "sampling/json_constraint.h"
+#include "sampling/regex_dfa.h"
 #include "sampling/token_constraint.h"
 #include "util/status.h"
 
@@ -68,8 +69,14 @@ struct JsonSchemaNode {
   // kArray
   int32_t items = -1;  // -1: any value
   int32_t min_items = 0, max_items = INT32_MAX;
+  // kArray: prefixItems' nodes (item i < size follows prefix_items[i], later ones `items`).
+  std::vector<int32_t> prefix_items;
   // kString: bounds on the number of characters (code points; an escape is one).
   int32_t min_length = 0, max_length = INT32_MAX;
+  // kString, kInteger, kNumber: the value's automaton in CompiledJsonSchema::dfas (-1: none).
+  // A string's runs over its decoded UTF-8 (pattern, format, and with them the lengths, which
+  // then are folded in); a number's over its JSON text (minimum/maximum).
+  int32_t dfa = -1;
   // kLiterals: the compact JSON text of each allowed value, sorted.
   std::vector<std::string> literals;
   // kUnion: the branch node for each first byte (-1: none).
@@ -82,6 +89,7 @@ struct CompiledJsonSchema {
   // + 1: no value fits). The machine starts a value only where it fits, so it never strands.
   std::vector<uint8_t> min_frames;
   int32_t root = 0;  // an object node
+  std::vector<std::shared_ptr<const RegexDfa>> dfas;
 };
 
 // `path` names the schema in errors (e.g. "response_format.json_schema.schema"). The schema is an
@@ -122,10 +130,18 @@ class JsonSchemaMachine {
     uint16_t index;  // object: next property; array: items so far
     uint16_t value;  // object: the node of the member being read (+1; 0: any)
   };
-  enum Leaf : uint8_t { kLeafNone, kLeafScanner, kLeafLiteral, kLeafKey };
+  // kLeafDfaString: a string value with an automaton (after its opening quote); kLeafDfaNumber:
+  // a number with one.
+  enum Leaf : uint8_t { kLeafNone, kLeafScanner, kLeafLiteral, kLeafKey, kLeafDfaString, kLeafDfaNumber };
   enum LiteralStep : uint8_t { kLiteralTook, kLiteralRefused, kLiteralEnded };
 
   bool StartValue(int32_t node, uint8_t c);
+  bool StepDfaString(uint8_t c);
+  // Some byte in [lo, hi] continues the string's automaton (an escape's choices).
+  bool DfaTakesAny(uint8_t lo, uint8_t hi) const;
+  const RegexDfa& LeafDfa() const {
+    return *schema_->dfas[static_cast<size_t>(schema_->nodes[leaf_node_].dfa)];
+  }
   bool StepStructure(uint8_t c);
   LiteralStep StepLiteral(uint8_t c);
   bool StepKey(uint8_t c);
@@ -150,6 +166,11 @@ class JsonSchemaMachine {
   JsonScanner scanner_;
   uint16_t lit_node_ = 0, lit_lo_ = 0, lit_hi_ = 0, lit_pos_ = 0;  // kLeafLiteral
   uint64_t key_mask_ = 0;                                          // kLeafKey: keys still possible
+  // kLeafDfaString / kLeafDfaNumber (leaf_node_ is the node): the automaton's state; in a string,
+  // the escape being read (0 none, 1 after a backslash, 2..4 after "u", "u0", "u00", 5 after
+  // "u00X" with escape_value_ = X * 16).
+  int32_t dfa_state_ = 0;
+  uint8_t escape_ = 0, escape_value_ = 0;
 };
 
 // JSON-schema structured output over `texts` (json_constraint.h).
