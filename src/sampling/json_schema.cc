@@ -399,8 +399,9 @@ Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std:
 }
 
 // minimum / maximum / exclusiveMinimum / exclusiveMaximum as an automaton over the number's text
-// (schema_regexes.h). Bounds are rounded inward to integers: exact for integers; for numbers the
-// documented approximation (decimals only where their whole unit interval fits).
+// (schema_regexes.h), and the digit limits for every number. Bounds are rounded inward to
+// integers: exact for integers; for numbers the documented approximation (decimals only where
+// their whole unit interval fits).
 Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer,
                                  const std::string& path) {
   constexpr double kLimit = 1e18;
@@ -425,8 +426,13 @@ Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integ
     if (lower) lo = lo ? std::max(*lo, bound) : bound;
     if (!lower) hi = hi ? std::min(*hi, bound) : bound;
   }
-  if (!any || (!lo && !hi)) return Status::Ok();
-  const std::string where = path + "." + (lo ? "minimum" : "maximum");
+  const std::string where = !any ? path : path + "." + (lo ? "minimum" : "maximum");
+  if (!lo && !hi) {  // the digit limits alone (schema_regexes.h)
+    const std::string regex = integer ? IntegerRangeRegex(lo, hi) : UnboundedNumberRegex();
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
+    node.dfa = AddDfa(std::move(dfa));
+    return Status::Ok();
+  }
   if (lo && hi && *lo > *hi)
     return Unsupported(where, "no " + std::string(integer ? "integer" : "value") +
                                   " lies within the bounds (number bounds are rounded inward "
@@ -687,9 +693,8 @@ void JsonSchemaMachine::ValueDone() {
 }
 
 bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
-  auto scan = [this](bool integer, uint8_t first) {
+  auto scan = [this](uint8_t first) {
     scanner_ = JsonScanner::AnyValue();
-    integer_ = integer;
     bounded_ = false;
     leaf_ = kLeafScanner;
     return scanner_.Step(first);
@@ -702,12 +707,12 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
     node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
     if (node_id < 0) return false;
   }
-  if (node_id < 0) return scan(false, c);
+  if (node_id < 0) return scan(c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
   const bool starts = KindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
   switch (n.kind) {
     case JsonSchemaNode::kAny:
-      return scan(false, c);
+      return scan(c);
     case JsonSchemaNode::kObject:
     case JsonSchemaNode::kArray: {
       if (!starts || !Fits(node_id)) return false;
@@ -725,23 +730,21 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
         escape_ = 0;
         return true;
       }
-      if (!starts || !scan(false, c)) return false;
+      if (!starts || !scan(c)) return false;
       bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
       leaf_node_ = static_cast<uint16_t>(node_id);
       chars_ = 0;
       return true;
     case JsonSchemaNode::kNumber:
-    case JsonSchemaNode::kInteger:
-      if (n.dfa >= 0) {
-        leaf_ = kLeafDfaNumber;
-        leaf_node_ = static_cast<uint16_t>(node_id);
-        dfa_state_ = LeafDfa().Next(LeafDfa().start(), c);
-        return dfa_state_ != RegexDfa::kDead;
-      }
-      return starts && scan(n.kind == JsonSchemaNode::kInteger, c);
+    case JsonSchemaNode::kInteger:  // always an automaton (at least the digit limits)
+      CHECK(n.dfa >= 0);
+      leaf_ = kLeafDfaNumber;
+      leaf_node_ = static_cast<uint16_t>(node_id);
+      dfa_state_ = LeafDfa().Next(LeafDfa().start(), c);
+      return dfa_state_ != RegexDfa::kDead;
     case JsonSchemaNode::kBoolean:
     case JsonSchemaNode::kNull:
-      return starts && scan(false, c);
+      return starts && scan(c);
     case JsonSchemaNode::kLiterals:
       leaf_ = kLeafLiteral;
       lit_node_ = static_cast<uint16_t>(node_id);
@@ -824,7 +827,6 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
       f.phase = kColon;  // after the key's string, which the scanner reads
       f.value = static_cast<uint16_t>(n.values + 1);
       scanner_ = JsonScanner::AnyValue();
-      integer_ = false;
       bounded_ = false;
       leaf_ = kLeafScanner;
       return scanner_.Step(c);
@@ -884,7 +886,6 @@ void JsonSchemaMachine::AppendKey(std::string* key) const {
   put(ws_run_);
   switch (leaf_) {
     case kLeafScanner:
-      put(static_cast<uint8_t>(integer_));
       put(static_cast<uint8_t>(bounded_));
       if (bounded_) {
         put(leaf_node_);
@@ -990,7 +991,6 @@ bool JsonSchemaMachine::Step(uint8_t c) {
         ValueDone();
         break;
       }
-      if (integer_ && (c == '.' || c == 'e' || c == 'E')) return false;
       if (bounded_ && scanner_.InPlainString()) {  // c closes the string or starts a character
         const JsonSchemaNode& n = schema_->nodes[leaf_node_];
         if (c == '"' ? chars_ < static_cast<uint32_t>(n.min_length)

@@ -157,7 +157,6 @@ class JsonSchemaMachine {
   std::array<Frame, kMaxFrames> frames_{};
   uint8_t depth_ = 0;
   Leaf leaf_ = kLeafNone;
-  bool integer_ = false;  // the leaf scanner reads an integer
   bool bounded_ = false;  // the leaf scanner reads a string with length bounds (leaf_node_)
   uint16_t leaf_node_ = 0;
   uint32_t chars_ = 0;  // bounded_: characters so far

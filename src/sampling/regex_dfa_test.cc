@@ -187,8 +187,16 @@ TEST(SchemaRegexesTest, IntegerRangesAreExact) {
       EXPECT_FALSE(dfa->Matches("1.0"));
     }
   }
-  EXPECT_TRUE(Dfa(IntegerRangeRegex(std::nullopt, std::nullopt))->Matches("123456789012345678901"));
-  EXPECT_TRUE(Dfa(IntegerRangeRegex(0, std::nullopt))->Matches("123456789012345678901"));
+  // At most 18 digits: finite doubles, bounded output.
+  EXPECT_TRUE(Dfa(IntegerRangeRegex(std::nullopt, std::nullopt))->Matches("-123456789012345678"));
+  EXPECT_FALSE(Dfa(IntegerRangeRegex(std::nullopt, std::nullopt))->Matches("1234567890123456789"));
+  EXPECT_TRUE(Dfa(IntegerRangeRegex(0, std::nullopt))->Matches("123456789012345678"));
+  EXPECT_FALSE(Dfa(IntegerRangeRegex(0, std::nullopt))->Matches("1234567890123456789"));
+  auto any = Dfa(UnboundedNumberRegex());
+  for (const char* ok : {"0", "-0.5", "1e10", "1.25E-07", "123456789012345678.0123456789012345"})
+    EXPECT_TRUE(any->Matches(ok)) << ok;
+  for (const char* bad : {"01", "1e999", ".5", "1.", "-", "1e", "1234567890123456789"})
+    EXPECT_FALSE(any->Matches(bad)) << bad;
 }
 
 // Decimals are sound: whatever matches lies within the bounds; integers stay exact.

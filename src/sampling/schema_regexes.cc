@@ -43,6 +43,8 @@ std::string SameLength(const std::string& lo, const std::string& hi) {
 }
 
 constexpr int64_t kUnbounded = -1;
+constexpr size_t kMaxIntegerDigits = 18;
+constexpr const char* kFraction = "\\.\\d{1,16}";
 
 std::string JoinAlternatives(const std::vector<std::string>& parts) {
   std::string out;
@@ -66,7 +68,10 @@ std::string Magnitudes(int64_t lo, int64_t hi) {
     if (hi != kUnbounded && len == max_len) last = std::to_string(hi);
     parts.push_back(SameLength(first, last));
   }
-  if (hi == kUnbounded) parts.push_back("[1-9]\\d{" + std::to_string(los.size()) + ",}");
+  if (hi == kUnbounded && los.size() < kMaxIntegerDigits) {
+    parts.push_back("[1-9]\\d{" + std::to_string(los.size()) + "," +
+                    std::to_string(kMaxIntegerDigits - 1) + "}");
+  }
   return "(?:" + JoinAlternatives(parts) + ")";
 }
 
@@ -113,19 +118,23 @@ std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> 
   return Integers(lo, hi);
 }
 
+std::string UnboundedNumberRegex() {
+  return "-?(?:0|[1-9]\\d{0,17})(?:\\.\\d{1,16})?(?:[eE][+-]?\\d{1,2})?";
+}
+
 std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   std::vector<std::string> parts;
   if (const std::string ints = Integers(lo, hi); !ints.empty()) parts.push_back(ints);
   // I.F with I >= 0: [I, I + 1) within the bounds: lo <= I and I + 1 <= hi.
   if (!hi || *hi >= 1) {
     const std::string m = Magnitudes(lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi - 1 : kUnbounded);
-    if (!m.empty()) parts.push_back(m + "\\.\\d+");
+    if (!m.empty()) parts.push_back(m + kFraction);
   }
   // -I.F: (-(I + 1), -I] within the bounds: lo <= -(I + 1) and -I <= hi; I = 0 is "-0.F".
   if (!lo || *lo <= -1) {
     const int64_t least = hi && *hi < 0 ? -*hi : 0;
     const std::string m = Magnitudes(least, lo ? -*lo - 1 : kUnbounded);
-    if (!m.empty()) parts.push_back("-" + m + "\\.\\d+");
+    if (!m.empty()) parts.push_back("-" + m + kFraction);
   }
   return JoinAlternatives(parts);
 }

@@ -26,11 +26,17 @@ std::optional<std::string> FormatRegex(std::string_view format);
 // The names FormatRegex supports, for error messages.
 const char* SupportedFormats();
 
+// Numbers are written with at most 18 integer digits, 16 fraction digits and a two-digit
+// exponent: every value is a finite double (JSON Schema validators in JavaScript read 1e999 as
+// Infinity, which is no number), and a model cannot pad a number forever.
+//
 // Integers in [lo, hi] (nullopt: unbounded on that side) as canonical JSON integers (no leading
 // zeros, no "-0", no fraction or exponent). |bounds| must be below 10^18.
 std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi);
 // JSON numbers in [lo, hi] (integer bounds): the integers of IntegerRangeRegex, and decimals
 // I.F (no exponent) whose integer part's whole unit interval lies within the bounds.
 std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi);
+// Any number within the digit limits (`type: number` without bounds).
+std::string UnboundedNumberRegex();
 
 }  // namespace ember
