@@ -8,9 +8,9 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 
+#include "sampling/corpus_walk.h"
 #include "sampling/json_schema.h"
 #include "tokenizer/tokenizer.h"
 #include "util/testing.h"
@@ -26,55 +26,6 @@ std::vector<json> ReadCorpus() {
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) out.push_back(json::parse(line));
   return out;
-}
-
-// Ids whose text contains one of `chars`, for the walk's bias toward closing what it opened.
-std::vector<uint8_t> Containing(const TokenTexts& texts, const char* chars) {
-  std::vector<uint8_t> out(texts.bytes.size(), 0);
-  for (size_t id = 0; id < texts.bytes.size(); ++id)
-    out[id] = texts.bytes[id] && texts.bytes[id]->find_first_of(chars) != std::string::npos;
-  return out;
-}
-
-struct Walk {
-  std::string text;
-  bool done = false;
-};
-
-// Random allowed tokens: uniform at first, then more and more often one holding a quote or a
-// closing bracket (alternately), so that strings and containers get closed.
-Walk RandomWalk(TokenConstraint& c, const TokenTexts& texts, const std::vector<uint8_t>& quotes,
-                const std::vector<uint8_t>& closers, std::mt19937& rng) {
-  constexpr int kMaxSteps = 1500;
-  Walk walk;
-  std::vector<uint8_t> allowed;
-  std::vector<int32_t> ids, preferred;
-  for (int step = 0; step < kMaxSteps && !c.Done(); ++step) {
-    const int64_t count = c.Allowed(allowed);
-    if (count <= 0) {
-      ADD_FAILURE() << "stranded after " << walk.text;
-      return walk;
-    }
-    ids.clear();
-    preferred.clear();
-    const std::vector<uint8_t>& prefer = step % 2 ? quotes : closers;
-    for (size_t id = 0; id < allowed.size(); ++id) {
-      if (!allowed[id]) continue;
-      ids.push_back(static_cast<int32_t>(id));
-      if (prefer[id]) preferred.push_back(static_cast<int32_t>(id));
-    }
-    EXPECT_EQ(static_cast<int64_t>(ids.size()), count);
-    const bool biased = !preferred.empty() && static_cast<int>(rng() % 200) < 20 + step;
-    const std::vector<int32_t>& from = biased ? preferred : ids;
-    const int32_t id = from[rng() % from.size()];
-    if (!c.Accept(id)) {
-      ADD_FAILURE() << "an allowed token was refused after " << walk.text;
-      return walk;
-    }
-    if (texts.bytes[static_cast<size_t>(id)]) walk.text += *texts.bytes[static_cast<size_t>(id)];
-  }
-  walk.done = c.Done();
-  return walk;
 }
 
 TEST(SchemaCorpusTest, RandomWalksOnRealVocabulariesFinishAsJson) {
@@ -93,8 +44,7 @@ TEST(SchemaCorpusTest, RandomWalksOnRealVocabulariesFinishAsJson) {
     for (int32_t id = 0; id < (*tok)->vocab_size(); ++id)
       bytes[static_cast<size_t>(id)] = (*tok)->TokenBytes(id);
     auto texts = TokenTexts::Build(std::move(bytes));
-    const std::vector<uint8_t> quotes = Containing(*texts, "\"");
-    const std::vector<uint8_t> closers = Containing(*texts, "}]");
+    const WalkBias bias = WalkBias::For(*texts);
     int finished = 0;
     for (size_t i = 0; i < corpus.size(); ++i) {
       const std::string schema_name = corpus[i]["name"].get<std::string>();
@@ -103,8 +53,10 @@ TEST(SchemaCorpusTest, RandomWalksOnRealVocabulariesFinishAsJson) {
       ASSERT_TRUE(compiled.ok()) << compiled.message();
       auto constraint = MakeJsonSchemaConstraint(texts, *compiled);
       std::mt19937 rng(static_cast<uint32_t>(i * 7919 + name[0]));
-      const Walk walk = RandomWalk(*constraint, *texts, quotes, closers, rng);
-      if (::testing::Test::HasFailure()) return;
+      const WalkResult walk = RandomWalk(*constraint, *texts, bias, rng, /*time_masks=*/false);
+      ASSERT_FALSE(walk.stranded) << "no token allowed after " << walk.text;
+      ASSERT_FALSE(walk.refused) << "an allowed token refused after " << walk.text;
+      ASSERT_FALSE(walk.miscounted) << "Allowed()'s count differs from its mask after " << walk.text;
       if (!walk.done) continue;
       ++finished;
       EXPECT_FALSE(json::parse(walk.text, nullptr, false).is_discarded()) << walk.text;
