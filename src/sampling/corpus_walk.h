@@ -4,8 +4,11 @@
 // one whose text holds a quote or a closing bracket (alternately), so that strings and
 // containers get closed — and accepts it, until the constraint is done or the step budget ends.
 // It records whether the constraint ever allowed nothing (stranded) or refused an id it had
-// allowed, and optionally the time of each Allowed() call.
+// allowed, and optionally the time of each Allowed() call (wall clock, and the thread's CPU
+// time, which a loaded machine's other work does not inflate).
 #pragma once
+
+#include <time.h>
 
 #include <chrono>
 #include <cstdint>
@@ -39,8 +42,15 @@ struct WalkResult {
   bool stranded = false;   // Allowed() was 0 before Done()
   bool refused = false;    // Accept() refused an allowed id
   bool miscounted = false;  // Allowed()'s count differs from its mask
-  std::vector<double> mask_us;  // each Allowed() call's time (when asked for)
+  std::vector<double> mask_us;      // each Allowed() call's wall time (when asked for)
+  std::vector<double> mask_cpu_us;  // ... and its thread CPU time
 };
+
+inline double ThreadCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) * 1e-3;
+}
 
 inline WalkResult RandomWalk(TokenConstraint& c, const TokenTexts& texts, const WalkBias& bias,
                              std::mt19937& rng, bool time_masks, int max_steps = 1500) {
@@ -50,9 +60,12 @@ inline WalkResult RandomWalk(TokenConstraint& c, const TokenTexts& texts, const 
   std::vector<int32_t> ids, preferred;
   for (int step = 0; step < max_steps && !c.Done(); ++step) {
     const auto start = Clock::now();
+    const double cpu_start = time_masks ? ThreadCpuMicros() : 0;
     const int64_t count = c.Allowed(allowed);
-    if (time_masks)
+    if (time_masks) {
+      walk.mask_cpu_us.push_back(ThreadCpuMicros() - cpu_start);
       walk.mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
     if (count <= 0) {
       walk.stranded = true;
       return walk;

@@ -105,5 +105,26 @@ TEST(JsonObjectConstraintTest, AllowsExactlyTheTokensThatScan) {
   EXPECT_FALSE(c.Done());
 }
 
+// Masks go to bits and back a word at a time: every size (tails included) round-trips.
+TEST(MaskCacheTest, PackAndUnpackRoundTrip) {
+  std::mt19937 rng(11);
+  for (size_t size : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 128256}) {
+    std::vector<uint8_t> mask(size);
+    for (uint8_t& m : mask) m = rng() % 3 == 0;
+    std::vector<uint64_t> bits;
+    PackMask(mask, &bits);
+    ASSERT_EQ(bits.size(), (size + 63) / 64);
+    for (size_t id = 0; id < size; ++id) ASSERT_EQ((bits[id / 64] >> (id % 64)) & 1, mask[id]) << id;
+    std::vector<uint8_t> back(3, 7);
+    UnpackMask(bits, size, &back);
+    EXPECT_EQ(back, mask) << size;
+    MaskCache cache;
+    cache.Insert("k", mask, 5);
+    EXPECT_EQ(cache.Find("k", &back), 5);
+    EXPECT_EQ(back, mask);
+    EXPECT_EQ(cache.Find("other", &back), -1);
+  }
+}
+
 }  // namespace
 }  // namespace ember

@@ -111,6 +111,20 @@ class JsonSchemaMachine {
   bool InPlainString() const {
     return leaf_ == kLeafScanner && !bounded_ && scanner_.InPlainString();
   }
+  // Between the characters of a string with length bounds: *room more characters fit.
+  bool InBoundedString(uint32_t* room) const {
+    if (leaf_ != kLeafScanner || !bounded_ || !scanner_.InPlainString()) return false;
+    const auto max = static_cast<uint32_t>(schema_->nodes[leaf_node_].max_length);
+    *room = chars_ >= max ? 0 : max - chars_;
+    return true;
+  }
+  // Between the characters of a string with an automaton (not in an escape): a byte without
+  // quote, backslash or control character is exactly a step of the returned automaton.
+  const RegexDfa* StringDfa(int32_t* state) const {
+    if (leaf_ != kLeafDfaString || escape_ != 0) return nullptr;
+    *state = dfa_state_;
+    return &LeafDfa();
+  }
 
  private:
   enum Phase : uint8_t {
