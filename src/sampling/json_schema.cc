@@ -61,7 +61,8 @@ const std::set<std::string>& Understood() {
       "additionalProperties",    "items",         "prefixItems",      "additionalItems",
       "minItems",   "maxItems",  "minLength",     "maxLength",        "pattern",
       "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
-      "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable"};
+      "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
+      "multipleOf"};
   return k;
 }
 
@@ -427,7 +428,20 @@ Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integ
     if (!lower) hi = hi ? std::min(*hi, bound) : bound;
   }
   const std::string where = !any ? path : path + "." + (lo ? "minimum" : "maximum");
-  if (!lo && !hi) {  // the digit limits alone (schema_regexes.h)
+  std::shared_ptr<const RegexDfa> multiples;
+  if (const auto it = s.find("multipleOf"); it != s.end()) {
+    // An integer k: the multiples of k (integers, also for "number": a sound subset).
+    const double k = it->is_number() ? it->get<double>() : 0;
+    const bool whole = k >= 1 && k <= double(RegexDfa::kMaxDivisor) && std::trunc(k) == k;
+    if (!whole) {
+      return Unsupported(path + ".multipleOf", "only integers from 1 to " +
+                                                   std::to_string(RegexDfa::kMaxDivisor) +
+                                                   " are supported");
+    }
+    multiples = RegexDfa::Multiples(static_cast<int64_t>(k));
+    integer = true;
+  }
+  if (!lo && !hi && !multiples) {  // the digit limits alone (schema_regexes.h)
     const std::string regex = integer ? IntegerRangeRegex(lo, hi) : UnboundedNumberRegex();
     EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
     node.dfa = AddDfa(std::move(dfa));
@@ -439,6 +453,9 @@ Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integ
                                   "to integers)");
   const std::string regex = integer ? IntegerRangeRegex(lo, hi) : NumberRangeRegex(lo, hi);
   EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
+  if (multiples) {
+    EMBER_ASSIGN_OR_RETURN(dfa, RegexDfa::Intersect(*dfa, *multiples, path + ".multipleOf"));
+  }
   node.dfa = AddDfa(std::move(dfa));
   return Status::Ok();
 }
@@ -469,7 +486,8 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
     return Unsupported(path + ".enum", "enum beside const is not supported");
   for (const char* other : {"properties", "required", "additionalProperties", "items", "prefixItems",
                             "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
-                            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+                            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }

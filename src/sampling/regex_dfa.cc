@@ -294,6 +294,32 @@ Result<std::shared_ptr<const RegexDfa>> RegexDfa::Intersect(const RegexDfa& a, c
   return std::shared_ptr<const RegexDfa>(std::move(dfa));
 }
 
+std::shared_ptr<const RegexDfa> RegexDfa::Multiples(int64_t k) {
+  CHECK(k >= 1 && k <= kMaxDivisor);
+  auto dfa = std::make_shared<RegexDfa>();
+  // Classes: each digit, '-', everything else.
+  enum : uint8_t { kMinus = 10, kOther = 11 };
+  dfa->byte_class_.fill(kOther);
+  for (int d = 0; d < 10; ++d) dfa->byte_class_[static_cast<size_t>('0' + d)] = static_cast<uint8_t>(d);
+  dfa->byte_class_['-'] = kMinus;
+  dfa->num_classes_ = 12;
+  // States: 0 start, 1 after '-', 2 "0", 3 + r: a number with remainder r mod k.
+  const auto num_states = static_cast<size_t>(3 + k);
+  dfa->next_.assign(num_states * dfa->num_classes_, kDead);
+  dfa->accepting_.assign(num_states, 0);
+  auto at = [&](size_t state, size_t c) -> int32_t& { return dfa->next_[state * dfa->num_classes_ + c]; };
+  auto remainder = [&](int64_t r) { return static_cast<int32_t>(3 + r % k); };
+  at(0, kMinus) = 1;
+  at(0, 0) = 2;
+  for (int d = 1; d < 10; ++d) at(0, static_cast<size_t>(d)) = at(1, static_cast<size_t>(d)) = remainder(d);
+  for (int64_t r = 0; r < k; ++r)
+    for (int d = 0; d < 10; ++d) at(static_cast<size_t>(3 + r), static_cast<size_t>(d)) = remainder(10 * r + d);
+  dfa->accepting_[2] = dfa->accepting_[3] = 1;
+  dfa->start_ = 0;
+  CHECK(dfa->Trim("multipleOf").ok());  // every remainder can still reach 0
+  return dfa;
+}
+
 Status RegexDfa::Trim(const std::string& path) {
   const size_t n = accepting_.size();
   std::vector<std::vector<int32_t>> into(n);

@@ -44,6 +44,10 @@ class RegexDfa {
   // The DFA of syntax.nodes[root]. `path` names the pattern in errors.
   static Result<std::shared_ptr<const RegexDfa>> Compile(const RegexSyntax& syntax, int32_t root,
                                                          const std::string& path);
+  // Canonical JSON integers (no leading zeros, no "-0") divisible by `k` (1..kMaxDivisor):
+  // the remainder so far is the state (JSON Schema's integer multipleOf).
+  static constexpr int64_t kMaxDivisor = 1000;
+  static std::shared_ptr<const RegexDfa> Multiples(int64_t k);
   // The texts both match (product construction, the same bounds).
   static Result<std::shared_ptr<const RegexDfa>> Intersect(const RegexDfa& a, const RegexDfa& b,
                                                            const std::string& path);

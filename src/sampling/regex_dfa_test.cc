@@ -168,6 +168,18 @@ TEST(RegexDfaTest, IntersectionAndTerminalStates) {
   EXPECT_TRUE(choice->Terminal(s));
 }
 
+TEST(RegexDfaTest, MultiplesAreExact) {
+  for (int64_t k : {1, 2, 3, 7, 10, 25, 1000}) {
+    auto dfa = RegexDfa::Multiples(k);
+    for (int64_t n = -3000; n <= 3000; ++n)
+      ASSERT_EQ(dfa->Matches(std::to_string(n)), n % k == 0) << k << " " << n;
+    EXPECT_FALSE(dfa->Matches("-0"));
+    EXPECT_FALSE(dfa->Matches("00"));
+    EXPECT_FALSE(dfa->Matches(""));
+    EXPECT_TRUE(dfa->Matches(std::to_string(k) + "000000000000000000000"));
+  }
+}
+
 // Integer ranges are exact: every n in a window matches iff it lies within the bounds.
 TEST(SchemaRegexesTest, IntegerRangesAreExact) {
   using Bound = std::optional<int64_t>;

@@ -101,6 +101,23 @@ TEST(SchemaKeywordsTest, IntegerBoundsAreExact) {
   EXPECT_EQ(none.message().rfind("schema.properties.n.minimum: no integer", 0), 0u) << none.message();
 }
 
+TEST(SchemaKeywordsTest, IntegerMultiplesAreExact) {
+  for (const char* schema :
+       {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7, "minimum": -50, "exclusiveMaximum": 100}}})",
+        R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 5}}})"}) {
+    auto s = Compile(schema);
+    ASSERT_NE(s, nullptr);
+    const bool bounded = std::string(schema).find("minimum") != std::string::npos;
+    const int k = bounded ? 7 : 5;
+    for (int n = -200; n <= 200; ++n) {
+      const bool in = n % k == 0 && (!bounded || (n >= -50 && n < 100));
+      EXPECT_EQ(Accepts(*s, "{\"n\": " + std::to_string(n) + "}"), in) << schema << " " << n;
+    }
+    EXPECT_FALSE(Accepts(*s, R"({"n": -0})"));
+    EXPECT_FALSE(Accepts(*s, R"({"n": 07})"));
+  }
+}
+
 TEST(SchemaKeywordsTest, NumberBoundsAreSound) {
   ExpectDocuments(R"({"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 2}}})",
                   {R"({"x": 0})", R"({"x": 2})", R"({"x": -1})", R"({"x": 1.75})", R"({"x": -0.5})",
@@ -144,8 +161,12 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
        "schema.properties.s.pattern: lookaround"},
       {R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "(a|b)*a(a|b){20}"}}})",
        "schema.properties.s.pattern: the pattern needs more than"},
-      {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}})",
-       "schema.properties.n.multipleOf: the keyword 'multipleOf' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.01}}})",
+       "schema.properties.n.multipleOf: only integers from 1 to 1000 are supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}}})",
+       "schema.properties.n.multipleOf: no string matches"},
+      {R"({"type": "object", "properties": {"n": {"uniqueItems": true}}})",
+       "schema.properties.n.uniqueItems: the keyword 'uniqueItems' is not supported"},
       {R"({"type": "object", "properties": {"n": {"not": {}}}})", "schema.properties.n.not:"},
       {R"({"type": "object", "allOf": [{"properties": {"a": {"pattern": "x"}}}, {"properties": {"a": {"pattern": "y"}}}]})",
        "schema.properties.a.allOf[1].pattern: allOf branches with different 'pattern' values"},

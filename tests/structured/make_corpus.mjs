@@ -41,7 +41,7 @@ function stringSchema() {
   }
 }
 function numberSchema() {
-  switch (int(0, 7)) {
+  switch (int(0, 8)) {
     case 0: return { type: 'integer' };
     case 1: return { type: 'number' };
     case 2: { const lo = int(-50, 50); return { type: 'integer', minimum: lo, maximum: lo + int(0, 300) }; }
@@ -49,6 +49,7 @@ function numberSchema() {
     case 4: return { type: 'integer', minimum: int(0, 100) };
     case 5: return { type: 'number', minimum: int(-5, 0), maximum: int(1, 100) };
     case 6: return { type: 'number', minimum: 0.5, exclusiveMaximum: 10 };
+    case 7: return { type: 'integer', multipleOf: int(2, 12), minimum: int(-20, 0) };
     default: return { enum: [1, 2, 3, 10, -1, 0.5].slice(0, int(1, 6)) };
   }
 }
@@ -125,6 +126,9 @@ add('int-huge', wrap({ type: 'integer', minimum: -1e17, maximum: 1e17 }));
 add('number-range', wrap({ type: 'number', minimum: -1, maximum: 1 }));
 add('number-exclusive', wrap({ type: 'number', exclusiveMinimum: 0, exclusiveMaximum: 100 }));
 add('number-fractional-bounds', wrap({ type: 'number', minimum: 0.25, maximum: 3.75 }));
+add('int-multiple', wrap({ type: 'integer', multipleOf: 7 }));
+add('int-multiple-range', wrap({ type: 'integer', multipleOf: 25, minimum: -100, exclusiveMaximum: 1000 }));
+add('number-multiple', wrap({ type: 'number', multipleOf: 3, maximum: 99 }));
 add('array-items', wrap({ type: 'array', items: { type: 'integer' } }));
 add('array-min-max', wrap({ type: 'array', items: { type: 'string', maxLength: 3 }, minItems: 2, maxItems: 4 }));
 add('array-prefix', wrap({ type: 'array', prefixItems: [{ type: 'string' }, { type: 'integer' }], items: false }));
