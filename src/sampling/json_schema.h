@@ -1,19 +1,25 @@
-// Structured output with a JSON Schema (`response_format: {"type": "json_schema"}`): the sample's
-// text must be one JSON value valid against the schema. CompileJsonSchema turns the supported
-// subset into a graph of nodes; JsonSchemaMachine is the byte machine of that language for
+// Structured output with a JSON Schema (`response_format` json_schema, `guided_json`,
+// `json_schema`, strict tool parameters): the sample's text must be one JSON value valid against
+// the schema. CompileJsonSchema (json_schema.cc) turns the supported subset into a graph of nodes;
+// JsonSchemaMachine (json_schema_machine.cc) is the byte machine of that language for
 // ByteMachineConstraint (json_constraint.h).
 //
-// Supported: `type` (a name or a list), `enum`, `const`, `properties` + `required` (properties are
-// written in the schema's order; optional ones may be left out; no others are generated),
-// `additionalProperties` (a schema for the values of an object without `properties`), `items`,
-// `minItems`, `maxItems`, `minLength`, `maxLength`, `anyOf` / `oneOf` whose branches start with
-// different bytes (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`,
-// `#`; recursion allowed), and annotations that do not constrain (`title`, `description`,
-// `default`, `examples`, `format`, ...). Anything else that would constrain the value (`pattern`,
-// `minimum`, `maximum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
-// and its path, never a silent no-op. `minLength`/`maxLength` count code points (an escape
-// sequence is one). The root must be an object schema. Strings are any valid JSON strings;
-// whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes.
+// Supported: `type` (a name or a list; each type reads only its own keywords), `enum`, `const`,
+// `properties` + `required` (properties are written in the schema's order; optional ones may be
+// left out; no others are generated), `additionalProperties` (a schema for the values of an
+// object without `properties`), `items`, `prefixItems` (and the older `items` list with
+// `additionalItems`), `minItems`, `maxItems`, `minLength`, `maxLength` (code points; an escape is
+// one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
+// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
+// `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
+// `nullable` (schema_rewrite.h), `anyOf` / `oneOf` whose branches start with different bytes
+// (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion
+// allowed; keywords beside it apply too), and annotations that do not constrain (`title`,
+// `description`, `default`, `examples`, ...). Anything else that would constrain the value (`not`,
+// `if`, `uniqueItems`, `patternProperties`, an unknown format, ...) is an error naming the keyword
+// and its path, never a silent no-op. The root must be an object schema. Strings with a pattern
+// or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
+// exponent); whitespace between tokens follows StepWhitespace (json_constraint.h).
 //
 // Bounds (client schemas): the schema's JSON nests at most 128 deep and its subschemas at most
 // 64 (through $ref chains too); objects and arrays written in the schema nest at most kMaxFrames
@@ -32,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -92,8 +99,13 @@ struct CompiledJsonSchema {
   std::vector<std::shared_ptr<const RegexDfa>> dfas;
 };
 
+// The bytes a value of a scalar or container kind may start with (not kLiterals / kUnion, whose
+// first bytes are their literals' and branches').
+std::string_view JsonSchemaKindStarts(JsonSchemaNode::Kind kind);
+
 // `path` names the schema in errors (e.g. "response_format.json_schema.schema"). The schema is an
-// ordered_json: properties are generated in the order the client wrote them.
+// ordered_json: properties are generated in the order the client wrote them. (json_schema.cc;
+// the machine is in json_schema_machine.cc.)
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(
     const nlohmann::ordered_json& schema, const std::string& path);
 
