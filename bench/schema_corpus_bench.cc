@@ -41,7 +41,8 @@ double Mean(const std::vector<double>& v) {
 int main(int argc, char** argv) {
   std::string tokenizer_dir, corpus_path = "tests/structured/schemas.jsonl";
   int64_t repeat = 3, slowest = 0;
-  ember::FlagParser flags("usage: schema_corpus_bench --tokenizer DIR [--corpus FILE] [--repeat N]");
+  ember::FlagParser flags(
+      "usage: schema_corpus_bench --tokenizer DIR [--corpus FILE] [--repeat N]");
   flags.AddString("--tokenizer", &tokenizer_dir, "folder with tokenizer.json");
   flags.AddString("--corpus", &corpus_path, "schemas, one {name, schema} JSON per line");
   flags.AddInt("--repeat", &repeat, "compiles per schema (the median is kept)");
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
   for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id)
     bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
   auto texts = ember::TokenTexts::Build(std::move(bytes));
-  const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - build_start).count();
+  const double build_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - build_start).count();
   const ember::WalkBias bias = ember::WalkBias::For(*texts);
 
   std::vector<double> compile_us, mask_us, mask_cpu_us;

@@ -39,9 +39,9 @@ struct WalkBias {
 struct WalkResult {
   std::string text;
   bool done = false;
-  bool stranded = false;   // Allowed() was 0 before Done()
-  bool refused = false;    // Accept() refused an allowed id
-  bool miscounted = false;  // Allowed()'s count differs from its mask
+  bool stranded = false;            // Allowed() was 0 before Done()
+  bool refused = false;             // Accept() refused an allowed id
+  bool miscounted = false;          // Allowed()'s count differs from its mask
   std::vector<double> mask_us;      // each Allowed() call's wall time (when asked for)
   std::vector<double> mask_cpu_us;  // ... and its thread CPU time
 };
@@ -64,7 +64,8 @@ inline WalkResult RandomWalk(TokenConstraint& c, const TokenTexts& texts, const 
     const int64_t count = c.Allowed(allowed);
     if (time_masks) {
       walk.mask_cpu_us.push_back(ThreadCpuMicros() - cpu_start);
-      walk.mask_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      walk.mask_us.push_back(
+          std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
     if (count <= 0) {
       walk.stranded = true;

@@ -59,8 +59,8 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
     return scanner_.Step(first);
   };
   // A union picks its branch by the first byte (never a cycle of unions: FinishUnions).
-  for (size_t hops = 0; node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind ==
-                                            JsonSchemaNode::kUnion;
+  for (size_t hops = 0;
+       node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind == JsonSchemaNode::kUnion;
        ++hops) {
     if (hops == schema_->nodes.size()) return false;
     node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
@@ -68,16 +68,17 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
   }
   if (node_id < 0) return scan(c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
-  const bool starts = JsonSchemaKindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
+  const bool starts =
+      JsonSchemaKindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
   switch (n.kind) {
     case JsonSchemaNode::kAny:
       return scan(c);
     case JsonSchemaNode::kObject:
     case JsonSchemaNode::kArray: {
       if (!starts || !Fits(node_id)) return false;
-      frames_[depth_++] = Frame{static_cast<uint16_t>(node_id),
-                                n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0,
-                                0, 0};
+      frames_[depth_++] =
+          Frame{static_cast<uint16_t>(node_id),
+                n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0, 0, 0};
       return true;
     }
     case JsonSchemaNode::kString:
@@ -284,8 +285,8 @@ bool JsonSchemaMachine::DfaTakesAny(uint8_t lo, uint8_t hi) const {
 // A string's content as its decoded bytes through the automaton. Written raw: printable ASCII
 // but the quote and the backslash, and UTF-8 (the automaton accepts only valid sequences).
 // Escaped: quote, backslash, slash, and the control characters (b f n r t, the others as u00XX);
-// other u escapes are never written. Every character the automaton allows can so be written, and each
-// escape is entered only when one of its completions is allowed: the string never strands.
+// other u escapes are never written. Every character the automaton allows can so be written, and
+// each escape is entered only when one of its completions is allowed: the string never strands.
 bool JsonSchemaMachine::StepDfaString(uint8_t c) {
   const RegexDfa& dfa = LeafDfa();
   auto take = [&](uint8_t decoded) {
@@ -311,18 +312,28 @@ bool JsonSchemaMachine::StepDfaString(uint8_t c) {
       return c >= 0x20 && take(c);
     case 1:
       switch (c) {
-        case '"': case '\\': case '/': return take(c);
-        case 'b': return take('\b');
-        case 'f': return take('\f');
-        case 'n': return take('\n');
-        case 'r': return take('\r');
-        case 't': return take('\t');
+        case '"':
+        case '\\':
+        case '/':
+          return take(c);
+        case 'b':
+          return take('\b');
+        case 'f':
+          return take('\f');
+        case 'n':
+          return take('\n');
+        case 'r':
+          return take('\r');
+        case 't':
+          return take('\t');
         case 'u':
           escape_ = 2;
           return DfaTakesAny(0x00, 0x1F);
-        default: return false;
+        default:
+          return false;
       }
-    case 2: case 3:
+    case 2:
+    case 3:
       if (c != '0') return false;
       ++escape_;
       return true;
@@ -332,7 +343,7 @@ bool JsonSchemaMachine::StepDfaString(uint8_t c) {
       escape_ = 5;
       return DfaTakesAny(escape_value_, static_cast<uint8_t>(escape_value_ + 15));
     default: {
-      const int h = c >= '0' && c <= '9' ? c - '0'
+      const int h = c >= '0' && c <= '9'   ? c - '0'
                     : c >= 'a' && c <= 'f' ? c - 'a' + 10
                     : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                            : -1;

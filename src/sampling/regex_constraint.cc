@@ -9,8 +9,8 @@ std::shared_ptr<TokenConstraint> MakeRegexConstraint(std::shared_ptr<const Token
                                                      std::vector<int32_t> end_ids) {
   CHECK(dfa != nullptr);
   const RegexDfa* raw = dfa.get();
-  return std::make_shared<ByteMachineConstraint<RegexMachine>>(
-      std::move(texts), RegexMachine(raw), std::move(dfa), std::move(end_ids));
+  return std::make_shared<ByteMachineConstraint<RegexMachine>>(std::move(texts), RegexMachine(raw),
+                                                               std::move(dfa), std::move(end_ids));
 }
 
 }  // namespace ember

@@ -15,7 +15,9 @@ namespace {
 // A byte range [lo, hi] per position: the UTF-8 encodings of a run of code points.
 using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;
 
-int Utf8Length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+int Utf8Length(uint32_t cp) {
+  return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
 
 uint8_t Utf8Byte(uint32_t cp, int i) {
   std::string s;
@@ -216,7 +218,8 @@ Result<std::shared_ptr<const RegexDfa>> RegexDfa::Compile(const RegexSyntax& syn
   }
   std::vector<uint8_t> representative;
   for (int b = 0; b < 256; ++b) {
-    if (b == 0 || cut.test(static_cast<size_t>(b))) representative.push_back(static_cast<uint8_t>(b));
+    if (b == 0 || cut.test(static_cast<size_t>(b)))
+      representative.push_back(static_cast<uint8_t>(b));
     dfa->byte_class_[static_cast<size_t>(b)] = static_cast<uint8_t>(representative.size() - 1);
   }
   dfa->num_classes_ = representative.size();
@@ -270,7 +273,8 @@ Result<std::shared_ptr<const RegexDfa>> RegexDfa::Intersect(const RegexDfa& a, c
   std::unordered_map<uint64_t, int32_t> ids;
   std::vector<std::pair<int32_t, int32_t>> pairs;
   auto intern = [&](int32_t sa, int32_t sb) -> int32_t {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(sa)) << 32) | static_cast<uint32_t>(sb);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(sa)) << 32) | static_cast<uint32_t>(sb);
     auto [it, added] = ids.emplace(key, static_cast<int32_t>(pairs.size()));
     if (added) {
       pairs.push_back({sa, sb});
@@ -300,20 +304,25 @@ std::shared_ptr<const RegexDfa> RegexDfa::Multiples(int64_t k) {
   // Classes: each digit, '-', everything else.
   enum : uint8_t { kMinus = 10, kOther = 11 };
   dfa->byte_class_.fill(kOther);
-  for (int d = 0; d < 10; ++d) dfa->byte_class_[static_cast<size_t>('0' + d)] = static_cast<uint8_t>(d);
+  for (int d = 0; d < 10; ++d)
+    dfa->byte_class_[static_cast<size_t>('0' + d)] = static_cast<uint8_t>(d);
   dfa->byte_class_['-'] = kMinus;
   dfa->num_classes_ = 12;
   // States: 0 start, 1 after '-', 2 "0", 3 + r: a number with remainder r mod k.
   const auto num_states = static_cast<size_t>(3 + k);
   dfa->next_.assign(num_states * dfa->num_classes_, kDead);
   dfa->accepting_.assign(num_states, 0);
-  auto at = [&](size_t state, size_t c) -> int32_t& { return dfa->next_[state * dfa->num_classes_ + c]; };
+  auto at = [&](size_t state, size_t c) -> int32_t& {
+    return dfa->next_[state * dfa->num_classes_ + c];
+  };
   auto remainder = [&](int64_t r) { return static_cast<int32_t>(3 + r % k); };
   at(0, kMinus) = 1;
   at(0, 0) = 2;
-  for (int d = 1; d < 10; ++d) at(0, static_cast<size_t>(d)) = at(1, static_cast<size_t>(d)) = remainder(d);
+  for (int d = 1; d < 10; ++d)
+    at(0, static_cast<size_t>(d)) = at(1, static_cast<size_t>(d)) = remainder(d);
   for (int64_t r = 0; r < k; ++r)
-    for (int d = 0; d < 10; ++d) at(static_cast<size_t>(3 + r), static_cast<size_t>(d)) = remainder(10 * r + d);
+    for (int d = 0; d < 10; ++d)
+      at(static_cast<size_t>(3 + r), static_cast<size_t>(d)) = remainder(10 * r + d);
   dfa->accepting_[2] = dfa->accepting_[3] = 1;
   dfa->start_ = 0;
   CHECK(dfa->Trim("multipleOf").ok());  // every remainder can still reach 0
@@ -335,9 +344,11 @@ Status RegexDfa::Trim(const std::string& path) {
     const int32_t s = stack.back();
     stack.pop_back();
     for (int32_t from : into[static_cast<size_t>(s)])
-      if (!live[static_cast<size_t>(from)]) live[static_cast<size_t>(from)] = 1, stack.push_back(from);
+      if (!live[static_cast<size_t>(from)])
+        live[static_cast<size_t>(from)] = 1, stack.push_back(from);
   }
-  if (!live[static_cast<size_t>(start_)]) return Status::Error(path + ": no string matches the pattern");
+  if (!live[static_cast<size_t>(start_)])
+    return Status::Error(path + ": no string matches the pattern");
   has_next_.assign(n, 0);
   for (size_t s = 0; s < n; ++s) {
     for (size_t c = 0; c < num_classes_; ++c) {

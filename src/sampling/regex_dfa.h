@@ -37,7 +37,9 @@ class RegexDfa {
   }
   bool Accepting(int32_t state) const { return accepting_[static_cast<size_t>(state)] != 0; }
   // Accepting, and no byte may follow: the match is complete.
-  bool Terminal(int32_t state) const { return Accepting(state) && !has_next_[static_cast<size_t>(state)]; }
+  bool Terminal(int32_t state) const {
+    return Accepting(state) && !has_next_[static_cast<size_t>(state)];
+  }
   // The whole of `text` is a match (tests).
   bool Matches(std::string_view text) const;
 

@@ -183,7 +183,8 @@ TEST(RegexDfaTest, MultiplesAreExact) {
 // Integer ranges are exact: every n in a window matches iff it lies within the bounds.
 TEST(SchemaRegexesTest, IntegerRangesAreExact) {
   using Bound = std::optional<int64_t>;
-  const Bound bounds[] = {std::nullopt, -1000, -101, -100, -99, -10, -9, -1, 0, 1, 7, 9, 10, 19, 99, 100, 101, 999, 1000};
+  const Bound bounds[] = {std::nullopt, -1000, -101, -100, -99, -10, -9,  -1, 0, 1, 7, 9,
+                          10,           19,    99,   100,  101, 999, 1000};
   for (const Bound& lo : bounds) {
     for (const Bound& hi : bounds) {
       if (lo && hi && *lo > *hi) continue;
@@ -245,25 +246,43 @@ TEST(SchemaRegexesTest, NumberRangesAreSound) {
 
 TEST(SchemaRegexesTest, FormatsAcceptTypicalValuesAndRefuseInvalidOnes) {
   const std::pair<const char*, std::vector<std::pair<std::string, bool>>> cases[] = {
-      {"date", {{"2024-02-28", true}, {"2024-12-31", true}, {"2024-02-30", false},
-                {"2024-04-31", false}, {"2024-13-01", false}, {"24-01-01", false}}},
-      {"time", {{"23:59:59Z", true}, {"08:30:00.123+02:00", true}, {"24:00:00Z", false},
-                {"12:00:00", false}, {"12:60:00Z", false}}},
+      {"date",
+       {{"2024-02-28", true},
+        {"2024-12-31", true},
+        {"2024-02-30", false},
+        {"2024-04-31", false},
+        {"2024-13-01", false},
+        {"24-01-01", false}}},
+      {"time",
+       {{"23:59:59Z", true},
+        {"08:30:00.123+02:00", true},
+        {"24:00:00Z", false},
+        {"12:00:00", false},
+        {"12:60:00Z", false}}},
       {"date-time", {{"2024-05-01T12:00:00Z", true}, {"2024-05-01 12:00:00Z", false}}},
       {"uuid", {{"123e4567-e89b-12d3-a456-426614174000", true}, {"123e4567e89b12d3", false}}},
-      {"email", {{"a.b+c@example.co.uk", true}, {".a@example.com", false}, {"a@b", false},
-                 {"a@@b.com", false}, {"a b@c.com", false}}},
+      {"email",
+       {{"a.b+c@example.co.uk", true},
+        {".a@example.com", false},
+        {"a@b", false},
+        {"a@@b.com", false},
+        {"a b@c.com", false}}},
       {"ipv4", {{"192.168.0.1", true}, {"256.1.1.1", false}, {"01.1.1.1", false}}},
       {"ipv6", {{"2001:0db8:0000:0000:0000:ff00:0042:8329", true}, {"2001:db8::1", false}}},
-      {"uri", {{"https://example.com/a/b?x=1#top", true}, {"http://h:8080", true},
-               {"example.com", false}, {"http://a b", false}, {"https://x/%zz", false}}},
+      {"uri",
+       {{"https://example.com/a/b?x=1#top", true},
+        {"http://h:8080", true},
+        {"example.com", false},
+        {"http://a b", false},
+        {"https://x/%zz", false}}},
   };
   for (const auto& [format, values] : cases) {
     const auto re = FormatRegex(format);
     ASSERT_TRUE(re.has_value()) << format;
     auto dfa = Dfa(*re);
     ASSERT_NE(dfa, nullptr) << format;
-    for (const auto& [value, ok] : values) EXPECT_EQ(dfa->Matches(value), ok) << format << " " << value;
+    for (const auto& [value, ok] : values)
+      EXPECT_EQ(dfa->Matches(value), ok) << format << " " << value;
   }
   EXPECT_FALSE(FormatRegex("hostname").has_value());
 }

@@ -44,14 +44,27 @@ CodePointRanges Negate(const CodePointRanges& r) {
   return Normalize(std::move(out));
 }
 
-CodePointRanges Digits() { return {{'0', '9'}}; }
-CodePointRanges Word() { return Normalize({{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}); }
+CodePointRanges Digits() {
+  return {{'0', '9'}};
+}
+CodePointRanges Word() {
+  return Normalize({{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}});
+}
 CodePointRanges Space() {
-  return Normalize({{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x1680, 0x1680}, {0x2000, 0x200A},
-                    {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
+  return Normalize({{'\t', '\r'},
+                    {' ', ' '},
+                    {0xA0, 0xA0},
+                    {0x1680, 0x1680},
+                    {0x2000, 0x200A},
+                    {0x2028, 0x2029},
+                    {0x202F, 0x202F},
+                    {0x205F, 0x205F},
+                    {0x3000, 0x3000},
                     {0xFEFF, 0xFEFF}});
 }
-CodePointRanges Dot() { return Negate({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}); }
+CodePointRanges Dot() {
+  return Negate({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}});
+}
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -125,7 +138,8 @@ uint32_t Parser::NextCodePoint() {
   if (b < 0x80) return b;
   const int extra = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
   uint32_t cp = b & (0x3F >> extra);
-  for (int i = 0; i < extra && More(); ++i) cp = (cp << 6) | (static_cast<uint8_t>(p_[at_++]) & 0x3F);
+  for (int i = 0; i < extra && More(); ++i)
+    cp = (cp << 6) | (static_cast<uint8_t>(p_[at_++]) & 0x3F);
   return cp;
 }
 
@@ -151,13 +165,16 @@ int32_t Parser::Concat(int depth, RegexSyntax::Branch* top) {
   while (More() && p_[at_] != '|' && p_[at_] != ')') {
     if (p_[at_] == '$') {
       const bool ends = at_ + 1 == p_.size() || p_[at_ + 1] == '|';
-      if (top == nullptr || !ends) return Fail("'$' is supported only at the end of the pattern or of a top-level alternative");
+      if (top == nullptr || !ends)
+        return Fail(
+            "'$' is supported only at the end of the pattern or of a top-level alternative");
       top->anchored_end = true;
       ++at_;
       break;
     }
     if (p_[at_] == '^')
-      return Fail("'^' is supported only at the start of the pattern or of a top-level alternative");
+      return Fail(
+          "'^' is supported only at the start of the pattern or of a top-level alternative");
     int32_t atom = Atom(depth);
     if (!error_.ok()) return -1;
     int32_t min = 1, max = 1;
@@ -250,9 +267,13 @@ int32_t Parser::Atom(int depth) {
     case '\\':
       if (!Escape(false, &set)) return -1;
       return out_->Set(std::move(set));
-    case '*': case '+': case '?':
+    case '*':
+    case '+':
+    case '?':
       return Fail("nothing to repeat");
-    case '{': case '}': case ']':
+    case '{':
+    case '}':
+    case ']':
       return Fail(std::string("a lone '") + c + "' (escape it)");
     default: {
       const uint32_t cp = NextCodePoint();
@@ -310,17 +331,39 @@ bool Parser::Escape(bool in_class, CodePointRanges* set) {
   const char c = p_[at_++];
   uint32_t cp = 0;
   switch (c) {
-    case 'd': *set = Digits(); return true;
-    case 'D': *set = Negate(Digits()); return true;
-    case 'w': *set = Word(); return true;
-    case 'W': *set = Negate(Word()); return true;
-    case 's': *set = Space(); return true;
-    case 'S': *set = Negate(Space()); return true;
-    case 't': cp = '\t'; break;
-    case 'n': cp = '\n'; break;
-    case 'r': cp = '\r'; break;
-    case 'v': cp = 0x0B; break;
-    case 'f': cp = 0x0C; break;
+    case 'd':
+      *set = Digits();
+      return true;
+    case 'D':
+      *set = Negate(Digits());
+      return true;
+    case 'w':
+      *set = Word();
+      return true;
+    case 'W':
+      *set = Negate(Word());
+      return true;
+    case 's':
+      *set = Space();
+      return true;
+    case 'S':
+      *set = Negate(Space());
+      return true;
+    case 't':
+      cp = '\t';
+      break;
+    case 'n':
+      cp = '\n';
+      break;
+    case 'r':
+      cp = '\r';
+      break;
+    case 'v':
+      cp = 0x0B;
+      break;
+    case 'f':
+      cp = 0x0C;
+      break;
     case '0':
       if (More() && p_[at_] >= '0' && p_[at_] <= '9')
         return Fail("octal escapes are not supported");
@@ -340,7 +383,8 @@ bool Parser::Escape(bool in_class, CodePointRanges* set) {
       return Fail("word boundaries (\\b, \\B) are not supported");
     case 'k':
       return Fail("backreferences (\\k<name>) are not supported");
-    case 'p': case 'P':
+    case 'p':
+    case 'P':
       return Fail("Unicode property escapes (\\p{...}) are not supported");
     case 'c':
       return Fail("control escapes (\\cX) are not supported");
@@ -439,7 +483,9 @@ int32_t RegexSyntax::Search() {
   return Alternate(std::move(alternatives));
 }
 
-CodePointRanges AnyCodePoint() { return Negate({}); }
+CodePointRanges AnyCodePoint() {
+  return Negate({});
+}
 
 Result<RegexSyntax> ParseRegex(std::string_view pattern, const std::string& path) {
   if (pattern.size() > RegexSyntax::kMaxPatternBytes) {

@@ -58,7 +58,9 @@ struct RegexSyntax {
   std::vector<Branch> branches;
 
   int32_t Add(RegexNode node);
-  int32_t Set(CodePointRanges set) { return Add(RegexNode{RegexNode::kSet, std::move(set), {}, 0, -1}); }
+  int32_t Set(CodePointRanges set) {
+    return Add(RegexNode{RegexNode::kSet, std::move(set), {}, 0, -1});
+  }
   int32_t Concat(std::vector<int32_t> children);
   int32_t Alternate(std::vector<int32_t> children);
   int32_t Repeat(int32_t child, int32_t min, int32_t max);

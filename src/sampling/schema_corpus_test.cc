@@ -56,7 +56,8 @@ TEST(SchemaCorpusTest, RandomWalksOnRealVocabulariesFinishAsJson) {
       const WalkResult walk = RandomWalk(*constraint, *texts, bias, rng, /*time_masks=*/false);
       ASSERT_FALSE(walk.stranded) << "no token allowed after " << walk.text;
       ASSERT_FALSE(walk.refused) << "an allowed token refused after " << walk.text;
-      ASSERT_FALSE(walk.miscounted) << "Allowed()'s count differs from its mask after " << walk.text;
+      ASSERT_FALSE(walk.miscounted)
+          << "Allowed()'s count differs from its mask after " << walk.text;
       if (!walk.done) continue;
       ++finished;
       EXPECT_FALSE(json::parse(walk.text, nullptr, false).is_discarded()) << walk.text;

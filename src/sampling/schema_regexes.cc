@@ -16,7 +16,9 @@ constexpr const char* kLabel = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)
 constexpr const char* kOctet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
 constexpr const char* kAtext = R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-])";
 
-std::string Repeat(char c, size_t n) { return std::string(n, c); }
+std::string Repeat(char c, size_t n) {
+  return std::string(n, c);
+}
 
 // Equal-length decimal strings lo <= hi: the strings of that length between them.
 std::string SameLength(const std::string& lo, const std::string& hi) {
@@ -34,7 +36,8 @@ std::string SameLength(const std::string& lo, const std::string& hi) {
   }
   if (!hi_nines) --mid_hi;
   if (mid_lo <= mid_hi)
-    parts.push_back(std::string("[") + mid_lo + "-" + mid_hi + "]\\d{" + std::to_string(rest) + "}");
+    parts.push_back(std::string("[") + mid_lo + "-" + mid_hi + "]\\d{" + std::to_string(rest) +
+                    "}");
   if (!hi_nines)
     parts.push_back(hi.substr(0, 1) + "(?:" + SameLength(Repeat('0', rest), hi.substr(1)) + ")");
   std::string out;
@@ -101,18 +104,20 @@ std::optional<std::string> FormatRegex(std::string_view format) {
     const std::string h = "[0-9a-fA-F]";
     return h + "{8}-" + h + "{4}-" + h + "{4}-" + h + "{4}-" + h + "{12}";
   }
-  if (format == "email")
-    return atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label;
+  if (format == "email") return atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label;
   if (format == "ipv4") return std::string("(?:") + kOctet + "\\.){3}" + kOctet;
   if (format == "ipv6") return "(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}";
   if (format == "uri") {
-    return std::string("[A-Za-z][A-Za-z0-9+.-]*://(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+(?::\\d{1,5})?(?:/") +
+    return std::string(
+               "[A-Za-z][A-Za-z0-9+.-]*://(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+(?::\\d{1,5})?(?:/") +
            kUriChar + "*)*(?:\\?" + kUriQueryChar + "*)?(?:#" + kUriQueryChar + "*)?";
   }
   return std::nullopt;
 }
 
-const char* SupportedFormats() { return "date-time, date, time, uuid, email, ipv4, ipv6, uri"; }
+const char* SupportedFormats() {
+  return "date-time, date, time, uuid, email, ipv4, ipv6, uri";
+}
 
 std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   return Integers(lo, hi);

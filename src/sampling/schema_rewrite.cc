@@ -29,7 +29,8 @@ Result<json> Resolve(const json& branch, const json& root, const std::string& pa
       if (key != "$ref" && !IsAnnotation(key))
         return Refuse(path + "." + key, "keywords beside $ref inside allOf are not supported");
     }
-    const json* target = b["$ref"].is_string() ? RefTarget(root, b["$ref"].get<std::string>()) : nullptr;
+    const json* target =
+        b["$ref"].is_string() ? RefTarget(root, b["$ref"].get<std::string>()) : nullptr;
     if (target == nullptr) return Refuse(path + ".$ref", "not a local definition of this schema");
     b = *target;
   }
@@ -57,7 +58,8 @@ Result<json> MergeTypes(const json& a, const json& b, const std::string& path) {
     for (const std::string& y : tb) {
       std::string both = x == y ? x : "";
       if ((x == "number" && y == "integer") || (x == "integer" && y == "number")) both = "integer";
-      if (!both.empty() && std::find(out.begin(), out.end(), json(both)) == out.end()) out.push_back(both);
+      if (!both.empty() && std::find(out.begin(), out.end(), json(both)) == out.end())
+        out.push_back(both);
     }
   }
   if (out.empty()) return Refuse(path + ".type", "the branches' types have no value in common");
@@ -82,8 +84,8 @@ Status CheckClosed(const json& closed, const json& other, const std::string& pat
     const std::string& name = it.key();
     if (mine == closed.end() || !mine->is_object() || !mine->contains(name))
       return Refuse(path + ".properties." + name,
-                    "another allOf branch has additionalProperties false and no property '" +
-                        name + "': intersecting them is not supported");
+                    "another allOf branch has additionalProperties false and no property '" + name +
+                        "': intersecting them is not supported");
   }
   return Status::Ok();
 }

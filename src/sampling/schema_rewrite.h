@@ -1,5 +1,5 @@
-// Rewrites of a JSON Schema's JSON into the subset CompileJsonSchema reads directly (json_schema.h),
-// done before a subschema is compiled:
+// Rewrites of a JSON Schema's JSON into the subset CompileJsonSchema reads directly
+// (json_schema.h), done before a subschema is compiled:
 //  - MergeAllOf: `allOf` as one schema, the intersection of its branches (and the keywords beside
 //    it). Local `$ref` branches are resolved (RefTarget). Merged: properties (a property in
 //    several branches becomes the allOf of its schemas), required (union), type (intersection of
