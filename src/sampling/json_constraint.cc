@@ -1,7 +1,8 @@
 #include "sampling/json_constraint.h"
 
 #include <algorithm>
-
+#include <array>
+#include <cstring>
 #include <string_view>
 
 #include "util/check.h"
@@ -65,7 +66,7 @@ bool JsonScanner::StartValue(uint8_t c) {
 bool JsonScanner::Step(uint8_t c) {
   switch (mode_) {
     case kObjectOpen: case kObjectKey: case kColon: case kValue: case kArrayOpen: case kAfterValue:
-      if (IsWhitespace(c)) return ++ws_run_ <= kMaxWhitespaceRun;
+      if (IsWhitespace(c)) return StepWhitespace(c, &ws_run_);
       ws_run_ = 0;
       break;
     default:
@@ -223,6 +224,37 @@ void JsonScanner::AppendKey(std::string* key) const {
   key->append(reinterpret_cast<const char*>(bytes), sizeof(bytes));
 }
 
+void PackMask(const std::vector<uint8_t>& allowed, std::vector<uint64_t>* bits) {
+  const size_t n = allowed.size();
+  bits->assign((n + 63) / 64, 0);
+  size_t id = 0;
+  // Eight 0/1 bytes to eight bits: the multiply moves byte k's low bit to bit 56 + k.
+  for (; id + 8 <= n; id += 8) {
+    uint64_t x;
+    std::memcpy(&x, allowed.data() + id, 8);
+    const uint64_t byte = ((x & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56;
+    (*bits)[id / 64] |= byte << (id % 64);
+  }
+  for (; id < n; ++id) (*bits)[id / 64] |= uint64_t{allowed[id] != 0} << (id % 64);
+}
+
+void UnpackMask(const std::vector<uint64_t>& bits, size_t size, std::vector<uint8_t>* allowed) {
+  // kSpread[b]: the eight bits of b as eight 0/1 bytes.
+  static const std::array<uint64_t, 256> kSpread = [] {
+    std::array<uint64_t, 256> t{};
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) t[static_cast<size_t>(b)] |= uint64_t((b >> k) & 1) << (8 * k);
+    return t;
+  }();
+  allowed->resize(size);
+  size_t id = 0;
+  for (; id + 8 <= size; id += 8) {
+    const uint64_t spread = kSpread[(bits[id / 64] >> (id % 64)) & 0xFF];
+    std::memcpy(allowed->data() + id, &spread, 8);
+  }
+  for (; id < size; ++id) (*allowed)[id] = (bits[id / 64] >> (id % 64)) & 1;
+}
+
 int64_t MaskCache::Find(const std::string& key, std::vector<uint8_t>* allowed) const {
   Entry hit;
   {
@@ -232,20 +264,49 @@ int64_t MaskCache::Find(const std::string& key, std::vector<uint8_t>* allowed) c
     hit = it->second;
   }
   // Outside the lock: other rows' lookups need not wait for the unpacking.
-  allowed->resize(hit.size);
-  const std::vector<uint64_t>& bits = *hit.bits;
-  for (size_t id = 0; id < hit.size; ++id) (*allowed)[id] = (bits[id / 64] >> (id % 64)) & 1;
+  UnpackMask(*hit.bits, hit.size, allowed);
   return hit.count;
 }
 
 void MaskCache::Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count) {
-  auto bits = std::make_shared<std::vector<uint64_t>>((allowed.size() + 63) / 64, 0);
-  for (size_t id = 0; id < allowed.size(); ++id)
-    (*bits)[id / 64] |= uint64_t{allowed[id] != 0} << (id % 64);
+  auto bits = std::make_shared<std::vector<uint64_t>>();
+  PackMask(allowed, bits.get());
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.size() >= kMaxEntries) entries_.clear();
+  // Full: one entry goes (not all: a walk that cycles through more states than fit keeps most).
+  if (entries_.size() >= kMaxEntries && entries_.count(key) == 0) entries_.erase(entries_.begin());
   entries_[key] = Entry{std::move(bits), allowed.size(), count};
 }
+
+namespace {
+
+// `ids` (with text) as a trie in byte order.
+TokenTrie MakeTrie(std::vector<int32_t> ids, const std::vector<std::optional<std::string>>& bytes) {
+  auto text = [&bytes](int32_t id) -> const std::string& { return *bytes[static_cast<size_t>(id)]; };
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return text(a) < text(b); });
+  TokenTrie t;
+  t.shared_prefix.assign(ids.size(), 0);
+  for (size_t i = 1; i < ids.size(); ++i) {
+    const std::string& a = text(ids[i - 1]);
+    const std::string& b = text(ids[i]);
+    const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+    t.shared_prefix[i] = static_cast<int32_t>(mismatch.first - a.begin());
+  }
+  t.next_first_byte.assign(ids.size(), static_cast<int32_t>(ids.size()));
+  for (size_t i = ids.size(); i-- > 1;) {
+    t.next_first_byte[i - 1] =
+        t.shared_prefix[i] == 0 ? static_cast<int32_t>(i) : t.next_first_byte[i];
+  }
+  t.offsets.reserve(ids.size() + 1);
+  t.offsets.push_back(0);
+  for (int32_t id : ids) {
+    t.text += text(id);
+    t.offsets.push_back(static_cast<uint32_t>(t.text.size()));
+  }
+  t.ids = std::move(ids);
+  return t;
+}
+
+}  // namespace
 
 std::shared_ptr<const TokenTexts> TokenTexts::Build(
     std::vector<std::optional<std::string>> bytes) {
@@ -254,23 +315,34 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
   // A scanner between the characters of a string value.
   JsonScanner in_string;
   for (char c : std::string("{\"k\":\"")) in_string.Step(static_cast<uint8_t>(c));
+  std::vector<int32_t> all, not_string_safe, raw_safe, not_raw_safe;
   for (size_t id = 0; id < bytes.size(); ++id) {
     if (!bytes[id] || bytes[id]->empty()) continue;
-    t->sorted.push_back(static_cast<int32_t>(id));
+    const auto id32 = static_cast<int32_t>(id);
+    all.push_back(id32);
     JsonScanner s = in_string;
     t->string_safe[id] = bytes[id]->find_first_of("\"\\") == std::string::npos &&
                          StepAll(s, *bytes[id]) && s.InPlainString();
+    if (!t->string_safe[id]) not_string_safe.push_back(id32);
+    const bool raw = std::none_of(bytes[id]->begin(), bytes[id]->end(), [](char c) {
+      return c == '"' || c == '\\' || static_cast<uint8_t>(c) < 0x20;
+    });
+    (raw ? raw_safe : not_raw_safe).push_back(id32);
   }
-  auto text = [&bytes](int32_t id) -> const std::string& { return *bytes[static_cast<size_t>(id)]; };
-  std::sort(t->sorted.begin(), t->sorted.end(),
-            [&](int32_t a, int32_t b) { return text(a) < text(b); });
-  t->shared_prefix.assign(t->sorted.size(), 0);
-  for (size_t i = 1; i < t->sorted.size(); ++i) {
-    const std::string& a = text(t->sorted[i - 1]);
-    const std::string& b = text(t->sorted[i]);
-    const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
-    t->shared_prefix[i] = static_cast<int32_t>(mismatch.first - a.begin());
+  PackMask(t->string_safe, &t->string_safe_bits);
+  t->string_safe_by_chars.resize(1);
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (!t->string_safe[id]) continue;
+    size_t chars = 0;
+    for (const char c : *bytes[id]) chars += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+    if (t->string_safe_by_chars.size() <= chars) t->string_safe_by_chars.resize(chars + 1);
+    t->string_safe_by_chars[chars].push_back(static_cast<int32_t>(id));
   }
+  t->num_string_safe = static_cast<int64_t>(all.size() - not_string_safe.size());
+  t->all = MakeTrie(std::move(all), bytes);
+  t->not_string_safe = MakeTrie(std::move(not_string_safe), bytes);
+  t->raw_safe = MakeTrie(std::move(raw_safe), bytes);
+  t->not_raw_safe = MakeTrie(std::move(not_raw_safe), bytes);
   t->bytes = std::move(bytes);
   return t;
 }

@@ -4,8 +4,10 @@
 // JsonScanner is a byte-level pushdown recogniser of that language: Step() says whether a byte
 // may come next and advances; Done() says the top-level object is closed. Strings must be valid
 // UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without raw control
-// characters; numbers follow the JSON grammar; nesting is limited to kMaxDepth containers and a
-// run of whitespace outside strings to kMaxWhitespaceRun bytes (so a model cannot pad forever).
+// characters; numbers follow the JSON grammar; nesting is limited to kMaxDepth containers.
+// Insignificant whitespace (outside strings, between tokens) is bounded so that a weak model
+// cannot spend its budget on it: each run is empty, one space, or one newline followed by at most
+// kMaxIndent spaces/tabs (llama.cpp's JSON grammar rule; StepWhitespace, shared with schemas).
 // Its state is a few bytes, copied freely.
 //
 // ByteMachineConstraint applies a byte machine (JsonScanner, or one that embeds it) to tokens: a
@@ -13,9 +15,11 @@
 // tokens without text (specials, EOS) never are, and the sample ends as soon as the machine is
 // done. Allowed() walks the tokens in byte order as a trie: a prefix is stepped once for all the
 // tokens that share it, and once a byte is refused every token sharing that prefix is refused
-// without a step; between a JSON string's characters every string-safe token is allowed without
-// a step. Masks are cached by state (MaskCache). JsonObjectConstraint is JSON mode: the machine
-// is a JsonScanner.
+// without a step (a refused first byte jumps past its whole group). Between a JSON string's
+// characters every string-safe token is allowed without a step (a copy of their bits) and only
+// the others are walked; inside a string with an automaton (a pattern), tokens without quote,
+// backslash or control bytes step the automaton alone, not the whole machine. Masks are cached
+// by state (MaskCache). JsonObjectConstraint is JSON mode: the machine is a JsonScanner.
 #pragma once
 
 #include <algorithm>
@@ -29,16 +33,35 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/regex_dfa.h"
 #include "sampling/token_constraint.h"
 #include "util/check.h"
 #include "util/status.h"
 
 namespace ember {
 
+// One byte of insignificant whitespace: true if `c` (a JSON whitespace byte) may extend the run
+// `*run` (0: none yet; 1: after a lone space or tab; 2 + k: after a newline and k indent bytes).
+inline constexpr int kMaxIndent = 20;
+inline bool StepWhitespace(uint8_t c, uint8_t* run) {
+  if (c == '\n') {
+    if (*run != 0) return false;
+    *run = 2;
+    return true;
+  }
+  if (c != ' ' && c != '\t') return false;  // '\r' never: one newline form
+  if (*run == 0) {
+    *run = 1;
+    return true;
+  }
+  if (*run < 2 || *run >= 2 + kMaxIndent) return false;
+  ++*run;
+  return true;
+}
+
 class JsonScanner {
  public:
   static constexpr int kMaxDepth = 64;
-  static constexpr int kMaxWhitespaceRun = 64;
 
   // A scanner of one JSON value of any kind (not only an object), for schemas' untyped and
   // scalar values. A number at the top level never reports Done (the byte after it decides):
@@ -82,18 +105,45 @@ class JsonScanner {
   bool key_ = false;     // the string being read is an object key
 };
 
+// Ids in the order of their bytes (a flattened trie): for each, the length of the prefix it
+// shares with the one before it (0 for the first), and the index of the next entry whose first
+// byte differs (where a walk goes when a first byte is refused). The texts are stored again, in
+// this order and back to back, so that a walk reads memory in sequence (a vocabulary's texts
+// by id are megabytes of scattered strings).
+struct TokenTrie {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> shared_prefix;
+  std::vector<int32_t> next_first_byte;
+  std::string text;              // entry i's text is text[offsets[i], offsets[i + 1])
+  std::vector<uint32_t> offsets;  // ids.size() + 1
+  std::string_view Text(size_t i) const {
+    return std::string_view(text).substr(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+};
+
 // The text of every token id (nullopt: no text, never allowed), shared by all JSON samples.
 struct TokenTexts {
   std::vector<std::optional<std::string>> bytes;
   // 1: whole characters of string content (valid UTF-8, no '"', '\\' or control character):
-  // allowed anywhere between a string's characters without scanning.
+  // allowed anywhere between a string's characters without scanning. Also as bits (id % 64 of
+  // word id / 64), copied as a mask's start, and their count.
   std::vector<uint8_t> string_safe;
-  // The ids with text in the order of their bytes (a flattened trie), and for each the length
-  // of the prefix it shares with the one before it (0 for the first).
-  std::vector<int32_t> sorted;
-  std::vector<int32_t> shared_prefix;
+  std::vector<uint64_t> string_safe_bits;
+  int64_t num_string_safe = 0;
+  // The string-safe ids by their number of characters (code points): [c] lists those of c.
+  // Inside a string with a length bound, the ones that fit the room left.
+  std::vector<std::vector<int32_t>> string_safe_by_chars;
+  TokenTrie all;              // every id with text
+  TokenTrie not_string_safe;  // the ids with text that are not string-safe
+  // Raw-safe: no '"', '\\' or byte < 0x20 (UTF-8 may be cut): inside a string with an automaton
+  // every byte of such a token is one automaton step.
+  TokenTrie raw_safe, not_raw_safe;
   static std::shared_ptr<const TokenTexts> Build(std::vector<std::optional<std::string>> bytes);
 };
+
+// Masks as bits (bit id % 64 of word id / 64) and back, a word at a time.
+void PackMask(const std::vector<uint8_t>& allowed, std::vector<uint64_t>* bits);
+void UnpackMask(const std::vector<uint64_t>& bits, size_t size, std::vector<uint8_t>* allowed);
 
 // Masks already computed, by machine state: a mask depends only on the state (Machine::
 // AppendKey) and the vocabulary, and a sample revisits few states (inside a long string, one).
@@ -127,16 +177,25 @@ bool StepAll(Machine& m, std::string_view bytes) {
 
 // Machine: a small copyable value with bool Step(uint8_t), bool Done(), bool InPlainString()
 // (true only between the characters of a JSON string, where every string-safe token fits) and
-// AppendKey(std::string*) (its state's bytes: masks are cached by them).
+// AppendKey(std::string*) (its state's bytes: masks are cached by them). Optionally
+// `const RegexDfa* StringDfa(int32_t* state)`: non-null inside a string whose raw-safe bytes
+// are exactly steps of that automaton (from *state); and `bool InBoundedString(uint32_t* room)`:
+// between the characters of a string where a string-safe token fits iff it has at most *room
+// characters.
 // `keep_alive` owns whatever the machine points to (it is copied with every clone).
+// A machine whose language is not self-delimiting (a regex) also has bool CanEnd(): the text so
+// far is complete but may go on; then the `end_ids` (the model's end-of-sequence tokens) are
+// allowed too, and accepting one completes the output.
 template <typename Machine>
 class ByteMachineConstraint : public TokenConstraint {
  public:
   explicit ByteMachineConstraint(std::shared_ptr<const TokenTexts> texts, Machine start = {},
-                                 std::shared_ptr<const void> keep_alive = nullptr)
+                                 std::shared_ptr<const void> keep_alive = nullptr,
+                                 std::vector<int32_t> end_ids = {})
       : texts_(std::move(texts)),
         keep_alive_(std::move(keep_alive)),
         cache_(std::make_shared<MaskCache>()),
+        end_ids_(std::make_shared<const std::vector<int32_t>>(std::move(end_ids))),
         machine_(start) {
     CHECK(texts_ != nullptr);
   }
@@ -146,31 +205,57 @@ class ByteMachineConstraint : public TokenConstraint {
   int32_t vocab_size() const override { return static_cast<int32_t>(texts_->bytes.size()); }
   int64_t Allowed(std::vector<uint8_t>& allowed) const override;
   bool Accept(int32_t id) override {
-    if (id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+    if (ended_ || id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
+    if (CanEnd() && IsEndId(id)) return ended_ = true;
     const std::optional<std::string>& b = texts_->bytes[static_cast<size_t>(id)];
     return b && !b->empty() && StepAll(machine_, *b);
   }
-  bool Done() const override { return machine_.Done(); }
+  bool Done() const override { return ended_ || machine_.Done(); }
 
  private:
+  // Walks `trie`'s tokens through the machine; marks and returns the allowed ones.
+  int64_t WalkMachine(const TokenTrie& trie, std::vector<uint8_t>& allowed) const;
+  // Walks `trie`'s tokens through `dfa` from `state` alone.
+  int64_t WalkDfa(const TokenTrie& trie, const RegexDfa& dfa, int32_t state,
+                  std::vector<uint8_t>& allowed) const;
+  const RegexDfa* StringDfa(int32_t* state) const {
+    if constexpr (requires(const Machine& m, int32_t* s) { m.StringDfa(s); }) {
+      return machine_.StringDfa(state);
+    } else {
+      return nullptr;
+    }
+  }
+  bool InBoundedString(uint32_t* room) const {
+    if constexpr (requires(const Machine& m, uint32_t* r) { m.InBoundedString(r); }) {
+      return machine_.InBoundedString(room);
+    } else {
+      return false;
+    }
+  }
+  bool CanEnd() const {
+    if constexpr (requires(const Machine& m) { m.CanEnd(); }) {
+      return machine_.CanEnd();
+    } else {
+      return false;
+    }
+  }
+  // An end id, allowed only where the machine CanEnd (a token with text stays a text token).
+  bool IsEndId(int32_t id) const {
+    return !texts_->bytes[static_cast<size_t>(id)].has_value() &&
+           std::find(end_ids_->begin(), end_ids_->end(), id) != end_ids_->end();
+  }
+
   std::shared_ptr<const TokenTexts> texts_;
   std::shared_ptr<const void> keep_alive_;
   std::shared_ptr<MaskCache> cache_;
+  std::shared_ptr<const std::vector<int32_t>> end_ids_;
   Machine machine_;
+  bool ended_ = false;  // an end id was accepted
 };
 
 template <typename Machine>
-int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
-  const TokenTexts& t = *texts_;
-  if (machine_.Done()) {
-    allowed.assign(t.bytes.size(), 0);
-    return 0;
-  }
-  std::string key;
-  machine_.AppendKey(&key);
-  if (const int64_t cached = cache_->Find(key, &allowed); cached >= 0) return cached;
-  allowed.assign(t.bytes.size(), 0);
-  const bool in_string = machine_.InPlainString();
+int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
+                                                    std::vector<uint8_t>& allowed) const {
   // states[d]: the machine after the first d bytes of the token at hand, valid for d <= valid.
   thread_local std::vector<Machine> states;
   states.resize(1);
@@ -178,24 +263,24 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
   size_t valid = 0;
   size_t refused_at = SIZE_MAX;  // the last stepped token's byte that was refused
   int64_t count = 0;
-  for (size_t i = 0; i < t.sorted.size(); ++i) {
-    const auto id = static_cast<size_t>(t.sorted[i]);
-    const auto shared = static_cast<size_t>(t.shared_prefix[i]);
+  for (size_t i = 0; i < trie.ids.size(); ++i) {
+    const auto id = static_cast<size_t>(trie.ids[i]);
+    const auto shared = static_cast<size_t>(trie.shared_prefix[i]);
     // Shares the refused byte's whole prefix: refused too (and valid stays within that prefix).
     if (refused_at != SIZE_MAX && shared > refused_at) continue;
     refused_at = SIZE_MAX;
     valid = std::min(valid, shared);
-    if (in_string && t.string_safe[id]) {
-      allowed[id] = 1;
-      ++count;
-      continue;
-    }
-    const std::string& bytes = *t.bytes[id];
+    const std::string_view bytes = trie.Text(i);
     if (states.size() < bytes.size() + 1) states.resize(bytes.size() + 1);
     size_t d = valid;
     for (; d < bytes.size(); ++d) {
       states[d + 1] = states[d];
       if (!states[d + 1].Step(static_cast<uint8_t>(bytes[d]))) break;
+    }
+    if (d == 0) {  // a refused first byte: its whole group is
+      i = static_cast<size_t>(trie.next_first_byte[i]) - 1;
+      valid = 0;
+      continue;
     }
     if (d < bytes.size()) {
       refused_at = d;
@@ -205,6 +290,87 @@ int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) c
     valid = bytes.size();
     allowed[id] = 1;
     ++count;
+  }
+  return count;
+}
+
+template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::WalkDfa(const TokenTrie& trie, const RegexDfa& dfa,
+                                                int32_t state,
+                                                std::vector<uint8_t>& allowed) const {
+  thread_local std::vector<int32_t> states;  // as WalkMachine's, automaton states
+  states.resize(1);
+  states[0] = state;
+  size_t valid = 0;
+  size_t refused_at = SIZE_MAX;
+  int64_t count = 0;
+  for (size_t i = 0; i < trie.ids.size(); ++i) {
+    const auto id = static_cast<size_t>(trie.ids[i]);
+    const auto shared = static_cast<size_t>(trie.shared_prefix[i]);
+    if (refused_at != SIZE_MAX && shared > refused_at) continue;
+    refused_at = SIZE_MAX;
+    valid = std::min(valid, shared);
+    const std::string_view bytes = trie.Text(i);
+    if (states.size() < bytes.size() + 1) states.resize(bytes.size() + 1);
+    size_t d = valid;
+    for (; d < bytes.size(); ++d) {
+      states[d + 1] = dfa.Next(states[d], static_cast<uint8_t>(bytes[d]));
+      if (states[d + 1] == RegexDfa::kDead) break;
+    }
+    if (d == 0) {
+      i = static_cast<size_t>(trie.next_first_byte[i]) - 1;
+      valid = 0;
+      continue;
+    }
+    if (d < bytes.size()) {
+      refused_at = d;
+      valid = d;
+      continue;
+    }
+    valid = bytes.size();
+    allowed[id] = 1;
+    ++count;
+  }
+  return count;
+}
+
+template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
+  const TokenTexts& t = *texts_;
+  if (Done()) {
+    allowed.assign(t.bytes.size(), 0);
+    return 0;
+  }
+  std::string key;
+  machine_.AppendKey(&key);
+  if (const int64_t cached = cache_->Find(key, &allowed); cached >= 0) return cached;
+  int64_t count = 0;
+  int32_t dfa_state = 0;
+  uint32_t room = 0;
+  if (machine_.InPlainString() ||
+      (InBoundedString(&room) && room + 1 >= t.string_safe_by_chars.size())) {
+    UnpackMask(t.string_safe_bits, t.bytes.size(), &allowed);
+    count = t.num_string_safe + WalkMachine(t.not_string_safe, allowed);
+  } else if (InBoundedString(&room)) {
+    allowed.assign(t.bytes.size(), 0);
+    for (uint32_t chars = 1; chars <= room; ++chars) {
+      for (int32_t id : t.string_safe_by_chars[chars]) allowed[static_cast<size_t>(id)] = 1;
+      count += static_cast<int64_t>(t.string_safe_by_chars[chars].size());
+    }
+    count += WalkMachine(t.not_string_safe, allowed);
+  } else if (const RegexDfa* dfa = StringDfa(&dfa_state)) {
+    allowed.assign(t.bytes.size(), 0);
+    count = WalkDfa(t.raw_safe, *dfa, dfa_state, allowed) + WalkMachine(t.not_raw_safe, allowed);
+  } else {
+    allowed.assign(t.bytes.size(), 0);
+    count = WalkMachine(t.all, allowed);
+  }
+  if (CanEnd()) {
+    for (int32_t id : *end_ids_) {
+      if (id < 0 || static_cast<size_t>(id) >= t.bytes.size() || !IsEndId(id)) continue;
+      count += allowed[static_cast<size_t>(id)] == 0;
+      allowed[static_cast<size_t>(id)] = 1;
+    }
   }
   cache_->Insert(key, allowed, count);
   return count;

@@ -59,10 +59,16 @@ TEST(JsonScannerTest, LimitsDepthAndWhitespace) {
   for (int i = 1; i < JsonScanner::kMaxDepth; ++i) deep += "[";
   EXPECT_TRUE(ScanText(deep).prefix_ok);
   EXPECT_FALSE(ScanText(deep + "[").prefix_ok);
-  const std::string pad(JsonScanner::kMaxWhitespaceRun, ' ');
-  EXPECT_TRUE(ScanText("{" + pad + "}").done);
-  EXPECT_FALSE(ScanText("{" + pad + " }").prefix_ok);
-  EXPECT_TRUE(ScanText("{\"" + pad + pad + "\":1}").done);  // inside a string: no limit
+  // Whitespace runs: none, one space, or a newline and at most kMaxIndent spaces/tabs.
+  const std::string indent(kMaxIndent, ' ');
+  EXPECT_TRUE(ScanText("{\n" + indent + "\"a\": 1,\n\t\"b\":\n  [ 1 ]\n}").done);
+  EXPECT_TRUE(ScanText("{ \"a\" : 1 }").done);
+  EXPECT_FALSE(ScanText("{\n" + indent + " }").prefix_ok);
+  EXPECT_FALSE(ScanText("{  }").prefix_ok);
+  EXPECT_FALSE(ScanText("{\n\n}").prefix_ok);
+  EXPECT_FALSE(ScanText("{ \n}").prefix_ok);
+  EXPECT_FALSE(ScanText("{\r\n}").prefix_ok);
+  EXPECT_TRUE(ScanText("{\"" + indent + indent + "\":1}").done);  // inside a string: no limit
 }
 
 // A vocabulary of pieces: Allowed() must equal "every byte of the piece scans", and a random walk
@@ -97,6 +103,27 @@ TEST(JsonObjectConstraintTest, AllowsExactlyTheTokensThatScan) {
   auto clone = c.Clone();
   EXPECT_TRUE(clone->Accept(1));
   EXPECT_FALSE(c.Done());
+}
+
+// Masks go to bits and back a word at a time: every size (tails included) round-trips.
+TEST(MaskCacheTest, PackAndUnpackRoundTrip) {
+  std::mt19937 rng(11);
+  for (size_t size : {0, 1, 7, 8, 9, 63, 64, 65, 1000, 128256}) {
+    std::vector<uint8_t> mask(size);
+    for (uint8_t& m : mask) m = rng() % 3 == 0;
+    std::vector<uint64_t> bits;
+    PackMask(mask, &bits);
+    ASSERT_EQ(bits.size(), (size + 63) / 64);
+    for (size_t id = 0; id < size; ++id) ASSERT_EQ((bits[id / 64] >> (id % 64)) & 1, mask[id]) << id;
+    std::vector<uint8_t> back(3, 7);
+    UnpackMask(bits, size, &back);
+    EXPECT_EQ(back, mask) << size;
+    MaskCache cache;
+    cache.Insert("k", mask, 5);
+    EXPECT_EQ(cache.Find("k", &back), 5);
+    EXPECT_EQ(back, mask);
+    EXPECT_EQ(cache.Find("other", &back), -1);
+  }
 }
 
 }  // namespace

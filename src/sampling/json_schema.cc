@@ -8,6 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sampling/regex_dfa.h"
+#include "sampling/schema_regexes.h"
+#include "sampling/schema_rewrite.h"
 #include "util/check.h"
 #include "util/json_bounds.h"
 
@@ -18,19 +21,9 @@ namespace {
 using json = nlohmann::ordered_json;
 using FirstBytes = std::bitset<256>;
 
-bool IsWhitespace(uint8_t c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-bool IsDigit(uint8_t c) {
-  return c >= '0' && c <= '9';
-}
-bool IsNumberByte(uint8_t c) {
-  return IsDigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
-}
+}  // namespace
 
-// The bytes a value of a scalar or container kind may start with (not kLiterals / kUnion, whose
-// first bytes are their literals' and branches').
-std::string_view KindStarts(JsonSchemaNode::Kind kind) {
+std::string_view JsonSchemaKindStarts(JsonSchemaNode::Kind kind) {
   switch (kind) {
     case JsonSchemaNode::kAny: return "{[\"-0123456789tfn";
     case JsonSchemaNode::kObject: return "{";
@@ -44,6 +37,8 @@ std::string_view KindStarts(JsonSchemaNode::Kind kind) {
   return "";
 }
 
+namespace {
+
 // Keywords that only describe a value: accepted and ignored. (`format` constrains the value —
 // a "date" must be a date —, so it is refused like any other keyword the machine cannot enforce.)
 const std::set<std::string>& Annotations() {
@@ -54,9 +49,12 @@ const std::set<std::string>& Annotations() {
 }
 const std::set<std::string>& Understood() {
   static const std::set<std::string> k = {
-      "type",  "enum",     "const",    "properties", "required",  "additionalProperties",
-      "items", "minItems", "maxItems", "minLength",  "maxLength", "anyOf",
-      "oneOf", "$ref"};
+      "type",       "enum",      "const",         "properties",       "required",
+      "additionalProperties",    "items",         "prefixItems",      "additionalItems",
+      "minItems",   "maxItems",  "minLength",     "maxLength",        "pattern",
+      "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
+      "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
+      "multipleOf"};
   return k;
 }
 
@@ -74,6 +72,7 @@ class Compiler {
   Status FinishUnions();
   std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
+  std::vector<std::shared_ptr<const RegexDfa>> TakeDfas() { return std::move(dfas_); }
 
  private:
   int32_t Allocate() {
@@ -87,6 +86,12 @@ class Compiler {
   Status FillObject(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer, const std::string& path);
+  int32_t AddDfa(std::shared_ptr<const RegexDfa> dfa) {
+    dfas_.push_back(std::move(dfa));
+    return static_cast<int32_t>(dfas_.size() - 1);
+  }
   Status FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
                        const std::string& path);
   std::vector<FirstBytes> AllStarts() const;
@@ -99,6 +104,7 @@ class Compiler {
   std::vector<std::vector<int32_t>> branches_;  // kUnion: the branch nodes, resolved at the end
   std::vector<std::string> paths_;              // kUnion: where, for errors
   std::map<std::string, int32_t> refs_;
+  std::vector<std::shared_ptr<const RegexDfa>> dfas_;
 };
 
 Status Unsupported(const std::string& path, const std::string& what) {
@@ -107,19 +113,7 @@ Status Unsupported(const std::string& path, const std::string& what) {
 
 Result<int32_t> Compiler::Ref(const std::string& ref, const std::string& path) {
   if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
-  const json* target = nullptr;
-  if (ref == "#") {
-    target = &root_;
-  } else {
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string p(prefix);
-      if (!ref.starts_with(p)) continue;
-      const std::string name = ref.substr(p.size());
-      const std::string section = p.substr(2, p.size() - 3);
-      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
-        target = &root_[section][name];
-    }
-  }
+  const json* target = RefTarget(root_, ref);
   if (target == nullptr)
     return Unsupported(path + ".$ref", "'" + ref +
                                            "' is not a definition of this schema (only "
@@ -150,12 +144,17 @@ Result<int32_t> Compiler::Node(const json& s, const std::string& path) {
     ~Open() { --depth; }
   } open(depth_);
   if (s.is_object() && s.contains("$ref")) {
-    for (const auto& [key, value] : s.items()) {
-      if (key != "$ref" && Annotations().count(key) == 0)
-        return Unsupported(path + "." + key, "keywords beside $ref are not supported");
-    }
     if (!s["$ref"].is_string()) return Unsupported(path + ".$ref", "must be a string");
-    return Ref(s["$ref"].get<std::string>(), path);
+    json rest = s;
+    rest.erase("$ref");
+    bool beside = false;
+    for (const auto& [key, value] : rest.items()) beside |= Annotations().count(key) == 0;
+    if (!beside) return Ref(s["$ref"].get<std::string>(), path);
+    // Keywords beside $ref apply too (draft 2019+): the allOf of the two.
+    const json both = {{"allOf", json::array({json{{"$ref", s["$ref"]}}, rest})}};
+    const int32_t id = Allocate();
+    EMBER_RETURN_IF_ERROR(Fill(id, both, path));
+    return id;
   }
   const int32_t id = Allocate();
   EMBER_RETURN_IF_ERROR(Fill(id, s, path));
@@ -199,10 +198,26 @@ Status Compiler::FillObject(JsonSchemaNode& node, const json& s, const std::stri
 
 Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::string& path) {
   node.kind = JsonSchemaNode::kArray;
-  if (const auto it = s.find("items"); it != s.end()) {
-    if (it->is_array())
-      return Unsupported(path + ".items", "a list of item schemas (a tuple) is not supported");
-    EMBER_ASSIGN_OR_RETURN(node.items, Node(*it, path + ".items"));
+  // A tuple: prefixItems then items (2020-12), or items as a list then additionalItems (older).
+  const bool old_tuple = s.contains("items") && s["items"].is_array();
+  const char* prefix_key = old_tuple ? "items" : "prefixItems";
+  const char* rest_key = old_tuple ? "additionalItems" : "items";
+  if (const auto it = s.find(prefix_key); it != s.end()) {
+    if (!it->is_array() || it->size() > 64)
+      return Unsupported(path + "." + prefix_key, "must be an array of at most 64 schemas");
+    for (size_t i = 0; i < it->size(); ++i) {
+      EMBER_ASSIGN_OR_RETURN(int32_t item,
+                             Node((*it)[i], path + "." + prefix_key + "[" + std::to_string(i) + "]"));
+      node.prefix_items.push_back(item);
+    }
+  }
+  bool closed = false;
+  if (const auto it = s.find(rest_key); it != s.end()) {
+    if (it->is_boolean() && !it->get<bool>()) {
+      closed = true;
+    } else {
+      EMBER_ASSIGN_OR_RETURN(node.items, Node(*it, path + "." + rest_key));
+    }
   }
   for (const char* key : {"minItems", "maxItems"}) {
     const auto it = s.find(key);
@@ -217,8 +232,9 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
       node.max_items = static_cast<int32_t>(std::min<uint64_t>(v, 65535));
     }
   }
+  if (closed) node.max_items = std::min<int32_t>(node.max_items, static_cast<int32_t>(node.prefix_items.size()));
   if (node.min_items > node.max_items)
-    return Unsupported(path + ".minItems", "exceeds maxItems: no array fits");
+    return Unsupported(path + ".minItems", "exceeds maxItems (or the tuple's length): no array fits");
   return Status::Ok();
 }
 
@@ -233,6 +249,11 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   for (const auto& [key, value] : s.items()) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
+  }
+  if (s.contains("nullable")) return Fill(id, WithoutNullable(s), path);
+  if (s.contains("allOf")) {
+    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
+    return Fill(id, merged, path);
   }
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
@@ -275,7 +296,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   const bool object_keys =
       s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
-  const bool array_keys = s.contains("items") || s.contains("minItems") || s.contains("maxItems");
+  const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
+                          s.contains("minItems") || s.contains("maxItems");
   // Without a type, object or array keywords say which.
   std::string type = object_keys ? "object" : array_keys ? "array" : "";
   if (const auto it = s.find("type"); it != s.end()) {
@@ -283,8 +305,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
       return Unsupported(path + ".type", "must be a string or an array of strings");
     type = it->get<std::string>();
   }
-  if ((object_keys && type != "object") || (array_keys && type != "array"))
-    return Unsupported(path + ".type", "'" + type + "' does not go with object or array keywords");
+  // Keywords of other types than `type` do not apply to its values (JSON Schema): a type list's
+  // branches each read their own.
   if (type == "object" || type == "array") {
     EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, path));
   } else if (type == "string") {
@@ -298,10 +320,10 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     }
     if (node.min_length > node.max_length)
       return Unsupported(path + ".minLength", "exceeds maxLength: no string fits");
-  } else if (type == "number") {
-    node.kind = JsonSchemaNode::kNumber;
-  } else if (type == "integer") {
-    node.kind = JsonSchemaNode::kInteger;
+    EMBER_RETURN_IF_ERROR(StringAutomaton(node, s, path));
+  } else if (type == "number" || type == "integer") {
+    node.kind = type == "number" ? JsonSchemaNode::kNumber : JsonSchemaNode::kInteger;
+    EMBER_RETURN_IF_ERROR(NumberAutomaton(node, s, type == "integer", path));
   } else if (type == "boolean") {
     node.kind = JsonSchemaNode::kBoolean;
   } else if (type == "null") {
@@ -323,6 +345,111 @@ Status Compiler::FillContainer(JsonSchemaNode& node, const json& s, const std::s
   Status st = type == "object" ? FillObject(node, s, path) : FillArray(node, s, path);
   --containers_;
   return st;
+}
+
+// pattern and format as automata over the decoded string; with one of them, the length bounds
+// join the automaton (an intersection), where a counter would not know which lengths the
+// pattern can still reach.
+Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path) {
+  std::vector<std::shared_ptr<const RegexDfa>> parts;
+  if (const auto it = s.find("pattern"); it != s.end()) {
+    if (!it->is_string()) return Unsupported(path + ".pattern", "must be a string");
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(it->get<std::string>(), RegexMatch::kSearch,
+                                                  path + ".pattern"));
+    parts.push_back(std::move(dfa));
+  }
+  if (const auto it = s.find("format"); it != s.end()) {
+    if (!it->is_string()) return Unsupported(path + ".format", "must be a string");
+    const std::optional<std::string> regex = FormatRegex(it->get<std::string>());
+    if (!regex) {
+      return Unsupported(path + ".format", "the format '" + it->get<std::string>() +
+                                               "' is not supported (supported: " +
+                                               SupportedFormats() + ")");
+    }
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(*regex, RegexMatch::kWhole, path + ".format"));
+    parts.push_back(std::move(dfa));
+  }
+  if (parts.empty()) return Status::Ok();
+  const std::string both = path + " (minLength/maxLength with pattern/format)";
+  if (node.min_length > 0 || node.max_length < INT32_MAX) {
+    RegexSyntax lengths;
+    const int32_t root =
+        lengths.Repeat(lengths.Set(AnyCodePoint()), node.min_length,
+                       node.max_length == INT32_MAX ? -1 : node.max_length);
+    EMBER_ASSIGN_OR_RETURN(auto dfa, RegexDfa::Compile(lengths, root, both));
+    parts.push_back(std::move(dfa));
+  }
+  std::shared_ptr<const RegexDfa> whole = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    EMBER_ASSIGN_OR_RETURN(whole, RegexDfa::Intersect(*whole, *parts[i],
+                                                      parts.size() == 2 && node.min_length == 0 &&
+                                                              node.max_length == INT32_MAX
+                                                          ? path + " (pattern with format)"
+                                                          : both));
+  }
+  node.dfa = AddDfa(std::move(whole));
+  return Status::Ok();
+}
+
+// minimum / maximum / exclusiveMinimum / exclusiveMaximum as an automaton over the number's text
+// (schema_regexes.h), and the digit limits for every number. Bounds are rounded inward to
+// integers: exact for integers; for numbers the documented approximation (decimals only where
+// their whole unit interval fits).
+Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer,
+                                 const std::string& path) {
+  constexpr double kLimit = 1e18;
+  std::optional<int64_t> lo, hi;
+  bool any = false;
+  for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+    const auto it = s.find(key);
+    if (it == s.end() || it->is_boolean()) continue;  // draft 4's boolean exclusive* below
+    if (!it->is_number()) return Unsupported(path + "." + key, "must be a number");
+    any = true;
+    const std::string_view name(key);
+    const bool lower = name == "minimum" || name == "exclusiveMinimum";
+    const std::string other = std::string("exclusive") + (lower ? "Minimum" : "Maximum");
+    const bool exclusive = name.starts_with("exclusive") ||
+                           (s.contains(other) && s[other].is_boolean() && s[other].get<bool>());
+    const double x = it->get<double>();
+    if (lower ? x < -kLimit : x > kLimit) continue;  // no bound within reach
+    if (std::fabs(x) > kLimit)
+      return Unsupported(path + "." + key, "bounds beyond ±10^18 are not supported");
+    const auto bound = static_cast<int64_t>(lower ? (exclusive ? std::floor(x) + 1 : std::ceil(x))
+                                                  : (exclusive ? std::ceil(x) - 1 : std::floor(x)));
+    if (lower) lo = lo ? std::max(*lo, bound) : bound;
+    if (!lower) hi = hi ? std::min(*hi, bound) : bound;
+  }
+  const std::string where = !any ? path : path + "." + (lo ? "minimum" : "maximum");
+  std::shared_ptr<const RegexDfa> multiples;
+  if (const auto it = s.find("multipleOf"); it != s.end()) {
+    // An integer k: the multiples of k (integers, also for "number": a sound subset).
+    const double k = it->is_number() ? it->get<double>() : 0;
+    const bool whole = k >= 1 && k <= double(RegexDfa::kMaxDivisor) && std::trunc(k) == k;
+    if (!whole) {
+      return Unsupported(path + ".multipleOf", "only integers from 1 to " +
+                                                   std::to_string(RegexDfa::kMaxDivisor) +
+                                                   " are supported");
+    }
+    multiples = RegexDfa::Multiples(static_cast<int64_t>(k));
+    integer = true;
+  }
+  if (!lo && !hi && !multiples) {  // the digit limits alone (schema_regexes.h)
+    const std::string regex = integer ? IntegerRangeRegex(lo, hi) : UnboundedNumberRegex();
+    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
+    node.dfa = AddDfa(std::move(dfa));
+    return Status::Ok();
+  }
+  if (lo && hi && *lo > *hi)
+    return Unsupported(where, "no " + std::string(integer ? "integer" : "value") +
+                                  " lies within the bounds (number bounds are rounded inward "
+                                  "to integers)");
+  const std::string regex = integer ? IntegerRangeRegex(lo, hi) : NumberRangeRegex(lo, hi);
+  EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
+  if (multiples) {
+    EMBER_ASSIGN_OR_RETURN(dfa, RegexDfa::Intersect(*dfa, *multiples, path + ".multipleOf"));
+  }
+  node.dfa = AddDfa(std::move(dfa));
+  return Status::Ok();
 }
 
 // The length of a JSON string in code points (what minLength / maxLength count).
@@ -349,8 +476,10 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
   const std::string key = s.contains("const") ? "const" : "enum";
   if (s.contains("const") && s.contains("enum"))
     return Unsupported(path + ".enum", "enum beside const is not supported");
-  for (const char* other : {"properties", "required", "additionalProperties", "items", "minItems",
-                            "maxItems", "anyOf", "oneOf"}) {
+  for (const char* other : {"properties", "required", "additionalProperties", "items", "prefixItems",
+                            "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
+                            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }
@@ -415,7 +544,7 @@ std::vector<FirstBytes> Compiler::AllStarts() const {
     } else if (node.kind == JsonSchemaNode::kUnion) {
       for (int32_t b : branches_[id]) unions_of[static_cast<size_t>(b)].push_back(static_cast<int32_t>(id));
     } else {
-      for (char c : KindStarts(node.kind)) starts[id].set(static_cast<uint8_t>(c));
+      for (char c : JsonSchemaKindStarts(node.kind)) starts[id].set(static_cast<uint8_t>(c));
     }
   }
   std::vector<int32_t> pending;
@@ -468,7 +597,10 @@ std::vector<uint8_t> Compiler::MinFrames() const {
       for (const auto& p : node.properties)
         if (p.required) visit(p.node);
     } else if (node.kind == JsonSchemaNode::kArray) {
-      if (node.min_items > 0 && node.items >= 0) visit(node.items);
+      const auto num_prefix = static_cast<int32_t>(node.prefix_items.size());
+      for (int32_t i = 0; i < std::min(node.min_items, num_prefix); ++i)
+        visit(node.prefix_items[static_cast<size_t>(i)]);
+      if (node.min_items > num_prefix && node.items >= 0) visit(node.items);
     } else if (node.kind == JsonSchemaNode::kUnion) {
       for (int32_t b : node.branch_by_first_byte)
         if (b >= 0) visit(b);
@@ -522,6 +654,7 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   auto out = std::make_shared<CompiledJsonSchema>();
   out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();
+  out->dfas = compiler.TakeDfas();
   if (out->nodes.size() > 65535) return Unsupported(path, "the schema is too large");
   if (out->nodes[static_cast<size_t>(root)].kind != JsonSchemaNode::kObject)
     return Unsupported(path, "the root schema must be an object (\"type\": \"object\")");
@@ -533,295 +666,6 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   }
   out->root = root;
   return std::shared_ptr<const CompiledJsonSchema>(std::move(out));
-}
-
-JsonSchemaMachine::JsonSchemaMachine(const CompiledJsonSchema* schema) : schema_(schema) {}
-
-uint64_t JsonSchemaMachine::KeyCandidates(const Frame& f) const {
-  const auto& props = schema_->nodes[f.node].properties;
-  uint64_t mask = 0;
-  for (size_t j = f.index; j < props.size(); ++j) {
-    // An optional property whose value cannot fit in the frames left is never started.
-    if (Fits(props[j].node)) mask |= uint64_t{1} << j;
-    if (props[j].required) break;  // properties come in order: a required one cannot be skipped
-  }
-  return mask;
-}
-
-bool JsonSchemaMachine::CanClose(const Frame& f) const {
-  const auto& props = schema_->nodes[f.node].properties;
-  for (size_t j = f.index; j < props.size(); ++j)
-    if (props[j].required) return false;
-  return true;
-}
-
-void JsonSchemaMachine::ValueDone() {
-  if (depth_ == 0) {
-    done_ = true;
-    return;
-  }
-  Frame& f = frames_[depth_ - 1];
-  if (f.phase == kMemberValue) {
-    f.phase = kAfterMember;
-  } else {
-    ++f.index;
-    f.phase = kAfterItem;
-  }
-}
-
-bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
-  auto scan = [this](bool integer, uint8_t first) {
-    scanner_ = JsonScanner::AnyValue();
-    integer_ = integer;
-    bounded_ = false;
-    leaf_ = kLeafScanner;
-    return scanner_.Step(first);
-  };
-  // A union picks its branch by the first byte (never a cycle of unions: FinishUnions).
-  for (size_t hops = 0; node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind ==
-                                            JsonSchemaNode::kUnion;
-       ++hops) {
-    if (hops == schema_->nodes.size()) return false;
-    node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
-    if (node_id < 0) return false;
-  }
-  if (node_id < 0) return scan(false, c);
-  const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
-  const bool starts = KindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
-  switch (n.kind) {
-    case JsonSchemaNode::kAny:
-      return scan(false, c);
-    case JsonSchemaNode::kObject:
-    case JsonSchemaNode::kArray: {
-      if (!starts || !Fits(node_id)) return false;
-      frames_[depth_++] = Frame{static_cast<uint16_t>(node_id),
-                                n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0,
-                                0, 0};
-      return true;
-    }
-    case JsonSchemaNode::kString:
-      if (!starts || !scan(false, c)) return false;
-      bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
-      leaf_node_ = static_cast<uint16_t>(node_id);
-      chars_ = 0;
-      return true;
-    case JsonSchemaNode::kNumber:
-    case JsonSchemaNode::kBoolean:
-    case JsonSchemaNode::kNull:
-      return starts && scan(false, c);
-    case JsonSchemaNode::kInteger:
-      return starts && scan(true, c);
-    case JsonSchemaNode::kLiterals:
-      leaf_ = kLeafLiteral;
-      lit_node_ = static_cast<uint16_t>(node_id);
-      lit_lo_ = 0;
-      lit_hi_ = static_cast<uint16_t>(n.literals.size());
-      lit_pos_ = 0;
-      return StepLiteral(c) == kLiteralTook;
-    case JsonSchemaNode::kUnion:
-      break;  // resolved above
-  }
-  return false;
-}
-
-JsonSchemaMachine::LiteralStep JsonSchemaMachine::StepLiteral(uint8_t c) {
-  const std::vector<std::string>& lits = schema_->nodes[lit_node_].literals;
-  // [lit_lo_, lit_hi_) share their first lit_pos_ bytes; one of exactly that length sorts first.
-  const bool first_complete = lits[lit_lo_].size() == lit_pos_;
-  const auto begin = lits.begin() + lit_lo_ + (first_complete ? 1 : 0),
-             end = lits.begin() + lit_hi_;
-  const size_t pos = lit_pos_;
-  const auto lo = std::partition_point(
-      begin, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) < c; });
-  const auto hi = std::partition_point(
-      lo, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) == c; });
-  if (lo == hi) {
-    if (!first_complete) return kLiteralRefused;
-    leaf_ = kLeafNone;  // a number literal ended; c belongs to what follows
-    ValueDone();
-    return kLiteralEnded;
-  }
-  lit_lo_ = static_cast<uint16_t>(lo - lits.begin());
-  lit_hi_ = static_cast<uint16_t>(hi - lits.begin());
-  ++lit_pos_;
-  if (lit_hi_ - lit_lo_ == 1 && lits[lit_lo_].size() == lit_pos_) {
-    leaf_ = kLeafNone;  // nothing can follow within the literal
-    ValueDone();
-  }
-  return kLiteralTook;
-}
-
-bool JsonSchemaMachine::StepKey(uint8_t c) {
-  Frame& f = frames_[depth_ - 1];
-  const auto& props = schema_->nodes[f.node].properties;
-  uint64_t mask = 0;
-  int32_t complete = -1;
-  for (uint64_t m = key_mask_; m != 0; m &= m - 1) {
-    const int j = __builtin_ctzll(m);
-    const std::string& key = props[static_cast<size_t>(j)].key;
-    if (key.size() > lit_pos_ && static_cast<uint8_t>(key[lit_pos_]) == c) {
-      mask |= uint64_t{1} << j;
-      if (key.size() == lit_pos_ + 1u) complete = j;
-    }
-  }
-  if (mask == 0) return false;
-  key_mask_ = mask;
-  ++lit_pos_;
-  if (complete >= 0) {  // a key ends with its quote, so no other key continues it
-    leaf_ = kLeafNone;
-    f.index = static_cast<uint16_t>(complete + 1);
-    f.value = static_cast<uint16_t>(props[static_cast<size_t>(complete)].node + 1);
-    f.phase = kColon;
-  }
-  return true;
-}
-
-bool JsonSchemaMachine::StepStructure(uint8_t c) {
-  if (depth_ == 0) return StartValue(schema_->root, c);  // the output starts with the value itself
-  Frame& f = frames_[depth_ - 1];
-  if (IsWhitespace(c)) return ++ws_run_ <= JsonScanner::kMaxWhitespaceRun;
-  ws_run_ = 0;
-  const JsonSchemaNode& n = schema_->nodes[f.node];
-  auto close = [this]() {
-    --depth_;
-    ValueDone();
-    return true;
-  };
-  auto start_key = [&]() {
-    if (n.properties.empty()) {
-      if (!n.any_keys || !Fits(n.values)) return false;
-      f.phase = kColon;  // after the key's string, which the scanner reads
-      f.value = static_cast<uint16_t>(n.values + 1);
-      scanner_ = JsonScanner::AnyValue();
-      integer_ = false;
-      bounded_ = false;
-      leaf_ = kLeafScanner;
-      return scanner_.Step(c);
-    }
-    key_mask_ = KeyCandidates(f);
-    if (key_mask_ == 0) return false;
-    leaf_ = kLeafKey;
-    lit_pos_ = 0;
-    return StepKey(c);
-  };
-  switch (f.phase) {
-    case kObjectOpen:
-      if (c == '}') return CanClose(f) && close();
-      [[fallthrough]];
-    case kObjectKey:
-      return c == '"' && start_key();
-    case kColon:
-      if (c != ':') return false;
-      f.phase = kMemberValue;
-      return true;
-    case kMemberValue:
-      return StartValue(static_cast<int32_t>(f.value) - 1, c);
-    case kAfterMember:
-      if (c == '}') return CanClose(f) && close();
-      if (c != ',') return false;
-      if (!n.properties.empty() && KeyCandidates(f) == 0) return false;
-      if (n.properties.empty() && (!n.any_keys || !Fits(n.values))) return false;
-      f.phase = kObjectKey;
-      return true;
-    case kArrayOpen:
-      if (c == ']') return n.min_items == 0 && close();
-      [[fallthrough]];
-    case kArrayItem:
-      return f.index < n.max_items && StartValue(n.items, c);
-    case kAfterItem:
-      if (c == ']') return f.index >= n.min_items && close();
-      if (c != ',' || f.index >= n.max_items) return false;
-      f.phase = kArrayItem;
-      return true;
-  }
-  return false;
-}
-
-void JsonSchemaMachine::AppendKey(std::string* key) const {
-  auto put = [key](auto v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  put(depth_);
-  for (int d = 0; d < depth_; ++d) {
-    const Frame& f = frames_[d];
-    put(f.node);
-    put(static_cast<uint8_t>(f.phase));
-    put(f.index);
-    put(f.value);
-  }
-  put(static_cast<uint8_t>(leaf_));
-  put(static_cast<uint8_t>(done_));
-  put(ws_run_);
-  switch (leaf_) {
-    case kLeafScanner:
-      put(static_cast<uint8_t>(integer_));
-      put(static_cast<uint8_t>(bounded_));
-      if (bounded_) {
-        put(leaf_node_);
-        put(chars_);
-      }
-      scanner_.AppendKey(key);
-      break;
-    case kLeafLiteral:
-      put(lit_node_);
-      put(lit_lo_);
-      put(lit_hi_);
-      put(lit_pos_);
-      break;
-    case kLeafKey:
-      put(key_mask_);
-      put(lit_pos_);
-      break;
-    case kLeafNone:
-      break;
-  }
-}
-
-bool JsonSchemaMachine::Step(uint8_t c) {
-  if (done_) return false;
-  switch (leaf_) {
-    case kLeafScanner:
-      if (scanner_.NumberComplete() && !IsNumberByte(c)) {
-        leaf_ = kLeafNone;  // the number ended; c belongs to what follows
-        ValueDone();
-        break;
-      }
-      if (integer_ && (c == '.' || c == 'e' || c == 'E')) return false;
-      if (bounded_ && scanner_.InPlainString()) {  // c closes the string or starts a character
-        const JsonSchemaNode& n = schema_->nodes[leaf_node_];
-        if (c == '"' ? chars_ < static_cast<uint32_t>(n.min_length)
-                     : ++chars_ > static_cast<uint32_t>(n.max_length))
-          return false;
-      }
-      if (!scanner_.Step(c)) return false;
-      if (scanner_.Done()) {
-        leaf_ = kLeafNone;
-        // A map key's string ends in the kColon phase; any other scanned string is a value.
-        if (depth_ == 0 || frames_[depth_ - 1].phase != kColon) ValueDone();
-      }
-      return true;
-    case kLeafLiteral:
-      switch (StepLiteral(c)) {
-        case kLiteralTook:
-          return true;
-        case kLiteralRefused:
-          return false;
-        case kLiteralEnded:
-          break;
-      }
-      break;
-    case kLeafKey:
-      return StepKey(c);
-    case kLeafNone:
-      break;
-  }
-  return StepStructure(c);
-}
-
-std::shared_ptr<TokenConstraint> MakeJsonSchemaConstraint(
-    std::shared_ptr<const TokenTexts> texts, std::shared_ptr<const CompiledJsonSchema> schema) {
-  CHECK(schema != nullptr);
-  const CompiledJsonSchema* raw = schema.get();
-  return std::make_shared<ByteMachineConstraint<JsonSchemaMachine>>(
-      std::move(texts), JsonSchemaMachine(raw), std::move(schema));
 }
 
 }  // namespace ember

@@ -1,19 +1,25 @@
-// Structured output with a JSON Schema (`response_format: {"type": "json_schema"}`): the sample's
-// text must be one JSON value valid against the schema. CompileJsonSchema turns the supported
-// subset into a graph of nodes; JsonSchemaMachine is the byte machine of that language for
+// Structured output with a JSON Schema (`response_format` json_schema, `guided_json`,
+// `json_schema`, strict tool parameters): the sample's text must be one JSON value valid against
+// the schema. CompileJsonSchema (json_schema.cc) turns the supported subset into a graph of nodes;
+// JsonSchemaMachine (json_schema_machine.cc) is the byte machine of that language for
 // ByteMachineConstraint (json_constraint.h).
 //
-// Supported: `type` (a name or a list), `enum`, `const`, `properties` + `required` (properties are
-// written in the schema's order; optional ones may be left out; no others are generated),
-// `additionalProperties` (a schema for the values of an object without `properties`), `items`,
-// `minItems`, `maxItems`, `minLength`, `maxLength`, `anyOf` / `oneOf` whose branches start with
-// different bytes (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`,
-// `#`; recursion allowed), and annotations that do not constrain (`title`, `description`,
-// `default`, `examples`, `format`, ...). Anything else that would constrain the value (`pattern`,
-// `minimum`, `maximum`, `allOf`, `not`, `if`, `prefixItems`, ...) is an error naming the keyword
-// and its path, never a silent no-op. `minLength`/`maxLength` count code points (an escape
-// sequence is one). The root must be an object schema. Strings are any valid JSON strings;
-// whitespace between tokens runs at most JsonScanner::kMaxWhitespaceRun bytes.
+// Supported: `type` (a name or a list; each type reads only its own keywords), `enum`, `const`,
+// `properties` + `required` (properties are written in the schema's order; optional ones may be
+// left out; no others are generated), `additionalProperties` (a schema for the values of an
+// object without `properties`), `items`, `prefixItems` (and the older `items` list with
+// `additionalItems`), `minItems`, `maxItems`, `minLength`, `maxLength` (code points; an escape is
+// one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
+// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
+// `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
+// `nullable` (schema_rewrite.h), `anyOf` / `oneOf` whose branches start with different bytes
+// (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion
+// allowed; keywords beside it apply too), and annotations that do not constrain (`title`,
+// `description`, `default`, `examples`, ...). Anything else that would constrain the value (`not`,
+// `if`, `uniqueItems`, `patternProperties`, an unknown format, ...) is an error naming the keyword
+// and its path, never a silent no-op. The root must be an object schema. Strings with a pattern
+// or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
+// exponent); whitespace between tokens follows StepWhitespace (json_constraint.h).
 //
 // Bounds (client schemas): the schema's JSON nests at most 128 deep and its subschemas at most
 // 64 (through $ref chains too); objects and arrays written in the schema nest at most kMaxFrames
@@ -32,11 +38,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "sampling/json_constraint.h"
+#include "sampling/regex_dfa.h"
 #include "sampling/token_constraint.h"
 #include "util/status.h"
 
@@ -68,8 +76,14 @@ struct JsonSchemaNode {
   // kArray
   int32_t items = -1;  // -1: any value
   int32_t min_items = 0, max_items = INT32_MAX;
+  // kArray: prefixItems' nodes (item i < size follows prefix_items[i], later ones `items`).
+  std::vector<int32_t> prefix_items;
   // kString: bounds on the number of characters (code points; an escape is one).
   int32_t min_length = 0, max_length = INT32_MAX;
+  // kString, kInteger, kNumber: the value's automaton in CompiledJsonSchema::dfas (-1: none).
+  // A string's runs over its decoded UTF-8 (pattern, format, and with them the lengths, which
+  // then are folded in); a number's over its JSON text (minimum/maximum).
+  int32_t dfa = -1;
   // kLiterals: the compact JSON text of each allowed value, sorted.
   std::vector<std::string> literals;
   // kUnion: the branch node for each first byte (-1: none).
@@ -82,10 +96,16 @@ struct CompiledJsonSchema {
   // + 1: no value fits). The machine starts a value only where it fits, so it never strands.
   std::vector<uint8_t> min_frames;
   int32_t root = 0;  // an object node
+  std::vector<std::shared_ptr<const RegexDfa>> dfas;
 };
 
+// The bytes a value of a scalar or container kind may start with (not kLiterals / kUnion, whose
+// first bytes are their literals' and branches').
+std::string_view JsonSchemaKindStarts(JsonSchemaNode::Kind kind);
+
 // `path` names the schema in errors (e.g. "response_format.json_schema.schema"). The schema is an
-// ordered_json: properties are generated in the order the client wrote them.
+// ordered_json: properties are generated in the order the client wrote them. (json_schema.cc;
+// the machine is in json_schema_machine.cc.)
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(
     const nlohmann::ordered_json& schema, const std::string& path);
 
@@ -102,6 +122,20 @@ class JsonSchemaMachine {
   // (Not inside a string whose length is bounded: there every token must be counted.)
   bool InPlainString() const {
     return leaf_ == kLeafScanner && !bounded_ && scanner_.InPlainString();
+  }
+  // Between the characters of a string with length bounds: *room more characters fit.
+  bool InBoundedString(uint32_t* room) const {
+    if (leaf_ != kLeafScanner || !bounded_ || !scanner_.InPlainString()) return false;
+    const auto max = static_cast<uint32_t>(schema_->nodes[leaf_node_].max_length);
+    *room = chars_ >= max ? 0 : max - chars_;
+    return true;
+  }
+  // Between the characters of a string with an automaton (not in an escape): a byte without
+  // quote, backslash or control character is exactly a step of the returned automaton.
+  const RegexDfa* StringDfa(int32_t* state) const {
+    if (leaf_ != kLeafDfaString || escape_ != 0) return nullptr;
+    *state = dfa_state_;
+    return &LeafDfa();
   }
 
  private:
@@ -122,10 +156,18 @@ class JsonSchemaMachine {
     uint16_t index;  // object: next property; array: items so far
     uint16_t value;  // object: the node of the member being read (+1; 0: any)
   };
-  enum Leaf : uint8_t { kLeafNone, kLeafScanner, kLeafLiteral, kLeafKey };
+  // kLeafDfaString: a string value with an automaton (after its opening quote); kLeafDfaNumber:
+  // a number with one.
+  enum Leaf : uint8_t { kLeafNone, kLeafScanner, kLeafLiteral, kLeafKey, kLeafDfaString, kLeafDfaNumber };
   enum LiteralStep : uint8_t { kLiteralTook, kLiteralRefused, kLiteralEnded };
 
   bool StartValue(int32_t node, uint8_t c);
+  bool StepDfaString(uint8_t c);
+  // Some byte in [lo, hi] continues the string's automaton (an escape's choices).
+  bool DfaTakesAny(uint8_t lo, uint8_t hi) const;
+  const RegexDfa& LeafDfa() const {
+    return *schema_->dfas[static_cast<size_t>(schema_->nodes[leaf_node_].dfa)];
+  }
   bool StepStructure(uint8_t c);
   LiteralStep StepLiteral(uint8_t c);
   bool StepKey(uint8_t c);
@@ -141,7 +183,6 @@ class JsonSchemaMachine {
   std::array<Frame, kMaxFrames> frames_{};
   uint8_t depth_ = 0;
   Leaf leaf_ = kLeafNone;
-  bool integer_ = false;  // the leaf scanner reads an integer
   bool bounded_ = false;  // the leaf scanner reads a string with length bounds (leaf_node_)
   uint16_t leaf_node_ = 0;
   uint32_t chars_ = 0;  // bounded_: characters so far
@@ -150,6 +191,11 @@ class JsonSchemaMachine {
   JsonScanner scanner_;
   uint16_t lit_node_ = 0, lit_lo_ = 0, lit_hi_ = 0, lit_pos_ = 0;  // kLeafLiteral
   uint64_t key_mask_ = 0;                                          // kLeafKey: keys still possible
+  // kLeafDfaString / kLeafDfaNumber (leaf_node_ is the node): the automaton's state; in a string,
+  // the escape being read (0 none, 1 after a backslash, 2..4 after "u", "u0", "u00", 5 after
+  // "u00X" with escape_value_ = X * 16).
+  int32_t dfa_state_ = 0;
+  uint8_t escape_ = 0, escape_value_ = 0;
 };
 
 // JSON-schema structured output over `texts` (json_constraint.h).

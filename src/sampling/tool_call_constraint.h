@@ -41,6 +41,12 @@ class ToolCallMachine {
     return phase_ == kArguments &&
            (schema_ ? schema_arguments_.InPlainString() : arguments_.InPlainString());
   }
+  bool InBoundedString(uint32_t* room) const {
+    return phase_ == kArguments && schema_ && schema_arguments_.InBoundedString(room);
+  }
+  const RegexDfa* StringDfa(int32_t* state) const {
+    return phase_ == kArguments && schema_ ? schema_arguments_.StringDfa(state) : nullptr;
+  }
 
  private:
   enum Phase : uint8_t { kHead, kArguments, kTail, kDone };

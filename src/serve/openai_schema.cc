@@ -6,7 +6,9 @@
 #include <set>
 #include <sstream>
 
+#include "sampling/regex_syntax.h"   // EscapeRegexLiteral
 #include "template/chat_template.h"  // CheckTemplateKwargs
+#include "util/json_bounds.h"
 
 namespace ember::serve {
 
@@ -451,6 +453,97 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
   return std::nullopt;
 }
 
+// Records that `field` asks for structured output: a second such field is a 400 naming both.
+MaybeError ClaimOutput(CommonParams* p, const std::string& field) {
+  if (!p->output_field.empty()) {
+    const std::string first = p->output_field.substr(0, p->output_field.find('.'));
+    return InvalidRequest(field + ": cannot be combined with " + first +
+                              " (give one structured-output field)",
+                          field, "invalid_value");
+  }
+  p->output_field = field;
+  return std::nullopt;
+}
+
+// A JSON schema given as an object or as JSON text (vLLM takes both), at `field`.
+MaybeError ReadSchema(const json& v, const std::string& field, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
+  if (v.is_string()) {
+    auto parsed = ParseOrderedJsonBounded(v.get<std::string>(), kMaxBodyDepth);
+    if (!parsed.ok()) return InvalidRequest(field + ": not a JSON schema: " + parsed.message(), field);
+    p->json_schema = std::move(*parsed);
+  } else {
+    p->json_schema = v;
+  }
+  if (!p->json_schema.is_object()) return WrongType(field, "an object (JSON Schema)", p->json_schema);
+  return std::nullopt;
+}
+
+MaybeError ReadRegex(const json& v, const std::string& field, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
+  if (!v.is_string()) return WrongType(field, "a string (a regular expression)", v);
+  p->regex = v.get<std::string>();
+  return std::nullopt;
+}
+
+// A list of strings: the output is exactly one of them (a regex of their escaped alternation).
+MaybeError ReadChoice(const json& v, const std::string& field, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
+  if (!v.is_array() || v.empty()) return WrongType(field, "a non-empty array of strings", v);
+  std::string regex = "(?:";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) return WrongType(field + "[" + std::to_string(i) + "]", "a string", v[i]);
+    if (i > 0) regex.push_back('|');
+    regex.append(EscapeRegexLiteral(v[i].get<std::string>()));
+  }
+  regex.push_back(')');
+  p->regex = std::move(regex);
+  return std::nullopt;
+}
+
+MaybeError RefuseGrammar(const std::string& field) {
+  return InvalidRequest(field + ": grammars (GBNF/EBNF) are not supported; use guided_regex, "
+                                "guided_choice, guided_json or response_format",
+                        field, "unsupported_parameter");
+}
+
+// vLLM's structured_outputs: exactly one of json, regex, choice, json_object (true).
+MaybeError ParseStructuredOutputs(const json& v, CommonParams* p) {
+  if (!v.is_object()) return WrongType("structured_outputs", "an object", v);
+  ObjectReader sr(v, "structured_outputs");
+  for (const char* refused : {"grammar", "structural_tag"}) {
+    if (sr.Get(refused) != nullptr) return RefuseGrammar(std::string("structured_outputs.") + refused);
+  }
+  if (const json* j = sr.Get("json")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*j, "structured_outputs.json", p));
+  if (const json* re = sr.Get("regex")) EMBER_RETURN_IF_API_ERROR(ReadRegex(*re, "structured_outputs.regex", p));
+  if (const json* c = sr.Get("choice")) EMBER_RETURN_IF_API_ERROR(ReadChoice(*c, "structured_outputs.choice", p));
+  bool json_object = false;
+  EMBER_RETURN_IF_API_ERROR(sr.Bool("json_object", &json_object));
+  if (json_object) {
+    EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, "structured_outputs.json_object"));
+    p->json_object = true;
+  }
+  EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
+  if (p->output_field.rfind("structured_outputs", 0) != 0)
+    return InvalidRequest("structured_outputs: give one of json, regex, choice or json_object",
+                          "structured_outputs");
+  return std::nullopt;
+}
+
+// The structured-output fields besides response_format (read after it): vLLM's guided_json,
+// guided_regex, guided_choice and structured_outputs, llama.cpp's json_schema; grammars refused.
+MaybeError ParseGuidedFields(ObjectReader& r, CommonParams* p) {
+  for (const char* refused : {"guided_grammar", "grammar"}) {
+    if (r.Get(refused) != nullptr) return RefuseGrammar(refused);
+  }
+  if (const json* v = r.Get("guided_json")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*v, "guided_json", p));
+  if (const json* v = r.Get("guided_regex")) EMBER_RETURN_IF_API_ERROR(ReadRegex(*v, "guided_regex", p));
+  if (const json* v = r.Get("guided_choice")) EMBER_RETURN_IF_API_ERROR(ReadChoice(*v, "guided_choice", p));
+  if (const json* v = r.Get("json_schema")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*v, "json_schema", p));
+  if (const json* v = r.Get("structured_outputs")) EMBER_RETURN_IF_API_ERROR(ParseStructuredOutputs(*v, p));
+  return std::nullopt;
+}
+
 // response_format: {"type": "text"}, {"type": "json_object"} (JSON mode) or {"type":
 // "json_schema", "json_schema": {"name", "schema", "strict", "description"}}. The schema itself is
 // kept as the client wrote it and compiled by the request builder.
@@ -462,6 +555,7 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   std::string type;
   EMBER_RETURN_IF_API_ERROR(fr.String("type", &type));
   if (type == "json_object") {
+    EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, "response_format"));
     p->json_object = true;
   } else if (type == "json_schema") {
     const json* js = fr.Get("json_schema");
@@ -481,6 +575,7 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
     if (!schema->is_object())
       return WrongType("response_format.json_schema.schema", "an object (JSON Schema)", *schema);
     EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
+    EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, "response_format.json_schema.schema"));
     p->json_schema = *schema;
   } else if (type != "text") {
     return InvalidRequest("response_format.type: must be \"text\", \"json_object\" or "
@@ -542,6 +637,7 @@ std::optional<ApiError> ParseChatRequest(const json& body, const SchemaLimits& l
     out->chat_template_kwargs = *kw;
   }
   EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));
+  EMBER_RETURN_IF_API_ERROR(ParseGuidedFields(r, &out->params));
   return r.CheckUnknown();
 }
 
@@ -661,6 +757,7 @@ std::optional<ApiError> ParseCompletionRequest(const json& body, const SchemaLim
   out->params.top_logprobs = logprobs.value_or(-1);
   EMBER_RETURN_IF_API_ERROR(r.Bool("echo", &out->echo));
   EMBER_RETURN_IF_API_ERROR(ParseResponseFormat(r, &out->params));  // as vLLM: also here
+  EMBER_RETURN_IF_API_ERROR(ParseGuidedFields(r, &out->params));
   return r.CheckUnknown();
 }
 

@@ -60,10 +60,19 @@ struct CommonParams : SamplingRequest {
   // vLLM's cache_salt: only requests with the same salt share cached prompt KV (the pool and the
   // disk tier). "" when absent; at most kMaxCacheSaltBytes.
   std::string cache_salt;
+  // Structured output, from at most one of the fields that ask for it (two are a 400 naming
+  // both): response_format, guided_json, guided_regex, guided_choice, structured_outputs (vLLM),
+  // json_schema (llama.cpp).
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
-  // response_format {"type": "json_schema"}: response_format.json_schema.schema, in the client's
-  // key order (the request builder compiles it); null otherwise.
+  // A JSON schema (response_format.json_schema.schema, guided_json, structured_outputs.json,
+  // json_schema) in the client's key order (the request builder compiles it); null otherwise.
   RequestJson json_schema;
+  // The whole output matches this regex (guided_regex, structured_outputs.regex; guided_choice
+  // and structured_outputs.choice as an alternation of their escaped strings).
+  std::optional<std::string> regex;
+  // The field that set the constraint, as errors name it ("guided_json",
+  // "response_format.json_schema.schema"); "" without one.
+  std::string output_field;
 };
 
 // tool_choice: kAuto lets the model decide (the default), kRequired forces one call to any of

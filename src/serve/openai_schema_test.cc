@@ -415,3 +415,74 @@ TEST(OpenAiSchemaTest, BatchLineForms) {
 
 }  // namespace
 }  // namespace ember::serve
+
+namespace ember::serve {
+namespace {
+
+// vLLM's guided_* fields and structured_outputs, llama.cpp's json_schema: each sets one
+// structured-output constraint and names itself; two such fields, or a grammar, are a 400
+// naming them.
+TEST(OpenAiSchemaTest, GuidedFieldsSetOneConstraint) {
+  CompletionRequest c;
+  ASSERT_FALSE(Completion(R"({"prompt":"a","guided_regex":"\\d+"})", &c));
+  EXPECT_EQ(c.params.regex, "\\d+");
+  EXPECT_EQ(c.params.output_field, "guided_regex");
+  c = {};
+  ASSERT_FALSE(Completion(R"j({"prompt":"a","guided_choice":["yes","no (maybe)"]})j", &c));
+  EXPECT_EQ(c.params.regex, "(?:yes|no \\(maybe\\))");
+  c = {};
+  ASSERT_FALSE(Completion(R"({"prompt":"a","guided_json":"{\"type\":\"object\"}"})", &c));
+  EXPECT_EQ(c.params.json_schema.dump(), R"({"type":"object"})");
+  EXPECT_EQ(c.params.output_field, "guided_json");
+  c = {};
+  ASSERT_FALSE(Completion(R"({"prompt":"a","json_schema":{"type":"object"}})", &c));
+  EXPECT_EQ(c.params.output_field, "json_schema");
+  ChatRequest chat;
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],
+                        "structured_outputs":{"choice":["a","b"]}})", &chat));
+  EXPECT_EQ(chat.params.regex, "(?:a|b)");
+  EXPECT_EQ(chat.params.output_field, "structured_outputs.choice");
+  chat = {};
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text"},
+                        "structured_outputs":{"json":{"type":"object"}}})", &chat));
+  EXPECT_EQ(chat.params.output_field, "structured_outputs.json");
+  chat = {};
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],
+                        "structured_outputs":{"json_object":true}})", &chat));
+  EXPECT_TRUE(chat.params.json_object);
+}
+
+TEST(OpenAiSchemaTest, GuidedFieldErrorsNameTheFields) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"prompt":"a","response_format":{"type":"json_object"},"guided_regex":"a"})",
+       "guided_regex: cannot be combined with response_format"},
+      {R"({"prompt":"a","guided_json":{"type":"object"},"guided_choice":["a"]})",
+       "guided_choice: cannot be combined with guided_json"},
+      {R"({"prompt":"a","json_schema":{"type":"object"},"structured_outputs":{"regex":"a"}})",
+       "structured_outputs.regex: cannot be combined with json_schema"},
+      {R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}},
+          "json_schema":{}})",
+       "json_schema: cannot be combined with response_format"},
+      {R"({"prompt":"a","guided_grammar":"root ::= \"a\""})", "guided_grammar: grammars (GBNF/EBNF) are not supported"},
+      {R"({"prompt":"a","grammar":"root ::= \"a\""})", "grammar: grammars (GBNF/EBNF) are not supported"},
+      {R"({"prompt":"a","structured_outputs":{"grammar":"x"}})", "structured_outputs.grammar: grammars"},
+      {R"({"prompt":"a","structured_outputs":{}})", "structured_outputs: give one of"},
+      {R"({"prompt":"a","structured_outputs":{"regex":"a","whitespace_pattern":" "}})",
+       "Unrecognized request argument supplied: structured_outputs.whitespace_pattern"},
+      {R"({"prompt":"a","guided_choice":[]})", "guided_choice: expected a non-empty array"},
+      {R"({"prompt":"a","guided_choice":["a",1]})", "guided_choice[1]: expected a string"},
+      {R"({"prompt":"a","guided_regex":5})", "guided_regex: expected a string"},
+      {R"({"prompt":"a","guided_json":"{not json"})", "guided_json: not a JSON schema"},
+      {R"({"prompt":"a","guided_json":[1]})", "guided_json: expected an object"},
+      {R"({"prompt":"a","guided_decoding_backend":"xgrammar"})",
+       "Unrecognized request argument supplied: guided_decoding_backend"},
+  };
+  for (const auto& [body, message] : cases) {
+    auto err = Completion(body);
+    ASSERT_TRUE(err.has_value()) << body;
+    EXPECT_EQ(err->message.rfind(message, 0), 0u) << err->message;
+  }
+}
+
+}  // namespace
+}  // namespace ember::serve

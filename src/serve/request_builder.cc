@@ -4,6 +4,7 @@
 
 #include "engine/engine.h"
 #include "sampling/json_schema.h"
+#include "sampling/regex_constraint.h"
 #include "sampling/tool_call_constraint.h"
 #include "serve/harmony.h"
 #include "serve/reasoning.h"
@@ -29,22 +30,32 @@ TokenLimits LimitsOfServed(const ServedModel& model) {
   return TokenLimits{model.vocab_size, model.context_length, kv_capacity};
 }
 
-// response_format's constraint (null for text): JSON mode, or the compiled JSON schema (its
-// properties in the client's order).
+// The structured-output constraint (null for text): JSON mode, a compiled JSON schema (its
+// properties in the client's order), or a regex over the whole output (ending through the
+// model's EOS ids where a match may go on). Errors name the field that asked for it.
 using Constraint = std::shared_ptr<const TokenConstraint>;
 std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
                                                     const CommonParams& p) {
-  if (!p.json_object && p.json_schema.is_null()) return Constraint();
+  if (p.output_field.empty()) return Constraint();
+  const std::string& path = p.output_field;
+  const std::string field = path.substr(0, path.find('.'));
   if (model.token_texts == nullptr) {
-    return InvalidRequest("response_format: structured output is not available for this model: "
+    return InvalidRequest(field + ": structured output is not available for this model: "
                           "no token of its vocabulary can start a JSON object",
-                          "response_format", "unsupported_value");
+                          field, "unsupported_value");
   }
-  if (p.json_object) return Constraint(std::make_shared<JsonObjectConstraint>(model.token_texts));
-  const std::string path = "response_format.json_schema.schema";
-  auto compiled = CompileJsonSchema(p.json_schema, path);
-  if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
-  Constraint constraint = MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled));
+  Constraint constraint;
+  if (p.json_object) {
+    constraint = std::make_shared<JsonObjectConstraint>(model.token_texts);
+  } else if (p.regex) {
+    auto dfa = CompileRegex(*p.regex, RegexMatch::kWhole, path);
+    if (!dfa.ok()) return InvalidRequest(dfa.message(), path, "unsupported_value");
+    constraint = MakeRegexConstraint(model.token_texts, std::move(*dfa), model.defaults.eos_token_ids);
+  } else {
+    auto compiled = CompileJsonSchema(p.json_schema, path);
+    if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
+    constraint = MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled));
+  }
   // Refused now, not mid-generation: a constraint no token of this vocabulary can start.
   if (Status st = CheckConstraintCanStart(*constraint, path); !st.ok())
     return InvalidRequest(st.message(), path, "unsupported_value");
@@ -133,10 +144,11 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "constraint cannot write; use tool_choice \"auto\"",
                           "tool_choice", "unsupported_value");
   }
-  if (req.params.json_object || !req.params.json_schema.is_null()) {
-    return InvalidRequest("response_format: structured output cannot be combined with a forced "
+  if (!req.params.output_field.empty()) {
+    const std::string field = req.params.output_field.substr(0, req.params.output_field.find('.'));
+    return InvalidRequest(field + ": structured output cannot be combined with a forced "
                           "tool call (tool_choice)",
-                          "response_format");
+                          field);
   }
   if (model.token_texts == nullptr) {
     return InvalidRequest("tool_choice: this model's vocabulary cannot spell a JSON object, so a "

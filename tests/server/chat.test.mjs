@@ -215,10 +215,45 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
       seed: 7, max_tokens: 400, logit_bias: { 92: 30, 11: 30 }, response_format: params.response_format });
     assert.equal(completion.choices[0].finish_reason, 'stop');
     assert.equal(typeof JSON.parse(completion.choices[0].text).ok, 'boolean');
-    for (const [bad, param] of [[{ type: 'object', properties: { a: { type: 'string', pattern: 'x' } } }, 'response_format.json_schema.schema'],
+    for (const [bad, param] of [[{ type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } } }, 'response_format.json_schema.schema'],
                                 [{ type: 'string' }, 'response_format.json_schema.schema']]) {
       await assert.rejects(client.chat.completions.create({ ...params, max_tokens: 8,
         response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bad } } }),
+        (err) => err.status === 400 && err.param === param && err.message.includes(param));
+    }
+  });
+
+  test('guided_choice, guided_regex, structured_outputs, json_schema: the output follows them; conflicts are 400s', async () => {
+    const base = { model: 'test-model', messages: [{ role: 'user', content: 'Pick one' }], temperature: 1,
+                   seed: 11, max_tokens: 40, chat_template_kwargs: { enable_thinking: false } };
+    const choices = ['red', 'green', 'blue "sky"'];
+    for (let seed = 1; seed <= 3; ++seed) {
+      const r = await client.chat.completions.create({ ...base, seed, guided_choice: choices });
+      assert.ok(choices.includes(r.choices[0].message.content), r.choices[0].message.content);
+      assert.equal(r.choices[0].finish_reason, 'stop');
+    }
+    const re = await client.completions.create({ model: 'test-model', prompt: 'Code:', temperature: 1, seed: 4,
+                                                 max_tokens: 40, guided_regex: '[A-Z]{3}-\\d{2,4}!' });
+    assert.match(re.choices[0].text, /^[A-Z]{3}-\d{2,4}!$/);
+    assert.equal(re.choices[0].finish_reason, 'stop');
+    const so = await client.chat.completions.create({ ...base, structured_outputs: { choice: ['yes', 'no'] } });
+    assert.ok(['yes', 'no'].includes(so.choices[0].message.content));
+    // Keywords enforced through automata: pattern (on the decoded string), format, integer bounds.
+    const schema = { type: 'object', required: ['code', 'day', 'n'], additionalProperties: false,
+                     properties: { code: { type: 'string', pattern: '^[a-z]{2}"\\d$' },
+                                   day: { type: 'string', format: 'date' },
+                                   n: { type: 'integer', minimum: -3, maximum: 12 } } };
+    const js = await client.completions.create({ model: 'test-model', prompt: 'JSON:', temperature: 1, seed: 2,
+                                                 max_tokens: 200, logit_bias: { 92: 30 }, json_schema: schema });
+    assert.equal(js.choices[0].finish_reason, 'stop', js.choices[0].text);
+    const value = JSON.parse(js.choices[0].text);
+    assert.match(value.code, /^[a-z]{2}"\d$/);
+    assert.match(value.day, /^\d{4}-\d{2}-\d{2}$/);
+    assert.ok(Number.isInteger(value.n) && value.n >= -3 && value.n <= 12, js.choices[0].text);
+    for (const [extra, param] of [[{ response_format: { type: 'json_object' }, guided_regex: 'a' }, 'guided_regex'],
+                                  [{ guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+                                  [{ guided_regex: '(a)\\1' }, 'guided_regex']]) {
+      await assert.rejects(client.chat.completions.create({ ...base, ...extra }),
         (err) => err.status === 400 && err.param === param && err.message.includes(param));
     }
   });
@@ -272,7 +307,7 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     assert.ok(Object.keys(args).every((k) => k === 'city' || k === 'nights'), JSON.stringify(args));
     await assert.rejects(client.chat.completions.create({ ...base, tool_choice: 'required',
       tools: [{ type: 'function', function: { name: 'f', strict: true,
-        parameters: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } } } } }] }),
+        parameters: { type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } } } } }] }),
       (err) => err.status === 400 && err.param === 'tools[0].function.parameters');
 
     // The client sends the call and its result back; the template renders both.

@@ -1,0 +1,416 @@
+#include "sampling/json_schema.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace ember {
+
+namespace {
+
+bool IsWhitespace(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+bool IsNumberByte(uint8_t c) {
+  return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+}
+
+}  // namespace
+
+JsonSchemaMachine::JsonSchemaMachine(const CompiledJsonSchema* schema) : schema_(schema) {}
+
+uint64_t JsonSchemaMachine::KeyCandidates(const Frame& f) const {
+  const auto& props = schema_->nodes[f.node].properties;
+  uint64_t mask = 0;
+  for (size_t j = f.index; j < props.size(); ++j) {
+    // An optional property whose value cannot fit in the frames left is never started.
+    if (Fits(props[j].node)) mask |= uint64_t{1} << j;
+    if (props[j].required) break;  // properties come in order: a required one cannot be skipped
+  }
+  return mask;
+}
+
+bool JsonSchemaMachine::CanClose(const Frame& f) const {
+  const auto& props = schema_->nodes[f.node].properties;
+  for (size_t j = f.index; j < props.size(); ++j)
+    if (props[j].required) return false;
+  return true;
+}
+
+void JsonSchemaMachine::ValueDone() {
+  if (depth_ == 0) {
+    done_ = true;
+    return;
+  }
+  Frame& f = frames_[depth_ - 1];
+  if (f.phase == kMemberValue) {
+    f.phase = kAfterMember;
+  } else {
+    ++f.index;
+    f.phase = kAfterItem;
+  }
+}
+
+bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
+  auto scan = [this](uint8_t first) {
+    scanner_ = JsonScanner::AnyValue();
+    bounded_ = false;
+    leaf_ = kLeafScanner;
+    return scanner_.Step(first);
+  };
+  // A union picks its branch by the first byte (never a cycle of unions: FinishUnions).
+  for (size_t hops = 0;
+       node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind == JsonSchemaNode::kUnion;
+       ++hops) {
+    if (hops == schema_->nodes.size()) return false;
+    node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
+    if (node_id < 0) return false;
+  }
+  if (node_id < 0) return scan(c);
+  const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
+  const bool starts =
+      JsonSchemaKindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
+  switch (n.kind) {
+    case JsonSchemaNode::kAny:
+      return scan(c);
+    case JsonSchemaNode::kObject:
+    case JsonSchemaNode::kArray: {
+      if (!starts || !Fits(node_id)) return false;
+      frames_[depth_++] =
+          Frame{static_cast<uint16_t>(node_id),
+                n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0, 0, 0};
+      return true;
+    }
+    case JsonSchemaNode::kString:
+      if (n.dfa >= 0) {
+        if (c != '"') return false;
+        leaf_ = kLeafDfaString;
+        leaf_node_ = static_cast<uint16_t>(node_id);
+        dfa_state_ = LeafDfa().start();
+        escape_ = 0;
+        return true;
+      }
+      if (!starts || !scan(c)) return false;
+      bounded_ = n.min_length > 0 || n.max_length < INT32_MAX;
+      leaf_node_ = static_cast<uint16_t>(node_id);
+      chars_ = 0;
+      return true;
+    case JsonSchemaNode::kNumber:
+    case JsonSchemaNode::kInteger:  // always an automaton (at least the digit limits)
+      CHECK(n.dfa >= 0);
+      leaf_ = kLeafDfaNumber;
+      leaf_node_ = static_cast<uint16_t>(node_id);
+      dfa_state_ = LeafDfa().Next(LeafDfa().start(), c);
+      return dfa_state_ != RegexDfa::kDead;
+    case JsonSchemaNode::kBoolean:
+    case JsonSchemaNode::kNull:
+      return starts && scan(c);
+    case JsonSchemaNode::kLiterals:
+      leaf_ = kLeafLiteral;
+      lit_node_ = static_cast<uint16_t>(node_id);
+      lit_lo_ = 0;
+      lit_hi_ = static_cast<uint16_t>(n.literals.size());
+      lit_pos_ = 0;
+      return StepLiteral(c) == kLiteralTook;
+    case JsonSchemaNode::kUnion:
+      break;  // resolved above
+  }
+  return false;
+}
+
+JsonSchemaMachine::LiteralStep JsonSchemaMachine::StepLiteral(uint8_t c) {
+  const std::vector<std::string>& lits = schema_->nodes[lit_node_].literals;
+  // [lit_lo_, lit_hi_) share their first lit_pos_ bytes; one of exactly that length sorts first.
+  const bool first_complete = lits[lit_lo_].size() == lit_pos_;
+  const auto begin = lits.begin() + lit_lo_ + (first_complete ? 1 : 0),
+             end = lits.begin() + lit_hi_;
+  const size_t pos = lit_pos_;
+  const auto lo = std::partition_point(
+      begin, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) < c; });
+  const auto hi = std::partition_point(
+      lo, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) == c; });
+  if (lo == hi) {
+    if (!first_complete) return kLiteralRefused;
+    leaf_ = kLeafNone;  // a number literal ended; c belongs to what follows
+    ValueDone();
+    return kLiteralEnded;
+  }
+  lit_lo_ = static_cast<uint16_t>(lo - lits.begin());
+  lit_hi_ = static_cast<uint16_t>(hi - lits.begin());
+  ++lit_pos_;
+  if (lit_hi_ - lit_lo_ == 1 && lits[lit_lo_].size() == lit_pos_) {
+    leaf_ = kLeafNone;  // nothing can follow within the literal
+    ValueDone();
+  }
+  return kLiteralTook;
+}
+
+bool JsonSchemaMachine::StepKey(uint8_t c) {
+  Frame& f = frames_[depth_ - 1];
+  const auto& props = schema_->nodes[f.node].properties;
+  uint64_t mask = 0;
+  int32_t complete = -1;
+  for (uint64_t m = key_mask_; m != 0; m &= m - 1) {
+    const int j = __builtin_ctzll(m);
+    const std::string& key = props[static_cast<size_t>(j)].key;
+    if (key.size() > lit_pos_ && static_cast<uint8_t>(key[lit_pos_]) == c) {
+      mask |= uint64_t{1} << j;
+      if (key.size() == lit_pos_ + 1u) complete = j;
+    }
+  }
+  if (mask == 0) return false;
+  key_mask_ = mask;
+  ++lit_pos_;
+  if (complete >= 0) {  // a key ends with its quote, so no other key continues it
+    leaf_ = kLeafNone;
+    f.index = static_cast<uint16_t>(complete + 1);
+    f.value = static_cast<uint16_t>(props[static_cast<size_t>(complete)].node + 1);
+    f.phase = kColon;
+  }
+  return true;
+}
+
+bool JsonSchemaMachine::StepStructure(uint8_t c) {
+  if (depth_ == 0) return StartValue(schema_->root, c);  // the output starts with the value itself
+  Frame& f = frames_[depth_ - 1];
+  if (IsWhitespace(c)) return StepWhitespace(c, &ws_run_);
+  ws_run_ = 0;
+  const JsonSchemaNode& n = schema_->nodes[f.node];
+  auto close = [this]() {
+    --depth_;
+    ValueDone();
+    return true;
+  };
+  auto start_key = [&]() {
+    if (n.properties.empty()) {
+      if (!n.any_keys || !Fits(n.values)) return false;
+      f.phase = kColon;  // after the key's string, which the scanner reads
+      f.value = static_cast<uint16_t>(n.values + 1);
+      scanner_ = JsonScanner::AnyValue();
+      bounded_ = false;
+      leaf_ = kLeafScanner;
+      return scanner_.Step(c);
+    }
+    key_mask_ = KeyCandidates(f);
+    if (key_mask_ == 0) return false;
+    leaf_ = kLeafKey;
+    lit_pos_ = 0;
+    return StepKey(c);
+  };
+  switch (f.phase) {
+    case kObjectOpen:
+      if (c == '}') return CanClose(f) && close();
+      [[fallthrough]];
+    case kObjectKey:
+      return c == '"' && start_key();
+    case kColon:
+      if (c != ':') return false;
+      f.phase = kMemberValue;
+      return true;
+    case kMemberValue:
+      return StartValue(static_cast<int32_t>(f.value) - 1, c);
+    case kAfterMember:
+      if (c == '}') return CanClose(f) && close();
+      if (c != ',') return false;
+      if (!n.properties.empty() && KeyCandidates(f) == 0) return false;
+      if (n.properties.empty() && (!n.any_keys || !Fits(n.values))) return false;
+      f.phase = kObjectKey;
+      return true;
+    case kArrayOpen:
+      if (c == ']') return n.min_items == 0 && close();
+      [[fallthrough]];
+    case kArrayItem:
+      return f.index < n.max_items &&
+             StartValue(f.index < n.prefix_items.size() ? n.prefix_items[f.index] : n.items, c);
+    case kAfterItem:
+      if (c == ']') return f.index >= n.min_items && close();
+      if (c != ',' || f.index >= n.max_items) return false;
+      f.phase = kArrayItem;
+      return true;
+  }
+  return false;
+}
+
+void JsonSchemaMachine::AppendKey(std::string* key) const {
+  auto put = [key](auto v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(depth_);
+  for (int d = 0; d < depth_; ++d) {
+    const Frame& f = frames_[d];
+    put(f.node);
+    put(static_cast<uint8_t>(f.phase));
+    put(f.index);
+    put(f.value);
+  }
+  put(static_cast<uint8_t>(leaf_));
+  put(static_cast<uint8_t>(done_));
+  put(ws_run_);
+  switch (leaf_) {
+    case kLeafScanner:
+      put(static_cast<uint8_t>(bounded_));
+      if (bounded_) {
+        put(leaf_node_);
+        put(chars_);
+      }
+      scanner_.AppendKey(key);
+      break;
+    case kLeafLiteral:
+      put(lit_node_);
+      put(lit_lo_);
+      put(lit_hi_);
+      put(lit_pos_);
+      break;
+    case kLeafKey:
+      put(key_mask_);
+      put(lit_pos_);
+      break;
+    case kLeafDfaString:
+    case kLeafDfaNumber:
+      put(leaf_node_);
+      put(dfa_state_);
+      put(escape_);
+      put(escape_value_);
+      break;
+    case kLeafNone:
+      break;
+  }
+}
+
+bool JsonSchemaMachine::DfaTakesAny(uint8_t lo, uint8_t hi) const {
+  const RegexDfa& dfa = LeafDfa();
+  for (int b = lo; b <= hi; ++b)
+    if (dfa.Next(dfa_state_, static_cast<uint8_t>(b)) != RegexDfa::kDead) return true;
+  return false;
+}
+
+// A string's content as its decoded bytes through the automaton. Written raw: printable ASCII
+// but the quote and the backslash, and UTF-8 (the automaton accepts only valid sequences).
+// Escaped: quote, backslash, slash, and the control characters (b f n r t, the others as u00XX);
+// other u escapes are never written. Every character the automaton allows can so be written, and
+// each escape is entered only when one of its completions is allowed: the string never strands.
+bool JsonSchemaMachine::StepDfaString(uint8_t c) {
+  const RegexDfa& dfa = LeafDfa();
+  auto take = [&](uint8_t decoded) {
+    const int32_t next = dfa.Next(dfa_state_, decoded);
+    if (next == RegexDfa::kDead) return false;
+    dfa_state_ = next;
+    escape_ = 0;
+    return true;
+  };
+  switch (escape_) {
+    case 0:
+      if (c == '"') {
+        if (!dfa.Accepting(dfa_state_)) return false;
+        leaf_ = kLeafNone;
+        ValueDone();
+        return true;
+      }
+      if (c == '\\') {
+        escape_ = 1;
+        return DfaTakesAny(0x00, 0x1F) || DfaTakesAny('"', '"') || DfaTakesAny('\\', '\\') ||
+               DfaTakesAny('/', '/');
+      }
+      return c >= 0x20 && take(c);
+    case 1:
+      switch (c) {
+        case '"':
+        case '\\':
+        case '/':
+          return take(c);
+        case 'b':
+          return take('\b');
+        case 'f':
+          return take('\f');
+        case 'n':
+          return take('\n');
+        case 'r':
+          return take('\r');
+        case 't':
+          return take('\t');
+        case 'u':
+          escape_ = 2;
+          return DfaTakesAny(0x00, 0x1F);
+        default:
+          return false;
+      }
+    case 2:
+    case 3:
+      if (c != '0') return false;
+      ++escape_;
+      return true;
+    case 4:
+      if (c != '0' && c != '1') return false;
+      escape_value_ = static_cast<uint8_t>((c - '0') * 16);
+      escape_ = 5;
+      return DfaTakesAny(escape_value_, static_cast<uint8_t>(escape_value_ + 15));
+    default: {
+      const int h = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      return h >= 0 && take(static_cast<uint8_t>(escape_value_ + h));
+    }
+  }
+}
+
+bool JsonSchemaMachine::Step(uint8_t c) {
+  if (done_) return false;
+  switch (leaf_) {
+    case kLeafScanner:
+      if (scanner_.NumberComplete() && !IsNumberByte(c)) {
+        leaf_ = kLeafNone;  // the number ended; c belongs to what follows
+        ValueDone();
+        break;
+      }
+      if (bounded_ && scanner_.InPlainString()) {  // c closes the string or starts a character
+        const JsonSchemaNode& n = schema_->nodes[leaf_node_];
+        if (c == '"' ? chars_ < static_cast<uint32_t>(n.min_length)
+                     : ++chars_ > static_cast<uint32_t>(n.max_length))
+          return false;
+      }
+      if (!scanner_.Step(c)) return false;
+      if (scanner_.Done()) {
+        leaf_ = kLeafNone;
+        // A map key's string ends in the kColon phase; any other scanned string is a value.
+        if (depth_ == 0 || frames_[depth_ - 1].phase != kColon) ValueDone();
+      }
+      return true;
+    case kLeafLiteral:
+      switch (StepLiteral(c)) {
+        case kLiteralTook:
+          return true;
+        case kLiteralRefused:
+          return false;
+        case kLiteralEnded:
+          break;
+      }
+      break;
+    case kLeafKey:
+      return StepKey(c);
+    case kLeafDfaString:
+      return StepDfaString(c);
+    case kLeafDfaNumber:
+      if (IsNumberByte(c)) {
+        const int32_t next = LeafDfa().Next(dfa_state_, c);
+        if (next == RegexDfa::kDead) return false;
+        dfa_state_ = next;
+        return true;
+      }
+      if (!LeafDfa().Accepting(dfa_state_)) return false;
+      leaf_ = kLeafNone;  // the number ended; c belongs to what follows
+      ValueDone();
+      break;
+    case kLeafNone:
+      break;
+  }
+  return StepStructure(c);
+}
+
+std::shared_ptr<TokenConstraint> MakeJsonSchemaConstraint(
+    std::shared_ptr<const TokenTexts> texts, std::shared_ptr<const CompiledJsonSchema> schema) {
+  CHECK(schema != nullptr);
+  const CompiledJsonSchema* raw = schema.get();
+  return std::make_shared<ByteMachineConstraint<JsonSchemaMachine>>(
+      std::move(texts), JsonSchemaMachine(raw), std::move(schema));
+}
+
+}  // namespace ember

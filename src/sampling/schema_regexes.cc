@@ -1,0 +1,147 @@
+#include "sampling/schema_regexes.h"
+
+#include <vector>
+
+namespace ember {
+
+namespace {
+
+constexpr const char* kDate =
+    R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8])))";
+constexpr const char* kTime =
+    R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+constexpr const char* kUriChar = R"((?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2}))";
+constexpr const char* kUriQueryChar = R"((?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2}))";
+constexpr const char* kLabel = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
+constexpr const char* kOctet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+constexpr const char* kAtext = R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~-])";
+
+std::string Repeat(char c, size_t n) {
+  return std::string(n, c);
+}
+
+// Equal-length decimal strings lo <= hi: the strings of that length between them.
+std::string SameLength(const std::string& lo, const std::string& hi) {
+  if (lo == hi) return lo;
+  if (lo.size() == 1) return std::string("[") + lo[0] + "-" + hi[0] + "]";
+  if (lo[0] == hi[0]) return lo.substr(0, 1) + "(?:" + SameLength(lo.substr(1), hi.substr(1)) + ")";
+  const size_t rest = lo.size() - 1;
+  const bool lo_zeros = lo.substr(1) == Repeat('0', rest);
+  const bool hi_nines = hi.substr(1) == Repeat('9', rest);
+  std::vector<std::string> parts;
+  char mid_lo = lo[0], mid_hi = hi[0];
+  if (!lo_zeros) {
+    parts.push_back(lo.substr(0, 1) + "(?:" + SameLength(lo.substr(1), Repeat('9', rest)) + ")");
+    ++mid_lo;
+  }
+  if (!hi_nines) --mid_hi;
+  if (mid_lo <= mid_hi)
+    parts.push_back(std::string("[") + mid_lo + "-" + mid_hi + "]\\d{" + std::to_string(rest) +
+                    "}");
+  if (!hi_nines)
+    parts.push_back(hi.substr(0, 1) + "(?:" + SameLength(Repeat('0', rest), hi.substr(1)) + ")");
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : "|") + p;
+  return "(?:" + out + ")";
+}
+
+constexpr int64_t kUnbounded = -1;
+constexpr size_t kMaxIntegerDigits = 18;
+constexpr const char* kFraction = "\\.\\d{1,16}";
+
+std::string JoinAlternatives(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) {
+    if (!out.empty()) out.push_back('|');
+    out.append(p);
+  }
+  return out;
+}
+
+// Non-negative integers in [lo, hi] (hi kUnbounded: no upper bound), "" when empty.
+std::string Magnitudes(int64_t lo, int64_t hi) {
+  if (hi != kUnbounded && hi < lo) return "";
+  std::vector<std::string> parts;
+  const std::string los = std::to_string(lo);
+  const size_t max_len = hi != kUnbounded ? std::to_string(hi).size() : los.size();
+  for (size_t len = los.size(); len <= max_len; ++len) {
+    std::string first = los;
+    if (len != los.size()) first = std::string(1, '1').append(len - 1, '0');
+    std::string last = Repeat('9', len);
+    if (hi != kUnbounded && len == max_len) last = std::to_string(hi);
+    parts.push_back(SameLength(first, last));
+  }
+  if (hi == kUnbounded && los.size() < kMaxIntegerDigits) {
+    parts.push_back("[1-9]\\d{" + std::to_string(los.size()) + "," +
+                    std::to_string(kMaxIntegerDigits - 1) + "}");
+  }
+  return "(?:" + JoinAlternatives(parts) + ")";
+}
+
+// The integers in [lo, hi], "" when empty.
+std::string Integers(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  std::vector<std::string> parts;
+  if (!hi || *hi >= 0) {
+    const std::string m = Magnitudes(lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi : kUnbounded);
+    if (!m.empty()) parts.push_back(m);
+  }
+  if (!lo || *lo < 0) {
+    const int64_t least = hi && *hi < 0 ? -*hi : 1;
+    const std::string m = Magnitudes(least, lo ? -*lo : kUnbounded);
+    if (!m.empty()) parts.push_back("-" + m);
+  }
+  return parts.empty() ? "" : "(?:" + JoinAlternatives(parts) + ")";
+}
+
+}  // namespace
+
+std::optional<std::string> FormatRegex(std::string_view format) {
+  const std::string label = kLabel, atext = kAtext;
+  if (format == "date") return std::string(kDate);
+  if (format == "time") return std::string(kTime);
+  if (format == "date-time") return std::string(kDate) + "T" + kTime;
+  if (format == "uuid") {
+    const std::string h = "[0-9a-fA-F]";
+    return h + "{8}-" + h + "{4}-" + h + "{4}-" + h + "{4}-" + h + "{12}";
+  }
+  if (format == "email") return atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label;
+  if (format == "ipv4") return std::string("(?:") + kOctet + "\\.){3}" + kOctet;
+  if (format == "ipv6") return "(?:[0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}";
+  if (format == "uri") {
+    return std::string(
+               "[A-Za-z][A-Za-z0-9+.-]*://(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+(?::\\d{1,5})?(?:/") +
+           kUriChar + "*)*(?:\\?" + kUriQueryChar + "*)?(?:#" + kUriQueryChar + "*)?";
+  }
+  return std::nullopt;
+}
+
+const char* SupportedFormats() {
+  return "date-time, date, time, uuid, email, ipv4, ipv6, uri";
+}
+
+std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  return Integers(lo, hi);
+}
+
+std::string UnboundedNumberRegex() {
+  return "-?(?:0|[1-9]\\d{0,17})(?:\\.\\d{1,16})?(?:[eE][+-]?\\d{1,2})?";
+}
+
+std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  std::vector<std::string> parts;
+  if (const std::string ints = Integers(lo, hi); !ints.empty()) parts.push_back(ints);
+  // I.F with I >= 0: [I, I + 1) within the bounds: lo <= I and I + 1 <= hi.
+  if (!hi || *hi >= 1) {
+    const std::string m = Magnitudes(lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi - 1 : kUnbounded);
+    if (!m.empty()) parts.push_back(m + kFraction);
+  }
+  // -I.F: (-(I + 1), -I] within the bounds: lo <= -(I + 1) and -I <= hi; I = 0 is "-0.F".
+  if (!lo || *lo <= -1) {
+    const int64_t least = hi && *hi < 0 ? -*hi : 0;
+    const std::string m = Magnitudes(least, lo ? -*lo - 1 : kUnbounded);
+    if (!m.empty()) parts.push_back("-" + m + kFraction);
+  }
+  return JoinAlternatives(parts);
+}
+
+}  // namespace ember
