@@ -114,6 +114,15 @@ JSONL
     "$(field "$dir/json.out" 3 text)" || fail "line 3 is not valid against its schema: $(field "$dir/json.out" 3 text)"
   field "$dir/json.out" 4 error | grep -q "properties.s.uniqueItems" ||
     fail "the unsupported keyword was not named: $(cat "$dir/json.out")"
+  # A first line that asks for structured output through vLLM's guided_choice.
+  printf '%s\n' '{"prompt": "Answer:", "max_tokens": 8, "temperature": 1, "seed": 6, "guided_choice": ["yes", "no"]}' \
+    >"$dir/choice.jsonl"
+  "$EMBER_BIN" batch --model "$dir/tq" --input "$dir/choice.jsonl" --output "$dir/choice.out" \
+    --device cpu 2>"$dir/err" || fail "guided_choice batch: $(cat "$dir/err")"
+  case "$(field "$dir/choice.out" 1 text)" in
+    yes | no) ;;
+    *) fail "the guided_choice line is not one of its choices: $(cat "$dir/choice.out")" ;;
+  esac
 else
   echo "note: no qwen3 tokenizer at $qwen3; JSON-mode part skipped"
 fi
