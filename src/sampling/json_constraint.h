@@ -253,13 +253,16 @@ class ByteMachineConstraint : public TokenConstraint {
   bool ended_ = false;  // an end id was accepted
 };
 
-template <typename Machine>
-int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
-                                                    std::vector<uint8_t>& allowed) const {
-  // states[d]: the machine after the first d bytes of the token at hand, valid for d <= valid.
-  thread_local std::vector<Machine> states;
+// Marks in `allowed` every token of `trie` whose bytes `step` accepts from `start`, sharing the
+// work of common prefixes: step(state, byte) advances a copy of the state and returns false on a
+// refused byte. State is the byte machine itself or an automaton's state number.
+template <typename State, typename Step>
+int64_t WalkTokenTrie(const TokenTrie& trie, const State& start, Step step,
+                      std::vector<uint8_t>& allowed) {
+  // states[d]: the state after the first d bytes of the token at hand, valid for d <= valid.
+  thread_local std::vector<State> states;
   states.resize(1);
-  states[0] = machine_;
+  states[0] = start;
   size_t valid = 0;
   size_t refused_at = SIZE_MAX;  // the last stepped token's byte that was refused
   int64_t count = 0;
@@ -275,7 +278,7 @@ int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
     size_t d = valid;
     for (; d < bytes.size(); ++d) {
       states[d + 1] = states[d];
-      if (!states[d + 1].Step(static_cast<uint8_t>(bytes[d]))) break;
+      if (!step(states[d + 1], static_cast<uint8_t>(bytes[d]))) break;
     }
     if (d == 0) {  // a refused first byte: its whole group is
       i = static_cast<size_t>(trie.next_first_byte[i]) - 1;
@@ -295,43 +298,20 @@ int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
 }
 
 template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
+                                                    std::vector<uint8_t>& allowed) const {
+  return WalkTokenTrie(
+      trie, machine_, [](Machine& m, uint8_t byte) { return m.Step(byte); }, allowed);
+}
+
+template <typename Machine>
 int64_t ByteMachineConstraint<Machine>::WalkDfa(const TokenTrie& trie, const RegexDfa& dfa,
                                                 int32_t state,
                                                 std::vector<uint8_t>& allowed) const {
-  thread_local std::vector<int32_t> states;  // as WalkMachine's, automaton states
-  states.resize(1);
-  states[0] = state;
-  size_t valid = 0;
-  size_t refused_at = SIZE_MAX;
-  int64_t count = 0;
-  for (size_t i = 0; i < trie.ids.size(); ++i) {
-    const auto id = static_cast<size_t>(trie.ids[i]);
-    const auto shared = static_cast<size_t>(trie.shared_prefix[i]);
-    if (refused_at != SIZE_MAX && shared > refused_at) continue;
-    refused_at = SIZE_MAX;
-    valid = std::min(valid, shared);
-    const std::string_view bytes = trie.Text(i);
-    if (states.size() < bytes.size() + 1) states.resize(bytes.size() + 1);
-    size_t d = valid;
-    for (; d < bytes.size(); ++d) {
-      states[d + 1] = dfa.Next(states[d], static_cast<uint8_t>(bytes[d]));
-      if (states[d + 1] == RegexDfa::kDead) break;
-    }
-    if (d == 0) {
-      i = static_cast<size_t>(trie.next_first_byte[i]) - 1;
-      valid = 0;
-      continue;
-    }
-    if (d < bytes.size()) {
-      refused_at = d;
-      valid = d;
-      continue;
-    }
-    valid = bytes.size();
-    allowed[id] = 1;
-    ++count;
-  }
-  return count;
+  return WalkTokenTrie(
+      trie, state,
+      [&dfa](int32_t& s, uint8_t byte) { return (s = dfa.Next(s, byte)) != RegexDfa::kDead; },
+      allowed);
 }
 
 template <typename Machine>
