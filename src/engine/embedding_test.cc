@@ -12,12 +12,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "engine/pooling.h"
 #include "model/safetensors.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
+
+using testing::ModelDir;
 
 // ---- pooling math ----
 
@@ -68,10 +71,6 @@ TEST(PoolingTest, TruncateRenormalizesAndZeroStaysZero) {
 }
 
 // ---- engine rows against the golden hidden states ----
-
-std::string ModelDir(const std::string& name) {
-  return testing::FixturesDir() + "/models/" + name;
-}
 
 // The CPU backend (float32) against transformers' float32 hidden states: every element of a
 // normalized embedding within kAbsTolerance, an unnormalized one within kRelTolerance times the

@@ -15,17 +15,14 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda_loader.h"
-#include "engine/test_constraints.h"
+#include "engine/engine_testing.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
 
+using testing::ModelDir;
 using testing::StrideConstraint;
-
-std::string ModelDir(const std::string& name) {
-  return testing::FixturesDir() + "/models/" + name;
-}
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, DeviceKind device = DeviceKind::kCpu) {
   ModelLoadOptions options;

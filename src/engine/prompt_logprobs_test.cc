@@ -13,21 +13,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "model/safetensors.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
 
-std::string ModelDir(const std::string& name) {
-  return testing::FixturesDir() + "/models/" + name;
-}
-
-std::unique_ptr<Model> LoadModel(const std::string& dir) {
-  auto model = Model::Load(dir, ModelLoadOptions{});
-  EXPECT_TRUE(model.ok()) << model.message();
-  return model.ok() ? std::move(model).value() : nullptr;
-}
+using testing::ModelDir;
+using testing::LoadModel;
 
 struct Output {
   std::vector<std::vector<int32_t>> samples;

@@ -12,22 +12,16 @@
 #include <fstream>
 
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
 
+using testing::ModelDir;
+using testing::LoadModel;
+
 constexpr int32_t kBlock = 16;
-
-std::string ModelDir(const std::string& name) {
-  return testing::FixturesDir() + "/models/" + name;
-}
-
-std::unique_ptr<Model> LoadModel(const std::string& dir) {
-  auto model = Model::Load(dir, ModelLoadOptions{});
-  EXPECT_TRUE(model.ok()) << model.message();
-  return model.ok() ? std::move(model).value() : nullptr;
-}
 
 struct Outcome {
   std::vector<int32_t> tokens;

@@ -14,17 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
-#include "engine/test_constraints.h"
+#include "engine/engine_testing.h"
 #include "util/testing.h"
 
 namespace ember {
 namespace {
 
+using testing::ModelDir;
 using testing::StrideConstraint;
-
-std::string ModelDir(const std::string& name) {
-  return testing::FixturesDir() + "/models/" + name;
-}
 
 struct SampleOut {
   std::vector<int32_t> ids;

@@ -1,13 +1,29 @@
-// Test-only token constraints shared by the engine's tests (engine_test, spec_decode_test).
+// Test-only helpers shared by the engine's tests: fixture models (ModelDir, LoadModel on the CPU
+// backend) and a token constraint (StrideConstraint). Header-only; links gtest.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "model/model.h"
 #include "sampling/token_constraint.h"
+#include "util/testing.h"
 
 namespace ember::testing {
+
+// A fixture model's folder (../shared/fixtures/models/NAME, or under EMBER_FIXTURES).
+inline std::string ModelDir(const std::string& name) { return FixturesDir() + "/models/" + name; }
+
+// The model at `dir` on the CPU backend; null (and a test failure) when it does not load.
+inline std::unique_ptr<Model> LoadModel(const std::string& dir) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
 
 // A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after
 // `length` tokens; from token `block_at` on it allows nothing.
