@@ -2,21 +2,6 @@
 
 namespace ember::serve {
 
-const char* JsonTypeName(const RequestJson& v) {
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-ApiError FieldTypeError(const std::string& path, const char* expected, const RequestJson& got) {
-  return InvalidRequest(path + ": expected " + expected + ", got " + JsonTypeName(got), path,
-                        "invalid_type");
-}
-
 ApiError MissingField(const std::string& path) {
   return InvalidRequest(path + ": Field required", path, "missing_required_parameter");
 }

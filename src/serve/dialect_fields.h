@@ -25,9 +25,6 @@ using MaybeApiError = std::optional<ApiError>;
     if (auto _dialect_err = (expr)) return *_dialect_err; \
   } while (0)
 
-// "a string", "an object", ...: the JSON type of `v`, for messages.
-const char* JsonTypeName(const RequestJson& v);
-ApiError FieldTypeError(const std::string& path, const char* expected, const RequestJson& got);
 ApiError MissingField(const std::string& path);
 // `path[index]`
 std::string ItemPath(const std::string& path, size_t index);

@@ -23,24 +23,9 @@ namespace {
 
 using MaybeError = std::optional<ApiError>;
 
-const char* TypeName(const json& v) {
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-ApiError WrongType(const std::string& path, const char* expected, const json& got) {
-  return InvalidRequest(path + ": expected " + expected + ", got " + TypeName(got), path,
-                        "invalid_type");
-}
-
 // A JSON number a float can hold (finite), at `path`; errors blame `param`.
 MaybeError ReadFloat(const json& v, const std::string& path, const std::string& param, float* out) {
-  if (!v.is_number()) return WrongType(path, "a number", v);
+  if (!v.is_number()) return FieldTypeError(path, "a number", v);
   const double x = v.get<double>();
   if (!std::isfinite(x) || std::fabs(x) > FLT_MAX)
     return InvalidRequest(path + ": must be a finite number", param);
@@ -82,7 +67,7 @@ class ObjectReader {
   MaybeError Bool(const std::string& name, bool* out) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) return WrongType(Path(name), "a boolean", *v);
+    if (!v->is_boolean()) return FieldTypeError(Path(name), "a boolean", *v);
     *out = v->get<bool>();
     return std::nullopt;
   }
@@ -90,7 +75,7 @@ class ObjectReader {
   MaybeError Int(const std::string& name, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number_integer()) return WrongType(Path(name), "an integer", *v);
+    if (!v->is_number_integer()) return FieldTypeError(Path(name), "an integer", *v);
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
       return OutOfRange(name, v->dump(), lo, hi);
     const int64_t x = v->get<int64_t>();
@@ -119,7 +104,7 @@ class ObjectReader {
   MaybeError String(const std::string& name, std::string* out) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_string()) return WrongType(Path(name), "a string", *v);
+    if (!v->is_string()) return FieldTypeError(Path(name), "a string", *v);
     *out = v->get<std::string>();
     return std::nullopt;
   }
@@ -150,11 +135,11 @@ MaybeError ParseStop(ObjectReader& r, const SchemaLimits& limits, std::vector<st
     }
     for (size_t i = 0; i < v->size(); ++i) {
       if (!(*v)[i].is_string())
-        return WrongType(path + "[" + std::to_string(i) + "]", "a string", (*v)[i]);
+        return FieldTypeError(path + "[" + std::to_string(i) + "]", "a string", (*v)[i]);
       out->push_back((*v)[i].get<std::string>());
     }
   } else {
-    return WrongType(path, "a string or an array of strings", *v);
+    return FieldTypeError(path, "a string or an array of strings", *v);
   }
   for (const std::string& s : *out) {
     if (s.empty()) return InvalidRequest(path + ": stop strings must not be empty", path);
@@ -167,7 +152,7 @@ MaybeError ParseLogitBias(ObjectReader& r, std::vector<std::pair<int32_t, float>
   const json* v = r.Get("logit_bias");
   if (v == nullptr) return std::nullopt;
   const std::string path = r.Path("logit_bias");
-  if (!v->is_object()) return WrongType(path, "an object mapping token ids to biases", *v);
+  if (!v->is_object()) return FieldTypeError(path, "an object mapping token ids to biases", *v);
   for (auto it = v->begin(); it != v->end(); ++it) {
     const std::string item = path + "." + it.key();
     const std::optional<int32_t> id = ParseTokenIdKey(it.key());
@@ -255,7 +240,7 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
   p->prompt_logprobs = prompt_logprobs.value_or(-1);
   if (const json* so = r.Get("stream_options")) {
     const std::string path = r.Path("stream_options");
-    if (!so->is_object()) return WrongType(path, "an object", *so);
+    if (!so->is_object()) return FieldTypeError(path, "an object", *so);
     if (!p->stream)
       return InvalidRequest(path + ": only allowed when stream is true", path);
     ObjectReader sr(*so, path);
@@ -266,7 +251,7 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
   std::string user;
   EMBER_RETURN_IF_API_ERROR(r.String("user", &user));
   if (const json* m = r.Get("metadata"); m != nullptr && !m->is_object())
-    return WrongType(r.Path("metadata"), "an object", *m);
+    return FieldTypeError(r.Path("metadata"), "an object", *m);
   return std::nullopt;
 }
 
@@ -278,7 +263,7 @@ namespace {
 // tool_calls, then ""), name, tool_calls, tool_call_id. Returns the normalised message the chat
 // template sees.
 MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
-  if (!m.is_object()) return WrongType(path, "an object", m);
+  if (!m.is_object()) return FieldTypeError(path, "an object", m);
   ObjectReader r(m, path);
   std::string role;
   EMBER_RETURN_IF_API_ERROR(r.String("role", &role));
@@ -302,7 +287,7 @@ MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
       for (size_t i = 0; i < c->size(); ++i) {
         const std::string ppath = path + ".content[" + std::to_string(i) + "]";
         const json& part = (*c)[i];
-        if (!part.is_object()) return WrongType(ppath, "an object", part);
+        if (!part.is_object()) return FieldTypeError(ppath, "an object", part);
         ObjectReader pr(part, ppath);
         std::string type, part_text;
         EMBER_RETURN_IF_API_ERROR(pr.String("type", &type));
@@ -320,7 +305,7 @@ MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
       }
       msg["content"] = text;
     } else {
-      return WrongType(path + ".content", "a string or an array of text parts", *c);
+      return FieldTypeError(path + ".content", "a string or an array of text parts", *c);
     }
   }
   std::string name;
@@ -335,11 +320,11 @@ MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
                               path + "." + key);
     }
     if (const json* v = r.Get("refusal"); v != nullptr && !v->is_string())
-      return WrongType(path + ".refusal", "a string or null", *v);
+      return FieldTypeError(path + ".refusal", "a string or null", *v);
     if (const json* v = r.Get("annotations"); v != nullptr && !v->is_array())
-      return WrongType(path + ".annotations", "an array or null", *v);
+      return FieldTypeError(path + ".annotations", "an array or null", *v);
     if (const json* v = r.Get("reasoning_content")) {
-      if (!v->is_string()) return WrongType(path + ".reasoning_content", "a string or null", *v);
+      if (!v->is_string()) return FieldTypeError(path + ".reasoning_content", "a string or null", *v);
       msg["reasoning_content"] = *v;
     }
   }
@@ -348,7 +333,7 @@ MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
     if (role != "assistant")
       return InvalidRequest(path + ".tool_calls: only assistant messages carry tool calls",
                             path + ".tool_calls");
-    if (!tc->is_array()) return WrongType(path + ".tool_calls", "an array", *tc);
+    if (!tc->is_array()) return FieldTypeError(path + ".tool_calls", "an array", *tc);
     for (size_t i = 0; i < tc->size(); ++i) {
       const json& call = (*tc)[i];
       const std::string cpath = path + ".tool_calls[" + std::to_string(i) + "]";
@@ -376,11 +361,11 @@ MaybeError ParseMessage(const json& m, const std::string& path, json* out) {
 MaybeError ParseTools(ObjectReader& r, json* tools) {
   const json* v = r.Get("tools");
   if (v == nullptr) return std::nullopt;
-  if (!v->is_array()) return WrongType("tools", "an array", *v);
+  if (!v->is_array()) return FieldTypeError("tools", "an array", *v);
   for (size_t i = 0; i < v->size(); ++i) {
     const std::string path = "tools[" + std::to_string(i) + "]";
     const json& t = (*v)[i];
-    if (!t.is_object()) return WrongType(path, "an object", t);
+    if (!t.is_object()) return FieldTypeError(path, "an object", t);
     ObjectReader tr(t, path);
     std::string type;
     EMBER_RETURN_IF_API_ERROR(tr.String("type", &type));
@@ -396,7 +381,7 @@ MaybeError ParseTools(ObjectReader& r, json* tools) {
       return InvalidRequest(path + ".function.name: required", path + ".function.name");
     EMBER_RETURN_IF_API_ERROR(fr.String("description", &description));
     if (const json* p = fr.Get("parameters"); p != nullptr && !p->is_object())
-      return WrongType(path + ".function.parameters", "an object (JSON Schema)", *p);
+      return FieldTypeError(path + ".function.parameters", "an object (JSON Schema)", *p);
     bool strict = false;
     EMBER_RETURN_IF_API_ERROR(fr.Bool("strict", &strict));
     EMBER_RETURN_IF_API_ERROR(fr.CheckUnknown());
@@ -428,7 +413,7 @@ MaybeError ParseToolChoice(ObjectReader& r, ChatRequest* out) {
     }
     return std::nullopt;
   }
-  if (!tc->is_object()) return WrongType("tool_choice", "a string or an object", *tc);
+  if (!tc->is_object()) return FieldTypeError("tool_choice", "a string or an object", *tc);
   ObjectReader cr(*tc, "tool_choice");
   std::string type;
   EMBER_RETURN_IF_API_ERROR(cr.String("type", &type));
@@ -475,13 +460,13 @@ MaybeError ReadSchema(const json& v, const std::string& field, CommonParams* p) 
   } else {
     p->json_schema = v;
   }
-  if (!p->json_schema.is_object()) return WrongType(field, "an object (JSON Schema)", p->json_schema);
+  if (!p->json_schema.is_object()) return FieldTypeError(field, "an object (JSON Schema)", p->json_schema);
   return std::nullopt;
 }
 
 MaybeError ReadRegex(const json& v, const std::string& field, CommonParams* p) {
   EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
-  if (!v.is_string()) return WrongType(field, "a string (a regular expression)", v);
+  if (!v.is_string()) return FieldTypeError(field, "a string (a regular expression)", v);
   p->regex = v.get<std::string>();
   return std::nullopt;
 }
@@ -489,10 +474,10 @@ MaybeError ReadRegex(const json& v, const std::string& field, CommonParams* p) {
 // A list of strings: the output is exactly one of them (a regex of their escaped alternation).
 MaybeError ReadChoice(const json& v, const std::string& field, CommonParams* p) {
   EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
-  if (!v.is_array() || v.empty()) return WrongType(field, "a non-empty array of strings", v);
+  if (!v.is_array() || v.empty()) return FieldTypeError(field, "a non-empty array of strings", v);
   std::string regex = "(?:";
   for (size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_string()) return WrongType(field + "[" + std::to_string(i) + "]", "a string", v[i]);
+    if (!v[i].is_string()) return FieldTypeError(field + "[" + std::to_string(i) + "]", "a string", v[i]);
     if (i > 0) regex.push_back('|');
     regex.append(EscapeRegexLiteral(v[i].get<std::string>()));
   }
@@ -509,7 +494,7 @@ MaybeError RefuseGrammar(const std::string& field) {
 
 // vLLM's structured_outputs: exactly one of json, regex, choice, json_object (true).
 MaybeError ParseStructuredOutputs(const json& v, CommonParams* p) {
-  if (!v.is_object()) return WrongType("structured_outputs", "an object", v);
+  if (!v.is_object()) return FieldTypeError("structured_outputs", "an object", v);
   ObjectReader sr(v, "structured_outputs");
   for (const char* refused : {"grammar", "structural_tag"}) {
     if (sr.Get(refused) != nullptr) return RefuseGrammar(std::string("structured_outputs.") + refused);
@@ -550,7 +535,7 @@ MaybeError ParseGuidedFields(ObjectReader& r, CommonParams* p) {
 MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
   const json* v = r.Get("response_format");
   if (v == nullptr) return std::nullopt;
-  if (!v->is_object()) return WrongType("response_format", "an object", *v);
+  if (!v->is_object()) return FieldTypeError("response_format", "an object", *v);
   ObjectReader fr(*v, "response_format");
   std::string type;
   EMBER_RETURN_IF_API_ERROR(fr.String("type", &type));
@@ -573,7 +558,7 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
       return InvalidRequest("response_format.json_schema.schema: required",
                             "response_format.json_schema.schema", "missing_required_parameter");
     if (!schema->is_object())
-      return WrongType("response_format.json_schema.schema", "an object (JSON Schema)", *schema);
+      return FieldTypeError("response_format.json_schema.schema", "an object (JSON Schema)", *schema);
     EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
     EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, "response_format.json_schema.schema"));
     p->json_schema = *schema;
@@ -586,6 +571,21 @@ MaybeError ParseResponseFormat(ObjectReader& r, CommonParams* p) {
 }
 
 }  // namespace
+
+const char* JsonTypeName(const RequestJson& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+ApiError FieldTypeError(const std::string& path, const char* expected, const RequestJson& got) {
+  return InvalidRequest(path + ": expected " + expected + ", got " + JsonTypeName(got), path,
+                        "invalid_type");
+}
 
 std::optional<int32_t> ParseTokenIdKey(const std::string& key) {
   if (key.empty() || key.size() > 10) return std::nullopt;
@@ -600,14 +600,14 @@ std::optional<int32_t> ParseTokenIdKey(const std::string& key) {
 
 std::optional<ApiError> ParseChatRequest(const json& body, const SchemaLimits& limits,
                                          ChatRequest* out) {
-  if (!body.is_object()) return WrongType("body", "a JSON object", body);
+  if (!body.is_object()) return FieldTypeError("body", "a JSON object", body);
   ObjectReader r(body, "");
   EMBER_RETURN_IF_API_ERROR(ParseCommon(r, limits, kZeroMaxTokensNeedsEcho, &out->params));
 
   const json* messages = r.Get("messages");
   if (messages == nullptr)
     return InvalidRequest("messages: required", "messages", "missing_required_parameter");
-  if (!messages->is_array()) return WrongType("messages", "an array", *messages);
+  if (!messages->is_array()) return FieldTypeError("messages", "an array", *messages);
   if (messages->empty()) return InvalidRequest("messages: must not be empty", "messages");
   out->messages = json::array();
   for (size_t i = 0; i < messages->size(); ++i) {
@@ -629,7 +629,7 @@ std::optional<ApiError> ParseChatRequest(const json& body, const SchemaLimits& l
   EMBER_RETURN_IF_API_ERROR(ParseToolChoice(r, out));
   EMBER_RETURN_IF_API_ERROR(r.Bool("parallel_tool_calls", &out->parallel_tool_calls));
   if (const json* kw = r.Get("chat_template_kwargs")) {
-    if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
+    if (!kw->is_object()) return FieldTypeError("chat_template_kwargs", "an object", *kw);
     // The render's own variables (messages, tools, add_generation_prompt, ...) and the
     // template language's builtins cannot be overridden from a request.
     if (Status st = CheckTemplateKwargs(*kw); !st.ok())
@@ -651,7 +651,7 @@ MaybeError ParseTokenIds(const json& v, const std::string& path, const std::stri
   for (size_t i = 0; i < v.size(); ++i) {
     const json& id = v[i];
     const std::string ipath = path + "[" + std::to_string(i) + "]";
-    if (!id.is_number_integer()) return WrongType(ipath, "an integer token id", id);
+    if (!id.is_number_integer()) return FieldTypeError(ipath, "an integer token id", id);
     if (id.is_number_unsigned() ? id.get<uint64_t>() >= uint64_t(limits.vocab_size)
                                 : (id.get<int64_t>() < 0 || id.get<int64_t>() >= limits.vocab_size))
       return InvalidRequest(ipath + ": token id " + id.dump() + " is outside the vocabulary [0, " +
@@ -670,7 +670,7 @@ MaybeError ParsePrompt(const json* v, const SchemaLimits& limits, std::vector<Pr
     return std::nullopt;
   }
   if (!v->is_array())
-    return WrongType("prompt", "a string, an array of strings, or an array of token ids", *v);
+    return FieldTypeError("prompt", "a string, an array of strings, or an array of token ids", *v);
   if (v->empty()) return InvalidRequest("prompt: must not be empty", "prompt");
   const json& first = (*v)[0];
   if (first.is_number()) {
@@ -689,7 +689,7 @@ MaybeError ParsePrompt(const json* v, const SchemaLimits& limits, std::vector<Pr
       EMBER_RETURN_IF_API_ERROR(ParseTokenIds(item, path, "prompt", limits, &p));
       out->push_back(std::move(p));
     } else {
-      return WrongType(path, first.is_array() ? "an array of token ids" : "a string", item);
+      return FieldTypeError(path, first.is_array() ? "an array of token ids" : "a string", item);
     }
   }
   return std::nullopt;
@@ -709,7 +709,7 @@ MaybeError ParseBatchLinePrompt(ObjectReader& r, const SchemaLimits& limits,
                             "prompt");
     return std::nullopt;
   }
-  if (!ids->is_array()) return WrongType("prompt_ids", "an array of token ids", *ids);
+  if (!ids->is_array()) return FieldTypeError("prompt_ids", "an array of token ids", *ids);
   PromptInput p;
   EMBER_RETURN_IF_API_ERROR(ParseTokenIds(*ids, "prompt_ids", "prompt_ids", limits, &p));
   out->push_back(std::move(p));
@@ -734,7 +734,7 @@ MaybeError RefuseOutsideBatchLine(ObjectReader& r) {
 
 std::optional<ApiError> ParseCompletionRequest(const json& body, const SchemaLimits& limits,
                                                CompletionRequest* out, CompletionSource source) {
-  if (!body.is_object()) return WrongType("body", "a JSON object", body);
+  if (!body.is_object()) return FieldTypeError("body", "a JSON object", body);
   ObjectReader r(body, "");
   const bool batch_line = source == CompletionSource::kBatchLine;
   if (batch_line) EMBER_RETURN_IF_API_ERROR(RefuseOutsideBatchLine(r));

@@ -103,6 +103,11 @@ struct CompletionRequest {
   bool echo = false;
 };
 
+// "a string", "an object", ...: the JSON type of `v`, for messages.
+const char* JsonTypeName(const RequestJson& v);
+// The 400 for a field of the wrong JSON type: "PATH: expected EXPECTED, got TYPE".
+ApiError FieldTypeError(const std::string& path, const char* expected, const RequestJson& got);
+
 // A logit_bias key: a decimal token id (digits only, at most INT32_MAX); nullopt otherwise.
 std::optional<int32_t> ParseTokenIdKey(const std::string& key);
 
