@@ -33,6 +33,10 @@ int64_t DecoderActivationBytesPerRow(const ModelConfig& c) {
   if (c.num_experts > 0)
     floats += d + c.num_experts +
               int64_t{c.num_experts_per_tok} * (c.moe_intermediate_size + d + 4);
+  if (c.mla())  // q LoRA, q, c, k_rope, att (v wide); the MoE input and the shared experts' MLP
+    floats += c.q_lora_rank + int64_t{c.num_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim) +
+              c.kv_lora_rank + c.qk_rope_head_dim + int64_t{c.num_heads} * c.v_head_dim + d +
+              3 * int64_t{c.moe_shared_experts} * c.moe_intermediate_size + d;
   return 4 * floats;
 }
 

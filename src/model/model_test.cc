@@ -151,7 +151,8 @@ TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                          ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
                                                               "qwen3_moe", "gpt_oss", "mistral",
-                                                              "phi3", "gemma2", "gemma3"),
+                                                              "phi3", "gemma2", "gemma3",
+                                                              "deepseek_v3"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -429,7 +430,7 @@ TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
 // Three sequences in one plan (a fresh prefill, a decode row, a second prefill chunk) give
 // bitwise the same logits as each run alone.
 TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
-  for (const std::string name : {"qwen3", "qwen3_moe", "gpt_oss", "gemma3"}) {
+  for (const std::string name : {"qwen3", "qwen3_moe", "gpt_oss", "gemma3", "deepseek_v3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     auto model = LoadOrDie(ModelDir(name), "config.json");
     ASSERT_NE(model, nullptr);
