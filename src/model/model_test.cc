@@ -470,5 +470,38 @@ TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
   }
 }
 
+// deepseek_v3's latent pool: per token and layer only [c | k_rope] (16 + 8 floats), which is
+// what KvBytesPerToken reports; a block copied out and back into other blocks (the prompt
+// cache's host and disk tiers) continues the sequence exactly as the original blocks do.
+TEST(MlaTest, LatentPoolSizeAndBlockCopies) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  auto model = LoadOrDie(ModelDir("deepseek_v3"), "config.json");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->KvBytesPerToken(), 3 * (16 + 8) * 4);
+  EXPECT_EQ(model->KvBlockBytes(), int64_t{3} * kBlockSize * (16 + 8) * 4);
+  const int32_t vocab = model->config().vocab_size;
+  std::vector<int32_t> prompt(37);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 31) % 500);
+  auto step = [&](const std::vector<int32_t>& tokens, int32_t first, std::vector<int32_t> blocks) {
+    BatchPlan plan;
+    plan.block_size = kBlockSize;
+    plan.AddSequence(tokens, first, blocks, true);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    Status st = model->Forward(plan, logits);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return logits;
+  };
+  step(prompt, 0, Blocks(0, 3));
+  std::vector<uint8_t> bytes(static_cast<size_t>(model->KvBlockBytes()));
+  for (int32_t b = 0; b < 3; ++b) {
+    ASSERT_TRUE(model->CopyKvBlockToHost(b, bytes).ok());
+    ASSERT_TRUE(model->CopyKvBlockFromHost(10 + b, bytes).ok());
+  }
+  const std::vector<float> original = step({7}, 37, Blocks(0, 3));
+  const std::vector<float> copied = step({7}, 37, Blocks(10, 3));
+  EXPECT_EQ(original, copied);
+  EXPECT_NE(model->KvFingerprint().find("mla latent pool"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ember
