@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_loader.h"
 #include "backend/threshold_sampling.h"
 #include "model/model.h"
@@ -501,6 +502,82 @@ TEST(MlaTest, LatentPoolSizeAndBlockCopies) {
   const std::vector<float> copied = step({7}, 37, Blocks(10, 3));
   EXPECT_EQ(original, copied);
   EXPECT_NE(model->KvFingerprint().find("mla latent pool"), std::string::npos);
+}
+
+// The CPU backend seen through Backend's defaults for everything MLA (TakesMla false,
+// AllocateLatentKvPool refusing): what the CUDA backend is today.
+class WithoutMla : public Backend {
+ public:
+  std::string name() const override { return "without-mla"; }
+  Result<Tensor> UploadWeight(const std::string& n, DType t, std::span<const int64_t> shape,
+                              const void* data) override {
+    return cpu_->UploadWeight(n, t, shape, data);
+  }
+  Status AllocateKvPool(int32_t l, int32_t b, int32_t s, int32_t h, int32_t d) override {
+    return cpu_->AllocateKvPool(l, b, s, h, d);
+  }
+  Result<int32_t> CreateRope(const RopeSpec& spec) override { return cpu_->CreateRope(spec); }
+  Status BeginStep(const BatchPlan& plan) override { return cpu_->BeginStep(plan); }
+  Tensor Alloc(std::initializer_list<int64_t> shape) override { return cpu_->Alloc(shape); }
+  void Embedding(const Tensor& t, float s, Tensor o) override { cpu_->Embedding(t, s, o); }
+  void RmsNorm(const Tensor& x, const Tensor& w, float e, RmsNormKind k, Tensor o) override {
+    cpu_->RmsNorm(x, w, e, k, o);
+  }
+  void AddRmsNorm(Tensor r, const Tensor& d, const Tensor& w, float e, RmsNormKind k,
+                  Tensor o) override {
+    cpu_->AddRmsNorm(r, d, w, e, k, o);
+  }
+  void MatMul(const Tensor& x, const Tensor& w, const Tensor* b, Tensor o) override {
+    cpu_->MatMul(x, w, b, o);
+  }
+  void Rope(int32_t id, Tensor q, Tensor k) override { cpu_->Rope(id, q, k); }
+  void WriteKv(int32_t l, const Tensor& k, const Tensor& v) override { cpu_->WriteKv(l, k, v); }
+  void Attention(const AttentionParams& p, const Tensor& q, Tensor o) override {
+    cpu_->Attention(p, q, o);
+  }
+  void SiluMul(const Tensor& g, const Tensor& u, Tensor o) override { cpu_->SiluMul(g, u, o); }
+  void GeluTanhMul(const Tensor& g, const Tensor& u, Tensor o) override {
+    cpu_->GeluTanhMul(g, u, o);
+  }
+  void Add(const Tensor& a, const Tensor& b, Tensor o) override { cpu_->Add(a, b, o); }
+  void Softcap(Tensor x, float cap) override { cpu_->Softcap(x, cap); }
+  void GatherLogitsRows(const Tensor& x, Tensor o) override { cpu_->GatherLogitsRows(x, o); }
+  Status CopyToHost(const Tensor& t, std::span<float> o) override { return cpu_->CopyToHost(t, o); }
+  Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override {
+    return cpu_->ArgmaxRows(x, ids);
+  }
+  Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                    std::span<const RowSampling> params, std::span<int32_t> ids) override {
+    return cpu_->SampleRows(x, rows, params, ids);
+  }
+  Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override {
+    return cpu_->ApplyLogitEdits(x, edits);
+  }
+  Result<BackendMemory> MemoryInfo() const override { return cpu_->MemoryInfo(); }
+  std::span<float> HostBuffer(size_t count) override { return cpu_->HostBuffer(count); }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = MakeCpuBackend({});
+};
+
+// A backend without MLA refuses deepseek_v3 at load, naming the architecture and itself (the
+// CUDA backend's path), and its latent pool refuses; other models still load on it.
+TEST(MlaTest, BackendWithoutMlaRefusesAtLoad) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  auto model = Model::Load(ModelDir("deepseek_v3"), std::make_unique<WithoutMla>(),
+                           ModelLoadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.message().find("\"deepseek_v3\" (multi-head latent attention) is not supported "
+                                 "on the without-mla backend yet"),
+            std::string::npos)
+      << model.message();
+  WithoutMla be;
+  const Status st = be.AllocateLatentKvPool(1, 4, 16, 24);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("without-mla backend"), std::string::npos) << st.message();
+  EMBER_REQUIRE_DIR(ModelDir("qwen3"));
+  auto qwen = Model::Load(ModelDir("qwen3"), std::make_unique<WithoutMla>(), ModelLoadOptions{});
+  EXPECT_TRUE(qwen.ok()) << qwen.message();
 }
 
 }  // namespace
