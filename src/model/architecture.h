@@ -90,6 +90,13 @@ Tensor FinalNormOut(Backend& be, const Tensor& xn);
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);
 
+// The end of every family's step: residual x += delta, the final norm (of `kind`; into xn's
+// f32 view, FinalNormOut), the logits rows gathered, the LM head on all but the hidden-state
+// rows (then soft-capped when final_softcap > 0), EmitLogits, CopyHiddenRows.
+Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
+                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
+                  const StepOutputs& outputs);
+
 // Ends a step: the argmax-only rows' ids (computed by the backend) and every other row's logits
 // to the host, per `outputs`. logits [logits_rows, vocab] on the backend.
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs);

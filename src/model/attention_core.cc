@@ -67,6 +67,28 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   be.RopeWriteKvAttention(w.rope_id, ap, q.Reshape({n, c.num_heads, hd}), k, v, att);
 }
 
+Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
+                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
+                  const StepOutputs& outputs) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+  Tensor normed = FinalNormOut(be, xn);
+  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, kind, normed);
+  if (num_logits == 0) return Status::Ok();
+  Tensor hidden = be.Alloc({num_logits, c.hidden_size});  // final hidden state of the logits rows
+  be.GatherLogitsRows(normed, hidden);
+  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
+  const int64_t lm_rows = num_logits - outputs.hidden_rows;
+  if (lm_rows > 0) {
+    Tensor out = be.Alloc({lm_rows, c.vocab_size});
+    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
+    if (final_softcap > 0.0f) be.Softcap(out, final_softcap);
+    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
+  }
+  return CopyHiddenRows(be, hidden, outputs);
+}
+
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs) {
   if (outputs.hidden_rows == 0) return Status::Ok();
   return be.CopyToHost(hidden.RowSlice(hidden.rows() - outputs.hidden_rows, outputs.hidden_rows),

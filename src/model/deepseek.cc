@@ -57,7 +57,6 @@ Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOu
   const int64_t n = plan.num_tokens();
   const int64_t d = c.hidden_size, inter = c.intermediate_size;
   const int64_t shared = int64_t{c.moe_shared_experts} * c.moe_intermediate_size;
-  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
   Tensor x = be.Alloc({n, d});
   Tensor xn = be.AllocMatMulInput({n, d});
   Tensor att = be.Alloc({n, int64_t{c.num_heads} * c.v_head_dim});
@@ -90,18 +89,7 @@ Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOu
       be.Add(delta, out, delta);
     }
   }
-  Tensor normed = FinalNormOut(be, xn);
-  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
-  if (num_logits == 0) return Status::Ok();
-  Tensor hidden = be.Alloc({num_logits, d});
-  be.GatherLogitsRows(normed, hidden);
-  const int64_t lm_rows = num_logits - outputs.hidden_rows;  // the rest: hidden-state rows
-  if (lm_rows > 0) {
-    Tensor out = be.Alloc({lm_rows, c.vocab_size});
-    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
-    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
-  }
-  return CopyHiddenRows(be, hidden, outputs);
+  return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }
 
 }  // namespace ember
