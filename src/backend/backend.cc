@@ -105,6 +105,16 @@ void Backend::MoeMlp(const Tensor&, const MoeExperts&, Tensor) {
   CHECK(false) << "backend " << name() << " has no MoeMlp";
 }
 
+Status Backend::AllocateLatentKvPool(int32_t, int32_t, int32_t, int32_t) {
+  return Status::Error("multi-head latent attention is not supported on the " + name() +
+                       " backend yet");
+}
+
+void Backend::MlaAttention(int32_t, const MlaParams&, Tensor, const Tensor&, const Tensor&,
+                           Tensor) {
+  CHECK(false) << "backend " << name() << " has no MlaAttention";
+}
+
 Status Backend::CopyKvBlockToHost(int32_t /*block_id*/, std::span<uint8_t> /*out*/) {
   return Status::Error("the " + name() + " backend cannot copy KV blocks to host memory");
 }

@@ -119,6 +119,20 @@ struct AttentionParams {
   const Tensor* sinks = nullptr;
 };
 
+// Multi-head latent attention (Backend::MlaAttention, deepseek_v3). Per head h the query is
+// [q_nope (nope_dim) | q_rope (rope_dim)], the key [k_nope_h | k_rope] and the value v_h, where
+// k_nope_h = W_uk[h] c and v_h = W_uv[h] c expand a token's latent c [latent_dim] (kv_b_proj's
+// rows: head h's nope_dim W_uk rows, then its v_dim W_uv rows) and k_rope [rope_dim] is one
+// roped key shared by every head. The pool keeps only [c | k_rope] per token and layer.
+struct MlaParams {
+  int32_t layer = 0;
+  int32_t num_heads = 0;
+  int32_t nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
+  float scale = 1.0f;             // softmax scale of q . k
+  bool rope_interleave = false;   // rope dims (of q and k) as pairs: de-interleaved, then rotated
+  const Tensor* kv_b = nullptr;   // [num_heads * (nope_dim + v_dim), latent_dim] float32
+};
+
 enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
 
 // The gated activation of a dense MLP (Backend::GateUpActivation): SiluMul or GeluTanhMul.
@@ -136,6 +150,12 @@ enum class MoeActivation : uint8_t {
   kSilu,           // silu(g) * u
   kClampedSwiglu,  // gpt_oss: g' = min(g, limit), u' = clamp(u, -limit, limit),
                    // act = (u' + 1) * g' * sigmoid(alpha * g')
+};
+
+// How a router's logits choose and weight the experts (moe_route.h).
+enum class MoeRouting : uint8_t {
+  kSoftmax,         // MoeRoute: softmax, top k, optionally renormalised
+  kSigmoidGrouped,  // MoeRouteGrouped (deepseek_v3): sigmoid scores, biased choice in groups
 };
 
 // One mixture-of-experts MLP (Backend::MoeMlp): the router [num_experts, d] scores the experts
@@ -156,6 +176,12 @@ struct MoeExperts {
   float swiglu_alpha = 1.702f;  // kClampedSwiglu
   int32_t top_k = 0;           // experts per row
   bool normalize = false;      // renormalise the top k probabilities to sum 1
+  // kSigmoidGrouped (MoeRouteGrouped's parameters): score_bias [num_experts] float32
+  // (e_score_correction_bias), `groups` groups of which the best `top_groups`, weights * scale.
+  MoeRouting routing = MoeRouting::kSoftmax;
+  std::optional<Tensor> score_bias;
+  int32_t groups = 1, top_groups = 1;
+  float scale = 1.0f;
   bool biased() const { return !gate_bias.empty(); }
   bool mxfp4() const { return !gate_scales.empty(); }
 };
@@ -181,6 +207,16 @@ class Backend {
   // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                 int32_t num_kv_heads, int32_t head_dim) = 0;
+  // The multi-head latent attention pool (MlaAttention) instead: per layer one tensor
+  // [num_blocks, block_size, width] (width = latent + rope dims: the latent c and the roped
+  // shared key of each token), no V. KvBlockBytes and the block copies then hold, per layer, the
+  // block's [block_size, width] rows. Called once, instead of AllocateKvPool; this default
+  // refuses (a backend without MlaAttention).
+  virtual Status AllocateLatentKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                                      int32_t width);
+  // Whether this backend has MlaAttention and the latent pool (models with MLA are refused at
+  // load otherwise).
+  virtual bool TakesMla() const { return false; }
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
   virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
   // ---- KV blocks to and from host memory (the prompt cache's tiers below the pool) ----
@@ -234,6 +270,15 @@ class Backend {
   // limited) through s's block table. q [num_tokens, num_heads, head_dim],
   // out [num_tokens, num_heads * head_dim].
   virtual void Attention(const AttentionParams& params, const Tensor& q, Tensor out) = 0;
+  // Multi-head latent attention over the latent pool (AllocateLatentKvPool; MlaParams): rotates
+  // q's rope dims and k_rope at plan.positions with table rope_id, writes [c | k_rope] of each
+  // row at plan.slot_mapping, then row i of sequence s attends to positions [0, positions[i]] of
+  // s with scores scale * (q_nope . k_nope_h + q_rope . k_rope). q [num_tokens, num_heads,
+  // nope_dim + rope_dim] (rotated in place), c [num_tokens, latent_dim] (normalised),
+  // k_rope [num_tokens, rope_dim], out [num_tokens, num_heads * v_dim]. The default CHECK-fails
+  // (TakesMla false: such models are refused at load).
+  virtual void MlaAttention(int32_t rope_id, const MlaParams& params, Tensor q, const Tensor& c,
+                            const Tensor& k_rope, Tensor out);
   // out = silu(gate) * up   /   out = gelu_tanh(gate) * up.   all [rows, d]
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
   virtual void GeluTanhMul(const Tensor& gate, const Tensor& up, Tensor out) = 0;
@@ -257,7 +302,9 @@ class Backend {
                                 GateActivation activation, Tensor gate, Tensor up, Tensor out);
   // Mixture of experts: per row i, the router's logits l_i = router x[i] (+ router_bias;
   // float32 throughout: a routing decision is the most rounding-sensitive step of the layer),
-  // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h) with weights p_e, and
+  // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h; MoeRouteGrouped for
+  // kSigmoidGrouped, which only backends with TakesMla take: the loader refuses it elsewhere)
+  // with weights p_e, and
   // out[i] = sum over E_i in ascending expert order of p_e * expert_e(x[i]) (transformers'
   // order; MoeExperts defines expert_e). x, out [rows, d] float32. Only for shapes
   // MoeUnsupported accepts (models it refuses are refused at load).

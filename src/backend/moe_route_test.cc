@@ -48,5 +48,35 @@ TEST(MoeRouteTest, TiesTakeTheLowerIndexAndKCanBeAll) {
   EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
 }
 
+// deepseek_v3's router: groups ranked by the sum of their two best biased scores (not their
+// best one), experts chosen by biased score inside the kept groups, weighted by the unbiased
+// sigmoid, renormalised when asked, times the scale.
+TEST(MoeRouteTest, GroupedSigmoidRouting) {
+  const std::vector<float> logits = {3.0f, -3.0f, -3.0f, -3.0f, 1.0f, 1.2f, -2.0f, 0.5f};
+  const auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  std::vector<float> bias(8, 0.0f);
+  int32_t ids[2];
+  float w[2];
+  // Group 0 holds the best expert (0) but group 1 the best pair: group 1 is kept.
+  MoeRouteGrouped(logits, 2, true, {bias, 2, 1, 2.5f}, ids, w);
+  EXPECT_EQ(ids[0], 4);
+  EXPECT_EQ(ids[1], 5);
+  EXPECT_NEAR(w[0], 2.5 * sig(1.0) / (sig(1.0) + sig(1.2)), 1e-6);
+  EXPECT_NEAR(w[1], 2.5 * sig(1.2) / (sig(1.0) + sig(1.2)), 1e-6);
+  // The bias moves the choice (expert 7 over 4) but not the weights.
+  bias[7] = 1.0f;
+  MoeRouteGrouped(logits, 2, true, {bias, 2, 1, 2.5f}, ids, w);
+  EXPECT_EQ(ids[0], 5);
+  EXPECT_EQ(ids[1], 7);
+  EXPECT_NEAR(w[0], 2.5 * sig(1.2) / (sig(1.2) + sig(0.5)), 1e-6);
+  EXPECT_NEAR(w[1], 2.5 * sig(0.5) / (sig(1.2) + sig(0.5)), 1e-6);
+  // Both groups kept, no renormalisation: the best two overall, raw sigmoid times the scale.
+  MoeRouteGrouped(logits, 2, false, {bias, 2, 2, 1.5f}, ids, w);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 7);
+  EXPECT_NEAR(w[0], 1.5 * sig(3.0), 1e-6);
+  EXPECT_NEAR(w[1], 1.5 * sig(0.5), 1e-6);
+}
+
 }  // namespace
 }  // namespace ember

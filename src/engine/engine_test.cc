@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -176,18 +177,27 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvarianceTest,
                                            "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
                                            "gemma3"));
 
-TEST(EngineTest, PrefixCacheHitReproducesUncachedOutput) {
-  const std::string dir = ModelDir("tinystories-656k");
-  EMBER_REQUIRE_DIR(dir);
+// deepseek_v3 (multi-head latent attention, its KV pool holding the latent): the same, on the CPU
+// (the CUDA backend refuses it).
+TEST(EngineTest, MlaBatchedStaggeredChunkedEqualsSolo) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  CheckBatchInvariance(ModelDir("deepseek_v3"), DeviceKind::kCpu);
+}
+
+// A second request that shares a 40-token prefix with the first reuses its two full blocks and
+// makes the tokens it makes without the cache.
+void CheckPrefixCacheHit(const std::string& dir) {
+  auto model = LoadModel(dir);
+  ASSERT_NE(model, nullptr);
   std::vector<int32_t> shared(40);
-  for (int32_t i = 0; i < 40; ++i) shared[i] = 3 + (i * 37) % 2000;
+  const int32_t span = std::min(2000, model->config().vocab_size - 3);
+  for (int32_t i = 0; i < 40; ++i) shared[i] = 3 + (i * 37) % span;
   std::vector<int32_t> second = shared;
   second.insert(second.end(), {11, 12, 13, 14, 15});
   GenerationRequest first_request = Greedy(shared, 8);
   GenerationRequest second_request = Greedy(second, 12);
   std::vector<std::vector<int32_t>> uncached = RunSolo(dir, {second_request});
 
-  auto model = LoadModel(dir);
   auto engine = Engine::Create(model.get(), EngineConfig{});
   ASSERT_TRUE(engine.ok());
   Output a = Collect(SubmitOrDie(**engine, first_request));
@@ -198,6 +208,17 @@ TEST(EngineTest, PrefixCacheHitReproducesUncachedOutput) {
   EXPECT_EQ(b.samples[0], uncached[0]);
   // Only the uncached prompt tokens (45 - 32) and the decode steps were computed.
   EXPECT_EQ((*engine)->Stats().computed_tokens - computed_before, (45 - 32) + (12 - 1));
+}
+
+TEST(EngineTest, PrefixCacheHitReproducesUncachedOutput) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  CheckPrefixCacheHit(ModelDir("tinystories-656k"));
+}
+
+// The latent pool's blocks are shared by the prefix cache unchanged.
+TEST(EngineTest, MlaPrefixCacheHitReproducesUncachedOutput) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  CheckPrefixCacheHit(ModelDir("deepseek_v3"));
 }
 
 TEST(EngineTest, SeededSamplingIsBatchIndependent) {

@@ -1,6 +1,6 @@
 // Internal to model/: the weights of a decoder as backend tensors, and the per-family forward
 // passes (llama.cc: llama/mistral/qwen2/qwen3/qwen3_moe/phi3/gpt_oss; gemma.cc:
-// gemma2/gemma3_text). Built once by Model::Load; Forward functions run one step on the model's
+// gemma2/gemma3_text; deepseek.cc: deepseek_v3). Built once by Model::Load; Forward functions run one step on the model's
 // backend. Not thread-safe (the engine thread only).
 #pragma once
 
@@ -27,6 +27,15 @@ struct LayerWeights {
                        // mlp.experts.E.{gate,up,down}_proj; gpt_oss: mlp.router, mlp.experts.*)
   bool moe() const { return !experts.gate.empty(); }
   int32_t rope_id = 0;                       // global or local rope table
+  // Multi-head latent attention (deepseek_v3, ModelConfig::mla; wq/wk/wv unused, wo
+  // [hidden, heads * v_head_dim]): q = q_b(norm(q_a x)) (q_a [q_lora, hidden], q_b
+  // [heads * (nope + rope), q_lora]) or wq x without a q LoRA; c = norm(kv_a x) and k_rope =
+  // k_rope_proj x, the two row views of kv_a_proj_with_mqa; kv_b [heads * (nope + v), kv_lora]
+  // float32 (MlaParams::kv_b).
+  std::optional<Tensor> q_a, q_a_norm, q_b;
+  Tensor kv_a, k_rope_proj, kv_a_norm, kv_b;
+  // Shared experts beside the routed ones (deepseek_v3): one MLP of n_shared * moe_intermediate.
+  std::optional<Tensor> shared_gate, shared_up, shared_down;
   int32_t sliding_window = 0;                // 0: full attention
 };
 
@@ -81,6 +90,13 @@ Tensor FinalNormOut(Backend& be, const Tensor& xn);
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);
 
+// The end of every family's step: residual x += delta, the final norm (of `kind`; into xn's
+// f32 view, FinalNormOut), the logits rows gathered, the LM head on all but the hidden-state
+// rows (then soft-capped when final_softcap > 0), EmitLogits, CopyHiddenRows.
+Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
+                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
+                  const StepOutputs& outputs);
+
 // Ends a step: the argmax-only rows' ids (computed by the backend) and every other row's logits
 // to the host, per `outputs`. logits [logits_rows, vocab] on the backend.
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs);
@@ -93,5 +109,6 @@ Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outp
 // One step over the plan already given to BeginStep; delivers the logits rows per `outputs`.
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
+Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 
 }  // namespace ember

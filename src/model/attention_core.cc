@@ -33,6 +33,10 @@ int64_t DecoderActivationBytesPerRow(const ModelConfig& c) {
   if (c.num_experts > 0)
     floats += d + c.num_experts +
               int64_t{c.num_experts_per_tok} * (c.moe_intermediate_size + d + 4);
+  if (c.mla())  // q LoRA, q, c, k_rope, att (v wide); the MoE input and the shared experts' MLP
+    floats += c.q_lora_rank + int64_t{c.num_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim) +
+              c.kv_lora_rank + c.qk_rope_head_dim + int64_t{c.num_heads} * c.v_head_dim + d +
+              3 * int64_t{c.moe_shared_experts} * c.moe_intermediate_size + d;
   return 4 * floats;
 }
 
@@ -61,6 +65,28 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   ap.sinks = w.sinks ? &*w.sinks : nullptr;
   // RoPE on q and k, k and v into the KV pool, attention of q over the pool.
   be.RopeWriteKvAttention(w.rope_id, ap, q.Reshape({n, c.num_heads, hd}), k, v, att);
+}
+
+Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
+                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
+                  const StepOutputs& outputs) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+  Tensor normed = FinalNormOut(be, xn);
+  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, kind, normed);
+  if (num_logits == 0) return Status::Ok();
+  Tensor hidden = be.Alloc({num_logits, c.hidden_size});  // final hidden state of the logits rows
+  be.GatherLogitsRows(normed, hidden);
+  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
+  const int64_t lm_rows = num_logits - outputs.hidden_rows;
+  if (lm_rows > 0) {
+    Tensor out = be.Alloc({lm_rows, c.vocab_size});
+    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
+    if (final_softcap > 0.0f) be.Softcap(out, final_softcap);
+    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
+  }
+  return CopyHiddenRows(be, hidden, outputs);
 }
 
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs) {

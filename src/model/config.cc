@@ -15,7 +15,8 @@ using json = nlohmann::json;
 namespace {
 
 const std::vector<std::string> kSupported = {
-    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "gpt_oss"};
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "gpt_oss",
+    "deepseek_v3"};
 
 class Reader {
  public:
@@ -81,6 +82,11 @@ class Reader {
   std::string source_;
 };
 
+// YaRN's magnitude scale for a context extended `factor` times (transformers' yarn_get_mscale).
+double YarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
 // YaRN's attention factor (transformers' _compute_yarn_parameters): attention_factor when
 // given, else from mscale / mscale_all_dim when both are, else 0.1 ln(factor) + 1.
 Status ParseYarn(const Reader& r, int32_t max_positions, RopeConfig* rope) {
@@ -98,11 +104,10 @@ Status ParseYarn(const Reader& r, int32_t max_positions, RopeConfig* rope) {
     EMBER_ASSIGN_OR_RETURN(rope->attention_factor, r.Num("attention_factor"));
     return Status::Ok();
   }
-  const auto mscale = [&](double m) {
-    return rope->factor <= 1.0 ? 1.0 : 0.1 * m * std::log(rope->factor) + 1.0;
-  };
+  const auto mscale = [&](double m) { return YarnMscale(rope->factor, m); };
   EMBER_ASSIGN_OR_RETURN(double m, r.Num("mscale", 0.0));
   EMBER_ASSIGN_OR_RETURN(double m_all, r.Num("mscale_all_dim", 0.0));
+  rope->mscale_all_dim = m_all;
   rope->attention_factor = m != 0.0 && m_all != 0.0 ? mscale(m) / mscale(m_all) : mscale(1.0);
   return Status::Ok();
 }
@@ -192,6 +197,60 @@ Status ParseGptOssMoe(const Reader& r, ModelConfig* c) {
   c->moe_activation = MoeActivation::kClampedSwiglu;
   c->swiglu_limit = static_cast<float>(limit);
   c->moe_layers.assign(static_cast<size_t>(c->num_layers), 1);
+  return Status::Ok();
+}
+
+// deepseek_v3: multi-head latent attention (the q/kv LoRA ranks and head dims), the rope over
+// qk_rope_head_dim (head_dim and rotary_dim become it), softmax scale 1/sqrt(nope + rope) times
+// mscale(factor, mscale_all_dim)^2 under YaRN, and the grouped sigmoid router: layers from
+// first_k_dense_replace on are n_routed_experts experts plus n_shared_experts shared ones.
+Status ParseDeepseek(const Reader& r, ModelConfig* c) {
+  EMBER_ASSIGN_OR_RETURN(c->q_lora_rank, r.Int("q_lora_rank", 0));  // null: q_proj
+  EMBER_ASSIGN_OR_RETURN(c->kv_lora_rank, r.Int("kv_lora_rank"));
+  EMBER_ASSIGN_OR_RETURN(c->qk_nope_head_dim, r.Int("qk_nope_head_dim"));
+  EMBER_ASSIGN_OR_RETURN(c->qk_rope_head_dim, r.Int("qk_rope_head_dim"));
+  EMBER_ASSIGN_OR_RETURN(c->v_head_dim, r.Int("v_head_dim"));
+  EMBER_ASSIGN_OR_RETURN(c->rope_interleave, r.Bool("rope_interleave", true));
+  if (c->kv_lora_rank <= 0) return r.Err("kv_lora_rank", "must be positive");
+  if (c->qk_nope_head_dim <= 0 || c->v_head_dim <= 0)
+    return r.Err("qk_nope_head_dim", "and v_head_dim must be positive");
+  if (c->qk_rope_head_dim <= 0 || c->qk_rope_head_dim % 2 != 0)
+    return r.Err("qk_rope_head_dim", "must be positive and even");
+  if (c->attention_bias)
+    return r.Err("attention_bias", "is not supported for deepseek_v3 (biased MLA projections)");
+  c->attention_bias = c->o_bias = false;
+  c->head_dim = c->rotary_dim = c->qk_rope_head_dim;
+  double scale = 1.0 / std::sqrt(static_cast<double>(c->qk_nope_head_dim + c->qk_rope_head_dim));
+  if (c->rope.type == "yarn" && c->rope.mscale_all_dim != 0.0) {
+    const double m = YarnMscale(c->rope.factor, c->rope.mscale_all_dim);
+    scale *= m * m;
+  }
+  c->attention_scale = static_cast<float>(scale);
+  EMBER_ASSIGN_OR_RETURN(c->num_experts, r.Int("n_routed_experts"));
+  EMBER_ASSIGN_OR_RETURN(c->num_experts_per_tok, r.Int("num_experts_per_tok"));
+  EMBER_ASSIGN_OR_RETURN(c->moe_intermediate_size, r.Int("moe_intermediate_size"));
+  EMBER_ASSIGN_OR_RETURN(c->norm_topk_prob, r.Bool("norm_topk_prob", true));
+  EMBER_ASSIGN_OR_RETURN(c->moe_groups, r.Int("n_group", 1));
+  EMBER_ASSIGN_OR_RETURN(c->moe_top_groups, r.Int("topk_group", 1));
+  EMBER_ASSIGN_OR_RETURN(c->moe_shared_experts, r.Int("n_shared_experts", 0));
+  EMBER_ASSIGN_OR_RETURN(double routed_scale, r.Num("routed_scaling_factor", 1.0));
+  EMBER_ASSIGN_OR_RETURN(int32_t first_dense, r.Int("first_k_dense_replace", 0));
+  c->moe_routed_scale = static_cast<float>(routed_scale);
+  c->moe_routing = MoeRouting::kSigmoidGrouped;
+  if (c->num_experts <= 0) return r.Err("n_routed_experts", "must be positive");
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts)
+    return r.Err("num_experts_per_tok",
+                 "must be in [1, n_routed_experts = " + std::to_string(c->num_experts) + "]");
+  if (c->moe_intermediate_size <= 0) return r.Err("moe_intermediate_size", "must be positive");
+  if (c->moe_groups <= 0 || c->num_experts % c->moe_groups != 0 ||
+      c->num_experts / c->moe_groups < 2)
+    return r.Err("n_group", "must divide n_routed_experts into groups of at least 2");
+  if (c->moe_top_groups <= 0 || c->moe_top_groups > c->moe_groups)
+    return r.Err("topk_group", "must be in [1, n_group]");
+  if (c->num_experts_per_tok > c->moe_top_groups * (c->num_experts / c->moe_groups))
+    return r.Err("num_experts_per_tok", "exceeds the experts of the topk_group kept groups");
+  c->moe_layers.assign(static_cast<size_t>(c->num_layers), 0);
+  for (int32_t l = first_dense; l < c->num_layers; ++l) c->moe_layers[static_cast<size_t>(l)] = 1;
   return Status::Ok();
 }
 
@@ -332,6 +391,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   }
   if (t == "qwen3_moe") EMBER_RETURN_IF_ERROR(ParseMoe(r, &c));
   if (t == "gpt_oss") EMBER_RETURN_IF_ERROR(ParseGptOssMoe(r, &c));
+  if (t == "deepseek_v3") EMBER_RETURN_IF_ERROR(ParseDeepseek(r, &c));
   if (r.Present("quantization_config")) {  // weights in a quantized format
     const json& q = j["quantization_config"];
     const std::string method =

@@ -16,8 +16,6 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   const auto kNorm = RmsNormKind::kOnePlusWeight;
   const float eps = c.rms_norm_eps;
   const int64_t n = plan.num_tokens();
-  const int64_t d = c.hidden_size;
-  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   // Buffers: see DecoderActivations (architecture.h) — delta is post-normed here.
   auto [x, xn, q, k, v, att, delta, gate, up, act] = AllocDecoderActivations(be, c, n);
@@ -39,20 +37,7 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.MatMul(act, w.w_down, nullptr, delta);
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }
-  Tensor normed = FinalNormOut(be, xn);
-  be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, normed);
-  if (num_logits == 0) return Status::Ok();
-  Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
-  be.GatherLogitsRows(normed, hidden);
-  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
-  const int64_t lm_rows = num_logits - outputs.hidden_rows;
-  if (lm_rows > 0) {
-    Tensor out = be.Alloc({lm_rows, c.vocab_size});
-    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
-    if (c.final_logit_softcapping > 0.0f) be.Softcap(out, c.final_logit_softcapping);
-    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
-  }
-  return CopyHiddenRows(be, hidden, outputs);
+  return FinishStep(m, x, delta, xn, kNorm, c.final_logit_softcapping, plan, outputs);
 }
 
 }  // namespace ember

@@ -19,7 +19,6 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
   Backend& be = *m.backend;
   const int64_t n = plan.num_tokens();
   const int64_t d = c.hidden_size;
-  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   // Buffers: see DecoderActivations (architecture.h).
   // delta from AllocMatMulOutput unless a MoeMlp or a biased o projection writes it.
@@ -52,19 +51,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     be.MatMul(act, w.w_down, nullptr, delta);
   }
-  Tensor normed = FinalNormOut(be, xn);
-  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, RmsNormKind::kPlain, normed);
-  if (num_logits == 0) return Status::Ok();
-  Tensor hidden = be.Alloc({num_logits, d});        // final hidden state of the logits rows
-  be.GatherLogitsRows(normed, hidden);
-  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
-  const int64_t lm_rows = num_logits - outputs.hidden_rows;
-  if (lm_rows > 0) {
-    Tensor out = be.Alloc({lm_rows, c.vocab_size});
-    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
-    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
-  }
-  return CopyHiddenRows(be, hidden, outputs);
+  return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }
 
 }  // namespace ember

@@ -95,6 +95,54 @@ TEST(ConfigTest, MixtureOfExperts) {
   EXPECT_NE(c.message().find("mlp_only_layers"), std::string::npos) << c.message();
 }
 
+// deepseek_v3: both fixture layouts, the MLA dims (head_dim and rotary_dim become the rope
+// dims), the grouped router, dense layers before first_k_dense_replace; a Hub-style config with
+// YaRN (DeepSeek-V3's own numbers): softmax scale 1/sqrt(nope + rope) * mscale(40, 1)^2, the
+// rope's attention factor mscale / mscale_all_dim = 1, q_lora_rank null.
+TEST(ConfigTest, DeepseekV3) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  for (const char* file : {"/config.json", "/config.v4.json"}) {
+    ModelConfig c = ParseFile(ModelDir("deepseek_v3") + file);
+    EXPECT_TRUE(c.mla()) << file;
+    EXPECT_EQ(c.q_lora_rank, 32) << file;
+    EXPECT_EQ(c.kv_lora_rank, 16) << file;
+    EXPECT_EQ(c.head_dim, 8) << file;
+    EXPECT_EQ(c.rotary_dim, 8) << file;
+    EXPECT_TRUE(c.rope_interleave) << file;
+    EXPECT_FLOAT_EQ(c.attention_scale, static_cast<float>(1.0 / std::sqrt(24.0))) << file;
+    EXPECT_EQ(c.moe_routing, MoeRouting::kSigmoidGrouped) << file;
+    EXPECT_EQ(c.num_experts, 8) << file;
+    EXPECT_EQ(c.moe_groups, 2) << file;
+    EXPECT_EQ(c.moe_top_groups, 1) << file;
+    EXPECT_EQ(c.moe_shared_experts, 1) << file;
+    EXPECT_FLOAT_EQ(c.moe_routed_scale, 2.5f) << file;
+    EXPECT_EQ(c.moe_layers, (std::vector<uint8_t>{0, 1, 1})) << file;
+  }
+  const std::string base = R"({"model_type": "deepseek_v3", "vocab_size": 10, "hidden_size": 7168,
+      "intermediate_size": 8, "num_hidden_layers": 4, "num_attention_heads": 128,
+      "q_lora_rank": null, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
+      "max_position_embeddings": 163840, )";
+  auto c = ParseModelConfig(base + R"("rope_theta": 10000, "rope_scaling": {"type": "yarn",
+      "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+      "original_max_position_embeddings": 4096}})",
+                            "c.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->q_lora_rank, 0);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->rotary_dim, 64);
+  EXPECT_EQ(c->rope.type, "yarn");
+  EXPECT_NEAR(c->rope.attention_factor, 1.0, 1e-12);
+  const double mscale = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_FLOAT_EQ(c->attention_scale,
+                  static_cast<float>(mscale * mscale / std::sqrt(192.0)));
+  EXPECT_EQ(c->moe_layers, (std::vector<uint8_t>{0, 0, 0, 1}));
+  c = ParseModelConfig(base + R"("n_group": 3})", "c.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("n_group"), std::string::npos) << c.message();
+}
+
 TEST(ConfigTest, GptOss) {
   EMBER_REQUIRE_DIR(ModelDir("gpt_oss"));
   for (const char* file : {"/config.json", "/config.v4.json"}) {

@@ -1,5 +1,6 @@
 // Model::Load (config + generation defaults + weights -> backend tensors) and Model::Forward
-// (validates the plan, then runs the family's forward pass from llama.cc / gemma.cc).
+// (validates the plan, then runs the family's forward pass from llama.cc / gemma.cc /
+// deepseek.cc).
 #include "model/model.h"
 
 #include <sys/stat.h>
@@ -133,6 +134,58 @@ Status LoadExperts(const ModelConfig& c, const std::string& prefix, Uploader& up
     w->experts.up.push_back(up_proj);
     w->experts.down.push_back(down);
   }
+  return Status::Ok();
+}
+
+// deepseek_v3's attention (multi-head latent attention; LayerWeights' MLA fields): the q LoRA
+// (q_a_proj, q_a_layernorm, q_b_proj) or q_proj, kv_a_proj_with_mqa split into its latent and
+// rope rows, kv_a_layernorm, kv_b_proj converted to float32 on the host (MlaParams::kv_b), o_proj.
+Status LoadMlaAttention(const ModelConfig& c, const std::string& prefix, Uploader& up,
+                        LayerWeights* w, std::vector<std::vector<uint8_t>>& keep) {
+  const int64_t d = c.hidden_size, heads = c.num_heads, rank = c.kv_lora_rank;
+  const int64_t rope = c.qk_rope_head_dim, qk = c.qk_nope_head_dim + rope;
+  const std::string p = prefix + "self_attn.";
+  if (c.q_lora_rank > 0) {
+    EMBER_ASSIGN_OR_RETURN(w->q_a, up.GetOptional(p + "q_a_proj.weight", {c.q_lora_rank, d}, true));
+    EMBER_ASSIGN_OR_RETURN(w->q_a_norm,
+                           up.GetOptional(p + "q_a_layernorm.weight", {c.q_lora_rank}, true));
+    EMBER_ASSIGN_OR_RETURN(w->q_b,
+                           up.GetOptional(p + "q_b_proj.weight", {heads * qk, c.q_lora_rank}, true));
+  } else {
+    EMBER_ASSIGN_OR_RETURN(w->wq, up.Get(p + "q_proj.weight", {heads * qk, d}));
+  }
+  EMBER_ASSIGN_OR_RETURN(Tensor kv_a, up.Get(p + "kv_a_proj_with_mqa.weight", {rank + rope, d}));
+  w->kv_a = kv_a.RowSlice(0, rank);
+  w->k_rope_proj = kv_a.RowSlice(rank, rope);
+  EMBER_ASSIGN_OR_RETURN(w->kv_a_norm, up.Get(p + "kv_a_layernorm.weight", {rank}));
+  const int64_t kv_b_rows = heads * (c.qk_nope_head_dim + c.v_head_dim);
+  EMBER_ASSIGN_OR_RETURN(TensorView kv_b, up.View(p + "kv_b_proj.weight", {kv_b_rows, rank}));
+  std::vector<uint8_t> bytes(static_cast<size_t>(kv_b_rows * rank) * sizeof(float));
+  cpu::ConvertToF32(kv_b.data, kv_b.dtype, kv_b_rows * rank, reinterpret_cast<float*>(bytes.data()));
+  EMBER_ASSIGN_OR_RETURN(w->kv_b, up.Converted(p + "kv_b_proj.weight", DType::kF32,
+                                               {kv_b_rows, rank}, std::move(bytes),
+                                               kv_b_rows * rank, keep));
+  EMBER_ASSIGN_OR_RETURN(w->wo, up.Get(p + "o_proj.weight", {d, heads * c.v_head_dim}));
+  return Status::Ok();
+}
+
+// deepseek_v3's router extras (MoeRouting::kSigmoidGrouped) and shared experts.
+Status LoadGroupedRouting(const ModelConfig& c, const std::string& prefix, Uploader& up,
+                          LayerWeights* w) {
+  MoeExperts& x = w->experts;
+  x.routing = c.moe_routing;
+  x.groups = c.moe_groups;
+  x.top_groups = c.moe_top_groups;
+  x.scale = c.moe_routed_scale;
+  EMBER_ASSIGN_OR_RETURN(x.score_bias, up.GetOptional(prefix + "mlp.gate.e_score_correction_bias",
+                                                      {c.num_experts}, true));
+  const int64_t d = c.hidden_size;
+  const int64_t inter = int64_t{c.moe_shared_experts} * c.moe_intermediate_size;
+  const bool shared = c.moe_shared_experts > 0;
+  const std::string p = prefix + "mlp.shared_experts.";
+  EMBER_ASSIGN_OR_RETURN(w->shared_gate, up.GetOptional(p + "gate_proj.weight", {inter, d}, shared));
+  EMBER_ASSIGN_OR_RETURN(w->shared_up, up.GetOptional(p + "up_proj.weight", {inter, d}, shared));
+  EMBER_ASSIGN_OR_RETURN(w->shared_down, up.GetOptional(p + "down_proj.weight", {d, inter}, shared));
   return Status::Ok();
 }
 
@@ -325,7 +378,9 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
     LayerWeights w;
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
-    if (c.fused_qkv) {  // phi3: rows [q | k | v] and [gate | up] of one matrix each
+    if (c.mla()) {
+      EMBER_RETURN_IF_ERROR(LoadMlaAttention(c, p, up, &w, m->host_weights));
+    } else if (c.fused_qkv) {  // phi3: rows [q | k | v] and [gate | up] of one matrix each
       EMBER_ASSIGN_OR_RETURN(Tensor qkv,
                              up.Get(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, d}));
       w.wq = qkv.RowSlice(0, q_dim);
@@ -339,12 +394,17 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
       EMBER_ASSIGN_OR_RETURN(w.wk, up.Get(p + "self_attn.k_proj.weight", {kv_dim, d}));
       EMBER_ASSIGN_OR_RETURN(w.wv, up.Get(p + "self_attn.v_proj.weight", {kv_dim, d}));
     }
-    EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
+    if (!c.mla()) {
+      EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
+    }
     if (!c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0) {
       if (c.moe_biased) {
         EMBER_RETURN_IF_ERROR(LoadGptOssExperts(c, p, up, &w, m->host_weights));
       } else {
         EMBER_RETURN_IF_ERROR(LoadExperts(c, p, up, &w));
+      }
+      if (c.moe_routing == MoeRouting::kSigmoidGrouped) {
+        EMBER_RETURN_IF_ERROR(LoadGroupedRouting(c, p, up, &w));
       }
     } else {
       if (!c.fused_qkv) {
@@ -401,6 +461,11 @@ std::string KvFingerprintText(const ModelConfig& c, const Checkpoint& ckpt,
       << c.hidden_size << " vocab " << c.vocab_size << " rope " << c.rope.type << " "
       << c.rope.theta << " " << c.rope.factor << " local " << c.rope_local.theta
       << " sliding_window " << c.sliding_window << "\n"
+      << (c.mla() ? "mla latent pool (per layer [block_size, kv_lora_rank + qk_rope_head_dim]) "
+                    "kv_lora_rank " + std::to_string(c.kv_lora_rank) + " qk_rope_head_dim " +
+                        std::to_string(c.qk_rope_head_dim) + " rope_interleave " +
+                        std::to_string(c.rope_interleave) + "\n"
+                  : std::string())
       << "config " << (ckpt.config_digest.empty() ? "(gguf metadata)" : ckpt.config_digest)
       << "\n"
       << weights.Fingerprint() << "backend " << backend.name() << " kv_element_bytes "
@@ -469,6 +534,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->weights_ = std::move(checkpoint.weights);
   const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
+  if (const ModelConfig& c = model->config_;
+      (c.mla() || c.moe_routing != MoeRouting::kSoftmax) && !model->backend_->TakesMla())
+    return Status::Error(config_path + ": model_type \"" + c.model_type +
+                         "\" (multi-head latent attention) is not supported on the " +
+                         model->backend_->name() + " backend yet; run it with --device cpu");
   if (const ModelConfig& c = model->config_; c.num_experts > 0) {
     const std::string why = model->backend_->MoeUnsupported(
         c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
@@ -497,6 +567,10 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 }
 
 int64_t Model::KvBytesPerToken() const {
+  if (config_.mla()) {  // the latent pool: [c | k_rope] per layer, no V
+    const int32_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
+    return int64_t{config_.num_layers} * width * backend_->KvElementBytes(width);
+  }
   return 2LL * config_.num_layers * config_.num_kv_heads * config_.head_dim *
          backend_->KvElementBytes(config_.head_dim);
 }
@@ -520,8 +594,14 @@ int64_t Model::NumParameters() const {
 
 Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   if (num_kv_blocks_ != 0) return Status::Error("AllocateKvCache called twice");
-  EMBER_RETURN_IF_ERROR(backend_->AllocateKvPool(config_.num_layers, num_blocks, block_size,
-                                                 config_.num_kv_heads, config_.head_dim));
+  if (config_.mla()) {
+    EMBER_RETURN_IF_ERROR(backend_->AllocateLatentKvPool(
+        config_.num_layers, num_blocks, block_size,
+        config_.kv_lora_rank + config_.qk_rope_head_dim));
+  } else {
+    EMBER_RETURN_IF_ERROR(backend_->AllocateKvPool(config_.num_layers, num_blocks, block_size,
+                                                   config_.num_kv_heads, config_.head_dim));
+  }
   num_kv_blocks_ = num_blocks;
   kv_block_size_ = block_size;
   return Status::Ok();
@@ -597,8 +677,9 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
   }
   EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
   if (outputs.defer_ids) backend_->DeferStepIds();
-  Status st = IsGemma(config_) ? ForwardGemma(*impl_, plan, outputs)
-                               : ForwardLlama(*impl_, plan, outputs);
+  Status st = config_.mla()       ? ForwardDeepseek(*impl_, plan, outputs)
+              : IsGemma(config_) ? ForwardGemma(*impl_, plan, outputs)
+                                 : ForwardLlama(*impl_, plan, outputs);
   if (!st.ok()) {
     if (outputs.defer_ids) backend_->DropStepIds();
     return st;

@@ -42,13 +42,14 @@ struct RopeConfig {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn
   double attention_factor = 1.0;  // cos/sin multiplier (yarn: given, or from factor and mscale)
+  double mscale_all_dim = 0.0;    // yarn: 0 or the config's mscale_all_dim (deepseek_v3's scale)
   std::vector<float> freq_factors;  // GGUF rope_freqs.weight: inverse frequency divisors (RopeSpec)
 };
 
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
 struct ModelConfig {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen3_moe | phi3 | gemma2 |
-                           // gemma3_text | gpt_oss
+                           // gemma3_text | gpt_oss | deepseek_v3
   int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0,
           num_kv_heads = 0, head_dim = 0;
   int32_t max_position_embeddings = 0;  // context length
@@ -83,6 +84,21 @@ struct ModelConfig {
   MoeActivation moe_activation = MoeActivation::kSilu;
   float swiglu_limit = 7.0f;
   std::vector<uint8_t> moe_layers;  // [num_layers]; empty when num_experts == 0
+  // deepseek_v3's router (MoeRouting::kSigmoidGrouped: sigmoid scores, e_score_correction_bias
+  // for the choice only, the best topk_group of n_group groups, weights times
+  // routed_scaling_factor) and its always-on shared experts (one MLP of n_shared_experts *
+  // moe_intermediate_size beside the routed ones).
+  MoeRouting moe_routing = MoeRouting::kSoftmax;
+  int32_t moe_groups = 1, moe_top_groups = 1, moe_shared_experts = 0;
+  float moe_routed_scale = 1.0f;
+  // Multi-head latent attention (deepseek_v3; kv_lora_rank > 0): q through a q_lora_rank
+  // bottleneck (0: one q_proj), K/V from a kv_lora_rank latent (what the KV pool stores, with one
+  // shared roped key of qk_rope_head_dim), per head qk_nope_head_dim + qk_rope_head_dim query/key
+  // dims and v_head_dim values; head_dim and rotary_dim are qk_rope_head_dim (the rope's width).
+  int32_t q_lora_rank = 0, kv_lora_rank = 0;
+  int32_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = false;  // the rope dims come as pairs (de-interleaved before rotating)
+  bool mla() const { return kv_lora_rank > 0; }
   std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
@@ -145,7 +161,9 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
-  int64_t KvBytesPerToken() const;  // K+V, all layers, at the backend's KvElementBytes (bf16 on CUDA)
+  // K+V, all layers, at the backend's KvElementBytes (bf16 on CUDA); with multi-head latent
+  // attention the latent pool's [kv_lora_rank + qk_rope_head_dim] per layer instead.
+  int64_t KvBytesPerToken() const;
   Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
   // Where to receive a step's logits (Backend::HostBuffer: page-locked on a GPU).
   std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }

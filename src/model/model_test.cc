@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_loader.h"
 #include "backend/threshold_sampling.h"
 #include "model/model.h"
@@ -151,7 +152,8 @@ TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                          ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
                                                               "qwen3_moe", "gpt_oss", "mistral",
-                                                              "phi3", "gemma2", "gemma3"),
+                                                              "phi3", "gemma2", "gemma3",
+                                                              "deepseek_v3"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -429,7 +431,7 @@ TEST(TinyStoriesTest, LogitsAndGreedyMatchTransformers) {
 // Three sequences in one plan (a fresh prefill, a decode row, a second prefill chunk) give
 // bitwise the same logits as each run alone.
 TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
-  for (const std::string name : {"qwen3", "qwen3_moe", "gpt_oss", "gemma3"}) {
+  for (const std::string name : {"qwen3", "qwen3_moe", "gpt_oss", "gemma3", "deepseek_v3"}) {
     EMBER_REQUIRE_DIR(ModelDir(name));
     auto model = LoadOrDie(ModelDir(name), "config.json");
     ASSERT_NE(model, nullptr);
@@ -467,6 +469,115 @@ TEST(BatchInvarianceTest, BatchedEqualsSoloBitwise) {
     for (size_t i = 0; i < solo.size(); ++i) mismatches += solo[i] != batched[i];
     EXPECT_EQ(mismatches, 0u) << name << ": batched logits differ from solo (bitwise)";
   }
+}
+
+// deepseek_v3's latent pool: per token and layer only [c | k_rope] (16 + 8 floats), which is
+// what KvBytesPerToken reports; a block copied out and back into other blocks (the prompt
+// cache's host and disk tiers) continues the sequence exactly as the original blocks do.
+TEST(MlaTest, LatentPoolSizeAndBlockCopies) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  auto model = LoadOrDie(ModelDir("deepseek_v3"), "config.json");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->KvBytesPerToken(), 3 * (16 + 8) * 4);
+  EXPECT_EQ(model->KvBlockBytes(), int64_t{3} * kBlockSize * (16 + 8) * 4);
+  const int32_t vocab = model->config().vocab_size;
+  std::vector<int32_t> prompt(37);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 31) % 500);
+  auto step = [&](const std::vector<int32_t>& tokens, int32_t first, std::vector<int32_t> blocks) {
+    BatchPlan plan;
+    plan.block_size = kBlockSize;
+    plan.AddSequence(tokens, first, blocks, true);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    Status st = model->Forward(plan, logits);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return logits;
+  };
+  step(prompt, 0, Blocks(0, 3));
+  std::vector<uint8_t> bytes(static_cast<size_t>(model->KvBlockBytes()));
+  for (int32_t b = 0; b < 3; ++b) {
+    ASSERT_TRUE(model->CopyKvBlockToHost(b, bytes).ok());
+    ASSERT_TRUE(model->CopyKvBlockFromHost(10 + b, bytes).ok());
+  }
+  const std::vector<float> original = step({7}, 37, Blocks(0, 3));
+  const std::vector<float> copied = step({7}, 37, Blocks(10, 3));
+  EXPECT_EQ(original, copied);
+  EXPECT_NE(model->KvFingerprint().find("mla latent pool"), std::string::npos);
+}
+
+// The CPU backend seen through Backend's defaults for everything MLA (TakesMla false,
+// AllocateLatentKvPool refusing): what the CUDA backend is today.
+class WithoutMla : public Backend {
+ public:
+  std::string name() const override { return "without-mla"; }
+  Result<Tensor> UploadWeight(const std::string& n, DType t, std::span<const int64_t> shape,
+                              const void* data) override {
+    return cpu_->UploadWeight(n, t, shape, data);
+  }
+  Status AllocateKvPool(int32_t l, int32_t b, int32_t s, int32_t h, int32_t d) override {
+    return cpu_->AllocateKvPool(l, b, s, h, d);
+  }
+  Result<int32_t> CreateRope(const RopeSpec& spec) override { return cpu_->CreateRope(spec); }
+  Status BeginStep(const BatchPlan& plan) override { return cpu_->BeginStep(plan); }
+  Tensor Alloc(std::initializer_list<int64_t> shape) override { return cpu_->Alloc(shape); }
+  void Embedding(const Tensor& t, float s, Tensor o) override { cpu_->Embedding(t, s, o); }
+  void RmsNorm(const Tensor& x, const Tensor& w, float e, RmsNormKind k, Tensor o) override {
+    cpu_->RmsNorm(x, w, e, k, o);
+  }
+  void AddRmsNorm(Tensor r, const Tensor& d, const Tensor& w, float e, RmsNormKind k,
+                  Tensor o) override {
+    cpu_->AddRmsNorm(r, d, w, e, k, o);
+  }
+  void MatMul(const Tensor& x, const Tensor& w, const Tensor* b, Tensor o) override {
+    cpu_->MatMul(x, w, b, o);
+  }
+  void Rope(int32_t id, Tensor q, Tensor k) override { cpu_->Rope(id, q, k); }
+  void WriteKv(int32_t l, const Tensor& k, const Tensor& v) override { cpu_->WriteKv(l, k, v); }
+  void Attention(const AttentionParams& p, const Tensor& q, Tensor o) override {
+    cpu_->Attention(p, q, o);
+  }
+  void SiluMul(const Tensor& g, const Tensor& u, Tensor o) override { cpu_->SiluMul(g, u, o); }
+  void GeluTanhMul(const Tensor& g, const Tensor& u, Tensor o) override {
+    cpu_->GeluTanhMul(g, u, o);
+  }
+  void Add(const Tensor& a, const Tensor& b, Tensor o) override { cpu_->Add(a, b, o); }
+  void Softcap(Tensor x, float cap) override { cpu_->Softcap(x, cap); }
+  void GatherLogitsRows(const Tensor& x, Tensor o) override { cpu_->GatherLogitsRows(x, o); }
+  Status CopyToHost(const Tensor& t, std::span<float> o) override { return cpu_->CopyToHost(t, o); }
+  Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override {
+    return cpu_->ArgmaxRows(x, ids);
+  }
+  Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
+                    std::span<const RowSampling> params, std::span<int32_t> ids) override {
+    return cpu_->SampleRows(x, rows, params, ids);
+  }
+  Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override {
+    return cpu_->ApplyLogitEdits(x, edits);
+  }
+  Result<BackendMemory> MemoryInfo() const override { return cpu_->MemoryInfo(); }
+  std::span<float> HostBuffer(size_t count) override { return cpu_->HostBuffer(count); }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = MakeCpuBackend({});
+};
+
+// A backend without MLA refuses deepseek_v3 at load, naming the architecture and itself (the
+// CUDA backend's path), and its latent pool refuses; other models still load on it.
+TEST(MlaTest, BackendWithoutMlaRefusesAtLoad) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  auto model = Model::Load(ModelDir("deepseek_v3"), std::make_unique<WithoutMla>(),
+                           ModelLoadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.message().find("\"deepseek_v3\" (multi-head latent attention) is not supported "
+                                 "on the without-mla backend yet"),
+            std::string::npos)
+      << model.message();
+  WithoutMla be;
+  const Status st = be.AllocateLatentKvPool(1, 4, 16, 24);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("without-mla backend"), std::string::npos) << st.message();
+  EMBER_REQUIRE_DIR(ModelDir("qwen3"));
+  auto qwen = Model::Load(ModelDir("qwen3"), std::make_unique<WithoutMla>(), ModelLoadOptions{});
+  EXPECT_TRUE(qwen.ok()) << qwen.message();
 }
 
 }  // namespace

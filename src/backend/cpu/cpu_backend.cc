@@ -15,6 +15,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
 #include "backend/cpu/matmul_quant.h"
+#include "backend/cpu/mla_attention.h"
 #include "backend/moe_route.h"
 #include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
@@ -201,6 +202,44 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
 
+  // One tensor per layer of [latent | rope] rows (kv_heads_ 1, kv_head_dim_ the width): the
+  // block copies below then move each layer's latent rows.
+  Status AllocateLatentKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                              int32_t width) override {
+    if (!kv_.empty()) return Status::Error("the KV pool is already allocated");
+    if (num_blocks <= 0 || block_size <= 0 || width <= 0)
+      return Status::Error("latent KV pool needs positive num_blocks, block_size and width");
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    kv_heads_ = 1;
+    kv_head_dim_ = width;
+    latent_ = true;
+    for (int32_t l = 0; l < num_layers; ++l) {
+      kv_.push_back(std::make_unique<KvBuffer>(static_cast<size_t>(num_blocks) * block_size * width));
+      if (kv_.back()->get() == nullptr) return Status::Error("out of memory allocating the KV pool");
+    }
+    return Status::Ok();
+  }
+  bool TakesMla() const override { return true; }
+
+  void MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, const Tensor& c,
+                    const Tensor& k_rope, Tensor out) override {
+    CHECK(latent_) << "MlaAttention without AllocateLatentKvPool";
+    CHECK_EQ(kv_head_dim_, p.latent_dim + p.rope_dim);
+    const int64_t n = plan_->num_tokens();
+    CHECK(q.numel() == n * p.num_heads * (p.nope_dim + p.rope_dim) &&
+          c.numel() == n * p.latent_dim && k_rope.numel() == n * p.rope_dim &&
+          out.numel() == n * p.num_heads * p.v_dim)
+        << "MlaAttention shapes: q " << ShapeString(q) << ", c " << ShapeString(c) << ", k_rope "
+        << ShapeString(k_rope) << ", out " << ShapeString(out);
+    const CpuRope& table = ropes_.at(static_cast<size_t>(rope_id));
+    CHECK_EQ(table.rotary_dim, p.rope_dim);
+    const cpu::LatentKv kv{kv_[static_cast<size_t>(p.layer)]->get(),
+                           static_cast<int64_t>(num_blocks_) * block_size_, block_size_};
+    cpu::MlaAttention(*plan_, p, {table.cos.data(), table.sin.data(), table.max_positions}, F(q),
+                      F(c), F(k_rope), kv, F(out), *pool_);
+  }
+
   int64_t KvBlockBytes() const override {
     return static_cast<int64_t>(kv_.size()) * KvBlockFloats() * static_cast<int64_t>(sizeof(float));
   }
@@ -353,6 +392,7 @@ class CpuBackend final : public Backend {
   }
 
   void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override {
+    CHECK(!latent_) << "WriteKv into the latent (MLA) pool";
     const int64_t n = plan_->num_tokens();
     const int64_t width = static_cast<int64_t>(kv_heads_) * kv_head_dim_;
     CHECK_EQ(k.numel(), n * width);
@@ -559,7 +599,10 @@ class CpuBackend final : public Backend {
     CHECK_EQ(static_cast<int64_t>(bytes), KvBlockBytes());
     return Status::Ok();
   }
-  std::vector<std::unique_ptr<KvBuffer>> kv_;  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]
+  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]; latent_ (MLA):
+  // [layer] each [blocks, block_size, 1, latent + rope dims].
+  std::vector<std::unique_ptr<KvBuffer>> kv_;
+  bool latent_ = false;
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
@@ -599,14 +642,25 @@ void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) 
                     experts.up_bias.size() == experts.gate.size() &&
                     experts.down_bias.size() == experts.gate.size()));
   const float* logits = moe_logits_.data();
+  const bool grouped = experts.routing == MoeRouting::kSigmoidGrouped;
+  GroupedRouting routing;
+  if (grouped) {
+    CHECK(experts.score_bias && experts.score_bias->numel() == num_experts) << "score_bias";
+    routing = {{F(*experts.score_bias), static_cast<size_t>(num_experts)}, experts.groups,
+               experts.top_groups, experts.scale};
+  }
   moe_ids_.resize(static_cast<size_t>(n * k));
   moe_weights_.resize(static_cast<size_t>(n * k));
   moe_rows_.resize(static_cast<size_t>(num_experts));
   for (auto& rows : moe_rows_) rows.clear();
   for (int64_t i = 0; i < n; ++i) {
     const size_t at = static_cast<size_t>(i * k);
-    MoeRoute(std::span<const float>(logits + i * num_experts, static_cast<size_t>(num_experts)), k,
-             experts.normalize, moe_ids_.data() + at, moe_weights_.data() + at);
+    const std::span<const float> row(logits + i * num_experts, static_cast<size_t>(num_experts));
+    if (grouped)
+      MoeRouteGrouped(row, k, experts.normalize, routing, moe_ids_.data() + at,
+                      moe_weights_.data() + at);
+    else
+      MoeRoute(row, k, experts.normalize, moe_ids_.data() + at, moe_weights_.data() + at);
     for (int32_t j = 0; j < k; ++j)
       moe_rows_[static_cast<size_t>(moe_ids_[at + static_cast<size_t>(j)])].emplace_back(
           i, moe_weights_[at + static_cast<size_t>(j)]);
@@ -674,6 +728,7 @@ constexpr int64_t kMaxGroup = 64;  // query heads per KV head (GQA group) the CP
 void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out) {
   const BatchPlan& plan = *plan_;
   const int64_t hd = p.head_dim;
+  CHECK(!latent_) << "Attention over the latent (MLA) pool";
   CHECK_EQ(hd, kv_head_dim_);
   CHECK_EQ(p.num_kv_heads, kv_heads_);
   const int64_t group = p.num_heads / p.num_kv_heads;
