@@ -404,7 +404,8 @@ std::string KvFingerprintText(const ModelConfig& c, const Checkpoint& ckpt,
       << "config " << (ckpt.config_digest.empty() ? "(gguf metadata)" : ckpt.config_digest)
       << "\n"
       << weights.Fingerprint() << "backend " << backend.name() << " kv_element_bytes "
-      << backend.KvElementBytes(c.head_dim) << " quantize "
+      << backend.KvElementBytes(c.head_dim) << " kv_dtypes " << backend.KvFormatText(c.head_dim)
+      << " quantize "
       << (opts.quantize ? DTypeName(*opts.quantize) : "none") << " cpu_bf16_matmul "
       << opts.cpu_bf16_matmul << " cuda_f32_compute " << opts.cuda_f32_compute
       << " cuda_batch_invariant " << opts.cuda_batch_invariant << "\n";
@@ -477,6 +478,9 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                            "\" (mixture of experts): " + why +
                            (model->backend_->name() == "cpu" ? "" : "; run it with --device cpu"));
   }
+  EMBER_ASSIGN_OR_RETURN(const KvFormat kv_format,
+                         ResolveKvFormat(opts.kv_cache, model->config_.num_layers));
+  EMBER_RETURN_IF_ERROR(model->backend_->SetKvFormat(kv_format, model->config_.head_dim));
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();
@@ -497,8 +501,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 }
 
 int64_t Model::KvBytesPerToken() const {
-  return 2LL * config_.num_layers * config_.num_kv_heads * config_.head_dim *
-         backend_->KvElementBytes(config_.head_dim);
+  return backend_->KvTokenBytes(config_.num_layers, config_.num_kv_heads, config_.head_dim);
+}
+
+std::string Model::KvDTypes() const {
+  return backend_->KvFormatText(config_.head_dim);
 }
 
 int64_t Model::StepWorkspaceBytes(int64_t step_tokens, int64_t logits_rows) const {
