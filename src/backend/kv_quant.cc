@@ -86,6 +86,7 @@ uint8_t FloatToFp8E4m3(float x) {
 }
 
 float Fp8E4m3ToFloat(uint8_t bits) { return Fp8Table()[bits]; }
+const float* Fp8E4m3Table() { return Fp8Table().data(); }
 
 void QuantizeKvRow(KvDType dtype, const float* x, int32_t hd, uint8_t* out) {
   switch (dtype) {

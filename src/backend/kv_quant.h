@@ -47,5 +47,7 @@ void HadamardRotate(float* x, int32_t n);
 // FP8 E4M3 (e4m3fn) conversions: round to nearest even, |x| beyond 448 saturates to +-448.
 uint8_t FloatToFp8E4m3(float x);
 float Fp8E4m3ToFloat(uint8_t bits);
+// Every E4M3 byte's value, [256] (0x7f and 0xff NaN): for kernels that look them up.
+const float* Fp8E4m3Table();
 
 }  // namespace ember

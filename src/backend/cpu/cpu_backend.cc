@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kv_dequant.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
 #include "backend/cpu/matmul_quant.h"
@@ -736,8 +737,8 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const int64_t group = p.num_heads / p.num_kv_heads;
   CHECK(group >= 1 && group <= kMaxGroup && group * p.num_kv_heads == p.num_heads)
       << p.num_heads << " query heads over " << p.num_kv_heads << " KV heads";
-  // The layer's rows: float32 ones are read in place; other dtypes are dequantized (kv_quant.h)
-  // a key block of one KV head at a time into per-thread scratch that every head of the group
+  // The layer's rows: float32 ones are read in place; other dtypes are dequantized
+  // (cpu/kv_dequant.h, kv_quant.h's values) a key block of one KV head at a time into per-thread scratch that every head of the group
   // then reads from L1 (no separate pass over the cache, no float copy of it).
   const KvDType dtype = kv_format_.layers[static_cast<size_t>(p.layer)];
   const bool rotated = KvRotates(p.layer);
@@ -809,7 +810,7 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
               rows[t - b0] = reinterpret_cast<const float*>(at);
             } else {
               float* dst = tile + (t - b0) * hd;
-              DequantizeKvRow(dtype, at, static_cast<int32_t>(hd), dst);
+              cpu::DequantizeKvRowFast(dtype, at, static_cast<int32_t>(hd), dst);
               rows[t - b0] = dst;
             }
           }

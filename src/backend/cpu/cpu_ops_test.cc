@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kv_dequant.h"
 #include "backend/kv_quant.h"
 
 namespace ember {
@@ -315,6 +316,29 @@ TEST(CpuOpsTest, QuantizedKvBlockCopiesAndSizes) {
   const Status st = other->SetKvFormat(format, 48);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("--kv-cache-dtype int4"), std::string::npos) << st.message();
+}
+
+// The attention's AVX2 reader gives DequantizeKvRow's bits for every dtype and head dim (random
+// rows quantized by the reference, and every FP8 byte).
+TEST(CpuOpsTest, FastKvDequantEqualsTheReference) {
+  for (KvDType t : {KvDType::kF32, KvDType::kBF16, KvDType::kF16, KvDType::kInt8, KvDType::kFP8,
+                    KvDType::kInt4}) {
+    for (int32_t hd : {8, 16, 24, 32, 64, 128, 12}) {
+      if (!KvHeadDimUnsupported(t, hd).empty()) continue;
+      for (uint32_t seed = 0; seed < 20; ++seed) {
+        const std::vector<float> x = Random(static_cast<size_t>(hd), seed + 100, 3.0f);
+        std::vector<uint8_t> row(static_cast<size_t>(KvRowBytes(t, hd)));
+        QuantizeKvRow(t, x.data(), hd, row.data());
+        if (t == KvDType::kFP8)
+          for (int32_t j = 0; j < hd; ++j) row[static_cast<size_t>(j)] = static_cast<uint8_t>(seed * 13 + j * 7);
+        std::vector<float> want(static_cast<size_t>(hd)), got(static_cast<size_t>(hd));
+        DequantizeKvRow(t, row.data(), hd, want.data());
+        cpu::DequantizeKvRowFast(t, row.data(), hd, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << KvDTypeName(t) << " hd " << hd << " seed " << seed;
+      }
+    }
+  }
 }
 
 }  // namespace
