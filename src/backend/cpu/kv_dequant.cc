@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <limits>
 
 #include "backend/kv_quant.h"
 
@@ -31,10 +32,12 @@ inline __m256 Int4x8(const uint8_t* bytes, __m256 d) {
 void DequantizeKvRowFast(KvDType dtype, const uint8_t* in, int32_t hd, float* out) {
   if (hd % 8 != 0 || dtype == KvDType::kF32) return DequantizeKvRow(dtype, in, hd, out);
   switch (dtype) {
-    case KvDType::kBF16:
+    case KvDType::kBF16:  // bf16 bits in the high half of each float's
       for (int32_t j = 0; j < hd; j += 8) {
-        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * j)));
-        _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * j));
+        const __m128i zero = _mm_setzero_si128();
+        _mm_storeu_ps(out + j, _mm_castsi128_ps(_mm_unpacklo_epi16(zero, h)));
+        _mm_storeu_ps(out + j + 4, _mm_castsi128_ps(_mm_unpackhi_epi16(zero, h)));
       }
       return;
     case KvDType::kF16:
@@ -50,22 +53,32 @@ void DequantizeKvRowFast(KvDType dtype, const uint8_t* in, int32_t hd, float* ou
       return;
     }
     case KvDType::kFP8: {
-      const __m256 s = _mm256_set1_ps(ScaleAt(in + hd));
-      const float* table = Fp8E4m3Table();
+      // E4M3 as f16 bits (sign, then exponent and mantissa shifted into place: the value over
+      // 2^8, subnormals included), times 2^8 s: the table's value times s, one rounding. 0x7f /
+      // 0xff (NaN) are blended in.
+      const __m256 s = _mm256_set1_ps(ScaleAt(in + hd) * 256.0f);
+      const __m256 nan = _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN());
       for (int32_t j = 0; j < hd; j += 8) {
-        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + j)));
-        _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_i32gather_ps(table, b, 4), s));
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + j)));
+        const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                       _mm_slli_epi16(mag, 7));
+        const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+        const __m256 is_nan = _mm256_castsi256_ps(
+            _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+        _mm256_storeu_ps(out + j, _mm256_blendv_ps(v, nan, is_nan));
       }
       return;
     }
     case KvDType::kInt4: {
       const int32_t group = KvInt4Group(hd);
       const uint8_t* scales = in + hd / 2;
-      for (int32_t j = 0; j < hd; j += 8) {
+      for (int32_t g = 0; g < hd / group; ++g) {
         uint16_t dh;
-        std::memcpy(&dh, scales + 2 * (j / group), 2);
+        std::memcpy(&dh, scales + 2 * g, 2);
         const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(dh)));
-        _mm256_storeu_ps(out + j, Int4x8(in + j / 2, d));
+        for (int32_t j = g * group; j < (g + 1) * group; j += 8)
+          _mm256_storeu_ps(out + j, Int4x8(in + j / 2, d));
       }
       return;
     }
