@@ -63,10 +63,11 @@ void DequantizeKvRowFast(KvDType dtype, const uint8_t* in, int32_t hd, float* ou
         const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
         const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
                                        _mm_slli_epi16(mag, 7));
-        const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+        const __m256 x = _mm256_cvtph_ps(h);
         const __m256 is_nan = _mm256_castsi256_ps(
             _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
-        _mm256_storeu_ps(out + j, _mm256_blendv_ps(v, nan, is_nan));
+        const __m256 signed_nan = _mm256_or_ps(nan, _mm256_and_ps(x, _mm256_set1_ps(-0.0f)));
+        _mm256_storeu_ps(out + j, _mm256_blendv_ps(_mm256_mul_ps(x, s), signed_nan, is_nan));
       }
       return;
     }
