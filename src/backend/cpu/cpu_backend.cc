@@ -396,7 +396,7 @@ class CpuBackend final : public Backend {
     CHECK_EQ(k.numel(), n * width);
     CHECK_EQ(v.numel(), n * width);
     const KvDType dtype = kv_format_.layers[static_cast<size_t>(layer)];
-    const int64_t row_bytes = KvRowBytes(dtype, hd), slot_bytes = kv_heads_ * row_bytes;
+    const int64_t row_bytes = KvRowBytes(dtype, hd);
     const bool rotate = KvRotates(layer);
     std::vector<float> rotated(rotate ? static_cast<size_t>(hd) : 0);
     const float* src[2] = {F(k), F(v)};
@@ -404,7 +404,7 @@ class CpuBackend final : public Backend {
       const int64_t slot = plan_->slot_mapping[static_cast<size_t>(i)];
       CHECK(slot >= 0 && slot < static_cast<int64_t>(num_blocks_) * block_size_);
       for (int kv = 0; kv < 2; ++kv) {
-        uint8_t* dst = kv_[static_cast<size_t>(2 * layer + kv)]->get() + slot * slot_bytes;
+        uint8_t* pool = kv_[static_cast<size_t>(2 * layer + kv)]->get();
         for (int64_t h = 0; h < kv_heads_; ++h) {
           const float* x = src[kv] + i * width + h * hd;
           if (rotate) {
@@ -412,7 +412,7 @@ class CpuBackend final : public Backend {
             HadamardRotate(rotated.data(), hd);
             x = rotated.data();
           }
-          QuantizeKvRow(dtype, x, hd, dst + h * row_bytes);
+          QuantizeKvRow(dtype, x, hd, pool + KvRowOffset(dtype, row_bytes, slot, h));
         }
       }
     }
@@ -605,6 +605,15 @@ class CpuBackend final : public Backend {
     return static_cast<int64_t>(block_size_) * kv_heads_ *
            KvRowBytes(kv_format_.layers[static_cast<size_t>(layer)], kv_head_dim_);
   }
+  // Where the row of (slot, KV head) starts in a layer's K or V buffer. float32 layers are
+  // token-major ([blocks, block_size, kv_heads] rows: a token's heads side by side); the other
+  // dtypes head-major within a block ([blocks, kv_heads, block_size] rows), so the rows one
+  // attention item reads from a block are contiguous (streamed, not strided, when dequantized).
+  int64_t KvRowOffset(KvDType dtype, int64_t row_bytes, int64_t slot, int64_t head) const {
+    if (dtype == KvDType::kF32) return (slot * kv_heads_ + head) * row_bytes;
+    const int64_t block = slot / block_size_, offset = slot % block_size_;
+    return ((block * kv_heads_ + head) * block_size_ + offset) * row_bytes;
+  }
   // Whether `layer`'s rows hold H k and H v (int4 with rotation; kv_quant.h).
   bool KvRotates(int32_t layer) const {
     return kv_format_.rotate_int4 && kv_format_.layers[static_cast<size_t>(layer)] == KvDType::kInt4;
@@ -615,7 +624,8 @@ class CpuBackend final : public Backend {
     CHECK_EQ(static_cast<int64_t>(bytes), KvBlockBytes());
     return Status::Ok();
   }
-  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads] rows of the layer's dtype.
+  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads] rows of the layer's dtype
+  // (quantized dtypes: [blocks, kv_heads, block_size]; KvRowOffset).
   std::vector<std::unique_ptr<KvBuffer>> kv_;
   KvFormat kv_format_;  // SetKvFormat's, kAuto as kF32; all f32 when it was never called
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
@@ -743,7 +753,6 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const KvDType dtype = kv_format_.layers[static_cast<size_t>(p.layer)];
   const bool rotated = KvRotates(p.layer);
   const int64_t row_bytes = KvRowBytes(dtype, static_cast<int32_t>(hd));
-  const int64_t slot_bytes = kv_heads_ * row_bytes;
   const uint8_t* kc = kv_[static_cast<size_t>(2 * p.layer)]->get();
   const uint8_t* vc = kv_[static_cast<size_t>(2 * p.layer + 1)]->get();
   const float* qd = F(q);
@@ -805,7 +814,7 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
         const float* rows[kKeyBlock];
         auto locate = [&](const uint8_t* pool, int64_t b0, int64_t b1) {
           for (int64_t t = b0; t < b1; ++t) {
-            const uint8_t* at = pool + slot(t) * slot_bytes + kvh * row_bytes;
+            const uint8_t* at = pool + KvRowOffset(dtype, row_bytes, slot(t), kvh);
             if (dtype == KvDType::kF32) {
               rows[t - b0] = reinterpret_cast<const float*>(at);
             } else {
