@@ -179,9 +179,9 @@ class Backend {
   // and Embedding read them as they are; loaders dequantize (or refuse to quantize) otherwise.
   virtual bool TakesQuantizedWeights(DType /*dtype*/) const { return false; }
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
-  // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA), or rows of the layer's
-  // SetKvFormat dtype (kv_quant.h's layouts, [num_blocks, block_size, num_kv_heads] rows of
-  // KvRowBytes). Called once.
+  // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA), or, for a layer of a
+  // quantized SetKvFormat dtype, block_size * num_kv_heads rows of kv_quant.h's KvRowBytes per
+  // block (their order within a block is the backend's: the CPU's are head-major). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                 int32_t num_kv_heads, int32_t head_dim) = 0;
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
@@ -202,8 +202,8 @@ class Backend {
   // ---- KV blocks to and from host memory (the prompt cache's tiers below the pool) ----
   // Bytes of one block's K/V over every layer, as the two copies below lay them out: for each
   // layer in order its K rows then its V rows of the block, each [block_size, num_kv_heads,
-  // head_dim] of KvElementBytes (or [block_size, num_kv_heads] rows of the layer's quantized
-  // format, scales included). 0 when the pool is not allocated or the backend has no copies.
+  // head_dim] of KvElementBytes (or the block's rows of the layer's quantized format as the pool
+  // holds them, scales included). 0 when the pool is not allocated or the backend has no copies.
   virtual int64_t KvBlockBytes() const { return 0; }
   // Copies block `block_id` of the pool into `out` [KvBlockBytes()], after every op enqueued so
   // far; returns once `out` is filled.
