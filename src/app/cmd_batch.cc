@@ -137,7 +137,7 @@ int BatchCommand(int argc, char** argv, int first) {
   EngineFlags engine_flags;
   FlagParser flags(
       "usage: ember batch --model DIR --input IN.jsonl --output OUT.jsonl [--max-batch N]\n"
-      "       [--kv-cache-bytes B]\n"
+      "       [--kv-cache-bytes B] [--kv-cache-dtype T]\n"
       "Each input line is a /v1/completions body (same fields, checks and messages) with one\n"
       "prompt: {\"prompt_ids\": [...]} or {\"prompt\": \"...\" or [ids]} with optional "
       "max_tokens,\n"

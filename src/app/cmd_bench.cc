@@ -196,13 +196,13 @@ int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t n = 128, reps = 5, threads = 0, depth = 0;
   std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact",
-              quantize;
+              quantize, kv_dtype = "auto", kv_dtype_layers;
   bool tg_logits = false, no_overlap = false;
   std::string spec_method = "none", draft_model;
   int64_t num_spec_tokens = 4;
   FlagParser flags(
       "usage: ember bench --model DIR [-p 512[,P2...]] [-n 128] [-d 0] [-r 5] [--threads N] "
-      "[--device D] [--quantize T] [--tg-logits | --no-overlap]");
+      "[--device D] [--quantize T] [--kv-cache-dtype T] [--tg-logits | --no-overlap]");
   flags.AddString("--model", &model_dir, "model folder (config.json + safetensors) or .gguf file");
   flags.AddString("-p,--n-prompt", &p_list,
                   "prompt tokens of the pp test (0: skip); a comma-separated list runs one pp test "
@@ -216,6 +216,11 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when present)");
   flags.AddString("--quantize", &quantize,
                   "q8_0 | q4_0: quantize the linear projections at load (see ember run --help)");
+  flags.AddString("--kv-cache-dtype", &kv_dtype,
+                  "auto | f32 | bf16 | f16 | fp8 | int8 | int4: the KV cache's element type (see "
+                  "ember run --help)");
+  flags.AddString("--kv-cache-dtype-layers", &kv_dtype_layers,
+                  "per-layer overrides, e.g. 0:1=bf16,-1=bf16 (see ember run --help)");
   flags.AddBool("--tg-logits", &tg_logits,
                 "tg copies each step's logits row to the host and feeds fixed tokens (llama-bench's "
                 "tg) instead of generating greedily with the argmax where the logits are");
@@ -270,6 +275,8 @@ int BenchCommand(int argc, char** argv, int first) {
   device_flags.batch_invariant = batch_invariant;
   device_flags.cpu_matmul = cpu_matmul;
   device_flags.quantize = quantize;
+  device_flags.kv_cache_dtype = kv_dtype;
+  device_flags.kv_cache_dtype_layers = kv_dtype_layers;
   device_flags.spec_method = spec_method;
   device_flags.num_spec_tokens = num_spec_tokens;
   device_flags.draft_model = draft_model;
@@ -360,7 +367,10 @@ int BenchCommand(int argc, char** argv, int first) {
   std::printf("| model | size | params | backend | threads | test | t/s (median) | min .. max |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
   // --quantize: the projections' type after the stored one (the size is still the file's).
-  const std::string weights = c.torch_dtype + (quantize.empty() ? "" : " -> " + quantize);
+  const std::string weights = c.torch_dtype + (quantize.empty() ? "" : " -> " + quantize) +
+                              (kv_dtype == "auto" && kv_dtype_layers.empty()
+                                   ? ""
+                                   : ", KV " + model.KvDTypes());
   auto row = [&](const std::string& test, const std::vector<double>& rates) {
     Stats s = Summarize(rates);
     std::printf("| %s %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f | %.2f .. %.2f |\n",

@@ -39,11 +39,12 @@ void PrintServedModel(const ServedBundle& bundle, const std::string& dir, const 
                       int port, bool api_key) {
   const serve::ServedModel& served = bundle.served();
   std::printf("ember serve: listening on http://%s:%d\n", host.c_str(), port);
-  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes), tool calls: "
-              "%s, reasoning: %s%s%s\n",
+  std::printf("  model %s (%s), context %d tokens, KV capacity %lld tokens (%lld bytes, %s), tool "
+              "calls: %s, reasoning: %s%s%s\n",
               served.name.c_str(), dir.c_str(), served.context_length,
               static_cast<long long>(bundle.engine().kv_capacity_tokens()),
               static_cast<long long>(bundle.engine().kv_cache_bytes()),
+              bundle.engine().model().KvDTypes().c_str(),
               serve::ToolCallFormatName(served.tool_format),
               serve::ReasoningFormatName(served.reasoning_format),
               bundle.chat_template().has_template() ? "" : ", no chat template (completions only)",
@@ -72,7 +73,7 @@ int ServeCommand(int argc, char** argv, int first) {
   EngineFlags engine_flags;
   FlagParser flags(
       "usage: ember serve (--model DIR | --models-dir DIR [--models-memory B]) [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
-      "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--max-queue N]\n"
+      "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--kv-cache-dtype T] [--max-queue N]\n"
       "       [--prompt-cache-dir DIR --prompt-cache-disk-bytes B]\n"
       "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json|harmony]\n"
       "       [--reasoning-parser auto|none|think|harmony]\n"

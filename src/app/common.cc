@@ -85,6 +85,16 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                    : std::string("sequences decoded together (default 0: 256 on a "
                                  "GPU, 64 on the CPU)"));
   flags.AddInt("--kv-cache-bytes", &kv_cache_bytes, "KV cache size cap in bytes (default: auto)");
+  flags.AddString("--kv-cache-dtype", &kv_cache_dtype,
+                  "auto | f32 | bf16 | f16 | fp8 | int8 | int4: the KV cache's element type "
+                  "(quantized on write, read quantized by attention; the same --kv-cache-bytes "
+                  "holds about 2x the tokens at 16 bits, 4x at 8, 7x at 4 vs f32). auto: f32 on "
+                  "the CPU, bf16 on CUDA (which supports only auto/bf16 yet). int4 rotates K and V "
+                  "by a Hadamard matrix and needs a power-of-two head_dim. Default auto");
+  flags.AddString("--kv-cache-dtype-layers", &kv_cache_dtype_layers,
+                  "per-layer overrides of --kv-cache-dtype: LAYERS=DTYPE items, comma-separated; "
+                  "LAYERS is I or I:J (inclusive; negative counts from the end), e.g. "
+                  "0:1=bf16,-1=bf16 keeps the first two and the last layer at 16 bits");
   flags.AddDouble("--gpu-memory-fraction", &gpu_memory_fraction,
                   "share of the GPU's memory for weights + KV cache + work (default 0.9)");
   flags.AddInt("--max-step-tokens", &max_step_tokens,
@@ -171,6 +181,8 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
   opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
   opts.num_threads = static_cast<int32_t>(threads);
   EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
+  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.dtype, ParseKvDType(kv_cache_dtype, "--kv-cache-dtype"));
+  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.layers, ParseKvLayerOverrides(kv_cache_dtype_layers));
   return opts;
 }
 

@@ -35,13 +35,15 @@ struct GenerationFlags {
   Result<SamplingRequest> Request(const FlagParser& flags) const;
 };
 
-// --device --threads --quantize --max-batch --kv-cache-bytes --max-step-tokens --max-model-len
+// --device --threads --quantize --max-batch --kv-cache-bytes --kv-cache-dtype
+// --kv-cache-dtype-layers --max-step-tokens --max-model-len
 // --spec-method --num-spec-tokens --spec-max-batch --draft-model
 struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
   std::string batch_invariant = "off";
   std::string cpu_matmul = "exact";  // --cpu-matmul exact|bf16|auto
+  std::string kv_cache_dtype = "auto", kv_cache_dtype_layers;  // backend/kv_format.h
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;
   int64_t max_model_len = 0;  // --max-model-len (alias --ctx-size); 0: the model's
   int64_t max_queue = 1024;

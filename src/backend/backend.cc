@@ -115,6 +115,19 @@ void Backend::MlaAttention(int32_t, const MlaParams&, Tensor, const Tensor&, con
   CHECK(false) << "backend " << name() << " has no MlaAttention";
 }
 
+Status Backend::SetKvFormat(const KvFormat& format, int32_t head_dim) {
+  const std::string own = KvFormatText(head_dim);
+  for (size_t l = 0; l < format.layers.size(); ++l) {
+    const KvDType t = format.layers[l];
+    if (t != KvDType::kAuto && own != KvDTypeName(t))
+      return Status::Error("--kv-cache-dtype " + std::string(KvDTypeName(t)) + " (layer " +
+                           std::to_string(l) + "): not supported on the " + name() +
+                           " backend yet (its KV cache is " + own + " here: use auto or " + own +
+                           ")");
+  }
+  return Status::Ok();
+}
+
 Status Backend::CopyKvBlockToHost(int32_t /*block_id*/, std::span<uint8_t> /*out*/) {
   return Status::Error("the " + name() + " backend cannot copy KV blocks to host memory");
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/batch_plan.h"
+#include "backend/kv_format.h"
 #include "backend/logit_edit.h"  // LogitEdit, ApplyLogitEdit (Backend::ApplyLogitEdits)
 #include "util/status.h"
 
@@ -204,7 +205,9 @@ class Backend {
   // and Embedding read them as they are; loaders dequantize (or refuse to quantize) otherwise.
   virtual bool TakesQuantizedWeights(DType /*dtype*/) const { return false; }
   // The paged KV pool: per layer K and V, each [num_blocks, block_size, num_kv_heads, head_dim]
-  // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA). Called once.
+  // of KvElementBytes(head_dim)-byte elements (float32, or bf16 on CUDA), or, for a layer of a
+  // quantized SetKvFormat dtype, block_size * num_kv_heads rows of kv_quant.h's KvRowBytes per
+  // block (their order within a block is the backend's: the CPU's are head-major). Called once.
   virtual Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                 int32_t num_kv_heads, int32_t head_dim) = 0;
   // The multi-head latent attention pool (MlaAttention) instead: per layer one tensor
@@ -219,10 +222,24 @@ class Backend {
   virtual bool TakesMla() const { return false; }
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
   virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
+  // ---- KV-cache formats (kv_format.h; --kv-cache-dtype): set once, before AllocateKvPool and
+  // before the sizing calls read it. Errors name the flag and the dtype the backend cannot store.
+  // The default takes only its own pool type: kAuto, or the dtype KvElementBytes says (f32 or
+  // bf16); a backend with quantized pools overrides the three calls. ----
+  virtual Status SetKvFormat(const KvFormat& format, int32_t head_dim);
+  // Bytes of one token's K and V over every layer of the pool (sizes it from a budget).
+  virtual int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const {
+    return 2LL * num_layers * num_kv_heads * head_dim * KvElementBytes(head_dim);
+  }
+  // The pool's dtypes as text (KvFormat::Describe of what it stores: "f32", "bf16", "int8", ...).
+  virtual std::string KvFormatText(int32_t head_dim) const {
+    return KvElementBytes(head_dim) == 2 ? "bf16" : "f32";
+  }
   // ---- KV blocks to and from host memory (the prompt cache's tiers below the pool) ----
   // Bytes of one block's K/V over every layer, as the two copies below lay them out: for each
   // layer in order its K rows then its V rows of the block, each [block_size, num_kv_heads,
-  // head_dim] of KvElementBytes. 0 when the pool is not allocated or the backend has no copies.
+  // head_dim] of KvElementBytes (or the block's rows of the layer's quantized format as the pool
+  // holds them, scales included). 0 when the pool is not allocated or the backend has no copies.
   virtual int64_t KvBlockBytes() const { return 0; }
   // Copies block `block_id` of the pool into `out` [KvBlockBytes()], after every op enqueued so
   // far; returns once `out` is filled.

@@ -2,7 +2,8 @@
 // run by one engine is served from disk by the next engine on the same directory (cached_tokens
 // cover its whole blocks) with the output tokens of a cold run; damaged records (flipped bytes,
 // truncation, a crashed writer's temp file) cost reuse, never correctness; salts and models do
-// not share; clearing drops both tiers; the cost rule picks the faster path.
+// not share, nor do KV formats (--kv-cache-dtype: an int8 pool's records are int8 rows, read
+// back only by int8 pools); clearing drops both tiers; the cost rule picks the faster path.
 #include "engine/prompt_tier.h"
 
 #include <gtest/gtest.h>
@@ -89,20 +90,24 @@ class PromptTierTest : public ::testing::Test {
     return c;
   }
   // A model owns one KV pool, so each engine gets its own model (kept until the test ends).
-  Model* NewModel() {
-    models_.push_back(LoadModel(model_dir_));
+  Model* NewModel(KvDType kv = KvDType::kAuto) {
+    ModelLoadOptions options;
+    options.kv_cache.dtype = kv;
+    auto model = Model::Load(model_dir_, options);
+    EXPECT_TRUE(model.ok()) << model.message();
+    models_.push_back(model.ok() ? std::move(model).value() : nullptr);
     return models_.back().get();
   }
-  std::unique_ptr<Engine> NewEngine(const EngineConfig& config) {
-    auto engine = Engine::Create(NewModel(), config);
+  std::unique_ptr<Engine> NewEngine(const EngineConfig& config, KvDType kv = KvDType::kAuto) {
+    auto engine = Engine::Create(NewModel(kv), config);
     EXPECT_TRUE(engine.ok()) << engine.message();
     return engine.ok() ? std::move(engine).value() : nullptr;
   }
   // The output of a run without any cache.
-  std::vector<int32_t> Cold(const GenerationRequest& request) {
+  std::vector<int32_t> Cold(const GenerationRequest& request, KvDType kv = KvDType::kAuto) {
     EngineConfig c = Config(/*disk=*/false);
     c.enable_prefix_caching = false;
-    return Generate(*NewEngine(c), request).tokens;
+    return Generate(*NewEngine(c, kv), request).tokens;
   }
   // Runs `request` on a fresh engine over the directory and shuts it down (records flushed).
   Outcome RunAndStop(const GenerationRequest& request, const EngineConfig& config) {
@@ -334,6 +339,33 @@ TEST(LoadBeatsRecomputeTest, ComparesTheMeasuredRates) {
   EXPECT_TRUE(LoadBeatsRecompute(10, 1'000'000, 16, 1e9, 1000));
   // The same at 10 MB/s (1 s) vs 100k tok/s (1.6 ms): recompute.
   EXPECT_FALSE(LoadBeatsRecompute(10, 1'000'000, 16, 1e7, 1e5));
+}
+
+// Records of an int8 KV pool hold int8 rows (scales included: the payload is the pool's block
+// bytes), are served to the next int8 engine with the cold int8 output, and are never read by a
+// float32 pool (another fingerprint, another subfolder).
+TEST_F(PromptTierTest, QuantizedKvRecordsServeOnlyTheirFormat) {
+  const GenerationRequest request = Greedy(Prompt(150, 1));
+  const std::vector<int32_t> cold = Cold(request, KvDType::kInt8);
+  const Outcome first = RunAndStop(request, Config());  // float32 records first
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  const size_t f32_records = Records().size();
+  ASSERT_EQ(f32_records, 10u);
+  std::unique_ptr<Engine> writer = NewEngine(Config(), KvDType::kInt8);
+  ASSERT_NE(writer, nullptr);
+  const Outcome second = Generate(*writer, request);
+  EXPECT_EQ(second.tokens, cold);
+  EXPECT_EQ(second.usage.cached_tokens, 0) << "an int8 pool read float32 records";
+  EXPECT_LT(writer->Stats().prompt_cache.bytes, 0.4 * static_cast<double>(f32_records) *
+                                                     static_cast<double>(models_[1]->KvBlockBytes()))
+      << "int8 records should be about 3.2x smaller than float32 ones here";
+  writer.reset();
+  EXPECT_EQ(Records().size(), 2 * f32_records);
+  std::unique_ptr<Engine> reader = NewEngine(Config(), KvDType::kInt8);
+  ASSERT_NE(reader, nullptr);
+  const Outcome third = Generate(*reader, request);
+  EXPECT_EQ(third.tokens, cold);
+  EXPECT_EQ(third.usage.cached_tokens, 144);
 }
 
 }  // namespace

@@ -469,7 +469,8 @@ std::string KvFingerprintText(const ModelConfig& c, const Checkpoint& ckpt,
       << "config " << (ckpt.config_digest.empty() ? "(gguf metadata)" : ckpt.config_digest)
       << "\n"
       << weights.Fingerprint() << "backend " << backend.name() << " kv_element_bytes "
-      << backend.KvElementBytes(c.head_dim) << " quantize "
+      << backend.KvElementBytes(c.head_dim) << " kv_dtypes " << backend.KvFormatText(c.head_dim)
+      << " quantize "
       << (opts.quantize ? DTypeName(*opts.quantize) : "none") << " cpu_bf16_matmul "
       << opts.cpu_bf16_matmul << " cuda_f32_compute " << opts.cuda_f32_compute
       << " cuda_batch_invariant " << opts.cuda_batch_invariant << "\n";
@@ -547,6 +548,16 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                            "\" (mixture of experts): " + why +
                            (model->backend_->name() == "cpu" ? "" : "; run it with --device cpu"));
   }
+  EMBER_ASSIGN_OR_RETURN(const KvFormat kv_format,
+                         ResolveKvFormat(opts.kv_cache, model->config_.num_layers));
+  if (model->config_.mla()) {  // the latent pool is float32 rows of [c | k_rope]
+    for (KvDType t : kv_format.layers)
+      if (t != KvDType::kAuto && t != KvDType::kF32)
+        return Status::Error("--kv-cache-dtype " + std::string(KvDTypeName(t)) +
+                             ": not supported with multi-head latent attention (model_type \"" +
+                             model->config_.model_type + "\") yet; its latent KV pool is f32");
+  }
+  EMBER_RETURN_IF_ERROR(model->backend_->SetKvFormat(kv_format, model->config_.head_dim));
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
   model->impl_->backend = model->backend_.get();
@@ -567,12 +578,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 }
 
 int64_t Model::KvBytesPerToken() const {
-  if (config_.mla()) {  // the latent pool: [c | k_rope] per layer, no V
+  if (config_.mla()) {  // the latent pool: [c | k_rope] per layer, no V, float32
     const int32_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
     return int64_t{config_.num_layers} * width * backend_->KvElementBytes(width);
   }
-  return 2LL * config_.num_layers * config_.num_kv_heads * config_.head_dim *
-         backend_->KvElementBytes(config_.head_dim);
+  return backend_->KvTokenBytes(config_.num_layers, config_.num_kv_heads, config_.head_dim);
+}
+
+std::string Model::KvDTypes() const {
+  return backend_->KvFormatText(config_.head_dim);
 }
 
 int64_t Model::StepWorkspaceBytes(int64_t step_tokens, int64_t logits_rows) const {

@@ -144,6 +144,10 @@ struct ModelLoadOptions : BackendChoice {
   // --quantize: the linear projections of a float checkpoint become this block-quantized type at
   // load (model/quantize.h; a backend without kernels for it refuses). nullopt: as stored.
   std::optional<DType> quantize;
+  // --kv-cache-dtype / --kv-cache-dtype-layers: the KV pool's format per layer (kv_format.h),
+  // resolved and handed to the backend (Backend::SetKvFormat) at load: it decides
+  // KvBytesPerToken, KvBlockBytes and KvFingerprint. Default: the backend's own (auto).
+  KvCacheSpec kv_cache;
 };
 
 class Model {
@@ -161,9 +165,12 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
-  // K+V, all layers, at the backend's KvElementBytes (bf16 on CUDA); with multi-head latent
-  // attention the latent pool's [kv_lora_rank + qk_rope_head_dim] per layer instead.
+  // K+V, all layers, in the pool's format (Backend::KvTokenBytes: f32 on the CPU, bf16 on CUDA,
+  // or ModelLoadOptions::kv_cache's dtypes); with multi-head latent attention the latent pool's
+  // [kv_lora_rank + qk_rope_head_dim] per layer instead.
   int64_t KvBytesPerToken() const;
+  // The pool's dtypes as text ("f32", "int8", "bf16 (layers 0-1), int8 (2-21)"; /stats).
+  std::string KvDTypes() const;
   Result<BackendMemory> MemoryInfo() const;  // the backend's memory, now
   // Where to receive a step's logits (Backend::HostBuffer: page-locked on a GPU).
   std::span<float> HostLogitsBuffer(size_t count) { return backend_->HostBuffer(count); }
@@ -187,8 +194,8 @@ class Model {
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
   // What decides the bits of this model's KV blocks, as text: the layout version, the
   // architecture's shapes, config.json's digest, the weights' (WeightStore::Fingerprint), the
-  // backend, its KV element size and the load options that change results (--quantize,
-  // --cpu-matmul, CUDA modes). The prompt cache digests it (with the block size) so a disk
+  // backend, its KV element size and per-layer dtypes (--kv-cache-dtype) and the load options
+  // that change results (--quantize, --cpu-matmul, CUDA modes). The prompt cache digests it (with the block size) so a disk
   // record is never read by another model, dtype or layout.
   const std::string& KvFingerprint() const { return kv_fingerprint_; }
   // Bumped whenever the block layout of CopyKvBlockToHost or the meaning of its bytes changes.

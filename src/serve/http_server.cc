@@ -568,6 +568,7 @@ static json EngineSizes(const ServedModel& m) {
           {"context_length", m.context_length},
           {"kv_capacity_tokens", m.engine->kv_capacity_tokens()},
           {"kv_cache_bytes", m.engine->kv_cache_bytes()},
+          {"kv_cache_dtype", m.engine->model().KvDTypes()},
           {"max_batch", m.engine->max_running()},
           {"max_step_tokens", m.engine->max_step_tokens()}};
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kv_dequant.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
 #include "backend/cpu/matmul_quant.h"
@@ -20,6 +21,7 @@
 #include "backend/rope_table.h"
 #include "backend/threshold_sampling.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/kv_quant.h"
 
 namespace ember {
 namespace {
@@ -46,20 +48,20 @@ FloatBuffer AllocFloats(size_t count) {
 // for the worst case costs resident memory only for the blocks sequences actually use.
 class KvBuffer {
  public:
-  explicit KvBuffer(size_t count) : bytes_(std::max<size_t>(count * sizeof(float), 1)) {
+  explicit KvBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    data_ = p == MAP_FAILED ? nullptr : static_cast<float*>(p);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
   ~KvBuffer() {
     if (data_ != nullptr) munmap(data_, bytes_);
   }
   KvBuffer(const KvBuffer&) = delete;
   KvBuffer& operator=(const KvBuffer&) = delete;
-  float* get() const { return data_; }
+  uint8_t* get() const { return data_; }
 
  private:
   size_t bytes_;
-  float* data_ = nullptr;
+  uint8_t* data_ = nullptr;
 };
 
 float* F(const Tensor& t) {
@@ -186,17 +188,46 @@ class CpuBackend final : public Backend {
     return t;
   }
 
+  // Formats: each layer's rows in its dtype (kv_quant.h); kAuto is float32. int4 rows hold the
+  // Hadamard-rotated K and V unless the format says otherwise (Attention rotates q and its output).
+  Status SetKvFormat(const KvFormat& format, int32_t head_dim) override {
+    if (!kv_.empty()) return Status::Error("SetKvFormat after AllocateKvPool");
+    KvFormat own = format;
+    for (size_t l = 0; l < own.layers.size(); ++l) {
+      KvDType& t = own.layers[l];
+      if (t == KvDType::kAuto) t = KvDType::kF32;
+      if (std::string why = KvHeadDimUnsupported(t, head_dim); !why.empty())
+        return Status::Error("--kv-cache-dtype " + std::string(KvDTypeName(t)) + " (layer " +
+                             std::to_string(l) + "): " + why);
+    }
+    kv_format_ = std::move(own);
+    return Status::Ok();
+  }
+  int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override {
+    if (kv_format_.layers.empty()) return Backend::KvTokenBytes(num_layers, num_kv_heads, head_dim);
+    CHECK_EQ(static_cast<int32_t>(kv_format_.layers.size()), num_layers);
+    int64_t bytes = 0;
+    for (KvDType t : kv_format_.layers) bytes += 2 * num_kv_heads * KvRowBytes(t, head_dim);
+    return bytes;
+  }
+  std::string KvFormatText(int32_t /*head_dim*/) const override {
+    return kv_format_.layers.empty() ? "f32" : kv_format_.Describe();
+  }
+
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override {
     if (!kv_.empty()) return Status::Error("the KV pool is already allocated");
     if (num_blocks <= 0 || block_size <= 0) return Status::Error("KV pool needs positive num_blocks and block_size");
+    if (kv_format_.layers.empty()) kv_format_.layers.assign(static_cast<size_t>(num_layers), KvDType::kF32);
+    if (static_cast<int32_t>(kv_format_.layers.size()) != num_layers)
+      return Status::Error("the KV format has " + std::to_string(kv_format_.layers.size()) +
+                           " layers, the pool " + std::to_string(num_layers));
     num_blocks_ = num_blocks;
     block_size_ = block_size;
     kv_heads_ = num_kv_heads;
     kv_head_dim_ = head_dim;
-    const size_t per = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim;
     for (int32_t l = 0; l < 2 * num_layers; ++l) {
-      kv_.push_back(std::make_unique<KvBuffer>(per));
+      kv_.push_back(std::make_unique<KvBuffer>(static_cast<size_t>(num_blocks * KvLayerBlockBytes(l / 2))));
       if (kv_.back()->get() == nullptr) return Status::Error("out of memory allocating the KV pool");
     }
     return Status::Ok();
@@ -241,24 +272,30 @@ class CpuBackend final : public Backend {
   }
 
   int64_t KvBlockBytes() const override {
-    return static_cast<int64_t>(kv_.size()) * KvBlockFloats() * static_cast<int64_t>(sizeof(float));
+    int64_t bytes = 0;
+    for (size_t t = 0; t < kv_.size(); ++t) bytes += KvTensorBlockBytes(t);
+    return bytes;
   }
 
   Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override {
     EMBER_RETURN_IF_ERROR(CheckKvBlockCopy(block_id, out.size()));
-    const size_t n = static_cast<size_t>(KvBlockFloats());
-    for (size_t t = 0; t < kv_.size(); ++t)  // layer-major, K then V
-      std::memcpy(out.data() + t * n * sizeof(float), kv_[t]->get() + block_id * n,
-                  n * sizeof(float));
+    size_t at = 0;
+    for (size_t t = 0; t < kv_.size(); ++t) {  // layer-major, K then V
+      const size_t n = static_cast<size_t>(KvTensorBlockBytes(t));
+      std::memcpy(out.data() + at, kv_[t]->get() + block_id * n, n);
+      at += n;
+    }
     return Status::Ok();
   }
 
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
     EMBER_RETURN_IF_ERROR(CheckKvBlockCopy(block_id, in.size()));
-    const size_t n = static_cast<size_t>(KvBlockFloats());
-    for (size_t t = 0; t < kv_.size(); ++t)
-      std::memcpy(kv_[t]->get() + block_id * n, in.data() + t * n * sizeof(float),
-                  n * sizeof(float));
+    size_t at = 0;
+    for (size_t t = 0; t < kv_.size(); ++t) {
+      const size_t n = static_cast<size_t>(KvTensorBlockBytes(t));
+      std::memcpy(kv_[t]->get() + block_id * n, in.data() + at, n);
+      at += n;
+    }
     return Status::Ok();
   }
 
@@ -394,16 +431,30 @@ class CpuBackend final : public Backend {
   void WriteKv(int32_t layer, const Tensor& k, const Tensor& v) override {
     CHECK(!latent_) << "WriteKv into the latent (MLA) pool";
     const int64_t n = plan_->num_tokens();
-    const int64_t width = static_cast<int64_t>(kv_heads_) * kv_head_dim_;
+    const int32_t hd = kv_head_dim_;
+    const int64_t width = static_cast<int64_t>(kv_heads_) * hd;
     CHECK_EQ(k.numel(), n * width);
     CHECK_EQ(v.numel(), n * width);
-    float* kc = kv_[static_cast<size_t>(2 * layer)]->get();
-    float* vc = kv_[static_cast<size_t>(2 * layer + 1)]->get();
+    const KvDType dtype = kv_format_.layers[static_cast<size_t>(layer)];
+    const int64_t row_bytes = KvRowBytes(dtype, hd);
+    const bool rotate = KvRotates(layer);
+    std::vector<float> rotated(rotate ? static_cast<size_t>(hd) : 0);
+    const float* src[2] = {F(k), F(v)};
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = plan_->slot_mapping[static_cast<size_t>(i)];
       CHECK(slot >= 0 && slot < static_cast<int64_t>(num_blocks_) * block_size_);
-      std::memcpy(kc + slot * width, F(k) + i * width, static_cast<size_t>(width) * 4);
-      std::memcpy(vc + slot * width, F(v) + i * width, static_cast<size_t>(width) * 4);
+      for (int kv = 0; kv < 2; ++kv) {
+        uint8_t* pool = kv_[static_cast<size_t>(2 * layer + kv)]->get();
+        for (int64_t h = 0; h < kv_heads_; ++h) {
+          const float* x = src[kv] + i * width + h * hd;
+          if (rotate) {
+            std::copy(x, x + hd, rotated.begin());
+            HadamardRotate(rotated.data(), hd);
+            x = rotated.data();
+          }
+          QuantizeKvRow(dtype, x, hd, pool + KvRowOffset(dtype, row_bytes, slot, h));
+        }
+      }
     }
   }
 
@@ -589,9 +640,29 @@ class CpuBackend final : public Backend {
   size_t next_buffer_ = 0;
   std::vector<CpuRope> ropes_;
   std::vector<float> host_buffer_;  // HostBuffer
-  // Floats of one block in one layer's K (or V) tensor.
-  int64_t KvBlockFloats() const {
-    return static_cast<int64_t>(block_size_) * kv_heads_ * kv_head_dim_;
+  // Bytes of one block in `layer`'s K (or V) tensor: [block_size, kv_heads] rows of its dtype.
+  int64_t KvLayerBlockBytes(int32_t layer) const {
+    return static_cast<int64_t>(block_size_) * kv_heads_ *
+           KvRowBytes(kv_format_.layers[static_cast<size_t>(layer)], kv_head_dim_);
+  }
+  // Bytes of one block in the pool's tensor t (K or V of layer t / 2; the latent pool: layer t's
+  // float32 [block_size, latent + rope] rows).
+  int64_t KvTensorBlockBytes(size_t t) const {
+    if (latent_) return static_cast<int64_t>(block_size_) * kv_head_dim_ * int64_t{sizeof(float)};
+    return KvLayerBlockBytes(static_cast<int32_t>(t / 2));
+  }
+  // Where the row of (slot, KV head) starts in a layer's K or V buffer. float32 layers are
+  // token-major ([blocks, block_size, kv_heads] rows: a token's heads side by side); the other
+  // dtypes head-major within a block ([blocks, kv_heads, block_size] rows), so the rows one
+  // attention item reads from a block are contiguous (streamed, not strided, when dequantized).
+  int64_t KvRowOffset(KvDType dtype, int64_t row_bytes, int64_t slot, int64_t head) const {
+    if (dtype == KvDType::kF32) return (slot * kv_heads_ + head) * row_bytes;
+    const int64_t block = slot / block_size_, offset = slot % block_size_;
+    return ((block * kv_heads_ + head) * block_size_ + offset) * row_bytes;
+  }
+  // Whether `layer`'s rows hold H k and H v (int4 with rotation; kv_quant.h).
+  bool KvRotates(int32_t layer) const {
+    return kv_format_.rotate_int4 && kv_format_.layers[static_cast<size_t>(layer)] == KvDType::kInt4;
   }
   Status CheckKvBlockCopy(int32_t block_id, size_t bytes) const {
     if (kv_.empty()) return Status::Error("KV block copy before AllocateKvPool");
@@ -599,10 +670,12 @@ class CpuBackend final : public Backend {
     CHECK_EQ(static_cast<int64_t>(bytes), KvBlockBytes());
     return Status::Ok();
   }
-  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads, head_dim]; latent_ (MLA):
-  // [layer] each [blocks, block_size, 1, latent + rope dims].
+  // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads] rows of the layer's dtype
+  // (quantized dtypes: [blocks, kv_heads, block_size]; KvRowOffset); latent_ (MLA): [layer] each
+  // [blocks, block_size, 1, latent + rope dims] of float32.
   std::vector<std::unique_ptr<KvBuffer>> kv_;
   bool latent_ = false;
+  KvFormat kv_format_;  // SetKvFormat's, kAuto as kF32; all f32 when it was never called
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
@@ -734,9 +807,14 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const int64_t group = p.num_heads / p.num_kv_heads;
   CHECK(group >= 1 && group <= kMaxGroup && group * p.num_kv_heads == p.num_heads)
       << p.num_heads << " query heads over " << p.num_kv_heads << " KV heads";
-  const int64_t kv_width = static_cast<int64_t>(kv_heads_) * hd;
-  const float* kc = kv_[static_cast<size_t>(2 * p.layer)]->get();
-  const float* vc = kv_[static_cast<size_t>(2 * p.layer + 1)]->get();
+  // The layer's rows: float32 ones are read in place; other dtypes are dequantized
+  // (cpu/kv_dequant.h, kv_quant.h's values) a key block of one KV head at a time into per-thread scratch that every head of the group
+  // then reads from L1 (no separate pass over the cache, no float copy of it).
+  const KvDType dtype = kv_format_.layers[static_cast<size_t>(p.layer)];
+  const bool rotated = KvRotates(p.layer);
+  const int64_t row_bytes = KvRowBytes(dtype, static_cast<int32_t>(hd));
+  const uint8_t* kc = kv_[static_cast<size_t>(2 * p.layer)]->get();
+  const uint8_t* vc = kv_[static_cast<size_t>(2 * p.layer + 1)]->get();
   const float* qd = F(q);
   float* od = F(out);
   const float* sinks = p.sinks == nullptr ? nullptr : F(*p.sinks);
@@ -756,30 +834,55 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
   const int64_t items = static_cast<int64_t>(plan.num_tokens()) * p.num_kv_heads;
   int64_t max_ctx = 1;
   for (const SequenceSlice& s : plan.seqs) max_ctx = std::max<int64_t>(max_ctx, s.context_len);
-  // Per-thread scratch: scores [group][max_ctx], then acc [group][hd].
+  // Per-thread scratch: scores [group][max_ctx], acc [group][hd], then (rotated rows) the
+  // rotated queries [group][hd] and (a dtype other than f32) a dequantized key block [kKeyBlock][hd].
   std::vector<std::vector<float>> scratch(static_cast<size_t>(pool_->num_threads()));
+  const int64_t scratch_floats = group * (max_ctx + hd) + (rotated ? group * hd : 0) +
+                                 (dtype != KvDType::kF32 ? kKeyBlock * hd : 0);
   pool_->ParallelFor(
       items,
       [&](int64_t item, int thread_idx) {
         std::vector<float>& buffer = scratch[static_cast<size_t>(thread_idx)];
-        if (buffer.empty()) buffer.resize(static_cast<size_t>(group * (max_ctx + hd)));
+        if (buffer.empty()) buffer.resize(static_cast<size_t>(scratch_floats));
         const int64_t row = item / p.num_kv_heads, kvh = item % p.num_kv_heads;
         const SequenceSlice& s = plan.seqs[row_seq[static_cast<size_t>(row)]];
         const int32_t* blocks = plan.block_tables.data() + s.block_table_start;
         const int64_t pos = plan.positions[static_cast<size_t>(row)];
         const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
         const int64_t len = pos + 1 - first;
-        auto query = [&](int64_t g) { return qd + (row * p.num_heads + kvh * group + g) * hd; };
         auto scores = [&](int64_t g) { return buffer.data() + g * max_ctx; };  // [len]
         auto accum = [&](int64_t g) { return buffer.data() + group * max_ctx + g * hd; };
+        float* const extra = buffer.data() + group * (max_ctx + hd);
+        float* const rotated_q = extra;                            // [group][hd] when rotated
+        float* const tile = extra + (rotated ? group * hd : 0);    // [kKeyBlock][hd]
+        auto query = [&](int64_t g) -> const float* {
+          const float* q0 = qd + (row * p.num_heads + kvh * group + g) * hd;
+          return rotated ? rotated_q + g * hd : q0;
+        };
+        if (rotated) {  // (H q) . (H k) = q . k
+          for (int64_t g = 0; g < group; ++g) {
+            std::memcpy(rotated_q + g * hd, qd + (row * p.num_heads + kvh * group + g) * hd,
+                        static_cast<size_t>(hd) * 4);
+            HadamardRotate(rotated_q + g * hd, static_cast<int32_t>(hd));
+          }
+        }
         auto slot = [&](int64_t t) {
           return static_cast<int64_t>(blocks[t / block_size_]) * block_size_ + t % block_size_;
         };
         // The block's K (or V) rows of this KV head, located once for all heads of the group
         // (the block-table lookup divides by the block size).
         const float* rows[kKeyBlock];
-        auto locate = [&](const float* pool, int64_t b0, int64_t b1) {
-          for (int64_t t = b0; t < b1; ++t) rows[t - b0] = pool + slot(t) * kv_width + kvh * hd;
+        auto locate = [&](const uint8_t* pool, int64_t b0, int64_t b1) {
+          for (int64_t t = b0; t < b1; ++t) {
+            const uint8_t* at = pool + KvRowOffset(dtype, row_bytes, slot(t), kvh);
+            if (dtype == KvDType::kF32) {
+              rows[t - b0] = reinterpret_cast<const float*>(at);
+            } else {
+              float* dst = tile + (t - b0) * hd;
+              cpu::DequantizeKvRowFast(dtype, at, static_cast<int32_t>(hd), dst);
+              rows[t - b0] = dst;
+            }
+          }
         };
         // q . k before scaling.
         for (int64_t b0 = first; b0 <= pos; b0 += kKeyBlock) {
@@ -840,9 +943,12 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
             }
           }
         }
-        for (int64_t g = 0; g < group; ++g)
+        for (int64_t g = 0; g < group; ++g) {
+          // Rotated values: sum w_t H v_t = H (sum w_t v_t), and H undoes H.
+          if (rotated) HadamardRotate(accum(g), static_cast<int32_t>(hd));
           std::memcpy(od + (row * p.num_heads + kvh * group + g) * hd, accum(g),
                       static_cast<size_t>(hd) * 4);
+        }
       },
       ThreadsFor(items * group * max_ctx * hd));
 }

@@ -1,6 +1,8 @@
 // CPU backend ops against independent double-precision references: gpt_oss's mixture of experts
 // (router bias, expert biases, clamped SwiGLU, softmax over the top k logits) and attention with
-// sinks (decode and prefill rows, with and without a sliding window).
+// sinks (decode and prefill rows, with and without a sliding window); attention over each
+// quantized KV dtype (kv_quant.h) against float32 attention and against float32 attention over
+// the dequantized rows, and block copies of a quantized pool.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kv_dequant.h"
+#include "backend/kv_quant.h"
 
 namespace ember {
 namespace {
@@ -194,6 +198,145 @@ TEST(CpuOpsTest, AttentionWithSinksMatchesReference) {
       for (size_t i = 0; i < want.size(); ++i)
         ASSERT_NEAR(o[i], want[i], 1e-5 + 1e-5 * std::abs(want[i]))
             << "window " << window << " rows " << rows << " element " << i;
+    }
+  }
+}
+
+
+// One layer's attention (all rows of a `ctx`-token sequence, or only its last row) with the
+// pool in `dtype`; k and v are written first by a prefill of every position.
+std::vector<float> QuantAttention(KvDType dtype, bool rotate, int32_t hd, const std::vector<float>& q,
+                                  const std::vector<float>& k, const std::vector<float>& v,
+                                  int32_t rows) {
+  const int32_t heads = 8, kv_heads = 2, ctx = 150, block = 16, blocks = 10;
+  auto be = MakeCpuBackend({});
+  KvFormat format;
+  format.layers = {dtype};
+  format.rotate_int4 = rotate;
+  CHECK(be->SetKvFormat(format, hd).ok());
+  CHECK(be->AllocateKvPool(1, blocks, block, kv_heads, hd).ok());
+  std::vector<int32_t> table(blocks);
+  for (int32_t b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = blocks - 1 - b;  // scattered
+  BatchPlan fill;
+  fill.block_size = block;
+  fill.AddSequence(std::vector<int32_t>(ctx, 1), 0, table, false);
+  CHECK(be->BeginStep(fill).ok());
+  Tensor kt = be->Alloc({ctx, kv_heads, hd}), vt = be->Alloc({ctx, kv_heads, hd});
+  std::memcpy(kt.data, k.data(), k.size() * 4);
+  std::memcpy(vt.data, v.data(), v.size() * 4);
+  be->WriteKv(0, kt, vt);
+  const int32_t first = ctx - rows;
+  BatchPlan plan;
+  plan.block_size = block;
+  plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(rows), 1), first, table, false);
+  CHECK(be->BeginStep(plan).ok());
+  Tensor qt = be->Alloc({rows, heads, hd}), out = be->Alloc({rows, heads * hd});
+  std::memcpy(qt.data, q.data() + static_cast<size_t>(first) * heads * hd,
+              static_cast<size_t>(rows) * heads * hd * 4);
+  AttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  be->Attention(p, qt, out);
+  const float* o = static_cast<const float*>(out.data);
+  return std::vector<float>(o, o + rows * heads * hd);
+}
+
+// rows [n, hd] through the dtype's round trip (rotated and back for rotated int4).
+std::vector<float> Dequantized(KvDType dtype, bool rotate, int32_t hd, std::vector<float> x) {
+  std::vector<uint8_t> row(static_cast<size_t>(KvRowBytes(dtype, hd)));
+  for (size_t at = 0; at < x.size(); at += static_cast<size_t>(hd)) {
+    if (rotate) HadamardRotate(x.data() + at, hd);
+    QuantizeKvRow(dtype, x.data() + at, hd, row.data());
+    DequantizeKvRow(dtype, row.data(), hd, x.data() + at);
+    if (rotate) HadamardRotate(x.data() + at, hd);
+  }
+  return x;
+}
+
+double RelRms(const std::vector<float>& got, const std::vector<float>& want) {
+  std::vector<double> w(want.begin(), want.end());
+  return RelErr(got, w);
+}
+
+TEST(CpuOpsTest, QuantizedKvAttentionWithinToleranceOfF32) {
+  struct Case {
+    KvDType dtype;
+    bool rotate;
+    double tolerance;  // relative RMS error of the outputs vs float32 KV
+  };
+  const Case cases[] = {{KvDType::kBF16, false, 0.01}, {KvDType::kF16, false, 0.002},
+                        {KvDType::kInt8, false, 0.02}, {KvDType::kFP8, false, 0.06},
+                        {KvDType::kInt4, true, 0.2},   {KvDType::kInt4, false, 0.25}};
+  for (int32_t hd : {16, 64}) {
+    const int32_t heads = 8, kv_heads = 2, ctx = 150;
+    const std::vector<float> q = Random(static_cast<size_t>(ctx * heads * hd), 11, 1.0f);
+    std::vector<float> k = Random(static_cast<size_t>(ctx * kv_heads * hd), 12, 1.0f);
+    const std::vector<float> v = Random(static_cast<size_t>(ctx * kv_heads * hd), 13, 1.0f);
+    for (size_t i = 3; i < k.size(); i += static_cast<size_t>(hd)) k[i] *= 8.0f;  // an outlier channel
+    for (int32_t rows : {ctx, 1}) {
+      const std::vector<float> f32 = QuantAttention(KvDType::kF32, true, hd, q, k, v, rows);
+      for (const Case& c : cases) {
+        const std::string what = std::string(KvDTypeName(c.dtype)) + (c.rotate ? "" : " unrotated") +
+                                 " hd " + std::to_string(hd) + " rows " + std::to_string(rows);
+        const std::vector<float> got = QuantAttention(c.dtype, c.rotate, hd, q, k, v, rows);
+        EXPECT_LT(RelRms(got, f32), c.tolerance) << what;
+        EXPECT_GT(RelRms(got, f32), 0.0) << what << ": nothing was quantized";
+        // The kernel reads exactly the stored values: float32 attention over the dequantized
+        // rows gives the same outputs up to float rounding (rotation: the sums' order).
+        const bool rot = c.rotate && c.dtype == KvDType::kInt4;
+        const std::vector<float> ref =
+            QuantAttention(KvDType::kF32, true, hd, q, Dequantized(c.dtype, rot, hd, k),
+                           Dequantized(c.dtype, rot, hd, v), rows);
+        EXPECT_LT(RelRms(got, ref), rot ? 1e-5 : 1e-6) << what;
+      }
+    }
+  }
+}
+
+TEST(CpuOpsTest, QuantizedKvBlockCopiesAndSizes) {
+  const int32_t hd = 32, kv_heads = 2, block = 16;
+  auto be = MakeCpuBackend({});
+  KvFormat format;
+  format.layers = {KvDType::kBF16, KvDType::kInt8, KvDType::kInt4};
+  ASSERT_TRUE(be->SetKvFormat(format, hd).ok());
+  EXPECT_EQ(be->KvTokenBytes(3, kv_heads, hd), 2 * kv_heads * (2 * hd + (hd + 4) + (hd / 2 + 2)));
+  EXPECT_EQ(be->KvFormatText(hd), "bf16 (layers 0), int8 (1), int4 (2)");
+  ASSERT_TRUE(be->AllocateKvPool(3, 4, block, kv_heads, hd).ok());
+  EXPECT_EQ(be->KvBlockBytes(), block * be->KvTokenBytes(3, kv_heads, hd));
+  std::vector<uint8_t> bytes(static_cast<size_t>(be->KvBlockBytes()));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_TRUE(be->CopyKvBlockFromHost(2, bytes).ok());
+  std::vector<uint8_t> back(bytes.size());
+  ASSERT_TRUE(be->CopyKvBlockToHost(2, back).ok());
+  EXPECT_EQ(back, bytes);
+  auto other = MakeCpuBackend({});
+  format.layers = {KvDType::kInt4};
+  const Status st = other->SetKvFormat(format, 48);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--kv-cache-dtype int4"), std::string::npos) << st.message();
+}
+
+// The attention's AVX2 reader gives DequantizeKvRow's bits for every dtype and head dim (random
+// rows quantized by the reference, and every FP8 byte).
+TEST(CpuOpsTest, FastKvDequantEqualsTheReference) {
+  for (KvDType t : {KvDType::kF32, KvDType::kBF16, KvDType::kF16, KvDType::kInt8, KvDType::kFP8,
+                    KvDType::kInt4}) {
+    for (int32_t hd : {8, 16, 24, 32, 64, 128, 12}) {
+      if (!KvHeadDimUnsupported(t, hd).empty()) continue;
+      for (uint32_t seed = 0; seed < 20; ++seed) {
+        const std::vector<float> x = Random(static_cast<size_t>(hd), seed + 100, 3.0f);
+        std::vector<uint8_t> row(static_cast<size_t>(KvRowBytes(t, hd)));
+        QuantizeKvRow(t, x.data(), hd, row.data());
+        if (t == KvDType::kFP8)
+          for (int32_t j = 0; j < hd; ++j) row[static_cast<size_t>(j)] = static_cast<uint8_t>(seed * 13 + j * 7);
+        std::vector<float> want(static_cast<size_t>(hd)), got(static_cast<size_t>(hd));
+        DequantizeKvRow(t, row.data(), hd, want.data());
+        cpu::DequantizeKvRowFast(t, row.data(), hd, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << KvDTypeName(t) << " hd " << hd << " seed " << seed;
+      }
     }
   }
 }

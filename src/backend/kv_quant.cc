@@ -1,0 +1,194 @@
+#include "backend/kv_quant.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "util/half.h"
+#include "util/check.h"
+
+namespace ember {
+namespace {
+
+// Every E4M3 byte's value (0x7f and 0xff are NaN).
+const std::array<float, 256>& Fp8Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+      const int exp = (b >> 3) & 0xf, mant = b & 7;
+      float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)
+                         : std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+      if ((b & 0x7f) == 0x7f) v = NAN;
+      t[static_cast<size_t>(b)] = (b & 0x80) != 0 ? -v : v;
+    }
+    return t;
+  }();
+  return table;
+}
+
+float AbsMax(const float* x, int32_t n) {
+  float m = 0.0f;
+  for (int32_t j = 0; j < n; ++j) m = std::max(m, std::abs(x[j]));
+  return m;
+}
+
+void PutScale(uint8_t* at, float s) { std::memcpy(at, &s, sizeof(s)); }
+float GetScale(const uint8_t* at) {
+  float s;
+  std::memcpy(&s, at, sizeof(s));
+  return s;
+}
+
+}  // namespace
+
+int32_t KvInt4Group(int32_t head_dim) { return std::min(head_dim, 32); }
+
+int64_t KvRowBytes(KvDType dtype, int32_t head_dim) {
+  switch (dtype) {
+    case KvDType::kF32: return 4LL * head_dim;
+    case KvDType::kBF16:
+    case KvDType::kF16: return 2LL * head_dim;
+    case KvDType::kInt8:
+    case KvDType::kFP8: return head_dim + 4LL;
+    case KvDType::kInt4: return head_dim / 2 + 2LL * (head_dim / KvInt4Group(head_dim));
+    case KvDType::kAuto: break;
+  }
+  CHECK(false) << "KvRowBytes of " << KvDTypeName(dtype);
+  return 0;
+}
+
+std::string KvHeadDimUnsupported(KvDType dtype, int32_t head_dim) {
+  if (dtype == KvDType::kInt4 && (head_dim < 8 || !std::has_single_bit(static_cast<uint32_t>(head_dim))))
+    return "int4 KV rows need a power-of-two head_dim >= 8 (the Hadamard rotation), got " +
+           std::to_string(head_dim);
+  return "";
+}
+
+uint8_t FloatToFp8E4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7f;
+  const float a = std::abs(x);
+  if (a >= 448.0f) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormal, unit 2^-9 (8 rounds up to 2^-6, encoded 0x08)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int e = 0;
+  const float fr = std::frexp(a, &e);  // a = fr 2^e, fr in [0.5, 1)
+  int mant = static_cast<int>(std::nearbyint((fr * 2.0f - 1.0f) * 8.0f));
+  int exp = e - 1 + 7;
+  if (mant == 8) {
+    mant = 0;
+    ++exp;
+  }
+  return sign | static_cast<uint8_t>(exp << 3 | mant);
+}
+
+float Fp8E4m3ToFloat(uint8_t bits) { return Fp8Table()[bits]; }
+const float* Fp8E4m3Table() { return Fp8Table().data(); }
+
+void QuantizeKvRow(KvDType dtype, const float* x, int32_t hd, uint8_t* out) {
+  switch (dtype) {
+    case KvDType::kF32: std::memcpy(out, x, 4 * static_cast<size_t>(hd)); return;
+    case KvDType::kBF16:
+    case KvDType::kF16: {
+      for (int32_t j = 0; j < hd; ++j) {
+        const uint16_t h = dtype == KvDType::kBF16 ? F32ToBf16(x[j]) : F32ToF16(x[j]);
+        std::memcpy(out + 2 * j, &h, 2);
+      }
+      return;
+    }
+    case KvDType::kInt8: {
+      const float s = AbsMax(x, hd) / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+      for (int32_t j = 0; j < hd; ++j)
+        out[j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(x[j] * inv), -127.0f, 127.0f)));
+      PutScale(out + hd, s);
+      return;
+    }
+    case KvDType::kFP8: {
+      const float s = AbsMax(x, hd) / 448.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+      for (int32_t j = 0; j < hd; ++j) out[j] = FloatToFp8E4m3(x[j] * inv);
+      PutScale(out + hd, s);
+      return;
+    }
+    case KvDType::kInt4: {
+      const int32_t group = KvInt4Group(hd);
+      uint8_t* scales = out + hd / 2;
+      std::memset(out, 0, static_cast<size_t>(hd / 2));
+      for (int32_t g = 0; g < hd / group; ++g) {
+        const float* v = x + g * group;
+        const uint16_t dh = F32ToF16(std::min(AbsMax(v, group) / 7.0f, 65504.0f));
+        std::memcpy(scales + 2 * g, &dh, 2);
+        const float d = F16ToF32(dh), inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int32_t j = 0; j < group; ++j) {
+          const int q = static_cast<int>(std::clamp(std::nearbyint(v[j] * inv), -7.0f, 7.0f)) + 8;
+          const int32_t at = g * group + j;
+          out[at / 2] |= static_cast<uint8_t>(at % 2 == 0 ? q : q << 4);
+        }
+      }
+      return;
+    }
+    case KvDType::kAuto: break;
+  }
+  CHECK(false) << "QuantizeKvRow of " << KvDTypeName(dtype);
+}
+
+void DequantizeKvRow(KvDType dtype, const uint8_t* in, int32_t hd, float* out) {
+  switch (dtype) {
+    case KvDType::kF32: std::memcpy(out, in, 4 * static_cast<size_t>(hd)); return;
+    case KvDType::kBF16:
+    case KvDType::kF16: {
+      for (int32_t j = 0; j < hd; ++j) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * j, 2);
+        out[j] = dtype == KvDType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+      }
+      return;
+    }
+    case KvDType::kInt8: {
+      const float s = GetScale(in + hd);
+      const int8_t* q = reinterpret_cast<const int8_t*>(in);
+      for (int32_t j = 0; j < hd; ++j) out[j] = static_cast<float>(q[j]) * s;
+      return;
+    }
+    case KvDType::kFP8: {
+      const float s = GetScale(in + hd);
+      const std::array<float, 256>& table = Fp8Table();
+      for (int32_t j = 0; j < hd; ++j) out[j] = table[in[j]] * s;
+      return;
+    }
+    case KvDType::kInt4: {
+      const int32_t group = KvInt4Group(hd);
+      const uint8_t* scales = in + hd / 2;
+      for (int32_t g = 0; g < hd / group; ++g) {
+        uint16_t dh;
+        std::memcpy(&dh, scales + 2 * g, 2);
+        const float d = F16ToF32(dh);
+        for (int32_t j = g * group; j < (g + 1) * group; j += 2) {
+          const uint8_t b = in[j / 2];
+          out[j] = static_cast<float>((b & 0xf) - 8) * d;
+          out[j + 1] = static_cast<float>((b >> 4) - 8) * d;
+        }
+      }
+      return;
+    }
+    case KvDType::kAuto: break;
+  }
+  CHECK(false) << "DequantizeKvRow of " << KvDTypeName(dtype);
+}
+
+void HadamardRotate(float* x, int32_t n) {
+  CHECK(n > 0 && std::has_single_bit(static_cast<uint32_t>(n))) << "Hadamard of " << n;
+  for (int32_t h = 1; h < n; h *= 2)
+    for (int32_t i = 0; i < n; i += 2 * h)
+      for (int32_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int32_t j = 0; j < n; ++j) x[j] *= norm;
+}
+
+}  // namespace ember
