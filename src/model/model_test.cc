@@ -151,7 +151,8 @@ TEST_P(ParityTest, LogitsAndGreedyMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                          ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
                                                               "qwen3_moe", "gpt_oss", "mistral",
-                                                              "phi3", "gemma2", "gemma3"),
+                                                              "phi3", "gemma2", "gemma3",
+                                                              "qwen3_next"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
