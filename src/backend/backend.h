@@ -283,8 +283,9 @@ class Backend {
   // model (each op takes its offset). An op zeroes its part of a sequence's state before the
   // sequence's rows when they start at position 0 (context_len == query_len): a sequence that
   // starts over (new, or preempted and recomputed) starts from the zero state; a later chunk
-  // continues from the state its previous chunk left. The defaults return an error naming the
-  // backend (it has no such layers) ----
+  // continues from the state its previous chunk left. Sequences of one plan may share a slot
+  // (padding rows): they run in plan order. The defaults return an error naming the backend (it
+  // has no such layers) ----
   // Why this backend cannot run recurrent layers ("" when it can; refused at load).
   virtual std::string RecurrentUnsupported() const;
   // Called once, before the first step of a model with recurrent layers.

@@ -91,6 +91,10 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
     postprocessor_.set_prompt_tier(tier_.get());
     counters_.prompt_cache = tier_->Stats();
   }
+  if (model->has_recurrent_state()) {
+    state_slots_ = std::make_unique<StateSlots>(config_.max_running);
+    scheduler_.set_state_slots(state_slots_.get());
+  }
   counters_.kv_blocks_total = num_blocks_;
   counters_.block_size = config_.block_size;
   published_ = counters_;

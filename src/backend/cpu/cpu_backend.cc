@@ -598,6 +598,14 @@ class CpuBackend final : public Backend {
   std::vector<float> state_;
   int32_t state_slots_ = 0;
   int64_t state_floats_ = 0;
+  // Threads for a recurrent op's sequences: one (plan order) when two of them share a slot
+  // (padding rows share the scratch slot), else the pool.
+  int ThreadsForSlots() const {
+    std::vector<int32_t> slots;
+    for (const SequenceSlice& s : plan_->seqs) slots.push_back(s.state_slot);
+    std::sort(slots.begin(), slots.end());
+    return std::adjacent_find(slots.begin(), slots.end()) != slots.end() ? 1 : num_threads_;
+  }
   float* SlotState(int32_t slot) {
     CHECK(slot >= 0 && slot < state_slots_) << "state slot " << slot << " of " << state_slots_;
     return state_.data() + static_cast<size_t>(slot) * static_cast<size_t>(state_floats_);
@@ -619,7 +627,7 @@ Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t stat
     if (s.context_len == s.query_len) std::fill(win, win + window, 0.0f);
     cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start} * channels, s.query_len, channels,
                               F(weight), kernel, win);
-  });
+  }, ThreadsForSlots());
   return Status::Ok();
 }
 
@@ -641,7 +649,7 @@ Status CpuBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, 
     cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(), F(ba) + first * ba.cols(),
                             F(*p.a_log), F(*p.dt_bias), s.query_len, state,
                             F(out) + first * out.cols());
-  });
+  }, ThreadsForSlots());
   return Status::Ok();
 }
 
