@@ -167,6 +167,7 @@ TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
 // The same on the CUDA backend in bf16 mode with --batch-invariant on, where a GPU exists.
 TEST_P(BatchInvarianceTest, OnCuda) {
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  if (GetParam() == "qwen3_next") GTEST_SKIP() << "qwen3_next is not supported on the CUDA backend yet";
   EMBER_REQUIRE_DIR(ModelDir(GetParam()));
   CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCuda);
 }

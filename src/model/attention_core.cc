@@ -33,6 +33,11 @@ int64_t DecoderActivationBytesPerRow(const ModelConfig& c) {
   if (c.num_experts > 0)
     floats += d + c.num_experts +
               int64_t{c.num_experts_per_tok} * (c.moe_intermediate_size + d + 4);
+  if (c.linear.num_value_heads > 0) {  // qwen3_next: the q gate, DeltaNet and shared-expert rows
+    const int64_t v_width = int64_t{c.linear.num_value_heads} * c.linear.value_head_dim;
+    floats += q_dim + c.linear.conv_dim() + 2 * v_width + 2 * c.linear.num_value_heads + d + 1 +
+              3 * c.shared_expert_intermediate_size;
+  }
   return 4 * floats;
 }
 
