@@ -148,15 +148,12 @@ std::string ShapeString(const Tensor& t) {
   return os.str();
 }
 
-// ---- recurrent layers: a backend without them refuses (Model::Load asks RecurrentUnsupported) ----
+// ---- recurrent layers: a backend without them refuses (Model::Load asks RecurrentUnsupported)
 std::string Backend::RecurrentUnsupported() const {
   return "gated DeltaNet linear attention is not supported on the " + name() + " backend yet";
 }
 Status Backend::AllocateStateSlots(int32_t, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (AllocateStateSlots)");
-}
-Status Backend::CopyStateSlot(int32_t, int32_t) {
-  return Status::Error(RecurrentUnsupported() + " (CopyStateSlot)");
 }
 Status Backend::CausalConv1dSilu(Tensor, const Tensor&, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (CausalConv1dSilu)");

@@ -290,8 +290,6 @@ class Backend {
   virtual std::string RecurrentUnsupported() const;
   // Called once, before the first step of a model with recurrent layers.
   virtual Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot);
-  // Copies slot `from`'s state into slot `to` (after every op enqueued so far).
-  virtual Status CopyStateSlot(int32_t from, int32_t to);
   // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
   // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
   // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.
@@ -300,7 +298,8 @@ class Backend {
   // The gated delta rule, token by token per sequence and value head h (key head kh):
   //   q = l2norm(q_kh) / sqrt(k_head_dim), k = l2norm(k_kh)   (x / sqrt(sum x^2 + 1e-6))
   //   g = -exp(a_log[h]) * softplus(a[h] + dt_bias[h]),  beta = sigmoid(b[h])
-  //   S = S * exp(g);  S += k (beta (v_h - S^T k))^T;  out_h = S^T q      (S [k_head_dim, v_head_dim])
+  //   S = S * exp(g);  S += k (beta (v_h - S^T k))^T;  out_h = S^T q
+  // (S [k_head_dim, v_head_dim], per sequence and value head, in its state slot).
   // qkv [num_tokens, 2 * num_k_heads * k_head_dim + num_v_heads * v_head_dim] (q, k, v heads
   // concatenated, the conv's output), ba [num_tokens, 2 * num_v_heads] (b then a),
   // out [num_tokens, num_v_heads * v_head_dim].

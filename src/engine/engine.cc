@@ -96,6 +96,8 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
     scheduler_.set_state_slots(state_slots_.get());
   }
   counters_.kv_blocks_total = num_blocks_;
+  counters_.prefix_caching = config_.enable_prefix_caching;
+  counters_.recurrent_state_bytes = sizing.state_bytes;
   counters_.block_size = config_.block_size;
   published_ = counters_;
   thread_ = std::thread([this] { Loop(); });

@@ -167,7 +167,8 @@ TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
 // The same on the CUDA backend in bf16 mode with --batch-invariant on, where a GPU exists.
 TEST_P(BatchInvarianceTest, OnCuda) {
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
-  if (GetParam() == "qwen3_next") GTEST_SKIP() << "qwen3_next is not supported on the CUDA backend yet";
+  if (GetParam() == "qwen3_next")
+    GTEST_SKIP() << "qwen3_next is not supported on the CUDA backend yet";
   EMBER_REQUIRE_DIR(ModelDir(GetParam()));
   CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCuda);
 }
@@ -192,10 +193,12 @@ TEST(HybridModelTest, GoldenGreedyThroughTheEngine) {
   std::vector<std::vector<int32_t>> expected;
   for (auto& [name, want] : golden["greedy"].items()) {  // all at once: batched
     expected.push_back(want.get<std::vector<int32_t>>());
-    streams.push_back(SubmitOrDie(**engine, Greedy(golden["sequences"][name].get<std::vector<int32_t>>(),
-                                                   static_cast<int32_t>(expected.back().size()))));
+    const auto prompt = golden["sequences"][name].get<std::vector<int32_t>>();
+    streams.push_back(
+        SubmitOrDie(**engine, Greedy(prompt, static_cast<int32_t>(expected.back().size()))));
   }
-  for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(Collect(streams[i]).samples[0], expected[i]);
+  for (size_t i = 0; i < streams.size(); ++i)
+    EXPECT_EQ(Collect(streams[i]).samples[0], expected[i]) << "sequence " << i;
   (*engine)->Shutdown(true);
   EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
 }
@@ -247,7 +250,8 @@ TEST(HybridModelTest, SamplesAndPaddedStepsGiveTheSoloTokens) {
   for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(**engine, r));
   for (size_t i = 0; i < requests.size(); ++i) {
     const Output out = Collect(streams[i]);
-    for (int32_t k = 0; k < 3; ++k) EXPECT_EQ(out.samples[k], solo[i]) << "request " << i << " sample " << k;
+    for (int32_t k = 0; k < 3; ++k)
+      EXPECT_EQ(out.samples[k], solo[i]) << "request " << i << " sample " << k;
   }
   (*engine)->Shutdown(true);
   EXPECT_GT((*engine)->Stats().decode_padding_rows, 0);
@@ -266,6 +270,11 @@ TEST(HybridModelTest, PrefixReuseIsOffAndPromptCacheRefused) {
   ASSERT_TRUE(sizing.ok()) << sizing.message();
   EXPECT_FALSE(sizing->config.enable_prefix_caching);
   EXPECT_GT(sizing->state_bytes, 0);
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  EXPECT_FALSE((*engine)->Stats().prefix_caching);  // /stats: prefix_cache.enabled false
+  EXPECT_EQ((*engine)->Stats().recurrent_state_bytes, sizing->state_bytes);
+  (*engine)->Shutdown(true);
   EngineConfig with_disk;
   with_disk.prompt_cache.dir = "/tmp/ember-qwen3next-never-created";
   auto refused = SizeEngine(*model, with_disk);

@@ -1,7 +1,7 @@
 // Internal to model/: the weights of a decoder as backend tensors, and the per-family forward
 // passes (llama.cc: llama/mistral/qwen2/qwen3/qwen3_moe/phi3/gpt_oss; gemma.cc:
-// gemma2/gemma3_text; qwen3_next.cc: qwen3_next). Built once by Model::Load; Forward functions run one step on the model's
-// backend. Not thread-safe (the engine thread only).
+// gemma2/gemma3_text; qwen3_next.cc: qwen3_next). Built once by Model::Load; Forward functions
+// run one step on the model's backend. Not thread-safe (the engine thread only).
 #pragma once
 
 #include <optional>

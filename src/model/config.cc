@@ -331,8 +331,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
       else if (s == "linear_attention" && t == "qwen3_next")
         c.layer_types[i] = LayerType::kLinearAttention;
       else if (s != "full_attention")
-        return r.Err("layer_types", "entry " + std::to_string(i) + " must be \"full_attention\" or \"sliding_attention\"" +
-                                        (t == "qwen3_next" ? " or \"linear_attention\"" : ""));
+        return r.Err("layer_types",
+                     "entry " + std::to_string(i) +
+                         " must be \"full_attention\" or \"sliding_attention\"" +
+                         (t == "qwen3_next" ? " or \"linear_attention\"" : ""));
     }
   } else if (t == "gemma2" || t == "gpt_oss") {  // no layer_types: even layers slide
     for (int32_t i = 0; i < c.num_layers; i += 2) c.layer_types[i] = LayerType::kSlidingAttention;

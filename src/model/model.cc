@@ -296,10 +296,11 @@ Result<Tensor> UploadRowRanges(Uploader& up, const TensorView& view, const std::
                                std::vector<std::vector<uint8_t>>& keep) {
   int64_t rows = 0;
   for (const auto& range : ranges) rows += range.second;
-  return up.Converted(name, view.dtype, {rows, cols},
-                      ConcatRowRanges(static_cast<const uint8_t*>(view.data),
-                                      static_cast<int64_t>(DTypeRowBytes(view.dtype, cols)), ranges),
-                      rows * cols, keep);
+  const auto row_bytes = static_cast<int64_t>(DTypeRowBytes(view.dtype, cols));
+  return up.Converted(
+      name, view.dtype, {rows, cols},
+      ConcatRowRanges(static_cast<const uint8_t*>(view.data), row_bytes, ranges), rows * cols,
+      keep);
 }
 
 // A checkpoint tensor converted to float32 on the host (small vectors and the conv taps).
@@ -332,7 +333,8 @@ Status LoadGatedQuery(const ModelConfig& c, const std::string& p, Uploader& up, 
 // linear_attn.*: in_proj_qkvz's rows come per key head g as [q (dk) | k (dk) | v (r dv) | z
 // (r dv)] and in_proj_ba's as [b (r) | a (r)], r = value heads per key head; regrouped by part.
 Status LoadLinearAttention(const ModelConfig& c, const std::string& p, int64_t state_offset,
-                           Uploader& up, LayerWeights* w, std::vector<std::vector<uint8_t>>& keep) {
+                           Uploader& up, LayerWeights* w,
+                           std::vector<std::vector<uint8_t>>& keep) {
   const LinearAttentionConfig& la = c.linear;
   const int64_t d = c.hidden_size, kh = la.num_key_heads, vh = la.num_value_heads;
   const int64_t dk = la.key_head_dim, dv = la.value_head_dim, r = vh / kh;
@@ -346,7 +348,8 @@ Status LoadLinearAttention(const ModelConfig& c, const std::string& p, int64_t s
   for (int64_t g = 0; g < kh; ++g) qkv.push_back({g * group + dk, dk});
   for (int64_t g = 0; g < kh; ++g) qkv.push_back({g * group + 2 * dk, r * dv});
   for (int64_t g = 0; g < kh; ++g) z.push_back({g * group + 2 * dk + r * dv, r * dv});
-  EMBER_ASSIGN_OR_RETURN(L.in_qkv, UploadRowRanges(up, qkvz, a + "in_proj_qkvz (qkv)", d, qkv, keep));
+  EMBER_ASSIGN_OR_RETURN(L.in_qkv,
+                         UploadRowRanges(up, qkvz, a + "in_proj_qkvz (qkv)", d, qkv, keep));
   EMBER_ASSIGN_OR_RETURN(L.in_z, UploadRowRanges(up, qkvz, a + "in_proj_qkvz (z)", d, z, keep));
   EMBER_ASSIGN_OR_RETURN(TensorView ba, up.View(a + "in_proj_ba.weight", {2 * vh, d}));
   RowRanges ba_rows;
@@ -371,7 +374,8 @@ Status LoadSharedExpert(const ModelConfig& c, const std::string& p, Uploader& up
   EMBER_ASSIGN_OR_RETURN(w->w_gate, up.Get(s + "gate_proj.weight", {inter, d}));
   EMBER_ASSIGN_OR_RETURN(w->w_up, up.Get(s + "up_proj.weight", {inter, d}));
   EMBER_ASSIGN_OR_RETURN(w->w_down, up.Get(s + "down_proj.weight", {d, inter}));
-  EMBER_ASSIGN_OR_RETURN(w->shared_expert_gate, up.Get(p + "mlp.shared_expert_gate.weight", {1, d}));
+  EMBER_ASSIGN_OR_RETURN(w->shared_expert_gate,
+                         up.Get(p + "mlp.shared_expert_gate.weight", {1, d}));
   return Status::Ok();
 }
 
@@ -457,9 +461,12 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
       EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
     }
     const bool attn_bias = c.attention_bias && !linear;
-    EMBER_ASSIGN_OR_RETURN(w.bq, up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, attn_bias));
-    EMBER_ASSIGN_OR_RETURN(w.bk, up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, attn_bias));
-    EMBER_ASSIGN_OR_RETURN(w.bv, up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, attn_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bq,
+                           up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, attn_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bk,
+                           up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, attn_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bv,
+                           up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, attn_bias));
     EMBER_ASSIGN_OR_RETURN(w.bo,
                            up.GetOptional(p + "self_attn.o_proj.bias", {d}, c.o_bias && !linear));
     EMBER_ASSIGN_OR_RETURN(w.sinks,
@@ -571,6 +578,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->weights_ = std::move(checkpoint.weights);
   const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
+  if (const ModelConfig& c = model->config_; RecurrentStateFloats(c) > 0) {
+    const std::string why = model->backend_->RecurrentUnsupported();
+    if (!why.empty())
+      return Status::Error(config_path + ": model_type \"" + c.model_type + "\": " + why +
+                           "; run it with --device cpu");
+  }
   if (const ModelConfig& c = model->config_; c.num_experts > 0) {
     const std::string why = model->backend_->MoeUnsupported(
         c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
@@ -578,12 +591,6 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
       return Status::Error(config_path + ": model_type \"" + c.model_type +
                            "\" (mixture of experts): " + why +
                            (model->backend_->name() == "cpu" ? "" : "; run it with --device cpu"));
-  }
-  if (const ModelConfig& c = model->config_; RecurrentStateFloats(c) > 0) {
-    const std::string why = model->backend_->RecurrentUnsupported();
-    if (!why.empty())
-      return Status::Error(config_path + ": model_type \"" + c.model_type + "\": " + why +
-                           "; run it with --device cpu");
   }
   model->impl_ = std::make_unique<Impl>();
   model->impl_->config = &model->config_;
@@ -641,11 +648,6 @@ Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size, int32_t nu
 
 int64_t Model::StateBytesPerSequence() const {
   return RecurrentStateFloats(config_) * static_cast<int64_t>(sizeof(float));
-}
-
-Status Model::CopyStateSlot(int32_t from, int32_t to) {
-  if (num_state_slots_ == 0) return Status::Error("CopyStateSlot: the model has no state slots");
-  return backend_->CopyStateSlot(from, to);
 }
 
 int64_t Model::KvBlockBytes() const {

@@ -204,8 +204,6 @@ class Model {
   int64_t StateBytesPerSequence() const;
   bool has_recurrent_state() const { return StateBytesPerSequence() > 0; }
   int32_t num_state_slots() const { return num_state_slots_; }
-  // Copies sequence state slot `from` into `to` (n > 1 forks after a shared prefill).
-  Status CopyStateSlot(int32_t from, int32_t to);
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;

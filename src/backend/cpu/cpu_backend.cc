@@ -383,12 +383,6 @@ class CpuBackend final : public Backend {
     state_floats_ = floats_per_slot;
     return Status::Ok();
   }
-  Status CopyStateSlot(int32_t from, int32_t to) override {
-    if (from < 0 || to < 0 || from >= state_slots_ || to >= state_slots_)
-      return Status::Error("CopyStateSlot: slot out of range");
-    std::memcpy(SlotState(to), SlotState(from), static_cast<size_t>(state_floats_) * sizeof(float));
-    return Status::Ok();
-  }
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
   Status GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, const Tensor& ba,
                         Tensor out) override;
