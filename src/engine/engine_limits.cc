@@ -160,17 +160,21 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
     EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(model, config));
   }
   const int64_t per_token = model.KvBytesPerToken();
-  if (model.has_recurrent_state()) {  // the state slots come out of the same budget
+  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows),
+  // taken from an explicit --kv-cache-bytes, or added to the default KV budget.
+  if (model.has_recurrent_state()) {
     sizing.state_bytes = (int64_t{config.max_running} + 1) * model.StateBytesPerSequence();
-    if (bytes <= sizing.state_bytes)
+    const bool explicit_budget = config.kv_cache_bytes > 0;
+    if (explicit_budget && bytes <= sizing.state_bytes)
       return Status::Error("--kv-cache-bytes " + std::to_string(bytes) + " does not hold the " +
                            "recurrent state of " + std::to_string(config.max_running) +
-                           " sequences (--max-batch) and one scratch slot: " +
-                           std::to_string(sizing.state_bytes) + " bytes");
-    bytes -= sizing.state_bytes;
+                           " sequences and one scratch slot (" +
+                           std::to_string(sizing.state_bytes) +
+                           " bytes): raise it or lower --max-batch");
+    if (explicit_budget) bytes -= sizing.state_bytes;
     LOG_INFO << "recurrent state: " << (config.max_running + 1) << " slots of "
-             << model.StateBytesPerSequence() << " bytes (" << sizing.state_bytes
-             << " bytes of the KV budget)";
+             << model.StateBytesPerSequence() << " bytes (" << sizing.state_bytes << " bytes"
+             << (explicit_budget ? " of --kv-cache-bytes" : " beside the KV cache") << ")";
   }
   sizing.num_blocks = kv::NumBlocksForBytes(bytes, per_token, config.block_size);
   if (sizing.num_blocks < 1) {

@@ -47,7 +47,8 @@ struct EngineSizing {
   int32_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;  // what num_blocks hold
   // A model with recurrent layers: the state slots' bytes (max_running + 1 slots of
-  // Model::StateBytesPerSequence), taken from the KV budget before the blocks; else 0.
+  // Model::StateBytesPerSequence), taken from an explicit --kv-cache-bytes before the blocks or
+  // added to the default budget; else 0.
   int64_t state_bytes = 0;
 };
 Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested);
