@@ -171,4 +171,21 @@ std::string ShapeString(const Tensor& t) {
   return os.str();
 }
 
+// ---- recurrent layers: a backend without them refuses (Model::Load asks RecurrentUnsupported)
+std::string Backend::RecurrentUnsupported() const {
+  return "gated DeltaNet linear attention is not supported on the " + name() + " backend yet";
+}
+Status Backend::AllocateStateSlots(int32_t, int64_t) {
+  return Status::Error(RecurrentUnsupported() + " (AllocateStateSlots)");
+}
+Status Backend::CausalConv1dSilu(Tensor, const Tensor&, int64_t) {
+  return Status::Error(RecurrentUnsupported() + " (CausalConv1dSilu)");
+}
+Status Backend::GatedDeltaRule(const GatedDeltaParams&, const Tensor&, const Tensor&, Tensor) {
+  return Status::Error(RecurrentUnsupported() + " (GatedDeltaRule)");
+}
+Status Backend::SigmoidGateMul(Tensor, const Tensor&) {
+  return Status::Error("SigmoidGateMul is not implemented on the " + name() + " backend yet");
+}
+
 }  // namespace ember

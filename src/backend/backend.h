@@ -134,6 +134,17 @@ struct MlaParams {
   const Tensor* kv_b = nullptr;   // [num_heads * (nope_dim + v_dim), latent_dim] float32
 };
 
+// One gated DeltaNet layer's recurrence (Backend::GatedDeltaRule; qwen3_next's linear attention).
+// Key head kh serves value heads [kh * r, (kh + 1) * r), r = num_v_heads / num_k_heads.
+struct GatedDeltaParams {
+  int32_t num_k_heads = 0, num_v_heads = 0, k_head_dim = 0, v_head_dim = 0;
+  const Tensor* a_log = nullptr;    // [num_v_heads] float32
+  const Tensor* dt_bias = nullptr;  // [num_v_heads] float32
+  // Where this layer's matrices [num_v_heads, k_head_dim, v_head_dim] start in a state slot, in
+  // floats (Backend::AllocateStateSlots).
+  int64_t state_offset = 0;
+};
+
 enum class RmsNormKind { kPlain, kOnePlusWeight };  // y = x/rms * w   or   x/rms * (1 + w)
 
 // The gated activation of a dense MLP (Backend::GateUpActivation): SiluMul or GeluTanhMul.
@@ -331,6 +342,38 @@ class Backend {
   // Why this backend cannot run such an MoeMlp ("" when it can).
   virtual std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
                                      int64_t inter) const;
+  // ---- recurrent layers (qwen3_next's gated DeltaNet). Per-sequence state lives in state slots
+  // (SequenceSlice::state_slot names one): float32, `floats_per_slot` each, laid out by the
+  // model (each op takes its offset). An op zeroes its part of a sequence's state before the
+  // sequence's rows when they start at position 0 (context_len == query_len): a sequence that
+  // starts over (new, or preempted and recomputed) starts from the zero state; a later chunk
+  // continues from the state its previous chunk left. Sequences of one plan may share a slot
+  // (padding rows): they run in plan order. The defaults return an error naming the backend (it
+  // has no such layers) ----
+  // Why this backend cannot run recurrent layers ("" when it can; refused at load).
+  virtual std::string RecurrentUnsupported() const;
+  // Called once, before the first step of a model with recurrent layers.
+  virtual Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot);
+  // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
+  // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
+  // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.
+  // x [num_tokens, C] float32, weight [C, K] float32; the window [K - 1, C] at state_offset.
+  virtual Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset);
+  // The gated delta rule, token by token per sequence and value head h (key head kh):
+  //   q = l2norm(q_kh) / sqrt(k_head_dim), k = l2norm(k_kh)   (x / sqrt(sum x^2 + 1e-6))
+  //   g = -exp(a_log[h]) * softplus(a[h] + dt_bias[h]),  beta = sigmoid(b[h])
+  //   S = S * exp(g);  S += k (beta (v_h - S^T k))^T;  out_h = S^T q
+  // (S [k_head_dim, v_head_dim], per sequence and value head, in its state slot).
+  // qkv [num_tokens, 2 * num_k_heads * k_head_dim + num_v_heads * v_head_dim] (q, k, v heads
+  // concatenated, the conv's output), ba [num_tokens, 2 * num_v_heads] (b then a),
+  // out [num_tokens, num_v_heads * v_head_dim].
+  virtual Status GatedDeltaRule(const GatedDeltaParams& params, const Tensor& qkv, const Tensor& ba,
+                                Tensor out);
+  // x[r, j] *= sigmoid(gate[r, j / (x.cols / gate.cols)]): each gate value scales a run of
+  // columns (qwen3_next's attention output gate: one per column; the shared expert's: one per
+  // row). x [rows, c], gate [rows, g], c % g == 0.
+  virtual Status SigmoidGateMul(Tensor x, const Tensor& gate);
+
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

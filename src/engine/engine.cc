@@ -91,7 +91,13 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
     postprocessor_.set_prompt_tier(tier_.get());
     counters_.prompt_cache = tier_->Stats();
   }
+  if (model->has_recurrent_state()) {
+    state_slots_ = std::make_unique<StateSlots>(config_.max_running);
+    scheduler_.set_state_slots(state_slots_.get());
+  }
   counters_.kv_blocks_total = num_blocks_;
+  counters_.prefix_caching = config_.enable_prefix_caching;
+  counters_.recurrent_state_bytes = sizing.state_bytes;
   counters_.block_size = config_.block_size;
   published_ = counters_;
   thread_ = std::thread([this] { Loop(); });

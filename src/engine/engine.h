@@ -28,6 +28,7 @@
 #include "engine/response_stream.h"
 #include "engine/scheduler.h"
 #include "engine/speculator.h"
+#include "engine/state_slots.h"
 #include "engine/step_builder.h"
 #include "engine/step_postprocessor.h"
 #include "kv/kv_cache_manager.h"
@@ -109,6 +110,8 @@ class Engine {
   StepBuilder builder_;
   StepPostprocessor postprocessor_;
   std::unique_ptr<PromptTier> tier_;    // the disk tier (--prompt-cache-dir), or null
+  // A model with recurrent layers (qwen3_next): one state slot per started sequence; else null.
+  std::unique_ptr<StateSlots> state_slots_;
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet
 
   // Shared with callers: mu_ guards the members marked GUARDED_BY(mu_); cv_ (with mu_) wakes the

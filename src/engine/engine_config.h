@@ -104,6 +104,11 @@ struct EngineStats {
   int32_t num_running = 0;  // sequences in the running batch
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  // False when the prefix cache is off (--no-prefix-cache, or a model with recurrent layers,
+  // whose state at a prefix's end is not in the KV blocks: SizeEngine).
+  bool prefix_caching = true;
+  // A model with recurrent layers: the state slots' bytes (EngineSizing::state_bytes); else 0.
+  int64_t recurrent_state_bytes = 0;
   // Engine-thread wall time, summed over steps: scheduling, the model forward (recording and
   // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
   // bookkeeping, prefix-cache commits, streaming the events).

@@ -117,6 +117,29 @@ Status ResolveServedContext(const Model& model, EngineSizing& sizing) {
   return Status::Ok();
 }
 
+// A model with recurrent layers (qwen3_next): the state at a prefix's end is not in its KV
+// blocks, so no prefix reuse (the prefix cache is turned off, with a log line); the disk prompt
+// cache and speculative decoding (which rolls back rejected drafts) are refused.
+Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
+  if (!model.has_recurrent_state()) return Status::Ok();
+  const std::string what = "model_type " + model.config().model_type +
+                           " has recurrent (linear-attention) layers";
+  if (!config.prompt_cache.dir.empty())
+    return Status::Error("--prompt-cache-dir: " + what +
+                         " whose state is not in the KV blocks; the prompt cache does not "
+                         "support it yet");
+  if (config.speculation.method != SpeculationConfig::Method::kNone)
+    return Status::Error("speculative decoding: " + what +
+                         ", whose state cannot roll back rejected drafts; it is not supported "
+                         "for this model yet");
+  if (config.enable_prefix_caching) {
+    config.enable_prefix_caching = false;
+    LOG_INFO << "prefix caching: off (" << what
+             << ": the state at a prefix's end is not in the KV blocks)";
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested) {
@@ -125,6 +148,7 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
                          std::to_string(requested.gpu_memory_fraction));
   EngineSizing sizing;
   EMBER_ASSIGN_OR_RETURN(sizing.config, ResolveEngineLimits(model, requested));
+  EMBER_RETURN_IF_ERROR(ResolveRecurrentModel(model, sizing.config));
   const EngineConfig& config = sizing.config;
   if (config.block_size <= 0) return Status::Error("block_size must be positive");
   if (requested.max_running == 0 || requested.max_step_tokens == 0) {
@@ -136,6 +160,22 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
     EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(model, config));
   }
   const int64_t per_token = model.KvBytesPerToken();
+  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows),
+  // taken from an explicit --kv-cache-bytes, or added to the default KV budget.
+  if (model.has_recurrent_state()) {
+    sizing.state_bytes = (int64_t{config.max_running} + 1) * model.StateBytesPerSequence();
+    const bool explicit_budget = config.kv_cache_bytes > 0;
+    if (explicit_budget && bytes <= sizing.state_bytes)
+      return Status::Error("--kv-cache-bytes " + std::to_string(bytes) + " does not hold the " +
+                           "recurrent state of " + std::to_string(config.max_running) +
+                           " sequences and one scratch slot (" +
+                           std::to_string(sizing.state_bytes) +
+                           " bytes): raise it or lower --max-batch");
+    if (explicit_budget) bytes -= sizing.state_bytes;
+    LOG_INFO << "recurrent state: " << (config.max_running + 1) << " slots of "
+             << model.StateBytesPerSequence() << " bytes (" << sizing.state_bytes << " bytes"
+             << (explicit_budget ? " of --kv-cache-bytes" : " beside the KV cache") << ")";
+  }
   sizing.num_blocks = kv::NumBlocksForBytes(bytes, per_token, config.block_size);
   if (sizing.num_blocks < 1) {
     return Status::Error("--kv-cache-bytes " + std::to_string(bytes) +

@@ -46,6 +46,10 @@ struct EngineSizing {
   EngineConfig config;
   int32_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;  // what num_blocks hold
+  // A model with recurrent layers: the state slots' bytes (max_running + 1 slots of
+  // Model::StateBytesPerSequence), taken from an explicit --kv-cache-bytes before the blocks or
+  // added to the default budget; else 0.
+  int64_t state_bytes = 0;
 };
 Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested);
 

@@ -11,9 +11,14 @@ namespace {
 
 // A decode step's padding row: token 0 at position 0, its K/V in the scratch block (which no
 // sequence owns), a logits row whose argmax is dropped. The warm-up captures steps of these rows,
-// so serving's padded steps must use the same.
-void AddPaddingRow(BatchPlan& plan, int32_t scratch_block) {
-  plan.AddSequence({0}, 0, {scratch_block}, true);
+// so serving's padded steps must use the same. Recurrent state: the scratch slot (the one past
+// the sequences').
+struct Scratch {
+  int32_t block = 0, state_slot = 0;
+};
+void AddPaddingRow(BatchPlan& plan, Scratch scratch) {
+  plan.AddSequence({0}, 0, {scratch.block}, true);
+  plan.seqs.back().state_slot = scratch.state_slot;
 }
 
 // The backend's decode graph buckets this engine can use: up to the first that holds
@@ -42,7 +47,7 @@ Status RunDummyStep(Model& model, const BatchPlan& plan) {
 // serving size first (the graphs hold their addresses). Every row is a dummy: token 0, its K/V
 // in the scratch block (AddPaddingRow); the outputs are dropped.
 Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
-                          const std::vector<int32_t>& buckets, int32_t scratch_block) {
+                          const std::vector<int32_t>& buckets, Scratch scratch) {
   if (buckets.empty()) return Status::Ok();
   const int64_t start = NowNs();
   const int32_t bs = config.block_size;
@@ -52,14 +57,15 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
   prefill.block_size = bs;
   for (int32_t s = 0; s < seqs; ++s) {
     const int32_t len = tokens / seqs + (s < tokens % seqs ? 1 : 0);
-    const std::vector<int32_t> table(static_cast<size_t>((len + bs - 1) / bs), scratch_block);
+    const std::vector<int32_t> table(static_cast<size_t>((len + bs - 1) / bs), scratch.block);
     prefill.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 0), 0, table, true);
+    prefill.seqs.back().state_slot = scratch.state_slot;
   }
   EMBER_RETURN_IF_ERROR(RunDummyStep(model, prefill));
   for (int32_t rows : buckets) {
     BatchPlan decode;
     decode.block_size = bs;
-    for (int32_t s = 0; s < rows; ++s) AddPaddingRow(decode, scratch_block);
+    for (int32_t s = 0; s < rows; ++s) AddPaddingRow(decode, scratch);
     // Twice: consecutive steps alternate between two sets of plan and ids buffers (the CUDA
     // backend's staging halves), so a bucket has a graph for each.
     EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
@@ -74,18 +80,20 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
 
 Result<ModelRunner> ModelRunner::Create(Model* model, const EngineConfig& config,
                                         int32_t num_blocks) {
-  const int32_t scratch_block = num_blocks;
-  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks + 1, config.block_size));
+  const Scratch scratch{num_blocks, config.max_running};
+  // Recurrent state (a hybrid model): a slot per running sequence and the scratch one.
+  EMBER_RETURN_IF_ERROR(
+      model->AllocateKvCache(num_blocks + 1, config.block_size, config.max_running + 1));
   std::vector<int32_t> buckets = UsableGraphBuckets(*model, config.max_running);
-  EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, buckets, scratch_block));
-  return ModelRunner(model, std::move(buckets), scratch_block);
+  EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, buckets, scratch));
+  return ModelRunner(model, std::move(buckets), scratch.block, scratch.state_slot);
 }
 
 int32_t ModelRunner::PadToGraphBucket(BatchPlan& batch) const {
   const int32_t rows = batch.num_seqs();
   const auto bucket = std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), rows);
   if (bucket == graph_buckets_.end()) return 0;
-  for (int32_t r = rows; r < *bucket; ++r) AddPaddingRow(batch, scratch_block_);
+  for (int32_t r = rows; r < *bucket; ++r) AddPaddingRow(batch, {scratch_block_, scratch_slot_});
   return *bucket - rows;
 }
 

@@ -57,8 +57,12 @@ class ModelRunner : public KvBlockIo {
   }
 
  private:
-  ModelRunner(Model* model, std::vector<int32_t> graph_buckets, int32_t scratch_block)
-      : model_(model), graph_buckets_(std::move(graph_buckets)), scratch_block_(scratch_block) {}
+  ModelRunner(Model* model, std::vector<int32_t> graph_buckets, int32_t scratch_block,
+              int32_t scratch_slot)
+      : model_(model),
+        graph_buckets_(std::move(graph_buckets)),
+        scratch_block_(scratch_block),
+        scratch_slot_(scratch_slot) {}
   void AddForwardTime(int64_t ns, bool decode_only);
 
   Model* model_;
@@ -66,6 +70,7 @@ class ModelRunner : public KvBlockIo {
   // write their K/V to scratch_block_, the KV block past the sequences' num_blocks.
   std::vector<int32_t> graph_buckets_;
   int32_t scratch_block_ = 0;
+  int32_t scratch_slot_ = 0;  // their recurrent-state slot (hybrid models): max_running
   Counters counters_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/prompt_tier.h"
+#include "engine/state_slots.h"
 
 namespace ember {
 
@@ -34,9 +35,15 @@ int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
   return kv_->Allocate(seq->id, end) ? num_draft : 0;
 }
 
-void Scheduler::Preempt(Sequence* seq) {
+void Scheduler::FreeSequence(Sequence* seq) {
   kv_->Free(seq->id);
+  if (slots_ != nullptr) slots_->Release(seq->state_slot);
+  seq->state_slot = -1;
   seq->started = false;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  FreeSequence(seq);
   seq->num_computed_tokens = 0;
   seq->draft.clear();
   seq->pooled.Reset();  // its prompt's rows are computed (and pooled) again
@@ -44,8 +51,7 @@ void Scheduler::Preempt(Sequence* seq) {
 }
 
 void Scheduler::Remove(Sequence* seq) {
-  kv_->Free(seq->id);
-  seq->started = false;
+  FreeSequence(seq);
   running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
 }
@@ -114,14 +120,14 @@ void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
             tier_->ExtendCachedPrefix(*seq, seq->num_computed_tokens, *kv_, budget.tokens);
       }
       seq->started = true;
+      if (slots_ != nullptr) seq->state_slot = slots_->Acquire();
     }
     int32_t prompt_rows_after = budget.prompt_rows;
     const int32_t num_new = ChunkRows(seq, budget.tokens, &prompt_rows_after);
     // No prompt-logits rows left this step (it waits for the next), or no blocks: drop the
     // prefix references; retry on a later step.
     if (num_new == 0 || !kv_->Allocate(seq->id, seq->num_computed_tokens + num_new)) {
-      kv_->Free(seq->id);
-      seq->started = false;
+      FreeSequence(seq);
       seq->num_computed_tokens = 0;
       break;
     }

@@ -45,12 +45,16 @@ struct StepPlan {
 };
 
 class PromptTier;
+class StateSlots;
 
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, kv::KvCacheManager* kv) : config_(config), kv_(kv) {}
   // The prompt cache below the pool (prompt_tier.h): admission extends a pool hit from it.
   void set_prompt_tier(PromptTier* tier) { tier_ = tier; }
+  // A model with recurrent layers: a started sequence holds a state slot (state_slots.h) beside
+  // its blocks, taken when it starts and given back wherever its blocks are freed.
+  void set_state_slots(StateSlots* slots) { slots_ = slots; }
 
   void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
   // Plans the next step (allocating KV blocks for it). Empty when nothing can run.
@@ -76,6 +80,8 @@ class Scheduler {
   void AdmitWaiting(StepPlan& plan, Budget& budget);
   void NoteFirstAdmission(Sequence* seq, bool looked_up_prefix);
   void Preempt(Sequence* seq);
+  // Frees seq's KV blocks and its state slot (it is no longer started).
+  void FreeSequence(Sequence* seq);
   // Siblings (sample_index > 0) wait until sample 0 finished the prompt, so they reuse its blocks.
   static bool WaitsForSibling(const Sequence* seq);
   // Rows of `seq` to compute this step within `budget` (and, when it needs its prompt rows'
@@ -90,6 +96,7 @@ class Scheduler {
   SchedulerConfig config_;
   kv::KvCacheManager* kv_;
   PromptTier* tier_ = nullptr;
+  StateSlots* slots_ = nullptr;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: oldest first
   int64_t num_preemptions_ = 0;

@@ -41,6 +41,7 @@ struct Sequence {
   int32_t num_computed_tokens = 0;     // tokens whose K/V is in the cache
   int32_t num_cached_prompt_tokens = 0;  // of the prompt, served by the prefix cache (1st start)
   bool started = false;                // holds KV blocks (AcquireCachedPrefix done)
+  int32_t state_slot = -1;  // its recurrent-state slot while started (state_slots.h), or -1
   bool ever_started = false;
   std::unique_ptr<SamplerState> sampler;
   std::unique_ptr<TokenConstraint> constraint;  // the request's, cloned (structured output)

@@ -1,7 +1,8 @@
 // Internal to model/: the weights of a decoder as backend tensors, and the per-family forward
 // passes (llama.cc: llama/mistral/qwen2/qwen3/qwen3_moe/phi3/gpt_oss; gemma.cc:
-// gemma2/gemma3_text; deepseek.cc: deepseek_v3). Built once by Model::Load; Forward functions run one step on the model's
-// backend. Not thread-safe (the engine thread only).
+// gemma2/gemma3_text; deepseek.cc: deepseek_v3; qwen3_next.cc: qwen3_next). Built once by
+// Model::Load; Forward functions run one step on the model's backend. Not thread-safe (the engine
+// thread only).
 #pragma once
 
 #include <optional>
@@ -12,6 +13,20 @@
 #include "model/model.h"
 
 namespace ember {
+
+// A gated DeltaNet layer (qwen3_next linear_attn.*). The checkpoint groups in_proj_qkvz's rows
+// per key head ([q | k | v.. | z..] each) and in_proj_ba's ([b.. | a..]); the loader regroups
+// them by part, so q, k, v are the conv's channel order and one MatMulGroup splits them.
+struct LinearAttentionWeights {
+  Tensor in_qkv;          // [conv_dim, hidden]: every q head, every k head, every v head
+  Tensor in_z;            // [num_v_heads * v_dim, hidden]  the output gate
+  Tensor in_ba;           // [2 * num_v_heads, hidden]  b (beta) rows, then a (decay) rows
+  Tensor conv;            // [conv_dim, kernel] float32
+  Tensor a_log, dt_bias;  // [num_v_heads] float32
+  Tensor norm;            // [v_dim]  RMSNormGated weight (plain w, not 1 + w)
+  Tensor out;             // [hidden, num_v_heads * v_dim]
+  int64_t state_offset = 0;  // its conv window in a state slot; the recurrent matrices follow
+};
 
 struct LayerWeights {
   Tensor attn_norm;                          // [hidden]  input_layernorm
@@ -26,6 +41,13 @@ struct LayerWeights {
   MoeExperts experts;  // a mixture-of-experts MLP when it has experts (qwen3_moe: mlp.gate,
                        // mlp.experts.E.{gate,up,down}_proj; gpt_oss: mlp.router, mlp.experts.*)
   bool moe() const { return !experts.gate.empty(); }
+  // qwen3_next: linear-attention layers (no wq..wo); q_proj's gate rows (attn_output_gate);
+  // the shared expert (w_gate, w_up, w_down above, of shared_expert_intermediate_size) and its
+  // gate [1, hidden].
+  std::optional<LinearAttentionWeights> linear;
+  Tensor wq_gate;                            // [q_dim, hidden]
+  std::optional<Tensor> shared_expert_gate;
+  int32_t kv_layer = 0;                      // its index in the KV pool (KvLayerIndex)
   int32_t rope_id = 0;                       // global or local rope table
   // Multi-head latent attention (deepseek_v3, ModelConfig::mla; wq/wk/wv unused, wo
   // [hidden, heads * v_head_dim]): q = q_b(norm(q_a x)) (q_a [q_lora, hidden], q_b
@@ -110,5 +132,6 @@ Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outp
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
+Status ForwardQwen3Next(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);
 
 }  // namespace ember

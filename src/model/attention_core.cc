@@ -37,6 +37,11 @@ int64_t DecoderActivationBytesPerRow(const ModelConfig& c) {
     floats += c.q_lora_rank + int64_t{c.num_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim) +
               c.kv_lora_rank + c.qk_rope_head_dim + int64_t{c.num_heads} * c.v_head_dim + d +
               3 * int64_t{c.moe_shared_experts} * c.moe_intermediate_size + d;
+  if (c.linear.num_value_heads > 0) {  // qwen3_next: the q gate, DeltaNet and shared-expert rows
+    const int64_t v_width = int64_t{c.linear.num_value_heads} * c.linear.value_head_dim;
+    floats += q_dim + c.linear.conv_dim() + 2 * v_width + 2 * c.linear.num_value_heads + d + 1 +
+              3 * c.shared_expert_intermediate_size;
+  }
   return 4 * floats;
 }
 

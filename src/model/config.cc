@@ -16,7 +16,7 @@ namespace {
 
 const std::vector<std::string> kSupported = {
     "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "gpt_oss",
-    "deepseek_v3"};
+    "deepseek_v3", "qwen3_next"};
 
 class Reader {
  public:
@@ -176,6 +176,32 @@ Status ParseMoe(const Reader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// qwen3_next: gated DeltaNet layers (linear_* keys), gated full attention, (1 + w) norms, and
+// MoE MLPs (ParseMoe's keys, none when num_experts is 0) with a shared expert.
+Status ParseQwen3Next(const Reader& r, ModelConfig* c) {
+  LinearAttentionConfig& la = c->linear;
+  EMBER_ASSIGN_OR_RETURN(la.num_key_heads, r.Int("linear_num_key_heads"));
+  EMBER_ASSIGN_OR_RETURN(la.num_value_heads, r.Int("linear_num_value_heads"));
+  EMBER_ASSIGN_OR_RETURN(la.key_head_dim, r.Int("linear_key_head_dim"));
+  EMBER_ASSIGN_OR_RETURN(la.value_head_dim, r.Int("linear_value_head_dim"));
+  EMBER_ASSIGN_OR_RETURN(la.conv_kernel, r.Int("linear_conv_kernel_dim", 4));
+  if (la.num_key_heads <= 0 || la.key_head_dim <= 0 || la.value_head_dim <= 0 ||
+      la.conv_kernel < 2)
+    return r.Err("linear_num_key_heads",
+                 "and linear_key_head_dim, linear_value_head_dim must be positive, "
+                 "linear_conv_kernel_dim at least 2");
+  if (la.num_value_heads <= 0 || la.num_value_heads % la.num_key_heads != 0)
+    return r.Err("linear_num_value_heads", "must be a positive multiple of linear_num_key_heads");
+  c->attn_output_gate = true;
+  EMBER_ASSIGN_OR_RETURN(int32_t experts, r.Int("num_experts", 0));
+  if (experts > 0) {
+    EMBER_RETURN_IF_ERROR(ParseMoe(r, c));
+    EMBER_ASSIGN_OR_RETURN(c->shared_expert_intermediate_size,
+                           r.Int("shared_expert_intermediate_size", 0));
+  }
+  return Status::Ok();
+}
+
 // gpt_oss: every layer's MLP is num_local_experts experts of intermediate_size, the top
 // num_experts_per_tok (4.x checkpoints also say experts_per_token) weighted by a softmax over
 // their logits: MoeRoute's renormalised top k of the full softmax, the same weights.
@@ -255,6 +281,24 @@ Status ParseDeepseek(const Reader& r, ModelConfig* c) {
 }
 
 }  // namespace
+
+int32_t KvLayerCount(const ModelConfig& c) {
+  int32_t n = 0;
+  for (LayerType t : c.layer_types) n += t != LayerType::kLinearAttention;
+  return n;
+}
+
+int32_t KvLayerIndex(const ModelConfig& c, int32_t layer) {
+  if (c.layer_types[static_cast<size_t>(layer)] == LayerType::kLinearAttention) return -1;
+  int32_t index = 0;
+  for (int32_t l = 0; l < layer; ++l)
+    index += c.layer_types[static_cast<size_t>(l)] != LayerType::kLinearAttention;
+  return index;
+}
+
+int64_t RecurrentStateFloats(const ModelConfig& c) {
+  return (c.num_layers - KvLayerCount(c)) * c.linear.state_floats();
+}
 
 std::string SupportedModelTypes() {
   std::string s;
@@ -342,8 +386,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     for (size_t i = 0; i < lt.size(); ++i) {
       std::string s = lt[i].is_string() ? lt[i].get<std::string>() : "";
       if (s == "sliding_attention") c.layer_types[i] = LayerType::kSlidingAttention;
+      else if (s == "linear_attention" && t == "qwen3_next")
+        c.layer_types[i] = LayerType::kLinearAttention;
       else if (s != "full_attention")
-        return r.Err("layer_types", "entry " + std::to_string(i) + " must be \"full_attention\" or \"sliding_attention\"");
+        return r.Err("layer_types",
+                     "entry " + std::to_string(i) +
+                         " must be \"full_attention\" or \"sliding_attention\"" +
+                         (t == "qwen3_next" ? " or \"linear_attention\"" : ""));
     }
   } else if (t == "gemma2" || t == "gpt_oss") {  // no layer_types: even layers slide
     for (int32_t i = 0; i < c.num_layers; i += 2) c.layer_types[i] = LayerType::kSlidingAttention;
@@ -358,6 +407,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     if (use_sw)
       for (int32_t i = max_window_layers; i < c.num_layers; ++i)
         c.layer_types[i] = LayerType::kSlidingAttention;
+  } else if (t == "qwen3_next") {  // 4.x: every full_attention_interval-th layer is full
+    EMBER_ASSIGN_OR_RETURN(int32_t interval, r.Int("full_attention_interval", 4));
+    if (interval <= 0) return r.Err("full_attention_interval", "must be positive");
+    for (int32_t i = 0; i < c.num_layers; ++i)
+      if ((i + 1) % interval != 0) c.layer_types[i] = LayerType::kLinearAttention;
   } else if (t == "mistral" || t == "phi3") {
     if (window > 0) c.layer_types.assign(c.layer_types.size(), LayerType::kSlidingAttention);
   }
@@ -371,7 +425,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   c.attention_bias = t == "qwen2" || attn_bias;
   c.o_bias = attn_bias && t != "qwen2";  // qwen2's o_proj has none (and no attention_bias field)
   c.attention_sinks = t == "gpt_oss";
-  c.qk_norm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text";
+  c.qk_norm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text" || t == "qwen3_next";
   c.fused_qkv = t == "phi3";
   c.gemma_norms = gemma;
   std::string act_field = r.Present("hidden_activation") ? "hidden_activation" : "hidden_act";
@@ -390,6 +444,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     c.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   }
   if (t == "qwen3_moe") EMBER_RETURN_IF_ERROR(ParseMoe(r, &c));
+  if (t == "qwen3_next") EMBER_RETURN_IF_ERROR(ParseQwen3Next(r, &c));
   if (t == "gpt_oss") EMBER_RETURN_IF_ERROR(ParseGptOssMoe(r, &c));
   if (t == "deepseek_v3") EMBER_RETURN_IF_ERROR(ParseDeepseek(r, &c));
   if (r.Present("quantization_config")) {  // weights in a quantized format

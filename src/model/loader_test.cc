@@ -194,6 +194,50 @@ TEST(ConfigTest, GptOss) {
   EXPECT_NE(c.message().find("num_experts_per_tok"), std::string::npos) << c.message();
 }
 
+TEST(ConfigTest, Qwen3Next) {
+  using LT = LayerType;
+  for (const char* file : {"/config.json", "/config.v4.json"}) {
+    ModelConfig c = ParseFile(ModelDir("qwen3_next") + file);
+    EXPECT_EQ(c.layer_types, (std::vector<LT>{LT::kLinearAttention, LT::kLinearAttention,
+                                              LT::kLinearAttention, LT::kFullAttention}))
+        << file;
+    EXPECT_EQ(c.rotary_dim, 4) << file;  // partial_rotary_factor 0.25 of head_dim 16
+    EXPECT_EQ(c.linear.num_key_heads, 2) << file;
+    EXPECT_EQ(c.linear.num_value_heads, 4) << file;
+    EXPECT_EQ(c.linear.conv_dim(), 2 * 2 * 16 + 4 * 16) << file;
+    EXPECT_EQ(c.shared_expert_intermediate_size, 32) << file;
+    EXPECT_TRUE(c.attn_output_gate && c.qk_norm && c.norm_topk_prob) << file;
+    EXPECT_EQ(c.moe_layers, (std::vector<uint8_t>{1, 1, 1, 1})) << file;
+    EXPECT_EQ(KvLayerCount(c), 1) << file;
+    EXPECT_EQ(KvLayerIndex(c, 3), 0) << file;
+    EXPECT_EQ(KvLayerIndex(c, 0), -1) << file;
+    EXPECT_EQ(RecurrentStateFloats(c), 3 * (3 * 128 + 4 * 16 * 16)) << file;
+  }
+  // Hub (4.x) checkpoints without layer_types: every full_attention_interval-th layer is full;
+  // mlp_only_layers and decoder_sparse_step choose the dense layers.
+  auto c = ParseModelConfig(R"({"model_type": "qwen3_next", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 4, "full_attention_interval": 2,
+      "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 4,
+      "linear_value_head_dim": 4, "num_experts": 2, "num_experts_per_tok": 1,
+      "moe_intermediate_size": 4, "shared_expert_intermediate_size": 4,
+      "decoder_sparse_step": 1, "mlp_only_layers": [2]})",
+                            "c.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->layer_types, (std::vector<LT>{LT::kLinearAttention, LT::kFullAttention,
+                                             LT::kLinearAttention, LT::kFullAttention}));
+  EXPECT_EQ(c->moe_layers, (std::vector<uint8_t>{1, 1, 0, 1}));
+  EXPECT_EQ(c->linear.conv_kernel, 4);  // linear_conv_kernel_dim's default
+  // Value heads must be a multiple of the key heads.
+  auto bad = ParseModelConfig(R"({"model_type": "qwen3_next", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 3, "linear_key_head_dim": 4,
+      "linear_value_head_dim": 4})",
+                              "c.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("linear_num_value_heads"), std::string::npos) << bad.message();
+}
+
 TEST(ConfigTest, FamilyFeatures) {
   EMBER_REQUIRE_DIR(ModelDir("gemma3"));
   ModelConfig llama = ParseFile(ModelDir("llama3") + "/config.v4.json");

@@ -340,6 +340,98 @@ Status LoadGptOssExperts(const ModelConfig& c, const std::string& prefix, Upload
   return Status::Ok();
 }
 
+// ---- qwen3_next (qwen3_next.cc runs these weights) ----
+using RowRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// Rows `ranges` of the checkpoint matrix `view` (rows of `cols`), uploaded as one [rows, cols].
+Result<Tensor> UploadRowRanges(Uploader& up, const TensorView& view, const std::string& name,
+                               int64_t cols, const RowRanges& ranges,
+                               std::vector<std::vector<uint8_t>>& keep) {
+  int64_t rows = 0;
+  for (const auto& range : ranges) rows += range.second;
+  const auto row_bytes = static_cast<int64_t>(DTypeRowBytes(view.dtype, cols));
+  return up.Converted(
+      name, view.dtype, {rows, cols},
+      ConcatRowRanges(static_cast<const uint8_t*>(view.data), row_bytes, ranges), rows * cols,
+      keep);
+}
+
+// A checkpoint tensor converted to float32 on the host (small vectors and the conv taps).
+Result<Tensor> UploadF32(Uploader& up, const std::string& name, std::vector<int64_t> shape,
+                         std::vector<int64_t> as_shape, std::vector<std::vector<uint8_t>>& keep) {
+  EMBER_ASSIGN_OR_RETURN(TensorView view, up.View(name, std::move(shape)));
+  int64_t numel = 1;
+  for (int64_t dim : as_shape) numel *= dim;
+  std::vector<uint8_t> bytes(static_cast<size_t>(numel) * sizeof(float));
+  cpu::ConvertToF32(view.data, view.dtype, numel, reinterpret_cast<float*>(bytes.data()));
+  return up.Converted(name, DType::kF32, std::move(as_shape), std::move(bytes), numel, keep);
+}
+
+// q_proj [2 q_dim, hidden]: per head, head_dim query rows then head_dim gate rows.
+Status LoadGatedQuery(const ModelConfig& c, const std::string& p, Uploader& up, LayerWeights* w,
+                      std::vector<std::vector<uint8_t>>& keep) {
+  const int64_t hd = c.head_dim, heads = c.num_heads, d = c.hidden_size;
+  const std::string name = p + "self_attn.q_proj.weight";
+  EMBER_ASSIGN_OR_RETURN(TensorView q, up.View(name, {2 * heads * hd, d}));
+  RowRanges query, gate;
+  for (int64_t h = 0; h < heads; ++h) {
+    query.push_back({2 * h * hd, hd});
+    gate.push_back({2 * h * hd + hd, hd});
+  }
+  EMBER_ASSIGN_OR_RETURN(w->wq, UploadRowRanges(up, q, name + " (query)", d, query, keep));
+  EMBER_ASSIGN_OR_RETURN(w->wq_gate, UploadRowRanges(up, q, name + " (gate)", d, gate, keep));
+  return Status::Ok();
+}
+
+// linear_attn.*: in_proj_qkvz's rows come per key head g as [q (dk) | k (dk) | v (r dv) | z
+// (r dv)] and in_proj_ba's as [b (r) | a (r)], r = value heads per key head; regrouped by part.
+Status LoadLinearAttention(const ModelConfig& c, const std::string& p, int64_t state_offset,
+                           Uploader& up, LayerWeights* w,
+                           std::vector<std::vector<uint8_t>>& keep) {
+  const LinearAttentionConfig& la = c.linear;
+  const int64_t d = c.hidden_size, kh = la.num_key_heads, vh = la.num_value_heads;
+  const int64_t dk = la.key_head_dim, dv = la.value_head_dim, r = vh / kh;
+  const int64_t group = 2 * dk + 2 * r * dv, conv_dim = la.conv_dim();
+  const std::string a = p + "linear_attn.";
+  LinearAttentionWeights L;
+  L.state_offset = state_offset;
+  EMBER_ASSIGN_OR_RETURN(TensorView qkvz, up.View(a + "in_proj_qkvz.weight", {kh * group, d}));
+  RowRanges qkv, z;
+  for (int64_t g = 0; g < kh; ++g) qkv.push_back({g * group, dk});
+  for (int64_t g = 0; g < kh; ++g) qkv.push_back({g * group + dk, dk});
+  for (int64_t g = 0; g < kh; ++g) qkv.push_back({g * group + 2 * dk, r * dv});
+  for (int64_t g = 0; g < kh; ++g) z.push_back({g * group + 2 * dk + r * dv, r * dv});
+  EMBER_ASSIGN_OR_RETURN(L.in_qkv,
+                         UploadRowRanges(up, qkvz, a + "in_proj_qkvz (qkv)", d, qkv, keep));
+  EMBER_ASSIGN_OR_RETURN(L.in_z, UploadRowRanges(up, qkvz, a + "in_proj_qkvz (z)", d, z, keep));
+  EMBER_ASSIGN_OR_RETURN(TensorView ba, up.View(a + "in_proj_ba.weight", {2 * vh, d}));
+  RowRanges ba_rows;
+  for (int64_t g = 0; g < kh; ++g) ba_rows.push_back({g * 2 * r, r});
+  for (int64_t g = 0; g < kh; ++g) ba_rows.push_back({g * 2 * r + r, r});
+  EMBER_ASSIGN_OR_RETURN(L.in_ba, UploadRowRanges(up, ba, a + "in_proj_ba", d, ba_rows, keep));
+  EMBER_ASSIGN_OR_RETURN(L.conv, UploadF32(up, a + "conv1d.weight", {conv_dim, 1, la.conv_kernel},
+                                           {conv_dim, la.conv_kernel}, keep));
+  EMBER_ASSIGN_OR_RETURN(L.a_log, UploadF32(up, a + "A_log", {vh}, {vh}, keep));
+  EMBER_ASSIGN_OR_RETURN(L.dt_bias, UploadF32(up, a + "dt_bias", {vh}, {vh}, keep));
+  EMBER_ASSIGN_OR_RETURN(L.norm, up.Get(a + "norm.weight", {dv}));
+  EMBER_ASSIGN_OR_RETURN(L.out, up.Get(a + "out_proj.weight", {d, vh * dv}));
+  w->linear = std::move(L);
+  return Status::Ok();
+}
+
+// mlp.shared_expert.{gate,up,down}_proj into w_gate/w_up/w_down, and mlp.shared_expert_gate.
+Status LoadSharedExpert(const ModelConfig& c, const std::string& p, Uploader& up,
+                        LayerWeights* w) {
+  const int64_t d = c.hidden_size, inter = c.shared_expert_intermediate_size;
+  const std::string s = p + "mlp.shared_expert.";
+  EMBER_ASSIGN_OR_RETURN(w->w_gate, up.Get(s + "gate_proj.weight", {inter, d}));
+  EMBER_ASSIGN_OR_RETURN(w->w_up, up.Get(s + "up_proj.weight", {inter, d}));
+  EMBER_ASSIGN_OR_RETURN(w->w_down, up.Get(s + "down_proj.weight", {d, inter}));
+  EMBER_ASSIGN_OR_RETURN(w->shared_expert_gate,
+                         up.Get(p + "mlp.shared_expert_gate.weight", {1, d}));
+  return Status::Ok();
+}
+
 // A line per quarter of the layers while a checkpoint of at least 1 GiB loads (smaller ones load
 // in well under a second).
 void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes) {
@@ -373,13 +465,20 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
     EMBER_ASSIGN_OR_RETURN(local_rope, be.CreateRope(MakeRopeSpec(c, c.rope_local)));
   }
   const bool gemma = IsGemma(c);
+  int64_t state_offset = 0;  // floats into a state slot (linear-attention layers)
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerWeights w;
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
+    const bool linear = c.layer_types[static_cast<size_t>(l)] == LayerType::kLinearAttention;
+    w.kv_layer = KvLayerIndex(c, l);
     if (c.mla()) {
       EMBER_RETURN_IF_ERROR(LoadMlaAttention(c, p, up, &w, m->host_weights));
+    } else if (linear) {
+      EMBER_RETURN_IF_ERROR(
+          LoadLinearAttention(c, p, state_offset, up, &w, m->host_weights));
+      state_offset += c.linear.state_floats();
     } else if (c.fused_qkv) {  // phi3: rows [q | k | v] and [gate | up] of one matrix each
       EMBER_ASSIGN_OR_RETURN(Tensor qkv,
                              up.Get(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, d}));
@@ -390,11 +489,15 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
       w.w_gate = gate_up.RowSlice(0, inter);
       w.w_up = gate_up.RowSlice(inter, inter);
     } else {
-      EMBER_ASSIGN_OR_RETURN(w.wq, up.Get(p + "self_attn.q_proj.weight", {q_dim, d}));
+      if (c.attn_output_gate) {
+        EMBER_RETURN_IF_ERROR(LoadGatedQuery(c, p, up, &w, m->host_weights));
+      } else {
+        EMBER_ASSIGN_OR_RETURN(w.wq, up.Get(p + "self_attn.q_proj.weight", {q_dim, d}));
+      }
       EMBER_ASSIGN_OR_RETURN(w.wk, up.Get(p + "self_attn.k_proj.weight", {kv_dim, d}));
       EMBER_ASSIGN_OR_RETURN(w.wv, up.Get(p + "self_attn.v_proj.weight", {kv_dim, d}));
     }
-    if (!c.mla()) {
+    if (!c.mla() && !linear) {
       EMBER_ASSIGN_OR_RETURN(w.wo, up.Get(p + "self_attn.o_proj.weight", {d, q_dim}));
     }
     if (!c.moe_layers.empty() && c.moe_layers[static_cast<size_t>(l)] != 0) {
@@ -406,6 +509,8 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
       if (c.moe_routing == MoeRouting::kSigmoidGrouped) {
         EMBER_RETURN_IF_ERROR(LoadGroupedRouting(c, p, up, &w));
       }
+      if (c.shared_expert_intermediate_size > 0)
+        EMBER_RETURN_IF_ERROR(LoadSharedExpert(c, p, up, &w));
     } else {
       if (!c.fused_qkv) {
         EMBER_ASSIGN_OR_RETURN(w.w_gate, up.Get(p + "mlp.gate_proj.weight", {inter, d}));
@@ -413,19 +518,21 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
       }
       EMBER_ASSIGN_OR_RETURN(w.w_down, up.Get(p + "mlp.down_proj.weight", {d, inter}));
     }
+    const bool attn_bias = c.attention_bias && !linear;
     EMBER_ASSIGN_OR_RETURN(w.bq,
-                           up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, c.attention_bias));
+                           up.GetOptional(p + "self_attn.q_proj.bias", {q_dim}, attn_bias));
     EMBER_ASSIGN_OR_RETURN(w.bk,
-                           up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, c.attention_bias));
+                           up.GetOptional(p + "self_attn.k_proj.bias", {kv_dim}, attn_bias));
     EMBER_ASSIGN_OR_RETURN(w.bv,
-                           up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, c.attention_bias));
-    EMBER_ASSIGN_OR_RETURN(w.bo, up.GetOptional(p + "self_attn.o_proj.bias", {d}, c.o_bias));
+                           up.GetOptional(p + "self_attn.v_proj.bias", {kv_dim}, attn_bias));
+    EMBER_ASSIGN_OR_RETURN(w.bo,
+                           up.GetOptional(p + "self_attn.o_proj.bias", {d}, c.o_bias && !linear));
     EMBER_ASSIGN_OR_RETURN(w.sinks,
                            up.GetOptional(p + "self_attn.sinks", {c.num_heads}, c.attention_sinks));
-    EMBER_ASSIGN_OR_RETURN(w.q_norm,
-                           up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm));
-    EMBER_ASSIGN_OR_RETURN(w.k_norm,
-                           up.GetOptional(p + "self_attn.k_norm.weight", {hd}, c.qk_norm));
+    EMBER_ASSIGN_OR_RETURN(
+        w.q_norm, up.GetOptional(p + "self_attn.q_norm.weight", {hd}, c.qk_norm && !linear));
+    EMBER_ASSIGN_OR_RETURN(
+        w.k_norm, up.GetOptional(p + "self_attn.k_norm.weight", {hd}, c.qk_norm && !linear));
     EMBER_ASSIGN_OR_RETURN(w.pre_ffn_norm,
                            up.GetOptional(p + "pre_feedforward_layernorm.weight", {d}, gemma));
     EMBER_ASSIGN_OR_RETURN(w.post_ffn_norm,
@@ -540,6 +647,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     return Status::Error(config_path + ": model_type \"" + c.model_type +
                          "\" (multi-head latent attention) is not supported on the " +
                          model->backend_->name() + " backend yet; run it with --device cpu");
+  if (const ModelConfig& c = model->config_; RecurrentStateFloats(c) > 0) {
+    const std::string why = model->backend_->RecurrentUnsupported();
+    if (!why.empty())
+      return Status::Error(config_path + ": model_type \"" + c.model_type + "\": " + why +
+                           "; run it with --device cpu");
+  }
   if (const ModelConfig& c = model->config_; c.num_experts > 0) {
     const std::string why = model->backend_->MoeUnsupported(
         c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
@@ -549,7 +662,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                            (model->backend_->name() == "cpu" ? "" : "; run it with --device cpu"));
   }
   EMBER_ASSIGN_OR_RETURN(const KvFormat kv_format,
-                         ResolveKvFormat(opts.kv_cache, model->config_.num_layers));
+                         ResolveKvFormat(opts.kv_cache, KvLayerCount(model->config_)));
   if (model->config_.mla()) {  // the latent pool is float32 rows of [c | k_rope]
     for (KvDType t : kv_format.layers)
       if (t != KvDType::kAuto && t != KvDType::kF32)
@@ -582,7 +695,7 @@ int64_t Model::KvBytesPerToken() const {
     const int32_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
     return int64_t{config_.num_layers} * width * backend_->KvElementBytes(width);
   }
-  return backend_->KvTokenBytes(config_.num_layers, config_.num_kv_heads, config_.head_dim);
+  return backend_->KvTokenBytes(KvLayerCount(config_), config_.num_kv_heads, config_.head_dim);
 }
 
 std::string Model::KvDTypes() const {
@@ -606,19 +719,27 @@ int64_t Model::NumParameters() const {
   return impl_->num_parameters;
 }
 
-Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
+Status Model::AllocateKvCache(int32_t num_blocks, int32_t block_size, int32_t num_state_slots) {
   if (num_kv_blocks_ != 0) return Status::Error("AllocateKvCache called twice");
   if (config_.mla()) {
     EMBER_RETURN_IF_ERROR(backend_->AllocateLatentKvPool(
         config_.num_layers, num_blocks, block_size,
         config_.kv_lora_rank + config_.qk_rope_head_dim));
   } else {
-    EMBER_RETURN_IF_ERROR(backend_->AllocateKvPool(config_.num_layers, num_blocks, block_size,
+    EMBER_RETURN_IF_ERROR(backend_->AllocateKvPool(KvLayerCount(config_), num_blocks, block_size,
                                                    config_.num_kv_heads, config_.head_dim));
+  }
+  if (const int64_t floats = RecurrentStateFloats(config_); floats > 0) {
+    EMBER_RETURN_IF_ERROR(backend_->AllocateStateSlots(num_state_slots, floats));
+    num_state_slots_ = num_state_slots;
   }
   num_kv_blocks_ = num_blocks;
   kv_block_size_ = block_size;
   return Status::Ok();
+}
+
+int64_t Model::StateBytesPerSequence() const {
+  return RecurrentStateFloats(config_) * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t Model::KvBlockBytes() const {
@@ -679,6 +800,10 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
       if (kind == RowOutput::kCopy)
         return Status::Error("StepOutputs: defer_ids with a kCopy row");
   }
+  for (const SequenceSlice& seq : plan.seqs)
+    if (num_state_slots_ > 0 && (seq.state_slot < 0 || seq.state_slot >= num_state_slots_))
+      return Status::Error("state slot " + std::to_string(seq.state_slot) + " outside the " +
+                           std::to_string(num_state_slots_) + " allocated");
   for (int32_t pos : plan.positions)
     if (pos >= config_.max_position_embeddings)
       return Status::Error("position " + std::to_string(pos) + " beyond max_position_embeddings " +
@@ -691,9 +816,10 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
   }
   EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
   if (outputs.defer_ids) backend_->DeferStepIds();
-  Status st = config_.mla()       ? ForwardDeepseek(*impl_, plan, outputs)
-              : IsGemma(config_) ? ForwardGemma(*impl_, plan, outputs)
-                                 : ForwardLlama(*impl_, plan, outputs);
+  Status st = config_.mla()                      ? ForwardDeepseek(*impl_, plan, outputs)
+              : IsGemma(config_)                   ? ForwardGemma(*impl_, plan, outputs)
+              : config_.model_type == "qwen3_next" ? ForwardQwen3Next(*impl_, plan, outputs)
+                                                   : ForwardLlama(*impl_, plan, outputs);
   if (!st.ok()) {
     if (outputs.defer_ids) backend_->DropStepIds();
     return st;

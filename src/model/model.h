@@ -30,7 +30,27 @@ struct GenerationDefaults {  // from generation_config.json (absent fields: null
   std::optional<bool> do_sample;
 };
 
-enum class LayerType { kFullAttention, kSlidingAttention };
+// kLinearAttention: a gated DeltaNet layer (qwen3_next), no KV in the paged pool; its per-sequence
+// conv and recurrent state lives in the backend's state slots (Backend::AllocateStateSlots).
+enum class LayerType { kFullAttention, kSlidingAttention, kLinearAttention };
+
+// Gated DeltaNet linear attention (qwen3_next's linear_* keys): num_key_heads q/k heads of
+// key_head_dim, num_value_heads v heads of value_head_dim (a multiple of the key heads: each key
+// head serves num_value_heads / num_key_heads value heads), a causal depthwise conv of conv_kernel
+// taps over the concatenated q, k, v channels.
+struct LinearAttentionConfig {
+  int32_t num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0;
+  int32_t conv_kernel = 0;
+  int64_t conv_dim() const {
+    return 2 * int64_t{num_key_heads} * key_head_dim + int64_t{num_value_heads} * value_head_dim;
+  }
+  // Floats of one layer's state per sequence: the conv window [conv_kernel - 1, conv_dim] and
+  // the recurrent matrices [num_value_heads, key_head_dim, value_head_dim].
+  int64_t state_floats() const {
+    return (conv_kernel - 1) * conv_dim() +
+           int64_t{num_value_heads} * key_head_dim * value_head_dim;
+  }
+};
 
 // The rope of one kind of layer (gemma3 has a local one for sliding layers).
 struct RopeConfig {
@@ -49,7 +69,7 @@ struct RopeConfig {
 // Everything the forward pass needs from config.json, normalised across the 4.x and 5.x layouts.
 struct ModelConfig {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen3_moe | phi3 | gemma2 |
-                           // gemma3_text | gpt_oss | deepseek_v3
+                           // gemma3_text | gpt_oss | deepseek_v3 | qwen3_next
   int32_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0,
           num_kv_heads = 0, head_dim = 0;
   int32_t max_position_embeddings = 0;  // context length
@@ -99,10 +119,24 @@ struct ModelConfig {
   int32_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = false;  // the rope dims come as pairs (de-interleaved before rotating)
   bool mla() const { return kv_lora_rank > 0; }
+  // qwen3_next: a shared expert of this width beside the routed ones (gated by
+  // sigmoid(shared_expert_gate x)); 0: none.
+  int32_t shared_expert_intermediate_size = 0;
+  // qwen3_next: q_proj also makes a per-head output gate (rows per head: head_dim of query, then
+  // head_dim of gate); attention output *= sigmoid(gate). RMSNorms are (1 + w).
+  bool attn_output_gate = false;
+  LinearAttentionConfig linear;  // layers of LayerType::kLinearAttention (qwen3_next)
   std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
 };
+
+// Layers whose K/V live in the paged pool (every layer but kLinearAttention ones), and the pool
+// index of layer l (-1 for a linear-attention layer).
+int32_t KvLayerCount(const ModelConfig& c);
+int32_t KvLayerIndex(const ModelConfig& c, int32_t layer);
+// Floats of one sequence's recurrent state over every linear-attention layer (0: none).
+int64_t RecurrentStateFloats(const ModelConfig& c);
 
 // Parses config.json text. `source` names the file in errors.
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
@@ -185,8 +219,16 @@ class Model {
   // Bytes of all weight files (what the mapping pins), and the parameter count.
   int64_t WeightBytes() const;
   int64_t NumParameters() const;
-  Status AllocateKvCache(int32_t num_blocks, int32_t block_size);  // call once before Forward
+  // Call once before Forward. Models with recurrent layers (qwen3_next) also get
+  // `num_state_slots` state slots (Backend::AllocateStateSlots; SequenceSlice::state_slot names
+  // one); others ignore it.
+  Status AllocateKvCache(int32_t num_blocks, int32_t block_size, int32_t num_state_slots = 1);
   int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  // Bytes of one sequence's recurrent state (0 for a model without recurrent layers): what a
+  // running sequence takes beyond its KV blocks.
+  int64_t StateBytesPerSequence() const;
+  bool has_recurrent_state() const { return StateBytesPerSequence() > 0; }
+  int32_t num_state_slots() const { return num_state_slots_; }
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;
@@ -222,6 +264,7 @@ class Model {
   std::unique_ptr<Impl> impl_;
   int32_t num_kv_blocks_ = 0;
   int32_t kv_block_size_ = 0;
+  int32_t num_state_slots_ = 0;
   std::string kv_fingerprint_;
   // Per logits row of the last Forward: whether it made an id that a fed token may name.
   std::vector<uint8_t> made_ids_;

@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                          ::testing::Combine(::testing::Values("llama3", "qwen2", "qwen3",
                                                               "qwen3_moe", "gpt_oss", "mistral",
                                                               "phi3", "gemma2", "gemma3",
-                                                              "deepseek_v3"),
+                                                              "deepseek_v3", "qwen3_next"),
                                             ::testing::Values("config.json", "config.v4.json")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -180,6 +180,20 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// qwen3_next's recurrent layers run on the CPU only: the CUDA backend refuses the model at load,
+// naming the architecture and the backend.
+TEST(CudaParityTest, RefusesQwen3Next) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  EMBER_REQUIRE_DIR(ModelDir("qwen3_next"));
+  ModelLoadOptions opts;
+  opts.device = DeviceKind::kCuda;
+  auto model = Model::Load(ModelDir("qwen3_next"), opts);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.message().find("qwen3_next"), std::string::npos) << model.message();
+  EXPECT_NE(model.message().find("not supported on the cuda backend yet"), std::string::npos)
+      << model.message();
+}
 
 // The CUDA backend in its production bf16 mode: logits within relative L2 3e-2 of the goldens
 // (mixture-of-experts models: most positions, see below), and greedy tokens identical wherever the choice is clear of the bf16 error: a step may differ

@@ -67,4 +67,12 @@ std::vector<uint8_t> GatherRows(const uint8_t* src, int64_t row_bytes, int64_t f
   return out;
 }
 
+std::vector<uint8_t> ConcatRowRanges(const uint8_t* src, int64_t row_bytes,
+                                     const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<uint8_t> out;
+  for (const auto& [first, count] : ranges)
+    out.insert(out.end(), src + first * row_bytes, src + (first + count) * row_bytes);
+  return out;
+}
+
 }  // namespace ember

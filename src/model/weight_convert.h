@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -29,5 +30,10 @@ std::vector<uint8_t> DequantizeMxfp4Rows(const uint8_t* blocks, const uint8_t* s
 // out [count, row_bytes]. (Packed MXFP4 experts: gate_up_proj's even rows are gate's, odd up's.)
 std::vector<uint8_t> GatherRows(const uint8_t* src, int64_t row_bytes, int64_t first,
                                 int64_t stride, int64_t count);
+
+// The rows [first, first + count) of each range in order, of a matrix of `row_bytes`-byte rows,
+// copied into one matrix (qwen3_next: in_proj_qkvz's per-key-head groups regrouped by part).
+std::vector<uint8_t> ConcatRowRanges(const uint8_t* src, int64_t row_bytes,
+                                     const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
 }  // namespace ember

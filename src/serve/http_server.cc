@@ -454,7 +454,8 @@ json HttpServer::ModelJson(const ServedModel& model) const {
       {"embeddings", model.embeddings.available},
       {"vision", false},
       {"audio", false},
-      {"prefix_caching", true},
+      // Off for a model with recurrent layers (qwen3_next) and with --no-prefix-cache.
+      {"prefix_caching", model.engine == nullptr || model.engine->Stats().prefix_caching},
   };
   return {{"id", model.name},
           {"object", "model"},

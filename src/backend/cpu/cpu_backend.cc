@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gated_delta.h"
 
 #include <immintrin.h>
 #include <sched.h>
@@ -246,7 +247,8 @@ class CpuBackend final : public Backend {
     kv_head_dim_ = width;
     latent_ = true;
     for (int32_t l = 0; l < num_layers; ++l) {
-      kv_.push_back(std::make_unique<KvBuffer>(static_cast<size_t>(num_blocks) * block_size * width));
+      kv_.push_back(std::make_unique<KvBuffer>(static_cast<size_t>(num_blocks) * block_size * width *
+                                                sizeof(float)));
       if (kv_.back()->get() == nullptr) return Status::Error("out of memory allocating the KV pool");
     }
     return Status::Ok();
@@ -265,7 +267,7 @@ class CpuBackend final : public Backend {
         << ShapeString(k_rope) << ", out " << ShapeString(out);
     const CpuRope& table = ropes_.at(static_cast<size_t>(rope_id));
     CHECK_EQ(table.rotary_dim, p.rope_dim);
-    const cpu::LatentKv kv{kv_[static_cast<size_t>(p.layer)]->get(),
+    const cpu::LatentKv kv{reinterpret_cast<float*>(kv_[static_cast<size_t>(p.layer)]->get()),
                            static_cast<int64_t>(num_blocks_) * block_size_, block_size_};
     cpu::MlaAttention(*plan_, p, {table.cos.data(), table.sin.data(), table.max_positions}, F(q),
                       F(c), F(k_rope), kv, F(out), *pool_);
@@ -461,6 +463,34 @@ class CpuBackend final : public Backend {
   void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
 
   std::string MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const override { return ""; }
+
+  // ---- recurrent layers (cpu/gated_delta.h kernels; state slots in one host array) ----
+  std::string RecurrentUnsupported() const override { return ""; }
+  Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override {
+    if (!state_.empty()) return Status::Error("the state slots are already allocated");
+    if (num_slots <= 0 || floats_per_slot <= 0)
+      return Status::Error("AllocateStateSlots needs positive num_slots and floats_per_slot");
+    state_.assign(static_cast<size_t>(num_slots) * static_cast<size_t>(floats_per_slot), 0.0f);
+    state_slots_ = num_slots;
+    state_floats_ = floats_per_slot;
+    return Status::Ok();
+  }
+  Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
+  Status GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, const Tensor& ba,
+                        Tensor out) override;
+  Status SigmoidGateMul(Tensor x, const Tensor& gate) override {
+    const int64_t rows = x.rows(), c = x.cols(), g = gate.cols();
+    CHECK_EQ(gate.rows(), rows);
+    CHECK_EQ(c % g, 0);
+    const int64_t run = c / g;
+    float* y = F(x);
+    const float* gt = F(gate);
+    for (int64_t i = 0; i < rows * g; ++i) {
+      const float s = 1.0f / (1.0f + std::exp(-gt[i]));
+      for (int64_t j = 0; j < run; ++j) y[i * run + j] *= s;
+    }
+    return Status::Ok();
+  }
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   // gpt-oss's MXFP4 experts stay packed (4.25 bits a weight) and cpu::MatMulMxfp4 converts them
   // as it reads them, to the values their bf16 dequantization holds (the same outputs).
@@ -670,6 +700,22 @@ class CpuBackend final : public Backend {
     CHECK_EQ(static_cast<int64_t>(bytes), KvBlockBytes());
     return Status::Ok();
   }
+  // Recurrent state: state_slots_ slots of state_floats_ floats (AllocateStateSlots).
+  std::vector<float> state_;
+  int32_t state_slots_ = 0;
+  int64_t state_floats_ = 0;
+  // Threads for a recurrent op's sequences: one (plan order) when two of them share a slot
+  // (padding rows share the scratch slot), else the pool.
+  int ThreadsForSlots() const {
+    std::vector<int32_t> slots;
+    for (const SequenceSlice& s : plan_->seqs) slots.push_back(s.state_slot);
+    std::sort(slots.begin(), slots.end());
+    return std::adjacent_find(slots.begin(), slots.end()) != slots.end() ? 1 : num_threads_;
+  }
+  float* SlotState(int32_t slot) {
+    CHECK(slot >= 0 && slot < state_slots_) << "state slot " << slot << " of " << state_slots_;
+    return state_.data() + static_cast<size_t>(slot) * static_cast<size_t>(state_floats_);
+  }
   // [2 * layer + (0: K, 1: V)] each [blocks, block_size, kv_heads] rows of the layer's dtype
   // (quantized dtypes: [blocks, kv_heads, block_size]; KvRowOffset); latent_ (MLA): [layer] each
   // [blocks, block_size, 1, latent + rope dims] of float32.
@@ -678,6 +724,45 @@ class CpuBackend final : public Backend {
   KvFormat kv_format_;  // SetKvFormat's, kAuto as kF32; all f32 when it was never called
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
+
+Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) {
+  const int64_t channels = x.cols();
+  const int32_t kernel = static_cast<int32_t>(weight.cols());
+  CHECK_EQ(weight.rows(), channels);
+  CHECK_EQ(x.rows(), plan_->num_tokens());
+  const int64_t window = (kernel - 1) * channels;
+  CHECK_LE(state_offset + window, state_floats_);
+  pool_->ParallelFor(plan_->num_seqs(), [&](int64_t i, int) {
+    const SequenceSlice& s = plan_->seqs[static_cast<size_t>(i)];
+    float* win = SlotState(s.state_slot) + state_offset;
+    if (s.context_len == s.query_len) std::fill(win, win + window, 0.0f);
+    cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start} * channels, s.query_len, channels,
+                              F(weight), kernel, win);
+  }, ThreadsForSlots());
+  return Status::Ok();
+}
+
+Status CpuBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, const Tensor& ba,
+                                  Tensor out) {
+  const cpu::DeltaHeadShape shape{p.num_k_heads, p.num_v_heads, p.k_head_dim, p.v_head_dim};
+  CHECK_EQ(qkv.cols(), shape.qkv_stride());
+  CHECK_EQ(ba.cols(), 2 * p.num_v_heads);
+  CHECK_EQ(out.cols(), int64_t{p.num_v_heads} * p.v_head_dim);
+  const int64_t head_floats = int64_t{p.k_head_dim} * p.v_head_dim;
+  CHECK_LE(p.state_offset + p.num_v_heads * head_floats, state_floats_);
+  const int64_t heads = p.num_v_heads;
+  pool_->ParallelFor(plan_->num_seqs() * heads, [&](int64_t item, int) {
+    const SequenceSlice& s = plan_->seqs[static_cast<size_t>(item / heads)];
+    const int32_t h = static_cast<int32_t>(item % heads);
+    float* state = SlotState(s.state_slot) + p.state_offset + h * head_floats;
+    if (s.context_len == s.query_len) std::fill(state, state + head_floats, 0.0f);
+    const int64_t first = s.query_start;
+    cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(), F(ba) + first * ba.cols(),
+                            F(*p.a_log), F(*p.dt_bias), s.query_len, state,
+                            F(out) + first * out.cols());
+  }, ThreadsForSlots());
+  return Status::Ok();
+}
 
 // gpt_oss's expert activation (MoeActivation::kClampedSwiglu), element-wise.
 void ClampedSwiglu(const float* gate, const float* up, int64_t n, float limit, float alpha,
