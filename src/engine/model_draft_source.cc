@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "engine/engine_config.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -184,6 +183,21 @@ Status ModelDraftSource::Run(std::span<const kv::SeqId> seqs,
     fed.insert(fed.end(), rows[i].begin(), rows[i].end());
   }
   return Status::Ok();
+}
+
+Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& config,
+                                                     const ModelLoadOptions& opts,
+                                                     int32_t target_vocab_size) {
+  if (config.method != SpeculationConfig::Method::kDraft || config.draft_model.empty())
+    return Status::Error("LoadDraftSource: needs --spec-method draft and --draft-model");
+  auto model = Model::Load(config.draft_model, opts);
+  if (!model.ok())
+    return Status::Error("--draft-model " + config.draft_model + ": " + model.message());
+  ModelDraftSource::Options options;
+  options.kv_cache_bytes = config.draft_kv_cache_bytes;
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ModelDraftSource> source,
+                         ModelDraftSource::Create(std::move(*model), target_vocab_size, options));
+  return std::unique_ptr<DraftSource>(std::move(source));
 }
 
 }  // namespace ember

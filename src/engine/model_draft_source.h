@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/draft_source.h"
+#include "engine/engine_config.h"
 #include "kv/kv_cache_manager.h"
 #include "model/model.h"
 #include "util/status.h"
@@ -80,5 +81,12 @@ class ModelDraftSource : public DraftSource {
   std::unordered_map<kv::SeqId, std::vector<int32_t>> fed_;  // tokens in each sequence's draft KV
   int64_t forwards_ = 0, fed_tokens_ = 0;
 };
+
+// kDraft's source as the app and the benchmarks make it: loads config.draft_model with `opts`
+// (the target's backend and device options) and sizes its pool by config.draft_kv_cache_bytes.
+// The tokenizers' comparison is the caller's (the engine has none).
+Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& config,
+                                                     const ModelLoadOptions& opts,
+                                                     int32_t target_vocab_size);
 
 }  // namespace ember
