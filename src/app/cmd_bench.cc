@@ -408,7 +408,7 @@ int BenchCommand(int argc, char** argv, int first) {
     std::string spec_line;
     for (const bool spec : {false, true}) {
       EngineConfig config = device_flags.Config();
-      if (!spec) config.speculation.method = SpeculationConfig::Method::kNone;
+      if (!spec) config.speculation = SpeculationConfig{};  // off (and no --draft-model)
       std::vector<double> rates;
       EngineStats stats;
       for (int64_t r = 0; r <= reps; ++r) {  // the first run warms up

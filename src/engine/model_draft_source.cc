@@ -119,6 +119,11 @@ Status ModelDraftSource::CatchUp(std::span<const DraftJob* const> active) {
   std::vector<std::vector<int32_t>> rows;
   std::vector<int32_t> ids;
   while (true) {
+    // What the first round would feed (every job's unseen tokens): one forward when it fits.
+    int64_t pending = 0;
+    for (const DraftJob* job : active)
+      pending += static_cast<int64_t>(job->tokens.size() - fed_[job->seq].size());
+    if (pending <= options_.max_step_tokens) return Status::Ok();
     seqs.clear();
     rows.clear();
     int32_t budget = options_.max_step_tokens;
@@ -147,7 +152,12 @@ Status ModelDraftSource::DraftRounds(std::span<const DraftJob* const> active) {
     for (const DraftJob* job : active) {
       if (round >= job->max_tokens) continue;
       seqs.push_back(job->seq);
-      rows.push_back({round == 0 ? job->tokens.back() : job->out->back()});
+      if (round == 0) {  // the tokens CatchUp left: at least the last one
+        const size_t fed = fed_[job->seq].size();
+        rows.emplace_back(job->tokens.begin() + static_cast<std::ptrdiff_t>(fed), job->tokens.end());
+      } else {
+        rows.push_back({job->out->back()});
+      }
       drafting.push_back(job);
     }
     if (seqs.empty()) return Status::Ok();

@@ -9,10 +9,12 @@
 //   1. drops the state of sequences no longer running (finished, cancelled, preempted);
 //   2. per job keeps the longest prefix its draft KV shares with the sequence's tokens (a
 //      rejection truncates: KvCacheManager::Truncate) and grows its table for tokens + k - 1;
-//   3. catches up on the tokens the draft has not seen (prompt, accepted tokens) but the last,
-//      in forwards of at most max_step_tokens rows over all jobs;
-//   4. k rounds of one row per job (the last token, then each draft), all jobs in one forward
-//      per round, the argmax computed where the logits are (RowOutput::kArgmax).
+//   3. feeds the tokens the draft has not seen (prompt, accepted tokens): while they exceed
+//      max_step_tokens over all jobs, in chunks of that many rows (never a job's last token);
+//   4. k rounds, all jobs in one forward per round: the first feeds each job's unseen tokens
+//      (usually the target's last token and the draft it did not feed), each later one the
+//      previous draft; a job's draft is the argmax after its last row, computed where the
+//      logits are (RowOutput::kArgmax). So a step costs the draft k forwards.
 // A job whose table cannot grow (the pool is full even after dropping the state of sequences
 // not drafting now), or that would pass the draft's context, gets no proposal; a failed forward
 // drops every state and proposes nothing (logged). Engine thread only.
@@ -65,7 +67,8 @@ class ModelDraftSource : public DraftSource {
   // Step 2 for one job: false when it gets no proposal (its state is dropped).
   bool Prepare(const DraftJob& job, std::span<const DraftJob> jobs);
   void Drop(kv::SeqId seq);
-  // Step 3: every job's tokens [fed, size - 1) into the draft's KV.
+  // Step 3: while the jobs' unseen tokens exceed max_step_tokens, feeds chunks of them (never a
+  // job's last token) without using the logits.
   Status CatchUp(std::span<const DraftJob* const> active);
   // Step 4.
   Status DraftRounds(std::span<const DraftJob* const> active);
