@@ -9,8 +9,8 @@
 //      request's end to the (N-C)-th's, past the first wave's ramp and before the drain);
 //   3. time to first token for a prompt with a long shared prefix, cold (nothing cached) and warm
 //      (the prefix cached by an earlier request with a different suffix).
-// --spec-method ngram runs every test with speculative decoding; each level's line then adds the
-// drafted and accepted tokens, the acceptance rate and the tokens per target step (a sequence's
+// --spec-method ngram|draft (draft: --draft-model DIR) runs every test with speculative decoding;
+// each level's line then adds the drafted and accepted tokens, the acceptance rate and the tokens per target step (a sequence's
 // tokens per step it sampled in). --copy-prompt makes each prompt a random quarter repeated four
 // times (copy-heavy text, where prompt lookup finds its drafts).
 // Results go to docs/perf.md with the machine, the command and the date.
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/model_draft_source.h"
 #include "util/flags.h"
 
 namespace ember {
@@ -173,10 +174,12 @@ int Main(int argc, char** argv) {
   flags.AddString("--device", &device, "cpu | cuda");
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
-  std::string spec_method = "none";
+  std::string spec_method = "none", draft_model;
   int64_t num_spec_tokens = 4, spec_max_batch = 16;
   bool copy_prompt = false;
-  flags.AddString("--spec-method", &spec_method, "none | ngram: speculative decoding (default none)");
+  flags.AddString("--spec-method", &spec_method,
+                  "none | ngram | draft: speculative decoding (default none)");
+  flags.AddString("--draft-model", &draft_model, "the draft model of --spec-method draft");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per sequence and step (4)");
   flags.AddInt("--spec-max-batch", &spec_max_batch,
                "no drafts while more sequences than this run (16)");
@@ -222,7 +225,17 @@ int Main(int argc, char** argv) {
                                                        : SpeculationConfig::Method::kNone;
   config.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   config.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
-  auto engine = Engine::Create(model->get(), config);
+  config.speculation.draft_model = draft_model;
+  std::unique_ptr<DraftSource> draft;
+  if (config.speculation.method == SpeculationConfig::Method::kDraft) {
+    auto loaded = LoadDraftSource(config.speculation, opts, vocab);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "%s\n", loaded.message().c_str());
+      return 1;
+    }
+    draft = std::move(*loaded);
+  }
+  auto engine = Engine::Create(model->get(), config, std::move(draft));
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
     return 1;

@@ -7,7 +7,7 @@
 // engine's overlapped steps; --no-overlap waits for each id first).
 // --tg-logits instead copies every step's logits row to the host and feeds a fixed token
 // sequence (what llama-bench's tg measures: llama_decode with its logits read back).
-// --spec-method ngram adds two rows that generate through the engine (one greedy request of N
+// --spec-method ngram|draft (draft: --draft-model DIR) adds two rows that generate through the engine (one greedy request of N
 // tokens after a copy-heavy prompt: 64 synthetic tokens four times), speculation off and on, and
 // a line with the drafted and accepted tokens and the tokens per target step.
 #include <sys/resource.h>
@@ -27,6 +27,7 @@
 
 #include "app/commands.h"
 #include "app/common.h"
+#include "engine/model_draft_source.h"
 #include "model/model.h"
 #include "util/flags.h"
 
@@ -161,7 +162,13 @@ struct EngineTg {
 Result<EngineTg> RunEngineTg(const std::string& model_dir, const ModelLoadOptions& opts,
                              const EngineConfig& config, int64_t n) {
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(model_dir, opts));
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model.get(), config));
+  std::unique_ptr<DraftSource> draft;
+  if (config.speculation.method == SpeculationConfig::Method::kDraft) {
+    EMBER_ASSIGN_OR_RETURN(draft,
+                           LoadDraftSource(config.speculation, opts, model->config().vocab_size));
+  }
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                         Engine::Create(model.get(), config, std::move(draft)));
   GenerationRequest r;
   for (int copy = 0; copy < 4; ++copy)
     for (int32_t i = 0; i < 64; ++i)
@@ -233,8 +240,7 @@ int BenchCommand(int argc, char** argv, int first) {
                   "exact | bf16 | auto: CPU matrix products (see ember run --help)");
   flags.AddString("--spec-method", &spec_method,
                   "none | ngram | draft: also run tg through the engine with speculation off and "
-                  "on, after a copy-heavy prompt (see ember run --help; draft is not supported "
-                  "yet)");
+                  "on, after a copy-heavy prompt (see ember run --help)");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per step (default 4)");
   flags.AddString("--draft-model", &draft_model, "draft model for --spec-method draft");
   bool help = false;
@@ -412,7 +418,7 @@ int BenchCommand(int argc, char** argv, int first) {
     std::string spec_line;
     for (const bool spec : {false, true}) {
       EngineConfig config = device_flags.Config();
-      if (!spec) config.speculation.method = SpeculationConfig::Method::kNone;
+      if (!spec) config.speculation = SpeculationConfig{};  // off (and no --draft-model)
       std::vector<double> rates;
       EngineStats stats;
       for (int64_t r = 0; r <= reps; ++r) {  // the first run warms up

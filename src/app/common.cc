@@ -1,6 +1,7 @@
 #include "app/common.h"
 
 #include "app/model_files.h"
+#include "engine/model_draft_source.h"
 #include "model/quantize.h"
 
 #include "util/log.h"
@@ -118,8 +119,8 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                 "step whose tokens need no host work launches first)");
   flags.AddString("--spec-method", &spec_method,
                   "none | ngram | draft: speculative decoding. ngram drafts from the sequence's own "
-                  "prompt and output (prompt lookup, no weights); outputs are unchanged. draft (a "
-                  "draft model) is not supported yet. Default none");
+                  "prompt and output (prompt lookup, no weights); draft runs --draft-model (a small "
+                  "model of the same tokenizer) greedily. Outputs are unchanged. Default none");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens,
                "the most tokens a sequence drafts per step, 1..64 (default 4; adapted per sequence "
                "to its acceptance)");
@@ -127,7 +128,11 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                "no sequence drafts while more than this many are running (a large batch is "
                "compute-bound; default 16)");
   flags.AddString("--draft-model", &draft_model,
-                  "draft model folder for --spec-method draft (not supported yet)");
+                  "draft model folder for --spec-method draft: same vocabulary and tokenizer as "
+                  "the model; loaded on the same device with the same options");
+  flags.AddInt("--draft-kv-cache-bytes", &draft_kv_cache_bytes,
+               "the draft model's own KV cache in bytes, apart from --kv-cache-bytes (default 0: "
+               "128 MiB); sequences that do not fit get no drafts");
   if (serving) flags.AddInt("--max-queue", &max_queue, "requests waiting before 429 (default 1024)");
 }
 
@@ -150,7 +155,7 @@ Status EngineFlags::CheckSpeculation() const {
                          std::to_string(num_spec_tokens));
   if (spec_max_batch < 0 || spec_max_batch > (int64_t{1} << 20))
     return Status::Error("--spec-max-batch: must be in [0, 1048576]");
-  return CreateDraftSource(Config().speculation).status();
+  return CheckSpeculationConfig(Config().speculation);
 }
 
 Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
@@ -200,6 +205,7 @@ EngineConfig EngineFlags::Config() const {
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
   c.speculation.draft_model = draft_model;
+  c.speculation.draft_kv_cache_bytes = draft_kv_cache_bytes;
   c.prompt_cache.dir = prompt_cache_dir;
   c.prompt_cache.disk_bytes = prompt_cache_disk_bytes;
   c.prompt_cache.ram_bytes = prompt_cache_ram_bytes;
@@ -228,8 +234,35 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
     EMBER_ASSIGN_OR_RETURN(lm.tokenizer, LoadModelTokenizer(model_dir));
   }
   EMBER_ASSIGN_OR_RETURN(lm.model, Model::Load(model_dir, opts));
-  EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), flags.Config()));
+  const EngineConfig config = flags.Config();
+  std::unique_ptr<DraftSource> draft;
+  if (config.speculation.method == SpeculationConfig::Method::kDraft) {
+    EMBER_RETURN_IF_ERROR(CheckDraftTokenizer(lm.tokenizer.get(), flags.draft_model));
+    EMBER_ASSIGN_OR_RETURN(draft, LoadDraftSource(config.speculation, opts,
+                                                  lm.model->config().vocab_size));
+  }
+  EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), config, std::move(draft)));
   return lm;
+}
+
+Status CheckDraftTokenizer(const Tokenizer* target, const std::string& draft_dir) {
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> draft, LoadModelTokenizer(draft_dir));
+  if (target == nullptr || draft == nullptr) {
+    LOG_WARN << "--draft-model: " << (target == nullptr ? "the model" : "the draft model")
+             << " has no tokenizer to compare; only the vocabulary sizes are checked";
+    return Status::Ok();
+  }
+  if (target->vocab_size() != draft->vocab_size())
+    return Status::Error("--draft-model " + draft_dir + ": its tokenizer has " +
+                         std::to_string(draft->vocab_size()) + " tokens, the model's " +
+                         std::to_string(target->vocab_size()));
+  for (int32_t id = 0; id < target->vocab_size(); ++id) {
+    if (target->IdToToken(id) != draft->IdToToken(id))
+      return Status::Error("--draft-model " + draft_dir + ": its tokenizer differs from the "
+                           "model's (token " + std::to_string(id) + " is '" +
+                           draft->IdToToken(id) + "' there, '" + target->IdToToken(id) + "' here)");
+  }
+  return Status::Ok();
 }
 
 serve::ServedModel ServedModelOf(const LoadedModel& lm) {

@@ -37,7 +37,7 @@ struct GenerationFlags {
 
 // --device --threads --quantize --max-batch --kv-cache-bytes --kv-cache-dtype
 // --kv-cache-dtype-layers --max-step-tokens --max-model-len
-// --spec-method --num-spec-tokens --spec-max-batch --draft-model
+// --spec-method --num-spec-tokens --spec-max-batch --draft-model --draft-kv-cache-bytes
 struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
@@ -55,6 +55,7 @@ struct EngineFlags {
   std::string spec_method = "none";  // --spec-method none|ngram|draft
   std::string draft_model;           // --draft-model DIR
   int64_t num_spec_tokens = 4, spec_max_batch = 16;
+  int64_t draft_kv_cache_bytes = 0;  // --draft-kv-cache-bytes; 0: the default (128 MiB)
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;
   // The speculation flags, checked (a method not supported yet is an error naming it): what a
@@ -69,9 +70,14 @@ struct LoadedModel {
   std::unique_ptr<Engine> engine;
 };
 // Checks the flags, loads the tokenizer (`tokenizer` when the caller already loaded it; none when
-// the folder has no tokenizer.json) before the weights, then the model and the engine.
+// the folder has no tokenizer.json) before the weights, then the model, with --spec-method draft
+// the draft model (CheckDraftTokenizer, LoadDraftSource), and the engine.
 Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags,
                                        std::unique_ptr<Tokenizer> tokenizer = nullptr);
+// --draft-model's tokenizer against the model's: the same size and the same token text at every
+// id, else an error naming the first difference. Only a warning when either has none (a bare
+// checkpoint: the vocabulary sizes are still compared by ModelDraftSource::Create).
+Status CheckDraftTokenizer(const Tokenizer* target, const std::string& draft_dir);
 // What the request builder needs of a loaded model: its tokenizer, engine, generation_config.json
 // and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
 serve::ServedModel ServedModelOf(const LoadedModel& lm);

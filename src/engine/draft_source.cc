@@ -29,6 +29,11 @@ void ProposeFromHistory(std::span<const int32_t> tokens, int32_t min_ngram, int3
   }
 }
 
+void DraftSource::ProposeAll(std::span<const DraftJob> jobs,
+                             std::span<const kv::SeqId> /*running*/) {
+  for (const DraftJob& job : jobs) Propose(job.seq, job.tokens, job.max_tokens, job.out);
+}
+
 NgramDraftSource::NgramDraftSource(int32_t min_ngram, int32_t max_ngram)
     : min_ngram_(min_ngram), max_ngram_(max_ngram) {
   CHECK(min_ngram >= 1 && min_ngram <= max_ngram) << min_ngram << ".." << max_ngram;

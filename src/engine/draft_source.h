@@ -1,6 +1,7 @@
 // DraftSource: proposes the tokens a sequence is likely to generate next, for speculative decoding
 // (speculator.h verifies them in the batch). One interface for every source: `ngram` (prompt
-// lookup: the sequence's own history, no weights; below) and, later, a draft model. A source sees
+// lookup: the sequence's own history, no weights; below) and `draft` (a small model of the same
+// vocabulary, model_draft_source.h). A source sees
 // only a sequence's known tokens (prompt + accepted output, no placeholder) and returns at most
 // `max_tokens` proposals; proposing nothing is always allowed. Its proposals never change the
 // output (verification keeps exactly the target's tokens), only how many tokens a step yields.
@@ -17,6 +18,14 @@
 
 namespace ember {
 
+// One sequence's proposal request in a step (DraftSource::ProposeAll).
+struct DraftJob {
+  kv::SeqId seq = 0;
+  std::span<const int32_t> tokens;  // prompt + accepted output
+  int32_t max_tokens = 0;           // >= 1
+  std::vector<int32_t>* out = nullptr;
+};
+
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
@@ -24,6 +33,10 @@ class DraftSource {
   // Appends up to max_tokens proposed continuations of `tokens` to *out (cleared first).
   virtual void Propose(kv::SeqId seq, std::span<const int32_t> tokens, int32_t max_tokens,
                        std::vector<int32_t>* out) = 0;
+  // One step's proposals for every sequence that drafts now; `running` names every running
+  // sequence (drafting or not): a source with per-sequence state may drop the state of any other
+  // id (finished, cancelled, preempted). Default: Propose for each job, in order.
+  virtual void ProposeAll(std::span<const DraftJob> jobs, std::span<const kv::SeqId> running);
 };
 
 // Prompt lookup ("ngram"): the longest suffix of the history, from max_ngram tokens down to

@@ -12,7 +12,7 @@ namespace ember {
 // sequence and step, and the step verifies them (1 + k rows of that sequence). Outputs are the
 // same with it on or off; only the tokens per step change.
 struct SpeculationConfig {
-  enum class Method { kNone, kNgram, kDraft };  // kDraft (a draft model) is not supported yet
+  enum class Method { kNone, kNgram, kDraft };  // kDraft: ModelDraftSource (model_draft_source.h)
   Method method = Method::kNone;
   // K: the most tokens one sequence drafts per step (its adaptive length stays within 1..K).
   int32_t num_spec_tokens = 4;
@@ -22,6 +22,10 @@ struct SpeculationConfig {
   // ngram: the history suffix lengths tried, longest first.
   int32_t ngram_min = 1, ngram_max = 3;
   std::string draft_model;  // kDraft's checkpoint (--draft-model)
+  // kDraft: the draft model's own KV pool in bytes (--draft-kv-cache-bytes); 0: the default,
+  // kDefaultDraftKvCacheBytes. Apart from the target's pool (--kv-cache-bytes).
+  int64_t draft_kv_cache_bytes = 0;
+  static constexpr int64_t kDefaultDraftKvCacheBytes = int64_t{128} << 20;
 };
 
 // The prompt cache below the KV pool (engine/prompt_tier.h, prompt_cache/disk_store.h).

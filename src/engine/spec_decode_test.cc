@@ -3,7 +3,10 @@
 // a mixed batch (speculating and non-speculating requests, staggered, chunked prefill); seeded
 // sampled requests with every logits processor (penalties, logit_bias, min_tokens, logprobs, n)
 // and constrained requests likewise; drafts that are mostly wrong leave no KV block behind, even
-// under preemption; usage counts the drafts of a speculating request and nothing otherwise.
+// under preemption; usage counts the drafts of a speculating request and nothing otherwise. The
+// draft-model source (ModelDraftSource) likewise: a model drafting for itself (greedy: every draft
+// kept), another model of the same vocabulary (mostly rejected), seeded sampling with n > 1, and
+// preemption with both KV pools small.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/model_draft_source.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -385,6 +389,156 @@ TEST(SpecDecodeTest, RejectedDraftsLeaveNoBlockBehindUnderPreemption) {
     EXPECT_FALSE(u.speculative);
     EXPECT_EQ(u.accepted_prediction_tokens + u.rejected_prediction_tokens, 0);
   }
+}
+
+// A draft model loaded from `dir` for a target of `target_vocab` tokens (null on failure, with
+// the test failed).
+std::unique_ptr<DraftSource> DraftModel(const std::string& dir, int32_t target_vocab,
+                                        int64_t kv_cache_bytes = 0) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return nullptr;
+  ModelDraftSource::Options options;
+  options.kv_cache_bytes = kv_cache_bytes;
+  options.max_step_tokens = 7;  // the catch-up in several forwards
+  auto source = ModelDraftSource::Create(std::move(*model), target_vocab, options);
+  EXPECT_TRUE(source.ok()) << source.message();
+  if (!source.ok()) return nullptr;
+  return std::move(*source);
+}
+
+int32_t VocabOf(const std::string& dir) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  return model.ok() ? (*model)->config().vocab_size : 0;
+}
+
+class SpecDraftModelTest : public ::testing::TestWithParam<std::string> {};
+
+// A model drafting for itself (greedy): the golden continuations, every draft kept, more than one
+// token per target step; batched, staggered, chunked prefill, half the requests not speculating.
+TEST_P(SpecDraftModelTest, SelfDraftKeepsEveryGreedyDraft) {
+  const std::string dir = ModelDir(GetParam());
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  GoldenRequests(dir, &requests, &expected);
+  const size_t num_golden = requests.size();
+  for (size_t i = 0; i < num_golden; ++i) {
+    requests.push_back(requests[i]);
+    requests.back().speculate = false;
+  }
+  RunOptions draft;
+  draft.max_step_tokens = 13;
+  draft.stagger = true;
+  draft.source = DraftModel(dir, VocabOf(dir));
+  ASSERT_NE(draft.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(draft));
+  const auto ids = FirstSamples(got);
+  ASSERT_EQ(ids.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(ids[i], expected[i % num_golden]) << "request " << i;
+  EXPECT_GT(got.stats.spec_draft_tokens, 0);
+  EXPECT_EQ(got.stats.spec_accepted_tokens, got.stats.spec_draft_tokens);
+  EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpecDraftModelTest,
+                         ::testing::Values("tinystories-656k", "llama3", "qwen3", "gemma2"));
+
+// Another model of the same vocabulary (llama3's fixture drafting for qwen2's, both 512 tokens of
+// random weights): its drafts are mostly rejected, the outputs are still the goldens.
+TEST(SpecDecodeTest, DraftModelThatDisagreesChangesNothing) {
+  const std::string dir = ModelDir("qwen2"), draft_dir = ModelDir("llama3");
+  EMBER_REQUIRE_DIR(dir);
+  EMBER_REQUIRE_DIR(draft_dir);
+  std::vector<GenerationRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  GoldenRequests(dir, &requests, &expected);
+  RunOptions draft;
+  draft.source = DraftModel(draft_dir, VocabOf(dir));
+  ASSERT_NE(draft.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(draft));
+  EXPECT_EQ(FirstSamples(got), expected);
+  EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
+}
+
+// Seeded sampling with every processor and n = 2, the model drafting for itself: the draft's
+// greedy tokens are often rejected at temperature > 0, the outputs (and logprobs) are the same.
+TEST(SpecDecodeTest, DraftModelSeededSampledOutputsAreIdentical) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<GenerationRequest> requests = SampledRequests();
+  RunOptions plain_options;
+  plain_options.max_running = 4;
+  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  RunOptions spec;
+  spec.max_running = 4;
+  spec.source = DraftModel(dir, 2048);
+  ASSERT_NE(spec.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(spec));
+  ASSERT_EQ(got.outputs.size(), plain.outputs.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i;
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
+}
+
+// Preemption in the target's pool and a draft pool too small for every sequence (the draft drops
+// idle sequences' state and skips what does not fit): the outputs do not change, no target block
+// is left behind.
+TEST(SpecDecodeTest, DraftModelUnderPreemptionAndASmallDraftPool) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::vector<GenerationRequest> requests;
+  std::mt19937 rng(11);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> prompt = {1, 80, 147, 201, 282, 57, 300, 301, 302, 9, 10, 11};
+    for (int j = 0; j < i % 5; ++j) prompt.push_back(1 + static_cast<int32_t>(rng() % 2000));
+    requests.push_back(Greedy(prompt, 20 + i));
+    if (i % 4 == 3) requests.back().sampling.temperature = 0.8f, requests.back().sampling.seed = 9;
+  }
+  RunOptions plain_options;
+  plain_options.solo = true;
+  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  RunOptions spec;
+  spec.kv_cache_bytes = int64_t{12} * 16 * 1024;  // 12 blocks of 16 tokens (1 KiB a token)
+  spec.max_running = 8;
+  spec.source = DraftModel(dir, 2048, /*kv_cache_bytes=*/int64_t{8} * 16 * 1024);
+  ASSERT_NE(spec.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(spec));
+  ASSERT_EQ(got.outputs.size(), plain.outputs.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i;
+  EXPECT_GT(got.stats.preemptions, 0) << "no preemption: make the cache smaller";
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  EXPECT_EQ(got.stats.kv_blocks_used, 0);
+}
+
+// The refusals: a draft of another vocabulary (naming both sizes), and --spec-method draft
+// without --draft-model or made from a config alone.
+TEST(SpecDecodeTest, DraftModelRefusals) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto refused = ModelDraftSource::Create(std::move(*model), 512, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("2048"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("512"), std::string::npos) << refused.message();
+  SpeculationConfig config;
+  config.method = SpeculationConfig::Method::kDraft;
+  Status no_model = CheckSpeculationConfig(config);
+  ASSERT_FALSE(no_model.ok());
+  EXPECT_NE(no_model.message().find("--draft-model"), std::string::npos) << no_model.message();
+  config.draft_model = dir;
+  EXPECT_TRUE(CheckSpeculationConfig(config).ok());
+  EXPECT_FALSE(CreateDraftSource(config).ok());  // the engine alone cannot load it
+  auto target = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(target.ok());
+  EngineConfig engine_config;
+  engine_config.speculation = config;
+  EXPECT_FALSE(Engine::Create(target->get(), engine_config).ok());
 }
 
 }  // namespace

@@ -137,14 +137,23 @@ TEST(SpeculatorTest, DraftsWithinMaxTokensAndBacksOffOnLargeBatches) {
   EXPECT_EQ(a->spec.draft_len(), 2);
 }
 
-TEST(SpeculatorTest, DraftMethodIsRefusedByName) {
+// kDraft: the config checks pass with --draft-model and refuse it without; the source itself is
+// the caller's (ModelDraftSource, loaded with its model): CreateDraftSource refuses by name.
+TEST(SpeculatorTest, DraftMethodNeedsADraftModelFromTheCaller) {
   SpeculationConfig config;
   config.method = SpeculationConfig::Method::kDraft;
+  Status no_model = CheckSpeculationConfig(config);
+  ASSERT_FALSE(no_model.ok());
+  EXPECT_NE(no_model.message().find("needs --draft-model"), std::string::npos) << no_model.message();
   config.draft_model = "/models/small";
+  EXPECT_TRUE(CheckSpeculationConfig(config).ok());
+  config.draft_kv_cache_bytes = -1;
+  EXPECT_FALSE(CheckSpeculationConfig(config).ok());
+  config.draft_kv_cache_bytes = 0;
   auto source = CreateDraftSource(config);
   ASSERT_FALSE(source.ok());
   EXPECT_NE(source.message().find("--spec-method draft"), std::string::npos) << source.message();
-  EXPECT_NE(source.message().find("not supported yet"), std::string::npos);
+  EXPECT_NE(source.message().find("/models/small"), std::string::npos) << source.message();
   config.method = SpeculationConfig::Method::kNgram;
   EXPECT_FALSE(CreateDraftSource(config).ok());  // --draft-model without draft
   config.draft_model.clear();

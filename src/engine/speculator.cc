@@ -4,6 +4,18 @@
 
 namespace ember {
 
+Status CheckSpeculationConfig(const SpeculationConfig& config) {
+  using Method = SpeculationConfig::Method;
+  if (config.method != Method::kDraft) return CreateDraftSource(config).status();
+  SpeculationConfig ngram = config;  // the same checks, less the draft model's loading
+  ngram.method = Method::kNgram;
+  ngram.draft_model.clear();
+  EMBER_RETURN_IF_ERROR(CreateDraftSource(ngram).status());
+  if (config.draft_model.empty())
+    return Status::Error("--spec-method draft needs --draft-model DIR (the draft checkpoint)");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& config) {
   using Method = SpeculationConfig::Method;
   if (config.method != Method::kDraft && !config.draft_model.empty())
@@ -14,10 +26,15 @@ Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& 
                          std::to_string(config.num_spec_tokens));
   if (config.max_batch < 0)
     return Status::Error("--spec-max-batch: must be >= 0, got " + std::to_string(config.max_batch));
+  if (config.draft_kv_cache_bytes < 0)
+    return Status::Error("--draft-kv-cache-bytes: must be >= 0 (0: the default)");
   if (config.method == Method::kDraft) {
-    return Status::Error(
-        "--spec-method draft (a draft model, --draft-model DIR) is not supported yet; use "
-        "--spec-method ngram");
+    if (config.draft_model.empty())
+      return Status::Error("--spec-method draft needs --draft-model DIR (the draft checkpoint)");
+    // The draft model is loaded by the caller (app/common.cc: ModelDraftSource::Create) and
+    // handed to Engine::Create; the engine cannot make it from a config alone.
+    return Status::Error("--spec-method draft: the draft model " + config.draft_model +
+                         " must be loaded by the caller (ModelDraftSource)");
   }
   if (config.ngram_min < 1 || config.ngram_min > config.ngram_max)
     return Status::Error("speculation: the ngram lengths must satisfy 1 <= min <= max");
@@ -36,9 +53,13 @@ int32_t Speculator::DraftRoom(const Sequence& seq) const {
 
 void Speculator::Propose(std::span<Sequence* const> running) {
   const bool back_off = static_cast<int32_t>(running.size()) > config_.max_batch;
+  jobs_.clear();
+  drafting_.clear();
+  running_ids_.clear();
   for (Sequence* seq : running) {
     seq->draft.clear();
     seq->wants_drafts = false;
+    running_ids_.push_back(seq->id);
     if (!enabled() || !seq->speculates || back_off) continue;
     if (seq->spec.paused()) {
       seq->spec.Tick();
@@ -47,9 +68,13 @@ void Speculator::Propose(std::span<Sequence* const> running) {
     seq->wants_drafts = true;
     const int32_t room = DraftRoom(*seq);
     if (room <= 0) continue;
-    source_->Propose(seq->id, seq->tokens, room, &seq->draft);
-    if (seq->draft.empty()) seq->spec.RecordEmpty();
+    jobs_.push_back(DraftJob{seq->id, seq->tokens, room, &seq->draft});
+    drafting_.push_back(seq);
   }
+  if (!enabled()) return;
+  source_->ProposeAll(jobs_, running_ids_);
+  for (Sequence* seq : drafting_)
+    if (seq->draft.empty()) seq->spec.RecordEmpty();
 }
 
 void Speculator::Record(Sequence* seq, int32_t drafted, int32_t accepted) {

@@ -1,5 +1,6 @@
 // Speculator: speculative decoding's engine-side policy. Before each step is scheduled it asks
-// its DraftSource for every running sequence that may draft (Propose: Sequence::draft); after a
+// its DraftSource for every running sequence that may draft, in one call (Propose ->
+// DraftSource::ProposeAll: Sequence::draft; the source also learns which sequences run); after a
 // step verified a sequence's drafts the postprocessor reports what was kept (Record), which
 // adapts that sequence's draft length (SpecAdapt) and adds to the counters.
 //
@@ -32,8 +33,12 @@
 
 namespace ember {
 
-// The configured source: null for kNone, an error naming what is not supported.
+// The configured source: null for kNone, an error naming what is not supported. kDraft is an
+// error here: its model is loaded by the caller (ModelDraftSource::Create, model_draft_source.h)
+// and passed to Engine::Create.
 Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& config);
+// The config's checks without making a source (kDraft: needs draft_model).
+Status CheckSpeculationConfig(const SpeculationConfig& config);
 
 class Speculator {
  public:
@@ -55,6 +60,10 @@ class Speculator {
   const SpeculationConfig config_;
   std::unique_ptr<DraftSource> source_;
   EngineStats* counters_;
+  // Propose's scratch (kept to reuse their capacity).
+  std::vector<DraftJob> jobs_;
+  std::vector<Sequence*> drafting_;
+  std::vector<kv::SeqId> running_ids_;
 };
 
 }  // namespace ember

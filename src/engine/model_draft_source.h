@@ -1,0 +1,95 @@
+// ModelDraftSource: speculative decoding's `draft` source (--spec-method draft --draft-model DIR):
+// a second, smaller Model of the same vocabulary proposes each sequence's next tokens greedily
+// (the argmax of its logits, k steps). Verification stays exact (speculator.h): what it proposes
+// changes only how many tokens a target step yields, never which.
+//
+// State: the draft model's own KV pool (Model::AllocateKvCache, sized by --draft-kv-cache-bytes)
+// and a private KvCacheManager over it (no prefix caching) with one block table per sequence,
+// plus the tokens each sequence's draft KV holds. Proposing for a step (ProposeAll):
+//   1. drops the state of sequences no longer running (finished, cancelled, preempted);
+//   2. per job keeps the longest prefix its draft KV shares with the sequence's tokens (a
+//      rejection truncates: KvCacheManager::Truncate) and grows its table for tokens + k - 1;
+//   3. feeds the tokens the draft has not seen (prompt, accepted tokens): while they exceed
+//      max_step_tokens over all jobs, in chunks of that many rows (never a job's last token);
+//   4. k rounds, all jobs in one forward per round: the first feeds each job's unseen tokens
+//      (usually the target's last token and the draft it did not feed), each later one the
+//      previous draft; a job's draft is the argmax after its last row, computed where the
+//      logits are (RowOutput::kArgmax). So a step costs the draft k forwards.
+// A job whose table cannot grow (the pool is full even after dropping the state of sequences
+// not drafting now), or that would pass the draft's context, gets no proposal; a failed forward
+// drops every state and proposes nothing (logged). Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/draft_source.h"
+#include "engine/engine_config.h"
+#include "kv/kv_cache_manager.h"
+#include "model/model.h"
+#include "util/status.h"
+
+namespace ember {
+
+class ModelDraftSource : public DraftSource {
+ public:
+  struct Options {
+    int64_t kv_cache_bytes = 0;  // the draft's pool; 0: kDefaultDraftKvCacheBytes
+    int32_t block_size = 16;
+    int32_t max_step_tokens = 512;  // rows per catch-up forward
+  };
+  // Takes the loaded draft model; refuses one whose vocabulary size differs from the target's
+  // (naming both) or whose pool would hold no block. Allocates the draft's KV pool.
+  static Result<std::unique_ptr<ModelDraftSource>> Create(std::unique_ptr<Model> draft,
+                                                          int32_t target_vocab_size,
+                                                          const Options& options);
+
+  std::string name() const override { return "draft"; }
+  void Propose(kv::SeqId seq, std::span<const int32_t> tokens, int32_t max_tokens,
+               std::vector<int32_t>* out) override;
+  void ProposeAll(std::span<const DraftJob> jobs, std::span<const kv::SeqId> running) override;
+
+  int32_t num_blocks() const { return kv_.num_blocks(); }
+  int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  int32_t num_tracked() const { return static_cast<int32_t>(fed_.size()); }
+  int32_t used_blocks() const { return kv_.NumUsedBlocks(); }
+  int64_t forwards() const { return forwards_; }        // draft model launches
+  int64_t fed_tokens() const { return fed_tokens_; }    // rows they computed
+  const Model& model() const { return *model_; }
+
+ private:
+  ModelDraftSource(std::unique_ptr<Model> model, const Options& options, int32_t num_blocks,
+                   int64_t kv_cache_bytes);
+  // Step 2 for one job: false when it gets no proposal (its state is dropped).
+  bool Prepare(const DraftJob& job, std::span<const DraftJob> jobs);
+  void Drop(kv::SeqId seq);
+  // Step 3: while the jobs' unseen tokens exceed max_step_tokens, feeds chunks of them (never a
+  // job's last token) without using the logits.
+  Status CatchUp(std::span<const DraftJob* const> active);
+  // Step 4.
+  Status DraftRounds(std::span<const DraftJob* const> active);
+  // One forward: row group i feeds rows[i] to seqs[i] at its fed position; *ids gets the argmax
+  // after each group's last row.
+  Status Run(std::span<const kv::SeqId> seqs, std::span<const std::vector<int32_t>> rows,
+             std::vector<int32_t>* ids);
+
+  std::unique_ptr<Model> model_;
+  const Options options_;
+  const int64_t kv_cache_bytes_;
+  kv::KvCacheManager kv_;
+  std::unordered_map<kv::SeqId, std::vector<int32_t>> fed_;  // tokens in each sequence's draft KV
+  int64_t forwards_ = 0, fed_tokens_ = 0;
+};
+
+// kDraft's source as the app and the benchmarks make it: loads config.draft_model with `opts`
+// (the target's backend and device options) and sizes its pool by config.draft_kv_cache_bytes.
+// The tokenizers' comparison is the caller's (the engine has none).
+Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& config,
+                                                     const ModelLoadOptions& opts,
+                                                     int32_t target_vocab_size);
+
+}  // namespace ember

@@ -1,0 +1,119 @@
+// ModelDraftSource on the TinyStories fixture drafting for itself: its proposals are the model's
+// greedy continuation (the golden ids) from a cold start, after accepted drafts, after a rejected
+// one (its KV truncated to the kept prefix) and for several sequences in one call; sequences
+// that stop running give their draft blocks back; a full pool skips a job rather than fail.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/model_draft_source.h"
+#include "engine/engine_testing.h"
+#include "util/testing.h"
+
+namespace ember {
+namespace {
+
+struct Golden {
+  std::vector<int32_t> prompt, greedy;
+};
+
+std::vector<Golden> Goldens(const std::string& dir) {
+  std::ifstream in(dir + "/golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  std::vector<Golden> out;
+  for (const auto& p : golden["prompts"])
+    out.push_back({p["ids"].get<std::vector<int32_t>>(), p["greedy_ids"].get<std::vector<int32_t>>()});
+  return out;
+}
+
+std::unique_ptr<ModelDraftSource> SelfDraft(const std::string& dir, int64_t kv_bytes = 0) {
+  auto model = Model::Load(dir, ModelLoadOptions{});
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return nullptr;
+  ModelDraftSource::Options options;
+  options.kv_cache_bytes = kv_bytes;
+  options.max_step_tokens = 5;
+  auto source = ModelDraftSource::Create(std::move(*model), 2048, options);
+  EXPECT_TRUE(source.ok()) << source.message();
+  return source.ok() ? std::move(*source) : nullptr;
+}
+
+std::vector<int32_t> Concat(const std::vector<int32_t>& a, std::span<const int32_t> b) {
+  std::vector<int32_t> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+TEST(ModelDraftSourceTest, ProposesTheGreedyContinuationAndRollsBack) {
+  const std::string dir = testing::ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<Golden> goldens = Goldens(dir);
+  ASSERT_GE(goldens.size(), 2u);
+  ASSERT_GE(goldens[0].greedy.size(), 12u);
+  auto source = SelfDraft(dir);
+  ASSERT_NE(source, nullptr);
+  const Golden& g = goldens[0];
+  const std::span<const int32_t> greedy = g.greedy;
+  std::vector<int32_t> out;
+  source->Propose(7, g.prompt, 4, &out);  // cold: the whole prompt caught up
+  EXPECT_EQ(out, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
+  // All four accepted: the draft's KV already holds three of them, so the step feeds only the
+  // last token and the three new drafts.
+  const int64_t fed_before = source->fed_tokens();
+  std::vector<int32_t> tokens = Concat(g.prompt, greedy.subspan(0, 4));
+  source->Propose(7, tokens, 4, &out);
+  EXPECT_EQ(out, std::vector<int32_t>(greedy.begin() + 4, greedy.begin() + 8));
+  EXPECT_EQ(source->fed_tokens() - fed_before, 4) << "re-fed more than the new tokens";
+  // A rejection: the target's token differs from the draft at position 5 (a wrong token).
+  tokens = Concat(g.prompt, greedy.subspan(0, 5));
+  tokens.push_back((greedy[5] + 1) % 2048);
+  std::vector<int32_t> rejected;
+  source->Propose(7, tokens, 3, &rejected);
+  EXPECT_EQ(rejected.size(), 3u);
+  // Back on the golden path: the truncated KV matches a cold start's.
+  tokens = Concat(g.prompt, greedy.subspan(0, 8));
+  source->Propose(7, tokens, 4, &out);
+  EXPECT_EQ(out, std::vector<int32_t>(greedy.begin() + 8, greedy.begin() + 12));
+
+  // Two sequences in one call, then only one of them still running.
+  const Golden& h = goldens[1];
+  std::vector<int32_t> out_a, out_b;
+  const std::vector<DraftJob> jobs = {{1, g.prompt, 3, &out_a}, {2, h.prompt, 2, &out_b}};
+  const std::vector<kv::SeqId> running = {1, 2};
+  source->ProposeAll(jobs, running);
+  EXPECT_EQ(out_a, std::vector<int32_t>(g.greedy.begin(), g.greedy.begin() + 3));
+  EXPECT_EQ(out_b, std::vector<int32_t>(h.greedy.begin(), h.greedy.begin() + 2));
+  EXPECT_EQ(source->num_tracked(), 2);  // seq 7 was not running: dropped
+  const std::vector<kv::SeqId> only_two = {2};
+  source->ProposeAll({}, only_two);
+  EXPECT_EQ(source->num_tracked(), 1);
+  source->ProposeAll({}, {});
+  EXPECT_EQ(source->num_tracked(), 0);
+  EXPECT_EQ(source->used_blocks(), 0);
+}
+
+TEST(ModelDraftSourceTest, AFullPoolSkipsTheJob) {
+  const std::string dir = testing::ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  // Two blocks of 16 tokens (1 KiB a token): one short sequence fits, a second one does not.
+  auto source = SelfDraft(dir, int64_t{2} * 16 * 1024);
+  ASSERT_NE(source, nullptr);
+  ASSERT_EQ(source->num_blocks(), 2);
+  const std::vector<int32_t> a(20, 5), b(20, 6);
+  std::vector<int32_t> out_a, out_b;
+  const std::vector<DraftJob> jobs = {{1, a, 4, &out_a}, {2, b, 4, &out_b}};
+  const std::vector<kv::SeqId> running = {1, 2};
+  source->ProposeAll(jobs, running);
+  EXPECT_EQ(out_a.size(), 4u);
+  EXPECT_TRUE(out_b.empty());
+  EXPECT_EQ(source->num_tracked(), 1);
+  // The next step the first one idles: the second takes its blocks.
+  source->ProposeAll(std::span<const DraftJob>(jobs).subspan(1), running);
+  EXPECT_EQ(out_b.size(), 4u);
+  EXPECT_EQ(source->num_tracked(), 1);
+}
+
+}  // namespace
+}  // namespace ember
