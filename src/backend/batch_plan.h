@@ -18,6 +18,7 @@ struct SequenceSlice {
   int32_t context_len = 0;   // tokens in its KV after this step (computed before + query_len)
   int32_t block_table_start = 0;  // offset of its block ids in BatchPlan::block_tables
   int32_t num_blocks = 0;         // ceil(context_len / block_size) block ids
+  int32_t lora_slot = -1;  // its LoRA adapter's slot (model/lora_set.h); -1: the base model
 };
 
 struct BatchPlan {

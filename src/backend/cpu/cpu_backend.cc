@@ -370,6 +370,7 @@ class CpuBackend final : public Backend {
   void Attention(const AttentionParams& p, const Tensor& q, Tensor out) override;
 
   std::string MoeUnsupported(int32_t, int32_t, int64_t, int64_t) const override { return ""; }
+  std::string LoraUnsupported() const override { return ""; }  // step buffers are float32
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   // gpt-oss's MXFP4 experts stay packed (4.25 bits a weight) and cpu::MatMulMxfp4 converts them
   // as it reads them, to the values their bf16 dequantization holds (the same outputs).
