@@ -50,6 +50,10 @@ struct EngineConfig {
   int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
   int32_t max_n = 16;  // largest `n` accepted
+  // LoRA adapters (--max-loras, --max-lora-rank): 0 slots is off (requests naming an adapter are
+  // refused); else the model's LoraSet has max_loras slots for adapters of rank <= max_lora_rank.
+  int32_t max_loras = 0;
+  int32_t max_lora_rank = 64;
   // Sampled rows without logits processors: drawn by the backend (Backend::SampleRows) when it
   // prefers that (a GPU), or always (tests of the CPU twin), else by the host sampler.
   enum class BackendSampling { kAuto, kAlways } backend_sampling = BackendSampling::kAuto;
