@@ -254,10 +254,10 @@ Result<LoraAdapter> LoadLoraAdapter(const std::string& dir, const ModelConfig& m
     if (ref->layer >= model.num_layers)
       return err("layer " + std::to_string(ref->layer) + " of a model with " +
                  std::to_string(model.num_layers) + " layers");
-    if (std::find(targets.begin(), targets.end(), ref->module) == targets.end())
-      return err("module \"" + ref->module + "\" is not in target_modules");
     Result<ModuleShape> shape = ShapeOf(model, ref->layer, ref->block, ref->module);
     if (!shape.ok()) return err(shape.status().message());
+    if (std::find(targets.begin(), targets.end(), ref->module) == targets.end())
+      return err("module \"" + ref->module + "\" is not in target_modules");
     if (!ref->is_a) continue;  // each module is read from its A, with its B
     const std::string b_name = name.substr(0, name.size() - 14) + ".lora_B.weight";
     const int64_t r = adapter.config.rank;

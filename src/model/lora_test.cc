@@ -9,11 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/matmul.h"  // ConvertToF32
 #include "model/lora_adapter.h"
 #include "model/lora_set.h"
 #include "model/safetensors.h"
@@ -73,6 +75,32 @@ TEST(LoraConfig, ParsesScaleAndRefusesUnsupportedOptionsByKey) {
   EXPECT_TRUE(ParseWith("modules_to_save", json::array()).ok());
 }
 
+struct NamedF32 {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // empty: zeros
+};
+
+// A safetensors file of F32 tensors.
+void WriteSafetensors(const std::string& path, const std::vector<NamedF32>& tensors) {
+  json header = json::object();
+  std::string body;
+  for (const NamedF32& t : tensors) {
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    std::vector<float> data = t.data;
+    data.resize(n, 0.0f);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape},
+                      {"data_offsets", {body.size(), body.size() + n * 4}}};
+    body.append(reinterpret_cast<const char*>(data.data()), n * 4);
+  }
+  const std::string h = header.dump();
+  const uint64_t len = h.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h << body;
+}
+
 // A copy of a fixture adapter in a temp folder, with edits to its config and tensors.
 struct TempAdapter {
   std::string dir;
@@ -95,19 +123,9 @@ struct TempAdapter {
   }
   // Writes adapter_model.safetensors with F32 tensors of these shapes (zeros).
   void WriteTensors(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
-    json header = json::object();
-    size_t offset = 0;
-    for (const auto& [name, shape] : tensors) {
-      size_t n = 4;
-      for (int64_t d : shape) n *= static_cast<size_t>(d);
-      header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + n}}};
-      offset += n;
-    }
-    std::string h = header.dump();
-    uint64_t len = h.size();
-    std::ofstream out(dir + "/adapter_model.safetensors", std::ios::binary);
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out << h << std::string(offset, '\0');
+    std::vector<NamedF32> named;
+    for (const auto& [name, shape] : tensors) named.push_back({name, shape, {}});
+    WriteSafetensors(dir + "/adapter_model.safetensors", named);
   }
 };
 
@@ -308,6 +326,97 @@ TEST(LoraSetPool, ReusesEvictsLeastRecentlyUsedIdleAndNeverAHeldSlot) {
   // A digest that no longer matches the folder is refused.
   auto stale = pool.Acquire(da ^ 1, AdapterDir("llama3-a"));
   ExpectRefused(stale.status(), "changed since it was registered");
+}
+
+TEST(LoraAdapter, RefusesExpertModulesAndGemma) {
+  EMBER_REQUIRE_DIR(Fixtures() + "/models/qwen3_moe");
+  TempAdapter t("", "families");
+  json config = json::parse(kGoodConfig);
+  config["target_modules"] = {"gate_proj"};
+  std::ofstream(t.dir + "/adapter_config.json") << config.dump();
+  const ModelConfig moe = LoadConfig("qwen3_moe");
+  t.WriteTensors({{"base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.weight",
+                   {4, moe.hidden_size}}});
+  ExpectRefused(LoadLoraAdapter(t.dir, moe, 64).status(), "mixture-of-experts");
+  ExpectRefused(LoadLoraAdapter(t.dir, LoadConfig("gemma2"), 64).status(), "gemma2");
+  ModelLoadOptions opts;
+  auto gemma = Model::Load(Fixtures() + "/models/gemma2", opts);
+  ASSERT_TRUE(gemma.ok()) << gemma.message();
+  ExpectRefused((*gemma)->EnableLora(2, 64), "gemma2");
+}
+
+// phi3's fused qkv_proj / gate_up_proj adapters (B split per part like the weights) equal the
+// model with W + scale B A merged into float32 weights, built here from the fixture.
+TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
+  const std::string base = Fixtures() + "/models/phi3";
+  EMBER_REQUIRE_DIR(base);
+  const ModelConfig c = LoadConfig("phi3");
+  const int64_t h = c.hidden_size, inter = c.intermediate_size, r = 4;
+  const int64_t qkv = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;
+  TempAdapter adapter("", "phi3");
+  json config = json::parse(kGoodConfig);
+  config["target_modules"] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+  config["lora_alpha"] = 8;  // scale 2
+  std::ofstream(adapter.dir + "/adapter_config.json") << config.dump();
+  std::map<std::string, std::pair<int64_t, int64_t>> modules = {  // name -> (out, in)
+      {"self_attn.qkv_proj", {qkv, h}}, {"self_attn.o_proj", {h, int64_t{c.num_heads} * c.head_dim}},
+      {"mlp.gate_up_proj", {2 * inter, h}}, {"mlp.down_proj", {h, inter}}};
+  uint32_t seed = 1;
+  auto rnd = [&seed] {
+    seed = seed * 1664525u + 1013904223u;
+    return (static_cast<float>(seed >> 8) / 16777216.0f - 0.5f) * 0.2f;
+  };
+  std::vector<NamedF32> lora;
+  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> ab;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    for (const auto& [m, dims] : modules) {
+      const std::string name = "model.layers." + std::to_string(l) + "." + m;
+      std::vector<float> a(static_cast<size_t>(r * dims.second)), b(static_cast<size_t>(dims.first * r));
+      for (float& v : a) v = rnd();
+      for (float& v : b) v = rnd();
+      lora.push_back({"base_model.model." + name + ".lora_A.weight", {r, dims.second}, a});
+      lora.push_back({"base_model.model." + name + ".lora_B.weight", {dims.first, r}, b});
+      ab[name + ".weight"] = {a, b};
+    }
+  }
+  WriteSafetensors(adapter.dir + "/adapter_model.safetensors", lora);
+  // The merged model: every tensor as float32, the targeted ones plus 2 B A.
+  TempAdapter merged("", "phi3_merged");
+  fs::copy_file(base + "/config.json", merged.dir + "/config.json");
+  auto store = WeightStore::Open(base);
+  ASSERT_TRUE(store.ok()) << store.message();
+  std::vector<NamedF32> weights;
+  for (const std::string& name : (*store)->Names()) {
+    const TensorView v = *(*store)->Get(name);
+    NamedF32 t{name, v.shape, std::vector<float>(v.nbytes / DTypeSize(v.dtype))};
+    cpu::ConvertToF32(v.data, v.dtype, static_cast<int64_t>(t.data.size()), t.data.data());
+    if (auto it = ab.find(name); it != ab.end()) {
+      const int64_t out = v.shape[0], in = v.shape[1];
+      for (int64_t i = 0; i < out; ++i)
+        for (int64_t j = 0; j < in; ++j) {
+          double sum = 0;
+          for (int64_t k = 0; k < r; ++k)
+            sum += double{it->second.second[static_cast<size_t>(i * r + k)]} *
+                   it->second.first[static_cast<size_t>(k * in + j)];
+          t.data[static_cast<size_t>(i * in + j)] += static_cast<float>(2.0 * sum);
+        }
+    }
+    weights.push_back(std::move(t));
+  }
+  WriteSafetensors(merged.dir + "/model.safetensors", weights);
+  auto with_adapter = LoadWithLora("phi3", 1);
+  const int32_t slot = AcquireOrDie(*with_adapter, adapter.dir);
+  ModelLoadOptions opts;
+  auto reference = Model::Load(merged.dir, opts);
+  ASSERT_TRUE(reference.ok()) << reference.message();
+  ASSERT_TRUE((*reference)->AllocateKvCache(kNumBlocks, kBlockSize).ok());
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128};
+  const std::vector<float> got = SoloLastLogits(*with_adapter, prompt, slot);
+  const std::vector<float> want = SoloLastLogits(**reference, prompt, -1);
+  EXPECT_LT(RelativeL2(got.data(), want.data(), static_cast<int64_t>(got.size())), 1e-5);
+  EXPECT_GT(RelativeL2(SoloLastLogits(*with_adapter, prompt, -1).data(), want.data(),
+                       static_cast<int64_t>(got.size())),
+            1e-3);  // the adapter matters (the test can fail)
 }
 
 }  // namespace
