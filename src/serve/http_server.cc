@@ -77,7 +77,13 @@ bool IsReadRoute(const std::string& path) {
   return IsModelPath(path) || IsWebUiPath(path);
 }
 
+// The LoRA admin routes: /v1/adapters and /v1/adapters/NAME.
+bool IsAdapterPath(const std::string& path) {
+  return path == "/v1/adapters" || path.rfind("/v1/adapters/", 0) == 0;
+}
+
 std::string RouteLabel(const std::string& path) {
+  if (IsAdapterPath(path)) return "/v1/adapters";
   if (IsGenerationRoute(path) || IsReadRoute(path) || IsUtilityRoute(path))
     return IsModelPath(path) ? "/v1/models" : path;
   return "other";
@@ -297,7 +303,9 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
   // Everything but a generation is answered from memory.
   hooks.cheap = [](const HttpRequest& req) {
-    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)));
+    // (A LoRA adapter's load reads its files: a worker's job too.)
+    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path) ||
+                                      IsAdapterPath(req.path)));
   };
   hooks.error = [](int status, const std::string& message, const std::string& code) {
     return ErrorResponse(ApiError{status, message,
@@ -722,13 +730,12 @@ Handled HttpServer::Route(const HttpRequest& req) {
   const std::string& path = req.path;
   const bool generation = IsGenerationRoute(path);
   const bool utility = IsUtilityRoute(path);  // /v1/embeddings, /tokenize, /detokenize, /version
-  const bool admin = path == "/v1/adapters" || path.rfind("/v1/adapters/", 0) == 0;
-  if (!generation && !utility && !admin && !IsReadRoute(path))
+  if (!generation && !utility && !IsAdapterPath(path) && !IsReadRoute(path))
     return {ErrorResponse(ApiError{404, "Unknown path " + LoggablePath(path),
                                    "invalid_request_error", "", "not_found"}),
             nullptr};
   if (req.method == "OPTIONS") return {Preflight(req), nullptr};
-  if (path == "/v1/adapters" || path.rfind("/v1/adapters/", 0) == 0) {
+  if (IsAdapterPath(path)) {
     if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
     return {AdapterAdmin(req), nullptr};
   }
