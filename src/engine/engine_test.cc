@@ -755,8 +755,13 @@ std::string AdapterFixture(const std::string& name) {
 }
 
 // An engine on `model` with LoRA on (max_loras slots) and llama3-a / llama3-b registered as a, b.
-std::unique_ptr<Engine> LoraEngine(Model* model, int32_t max_loras, bool prefix_cache = true) {
+std::unique_ptr<Engine> LoraEngine(Model* model, int32_t max_loras, bool prefix_cache = true,
+                                   bool speculate = false) {
   EngineConfig config;
+  if (speculate) {
+    config.speculation.method = SpeculationConfig::Method::kNgram;
+    config.speculation.num_spec_tokens = 4;
+  }
   config.max_loras = max_loras;
   config.enable_prefix_caching = prefix_cache;
   auto engine = Engine::Create(model, config);
@@ -848,6 +853,32 @@ TEST(EngineLoraTest, RequestsWaitForASlotWhenEveryOneIsHeld) {
   ASSERT_TRUE(engine->adapters()->Unregister("b").ok());
   EXPECT_EQ(Collect(pending).samples, solo_b);
   EXPECT_TRUE(std::holds_alternative<SubmitError>(engine->Submit(WithAdapter(Greedy(prompt, 2), "b"))));
+}
+
+TEST(EngineLoraTest, SpeculativeDecodingVerifiesDraftsUnderTheAdapter) {
+  EMBER_REQUIRE_DIR(AdapterFixture("llama3-b"));
+  auto model = LoadModel(ModelDir("llama3"));
+  ASSERT_NE(model, nullptr);
+  // A copy-heavy prompt: prompt lookup finds drafts; verified rows carry the adapter too.
+  std::vector<int32_t> prompt;
+  for (int32_t r = 0; r < 4; ++r)
+    for (int32_t t : {1, 14, 51, 88, 125, 162, 199, 236}) prompt.push_back(t);
+  std::vector<std::vector<int32_t>> plain;
+  {
+    auto engine = LoraEngine(model.get(), 2, false);
+    ASSERT_NE(engine, nullptr);
+    for (const char* name : {"a", "b", "none"})
+      plain.push_back(Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 24), name))).samples[0]);
+  }
+  auto spec_model = LoadModel(ModelDir("llama3"));  // (a model's KV pool is allocated once)
+  ASSERT_NE(spec_model, nullptr);
+  auto engine = LoraEngine(spec_model.get(), 2, false, /*speculate=*/true);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const char* name : {"a", "b", "none"})
+    streams.push_back(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 24), name)));
+  for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(Collect(streams[i]).samples[0], plain[i]) << i;
+  EXPECT_GT(engine->Stats().spec_draft_tokens, 0);
 }
 
 }  // namespace
