@@ -358,6 +358,11 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   if (tier_ != nullptr) counters_.prompt_cache = tier_->Stats();
+  if (const LoraSet* lora = model_->lora(); lora != nullptr) {
+    counters_.lora_loads = lora->loads();
+    counters_.lora_evictions = lora->evictions();
+    counters_.lora_waiting = static_cast<int32_t>(lora_waiting_.size());
+  }
   {
     MutexLock lock(&mu_);
     published_ = counters_;

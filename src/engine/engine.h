@@ -75,6 +75,7 @@ class Engine {
   // The limits in force (a config's 0s resolved by ResolveEngineLimits).
   int32_t max_running() const { return config_.max_running; }
   int32_t max_step_tokens() const { return config_.max_step_tokens; }
+  int32_t max_loras() const { return config_.max_loras; }  // 0: LoRA off
   int32_t vocab_size() const { return vocab_size_; }
   const Model& model() const { return *model_; }
 

@@ -108,6 +108,10 @@ struct EngineStats {
   int32_t num_running = 0;  // sequences in the running batch
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  // LoRA (EngineConfig::max_loras > 0): adapters loaded into a slot, loads that evicted an idle
+  // one, and requests waiting for a slot now.
+  int64_t lora_loads = 0, lora_evictions = 0;
+  int32_t lora_waiting = 0;
   // Engine-thread wall time, summed over steps: scheduling, the model forward (recording and
   // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
   // bookkeeping, prefix-cache commits, streaming the events).

@@ -585,6 +585,16 @@ HttpResponse HttpServer::Stats() const {
   json stats = metrics_.Json(TotalEngineStats());
   if (model_ != nullptr) {
     stats.update(EngineSizes(*model_));
+    if (AdapterRegistry* adapters = model_->engine->adapters()) {
+      const EngineStats s = model_->engine->Stats();
+      json names = json::array();
+      for (const auto& info : adapters->List()) names.push_back(info->name);
+      stats["lora"] = {{"adapters", std::move(names)},
+                       {"max_loras", model_->engine->max_loras()},
+                       {"loads", s.lora_loads},
+                       {"evictions", s.lora_evictions},
+                       {"waiting", s.lora_waiting}};
+    }
   } else {
     stats["library"] = library_->Stats();
     json models = json::array();

@@ -2,7 +2,7 @@
 // tokenizer beside it: the fixture has none; prompts are token ids) and the llama3-a / llama3-b
 // PEFT adapters. `model: "BASE:NAME"`, an adapter's own name and the `adapter` field pick an
 // adapter ("none" the base); greedy output equals the transformers golden of the merged adapter;
-// /v1/models lists the adapters with parent/root; POST/DELETE /v1/adapters need the API key;
+// /v1/models lists the adapters with parent/root (/stats: the pool's counters); POST/DELETE /v1/adapters need the API key;
 // unknown adapters are a 404 naming them.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -99,6 +99,11 @@ describe('LoRA adapters (llama3 fixture)', { skip: skip ?? false }, () => {
     assert.equal(a.lora.rank, 4);
     const one = await fetch(`${server.baseURL}/v1/models/b`, { headers: auth }).then((x) => x.json());
     assert.equal(one.parent, 'test-model');
+    const stats = (await getJson(server.baseURL, '/stats')).json.lora;
+    assert.deepEqual(stats.adapters, ['a', 'b']);
+    assert.equal(stats.max_loras, 2);
+    assert.ok(stats.loads >= 2, JSON.stringify(stats));
+    assert.equal(stats.waiting, 0);
   });
 
   test('admin load and unload need the API key', async () => {
