@@ -166,6 +166,14 @@ Status AddModule(const TensorView& a, const TensorView& b, const ModuleShape& sh
 
 }  // namespace
 
+std::string LoraUnsupportedModel(const ModelConfig& model) {
+  for (const char* t : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gpt_oss"})
+    if (model.model_type == t) return "";
+  return "model_type " + model.model_type +
+         " does not take LoRA adapters yet (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, "
+         "gpt_oss do)";
+}
+
 const char* LoraTargetName(LoraTarget target) {
   return kTargetNames[static_cast<size_t>(target)];
 }
@@ -229,9 +237,8 @@ int64_t LoraAdapter::HostBytes() const {
 
 Result<LoraAdapter> LoadLoraAdapter(const std::string& dir, const ModelConfig& model,
                                     int32_t max_rank) {
-  if (model.gemma_norms)
-    return Status::Error("LoRA adapter " + dir + ": model_type " + model.model_type +
-                         " is not supported (the llama family only)");
+  if (const std::string why = LoraUnsupportedModel(model); !why.empty())
+    return Status::Error("LoRA adapter " + dir + ": " + why);
   const std::string config_path = dir + "/adapter_config.json";
   EMBER_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path));
   LoraAdapter adapter;

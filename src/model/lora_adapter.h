@@ -24,6 +24,11 @@ enum class LoraTarget : uint8_t { kQ, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int kNumLoraTargets = 7;
 const char* LoraTargetName(LoraTarget target);  // "q_proj", ..., "down_proj"
 
+// Why a model of this config cannot take LoRA adapters ("" when it can): only the families that
+// llama.cc runs (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, gpt_oss) apply them; any other
+// model_type (gemma, and families added later) is refused by name.
+std::string LoraUnsupportedModel(const ModelConfig& model);
+
 // The largest rank Ember takes at all (--max-lora-rank may lower it).
 inline constexpr int32_t kMaxLoraRankLimit = 256;
 
@@ -61,7 +66,7 @@ struct LoraAdapter {
   int64_t HostBytes() const;  // of the matrices
 };
 
-// Loads `dir` for a model of config `model` (llama family; gemma is refused). Errors name the
+// Loads `dir` for a model of config `model` (LoraUnsupportedModel refuses other families). Errors name the
 // folder and the key or tensor at fault.
 Result<LoraAdapter> LoadLoraAdapter(const std::string& dir, const ModelConfig& model,
                                     int32_t max_rank);

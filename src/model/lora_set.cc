@@ -8,9 +8,8 @@ Result<std::unique_ptr<LoraSet>> LoraSet::Create(Backend* backend, const ModelCo
                                                  int32_t max_loras, int32_t max_rank) {
   if (const std::string why = backend->LoraUnsupported(); !why.empty())
     return Status::Error("--lora: " + why);
-  if (config->gemma_norms)
-    return Status::Error("--lora: model_type " + config->model_type +
-                         " does not take LoRA adapters yet (the llama family only)");
+  if (const std::string why = LoraUnsupportedModel(*config); !why.empty())
+    return Status::Error("--lora: " + why);
   if (max_loras < 1 || max_loras > 1024) return Status::Error("--max-loras: must be 1..1024");
   if (max_rank < 1 || max_rank > kMaxLoraRankLimit)
     return Status::Error("--max-lora-rank: must be 1.." + std::to_string(kMaxLoraRankLimit));

@@ -25,7 +25,8 @@ namespace ember {
 
 class LoraSet {
  public:
-  // Refuses a backend that cannot apply adapters (Backend::LoraUnsupported) and a gemma model.
+  // Refuses a backend that cannot apply adapters (Backend::LoraUnsupported) and a model outside
+  // the families llama.cc runs (LoraUnsupportedModel).
   static Result<std::unique_ptr<LoraSet>> Create(Backend* backend, const ModelConfig* config,
                                                  int32_t max_loras, int32_t max_rank);
 
