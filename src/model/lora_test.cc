@@ -81,7 +81,7 @@ struct NamedF32 {
   std::vector<float> data;  // empty: zeros
 };
 
-// A safetensors file of F32 tensors.
+// A safetensors file of F32 tensors (the data aligned: the CPU reads F32 weights in place).
 void WriteSafetensors(const std::string& path, const std::vector<NamedF32>& tensors) {
   json header = json::object();
   std::string body;
@@ -94,7 +94,8 @@ void WriteSafetensors(const std::string& path, const std::vector<NamedF32>& tens
                       {"data_offsets", {body.size(), body.size() + n * 4}}};
     body.append(reinterpret_cast<const char*>(data.data()), n * 4);
   }
-  const std::string h = header.dump();
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // tensor data 8-byte aligned (as synth)
   const uint64_t len = h.size();
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&len), 8);
