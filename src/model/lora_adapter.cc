@@ -49,6 +49,11 @@ Status CheckUnsupportedOptions(const json& j, const std::string& source) {
   EMBER_RETURN_IF_ERROR(
       RefuseIfSet(j, "trainable_token_indices", source, "trained embedding rows"));
   EMBER_RETURN_IF_ERROR(RefuseIfSet(j, "lora_bias", source, "a bias on lora_B"));
+  EMBER_RETURN_IF_ERROR(
+      RefuseIfSet(j, "target_parameters", source, "adapters on parameters (MoE experts)"));
+  EMBER_RETURN_IF_ERROR(RefuseIfSet(j, "layer_replication", source, "replicated layers"));
+  EMBER_RETURN_IF_ERROR(
+      RefuseIfSet(j, "alora_invocation_tokens", source, "activated LoRA (aLoRA)"));
   if (j.contains("bias") && !j["bias"].is_null() &&
       !(j["bias"].is_string() && j["bias"].get<std::string>() == "none"))
     return Status::Error(source + ": \"bias\" must be \"none\" (trained biases are not supported)");

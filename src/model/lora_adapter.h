@@ -45,7 +45,8 @@ struct LoraConfig {
 // 1 <= r <= max_rank, a list of target_modules among the supported names, and none of the
 // options Ember does not implement (use_dora, modules_to_save, bias other than "none",
 // fan_in_fan_out, layers_to_transform, rank_pattern, alpha_pattern, exclude_modules,
-// trainable_token_indices, lora_bias, a target_modules pattern string): each refused by its key.
+// trainable_token_indices, lora_bias, target_parameters, layer_replication,
+// alora_invocation_tokens, a target_modules pattern string): each refused by its key.
 Result<LoraConfig> ParseLoraConfig(const std::string& json_text, const std::string& source,
                                    int32_t max_rank);
 

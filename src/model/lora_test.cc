@@ -63,6 +63,8 @@ TEST(LoraConfig, ParsesScaleAndRefusesUnsupportedOptionsByKey) {
   ExpectRefused(ParseWith("layers_to_transform", json::array({0})), "\"layers_to_transform\"");
   ExpectRefused(ParseWith("rank_pattern", json{{"q_proj", 8}}), "\"rank_pattern\"");
   ExpectRefused(ParseWith("fan_in_fan_out", true), "\"fan_in_fan_out\"");
+  ExpectRefused(ParseWith("target_parameters", json::array({"experts.gate_up_proj"})),
+                "\"target_parameters\"");
   ExpectRefused(ParseWith("target_modules", json::array({"q_proj", "embed_tokens"})),
                 "embed_tokens");
   ExpectRefused(ParseWith("target_modules", "all-linear"), "\"target_modules\"");
