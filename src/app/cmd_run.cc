@@ -95,6 +95,7 @@ int RunCommand(int argc, char** argv, int first) {
   context.num_prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
   auto resolved = ResolveSampling(*asked, context);
   if (auto* error = std::get_if<SamplingError>(&resolved)) return Fail(error->message);
+  request.adapter = lm.default_adapter;  // --adapter (--lora NAME=DIR)
   request.sampling = std::get<ResolvedSampling>(resolved).params;
   request.max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
 

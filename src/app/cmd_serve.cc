@@ -127,6 +127,10 @@ int ServeCommand(int argc, char** argv, int first) {
                                   : "--model and --models-dir exclude each other");
   if (!models_dir.empty() && !served_name.empty())
     return Fail("--served-model-name: not with --models-dir (a library model's id is its folder)");
+  if (!models_dir.empty() &&
+      (!engine_flags.loras.empty() || engine_flags.max_loras > 0 || !engine_flags.adapter.empty()))
+    return Fail("--lora / --max-loras / --adapter: not with --models-dir (adapters belong to one "
+                "base model: serve it with --model)");
   if (!models_dir.empty() && !chat_template_file.empty())
     return Fail("--chat-template: not with --models-dir (each model uses its own)");
   if (models_memory < 0) return Fail("--models-memory: must be positive");

@@ -2,6 +2,7 @@
 
 #include "app/model_files.h"
 #include "engine/model_draft_source.h"
+#include "model/lora_adapter.h"
 #include "model/quantize.h"
 
 #include "util/log.h"
@@ -133,6 +134,15 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddInt("--draft-kv-cache-bytes", &draft_kv_cache_bytes,
                "the draft model's own KV cache in bytes, apart from --kv-cache-bytes (default 0: "
                "128 MiB); sequences that do not fit get no drafts");
+  flags.AddRepeated("--lora", &loras,
+                    "NAME=DIR: a PEFT LoRA adapter folder served as NAME (requests: adapter NAME "
+                    "or model BASE:NAME; CPU backend, llama family)");
+  flags.AddString("--adapter", &adapter,
+                  "the LoRA adapter of requests that name none (default: the base model)");
+  flags.AddInt("--max-loras", &max_loras,
+               "LoRA adapters resident at once (slots, evicted least recently used when idle; "
+               "default 4 with --lora, else 0: LoRA off)");
+  flags.AddInt("--max-lora-rank", &max_lora_rank, "largest LoRA rank accepted (default 64, <= 256)");
   if (serving) flags.AddInt("--max-queue", &max_queue, "requests waiting before 429 (default 1024)");
 }
 
@@ -209,8 +219,45 @@ EngineConfig EngineFlags::Config() const {
   c.prompt_cache.dir = prompt_cache_dir;
   c.prompt_cache.disk_bytes = prompt_cache_disk_bytes;
   c.prompt_cache.ram_bytes = prompt_cache_ram_bytes;
+  c.max_loras = static_cast<int32_t>(max_loras > 0 ? max_loras : (loras.empty() ? 0 : 4));
+  c.max_lora_rank = static_cast<int32_t>(max_lora_rank);
   return c;
 }
+
+namespace {
+// --max-loras / --max-lora-rank / --lora / --adapter, checked before anything loads.
+Status CheckLoraFlags(const EngineFlags& flags) {
+  if (flags.max_loras < 0 || flags.max_loras > 1024)
+    return Status::Error("--max-loras: must be in [0, 1024]");
+  if (flags.max_lora_rank < 1 || flags.max_lora_rank > kMaxLoraRankLimit)
+    return Status::Error("--max-lora-rank: must be in [1, " + std::to_string(kMaxLoraRankLimit) +
+                         "]");
+  for (const std::string& spec : flags.loras) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      return Status::Error("--lora: expected NAME=DIR, got '" + spec + "'");
+    if (const std::string why = AdapterNameProblem(spec.substr(0, eq)); !why.empty())
+      return Status::Error("--lora: " + why);
+  }
+  if (!flags.adapter.empty() && flags.adapter != "none") {
+    const bool known = std::any_of(flags.loras.begin(), flags.loras.end(), [&](const auto& s) {
+      return s.substr(0, s.find('=')) == flags.adapter;
+    });
+    if (!known) return Status::Error("--adapter: no --lora " + flags.adapter + "=DIR");
+  }
+  return Status::Ok();
+}
+
+// Registers each --lora NAME=DIR with the engine (a folder that does not fit the model fails).
+Status RegisterLoras(const EngineFlags& flags, Engine& engine) {
+  for (const std::string& spec : flags.loras) {
+    const size_t eq = spec.find('=');
+    auto info = engine.adapters()->Register(spec.substr(0, eq), spec.substr(eq + 1));
+    if (!info.ok()) return Status::Error("--lora " + spec + ": " + info.message());
+  }
+  return Status::Ok();
+}
+}  // namespace
 
 Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const EngineFlags& flags,
                                        std::unique_ptr<Tokenizer> tokenizer) {
@@ -224,6 +271,7 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
     return Status::Error("--max-model-len: must be in [0, 2^30] (0: the model's context)");
   if (flags.max_queue < 1) return Status::Error("--max-queue: must be >= 1");
   EMBER_RETURN_IF_ERROR(flags.CheckSpeculation());
+  EMBER_RETURN_IF_ERROR(CheckLoraFlags(flags));
   if (flags.prompt_cache_disk_bytes < 0 || flags.prompt_cache_ram_bytes < 0)
     return Status::Error("--prompt-cache-disk-bytes / --prompt-cache-ram-bytes: must be >= 0");
   EMBER_ASSIGN_OR_RETURN(ModelLoadOptions opts, flags.LoadOptions());
@@ -242,6 +290,8 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
                                                   lm.model->config().vocab_size));
   }
   EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), config, std::move(draft)));
+  EMBER_RETURN_IF_ERROR(RegisterLoras(flags, *lm.engine));
+  lm.default_adapter = flags.adapter == "none" ? "" : flags.adapter;
   return lm;
 }
 
@@ -269,6 +319,7 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   serve::ServedModel served;
   served.tokenizer = lm.tokenizer.get();
   served.engine = lm.engine.get();
+  served.default_adapter = lm.default_adapter;
   served.defaults = lm.model->generation_defaults();
   served.context_length = lm.engine->context_length();
   served.vocab_size = lm.engine->vocab_size();

@@ -56,6 +56,11 @@ struct EngineFlags {
   std::string draft_model;           // --draft-model DIR
   int64_t num_spec_tokens = 4, spec_max_batch = 16;
   int64_t draft_kv_cache_bytes = 0;  // --draft-kv-cache-bytes; 0: the default (128 MiB)
+  // LoRA adapters: --lora NAME=DIR (repeatable), --adapter NAME (the default of requests that
+  // name none), --max-loras (slots; 0: 4 when --lora is given, else LoRA is off), --max-lora-rank.
+  std::vector<std::string> loras;
+  std::string adapter;
+  int64_t max_loras = 0, max_lora_rank = 64;
   void Register(FlagParser& flags, bool serving);
   Result<ModelLoadOptions> LoadOptions() const;
   // The speculation flags, checked (a method not supported yet is an error naming it): what a
@@ -68,6 +73,7 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
   std::unique_ptr<Engine> engine;
+  std::string default_adapter;  // --adapter ("": the base model)
 };
 // Checks the flags, loads the tokenizer (`tokenizer` when the caller already loaded it; none when
 // the folder has no tokenizer.json) before the weights, then the model, with --spec-method draft

@@ -163,6 +163,23 @@ void Backend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tens
   }
 }
 
+void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
+  for (const LoraSegment& seg : segments) {
+    CHECK(seg.rows > 0 && seg.first_row + seg.rows <= x.rows() && seg.a && seg.b);
+    Tensor low = Alloc({seg.rows, seg.a->dim(0)});
+    MatMul(x.RowSlice(seg.first_row, seg.rows), *seg.a, nullptr, low);
+    Tensor update = Alloc({seg.rows, seg.b->dim(0)});
+    MatMul(low, *seg.b, nullptr, update);
+    Tensor rows = out.RowSlice(seg.first_row, seg.rows);
+    Add(rows, update, rows);
+  }
+}
+
+std::string Backend::LoraUnsupported() const {
+  const std::string who = name().rfind("cuda", 0) == 0 ? std::string("CUDA") : name();
+  return "LoRA adapters are not supported on the " + who + " backend yet";
+}
+
 std::string ShapeString(const Tensor& t) {
   std::ostringstream os;
   os << "[";

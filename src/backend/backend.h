@@ -157,6 +157,15 @@ struct MatMulPart {
   Tensor out;
 };
 
+// One row segment of Backend::LoraDelta: rows [first_row, first_row + rows) take one LoRA
+// adapter's update out += (x a^T) b^T, a [rank, k] and b [m, rank] float32 weights (the adapter's
+// scale folded into b).
+struct LoraSegment {
+  int64_t first_row = 0, rows = 0;
+  const Tensor* a = nullptr;
+  const Tensor* b = nullptr;
+};
+
 // The gated activation of an expert, act(g, u) for its gate and up values.
 enum class MoeActivation : uint8_t {
   kSilu,           // silu(g) * u
@@ -374,6 +383,14 @@ class Backend {
   // row). x [rows, c], gate [rows, g], c % g == 0.
   virtual Status SigmoidGateMul(Tensor x, const Tensor& gate);
 
+  // LoRA adapters (model/lora_set.h): for each segment, out[rows] += (x[rows] a^T) b^T, as
+  // MatMul(x rows, a) then MatMul(., b) then Add (this default; rows outside every segment are
+  // untouched). x [n, k] (a MatMul input), out [n, m] float32 (a projection's output). Each row's
+  // result depends on that row alone (batch-invariant).
+  virtual void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out);
+  // Why this backend cannot apply LoRA adapters ("" when it can; the default says it cannot:
+  // a backend opts in where its step buffers are float32 and LoraDelta runs as documented).
+  virtual std::string LoraUnsupported() const;
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

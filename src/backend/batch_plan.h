@@ -19,6 +19,7 @@ struct SequenceSlice {
   int32_t block_table_start = 0;  // offset of its block ids in BatchPlan::block_tables
   int32_t num_blocks = 0;         // ceil(context_len / block_size) block ids
   int32_t state_slot = 0;  // its recurrent-state slot (models with recurrent layers; Backend)
+  int32_t lora_slot = -1;  // its LoRA adapter's slot (model/lora_set.h); -1: the base model
 };
 
 struct BatchPlan {

@@ -1,7 +1,8 @@
 // Backend's fused operations (MatMulGroup, RopeWriteKv, RopeWriteKvAttention, GateUpActivation):
 // their default implementations, as the CPU backend runs them, give bitwise the results of the
 // unfused ops they are named for, called in order on a second backend with the same inputs.
-// Decode and prefill steps, q/k/v with and without biases, both gated activations.
+// Decode and prefill steps, q/k/v with and without biases, both gated activations. Also the CPU's
+// grouped LoraDelta against the default.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -148,6 +149,36 @@ TEST(FusedOpsTest, CpuDefaultsEqualTheUnfusedOps) {
       }
     }
   }
+}
+
+// LoraDelta: the CPU's grouped override (one product per adapter over its rows gathered) gives
+// bitwise the default's per-segment MatMul, MatMul, Add, with two adapters' segments interleaved.
+TEST(FusedOpsTest, CpuGroupedLoraDeltaEqualsTheDefault) {
+  std::unique_ptr<Backend> be = MakeCpuBackend({});
+  constexpr int64_t kRank = 4, kOut = 48, kRows = 7;
+  const std::vector<float> a0 = Random(kRank * kHidden, 20), b0 = Random(kOut * kRank, 21);
+  const std::vector<float> a1 = Random(kRank * kHidden, 22), b1 = Random(kOut * kRank, 23);
+  auto up = [&](const std::vector<float>& v, std::vector<int64_t> shape) {
+    return *be->UploadWeight("lora", DType::kF32, shape, v.data());
+  };
+  const Tensor ta0 = up(a0, {kRank, kHidden}), tb0 = up(b0, {kOut, kRank});
+  const Tensor ta1 = up(a1, {kRank, kHidden}), tb1 = up(b1, {kOut, kRank});
+  ASSERT_TRUE(be->AllocateKvPool(1, 4, 16, kKvHeads, kHeadDim).ok());
+  BatchPlan plan;
+  plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(kRows), 1), 0, {0}, true);
+  ASSERT_TRUE(be->BeginStep(plan).ok());
+  const Tensor x = Input(*be, Random(kRows * kHidden, 24), {kRows, kHidden});
+  const std::vector<float> base = Random(kRows * kOut, 25);
+  // Rows 0-1 and 4 adapter 0, rows 2 and 5-6 adapter 1, row 3 none.
+  const LoraSegment segments[] = {{0, 2, &ta0, &tb0}, {2, 1, &ta1, &tb1}, {4, 1, &ta0, &tb0},
+                                  {5, 2, &ta1, &tb1}};
+  Tensor grouped = Input(*be, base, {kRows, kOut}), plain = Input(*be, base, {kRows, kOut});
+  be->LoraDelta(x, segments, grouped);
+  be->Backend::LoraDelta(x, segments, plain);
+  const std::vector<float> g = Read(*be, grouped), p = Read(*be, plain);
+  EXPECT_EQ(g, p);
+  for (size_t j = 3 * kOut; j < 4 * kOut; ++j) EXPECT_EQ(g[j], base[j]);  // row 3: no adapter
+  EXPECT_NE(g, base);
 }
 
 }  // namespace

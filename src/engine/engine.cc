@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "engine/clock.h"
+#include "model/lora_set.h"
 #include "util/log.h"
 #include "util/sha256.h"
 
@@ -41,12 +42,27 @@ Result<std::unique_ptr<prompt_cache::DiskStore>> OpenPromptCacheDisk(const Model
   return prompt_cache::DiskStore::Open(disk);
 }
 
+// Ends every sample of a request that never reached the scheduler (no token, `reason`).
+void EndUnstarted(RequestState& state, FinishReason reason) {
+  for (int32_t i = 0; i < state.request.n; ++i) {
+    TokenEvent event;
+    event.sample_index = i;
+    event.finish = reason;
+    state.stream->Push(std::move(event));
+  }
+  state.stream->SetUsage(state.usage);
+  state.stream->Close();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig& requested,
                                                std::unique_ptr<DraftSource> draft_source) {
   if (draft_source == nullptr) {
     EMBER_ASSIGN_OR_RETURN(draft_source, CreateDraftSource(requested.speculation));
+  }
+  if (requested.max_loras > 0 && model->lora() == nullptr) {
+    EMBER_RETURN_IF_ERROR(model->EnableLora(requested.max_loras, requested.max_lora_rank));
   }
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
@@ -60,6 +76,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
 uint64_t Engine::CacheNamespaceOf(uint64_t ns, const std::string& cache_salt) {
   if (cache_salt.empty()) return ns;
   const Sha256Digest d = Sha256().UpdateU64(ns).Update(cache_salt).Finish();
+  uint64_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= static_cast<uint64_t>(d[static_cast<size_t>(i)]) << (8 * i);
+  return out;
+}
+
+uint64_t Engine::AdapterNamespaceOf(uint64_t ns, uint64_t adapter_digest) {
+  const Sha256Digest d = Sha256().UpdateU64(ns).Update("lora").UpdateU64(adapter_digest).Finish();
   uint64_t out = 0;
   for (int i = 0; i < 8; ++i) out |= static_cast<uint64_t>(d[static_cast<size_t>(i)]) << (8 * i);
   return out;
@@ -84,6 +107,9 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
                  speculator_.enabled() ? config_.speculation.num_spec_tokens : 0),
       builder_(config_, &runner_, &kv_, &counters_),
       postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
+  if (model->lora() != nullptr) {
+    adapters_ = std::make_unique<AdapterRegistry>(&model->config(), model->lora()->max_rank());
+  }
   if (disk != nullptr) {
     tier_ = std::make_unique<PromptTier>(std::move(disk), config_.prompt_cache.reuse, &runner_,
                                          &counters_);
@@ -127,6 +153,20 @@ RequestLimits Engine::Limits() const {
 
 Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   if (auto error = ValidateRequest(request, Limits())) return *error;
+  if (request.adapter == "none") request.adapter.clear();
+  request.lora = nullptr;
+  if (!request.adapter.empty()) {
+    if (adapters_ == nullptr)
+      return SubmitError{SubmitError::Code::kInvalidRequest,
+                         "adapter \"" + request.adapter +
+                             "\": LoRA adapters are off (start with --lora or --max-loras)",
+                         "adapter"};
+    request.lora = adapters_->Find(request.adapter);
+    if (request.lora == nullptr)
+      return SubmitError{SubmitError::Code::kInvalidRequest,
+                         "unknown adapter \"" + request.adapter + "\"", "adapter"};
+    request.cache_namespace = AdapterNamespaceOf(request.cache_namespace, request.lora->digest);
+  }
   request.cache_namespace = CacheNamespaceOf(request.cache_namespace, request.cache_salt);
   auto state = std::make_shared<RequestState>();
   state->stream = std::make_shared<ResponseStream>(request.n);
@@ -212,7 +252,7 @@ bool Engine::TakeWork() {
   std::vector<std::optional<uint64_t>> clears;
   {
     MutexLock lock(&mu_);
-    if (sequences_.empty() && !in_flight_) {
+    if (sequences_.empty() && !in_flight_ && lora_waiting_.empty()) {
       cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return HasIncoming(); });
     }
     if (stopping_ && (!drain_ || (sequences_.empty() && inbox_.empty()))) stop_now = true;
@@ -220,13 +260,57 @@ bool Engine::TakeWork() {
     clears.swap(pool_clears_);
   }
   for (const std::optional<uint64_t>& ns : clears) kv_.DropCached(ns);
-  for (const std::shared_ptr<RequestState>& state : incoming) sequences_.Add(state);
-  if (stop_now) sequences_.CancelAll();
+  for (const std::shared_ptr<RequestState>& state : TakeLoraSlots(std::move(incoming)))
+    sequences_.Add(state);
+  if (stop_now) {
+    for (const std::shared_ptr<RequestState>& state : lora_waiting_) {
+      EndUnstarted(*state, FinishReason::kCancelled);
+      num_queued_.fetch_sub(1);
+    }
+    lora_waiting_.clear();
+    sequences_.CancelAll();
+  }
   sequences_.ReapCancelled();
   if (!stop_now) return true;
   CompleteInFlight();
   PublishStatsAndCloseStreams();
   return false;
+}
+
+std::vector<std::shared_ptr<RequestState>> Engine::TakeLoraSlots(
+    std::deque<std::shared_ptr<RequestState>> incoming) {
+  std::vector<std::shared_ptr<RequestState>> ready;
+  std::deque<std::shared_ptr<RequestState>> pending;
+  pending.swap(lora_waiting_);
+  for (auto& state : incoming) pending.push_back(std::move(state));
+  LoraSet* pool = model_->lora();
+  for (std::shared_ptr<RequestState>& state : pending) {
+    const std::shared_ptr<const AdapterInfo>& lora = state->request.lora;
+    if (lora == nullptr) {
+      ready.push_back(std::move(state));
+      continue;
+    }
+    // Behind a request already waiting for a slot: wait too (first come, first served).
+    Result<std::optional<int32_t>> slot =
+        lora_waiting_.empty() ? pool->Acquire(lora->digest, lora->dir)
+                              : Result<std::optional<int32_t>>(std::optional<int32_t>());
+    if (!slot.ok()) {  // the folder stopped loading since it was registered
+      LOG_ERROR << "adapter " << lora->name << ": " << slot.message();
+      EndUnstarted(*state, FinishReason::kError);
+      num_queued_.fetch_sub(1);
+      continue;
+    }
+    if (!slot->has_value()) {
+      lora_waiting_.push_back(std::move(state));
+      continue;
+    }
+    const int32_t index = **slot;
+    state->lora_slot = index;
+    state->lora_lease =
+        std::shared_ptr<void>(nullptr, [pool, index](void*) { pool->Release(index); });
+    ready.push_back(std::move(state));
+  }
+  return ready;
 }
 
 std::optional<StepPlan> Engine::ScheduleStep() {
@@ -280,6 +364,11 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
   if (tier_ != nullptr) counters_.prompt_cache = tier_->Stats();
+  if (const LoraSet* lora = model_->lora(); lora != nullptr) {
+    counters_.lora_loads = lora->loads();
+    counters_.lora_evictions = lora->evictions();
+    counters_.lora_waiting = static_cast<int32_t>(lora_waiting_.size());
+  }
   {
     MutexLock lock(&mu_);
     published_ = counters_;

@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/adapter_registry.h"
 #include "engine/engine_config.h"
 #include "engine/engine_limits.h"
 #include "engine/live_sequences.h"
@@ -63,6 +64,11 @@ class Engine {
   // The prefix-cache namespace of a request with this namespace and cache_salt (Submit applies
   // it): `ns` itself without a salt, else a 64-bit digest of both.
   static uint64_t CacheNamespaceOf(uint64_t ns, const std::string& cache_salt);
+  // The prefix-cache namespace of a request under the LoRA adapter of this digest (Submit
+  // applies it before the salt): blocks computed under one adapter never serve another.
+  static uint64_t AdapterNamespaceOf(uint64_t ns, uint64_t adapter_digest);
+  // The LoRA adapters by name (null when EngineConfig::max_loras is 0). Thread-safe.
+  AdapterRegistry* adapters() const { return adapters_.get(); }
   bool has_prompt_cache_disk() const { return tier_ != nullptr; }
   int32_t context_length() const { return context_length_; }
   int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
@@ -70,6 +76,7 @@ class Engine {
   // The limits in force (a config's 0s resolved by ResolveEngineLimits).
   int32_t max_running() const { return config_.max_running; }
   int32_t max_step_tokens() const { return config_.max_step_tokens; }
+  int32_t max_loras() const { return config_.max_loras; }  // 0: LoRA off
   int32_t vocab_size() const { return vocab_size_; }
   const Model& model() const { return *model_; }
 
@@ -89,6 +96,10 @@ class Engine {
   std::optional<StepPlan> ScheduleStep() EXCLUDES(mu_);
   bool Launch(StepBatch& step);  // false: the launch failed and the step was failed
   void CompleteInFlight();
+  // Gives the incoming requests (after those still waiting for a LoRA slot) their adapter's
+  // slot; those whose adapter finds no free slot wait in lora_waiting_, in order.
+  std::vector<std::shared_ptr<RequestState>> TakeLoraSlots(
+      std::deque<std::shared_ptr<RequestState>> incoming);
   // Publishes the step's counters for Stats(), then closes the streams of requests that ended.
   void PublishStatsAndCloseStreams() EXCLUDES(mu_);
 
@@ -113,6 +124,8 @@ class Engine {
   // A model with recurrent layers (qwen3_next): one state slot per started sequence; else null.
   std::unique_ptr<StateSlots> state_slots_;
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet
+  std::deque<std::shared_ptr<RequestState>> lora_waiting_;  // no LoRA slot free yet
+  std::unique_ptr<AdapterRegistry> adapters_;  // null: LoRA off
 
   // Shared with callers: mu_ guards the members marked GUARDED_BY(mu_); cv_ (with mu_) wakes the
   // engine thread for new requests and Shutdown. num_queued_ is an atomic: Submit reads it under

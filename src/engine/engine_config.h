@@ -54,6 +54,10 @@ struct EngineConfig {
   int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
   int32_t max_n = 16;  // largest `n` accepted
+  // LoRA adapters (--max-loras, --max-lora-rank): 0 slots is off (requests naming an adapter are
+  // refused); else the model's LoraSet has max_loras slots for adapters of rank <= max_lora_rank.
+  int32_t max_loras = 0;
+  int32_t max_lora_rank = 64;
   // Sampled rows without logits processors: drawn by the backend (Backend::SampleRows) when it
   // prefers that (a GPU), or always (tests of the CPU twin), else by the host sampler.
   enum class BackendSampling { kAuto, kAlways } backend_sampling = BackendSampling::kAuto;
@@ -113,6 +117,10 @@ struct EngineStats {
   bool prefix_caching = true;
   // A model with recurrent layers: the state slots' bytes (EngineSizing::state_bytes); else 0.
   int64_t recurrent_state_bytes = 0;
+  // LoRA (EngineConfig::max_loras > 0): adapters loaded into a slot, loads that evicted an idle
+  // one, and requests waiting for a slot now.
+  int64_t lora_loads = 0, lora_evictions = 0;
+  int32_t lora_waiting = 0;
   // Engine-thread wall time, summed over steps: scheduling, the model forward (recording and
   // launching the step, waiting for its outputs) and the rest of the step (host sampling, token
   // bookkeeping, prefix-cache commits, streaming the events).

@@ -17,6 +17,8 @@
 
 #include "backend/cuda_loader.h"
 #include "engine/engine_testing.h"
+#include "model/lora_set.h"
+#include "util/mapped_file.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -24,6 +26,7 @@ namespace {
 
 using testing::ModelDir;
 using testing::StrideConstraint;
+using json = nlohmann::json;
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, DeviceKind device = DeviceKind::kCpu) {
   ModelLoadOptions options;
@@ -874,6 +877,140 @@ TEST(EngineTest, CancelFreesBlocksAndRejectsImpossibleRequests) {
   EXPECT_NE(error.message.find("600"), std::string::npos) << error.message;
   auto bad_id = (*engine2)->Submit(Greedy({1, 999999}, 4));
   ASSERT_TRUE(std::holds_alternative<SubmitError>(bad_id));
+}
+
+// ---- LoRA adapters (issue 44): the engine resolves a request's adapter by name, gives it a
+// slot of the model's LoraSet for its life, and namespaces its prefix-cache blocks by adapter ----
+
+std::string AdapterFixture(const std::string& name) {
+  return testing::FixturesDir() + "/adapters/" + name;
+}
+
+// An engine on `model` with LoRA on (max_loras slots) and llama3-a / llama3-b registered as a, b.
+std::unique_ptr<Engine> LoraEngine(Model* model, int32_t max_loras, bool prefix_cache = true,
+                                   bool speculate = false) {
+  EngineConfig config;
+  if (speculate) {
+    config.speculation.method = SpeculationConfig::Method::kNgram;
+    config.speculation.num_spec_tokens = 4;
+  }
+  config.max_loras = max_loras;
+  config.enable_prefix_caching = prefix_cache;
+  auto engine = Engine::Create(model, config);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  if (!engine.ok()) return nullptr;
+  for (const char* name : {"a", "b"}) {
+    auto info = (*engine)->adapters()->Register(name, AdapterFixture(std::string("llama3-") + name));
+    EXPECT_TRUE(info.ok()) << info.message();
+  }
+  return std::move(engine).value();
+}
+
+GenerationRequest WithAdapter(GenerationRequest r, const std::string& adapter) {
+  r.adapter = adapter;
+  return r;
+}
+
+TEST(EngineLoraTest, GreedyMatchesTheGoldenAndAMixedBatchEqualsSoloRuns) {
+  EMBER_REQUIRE_DIR(AdapterFixture("llama3-b"));
+  auto model = LoadModel(ModelDir("llama3"));
+  ASSERT_NE(model, nullptr);
+  auto engine = LoraEngine(model.get(), 2, /*prefix_cache=*/false);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<std::string> adapters = {"a", "none", "b", "a", "", "b"};
+  std::vector<std::vector<int32_t>> solo;
+  for (const std::string name : {"a", "b"}) {
+    const json golden = json::parse(*ReadFileToString(AdapterFixture("llama3-" + name) +
+                                                      "/golden.json"));
+    const auto prompt = golden["sequences"]["short"].get<std::vector<int32_t>>();
+    const auto want = golden["greedy"]["short"].get<std::vector<int32_t>>();
+    Output out = Collect(SubmitOrDie(*engine, WithAdapter(
+                                                   Greedy(prompt, static_cast<int32_t>(want.size())), name)));
+    EXPECT_EQ(out.samples[0], want) << "adapter " << name;
+  }
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128};
+  for (const std::string& name : adapters)
+    solo.push_back(Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 16), name))).samples[0]);
+  EXPECT_NE(solo[0], solo[1]);  // the adapter changes the output (the test can fail)
+  EXPECT_EQ(solo[1], solo[4]);  // "none" is the base model
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const std::string& name : adapters)
+    streams.push_back(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 16), name)));
+  for (size_t i = 0; i < streams.size(); ++i)
+    EXPECT_EQ(Collect(streams[i]).samples[0], solo[i]) << "request " << i << " " << adapters[i];
+  // An unknown adapter is refused by name.
+  auto refused = engine->Submit(WithAdapter(Greedy(prompt, 4), "nope"));
+  ASSERT_TRUE(std::holds_alternative<SubmitError>(refused));
+  EXPECT_NE(std::get<SubmitError>(refused).message.find("\"nope\""), std::string::npos);
+  EXPECT_EQ(std::get<SubmitError>(refused).param, "adapter");
+}
+
+TEST(EngineLoraTest, PrefixCacheBlocksAreNamespacedByAdapter) {
+  EMBER_REQUIRE_DIR(AdapterFixture("llama3-b"));
+  auto model = LoadModel(ModelDir("llama3"));
+  ASSERT_NE(model, nullptr);
+  auto engine = LoraEngine(model.get(), 2);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int32_t> prompt(40);
+  for (int32_t i = 0; i < 40; ++i) prompt[static_cast<size_t>(i)] = 3 + (i * 37) % 500;
+  auto cached = [&](const std::string& adapter) {
+    return Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 2), adapter)))
+        .usage.cached_tokens;
+  };
+  EXPECT_EQ(cached("a"), 0);
+  EXPECT_EQ(cached("b"), 0);   // same prompt, other adapter: no shared block
+  EXPECT_EQ(cached(""), 0);    // nor the base model
+  EXPECT_EQ(cached("a"), 32);  // same adapter: two full blocks
+  EXPECT_EQ(cached("none"), 32);
+}
+
+TEST(EngineLoraTest, RequestsWaitForASlotWhenEveryOneIsHeld) {
+  EMBER_REQUIRE_DIR(AdapterFixture("llama3-b"));
+  auto model = LoadModel(ModelDir("llama3"));
+  ASSERT_NE(model, nullptr);
+  auto engine = LoraEngine(model.get(), 1, /*prefix_cache=*/false);  // one slot for a and b
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 14, 51, 88, 125, 162};
+  const auto solo_a = Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "a"))).samples;
+  const auto solo_b = Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "b"))).samples;
+  auto sa = SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "a"));
+  auto sb = SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "b"));
+  auto sa2 = SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "a"));
+  EXPECT_EQ(Collect(sa).samples, solo_a);
+  EXPECT_EQ(Collect(sb).samples, solo_b);
+  EXPECT_EQ(Collect(sa2).samples, solo_a);
+  EXPECT_GE(model->lora()->evictions(), 2);
+  // Unloading keeps submitted requests running and refuses new ones.
+  auto pending = SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 12), "b"));
+  ASSERT_TRUE(engine->adapters()->Unregister("b").ok());
+  EXPECT_EQ(Collect(pending).samples, solo_b);
+  EXPECT_TRUE(std::holds_alternative<SubmitError>(engine->Submit(WithAdapter(Greedy(prompt, 2), "b"))));
+}
+
+TEST(EngineLoraTest, SpeculativeDecodingVerifiesDraftsUnderTheAdapter) {
+  EMBER_REQUIRE_DIR(AdapterFixture("llama3-b"));
+  auto model = LoadModel(ModelDir("llama3"));
+  ASSERT_NE(model, nullptr);
+  // A copy-heavy prompt: prompt lookup finds drafts; verified rows carry the adapter too.
+  std::vector<int32_t> prompt;
+  for (int32_t r = 0; r < 4; ++r)
+    for (int32_t t : {1, 14, 51, 88, 125, 162, 199, 236}) prompt.push_back(t);
+  std::vector<std::vector<int32_t>> plain;
+  {
+    auto engine = LoraEngine(model.get(), 2, false);
+    ASSERT_NE(engine, nullptr);
+    for (const char* name : {"a", "b", "none"})
+      plain.push_back(Collect(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 24), name))).samples[0]);
+  }
+  auto spec_model = LoadModel(ModelDir("llama3"));  // (a model's KV pool is allocated once)
+  ASSERT_NE(spec_model, nullptr);
+  auto engine = LoraEngine(spec_model.get(), 2, false, /*speculate=*/true);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const char* name : {"a", "b", "none"})
+    streams.push_back(SubmitOrDie(*engine, WithAdapter(Greedy(prompt, 24), name)));
+  for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(Collect(streams[i]).samples[0], plain[i]) << i;
+  EXPECT_GT(engine->Stats().spec_draft_tokens, 0);
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 
 namespace ember {
 
+struct AdapterInfo;  // engine/adapter_registry.h
+
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason reason);  // "stop", "length", "cancelled", "error"
 
@@ -27,7 +29,11 @@ struct GenerationRequest {
   int32_t n = 1;                           // parallel samples sharing one prompt prefill
   std::vector<int32_t> stop_token_ids;     // in addition to the model's eos ids
   bool ignore_eos = false;                 // when true the model's eos ids do not stop
-  uint64_t cache_namespace = 0;            // prefix-cache namespace (adapter id, later)
+  uint64_t cache_namespace = 0;            // prefix-cache namespace (Submit folds in the adapter)
+  // The LoRA adapter by its registered name ("" or "none": the base model). Submit resolves it
+  // (an unknown name is refused) into `lora` and folds its digest into cache_namespace.
+  std::string adapter;
+  std::shared_ptr<const AdapterInfo> lora;  // set by Engine::Submit
   // Per-request cache isolation (vLLM's cache_salt): only requests with the same salt (and
   // namespace) share cached KV, in the pool and on disk. Engine::Submit folds it into
   // cache_namespace (CacheNamespaceOf); the disk keys also digest the salt itself.

@@ -30,6 +30,10 @@ struct RequestState {
   bool prompt_prefilled = false;        // sample 0 computed the whole prompt (siblings may start)
   bool admitted = false;                // left the queue (a sample ran, or it ended)
   RequestUsage usage;
+  // Its LoRA adapter's slot in the model's LoraSet (-1: none), held while this state lives: the
+  // lease releases the slot when the last sequence lets go of the state.
+  int32_t lora_slot = -1;
+  std::shared_ptr<void> lora_lease;
 };
 
 struct Sequence {

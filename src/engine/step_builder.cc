@@ -94,12 +94,14 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
       step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id),
                              s.samples);
       step.batch.seqs.back().state_slot = std::max(seq->state_slot, 0);
+      step.batch.seqs.back().lora_slot = seq->request->lora_slot;
       continue;
     }
     CHECK(s.samples && num_known == 1 && !seq->draft.empty());
     chunk_.insert(chunk_.end(), seq->draft.begin(), seq->draft.begin() + s.num_draft);
     step.batch.AddSequence(chunk_, seq->num_computed_tokens, kv_->BlockTable(seq->id), false);
     step.batch.seqs.back().state_slot = std::max(seq->state_slot, 0);
+    step.batch.seqs.back().lora_slot = seq->request->lora_slot;
     step.batch.logits_rows.push_back(step.batch.seqs.back().query_start);
   }
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/lora_set.h"
 #include "model/model.h"
 
 namespace ember {
@@ -72,6 +73,8 @@ struct Model::Impl {
   // Weights the loader rearranged on the host (gpt_oss experts), kept while the backend points
   // into them (Backend::KeepsHostWeights).
   std::vector<std::vector<uint8_t>> host_weights;
+  // The LoRA adapters (Model::EnableLora), or null; BeginStep'd by Model::Forward.
+  LoraSet* lora = nullptr;
 };
 
 // The per-step activation buffers of a decoder, from the backend's step workspace (gate, up and

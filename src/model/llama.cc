@@ -7,12 +7,26 @@
 //   per layer:  x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)))
 //               x += down(silu(gate(norm(x))) * up(..))
 //               (MoE layers: x += MoeMlp(norm(x)), router included: Backend::MoeMlp)
+//   (each projection of a row with a LoRA adapter: += (in A^T) B^T, Backend::LoraDelta)
 //   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head)
 #include <algorithm>
 
 #include "model/architecture.h"
 
 namespace ember {
+
+namespace {
+
+// out += the step's LoRA updates of projection `target` of `layer` (x its input), if any.
+void ApplyLora(const Model::Impl& m, size_t layer, LoraTarget target, const Tensor& x,
+               Tensor out) {
+  if (m.lora == nullptr) return;
+  const std::span<const LoraSegment> segments =
+      m.lora->Segments(static_cast<int32_t>(layer), target);
+  if (!segments.empty()) m.backend->LoraDelta(x, segments, out);
+}
+
+}  // namespace
 
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {
   const ModelConfig& c = *m.config;
@@ -27,6 +41,9 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                    [](const LayerWeights& w) { return w.moe() || w.bo.has_value(); });
   auto [x, xn, q, k, v, att, delta, gate, up, act] =
       AllocDecoderActivations(be, c, n, matmul_delta);
+  // A step with LoRA updates of gate or up adds them before the activation: unfused.
+  const bool lora_gate_up = m.lora != nullptr && (m.lora->StepTargets(LoraTarget::kGate) ||
+                                                  m.lora->StepTargets(LoraTarget::kUp));
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -38,8 +55,12 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                               {&w.wk, w.bk ? &*w.bk : nullptr, k},
                               {&w.wv, w.bv ? &*w.bv : nullptr, v}};
     be.MatMulGroup(xn, qkv);
+    ApplyLora(m, l, LoraTarget::kQ, xn, q);
+    ApplyLora(m, l, LoraTarget::kK, xn, k);
+    ApplyLora(m, l, LoraTarget::kV, xn, v);
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
+    ApplyLora(m, l, LoraTarget::kO, att, delta);
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
@@ -48,8 +69,17 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
       continue;
     }
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
+    if (lora_gate_up) {
+      const MatMulPart parts[] = {{&w.w_gate, nullptr, gate}, {&w.w_up, nullptr, up}};
+      be.MatMulGroup(xn, parts);
+      ApplyLora(m, l, LoraTarget::kGate, xn, gate);
+      ApplyLora(m, l, LoraTarget::kUp, xn, up);
+      be.SiluMul(gate, up, act);
+    } else {
+      be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
+    }
     be.MatMul(act, w.w_down, nullptr, delta);
+    ApplyLora(m, l, LoraTarget::kDown, act, delta);
   }
   return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }

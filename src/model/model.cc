@@ -624,6 +624,13 @@ Result<Checkpoint> ReadGgufCheckpoint(const std::string& path, const Backend& ba
 
 Model::~Model() = default;
 
+Status Model::EnableLora(int32_t max_loras, int32_t max_rank) {
+  CHECK(lora_ == nullptr);
+  EMBER_ASSIGN_OR_RETURN(lora_, LoraSet::Create(backend_.get(), &config_, max_loras, max_rank));
+  impl_->lora = lora_.get();
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& opts) {
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(opts));
   return Load(dir, std::move(backend), opts);
@@ -814,7 +821,12 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
     if (outputs.defer_ids) return Status::Error("StepOutputs: defer_ids for a plan without rows");
     return Status::Ok();
   }
+  for (const SequenceSlice& seq : plan.seqs)
+    if (seq.lora_slot >= 0 && (lora_ == nullptr || seq.lora_slot >= lora_->max_loras()))
+      return Status::Error("plan: lora_slot " + std::to_string(seq.lora_slot) +
+                           " without such a LoRA slot (Model::EnableLora)");
   EMBER_RETURN_IF_ERROR(backend_->BeginStep(plan));
+  if (lora_ != nullptr) lora_->BeginStep(plan);
   if (outputs.defer_ids) backend_->DeferStepIds();
   Status st = config_.mla()                      ? ForwardDeepseek(*impl_, plan, outputs)
               : IsGemma(config_)                   ? ForwardGemma(*impl_, plan, outputs)

@@ -19,6 +19,7 @@
 
 namespace ember {
 
+class LoraSet;
 class WeightStore;
 
 struct GenerationDefaults {  // from generation_config.json (absent fields: nullopt)
@@ -250,6 +251,10 @@ class Model {
   // A plan token id -1 - r is fed: the id the previous Forward made for its logits row r
   // (a kArgmax / kSample row of that step; anything else is an error).
   Status Forward(const BatchPlan& plan, const StepOutputs& outputs);
+  // Turns on LoRA adapters: a pool of max_loras slots of rank <= max_rank (model/lora_set.h),
+  // refused by a backend or family that cannot apply them. Once, before the first Forward.
+  Status EnableLora(int32_t max_loras, int32_t max_rank);
+  LoraSet* lora() { return lora_.get(); }  // null until EnableLora
   // Waits for the oldest Forward with defer_ids and fills its ids (Backend::WaitIds).
   Status WaitIds() { return backend_->WaitIds(); }
 
@@ -262,6 +267,7 @@ class Model {
   std::unique_ptr<WeightStore> weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<LoraSet> lora_;
   int32_t num_kv_blocks_ = 0;
   int32_t kv_block_size_ = 0;
   int32_t num_state_slots_ = 0;

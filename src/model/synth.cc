@@ -414,4 +414,47 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
   return WriteStringToFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
 }
 
+Status WriteSynthLoraAdapter(const SynthLoraOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const std::string text,
+                         ReadFileToString(options.model_dir + "/config.json"));
+  const json c = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (c.is_discarded()) return Status::Error(options.model_dir + "/config.json: not JSON");
+  const int64_t d = c.value("hidden_size", 0), inter = c.value("intermediate_size", 0);
+  const int64_t heads = c.value("num_attention_heads", 0);
+  const int64_t kv = c.value("num_key_value_heads", heads);
+  const int64_t hd = c.value("head_dim", heads > 0 ? d / heads : 0);
+  const std::map<std::string, std::pair<int64_t, int64_t>> shapes = {  // module: (out, in)
+      {"q_proj", {heads * hd, d}}, {"k_proj", {kv * hd, d}},       {"v_proj", {kv * hd, d}},
+      {"o_proj", {d, heads * hd}}, {"gate_proj", {inter, d}},      {"up_proj", {inter, d}},
+      {"down_proj", {d, inter}}};
+  std::vector<TensorSpec> specs;
+  for (int64_t l = 0; l < c.value("num_hidden_layers", 0); ++l) {
+    for (const std::string& m : options.targets) {
+      auto it = shapes.find(m);
+      if (it == shapes.end()) return Status::Error("synth LoRA: unknown target " + m);
+      const std::string block = m == "gate_proj" || m == "up_proj" || m == "down_proj"
+                                    ? "mlp." : "self_attn.";
+      const std::string name =
+          "base_model.model.model.layers." + std::to_string(l) + "." + block + m;
+      specs.push_back({name + ".lora_A.weight", {options.rank, it->second.second}});
+      specs.push_back({name + ".lora_B.weight", {it->second.first, options.rank}});
+    }
+  }
+  const std::string& dir = options.out_dir;
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return Status::Error(dir + ": cannot create directory");
+  const json config = {{"peft_type", "LORA"},   {"task_type", "CAUSAL_LM"},
+                       {"r", options.rank},     {"lora_alpha", options.alpha},
+                       {"target_modules", options.targets}, {"bias", "none"},
+                       {"use_rslora", false},   {"lora_dropout", 0.0}};
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(
+      std::fopen((dir + "/adapter_config.json").c_str(), "wb"), &std::fclose);
+  const std::string config_text = config.dump(1);
+  if (!f || std::fwrite(config_text.data(), 1, config_text.size(), f.get()) != config_text.size())
+    return Status::Error(dir + "/adapter_config.json: write failed");
+  std::vector<size_t> all(specs.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return WriteShard(dir + "/adapter_model.safetensors", specs, all, options.dtype, options.seed);
+}
+
 }  // namespace ember

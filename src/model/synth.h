@@ -32,4 +32,19 @@ std::vector<std::string> SynthPresetNames();
 // tokenizer files. Errors name the preset, flag or file.
 Status WriteSynthCheckpoint(const SynthOptions& options);
 
+// A random LoRA adapter in PEFT's folder format (adapter_config.json + adapter_model.safetensors)
+// for the llama-family model whose config.json is in `model_dir`: rank `rank`, lora_alpha `alpha`,
+// on `targets` (PEFT module names: q_proj ... down_proj) of every layer, A and B random in `dtype`
+// (benchmarks; model/lora_adapter.h reads it).
+struct SynthLoraOptions {
+  std::string model_dir, out_dir;
+  int32_t rank = 16;
+  double alpha = 32;
+  std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                      "gate_proj", "up_proj", "down_proj"};
+  DType dtype = DType::kBF16;
+  uint64_t seed = 0;
+};
+Status WriteSynthLoraAdapter(const SynthLoraOptions& options);
+
 }  // namespace ember

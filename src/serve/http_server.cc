@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "serve/api_dialect.h"
+#include "serve/body_fields.h"
 #include "serve/generation_job.h"
 #include "serve/utility_routes.h"
 #include "serve/web_ui.h"
@@ -76,7 +77,13 @@ bool IsReadRoute(const std::string& path) {
   return IsModelPath(path) || IsWebUiPath(path);
 }
 
+// The LoRA admin routes: /v1/adapters and /v1/adapters/NAME.
+bool IsAdapterPath(const std::string& path) {
+  return path == "/v1/adapters" || path.rfind("/v1/adapters/", 0) == 0;
+}
+
 std::string RouteLabel(const std::string& path) {
+  if (IsAdapterPath(path)) return "/v1/adapters";
   if (IsGenerationRoute(path) || IsReadRoute(path) || IsUtilityRoute(path))
     return IsModelPath(path) ? "/v1/models" : path;
   return "other";
@@ -296,7 +303,9 @@ HttpServer::HttpServer(HttpConfig config) : config_(std::move(config)) {
   hooks.handle = [this](const HttpRequest& req) { return Handle(req); };
   // Everything but a generation is answered from memory.
   hooks.cheap = [](const HttpRequest& req) {
-    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path)));
+    // (A LoRA adapter's load reads its files: a worker's job too.)
+    return !(req.method == "POST" && (IsGenerationRoute(req.path) || IsUtilityPostRoute(req.path) ||
+                                      IsAdapterPath(req.path)));
   };
   hooks.error = [](int status, const std::string& message, const std::string& code) {
     return ErrorResponse(ApiError{status, message,
@@ -578,6 +587,16 @@ HttpResponse HttpServer::Stats() const {
   json stats = metrics_.Json(TotalEngineStats());
   if (model_ != nullptr) {
     stats.update(EngineSizes(*model_));
+    if (AdapterRegistry* adapters = model_->engine->adapters()) {
+      const EngineStats s = model_->engine->Stats();
+      json names = json::array();
+      for (const auto& info : adapters->List()) names.push_back(info->name);
+      stats["lora"] = {{"adapters", std::move(names)},
+                       {"max_loras", model_->engine->max_loras()},
+                       {"loads", s.lora_loads},
+                       {"evictions", s.lora_evictions},
+                       {"waiting", s.lora_waiting}};
+    }
   } else {
     stats["library"] = library_->Stats();
     json models = json::array();
@@ -623,10 +642,65 @@ json HttpServer::LibraryModelJson(const json& entry) const {
           {"library", entry}};
 }
 
+// POST /v1/adapters {"name", "path"} loads a LoRA adapter of the single model; DELETE
+// /v1/adapters/NAME unloads it (requests already submitted finish with it); GET lists them.
+HttpResponse HttpServer::AdapterAdmin(const HttpRequest& req) {
+  AdapterRegistry* adapters = model_ != nullptr ? model_->engine->adapters() : nullptr;
+  if (adapters == nullptr)
+    return ErrorResponse(ApiError{400,
+                                  "LoRA adapters are off (start the server with one model and "
+                                  "--lora NAME=DIR or --max-loras N)",
+                                  "invalid_request_error", "", "lora_disabled"});
+  if (req.method == "GET" && req.path == "/v1/adapters") {
+    json data = json::array();
+    for (const auto& info : adapters->List()) data.push_back(AdapterJson(*model_, *info));
+    return JsonResponse(200, {{"object", "list"}, {"data", std::move(data)}});
+  }
+  if (req.method == "DELETE" && req.path.size() > std::string("/v1/adapters/").size()) {
+    const std::string name = req.path.substr(std::string("/v1/adapters/").size());
+    if (Status st = adapters->Unregister(name); !st.ok())
+      return ErrorResponse(
+          ApiError{404, st.message(), "invalid_request_error", "name", "adapter_not_found"});
+    return JsonResponse(200, {{"id", name}, {"object", "model"}, {"deleted", true}});
+  }
+  if (req.method == "POST" && req.path == "/v1/adapters") {
+    Result<RequestJson> body = ParseOrderedJsonBounded(req.body, kMaxBodyDepth);
+    if (!body.ok() || !body->is_object())
+      return ErrorResponse(InvalidRequest("the body must be a JSON object {name, path}", "",
+                                          "invalid_json"));
+    if (auto e = CheckFields(*body, {"name", "path"})) return ErrorResponse(*e);
+    std::optional<std::string> name, path;
+    if (auto e = ReadString(*body, "name", &name)) return ErrorResponse(*e);
+    if (auto e = ReadString(*body, "path", &path)) return ErrorResponse(*e);
+    if (!name || name->empty()) return ErrorResponse(InvalidRequest("name: required", "name"));
+    if (!path || path->empty()) return ErrorResponse(InvalidRequest("path: required", "path"));
+    auto info = adapters->Register(*name, *path);
+    if (!info.ok()) return ErrorResponse(InvalidRequest(info.message(), "path", "adapter_invalid"));
+    return JsonResponse(200, AdapterJson(*model_, **info));
+  }
+  return ErrorResponse(ApiError{405,
+                                "Method " + LoggablePath(req.method) + " is not allowed on " +
+                                    LoggablePath(req.path) +
+                                    " (GET or POST /v1/adapters, DELETE /v1/adapters/NAME)",
+                                "invalid_request_error", "", "method_not_allowed"});
+}
+
+// An adapter as /v1/models lists it (vLLM's LoRA cards: root is its folder, parent the base).
+json HttpServer::AdapterJson(const ServedModel& model, const AdapterInfo& info) const {
+  return {{"id", info.name},           {"object", "model"},
+          {"created", started_unix_},  {"owned_by", "ember"},
+          {"root", info.dir},          {"parent", model.name},
+          {"lora", {{"rank", info.rank}, {"scale", info.scale},
+                    {"target_modules", info.target_modules}}}};
+}
+
 HttpResponse HttpServer::ModelsList(const HttpRequest& req) {
   json data = json::array();
   if (model_ != nullptr) {
     data.push_back(ModelJson(*model_));
+    if (AdapterRegistry* adapters = model_->engine->adapters()) {
+      for (const auto& info : adapters->List()) data.push_back(AdapterJson(*model_, *info));
+    }
   } else {
     const std::string& target = req.target;
     if (target.find("refresh=1") != std::string::npos ||
@@ -641,6 +715,10 @@ HttpResponse HttpServer::ModelsList(const HttpRequest& req) {
 
 HttpResponse HttpServer::ModelDetails(const std::string& id) const {
   if (model_ != nullptr && id == model_->name) return JsonResponse(200, ModelJson(*model_));
+  if (model_ != nullptr && model_->engine->adapters() != nullptr) {
+    if (auto info = model_->engine->adapters()->Find(id))
+      return JsonResponse(200, AdapterJson(*model_, *info));
+  }
   if (library_ != nullptr) {
     for (const json& entry : library_->List())
       if (entry.value("id", "") == id) return JsonResponse(200, LibraryModelJson(entry));
@@ -664,11 +742,15 @@ Handled HttpServer::Route(const HttpRequest& req) {
   const std::string& path = req.path;
   const bool generation = IsGenerationRoute(path);
   const bool utility = IsUtilityRoute(path);  // /v1/embeddings, /tokenize, /detokenize, /version
-  if (!generation && !utility && !IsReadRoute(path))
+  if (!generation && !utility && !IsAdapterPath(path) && !IsReadRoute(path))
     return {ErrorResponse(ApiError{404, "Unknown path " + LoggablePath(path),
                                    "invalid_request_error", "", "not_found"}),
             nullptr};
   if (req.method == "OPTIONS") return {Preflight(req), nullptr};
+  if (IsAdapterPath(path)) {
+    if (auto denied = Unauthorized(req)) return {std::move(*denied), nullptr};
+    return {AdapterAdmin(req), nullptr};
+  }
   const bool get = req.method == "GET" || req.method == "HEAD";
   if (generation || IsUtilityPostRoute(path) ? req.method != "POST" : !get) {
     return {ErrorResponse(ApiError{405, "Method " + LoggablePath(req.method) +

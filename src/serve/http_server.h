@@ -85,6 +85,8 @@ class HttpServer {
   // model, or a library model loaded if need be (blocks for the load: worker threads only).
   std::variant<ModelLibrary::Lease, ApiError> ResolveModel(const std::string& requested);
   HttpResponse ModelsList(const HttpRequest& req);
+  HttpResponse AdapterAdmin(const HttpRequest& req);
+  nlohmann::json AdapterJson(const ServedModel& model, const AdapterInfo& info) const;
   HttpResponse ModelDetails(const std::string& id) const;
   nlohmann::json LibraryModelJson(const nlohmann::json& entry) const;
   EngineStats TotalEngineStats() const;

@@ -224,6 +224,7 @@ MaybeError ParseCommon(ObjectReader& r, const SchemaLimits& limits,
                                 std::to_string(kMaxCacheSaltBytes) + " bytes",
                             r.Path("cache_salt"));
   }
+  EMBER_RETURN_IF_API_ERROR(r.String("adapter", &p->adapter));
   std::optional<int32_t> n;
   EMBER_RETURN_IF_API_ERROR(r.Int32("n", 1, limits.max_n, &n));
   p->n = n.value_or(1);

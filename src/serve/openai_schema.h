@@ -60,6 +60,9 @@ struct CommonParams : SamplingRequest {
   // vLLM's cache_salt: only requests with the same salt share cached prompt KV (the pool and the
   // disk tier). "" when absent; at most kMaxCacheSaltBytes.
   std::string cache_salt;
+  // Ember's extension: the LoRA adapter by name ("none": the base model; "" when absent: the
+  // adapter the `model` field names, else the server's --adapter). request_builder resolves it.
+  std::string adapter;
   // Structured output, from at most one of the fields that ask for it (two are a 400 naming
   // both): response_format, guided_json, guided_regex, guided_choice, structured_outputs (vLLM),
   // json_schema (llama.cpp).

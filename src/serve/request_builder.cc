@@ -15,11 +15,46 @@ namespace ember::serve {
 
 namespace {
 
+// The LoRA adapter a request runs under ("": the base model): `model` "BASE:NAME" or an
+// adapter's own name, else the `adapter` field, else the server's default; "none" is the base.
+std::variant<std::string, ApiError> ResolveAdapter(const ServedModel& model,
+                                                   const CommonParams& p) {
+  const AdapterRegistry* adapters = model.engine != nullptr ? model.engine->adapters() : nullptr;
+  std::optional<std::string> named;
+  if (!p.model.empty() && p.model != model.name) {
+    const std::string prefix = model.name + ":";
+    if (p.model.rfind(prefix, 0) == 0) {
+      named = p.model.substr(prefix.size());
+    } else if (adapters != nullptr && adapters->Find(p.model) != nullptr) {
+      named = p.model;
+    } else {
+      return ApiError{404, "The model '" + p.model + "' does not exist; this server serves '" +
+                               model.name + "'",
+                      "invalid_request_error", "model", "model_not_found"};
+    }
+  }
+  if (!p.adapter.empty()) {
+    if (named && *named != p.adapter)
+      return InvalidRequest("adapter: \"" + p.adapter + "\" differs from the model's \"" +
+                                *named + "\"",
+                            "adapter");
+    named = p.adapter;
+  }
+  const std::string name = named.value_or(model.default_adapter);
+  if (name.empty() || name == "none") return std::string();
+  if (adapters == nullptr || adapters->Find(name) == nullptr)
+    return ApiError{404,
+                    "The adapter '" + name + "' does not exist" +
+                        (adapters == nullptr ? " (LoRA adapters are off: start with --lora)"
+                                             : " (GET /v1/models lists the adapters)"),
+                    "invalid_request_error", "adapter", "adapter_not_found"};
+  return name;
+}
+
 std::optional<ApiError> CheckModelName(const ServedModel& model, const CommonParams& p) {
-  if (p.model.empty() || p.model == model.name) return std::nullopt;
-  return ApiError{404, "The model '" + p.model + "' does not exist; this server serves '" +
-                           model.name + "'",
-                  "invalid_request_error", "model", "model_not_found"};
+  auto resolved = ResolveAdapter(model, p);
+  if (auto* error = std::get_if<ApiError>(&resolved)) return *error;
+  return std::nullopt;
 }
 
 // The sizes a request must fit: the served model's, with the engine's KV capacity (the context
@@ -90,6 +125,9 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   r->n = p.n;
   r->prompt_logprobs = p.prompt_logprobs;
   r->cache_salt = p.cache_salt;
+  auto adapter = ResolveAdapter(model, p);
+  if (auto* error = std::get_if<ApiError>(&adapter)) return *error;
+  r->adapter = std::get<std::string>(adapter);
   return std::nullopt;
 }
 

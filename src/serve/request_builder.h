@@ -35,6 +35,8 @@ namespace ember::serve {
 // Everything the server knows about the model it serves. Borrowed pointers outlive the server.
 struct ServedModel {
   std::string name;                            // the id clients pass as `model`
+  // The LoRA adapter of requests that name none (--adapter; "" the base model).
+  std::string default_adapter;
   const Tokenizer* tokenizer = nullptr;  // null (batch only): prompts and stops need token ids
   const ChatTemplate* chat_template = nullptr;  // null or !has_template(): chat answers 400
   Engine* engine = nullptr;

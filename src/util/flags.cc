@@ -39,6 +39,14 @@ void FlagParser::AddString(const std::string& names, std::string* dest, const st
   });
 }
 
+void FlagParser::AddRepeated(const std::string& names, std::vector<std::string>* dest,
+                             const std::string& help) {
+  Add(names, help + " (repeatable)", true, [dest](const std::string& v) {
+    dest->push_back(v);
+    return Status::Ok();
+  });
+}
+
 void FlagParser::AddInt(const std::string& names, int64_t* dest, const std::string& help) {
   std::string name = SplitCommas(names).back();
   Add(names, help, true, [dest, name](const std::string& v) {

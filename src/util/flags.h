@@ -21,6 +21,9 @@ class FlagParser {
   void AddInt(const std::string& names, int64_t* dest, const std::string& help);
   // A comma-separated list of integers ("1,4,16"); a given flag replaces the whole list.
   void AddIntList(const std::string& names, std::vector<int64_t>* dest, const std::string& help);
+  // A repeatable flag: each occurrence appends its value ("--lora a=DIR --lora b=DIR").
+  void AddRepeated(const std::string& names, std::vector<std::string>* dest,
+                   const std::string& help);
   void AddDouble(const std::string& names, double* dest, const std::string& help);
   void AddBool(const std::string& names, bool* dest, const std::string& help);  // no value
 

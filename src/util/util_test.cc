@@ -72,6 +72,18 @@ TEST(FlagParserTest, IntListReplacesTheDefault) {
   EXPECT_EQ(list, (std::vector<int64_t>{5}));
 }
 
+TEST(FlagParserTest, RepeatedFlagAppendsEachOccurrence) {
+  FlagParser flags("test");
+  std::vector<std::string> values;
+  flags.AddRepeated("--lora", &values, "adapters");
+  std::vector<std::string> args = {"prog", "--lora", "a=/x", "--lora=b=/y"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  bool help = false;
+  ASSERT_TRUE(flags.Parse(static_cast<int>(argv.size()), argv.data(), 1, &help).ok());
+  EXPECT_EQ(values, (std::vector<std::string>{"a=/x", "b=/y"}));
+}
+
 TEST(FlagParserTest, MalformedNumbersNameTheFlag) {
   int64_t n = 3;
   std::vector<int64_t> list = {1, 4};

@@ -126,4 +126,28 @@ JSONL
 else
   echo "note: no qwen3 tokenizer at $qwen3; JSON-mode part skipped"
 fi
+# LoRA adapters (the llama3 fixture and its llama3-a / llama3-b adapters): the `adapter` field of a
+# line, --adapter as the default, "none" the base model, an unknown name refused on its line; the
+# adapters' outputs are the transformers goldens of the merged adapters.
+fixtures="${EMBER_FIXTURES:-${EMBER_FIXTURES_DEFAULT:-}}"
+if [ -f "$fixtures/adapters/llama3-b/golden.json" ]; then
+  p='"prompt": [1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128], "max_tokens": 24, "temperature": 0, "ignore_eos": true'
+  printf '%s\n' "{$p, \"adapter\": \"a\"}" "{$p}" "{$p, \"adapter\": \"none\"}" \
+    "{$p, \"adapter\": \"zz\"}" >"$dir/lora.jsonl"
+  "$EMBER_BIN" batch --model "$fixtures/models/llama3" --input "$dir/lora.jsonl" \
+    --output "$dir/lora.out" --device cpu --lora "a=$fixtures/adapters/llama3-a" \
+    --lora "b=$fixtures/adapters/llama3-b" --adapter b 2>"$dir/err" || true  # line 4 is refused
+  [ "$(wc -l <"$dir/lora.out")" = 4 ] || fail "lora batch: $(cat "$dir/err")"
+  golden() { node -e 'const g = require(process.argv[1]); console.log(JSON.stringify(g.greedy.short));' "$1"; }
+  [ "$(field "$dir/lora.out" 1 ids)" = "$(golden "$fixtures/adapters/llama3-a/golden.json")" ] ||
+    fail "adapter a's line is not its golden: $(sed -n 1p "$dir/lora.out")"
+  [ "$(field "$dir/lora.out" 2 ids)" = "$(golden "$fixtures/adapters/llama3-b/golden.json")" ] ||
+    fail "the --adapter b default line is not b's golden: $(sed -n 2p "$dir/lora.out")"
+  [ "$(field "$dir/lora.out" 3 ids)" != "$(field "$dir/lora.out" 2 ids)" ] ||
+    fail "adapter none ran an adapter: $(sed -n 3p "$dir/lora.out")"
+  field "$dir/lora.out" 4 error | grep -q "adapter 'zz'" ||
+    fail "the unknown adapter was not named: $(sed -n 4p "$dir/lora.out")"
+else
+  echo "note: no adapter fixtures under $fixtures/adapters; LoRA part skipped"
+fi
 echo "ok"

@@ -491,6 +491,8 @@ class CpuBackend final : public Backend {
     }
     return Status::Ok();
   }
+  std::string LoraUnsupported() const override { return ""; }  // step buffers are float32
+  void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) override;
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   // gpt-oss's MXFP4 experts stay packed (4.25 bits a weight) and cpu::MatMulMxfp4 converts them
   // as it reads them, to the values their bf16 dequantization holds (the same outputs).
@@ -777,6 +779,49 @@ void ClampedSwiglu(const float* gate, const float* up, int64_t n, float limit, f
 // Each expert runs over the rows routed to it as one batch (gather, gate/up, activation, down);
 // its rows' results are added into out in ascending expert order. cpu::MatMul computes a row the
 // same way whatever the batch, so a row's result does not depend on the other rows.
+// Grouped: the segments of one adapter (the same a and b) run as one pair of products over their
+// rows gathered, the updates added back row by row. The values are the default's (MatMul is
+// batch-invariant, each row's update is added once), with each adapter's matrices read once.
+void CpuBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
+  const int64_t k = x.cols(), m = out.cols();
+  std::vector<uint8_t> done(segments.size(), 0);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (done[i] != 0) continue;
+    const LoraSegment& first = segments[i];
+    std::vector<const LoraSegment*> group;
+    int64_t rows = 0;
+    for (size_t j = i; j < segments.size(); ++j) {
+      if (done[j] != 0 || segments[j].a != first.a || segments[j].b != first.b) continue;
+      CHECK(segments[j].rows > 0 && segments[j].first_row + segments[j].rows <= x.rows());
+      done[j] = 1;
+      group.push_back(&segments[j]);
+      rows += segments[j].rows;
+    }
+    if (group.size() == 1) {
+      Backend::LoraDelta(x, segments.subspan(i, 1), out);
+      continue;
+    }
+    Tensor xg = Alloc({rows, k});
+    int64_t at = 0;
+    for (const LoraSegment* seg : group) {
+      std::memcpy(F(xg) + at * k, F(x) + seg->first_row * k,
+                  static_cast<size_t>(seg->rows * k) * sizeof(float));
+      at += seg->rows;
+    }
+    Tensor low = Alloc({rows, first.a->rows()});
+    MatMul(xg, *first.a, nullptr, low);
+    Tensor update = Alloc({rows, m});
+    MatMul(low, *first.b, nullptr, update);
+    at = 0;
+    for (const LoraSegment* seg : group) {
+      float* y = F(out) + seg->first_row * m;
+      const float* u = F(update) + at * m;
+      for (int64_t e = 0; e < seg->rows * m; ++e) y[e] += u[e];
+      at += seg->rows;
+    }
+  }
+}
+
 void CpuBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) {
   const int64_t n = x.rows(), d = x.cols();
   const int32_t num_experts = static_cast<int32_t>(experts.gate.size());

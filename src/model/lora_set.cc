@@ -1,0 +1,127 @@
+#include "model/lora_set.h"
+
+#include "util/check.h"
+
+namespace ember {
+
+Result<std::unique_ptr<LoraSet>> LoraSet::Create(Backend* backend, const ModelConfig* config,
+                                                 int32_t max_loras, int32_t max_rank) {
+  if (const std::string why = backend->LoraUnsupported(); !why.empty())
+    return Status::Error("--lora: " + why);
+  if (const std::string why = LoraUnsupportedModel(*config); !why.empty())
+    return Status::Error("--lora: " + why);
+  if (max_loras < 1 || max_loras > 1024) return Status::Error("--max-loras: must be 1..1024");
+  if (max_rank < 1 || max_rank > kMaxLoraRankLimit)
+    return Status::Error("--max-lora-rank: must be 1.." + std::to_string(kMaxLoraRankLimit));
+  return std::unique_ptr<LoraSet>(new LoraSet(backend, config, max_loras, max_rank));
+}
+
+LoraSet::LoraSet(Backend* backend, const ModelConfig* config, int32_t max_loras, int32_t max_rank)
+    : backend_(backend), config_(config), max_rank_(max_rank),
+      slots_(static_cast<size_t>(max_loras)) {}
+
+Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::string& dir) {
+  CHECK_NE(digest, 0u);
+  int32_t chosen = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].digest == digest) {
+      chosen = static_cast<int32_t>(i);
+      break;
+    }
+  }
+  if (chosen < 0) {
+    // A free slot, else the least recently used idle one.
+    for (size_t i = 0; i < slots_.size() && chosen < 0; ++i) {
+      if (slots_[i].users == 0 && slots_[i].digest == 0) chosen = static_cast<int32_t>(i);
+    }
+    if (chosen < 0) {
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].users > 0) continue;
+        if (chosen < 0 || slots_[i].last_used < slots_[static_cast<size_t>(chosen)].last_used)
+          chosen = static_cast<int32_t>(i);
+      }
+    }
+    if (chosen < 0) return std::optional<int32_t>();
+    EMBER_RETURN_IF_ERROR(Load(chosen, dir, digest));
+  }
+  Slot& slot = slots_[static_cast<size_t>(chosen)];
+  ++slot.users;
+  slot.last_used = ++clock_;
+  return std::optional<int32_t>(chosen);
+}
+
+void LoraSet::Release(int32_t slot) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  CHECK_GT(s.users, 0);
+  --s.users;
+  s.last_used = ++clock_;
+}
+
+Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
+  Slot& slot = slots_[static_cast<size_t>(index)];
+  CHECK_EQ(slot.users, 0);
+  EMBER_ASSIGN_OR_RETURN(LoraAdapter adapter, LoadLoraAdapter(dir, *config_, max_rank_));
+  if (adapter.digest != digest)
+    return Status::Error("LoRA adapter " + dir +
+                         ": its files changed since it was registered (register it again)");
+  if (slot.digest != 0) ++evictions_;
+  slot.digest = 0;
+  slot.tensors.clear();
+  slot.host = std::move(adapter);
+  slot.tensors.resize(slot.host.layers.size());
+  for (size_t l = 0; l < slot.host.layers.size(); ++l) {
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      LoraMatrices& m = slot.host.layers[l][static_cast<size_t>(t)];
+      if (m.empty()) continue;
+      const std::string name = "lora." + std::to_string(index) + ".layers." + std::to_string(l) +
+                               "." + LoraTargetName(static_cast<LoraTarget>(t));
+      const int64_t r = slot.host.config.rank;
+      const int64_t a_shape[] = {r, m.in}, b_shape[] = {m.out, r};
+      EMBER_ASSIGN_OR_RETURN(Tensor a,
+                             backend_->UploadWeight(name + ".A", DType::kF32, a_shape, m.a.data()));
+      EMBER_ASSIGN_OR_RETURN(Tensor b,
+                             backend_->UploadWeight(name + ".B", DType::kF32, b_shape, m.b.data()));
+      slot.tensors[l][static_cast<size_t>(t)] = Weights{a, b};
+    }
+  }
+  slot.digest = digest;
+  ++loads_;
+  return Status::Ok();
+}
+
+void LoraSet::BeginStep(const BatchPlan& plan) {
+  runs_.clear();
+  for (const SequenceSlice& s : plan.seqs) {
+    if (s.lora_slot < 0 || s.query_len == 0) continue;
+    CHECK_LT(s.lora_slot, max_loras());
+    CHECK_NE(slots_[static_cast<size_t>(s.lora_slot)].digest, 0u);
+    if (!runs_.empty() && runs_.back().slot == s.lora_slot &&
+        runs_.back().first_row + runs_.back().rows == s.query_start) {
+      runs_.back().rows += s.query_len;
+    } else {
+      runs_.push_back(Run{s.query_start, s.query_len, s.lora_slot});
+    }
+  }
+}
+
+bool LoraSet::StepTargets(LoraTarget target) const {
+  for (const Run& run : runs_) {
+    for (const auto& layer : slots_[static_cast<size_t>(run.slot)].tensors) {
+      if (layer[static_cast<size_t>(target)].a) return true;
+    }
+  }
+  return false;
+}
+
+std::span<const LoraSegment> LoraSet::Segments(int32_t layer, LoraTarget target) {
+  segments_.clear();
+  for (const Run& run : runs_) {
+    const Weights& w =
+        slots_[static_cast<size_t>(run.slot)].tensors[static_cast<size_t>(layer)]
+              [static_cast<size_t>(target)];
+    if (w.a) segments_.push_back(LoraSegment{run.first_row, run.rows, &*w.a, &*w.b});
+  }
+  return segments_;
+}
+
+}  // namespace ember

@@ -1,0 +1,86 @@
+// LoraSet: the LoRA adapters resident on a model's backend, a bounded pool of `max_loras` slots.
+// A request's adapter takes a slot for the request's life (Acquire/Release, counted per user): the
+// slot already holding it, else a free one, else the least recently used slot that no request
+// holds (evicted); when every slot is held the caller waits. A step's rows name their slot in
+// SequenceSlice::lora_slot (-1: the base model); BeginStep groups the plan's rows into runs of one
+// slot, and Segments gives a projection's Backend::LoraDelta segments for that step.
+// Invariants: a slot with users > 0 is never evicted or reloaded; a slot's tensors point into its
+// host matrices (the backend keeps them: Backend::KeepsHostWeights, only the CPU takes LoRA).
+// Not thread-safe: the engine thread only (it drives the model).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/batch_plan.h"
+#include "model/lora_adapter.h"
+#include "util/status.h"
+
+namespace ember {
+
+class LoraSet {
+ public:
+  // Refuses a backend that cannot apply adapters (Backend::LoraUnsupported) and a model outside
+  // the families llama.cc runs (LoraUnsupportedModel).
+  static Result<std::unique_ptr<LoraSet>> Create(Backend* backend, const ModelConfig* config,
+                                                 int32_t max_loras, int32_t max_rank);
+
+  int32_t max_loras() const { return static_cast<int32_t>(slots_.size()); }
+  int32_t max_rank() const { return max_rank_; }
+  const ModelConfig& model_config() const { return *config_; }
+
+  // A slot holding the adapter of `dir` whose LoadLoraAdapter digest is `digest` (as it was
+  // registered), with one more user. nullopt: every slot is held by a request (retry later).
+  // Errors: the folder no longer loads, or its digest changed since it was registered.
+  Result<std::optional<int32_t>> Acquire(uint64_t digest, const std::string& dir);
+  void Release(int32_t slot);
+
+  // Groups the plan's rows by their sequences' lora_slot for this step's Segments.
+  void BeginStep(const BatchPlan& plan);
+  // True when a row of this step has an adapter targeting `target` (at any layer).
+  bool StepTargets(LoraTarget target) const;
+  // The LoraDelta segments of (layer, target) this step, in row order (empty: none). Valid until
+  // the next call.
+  std::span<const LoraSegment> Segments(int32_t layer, LoraTarget target);
+
+  // Counters (tests, logs): adapters loaded into a slot, and of those, loads that evicted one.
+  int64_t loads() const { return loads_; }
+  int64_t evictions() const { return evictions_; }
+  // The digest held by `slot` (0: empty).
+  uint64_t SlotDigest(int32_t slot) const { return slots_[static_cast<size_t>(slot)].digest; }
+
+ private:
+  LoraSet(Backend* backend, const ModelConfig* config, int32_t max_loras, int32_t max_rank);
+  Status Load(int32_t slot, const std::string& dir, uint64_t digest);
+
+  struct Weights {
+    std::optional<Tensor> a, b;
+  };
+  struct Slot {
+    uint64_t digest = 0;  // 0: empty
+    int32_t users = 0;
+    uint64_t last_used = 0;
+    LoraAdapter host;  // the matrices the tensors point into
+    std::vector<std::array<Weights, kNumLoraTargets>> tensors;  // [layer][target]
+  };
+  struct Run {
+    int64_t first_row, rows;
+    int32_t slot;
+  };
+
+  Backend* backend_;
+  const ModelConfig* config_;
+  int32_t max_rank_;
+  std::vector<Slot> slots_;
+  uint64_t clock_ = 0;
+  int64_t loads_ = 0, evictions_ = 0;
+  std::vector<Run> runs_;  // this step's rows with an adapter, merged by slot
+  std::vector<LoraSegment> segments_;
+};
+
+}  // namespace ember
