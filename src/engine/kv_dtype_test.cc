@@ -213,22 +213,30 @@ TEST(KvDTypeTest, BatchedEqualsSoloUnderQuantizedKv) {
       ASSERT_TRUE(engine.ok()) << engine.message();
       for (const GenerationRequest& r : requests) solo.push_back(Tokens(SubmitOrDie(**engine, r)));
     }
-    auto model = LoadWithKv(dir, t);
-    EngineConfig config;
-    config.max_running = 16;
-    config.max_step_tokens = 13;
-    config.kv_cache_bytes = model->KvBytesPerToken() * 16 * 10;  // 10 blocks: preemption
-    auto engine = Engine::Create(model.get(), config);
-    ASSERT_TRUE(engine.ok()) << engine.message();
-    std::vector<std::shared_ptr<ResponseStream>> streams;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      streams.push_back(SubmitOrDie(**engine, requests[i]));
-      if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    for (size_t i = 0; i < requests.size(); ++i)
-      EXPECT_EQ(Tokens(streams[i]), solo[i]) << KvDTypeName(t) << " request " << i;
-    (*engine)->Shutdown(true);
-    const EngineStats stats = (*engine)->Stats();
+    // The staggered arrivals race the engine thread: on a loaded machine a run may finish its
+    // early requests before the pool fills. Every run must give the solo tokens; runs repeat
+    // (at most 5) until one of them preempted, so the preemption path is covered too.
+    auto run_batched = [&]() {
+      auto model = LoadWithKv(dir, t);
+      EngineConfig config;
+      config.max_running = 16;
+      config.max_step_tokens = 13;
+      config.kv_cache_bytes = model->KvBytesPerToken() * 16 * 10;  // 10 blocks: preemption
+      auto engine = Engine::Create(model.get(), config);
+      EXPECT_TRUE(engine.ok()) << engine.message();
+      if (!engine.ok()) return EngineStats{};
+      std::vector<std::shared_ptr<ResponseStream>> streams;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        streams.push_back(SubmitOrDie(**engine, requests[i]));
+        if (i % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      for (size_t i = 0; i < requests.size(); ++i)
+        EXPECT_EQ(Tokens(streams[i]), solo[i]) << KvDTypeName(t) << " request " << i;
+      (*engine)->Shutdown(true);
+      return (*engine)->Stats();
+    };
+    EngineStats stats = run_batched();
+    for (int attempt = 1; attempt < 5 && stats.preemptions == 0; ++attempt) stats = run_batched();
     EXPECT_GT(stats.preemptions, 0) << KvDTypeName(t);
     EXPECT_GT(stats.prefix_hit_tokens, 0) << KvDTypeName(t);
     EXPECT_EQ(stats.kv_blocks_used, 0);
