@@ -202,7 +202,7 @@ Result<EngineTg> RunEngineTg(const std::string& model_dir, const ModelLoadOption
 int BenchCommand(int argc, char** argv, int first) {
   std::string model_dir;
   int64_t n = 128, reps = 5, threads = 0, depth = 0;
-  std::string p_list = "512", device = "auto", batch_invariant = "off", cpu_matmul = "exact",
+  std::string p_list = "512", device = "auto", batch_invariant = "auto", cpu_matmul = "exact",
               quantize, kv_dtype = "auto", kv_dtype_layers;
   bool tg_logits = false, no_overlap = false;
   std::string spec_method = "none", draft_model;
@@ -235,7 +235,7 @@ int BenchCommand(int argc, char** argv, int first) {
                 "tg waits for each step's id before launching the next (the engine with "
                 "overlapped steps off)");
   flags.AddString("--batch-invariant", &batch_invariant,
-                  "on | off: CUDA fixed-order GEMM (see ember run --help)");
+                  "on | off | auto: CUDA fixed-order GEMM (see ember run --help)");
   flags.AddString("--cpu-matmul", &cpu_matmul,
                   "exact | bf16 | auto: CPU matrix products (see ember run --help)");
   flags.AddString("--spec-method", &spec_method,

@@ -73,9 +73,10 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                   "q8_0 | q4_0: quantize the linear projections of a F32/F16/BF16 checkpoint at "
                   "load (CPU; embeddings, lm_head and norms stay as stored)");
   flags.AddString("--batch-invariant", &batch_invariant,
-                  "on | off: CUDA results bitwise independent of the batch (fixed-order GEMM; "
-                  "slower). Default off: last-bit differences between batch sizes. The CPU "
-                  "backend always is");
+                  "on | off | auto: CUDA results bitwise independent of the batch (fixed-order "
+                  "GEMM; slower). off: last-bit differences between batch sizes. auto (default): "
+                  "on with speculative decoding (whose verified tokens then equal unspeculated "
+                  "decoding's), else off. The CPU backend always is");
   flags.AddString("--cpu-matmul", &cpu_matmul,
                   "exact | bf16 | auto: CPU matrix products in float32 (exact, the reference) or on "
                   "the CPU's bf16 dot-product instructions (AVX512_BF16: x and weights rounded to "
@@ -185,9 +186,18 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     return Status::Error("--device must be cpu, cuda or auto, got '" + device + "'");
   }
   if (threads < 0) return Status::Error("--threads: must be >= 0");
-  if (batch_invariant != "on" && batch_invariant != "off")
-    return Status::Error("--batch-invariant must be on or off, got '" + batch_invariant + "'");
-  opts.cuda_batch_invariant = batch_invariant == "on";
+  if (batch_invariant != "on" && batch_invariant != "off" && batch_invariant != "auto")
+    return Status::Error("--batch-invariant must be on, off or auto, got '" + batch_invariant +
+                         "'");
+  // Speculation verifies drafts in multi-row steps: only batch-invariant products give those rows
+  // the logits a one-row decode step gives (else a near tie can flip a token).
+  const bool speculates = spec_method != "none";
+  opts.cuda_batch_invariant =
+      batch_invariant == "on" || (batch_invariant == "auto" && speculates);
+  if (batch_invariant == "off" && speculates && opts.device == DeviceKind::kCuda) {
+    LOG_WARN << "--batch-invariant off with --spec-method " << spec_method
+             << ": on CUDA a verified token can differ from unspeculated decoding's at a near tie";
+  }
   if (cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
     return Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
   if (cpu_matmul == "bf16" && !CpuHasBf16Dot())

@@ -41,7 +41,7 @@ struct GenerationFlags {
 struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
-  std::string batch_invariant = "off";
+  std::string batch_invariant = "auto";  // on | off | auto (on with speculation)
   std::string cpu_matmul = "exact";  // --cpu-matmul exact|bf16|auto
   std::string kv_cache_dtype = "auto", kv_cache_dtype_layers;  // backend/kv_format.h
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;

@@ -110,5 +110,28 @@ TEST(GenerationFlagsTest, InvalidValuesGiveTheServersMessage) {
   }
 }
 
+// --batch-invariant auto (the default) turns CUDA's batch-invariant products on exactly when
+// speculation is on: drafts are verified in multi-row steps, whose rows must carry a one-row
+// step's logits for the tokens to equal unspeculated decoding's.
+TEST(EngineFlagsTest, BatchInvariantAutoFollowsSpeculation) {
+  struct Case {
+    std::string batch_invariant, spec_method;
+    bool want;
+  };
+  for (const Case& c : {Case{"auto", "none", false}, Case{"auto", "ngram", true},
+                        Case{"off", "ngram", false}, Case{"on", "none", true}}) {
+    EngineFlags flags;
+    flags.device = "cpu";
+    flags.batch_invariant = c.batch_invariant;
+    flags.spec_method = c.spec_method;
+    const Result<ModelLoadOptions> opts = flags.LoadOptions();
+    ASSERT_TRUE(opts.ok()) << opts.message();
+    EXPECT_EQ(opts->cuda_batch_invariant, c.want) << c.batch_invariant << " " << c.spec_method;
+  }
+  EngineFlags bad;
+  bad.batch_invariant = "sometimes";
+  EXPECT_FALSE(bad.LoadOptions().ok());
+}
+
 }  // namespace
 }  // namespace ember::app
