@@ -132,8 +132,12 @@ describe('HTTP attacks (tinystories-656k)', { skip: skip ?? false }, () => {
     let sent = 0;
     const deadline = Date.now() + 20000;
     // Up to 32 MiB, stopping as soon as the server answers (or hangs up).
+    // Each write yields to the event loop, so the server's answer (or its hang-up) is seen as soon
+    // as it arrives: a loop that only awaited 'drain' kept queueing megabytes into the socket
+    // while the 413 sat unread (seen under load in CI).
     for (let i = 0; i < 512 && !closed && received.length === 0 && Date.now() < deadline; ++i) {
       if (!sock.write(chunk)) await new Promise((r) => { sock.once('drain', r); setTimeout(r, 200); });
+      else await new Promise((r) => setImmediate(r));
       sent += piece.length;
     }
     await waitFor(() => received.length > 0 || closed, 5000);
