@@ -38,13 +38,15 @@ struct LayerWeights {
   std::optional<Tensor> q_norm, k_norm;      // [head_dim] (qwen3, gemma3)
   Tensor post_attn_norm;                     // [hidden]  llama: before MLP; gemma: after attention
   std::optional<Tensor> pre_ffn_norm, post_ffn_norm;  // [hidden] (gemma)
-  Tensor w_gate, w_up, w_down;               // [inter, hidden] x2, [hidden, inter] (dense MLP)
+  // [inter, hidden] x2, [hidden, inter]: the dense MLP; in a MoE layer the shared expert beside
+  // the routed ones where the model has one (qwen3_next: shared_expert_intermediate_size, gated
+  // by shared_expert_gate below; deepseek_v3: n_shared_experts * moe_intermediate_size)
+  Tensor w_gate, w_up, w_down;
   MoeExperts experts;  // a mixture-of-experts MLP when it has experts (qwen3_moe: mlp.gate,
                        // mlp.experts.E.{gate,up,down}_proj; gpt_oss: mlp.router, mlp.experts.*)
   bool moe() const { return !experts.gate.empty(); }
   // qwen3_next: linear-attention layers (no wq..wo); q_proj's gate rows (attn_output_gate);
-  // the shared expert (w_gate, w_up, w_down above, of shared_expert_intermediate_size) and its
-  // gate [1, hidden].
+  // the shared expert's gate [1, hidden] (the expert itself is w_gate, w_up, w_down above).
   std::optional<LinearAttentionWeights> linear;
   Tensor wq_gate;                            // [q_dim, hidden]
   std::optional<Tensor> shared_expert_gate;
@@ -57,8 +59,6 @@ struct LayerWeights {
   // float32 (MlaParams::kv_b).
   std::optional<Tensor> q_a, q_a_norm, q_b;
   Tensor kv_a, k_rope_proj, kv_a_norm, kv_b;
-  // Shared experts beside the routed ones (deepseek_v3): one MLP of n_shared * moe_intermediate.
-  std::optional<Tensor> shared_gate, shared_up, shared_down;
   int32_t sliding_window = 0;                // 0: full attention
 };
 

@@ -80,12 +80,12 @@ Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOu
     Tensor xm = be.Alloc({n, d});  // the MoE input stays float32
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xm);
     be.MoeMlp(xm, w.experts, delta);
-    if (w.shared_gate) {  // routed + shared, transformers' order
+    if (shared > 0) {  // routed + shared (w_gate, w_up, w_down), transformers' order
       Tensor gate = be.AllocMatMulOutput({n, shared}), up = be.AllocMatMulOutput({n, shared});
       Tensor act = be.AllocMatMulInput({n, shared});
       Tensor out = be.Alloc({n, d});
-      be.GateUpActivation(xm, *w.shared_gate, *w.shared_up, GateActivation::kSilu, gate, up, act);
-      be.MatMul(act, *w.shared_down, nullptr, out);
+      be.GateUpActivation(xm, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
+      be.MatMul(act, w.w_down, nullptr, out);
       be.Add(delta, out, delta);
     }
   }

@@ -179,13 +179,14 @@ Status LoadGroupedRouting(const ModelConfig& c, const std::string& prefix, Uploa
   x.scale = c.moe_routed_scale;
   EMBER_ASSIGN_OR_RETURN(x.score_bias, up.GetOptional(prefix + "mlp.gate.e_score_correction_bias",
                                                       {c.num_experts}, true));
+  if (c.moe_shared_experts <= 0) return Status::Ok();
+  // The shared experts as one MLP in the layer's dense slots (architecture.h).
   const int64_t d = c.hidden_size;
   const int64_t inter = int64_t{c.moe_shared_experts} * c.moe_intermediate_size;
-  const bool shared = c.moe_shared_experts > 0;
   const std::string p = prefix + "mlp.shared_experts.";
-  EMBER_ASSIGN_OR_RETURN(w->shared_gate, up.GetOptional(p + "gate_proj.weight", {inter, d}, shared));
-  EMBER_ASSIGN_OR_RETURN(w->shared_up, up.GetOptional(p + "up_proj.weight", {inter, d}, shared));
-  EMBER_ASSIGN_OR_RETURN(w->shared_down, up.GetOptional(p + "down_proj.weight", {d, inter}, shared));
+  EMBER_ASSIGN_OR_RETURN(w->w_gate, up.Get(p + "gate_proj.weight", {inter, d}));
+  EMBER_ASSIGN_OR_RETURN(w->w_up, up.Get(p + "up_proj.weight", {inter, d}));
+  EMBER_ASSIGN_OR_RETURN(w->w_down, up.Get(p + "down_proj.weight", {d, inter}));
   return Status::Ok();
 }
 
