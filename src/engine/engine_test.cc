@@ -24,7 +24,9 @@
 namespace ember {
 namespace {
 
+using testing::Greedy;
 using testing::ModelDir;
+using testing::SubmitOrDie;
 using testing::StrideConstraint;
 using json = nlohmann::json;
 
@@ -58,24 +60,6 @@ Output Collect(const std::shared_ptr<ResponseStream>& stream) {
   }
   out.usage = stream->usage();
   return out;
-}
-
-std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
-  auto result = engine.Submit(request);
-  if (auto* error = std::get_if<SubmitError>(&result)) {
-    ADD_FAILURE() << "submit refused: " << error->message;
-    return nullptr;
-  }
-  return std::get<std::shared_ptr<ResponseStream>>(result);
-}
-
-GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerationRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;  // goldens and batch comparisons run to max_tokens
-  return r;
 }
 
 // Prompts of assorted lengths over the model's vocabulary, deterministic.

@@ -1,5 +1,6 @@
 // Test-only helpers shared by the engine's tests: fixture models (ModelDir, LoadModel on the CPU
-// backend) and a token constraint (StrideConstraint). Header-only; links gtest.
+// backend), greedy requests and their submission (Greedy, SubmitOrDie) and a token constraint
+// (StrideConstraint). Header-only; links gtest.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/engine.h"
 #include "model/model.h"
 #include "sampling/token_constraint.h"
 #include "util/testing.h"
@@ -23,6 +25,27 @@ inline std::unique_ptr<Model> LoadModel(const std::string& dir) {
   auto model = Model::Load(dir, ModelLoadOptions{});
   EXPECT_TRUE(model.ok()) << model.message();
   return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// A greedy request for `max_tokens` tokens that ignores EOS (goldens and batch comparisons run to
+// max_tokens).
+inline GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  return r;
+}
+
+// The request's stream; null (and a test failure naming the engine's message) when refused.
+inline std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
+  auto result = engine.Submit(request);
+  if (auto* error = std::get_if<SubmitError>(&result)) {
+    ADD_FAILURE() << "submit refused: " << error->message;
+    return nullptr;
+  }
+  return std::get<std::shared_ptr<ResponseStream>>(result);
 }
 
 // A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after

@@ -23,7 +23,9 @@
 namespace ember {
 namespace {
 
+using testing::Greedy;
 using testing::ModelDir;
+using testing::SubmitOrDie;
 
 std::unique_ptr<Model> LoadWithKv(const std::string& dir, KvDType dtype,
                                   std::vector<KvLayerOverride> layers = {}) {
@@ -35,15 +37,6 @@ std::unique_ptr<Model> LoadWithKv(const std::string& dir, KvDType dtype,
   return model.ok() ? std::move(model).value() : nullptr;
 }
 
-GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerationRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  return r;
-}
-
 std::vector<int32_t> Tokens(const std::shared_ptr<ResponseStream>& stream) {
   std::vector<int32_t> out;
   std::vector<TokenEvent> events;
@@ -53,15 +46,6 @@ std::vector<int32_t> Tokens(const std::shared_ptr<ResponseStream>& stream) {
     events.clear();
   }
   return out;
-}
-
-std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
-  auto result = engine.Submit(request);
-  if (auto* error = std::get_if<SubmitError>(&result)) {
-    ADD_FAILURE() << "submit refused: " << error->message;
-    return nullptr;
-  }
-  return std::get<std::shared_ptr<ResponseStream>>(result);
 }
 
 // Every golden prompt's 64-token greedy continuation, all prompts batched: how many of the

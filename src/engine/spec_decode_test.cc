@@ -24,6 +24,7 @@
 namespace ember {
 namespace {
 
+using testing::Greedy;
 using testing::ModelDir;
 using testing::StrideConstraint;
 
@@ -170,15 +171,6 @@ RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>
   result.stats = (*engine)->Stats();
   EXPECT_EQ(result.stats.kv_blocks_used, 0) << "blocks leaked";
   return result;
-}
-
-GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
-  GenerationRequest r;
-  r.prompt_ids = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  r.ignore_eos = true;
-  return r;
 }
 
 // The golden prompts of a fixture model and their reference greedy continuations.
