@@ -9,6 +9,7 @@
 #include "app/common.h"
 #include "app/model_files.h"
 #include "engine/engine.h"
+#include "sampling/dry.h"
 #include "serve/request_builder.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -98,6 +99,17 @@ int RunCommand(int argc, char** argv, int first) {
   request.adapter = lm.default_adapter;  // --adapter (--lora NAME=DIR)
   request.sampling = std::get<ResolvedSampling>(resolved).params;
   request.max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
+  if (request.sampling.has_dry() && !request.sampling.dry_sequence_breakers.empty()) {
+    if (lm.tokenizer == nullptr)
+      return Fail("--dry-sequence-breakers: the model has no tokenizer, so breaker strings cannot "
+                  "be matched to tokens; pass --dry-sequence-breakers '[]'");
+    const Tokenizer& tokenizer = *lm.tokenizer;
+    ResolveDryBreakers(&request.sampling, context.limits.vocab_size,
+                       [&](int32_t id) -> std::optional<std::string> {
+                         if (id >= tokenizer.vocab_size()) return std::nullopt;
+                         return tokenizer.TokenBytes(id);
+                       });
+  }
 
   auto submitted = lm.engine->Submit(request);
   if (auto* error = std::get_if<SubmitError>(&submitted)) return Fail(error->message);

@@ -1,5 +1,7 @@
 #include "app/common.h"
 
+#include <nlohmann/json.hpp>
+
 #include "app/model_files.h"
 #include "engine/model_draft_source.h"
 #include "model/lora_adapter.h"
@@ -43,6 +45,22 @@ void GenerationFlags::Register(FlagParser& flags) {
   flags.AddDouble("--frequency-penalty", &frequency_penalty, "OpenAI frequency penalty");
   flags.AddInt("--seed", &seed,
                "sampling seed, any 64-bit integer as in the API (default: random)");
+  flags.AddDouble("--top-n-sigma", &top_n_sigma,
+                  "keep logits >= max - n * stddev (llama.cpp's top_n_sigma; <= 0 = off)");
+  flags.AddDouble("--typical-p", &typical_p, "locally typical sampling mass (0, 1] (1 = off)");
+  flags.AddDouble("--xtc-probability", &xtc_probability,
+                  "XTC: chance per token of removing the top choices (0 = off)");
+  flags.AddDouble("--xtc-threshold", &xtc_threshold,
+                  "XTC: tokens at or above this probability are top choices [0, 0.5] (0.1)");
+  flags.AddDouble("--dry-multiplier", &dry_multiplier, "DRY repetition penalty scale (0 = off)");
+  flags.AddDouble("--dry-base", &dry_base, "DRY: penalty growth per extra repeated token (1.75)");
+  flags.AddInt("--dry-allowed-length", &dry_allowed_length,
+               "DRY: repeats this long are not penalised (2)");
+  flags.AddInt("--dry-penalty-last-n", &dry_penalty_last_n,
+               "DRY: tokens scanned for repeats (-1 = the whole sequence, 0 = off)");
+  flags.AddString("--dry-sequence-breakers", &dry_sequence_breakers,
+                  "DRY: a JSON array of strings that end a repeat (default [\"\\n\", \":\", "
+                  "\"\\\"\", \"*\"])");
 }
 
 Result<SamplingRequest> GenerationFlags::Request(const FlagParser& flags) const {
@@ -63,6 +81,34 @@ Result<SamplingRequest> GenerationFlags::Request(const FlagParser& flags) const 
   }
   // Any 64-bit integer; a negative one keeps its bits, as the API's seed (SamplingRequest).
   if (flags.WasSet("--seed")) r.seed = static_cast<uint64_t>(seed);
+  number("--top-n-sigma", top_n_sigma, &r.top_n_sigma);
+  number("--typical-p", typical_p, &r.typical_p);
+  number("--xtc-probability", xtc_probability, &r.xtc_probability);
+  number("--xtc-threshold", xtc_threshold, &r.xtc_threshold);
+  number("--dry-multiplier", dry_multiplier, &r.dry_multiplier);
+  number("--dry-base", dry_base, &r.dry_base);
+  auto int32 = [&](const char* flag, int64_t value, std::optional<int32_t>* out) -> Status {
+    if (!flags.WasSet(flag)) return Status::Ok();
+    if (value < INT32_MIN || value > INT32_MAX)
+      return Status::Error(std::string(flag) + ": must be a 32-bit integer, got " +
+                           std::to_string(value));
+    *out = static_cast<int32_t>(value);
+    return Status::Ok();
+  };
+  EMBER_RETURN_IF_ERROR(int32("--dry-allowed-length", dry_allowed_length, &r.dry_allowed_length));
+  EMBER_RETURN_IF_ERROR(int32("--dry-penalty-last-n", dry_penalty_last_n, &r.dry_penalty_last_n));
+  if (flags.WasSet("--dry-sequence-breakers")) {
+    const nlohmann::json j = nlohmann::json::parse(dry_sequence_breakers, nullptr, false);
+    if (!j.is_array() || j.size() > kMaxDrySequenceBreakers)
+      return Status::Error("--dry-sequence-breakers: expected a JSON array of at most " +
+                           std::to_string(kMaxDrySequenceBreakers) + " strings");
+    r.dry_sequence_breakers.emplace();
+    for (const auto& v : j) {
+      if (!v.is_string())
+        return Status::Error("--dry-sequence-breakers: every element must be a string");
+      r.dry_sequence_breakers->push_back(v.get<std::string>());
+    }
+  }
   return r;
 }
 

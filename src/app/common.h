@@ -31,6 +31,11 @@ struct GenerationFlags {
   double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   double repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
   int64_t top_k = 0, seed = 0;
+  // llama.cpp's samplers (SamplingParams defines them).
+  double top_n_sigma = -1.0, typical_p = 1.0, xtc_probability = 0.0, xtc_threshold = 0.1;
+  double dry_multiplier = 0.0, dry_base = 1.75;
+  int64_t dry_allowed_length = 2, dry_penalty_last_n = -1;
+  std::string dry_sequence_breakers;  // a JSON array of strings
   void Register(FlagParser& flags);
   Result<SamplingRequest> Request(const FlagParser& flags) const;
 };

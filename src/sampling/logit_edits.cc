@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "sampling/dry.h"
 #include "sampling/processors.h"
 
 namespace ember {
@@ -13,6 +14,8 @@ struct Scratch {
   std::vector<std::pair<int32_t, int32_t>> bias;  // (token, index into params.logit_bias)
   std::vector<uint8_t> bias_done;                 // per entry of `bias`: emitted already
   std::vector<int32_t> masked;                    // sorted distinct stop ids (when masking)
+  std::vector<std::pair<int32_t, float>> dry;     // (token, DRY penalty), sorted by token
+  std::vector<uint8_t> dry_done;                  // per entry of `dry`: emitted already
 };
 thread_local Scratch t_scratch;
 
@@ -22,8 +25,23 @@ void AppendLogitEdits(const SamplingParams& params, const SamplerState& state, i
                       std::vector<LogitEdit>& edits) {
   const bool masking = state.num_output_tokens() < params.min_tokens;
   const bool penalties = params.has_penalties();
-  if (params.logit_bias.empty() && !penalties && !masking) return;
+  if (params.logit_bias.empty() && !penalties && !masking && !params.has_dry()) return;
   Scratch& s = t_scratch;
+  s.dry.clear();
+  if (params.has_dry()) {
+    const std::span<const int32_t> breakers =
+        params.dry_breaker_ids ? std::span<const int32_t>(*params.dry_breaker_ids)
+                               : std::span<const int32_t>();
+    DryPenalties(state.dry_window(), params, breakers, &s.dry);
+  }
+  s.dry_done.assign(s.dry.size(), 0);
+  const auto add_dry = [&](int32_t token) {  // the token's DRY kSubtract, if it has one
+    auto it = std::lower_bound(s.dry.begin(), s.dry.end(), std::pair<int32_t, float>{token, 0.0f},
+                               [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (it == s.dry.end() || it->first != token) return;
+    edits.push_back({row, token, LogitEditOp::kSubtract, it->second});
+    s.dry_done[static_cast<size_t>(it - s.dry.begin())] = 1;
+  };
 
   s.masked.clear();
   if (masking) {
@@ -68,7 +86,14 @@ void AppendLogitEdits(const SamplingParams& params, const SamplerState& state, i
         if (std::bit_cast<uint32_t>(drop) != 0)
           edits.push_back({row, token, LogitEditOp::kSubtract, drop});
       }
+      if (!s.dry.empty()) add_dry(token);
     }
+  }
+  for (size_t i = 0; i < s.dry.size(); ++i) {  // DRY ids without penalty edits
+    const int32_t token = s.dry[i].first;
+    if (s.dry_done[i] || is_masked(token)) continue;
+    if (!s.bias.empty()) add_bias(token);
+    add_dry(token);
   }
   for (size_t i = 0; i < s.bias.size(); ++i) {
     if (s.bias_done[i] || is_masked(s.bias[i].first)) continue;

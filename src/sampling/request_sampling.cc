@@ -21,6 +21,15 @@ SamplingParams Merge(const SamplingRequest& r, const SamplingDefaults& d) {
   s.seed = r.seed;
   s.top_logprobs = r.top_logprobs;
   s.min_tokens = r.min_tokens;
+  s.top_n_sigma = r.top_n_sigma.value_or(s.top_n_sigma);
+  s.typical_p = r.typical_p.value_or(s.typical_p);
+  s.xtc_probability = r.xtc_probability.value_or(s.xtc_probability);
+  s.xtc_threshold = r.xtc_threshold.value_or(s.xtc_threshold);
+  s.dry_multiplier = r.dry_multiplier.value_or(s.dry_multiplier);
+  s.dry_base = r.dry_base.value_or(s.dry_base);
+  s.dry_allowed_length = r.dry_allowed_length.value_or(s.dry_allowed_length);
+  s.dry_penalty_last_n = r.dry_penalty_last_n.value_or(s.dry_penalty_last_n);
+  if (r.dry_sequence_breakers) s.dry_sequence_breakers = *r.dry_sequence_breakers;
   return s;
 }
 

@@ -38,6 +38,11 @@ struct SamplingRequest {
   std::optional<uint64_t> seed;
   int32_t top_logprobs = -1;  // -1: no logprobs
   int32_t min_tokens = 0;
+  // llama.cpp's samplers (SamplingParams has their definitions); generation_config has none.
+  std::optional<float> top_n_sigma, typical_p, xtc_probability, xtc_threshold;
+  std::optional<float> dry_multiplier, dry_base;
+  std::optional<int32_t> dry_allowed_length, dry_penalty_last_n;
+  std::optional<std::vector<std::string>> dry_sequence_breakers;
 };
 
 // The sizes a request must fit: the vocabulary (logit_bias ids), the model's context length and

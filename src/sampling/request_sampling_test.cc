@@ -140,6 +140,21 @@ TEST(RequestSamplingTest, EachInvalidFieldIsNamed) {
          r.min_tokens = 5;
        }},
       {"max_tokens", [](SamplingRequest& r) { r.max_tokens = -1; }},
+      {"top_n_sigma", [](SamplingRequest& r) { r.top_n_sigma = -3.0f; }},
+      {"typical_p", [](SamplingRequest& r) { r.typical_p = 1.5f; }},
+      {"xtc_probability", [](SamplingRequest& r) { r.xtc_probability = -0.1f; }},
+      {"xtc_threshold", [](SamplingRequest& r) { r.xtc_threshold = 0.51f; }},
+      {"xtc_probability",
+       [](SamplingRequest& r) {
+         r.temperature = 0.0f;
+         r.xtc_probability = 0.5f;
+       }},
+      {"dry_multiplier", [](SamplingRequest& r) { r.dry_multiplier = NAN; }},
+      {"dry_base", [](SamplingRequest& r) { r.dry_base = 0.9f; }},
+      {"dry_allowed_length", [](SamplingRequest& r) { r.dry_allowed_length = 0; }},
+      {"dry_penalty_last_n", [](SamplingRequest& r) { r.dry_penalty_last_n = -5; }},
+      {"dry_sequence_breakers",
+       [](SamplingRequest& r) { r.dry_sequence_breakers = std::vector<std::string>{""}; }},
   };
   for (const Case& c : cases) {
     SamplingRequest r;
@@ -155,6 +170,40 @@ TEST(RequestSamplingTest, EachInvalidFieldIsNamed) {
 }
 
 // A default max_tokens that leaves min_tokens no room is refused, naming min_tokens.
+TEST(RequestSamplingTest, LlamaCppSamplersPassThroughTheResolver) {
+  SamplingRequest r;
+  r.top_n_sigma = 1.5f;
+  r.typical_p = 0.9f;
+  r.xtc_probability = 0.25f;
+  r.xtc_threshold = 0.2f;
+  r.dry_multiplier = 0.8f;
+  r.dry_base = 2.0f;
+  r.dry_allowed_length = 3;
+  r.dry_penalty_last_n = 64;
+  r.dry_sequence_breakers = std::vector<std::string>{"\n"};
+  const SamplingParams p = Resolve(r).params;
+  EXPECT_EQ(p.top_n_sigma, 1.5f);
+  EXPECT_EQ(p.typical_p, 0.9f);
+  EXPECT_EQ(p.xtc_probability, 0.25f);
+  EXPECT_EQ(p.xtc_threshold, 0.2f);
+  EXPECT_EQ(p.dry_multiplier, 0.8f);
+  EXPECT_EQ(p.dry_base, 2.0f);
+  EXPECT_EQ(p.dry_allowed_length, 3);
+  EXPECT_EQ(p.dry_penalty_last_n, 64);
+  EXPECT_EQ(p.dry_sequence_breakers, std::vector<std::string>{"\n"});
+  // Unset: llama.cpp's defaults, every sampler off.
+  const SamplingParams d = Resolve(SamplingRequest{}).params;
+  EXPECT_FALSE(d.has_dry() || d.has_xtc() || d.has_typical_p() || d.has_top_n_sigma());
+  EXPECT_EQ(d.dry_sequence_breakers, SamplingParams::DefaultDrySequenceBreakers());
+  // Greedy from generation_config.json with XTC from the request: refused after the merge.
+  SamplingContext c = Context();
+  c.defaults.temperature = 0.0f;
+  SamplingRequest xtc;
+  xtc.xtc_probability = 0.5f;
+  EXPECT_FALSE(ValidateSamplingRequest(xtc, 1000).has_value());
+  EXPECT_EQ(Refuse(xtc, c).field, "xtc_probability");
+}
+
 TEST(RequestSamplingTest, MinTokensMustFitTheResolvedMaxTokens) {
   SamplingRequest r;
   r.min_tokens = 20;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/threshold_sampling.h"
+#include "sampling/distribution_filters.h"
 #include "sampling/logit_edits.h"
 #include "sampling/processors.h"
 #include "sampling/weighted_row.h"
@@ -18,6 +19,7 @@ namespace ember {
 namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kXtcStream = 0x58544321u;  // "XTC!": separates XTC's stream from the draws
 
 // SplitMix64's output function (Steele et al.): a bijective 64-bit mixer.
 uint64_t SplitMix64(uint64_t x) {
@@ -32,6 +34,7 @@ struct Scratch {
   WeightedRow row;
   std::vector<float> raw_logits;  // [vocab_size] copy of the row, only when logprobs are wanted
   std::vector<LogitEdit> edits;   // the row's logits processors
+  std::vector<KeptToken> kept;    // typical_p / XTC: the kept tokens as a list
 };
 thread_local Scratch t_scratch;
 
@@ -54,6 +57,32 @@ SamplerState::SamplerState(const SamplingParams& params, uint64_t sample_index,
     for (int32_t id : prompt_ids) Track(id, 0);
   }
   if (params.min_tokens > 0) min_tokens_mask_ids_.assign(stop_ids.begin(), stop_ids.end());
+  if (params.has_dry()) {
+    track_dry_ = true;
+    dry_last_n_ = params.dry_penalty_last_n;
+    for (int32_t id : prompt_ids) RecordDry(id);
+  }
+}
+
+void SamplerState::RecordDry(int32_t token_id) {
+  dry_history_.push_back(token_id);
+  // Trimmed once the history is twice the window: amortised O(1) per token.
+  const auto last_n = static_cast<size_t>(dry_last_n_);
+  if (dry_last_n_ > 0 && dry_history_.size() >= 2 * last_n + 64)
+    dry_history_.erase(dry_history_.begin(), dry_history_.end() - static_cast<ptrdiff_t>(last_n));
+}
+
+std::span<const int32_t> SamplerState::dry_window() const {
+  std::span<const int32_t> all(dry_history_);
+  if (dry_last_n_ > 0 && all.size() > static_cast<size_t>(dry_last_n_))
+    return all.last(static_cast<size_t>(dry_last_n_));
+  return all;
+}
+
+double SamplerState::XtcUniform() const {
+  const uint64_t bits =
+      SplitMix64(SplitMix64(rng_key_ ^ kXtcStream) + kGolden * static_cast<uint64_t>(num_output_tokens_));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
 void SamplerState::Track(int32_t token_id, int32_t output_increment) {
@@ -68,6 +97,7 @@ void SamplerState::Track(int32_t token_id, int32_t output_increment) {
 void SamplerState::Accept(int32_t token_id) {
   ++num_output_tokens_;
   if (track_output_) Track(token_id, 1);
+  if (track_dry_) RecordDry(token_id);
 }
 
 double SamplerState::NextUniform() {
@@ -77,7 +107,24 @@ double SamplerState::NextUniform() {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-bool BackendCanSample(const SamplingParams& params) { return !params.wants_logprobs(); }
+namespace {
+
+// typical_p, then XTC (when triggered), over the row's kept tokens as an explicit list.
+int32_t DrawFiltered(const SamplingParams& params, bool xtc, double u, Scratch& scratch) {
+  const std::span<const float> weights = scratch.row.weights();
+  scratch.kept.clear();
+  for (int32_t id : scratch.row.KeptIds())
+    scratch.kept.push_back({id, weights[static_cast<size_t>(id)]});
+  ApplyTypicalP(scratch.kept, params.typical_p);
+  if (xtc) ApplyXtc(scratch.kept, params.xtc_threshold);
+  return DrawKept(scratch.kept, u);
+}
+
+}  // namespace
+
+bool BackendCanSample(const SamplingParams& params) {
+  return !params.wants_logprobs() && (params.is_greedy() || !params.has_host_only_filters());
+}
 
 SampleOutput Sample(std::span<float> logits, const SamplingParams& params, SamplerState& state,
                     std::span<const uint8_t> allowed) {
@@ -110,12 +157,15 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
     out.token_id = Argmax(logits);
   } else {
     const double u = state.NextUniform();  // drawn even on the fallback: one per sampled token
+    if (params.has_top_n_sigma()) ApplyTopNSigma(logits, params.top_n_sigma);
     if (scratch.row.Build(logits, params.temperature)) {
       // HF order: top-k, then top-p on the renormalised top-k set, then min-p.
       scratch.row.ApplyTopK(params.top_k);
       scratch.row.ApplyTopP(params.top_p);
       scratch.row.ApplyMinP(params.min_p);
-      out.token_id = scratch.row.Draw(u);
+      const bool xtc = params.has_xtc() && state.XtcUniform() < params.xtc_probability;
+      out.token_id = params.has_typical_p() || xtc ? DrawFiltered(params, xtc, u, scratch)
+                                                    : scratch.row.Draw(u);
     } else {
       out.token_id = Argmax(logits);  // no finite maximum (a broken model output)
     }

@@ -1,17 +1,25 @@
 // The sampler: turns one row of logits into one token for one sequence, with optional logprobs.
-// Order (vLLM / HF semantics): logprobs are taken from the RAW logits first (vLLM v1 default
-// "raw_logprobs"); then logit_bias is added; repetition penalty (every id seen in prompt or
-// output: logit > 0 ? logit / p : logit * p); frequency / presence penalties on OUTPUT counts
-// (logit -= freq * count + pres * (count > 0)); stop / EOS ids masked while fewer than
-// min_tokens were accepted; greedy requests take the argmax here (ties -> lowest id, no RNG).
-// Otherwise temperature, then top-k, top-p (smallest prefix of the sorted distribution whose mass
-// reaches p, the top token always kept), min-p (drop p < min_p * p_max), and one inverse-CDF draw
-// over the kept tokens ordered by (prob desc, id asc).
+// Order (vLLM / HF semantics, llama.cpp's samplers placed among them):
+//   1. logprobs are taken from the RAW logits first (vLLM v1 default "raw_logprobs");
+//   2. logits processors, as one edit list (logit_edits.h): logit_bias is added; repetition
+//      penalty (every id seen in prompt or output: logit > 0 ? logit / p : logit * p); frequency
+//      / presence penalties on OUTPUT counts (logit -= freq * count + pres * (count > 0)); the
+//      DRY penalty (dry.h); stop / EOS ids masked while fewer than min_tokens were accepted;
+//   3. a token constraint's mask;
+//   4. greedy requests take the argmax here (ties -> lowest id, no RNG);
+//   5. top-n-sigma on the logits (distribution_filters.h; it never removes the argmax);
+//   6. temperature, then top-k, top-p (smallest prefix of the sorted distribution whose mass
+//      reaches p, the top token always kept), min-p (drop p < min_p * p_max) — HF's order;
+//   7. typical_p, then XTC (when its per-position draw < xtc_probability), each on the
+//      probabilities of the tokens still kept, renormalised (distribution_filters.h);
+//   8. one inverse-CDF draw over the kept tokens ordered by (prob desc, id asc).
 //
 // Determinism: each sequence owns a SamplerState whose counter-based RNG makes exactly one
 // uniform draw per sampled token, so a seeded request yields the same tokens alone or in any
-// batch. Thread-safety: Sample() on distinct (logits, state) pairs may run concurrently (scratch
-// buffers are thread_local); one SamplerState must not be used by two threads at once.
+// batch. XTC's trigger is a second stream, a pure function of (key, number of output tokens so
+// far), which does not advance the counter. Thread-safety: Sample() on distinct (logits, state)
+// pairs may run concurrently (scratch buffers are thread_local); one SamplerState must not be
+// used by two threads at once.
 #pragma once
 
 #include <cstdint>
@@ -63,8 +71,17 @@ class SamplerState {
   // Ids masked while num_output_tokens() < params.min_tokens (stop ids + EOS ids).
   std::span<const int32_t> min_tokens_mask_ids() const { return min_tokens_mask_ids_; }
 
+  // DRY's window (dry.h): the last dry_penalty_last_n tokens of prompt + output (all of them for
+  // -1); empty when DRY is off.
+  std::span<const int32_t> dry_window() const;
+  // XTC's trigger draw for the next token, in [0, 1): a pure function of the RNG key and
+  // num_output_tokens() (independent of the counter, so the same position draws the same value
+  // when it is sampled again, as speculative verification does).
+  double XtcUniform() const;
+
  private:
   void Track(int32_t token_id, int32_t output_increment);
+  void RecordDry(int32_t token_id);
 
   bool track_prompt_ = false;
   bool track_output_ = false;
@@ -75,13 +92,18 @@ class SamplerState {
   std::vector<int32_t> seen_ids_;
   std::vector<int32_t> output_counts_;
   std::unordered_map<int32_t, int32_t> slot_of_id_;  // token id -> index into the vectors above
+  // DRY: prompt + output tokens (trimmed to the last dry_last_n_ now and then), when DRY is on.
+  bool track_dry_ = false;
+  int32_t dry_last_n_ = -1;
+  std::vector<int32_t> dry_history_;
 };
 
 // True when a backend may make this row's token where the logits live: the row's processors as
-// edits (logit_edits.h, Backend::ApplyLogitEdits), then the plain argmax for a greedy request
-// (Backend::ArgmaxRows, same tie rule) or a draw with the state's next uniform
-// (Backend::SampleRows, same semantics) — the same token Sample() picks. False only for requests
-// that want logprobs: those are taken from the raw row, which Sample() needs on the host.
+// edits (logit_edits.h, Backend::ApplyLogitEdits; DRY included), then the plain argmax for a
+// greedy request (Backend::ArgmaxRows, same tie rule) or a draw with the state's next uniform
+// (Backend::SampleRows, same semantics) — the same token Sample() picks. False for requests that
+// want logprobs (taken from the raw row, which Sample() needs on the host) and for sampled
+// requests with top-n-sigma, typical_p or XTC (host-only filters; a greedy one ignores them).
 bool BackendCanSample(const SamplingParams& params);
 
 // The documented seed mix for sample `sample_index` of a request seeded with `seed`:

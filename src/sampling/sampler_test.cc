@@ -396,3 +396,154 @@ TEST(LogitBiasTest, FullVocabularyBiasList) {
 
 }  // namespace
 }  // namespace ember
+
+namespace ember {
+namespace {
+
+// llama.cpp's samplers through Sample(): where they sit in the order, their statistics, seeds.
+
+// XTC with probability 0.3 and threshold 0.25 on p = 0.4, 0.3, 0.2, 0.1: when triggered (30%)
+// token 0 is removed and 1, 2, 3 are drawn as 0.5, 1/3, 1/6; else the plain distribution.
+TEST(LlamaSamplersTest, XtcTriggersWithItsProbability) {
+  SamplingParams params;
+  params.xtc_probability = 0.3f;
+  params.xtc_threshold = 0.25f;
+  constexpr int kXtcDraws = 20000;
+  const auto counts = Histogram({0.4, 0.3, 0.2, 0.1}, params, kXtcDraws);
+  // 20k draws: the standard error is <= 0.0035; 0.015 is ~4 sigma.
+  const auto frequency = [&](int32_t id) {
+    const auto it = counts.find(id);
+    return it == counts.end() ? 0.0 : static_cast<double>(it->second) / kXtcDraws;
+  };
+  EXPECT_NEAR(frequency(0), 0.7 * 0.4, 0.015);
+  EXPECT_NEAR(frequency(1), 0.7 * 0.3 + 0.3 * 0.5, 0.015);
+  EXPECT_NEAR(frequency(2), 0.7 * 0.2 + 0.3 / 3, 0.015);
+  EXPECT_NEAR(frequency(3), 0.7 * 0.1 + 0.3 / 6, 0.015);
+  // The trigger alone, over positions of one sequence: 30% of them.
+  SamplerState state(params, 0, {});
+  int triggered = 0;
+  for (int i = 0; i < kXtcDraws; ++i) {
+    triggered += state.XtcUniform() < params.xtc_probability;
+    state.Accept(0);
+  }
+  EXPECT_NEAR(static_cast<double>(triggered) / kXtcDraws, 0.3, 0.015);
+}
+
+TEST(LlamaSamplersTest, XtcAlwaysRemovesTheTopWithProbabilityOne) {
+  SamplingParams params;
+  params.xtc_probability = 1.0f;
+  params.xtc_threshold = 0.25f;
+  ExpectFrequencies(Histogram({0.4, 0.3, 0.2, 0.1}, params, kDraws),
+                    {{1, 0.5}, {2, 1.0 / 3}, {3, 1.0 / 6}}, kDraws);
+}
+
+// typical_p 0.5 on p = 1/2, 1/4, 1/8, 1/8 keeps ids 0 and 1 (distribution_filters_test.cc).
+TEST(LlamaSamplersTest, TypicalPKeepsTheTypicalSetRenormalised) {
+  SamplingParams params;
+  params.typical_p = 0.5f;
+  ExpectFrequencies(Histogram({0.5, 0.25, 0.125, 0.125}, params, kDraws),
+                    {{0, 2.0 / 3}, {1, 1.0 / 3}}, kDraws);
+  params.typical_p = 0.2f;  // only id 1
+  ExpectFrequencies(Histogram({0.5, 0.25, 0.125, 0.125}, params, kDraws), {{1, 1.0}}, kDraws);
+}
+
+// Logits ln p; top-n-sigma 1 on ln(0.4), ln(0.3), ln(0.2), ln(0.1), ln(0.0001): mean -3.08,
+// sigma 2.95, floor -0.92 - 2.95: keeps 0.4, 0.3, 0.2, 0.1 (>= -3.87), drops 1e-4 (-9.2).
+TEST(LlamaSamplersTest, TopNSigmaDropsTheTail) {
+  SamplingParams params;
+  params.top_n_sigma = 1.0f;
+  ExpectFrequencies(Histogram({0.4, 0.3, 0.2, 0.1, 0.0001}, params, kDraws),
+                    {{0, 0.4}, {1, 0.3}, {2, 0.2}, {3, 0.1}}, kDraws);
+  params.top_n_sigma = 0.2f;  // floor -0.92 - 0.59 = -1.51: 0.4 (-0.92) and 0.3 (-1.20)
+  ExpectFrequencies(Histogram({0.4, 0.3, 0.2, 0.1, 0.0001}, params, kDraws),
+                    {{0, 4.0 / 7}, {1, 3.0 / 7}}, kDraws);
+}
+
+TEST(LlamaSamplersTest, SeededAndBatchIndependentWithEverySamplerOn) {
+  SamplingParams params;
+  params.seed = 42;
+  params.top_n_sigma = 2.0f;
+  params.typical_p = 0.9f;
+  params.xtc_probability = 0.5f;
+  params.xtc_threshold = 0.05f;
+  params.dry_multiplier = 0.8f;
+  params.dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{7});
+  const std::vector<int32_t> a = Generate(params, 0, 64);
+  EXPECT_EQ(a, Generate(params, 0, 64));
+  EXPECT_NE(a, Generate(params, 1, 64));
+  // In a batch with other rows (SampleRows on threads): the same tokens.
+  SamplingParams other;
+  other.seed = 7;
+  SamplerState mine(params, 0, {}), theirs(other, 0, {});
+  std::vector<int32_t> batched;
+  for (int i = 0; i < 64; ++i) {
+    std::vector<float> logits = RandomLogits(1000u + static_cast<uint32_t>(i), kVocab, 1.0f);
+    const std::vector<float> second = RandomLogits(5u + static_cast<uint32_t>(i));
+    logits.insert(logits.begin(), second.begin(), second.end());
+    const SamplingParams* ps[] = {&other, &params};
+    SamplerState* ss[] = {&theirs, &mine};
+    std::vector<SampleOutput> out(2);
+    SampleRows(logits, kVocab, ps, ss, out);
+    theirs.Accept(out[0].token_id);
+    mine.Accept(out[1].token_id);
+    batched.push_back(out[1].token_id);
+  }
+  EXPECT_EQ(batched, a);
+}
+
+TEST(LlamaSamplersTest, HostOnlyFiltersKeepSampledRowsOffTheBackend) {
+  SamplingParams p;
+  EXPECT_TRUE(BackendCanSample(p));
+  p.dry_multiplier = 1.0f;  // DRY is an edit list: a backend applies it
+  EXPECT_TRUE(BackendCanSample(p));
+  for (auto set : {+[](SamplingParams& q) { q.typical_p = 0.9f; },
+                   +[](SamplingParams& q) { q.xtc_probability = 0.1f; },
+                   +[](SamplingParams& q) { q.top_n_sigma = 1.0f; }}) {
+    SamplingParams q;
+    set(q);
+    EXPECT_FALSE(BackendCanSample(q));
+    q.temperature = 0.0f;  // greedy: argmax after the processors, as on the backend
+    q.typical_p = 1.0f;
+    q.xtc_probability = 0.0f;
+    EXPECT_TRUE(BackendCanSample(q));
+  }
+}
+
+TEST(LlamaSamplersTest, ValidationNamesTheField) {
+  const auto message = [](void (*set)(SamplingParams&)) {
+    SamplingParams p;
+    set(p);
+    return p.Validate(kVocab).message();
+  };
+  EXPECT_EQ(message([](SamplingParams& p) { p.xtc_threshold = 0.6f; }),
+            "xtc_threshold: must be in [0, 0.5], got 0.6");
+  EXPECT_EQ(message([](SamplingParams& p) { p.xtc_probability = 1.5f; }),
+            "xtc_probability: must be in [0, 1], got 1.5");
+  EXPECT_EQ(message([](SamplingParams& p) { p.typical_p = 0.0f; }),
+            "typical_p: must be in (0, 1], got 0");
+  EXPECT_EQ(message([](SamplingParams& p) { p.top_n_sigma = -2.0f; }),
+            "top_n_sigma: must be > 0 (or 0 / -1: off), got -2");
+  EXPECT_EQ(message([](SamplingParams& p) { p.dry_multiplier = -1.0f; }),
+            "dry_multiplier: must be in [0, 100], got -1");
+  EXPECT_EQ(message([](SamplingParams& p) { p.dry_base = 0.5f; }),
+            "dry_base: must be in [1, 10], got 0.5");
+  EXPECT_EQ(message([](SamplingParams& p) { p.dry_allowed_length = 0; }),
+            "dry_allowed_length: must be >= 1, got 0");
+  EXPECT_EQ(message([](SamplingParams& p) { p.dry_penalty_last_n = -2; }),
+            "dry_penalty_last_n: must be >= 0 (0: off) or -1 (the whole sequence), got -2");
+  EXPECT_EQ(message([](SamplingParams& p) { p.dry_sequence_breakers = {"a", ""}; }),
+            "dry_sequence_breakers[1]: must be a string of 1 to 64 bytes, got 0");
+  EXPECT_EQ(message([](SamplingParams& p) {
+              p.temperature = 0.0f;
+              p.xtc_probability = 0.5f;
+            }).rfind("xtc_probability: needs temperature > 0", 0),
+            0u);
+  EXPECT_EQ(message([](SamplingParams& p) {
+              p.temperature = 0.0f;
+              p.typical_p = 0.5f;
+            }).rfind("typical_p: needs temperature > 0", 0),
+            0u);
+}
+
+}  // namespace
+}  // namespace ember

@@ -60,6 +60,43 @@ Status SamplingParams::Validate(int32_t vocab_size) const {
                top_logprobs);
   }
   if (min_tokens < 0) return Bad("min_tokens", ">= 0", min_tokens);
+  return ValidateLlamaCppSamplers();
+}
+
+Status SamplingParams::ValidateLlamaCppSamplers() const {
+  if (!std::isfinite(top_n_sigma) || (top_n_sigma < 0.0f && top_n_sigma != -1.0f))
+    return Bad("top_n_sigma", "> 0 (or 0 / -1: off)", top_n_sigma);
+  EMBER_RETURN_IF_ERROR(CheckRange("typical_p", typical_p, 0.0, true, 1.0, false));
+  EMBER_RETURN_IF_ERROR(CheckRange("xtc_probability", xtc_probability, 0.0, false, 1.0, false));
+  // Above 0.5 no two tokens can reach the threshold: XTC could never remove anything.
+  EMBER_RETURN_IF_ERROR(CheckRange("xtc_threshold", xtc_threshold, 0.0, false, 0.5, false));
+  // The argmax ignores the distribution filters; these two may remove the most likely token, so
+  // asking for them with greedy decoding would silently do nothing.
+  if (is_greedy() && has_xtc())
+    return Status::Error("xtc_probability: needs temperature > 0 (greedy decoding takes the "
+                         "argmax, which XTC would remove)");
+  if (is_greedy() && has_typical_p())
+    return Status::Error("typical_p: needs temperature > 0 (greedy decoding takes the argmax, "
+                         "which typical sampling may remove)");
+  EMBER_RETURN_IF_ERROR(CheckRange("dry_multiplier", dry_multiplier, 0.0, false, 100.0, false));
+  EMBER_RETURN_IF_ERROR(CheckRange("dry_base", dry_base, 1.0, false, 10.0, false));
+  if (dry_allowed_length < 1) return Bad("dry_allowed_length", ">= 1", dry_allowed_length);
+  if (dry_penalty_last_n < -1)
+    return Bad("dry_penalty_last_n", ">= 0 (0: off) or -1 (the whole sequence)",
+               dry_penalty_last_n);
+  if (dry_sequence_breakers.size() > kMaxDrySequenceBreakers) {
+    return Bad("dry_sequence_breakers", "at most " + std::to_string(kMaxDrySequenceBreakers) +
+                                            " strings",
+               static_cast<double>(dry_sequence_breakers.size()));
+  }
+  for (size_t i = 0; i < dry_sequence_breakers.size(); ++i) {
+    const size_t size = dry_sequence_breakers[i].size();
+    if (size == 0 || size > kMaxDrySequenceBreakerBytes) {
+      return Bad("dry_sequence_breakers[" + std::to_string(i) + "]",
+                 "a string of 1 to " + std::to_string(kMaxDrySequenceBreakerBytes) + " bytes",
+                 static_cast<double>(size));
+    }
+  }
   return Status::Ok();
 }
 

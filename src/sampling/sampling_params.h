@@ -1,11 +1,14 @@
 // SamplingParams: the per-request knobs that turn one row of logits into one token (temperature,
-// top-k/top-p/min-p, penalties, logit_bias, seed, logprobs, min_tokens). Semantics follow
-// vLLM / OpenAI; see sampler.h for the exact order of operations. A plain value type: validate once with Validate() when the
+// top-k/top-p/min-p, penalties, logit_bias, seed, logprobs, min_tokens; and llama.cpp's DRY, XTC,
+// typical_p, top_n_sigma). Semantics follow vLLM / OpenAI, and llama.cpp for the samplers it
+// defines; see sampler.h for the exact order of operations. A plain value type: validate once with Validate() when the
 // request arrives, then share it read-only between threads.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,9 +38,30 @@ struct SamplingParams {
   // live in the engine's GenerationRequest.
   int32_t min_tokens = 0;
 
+  // llama.cpp's samplers (sampler.h gives their place in the order; dry.h and
+  // distribution_filters.h their exact definitions).
+  // top_n_sigma: keep logits >= max - n * sigma (sigma: the population standard deviation of the
+  // finite logits). <= 0 (llama.cpp's -1): off.
+  float top_n_sigma = -1.0f;
+  // typical_p: locally typical sampling over the kept tokens. 1: off.
+  float typical_p = 1.0f;
+  // XTC: with probability xtc_probability (a per-position draw), every token whose probability is
+  // >= xtc_threshold except the least likely of them is removed (nothing when fewer than two).
+  float xtc_probability = 0.0f, xtc_threshold = 0.1f;
+  // DRY: a token that would extend a repeat of length L >= dry_allowed_length of the last
+  // dry_penalty_last_n tokens (-1: the whole sequence, prompt included; 0: off) loses
+  // dry_multiplier * dry_base^(L - dry_allowed_length) from its logit. 0 multiplier: off.
+  float dry_multiplier = 0.0f, dry_base = 1.75f;
+  int32_t dry_allowed_length = 2, dry_penalty_last_n = -1;
+  // Strings that end a repeat: a token whose text contains one of them (dry.h). Resolved to token
+  // ids by the caller that has the tokenizer (DryBreakerIds); sorted, distinct.
+  std::vector<std::string> dry_sequence_breakers = DefaultDrySequenceBreakers();
+  std::shared_ptr<const std::vector<int32_t>> dry_breaker_ids;
+
   // Returns an error naming the field, e.g. "top_p: must be in (0, 1], got 1.5". NaN and
   // infinities are rejected everywhere. vocab_size bounds logit_bias.
   Status Validate(int32_t vocab_size) const;
+  Status ValidateLlamaCppSamplers() const;  // the part of Validate for the fields below
   // Orders logit_bias by token id, stably (a repeated id keeps its entries in request order, so
   // the biases add up bit for bit as before). Call once when the request is built.
   void SortLogitBias();
@@ -46,6 +70,19 @@ struct SamplingParams {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
   bool wants_logprobs() const { return top_logprobs >= 0; }
+  bool has_dry() const { return dry_multiplier > 0.0f && dry_penalty_last_n != 0; }
+  bool has_xtc() const { return xtc_probability > 0.0f; }
+  bool has_typical_p() const { return typical_p < 1.0f; }
+  bool has_top_n_sigma() const { return top_n_sigma > 0.0f; }
+  // The filters only the host sampler implements (sampler.h: BackendCanSample).
+  bool has_host_only_filters() const { return has_xtc() || has_typical_p() || has_top_n_sigma(); }
+
+  static std::vector<std::string> DefaultDrySequenceBreakers() { return {"\n", ":", "\"", "*"}; }
 };
+
+// Bounds on dry_sequence_breakers (each string is searched in every token's text once per
+// request).
+inline constexpr size_t kMaxDrySequenceBreakers = 32;
+inline constexpr size_t kMaxDrySequenceBreakerBytes = 64;
 
 }  // namespace ember

@@ -164,6 +164,42 @@ MaybeError ParseLogitBias(ObjectReader& r, std::vector<std::pair<int32_t, float>
   return std::nullopt;
 }
 
+// dry_sequence_breakers: an array of strings (their count and sizes are the resolver's rules;
+// the count is bounded here first, before anything is copied).
+MaybeError ParseDrySequenceBreakers(ObjectReader& r, std::optional<std::vector<std::string>>* out) {
+  const json* v = r.Get("dry_sequence_breakers");
+  if (v == nullptr) return std::nullopt;
+  const std::string path = r.Path("dry_sequence_breakers");
+  if (!v->is_array()) return FieldTypeError(path, "an array of strings", *v);
+  if (v->size() > kMaxDrySequenceBreakers) {
+    return InvalidRequest(path + ": at most " + std::to_string(kMaxDrySequenceBreakers) +
+                              " strings, got " + std::to_string(v->size()),
+                          path);
+  }
+  out->emplace();
+  for (size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      return FieldTypeError(path + "[" + std::to_string(i) + "]", "a string", (*v)[i]);
+    (*out)->push_back((*v)[i].get<std::string>());
+  }
+  return std::nullopt;
+}
+
+// llama.cpp's samplers: top_n_sigma, typical_p, XTC, DRY (SamplingParams defines them).
+MaybeError ParseLlamaCppSamplers(ObjectReader& r, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(r.Number("top_n_sigma", &p->top_n_sigma));
+  EMBER_RETURN_IF_API_ERROR(r.Number("typical_p", &p->typical_p));
+  EMBER_RETURN_IF_API_ERROR(r.Number("xtc_probability", &p->xtc_probability));
+  EMBER_RETURN_IF_API_ERROR(r.Number("xtc_threshold", &p->xtc_threshold));
+  EMBER_RETURN_IF_API_ERROR(r.Number("dry_multiplier", &p->dry_multiplier));
+  EMBER_RETURN_IF_API_ERROR(r.Number("dry_base", &p->dry_base));
+  EMBER_RETURN_IF_API_ERROR(
+      r.Int32("dry_allowed_length", INT32_MIN, INT32_MAX, &p->dry_allowed_length));
+  EMBER_RETURN_IF_API_ERROR(
+      r.Int32("dry_penalty_last_n", INT32_MIN, INT32_MAX, &p->dry_penalty_last_n));
+  return ParseDrySequenceBreakers(r, &p->dry_sequence_breakers);
+}
+
 // The sampling fields (SamplingRequest) but logprobs, which each endpoint spells its own way:
 // read with their JSON types here, then checked by the resolver's rules
 // (ValidateSamplingRequest). `zero_max_tokens_refusal`: why max_tokens 0 is refused here (null:
@@ -194,6 +230,7 @@ MaybeError ParseSampling(ObjectReader& r, const SchemaLimits& limits,
   std::optional<int32_t> min_tokens;
   EMBER_RETURN_IF_API_ERROR(r.Int32("min_tokens", INT32_MIN, INT32_MAX, &min_tokens));
   p->min_tokens = min_tokens.value_or(0);
+  EMBER_RETURN_IF_API_ERROR(ParseLlamaCppSamplers(r, p));
   if (auto error = ValidateSamplingRequest(*p, limits.vocab_size)) {
     // "max_tokens" blames whichever of the two spellings the request used.
     const std::string field = error->field == "max_tokens" && max_completion_tokens

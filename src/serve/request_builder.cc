@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/engine.h"
+#include "sampling/dry.h"
 #include "sampling/json_schema.h"
 #include "sampling/regex_constraint.h"
 #include "sampling/tool_call_constraint.h"
@@ -97,6 +98,31 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
   return constraint;
 }
 
+// DRY's sequence breakers as token ids (dry.h), from the token texts structured output keeps, else
+// the tokenizer. A model without a tokenizer (`ember batch`) cannot match strings to tokens.
+std::optional<ApiError> AttachDryBreakers(const ServedModel& model, SamplingParams* params) {
+  if (!params->has_dry() || params->dry_sequence_breakers.empty()) return std::nullopt;
+  if (model.token_texts != nullptr) {
+    const TokenTexts& texts = *model.token_texts;
+    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) {
+      return static_cast<size_t>(id) < texts.bytes.size() ? texts.bytes[static_cast<size_t>(id)]
+                                                          : std::nullopt;
+    });
+  } else if (model.tokenizer != nullptr) {
+    const Tokenizer& tokenizer = *model.tokenizer;
+    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) -> std::optional<std::string> {
+      if (id >= tokenizer.vocab_size()) return std::nullopt;
+      return tokenizer.TokenBytes(id);
+    });
+  } else {
+    return InvalidRequest(
+        "dry_sequence_breakers: this model has no tokenizer, so breaker strings cannot be matched "
+        "to tokens; send an empty list (no breakers) or load a tokenizer",
+        "dry_sequence_breakers");
+  }
+  return std::nullopt;
+}
+
 // Resolves sampling and max_tokens (request_sampling.h: the precedence, the validation and the
 // context check) for one prompt. `prompt_field` names the field that carried the prompt.
 std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonParams& p,
@@ -119,6 +145,7 @@ std::optional<ApiError> FinishRequest(const ServedModel& model, const CommonPara
   }
   r->sampling = std::move(std::get<ResolvedSampling>(resolved).params);
   r->max_tokens = std::get<ResolvedSampling>(resolved).max_tokens;
+  if (auto error = AttachDryBreakers(model, &r->sampling)) return *error;
   r->ignore_eos = p.ignore_eos;
   r->speculate = p.speculative_decoding;
   r->constraint = constraint;
