@@ -1,5 +1,6 @@
 // sampler_bench: time per row of ember::Sample() at a Qwen-sized vocabulary for common
-// parameter mixes. Usage: sampler_bench [vocab_size=151936] [iterations=200]
+// parameter mixes (llama.cpp's top_n_sigma / typical_p / XTC / DRY included; the DRY prompt is
+// random ids, i.e. few repeats). Usage: sampler_bench [vocab_size=151936] [iterations=200]
 // Logits are N(0, 2) with a few peaked entries, roughly like a real LM head.
 // Then a full-vocabulary logit_bias request: parsing its body (ordered_json::parse against
 // ParseOrderedJsonBounded, at a few sizes: the first is quadratic in the keys), Validate, and one
@@ -137,6 +138,26 @@ int main(int argc, char** argv) {
          p.top_logprobs = 20;
        }),
        0},
+      // llama.cpp's samplers (host only but DRY; see sampler.h for the order).
+      {"top_n_sigma 1", make([](auto& p) { p.top_n_sigma = 1.0f; }), 0},
+      {"typical_p 0.9 (whole vocabulary)", make([](auto& p) { p.typical_p = 0.9f; }), 0},
+      {"top_k 40 typical_p 0.9", make([](auto& p) {
+         p.top_k = 40;
+         p.typical_p = 0.9f;
+       }),
+       0},
+      {"xtc 1.0 / 0.1 (always on)", make([](auto& p) {
+         p.xtc_probability = 1.0f;
+         p.xtc_threshold = 0.1f;
+       }),
+       0},
+      {"min_p 0.05 xtc 0.5 / 0.1", make([](auto& p) {
+         p.min_p = 0.05f;
+         p.xtc_probability = 0.5f;
+         p.xtc_threshold = 0.1f;
+       }),
+       0},
+      {"dry 0.8, 4096-token prompt", make([](auto& p) { p.dry_multiplier = 0.8f; }), 4096},
   };
 
   std::printf("vocab %d, %d iterations per case, single thread\n", vocab, iterations);

@@ -283,6 +283,29 @@ std::vector<GenerationRequest> SampledRequests() {
   }
   requests.push_back(Greedy({1, 80, 147}, 30));
   requests.back().sampling.repetition_penalty = 1.2f;  // greedy with a processor
+  // llama.cpp's samplers: DRY reads the history (row j must see tokens 0..j-1), XTC's trigger is
+  // per position, typical_p / top_n_sigma sample on the host.
+  GenerationRequest dry = Greedy({1, 300, 301, 302, 300, 301, 302, 300}, 40);
+  dry.sampling.temperature = 0.8f;
+  dry.sampling.seed = 7;
+  dry.sampling.dry_multiplier = 0.8f;
+  dry.sampling.dry_allowed_length = 1;
+  dry.sampling.dry_breaker_ids =
+      std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{57});
+  requests.push_back(dry);
+  dry.sampling.temperature = 0.0f;  // greedy with DRY
+  requests.push_back(dry);
+  GenerationRequest filters = Greedy({1, 80, 147, 201, 282, 57}, 40);
+  filters.sampling.temperature = 1.0f;
+  filters.sampling.seed = 11;
+  filters.sampling.xtc_probability = 0.5f;
+  filters.sampling.xtc_threshold = 0.05f;
+  filters.sampling.typical_p = 0.9f;
+  requests.push_back(filters);
+  filters.sampling.xtc_probability = 0.0f;
+  filters.sampling.typical_p = 1.0f;
+  filters.sampling.top_n_sigma = 1.0f;
+  requests.push_back(filters);
   return requests;
 }
 

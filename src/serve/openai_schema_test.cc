@@ -152,6 +152,51 @@ struct BadCase {
   const char* param;
 };
 
+TEST(OpenAiSchemaTest, ParsesLlamaCppSamplers) {
+  ChatRequest req;
+  auto err = Chat(R"({"messages":[{"role":"user","content":"hi"}],"top_n_sigma":1.5,
+      "typical_p":0.9,"xtc_probability":0.5,"xtc_threshold":0.2,"dry_multiplier":0.8,
+      "dry_base":1.5,"dry_allowed_length":3,"dry_penalty_last_n":256,
+      "dry_sequence_breakers":["\n","###"]})",
+                  &req);
+  ASSERT_FALSE(err) << err->message;
+  const CommonParams& p = req.params;
+  EXPECT_FLOAT_EQ(*p.top_n_sigma, 1.5f);
+  EXPECT_FLOAT_EQ(*p.typical_p, 0.9f);
+  EXPECT_FLOAT_EQ(*p.xtc_probability, 0.5f);
+  EXPECT_FLOAT_EQ(*p.xtc_threshold, 0.2f);
+  EXPECT_FLOAT_EQ(*p.dry_multiplier, 0.8f);
+  EXPECT_FLOAT_EQ(*p.dry_base, 1.5f);
+  EXPECT_EQ(*p.dry_allowed_length, 3);
+  EXPECT_EQ(*p.dry_penalty_last_n, 256);
+  EXPECT_EQ(*p.dry_sequence_breakers, (std::vector<std::string>{"\n", "###"}));
+  ASSERT_FALSE(Completion(R"({"prompt":"x","xtc_probability":1,"dry_multiplier":1})"));
+}
+
+TEST(OpenAiSchemaTest, BadLlamaCppSamplerFieldsNameTheField) {
+  const BadCase cases[] = {
+      {R"({"prompt":"x","xtc_probability":"often"})", "xtc_probability"},
+      {R"({"prompt":"x","xtc_probability":2})", "xtc_probability"},
+      {R"({"prompt":"x","xtc_threshold":0.7})", "xtc_threshold"},
+      {R"({"prompt":"x","temperature":0,"xtc_probability":0.5})", "xtc_probability"},
+      {R"({"prompt":"x","typical_p":0})", "typical_p"},
+      {R"({"prompt":"x","top_n_sigma":-3})", "top_n_sigma"},
+      {R"({"prompt":"x","dry_multiplier":-1})", "dry_multiplier"},
+      {R"({"prompt":"x","dry_base":0.5})", "dry_base"},
+      {R"({"prompt":"x","dry_allowed_length":0})", "dry_allowed_length"},
+      {R"({"prompt":"x","dry_allowed_length":1.5})", "dry_allowed_length"},
+      {R"({"prompt":"x","dry_penalty_last_n":-2})", "dry_penalty_last_n"},
+      {R"({"prompt":"x","dry_sequence_breakers":"\n"})", "dry_sequence_breakers"},
+      {R"({"prompt":"x","dry_sequence_breakers":[1]})", "dry_sequence_breakers[0]"},
+      {R"({"prompt":"x","dry_sequence_breakers":[""]})", "dry_sequence_breakers"},
+  };
+  for (const BadCase& c : cases) {
+    auto err = Completion(c.body);
+    ASSERT_TRUE(err.has_value()) << c.body;
+    EXPECT_EQ(err->param, c.param) << c.body << " -> " << err->message;
+  }
+}
+
 TEST(OpenAiSchemaTest, BadChatRequestsNameTheField) {
   const BadCase cases[] = {
       {R"({"messages":[{"role":"user","content":"hi"}],"foo":1})", "foo"},
