@@ -247,6 +247,9 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   if (!s.is_object()) return Unsupported(path, "a schema must be an object or a boolean");
   for (const auto& [key, value] : s.items()) {
+    // uniqueItems false is the default: it constrains nothing. (true is refused: the machine
+    // cannot compare items.)
+    if (key == "uniqueItems" && value.is_boolean() && !value.get<bool>()) continue;
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
@@ -563,22 +566,51 @@ std::vector<FirstBytes> Compiler::AllStarts() const {
   return starts;
 }
 
+// Per union and first byte, the non-union nodes reachable through its branches (nested unions
+// flattened; a cycle of unions adds nothing) whose values may start with that byte: one is the
+// branch, several are followed together by the machine (JsonSchemaMachine), at most kMaxPaths.
 Status Compiler::FinishUnions() {
   const std::vector<FirstBytes> starts = AllStarts();
   for (size_t id = 0; id < nodes_.size(); ++id) {
     if (nodes_[id].kind != JsonSchemaNode::kUnion) continue;
-    nodes_[id].branch_by_first_byte.fill(-1);
-    for (int32_t b : branches_[id]) {
-      const FirstBytes& branch_starts = starts[static_cast<size_t>(b)];
-      for (int c = 0; c < 256; ++c) {
-        if (!branch_starts.test(static_cast<size_t>(c))) continue;
-        int32_t& slot = nodes_[id].branch_by_first_byte[static_cast<size_t>(c)];
-        if (slot != -1 && slot != b)
-          return Unsupported(paths_[id], "branches that can start with the same byte ('" +
-                                             std::string(1, static_cast<char>(c)) +
-                                             "') are not supported (branches must differ in type)");
-        slot = b;
+    // The union's leaves, in branch order (depth first), each once.
+    std::vector<int32_t> leaves, stack = {static_cast<int32_t>(id)};
+    std::vector<uint8_t> seen(nodes_.size(), 0);
+    while (!stack.empty()) {
+      const auto u = static_cast<size_t>(stack.back());
+      stack.pop_back();
+      if (seen[u]) continue;
+      seen[u] = 1;
+      if (nodes_[u].kind != JsonSchemaNode::kUnion) {
+        leaves.push_back(static_cast<int32_t>(u));
+        continue;
       }
+      const std::vector<int32_t>& branches = branches_[u];
+      for (auto it = branches.rbegin(); it != branches.rend(); ++it) stack.push_back(*it);
+    }
+    JsonSchemaNode& node = nodes_[id];
+    node.branch_by_first_byte.fill(-1);
+    node.shared_branches.clear();
+    std::map<std::vector<int32_t>, int32_t> list_index;  // equal lists are stored once
+    for (int c = 0; c < 256; ++c) {
+      std::vector<int32_t> takers;
+      for (int32_t leaf : leaves)
+        if (starts[static_cast<size_t>(leaf)].test(static_cast<size_t>(c))) takers.push_back(leaf);
+      if (takers.empty()) continue;
+      if (takers.size() == 1) {
+        node.branch_by_first_byte[static_cast<size_t>(c)] = takers[0];
+        continue;
+      }
+      if (takers.size() > static_cast<size_t>(JsonSchemaMachine::kMaxPaths)) {
+        return Unsupported(paths_[id], "more than " +
+                                           std::to_string(JsonSchemaMachine::kMaxPaths) +
+                                           " branches can start with the same byte ('" +
+                                           std::string(1, static_cast<char>(c)) + "')");
+      }
+      auto [it, added] =
+          list_index.try_emplace(takers, static_cast<int32_t>(node.shared_branches.size()));
+      if (added) node.shared_branches.push_back(takers);
+      node.branch_by_first_byte[static_cast<size_t>(c)] = -2 - it->second;
     }
   }
   return Status::Ok();
@@ -604,6 +636,8 @@ std::vector<uint8_t> Compiler::MinFrames() const {
     } else if (node.kind == JsonSchemaNode::kUnion) {
       for (int32_t b : node.branch_by_first_byte)
         if (b >= 0) visit(b);
+      for (const std::vector<int32_t>& shared : node.shared_branches)
+        for (int32_t b : shared) visit(b);
     }
   };
   auto evaluate = [&](size_t id) -> uint8_t {

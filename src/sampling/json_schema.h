@@ -86,8 +86,10 @@ struct JsonSchemaNode {
   int32_t dfa = -1;
   // kLiterals: the compact JSON text of each allowed value, sorted.
   std::vector<std::string> literals;
-  // kUnion: the branch node for each first byte (-1: none).
+  // kUnion: for each first byte, the one (non-union) branch node that may start with it, -1 for
+  // none, or -2 - k when several may: shared_branches[k] lists them (nested unions flattened).
   std::array<int32_t, 256> branch_by_first_byte{};
+  std::vector<std::vector<int32_t>> shared_branches;
 };
 
 struct CompiledJsonSchema {
@@ -109,14 +111,23 @@ std::string_view JsonSchemaKindStarts(JsonSchemaNode::Kind kind);
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(
     const nlohmann::ordered_json& schema, const std::string& path);
 
-class JsonSchemaMachine {
+// One interpretation of the bytes so far: a stack of open objects/arrays with the schema node of
+// each, and the leaf being read. Where a union has several branches that start with the byte
+// that starts its value, the path takes branch `0` and reports num_forks(); the other branches
+// are StartAlternative(i) of a copy (JsonSchemaMachine keeps the set).
+class JsonSchemaPath {
  public:
   static constexpr int kMaxFrames = 16;
 
-  JsonSchemaMachine() = default;
-  explicit JsonSchemaMachine(const CompiledJsonSchema* schema);  // borrowed
+  JsonSchemaPath() = default;
+  explicit JsonSchemaPath(const CompiledJsonSchema* schema);  // borrowed
 
   bool Step(uint8_t c);  // false if c may not come (the state is then garbage)
+  // The number of branches the last Step could have started (0 or 1: no choice was made).
+  int num_forks() const { return num_forks_; }
+  // On a copy of a path whose last Step made a choice among num_forks() branches: starts the
+  // value with branch `index` (>= 1) instead. False if that branch refuses the byte.
+  bool StartAlternative(int index);
   bool Done() const { return done_; }
   void AppendKey(std::string* key) const;  // the state's bytes (json_constraint.h)
   // (Not inside a string whose length is bounded: there every token must be counted.)
@@ -162,6 +173,7 @@ class JsonSchemaMachine {
   enum LiteralStep : uint8_t { kLiteralTook, kLiteralRefused, kLiteralEnded };
 
   bool StartValue(int32_t node, uint8_t c);
+  bool StartBranch(int32_t node, uint8_t c);  // a non-union node (or -1: any value)
   bool StepDfaString(uint8_t c);
   // Some byte in [lo, hi] continues the string's automaton (an escape's choices).
   bool DfaTakesAny(uint8_t lo, uint8_t hi) const;
@@ -196,6 +208,55 @@ class JsonSchemaMachine {
   // "u00X" with escape_value_ = X * 16).
   int32_t dfa_state_ = 0;
   uint8_t escape_ = 0, escape_value_ = 0;
+  // The last Step's choice among a union's shared branches (not part of the state's key).
+  uint8_t num_forks_ = 0, fork_depth_ = 0, fork_byte_ = 0;
+  int32_t fork_union_ = -1, fork_list_ = -1;
+};
+
+// The byte machine of a compiled schema: the set of live JsonSchemaPaths (one, unless union
+// branches that start alike are still all possible: `anyOf` / `oneOf` / type lists whose branches
+// share first bytes are followed together, each path dropped when a byte rules it out; `oneOf` is
+// enforced as `anyOf`, an instance valid against several branches is accepted). Identical paths
+// merge. At most kMaxPaths live at once: more (look-alike unions nested in look-alike unions)
+// are dropped, so every output stays valid but some valid instances become unreachable. A value
+// type copied freely (copies only the live paths).
+class JsonSchemaMachine {
+ public:
+  static constexpr int kMaxFrames = JsonSchemaPath::kMaxFrames;
+  static constexpr int kMaxPaths = 8;
+
+  JsonSchemaMachine() = default;
+  explicit JsonSchemaMachine(const CompiledJsonSchema* schema)
+      : num_paths_(1) {
+    paths_[0] = JsonSchemaPath(schema);
+  }
+  JsonSchemaMachine(const JsonSchemaMachine& other) { *this = other; }
+  JsonSchemaMachine& operator=(const JsonSchemaMachine& other) {
+    num_paths_ = other.num_paths_;
+    for (int i = 0; i < num_paths_; ++i) paths_[i] = other.paths_[i];
+    return *this;
+  }
+
+  bool Step(uint8_t c);  // false if c may not come (the state is then garbage)
+  bool Done() const {
+    for (int i = 0; i < num_paths_; ++i)
+      if (paths_[i].Done()) return true;
+    return false;
+  }
+  void AppendKey(std::string* key) const;
+  // The fast paths of one path; with several live, none (every byte is stepped).
+  bool InPlainString() const { return num_paths_ == 1 && paths_[0].InPlainString(); }
+  bool InBoundedString(uint32_t* room) const {
+    return num_paths_ == 1 && paths_[0].InBoundedString(room);
+  }
+  const RegexDfa* StringDfa(int32_t* state) const {
+    return num_paths_ == 1 ? paths_[0].StringDfa(state) : nullptr;
+  }
+  int num_paths() const { return num_paths_; }
+
+ private:
+  std::array<JsonSchemaPath, kMaxPaths> paths_{};
+  int num_paths_ = 0;
 };
 
 // JSON-schema structured output over `texts` (json_constraint.h).

@@ -17,9 +17,9 @@ bool IsNumberByte(uint8_t c) {
 
 }  // namespace
 
-JsonSchemaMachine::JsonSchemaMachine(const CompiledJsonSchema* schema) : schema_(schema) {}
+JsonSchemaPath::JsonSchemaPath(const CompiledJsonSchema* schema) : schema_(schema) {}
 
-uint64_t JsonSchemaMachine::KeyCandidates(const Frame& f) const {
+uint64_t JsonSchemaPath::KeyCandidates(const Frame& f) const {
   const auto& props = schema_->nodes[f.node].properties;
   uint64_t mask = 0;
   for (size_t j = f.index; j < props.size(); ++j) {
@@ -30,14 +30,14 @@ uint64_t JsonSchemaMachine::KeyCandidates(const Frame& f) const {
   return mask;
 }
 
-bool JsonSchemaMachine::CanClose(const Frame& f) const {
+bool JsonSchemaPath::CanClose(const Frame& f) const {
   const auto& props = schema_->nodes[f.node].properties;
   for (size_t j = f.index; j < props.size(); ++j)
     if (props[j].required) return false;
   return true;
 }
 
-void JsonSchemaMachine::ValueDone() {
+void JsonSchemaPath::ValueDone() {
   if (depth_ == 0) {
     done_ = true;
     return;
@@ -51,21 +51,45 @@ void JsonSchemaMachine::ValueDone() {
   }
 }
 
-bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
+bool JsonSchemaPath::StartValue(int32_t node_id, uint8_t c) {
+  // A union picks its branch by the first byte (nested unions are flattened: FinishUnions). Where
+  // several branches may start with c, branch 0 goes on here and the others are forks.
+  if (node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind == JsonSchemaNode::kUnion) {
+    const JsonSchemaNode& u = schema_->nodes[static_cast<size_t>(node_id)];
+    const int32_t slot = u.branch_by_first_byte[c];
+    if (slot == -1) return false;
+    if (slot <= -2) {
+      const std::vector<int32_t>& shared = u.shared_branches[static_cast<size_t>(-2 - slot)];
+      num_forks_ = static_cast<uint8_t>(shared.size());
+      fork_depth_ = depth_;
+      fork_byte_ = c;
+      fork_union_ = node_id;
+      fork_list_ = -2 - slot;
+      return StartBranch(shared[0], c);
+    }
+    node_id = slot;
+  }
+  return StartBranch(node_id, c);
+}
+
+bool JsonSchemaPath::StartAlternative(int index) {
+  CHECK(index > 0 && index < num_forks_);
+  const JsonSchemaNode& u = schema_->nodes[static_cast<size_t>(fork_union_)];
+  // StartValue is the last thing a Step does: undo what the first branch started.
+  depth_ = fork_depth_;
+  leaf_ = kLeafNone;
+  num_forks_ = 0;
+  return StartBranch(u.shared_branches[static_cast<size_t>(fork_list_)][static_cast<size_t>(index)],
+                     fork_byte_);
+}
+
+bool JsonSchemaPath::StartBranch(int32_t node_id, uint8_t c) {
   auto scan = [this](uint8_t first) {
     scanner_ = JsonScanner::AnyValue();
     bounded_ = false;
     leaf_ = kLeafScanner;
     return scanner_.Step(first);
   };
-  // A union picks its branch by the first byte (never a cycle of unions: FinishUnions).
-  for (size_t hops = 0;
-       node_id >= 0 && schema_->nodes[static_cast<size_t>(node_id)].kind == JsonSchemaNode::kUnion;
-       ++hops) {
-    if (hops == schema_->nodes.size()) return false;
-    node_id = schema_->nodes[static_cast<size_t>(node_id)].branch_by_first_byte[c];
-    if (node_id < 0) return false;
-  }
   if (node_id < 0) return scan(c);
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
   const bool starts =
@@ -113,12 +137,12 @@ bool JsonSchemaMachine::StartValue(int32_t node_id, uint8_t c) {
       lit_pos_ = 0;
       return StepLiteral(c) == kLiteralTook;
     case JsonSchemaNode::kUnion:
-      break;  // resolved above
+      break;  // flattened by the compiler: never a branch
   }
   return false;
 }
 
-JsonSchemaMachine::LiteralStep JsonSchemaMachine::StepLiteral(uint8_t c) {
+JsonSchemaPath::LiteralStep JsonSchemaPath::StepLiteral(uint8_t c) {
   const std::vector<std::string>& lits = schema_->nodes[lit_node_].literals;
   // [lit_lo_, lit_hi_) share their first lit_pos_ bytes; one of exactly that length sorts first.
   const bool first_complete = lits[lit_lo_].size() == lit_pos_;
@@ -145,7 +169,7 @@ JsonSchemaMachine::LiteralStep JsonSchemaMachine::StepLiteral(uint8_t c) {
   return kLiteralTook;
 }
 
-bool JsonSchemaMachine::StepKey(uint8_t c) {
+bool JsonSchemaPath::StepKey(uint8_t c) {
   Frame& f = frames_[depth_ - 1];
   const auto& props = schema_->nodes[f.node].properties;
   uint64_t mask = 0;
@@ -170,7 +194,7 @@ bool JsonSchemaMachine::StepKey(uint8_t c) {
   return true;
 }
 
-bool JsonSchemaMachine::StepStructure(uint8_t c) {
+bool JsonSchemaPath::StepStructure(uint8_t c) {
   if (depth_ == 0) return StartValue(schema_->root, c);  // the output starts with the value itself
   Frame& f = frames_[depth_ - 1];
   if (IsWhitespace(c)) return StepWhitespace(c, &ws_run_);
@@ -231,7 +255,7 @@ bool JsonSchemaMachine::StepStructure(uint8_t c) {
   return false;
 }
 
-void JsonSchemaMachine::AppendKey(std::string* key) const {
+void JsonSchemaPath::AppendKey(std::string* key) const {
   auto put = [key](auto v) { key->append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   put(depth_);
   for (int d = 0; d < depth_; ++d) {
@@ -275,7 +299,7 @@ void JsonSchemaMachine::AppendKey(std::string* key) const {
   }
 }
 
-bool JsonSchemaMachine::DfaTakesAny(uint8_t lo, uint8_t hi) const {
+bool JsonSchemaPath::DfaTakesAny(uint8_t lo, uint8_t hi) const {
   const RegexDfa& dfa = LeafDfa();
   for (int b = lo; b <= hi; ++b)
     if (dfa.Next(dfa_state_, static_cast<uint8_t>(b)) != RegexDfa::kDead) return true;
@@ -287,7 +311,7 @@ bool JsonSchemaMachine::DfaTakesAny(uint8_t lo, uint8_t hi) const {
 // Escaped: quote, backslash, slash, and the control characters (b f n r t, the others as u00XX);
 // other u escapes are never written. Every character the automaton allows can so be written, and
 // each escape is entered only when one of its completions is allowed: the string never strands.
-bool JsonSchemaMachine::StepDfaString(uint8_t c) {
+bool JsonSchemaPath::StepDfaString(uint8_t c) {
   const RegexDfa& dfa = LeafDfa();
   auto take = [&](uint8_t decoded) {
     const int32_t next = dfa.Next(dfa_state_, decoded);
@@ -352,7 +376,8 @@ bool JsonSchemaMachine::StepDfaString(uint8_t c) {
   }
 }
 
-bool JsonSchemaMachine::Step(uint8_t c) {
+bool JsonSchemaPath::Step(uint8_t c) {
+  num_forks_ = 0;
   if (done_) return false;
   switch (leaf_) {
     case kLeafScanner:
@@ -403,6 +428,60 @@ bool JsonSchemaMachine::Step(uint8_t c) {
       break;
   }
   return StepStructure(c);
+}
+
+bool JsonSchemaMachine::Step(uint8_t c) {
+  bool first_ok = false;
+  const bool stepped_first = num_paths_ == 1;
+  if (stepped_first) {  // the common case: one path, stepped in place
+    first_ok = paths_[0].Step(c);
+    if (paths_[0].num_forks() <= 1) return first_ok;
+  }
+  // Each path's successors: itself (when it took c) and, where it chose among union branches,
+  // its alternatives; identical ones merge (by their keys), at most kMaxPaths survive.
+  std::array<JsonSchemaPath, kMaxPaths> next;
+  std::array<std::string, kMaxPaths> keys;
+  int num_next = 0;
+  auto add = [&](const JsonSchemaPath& path) {
+    if (num_next == kMaxPaths) return;
+    std::string key;
+    path.AppendKey(&key);
+    for (int i = 0; i < num_next; ++i)
+      if (keys[static_cast<size_t>(i)] == key) return;
+    keys[static_cast<size_t>(num_next)] = std::move(key);
+    next[static_cast<size_t>(num_next++)] = path;
+  };
+  for (int i = 0; i < num_paths_; ++i) {
+    JsonSchemaPath& path = paths_[static_cast<size_t>(i)];
+    const bool ok = stepped_first ? first_ok : path.Step(c);
+    const int forks = path.num_forks();
+    const JsonSchemaPath chose = path;
+    if (ok) add(path);
+    for (int k = 1; k < forks; ++k) {
+      JsonSchemaPath alternative = chose;
+      if (alternative.StartAlternative(k)) add(alternative);
+    }
+  }
+  if (num_next == 0) return false;
+  num_paths_ = num_next;
+  for (int i = 0; i < num_next; ++i) paths_[static_cast<size_t>(i)] = next[static_cast<size_t>(i)];
+  return true;
+}
+
+void JsonSchemaMachine::AppendKey(std::string* key) const {
+  if (num_paths_ == 1) {
+    paths_[0].AppendKey(key);
+    return;
+  }
+  // Several paths: their count, then each key with its size (a set in a deterministic order).
+  key->push_back(static_cast<char>(0x80 | num_paths_));
+  for (int i = 0; i < num_paths_; ++i) {
+    std::string one;
+    paths_[static_cast<size_t>(i)].AppendKey(&one);
+    const auto size = static_cast<uint32_t>(one.size());
+    key->append(reinterpret_cast<const char*>(&size), sizeof(size));
+    key->append(one);
+  }
 }
 
 std::shared_ptr<TokenConstraint> MakeJsonSchemaConstraint(

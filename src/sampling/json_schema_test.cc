@@ -129,8 +129,10 @@ TEST(JsonSchemaTest, UnsupportedSchemasNameThePath) {
       {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.5}}})",
        "schema.properties.n.multipleOf"},
       {R"({"type": "string"})", "schema"},
-      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}})",
-       "schema.properties.a.anyOf"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"const": "1"}, {"const": "2"},
+          {"const": "3"}, {"const": "4"}, {"const": "5"}, {"const": "6"}, {"const": "7"},
+          {"const": "8"}, {"const": "9"}]}}})",
+       "schema.properties.a.anyOf"},  // 9 branches may start with '"': more than 8
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})",
        "schema.properties.a.$ref"},
       {R"({"type": "object", "required": ["a"]})", "schema.required"},
@@ -168,8 +170,10 @@ bool Valid(const json& v, const json& s, const json& root) {
       if (e == v) return true;
     return false;
   }
-  if (s.contains("anyOf")) {
-    for (const json& b : s["anyOf"])
+  if (s.contains("const") && s["const"] != v) return false;
+  for (const char* key : {"anyOf", "oneOf"}) {  // oneOf as anyOf: the tests' branches exclude
+    if (!s.contains(key)) continue;
+    for (const json& b : s[key])
       if (Valid(v, b, root)) return true;
     return false;
   }
@@ -257,6 +261,95 @@ TEST(JsonSchemaTest, TokenWalksWriteValidDocuments) {
     EXPECT_TRUE(Valid(doc, schema, schema)) << text;
   }
   EXPECT_GT(completed, 5);
+}
+
+// Union branches that start alike are followed together: two objects both starting
+// {"type": ..., a string or an enum of strings, integer vs number.
+const char* kShapes = R"({"type": "object", "properties": {
+  "shape": {"anyOf": [
+    {"type": "object", "properties": {"type": {"const": "circle"}, "r": {"type": "number"}},
+     "required": ["type", "r"], "additionalProperties": false},
+    {"type": "object", "properties": {"type": {"const": "rect"}, "w": {"type": "number"},
+     "h": {"type": "number"}}, "required": ["type", "w", "h"], "additionalProperties": false},
+    {"type": "object", "properties": {"type": {"const": "circle"}, "d": {"type": "integer"}},
+     "required": ["type", "d"], "additionalProperties": false}]},
+  "tag": {"oneOf": [{"type": "string", "maxLength": 2}, {"enum": ["long-name"]}]},
+  "n": {"anyOf": [{"type": "integer", "maximum": 9}, {"type": "number", "minimum": 100}]}},
+  "required": ["shape"], "additionalProperties": false})";
+
+TEST(JsonSchemaTest, UnionBranchesThatStartAlikeAreFollowedTogether) {
+  auto s = Compile(kShapes);
+  ASSERT_NE(s, nullptr);
+  for (const std::string doc :
+       {R"({"shape": {"type": "circle", "r": 1.5}})", R"({"shape": {"type": "rect", "w": 1, "h": 2}})",
+        R"({"shape": {"type": "circle", "d": 4}})", R"({"shape": {"type": "rect", "w": 1, "h": 2}, "tag": "ab"})",
+        R"({"shape": {"type": "circle", "r": 0}, "tag": "long-name"})",
+        R"({"shape": {"type": "circle", "r": 0}, "n": 7})",
+        R"({"shape": {"type": "circle", "r": 0}, "n": 123.5})"}) {
+    const Scan r = ScanText(*s, doc);
+    EXPECT_TRUE(r.prefix_ok && r.done) << doc;
+  }
+  for (const std::string doc : {
+           R"({"shape": {"type": "square")",              // no branch has it
+           R"({"shape": {"type": "circle", "w")",         // w is rect's
+           R"({"shape": {"type": "rect", "r")",           // r is circle's
+           R"({"shape": {"type": "circle", "d": 1.5)",    // d is an integer
+           R"({"shape": {"type": "rect", "w": 1})",       // h is required
+           R"({"shape": {"type": "circle", "r": 1, "d")", // each branch closes after its own
+           R"({"shape": {"type": "circle", "r": 1}, "tag": "abc")",  // neither branch
+           R"({"shape": {"type": "circle", "r": 1}, "n": 12,)",      // 10..99: neither
+           R"({"shape": {"type": "circle", "r": 1}, "n": 9.5,)",
+       }) {
+    const Scan r = ScanText(*s, doc);
+    EXPECT_FALSE(r.prefix_ok && r.done) << doc;
+  }
+  // Merged again once the union's value is over: one path, not several.
+  JsonSchemaMachine m(s.get());
+  for (char c : std::string(R"({"shape": {"type": ")")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+  EXPECT_EQ(m.num_paths(), 3);
+  for (char c : std::string(R"(circle", )")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+  EXPECT_EQ(m.num_paths(), 2);
+  for (char c : std::string(R"("r": 1}, )")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+  EXPECT_EQ(m.num_paths(), 1);
+  for (char c : std::string(R"("n": 5)")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+  EXPECT_EQ(m.num_paths(), 2);  // an integer <= 9, or the start of a number >= 100 (500)
+  ASSERT_TRUE(m.Step('}'));
+  EXPECT_EQ(m.num_paths(), 1);
+  EXPECT_TRUE(m.Done());
+}
+
+TEST(JsonSchemaTest, TokenWalksThroughLookAlikeBranchesWriteValidDocuments) {
+  const json schema = json::parse(kShapes);
+  auto compiled = CompileJsonSchema(schema, "schema");
+  ASSERT_TRUE(compiled.ok()) << compiled.message();
+  std::vector<std::optional<std::string>> pieces = {
+      std::nullopt, "{", "}", "\"", ":", ",", " ", "{\"type\": \"", "shape", "\"shape\": ",
+      "type", "circle", "rect", "\", \"", "r", "w", "h", "d", "1", "2", "12", "100", ".", "5",
+      "tag", "n", "long", "-name", "ab", "\": ", "}}", "}, "};
+  for (char c = 0x20; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c));
+  auto texts = TokenTexts::Build(pieces);
+  std::mt19937 rng(11);
+  int completed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::shared_ptr<TokenConstraint> walk = MakeJsonSchemaConstraint(texts, *compiled);
+    const std::string text = testing::CheckedWalk(
+        *walk, pieces, [&](const std::string& t) { return ScanText(**compiled, t).prefix_ok; },
+        [&](const std::vector<int32_t>& ids) {
+          int32_t pick = ids[rng() % ids.size()];
+          for (int32_t id : ids) {
+            const std::string& p = *pieces[static_cast<size_t>(id)];
+            if ((p.size() > 1 || p == "}" || p == "\"" || p == ",") && rng() % 3 == 0) pick = id;
+          }
+          return pick;
+        },
+        120);
+    if (!walk->Done()) continue;
+    ++completed;
+    const json doc = json::parse(text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << text;
+    EXPECT_TRUE(Valid(doc, schema, schema)) << text;
+  }
+  EXPECT_GT(completed, 10);
 }
 
 }  // namespace

@@ -196,6 +196,18 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
       {R"({"type": "object", "properties": {"n": {"uniqueItems": true}}})",
        "schema.properties.n.uniqueItems: the keyword 'uniqueItems' is not supported"},
       {R"({"type": "object", "properties": {"n": {"not": {}}}})", "schema.properties.n.not:"},
+      {R"({"type": "object", "properties": {"n": {"not": {"type": "string"}}}})",
+       "schema.properties.n.not: the keyword 'not' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"if": {"type": "string"}, "then": {"maxLength": 2},
+          "else": {"type": "integer"}}}})",
+       "schema.properties.n.if: the keyword 'if' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"then": {"maxLength": 2}}}})",
+       "schema.properties.n.then: the keyword 'then' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "else": {}}}})",
+       "schema.properties.n.else: the keyword 'else' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"anyOf": [{"type": "array", "uniqueItems": true},
+          {"type": "null"}]}}})",
+       "schema.properties.n.anyOf[0].uniqueItems: the keyword 'uniqueItems' is not supported"},
       {R"({"type": "object", "allOf": [{"properties": {"a": {"pattern": "x"}}}, {"properties": {"a": {"pattern": "y"}}}]})",
        "schema.properties.a.allOf[1].pattern: allOf branches with different 'pattern' values"},
       {R"({"type": "object", "allOf": [{"properties": {"a": {}}, "additionalProperties": false}, {"properties": {"b": {}}}]})",
@@ -214,6 +226,9 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
     ASSERT_FALSE(c.ok()) << schema;
     EXPECT_EQ(c.message().rfind(prefix, 0), 0u) << c.message();
   }
+  // uniqueItems false is the default and constrains nothing: accepted.
+  EXPECT_TRUE(CompileJsonSchema(json::parse(R"({"type": "object", "properties": {"n": {"type":
+      "array", "items": {"type": "integer"}, "uniqueItems": false}}})"), "schema").ok());
 }
 
 }  // namespace
