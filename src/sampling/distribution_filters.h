@@ -15,7 +15,9 @@ namespace ember {
 // The argmax always stays. n <= 0 or fewer than two finite logits: nothing changes.
 void ApplyTopNSigma(std::span<float> logits, float n);
 
-// One kept token and its unnormalised weight (> 0). Lists are in rank order: weight desc, id asc.
+// One kept token and its unnormalised weight (> 0). A list's order is the caller's (the sampler
+// uses ascending ids); the filters keep it and the draw follows it. "Rank order" below is
+// (weight desc, id asc), the tie-break wherever one is needed.
 struct KeptToken {
   int32_t id;
   float weight;
@@ -24,12 +26,13 @@ struct KeptToken {
 // Locally typical sampling (Meister et al.; llama.cpp's typical_p with min_keep 1): with
 // p_i = w_i / sum(w) and the entropy H = -sum p_i ln p_i, tokens are taken in order of
 // |-ln p_i - H| (ties: rank order) until their cumulative probability exceeds typical_p (the
-// token that crosses it is kept). The kept list stays in rank order. typical_p >= 1: no change.
+// token that crosses it is kept). The survivors keep their list order. typical_p >= 1: no change.
 void ApplyTypicalP(std::vector<KeptToken>& kept, float typical_p);
 
 // XTC (exclude top choices; llama.cpp's xtc with min_keep 1), once triggered: with
 // p_i = w_i / sum(w), when at least two tokens have p_i >= threshold, all of them but the least
-// likely (the last in rank order) are removed. Returns whether anything was removed.
+// likely (the last of them in rank order) are removed; the rest keep their order. One pass (two
+// when something is removed). Returns whether anything was removed.
 bool ApplyXtc(std::vector<KeptToken>& kept, float threshold);
 
 // Inverse CDF in list order: the first token at which the running weight exceeds u * sum(w)

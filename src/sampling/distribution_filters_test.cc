@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace ember {
 namespace {
@@ -67,6 +68,57 @@ TEST(XtcTest, RemovesAllButTheLeastLikelyTokenAboveTheThreshold) {
   kept = Four();
   EXPECT_TRUE(ApplyXtc(kept, 0.05f));  // all four above: the least likely stays alone
   EXPECT_EQ(Ids(kept), (std::vector<int32_t>{3}));
+}
+
+// The sampler's lists are in id order, not rank order: the same sets, in the list's order.
+TEST(DistributionFiltersTest, ListsInIdOrderKeepTheirOrder) {
+  // p = 0.2, 0.4, 0.3, 0.1: 0.4 and 0.3 are above 0.25; 0.3 (id 2) is the least likely of them.
+  std::vector<KeptToken> kept = {{0, 2.0f}, {1, 4.0f}, {2, 3.0f}, {3, 1.0f}};
+  EXPECT_TRUE(ApplyXtc(kept, 0.25f));
+  EXPECT_EQ(Ids(kept), (std::vector<int32_t>{0, 2, 3}));
+  // p = 1/8, 1/2, 1/8, 1/4: typical order id 3, id 1, then the tie id 0, id 2 (rank: id asc).
+  const std::vector<KeptToken> halving = {{0, 1.0f}, {1, 4.0f}, {2, 1.0f}, {3, 2.0f}};
+  kept = halving;
+  ApplyTypicalP(kept, 0.5f);
+  EXPECT_EQ(Ids(kept), (std::vector<int32_t>{1, 3}));
+  kept = halving;
+  ApplyTypicalP(kept, 0.8f);
+  EXPECT_EQ(Ids(kept), (std::vector<int32_t>{0, 1, 3}));
+}
+
+// The bucketed selection equals a full sort by (|-ln p - H|, rank) on random lists.
+TEST(TypicalPTest, MatchesAFullSortOnRandomLists) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 2 + rng() % 3000;
+    std::vector<KeptToken> kept;
+    std::normal_distribution<float> logit(0.0f, 1.0f + static_cast<float>(trial % 5));
+    for (size_t i = 0; i < n; ++i)
+      kept.push_back({static_cast<int32_t>(i), std::exp(std::min(0.0f, logit(rng) - 8.0f))});
+    if (trial % 7 == 0) kept[1].weight = kept[0].weight;  // a tie
+    const float typical_p = 0.05f + 0.9f * static_cast<float>(rng() % 1000) / 1000.0f;
+    double total = 0.0, entropy = 0.0;
+    for (const KeptToken& t : kept) total += t.weight;
+    for (const KeptToken& t : kept) entropy -= t.weight / total * std::log(t.weight / total);
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    const auto score = [&](size_t i) { return std::fabs(-std::log(kept[i].weight / total) - entropy); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (score(a) != score(b)) return score(a) < score(b);
+      return kept[a].weight != kept[b].weight ? kept[a].weight > kept[b].weight
+                                              : kept[a].id < kept[b].id;
+    });
+    std::vector<int32_t> want;
+    double cumulative = 0.0;
+    for (size_t i : order) {
+      want.push_back(kept[i].id);
+      cumulative += kept[i].weight / total;
+      if (cumulative > typical_p) break;
+    }
+    std::sort(want.begin(), want.end());
+    ApplyTypicalP(kept, typical_p);
+    EXPECT_EQ(Ids(kept), want) << "trial " << trial;
+  }
 }
 
 TEST(DrawKeptTest, InverseCdfInListOrder) {

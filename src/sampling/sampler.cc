@@ -34,7 +34,8 @@ struct Scratch {
   WeightedRow row;
   std::vector<float> raw_logits;  // [vocab_size] copy of the row, only when logprobs are wanted
   std::vector<LogitEdit> edits;   // the row's logits processors
-  std::vector<KeptToken> kept;    // typical_p / XTC: the kept tokens as a list
+  std::vector<KeptToken> kept;    // typical_p / XTC: the kept tokens as a list (id order)
+  std::vector<int32_t> kept_ids;
 };
 thread_local Scratch t_scratch;
 
@@ -109,12 +110,13 @@ double SamplerState::NextUniform() {
 
 namespace {
 
-// typical_p, then XTC (when triggered), over the row's kept tokens as an explicit list.
+// typical_p, then XTC (when triggered), over the row's kept tokens as an explicit list in id
+// order; the draw walks that order.
 int32_t DrawFiltered(const SamplingParams& params, bool xtc, double u, Scratch& scratch) {
   const std::span<const float> weights = scratch.row.weights();
+  scratch.row.KeptIdsByIdOrder(&scratch.kept_ids);
   scratch.kept.clear();
-  for (int32_t id : scratch.row.KeptIds())
-    scratch.kept.push_back({id, weights[static_cast<size_t>(id)]});
+  for (int32_t id : scratch.kept_ids) scratch.kept.push_back({id, weights[static_cast<size_t>(id)]});
   ApplyTypicalP(scratch.kept, params.typical_p);
   if (xtc) ApplyXtc(scratch.kept, params.xtc_threshold);
   return DrawKept(scratch.kept, u);

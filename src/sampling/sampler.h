@@ -12,7 +12,8 @@
 //      reaches p, the top token always kept), min-p (drop p < min_p * p_max) — HF's order;
 //   7. typical_p, then XTC (when its per-position draw < xtc_probability), each on the
 //      probabilities of the tokens still kept, renormalised (distribution_filters.h);
-//   8. one inverse-CDF draw over the kept tokens ordered by (prob desc, id asc).
+//   8. one inverse-CDF draw over the kept tokens ordered by (prob desc, id asc) — by id when
+//      typical_p or XTC ran (their kept set is an explicit list; the distribution is the same).
 //
 // Determinism: each sequence owns a SamplerState whose counter-based RNG makes exactly one
 // uniform draw per sampled token, so a seeded request yields the same tokens alone or in any

@@ -457,4 +457,18 @@ std::vector<int32_t> WeightedRow::KeptIds() {
   return kept;
 }
 
+void WeightedRow::KeptIdsByIdOrder(std::vector<int32_t>* ids) const {
+  ids->clear();
+  if (explicit_) {
+    ids->assign(top_.begin(), top_.end());
+    std::sort(ids->begin(), ids->end());
+    return;
+  }
+  const float min_weight = kBandLow[kNumBands - 1];  // below it a weight counts as zero
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const float w = weights_[i];
+    if (w >= min_weight && Kept(static_cast<int32_t>(i), w)) ids->push_back(static_cast<int32_t>(i));
+  }
+}
+
 }  // namespace ember

@@ -42,6 +42,9 @@ class WeightedRow {
   double kept_mass() const { return kept_mass_; }
   int64_t num_kept() const { return kept_count_; }
   std::vector<int32_t> KeptIds();  // in rank order (tests, debugging)
+  // The kept ids in ascending id order: one pass over the row (or a sort of the explicit top-k
+  // list), no tree walk. For filters that need the whole kept set (distribution_filters.h).
+  void KeptIdsByIdOrder(std::vector<int32_t>* ids) const;
   std::span<const float> weights() const { return weights_; }
   size_t num_tree_nodes() const { return nodes_.size(); }  // bands + expanded nodes (tests)
 

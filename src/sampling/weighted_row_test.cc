@@ -33,6 +33,12 @@ std::set<int32_t> Kept(std::vector<float> logits, float temperature, int32_t top
   row.ApplyMinP(min_p);
   const std::vector<int32_t> ids = row.KeptIds();
   EXPECT_EQ(static_cast<int64_t>(ids.size()), row.num_kept());
+  // The id-order listing is the same set, sorted.
+  std::vector<int32_t> by_id;
+  row.KeptIdsByIdOrder(&by_id);
+  std::vector<int32_t> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(by_id, sorted);
   return {ids.begin(), ids.end()};
 }
 
@@ -186,6 +192,10 @@ TEST(WeightedRowTest, MatchesBruteForceOnRandomRows) {
     row.ApplyTopP(top_p);
     row.ApplyMinP(min_p);
     const auto want = ReferenceKept(row.weights(), top_k, top_p, min_p);
+    std::vector<int32_t> by_id, want_by_id = want;
+    row.KeptIdsByIdOrder(&by_id);
+    std::sort(want_by_id.begin(), want_by_id.end());
+    ASSERT_EQ(by_id, want_by_id);
     ASSERT_EQ(row.KeptIds(), want)
         << "trial " << trial << " k " << top_k << " p " << top_p << " min_p " << min_p;
     for (int draw = 0; draw < 100; ++draw) {
