@@ -200,6 +200,22 @@ add('matrix', { type: 'object', properties: { rows: { type: 'array', maxItems: 3
 
 // Random nestings.
 while (corpus.length < 360) add(`random-${corpus.length}`, objectSchema(2));
+// Union branches that start alike (followed together by the machine until the bytes tell them
+// apart); oneOf's branches here exclude each other, as ajv checks exactly one. Appended after
+// the random schemas, so the earlier entries and their walks' seeds stay as they were.
+add('anyOf-lookalike-objects', wrap({ anyOf: [
+  { type: 'object', properties: { kind: { const: 'circle' }, r: { type: 'number' } }, required: ['kind', 'r'], additionalProperties: false },
+  { type: 'object', properties: { kind: { const: 'rect' }, w: { type: 'integer' }, h: { type: 'integer' } }, required: ['kind', 'w', 'h'], additionalProperties: false },
+  { type: 'object', properties: { kind: { const: 'circle' }, d: { type: 'integer', minimum: 1 } }, required: ['kind', 'd'], additionalProperties: false }] }));
+add('oneOf-discriminated', wrap({ oneOf: [
+  { type: 'object', properties: { type: { const: 'a' }, x: { type: 'integer' } }, required: ['type', 'x'], additionalProperties: false },
+  { type: 'object', properties: { type: { const: 'b' }, y: { type: 'string', maxLength: 5 } }, required: ['type', 'y'], additionalProperties: false }] }));
+add('anyOf-overlap-scalars', wrap({ anyOf: [{ type: 'integer', maximum: 9 }, { type: 'number', minimum: 100 },
+                                            { type: 'string', maxLength: 3 }, { enum: ['long-name', 'x'] }] }));
+add('type-list-integer-number', wrap({ type: ['integer', 'number'], minimum: -5, maximum: 5 }));
+add('anyOf-lookalike-arrays', wrap({ anyOf: [{ type: 'array', items: { type: 'integer' }, maxItems: 2 },
+                                             { type: 'array', items: { type: 'string', maxLength: 4 }, minItems: 1 }] }));
+
 
 fs.writeFileSync(path.join(here, 'schemas.jsonl'), corpus.map((c) => JSON.stringify(c)).join('\n') + '\n');
 console.log(`wrote ${corpus.length} schemas`);
