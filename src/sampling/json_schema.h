@@ -12,12 +12,13 @@
 // one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
 // (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
 // `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
-// `nullable` (schema_rewrite.h), `anyOf` / `oneOf` whose branches start with different bytes
-// (string vs number vs null, ...), local `$ref` (`#/$defs/N`, `#/definitions/N`, `#`; recursion
-// allowed; keywords beside it apply too), and annotations that do not constrain (`title`,
-// `description`, `default`, `examples`, ...). Anything else that would constrain the value (`not`,
-// `if`, `uniqueItems`, `patternProperties`, an unknown format, ...) is an error naming the keyword
-// and its path, never a silent no-op. The root must be an object schema. Strings with a pattern
+// `nullable` (schema_rewrite.h), `anyOf` / `oneOf` / type lists (branches that start alike are
+// followed together: JsonSchemaMachine below; `oneOf` as `anyOf`), local `$ref` (`#/$defs/N`,
+// `#/definitions/N`, `#`; recursion allowed; keywords beside it apply too), and annotations that
+// do not constrain (`title`, `description`, `default`, `examples`, ..., and `uniqueItems:
+// false`). Anything else that would constrain the value (`not`, `if`/`then`/`else`, `uniqueItems:
+// true`, `patternProperties`, an unknown format, ...) is an error naming the keyword and its
+// path, never a silent no-op. The root must be an object schema. Strings with a pattern
 // or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
 // exponent); whitespace between tokens follows StepWhitespace (json_constraint.h).
 //
