@@ -1,11 +1,16 @@
 // llama.cpp's samplers on the OpenAI routes against the real TinyStories-656K model: XTC, DRY,
 // typical_p and top_n_sigma are accepted on completions and chat, seeded outputs repeat, DRY
 // changes a greedy continuation that repeats itself, and bad values are 400s naming the field.
+// On a synth model with qwen3's vocabulary (which can spell JSON): DRY's breaker strings resolved
+// by the real tokenizer, and a JSON schema whose anyOf branches start alike.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { missing, postJson, startServer, tinyStoriesDir } from './helpers.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+import { missing, postJson, startServer, synthModel, tinyStoriesDir, tokenizersDir } from './helpers.mjs';
 
 const skip = missing(tinyStoriesDir);
+const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 const PROMPT = 'Once upon a time';
 
 describe('llama.cpp samplers (tinystories-656k)', { skip: skip ?? false }, () => {
@@ -89,5 +94,59 @@ describe('llama.cpp samplers (tinystories-656k)', { skip: skip ?? false }, () =>
       assert.equal(r.json.error.param, param, JSON.stringify(r.json));
       assert.ok(r.json.error.message.includes(param.replace(/\[0\]$/, '')), r.json.error.message);
     }
+  });
+});
+
+describe('samplers and look-alike unions (ember synth qwen3-shaped model + qwen3 tokenizer)',
+         { skip: missing(qwen3Tokenizer) ?? false }, () => {
+  let server, client, modelDir;
+  before(async () => {
+    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
+    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
+    modelDir = made.dir;
+    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+    client = server.client();
+  });
+  after(async () => {
+    if (server) await server.stop();
+    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
+  });
+
+  test('DRY with the default breakers (resolved by the tokenizer) is seeded and repeatable', async () => {
+    const params = { model: 'test-model', prompt: 'a: b: a: b: a:', max_tokens: 24, temperature: 1, seed: 5,
+                     dry_multiplier: 2, xtc_probability: 0.5, typical_p: 0.9 };
+    const a = await client.completions.create(params);
+    const b = await client.completions.create(params);
+    assert.equal(a.choices[0].text, b.choices[0].text);
+    assert.equal(a.usage.completion_tokens, 24);
+  });
+
+  test('a JSON schema whose anyOf branches start alike is served, and outputs match a branch', async () => {
+    const circle = { type: 'object', properties: { kind: { const: 'circle' }, r: { type: 'integer', minimum: 0, maximum: 99 } },
+                     required: ['kind', 'r'], additionalProperties: false };
+    const rect = { type: 'object', properties: { kind: { const: 'rect' }, w: { type: 'integer', minimum: 0, maximum: 9 },
+                                                 h: { type: 'integer', minimum: 0, maximum: 9 } },
+                   required: ['kind', 'w', 'h'], additionalProperties: false };
+    const schema = { type: 'object', properties: { v: { anyOf: [circle, rect] } }, required: ['v'],
+                     additionalProperties: false };
+    let finished = 0;
+    const kinds = new Set();
+    for (let seed = 1; seed <= 8; ++seed) {
+      const r = await client.completions.create({ model: 'test-model', prompt: 'JSON:', temperature: 1, seed,
+                                                  max_tokens: 120, json_schema: schema });
+      if (r.choices[0].finish_reason !== 'stop') continue;
+      ++finished;
+      const v = JSON.parse(r.choices[0].text).v;
+      kinds.add(v.kind);
+      if (v.kind === 'circle') {
+        assert.deepEqual(Object.keys(v), ['kind', 'r'], r.choices[0].text);
+        assert.ok(Number.isInteger(v.r) && v.r >= 0 && v.r <= 99, r.choices[0].text);
+      } else {
+        assert.equal(v.kind, 'rect', r.choices[0].text);
+        assert.deepEqual(Object.keys(v), ['kind', 'w', 'h'], r.choices[0].text);
+        assert.ok([v.w, v.h].every((x) => Number.isInteger(x) && x >= 0 && x <= 9), r.choices[0].text);
+      }
+    }
+    assert.ok(finished >= 4, `only ${finished} of 8 finished`);
   });
 });
