@@ -552,8 +552,10 @@ void CheckBackendProcessors(const std::string& dir, DeviceKind device, bool solo
       case 1:
         s.repetition_penalty = 1.3f;
         break;
-      case 2:
+      case 2:  // presence penalty and DRY (kSubtract edits after the penalty's)
         s.presence_penalty = 1.5f;
+        s.dry_multiplier = 1.5f;
+        s.dry_allowed_length = 1;
         break;
       case 3:
         s.frequency_penalty = 0.8f;
@@ -575,12 +577,21 @@ void CheckBackendProcessors(const std::string& dir, DeviceKind device, bool solo
         s.repetition_penalty = 0.8f;
         s.logit_bias = {{prompt0, 0.75f}};
         break;
-      case 7:  // negative presence / frequency penalties with a bias
+      case 7:  // negative presence / frequency penalties with a bias; DRY with a breaker
         s.presence_penalty = -0.7f;
         s.frequency_penalty = -0.3f;
         s.logit_bias = {{first, -3.0f}};
+        s.dry_multiplier = 0.8f;
+        s.dry_base = 2.0f;
+        s.dry_allowed_length = 1;
+        s.dry_penalty_last_n = 8;
+        s.dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{third});
         break;
     }
+    // Host-only filters on sampled rows (i >= 8): the backend must hand these rows to the host.
+    if (i == 9) s.xtc_probability = 1.0f, s.xtc_threshold = 0.02f;
+    if (i == 10) s.typical_p = 0.3f;
+    if (i == 11) s.top_n_sigma = 0.3f;
   }
   const auto backend = RunAll(dir, requests, EngineConfig::BackendSampling::kAlways, device, solo);
   // kAuto: on the CPU greedy rows on the backend, draws on the host; on a GPU the same as above.
