@@ -9,7 +9,6 @@
 #include "app/common.h"
 #include "app/model_files.h"
 #include "engine/engine.h"
-#include "sampling/dry.h"
 #include "serve/request_builder.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -103,12 +102,9 @@ int RunCommand(int argc, char** argv, int first) {
     if (lm.tokenizer == nullptr)
       return Fail("--dry-sequence-breakers: the model has no tokenizer, so breaker strings cannot "
                   "be matched to tokens; pass --dry-sequence-breakers '[]'");
-    const Tokenizer& tokenizer = *lm.tokenizer;
-    ResolveDryBreakers(&request.sampling, context.limits.vocab_size,
-                       [&](int32_t id) -> std::optional<std::string> {
-                         if (id >= tokenizer.vocab_size()) return std::nullopt;
-                         return tokenizer.TokenBytes(id);
-                       });
+    request.sampling.dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(
+        serve::DryBreakerIdsOf(*lm.tokenizer, context.limits.vocab_size,
+                               request.sampling.dry_sequence_breakers));
   }
 
   auto submitted = lm.engine->Submit(request);

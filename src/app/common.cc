@@ -379,6 +379,11 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   served.defaults = lm.model->generation_defaults();
   served.context_length = lm.engine->context_length();
   served.vocab_size = lm.engine->vocab_size();
+  if (lm.tokenizer != nullptr) {
+    served.default_dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(
+        serve::DryBreakerIdsOf(*lm.tokenizer, served.vocab_size,
+                               SamplingParams::DefaultDrySequenceBreakers()));
+  }
   return served;
 }
 

@@ -67,17 +67,15 @@ void DryPenalties(std::span<const int32_t> window, const SamplingParams& params,
   }
 }
 
-std::vector<int32_t> DryBreakerIds(
-    std::span<const std::string> breakers, int32_t vocab_size,
-    const std::function<std::optional<std::string>(int32_t)>& token_text) {
+std::vector<int32_t> DryBreakerIds(std::span<const std::string> breakers, int32_t vocab_size,
+                                   const TokenTextFn& token_text) {
   std::vector<int32_t> ids;
   if (breakers.empty()) return ids;
   for (int32_t id = 0; id < vocab_size; ++id) {
-    const std::optional<std::string> text = token_text(id);
+    const std::optional<std::string_view> text = token_text(id);
     if (!text) continue;
-    const std::string_view view(*text);
     for (const std::string& breaker : breakers) {
-      if (view.find(breaker) != std::string_view::npos) {
+      if (text->find(breaker) != std::string_view::npos) {
         ids.push_back(id);
         break;
       }
@@ -87,7 +85,7 @@ std::vector<int32_t> DryBreakerIds(
 }
 
 void ResolveDryBreakers(SamplingParams* params, int32_t vocab_size,
-                        const std::function<std::optional<std::string>(int32_t)>& token_text) {
+                        const TokenTextFn& token_text) {
   if (!params->has_dry()) return;
   params->dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(
       DryBreakerIds(params->dry_sequence_breakers, vocab_size, token_text));

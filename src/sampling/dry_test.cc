@@ -125,7 +125,7 @@ TEST(DryTest, EditsSubtractAfterTheFrequencyPenalty) {
 
 TEST(DryTest, BreakerIdsAreTheTokensContainingABreaker) {
   const std::vector<std::string> texts = {"a", "b\n", ":", "x:y", "plain", "\"q"};
-  const auto text = [&](int32_t id) -> std::optional<std::string> {
+  const TokenTextFn text = [&](int32_t id) -> std::optional<std::string_view> {
     if (id == 6) return std::nullopt;
     return texts[static_cast<size_t>(id)];
   };

@@ -98,22 +98,24 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
   return constraint;
 }
 
-// DRY's sequence breakers as token ids (dry.h), from the token texts structured output keeps, else
-// the tokenizer. A model without a tokenizer (`ember batch`) cannot match strings to tokens.
+// DRY's sequence breakers as token ids (dry.h): the model's cached defaults, else from the token
+// texts structured output keeps, else the tokenizer. A model without a tokenizer (`ember batch`)
+// cannot match strings to tokens.
 std::optional<ApiError> AttachDryBreakers(const ServedModel& model, SamplingParams* params) {
   if (!params->has_dry() || params->dry_sequence_breakers.empty()) return std::nullopt;
-  if (model.token_texts != nullptr) {
+  if (model.default_dry_breaker_ids != nullptr &&
+      params->dry_sequence_breakers == SamplingParams::DefaultDrySequenceBreakers()) {
+    params->dry_breaker_ids = model.default_dry_breaker_ids;
+  } else if (model.token_texts != nullptr) {
     const TokenTexts& texts = *model.token_texts;
-    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) {
-      return static_cast<size_t>(id) < texts.bytes.size() ? texts.bytes[static_cast<size_t>(id)]
-                                                          : std::nullopt;
+    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) -> std::optional<std::string_view> {
+      const auto i = static_cast<size_t>(id);
+      if (i >= texts.bytes.size() || !texts.bytes[i]) return std::nullopt;
+      return *texts.bytes[i];
     });
   } else if (model.tokenizer != nullptr) {
-    const Tokenizer& tokenizer = *model.tokenizer;
-    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) -> std::optional<std::string> {
-      if (id >= tokenizer.vocab_size()) return std::nullopt;
-      return tokenizer.TokenBytes(id);
-    });
+    params->dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(
+        DryBreakerIdsOf(*model.tokenizer, model.vocab_size, params->dry_sequence_breakers));
   } else {
     return InvalidRequest(
         "dry_sequence_breakers: this model has no tokenizer, so breaker strings cannot be matched "
@@ -253,6 +255,16 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
 }
 
 }  // namespace
+
+std::vector<int32_t> DryBreakerIdsOf(const Tokenizer& tokenizer, int32_t vocab_size,
+                                     std::span<const std::string> breakers) {
+  std::optional<std::string> text;  // the id's bytes, lent to DryBreakerIds until the next id
+  return DryBreakerIds(breakers, vocab_size, [&](int32_t id) -> std::optional<std::string_view> {
+    text = id < tokenizer.vocab_size() ? tokenizer.TokenBytes(id) : std::nullopt;
+    if (!text) return std::nullopt;
+    return *text;
+  });
+}
 
 std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));

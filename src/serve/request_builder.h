@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -48,6 +49,9 @@ struct ServedModel {
   // vocabulary cannot start a JSON object (such requests are then refused). JsonModeTexts()
   // builds it.
   std::shared_ptr<const TokenTexts> token_texts;
+  // DRY's default sequence breakers as token ids (DryBreakerIdsOf), computed once per model; null
+  // without a tokenizer. Requests that keep the defaults share it.
+  std::shared_ptr<const std::vector<int32_t>> default_dry_breaker_ids;
   // How the model writes tool calls and reasoning (ChooseOutputParsers: from its chat template
   // or the flags). Tool calls kNone: they stay in the content and forcing one (tool_choice) is
   // refused. Reasoning kNone: no reasoning_content. Harmony in either: one HarmonyParser does
@@ -66,6 +70,10 @@ struct ServedModel {
 // ChatTemplate::ProtectedTokenStrings for this tokenizer's special and added tokens.
 std::shared_ptr<const std::vector<std::string>> ProtectedStringsOf(const Tokenizer& tokenizer,
                                                                    const ChatTemplate& chat_template);
+
+// DRY's breaker ids (sampling/dry.h) over `tokenizer`'s texts for the model's `vocab_size` ids.
+std::vector<int32_t> DryBreakerIdsOf(const Tokenizer& tokenizer, int32_t vocab_size,
+                                     std::span<const std::string> breakers);
 
 // The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
 // the tokenizer's have no text); null when no token can start an object.
