@@ -585,7 +585,8 @@ void CheckBackendProcessors(const std::string& dir, DeviceKind device, bool solo
         s.dry_base = 2.0f;
         s.dry_allowed_length = 1;
         s.dry_penalty_last_n = 8;
-        s.dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{third});
+        s.dry_breaker_ids =
+            std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{third});
         break;
     }
     // Host-only filters on sampled rows (i >= 8): the backend must hand these rows to the host.

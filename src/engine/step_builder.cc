@@ -40,9 +40,10 @@ bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
 
 // Whether the backend makes this row's token from state the host already has, so the step may
 // launch before the previous step's tokens are known: no processor that depends on the tokens
-// (penalties, DRY; the min_tokens mask while it applies: the state's count may lag by the one token in
-// flight, and once it reaches min_tokens the true count has too), and no speculation wanted (a
-// sequence drafts only from known tokens, so its steps complete before the next is built).
+// (penalties, DRY; the min_tokens mask while it applies: the state's count may lag by the one
+// token in flight, and once it reaches min_tokens the true count has too), and no speculation
+// wanted (a sequence drafts only from known tokens, so its steps complete before the next is
+// built).
 bool FedRowOk(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
   return seq.constraint == nullptr && !seq.wants_drafts &&

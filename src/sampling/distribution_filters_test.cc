@@ -102,7 +102,9 @@ TEST(TypicalPTest, MatchesAFullSortOnRandomLists) {
     for (const KeptToken& t : kept) entropy -= t.weight / total * std::log(t.weight / total);
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
-    const auto score = [&](size_t i) { return std::fabs(-std::log(kept[i].weight / total) - entropy); };
+    const auto score = [&](size_t i) {
+      return std::fabs(-std::log(kept[i].weight / total) - entropy);
+    };
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       if (score(a) != score(b)) return score(a) < score(b);
       return kept[a].weight != kept[b].weight ? kept[a].weight > kept[b].weight

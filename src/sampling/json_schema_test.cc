@@ -281,8 +281,10 @@ TEST(JsonSchemaTest, UnionBranchesThatStartAlikeAreFollowedTogether) {
   auto s = Compile(kShapes);
   ASSERT_NE(s, nullptr);
   for (const std::string doc :
-       {R"({"shape": {"type": "circle", "r": 1.5}})", R"({"shape": {"type": "rect", "w": 1, "h": 2}})",
-        R"({"shape": {"type": "circle", "d": 4}})", R"({"shape": {"type": "rect", "w": 1, "h": 2}, "tag": "ab"})",
+       {R"({"shape": {"type": "circle", "r": 1.5}})",
+        R"({"shape": {"type": "rect", "w": 1, "h": 2}})",
+        R"({"shape": {"type": "circle", "d": 4}})",
+        R"({"shape": {"type": "rect", "w": 1, "h": 2}, "tag": "ab"})",
         R"({"shape": {"type": "circle", "r": 0}, "tag": "long-name"})",
         R"({"shape": {"type": "circle", "r": 0}, "n": 7})",
         R"({"shape": {"type": "circle", "r": 0}, "n": 123.5})"}) {
@@ -305,7 +307,8 @@ TEST(JsonSchemaTest, UnionBranchesThatStartAlikeAreFollowedTogether) {
   }
   // Merged again once the union's value is over: one path, not several.
   JsonSchemaMachine m(s.get());
-  for (char c : std::string(R"({"shape": {"type": ")")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+  for (char c : std::string(R"({"shape": {"type": ")"))
+    ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
   EXPECT_EQ(m.num_paths(), 3);
   for (char c : std::string(R"(circle", )")) ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
   EXPECT_EQ(m.num_paths(), 2);

@@ -1,9 +1,9 @@
 // The logits processors of one row (logit_bias, repetition / presence / frequency penalties, DRY,
-// the min_tokens mask) as a sparse list of LogitEdits (backend/logit_edit.h), so they can be applied
-// where the logits live: Sample() applies the same list on the host, a backend applies it before
-// ArgmaxRows / SampleRows. Same result bit for bit as processors.h's passes in Sample()'s order
-// (bias, penalties, mask): each element's edits are grouped and kept in that order, and edits of
-// distinct elements commute. Thread-safe (scratch is thread_local).
+// the min_tokens mask) as a sparse list of LogitEdits (backend/logit_edit.h), so they can be
+// applied where the logits live: Sample() applies the same list on the host, a backend applies it
+// before ArgmaxRows / SampleRows. Same result bit for bit as processors.h's passes in Sample()'s
+// order (bias, penalties, DRY, mask): each element's edits are grouped and kept in that order, and
+// edits of distinct elements commute. Thread-safe (scratch is thread_local).
 #pragma once
 
 #include <cstdint>
@@ -23,10 +23,10 @@ namespace ember {
 //     that id's other edits;
 //   - while fewer than min_tokens tokens were accepted: one kMask per distinct stop id, and no
 //     other edit for that id (the mask overwrites whatever came before).
-// Size: at most |logit_bias| + 2 * |seen ids| + |DRY candidates| + |stop ids| edits of 16 bytes. seen ids are the
-// distinct prompt ids (repetition penalty only) plus the distinct output ids, so a 4k-token
-// prompt with a repetition penalty costs up to ~64 KiB per row per step. Appends nothing when
-// the request has no processors (the common case).
+// Size: at most |logit_bias| + 2 * |seen ids| + |DRY candidates| + |stop ids| edits of 16 bytes.
+// seen ids are the distinct prompt ids (repetition penalty only) plus the distinct output ids, so
+// a 4k-token prompt with a repetition penalty costs up to ~64 KiB per row per step. Appends
+// nothing when the request has no processors (the common case).
 void AppendLogitEdits(const SamplingParams& params, const SamplerState& state, int32_t row,
                       std::vector<LogitEdit>& edits);
 

@@ -81,8 +81,8 @@ std::span<const int32_t> SamplerState::dry_window() const {
 }
 
 double SamplerState::XtcUniform() const {
-  const uint64_t bits =
-      SplitMix64(SplitMix64(rng_key_ ^ kXtcStream) + kGolden * static_cast<uint64_t>(num_output_tokens_));
+  const uint64_t position = static_cast<uint64_t>(num_output_tokens_);
+  const uint64_t bits = SplitMix64(SplitMix64(rng_key_ ^ kXtcStream) + kGolden * position);
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
@@ -116,7 +116,8 @@ int32_t DrawFiltered(const SamplingParams& params, bool xtc, double u, Scratch& 
   const std::span<const float> weights = scratch.row.weights();
   scratch.row.KeptIdsByIdOrder(&scratch.kept_ids);
   scratch.kept.clear();
-  for (int32_t id : scratch.kept_ids) scratch.kept.push_back({id, weights[static_cast<size_t>(id)]});
+  for (int32_t id : scratch.kept_ids)
+    scratch.kept.push_back({id, weights[static_cast<size_t>(id)]});
   ApplyTypicalP(scratch.kept, params.typical_p);
   if (xtc) ApplyXtc(scratch.kept, params.xtc_threshold);
   return DrawKept(scratch.kept, u);

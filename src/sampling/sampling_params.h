@@ -1,8 +1,8 @@
 // SamplingParams: the per-request knobs that turn one row of logits into one token (temperature,
 // top-k/top-p/min-p, penalties, logit_bias, seed, logprobs, min_tokens; and llama.cpp's DRY, XTC,
 // typical_p, top_n_sigma). Semantics follow vLLM / OpenAI, and llama.cpp for the samplers it
-// defines; see sampler.h for the exact order of operations. A plain value type: validate once with Validate() when the
-// request arrives, then share it read-only between threads.
+// defines; see sampler.h for the exact order of operations. A plain value type: validate once
+// with Validate() when the request arrives, then share it read-only between threads.
 #pragma once
 
 #include <cstdint>

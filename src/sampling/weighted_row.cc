@@ -467,7 +467,8 @@ void WeightedRow::KeptIdsByIdOrder(std::vector<int32_t>* ids) const {
   const float min_weight = kBandLow[kNumBands - 1];  // below it a weight counts as zero
   for (size_t i = 0; i < weights_.size(); ++i) {
     const float w = weights_[i];
-    if (w >= min_weight && Kept(static_cast<int32_t>(i), w)) ids->push_back(static_cast<int32_t>(i));
+    const auto id = static_cast<int32_t>(i);
+    if (w >= min_weight && Kept(id, w)) ids->push_back(id);
   }
 }
 

@@ -108,11 +108,12 @@ std::optional<ApiError> AttachDryBreakers(const ServedModel& model, SamplingPara
     params->dry_breaker_ids = model.default_dry_breaker_ids;
   } else if (model.token_texts != nullptr) {
     const TokenTexts& texts = *model.token_texts;
-    ResolveDryBreakers(params, model.vocab_size, [&](int32_t id) -> std::optional<std::string_view> {
-      const auto i = static_cast<size_t>(id);
-      if (i >= texts.bytes.size() || !texts.bytes[i]) return std::nullopt;
-      return *texts.bytes[i];
-    });
+    ResolveDryBreakers(params, model.vocab_size,
+                       [&](int32_t id) -> std::optional<std::string_view> {
+                         const auto i = static_cast<size_t>(id);
+                         if (i >= texts.bytes.size() || !texts.bytes[i]) return std::nullopt;
+                         return *texts.bytes[i];
+                       });
   } else if (model.tokenizer != nullptr) {
     params->dry_breaker_ids = std::make_shared<const std::vector<int32_t>>(
         DryBreakerIdsOf(*model.tokenizer, model.vocab_size, params->dry_sequence_breakers));
