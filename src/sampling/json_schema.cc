@@ -54,7 +54,7 @@ const std::set<std::string>& Understood() {
       "minItems",   "maxItems",  "minLength",     "maxLength",        "pattern",
       "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
       "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
-      "multipleOf"};
+      "multipleOf", "uniqueItems"};
   return k;
 }
 
@@ -70,6 +70,7 @@ class Compiler {
 
   Result<int32_t> Node(const json& s, const std::string& path);
   Status FinishUnions();
+  Status UniqueItems(JsonSchemaNode& node, const json& s, const std::string& path);
   std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
   std::vector<std::shared_ptr<const RegexDfa>> TakeDfas() { return std::move(dfas_); }
@@ -196,6 +197,27 @@ Status Compiler::FillObject(JsonSchemaNode& node, const json& s, const std::stri
   return Status::Ok();
 }
 
+// uniqueItems true: enforced where the items are an inline enum/const of at most 64 values (the
+// machine keeps a bit per value written); otherwise a 400 naming it.
+Status Compiler::UniqueItems(JsonSchemaNode& node, const json& s, const std::string& path) {
+  const auto it = s.find("uniqueItems");
+  if (it == s.end()) return Status::Ok();
+  if (!it->is_boolean()) return Unsupported(path + ".uniqueItems", "must be a boolean");
+  if (!it->get<bool>()) return Status::Ok();
+  const JsonSchemaNode* items =
+      node.items >= 0 ? &nodes_[static_cast<size_t>(node.items)] : nullptr;
+  if (!node.prefix_items.empty() || items == nullptr ||
+      items->kind != JsonSchemaNode::kLiterals || items->literals.size() > 64) {
+    return Unsupported(path + ".uniqueItems",
+                       "true is supported only for arrays whose items are an inline enum or const "
+                       "of at most 64 values (no prefixItems)");
+  }
+  if (static_cast<size_t>(node.min_items) > items->literals.size())
+    return Unsupported(path + ".minItems", "exceeds the number of distinct items: no array fits");
+  node.unique_items = true;
+  return Status::Ok();
+}
+
 Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::string& path) {
   node.kind = JsonSchemaNode::kArray;
   // A tuple: prefixItems then items (2020-12), or items as a list then additionalItems (older).
@@ -233,6 +255,7 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
     }
   }
   if (closed) node.max_items = std::min<int32_t>(node.max_items, static_cast<int32_t>(node.prefix_items.size()));
+  EMBER_RETURN_IF_ERROR(UniqueItems(node, s, path));
   if (node.min_items > node.max_items)
     return Unsupported(path + ".minItems", "exceeds maxItems (or the tuple's length): no array fits");
   return Status::Ok();
@@ -247,9 +270,6 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   if (!s.is_object()) return Unsupported(path, "a schema must be an object or a boolean");
   for (const auto& [key, value] : s.items()) {
-    // uniqueItems false is the default: it constrains nothing. (true is refused: the machine
-    // cannot compare items.)
-    if (key == "uniqueItems" && value.is_boolean() && !value.get<bool>()) continue;
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
@@ -300,7 +320,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   const bool object_keys =
       s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
   const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
-                          s.contains("minItems") || s.contains("maxItems");
+                          s.contains("minItems") || s.contains("maxItems") ||
+                          s.contains("uniqueItems");
   // Without a type, object or array keywords say which.
   std::string type = object_keys ? "object" : array_keys ? "array" : "";
   if (const auto it = s.find("type"); it != s.end()) {

@@ -16,9 +16,10 @@
 // followed together: JsonSchemaMachine below; `oneOf` as `anyOf`), local `$ref` (`#/$defs/N`,
 // `#/definitions/N`, `#`; recursion allowed; keywords beside it apply too), and annotations that
 // do not constrain (`title`, `description`, `default`, `examples`, ..., and `uniqueItems:
-// false`). Anything else that would constrain the value (`not`, `if`/`then`/`else`, `uniqueItems:
-// true`, `patternProperties`, an unknown format, ...) is an error naming the keyword and its
-// path, never a silent no-op. The root must be an object schema. Strings with a pattern
+// false`), `uniqueItems: true` where the items are an inline enum/const of at most 64 values
+// (each written at most once). Anything else that would constrain the value (`not`,
+// `if`/`then`/`else`, other `uniqueItems: true`, `patternProperties`, an unknown format, ...) is
+// an error naming the keyword and its path, never a silent no-op. The root must be an object schema. Strings with a pattern
 // or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
 // exponent); whitespace between tokens follows StepWhitespace (json_constraint.h).
 //
@@ -77,6 +78,9 @@ struct JsonSchemaNode {
   // kArray
   int32_t items = -1;  // -1: any value
   int32_t min_items = 0, max_items = INT32_MAX;
+  // kArray with uniqueItems: its items are `items`, a kLiterals node of at most 64 values, each
+  // written at most once (JsonSchemaPath::unique_used_).
+  bool unique_items = false;
   // kArray: prefixItems' nodes (item i < size follows prefix_items[i], later ones `items`).
   std::vector<int32_t> prefix_items;
   // kString: bounds on the number of characters (code points; an escape is one).
@@ -175,6 +179,10 @@ class JsonSchemaPath {
 
   bool StartValue(int32_t node, uint8_t c);
   bool StartBranch(int32_t node, uint8_t c);  // a non-union node (or -1: any value)
+  // The innermost frame is a uniqueItems array reading an item (its literals are unique_used_'s).
+  bool InUniqueItem() const;
+  // Some literal of the unique array's items in [lo, hi) is not written yet.
+  bool AnyUnused(uint16_t lo, uint16_t hi) const;
   bool StepDfaString(uint8_t c);
   // Some byte in [lo, hi] continues the string's automaton (an escape's choices).
   bool DfaTakesAny(uint8_t lo, uint8_t hi) const;
@@ -209,6 +217,9 @@ class JsonSchemaPath {
   // "u00X" with escape_value_ = X * 16).
   int32_t dfa_state_ = 0;
   uint8_t escape_ = 0, escape_value_ = 0;
+  // The literals already written in the innermost array when it has uniqueItems (bit i: its items
+  // node's literal i); part of the key only there.
+  uint64_t unique_used_ = 0;
   // The last Step's choice among a union's shared branches (not part of the state's key).
   uint8_t num_forks_ = 0, fork_depth_ = 0, fork_byte_ = 0;
   int32_t fork_union_ = -1, fork_list_ = -1;

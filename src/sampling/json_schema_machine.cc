@@ -103,6 +103,7 @@ bool JsonSchemaPath::StartBranch(int32_t node_id, uint8_t c) {
       frames_[depth_++] =
           Frame{static_cast<uint16_t>(node_id),
                 n.kind == JsonSchemaNode::kObject ? kObjectOpen : kArrayOpen, 0, 0, 0};
+      if (n.unique_items) unique_used_ = 0;
       return true;
     }
     case JsonSchemaNode::kString:
@@ -142,6 +143,18 @@ bool JsonSchemaPath::StartBranch(int32_t node_id, uint8_t c) {
   return false;
 }
 
+bool JsonSchemaPath::InUniqueItem() const {
+  if (depth_ == 0) return false;
+  const Frame& f = frames_[depth_ - 1];
+  return (f.phase == kArrayOpen || f.phase == kArrayItem) && schema_->nodes[f.node].unique_items;
+}
+
+bool JsonSchemaPath::AnyUnused(uint16_t lo, uint16_t hi) const {
+  const uint64_t upto_hi = hi >= 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+  const uint64_t below_lo = (uint64_t{1} << lo) - 1;  // lo < hi <= 64
+  return (upto_hi & ~below_lo & ~unique_used_) != 0;
+}
+
 JsonSchemaPath::LiteralStep JsonSchemaPath::StepLiteral(uint8_t c) {
   const std::vector<std::string>& lits = schema_->nodes[lit_node_].literals;
   // [lit_lo_, lit_hi_) share their first lit_pos_ bytes; one of exactly that length sorts first.
@@ -153,16 +166,26 @@ JsonSchemaPath::LiteralStep JsonSchemaPath::StepLiteral(uint8_t c) {
       begin, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) < c; });
   const auto hi = std::partition_point(
       lo, end, [&](const std::string& l) { return static_cast<uint8_t>(l[pos]) == c; });
+  const bool unique = InUniqueItem();
   if (lo == hi) {
     if (!first_complete) return kLiteralRefused;
+    if (unique) {  // a uniqueItems array's item: this literal must not have been written
+      if (!AnyUnused(lit_lo_, static_cast<uint16_t>(lit_lo_ + 1))) return kLiteralRefused;
+      unique_used_ |= uint64_t{1} << lit_lo_;
+    }
     leaf_ = kLeafNone;  // a number literal ended; c belongs to what follows
     ValueDone();
     return kLiteralEnded;
   }
-  lit_lo_ = static_cast<uint16_t>(lo - lits.begin());
-  lit_hi_ = static_cast<uint16_t>(hi - lits.begin());
+  const auto new_lo = static_cast<uint16_t>(lo - lits.begin());
+  const auto new_hi = static_cast<uint16_t>(hi - lits.begin());
+  // In a uniqueItems array only a prefix of a literal not written yet may go on.
+  if (unique && !AnyUnused(new_lo, new_hi)) return kLiteralRefused;
+  lit_lo_ = new_lo;
+  lit_hi_ = new_hi;
   ++lit_pos_;
   if (lit_hi_ - lit_lo_ == 1 && lits[lit_lo_].size() == lit_pos_) {
+    if (unique) unique_used_ |= uint64_t{1} << lit_lo_;
     leaf_ = kLeafNone;  // nothing can follow within the literal
     ValueDone();
   }
@@ -249,6 +272,10 @@ bool JsonSchemaPath::StepStructure(uint8_t c) {
     case kAfterItem:
       if (c == ']') return f.index >= n.min_items && close();
       if (c != ',' || f.index >= n.max_items) return false;
+      if (n.unique_items) {  // another item needs a literal not written yet
+        const auto num_literals = schema_->nodes[static_cast<size_t>(n.items)].literals.size();
+        if (!AnyUnused(0, static_cast<uint16_t>(num_literals))) return false;
+      }
       f.phase = kArrayItem;
       return true;
   }
@@ -265,6 +292,7 @@ void JsonSchemaPath::AppendKey(std::string* key) const {
     put(f.index);
     put(f.value);
   }
+  if (depth_ > 0 && schema_->nodes[frames_[depth_ - 1].node].unique_items) put(unique_used_);
   put(static_cast<uint8_t>(leaf_));
   put(static_cast<uint8_t>(done_));
   put(ws_run_);

@@ -355,5 +355,30 @@ TEST(JsonSchemaTest, TokenWalksThroughLookAlikeBranchesWriteValidDocuments) {
   EXPECT_GT(completed, 10);
 }
 
+// uniqueItems over an enum: each value at most once, never a dead end (a value already written
+// cannot be started; ',' needs a value left).
+TEST(JsonSchemaTest, UniqueItemsOverAnEnum) {
+  auto s = Compile(R"({"type": "object", "properties": {"tags": {"type": "array",
+      "items": {"enum": ["a", "ab", 1, 12, true]}, "uniqueItems": true, "minItems": 1}},
+      "required": ["tags"]})");
+  ASSERT_NE(s, nullptr);
+  for (const std::string doc : {R"({"tags": ["a"]})", R"({"tags": ["a", "ab", 1, 12, true]})",
+                                R"({"tags": [12, 1, "ab"]})", R"({"tags": [1,12]})"}) {
+    const Scan r = ScanText(*s, doc);
+    EXPECT_TRUE(r.prefix_ok && r.done) << doc;
+  }
+  for (const std::string doc : {R"({"tags": ["a", "a")", R"({"tags": [12, 12)",
+                                R"({"tags": [true, tr)", R"({"tags": []})",
+                                R"({"tags": ["a", "ab", 1, 12, true,)"}) {
+    const Scan r = ScanText(*s, doc);
+    EXPECT_FALSE(r.prefix_ok) << doc;
+  }
+  // "1" written: "12" may still start with '1'; "12" written: "1" still may.
+  EXPECT_TRUE(ScanText(*s, R"({"tags": [1, 12]})").done);
+  EXPECT_TRUE(ScanText(*s, R"({"tags": [12, 1]})").done);
+  EXPECT_TRUE(ScanText(*s, R"({"tags": [1, 1)").prefix_ok);  // 12 may still follow
+  EXPECT_FALSE(ScanText(*s, R"({"tags": [1, 1]})").prefix_ok);
+}
+
 }  // namespace
 }  // namespace ember

@@ -215,6 +215,10 @@ add('anyOf-overlap-scalars', wrap({ anyOf: [{ type: 'integer', maximum: 9 }, { t
 add('type-list-integer-number', wrap({ type: ['integer', 'number'], minimum: -5, maximum: 5 }));
 add('anyOf-lookalike-arrays', wrap({ anyOf: [{ type: 'array', items: { type: 'integer' }, maxItems: 2 },
                                              { type: 'array', items: { type: 'string', maxLength: 4 }, minItems: 1 }] }));
+// uniqueItems over an inline enum (each value at most once; "1" / "12" / "123" share prefixes).
+add('array-unique-enum', wrap({ type: 'array', items: { enum: ['red', 'green', 'blue', 1, 2, true, null] },
+                                uniqueItems: true, minItems: 2 }));
+add('array-unique-prefixes', wrap({ type: 'array', items: { enum: [1, 12, 123, 'a', 'ab'] }, uniqueItems: true }));
 
 
 fs.writeFileSync(path.join(here, 'schemas.jsonl'), corpus.map((c) => JSON.stringify(c)).join('\n') + '\n');
