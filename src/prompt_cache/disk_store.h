@@ -91,6 +91,9 @@ class DiskStore {
   // Seals `record` (header, tokens, checksum) and queues it for the writer. kPresent: the key is
   // stored or queued already (its recency is refreshed); kDropped: the queue is full.
   WriteResult Write(const BlockIdentity& id, std::vector<uint8_t> record) EXCLUDES(mu_);
+  // Queues a record sealed already for this store's fingerprint (the RAM tier's records, spilled
+  // on eviction): no checksum pass on the caller's thread. The record is verified when read.
+  WriteResult WriteSealed(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
   // Removes every record (ns: nullopt) or those of one namespace, queued writes included.
   // Returns how many records were removed.
   int64_t Clear(std::optional<uint64_t> ns) EXCLUDES(mu_);
@@ -99,9 +102,6 @@ class DiskStore {
   DiskStoreStats Stats() const EXCLUDES(mu_);
 
  private:
-  struct KeyHash {
-    size_t operator()(const Key& k) const;
-  };
   struct Entry {
     uint64_t ns = 0;
     std::list<Key>::iterator lru;
@@ -116,6 +116,9 @@ class DiskStore {
   Status LockDirectory();
   void IndexExisting();
   std::string FileName(const Key& key, uint64_t ns) const;
+  // Write's checks before sealing: kPresent / kDropped, or nullopt to go on.
+  std::optional<WriteResult> Admit(const Key& key) EXCLUDES(mu_);
+  WriteResult Enqueue(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
   void WriterLoop() EXCLUDES(mu_);
   bool WriteFile(const Pending& item);  // temp + rename; false on an I/O error
   // Removes least recently used records until `incoming` more bytes fit.
