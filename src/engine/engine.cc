@@ -230,7 +230,7 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   return state->stream;
 }
 
-int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
+PromptCacheCleared Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
   const std::optional<uint64_t> ns =
       cache_salt ? std::optional<uint64_t>(CacheNamespaceOf(0, *cache_salt)) : std::nullopt;
   {
@@ -238,7 +238,7 @@ int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
     pool_clears_.push_back(ns);
   }
   cv_.NotifyAll();
-  return tier_ != nullptr ? tier_->Clear(ns) : 0;
+  return tier_ != nullptr ? tier_->Clear(ns) : PromptCacheCleared{};
 }
 
 EngineStats Engine::Stats() const {
@@ -294,8 +294,10 @@ bool Engine::TakeWork() {
     clears.swap(pool_clears_);
   }
   for (const std::optional<uint64_t>& ns : clears) kv_.DropCached(ns);
-  for (const std::shared_ptr<RequestState>& state : TakeLoraSlots(std::move(incoming)))
+  for (const std::shared_ptr<RequestState>& state : TakeLoraSlots(std::move(incoming))) {
+    if (tier_ != nullptr) tier_->Prefetch(state->request, kv_);  // disk → RAM while it waits
     sequences_.Add(state);
+  }
   if (stop_now) {
     for (const std::shared_ptr<RequestState>& state : lora_waiting_) {
       EndUnstarted(*state, FinishReason::kCancelled);

@@ -60,7 +60,7 @@ class Engine {
   // Drops cached prompt KV (POST /v1/cache/clear): of every namespace (nullopt), or of the
   // namespace of requests with this cache_salt. The RAM and disk tiers' records go at once
   // (returned: how many); the pool's cached blocks before the engine's next step. Any thread.
-  int64_t ClearPromptCache(std::optional<std::string> cache_salt) EXCLUDES(mu_);
+  PromptCacheCleared ClearPromptCache(std::optional<std::string> cache_salt) EXCLUDES(mu_);
   // The prefix-cache namespace of a request with this namespace and cache_salt (Submit applies
   // it): `ns` itself without a salt, else a 64-bit digest of both.
   static uint64_t CacheNamespaceOf(uint64_t ns, const std::string& cache_salt);

@@ -88,6 +88,9 @@ struct PromptCacheRamStats {
   int64_t demote_failures = 0;  // pool evictions that could not be copied out
   int64_t evictions = 0;      // blocks evicted to stay under the cap (LRU)
   int64_t spills = 0;         // ... of them queued for the disk tier (not on disk yet)
+  // The prefetcher (both tiers on): blocks of waiting requests moved from disk to RAM, reads
+  // that found a block gone or refused it, and requests not prefetched (its queue was full).
+  int64_t prefetched = 0, prefetch_failed = 0, prefetch_dropped = 0;
   int64_t insert_drops = 0;   // blocks larger than the cap
   int64_t corrupt_dropped = 0;  // records refused on read (identity or checksum)
   int64_t bytes_read = 0, bytes_written = 0;
@@ -115,6 +118,10 @@ struct PromptCacheStats {
   Choice last_choice = Choice::kNone;
   double last_read_bytes_per_s = 0, last_prefill_tokens_per_s = 0;
   PromptCacheRamStats ram;
+};
+// What a clear removed from the tiers below the pool (the pool's blocks go at the next step).
+struct PromptCacheCleared {
+  int64_t ram_blocks = 0, disk_blocks = 0;
 };
 // "none", "load", "load_unmeasured", "recompute".
 const char* PromptCacheChoiceName(PromptCacheStats::Choice choice);

@@ -41,6 +41,42 @@ PromptTier::PromptTier(const PromptTierShape& shape, std::unique_ptr<prompt_cach
     tags_.resize(static_cast<size_t>(shape.num_blocks));
     kv_->set_eviction_observer(this);
   }
+  if (ram_ != nullptr && disk_ != nullptr) {
+    // At most a RAM's worth of blocks waits: more would evict what it fetched first.
+    prefetcher_ = std::make_unique<prompt_cache::Prefetcher>(
+        ram_.get(), disk_.get(), std::max<int64_t>(1, MaxPrefetchBlocks()));
+  }
+}
+
+int64_t PromptTier::MaxPrefetchBlocks() const {
+  return ram_->config().max_bytes / ram_->record_bytes();
+}
+
+void PromptTier::Prefetch(const GenerationRequest& request, const kv::KvCacheManager& kv) {
+  // As Scheduler::AdmitWaiting: requests that need every prompt row computed skip the cache.
+  if (prefetcher_ == nullptr || request.prompt_logprobs >= 0 ||
+      request.pooling.kind != PoolingKind::kNone || request.prompt_ids.size() < 2)
+    return;
+  const std::span<const int32_t> prompt(request.prompt_ids);
+  const auto bs = static_cast<size_t>(block_size_);
+  const auto max_blocks = static_cast<int32_t>((prompt.size() - 1) / bs);
+  const int32_t first = kv.PeekCachedPrefix(prompt, request.cache_namespace) / block_size_;
+  if (first >= max_blocks) return;
+  // Half of RAM at most per request: a longer prefix's head would be evicted by its own tail.
+  const int64_t cap = std::max<int64_t>(1, MaxPrefetchBlocks() / 2);
+  std::vector<prompt_cache::PrefetchBlock> job;
+  prompt_cache::Key parent =
+      prompt_cache::RootKey(shape_.fingerprint, request.cache_namespace, request.cache_salt);
+  for (int32_t j = 0; j < max_blocks && static_cast<int64_t>(job.size()) < cap; ++j) {
+    const std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(j) * bs, bs);
+    const prompt_cache::Key key = prompt_cache::ChainKey(parent, tokens);
+    if (j >= first && !ram_->Contains(key)) {
+      if (!disk_->Contains(key)) break;
+      job.push_back({key, parent, request.cache_namespace, {tokens.begin(), tokens.end()}});
+    }
+    parent = key;
+  }
+  prefetcher_->Enqueue(std::move(job));
 }
 
 PromptTier::~PromptTier() {
@@ -151,7 +187,11 @@ bool PromptTier::Restore(const Sequence& seq, int32_t j, int32_t block_id) {
   prompt_cache::RamStore::Record record;
   std::span<const uint8_t> payload;
   bool from_ram = false;
-  if (ram_ != nullptr && (record = ram_->Read(id)) != nullptr) {
+  // A block the prefetcher is reading now is waited for (not read twice); it lands in RAM.
+  const bool in_ram = ram_ != nullptr && (ram_->Contains(id.key) ||
+                                          (prefetcher_ != nullptr &&
+                                           prefetcher_->WaitIfFetching(id.key)));
+  if (in_ram && (record = ram_->Read(id)) != nullptr) {
     payload = prompt_cache::RecordPayload(*record, block_size_, shape_.payload_bytes);
     from_ram = true;
   } else if (disk_ != nullptr) {
@@ -284,18 +324,14 @@ void PromptTier::OnEvict(int32_t block_id) {
     return;
   }
   ++ram_demotions_;
-  for (prompt_cache::RamStore::Evicted& out : ram_->Insert(id, std::move(record))) {
-    // Usually on disk already (write-through); else queued for the writer, never waited for.
-    if (disk_ == nullptr || disk_->Contains(out.key)) continue;
-    if (disk_->WriteSealed(out.key, out.ns, *out.record) == prompt_cache::DiskStore::WriteResult::kQueued)
-      ++ram_spills_;
-  }
+  const std::vector<prompt_cache::RamStore::Evicted> evicted = ram_->Insert(id, std::move(record));
+  if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
 }
 
-int64_t PromptTier::Clear(std::optional<uint64_t> ns) {
-  int64_t removed = 0;
-  if (ram_ != nullptr) removed += ram_->Clear(ns);
-  if (disk_ != nullptr) removed += disk_->Clear(ns);
+PromptCacheCleared PromptTier::Clear(std::optional<uint64_t> ns) {
+  PromptCacheCleared removed;
+  if (ram_ != nullptr) removed.ram_blocks = ram_->Clear(ns);
+  if (disk_ != nullptr) removed.disk_blocks = disk_->Clear(ns);
   return removed;
 }
 
@@ -335,6 +371,14 @@ void PromptTier::StoreStats(PromptCacheStats* out) const {
     m.bytes_read = r.bytes_read;
     m.bytes_written = r.bytes_written;
     m.read_bytes_per_s = Rate(r.bytes_read, r.read_ns);
+    m.spills = ram_spills_.load();
+  }
+  if (prefetcher_ != nullptr) {
+    const prompt_cache::PrefetcherStats f = prefetcher_->Stats();
+    s.ram.prefetched = f.fetched;
+    s.ram.prefetch_failed = f.failed;
+    s.ram.prefetch_dropped = f.dropped_jobs;
+    s.ram.spills += f.spills;
   }
 }
 
@@ -354,7 +398,6 @@ PromptCacheStats PromptTier::Stats() const {
   s.ram.promotions = ram_promotions_;
   s.ram.demotions = ram_demotions_;
   s.ram.demote_failures = ram_demote_failures_;
-  s.ram.spills = ram_spills_;
   return s;
 }
 

@@ -1,6 +1,9 @@
 // PromptTier: the engine's side of the prompt cache below the KV pool: a host-RAM tier
 // (prompt_cache/ram_store.h, --prompt-cache-ram-bytes) and a disk tier (prompt_cache/disk_store.h,
-// --prompt-cache-dir), either or both. Three calls, each from one seam, engine thread only:
+// --prompt-cache-dir), either or both. Four calls, each from one seam, engine thread only:
+//  - Prefetch (Engine::TakeWork, as a request arrives; both tiers on): the blocks of its prompt
+//    past the pool's hit that RAM lacks and the disk holds are queued for the Prefetcher, whose
+//    thread moves them from disk to RAM (prompt_cache/prefetcher.h) while the request waits.
 //  - OnEvict (kv::EvictionObserver; KvCacheManager::Allocate, before it reuses a cached block):
 //    the block's content moves down to RAM (copied out through KvBlockIo while still intact,
 //    sealed, inserted under its chain key). A block RAM already holds is only marked recently
@@ -29,6 +32,7 @@
 // last one's rates are published (Stats).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -38,6 +42,7 @@
 #include "engine/sequence.h"
 #include "kv/kv_cache_manager.h"
 #include "prompt_cache/disk_store.h"
+#include "prompt_cache/prefetcher.h"
 #include "prompt_cache/ram_store.h"
 #include "util/status.h"
 
@@ -75,6 +80,9 @@ class PromptTier : public kv::EvictionObserver {
              KvBlockIo* io, kv::KvCacheManager* kv, const EngineStats* counters);
   ~PromptTier() override;
 
+  // Queues the disk blocks of `request`'s prefix past the pool's hit for the prefetcher (a no-op
+  // without both tiers, or for a request that does not look its prefix up).
+  void Prefetch(const GenerationRequest& request, const kv::KvCacheManager& kv);
   // Returns seq's computed tokens after extending the pool's hit of `pool_tokens` with blocks
   // from RAM and disk (>= pool_tokens; blocks are allocated to seq for what it returns).
   // `budget_tokens`: what this step may still compute, to check that the whole admission will
@@ -87,7 +95,7 @@ class PromptTier : public kv::EvictionObserver {
   // kv::EvictionObserver: the pool is about to reuse cached block `block_id`.
   void OnEvict(int32_t block_id) override;
   // Removes stored blocks from both tiers (every namespace, or one); returns how many. Any thread.
-  int64_t Clear(std::optional<uint64_t> ns);
+  PromptCacheCleared Clear(std::optional<uint64_t> ns);
   // The stores' counters with this tier's decisions and rates. The stores' parts are read now;
   // the decision counters are the engine thread's (the engine publishes them each step).
   PromptCacheStats Stats() const;
@@ -121,6 +129,7 @@ class PromptTier : public kv::EvictionObserver {
   double RamReadBytesPerSecond() const;
   double DiskReadBytesPerSecond() const;
   double PrefillTokensPerSecond() const;
+  int64_t MaxPrefetchBlocks() const;  // RAM's cap in records
   // Whether loading `in_ram` blocks from RAM and `on_disk` from disk beats recomputing them
   // (counts the choice).
   bool ShouldLoad(int32_t in_ram, int32_t on_disk);
@@ -128,6 +137,7 @@ class PromptTier : public kv::EvictionObserver {
   const PromptTierShape shape_;
   std::unique_ptr<prompt_cache::RamStore> ram_;
   std::unique_ptr<prompt_cache::DiskStore> disk_;
+  std::unique_ptr<prompt_cache::Prefetcher> prefetcher_;  // after the stores: stops first
   PromptCacheConfig::Reuse reuse_;
   KvBlockIo* io_;
   kv::KvCacheManager* kv_;
@@ -137,7 +147,8 @@ class PromptTier : public kv::EvictionObserver {
   // Decisions and promotions (engine thread).
   int64_t lookups_ = 0, lookup_misses_ = 0, ram_lookup_misses_ = 0, loads_ = 0, recomputes_ = 0;
   int64_t disk_promotions_ = 0, ram_promotions_ = 0, promote_failures_ = 0;
-  int64_t ram_demotions_ = 0, ram_demote_failures_ = 0, ram_spills_ = 0;
+  int64_t ram_demotions_ = 0, ram_demote_failures_ = 0;
+  std::atomic<int64_t> ram_spills_{0};  // engine thread writes; StoreStats reads (any thread)
   double last_read_bytes_per_s_ = 0, last_prefill_tokens_per_s_ = 0;
   PromptCacheStats::Choice last_choice_ = PromptCacheStats::Choice::kNone;
 };

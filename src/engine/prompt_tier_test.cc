@@ -492,11 +492,14 @@ TEST_F(RamTierTest, RamEvictionsReachTheDiskAndSurviveARestart) {
     const PromptCacheStats s = engine->Stats().prompt_cache;
     EXPECT_GT(s.ram.evictions, 0);
     EXPECT_LE(s.ram.bytes, s.ram.capacity_bytes);
-    // a's blocks left the pool and RAM: the disk serves them.
+    // a's blocks left the pool and RAM: the disk serves them (the prefetcher moves the first
+    // half of RAM's worth, 5, into RAM as the request arrives; the engine reads the other 4).
     const Outcome from_disk = Generate(*engine, a);
     EXPECT_EQ(from_disk.usage.cached_tokens, 144);
     EXPECT_EQ(from_disk.tokens, cold);
-    EXPECT_EQ(engine->Stats().prompt_cache.promotions, 9);
+    const PromptCacheStats t = engine->Stats().prompt_cache;
+    EXPECT_EQ(t.promotions + t.ram.promotions - s.ram.promotions, 9);
+    EXPECT_EQ(t.ram.prefetched, 5);
   }
   std::unique_ptr<Engine> restarted =
       NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/10, /*disk=*/true));
@@ -505,7 +508,45 @@ TEST_F(RamTierTest, RamEvictionsReachTheDiskAndSurviveARestart) {
   const Outcome after = Generate(*restarted, a);
   EXPECT_EQ(after.usage.cached_tokens, 144);
   EXPECT_EQ(after.tokens, cold);
-  EXPECT_EQ(restarted->Stats().prompt_cache.promotions, 9);
+  // From disk: read by the engine thread, or moved to RAM first by the prefetcher.
+  const PromptCacheStats s = restarted->Stats().prompt_cache;
+  EXPECT_EQ(s.promotions + s.ram.promotions, 9);
+  EXPECT_EQ(s.ram.promotions, s.ram.prefetched);
+}
+
+// A request that waits in the queue has its prefix moved from disk to RAM by the prefetcher
+// meanwhile: its admission restores every block from RAM (none from disk on the engine thread),
+// with the cold output.
+TEST_F(RamTierTest, WaitingRequestsPrefixIsPrefetchedFromDiskIntoRam) {
+  const GenerationRequest b = Greedy(Prompt(150, 60));
+  const std::vector<int32_t> cold = Cold(b);
+  EngineConfig config = RamConfig(/*blocks=*/40, /*ram_records=*/64, /*disk=*/true);
+  config.max_running = 1;  // b waits while the first request runs
+  RunAndStop(b, config);   // b's blocks on disk
+  std::unique_ptr<Engine> engine = NewEngine(config);
+  ASSERT_NE(engine, nullptr);
+  GenerationRequest busy = Greedy(Prompt(20, 61));
+  busy.max_tokens = 300;
+  std::shared_ptr<ResponseStream> first = testing::SubmitOrDie(*engine, busy);
+  ASSERT_NE(first, nullptr);
+  auto submitted = engine->Submit(b);
+  auto* second = std::get_if<std::shared_ptr<ResponseStream>>(&submitted);
+  ASSERT_NE(second, nullptr);
+  std::vector<TokenEvent> events;
+  while (first->Next(&events)) events.clear();
+  Outcome run;
+  while ((*second)->Next(&events)) {
+    for (const TokenEvent& e : events)
+      if (e.token_id >= 0) run.tokens.push_back(e.token_id);
+    events.clear();
+  }
+  EXPECT_EQ(run.tokens, cold);
+  EXPECT_EQ((*second)->usage().cached_tokens, 144);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.prefetched, 9);
+  EXPECT_EQ(s.ram.prefetch_failed, 0);
+  EXPECT_EQ(s.ram.promotions, 9);
+  EXPECT_EQ(s.promotions, 0) << "the engine thread read the disk";
 }
 
 // Four long requests at once in a pool that holds little more than one: sequences are preempted

@@ -241,6 +241,11 @@ void DiskStore::MakeRoom(int64_t incoming) {
 }
 
 std::span<const uint8_t> DiskStore::Read(const BlockIdentity& id) {
+  if (!ReadRecord(id, &read_buffer_)) return {};
+  return RecordPayload(read_buffer_, config_.block_size, config_.payload_bytes);
+}
+
+bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) {
   const int64_t start = NowNs();
   std::string file;
   {
@@ -248,36 +253,36 @@ std::span<const uint8_t> DiskStore::Read(const BlockIdentity& id) {
     auto it = index_.find(id.key);
     if (it == index_.end()) {
       ++misses_;
-      return {};
+      return false;
     }
     file = FileName(id.key, it->second.ns);
     Touch(id.key);
   }
-  read_buffer_.resize(static_cast<size_t>(record_bytes_));
+  record->resize(static_cast<size_t>(record_bytes_));
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {  // evicted (or cleared) since the lookup
     ++misses_;
-    return {};
+    return false;
   }
   struct stat st;
   const bool sized = fstat(fd, &st) == 0 && st.st_size == record_bytes_;
-  const bool read_ok = sized && ReadAll(fd, read_buffer_.data(), read_buffer_.size());
+  const bool read_ok = sized && ReadAll(fd, record->data(), record->size());
   ::close(fd);
-  const std::string why = read_ok ? VerifyRecord(read_buffer_, id, config_.payload_bytes)
+  const std::string why = read_ok ? VerifyRecord(*record, id, config_.payload_bytes)
                                   : std::string(sized ? "short read" : "wrong size");
   if (!why.empty()) {
     LOG_WARN << "prompt cache: dropping " << file << ": " << why;
     ++corrupt_;
     MutexLock lock(&mu_);
     Erase(id.key);
-    return {};
+    return false;
   }
   // Recency survives a restart through the file's modification time.
   (void)utimensat(AT_FDCWD, file.c_str(), nullptr, 0);
   ++hits_;
   bytes_read_ += record_bytes_;
   read_ns_ += NowNs() - start;
-  return RecordPayload(read_buffer_, config_.block_size, config_.payload_bytes);
+  return true;
 }
 
 DiskStore::WriteResult DiskStore::Write(const BlockIdentity& id, std::vector<uint8_t> record) {

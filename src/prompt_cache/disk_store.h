@@ -20,7 +20,7 @@
 // writes (a record larger than the cap is dropped). Writes are queued to one writer thread; the
 // queue is bounded by bytes and a write that does not fit is dropped and counted, never waited
 // for. Threads: Read is for one thread at a time (the engine thread; it owns the read buffer);
-// Contains, Write, Clear, Flush and stats from any thread.
+// ReadRecord (the caller's buffer), Contains, Write, Clear, Flush and stats from any thread.
 #pragma once
 
 #include <atomic>
@@ -83,6 +83,9 @@ class DiskStore {
   // The verified payload of the record for `id` ([payload_bytes], valid until the next Read), or
   // an empty span: absent (a miss) or refused (removed and counted as corrupt).
   std::span<const uint8_t> Read(const BlockIdentity& id) EXCLUDES(mu_);
+  // The same into `record` (the whole verified record, RecordBytes): false when absent or
+  // refused. Any thread.
+  bool ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) EXCLUDES(mu_);
   // A buffer for one record: fill its payload at PayloadOffset(block_size), then Write it.
   std::vector<uint8_t> NewRecordBuffer() const {
     return std::vector<uint8_t>(static_cast<size_t>(record_bytes_));

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "prompt_cache/disk_store.h"
 #include "util/check.h"
 #include "util/log.h"
 
@@ -122,6 +123,16 @@ RamStoreStats RamStore::Stats() const {
   s.bytes = bytes_;
   s.capacity_bytes = config_.max_bytes;
   return s;
+}
+
+int64_t SpillToDisk(const std::vector<RamStore::Evicted>& evicted, DiskStore& disk) {
+  int64_t queued = 0;
+  for (const RamStore::Evicted& out : evicted) {
+    // Usually on disk already (the disk tier writes computed blocks through).
+    if (disk.Contains(out.key)) continue;
+    if (disk.WriteSealed(out.key, out.ns, *out.record) == DiskStore::WriteResult::kQueued) ++queued;
+  }
+  return queued;
 }
 
 }  // namespace ember::prompt_cache

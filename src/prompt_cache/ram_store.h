@@ -33,6 +33,8 @@
 
 namespace ember::prompt_cache {
 
+class DiskStore;
+
 struct RamStoreConfig {
   int64_t max_bytes = 0;      // --prompt-cache-ram-bytes (> 0)
   Key fingerprint{};          // the model's (the disk tier's, too)
@@ -103,5 +105,9 @@ class RamStore {
   int64_t bytes_ GUARDED_BY(mu_) = 0;
   RamStoreStats counts_ GUARDED_BY(mu_);  // the counters (records/bytes/capacity: Stats fills)
 };
+
+// Queues RAM's evicted records that `disk` does not hold for its writer (DiskStore::WriteSealed:
+// no wait, no checksum pass). Returns how many were queued. Any thread.
+int64_t SpillToDisk(const std::vector<RamStore::Evicted>& evicted, DiskStore& disk);
 
 }  // namespace ember::prompt_cache
