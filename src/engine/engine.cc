@@ -159,7 +159,10 @@ void Engine::AttachPromptCache(const PromptTierShape& shape,
 }
 
 void Engine::Start() {
-  published_ = counters_;
+  {
+    MutexLock lock(&mu_);
+    published_ = counters_;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 

@@ -87,7 +87,7 @@ class Engine {
   // Before Start: the prompt cache's tiers below the pool (none when both stores are null).
   void AttachPromptCache(const PromptTierShape& shape, std::unique_ptr<prompt_cache::RamStore> ram,
                          std::unique_ptr<prompt_cache::DiskStore> disk);
-  void Start();  // publishes the first stats and starts the engine thread
+  void Start() EXCLUDES(mu_);  // publishes the first stats and starts the engine thread
   RequestLimits Limits() const;
   void Loop();
   // Waits while there is nothing to do, takes the inbox, ends cancelled sequences. False: stop.

@@ -330,6 +330,7 @@ void PromptTier::OnEvict(int32_t block_id) {
 
 PromptCacheCleared PromptTier::Clear(std::optional<uint64_t> ns) {
   PromptCacheCleared removed;
+  if (prefetcher_ != nullptr) prefetcher_->DropQueued();
   if (ram_ != nullptr) removed.ram_blocks = ram_->Clear(ns);
   if (disk_ != nullptr) removed.disk_blocks = disk_->Clear(ns);
   return removed;

@@ -53,12 +53,16 @@ bool Prefetcher::WaitIfFetching(const Key& key) {
       });
       return true;
     }
-    // The next job to start (the worker takes it as soon as it is free): wait for it to start.
-    const bool next = !queue_.empty() && std::ranges::any_of(queue_.front(), [&](const auto& b) {
-      return b.key == key;
+    // The next job to start (the worker takes it as soon as it is free): wait for it to start,
+    // or to be dropped.
+    auto next_has_key = [&]() REQUIRES(mu_) {
+      return !queue_.empty() &&
+             std::ranges::any_of(queue_.front(), [&](const auto& b) { return b.key == key; });
+    };
+    if (!next_has_key()) break;
+    cv_.Wait(&mu_, [&]() REQUIRES(mu_) {
+      return stop_ || job_number_ != job || !next_has_key();
     });
-    if (!next) break;
-    cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return stop_ || job_number_ != job; });
     waited = true;
   }
   return waited;
@@ -70,6 +74,15 @@ void Prefetcher::Advance(size_t next) {
     fetched_in_job_ = next;
   }
   cv_.NotifyAll();
+}
+
+void Prefetcher::DropQueued() {
+  {
+    MutexLock lock(&mu_);
+    queue_.clear();
+    queued_blocks_ = 0;
+  }
+  cv_.NotifyAll();  // WaitIfFetching on a dropped job
 }
 
 void Prefetcher::Drain() {

@@ -58,6 +58,8 @@ class Prefetcher {
   // When `key` is a block of the job in progress not done yet, or of the job that starts next,
   // waits until it is done (in RAM, or failed) and returns true; else returns false at once.
   bool WaitIfFetching(const Key& key) EXCLUDES(mu_);
+  // Drops the queued jobs (a cache clear); the job in progress finishes.
+  void DropQueued() EXCLUDES(mu_);
   // Waits until every queued job is done (tests, benchmarks).
   void Drain() EXCLUDES(mu_);
   PrefetcherStats Stats() const EXCLUDES(mu_);

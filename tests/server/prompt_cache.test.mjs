@@ -131,7 +131,7 @@ describe('prompt cache RAM tier (tinystories-656k)', { skip: skip ?? false }, ()
     try {
       const client = server.client();
       const first = await ask(client, PROMPT);
-      for (const other of OTHERS) await ask(client, other.repeat(5));
+      for (const other of OTHERS) await ask(client, other.repeat(10));
       let stats = (await getJson(server.baseURL, '/stats')).json.prompt_cache;
       assert.ok(stats.tiers.ram.demotions > 0, JSON.stringify(stats.tiers.ram));
       assert.equal(stats.tiers.disk, undefined);
