@@ -4,6 +4,10 @@
 // truncation, a crashed writer's temp file) cost reuse, never correctness; salts and models do
 // not share, nor do KV formats (--kv-cache-dtype: an int8 pool's records are int8 rows, read
 // back only by int8 pools); clearing drops both tiers; the cost rule picks the faster path.
+// The RAM tier (RamTierTest): a prefix the pool evicted comes back from RAM with the pool hit's
+// bit-identical logprobs; the cap holds; clear and salts; RAM in front of the disk across a
+// restart; the prefetcher moves a waiting request's prefix from disk to RAM; preemption under a
+// tiny pool loses no block.
 #include "engine/prompt_tier.h"
 
 #include <gtest/gtest.h>
