@@ -11,7 +11,8 @@
 //    the engine thread never waits for the disk) unless the disk holds them already.
 //  - ExtendCachedPrefix (Scheduler::AdmitWaiting, after KvCacheManager::AcquireCachedPrefix):
 //    the prompt's next whole blocks that the pool missed are looked up in RAM, then on disk; when
-//    loading them beats recomputing them (measured rates, below) they get pool blocks, are read,
+//    loading them beats recomputing them (measured rates, below) they get pool blocks, are read
+//    (from RAM, after waiting for the prefetcher when it is reading that block now; else disk),
 //    verified and copied into those blocks (KvBlockIo, before the step that admits the sequence
 //    is launched: the copy is ordered after every step already enqueued), and count as computed.
 //    A record that fails verification ends the extension there: its block and the rest are
