@@ -3,13 +3,17 @@
 //   cold       a fresh engine over an empty --prompt-cache-dir: the whole prompt is prefilled
 //              (and its blocks written through to the directory);
 //   pool       the same prompt again on that engine: the KV pool's prefix cache;
+//   RAM        on that engine (which has --prompt-cache-ram-bytes and a pool of twice the
+//              prompt's blocks), two other prompts of the same length push the prompt's blocks
+//              out of the pool into the RAM tier; the prompt again is restored from RAM;
 //   disk cold  a new engine (a restart) over the directory, its files dropped from the OS page
 //              cache first (posix_fadvise DONTNEED): blocks read from the disk itself;
 //   disk warm  another restart, the files now in the page cache (the common case on a server
 //              that restarts without a reboot).
 // Each row is --repeats runs (a fresh model, engine and directory state per run where the row
 // needs one); the median TTFT is printed with the tokens served from cache and the measured
-// disk read rate. max_tokens 1. Results go to docs/perf.md with machine, command and date.
+// read rate of the tier the row read (RAM or disk). max_tokens 1. Results go to docs/perf.md
+// with machine, command and date.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -36,7 +40,9 @@ int64_t NowNs() {
 struct Sample {
   double ttft_ms = 0;
   int32_t cached_tokens = 0;
-  double read_mb_per_s = 0;
+  double read_mb_per_s = 0;  // the disk tier's measured reads so far
+  double ram_mb_per_s = 0;   // the RAM tier's
+  int64_t ram_promotions = 0;
 };
 
 // One request of max_tokens 1: its TTFT (submit to the first token) and cached tokens.
@@ -65,6 +71,8 @@ Sample Ask(Engine& engine, const std::vector<int32_t>& prompt) {
   s.cached_tokens = stream->usage().cached_tokens;
   const PromptCacheStats pc = engine.Stats().prompt_cache;
   s.read_mb_per_s = pc.read_bytes_per_s / 1e6;
+  s.ram_mb_per_s = pc.ram.read_bytes_per_s / 1e6;
+  s.ram_promotions = pc.ram.promotions;
   return s;
 }
 
@@ -89,9 +97,11 @@ double Median(std::vector<double> v) {
 int Main(int argc, char** argv) {
   std::string model_dir, cache_dir = "/tmp/ember_prompt_cache_bench";
   int64_t prompt_len = 2048, threads = 0, repeats = 3, step_tokens = 0;
+  int64_t ram_bytes = int64_t{4} << 30;
   FlagParser flags(
       "usage: prompt_cache_bench --model DIR [--prompt-len 2048] [--cache-dir DIR]\n"
-      "       [--repeats 3] [--threads N] [--max-step-tokens N]");
+      "       [--repeats 3] [--threads N] [--max-step-tokens N] [--ram-bytes 4294967296]");
+  flags.AddInt("--ram-bytes", &ram_bytes, "the RAM tier's cap on the first engine (0: no RAM row)");
   flags.AddString("--model", &model_dir, "model folder");
   flags.AddString("--cache-dir", &cache_dir, "prompt cache directory (emptied first)");
   flags.AddInt("--prompt-len", &prompt_len, "prompt tokens");
@@ -114,42 +124,67 @@ int Main(int argc, char** argv) {
   config.prompt_cache.disk_bytes = int64_t{8} << 30;
   // A model per engine (a model holds one KV pool), as a restarted server loads it again.
   std::vector<std::unique_ptr<Model>> models;
-  auto new_engine = [&]() {
+  // with_ram: a RAM tier and a pool of twice the prompt's blocks (plus a few), so two other
+  // prompts of its length evict it.
+  auto new_engine = [&](bool with_ram) {
     auto model = Model::Load(model_dir, opts);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.message().c_str());
       std::exit(1);
     }
     models.push_back(std::move(model).value());
-    auto engine = Engine::Create(models.back().get(), config);
+    EngineConfig c = config;
+    if (with_ram) {
+      const int64_t blocks = 2 * (prompt_len / c.block_size + 2) + 2;
+      c.kv_cache_bytes = blocks * c.block_size * models.back()->KvBytesPerToken();
+      c.prompt_cache.ram_bytes = ram_bytes;
+    }
+    auto engine = Engine::Create(models.back().get(), c);
     if (!engine.ok()) {
       std::fprintf(stderr, "%s\n", engine.message().c_str());
       std::exit(1);
     }
     return std::move(engine).value();
   };
-  std::vector<double> cold, pool, disk_cold, disk_warm;
-  Sample last_pool, last_disk_cold, last_disk_warm;
+  std::vector<double> cold, pool, ram, disk_cold, disk_warm;
+  Sample last_pool, last_ram, last_disk_cold, last_disk_warm;
   for (int64_t rep = 0; rep < repeats; ++rep) {
     std::filesystem::remove_all(cache_dir);
     std::mt19937 rng(static_cast<uint32_t>(rep + 1));
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
     {
-      auto engine = new_engine();
+      auto engine = new_engine(ram_bytes > 0);
       const int32_t vocab = models.back()->config().vocab_size;
-      for (int32_t& t : prompt) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+      auto random_prompt = [&](std::vector<int32_t>& p) {
+        for (int32_t& t : p) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+      };
+      random_prompt(prompt);
       cold.push_back(Ask(*engine, prompt).ttft_ms);
       last_pool = Ask(*engine, prompt);
       pool.push_back(last_pool.ttft_ms);
+      if (ram_bytes > 0) {
+        std::vector<int32_t> other(prompt.size());
+        for (int i = 0; i < 2; ++i) {
+          random_prompt(other);
+          Ask(*engine, other);
+        }
+        last_ram = Ask(*engine, prompt);
+        ram.push_back(last_ram.ttft_ms);
+        const int64_t blocks = prompt_len / config.block_size;
+        if (last_ram.ram_promotions < blocks - 2)
+          std::fprintf(stderr, "note: only %lld of %lld blocks came from RAM\n",
+                       static_cast<long long>(last_ram.ram_promotions),
+                       static_cast<long long>(blocks));
+      }
     }  // the engine's writer flushes the directory before it goes
     DropFromPageCache(cache_dir);
     {
-      auto engine = new_engine();
+      auto engine = new_engine(false);
       last_disk_cold = Ask(*engine, prompt);
       disk_cold.push_back(last_disk_cold.ttft_ms);
     }
     {
-      auto engine = new_engine();
+      auto engine = new_engine(false);
       last_disk_warm = Ask(*engine, prompt);
       disk_warm.push_back(last_disk_warm.ttft_ms);
     }
@@ -158,16 +193,19 @@ int Main(int argc, char** argv) {
   const double c = Median(cold);
   std::printf("prompt %lld tokens, %lld runs per row (median TTFT)\n",
               static_cast<long long>(prompt_len), static_cast<long long>(repeats));
-  std::printf("%-28s %10s %8s %14s %9s\n", "path", "TTFT ms", "cached", "disk read MB/s",
+  std::printf("%-28s %10s %8s %14s %9s\n", "path", "TTFT ms", "cached", "read MB/s",
               "vs cold");
-  auto row = [&](const char* name, double ms, const Sample& s) {
-    std::printf("%-28s %10.1f %8d %14.0f %8.1fx\n", name, ms, s.cached_tokens, s.read_mb_per_s,
+  auto row = [&](const char* name, double ms, const Sample& s, double mb_per_s) {
+    std::printf("%-28s %10.1f %8d %14.0f %8.1fx\n", name, ms, s.cached_tokens, mb_per_s,
                 ms > 0 ? c / ms : 0.0);
   };
-  row("cold (prefill)", c, Sample{});
-  row("pool hit", Median(pool), last_pool);
-  row("disk hit, restart, cold pc", Median(disk_cold), last_disk_cold);
-  row("disk hit, restart, warm pc", Median(disk_warm), last_disk_warm);
+  row("cold (prefill)", c, Sample{}, 0);
+  row("pool hit", Median(pool), last_pool, 0);
+  if (ram_bytes > 0) row("RAM hit (pool evicted)", Median(ram), last_ram, last_ram.ram_mb_per_s);
+  row("disk hit, restart, cold pc", Median(disk_cold), last_disk_cold,
+      last_disk_cold.read_mb_per_s);
+  row("disk hit, restart, warm pc", Median(disk_warm), last_disk_warm,
+      last_disk_warm.read_mb_per_s);
   std::filesystem::remove_all(cache_dir);
   return 0;
 }

@@ -74,7 +74,7 @@ int ServeCommand(int argc, char** argv, int first) {
   FlagParser flags(
       "usage: ember serve (--model DIR | --models-dir DIR [--models-memory B]) [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
       "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--kv-cache-dtype T] [--max-queue N]\n"
-      "       [--prompt-cache-dir DIR --prompt-cache-disk-bytes B]\n"
+      "       [--prompt-cache-ram-bytes B] [--prompt-cache-dir DIR --prompt-cache-disk-bytes B]\n"
       "       [--chat-template FILE] [--tool-call-parser auto|none|hermes|llama3_json|harmony]\n"
       "       [--reasoning-parser auto|none|think|harmony]\n"
       "       [--max-body-bytes B] [--http-threads N] [--max-connections N]\n"

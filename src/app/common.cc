@@ -161,7 +161,10 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddInt("--prompt-cache-disk-bytes", &prompt_cache_disk_bytes,
                "byte cap of --prompt-cache-dir (least recently used blocks are evicted first)");
   flags.AddInt("--prompt-cache-ram-bytes", &prompt_cache_ram_bytes,
-               "host-RAM tier between a GPU's KV pool and the disk: not built yet (refused)");
+               "host-RAM tier below the KV pool: full blocks the prefix cache evicts are kept "
+               "here (least recently used out first, to --prompt-cache-dir when set) and copied "
+               "back when a prompt needs them (default 0: off; on a GPU try a few GiB; on the CPU "
+               "the pool is host RAM already, so raising --kv-cache-bytes does as much)");
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
                 "step whose tokens need no host work launches first)");

@@ -11,35 +11,60 @@ namespace ember {
 
 namespace {
 
-// The disk tier's store for this model (null without --prompt-cache-dir). Opened after the KV
-// pool is allocated: the block size and bytes per block are the pool's.
-Result<std::unique_ptr<prompt_cache::DiskStore>> OpenPromptCacheDisk(const Model& model,
-                                                                      const EngineConfig& config) {
+// The prompt cache's stores for this model: RAM (--prompt-cache-ram-bytes) and disk
+// (--prompt-cache-dir), either may be null. Opened after the KV pool is allocated: the block size
+// and bytes per block are the pool's.
+struct PromptCacheStores {
+  PromptTierShape shape;
+  std::unique_ptr<prompt_cache::RamStore> ram;
+  std::unique_ptr<prompt_cache::DiskStore> disk;
+};
+
+Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const EngineConfig& config,
+                                                int32_t num_blocks) {
   const PromptCacheConfig& pc = config.prompt_cache;
-  if (pc.ram_bytes > 0)
-    return Status::Error(
-        "--prompt-cache-ram-bytes: the host-RAM tier is not built yet (on the CPU the KV pool "
-        "already is host RAM: raise --kv-cache-bytes; for restarts use --prompt-cache-dir)");
-  if (pc.dir.empty()) {
-    if (pc.disk_bytes > 0)
-      return Status::Error("--prompt-cache-disk-bytes: needs --prompt-cache-dir");
-    return std::unique_ptr<prompt_cache::DiskStore>();
-  }
+  PromptCacheStores stores;
+  if (pc.dir.empty() && pc.disk_bytes > 0)
+    return Status::Error("--prompt-cache-disk-bytes: needs --prompt-cache-dir");
+  if (pc.ram_bytes < 0) return Status::Error("--prompt-cache-ram-bytes: must be >= 0");
+  if (pc.dir.empty() && pc.ram_bytes == 0) return stores;
+  const std::string flag = pc.dir.empty() ? "--prompt-cache-ram-bytes" : "--prompt-cache-dir";
   if (!config.enable_prefix_caching)
-    return Status::Error("--prompt-cache-dir: needs the prefix cache (drop --no-prefix-cache)");
+    return Status::Error(flag + ": needs the prefix cache (drop --no-prefix-cache)");
   if (model.KvBlockBytes() <= 0)
-    return Status::Error("--prompt-cache-dir: this backend cannot copy KV blocks to host memory");
+    return Status::Error(flag + ": this backend cannot copy KV blocks to host memory");
+  const std::string fingerprint_text =
+      model.KvFingerprint() + "block_size " + std::to_string(config.block_size) +
+      " record format " + std::to_string(prompt_cache::kFormatVersion) + "\n";
+  stores.shape.fingerprint = Sha256Of(fingerprint_text);
+  stores.shape.block_size = config.block_size;
+  stores.shape.payload_bytes = model.KvBlockBytes();
+  stores.shape.num_blocks = num_blocks;
+  if (pc.ram_bytes > 0) {
+    prompt_cache::RamStoreConfig ram;
+    ram.max_bytes = pc.ram_bytes;
+    ram.fingerprint = stores.shape.fingerprint;
+    ram.block_size = config.block_size;
+    ram.payload_bytes = model.KvBlockBytes();
+    if (prompt_cache::RecordBytes(ram.block_size, ram.payload_bytes) > ram.max_bytes)
+      return Status::Error("--prompt-cache-ram-bytes: " + std::to_string(pc.ram_bytes) +
+                           " holds no KV block (one takes " +
+                           std::to_string(prompt_cache::RecordBytes(ram.block_size,
+                                                                    ram.payload_bytes)) +
+                           " bytes)");
+    stores.ram = std::make_unique<prompt_cache::RamStore>(ram);
+  }
+  if (pc.dir.empty()) return stores;
   prompt_cache::DiskStoreConfig disk;
   disk.dir = pc.dir;
   disk.max_bytes = pc.disk_bytes;
   disk.block_size = config.block_size;
   disk.payload_bytes = model.KvBlockBytes();
   disk.max_queue_bytes = pc.max_queue_bytes;
-  disk.fingerprint_text = model.KvFingerprint() + "block_size " +
-                          std::to_string(config.block_size) + " record format " +
-                          std::to_string(prompt_cache::kFormatVersion) + "\n";
-  disk.fingerprint = Sha256Of(disk.fingerprint_text);
-  return prompt_cache::DiskStore::Open(disk);
+  disk.fingerprint_text = fingerprint_text;
+  disk.fingerprint = stores.shape.fingerprint;
+  EMBER_ASSIGN_OR_RETURN(stores.disk, prompt_cache::DiskStore::Open(disk));
+  return stores;
 }
 
 // Ends every sample of a request that never reached the scheduler (no token, `reason`).
@@ -67,10 +92,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks));
-  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<prompt_cache::DiskStore> disk,
-                         OpenPromptCacheDisk(*model, sizing.config));
-  return std::unique_ptr<Engine>(new Engine(model, sizing, std::move(runner),
-                                            std::move(draft_source), std::move(disk)));
+  EMBER_ASSIGN_OR_RETURN(PromptCacheStores stores,
+                         OpenPromptCacheStores(*model, sizing.config, sizing.num_blocks));
+  auto engine = std::unique_ptr<Engine>(
+      new Engine(model, sizing, std::move(runner), std::move(draft_source)));
+  engine->AttachPromptCache(stores.shape, std::move(stores.ram), std::move(stores.disk));
+  engine->Start();
+  return engine;
 }
 
 uint64_t Engine::CacheNamespaceOf(uint64_t ns, const std::string& cache_salt) {
@@ -89,8 +117,7 @@ uint64_t Engine::AdapterNamespaceOf(uint64_t ns, uint64_t adapter_digest) {
 }
 
 Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
-               std::unique_ptr<DraftSource> draft_source,
-               std::unique_ptr<prompt_cache::DiskStore> disk)
+               std::unique_ptr<DraftSource> draft_source)
     : model_(model),
       config_(sizing.config),
       num_blocks_(sizing.num_blocks),
@@ -110,13 +137,6 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
   if (model->lora() != nullptr) {
     adapters_ = std::make_unique<AdapterRegistry>(&model->config(), model->lora()->max_rank());
   }
-  if (disk != nullptr) {
-    tier_ = std::make_unique<PromptTier>(std::move(disk), config_.prompt_cache.reuse, &runner_,
-                                         &counters_);
-    scheduler_.set_prompt_tier(tier_.get());
-    postprocessor_.set_prompt_tier(tier_.get());
-    counters_.prompt_cache = tier_->Stats();
-  }
   if (model->has_recurrent_state()) {
     state_slots_ = std::make_unique<StateSlots>(config_.max_running);
     scheduler_.set_state_slots(state_slots_.get());
@@ -125,7 +145,24 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
   counters_.prefix_caching = config_.enable_prefix_caching;
   counters_.recurrent_state_bytes = sizing.state_bytes;
   counters_.block_size = config_.block_size;
-  published_ = counters_;
+}
+
+void Engine::AttachPromptCache(const PromptTierShape& shape,
+                               std::unique_ptr<prompt_cache::RamStore> ram,
+                               std::unique_ptr<prompt_cache::DiskStore> disk) {
+  if (ram == nullptr && disk == nullptr) return;
+  tier_ = std::make_unique<PromptTier>(shape, std::move(ram), std::move(disk),
+                                       config_.prompt_cache.reuse, &runner_, &kv_, &counters_);
+  scheduler_.set_prompt_tier(tier_.get());
+  postprocessor_.set_prompt_tier(tier_.get());
+  counters_.prompt_cache = tier_->Stats();
+}
+
+void Engine::Start() {
+  {
+    MutexLock lock(&mu_);
+    published_ = counters_;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -196,7 +233,7 @@ Engine::SubmitResult Engine::Submit(GenerationRequest request) {
   return state->stream;
 }
 
-int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
+PromptCacheCleared Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
   const std::optional<uint64_t> ns =
       cache_salt ? std::optional<uint64_t>(CacheNamespaceOf(0, *cache_salt)) : std::nullopt;
   {
@@ -204,7 +241,7 @@ int64_t Engine::ClearPromptCache(std::optional<std::string> cache_salt) {
     pool_clears_.push_back(ns);
   }
   cv_.NotifyAll();
-  return tier_ != nullptr ? tier_->Clear(ns) : 0;
+  return tier_ != nullptr ? tier_->Clear(ns) : PromptCacheCleared{};
 }
 
 EngineStats Engine::Stats() const {
@@ -214,9 +251,9 @@ EngineStats Engine::Stats() const {
     s = published_;
   }
   s.num_queued = num_queued_.load();
-  // The disk tier's writer runs between steps too: its counters are read now, not at the last
-  // step (the tier object lives as long as the engine; its store is thread-safe).
-  if (tier_ != nullptr) PromptTier::DiskStats(tier_->disk(), &s.prompt_cache);
+  // The disk tier's writer runs between steps too: the stores' counters are read now, not at the
+  // last step (the tier object lives as long as the engine; its stores are thread-safe).
+  if (tier_ != nullptr) tier_->StoreStats(&s.prompt_cache);
   return s;
 }
 
@@ -260,8 +297,10 @@ bool Engine::TakeWork() {
     clears.swap(pool_clears_);
   }
   for (const std::optional<uint64_t>& ns : clears) kv_.DropCached(ns);
-  for (const std::shared_ptr<RequestState>& state : TakeLoraSlots(std::move(incoming)))
+  for (const std::shared_ptr<RequestState>& state : TakeLoraSlots(std::move(incoming))) {
+    if (tier_ != nullptr) tier_->Prefetch(state->request, kv_);  // disk → RAM while it waits
     sequences_.Add(state);
+  }
   if (stop_now) {
     for (const std::shared_ptr<RequestState>& state : lora_waiting_) {
       EndUnstarted(*state, FinishReason::kCancelled);

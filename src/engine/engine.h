@@ -58,9 +58,9 @@ class Engine {
   EngineStats Stats() const EXCLUDES(mu_);
 
   // Drops cached prompt KV (POST /v1/cache/clear): of every namespace (nullopt), or of the
-  // namespace of requests with this cache_salt. The disk tier's records go at once (returned:
-  // how many); the pool's cached blocks before the engine's next step. Any thread.
-  int64_t ClearPromptCache(std::optional<std::string> cache_salt) EXCLUDES(mu_);
+  // namespace of requests with this cache_salt. The RAM and disk tiers' records go at once
+  // (returned: how many); the pool's cached blocks before the engine's next step. Any thread.
+  PromptCacheCleared ClearPromptCache(std::optional<std::string> cache_salt) EXCLUDES(mu_);
   // The prefix-cache namespace of a request with this namespace and cache_salt (Submit applies
   // it): `ns` itself without a salt, else a 64-bit digest of both.
   static uint64_t CacheNamespaceOf(uint64_t ns, const std::string& cache_salt);
@@ -69,7 +69,8 @@ class Engine {
   static uint64_t AdapterNamespaceOf(uint64_t ns, uint64_t adapter_digest);
   // The LoRA adapters by name (null when EngineConfig::max_loras is 0). Thread-safe.
   AdapterRegistry* adapters() const { return adapters_.get(); }
-  bool has_prompt_cache_disk() const { return tier_ != nullptr; }
+  // A prompt cache below the pool (--prompt-cache-ram-bytes or --prompt-cache-dir).
+  bool has_prompt_cache_tiers() const { return tier_ != nullptr; }
   int32_t context_length() const { return context_length_; }
   int64_t kv_capacity_tokens() const { return int64_t{num_blocks_} * config_.block_size; }
   int64_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -82,8 +83,11 @@ class Engine {
 
  private:
   Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
-         std::unique_ptr<DraftSource> draft_source,
-         std::unique_ptr<prompt_cache::DiskStore> disk);
+         std::unique_ptr<DraftSource> draft_source);
+  // Before Start: the prompt cache's tiers below the pool (none when both stores are null).
+  void AttachPromptCache(const PromptTierShape& shape, std::unique_ptr<prompt_cache::RamStore> ram,
+                         std::unique_ptr<prompt_cache::DiskStore> disk);
+  void Start() EXCLUDES(mu_);  // publishes the first stats and starts the engine thread
   RequestLimits Limits() const;
   void Loop();
   // Waits while there is nothing to do, takes the inbox, ends cancelled sequences. False: stop.
@@ -120,7 +124,7 @@ class Engine {
   LiveSequences sequences_;
   StepBuilder builder_;
   StepPostprocessor postprocessor_;
-  std::unique_ptr<PromptTier> tier_;    // the disk tier (--prompt-cache-dir), or null
+  std::unique_ptr<PromptTier> tier_;    // RAM and/or disk tiers below the pool, or null
   // A model with recurrent layers (qwen3_next): one state slot per started sequence; else null.
   std::unique_ptr<StateSlots> state_slots_;
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet

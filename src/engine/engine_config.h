@@ -28,12 +28,13 @@ struct SpeculationConfig {
   static constexpr int64_t kDefaultDraftKvCacheBytes = int64_t{128} << 20;
 };
 
-// The prompt cache below the KV pool (engine/prompt_tier.h, prompt_cache/disk_store.h).
+// The prompt cache below the KV pool (engine/prompt_tier.h, prompt_cache/ram_store.h and
+// disk_store.h).
 struct PromptCacheConfig {
   std::string dir;         // --prompt-cache-dir: the disk tier's directory; empty: no disk tier
   int64_t disk_bytes = 0;  // --prompt-cache-disk-bytes: its cap (> 0 with dir)
-  // --prompt-cache-ram-bytes: a host-RAM tier between a device pool and the disk. Not built yet:
-  // any value > 0 is refused at Engine::Create (on the CPU the pool already is host RAM).
+  // --prompt-cache-ram-bytes: the host-RAM tier's cap (blocks the pool evicts are kept there, and
+  // spill to the disk tier when RAM evicts them); 0: no RAM tier.
   int64_t ram_bytes = 0;
   // kCostAware: load a disk hit only when the measured read rate beats the measured prefill rate;
   // kAlways: load every hit (tests, benchmarks).
@@ -75,14 +76,36 @@ struct EngineConfig {
   PromptCacheConfig prompt_cache;
 };
 
-// The disk tier's counters (PromptTier::Stats). Blocks are full KV blocks (block_size tokens).
+// The RAM tier's counters (PromptTier::Stats). Blocks are full KV blocks (block_size tokens).
+struct PromptCacheRamStats {
+  bool enabled = false;  // --prompt-cache-ram-bytes > 0
+  int64_t records = 0, bytes = 0, capacity_bytes = 0;
+  int64_t lookup_misses = 0;  // admissions that looked past the pool and found no next block here
+  int64_t hits = 0;           // blocks read and verified
+  int64_t misses = 0;         // reads of a block that was gone
+  int64_t promotions = 0;     // blocks copied into the pool (counted as computed)
+  int64_t demotions = 0;      // pool evictions copied in (a block already held is only refreshed)
+  int64_t demote_failures = 0;  // pool evictions that could not be copied out
+  int64_t evictions = 0;      // blocks evicted to stay under the cap (LRU)
+  int64_t spills = 0;         // ... of them queued for the disk tier (not on disk yet)
+  // The prefetcher (both tiers on): blocks of waiting requests moved from disk to RAM, reads
+  // that found a block gone or refused it, and requests not prefetched (its queue was full).
+  int64_t prefetched = 0, prefetch_failed = 0, prefetch_dropped = 0;
+  int64_t insert_drops = 0;   // blocks larger than the cap
+  int64_t corrupt_dropped = 0;  // records refused on read (identity or checksum)
+  int64_t bytes_read = 0, bytes_written = 0;
+  double read_bytes_per_s = 0;  // measured so far (0: not yet)
+};
+
+// The disk tier's counters (PromptTier::Stats), the cost decisions of both tiers, and `ram`.
 struct PromptCacheStats {
   // The last cost decision: load from disk (rates measured, or not yet), or recompute.
   enum class Choice : uint8_t { kNone, kLoad, kLoadUnmeasured, kRecompute };
-  bool enabled = false;
+  bool enabled = false;  // the disk tier (--prompt-cache-dir); the fields below are its own,
+                         // except lookups, loads, recomputes and the rates (both tiers)
   int64_t records = 0, bytes = 0, capacity_bytes = 0, queued_bytes = 0;
   int64_t lookups = 0;         // admissions that looked past the pool's hit
-  int64_t lookup_misses = 0;   // ... and found no next block on disk
+  int64_t lookup_misses = 0;   // ... and found no next block in any tier
   int64_t hits = 0;            // blocks read and verified
   int64_t misses = 0;          // blocks read that were gone (evicted between lookup and read)
   int64_t promotions = 0;      // blocks copied into the pool (counted as computed)
@@ -94,6 +117,11 @@ struct PromptCacheStats {
   // The last decision: its choice and the rates it compared.
   Choice last_choice = Choice::kNone;
   double last_read_bytes_per_s = 0, last_prefill_tokens_per_s = 0;
+  PromptCacheRamStats ram;
+};
+// What a clear removed from the tiers below the pool (the pool's blocks go at the next step).
+struct PromptCacheCleared {
+  int64_t ram_blocks = 0, disk_blocks = 0;
 };
 // "none", "load", "load_unmeasured", "recompute".
 const char* PromptCacheChoiceName(PromptCacheStats::Choice choice);
@@ -135,7 +163,7 @@ struct EngineStats {
   int64_t sampled_seq_steps = 0, sampled_tokens = 0;
   // Speculative decoding: sequence-steps that verified drafts, tokens drafted, drafts accepted.
   int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
-  PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir
+  PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir, ram.enabled with -ram-bytes
 };
 
 }  // namespace ember

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "util/check.h"
 #include "util/log.h"
 
 namespace ember {
@@ -23,48 +24,110 @@ bool LoadBeatsRecompute(int64_t num_blocks, int64_t record_bytes, int32_t block_
   return load_s < compute_s;
 }
 
-PromptTier::PromptTier(std::unique_ptr<prompt_cache::DiskStore> disk,
-                       PromptCacheConfig::Reuse reuse, KvBlockIo* io, const EngineStats* counters)
-    : disk_(std::move(disk)),
+PromptTier::PromptTier(const PromptTierShape& shape, std::unique_ptr<prompt_cache::RamStore> ram,
+                       std::unique_ptr<prompt_cache::DiskStore> disk,
+                       PromptCacheConfig::Reuse reuse, KvBlockIo* io, kv::KvCacheManager* kv,
+                       const EngineStats* counters)
+    : shape_(shape),
+      ram_(std::move(ram)),
+      disk_(std::move(disk)),
       reuse_(reuse),
       io_(io),
+      kv_(kv),
       counters_(counters),
-      block_size_(disk_->config().block_size) {}
+      block_size_(shape.block_size) {
+  CHECK(ram_ != nullptr || disk_ != nullptr);
+  if (ram_ != nullptr) {
+    tags_.resize(static_cast<size_t>(shape.num_blocks));
+    kv_->set_eviction_observer(this);
+  }
+  if (ram_ != nullptr && disk_ != nullptr) {
+    // At most a RAM's worth of blocks waits: more would evict what it fetched first.
+    prefetcher_ = std::make_unique<prompt_cache::Prefetcher>(
+        ram_.get(), disk_.get(), std::max<int64_t>(1, MaxPrefetchBlocks()));
+  }
+}
+
+int64_t PromptTier::MaxPrefetchBlocks() const {
+  return ram_->config().max_bytes / ram_->record_bytes();
+}
+
+void PromptTier::Prefetch(const GenerationRequest& request, const kv::KvCacheManager& kv) {
+  // As Scheduler::AdmitWaiting: requests that need every prompt row computed skip the cache.
+  if (prefetcher_ == nullptr || request.prompt_logprobs >= 0 ||
+      request.pooling.kind != PoolingKind::kNone || request.prompt_ids.size() < 2)
+    return;
+  const std::span<const int32_t> prompt(request.prompt_ids);
+  const auto bs = static_cast<size_t>(block_size_);
+  const auto max_blocks = static_cast<int32_t>((prompt.size() - 1) / bs);
+  const int32_t first = kv.PeekCachedPrefix(prompt, request.cache_namespace) / block_size_;
+  if (first >= max_blocks) return;
+  // Half of RAM at most per request: a longer prefix's head would be evicted by its own tail.
+  const int64_t cap = std::max<int64_t>(1, MaxPrefetchBlocks() / 2);
+  std::vector<prompt_cache::PrefetchBlock> job;
+  prompt_cache::Key parent =
+      prompt_cache::RootKey(shape_.fingerprint, request.cache_namespace, request.cache_salt);
+  for (int32_t j = 0; j < max_blocks && static_cast<int64_t>(job.size()) < cap; ++j) {
+    const std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(j) * bs, bs);
+    const prompt_cache::Key key = prompt_cache::ChainKey(parent, tokens);
+    if (j >= first && !ram_->Contains(key)) {
+      if (!disk_->Contains(key)) break;
+      job.push_back({key, parent, request.cache_namespace, {tokens.begin(), tokens.end()}});
+    }
+    parent = key;
+  }
+  prefetcher_->Enqueue(std::move(job));
+}
+
+PromptTier::~PromptTier() {
+  if (ram_ != nullptr) kv_->set_eviction_observer(nullptr);
+}
+
+prompt_cache::Key PromptTier::RootOf(const Sequence& seq) const {
+  const GenerationRequest& request = seq.request->request;
+  return prompt_cache::RootKey(shape_.fingerprint, request.cache_namespace, request.cache_salt);
+}
 
 void PromptTier::EnsureKeys(Sequence& seq, int32_t num_blocks) const {
   const size_t bs = static_cast<size_t>(block_size_);
-  const GenerationRequest& request = seq.request->request;
   while (static_cast<int32_t>(seq.tier_keys.size()) < num_blocks) {
     const size_t j = seq.tier_keys.size();
     if ((j + 1) * bs > seq.tokens.size()) return;
     const std::span<const int32_t> tokens = std::span<const int32_t>(seq.tokens).subspan(j * bs, bs);
     // A placeholder (an in-flight sampled token, -1 - r) is not content yet.
     if (std::ranges::any_of(tokens, [](int32_t t) { return t < 0; })) return;
-    const prompt_cache::Key parent =
-        j == 0 ? prompt_cache::RootKey(disk_->config().fingerprint, request.cache_namespace,
-                                       request.cache_salt)
-               : seq.tier_keys[j - 1];
+    const prompt_cache::Key parent = j == 0 ? RootOf(seq) : seq.tier_keys[j - 1];
     seq.tier_keys.push_back(prompt_cache::ChainKey(parent, tokens));
   }
 }
 
 prompt_cache::BlockIdentity PromptTier::Identity(const Sequence& seq, int32_t block) const {
-  const GenerationRequest& request = seq.request->request;
   const auto j = static_cast<size_t>(block);
   prompt_cache::BlockIdentity id;
-  id.fingerprint = disk_->config().fingerprint;
-  id.parent = j == 0 ? prompt_cache::RootKey(id.fingerprint, request.cache_namespace,
-                                             request.cache_salt)
-                     : seq.tier_keys[j - 1];
+  id.fingerprint = shape_.fingerprint;
+  id.parent = j == 0 ? RootOf(seq) : seq.tier_keys[j - 1];
   id.key = seq.tier_keys[j];
-  id.ns = request.cache_namespace;
+  id.ns = seq.request->request.cache_namespace;
   id.tokens = std::span<const int32_t>(seq.tokens).subspan(j * block_size_, block_size_);
   return id;
 }
 
-double PromptTier::ReadBytesPerSecond() const {
-  const prompt_cache::DiskStoreStats disk = disk_->Stats();
-  return disk.read_ns > 0 ? static_cast<double>(disk.bytes_read) * 1e9 / disk.read_ns : 0.0;
+namespace {
+double Rate(int64_t bytes, int64_t ns) {
+  return ns > 0 ? static_cast<double>(bytes) * 1e9 / static_cast<double>(ns) : 0.0;
+}
+}  // namespace
+
+double PromptTier::RamReadBytesPerSecond() const {
+  if (ram_ == nullptr) return 0.0;
+  const prompt_cache::RamStoreStats s = ram_->Stats();
+  return Rate(s.bytes_read, s.read_ns);
+}
+
+double PromptTier::DiskReadBytesPerSecond() const {
+  if (disk_ == nullptr) return 0.0;
+  const prompt_cache::DiskStoreStats s = disk_->Stats();
+  return Rate(s.bytes_read, s.read_ns);
 }
 
 double PromptTier::PrefillTokensPerSecond() const {
@@ -74,8 +137,18 @@ double PromptTier::PrefillTokensPerSecond() const {
   return ns > 0 && tokens > 0 ? static_cast<double>(tokens) * 1e9 / ns : 0.0;
 }
 
-bool PromptTier::ShouldLoad(int32_t num_blocks) {
-  last_read_bytes_per_s_ = ReadBytesPerSecond();
+bool PromptTier::ShouldLoad(int32_t in_ram, int32_t on_disk) {
+  const double ram_rate = in_ram > 0 ? RamReadBytesPerSecond() : 0.0;
+  const double disk_rate = on_disk > 0 ? DiskReadBytesPerSecond() : 0.0;
+  const bool measured =
+      (in_ram == 0 || ram_rate > 0) && (on_disk == 0 || disk_rate > 0);
+  const int32_t n = in_ram + on_disk;
+  const double record = static_cast<double>(prompt_cache::RecordBytes(block_size_,
+                                                                      shape_.payload_bytes));
+  // The blocks' bytes over the time both tiers take to read them: one rate for the cost rule.
+  const double seconds = (in_ram > 0 && ram_rate > 0 ? in_ram * record / ram_rate : 0.0) +
+                         (on_disk > 0 && disk_rate > 0 ? on_disk * record / disk_rate : 0.0);
+  last_read_bytes_per_s_ = measured && seconds > 0 ? n * record / seconds : 0.0;
   last_prefill_tokens_per_s_ = PrefillTokensPerSecond();
   bool load = true;
   if (reuse_ == PromptCacheConfig::Reuse::kAlways) {
@@ -83,12 +156,56 @@ bool PromptTier::ShouldLoad(int32_t num_blocks) {
   } else if (last_read_bytes_per_s_ <= 0 || last_prefill_tokens_per_s_ <= 0) {
     last_choice_ = PromptCacheStats::Choice::kLoadUnmeasured;  // the load measures the rate
   } else {
-    load = LoadBeatsRecompute(num_blocks, disk_->record_bytes(), block_size_,
+    load = LoadBeatsRecompute(n, static_cast<int64_t>(record), block_size_,
                               last_read_bytes_per_s_, last_prefill_tokens_per_s_);
     last_choice_ = load ? PromptCacheStats::Choice::kLoad : PromptCacheStats::Choice::kRecompute;
   }
   ++(load ? loads_ : recomputes_);
   return load;
+}
+
+int32_t PromptTier::FindBelow(const Sequence& seq, int32_t first, int32_t known, int32_t* on_disk,
+                              int32_t* in_ram_run) const {
+  int32_t found = 0;
+  *on_disk = 0;
+  *in_ram_run = 0;
+  for (; first + found < known; ++found) {
+    const prompt_cache::Key& key = seq.tier_keys[static_cast<size_t>(first + found)];
+    if (ram_ != nullptr && ram_->Contains(key)) {
+      if (*on_disk == 0) ++*in_ram_run;
+    } else if (disk_ != nullptr && disk_->Contains(key)) {
+      ++*on_disk;
+    } else {
+      break;
+    }
+  }
+  return found;
+}
+
+bool PromptTier::Restore(const Sequence& seq, int32_t j, int32_t block_id) {
+  const prompt_cache::BlockIdentity id = Identity(seq, j);
+  prompt_cache::RamStore::Record record;
+  std::span<const uint8_t> payload;
+  bool from_ram = false;
+  // A block the prefetcher is reading now is waited for (not read twice); it lands in RAM.
+  const bool in_ram = ram_ != nullptr && (ram_->Contains(id.key) ||
+                                          (prefetcher_ != nullptr &&
+                                           prefetcher_->WaitIfFetching(id.key)));
+  if (in_ram && (record = ram_->Read(id)) != nullptr) {
+    payload = prompt_cache::RecordPayload(*record, block_size_, shape_.payload_bytes);
+    from_ram = true;
+  } else if (disk_ != nullptr) {
+    payload = disk_->Read(id);  // evicted meanwhile, or refused (counted by the store): empty
+  }
+  if (payload.empty()) return false;
+  const Status st = io_->CopyBlockFromHost(block_id, payload);
+  if (!st.ok()) {
+    LOG_WARN << "prompt cache: cannot restore a block: " << st.message();
+    ++promote_failures_;
+    return false;
+  }
+  ++(from_ram ? ram_promotions_ : disk_promotions_);
+  return true;
 }
 
 int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::KvCacheManager& kv,
@@ -100,34 +217,72 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
   EnsureKeys(seq, max_blocks);
   const int32_t known = std::min<int32_t>(max_blocks, static_cast<int32_t>(seq.tier_keys.size()));
   ++lookups_;
-  int32_t found = 0;
-  while (first + found < known && disk_->Contains(seq.tier_keys[first + found])) ++found;
+  int32_t on_disk = 0, in_ram_run = 0;
+  int32_t found = FindBelow(seq, first, known, &on_disk, &in_ram_run);
+  if (ram_ != nullptr && in_ram_run == 0) ++ram_lookup_misses_;
   if (found == 0) {
     ++lookup_misses_;
     return pool_tokens;
   }
-  if (!ShouldLoad(found)) return pool_tokens;
+  if (!ShouldLoad(found - on_disk, on_disk)) {
+    // The disk's part is not worth it: the RAM run before it may still be.
+    if (in_ram_run == 0 || !ShouldLoad(in_ram_run, 0)) return pool_tokens;
+    found = in_ram_run;
+  }
+  // Most recently used now: the evictions Allocate may cause below push other records out first.
+  if (ram_ != nullptr)
+    for (int32_t j = first; j < first + found; ++j) ram_->Refresh(seq.tier_keys[static_cast<size_t>(j)]);
   const int32_t restored_end = (first + found) * block_size_;
   // Read nothing unless the whole admission fits now (else it is retried on a later step).
   const int32_t admitted_end = std::min(seq.num_tokens(), restored_end + budget_tokens);
   if (kv.NumBlocksNeeded(seq.id, admitted_end) > kv.NumFreeBlocks()) return pool_tokens;
+  // Allocating may evict cached pool blocks into RAM (OnEvict), which may push this prompt's
+  // own RAM records out to disk: Restore reads either tier.
   if (!kv.Allocate(seq.id, restored_end)) return pool_tokens;
   const std::vector<int32_t>& table = kv.BlockTable(seq.id);
   int32_t loaded = 0;
-  for (; loaded < found; ++loaded) {
-    const int32_t j = first + loaded;
-    const std::span<const uint8_t> payload = disk_->Read(Identity(seq, j));
-    if (payload.empty()) break;  // evicted meanwhile, or refused (counted by the store)
-    const Status st = io_->CopyBlockFromHost(table[static_cast<size_t>(j)], payload);
-    if (!st.ok()) {
-      LOG_WARN << "prompt cache: cannot restore a block: " << st.message();
-      ++promote_failures_;
-      break;
-    }
-  }
-  promoted_blocks_ += loaded;
+  while (loaded < found && Restore(seq, first + loaded, table[static_cast<size_t>(first + loaded)]))
+    ++loaded;
   // Blocks past `loaded` stay allocated: they are recomputed in place.
   return (first + loaded) * block_size_;
+}
+
+void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table,
+                           const kv::KvCacheManager& kv) {
+  const kv::PrefixCache& cache = kv.prefix_cache();
+  const uint64_t ns = seq.request->request.cache_namespace;
+  for (int32_t j = seq.tier_blocks_tagged; j < keyed; ++j) {
+    const int32_t b = table[static_cast<size_t>(j)];
+    // Another sequence's block holds this content when this one's is not registered (its owner
+    // tagged it). Tokens and namespace are checked so a tag never names other content.
+    if (!cache.is_cached(b) || cache.ns(b) != ns ||
+        !std::ranges::equal(cache.Tokens(b), Identity(seq, j).tokens))
+      continue;
+    PoolTag& tag = tags_[static_cast<size_t>(b)];
+    tag.key = seq.tier_keys[static_cast<size_t>(j)];
+    tag.parent = j == 0 ? RootOf(seq) : seq.tier_keys[static_cast<size_t>(j) - 1];
+    tag.epoch = cache.Ref(b).epoch;
+    tag.valid = true;
+  }
+  seq.tier_blocks_tagged = std::max(seq.tier_blocks_tagged, keyed);
+}
+
+void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
+  int32_t j = seq.tier_blocks_stored;
+  for (; j < keyed; ++j) {
+    if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
+    std::vector<uint8_t> record = disk_->NewRecordBuffer();
+    const std::span<uint8_t> payload =
+        std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
+                                           static_cast<size_t>(shape_.payload_bytes));
+    const Status st = io_->CopyBlockToHost(table[static_cast<size_t>(j)], payload);
+    if (!st.ok()) {
+      LOG_WARN << "prompt cache: cannot copy a block out: " << st.message();
+      break;
+    }
+    disk_->Write(Identity(seq, j), std::move(record));  // dropped when the queue is full
+  }
+  seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, j);
 }
 
 void PromptTier::CommitComputed(Sequence& seq, int32_t num_computed,
@@ -138,59 +293,112 @@ void PromptTier::CommitComputed(Sequence& seq, int32_t num_computed,
       std::min<int64_t>({num_computed, seq.num_tokens(),
                          static_cast<int64_t>(table.size()) * block_size_}) /
       block_size_);
-  if (full <= seq.tier_blocks_stored) return;
+  const bool tags = ram_ != nullptr && full > seq.tier_blocks_tagged;
+  const bool writes = disk_ != nullptr && full > seq.tier_blocks_stored;
+  if (!tags && !writes) return;
   EnsureKeys(seq, full);
   const int32_t keyed = std::min<int32_t>(full, static_cast<int32_t>(seq.tier_keys.size()));
-  int32_t j = seq.tier_blocks_stored;
-  for (; j < keyed; ++j) {
-    if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
-    std::vector<uint8_t> record = disk_->NewRecordBuffer();
-    const std::span<uint8_t> payload =
-        std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
-                                           static_cast<size_t>(disk_->config().payload_bytes));
-    const Status st = io_->CopyBlockToHost(table[static_cast<size_t>(j)], payload);
-    if (!st.ok()) {
-      LOG_WARN << "prompt cache: cannot copy a block out: " << st.message();
-      break;
-    }
-    disk_->Write(Identity(seq, j), std::move(record));  // dropped when the queue is full
-  }
-  seq.tier_blocks_stored = j;
+  if (tags) TagBlocks(seq, keyed, table, kv);
+  if (writes) WriteThrough(seq, keyed, table);
 }
 
-void PromptTier::DiskStats(const prompt_cache::DiskStore& disk, PromptCacheStats* out) {
-  const prompt_cache::DiskStoreStats d = disk.Stats();
+void PromptTier::OnEvict(int32_t block_id) {
+  const kv::PrefixCache& cache = kv_->prefix_cache();
+  PoolTag& tag = tags_[static_cast<size_t>(block_id)];
+  if (!tag.valid || tag.epoch != cache.Ref(block_id).epoch) return;  // untagged: recomputed
+  tag.valid = false;
+  if (ram_->Refresh(tag.key)) return;  // held already (restored from RAM, or evicted before)
+  prompt_cache::BlockIdentity id;
+  id.fingerprint = shape_.fingerprint;
+  id.parent = tag.parent;
+  id.key = tag.key;
+  id.ns = cache.ns(block_id);
+  id.tokens = cache.Tokens(block_id);
+  std::vector<uint8_t> record = ram_->NewRecordBuffer();
+  const Status st = io_->CopyBlockToHost(
+      block_id, std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
+                                                   static_cast<size_t>(shape_.payload_bytes)));
+  if (!st.ok()) {
+    LOG_WARN << "prompt cache: cannot copy an evicted block to RAM: " << st.message();
+    ++ram_demote_failures_;
+    return;
+  }
+  ++ram_demotions_;
+  const std::vector<prompt_cache::RamStore::Evicted> evicted = ram_->Insert(id, std::move(record));
+  if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
+}
+
+PromptCacheCleared PromptTier::Clear(std::optional<uint64_t> ns) {
+  PromptCacheCleared removed;
+  if (prefetcher_ != nullptr) prefetcher_->DropQueued();
+  if (ram_ != nullptr) removed.ram_blocks = ram_->Clear(ns);
+  if (disk_ != nullptr) removed.disk_blocks = disk_->Clear(ns);
+  return removed;
+}
+
+void PromptTier::StoreStats(PromptCacheStats* out) const {
   PromptCacheStats& s = *out;
-  s.enabled = true;
-  s.records = d.records;
-  s.bytes = d.bytes;
-  s.capacity_bytes = d.capacity_bytes;
-  s.queued_bytes = d.queued_bytes;
-  s.hits = d.hits;
-  s.misses = d.misses;
-  s.evictions = d.evictions;
-  s.writes = d.writes;
-  s.write_drops = d.write_drops;
-  s.write_errors = d.write_errors;
-  s.corrupt_dropped = d.corrupt_dropped;
-  s.stale_temps_removed = d.stale_temps_removed;
-  s.bytes_read = d.bytes_read;
-  s.bytes_written = d.bytes_written;
+  if (disk_ != nullptr) {
+    const prompt_cache::DiskStoreStats d = disk_->Stats();
+    s.enabled = true;
+    s.records = d.records;
+    s.bytes = d.bytes;
+    s.capacity_bytes = d.capacity_bytes;
+    s.queued_bytes = d.queued_bytes;
+    s.hits = d.hits;
+    s.misses = d.misses;
+    s.evictions = d.evictions;
+    s.writes = d.writes;
+    s.write_drops = d.write_drops;
+    s.write_errors = d.write_errors;
+    s.corrupt_dropped = d.corrupt_dropped;
+    s.stale_temps_removed = d.stale_temps_removed;
+    s.bytes_read = d.bytes_read;
+    s.bytes_written = d.bytes_written;
+    s.read_bytes_per_s = Rate(d.bytes_read, d.read_ns);
+  }
+  if (ram_ != nullptr) {
+    const prompt_cache::RamStoreStats r = ram_->Stats();
+    PromptCacheRamStats& m = s.ram;
+    m.enabled = true;
+    m.records = r.records;
+    m.bytes = r.bytes;
+    m.capacity_bytes = r.capacity_bytes;
+    m.hits = r.hits;
+    m.misses = r.misses;
+    m.evictions = r.evictions;
+    m.insert_drops = r.insert_drops;
+    m.corrupt_dropped = r.corrupt_dropped;
+    m.bytes_read = r.bytes_read;
+    m.bytes_written = r.bytes_written;
+    m.read_bytes_per_s = Rate(r.bytes_read, r.read_ns);
+    m.spills = ram_spills_.load();
+  }
+  if (prefetcher_ != nullptr) {
+    const prompt_cache::PrefetcherStats f = prefetcher_->Stats();
+    s.ram.prefetched = f.fetched;
+    s.ram.prefetch_failed = f.failed;
+    s.ram.prefetch_dropped = f.dropped_jobs;
+    s.ram.spills += f.spills;
+  }
 }
 
 PromptCacheStats PromptTier::Stats() const {
   PromptCacheStats s;
-  DiskStats(*disk_, &s);
+  StoreStats(&s);
   s.lookups = lookups_;
   s.lookup_misses = lookup_misses_;
-  s.promotions = promoted_blocks_;
+  s.promotions = disk_promotions_;
   s.loads = loads_;
   s.recomputes = recomputes_;
-  s.read_bytes_per_s = ReadBytesPerSecond();
   s.prefill_tokens_per_s = PrefillTokensPerSecond();
   s.last_read_bytes_per_s = last_read_bytes_per_s_;
   s.last_prefill_tokens_per_s = last_prefill_tokens_per_s_;
   s.last_choice = last_choice_;
+  s.ram.lookup_misses = ram_lookup_misses_;
+  s.ram.promotions = ram_promotions_;
+  s.ram.demotions = ram_demotions_;
+  s.ram.demote_failures = ram_demote_failures_;
   return s;
 }
 

@@ -1,22 +1,39 @@
-// PromptTier: the engine's side of the prompt cache below the KV pool (the disk tier,
-// prompt_cache/disk_store.h). Two calls, each from one seam, engine thread only:
+// PromptTier: the engine's side of the prompt cache below the KV pool: a host-RAM tier
+// (prompt_cache/ram_store.h, --prompt-cache-ram-bytes) and a disk tier (prompt_cache/disk_store.h,
+// --prompt-cache-dir), either or both. Four calls, each from one seam, engine thread only:
+//  - Prefetch (Engine::TakeWork, as a request arrives; both tiers on): the blocks of its prompt
+//    past the pool's hit that RAM lacks and the disk holds are queued for the Prefetcher, whose
+//    thread moves them from disk to RAM (prompt_cache/prefetcher.h) while the request waits.
+//  - OnEvict (kv::EvictionObserver; KvCacheManager::Allocate, before it reuses a cached block):
+//    the block's content moves down to RAM (copied out through KvBlockIo while still intact,
+//    sealed, inserted under its chain key). A block RAM already holds is only marked recently
+//    used. Records RAM evicts for room go to the disk writer as they are (WriteSealed, queued:
+//    the engine thread never waits for the disk) unless the disk holds them already.
 //  - ExtendCachedPrefix (Scheduler::AdmitWaiting, after KvCacheManager::AcquireCachedPrefix):
-//    the prompt's next whole blocks that the pool missed are looked up on disk; when loading them
-//    beats recomputing them (measured rates, below) they get pool blocks, are read, verified and
-//    copied into those blocks (KvBlockIo, before the step that admits the sequence is launched:
-//    the copy is ordered after every step already enqueued), and count as computed. A record that
-//    fails verification ends the extension there: its block and the rest are recomputed.
+//    the prompt's next whole blocks that the pool missed are looked up in RAM, then on disk; when
+//    loading them beats recomputing them (measured rates, below) they get pool blocks, are read
+//    (from RAM, after waiting for the prefetcher when it is reading that block now; else disk),
+//    verified and copied into those blocks (KvBlockIo, before the step that admits the sequence
+//    is launched: the copy is ordered after every step already enqueued), and count as computed.
+//    A record that fails verification ends the extension there: its block and the rest are
+//    recomputed.
 //  - CommitComputed (StepPostprocessor::CommitComputed, after the pool registered the blocks):
-//    write-through: each newly computed full block is copied to host memory and queued for the
-//    disk writer (dropped, and counted, when the queue is full). Blocks already stored are skipped.
+//    the pool blocks registered for the sequence are tagged with their chain keys (what OnEvict
+//    needs: the pool's own keys are 64-bit hashes); with a disk tier, write-through: each newly
+//    computed full block is copied to host memory and queued for the disk writer (dropped, and
+//    counted, when the queue is full). Blocks already stored are skipped.
 // Keys: a block's key is the SHA-256 chain over the model fingerprint, the request's namespace
 // and cache_salt and every token id up to the block's end (block_record.h), kept per sequence
-// in Sequence::tier_keys. Cost: with a measured disk read rate R (bytes/s, this store's reads)
-// and prefill rate P (tokens/s, the engine's non-decode forward time), n blocks load iff
-// n * record_bytes / R < n * block_size / P; until both are measured they load (the first load
-// measures R). The choice is counted and the last one's rates are published (Stats).
+// in Sequence::tier_keys; both tiers hold the same sealed records, checked in full on every read,
+// so a block is never reused across models, KV dtypes, block sizes, adapters or salts. Cost: with
+// measured read rates (bytes/s of each tier's reads) and the prefill rate P (tokens/s, the
+// engine's non-decode forward time), n blocks of which r in RAM and d on disk load iff
+// r * record_bytes / R_ram + d * record_bytes / R_disk < n * block_size / P; until the rates
+// involved are measured they load (the first load measures them). The choice is counted and the
+// last one's rates are published (Stats).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +43,8 @@
 #include "engine/sequence.h"
 #include "kv/kv_cache_manager.h"
 #include "prompt_cache/disk_store.h"
+#include "prompt_cache/prefetcher.h"
+#include "prompt_cache/ram_store.h"
 #include "util/status.h"
 
 namespace ember {
@@ -44,47 +63,93 @@ class KvBlockIo {
 bool LoadBeatsRecompute(int64_t num_blocks, int64_t record_bytes, int32_t block_size,
                         double read_bytes_per_s, double prefill_tokens_per_s);
 
-class PromptTier {
- public:
-  // `io` and `counters` (the engine's running totals, for the prefill rate) must outlive this.
-  PromptTier(std::unique_ptr<prompt_cache::DiskStore> disk, PromptCacheConfig::Reuse reuse,
-             KvBlockIo* io, const EngineStats* counters);
+// What the tiers' records are for: this model and pool (the same for RAM and disk).
+struct PromptTierShape {
+  prompt_cache::Key fingerprint{};
+  int32_t block_size = 0;
+  int64_t payload_bytes = 0;  // Backend::KvBlockBytes
+  int32_t num_blocks = 0;     // the pool's
+};
 
-  // Returns seq's computed tokens after extending the pool's hit of `pool_tokens` with disk
-  // blocks (>= pool_tokens; blocks are allocated to seq for what it returns). `budget_tokens`:
-  // what this step may still compute, to check that the whole admission will fit before reading.
+class PromptTier : public kv::EvictionObserver {
+ public:
+  // `ram` or `disk` may be null (not both). `io`, `kv` and `counters` (the engine's running
+  // totals, for the prefill rate) must outlive this. Registers itself as kv's eviction observer
+  // when there is a RAM tier.
+  PromptTier(const PromptTierShape& shape, std::unique_ptr<prompt_cache::RamStore> ram,
+             std::unique_ptr<prompt_cache::DiskStore> disk, PromptCacheConfig::Reuse reuse,
+             KvBlockIo* io, kv::KvCacheManager* kv, const EngineStats* counters);
+  ~PromptTier() override;
+
+  // Queues the disk blocks of `request`'s prefix past the pool's hit for the prefetcher (a no-op
+  // without both tiers, or for a request that does not look its prefix up).
+  void Prefetch(const GenerationRequest& request, const kv::KvCacheManager& kv);
+  // Returns seq's computed tokens after extending the pool's hit of `pool_tokens` with blocks
+  // from RAM and disk (>= pool_tokens; blocks are allocated to seq for what it returns).
+  // `budget_tokens`: what this step may still compute, to check that the whole admission will
+  // fit before reading.
   int32_t ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::KvCacheManager& kv,
                              int32_t budget_tokens);
-  // Queues seq's full blocks within its first num_computed tokens that are not stored yet.
+  // Tags seq's registered pool blocks within its first num_computed tokens; with a disk tier,
+  // queues its full blocks there that are not stored yet.
   void CommitComputed(Sequence& seq, int32_t num_computed, const kv::KvCacheManager& kv);
-  // Removes stored blocks (every namespace, or one); returns how many. Any thread.
-  int64_t Clear(std::optional<uint64_t> ns) { return disk_->Clear(ns); }
-  // The disk's counters with this tier's decisions and rates. Any thread for the disk's part;
+  // kv::EvictionObserver: the pool is about to reuse cached block `block_id`.
+  void OnEvict(int32_t block_id) override;
+  // Removes stored blocks from both tiers (every namespace, or one); returns how many. Any thread.
+  PromptCacheCleared Clear(std::optional<uint64_t> ns);
+  // The stores' counters with this tier's decisions and rates. The stores' parts are read now;
   // the decision counters are the engine thread's (the engine publishes them each step).
   PromptCacheStats Stats() const;
-  // The disk's fields of PromptCacheStats, now (any thread: the store's counters are its own).
-  static void DiskStats(const prompt_cache::DiskStore& disk, PromptCacheStats* out);
-  prompt_cache::DiskStore& disk() { return *disk_; }
-  const prompt_cache::DiskStore& disk() const { return *disk_; }
+  // The stores' fields of PromptCacheStats, now (any thread: the stores' counters are their own).
+  void StoreStats(PromptCacheStats* out) const;
+  prompt_cache::DiskStore* disk() { return disk_.get(); }
+  prompt_cache::RamStore* ram() { return ram_.get(); }
 
  private:
+  // A pool block's chain key while it is registered (epoch: the prefix cache's at tagging).
+  struct PoolTag {
+    prompt_cache::Key key{}, parent{};
+    uint32_t epoch = 0;
+    bool valid = false;
+  };
   // Computes seq's chain keys up to `num_blocks` blocks (stops at a token not yet known).
   void EnsureKeys(Sequence& seq, int32_t num_blocks) const;
+  prompt_cache::Key RootOf(const Sequence& seq) const;
   prompt_cache::BlockIdentity Identity(const Sequence& seq, int32_t block) const;
-  // The measured rates (0 until measured): this store's reads, the engine's non-decode forwards.
-  double ReadBytesPerSecond() const;
+  // How many of seq's blocks from `first` on (up to `known`) RAM or the disk hold; *on_disk: how
+  // many of those only the disk holds; *in_ram_run: the leading run RAM holds.
+  int32_t FindBelow(const Sequence& seq, int32_t first, int32_t known, int32_t* on_disk,
+                    int32_t* in_ram_run) const;
+  // Copies block j of seq from RAM or disk into pool block `block_id`; false when neither
+  // tier gives a verified record (or the copy fails).
+  bool Restore(const Sequence& seq, int32_t j, int32_t block_id);
+  void TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table,
+                 const kv::KvCacheManager& kv);
+  void WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table);
+  // The measured rates (0 until measured): a store's reads, the engine's non-decode forwards.
+  double RamReadBytesPerSecond() const;
+  double DiskReadBytesPerSecond() const;
   double PrefillTokensPerSecond() const;
-  // Whether loading n blocks beats recomputing them (counts the choice).
-  bool ShouldLoad(int32_t num_blocks);
+  int64_t MaxPrefetchBlocks() const;  // RAM's cap in records
+  // Whether loading `in_ram` blocks from RAM and `on_disk` from disk beats recomputing them
+  // (counts the choice).
+  bool ShouldLoad(int32_t in_ram, int32_t on_disk);
 
+  const PromptTierShape shape_;
+  std::unique_ptr<prompt_cache::RamStore> ram_;
   std::unique_ptr<prompt_cache::DiskStore> disk_;
+  std::unique_ptr<prompt_cache::Prefetcher> prefetcher_;  // after the stores: stops first
   PromptCacheConfig::Reuse reuse_;
   KvBlockIo* io_;
+  kv::KvCacheManager* kv_;
   const EngineStats* counters_;
-  int32_t block_size_;
+  const int32_t block_size_;
+  std::vector<PoolTag> tags_;  // [pool blocks] (RAM tier only)
   // Decisions and promotions (engine thread).
-  int64_t lookups_ = 0, lookup_misses_ = 0, loads_ = 0, recomputes_ = 0;
-  int64_t promoted_blocks_ = 0, promote_failures_ = 0;
+  int64_t lookups_ = 0, lookup_misses_ = 0, ram_lookup_misses_ = 0, loads_ = 0, recomputes_ = 0;
+  int64_t disk_promotions_ = 0, ram_promotions_ = 0, promote_failures_ = 0;
+  int64_t ram_demotions_ = 0, ram_demote_failures_ = 0;
+  std::atomic<int64_t> ram_spills_{0};  // engine thread writes; StoreStats reads (any thread)
   double last_read_bytes_per_s_ = 0, last_prefill_tokens_per_s_ = 0;
   PromptCacheStats::Choice last_choice_ = PromptCacheStats::Choice::kNone;
 };

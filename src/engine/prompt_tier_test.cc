@@ -4,6 +4,10 @@
 // truncation, a crashed writer's temp file) cost reuse, never correctness; salts and models do
 // not share, nor do KV formats (--kv-cache-dtype: an int8 pool's records are int8 rows, read
 // back only by int8 pools); clearing drops both tiers; the cost rule picks the faster path.
+// The RAM tier (RamTierTest): a prefix the pool evicted comes back from RAM with the pool hit's
+// bit-identical logprobs; the cap holds; clear and salts; RAM in front of the disk across a
+// restart; the prefetcher moves a waiting request's prefix from disk to RAM; preemption under a
+// tiny pool loses no block.
 #include "engine/prompt_tier.h"
 
 #include <gtest/gtest.h>
@@ -26,6 +30,7 @@ constexpr int32_t kBlock = 16;
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // each token's, and its top 5 (when the request asked)
   RequestUsage usage;
 };
 
@@ -49,8 +54,12 @@ Outcome Generate(Engine& engine, const GenerationRequest& request) {
   }
   std::vector<TokenEvent> events;
   while ((*stream)->Next(&events)) {
-    for (const TokenEvent& e : events)
-      if (e.token_id >= 0) run.tokens.push_back(e.token_id);
+    for (const TokenEvent& e : events) {
+      if (e.token_id < 0) continue;
+      run.tokens.push_back(e.token_id);
+      run.logprobs.push_back(e.logprob);
+      for (const TokenLogprob& t : e.top_logprobs) run.logprobs.push_back(t.logprob);
+    }
     events.clear();
   }
   run.usage = (*stream)->usage();
@@ -286,11 +295,18 @@ TEST_F(PromptTierTest, ClearDropsThePoolAndTheDisk) {
 }
 
 TEST_F(PromptTierTest, RefusedConfigurations) {
-  EngineConfig ram = Config();
-  ram.prompt_cache.ram_bytes = 1 << 20;
+  EngineConfig ram = Config(/*disk=*/false);
+  ram.prompt_cache.ram_bytes = 1000;  // less than one block
   auto r = Engine::Create(NewModel(), ram);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.message().find("--prompt-cache-ram-bytes"), std::string::npos);
+  EXPECT_NE(r.message().find("--prompt-cache-ram-bytes: 1000 holds no KV block"), std::string::npos)
+      << r.message();
+  ram.prompt_cache.ram_bytes = 1 << 20;
+  ram.enable_prefix_caching = false;
+  r = Engine::Create(NewModel(), ram);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("--prompt-cache-ram-bytes: needs the prefix cache"), std::string::npos)
+      << r.message();
   EngineConfig no_cap = Config();
   no_cap.prompt_cache.disk_bytes = 0;
   r = Engine::Create(NewModel(), no_cap);
@@ -366,6 +382,217 @@ TEST_F(PromptTierTest, QuantizedKvRecordsServeOnlyTheirFormat) {
   const Outcome third = Generate(*reader, request);
   EXPECT_EQ(third.tokens, cold);
   EXPECT_EQ(third.usage.cached_tokens, 144);
+}
+
+// The host-RAM tier: blocks the KV pool evicts are kept in RAM and served from there.
+class RamTierTest : public PromptTierTest {
+ protected:
+  // A pool of `blocks` blocks (+ RAM tier of `ram_records` records; + the disk tier when `disk`).
+  EngineConfig RamConfig(int32_t blocks, int64_t ram_records, bool disk = false) {
+    EngineConfig c = Config(disk);
+    Model* probe = NewModel();
+    c.kv_cache_bytes = int64_t{blocks} * kBlock * probe->KvBytesPerToken();
+    // KvBlockBytes needs an allocated pool; a float32 pool's block is block_size tokens' bytes.
+    c.prompt_cache.ram_bytes =
+        ram_records * prompt_cache::RecordBytes(kBlock, kBlock * probe->KvBytesPerToken());
+    c.prompt_cache.reuse = PromptCacheConfig::Reuse::kAlways;
+    return c;
+  }
+  static GenerationRequest WithLogprobs(GenerationRequest r) {
+    r.sampling.top_logprobs = 5;
+    return r;
+  }
+};
+
+// A prompt computed, evicted from the pool by other prompts and asked again is restored from RAM
+// (no disk tier at all): the same tokens and bit-identical logprobs as a pool hit, the tokens of
+// a cold run.
+TEST_F(RamTierTest, PrefixEvictedFromThePoolIsServedFromRam) {
+  const GenerationRequest a = WithLogprobs(Greedy(Prompt(150, 11)));
+  const std::vector<int32_t> cold = Cold(a);
+  std::unique_ptr<Engine> engine = NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/64));
+  ASSERT_NE(engine, nullptr);
+  const Outcome first = Generate(*engine, a);
+  EXPECT_EQ(first.tokens, cold);
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  const Outcome pool_hit = Generate(*engine, a);
+  EXPECT_EQ(pool_hit.usage.cached_tokens, 144);
+  EXPECT_EQ(pool_hit.tokens, cold);
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_FALSE(s.enabled);  // no disk tier
+  EXPECT_TRUE(s.ram.enabled);
+  EXPECT_EQ(s.ram.promotions, 0);
+  // Three other prompts of 11 blocks each push a's blocks out of the 24-block pool.
+  for (int seed = 12; seed < 15; ++seed) Generate(*engine, Greedy(Prompt(150, seed)));
+  s = engine->Stats().prompt_cache;
+  EXPECT_GE(s.ram.demotions, 9);
+  EXPECT_EQ(s.ram.records, s.ram.demotions);
+  EXPECT_EQ(s.ram.bytes, s.ram.records * prompt_cache::RecordBytes(kBlock, engine->model().KvBlockBytes()));
+  const Outcome ram_hit = Generate(*engine, a);
+  EXPECT_EQ(ram_hit.usage.cached_tokens, 144);
+  EXPECT_EQ(ram_hit.tokens, cold);
+  EXPECT_EQ(ram_hit.logprobs, pool_hit.logprobs) << "a RAM hit must be bit-identical to a pool hit";
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.promotions, 9);
+  EXPECT_EQ(s.ram.hits, 9);
+  EXPECT_EQ(s.ram.corrupt_dropped, 0);
+  EXPECT_EQ(s.ram.bytes_read, 9 * prompt_cache::RecordBytes(kBlock, engine->model().KvBlockBytes()));
+  EXPECT_GT(s.ram.read_bytes_per_s, 0);
+  EXPECT_EQ(s.promotions, 0);  // nothing from disk
+}
+
+// The RAM tier's cap holds under a stream of distinct prompts (least recently used out first),
+// and a cleared cache serves nothing from RAM.
+TEST_F(RamTierTest, CapHoldsAndClearEmptiesRam) {
+  std::unique_ptr<Engine> engine = NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/12));
+  ASSERT_NE(engine, nullptr);
+  const int64_t cap = engine->Stats().prompt_cache.ram.capacity_bytes;
+  for (int seed = 20; seed < 28; ++seed) {
+    Generate(*engine, Greedy(Prompt(150, seed)));
+    EXPECT_LE(engine->Stats().prompt_cache.ram.bytes, cap) << seed;
+  }
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.records, 12);
+  EXPECT_GT(s.ram.evictions, 0);
+  EXPECT_EQ(s.ram.spills, 0);  // no disk tier
+  // The newest evictions are held: seed 25's blocks left the pool last among those in RAM...
+  // the oldest (seed 20) are gone from both.
+  EXPECT_EQ(Generate(*engine, Greedy(Prompt(150, 20))).usage.cached_tokens, 0);
+  // Another salt's clear keeps the records; a full clear drops them.
+  engine->ClearPromptCache(std::string("other"));
+  EXPECT_GT(engine->Stats().prompt_cache.ram.records, 0);
+  engine->ClearPromptCache(std::nullopt);
+  EXPECT_EQ(engine->Stats().prompt_cache.ram.records, 0);
+  EXPECT_EQ(engine->Stats().prompt_cache.ram.bytes, 0);
+}
+
+// Salted (tenant) and unsalted requests with the same tokens never share a RAM record.
+TEST_F(RamTierTest, SaltsDoNotShareInRam) {
+  const std::vector<int32_t> ids = Prompt(150, 30);
+  std::unique_ptr<Engine> engine = NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/64));
+  ASSERT_NE(engine, nullptr);
+  Generate(*engine, Greedy(ids, "tenant-a"));
+  for (int seed = 31; seed < 34; ++seed) Generate(*engine, Greedy(Prompt(150, seed)));
+  ASSERT_GE(engine->Stats().prompt_cache.ram.demotions, 9);
+  EXPECT_EQ(Generate(*engine, Greedy(ids, "tenant-b")).usage.cached_tokens, 0);
+  EXPECT_EQ(Generate(*engine, Greedy(ids)).usage.cached_tokens, 0);
+  EXPECT_EQ(engine->Stats().prompt_cache.ram.promotions, 0);
+  const Outcome a = Generate(*engine, Greedy(ids, "tenant-a"));
+  EXPECT_EQ(a.usage.cached_tokens, 144);
+  EXPECT_EQ(a.tokens, Cold(Greedy(ids)));
+}
+
+// RAM in front of the disk: what RAM evicts stays on disk (written through, or spilled), and a
+// restart (RAM lost) is served from disk with the cold output.
+TEST_F(RamTierTest, RamEvictionsReachTheDiskAndSurviveARestart) {
+  const GenerationRequest a = Greedy(Prompt(150, 40));
+  const std::vector<int32_t> cold = Cold(a);
+  {
+    std::unique_ptr<Engine> engine =
+        NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/10, /*disk=*/true));
+    ASSERT_NE(engine, nullptr);
+    Generate(*engine, a);
+    for (int seed = 41; seed < 46; ++seed) Generate(*engine, Greedy(Prompt(150, seed)));
+    const PromptCacheStats s = engine->Stats().prompt_cache;
+    EXPECT_GT(s.ram.evictions, 0);
+    EXPECT_LE(s.ram.bytes, s.ram.capacity_bytes);
+    // a's blocks left the pool and RAM: the disk serves them (the prefetcher moves the first
+    // half of RAM's worth, 5, into RAM as the request arrives; the engine reads the other 4).
+    const Outcome from_disk = Generate(*engine, a);
+    EXPECT_EQ(from_disk.usage.cached_tokens, 144);
+    EXPECT_EQ(from_disk.tokens, cold);
+    const PromptCacheStats t = engine->Stats().prompt_cache;
+    EXPECT_EQ(t.promotions + t.ram.promotions - s.ram.promotions, 9);
+    EXPECT_EQ(t.ram.prefetched, 5);
+  }
+  std::unique_ptr<Engine> restarted =
+      NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/10, /*disk=*/true));
+  ASSERT_NE(restarted, nullptr);
+  EXPECT_EQ(restarted->Stats().prompt_cache.ram.records, 0);
+  const Outcome after = Generate(*restarted, a);
+  EXPECT_EQ(after.usage.cached_tokens, 144);
+  EXPECT_EQ(after.tokens, cold);
+  // From disk: read by the engine thread, or moved to RAM first by the prefetcher.
+  const PromptCacheStats s = restarted->Stats().prompt_cache;
+  EXPECT_EQ(s.promotions + s.ram.promotions, 9);
+  EXPECT_EQ(s.ram.promotions, s.ram.prefetched);
+}
+
+// A request that waits in the queue has its prefix moved from disk to RAM by the prefetcher
+// meanwhile: its admission restores every block from RAM (none from disk on the engine thread),
+// with the cold output.
+TEST_F(RamTierTest, WaitingRequestsPrefixIsPrefetchedFromDiskIntoRam) {
+  const GenerationRequest b = Greedy(Prompt(150, 60));
+  const std::vector<int32_t> cold = Cold(b);
+  EngineConfig config = RamConfig(/*blocks=*/40, /*ram_records=*/64, /*disk=*/true);
+  config.max_running = 1;  // b waits while the first request runs
+  RunAndStop(b, config);   // b's blocks on disk
+  std::unique_ptr<Engine> engine = NewEngine(config);
+  ASSERT_NE(engine, nullptr);
+  GenerationRequest busy = Greedy(Prompt(20, 61));
+  busy.max_tokens = 300;
+  std::shared_ptr<ResponseStream> first = testing::SubmitOrDie(*engine, busy);
+  ASSERT_NE(first, nullptr);
+  auto submitted = engine->Submit(b);
+  auto* second = std::get_if<std::shared_ptr<ResponseStream>>(&submitted);
+  ASSERT_NE(second, nullptr);
+  std::vector<TokenEvent> events;
+  while (first->Next(&events)) events.clear();
+  Outcome run;
+  while ((*second)->Next(&events)) {
+    for (const TokenEvent& e : events)
+      if (e.token_id >= 0) run.tokens.push_back(e.token_id);
+    events.clear();
+  }
+  EXPECT_EQ(run.tokens, cold);
+  EXPECT_EQ((*second)->usage().cached_tokens, 144);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.prefetched, 9);
+  EXPECT_EQ(s.ram.prefetch_failed, 0);
+  EXPECT_EQ(s.ram.promotions, 9);
+  EXPECT_EQ(s.promotions, 0) << "the engine thread read the disk";
+}
+
+// Four long requests at once in a pool that holds little more than one: sequences are preempted
+// and blocks are evicted into RAM while others run. Every output equals its cold run (no block is
+// lost or mixed up), and asked again the requests' prefixes come back from RAM.
+TEST_F(RamTierTest, PreemptedSequencesComeBackFromRamIntact) {
+  std::vector<GenerationRequest> requests;
+  for (int seed = 50; seed < 54; ++seed) {
+    GenerationRequest r = Greedy(Prompt(120, seed));
+    r.max_tokens = 40;
+    requests.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> cold;
+  for (const GenerationRequest& r : requests) cold.push_back(Cold(r));
+  std::unique_ptr<Engine> engine = NewEngine(RamConfig(/*blocks=*/14, /*ram_records=*/64));
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) streams.push_back(testing::SubmitOrDie(*engine, r));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    ASSERT_NE(streams[i], nullptr);
+    std::vector<int32_t> tokens;
+    std::vector<TokenEvent> events;
+    while (streams[i]->Next(&events)) {
+      for (const TokenEvent& e : events)
+        if (e.token_id >= 0) tokens.push_back(e.token_id);
+      events.clear();
+    }
+    EXPECT_EQ(tokens, cold[i]) << "request " << i;
+  }
+  EngineStats s = engine->Stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.prompt_cache.ram.demotions, 0);
+  // The pool holds one request's blocks at most: asked again one by one, the others' prefixes
+  // come from RAM (and, running alone, with their cold outputs).
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Outcome again = Generate(*engine, requests[i]);
+    EXPECT_EQ(again.tokens, cold[i]) << "request " << i << " again";
+    EXPECT_GT(again.usage.cached_tokens, 0) << "request " << i << " again";
+  }
+  s = engine->Stats();
+  EXPECT_GT(s.prompt_cache.ram.promotions, 0);
+  EXPECT_EQ(s.prompt_cache.ram.corrupt_dropped, 0);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
 
 void Scheduler::FreeSequence(Sequence* seq) {
   kv_->Free(seq->id);
+  seq->tier_blocks_tagged = 0;
   if (slots_ != nullptr) slots_->Release(seq->state_slot);
   seq->state_slot = -1;
   seq->started = false;

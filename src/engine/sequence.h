@@ -69,10 +69,13 @@ struct Sequence {
   std::vector<int32_t> draft;
   bool wants_drafts = false;
   int32_t accepted_drafts = 0, rejected_drafts = 0;  // over its verifications (usage)
-  // The prompt cache's disk tier (engine/prompt_tier.h): chain key of each full block so far
-  // (entry i names blocks 0..i), and how many leading blocks are stored or queued below the pool.
+  // The prompt cache below the pool (engine/prompt_tier.h): chain key of each full block so far
+  // (entry i names blocks 0..i), how many leading blocks are stored or queued on disk, and how
+  // many leading blocks of its current block table were tagged for the RAM tier (reset when its
+  // blocks are freed: Scheduler::FreeSequence).
   std::vector<Sha256Digest> tier_keys;
   int32_t tier_blocks_stored = 0;
+  int32_t tier_blocks_tagged = 0;
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

@@ -102,6 +102,7 @@ bool KvCacheManager::Allocate(SeqId seq, int32_t num_tokens) {
   for (int64_t i = 0; i < num_new; ++i) {
     // The front is the least valuable free block: uncached, or the least recently used cached one.
     const int32_t block_id = pool_.front();
+    if (observer_ != nullptr && cache_.is_cached(block_id)) observer_->OnEvict(block_id);
     cache_.Evict(block_id);  // its content is about to be overwritten
     CHECK_EQ(pool_.PopFront(), block_id);
     blocks.push_back(block_id);

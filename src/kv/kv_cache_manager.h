@@ -3,8 +3,9 @@
 // Full, computed blocks are registered in the PrefixCache; when the last sequence releases such a
 // block it stays cached at the back of the free list (LRU) and a later prompt with the same prefix
 // revives it. Allocation takes from the front of the free list, evicting a cached block's entry
-// first. The capacity (num_blocks, from the KV byte cap) holds before any allocation: Allocate
-// refuses, changing nothing, rather than over-commit. Single-threaded: owned by the engine thread.
+// first (an EvictionObserver sees the block, its content still intact, just before). The capacity
+// (num_blocks, from the KV byte cap) holds before any allocation: Allocate refuses, changing
+// nothing, rather than over-commit. Single-threaded: owned by the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,15 @@ struct KvCacheConfig {
 // Blocks that fit in `bytes` given the model's KV bytes per token (all layers, K and V): the cap
 // holds before allocation. 0 when not even one block fits.
 int32_t NumBlocksForBytes(int64_t bytes, int64_t kv_bytes_per_token, int32_t block_size);
+
+// Told about each cached block Allocate is about to reuse (its prefix-cache entry, tokens and
+// namespace still readable, its KV not yet overwritten): the prompt cache's RAM tier copies it
+// out (engine/prompt_tier.h). Not called for DropCached or for re-registration.
+class EvictionObserver {
+ public:
+  virtual ~EvictionObserver() = default;
+  virtual void OnEvict(int32_t block_id) = 0;
+};
 
 class KvCacheManager {
  public:
@@ -67,6 +77,8 @@ class KvCacheManager {
   // found by lookups (a running sequence registers its blocks again as it commits). Returns how
   // many blocks were forgotten.
   int32_t DropCached(std::optional<uint64_t> ns);
+  // The observer of evictions (null: none). It must outlive its registration.
+  void set_eviction_observer(EvictionObserver* observer) { observer_ = observer; }
   // seq's blocks in slot order. CHECKs Has(seq).
   const std::vector<int32_t>& BlockTable(SeqId seq) const;
   bool Has(SeqId seq) const { return seqs_.contains(seq); }
@@ -103,6 +115,7 @@ class KvCacheManager {
   BlockPool pool_;
   PrefixCache cache_;
   std::unordered_map<SeqId, SeqState> seqs_;
+  EvictionObserver* observer_ = nullptr;
   int64_t prefix_queries_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
 };

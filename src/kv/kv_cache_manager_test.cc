@@ -198,6 +198,42 @@ TEST(KvCacheManagerTest, LruEvictsLeastRecentlyFreedFirstAndEvictionDropsHash) {
   EXPECT_EQ(kv.CheckInvariants(), "");
 }
 
+// The observer sees each cached block Allocate reuses, before its entry goes (its tokens and
+// namespace still readable), and nothing for uncached blocks or DropCached.
+TEST(KvCacheManagerTest, EvictionObserverSeesCachedBlocksBeforeReuse) {
+  struct Recorder : EvictionObserver {
+    const KvCacheManager* kv = nullptr;
+    std::vector<int32_t> blocks;
+    std::vector<V> tokens;
+    void OnEvict(int32_t block_id) override {
+      EXPECT_TRUE(kv->prefix_cache().is_cached(block_id));
+      blocks.push_back(block_id);
+      const std::span<const int32_t> t = kv->prefix_cache().Tokens(block_id);
+      tokens.emplace_back(t.begin(), t.end());
+    }
+  } recorder;
+  KvCacheManager kv(Config(6, 4));  // each prompt: one full (cached) block and one partial
+  recorder.kv = &kv;
+  kv.set_eviction_observer(&recorder);
+  const V a = Iota(5, 0), b = Iota(5, 100), c = Iota(5, 200);
+  RunPrompt(kv, 1, a);
+  RunPrompt(kv, 2, b);
+  RunPrompt(kv, 3, c);
+  kv.Free(1);
+  kv.Free(2);
+  kv.Free(3);
+  ASSERT_TRUE(kv.Allocate(4, 12));  // the uncached free blocks first: nothing evicted
+  EXPECT_TRUE(recorder.blocks.empty());
+  ASSERT_TRUE(kv.Allocate(4, 16));  // then a's block, the least recently freed
+  ASSERT_EQ(recorder.blocks.size(), 1u);
+  EXPECT_EQ(recorder.tokens[0], Iota(4, 0));
+  EXPECT_FALSE(kv.prefix_cache().is_cached(recorder.blocks[0]));
+  kv.DropCached(std::nullopt);  // forgetting is not an eviction
+  ASSERT_TRUE(kv.Allocate(4, 24));
+  EXPECT_EQ(recorder.blocks.size(), 1u);
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
 TEST(KvCacheManagerTest, FreeingASharedBlockKeepsItForTheOtherSequence) {
   KvCacheManager kv(Config(8));
   const V prompt = Iota(9);

@@ -31,6 +31,12 @@ bool Equal(std::span<const uint8_t> in, size_t at, const Key& key) {
 
 }  // namespace
 
+size_t KeyHash::operator()(const Key& k) const {
+  size_t h;
+  std::memcpy(&h, k.data(), sizeof(h));
+  return h;
+}
+
 Key RootKey(const Key& fingerprint, uint64_t ns, const std::string& salt) {
   const Key salt_digest = Sha256Of(salt);
   return Sha256()

@@ -35,6 +35,11 @@ inline constexpr size_t kHeaderBytes = 128;
 
 using Key = Sha256Digest;
 
+// Hash of a Key for unordered containers: a SHA-256 digest, so any 8 of its bytes are uniform.
+struct KeyHash {
+  size_t operator()(const Key& k) const;
+};
+
 // What a record must be to be read as a given block: all of it is checked.
 struct BlockIdentity {
   Key fingerprint{};

@@ -95,12 +95,6 @@ bool ParseFileName(const std::string& name, uint64_t* ns, Key* key) {
 
 }  // namespace
 
-size_t DiskStore::KeyHash::operator()(const Key& k) const {
-  size_t h;
-  std::memcpy(&h, k.data(), sizeof(h));  // a SHA-256 digest: any 8 bytes are uniform
-  return h;
-}
-
 Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskStoreConfig& config) {
   if (config.dir.empty()) return Status::Error("--prompt-cache-dir: empty path");
   if (config.max_bytes <= 0)
@@ -247,6 +241,11 @@ void DiskStore::MakeRoom(int64_t incoming) {
 }
 
 std::span<const uint8_t> DiskStore::Read(const BlockIdentity& id) {
+  if (!ReadRecord(id, &read_buffer_)) return {};
+  return RecordPayload(read_buffer_, config_.block_size, config_.payload_bytes);
+}
+
+bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) {
   const int64_t start = NowNs();
   std::string file;
   {
@@ -254,60 +253,75 @@ std::span<const uint8_t> DiskStore::Read(const BlockIdentity& id) {
     auto it = index_.find(id.key);
     if (it == index_.end()) {
       ++misses_;
-      return {};
+      return false;
     }
     file = FileName(id.key, it->second.ns);
     Touch(id.key);
   }
-  read_buffer_.resize(static_cast<size_t>(record_bytes_));
+  record->resize(static_cast<size_t>(record_bytes_));
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {  // evicted (or cleared) since the lookup
     ++misses_;
-    return {};
+    return false;
   }
   struct stat st;
   const bool sized = fstat(fd, &st) == 0 && st.st_size == record_bytes_;
-  const bool read_ok = sized && ReadAll(fd, read_buffer_.data(), read_buffer_.size());
+  const bool read_ok = sized && ReadAll(fd, record->data(), record->size());
   ::close(fd);
-  const std::string why = read_ok ? VerifyRecord(read_buffer_, id, config_.payload_bytes)
+  const std::string why = read_ok ? VerifyRecord(*record, id, config_.payload_bytes)
                                   : std::string(sized ? "short read" : "wrong size");
   if (!why.empty()) {
     LOG_WARN << "prompt cache: dropping " << file << ": " << why;
     ++corrupt_;
     MutexLock lock(&mu_);
     Erase(id.key);
-    return {};
+    return false;
   }
   // Recency survives a restart through the file's modification time.
   (void)utimensat(AT_FDCWD, file.c_str(), nullptr, 0);
   ++hits_;
   bytes_read_ += record_bytes_;
   read_ns_ += NowNs() - start;
-  return RecordPayload(read_buffer_, config_.block_size, config_.payload_bytes);
+  return true;
 }
 
 DiskStore::WriteResult DiskStore::Write(const BlockIdentity& id, std::vector<uint8_t> record) {
   CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
   CHECK_EQ(static_cast<int32_t>(id.tokens.size()), config_.block_size);
-  {
-    MutexLock lock(&mu_);
-    if (index_.contains(id.key)) {
-      Touch(id.key);
-      return WriteResult::kPresent;
-    }
-    if (queued_keys_.contains(id.key)) return WriteResult::kPresent;
-    if (queued_bytes_ + record_bytes_ > config_.max_queue_bytes) {
-      ++write_drops_;
-      return WriteResult::kDropped;
-    }
-  }
+  if (const std::optional<WriteResult> early = Admit(id.key)) return *early;
   SealRecord(id, record);  // outside the lock: the checksum pass
+  return Enqueue(id.key, id.ns, std::move(record));
+}
+
+DiskStore::WriteResult DiskStore::WriteSealed(const Key& key, uint64_t ns,
+                                              std::vector<uint8_t> record) {
+  CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
+  if (const std::optional<WriteResult> early = Admit(key)) return *early;
+  return Enqueue(key, ns, std::move(record));
+}
+
+std::optional<DiskStore::WriteResult> DiskStore::Admit(const Key& key) {
+  MutexLock lock(&mu_);
+  if (index_.contains(key)) {
+    Touch(key);
+    return WriteResult::kPresent;
+  }
+  if (queued_keys_.contains(key)) return WriteResult::kPresent;
+  if (queued_bytes_ + record_bytes_ > config_.max_queue_bytes) {
+    ++write_drops_;
+    return WriteResult::kDropped;
+  }
+  return std::nullopt;
+}
+
+DiskStore::WriteResult DiskStore::Enqueue(const Key& key, uint64_t ns,
+                                          std::vector<uint8_t> record) {
   {
     MutexLock lock(&mu_);
-    if (queued_keys_.contains(id.key) || index_.contains(id.key)) return WriteResult::kPresent;
-    queued_keys_[id.key] = 1;
+    if (queued_keys_.contains(key) || index_.contains(key)) return WriteResult::kPresent;
+    queued_keys_[key] = 1;
     queued_bytes_ += record_bytes_;
-    queue_.push_back(Pending{id.key, id.ns, std::move(record)});
+    queue_.push_back(Pending{key, ns, std::move(record)});
   }
   cv_.NotifyAll();
   return WriteResult::kQueued;

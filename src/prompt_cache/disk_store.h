@@ -20,7 +20,7 @@
 // writes (a record larger than the cap is dropped). Writes are queued to one writer thread; the
 // queue is bounded by bytes and a write that does not fit is dropped and counted, never waited
 // for. Threads: Read is for one thread at a time (the engine thread; it owns the read buffer);
-// Contains, Write, Clear, Flush and stats from any thread.
+// ReadRecord (the caller's buffer), Contains, Write, Clear, Flush and stats from any thread.
 #pragma once
 
 #include <atomic>
@@ -83,6 +83,9 @@ class DiskStore {
   // The verified payload of the record for `id` ([payload_bytes], valid until the next Read), or
   // an empty span: absent (a miss) or refused (removed and counted as corrupt).
   std::span<const uint8_t> Read(const BlockIdentity& id) EXCLUDES(mu_);
+  // The same into `record` (the whole verified record, RecordBytes): false when absent or
+  // refused. Any thread.
+  bool ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) EXCLUDES(mu_);
   // A buffer for one record: fill its payload at PayloadOffset(block_size), then Write it.
   std::vector<uint8_t> NewRecordBuffer() const {
     return std::vector<uint8_t>(static_cast<size_t>(record_bytes_));
@@ -91,6 +94,9 @@ class DiskStore {
   // Seals `record` (header, tokens, checksum) and queues it for the writer. kPresent: the key is
   // stored or queued already (its recency is refreshed); kDropped: the queue is full.
   WriteResult Write(const BlockIdentity& id, std::vector<uint8_t> record) EXCLUDES(mu_);
+  // Queues a record sealed already for this store's fingerprint (the RAM tier's records, spilled
+  // on eviction): no checksum pass on the caller's thread. The record is verified when read.
+  WriteResult WriteSealed(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
   // Removes every record (ns: nullopt) or those of one namespace, queued writes included.
   // Returns how many records were removed.
   int64_t Clear(std::optional<uint64_t> ns) EXCLUDES(mu_);
@@ -99,9 +105,6 @@ class DiskStore {
   DiskStoreStats Stats() const EXCLUDES(mu_);
 
  private:
-  struct KeyHash {
-    size_t operator()(const Key& k) const;
-  };
   struct Entry {
     uint64_t ns = 0;
     std::list<Key>::iterator lru;
@@ -116,6 +119,9 @@ class DiskStore {
   Status LockDirectory();
   void IndexExisting();
   std::string FileName(const Key& key, uint64_t ns) const;
+  // Write's checks before sealing: kPresent / kDropped, or nullopt to go on.
+  std::optional<WriteResult> Admit(const Key& key) EXCLUDES(mu_);
+  WriteResult Enqueue(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
   void WriterLoop() EXCLUDES(mu_);
   bool WriteFile(const Pending& item);  // temp + rename; false on an I/O error
   // Removes least recently used records until `incoming` more bytes fit.

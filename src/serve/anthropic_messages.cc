@@ -336,7 +336,7 @@ MaybeApiError TranslateGenerationFields(FieldReader& r, json* chat_body) {
     EMBER_DIALECT_TRY(mr.String("user_id", &user_id));
     EMBER_DIALECT_TRY(mr.CheckUnknown());
   }
-  return std::nullopt;
+  return PassCacheSalt(r, chat_body);
 }
 
 }  // namespace

@@ -85,6 +85,19 @@ TEST(AnthropicMessagesTest, ToolChoiceKinds) {
             Parse(R"({"type": "function", "function": {"name": "f"}})"));
 }
 
+// cache_salt (tenants do not share cached prompt KV) passes to the chat body, which checks it.
+TEST(AnthropicMessagesTest, CacheSaltPassesThrough) {
+  const AnthropicTranslation t = Translate(
+      R"({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "cache_salt": "t1"})");
+  EXPECT_EQ(t.chat_body["cache_salt"], "t1");
+  EXPECT_FALSE(Translate(R"({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})")
+                   .chat_body.contains("cache_salt"));
+  EXPECT_EQ(Refusal(R"({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                        "cache_salt": 5})")
+                .param,
+            "cache_salt");
+}
+
 TEST(AnthropicMessagesTest, BadFieldsAreRefusedByName) {
   const std::vector<std::pair<const char*, const char*>> cases = {
       {R"({"messages": [{"role": "user", "content": "hi"}]})", "max_tokens"},

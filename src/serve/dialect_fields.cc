@@ -18,6 +18,14 @@ std::optional<std::string> RenamedPath(const std::string& name, const std::strin
   return to + name.substr(from.size());
 }
 
+MaybeApiError PassCacheSalt(FieldReader& r, RequestJson* chat_body) {
+  const RequestJson* salt = r.Get("cache_salt");
+  if (salt == nullptr) return std::nullopt;
+  if (!salt->is_string()) return FieldTypeError(r.Path("cache_salt"), "a string", *salt);
+  (*chat_body)["cache_salt"] = *salt;
+  return std::nullopt;
+}
+
 std::string StringField(const nlohmann::json& o, const char* key) {
   if (!o.is_object()) return "";
   auto it = o.find(key);

@@ -76,4 +76,10 @@ class FieldReader {
   std::set<std::string> known_;
 };
 
+// Copies the body's `cache_salt` (vLLM's field: requests share cached prompt KV only with the same
+// salt, in the pool and the tiers below it) into the chat body, where the chat path checks it as
+// on /v1/chat/completions (a non-empty string of at most kMaxCacheSaltBytes). A 400 when it is
+// not a string. Marks the field read.
+MaybeApiError PassCacheSalt(FieldReader& r, RequestJson* chat_body);
+
 }  // namespace ember::serve

@@ -208,11 +208,37 @@ class LeasedResponse final : public AsyncResponse {
   std::unique_ptr<AsyncResponse> inner_;
 };
 
-// A library's models each have their own disk tier directory: their counters add up; the last
-// decision shown is any model's.
-void AddPromptCacheStats(const PromptCacheStats& s, PromptCacheStats* total) {
+// A library's models each have their own RAM tier and disk directory: their counters add up; the
+// last decision shown is any model's.
+void AddRamTierStats(const PromptCacheRamStats& s, PromptCacheRamStats* total) {
   if (!s.enabled) return;
   total->enabled = true;
+  for (auto [sum, value] : {std::pair{&total->records, s.records},
+                            {&total->bytes, s.bytes},
+                            {&total->capacity_bytes, s.capacity_bytes},
+                            {&total->lookup_misses, s.lookup_misses},
+                            {&total->hits, s.hits},
+                            {&total->misses, s.misses},
+                            {&total->promotions, s.promotions},
+                            {&total->demotions, s.demotions},
+                            {&total->demote_failures, s.demote_failures},
+                            {&total->evictions, s.evictions},
+                            {&total->spills, s.spills},
+                            {&total->prefetched, s.prefetched},
+                            {&total->prefetch_failed, s.prefetch_failed},
+                            {&total->prefetch_dropped, s.prefetch_dropped},
+                            {&total->insert_drops, s.insert_drops},
+                            {&total->corrupt_dropped, s.corrupt_dropped},
+                            {&total->bytes_read, s.bytes_read},
+                            {&total->bytes_written, s.bytes_written}})
+    *sum += value;
+  total->read_bytes_per_s = std::max(total->read_bytes_per_s, s.read_bytes_per_s);
+}
+
+void AddPromptCacheStats(const PromptCacheStats& s, PromptCacheStats* total) {
+  AddRamTierStats(s.ram, &total->ram);
+  if (!s.enabled && !s.ram.enabled) return;
+  total->enabled = total->enabled || s.enabled;
   for (auto [sum, value] : {std::pair{&total->records, s.records},
                             {&total->bytes, s.bytes},
                             {&total->capacity_bytes, s.capacity_bytes},

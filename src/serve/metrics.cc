@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 namespace ember::serve {
 
@@ -25,40 +27,72 @@ void Counter(const std::string& name, const std::string& help, double value, std
 
 double Ratio(int64_t num, int64_t den) { return den > 0 ? double(num) / double(den) : 0.0; }
 
-// One metric of the disk tier, labelled tier="disk" (the pool's are the kv/prefix metrics).
-void Tier(const char* type, const std::string& name, const std::string& help, double value,
-          std::string* out) {
-  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name +
-          "{tier=\"disk\"} " + Fmt(value) + "\n";
+// One metric of the tiers below the pool, one sample per tier that is on, labelled
+// tier="ram" / tier="disk" (the pool's are the kv/prefix metrics). Nothing when no tier is on.
+using TierValues = std::vector<std::pair<const char*, double>>;
+void Tier(const char* type, const std::string& name, const std::string& help,
+          const TierValues& values, std::string* out) {
+  if (values.empty()) return;
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  for (const auto& [tier, value] : values)
+    *out += name + "{tier=\"" + tier + "\"} " + Fmt(value) + "\n";
 }
 
-// The prompt cache below the pool (--prompt-cache-dir): nothing when it is off.
+// The prompt cache below the pool (--prompt-cache-ram-bytes, --prompt-cache-dir): nothing when
+// both tiers are off.
 void AppendPromptCache(const PromptCacheStats& p, std::string* out) {
-  if (!p.enabled) return;
-  Tier("gauge", "ember_prompt_cache_bytes", "Bytes of KV blocks stored in the tier.", p.bytes, out);
-  Tier("gauge", "ember_prompt_cache_capacity_bytes", "The tier's byte cap.", p.capacity_bytes, out);
-  Tier("gauge", "ember_prompt_cache_blocks", "KV blocks stored in the tier.", p.records, out);
+  const PromptCacheRamStats& r = p.ram;
+  if (!p.enabled && !r.enabled) return;
+  // The samples of the tiers that are on, RAM first.
+  auto of = [&](double ram, double disk) {
+    TierValues v;
+    if (r.enabled) v.emplace_back("ram", ram);
+    if (p.enabled) v.emplace_back("disk", disk);
+    return v;
+  };
+  auto d = [](int64_t x) { return static_cast<double>(x); };
+  Tier("gauge", "ember_prompt_cache_bytes", "Bytes of KV blocks stored in the tier.",
+       of(d(r.bytes), d(p.bytes)), out);
+  Tier("gauge", "ember_prompt_cache_capacity_bytes", "The tier's byte cap.",
+       of(d(r.capacity_bytes), d(p.capacity_bytes)), out);
+  Tier("gauge", "ember_prompt_cache_blocks", "KV blocks stored in the tier.",
+       of(d(r.records), d(p.records)), out);
   Tier("counter", "ember_prompt_cache_hits_total", "Blocks read from the tier and verified.",
-       p.hits, out);
+       of(d(r.hits), d(p.hits)), out);
   Tier("counter", "ember_prompt_cache_misses_total",
-       "Admissions that looked in the tier past the pool's hit and found no block.",
-       p.lookup_misses, out);
+       "Admissions that looked in the tier past the pool's hit and found no next block.",
+       of(d(r.lookup_misses), d(p.lookup_misses)), out);
   Tier("counter", "ember_prompt_cache_promotions_total",
-       "Blocks copied from the tier into the KV pool.", p.promotions, out);
+       "Blocks copied from the tier into the KV pool.", of(d(r.promotions), d(p.promotions)), out);
   Tier("counter", "ember_prompt_cache_evictions_total", "Blocks evicted to stay under the cap.",
-       p.evictions, out);
-  Tier("counter", "ember_prompt_cache_read_bytes_total", "Bytes read from the tier.", p.bytes_read,
-       out);
+       of(d(r.evictions), d(p.evictions)), out);
+  Tier("counter", "ember_prompt_cache_read_bytes_total", "Bytes read from the tier.",
+       of(d(r.bytes_read), d(p.bytes_read)), out);
   Tier("counter", "ember_prompt_cache_written_bytes_total", "Bytes written to the tier.",
-       p.bytes_written, out);
+       of(d(r.bytes_written), d(p.bytes_written)), out);
   Tier("counter", "ember_prompt_cache_corrupt_dropped_total",
-       "Records refused (size, header, tokens or checksum) and removed.", p.corrupt_dropped, out);
-  Tier("counter", "ember_prompt_cache_write_drops_total",
-       "Blocks not written because the write queue was full.", p.write_drops, out);
-  Tier("counter", "ember_prompt_cache_write_errors_total", "Writes that failed.", p.write_errors,
-       out);
-  *out += "# HELP ember_prompt_cache_reuse_decisions_total Disk hits loaded or recomputed, by "
-          "the measured rates.\n# TYPE ember_prompt_cache_reuse_decisions_total counter\n"
+       "Records refused (size, header, tokens or checksum) and removed.",
+       of(d(r.corrupt_dropped), d(p.corrupt_dropped)), out);
+  if (r.enabled) {
+    Tier("counter", "ember_prompt_cache_demotions_total",
+         "Blocks evicted from the KV pool and copied into the tier.", {{"ram", d(r.demotions)}},
+         out);
+    Tier("counter", "ember_prompt_cache_spills_total",
+         "Blocks the tier evicted that were queued for the disk tier.", {{"ram", d(r.spills)}},
+         out);
+    Tier("counter", "ember_prompt_cache_prefetched_total",
+         "Blocks of waiting requests moved from the disk tier into the tier.",
+         {{"ram", d(r.prefetched)}}, out);
+  }
+  if (p.enabled) {
+    Tier("counter", "ember_prompt_cache_write_drops_total",
+         "Blocks not written because the write queue was full.", {{"disk", d(p.write_drops)}},
+         out);
+    Tier("counter", "ember_prompt_cache_write_errors_total", "Writes that failed.",
+         {{"disk", d(p.write_errors)}}, out);
+  }
+  *out += "# HELP ember_prompt_cache_reuse_decisions_total Lower-tier hits loaded or recomputed, "
+          "by the measured rates.\n# TYPE ember_prompt_cache_reuse_decisions_total counter\n"
           "ember_prompt_cache_reuse_decisions_total{choice=\"load\"} " +
           Fmt(static_cast<double>(p.loads)) +
           "\nember_prompt_cache_reuse_decisions_total{choice=\"recompute\"} " +
@@ -67,30 +101,57 @@ void AppendPromptCache(const PromptCacheStats& p, std::string* out) {
 
 nlohmann::json PromptCacheJson(const EngineStats& e) {
   const PromptCacheStats& p = e.prompt_cache;
+  const PromptCacheRamStats& r = p.ram;
   nlohmann::json tiers = {
       {"pool", {{"blocks_cached", e.kv_blocks_cached}, {"hit_tokens", e.prefix_hit_tokens},
                 {"query_tokens", e.prefix_query_tokens}}}};
-  if (!p.enabled) return {{"tiers", tiers}};
-  tiers["disk"] = {{"blocks", p.records},
-                   {"bytes", p.bytes},
-                   {"capacity_bytes", p.capacity_bytes},
-                   {"queued_bytes", p.queued_bytes},
-                   {"lookups", p.lookups},
-                   {"misses", p.lookup_misses},
-                   {"hits", p.hits},
-                   {"gone_on_read", p.misses},
-                   {"promotions", p.promotions},
-                   {"evictions", p.evictions},
-                   {"writes", p.writes},
-                   {"write_drops", p.write_drops},
-                   {"write_errors", p.write_errors},
-                   {"corrupt_dropped", p.corrupt_dropped},
-                   {"stale_temps_removed", p.stale_temps_removed},
-                   {"bytes_read", p.bytes_read},
-                   {"bytes_written", p.bytes_written}};
+  if (!p.enabled && !r.enabled) return {{"tiers", tiers}};
+  if (r.enabled) {
+    tiers["ram"] = {{"blocks", r.records},
+                    {"bytes", r.bytes},
+                    {"capacity_bytes", r.capacity_bytes},
+                    {"misses", r.lookup_misses},
+                    {"hits", r.hits},
+                    {"gone_on_read", r.misses},
+                    {"promotions", r.promotions},
+                    {"demotions", r.demotions},
+                    {"demote_failures", r.demote_failures},
+                    {"evictions", r.evictions},
+                    {"spills", r.spills},
+                    {"prefetched", r.prefetched},
+                    {"prefetch_failed", r.prefetch_failed},
+                    {"prefetch_dropped", r.prefetch_dropped},
+                    {"insert_drops", r.insert_drops},
+                    {"corrupt_dropped", r.corrupt_dropped},
+                    {"bytes_read", r.bytes_read},
+                    {"bytes_written", r.bytes_written},
+                    {"read_bytes_per_s", r.read_bytes_per_s}};
+  }
+  if (p.enabled) {
+    tiers["disk"] = {{"blocks", p.records},
+                     {"bytes", p.bytes},
+                     {"capacity_bytes", p.capacity_bytes},
+                     {"queued_bytes", p.queued_bytes},
+                     {"lookups", p.lookups},
+                     {"misses", p.lookup_misses},
+                     {"hits", p.hits},
+                     {"gone_on_read", p.misses},
+                     {"promotions", p.promotions},
+                     {"evictions", p.evictions},
+                     {"writes", p.writes},
+                     {"write_drops", p.write_drops},
+                     {"write_errors", p.write_errors},
+                     {"corrupt_dropped", p.corrupt_dropped},
+                     {"stale_temps_removed", p.stale_temps_removed},
+                     {"bytes_read", p.bytes_read},
+                     {"bytes_written", p.bytes_written},
+                     {"read_bytes_per_s", p.read_bytes_per_s}};
+  }
   return {{"tiers", tiers},
           {"reuse",
-           {{"loads", p.loads},
+           {{"lookups", p.lookups},
+            {"misses", p.lookup_misses},
+            {"loads", p.loads},
             {"recomputes", p.recomputes},
             {"read_bytes_per_s", p.read_bytes_per_s},
             {"prefill_tokens_per_s", p.prefill_tokens_per_s},

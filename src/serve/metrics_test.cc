@@ -92,6 +92,64 @@ TEST(MetricsTest, PromptCacheDiskTier) {
   EXPECT_EQ(j["tiers"]["disk"]["bytes_written"], 8192);
   EXPECT_EQ(j["tiers"]["disk"]["promotions"], 5);
   EXPECT_EQ(j["reuse"]["last_choice"], "recompute");
+  EXPECT_FALSE(j["tiers"].contains("ram"));
+  EXPECT_EQ(text.find("tier=\"ram\""), std::string::npos);
+}
+
+TEST(MetricsTest, PromptCacheRamAndDiskTiers) {
+  Metrics m;
+  EngineStats e;
+  PromptCacheStats& p = e.prompt_cache;
+  p.enabled = true;
+  p.bytes = 4096;
+  p.hits = 2;
+  PromptCacheRamStats& r = p.ram;
+  r.enabled = true;
+  r.bytes = 2048;
+  r.capacity_bytes = 1 << 20;
+  r.records = 1;
+  r.hits = 7;
+  r.lookup_misses = 3;
+  r.promotions = 7;
+  r.demotions = 9;
+  r.evictions = 4;
+  r.spills = 1;
+  r.bytes_read = 700;
+  r.bytes_written = 900;
+  const std::string text = m.Prometheus(e);
+  // One HELP/TYPE per metric, one sample per tier.
+  const std::string bytes = "# TYPE ember_prompt_cache_bytes gauge\n"
+                            "ember_prompt_cache_bytes{tier=\"ram\"} 2048\n"
+                            "ember_prompt_cache_bytes{tier=\"disk\"} 4096\n";
+  EXPECT_NE(text.find(bytes), std::string::npos) << text;
+  EXPECT_NE(text.find("ember_prompt_cache_hits_total{tier=\"ram\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_hits_total{tier=\"disk\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_misses_total{tier=\"ram\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_promotions_total{tier=\"ram\"} 7\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_demotions_total{tier=\"ram\"} 9\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_evictions_total{tier=\"ram\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_spills_total{tier=\"ram\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_read_bytes_total{tier=\"ram\"} 700\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_written_bytes_total{tier=\"ram\"} 900\n"),
+            std::string::npos);
+  nlohmann::json j = m.Json(e)["prompt_cache"];
+  EXPECT_EQ(j["tiers"]["ram"]["hits"], 7);
+  EXPECT_EQ(j["tiers"]["ram"]["capacity_bytes"], 1 << 20);
+  EXPECT_EQ(j["tiers"]["ram"]["spills"], 1);
+  EXPECT_EQ(j["tiers"]["disk"]["bytes"], 4096);
+  // RAM alone: no disk samples, no disk-only metrics.
+  p.enabled = false;
+  const std::string ram_only = m.Prometheus(e);
+  EXPECT_EQ(ram_only.find("tier=\"disk\""), std::string::npos);
+  EXPECT_EQ(ram_only.find("ember_prompt_cache_write_drops_total"), std::string::npos);
+  EXPECT_NE(ram_only.find("ember_prompt_cache_bytes{tier=\"ram\"} 2048\n"), std::string::npos);
+  j = m.Json(e)["prompt_cache"];
+  EXPECT_TRUE(j["tiers"].contains("ram"));
+  EXPECT_FALSE(j["tiers"].contains("disk"));
 }
 
 }  // namespace

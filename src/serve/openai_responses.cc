@@ -431,6 +431,7 @@ std::variant<ResponsesTranslation, ApiError> TranslateResponsesRequest(const Req
   if (metadata != nullptr) echo["metadata"] = *metadata;  // returned as given, not used
   EMBER_DIALECT_TRY(r.String("user", &user));
   if (!user.empty()) echo["user"] = user;
+  EMBER_DIALECT_TRY(PassCacheSalt(r, &chat));
   EMBER_DIALECT_TRY(r.CheckUnknown());
   return ResponsesTranslation{std::move(chat), std::move(messages.paths), nlohmann::json(echo)};
 }

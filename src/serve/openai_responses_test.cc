@@ -67,6 +67,15 @@ TEST(OpenAiResponsesTest, ItemsBecomeChatTurns) {
   EXPECT_EQ(t.chat_body["response_format"]["json_schema"]["name"], "a");
 }
 
+// cache_salt (tenants do not share cached prompt KV) passes to the chat body, which checks it.
+TEST(OpenAiResponsesTest, CacheSaltPassesThrough) {
+  EXPECT_EQ(Translate(R"({"input": "x", "cache_salt": "t1"})").chat_body["cache_salt"], "t1");
+  EXPECT_FALSE(Translate(R"({"input": "x"})").chat_body.contains("cache_salt"));
+  auto r = TranslateResponsesRequest(RequestJson::parse(R"({"input": "x", "cache_salt": []})"));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "cache_salt");
+}
+
 TEST(OpenAiResponsesTest, BadAndStatefulFieldsAreRefusedByName) {
   const std::vector<std::pair<const char*, const char*>> cases = {
       {R"({})", "input"},

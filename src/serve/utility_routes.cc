@@ -145,11 +145,12 @@ std::variant<json, ApiError> ClearCache(const ServedModel& model, const RequestJ
   if (salt && salt->size() > kMaxCacheSaltBytes)
     return InvalidRequest("cache_salt: at most " + std::to_string(kMaxCacheSaltBytes) + " bytes",
                           "cache_salt");
-  const int64_t removed = model.engine->ClearPromptCache(salt);
+  const PromptCacheCleared removed = model.engine->ClearPromptCache(salt);
   return json{{"object", "cache.clear"},
               {"model", model.name},
               {"scope", salt ? "cache_salt" : "all"},
-              {"disk_blocks_removed", removed}};
+              {"ram_blocks_removed", removed.ram_blocks},
+              {"disk_blocks_removed", removed.disk_blocks}};
 }
 
 bool IsUtilityRoute(const std::string& path) {

@@ -1,7 +1,8 @@
-// The prompt cache's disk tier through `ember serve` (tinystories-656k, official openai client):
-// a long prompt's KV survives a restart (usage.prompt_tokens_details.cached_tokens, same greedy
-// text), also after kill -9; cache_salt isolates; POST /v1/cache/clear drops it; /stats and
-// /metrics report the tier; a second server on the same directory is refused.
+// The prompt cache's tiers through `ember serve` (tinystories-656k, official openai client):
+// disk: a long prompt's KV survives a restart (usage.prompt_tokens_details.cached_tokens, same
+// greedy text), also after kill -9; cache_salt isolates; POST /v1/cache/clear drops it; /stats
+// and /metrics report the tier; a second server on the same directory is refused. RAM: a prompt
+// evicted from a small KV pool comes back from RAM with the same text; /stats, /metrics, clear.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -113,11 +114,55 @@ describe('prompt cache disk tier (tinystories-656k)', { skip: skip ?? false }, (
     }
   });
 
-  test('--prompt-cache-ram-bytes is refused, not ignored', () => {
+});
+
+describe('prompt cache RAM tier (tinystories-656k)', { skip: skip ?? false }, () => {
+  // A pool of 24 blocks of 16 tokens (1 KiB of KV a token on this model): a few prompts evict it.
+  const args = ['--kv-cache-bytes', String(24 * 16 * 1024), '--prompt-cache-ram-bytes', '10000000'];
+  const ask = (client, prompt, extra = {}) => client.completions.create({
+    model: 'test-model', prompt, max_tokens: 12, temperature: 0, ...extra });
+  const OTHERS = ['The cat sat on the warm mat and purred all day long. ',
+    'Tom and his dog went to the big blue sea to swim with a fish. ',
+    'A tiny bird sang a happy song in the old tree by the house. ',
+    'The sun was hot, so Mia ate a cold red apple under the tree. '];
+
+  test('a prompt evicted from the pool is served from RAM with the same text', async () => {
+    const server = await startServer(tinyStoriesDir, args);
+    try {
+      const client = server.client();
+      const first = await ask(client, PROMPT);
+      for (const other of OTHERS) await ask(client, other.repeat(10));
+      let stats = (await getJson(server.baseURL, '/stats')).json.prompt_cache;
+      assert.ok(stats.tiers.ram.demotions > 0, JSON.stringify(stats.tiers.ram));
+      assert.equal(stats.tiers.disk, undefined);
+      const again = await ask(client, PROMPT);
+      const whole = Math.floor((first.usage.prompt_tokens - 1) / 16) * 16;
+      assert.equal(again.usage.prompt_tokens_details.cached_tokens, whole);
+      assert.equal(again.choices[0].text, first.choices[0].text);
+      stats = (await getJson(server.baseURL, '/stats')).json.prompt_cache;
+      assert.ok(stats.tiers.ram.promotions > 0 && stats.tiers.ram.hits === stats.tiers.ram.promotions,
+                JSON.stringify(stats.tiers.ram));
+      assert.ok(stats.tiers.ram.bytes > 0 && stats.tiers.ram.bytes <= 10000000);
+      assert.equal(stats.tiers.ram.capacity_bytes, 10000000);
+      const metrics = await fetch(server.baseURL + '/metrics').then((r) => r.text());
+      assert.match(metrics, new RegExp(`ember_prompt_cache_promotions_total\\{tier="ram"\\} ${stats.tiers.ram.promotions}\\n`));
+      assert.doesNotMatch(metrics, /tier="disk"/);
+
+      const cleared = await postJson(server.baseURL, '/v1/cache/clear', {});
+      assert.equal(cleared.status, 200);
+      assert.ok(cleared.json.ram_blocks_removed > 0, JSON.stringify(cleared.json));
+      assert.equal(cleared.json.disk_blocks_removed, 0);
+      assert.equal((await getJson(server.baseURL, '/stats')).json.prompt_cache.tiers.ram.bytes, 0);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  test('a RAM cap smaller than one KV block is refused, naming the flag', () => {
     const r = spawnSync(emberBin, ['serve', '--model', tinyStoriesDir, '--port', '0',
-                                   '--prompt-cache-ram-bytes', '1000000'],
+                                   '--prompt-cache-ram-bytes', '1000'],
                         { encoding: 'utf8', timeout: 60000 });
     assert.notEqual(r.status, 0);
-    assert.match(r.stderr, /--prompt-cache-ram-bytes/);
+    assert.match(r.stderr, /--prompt-cache-ram-bytes: 1000 holds no KV block/);
   });
 });
