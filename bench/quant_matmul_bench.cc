@@ -2,8 +2,8 @@
 // (backend/cpu/matmul.h) in the same run: for each n (decode: <= 8, prefill: > 8) and weight type,
 // the best repetition's GFLOP/s (2 n k m / time) and weight GB/s (the matrix's bytes / time), and
 // the median. Q8_0 / Q4_0 run the default int8-x kernel (best ISA) and the float32-x kernel; with
-// "all", also every other integer-dot ISA the CPU has. Q4_K / Q5_K / Q6_K (matmul_kquant.h: one
-// float32-x kernel) run on random packed super-blocks (no k-quant quantizer here: random quant
+// "all", also every other integer-dot ISA the CPU has. Q4_K / Q5_K / Q6_K (matmul_kquant.h: the
+// same variants) run on random packed super-blocks (no k-quant quantizer here: random quant
 // bytes and f16 scales of 0.001), next to "f32" (the same shape as the f32 matrix the loader
 // dequantizes them to without the kernels).
 // usage: quant_matmul_bench [threads] [k] [m] [n1,n2,...] [all]
@@ -127,9 +127,14 @@ int main(int argc, char** argv) {
     if (k % 256 != 0) continue;
     Measure("f32", "exact f32", x.data(), n, k, wf.data(), DType::kF32, m, wf.size() * 4,
             out.data(), pool);
-    for (size_t t = 0; t < packed.size(); ++t)
-      Measure(ember::DTypeName(kquants[t]), "float32 x kquant", x.data(), n, k,
-              packed[t].data(), kquants[t], m, packed[t].size(), out.data(), pool);
+    for (size_t t = 0; t < packed.size(); ++t) {
+      for (const Variant& v : variants) {
+        cpu::SetQuantKernel(v.kernel, v.isa);
+        Measure(ember::DTypeName(kquants[t]), v.label, x.data(), n, k, packed[t].data(),
+                kquants[t], m, packed[t].size(), out.data(), pool);
+      }
+      cpu::SetQuantKernel(cpu::QuantKernel::kInt8X, cpu::QuantIsa::kAuto);
+    }
   }
   return 0;
 }

@@ -19,6 +19,7 @@
 
 #include "backend/cpu/cpu_backend.h"  // MakeCpuBackend (the dequantized reference)
 #include "backend/cpu/matmul.h"       // ConvertToF32
+#include "backend/cpu/matmul_quant.h"  // SetQuantKernel (the exact-activation k-quant kernel)
 #include "model/gguf_test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
@@ -173,13 +174,18 @@ INSTANTIATE_TEST_SUITE_P(Files, GgufGoldenTest, ::testing::ValuesIn(kGoldenFiles
                            return name;
                          });
 
-// The k-quant matrices kept packed (MatMulKQuant) against the same files dequantized to f32 at
-// load (a CPU backend that takes no quantized weights): the dequantized values are bit-equal, so
-// only the summation order differs; logits agree within 1e-4 relative (|a - b| / (1 + |b|)) on
+// The k-quant matrices kept packed (MatMulKQuant, the exact-activation kernel: QuantKernel::kFloatX)
+// against the same files dequantized to f32 at load (a CPU backend that takes no quantized
+// weights): the dequantized values are bit-equal, so only the summation order differs (the default
+// int8-x kernel quantizes x as llama.cpp's Q8_K does and is held to llama.cpp's goldens above); logits agree within 1e-4 relative (|a - b| / (1 + |b|)) on
 // the prefill of each golden prompt and on 24 decode steps fed the reference's argmax, and the
 // argmax agrees wherever the reference's top-1/top-2 margin is above 1e-3.
 TEST(GgufModelTest, KQuantKernelsMatchTheDequantizedModel) {
   EMBER_REQUIRE_DIR(GgufDir());
+  struct FloatX {
+    FloatX() { cpu::SetQuantKernel(cpu::QuantKernel::kFloatX, cpu::QuantIsa::kAuto); }
+    ~FloatX() { cpu::SetQuantKernel(cpu::QuantKernel::kInt8X, cpu::QuantIsa::kAuto); }
+  } float_x;
   const json golden = ReadJson(GgufDir() + "/golden.json");
   for (const char* name : {"small-k-q4_k_m.gguf", "small-k-q5_k_m.gguf", "small-k-q6_k.gguf"}) {
     const std::string path = GgufDir() + "/" + name;

@@ -3,9 +3,15 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "util/check.h"
+
+// GCC 12's AVX-512 intrinsics pass an undefined vector as their (ignored) merge source, which
+// -Wuninitialized reports once they are inlined into target("avx512f") functions.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ember::cpu {
 namespace {
@@ -222,6 +228,39 @@ void ColumnTile(const float* x, int64_t n, int64_t k, const uint8_t* w, DType dt
 }
 
 }  // namespace
+
+// ---- the int8-x kernel, once per integer-dot ISA (matmul_kquant_int8.inc) ----
+namespace kquant_avx2 {
+#define EMBER_KQ_ISA 0
+#include "backend/cpu/matmul_kquant_int8.inc"
+#undef EMBER_KQ_ISA
+}  // namespace kquant_avx2
+
+#pragma GCC push_options
+#pragma GCC target("avxvnni,avx2,fma,f16c")
+namespace kquant_avxvnni {
+#define EMBER_KQ_ISA 1
+#include "backend/cpu/matmul_kquant_int8.inc"
+#undef EMBER_KQ_ISA
+}  // namespace kquant_avxvnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+namespace kquant_avx512vnni {
+#define EMBER_KQ_ISA 2
+#include "backend/cpu/matmul_kquant_int8.inc"
+#undef EMBER_KQ_ISA
+}  // namespace kquant_avx512vnni
+#pragma GCC pop_options
+
+KQuantInt8Fn KQuantInt8Kernel(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kAvx512Vnni: return kquant_avx512vnni::Int8Columns;
+    case QuantIsa::kAvxVnni: return kquant_avxvnni::Int8Columns;
+    default: return kquant_avx2::Int8Columns;
+  }
+}
 
 void MatMulKQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
                   const float* bias, float* out, ThreadPool& pool) {

@@ -4,12 +4,18 @@
 // 1e-5 * sum|w x| + 1e-6 for decode (n = 1) and prefill (n > 8, row-group tails) x, odd and
 // tile-tail m, k of 1 to 8 super-blocks, with and without bias, on 1 and 3 threads; a row's
 // result bitwise independent of its batch-mates and the thread count; MatMulQuant dispatching
-// the k-quants to it; the packed row sizes.
+// the k-quants to it under QuantKernel::kFloatX; the packed row sizes. The int8-x kernel
+// (MatMulQuant's default): within 1e-5 * sum|w x| + 1e-6 of the double product of the int8 x it
+// used (x quantized per 256, round to nearest even) and within its quantization bound
+// sum_sb (max|x_sb| / 254) sum |w| of the exact product; rows independent of batch-mates and
+// threads; bitwise equal for every integer-dot ISA the CPU has.
 #include "backend/cpu/matmul_kquant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -128,7 +134,9 @@ TEST(MatMulKQuantTest, RowsAreIndependentOfBatchAndThreadsAndMatMulQuantDispatch
     const std::vector<float> x = RandomFloats(c.n * c.k, rng);
     std::vector<float> all(static_cast<size_t>(c.n * c.m)), via_quant(all.size());
     MatMulKQuant(x.data(), c.n, c.k, w.data(), t, c.m, nullptr, all.data(), two);
+    SetQuantKernel(QuantKernel::kFloatX, QuantIsa::kAuto);
     MatMulQuant(x.data(), c.n, c.k, w.data(), t, c.m, nullptr, via_quant.data(), two);
+    SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
     ASSERT_EQ(0, std::memcmp(all.data(), via_quant.data(), all.size() * sizeof(float)));
     for (int64_t i : {int64_t{0}, int64_t{5}, int64_t{16}, c.n - 1}) {
       std::vector<float> alone(static_cast<size_t>(c.m));
@@ -137,6 +145,92 @@ TEST(MatMulKQuantTest, RowsAreIndependentOfBatchAndThreadsAndMatMulQuantDispatch
           << DTypeName(t) << " row " << i;
     }
   }
+}
+
+// x as the int8-x kernel sees it: per super-block of 256, round-to-nearest-even(x / d) * d with
+// d = max|x| / 127 (float32 d, as the kernel).
+std::vector<double> Int8Activations(const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float amax = 0.0f;
+    for (size_t j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+    for (size_t j = 0; j < 256; ++j) out[b + j] = std::nearbyint(x[b + j] * inv) * double(d);
+  }
+  return out;
+}
+
+void RunInt8(const std::vector<float>& x, const Case& c, const std::vector<uint8_t>& w, DType t,
+             const float* bias, ThreadPool& pool, std::vector<float>* out) {
+  out->assign(static_cast<size_t>(c.n * c.m), NAN);
+  MatMulQuant(x.data(), c.n, c.k, w.data(), t, c.m, bias, out->data(), pool);
+}
+
+TEST(MatMulKQuantTest, Int8XMatchesReferenceWithinStatedTolerance) {
+  std::mt19937 rng(13);
+  ThreadPool two(2);
+  for (DType t : kTypes) {
+    for (const Case& c : kCases) {
+      SCOPED_TRACE(std::string(DTypeName(t)) + " n=" + std::to_string(c.n) +
+                   " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m));
+      const std::vector<uint8_t> w = RandomMatrix(t, c.m, c.k, rng);
+      std::vector<float> wf(static_cast<size_t>(c.m * c.k));
+      DequantizeRow(ToGgml(t), w.data(), c.m * c.k, wf.data());
+      const std::vector<float> x = RandomFloats(c.n * c.k, rng), bias = RandomFloats(c.m, rng);
+      const std::vector<double> xq = Int8Activations(x);
+      std::vector<float> out;
+      RunInt8(x, c, w, t, bias.data(), two, &out);
+      for (int64_t r = 0; r < c.n; ++r)
+        for (int64_t j = 0; j < c.m; ++j) {
+          double exact = bias[j], exact_q = bias[j], magnitude = 0.0, bound = 0.0;
+          for (int64_t b = 0; b < c.k; b += 256) {
+            float amax = 0.0f;
+            double wabs = 0.0;
+            for (int64_t i = b; i < b + 256; ++i) {
+              const double wi = wf[j * c.k + i], xi = x[r * c.k + i];
+              exact += xi * wi;
+              exact_q += xq[r * c.k + i] * wi;
+              magnitude += std::fabs(xi * wi);
+              amax = std::max(amax, std::fabs(x[r * c.k + i]));
+              wabs += std::fabs(wi);
+            }
+            bound += amax / 254.0 * wabs;
+          }
+          const double got = out[r * c.m + j], slack = 1e-5 * magnitude + 1e-6;
+          ASSERT_NEAR(got, exact_q, slack) << "row " << r << " col " << j;
+          ASSERT_NEAR(got, exact, bound * 1.0001 + slack) << "row " << r << " col " << j;
+        }
+    }
+  }
+}
+
+TEST(MatMulKQuantTest, Int8XRowsAreIndependentAndBitwiseEqualAcrossIsas) {
+  std::mt19937 rng(17);
+  ThreadPool one(1), two(2);
+  const Case c{21, 1024, 131};
+  for (DType t : kTypes) {
+    const std::vector<uint8_t> w = RandomMatrix(t, c.m, c.k, rng);
+    const std::vector<float> x = RandomFloats(c.n * c.k, rng), bias = RandomFloats(c.m, rng);
+    SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAvx2);
+    std::vector<float> reference;
+    RunInt8(x, c, w, t, bias.data(), two, &reference);
+    for (QuantIsa isa : {QuantIsa::kAvx2, QuantIsa::kAvxVnni, QuantIsa::kAvx512Vnni}) {
+      if (!CpuHasQuantIsa(isa)) continue;
+      SetQuantKernel(QuantKernel::kInt8X, isa);
+      std::vector<float> all;
+      RunInt8(x, c, w, t, bias.data(), two, &all);
+      ASSERT_EQ(0, std::memcmp(reference.data(), all.data(), sizeof(float) * all.size()))
+          << DTypeName(t) << " isa " << int(isa);
+      for (int64_t i : {int64_t{0}, int64_t{4}, int64_t{8}, c.n - 1}) {
+        const std::vector<float> xi(x.begin() + i * c.k, x.begin() + (i + 1) * c.k);
+        std::vector<float> alone;
+        RunInt8(xi, Case{1, c.k, c.m}, w, t, bias.data(), one, &alone);
+        ASSERT_EQ(0, std::memcmp(alone.data(), all.data() + i * c.m, sizeof(float) * c.m))
+            << DTypeName(t) << " isa " << int(isa) << " row " << i;
+      }
+    }
+  }
+  SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
 }
 
 }  // namespace

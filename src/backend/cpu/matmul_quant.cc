@@ -171,33 +171,46 @@ void DecodeBlock(const float* x, int64_t n, int64_t k, const uint8_t* w, size_t 
 
 // ---- int8 x: x quantized per block of 32 ----
 
-// One row's blocks: q = round-to-nearest-even(x / d), d = max|x| / 127 (0 for an all-zero block).
-void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d) {
+// One row's blocks of `block` values (a multiple of 32): q = round-to-nearest-even(x / d),
+// d = max|x| / 127 (0 for an all-zero block).
+void QuantizeActivationRow(const float* x, int64_t k, int64_t block, int8_t* q, float* d) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for (int64_t b = 0; b < k / kQuantBlock; ++b) {
-    const float* xb = x + b * kQuantBlock;
-    __m256 v[4];
+  for (int64_t b = 0; b < k / block; ++b) {
+    const float* xb = x + b * block;
     __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(xb + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
-    }
+    for (int64_t j = 0; j < block; j += 8)
+      amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(xb + j), abs_mask));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float max_abs = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     const float scale = max_abs / 127.0f;
     d[b] = scale;
     const __m256 inv = _mm256_set1_ps(scale != 0.0f ? 1.0f / scale : 0.0f);
-    __m256i i[4];
-    for (int j = 0; j < 4; ++j)
-      i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], inv),
-                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    // packs interleave 128-bit lanes; the permute puts the 8 dwords back in element order.
-    const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
-    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    const __m256i ordered =
-        _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), ordered);
+    for (int64_t j = 0; j < block; j += 32) {
+      __m256i i[4];
+      for (int u = 0; u < 4; ++u)
+        i[u] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8 * u), inv),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      // packs interleave 128-bit lanes; the permute puts the 8 dwords back in element order.
+      const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
+      const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+      const __m256i ordered =
+          _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * block + j), ordered);
+    }
+  }
+}
+
+// The sums of each run of 16 of a row's k int8 values (exact: at most 16 * 127).
+void RunSums16(const int8_t* q, int64_t k, int16_t* sums) {
+  const __m256i ones = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t j = 0; j < k; j += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j));
+    const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, v), ones16);  // runs of 4
+    const __m256i s8 = _mm256_hadd_epi32(s4, s4);    // lane: runs of 8 (0-7, 8-15, ...)
+    const __m256i s16 = _mm256_hadd_epi32(s8, s8);   // dword 0 of each 128-bit lane: 16
+    sums[j / 16] = static_cast<int16_t>(_mm256_extract_epi32(s16, 0));
+    sums[j / 16 + 1] = static_cast<int16_t>(_mm256_extract_epi32(s16, 4));
   }
 }
 
@@ -228,15 +241,51 @@ PrefillFn PrefillFor(QuantIsa isa) {
   }
 }
 
+// The k-quants with int8 x (matmul_kquant.h): x quantized per super-block of 256 with run sums.
+void MatMulKQuantInt8X(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype,
+                       int64_t m, const float* bias, float* out, ThreadPool& pool) {
+  CHECK_EQ(k % kKQuantBlock, 0) << "MatMulQuant: k " << k << " is not a multiple of 256";
+  if (n == 0 || m == 0) return;
+  const int64_t num_blocks = k / kKQuantBlock;
+  // q [n k], then d [n num_blocks] floats, then sums [n k / 16] int16 (all offsets 4-aligned).
+  uint8_t* scratch = ActivationScratch(static_cast<size_t>(n * k + n * num_blocks * 4 + n * k / 8));
+  auto* xq = reinterpret_cast<int8_t*>(scratch);
+  auto* xd = reinterpret_cast<float*>(scratch + n * k);
+  auto* xs = reinterpret_cast<int16_t*>(scratch + n * k + n * num_blocks * 4);
+  const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
+  pool.ParallelFor(
+      n,
+      [&](int64_t r, int) {
+        QuantizeActivationRow(x + r * k, k, kKQuantBlock, xq + r * k, xd + r * num_blocks);
+        RunSums16(xq + r * k, k, xs + r * (k / 16));
+      },
+      max_threads);
+  const KQuantInt8Fn kernel = KQuantInt8Kernel(ActiveIsa());
+  const KQuantInt8X xv{xq, xd, xs};
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const size_t row_bytes = DTypeRowBytes(w_dtype, k);
+  pool.ParallelFor(
+      (m + kColBlock - 1) / kColBlock,
+      [&](int64_t blk, int) {
+        const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
+        kernel(xv, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols, bias ? bias + c0 : nullptr,
+               out + c0, m);
+      },
+      max_threads);
+}
+
 }  // namespace
 
 void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
                  const float* bias, float* out, ThreadPool& pool) {
   CHECK(IsBlockQuantized(w_dtype)) << "MatMulQuant weight " << DTypeName(w_dtype);
-  if (IsKQuant(w_dtype)) return MatMulKQuant(x, n, k, w, w_dtype, m, bias, out, pool);
+  const bool float_x = forced_kernel.load(std::memory_order_relaxed) == QuantKernel::kFloatX;
+  if (IsKQuant(w_dtype)) {
+    if (float_x) return MatMulKQuant(x, n, k, w, w_dtype, m, bias, out, pool);
+    return MatMulKQuantInt8X(x, n, k, w, w_dtype, m, bias, out, pool);
+  }
   CHECK_EQ(k % kQuantBlock, 0) << "MatMulQuant: k " << k << " is not a multiple of 32";
   if (n == 0 || m == 0) return;
-  const bool float_x = forced_kernel.load(std::memory_order_relaxed) == QuantKernel::kFloatX;
   const auto* wb = static_cast<const uint8_t*>(w);
   const size_t row_bytes = DTypeRowBytes(w_dtype, k);
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
@@ -265,7 +314,10 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
   auto* xq = reinterpret_cast<int8_t*>(scratch);
   auto* xd = reinterpret_cast<float*>(scratch + n * k);  // n * k is a multiple of 32
   pool.ParallelFor(
-      n, [&](int64_t r, int) { QuantizeActivationRow(x + r * k, k, xq + r * k, xd + r * num_blocks); },
+      n,
+      [&](int64_t r, int) {
+        QuantizeActivationRow(x + r * k, k, kQuantBlock, xq + r * k, xd + r * num_blocks);
+      },
       max_threads);
   const PrefillFn prefill = PrefillFor(ActiveIsa());
   pool.ParallelFor(

@@ -1,13 +1,15 @@
 // CPU matmul over block-quantized weights kept as they are in memory (DType::kQ8_0, kQ4_0: ggml's
 // layouts, see backend.h): out = x W^T (+ bias), x float32 [n, k], k % 32 == 0. The k-quants
-// (kQ4_K, kQ5_K, kQ6_K) go on to MatMulKQuant (matmul_kquant.h, k % 256 == 0). Two kernels:
+// (kQ4_K, kQ5_K, kQ6_K, k % 256 == 0) run matmul_kquant.h's kernels: with int8 x (the default)
+// x is quantized here per super-block of 256 (with int16 sums per run of 16) and handed to
+// KQuantInt8Kernel; with QuantKernel::kFloatX to MatMulKQuant. Two kernels for Q8_0 / Q4_0:
 //  - int8 x (the default, every n): x's rows are quantized per block of 32 to int8 (scale
 //    max|x| / 127, round to nearest even, float32 scale, as ggml's Q8_0 activations) and each
-//    block's product is an exact int32 dot (VPDPBUSD on AVX512_VNNI or AVX-VNNI, else AVX2
-//    VPMADDUBSW/VPMADDWD, chosen at run time), scaled by the two blocks' scales into a float32
-//    accumulator. Measured faster than the float kernel at every n, decode included (see
-//    bench/quant_matmul_bench.cc), because a block costs one integer dot instead of widening 32
-//    weights to floats.
+//    block's product is an exact int32 dot (VPDPBUSD on AVX512_VNNI -- two blocks per 512-bit
+//    dot -- or AVX-VNNI, else AVX2 VPMADDUBSW/VPMADDWD, chosen at run time; the weights are the
+//    unsigned operand, x's offset taken back by per-row starting values), scaled by the two
+//    blocks' scales into two float32 accumulators (even and odd blocks). Faster than the float
+//    kernel at every n, decode included (see bench/quant_matmul_bench.cc).
 //  - float32 x (QuantKernel::kFloatX, the exact-activation mode): each weight block is widened to
 //    floats in registers (fused dequantize + FMA) and multiplied with x's float32 values, rows in
 //    groups of up to 8 (weights streamed once per group).
