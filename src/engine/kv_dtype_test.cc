@@ -31,9 +31,11 @@ using testing::SubmitOrDie;
 
 std::unique_ptr<Model> LoadWithKv(const std::string& dir, KvDType dtype,
                                   std::vector<KvLayerOverride> layers = {},
-                                  DeviceKind device = DeviceKind::kCpu) {
+                                  DeviceKind device = DeviceKind::kCpu,
+                                  bool cuda_f32_compute = false) {
   ModelLoadOptions options;
   options.device = device;
+  options.cuda_f32_compute = cuda_f32_compute;
   options.kv_cache.dtype = dtype;
   options.kv_cache.layers = std::move(layers);
   auto model = Model::Load(dir, options);
@@ -175,13 +177,16 @@ TEST(KvDTypeTest, CapacityInTokensFollowsTheRowBytes) {
                                     KvRowBytes(KvDType::kBF16, c.head_dim)));
 }
 
-// The CUDA backend (bf16 mode: bf16 weights and GEMMs, the batch-invariant attention reading the
-// quantized rows) against the CPU backend, both with int8 (then fp8) KV rows: the engine's
+// The CUDA backend against the CPU backend, both with int8 (then fp8) KV rows: the engine's
 // 48-token greedy continuation of each golden prompt (decode steps: the CUDA graphs, RopeWriteKv
 // quantizing on write) equals the CPU's up to the first step whose CPU top-1/top-2 margin is
 // below twice the largest |CUDA - CPU| logit difference over the CPU's sequence (teacher-forced
 // prefill of prompt + continuation on both); after such a step the two may legitimately part.
-// At least half the steps must be checked that way.
+// In the f32 mode (f32 weights and GEMMs, the f32 attention kernels reading the quantized rows)
+// the difference is float32 rounding, and at least half the steps must be checked that way; in
+// the bf16 mode (bf16 weights, the batch-invariant attention) the bf16 error (about 0.2 here)
+// exceeds most of this small model's margins, so only the clear steps are held, as in model_test's
+// CudaBf16ParityTest.
 TEST(KvDTypeTest, CudaGreedyEqualsCpuUnderQuantizedKv) {
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
   const std::string dir = ModelDir("tinystories-656k");
@@ -189,9 +194,11 @@ TEST(KvDTypeTest, CudaGreedyEqualsCpuUnderQuantizedKv) {
   std::ifstream in(dir + "/golden.json");
   const nlohmann::json golden = nlohmann::json::parse(in);
   constexpr int32_t kSteps = 48;
+  for (const bool f32 : {true, false})
   for (KvDType t : {KvDType::kInt8, KvDType::kFP8}) {
+    SCOPED_TRACE(f32 ? "f32 mode" : "bf16 mode");
     auto cpu = LoadWithKv(dir, t);
-    auto gpu = LoadWithKv(dir, t, {}, DeviceKind::kCuda);
+    auto gpu = LoadWithKv(dir, t, {}, DeviceKind::kCuda, f32);
     ASSERT_NE(cpu, nullptr);
     ASSERT_NE(gpu, nullptr);
     EXPECT_EQ(gpu->KvDTypes(), KvDTypeName(t));
@@ -235,10 +242,12 @@ TEST(KvDTypeTest, CudaGreedyEqualsCpuUnderQuantizedKv) {
                                    << sorted[0] - sorted[1] << ", bound " << 2 * diff << ")";
         ++checked;
       }
-      std::printf("%s: max |cuda - cpu logit| %.4f, %d of %d steps checked so far\n",
-                  KvDTypeName(t), diff, checked, total);
+      std::printf("%s, %s mode: max |cuda - cpu logit| %.5f, %d of %d steps checked so far\n",
+                  KvDTypeName(t), f32 ? "f32" : "bf16", diff, checked, total);
     }
-    EXPECT_GE(2 * checked, total) << KvDTypeName(t) << ": too few steps clear of the bound";
+    if (f32) {
+      EXPECT_GE(2 * checked, total) << KvDTypeName(t) << ": too few steps clear of the bound";
+    }
   }
 }
 

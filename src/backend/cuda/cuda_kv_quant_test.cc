@@ -174,15 +174,22 @@ TEST_P(CudaKvQuantTest, AttentionMatchesCpuOverTheSameRows) {
     Setup(mode == 0);
     if (HasFatalFailure()) return;
     const double tol = mode == 0 ? 1e-5 : 2e-2;
-    EXPECT_LT(Step({{0, 0, 40}, {1, 0, 23}}, 100), tol) << "prefill, mode " << mode;
-    EXPECT_LT(Step({{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), tol) << "mixed, mode " << mode;
-    EXPECT_LT(Step({{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), tol) << "decode, mode " << mode;
-    EXPECT_LT(Step({{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), tol) << "decode 2, mode " << mode;
+    double worst = 0;
+    auto check = [&](double err, const char* what) {
+      EXPECT_LT(err, tol) << what << ", mode " << mode;
+      worst = std::max(worst, err);
+    };
+    check(Step({{0, 0, 40}, {1, 0, 23}}, 100), "prefill");
+    check(Step({{0, 40, 1}, {1, 23, 9}, {2, 0, 5}}, 200), "mixed");
+    check(Step({{0, 41, 1}, {1, 32, 1}, {2, 5, 1}}, 300), "decode");
+    check(Step({{0, 42, 1}, {1, 33, 1}, {2, 6, 1}}, 400), "decode 2");
     // A long history (the invariant kernel's 512-key splits; f32 split-K), then decode of it
     // alone (split mode and its combine) and beside a short one.
-    EXPECT_LT(Step({{0, 43, 1100}}, 500), tol) << "long chunk, mode " << mode;
-    EXPECT_LT(Step({{0, 1143, 1}}, 600), tol) << "long decode, mode " << mode;
-    EXPECT_LT(Step({{0, 1144, 1}, {2, 7, 1}}, 700), tol) << "long + short decode, mode " << mode;
+    check(Step({{0, 43, 1100}}, 500), "long chunk");
+    check(Step({{0, 1143, 1}}, 600), "long decode");
+    check(Step({{0, 1144, 1}, {2, 7, 1}}, 700), "long + short decode");
+    std::printf("%s mode: worst relative L2 error against the CPU %.2e\n", mode == 0 ? "f32" : "bf16",
+                worst);
   }
 }
 
