@@ -37,7 +37,8 @@ enum class KvQuant : uint8_t { kNone = 0, kInt8 = 1, kFP8 = 2 };
 // float32 or, when bf16 is set, bf16 (k and v then point at __nv_bfloat16 elements and are only
 // reinterpreted). quant kInt8 / kFP8: bytes, rows of row_bytes in the CPU backend's order,
 // head-major within a block ([num_blocks, num_kv_heads, block_size] rows; kv_rows.cuh's
-// KvQuantRowOffset), so the disk tier's block records are the same on both backends. Every
+// KvQuantRowOffset), so a block's bytes (KvBlockBytes, the disk tier's records) are laid out as
+// the CPU's, and a head's rows of one block are one contiguous span. Every
 // kernel that reads or writes the pool takes every kind: write_kv.cu quantizes on write,
 // attention_invariant.cu stages the rows and converts them to its bf16 tiles, the f32
 // decode / prefill kernels convert each value as they load it.
