@@ -35,8 +35,9 @@
 // block's rows of one head are contiguous, so whole blocks move 16 bytes at a time), and at the
 // tile's start every value is converted in registers (byte value times the row's scale,
 // DequantizeKvRow's float) and rounded RN into the bf16 tiles. Keys of blocks with no visible key
-// arrive zero-filled; a masked key of a copied block holds a stored (finite) row and weight 0. The decode and key-split decode shapes serve it (prefill
-// rows take the one-m-tile shape, as an f32 pool's do); no RoPE-fused form.
+// arrive zero-filled; a masked key of a copied block holds a stored (finite) row and weight 0.
+// The decode and key-split decode shapes serve it (prefill rows take the one-m-tile shape, as an
+// f32 pool's do); no RoPE-fused form.
 // Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
 // direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
 // SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
@@ -388,7 +389,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       for (int idx = threadIdx.x; idx < kKeys * kRowBytes / 16; idx += kWarps * 32) {
         const int b = idx / chunks, c = idx % chunks;
         const int32_t base = slots[slot_pos(b * bs)];  // the block's first row (key % bs == 0)
-        const int64_t off = base >= 0 ? static_cast<int64_t>(base) * kRowBytes + 16 * c : int64_t{0};
+        const int64_t off =
+            base >= 0 ? static_cast<int64_t>(base) * kRowBytes + 16 * c : int64_t{0};
         CpAsync16(k_raw + 16 * idx, k_src + off, base >= 0 ? 16 : 0);
         CpAsync16(v_raw + 16 * idx, v_src + off, base >= 0 ? 16 : 0);
       }

@@ -154,8 +154,8 @@ void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const 
   if (kv.quant != KvQuant::kNone) {
     LaunchPdl(RopeWriteKvQuantKernel, dim3(plan.num_tokens), dim3(256), 0, stream,
               static_cast<float*>(nullptr), const_cast<float*>(k), v, 0, 0,
-              static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), 0, plan.positions,
-              plan.slot_mapping, kv);
+              static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), 0,
+              plan.positions, plan.slot_mapping, kv);
   } else if (kv.bf16) {
     LaunchPdl(WriteKvKernel<__nv_bfloat16>, dim3(plan.num_tokens), dim3(256), 0, stream, k, v,
               reinterpret_cast<__nv_bfloat16*>(kv.k), reinterpret_cast<__nv_bfloat16*>(kv.v),
