@@ -201,6 +201,9 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   size_t bytes = 0;
   kv_layer_offset_.clear();
   for (int32_t l = 0; l < num_layers; ++l) {
+    // 256-byte aligned layers: a quantized layer's tensors may end off a 16-byte boundary (odd
+    // block sizes), and the kernels' 16-byte copies need aligned tensors.
+    bytes = (bytes + 255) / 256 * 256;
     kv_layer_offset_.push_back(bytes);
     bytes += 2 * static_cast<size_t>(KvLayerBlockBytes(l)) * static_cast<size_t>(num_blocks);
   }
