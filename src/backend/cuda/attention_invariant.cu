@@ -31,13 +31,11 @@
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
 // A quantized pool (int8 / FP8 rows with a scale, kv.quant; kv_rows.cuh) is staged the same way:
-// its rows' bytes arrive by cp.async into a byte staging buffer (rows of D + 4 bytes; a pool
-// block's rows of one head are contiguous, so whole blocks move 16 bytes at a time), and at the
-// tile's start every value is converted in registers (byte value times the row's scale,
-// DequantizeKvRow's float) and rounded RN into the bf16 tiles. Keys of blocks with no visible key
-// arrive zero-filled; a masked key of a copied block holds a stored (finite) row and weight 0.
-// The decode and key-split decode shapes serve it (prefill rows take the one-m-tile shape, as an
-// f32 pool's do); no RoPE-fused form.
+// its rows' bytes arrive by 4-byte cp.async into a byte staging buffer (rows of D + 4 bytes,
+// head-major blocks), and at the tile's start every value is converted in registers (byte value
+// times the row's scale, DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys
+// arrive zero-filled (scale 0, value 0). The decode and key-split decode shapes serve it (prefill
+// rows take the one-m-tile shape, as an f32 pool's do); no RoPE-fused form.
 // Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
 // direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
 // SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
@@ -314,15 +312,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   auto lookup_slot = [&](int32_t tile) -> int32_t {
     const int32_t key = tile * kKeys + slot_thread;
     if (fill_step_key && key == step_pos) return kFilledByBlock;
-    if constexpr (kQuantKv) {
-      // A quantized pool: the key's row index, head-major within its block (KvQuantRowOffset /
-      // row_bytes), for every key of a pool block that holds a visible key (copy_quant_rows
-      // copies such blocks whole; a masked key's stored row is finite, its weight exactly 0).
-      const int32_t first = key - key % bs;
-      if (!(tile <= tile_end && first < hi && first + bs > lo)) return -1;
-      return (block_table[key / bs] * kv.num_kv_heads + kv_head) * bs + key % bs;
-    }
     if (!(tile <= tile_end && key >= lo && key < hi)) return -1;
+    // A quantized pool's row index: head-major within the block (KvQuantRowOffset / row_bytes).
+    if constexpr (kQuantKv) return (block_table[key / bs] * kv.num_kv_heads + kv_head) * bs + key % bs;
     return block_table[key / bs] * bs + key % bs;
   };
   // Per tile, the K and V rows of the kKeys slots (slot_s) into shared rows of `ld` elements.
@@ -375,27 +367,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
     }
   };
-  // Quantized pool: the tile's K and V rows (row indices in `slots`). When pool blocks tile the
-  // 64 keys (block_size divides kKeys) and a block's rows are a whole number of 16-byte chunks
-  // (block_size % 4 == 0), each pool block's run of rows is one contiguous, aligned span, copied
-  // 16 bytes at a time; otherwise row by row, 4 bytes at a time. The staging rows are the same.
+  // Quantized pool: each key's K and V rows (row indices in `slots`), 4 bytes per copy.
   [[maybe_unused]] auto copy_quant_rows = [&](const int32_t* slots) {
     constexpr int kRowBytes = S::kQuantRowBytes, kWords = kRowBytes / 4;
     const unsigned char* k_src = reinterpret_cast<const unsigned char*>(kv.k);
     const unsigned char* v_src = reinterpret_cast<const unsigned char*>(kv.v);
-    if (bs % 4 == 0 && kKeys % bs == 0) {
-      const int chunks = bs * kRowBytes / 16;  // per pool block
-#pragma unroll 4
-      for (int idx = threadIdx.x; idx < kKeys * kRowBytes / 16; idx += kWarps * 32) {
-        const int b = idx / chunks, c = idx % chunks;
-        const int32_t base = slots[slot_pos(b * bs)];  // the block's first row (key % bs == 0)
-        const int64_t off =
-            base >= 0 ? static_cast<int64_t>(base) * kRowBytes + 16 * c : int64_t{0};
-        CpAsync16(k_raw + 16 * idx, k_src + off, base >= 0 ? 16 : 0);
-        CpAsync16(v_raw + 16 * idx, v_src + off, base >= 0 ? 16 : 0);
-      }
-      return;
-    }
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < kKeys * kWords; idx += kWarps * 32) {
       const int j = idx / kWords, w = idx % kWords;
