@@ -4,10 +4,13 @@
 // unnormalised partial (max, sum, acc[head_dim]) and a second kernel merges them (split-K).
 // Attention sinks (args.sinks) join the denominator where a row is finally normalised (the
 // single split's epilogue, or the merge): exp(sink - max) with the row's overall max.
+// A quantized pool (kv.quant) is read through KvLoad (kv_rows.cuh): each value converted to
+// float as it is loaded, the arithmetic after that unchanged.
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
 
   const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;  // floats per slot
-  const bool vec4 = (D % 4) == 0;
+  const bool vec4 = (D % 4) == 0 && kv.quant == KvQuant::kNone;
   float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDimsPerLane];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       slot = tile == k_begin + warp * 32
                  ? first_slot
                  : static_cast<int64_t>(block_table[key / bs]) * bs + key % bs;
-      const float* k_row = kv.k + slot * kv_row + static_cast<int64_t>(kv_head) * D;
+      const float* k_row = kv.k + (vec4 ? slot * kv_row + static_cast<int64_t>(kv_head) * D : 0);
       if (vec4) {
         for (int d = 0; d < D; d += 4) {
           const float4 kk = *reinterpret_cast<const float4*>(k_row + d);
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       } else {
         for (int d = 0; d < D; ++d) {
-          const float kd = k_row[d];
+          const float kd = KvLoad(kv, false, slot, kv_head, d);
 #pragma unroll
           for (int g = 0; g < kMaxGroup; ++g)
             if (g < G) s[g] += q_s[g][d] * kd;
@@ -124,12 +127,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int32_t n_keys = min(32, k_end - tile);
     for (int j = 0; j < n_keys; ++j) {
       const int64_t slot_j = __shfl_sync(0xffffffffu, slot, j);
-      const float* v_row = kv.v + slot_j * kv_row + static_cast<int64_t>(kv_head) * D;
       float vv[kDimsPerLane];
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int d = lane + 32 * i;
-        vv[i] = d < D ? v_row[d] : 0.f;
+        vv[i] = d < D ? KvLoad(kv, true, slot_j, kv_head, d) : 0.f;
       }
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {

@@ -30,6 +30,12 @@
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
+// A quantized pool (int8 / FP8 rows with a scale, kv.quant; kv_rows.cuh) is staged the same way:
+// its rows' bytes arrive by 4-byte cp.async into a byte staging buffer (rows of D + 4 bytes,
+// head-major blocks), and at the tile's start every value is converted in registers (byte value
+// times the row's scale, DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys
+// arrive zero-filled (scale 0, value 0). The decode and key-split decode shapes serve it (prefill
+// rows take the one-m-tile shape, as an f32 pool's do); no RoPE-fused form.
 // Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
 // direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
 // SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
@@ -49,6 +55,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_rotate.cuh"
@@ -78,14 +85,17 @@ struct Shape {
   static constexpr int kLd = D + 8;  // bf16 per shared row: 16-byte pad, ldmatrix conflict-free
   static constexpr size_t kTileBytes = size_t{2} * kKeys * kLd * sizeof(__nv_bfloat16);  // K+V
   static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);           // f32 K, V
+  static constexpr int kQuantRowBytes = D + 4;  // int8 / FP8 rows: D bytes and an f32 scale
+  static constexpr size_t kQuantStageBytes = size_t{2} * kKeys * kQuantRowBytes;       // bytes K, V
   static constexpr size_t kQBytes =
       kMT > 1 ? size_t{kRowsPerBlock} * kLd * sizeof(__nv_bfloat16) : 0;  // bf16 Q [rows][kLd]
-  // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
-  // and the f32 staging of the next tile. Then Q (kMT > 1).
-  template <bool kBf16Kv>
-  static constexpr size_t kQOffset = kBf16Kv ? 2 * kTileBytes : kTileBytes + kStageBytes;
-  template <bool kBf16Kv>
-  static constexpr size_t kSmemBytes = kQOffset<kBf16Kv> + kQBytes;
+  // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 (quantized)
+  // pool: one pair and the f32 (byte) staging of the next tile. Then Q (kMT > 1).
+  template <bool kBf16Kv, bool kQuantKv = false>
+  static constexpr size_t kQOffset =
+      kBf16Kv ? 2 * kTileBytes : kTileBytes + (kQuantKv ? kQuantStageBytes : kStageBytes);
+  template <bool kBf16Kv, bool kQuantKv = false>
+  static constexpr size_t kSmemBytes = kQOffset<kBf16Kv, kQuantKv> + kQBytes;
 };
 
 // The prefill shape's m-tiles per warp: 2 from D 128 (a faster 8B prefill), 1 below (at D 64 two
@@ -168,6 +178,13 @@ __device__ __forceinline__ void CpAsync16(void* smem_dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// 4-byte global -> shared copy (quantized rows: D + 4 bytes, 4-byte aligned); src_bytes 0
+// zero-fills.
+__device__ __forceinline__ void CpAsync4(void* smem_dst, const void* src, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -185,8 +202,10 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // kBf16Kv: kv is a bf16 pool (kv.bf16). kMT: m-tiles per warp (Shape). kRope (decode shape,
 // one token per sequence, full rotary): q and the step's k arrive unrotated and the block whose
 // keys include the token first stores its rotated k and its v (`rope`), as RopeWriteKvKernel
-// would have (the same arithmetic and rounding, so the same bits).
-template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false>
+// would have (the same arithmetic and rounding, so the same bits). kQuantKv (not kBf16Kv): kv is
+// a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices.
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
+          bool kQuantKv = false>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
@@ -194,6 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   using S = Shape<D, kMT, kKeySplit>;
   static_assert(!kRope || (kMT == 1 && kBf16Kv && !kPrefill), "RoPE in the decode shape only");
   static_assert(!kKeySplit || !kPrefill, "key split in the decode shape only");
+  static_assert(!kQuantKv || (!kBf16Kv && !kRope && !kPrefill), "a quantized pool: byte staging");
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -205,7 +225,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   [[maybe_unused]] float* v_stage = k_stage + kKeys * D;
   // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
   [[maybe_unused]] __nv_bfloat16* q_s =
-      reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv>);
+      reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv, kQuantKv>);
+  // Quantized pool: [kKeys][kQuantRowBytes] bytes of K then V.
+  [[maybe_unused]] unsigned char* k_raw = smem + S::kTileBytes;
+  [[maybe_unused]] unsigned char* v_raw = k_raw + kKeys * S::kQuantRowBytes;
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
   constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
@@ -289,8 +312,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   auto lookup_slot = [&](int32_t tile) -> int32_t {
     const int32_t key = tile * kKeys + slot_thread;
     if (fill_step_key && key == step_pos) return kFilledByBlock;
-    return tile <= tile_end && key >= lo && key < hi ? block_table[key / bs] * bs + key % bs
-                                                     : -1;
+    if (!(tile <= tile_end && key >= lo && key < hi)) return -1;
+    // A quantized pool's row index: head-major within the block (KvQuantRowOffset / row_bytes).
+    if constexpr (kQuantKv) return (block_table[key / bs] * kv.num_kv_heads + kv_head) * bs + key % bs;
+    return block_table[key / bs] * bs + key % bs;
   };
   // Per tile, the K and V rows of the kKeys slots (slot_s) into shared rows of `ld` elements.
   auto copy_rows = [&](const int32_t* slots, auto* k_dst, auto* v_dst, int ld, const auto* k_src,
@@ -342,8 +367,24 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
     }
   };
+  // Quantized pool: each key's K and V rows (row indices in `slots`), 4 bytes per copy.
+  [[maybe_unused]] auto copy_quant_rows = [&](const int32_t* slots) {
+    constexpr int kRowBytes = S::kQuantRowBytes, kWords = kRowBytes / 4;
+    const unsigned char* k_src = reinterpret_cast<const unsigned char*>(kv.k);
+    const unsigned char* v_src = reinterpret_cast<const unsigned char*>(kv.v);
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < kKeys * kWords; idx += kWarps * 32) {
+      const int j = idx / kWords, w = idx % kWords;
+      const int32_t row = slots[slot_pos(j)];
+      const int64_t off = row >= 0 ? static_cast<int64_t>(row) * kRowBytes + 4 * w : int64_t{0};
+      CpAsync4(k_raw + j * kRowBytes + 4 * w, k_src + off, row >= 0 ? 4 : 0);
+      CpAsync4(v_raw + j * kRowBytes + 4 * w, v_src + off, row >= 0 ? 4 : 0);
+    }
+  };
   auto issue_copy = [&](const int32_t* slots, int buffer) {
-    if constexpr (kBf16Kv) {
+    if constexpr (kQuantKv) {
+      copy_quant_rows(slots);
+    } else if constexpr (kBf16Kv) {
       __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
       copy_rows(slots, k_dst, k_dst + kKeys * S::kLd, S::kLd,
                 reinterpret_cast<const __nv_bfloat16*>(kv.k),
@@ -555,6 +596,31 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       // This tile is in buffer next ^ 1 (tile_begin in 0); the next one goes to buffer next.
       k_s = reinterpret_cast<__nv_bfloat16*>(smem + (next ^ 1) * S::kTileBytes);
       v_s = k_s + kKeys * S::kLd;
+    } else if constexpr (kQuantKv) {
+      // Quantized pool: 4 values of one key per item, byte value times the row's scale (one
+      // rounding: DequantizeKvRow's float), then bf16 RN.
+      const KvQuant quant = kv.quant;
+#pragma unroll 4
+      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+        const int idx = it * kWarps * 32 + threadIdx.x;
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const unsigned char* kr = k_raw + j * S::kQuantRowBytes;
+        const unsigned char* vr = v_raw + j * S::kQuantRowBytes;
+        const uint32_t kb = *reinterpret_cast<const uint32_t*>(kr + d);
+        const uint32_t vb = *reinterpret_cast<const uint32_t*>(vr + d);
+        const float ks = KvQuantScale(kr, D), vs = KvQuantScale(vr, D);
+        float kf[4], vf[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          kf[e] = __fmul_rn(KvQuantByte(quant, (kb >> (8 * e)) & 0xffu), ks);
+          vf[e] = __fmul_rn(KvQuantByte(quant, (vb >> (8 * e)) & 0xffu), vs);
+        }
+        *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
+            make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
+        *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
+            make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
+      }
+      __syncthreads();  // bf16 tile ready, staging free
     } else {
       // f32 pool: round to bf16 RN (the rounding WriteKv applies to a bf16 pool).
 #pragma unroll 4
@@ -924,13 +990,15 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
   }
 }
 
-template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false>
+template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
+          bool kQuantKv = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT, kKeySplit>;
-  constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv>;
-  constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit>;
+  constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv, kQuantKv>;
+  constexpr auto kKernel =
+      AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit, kQuantKv>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -976,6 +1044,18 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
         LaunchForDim<D, true, 1, false, true>(args, q, kv, plan, max_rows, num_splits, partials,
                                               out, *rope, stream);
       }
+    } else if (kv.quant != KvQuant::kNone) {
+      CHECK_EQ(kv.row_bytes, D + 4);
+      if constexpr (KeySplitDim(D)) {
+        if (key_split) {
+          LaunchForDim<D, false, 1, false, false, true, true>(args, q, kv, plan, max_rows,
+                                                              num_splits, partials, out, {},
+                                                              stream);
+          return;
+        }
+      }
+      LaunchForDim<D, false, 1, false, false, false, true>(args, q, kv, plan, max_rows, num_splits,
+                                                           partials, out, {}, stream);
     } else if (!kv.bf16) {
       LaunchForDim<D, false, 1, false>(args, q, kv, plan, max_rows, num_splits, partials, out,
                                        {}, stream);

@@ -3,11 +3,13 @@
 // by the tile's rows (4 warps x 4 rows; lane = key for scores, lane = output dims for P.V).
 // Causal, sliding window, soft-capping and GQA are per-(row, key) masks/maps; attention sinks
 // (args.sinks) add exp(sink - max) to a row's final denominator. A plain CUDA-core
-// flash-style kernel: correct first; tensor-core tiles are later work.
+// flash-style kernel: correct first; tensor-core tiles are later work. A quantized pool
+// (kv.quant) is read through KvLoad (kv_rows.cuh) as the tiles are staged.
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
@@ -61,7 +63,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const int32_t lo = a.sliding_window > 0 ? max(0, first_pos - a.sliding_window + 1) : 0;
   const int32_t hi = last_pos + 1;
-  const int64_t kv_row = static_cast<int64_t>(kv.num_kv_heads) * D;
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDimsPerLane];
 #pragma unroll
@@ -85,9 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t slot = slot_s[j];
       float kval = 0.f, vval = 0.f;
       if (slot >= 0) {
-        const int64_t off = slot * kv_row + static_cast<int64_t>(kv_head) * D + d;
-        kval = kv.k[off];
-        vval = kv.v[off];
+        kval = KvLoad(kv, false, slot, kv_head, d);
+        vval = KvLoad(kv, true, slot, kv_head, d);
       }
       k_s[j * (D + 1) + d] = kval;
       v_s[j * D + d] = vval;

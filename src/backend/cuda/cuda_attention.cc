@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "backend/kv_quant.h"
 #include "util/log.h"
 
 namespace ember::cuda {
@@ -55,14 +56,17 @@ KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads, int32_t he
   CHECK(layer >= 0 && layer < kv_layers_);
   CHECK_EQ(num_kv_heads, kv_heads_);
   CHECK_EQ(head_dim, kv_head_dim_);
-  const size_t per_tensor =
-      static_cast<size_t>(kv_blocks_) * kv_block_size_ * kv_heads_ * kv_head_dim_;
-  const bool bf16 = KvBf16(kv_head_dim_);
-  const size_t tensor_bytes = per_tensor * static_cast<size_t>(KvElementBytes(kv_head_dim_));
-  unsigned char* base =
-      kv_pool_.as<unsigned char>() + 2 * tensor_bytes * static_cast<size_t>(layer);
-  return KvLayerView{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + tensor_bytes),
-                     kv_heads_, kv_head_dim_, bf16};
+  const KvDType dtype = kv_dtypes_[static_cast<size_t>(layer)];
+  const size_t tensor_bytes = static_cast<size_t>(KvLayerBlockBytes(layer)) * kv_blocks_;
+  unsigned char* base = kv_pool_.as<unsigned char>() + kv_layer_offset_[static_cast<size_t>(layer)];
+  KvLayerView view{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + tensor_bytes),
+                   kv_heads_, kv_head_dim_, dtype == KvDType::kBF16};
+  if (dtype == KvDType::kInt8 || dtype == KvDType::kFP8) {
+    view.quant = dtype == KvDType::kInt8 ? KvQuant::kInt8 : KvQuant::kFP8;
+    view.row_bytes = static_cast<int32_t>(KvRowBytes(dtype, kv_head_dim_));
+    view.block_size = kv_block_size_;
+  }
+  return view;
 }
 
 void CudaBackend::WriteKv(int32_t layer, const Tensor& k, const Tensor& v) {

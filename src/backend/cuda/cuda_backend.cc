@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/gemm_skinny.h"
+#include "backend/kv_quant.h"
 #include "backend/rope_table.h"
 #include "util/half.h"
 #include "util/log.h"
@@ -140,6 +141,46 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
   return t;
 }
 
+Status CudaBackend::SetKvFormat(const KvFormat& format, int32_t head_dim) {
+  if (kv_pool_.data() != nullptr) return Status::Error("SetKvFormat after AllocateKvPool");
+  const KvDType own = KvBf16(head_dim) ? KvDType::kBF16 : KvDType::kF32;
+  std::vector<KvDType> layers;
+  for (size_t l = 0; l < format.layers.size(); ++l) {
+    const KvDType t = format.layers[l] == KvDType::kAuto ? own : format.layers[l];
+    const std::string what =
+        "--kv-cache-dtype " + std::string(KvDTypeName(t)) + " (layer " + std::to_string(l) + "): ";
+    if (t != own && t != KvDType::kInt8 && t != KvDType::kFP8)
+      return Status::Error(what + "not supported on the " + name() + " backend yet (its KV cache "
+                           "takes " + KvDTypeName(own) + ", int8 or fp8 here)");
+    if (t != own && head_dim % 4 != 0)
+      return Status::Error(what + "the " + name() + " backend needs a head_dim that is a "
+                           "multiple of 4 for quantized KV rows, got " + std::to_string(head_dim));
+    layers.push_back(t);
+  }
+  kv_dtypes_ = std::move(layers);
+  kv_rotate_int4_ = format.rotate_int4;
+  return Status::Ok();
+}
+
+int64_t CudaBackend::KvTokenBytes(int32_t num_layers, int32_t num_kv_heads,
+                                  int32_t head_dim) const {
+  if (kv_dtypes_.empty()) return Backend::KvTokenBytes(num_layers, num_kv_heads, head_dim);
+  CHECK_EQ(static_cast<int32_t>(kv_dtypes_.size()), num_layers);
+  int64_t bytes = 0;
+  for (KvDType t : kv_dtypes_) bytes += 2 * int64_t{num_kv_heads} * KvRowBytes(t, head_dim);
+  return bytes;
+}
+
+std::string CudaBackend::KvFormatText(int32_t head_dim) const {
+  if (kv_dtypes_.empty()) return Backend::KvFormatText(head_dim);
+  return KvFormat{kv_dtypes_, kv_rotate_int4_}.Describe();
+}
+
+int64_t CudaBackend::KvLayerBlockBytes(int32_t layer) const {
+  return int64_t{kv_block_size_} * kv_heads_ *
+         KvRowBytes(kv_dtypes_[static_cast<size_t>(layer)], kv_head_dim_);
+}
+
 Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                                    int32_t num_kv_heads, int32_t head_dim) {
   CHECK(kv_pool_.data() == nullptr) << "AllocateKvPool called twice";
@@ -148,9 +189,24 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
       head_dim > kMaxHeadDim)
     return Status::Error(
         "KV pool: bad geometry (head_dim must be <= " + std::to_string(kMaxHeadDim) + ")");
-  const size_t bytes = 2 * static_cast<size_t>(KvElementBytes(head_dim)) *
-                       static_cast<size_t>(num_layers) * num_blocks * block_size * num_kv_heads *
-                       head_dim;
+  if (kv_dtypes_.empty())
+    kv_dtypes_.assign(static_cast<size_t>(num_layers),
+                      KvBf16(head_dim) ? KvDType::kBF16 : KvDType::kF32);
+  if (static_cast<int32_t>(kv_dtypes_.size()) != num_layers)
+    return Status::Error("the KV format has " + std::to_string(kv_dtypes_.size()) +
+                         " layers, the pool " + std::to_string(num_layers));
+  kv_block_size_ = block_size;
+  kv_heads_ = num_kv_heads;
+  kv_head_dim_ = head_dim;
+  size_t bytes = 0;
+  kv_layer_offset_.clear();
+  for (int32_t l = 0; l < num_layers; ++l) {
+    // 256-byte aligned layers: a quantized layer's tensors may end off a 16-byte boundary (odd
+    // block sizes), and the kernels' 16-byte copies need aligned tensors.
+    bytes = (bytes + 255) / 256 * 256;
+    kv_layer_offset_.push_back(bytes);
+    bytes += 2 * static_cast<size_t>(KvLayerBlockBytes(l)) * static_cast<size_t>(num_blocks);
+  }
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (bytes > free_bytes)
@@ -160,40 +216,29 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   CUDA_CHECK(cudaMemsetAsync(kv_pool_.data(), 0, bytes, stream_.get()));
   kv_layers_ = num_layers;
   kv_blocks_ = num_blocks;
-  kv_block_size_ = block_size;
-  kv_heads_ = num_kv_heads;
-  kv_head_dim_ = head_dim;
   return Status::Ok();
 }
 
 int64_t CudaBackend::KvBlockBytes() const {
   if (kv_pool_.data() == nullptr) return 0;
-  return 2 * int64_t{kv_layers_} * kv_block_size_ * kv_heads_ * kv_head_dim_ *
-         KvElementBytes(kv_head_dim_);
+  int64_t bytes = 0;
+  for (int32_t l = 0; l < kv_layers_; ++l) bytes += 2 * KvLayerBlockBytes(l);
+  return bytes;
 }
-
-namespace {
-// (device byte offset of block_id in tensor t = 2 * layer + (0: K, 1: V), host offset) pairs.
-struct KvBlockSpan {
-  size_t tensor_bytes = 0, block_bytes = 0;
-  size_t Device(int32_t t, int32_t block_id) const {
-    return tensor_bytes * static_cast<size_t>(t) + block_bytes * static_cast<size_t>(block_id);
-  }
-  size_t Host(int32_t t) const { return block_bytes * static_cast<size_t>(t); }
-};
-}  // namespace
 
 Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
   if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
   CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
   CHECK_EQ(static_cast<int64_t>(out.size()), KvBlockBytes());
   Flush();
-  const size_t block_bytes = static_cast<size_t>(KvBlockBytes() / (2 * kv_layers_));
-  const KvBlockSpan span{block_bytes * static_cast<size_t>(kv_blocks_), block_bytes};
-  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
-    CUDA_CHECK(cudaMemcpyAsync(out.data() + span.Host(t),
-                               kv_pool_.as<unsigned char>() + span.Device(t, block_id),
-                               block_bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  size_t at = 0;
+  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {  // layer-major, K then V
+    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
+    const size_t device = kv_layer_offset_[static_cast<size_t>(t / 2)] +
+                          n * (static_cast<size_t>(t % 2) * kv_blocks_ + block_id);
+    CUDA_CHECK(cudaMemcpyAsync(out.data() + at, kv_pool_.as<unsigned char>() + device, n,
+                               cudaMemcpyDeviceToHost, stream_.get()));
+    at += n;
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
@@ -204,12 +249,14 @@ Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_
   CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
   CHECK_EQ(static_cast<int64_t>(in.size()), KvBlockBytes());
   Flush();
-  const size_t block_bytes = static_cast<size_t>(KvBlockBytes() / (2 * kv_layers_));
-  const KvBlockSpan span{block_bytes * static_cast<size_t>(kv_blocks_), block_bytes};
+  size_t at = 0;
   for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
-    CUDA_CHECK(cudaMemcpyAsync(kv_pool_.as<unsigned char>() + span.Device(t, block_id),
-                               in.data() + span.Host(t), block_bytes, cudaMemcpyHostToDevice,
-                               stream_.get()));
+    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
+    const size_t device = kv_layer_offset_[static_cast<size_t>(t / 2)] +
+                          n * (static_cast<size_t>(t % 2) * kv_blocks_ + block_id);
+    CUDA_CHECK(cudaMemcpyAsync(kv_pool_.as<unsigned char>() + device, in.data() + at, n,
+                               cudaMemcpyHostToDevice, stream_.get()));
+    at += n;
   }
   // `in` is pageable and reused by the caller: wait until the copies have read it.
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));

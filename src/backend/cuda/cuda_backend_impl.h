@@ -186,6 +186,12 @@ class CudaBackend final : public Backend {
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override;
   int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
+  // KV-cache formats: per layer the pool's own type (bf16 or f32, as KvElementBytes says), int8
+  // or fp8 (kv_quant.h rows, head-major within a block as on the CPU: kernels.h's KvLayerView).
+  // Other dtypes (f16, int4, the other of f32/bf16) are refused, naming the dtype and device.
+  Status SetKvFormat(const KvFormat& format, int32_t head_dim) override;
+  int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override;
+  std::string KvFormatText(int32_t head_dim) const override;
   // Block copies for the prompt cache: one cudaMemcpyAsync per layer's K and V on the step
   // stream (after the recorded ops are flushed), then a wait for the stream.
   int64_t KvBlockBytes() const override;
@@ -277,6 +283,8 @@ class CudaBackend final : public Backend {
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
+  // Bytes of one block of `layer`'s K (or V) tensor: block_size x kv_heads rows of its dtype.
+  int64_t KvLayerBlockBytes(int32_t layer) const;
   // The KV pool is bf16 in the bf16 mode when the batch-invariant attention kernel serves the
   // head dim (it rounds K/V to bf16 RN anyway; the f32 kernels read f32 pools), unless kv_f32.
   bool KvBf16(int32_t head_dim) const {
@@ -377,9 +385,13 @@ class CudaBackend final : public Backend {
   // ---- weights, rope tables, KV pool ----
   std::vector<DeviceBuffer> weights_;
   std::vector<DeviceRope> ropes_;
-  // KV pool: [num_layers][K, V][num_blocks, block_size, num_kv_heads, head_dim], bf16 when
-  // KvBf16(kv_head_dim_), else f32.
+  // KV pool: per layer K then V, each num_blocks blocks of KvLayerBlockBytes: [block_size,
+  // num_kv_heads, head_dim] bf16 (KvBf16(kv_head_dim_)) or f32, or a quantized layer's
+  // [num_kv_heads, block_size] rows (kv_dtypes_). Layer l's K starts at kv_layer_offset_[l].
   DeviceBuffer kv_pool_;
+  std::vector<KvDType> kv_dtypes_;  // per layer, resolved (no kAuto); empty: never set
+  bool kv_rotate_int4_ = true;      // (KvFormatText's; no int4 layer is taken)
+  std::vector<size_t> kv_layer_offset_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
   // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
   // gate, up and down pointers (then scale and bias pointers), uploaded at its first use.

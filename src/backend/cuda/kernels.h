@@ -29,16 +29,28 @@ struct PlanView {
   int32_t block_size = 16;
 };
 
-// One layer's paged K and V: each [num_blocks, block_size, num_kv_heads, head_dim], float32 or,
-// when bf16 is set, bf16 (k and v then point at __nv_bfloat16 elements and are only
-// reinterpreted: just write_kv.cu and attention_invariant.cu accept such a view; the f32
-// decode/prefill kernels are only given float32 pools).
+// The quantized KV row types the CUDA pool stores (backend/kv_quant.h's layouts: head_dim
+// int8 or FP8 E4M3 values, then a float32 scale; KvRowBytes = head_dim + 4).
+enum class KvQuant : uint8_t { kNone = 0, kInt8 = 1, kFP8 = 2 };
+
+// One layer's paged K and V. quant kNone: each [num_blocks, block_size, num_kv_heads, head_dim],
+// float32 or, when bf16 is set, bf16 (k and v then point at __nv_bfloat16 elements and are only
+// reinterpreted). quant kInt8 / kFP8: bytes, rows of row_bytes in the CPU backend's order,
+// head-major within a block ([num_blocks, num_kv_heads, block_size] rows; kv_rows.cuh's
+// KvQuantRowOffset), so a block's bytes (KvBlockBytes, the disk tier's records) are laid out as
+// the CPU's, and a head's rows of one block are one contiguous span. Every
+// kernel that reads or writes the pool takes every kind: write_kv.cu quantizes on write,
+// attention_invariant.cu stages the rows and converts them to its bf16 tiles, the f32
+// decode / prefill kernels convert each value as they load it.
 struct KvLayerView {
   float* k = nullptr;
   float* v = nullptr;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   bool bf16 = false;
+  KvQuant quant = KvQuant::kNone;
+  int32_t row_bytes = 0;   // quantized: bytes per row
+  int32_t block_size = 0;  // quantized: the pool's tokens per block
 };
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_rotate.cuh"
 
@@ -82,6 +83,46 @@ __global__ void RopeWriteKvKernel(float* q, float* k, const float* v, int32_t nu
     Store(v_pool + slot * row_width + c, v[token * row_width + c]);
 }
 
+// One block per token into a quantized layer: with rotary_dim > 0 rotates q and k in place
+// (RopeKernel's arithmetic per pair), then each warp quantizes K and V rows of the token's KV
+// heads into the pool (none for a padding row).
+__global__ void RopeWriteKvQuantKernel(float* q, float* k, const float* v, int32_t num_heads,
+                                       int32_t rotary_dim, const float* cos_table,
+                                       const float* sin_table, int32_t max_positions,
+                                       const int32_t* positions, const int32_t* slot_mapping,
+                                       KvLayerView kv) {
+  const int64_t token = blockIdx.x;
+  PdlWait();  // launched with LaunchPdl: the previous kernel's outputs are visible after this
+  PdlTrigger();
+  const int32_t num_kv_heads = kv.num_kv_heads, head_dim = kv.head_dim;
+  if (rotary_dim > 0) {
+    const int32_t pos = positions[token];
+    if (pos < 0 || pos >= max_positions) __trap();  // CHECKed on the host side too
+    const int32_t half = rotary_dim / 2;
+    const float* cos_row = cos_table + static_cast<int64_t>(pos) * half;
+    const float* sin_row = sin_table + static_cast<int64_t>(pos) * half;
+    for (int32_t j = threadIdx.x; j < (num_heads + num_kv_heads) * half; j += blockDim.x) {
+      const int32_t head = j / half, i = j % half;
+      float* x = head < num_heads ? q + (token * num_heads + head) * head_dim
+                                  : k + (token * num_kv_heads + head - num_heads) * head_dim;
+      const float2 y = RotatePair(x[i], x[i + half], cos_row[i], sin_row[i]);
+      x[i] = y.x;
+      x[i + half] = y.y;
+    }
+    __syncthreads();  // the rotated k rows, visible to the block's warps
+  }
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0) return;  // padding rows carry no K/V
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int32_t r = warp; r < 2 * num_kv_heads; r += warps) {
+    const bool is_v = r >= num_kv_heads;
+    const int32_t head = is_v ? r - num_kv_heads : r;
+    const float* x = (is_v ? v : k) + (token * num_kv_heads + head) * head_dim;
+    unsigned char* pool = reinterpret_cast<unsigned char*>(is_v ? kv.v : kv.k);
+    WarpQuantizeRow(kv.quant, x, head_dim, pool + KvQuantRowOffset(kv, slot, head));
+  }
+}
+
 }  // namespace
 
 void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, int32_t rotary_dim,
@@ -91,7 +132,10 @@ void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, in
   const int32_t num_kv_heads = kv.num_kv_heads, head_dim = kv.head_dim;
   CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim) << "rotary_dim " << rotary_dim;
   const dim3 grid(static_cast<unsigned>(plan.num_tokens)), block(256);
-  if (kv.bf16) {
+  if (kv.quant != KvQuant::kNone) {
+    LaunchPdl(RopeWriteKvQuantKernel, grid, block, 0, stream, q, k, v, num_heads, rotary_dim,
+              cos_table, sin_table, max_positions, plan.positions, plan.slot_mapping, kv);
+  } else if (kv.bf16) {
     LaunchPdl(RopeWriteKvKernel<__nv_bfloat16>, grid, block, 0, stream, q, k, v, num_heads,
               num_kv_heads, head_dim, rotary_dim, cos_table, sin_table, max_positions,
               plan.positions, plan.slot_mapping, reinterpret_cast<__nv_bfloat16*>(kv.k),
@@ -107,7 +151,12 @@ void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const 
                    cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
   const int64_t row_width = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
-  if (kv.bf16) {
+  if (kv.quant != KvQuant::kNone) {
+    LaunchPdl(RopeWriteKvQuantKernel, dim3(plan.num_tokens), dim3(256), 0, stream,
+              static_cast<float*>(nullptr), const_cast<float*>(k), v, 0, 0,
+              static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), 0,
+              plan.positions, plan.slot_mapping, kv);
+  } else if (kv.bf16) {
     LaunchPdl(WriteKvKernel<__nv_bfloat16>, dim3(plan.num_tokens), dim3(256), 0, stream, k, v,
               reinterpret_cast<__nv_bfloat16*>(kv.k), reinterpret_cast<__nv_bfloat16*>(kv.v),
               row_width, plan.slot_mapping);

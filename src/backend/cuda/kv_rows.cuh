@@ -1,0 +1,92 @@
+// Device code for the quantized KV rows (kernels.h's KvQuant; backend/kv_quant.h defines the
+// layout and is the reference): where a row lives in a layer's pool, its values as float
+// (bit-equal to DequantizeKvRow), and one warp's quantization of a row (bit-equal to
+// QuantizeKvRow given the same float inputs: the same scale, reciprocal and round-to-nearest-even
+// products). Included by write_kv.cu and the attention kernels.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace ember::cuda {
+
+// Byte offset of the row of (pool slot, KV head) in a quantized layer's K or V: head-major
+// within the slot's block, as the CPU backend lays it out (its KvRowOffset).
+__device__ __forceinline__ int64_t KvQuantRowOffset(const KvLayerView& kv, int64_t slot,
+                                                    int32_t head) {
+  const int64_t block = slot / kv.block_size, offset = slot % kv.block_size;
+  return ((block * kv.num_kv_heads + head) * kv.block_size + offset) * kv.row_bytes;
+}
+
+// A row's float32 scale, after its head_dim value bytes (row_bytes % 4 == 0: aligned).
+__device__ __forceinline__ float KvQuantScale(const unsigned char* row, int32_t head_dim) {
+  return *reinterpret_cast<const float*>(row + head_dim);
+}
+
+// The stored byte's value before the scale. FP8 E4M3 goes through its f16 bits (sign, then
+// exponent and mantissa shifted into place: the value over 2^8, subnormals included), times 2^8:
+// exact. (0x7f / 0xff, E4M3's NaN, read as 480: the quantizer never writes them.)
+__device__ __forceinline__ float KvQuantByte(KvQuant t, unsigned b) {
+  if (t == KvQuant::kInt8) return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(b)));
+  const unsigned short h = static_cast<unsigned short>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+  return __fmul_rn(__half2float(__ushort_as_half(h)), 256.f);
+}
+
+// Element d of a stored row: byte value times scale, one rounding (DequantizeKvRow's value).
+__device__ __forceinline__ float KvQuantValue(KvQuant t, const unsigned char* row, int32_t d,
+                                              int32_t head_dim) {
+  return __fmul_rn(KvQuantByte(t, row[d]), KvQuantScale(row, head_dim));
+}
+
+// For the f32 kernels: element d of the K (is_v false) or V row of (slot, KV head) of a float32
+// or quantized layer (never bf16).
+__device__ __forceinline__ float KvLoad(const KvLayerView& kv, bool is_v, int64_t slot,
+                                        int32_t head, int32_t d) {
+  if (kv.quant == KvQuant::kNone) {
+    const float* base = is_v ? kv.v : kv.k;
+    return base[(slot * kv.num_kv_heads + head) * kv.head_dim + d];
+  }
+  const unsigned char* base = reinterpret_cast<const unsigned char*>(is_v ? kv.v : kv.k);
+  return KvQuantValue(kv.quant, base + KvQuantRowOffset(kv, slot, head), d, kv.head_dim);
+}
+
+// One warp stores x [head_dim] (head_dim <= kMaxHeadDim) as a quantized row at `out`:
+// s = max|x| / (127 or 448), each value x * (1 / s) rounded to nearest even (int8: clamped to
+// [-127, 127]; FP8: saturated to +-448), then s. Every lane of the warp calls it.
+__device__ __forceinline__ void WarpQuantizeRow(KvQuant t, const float* x, int32_t head_dim,
+                                                unsigned char* out) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  float v[kPerLane];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    v[i] = d < head_dim ? x[d] : 0.f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+#pragma unroll
+  for (int step = 16; step >= 1; step /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
+  const float s = __fdiv_rn(amax, t == KvQuant::kInt8 ? 127.f : 448.f);
+  const float inv = s > 0.f ? __frcp_rn(s) : 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d >= head_dim) break;
+    const float y = __fmul_rn(v[i], inv);
+    if (t == KvQuant::kInt8) {
+      out[d] = static_cast<unsigned char>(
+          static_cast<int8_t>(static_cast<int>(fminf(fmaxf(rintf(y), -127.f), 127.f))));
+    } else {
+      out[d] = static_cast<unsigned char>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+    }
+  }
+  if (lane == 0) *reinterpret_cast<float*>(out + head_dim) = s;
+}
+
+}  // namespace ember::cuda
