@@ -403,6 +403,10 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> lora_slots_;        // by LoraSet slot: its matrices (UploadLoraSlot)
   std::vector<LoraSegmentDesc> lora_descs_;     // LoraDelta's descriptors being uploaded
   std::vector<uint64_t> lora_key_;              // LoraDelta's graph key
+  // LoraDelta's t [rows, max_rank] f32: one arena region per step, shared by its calls.
+  uint64_t lora_t_step_ = 0;
+  size_t lora_t_bytes_ = 0;
+  float* lora_t_ = nullptr;
 
   // ---- the step: plan, workspace, ids ----
   // The step's plan: host staging, device copy and the host facts launches need.

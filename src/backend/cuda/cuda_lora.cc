@@ -113,7 +113,16 @@ void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segmen
   args.out_bf16 = out.dtype == DType::kBF16;
   args.m = m;
   args.w_bf16 = wdtype == DType::kBF16;
-  args.t = static_cast<float*>(ArenaAlloc(static_cast<size_t>(x.rows()) * max_rank * 4));
+  // t: one arena region per step, shared by the step's LoraDelta calls (each call's expand has
+  // read its t before the next call's shrink writes it, in stream order), grown when a call
+  // needs more.
+  const size_t t_bytes = static_cast<size_t>(x.rows()) * static_cast<size_t>(max_rank) * 4;
+  if (lora_t_step_ != steps_begun_ || lora_t_bytes_ < t_bytes) {
+    lora_t_ = static_cast<float*>(ArenaAlloc(t_bytes));
+    lora_t_bytes_ = t_bytes;
+    lora_t_step_ = steps_begun_;
+  }
+  args.t = lora_t_;
   lora_key_.assign({KeyOf(descs), U(args.num_segments), U(max_rows),
                     U(max_rank), KeyOf(x.data), U(args.x_bf16), U(k), KeyOf(out.data),
                     U(args.out_bf16), U(m), U(args.w_bf16), KeyOf(args.t)});
