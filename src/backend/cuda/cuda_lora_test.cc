@@ -75,7 +75,9 @@ std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<f
   auto cpu = MakeCpuBackend(CpuBackendOptions{});
   const auto slots = UploadSlots(*cpu, ads, k, m);
   BatchPlan plan;
-  plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), 0, {0}, false);
+  std::vector<int32_t> blocks(static_cast<size_t>(n / plan.block_size + 1));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), 0, blocks, false);
   EXPECT_TRUE(cpu->BeginStep(plan).ok());
   Tensor xt = cpu->Alloc({n, k}), ot = cpu->Alloc({n, m});
   std::memcpy(xt.data, x.data(), x.size() * 4);
@@ -118,10 +120,12 @@ TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
     std::vector<HostAdapter> ads;
     for (size_t i = 0; i < 4; ++i)
       ads.push_back(RandomAdapter(ranks[i], k, m, 10 + 3 * static_cast<uint32_t>(i), !mode.f32));
-    // Slot 0 first holds a smaller adapter: the reload below reuses (grows) its storage.
-    {
-      const std::vector<HostAdapter> small = {RandomAdapter(1, k, m, 99, false)};
-      UploadSlots(*be, small, k, m);
+    // Slots 0 and 2 first hold other adapters: the loads below reuse slot 0's storage (same
+    // size) and grow slot 2's (rank 2 -> 64).
+    for (const int32_t slot : {0, 2}) {
+      const HostAdapter old = RandomAdapter(slot == 0 ? 1 : 2, k, m, 99, false);
+      const LoraHostMatrix mats[] = {{old.a.data(), old.rank, k}, {old.b.data(), m, old.rank}};
+      ASSERT_TRUE(be->UploadLoraSlot(slot, mats).ok());
     }
     const auto slots = UploadSlots(*be, ads, k, m);
     std::vector<float> x = Random(static_cast<size_t>(n * k), 1);
