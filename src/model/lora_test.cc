@@ -283,7 +283,7 @@ void RunAdapterParity(const std::string& model_name, const std::string& adapter,
         float second = -INFINITY;
         for (int32_t j = 0; j < vocab; ++j)
           if (j != got[i]) second = std::max(second, row[static_cast<size_t>(j)]);
-        EXPECT_LT(golden["min_greedy_margin"].get<double>(), bound)
+        EXPECT_LT(golden["min_greedy_margin"][name].get<double>(), bound)
             << adapter << "/" << name << ": the golden's choices are clear of the bf16 error ("
             << bound << ") but step " << i << " differs";
         EXPECT_LT(row[static_cast<size_t>(got[i])] - second, bound)

@@ -78,6 +78,7 @@ std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<f
   std::vector<int32_t> blocks(static_cast<size_t>(n / plan.block_size + 1));
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
   plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), 0, blocks, false);
+  EXPECT_TRUE(cpu->AllocateKvPool(1, static_cast<int32_t>(blocks.size()), plan.block_size, 1, 8).ok());
   EXPECT_TRUE(cpu->BeginStep(plan).ok());
   Tensor xt = cpu->Alloc({n, k}), ot = cpu->Alloc({n, m});
   std::memcpy(xt.data, x.data(), x.size() * 4);

@@ -1,6 +1,6 @@
 // Backend::LoraDelta's kernels: every segment of one call in two launches, a shrink
-// t[rows, rank] = x[rows] A^T (BGMV-like: a warp per rank index and tile of up to kShrinkRows
-// rows, k strided over its lanes) and an expand out[rows] += t[rows] B^T (a thread per output
+// t[rows, rank] = x[rows] A^T (BGMV-like: a block per rank index and tile of up to kShrinkRows
+// rows, k strided over its threads) and an expand out[rows] += t[rows] B^T (a thread per output
 // column and tile of up to kExpandRows rows, rank summed in order). The segments are read from a
 // device array (LoraSegmentDesc), so a captured graph replays whatever the array holds; blocks
 // past a segment's rows exit at once. Each output element is summed in one fixed order that
@@ -29,34 +29,39 @@ __device__ __forceinline__ float Load(const T* p, int64_t i) {
   return LoadVec<float>(p, i);
 }
 
-// t[row, j] = sum_k x[row, k] a[j, k] for the rows [r0, r0 + kShrinkRows) of segment
-// blockIdx.y; warp w takes j = w, w + kShrinkWarps, ...
+// t[row, j] = sum_k x[row, k] a[j, k] for rank index j = blockIdx.y and the rows
+// [r0, r0 + kShrinkRows) of segment blockIdx.z: k strided over the block's threads, then the
+// warps' sums added in warp order (a fixed order: batch-invariant).
 template <typename XT, typename WT>
 __global__ void __launch_bounds__(kShrinkWarps * 32)
     LoraShrinkKernel(const LoraSegmentDesc* segs, const XT* x, int64_t k, float* t,
                      int32_t t_stride) {
-  const LoraSegmentDesc seg = segs[blockIdx.y];
+  __shared__ float partial[kShrinkWarps][kShrinkRows];
+  const LoraSegmentDesc seg = segs[blockIdx.z];
   const int32_t r0 = static_cast<int32_t>(blockIdx.x) * kShrinkRows;
-  if (r0 >= seg.rows) return;
+  const int32_t j = static_cast<int32_t>(blockIdx.y);
+  if (r0 >= seg.rows || j >= seg.rank) return;
   const int32_t nrows = min(kShrinkRows, seg.rows - r0);
   const int64_t first = int64_t{seg.first_row} + r0;
-  const WT* a = static_cast<const WT*>(seg.a);
+  const WT* a_row = static_cast<const WT*>(seg.a) + int64_t{j} * k;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int32_t j = warp; j < seg.rank; j += kShrinkWarps) {
-    float acc[kShrinkRows] = {};
-    const WT* a_row = a + int64_t{j} * k;
-    for (int64_t c = lane; c < k; c += 32) {
-      const float w = Load(a_row, c);
+  float acc[kShrinkRows] = {};
+  for (int64_t c = threadIdx.x; c < k; c += kShrinkWarps * 32) {
+    const float w = Load(a_row, c);
 #pragma unroll
-      for (int i = 0; i < kShrinkRows; ++i)
-        if (i < nrows) acc[i] = fmaf(Load(x, (first + i) * k + c), w, acc[i]);
-    }
+    for (int i = 0; i < kShrinkRows; ++i)
+      if (i < nrows) acc[i] = fmaf(Load(x, (first + i) * k + c), w, acc[i]);
+  }
 #pragma unroll
-    for (int i = 0; i < kShrinkRows; ++i) {
-      if (i >= nrows) break;
-      const float sum = WarpSum(acc[i]);
-      if (lane == 0) t[(first + i) * t_stride + j] = sum;
-    }
+  for (int i = 0; i < kShrinkRows; ++i) {
+    const float sum = WarpSum(acc[i]);
+    if (lane == 0) partial[warp][i] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < nrows) {
+    float sum = 0.0f;
+    for (int w = 0; w < kShrinkWarps; ++w) sum += partial[w][threadIdx.x];
+    t[(first + threadIdx.x) * t_stride + j] = sum;
   }
 }
 
@@ -97,7 +102,8 @@ __global__ void __launch_bounds__(kExpandThreads)
 
 template <typename WT>
 void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
-  const dim3 shrink_grid((a.max_rows + kShrinkRows - 1) / kShrinkRows, a.num_segments);
+  const dim3 shrink_grid((a.max_rows + kShrinkRows - 1) / kShrinkRows, a.max_rank,
+                         a.num_segments);
   auto shrink = [&](auto* x) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
     LoraShrinkKernel<XT, WT>
