@@ -175,6 +175,21 @@ void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, 
   }
 }
 
+Result<std::vector<Tensor>> Backend::UploadLoraSlot(int32_t slot,
+                                                    std::span<const LoraHostMatrix> matrices) {
+  std::vector<Tensor> tensors;
+  tensors.reserve(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    const LoraHostMatrix& m = matrices[i];
+    const int64_t shape[] = {m.rows, m.cols};
+    EMBER_ASSIGN_OR_RETURN(Tensor t, UploadWeight("lora." + std::to_string(slot) + "." +
+                                                      std::to_string(i),
+                                                  DType::kF32, shape, m.data));
+    tensors.push_back(t);
+  }
+  return tensors;
+}
+
 std::string Backend::LoraUnsupported() const {
   const std::string who = name().rfind("cuda", 0) == 0 ? std::string("CUDA") : name();
   return "LoRA adapters are not supported on the " + who + " backend yet";

@@ -166,6 +166,12 @@ struct LoraSegment {
   const Tensor* b = nullptr;
 };
 
+// One float32 host matrix [rows, cols] of a LoRA slot's upload (Backend::UploadLoraSlot).
+struct LoraHostMatrix {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
 // The gated activation of an expert, act(g, u) for its gate and up values.
 enum class MoeActivation : uint8_t {
   kSilu,           // silu(g) * u
@@ -389,8 +395,17 @@ class Backend {
   // result depends on that row alone (batch-invariant).
   virtual void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out);
   // Why this backend cannot apply LoRA adapters ("" when it can; the default says it cannot:
-  // a backend opts in where its step buffers are float32 and LoraDelta runs as documented).
+  // a backend opts in where LoraDelta runs as documented on its step buffers).
   virtual std::string LoraUnsupported() const;
+  // Makes the matrices of the adapter loaded into LoRA slot `slot` (model/lora_set.h) available
+  // as weights, one tensor per matrix in order (LoraSegment's a and b). The slot's earlier
+  // tensors are dead afterwards: the caller loads a slot only when no request holds it, and a
+  // backend that copies reuses the slot's storage in place (grown when the new adapter is
+  // larger), after the steps still reading it have ended. The default calls UploadWeight per
+  // matrix: right for a backend that keeps host pointers (the caller keeps the data while the
+  // slot holds it: KeepsHostWeights); one that copies must override it (UploadWeight never frees).
+  virtual Result<std::vector<Tensor>> UploadLoraSlot(int32_t slot,
+                                                     std::span<const LoraHostMatrix> matrices);
   // out = a + b (out may alias a).
   virtual void Add(const Tensor& a, const Tensor& b, Tensor out) = 0;
   // x = cap * tanh(x / cap), in place.

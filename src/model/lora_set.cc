@@ -68,22 +68,30 @@ Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
   slot.digest = 0;
   slot.tensors.clear();
   slot.host = std::move(adapter);
-  slot.tensors.resize(slot.host.layers.size());
-  for (size_t l = 0; l < slot.host.layers.size(); ++l) {
-    for (int t = 0; t < kNumLoraTargets; ++t) {
-      LoraMatrices& m = slot.host.layers[l][static_cast<size_t>(t)];
+  // Every matrix of the adapter in one upload (the backend reuses the slot's storage).
+  std::vector<LoraHostMatrix> matrices;
+  const int64_t r = slot.host.config.rank;
+  for (auto& layer : slot.host.layers) {
+    for (LoraMatrices& m : layer) {
       if (m.empty()) continue;
-      const std::string name = "lora." + std::to_string(index) + ".layers." + std::to_string(l) +
-                               "." + LoraTargetName(static_cast<LoraTarget>(t));
-      const int64_t r = slot.host.config.rank;
-      const int64_t a_shape[] = {r, m.in}, b_shape[] = {m.out, r};
-      EMBER_ASSIGN_OR_RETURN(Tensor a,
-                             backend_->UploadWeight(name + ".A", DType::kF32, a_shape, m.a.data()));
-      EMBER_ASSIGN_OR_RETURN(Tensor b,
-                             backend_->UploadWeight(name + ".B", DType::kF32, b_shape, m.b.data()));
-      slot.tensors[l][static_cast<size_t>(t)] = Weights{a, b};
+      matrices.push_back(LoraHostMatrix{m.a.data(), r, m.in});
+      matrices.push_back(LoraHostMatrix{m.b.data(), m.out, r});
     }
   }
+  EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, backend_->UploadLoraSlot(index, matrices));
+  CHECK_EQ(tensors.size(), matrices.size());
+  slot.tensors.resize(slot.host.layers.size());
+  size_t next = 0;
+  for (size_t l = 0; l < slot.host.layers.size(); ++l) {
+    for (size_t t = 0; t < kNumLoraTargets; ++t) {
+      LoraMatrices& m = slot.host.layers[l][t];
+      if (m.empty()) continue;
+      slot.tensors[l][t] = Weights{tensors[next], tensors[next + 1]};
+      next += 2;
+    }
+  }
+  // A backend that copied the matrices no longer reads them.
+  if (!backend_->KeepsHostWeights()) slot.host.layers = {};
   slot.digest = digest;
   ++loads_;
   return Status::Ok();

@@ -4,8 +4,10 @@
 // holds (evicted); when every slot is held the caller waits. A step's rows name their slot in
 // SequenceSlice::lora_slot (-1: the base model); BeginStep groups the plan's rows into runs of one
 // slot, and Segments gives a projection's Backend::LoraDelta segments for that step.
-// Invariants: a slot with users > 0 is never evicted or reloaded; a slot's tensors point into its
-// host matrices (the backend keeps them: Backend::KeepsHostWeights, only the CPU takes LoRA).
+// Invariants: a slot with users > 0 is never evicted or reloaded; a slot's matrices reach the
+// backend through Backend::UploadLoraSlot (the CPU's tensors point into the slot's host matrices,
+// kept while it holds the adapter; CUDA copies them into the slot's device storage, reused in
+// place, and the host copy is dropped).
 // Not thread-safe: the engine thread only (it drives the model).
 #pragma once
 
@@ -65,7 +67,7 @@ class LoraSet {
     uint64_t digest = 0;  // 0: empty
     int32_t users = 0;
     uint64_t last_used = 0;
-    LoraAdapter host;  // the matrices the tensors point into
+    LoraAdapter host;  // its matrices (layers empty once a copying backend has them)
     std::vector<std::array<Weights, kNumLoraTargets>> tensors;  // [layer][target]
   };
   struct Run {

@@ -2,10 +2,12 @@
 // Its member functions are defined by concern: cuda_backend.cc (lifetime, weights, KV pool, rope
 // tables, the step arena, the op profile), cuda_step_io.cc (the plan's upload, staging, ids and
 // logits back to the host), cuda_matmul.cc (MatMul, MatMulGroup, GateUpActivation),
+// cuda_lora.cc (LoRA slots and LoraDelta),
 // cuda_attention.cc (Rope, WriteKv, Attention and their fused forms), cuda_pointwise.cc (embedding,
 // norms, activations, elementwise ops), cuda_moe.cc (MoeMlp). Every op CHECKs its shapes and
 // records its launch (StepRecorder) with every value it depends on as the graph key; nothing
-// reaches the GPU before Flush(). Not thread-safe: one thread drives a backend.
+// reaches the GPU before Flush() but LoraDelta's segment descriptors (copied into the step arena
+// as the op is recorded, ahead of the step's launches on the stream). Not thread-safe: one thread drives a backend.
 #pragma once
 
 #include <cublas_v2.h>
@@ -28,6 +30,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/lora.h"
 #include "backend/cuda/runtime_switches.h"
 #include "backend/cuda/step_recorder.h"
 
@@ -246,6 +249,12 @@ class CudaBackend final : public Backend {
   void Add(const Tensor& a, const Tensor& b, Tensor out) override;
   void Softcap(Tensor x, float cap) override;
 
+  // ---- LoRA adapters (cuda_lora.cc) ----
+  std::string LoraUnsupported() const override { return ""; }
+  Result<std::vector<Tensor>> UploadLoraSlot(int32_t slot,
+                                             std::span<const LoraHostMatrix> matrices) override;
+  void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) override;
+
   // ---- mixture of experts (cuda_moe.cc) ----
   std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
                              int64_t inter) const override;
@@ -401,6 +410,15 @@ class CudaBackend final : public Backend {
   uint64_t moe_scratch_step_ = 0;
   size_t moe_scratch_bytes_ = 0;
   unsigned char* moe_scratch_ = nullptr;
+
+  // ---- LoRA adapters ----
+  std::vector<DeviceBuffer> lora_slots_;        // by LoraSet slot: its matrices (UploadLoraSlot)
+  std::vector<LoraSegmentDesc> lora_descs_;     // LoraDelta's descriptors being uploaded
+  std::vector<uint64_t> lora_key_;              // LoraDelta's graph key
+  // LoraDelta's t [rows, max_rank] f32: one arena region per step, shared by its calls.
+  uint64_t lora_t_step_ = 0;
+  size_t lora_t_bytes_ = 0;
+  float* lora_t_ = nullptr;
 
   // ---- the step: plan, workspace, ids ----
   // The step's plan: host staging, device copy and the host facts launches need.

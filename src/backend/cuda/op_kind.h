@@ -27,6 +27,7 @@ enum class OpKind : uint8_t {
   kRopeAttention = 17,         // Backend::RopeWriteKvAttention as one decode attention launch
   kMoeMlp = 18,
   kArgmaxRows = 19,
+  kLoraDelta = 20,  // Backend::LoraDelta: the shrink and expand launches over its segments
 };
 
 // The profile's name of a kind: "Embedding", "MatMul(cublas)", "RopeAttention", ...

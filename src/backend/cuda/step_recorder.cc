@@ -30,6 +30,7 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kRopeAttention: return "RopeAttention";
     case OpKind::kMoeMlp: return "MoeMlp";
     case OpKind::kArgmaxRows: return "ArgmaxRows";
+    case OpKind::kLoraDelta: return "LoraDelta";
   }
   return "?";
 }

@@ -1,0 +1,206 @@
+// The CUDA LoraDelta (cuda_lora.cc, lora.cu) against the CPU backend's on random segments: mixed
+// ranks (1 to 64), rows left outside every segment (untouched), a call with no segments, row
+// counts and widths that are not multiples of the kernels' tiles, f32 and bf16 x and out, the
+// adapters uploaded through UploadLoraSlot (a slot reloaded in place with a larger adapter);
+// each row's result equal to its segment run alone (bitwise); decode steps replayed from CUDA
+// graphs with segments that change between steps.
+// Tolerances, relative L2 of the update (out after - out before): f32 mode 1e-5; bf16 mode 1e-5
+// against a CPU reference over the bf16-rounded weights (and x, where x is bf16), 1e-2 where out
+// is bf16 (the sum is rounded once to bf16). Skips when no CUDA device is present (CI has none).
+// One of the sources of the cuda_ops_test binary.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_test_util.h"
+
+namespace ember {
+namespace {
+
+using namespace cuda_test;
+
+struct HostAdapter {
+  int64_t rank = 0;
+  std::vector<float> a, b;  // [rank, k], [m, rank]
+};
+
+HostAdapter RandomAdapter(int64_t rank, int64_t k, int64_t m, uint32_t seed, bool round_bf16) {
+  HostAdapter h{rank, Random(static_cast<size_t>(rank * k), seed, 0.1f),
+                Random(static_cast<size_t>(m * rank), seed + 1, 0.1f)};
+  if (round_bf16) {
+    for (float& v : h.a) v = RoundBf16(v);
+    for (float& v : h.b) v = RoundBf16(v);
+  }
+  return h;
+}
+
+// The adapters as one backend's slot tensors: tensors[i] = {a, b} of adapter i (slot i).
+std::vector<std::vector<Tensor>> UploadSlots(Backend& be, const std::vector<HostAdapter>& ads,
+                                             int64_t k, int64_t m) {
+  std::vector<std::vector<Tensor>> out;
+  for (size_t i = 0; i < ads.size(); ++i) {
+    const LoraHostMatrix mats[] = {{ads[i].a.data(), ads[i].rank, k},
+                                   {ads[i].b.data(), m, ads[i].rank}};
+    auto r = be.UploadLoraSlot(static_cast<int32_t>(i), mats);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    out.push_back(std::move(r).value());
+  }
+  return out;
+}
+
+struct Span {
+  int64_t first, rows;
+  int adapter;
+};
+
+std::vector<LoraSegment> Segments(const std::vector<Span>& spans,
+                                  const std::vector<std::vector<Tensor>>& slots) {
+  std::vector<LoraSegment> segs;
+  for (const Span& s : spans)
+    segs.push_back(LoraSegment{s.first, s.rows, &slots[static_cast<size_t>(s.adapter)][0],
+                               &slots[static_cast<size_t>(s.adapter)][1]});
+  return segs;
+}
+
+// out0 + the CPU LoraDelta of `spans` (x and the adapters as given).
+std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<float>& out0,
+                                int64_t n, int64_t k, int64_t m,
+                                const std::vector<HostAdapter>& ads,
+                                const std::vector<Span>& spans) {
+  auto cpu = MakeCpuBackend(CpuBackendOptions{});
+  const auto slots = UploadSlots(*cpu, ads, k, m);
+  BatchPlan plan;
+  std::vector<int32_t> blocks(static_cast<size_t>(n / plan.block_size + 1));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), 0, blocks, false);
+  EXPECT_TRUE(cpu->AllocateKvPool(1, static_cast<int32_t>(blocks.size()), plan.block_size, 1, 8).ok());
+  EXPECT_TRUE(cpu->BeginStep(plan).ok());
+  Tensor xt = cpu->Alloc({n, k}), ot = cpu->Alloc({n, m});
+  std::memcpy(xt.data, x.data(), x.size() * 4);
+  std::memcpy(ot.data, out0.data(), out0.size() * 4);
+  cpu->LoraDelta(xt, Segments(spans, slots), ot);
+  const float* o = static_cast<const float*>(ot.data);
+  return std::vector<float>(o, o + n * m);
+}
+
+// The update's relative L2 error: (got - out0) against (ref - out0).
+double UpdateError(const std::vector<float>& got, const std::vector<float>& ref,
+                   const std::vector<float>& out0) {
+  std::vector<float> d(got.size());
+  std::vector<double> r(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    d[i] = got[i] - out0[i];
+    r[i] = static_cast<double>(ref[i]) - out0[i];
+  }
+  return RelL2(d, r);
+}
+
+struct Mode {
+  const char* name;
+  bool f32, invariant, bf16_x, bf16_out;
+};
+
+TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
+  const int64_t n = 45, k = 200, m = 300;  // none a multiple of the kernels' tiles
+  const Mode modes[] = {{"f32", true, false, false, false},
+                        {"bf16", false, false, false, false},
+                        {"bf16 x and out", false, false, true, true},
+                        {"bf16 invariant", false, true, false, false}};
+  // Ranks 1, 16, 64, 5; rows 0-3, 10-11 and 44 are in no segment.
+  const std::vector<Span> spans = {{4, 1, 0}, {5, 3, 1}, {12, 20, 2}, {32, 9, 1}, {41, 3, 3}};
+  const int64_t ranks[] = {1, 16, 64, 5};
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    std::unique_ptr<Backend> be = mode.invariant ? MakeInvariant() : Make(mode.f32);
+    ASSERT_EQ(be->LoraUnsupported(), "");
+    std::vector<HostAdapter> ads;
+    for (size_t i = 0; i < 4; ++i)
+      ads.push_back(RandomAdapter(ranks[i], k, m, 10 + 3 * static_cast<uint32_t>(i), !mode.f32));
+    // Slots 0 and 2 first hold other adapters: the loads below reuse slot 0's storage (same
+    // size) and grow slot 2's (rank 2 -> 64).
+    for (const int32_t slot : {0, 2}) {
+      const HostAdapter old = RandomAdapter(slot == 0 ? 1 : 2, k, m, 99, false);
+      const LoraHostMatrix mats[] = {{old.a.data(), old.rank, k}, {old.b.data(), m, old.rank}};
+      ASSERT_TRUE(be->UploadLoraSlot(slot, mats).ok());
+    }
+    const auto slots = UploadSlots(*be, ads, k, m);
+    std::vector<float> x = Random(static_cast<size_t>(n * k), 1);
+    std::vector<float> out0 = Random(static_cast<size_t>(n * m), 2);
+    if (mode.bf16_x)
+      for (float& v : x) v = RoundBf16(v);
+    if (mode.bf16_out)
+      for (float& v : out0) v = RoundBf16(v);
+    const std::vector<float> ref = CpuReference(x, out0, n, k, m, ads, spans);
+
+    ASSERT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = mode.bf16_x ? be->AllocMatMulInput({n, k}) : be->Alloc({n, k});
+    Tensor ot = mode.bf16_out ? be->AllocMatMulOutput({n, m}) : be->Alloc({n, m});
+    ASSERT_EQ(xt.dtype == DType::kBF16, mode.bf16_x);
+    ASSERT_EQ(ot.dtype == DType::kBF16, mode.bf16_out);
+    ASSERT_TRUE(CudaCopyFromHost(*be, x, xt).ok());
+    ASSERT_TRUE(CudaCopyFromHost(*be, out0, ot).ok());
+    be->LoraDelta(xt, {}, ot);  // no segments: nothing changes
+    be->LoraDelta(xt, Segments(spans, slots), ot);
+    const std::vector<float> got = Download(*be, ot);
+    EXPECT_LT(UpdateError(got, ref, out0), mode.bf16_out ? 1e-2 : 1e-5);
+    for (int64_t r : {0, 1, 2, 3, 10, 11, 44})
+      for (int64_t c = 0; c < m; ++c)
+        ASSERT_EQ(got[static_cast<size_t>(r * m + c)], out0[static_cast<size_t>(r * m + c)])
+            << "row " << r << " is in no segment";
+
+    // Each segment alone gives its rows the same bits (the kernels are batch-invariant).
+    for (const Span& s : spans) {
+      ASSERT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+      Tensor x1 = mode.bf16_x ? be->AllocMatMulInput({n, k}) : be->Alloc({n, k});
+      Tensor o1 = mode.bf16_out ? be->AllocMatMulOutput({n, m}) : be->Alloc({n, m});
+      ASSERT_TRUE(CudaCopyFromHost(*be, x, x1).ok());
+      ASSERT_TRUE(CudaCopyFromHost(*be, out0, o1).ok());
+      be->LoraDelta(x1, Segments({s}, slots), o1);
+      const std::vector<float> solo = Download(*be, o1);
+      EXPECT_EQ(0, std::memcmp(solo.data() + s.first * m, got.data() + s.first * m,
+                               static_cast<size_t>(s.rows * m) * 4))
+          << "segment at row " << s.first;
+    }
+  }
+}
+
+// Decode steps (one row per sequence) replay captured graphs: the segments are read from device
+// memory each step, so a replay with new x and a step with other segments both stay right.
+TEST_F(CudaOpsTest, LoraDeltaInDecodeGraphs) {
+  const int64_t n = 8, k = 128, m = 96;
+  CudaBackendOptions options;
+  options.cuda_graphs = true;
+  auto created = CreateCudaBackend(0, options);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  Backend& be = **created;
+  std::vector<HostAdapter> ads = {RandomAdapter(8, k, m, 5, true), RandomAdapter(3, k, m, 7, true)};
+  const auto slots = UploadSlots(be, ads, k, m);
+  const std::vector<std::vector<Span>> steps = {{{0, 2, 0}, {3, 1, 1}},
+                                                {{0, 2, 0}, {3, 1, 1}},
+                                                {{1, 1, 1}, {4, 4, 0}},
+                                                {{0, 2, 0}, {3, 1, 1}}};
+  for (size_t step = 0; step < steps.size(); ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    const std::vector<float> x = Random(static_cast<size_t>(n * k), 30 + static_cast<uint32_t>(step));
+    const std::vector<float> out0 = Random(static_cast<size_t>(n * m), 40);
+    BatchPlan plan;
+    for (int32_t s = 0; s < n; ++s) plan.AddSequence({1}, 5, {s}, true);
+    ASSERT_TRUE(be.BeginStep(plan).ok());
+    Tensor xt = be.Alloc({n, k}), ot = be.Alloc({n, m});
+    ASSERT_TRUE(CudaCopyFromHost(be, x, xt).ok());
+    ASSERT_TRUE(CudaCopyFromHost(be, out0, ot).ok());
+    be.LoraDelta(xt, Segments(steps[step], slots), ot);
+    const std::vector<float> got = Download(be, ot);
+    EXPECT_LT(UpdateError(got, CpuReference(x, out0, n, k, m, ads, steps[step]), out0), 1e-5);
+  }
+  const CudaGraphStats stats = CudaGetGraphStats(be);
+  EXPECT_GT(stats.replays, 0) << "steps 1 and 3 repeat a captured step";
+}
+
+}  // namespace
+}  // namespace ember
