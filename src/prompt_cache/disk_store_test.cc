@@ -14,6 +14,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "prompt_cache/store_testing.h"
+
 namespace ember::prompt_cache {
 namespace {
 
@@ -29,23 +31,8 @@ struct Block {
 
 class DiskStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ember_disk_store_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    fp_ = Sha256Of("model A");
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   DiskStoreConfig Config(int64_t max_records = 100) const {
-    DiskStoreConfig c;
-    c.dir = dir_;
-    c.max_bytes = max_records * RecordBytes(kBlockSize, kPayload);
-    c.fingerprint = fp_;
-    c.fingerprint_text = "model A";
-    c.block_size = kBlockSize;
-    c.payload_bytes = kPayload;
-    return c;
+    return TestDiskConfig(dir_, fp_, kBlockSize, kPayload, max_records);
   }
   std::unique_ptr<DiskStore> Open(const DiskStoreConfig& c) {
     auto store = DiskStore::Open(c);
@@ -85,8 +72,9 @@ class DiskStoreTest : public ::testing::Test {
     return store.path() + "/" + tag + "-" + HexOf(b.key) + ".kv";
   }
 
-  std::string dir_;
-  Key fp_{};
+  ScopedTempDir tmp_{"ember_disk_store"};
+  const std::string dir_ = tmp_.path();
+  Key fp_ = Sha256Of("model A");
 };
 
 TEST_F(DiskStoreTest, WriteThenReadVerifies) {

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "prompt_cache/store_testing.h"
+
 namespace ember::prompt_cache {
 namespace {
 
@@ -42,17 +44,7 @@ std::vector<uint8_t> Payload(const Key& key) {
 class PrefetcherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ember_prefetcher_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    DiskStoreConfig dc;
-    dc.dir = dir_;
-    dc.max_bytes = 100 * RecordBytes(kBlockSize, kPayload);
-    dc.fingerprint = kFp;
-    dc.fingerprint_text = "model A";
-    dc.block_size = kBlockSize;
-    dc.payload_bytes = kPayload;
-    auto disk = DiskStore::Open(dc);
+    auto disk = DiskStore::Open(TestDiskConfig(dir_, kFp, kBlockSize, kPayload, 100));
     ASSERT_TRUE(disk.ok()) << disk.message();
     disk_ = std::move(disk).value();
     RamStoreConfig rc;
@@ -65,7 +57,6 @@ class PrefetcherTest : public ::testing::Test {
   void TearDown() override {
     ram_.reset();
     disk_.reset();
-    std::filesystem::remove_all(dir_);
   }
   void Store(const std::vector<PrefetchBlock>& chain) {
     for (const PrefetchBlock& b : chain) {
@@ -77,7 +68,8 @@ class PrefetcherTest : public ::testing::Test {
     disk_->Flush();
   }
 
-  std::string dir_;
+  ScopedTempDir tmp_{"ember_prefetcher"};
+  const std::string dir_ = tmp_.path();
   std::unique_ptr<DiskStore> disk_;
   std::unique_ptr<RamStore> ram_;
 };

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "prompt_cache/disk_store.h"
+#include "prompt_cache/store_testing.h"
 
 namespace ember::prompt_cache {
 namespace {
@@ -166,17 +167,9 @@ TEST(RamStoreTest, AnotherNamespaceModelOrPrefixIsRefused) {
 
 // A record evicted from RAM goes to the disk tier as it is (WriteSealed) and reads back there.
 TEST(RamStoreTest, EvictedRecordsSpillToDiskSealed) {
-  char tmpl[] = "/tmp/ember_ram_store_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ScopedTempDir tmp("ember_ram_store");
   {
-    DiskStoreConfig dc;
-    dc.dir = tmpl;
-    dc.max_bytes = 10 * RecordBytes(kBlockSize, kPayload);
-    dc.fingerprint = kFp;
-    dc.fingerprint_text = "model A";
-    dc.block_size = kBlockSize;
-    dc.payload_bytes = kPayload;
-    auto disk = DiskStore::Open(dc);
+    auto disk = DiskStore::Open(TestDiskConfig(tmp.path(), kFp, kBlockSize, kPayload, 10));
     ASSERT_TRUE(disk.ok()) << disk.message();
     RamStore ram(Config(1));
     Put(ram, MakeBlock(0), 0);
@@ -190,7 +183,6 @@ TEST(RamStoreTest, EvictedRecordsSpillToDiskSealed) {
     const std::span<const uint8_t> p = (*disk)->Read(MakeBlock(0).Id(kFp));
     EXPECT_EQ(std::vector<uint8_t>(p.begin(), p.end()), Payload(0));
   }
-  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace
