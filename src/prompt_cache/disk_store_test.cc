@@ -19,15 +19,7 @@
 namespace ember::prompt_cache {
 namespace {
 
-constexpr int32_t kBlockSize = 4;
-constexpr int64_t kPayload = 256;
-
-struct Block {
-  std::vector<int32_t> tokens;
-  Key parent{}, key{};
-  uint64_t ns = 0;
-  BlockIdentity Id(const Key& fp) const { return {fp, parent, key, ns, tokens}; }
-};
+using Block = TestBlock;
 
 class DiskStoreTest : public ::testing::Test {
  protected:
@@ -48,14 +40,9 @@ class DiskStoreTest : public ::testing::Test {
     b.key = ChainKey(b.parent, b.tokens);
     return b;
   }
-  static std::vector<uint8_t> Payload(int i) {
-    std::vector<uint8_t> p(kPayload);
-    for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<uint8_t>(i * 13 + j);
-    return p;
-  }
   static void Put(DiskStore& store, const Block& b, const Key& fp, int i) {
     std::vector<uint8_t> record = store.NewRecordBuffer();
-    const std::vector<uint8_t> p = Payload(i);
+    const std::vector<uint8_t> p = TestPayload(i);
     std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
     EXPECT_EQ(store.Write(b.Id(fp), std::move(record)), DiskStore::WriteResult::kQueued);
   }
@@ -85,7 +72,7 @@ TEST_F(DiskStoreTest, WriteThenReadVerifies) {
   for (int i = 0; i < 3; ++i) {
     const auto payload = store->Read(MakeBlock(i).Id(fp_));
     ASSERT_EQ(payload.size(), static_cast<size_t>(kPayload)) << i;
-    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), Payload(i).begin()));
+    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), TestPayload(i).begin()));
   }
   EXPECT_TRUE(store->Read(MakeBlock(7).Id(fp_)).empty());
   const DiskStoreStats s = store->Stats();

@@ -14,8 +14,6 @@
 namespace ember::prompt_cache {
 namespace {
 
-constexpr int32_t kBlockSize = 4;
-constexpr int64_t kPayload = 256;
 const Key kFp = Sha256Of("model A");
 
 // Block i of one chain of `n` blocks (parents chained).

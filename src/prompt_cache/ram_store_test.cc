@@ -14,15 +14,7 @@
 namespace ember::prompt_cache {
 namespace {
 
-constexpr int32_t kBlockSize = 4;
-constexpr int64_t kPayload = 256;
-
-struct Block {
-  std::vector<int32_t> tokens;
-  Key parent{}, key{};
-  uint64_t ns = 0;
-  BlockIdentity Id(const Key& fp) const { return {fp, parent, key, ns, tokens}; }
-};
+using Block = TestBlock;
 
 const Key kFp = Sha256Of("model A");
 
@@ -35,11 +27,6 @@ Block MakeBlock(int i, uint64_t ns = 0, const std::string& salt = "") {
   return b;
 }
 
-std::vector<uint8_t> Payload(int i) {
-  std::vector<uint8_t> p(kPayload);
-  for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<uint8_t>(i * 13 + j);
-  return p;
-}
 
 RamStoreConfig Config(int64_t max_records) {
   RamStoreConfig c;
@@ -52,7 +39,7 @@ RamStoreConfig Config(int64_t max_records) {
 
 std::vector<RamStore::Evicted> Put(RamStore& store, const Block& b, int i) {
   std::vector<uint8_t> record = store.NewRecordBuffer();
-  const std::vector<uint8_t> p = Payload(i);
+  const std::vector<uint8_t> p = TestPayload(i);
   std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
   return store.Insert(b.Id(kFp), std::move(record));
 }
@@ -70,7 +57,7 @@ TEST(RamStoreTest, RoundTripsVerifiedRecords) {
   EXPECT_TRUE(store.Contains(b.key));
   const RamStore::Record r = store.Read(b.Id(kFp));
   ASSERT_NE(r, nullptr);
-  EXPECT_EQ(PayloadOf(store, r), Payload(1));
+  EXPECT_EQ(PayloadOf(store, r), TestPayload(1));
   EXPECT_EQ(VerifyRecord(*r, b.Id(kFp), kPayload), "");
   EXPECT_EQ(store.Read(MakeBlock(2).Id(kFp)), nullptr);
   const RamStoreStats s = store.Stats();
@@ -98,7 +85,7 @@ TEST(RamStoreTest, ByteCapHoldsAndEvictsLeastRecentlyUsed) {
   // The evicted record is whole and sealed: it verifies as block 2 with its payload.
   ASSERT_NE(out[0].record, nullptr);
   EXPECT_EQ(VerifyRecord(*out[0].record, MakeBlock(2).Id(kFp), kPayload), "");
-  EXPECT_EQ(PayloadOf(store, out[0].record), Payload(2));
+  EXPECT_EQ(PayloadOf(store, out[0].record), TestPayload(2));
   for (int i = 4; i < 20; ++i) {
     Put(store, MakeBlock(i), i);
     EXPECT_LE(store.Stats().bytes, store.config().max_bytes) << i;
@@ -181,7 +168,7 @@ TEST(RamStoreTest, EvictedRecordsSpillToDiskSealed) {
               DiskStore::WriteResult::kPresent);
     (*disk)->Flush();
     const std::span<const uint8_t> p = (*disk)->Read(MakeBlock(0).Id(kFp));
-    EXPECT_EQ(std::vector<uint8_t>(p.begin(), p.end()), Payload(0));
+    EXPECT_EQ(std::vector<uint8_t>(p.begin(), p.end()), TestPayload(0));
   }
 }
 

@@ -1,5 +1,6 @@
-// Test helpers shared by the prompt-cache tier tests: a temporary folder removed at scope end,
-// and the DiskStoreConfig every tier test opens its disk store with. Tests only.
+// Test helpers shared by the prompt-cache tier tests: the record shape and block identities they
+// use, a temporary folder removed at scope end, and the DiskStoreConfig every tier test opens its
+// disk store with. Tests only.
 #pragma once
 
 #include <stdlib.h>
@@ -7,10 +8,30 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "prompt_cache/disk_store.h"
 
 namespace ember::prompt_cache {
+
+// The record shape of the tier tests: 4 tokens a block, 256 payload bytes.
+constexpr int32_t kBlockSize = 4;
+constexpr int64_t kPayload = 256;
+
+// One block's identity within namespace `ns`.
+struct TestBlock {
+  std::vector<int32_t> tokens;
+  Key parent{}, key{};
+  uint64_t ns = 0;
+  BlockIdentity Id(const Key& fp) const { return {fp, parent, key, ns, tokens}; }
+};
+
+// The payload of block i: bytes that differ from block to block.
+inline std::vector<uint8_t> TestPayload(int i) {
+  std::vector<uint8_t> p(kPayload);
+  for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<uint8_t>(i * 13 + j);
+  return p;
+}
 
 // A fresh folder under /tmp named `prefix` + a random suffix, removed with everything in it when
 // this object goes.
