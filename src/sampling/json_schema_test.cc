@@ -244,15 +244,7 @@ TEST(JsonSchemaTest, TokenWalksWriteValidDocuments) {
     // Lean on structure so that walks close their objects.
     const std::string text = testing::CheckedWalk(
         *walk, pieces, [&](const std::string& t) { return ScanText(**compiled, t).prefix_ok; },
-        [&](const std::vector<int32_t>& ids) {
-          int32_t pick = ids[rng() % ids.size()];
-          for (int32_t id : ids) {
-            const std::string& p = *pieces[static_cast<size_t>(id)];
-            if ((p.size() > 1 || p == "}" || p == "]" || p == "\"" || p == ",") && rng() % 3 == 0)
-              pick = id;
-          }
-          return pick;
-        },
+        testing::StructureLeaningPick(pieces, rng, {"}", "]", "\"", ","}),
         150);
     if (!walk->Done()) continue;
     ++completed;
@@ -337,14 +329,7 @@ TEST(JsonSchemaTest, TokenWalksThroughLookAlikeBranchesWriteValidDocuments) {
     std::shared_ptr<TokenConstraint> walk = MakeJsonSchemaConstraint(texts, *compiled);
     const std::string text = testing::CheckedWalk(
         *walk, pieces, [&](const std::string& t) { return ScanText(**compiled, t).prefix_ok; },
-        [&](const std::vector<int32_t>& ids) {
-          int32_t pick = ids[rng() % ids.size()];
-          for (int32_t id : ids) {
-            const std::string& p = *pieces[static_cast<size_t>(id)];
-            if ((p.size() > 1 || p == "}" || p == "\"" || p == ",") && rng() % 3 == 0) pick = id;
-          }
-          return pick;
-        },
+        testing::StructureLeaningPick(pieces, rng, {"}", "\"", ","}),
         120);
     if (!walk->Done()) continue;
     ++completed;
