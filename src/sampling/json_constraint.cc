@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "sampling/json_number_limits.h"
 #include "util/check.h"
 #include "util/utf8.h"
 
@@ -57,6 +58,7 @@ bool JsonScanner::StartValue(uint8_t c) {
     default:
       if (c >= '1' && c <= '9') {
         mode_ = kNumInt;
+        count_ = 1;
         return true;
       }
       return false;
@@ -159,11 +161,12 @@ bool JsonScanner::Step(uint8_t c) {
       }
       if (c >= '1' && c <= '9') {
         mode_ = kNumInt;
+        count_ = 1;
         return true;
       }
       return false;
     case kNumInt:
-      if (IsDigit(c)) return true;
+      if (IsDigit(c)) return CountDigit(kJsonMaxIntegerDigits);
       [[fallthrough]];
     case kNumZero:
       if (c == '.') {
@@ -179,9 +182,10 @@ bool JsonScanner::Step(uint8_t c) {
     case kNumDot:
       if (!IsDigit(c)) return false;
       mode_ = kNumFrac;
+      count_ = 1;
       return true;
     case kNumFrac:
-      if (IsDigit(c)) return true;
+      if (IsDigit(c)) return CountDigit(kJsonMaxFractionDigits);
       if (c == 'e' || c == 'E') {
         mode_ = kNumE;
         return true;
@@ -197,9 +201,10 @@ bool JsonScanner::Step(uint8_t c) {
     case kNumESign:
       if (!IsDigit(c)) return false;
       mode_ = kNumExp;
+      count_ = 1;
       return true;
     case kNumExp:
-      if (IsDigit(c)) return true;
+      if (IsDigit(c)) return CountDigit(kJsonMaxExponentDigits);
       EndValue();
       return Step(c);
     case kDone:
@@ -219,6 +224,7 @@ void JsonScanner::AppendKey(std::string* key) const {
     case kHex: bytes[3] = key_; bytes[4] = count_; break;
     case kUtf8: bytes[3] = key_; bytes[4] = count_; bytes[5] = lo_; bytes[6] = hi_; break;
     case kLiteral: bytes[4] = count_; bytes[5] = literal_; break;
+    case kNumInt: case kNumFrac: case kNumExp: bytes[4] = count_; break;
     default: break;
   }
   key->append(reinterpret_cast<const char*>(bytes), sizeof(bytes));

@@ -94,11 +94,18 @@ class JsonScanner {
   bool Push(bool array);
   void EndValue();
   bool Close(bool array);
+  // One more digit of a number part that may have `limit` (false at the limit).
+  bool CountDigit(int limit) {
+    if (count_ >= limit) return false;
+    ++count_;
+    return true;
+  }
 
   uint64_t stack_ = 0;  // bit d - 1: the container at depth d is an array
   uint8_t depth_ = 0;
   Mode mode_ = kStart;
-  uint8_t count_ = 0;   // kHex / kUtf8: bytes still to come; kLiteral: bytes matched
+  uint8_t count_ = 0;   // kHex / kUtf8: bytes still to come; kLiteral: bytes matched;
+                        // kNumInt / kNumFrac / kNumExp: digits of the part so far
   uint8_t literal_ = 0;  // kLiteral: 0 true, 1 false, 2 null
   uint8_t lo_ = 0x80, hi_ = 0xBF;  // kUtf8: the next continuation byte's range
   uint8_t ws_run_ = 0;

@@ -4,6 +4,7 @@
 #include "sampling/json_constraint.h"
 
 #include "sampling/constraint_walk.h"
+#include "sampling/json_number_limits.h"
 
 #include <gtest/gtest.h>
 
@@ -69,6 +70,31 @@ TEST(JsonScannerTest, LimitsDepthAndWhitespace) {
   EXPECT_FALSE(ScanText("{ \n}").prefix_ok);
   EXPECT_FALSE(ScanText("{\r\n}").prefix_ok);
   EXPECT_TRUE(ScanText("{\"" + indent + indent + "\":1}").done);  // inside a string: no limit
+}
+
+// Numbers stay within the digit limits (json_number_limits.h): every one is a finite double, and
+// a model cannot write digits forever.
+TEST(JsonScannerTest, LimitsNumberDigits) {
+  const std::string int_max(kJsonMaxIntegerDigits, '9');
+  const std::string frac_max(kJsonMaxFractionDigits, '5');
+  const std::string exp_max(kJsonMaxExponentDigits, '9');
+  EXPECT_TRUE(ScanText("{\"a\":-" + int_max + "." + frac_max + "e-" + exp_max + "}").done);
+  EXPECT_TRUE(ScanText("{\"a\":[" + int_max + ", 0." + frac_max + ", 1E+" + exp_max + "]}").done);
+  EXPECT_FALSE(ScanText("{\"a\":" + int_max + "9").prefix_ok);
+  EXPECT_FALSE(ScanText("{\"a\":-" + int_max + "9").prefix_ok);
+  EXPECT_FALSE(ScanText("{\"a\":1." + frac_max + "5").prefix_ok);
+  EXPECT_FALSE(ScanText("{\"a\":1e" + exp_max + "9").prefix_ok);
+  EXPECT_FALSE(ScanText("{\"a\":1e+999}").prefix_ok);
+  // Each part counts its own digits; the state key tells them apart (a mask cache must not mix
+  // "9 digits so far" with "18").
+  EXPECT_TRUE(ScanText("{\"a\":" + int_max + "." + frac_max + "e" + exp_max + "}").done);
+  JsonScanner one, many;
+  for (char c : std::string("{\"a\":1")) one.Step(static_cast<uint8_t>(c));
+  for (char c : "{\"a\":" + int_max) many.Step(static_cast<uint8_t>(c));
+  std::string key_one, key_many;
+  one.AppendKey(&key_one);
+  many.AppendKey(&key_many);
+  EXPECT_NE(key_one, key_many);
 }
 
 // A vocabulary of pieces: Allowed() must equal "every byte of the piece scans", and a random walk

@@ -1,6 +1,9 @@
 #include "sampling/schema_regexes.h"
 
+#include <string>
 #include <vector>
+
+#include "sampling/json_number_limits.h"
 
 namespace ember {
 
@@ -46,8 +49,9 @@ std::string SameLength(const std::string& lo, const std::string& hi) {
 }
 
 constexpr int64_t kUnbounded = -1;
-constexpr size_t kMaxIntegerDigits = 18;
-constexpr const char* kFraction = "\\.\\d{1,16}";
+constexpr size_t kMaxIntegerDigits = kJsonMaxIntegerDigits;
+// A dot and 1 to kJsonMaxFractionDigits digits.
+std::string Fraction() { return "\\.\\d{1," + std::to_string(kJsonMaxFractionDigits) + "}"; }
 
 std::string JoinAlternatives(const std::vector<std::string>& parts) {
   std::string out;
@@ -124,7 +128,8 @@ std::string IntegerRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> 
 }
 
 std::string UnboundedNumberRegex() {
-  return "-?(?:0|[1-9]\\d{0,17})(?:\\.\\d{1,16})?(?:[eE][+-]?\\d{1,2})?";
+  return "-?(?:0|[1-9]\\d{0," + std::to_string(kJsonMaxIntegerDigits - 1) + "})(?:" + Fraction() +
+         ")?(?:[eE][+-]?\\d{1," + std::to_string(kJsonMaxExponentDigits) + "})?";
 }
 
 std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> hi) {
@@ -133,13 +138,13 @@ std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> h
   // I.F with I >= 0: [I, I + 1) within the bounds: lo <= I and I + 1 <= hi.
   if (!hi || *hi >= 1) {
     const std::string m = Magnitudes(lo ? std::max<int64_t>(*lo, 0) : 0, hi ? *hi - 1 : kUnbounded);
-    if (!m.empty()) parts.push_back(m + kFraction);
+    if (!m.empty()) parts.push_back(m + Fraction());
   }
   // -I.F: (-(I + 1), -I] within the bounds: lo <= -(I + 1) and -I <= hi; I = 0 is "-0.F".
   if (!lo || *lo <= -1) {
     const int64_t least = hi && *hi < 0 ? -*hi : 0;
     const std::string m = Magnitudes(least, lo ? -*lo - 1 : kUnbounded);
-    if (!m.empty()) parts.push_back("-" + m + kFraction);
+    if (!m.empty()) parts.push_back("-" + m + Fraction());
   }
   return JoinAlternatives(parts);
 }

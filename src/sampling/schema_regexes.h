@@ -26,9 +26,8 @@ std::optional<std::string> FormatRegex(std::string_view format);
 // The names FormatRegex supports, for error messages.
 const char* SupportedFormats();
 
-// Numbers are written with at most 18 integer digits, 16 fraction digits and a two-digit
-// exponent: every value is a finite double (JSON Schema validators in JavaScript read 1e999 as
-// Infinity, which is no number), and a model cannot pad a number forever.
+// Numbers are written within the digit limits of json_number_limits.h (every value a finite
+// double; a model cannot pad a number forever).
 //
 // Integers in [lo, hi] (nullopt: unbounded on that side) as canonical JSON integers (no leading
 // zeros, no "-0", no fraction or exponent). |bounds| must be below 10^18.
