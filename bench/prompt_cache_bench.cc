@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_model.h"
 #include "engine/engine.h"
 #include "util/flags.h"
 
@@ -95,14 +96,16 @@ double Median(std::vector<double> v) {
 }
 
 int Main(int argc, char** argv) {
-  std::string model_dir, cache_dir = "/tmp/ember_prompt_cache_bench";
+  BenchModelFlags model_flags;
+  std::string cache_dir = "/tmp/ember_prompt_cache_bench";
   int64_t prompt_len = 2048, threads = 0, repeats = 3, step_tokens = 0;
   int64_t ram_bytes = int64_t{4} << 30;
   FlagParser flags(
-      "usage: prompt_cache_bench --model DIR [--prompt-len 2048] [--cache-dir DIR]\n"
-      "       [--repeats 3] [--threads N] [--max-step-tokens N] [--ram-bytes 4294967296]");
+      "usage: prompt_cache_bench (--model DIR | --synth PRESET [--layers N]) [--device cpu|cuda]\n"
+      "       [--prompt-len 2048] [--cache-dir DIR] [--repeats 3] [--threads N]\n"
+      "       [--max-step-tokens N] [--ram-bytes 4294967296]");
+  model_flags.Register(flags);
   flags.AddInt("--ram-bytes", &ram_bytes, "the RAM tier's cap on the first engine (0: no RAM row)");
-  flags.AddString("--model", &model_dir, "model folder");
   flags.AddString("--cache-dir", &cache_dir, "prompt cache directory (emptied first)");
   flags.AddInt("--prompt-len", &prompt_len, "prompt tokens");
   flags.AddInt("--repeats", &repeats, "runs per row (the median is printed)");
@@ -110,13 +113,20 @@ int Main(int argc, char** argv) {
   flags.AddInt("--max-step-tokens", &step_tokens, "tokens per engine step (0: the default)");
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
-  if (help || !st.ok() || model_dir.empty() || repeats < 1) {
+  if (help || !st.ok() || repeats < 1) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
                  flags.Help().c_str());
     return help ? 0 : 2;
   }
+  const std::string synth_dir = cache_dir + ".model";
+  const Result<std::string> model_dir = model_flags.Resolve(synth_dir);
+  if (!model_dir.ok()) {
+    std::fprintf(stderr, "%s\n%s\n", model_dir.message().c_str(), flags.Help().c_str());
+    return 2;
+  }
   ModelLoadOptions opts;
   opts.num_threads = static_cast<int32_t>(threads);
+  opts.device = model_flags.Device();
   EngineConfig config;
   config.max_running = 4;
   config.max_step_tokens = static_cast<int32_t>(step_tokens);
@@ -127,7 +137,7 @@ int Main(int argc, char** argv) {
   // with_ram: a RAM tier and a pool of twice the prompt's blocks (plus a few), so two other
   // prompts of its length evict it.
   auto new_engine = [&](bool with_ram) {
-    auto model = Model::Load(model_dir, opts);
+    auto model = Model::Load(*model_dir, opts);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.message().c_str());
       std::exit(1);
@@ -207,6 +217,7 @@ int Main(int argc, char** argv) {
   row("disk hit, restart, warm pc", Median(disk_warm), last_disk_warm,
       last_disk_warm.read_mb_per_s);
   std::filesystem::remove_all(cache_dir);
+  std::filesystem::remove_all(synth_dir);
   return 0;
 }
 
