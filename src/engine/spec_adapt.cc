@@ -7,17 +7,26 @@ namespace ember {
 void SpecAdapt::Record(int32_t drafted, int32_t accepted) {
   if (drafted <= 0) return;
   empty_ = 0;
-  if (accepted >= drafted) {
-    draft_len_ = std::min(draft_len_ + 1, max_draft_);
-  } else {
-    draft_len_ = std::clamp(accepted + 1, 1, max_draft_);
-  }
+  kept_ = kept_ * kDecay + accepted;
+  judged_ = judged_ * kDecay + accepted + (accepted < drafted ? 1 : 0);
+  draft_len_ = LengthForEstimate();
   if (accepted > 0) {
     misses_ = 0;
     next_pause_ = kMinPause;
     return;
   }
-  if (++misses_ >= kMaxMisses) Pause();
+  if (++misses_ >= kMaxMisses && Estimate() < kPauseBelow) Pause();
+}
+
+int32_t SpecAdapt::LengthForEstimate() const {
+  const double p = Estimate();
+  int32_t k = 1;
+  double keep = p;  // p^k: the k-th token's chance to be kept
+  while (k < max_draft_ && keep * p >= kMinKeep) {
+    keep *= p;
+    ++k;
+  }
+  return k;
 }
 
 void SpecAdapt::RecordEmpty() {

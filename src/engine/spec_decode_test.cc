@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "engine/model_draft_source.h"
+#include "engine/replay_draft_source.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -52,45 +53,17 @@ struct RunResult {
   EngineStats stats;
 };
 
-// Replays known continuations (the target's own outputs from a run without speculation) as
-// drafts, every `error_every`-th proposed token replaced by a wrong one: the verification sees
-// kept drafts, rejected drafts and full acceptances. A history whose prompt and output so far
-// match no known continuation gets no proposal.
-class ReplayDraftSource : public DraftSource {
- public:
-  ReplayDraftSource(const std::vector<GenerationRequest>& requests, const RunResult& reference,
-                    int32_t error_every, int32_t vocab)
-      : error_every_(error_every), vocab_(vocab) {
-    for (size_t i = 0; i < requests.size(); ++i)
-      for (const SampleOut& s : reference.outputs[i]) runs_.push_back({requests[i].prompt_ids, s.ids});
-  }
-  std::string name() const override { return "replay"; }
-  void Propose(kv::SeqId, std::span<const int32_t> tokens, int32_t max_tokens,
-               std::vector<int32_t>* out) override {
-    out->clear();
-    for (const auto& [prompt, continuation] : runs_) {
-      if (tokens.size() < prompt.size() ||
-          !std::equal(prompt.begin(), prompt.end(), tokens.begin()))
-        continue;
-      const size_t done = tokens.size() - prompt.size();
-      if (done > continuation.size() ||
-          !std::equal(tokens.begin() + static_cast<std::ptrdiff_t>(prompt.size()), tokens.end(),
-                      continuation.begin()))
-        continue;
-      for (size_t j = done; j < continuation.size() && out->size() < size_t(max_tokens); ++j) {
-        int32_t t = continuation[j];
-        if (++proposed_ % error_every_ == 0) t = (t + 1) % vocab_;
-        out->push_back(t);
-      }
-      return;
-    }
-  }
-
- private:
-  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> runs_;
-  int32_t error_every_, vocab_;
-  int64_t proposed_ = 0;
-};
+// The target's own outputs of `reference` as replay drafts, every `error_every`-th proposed token
+// wrong.
+std::unique_ptr<DraftSource> Replay(const std::vector<GenerationRequest>& requests,
+                                    const RunResult& reference, int32_t error_every,
+                                    int32_t vocab) {
+  std::vector<ReplayDraftSource::Run> runs;
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (const SampleOut& s : reference.outputs[i]) runs.push_back({requests[i].prompt_ids, s.ids});
+  return std::make_unique<ReplayDraftSource>(std::move(runs), vocab,
+                                             ReplayDraftSource::Errors{error_every, 1.0});
+}
 
 // Proposes random tokens: almost every draft is rejected.
 class NoiseDraftSource : public DraftSource {
@@ -239,8 +212,7 @@ TEST_P(SpecGreedyTest, GoldenContinuationsWithDraftsSoloAndBatched) {
   replay.stagger = true;
   auto probe = Model::Load(dir, ModelLoadOptions{});
   ASSERT_TRUE(probe.ok());
-  replay.source = std::make_unique<ReplayDraftSource>(batch, plain, 3,
-                                                      (*probe)->config().vocab_size);
+  replay.source = Replay(batch, plain, 3, (*probe)->config().vocab_size);
   const RunResult batched = RunEngine(dir, batch, std::move(replay));
   const auto got = FirstSamples(batched);
   ASSERT_EQ(got.size(), batch.size());
@@ -322,7 +294,7 @@ TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
   for (int32_t error_every : {2, 5}) {
     RunOptions spec;
     spec.max_running = 4;
-    spec.source = std::make_unique<ReplayDraftSource>(requests, plain, error_every, 2048);
+    spec.source = Replay(requests, plain, error_every, 2048);
     const RunResult got = RunEngine(dir, requests, std::move(spec));
     ASSERT_EQ(got.outputs.size(), plain.outputs.size());
     for (size_t i = 0; i < requests.size(); ++i)
@@ -351,7 +323,7 @@ TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
   const RunResult plain = RunEngine(dir, requests, RunOptions{});
   for (const auto& samples : plain.outputs) ASSERT_EQ(samples[0].ids.size(), 25u);
   RunOptions replay;
-  replay.source = std::make_unique<ReplayDraftSource>(requests, plain, 3, 2048);
+  replay.source = Replay(requests, plain, 3, 2048);
   const RunResult got = RunEngine(dir, requests, std::move(replay));
   RunOptions noise;
   noise.source = std::make_unique<NoiseDraftSource>(2048);

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "engine/draft_source.h"
+#include "engine/replay_draft_source.h"
 #include "engine/scheduler.h"
 #include "engine/spec_adapt.h"
 #include "engine/speculator.h"
@@ -45,18 +46,61 @@ TEST(NgramDraftTest, ProposesWhatFollowedTheLongestRecentMatch) {
   EXPECT_EQ(Propose({2, 6, 6, 6, 6, 6, 6}, 3), (std::vector<int32_t>{6, 6, 6}));
 }
 
-TEST(SpecAdaptTest, GrowsOnFullAcceptanceShrinksOnRejectionPausesWhenUseless) {
+// The benchmarks' replay draft: the recorded continuation from where the history is, with each
+// token wrong (the next id) at the chosen rate, the same tokens on every call; nothing for a
+// history that left the recording.
+TEST(ReplayDraftTest, ProposesTheRecordingWithErrorsAtTheChosenRate) {
+  std::vector<int32_t> continuation(4000);
+  std::iota(continuation.begin(), continuation.end(), 10);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  for (const double acceptance : {1.0, 0.7, 0.0}) {
+    ReplayDraftSource source({{prompt, continuation}}, 5000, {0, acceptance});
+    std::vector<int32_t> history = prompt, out, again;
+    int64_t wrong = 0;
+    for (size_t j = 0; j < continuation.size(); j += 4) {
+      source.Propose(0, history, 4, &out);
+      source.Propose(0, history, 4, &again);
+      ASSERT_EQ(out.size(), 4u);
+      EXPECT_EQ(out, again);
+      for (size_t i = 0; i < 4; ++i) {
+        const int32_t want = continuation[j + i];
+        EXPECT_TRUE(out[i] == want || out[i] == want + 1);
+        wrong += out[i] != want;
+      }
+      history.insert(history.end(), continuation.begin() + static_cast<std::ptrdiff_t>(j),
+                     continuation.begin() + static_cast<std::ptrdiff_t>(j + 4));
+    }
+    EXPECT_NEAR(static_cast<double>(wrong) / 4000.0, 1.0 - acceptance, 0.03) << acceptance;
+  }
+  ReplayDraftSource every_third({{prompt, continuation}}, 5000, {3, 1.0});
+  std::vector<int32_t> out;
+  every_third.Propose(0, prompt, 6, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{10, 11, 13, 13, 14, 16}));
+  every_third.Propose(0, std::vector<int32_t>{1, 2, 3, 99}, 4, &out);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(SpecAdaptTest, DraftLengthFollowsTheAcceptanceRatePausesWhenUseless) {
   SpecAdapt a(5);
   EXPECT_EQ(a.draft_len(), 5);
-  a.Record(5, 1);
-  EXPECT_EQ(a.draft_len(), 2);  // accepted + 1
-  a.Record(2, 2);
+  for (int i = 0; i < 10; ++i) a.Record(5, 5);
+  EXPECT_EQ(a.draft_len(), 5);  // p = 1: capped at K
+  // One token kept, the next rejected: p = 1/2; 0.5^2 >= kMinKeep > 0.5^3.
+  for (int i = 0; i < 40; ++i) a.Record(a.draft_len(), 1);
+  EXPECT_EQ(a.draft_len(), 2);
+  // p = 2/3: (2/3)^3 = 0.30 >= kMinKeep > (2/3)^4 = 0.198.
+  for (int i = 0; i < 40; ++i) a.Record(3, 2);
   EXPECT_EQ(a.draft_len(), 3);
-  a.Record(3, 3);
-  a.Record(4, 4);
+  // p = 3/4 reaches K again: (3/4)^5 = 0.237.
+  for (int i = 0; i < 40; ++i) a.Record(4, 3);
+  EXPECT_EQ(a.draft_len(), 5);
+  // A full acceptance of every draft counts no rejection: the estimate only rises.
   a.Record(5, 5);
-  EXPECT_EQ(a.draft_len(), 5);  // capped at K
+  EXPECT_EQ(a.draft_len(), 5);
+  // A good source's few misses in a row do not pause it (the estimate stays above 1/2).
+  for (int i = 0; i < SpecAdapt::kMaxMisses; ++i) a.Record(a.draft_len(), 0);
   EXPECT_FALSE(a.paused());
+  a = SpecAdapt(5);
   for (int i = 0; i < SpecAdapt::kMaxMisses; ++i) a.Record(1, 0);
   EXPECT_TRUE(a.paused());
   for (int i = 0; i < SpecAdapt::kMinPause; ++i) a.Tick();
