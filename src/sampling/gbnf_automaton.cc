@@ -1,0 +1,124 @@
+#include "sampling/gbnf_automaton.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace ember {
+
+GbnfAutomaton::GbnfAutomaton(std::shared_ptr<const GbnfGrammar> grammar)
+    : grammar_(std::move(grammar)) {
+  CHECK(grammar_ != nullptr);
+  num_classes_ = static_cast<size_t>(grammar_->num_classes);
+  node_pos_ = {-1, -1};  // kAcceptNode, kPopNode
+  node_parent_ = {-1, -1};
+  for (int32_t alt : grammar_->alternatives[static_cast<size_t>(grammar_->root)])
+    work_list_.push_back({alt, kAcceptNode});
+  Settle();
+  start_ = Intern(out_);
+  CHECK(start_ >= 0) << error_;  // root derives some text (ParseGbnf checks)
+}
+
+int32_t GbnfAutomaton::Fail(const std::string& message) {
+  if (error_.empty()) error_ = message;
+  return kDead;
+}
+
+int32_t GbnfAutomaton::Node(int32_t pos, int32_t parent) {
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) |
+                       static_cast<uint32_t>(parent);
+  auto [it, inserted] = node_ids_.emplace(key, static_cast<int32_t>(node_pos_.size()));
+  if (inserted) {
+    node_pos_.push_back(pos);
+    node_parent_.push_back(parent);
+  }
+  return it->second;
+}
+
+void GbnfAutomaton::Settle() {
+  const GbnfGrammar& g = *grammar_;
+  out_.clear();
+  visited_.clear();
+  while (!work_list_.empty()) {
+    const auto [pos, parent] = work_list_.back();
+    work_list_.pop_back();
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) |
+                         static_cast<uint32_t>(parent);
+    if (!visited_.insert(key).second) continue;
+    if (++work_ > kMaxWork) {
+      work_list_.clear();
+      Fail("the grammar's parse is too ambiguous: more than " + std::to_string(kMaxWork) +
+           " parser steps for one token mask");
+      return;
+    }
+    const GbnfGrammar::Element e = g.elements[static_cast<size_t>(pos)];
+    if (e.kind == GbnfGrammar::kBytes) {
+      out_.push_back(Node(pos, parent));
+    } else if (e.kind == GbnfGrammar::kEnd) {
+      if (parent == kAcceptNode || parent == kPopNode) {
+        out_.push_back(parent);
+      } else {
+        work_list_.push_back({node_pos_[static_cast<size_t>(parent)],
+                              node_parent_[static_cast<size_t>(parent)]});
+      }
+    } else {
+      const bool tail = g.elements[static_cast<size_t>(pos) + 1].kind == GbnfGrammar::kEnd;
+      const int32_t cont = tail ? parent : Node(pos + 1, parent);
+      for (int32_t alt : g.alternatives[static_cast<size_t>(e.arg)])
+        work_list_.push_back({alt, cont});
+    }
+  }
+  if (node_pos_.size() > kMaxNodes)
+    Fail("the grammar's parse needs more than " + std::to_string(kMaxNodes) + " stack nodes");
+}
+
+int32_t GbnfAutomaton::Intern(std::vector<int32_t>& nodes) {
+  if (!error_.empty() || nodes.empty()) return kDead;
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  if (nodes.size() > kMaxStacks)
+    return Fail("the grammar is too ambiguous: more than " + std::to_string(kMaxStacks) +
+                " parses alive at once");
+  std::string key(reinterpret_cast<const char*>(nodes.data()), nodes.size() * sizeof(int32_t));
+  auto [it, inserted] = set_ids_.emplace(std::move(key), static_cast<int32_t>(num_states()));
+  if (inserted) {
+    if (num_states() >= kMaxStates)
+      return Fail("the grammar's parse needs more than " + std::to_string(kMaxStates) +
+                  " automaton states");
+    set_nodes_.insert(set_nodes_.end(), nodes.begin(), nodes.end());
+    set_offsets_.push_back(static_cast<uint32_t>(set_nodes_.size()));
+    next_.resize(next_.size() + num_classes_, kUnknown);
+  }
+  return it->second;
+}
+
+int32_t GbnfAutomaton::Compute(int32_t state, uint8_t byte) {
+  if (!error_.empty()) return kDead;
+  const GbnfGrammar& g = *grammar_;
+  work_list_.clear();
+  for (int32_t node : Stacks(state)) {
+    if (node == kAcceptNode || node == kPopNode) continue;
+    const int32_t pos = node_pos_[static_cast<size_t>(node)];
+    const GbnfGrammar::Element e = g.elements[static_cast<size_t>(pos)];
+    if (g.byte_sets[static_cast<size_t>(e.arg)].test(byte))
+      work_list_.push_back({pos + 1, node_parent_[static_cast<size_t>(node)]});
+  }
+  Settle();
+  return Intern(out_);
+}
+
+int32_t GbnfAutomaton::Walk(int32_t state, std::string_view text) {
+  for (char c : text) {
+    if (state == kDead) return kDead;
+    state = Next(state, static_cast<uint8_t>(c));
+  }
+  return state;
+}
+
+int32_t GbnfAutomaton::LocalStart(int32_t pos) {
+  CHECK(grammar_->elements[static_cast<size_t>(pos)].kind == GbnfGrammar::kBytes);
+  out_.assign(1, Node(pos, kPopNode));
+  return Intern(out_);
+}
+
+}  // namespace ember

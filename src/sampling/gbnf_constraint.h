@@ -1,0 +1,40 @@
+// Grammar-guided output (`grammar`, `guided_grammar`, `structured_outputs.grammar`): the sample's
+// whole text must be a sentence of a GBNF grammar (gbnf_grammar.h), recognised byte by byte by a
+// GbnfAutomaton (gbnf_automaton.h). The model's end-of-sequence ids (`end_ids`) are allowed where
+// the text so far is a complete sentence, and choosing one completes the output; the sample ends
+// by itself where nothing may follow.
+//
+// A mask is the union, over the stacks of the current state, of what each stack's top element
+// allows: a local walk of the whole vocabulary's trie (json_constraint.h's TokenTrie) from that
+// element alone over a sentinel bottom, computed once per element and shared by every state and
+// every clone. A token the local walk reads to its end is allowed whatever lies below; a token
+// the top rule could only read by ending mid-token (the sentinel was reached after its first
+// byte) is "uncertain", and is checked by stepping the real state over its bytes. Masks are also
+// cached by state (MaskCache). Inside a string-like loop a mask is thus a copy of the local bits
+// plus a few uncertain tokens (those holding the closing quote).
+//
+// Thread-safety: the clones of one request share the automaton and the local masks behind one
+// mutex (Allowed and Accept take it); a clone's own state is one int. A grammar whose parse
+// exceeds the automaton's bounds makes Allowed return 0 (the engine ends the sample with an
+// error) and error() say which bound.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sampling/gbnf_grammar.h"
+#include "sampling/json_constraint.h"
+#include "sampling/token_constraint.h"
+
+namespace ember {
+
+std::shared_ptr<TokenConstraint> MakeGbnfConstraint(std::shared_ptr<const TokenTexts> texts,
+                                                    std::shared_ptr<const GbnfGrammar> grammar,
+                                                    std::vector<int32_t> end_ids);
+
+// The bound a constraint of MakeGbnfConstraint hit ("" if none): tests and error messages.
+std::string GbnfConstraintError(const TokenConstraint& constraint);
+
+}  // namespace ember
