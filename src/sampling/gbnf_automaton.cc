@@ -115,9 +115,22 @@ int32_t GbnfAutomaton::Walk(int32_t state, std::string_view text) {
   return state;
 }
 
-int32_t GbnfAutomaton::LocalStart(int32_t pos) {
-  CHECK(grammar_->elements[static_cast<size_t>(pos)].kind == GbnfGrammar::kBytes);
-  out_.assign(1, Node(pos, kPopNode));
+int32_t GbnfAutomaton::Truncate(int32_t node, int depth) {
+  CHECK(node != kAcceptNode && node != kPopNode);
+  int32_t chain[16];
+  CHECK(depth > 0 && depth <= 16);
+  int kept = 0;
+  for (int32_t n = node; kept < depth; n = node_parent_[static_cast<size_t>(n)]) {
+    if (n == kAcceptNode || n == kPopNode) return node;  // no deeper than `depth`
+    chain[kept++] = n;
+  }
+  int32_t cut = kPopNode;
+  for (int i = kept - 1; i >= 0; --i) cut = Node(node_pos_[static_cast<size_t>(chain[i])], cut);
+  return cut;
+}
+
+int32_t GbnfAutomaton::StateOf(int32_t node) {
+  out_.assign(1, node);
   return Intern(out_);
 }
 

@@ -15,9 +15,9 @@
 // kMaxStates states and kMaxNodes stack nodes, and one budget window (ResetBudget) does at most
 // kMaxWork settling steps; past any of them error() is set and every later step is kDead.
 //
-// Local walks (the token masks' shared part): LocalStart(pos) is the state of one stack whose
-// bottom is the kPopNode sentinel, which reads no byte: a state holding it means the top rule
-// of the real stack could have ended there.
+// Local walks (the token masks' shared part) start from a stack cut to its top frames over the
+// kPopNode sentinel (Truncate), which reads no byte: a state holding it means the frames kept
+// could all have ended there.
 //
 // Not thread-safe: its owner serialises calls (gbnf_constraint.h holds a mutex).
 #pragma once
@@ -71,10 +71,10 @@ class GbnfAutomaton {
       if (node == kPopNode) return true;
     return false;
   }
-  // The byte element on top of a stack node (not the accept or pop node).
-  int32_t TopElement(int32_t node) const { return node_pos_[static_cast<size_t>(node)]; }
-  // One stack: the byte element `pos` over the pop sentinel.
-  int32_t LocalStart(int32_t pos);
+  // The stack `node` cut to its top `depth` frames over the pop sentinel (a node id; the node
+  // itself when it has no more frames than that), and the state of that one stack.
+  int32_t Truncate(int32_t node, int depth);
+  int32_t StateOf(int32_t node);
 
   void ResetBudget() { work_ = 0; }
   const std::string& error() const { return error_; }

@@ -12,6 +12,12 @@ namespace ember {
 
 namespace {
 
+// Frames a local walk keeps: enough for a loop inside a rule (a class in a repetition in a
+// string) to be read without its context; more would share less across states.
+constexpr int kLocalDepth = 3;
+// Local masks kept (each a bit per token: ~19 KB for a 152k vocabulary); all dropped when full.
+constexpr size_t kMaxLocalMasks = 256;
+
 // What a byte element allows on top of any stack (see the header).
 struct LocalMask {
   std::vector<uint64_t> accepted;  // bits: read to the end by the top rule alone
@@ -24,18 +30,20 @@ struct GbnfShared {
              std::vector<int32_t> ends)
       : texts(std::move(t)), automaton(std::move(g)), end_ids(std::move(ends)) {}
 
-  const LocalMask& Local(int32_t pos);
+  // The local mask of stack `node` cut to kLocalDepth frames.
+  const LocalMask& Local(int32_t node);
 
   std::mutex mu;
   std::shared_ptr<const TokenTexts> texts;
   GbnfAutomaton automaton;
   std::vector<int32_t> end_ids;
-  std::unordered_map<int32_t, LocalMask> local;  // by element position
+  std::unordered_map<int32_t, LocalMask> local;  // by cut stack node
   MaskCache cache;
 };
 
-const LocalMask& GbnfShared::Local(int32_t pos) {
-  auto [it, inserted] = local.try_emplace(pos);
+const LocalMask& GbnfShared::Local(int32_t node) {
+  if (local.size() >= kMaxLocalMasks) local.clear();
+  auto [it, inserted] = local.try_emplace(node);
   if (!inserted) return it->second;
   LocalMask& mask = it->second;
   mask.accepted.assign((texts->bytes.size() + 63) / 64, 0);
@@ -44,7 +52,7 @@ const LocalMask& GbnfShared::Local(int32_t pos) {
     bool popped;  // the top rule could have ended after a byte of this prefix
   };
   GbnfAutomaton& a = automaton;
-  const int32_t start = a.LocalStart(pos);
+  const int32_t start = a.StateOf(node);
   if (start == GbnfAutomaton::kDead) return mask;
   WalkTokenTrieVisit(
       texts->all, Walk{start, false},
@@ -121,12 +129,12 @@ int64_t GbnfConstraint::Allowed(std::vector<uint8_t>& allowed) const {
       can_end = true;
       continue;
     }
-    tops.push_back(a.TopElement(node));
+    tops.push_back(a.Truncate(node, kLocalDepth));
   }
   std::sort(tops.begin(), tops.end());
   tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
-  for (int32_t pos : tops) {
-    const LocalMask& local = s.Local(pos);
+  for (int32_t cut : tops) {
+    const LocalMask& local = s.Local(cut);
     for (size_t w = 0; w < local.accepted.size(); ++w) bits[w] |= local.accepted[w];
     uncertain.insert(uncertain.end(), local.uncertain.begin(), local.uncertain.end());
   }

@@ -4,14 +4,15 @@
 // the text so far is a complete sentence, and choosing one completes the output; the sample ends
 // by itself where nothing may follow.
 //
-// A mask is the union, over the stacks of the current state, of what each stack's top element
-// allows: a local walk of the whole vocabulary's trie (json_constraint.h's TokenTrie) from that
-// element alone over a sentinel bottom, computed once per element and shared by every state and
-// every clone. A token the local walk reads to its end is allowed whatever lies below; a token
-// the top rule could only read by ending mid-token (the sentinel was reached after its first
-// byte) is "uncertain", and is checked by stepping the real state over its bytes. Masks are also
-// cached by state (MaskCache). Inside a string-like loop a mask is thus a copy of the local bits
-// plus a few uncertain tokens (those holding the closing quote).
+// A mask is the union, over the stacks of the current state, of what each stack allows: a local
+// walk of the whole vocabulary's trie (json_constraint.h's TokenTrie) from the stack cut to its
+// top few frames over a sentinel bottom, computed once per cut stack and shared by every state
+// (the same loop at any depth of nesting) and every clone. A token the local walk reads to its
+// end is allowed whatever lies below; a token the kept frames could only read by all ending
+// mid-token (the sentinel was reached after its first byte) is "uncertain", and is checked by
+// stepping the real state over its bytes. Masks are also cached by state (MaskCache). Inside a
+// string-like loop a mask is thus a copy of the local bits plus the few uncertain tokens (those
+// holding the closing quote).
 //
 // Thread-safety: the clones of one request share the automaton and the local masks behind one
 // mutex (Allowed and Accept take it); a clone's own state is one int. A grammar whose parse

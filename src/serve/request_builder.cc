@@ -4,6 +4,7 @@
 
 #include "engine/engine.h"
 #include "sampling/dry.h"
+#include "sampling/gbnf_constraint.h"
 #include "sampling/json_schema.h"
 #include "sampling/regex_constraint.h"
 #include "sampling/tool_call_constraint.h"
@@ -67,8 +68,8 @@ TokenLimits LimitsOfServed(const ServedModel& model) {
 }
 
 // The structured-output constraint (null for text): JSON mode, a compiled JSON schema (its
-// properties in the client's order), or a regex over the whole output (ending through the
-// model's EOS ids where a match may go on). Errors name the field that asked for it.
+// properties in the client's order), a regex or a GBNF grammar over the whole output (ending
+// through the model's EOS ids where a match may go on). Errors name the field that asked for it.
 using Constraint = std::shared_ptr<const TokenConstraint>;
 std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
                                                     const CommonParams& p) {
@@ -87,6 +88,10 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
     auto dfa = CompileRegex(*p.regex, RegexMatch::kWhole, path);
     if (!dfa.ok()) return InvalidRequest(dfa.message(), path, "unsupported_value");
     constraint = MakeRegexConstraint(model.token_texts, std::move(*dfa), model.defaults.eos_token_ids);
+  } else if (p.grammar) {
+    auto grammar = ParseGbnf(*p.grammar, path);
+    if (!grammar.ok()) return InvalidRequest(grammar.message(), path, "unsupported_value");
+    constraint = MakeGbnfConstraint(model.token_texts, std::move(*grammar), model.defaults.eos_token_ids);
   } else {
     auto compiled = CompileJsonSchema(p.json_schema, path);
     if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
