@@ -115,18 +115,37 @@ int32_t GbnfAutomaton::Walk(int32_t state, std::string_view text) {
   return state;
 }
 
-int32_t GbnfAutomaton::Truncate(int32_t node, int depth) {
+int32_t GbnfAutomaton::Truncate(int32_t node, int depth, int32_t* below) {
   CHECK(node != kAcceptNode && node != kPopNode);
   int32_t chain[16];
   CHECK(depth > 0 && depth <= 16);
   int kept = 0;
-  for (int32_t n = node; kept < depth; n = node_parent_[static_cast<size_t>(n)]) {
-    if (n == kAcceptNode || n == kPopNode) return node;  // no deeper than `depth`
+  int32_t n = node;
+  for (; kept < depth; n = node_parent_[static_cast<size_t>(n)]) {
+    if (n == kAcceptNode || n == kPopNode) {  // no deeper than `depth`
+      *below = kAcceptNode;
+      return node;
+    }
     chain[kept++] = n;
   }
+  *below = n;
+  if (n == kAcceptNode) return node;
   int32_t cut = kPopNode;
   for (int i = kept - 1; i >= 0; --i) cut = Node(node_pos_[static_cast<size_t>(chain[i])], cut);
   return cut;
+}
+
+std::bitset<256> GbnfAutomaton::FirstBytesBelow(int32_t node) {
+  std::bitset<256> bytes;
+  if (node == kAcceptNode || node == kPopNode) return bytes;
+  work_list_.assign(1, {node_pos_[static_cast<size_t>(node)], node_parent_[static_cast<size_t>(node)]});
+  Settle();
+  for (int32_t top : out_) {
+    if (top == kAcceptNode || top == kPopNode) continue;
+    const int32_t pos = node_pos_[static_cast<size_t>(top)];
+    bytes |= grammar_->byte_sets[static_cast<size_t>(grammar_->elements[static_cast<size_t>(pos)].arg)];
+  }
+  return bytes;
 }
 
 int32_t GbnfAutomaton::StateOf(int32_t node) {

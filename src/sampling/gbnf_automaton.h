@@ -22,6 +22,7 @@
 // Not thread-safe: its owner serialises calls (gbnf_constraint.h holds a mutex).
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -73,8 +74,12 @@ class GbnfAutomaton {
   }
   // The stack `node` cut to its top `depth` frames over the pop sentinel (a node id; the node
   // itself when it has no more frames than that), and the state of that one stack.
-  int32_t Truncate(int32_t node, int depth);
+  // *below: the stack under the frames kept (kAcceptNode when nothing was cut).
+  int32_t Truncate(int32_t node, int depth, int32_t* below);
   int32_t StateOf(int32_t node);
+  // The bytes that may come first once the stack `node` resumes (settled; kDead-safe: none
+  // for the accept node).
+  std::bitset<256> FirstBytesBelow(int32_t node);
 
   void ResetBudget() { work_ = 0; }
   const std::string& error() const { return error_; }

@@ -22,7 +22,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "sampling/gbnf_grammar.h"
@@ -30,6 +33,28 @@
 #include "sampling/token_constraint.h"
 
 namespace ember {
+
+struct GbnfShared;
+
+// Compiled grammars by their text, for one vocabulary (a served model's): a request whose grammar
+// was seen before shares the earlier requests' automaton and masks (the local masks are the cold
+// cost: a walk of the vocabulary each), so only its first request pays them. At most
+// kMaxGrammars texts (all forgotten when full); an automaton past a quarter of its state bound
+// is replaced by a fresh one for new requests. Thread-safe.
+class GbnfCache {
+ public:
+  static constexpr size_t kMaxGrammars = 16;
+  GbnfCache(std::shared_ptr<const TokenTexts> texts, std::vector<int32_t> end_ids);
+  // A constraint at the start of `text`'s grammar; a parse error names `path`.
+  Result<std::shared_ptr<TokenConstraint>> Constraint(std::string_view text,
+                                                      const std::string& path);
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<const TokenTexts> texts_;
+  std::vector<int32_t> end_ids_;
+  std::unordered_map<std::string, std::shared_ptr<GbnfShared>> entries_;
+};
 
 std::shared_ptr<TokenConstraint> MakeGbnfConstraint(std::shared_ptr<const TokenTexts> texts,
                                                     std::shared_ptr<const GbnfGrammar> grammar,

@@ -333,5 +333,25 @@ TEST(GbnfTest, EndIdsOnlyWhereTheGrammarAccepts) {
   EXPECT_EQ(fixed->Allowed(allowed), 0);
 }
 
+// Requests with the same grammar text share one automaton and its masks; a bad grammar is an
+// error naming the field each time.
+TEST(GbnfTest, CacheSharesCompiledGrammars) {
+  std::vector<std::optional<std::string>> pieces = {"a", "b", std::nullopt, "ab"};
+  GbnfCache cache(TokenTexts::Build(pieces), {2});
+  auto first = cache.Constraint("root ::= \"a\" \"b\"*", "grammar");
+  ASSERT_TRUE(first.ok()) << first.message();
+  auto second = cache.Constraint("root ::= \"a\" \"b\"*", "guided_grammar");
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*first)->Accept(3));
+  std::vector<uint8_t> allowed;
+  EXPECT_EQ((*second)->Allowed(allowed), 2);  // its own state: a, ab
+  EXPECT_EQ(allowed, (std::vector<uint8_t>{1, 0, 0, 1}));
+  EXPECT_EQ((*first)->Allowed(allowed), 2);  // b, end
+  EXPECT_EQ(allowed, (std::vector<uint8_t>{0, 1, 1, 0}));
+  auto bad = cache.Constraint("root ::= x", "structured_outputs.grammar");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.message(), "structured_outputs.grammar: line 1, column 10 (rule 'root'): undefined rule 'x'");
+}
+
 }  // namespace
 }  // namespace ember

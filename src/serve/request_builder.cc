@@ -89,9 +89,11 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
     if (!dfa.ok()) return InvalidRequest(dfa.message(), path, "unsupported_value");
     constraint = MakeRegexConstraint(model.token_texts, std::move(*dfa), model.defaults.eos_token_ids);
   } else if (p.grammar) {
-    auto grammar = ParseGbnf(*p.grammar, path);
-    if (!grammar.ok()) return InvalidRequest(grammar.message(), path, "unsupported_value");
-    constraint = MakeGbnfConstraint(model.token_texts, std::move(*grammar), model.defaults.eos_token_ids);
+    GbnfCache uncached(model.token_texts, model.defaults.eos_token_ids);
+    GbnfCache& grammars = model.grammars != nullptr ? *model.grammars : uncached;
+    auto made = grammars.Constraint(*p.grammar, path);
+    if (!made.ok()) return InvalidRequest(made.message(), path, "unsupported_value");
+    constraint = std::move(*made);
   } else {
     auto compiled = CompileJsonSchema(p.json_schema, path);
     if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");
