@@ -10,6 +10,7 @@ GbnfAutomaton::GbnfAutomaton(std::shared_ptr<const GbnfGrammar> grammar)
     : grammar_(std::move(grammar)) {
   CHECK(grammar_ != nullptr);
   num_classes_ = static_cast<size_t>(grammar_->num_classes);
+  ComputeFollow();
   node_pos_ = {-1, -1};  // kAcceptNode, kPopNode
   node_parent_ = {-1, -1};
   for (int32_t alt : grammar_->alternatives[static_cast<size_t>(grammar_->root)])
@@ -17,6 +18,78 @@ GbnfAutomaton::GbnfAutomaton(std::shared_ptr<const GbnfGrammar> grammar)
   Settle();
   start_ = Intern(out_);
   CHECK(start_ >= 0) << error_;  // root derives some text (ParseGbnf checks)
+}
+
+// FIRST and nullability of every rule, then FOLLOW (over bytes), by fixpoints.
+void GbnfAutomaton::ComputeFollow() {
+  const GbnfGrammar& g = *grammar_;
+  const size_t num_rules = g.alternatives.size();
+  rule_of_.assign(g.elements.size(), -1);
+  for (size_t r = 0; r < num_rules; ++r) {
+    for (int32_t alt : g.alternatives[r]) {
+      for (auto pos = static_cast<size_t>(alt);; ++pos) {
+        rule_of_[pos] = static_cast<int32_t>(r);
+        if (g.elements[pos].kind == GbnfGrammar::kEnd) break;
+      }
+    }
+  }
+  std::vector<std::bitset<256>> first(num_rules);
+  std::vector<uint8_t> nullable(num_rules, 0);
+  // FIRST of the elements from `pos` to the end of its alternative; *rest_nullable if all nullable.
+  auto first_of = [&](size_t pos, bool* rest_nullable) {
+    std::bitset<256> bytes;
+    for (;; ++pos) {
+      const GbnfGrammar::Element e = g.elements[pos];
+      if (e.kind == GbnfGrammar::kEnd) {
+        *rest_nullable = true;
+        return bytes;
+      }
+      if (e.kind == GbnfGrammar::kBytes) {
+        *rest_nullable = false;
+        return bytes | g.byte_sets[static_cast<size_t>(e.arg)];
+      }
+      bytes |= first[static_cast<size_t>(e.arg)];
+      if (!nullable[static_cast<size_t>(e.arg)]) {
+        *rest_nullable = false;
+        return bytes;
+      }
+    }
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < num_rules; ++r) {
+      for (int32_t alt : g.alternatives[r]) {
+        bool empty = false;
+        const std::bitset<256> bytes = first_of(static_cast<size_t>(alt), &empty);
+        if ((first[r] | bytes) != first[r] || (empty && !nullable[r])) changed = true;
+        first[r] |= bytes;
+        nullable[r] |= empty;
+      }
+    }
+  }
+  follow_.assign(num_rules, {});
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t pos = 0; pos < g.elements.size(); ++pos) {
+      if (g.elements[pos].kind != GbnfGrammar::kRule) continue;
+      const auto target = static_cast<size_t>(g.elements[pos].arg);
+      bool rest_nullable = false;
+      std::bitset<256> bytes = first_of(pos + 1, &rest_nullable);
+      if (rest_nullable) bytes |= follow_[static_cast<size_t>(rule_of_[pos])];
+      if ((follow_[target] | bytes) != follow_[target]) {
+        follow_[target] |= bytes;
+        changed = true;
+      }
+    }
+  }
+}
+
+const std::bitset<256>& GbnfAutomaton::CutFollow(int32_t cut) const {
+  for (int32_t n = cut; n != kAcceptNode && n != kPopNode; n = node_parent_[static_cast<size_t>(n)]) {
+    if (node_parent_[static_cast<size_t>(n)] == kPopNode)
+      return follow_[static_cast<size_t>(rule_of_[static_cast<size_t>(node_pos_[static_cast<size_t>(n)])])];
+  }
+  return none_;
 }
 
 int32_t GbnfAutomaton::Fail(const std::string& message) {

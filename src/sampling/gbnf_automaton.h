@@ -80,6 +80,9 @@ class GbnfAutomaton {
   // The bytes that may come first once the stack `node` resumes (settled; kDead-safe: none
   // for the accept node).
   std::bitset<256> FirstBytesBelow(int32_t node);
+  // The bytes that may follow, in any context, the frames of a cut stack (Truncate) once they all
+  // end: FOLLOW of its bottom frame's rule. Empty for a stack that was not cut.
+  const std::bitset<256>& CutFollow(int32_t cut) const;
 
   void ResetBudget() { work_ = 0; }
   const std::string& error() const { return error_; }
@@ -94,7 +97,12 @@ class GbnfAutomaton {
   int32_t Compute(int32_t state, uint8_t byte);
   int32_t Fail(const std::string& message);
 
+  void ComputeFollow();
+
   std::shared_ptr<const GbnfGrammar> grammar_;
+  std::vector<int32_t> rule_of_;            // [elements]: the rule an element belongs to
+  std::vector<std::bitset<256>> follow_;    // [rules]: FOLLOW sets over bytes
+  std::bitset<256> none_;
   size_t num_classes_ = 1;
   std::vector<int32_t> node_pos_, node_parent_;
   std::unordered_map<uint64_t, int32_t> node_ids_;

@@ -55,9 +55,12 @@ const GbnfLocalMask& GbnfShared::Local(int32_t node) {
   GbnfAutomaton& a = automaton;
   const int32_t start = a.StateOf(node);
   if (start == GbnfAutomaton::kDead) return mask;
+  // A pop is viable only if the next byte may follow the cut frames somewhere in the grammar.
+  const std::bitset<256> follow = a.CutFollow(node);
   WalkTokenTrieVisit(
       texts->all, Walk{start, 0, 0},
-      [&a](Walk& w, uint8_t byte) {
+      [&a, &follow](Walk& w, uint8_t byte) {
+        if (w.bytes < 63 && !follow.test(byte)) w.pops &= ~(uint64_t{1} << w.bytes);
         ++w.bytes;
         if (w.state == GbnfAutomaton::kDead) return w.pops != 0;
         w.state = a.Next(w.state, byte);
