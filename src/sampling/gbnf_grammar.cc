@@ -261,12 +261,16 @@ Status Parser::Postfix(Sym sym, Seq* seq) {
     ++at_;
     EMBER_RETURN_IF_ERROR(ReadInt(&min));
     max = min;
+    const bool has_min = min >= 0;
+    bool has_max = has_min;
     if (Peek() == ',') {
       ++at_;
       EMBER_RETURN_IF_ERROR(ReadInt(&max));
-      if (min < 0) min = 0;
+      has_max = max >= 0;
+      if (!has_min) min = 0;
     }
-    if (Peek() != '}' || (min < 0 && max < 0)) return Fail("a bad repetition: expected {m}, {m,}, {m,n} or {,n}");
+    if (Peek() != '}' || (!has_min && !has_max))
+      return Fail("a bad repetition: expected {m}, {m,}, {m,n} or {,n}");
     ++at_;
     if (max >= 0 && max < min) return Fail("a repetition {m,n} with n < m");
   }
@@ -307,10 +311,17 @@ Status Parser::Char(uint32_t* cp) {
   if (AtEnd()) return Fail("an unterminated literal or class");
   const auto b = static_cast<uint8_t>(Peek());
   if (b != '\\') {  // one UTF-8 character
-    const int len = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
+    const int len = b < 0x80 ? 1 : b >= 0xF8 ? 0 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
     if (len == 0 || at_ + static_cast<size_t>(len) > text_.size()) return Fail("invalid UTF-8");
     uint32_t v = len == 1 ? b : b & (0x7F >> len);
-    for (int i = 1; i < len; ++i) v = (v << 6) | (static_cast<uint8_t>(Peek(static_cast<size_t>(i))) & 0x3F);
+    for (int i = 1; i < len; ++i) {
+      const auto c = static_cast<uint8_t>(Peek(static_cast<size_t>(i)));
+      if ((c & 0xC0) != 0x80) return Fail("invalid UTF-8");
+      v = (v << 6) | (c & 0x3F);
+    }
+    static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < kMinOfLength[len] || v > kMaxCodePoint || (v >= 0xD800 && v <= 0xDFFF))
+      return Fail("invalid UTF-8");
     at_ += static_cast<size_t>(len);
     *cp = v;
     return Status::Ok();
