@@ -46,12 +46,14 @@ Status ParseLine(const std::string& text, serve::ServedModel* model, bool* json_
   // The vocabulary's token texts (built once, on the first line that asks for structured output).
   const auto asks_structured = [&body] {
     for (const char* field : {"response_format", "guided_json", "guided_regex", "guided_choice",
-                              "structured_outputs", "json_schema"})
+                              "guided_grammar", "grammar", "structured_outputs", "json_schema"})
       if (body.contains(field)) return true;
     return false;
   };
   if (!*json_mode_built && body.is_object() && asks_structured() && model->tokenizer != nullptr) {
     model->token_texts = serve::JsonModeTexts(*model->tokenizer, model->vocab_size);
+    if (model->token_texts != nullptr)
+      model->grammars = std::make_shared<GbnfCache>(model->token_texts, model->defaults.eos_token_ids);
     *json_mode_built = true;
   }
   serve::Prepared prepared =
@@ -144,8 +146,8 @@ int BatchCommand(int argc, char** argv, int first) {
       "temperature, top_p, top_k, min_p, seed, stop, repetition/presence/frequency_penalty,\n"
       "min_tokens, ignore_eos, logit_bias ({\"id\": bias}), response_format ({\"type\":\n"
       "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}: the\n"
-      "text is one JSON object; or guided_json, guided_regex, guided_choice, structured_outputs,\n"
-      "json_schema), speculative_decoding (false: no drafts for this line), logprobs (N: each generated token's logprob and its top N),\n"
+      "text is one JSON object; or guided_json, guided_regex, guided_choice, guided_grammar,\n"
+      "grammar (GBNF), structured_outputs, json_schema), speculative_decoding (false: no drafts for this line), logprobs (N: each generated token's logprob and its top N),\n"
       "prompt_logprobs (N: the same for every prompt token but the first; with max_tokens 0\n"
       "the prompt is only scored). Unset fields fall back to generation_config.json, then to\n"
       "OpenAI's defaults (max_tokens 16). Not in a line: n, echo, stream, model.");

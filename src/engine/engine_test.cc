@@ -18,6 +18,9 @@
 #include "backend/cuda_loader.h"
 #include "engine/engine_testing.h"
 #include "model/lora_set.h"
+#include "sampling/gbnf_automaton.h"
+#include "sampling/gbnf_constraint.h"
+#include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
 
@@ -400,6 +403,41 @@ void CheckTokenConstraint(const std::string& dir, DeviceKind device) {
   ASSERT_TRUE(std::holds_alternative<SubmitError>(refused));
   EXPECT_EQ(std::get<SubmitError>(refused).param, "response_format");
   EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
+}
+
+// A GBNF grammar constraint over the model's real vocabulary (the fixture's tokenizer): sampled
+// outputs, n = 2, are sentences of the grammar and end by themselves ("stop").
+TEST(EngineTest, GrammarConstraintOutputParses) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  auto tokenizer = Tokenizer::Load(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.message();
+  auto model = LoadModel(dir);
+  ASSERT_NE(model, nullptr);
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(model->config().vocab_size));
+  for (int32_t id = 0; id < (*tokenizer)->vocab_size() && id < model->config().vocab_size; ++id)
+    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
+  auto texts = TokenTexts::Build(std::move(bytes));
+  auto grammar = ParseGbnf(R"g(root ::= word (" " word){0,5} "."
+                              word ::= [a-z]{1,8} | "(" [0-9]+ ("+" [0-9]+)? ")")g", "grammar");
+  ASSERT_TRUE(grammar.ok()) << grammar.message();
+  auto engine = Engine::Create(model.get(), EngineConfig{});
+  ASSERT_TRUE(engine.ok());
+  GenerationRequest r = Greedy({1, 80, 147}, 120);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 5;
+  r.n = 2;
+  r.constraint = MakeGbnfConstraint(texts, *grammar, {});
+  const Output out = Collect(SubmitOrDie(**engine, r));
+  EXPECT_EQ(out.finish, FinishReason::kStop);
+  GbnfAutomaton recognizer(*grammar);
+  for (const auto& sample : out.samples) {
+    std::string text;
+    for (int32_t id : sample) text += texts->bytes[static_cast<size_t>(id)].value_or("<none>");
+    const int32_t state = recognizer.Walk(recognizer.start(), text);
+    ASSERT_NE(state, GbnfAutomaton::kDead) << text;
+    EXPECT_TRUE(recognizer.Terminal(state)) << text;
+  }
 }
 
 TEST(EngineTest, TokenConstraintDecidesEveryToken) {

@@ -260,12 +260,12 @@ class ByteMachineConstraint : public TokenConstraint {
   bool ended_ = false;  // an end id was accepted
 };
 
-// Marks in `allowed` every token of `trie` whose bytes `step` accepts from `start`, sharing the
-// work of common prefixes: step(state, byte) advances a copy of the state and returns false on a
-// refused byte. State is the byte machine itself or an automaton's state number.
-template <typename State, typename Step>
-int64_t WalkTokenTrie(const TokenTrie& trie, const State& start, Step step,
-                      std::vector<uint8_t>& allowed) {
+// Calls visit(id, state) for every token of `trie` whose bytes `step` accepts from `start`
+// (with the state after its last byte), sharing the work of common prefixes: step(state, byte)
+// advances a copy of the state and returns false on a refused byte (every token with that prefix
+// is then skipped). State is a byte machine or an automaton's state; returns the tokens visited.
+template <typename State, typename Step, typename Visit>
+int64_t WalkTokenTrieVisit(const TokenTrie& trie, const State& start, Step step, Visit visit) {
   // states[d]: the state after the first d bytes of the token at hand, valid for d <= valid.
   thread_local std::vector<State> states;
   states.resize(1);
@@ -298,10 +298,18 @@ int64_t WalkTokenTrie(const TokenTrie& trie, const State& start, Step step,
       continue;
     }
     valid = bytes.size();
-    allowed[id] = 1;
+    visit(id, states[bytes.size()]);
     ++count;
   }
   return count;
+}
+
+// Marks in `allowed` every token of `trie` whose bytes `step` accepts from `start`.
+template <typename State, typename Step>
+int64_t WalkTokenTrie(const TokenTrie& trie, const State& start, Step step,
+                      std::vector<uint8_t>& allowed) {
+  return WalkTokenTrieVisit(trie, start, step,
+                            [&allowed](size_t id, const State&) { allowed[id] = 1; });
 }
 
 template <typename Machine>

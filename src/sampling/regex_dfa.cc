@@ -12,9 +12,6 @@ namespace ember {
 
 namespace {
 
-// A byte range [lo, hi] per position: the UTF-8 encodings of a run of code points.
-using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;
-
 int Utf8Length(uint32_t cp) {
   return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
 }
@@ -25,7 +22,8 @@ uint8_t Utf8Byte(uint32_t cp, int i) {
   return static_cast<uint8_t>(s[static_cast<size_t>(i)]);
 }
 
-// Splits [lo, hi] (no surrogates) into runs whose encodings are products of byte ranges.
+}  // namespace
+
 void Utf8Sequences(uint32_t lo, uint32_t hi, std::vector<ByteRanges>* out) {
   if (lo > hi) return;
   for (uint32_t limit : {0x7Fu, 0x7FFu, 0xFFFFu}) {
@@ -55,6 +53,8 @@ void Utf8Sequences(uint32_t lo, uint32_t hi, std::vector<ByteRanges>* out) {
   for (int i = 0; i < len; ++i) seq.push_back({Utf8Byte(lo, i), Utf8Byte(hi, i)});
   out->push_back(std::move(seq));
 }
+
+namespace {
 
 struct Nfa {
   struct Edge {

@@ -23,6 +23,12 @@
 
 namespace ember {
 
+// A byte range [lo, hi] per position: the UTF-8 encodings of a run of code points.
+using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;
+// Splits the code points [lo, hi] (no surrogates) into runs whose encodings are products of byte
+// ranges, appended to *out (shared with GBNF grammars' character classes).
+void Utf8Sequences(uint32_t lo, uint32_t hi, std::vector<ByteRanges>* out);
+
 class RegexDfa {
  public:
   static constexpr int32_t kMaxStates = 10000;

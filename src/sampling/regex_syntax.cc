@@ -9,8 +9,9 @@ namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr uint32_t kSurrogateLo = 0xD800, kSurrogateHi = 0xDFFF;
 
-// Sorts, merges and drops surrogates.
-CodePointRanges Normalize(CodePointRanges r) {
+}  // namespace
+
+CodePointRanges NormalizeCodePoints(CodePointRanges r) {
   CodePointRanges split;
   for (auto [lo, hi] : r) {
     if (lo > hi) continue;
@@ -33,7 +34,7 @@ CodePointRanges Normalize(CodePointRanges r) {
   return out;
 }
 
-CodePointRanges Negate(const CodePointRanges& r) {
+CodePointRanges NegateCodePoints(const CodePointRanges& r) {
   CodePointRanges out;
   uint32_t next = 0;
   for (const auto& [lo, hi] : r) {
@@ -41,8 +42,13 @@ CodePointRanges Negate(const CodePointRanges& r) {
     next = hi + 1;
   }
   if (next <= kMaxCodePoint) out.push_back({next, kMaxCodePoint});
-  return Normalize(std::move(out));
+  return NormalizeCodePoints(std::move(out));
 }
+
+namespace {
+
+CodePointRanges Normalize(CodePointRanges r) { return NormalizeCodePoints(std::move(r)); }
+CodePointRanges Negate(const CodePointRanges& r) { return NegateCodePoints(r); }
 
 CodePointRanges Digits() {
   return {{'0', '9'}};

@@ -68,6 +68,11 @@ struct RegexSyntax {
   int32_t Search();
 };
 
+// Sorts and merges `r` and drops surrogates.
+CodePointRanges NormalizeCodePoints(CodePointRanges r);
+// Every code point (no surrogates) not in `r` (normalized).
+CodePointRanges NegateCodePoints(const CodePointRanges& r);
+
 // Any code point (every scalar value): what a search pads with and a length bound counts.
 CodePointRanges AnyCodePoint();
 

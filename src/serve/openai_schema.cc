@@ -524,22 +524,26 @@ MaybeError ReadChoice(const json& v, const std::string& field, CommonParams* p) 
   return std::nullopt;
 }
 
-MaybeError RefuseGrammar(const std::string& field) {
-  return InvalidRequest(field + ": grammars (GBNF/EBNF) are not supported; use guided_regex, "
-                                "guided_choice, guided_json or response_format",
-                        field, "unsupported_parameter");
+// A GBNF grammar (llama.cpp's syntax; the request builder compiles it).
+MaybeError ReadGrammar(const json& v, const std::string& field, CommonParams* p) {
+  EMBER_RETURN_IF_API_ERROR(ClaimOutput(p, field));
+  if (!v.is_string()) return FieldTypeError(field, "a string (a GBNF grammar)", v);
+  p->grammar = v.get<std::string>();
+  return std::nullopt;
 }
 
-// vLLM's structured_outputs: exactly one of json, regex, choice, json_object (true).
+// vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object (true).
 MaybeError ParseStructuredOutputs(const json& v, CommonParams* p) {
   if (!v.is_object()) return FieldTypeError("structured_outputs", "an object", v);
   ObjectReader sr(v, "structured_outputs");
-  for (const char* refused : {"grammar", "structural_tag"}) {
-    if (sr.Get(refused) != nullptr) return RefuseGrammar(std::string("structured_outputs.") + refused);
-  }
+  if (sr.Get("structural_tag") != nullptr)
+    return InvalidRequest("structured_outputs.structural_tag: structural tags are not supported; "
+                          "use grammar, regex, choice, json or json_object",
+                          "structured_outputs.structural_tag", "unsupported_parameter");
   if (const json* j = sr.Get("json")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*j, "structured_outputs.json", p));
   if (const json* re = sr.Get("regex")) EMBER_RETURN_IF_API_ERROR(ReadRegex(*re, "structured_outputs.regex", p));
   if (const json* c = sr.Get("choice")) EMBER_RETURN_IF_API_ERROR(ReadChoice(*c, "structured_outputs.choice", p));
+  if (const json* g = sr.Get("grammar")) EMBER_RETURN_IF_API_ERROR(ReadGrammar(*g, "structured_outputs.grammar", p));
   bool json_object = false;
   EMBER_RETURN_IF_API_ERROR(sr.Bool("json_object", &json_object));
   if (json_object) {
@@ -548,20 +552,20 @@ MaybeError ParseStructuredOutputs(const json& v, CommonParams* p) {
   }
   EMBER_RETURN_IF_API_ERROR(sr.CheckUnknown());
   if (p->output_field.rfind("structured_outputs", 0) != 0)
-    return InvalidRequest("structured_outputs: give one of json, regex, choice or json_object",
+    return InvalidRequest("structured_outputs: give one of json, regex, choice, grammar or json_object",
                           "structured_outputs");
   return std::nullopt;
 }
 
 // The structured-output fields besides response_format (read after it): vLLM's guided_json,
-// guided_regex, guided_choice and structured_outputs, llama.cpp's json_schema; grammars refused.
+// guided_regex, guided_choice, guided_grammar and structured_outputs, llama.cpp's json_schema and
+// grammar (GBNF).
 MaybeError ParseGuidedFields(ObjectReader& r, CommonParams* p) {
-  for (const char* refused : {"guided_grammar", "grammar"}) {
-    if (r.Get(refused) != nullptr) return RefuseGrammar(refused);
-  }
   if (const json* v = r.Get("guided_json")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*v, "guided_json", p));
   if (const json* v = r.Get("guided_regex")) EMBER_RETURN_IF_API_ERROR(ReadRegex(*v, "guided_regex", p));
   if (const json* v = r.Get("guided_choice")) EMBER_RETURN_IF_API_ERROR(ReadChoice(*v, "guided_choice", p));
+  if (const json* v = r.Get("guided_grammar")) EMBER_RETURN_IF_API_ERROR(ReadGrammar(*v, "guided_grammar", p));
+  if (const json* v = r.Get("grammar")) EMBER_RETURN_IF_API_ERROR(ReadGrammar(*v, "grammar", p));
   if (const json* v = r.Get("json_schema")) EMBER_RETURN_IF_API_ERROR(ReadSchema(*v, "json_schema", p));
   if (const json* v = r.Get("structured_outputs")) EMBER_RETURN_IF_API_ERROR(ParseStructuredOutputs(*v, p));
   return std::nullopt;

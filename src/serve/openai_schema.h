@@ -64,8 +64,8 @@ struct CommonParams : SamplingRequest {
   // adapter the `model` field names, else the server's --adapter). request_builder resolves it.
   std::string adapter;
   // Structured output, from at most one of the fields that ask for it (two are a 400 naming
-  // both): response_format, guided_json, guided_regex, guided_choice, structured_outputs (vLLM),
-  // json_schema (llama.cpp).
+  // both): response_format, guided_json, guided_regex, guided_choice, guided_grammar,
+  // structured_outputs (vLLM), json_schema and grammar (llama.cpp).
   bool json_object = false;  // response_format {"type": "json_object"}: the output is one object
   // A JSON schema (response_format.json_schema.schema, guided_json, structured_outputs.json,
   // json_schema) in the client's key order (the request builder compiles it); null otherwise.
@@ -73,6 +73,9 @@ struct CommonParams : SamplingRequest {
   // The whole output matches this regex (guided_regex, structured_outputs.regex; guided_choice
   // and structured_outputs.choice as an alternation of their escaped strings).
   std::optional<std::string> regex;
+  // The whole output is a sentence of this GBNF grammar (grammar, guided_grammar,
+  // structured_outputs.grammar; the request builder compiles it).
+  std::optional<std::string> grammar;
   // The field that set the constraint, as errors name it ("guided_json",
   // "response_format.json_schema.schema"); "" without one.
   std::string output_field;

@@ -464,9 +464,8 @@ TEST(OpenAiSchemaTest, BatchLineForms) {
 namespace ember::serve {
 namespace {
 
-// vLLM's guided_* fields and structured_outputs, llama.cpp's json_schema: each sets one
-// structured-output constraint and names itself; two such fields, or a grammar, are a 400
-// naming them.
+// vLLM's guided_* fields and structured_outputs, llama.cpp's json_schema and grammar: each sets
+// one structured-output constraint and names itself; two such fields are a 400 naming them.
 TEST(OpenAiSchemaTest, GuidedFieldsSetOneConstraint) {
   CompletionRequest c;
   ASSERT_FALSE(Completion(R"({"prompt":"a","guided_regex":"\\d+"})", &c));
@@ -495,6 +494,17 @@ TEST(OpenAiSchemaTest, GuidedFieldsSetOneConstraint) {
   ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],
                         "structured_outputs":{"json_object":true}})", &chat));
   EXPECT_TRUE(chat.params.json_object);
+  for (const char* field : {"grammar", "guided_grammar"}) {
+    c = {};
+    ASSERT_FALSE(Completion(std::string(R"({"prompt":"a",")") + field + R"(":"root ::= \"a\""})", &c));
+    EXPECT_EQ(c.params.grammar, "root ::= \"a\"");
+    EXPECT_EQ(c.params.output_field, field);
+  }
+  chat = {};
+  ASSERT_FALSE(Chat(R"({"messages":[{"role":"user","content":"hi"}],
+                        "structured_outputs":{"grammar":"root ::= [0-9]+"}})", &chat));
+  EXPECT_EQ(chat.params.grammar, "root ::= [0-9]+");
+  EXPECT_EQ(chat.params.output_field, "structured_outputs.grammar");
 }
 
 TEST(OpenAiSchemaTest, GuidedFieldErrorsNameTheFields) {
@@ -508,9 +518,16 @@ TEST(OpenAiSchemaTest, GuidedFieldErrorsNameTheFields) {
       {R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}},
           "json_schema":{}})",
        "json_schema: cannot be combined with response_format"},
-      {R"({"prompt":"a","guided_grammar":"root ::= \"a\""})", "guided_grammar: grammars (GBNF/EBNF) are not supported"},
-      {R"({"prompt":"a","grammar":"root ::= \"a\""})", "grammar: grammars (GBNF/EBNF) are not supported"},
-      {R"({"prompt":"a","structured_outputs":{"grammar":"x"}})", "structured_outputs.grammar: grammars"},
+      {R"({"prompt":"a","guided_regex":"a","guided_grammar":"root ::= \"a\""})",
+       "guided_grammar: cannot be combined with guided_regex"},
+      {R"({"prompt":"a","guided_grammar":"root ::= \"a\"","grammar":"root ::= \"a\""})",
+       "grammar: cannot be combined with guided_grammar"},
+      {R"({"prompt":"a","response_format":{"type":"json_object"},"grammar":"root ::= \"a\""})",
+       "grammar: cannot be combined with response_format"},
+      {R"({"prompt":"a","grammar":5})", "grammar: expected a string (a GBNF grammar)"},
+      {R"({"prompt":"a","structured_outputs":{"grammar":["x"]}})", "structured_outputs.grammar: expected a string"},
+      {R"({"prompt":"a","structured_outputs":{"structural_tag":"x"}})",
+       "structured_outputs.structural_tag: structural tags are not supported"},
       {R"({"prompt":"a","structured_outputs":{}})", "structured_outputs: give one of"},
       {R"({"prompt":"a","structured_outputs":{"regex":"a","whitespace_pattern":" "}})",
        "Unrecognized request argument supplied: structured_outputs.whitespace_pattern"},

@@ -4,6 +4,7 @@
 
 #include "engine/engine.h"
 #include "sampling/dry.h"
+#include "sampling/gbnf_constraint.h"
 #include "sampling/json_schema.h"
 #include "sampling/regex_constraint.h"
 #include "sampling/tool_call_constraint.h"
@@ -67,8 +68,8 @@ TokenLimits LimitsOfServed(const ServedModel& model) {
 }
 
 // The structured-output constraint (null for text): JSON mode, a compiled JSON schema (its
-// properties in the client's order), or a regex over the whole output (ending through the
-// model's EOS ids where a match may go on). Errors name the field that asked for it.
+// properties in the client's order), a regex or a GBNF grammar over the whole output (ending
+// through the model's EOS ids where a match may go on). Errors name the field that asked for it.
 using Constraint = std::shared_ptr<const TokenConstraint>;
 std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
                                                     const CommonParams& p) {
@@ -87,6 +88,12 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
     auto dfa = CompileRegex(*p.regex, RegexMatch::kWhole, path);
     if (!dfa.ok()) return InvalidRequest(dfa.message(), path, "unsupported_value");
     constraint = MakeRegexConstraint(model.token_texts, std::move(*dfa), model.defaults.eos_token_ids);
+  } else if (p.grammar) {
+    GbnfCache uncached(model.token_texts, model.defaults.eos_token_ids);
+    GbnfCache& grammars = model.grammars != nullptr ? *model.grammars : uncached;
+    auto made = grammars.Constraint(*p.grammar, path);
+    if (!made.ok()) return InvalidRequest(made.message(), path, "unsupported_value");
+    constraint = std::move(*made);
   } else {
     auto compiled = CompileJsonSchema(p.json_schema, path);
     if (!compiled.ok()) return InvalidRequest(compiled.message(), path, "unsupported_value");

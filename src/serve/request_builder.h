@@ -17,6 +17,7 @@
 
 #include "engine/request.h"
 #include "model/model.h"
+#include "sampling/gbnf_constraint.h"
 #include "sampling/json_constraint.h"
 #include "sampling/request_sampling.h"
 #include "serve/api_error.h"
@@ -49,6 +50,9 @@ struct ServedModel {
   // vocabulary cannot start a JSON object (such requests are then refused). JsonModeTexts()
   // builds it.
   std::shared_ptr<const TokenTexts> token_texts;
+  // GBNF grammars compiled for token_texts, shared by the requests that send the same grammar
+  // (null: each request compiles its own).
+  std::shared_ptr<GbnfCache> grammars;
   // DRY's default sequence breakers as token ids (DryBreakerIdsOf), computed once per model; null
   // without a tokenizer. Requests that keep the defaults share it.
   std::shared_ptr<const std::vector<int32_t>> default_dry_breaker_ids;

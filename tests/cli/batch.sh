@@ -123,6 +123,15 @@ JSONL
     yes | no) ;;
     *) fail "the guided_choice line is not one of its choices: $(cat "$dir/choice.out")" ;;
   esac
+  # A first line with a GBNF grammar (llama.cpp's `grammar`), and a bad grammar refused in place.
+  printf '%s\n' '{"prompt": "Answer:", "max_tokens": 20, "temperature": 1, "seed": 7, "grammar": "root ::= (\"yes\" | \"no\") \" \" [0-9]{1,2}"}' \
+    '{"prompt": "Answer:", "guided_grammar": "root ::= answer"}' >"$dir/grammar.jsonl"
+  "$EMBER_BIN" batch --model "$dir/tq" --input "$dir/grammar.jsonl" --output "$dir/grammar.out" \
+    --device cpu 2>"$dir/err" || true  # line 2 is refused
+  field "$dir/grammar.out" 1 text | grep -Eqx '(yes|no) [0-9]{1,2}' ||
+    fail "the grammar line is not a sentence of its grammar: $(cat "$dir/grammar.out")"
+  field "$dir/grammar.out" 2 error | grep -q "guided_grammar: line 1, column 10 (rule 'root'): undefined rule 'answer'" ||
+    fail "the bad grammar was not named: $(cat "$dir/grammar.out")"
 else
   echo "note: no qwen3 tokenizer at $qwen3; JSON-mode part skipped"
 fi

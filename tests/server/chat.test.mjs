@@ -251,10 +251,47 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
     assert.match(value.day, /^\d{4}-\d{2}-\d{2}$/);
     assert.ok(Number.isInteger(value.n) && value.n >= -3 && value.n <= 12, js.choices[0].text);
     for (const [extra, param] of [[{ response_format: { type: 'json_object' }, guided_regex: 'a' }, 'guided_regex'],
-                                  [{ guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+                                  [{ guided_grammar: 'root ::= "a"', guided_regex: 'a' }, 'guided_grammar'],
                                   [{ guided_regex: '(a)\\1' }, 'guided_regex']]) {
       await assert.rejects(client.chat.completions.create({ ...base, ...extra }),
         (err) => err.status === 400 && err.param === param && err.message.includes(param));
+    }
+  });
+
+  test('grammar, guided_grammar, structured_outputs.grammar (GBNF): the output is a sentence; bad grammars are 400s', async () => {
+    const base = { model: 'test-model', messages: [{ role: 'user', content: 'Answer' }], temperature: 1,
+                   max_tokens: 60, chat_template_kwargs: { enable_thinking: false } };
+    const answer = 'root ::= "Answer: " ("yes" | "no") " (" [0-9]{1,3} ")"';
+    const answerRe = /^Answer: (yes|no) \(\d{1,3}\)$/;
+    for (let seed = 1; seed <= 3; ++seed) {
+      const r = await client.completions.create({ model: 'test-model', prompt: 'Q:', temperature: 1, seed,
+                                                 max_tokens: 40, grammar: answer });
+      assert.match(r.choices[0].text, answerRe);
+      assert.equal(r.choices[0].finish_reason, 'stop');
+    }
+    const chat = await client.chat.completions.create({ ...base, seed: 5, guided_grammar: answer });
+    assert.match(chat.choices[0].message.content, answerRe);
+    // A recursive grammar with a nullable tail: ends through EOS or at max_tokens, always a prefix
+    // of a sentence; the list itself is complete once a ']' closes the outer list.
+    const list = 'root ::= "[" items? "]"\nitems ::= item ("," item)*\nitem ::= [0-9]{1,2} | "[" items? "]"';
+    const so = await client.chat.completions.create({ ...base, seed: 2, max_tokens: 80,
+                                                      structured_outputs: { grammar: list } });
+    const text = so.choices[0].message.content;
+    assert.match(text, /^\[[0-9,\[\]]*$/);
+    if (so.choices[0].finish_reason === 'stop') assert.doesNotThrow(() => JSON.parse(text), text);
+    for (const [extra, param, words] of [
+      [{ grammar: 'root ::= value' }, 'grammar', "undefined rule 'value'"],
+      [{ guided_grammar: 'root ::= expr\nexpr ::= expr "+" "1" | "1"' }, 'guided_grammar', "rule 'expr' is left-recursive"],
+      [{ structured_outputs: { grammar: 'root ::= ("a"' } }, 'structured_outputs.grammar', 'unbalanced parentheses'],
+      [{ grammar: 'start ::= "a"' }, 'grammar', "no rule named 'root'"],
+      [{ grammar: 5 }, 'grammar', 'expected a string'],
+      [{ guided_regex: 'a', grammar: 'root ::= "a"' }, 'grammar', 'cannot be combined with guided_regex'],
+      [{ response_format: { type: 'json_object' }, guided_grammar: 'root ::= "a"' }, 'guided_grammar', 'cannot be combined'],
+    ]) {
+      await assert.rejects(client.chat.completions.create({ ...base, ...extra }),
+        (err) => err.status === 400 && err.param === param && err.message.includes(words), JSON.stringify(extra));
+      await assert.rejects(client.completions.create({ model: 'test-model', prompt: 'Q:', max_tokens: 4, ...extra }),
+        (err) => err.status === 400 && err.param === param, JSON.stringify(extra));
     }
   });
 
