@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 #include <vector>
 
 namespace ember::kv {
@@ -127,6 +128,54 @@ TEST(StateCheckpointsTest, FullStoreEvictsTheLeastRecentlyUsedAndDedupes) {
   EXPECT_EQ(ckpt.num_saved(), 3);
   EXPECT_EQ(ckpt.CheckInvariants(), "");
   kv.Free(1);
+}
+
+// Random prompts from a few shared bases through a small pool and a small checkpoint store,
+// checkpointing the last full block of half of them as the engine does (reserve, then commit
+// to the chain's end, which may be another sequence's block): every hit ends at a block with a live checkpoint and both indexes stay consistent.
+TEST(StateCheckpointsTest, RandomWorkloadKeepsHitsOnLiveCheckpoints) {
+  std::mt19937 rng(2026);
+  KvCacheManager kv(Config(24));
+  StateCheckpoints ckpt(2, 3, 10, &kv.prefix_cache(), 24);
+  kv.set_prefix_end_filter(&ckpt);
+  std::vector<V> bases;
+  for (int b = 0; b < 3; ++b) bases.push_back(Iota(40, 1000 * b));
+  std::vector<SeqId> live;
+  for (SeqId seq = 1; seq <= 400; ++seq) {
+    V prompt = bases[rng() % bases.size()];
+    prompt.resize(5 + rng() % 35);
+    if (rng() % 3 == 0) prompt[rng() % prompt.size()] = -1 - static_cast<int32_t>(seq);
+    const int32_t hit = kv.AcquireCachedPrefix(seq, prompt, 0);
+    ASSERT_EQ(hit % kBlock, 0);
+    if (hit > 0) {
+      const std::optional<BlockRef> end = kv.ChainEnd(seq, hit / kBlock);
+      ASSERT_TRUE(end.has_value());
+      ASSERT_GE(ckpt.Find(*end), 0) << "a hit without its checkpoint";
+    }
+    if (!kv.Allocate(seq, static_cast<int32_t>(prompt.size()))) {
+      kv.Free(seq);
+    } else {
+      kv.CommitComputed(seq, prompt, static_cast<int32_t>(prompt.size()), 0);
+      const int32_t full = static_cast<int32_t>(prompt.size()) / kBlock;
+      if (full > 0 && rng() % 2 == 0) {
+        const int32_t slot = ckpt.Reserve();
+        const std::optional<BlockRef> end = kv.ChainEnd(seq, full);  // maybe another seq's
+        ASSERT_TRUE(end.has_value());
+        if (slot >= 0) ckpt.Commit(slot, *end);
+      }
+      live.push_back(seq);
+    }
+    while (live.size() > 2 || (!live.empty() && rng() % 2 == 0)) {
+      kv.Free(live.front());
+      live.erase(live.begin());
+    }
+    ASSERT_EQ(kv.CheckInvariants(), "");
+    ASSERT_EQ(ckpt.CheckInvariants(), "");
+    ASSERT_LE(ckpt.NumLive(), 3);
+  }
+  EXPECT_GT(ckpt.num_saved(), 0);
+  EXPECT_GT(ckpt.num_evicted(), 0);
+  EXPECT_GT(kv.prefix_hit_tokens(), 0);
 }
 
 }  // namespace
