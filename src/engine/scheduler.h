@@ -4,7 +4,8 @@
 // sequence is preempted (its blocks freed; it is recomputed later from its tokens). Waiting
 // sequences are then admitted in FIFO order while their KV fits and the batch has room. A decoding
 // sequence with drafts (Sequence::draft, speculator.h) gets 1 + k rows, k cut to the budget; its
-// drafts never preempt anyone (no blocks for them: it decodes one token as usual).
+// drafts never preempt anyone (no blocks for them: it decodes one token as usual). A hybrid model
+// with state checkpoints: chunks end at checkpoint points (set_state_checkpoints).
 // Integers only: no tensors, no model; engine-thread only; unit-tested with a simulated cache.
 #pragma once
 

@@ -5,7 +5,9 @@
 // the step in flight has delivered its ids (deferred), and per logits row what comes back
 // (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
 // LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
-// the sequences' states and draws their sampling uniforms; it changes nothing else. A sequence
+// the sequences' states and draws their sampling uniforms; it changes nothing else, except for a
+// hybrid model's state checkpoints (AddStateCopies: it takes a sequence's pending restore into
+// the step and reserves the checkpoint slots of the step's saves). A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
 // sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
 // (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.

@@ -5,7 +5,8 @@
 // revives it. Allocation takes from the front of the free list, evicting a cached block's entry
 // first (an EvictionObserver sees the block, its content still intact, just before). The capacity
 // (num_blocks, from the KV byte cap) holds before any allocation: Allocate refuses, changing
-// nothing, rather than over-commit. Single-threaded: owned by the engine thread.
+// nothing, rather than over-commit. A PrefixEndFilter (a hybrid model's state checkpoints) limits
+// where a hit may end. Single-threaded: owned by the engine thread.
 #pragma once
 
 #include <cstdint>
