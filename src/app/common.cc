@@ -9,6 +9,7 @@
 
 #include "util/log.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -154,6 +155,14 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                "the served context in tokens, at most the model's and what the KV cache holds "
                "(default 0: the model's, capped to the KV cache)");
   flags.AddBool("--no-prefix-cache", &no_prefix_cache, "disable automatic prefix caching");
+  flags.AddInt("--state-checkpoint-bytes", &state_checkpoint_bytes,
+               "models with recurrent layers (qwen3_next): bytes of the KV cache kept for "
+               "recurrent-state checkpoints, which the prefix cache needs to reuse a prefix "
+               "(default -1: an eighth of the KV cache; 0: none, the prefix cache off)");
+  flags.AddInt("--state-checkpoint-interval", &state_checkpoint_interval,
+               "models with recurrent layers: tokens between recurrent-state checkpoints within "
+               "a sequence, a multiple of the block size (16); 0: only at the end of each "
+               "prompt's last full block, which is always one (default 512)");
   flags.AddString("--prompt-cache-dir", &prompt_cache_dir,
                   "keep full prompt KV blocks on disk in DIR (a subfolder per model fingerprint), "
                   "so a restart or a pool eviction does not recompute long prompts; needs "
@@ -269,6 +278,9 @@ EngineConfig EngineFlags::Config() const {
   c.max_model_len = static_cast<int32_t>(max_model_len);
   c.max_queue = static_cast<int32_t>(max_queue);
   c.enable_prefix_caching = !no_prefix_cache;
+  c.state_checkpoint_bytes = state_checkpoint_bytes;
+  c.state_checkpoint_interval =
+      static_cast<int32_t>(std::clamp<int64_t>(state_checkpoint_interval, -1, 1 << 30));
   c.overlap_steps = !no_overlap;
   c.speculation.method = SpecMethodOf(spec_method).value_or(SpeculationConfig::Method::kNone);
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);

@@ -54,6 +54,7 @@ struct EngineFlags {
   int64_t max_queue = 1024;
   double gpu_memory_fraction = 0.9;
   bool no_prefix_cache = false;
+  int64_t state_checkpoint_bytes = -1, state_checkpoint_interval = 512;
   std::string prompt_cache_dir;  // --prompt-cache-dir
   int64_t prompt_cache_disk_bytes = 0, prompt_cache_ram_bytes = 0;
   bool no_overlap = false;

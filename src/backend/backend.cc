@@ -210,6 +210,9 @@ std::string Backend::RecurrentUnsupported() const {
 Status Backend::AllocateStateSlots(int32_t, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (AllocateStateSlots)");
 }
+Status Backend::CopyStateSlot(int32_t, int32_t) {
+  return Status::Error(RecurrentUnsupported() + " (CopyStateSlot)");
+}
 Status Backend::CausalConv1dSilu(Tensor, const Tensor&, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (CausalConv1dSilu)");
 }

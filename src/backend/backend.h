@@ -369,6 +369,9 @@ class Backend {
   virtual std::string RecurrentUnsupported() const;
   // Called once, before the first step of a model with recurrent layers.
   virtual Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot);
+  // Copies state slot `src` over slot `dst` (the whole slot), after every op enqueued so far and
+  // before every later one: the engine's recurrent-state checkpoints (kv/state_checkpoints.h).
+  virtual Status CopyStateSlot(int32_t src, int32_t dst);
   // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
   // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
   // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.

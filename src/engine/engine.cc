@@ -91,7 +91,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   }
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
-                         ModelRunner::Create(model, sizing.config, sizing.num_blocks));
+                         ModelRunner::Create(model, sizing.config, sizing.num_blocks,
+                                             sizing.num_state_checkpoints));
   EMBER_ASSIGN_OR_RETURN(PromptCacheStores stores,
                          OpenPromptCacheStores(*model, sizing.config, sizing.num_blocks));
   auto engine = std::unique_ptr<Engine>(
@@ -140,6 +141,16 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
   if (model->has_recurrent_state()) {
     state_slots_ = std::make_unique<StateSlots>(config_.max_running);
     scheduler_.set_state_slots(state_slots_.get());
+  }
+  if (sizing.num_state_checkpoints > 0) {
+    checkpoints_ = std::make_unique<kv::StateCheckpoints>(
+        config_.max_running + 1, sizing.num_state_checkpoints, model->StateBytesPerSequence(),
+        &kv_.prefix_cache(), num_blocks_);
+    kv_.set_prefix_end_filter(checkpoints_.get());
+    scheduler_.set_state_checkpoints(checkpoints_.get(), config_.state_checkpoint_interval);
+    builder_.set_state_checkpoints(checkpoints_.get());
+    postprocessor_.set_state_checkpoints(checkpoints_.get());
+    counters_.state_checkpoint_capacity_bytes = sizing.state_checkpoint_bytes;
   }
   counters_.kv_blocks_total = num_blocks_;
   counters_.prefix_caching = config_.enable_prefix_caching;
@@ -371,7 +382,19 @@ std::optional<StepPlan> Engine::ScheduleStep() {
 }
 
 bool Engine::Launch(StepBatch& step) {
-  Status st = runner_.Launch(step.batch, step.outputs(), step.decode_only);
+  Status st = Status::Ok();
+  for (const StepBatch::StateCopy& c : step.state_restores)
+    if (st.ok()) st = runner_.CopyStateSlot(c.src, c.dst);
+  if (st.ok()) st = runner_.Launch(step.batch, step.outputs(), step.decode_only);
+  // The states the step leaves at checkpoint points; a failed copy only loses its checkpoint.
+  for (StepBatch::StateSave& save : step.state_saves) {
+    if (!st.ok()) break;
+    if (Status copy = runner_.CopyStateSlot(save.copy.src, save.copy.dst); !copy.ok()) {
+      LOG_ERROR << "state checkpoint copy failed: " << copy.message();
+      checkpoints_->Release(save.copy.dst);
+      save.resolved = true;
+    }
+  }
   if (!st.ok()) {
     LOG_ERROR << "forward step failed: " << st.message();
     CompleteInFlight();
@@ -402,6 +425,12 @@ void Engine::PublishStatsAndCloseStreams() {
   counters_.kv_blocks_cached = kv_.NumCachedBlocks();
   counters_.prefix_query_tokens = scheduler_.prefix_query_tokens();
   counters_.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  if (checkpoints_ != nullptr) {
+    counters_.state_checkpoints = checkpoints_->NumLive();
+    counters_.state_checkpoint_bytes = checkpoints_->LiveBytes();
+    counters_.state_checkpoint_saves = checkpoints_->num_saved();
+    counters_.state_checkpoint_evictions = checkpoints_->num_evicted();
+  }
   if (tier_ != nullptr) counters_.prompt_cache = tier_->Stats();
   if (const LoraSet* lora = model_->lora(); lora != nullptr) {
     counters_.lora_loads = lora->loads();

@@ -33,6 +33,7 @@
 #include "engine/step_builder.h"
 #include "engine/step_postprocessor.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_checkpoints.h"
 #include "model/model.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -127,6 +128,8 @@ class Engine {
   std::unique_ptr<PromptTier> tier_;    // RAM and/or disk tiers below the pool, or null
   // A model with recurrent layers (qwen3_next): one state slot per started sequence; else null.
   std::unique_ptr<StateSlots> state_slots_;
+  // Its recurrent-state checkpoints (prefix caching for such a model), or null.
+  std::unique_ptr<kv::StateCheckpoints> checkpoints_;
   std::optional<StepBatch> in_flight_;  // a deferred step whose ids are not read yet
   std::deque<std::shared_ptr<RequestState>> lora_waiting_;  // no LoRA slot free yet
   std::unique_ptr<AdapterRegistry> adapters_;  // null: LoRA off

@@ -54,6 +54,15 @@ struct EngineConfig {
   int32_t max_model_len = 0;
   int32_t max_queue = 1024;  // requests waiting for admission before Submit says kQueueFull
   bool enable_prefix_caching = true;
+  // A model with recurrent layers (qwen3_next): its prefix cache keeps recurrent-state
+  // checkpoints (kv/state_checkpoints.h), one Model::StateBytesPerSequence each, taken out of the
+  // KV cache bytes. state_checkpoint_bytes (--state-checkpoint-bytes): -1 auto (an eighth of the
+  // KV cache bytes), 0 none (prefix caching then is off for such a model). Interval
+  // (--state-checkpoint-interval): tokens between checkpoints within a sequence, a multiple of
+  // block_size (0: only at the end of each prompt's last full block, which is always one).
+  // Ignored for a model without recurrent layers.
+  int64_t state_checkpoint_bytes = -1;
+  int32_t state_checkpoint_interval = 512;
   int32_t max_n = 16;  // largest `n` accepted
   // LoRA adapters (--max-loras, --max-lora-rank): 0 slots is off (requests naming an adapter are
   // refused); else the model's LoraSet has max_loras slots for adapters of rank <= max_lora_rank.
@@ -140,11 +149,17 @@ struct EngineStats {
   int32_t num_running = 0;  // sequences in the running batch
   int32_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, block_size = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
-  // False when the prefix cache is off (--no-prefix-cache, or a model with recurrent layers,
-  // whose state at a prefix's end is not in the KV blocks: SizeEngine).
+  // False when the prefix cache is off (--no-prefix-cache, or a model with recurrent layers
+  // without room for a state checkpoint: SizeEngine).
   bool prefix_caching = true;
   // A model with recurrent layers: the state slots' bytes (EngineSizing::state_bytes); else 0.
   int64_t recurrent_state_bytes = 0;
+  // Its recurrent-state checkpoints (kv/state_checkpoints.h): live now and their bytes, the
+  // bytes reserved for them (EngineSizing::state_checkpoint_bytes), checkpoints committed so
+  // far and live ones dropped to make room.
+  int32_t state_checkpoints = 0;
+  int64_t state_checkpoint_bytes = 0, state_checkpoint_capacity_bytes = 0;
+  int64_t state_checkpoint_saves = 0, state_checkpoint_evictions = 0;
   // LoRA (EngineConfig::max_loras > 0): adapters loaded into a slot, loads that evicted an idle
   // one, and requests waiting for a slot now.
   int64_t lora_loads = 0, lora_evictions = 0;

@@ -118,8 +118,9 @@ Status ResolveServedContext(const Model& model, EngineSizing& sizing) {
 }
 
 // A model with recurrent layers (qwen3_next): the state at a prefix's end is not in its KV
-// blocks, so no prefix reuse (the prefix cache is turned off, with a log line); the prompt
-// cache's RAM and disk tiers and speculative decoding (which rolls back rejected drafts) are refused.
+// blocks, so prefix reuse needs state checkpoints (sized in SizeEngine); the prompt cache's RAM
+// and disk tiers (which would need the checkpoints too) and speculative decoding (which rolls
+// back rejected drafts) are refused.
 Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
   if (!model.has_recurrent_state()) return Status::Ok();
   const std::string what = "model_type " + model.config().model_type +
@@ -134,11 +135,43 @@ Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
     return Status::Error("speculative decoding: " + what +
                          ", whose state cannot roll back rejected drafts; it is not supported "
                          "for this model yet");
-  if (config.enable_prefix_caching) {
+  const int32_t interval = config.state_checkpoint_interval;
+  if (interval < 0 || (config.block_size > 0 && interval % config.block_size != 0))
+    return Status::Error("--state-checkpoint-interval " + std::to_string(interval) +
+                         ": must be 0 or a positive multiple of the block size (" +
+                         std::to_string(config.block_size) + ")");
+  if (config.state_checkpoint_bytes < -1)
+    return Status::Error("--state-checkpoint-bytes: must be >= 0 (or -1: auto)");
+  return Status::Ok();
+}
+
+// A model with recurrent layers and the prefix cache on: the state checkpoints' share of the
+// KV budget `bytes` (which it lowers). None (the prefix cache off, with a log line) when not one
+// checkpoint fits.
+Status SizeStateCheckpoints(const Model& model, int64_t& bytes, EngineSizing& sizing) {
+  EngineConfig& config = sizing.config;
+  if (!config.enable_prefix_caching) return Status::Ok();
+  const int64_t per = model.StateBytesPerSequence();
+  const bool explicit_bytes = config.state_checkpoint_bytes >= 0;
+  const int64_t want = explicit_bytes ? config.state_checkpoint_bytes : bytes / 8;
+  if (explicit_bytes && want >= bytes)
+    return Status::Error("--state-checkpoint-bytes " + std::to_string(want) +
+                         " leaves nothing of the KV cache's " + std::to_string(bytes) +
+                         " bytes for its blocks: lower it or raise --kv-cache-bytes");
+  const int64_t count = std::min<int64_t>(want / per, 1 << 20);
+  if (count == 0) {
     config.enable_prefix_caching = false;
-    LOG_INFO << "prefix caching: off (" << what
-             << ": the state at a prefix's end is not in the KV blocks)";
+    LOG_INFO << "prefix caching: off (model_type " << model.config().model_type
+             << " has recurrent layers and " << want << " bytes hold no state checkpoint of "
+             << per << " bytes; raise --state-checkpoint-bytes)";
+    return Status::Ok();
   }
+  sizing.num_state_checkpoints = static_cast<int32_t>(count);
+  sizing.state_checkpoint_bytes = count * per;
+  bytes -= sizing.state_checkpoint_bytes;
+  LOG_INFO << "prefix caching: " << count << " recurrent-state checkpoints of " << per
+           << " bytes (" << sizing.state_checkpoint_bytes << " bytes of the KV cache), every "
+           << config.state_checkpoint_interval << " tokens and at each prompt's last full block";
   return Status::Ok();
 }
 
@@ -177,6 +210,7 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
     LOG_INFO << "recurrent state: " << (config.max_running + 1) << " slots of "
              << model.StateBytesPerSequence() << " bytes (" << sizing.state_bytes << " bytes"
              << (explicit_budget ? " of --kv-cache-bytes" : " beside the KV cache") << ")";
+    EMBER_RETURN_IF_ERROR(SizeStateCheckpoints(model, bytes, sizing));
   }
   sizing.num_blocks = kv::NumBlocksForBytes(bytes, per_token, config.block_size);
   if (sizing.num_blocks < 1) {

@@ -50,6 +50,10 @@ struct EngineSizing {
   // Model::StateBytesPerSequence), taken from an explicit --kv-cache-bytes before the blocks or
   // added to the default budget; else 0.
   int64_t state_bytes = 0;
+  // Its recurrent-state checkpoints (EngineConfig::state_checkpoint_bytes): how many, and their
+  // bytes, taken from the KV budget before the blocks. 0 turns its prefix cache off.
+  int32_t num_state_checkpoints = 0;
+  int64_t state_checkpoint_bytes = 0;
 };
 Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requested);
 

@@ -219,9 +219,9 @@ TEST(HybridModelTest, PreemptionThenResumeGivesTheSoloTokens) {
   EXPECT_EQ(stats.kv_blocks_used, 0);
 }
 
-// n > 1: every sample recomputes the prompt in its own state slot (no prefix reuse for a
-// hybrid model), so greedy samples all equal the solo run; padded decode steps (graph buckets,
-// the padding rows in the scratch slot) change no token.
+// n > 1: the samples after the first restore the state checkpointed at the prompt's last full
+// block into their own slots, so greedy samples all equal the solo run; padded decode steps
+// (graph buckets, the padding rows in the scratch slot) change no token.
 TEST(HybridModelTest, SamplesAndPaddedStepsGiveTheSoloTokens) {
   const std::string dir = ModelDir("qwen3_next");
   EMBER_REQUIRE_DIR(dir);
@@ -245,27 +245,62 @@ TEST(HybridModelTest, SamplesAndPaddedStepsGiveTheSoloTokens) {
       EXPECT_EQ(out.samples[k], solo[i]) << "request " << i << " sample " << k;
   }
   (*engine)->Shutdown(true);
+  EXPECT_GT((*engine)->Stats().prefix_hit_tokens, 0);
   EXPECT_GT((*engine)->Stats().decode_padding_rows, 0);
   EXPECT_EQ((*engine)->Stats().kv_blocks_used, 0);
 }
 
-// The prefix cache is off for a hybrid model (the state at a prefix's end is not in its
-// blocks); the disk prompt cache and speculative decoding are refused, naming the reason.
-TEST(HybridModelTest, PrefixReuseIsOffAndPromptCacheRefused) {
+// A hybrid model's prefix cache keeps recurrent-state checkpoints, taken out of the KV budget
+// (an eighth by default, --state-checkpoint-bytes, 0 turning the prefix cache off); a bad
+// interval, the disk prompt cache and speculative decoding are refused, naming the reason.
+TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsAndPromptCacheRefused) {
   const std::string dir = ModelDir("qwen3_next");
   EMBER_REQUIRE_DIR(dir);
   auto model = LoadModel(dir);
   ASSERT_NE(model, nullptr);
-  EXPECT_GT(model->StateBytesPerSequence(), 0);
+  const int64_t per_state = model->StateBytesPerSequence();
+  EXPECT_GT(per_state, 0);
   auto sizing = SizeEngine(*model, EngineConfig{});
   ASSERT_TRUE(sizing.ok()) << sizing.message();
-  EXPECT_FALSE(sizing->config.enable_prefix_caching);
+  EXPECT_TRUE(sizing->config.enable_prefix_caching);
   EXPECT_GT(sizing->state_bytes, 0);
+  EXPECT_GT(sizing->num_state_checkpoints, 0);
+  EXPECT_EQ(sizing->state_checkpoint_bytes, sizing->num_state_checkpoints * per_state);
+  // An explicit budget holds the state slots, the checkpoints and the blocks.
+  EngineConfig budget;
+  budget.max_running = 4;
+  budget.kv_cache_bytes = 100 * per_state;
+  budget.state_checkpoint_bytes = 7 * per_state + 5;
+  auto sized = SizeEngine(*model, budget);
+  ASSERT_TRUE(sized.ok()) << sized.message();
+  EXPECT_EQ(sized->num_state_checkpoints, 7);
+  EXPECT_EQ(sized->state_checkpoint_bytes, 7 * per_state);
+  EXPECT_EQ(sized->state_bytes, 5 * per_state);
+  EXPECT_LE(sized->kv_cache_bytes + sized->state_bytes + sized->state_checkpoint_bytes,
+            budget.kv_cache_bytes);
+  EXPECT_GT(sized->kv_cache_bytes + model->KvBytesPerToken() * budget.block_size,
+            budget.kv_cache_bytes - sized->state_bytes - sized->state_checkpoint_bytes);
   auto engine = Engine::Create(model.get(), EngineConfig{});
   ASSERT_TRUE(engine.ok()) << engine.message();
-  EXPECT_FALSE((*engine)->Stats().prefix_caching);  // /stats: prefix_cache.enabled false
+  EXPECT_TRUE((*engine)->Stats().prefix_caching);  // /stats: prefix_cache.enabled
   EXPECT_EQ((*engine)->Stats().recurrent_state_bytes, sizing->state_bytes);
+  EXPECT_EQ((*engine)->Stats().state_checkpoint_capacity_bytes, sizing->state_checkpoint_bytes);
+  EXPECT_EQ((*engine)->Stats().state_checkpoints, 0);
   (*engine)->Shutdown(true);
+  EngineConfig none;
+  none.state_checkpoint_bytes = 0;
+  auto off = SizeEngine(*model, none);
+  ASSERT_TRUE(off.ok()) << off.message();
+  EXPECT_FALSE(off->config.enable_prefix_caching);
+  EXPECT_EQ(off->num_state_checkpoints, 0);
+  EngineConfig bad_interval;
+  bad_interval.state_checkpoint_interval = 24;
+  auto bad = SizeEngine(*model, bad_interval);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--state-checkpoint-interval"), std::string::npos);
+  EngineConfig too_big = budget;
+  too_big.state_checkpoint_bytes = 100 * per_state;
+  EXPECT_FALSE(SizeEngine(*model, too_big).ok());
   EngineConfig with_disk;
   with_disk.prompt_cache.dir = "/tmp/ember-qwen3next-never-created";
   auto refused = SizeEngine(*model, with_disk);
@@ -276,6 +311,140 @@ TEST(HybridModelTest, PrefixReuseIsOffAndPromptCacheRefused) {
   auto spec_refused = SizeEngine(*model, spec);
   ASSERT_FALSE(spec_refused.ok());
   EXPECT_NE(spec_refused.message().find("speculative"), std::string::npos);
+}
+
+// Tokens and their logprobs (top 3) of a greedy request's one sample.
+struct Scored {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<float> top;
+  int32_t cached_tokens = 0;
+};
+Scored CollectScored(const std::shared_ptr<ResponseStream>& stream) {
+  Scored out;
+  std::vector<TokenEvent> events;
+  while (stream->Next(&events)) {
+    for (const TokenEvent& e : events) {
+      if (e.token_id < 0) continue;
+      out.tokens.push_back(e.token_id);
+      out.logprobs.push_back(e.logprob);
+      for (const TokenLogprob& t : e.top_logprobs) out.top.push_back(t.logprob);
+    }
+    events.clear();
+  }
+  out.cached_tokens = stream->usage().cached_tokens;
+  return out;
+}
+
+GenerationRequest Scoring(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r = Greedy(std::move(prompt), max_tokens);
+  r.sampling.top_logprobs = 3;
+  return r;
+}
+
+// Prefix-cache hits on a hybrid model restore the recurrent state checkpointed at the hit's end:
+// at the end of an earlier prompt's last full block, and mid-recurrence at an interval
+// checkpoint (a prompt that shares only part of the earlier one). Tokens and logprobs equal a
+// cold run's; the hit sizes, the checkpoints and their bytes show in the stats.
+TEST(HybridModelTest, PrefixHitsRestoreCheckpointsAndGiveTheColdOutputs) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  ASSERT_NE(model, nullptr);
+  std::mt19937 rng(45);
+  std::vector<int32_t> first(100);
+  for (int32_t& t : first) t = 1 + static_cast<int32_t>(rng() % 500);
+  std::vector<int32_t> partial(first.begin(), first.begin() + 70);  // diverges in block 4
+  for (int32_t i = 0; i < 20; ++i) partial.push_back(3 + i);
+  std::vector<int32_t> longer = first;  // extends the first prompt
+  for (int32_t i = 0; i < 9; ++i) longer.push_back(7 + i);
+  const std::vector<GenerationRequest> requests = {Scoring(first, 6), Scoring(partial, 10),
+                                                   Scoring(longer, 10)};
+  std::vector<Scored> cold;
+  {
+    auto cold_model = LoadModel(dir);
+    EngineConfig config;
+    config.enable_prefix_caching = false;
+    auto engine = Engine::Create(cold_model.get(), config);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    for (const GenerationRequest& r : requests)
+      cold.push_back(CollectScored(SubmitOrDie(**engine, r)));
+  }
+  EngineConfig config;
+  config.state_checkpoint_interval = 32;  // checkpoints at 32, 64, 96 and the prompt ends
+  auto engine = Engine::Create(model.get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<Scored> warm;
+  for (const GenerationRequest& r : requests) warm.push_back(CollectScored(SubmitOrDie(**engine, r)));
+  const std::vector<int32_t> want_cached = {0, 64, 96};  // interval checkpoint; prompt end
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(warm[i].cached_tokens, want_cached[i]) << "request " << i;
+    EXPECT_EQ(warm[i].tokens, cold[i].tokens) << "request " << i;
+    EXPECT_EQ(warm[i].logprobs, cold[i].logprobs) << "request " << i;
+    EXPECT_EQ(warm[i].top, cold[i].top) << "request " << i;
+    EXPECT_EQ(cold[i].cached_tokens, 0);
+  }
+  (*engine)->Shutdown(true);
+  const EngineStats stats = (*engine)->Stats();
+  EXPECT_EQ(stats.prefix_hit_tokens, 64 + 96);
+  EXPECT_GE(stats.state_checkpoints, 4);  // 32, 64, 96 of the first prompt, 64 + 16 of partial
+  EXPECT_EQ(stats.state_checkpoint_bytes,
+            int64_t{stats.state_checkpoints} * model->StateBytesPerSequence());
+  EXPECT_LE(stats.state_checkpoint_bytes, stats.state_checkpoint_capacity_bytes);
+  EXPECT_EQ(stats.state_checkpoint_saves, stats.state_checkpoints);  // none evicted here
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+}
+
+// Requests sharing prefixes, batched and staggered with chunked prefill, n > 1 (samples after
+// the first hit the prompt's checkpoint), under a KV budget that preempts and a checkpoint budget
+// of two that evicts: every sample's tokens equal its solo run.
+TEST(HybridModelTest, SharedPrefixesBatchedSamplesPreemptedAndEvictedGiveTheSoloTokens) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  auto model = LoadModel(dir);
+  ASSERT_NE(model, nullptr);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> bases(3);
+  for (auto& b : bases) {
+    b.resize(40 + rng() % 30);
+    for (int32_t& t : b) t = 1 + static_cast<int32_t>(rng() % 500);
+  }
+  std::vector<GenerationRequest> requests;
+  for (int32_t i = 0; i < 18; ++i) {
+    const std::vector<int32_t>& base = bases[static_cast<size_t>(i) % bases.size()];
+    std::vector<int32_t> prompt(base.begin(), base.begin() + 20 + rng() % (base.size() - 20));
+    for (uint32_t k = rng() % 12; k > 0; --k) prompt.push_back(1 + static_cast<int32_t>(rng() % 500));
+    requests.push_back(Greedy(prompt, 4 + static_cast<int32_t>(rng() % 10)));
+  }
+  const std::vector<std::vector<int32_t>> solo = RunSolo(dir, requests);
+  for (size_t i = 0; i < requests.size(); i += 4) requests[i].n = 2;
+  EngineConfig config;
+  config.max_running = 6;
+  config.max_step_tokens = 13;  // chunked prefill mixed with decode rows
+  config.state_checkpoint_interval = 16;
+  config.state_checkpoint_bytes = 2 * model->StateBytesPerSequence();
+  config.kv_cache_bytes = (7 + 2) * model->StateBytesPerSequence() +
+                          model->KvBytesPerToken() * config.block_size * 8;
+  auto engine = Engine::Create(model.get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    streams.push_back(SubmitOrDie(**engine, requests[i]));
+    if (i % 5 == 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // stagger
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Output out = Collect(streams[i]);
+    for (int32_t k = 0; k < requests[i].n; ++k)
+      EXPECT_EQ(out.samples[static_cast<size_t>(k)], solo[i]) << "request " << i << " sample " << k;
+  }
+  (*engine)->Shutdown(true);
+  const EngineStats stats = (*engine)->Stats();
+  EXPECT_GT(stats.prefix_hit_tokens, 0);
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_GT(stats.state_checkpoint_evictions, 0);
+  EXPECT_LE(stats.state_checkpoints, 2);
+  EXPECT_LE(stats.state_checkpoint_bytes, stats.state_checkpoint_capacity_bytes);
+  EXPECT_EQ(stats.kv_blocks_used, 0);
 }
 
 // deepseek_v3 (multi-head latent attention, its KV pool holding the latent): the same, on the CPU

@@ -20,10 +20,13 @@ namespace ember {
 
 class ModelRunner : public KvBlockIo {
  public:
-  // Allocates the KV pool (num_blocks for the sequences, one more for the padding rows), picks
-  // the graph buckets this engine can use and warms them up (WarmUpDecodeGraphs). `model` must
-  // outlive the runner.
-  static Result<ModelRunner> Create(Model* model, const EngineConfig& config, int32_t num_blocks);
+  // Allocates the KV pool (num_blocks for the sequences, one more for the padding rows) and, for
+  // a model with recurrent layers, its state slots (one per running sequence, the padding rows'
+  // scratch slot at max_running, then num_state_checkpoints checkpoint slots), picks the graph
+  // buckets this engine can use and warms them up (WarmUpDecodeGraphs). `model` must outlive
+  // the runner.
+  static Result<ModelRunner> Create(Model* model, const EngineConfig& config, int32_t num_blocks,
+                                    int32_t num_state_checkpoints = 0);
 
   // The launches' counters, with EngineStats' meaning (the engine publishes them).
   struct Counters {
@@ -45,6 +48,9 @@ class ModelRunner : public KvBlockIo {
   // enqueued and the ids come with WaitIds. decode_only: the step's time also counts as a decode
   // step's (EngineStats::decode_forward_ns).
   Status Launch(const BatchPlan& batch, const StepOutputs& outputs, bool decode_only);
+  // Copies recurrent-state slot src over dst (Model::CopyStateSlot), ordered after every step
+  // launched so far and before every later one.
+  Status CopyStateSlot(int32_t src, int32_t dst) { return model_->CopyStateSlot(src, dst); }
   // Waits for the oldest deferred step's ids (Model::WaitIds); its time counts as forward time.
   Status WaitIds(bool decode_only);
   // KvBlockIo: the prompt cache's block copies (Model::CopyKvBlockToHost / FromHost), ordered

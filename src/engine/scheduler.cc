@@ -1,9 +1,12 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "engine/prompt_tier.h"
 #include "engine/state_slots.h"
+#include "kv/state_checkpoints.h"
+#include "util/check.h"
 
 namespace ember {
 
@@ -11,8 +14,29 @@ bool Scheduler::WaitsForSibling(const Sequence* seq) {
   return seq->sample_index > 0 && !seq->request->prompt_prefilled;
 }
 
-int32_t Scheduler::ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left) {
+int32_t Scheduler::NextCheckpoint(const Sequence* seq) const {
+  int32_t next = std::numeric_limits<int32_t>::max();
+  if (checkpoints_ == nullptr) return next;
+  const int32_t done = seq->num_computed_tokens;
+  if (checkpoint_interval_ > 0) next = (done / checkpoint_interval_ + 1) * checkpoint_interval_;
+  const int32_t bs = kv_->block_size();
+  const int32_t prompt_end = (seq->prompt_len - 1) / bs * bs;  // the last full block's end
+  if (prompt_end > done) next = std::min(next, prompt_end);
+  return next;
+}
+
+bool Scheduler::IsCheckpoint(const Sequence* seq, int32_t end) const {
+  if (checkpoints_ == nullptr || end <= 0 || end % kv_->block_size() != 0) return false;
+  return (checkpoint_interval_ > 0 && end % checkpoint_interval_ == 0) ||
+         end == (seq->prompt_len - 1) / kv_->block_size() * kv_->block_size();
+}
+
+int32_t Scheduler::ChunkRows(const Sequence* seq, int32_t budget,
+                             int32_t* prompt_rows_left) const {
   int32_t num_new = std::min(seq->num_uncomputed(), budget);
+  // A chunk ends at the next checkpoint point, so the state there exists to be saved.
+  const int64_t to_checkpoint = int64_t{NextCheckpoint(seq)} - seq->num_computed_tokens;
+  num_new = static_cast<int32_t>(std::min<int64_t>(num_new, to_checkpoint));
   if (seq->needs_prompt_logits) {
     num_new = std::min(num_new, *prompt_rows_left);
     *prompt_rows_left -= num_new;
@@ -20,9 +44,24 @@ int32_t Scheduler::ChunkRows(const Sequence* seq, int32_t budget, int32_t* promp
   return num_new;
 }
 
-ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) {
-  const bool reaches_end = seq->num_computed_tokens + num_new == seq->num_tokens();
-  return {seq, num_new, reaches_end && seq->request->request.max_tokens > 0};
+ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) const {
+  const int32_t end = seq->num_computed_tokens + num_new;
+  const bool reaches_end = end == seq->num_tokens();
+  ScheduledSequence s{seq, num_new, reaches_end && seq->request->request.max_tokens > 0};
+  s.saves_state = IsCheckpoint(seq, end);
+  return s;
+}
+
+void Scheduler::TakeCheckpoint(Sequence* seq) {
+  seq->restore_state_from = -1;
+  if (checkpoints_ == nullptr || seq->num_computed_tokens == 0) return;
+  const int32_t num_blocks = seq->num_computed_tokens / kv_->block_size();
+  const std::optional<kv::BlockRef> end = kv_->ChainEnd(seq->id, num_blocks);
+  CHECK(end.has_value()) << "seq " << seq->id << " hit " << num_blocks << " blocks without a chain";
+  const int32_t slot = checkpoints_->Find(*end);
+  CHECK_GE(slot, 0) << "seq " << seq->id << " hit a prefix without its state checkpoint";
+  checkpoints_->Touch(slot);
+  seq->restore_state_from = slot;
 }
 
 int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
@@ -40,6 +79,7 @@ void Scheduler::FreeSequence(Sequence* seq) {
   seq->tier_blocks_tagged = 0;
   if (slots_ != nullptr) slots_->Release(seq->state_slot);
   seq->state_slot = -1;
+  seq->restore_state_from = -1;
   seq->started = false;
 }
 
@@ -111,7 +151,8 @@ void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
     // table).
     const bool looks_up_prefix =
         !seq->needs_prompt_logits && !PoolingReadsEarlyRows(seq->request->request.pooling.kind);
-    if (!seq->started) {
+    const bool starts = !seq->started;
+    if (starts) {
       seq->num_computed_tokens =
           looks_up_prefix ? kv_->AcquireCachedPrefix(seq->id, seq->tokens,
                                                      seq->request->request.cache_namespace)
@@ -133,6 +174,7 @@ void Scheduler::AdmitWaiting(StepPlan& plan, Budget& budget) {
       break;
     }
     budget.prompt_rows = prompt_rows_after;
+    if (starts) TakeCheckpoint(seq);
     if (!seq->ever_started) NoteFirstAdmission(seq, looks_up_prefix);
     waiting_.pop_front();
     running_.push_back(seq);

@@ -4,7 +4,8 @@
 // sequence is preempted (its blocks freed; it is recomputed later from its tokens). Waiting
 // sequences are then admitted in FIFO order while their KV fits and the batch has room. A decoding
 // sequence with drafts (Sequence::draft, speculator.h) gets 1 + k rows, k cut to the budget; its
-// drafts never preempt anyone (no blocks for them: it decodes one token as usual).
+// drafts never preempt anyone (no blocks for them: it decodes one token as usual). A hybrid model
+// with state checkpoints: chunks end at checkpoint points (set_state_checkpoints).
 // Integers only: no tensors, no model; engine-thread only; unit-tested with a simulated cache.
 #pragma once
 
@@ -35,6 +36,10 @@ struct ScheduledSequence {
   // Of those rows, the last num_draft are seq->draft's first num_draft tokens (verified this
   // step); the token before them is the sequence's last (uncomputed) token.
   int32_t num_draft = 0;
+  // A hybrid model with state checkpoints: this chunk ends at a checkpoint point (its end a
+  // multiple of the interval, or the prompt's last full block), so the sequence's state after
+  // the step is saved (StepBuilder reserves a checkpoint slot, the engine copies it).
+  bool saves_state = false;
 };
 
 struct StepPlan {
@@ -46,6 +51,9 @@ struct StepPlan {
 
 class PromptTier;
 class StateSlots;
+namespace kv {
+class StateCheckpoints;
+}
 
 class Scheduler {
  public:
@@ -55,6 +63,15 @@ class Scheduler {
   // A model with recurrent layers: a started sequence holds a state slot (state_slots.h) beside
   // its blocks, taken when it starts and given back wherever its blocks are freed.
   void set_state_slots(StateSlots* slots) { slots_ = slots; }
+  // A hybrid model with recurrent-state checkpoints (kv/state_checkpoints.h): a chunk never
+  // crosses a checkpoint point (a multiple of `interval` tokens, 0: none, or the end of the
+  // prompt's last full block), and a sequence admitted with a cached prefix restores the
+  // checkpoint at its end (Sequence::restore_state_from). The KV manager's prefix lookups end
+  // only at checkpointed blocks (its PrefixEndFilter).
+  void set_state_checkpoints(kv::StateCheckpoints* checkpoints, int32_t interval) {
+    checkpoints_ = checkpoints;
+    checkpoint_interval_ = interval;
+  }
 
   void AddWaiting(Sequence* seq) { waiting_.push_back(seq); }
   // Plans the next step (allocating KV blocks for it). Empty when nothing can run.
@@ -86,8 +103,14 @@ class Scheduler {
   static bool WaitsForSibling(const Sequence* seq);
   // Rows of `seq` to compute this step within `budget` (and, when it needs its prompt rows'
   // logits, within *prompt_rows_left, which it then uses up).
-  static int32_t ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left);
-  static ScheduledSequence Scheduled(Sequence* seq, int32_t num_new);
+  int32_t ChunkRows(const Sequence* seq, int32_t budget, int32_t* prompt_rows_left) const;
+  ScheduledSequence Scheduled(Sequence* seq, int32_t num_new) const;
+  // With state checkpoints: the first checkpoint point after seq's computed tokens (INT32_MAX:
+  // none), and whether `end` is one.
+  int32_t NextCheckpoint(const Sequence* seq) const;
+  bool IsCheckpoint(const Sequence* seq, int32_t end) const;
+  // A sequence just started with a cached prefix: the checkpoint slot it restores from.
+  void TakeCheckpoint(Sequence* seq);
   // Drafts seq verifies this step (num_new: its rows without drafts): blocks for them taken now,
   // leaving at least reserve_blocks free; 0 when it has none, the budget has no room or the
   // blocks are short.
@@ -97,6 +120,8 @@ class Scheduler {
   kv::KvCacheManager* kv_;
   PromptTier* tier_ = nullptr;
   StateSlots* slots_ = nullptr;
+  kv::StateCheckpoints* checkpoints_ = nullptr;
+  int32_t checkpoint_interval_ = 0;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: oldest first
   int64_t num_preemptions_ = 0;

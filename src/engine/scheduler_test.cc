@@ -3,6 +3,9 @@
 // FIFO admission, preemption of the newest sequence, n-sample siblings and block accounting.
 #include "engine/scheduler.h"
 
+#include "engine/state_slots.h"
+#include "kv/state_checkpoints.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -176,6 +179,49 @@ TEST(SchedulerTest, PromptLogitsRowsAreBoundedAndTakeNoPrefixHit) {
   EXPECT_EQ(p2.scheduled[2].seq, c);
   EXPECT_EQ(p2.scheduled[2].num_new_tokens, 8);
   EXPECT_EQ(h.scheduler_.prefix_hit_tokens(), 8);  // b's only
+}
+
+// A hybrid model with state checkpoints: chunks never cross a checkpoint point (the interval's
+// multiples, the end of the prompt's last full block) and those ending at one save the state; a
+// later prompt sharing the prefix is admitted at the checkpointed block and restores it.
+TEST(SchedulerTest, StateCheckpointPointsCutChunksAndHitsRestore) {
+  SchedulerHarness h(64, 16, SchedulerConfig{8, 512});
+  StateSlots slots(8);
+  kv::StateCheckpoints ckpt(9, 4, 100, &h.kv_.prefix_cache(), 64);
+  h.kv_.set_prefix_end_filter(&ckpt);
+  h.scheduler_.set_state_slots(&slots);
+  h.scheduler_.set_state_checkpoints(&ckpt, 32);
+  Sequence* a = h.Add(90);  // points: 32, 64, and 80 (the last full block's end)
+  std::vector<int32_t> chunks;
+  std::vector<bool> saves;
+  while (a->num_computed_tokens < a->prompt_len) {
+    const kv::SeqId id = a->id;
+    StepPlan p = h.Step();
+    ASSERT_EQ(p.scheduled.size(), 1u);
+    chunks.push_back(p.scheduled[0].num_new_tokens);
+    saves.push_back(p.scheduled[0].saves_state);
+    if (p.scheduled[0].saves_state) {  // what StepBuilder and the postprocessor do
+      const int32_t slot = ckpt.Reserve();
+      ckpt.Commit(slot, *h.kv_.ChainEnd(id, a->num_computed_tokens / 16));
+    }
+  }
+  EXPECT_EQ(chunks, (std::vector<int32_t>{32, 32, 16, 10}));
+  EXPECT_EQ(saves, (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(a->restore_state_from, -1);
+  // Shares 70 tokens: hits the checkpoint at 64 (not 80: block 4 differs).
+  Sequence* b = h.Add(100);
+  for (int32_t i = 70; i < 100; ++i) b->tokens[static_cast<size_t>(i)] = 5000 + i;
+  h.Step();
+  EXPECT_EQ(b->num_cached_prompt_tokens, 64);
+  EXPECT_GE(b->restore_state_from, 9);  // StepBuilder takes it into the step
+  const kv::BlockRef end_of_64 = h.kv_.prefix_cache().Ref(h.kv_.BlockTable(a->id)[3]);
+  EXPECT_EQ(ckpt.Find(end_of_64), b->restore_state_from);
+  EXPECT_EQ(h.kv_.BlockTable(b->id)[3], end_of_64.block_id);  // shares a's blocks
+  EXPECT_GE(b->state_slot, 0);
+  h.Finish(a);
+  h.Finish(b);
+  EXPECT_EQ(b->restore_state_from, -1);
+  EXPECT_EQ(slots.num_free(), 8);
 }
 
 }  // namespace

@@ -46,6 +46,9 @@ struct Sequence {
   int32_t num_cached_prompt_tokens = 0;  // of the prompt, served by the prefix cache (1st start)
   bool started = false;                // holds KV blocks (AcquireCachedPrefix done)
   int32_t state_slot = -1;  // its recurrent-state slot while started (state_slots.h), or -1
+  // Admitted with a cached prefix of a hybrid model: the checkpoint slot (kv/state_checkpoints.h)
+  // copied into state_slot before its first rows (StepBuilder moves it into the step), or -1.
+  int32_t restore_state_from = -1;
   bool ever_started = false;
   std::unique_ptr<SamplerState> sampler;
   std::unique_ptr<TokenConstraint> constraint;  // the request's, cloned (structured output)

@@ -3,7 +3,8 @@
 // one for a sequence when it starts (beside its first KV blocks) and gives it back wherever the
 // sequence's blocks are freed (finish, cancel, preemption, a failed admission); the step builder
 // names it in the sequence's SequenceSlice. A slot needs no clearing: a sequence's first rows sit
-// at position 0, where the backend's recurrent ops start from the zero state (backend.h).
+// at position 0, where the backend's recurrent ops start from the zero state (backend.h), or
+// past a prefix hit whose state checkpoint is copied in first (kv/state_checkpoints.h).
 // Invariant: at most `num_slots` sequences are started at once (max_running). Engine thread only.
 #pragma once
 

@@ -58,6 +58,7 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
   StepBatch step;
   step.scheduled = plan.scheduled;
   AddSequenceRows(step);
+  AddStateCopies(step);
   // A decode step (one sampled row per sequence) is padded to its graph bucket's row count.
   const BatchPlan& batch = step.batch;
   step.real_rows = static_cast<int32_t>(batch.logits_rows.size());
@@ -104,6 +105,27 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
     step.batch.seqs.back().state_slot = std::max(seq->state_slot, 0);
     step.batch.seqs.back().lora_slot = seq->request->lora_slot;
     step.batch.logits_rows.push_back(step.batch.seqs.back().query_start);
+  }
+}
+
+// A sequence admitted with a cached prefix restores the checkpoint at its end; a chunk that ends
+// at a checkpoint point saves the state it leaves (when no checkpoint slot can be had, every one
+// pending, it saves nothing: a later prompt hits a shorter prefix).
+void StepBuilder::AddStateCopies(StepBatch& step) {
+  if (checkpoints_ == nullptr) return;
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const ScheduledSequence& s = step.scheduled[i];
+    Sequence* seq = s.seq;
+    if (seq->state_slot < 0) continue;
+    if (seq->restore_state_from >= 0) {
+      step.state_restores.push_back({seq->restore_state_from, seq->state_slot});
+      seq->restore_state_from = -1;
+    }
+    if (!s.saves_state) continue;
+    const int32_t slot = checkpoints_->Reserve();
+    if (slot < 0) continue;
+    step.state_saves.push_back(
+        {i, seq->num_computed_tokens + s.num_new_tokens, {seq->state_slot, slot}, false});
   }
 }
 

@@ -5,7 +5,9 @@
 // the step in flight has delivered its ids (deferred), and per logits row what comes back
 // (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
 // LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
-// the sequences' states and draws their sampling uniforms; it changes nothing else. A sequence
+// the sequences' states and draws their sampling uniforms; it changes nothing else, except for a
+// hybrid model's state checkpoints (AddStateCopies: it takes a sequence's pending restore into
+// the step and reserves the checkpoint slots of the step's saves). A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
 // sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
 // (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.
@@ -23,6 +25,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_checkpoints.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 
@@ -85,6 +88,22 @@ struct StepBatch {
   int32_t num_hidden_rows = 0;
   std::vector<float> hidden;
 
+  // Recurrent-state copies (a hybrid model with state checkpoints, kv/state_checkpoints.h), in
+  // backend slots: before the forward each restore copies a checkpoint into a sequence admitted
+  // with a cached prefix; after it each save copies a sequence's state at a checkpoint point
+  // into the checkpoint slot reserved for it, committed to its block at completion (or released).
+  struct StateCopy {
+    int32_t src = 0, dst = 0;
+  };
+  std::vector<StateCopy> state_restores;
+  struct StateSave {
+    size_t scheduled_index = 0;
+    int32_t end = 0;  // the sequence's computed tokens after the step (a block boundary)
+    StateCopy copy;
+    bool resolved = false;  // committed or released
+  };
+  std::vector<StateSave> state_saves;
+
   // Set at launch (StepPostprocessor::Launched), per scheduled sequence.
   std::vector<int32_t> computed_end;  // num_computed_tokens after the step
   std::vector<int32_t> token_index;   // where its sampled token goes in tokens, or -1
@@ -105,6 +124,8 @@ class StepBuilder {
   StepBuilder(const EngineConfig& config, ModelRunner* runner, kv::KvCacheManager* kv,
               EngineStats* counters)
       : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
+  // A hybrid model with state checkpoints: steps carry their restores and saves (StepBatch).
+  void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
 
   // The step's rows and whether it may be deferred. Reads only what the step in flight cannot
   // change (its sampled tokens pass through as fed placeholders). From here on the step holds
@@ -117,6 +138,8 @@ class StepBuilder {
 
  private:
   void AddSequenceRows(StepBatch& step);
+  // The step's state restores (taken from its sequences) and saves (checkpoint slots reserved).
+  void AddStateCopies(StepBatch& step);
   void AddDraftRows(StepBatch& step);
   void AddPromptRows(StepBatch& step);
   void AddHiddenRows(StepBatch& step);
@@ -129,6 +152,7 @@ class StepBuilder {
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;
   EngineStats* counters_;
+  kv::StateCheckpoints* checkpoints_ = nullptr;
   std::vector<int32_t> chunk_;  // scratch: one sequence's new tokens
 };
 

@@ -34,6 +34,7 @@ void StepPostprocessor::Fail(const StepBatch& step) {
     if (s.seq->finish != FinishReason::kNone) continue;  // ended while it was being planned
     sequences_->EndWithoutToken(s.seq, FinishReason::kError);
   }
+  ReleaseStateSaves(step);
   sequences_->Release(step.scheduled);
 }
 
@@ -66,6 +67,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
       continue;
     }
     const bool prompt_done = CommitComputed(step, i, step.computed_end[i]);
+    CommitStateSaves(step, i);
     if (s.samples) {
       AcceptToken(step, i, r);
     } else if (s.seq->embeds() && prompt_done) {
@@ -74,6 +76,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
       sequences_->EndWithoutToken(s.seq, FinishReason::kLength);
     }
   }
+  ReleaseStateSaves(step);
   sequences_->Release(step.scheduled);
   counters_->finish_ns += NowNs() - finish_start;
 }
@@ -141,6 +144,25 @@ void StepPostprocessor::EmitEmbedding(Sequence* seq) {
   event.time_ns = NowNs();
   seq->request->stream->Push(std::move(event));
   sequences_->Finish(seq, FinishReason::kStop);
+}
+
+void StepPostprocessor::CommitStateSaves(StepBatch& step, size_t i) {
+  const kv::SeqId id = step.scheduled[i].seq->id;
+  for (StepBatch::StateSave& save : step.state_saves) {
+    if (save.scheduled_index != i || save.resolved) continue;
+    save.resolved = true;
+    const std::optional<kv::BlockRef> end = kv_->ChainEnd(id, save.end / kv_->block_size());
+    if (end.has_value()) {
+      checkpoints_->Commit(save.copy.dst, *end);
+    } else {
+      checkpoints_->Release(save.copy.dst);
+    }
+  }
+}
+
+void StepPostprocessor::ReleaseStateSaves(const StepBatch& step) {
+  for (const StepBatch::StateSave& save : step.state_saves)
+    if (!save.resolved) checkpoints_->Release(save.copy.dst);
 }
 
 bool StepPostprocessor::CommitComputed(const StepBatch& step, size_t i, int32_t computed_end) {

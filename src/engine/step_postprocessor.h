@@ -40,6 +40,8 @@ class StepPostprocessor {
 
   // The prompt cache below the pool (prompt_tier.h): computed blocks are written through to it.
   void set_prompt_tier(PromptTier* tier) { tier_ = tier; }
+  // A hybrid model with state checkpoints: a step's saves are committed to their blocks here.
+  void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
 
   // After a successful launch: the step's rows count as computed (the next step is planned
   // before this one completes); each sampled row's token is a placeholder -1 - r (its logits
@@ -63,6 +65,11 @@ class StepPostprocessor {
   // Scheduled sequence i's rows up to computed_end are computed: commits its blocks, notes its
   // prompt's progress. Returns whether its prompt is now computed.
   bool CommitComputed(const StepBatch& step, size_t i, int32_t computed_end);
+  // Scheduled sequence i's state saves (after its blocks are committed): each checkpoint joins
+  // the cached block at its end, or its slot goes back when that block is not in the chain.
+  void CommitStateSaves(StepBatch& step, size_t i);
+  // Every save of the step not yet committed goes back (the step failed, its sequence ended).
+  void ReleaseStateSaves(const StepBatch& step);
   // Sampled row `row`'s token: the backend's id, or what the host sampled (kCopy).
   SampleOutput TakeRowOutput(const StepBatch& step, size_t row);
   // Scheduled sequence i's sampled token (row `row`) joins it; ends it on a stop condition.
@@ -87,6 +94,7 @@ class StepPostprocessor {
   Speculator* speculator_;
   EngineStats* counters_;
   PromptTier* tier_ = nullptr;
+  kv::StateCheckpoints* checkpoints_ = nullptr;
   std::vector<SampleOutput> row_outputs_;  // [real_rows] host-sampled rows' tokens
   std::vector<uint8_t> host_skip_;         // [real_rows] rows the host sampler leaves alone
 };

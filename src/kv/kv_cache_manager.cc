@@ -40,20 +40,34 @@ int32_t KvCacheManager::Walk(std::span<const int32_t> tokens, uint64_t ns, SeqSt
   const size_t max_blocks = (tokens.size() - 1) / bs;
   uint64_t key = kRootBlockKey;
   BlockRef parent;
+  // The usable end so far: its length in blocks, key and block.
   size_t num_hit = 0;
-  for (; num_hit < max_blocks; ++num_hit) {
-    const std::span<const int32_t> block_tokens = tokens.subspan(num_hit * bs, bs);
+  uint64_t hit_key = key;
+  BlockRef hit_ref;
+  for (size_t n = 0; n < max_blocks; ++n) {
+    const std::span<const int32_t> block_tokens = tokens.subspan(n * bs, bs);
     const uint64_t block_key = cache_.Hash(key, block_tokens, ns);
     const int32_t block_id = cache_.Find(block_key, parent, block_tokens, ns);
     if (block_id < 0) break;
     key = block_key;
     parent = cache_.Ref(block_id);
-    if (into != nullptr) into->blocks.push_back(block_id);
+    if (filter_ == nullptr || filter_->Usable(parent)) {
+      num_hit = n + 1;
+      hit_key = key;
+      hit_ref = parent;
+    }
   }
   if (into != nullptr) {
+    // The blocks of the usable run: walk its parents back from its last block.
+    into->blocks.resize(into->blocks.size() + num_hit);
+    BlockRef ref = hit_ref;
+    for (size_t n = num_hit; n > 0; --n) {
+      into->blocks[into->blocks.size() - num_hit + n - 1] = ref.block_id;
+      ref = cache_.Parent(ref.block_id);
+    }
     into->num_registered = static_cast<int32_t>(num_hit);
-    into->last_key = key;
-    into->last_ref = parent;
+    into->last_key = hit_key;
+    into->last_ref = hit_ref;
   }
   return static_cast<int32_t>(num_hit);
 }
@@ -189,6 +203,13 @@ int32_t KvCacheManager::DropCached(std::optional<uint64_t> ns) {
     ++dropped;
   }
   return dropped;
+}
+
+std::optional<BlockRef> KvCacheManager::ChainEnd(SeqId seq, int32_t num_blocks) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || num_blocks <= 0 || it->second.num_registered != num_blocks)
+    return std::nullopt;
+  return it->second.last_ref;
 }
 
 const std::vector<int32_t>& KvCacheManager::BlockTable(SeqId seq) const {

@@ -5,7 +5,8 @@
 // revives it. Allocation takes from the front of the free list, evicting a cached block's entry
 // first (an EvictionObserver sees the block, its content still intact, just before). The capacity
 // (num_blocks, from the KV byte cap) holds before any allocation: Allocate refuses, changing
-// nothing, rather than over-commit. Single-threaded: owned by the engine thread.
+// nothing, rather than over-commit. A PrefixEndFilter (a hybrid model's state checkpoints) limits
+// where a hit may end. Single-threaded: owned by the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,15 @@ class EvictionObserver {
  public:
   virtual ~EvictionObserver() = default;
   virtual void OnEvict(int32_t block_id) = 0;
+};
+
+// Where a prefix hit may end (a hybrid model: only at a block whose recurrent state was
+// checkpointed, kv/state_checkpoints.h). Without one, a hit may end at any matched block.
+class PrefixEndFilter {
+ public:
+  virtual ~PrefixEndFilter() = default;
+  // Whether a hit may end with the cached block `last`.
+  virtual bool Usable(BlockRef last) const = 0;
 };
 
 class KvCacheManager {
@@ -77,6 +87,11 @@ class KvCacheManager {
   // found by lookups (a running sequence registers its blocks again as it commits). Returns how
   // many blocks were forgotten.
   int32_t DropCached(std::optional<uint64_t> ns);
+  // Where a hit may end (null: at any matched block). It must outlive its registration.
+  void set_prefix_end_filter(const PrefixEndFilter* filter) { filter_ = filter; }
+  // The cached block holding seq's block num_blocks - 1 when seq's registered (or matched) chain
+  // is exactly num_blocks long, else nullopt (unknown seq, num_blocks 0, or another length).
+  std::optional<BlockRef> ChainEnd(SeqId seq, int32_t num_blocks) const;
   // The observer of evictions (null: none). It must outlive its registration.
   void set_eviction_observer(EvictionObserver* observer) { observer_ = observer; }
   // seq's blocks in slot order. CHECKs Has(seq).
@@ -106,7 +121,8 @@ class KvCacheManager {
     uint64_t last_key = kRootBlockKey;  // key of block num_registered - 1
     BlockRef last_ref;                  // cached block holding that content (may be another seq's)
   };
-  // Longest verified cached prefix of whole blocks (at most (tokens.size() - 1) / block_size).
+  // Longest verified cached prefix of whole blocks (at most (tokens.size() - 1) / block_size)
+  // that ends where the PrefixEndFilter allows.
   // Returns its length in blocks; when `into` is set, appends the blocks to into->blocks and
   // advances its registration cursor (takes no references).
   int32_t Walk(std::span<const int32_t> tokens, uint64_t ns, SeqState* into) const;
@@ -116,6 +132,7 @@ class KvCacheManager {
   PrefixCache cache_;
   std::unordered_map<SeqId, SeqState> seqs_;
   EvictionObserver* observer_ = nullptr;
+  const PrefixEndFilter* filter_ = nullptr;
   int64_t prefix_queries_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
 };

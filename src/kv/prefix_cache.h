@@ -50,6 +50,8 @@ class PrefixCache {
   BlockRef Ref(int32_t block_id) const { return {block_id, entries_[block_id].epoch}; }
   uint64_t key(int32_t block_id) const { return entries_[block_id].key; }
   uint64_t ns(int32_t block_id) const { return entries_[block_id].ns; }
+  // The parent a cached block was registered under (block_id -1: the root).
+  BlockRef Parent(int32_t block_id) const { return entries_[block_id].parent; }
   // The token ids a cached block was registered with: [block_size].
   std::span<const int32_t> Tokens(int32_t block_id) const;
   int32_t num_cached() const { return num_cached_; }

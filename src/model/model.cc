@@ -750,6 +750,15 @@ int64_t Model::StateBytesPerSequence() const {
   return RecurrentStateFloats(config_) * static_cast<int64_t>(sizeof(float));
 }
 
+Status Model::CopyStateSlot(int32_t src, int32_t dst) {
+  if (num_state_slots_ == 0) return Status::Error("CopyStateSlot: the model has no state slots");
+  if (src < 0 || src >= num_state_slots_ || dst < 0 || dst >= num_state_slots_)
+    return Status::Error("CopyStateSlot: slot " + std::to_string(src) + " -> " +
+                         std::to_string(dst) + " outside the " + std::to_string(num_state_slots_) +
+                         " allocated");
+  return backend_->CopyStateSlot(src, dst);
+}
+
 int64_t Model::KvBlockBytes() const {
   return backend_->KvBlockBytes();
 }

@@ -230,6 +230,8 @@ class Model {
   int64_t StateBytesPerSequence() const;
   bool has_recurrent_state() const { return StateBytesPerSequence() > 0; }
   int32_t num_state_slots() const { return num_state_slots_; }
+  // Copies recurrent-state slot `src` over `dst` in stream order (Backend::CopyStateSlot).
+  Status CopyStateSlot(int32_t src, int32_t dst);
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;

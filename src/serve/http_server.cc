@@ -285,6 +285,11 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->block_size = s.block_size;
   total->prefix_query_tokens += s.prefix_query_tokens;
   total->prefix_hit_tokens += s.prefix_hit_tokens;
+  total->state_checkpoints += s.state_checkpoints;
+  total->state_checkpoint_bytes += s.state_checkpoint_bytes;
+  total->state_checkpoint_capacity_bytes += s.state_checkpoint_capacity_bytes;
+  total->state_checkpoint_saves += s.state_checkpoint_saves;
+  total->state_checkpoint_evictions += s.state_checkpoint_evictions;
   total->schedule_ns += s.schedule_ns;
   total->forward_ns += s.forward_ns;
   total->finish_ns += s.finish_ns;
@@ -489,7 +494,8 @@ json HttpServer::ModelJson(const ServedModel& model) const {
       {"embeddings", model.embeddings.available},
       {"vision", false},
       {"audio", false},
-      // Off for a model with recurrent layers (qwen3_next) and with --no-prefix-cache.
+      // Off with --no-prefix-cache, and for a model with recurrent layers (qwen3_next) without
+      // room for a state checkpoint (--state-checkpoint-bytes 0).
       {"prefix_caching", model.engine == nullptr || model.engine->Stats().prefix_caching},
   };
   return {{"id", model.name},

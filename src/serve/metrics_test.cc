@@ -38,6 +38,11 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   e.decode_padding_rows = 6;
   e.overlapped_steps = 9;
   e.forward_ns = 1500000000;
+  e.state_checkpoints = 2;
+  e.state_checkpoint_bytes = 200;
+  e.state_checkpoint_capacity_bytes = 500;
+  e.state_checkpoint_saves = 4;
+  e.state_checkpoint_evictions = 1;
   const std::string text = m.Prometheus(e);
   EXPECT_NE(text.find("ember_engine_decode_padding_rows_total 6\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_forward_seconds_total 1.5\n"), std::string::npos);
@@ -55,6 +60,11 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_EQ(j["engine"]["decode_padding_rows"], 6);
   EXPECT_EQ(j["engine"]["overlapped_steps"], 9);
   EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
+  EXPECT_EQ(j["prefix_cache"]["state_checkpoints"], 2);
+  EXPECT_EQ(j["prefix_cache"]["state_checkpoint_bytes"], 200);
+  EXPECT_EQ(j["prefix_cache"]["state_checkpoint_capacity_bytes"], 500);
+  EXPECT_EQ(j["prefix_cache"]["state_checkpoint_saves"], 4);
+  EXPECT_EQ(j["prefix_cache"]["state_checkpoint_evictions"], 1);
   // No disk tier: no disk metrics, and /stats shows the pool only.
   EXPECT_EQ(text.find("ember_prompt_cache_"), std::string::npos);
   EXPECT_FALSE(j["prompt_cache"]["tiers"].contains("disk"));

@@ -475,6 +475,14 @@ class CpuBackend final : public Backend {
     state_floats_ = floats_per_slot;
     return Status::Ok();
   }
+  Status CopyStateSlot(int32_t src, int32_t dst) override {
+    if (src < 0 || src >= state_slots_ || dst < 0 || dst >= state_slots_)
+      return Status::Error("CopyStateSlot: slot " + std::to_string(src) + " -> " +
+                           std::to_string(dst) + " outside the " + std::to_string(state_slots_) +
+                           " allocated");
+    if (src != dst) std::copy_n(SlotState(src), state_floats_, SlotState(dst));
+    return Status::Ok();
+  }
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
   Status GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, const Tensor& ba,
                         Tensor out) override;
