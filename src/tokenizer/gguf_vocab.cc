@@ -190,6 +190,17 @@ std::string SupportedGgufPreTokenizers() {
   return out;
 }
 
+std::optional<std::string> GgufPreForRegex(std::string_view regex) {
+  for (const PreTokenizerSpec& spec : kPreTokenizers) {
+    if (spec.regex == nullptr || regex != spec.regex) continue;
+    const char* name = spec.names[0];  // the last listed: the name llama.cpp's converter writes
+    for (const char* n : spec.names)
+      if (n != nullptr) name = n;
+    return std::string(name);
+  }
+  return std::nullopt;
+}
+
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVocab& v) {
   if (v.model != "llama" && v.model != "gpt2")
     return Status::Error("tokenizer.ggml.model: \"" + v.model +
