@@ -287,9 +287,13 @@ Result<std::string> ExportGguf(const GgufExportOptions& o) {
     w.AddString("tokenizer.chat_template.tool_use", o.chat_template_tool_use);
 
   std::vector<Plan> plans;
+  const bool has_embedding = store->Has("model.embed_tokens.weight");
   for (const std::string& n : store->Names()) {
+    // Tied embeddings: one token_embd.weight (from lm_head.weight when only that is stored).
+    if (n == "lm_head.weight" && c.tie_word_embeddings && has_embedding) continue;
     EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(n));
     EMBER_ASSIGN_OR_RETURN(Plan p, PlanTensor(view, c, target, arch));
+    if (n == "lm_head.weight" && c.tie_word_embeddings) p.gguf_name = "token_embd.weight";
     plans.push_back(std::move(p));
   }
   std::sort(plans.begin(), plans.end(),
