@@ -31,7 +31,7 @@ struct PreTokenizerSpec {
 };
 
 const PreTokenizerSpec kPreTokenizers[] = {
-    {{"default", "gpt2", nullptr}, nullptr, false, false, false},
+    {{"default", "gpt2", "gpt-2"}, nullptr, false, false, false},
     {{"llama3", "llama-v3", "llama-bpe"},
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
      true,

@@ -54,7 +54,7 @@ Result<std::string> PreTokenizerName(const json& root, const std::string& path) 
     regex = c["pattern"].value("Regex", "");
     return true;
   });
-  if (regex.empty()) return std::string("gpt2");  // ByteLevel's own GPT-2 regex
+  if (regex.empty()) return std::string("gpt-2");  // ByteLevel's own GPT-2 regex (llama.cpp's name)
   if (auto pre = GgufPreForRegex(regex)) return *pre;
   return Status::Error(path + ": the pre-tokenizer's split regex is not one GGUF names (known: " +
                        SupportedGgufPreTokenizers() + "): " + regex);

@@ -6,7 +6,8 @@
 //     ranks (-rank; pieces no merge makes rank below all of them in id order; user-defined pieces
 //     0), "<0xNN>" pieces as byte tokens, add_space_prefix from the "▁" prepend;
 //   - a byte-level BPE -> "gpt2": tokens, ranked merges, and tokenizer.ggml.pre named by the
-//     pre-tokenizer's split regex (GgufPreForRegex; GPT-2's own ByteLevel regex is "gpt2").
+//     pre-tokenizer's split regex (GgufPreForRegex; GPT-2's own ByteLevel regex is "gpt-2", as
+//     llama.cpp names it).
 // Added tokens: special ones are control tokens, the others user-defined. BOS/EOS ids are the
 // tokenizer's; add_bos/add_eos say what Encode(text, true) adds. Any other model type or split
 // regex is an error naming it. Pure function; any thread.
