@@ -229,6 +229,98 @@ std::pair<int64_t, std::string> Order(const std::string& gguf) {
   return {1LL << 40, gguf};
 }
 
+// config.json and the general.architecture it is written as; refusals name the file.
+Result<std::pair<ModelConfig, std::string>> ReadConfig(const std::string& model_dir) {
+  struct stat st;
+  if (stat(model_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return Status::Error(model_dir + ": model directory not found");
+  const std::string config_path = model_dir + "/config.json";
+  if (!FileExists(config_path)) return Status::Error(config_path + ": file not found");
+  EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
+  EMBER_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_text, config_path));
+  std::string arch;
+  for (const auto& [type, a] : kArchitectures)
+    if (c.model_type == type) arch = a;
+  if (arch.empty())
+    return Status::Error(config_path + ": architecture \"" + c.model_type +
+                         "\" is not written to GGUF by ember quantize (written: " +
+                         ExportArchitectures() + ")");
+  EMBER_RETURN_IF_ERROR(CheckExpressible(c, config_path));
+  return std::pair<ModelConfig, std::string>(std::move(c), arch);
+}
+
+Status WriteMetadata(const GgufExportOptions& o, const ModelConfig& c, const std::string& arch,
+                     const ExportType& target, GgufWriter& w) {
+  w.AddString("general.architecture", arch);
+  std::string name = o.model_dir;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  w.AddString("general.name", name.substr(name.find_last_of('/') + 1));
+  w.AddUint32("general.file_type", target.file_type);
+  if (target.quantized) w.AddUint32("general.quantization_version", 2);
+  WriteHyperparameters(c, arch, w);
+  EMBER_RETURN_IF_ERROR(
+      WriteVocabulary(c, o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir, w));
+  if (!o.chat_template.empty()) w.AddString("tokenizer.chat_template", o.chat_template);
+  if (!o.chat_template_tool_use.empty())
+    w.AddString("tokenizer.chat_template.tool_use", o.chat_template_tool_use);
+  return Status::Ok();
+}
+
+// Every checkpoint tensor's plan, in file order.
+Result<std::vector<Plan>> PlanTensors(const WeightStore& store, const ModelConfig& c,
+                                      const ExportType& target, const std::string& arch) {
+  std::vector<Plan> plans;
+  const bool has_embedding = store.Has("model.embed_tokens.weight");
+  for (const std::string& n : store.Names()) {
+    // Tied embeddings: one token_embd.weight (from lm_head.weight when only that is stored).
+    if (n == "lm_head.weight" && c.tie_word_embeddings && has_embedding) continue;
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(n));
+    EMBER_ASSIGN_OR_RETURN(Plan p, PlanTensor(view, c, target, arch));
+    if (n == "lm_head.weight" && c.tie_word_embeddings) p.gguf_name = "token_embd.weight";
+    plans.push_back(std::move(p));
+  }
+  std::sort(plans.begin(), plans.end(),
+            [](const Plan& a, const Plan& b) { return Order(a.gguf_name) < Order(b.gguf_name); });
+  return plans;
+}
+
+// Declares the tensors (rope_freqs.weight first for Llama 3 rope scaling); each one's bytes are
+// converted or quantized when the writer asks. Returns "N tensors (k TYPE, ...)".
+Result<std::string> AddTensors(const std::vector<Plan>& plans,
+                               std::shared_ptr<const WeightStore> store, const ModelConfig& c,
+                               const ExportType& target, size_t threads, GgufWriter& w) {
+  std::map<std::string, int> counts;
+  if (c.rope.type == "llama3") {
+    const std::vector<float> factors = Llama3RopeFactors(c);
+    ++counts["F32"];
+    EMBER_RETURN_IF_ERROR(w.AddTensor(
+        "rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(factors.size())},
+        [factors]() -> Result<std::vector<uint8_t>> { return Encode(factors, GgmlType::kF32); }));
+  }
+  const std::string flag = "ember quantize --type " + std::string(target.name);
+  for (const Plan& p : plans) {
+    ++counts[std::string(GgmlTypeName(p.type))];
+    EMBER_RETURN_IF_ERROR(w.AddTensor(
+        p.gguf_name, p.type, p.shape,
+        [store, p, target, threads, flag]() -> Result<std::vector<uint8_t>> {
+          EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(p.name));
+          if (target.quantized && p.type == target.type) {
+            EMBER_ASSIGN_OR_RETURN(std::vector<uint8_t> q,
+                                   QuantizeMatrix(view, *target.quantized, flag, threads));
+            return PermuteRows(q, p.shape[0], p.permute_heads);
+          }
+          return Encode(ToF32(view, p.permute_heads), p.type);
+        }));
+  }
+  int total = 0;
+  std::string list;
+  for (const auto& [type, n] : counts) {
+    list += (list.empty() ? "" : ", ") + std::to_string(n) + " " + type;
+    total += n;
+  }
+  return std::to_string(total) + " tensors (" + list + ")";
+}
+
 }  // namespace
 
 Result<GgmlType> ParseExportType(const std::string& name, const std::string& flag) {
@@ -251,21 +343,8 @@ std::string ExportArchitectures() {
 }
 
 Result<std::string> ExportGguf(const GgufExportOptions& o) {
-  struct stat st;
-  if (stat(o.model_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return Status::Error(o.model_dir + ": model directory not found");
-  const std::string config_path = o.model_dir + "/config.json";
-  if (!FileExists(config_path)) return Status::Error(config_path + ": file not found");
-  EMBER_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
-  EMBER_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(config_text, config_path));
-  std::string arch;
-  for (const auto& [type, a] : kArchitectures)
-    if (c.model_type == type) arch = a;
-  if (arch.empty())
-    return Status::Error(config_path + ": architecture \"" + c.model_type +
-                         "\" is not written to GGUF by ember quantize (written: " +
-                         ExportArchitectures() + ")");
-  EMBER_RETURN_IF_ERROR(CheckExpressible(c, config_path));
+  EMBER_ASSIGN_OR_RETURN(auto config_arch, ReadConfig(o.model_dir));
+  const auto& [c, arch] = config_arch;
   const ExportType& target = TypeOf(o.type);
   std::shared_ptr<const WeightStore> store;
   {
@@ -273,64 +352,12 @@ Result<std::string> ExportGguf(const GgufExportOptions& o) {
     store = std::move(opened);
   }
   GgufWriter w;
-  w.AddString("general.architecture", arch);
-  std::string name = o.model_dir;
-  while (name.size() > 1 && name.back() == '/') name.pop_back();
-  w.AddString("general.name", name.substr(name.find_last_of('/') + 1));
-  w.AddUint32("general.file_type", target.file_type);
-  if (target.quantized) w.AddUint32("general.quantization_version", 2);
-  WriteHyperparameters(c, arch, w);
-  EMBER_RETURN_IF_ERROR(
-      WriteVocabulary(c, o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir, w));
-  if (!o.chat_template.empty()) w.AddString("tokenizer.chat_template", o.chat_template);
-  if (!o.chat_template_tool_use.empty())
-    w.AddString("tokenizer.chat_template.tool_use", o.chat_template_tool_use);
-
-  std::vector<Plan> plans;
-  const bool has_embedding = store->Has("model.embed_tokens.weight");
-  for (const std::string& n : store->Names()) {
-    // Tied embeddings: one token_embd.weight (from lm_head.weight when only that is stored).
-    if (n == "lm_head.weight" && c.tie_word_embeddings && has_embedding) continue;
-    EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(n));
-    EMBER_ASSIGN_OR_RETURN(Plan p, PlanTensor(view, c, target, arch));
-    if (n == "lm_head.weight" && c.tie_word_embeddings) p.gguf_name = "token_embd.weight";
-    plans.push_back(std::move(p));
-  }
-  std::sort(plans.begin(), plans.end(),
-            [](const Plan& a, const Plan& b) { return Order(a.gguf_name) < Order(b.gguf_name); });
-  if (c.rope.type == "llama3") {
-    const std::vector<float> factors = Llama3RopeFactors(c);
-    EMBER_RETURN_IF_ERROR(w.AddTensor("rope_freqs.weight", GgmlType::kF32,
-                                      {static_cast<int64_t>(factors.size())},
-                                      [factors]() -> Result<std::vector<uint8_t>> {
-                                        return Encode(factors, GgmlType::kF32);
-                                      }));
-  }
-  std::map<std::string, int> counts;
-  for (const Plan& p : plans) {
-    ++counts[std::string(GgmlTypeName(p.type))];
-    const size_t threads = o.threads;
-    EMBER_RETURN_IF_ERROR(w.AddTensor(
-        p.gguf_name, p.type, p.shape, [store, p, target, threads]() -> Result<std::vector<uint8_t>> {
-          EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(p.name));
-          if (target.quantized && p.type == target.type) {
-            EMBER_ASSIGN_OR_RETURN(
-                std::vector<uint8_t> q,
-                QuantizeMatrix(view, *target.quantized, "ember quantize --type " +
-                                                            std::string(target.name), threads));
-            return PermuteRows(q, p.shape[0], p.permute_heads);
-          }
-          return Encode(ToF32(view, p.permute_heads), p.type);
-        }));
-  }
+  EMBER_RETURN_IF_ERROR(WriteMetadata(o, c, arch, target, w));
+  EMBER_ASSIGN_OR_RETURN(std::vector<Plan> plans, PlanTensors(*store, c, target, arch));
+  EMBER_ASSIGN_OR_RETURN(std::string tensors,
+                         AddTensors(plans, store, c, target, std::max<size_t>(o.threads, 1), w));
   EMBER_RETURN_IF_ERROR(w.Write(o.out_path));
-  std::string summary = o.out_path + ": " + std::to_string(plans.size()) + " tensors (";
-  bool first = true;
-  for (const auto& [type, n] : counts) {
-    summary += (first ? "" : ", ") + std::to_string(n) + " " + type;
-    first = false;
-  }
-  return summary + ")";
+  return o.out_path + ": " + tensors;
 }
 
 }  // namespace ember
