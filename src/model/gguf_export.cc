@@ -47,7 +47,8 @@ const ExportType& TypeOf(GgmlType type) {
 
 // config.json model_type -> general.architecture.
 const std::pair<const char*, const char*> kArchitectures[] = {
-    {"llama", "llama"}, {"mistral", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"}};
+    {"llama", "llama"}, {"mistral", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
+    {"qwen3_moe", "qwen3moe"}};
 
 std::string Lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -69,8 +70,16 @@ Status CheckExpressible(const ModelConfig& c, const std::string& source) {
   if (rope != "default" && rope != "linear" && rope != "llama3")
     return Status::Error(source + ": rope_scaling type \"" + rope +
                          "\" is not written (written: default, linear, llama3)");
-  if (c.num_experts > 0 || c.mla() || c.fused_qkv || c.attn_output_gate)
+  if (c.mla() || c.fused_qkv || c.attn_output_gate || c.shared_expert_intermediate_size > 0)
     return Status::Error(source + ": this " + c.model_type + " layout is not written");
+  if (c.num_experts > 0) {  // GGUF's qwen3moe: every layer sparse, top k renormalised
+    if (std::find(c.moe_layers.begin(), c.moe_layers.end(), 0) != c.moe_layers.end())
+      return Status::Error(source + ": dense layers among the MoE ones (mlp_only_layers, "
+                           "decoder_sparse_step) cannot be written to GGUF's qwen3moe");
+    if (!c.norm_topk_prob)
+      return Status::Error(source + ": norm_topk_prob false cannot be written to GGUF's qwen3moe "
+                           "(llama.cpp renormalises the top k)");
+  }
   return Status::Ok();
 }
 
@@ -111,6 +120,11 @@ void WriteHyperparameters(const ModelConfig& c, const std::string& arch, GgufWri
   w.AddFloat32(key("rope.freq_base"), static_cast<float>(c.rope.theta));
   w.AddUint32(key("rope.dimension_count"), static_cast<uint32_t>(c.rotary_dim));
   w.AddUint32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
+  if (c.num_experts > 0) {
+    w.AddUint32(key("expert_count"), static_cast<uint32_t>(c.num_experts));
+    w.AddUint32(key("expert_used_count"), static_cast<uint32_t>(c.num_experts_per_tok));
+    w.AddUint32(key("expert_feed_forward_length"), static_cast<uint32_t>(c.moe_intermediate_size));
+  }
   if (c.rope.type == "linear") {
     w.AddString(key("rope.scaling.type"), "linear");
     w.AddFloat32(key("rope.scaling.factor"), static_cast<float>(c.rope.factor));
@@ -195,12 +209,20 @@ struct Plan {
   GgmlType type;
   std::vector<int64_t> shape;
   int32_t permute_heads = 0;
+  std::vector<std::string> experts;  // a stacked experts tensor: its experts' names, in order
 };
+
+// "model.layers.3.mlp.experts.5.up_proj.weight" -> 5; -1 for a tensor that is not an expert's.
+int64_t ExpertIndex(const std::string& name) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + 9));
+}
 
 // Where a tensor goes: its GGUF name, type and rope permutation.
 Result<Plan> PlanTensor(const TensorView& view, const ModelConfig& c, const ExportType& target,
                         const std::string& arch) {
-  Plan p{GgufTensorName(view.name, c), view.name, GgmlType::kF32, view.shape, 0};
+  Plan p{GgufTensorName(view.name, c), view.name, GgmlType::kF32, view.shape, 0, {}};
   if (p.gguf_name.empty())
     return Status::Error(view.file + ": tensor \"" + view.name + "\" has no GGUF name in a " +
                          c.model_type + " model");
@@ -274,9 +296,22 @@ Result<std::vector<Plan>> PlanTensors(const WeightStore& store, const ModelConfi
   for (const std::string& n : store.Names()) {
     // Tied embeddings: one token_embd.weight (from lm_head.weight when only that is stored).
     if (n == "lm_head.weight" && c.tie_word_embeddings && has_embedding) continue;
+    // Experts: one stacked [experts, rows, cols] tensor, planned at expert 0.
+    const int64_t expert = ExpertIndex(n);
+    if (expert > 0) continue;
     EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(n));
     EMBER_ASSIGN_OR_RETURN(Plan p, PlanTensor(view, c, target, arch));
     if (n == "lm_head.weight" && c.tie_word_embeddings) p.gguf_name = "token_embd.weight";
+    if (expert == 0) {
+      const std::string prefix = n.substr(0, n.find(".experts.") + 9);
+      const std::string suffix = n.substr(n.find('.', prefix.size()));
+      for (int32_t e = 0; e < c.num_experts; ++e) {
+        p.experts.push_back(prefix + std::to_string(e) + suffix);
+        if (!store.Has(p.experts.back()))
+          return Status::Error(view.file + ": tensor \"" + p.experts.back() + "\" is missing");
+      }
+      p.shape.insert(p.shape.begin(), c.num_experts);
+    }
     plans.push_back(std::move(p));
   }
   std::sort(plans.begin(), plans.end(),
@@ -303,6 +338,15 @@ Result<std::string> AddTensors(const std::vector<Plan>& plans,
     EMBER_RETURN_IF_ERROR(w.AddTensor(
         p.gguf_name, p.type, p.shape,
         [store, p, target, threads, flag]() -> Result<std::vector<uint8_t>> {
+          if (!p.experts.empty()) {  // stacked, never quantized (as --quantize)
+            std::vector<uint8_t> out;
+            for (const std::string& e : p.experts) {
+              EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(e));
+              const std::vector<uint8_t> bytes = Encode(ToF32(view, 0), p.type);
+              out.insert(out.end(), bytes.begin(), bytes.end());
+            }
+            return out;
+          }
           EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(p.name));
           if (target.quantized && p.type == target.type) {
             EMBER_ASSIGN_OR_RETURN(std::vector<uint8_t> q,

@@ -8,8 +8,10 @@
 // quantize the projections model/quantize.h names (the same QuantizeMatrix as --quantize, so a
 // GGUF file and the folder loaded with --quantize T hold the same blocks) and keep the embedding,
 // lm_head and other matrices in the checkpoint's float type. Vectors (norms, biases) are F32.
-// Architectures written: llama, mistral (as GGUF's llama), qwen2, qwen3; any other is refused by
-// name, as are what those GGUF architectures cannot say (sliding windows, yarn/longrope scaling).
+// Architectures written: llama, mistral (as GGUF's llama), qwen2, qwen3, qwen3_moe (qwen3moe: each
+// layer's experts stacked into one [experts, rows, cols] tensor per projection, kept in float like
+// --quantize keeps them); any other is refused by name, as are what those GGUF architectures cannot
+// say (sliding windows, yarn/longrope scaling, dense layers among MoE ones, norm_topk_prob false).
 // The file is written to a temporary file and renamed (model/gguf_writer.h). Thread-compatible;
 // quantizes on `threads` threads.
 #pragma once
@@ -37,7 +39,7 @@ struct GgufExportOptions {
 // `flag`, the name and ExportTypeNames().
 Result<GgmlType> ParseExportType(const std::string& name, const std::string& flag);
 std::string ExportTypeNames();  // "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k"
-std::string ExportArchitectures();  // "llama, mistral, qwen2, qwen3"
+std::string ExportArchitectures();  // "llama, mistral, qwen2, qwen3, qwen3_moe"
 
 // Writes the file; returns a one-line summary (tensors per type, bytes). Errors name the folder,
 // file, tensor or option at fault; no file is left behind on error.

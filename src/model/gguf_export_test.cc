@@ -178,6 +178,8 @@ struct Case {
   float tolerance;               // 0: bitwise
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model; }
+
 class GgufExportTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GgufExportTest, RoundTripMatchesTheFolderWithQuantize) {
@@ -223,6 +225,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"tinystories-656k", true, {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"qwen3", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"qwen2", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
+        Case{"qwen3_moe", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"llama3", false, {GgmlType::kBF16, GgmlType::kQ8_0}, 1e-4f}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.model;
