@@ -48,7 +48,41 @@ const ExportType& TypeOf(GgmlType type) {
 // config.json model_type -> general.architecture.
 const std::pair<const char*, const char*> kArchitectures[] = {
     {"llama", "llama"}, {"mistral", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
-    {"qwen3_moe", "qwen3moe"}};
+    {"qwen3_moe", "qwen3moe"}, {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}};
+
+bool IsGemma(const ModelConfig& c) {
+  return c.model_type == "gemma2" || c.model_type == "gemma3_text";
+}
+
+// Gemma's layer pattern as GGUF says it: every pattern-th layer global, the others sliding
+// (0 when the layers are not that regular).
+int32_t SlidingPattern(const ModelConfig& c) {
+  int32_t pattern = 0;
+  for (int32_t l = 0; l < c.num_layers && pattern == 0; ++l)
+    if (c.layer_types[size_t(l)] == LayerType::kFullAttention) pattern = l + 1;
+  if (pattern == 0) return 0;
+  for (int32_t l = 0; l < c.num_layers; ++l)
+    if ((c.layer_types[size_t(l)] == LayerType::kFullAttention) != ((l + 1) % pattern == 0)) return 0;
+  return pattern;
+}
+
+// What GGUF's gemma2 / gemma3 cannot say (Ember's GGUF loader derives the rest as llama.cpp does).
+Status CheckGemma(const ModelConfig& c, const std::string& source) {
+  if (SlidingPattern(c) == 0)
+    return Status::Error(source + ": layer_types are not every n-th layer global, which GGUF's " +
+                         c.model_type + " cannot say");
+  const bool is_27b = (c.model_type == "gemma2" && c.num_layers == 46) ||
+                      (c.model_type == "gemma3_text" && c.num_layers == 62);
+  const double qpas = is_27b ? double(c.hidden_size) / c.num_heads : c.head_dim;
+  if (std::fabs(c.attention_scale - 1.0 / std::sqrt(qpas)) > 1e-7)
+    return Status::Error(source + ": query_pre_attn_scalar other than llama.cpp's (" +
+                         std::to_string(qpas) + ") cannot be written to GGUF");
+  if (c.model_type == "gemma3_text" &&
+      (c.rope_local.type != "default" || c.rope_local.theta != 10000.0))
+    return Status::Error(source + ": sliding layers' rope other than base 10000 unscaled cannot "
+                         "be written to GGUF's gemma3");
+  return Status::Ok();
+}
 
 std::string Lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -61,8 +95,9 @@ GgmlType GgmlOf(DType dtype) {
 
 // What the GGUF architectures written here cannot say is refused, naming it.
 Status CheckExpressible(const ModelConfig& c, const std::string& source) {
+  if (IsGemma(c)) EMBER_RETURN_IF_ERROR(CheckGemma(c, source));
   for (LayerType t : c.layer_types)
-    if (t != LayerType::kFullAttention)
+    if (t != LayerType::kFullAttention && !IsGemma(c))
       return Status::Error(source + ": sliding-window layers (sliding_window " +
                            std::to_string(c.sliding_window) + ") cannot be written to GGUF's " +
                            c.model_type + " architecture");
@@ -124,6 +159,14 @@ void WriteHyperparameters(const ModelConfig& c, const std::string& arch, GgufWri
     w.AddUint32(key("expert_count"), static_cast<uint32_t>(c.num_experts));
     w.AddUint32(key("expert_used_count"), static_cast<uint32_t>(c.num_experts_per_tok));
     w.AddUint32(key("expert_feed_forward_length"), static_cast<uint32_t>(c.moe_intermediate_size));
+  }
+  if (IsGemma(c)) {
+    w.AddUint32(key("attention.sliding_window"), static_cast<uint32_t>(c.sliding_window));
+    w.AddUint32(key("attention.sliding_window_pattern"), static_cast<uint32_t>(SlidingPattern(c)));
+    if (c.attn_logit_softcapping > 0)
+      w.AddFloat32(key("attn_logit_softcapping"), c.attn_logit_softcapping);
+    if (c.final_logit_softcapping > 0)
+      w.AddFloat32(key("final_logit_softcapping"), c.final_logit_softcapping);
   }
   if (c.rope.type == "linear") {
     w.AddString(key("rope.scaling.type"), "linear");
@@ -210,6 +253,7 @@ struct Plan {
   std::vector<int64_t> shape;
   int32_t permute_heads = 0;
   std::vector<std::string> experts;  // a stacked experts tensor: its experts' names, in order
+  bool plus_one = false;             // gemma norms: llama.cpp stores 1 + w
 };
 
 // "model.layers.3.mlp.experts.5.up_proj.weight" -> 5; -1 for a tensor that is not an expert's.
@@ -222,7 +266,7 @@ int64_t ExpertIndex(const std::string& name) {
 // Where a tensor goes: its GGUF name, type and rope permutation.
 Result<Plan> PlanTensor(const TensorView& view, const ModelConfig& c, const ExportType& target,
                         const std::string& arch) {
-  Plan p{GgufTensorName(view.name, c), view.name, GgmlType::kF32, view.shape, 0, {}};
+  Plan p{GgufTensorName(view.name, c), view.name, GgmlType::kF32, view.shape, 0, {}, false};
   if (p.gguf_name.empty())
     return Status::Error(view.file + ": tensor \"" + view.name + "\" has no GGUF name in a " +
                          c.model_type + " model");
@@ -233,6 +277,7 @@ Result<Plan> PlanTensor(const TensorView& view, const ModelConfig& c, const Expo
   if (arch == "llama" && (g.find(".attn_q.") != std::string::npos ||
                           g.find(".attn_k.") != std::string::npos))
     p.permute_heads = g.find(".attn_q.") != std::string::npos ? c.num_heads : c.num_kv_heads;
+  p.plus_one = IsGemma(c) && g.size() >= 11 && g.compare(g.size() - 11, 11, "norm.weight") == 0;
   if (view.shape.size() < 2)
     p.type = GgmlType::kF32;
   else if (target.quantized && IsQuantizedProjection(view.name))
@@ -353,7 +398,10 @@ Result<std::string> AddTensors(const std::vector<Plan>& plans,
                                    QuantizeMatrix(view, *target.quantized, flag, threads));
             return PermuteRows(q, p.shape[0], p.permute_heads);
           }
-          return Encode(ToF32(view, p.permute_heads), p.type);
+          std::vector<float> values = ToF32(view, p.permute_heads);
+          if (p.plus_one)
+            for (float& v : values) v += 1.0f;
+          return Encode(values, p.type);
         }));
   }
   int total = 0;

@@ -10,8 +10,11 @@
 // lm_head and other matrices in the checkpoint's float type. Vectors (norms, biases) are F32.
 // Architectures written: llama, mistral (as GGUF's llama), qwen2, qwen3, qwen3_moe (qwen3moe: each
 // layer's experts stacked into one [experts, rows, cols] tensor per projection, kept in float like
-// --quantize keeps them); any other is refused by name, as are what those GGUF architectures cannot
-// say (sliding windows, yarn/longrope scaling, dense layers among MoE ones, norm_topk_prob false).
+// --quantize keeps them), gemma2, gemma3_text (gemma3: norms stored as 1 + w, the sliding window
+// and its every-n-th-layer pattern, softcaps); any other is refused by name, as are what those
+// GGUF architectures cannot say (llama-family sliding windows, yarn/longrope scaling, dense layers
+// among MoE ones, norm_topk_prob false, gemma layer patterns that are not every n-th layer, a
+// query_pre_attn_scalar other than llama.cpp's, a scaled or non-10000 gemma3 local rope).
 // The file is written to a temporary file and renamed (model/gguf_writer.h). Thread-compatible;
 // quantizes on `threads` threads.
 #pragma once
@@ -39,7 +42,7 @@ struct GgufExportOptions {
 // `flag`, the name and ExportTypeNames().
 Result<GgmlType> ParseExportType(const std::string& name, const std::string& flag);
 std::string ExportTypeNames();  // "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k"
-std::string ExportArchitectures();  // "llama, mistral, qwen2, qwen3, qwen3_moe"
+std::string ExportArchitectures();  // "llama, mistral, qwen2, qwen3, qwen3_moe, gemma2, ..."
 
 // Writes the file; returns a one-line summary (tensors per type, bytes). Errors name the folder,
 // file, tensor or option at fault; no file is left behind on error.

@@ -226,6 +226,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"qwen2", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"qwen3_moe", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
+        Case{"gemma2", false, {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
+        Case{"gemma3", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"llama3", false, {GgmlType::kBF16, GgmlType::kQ8_0}, 1e-4f}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.model;
@@ -253,7 +255,7 @@ TEST(GgufExportErrorsTest, NameTheOptionFolderArchitectureAndTensor) {
 
   EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
   for (const auto& [model, want] :
-       {std::pair<std::string, std::string>{"gemma2", "architecture \"gemma2\" is not written"},
+       {std::pair<std::string, std::string>{"phi3", "architecture \"phi3\" is not written"},
         {"mistral", "sliding-window layers (sliding_window 16)"}}) {
     o.model_dir = ModelDir(model);
     auto refused = ExportGguf(o);
