@@ -48,7 +48,7 @@ const ExportType& TypeOf(GgmlType type) {
 // config.json model_type -> general.architecture.
 const std::pair<const char*, const char*> kArchitectures[] = {
     {"llama", "llama"}, {"mistral", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
-    {"qwen3_moe", "qwen3moe"}, {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}};
+    {"qwen3_moe", "qwen3moe"}, {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
 
 bool IsGemma(const ModelConfig& c) {
   return c.model_type == "gemma2" || c.model_type == "gemma3_text";
@@ -96,8 +96,12 @@ GgmlType GgmlOf(DType dtype) {
 // What the GGUF architectures written here cannot say is refused, naming it.
 Status CheckExpressible(const ModelConfig& c, const std::string& source) {
   if (IsGemma(c)) EMBER_RETURN_IF_ERROR(CheckGemma(c, source));
+  // phi3: GGUF's sliding window covers every layer (Ember's loader and llama.cpp alike).
+  const bool all_slide = c.model_type == "phi3" && c.sliding_window > 0 &&
+                         std::count(c.layer_types.begin(), c.layer_types.end(),
+                                    LayerType::kSlidingAttention) == c.num_layers;
   for (LayerType t : c.layer_types)
-    if (t != LayerType::kFullAttention && !IsGemma(c))
+    if (t != LayerType::kFullAttention && !IsGemma(c) && !all_slide)
       return Status::Error(source + ": sliding-window layers (sliding_window " +
                            std::to_string(c.sliding_window) + ") cannot be written to GGUF's " +
                            c.model_type + " architecture");
@@ -105,7 +109,8 @@ Status CheckExpressible(const ModelConfig& c, const std::string& source) {
   if (rope != "default" && rope != "linear" && rope != "llama3")
     return Status::Error(source + ": rope_scaling type \"" + rope +
                          "\" is not written (written: default, linear, llama3)");
-  if (c.mla() || c.fused_qkv || c.attn_output_gate || c.shared_expert_intermediate_size > 0)
+  if (c.mla() || (c.fused_qkv && c.model_type != "phi3") || c.attn_output_gate ||
+      c.shared_expert_intermediate_size > 0)
     return Status::Error(source + ": this " + c.model_type + " layout is not written");
   if (c.num_experts > 0) {  // GGUF's qwen3moe: every layer sparse, top k renormalised
     if (std::find(c.moe_layers.begin(), c.moe_layers.end(), 0) != c.moe_layers.end())
@@ -160,6 +165,11 @@ void WriteHyperparameters(const ModelConfig& c, const std::string& arch, GgufWri
     w.AddUint32(key("expert_used_count"), static_cast<uint32_t>(c.num_experts_per_tok));
     w.AddUint32(key("expert_feed_forward_length"), static_cast<uint32_t>(c.moe_intermediate_size));
   }
+  // phi3: llama.cpp requires the key; a model without a window gets one of the whole context.
+  if (c.model_type == "phi3")
+    w.AddUint32(key("attention.sliding_window"),
+                static_cast<uint32_t>(c.sliding_window > 0 ? c.sliding_window
+                                                           : c.max_position_embeddings));
   if (IsGemma(c)) {
     w.AddUint32(key("attention.sliding_window"), static_cast<uint32_t>(c.sliding_window));
     w.AddUint32(key("attention.sliding_window_pattern"), static_cast<uint32_t>(SlidingPattern(c)));

@@ -11,7 +11,9 @@
 // Architectures written: llama, mistral (as GGUF's llama), qwen2, qwen3, qwen3_moe (qwen3moe: each
 // layer's experts stacked into one [experts, rows, cols] tensor per projection, kept in float like
 // --quantize keeps them), gemma2, gemma3_text (gemma3: norms stored as 1 + w, the sliding window
-// and its every-n-th-layer pattern, softcaps); any other is refused by name, as are what those
+// and its every-n-th-layer pattern, softcaps), phi3 (fused qkv / gate_up as attn_qkv / ffn_up; a
+// model without a window gets attention.sliding_window = its context, which llama.cpp requires and
+// which changes nothing); any other is refused by name, as are what those
 // GGUF architectures cannot say (llama-family sliding windows, yarn/longrope scaling, dense layers
 // among MoE ones, norm_topk_prob false, gemma layer patterns that are not every n-th layer, a
 // query_pre_attn_scalar other than llama.cpp's, a scaled or non-10000 gemma3 local rope).

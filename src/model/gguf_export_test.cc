@@ -228,6 +228,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3_moe", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"gemma2", false, {GgmlType::kF32, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"gemma3", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
+        Case{"phi3", false, {GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}, 0},
         Case{"llama3", false, {GgmlType::kBF16, GgmlType::kQ8_0}, 1e-4f}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.model;
@@ -255,7 +256,7 @@ TEST(GgufExportErrorsTest, NameTheOptionFolderArchitectureAndTensor) {
 
   EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
   for (const auto& [model, want] :
-       {std::pair<std::string, std::string>{"phi3", "architecture \"phi3\" is not written"},
+       {std::pair<std::string, std::string>{"gpt_oss", "architecture \"gpt_oss\" is not written"},
         {"mistral", "sliding-window layers (sliding_window 16)"}}) {
     o.model_dir = ModelDir(model);
     auto refused = ExportGguf(o);
