@@ -38,6 +38,11 @@ int QuantizeCommand(int argc, char** argv, int first) {
                  flags.Help().c_str());
     return 2;
   }
+  if (out.size() <= 5 || out.compare(out.size() - 5, 5, ".gguf") != 0) {
+    std::fprintf(stderr, "ember quantize: --out '%s' must end in .gguf (how --model knows a GGUF "
+                 "file)\n", out.c_str());
+    return 2;
+  }
   auto parsed = ParseExportType(type, "--type");
   if (!parsed.ok()) {
     std::fprintf(stderr, "ember quantize: %s\n", parsed.message().c_str());

@@ -2,8 +2,8 @@
 # `ember quantize` end to end on the tinystories fixture: the Q4_0 file it writes is a GGUF that
 # `ember run` loads (its Q4_0 projections kept quantized) with the greedy ids of the folder run
 # with `--quantize q4_0`, and `ember tokenize` gives the folder's ids from the file's vocabulary.
-# Bad options are clear errors naming the thing (no --type, an unknown type, a missing folder, an
-# unwritable destination, a q4_k of rows of 128 values) and leave no file behind; an existing
+# Bad options are clear errors naming the thing (no --type, an unknown type, an --out not ending in
+# .gguf, a missing folder, an unwritable destination, a q4_k of rows of 128 values) and leave no file behind; an existing
 # destination survives a failed write. Skips (77) without the fixture. Env: EMBER_BIN,
 # EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT).
 set -u
@@ -38,6 +38,7 @@ expect_error() {  # expect_error WANT ARGS...: exit status 1 or 2 and WANT in th
 expect_error "--model, --out and --type are required" --model "$model" --out "$tmp/x.gguf"
 expect_error "--type: unsupported type 'q3_k' (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)" \
   --model "$model" --out "$tmp/x.gguf" --type q3_k
+expect_error "--out '$tmp/x.bin' must end in .gguf" --model "$model" --out "$tmp/x.bin" --type f16
 expect_error "$tmp/none: model directory not found" --model "$tmp/none" --out "$tmp/x.gguf" --type f16
 expect_error "$tmp/no/dir/x.gguf: cannot create a file beside it" \
   --model "$model" --out "$tmp/no/dir/x.gguf" --type f16
