@@ -2,9 +2,9 @@
 # `ember quantize` end to end on the tinystories fixture: the Q4_0 file it writes is a GGUF that
 # `ember run` loads (its Q4_0 projections kept quantized) with the greedy ids of the folder run
 # with `--quantize q4_0`, and `ember tokenize` gives the folder's ids from the file's vocabulary.
-# Bad options are clear errors naming the thing (no --type, an unknown type, an --out not ending in
-# .gguf, a missing folder, an unwritable destination, a q4_k of rows of 128 values) and leave no file behind; an existing
-# destination survives a failed write. Skips (77) without the fixture. Env: EMBER_BIN,
+# Bad options are clear errors naming the thing (no --type, an unknown type, an --out not ending
+# in .gguf, a missing folder, an unwritable destination, a q4_k of rows of 128 values) and leave
+# no file behind; an existing destination survives a failed write. Skips (77) without the fixture. Env: EMBER_BIN,
 # EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT).
 set -u
 . "$(dirname "$0")/common.sh"
