@@ -186,7 +186,11 @@ void WriteHyperparameters(const ModelConfig& c, const std::string& arch, GgufWri
 
 // tokenizer.ggml.* from the tokenizer folder, padded to the model's vocabulary with unused tokens
 // (as llama.cpp's converter does).
-Status WriteVocabulary(const ModelConfig& c, const std::string& dir, GgufWriter& w) {
+// `eos`: the generation EOS ids (generation_config.json, else config.json): the tokenizer's EOS
+// first, up to two more as tokenizer.ggml.eot_token_id / eom_token_id (Ember's GGUF loader stops
+// on all three; llama.cpp also stops on its end-of-generation tokens by their text).
+Status WriteVocabulary(const ModelConfig& c, const std::string& dir,
+                       const std::vector<int32_t>& eos, GgufWriter& w) {
   if (!FileExists(dir + "/tokenizer.json"))
     return Status::Error(dir + "/tokenizer.json: file not found (a GGUF file carries the "
                          "vocabulary; pass --tokenizer DIR)");
@@ -212,6 +216,19 @@ Status WriteVocabulary(const ModelConfig& c, const std::string& dir, GgufWriter&
       {"tokenizer.ggml.unknown_token_id", v.unknown_token_id}};
   for (const auto& [key, id] : ids)
     if (id) w.AddUint32(key, static_cast<uint32_t>(*id));
+  std::vector<int32_t> extra;
+  for (int32_t id : eos)
+    if (id != v.eos_token_id.value_or(-1) && id >= 0 && id < c.vocab_size) extra.push_back(id);
+  if (!v.eos_token_id && !extra.empty()) {
+    w.AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(extra.front()));
+    extra.erase(extra.begin());
+  }
+  if (extra.size() > 2)
+    return Status::Error(dir + ": " + std::to_string(extra.size() + 1) +
+                         " EOS ids in generation_config.json; GGUF holds three (eos, eot, eom)");
+  const char* kExtraKeys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+  for (size_t i = 0; i < extra.size(); ++i)
+    w.AddUint32(kExtraKeys[i], static_cast<uint32_t>(extra[i]));
   w.AddBool("tokenizer.ggml.add_bos_token", v.add_bos_token.value_or(false));
   w.AddBool("tokenizer.ggml.add_eos_token", v.add_eos_token.value_or(false));
   if (v.add_space_prefix) w.AddBool("tokenizer.ggml.add_space_prefix", *v.add_space_prefix);
@@ -328,6 +345,12 @@ Result<std::pair<ModelConfig, std::string>> ReadConfig(const std::string& model_
 
 Status WriteMetadata(const GgufExportOptions& o, const ModelConfig& c, const std::string& arch,
                      const ExportType& target, GgufWriter& w) {
+  const std::string gen_path = o.model_dir + "/generation_config.json";
+  std::string gen_text;
+  if (FileExists(gen_path)) {
+    EMBER_ASSIGN_OR_RETURN(gen_text, ReadFileToString(gen_path));
+  }
+  EMBER_ASSIGN_OR_RETURN(GenerationDefaults gen, ParseGenerationConfig(gen_text, gen_path, c));
   w.AddString("general.architecture", arch);
   std::string name = o.model_dir;
   while (name.size() > 1 && name.back() == '/') name.pop_back();
@@ -335,8 +358,8 @@ Status WriteMetadata(const GgufExportOptions& o, const ModelConfig& c, const std
   w.AddUint32("general.file_type", target.file_type);
   if (target.quantized) w.AddUint32("general.quantization_version", 2);
   WriteHyperparameters(c, arch, w);
-  EMBER_RETURN_IF_ERROR(
-      WriteVocabulary(c, o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir, w));
+  EMBER_RETURN_IF_ERROR(WriteVocabulary(c, o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir,
+                                        gen.eos_token_ids, w));
   if (!o.chat_template.empty()) w.AddString("tokenizer.chat_template", o.chat_template);
   if (!o.chat_template_tool_use.empty())
     w.AddString("tokenizer.chat_template.tool_use", o.chat_template_tool_use);

@@ -1,7 +1,8 @@
 // ExportGguf (`ember quantize`) round trips: a safetensors fixture written as GGUF and loaded back
 // through Ember's GGUF loader gives bitwise the logits of the folder loaded with --quantize T (the
 // same blocks, the same kernels; f32/bf16: the folder as stored), the same token ids and decoded
-// text from the GGUF vocabulary, and the same chat template source. The random-weight fixtures
+// text from the GGUF vocabulary, the same chat template source, and every EOS id of the folder's
+// generation_config.json. The random-weight fixtures
 // have no tokenizer of their size, so they get a small byte-level BPE written here (with a chat
 // template). Llama 3's rope scaling travels as rope_freqs.weight (llama.cpp's form), whose
 // frequencies differ from the folder's in the last bits: llama3 is compared within 1e-4. Also the
@@ -24,6 +25,7 @@
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "util/mapped_file.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -171,6 +173,25 @@ void ExpectSameTokenizer(const std::string& gguf_path, const std::string& tokeni
   EXPECT_EQ(*tmpl, chat->default_source());
 }
 
+// Every EOS id the folder stops on (generation_config.json) is one the GGUF file stops on.
+void ExpectFolderEosIds(const std::string& gguf_path, const std::string& model_dir) {
+  auto file = GgufFile::Open(gguf_path);
+  ASSERT_TRUE(file.ok()) << file.message();
+  auto config = GgufModelConfig(*file);
+  ASSERT_TRUE(config.ok()) << config.message();
+  const std::vector<int32_t> file_eos = GgufGenerationDefaults(*config).eos_token_ids;
+  auto config_text = ReadFileToString(model_dir + "/config.json");
+  auto gen_text = ReadFileToString(model_dir + "/generation_config.json");
+  ASSERT_TRUE(config_text.ok() && gen_text.ok());
+  auto folder_config = ParseModelConfig(*config_text, "config.json");
+  ASSERT_TRUE(folder_config.ok());
+  auto gen = ParseGenerationConfig(*gen_text, "generation_config.json", *folder_config);
+  ASSERT_TRUE(gen.ok());
+  ASSERT_FALSE(gen->eos_token_ids.empty());
+  for (int32_t id : gen->eos_token_ids)
+    EXPECT_NE(std::find(file_eos.begin(), file_eos.end(), id), file_eos.end()) << id;
+}
+
 struct Case {
   std::string model;
   bool own_tokenizer;            // false: WriteSmallTokenizer
@@ -216,6 +237,7 @@ TEST_P(GgufExportTest, RoundTripMatchesTheFolderWithQuantize) {
       EXPECT_LE(worst, c.tolerance) << c.model << " " << name;
     }
     ExpectSameTokenizer(out, c.own_tokenizer ? ModelDir(c.model) : tokenizer_dir);
+    ExpectFolderEosIds(out, ModelDir(c.model));
   }
 }
 
