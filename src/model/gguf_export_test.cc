@@ -2,12 +2,13 @@
 // through Ember's GGUF loader gives bitwise the logits of the folder loaded with --quantize T (the
 // same blocks, the same kernels; f32/bf16: the folder as stored), the same token ids and decoded
 // text from the GGUF vocabulary, the same chat template source, and every EOS id of the folder's
-// generation_config.json. The random-weight fixtures
-// have no tokenizer of their size, so they get a small byte-level BPE written here (with a chat
-// template). Llama 3's rope scaling travels as rope_freqs.weight (llama.cpp's form), whose
-// frequencies differ from the folder's in the last bits: llama3 is compared within 1e-4. Also the
-// refusals: unknown type, missing folder, architectures and layouts GGUF's architectures cannot
-// hold, k-quants on rows that are not multiples of 256, an unwritable destination (no file left).
+// generation_config.json -- for tinystories (llama), qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3
+// and llama3. The random-weight fixtures have no tokenizer of their size, so they get a small
+// byte-level BPE written here (with a chat template). Llama 3's rope scaling travels as
+// rope_freqs.weight (llama.cpp's form), whose frequencies may differ from the folder's in the last
+// bits: llama3 is compared within 1e-4. Also the refusals: unknown type, missing folder,
+// architectures and layouts GGUF cannot hold, k-quants on rows that are not multiples of 256, an
+// unwritable destination (no file left).
 #include "model/gguf_export.h"
 
 #include <gtest/gtest.h>
