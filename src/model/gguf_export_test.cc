@@ -3,7 +3,8 @@
 // same blocks, the same kernels; f32/bf16: the folder as stored), the same token ids and decoded
 // text from the GGUF vocabulary, the same chat template source, and every EOS id of the folder's
 // generation_config.json -- for tinystories (llama), qwen2, qwen3, qwen3_moe, gemma2, gemma3, phi3
-// and llama3. The random-weight fixtures have no tokenizer of their size, so they get a small
+// and llama3, and for q4_k / q5_k / q6_k on a folder made from small-k-f16.gguf (rows of 256 and
+// 512 values). The random-weight fixtures have no tokenizer of their size, so they get a small
 // byte-level BPE written here (with a chat template). Llama 3's rope scaling travels as
 // rope_freqs.weight (llama.cpp's form), whose frequencies may differ from the folder's in the last
 // bits: llama3 is compared within 1e-4. Also the refusals: unknown type, missing folder,
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "model/gguf_model.h"
@@ -259,6 +261,64 @@ INSTANTIATE_TEST_SUITE_P(
         if (ch == '-') ch = '_';
       return name;
     });
+
+// The k-quants need rows of multiples of 256, which no safetensors fixture has: the folder here is
+// small-k-f16.gguf (llama.cpp's file: hidden 256, FFN 512) read back by Ember's GGUF loader and
+// saved as safetensors with TinyStories' tokenizer (the same 2048-token vocabulary).
+TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
+  const std::string source = testing::FixturesDir() + "/gguf/small-k-f16.gguf";
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  if (!fs::exists(source)) GTEST_SKIP() << "fixture not found: " << source;
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/small-k";
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(ModelDir("tinystories-656k") + "/" + f, dir + "/" + f);
+  auto file = GgufFile::Open(source);
+  ASSERT_TRUE(file.ok()) << file.message();
+  auto shared = std::make_shared<const GgufFile>(std::move(file).value());
+  auto c = GgufModelConfig(*shared);
+  ASSERT_TRUE(c.ok()) << c.message();
+  std::string summary;
+  auto store = OpenGgufWeights(shared, *c, nullptr, &summary);
+  ASSERT_TRUE(store.ok()) << store.message();
+  json header = json::object();
+  std::string data;
+  for (const std::string& name : (*store)->Names()) {
+    auto view = (*store)->Get(name);
+    ASSERT_TRUE(view.ok());
+    header[name] = {{"dtype", DTypeName(view->dtype)},
+                    {"shape", view->shape},
+                    {"data_offsets", {data.size(), data.size() + view->nbytes}}};
+    data.append(static_cast<const char*>(view->data), view->nbytes);
+  }
+  const std::string text = header.dump();
+  const uint64_t len = text.size();
+  std::ofstream(dir + "/model.safetensors", std::ios::binary)
+      << std::string(reinterpret_cast<const char*>(&len), 8) << text << data;
+  const json config = {{"model_type", "llama"}, {"hidden_size", c->hidden_size},
+                       {"intermediate_size", c->intermediate_size},
+                       {"num_hidden_layers", c->num_layers}, {"num_attention_heads", c->num_heads},
+                       {"num_key_value_heads", c->num_kv_heads}, {"head_dim", c->head_dim},
+                       {"vocab_size", c->vocab_size}, {"max_position_embeddings", 512},
+                       {"rms_norm_eps", c->rms_norm_eps}, {"rope_theta", c->rope.theta},
+                       {"tie_word_embeddings", c->tie_word_embeddings},
+                       {"torch_dtype", "float16"}};
+  std::ofstream(dir + "/config.json") << config.dump();
+  auto tok = Tokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  const std::vector<int32_t> ids =
+      (*tok)->Encode("Once upon a time, there was a little dog who liked the sea and its sand.", true);
+  for (auto [type, dtype] : {std::pair{GgmlType::kQ4_K, DType::kQ4_K},
+                             {GgmlType::kQ5_K, DType::kQ5_K}, {GgmlType::kQ6_K, DType::kQ6_K}}) {
+    const std::string out = tmp.path() + "/" + std::string(GgmlTypeName(type)) + ".gguf";
+    ASSERT_FALSE(Export(dir, "", type, out).empty());
+    const std::vector<float> want = AllLogits(dir, dtype, ids), got = AllLogits(out, std::nullopt, ids);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << GgmlTypeName(type);
+  }
+}
 
 TEST(GgufExportErrorsTest, NameTheOptionFolderArchitectureAndTensor) {
   auto bad_type = ParseExportType("q3_k", "--type");
