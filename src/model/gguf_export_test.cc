@@ -292,7 +292,8 @@ TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
                     {"data_offsets", {data.size(), data.size() + view->nbytes}}};
     data.append(static_cast<const char*>(view->data), view->nbytes);
   }
-  const std::string text = header.dump();
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // the data 8-byte aligned, as safetensors pads it
   const uint64_t len = text.size();
   std::ofstream(dir + "/model.safetensors", std::ios::binary)
       << std::string(reinterpret_cast<const char*>(&len), 8) << text << data;
