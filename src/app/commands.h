@@ -7,6 +7,7 @@ namespace ember::app {
 
 int RunCommand(int argc, char** argv, int first);
 int SynthCommand(int argc, char** argv, int first);
+int QuantizeCommand(int argc, char** argv, int first);
 int BenchCommand(int argc, char** argv, int first);
 int TokenizeCommand(int argc, char** argv, int first);
 int DetokenizeCommand(int argc, char** argv, int first);

@@ -117,8 +117,9 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--device", &device, "cpu | cuda | auto (default: cuda when built and present)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all cores)");
   flags.AddString("--quantize", &quantize,
-                  "q8_0 | q4_0: quantize the linear projections of a F32/F16/BF16 checkpoint at "
-                  "load (CPU; embeddings, lm_head and norms stay as stored)");
+                  "q8_0 | q4_0 | q4_k | q5_k | q6_k: quantize the linear projections of a "
+                  "F32/F16/BF16 checkpoint at load (CPU; embeddings, lm_head and norms stay as "
+                  "stored; the k-quants need rows of a multiple of 256 values)");
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off | auto: CUDA results bitwise independent of the batch (fixed-order "
                   "GEMM; slower). off: last-bit differences between batch sizes. auto (default): "

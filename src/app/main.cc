@@ -21,6 +21,7 @@ constexpr Command kCommands[] = {
     {"run", ember::app::RunCommand, "generate from one prompt (text, ids or JSON output)"},
     {"batch", ember::app::BatchCommand, "offline generation for a JSONL file of prompts"},
     {"synth", ember::app::SynthCommand, "write a random-weight checkpoint shaped like a real model"},
+    {"quantize", ember::app::QuantizeCommand, "write a safetensors folder as a GGUF file (f16 ... q4_k)"},
     {"bench", ember::app::BenchCommand, "prompt-processing and generation tokens/s (llama-bench style)"},
     {"serve", ember::app::ServeCommand, "OpenAI-compatible HTTP server (chat, completions, SSE)"},
     {"chat-template", ember::app::ChatTemplateCommand, "render a chat (JSON on stdin) with the model's template"},

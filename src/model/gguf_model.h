@@ -34,6 +34,14 @@ Result<GgufVocab> GgufVocabOf(const GgufFile& file);
 // tokenizer.chat_template, or "" when the file has none.
 Result<std::string> GgufChatTemplate(const GgufFile& file);
 
+// The GGUF (llama.cpp) name of Ember's (Hugging Face) tensor `name` for `config`
+// ("model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight"; a stacked experts tensor's
+// name for each of its experts), or "" for a name GGUF has none for.
+std::string GgufTensorName(const std::string& name, const ModelConfig& config);
+// llama.cpp's converter interleaves each head's rope halves of llama's q and k: the GGUF row that
+// holds Hugging Face row `r` of a [rows = heads x head dim] matrix (heads 0: r itself).
+int64_t GgufRopeRow(int64_t r, int64_t rows, int32_t heads);
+
 // Whether the backend takes matrices of a block-quantized DType as they are (null: none).
 using KeepQuantized = std::function<bool(DType)>;
 

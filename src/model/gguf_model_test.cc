@@ -429,7 +429,8 @@ TEST(GgufModelTest, MissingOrForeignTensorIsAnErrorNamingIt) {
   opts.device = DeviceKind::kCpu;
   auto missing = Model::Load(path, opts);
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.message().find("missing GGUF tensor 'blk.0.post_attention_norm.weight'"),
+  // llama's post_attention_layernorm is llama.cpp's ffn_norm (post_attention_norm is gemma's).
+  EXPECT_NE(missing.message().find("missing GGUF tensor 'blk.0.ffn_norm.weight'"),
             std::string::npos)
       << missing.message();
   testing::GgufBuilder bad_q = b;

@@ -238,41 +238,43 @@ Result<TensorView> Materialize(const Placement& p, const std::string& path, Hold
   return view;
 }
 
-// "blk.N.attn_q.weight" for a missing "model.layers.N.self_attn.q_proj.weight" (the inverse of
-// Place for the names LoadWeights asks for).
+// "blk.N.attn_q.weight" for a missing "model.layers.N.self_attn.q_proj.weight".
 std::string DescribeMissing(const std::string& name, const ModelConfig& c) {
-  std::string gguf;
-  if (name == "model.embed_tokens.weight")
-    gguf = "token_embd.weight";
-  else if (name == "model.norm.weight")
-    gguf = "output_norm.weight";
-  else if (name == "lm_head.weight")
-    gguf = "output.weight";
-  const std::string layers = "model.layers.";
-  if (gguf.empty() && name.rfind(layers, 0) == 0) {
-    const size_t dot = name.find('.', layers.size());
-    const std::string layer = name.substr(layers.size(), dot - layers.size());
-    const std::string rest = dot == std::string::npos ? "" : name.substr(dot + 1);
-    static const char* kSuffixes[] = {
-        "attn_norm.weight",    "attn_q.weight",       "attn_q.bias",
-        "attn_k.weight",       "attn_k.bias",         "attn_v.weight",
-        "attn_v.bias",         "attn_output.weight",  "attn_output.bias",
-        "attn_qkv.weight",     "attn_q_norm.weight",  "attn_k_norm.weight",
-        "ffn_gate.weight",     "ffn_up.weight",       "ffn_down.weight",
-        "ffn_norm.weight",     "ffn_gate_inp.weight", "post_attention_norm.weight",
-        "post_ffw_norm.weight"};
-    for (const char* s : kSuffixes)
-      if (LayerTensorName(s, c) == rest) gguf = "blk." + layer + "." + s;
-    for (const auto& [s, hf] : kExpertTensors)
-      if (rest.find("mlp.experts.") == 0 && rest.size() > hf.size() &&
-          rest.compare(rest.size() - hf.size(), hf.size(), hf) == 0)
-        gguf = "blk." + layer + "." + s;
-  }
+  const std::string gguf = GgufTensorName(name, c);
   if (gguf.empty()) return "tensor \"" + name + "\"";
   return "GGUF tensor '" + gguf + "' (Ember's " + name + ")";
 }
 
 }  // namespace
+
+std::string GgufTensorName(const std::string& name, const ModelConfig& c) {
+  if (name == "model.embed_tokens.weight") return "token_embd.weight";
+  if (name == "model.norm.weight") return "output_norm.weight";
+  if (name == "lm_head.weight") return "output.weight";
+  const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) != 0) return "";
+  const size_t dot = name.find('.', layers.size());
+  if (dot == std::string::npos) return "";
+  const std::string layer = name.substr(layers.size(), dot - layers.size());
+  const std::string rest = name.substr(dot + 1);
+  static const char* kSuffixes[] = {
+      "attn_norm.weight",    "attn_q.weight",       "attn_q.bias",
+      "attn_k.weight",       "attn_k.bias",         "attn_v.weight",
+      "attn_v.bias",         "attn_output.weight",  "attn_output.bias",
+      "attn_qkv.weight",     "attn_q_norm.weight",  "attn_k_norm.weight",
+      "ffn_gate.weight",     "ffn_up.weight",       "ffn_down.weight",
+      "ffn_norm.weight",     "ffn_gate_inp.weight", "post_attention_norm.weight",
+      "post_ffw_norm.weight"};
+  for (const char* s : kSuffixes)
+    if (LayerTensorName(s, c) == rest) return "blk." + layer + "." + s;
+  for (const auto& [s, hf] : kExpertTensors)
+    if (rest.find("mlp.experts.") == 0 && rest.size() > hf.size() &&
+        rest.compare(rest.size() - hf.size(), hf.size(), hf) == 0)
+      return "blk." + layer + "." + s;
+  return "";
+}
+
+int64_t GgufRopeRow(int64_t r, int64_t rows, int32_t heads) { return SourceRow(r, rows, heads); }
 
 Result<std::unique_ptr<WeightStore>> OpenGgufWeights(std::shared_ptr<const GgufFile> file,
                                                      const ModelConfig& config,

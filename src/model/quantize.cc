@@ -16,11 +16,14 @@ Result<std::optional<DType>> ParseQuantizeType(const std::string& name, const st
   if (lower.empty() || lower == "none") return std::optional<DType>();
   if (lower == "q8_0") return std::optional<DType>(DType::kQ8_0);
   if (lower == "q4_0") return std::optional<DType>(DType::kQ4_0);
+  if (lower == "q4_k") return std::optional<DType>(DType::kQ4_K);
+  if (lower == "q5_k") return std::optional<DType>(DType::kQ5_K);
+  if (lower == "q6_k") return std::optional<DType>(DType::kQ6_K);
   return Status::Error(flag + ": unsupported type '" + name + "' (supported: " +
                        QuantizeTypeNames() + ")");
 }
 
-std::string QuantizeTypeNames() { return "q8_0, q4_0"; }
+std::string QuantizeTypeNames() { return "q8_0, q4_0, q4_k, q5_k, q6_k"; }
 
 bool IsQuantizedProjection(const std::string& name) {
   static const char* kSuffixes[] = {
@@ -42,8 +45,12 @@ Result<std::vector<uint8_t>> QuantizeMatrix(const TensorView& view, DType dtype,
   if (view.dtype != DType::kF32 && view.dtype != DType::kF16 && view.dtype != DType::kBF16)
     return Status::Error(what + " is " + DTypeName(view.dtype) +
                          "; only F32, F16 and BF16 weights can be quantized");
-  if (view.shape.size() != 2 || view.shape[1] % cpu::kQuantBlock != 0)
-    return Status::Error(what + ": needs a 2-D matrix whose rows are a multiple of 32 values");
+  const int64_t block = DTypeBlockValues(dtype);
+  if (view.shape.size() != 2 || view.shape[1] % block != 0)
+    return Status::Error(what + ": needs a 2-D matrix whose rows are a multiple of " +
+                         std::to_string(block) + " values" +
+                         (view.shape.size() == 2 ? " (rows of " + std::to_string(view.shape[1]) + ")"
+                                                 : std::string()));
   const int64_t rows = view.shape[0], cols = view.shape[1];
   const size_t row_bytes = DTypeRowBytes(dtype, cols);
   const size_t src_row_bytes = DTypeRowBytes(view.dtype, cols);

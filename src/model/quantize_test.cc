@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -43,9 +44,12 @@ TEST(QuantizeTest, ParsesGgufTypeNamesAndRefusesOthersNamingTheFlag) {
   auto none = ParseQuantizeType("", "--quantize");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
-  auto bad = ParseQuantizeType("q4_k", "--quantize");
+  auto q6k = ParseQuantizeType("Q6_K", "--quantize");
+  ASSERT_TRUE(q6k.ok());
+  EXPECT_EQ(*q6k, DType::kQ6_K);
+  auto bad = ParseQuantizeType("q3_k", "--quantize");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.message().find("--quantize: unsupported type 'q4_k'"), std::string::npos)
+  EXPECT_NE(bad.message().find("--quantize: unsupported type 'q3_k'"), std::string::npos)
       << bad.message();
   EXPECT_TRUE(IsQuantizedProjection("model.layers.3.self_attn.q_proj.weight"));
   EXPECT_TRUE(IsQuantizedProjection("model.layers.0.mlp.gate_up_proj.weight"));
@@ -92,6 +96,54 @@ TEST(QuantizeTest, ProjectionsEqualLlamaQuantizeBlocks) {
     EXPECT_NE(requantize.message().find("--quantize Q8_0: tensor"), std::string::npos)
         << requantize.message();
   }
+}
+
+// The k-quant quantizers against llama-quantize: every Q4_K / Q5_K / Q6_K matrix of the small-k
+// files (llama-quantize from small-k-f16.gguf, no importance matrix) equals the f16 matrix
+// quantized by QuantizeMatrix, byte for byte. The files' q/k rows are in llama.cpp's order in both
+// (OpenGgufWeights undoes it alike), and quantization is per row.
+TEST(QuantizeTest, KQuantsEqualLlamaQuantizeBlocks) {
+  EMBER_REQUIRE_DIR(GgufDir());
+  auto open = [](const std::string& file) {
+    auto gguf = GgufFile::Open(GgufDir() + "/" + file);
+    EXPECT_TRUE(gguf.ok()) << gguf.message();
+    return std::make_shared<const GgufFile>(std::move(gguf).value());
+  };
+  auto f16 = open("small-k-f16.gguf");
+  std::map<DType, int> compared;
+  for (const char* file : {"small-k-q6_k.gguf", "small-k-q5_k_m.gguf", "small-k-q4_k_m.gguf"}) {
+    auto quantized = open(file);
+    auto config = GgufModelConfig(*quantized);
+    ASSERT_TRUE(config.ok()) << config.message();
+    std::string summary;
+    auto store = OpenGgufWeights(quantized, *config, [](DType) { return true; }, &summary);
+    auto src_store = OpenGgufWeights(f16, *config, nullptr, &summary);
+    ASSERT_TRUE(store.ok() && src_store.ok());
+    for (const std::string& name : (*store)->Names()) {
+      auto want = (*store)->Get(name);
+      ASSERT_TRUE(want.ok()) << name;
+      if (!IsKQuant(want->dtype) || !IsQuantizedProjection(name)) continue;
+      auto src = (*src_store)->Get(name);
+      ASSERT_TRUE(src.ok()) << name;
+      auto got = QuantizeMatrix(*src, want->dtype, "--quantize", 2);
+      ASSERT_TRUE(got.ok()) << got.message();
+      ASSERT_EQ(got->size(), want->nbytes) << name;
+      EXPECT_EQ(0, std::memcmp(got->data(), want->data, got->size()))
+          << file << " " << name << " " << DTypeName(want->dtype);
+      ++compared[want->dtype];
+    }
+  }
+  EXPECT_GT(compared[DType::kQ4_K], 0);
+  EXPECT_GT(compared[DType::kQ5_K], 0);
+  EXPECT_GT(compared[DType::kQ6_K], 0);
+  // A k-quant needs rows of a multiple of 256 values; the error names the tensor and its rows.
+  auto ts = WeightStore::Open(TinyStoriesDir());
+  if (!ts.ok()) return;
+  auto narrow = QuantizeMatrix(*(*ts)->Get("model.layers.0.self_attn.q_proj.weight"), DType::kQ4_K,
+                               "--quantize", 1);
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_NE(narrow.message().find("multiple of 256 values (rows of 128)"), std::string::npos)
+      << narrow.message();
 }
 
 std::vector<int32_t> Greedy(Model& model, const std::vector<int32_t>& prompt, size_t count) {

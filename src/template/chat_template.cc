@@ -141,6 +141,7 @@ Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bo
                                               std::string eos_token) {
   ChatTemplate t;
   EMBER_ASSIGN_OR_RETURN(t.default_, ParseTemplate(source));
+  t.default_source_ = source;
   t.tools_source_ = std::move(source);
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
@@ -171,6 +172,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(source);
     if (!program.ok()) return program.status().WithContext(jinja_path);
     t.default_ = *program;
+    t.default_source_ = source;
     t.tools_source_ = std::move(source);
     t.NoteInspectedLiterals(t.tools_source_);
     return t;
@@ -181,6 +183,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(it->get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template");
     t.default_ = *program;
+    t.default_source_ = it->get<std::string>();
     t.tools_source_ = it->get<std::string>();
     t.NoteInspectedLiterals(t.tools_source_);
     return t;
@@ -197,6 +200,7 @@ Result<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
     auto program = ParseTemplate(entry["template"].get<std::string>());
     if (!program.ok()) return program.status().WithContext(config_path + ": chat_template '" + name + "'");
     (name == "default" ? t.default_ : t.tool_use_) = *program;
+    (name == "default" ? t.default_source_ : t.tool_use_source_) = entry["template"].get<std::string>();
     sources += entry["template"].get<std::string>();
     // Tools render through "tool_use" when there is one (RenderImpl).
     if (name == "tool_use" || !t.tool_use_) t.tools_source_ = entry["template"].get<std::string>();

@@ -57,6 +57,10 @@ class ChatTemplate {
   // The source of the template that renders requests with tools ("" without a template): the
   // server reads the model's tool-call syntax from it.
   const std::string& tools_source() const { return tools_source_; }
+  // The sources of the default and the "tool_use" templates as the folder gives them ("" for one
+  // it lacks): what `ember quantize` writes as tokenizer.chat_template(.tool_use).
+  const std::string& default_source() const { return default_source_; }
+  const std::string& tool_use_source() const { return tool_use_source_; }
 
   // messages: JSON array; tools: JSON array or null; extra_kwargs: JSON object (may be empty).
   // raise_exception and runtime errors come back as an error naming line:column.
@@ -98,6 +102,7 @@ class ChatTemplate {
   std::shared_ptr<const tmpl::Program> default_;   // may be null when only tool_use exists
   std::shared_ptr<const tmpl::Program> tool_use_;  // the "tool_use" named template, if any
   std::string tools_source_;
+  std::string default_source_, tool_use_source_;
   std::string bos_token_;
   std::string eos_token_;
   // unk/pad/sep/cls/mask tokens from tokenizer_config.json: transformers passes its whole

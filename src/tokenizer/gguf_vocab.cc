@@ -31,7 +31,7 @@ struct PreTokenizerSpec {
 };
 
 const PreTokenizerSpec kPreTokenizers[] = {
-    {{"default", "gpt2", nullptr}, nullptr, false, false, false},
+    {{"default", "gpt2", "gpt-2"}, nullptr, false, false, false},
     {{"llama3", "llama-v3", "llama-bpe"},
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
      true,
@@ -188,6 +188,17 @@ std::string SupportedGgufPreTokenizers() {
     for (const char* n : spec.names)
       if (n != nullptr) out += (out.empty() ? "" : ", ") + std::string(n);
   return out;
+}
+
+std::optional<std::string> GgufPreForRegex(std::string_view regex) {
+  for (const PreTokenizerSpec& spec : kPreTokenizers) {
+    if (spec.regex == nullptr || regex != spec.regex) continue;
+    const char* name = spec.names[0];  // the last listed: the name llama.cpp's converter writes
+    for (const char* n : spec.names)
+      if (n != nullptr) name = n;
+    return std::string(name);
+  }
+  return std::nullopt;
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVocab& v) {

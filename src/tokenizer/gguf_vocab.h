@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ember {
@@ -42,5 +43,8 @@ struct GgufVocab {
 
 // The tokenizer.ggml.pre values FromGgufVocab accepts, comma separated.
 std::string SupportedGgufPreTokenizers();
+// The tokenizer.ggml.pre value whose split regex is `regex` (a tokenizer.json Split pattern), as
+// llama.cpp's converter spells it ("llama-bpe", "qwen2", "gpt-4o"); nullopt for another regex.
+std::optional<std::string> GgufPreForRegex(std::string_view regex);
 
 }  // namespace ember

@@ -1,9 +1,11 @@
 // Tokenizer::FromGgufVocab against the tokenizer.json path: a GgufVocab is built from a real
-// tokenizer.json (vocab, merges, added tokens; "llama" scores from the merge ranks, which is how a
-// BPE-trained SentencePiece vocab orders its pieces) and must encode the Hugging Face goldens and
-// many random strings to the same ids, and decode them to the same text. The GGUF files' own
+// tokenizer folder by GgufVocabFromTokenizerDir (what `ember quantize` writes: vocab, merges,
+// added tokens; "llama" scores from the merge ranks, which is how a BPE-trained SentencePiece vocab
+// orders its pieces; the model, pre-tokenizer and space prefix detected) and must encode the
+// Hugging Face goldens and many random strings to the same ids, and decode them to the same text. The GGUF files' own
 // vocabularies are checked in model/gguf_model_test.cc.
 #include "tokenizer/gguf_vocab.h"
+#include "tokenizer/gguf_vocab_export.h"
 
 #include <gtest/gtest.h>
 
@@ -19,56 +21,6 @@ namespace ember {
 namespace {
 
 using nlohmann::json;
-
-// A GgufVocab with what a converter would write for the tokenizer.json in `dir`.
-GgufVocab VocabFromTokenizerJson(const std::string& dir, const std::string& model,
-                                 const std::string& pre) {
-  auto text = ReadFileToString(dir + "/tokenizer.json");
-  EXPECT_TRUE(text.ok()) << text.message();
-  const json root = json::parse(*text);
-  GgufVocab v;
-  v.model = model;
-  v.pre = pre;
-  size_t n = 0;
-  for (const auto& [token, id] : root["model"]["vocab"].items())
-    n = std::max(n, id.get<size_t>() + 1);
-  for (const json& a : root["added_tokens"]) n = std::max(n, a["id"].get<size_t>() + 1);
-  v.tokens.assign(n, "");
-  v.token_types.assign(n, int32_t(GgufTokenType::kUnused));
-  for (const auto& [token, id] : root["model"]["vocab"].items()) {
-    v.tokens[id.get<size_t>()] = token;
-    const bool byte = token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>';
-    v.token_types[id.get<size_t>()] = int32_t(byte ? GgufTokenType::kByte : GgufTokenType::kNormal);
-  }
-  for (const json& a : root["added_tokens"]) {
-    const size_t id = a["id"].get<size_t>();
-    v.tokens[id] = a["content"].get<std::string>();
-    v.token_types[id] =
-        int32_t(a["special"].get<bool>() ? GgufTokenType::kControl : GgufTokenType::kUserDefined);
-  }
-  for (const json& m : root["model"]["merges"])
-    v.merges.push_back(m.is_string() ? m.get<std::string>()
-                                     : m[0].get<std::string>() + " " + m[1].get<std::string>());
-  if (model == "llama") {
-    // Pieces no merge makes rank below every merged piece, in id order.
-    v.scores.assign(n, 0.0f);
-    for (size_t id = 0; id < n; ++id) v.scores[id] = -1e7f - float(id);
-    std::map<std::string, size_t> rank;
-    for (size_t r = 0; r < v.merges.size(); ++r) {
-      std::string joined = v.merges[r];
-      joined.erase(joined.find(' '), 1);
-      rank.emplace(joined, r);
-    }
-    for (size_t id = 0; id < n; ++id)
-      if (auto it = rank.find(v.tokens[id]); it != rank.end()) v.scores[id] = -float(it->second);
-    // SentencePiece models give their user-defined pieces score 0, above every merged piece.
-    for (size_t id = 0; id < n; ++id)
-      if (v.token_types[id] == int32_t(GgufTokenType::kUserDefined)) v.scores[id] = 0.0f;
-    v.merges.clear();
-  }
-  v.add_bos_token = false;
-  return v;
-}
 
 // Random strings from a pool of ASCII, spaces, newlines, accents, CJK, emoji and byte soup.
 std::vector<std::string> RandomStrings(int count, uint32_t seed) {
@@ -107,8 +59,14 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
   EMBER_REQUIRE_DIR(testing::FixturesDir() + "/tokenizers/" + c.golden);
   auto reference = Tokenizer::Load(dir);
   ASSERT_TRUE(reference.ok()) << reference.message();
-  GgufVocab vocab = VocabFromTokenizerJson(dir, c.model, c.pre);
-  if (c.model == "llama") vocab.add_space_prefix = c.add_space_prefix;
+  auto exported = GgufVocabFromTokenizerDir(dir);
+  ASSERT_TRUE(exported.ok()) << exported.message();
+  GgufVocab vocab = *exported;
+  EXPECT_EQ(vocab.model, c.model);
+  EXPECT_EQ(vocab.pre, c.pre);
+  if (c.model == "llama") {
+    EXPECT_EQ(vocab.add_space_prefix, c.add_space_prefix);
+  }
   auto built = Tokenizer::FromGgufVocab(vocab);
   ASSERT_TRUE(built.ok()) << built.message();
   const Tokenizer& ref = **reference;
@@ -135,6 +93,7 @@ TEST_P(GgufVocabTest, EncodesAndDecodesLikeTheTokenizerJson) {
   for (const std::string& text : texts) {
     const std::vector<int32_t> ids = ref.Encode(text, false);
     ASSERT_EQ(tok.Encode(text, false), ids) << c.name << ": \"" << text << "\"";
+    ASSERT_EQ(tok.Encode(text, true), ref.Encode(text, true)) << c.name << ": \"" << text << "\"";
     // TinyStories' tokenizer.json shows its "<unk>" even when skipping special tokens (it is
     // matched and decoded in its normalized form " <unk>"); llama.cpp skips it as a control token.
     if (c.name == "tinystories-656k" && std::find(ids.begin(), ids.end(), 0) != ids.end()) continue;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/cpu/kquant_quantize.h"
 #include "backend/cpu/matmul_kquant.h"
 #include "util/check.h"
 #include "util/half.h"
@@ -331,8 +332,9 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
 }
 
 void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst) {
-  CHECK(IsBlockQuantized(dtype) && !IsKQuant(dtype) && count % kQuantBlock == 0)
-      << "QuantizeRow: " << DTypeName(dtype) << " (no quantizer for the k-quants)";
+  if (IsKQuant(dtype)) return QuantizeKQuantRow(dtype, src, count, dst);
+  CHECK(IsBlockQuantized(dtype) && count % kQuantBlock == 0)
+      << "QuantizeRow: " << DTypeName(dtype) << " over " << count << " values";
   auto* out = static_cast<uint8_t*>(dst);
   for (int64_t b = 0; b < count / kQuantBlock; ++b) {
     const float* x = src + b * kQuantBlock;

@@ -38,7 +38,7 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
 // ggml's reference quantizers (round to nearest): Q8_0 d = max|x| / 127, q = round(x / d);
 // Q4_0 d = m / -8 with m the value of largest magnitude (sign kept), q = min(15, trunc(x / d +
 // 8.5)). The scale is stored as f16. `count` % 32 == 0; dst holds DTypeRowBytes(dtype, count).
-// Q8_0 / Q4_0 only (CHECKed).
+// The k-quants (`count` % 256 == 0) go to ggml's k-quant reference quantizers (kquant_quantize.h).
 void QuantizeRow(DType dtype, const float* src, int64_t count, void* dst);
 // The values a quantized row stands for (q * d, (q - 8) * d; k-quants: DequantizeKQuantRow).
 void DequantizeQuantRow(DType dtype, const void* src, int64_t count, float* dst);
