@@ -21,13 +21,14 @@ Result<ChatTemplate> LoadModelChatTemplate(const std::string& model_path) {
   if (!IsGgufFile(model_path)) return ChatTemplate::Load(model_path);
   EMBER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(model_path));
   EMBER_ASSIGN_OR_RETURN(std::string source, GgufChatTemplate(file));
-  if (source.empty()) return ChatTemplate();
+  EMBER_ASSIGN_OR_RETURN(std::string tool_use, GgufChatTemplate(file, "tool_use"));
+  if (source.empty() && tool_use.empty()) return ChatTemplate();
   EMBER_ASSIGN_OR_RETURN(GgufVocab vocab, GgufVocabOf(file));
   auto token = [&](const std::optional<int32_t>& id) {
     return id && size_t(*id) < vocab.tokens.size() ? vocab.tokens[size_t(*id)] : std::string();
   };
-  auto loaded = ChatTemplate::FromSource(std::move(source), token(vocab.bos_token_id),
-                                         token(vocab.eos_token_id));
+  auto loaded = ChatTemplate::FromSources(std::move(source), std::move(tool_use),
+                                          token(vocab.bos_token_id), token(vocab.eos_token_id));
   if (!loaded.ok()) return loaded.status().WithContext(model_path + ": tokenizer.chat_template");
   return loaded;
 }

@@ -333,9 +333,10 @@ Result<GgufVocab> GgufVocabOf(const GgufFile& file) {
   return v;
 }
 
-Result<std::string> GgufChatTemplate(const GgufFile& file) {
-  if (!file.HasKey("tokenizer.chat_template")) return std::string();
-  EMBER_ASSIGN_OR_RETURN(std::string_view source, file.GetString("tokenizer.chat_template"));
+Result<std::string> GgufChatTemplate(const GgufFile& file, const std::string& name) {
+  const std::string key = name.empty() ? "tokenizer.chat_template" : "tokenizer.chat_template." + name;
+  if (!file.HasKey(key)) return std::string();
+  EMBER_ASSIGN_OR_RETURN(std::string_view source, file.GetString(key));
   return std::string(source);
 }
 

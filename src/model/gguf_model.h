@@ -31,8 +31,9 @@ Result<ModelConfig> GgufModelConfig(const GgufFile& file);
 // end-of-message ids where the file names them), the BOS id; no sampling defaults.
 GenerationDefaults GgufGenerationDefaults(const ModelConfig& config);
 Result<GgufVocab> GgufVocabOf(const GgufFile& file);
-// tokenizer.chat_template, or "" when the file has none.
-Result<std::string> GgufChatTemplate(const GgufFile& file);
+// tokenizer.chat_template (name ""), or a named template such as tokenizer.chat_template.tool_use
+// (name "tool_use"); "" when the file has none.
+Result<std::string> GgufChatTemplate(const GgufFile& file, const std::string& name = "");
 
 // The GGUF (llama.cpp) name of Ember's (Hugging Face) tensor `name` for `config`
 // ("model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight"; a stacked experts tensor's

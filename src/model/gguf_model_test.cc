@@ -399,6 +399,16 @@ TEST(GgufModelTest, ChatTemplateAndVocabularyKeys) {
   auto source = GgufChatTemplate(*file);
   ASSERT_TRUE(source.ok()) << source.message();
   EXPECT_EQ(*source, "{{ bos_token }}{{ messages[0]['content'] }}");
+  auto no_tool_use = GgufChatTemplate(*file, "tool_use");
+  ASSERT_TRUE(no_tool_use.ok()) << no_tool_use.message();
+  EXPECT_EQ(*no_tool_use, "");
+  b.String("tokenizer.chat_template.tool_use", "T{{ tools[0] }}");
+  const std::vector<uint8_t> with_tools = b.Build();
+  auto tools_file = GgufFile::Parse(with_tools, "tools.gguf");
+  ASSERT_TRUE(tools_file.ok()) << tools_file.message();
+  auto tool_use = GgufChatTemplate(*tools_file, "tool_use");
+  ASSERT_TRUE(tool_use.ok()) << tool_use.message();
+  EXPECT_EQ(*tool_use, "T{{ tools[0] }}");
   auto vocab = GgufVocabOf(*file);
   ASSERT_TRUE(vocab.ok()) << vocab.message();
   EXPECT_EQ(vocab->bos_token_id, 1);

@@ -157,15 +157,16 @@ LibraryModelInfo DescribeGgufFile(const fs::path& root, const fs::path& file) {
   info.details["context_length"] = config.ok() ? json(config->max_position_embeddings) : json();
   DescribeEmbeddings(info.path, &info);
   auto source = GgufChatTemplate(*gguf);
+  auto tool_use = GgufChatTemplate(*gguf, "tool_use");
   auto vocab = GgufVocabOf(*gguf);
-  if (source.ok() && vocab.ok() && !source->empty()) {
+  if (source.ok() && tool_use.ok() && vocab.ok() && !(source->empty() && tool_use->empty())) {
     const auto token = [&](std::optional<int32_t> id) {
       return id && *id >= 0 && *id < static_cast<int32_t>(vocab->tokens.size())
                  ? vocab->tokens[static_cast<size_t>(*id)]
                  : std::string();
     };
-    DescribeTemplate(ChatTemplate::FromSource(*source, token(vocab->bos_token_id),
-                                              token(vocab->eos_token_id)),
+    DescribeTemplate(ChatTemplate::FromSources(*source, *tool_use, token(vocab->bos_token_id),
+                                               token(vocab->eos_token_id)),
                      &info);
   } else {
     DescribeTemplate(ChatTemplate(), &info);
@@ -173,6 +174,7 @@ LibraryModelInfo DescribeGgufFile(const fs::path& root, const fs::path& file) {
   if (!config.ok()) info.problem = config.message();
   else if (!vocab.ok()) info.problem = vocab.message();
   else if (!source.ok()) info.problem = source.message();
+  else if (!tool_use.ok()) info.problem = tool_use.message();
   return info;
 }
 

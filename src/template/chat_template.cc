@@ -139,13 +139,28 @@ Status CheckTemplateKwargs(const nlohmann::ordered_json& kwargs) { return CheckK
 
 Result<ChatTemplate> ChatTemplate::FromSource(std::string source, std::string bos_token,
                                               std::string eos_token) {
+  return FromSources(std::move(source), std::string(), std::move(bos_token), std::move(eos_token));
+}
+
+Result<ChatTemplate> ChatTemplate::FromSources(std::string default_source,
+                                               std::string tool_use_source, std::string bos_token,
+                                               std::string eos_token) {
   ChatTemplate t;
-  EMBER_ASSIGN_OR_RETURN(t.default_, ParseTemplate(source));
-  t.default_source_ = source;
-  t.tools_source_ = std::move(source);
+  if (!default_source.empty() || tool_use_source.empty()) {
+    EMBER_ASSIGN_OR_RETURN(t.default_, ParseTemplate(default_source));
+  }
+  if (!tool_use_source.empty()) {
+    auto program = ParseTemplate(tool_use_source);
+    if (!program.ok()) return program.status().WithContext("the 'tool_use' template");
+    t.tool_use_ = *program;
+  }
+  // Tools render through "tool_use" when there is one (RenderImpl).
+  t.tools_source_ = tool_use_source.empty() ? default_source : tool_use_source;
+  t.default_source_ = std::move(default_source);
+  t.tool_use_source_ = std::move(tool_use_source);
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
-  t.NoteInspectedLiterals(t.tools_source_);
+  t.NoteInspectedLiterals(t.default_source_ + t.tool_use_source_);
   return t;
 }
 

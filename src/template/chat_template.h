@@ -50,6 +50,10 @@ class ChatTemplate {
   static Result<ChatTemplate> Load(const std::string& model_dir);
   // Parses `source` (a syntax error names line:column). An empty bos/eos token is left undefined.
   static Result<ChatTemplate> FromSource(std::string source, std::string bos_token, std::string eos_token);
+  // The same with a "tool_use" template beside the default (either may be "", not both): a GGUF
+  // file's tokenizer.chat_template and tokenizer.chat_template.tool_use.
+  static Result<ChatTemplate> FromSources(std::string default_source, std::string tool_use_source,
+                                          std::string bos_token, std::string eos_token);
 
   bool has_template() const { return default_ != nullptr || tool_use_ != nullptr; }
   const std::string& bos_token() const { return bos_token_; }

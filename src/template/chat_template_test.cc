@@ -125,6 +125,23 @@ TEST(ChatTemplate, ToolUseTemplateIsPickedWhenToolsAreGiven) {
   EXPECT_EQ(*j->Render(ojson::array(), nullptr, false, ojson::object()), "J</s>");
 }
 
+// A GGUF file's tokenizer.chat_template and tokenizer.chat_template.tool_use (FromSources): the
+// same choice as a folder's named templates; a syntax error names the tool_use template.
+TEST(ChatTemplate, FromSourcesPicksToolUseWhenToolsAreGiven) {
+  auto t = ChatTemplate::FromSources("D{{ bos_token }}", "T{{ tools|length }}", "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ(*t->Render(ojson::array(), nullptr, false, ojson::object()), "D<s>");
+  EXPECT_EQ(*t->Render(ojson::array(), ojson::array({1, 2}), false, ojson::object()), "T2");
+  EXPECT_EQ(t->tools_source(), "T{{ tools|length }}");
+  EXPECT_EQ(t->tool_use_source(), "T{{ tools|length }}");
+  auto only_tools = ChatTemplate::FromSources("", "T", "", "");
+  ASSERT_TRUE(only_tools.ok()) << only_tools.message();
+  EXPECT_FALSE(only_tools->Render(ojson::array(), nullptr, false, ojson::object()).ok());
+  auto bad = ChatTemplate::FromSources("D", "{{ 1 + }}", "", "");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("tool_use"), std::string::npos) << bad.message();
+}
+
 TEST(ChatTemplate, ModelWithoutTemplateLoads) {
   const std::string dir = ::testing::TempDir() + "/ember_chat_template_none";
   std::filesystem::create_directories(dir);
