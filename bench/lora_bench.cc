@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_engine.h"
 #include "engine/engine.h"
 #include "model/synth.h"
 #include "util/flags.h"
@@ -25,12 +26,6 @@ std::string AdapterName(int64_t k) {
   std::string name = "a";
   name += std::to_string(k);
   return name;
-}
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // Generated tokens/s of `c` concurrent requests, request i under adapter_of(i) ("" the base).
@@ -48,12 +43,7 @@ double Run(Engine& engine, int32_t c, int32_t prompt_len, int32_t gen, int32_t v
     r.sampling.temperature = 0.0f;
     r.ignore_eos = true;
     r.adapter = adapter_of(i);
-    auto submitted = engine.Submit(std::move(r));
-    if (auto* e = std::get_if<SubmitError>(&submitted)) {
-      std::fprintf(stderr, "submit: %s\n", e->message.c_str());
-      std::exit(1);
-    }
-    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(submitted));
+    streams.push_back(SubmitOrExit(engine, std::move(r)));
   }
   int64_t tokens = 0;
   std::vector<TokenEvent> events;

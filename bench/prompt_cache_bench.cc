@@ -25,18 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "bench_model.h"
+#include "bench_engine.h"
 #include "engine/engine.h"
 #include "util/flags.h"
 
 namespace ember {
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 struct Sample {
   double ttft_ms = 0;
@@ -54,12 +48,7 @@ Sample Ask(Engine& engine, const std::vector<int32_t>& prompt) {
   r.sampling.temperature = 0.0f;
   r.ignore_eos = true;
   const int64_t start = NowNs();
-  auto submitted = engine.Submit(r);
-  if (auto* e = std::get_if<SubmitError>(&submitted)) {
-    std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
-    std::exit(1);
-  }
-  auto stream = std::get<std::shared_ptr<ResponseStream>>(std::move(submitted));
+  auto stream = SubmitOrExit(engine, std::move(r));
   std::vector<TokenEvent> events;
   int64_t first = 0;
   while (stream->Next(&events)) {

@@ -19,19 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "bench_model.h"
+#include "bench_engine.h"
 #include "engine/engine.h"
 #include "engine/replay_draft_source.h"
 #include "util/flags.h"
 
 namespace ember {
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 struct RunOut {
   double tok_per_s = 0;
@@ -52,12 +46,7 @@ RunOut Run(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int
     r.sampling.temperature = 0.0f;
     r.ignore_eos = true;
     r.speculate = speculate;
-    auto submitted = engine.Submit(std::move(r));
-    if (auto* e = std::get_if<SubmitError>(&submitted)) {
-      std::fprintf(stderr, "submit: %s\n", e->message.c_str());
-      std::exit(1);
-    }
-    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(submitted));
+    streams.push_back(SubmitOrExit(engine, std::move(r)));
   }
   int64_t tokens = 0;
   std::vector<TokenEvent> events;

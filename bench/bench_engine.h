@@ -1,11 +1,18 @@
-// Shared by the engine benches (lora_bench, prompt_cache_bench): the flags that say which model a
-// bench runs and where — --model DIR, or --synth PRESET [--layers N] written to a temp folder —
-// and --device cpu|cuda. Header-only; benches only.
+// Shared by the engine benches (lora_bench, prompt_cache_bench, spec_bench): the flags that say
+// which model a bench runs and where — --model DIR, or --synth PRESET [--layers N] written to a
+// temp folder — and --device cpu|cuda; a monotonic clock; a Submit that ends the bench on a
+// refusal. Header-only; benches only.
 #pragma once
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <variant>
 
 #include "backend/backend_factory.h"
+#include "engine/engine.h"
 #include "model/synth.h"
 #include "util/flags.h"
 #include "util/status.h"
@@ -37,5 +44,21 @@ struct BenchModelFlags {
   }
   DeviceKind Device() const { return device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu; }
 };
+
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The request's stream; a refused request ends the bench (exit 1) with the engine's message.
+inline std::shared_ptr<ResponseStream> SubmitOrExit(Engine& engine, GenerationRequest r) {
+  auto submitted = engine.Submit(std::move(r));
+  if (auto* e = std::get_if<SubmitError>(&submitted)) {
+    std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
+    std::exit(1);
+  }
+  return std::get<std::shared_ptr<ResponseStream>>(submitted);
+}
 
 }  // namespace ember
