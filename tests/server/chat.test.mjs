@@ -7,7 +7,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { missing, startServer, synthModel, tinyStoriesDir, tmpDir, tokenizersDir } from './helpers.mjs';
+import {
+  missing, startServer, synthServer, tinyStoriesDir, tmpDir, tokenizersDir,
+} from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -144,17 +146,11 @@ describe('chat with qwen3\'s real template (on tinystories weights)', { skip: mi
 
 describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
   let server, client, modelDir;
-  before(async () => {
-    // qwen3's vocabulary, config layout, tokenizer and template on a toy body (synth preset).
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+  // qwen3's vocabulary, config layout, tokenizer and template on a toy body (synth preset).
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s, dir) => {
+    server = s;
+    modelDir = dir;
     client = server.client();
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   test('greedy stream equals non-stream through qwen3\'s template and tokenizer', async () => {
