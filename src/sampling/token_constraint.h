@@ -4,7 +4,9 @@
 // the rest to -inf (after the raw logprobs on the host, or as logit edits where the backend
 // samples a row with few masked tokens), tells it the chosen token, and ends the sample with
 // finish reason "stop" once the constraint says the output is complete. Its steps never overlap
-// (engine.h). One instance per sample: a request's prototype is cloned for each of its n.
+// (engine.h). One instance per sample: a request's prototype is cloned for each of its n. After
+// each accepted token the engine asks ForcedToken (jump-forward): a token that is the only one
+// allowed is accepted without sampling (engine thread or one helper thread per sample).
 #pragma once
 
 #include <cstdint>
