@@ -714,13 +714,16 @@ TEST(EngineTest, JumpForwardChangesNoToken) {
 
 // Jump-forward chains of several tokens (a test constraint that forces runs of tokens, the last
 // run ending the output): the forced runs are computed as chunks of the next step and change no
-// token, greedy and seeded (n = 2), alone and batched; max_tokens cuts at every length, inside
-// the runs included, land on the same token with the same finish.
+// token, greedy and seeded (n = 2), alone, batched and under preemption with prefix-cache hits;
+// max_tokens cuts at every length, inside the runs included, land on the same token with the
+// same finish.
 TEST(EngineTest, JumpForwardChainsChangeNoToken) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
   const std::vector<int32_t> forced = {3, 4, 5, 6, 7, 8, 9, 13, 17, 18, 19, 20, 21, 22, 23};
-  GenerationRequest greedy = Greedy({1, 80, 147, 201}, 40);
+  std::vector<int32_t> prompt = {1, 80, 147, 201};
+  for (int32_t i = 0; i < 36; ++i) prompt.push_back(300 + 17 * i);  // two full KV blocks
+  GenerationRequest greedy = Greedy(prompt, 40);
   greedy.constraint = std::make_shared<StrideConstraint>(2048, 7, 24, -1, forced);
   GenerationRequest sampled = greedy;
   sampled.sampling.temperature = 1.0f;
@@ -732,10 +735,11 @@ TEST(EngineTest, JumpForwardChainsChangeNoToken) {
     requests.push_back(k % 2 ? greedy : sampled);
     requests.back().max_tokens = k;
   }
-  auto run = [&](bool jump_forward, bool batched, EngineStats* stats) {
+  auto run = [&](bool jump_forward, bool batched, EngineStats* stats, int64_t kv_bytes = 0) {
     auto model = LoadModel(dir);
     EngineConfig config;
     config.jump_forward = jump_forward;
+    config.kv_cache_bytes = kv_bytes;
     auto engine = Engine::Create(model.get(), config);
     EXPECT_TRUE(engine.ok()) << engine.message();
     std::vector<Output> outs;
@@ -752,7 +756,15 @@ TEST(EngineTest, JumpForwardChainsChangeNoToken) {
   const std::vector<Output> off = run(false, false, &off_stats);
   const std::vector<Output> on = run(true, false, &on_stats);
   const std::vector<Output> batched = run(true, true, &batched_stats);
+  // TinyStories' KV is 1 KiB a token: 10 blocks of 16 tokens for 48 samples of up to 64 tokens
+  // preempt (and recompute forced tokens), and their shared prompt hits the prefix cache.
+  EngineStats tight_stats;
+  const std::vector<Output> tight = run(true, true, &tight_stats, int64_t{10} * 16 * 1024);
+  EXPECT_GT(tight_stats.preemptions, 0);
+  EXPECT_GT(tight_stats.prefix_hit_tokens, 0);
+  EXPECT_EQ(tight_stats.kv_blocks_used, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(tight[i].samples, off[i].samples) << "request " << i;
     EXPECT_EQ(on[i].samples, off[i].samples) << "request " << i;
     EXPECT_EQ(batched[i].samples, off[i].samples) << "request " << i;
     EXPECT_EQ(on[i].finish, off[i].finish) << "request " << i;
