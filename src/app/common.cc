@@ -178,6 +178,11 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
                 "step whose tokens need no host work launches first)");
+  flags.AddBool("--no-jump-forward", &no_jump_forward,
+                "sample every token of a constrained output (response_format, guided_*, grammar, "
+                "forced tool calls); by default a token the constraint forces (the only one it "
+                "allows) is appended without sampling and computed with the next step. Outputs "
+                "are the same either way");
   flags.AddString("--spec-method", &spec_method,
                   "none | ngram | draft: speculative decoding. ngram drafts from the sequence's own "
                   "prompt and output (prompt lookup, no weights); draft runs --draft-model (a small "
@@ -283,6 +288,7 @@ EngineConfig EngineFlags::Config() const {
   c.state_checkpoint_interval =
       static_cast<int32_t>(std::clamp<int64_t>(state_checkpoint_interval, -1, 1 << 30));
   c.overlap_steps = !no_overlap;
+  c.jump_forward = !no_jump_forward;
   c.speculation.method = SpecMethodOf(spec_method).value_or(SpeculationConfig::Method::kNone);
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
@@ -403,11 +409,15 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   return served;
 }
 
-void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json) {
-  if (!usage.speculative) return;
-  (*usage_json)["completion_tokens_details"] = {
-      {"accepted_prediction_tokens", usage.accepted_prediction_tokens},
-      {"rejected_prediction_tokens", usage.rejected_prediction_tokens}};
+void AddCompletionTokensDetails(const RequestUsage& usage, nlohmann::json* usage_json) {
+  if (usage.speculative) {
+    (*usage_json)["completion_tokens_details"]["accepted_prediction_tokens"] =
+        usage.accepted_prediction_tokens;
+    (*usage_json)["completion_tokens_details"]["rejected_prediction_tokens"] =
+        usage.rejected_prediction_tokens;
+  }
+  if (usage.jump_forward)
+    (*usage_json)["completion_tokens_details"]["forced_tokens"] = usage.forced_tokens;
 }
 
 std::string SpeculationSummary(const EngineStats& s) {

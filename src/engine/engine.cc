@@ -132,7 +132,8 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
       runner_(std::move(runner)),
       speculator_(config_.speculation, std::move(draft_source), &counters_),
       sequences_(&scheduler_, &num_queued_, &counters_,
-                 speculator_.enabled() ? config_.speculation.num_spec_tokens : 0),
+                 speculator_.enabled() ? config_.speculation.num_spec_tokens : 0,
+                 config_.jump_forward),
       builder_(config_, &runner_, &kv_, &counters_),
       postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
   if (model->lora() != nullptr) {

@@ -77,6 +77,11 @@ struct EngineConfig {
   // tokens, and the host's bookkeeping of step N runs while step N + 1 computes. A sequence that
   // stops at step N has one wasted row in step N + 1. Outputs are identical either way.
   bool overlap_steps = true;
+  // Jump-forward (StepPostprocessor::JumpForward): where a sample's token constraint allows
+  // exactly one token, that token is appended without sampling (it is what any sampler picks
+  // from a row masked to one token) and a chain of such tokens becomes prefill rows of the
+  // sequence's next step. Outputs are token-identical either way; off with --no-jump-forward.
+  bool jump_forward = true;
   // Prompt logprobs keep the float32 logits of every prompt row of such a request: one step holds
   // at most this many bytes of them (PromptLogitsRows), so a long prompt prefills in more, shorter
   // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
@@ -178,6 +183,9 @@ struct EngineStats {
   int64_t sampled_seq_steps = 0, sampled_tokens = 0;
   // Speculative decoding: sequence-steps that verified drafts, tokens drafted, drafts accepted.
   int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  // Jump-forward: tokens appended because the constraint allowed only them (not sampled; counted
+  // in generated_tokens too).
+  int64_t forced_tokens = 0;
   PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir, ram.enabled with -ram-bytes
 };
 

@@ -72,6 +72,10 @@ struct Sequence {
   std::vector<int32_t> draft;
   bool wants_drafts = false;
   int32_t accepted_drafts = 0, rejected_drafts = 0;  // over its verifications (usage)
+  // Jump-forward (StepPostprocessor::JumpForward): it may append the tokens its constraint
+  // forces (a constraint, no logprobs, the engine allows it); how many it appended (usage).
+  bool jumps_forward = false;
+  int32_t forced_tokens = 0;
   // The prompt cache below the pool (engine/prompt_tier.h): chain key of each full block so far
   // (entry i names blocks 0..i), how many leading blocks are stored or queued on disk, and how
   // many leading blocks of its current block table were tagged for the RAM tier (reset when its

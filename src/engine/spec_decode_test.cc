@@ -88,6 +88,7 @@ struct RunOptions {
   int64_t kv_cache_bytes = 0;
   bool stagger = false;
   bool solo = false;  // one request at a time
+  bool jump_forward = true;  // EngineConfig::jump_forward
   SpeculationConfig::Method method = SpeculationConfig::Method::kNone;
   std::unique_ptr<DraftSource> source;  // replaces `method`'s when set
 };
@@ -102,6 +103,7 @@ RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>
   config.max_running = options.max_running;
   config.max_step_tokens = options.max_step_tokens;
   config.kv_cache_bytes = options.kv_cache_bytes;
+  config.jump_forward = options.jump_forward;
   config.speculation.method = options.method;
   config.speculation.num_spec_tokens = 4;
   config.speculation.max_batch = 64;
@@ -308,19 +310,25 @@ TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
 
 // A constrained request's rows are verified under the constraint's mask as if the drafts before
 // them were accepted: the same tokens as without drafts, all allowed, done at the same token;
-// drafts the mask forbids (the replay's wrong ones, and noise) are simply rejected.
+// drafts the mask forbids (the replay's wrong ones, and noise) are simply rejected. Two requests'
+// constraints force runs of tokens, which jump forward beside the drafting (the reference runs
+// token by token: no drafts, no jump-forward).
 TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 4; ++i) {
     GenerationRequest r = Greedy({1, 80, 147, 201}, 40);
-    r.constraint = std::make_shared<StrideConstraint>(2048, 7 + i % 2, 25);
+    const std::vector<int32_t> forced =
+        i == 1 || i == 2 ? std::vector<int32_t>{5, 6, 7, 8, 15, 16} : std::vector<int32_t>{};
+    r.constraint = std::make_shared<StrideConstraint>(2048, 7 + i % 2, 25, -1, forced);
     if (i >= 2) r.sampling.temperature = 0.9f, r.sampling.seed = 5 + static_cast<uint64_t>(i);
     if (i == 3) r.sampling.top_logprobs = 1;
     requests.push_back(r);
   }
-  const RunResult plain = RunEngine(dir, requests, RunOptions{});
+  RunOptions token_by_token;
+  token_by_token.jump_forward = false;
+  const RunResult plain = RunEngine(dir, requests, std::move(token_by_token));
   for (const auto& samples : plain.outputs) ASSERT_EQ(samples[0].ids.size(), 25u);
   RunOptions replay;
   replay.source = Replay(requests, plain, 3, 2048);
@@ -334,6 +342,9 @@ TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
     EXPECT_EQ(got.outputs[i][0].finish, FinishReason::kStop);
   }
   EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  // A forced position is jumped over, or verified as a draft (its row masked to that token).
+  EXPECT_GT(got.stats.forced_tokens, 0);
+  EXPECT_GT(noisy.stats.forced_tokens, 0);
 }
 
 // Drafts that are nearly all wrong, many requests, a KV cache small enough to preempt, prefix

@@ -76,6 +76,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
       sequences_->EndWithoutToken(s.seq, FinishReason::kLength);
     }
   }
+  if (!step.deferred) JumpForward(step);  // a deferred step has no constrained row
   ReleaseStateSaves(step);
   sequences_->Release(step.scheduled);
   counters_->finish_ns += NowNs() - finish_start;
@@ -280,9 +281,69 @@ TokenEvent StepPostprocessor::RecordToken(Sequence* seq, int32_t index, SampleOu
   event.token_id = out.token_id;
   event.logprob = out.logprob;
   event.top_logprobs = std::move(out.top_logprobs);
-  event.finish = StopReason(*seq, index, out.token_id, constraint_broken, &event.stop_token);
+  event.finish = StopReason(*seq, index, out.token_id, constraint_broken,
+                            seq->constraint != nullptr && seq->constraint->Done(),
+                            &event.stop_token);
   event.time_ns = NowNs();
   return event;
+}
+
+// Why a forced token equals what token-by-token decoding samples there: the row that would
+// sample it is masked to that one token, so greedy takes it (the argmax of one finite logit) and
+// a sampled row draws it whatever its uniform. What that row would change besides the token is
+// replayed: the sampler records it (penalty counts, DRY window, output count: XTC's position) and
+// a sampled row's one uniform draw is consumed, so every later draw is the one it would have
+// been. Not forced: a stop id (its logit is -inf while min_tokens is not reached, the only kMask
+// edit a processor makes) and anything past max_tokens. The forced tokens' K/V is computed by
+// the next step as a chunk, whose last row gives the logits ordinary decoding would (the CPU
+// backend is batch- and chunk-invariant; CUDA with --batch-invariant on, as for speculation).
+void StepPostprocessor::JumpForward(const StepBatch& step) {
+  std::vector<Sequence*> seqs;
+  for (const ScheduledSequence& s : step.scheduled) {
+    Sequence* seq = s.seq;
+    // It took its token this step (verified drafts leave the last one uncomputed too).
+    if (s.samples && seq->jumps_forward && seq->finish == FinishReason::kNone &&
+        seq->num_uncomputed() == 1)
+      seqs.push_back(seq);
+  }
+  if (seqs.empty()) return;
+  std::vector<std::vector<int32_t>> chains(seqs.size());
+  ForEachOnThreads(seqs.size(), std::thread::hardware_concurrency() / 2, [&](size_t i) {
+    Sequence* seq = seqs[i];
+    const RequestState& state = *seq->request;
+    const int32_t room =
+        std::min(kMaxForcedTokens, state.request.max_tokens - seq->num_generated());
+    std::vector<int32_t>& chain = chains[i];
+    while (static_cast<int32_t>(chain.size()) < room && !seq->constraint->Done()) {
+      const int32_t id = seq->constraint->ForcedToken();
+      if (id < 0 || std::find(state.stop_ids.begin(), state.stop_ids.end(), id) !=
+                        state.stop_ids.end())
+        break;
+      const bool accepted = seq->constraint->Accept(id);
+      CHECK(accepted) << "the constraint refused the one token it allows, " << id;
+      chain.push_back(id);
+    }
+  });
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence* seq = seqs[i];
+    const bool greedy = seq->request->request.sampling.is_greedy();
+    for (size_t j = 0; j < chains[i].size(); ++j) {
+      const int32_t id = chains[i][j];
+      seq->tokens.push_back(id);
+      seq->sampler->Accept(id);
+      if (!greedy) seq->sampler->NextUniform();  // the draw its sampled row would have made
+      ++seq->forced_tokens;
+      ++counters_->forced_tokens;
+      TokenEvent event = NextEvent(seq);
+      event.token_id = id;
+      const bool last = j + 1 == chains[i].size();
+      event.finish = StopReason(*seq, seq->num_tokens() - 1, id, /*constraint_broken=*/false,
+                                last && seq->constraint->Done(), &event.stop_token);
+      event.time_ns = NowNs();
+      CHECK(last || event.finish == FinishReason::kNone);
+      Emit(seq, std::move(event));
+    }
+  }
 }
 
 void StepPostprocessor::Emit(Sequence* seq, TokenEvent event) {
@@ -294,7 +355,8 @@ void StepPostprocessor::Emit(Sequence* seq, TokenEvent event) {
 // Why the sequence ends with the token at `index` (kNone: it goes on). *stop_token: the token is
 // a stop id.
 FinishReason StepPostprocessor::StopReason(const Sequence& seq, int32_t index, int32_t token,
-                                           bool constraint_broken, bool* stop_token) const {
+                                           bool constraint_broken, bool constraint_done,
+                                           bool* stop_token) const {
   const RequestState& state = *seq.request;
   *stop_token = false;
   if (constraint_broken) return FinishReason::kError;
@@ -302,9 +364,7 @@ FinishReason StepPostprocessor::StopReason(const Sequence& seq, int32_t index, i
     *stop_token = true;
     return FinishReason::kStop;
   }
-  if (seq.constraint != nullptr && seq.constraint->Done()) {
-    return FinishReason::kStop;  // the structured output is complete
-  }
+  if (constraint_done) return FinishReason::kStop;  // the structured output is complete
   if (index + 1 - seq.prompt_len >= state.request.max_tokens) return FinishReason::kLength;
   return FinishReason::kNone;
 }

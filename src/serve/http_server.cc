@@ -303,6 +303,7 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->spec_verify_steps += s.spec_verify_steps;
   total->spec_draft_tokens += s.spec_draft_tokens;
   total->spec_accepted_tokens += s.spec_accepted_tokens;
+  total->forced_tokens += s.forced_tokens;
   AddPromptCacheStats(s.prompt_cache, &total->prompt_cache);
 }
 

@@ -312,6 +312,10 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
   Counter("ember_engine_overlapped_steps_total",
           "Engine steps launched before the previous step's tokens were read.",
           e.overlapped_steps, &out);
+  Counter("ember_engine_forced_tokens_total",
+          "Tokens appended without sampling because the output constraint allowed only them "
+          "(jump-forward).",
+          e.forced_tokens, &out);
   Counter("ember_spec_draft_tokens_total",
           "Draft tokens proposed and verified (speculative decoding).", e.spec_draft_tokens, &out);
   Counter("ember_spec_accepted_tokens_total", "Draft tokens accepted (speculative decoding).",
@@ -367,7 +371,8 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"decode_steps", e.decode_steps},
         {"decode_rows", e.decode_rows},
         {"decode_padding_rows", e.decode_padding_rows},
-        {"overlapped_steps", e.overlapped_steps}}},
+        {"overlapped_steps", e.overlapped_steps},
+        {"forced_tokens", e.forced_tokens}}},
       {"kv_cache",
        {{"blocks_total", e.kv_blocks_total},
         {"blocks_used", e.kv_blocks_used},
