@@ -223,6 +223,7 @@ class JsonSchemaPath {
   // The last Step's choice among a union's shared branches (not part of the state's key).
   uint8_t num_forks_ = 0, fork_depth_ = 0, fork_byte_ = 0;
   int32_t fork_union_ = -1, fork_list_ = -1;
+  Frame fork_frame_{};  // the innermost frame before the choice (depth > 0)
 };
 
 // The byte machine of a compiled schema: the set of live JsonSchemaPaths (one, unless union

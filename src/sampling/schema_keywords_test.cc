@@ -301,6 +301,12 @@ TEST(SchemaKeywordsTest, OneOfWithExclusiveBranches) {
       {R"({"type": "object", "properties": {"v": {"oneOf": [{"type": "integer", "maximum": 9},
           {"type": "integer", "minimum": 10, "multipleOf": 5}]}}})",
        {R"({"v": 9})", R"({"v": -3})", R"({"v": 15})"}, {R"({"v": 11})", R"({"v": 1.5})"}},
+      // A one-byte literal sharing its byte with a number (a literal's end moved the frame on).
+      {R"({"type": "object", "properties": {"v": {"oneOf": [{"enum": [7, "a"]}, {"type": "integer",
+          "minimum": 10}]}, "w": {"type": "array", "items": {"anyOf": [{"const": 7}, {"type":
+          "integer"}]}}}})",
+       {R"({"v": 7})", R"({"v": 75})", R"({"w": [7, 75, 7]})"},
+       {R"({"v": 75,1]})", R"({"v": 8})", R"({"w": [75}})"}},
       {R"({"type": "object", "properties": {"v": {"type": "array", "oneOf": [{"maxItems": 1},
           {"minItems": 2}]}}})",
        {}, {}},
