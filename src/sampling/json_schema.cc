@@ -10,6 +10,7 @@
 
 #include "sampling/regex_dfa.h"
 #include "sampling/schema_disjoint.h"
+#include "sampling/schema_object_rewrite.h"
 #include "sampling/schema_regexes.h"
 #include "sampling/schema_rewrite.h"
 #include "util/check.h"
@@ -56,7 +57,8 @@ const std::set<std::string>& Understood() {
       "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
       "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
       "multipleOf", "uniqueItems", "not",           "if",               "then",
-      "else"};
+      "else",       "minProperties", "maxProperties", "dependentRequired", "propertyNames",
+      "patternProperties"};
   return k;
 }
 
@@ -335,8 +337,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     if (union_key != nullptr && std::string_view(union_key) == "oneOf") one_ofs_.push_back(id);
     return Status::Ok();
   }
-  const bool object_keys =
-      s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
+  const bool object_keys = s.contains("properties") || s.contains("required") ||
+                           s.contains("additionalProperties") || HasObjectRewriteKeyword(s);
   const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
                           s.contains("minItems") || s.contains("maxItems") ||
                           s.contains("uniqueItems");
@@ -350,6 +352,10 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   // Keywords of other types than `type` do not apply to its values (JSON Schema): a type list's
   // branches each read their own.
   SchemaNodeFacts facts{s.contains("type"), false};
+  if (type == "object" && HasObjectRewriteKeyword(s)) {
+    EMBER_ASSIGN_OR_RETURN(json plain, RewriteObjectKeywords(s, path));
+    return Fill(id, plain, path);
+  }
   if (type == "object" || type == "array") {
     EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, facts.closed, path));
   } else if (type == "string") {
@@ -565,7 +571,8 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
   for (const char* other : {"properties", "required", "additionalProperties", "items", "prefixItems",
                             "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
                             "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                            "multipleOf"}) {
+                            "multipleOf", "minProperties", "maxProperties", "dependentRequired",
+                            "propertyNames", "patternProperties"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }

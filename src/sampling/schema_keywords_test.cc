@@ -231,6 +231,25 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
           {"k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties":
           {"k": {"enum": ["b", "a"]}}, "required": ["k"]}]}}})",
        "schema.properties.n.oneOf: branches [0] and [1] may both match"},
+      {R"({"type": "object", "properties": {"n": {"type": "object", "minProperties": 1}}})",
+       "schema.properties.n.minProperties: is supported only on an object schema with properties"},
+      {R"({"type": "object", "properties": {"n": {"additionalProperties": {"type": "string"},
+          "patternProperties": {"^a": {}}}}})",
+       "schema.properties.n.patternProperties: is supported only on an object schema with"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2})",
+       "schema.minProperties: is supported where the required properties reach it"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1})",
+       "schema.maxProperties: is supported only where it allows every property (here 2)"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["a"], "propertyNames":
+          {"maxLength": 0}})",
+       "schema.propertyNames: the required property 'a' fails it: no value"},
+      {R"({"type": "object", "properties": {"a": {}}, "propertyNames": {"not": {"const": "b"}}})",
+       "schema.propertyNames.not: propertyNames supports type string, enum/const, pattern"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["a"], "dependentRequired":
+          {"a": ["z"]}})",
+       "schema.dependentRequired.a: a dependent is not a property: no value"},
+      {R"({"type": "object", "properties": {"e": {"enum": [{}], "minProperties": 1}}})",
+       "schema.properties.e.minProperties: is not supported beside enum"},
       {R"({"type": "string"})", "schema: the root schema must be an object"},
       {R"({"anyOf": [{"type": "object"}, {"type": "null"}]})",
        "schema: the root schema must be an object"},
@@ -348,6 +367,32 @@ TEST(SchemaKeywordsTest, NotIsRewrittenExactly) {
       {R"({"type": "object", "properties": {"s": {"type": "string", "allOf": [{"not": {"const": "a"}},
           {"not": {"const": "b"}}]}}})",
        {R"({"s": "c"})", R"({"s": "ab"})"}, {R"({"s": "a"})", R"({"s": "b"})"}},
+  };
+  for (const DocumentsCase& c : cases) ExpectDocuments(c.schema, c.good, c.bad);
+}
+
+TEST(SchemaKeywordsTest, ObjectKeywordsOnListedProperties) {
+  const DocumentsCase cases[] = {
+      {R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+          "minProperties": 1, "maxProperties": 2})",
+       {R"({"a": 1})", R"({"b": 2})", R"({"a": 1, "b": 2})"}, {"{}"}},
+      {R"({"type": "object", "properties": {"ab": {}, "b": {}, "Cd": {}}, "propertyNames": {"pattern":
+          "^[a-z]+$", "maxLength": 1}})",
+       {R"({"b": 1})", "{}"}, {R"({"ab": 1})", R"({"Cd": 1})"}},
+      {R"({"type": "object", "properties": {"x_n": {"type": "integer"}, "y": {"type": "integer"}},
+          "patternProperties": {"_n$": {"minimum": 0}, "^x": {"maximum": 5}}})",
+       {R"({"x_n": 5, "y": -1})"}, {R"({"x_n": -1})", R"({"x_n": 6})"}},
+      {R"({"type": "object", "properties": {"card": {"type": "string"}, "billing": {"type": "string"},
+          "cvv": {"type": "string"}, "name": {"type": "string"}}, "required": ["name"],
+          "dependentRequired": {"card": ["billing", "cvv"], "name": ["name"], "cvv": ["card"]}})",
+       {R"({"name": "n"})", R"({"card": "c", "billing": "b", "cvv": "v", "name": "n"})",
+        R"({"billing": "b", "name": "n"})"},
+       {R"({"card": "c", "name": "n"})", R"({"cvv": "v", "name": "n"})",
+        R"({"card": "c", "billing": "b", "name": "n"})"}},
+      // With a type list, only the object branch reads them.
+      {R"({"type": "object", "properties": {"o": {"type": ["object", "null"], "properties": {"a":
+          {"type": "integer"}}, "minProperties": 1}}})",
+       {R"({"o": null})", R"({"o": {"a": 1}})"}, {R"({"o": {}})"}},
   };
   for (const DocumentsCase& c : cases) ExpectDocuments(c.schema, c.good, c.bad);
 }

@@ -68,10 +68,12 @@ Result<json> MergeTypes(const json& a, const json& b, const std::string& path) {
 }
 
 bool IsLowerBound(const std::string& k) {
-  return k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems";
+  return k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems" ||
+         k == "minProperties";
 }
 bool IsUpperBound(const std::string& k) {
-  return k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems";
+  return k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems" ||
+         k == "maxProperties";
 }
 
 // A branch with additionalProperties false admits only its own properties.
@@ -164,7 +166,8 @@ Status MergeInto(json& a, const json& b_in, const std::string& path) {
 // object / array keywords imply (json_schema.cc), else all.
 std::vector<std::string> MachineTypes(const json& s) {
   if (s.contains("type")) return TypeList(s["type"]);
-  for (const char* k : {"properties", "required", "additionalProperties"})
+  for (const char* k : {"properties", "required", "additionalProperties", "minProperties",
+                        "maxProperties", "dependentRequired", "propertyNames", "patternProperties"})
     if (s.contains(k)) return {"object"};
   for (const char* k : {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})
     if (s.contains(k)) return {"array"};

@@ -242,6 +242,14 @@ add('if-then-else-root', { type: 'object', properties: { kind: { enum: ['card', 
 add('if-then-required', wrap({ type: 'object', properties: { country: { type: 'string', enum: ['US', 'CA', 'FR'] },
   zip: { type: 'string', pattern: '^[0-9]{5}$' } }, required: ['country'],
   if: { properties: { country: { const: 'US' } }, required: ['country'] }, then: { required: ['zip'] } }));
+// Object keywords on listed properties.
+add('object-min-max-properties', wrap({ type: 'object', properties: { a: { type: 'integer' }, b: { type: 'string', maxLength: 3 }, c: { type: 'boolean' } },
+                                        minProperties: 1, maxProperties: 3 }));
+add('object-property-names', wrap({ type: 'object', properties: { id: { type: 'integer' }, Name: { type: 'string' }, tag_1: { type: 'string' } },
+                                    propertyNames: { pattern: '^[a-z_0-9]+$', maxLength: 5 }, patternProperties: { '_\\d$': { maxLength: 2 } } }));
+add('object-dependent-required', { type: 'object', properties: { card: { type: 'string', pattern: '^[0-9]{4}$' }, billing: { type: 'string' },
+  cvv: { type: 'string', pattern: '^[0-9]{3}$' }, name: { type: 'string' } }, required: ['name'],
+  dependentRequired: { card: ['billing', 'cvv'], cvv: ['card'] } });
 
 fs.writeFileSync(path.join(here, 'schemas.jsonl'), corpus.map((c) => JSON.stringify(c)).join('\n') + '\n');
 console.log(`wrote ${corpus.length} schemas`);
