@@ -90,6 +90,12 @@ class Compiler {
   }
   Result<int32_t> Ref(const std::string& ref, const std::string& path);
   Status Fill(int32_t id, const json& s, const std::string& path);
+  // Fill with a rewritten schema; `narrowed`: its machine may leave out values `s` allowed.
+  Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
+    EMBER_RETURN_IF_ERROR(Fill(id, s, path));
+    facts_[static_cast<size_t>(id)].narrowed |= narrowed;
+    return Status::Ok();
+  }
   Status FillObject(JsonSchemaNode& node, const json& s, bool& closed, const std::string& path);
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
@@ -286,7 +292,7 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   if (s.contains("nullable")) return Fill(id, WithoutNullable(s), path);
   if (s.contains("if") || s.contains("then") || s.contains("else")) {
     EMBER_ASSIGN_OR_RETURN(json plain, WithoutIf(s, root_, path));
-    return Fill(id, plain, path);
+    return FillNarrowed(id, plain, true, path);
   }
   if (s.contains("allOf")) {
     EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
@@ -294,7 +300,14 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   if (s.contains("not")) {  // unchanged: strings excluded from a string (StringAutomaton)
     EMBER_ASSIGN_OR_RETURN(json positive, WithoutNot(s, root_, path));
-    if (positive != s) return Fill(id, positive, path);
+    // Exact beside a named type or literals for the forms type / const / enum (not objects).
+    const json& n = s["not"];
+    bool exact = s.contains("type") || s.contains("enum") || s.contains("const");
+    if (n.is_object()) {
+      for (auto it = n.begin(); it != n.end(); ++it)
+        exact = exact && (it.key() == "type" || it.key() == "enum" || it.key() == "const");
+    }
+    if (positive != s) return FillNarrowed(id, positive, !exact, path);
   }
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
@@ -354,7 +367,7 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   SchemaNodeFacts facts{s.contains("type"), false};
   if (type == "object" && HasObjectRewriteKeyword(s)) {
     EMBER_ASSIGN_OR_RETURN(json plain, RewriteObjectKeywords(s, path));
-    return Fill(id, plain, path);
+    return FillNarrowed(id, plain, s.contains("minProperties"), path);
   }
   if (type == "object" || type == "array") {
     EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, facts.closed, path));

@@ -78,6 +78,7 @@ class Prover {
 
 bool Prover::Admits(const json& v, int32_t n, bool machine, int depth) const {
   if (n < 0 || depth > kMaxDepth) return true;
+  if (!machine && g_.facts[static_cast<size_t>(n)].narrowed) return true;
   const JsonSchemaNode& node = N(n);
   switch (node.kind) {
     case JsonSchemaNode::kAny: return true;
@@ -194,7 +195,7 @@ bool Prover::ArraysExclude(const JsonSchemaNode& a, const JsonSchemaNode& b, int
 }
 
 bool Prover::Excludes(int32_t a, int32_t b, int depth) const {
-  if (a < 0 || b < 0 || depth > kMaxDepth) return false;
+  if (a < 0 || b < 0 || depth > kMaxDepth || g_.facts[static_cast<size_t>(b)].narrowed) return false;
   const JsonSchemaNode& na = N(a);
   const JsonSchemaNode& nb = N(b);
   if (na.kind == JsonSchemaNode::kUnion || nb.kind == JsonSchemaNode::kUnion) {

@@ -29,6 +29,9 @@ struct SchemaNodeFacts {
   // an object or array node (inferred from its keywords) accepts every value of other types.
   bool typed = false;
   bool closed = false;  // an object schema with additionalProperties false
+  // Compiled from a rewrite (not, if, minProperties) whose machine may leave out values the
+  // schema allows (unlisted keys, other types): as the other branch, nothing is proven.
+  bool narrowed = false;
 };
 
 struct SchemaGraph {

@@ -250,6 +250,15 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
        "schema.dependentRequired.a: a dependent is not a property: no value"},
       {R"({"type": "object", "properties": {"e": {"enum": [{}], "minProperties": 1}}})",
        "schema.properties.e.minProperties: is not supported beside enum"},
+      // A branch rewritten from not / minProperties may allow more than its machine writes: the
+      // other branch's values ("s"; {"zzz": 1}, valid under minProperties) may match it.
+      {R"({"type": "object", "properties": {"n": {"oneOf": [{"type": "string"}, {"properties":
+          {"a": {}}, "not": {"type": "null"}}]}}})",
+       "schema.properties.n.oneOf: branches [0] and [1] may both match"},
+      {R"({"type": "object", "properties": {"n": {"oneOf": [{"type": "object", "properties": {"zzz":
+          {"type": "integer"}}, "required": ["zzz"]}, {"type": "object", "properties": {"a": {}},
+          "minProperties": 1}]}}})",
+       "schema.properties.n.oneOf: branches [0] and [1] may both match"},
       {R"({"type": "string"})", "schema: the root schema must be an object"},
       {R"({"anyOf": [{"type": "object"}, {"type": "null"}]})",
        "schema: the root schema must be an object"},
