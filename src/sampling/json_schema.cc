@@ -373,6 +373,7 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, facts.closed, path));
   } else if (type == "string") {
     node.kind = JsonSchemaNode::kString;
+    facts.narrowed = s.contains("format");  // its regex is an approximation (schema_regexes.h)
     for (const char* key : {"minLength", "maxLength"}) {
       const auto it = s.find(key);
       if (it == s.end()) continue;

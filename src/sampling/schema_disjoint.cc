@@ -1,5 +1,7 @@
 #include "sampling/schema_disjoint.h"
 
+#include "sampling/schema_rewrite.h"
+
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -88,7 +90,7 @@ bool Prover::Admits(const json& v, int32_t n, bool machine, int depth) const {
       return false;
     case JsonSchemaNode::kLiterals:
       for (const std::string& l : node.literals)
-        if (json::parse(l) == v) return true;  // numbers compare by value (1 == 1.0)
+        if (JsonEqual(json::parse(l), v)) return true;
       return false;
     default: break;
   }

@@ -30,7 +30,8 @@ struct SchemaNodeFacts {
   bool typed = false;
   bool closed = false;  // an object schema with additionalProperties false
   // Compiled from a rewrite (not, if, minProperties) whose machine may leave out values the
-  // schema allows (unlisted keys, other types): as the other branch, nothing is proven.
+  // schema allows (unlisted keys, other types), or a string with a `format` (its regex is
+  // narrower): as the other branch, nothing is proven.
   bool narrowed = false;
 };
 

@@ -101,7 +101,9 @@ json Literals(const json& s) {
 }
 
 bool Contains(const json& list, const json& v) {
-  return std::find(list.begin(), list.end(), v) != list.end();
+  for (const json& x : list)
+    if (JsonEqual(x, v)) return true;
+  return false;
 }
 
 // enum / const of both: the values in both, as an enum.
@@ -293,6 +295,11 @@ bool OnlyKeys(const json& n, std::initializer_list<const char*> allowed) {
 }
 
 }  // namespace
+
+bool JsonEqual(const json& a, const json& b) {
+  if (!a.is_structured() && !b.is_structured()) return a == b;
+  return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
+}
 
 bool JsonHasType(const json& v, const std::string& type) {
   if (type == "string") return v.is_string();

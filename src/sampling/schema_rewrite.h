@@ -56,6 +56,9 @@ Result<nlohmann::ordered_json> WithoutNot(const nlohmann::ordered_json& s,
                                           const nlohmann::ordered_json& root,
                                           const std::string& path);
 
+// JSON Schema's equality: numbers by value (1 == 1.0), object keys in any order.
+bool JsonEqual(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b);
+
 // `v` is of the JSON Schema type `type` ("integer": a number without fraction, 1.0 too).
 bool JsonHasType(const nlohmann::ordered_json& v, const std::string& type);
 
