@@ -67,6 +67,11 @@ const std::set<std::string>& Understood() {
 constexpr int kMaxSubschemaDepth = 64;
 constexpr int kMaxSchemaJsonDepth = 128;
 constexpr uint8_t kNoValue = JsonSchemaMachine::kMaxFrames + 1;  // min_frames: nothing fits
+// oneOf proofs (schema_disjoint.h): branches per oneOf, automaton products per schema.
+constexpr size_t kMaxOneOfBranches = 64;
+constexpr int kMaxProofIntersections = 256;
+// Rewrites of not / if / object keywords per schema (each may copy its schema into branches).
+constexpr int kMaxRewrites = 256;
 
 class Compiler {
  public:
@@ -92,6 +97,10 @@ class Compiler {
   Status Fill(int32_t id, const json& s, const std::string& path);
   // Fill with a rewritten schema; `narrowed`: its machine may leave out values `s` allowed.
   Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
+    if (++rewrites_ > kMaxRewrites) {
+      return Status::Error(path + ": more than " + std::to_string(kMaxRewrites) +
+                           " not/if/object-keyword rewrites in one schema");
+    }
     EMBER_RETURN_IF_ERROR(Fill(id, s, path));
     facts_[static_cast<size_t>(id)].narrowed |= narrowed;
     return Status::Ok();
@@ -113,6 +122,7 @@ class Compiler {
   std::string root_path_;  // names the root in errors
   int depth_ = 0;       // Node() calls open on the compile path
   int containers_ = 0;  // objects and arrays open on the compile path
+  int rewrites_ = 0;    // FillNarrowed calls (kMaxRewrites)
   std::vector<JsonSchemaNode> nodes_;
   std::vector<std::vector<int32_t>> branches_;  // kUnion: the branch nodes, resolved at the end
   std::vector<std::string> paths_;              // kUnion: where, for errors
@@ -725,11 +735,17 @@ Status Compiler::FinishUnions() {
 // the schema is refused naming the pair.
 Status Compiler::CheckOneOf() const {
   const SchemaGraph graph{nodes_, branches_, facts_, dfas_};
+  int intersections = kMaxProofIntersections;
   for (const int32_t id : one_ofs_) {
     const std::vector<int32_t>& branches = branches_[static_cast<size_t>(id)];
+    if (branches.size() > kMaxOneOfBranches) {
+      return Unsupported(paths_[static_cast<size_t>(id)],
+                         "at most " + std::to_string(kMaxOneOfBranches) +
+                             " branches are supported (each pair is proven exclusive)");
+    }
     for (size_t i = 0; i < branches.size(); ++i) {
       for (size_t j = 0; j < branches.size(); ++j) {
-        if (i == j || MachineExcludes(graph, branches[i], branches[j])) continue;
+        if (i == j || MachineExcludes(graph, branches[i], branches[j], &intersections)) continue;
         return Unsupported(
             paths_[static_cast<size_t>(id)],
             "branches [" + std::to_string(std::min(i, j)) + "] and [" +
@@ -820,8 +836,8 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   }
   Compiler compiler(schema, path);
   EMBER_ASSIGN_OR_RETURN(int32_t root, compiler.Node(schema, path));
-  EMBER_RETURN_IF_ERROR(compiler.FinishUnions());
   EMBER_RETURN_IF_ERROR(compiler.CheckOneOf());
+  EMBER_RETURN_IF_ERROR(compiler.FinishUnions());
   auto out = std::make_shared<CompiledJsonSchema>();
   out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();

@@ -54,7 +54,7 @@ size_t CodePoints(const std::string& s) {
 
 class Prover {
  public:
-  explicit Prover(const SchemaGraph& g) : g_(g) {}
+  Prover(const SchemaGraph& g, int* intersections) : g_(g), intersections_(intersections) {}
 
   // No value the machine writes for `a` is valid against `b` (-1: any value).
   bool Excludes(int32_t a, int32_t b, int depth) const;
@@ -69,13 +69,15 @@ class Prover {
   bool ObjectsExclude(int32_t a, int32_t b, int depth) const;
   bool ArraysExclude(const JsonSchemaNode& a, const JsonSchemaNode& b, int depth) const;
   bool DfasDisjoint(int32_t x, int32_t y) const {
-    if (x < 0 || y < 0) return false;
+    if (x < 0 || y < 0 || *intersections_ <= 0) return false;
+    --*intersections_;
     auto both = RegexDfa::Intersect(*g_.dfas[static_cast<size_t>(x)],
                                     *g_.dfas[static_cast<size_t>(y)], "oneOf");
     return !both.ok() && both.message().find("no string matches") != std::string::npos;
   }
 
   const SchemaGraph& g_;
+  int* intersections_;
 };
 
 bool Prover::Admits(const json& v, int32_t n, bool machine, int depth) const {
@@ -228,8 +230,8 @@ bool Prover::Excludes(int32_t a, int32_t b, int depth) const {
 
 }  // namespace
 
-bool MachineExcludes(const SchemaGraph& g, int32_t a, int32_t b) {
-  return Prover(g).Excludes(a, b, 0);
+bool MachineExcludes(const SchemaGraph& g, int32_t a, int32_t b, int* intersections) {
+  return Prover(g, intersections).Excludes(a, b, 0);
 }
 
 }  // namespace ember

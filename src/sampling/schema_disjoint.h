@@ -43,6 +43,8 @@ struct SchemaGraph {
 };
 
 // True when no value the machine writes for node `a` is valid against node `b`'s schema.
-bool MachineExcludes(const SchemaGraph& g, int32_t a, int32_t b);
+// `*intersections` bounds the automaton products tried (each up to RegexDfa::kMaxStates), shared
+// by a compile's proofs: at 0, strings and integers are "may overlap".
+bool MachineExcludes(const SchemaGraph& g, int32_t a, int32_t b, int* intersections);
 
 }  // namespace ember
