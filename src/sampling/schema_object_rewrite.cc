@@ -178,10 +178,15 @@ Result<json> PropertyCounts(json s, const std::string& path) {
     return Refuse(path + ".minProperties", "is supported where the required properties reach it, "
                                            "and 1 on at most 8 optional properties");
   }
-  json branches = json::array();  // one optional property present in each
-  for (const auto& [name, sub] : s["properties"].items()) {
+  // Branch i: the first property written is the i-th (the earlier ones absent), so the branches
+  // exclude each other from the first key on and the machine follows one path after it.
+  json branches = json::array();
+  std::vector<std::string> names;
+  for (const auto& [name, sub] : s["properties"].items()) names.push_back(name);
+  for (size_t i = 0; i < names.size(); ++i) {
     json one = s;
-    Require(one, name);
+    for (size_t j = 0; j < i; ++j) one["properties"].erase(names[j]);
+    Require(one, names[i]);
     branches.push_back(std::move(one));
   }
   return json{{"anyOf", std::move(branches)}};

@@ -7,7 +7,7 @@
 //    pattern's schema (allOf);
 //  - maxProperties: enforced where it allows every listed property (else an error);
 //  - minProperties: enforced where the required properties reach it, and for 1 as anyOf of
-//    "this optional property is present" (at most 8);
+//    "the first property written is this one" (at most 8; the branches exclude each other);
 //  - dependentRequired: a required trigger adds its dependents to required; an optional one
 //    splits into anyOf[without it, with it and its dependents required].
 // On an object without properties (any keys) they are refused, naming the keyword, except where

@@ -257,12 +257,18 @@ Result<json> NotObject(const json& rest, const json& n, const std::string& where
   const json required = rest.contains("required") ? rest["required"] : json::array();
   json disjuncts = json::array();
   if (n.contains("required")) {
+    std::vector<std::string> before;  // the earlier keys with a branch: present in the later ones
     for (const json& name : n["required"]) {
       if (!name.is_string()) return Refuse(where + ".required", "must be an array of names");
       if (!props.contains(name.get<std::string>())) return rest;  // never written: never all there
       if (Contains(required, name)) continue;
-      json d = rest;
+      json d = rest;  // the first missing key is this one (the branches exclude each other)
       d["properties"].erase(name.get<std::string>());
+      for (const std::string& b : before) {
+        if (!d.contains("required")) d["required"] = json::array();
+        d["required"].push_back(b);
+      }
+      before.push_back(name.get<std::string>());
       disjuncts.push_back(std::move(d));
     }
   }
