@@ -95,6 +95,7 @@ class Compiler {
   }
   Result<int32_t> Ref(const std::string& ref, const std::string& path);
   Status Fill(int32_t id, const json& s, const std::string& path);
+  Result<bool> Rewrite(int32_t id, const json& s, const std::string& path);
   // Fill with a rewritten schema; `narrowed`: its machine may leave out values `s` allowed.
   Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
     if (++rewrites_ > kMaxRewrites) {
@@ -287,6 +288,37 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
   return Status::Ok();
 }
 
+// The keywords compiled as another schema (schema_rewrite.h): nullable, if/then/else, allOf, not.
+// True when `s` was one and node `id` is filled.
+Result<bool> Compiler::Rewrite(int32_t id, const json& s, const std::string& path) {
+  if (s.contains("nullable")) {
+    EMBER_RETURN_IF_ERROR(Fill(id, WithoutNullable(s), path));
+    return true;
+  }
+  if (s.contains("if") || s.contains("then") || s.contains("else")) {
+    EMBER_ASSIGN_OR_RETURN(json plain, WithoutIf(s, root_, path));
+    EMBER_RETURN_IF_ERROR(FillNarrowed(id, plain, true, path));
+    return true;
+  }
+  if (s.contains("allOf")) {
+    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
+    EMBER_RETURN_IF_ERROR(Fill(id, merged, path));
+    return true;
+  }
+  if (!s.contains("not")) return false;
+  EMBER_ASSIGN_OR_RETURN(json positive, WithoutNot(s, root_, path));
+  if (positive == s) return false;  // strings excluded from a string (StringAutomaton)
+  // Exact beside a named type or literals for the forms type / const / enum (not objects).
+  const json& n = s["not"];
+  bool exact = s.contains("type") || s.contains("enum") || s.contains("const");
+  if (n.is_object()) {
+    for (auto it = n.begin(); it != n.end(); ++it)
+      exact = exact && (it.key() == "type" || it.key() == "enum" || it.key() == "const");
+  }
+  EMBER_RETURN_IF_ERROR(FillNarrowed(id, positive, !exact, path));
+  return true;
+}
+
 Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   JsonSchemaNode node;
   if (s.is_boolean()) {
@@ -299,26 +331,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
-  if (s.contains("nullable")) return Fill(id, WithoutNullable(s), path);
-  if (s.contains("if") || s.contains("then") || s.contains("else")) {
-    EMBER_ASSIGN_OR_RETURN(json plain, WithoutIf(s, root_, path));
-    return FillNarrowed(id, plain, true, path);
-  }
-  if (s.contains("allOf")) {
-    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
-    return Fill(id, merged, path);
-  }
-  if (s.contains("not")) {  // unchanged: strings excluded from a string (StringAutomaton)
-    EMBER_ASSIGN_OR_RETURN(json positive, WithoutNot(s, root_, path));
-    // Exact beside a named type or literals for the forms type / const / enum (not objects).
-    const json& n = s["not"];
-    bool exact = s.contains("type") || s.contains("enum") || s.contains("const");
-    if (n.is_object()) {
-      for (auto it = n.begin(); it != n.end(); ++it)
-        exact = exact && (it.key() == "type" || it.key() == "enum" || it.key() == "const");
-    }
-    if (positive != s) return FillNarrowed(id, positive, !exact, path);
-  }
+  EMBER_ASSIGN_OR_RETURN(const bool rewritten, Rewrite(id, s, path));
+  if (rewritten) return Status::Ok();
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
   if (s.contains("enum") || s.contains("const")) {
