@@ -211,8 +211,9 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
     EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(model, config));
   }
   const int64_t per_token = model.KvBytesPerToken();
-  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows),
-  // taken from an explicit --kv-cache-bytes, or added to the default KV budget.
+  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows) and,
+  // with speculation, its snapshot slots, taken from an explicit --kv-cache-bytes, or added to
+  // the default KV budget.
   if (model.has_recurrent_state()) {
     sizing.num_spec_snapshot_slots = SpecSnapshotSlots(config);
     sizing.state_bytes = (int64_t{config.max_running} + 1 + sizing.num_spec_snapshot_slots) *
