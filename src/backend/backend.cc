@@ -207,6 +207,10 @@ std::string ShapeString(const Tensor& t) {
 std::string Backend::RecurrentUnsupported() const {
   return "gated DeltaNet linear attention is not supported on the " + name() + " backend yet";
 }
+std::string Backend::StateSnapshotsUnsupported() const {
+  return "the " + name() + " backend does not keep per-row recurrent-state snapshots " +
+         "(SequenceSlice::snapshot_slot) yet";
+}
 Status Backend::AllocateStateSlots(int32_t, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (AllocateStateSlots)");
 }

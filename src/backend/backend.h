@@ -367,6 +367,10 @@ class Backend {
   // has no such layers) ----
   // Why this backend cannot run recurrent layers ("" when it can; refused at load).
   virtual std::string RecurrentUnsupported() const;
+  // Why this backend cannot keep per-row state snapshots (SequenceSlice::snapshot_slot: the
+  // state after each row but the last also copied to consecutive slots; speculative decoding's
+  // rollback) ("" when it can; the engine refuses speculation on a recurrent model otherwise).
+  virtual std::string StateSnapshotsUnsupported() const;
   // Called once, before the first step of a model with recurrent layers.
   virtual Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot);
   // Copies state slot `src` over slot `dst` (the whole slot), after every op enqueued so far and

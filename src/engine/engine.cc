@@ -92,7 +92,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks,
-                                             sizing.num_state_checkpoints));
+                                             sizing.num_state_checkpoints,
+                                             sizing.num_spec_snapshot_slots));
   EMBER_ASSIGN_OR_RETURN(PromptCacheStores stores,
                          OpenPromptCacheStores(*model, sizing.config, sizing.num_blocks));
   auto engine = std::unique_ptr<Engine>(
@@ -142,6 +143,12 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
   if (model->has_recurrent_state()) {
     state_slots_ = std::make_unique<StateSlots>(config_.max_running);
     scheduler_.set_state_slots(state_slots_.get());
+  }
+  if (sizing.num_spec_snapshot_slots > 0) {  // after the sequences', scratch and checkpoints
+    builder_.set_state_snapshots(config_.max_running + 1 + sizing.num_state_checkpoints,
+                                 config_.speculation.num_spec_tokens,
+                                 sizing.num_spec_snapshot_slots /
+                                     config_.speculation.num_spec_tokens);
   }
   if (sizing.num_state_checkpoints > 0) {
     checkpoints_ = std::make_unique<kv::StateCheckpoints>(

@@ -253,7 +253,8 @@ TEST(HybridModelTest, SamplesAndPaddedStepsGiveTheSoloTokens) {
 
 // A hybrid model's prefix cache keeps recurrent-state checkpoints, taken out of the KV budget
 // (an eighth by default, --state-checkpoint-bytes, 0 turning the prefix cache off); a bad
-// interval, the disk prompt cache and speculative decoding are refused, naming the reason.
+// interval and the disk prompt cache are refused, naming the reason; speculation adds snapshot
+// slots.
 TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsAndPromptCacheRefused) {
   const std::string dir = ModelDir("qwen3_next");
   EMBER_REQUIRE_DIR(dir);
@@ -307,11 +308,26 @@ TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsAndPromptCacheRefused) {
   auto refused = SizeEngine(*model, with_disk);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("recurrent"), std::string::npos) << refused.message();
-  EngineConfig spec;
+  // Speculation (the CPU backend keeps per-row state snapshots): num_spec_tokens snapshot slots
+  // for each sequence that may draft at once, taken from the explicit budget with the others.
+  EngineConfig spec = budget;
   spec.speculation.method = SpeculationConfig::Method::kNgram;
-  auto spec_refused = SizeEngine(*model, spec);
-  ASSERT_FALSE(spec_refused.ok());
-  EXPECT_NE(spec_refused.message().find("speculative"), std::string::npos);
+  spec.speculation.num_spec_tokens = 3;
+  spec.speculation.max_batch = 2;
+  auto with_spec = SizeEngine(*model, spec);
+  ASSERT_TRUE(with_spec.ok()) << with_spec.message();
+  EXPECT_EQ(with_spec->num_spec_snapshot_slots, 2 * 3);
+  EXPECT_EQ(with_spec->state_bytes, (5 + 6) * per_state);
+  EXPECT_LE(with_spec->kv_cache_bytes + with_spec->state_bytes +
+                with_spec->state_checkpoint_bytes,
+            budget.kv_cache_bytes);
+  spec.speculation.max_batch = 16;  // more than max_running: max_running sequences draft at most
+  EXPECT_EQ(SizeEngine(*model, spec)->num_spec_snapshot_slots, 4 * 3);
+  spec.kv_cache_bytes = (5 + 12) * per_state;  // exactly the slots: no room left
+  auto too_small = SizeEngine(*model, spec);
+  ASSERT_FALSE(too_small.ok());
+  EXPECT_NE(too_small.message().find("12 speculation snapshots"), std::string::npos)
+      << too_small.message();
 }
 
 // Tokens and their logprobs (top 3) of a greedy request's one sample.

@@ -22,11 +22,12 @@ class ModelRunner : public KvBlockIo {
  public:
   // Allocates the KV pool (num_blocks for the sequences, one more for the padding rows) and, for
   // a model with recurrent layers, its state slots (one per running sequence, the padding rows'
-  // scratch slot at max_running, then num_state_checkpoints checkpoint slots), picks the graph
-  // buckets this engine can use and warms them up (WarmUpDecodeGraphs). `model` must outlive
-  // the runner.
+  // scratch slot at max_running, then num_state_checkpoints checkpoint slots, then
+  // num_spec_snapshots speculation snapshot slots), picks the graph buckets this engine can use
+  // and warms them up (WarmUpDecodeGraphs). `model` must outlive the runner.
   static Result<ModelRunner> Create(Model* model, const EngineConfig& config, int32_t num_blocks,
-                                    int32_t num_state_checkpoints = 0);
+                                    int32_t num_state_checkpoints = 0,
+                                    int32_t num_spec_snapshots = 0);
 
   // The launches' counters, with EngineStats' meaning (the engine publishes them).
   struct Counters {

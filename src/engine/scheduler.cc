@@ -67,6 +67,7 @@ void Scheduler::TakeCheckpoint(Sequence* seq) {
 int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
                               int32_t reserve_blocks) {
   if (seq->draft.empty() || num_new != 1 || seq->num_uncomputed() != 1) return 0;
+  if (IsCheckpoint(seq, seq->num_computed_tokens + num_new)) return 0;
   const int32_t num_draft = std::min(static_cast<int32_t>(seq->draft.size()), budget - 1);
   if (num_draft <= 0) return 0;
   const int32_t end = seq->num_computed_tokens + 1 + num_draft;

@@ -89,6 +89,8 @@ struct RunOptions {
   bool stagger = false;
   bool solo = false;  // one request at a time
   bool jump_forward = true;  // EngineConfig::jump_forward
+  int32_t state_checkpoint_interval = 0;  // 0: the default (a hybrid model's checkpoints)
+  int64_t state_checkpoint_bytes = -1;    // -1: auto
   SpeculationConfig::Method method = SpeculationConfig::Method::kNone;
   std::unique_ptr<DraftSource> source;  // replaces `method`'s when set
 };
@@ -105,6 +107,9 @@ RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>
   config.kv_cache_bytes = options.kv_cache_bytes;
   config.jump_forward = options.jump_forward;
   config.speculation.method = options.method;
+  if (options.state_checkpoint_interval > 0)
+    config.state_checkpoint_interval = options.state_checkpoint_interval;
+  config.state_checkpoint_bytes = options.state_checkpoint_bytes;
   config.speculation.num_spec_tokens = 4;
   config.speculation.max_batch = 64;
   if (options.source != nullptr) config.speculation.method = SpeculationConfig::Method::kNgram;
@@ -231,7 +236,7 @@ TEST_P(SpecGreedyTest, GoldenContinuationsWithDraftsSoloAndBatched) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpecGreedyTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
                                            "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
-                                           "gemma3"));
+                                           "gemma3", "qwen3_next"));
 
 std::vector<GenerationRequest> SampledRequests() {
   std::vector<GenerationRequest> requests;
@@ -306,6 +311,120 @@ TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
     // More than one token per target step on average: the drafts paid.
     EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
   }
+}
+
+// A hybrid model (qwen3_next: gated DeltaNet layers whose recurrent state advances past every
+// verified row): rejected drafts are rolled back from the per-row state snapshots, so greedy
+// outputs are the plain ones, with ngram drafts on copy-heavy prompts (the random-weight fixture
+// never copies them, so every ngram draft is rejected) solo and batched, and with replayed drafts
+// (one in three wrong: kept and rejected) batched with n = 2; all with the prefix cache on:
+// state checkpoints taken every block, also while decoding (never on a step that verifies
+// drafts), and later requests whose prompts are earlier ones plus part of their outputs hit them
+// and still get the plain tokens.
+TEST(SpecDecodeTest, HybridModelRollsBackRejectedDrafts) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok());
+  const int64_t per_state = (*probe)->StateBytesPerSequence();
+  std::vector<GenerationRequest> requests;
+  const std::vector<std::vector<int32_t>> motifs = {
+      {11, 12, 13, 14, 15}, {200, 201, 202}, {40, 41, 42, 43, 44, 45, 46}, {7, 300, 7, 301}};
+  for (size_t i = 0; i < motifs.size(); ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int rep = 0; rep < 5; ++rep)
+      prompt.insert(prompt.end(), motifs[i].begin(), motifs[i].end());
+    prompt.push_back(90 + static_cast<int32_t>(i));
+    requests.push_back(Greedy(prompt, 48));
+  }
+  requests.push_back(requests[1]);
+  requests.back().n = 2;
+  auto options = [&](bool solo) {
+    RunOptions o;
+    o.solo = solo;
+    o.max_step_tokens = solo ? 0 : 13;
+    o.state_checkpoint_interval = 16;
+    o.state_checkpoint_bytes = 32 * per_state;
+    return o;
+  };
+  const RunResult first = RunEngine(dir, requests, options(true));
+  ASSERT_EQ(first.outputs.size(), requests.size());
+  // Prompts that extend earlier requests by part of their output: prefix hits past a prompt.
+  for (size_t i = 0; i < 2; ++i) {
+    GenerationRequest more = requests[i];
+    const std::vector<int32_t>& out = first.outputs[i][0].ids;
+    more.prompt_ids.insert(more.prompt_ids.end(), out.begin(), out.begin() + 30);
+    more.max_tokens = 24;
+    requests.push_back(more);
+  }
+  const RunResult plain = RunEngine(dir, requests, options(true));
+  auto expect_plain = [&](const RunResult& got, const std::string& what) {
+    ASSERT_EQ(got.outputs.size(), requests.size()) << what;
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i << ", " << what;
+    EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens) << what;
+  };
+  for (bool solo : {true, false}) {
+    RunOptions ngram = options(solo);
+    ngram.method = SpeculationConfig::Method::kNgram;
+    const RunResult got = RunEngine(dir, requests, std::move(ngram));
+    expect_plain(got, solo ? "ngram solo" : "ngram batched");
+    EXPECT_GT(got.stats.spec_draft_tokens, 0);
+    if (solo) {
+      EXPECT_GT(got.stats.prefix_hit_tokens, 2 * 32) << "no prefix hit past a prompt";
+    }
+  }
+  for (bool solo : {true, false}) {
+    RunOptions replay = options(solo);
+    replay.source = Replay(requests, plain, 3, (*probe)->config().vocab_size);
+    const RunResult got = RunEngine(dir, requests, std::move(replay));
+    expect_plain(got, solo ? "replay solo" : "replay batched");
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);  // drafts paid
+    if (solo) {
+      EXPECT_GT(got.stats.prefix_hit_tokens, 2 * 32) << "no prefix hit past a prompt";
+    }
+  }
+}
+
+// A hybrid model with replayed drafts wrong at a known rate (every 2nd, 3rd token): seeded
+// sampled requests with every processor, n = 2, batched, give the plain tokens and logprobs; and
+// with a KV cache small enough to preempt, rejected drafts leave no block behind.
+TEST(SpecDecodeTest, HybridModelSeededSampledAndPreemptedOutputsAreIdentical) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  const int32_t vocab = 512;
+  const std::vector<GenerationRequest> requests = SampledRequests();
+  RunOptions plain_options;
+  plain_options.max_running = 4;
+  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  for (int32_t error_every : {2, 3}) {
+    RunOptions spec;
+    spec.max_running = 4;
+    spec.source = Replay(requests, plain, error_every, vocab);
+    const RunResult got = RunEngine(dir, requests, std::move(spec));
+    ASSERT_EQ(got.outputs.size(), plain.outputs.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i << " errors " << error_every;
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
+  }
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok());
+  const int64_t per_state = (*probe)->StateBytesPerSequence();
+  const int64_t per_token = (*probe)->KvBytesPerToken();
+  RunOptions small;
+  small.max_running = 6;
+  // Six sequences' slots, the scratch one, 6 x 4 snapshots, 4 checkpoints and 14 blocks.
+  small.state_checkpoint_bytes = 4 * per_state;
+  small.kv_cache_bytes = (6 + 1 + 24 + 4) * per_state + 14 * 16 * per_token;
+  small.source = Replay(requests, plain, 3, vocab);
+  const RunResult preempted = RunEngine(dir, requests, std::move(small));
+  ASSERT_EQ(preempted.outputs.size(), plain.outputs.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_TRUE(preempted.outputs[i] == plain.outputs[i]) << "request " << i << " preempted";
+  EXPECT_GT(preempted.stats.preemptions, 0) << "no preemption: make the cache smaller";
+  EXPECT_GT(preempted.stats.spec_draft_tokens, preempted.stats.spec_accepted_tokens);
 }
 
 // A constrained request's rows are verified under the constraint's mask as if the drafts before

@@ -130,12 +130,19 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
 }
 
 // A sequence verifying drafts: one kCopy logits row per draft, after the sampled and padding rows
-// (the sampled rows keep rows 0..real_rows-1).
+// (the sampled rows keep rows 0..real_rows-1); with recurrent layers, its snapshot slots.
 void StepBuilder::AddDraftRows(StepBatch& step) {
   BatchPlan& batch = step.batch;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
     const ScheduledSequence& s = step.scheduled[i];
     if (s.num_draft == 0) continue;
+    if (snapshot_first_ >= 0) {
+      const auto group = static_cast<int32_t>(step.draft_rows.size());
+      CHECK(group < snapshot_groups_ && s.num_draft <= snapshot_per_sequence_)
+          << "drafting sequence " << group << " with " << s.num_draft << " drafts: only "
+          << snapshot_groups_ << " snapshot runs of " << snapshot_per_sequence_;
+      batch.seqs[i].snapshot_slot = snapshot_first_ + group * snapshot_per_sequence_;
+    }
     StepBatch::DraftRows run;
     run.scheduled_index = i;
     run.first_row = static_cast<int32_t>(batch.logits_rows.size());

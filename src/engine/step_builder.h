@@ -10,7 +10,9 @@
 // the step and reserves the checkpoint slots of the step's saves). A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
 // sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
-// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.
+// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them; on a
+// model with recurrent layers it also names the slots where the backend keeps the sequence's
+// state after each of those rows (SequenceSlice::snapshot_slot), to roll back rejected drafts.
 // Engine thread.
 #pragma once
 
@@ -126,6 +128,15 @@ class StepBuilder {
       : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
   // A hybrid model with state checkpoints: steps carry their restores and saves (StepBatch).
   void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
+  // Speculation on a model with recurrent layers: `groups` runs of `per_sequence` consecutive
+  // snapshot slots from `first_slot` on; the g-th sequence verifying drafts in a step gets run g
+  // as its SequenceSlice::snapshot_slot (the postprocessor rolls back from it). One step with
+  // drafts at a time: it completes before the next one launches (MayDefer), so runs are reused.
+  void set_state_snapshots(int32_t first_slot, int32_t per_sequence, int32_t groups) {
+    snapshot_first_ = first_slot;
+    snapshot_per_sequence_ = per_sequence;
+    snapshot_groups_ = groups;
+  }
 
   // The step's rows and whether it may be deferred. Reads only what the step in flight cannot
   // change (its sampled tokens pass through as fed placeholders). From here on the step holds
@@ -153,6 +164,7 @@ class StepBuilder {
   kv::KvCacheManager* kv_;
   EngineStats* counters_;
   kv::StateCheckpoints* checkpoints_ = nullptr;
+  int32_t snapshot_first_ = -1, snapshot_per_sequence_ = 0, snapshot_groups_ = 0;
   std::vector<int32_t> chunk_;  // scratch: one sequence's new tokens
 };
 

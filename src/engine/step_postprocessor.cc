@@ -219,7 +219,7 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
   const int32_t first_index = step.token_index[i];  // the placeholder Launched put
   std::vector<TokenEvent> events;
   int32_t accepted = 0;
-  bool blocked = false;
+  bool blocked = false, rolled_back = true;
   for (int32_t j = 0; j <= k; ++j) {
     SampleOutput out = j == 0 ? TakeRowOutput(step, row)
                               : SampleRow(step, static_cast<size_t>(run.first_row + j - 1), seq);
@@ -247,6 +247,7 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
     CHECK_EQ(computed_end, seq->num_tokens() - 1)
         << "seq " << seq->id << " verified " << k << " drafts, emitted " << emitted;
     kv_->Truncate(seq->id, seq->num_tokens());
+    rolled_back = RollBackState(step, i, emitted);
   }
   CommitComputed(step, i, computed_end);
   for (TokenEvent& event : events) Emit(seq, std::move(event));
@@ -254,7 +255,21 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
     LOG_WARN << "request " << seq->request->request_id
              << ": the output constraint allows no token";
     sequences_->EndWithoutToken(seq, FinishReason::kError);
+  } else if (!rolled_back && seq->finish == FinishReason::kNone) {
+    sequences_->EndWithoutToken(seq, FinishReason::kError);
   }
+}
+
+bool StepPostprocessor::RollBackState(const StepBatch& step, size_t i, int32_t rows) {
+  const SequenceSlice& slice = step.batch.seqs[i];
+  if (slice.snapshot_slot < 0 || rows >= slice.query_len) return true;
+  const Sequence* seq = step.scheduled[i].seq;
+  CHECK_EQ(slice.state_slot, seq->state_slot) << "seq " << seq->id << " changed state slots";
+  Status st = runner_->CopyStateSlot(slice.snapshot_slot + rows - 1, seq->state_slot);
+  if (st.ok()) return true;
+  LOG_ERROR << "request " << seq->request->request_id
+            << ": rolling back its recurrent state failed: " << st.message();
+  return false;
 }
 
 SampleOutput StepPostprocessor::SampleRow(StepBatch& step, size_t logits_row, Sequence* seq) {

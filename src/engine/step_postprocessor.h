@@ -8,7 +8,9 @@
 // (speculator.h) takes its tokens row by row (VerifyDrafts): each row sampled on the host with the
 // state its earlier tokens left, kept while it equals the draft; then its computed end is rolled
 // back to what was kept, the blocks past it are released (KvCacheManager::Truncate) and only then
-// are its blocks committed, so no rejected token reaches the prefix cache. Then each sequence
+// are its blocks committed, so no rejected token reaches the prefix cache; on a model with
+// recurrent layers its state slot takes the snapshot the backend kept after its last kept row
+// (RollBackState), so no rejected token stays in its recurrent state either. Then each sequence
 // that took a token and may jump forward (Sequence::jumps_forward) appends the tokens its
 // constraint forces (JumpForward): they are uncomputed tokens, which the scheduler gives to the
 // sequence's next step as one chunk whose last row samples. Engine thread.
@@ -87,6 +89,10 @@ class StepPostprocessor {
   // Logits row `logits_row` sampled with the sequence's current state (and constraint mask), as
   // the host samples a kCopy row. token_id -1: the constraint allows nothing.
   SampleOutput SampleRow(StepBatch& step, size_t logits_row, Sequence* seq);
+  // Verified sequence i kept `rows` of its rows: its state slot takes the state after row
+  // rows - 1 (SequenceSlice::snapshot_slot; nothing when it kept every row or has no
+  // snapshots). False when the copy failed.
+  bool RollBackState(const StepBatch& step, size_t i, int32_t rows);
   // `out` (a token, >= 0) becomes the sequence's token at `index`: tokens, sampler, constraint;
   // returns its event, finish set by StopReason.
   TokenEvent RecordToken(Sequence* seq, int32_t index, SampleOutput out);

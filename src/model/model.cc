@@ -821,6 +821,15 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
     if (num_state_slots_ > 0 && (seq.state_slot < 0 || seq.state_slot >= num_state_slots_))
       return Status::Error("state slot " + std::to_string(seq.state_slot) + " outside the " +
                            std::to_string(num_state_slots_) + " allocated");
+  for (const SequenceSlice& seq : plan.seqs) {
+    if (seq.snapshot_slot < 0) continue;
+    if (num_state_slots_ == 0 || seq.snapshot_slot + seq.query_len - 1 > num_state_slots_)
+      return Status::Error("snapshot slots " + std::to_string(seq.snapshot_slot) + " + " +
+                           std::to_string(seq.query_len - 1) + " outside the " +
+                           std::to_string(num_state_slots_) + " allocated state slots");
+    const std::string why = backend_->StateSnapshotsUnsupported();
+    if (!why.empty()) return Status::Error(why);
+  }
   for (int32_t pos : plan.positions)
     if (pos >= config_.max_position_embeddings)
       return Status::Error("position " + std::to_string(pos) + " beyond max_position_embeddings " +

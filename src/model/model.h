@@ -230,6 +230,9 @@ class Model {
   int64_t StateBytesPerSequence() const;
   bool has_recurrent_state() const { return StateBytesPerSequence() > 0; }
   int32_t num_state_slots() const { return num_state_slots_; }
+  // Why the backend cannot keep per-row state snapshots (speculative decoding's rollback on a
+  // model with recurrent layers; Backend::StateSnapshotsUnsupported), "" when it can.
+  std::string StateSnapshotsUnsupported() const { return backend_->StateSnapshotsUnsupported(); }
   // Copies recurrent-state slot `src` over `dst` in stream order (Backend::CopyStateSlot).
   Status CopyStateSlot(int32_t src, int32_t dst);
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's

@@ -466,6 +466,7 @@ class CpuBackend final : public Backend {
 
   // ---- recurrent layers (cpu/gated_delta.h kernels; state slots in one host array) ----
   std::string RecurrentUnsupported() const override { return ""; }
+  std::string StateSnapshotsUnsupported() const override { return ""; }
   Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override {
     if (!state_.empty()) return Status::Error("the state slots are already allocated");
     if (num_slots <= 0 || floats_per_slot <= 0)
@@ -735,6 +736,22 @@ class CpuBackend final : public Backend {
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
+// A recurrent op's rows of one sequence: run(first_row, rows) over all of them at once, or, when
+// the sequence keeps snapshots (SequenceSlice::snapshot_slot), one row at a time with
+// snapshot(slot) after each row but the last (a row's arithmetic is the same either way, so the
+// snapshots and the final state are exactly the unsplit run's).
+template <typename Run, typename Snapshot>
+void RunRowsWithSnapshots(const SequenceSlice& s, Run run, Snapshot snapshot) {
+  if (s.snapshot_slot < 0) {
+    run(0, s.query_len);
+    return;
+  }
+  for (int32_t r = 0; r < s.query_len; ++r) {
+    run(r, 1);
+    if (r + 1 < s.query_len) snapshot(s.snapshot_slot + r);
+  }
+}
+
 Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) {
   const int64_t channels = x.cols();
   const int32_t kernel = static_cast<int32_t>(weight.cols());
@@ -746,8 +763,13 @@ Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t stat
     const SequenceSlice& s = plan_->seqs[static_cast<size_t>(i)];
     float* win = SlotState(s.state_slot) + state_offset;
     if (s.context_len == s.query_len) std::fill(win, win + window, 0.0f);
-    cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start} * channels, s.query_len, channels,
-                              F(weight), kernel, win);
+    RunRowsWithSnapshots(
+        s,
+        [&](int32_t r, int32_t rows) {
+          cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start + r} * channels, rows, channels,
+                                    F(weight), kernel, win);
+        },
+        [&](int32_t slot) { std::copy_n(win, window, SlotState(slot) + state_offset); });
   }, ThreadsForSlots());
   return Status::Ok();
 }
@@ -766,10 +788,18 @@ Status CpuBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, 
     const int32_t h = static_cast<int32_t>(item % heads);
     float* state = SlotState(s.state_slot) + p.state_offset + h * head_floats;
     if (s.context_len == s.query_len) std::fill(state, state + head_floats, 0.0f);
-    const int64_t first = s.query_start;
-    cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(), F(ba) + first * ba.cols(),
-                            F(*p.a_log), F(*p.dt_bias), s.query_len, state,
-                            F(out) + first * out.cols());
+    RunRowsWithSnapshots(
+        s,
+        [&](int32_t r, int32_t rows) {
+          const int64_t first = int64_t{s.query_start} + r;
+          cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(),
+                                  F(ba) + first * ba.cols(), F(*p.a_log), F(*p.dt_bias), rows,
+                                  state, F(out) + first * out.cols());
+        },
+        [&](int32_t slot) {
+          std::copy_n(state, head_floats,
+                      SlotState(slot) + p.state_offset + h * head_floats);
+        });
   }, ThreadsForSlots());
   return Status::Ok();
 }
