@@ -131,6 +131,11 @@ Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
                          ": " + what +
                          " whose state is not in the KV blocks; the prompt cache does not "
                          "support it yet");
+  if (config.speculation.method == SpeculationConfig::Method::kMtp)
+    return Status::Error("--spec-method mtp: " + what +
+                         ", whose state cannot roll back rejected drafts; speculative decoding "
+                         "(its mtp.* multi-token-prediction weights included) is not supported "
+                         "for this model yet");
   if (config.speculation.method != SpeculationConfig::Method::kNone)
     return Status::Error("speculative decoding: " + what +
                          ", whose state cannot roll back rejected drafts; it is not supported "

@@ -7,6 +7,8 @@
 //               x += o(MlaAttention(q, c, k_rope))      (the KV pool keeps only c and k_rope)
 //               x += MoeMlp(norm(x)) + shared(norm(x))  (dense layers: down(silu(gate) * up))
 //   logits = lm_head(norm(x))[logits_rows]
+// A multi-token-prediction module (ModelLoadOptions::mtp_module, one layer) replaces the
+// embedding by x = eh_proj([enorm(embed(tokens)) | hnorm(StepOutputs::mtp_hidden)]) (MtpInput).
 // The q_a / kv_a norms use eps 1e-6 (transformers builds them without the config's eps).
 #include "model/architecture.h"
 
@@ -49,6 +51,30 @@ void MlaBlock(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t 
   be.MlaAttention(w.rope_id, p, q, lat, k_rope, att);
 }
 
+// An MTP module's input (MtpWeights): x = e_proj enorm(embed(token)) + h_proj hnorm(hidden), the
+// embedding half zeroed at position 0.
+Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
+                Tensor x) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const MtpWeights& w = *m.mtp;
+  const int64_t n = plan.num_tokens(), d = c.hidden_size;
+  Tensor e = be.Alloc({n, d}), en = be.AllocMatMulInput({n, d});
+  Tensor h = be.Alloc({n, d}), hn = be.AllocMatMulInput({n, d}), part = be.Alloc({n, d});
+  be.Embedding(m.embed, c.embedding_scale, e);
+  std::vector<int32_t> first_rows;
+  for (int32_t r = 0; r < plan.num_tokens(); ++r)
+    if (plan.positions[static_cast<size_t>(r)] == 0) first_rows.push_back(r);
+  EMBER_RETURN_IF_ERROR(be.ZeroRows(e, first_rows));  // RmsNorm keeps a zero row zero
+  be.RmsNorm(e, w.enorm, c.rms_norm_eps, RmsNormKind::kPlain, en);
+  EMBER_RETURN_IF_ERROR(be.CopyFromHost(outputs.mtp_hidden, h));
+  be.RmsNorm(h, w.hnorm, c.rms_norm_eps, RmsNormKind::kPlain, hn);
+  be.MatMul(en, w.e_proj, nullptr, x);
+  be.MatMul(hn, w.h_proj, nullptr, part);
+  be.Add(x, part, x);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {
@@ -62,7 +88,11 @@ Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOu
   Tensor att = be.Alloc({n, int64_t{c.num_heads} * c.v_head_dim});
   Tensor delta = be.Alloc({n, d});
 
-  be.Embedding(m.embed, c.embedding_scale, x);
+  if (m.mtp) {
+    EMBER_RETURN_IF_ERROR(MtpInput(m, plan, outputs, x));
+  } else {
+    be.Embedding(m.embed, c.embedding_scale, x);
+  }
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& w = m.layers[l];
     if (l == 0) be.RmsNorm(x, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);

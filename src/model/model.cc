@@ -443,22 +443,86 @@ void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes
            << quarter * 25 << "% of " << (file_bytes >> 20) << " MiB)";
 }
 
+// Where LoadWeights finds the tensors outside the decoder layers, and the checkpoint index of
+// layer 0 (an MTP module: MtpNames).
+struct WeightNames {
+  std::string embed, lm_head = "lm_head.weight", final_norm = "model.norm.weight";
+  int32_t first_layer = 0;
+};
+
+WeightNames ModelNames(const ModelConfig& c, const WeightStore& store) {
+  WeightNames names;
+  // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
+  names.embed = store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings
+                    ? "model.embed_tokens.weight"
+                    : "lm_head.weight";
+  return names;
+}
+
+// ---- multi-token prediction (ModelLoadOptions::mtp_module) ----
+// The MTP module of a deepseek_v3 checkpoint is its layer N = num_hidden_layers.
+std::string MtpPrefix(int32_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+// Turns the model's config into its MTP module's (one layer: the checkpoint's layer N, a mixture
+// of experts when the main model's last layer is one, i.e. N >= first_k_dense_replace), after
+// checking that the checkpoint has one; errors name the model type or the missing tensors.
+Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::string& source) {
+  if (c->model_type == "qwen3_next")
+    return Status::Error(source + ": --spec-method mtp: model_type \"qwen3_next\" has recurrent "
+                         "(linear-attention) layers, whose state cannot roll back rejected "
+                         "drafts; speculative decoding, its mtp.* weights included, is not "
+                         "supported for it yet");
+  if (c->model_type != "deepseek_v3")
+    return Status::Error(source + ": --spec-method mtp: model_type \"" + c->model_type +
+                         "\" has no multi-token-prediction module Ember can load (deepseek_v3 "
+                         "with num_nextn_predict_layers >= 1 only)");
+  if (c->num_nextn_predict_layers < 1)
+    return Status::Error(source + ": --spec-method mtp: num_nextn_predict_layers is 0 (the "
+                         "checkpoint declares no multi-token-prediction module)");
+  const std::string p = MtpPrefix(c->num_layers);
+  std::string missing;
+  for (const char* name : {"enorm.weight", "hnorm.weight", "eh_proj.weight",
+                           "shared_head.norm.weight", "input_layernorm.weight",
+                           "post_attention_layernorm.weight"})
+    if (!store.Has(p + name)) missing += (missing.empty() ? "" : ", ") + p + name;
+  if (!missing.empty())
+    return Status::Error(source + ": --spec-method mtp: the checkpoint has no multi-token-"
+                         "prediction weights (num_nextn_predict_layers " +
+                         std::to_string(c->num_nextn_predict_layers) + ", but " + missing +
+                         " not found; conversions that drop them, e.g. transformers', cannot "
+                         "draft with mtp)");
+  const bool moe = !c->moe_layers.empty() && c->moe_layers.back() != 0;
+  c->moe_layers.assign(1, moe ? 1 : 0);
+  c->layer_types.assign(1, LayerType::kFullAttention);
+  c->num_layers = 1;
+  return Status::Ok();
+}
+
+// An MTP module's names: layer 0 is the checkpoint's layer N; its own embed_tokens and
+// shared_head.head when stored (the real checkpoint's equal the main model's), else the main
+// model's; shared_head.norm as the final norm.
+WeightNames MtpNames(const ModelConfig& main, const WeightStore& store) {
+  WeightNames names = ModelNames(main, store);
+  names.first_layer = main.num_layers;
+  const std::string p = MtpPrefix(main.num_layers);
+  if (store.Has(p + "embed_tokens.weight")) names.embed = p + "embed_tokens.weight";
+  if (store.Has(p + "shared_head.head.weight")) names.lm_head = p + "shared_head.head.weight";
+  names.final_norm = p + "shared_head.norm.weight";
+  return names;
+}
+
 Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
-                   std::optional<DType> quantize, Model::Impl* m) {
+                   std::optional<DType> quantize, const WeightNames& names, Model::Impl* m) {
   Uploader up(store, be, quantize, m->host_weights);
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd, vocab = c.vocab_size;
-  // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
-  const std::string embed_name = store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings
-                                     ? "model.embed_tokens.weight"
-                                     : "lm_head.weight";
-  EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(embed_name, {vocab, d}));
-  if (c.tie_word_embeddings)
+  EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(names.embed, {vocab, d}));
+  if (c.tie_word_embeddings && names.lm_head == "lm_head.weight")
     m->lm_head = m->embed;
   else {
-    EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get("lm_head.weight", {vocab, d}));
+    EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get(names.lm_head, {vocab, d}));
   }
-  EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get("model.norm.weight", {d}));
+  EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get(names.final_norm, {d}));
 
   EMBER_ASSIGN_OR_RETURN(int32_t global_rope, be.CreateRope(MakeRopeSpec(c, c.rope)));
   int32_t local_rope = global_rope;
@@ -468,7 +532,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
   const bool gemma = IsGemma(c);
   int64_t state_offset = 0;  // floats into a state slot (linear-attention layers)
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = "model.layers." + std::to_string(l + names.first_layer) + ".";
     LayerWeights w;
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
@@ -545,6 +609,39 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
     LogLoadProgress(l + 1, c.num_layers, store.total_file_bytes());
   }
   m->num_parameters = up.num_parameters;
+  return Status::Ok();
+}
+
+// An MTP module's input weights (MtpWeights): enorm, hnorm, and eh_proj [hidden, 2 hidden] split
+// on the host into its embedding and hidden column halves, float32.
+Status LoadMtpWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
+                      int32_t layer, Model::Impl* m) {
+  Uploader up(store, be, std::nullopt, m->host_weights);
+  const int64_t d = c.hidden_size;
+  const std::string p = MtpPrefix(layer);
+  MtpWeights w;
+  EMBER_ASSIGN_OR_RETURN(w.enorm, up.Get(p + "enorm.weight", {d}));
+  EMBER_ASSIGN_OR_RETURN(w.hnorm, up.Get(p + "hnorm.weight", {d}));
+  EMBER_ASSIGN_OR_RETURN(TensorView eh, up.View(p + "eh_proj.weight", {d, 2 * d}));
+  const size_t row_bytes = DTypeRowBytes(eh.dtype, 2 * d);
+  std::vector<float> row(static_cast<size_t>(2 * d));
+  std::vector<uint8_t> halves[2];
+  for (auto& half : halves) half.resize(static_cast<size_t>(d * d) * sizeof(float));
+  for (int64_t r = 0; r < d; ++r) {
+    cpu::ConvertToF32(static_cast<const uint8_t*>(eh.data) + static_cast<size_t>(r) * row_bytes,
+                      eh.dtype, 2 * d, row.data());
+    for (int part = 0; part < 2; ++part)
+      std::memcpy(halves[part].data() + static_cast<size_t>(r * d) * sizeof(float),
+                  row.data() + part * d, static_cast<size_t>(d) * sizeof(float));
+  }
+  EMBER_ASSIGN_OR_RETURN(w.e_proj, up.Converted(p + "eh_proj.weight[:, :hidden]", DType::kF32,
+                                                {d, d}, std::move(halves[0]), d * d,
+                                                m->host_weights));
+  EMBER_ASSIGN_OR_RETURN(w.h_proj, up.Converted(p + "eh_proj.weight[:, hidden:]", DType::kF32,
+                                                {d, d}, std::move(halves[1]), d * d,
+                                                m->host_weights));
+  m->mtp = w;
+  m->num_parameters += up.num_parameters;
   return Status::Ok();
 }
 
@@ -650,6 +747,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->weights_ = std::move(checkpoint.weights);
   const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
+  WeightNames names = ModelNames(model->config_, *model->weights_);
+  const int32_t main_layers = model->config_.num_layers;
+  if (opts.mtp_module) {
+    names = MtpNames(model->config_, *model->weights_);
+    EMBER_RETURN_IF_ERROR(MtpModuleConfig(&model->config_, *model->weights_, config_path));
+    if (const std::string why = model->backend_->MtpUnsupported(); !why.empty())
+      return Status::Error(config_path + ": " + why + "; run it with --device cpu");
+    model->mtp_module_ = true;
+  }
   if (const ModelConfig& c = model->config_;
       (c.mla() || c.moe_routing != MoeRouting::kSoftmax) && !model->backend_->TakesMla())
     return Status::Error(config_path + ": model_type \"" + c.model_type +
@@ -688,8 +794,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
            << model->config_.num_layers << " layers, onto the " << model->backend_->name()
            << " backend";
   EMBER_RETURN_IF_ERROR(
-      LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize,
+      LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize, names,
                   model->impl_.get()));
+  if (opts.mtp_module) {
+    EMBER_RETURN_IF_ERROR(LoadMtpWeights(model->config_, *model->weights_, *model->backend_,
+                                         main_layers, model->impl_.get()));
+  }
   model->kv_fingerprint_ =
       KvFingerprintText(model->config_, checkpoint, *model->weights_, *model->backend_, opts);
   const double seconds =
@@ -783,6 +893,17 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
                          " needs a [rows, hidden_size] span within the plan's logits rows");
   if (outputs.hidden_rows > 0 && outputs.defer_ids)
     return Status::Error("StepOutputs: defer_ids with hidden-state rows");
+  const size_t hidden_floats =
+      static_cast<size_t>(plan.num_tokens()) * static_cast<size_t>(config_.hidden_size);
+  if (!outputs.final_hidden.empty() &&
+      (outputs.final_hidden.size() != hidden_floats || outputs.defer_ids))
+    return Status::Error("StepOutputs: final_hidden needs [num_tokens, hidden_size] floats and "
+                         "no defer_ids");
+  if (mtp_module_ ? outputs.mtp_hidden.size() != hidden_floats : !outputs.mtp_hidden.empty())
+    return Status::Error(mtp_module_ ? "StepOutputs: an MTP module's step needs mtp_hidden "
+                                       "[num_tokens, hidden_size]"
+                                     : "StepOutputs: mtp_hidden for a model that is not an "
+                                       "MTP module");
   // The rows that go through the LM head (the hidden-state rows are the plan's last).
   const size_t rows = plan.logits_rows.size() - static_cast<size_t>(outputs.hidden_rows);
   if (!outputs.row_kinds.empty() && (outputs.row_kinds.size() != rows ||
