@@ -90,6 +90,7 @@ void PrintMtpRun(Engine& engine, const std::vector<std::vector<int32_t>>& prompt
               on.outputs == off.outputs ? "mtp" : "mtp (OUTPUT DIFFERS)", on.tok_per_s,
               static_cast<double>(s.sampled_tokens - b.sampled_tokens) / std::max(steps, 1.0),
               drafted > 0 ? kept / drafted : 0.0, on.tok_per_s / off.tok_per_s);
+  std::printf("mtp: %.0f drafted, %.0f accepted, %.0f target steps\n", drafted, kept, steps);
 }
 
 std::unique_ptr<Model> LoadOrExit(const std::string& dir, ModelLoadOptions opts) {

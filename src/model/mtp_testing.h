@@ -1,7 +1,8 @@
-// Test-only: float32 safetensors files (WriteF32Safetensors, ReadF32Tensors) and temporary
-// deepseek_v3 checkpoints with a multi-token-prediction module (WriteMtpCheckpoint), built from
-// the deepseek_v3 fixture, whose conversion (transformers) dropped the checkpoint's model.layers.N
-// tensors. Never writes into the fixtures. Header-only; the tests' thread only.
+// Test-only: float32 safetensors files (WriteF32Safetensors, ReadF32Tensors; lora_test uses them
+// too) and temporary deepseek_v3 checkpoints with a multi-token-prediction module
+// (WriteMtpCheckpoint), built from the deepseek_v3 fixture, whose conversion (transformers)
+// dropped the checkpoint's model.layers.N tensors. Never writes into the fixtures. Header-only;
+// the tests' thread only.
 #pragma once
 
 #include <cmath>
