@@ -62,6 +62,7 @@ void ModelDraftSource::Propose(kv::SeqId seq, std::span<const int32_t> tokens, i
 void ModelDraftSource::Drop(kv::SeqId seq) {
   kv_.Free(seq);
   fed_.erase(seq);
+  last_hidden_.erase(seq);
 }
 
 bool ModelDraftSource::Prepare(const DraftJob& job, std::span<const DraftJob> jobs) {

@@ -27,8 +27,10 @@
 // chain the module on itself as vLLM does: round r feeds draft r with the module's own last
 // hidden state (before its final norm) of round r - 1. Those chained rows are not the target's
 // hidden states, so after the rounds the module's KV keeps only the first round's rows (the
-// rest is overwritten later). A position whose hidden state the engine never computed (a
-// prefix-cache hit) feeds zeros: worse drafts, never other outputs (missing_hidden counts them).
+// rest is overwritten later). A position whose hidden state is not there (the engine never
+// computed it: a prefix-cache hit; or it was dropped after being fed, and the module's state was
+// dropped since: a full pool, a failed forward) feeds zeros: worse drafts, never other outputs
+// (missing_hidden counts them).
 //
 // A job whose table cannot grow (the pool is full even after dropping the state of sequences
 // not drafting now), or that would pass the draft's context, gets no proposal; a failed forward
