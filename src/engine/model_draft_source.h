@@ -23,7 +23,9 @@
 // mtp_hidden), so the first round's last row (the target's last token, with the hidden state of
 // the position before it) makes the first draft. The target's hidden states come from the
 // engine (ObserveHidden, after every step: the rows of positions this source has not fed yet
-// are kept, the prompt's until the first draft). With one MTP module, drafts after the first
+// are kept, hidden_size floats each: the prompt's until the first draft, and every row of a
+// sequence while it does not draft — paused, or backed off by --spec-max-batch — so memory grows
+// with such a sequence's length; catching idle sequences up is a follow-up). With one MTP module, drafts after the first
 // chain the module on itself as vLLM does: round r feeds draft r with the module's own last
 // hidden state (before its final norm) of round r - 1. Those chained rows are not the target's
 // hidden states, so after the rounds the module's KV keeps only the first round's rows (the

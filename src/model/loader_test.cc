@@ -484,7 +484,9 @@ TEST(SynthTest, DeepseekPresetWithMtp) {
     module_opts.mtp_module = true;
     auto module = Model::Load(dir, module_opts);
     EXPECT_EQ(module.ok(), mtp) << (module.ok() ? "" : module.message());
-    if (mtp) EXPECT_EQ((*module)->config().moe_layers, std::vector<uint8_t>{1});
+    if (mtp && module.ok()) {
+      EXPECT_EQ((*module)->config().moe_layers, std::vector<uint8_t>{1});
+    }
   }
   SynthOptions llama;
   llama.preset = "tiny-llama";

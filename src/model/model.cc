@@ -468,16 +468,16 @@ std::string MtpPrefix(int32_t layer) { return "model.layers." + std::to_string(l
 // checking that the checkpoint has one; errors name the model type or the missing tensors.
 Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::string& source) {
   if (c->model_type == "qwen3_next")
-    return Status::Error(source + ": --spec-method mtp: model_type \"qwen3_next\" has recurrent "
+    return Status::Error(source + ": model_type \"qwen3_next\" has recurrent "
                          "(linear-attention) layers, whose state cannot roll back rejected "
                          "drafts; speculative decoding, its mtp.* weights included, is not "
                          "supported for it yet");
   if (c->model_type != "deepseek_v3")
-    return Status::Error(source + ": --spec-method mtp: model_type \"" + c->model_type +
+    return Status::Error(source + ": model_type \"" + c->model_type +
                          "\" has no multi-token-prediction module Ember can load (deepseek_v3 "
                          "with num_nextn_predict_layers >= 1 only)");
   if (c->num_nextn_predict_layers < 1)
-    return Status::Error(source + ": --spec-method mtp: num_nextn_predict_layers is 0 (the "
+    return Status::Error(source + ": num_nextn_predict_layers is 0 (the "
                          "checkpoint declares no multi-token-prediction module)");
   const std::string p = MtpPrefix(c->num_layers);
   std::string missing;
@@ -486,7 +486,7 @@ Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::stri
                            "post_attention_layernorm.weight"})
     if (!store.Has(p + name)) missing += (missing.empty() ? "" : ", ") + p + name;
   if (!missing.empty())
-    return Status::Error(source + ": --spec-method mtp: the checkpoint has no multi-token-"
+    return Status::Error(source + ": the checkpoint has no multi-token-"
                          "prediction weights (num_nextn_predict_layers " +
                          std::to_string(c->num_nextn_predict_layers) + ", but " + missing +
                          " not found; conversions that drop them, e.g. transformers', cannot "
