@@ -17,8 +17,9 @@ Result<std::unique_ptr<ModelDraftSource>> ModelDraftSource::Create(std::unique_p
                          " tokens, the target's " + std::to_string(target_vocab_size) +
                          " (a draft model must share the target's tokenizer)");
   if (options.kv_cache_bytes < 0) return Status::Error("--draft-kv-cache-bytes: must be >= 0");
-  if (options.block_size < 1 || options.max_step_tokens < 1)
-    return Status::Error("draft model: block_size and max_step_tokens must be >= 1");
+  if (options.block_size < 1 || options.max_step_tokens < 1 || options.max_held_hidden_rows < 1)
+    return Status::Error(
+        "draft model: block_size, max_step_tokens and max_held_hidden_rows must be >= 1");
   const int64_t bytes = options.kv_cache_bytes > 0
                             ? options.kv_cache_bytes
                             : SpeculationConfig::kDefaultDraftKvCacheBytes;
@@ -235,6 +236,13 @@ void ModelDraftSource::ObserveHidden(kv::SeqId seq, int32_t first_pos,
   h.rows.resize((at + static_cast<size_t>(n - skip)) * dim_, 0.0f);  // a gap stays zeros
   std::copy(rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(skip) * dim_), rows.end(),
             h.rows.begin() + static_cast<ptrdiff_t>(at * dim_));
+  const auto held = static_cast<int64_t>(h.rows.size() / dim_);
+  if (held > options_.max_held_hidden_rows) {  // the oldest go: fed as zeros if ever needed
+    const int64_t drop = held - options_.max_held_hidden_rows;
+    h.rows.erase(h.rows.begin(), h.rows.begin() + static_cast<ptrdiff_t>(drop) *
+                                                      static_cast<ptrdiff_t>(dim_));
+    h.base += static_cast<int32_t>(drop);
+  }
 }
 
 void ModelDraftSource::GatherHidden(std::span<const kv::SeqId> seqs,

@@ -24,14 +24,15 @@
 // the position before it) makes the first draft. The target's hidden states come from the
 // engine (ObserveHidden, after every step: the rows of positions this source has not fed yet
 // are kept, hidden_size floats each: the prompt's until the first draft, and every row of a
-// sequence while it does not draft — paused, or backed off by --spec-max-batch — so memory grows
-// with such a sequence's length; catching idle sequences up is a follow-up). With one MTP module, drafts after the first
+// sequence while it does not draft — paused, or backed off by --spec-max-batch — up to
+// Options::max_held_hidden_rows, past which the oldest are dropped; catching idle sequences up
+// instead is a follow-up). With one MTP module, drafts after the first
 // chain the module on itself as vLLM does: round r feeds draft r with the module's own last
 // hidden state (before its final norm) of round r - 1. Those chained rows are not the target's
 // hidden states, so after the rounds the module's KV keeps only the first round's rows (the
 // rest is overwritten later). A position whose hidden state is not there (the engine never
-// computed it: a prefix-cache hit; or it was dropped after being fed, and the module's state was
-// dropped since: a full pool, a failed forward) feeds zeros: worse drafts, never other outputs
+// computed it: a prefix-cache hit; dropped past max_held_hidden_rows; or dropped after being fed,
+// and the module's state was dropped since: a full pool, a failed forward) feeds zeros: worse drafts, never other outputs
 // (missing_hidden counts them).
 //
 // A job whose table cannot grow (the pool is full even after dropping the state of sequences
@@ -60,6 +61,9 @@ class ModelDraftSource : public DraftSource {
     int64_t kv_cache_bytes = 0;  // the draft's pool; 0: kDefaultDraftKvCacheBytes
     int32_t block_size = 16;
     int32_t max_step_tokens = 512;  // rows per catch-up forward
+    // mtp: the most target hidden rows held per sequence (ObserveHidden); older unfed ones are
+    // dropped past it (fed as zeros later). Bounds the memory of sequences that do not draft.
+    int32_t max_held_hidden_rows = 4096;
   };
   // Takes the loaded draft model (an MTP module: the `mtp` source); refuses one whose vocabulary
   // size differs from the target's (naming both) or whose pool would hold no block. Allocates

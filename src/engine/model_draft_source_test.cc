@@ -204,6 +204,22 @@ TEST(ModelDraftSourceTest, MtpDraftsAreTheModuleOverTheTargetsHiddenStates) {
   // Positions 11 (its chained row replaced by the target's) and 12, then one chained row.
   EXPECT_EQ((*source)->fed_tokens(), 13 + 3);
   EXPECT_EQ((*source)->missing_hidden(), 0);
+
+  // At most 4 held rows: of a new sequence's 11 observed rows the oldest 7 are dropped, and its
+  // first draft feeds zeros for them.
+  ModelLoadOptions small_opts;
+  small_opts.mtp_module = true;
+  auto small_module = Model::Load(dir, small_opts);
+  ASSERT_TRUE(small_module.ok()) << small_module.message();
+  ModelDraftSource::Options small;
+  small.max_held_hidden_rows = 4;
+  auto capped = ModelDraftSource::Create(std::move(*small_module), 512, small);
+  ASSERT_TRUE(capped.ok()) << capped.message();
+  (*capped)->ObserveHidden(2, 0, std::span<const float>(hidden).first(11 * d));
+  const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 12);
+  (*capped)->Propose(2, first, 1, &out);
+  EXPECT_EQ(out.size(), 1u);
+  EXPECT_EQ((*capped)->missing_hidden(), 7);
   std::filesystem::remove_all(dir);
 }
 
