@@ -155,6 +155,42 @@ TEST(MtpModuleTest, PositionZeroEmbeddingIsMasked) {
   fs::remove_all(dir);
 }
 
+// StepOutputs::final_hidden is each row's hidden state before the final norm: the final norm
+// and the LM head applied to it on the host give the step's logits (deepseek_v3: plain RMSNorm;
+// qwen3_next: (1 + w), its own forward's end).
+TEST(MtpModuleTest, FinalHiddenIsTheHiddenStateBeforeTheFinalNorm) {
+  for (const std::string name : {"deepseek_v3", "qwen3_next"}) {
+    EMBER_REQUIRE_DIR(Fixture(name));
+    auto model = Load(Fixture(name), false);
+    ASSERT_NE(model, nullptr);
+    const ModelConfig& c = model->config();
+    std::vector<float> hidden;
+    const std::vector<float> logits = Logits(*model, {}, &hidden);
+    std::vector<float> norm, head;
+    for (const testing::NamedF32& t : testing::ReadF32Tensors(Fixture(name) + "/model.safetensors")) {
+      if (t.name == "model.norm.weight") norm = t.data;
+      if (t.name == "lm_head.weight") head = t.data;
+    }
+    ASSERT_FALSE(norm.empty() || head.empty()) << name;
+    const auto d = static_cast<size_t>(c.hidden_size), vocab = static_cast<size_t>(c.vocab_size);
+    const bool one_plus = name == "qwen3_next";
+    std::vector<float> want(logits.size());
+    for (size_t r = 0; r < kTokens.size(); ++r) {
+      const float* h = hidden.data() + r * d;
+      double ss = 0;
+      for (size_t i = 0; i < d; ++i) ss += double{h[i]} * h[i];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + c.rms_norm_eps);
+      for (size_t v = 0; v < vocab; ++v) {
+        double dot = 0;
+        for (size_t i = 0; i < d; ++i)
+          dot += h[i] * inv * (one_plus ? 1.0 + norm[i] : norm[i]) * head[v * d + i];
+        want[r * vocab + v] = static_cast<float>(dot);
+      }
+    }
+    EXPECT_LT(MaxDiff(logits, want), 1e-3f) << name;
+  }
+}
+
 TEST(MtpModuleTest, RefusalsNameTheReason) {
   EMBER_REQUIRE_DIR(Fixture("deepseek_v3"));
   ModelLoadOptions opts;
