@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "model/gguf_model.h"  // IsGgufFile
 #include "util/check.h"
 #include "util/log.h"
+#include "util/mapped_file.h"  // ReadFileToString
 
 namespace ember {
 
@@ -296,6 +298,16 @@ Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& co
         "LoadDraftSource: needs --spec-method draft and --draft-model, or mtp and the target");
   // The target's load options, but its per-layer KV overrides name the target's layers: the
   // draft keeps only the default dtype.
+  if (mtp && !IsGgufFile(target_dir)) {  // a target with recurrent layers cannot speculate
+    EMBER_ASSIGN_OR_RETURN(std::string text, ReadFileToString(target_dir + "/" + opts.config_file));
+    EMBER_ASSIGN_OR_RETURN(ModelConfig target, ParseModelConfig(text, target_dir));
+    if (RecurrentStateFloats(target) > 0)
+      return Status::Error("--spec-method mtp: model_type \"" + target.model_type +
+                           "\" has recurrent (linear-attention) layers, whose state cannot roll "
+                           "back rejected drafts; speculative decoding, its mtp.* "
+                           "multi-token-prediction weights included, is not supported for it "
+                           "yet");
+  }
   ModelLoadOptions draft_opts = opts;
   draft_opts.kv_cache.layers.clear();
   draft_opts.mtp_module = mtp;

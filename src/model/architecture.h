@@ -64,11 +64,15 @@ struct LayerWeights {
 
 // A multi-token-prediction module's input (ModelLoadOptions::mtp_module): x = e_proj
 // enorm(embed(token)) + h_proj hnorm(hidden), e_proj and h_proj the column halves of eh_proj
-// [hidden, 2 hidden] (embedding half first, as DeepSeek-V3 concatenates), each [hidden, hidden]
-// float32; the embedding half is zeroed at position 0.
+// [hidden, 2 hidden] (embedding half first, as DeepSeek-V3 and Qwen3-Next concatenate), each
+// [hidden, hidden] float32. deepseek_v3 (eh_proj, enorm, hnorm): plain norms, the embedding half
+// zeroed at position 0 (vLLM's deepseek_mtp.py); qwen3_next (mtp.fc, mtp.pre_fc_norm_*): (1 + w)
+// norms, no mask.
 struct MtpWeights {
   Tensor enorm, hnorm;    // [hidden]
   Tensor e_proj, h_proj;  // [hidden, hidden]
+  RmsNormKind norm_kind = RmsNormKind::kPlain;
+  bool zero_position_zero = true;
 };
 
 struct Model::Impl {
@@ -141,6 +145,10 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
 // hidden states of the logits rows, [logits_rows, hidden] f32) to the host; called after
 // EmitLogits, so the step's logits rows are done first.
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs);
+
+// An MTP module's step input (MtpWeights) into x [n, hidden], in place of the embedding.
+Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
+                Tensor x);
 
 // One step over the plan already given to BeginStep; delivers the logits rows per `outputs`.
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);

@@ -111,6 +111,30 @@ Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Ten
   return be.CopyToHost(x, outputs.final_hidden);
 }
 
+Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
+                Tensor x) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const MtpWeights& w = *m.mtp;
+  const int64_t n = plan.num_tokens(), d = c.hidden_size;
+  Tensor e = be.Alloc({n, d}), en = be.AllocMatMulInput({n, d});
+  Tensor h = be.Alloc({n, d}), hn = be.AllocMatMulInput({n, d}), part = be.Alloc({n, d});
+  be.Embedding(m.embed, c.embedding_scale, e);
+  if (w.zero_position_zero) {
+    std::vector<int32_t> first_rows;
+    for (int32_t r = 0; r < plan.num_tokens(); ++r)
+      if (plan.positions[static_cast<size_t>(r)] == 0) first_rows.push_back(r);
+    EMBER_RETURN_IF_ERROR(be.ZeroRows(e, first_rows));  // RmsNorm keeps a zero row zero
+  }
+  be.RmsNorm(e, w.enorm, c.rms_norm_eps, w.norm_kind, en);
+  EMBER_RETURN_IF_ERROR(be.CopyFromHost(outputs.mtp_hidden, h));
+  be.RmsNorm(h, w.hnorm, c.rms_norm_eps, w.norm_kind, hn);
+  be.MatMul(en, w.e_proj, nullptr, x);
+  be.MatMul(hn, w.h_proj, nullptr, part);
+  be.Add(x, part, x);
+  return Status::Ok();
+}
+
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs) {
   if (outputs.hidden_rows == 0) return Status::Ok();
   return be.CopyToHost(hidden.RowSlice(hidden.rows() - outputs.hidden_rows, outputs.hidden_rows),

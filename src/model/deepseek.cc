@@ -51,30 +51,6 @@ void MlaBlock(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t 
   be.MlaAttention(w.rope_id, p, q, lat, k_rope, att);
 }
 
-// An MTP module's input (MtpWeights): x = e_proj enorm(embed(token)) + h_proj hnorm(hidden), the
-// embedding half zeroed at position 0.
-Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
-                Tensor x) {
-  const ModelConfig& c = *m.config;
-  Backend& be = *m.backend;
-  const MtpWeights& w = *m.mtp;
-  const int64_t n = plan.num_tokens(), d = c.hidden_size;
-  Tensor e = be.Alloc({n, d}), en = be.AllocMatMulInput({n, d});
-  Tensor h = be.Alloc({n, d}), hn = be.AllocMatMulInput({n, d}), part = be.Alloc({n, d});
-  be.Embedding(m.embed, c.embedding_scale, e);
-  std::vector<int32_t> first_rows;
-  for (int32_t r = 0; r < plan.num_tokens(); ++r)
-    if (plan.positions[static_cast<size_t>(r)] == 0) first_rows.push_back(r);
-  EMBER_RETURN_IF_ERROR(be.ZeroRows(e, first_rows));  // RmsNorm keeps a zero row zero
-  be.RmsNorm(e, w.enorm, c.rms_norm_eps, RmsNormKind::kPlain, en);
-  EMBER_RETURN_IF_ERROR(be.CopyFromHost(outputs.mtp_hidden, h));
-  be.RmsNorm(h, w.hnorm, c.rms_norm_eps, RmsNormKind::kPlain, hn);
-  be.MatMul(en, w.e_proj, nullptr, x);
-  be.MatMul(hn, w.h_proj, nullptr, part);
-  be.Add(x, part, x);
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {

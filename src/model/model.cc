@@ -447,6 +447,7 @@ void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes
 // layer 0 (an MTP module: MtpNames).
 struct WeightNames {
   std::string embed, lm_head = "lm_head.weight", final_norm = "model.norm.weight";
+  std::string layers = "model.layers.";  // layer l is layers + (l + first_layer) + "."
   int32_t first_layer = 0;
 };
 
@@ -460,38 +461,55 @@ WeightNames ModelNames(const ModelConfig& c, const WeightStore& store) {
 }
 
 // ---- multi-token prediction (ModelLoadOptions::mtp_module) ----
-// The MTP module of a deepseek_v3 checkpoint is its layer N = num_hidden_layers.
-std::string MtpPrefix(int32_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+// The MTP module of a deepseek_v3 checkpoint is its layer N = num_hidden_layers; qwen3_next's
+// is mtp.* (one full-attention layer mtp.layers.0).
+std::string MtpPrefix(const ModelConfig& main) {
+  return main.model_type == "qwen3_next" ? "mtp."
+                                         : "model.layers." + std::to_string(main.num_layers) + ".";
+}
+
+// The module's input tensors under MtpPrefix: embedding norm, hidden norm, projection.
+struct MtpInputNames {
+  std::string enorm, hnorm, proj;
+};
+MtpInputNames MtpInputNamesOf(const ModelConfig& main) {
+  if (main.model_type == "qwen3_next")
+    return {"pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight"};
+  return {"enorm.weight", "hnorm.weight", "eh_proj.weight"};
+}
 
 // Turns the model's config into its MTP module's (one layer: the checkpoint's layer N, a mixture
 // of experts when the main model's last layer is one, i.e. N >= first_k_dense_replace), after
 // checking that the checkpoint has one; errors name the model type or the missing tensors.
 Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::string& source) {
-  if (c->model_type == "qwen3_next")
-    return Status::Error(source + ": model_type \"qwen3_next\" has recurrent "
-                         "(linear-attention) layers, whose state cannot roll back rejected "
-                         "drafts; speculative decoding, its mtp.* weights included, is not "
-                         "supported for it yet");
-  if (c->model_type != "deepseek_v3")
+  const bool next = c->model_type == "qwen3_next";
+  if (c->model_type != "deepseek_v3" && !next)
     return Status::Error(source + ": model_type \"" + c->model_type +
                          "\" has no multi-token-prediction module Ember can load (deepseek_v3 "
-                         "with num_nextn_predict_layers >= 1 only)");
-  if (c->num_nextn_predict_layers < 1)
+                         "with num_nextn_predict_layers >= 1, qwen3_next's mtp.*)");
+  if (!next && c->num_nextn_predict_layers < 1)
     return Status::Error(source + ": num_nextn_predict_layers is 0 (the "
                          "checkpoint declares no multi-token-prediction module)");
-  const std::string p = MtpPrefix(c->num_layers);
+  const std::string p = MtpPrefix(*c);
+  const MtpInputNames in = MtpInputNamesOf(*c);
+  const std::string block = next ? "layers.0." : "";
   std::string missing;
-  for (const char* name : {"enorm.weight", "hnorm.weight", "eh_proj.weight",
-                           "shared_head.norm.weight", "input_layernorm.weight",
-                           "post_attention_layernorm.weight"})
+  for (const std::string& name :
+       {in.enorm, in.hnorm, in.proj, std::string(next ? "norm.weight" : "shared_head.norm.weight"),
+        block + "input_layernorm.weight", block + "post_attention_layernorm.weight"})
     if (!store.Has(p + name)) missing += (missing.empty() ? "" : ", ") + p + name;
   if (!missing.empty())
     return Status::Error(source + ": the checkpoint has no multi-token-"
-                         "prediction weights (num_nextn_predict_layers " +
-                         std::to_string(c->num_nextn_predict_layers) + ", but " + missing +
+                         "prediction weights (" +
+                         (next ? std::string("model_type qwen3_next")
+                               : "num_nextn_predict_layers " +
+                                     std::to_string(c->num_nextn_predict_layers)) +
+                         ", but " + missing +
                          " not found; conversions that drop them, e.g. transformers', cannot "
                          "draft with mtp)");
-  const bool moe = !c->moe_layers.empty() && c->moe_layers.back() != 0;
+  // deepseek_v3's module is a MoE block when N >= first_k_dense_replace (its last layer is one);
+  // qwen3_next's is a MoE full-attention layer.
+  const bool moe = next ? c->num_experts > 0 : !c->moe_layers.empty() && c->moe_layers.back() != 0;
   c->moe_layers.assign(1, moe ? 1 : 0);
   c->layer_types.assign(1, LayerType::kFullAttention);
   c->num_layers = 1;
@@ -503,8 +521,13 @@ Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::stri
 // model's; shared_head.norm as the final norm.
 WeightNames MtpNames(const ModelConfig& main, const WeightStore& store) {
   WeightNames names = ModelNames(main, store);
+  const std::string p = MtpPrefix(main);
+  if (main.model_type == "qwen3_next") {  // mtp.layers.0, mtp.norm; the main embedding and head
+    names.layers = p + "layers.";
+    names.final_norm = p + "norm.weight";
+    return names;
+  }
   names.first_layer = main.num_layers;
-  const std::string p = MtpPrefix(main.num_layers);
   if (store.Has(p + "embed_tokens.weight")) names.embed = p + "embed_tokens.weight";
   if (store.Has(p + "shared_head.head.weight")) names.lm_head = p + "shared_head.head.weight";
   names.final_norm = p + "shared_head.norm.weight";
@@ -532,7 +555,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
   const bool gemma = IsGemma(c);
   int64_t state_offset = 0;  // floats into a state slot (linear-attention layers)
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l + names.first_layer) + ".";
+    const std::string p = names.layers + std::to_string(l + names.first_layer) + ".";
     LayerWeights w;
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
@@ -614,15 +637,20 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
 
 // An MTP module's input weights (MtpWeights): enorm, hnorm, and eh_proj [hidden, 2 hidden] split
 // on the host into its embedding and hidden column halves, float32.
-Status LoadMtpWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
-                      int32_t layer, Model::Impl* m) {
+Status LoadMtpWeights(const ModelConfig& main, const WeightStore& store, Backend& be,
+                      Model::Impl* m) {
   Uploader up(store, be, std::nullopt, m->host_weights);
-  const int64_t d = c.hidden_size;
-  const std::string p = MtpPrefix(layer);
+  const int64_t d = main.hidden_size;
+  const std::string p = MtpPrefix(main);
+  const MtpInputNames in = MtpInputNamesOf(main);
   MtpWeights w;
-  EMBER_ASSIGN_OR_RETURN(w.enorm, up.Get(p + "enorm.weight", {d}));
-  EMBER_ASSIGN_OR_RETURN(w.hnorm, up.Get(p + "hnorm.weight", {d}));
-  EMBER_ASSIGN_OR_RETURN(TensorView eh, up.View(p + "eh_proj.weight", {d, 2 * d}));
+  if (main.model_type == "qwen3_next") {
+    w.norm_kind = RmsNormKind::kOnePlusWeight;
+    w.zero_position_zero = false;
+  }
+  EMBER_ASSIGN_OR_RETURN(w.enorm, up.Get(p + in.enorm, {d}));
+  EMBER_ASSIGN_OR_RETURN(w.hnorm, up.Get(p + in.hnorm, {d}));
+  EMBER_ASSIGN_OR_RETURN(TensorView eh, up.View(p + in.proj, {d, 2 * d}));
   const size_t row_bytes = DTypeRowBytes(eh.dtype, 2 * d);
   std::vector<float> row(static_cast<size_t>(2 * d));
   std::vector<uint8_t> halves[2];
@@ -634,10 +662,10 @@ Status LoadMtpWeights(const ModelConfig& c, const WeightStore& store, Backend& b
       std::memcpy(halves[part].data() + static_cast<size_t>(r * d) * sizeof(float),
                   row.data() + part * d, static_cast<size_t>(d) * sizeof(float));
   }
-  EMBER_ASSIGN_OR_RETURN(w.e_proj, up.Converted(p + "eh_proj.weight[:, :hidden]", DType::kF32,
+  EMBER_ASSIGN_OR_RETURN(w.e_proj, up.Converted(p + in.proj + "[:, :hidden]", DType::kF32,
                                                 {d, d}, std::move(halves[0]), d * d,
                                                 m->host_weights));
-  EMBER_ASSIGN_OR_RETURN(w.h_proj, up.Converted(p + "eh_proj.weight[:, hidden:]", DType::kF32,
+  EMBER_ASSIGN_OR_RETURN(w.h_proj, up.Converted(p + in.proj + "[:, hidden:]", DType::kF32,
                                                 {d, d}, std::move(halves[1]), d * d,
                                                 m->host_weights));
   m->mtp = w;
@@ -748,7 +776,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
   WeightNames names = ModelNames(model->config_, *model->weights_);
-  const int32_t main_layers = model->config_.num_layers;
+  const ModelConfig main_config = model->config_;
   if (opts.mtp_module) {
     names = MtpNames(model->config_, *model->weights_);
     EMBER_RETURN_IF_ERROR(MtpModuleConfig(&model->config_, *model->weights_, config_path));
@@ -797,8 +825,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
       LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize, names,
                   model->impl_.get()));
   if (opts.mtp_module) {
-    EMBER_RETURN_IF_ERROR(LoadMtpWeights(model->config_, *model->weights_, *model->backend_,
-                                         main_layers, model->impl_.get()));
+    EMBER_RETURN_IF_ERROR(
+        LoadMtpWeights(main_config, *model->weights_, *model->backend_, model->impl_.get()));
   }
   model->kv_fingerprint_ =
       KvFingerprintText(model->config_, checkpoint, *model->weights_, *model->backend_, opts);

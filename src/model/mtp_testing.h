@@ -88,7 +88,9 @@ inline std::vector<float> Identity(int64_t d) {
 
 // Writes `dir` (replaced): the fixture's config (one_layer: 1 layer, first_k_dense_replace 0),
 // generation config and one model.safetensors with the main model's and the MTP module's
-// (model.layers.N.*) tensors in float32.
+// (model.layers.N.*) tensors in float32. From the qwen3_next fixture (one_layer only): its
+// full-attention layer as the one layer, the module as qwen3_next stores it (mtp.layers.0,
+// mtp.fc, mtp.pre_fc_norm_*, mtp.norm; (1 + w) norms, so the input norms' weights are zero).
 inline void WriteMtpCheckpoint(const std::string& fixture_dir, const std::string& dir,
                                const MtpCheckpointOptions& options) {
   namespace fs = std::filesystem;
@@ -97,37 +99,52 @@ inline void WriteMtpCheckpoint(const std::string& fixture_dir, const std::string
   fs::copy_file(fixture_dir + "/generation_config.json", dir + "/generation_config.json");
   std::ifstream in(fixture_dir + "/config.json");
   nlohmann::json config = nlohmann::json::parse(in);
+  const bool next = config["model_type"] == "qwen3_next";
+  CHECK(!next || options.one_layer);
+  std::string one = "model.layers.1.";  // the layer kept by one_layer: deepseek's first MoE one
+  if (next) {
+    const auto& types = config["layer_types"];
+    for (size_t l = 0; l < types.size(); ++l)
+      if (types[l] == "full_attention") one = "model.layers." + std::to_string(l) + ".";
+    config["layer_types"] = nlohmann::json::array({"full_attention"});
+  }
   if (options.one_layer) {
     config["num_hidden_layers"] = 1;
-    config["first_k_dense_replace"] = 0;
+    if (!next) config["first_k_dense_replace"] = 0;
   }
   const int32_t layers = config["num_hidden_layers"];
   const int64_t d = config["hidden_size"];
   std::ofstream(dir + "/config.json") << config.dump(2);
   std::mt19937 rng(options.seed);
   std::vector<NamedF32> tensors;
-  const std::string main_source = options.one_layer ? "model.layers.1." : "model.layers.2.";
-  const std::string mtp = "model.layers." + std::to_string(layers) + ".";
+  const std::string main_source = options.one_layer ? one : "model.layers.2.";
+  const std::string mtp = next ? "mtp." : "model.layers." + std::to_string(layers) + ".";
+  const std::string block = next ? mtp + "layers.0." : mtp;
   for (NamedF32& t : ReadF32Tensors(fixture_dir + "/model.safetensors")) {
     const bool o_proj = t.name.ends_with("self_attn.o_proj.weight");
     if (options.zero_attention_out && o_proj) std::fill(t.data.begin(), t.data.end(), 0.0f);
     if (t.name.starts_with(main_source)) {  // the MTP block's source
       NamedF32 copy = t;
-      copy.name = mtp + t.name.substr(main_source.size());
+      copy.name = block + t.name.substr(main_source.size());
       tensors.push_back(std::move(copy));
     }
+    if (options.one_layer && t.name.starts_with("model.layers.")) {
+      if (!t.name.starts_with(one)) continue;
+      t.name = "model.layers.0." + t.name.substr(one.size());
+    }
     if (options.one_layer) {
-      if (t.name.starts_with("model.layers.0.") || t.name.starts_with("model.layers.2.")) continue;
-      if (t.name.starts_with("model.layers.1.")) t.name = "model.layers.0." + t.name.substr(15);
       if (t.name == "model.embed_tokens.weight")
         for (float& v : t.data) v = (rng() & 1) != 0 ? 1.0f : -1.0f;
     }
-    if (t.name == "model.norm.weight") tensors.push_back({mtp + "shared_head.norm.weight", t.shape, t.data});
+    if (t.name == "model.norm.weight")
+      tensors.push_back({mtp + (next ? "norm.weight" : "shared_head.norm.weight"), t.shape, t.data});
     tensors.push_back(std::move(t));
   }
-  tensors.push_back({mtp + "enorm.weight", {d}, std::vector<float>(static_cast<size_t>(d), 1.0f)});
-  tensors.push_back({mtp + "hnorm.weight", {d}, std::vector<float>(static_cast<size_t>(d), 1.0f)});
-  NamedF32 eh{mtp + "eh_proj.weight", {d, 2 * d}, std::vector<float>(static_cast<size_t>(2 * d * d))};
+  const std::vector<float> unit(static_cast<size_t>(d), next ? 0.0f : 1.0f);  // 1 or (1 + 0)
+  tensors.push_back({mtp + (next ? "pre_fc_norm_embedding.weight" : "enorm.weight"), {d}, unit});
+  tensors.push_back({mtp + (next ? "pre_fc_norm_hidden.weight" : "hnorm.weight"), {d}, unit});
+  NamedF32 eh{mtp + (next ? "fc.weight" : "eh_proj.weight"), {d, 2 * d},
+              std::vector<float>(static_cast<size_t>(2 * d * d))};
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(2 * d)));
   const std::vector<float> id = Identity(d);
   for (int64_t r = 0; r < d; ++r)

@@ -79,7 +79,11 @@ Status ForwardQwen3Next(const Model::Impl& m, const BatchPlan& plan, const StepO
                           be.Alloc({n, 2 * int64_t{la.num_value_heads}}), be.Alloc({n, v_width})};
   Tensor shared = be.Alloc({n, d}), shared_gate = be.Alloc({n, 1});
 
-  be.Embedding(m.embed, c.embedding_scale, x);
+  if (m.mtp) {  // its multi-token-prediction module (one full-attention layer)
+    EMBER_RETURN_IF_ERROR(MtpInput(m, plan, outputs, x));
+  } else {
+    be.Embedding(m.embed, c.embedding_scale, x);
+  }
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& w = m.layers[l];
     // ---- token mixer ----
