@@ -200,7 +200,9 @@ struct ModelLoadOptions : BackendChoice {
   // when stored, else the main model's lm_head / embed_tokens). Its Forward takes
   // StepOutputs::mtp_hidden: per row x = eh_proj([enorm(embed(token)) | hnorm(hidden)]), the
   // embedding half zeroed at position 0 (vLLM's deepseek_mtp.py), then the block and the head.
-  // Refused with a message naming the missing tensors or the model type otherwise.
+  // qwen3_next's (mtp.layers.0, mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.norm; (1 + w)
+  // norms, no mask) loads too, though speculation refuses qwen3_next. Refused with a message
+  // naming the missing tensors or the model type otherwise.
   bool mtp_module = false;
 };
 
