@@ -203,6 +203,18 @@ std::string ShapeString(const Tensor& t) {
   return os.str();
 }
 
+// ---- MTP modules: a backend without the host-row ops refuses (Model::Load asks MtpUnsupported)
+std::string Backend::MtpUnsupported() const {
+  return "multi-token-prediction drafts (--spec-method mtp) are not supported on the " + name() +
+         " backend yet";
+}
+Status Backend::CopyFromHost(std::span<const float>, Tensor) {
+  return Status::Error(MtpUnsupported() + " (CopyFromHost)");
+}
+Status Backend::ZeroRows(Tensor, std::span<const int32_t>) {
+  return Status::Error(MtpUnsupported() + " (ZeroRows)");
+}
+
 // ---- recurrent layers: a backend without them refuses (Model::Load asks RecurrentUnsupported)
 std::string Backend::RecurrentUnsupported() const {
   return "gated DeltaNet linear attention is not supported on the " + name() + " backend yet";

@@ -246,6 +246,14 @@ class Backend {
   // Whether this backend has MlaAttention and the latent pool (models with MLA are refused at
   // load otherwise).
   virtual bool TakesMla() const { return false; }
+  // ---- multi-token-prediction modules (ModelLoadOptions::mtp_module: --spec-method mtp): their
+  // step takes hidden states from the host. A backend without these ops refuses such a module at
+  // load (MtpUnsupported non-empty: why).
+  virtual std::string MtpUnsupported() const;
+  // out = `in` (float32 host rows, out's size), ordered with the step's ops.
+  virtual Status CopyFromHost(std::span<const float> in, Tensor out);
+  // Rows `rows` of the float32 matrix x become zero.
+  virtual Status ZeroRows(Tensor x, std::span<const int32_t> rows);
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
   virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
   // ---- KV-cache formats (kv_format.h; --kv-cache-dtype): set once, before AllocateKvPool and

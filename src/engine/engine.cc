@@ -160,6 +160,7 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
     postprocessor_.set_state_checkpoints(checkpoints_.get());
     counters_.state_checkpoint_capacity_bytes = sizing.state_checkpoint_bytes;
   }
+  builder_.set_capture_final_hidden(speculator_.wants_hidden_states());
   counters_.kv_blocks_total = num_blocks_;
   counters_.prefix_caching = config_.enable_prefix_caching;
   counters_.recurrent_state_bytes = sizing.state_bytes;

@@ -12,7 +12,9 @@ namespace ember {
 // sequence and step, and the step verifies them (1 + k rows of that sequence). Outputs are the
 // same with it on or off; only the tokens per step change.
 struct SpeculationConfig {
-  enum class Method { kNone, kNgram, kDraft };  // kDraft: ModelDraftSource (model_draft_source.h)
+  // kDraft: ModelDraftSource (model_draft_source.h) over --draft-model; kMtp: the same over the
+  // target checkpoint's multi-token-prediction module (deepseek_v3).
+  enum class Method { kNone, kNgram, kDraft, kMtp };
   Method method = Method::kNone;
   // K: the most tokens one sequence drafts per step (its adaptive length stays within 1..K).
   int32_t num_spec_tokens = 4;

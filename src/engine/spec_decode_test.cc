@@ -6,10 +6,15 @@
 // under preemption; usage counts the drafts of a speculating request and nothing otherwise. The
 // draft-model source (ModelDraftSource) likewise: a model drafting for itself (greedy: every draft
 // kept), another model of the same vocabulary (mostly rejected), seeded sampling with n > 1, and
-// preemption with both KV pools small.
+// preemption with both KV pools small. The mtp source (a deepseek_v3 checkpoint's multi-token-
+// prediction module, on temporary checkpoints from mtp_testing.h): random module weights leave
+// greedy outputs unchanged, batched and solo; a module built to predict what the target predicts
+// has its drafts kept.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -20,6 +25,7 @@
 #include "engine/engine_testing.h"
 #include "engine/model_draft_source.h"
 #include "engine/replay_draft_source.h"
+#include "model/mtp_testing.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -656,6 +662,99 @@ TEST(SpecDecodeTest, DraftModelRefusals) {
   EngineConfig engine_config;
   engine_config.speculation = config;
   EXPECT_FALSE(Engine::Create(target->get(), engine_config).ok());
+}
+
+// ---- mtp: the target checkpoint's multi-token-prediction module ----
+
+std::string TempMtpDir(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("ember_spec_mtp_" + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+std::unique_ptr<DraftSource> MtpSource(const std::string& dir, int32_t vocab) {
+  SpeculationConfig config;
+  config.method = SpeculationConfig::Method::kMtp;
+  auto source = LoadDraftSource(config, ModelLoadOptions{}, vocab, dir);
+  EXPECT_TRUE(source.ok()) << source.message();
+  return source.ok() ? std::move(*source) : nullptr;
+}
+
+// Greedy prompts of 2 to 41 tokens, one of them not speculating.
+std::vector<GenerationRequest> MtpRequests() {
+  std::mt19937 rng(5);
+  std::vector<GenerationRequest> requests;
+  for (int len : {2, 5, 9, 17, 30, 41}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < len; ++i) prompt.push_back(3 + static_cast<int32_t>(rng() % 500));
+    requests.push_back(Greedy(prompt, 20));
+  }
+  requests[1].speculate = false;
+  return requests;
+}
+
+// Random MTP weights (drafts mostly wrong): the greedy outputs are those without speculation,
+// batched (staggered, chunked prefill) and solo; on deepseek_v3 (MLA) and on qwen3_next, whose
+// recurrent state rolls back from the per-row snapshots.
+TEST(SpecDecodeTest, MtpDraftsLeaveGreedyOutputsUnchanged) {
+  for (const std::string fixture : {"deepseek_v3", "qwen3_next"}) {
+    EMBER_REQUIRE_DIR(ModelDir(fixture));
+    const std::string dir = TempMtpDir("random_" + fixture);
+    testing::WriteMtpCheckpoint(ModelDir(fixture), dir, {});
+    const std::vector<GenerationRequest> requests = MtpRequests();
+    const RunResult plain = RunEngine(dir, requests, {});
+    ASSERT_EQ(plain.outputs.size(), requests.size());
+    for (bool solo : {false, true}) {
+      RunOptions mtp;
+      mtp.solo = solo;
+      mtp.stagger = !solo;
+      mtp.max_step_tokens = 13;
+      mtp.source = MtpSource(dir, 512);
+      ASSERT_NE(mtp.source, nullptr) << fixture;
+      const RunResult got = RunEngine(dir, requests, std::move(mtp));
+      EXPECT_EQ(FirstSamples(got), FirstSamples(plain)) << fixture << (solo ? " solo" : " batched");
+      EXPECT_GT(got.stats.spec_draft_tokens, 0) << fixture;
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A module that must predict what the target predicts: the target has one layer whose attention
+// adds nothing (o_proj = 0: a row's logits depend on its own token only), the MTP block is a copy
+// of it with eh_proj = [I | 0] and +-1 embeddings (enorm keeps them), so its draft after token t
+// is the target's greedy token after t (up to enorm's eps), and so is every chained draft. (With
+// attention on, no MTP module reproduces a target in general: it sees the tokens shifted by one.)
+TEST(SpecDecodeTest, MtpDraftsOfACopiedBlockAreAccepted) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  const std::string dir = TempMtpDir("copy");
+  testing::MtpCheckpointOptions options;
+  options.one_layer = true;
+  options.zero_attention_out = true;
+  options.eh = testing::MtpCheckpointOptions::EhProj::kEmbeddingHalf;
+  testing::WriteMtpCheckpoint(ModelDir("deepseek_v3"), dir, options);
+  const std::vector<GenerationRequest> requests = MtpRequests();
+  const RunResult plain = RunEngine(dir, requests, {});
+  RunOptions mtp;
+  mtp.stagger = true;
+  mtp.source = MtpSource(dir, 512);
+  ASSERT_NE(mtp.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(mtp));
+  EXPECT_EQ(FirstSamples(got), FirstSamples(plain));
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  EXPECT_GE(got.stats.spec_accepted_tokens * 10, got.stats.spec_draft_tokens * 9)
+      << got.stats.spec_accepted_tokens << " of " << got.stats.spec_draft_tokens;
+  EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
+  std::filesystem::remove_all(dir);
+}
+
+// --spec-method mtp: made by the caller (LoadDraftSource), never with --draft-model.
+TEST(SpecDecodeTest, MtpConfigRefusals) {
+  SpeculationConfig config;
+  config.method = SpeculationConfig::Method::kMtp;
+  EXPECT_TRUE(CheckSpeculationConfig(config).ok());
+  EXPECT_FALSE(CreateDraftSource(config).ok());
+  config.draft_model = "x";
+  EXPECT_FALSE(CheckSpeculationConfig(config).ok());
 }
 
 }  // namespace

@@ -74,6 +74,10 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
   AddDraftRows(step);
   AddPromptRows(step);
   AddHiddenRows(step);
+  if (capture_final_hidden_)
+    step.final_hidden.assign(static_cast<size_t>(batch.num_tokens()) *
+                                 static_cast<size_t>(runner_->model().config().hidden_size),
+                             0.0f);
   step.deferred = MayDefer(step);
   return step;
 }
@@ -209,10 +213,12 @@ bool StepBuilder::BackendSamples() const {
 }
 
 // A step may launch before the step in flight's ids are read when every sampled row's token is
-// made by the backend from state the host already has (FedRowOk), no logits come to the host and
-// no embedding request has rows in it.
+// made by the backend from state the host already has (FedRowOk), no logits or hidden states come
+// to the host and no embedding request has rows in it.
 bool StepBuilder::MayDefer(const StepBatch& step) const {
-  if (!config_.overlap_steps || !step.prompt_rows.empty() || !step.draft_rows.empty()) return false;
+  if (!config_.overlap_steps || !step.prompt_rows.empty() || !step.draft_rows.empty() ||
+      !step.final_hidden.empty())
+    return false;
   const bool backend_samples = BackendSamples();
   // An embedding request's step completes before the next is scheduled, so a preemption never
   // meets its pooled rows half-accounted.

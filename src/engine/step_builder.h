@@ -89,6 +89,10 @@ struct StepBatch {
   std::vector<HiddenRows> hidden_runs;
   int32_t num_hidden_rows = 0;
   std::vector<float> hidden;
+  // With a source that reads hidden states (StepBuilder::set_capture_final_hidden; never in a
+  // deferred step): every plan row's last hidden state before the final norm, [num_tokens,
+  // hidden_size] (StepOutputs::final_hidden).
+  std::vector<float> final_hidden;
 
   // Recurrent-state copies (a hybrid model with state checkpoints, kv/state_checkpoints.h), in
   // backend slots: before the forward each restore copies a checkpoint into a sequence admitted
@@ -115,6 +119,7 @@ struct StepBatch {
     out.defer_ids = deferred;
     out.hidden_rows = num_hidden_rows;
     out.hidden = hidden;
+    out.final_hidden = final_hidden;
     return out;
   }
 };
@@ -137,6 +142,9 @@ class StepBuilder {
     snapshot_per_sequence_ = per_sequence;
     snapshot_groups_ = groups;
   }
+  // A draft source that reads the target's hidden states (mtp): every step copies them
+  // (StepBatch::final_hidden) and is never deferred.
+  void set_capture_final_hidden(bool capture) { capture_final_hidden_ = capture; }
 
   // The step's rows and whether it may be deferred. Reads only what the step in flight cannot
   // change (its sampled tokens pass through as fed placeholders). From here on the step holds
@@ -165,6 +173,7 @@ class StepBuilder {
   EngineStats* counters_;
   kv::StateCheckpoints* checkpoints_ = nullptr;
   int32_t snapshot_first_ = -1, snapshot_per_sequence_ = 0, snapshot_groups_ = 0;
+  bool capture_final_hidden_ = false;
   std::vector<int32_t> chunk_;  // scratch: one sequence's new tokens
 };
 

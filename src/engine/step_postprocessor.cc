@@ -52,6 +52,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
     SampleOnHost(step);
     ComputePromptLogprobs(step);
     PoolHiddenRows(step);
+    ObserveHidden(step);
   }
   size_t row = 0, next_draft = 0;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
@@ -132,6 +133,21 @@ void StepPostprocessor::PoolHiddenRows(const StepBatch& step) {
                         static_cast<size_t>(run.first_row) * static_cast<size_t>(dim),
                         static_cast<size_t>(run.num_rows) * static_cast<size_t>(dim)),
                     dim);
+  }
+}
+
+void StepPostprocessor::ObserveHidden(const StepBatch& step) {
+  if (step.final_hidden.empty()) return;
+  const auto dim = static_cast<size_t>(runner_->model().config().hidden_size);
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const Sequence& seq = *step.scheduled[i].seq;
+    if (seq.finish != FinishReason::kNone) continue;
+    const SequenceSlice& slice = step.batch.seqs[i];
+    speculator_->ObserveHidden(
+        seq, step.batch.positions[static_cast<size_t>(slice.query_start)],
+        std::span<const float>(step.final_hidden)
+            .subspan(static_cast<size_t>(slice.query_start) * dim,
+                     static_cast<size_t>(slice.query_len) * dim));
   }
 }
 

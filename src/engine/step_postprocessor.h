@@ -69,6 +69,9 @@ class StepPostprocessor {
   void ComputePromptLogprobs(const StepBatch& step);
   // The hidden-state rows into their sequences' PoolingAccumulator.
   void PoolHiddenRows(const StepBatch& step);
+  // Each speculating sequence's rows of StepBatch::final_hidden to the draft source
+  // (Speculator::ObserveHidden).
+  void ObserveHidden(const StepBatch& step);
   // Ends an embedding request whose prompt is computed with its pooled vector (finish kStop).
   void EmitEmbedding(Sequence* seq);
   // Scheduled sequence i's rows up to computed_end are computed: commits its blocks, notes its

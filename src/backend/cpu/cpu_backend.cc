@@ -255,6 +255,25 @@ class CpuBackend final : public Backend {
   }
   bool TakesMla() const override { return true; }
 
+  std::string MtpUnsupported() const override { return ""; }
+  Status CopyFromHost(std::span<const float> in, Tensor out) override {
+    if (in.size() != static_cast<size_t>(out.numel()))
+      return Status::Error("CopyFromHost: " + std::to_string(in.size()) + " floats for tensor " +
+                           ShapeString(out));
+    std::memcpy(F(out), in.data(), in.size() * sizeof(float));
+    return Status::Ok();
+  }
+  Status ZeroRows(Tensor x, std::span<const int32_t> rows) override {
+    float* v = F(x);
+    const int64_t cols = x.cols();
+    for (int32_t r : rows) {
+      if (r < 0 || r >= x.rows())
+        return Status::Error("ZeroRows: row " + std::to_string(r) + " of " + ShapeString(x));
+      std::fill_n(v + int64_t{r} * cols, cols, 0.0f);
+    }
+    return Status::Ok();
+  }
+
   void MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, const Tensor& c,
                     const Tensor& k_rope, Tensor out) override {
     CHECK(latent_) << "MlaAttention without AllocateLatentKvPool";
