@@ -136,6 +136,7 @@ struct PromptCacheStats {
   // tiers: state_restores, sequences resumed from a tier's checkpoint (written into their state
   // slot); state_misses, lookups whose blocks found below the pool had no readable checkpoint
   // (recomputed).
+  bool state_checkpoints = false;  // a hybrid model: the tiers keep its state checkpoints
   int64_t state_records = 0, state_bytes = 0, state_hits = 0;
   int64_t state_restores = 0, state_misses = 0;
   PromptCacheRamStats ram;

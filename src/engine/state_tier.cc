@@ -116,6 +116,7 @@ int64_t StateTier::Clear(std::optional<uint64_t> ns) {
 }
 
 void StateTier::AddStats(PromptCacheStats* s) const {
+  s->state_checkpoints = true;
   if (disk_ != nullptr) {
     const prompt_cache::DiskStoreStats d = disk_->Stats();
     s->state_records = d.records;
