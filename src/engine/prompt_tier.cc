@@ -251,11 +251,9 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
   while (loaded < found && Restore(seq, first + loaded, table[static_cast<size_t>(first + loaded)]))
     ++loaded;
   if (states_ != nullptr) {
-    // The state read is the one at the end of all `found` blocks: usable only with all of them.
-    if (loaded < found) {
-      seq.tier_state.clear();
-      return pool_tokens;  // the restored blocks are recomputed in place
-    }
+    // The state read is the one at the end of all `found` blocks: with fewer, an earlier
+    // checkpoint among the restored ones, or none (restored blocks are recomputed in place).
+    if (loaded < found && (loaded = ResumableBlocks(seq, first, loaded)) == 0) return pool_tokens;
     ++state_restores_;
   }
   // Blocks past `loaded` stay allocated: they are recomputed in place.

@@ -37,7 +37,8 @@
 // copies an evicted block's live checkpoint into RAM). ExtendCachedPrefix then resumes only at
 // the last found block whose checkpoint reads back and verifies (blocks past it are recomputed):
 // the state goes to Sequence::tier_state, written into the sequence's state slot before its
-// first rows; when a block up to there fails to restore, none of the extension is used.
+// first rows; when a block up to there fails to restore, it resumes at the last checkpoint
+// before that block (or uses none of the extension).
 #pragma once
 
 #include <atomic>

@@ -759,6 +759,29 @@ TEST_F(HybridTierTest, DamagedCheckpointsAreRefusedAndRecomputed) {
   EXPECT_EQ(s.promotions, 2);
 }
 
+// A damaged KV block before the last checkpoint: the prompt resumes at the checkpoint before it
+// (block 4 of 6 refused: the checkpoint at 64), not at the one whose blocks are not all there.
+TEST_F(HybridTierTest, DamagedBlockFallsBackToAnEarlierCheckpoint) {
+  const GenerationRequest request = Request(100, 4);
+  const Outcome cold = ColdRun(request);
+  RunAndStop(request, HybridConfig());
+  std::filesystem::path kv_dir, state_dir;
+  Folders(&kv_dir, &state_dir);
+  const std::vector<std::filesystem::path> blocks =
+      BlockFiles(request.prompt_ids, 6, kv_dir, kv_dir);
+  FlipByte(blocks[4], 1000);
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  const Outcome run = Generate(*engine, request);
+  EXPECT_EQ(run.usage.cached_tokens, 64);
+  EXPECT_EQ(run.tokens, cold.tokens);
+  EXPECT_EQ(run.logprobs, cold.logprobs);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.corrupt_dropped, 1);
+  EXPECT_EQ(s.state_hits, 2);  // the one at 96, then the one at 64
+  EXPECT_EQ(s.state_restores, 1);
+}
+
 // Without room for a checkpoint (no prefix cache), the tiers are refused for a hybrid model,
 // naming the flag.
 TEST_F(HybridTierTest, RefusedWithoutCheckpoints) {
