@@ -143,8 +143,10 @@ bool PromptTier::ShouldLoad(int32_t in_ram, int32_t on_disk) {
   const bool measured =
       (in_ram == 0 || ram_rate > 0) && (on_disk == 0 || disk_rate > 0);
   const int32_t n = in_ram + on_disk;
-  const double record = static_cast<double>(prompt_cache::RecordBytes(block_size_,
-                                                                      shape_.payload_bytes));
+  // A hybrid model's hit also reads one state checkpoint: spread over the blocks.
+  const double record =
+      static_cast<double>(prompt_cache::RecordBytes(block_size_, shape_.payload_bytes)) +
+      (states_ != nullptr ? static_cast<double>(states_->record_bytes()) / n : 0.0);
   // The blocks' bytes over the time both tiers take to read them: one rate for the cost rule.
   const double seconds = (in_ram > 0 && ram_rate > 0 ? in_ram * record / ram_rate : 0.0) +
                          (on_disk > 0 && disk_rate > 0 ? on_disk * record / disk_rate : 0.0);

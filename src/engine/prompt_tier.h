@@ -38,7 +38,8 @@
 // the last found block whose checkpoint reads back and verifies (blocks past it are recomputed):
 // the state goes to Sequence::tier_state, written into the sequence's state slot before its
 // first rows; when a block up to there fails to restore, it resumes at the last checkpoint
-// before that block (or uses none of the extension).
+// before that block (or uses none of the extension). The cost rule counts the checkpoint's
+// record in the bytes to read.
 #pragma once
 
 #include <atomic>

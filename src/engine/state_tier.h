@@ -78,6 +78,9 @@ class StateTier {
   // refused records into the tiers' totals.
   void AddStats(PromptCacheStats* s) const;
   prompt_cache::DiskStore* disk() { return disk_.get(); }
+  int64_t record_bytes() const {
+    return prompt_cache::RecordBytes(config_.block_size, config_.state_bytes);
+  }
 
  private:
   StateTier(const StateTierConfig& config, const prompt_cache::Key& fingerprint);
