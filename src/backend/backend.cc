@@ -229,6 +229,12 @@ Status Backend::AllocateStateSlots(int32_t, int64_t) {
 Status Backend::CopyStateSlot(int32_t, int32_t) {
   return Status::Error(RecurrentUnsupported() + " (CopyStateSlot)");
 }
+Status Backend::CopyStateSlotToHost(int32_t, std::span<uint8_t>) {
+  return Status::Error(RecurrentUnsupported() + " (CopyStateSlotToHost)");
+}
+Status Backend::CopyStateSlotFromHost(int32_t, std::span<const uint8_t>) {
+  return Status::Error(RecurrentUnsupported() + " (CopyStateSlotFromHost)");
+}
 Status Backend::CausalConv1dSilu(Tensor, const Tensor&, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (CausalConv1dSilu)");
 }

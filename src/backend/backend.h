@@ -384,6 +384,13 @@ class Backend {
   // Copies state slot `src` over slot `dst` (the whole slot), after every op enqueued so far and
   // before every later one: the engine's recurrent-state checkpoints (kv/state_checkpoints.h).
   virtual Status CopyStateSlot(int32_t src, int32_t dst);
+  // Copies state slot `slot` (the whole slot: floats_per_slot float32 as the model lays them out)
+  // into `out` [floats_per_slot * 4 bytes], after every op enqueued so far; returns once `out` is
+  // filled. And the reverse: writes `in` over slot `slot`, after every op enqueued so far and
+  // before every later one (`in` may be reused once it returns). The prompt cache's RAM and disk
+  // tiers keep state checkpoints this way (engine/state_tier.h).
+  virtual Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out);
+  virtual Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in);
   // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
   // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
   // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.

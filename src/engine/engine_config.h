@@ -111,6 +111,10 @@ struct PromptCacheRamStats {
   int64_t corrupt_dropped = 0;  // records refused on read (identity or checksum)
   int64_t bytes_read = 0, bytes_written = 0;
   double read_bytes_per_s = 0;  // measured so far (0: not yet)
+  // A hybrid model's recurrent-state checkpoints here (engine/state_tier.h): records and bytes
+  // (part of `bytes`, as their cap is part of capacity_bytes; their evictions, refused records
+  // and insert drops count in the fields above), and checkpoints read and verified.
+  int64_t state_records = 0, state_bytes = 0, state_hits = 0;
 };
 
 // The disk tier's counters (PromptTier::Stats), the cost decisions of both tiers, and `ram`.
@@ -133,11 +137,21 @@ struct PromptCacheStats {
   // The last decision: its choice and the rates it compared.
   Choice last_choice = Choice::kNone;
   double last_read_bytes_per_s = 0, last_prefill_tokens_per_s = 0;
+  // A hybrid model's recurrent-state checkpoints on disk (engine/state_tier.h): records and bytes
+  // (part of `bytes`, their cap part of capacity_bytes; their evictions, refused records, queued
+  // bytes and write drops count in the fields above) and checkpoints read and verified. Both
+  // tiers: state_restores, sequences resumed from a tier's checkpoint (written into their state
+  // slot); state_misses, lookups whose blocks found below the pool had no readable checkpoint
+  // (recomputed).
+  bool state_checkpoints = false;  // a hybrid model: the tiers keep its state checkpoints
+  int64_t state_records = 0, state_bytes = 0, state_hits = 0;
+  int64_t state_restores = 0, state_misses = 0;
   PromptCacheRamStats ram;
 };
 // What a clear removed from the tiers below the pool (the pool's blocks go at the next step).
 struct PromptCacheCleared {
   int64_t ram_blocks = 0, disk_blocks = 0;
+  int64_t state_checkpoints = 0;  // a hybrid model's, from both tiers
 };
 // "none", "load", "load_unmeasured", "recompute".
 const char* PromptCacheChoiceName(PromptCacheStats::Choice choice);

@@ -118,19 +118,13 @@ Status ResolveServedContext(const Model& model, EngineSizing& sizing) {
 }
 
 // A model with recurrent layers (qwen3_next): the state at a prefix's end is not in its KV
-// blocks, so prefix reuse needs state checkpoints (sized in SizeEngine); the prompt cache's RAM
-// and disk tiers (which would need the checkpoints too) are refused, and so is speculative
-// decoding on a backend that cannot keep the per-row state snapshots its rollback needs.
+// blocks, so prefix reuse needs state checkpoints (sized in SizeEngine; the prompt cache's RAM
+// and disk tiers keep them too: engine/state_tier.h); speculative decoding is refused on a
+// backend that cannot keep the per-row state snapshots its rollback needs.
 Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
   if (!model.has_recurrent_state()) return Status::Ok();
   const std::string what = "model_type " + model.config().model_type +
                            " has recurrent (linear-attention) layers";
-  if (!config.prompt_cache.dir.empty() || config.prompt_cache.ram_bytes > 0)
-    return Status::Error(std::string(config.prompt_cache.dir.empty() ? "--prompt-cache-ram-bytes"
-                                                                     : "--prompt-cache-dir") +
-                         ": " + what +
-                         " whose state is not in the KV blocks; the prompt cache does not "
-                         "support it yet");
   if (config.speculation.method != SpeculationConfig::Method::kNone) {
     const std::string why = model.StateSnapshotsUnsupported();
     if (!why.empty())

@@ -62,6 +62,13 @@ class ModelRunner : public KvBlockIo {
   Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
     return model_->CopyKvBlockFromHost(block_id, in);
   }
+  // ... and the state checkpoints' (Model::CopyStateSlotToHost / FromHost), in the same order.
+  Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) override {
+    return model_->CopyStateSlotToHost(slot, out);
+  }
+  Status CopyStateFromHost(int32_t slot, std::span<const uint8_t> in) override {
+    return model_->CopyStateSlotFromHost(slot, in);
+  }
 
  private:
   ModelRunner(Model* model, std::vector<int32_t> graph_buckets, int32_t scratch_block,

@@ -54,7 +54,8 @@ ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) const {
 
 void Scheduler::TakeCheckpoint(Sequence* seq) {
   seq->restore_state_from = -1;
-  if (checkpoints_ == nullptr || seq->num_computed_tokens == 0) return;
+  // Resumed from a prompt-cache tier's checkpoint: its bytes are written into the slot instead.
+  if (checkpoints_ == nullptr || seq->num_computed_tokens == 0 || !seq->tier_state.empty()) return;
   const int32_t num_blocks = seq->num_computed_tokens / kv_->block_size();
   const std::optional<kv::BlockRef> end = kv_->ChainEnd(seq->id, num_blocks);
   CHECK(end.has_value()) << "seq " << seq->id << " hit " << num_blocks << " blocks without a chain";
@@ -78,6 +79,7 @@ int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
 void Scheduler::FreeSequence(Sequence* seq) {
   kv_->Free(seq->id);
   seq->tier_blocks_tagged = 0;
+  seq->tier_state.clear();
   if (slots_ != nullptr) slots_->Release(seq->state_slot);
   seq->state_slot = -1;
   seq->restore_state_from = -1;

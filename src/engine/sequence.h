@@ -83,6 +83,10 @@ struct Sequence {
   std::vector<Sha256Digest> tier_keys;
   int32_t tier_blocks_stored = 0;
   int32_t tier_blocks_tagged = 0;
+  // A hybrid model resumed from a tier's state checkpoint (PromptTier::ExtendCachedPrefix): the
+  // recurrent state at its computed prefix's end, written into state_slot before its first rows
+  // (StepBuilder moves it into the step); empty otherwise (and whenever its blocks are freed).
+  std::vector<uint8_t> tier_state;
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

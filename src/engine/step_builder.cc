@@ -112,7 +112,8 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
   }
 }
 
-// A sequence admitted with a cached prefix restores the checkpoint at its end; a chunk that ends
+// A sequence admitted with a cached prefix restores the checkpoint at its end (a pool slot's, or
+// the bytes a prompt-cache tier read: Sequence::tier_state); a chunk that ends
 // at a checkpoint point saves the state it leaves (when no checkpoint slot can be had, every one
 // pending, it saves nothing: a later prompt hits a shorter prefix).
 void StepBuilder::AddStateCopies(StepBatch& step) {
@@ -121,6 +122,10 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
     const ScheduledSequence& s = step.scheduled[i];
     Sequence* seq = s.seq;
     if (seq->state_slot < 0) continue;
+    if (!seq->tier_state.empty()) {
+      step.state_uploads.push_back({seq->state_slot, std::move(seq->tier_state)});
+      seq->tier_state.clear();
+    }
     if (seq->restore_state_from >= 0) {
       step.state_restores.push_back({seq->restore_state_from, seq->state_slot});
       seq->restore_state_from = -1;

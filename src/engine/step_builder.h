@@ -102,6 +102,13 @@ struct StepBatch {
     int32_t src = 0, dst = 0;
   };
   std::vector<StateCopy> state_restores;
+  // A sequence resumed from a prompt-cache tier's state checkpoint (Sequence::tier_state): its
+  // bytes, written into its slot before the forward (Backend::CopyStateSlotFromHost).
+  struct StateUpload {
+    int32_t slot = 0;
+    std::vector<uint8_t> state;
+  };
+  std::vector<StateUpload> state_uploads;
   struct StateSave {
     size_t scheduled_index = 0;
     int32_t end = 0;  // the sequence's computed tokens after the step (a block boundary)

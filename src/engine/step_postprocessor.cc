@@ -164,13 +164,16 @@ void StepPostprocessor::EmitEmbedding(Sequence* seq) {
 }
 
 void StepPostprocessor::CommitStateSaves(StepBatch& step, size_t i) {
-  const kv::SeqId id = step.scheduled[i].seq->id;
+  Sequence* seq = step.scheduled[i].seq;
   for (StepBatch::StateSave& save : step.state_saves) {
     if (save.scheduled_index != i || save.resolved) continue;
     save.resolved = true;
-    const std::optional<kv::BlockRef> end = kv_->ChainEnd(id, save.end / kv_->block_size());
+    const int32_t num_blocks = save.end / kv_->block_size();
+    const std::optional<kv::BlockRef> end = kv_->ChainEnd(seq->id, num_blocks);
     if (end.has_value()) {
       checkpoints_->Commit(save.copy.dst, *end);
+      // Down to the disk tier beside its block (Find: this slot, or the one committed first).
+      if (tier_ != nullptr) tier_->OnCheckpoint(*seq, num_blocks, checkpoints_->Find(*end));
     } else {
       checkpoints_->Release(save.copy.dst);
     }

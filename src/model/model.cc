@@ -897,6 +897,31 @@ Status Model::CopyStateSlot(int32_t src, int32_t dst) {
   return backend_->CopyStateSlot(src, dst);
 }
 
+namespace {
+Status CheckHostStateCopy(int32_t slot, int32_t num_slots, size_t bytes, int64_t want) {
+  if (num_slots == 0) return Status::Error("state slot copy: the model has no state slots");
+  if (slot < 0 || slot >= num_slots)
+    return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
+                         std::to_string(num_slots) + " allocated");
+  if (static_cast<int64_t>(bytes) != want)
+    return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
+                         std::to_string(want));
+  return Status::Ok();
+}
+}  // namespace
+
+Status Model::CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) {
+  EMBER_RETURN_IF_ERROR(
+      CheckHostStateCopy(slot, num_state_slots_, out.size(), StateBytesPerSequence()));
+  return backend_->CopyStateSlotToHost(slot, out);
+}
+
+Status Model::CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) {
+  EMBER_RETURN_IF_ERROR(
+      CheckHostStateCopy(slot, num_state_slots_, in.size(), StateBytesPerSequence()));
+  return backend_->CopyStateSlotFromHost(slot, in);
+}
+
 int64_t Model::KvBlockBytes() const {
   return backend_->KvBlockBytes();
 }

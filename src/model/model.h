@@ -258,6 +258,10 @@ class Model {
   std::string StateSnapshotsUnsupported() const { return backend_->StateSnapshotsUnsupported(); }
   // Copies recurrent-state slot `src` over `dst` in stream order (Backend::CopyStateSlot).
   Status CopyStateSlot(int32_t src, int32_t dst);
+  // One state slot's StateBytesPerSequence bytes to and from host memory, in stream order
+  // (Backend::CopyStateSlotToHost / FromHost): the prompt cache's state checkpoints.
+  Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out);
+  Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in);
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;

@@ -109,6 +109,41 @@ TEST(MetricsTest, PromptCacheDiskTier) {
   EXPECT_EQ(text.find("tier=\"ram\""), std::string::npos);
 }
 
+// A hybrid model's tiers keep its state checkpoints: their counts, bytes and hits per tier, and
+// the sequences resumed from them; absent for other models.
+TEST(MetricsTest, PromptCacheStateCheckpoints) {
+  Metrics m;
+  EngineStats e;
+  PromptCacheStats& p = e.prompt_cache;
+  p.enabled = true;
+  p.ram.enabled = true;
+  EXPECT_EQ(m.Prometheus(e).find("state_checkpoint"), std::string::npos);
+  EXPECT_FALSE(m.Json(e)["prompt_cache"]["tiers"]["disk"].contains("state_bytes"));
+  p.state_checkpoints = true;
+  p.state_records = 3;
+  p.state_bytes = 51276;
+  p.state_hits = 2;
+  p.state_restores = 2;
+  p.state_misses = 1;
+  p.ram.state_records = 1;
+  p.ram.state_bytes = 17092;
+  const std::string text = m.Prometheus(e);
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoints{tier=\"disk\"} 3\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoint_bytes{tier=\"ram\"} 17092\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoint_hits_total{tier=\"disk\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_restores_total 2\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_misses_total 1\n"), std::string::npos);
+  const nlohmann::json j = m.Json(e)["prompt_cache"];
+  EXPECT_EQ(j["tiers"]["disk"]["state_checkpoints"], 3);
+  EXPECT_EQ(j["tiers"]["disk"]["state_bytes"], 51276);
+  EXPECT_EQ(j["tiers"]["ram"]["state_bytes"], 17092);
+  EXPECT_EQ(j["reuse"]["state_restores"], 2);
+  EXPECT_EQ(j["reuse"]["state_misses"], 1);
+}
+
 TEST(MetricsTest, PromptCacheRamAndDiskTiers) {
   Metrics m;
   EngineStats e;
