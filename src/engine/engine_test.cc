@@ -649,6 +649,30 @@ std::shared_ptr<TokenConstraint> FixedKeysSchemaConstraint(const std::string& di
   return MakeJsonSchemaConstraint(TokenTexts::Build(std::move(bytes)), *schema);
 }
 
+// One engine (jump-forward on or off, KV cache `kv_bytes`, 0: auto) over `requests`, one at a
+// time or all submitted at once (`batched`); the outputs in request order and the engine's stats.
+std::vector<Output> RunWithJumpForward(const std::string& dir,
+                                       const std::vector<GenerationRequest>& requests,
+                                       bool jump_forward, bool batched, int64_t kv_bytes,
+                                       EngineStats* stats) {
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.jump_forward = jump_forward;
+  config.kv_cache_bytes = kv_bytes;
+  auto engine = Engine::Create(model.get(), config);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  if (!engine.ok()) return {};
+  std::vector<Output> outs;
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) {
+    streams.push_back(SubmitOrDie(**engine, r));
+    if (!batched) outs.push_back(Collect(streams.back()));
+  }
+  for (size_t i = 0; batched && i < streams.size(); ++i) outs.push_back(Collect(streams[i]));
+  *stats = (*engine)->Stats();
+  return outs;
+}
+
 // Jump-forward (tokens the constraint forces are appended without sampling and computed as the
 // next step's chunk) changes no token: greedy, seeded sampling with penalties (the sampler's
 // counts and its RNG stream) and n = 2, alone and batched with unconstrained requests, and
@@ -668,31 +692,14 @@ TEST(EngineTest, JumpForwardChangesNoToken) {
   sampled.n = 2;
   GenerationRequest with_logprobs = greedy;
   with_logprobs.sampling.top_logprobs = 1;
-  auto run = [&](bool jump_forward, const std::vector<GenerationRequest>& requests,
-                 bool batched, EngineStats* stats) {
-    EngineConfig config;
-    config.jump_forward = jump_forward;
-    auto model = LoadModel(dir);  // one engine per model
-    auto engine = Engine::Create(model.get(), config);
-    EXPECT_TRUE(engine.ok()) << engine.message();
-    std::vector<Output> outs;
-    std::vector<std::shared_ptr<ResponseStream>> streams;
-    for (const GenerationRequest& r : requests) {
-      streams.push_back(SubmitOrDie(**engine, r));
-      if (batched) continue;
-      outs.push_back(Collect(streams.back()));
-    }
-    for (size_t i = 0; batched && i < streams.size(); ++i) outs.push_back(Collect(streams[i]));
-    *stats = (*engine)->Stats();
-    return outs;
-  };
   const std::vector<GenerationRequest> requests = {greedy, sampled, with_logprobs};
   EngineStats off_stats, on_stats, batched_stats;
-  const std::vector<Output> off = run(false, requests, false, &off_stats);
-  const std::vector<Output> on = run(true, requests, false, &on_stats);
+  const std::vector<Output> off = RunWithJumpForward(dir, requests, false, false, 0, &off_stats);
+  const std::vector<Output> on = RunWithJumpForward(dir, requests, true, false, 0, &on_stats);
   std::vector<GenerationRequest> mixed = MakeRequests(3, 2048, 17);
   mixed.insert(mixed.begin() + 1, requests.begin(), requests.end());
-  const std::vector<Output> batched = run(true, mixed, true, &batched_stats);
+  const std::vector<Output> batched =
+      RunWithJumpForward(dir, mixed, true, true, 0, &batched_stats);
   for (size_t i = 0; i < requests.size(); ++i) {
     EXPECT_EQ(off[i].finish, FinishReason::kStop) << "request " << i;
     EXPECT_EQ(on[i].samples, off[i].samples) << "request " << i;
@@ -718,7 +725,7 @@ TEST(EngineTest, JumpForwardChangesNoToken) {
     cuts.back().max_tokens = static_cast<int32_t>(k);
   }
   EngineStats cut_stats;
-  const std::vector<Output> cut = run(true, cuts, true, &cut_stats);
+  const std::vector<Output> cut = RunWithJumpForward(dir, cuts, true, true, 0, &cut_stats);
   EXPECT_GT(cut_stats.forced_tokens, 0);
   for (size_t k = 1; k < full.size(); ++k) {
     EXPECT_EQ(cut[k - 1].samples[0], std::vector<int32_t>(full.begin(), full.begin() + k)) << k;
@@ -750,31 +757,16 @@ TEST(EngineTest, JumpForwardChainsChangeNoToken) {
     requests.push_back(k % 2 ? greedy : sampled);
     requests.back().max_tokens = k;
   }
-  auto run = [&](bool jump_forward, bool batched, EngineStats* stats, int64_t kv_bytes = 0) {
-    auto model = LoadModel(dir);
-    EngineConfig config;
-    config.jump_forward = jump_forward;
-    config.kv_cache_bytes = kv_bytes;
-    auto engine = Engine::Create(model.get(), config);
-    EXPECT_TRUE(engine.ok()) << engine.message();
-    std::vector<Output> outs;
-    std::vector<std::shared_ptr<ResponseStream>> streams;
-    for (const GenerationRequest& r : requests) {
-      streams.push_back(SubmitOrDie(**engine, r));
-      if (!batched) outs.push_back(Collect(streams.back()));
-    }
-    for (size_t i = 0; batched && i < streams.size(); ++i) outs.push_back(Collect(streams[i]));
-    *stats = (*engine)->Stats();
-    return outs;
-  };
   EngineStats off_stats, on_stats, batched_stats;
-  const std::vector<Output> off = run(false, false, &off_stats);
-  const std::vector<Output> on = run(true, false, &on_stats);
-  const std::vector<Output> batched = run(true, true, &batched_stats);
+  const std::vector<Output> off = RunWithJumpForward(dir, requests, false, false, 0, &off_stats);
+  const std::vector<Output> on = RunWithJumpForward(dir, requests, true, false, 0, &on_stats);
+  const std::vector<Output> batched =
+      RunWithJumpForward(dir, requests, true, true, 0, &batched_stats);
   // TinyStories' KV is 1 KiB a token: 10 blocks of 16 tokens for 48 samples of up to 64 tokens
   // preempt (and recompute forced tokens), and their shared prompt hits the prefix cache.
   EngineStats tight_stats;
-  const std::vector<Output> tight = run(true, true, &tight_stats, int64_t{10} * 16 * 1024);
+  const std::vector<Output> tight =
+      RunWithJumpForward(dir, requests, true, true, int64_t{10} * 16 * 1024, &tight_stats);
   EXPECT_GT(tight_stats.preemptions, 0);
   EXPECT_GT(tight_stats.prefix_hit_tokens, 0);
   EXPECT_EQ(tight_stats.kv_blocks_used, 0);
