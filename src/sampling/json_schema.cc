@@ -94,6 +94,7 @@ class Compiler {
     return static_cast<int32_t>(nodes_.size() - 1);
   }
   Result<int32_t> Ref(const std::string& ref, const std::string& path);
+  Status FillRef(int32_t id, const json& s, const std::string& path);
   Status Fill(int32_t id, const json& s, const std::string& path);
   Result<bool> Rewrite(int32_t id, const json& s, const std::string& path);
   // Fill with a rewritten schema; `narrowed`: its machine may leave out values `s` allowed.
@@ -133,6 +134,13 @@ class Compiler {
   std::vector<std::shared_ptr<const RegexDfa>> dfas_;
 };
 
+// True when a schema with $ref has keywords beside it other than annotations.
+bool KeywordsBesideRef(const json& s) {
+  for (const auto& [key, value] : s.items())
+    if (key != "$ref" && Annotations().count(key) == 0) return true;
+  return false;
+}
+
 Status Unsupported(const std::string& path, const std::string& what) {
   return Status::Error(path + ": " + what);
 }
@@ -169,22 +177,32 @@ Result<int32_t> Compiler::Node(const json& s, const std::string& path) {
     explicit Open(int& d) : depth(++d) {}
     ~Open() { --depth; }
   } open(depth_);
-  if (s.is_object() && s.contains("$ref")) {
-    if (!s["$ref"].is_string()) return Unsupported(path + ".$ref", "must be a string");
-    json rest = s;
-    rest.erase("$ref");
-    bool beside = false;
-    for (const auto& [key, value] : rest.items()) beside |= Annotations().count(key) == 0;
-    if (!beside) return Ref(s["$ref"].get<std::string>(), path);
-    // Keywords beside $ref apply too (draft 2019+): the allOf of the two.
-    const json both = {{"allOf", json::array({json{{"$ref", s["$ref"]}}, rest})}};
-    const int32_t id = Allocate();
-    EMBER_RETURN_IF_ERROR(Fill(id, both, path));
-    return id;
-  }
+  // A bare $ref is the target's node itself (FillRef: the rest).
+  if (s.is_object() && s.contains("$ref") && s["$ref"].is_string() && !KeywordsBesideRef(s))
+    return Ref(s["$ref"].get<std::string>(), path);
   const int32_t id = Allocate();
   EMBER_RETURN_IF_ERROR(Fill(id, s, path));
   return id;
+}
+
+// A schema with $ref that reached Fill (a definition that is itself a reference, or a rewrite's
+// output): an alias is a union of one branch, the target (aliases that loop are unions without a
+// value: refused where required, never offered where optional, as any such union); keywords
+// beside the $ref make it the allOf of the two.
+Status Compiler::FillRef(int32_t id, const json& s, const std::string& path) {
+  if (!s["$ref"].is_string()) return Unsupported(path + ".$ref", "must be a string");
+  if (KeywordsBesideRef(s)) {  // they apply too (draft 2019+): the allOf of the two
+    json rest = s;
+    rest.erase("$ref");
+    return Fill(id, {{"allOf", json::array({json{{"$ref", s["$ref"]}}, rest})}}, path);
+  }
+  EMBER_ASSIGN_OR_RETURN(const int32_t target, Ref(s["$ref"].get<std::string>(), path));
+  JsonSchemaNode node;
+  node.kind = JsonSchemaNode::kUnion;
+  nodes_[static_cast<size_t>(id)] = std::move(node);
+  branches_[static_cast<size_t>(id)] = {target};
+  paths_[static_cast<size_t>(id)] = path + ".$ref";
+  return Status::Ok();
 }
 
 Status Compiler::FillObject(JsonSchemaNode& node, const json& s, bool& closed,
@@ -331,10 +349,9 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
+  if (s.contains("$ref")) return FillRef(id, s, path);
   EMBER_ASSIGN_OR_RETURN(const bool rewritten, Rewrite(id, s, path));
   if (rewritten) return Status::Ok();
-  if (s.contains("$ref"))
-    return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
   if (s.contains("enum") || s.contains("const")) {
     EMBER_RETURN_IF_ERROR(FillLiterals(node, s, path));
     nodes_[static_cast<size_t>(id)] = std::move(node);

@@ -122,6 +122,33 @@ TEST(JsonSchemaTest, RecursiveRefsAndMaps) {
   EXPECT_FALSE(ScanText(*tree, deep).prefix_ok);
 }
 
+// A definition that is itself a reference (an alias, annotations beside it allowed) is its
+// target; keywords beside such a reference narrow it; aliases that loop are refused by name.
+TEST(JsonSchemaTest, DefinitionsThatAreReferences) {
+  auto alias = Compile(R"({"type": "object", "properties": {"v": {"$ref": "#/$defs/A"},
+      "w": {"$ref": "#/$defs/B"}}, "required": ["v", "w"], "$defs": {"A": {"$ref": "#/$defs/B",
+      "description": "an alias"}, "B": {"$ref": "#/$defs/C", "minimum": 3}, "C": {"type": "integer"}}})");
+  ASSERT_NE(alias, nullptr);
+  EXPECT_TRUE(ScanText(*alias, R"({"v": 3, "w": 40})").done);
+  EXPECT_FALSE(ScanText(*alias, R"({"v": "x")").prefix_ok);
+  EXPECT_FALSE(ScanText(*alias, R"({"v": 2, "w": 4})").done);
+  EXPECT_FALSE(ScanText(*alias, R"({"v": 4, "w": 2})").done);
+  // Aliases that loop have no value: refused where required, never offered where optional.
+  for (const char* loop : {R"({"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}})",
+                           R"({"$ref": "#/$defs/A"}})"}) {
+    const std::string head = R"({"type": "object", "properties": {"v": {"$ref": "#/$defs/A"},
+        "w": {"type": "integer"}}, )";
+    auto required = CompileJsonSchema(
+        json::parse(head + R"("required": ["v"], "$defs": {"A": )" + loop + "}"), "schema");
+    ASSERT_FALSE(required.ok()) << loop;
+    EXPECT_EQ(required.message().rfind("schema:", 0), 0u) << required.message();
+    auto optional = Compile(head + R"("$defs": {"A": )" + loop + "}");
+    ASSERT_NE(optional, nullptr) << loop;
+    EXPECT_FALSE(ScanText(*optional, R"({"v")").prefix_ok);
+    EXPECT_TRUE(ScanText(*optional, R"({"w": 1})").done);
+  }
+}
+
 TEST(JsonSchemaTest, UnsupportedSchemasNameThePath) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}})",
