@@ -117,41 +117,71 @@ ApiError FromSubmitError(const SubmitError& e, size_t index) {
   return ApiError{500, e.message, "server_error", "", ""};
 }
 
-// The inputs in flight: each stream ends with one event carrying its pooled vector. Polled on
-// the connection's strand; destroying it before the end cancels what still runs.
+// The inputs in flight: each stream ends with one event carrying its pooled vector. At most
+// kEmbeddingWave of a request's inputs are in the engine at once; the rest are submitted as
+// those finish, so a request of many inputs neither fills the engine's queue for everyone else
+// nor is refused by it (a request larger than --max-queue could never have been queued whole).
+// Polled on the connection's strand; destroying it before the end cancels what still runs.
 class EmbeddingResponse final : public AsyncResponse {
  public:
-  EmbeddingResponse(const ServedModel& model, EmbeddingRequest request,
-                    std::vector<std::shared_ptr<ResponseStream>> streams)
+  EmbeddingResponse(const ServedModel& model, EmbeddingRequest request)
       : model_(model),
         request_(std::move(request)),
-        streams_(std::move(streams)),
-        vectors_(streams_.size()),
-        closed_(streams_.size(), false) {
+        streams_(request_.inputs.size()),
+        vectors_(request_.inputs.size()),
+        closed_(request_.inputs.size(), false) {
     for (const auto& ids : request_.inputs) prompt_tokens_ += static_cast<int64_t>(ids.size());
   }
   ~EmbeddingResponse() override {
-    for (size_t i = 0; i < streams_.size(); ++i) {
+    for (size_t i = 0; i < next_; ++i) {
       streams_[i]->SetNotify(nullptr);
       if (!closed_[i]) streams_[i]->Cancel();
     }
   }
 
+  // Submits inputs until kEmbeddingWave are in flight, all are, or the engine's queue is full
+  // (the rest wait for this request's own inputs to finish). An error other than a full queue
+  // ends the request.
+  std::optional<ApiError> SubmitMore() {
+    while (next_ < streams_.size() && in_flight_ < kEmbeddingWave) {
+      GenerationRequest g;
+      g.prompt_ids = request_.inputs[next_];
+      g.max_tokens = 0;
+      g.pooling = model_.embeddings.pooling;
+      Engine::SubmitResult submitted = model_.engine->Submit(std::move(g));
+      if (auto* error = std::get_if<SubmitError>(&submitted)) {
+        if (error->code == SubmitError::Code::kQueueFull) break;
+        return FromSubmitError(*error, next_);
+      }
+      streams_[next_] = std::get<std::shared_ptr<ResponseStream>>(std::move(submitted));
+      if (wake_) streams_[next_]->SetNotify(wake_);
+      ++next_;
+      ++in_flight_;
+    }
+    if (in_flight_ == 0 && next_ < streams_.size()) {  // the queue is full of other requests
+      return FromSubmitError({SubmitError::Code::kQueueFull,
+                              "too many requests are waiting; retry later", ""},
+                             next_);
+    }
+    return std::nullopt;
+  }
+
   bool streaming() const override { return false; }
   HttpResponse Head() override { return {}; }
   void Start(std::function<void()> wake) override {
-    for (auto& s : streams_) s->SetNotify(wake);
+    wake_ = std::move(wake);
+    for (size_t i = 0; i < next_; ++i) streams_[i]->SetNotify(wake_);
   }
   bool Poll(std::string* /*out*/) override {
-    bool open = false;
-    for (size_t i = 0; i < streams_.size(); ++i) {
+    for (size_t i = 0; i < next_ && !error_; ++i) {
       if (closed_[i]) continue;
       events_.clear();
       closed_[i] = !streams_[i]->Next(&events_, std::chrono::milliseconds(0));
       for (TokenEvent& e : events_) OnEvent(i, e);
-      open |= !closed_[i];
+      if (closed_[i]) --in_flight_;
     }
-    return open;
+    if (!error_) error_ = SubmitMore();
+    return !error_ && in_flight_ > 0;
   }
   HttpResponse Final() override {
     if (error_) return JsonBody(error_->http_status, error_->ToJson());
@@ -166,7 +196,7 @@ class EmbeddingResponse final : public AsyncResponse {
                     EmbeddingsResponse(model_.name, vectors_, request_.base64, prompt_tokens_));
   }
   void Abort() override {
-    for (size_t i = 0; i < streams_.size(); ++i)
+    for (size_t i = 0; i < next_; ++i)
       if (!closed_[i]) streams_[i]->Cancel();
   }
   std::string LogNote() const override {
@@ -188,9 +218,12 @@ class EmbeddingResponse final : public AsyncResponse {
 
   const ServedModel& model_;
   EmbeddingRequest request_;
-  std::vector<std::shared_ptr<ResponseStream>> streams_;
+  std::vector<std::shared_ptr<ResponseStream>> streams_;  // [inputs] the first next_ submitted
   std::vector<std::vector<float>> vectors_;  // [inputs] the pooled vectors, as they arrive
   std::vector<bool> closed_;
+  size_t next_ = 0;       // inputs submitted
+  size_t in_flight_ = 0;  // submitted and not closed
+  std::function<void()> wake_;
   std::vector<TokenEvent> events_;  // scratch
   std::optional<ApiError> error_;
   int64_t prompt_tokens_ = 0;
@@ -287,21 +320,9 @@ Handled HandleEmbeddings(const ServedModel& model, const HttpRequest& req, bool 
   auto prepared = PrepareEmbeddings(model, *body);
   if (auto* error = std::get_if<ApiError>(&prepared)) return refuse(*error);
   EmbeddingRequest request = std::move(std::get<EmbeddingRequest>(prepared));
-  std::vector<std::shared_ptr<ResponseStream>> streams;
-  for (size_t i = 0; i < request.inputs.size(); ++i) {
-    GenerationRequest g;
-    g.prompt_ids = request.inputs[i];
-    g.max_tokens = 0;
-    g.pooling = model.embeddings.pooling;
-    Engine::SubmitResult submitted = model.engine->Submit(std::move(g));
-    if (auto* error = std::get_if<SubmitError>(&submitted)) {
-      for (auto& s : streams) s->Cancel();
-      return refuse(FromSubmitError(*error, i));
-    }
-    streams.push_back(std::get<std::shared_ptr<ResponseStream>>(std::move(submitted)));
-  }
-  return {HttpResponse{},
-          std::make_unique<EmbeddingResponse>(model, std::move(request), std::move(streams))};
+  auto response = std::make_unique<EmbeddingResponse>(model, std::move(request));
+  if (auto error = response->SubmitMore()) return refuse(*error);
+  return {HttpResponse{}, std::move(response)};
 }
 
 }  // namespace ember::serve

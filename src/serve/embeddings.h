@@ -1,9 +1,9 @@
 // POST /v1/embeddings: parses and validates the body (input as a string, strings, token ids or
 // arrays of ids; model; encoding_format float | base64; dimensions; user), tokenizes text inputs
-// with the tokenizer's special tokens added (as sentence-transformers does), submits every input
+// with the tokenizer's special tokens added (as sentence-transformers does), submits each input
 // to the engine as one embedding request (GenerationRequest::pooling, per the served model's
-// EmbeddingSupport) so the engine batches them as prefill-only rows, and answers once every
-// input's pooled vector came back. The response is an AsyncResponse its connection polls (no
+// EmbeddingSupport; at most kEmbeddingWave in flight, the rest as those finish) so the engine
+// batches them as prefill-only rows, and answers once every input's pooled vector came back. The response is an AsyncResponse its connection polls (no
 // thread waits); a client that goes away cancels the inputs still running. Parse/submit on an
 // HTTP worker thread; the response on its connection's strand.
 #pragma once
@@ -25,6 +25,9 @@ namespace ember::serve {
 
 // At most this many inputs in one request (OpenAI's limit).
 inline constexpr size_t kMaxEmbeddingInputs = 2048;
+// At most this many of one request's inputs are in the engine (queued or running) at once; the
+// rest are submitted as those finish.
+inline constexpr size_t kEmbeddingWave = 256;
 
 struct EmbeddingRequest {
   std::vector<std::vector<int32_t>> inputs;  // token ids, one list per input

@@ -254,6 +254,42 @@ TEST_F(UtilityRoutesTest, EmbeddingsRequestEndToEnd) {
             kEmberVersion);
 }
 
+// A request of more inputs than the engine's queue holds (--max-queue 3 here) is submitted as
+// its own inputs finish, not refused: every vector equals the one the input gets alone.
+TEST_F(UtilityRoutesTest, EmbeddingsLargerThanTheQueue) {
+  auto model = Model::Load(testing::FixturesDir() + "/models/tinystories-656k", ModelLoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.message();
+  EngineConfig config;
+  config.max_queue = 3;
+  auto engine = Engine::Create(model->get(), config);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  ServedModel served = served_;
+  served.engine = engine->get();
+  const auto run = [&](const std::vector<std::vector<int32_t>>& inputs) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = "/v1/embeddings";
+    req.body = json{{"input", inputs}}.dump();
+    Handled handled = HandleUtilityRoute(served, req, false);
+    EXPECT_NE(handled.async, nullptr) << handled.response.body;
+    if (handled.async == nullptr) return json();
+    handled.async->Start([] {});
+    std::string ignored;
+    while (handled.async->Poll(&ignored)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HttpResponse res = handled.async->Final();
+    EXPECT_EQ(res.status, 200) << res.body;
+    return json::parse(res.body);
+  };
+  std::vector<std::vector<int32_t>> inputs;
+  for (int32_t i = 0; i < 40; ++i) inputs.push_back({kBos, 10 + i, 20 + i % 7, 30});
+  const json all = run(inputs);
+  ASSERT_EQ(all["data"].size(), inputs.size());
+  for (size_t i : {size_t{0}, size_t{17}, size_t{39}}) {
+    EXPECT_EQ(all["data"][i]["index"], i);
+    EXPECT_EQ(all["data"][i]["embedding"], run({inputs[i]})["data"][0]["embedding"]) << i;
+  }
+}
+
 // A client that goes away: destroying the response before the vectors arrive cancels every input
 // still running, and the engine ends them (nothing is left running or queued).
 TEST_F(UtilityRoutesTest, AbandonedEmbeddingsAreCancelled) {
