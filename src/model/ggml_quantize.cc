@@ -22,12 +22,18 @@ constexpr int64_t kQ5Block = 32;
 // The backend's block DType for a GGUF type it quantizes, or nullopt.
 std::optional<DType> BackendBlockType(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ8_0: return DType::kQ8_0;
-    case GgmlType::kQ4_0: return DType::kQ4_0;
-    case GgmlType::kQ4_K: return DType::kQ4_K;
-    case GgmlType::kQ5_K: return DType::kQ5_K;
-    case GgmlType::kQ6_K: return DType::kQ6_K;
-    default: return std::nullopt;
+    case GgmlType::kQ8_0:
+      return DType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return DType::kQ4_0;
+    case GgmlType::kQ4_K:
+      return DType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return DType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return DType::kQ6_K;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -59,7 +65,8 @@ void QuantizeQ5_0Block(const float* x, uint8_t* block) {
   std::memcpy(block, &h, sizeof h);
   uint8_t q[kQ5Block];
   for (int j = 0; j < kQ5Block; ++j)
-    q[j] = static_cast<uint8_t>(std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f))));
+    q[j] = static_cast<uint8_t>(
+        std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f))));
   PackQ5(q, block + 2, block + 6);
 }
 

@@ -45,10 +45,14 @@ TEST(GgmlQuantizeTest, RoundTripsWithinHalfAStep) {
   std::vector<float> x(size_t(4 * cols));
   for (float& v : x) v = dist(rng);
   // Within about half a step over +-4 sigma (6 bits: 0.07, 5 bits: 0.14, 4 bits: 0.27).
-  for (const auto& [type, bound] :
-       {std::pair{GgmlType::kQ5_0, 0.15}, {GgmlType::kQ5_1, 0.15}, {GgmlType::kQ8_0, 0.02},
-        {GgmlType::kQ4_K, 0.3}, {GgmlType::kQ6_K, 0.08}, {GgmlType::kF16, 0.002},
-        {GgmlType::kBF16, 0.02}, {GgmlType::kF32, 0.0}}) {
+  for (const auto& [type, bound] : {std::pair{GgmlType::kQ5_0, 0.15},
+                                    {GgmlType::kQ5_1, 0.15},
+                                    {GgmlType::kQ8_0, 0.02},
+                                    {GgmlType::kQ4_K, 0.3},
+                                    {GgmlType::kQ6_K, 0.08},
+                                    {GgmlType::kF16, 0.002},
+                                    {GgmlType::kBF16, 0.02},
+                                    {GgmlType::kF32, 0.0}}) {
     const std::vector<uint8_t> q = QuantizeGgmlRows(x, cols, type, 2);
     auto row_bytes = GgmlRowBytes(type, cols);
     ASSERT_TRUE(row_bytes.ok());
@@ -57,7 +61,8 @@ TEST(GgmlQuantizeTest, RoundTripsWithinHalfAStep) {
     for (size_t r = 0; r < 4; ++r)
       DequantizeRow(type, q.data() + r * *row_bytes, cols, back.data() + r * cols);
     double worst = 0;
-    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, double(std::fabs(back[i] - x[i])));
+    for (size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, double(std::fabs(back[i] - x[i])));
     EXPECT_LE(worst, bound) << GgmlTypeName(type);
   }
 }

@@ -27,10 +27,13 @@ const RecipeInfo& Info(QuantRecipe recipe) {
   return kRecipes[0];
 }
 
-bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+bool Contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // ggml's dimension count: up to the last (innermost-first) extent above 1.
@@ -55,8 +58,7 @@ int32_t LayerOf(const std::string& name) {
 
 // The _M recipes' extra bits: the first and last eighth of the layers and every third between.
 bool UseMoreBits(int32_t layer, int32_t num_layers) {
-  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 ||
-         (layer - num_layers / 8) % 3 == 2;
+  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 || (layer - num_layers / 8) % 3 == 2;
 }
 
 // llama.cpp's LLM_TYPE_70B among the architectures written here.
@@ -93,8 +95,7 @@ GgmlType RuleType(QuantRecipe recipe, const RecipeModel& m, const std::string& n
     if (recipe == QuantRecipe::kQ4_K_S && layer < n / 8) return GgmlType::kQ5_K;
     return base;
   }
-  if (Contains(name, "attn_output.weight"))
-    return eight_experts && q4 ? GgmlType::kQ5_K : base;
+  if (Contains(name, "attn_output.weight")) return eight_experts && q4 ? GgmlType::kQ5_K : base;
   if (Contains(name, "attn_qkv.weight") && m_recipe)
     return recipe == QuantRecipe::kQ4_K_M ? GgmlType::kQ5_K : GgmlType::kQ6_K;
   return base;
@@ -110,9 +111,15 @@ std::optional<QuantRecipe> ParseQuantRecipe(const std::string& name) {
   return std::nullopt;
 }
 
-const char* QuantRecipeName(QuantRecipe recipe) { return Info(recipe).name; }
-GgmlType RecipeBaseType(QuantRecipe recipe) { return Info(recipe).base; }
-uint32_t RecipeFileType(QuantRecipe recipe) { return Info(recipe).file_type; }
+const char* QuantRecipeName(QuantRecipe recipe) {
+  return Info(recipe).name;
+}
+GgmlType RecipeBaseType(QuantRecipe recipe) {
+  return Info(recipe).base;
+}
+uint32_t RecipeFileType(QuantRecipe recipe) {
+  return Info(recipe).file_type;
+}
 
 Result<GgmlType> RecipeTensorType(QuantRecipe recipe, const RecipeModel& model,
                                   const std::string& gguf_name, const std::vector<int64_t>& shape,
@@ -122,14 +129,19 @@ Result<GgmlType> RecipeTensorType(QuantRecipe recipe, const RecipeModel& model,
   GgmlType t = RuleType(recipe, model, gguf_name, row_len);
   if (row_len % GgmlTraits(t).block_size != 0) {
     switch (t) {
-      case GgmlType::kQ4_K: t = GgmlType::kQ5_0; break;
-      case GgmlType::kQ5_K: t = GgmlType::kQ5_1; break;
-      case GgmlType::kQ6_K: t = GgmlType::kQ8_0; break;
+      case GgmlType::kQ4_K:
+        t = GgmlType::kQ5_0;
+        break;
+      case GgmlType::kQ5_K:
+        t = GgmlType::kQ5_1;
+        break;
+      case GgmlType::kQ6_K:
+        t = GgmlType::kQ8_0;
+        break;
       default:
-        return Status::Error("GGUF tensor '" + gguf_name + "': rows of " +
-                             std::to_string(row_len) + " values are not whole " +
-                             std::string(GgmlTypeName(t)) + " blocks (" + QuantRecipeName(recipe) +
-                             " has no fallback for it)");
+        return Status::Error("GGUF tensor '" + gguf_name + "': rows of " + std::to_string(row_len) +
+                             " values are not whole " + std::string(GgmlTypeName(t)) + " blocks (" +
+                             QuantRecipeName(recipe) + " has no fallback for it)");
     }
     if (row_len % GgmlTraits(t).block_size != 0) t = GgmlType::kF16;
   }

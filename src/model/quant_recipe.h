@@ -15,6 +15,10 @@
 //  - rows not a whole number of the chosen type's blocks fall back: Q4_K -> Q5_0, Q5_K -> Q5_1,
 //    Q6_K -> Q8_0, then F16 when rows are not whole 32-value blocks either (Q8_0 itself has no
 //    fallback: an error, as llama-quantize's).
+// The table is that of the llama.cpp source of Feb 2025 that the tests check it against (its
+// llama-quantize, byte for byte). Newer llama.cpp sources route a fused attn_qkv through the
+// attn_v rules instead (Q6_K on "more bits" layers, else the base type): phi3's Q4_K_M / Q5_K_M
+// files from those differ there.
 // Pure functions; safe from any thread.
 #pragma once
 
@@ -42,8 +46,8 @@ struct RecipeModel {
 // "q4_k_m" -> kQ4_K_M, ... (any case), else nullopt.
 std::optional<QuantRecipe> ParseQuantRecipe(const std::string& name);
 const char* QuantRecipeName(QuantRecipe recipe);  // "q4_k_m"
-GgmlType RecipeBaseType(QuantRecipe recipe);       // Q4_K or Q5_K
-uint32_t RecipeFileType(QuantRecipe recipe);       // general.file_type (llama_ftype): 14..17
+GgmlType RecipeBaseType(QuantRecipe recipe);      // Q4_K or Q5_K
+uint32_t RecipeFileType(QuantRecipe recipe);      // general.file_type (llama_ftype): 14..17
 
 // The type of GGUF tensor `gguf_name` of `shape` (outermost first; the row length last) stored
 // as `stored`. Errors name the tensor (a head whose rows are not whole 32-value blocks).

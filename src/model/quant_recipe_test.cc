@@ -69,8 +69,8 @@ TEST(QuantRecipeTest, MoreBitsLayersFirstAndLastEighthAndEveryThird) {
 
 TEST(QuantRecipeTest, HeadEmbeddingAndKeptTensors) {
   RecipeModel m{"qwen2", 24, 14, 2, 0, true};
-  for (QuantRecipe r : {QuantRecipe::kQ4_K_M, QuantRecipe::kQ4_K_S, QuantRecipe::kQ5_K_M,
-                        QuantRecipe::kQ5_K_S}) {
+  for (QuantRecipe r :
+       {QuantRecipe::kQ4_K_M, QuantRecipe::kQ4_K_S, QuantRecipe::kQ5_K_M, QuantRecipe::kQ5_K_S}) {
     m.has_output = true;
     EXPECT_EQ(TypeOf(r, m, "output.weight"), GgmlType::kQ6_K);
     EXPECT_EQ(TypeOf(r, m, "token_embd.weight"), RecipeBaseType(r));
@@ -136,8 +136,7 @@ TEST(QuantRecipeTest, RowsNotWholeBlocksFallBack) {
   EXPECT_EQ(TypeOf(QuantRecipe::kQ4_K_M, m, Blk(1, "attn_v"), 128), GgmlType::kQ8_0);  // Q6_K
   EXPECT_EQ(TypeOf(QuantRecipe::kQ4_K_M, m, "output.weight", 128), GgmlType::kQ8_0);
   EXPECT_EQ(TypeOf(QuantRecipe::kQ4_K_M, m, Blk(0, "attn_q"), 48), GgmlType::kF16);
-  auto head = RecipeTensorType(QuantRecipe::kQ4_K_M, m, "output.weight", {512, 48},
-                               GgmlType::kF32);
+  auto head = RecipeTensorType(QuantRecipe::kQ4_K_M, m, "output.weight", {512, 48}, GgmlType::kF32);
   ASSERT_FALSE(head.ok());
   EXPECT_NE(head.message().find("GGUF tensor 'output.weight': rows of 48 values are not whole "
                                 "Q8_0 blocks"),
@@ -163,9 +162,9 @@ TEST(QuantRecipeTest, EqualsLlamaQuantizeTypesAndBlocks) {
   ASSERT_TRUE(config.ok()) << config.message();
   auto arch = f16->GetString("general.architecture");
   ASSERT_TRUE(arch.ok());
-  const RecipeModel m{std::string(*arch), config->num_layers, config->num_heads,
-                      config->num_kv_heads, config->num_experts,
-                      f16->FindTensor("output.weight") != nullptr};
+  const RecipeModel m{std::string(*arch),  config->num_layers,
+                      config->num_heads,   config->num_kv_heads,
+                      config->num_experts, f16->FindTensor("output.weight") != nullptr};
   std::map<GgmlType, int> compared;
   for (const auto& [file, recipe] : {std::pair{"small-k-q4_k_m.gguf", QuantRecipe::kQ4_K_M},
                                      {"small-k-q5_k_m.gguf", QuantRecipe::kQ5_K_M}}) {
