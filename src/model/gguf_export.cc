@@ -394,6 +394,26 @@ Result<std::vector<Plan>> PlanTensors(const WeightStore& store, const ModelConfi
   return plans;
 }
 
+// A planned tensor's bytes in its type (a stacked experts tensor: expert by expert, so that only
+// one expert's float values are held at a time).
+Result<std::vector<uint8_t>> TensorBytes(const Plan& p, const WeightStore& store, size_t threads) {
+  if (p.experts.empty()) {
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(p.name));
+    std::vector<float> values = ToF32(view, p.permute_heads);  // [rows, cols]
+    if (p.plus_one)
+      for (float& v : values) v += 1.0f;
+    return QuantizeGgmlRows(values, p.shape.back(), p.type, threads);
+  }
+  std::vector<uint8_t> out;
+  for (const std::string& e : p.experts) {
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(e));
+    const std::vector<uint8_t> bytes =
+        QuantizeGgmlRows(ToF32(view, 0), p.shape.back(), p.type, threads);
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
 // Declares the tensors (rope_freqs.weight first for Llama 3 rope scaling); each one's bytes are
 // converted or quantized when the writer asks. Returns "N tensors (k TYPE, ...)".
 Result<std::string> AddTensors(const std::vector<Plan>& plans,
@@ -413,21 +433,7 @@ Result<std::string> AddTensors(const std::vector<Plan>& plans,
     ++counts[std::string(GgmlTypeName(p.type))];
     EMBER_RETURN_IF_ERROR(w.AddTensor(
         p.gguf_name, p.type, p.shape,
-        [store, p, threads]() -> Result<std::vector<uint8_t>> {
-          std::vector<float> values;  // [rows, cols] (stacked experts: [experts * rows, cols])
-          if (p.experts.empty()) {
-            EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(p.name));
-            values = ToF32(view, p.permute_heads);
-          }
-          for (const std::string& e : p.experts) {
-            EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(e));
-            const std::vector<float> expert = ToF32(view, 0);
-            values.insert(values.end(), expert.begin(), expert.end());
-          }
-          if (p.plus_one)
-            for (float& v : values) v += 1.0f;
-          return QuantizeGgmlRows(values, p.shape.back(), p.type, threads);
-        }));
+        [store, p, threads]() { return TensorBytes(p, *store, threads); }));
   }
   int total = 0;
   std::string list;
