@@ -12,8 +12,8 @@
 // experts included -- the type llama-quantize gives it (model/quant_recipe.h), quantized by
 // model/ggml_quantize.h. Vectors (norms, biases) are F32.
 // Architectures written: llama, mistral (as GGUF's llama), qwen2, qwen3, qwen3_moe (qwen3moe: each
-// layer's experts stacked into one [experts, rows, cols] tensor per projection, kept in float like
-// --quantize keeps them), gemma2, gemma3_text (gemma3: norms stored as 1 + w, the sliding window
+// layer's experts stacked into one [experts, rows, cols] tensor per projection, kept in float by
+// the pure types like --quantize keeps them, quantized by the recipes), gemma2, gemma3_text (gemma3: norms stored as 1 + w, the sliding window
 // and its every-n-th-layer pattern, softcaps), phi3 (fused qkv / gate_up as attn_qkv / ffn_up; a
 // model without a window gets attention.sliding_window = its context, which llama.cpp requires and
 // which changes nothing); any other is refused by name, as are what those
