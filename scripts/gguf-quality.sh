@@ -8,8 +8,9 @@
 #   scripts/gguf-quality.sh [--build DIR] [--llama DIR] [--text FILE] [--ctx N] [--threads N]
 # DIR defaults: build/cpu (needs the ember and perplexity_bench targets), /work/llama.cpp/build/bin
 # (llama-perplexity, llama-quantize). Q4_K cannot hold TinyStories' rows of 128 / 384 values, so
-# `ember quantize --type q4_k` refuses (the table says so); llama-quantize's Q4_K file (it falls
-# back to Q5_0 for such rows) is measured by both instead.
+# `ember quantize --type q4_k` refuses (the table says so). The mixed recipes (q4_k_m, q4_k_s,
+# q5_k_m, q5_k_s) fall back per tensor as llama-quantize does; each file is compared with
+# llama-quantize's from the f32 file (scripts/gguf-compare.py) and the last column says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build/cpu LLAMA=/work/llama.cpp/build/bin TEXT=bench/kv_quality_text.txt CTX=128 THREADS=2
@@ -33,9 +34,10 @@ ppl() { grep -o 'Final estimate: PPL = [0-9.]*' | awk '{print $5}'; }
 ember_ppl() { "$BUILD/bench/perplexity_bench" --text "$TEXT" --ctx "$CTX" --threads "$THREADS" "$@" 2>/dev/null | ppl; }
 llama_ppl() { "$LLAMA/llama-perplexity" -m "$1" -f "$TEXT" -c "$CTX" -t "$THREADS" 2>&1 | ppl; }
 
+"$BUILD/ember" quantize --model "$MODEL" --out "$OUT/ts-f32.gguf" --type f32 >/dev/null
 echo "| type | file size | Ember, GGUF from \`ember quantize\` | Ember, folder \`--quantize\` | llama.cpp \`llama-perplexity\`, same GGUF |"
 echo "|---|---:|---:|---:|---:|"
-for t in f32 bf16 q8_0 q4_0 q4_k; do
+for t in f32 bf16 q8_0 q4_0 q4_k q4_k_m q4_k_s q5_k_m q5_k_s; do
   f=$OUT/ts-$t.gguf
   if ! err=$("$BUILD/ember" quantize --model "$MODEL" --out "$f" --type "$t" 2>&1 >/dev/null); then
     echo "| $t | — | refused: ${err#ember quantize: } | — | — |"
@@ -44,13 +46,16 @@ for t in f32 bf16 q8_0 q4_0 q4_k; do
   case $t in
     f32) folder=$(ember_ppl --model "$MODEL") ;;
     bf16) folder="— (no bf16 load flag)" ;;
+    q?_k_?) T=$(echo "$t" | tr a-z A-Z)
+      "$LLAMA/llama-quantize" "$OUT/ts-f32.gguf" "$OUT/ts-$t-llama.gguf" "$T" >/dev/null 2>&1
+      if python3 scripts/gguf-compare.py "$f" "$OUT/ts-$t-llama.gguf" --keys=general.file_type --quiet >/dev/null; then
+        folder="— (no recipe load flag; file byte-identical to \`llama-quantize $T\`'s)"
+      else
+        folder="— (no recipe load flag; file DIFFERS from \`llama-quantize $T\`'s)"
+      fi ;;
     *) folder=$(ember_ppl --model "$MODEL" --quantize "$t") ;;
   esac
   echo "| $t | $(stat -c %s "$f") | $(ember_ppl --model "$f") | $folder | $(llama_ppl "$f") |"
 done
-# llama-quantize's own Q4_K of the f32 file (Q5_0 fallback for rows that are not multiples of 256).
-"$BUILD/ember" quantize --model "$MODEL" --out "$OUT/ts-f32.gguf" --type f32 >/dev/null
-"$LLAMA/llama-quantize" "$OUT/ts-f32.gguf" "$OUT/ts-q4_k-llama.gguf" Q4_K >/dev/null 2>&1
-echo "| Q4_K by llama-quantize (falls back to Q5_0) | $(stat -c %s "$OUT/ts-q4_k-llama.gguf") | $(ember_ppl --model "$OUT/ts-q4_k-llama.gguf") | — | $(llama_ppl "$OUT/ts-q4_k-llama.gguf") |"
 echo
 echo "text: $TEXT ($(wc -c < "$TEXT") bytes), context $CTX, $THREADS threads, $(date -u +%Y-%m-%dT%H:%MZ)"

@@ -19,8 +19,9 @@ int QuantizeCommand(int argc, char** argv, int first) {
   flags.AddString("--model", &model, "Hugging Face folder (config.json, safetensors, tokenizer)");
   flags.AddString("--out", &out, "the GGUF file to write (replaced only once complete)");
   flags.AddString("--type", &type,
-                  "f32, f16, bf16 (every matrix), or q8_0, q4_0, q4_k, q5_k, q6_k (the projections; "
-                  "embedding and head keep the checkpoint's type)");
+                  "f32, f16, bf16 (every matrix); q8_0, q4_0, q4_k, q5_k, q6_k (the projections; "
+                  "embedding and head keep the checkpoint's type); q4_k_m, q4_k_s, q5_k_m, q5_k_s "
+                  "(llama.cpp's mixed recipes, every matrix)");
   flags.AddString("--tokenizer", &tokenizer,
                   "folder with tokenizer.json (+ tokenizer_config.json) when --model has none");
   flags.AddInt("--threads", &threads, "quantizer threads (default: all cores)");
@@ -57,7 +58,8 @@ int QuantizeCommand(int argc, char** argv, int first) {
   opts.model_dir = model;
   opts.tokenizer_dir = tokenizer;
   opts.out_path = out;
-  opts.type = *parsed;
+  opts.type = parsed->type;
+  opts.recipe = parsed->recipe;
   opts.threads = threads > 0 ? size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
   auto chat = ChatTemplate::Load(tokenizer.empty() ? model : tokenizer);
   if (!chat.ok()) {

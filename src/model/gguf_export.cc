@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "backend/cpu/matmul.h"  // ConvertToF32
+#include "model/ggml_quantize.h"
 #include "model/gguf_model.h"
 #include "model/gguf_writer.h"
 #include "model/model.h"
@@ -29,19 +30,28 @@ namespace {
 struct ExportType {
   const char* name;
   GgmlType type;
-  std::optional<DType> quantized;  // the projections' block type
-  uint32_t file_type;              // general.file_type (llama.cpp's llama_ftype)
+  bool quantized;       // pure: the projections in `type`, the other matrices in float
+  uint32_t file_type;   // general.file_type (llama.cpp's llama_ftype)
+  std::optional<QuantRecipe> recipe;  // mixed: each tensor's type from quant_recipe.h
 };
 const ExportType kTypes[] = {
-    {"f32", GgmlType::kF32, std::nullopt, 0},         {"f16", GgmlType::kF16, std::nullopt, 1},
-    {"bf16", GgmlType::kBF16, std::nullopt, 32},      {"q8_0", GgmlType::kQ8_0, DType::kQ8_0, 7},
-    {"q4_0", GgmlType::kQ4_0, DType::kQ4_0, 2},       {"q4_k", GgmlType::kQ4_K, DType::kQ4_K, 14},
-    {"q5_k", GgmlType::kQ5_K, DType::kQ5_K, 16},      {"q6_k", GgmlType::kQ6_K, DType::kQ6_K, 18},
+    {"f32", GgmlType::kF32, false, 0, std::nullopt},
+    {"f16", GgmlType::kF16, false, 1, std::nullopt},
+    {"bf16", GgmlType::kBF16, false, 32, std::nullopt},
+    {"q8_0", GgmlType::kQ8_0, true, 7, std::nullopt},
+    {"q4_0", GgmlType::kQ4_0, true, 2, std::nullopt},
+    {"q4_k", GgmlType::kQ4_K, true, 14, std::nullopt},
+    {"q5_k", GgmlType::kQ5_K, true, 16, std::nullopt},
+    {"q6_k", GgmlType::kQ6_K, true, 18, std::nullopt},
+    {"q4_k_m", GgmlType::kQ4_K, false, 15, QuantRecipe::kQ4_K_M},
+    {"q4_k_s", GgmlType::kQ4_K, false, 14, QuantRecipe::kQ4_K_S},
+    {"q5_k_m", GgmlType::kQ5_K, false, 17, QuantRecipe::kQ5_K_M},
+    {"q5_k_s", GgmlType::kQ5_K, false, 16, QuantRecipe::kQ5_K_S},
 };
 
-const ExportType& TypeOf(GgmlType type) {
+const ExportType& TypeOf(GgmlType type, std::optional<QuantRecipe> recipe) {
   for (const ExportType& t : kTypes)
-    if (t.type == type) return t;
+    if (recipe ? t.recipe == recipe : !t.recipe && t.type == type) return t;
   return kTypes[0];
 }
 
@@ -249,31 +259,6 @@ std::vector<float> ToF32(const TensorView& view, int32_t heads) {
   return out;
 }
 
-std::vector<uint8_t> Encode(const std::vector<float>& f, GgmlType type) {
-  const size_t elem = type == GgmlType::kF32 ? 4 : 2;
-  std::vector<uint8_t> out(f.size() * elem);
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (type == GgmlType::kF32) {
-      std::memcpy(out.data() + 4 * i, &f[i], 4);
-      continue;
-    }
-    const uint16_t h = type == GgmlType::kF16 ? F32ToF16(f[i]) : F32ToBf16(f[i]);
-    std::memcpy(out.data() + 2 * i, &h, 2);
-  }
-  return out;
-}
-
-// Rows of `bytes` (rows of row_bytes each) moved into GGUF's rope order.
-std::vector<uint8_t> PermuteRows(const std::vector<uint8_t>& bytes, int64_t rows, int32_t heads) {
-  if (heads == 0) return bytes;
-  const size_t row_bytes = bytes.size() / static_cast<size_t>(rows);
-  std::vector<uint8_t> out(bytes.size());
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.data() + GgufRopeRow(r, rows, heads) * row_bytes, bytes.data() + r * row_bytes,
-                row_bytes);
-  return out;
-}
-
 struct Plan {
   std::string gguf_name, name;
   GgmlType type;
@@ -309,7 +294,7 @@ Result<Plan> PlanTensor(const TensorView& view, const ModelConfig& c, const Expo
     p.type = GgmlType::kF32;
   else if (target.quantized && IsQuantizedProjection(view.name))
     p.type = target.type;
-  else if (target.quantized)
+  else if (target.quantized || target.recipe)  // a recipe: typed once the plan is complete
     p.type = GgmlOf(view.dtype);
   else
     p.type = target.type;
@@ -356,13 +341,24 @@ Status WriteMetadata(const GgufExportOptions& o, const ModelConfig& c, const std
   while (name.size() > 1 && name.back() == '/') name.pop_back();
   w.AddString("general.name", name.substr(name.find_last_of('/') + 1));
   w.AddUint32("general.file_type", target.file_type);
-  if (target.quantized) w.AddUint32("general.quantization_version", 2);
+  if (target.quantized || target.recipe) w.AddUint32("general.quantization_version", 2);
   WriteHyperparameters(c, arch, w);
   EMBER_RETURN_IF_ERROR(WriteVocabulary(c, o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir,
                                         gen.eos_token_ids, w));
   if (!o.chat_template.empty()) w.AddString("tokenizer.chat_template", o.chat_template);
   if (!o.chat_template_tool_use.empty())
     w.AddString("tokenizer.chat_template.tool_use", o.chat_template_tool_use);
+  return Status::Ok();
+}
+
+// A mixed recipe's type for every planned tensor (what the rules read: the written file's shape).
+Status ApplyRecipe(QuantRecipe recipe, const ModelConfig& c, const std::string& arch,
+                   std::vector<Plan>& plans) {
+  RecipeModel m{arch, c.num_layers, c.num_heads, c.num_kv_heads, c.num_experts, false};
+  for (const Plan& p : plans) m.has_output |= p.gguf_name == "output.weight";
+  for (Plan& p : plans) {
+    EMBER_ASSIGN_OR_RETURN(p.type, RecipeTensorType(recipe, m, p.gguf_name, p.shape, p.type));
+  }
   return Status::Ok();
 }
 
@@ -394,48 +390,50 @@ Result<std::vector<Plan>> PlanTensors(const WeightStore& store, const ModelConfi
   }
   std::sort(plans.begin(), plans.end(),
             [](const Plan& a, const Plan& b) { return Order(a.gguf_name) < Order(b.gguf_name); });
+  if (target.recipe) EMBER_RETURN_IF_ERROR(ApplyRecipe(*target.recipe, c, arch, plans));
   return plans;
+}
+
+// A planned tensor's bytes in its type (a stacked experts tensor: expert by expert, so that only
+// one expert's float values are held at a time).
+Result<std::vector<uint8_t>> TensorBytes(const Plan& p, const WeightStore& store, size_t threads) {
+  if (p.experts.empty()) {
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(p.name));
+    std::vector<float> values = ToF32(view, p.permute_heads);  // [rows, cols]
+    if (p.plus_one)
+      for (float& v : values) v += 1.0f;
+    return QuantizeGgmlRows(values, p.shape.back(), p.type, threads);
+  }
+  std::vector<uint8_t> out;
+  for (const std::string& e : p.experts) {
+    EMBER_ASSIGN_OR_RETURN(TensorView view, store.Get(e));
+    const std::vector<uint8_t> bytes =
+        QuantizeGgmlRows(ToF32(view, 0), p.shape.back(), p.type, threads);
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  }
+  return out;
 }
 
 // Declares the tensors (rope_freqs.weight first for Llama 3 rope scaling); each one's bytes are
 // converted or quantized when the writer asks. Returns "N tensors (k TYPE, ...)".
 Result<std::string> AddTensors(const std::vector<Plan>& plans,
                                std::shared_ptr<const WeightStore> store, const ModelConfig& c,
-                               const ExportType& target, size_t threads, GgufWriter& w) {
+                               size_t threads, GgufWriter& w) {
   std::map<std::string, int> counts;
   if (c.rope.type == "llama3") {
     const std::vector<float> factors = Llama3RopeFactors(c);
     ++counts["F32"];
     EMBER_RETURN_IF_ERROR(w.AddTensor(
         "rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(factors.size())},
-        [factors]() -> Result<std::vector<uint8_t>> { return Encode(factors, GgmlType::kF32); }));
+        [factors]() -> Result<std::vector<uint8_t>> {
+          return QuantizeGgmlRows(factors, static_cast<int64_t>(factors.size()), GgmlType::kF32, 1);
+        }));
   }
-  const std::string flag = "ember quantize --type " + std::string(target.name);
   for (const Plan& p : plans) {
     ++counts[std::string(GgmlTypeName(p.type))];
     EMBER_RETURN_IF_ERROR(w.AddTensor(
         p.gguf_name, p.type, p.shape,
-        [store, p, target, threads, flag]() -> Result<std::vector<uint8_t>> {
-          if (!p.experts.empty()) {  // stacked, never quantized (as --quantize)
-            std::vector<uint8_t> out;
-            for (const std::string& e : p.experts) {
-              EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(e));
-              const std::vector<uint8_t> bytes = Encode(ToF32(view, 0), p.type);
-              out.insert(out.end(), bytes.begin(), bytes.end());
-            }
-            return out;
-          }
-          EMBER_ASSIGN_OR_RETURN(TensorView view, store->Get(p.name));
-          if (target.quantized && p.type == target.type) {
-            EMBER_ASSIGN_OR_RETURN(std::vector<uint8_t> q,
-                                   QuantizeMatrix(view, *target.quantized, flag, threads));
-            return PermuteRows(q, p.shape[0], p.permute_heads);
-          }
-          std::vector<float> values = ToF32(view, p.permute_heads);
-          if (p.plus_one)
-            for (float& v : values) v += 1.0f;
-          return Encode(values, p.type);
-        }));
+        [store, p, threads]() { return TensorBytes(p, *store, threads); }));
   }
   int total = 0;
   std::string list;
@@ -448,9 +446,9 @@ Result<std::string> AddTensors(const std::vector<Plan>& plans,
 
 }  // namespace
 
-Result<GgmlType> ParseExportType(const std::string& name, const std::string& flag) {
+Result<ExportTypeChoice> ParseExportType(const std::string& name, const std::string& flag) {
   for (const ExportType& t : kTypes)
-    if (Lower(name) == t.name) return t.type;
+    if (Lower(name) == t.name) return ExportTypeChoice{t.type, t.recipe};
   return Status::Error(flag + ": unsupported type '" + name + "' (supported: " + ExportTypeNames() +
                        ")");
 }
@@ -470,7 +468,7 @@ std::string ExportArchitectures() {
 Result<std::string> ExportGguf(const GgufExportOptions& o) {
   EMBER_ASSIGN_OR_RETURN(auto config_arch, ReadConfig(o.model_dir));
   const auto& [c, arch] = config_arch;
-  const ExportType& target = TypeOf(o.type);
+  const ExportType& target = TypeOf(o.type, o.recipe);
   std::shared_ptr<const WeightStore> store;
   {
     EMBER_ASSIGN_OR_RETURN(std::unique_ptr<WeightStore> opened, WeightStore::Open(o.model_dir));
@@ -480,7 +478,7 @@ Result<std::string> ExportGguf(const GgufExportOptions& o) {
   EMBER_RETURN_IF_ERROR(WriteMetadata(o, c, arch, target, w));
   EMBER_ASSIGN_OR_RETURN(std::vector<Plan> plans, PlanTensors(*store, c, target, arch));
   EMBER_ASSIGN_OR_RETURN(std::string tensors,
-                         AddTensors(plans, store, c, target, std::max<size_t>(o.threads, 1), w));
+                         AddTensors(plans, store, c, std::max<size_t>(o.threads, 1), w));
   EMBER_RETURN_IF_ERROR(w.Write(o.out_path));
   return o.out_path + ": " + tensors;
 }

@@ -7,7 +7,9 @@
 // 512 values). The random-weight fixtures have no tokenizer of their size, so they get a small
 // byte-level BPE written here (with a chat template). Llama 3's rope scaling travels as
 // rope_freqs.weight (llama.cpp's form), whose frequencies may differ from the folder's in the last
-// bits: llama3 is compared within 1e-4. Also the refusals: unknown type, missing folder,
+// bits: llama3 is compared within 1e-4. The mixed recipes (q4_k_m, q5_k_m) of the small-k folder
+// equal llama-quantize's small-k files tensor for tensor, with bitwise the same logits, and every
+// architecture's q4_k_m / q5_k_s file loads. Also the refusals: unknown type, missing folder,
 // architectures and layouts GGUF cannot hold, k-quants on rows that are not multiples of 256, an
 // unwritable destination (no file left).
 #include "model/gguf_export.h"
@@ -21,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "model/gguf_model.h"
@@ -133,12 +136,13 @@ std::vector<float> AllLogits(const std::string& path, std::optional<DType> quant
 }
 
 std::string Export(const std::string& model, const std::string& tokenizer, GgmlType type,
-                   const std::string& out) {
+                   const std::string& out, std::optional<QuantRecipe> recipe = std::nullopt) {
   GgufExportOptions o;
   o.model_dir = model;
   o.tokenizer_dir = tokenizer;
   o.out_path = out;
   o.type = type;
+  o.recipe = recipe;
   o.threads = 2;
   auto chat = ChatTemplate::Load(tokenizer.empty() ? model : tokenizer);
   EXPECT_TRUE(chat.ok()) << chat.message();
@@ -263,14 +267,13 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The k-quants need rows of multiples of 256, which no safetensors fixture has: the folder here is
+std::string SmallKDir() { return testing::FixturesDir() + "/gguf"; }
+
 // small-k-f16.gguf (llama.cpp's file: hidden 256, FFN 512) read back by Ember's GGUF loader and
-// saved as safetensors with TinyStories' tokenizer (the same 2048-token vocabulary).
-TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
-  const std::string source = testing::FixturesDir() + "/gguf/small-k-f16.gguf";
-  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
-  if (!fs::exists(source)) GTEST_SKIP() << "fixture not found: " << source;
-  TempDir tmp;
-  const std::string dir = tmp.path() + "/small-k";
+// saved into `dir` as an f16 safetensors folder with TinyStories' tokenizer (the same 2048-token
+// vocabulary).
+void WriteSmallKFolder(const std::string& dir) {
+  const std::string source = SmallKDir() + "/small-k-f16.gguf";
   fs::create_directories(dir);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     fs::copy_file(ModelDir("tinystories-656k") + "/" + f, dir + "/" + f);
@@ -286,7 +289,7 @@ TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
   std::string data;
   for (const std::string& name : (*store)->Names()) {
     auto view = (*store)->Get(name);
-    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(view.ok()) << name;
     header[name] = {{"dtype", DTypeName(view->dtype)},
                     {"shape", view->shape},
                     {"data_offsets", {data.size(), data.size() + view->nbytes}}};
@@ -306,6 +309,14 @@ TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
                        {"tie_word_embeddings", c->tie_word_embeddings},
                        {"torch_dtype", "float16"}};
   std::ofstream(dir + "/config.json") << config.dump();
+}
+
+TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  EMBER_REQUIRE_DIR(SmallKDir());
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/small-k";
+  ASSERT_NO_FATAL_FAILURE(WriteSmallKFolder(dir));
   auto tok = Tokenizer::Load(dir);
   ASSERT_TRUE(tok.ok()) << tok.message();
   const std::vector<int32_t> ids =
@@ -318,6 +329,88 @@ TEST(GgufExportKQuantTest, RoundTripMatchesTheFolderWithQuantize) {
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
         << GgmlTypeName(type);
+  }
+}
+
+// The mixed recipes against llama-quantize: the small-k folder written as q4_k_m / q5_k_m holds
+// every tensor of small-k-q4_k_m.gguf / small-k-q5_k_m.gguf (llama-quantize from
+// small-k-f16.gguf, no importance matrix) with its type, shape and bytes -- embedding and the
+// attn_v / ffn_down Q6_K layers included -- and the same general.file_type; Ember's logits on
+// the two files are bitwise equal.
+TEST(GgufExportMixedTest, EqualsLlamaQuantizeFiles) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  EMBER_REQUIRE_DIR(SmallKDir());
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/small-k";
+  ASSERT_NO_FATAL_FAILURE(WriteSmallKFolder(dir));
+  auto tok = Tokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  const std::vector<int32_t> ids = (*tok)->Encode("Once upon a time, a cat sat by the sea.", true);
+  for (const auto& [recipe, file] : {std::pair{QuantRecipe::kQ4_K_M, "small-k-q4_k_m.gguf"},
+                                     {QuantRecipe::kQ5_K_M, "small-k-q5_k_m.gguf"}}) {
+    const std::string out = tmp.path() + "/" + QuantRecipeName(recipe) + ".gguf";
+    ASSERT_FALSE(Export(dir, "", RecipeBaseType(recipe), out, recipe).empty());
+    auto got = GgufFile::Open(out);
+    auto want = GgufFile::Open(SmallKDir() + "/" + file);
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_EQ(*got->GetUint32("general.file_type"), *want->GetUint32("general.file_type"));
+    EXPECT_EQ(got->tensors().size(), want->tensors().size());
+    std::set<GgmlType> types;
+    for (const GgufTensorInfo& w : want->tensors()) {
+      const GgufTensorInfo* g = got->FindTensor(w.name);
+      ASSERT_NE(g, nullptr) << w.name;
+      EXPECT_EQ(GgmlTypeName(g->type), GgmlTypeName(w.type)) << file << " " << w.name;
+      EXPECT_EQ(g->dims, w.dims) << w.name;
+      ASSERT_EQ(g->nbytes, w.nbytes) << w.name;
+      EXPECT_EQ(0, std::memcmp(g->data, w.data, w.nbytes)) << file << " " << w.name;
+      types.insert(w.type);
+    }
+    EXPECT_TRUE(types.count(GgmlType::kQ6_K) && types.count(RecipeBaseType(recipe))) << file;
+    const std::vector<float> a = AllLogits(out, std::nullopt, ids);
+    const std::vector<float> b = AllLogits(SmallKDir() + "/" + file, std::nullopt, ids);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << file;
+  }
+}
+
+// Every architecture's q4_k_m / q5_k_s file (rows of 64-384 values: the Q5_0 / Q5_1 / Q8_0
+// fallbacks; qwen3_moe's 8 experts: Q8_0 attn_k / attn_v, quantized stacked experts) loads in
+// Ember, says general.file_type 15 / 16, and its logits stay near the folder's (the blocks
+// themselves are checked against llama-quantize above and by tests/cli/quantize.sh).
+TEST(GgufExportMixedTest, EveryArchitectureLoadsNearTheFolder) {
+  EMBER_REQUIRE_DIR(ModelDir("tinystories-656k"));
+  TempDir tmp;
+  const std::string tokenizer_dir = tmp.path() + "/tokenizer";
+  fs::create_directories(tokenizer_dir);
+  WriteSmallTokenizer(tokenizer_dir);
+  auto tok = Tokenizer::Load(tokenizer_dir);
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  const std::vector<int32_t> ids = (*tok)->Encode("Once upon a time, a cat sat by the sea.", true);
+  for (const char* model : {"qwen3", "qwen2", "qwen3_moe", "gemma2", "gemma3", "phi3", "llama3"}) {
+    const std::vector<float> want = AllLogits(ModelDir(model), std::nullopt, ids);
+    for (QuantRecipe recipe : {QuantRecipe::kQ4_K_M, QuantRecipe::kQ5_K_S}) {
+      const std::string out = tmp.path() + "/" + model + QuantRecipeName(recipe) + ".gguf";
+      const std::string summary =
+          Export(ModelDir(model), tokenizer_dir, RecipeBaseType(recipe), out, recipe);
+      ASSERT_FALSE(summary.empty()) << model;
+      auto file = GgufFile::Open(out);
+      ASSERT_TRUE(file.ok()) << file.message();
+      EXPECT_EQ(*file->GetUint32("general.file_type"), RecipeFileType(recipe));
+      if (std::string(model) == "qwen3_moe") {
+        EXPECT_EQ(file->FindTensor("blk.0.attn_v.weight")->type, GgmlType::kQ8_0);
+        EXPECT_NE(file->FindTensor("blk.0.ffn_up_exps.weight")->type, GgmlType::kBF16);
+      }
+      const std::vector<float> got = AllLogits(out, std::nullopt, ids);
+      ASSERT_EQ(got.size(), want.size()) << model;
+      float worst = 0, scale = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::fabs(got[i] - want[i]));
+        scale = std::max(scale, std::fabs(want[i]));
+      }
+      // 5-bit weights on random tiny models move logits by up to 27% of their largest (qwen3_moe,
+      // whose top-2 routing flips); a misplaced row or block moves them by their whole size.
+      EXPECT_LE(worst, 0.3f * scale) << model << " " << QuantRecipeName(recipe) << ": " << summary;
+    }
   }
 }
 

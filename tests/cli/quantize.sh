@@ -4,8 +4,13 @@
 # with `--quantize q4_0`, and `ember tokenize` gives the folder's ids from the file's vocabulary.
 # Bad options are clear errors naming the thing (no --type, an unknown type, an --out not ending
 # in .gguf, a missing folder, an unwritable destination, a q4_k of rows of 128 values) and leave
-# no file behind; an existing destination survives a failed write. Skips (77) without the fixture. Env: EMBER_BIN,
-# EMBER_FIXTURES (or EMBER_FIXTURES_DEFAULT).
+# no file behind; an existing destination survives a failed write. The mixed recipe q4_k_m (rows
+# of 128 / 384 values: llama.cpp's Q5_0 fallback, Q8_0 for the tied head and the Q6_K layers)
+# loads and runs; with LLAMA_QUANTIZE (a llama-quantize binary) and python3, each of q4_k_m,
+# q4_k_s, q5_k_m, q5_k_s equals llama-quantize's file from the f32 GGUF tensor for tensor
+# (scripts/gguf-compare.py: types, shapes, bytes, general.file_type) and Ember's greedy ids on the
+# two files agree. Skips (77) without the fixture. Env: EMBER_BIN, EMBER_FIXTURES (or
+# EMBER_FIXTURES_DEFAULT), LLAMA_QUANTIZE (optional).
 set -u
 . "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
@@ -36,7 +41,7 @@ expect_error() {  # expect_error WANT ARGS...: exit status 1 or 2 and WANT in th
   echo "$msg" | grep -qF -- "$want_msg" || fail "quantize $*: no '$want_msg' in: $msg"
 }
 expect_error "--model, --out and --type are required" --model "$model" --out "$tmp/x.gguf"
-expect_error "--type: unsupported type 'q3_k' (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)" \
+expect_error "--type: unsupported type 'q3_k' (supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q4_k_s, q5_k_m, q5_k_s)" \
   --model "$model" --out "$tmp/x.gguf" --type q3_k
 expect_error "--out '$tmp/x.bin' must end in .gguf" --model "$model" --out "$tmp/x.bin" --type f16
 expect_error "$tmp/none: model directory not found" --model "$tmp/none" --out "$tmp/x.gguf" --type f16
@@ -50,4 +55,27 @@ before=$(cksum < "$tmp/ts-q4_0.gguf")
 expect_error "not a whole number" --model "$model" --out "$tmp/ts-q4_0.gguf" --type q4_k
 [ "$(cksum < "$tmp/ts-q4_0.gguf")" = "$before" ] || fail "a failed quantize changed the earlier file"
 [ "$(ls "$tmp")" = "ts-q4_0.gguf" ] || fail "files left behind: $(ls "$tmp")"
+
+out=$("$EMBER_BIN" quantize --model "$model" --out "$tmp/ts-q4_k_m.gguf" --type q4_k_m 2>&1) ||
+  fail "quantize q4_k_m exited $?: $out"
+echo "$out" | grep -q "20 tensors (5 F32, 12 Q5_0, 3 Q8_0)" || fail "q4_k_m summary: $out"
+got=$(run "$tmp/ts-q4_k_m.gguf" --device cpu) || fail "run on the q4_k_m file exited $?: $got"
+echo "$got" | grep -q "kept quantized for the backend's kernels: 3 Q8_0; dequantized to f32 at load (the backend has no kernels for them): 12 Q5_0" ||
+  fail "q4_k_m load line: $got"
+if [ -n "${LLAMA_QUANTIZE:-}" ]; then
+  compare="$(dirname "$0")/../../scripts/gguf-compare.py"
+  "$EMBER_BIN" quantize --model "$model" --out "$tmp/ts-f32.gguf" --type f32 >/dev/null 2>&1 ||
+    fail "quantize f32 failed"
+  for t in q4_k_m q4_k_s q5_k_m q5_k_s; do
+    "$EMBER_BIN" quantize --model "$model" --out "$tmp/$t.gguf" --type $t >/dev/null 2>&1 ||
+      fail "quantize $t failed"
+    "$LLAMA_QUANTIZE" "$tmp/ts-f32.gguf" "$tmp/$t-llama.gguf" "$(echo $t | tr a-z A-Z)" \
+      >"$tmp/llama.log" 2>&1 || fail "llama-quantize $t failed: $(tail -n 3 "$tmp/llama.log")"
+    diff=$(python3 "$compare" "$tmp/$t.gguf" "$tmp/$t-llama.gguf" --keys=general.file_type --quiet) ||
+      fail "$t differs from llama-quantize's: $diff"
+    a=$(run "$tmp/$t.gguf" --device cpu | tail -n 1)
+    b=$(run "$tmp/$t-llama.gguf" --device cpu | tail -n 1)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "$t: greedy ids differ from llama-quantize's file: $a // $b"
+  done
+fi
 echo "ok"
