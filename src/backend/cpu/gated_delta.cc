@@ -274,8 +274,8 @@ void RunChunk(const HeadRows& in, int64_t t0, int32_t n, ChunkBuffers& b, float*
   }
   DecayMasks(np, b);
   SolveRows(np, dv, b);
-  for (int32_t r0 = 0; r0 < n;
-       r0 += 16) {  // out += M D (row block [r0, r0 + 16) needs D's rows < r0 + 16)
+  // out += M D (row block [r0, r0 + 16) needs D's rows < r0 + 16 only).
+  for (int32_t r0 = 0; r0 < n; r0 += 16) {
     const int32_t nr = std::min(16, n - r0);
     SmallMatMul(b.qk.data() + int64_t{r0} * np, np, nr, std::min(np, r0 + 16), b.d.data(), dv, dv,
                 out + int64_t{r0} * ldo, ldo, Acc::kAdd);

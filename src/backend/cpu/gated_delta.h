@@ -1,6 +1,7 @@
 // The CPU kernels of the recurrent ops (Backend::CausalConv1dSilu, Backend::GatedDeltaRule): one
 // sequence's rows at a time, over plain float32 host memory. The backend loops over sequences
-// (and heads) and owns the state slots. Pure functions; thread-safe for disjoint outputs.
+// (and heads) and owns the state slots. Pure functions (the chunked delta rule keeps per-thread
+// scratch buffers, thread_local, which only grow); thread-safe for disjoint outputs.
 #pragma once
 
 #include <cstdint>
