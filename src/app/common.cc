@@ -272,6 +272,7 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     return Status::Error("--cpu-matmul bf16: this CPU has no AVX512_BF16 instructions (use exact or "
                          "auto)");
   opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
+  opts.cpu_chunked_delta_rule = cpu_matmul != "exact";  // needs no AVX512_BF16
   opts.num_threads = static_cast<int32_t>(threads);
   EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
   EMBER_ASSIGN_OR_RETURN(opts.kv_cache.dtype, ParseKvDType(kv_cache_dtype, "--kv-cache-dtype"));

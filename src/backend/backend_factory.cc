@@ -19,6 +19,7 @@ Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   cpu.num_threads = choice.num_threads;
   cpu.decode_graph_buckets = choice.cpu_decode_graph_buckets;
   cpu.bf16_matmul = choice.cpu_bf16_matmul;
+  cpu.chunked_delta_rule = choice.cpu_chunked_delta_rule;
   return MakeCpuBackend(cpu);
 }
 

@@ -25,6 +25,8 @@ struct BackendChoice {
   bool cuda_batch_invariant = false;
   // CPU: bf16 dot products for matrix products (CpuBackendOptions::bf16_matmul).
   bool cpu_bf16_matmul = false;
+  // CPU: the chunked delta rule for long steps (CpuBackendOptions::chunked_delta_rule).
+  bool cpu_chunked_delta_rule = false;
   // CPU, tests: CpuBackendOptions::decode_graph_buckets (the engine pads decode steps to them).
   std::vector<int32_t> cpu_decode_graph_buckets;
 };

@@ -239,37 +239,50 @@ TEST(ModelTest, Qwen3NextStateSnapshotsAreTheRowStates) {
   EXPECT_FALSE(model.Forward(past, logits).ok());
 }
 
-// A long prompt in one step runs the delta rule in chunks (cpu/gated_delta.h: 240 rows are 3
-// chunks of 64 and one of 48); in steps of 16 rows it runs token by token. Every row's logits
-// agree to float rounding (5e-5 of the largest logit).
+// A long prompt in one step: with the chunked delta rule (CpuBackendOptions::chunked_delta_rule)
+// it runs in chunks (cpu/gated_delta.h: 240 rows are 3 chunks of 64 and one of 48) and every
+// row's logits agree with 16-row steps (token by token) to float rounding (5e-5 of the largest
+// logit); without it (the default) they are bitwise equal.
 TEST(ModelTest, Qwen3NextChunkedPrefillMatchesTokenSteps) {
   EMBER_REQUIRE_DIR(ModelDir("qwen3_next"));
-  auto model = LoadOrDie(ModelDir("qwen3_next"), "config.json");
-  ASSERT_NE(model, nullptr);
   const int32_t len = 240, step = 16;  // max_position_embeddings 256
   static_assert(len >= cpu::kDeltaChunkMinRows && step < cpu::kDeltaChunkMinRows);
   std::mt19937 rng(3);
   std::vector<int32_t> tokens(len);
   for (int32_t& t : tokens) t = 1 + static_cast<int32_t>(rng() % 500);
-  const std::vector<float> whole = PrefillAllLogits(*model, tokens);
-  const auto vocab = static_cast<size_t>(model->config().vocab_size);
-  std::vector<float> stepped(whole.size());
-  for (int32_t first = 0; first < len; first += step) {
-    BatchPlan plan;
-    plan.block_size = kBlockSize;
-    plan.AddSequence(std::vector<int32_t>(tokens.begin() + first, tokens.begin() + first + step),
-                     first, Blocks(0, kNumBlocks), false);
-    for (int32_t i = 0; i < step; ++i) plan.logits_rows.push_back(i);
-    ASSERT_TRUE(model->Forward(plan, std::span(stepped).subspan(first * vocab, step * vocab)).ok());
+  for (const bool chunked : {false, true}) {
+    ModelLoadOptions opts;
+    opts.cpu_chunked_delta_rule = chunked;
+    auto loaded = Model::Load(ModelDir("qwen3_next"), opts);
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    Model& model = **loaded;
+    ASSERT_TRUE(model.AllocateKvCache(kNumBlocks, kBlockSize).ok());
+    const std::vector<float> whole = PrefillAllLogits(model, tokens);
+    const auto vocab = static_cast<size_t>(model.config().vocab_size);
+    std::vector<float> stepped(whole.size());
+    for (int32_t first = 0; first < len; first += step) {
+      BatchPlan plan;
+      plan.block_size = kBlockSize;
+      plan.AddSequence(std::vector<int32_t>(tokens.begin() + first, tokens.begin() + first + step),
+                       first, Blocks(0, kNumBlocks), false);
+      for (int32_t i = 0; i < step; ++i) plan.logits_rows.push_back(i);
+      ASSERT_TRUE(
+          model.Forward(plan, std::span(stepped).subspan(first * vocab, step * vocab)).ok());
+    }
+    float worst = 0.0f, scale = 0.0f;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      worst = std::max(worst, std::fabs(whole[i] - stepped[i]));
+      scale = std::max(scale, std::fabs(stepped[i]));
+    }
+    if (!chunked) {
+      EXPECT_EQ(whole, stepped) << "the token loop splits bitwise";
+      continue;
+    }
+    EXPECT_GT(worst, 0.0f) << "the chunked form ran";
+    EXPECT_LT(worst, 5e-5f * scale) << "largest logit " << scale;
+    std::printf("chunked vs token-loop prefill: largest logit difference %.3g of %.3g\n", worst,
+                scale);
   }
-  float worst = 0.0f, scale = 0.0f;
-  for (size_t i = 0; i < whole.size(); ++i) {
-    worst = std::max(worst, std::fabs(whole[i] - stepped[i]));
-    scale = std::max(scale, std::fabs(stepped[i]));
-  }
-  EXPECT_LT(worst, 5e-5f * scale) << "largest logit " << scale;
-  std::printf("chunked vs token-loop prefill: largest logit difference %.3g of %.3g\n", worst,
-              scale);
 }
 
 // The CUDA backend in its production bf16 mode: logits within relative L2 3e-2 of the goldens

@@ -145,6 +145,7 @@ class CpuBackend final : public Backend {
         takes_quantized_(options.takes_quantized_weights) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
     bf16_matmul_ = options.bf16_matmul && cpu::HasBf16Dot();
+    chunked_delta_rule_ = options.chunked_delta_rule;
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
   std::vector<int32_t> DecodeGraphBuckets() const override { return decode_graph_buckets_; }
@@ -699,6 +700,7 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kBf16MinRows = 8;
   int32_t num_threads_ = 1;
   bool bf16_matmul_ = false;
+  bool chunked_delta_rule_ = false;
   std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
   bool takes_quantized_;  // CpuBackendOptions::takes_quantized_weights
   std::unique_ptr<cpu::ThreadPool> pool_;  // num_threads_ threads incl. the caller
@@ -832,7 +834,7 @@ Status CpuBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, 
           const int64_t first = int64_t{s.query_start} + r;
           cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(),
                                   F(ba) + first * ba.cols(), F(*p.a_log), F(*p.dt_bias), rows,
-                                  state, F(out) + first * out.cols());
+                                  state, F(out) + first * out.cols(), chunked_delta_rule_);
         },
         [&](int32_t slot) {
           std::copy_n(state, head_floats,

@@ -311,8 +311,8 @@ void CausalConv1dSiluRows(float* x, int64_t rows, int64_t channels, const float*
 
 void GatedDeltaRuleHead(const DeltaHeadShape& s, int32_t head, const float* qkv, const float* ba,
                         const float* a_log, const float* dt_bias, int64_t rows, float* state,
-                        float* out) {
-  if (rows >= kDeltaChunkMinRows && s.v_dim % 8 == 0)
+                        float* out, bool chunked) {
+  if (chunked && rows >= kDeltaChunkMinRows && s.v_dim % 8 == 0)
     GatedDeltaRuleChunked(s, head, qkv, ba, a_log, dt_bias, rows, kDeltaChunk, state, out);
   else
     GatedDeltaRuleTokens(s, head, qkv, ba, a_log, dt_bias, rows, state, out);

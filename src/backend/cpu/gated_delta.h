@@ -26,12 +26,13 @@ struct DeltaHeadShape {
 // state [k_dim, v_dim] (updated), out [rows, num_v_heads * v_dim] (this head's columns).
 // Per row t, with q and k l2-normed (q also times 1 / sqrt(k_dim)), a = exp(g_t) the decay and
 // beta_t = sigmoid(b): S = a S; d = beta_t (v - S^T k); S += k d^T; out_t = S^T q.
-// Runs GatedDeltaRuleChunked (kDeltaChunk rows per chunk) when rows >= kDeltaChunkMinRows and
-// v_dim % 8 == 0, else GatedDeltaRuleTokens. The two agree to float rounding, not bitwise: a
-// sequence's results then depend in the last bits on how its rows were split into steps.
+// With `chunked`, runs GatedDeltaRuleChunked (kDeltaChunk rows per chunk) when
+// rows >= kDeltaChunkMinRows and v_dim % 8 == 0, else GatedDeltaRuleTokens. The two agree to
+// float rounding, not bitwise: a sequence's results then depend in the last bits on how its rows
+// were split into steps (the backend's CpuBackendOptions::chunked_delta_rule).
 void GatedDeltaRuleHead(const DeltaHeadShape& s, int32_t head, const float* qkv, const float* ba,
                         const float* a_log, const float* dt_bias, int64_t rows, float* state,
-                        float* out);
+                        float* out, bool chunked);
 
 inline constexpr int32_t kDeltaChunk = 64;
 inline constexpr int64_t kDeltaChunkMinRows = 2 * kDeltaChunk;

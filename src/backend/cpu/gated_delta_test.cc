@@ -153,11 +153,13 @@ TEST(GatedDeltaTest, ChunkedEqualsTheTokenLoop) {
   std::printf("chunked vs token loop: largest error %.3g relative to the largest value\n", worst);
 }
 
-// GatedDeltaRuleHead takes the chunked form from kDeltaChunkMinRows rows: its results then equal
-// GatedDeltaRuleChunked's with kDeltaChunk bitwise, and below that the token loop's.
+// GatedDeltaRuleHead, when allowed, takes the chunked form from kDeltaChunkMinRows rows: its
+// results then equal GatedDeltaRuleChunked's with kDeltaChunk bitwise, and below that (or not
+// allowed) the token loop's.
 TEST(GatedDeltaTest, HeadDispatchesByRows) {
   const DeltaHeadShape s{1, 1, 16, 16};
-  for (const int64_t rows : {kDeltaChunkMinRows - 1, kDeltaChunkMinRows}) {
+  for (const int64_t rows : {kDeltaChunkMinRows - 1, kDeltaChunkMinRows})
+  for (const bool chunked : {false, true}) {
     const int64_t stride = s.qkv_stride();
     const std::vector<float> qkv = Random(static_cast<size_t>(rows * stride), 20);
     const std::vector<float> ba = Random(static_cast<size_t>(rows * 2), 21);
@@ -165,15 +167,15 @@ TEST(GatedDeltaTest, HeadDispatchesByRows) {
     std::vector<float> st1 = Random(256, 22), st2 = st1, out1(static_cast<size_t>(rows * 16)),
                        out2 = out1;
     GatedDeltaRuleHead(s, 0, qkv.data(), ba.data(), &a_log, &dt_bias, rows, st1.data(),
-                       out1.data());
-    if (rows >= kDeltaChunkMinRows)
+                       out1.data(), chunked);
+    if (chunked && rows >= kDeltaChunkMinRows)
       GatedDeltaRuleChunked(s, 0, qkv.data(), ba.data(), &a_log, &dt_bias, rows, kDeltaChunk,
                             st2.data(), out2.data());
     else
       GatedDeltaRuleTokens(s, 0, qkv.data(), ba.data(), &a_log, &dt_bias, rows, st2.data(),
                            out2.data());
-    EXPECT_EQ(out1, out2) << rows << " rows";
-    EXPECT_EQ(st1, st2) << rows << " rows";
+    EXPECT_EQ(out1, out2) << rows << " rows, chunked " << chunked;
+    EXPECT_EQ(st1, st2) << rows << " rows, chunked " << chunked;
   }
 }
 
