@@ -289,10 +289,7 @@ std::shared_ptr<const TokenTexts> RealTexts(const std::string& dir) {
   auto tok = Tokenizer::Load(dir);
   EXPECT_TRUE(tok.ok()) << tok.message();
   if (!tok.ok()) return nullptr;
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tok)->vocab_size()));
-  for (int32_t id = 0; id < (*tok)->vocab_size(); ++id)
-    bytes[static_cast<size_t>(id)] = (*tok)->TokenBytes(id);
-  return TokenTexts::Build(std::move(bytes));
+  return TokenTexts::Build((*tok)->TokenBytesTable((*tok)->vocab_size()));
 }
 
 // The fixture model's tokenizer (always there with the fixtures), then the fetched Llama 3 and
