@@ -65,9 +65,8 @@ Result<std::shared_ptr<TokenConstraint>> SchemaConstraint(const std::string& mod
   if (parsed.is_discarded()) return Status::Error("--schema: " + schema_path + " is not JSON");
   auto schema = CompileJsonSchema(parsed, "--schema");
   if (!schema.ok()) return Status::Error(schema.message());
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tokenizer)->vocab_size()));
-  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id)
-    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
+  std::vector<std::optional<std::string>> bytes =
+      (*tokenizer)->TokenBytesTable((*tokenizer)->vocab_size());
   *spelled = std::find(bytes.begin(), bytes.end(), std::optional<std::string>("{")) == bytes.end();
   for (auto& b : bytes) {
     if (*spelled && b == "<") b = "{";

@@ -60,10 +60,8 @@ int main(int argc, char** argv) {
   if (corpus.empty()) return std::fprintf(stderr, "no schemas in %s\n", corpus_path.c_str()), 1;
 
   const auto build_start = Clock::now();
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tokenizer)->vocab_size()));
-  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id)
-    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
-  auto texts = ember::TokenTexts::Build(std::move(bytes));
+  auto texts =
+      ember::TokenTexts::Build((*tokenizer)->TokenBytesTable((*tokenizer)->vocab_size()));
   const double build_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - build_start).count();
   const ember::WalkBias bias = ember::WalkBias::For(*texts);

@@ -599,10 +599,7 @@ TEST(EngineTest, GrammarConstraintOutputParses) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.message();
   auto model = LoadModel(dir);
   ASSERT_NE(model, nullptr);
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(model->config().vocab_size));
-  for (int32_t id = 0; id < (*tokenizer)->vocab_size() && id < model->config().vocab_size; ++id)
-    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
-  auto texts = TokenTexts::Build(std::move(bytes));
+  auto texts = TokenTexts::Build((*tokenizer)->TokenBytesTable(model->config().vocab_size));
   auto grammar = ParseGbnf(R"g(root ::= word (" " word){0,5} "."
                               word ::= [a-z]{1,8} | "(" [0-9]+ ("+" [0-9]+)? ")")g", "grammar");
   ASSERT_TRUE(grammar.ok()) << grammar.message();
@@ -631,11 +628,11 @@ std::shared_ptr<TokenConstraint> FixedKeysSchemaConstraint(const std::string& di
   auto tokenizer = Tokenizer::Load(dir);
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.message();
   if (!tokenizer.ok()) return nullptr;
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tokenizer)->vocab_size()));
-  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id) {
-    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
-    if (bytes[static_cast<size_t>(id)] == "<") bytes[static_cast<size_t>(id)] = "{";
-    if (bytes[static_cast<size_t>(id)] == ">") bytes[static_cast<size_t>(id)] = "}";
+  std::vector<std::optional<std::string>> bytes =
+      (*tokenizer)->TokenBytesTable((*tokenizer)->vocab_size());
+  for (std::optional<std::string>& b : bytes) {
+    if (b == "<") b = "{";
+    if (b == ">") b = "}";
   }
   auto schema = CompileJsonSchema(nlohmann::ordered_json::parse(R"({"type": "object",
       "properties": {"name": {"type": "string", "maxLength": 8},

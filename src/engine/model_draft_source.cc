@@ -1,6 +1,7 @@
 #include "engine/model_draft_source.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "model/gguf_model.h"  // IsGgufFile
 #include "util/check.h"
@@ -19,9 +20,11 @@ Result<std::unique_ptr<ModelDraftSource>> ModelDraftSource::Create(std::unique_p
                          " tokens, the target's " + std::to_string(target_vocab_size) +
                          " (a draft model must share the target's tokenizer)");
   if (options.kv_cache_bytes < 0) return Status::Error("--draft-kv-cache-bytes: must be >= 0");
-  if (options.block_size < 1 || options.max_step_tokens < 1 || options.max_held_hidden_rows < 1)
+  if (options.block_size < 1 || options.max_step_tokens < 1 ||
+      options.max_held_hidden_bytes < 1 || options.max_draft_tokens < 1)
     return Status::Error(
-        "draft model: block_size, max_step_tokens and max_held_hidden_rows must be >= 1");
+        "draft model: block_size, max_step_tokens, max_held_hidden_bytes and max_draft_tokens "
+        "must be >= 1");
   const int64_t bytes = options.kv_cache_bytes > 0
                             ? options.kv_cache_bytes
                             : SpeculationConfig::kDefaultDraftKvCacheBytes;
@@ -43,6 +46,14 @@ Result<std::unique_ptr<ModelDraftSource>> ModelDraftSource::Create(std::unique_p
       new ModelDraftSource(std::move(draft), options, num_blocks, used));
 }
 
+int32_t ModelDraftSource::MaxHeldHiddenRows(const Options& options, int32_t hidden_size) {
+  CHECK_GE(hidden_size, 1);
+  const int64_t rows = options.max_held_hidden_bytes /
+                       (int64_t{hidden_size} * static_cast<int64_t>(sizeof(float)));
+  return static_cast<int32_t>(std::clamp<int64_t>(rows, int64_t{options.max_draft_tokens} + 1,
+                                                  std::numeric_limits<int32_t>::max()));
+}
+
 ModelDraftSource::ModelDraftSource(std::unique_ptr<Model> model, const Options& options,
                                    int32_t num_blocks, int64_t kv_cache_bytes)
     : model_(std::move(model)),
@@ -50,7 +61,8 @@ ModelDraftSource::ModelDraftSource(std::unique_ptr<Model> model, const Options& 
       kv_cache_bytes_(kv_cache_bytes),
       kv_(kv::KvCacheConfig{options.block_size, num_blocks, /*enable_prefix_caching=*/false}),
       mtp_(model_->is_mtp_module()),
-      dim_(static_cast<size_t>(model_->config().hidden_size)) {}
+      dim_(static_cast<size_t>(model_->config().hidden_size)),
+      max_held_rows_(MaxHeldHiddenRows(options, model_->config().hidden_size)) {}
 
 void ModelDraftSource::Propose(kv::SeqId seq, std::span<const int32_t> tokens, int32_t max_tokens,
                                std::vector<int32_t>* out) {
@@ -239,8 +251,8 @@ void ModelDraftSource::ObserveHidden(kv::SeqId seq, int32_t first_pos,
   std::copy(rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(skip) * dim_), rows.end(),
             h.rows.begin() + static_cast<ptrdiff_t>(at * dim_));
   const auto held = static_cast<int64_t>(h.rows.size() / dim_);
-  if (held > options_.max_held_hidden_rows) {  // the oldest go: fed as zeros if ever needed
-    const int64_t drop = held - options_.max_held_hidden_rows;
+  if (held > max_held_rows_) {  // the oldest go: fed as zeros if ever needed
+    const int64_t drop = held - max_held_rows_;
     h.rows.erase(h.rows.begin(), h.rows.begin() + static_cast<ptrdiff_t>(drop) *
                                                       static_cast<ptrdiff_t>(dim_));
     h.base += static_cast<int32_t>(drop);
@@ -308,6 +320,7 @@ Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& co
                          model.message());
   ModelDraftSource::Options options;
   options.kv_cache_bytes = config.draft_kv_cache_bytes;
+  options.max_draft_tokens = config.num_spec_tokens;
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ModelDraftSource> source,
                          ModelDraftSource::Create(std::move(*model), target_vocab_size, options));
   return std::unique_ptr<DraftSource>(std::move(source));

@@ -25,13 +25,13 @@
 // engine (ObserveHidden, after every step: the rows of positions this source has not fed yet
 // are kept, hidden_size floats each: the prompt's until the first draft, and every row of a
 // sequence while it does not draft — paused, or backed off by --spec-max-batch — up to
-// Options::max_held_hidden_rows, past which the oldest are dropped; catching idle sequences up
-// instead is a follow-up). With one MTP module, drafts after the first
+// max_held_hidden_rows() (Options::max_held_hidden_bytes over a row's bytes), past which the
+// oldest are dropped; catching idle sequences up instead is a follow-up). With one MTP module, drafts after the first
 // chain the module on itself as vLLM does: round r feeds draft r with the module's own last
 // hidden state (before its final norm) of round r - 1. Those chained rows are not the target's
 // hidden states, so after the rounds the module's KV keeps only the first round's rows (the
 // rest is overwritten later). A position whose hidden state is not there (the engine never
-// computed it: a prefix-cache hit; dropped past max_held_hidden_rows; or dropped after being fed,
+// computed it: a prefix-cache hit; dropped past max_held_hidden_rows(); or dropped after being fed,
 // and the module's state was dropped since: a full pool, a failed forward) feeds zeros: worse drafts, never other outputs
 // (missing_hidden counts them).
 //
@@ -61,10 +61,17 @@ class ModelDraftSource : public DraftSource {
     int64_t kv_cache_bytes = 0;  // the draft's pool; 0: kDefaultDraftKvCacheBytes
     int32_t block_size = 16;
     int32_t max_step_tokens = 512;  // rows per catch-up forward
-    // mtp: the most target hidden rows held per sequence (ObserveHidden); older unfed ones are
-    // dropped past it (fed as zeros later). Bounds the memory of sequences that do not draft.
-    int32_t max_held_hidden_rows = 4096;
+    // mtp: the host bytes of target hidden rows held per sequence (ObserveHidden); older unfed
+    // rows are dropped past it (fed as zeros later). Bounds the memory of sequences that do not
+    // draft: 16 MiB is 4,096 rows at hidden size 1,024, 585 at DeepSeek-V3's 7,168.
+    int64_t max_held_hidden_bytes = int64_t{16} << 20;
+    // The most tokens a sequence drafts per step (SpeculationConfig::num_spec_tokens): the cap
+    // never holds fewer rows than one verify step observes (1 + this).
+    int32_t max_draft_tokens = 4;
   };
+  // The held-row cap per sequence: max_held_hidden_bytes / (hidden_size floats), at least
+  // max_draft_tokens + 1 (and at most INT32_MAX).
+  static int32_t MaxHeldHiddenRows(const Options& options, int32_t hidden_size);
   // Takes the loaded draft model (an MTP module: the `mtp` source); refuses one whose vocabulary
   // size differs from the target's (naming both) or whose pool would hold no block. Allocates
   // the draft's KV pool.
@@ -86,6 +93,7 @@ class ModelDraftSource : public DraftSource {
   int64_t forwards() const { return forwards_; }        // draft model launches
   int64_t fed_tokens() const { return fed_tokens_; }    // rows they computed
   int64_t missing_hidden() const { return missing_hidden_; }  // mtp rows fed zeros
+  int32_t max_held_hidden_rows() const { return max_held_rows_; }
   const Model& model() const { return *model_; }
 
  private:
@@ -122,6 +130,7 @@ class ModelDraftSource : public DraftSource {
   // [base, base + rows / hidden_size) not yet fed (ObserveHidden).
   const bool mtp_;
   const size_t dim_;  // hidden_size
+  const int32_t max_held_rows_;  // MaxHeldHiddenRows
   struct TargetHidden {
     int32_t base = 0;
     std::vector<float> rows;

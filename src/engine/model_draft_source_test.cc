@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -163,6 +164,20 @@ std::vector<int32_t> MtpByHand(const std::string& dir, const std::vector<int32_t
   return drafts;
 }
 
+// The held-row cap is a byte budget: fewer rows for a wider hidden state, never fewer than one
+// verify step's 1 + k rows.
+TEST(ModelDraftSourceTest, HeldHiddenRowsScaleWithTheHiddenSize) {
+  ModelDraftSource::Options options;  // 16 MiB, k = 4
+  EXPECT_EQ(ModelDraftSource::MaxHeldHiddenRows(options, 1024), 4096);
+  EXPECT_EQ(ModelDraftSource::MaxHeldHiddenRows(options, 7168), 585);  // 16 MiB / 28,672 bytes
+  EXPECT_EQ(ModelDraftSource::MaxHeldHiddenRows(options, 1 << 22), 5);  // 1 + k
+  options.max_draft_tokens = 8;
+  options.max_held_hidden_bytes = 1;
+  EXPECT_EQ(ModelDraftSource::MaxHeldHiddenRows(options, 64), 9);
+  options.max_held_hidden_bytes = int64_t{1} << 40;
+  EXPECT_EQ(ModelDraftSource::MaxHeldHiddenRows(options, 1), std::numeric_limits<int32_t>::max());
+}
+
 TEST(ModelDraftSourceTest, MtpDraftsAreTheModuleOverTheTargetsHiddenStates) {
   const std::string fixture = testing::ModelDir("deepseek_v3");
   EMBER_REQUIRE_DIR(fixture);
@@ -212,9 +227,11 @@ TEST(ModelDraftSourceTest, MtpDraftsAreTheModuleOverTheTargetsHiddenStates) {
   auto small_module = Model::Load(dir, small_opts);
   ASSERT_TRUE(small_module.ok()) << small_module.message();
   ModelDraftSource::Options small;
-  small.max_held_hidden_rows = 4;
+  small.max_held_hidden_bytes = static_cast<int64_t>(4 * d * sizeof(float));
+  small.max_draft_tokens = 1;
   auto capped = ModelDraftSource::Create(std::move(*small_module), 512, small);
   ASSERT_TRUE(capped.ok()) << capped.message();
+  ASSERT_EQ((*capped)->max_held_hidden_rows(), 4);
   (*capped)->ObserveHidden(2, 0, std::span<const float>(hidden).first(11 * d));
   const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 12);
   (*capped)->Propose(2, first, 1, &out);

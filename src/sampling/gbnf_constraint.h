@@ -5,14 +5,15 @@
 // by itself where nothing may follow.
 //
 // A mask is the union, over the stacks of the current state, of what each stack allows: a local
-// walk of the whole vocabulary's trie (json_constraint.h's TokenTrie) from the stack cut to its
-// top few frames over a sentinel bottom, computed once per cut stack and shared by every state
-// (the same loop at any depth of nesting) and every clone. A token the local walk reads to its
-// end is allowed whatever lies below; a token the kept frames could only read by all ending
-// mid-token (the sentinel was reached after its first byte) is "uncertain", and is checked by
-// stepping the real state over its bytes. Masks are also cached by state (MaskCache). Inside a
-// string-like loop a mask is thus a copy of the local bits plus the few uncertain tokens (those
-// holding the closing quote).
+// walk of the whole vocabulary (a TokenTrie, json_constraint.h, over its tokens grouped by the
+// grammar's byte classes, built with the grammar: tokens alike class by class are walked once)
+// from the stack cut to its top few frames over a sentinel bottom, computed once per cut stack
+// and shared by every state (the same loop at any depth of nesting) and every clone. A token the
+// local walk reads to its end is allowed whatever lies below; a token the kept frames could only
+// read by all ending mid-token (the sentinel was reached after its first byte) is "uncertain", and
+// is checked by stepping the real state over its bytes. Masks are also cached by state
+// (MaskCache). Inside a string-like loop a mask is thus a copy of the local bits plus the few
+// uncertain tokens (those holding the closing quote).
 //
 // Thread-safety: the clones of one request share the automaton and the local masks behind one
 // mutex (Allowed and Accept take it); a clone's own state is one int. A grammar whose parse
@@ -38,9 +39,10 @@ struct GbnfShared;
 
 // Compiled grammars by their text, for one vocabulary (a served model's): a request whose grammar
 // was seen before shares the earlier requests' automaton and masks (the local masks are the cold
-// cost: a walk of the vocabulary each), so only its first request pays them. At most
-// kMaxGrammars texts (all forgotten when full); an automaton past a quarter of its state bound
-// is replaced by a fresh one for new requests. Thread-safe.
+// cost: a walk of the vocabulary each), so only its first request pays them. A new grammar is
+// compiled outside the cache's lock. At most kMaxGrammars texts (all forgotten when full); an
+// automaton past a quarter of its state bound is replaced by a fresh one for new requests.
+// Thread-safe.
 class GbnfCache {
  public:
   static constexpr size_t kMaxGrammars = 16;

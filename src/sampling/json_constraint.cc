@@ -283,12 +283,16 @@ void MaskCache::Insert(const std::string& key, const std::vector<uint8_t>& allow
   entries_[key] = Entry{std::move(bits), allowed.size(), count};
 }
 
-namespace {
-
-// `ids` (with text) as a trie in byte order.
-TokenTrie MakeTrie(std::vector<int32_t> ids, const std::vector<std::optional<std::string>>& bytes) {
+TokenTrie MakeTokenTrie(std::vector<int32_t> ids,
+                        const std::vector<std::optional<std::string>>& bytes) {
   auto text = [&bytes](int32_t id) -> const std::string& { return *bytes[static_cast<size_t>(id)]; };
   std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return text(a) < text(b); });
+  return TokenTrieInOrder(std::move(ids), bytes);
+}
+
+TokenTrie TokenTrieInOrder(std::vector<int32_t> ids,
+                           const std::vector<std::optional<std::string>>& bytes) {
+  auto text = [&bytes](int32_t id) -> const std::string& { return *bytes[static_cast<size_t>(id)]; };
   TokenTrie t;
   t.shared_prefix.assign(ids.size(), 0);
   for (size_t i = 1; i < ids.size(); ++i) {
@@ -311,8 +315,6 @@ TokenTrie MakeTrie(std::vector<int32_t> ids, const std::vector<std::optional<std
   t.ids = std::move(ids);
   return t;
 }
-
-}  // namespace
 
 std::shared_ptr<const TokenTexts> TokenTexts::Build(
     std::vector<std::optional<std::string>> bytes) {
@@ -345,10 +347,10 @@ std::shared_ptr<const TokenTexts> TokenTexts::Build(
     t->string_safe_by_chars[chars].push_back(static_cast<int32_t>(id));
   }
   t->num_string_safe = static_cast<int64_t>(all.size() - not_string_safe.size());
-  t->all = MakeTrie(std::move(all), bytes);
-  t->not_string_safe = MakeTrie(std::move(not_string_safe), bytes);
-  t->raw_safe = MakeTrie(std::move(raw_safe), bytes);
-  t->not_raw_safe = MakeTrie(std::move(not_raw_safe), bytes);
+  t->all = MakeTokenTrie(std::move(all), bytes);
+  t->not_string_safe = MakeTokenTrie(std::move(not_string_safe), bytes);
+  t->raw_safe = MakeTokenTrie(std::move(raw_safe), bytes);
+  t->not_raw_safe = MakeTokenTrie(std::move(not_raw_safe), bytes);
   t->bytes = std::move(bytes);
   return t;
 }

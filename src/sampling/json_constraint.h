@@ -128,6 +128,14 @@ struct TokenTrie {
   }
 };
 
+// `ids` (each with text in `bytes`) as a trie in byte order.
+TokenTrie MakeTokenTrie(std::vector<int32_t> ids,
+                        const std::vector<std::optional<std::string>>& bytes);
+// The same in the order given (no sort): walks are still exact, prefixes shared only with the
+// entry before; for ids that are almost in byte order already.
+TokenTrie TokenTrieInOrder(std::vector<int32_t> ids,
+                           const std::vector<std::optional<std::string>>& bytes);
+
 // The text of every token id (nullopt: no text, never allowed), shared by all JSON samples.
 struct TokenTexts {
   std::vector<std::optional<std::string>> bytes;

@@ -233,9 +233,7 @@ TEST(JsonSchemaHostile, FreshConstraintsAllowATokenWithRealVocabularies) {
     EMBER_REQUIRE_DIR(dir);
     auto tok = Tokenizer::Load(dir);
     ASSERT_TRUE(tok.ok()) << tok.message();
-    std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tok)->vocab_size()));
-    for (int32_t id = 0; id < (*tok)->vocab_size(); ++id) bytes[static_cast<size_t>(id)] = (*tok)->TokenBytes(id);
-    auto texts = TokenTexts::Build(std::move(bytes));
+    auto texts = TokenTexts::Build((*tok)->TokenBytesTable((*tok)->vocab_size()));
     EXPECT_TRUE(CheckConstraintCanStart(JsonObjectConstraint(texts), "response_format").ok());
     for (const char* schema :
          {R"({"type": "object", "properties": {"a": {"enum": ["\u00e9", 1]}}, "required": ["a"]})",

@@ -40,10 +40,7 @@ TEST(SchemaCorpusTest, RandomWalksOnRealVocabulariesFinishAsJson) {
     EMBER_REQUIRE_DIR(dir);
     auto tok = Tokenizer::Load(dir);
     ASSERT_TRUE(tok.ok()) << tok.message();
-    std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tok)->vocab_size()));
-    for (int32_t id = 0; id < (*tok)->vocab_size(); ++id)
-      bytes[static_cast<size_t>(id)] = (*tok)->TokenBytes(id);
-    auto texts = TokenTexts::Build(std::move(bytes));
+    auto texts = TokenTexts::Build((*tok)->TokenBytesTable((*tok)->vocab_size()));
     const WalkBias bias = WalkBias::For(*texts);
     int finished = 0;
     for (size_t i = 0; i < corpus.size(); ++i) {

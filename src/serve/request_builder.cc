@@ -275,10 +275,7 @@ std::vector<int32_t> DryBreakerIdsOf(const Tokenizer& tokenizer, int32_t vocab_s
 }
 
 std::shared_ptr<const TokenTexts> VocabularyTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
-  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
-  const int32_t known = std::min(vocab_size, tokenizer.vocab_size());
-  for (int32_t id = 0; id < known; ++id) bytes[static_cast<size_t>(id)] = tokenizer.TokenBytes(id);
-  return TokenTexts::Build(std::move(bytes));
+  return TokenTexts::Build(tokenizer.TokenBytesTable(vocab_size));
 }
 
 SchemaLimits LimitsFor(const ServedModel& model) {

@@ -365,6 +365,14 @@ std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
   return ' ' + *s;  // DecodeTokens without a decoder: tokens after the first join with a space
 }
 
+std::vector<std::optional<std::string>> Tokenizer::TokenBytesTable(int32_t vocab_size) const {
+  CHECK_GE(vocab_size, 0);
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
+  const int32_t known = std::min(vocab_size, vocab_size_);
+  for (int32_t id = 0; id < known; ++id) bytes[static_cast<size_t>(id)] = TokenBytes(id);
+  return bytes;
+}
+
 std::string Tokenizer::DecodeTokens(std::vector<std::string> tokens, bool at_start,
                                     bool* hold) const {
   if (decoder_) return decoder_->Decode(std::move(tokens), at_start, hold);

@@ -76,6 +76,10 @@ class Tokenizer {
   // The raw bytes `id` adds to a stream's text after its start (a byte-level token may hold part
   // of a UTF-8 character); nullopt for a special or unknown id. For constrained decoding.
   std::optional<std::string> TokenBytes(int32_t id) const;
+  // TokenBytes of every id below `vocab_size` (a model's vocabulary, which may be padded past
+  // this tokenizer's): nullopt for special ids and for ids past vocab_size(). The one table
+  // structured output (sampling/json_constraint.h's TokenTexts) is built from.
+  std::vector<std::optional<std::string>> TokenBytesTable(int32_t vocab_size) const;
   // Decodes a window of token strings; `at_start` says whether it begins the stream; `*hold`
   // is set when the window's end may still change with more tokens.
   std::string DecodeTokens(std::vector<std::string> tokens, bool at_start, bool* hold) const;

@@ -204,6 +204,40 @@ TEST(TokenizerTest, TokenBytesSpellTheTextMidStream) {
   }
 }
 
+// TokenBytesTable: every id's TokenBytes over a model vocabulary padded past the tokenizer's
+// (byte-level "Ġthe" and byte-fallback "<0x0A>" as raw bytes, specials and padding without text),
+// or cut below it.
+TEST(TokenizerTest, TokenBytesTableCoversAPaddedVocabulary) {
+  struct Case {
+    const char* name;
+    int32_t plain_id;  // a token whose bytes we know
+    const char* plain_bytes;
+    int32_t special_id;
+  };
+  for (const Case& c : {Case{"llama3", 279, " the", 128000}, Case{"llama2", 13, "\n", 1},
+                        Case{"llama2", 272, " the", 2}}) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = testing::TokenizersDir() + "/" + c.name;
+    EMBER_REQUIRE_DIR(dir);
+    const Tokenizer* tok = LoadShared(dir);
+    ASSERT_NE(tok, nullptr);
+    const int32_t known = tok->vocab_size();
+    const std::vector<std::optional<std::string>> table = tok->TokenBytesTable(known + 64);
+    ASSERT_EQ(table.size(), static_cast<size_t>(known + 64));
+    EXPECT_EQ(table[static_cast<size_t>(c.plain_id)], c.plain_bytes);
+    EXPECT_TRUE(tok->IsSpecial(c.special_id));
+    EXPECT_EQ(table[static_cast<size_t>(c.special_id)], std::nullopt);
+    for (int32_t id = 0; id < known; id += 97)
+      EXPECT_EQ(table[static_cast<size_t>(id)], tok->TokenBytes(id)) << "id " << id;
+    for (int32_t id = known; id < known + 64; ++id)
+      EXPECT_EQ(table[static_cast<size_t>(id)], std::nullopt) << "padding id " << id;
+    const std::vector<std::optional<std::string>> cut = tok->TokenBytesTable(c.plain_id + 1);
+    ASSERT_EQ(cut.size(), static_cast<size_t>(c.plain_id + 1));
+    EXPECT_EQ(cut.back(), c.plain_bytes);
+    EXPECT_TRUE(tok->TokenBytesTable(0).empty());
+  }
+}
+
 TEST(TokenizerTest, EncodeIsThreadSafe) {
   std::string dir = testing::TokenizersDir() + "/qwen3";
   EMBER_REQUIRE_DIR(dir);
