@@ -677,6 +677,37 @@ TEST_F(HybridTierTest, RestartResumesFromTheDiskCheckpointWithColdOutputs) {
   EXPECT_EQ(s.corrupt_dropped, 0);
 }
 
+// A checkpoint restored from a tier is seeded into the pool as the checkpoint of the block it was
+// read for: the same prompt again is a pool hit (no tier lookup, no block or checkpoint read),
+// and both runs give the cold run's tokens and logprobs, bit for bit.
+TEST_F(HybridTierTest, RestoredCheckpointIsSeededIntoThePool) {
+  const GenerationRequest request = Request(100, 5);
+  const Outcome cold = ColdRun(request);
+  RunAndStop(request, HybridConfig());
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  const Outcome from_disk = Generate(*engine, request);
+  EXPECT_EQ(from_disk.usage.cached_tokens, 96);
+  EXPECT_EQ(from_disk.tokens, cold.tokens);
+  EXPECT_EQ(from_disk.logprobs, cold.logprobs);
+  const EngineStats before = engine->Stats();
+  EXPECT_EQ(before.prompt_cache.state_restores, 1);
+  EXPECT_EQ(before.prompt_cache.promotions, 6);
+  EXPECT_EQ(before.state_checkpoint_saves, 1) << "the restored checkpoint, seeded at 96";
+  EXPECT_EQ(before.state_checkpoints, 1);
+  const Outcome again = Generate(*engine, request);
+  EXPECT_EQ(again.usage.cached_tokens, 96);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(again.logprobs, cold.logprobs);
+  const EngineStats after = engine->Stats();
+  EXPECT_EQ(after.prompt_cache.lookups, before.prompt_cache.lookups) << "looked past the pool";
+  EXPECT_EQ(after.prompt_cache.state_restores, 1);
+  EXPECT_EQ(after.prompt_cache.state_hits, before.prompt_cache.state_hits);
+  EXPECT_EQ(after.prompt_cache.hits, before.prompt_cache.hits);
+  EXPECT_EQ(after.prompt_cache.promotions, 6);
+  EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, 96);
+}
+
 // (c) A prompt sharing 5 blocks with one on disk resumes at the last checkpoint among them (64
 // tokens) and recomputes the fifth block and the rest.
 TEST_F(HybridTierTest, MatchPastTheLastCheckpointResumesThereAndRecomputesTheRest) {
@@ -726,6 +757,15 @@ TEST_F(HybridTierTest, PoolEvictionsCarryCheckpointsToRam) {
   EXPECT_EQ(ram_hit.usage.cached_tokens, 96);
   EXPECT_EQ(ram_hit.tokens, cold.tokens);
   EXPECT_EQ(ram_hit.logprobs, cold.logprobs);
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.promotions, 6);
+  EXPECT_EQ(s.ram.state_hits, 1);
+  EXPECT_EQ(s.state_restores, 1);
+  // The restored checkpoint was seeded into the pool: asked again, a pool hit (nothing from RAM).
+  const Outcome again = Generate(*engine, a);
+  EXPECT_EQ(again.usage.cached_tokens, 96);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(again.logprobs, cold.logprobs);
   s = engine->Stats().prompt_cache;
   EXPECT_EQ(s.ram.promotions, 6);
   EXPECT_EQ(s.ram.state_hits, 1);
