@@ -620,8 +620,9 @@ TEST(StateShareBytesTest, OneStateRecordPerIntervalOfBlocksAndAtLeastOne) {
 
 // A hybrid model (qwen3_next: gated DeltaNet layers whose recurrent state is not in the KV
 // blocks): both tiers keep the pool's state checkpoints beside their blocks, and a prefix from a
-// tier resumes only at a block whose checkpoint reads back. Every output equals a cold run's
-// (tokens and top-5 logprobs).
+// tier resumes only at a block whose checkpoint reads back; that checkpoint is seeded back into
+// the pool, and a waiting request's is prefetched from disk into RAM. Every output equals a cold
+// run's (tokens and top-5 logprobs).
 class HybridTierTest : public RamTierTest {
  protected:
   static constexpr int32_t kVocab = 500;  // the fixture's 512 ids
