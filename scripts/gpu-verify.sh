@@ -61,4 +61,25 @@ if [ "$1" = bench ]; then
   $bin/ember synth --like deepseek-v3 --layers 4 --out /tmp/ds >/dev/null 2>&1
   step 100 dsv3 $bin/ember bench --model /tmp/ds -p 4096 -n 32 -r 1 --device cuda
 fi
+if [ "$1" = tests4 ]; then
+  step 150 model_cuda $bin/model_test --gtest_filter='*Cuda*'
+  step 200 engine_cuda $bin/engine_test --gtest_filter='*OnCuda*:*Cuda*'
+  step 60 lora1 $bin/lora_bench --synth llama-3.1-8b --layers 8 --device cuda --adapters 1 --concurrency 1 --prompt 64 --gen 64
+  step 170 spec1 $bin/spec_bench --synth llama-3.1-8b --device cuda --gen 256 --acceptance 0.5,0.7,0.9
+fi
+if [ "$1" = bench2 ]; then
+  step 150 spec128 $bin/spec_bench --synth llama-3.1-8b --device cuda --concurrency 128 --prompt 512 --gen 128 --acceptance 0.7
+  xz -d -k .devbin/tok/tokenizer.json.xz 2>/dev/null; mkdir -p /tmp/tok && cp .devbin/tok/tokenizer.json /tmp/tok/
+  $bin/ember synth --like llama-3.1-8b --dtype bf16 --tokenizer /tmp/tok --out /tmp/m8 >/dev/null 2>&1
+  eb=(--model /tmp/m8 --device cuda --concurrency 128 --prompt-len 512 --gen-len 128 --prefix-len 0)
+  step 90 free-8b $bin/engine_bench "${eb[@]}"
+  step 90 json-8b $bin/engine_bench "${eb[@]}" --schema .devbin/tok/items.json
+  rm -rf /tmp/m8
+  step 120 pcache $bin/prompt_cache_bench --synth llama-3.1-8b --layers 8 --device cuda --prompt-len 32768 --ram-bytes 8589934592 --repeats 2
+  $bin/ember synth --like qwen3-next-80b-a3b --layers 4 --out /tmp/qn >/dev/null 2>&1
+  step 60 qnext $bin/ember bench --model /tmp/qn -p 4096 -n 32 -r 1 --device cuda
+  rm -rf /tmp/qn
+  $bin/ember synth --like deepseek-v3 --layers 4 --out /tmp/ds >/dev/null 2>&1
+  step 60 dsv3 $bin/ember bench --model /tmp/ds -p 4096 -n 32 -r 1 --device cuda
+fi
 log "done [$(( $(date +%s) - start ))s]"

@@ -446,20 +446,27 @@ std::optional<StepPlan> Engine::ScheduleStep() {
 
 bool Engine::Launch(StepBatch& step) {
   Status st = Status::Ok();
+  // Checkpoint copies: the seeds (states uploaded from a tier) before the forward, the states
+  // the step leaves at checkpoint points after it; a failed copy only loses its checkpoint.
+  auto save_states = [&](bool before_forward) {
+    for (StepBatch::StateSave& save : step.state_saves) {
+      if (!st.ok()) break;
+      if (save.before_forward != before_forward) continue;
+      if (Status copy = runner_.CopyStateSlot(save.copy.src, save.copy.dst); !copy.ok()) {
+        LOG_ERROR << "state checkpoint copy failed: " << copy.message();
+        checkpoints_->Release(save.copy.dst);
+        save.resolved = true;
+      }
+    }
+  };
   for (const StepBatch::StateUpload& u : step.state_uploads)
     if (st.ok()) st = runner_.CopyStateFromHost(u.slot, u.state);
+  // Restores before the seeds: a seed may take the slot a restore reads (Reserve's LRU pick).
   for (const StepBatch::StateCopy& c : step.state_restores)
     if (st.ok()) st = runner_.CopyStateSlot(c.src, c.dst);
+  save_states(/*before_forward=*/true);
   if (st.ok()) st = runner_.Launch(step.batch, step.outputs(), step.decode_only);
-  // The states the step leaves at checkpoint points; a failed copy only loses its checkpoint.
-  for (StepBatch::StateSave& save : step.state_saves) {
-    if (!st.ok()) break;
-    if (Status copy = runner_.CopyStateSlot(save.copy.src, save.copy.dst); !copy.ok()) {
-      LOG_ERROR << "state checkpoint copy failed: " << copy.message();
-      checkpoints_->Release(save.copy.dst);
-      save.resolved = true;
-    }
-  }
+  save_states(/*before_forward=*/false);
   if (!st.ok()) {
     LOG_ERROR << "forward step failed: " << st.message();
     CompleteInFlight();

@@ -112,9 +112,10 @@ struct PromptCacheRamStats {
   int64_t bytes_read = 0, bytes_written = 0;
   double read_bytes_per_s = 0;  // measured so far (0: not yet)
   // A hybrid model's recurrent-state checkpoints here (engine/state_tier.h): records and bytes
-  // (part of `bytes`, as their cap is part of capacity_bytes; their evictions, refused records
-  // and insert drops count in the fields above), and checkpoints read and verified.
-  int64_t state_records = 0, state_bytes = 0, state_hits = 0;
+  // (part of `bytes`, as their cap is part of capacity_bytes; their evictions, refused records,
+  // insert drops, spills and failed or dropped prefetches count in the fields above),
+  // checkpoints read and verified, and checkpoints moved from disk by the prefetcher.
+  int64_t state_records = 0, state_bytes = 0, state_hits = 0, state_prefetched = 0;
 };
 
 // The disk tier's counters (PromptTier::Stats), the cost decisions of both tiers, and `ram`.

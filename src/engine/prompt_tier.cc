@@ -65,18 +65,27 @@ void PromptTier::Prefetch(const GenerationRequest& request, const kv::KvCacheMan
   // Half of RAM at most per request: a longer prefix's head would be evicted by its own tail.
   const int64_t cap = std::max<int64_t>(1, MaxPrefetchBlocks() / 2);
   std::vector<prompt_cache::PrefetchBlock> job;
+  // A hybrid model: the checkpoint the admission will resume from, at the last block of the run
+  // found below the pool that has one (ExtendCachedPrefix's choice, before the cost rule).
+  std::optional<prompt_cache::PrefetchBlock> state;
   prompt_cache::Key parent =
       prompt_cache::RootKey(shape_.fingerprint, request.cache_namespace, request.cache_salt);
-  for (int32_t j = 0; j < max_blocks && static_cast<int64_t>(job.size()) < cap; ++j) {
+  for (int32_t j = 0; j < max_blocks; ++j) {
+    if (static_cast<int64_t>(job.size()) >= cap && states_ == nullptr) break;
     const std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(j) * bs, bs);
     const prompt_cache::Key key = prompt_cache::ChainKey(parent, tokens);
-    if (j >= first && !ram_->Contains(key)) {
-      if (!disk_->Contains(key)) break;
-      job.push_back({key, parent, request.cache_namespace, {tokens.begin(), tokens.end()}});
+    if (j >= first) {
+      const bool in_ram = ram_->Contains(key);
+      if (!in_ram && !disk_->Contains(key)) break;
+      prompt_cache::PrefetchBlock block{key, parent, request.cache_namespace,
+                                        {tokens.begin(), tokens.end()}};
+      if (states_ != nullptr && states_->Has(key)) state = block;
+      if (!in_ram && static_cast<int64_t>(job.size()) < cap) job.push_back(std::move(block));
     }
     parent = key;
   }
   prefetcher_->Enqueue(std::move(job));
+  if (state.has_value()) states_->Prefetch(std::move(*state));
 }
 
 PromptTier::~PromptTier() {

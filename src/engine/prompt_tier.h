@@ -37,9 +37,11 @@
 // copies an evicted block's live checkpoint into RAM). ExtendCachedPrefix then resumes only at
 // the last found block whose checkpoint reads back and verifies (blocks past it are recomputed):
 // the state goes to Sequence::tier_state, written into the sequence's state slot before its
-// first rows; when a block up to there fails to restore, it resumes at the last checkpoint
-// before that block (or uses none of the extension). The cost rule counts the checkpoint's
-// record in the bytes to read.
+// first rows and copied into a pool checkpoint slot for that block too (StepBuilder::
+// AddStateCopies: the same prompt again hits in the pool); when a block up to there fails to
+// restore, it resumes at the last checkpoint before that block (or uses none of the extension).
+// Prefetch also queues the checkpoint a waiting request would resume from (StateTier::Prefetch).
+// The cost rule counts the checkpoint's record in the bytes to read.
 #pragma once
 
 #include <atomic>
@@ -95,8 +97,9 @@ class PromptTier : public kv::EvictionObserver {
              KvBlockIo* io, kv::KvCacheManager* kv, const EngineStats* counters);
   ~PromptTier() override;
 
-  // Queues the disk blocks of `request`'s prefix past the pool's hit for the prefetcher (a no-op
-  // without both tiers, or for a request that does not look its prefix up).
+  // Queues the disk blocks of `request`'s prefix past the pool's hit for the prefetcher, and a
+  // hybrid model's checkpoint at the last of the blocks found below the pool that has one (a
+  // no-op without both tiers, or for a request that does not look its prefix up).
   void Prefetch(const GenerationRequest& request, const kv::KvCacheManager& kv);
   // Returns seq's computed tokens after extending the pool's hit of `pool_tokens` with blocks
   // from RAM and disk (>= pool_tokens; blocks are allocated to seq for what it returns).

@@ -44,16 +44,11 @@ GenerationRequest Greedy(std::vector<int32_t> prompt, const std::string& salt = 
   return r;
 }
 
-Outcome Generate(Engine& engine, const GenerationRequest& request) {
-  auto submitted = engine.Submit(request);
+// Reads a submitted request's stream to its end.
+Outcome Collect(ResponseStream& stream) {
   Outcome run;
-  auto* stream = std::get_if<std::shared_ptr<ResponseStream>>(&submitted);
-  if (stream == nullptr) {
-    ADD_FAILURE() << "refused: " << std::get<SubmitError>(submitted).message;
-    return run;
-  }
   std::vector<TokenEvent> events;
-  while ((*stream)->Next(&events)) {
+  while (stream.Next(&events)) {
     for (const TokenEvent& e : events) {
       if (e.token_id < 0) continue;
       run.tokens.push_back(e.token_id);
@@ -62,8 +57,18 @@ Outcome Generate(Engine& engine, const GenerationRequest& request) {
     }
     events.clear();
   }
-  run.usage = (*stream)->usage();
+  run.usage = stream.usage();
   return run;
+}
+
+Outcome Generate(Engine& engine, const GenerationRequest& request) {
+  auto submitted = engine.Submit(request);
+  auto* stream = std::get_if<std::shared_ptr<ResponseStream>>(&submitted);
+  if (stream == nullptr) {
+    ADD_FAILURE() << "refused: " << std::get<SubmitError>(submitted).message;
+    return {};
+  }
+  return Collect(**stream);
 }
 
 // A prompt of `len` tokens over the first `vocab` + 3 ids, deterministic in `seed`.
@@ -615,15 +620,16 @@ TEST(StateShareBytesTest, OneStateRecordPerIntervalOfBlocksAndAtLeastOne) {
 
 // A hybrid model (qwen3_next: gated DeltaNet layers whose recurrent state is not in the KV
 // blocks): both tiers keep the pool's state checkpoints beside their blocks, and a prefix from a
-// tier resumes only at a block whose checkpoint reads back. Every output equals a cold run's
-// (tokens and top-5 logprobs).
+// tier resumes only at a block whose checkpoint reads back; that checkpoint is seeded back into
+// the pool, and a waiting request's is prefetched from disk into RAM. Every output equals a cold
+// run's (tokens and top-5 logprobs).
 class HybridTierTest : public RamTierTest {
  protected:
   static constexpr int32_t kVocab = 500;  // the fixture's 512 ids
   std::string ModelName() const override { return "qwen3_next"; }
   // A pool of `blocks` blocks and room for 16 checkpoints, taken at 32, 64, 96 and each prompt's
-  // last full block.
-  EngineConfig HybridConfig(bool disk = true, int32_t blocks = 64) {
+  // last full block; with `ram`, a RAM tier of 64 blocks and 32 checkpoints.
+  EngineConfig HybridConfig(bool disk = true, int32_t blocks = 64, bool ram = false) {
     EngineConfig c = Config(disk);
     Model* probe = NewModel();
     const int64_t state = probe->StateBytesPerSequence();
@@ -631,6 +637,11 @@ class HybridTierTest : public RamTierTest {
     c.state_checkpoint_bytes = 16 * state;
     c.kv_cache_bytes = blocks * kBlock * probe->KvBytesPerToken() +
                        (int64_t{c.max_running} + 1) * state + c.state_checkpoint_bytes;
+    if (ram) {
+      c.prompt_cache.ram_bytes =
+          64 * prompt_cache::RecordBytes(kBlock, kBlock * probe->KvBytesPerToken()) +
+          32 * prompt_cache::RecordBytes(kBlock, state);
+    }
     return c;
   }
   static GenerationRequest Request(int32_t len, int32_t seed) {
@@ -677,6 +688,37 @@ TEST_F(HybridTierTest, RestartResumesFromTheDiskCheckpointWithColdOutputs) {
   EXPECT_EQ(s.corrupt_dropped, 0);
 }
 
+// A checkpoint restored from a tier is seeded into the pool as the checkpoint of the block it was
+// read for: the same prompt again is a pool hit (no tier lookup, no block or checkpoint read),
+// and both runs give the cold run's tokens and logprobs, bit for bit.
+TEST_F(HybridTierTest, RestoredCheckpointIsSeededIntoThePool) {
+  const GenerationRequest request = Request(100, 5);
+  const Outcome cold = ColdRun(request);
+  RunAndStop(request, HybridConfig());
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  const Outcome from_disk = Generate(*engine, request);
+  EXPECT_EQ(from_disk.usage.cached_tokens, 96);
+  EXPECT_EQ(from_disk.tokens, cold.tokens);
+  EXPECT_EQ(from_disk.logprobs, cold.logprobs);
+  const EngineStats before = engine->Stats();
+  EXPECT_EQ(before.prompt_cache.state_restores, 1);
+  EXPECT_EQ(before.prompt_cache.promotions, 6);
+  EXPECT_EQ(before.state_checkpoint_saves, 1) << "the restored checkpoint, seeded at 96";
+  EXPECT_EQ(before.state_checkpoints, 1);
+  const Outcome again = Generate(*engine, request);
+  EXPECT_EQ(again.usage.cached_tokens, 96);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(again.logprobs, cold.logprobs);
+  const EngineStats after = engine->Stats();
+  EXPECT_EQ(after.prompt_cache.lookups, before.prompt_cache.lookups) << "looked past the pool";
+  EXPECT_EQ(after.prompt_cache.state_restores, 1);
+  EXPECT_EQ(after.prompt_cache.state_hits, before.prompt_cache.state_hits);
+  EXPECT_EQ(after.prompt_cache.hits, before.prompt_cache.hits);
+  EXPECT_EQ(after.prompt_cache.promotions, 6);
+  EXPECT_EQ(after.prefix_hit_tokens - before.prefix_hit_tokens, 96);
+}
+
 // (c) A prompt sharing 5 blocks with one on disk resumes at the last checkpoint among them (64
 // tokens) and recomputes the fifth block and the rest.
 TEST_F(HybridTierTest, MatchPastTheLastCheckpointResumesThereAndRecomputesTheRest) {
@@ -703,11 +745,8 @@ TEST_F(HybridTierTest, MatchPastTheLastCheckpointResumesThereAndRecomputesTheRes
 TEST_F(HybridTierTest, PoolEvictionsCarryCheckpointsToRam) {
   const GenerationRequest a = Request(100, 11);
   const Outcome cold = ColdRun(a);
-  EngineConfig c = HybridConfig(/*disk=*/false, /*blocks=*/24);
-  Model* probe = NewModel();
-  const int64_t state = probe->StateBytesPerSequence();
-  const int64_t kv_record = prompt_cache::RecordBytes(kBlock, kBlock * probe->KvBytesPerToken());
-  c.prompt_cache.ram_bytes = 64 * kv_record + 32 * prompt_cache::RecordBytes(kBlock, state);
+  const EngineConfig c = HybridConfig(/*disk=*/false, /*blocks=*/24, /*ram=*/true);
+  const int64_t state = NewModel()->StateBytesPerSequence();
   std::unique_ptr<Engine> engine = NewEngine(c);
   ASSERT_NE(engine, nullptr);
   ASSERT_EQ(engine->Stats().kv_blocks_total, 24);
@@ -729,6 +768,47 @@ TEST_F(HybridTierTest, PoolEvictionsCarryCheckpointsToRam) {
   s = engine->Stats().prompt_cache;
   EXPECT_EQ(s.ram.promotions, 6);
   EXPECT_EQ(s.ram.state_hits, 1);
+  EXPECT_EQ(s.state_restores, 1);
+  // The restored checkpoint was seeded into the pool: asked again, a pool hit (nothing from RAM).
+  const Outcome again = Generate(*engine, a);
+  EXPECT_EQ(again.usage.cached_tokens, 96);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(again.logprobs, cold.logprobs);
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.promotions, 6);
+  EXPECT_EQ(s.ram.state_hits, 1);
+  EXPECT_EQ(s.state_restores, 1);
+}
+
+// Both tiers: a waiting request's checkpoint is moved from disk into RAM with its blocks while it
+// waits, so its admission reads the checkpoint from RAM (the disk is not read on the engine
+// thread); the output is the cold run's, bit for bit.
+TEST_F(HybridTierTest, WaitingRequestsCheckpointIsPrefetchedFromDiskIntoRam) {
+  const GenerationRequest b = Request(100, 6);
+  const Outcome cold = ColdRun(b);
+  EngineConfig config = HybridConfig(/*disk=*/true, /*blocks=*/64, /*ram=*/true);
+  config.max_running = 1;  // b waits while the first request runs
+  RunAndStop(b, config);   // b's blocks and checkpoints on disk
+  std::unique_ptr<Engine> engine = NewEngine(config);
+  ASSERT_NE(engine, nullptr);
+  GenerationRequest busy = Request(20, 7);
+  busy.max_tokens = 200;
+  std::shared_ptr<ResponseStream> first = testing::SubmitOrDie(*engine, busy);
+  ASSERT_NE(first, nullptr);
+  std::shared_ptr<ResponseStream> second = testing::SubmitOrDie(*engine, b);
+  ASSERT_NE(second, nullptr);
+  Collect(*first);
+  const Outcome run = Collect(*second);
+  EXPECT_EQ(run.usage.cached_tokens, 96);
+  EXPECT_EQ(run.tokens, cold.tokens);
+  EXPECT_EQ(run.logprobs, cold.logprobs);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.state_prefetched, 1);  // the one at 96, where it resumes
+  EXPECT_EQ(s.ram.state_hits, 1);
+  EXPECT_EQ(s.ram.prefetched, 6);
+  EXPECT_EQ(s.ram.promotions, 6);
+  EXPECT_EQ(s.promotions, 0) << "the engine thread read the disk";
+  EXPECT_EQ(s.ram.prefetch_failed, 0);
   EXPECT_EQ(s.state_restores, 1);
 }
 

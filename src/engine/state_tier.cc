@@ -50,6 +50,12 @@ Result<std::unique_ptr<StateTier>> StateTier::Open(const StateTierConfig& config
     disk.max_queue_bytes = config.max_queue_bytes;
     EMBER_ASSIGN_OR_RETURN(tier->disk_, prompt_cache::DiskStore::Open(disk));
   }
+  if (tier->ram_ != nullptr && tier->disk_ != nullptr) {
+    // One checkpoint per waiting request: at most a RAM's worth waits.
+    const int64_t records = config.ram_bytes / tier->ram_->record_bytes();
+    tier->prefetcher_ = std::make_unique<prompt_cache::Prefetcher>(
+        tier->ram_.get(), tier->disk_.get(), std::max<int64_t>(1, records));
+  }
   return tier;
 }
 
@@ -69,7 +75,11 @@ bool StateTier::Read(const prompt_cache::BlockIdentity& kv, std::vector<uint8_t>
   const prompt_cache::BlockIdentity id = Of(kv);
   std::span<const uint8_t> payload;
   prompt_cache::RamStore::Record record;
-  if (ram_ != nullptr && ram_->Contains(id.key) && (record = ram_->Read(id)) != nullptr) {
+  // A checkpoint the prefetcher is reading now is waited for (not read twice); it lands in RAM.
+  const bool in_ram = ram_ != nullptr && (ram_->Contains(id.key) ||
+                                          (prefetcher_ != nullptr &&
+                                           prefetcher_->WaitIfFetching(id.key)));
+  if (in_ram && (record = ram_->Read(id)) != nullptr) {
     payload = prompt_cache::RecordPayload(*record, config_.block_size, config_.state_bytes);
   } else if (disk_ != nullptr) {
     payload = disk_->Read(id);  // absent or refused (counted by the store): empty
@@ -77,6 +87,13 @@ bool StateTier::Read(const prompt_cache::BlockIdentity& kv, std::vector<uint8_t>
   if (payload.empty()) return false;
   state->assign(payload.begin(), payload.end());
   return true;
+}
+
+void StateTier::Prefetch(prompt_cache::PrefetchBlock block) {
+  if (prefetcher_ == nullptr || ram_->Contains(block.key) || !disk_->Contains(block.key)) return;
+  std::vector<prompt_cache::PrefetchBlock> job;
+  job.push_back(std::move(block));
+  prefetcher_->Enqueue(std::move(job));  // dropped (counted) when the queue is full
 }
 
 std::vector<uint8_t> StateTier::CopyOut(int32_t slot, int64_t record_bytes, KvBlockIo& io) {
@@ -110,6 +127,7 @@ void StateTier::Demote(const prompt_cache::BlockIdentity& kv, int32_t slot, KvBl
 
 int64_t StateTier::Clear(std::optional<uint64_t> ns) {
   int64_t removed = 0;
+  if (prefetcher_ != nullptr) prefetcher_->DropQueued();
   if (ram_ != nullptr) removed += ram_->Clear(ns);
   if (disk_ != nullptr) removed += disk_->Clear(ns);
   return removed;
@@ -142,6 +160,14 @@ void StateTier::AddStats(PromptCacheStats* s) const {
     m.evictions += r.evictions;
     m.corrupt_dropped += r.corrupt_dropped;
     m.insert_drops += r.insert_drops;
+  }
+  if (prefetcher_ != nullptr) {
+    const prompt_cache::PrefetcherStats f = prefetcher_->Stats();
+    PromptCacheRamStats& m = s->ram;
+    m.state_prefetched = f.fetched;
+    m.prefetch_failed += f.failed;
+    m.prefetch_dropped += f.dropped_jobs;
+    m.spills += f.spills;
   }
 }
 

@@ -17,6 +17,9 @@
 // misread, and a KV record can never be read as a state.
 // Bytes: the companion stores' caps are a share of the tier's own cap (StateShareBytes), so the
 // checkpoints count against --prompt-cache-ram-bytes and --prompt-cache-disk-bytes.
+// Prefetch (both tiers): a waiting request's checkpoint, the one its admission will resume
+// from, is moved from disk to RAM by this tier's own Prefetcher (a second worker thread, beside
+// the KV blocks' one), and Read waits for it rather than read the file a second time.
 // Threads: the engine thread, except Clear and AddStats (the stores are thread-safe).
 #pragma once
 
@@ -28,6 +31,7 @@
 
 #include "engine/engine_config.h"
 #include "prompt_cache/disk_store.h"
+#include "prompt_cache/prefetcher.h"
 #include "prompt_cache/ram_store.h"
 #include "util/status.h"
 
@@ -63,9 +67,13 @@ class StateTier {
   prompt_cache::BlockIdentity Of(prompt_cache::BlockIdentity kv) const;
   // Whether a tier holds the checkpoint at the end of the block with this chain key.
   bool Has(const prompt_cache::Key& key) const;
-  // The verified checkpoint at the end of block `kv` into *state (RAM, else disk); false when
-  // absent or refused (a refused record is removed and counted by its store).
+  // The verified checkpoint at the end of block `kv` into *state (RAM, after waiting for the
+  // prefetcher when it is reading it now; else disk); false when absent or refused (a refused
+  // record is removed and counted by its store).
   bool Read(const prompt_cache::BlockIdentity& kv, std::vector<uint8_t>* state);
+  // Both tiers: queues the checkpoint at the end of `block` (its KV block's identity) for the
+  // prefetcher when the disk holds it and RAM does not; else a no-op.
+  void Prefetch(prompt_cache::PrefetchBlock block);
   // Disk write-through: queues the state in `slot` as block kv's checkpoint (no-op without a disk
   // tier or when stored already).
   void WriteThrough(const prompt_cache::BlockIdentity& kv, int32_t slot, KvBlockIo& io);
@@ -91,6 +99,7 @@ class StateTier {
   const prompt_cache::Key fingerprint_;
   std::unique_ptr<prompt_cache::RamStore> ram_;
   std::unique_ptr<prompt_cache::DiskStore> disk_;
+  std::unique_ptr<prompt_cache::Prefetcher> prefetcher_;  // after the stores: stops first
   int64_t copy_failures_ = 0;  // engine thread
 };
 

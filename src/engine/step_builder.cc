@@ -113,9 +113,10 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
 }
 
 // A sequence admitted with a cached prefix restores the checkpoint at its end (a pool slot's, or
-// the bytes a prompt-cache tier read: Sequence::tier_state); a chunk that ends
-// at a checkpoint point saves the state it leaves (when no checkpoint slot can be had, every one
-// pending, it saves nothing: a later prompt hits a shorter prefix).
+// the bytes a prompt-cache tier read: Sequence::tier_state, which are also seeded into a
+// checkpoint slot for the block they were read for); a chunk that ends at a checkpoint point
+// saves the state it leaves (when no checkpoint slot can be had, every one pending, it saves
+// nothing: a later prompt hits a shorter prefix).
 void StepBuilder::AddStateCopies(StepBatch& step) {
   if (checkpoints_ == nullptr) return;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
@@ -125,6 +126,9 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
     if (!seq->tier_state.empty()) {
       step.state_uploads.push_back({seq->state_slot, std::move(seq->tier_state)});
       seq->tier_state.clear();
+      if (const int32_t slot = checkpoints_->Reserve(); slot >= 0)
+        step.state_saves.push_back(
+            {i, seq->num_computed_tokens, {seq->state_slot, slot}, false, /*before_forward=*/true});
     }
     if (seq->restore_state_from >= 0) {
       step.state_restores.push_back({seq->restore_state_from, seq->state_slot});

@@ -109,11 +109,16 @@ struct StepBatch {
     std::vector<uint8_t> state;
   };
   std::vector<StateUpload> state_uploads;
+  // A seed (before_forward) is copied before the forward, right after its sequence's state
+  // upload: the state a tier restored becomes the pool's checkpoint at the resume point too
+  // (`end`: the sequence's computed tokens before the step), so the same prefix hits in the pool
+  // next time.
   struct StateSave {
     size_t scheduled_index = 0;
     int32_t end = 0;  // the sequence's computed tokens after the step (a block boundary)
     StateCopy copy;
     bool resolved = false;  // committed or released
+    bool before_forward = false;
   };
   std::vector<StateSave> state_saves;
 

@@ -207,9 +207,18 @@ int32_t KvCacheManager::DropCached(std::optional<uint64_t> ns) {
 
 std::optional<BlockRef> KvCacheManager::ChainEnd(SeqId seq, int32_t num_blocks) const {
   auto it = seqs_.find(seq);
-  if (it == seqs_.end() || num_blocks <= 0 || it->second.num_registered != num_blocks)
+  if (it == seqs_.end() || num_blocks <= 0 || it->second.num_registered < num_blocks)
     return std::nullopt;
-  return it->second.last_ref;
+  auto linked = [this](BlockRef ref) {
+    return ref.block_id >= 0 && cache_.is_cached(ref.block_id) && cache_.Ref(ref.block_id) == ref;
+  };
+  BlockRef ref = it->second.last_ref;
+  for (int32_t n = it->second.num_registered; n > num_blocks; --n) {
+    if (!linked(ref)) return std::nullopt;
+    ref = cache_.Parent(ref.block_id);
+  }
+  if (num_blocks < it->second.num_registered && !linked(ref)) return std::nullopt;
+  return ref;
 }
 
 const std::vector<int32_t>& KvCacheManager::BlockTable(SeqId seq) const {

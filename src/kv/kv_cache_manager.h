@@ -89,8 +89,10 @@ class KvCacheManager {
   int32_t DropCached(std::optional<uint64_t> ns);
   // Where a hit may end (null: at any matched block). It must outlive its registration.
   void set_prefix_end_filter(const PrefixEndFilter* filter) { filter_ = filter; }
-  // The cached block holding seq's block num_blocks - 1 when seq's registered (or matched) chain
-  // is exactly num_blocks long, else nullopt (unknown seq, num_blocks 0, or another length).
+  // The cached block holding seq's block num_blocks - 1 of its registered (or matched) chain:
+  // its last block, or one before it found through the chain's parents. nullopt for an unknown
+  // seq, num_blocks 0, a chain shorter than num_blocks, or a chain block no longer cached under
+  // the epoch it was linked with.
   std::optional<BlockRef> ChainEnd(SeqId seq, int32_t num_blocks) const;
   // The observer of evictions (null: none). It must outlive its registration.
   void set_eviction_observer(EvictionObserver* observer) { observer_ = observer; }

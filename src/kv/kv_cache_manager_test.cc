@@ -305,6 +305,35 @@ TEST(KvCacheManagerTest, DuplicateComputationKeepsOneEntryAndChainsThroughIt) {
   EXPECT_EQ(kv.CheckInvariants(), "");
 }
 
+// ChainEnd names the cached block of any block of a sequence's registered chain (through another
+// sequence's duplicates), not only its last; none past the chain or once a chain block is gone.
+TEST(KvCacheManagerTest, ChainEndNamesEveryBlockOfTheRegisteredChain) {
+  KvCacheManager kv(Config(10));
+  const V p = Iota(13);  // three full blocks
+  EXPECT_EQ(kv.AcquireCachedPrefix(1, p, 0), 0);
+  EXPECT_EQ(kv.AcquireCachedPrefix(2, p, 0), 0);
+  ASSERT_TRUE(kv.Allocate(1, 13));
+  ASSERT_TRUE(kv.Allocate(2, 13));
+  kv.CommitComputed(1, p, 13, 0);
+  kv.CommitComputed(2, p, 13, 0);  // duplicates: seq 2's chain runs through seq 1's blocks
+  const V t1 = kv.BlockTable(1);
+  for (int32_t n = 1; n <= 3; ++n) {
+    for (SeqId seq : {1, 2}) {
+      const std::optional<BlockRef> ref = kv.ChainEnd(seq, n);
+      ASSERT_TRUE(ref.has_value()) << seq << " " << n;
+      EXPECT_EQ(ref->block_id, t1[static_cast<size_t>(n - 1)]) << seq << " " << n;
+      EXPECT_EQ(*ref, kv.prefix_cache().Ref(ref->block_id));
+    }
+  }
+  EXPECT_FALSE(kv.ChainEnd(1, 4).has_value());
+  EXPECT_FALSE(kv.ChainEnd(1, 0).has_value());
+  // Seq 1's blocks evicted: seq 2's chain ran through them, so its earlier blocks are unknown.
+  kv.Free(1);
+  ASSERT_TRUE(kv.Allocate(3, kv.NumFreeBlocks() * 4));
+  EXPECT_FALSE(kv.ChainEnd(2, 1).has_value());
+  EXPECT_EQ(kv.CheckInvariants(), "");
+}
+
 // When the block a chain ran through (another sequence's duplicate) is evicted, the next commit
 // re-registers this sequence's own blocks so its whole prefix stays reachable.
 TEST(KvCacheManagerTest, EvictedDuplicateIsReplacedByOwnBlocks) {

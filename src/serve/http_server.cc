@@ -233,7 +233,8 @@ void AddRamTierStats(const PromptCacheRamStats& s, PromptCacheRamStats* total) {
                             {&total->bytes_written, s.bytes_written},
                             {&total->state_records, s.state_records},
                             {&total->state_bytes, s.state_bytes},
-                            {&total->state_hits, s.state_hits}})
+                            {&total->state_hits, s.state_hits},
+                            {&total->state_prefetched, s.state_prefetched}})
     *sum += value;
   total->read_bytes_per_s = std::max(total->read_bytes_per_s, s.read_bytes_per_s);
 }

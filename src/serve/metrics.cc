@@ -101,6 +101,10 @@ void AppendPromptCache(const PromptCacheStats& p, std::string* out) {
     Tier("counter", "ember_prompt_cache_state_checkpoint_hits_total",
          "Recurrent-state checkpoints read from the tier and verified.",
          of(d(r.state_hits), d(p.state_hits)), out);
+    if (r.enabled)
+      Tier("counter", "ember_prompt_cache_state_checkpoints_prefetched_total",
+           "Recurrent-state checkpoints of waiting requests moved from the disk tier into the tier.",
+           {{"ram", d(r.state_prefetched)}}, out);
     *out += "# HELP ember_prompt_cache_state_restores_total Sequences resumed from a lower "
             "tier's state checkpoint.\n# TYPE ember_prompt_cache_state_restores_total counter\n"
             "ember_prompt_cache_state_restores_total " +
@@ -150,6 +154,7 @@ nlohmann::json PromptCacheJson(const EngineStats& e) {
       tiers["ram"]["state_checkpoints"] = r.state_records;
       tiers["ram"]["state_bytes"] = r.state_bytes;
       tiers["ram"]["state_hits"] = r.state_hits;
+      tiers["ram"]["state_prefetched"] = r.state_prefetched;
     }
   }
   if (p.enabled) {

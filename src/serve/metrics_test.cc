@@ -127,6 +127,7 @@ TEST(MetricsTest, PromptCacheStateCheckpoints) {
   p.state_misses = 1;
   p.ram.state_records = 1;
   p.ram.state_bytes = 17092;
+  p.ram.state_prefetched = 4;
   const std::string text = m.Prometheus(e);
   EXPECT_NE(text.find("ember_prompt_cache_state_checkpoints{tier=\"disk\"} 3\n"),
             std::string::npos) << text;
@@ -134,12 +135,15 @@ TEST(MetricsTest, PromptCacheStateCheckpoints) {
             std::string::npos);
   EXPECT_NE(text.find("ember_prompt_cache_state_checkpoint_hits_total{tier=\"disk\"} 2\n"),
             std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoints_prefetched_total{tier=\"ram\"} 4\n"),
+            std::string::npos);
   EXPECT_NE(text.find("ember_prompt_cache_state_restores_total 2\n"), std::string::npos);
   EXPECT_NE(text.find("ember_prompt_cache_state_misses_total 1\n"), std::string::npos);
   const nlohmann::json j = m.Json(e)["prompt_cache"];
   EXPECT_EQ(j["tiers"]["disk"]["state_checkpoints"], 3);
   EXPECT_EQ(j["tiers"]["disk"]["state_bytes"], 51276);
   EXPECT_EQ(j["tiers"]["ram"]["state_bytes"], 17092);
+  EXPECT_EQ(j["tiers"]["ram"]["state_prefetched"], 4);
   EXPECT_EQ(j["reuse"]["state_restores"], 2);
   EXPECT_EQ(j["reuse"]["state_misses"], 1);
 }
