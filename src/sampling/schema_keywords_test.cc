@@ -138,6 +138,49 @@ TEST(SchemaKeywordsTest, IntegerMultiplesAreExact) {
   }
 }
 
+// A fractional multipleOf p / 10^k: the values n / 10^k with p | n, within the bounds (scaled by
+// 10^k, so exact), in every spelling without exponent; integers: the integer multiples.
+TEST(SchemaKeywordsTest, FractionalMultiplesAreExact) {
+  struct Case {
+    const char* schema;
+    int64_t p;  // multiples of p / 100 ...
+    int64_t lo, hi;  // ... in [lo, hi] / 100
+  };
+  for (const Case& c : {
+           Case{R"({"type": "number", "multipleOf": 0.01, "minimum": 0.07, "maximum": 19.99})", 1, 7, 1999},
+           Case{R"({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -3, "exclusiveMaximum": 2.5})", 25, -299, 249},
+           Case{R"({"type": "number", "multipleOf": 2.5, "minimum": -20.01})", 250, -2001, 100000},
+           Case{R"({"type": "number", "multipleOf": 0.5, "maximum": -0.5})", 50, -100000, -50},
+           Case{R"({"type": "number", "multipleOf": 0.07, "minimum": -1.4, "maximum": 1.4})", 7, -140, 140}}) {
+    SCOPED_TRACE(c.schema);
+    auto s = Compile(std::string(R"({"type": "object", "properties": {"n": )") + c.schema + "}}");
+    ASSERT_NE(s, nullptr);
+    for (int64_t n = -3000; n <= 3000; ++n) {
+      const bool valid = n % c.p == 0 && n >= c.lo && n <= c.hi;
+      const int64_t m = n < 0 ? -n : n;
+      const std::string frac = std::to_string(100 + m % 100).substr(1);
+      std::string text = "{\"n\": ";
+      text.append(n < 0 ? "-" : "").append(std::to_string(m / 100)).append(".").append(frac);
+      ASSERT_EQ(Accepts(*s, text + "}"), valid) << text;
+      ASSERT_EQ(Accepts(*s, text + "00}"), valid) << text << "00";
+      if (n % 100 == 0 && n != 0) {
+        ASSERT_EQ(Accepts(*s, "{\"n\": " + std::to_string(n / 100) + "}"), valid) << n / 100;
+      }
+    }
+    EXPECT_FALSE(Accepts(*s, R"({"n": 1e0})"));
+    EXPECT_FALSE(Accepts(*s, R"({"n": -0.00})"));
+  }
+  // On integers: the integer multiples (2.5: multiples of 5).
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2.5, "minimum": -10.5}}})",
+                  {R"({"n": 0})", R"({"n": -10})", R"({"n": 15})"},
+                  {R"({"n": 2.5})", R"({"n": 7})", R"({"n": -15})", R"({"n": 5.0})"});
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 0.5}}})",
+                  {R"({"n": 0})", R"({"n": 7})", R"({"n": -3})"}, {R"({"n": 0.5})"});
+  // An integer written as a decimal (10.0) is an integer multipleOf.
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 10.0}}})",
+                  {R"({"n": 30})", R"({"n": -10})"}, {R"({"n": 5})", R"({"n": 30.5})"});
+}
+
 TEST(SchemaKeywordsTest, NumberBoundsAreSound) {
   ExpectDocuments(
       R"({"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 2}}})",
@@ -189,8 +232,15 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
        "schema.properties.s.pattern: lookaround"},
       {R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "(a|b)*a(a|b){20}"}}})",
        "schema.properties.s.pattern: the pattern needs more than"},
-      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.01}}})",
-       "schema.properties.n.multipleOf: only integers from 1 to 1000 are supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.3333333333333333}}})",
+       "schema.properties.n.multipleOf: supported: integers from 1 to 1000 and decimals p / 10^k "
+       "with p <= 1000 and k <= 16 (0.01, 2.5; a value such as 1/3 has no exact decimal)"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.0000000000000997}}})",
+       "schema.properties.n.multipleOf: the multiples of 997 / 10^16 need more than 10000"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0}}})",
+       "schema.properties.n.multipleOf: must be a positive number"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.25, "minimum": 0.3, "maximum": 0.45}}})",
+       "schema.properties.n.multipleOf: no string matches"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}}})",
        "schema.properties.n.multipleOf: no string matches"},
       {R"({"type": "object", "properties": {"n": {"uniqueItems": true}}})",
