@@ -181,6 +181,65 @@ TEST(SchemaKeywordsTest, FractionalMultiplesAreExact) {
                   {R"({"n": 30})", R"({"n": -10})"}, {R"({"n": 5})", R"({"n": 30.5})"});
 }
 
+// contains / minContains / maxContains: items split into those that match and the others; the
+// count of matching items stays within the bounds (minContains 1 by default).
+TEST(SchemaKeywordsTest, ContainsCountsTheMatchingItems) {
+  const auto wrap = [](const std::string& v) {
+    return R"({"type": "object", "properties": {"v": )" + v + R"(}, "required": ["v"]})";
+  };
+  const auto docs = [](std::vector<std::string> values) {
+    for (std::string& v : values) v = R"({"v": )" + v + "}";
+    return values;
+  };
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "string"}, "contains": {"const": "a"},
+                      "minContains": 2, "maxContains": 3})"),
+                  docs({R"(["a", "a"])", R"(["a", "b", "a"])", R"(["a", "a", "a", "x"])",
+                        R"(["ab", "a", "a"])"}),
+                  docs({"[]", R"(["a"])", R"(["a", "b"])", R"(["a", "a", "a", "a"])", R"(["ab", "a"])",
+                        R"(["a", 1, "a"])"}));
+  // With maxItems: an item that does not match must leave room for the matches still needed.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"enum": [1, 2, 3, 4]}, "contains": {"enum": [1, 2]},
+                      "minContains": 2, "maxItems": 3})"),
+                  docs({"[1, 2]", "[3, 1, 2]", "[1, 1, 4]", "[2, 2, 2]"}),
+                  docs({"[1, 3, 4]", "[1]", "[3, 4, 1, 2]", "[3, 4]", "[1, 5, 2]"}));
+  // Objects told apart by a discriminator; the default minContains 1.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "object", "properties": {"kind": {"enum": ["x", "y"]},
+                      "n": {"type": "integer"}}, "required": ["kind"]}, "contains": {"properties": {"kind": {"const": "x"}},
+                      "required": ["kind"]}, "maxContains": 1})"),
+                  docs({R"([{"kind": "x", "n": 1}, {"kind": "y"}])", R"([{"kind": "y"}, {"kind": "x"}])"}),
+                  docs({"[]", R"([{"kind": "y"}])", R"([{"kind": "x"}, {"kind": "x"}])"}));
+  // Without items: anything else is an item that does not match.
+  ExpectDocuments(wrap(R"({"contains": {"type": "string"}})"),
+                  docs({R"(["a"])", R"([1, "b", null])", R"([{}, [], "c"])"}), docs({"[]", "[1, 2]", "[[\"a\"]]"}));
+  // maxContains 0 (and minContains 0): no item matches.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "string"}, "contains": {"const": "a"},
+                      "minContains": 0, "maxContains": 0})"),
+                  docs({"[]", R"(["b", "c"])"}), docs({R"(["a"])", R"(["b", "a"])"}));
+  // contains true counts every item; false none.
+  ExpectDocuments(wrap(R"({"type": "array", "contains": true, "minContains": 2, "maxContains": 3})"),
+                  docs({"[1, 2]", "[1, 2, 3]"}), docs({"[1]", "[1, 2, 3, 4]"}));
+  ExpectDocuments(wrap(R"({"type": "array", "contains": false, "minContains": 0})"), docs({"[]", "[1]"}), {});
+}
+
+// dependentSchemas whose schemas add required names and property schemas: a present trigger
+// brings them.
+TEST(SchemaKeywordsTest, DependentSchemasOnListedProperties) {
+  ExpectDocuments(
+      R"({"type": "object", "properties": {"card": {"type": "string"}, "billing": {"type": "string"},
+      "zip": {"type": "string"}}, "dependentSchemas": {"card": {"type": "object", "properties":
+      {"zip": {"pattern": "^[0-9]{5}$"}, "other": {"type": "integer"}}, "required": ["billing"]}}})",
+      {"{}", R"({"billing": "b"})", R"({"card": "c", "billing": "b"})",
+       R"({"card": "c", "billing": "b", "zip": "12345"})", R"({"zip": "abc"})"},
+      {R"({"card": "c"})", R"({"card": "c", "billing": "b", "zip": "abc"})"});
+  // A required trigger; a trigger whose schema is false is never written; two entries.
+  ExpectDocuments(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+      "c": {"type": "integer"}, "d": {"type": "integer"}}, "required": ["a"],
+      "dependentSchemas": {"a": {"required": ["b"]}, "c": false, "d": {"properties": {"b": {"maximum": 5}}}}})",
+      {R"({"a": 1, "b": 2})", R"({"a": 1, "b": 9})", R"({"a": 1, "b": 5, "d": 0})"},
+      {R"({"a": 1})", R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 6, "d": 0})"});
+}
+
 TEST(SchemaKeywordsTest, NumberBoundsAreSound) {
   ExpectDocuments(
       R"({"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 2}}})",
@@ -281,6 +340,27 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
           {"k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties":
           {"k": {"enum": ["b", "a"]}}, "required": ["k"]}]}}})",
        "schema.properties.n.oneOf: branches [0] and [1] may both match"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "prefixItems": [{"type": "string"}],
+          "contains": {"const": "a"}}}})",
+       "schema.properties.n.contains: is not supported beside prefixItems"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer"},
+          "contains": {"const": 3}}}})",
+       "schema.properties.n.contains: the items that do not match it are its `not` within items, "
+       "which has no exact form here (schema.properties.n.contains.not: not of const/enum is "
+       "supported beside enum/const and on a string"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "contains": {"type": "string"},
+          "minContains": 3, "maxItems": 2}}})",
+       "schema.properties.n.minContains: exceeds maxContains or maxItems: no array fits"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "contains": {"type": "string"},
+          "minContains": 40000}}})",
+       "schema.properties.n.minContains: at most 32767 is supported"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"minProperties": 2}}})",
+       "schema.dependentSchemas.a.minProperties: dependentSchemas supports schemas of required and "
+       "properties (beside type object) only"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["a"], "dependentSchemas": {"a": {"required": ["z"]}}})",
+       "schema.dependentSchemas.a: the required property's dependent schema allows no object"},
+      {R"({"type": "object", "dependentSchemas": {"a": {"required": ["z"]}}})",
+       "schema.dependentSchemas: is supported only on an object schema with properties"},
       {R"({"type": "object", "properties": {"n": {"type": "object", "minProperties": 1}}})",
        "schema.properties.n.minProperties: is supported only on an object schema with properties"},
       {R"({"type": "object", "properties": {"n": {"additionalProperties": {"type": "string"},
