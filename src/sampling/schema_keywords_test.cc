@@ -221,6 +221,65 @@ TEST(SchemaKeywordsTest, ContainsCountsTheMatchingItems) {
   ExpectDocuments(wrap(R"({"type": "array", "contains": false, "minContains": 0})"), docs({"[]", "[1]"}), {});
 }
 
+// Every array of up to 5 items from {1, 2, 3} against contains enum [1, 2] with each combination
+// of bounds: accepted exactly when the counts hold; and random byte walks never strand.
+TEST(SchemaKeywordsTest, ContainsIsExactOnSmallArrays) {
+  std::mt19937 rng(46);
+  for (int min_contains : {0, 1, 2}) {
+    for (int max_contains : {0, 1, 2, 3, -1}) {
+      for (int max_items : {1, 2, 4, -1}) {
+        std::string schema = R"({"type": "object", "properties": {"v": {"type": "array", "items":
+            {"enum": [1, 2, 3]}, "contains": {"enum": [1, 2]}, "minContains": )" +
+                             std::to_string(min_contains);
+        if (max_contains >= 0) schema += ", \"maxContains\": " + std::to_string(max_contains);
+        if (max_items >= 0) schema += ", \"maxItems\": " + std::to_string(max_items);
+        schema += R"(}}, "required": ["v"]})";
+        SCOPED_TRACE(schema);
+        const int max_count = std::min(max_contains < 0 ? 99 : max_contains, max_items < 0 ? 99 : max_items);
+        auto compiled = CompileJsonSchema(json::parse(schema), "schema");
+        if (min_contains > max_count) {
+          EXPECT_FALSE(compiled.ok());
+          continue;
+        }
+        ASSERT_TRUE(compiled.ok()) << compiled.message();
+        for (int length = 0; length <= 5; ++length) {
+          int num_arrays = 1;
+          for (int i = 0; i < length; ++i) num_arrays *= 3;
+          for (int code = 0; code < num_arrays; ++code) {
+            std::string doc = R"({"v": [)";
+            int matches = 0;
+            for (int i = 0, rest = code; i < length; ++i, rest /= 3) {
+              matches += rest % 3 < 2;
+              if (i > 0) doc += ",";
+              doc += std::to_string(rest % 3 + 1);
+            }
+            doc += "]}";
+            const bool valid = matches >= min_contains && (max_contains < 0 || matches <= max_contains) &&
+                               (max_items < 0 || length <= max_items);
+            ASSERT_EQ(Accepts(**compiled, doc), valid) << doc;
+          }
+        }
+        for (int walk = 0; walk < 20; ++walk) {
+          JsonSchemaMachine m(compiled->get());
+          std::string text;
+          for (int step = 0; step < 200 && !(m.Done() && rng() % 4 == 0); ++step) {
+            std::vector<char> allowed;
+            for (char c : std::string("{}[],:\"v123")) {
+              JsonSchemaMachine next = m;
+              if (next.Step(static_cast<uint8_t>(c))) allowed.push_back(c);
+            }
+            if (allowed.empty()) break;
+            const char c = allowed[rng() % allowed.size()];
+            ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+            text += c;
+          }
+          ASSERT_TRUE(m.Done() || text.size() >= 200) << "stranded after " << text;
+        }
+      }
+    }
+  }
+}
+
 // dependentSchemas whose schemas add required names and property schemas: a present trigger
 // brings them.
 TEST(SchemaKeywordsTest, DependentSchemasOnListedProperties) {
