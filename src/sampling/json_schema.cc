@@ -73,7 +73,8 @@ constexpr uint8_t kNoValue = JsonSchemaMachine::kMaxFrames + 1;  // min_frames: 
 // oneOf proofs (schema_disjoint.h): branches per oneOf, automaton products per schema.
 constexpr size_t kMaxOneOfBranches = 64;
 constexpr int kMaxProofIntersections = 256;
-// Rewrites of not / if / object keywords per schema (each may copy its schema into branches).
+// Rewrites of not / if / object keywords / contains per schema (each may copy its schema into
+// branches).
 constexpr int kMaxRewrites = 256;
 // minContains / maxContains: the count of matching items a path keeps (Frame::value).
 constexpr uint64_t kMaxContains = 32767;
@@ -108,7 +109,7 @@ class Compiler {
   Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
     if (++rewrites_ > kMaxRewrites) {
       return Status::Error(path + ": more than " + std::to_string(kMaxRewrites) +
-                           " not/if/object-keyword rewrites in one schema");
+                           " not/if/object-keyword/contains rewrites in one schema");
     }
     EMBER_RETURN_IF_ERROR(Fill(id, s, path));
     facts_[static_cast<size_t>(id)].narrowed |= narrowed;
@@ -333,6 +334,10 @@ Status Compiler::Contains(JsonSchemaNode& node, const json& s, const std::string
   for (const auto& [key, v] : {std::pair{"minContains", min_contains}, {"maxContains", bounded ? max_contains : 0}}) {
     if (v > kMaxContains)
       return Unsupported(path + "." + key, "at most " + std::to_string(kMaxContains) + " is supported");
+  }
+  if (++rewrites_ > kMaxRewrites) {  // the items are compiled twice more: bounded like rewrites
+    return Unsupported(at, "more than " + std::to_string(kMaxRewrites) +
+                               " not/if/object-keyword/contains rewrites in one schema");
   }
   const json items = s.contains("items") ? s["items"] : json(true);
   const json not_it = json{{"not", *it}};
