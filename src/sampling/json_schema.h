@@ -10,8 +10,12 @@
 // object without `properties`), `items`, `prefixItems` (and the older `items` list with
 // `additionalItems`), `minItems`, `maxItems`, `minLength`, `maxLength` (code points; an escape is
 // one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
-// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
-// `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
+// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and
+// `multipleOf` (a digit automaton; exact for integers, and for numbers with a fractional
+// multipleOf p / 10^k — 0.01, 2.5 —, written without exponent: schema_decimal.h; otherwise number
+// bounds are rounded inward), `contains` / `minContains` / `maxContains` (the items a union of
+// those matching `contains` and the others, `not` of it, so where that `not` rewrites exactly;
+// the path counts the matching ones), `allOf` and
 // `nullable`, `not` and `if`/`then`/`else` in the forms schema_rewrite.h turns into positive
 // schemas, the object keywords of schema_object_rewrite.h, `anyOf` / `oneOf` / type lists
 // (branches that start alike are followed together: JsonSchemaMachine below; `oneOf` only where
@@ -20,7 +24,7 @@
 // do not constrain (`title`, `description`, `default`, `examples`, ..., and `uniqueItems:
 // false`), `uniqueItems: true` where the items are an inline enum/const of at most 64 values
 // (each written at most once). Anything else that would constrain the value (other forms of
-// `not`, overlapping `oneOf`, other `uniqueItems: true`, `contains`, an unknown format, ...) is an
+// `not`, overlapping `oneOf`, other `uniqueItems: true`, an unknown format, ...) is an
 // error naming the keyword and its path, never a silent no-op. The root must be an object schema
 // or a union of objects. Strings with a pattern
 // or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit

@@ -1,6 +1,7 @@
 // The JSON Schema keywords enforced through automata and rewrites: pattern (a search over the
 // decoded string, JSON escapes included), format, lengths with them, integer and number bounds,
-// allOf, $ref beside other keywords, prefixItems, nullable; what stays unsupported names its
+// fractional multipleOf, contains with its counts, dependentSchemas, allOf, $ref beside other
+// keywords, prefixItems, nullable; what stays unsupported names its
 // keyword and path; and random token walks on real vocabularies never strand.
 #include <gtest/gtest.h>
 
