@@ -453,8 +453,19 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
                           s.contains("minItems") || s.contains("maxItems") ||
                           s.contains("uniqueItems") || s.contains("contains");
-  // Without a type, object or array keywords say which.
+  // Without a type, object or array keywords say which; string and number keywords constrain
+  // only strings and numbers, so the schema is the type list of all six (each branch reads its
+  // own keywords) rather than any value.
   std::string type = object_keys ? "object" : array_keys ? "array" : "";
+  if (type.empty() && !s.contains("type")) {
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf", "pattern", "format", "minLength", "maxLength"}) {
+      if (!s.contains(key)) continue;
+      json typed = s;
+      typed["type"] = json::array({"object", "array", "string", "number", "boolean", "null"});
+      return Fill(id, typed, path);
+    }
+  }
   if (const auto it = s.find("type"); it != s.end()) {
     if (!it->is_string())
       return Unsupported(path + ".type", "must be a string or an array of strings");

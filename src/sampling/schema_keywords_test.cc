@@ -300,6 +300,16 @@ TEST(SchemaKeywordsTest, DependentSchemasOnListedProperties) {
       {R"({"a": 1})", R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 6, "d": 0})"});
 }
 
+// Without a type, number and string keywords constrain numbers and strings only: the other
+// types stay free, and those two are not.
+TEST(SchemaKeywordsTest, UntypedNumberAndStringKeywordsApplyToTheirTypes) {
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"multipleOf": 0.5, "minimum": 1},
+                      "s": {"maxLength": 2, "pattern": "^a"}}})",
+                  {R"({"n": 1.5})", R"({"n": "any"})", R"({"n": true})", R"({"n": [0.1]})",
+                   R"({"s": 5})", R"({"s": "ab"})", R"({"s": null})"},
+                  {R"({"n": 0.5})", R"({"n": 1.2})", R"({"s": "abc"})", R"({"s": "ba"})"});
+}
+
 TEST(SchemaKeywordsTest, NumberBoundsAreSound) {
   ExpectDocuments(
       R"({"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 2}}})",
