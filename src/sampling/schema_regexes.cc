@@ -139,8 +139,9 @@ std::string ScaledMagnitudes(ScaledInt lo, std::optional<ScaledInt> hi, int scal
   ScaledInt unit = 1;
   for (int i = 0; i < scale; ++i) unit *= 10;
   const ScaledInt largest = ScaledInt{999999999999999999} * unit + (unit - 1);  // 18 digits
-  if (!hi || *hi > largest) hi = largest;
-  if (*hi < lo) return "";
+  if (lo > largest || (hi && *hi < lo)) return "";
+  const bool unbounded = !hi || *hi >= largest;  // Magnitudes' short form for the digit limit
+  if (unbounded) hi = largest;
   const int tail = kJsonMaxFractionDigits - scale;
   const auto digits = [scale](ScaledInt fraction) {
     std::string out(static_cast<size_t>(scale), '0');
@@ -154,9 +155,9 @@ std::string ScaledMagnitudes(ScaledInt lo, std::optional<ScaledInt> hi, int scal
                     nines = Repeat('9', static_cast<size_t>(scale));
   if (lo_int == hi_int) return WithFraction(std::to_string(lo_int), lo_frac, hi_frac, tail);
   std::vector<std::string> parts = {WithFraction(std::to_string(lo_int), lo_frac, nines, tail)};
-  if (const std::string mid = Magnitudes(lo_int + 1, hi_int - 1); !mid.empty())
+  if (const std::string mid = Magnitudes(lo_int + 1, unbounded ? kUnbounded : hi_int - 1); !mid.empty())
     parts.push_back(WithFraction(mid, zeros, nines, tail));
-  parts.push_back(WithFraction(std::to_string(hi_int), zeros, hi_frac, tail));
+  if (!unbounded) parts.push_back(WithFraction(std::to_string(hi_int), zeros, hi_frac, tail));
   return "(?:" + JoinAlternatives(parts) + ")";
 }
 
