@@ -4,14 +4,12 @@
 #include <bitset>
 #include <cmath>
 #include <map>
-#include <numeric>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "sampling/json_number_limits.h"
 #include "sampling/regex_dfa.h"
-#include "sampling/schema_decimal.h"
+#include "sampling/schema_numbers.h"
 #include "sampling/schema_disjoint.h"
 #include "sampling/schema_object_rewrite.h"
 #include "sampling/schema_regexes.h"
@@ -119,7 +117,6 @@ class Compiler {
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
   Status StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path);
-  Status NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer, const std::string& path);
   int32_t AddDfa(std::shared_ptr<const RegexDfa> dfa) {
     dfas_.push_back(std::move(dfa));
     return static_cast<int32_t>(dfas_.size() - 1);
@@ -495,7 +492,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     EMBER_RETURN_IF_ERROR(StringAutomaton(node, s, path));
   } else if (type == "number" || type == "integer") {
     node.kind = type == "number" ? JsonSchemaNode::kNumber : JsonSchemaNode::kInteger;
-    EMBER_RETURN_IF_ERROR(NumberAutomaton(node, s, type == "integer", path));
+    EMBER_ASSIGN_OR_RETURN(auto dfa, NumberKeywordsDfa(s, type == "integer", path));
+    node.dfa = AddDfa(std::move(dfa));
   } else if (type == "boolean") {
     node.kind = JsonSchemaNode::kBoolean;
   } else if (type == "null") {
@@ -613,99 +611,6 @@ Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std:
                                                           : both));
   }
   node.dfa = AddDfa(std::move(whole));
-  return Status::Ok();
-}
-
-// multipleOf: as p / 10^scale (schema_decimal.h); scale <= 0 for an integer.
-Result<DecimalRatio> MultipleOf(const json& s, const std::string& path) {
-  const auto it = s.find("multipleOf");
-  if (it == s.end()) return DecimalRatio{1, 0};
-  std::optional<DecimalRatio> m;
-  if (it->is_number() && it->get<double>() > 0) m = DecimalRatioOf(*it);
-  if (!m) return Unsupported(path + ".multipleOf", "must be a positive number");
-  for (; m->scale < 0 && m->p <= RegexDfa::kMaxDivisor; ++m->scale) m->p *= 10;
-  if (m->p > RegexDfa::kMaxDivisor || m->scale > kJsonMaxFractionDigits || m->scale < 0) {
-    return Unsupported(path + ".multipleOf",
-                       "supported: integers from 1 to " + std::to_string(RegexDfa::kMaxDivisor) +
-                           " and decimals p / 10^k with p <= " +
-                           std::to_string(RegexDfa::kMaxDivisor) + " and k <= " +
-                           std::to_string(kJsonMaxFractionDigits) +
-                           " (0.01, 2.5; a value such as 1/3 has no exact decimal)");
-  }
-  return *m;
-}
-
-// minimum / maximum / exclusiveMinimum / exclusiveMaximum and multipleOf as an automaton over the
-// number's text (schema_regexes.h), and the digit limits for every number. Exact for integers
-// and for numbers with a fractional multipleOf p / 10^k (bounds scaled by 10^k: the values are
-// n / 10^k, written without exponent); otherwise number bounds are rounded inward to integers
-// (the documented approximation: decimals only where their whole unit interval fits) and an
-// integer multipleOf writes integers.
-Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer,
-                                 const std::string& path) {
-  constexpr double kLimit = 1e18;
-  EMBER_ASSIGN_OR_RETURN(DecimalRatio multiple, MultipleOf(s, path));
-  if (multiple.scale > 0 && integer) {  // integers n with n * 10^k divisible by p
-    int64_t ten_k = 1;
-    for (int i = 0; i < multiple.scale; ++i) ten_k *= 10;
-    multiple = DecimalRatio{multiple.p / std::gcd(multiple.p, ten_k), 0};
-  }
-  const bool decimal = multiple.scale > 0;
-  integer = integer || (s.contains("multipleOf") && !decimal);
-  std::optional<ScaledInt> lo, hi;  // in units of 10^-scale
-  bool any = false;
-  for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
-    const auto it = s.find(key);
-    if (it == s.end() || it->is_boolean()) continue;  // draft 4's boolean exclusive* below
-    if (!it->is_number()) return Unsupported(path + "." + key, "must be a number");
-    any = true;
-    const std::string_view name(key);
-    const bool lower = name == "minimum" || name == "exclusiveMinimum";
-    const std::string other = std::string("exclusive") + (lower ? "Minimum" : "Maximum");
-    const bool exclusive = name.starts_with("exclusive") ||
-                           (s.contains(other) && s[other].is_boolean() && s[other].get<bool>());
-    const double x = it->get<double>();
-    if (lower ? x < -kLimit : x > kLimit) continue;  // no bound within reach
-    if (std::fabs(x) > kLimit)
-      return Unsupported(path + "." + key, "bounds beyond ±10^18 are not supported");
-    const ScaledInt bound = ScaledBound(x, multiple.scale, lower, exclusive);
-    if (lower) lo = lo ? std::max(*lo, bound) : bound;
-    if (!lower) hi = hi ? std::min(*hi, bound) : bound;
-  }
-  const std::string where = !any ? path : path + "." + (lo ? "minimum" : "maximum");
-  if (!lo && !hi && !s.contains("multipleOf")) {  // the digit limits alone (schema_regexes.h)
-    const std::string regex = integer ? IntegerRangeRegex(lo, hi) : UnboundedNumberRegex();
-    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
-    node.dfa = AddDfa(std::move(dfa));
-    return Status::Ok();
-  }
-  if (lo && hi && *lo > *hi)
-    return Unsupported(where, "no " + std::string(integer ? "integer" : "value") +
-                                  " lies within the bounds" +
-                                  (integer || decimal ? "" : " (number bounds are rounded inward "
-                                                             "to integers)"));
-  std::string regex;
-  if (decimal) {
-    regex = ScaledDecimalRangeRegex(lo, hi, multiple.scale);
-  } else {
-    const auto narrow = [](const std::optional<ScaledInt>& v) {
-      return v ? std::optional<int64_t>(static_cast<int64_t>(*v)) : std::nullopt;
-    };
-    regex = integer ? IntegerRangeRegex(narrow(lo), narrow(hi)) : NumberRangeRegex(narrow(lo), narrow(hi));
-  }
-  if (regex.empty()) return Unsupported(where, "no value within the digit limits lies within the bounds");
-  EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
-  if (multiple.p > 1) {
-    const std::string at = path + ".multipleOf";
-    std::shared_ptr<const RegexDfa> multiples;
-    if (decimal) {
-      EMBER_ASSIGN_OR_RETURN(multiples, RegexDfa::DecimalMultiples(multiple.p, multiple.scale, at));
-    } else {
-      multiples = RegexDfa::Multiples(multiple.p);
-    }
-    EMBER_ASSIGN_OR_RETURN(dfa, RegexDfa::Intersect(*dfa, *multiples, at));
-  }
-  node.dfa = AddDfa(std::move(dfa));
   return Status::Ok();
 }
 

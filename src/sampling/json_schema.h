@@ -12,7 +12,7 @@
 // one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
 // (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and
 // `multipleOf` (a digit automaton; exact for integers, and for numbers with a fractional
-// multipleOf p / 10^k — 0.01, 2.5 —, written without exponent: schema_decimal.h; otherwise number
+// multipleOf p / 10^k — 0.01, 2.5 —, written without exponent: schema_numbers.h; otherwise number
 // bounds are rounded inward), `contains` / `minContains` / `maxContains` (the items a union of
 // those matching `contains` and the others, `not` of it, so where that `not` rewrites exactly;
 // the path counts the matching ones), `allOf` and
