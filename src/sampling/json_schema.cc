@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sampling/regex_dfa.h"
+#include "sampling/schema_numbers.h"
 #include "sampling/schema_disjoint.h"
 #include "sampling/schema_object_rewrite.h"
 #include "sampling/schema_regexes.h"
@@ -58,7 +59,7 @@ const std::set<std::string>& Understood() {
       "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
       "multipleOf", "uniqueItems", "not",           "if",               "then",
       "else",       "minProperties", "maxProperties", "dependentRequired", "propertyNames",
-      "patternProperties"};
+      "patternProperties", "dependentSchemas", "contains", "minContains", "maxContains"};
   return k;
 }
 
@@ -70,8 +71,11 @@ constexpr uint8_t kNoValue = JsonSchemaMachine::kMaxFrames + 1;  // min_frames: 
 // oneOf proofs (schema_disjoint.h): branches per oneOf, automaton products per schema.
 constexpr size_t kMaxOneOfBranches = 64;
 constexpr int kMaxProofIntersections = 256;
-// Rewrites of not / if / object keywords per schema (each may copy its schema into branches).
+// Rewrites of not / if / object keywords / contains per schema (each may copy its schema into
+// branches).
 constexpr int kMaxRewrites = 256;
+// minContains / maxContains: the count of matching items a path keeps (Frame::value).
+constexpr uint64_t kMaxContains = 32767;
 
 class Compiler {
  public:
@@ -81,6 +85,9 @@ class Compiler {
   Status FinishUnions();
   Status CheckOneOf() const;
   Status UniqueItems(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status Contains(JsonSchemaNode& node, const json& s, const std::string& path);
+  Status FinishContains();
+  std::vector<int32_t> Leaves(int32_t id) const;
   std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
   std::vector<std::shared_ptr<const RegexDfa>> TakeDfas() { return std::move(dfas_); }
@@ -101,7 +108,7 @@ class Compiler {
   Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
     if (++rewrites_ > kMaxRewrites) {
       return Status::Error(path + ": more than " + std::to_string(kMaxRewrites) +
-                           " not/if/object-keyword rewrites in one schema");
+                           " not/if/object-keyword/contains rewrites in one schema");
     }
     EMBER_RETURN_IF_ERROR(Fill(id, s, path));
     facts_[static_cast<size_t>(id)].narrowed |= narrowed;
@@ -111,7 +118,6 @@ class Compiler {
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
   Status StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path);
-  Status NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer, const std::string& path);
   int32_t AddDfa(std::shared_ptr<const RegexDfa> dfa) {
     dfas_.push_back(std::move(dfa));
     return static_cast<int32_t>(dfas_.size() - 1);
@@ -300,9 +306,74 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
     }
   }
   if (closed) node.max_items = std::min<int32_t>(node.max_items, static_cast<int32_t>(node.prefix_items.size()));
+  EMBER_RETURN_IF_ERROR(Contains(node, s, path));
   EMBER_RETURN_IF_ERROR(UniqueItems(node, s, path));
   if (node.min_items > node.max_items)
     return Unsupported(path + ".minItems", "exceeds maxItems (or the tuple's length): no array fits");
+  return Status::Ok();
+}
+
+// contains / minContains / maxContains: the items split into those that match `contains` and
+// those that do not — allOf of the items' schema with it, and with its `not` (schema_rewrite.h:
+// exact where `not` rewrites) —, the two a union; the machine counts the items written in the
+// first branch (JsonSchemaPath). Where the `not` has no exact form the 400 names `contains`.
+Status Compiler::Contains(JsonSchemaNode& node, const json& s, const std::string& path) {
+  const auto it = s.find("contains");
+  if (it == s.end()) return Status::Ok();  // minContains / maxContains alone do nothing
+  const std::string at = path + ".contains";
+  uint64_t bounds[2] = {1, UINT64_MAX};
+  for (int i = 0; i < 2; ++i) {
+    const char* key = i == 0 ? "minContains" : "maxContains";
+    if (const auto b = s.find(key); b != s.end()) {
+      if (!b->is_number_unsigned()) return Unsupported(path + "." + key, "must be a non-negative integer");
+      bounds[i] = b->get<uint64_t>();
+    }
+  }
+  const auto max_items = static_cast<uint64_t>(node.max_items);
+  const uint64_t min_contains = bounds[0], max_contains = std::min(bounds[1], max_items);
+  if (min_contains > max_contains)
+    return Unsupported(path + ".minContains", "exceeds maxContains or maxItems: no array fits");
+  if (it->is_boolean()) {  // true: every item matches; false: none
+    if (it->get<bool>()) {
+      node.min_items = std::max(node.min_items, static_cast<int32_t>(min_contains));
+      node.max_items = static_cast<int32_t>(max_contains);
+    } else if (min_contains > 0) {
+      return Unsupported(at, "false matches no item and minContains is above 0: no array fits");
+    }
+    return Status::Ok();
+  }
+  const bool bounded = max_contains < max_items;
+  if (min_contains == 0 && !bounded) return Status::Ok();  // any count
+  if (!node.prefix_items.empty())
+    return Unsupported(at, "is not supported beside prefixItems (or an items list)");
+  for (const auto& [key, v] : {std::pair{"minContains", min_contains}, {"maxContains", bounded ? max_contains : 0}}) {
+    if (v > kMaxContains)
+      return Unsupported(path + "." + key, "at most " + std::to_string(kMaxContains) + " is supported");
+  }
+  if (++rewrites_ > kMaxRewrites) {  // the items are compiled twice more: bounded like rewrites
+    return Unsupported(at, "more than " + std::to_string(kMaxRewrites) +
+                               " not/if/object-keyword/contains rewrites in one schema");
+  }
+  const json items = s.contains("items") ? s["items"] : json(true);
+  const json not_it = json{{"not", *it}};
+  const json match = items == json(true) ? *it : json{{"allOf", json::array({items, *it})}};
+  const json other = items == json(true) ? not_it : json{{"allOf", json::array({items, not_it})}};
+  EMBER_ASSIGN_OR_RETURN(const int32_t match_id, Node(match, at));
+  Result<int32_t> other_id = Node(other, at);
+  if (!other_id.ok()) {
+    return Unsupported(at, "the items that do not match it are its `not` within items, which "
+                           "has no exact form here (" + other_id.message() + ")");
+  }
+  const int32_t u = Allocate();
+  nodes_[static_cast<size_t>(u)].kind = JsonSchemaNode::kUnion;
+  branches_[static_cast<size_t>(u)] = {match_id, *other_id};
+  paths_[static_cast<size_t>(u)] = at;
+  node.items = u;
+  node.contains = match_id;
+  node.contains_other = *other_id;
+  node.min_contains = static_cast<int32_t>(min_contains);
+  node.min_items = std::max(node.min_items, node.min_contains);
+  node.max_contains = bounded ? static_cast<int32_t>(max_contains) : INT32_MAX;
   return Status::Ok();
 }
 
@@ -395,9 +466,20 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
                            s.contains("additionalProperties") || HasObjectRewriteKeyword(s);
   const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
                           s.contains("minItems") || s.contains("maxItems") ||
-                          s.contains("uniqueItems");
-  // Without a type, object or array keywords say which.
+                          s.contains("uniqueItems") || s.contains("contains");
+  // Without a type, object or array keywords say which; string and number keywords constrain
+  // only strings and numbers, so the schema is the type list of all six (each branch reads its
+  // own keywords) rather than any value.
   std::string type = object_keys ? "object" : array_keys ? "array" : "";
+  if (type.empty() && !s.contains("type")) {
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf", "pattern", "format", "minLength", "maxLength"}) {
+      if (!s.contains(key)) continue;
+      json typed = s;
+      typed["type"] = json::array({"object", "array", "string", "number", "boolean", "null"});
+      return Fill(id, typed, path);
+    }
+  }
   if (const auto it = s.find("type"); it != s.end()) {
     if (!it->is_string())
       return Unsupported(path + ".type", "must be a string or an array of strings");
@@ -427,7 +509,8 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     EMBER_RETURN_IF_ERROR(StringAutomaton(node, s, path));
   } else if (type == "number" || type == "integer") {
     node.kind = type == "number" ? JsonSchemaNode::kNumber : JsonSchemaNode::kInteger;
-    EMBER_RETURN_IF_ERROR(NumberAutomaton(node, s, type == "integer", path));
+    EMBER_ASSIGN_OR_RETURN(auto dfa, NumberKeywordsDfa(s, type == "integer", path));
+    node.dfa = AddDfa(std::move(dfa));
   } else if (type == "boolean") {
     node.kind = JsonSchemaNode::kBoolean;
   } else if (type == "null") {
@@ -548,67 +631,6 @@ Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std:
   return Status::Ok();
 }
 
-// minimum / maximum / exclusiveMinimum / exclusiveMaximum as an automaton over the number's text
-// (schema_regexes.h), and the digit limits for every number. Bounds are rounded inward to
-// integers: exact for integers; for numbers the documented approximation (decimals only where
-// their whole unit interval fits).
-Status Compiler::NumberAutomaton(JsonSchemaNode& node, const json& s, bool integer,
-                                 const std::string& path) {
-  constexpr double kLimit = 1e18;
-  std::optional<int64_t> lo, hi;
-  bool any = false;
-  for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
-    const auto it = s.find(key);
-    if (it == s.end() || it->is_boolean()) continue;  // draft 4's boolean exclusive* below
-    if (!it->is_number()) return Unsupported(path + "." + key, "must be a number");
-    any = true;
-    const std::string_view name(key);
-    const bool lower = name == "minimum" || name == "exclusiveMinimum";
-    const std::string other = std::string("exclusive") + (lower ? "Minimum" : "Maximum");
-    const bool exclusive = name.starts_with("exclusive") ||
-                           (s.contains(other) && s[other].is_boolean() && s[other].get<bool>());
-    const double x = it->get<double>();
-    if (lower ? x < -kLimit : x > kLimit) continue;  // no bound within reach
-    if (std::fabs(x) > kLimit)
-      return Unsupported(path + "." + key, "bounds beyond ±10^18 are not supported");
-    const auto bound = static_cast<int64_t>(lower ? (exclusive ? std::floor(x) + 1 : std::ceil(x))
-                                                  : (exclusive ? std::ceil(x) - 1 : std::floor(x)));
-    if (lower) lo = lo ? std::max(*lo, bound) : bound;
-    if (!lower) hi = hi ? std::min(*hi, bound) : bound;
-  }
-  const std::string where = !any ? path : path + "." + (lo ? "minimum" : "maximum");
-  std::shared_ptr<const RegexDfa> multiples;
-  if (const auto it = s.find("multipleOf"); it != s.end()) {
-    // An integer k: the multiples of k (integers, also for "number": a sound subset).
-    const double k = it->is_number() ? it->get<double>() : 0;
-    const bool whole = k >= 1 && k <= double(RegexDfa::kMaxDivisor) && std::trunc(k) == k;
-    if (!whole) {
-      return Unsupported(path + ".multipleOf", "only integers from 1 to " +
-                                                   std::to_string(RegexDfa::kMaxDivisor) +
-                                                   " are supported");
-    }
-    multiples = RegexDfa::Multiples(static_cast<int64_t>(k));
-    integer = true;
-  }
-  if (!lo && !hi && !multiples) {  // the digit limits alone (schema_regexes.h)
-    const std::string regex = integer ? IntegerRangeRegex(lo, hi) : UnboundedNumberRegex();
-    EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
-    node.dfa = AddDfa(std::move(dfa));
-    return Status::Ok();
-  }
-  if (lo && hi && *lo > *hi)
-    return Unsupported(where, "no " + std::string(integer ? "integer" : "value") +
-                                  " lies within the bounds (number bounds are rounded inward "
-                                  "to integers)");
-  const std::string regex = integer ? IntegerRangeRegex(lo, hi) : NumberRangeRegex(lo, hi);
-  EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(regex, RegexMatch::kWhole, where));
-  if (multiples) {
-    EMBER_ASSIGN_OR_RETURN(dfa, RegexDfa::Intersect(*dfa, *multiples, path + ".multipleOf"));
-  }
-  node.dfa = AddDfa(std::move(dfa));
-  return Status::Ok();
-}
-
 // The length of a JSON string in code points (what minLength / maxLength count).
 size_t CodePoints(const std::string& s) {
   size_t n = 0;
@@ -627,7 +649,7 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
                             "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
                             "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                             "multipleOf", "minProperties", "maxProperties", "dependentRequired",
-                            "propertyNames", "patternProperties"}) {
+                            "propertyNames", "patternProperties", "dependentSchemas", "contains"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }
@@ -711,6 +733,44 @@ std::vector<FirstBytes> Compiler::AllStarts() const {
   return starts;
 }
 
+// The non-union nodes a value of `id` may start as: itself, or a union's leaves in branch order
+// (depth first), each once.
+std::vector<int32_t> Compiler::Leaves(int32_t id) const {
+  std::vector<int32_t> leaves, stack = {id};
+  std::vector<uint8_t> seen(nodes_.size(), 0);
+  while (!stack.empty()) {
+    const auto u = static_cast<size_t>(stack.back());
+    stack.pop_back();
+    if (seen[u]) continue;
+    seen[u] = 1;
+    if (nodes_[u].kind != JsonSchemaNode::kUnion) {
+      leaves.push_back(static_cast<int32_t>(u));
+      continue;
+    }
+    const std::vector<int32_t>& branches = branches_[u];
+    for (auto it = branches.rbegin(); it != branches.rend(); ++it) stack.push_back(*it);
+  }
+  return leaves;
+}
+
+// Each contains array's leaves of the matching branch, which the machine tells apart from the
+// others' by the leaf it starts an item with: none may be in both.
+Status Compiler::FinishContains() {
+  for (JsonSchemaNode& node : nodes_) {
+    if (node.contains < 0) continue;
+    node.contains_leaves = Leaves(node.contains);
+    std::sort(node.contains_leaves.begin(), node.contains_leaves.end());
+    for (const int32_t leaf : Leaves(node.contains_other)) {
+      if (std::binary_search(node.contains_leaves.begin(), node.contains_leaves.end(), leaf)) {
+        return Unsupported(paths_[static_cast<size_t>(node.items)],
+                           "an item schema both matching and not matching it (a shared $ref) "
+                           "cannot be counted");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Per union and first byte, the non-union nodes reachable through its branches (nested unions
 // flattened; a cycle of unions adds nothing) whose values may start with that byte: one is the
 // branch, several are followed together by the machine (JsonSchemaMachine), at most kMaxPaths.
@@ -718,21 +778,7 @@ Status Compiler::FinishUnions() {
   const std::vector<FirstBytes> starts = AllStarts();
   for (size_t id = 0; id < nodes_.size(); ++id) {
     if (nodes_[id].kind != JsonSchemaNode::kUnion) continue;
-    // The union's leaves, in branch order (depth first), each once.
-    std::vector<int32_t> leaves, stack = {static_cast<int32_t>(id)};
-    std::vector<uint8_t> seen(nodes_.size(), 0);
-    while (!stack.empty()) {
-      const auto u = static_cast<size_t>(stack.back());
-      stack.pop_back();
-      if (seen[u]) continue;
-      seen[u] = 1;
-      if (nodes_[u].kind != JsonSchemaNode::kUnion) {
-        leaves.push_back(static_cast<int32_t>(u));
-        continue;
-      }
-      const std::vector<int32_t>& branches = branches_[u];
-      for (auto it = branches.rbegin(); it != branches.rend(); ++it) stack.push_back(*it);
-    }
+    const std::vector<int32_t> leaves = Leaves(static_cast<int32_t>(id));
     JsonSchemaNode& node = nodes_[id];
     node.branch_by_first_byte.fill(-1);
     node.shared_branches.clear();
@@ -808,6 +854,7 @@ std::vector<uint8_t> Compiler::MinFrames() const {
       for (int32_t i = 0; i < std::min(node.min_items, num_prefix); ++i)
         visit(node.prefix_items[static_cast<size_t>(i)]);
       if (node.min_items > num_prefix && node.items >= 0) visit(node.items);
+      if (node.min_contains > 0) visit(node.contains);
     } else if (node.kind == JsonSchemaNode::kUnion) {
       for (int32_t b : node.branch_by_first_byte)
         if (b >= 0) visit(b);
@@ -869,6 +916,7 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   EMBER_ASSIGN_OR_RETURN(int32_t root, compiler.Node(schema, path));
   EMBER_RETURN_IF_ERROR(compiler.CheckOneOf());
   EMBER_RETURN_IF_ERROR(compiler.FinishUnions());
+  EMBER_RETURN_IF_ERROR(compiler.FinishContains());
   auto out = std::make_shared<CompiledJsonSchema>();
   out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();

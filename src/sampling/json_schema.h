@@ -10,8 +10,12 @@
 // object without `properties`), `items`, `prefixItems` (and the older `items` list with
 // `additionalItems`), `minItems`, `maxItems`, `minLength`, `maxLength` (code points; an escape is
 // one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
-// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
-// `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
+// (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and
+// `multipleOf` (a digit automaton; exact for integers, and for numbers with a fractional
+// multipleOf p / 10^k — 0.01, 2.5 —, written without exponent: schema_numbers.h; otherwise number
+// bounds are rounded inward), `contains` / `minContains` / `maxContains` (the items a union of
+// those matching `contains` and the others, `not` of it, so where that `not` rewrites exactly;
+// the path counts the matching ones), `allOf` and
 // `nullable`, `not` and `if`/`then`/`else` in the forms schema_rewrite.h turns into positive
 // schemas, the object keywords of schema_object_rewrite.h, `anyOf` / `oneOf` / type lists
 // (branches that start alike are followed together: JsonSchemaMachine below; `oneOf` only where
@@ -20,7 +24,7 @@
 // do not constrain (`title`, `description`, `default`, `examples`, ..., and `uniqueItems:
 // false`), `uniqueItems: true` where the items are an inline enum/const of at most 64 values
 // (each written at most once). Anything else that would constrain the value (other forms of
-// `not`, overlapping `oneOf`, other `uniqueItems: true`, `contains`, an unknown format, ...) is an
+// `not`, overlapping `oneOf`, other `uniqueItems: true`, an unknown format, ...) is an
 // error naming the keyword and its path, never a silent no-op. The root must be an object schema
 // or a union of objects. Strings with a pattern
 // or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
@@ -86,6 +90,14 @@ struct JsonSchemaNode {
   bool unique_items = false;
   // kArray: prefixItems' nodes (item i < size follows prefix_items[i], later ones `items`).
   std::vector<int32_t> prefix_items;
+  // kArray with `contains` (no prefixItems): `items` is a union of two branches, `contains`
+  // (the items that match it) and `contains_other` (those that do not); from min_contains to
+  // max_contains items are written in the first (the path counts them). contains_leaves: the
+  // non-union nodes the `contains` branch starts with (a union's branches), sorted; none of them
+  // is one of contains_other's.
+  int32_t contains = -1, contains_other = -1;
+  int32_t min_contains = 0, max_contains = INT32_MAX;
+  std::vector<int32_t> contains_leaves;
   // kString: bounds on the number of characters (code points; an escape is one).
   int32_t min_length = 0, max_length = INT32_MAX;
   // kString, kInteger, kNumber: the value's automaton in CompiledJsonSchema::dfas (-1: none).
@@ -173,7 +185,9 @@ class JsonSchemaPath {
     Phase phase;
     uint8_t pad;
     uint16_t index;  // object: next property; array: items so far
-    uint16_t value;  // object: the node of the member being read (+1; 0: any)
+    // object: the node of the member being read (+1; 0: any); array with `contains`: the items
+    // so far that match it (saturated where more change nothing) * 2, + 1 while reading one.
+    uint16_t value;
   };
   // kLeafDfaString: a string value with an automaton (after its opening quote); kLeafDfaNumber:
   // a number with one.
@@ -182,6 +196,9 @@ class JsonSchemaPath {
 
   bool StartValue(int32_t node, uint8_t c);
   bool StartBranch(int32_t node, uint8_t c);  // a non-union node (or -1: any value)
+  // StartBranch of an item of a `contains` array (else true): whether the item, as `node`,
+  // matches (noted in the frame) and the counts allow it.
+  bool CountContains(int32_t node);
   // The innermost frame is a uniqueItems array reading an item (its literals are unique_used_'s).
   bool InUniqueItem() const;
   // Some literal of the unique array's items in [lo, hi) is not written yet.

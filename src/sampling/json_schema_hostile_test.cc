@@ -1,6 +1,6 @@
 // Hostile and unsatisfiable schemas: nesting 20,000 deep (in the JSON, in subschemas, through
 // $ref chains) is an error, not a stack overflow; objects/arrays nest at most kMaxFrames in a
-// schema; not/if/object-keyword rewrites (256) and oneOf proofs (64 branches, 256 automaton
+// schema; not/if/object-keyword/contains rewrites (256) and oneOf proofs (64 branches, 256 automaton
 // products) are bounded; every schema that allows no value is refused when compiled, naming keyword and path;
 // and a compiled schema's machine never strands: it starts a value only where it can finish.
 // Over the fixtures' real tokenizers, a fresh constraint always allows a token.
@@ -71,8 +71,17 @@ TEST(JsonSchemaHostile, RewritesAndOneOfProofsAreBounded) {
   }
   auto c = CompileText(nested);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.message().find(".properties.p: more than 256 not/if/object-keyword rewrites in one "
-                             "schema"),
+  EXPECT_NE(c.message().find(".properties.p: more than 256 not/if/object-keyword/contains "
+                             "rewrites in one schema"),
+            std::string::npos)
+      << c.message();
+  // contains compiles its items twice more (matching and not): 14 nested, 2^14 copies.
+  std::string arrays = R"({"type": ["null", "boolean"]})";
+  for (int i = 0; i < 14; ++i)
+    arrays = R"({"type": ["array", "null"], "items": )" + arrays + R"(, "contains": {"type": "null"}})";
+  c = CompileText(R"({"type": "object", "properties": {"a": )" + arrays + "}}");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("more than 256 not/if/object-keyword/contains rewrites in one schema"),
             std::string::npos)
       << c.message();
   // 65 oneOf branches; 64 pattern branches whose every pair needs an automaton product.

@@ -45,10 +45,30 @@ void JsonSchemaPath::ValueDone() {
   Frame& f = frames_[depth_ - 1];
   if (f.phase == kMemberValue) {
     f.phase = kAfterMember;
-  } else {
-    ++f.index;
-    f.phase = kAfterItem;
+    return;
   }
+  ++f.index;
+  f.phase = kAfterItem;
+  if (f.value & 1) {  // an item that matches `contains`: counted, up to the count that matters
+    const JsonSchemaNode& a = schema_->nodes[f.node];
+    const int cap = a.max_contains == INT32_MAX ? a.min_contains : a.max_contains;
+    f.value = static_cast<uint16_t>(std::min((f.value >> 1) + 1, cap) << 1);
+  }
+}
+
+bool JsonSchemaPath::CountContains(int32_t node_id) {
+  Frame& f = frames_[depth_ - 1];
+  if (f.phase != kArrayOpen && f.phase != kArrayItem) return true;
+  const JsonSchemaNode& a = schema_->nodes[f.node];
+  if (a.contains < 0) return true;
+  const bool match =
+      std::binary_search(a.contains_leaves.begin(), a.contains_leaves.end(), node_id);
+  const int count = f.value >> 1;
+  // Another item that does not match must leave room for the matches still needed.
+  const int need = std::max(0, a.min_contains - count);
+  if (match ? count >= a.max_contains : f.index + 1 + need > a.max_items) return false;
+  f.value = static_cast<uint16_t>((count << 1) | (match ? 1 : 0));
+  return true;
 }
 
 bool JsonSchemaPath::StartValue(int32_t node_id, uint8_t c) {
@@ -95,6 +115,7 @@ bool JsonSchemaPath::StartBranch(int32_t node_id, uint8_t c) {
     return scanner_.Step(first);
   };
   if (node_id < 0) return scan(c);
+  if (depth_ > 0 && !CountContains(node_id)) return false;
   const JsonSchemaNode& n = schema_->nodes[static_cast<size_t>(node_id)];
   const bool starts =
       JsonSchemaKindStarts(n.kind).find(static_cast<char>(c)) != std::string_view::npos;
@@ -274,7 +295,7 @@ bool JsonSchemaPath::StepStructure(uint8_t c) {
       return f.index < n.max_items &&
              StartValue(f.index < n.prefix_items.size() ? n.prefix_items[f.index] : n.items, c);
     case kAfterItem:
-      if (c == ']') return f.index >= n.min_items && close();
+      if (c == ']') return f.index >= n.min_items && (f.value >> 1) >= n.min_contains && close();
       if (c != ',' || f.index >= n.max_items) return false;
       if (n.unique_items) {  // another item needs a literal not written yet
         const auto num_literals = schema_->nodes[static_cast<size_t>(n.items)].literals.size();

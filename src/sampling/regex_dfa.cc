@@ -301,32 +301,70 @@ Result<std::shared_ptr<const RegexDfa>> RegexDfa::Intersect(const RegexDfa& a, c
 std::shared_ptr<const RegexDfa> RegexDfa::Multiples(int64_t k) {
   CHECK(k >= 1 && k <= kMaxDivisor);
   auto dfa = std::make_shared<RegexDfa>();
-  // Classes: each digit, '-', everything else.
-  enum : uint8_t { kMinus = 10, kOther = 11 };
-  dfa->byte_class_.fill(kOther);
-  for (int d = 0; d < 10; ++d)
-    dfa->byte_class_[static_cast<size_t>('0' + d)] = static_cast<uint8_t>(d);
-  dfa->byte_class_['-'] = kMinus;
-  dfa->num_classes_ = 12;
-  // States: 0 start, 1 after '-', 2 "0", 3 + r: a number with remainder r mod k.
-  const auto num_states = static_cast<size_t>(3 + k);
-  dfa->next_.assign(num_states * dfa->num_classes_, kDead);
-  dfa->accepting_.assign(num_states, 0);
-  auto at = [&](size_t state, size_t c) -> int32_t& {
-    return dfa->next_[state * dfa->num_classes_ + c];
-  };
-  auto remainder = [&](int64_t r) { return static_cast<int32_t>(3 + r % k); };
-  at(0, kMinus) = 1;
-  at(0, 0) = 2;
-  for (int d = 1; d < 10; ++d)
-    at(0, static_cast<size_t>(d)) = at(1, static_cast<size_t>(d)) = remainder(d);
-  for (int64_t r = 0; r < k; ++r)
-    for (int d = 0; d < 10; ++d)
-      at(static_cast<size_t>(3 + r), static_cast<size_t>(d)) = remainder(10 * r + d);
-  dfa->accepting_[2] = dfa->accepting_[3] = 1;
-  dfa->start_ = 0;
+  dfa->BuildMultiples(k, 0);
   CHECK(dfa->Trim("multipleOf").ok());  // every remainder can still reach 0
   return dfa;
+}
+
+Result<std::shared_ptr<const RegexDfa>> RegexDfa::DecimalMultiples(int64_t p, int scale,
+                                                                   const std::string& path) {
+  CHECK(p >= 1 && p <= kMaxDivisor && scale >= 1);
+  if (3 + p * (scale + 2) > kMaxStates) {
+    return Status::Error(path + ": the multiples of " + std::to_string(p) + " / 10^" +
+                         std::to_string(scale) + " need more than " + std::to_string(kMaxStates) +
+                         " automaton states");
+  }
+  auto dfa = std::make_shared<RegexDfa>();
+  dfa->BuildMultiples(p, scale);
+  EMBER_RETURN_IF_ERROR(dfa->Trim(path));
+  return std::shared_ptr<const RegexDfa>(std::move(dfa));
+}
+
+void RegexDfa::BuildMultiples(int64_t p, int scale) {
+  // Classes: each digit, '-', '.', everything else.
+  enum : uint8_t { kMinus = 10, kDot = 11, kOther = 12 };
+  byte_class_.fill(kOther);
+  for (int d = 0; d < 10; ++d) byte_class_[static_cast<size_t>('0' + d)] = static_cast<uint8_t>(d);
+  byte_class_['-'] = kMinus;
+  byte_class_['.'] = kDot;
+  num_classes_ = 13;
+  // States: 0 start, 1 after '-', 2 "0", 3 + r: an integer part with remainder r mod p; then
+  // per j in [0, scale] and r: j fraction digits read, remainder r (j = 0: just after the dot).
+  const auto num_states = static_cast<size_t>(3 + p * (scale > 0 ? scale + 2 : 1));
+  next_.assign(num_states * num_classes_, kDead);
+  accepting_.assign(num_states, 0);
+  auto at = [&](size_t state, size_t c) -> int32_t& { return next_[state * num_classes_ + c]; };
+  auto integer = [&](int64_t r) { return static_cast<int32_t>(3 + r % p); };
+  auto fraction = [&](int j, int64_t r) { return static_cast<int32_t>(3 + p + j * p + r % p); };
+  // r * 10^e mod p: a value whose remaining e fraction digits are zeros.
+  auto shifted = [&](int64_t r, int e) {
+    for (int i = 0; i < e; ++i) r = r * 10 % p;
+    return r;
+  };
+  at(0, kMinus) = 1;
+  at(0, 0) = 2;
+  if (scale > 0) at(1, 0) = 2;  // "-0.5"
+  for (int d = 1; d < 10; ++d) at(0, static_cast<size_t>(d)) = at(1, static_cast<size_t>(d)) = integer(d);
+  accepting_[2] = 1;
+  for (int64_t r = 0; r < p; ++r) {
+    const auto from = static_cast<size_t>(integer(r));
+    for (int d = 0; d < 10; ++d) at(from, static_cast<size_t>(d)) = integer(10 * r + d);
+    accepting_[from] = shifted(r, scale) == 0;
+  }
+  if (scale == 0) return;
+  at(2, kDot) = fraction(0, 0);
+  for (int64_t r = 0; r < p; ++r) at(static_cast<size_t>(integer(r)), kDot) = fraction(0, r);
+  for (int j = 0; j <= scale; ++j) {
+    for (int64_t r = 0; r < p; ++r) {
+      const auto from = static_cast<size_t>(fraction(j, r));
+      if (j > 0) accepting_[from] = shifted(r, scale - j) == 0;
+      if (j < scale) {
+        for (int d = 0; d < 10; ++d) at(from, static_cast<size_t>(d)) = fraction(j + 1, 10 * r + d);
+      } else if (r == 0) {
+        at(from, 0) = static_cast<int32_t>(from);  // trailing zeros
+      }
+    }
+  }
 }
 
 Status RegexDfa::Trim(const std::string& path) {

@@ -56,6 +56,14 @@ class RegexDfa {
   // the remainder so far is the state (JSON Schema's integer multipleOf).
   static constexpr int64_t kMaxDivisor = 1000;
   static std::shared_ptr<const RegexDfa> Multiples(int64_t k);
+  // JSON numbers without exponent that are multiples of p / 10^scale (p in 1..kMaxDivisor,
+  // scale >= 1; JSON Schema's fractional multipleOf, e.g. 0.25 = 25 / 10^2): the text's value
+  // times 10^scale is an integer n divisible by p. The state is n's remainder mod p so far and
+  // the number of fraction digits read; past `scale` fraction digits only zeros follow (1.50).
+  // Leading zeros and "-0" are left to the range regex it is intersected with; no digit limit.
+  // An error naming `path` when it would need more than kMaxStates states.
+  static Result<std::shared_ptr<const RegexDfa>> DecimalMultiples(int64_t p, int scale,
+                                                                  const std::string& path);
   // The texts both match (product construction, the same bounds).
   static Result<std::shared_ptr<const RegexDfa>> Intersect(const RegexDfa& a, const RegexDfa& b,
                                                            const std::string& path);
@@ -63,6 +71,8 @@ class RegexDfa {
  private:
   // Drops transitions into dead states, fills has_next_; an error when the start is dead.
   Status Trim(const std::string& path);
+  // The states and transitions of DecimalMultiples (scale 0: Multiples' integers), untrimmed.
+  void BuildMultiples(int64_t p, int scale);
 
   std::array<uint8_t, 256> byte_class_{};
   size_t num_classes_ = 1;

@@ -180,6 +180,83 @@ TEST(RegexDfaTest, MultiplesAreExact) {
   }
 }
 
+// n / 10^scale spelled with exactly `digits` fraction digits (fewer than scale only where the
+// dropped ones are zeros; more: trailing zeros); 0 digits: no dot.
+std::string Spelled(int64_t n, int scale, int digits) {
+  int64_t unit = 1;
+  for (int i = 0; i < scale; ++i) unit *= 10;
+  const int64_t m = n < 0 ? -n : n;
+  std::string frac = std::to_string(unit + m % unit).substr(1);  // scale digits
+  frac.resize(static_cast<size_t>(digits), '0');
+  std::string out = n < 0 ? "-" : "";
+  out.append(std::to_string(m / unit));
+  if (digits > 0) out.append(".").append(frac);
+  return out;
+}
+
+// The fewest fraction digits that spell n / 10^scale exactly.
+int FewestDigits(int64_t n, int scale) {
+  int digits = scale;
+  for (int64_t m = n < 0 ? -n : n; digits > 0 && m % 10 == 0; m /= 10) --digits;
+  return digits;
+}
+
+TEST(RegexDfaTest, DecimalMultiplesAreExact) {
+  for (const auto& [p, scale] : std::vector<std::pair<int64_t, int>>{
+           {1, 1}, {5, 1}, {25, 1}, {3, 2}, {25, 2}, {7, 3}, {1000, 2}}) {
+    SCOPED_TRACE(std::to_string(p) + " / 10^" + std::to_string(scale));
+    auto dfa = RegexDfa::DecimalMultiples(p, scale, "m");
+    ASSERT_TRUE(dfa.ok()) << dfa.message();
+    for (int64_t n = -3000; n <= 3000; ++n) {
+      const bool multiple = n % p == 0;
+      for (int digits = FewestDigits(n, scale); digits <= scale + 2; ++digits)
+        ASSERT_EQ((*dfa)->Matches(Spelled(n, scale, digits)), multiple) << Spelled(n, scale, digits);
+      // A nonzero digit past the scale: not a multiple of 10^-scale.
+      ASSERT_FALSE((*dfa)->Matches(Spelled(n, scale, scale) + "1")) << n;
+    }
+    EXPECT_FALSE((*dfa)->Matches("1."));
+    EXPECT_FALSE((*dfa)->Matches(".5"));
+    EXPECT_FALSE((*dfa)->Matches("1e1"));
+  }
+  auto big = RegexDfa::DecimalMultiples(997, 16, "schema.multipleOf");
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.message(), "schema.multipleOf: the multiples of 997 / 10^16 need more than 10000 "
+                           "automaton states");
+}
+
+// Scaled decimal ranges are exact: every n / 10^scale in a window, in each spelling, matches iff
+// n lies within the bounds.
+TEST(SchemaRegexesTest, ScaledDecimalRangesAreExact) {
+  using Bound = std::optional<ScaledInt>;
+  const Bound bounds[] = {std::nullopt, -1000, -101, -100, -99, -10, -1, 0, 1, 7, 10, 99, 100, 101, 999};
+  for (int scale : {1, 2}) {
+    for (const Bound& lo : bounds) {
+      for (const Bound& hi : bounds) {
+        if (lo && hi && *lo > *hi) continue;
+        const std::string re = ScaledDecimalRangeRegex(lo, hi, scale);
+        auto dfa = Dfa(re);
+        ASSERT_NE(dfa, nullptr) << re;
+        for (int64_t n = -1200; n <= 1200; ++n) {
+          const bool in = (!lo || n >= *lo) && (!hi || n <= *hi);
+          for (int digits = FewestDigits(n, scale); digits <= scale + 1; ++digits)
+            ASSERT_EQ(dfa->Matches(Spelled(n, scale, digits)), in) << re << " " << Spelled(n, scale, digits);
+          ASSERT_FALSE(dfa->Matches(Spelled(n, scale, scale) + "1")) << re << " " << n;
+        }
+        EXPECT_FALSE(dfa->Matches("-0"));
+        EXPECT_FALSE(dfa->Matches("-0.0"));
+        EXPECT_FALSE(dfa->Matches("00.1"));
+        EXPECT_FALSE(dfa->Matches("1e0"));
+      }
+    }
+  }
+  // 16 fraction digits in all; 18 integer digits.
+  auto dfa = Dfa(ScaledDecimalRangeRegex(std::nullopt, std::nullopt, 2));
+  EXPECT_TRUE(dfa->Matches("0.1200000000000000"));
+  EXPECT_FALSE(dfa->Matches("0.12000000000000000"));
+  EXPECT_TRUE(dfa->Matches("999999999999999999.99"));
+  EXPECT_FALSE(dfa->Matches("1000000000000000000"));
+}
+
 // Integer ranges are exact: every n in a window matches iff it lies within the bounds.
 TEST(SchemaRegexesTest, IntegerRangesAreExact) {
   using Bound = std::optional<int64_t>;

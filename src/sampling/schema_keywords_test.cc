@@ -1,6 +1,7 @@
 // The JSON Schema keywords enforced through automata and rewrites: pattern (a search over the
 // decoded string, JSON escapes included), format, lengths with them, integer and number bounds,
-// allOf, $ref beside other keywords, prefixItems, nullable; what stays unsupported names its
+// fractional multipleOf, contains with its counts, dependentSchemas, allOf, $ref beside other
+// keywords, prefixItems, nullable; what stays unsupported names its
 // keyword and path; and random token walks on real vocabularies never strand.
 #include <gtest/gtest.h>
 
@@ -138,6 +139,177 @@ TEST(SchemaKeywordsTest, IntegerMultiplesAreExact) {
   }
 }
 
+// A fractional multipleOf p / 10^k: the values n / 10^k with p | n, within the bounds (scaled by
+// 10^k, so exact), in every spelling without exponent; integers: the integer multiples.
+TEST(SchemaKeywordsTest, FractionalMultiplesAreExact) {
+  struct Case {
+    const char* schema;
+    int64_t p;  // multiples of p / 100 ...
+    int64_t lo, hi;  // ... in [lo, hi] / 100
+  };
+  for (const Case& c : {
+           Case{R"({"type": "number", "multipleOf": 0.01, "minimum": 0.07, "maximum": 19.99})", 1, 7, 1999},
+           Case{R"({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -3, "exclusiveMaximum": 2.5})", 25, -299, 249},
+           Case{R"({"type": "number", "multipleOf": 2.5, "minimum": -20.01})", 250, -2001, 100000},
+           Case{R"({"type": "number", "multipleOf": 0.5, "maximum": -0.5})", 50, -100000, -50},
+           Case{R"({"type": "number", "multipleOf": 0.07, "minimum": -1.4, "maximum": 1.4})", 7, -140, 140}}) {
+    SCOPED_TRACE(c.schema);
+    auto s = Compile(std::string(R"({"type": "object", "properties": {"n": )") + c.schema + "}}");
+    ASSERT_NE(s, nullptr);
+    for (int64_t n = -3000; n <= 3000; ++n) {
+      const bool valid = n % c.p == 0 && n >= c.lo && n <= c.hi;
+      const int64_t m = n < 0 ? -n : n;
+      const std::string frac = std::to_string(100 + m % 100).substr(1);
+      std::string text = "{\"n\": ";
+      text.append(n < 0 ? "-" : "").append(std::to_string(m / 100)).append(".").append(frac);
+      ASSERT_EQ(Accepts(*s, text + "}"), valid) << text;
+      ASSERT_EQ(Accepts(*s, text + "00}"), valid) << text << "00";
+      if (n % 100 == 0 && n != 0) {
+        ASSERT_EQ(Accepts(*s, "{\"n\": " + std::to_string(n / 100) + "}"), valid) << n / 100;
+      }
+    }
+    EXPECT_FALSE(Accepts(*s, R"({"n": 1e0})"));
+    EXPECT_FALSE(Accepts(*s, R"({"n": -0.00})"));
+  }
+  // On integers: the integer multiples (2.5: multiples of 5).
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2.5, "minimum": -10.5}}})",
+                  {R"({"n": 0})", R"({"n": -10})", R"({"n": 15})"},
+                  {R"({"n": 2.5})", R"({"n": 7})", R"({"n": -15})", R"({"n": 5.0})"});
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 0.5}}})",
+                  {R"({"n": 0})", R"({"n": 7})", R"({"n": -3})"}, {R"({"n": 0.5})"});
+  // An integer written as a decimal (10.0) is an integer multipleOf.
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 10.0}}})",
+                  {R"({"n": 30})", R"({"n": -10})"}, {R"({"n": 5})", R"({"n": 30.5})"});
+}
+
+// contains / minContains / maxContains: items split into those that match and the others; the
+// count of matching items stays within the bounds (minContains 1 by default).
+TEST(SchemaKeywordsTest, ContainsCountsTheMatchingItems) {
+  const auto wrap = [](const std::string& v) {
+    return R"({"type": "object", "properties": {"v": )" + v + R"(}, "required": ["v"]})";
+  };
+  const auto docs = [](std::vector<std::string> values) {
+    for (std::string& v : values) v = R"({"v": )" + v + "}";
+    return values;
+  };
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "string"}, "contains": {"const": "a"},
+                      "minContains": 2, "maxContains": 3})"),
+                  docs({R"(["a", "a"])", R"(["a", "b", "a"])", R"(["a", "a", "a", "x"])",
+                        R"(["ab", "a", "a"])"}),
+                  docs({"[]", R"(["a"])", R"(["a", "b"])", R"(["a", "a", "a", "a"])", R"(["ab", "a"])",
+                        R"(["a", 1, "a"])"}));
+  // With maxItems: an item that does not match must leave room for the matches still needed.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"enum": [1, 2, 3, 4]}, "contains": {"enum": [1, 2]},
+                      "minContains": 2, "maxItems": 3})"),
+                  docs({"[1, 2]", "[3, 1, 2]", "[1, 1, 4]", "[2, 2, 2]"}),
+                  docs({"[1, 3, 4]", "[1]", "[3, 4, 1, 2]", "[3, 4]", "[1, 5, 2]"}));
+  // Objects told apart by a discriminator; the default minContains 1.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "object", "properties": {"kind": {"enum": ["x", "y"]},
+                      "n": {"type": "integer"}}, "required": ["kind"]}, "contains": {"properties": {"kind": {"const": "x"}},
+                      "required": ["kind"]}, "maxContains": 1})"),
+                  docs({R"([{"kind": "x", "n": 1}, {"kind": "y"}])", R"([{"kind": "y"}, {"kind": "x"}])"}),
+                  docs({"[]", R"([{"kind": "y"}])", R"([{"kind": "x"}, {"kind": "x"}])"}));
+  // Without items: anything else is an item that does not match.
+  ExpectDocuments(wrap(R"({"contains": {"type": "string"}})"),
+                  docs({R"(["a"])", R"([1, "b", null])", R"([{}, [], "c"])"}), docs({"[]", "[1, 2]", "[[\"a\"]]"}));
+  // maxContains 0 (and minContains 0): no item matches.
+  ExpectDocuments(wrap(R"({"type": "array", "items": {"type": "string"}, "contains": {"const": "a"},
+                      "minContains": 0, "maxContains": 0})"),
+                  docs({"[]", R"(["b", "c"])"}), docs({R"(["a"])", R"(["b", "a"])"}));
+  // contains true counts every item; false none.
+  ExpectDocuments(wrap(R"({"type": "array", "contains": true, "minContains": 2, "maxContains": 3})"),
+                  docs({"[1, 2]", "[1, 2, 3]"}), docs({"[1]", "[1, 2, 3, 4]"}));
+  ExpectDocuments(wrap(R"({"type": "array", "contains": false, "minContains": 0})"), docs({"[]", "[1]"}), {});
+}
+
+// Every array of up to 5 items from {1, 2, 3} against contains enum [1, 2] with each combination
+// of bounds: accepted exactly when the counts hold; and random byte walks never strand.
+TEST(SchemaKeywordsTest, ContainsIsExactOnSmallArrays) {
+  std::mt19937 rng(46);
+  for (int min_contains : {0, 1, 2}) {
+    for (int max_contains : {0, 1, 2, 3, -1}) {
+      for (int max_items : {1, 2, 4, -1}) {
+        std::string schema = R"({"type": "object", "properties": {"v": {"type": "array", "items":
+            {"enum": [1, 2, 3]}, "contains": {"enum": [1, 2]}, "minContains": )" +
+                             std::to_string(min_contains);
+        if (max_contains >= 0) schema += ", \"maxContains\": " + std::to_string(max_contains);
+        if (max_items >= 0) schema += ", \"maxItems\": " + std::to_string(max_items);
+        schema += R"(}}, "required": ["v"]})";
+        SCOPED_TRACE(schema);
+        const int max_count = std::min(max_contains < 0 ? 99 : max_contains, max_items < 0 ? 99 : max_items);
+        auto compiled = CompileJsonSchema(json::parse(schema), "schema");
+        if (min_contains > max_count) {
+          EXPECT_FALSE(compiled.ok());
+          continue;
+        }
+        ASSERT_TRUE(compiled.ok()) << compiled.message();
+        for (int length = 0; length <= 5; ++length) {
+          int num_arrays = 1;
+          for (int i = 0; i < length; ++i) num_arrays *= 3;
+          for (int code = 0; code < num_arrays; ++code) {
+            std::string doc = R"({"v": [)";
+            int matches = 0;
+            for (int i = 0, rest = code; i < length; ++i, rest /= 3) {
+              matches += rest % 3 < 2;
+              if (i > 0) doc += ",";
+              doc += std::to_string(rest % 3 + 1);
+            }
+            doc += "]}";
+            const bool valid = matches >= min_contains && (max_contains < 0 || matches <= max_contains) &&
+                               (max_items < 0 || length <= max_items);
+            ASSERT_EQ(Accepts(**compiled, doc), valid) << doc;
+          }
+        }
+        for (int walk = 0; walk < 20; ++walk) {
+          JsonSchemaMachine m(compiled->get());
+          std::string text;
+          for (int step = 0; step < 200 && !(m.Done() && rng() % 4 == 0); ++step) {
+            std::vector<char> allowed;
+            for (char c : std::string("{}[],:\"v123")) {
+              JsonSchemaMachine next = m;
+              if (next.Step(static_cast<uint8_t>(c))) allowed.push_back(c);
+            }
+            if (allowed.empty()) break;
+            const char c = allowed[rng() % allowed.size()];
+            ASSERT_TRUE(m.Step(static_cast<uint8_t>(c)));
+            text += c;
+          }
+          ASSERT_TRUE(m.Done() || text.size() >= 200) << "stranded after " << text;
+        }
+      }
+    }
+  }
+}
+
+// dependentSchemas whose schemas add required names and property schemas: a present trigger
+// brings them.
+TEST(SchemaKeywordsTest, DependentSchemasOnListedProperties) {
+  ExpectDocuments(
+      R"({"type": "object", "properties": {"card": {"type": "string"}, "billing": {"type": "string"},
+      "zip": {"type": "string"}}, "dependentSchemas": {"card": {"type": "object", "properties":
+      {"zip": {"pattern": "^[0-9]{5}$"}, "other": {"type": "integer"}}, "required": ["billing"]}}})",
+      {"{}", R"({"billing": "b"})", R"({"card": "c", "billing": "b"})",
+       R"({"card": "c", "billing": "b", "zip": "12345"})", R"({"zip": "abc"})"},
+      {R"({"card": "c"})", R"({"card": "c", "billing": "b", "zip": "abc"})"});
+  // A required trigger; a trigger whose schema is false is never written; two entries.
+  ExpectDocuments(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+      "c": {"type": "integer"}, "d": {"type": "integer"}}, "required": ["a"],
+      "dependentSchemas": {"a": {"required": ["b"]}, "c": false, "d": {"properties": {"b": {"maximum": 5}}}}})",
+      {R"({"a": 1, "b": 2})", R"({"a": 1, "b": 9})", R"({"a": 1, "b": 5, "d": 0})"},
+      {R"({"a": 1})", R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 6, "d": 0})"});
+}
+
+// Without a type, number and string keywords constrain numbers and strings only: the other
+// types stay free, and those two are not.
+TEST(SchemaKeywordsTest, UntypedNumberAndStringKeywordsApplyToTheirTypes) {
+  ExpectDocuments(R"({"type": "object", "properties": {"n": {"multipleOf": 0.5, "minimum": 1},
+                      "s": {"maxLength": 2, "pattern": "^a"}}})",
+                  {R"({"n": 1.5})", R"({"n": "any"})", R"({"n": true})", R"({"n": [0.1]})",
+                   R"({"s": 5})", R"({"s": "ab"})", R"({"s": null})"},
+                  {R"({"n": 0.5})", R"({"n": 1.2})", R"({"s": "abc"})", R"({"s": "ba"})"});
+}
+
 TEST(SchemaKeywordsTest, NumberBoundsAreSound) {
   ExpectDocuments(
       R"({"type": "object", "properties": {"x": {"type": "number", "minimum": -1, "maximum": 2}}})",
@@ -189,8 +361,15 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
        "schema.properties.s.pattern: lookaround"},
       {R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "(a|b)*a(a|b){20}"}}})",
        "schema.properties.s.pattern: the pattern needs more than"},
-      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.01}}})",
-       "schema.properties.n.multipleOf: only integers from 1 to 1000 are supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.3333333333333333}}})",
+       "schema.properties.n.multipleOf: supported: integers from 1 to 1000 and decimals p / 10^k "
+       "with p <= 1000 and k <= 16 (0.01, 2.5; a value such as 1/3 has no exact decimal)"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.0000000000000997}}})",
+       "schema.properties.n.multipleOf: the multiples of 997 / 10^16 need more than 10000"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0}}})",
+       "schema.properties.n.multipleOf: must be a positive number"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.25, "minimum": 0.3, "maximum": 0.45}}})",
+       "schema.properties.n.multipleOf: no string matches"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}}})",
        "schema.properties.n.multipleOf: no string matches"},
       {R"({"type": "object", "properties": {"n": {"uniqueItems": true}}})",
@@ -231,6 +410,27 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
           {"k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties":
           {"k": {"enum": ["b", "a"]}}, "required": ["k"]}]}}})",
        "schema.properties.n.oneOf: branches [0] and [1] may both match"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "prefixItems": [{"type": "string"}],
+          "contains": {"const": "a"}}}})",
+       "schema.properties.n.contains: is not supported beside prefixItems"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer"},
+          "contains": {"const": 3}}}})",
+       "schema.properties.n.contains: the items that do not match it are its `not` within items, "
+       "which has no exact form here (schema.properties.n.contains.not: not of const/enum is "
+       "supported beside enum/const and on a string"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "contains": {"type": "string"},
+          "minContains": 3, "maxItems": 2}}})",
+       "schema.properties.n.minContains: exceeds maxContains or maxItems: no array fits"},
+      {R"({"type": "object", "properties": {"n": {"type": "array", "contains": {"type": "string"},
+          "minContains": 40000}}})",
+       "schema.properties.n.minContains: at most 32767 is supported"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"minProperties": 2}}})",
+       "schema.dependentSchemas.a.minProperties: dependentSchemas supports schemas of required and "
+       "properties (beside type object) only"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["a"], "dependentSchemas": {"a": {"required": ["z"]}}})",
+       "schema.dependentSchemas.a: the required property's dependent schema allows no object"},
+      {R"({"type": "object", "dependentSchemas": {"a": {"required": ["z"]}}})",
+       "schema.dependentSchemas: is supported only on an object schema with properties"},
       {R"({"type": "object", "properties": {"n": {"type": "object", "minProperties": 1}}})",
        "schema.properties.n.minProperties: is supported only on an object schema with properties"},
       {R"({"type": "object", "properties": {"n": {"additionalProperties": {"type": "string"},

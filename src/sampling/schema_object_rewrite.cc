@@ -154,6 +154,71 @@ Result<json> DependentRequired(json s, const std::string& path) {
   return s;
 }
 
+// A dependentSchemas entry's schema: true, false, or required names and property schemas (with
+// type object and annotations); false when it allows no object the machine writes (false, or a
+// required name that is not a property). `with` gets them.
+Result<bool> AddDependentSchema(const json& sub, json& with, const std::string& at) {
+  if (sub.is_boolean()) return sub.get<bool>();
+  if (!sub.is_object()) return Refuse(at, "must be a schema");
+  for (const auto& [key, value] : sub.items()) {
+    const bool plain = (key == "type" && value == json("object")) ||
+                       (key == "properties" && value.is_object()) ||
+                       (key == "required" && value.is_array()) || key == "title" ||
+                       key == "description" || key == "$comment";
+    if (!plain) {
+      return Refuse(at + "." + key, "dependentSchemas supports schemas of required and properties "
+                                    "(beside type object) only");
+    }
+  }
+  for (const json& name : Required(sub)) {
+    if (!name.is_string()) return Refuse(at + ".required", "must be an array of names");
+    if (!with["properties"].contains(name.get<std::string>())) return false;  // never written
+    Require(with, name.get<std::string>());
+  }
+  if (sub.contains("properties")) {
+    for (const auto& [name, schema] : sub["properties"].items()) {
+      json& mine = with["properties"];
+      if (mine.contains(name)) mine[name] = json{{"allOf", json::array({mine[name], schema})}};
+      // A property the object does not list is never written: its schema always holds.
+    }
+  }
+  return true;
+}
+
+// One dependentSchemas entry at a time, as DependentRequired: a required trigger takes the
+// entry's schema, an optional one splits into anyOf[without it, with it and the schema].
+Result<json> DependentSchemas(json s, const std::string& path) {
+  json deps = s["dependentSchemas"];
+  s.erase("dependentSchemas");
+  if (!deps.is_object()) return Refuse(path, "must be an object of schemas");
+  for (auto it = deps.begin(); it != deps.end(); it = deps.erase(it)) {
+    const std::string trigger = it.key(), at = path + "." + trigger;
+    json with = s;
+    EMBER_ASSIGN_OR_RETURN(const bool possible, AddDependentSchema(it.value(), with, at));
+    if (!s["properties"].contains(trigger)) continue;  // never written
+    const bool required = Has(Required(s), trigger);
+    if (!possible) {  // the trigger may not be written
+      if (required) return Refuse(at, "the required property's dependent schema allows no object");
+      s["properties"].erase(trigger);
+      continue;
+    }
+    Require(with, trigger);
+    if (required) {
+      s = std::move(with);
+      continue;
+    }
+    json without = s;
+    without["properties"].erase(trigger);
+    deps.erase(it);
+    if (!deps.empty()) {
+      with["dependentSchemas"] = deps;
+      without["dependentSchemas"] = deps;
+    }
+    return json{{"anyOf", json::array({std::move(without), std::move(with)})}};
+  }
+  return s;
+}
+
 Result<json> PropertyCounts(json s, const std::string& path) {
   const size_t listed = s["properties"].size(), required = Required(s).size();
   if (s.contains("maxProperties")) {
@@ -195,8 +260,8 @@ Result<json> PropertyCounts(json s, const std::string& path) {
 }  // namespace
 
 bool HasObjectRewriteKeyword(const json& s) {
-  for (const char* k : {"minProperties", "maxProperties", "dependentRequired", "propertyNames",
-                        "patternProperties"})
+  for (const char* k : {"minProperties", "maxProperties", "dependentRequired", "dependentSchemas",
+                        "propertyNames", "patternProperties"})
     if (s.contains(k)) return true;
   return false;
 }
@@ -205,7 +270,7 @@ Result<json> RewriteObjectKeywords(const json& s_in, const std::string& path) {
   json s = s_in;
   if (!Listed(s)) {
     if (s.contains("minProperties") && s["minProperties"] == json(0)) s.erase("minProperties");
-    for (const char* k : {"dependentRequired", "patternProperties"})
+    for (const char* k : {"dependentRequired", "dependentSchemas", "patternProperties"})
       if (s.contains(k) && s[k].is_object() && s[k].empty()) s.erase(k);
     for (const auto& [key, value] : s.items()) {
       if (HasObjectRewriteKeyword(json{{key, value}})) {
@@ -221,6 +286,10 @@ Result<json> RewriteObjectKeywords(const json& s_in, const std::string& path) {
   if (s.contains("dependentRequired")) {
     EMBER_ASSIGN_OR_RETURN(s, DependentRequired(std::move(s), path + ".dependentRequired"));
     if (s.contains("anyOf")) return s;  // the branches carry the count keywords
+  }
+  if (s.contains("dependentSchemas")) {
+    EMBER_ASSIGN_OR_RETURN(s, DependentSchemas(std::move(s), path + ".dependentSchemas"));
+    if (s.contains("anyOf")) return s;
   }
   return PropertyCounts(std::move(s), path);
 }

@@ -10,6 +10,10 @@
 //    "the first property written is this one" (at most 8; the branches exclude each other);
 //  - dependentRequired: a required trigger adds its dependents to required; an optional one
 //    splits into anyOf[without it, with it and its dependents required].
+//  - dependentSchemas whose schemas only add `required` names and `properties` schemas (beside
+//    `type: object`; true and false too): the same split, the "with" branch also requiring the
+//    names and taking the property schemas (allOf); a name that is not a property (never
+//    written) keeps the trigger out. Other keywords in such a schema are refused, naming them.
 // On an object without properties (any keys) they are refused, naming the keyword, except where
 // they constrain nothing (minProperties 0, empty lists). Pure functions over the client's JSON.
 #pragma once

@@ -97,7 +97,87 @@ std::string Integers(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   return parts.empty() ? "" : "(?:" + JoinAlternatives(parts) + ")";
 }
 
+// Fraction digits t (after the dot) whose first a.size() digits, padded with zeros, lie in
+// [a, b] (digit strings of one length) and whose later ones, at most `tail`, are zeros. With
+// `nonempty`, t has a digit. "" matches the empty t only.
+std::string FractionDigits(const std::string& a, const std::string& b, bool nonempty, int tail) {
+  const std::string zeros_after = tail > 0 ? "0{0," + std::to_string(tail) + "}" : "";
+  if (a.empty()) return zeros_after;
+  const size_t n = a.size();
+  const bool from_zero = a == Repeat('0', n);
+  if (from_zero && b == Repeat('9', n))
+    return "\\d{" + std::string(nonempty ? "1" : "0") + "," + std::to_string(n) + "}" + zeros_after;
+  auto then = [&](const std::string& head, const std::string& lo, const std::string& hi) {
+    const std::string rest = FractionDigits(lo, hi, false, tail);
+    return rest.empty() ? head : head + "(?:" + rest + ")";
+  };
+  std::vector<std::string> parts;
+  const std::string a_rest = a.substr(1), b_rest = b.substr(1);
+  if (a[0] == b[0]) {
+    parts.push_back(then(a.substr(0, 1), a_rest, b_rest));
+  } else {
+    parts.push_back(then(a.substr(0, 1), a_rest, Repeat('9', n - 1)));
+    if (a[0] + 1 <= b[0] - 1)
+      parts.push_back(then(std::string("[") + char(a[0] + 1) + "-" + char(b[0] - 1) + "]",
+                           Repeat('0', n - 1), Repeat('9', n - 1)));
+    parts.push_back(then(b.substr(0, 1), Repeat('0', n - 1), b_rest));
+  }
+  const std::string body = "(?:" + JoinAlternatives(parts) + ")";
+  return from_zero && !nonempty ? body + "?" : body;
+}
+
+// An integer part's spelling followed by a fraction in [a, b] (as FractionDigits; none at all
+// where a is zero).
+std::string WithFraction(const std::string& integer, const std::string& a, const std::string& b,
+                         int tail) {
+  const std::string dot = "(?:\\." + FractionDigits(a, b, true, tail) + ")";
+  return integer + dot + (a == Repeat('0', a.size()) ? "?" : "");
+}
+
+// Non-negative n / 10^scale for n in [lo, hi] (hi nullopt: unbounded), "" when empty.
+std::string ScaledMagnitudes(ScaledInt lo, std::optional<ScaledInt> hi, int scale) {
+  ScaledInt unit = 1;
+  for (int i = 0; i < scale; ++i) unit *= 10;
+  const ScaledInt largest = ScaledInt{999999999999999999} * unit + (unit - 1);  // 18 digits
+  if (lo > largest || (hi && *hi < lo)) return "";
+  const bool unbounded = !hi || *hi >= largest;  // Magnitudes' short form for the digit limit
+  if (unbounded) hi = largest;
+  const int tail = kJsonMaxFractionDigits - scale;
+  const auto digits = [scale](ScaledInt fraction) {
+    std::string out(static_cast<size_t>(scale), '0');
+    for (int i = scale - 1; i >= 0; --i, fraction /= 10)
+      out[static_cast<size_t>(i)] = static_cast<char>('0' + static_cast<int>(fraction % 10));
+    return out;
+  };
+  const auto lo_int = static_cast<int64_t>(lo / unit), hi_int = static_cast<int64_t>(*hi / unit);
+  const std::string lo_frac = digits(lo % unit), hi_frac = digits(*hi % unit);
+  const std::string zeros = Repeat('0', static_cast<size_t>(scale)),
+                    nines = Repeat('9', static_cast<size_t>(scale));
+  if (lo_int == hi_int) return WithFraction(std::to_string(lo_int), lo_frac, hi_frac, tail);
+  std::vector<std::string> parts = {WithFraction(std::to_string(lo_int), lo_frac, nines, tail)};
+  if (const std::string mid = Magnitudes(lo_int + 1, unbounded ? kUnbounded : hi_int - 1); !mid.empty())
+    parts.push_back(WithFraction(mid, zeros, nines, tail));
+  if (!unbounded) parts.push_back(WithFraction(std::to_string(hi_int), zeros, hi_frac, tail));
+  return "(?:" + JoinAlternatives(parts) + ")";
+}
+
 }  // namespace
+
+std::string ScaledDecimalRangeRegex(std::optional<ScaledInt> lo, std::optional<ScaledInt> hi,
+                                    int scale) {
+  std::vector<std::string> parts;
+  if (!hi || *hi >= 0) {
+    const std::string m = ScaledMagnitudes(lo && *lo > 0 ? *lo : 0, hi, scale);
+    if (!m.empty()) parts.push_back(m);
+  }
+  if (!lo || *lo < 0) {  // -m for m in [max(1, -hi), -lo]: no "-0"
+    const ScaledInt least = hi && *hi < 0 ? -*hi : 1;
+    const std::string m =
+        ScaledMagnitudes(least, lo ? std::optional<ScaledInt>(-*lo) : std::nullopt, scale);
+    if (!m.empty()) parts.push_back("-" + m);
+  }
+  return JoinAlternatives(parts);
+}
 
 std::optional<std::string> FormatRegex(std::string_view format) {
   const std::string label = kLabel, atext = kAtext;

@@ -38,4 +38,15 @@ std::string NumberRangeRegex(std::optional<int64_t> lo, std::optional<int64_t> h
 // Any number within the digit limits (`type: number` without bounds).
 std::string UnboundedNumberRegex();
 
+// An integer n standing for the number n / 10^scale (|n| < 10^34: 18 integer digits and 16
+// fraction digits).
+using ScaledInt = __int128;
+// JSON numbers without exponent whose value is n / 10^scale for an integer n in [lo, hi]
+// (nullopt: unbounded on that side), exactly, in every spelling within the digit limits: the
+// integer part, then optionally "." and digits of which those past the scale-th are zeros (1.5,
+// 1.50); zero only unsigned ("0", "0.00"). scale in [1, kJsonMaxFractionDigits]. Together with
+// RegexDfa::DecimalMultiples: a fractional multipleOf with its bounds. "" when empty.
+std::string ScaledDecimalRangeRegex(std::optional<ScaledInt> lo, std::optional<ScaledInt> hi,
+                                    int scale);
+
 }  // namespace ember

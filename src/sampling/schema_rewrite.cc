@@ -169,9 +169,11 @@ Status MergeInto(json& a, const json& b_in, const std::string& path) {
 std::vector<std::string> MachineTypes(const json& s) {
   if (s.contains("type")) return TypeList(s["type"]);
   for (const char* k : {"properties", "required", "additionalProperties", "minProperties",
-                        "maxProperties", "dependentRequired", "propertyNames", "patternProperties"})
+                        "maxProperties", "dependentRequired", "dependentSchemas", "propertyNames",
+                        "patternProperties"})
     if (s.contains(k)) return {"object"};
-  for (const char* k : {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})
+  for (const char* k : {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
+                        "minContains", "maxContains"})
     if (s.contains(k)) return {"array"};
   return {"object", "array", "string", "number", "boolean", "null"};
 }

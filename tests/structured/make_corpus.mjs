@@ -251,5 +251,19 @@ add('object-dependent-required', { type: 'object', properties: { card: { type: '
   cvv: { type: 'string', pattern: '^[0-9]{3}$' }, name: { type: 'string' } }, required: ['name'],
   dependentRequired: { card: ['billing', 'cvv'], cvv: ['card'] } });
 
+// Fractional multipleOf (exact with its bounds), contains with its counts, dependentSchemas.
+add('number-multiple-cents', wrap({ type: 'number', multipleOf: 0.01, minimum: 0.05, maximum: 1000 }));
+add('number-multiple-half', wrap({ type: 'number', multipleOf: 0.5, exclusiveMinimum: -5, maximum: 5 }));
+add('number-multiple-2.5', wrap({ type: 'number', multipleOf: 2.5 }));
+add('integer-multiple-fraction', wrap({ type: 'integer', multipleOf: 2.5, minimum: -100 }));
+add('array-contains', wrap({ type: 'array', items: { type: 'string', maxLength: 3 }, contains: { const: 'ok' },
+                             minContains: 1, maxContains: 2, maxItems: 4 }));
+add('array-contains-objects', wrap({ type: 'array', items: { type: 'object', properties: { kind: { enum: ['a', 'b', 'c'] },
+  n: { type: 'integer' } }, required: ['kind'] }, contains: { properties: { kind: { const: 'a' } } }, maxContains: 1 }));
+add('array-contains-untyped', wrap({ contains: { type: 'string' }, minContains: 2, maxItems: 3 }));
+add('object-dependent-schemas', { type: 'object', properties: { card: { type: 'string', pattern: '^[0-9]{4}$' },
+  billing: { type: 'string', maxLength: 8 }, zip: { type: 'string' }, name: { type: 'string' } }, required: ['name'],
+  dependentSchemas: { card: { properties: { zip: { pattern: '^[0-9]{5}$' } }, required: ['billing', 'zip'] } } });
+
 fs.writeFileSync(path.join(here, 'schemas.jsonl'), corpus.map((c) => JSON.stringify(c)).join('\n') + '\n');
 console.log(`wrote ${corpus.length} schemas`);
