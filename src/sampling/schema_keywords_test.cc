@@ -448,6 +448,9 @@ TEST(SchemaKeywordsTest, UnsupportedKeywordsNameTheirPath) {
       {R"({"type": "object", "properties": {"a": {}}, "required": ["a"], "dependentRequired":
           {"a": ["z"]}})",
        "schema.dependentRequired.a: a dependent is not a property: no value"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
+          "dependentRequired": {"a": ["b"], "b": ["z"]}})",
+       "schema.dependentRequired.a: a dependent is not a property: no value"},
       {R"({"type": "object", "properties": {"e": {"enum": [{}], "minProperties": 1}}})",
        "schema.properties.e.minProperties: is not supported beside enum"},
       // A branch rewritten from not / minProperties may allow more than its machine writes: the
@@ -606,6 +609,15 @@ TEST(SchemaKeywordsTest, ObjectKeywordsOnListedProperties) {
         R"({"billing": "b", "name": "n"})"},
        {R"({"card": "c", "name": "n"})", R"({"cvv": "v", "name": "n"})",
         R"({"card": "c", "billing": "b", "name": "n"})"}},
+      // A cycle of dependencies: all three or none (each branch of the split has values).
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}, "d": {}},
+          "dependentRequired": {"a": ["b"], "b": ["c"], "c": ["a"]}})",
+       {"{}", R"({"d": 1})", R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 2, "c": 3, "d": 4})"},
+       {R"({"a": 1})", R"({"a": 1, "b": 2})", R"({"c": 1})", R"({"b": 1, "d": 2})"}},
+      // A chain to a name that is never written: none of the chain is written.
+      {R"({"type": "object", "properties": {"a": {}, "b": {}, "e": {}}, "dependentRequired":
+          {"a": ["b"], "b": ["z"]}})",
+       {"{}", R"({"e": 1})"}, {R"({"a": 1})", R"({"b": 1})", R"({"a": 1, "b": 2})"}},
       // With a type list, only the object branch reads them.
       {R"({"type": "object", "properties": {"o": {"type": ["object", "null"], "properties": {"a":
           {"type": "integer"}}, "minProperties": 1}}})",

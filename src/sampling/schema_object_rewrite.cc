@@ -111,39 +111,66 @@ Status PatternProperties(json& s, const std::string& path) {
   return Status::Ok();
 }
 
-// One dependentRequired entry at a time; an optional trigger splits the schema (the branches keep
-// the other entries, rewritten when compiled).
+// The names a present `start` forces present through `deps` (trigger -> dependents), `start`
+// included: the dependents of every forced name that is a property, transitively (a name that is
+// not a property forces nothing: it is never written).
+std::vector<std::string> Forced(const json& deps, const json& props, std::vector<std::string> start) {
+  for (size_t k = 0; k < start.size(); ++k) {
+    const std::string name = start[k];
+    if (!props.contains(name) || !deps.contains(name)) continue;
+    for (const json& d : deps[name])
+      if (std::find(start.begin(), start.end(), d.get<std::string>()) == start.end())
+        start.push_back(d.get<std::string>());
+  }
+  return start;
+}
+
+// dependentRequired, as closures: a property whose presence forces one that is never written is
+// never written itself (a required one: no value); the required names take in what they force;
+// then one entry at a time, an optional trigger splits the schema into "without it" (it and every
+// property that forces it left out) and "with it" (it and all it forces required). Both branches
+// always have values, so a cycle (a -> b -> c -> a) is exact; the branches keep the other
+// entries, rewritten when compiled.
 Result<json> DependentRequired(json s, const std::string& path) {
   json deps = s["dependentRequired"];
   s.erase("dependentRequired");
   if (!deps.is_object()) return Refuse(path, "must be an object of name lists");
-  const json& props = s["properties"];
+  for (const auto& [trigger, names] : deps.items()) {
+    const bool ok = names.is_array() && std::all_of(names.begin(), names.end(), [](const json& d) {
+      return d.is_string();
+    });
+    if (!ok) return Refuse(path + "." + trigger, "must be an array of names");
+  }
+  json& props = s["properties"];
+  for (bool changed = true; changed;) {
+    changed = false;
+    const json listed = props;
+    for (const auto& [name, sub] : listed.items()) {
+      const std::vector<std::string> forced = Forced(deps, props, {name});
+      if (std::all_of(forced.begin(), forced.end(),
+                      [&](const std::string& f) { return props.contains(f); }))
+        continue;
+      if (Has(Required(s), name)) return Refuse(path + "." + name, "a dependent is not a property: no value");
+      props.erase(name);
+      changed = true;
+    }
+  }
+  std::vector<std::string> required;
+  for (const json& r : Required(s)) required.push_back(r.get<std::string>());
+  for (const std::string& r : Forced(deps, props, required)) Require(s, r);
   for (auto it = deps.begin(); it != deps.end(); it = deps.erase(it)) {
     const std::string trigger = it.key();
-    if (!it.value().is_array()) return Refuse(path + "." + trigger, "must be an array of names");
-    if (!props.contains(trigger)) continue;  // never written
-    bool writable = true, all_required = true;
-    for (const json& d : it.value()) {
-      if (!d.is_string()) return Refuse(path + "." + trigger, "must be an array of names");
-      writable = writable && props.contains(d.get<std::string>());
-      all_required = all_required && Has(Required(s), d.get<std::string>());
+    if (!props.contains(trigger) || Has(Required(s), trigger)) continue;  // settled above
+    const std::vector<std::string> forced = Forced(deps, props, {trigger});
+    if (std::all_of(forced.begin() + 1, forced.end(),
+                    [&](const std::string& f) { return Has(Required(s), f); }))
+      continue;  // holds with or without the trigger
+    json with = s, without = s;
+    for (const std::string& f : forced) Require(with, f);
+    for (const auto& [name, sub] : props.items()) {
+      const std::vector<std::string> by = Forced(deps, props, {name});
+      if (std::find(by.begin(), by.end(), trigger) != by.end()) without["properties"].erase(name);
     }
-    const bool required = Has(Required(s), trigger);
-    if (!writable) {  // a dependent is never written: nor is the trigger
-      if (required) return Refuse(path + "." + trigger, "a dependent is not a property: no value");
-      s["properties"].erase(trigger);
-      continue;
-    }
-    if (all_required) continue;
-    json with = s;
-    for (const json& d : it.value()) Require(with, d.get<std::string>());
-    Require(with, trigger);
-    if (required) {
-      s = std::move(with);
-      continue;
-    }
-    json without = s;
-    without["properties"].erase(trigger);
     deps.erase(it);
     if (!deps.empty()) {
       with["dependentRequired"] = deps;
