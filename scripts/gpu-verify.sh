@@ -82,4 +82,14 @@ if [ "$1" = bench2 ]; then
   $bin/ember synth --like deepseek-v3 --layers 4 --out /tmp/ds >/dev/null 2>&1
   step 60 dsv3 $bin/ember bench --model /tmp/ds -p 4096 -n 32 -r 1 --device cuda
 fi
+if [ "$1" = bench3 ]; then
+  df -h /tmp | tail -1 | tee -a "$S"; rm -rf /tmp/ember_* /tmp/spec_bench* /tmp/m8 /tmp/qn /tmp/ds /tmp/*synth* 2>/dev/null; ls /tmp | head -20 >> "$S"; df -h /tmp | tail -1 | tee -a "$S"
+  xz -d -k .devbin/tok/tokenizer.json.xz 2>/dev/null; mkdir -p /tmp/tok && cp .devbin/tok/tokenizer.json /tmp/tok/
+  $bin/ember synth --like llama-3.1-8b --dtype bf16 --tokenizer /tmp/tok --out /tmp/m8 > "$out/synth.log" 2>&1
+  eb=(--model /tmp/m8 --device cuda --concurrency 128 --prompt-len 512 --gen-len 128 --prefix-len 0)
+  step 90 free-8b $bin/engine_bench "${eb[@]}"
+  step 90 json-8b $bin/engine_bench "${eb[@]}" --schema .devbin/tok/items.json
+  rm -rf /tmp/m8
+  step 150 pcache $bin/prompt_cache_bench --synth llama-3.1-8b --layers 8 --device cuda --prompt-len 32768 --ram-bytes 8589934592 --repeats 2
+fi
 log "done [$(( $(date +%s) - start ))s]"

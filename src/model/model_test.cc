@@ -379,9 +379,13 @@ TEST_P(CpuBf16ParityTest, LogitsCloseAndClearGreedyStepsMatch) {
   CheckBf16Parity(GetParam(), DeviceKind::kCpu);
 }
 
+// qwen3_next is left out of the bf16 suites: its tiny random fixture amplifies bf16 rounding
+// through the recurrent state (CPU and CUDA bf16 give the same per-position errors, up to 0.30
+// relative L2 on the long sequence, 21 of 48 positions beyond 3e-2; docs/perf.md session 38);
+// its float32 parity (above) is exact on both backends.
 INSTANTIATE_TEST_SUITE_P(Families, CpuBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
-                                           "mistral", "phi3", "gemma2", "gemma3"));
+                                           "mistral", "phi3", "gemma2", "gemma3", "deepseek_v3"));
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
