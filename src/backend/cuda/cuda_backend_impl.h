@@ -431,7 +431,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
   // The step's staged tables: an arena region (lora_stage_dev_) and its host image; LoraStage
   // appends, LoraSendStaged (Flush) uploads what was appended since. The region is sized from
-  // the largest step so far, so a step of the same shape stages at the same addresses.
+  // the largest step so far (a power of two), so a step of the same shape stages at the same
+  // addresses.
   uint64_t lora_stage_step_ = 0;
   unsigned char* lora_stage_dev_ = nullptr;
   std::vector<unsigned char> lora_stage_host_;

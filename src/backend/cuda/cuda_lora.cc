@@ -11,6 +11,7 @@
 // their contents: a decode step of the same shape replays its graph whatever mix of adapters
 // its rows use, and a new mix costs no capture.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -100,7 +101,10 @@ void* CudaBackend::LoraStage(const void* src, size_t bytes) {
   }
   if (lora_stage_used_ + padded > lora_stage_cap_) {
     LoraSendStaged();
-    lora_stage_cap_ = std::max({padded, 2 * lora_stage_cap_, lora_stage_hint_, size_t{4096}});
+    // A power of two: a new largest step moves the later arena addresses (and so the decode
+    // graphs' keys) only when it doubles the region.
+    lora_stage_cap_ =
+        std::bit_ceil(std::max({padded, 2 * lora_stage_cap_, lora_stage_hint_, size_t{4096}}));
     lora_stage_dev_ = static_cast<unsigned char*>(ArenaAlloc(lora_stage_cap_));
     lora_stage_host_.resize(lora_stage_cap_);
     lora_stage_used_ = lora_stage_sent_ = 0;
