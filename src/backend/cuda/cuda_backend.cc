@@ -83,6 +83,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options, RuntimeS
 }
 
 CudaBackend::~CudaBackend() {
+  LoraSendStaged();
   recorder_.Flush(false);
   SyncAllStreams();
   if (!switches_.profile_out.empty()) AppendOpProfile(switches_.profile_out);

@@ -6,8 +6,9 @@
 // cuda_attention.cc (Rope, WriteKv, Attention and their fused forms), cuda_pointwise.cc (embedding,
 // norms, activations, elementwise ops), cuda_moe.cc (MoeMlp). Every op CHECKs its shapes and
 // records its launch (StepRecorder) with every value it depends on as the graph key; nothing
-// reaches the GPU before Flush() but LoraDelta's segment descriptors (copied into the step arena
-// as the op is recorded, ahead of the step's launches on the stream). Not thread-safe: one thread drives a backend.
+// reaches the GPU before Flush() (LoraDelta's row tables are staged on the host as the op is
+// recorded and copied by Flush, in one upload ahead of the launches). Not thread-safe: one thread
+// drives a backend.
 #pragma once
 
 #include <cublas_v2.h>
@@ -173,6 +174,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_.get(); }
   // Enqueues every recorded op (the host-visible sync points call this first).
   void Flush() {
+    LoraSendStaged();  // the recorded LoraDelta ops' tables, ahead of their launches
     recorder_.Flush(use_graphs_ && max_query_len_ <= 1);
     gemv_next_.clear();  // the flushed launches are gone: a later GEMV is nobody's prefetch
   }
@@ -289,6 +291,15 @@ class CudaBackend final : public Backend {
   int64_t CheckMatMul(const Tensor& x, const Tensor& weight, const Tensor* bias,
                       const Tensor& out) const;
   void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
+
+  // ---- LoRA (cuda_lora.cc) ----
+  // The slot whose storage holds `p` (a matrix UploadLoraSlot made); `hint` is tried first.
+  int32_t LoraSlotOf(const void* p, int32_t hint) const;
+  // Appends `bytes` to the step's staged LoRA tables; returns their device address (valid for
+  // the step; the bytes reach it at the next Flush, ahead of the launches recorded before it).
+  void* LoraStage(const void* src, size_t bytes);
+  void LoraSendStaged();
+  void RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, bool x_vec, bool w_vec);
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
@@ -412,10 +423,26 @@ class CudaBackend final : public Backend {
   unsigned char* moe_scratch_ = nullptr;
 
   // ---- LoRA adapters ----
-  std::vector<DeviceBuffer> lora_slots_;        // by LoraSet slot: its matrices (UploadLoraSlot)
-  std::vector<LoraSegmentDesc> lora_descs_;     // LoraDelta's descriptors being uploaded
-  std::vector<uint64_t> lora_key_;              // LoraDelta's graph key
-  // LoraDelta's t [rows, max_rank] f32: one arena region per step, shared by its calls.
+  std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)
+  int32_t lora_rank_cap_ = 0;             // the largest rank a LoraDelta has seen (grids, t)
+  // LoraDelta's tables for one call: row -> slot (-1 none) and per slot its LoraEntry.
+  std::vector<int32_t> lora_rows_;
+  std::vector<LoraEntry> lora_entries_;
+  std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
+  // The step's staged tables: an arena region (lora_stage_dev_) and its host image; LoraStage
+  // appends, LoraSendStaged (Flush) uploads what was appended since. The region is sized from
+  // the largest step so far (a power of two), so a step of the same shape stages at the same
+  // addresses.
+  uint64_t lora_stage_step_ = 0;
+  unsigned char* lora_stage_dev_ = nullptr;
+  std::vector<unsigned char> lora_stage_host_;
+  size_t lora_stage_cap_ = 0, lora_stage_used_ = 0, lora_stage_sent_ = 0;
+  size_t lora_stage_total_ = 0, lora_stage_hint_ = 0;
+  // The last row table staged this step (a call with the same rows reuses it).
+  std::vector<int32_t> lora_last_rows_;
+  const int32_t* lora_last_rows_dev_ = nullptr;
+  std::vector<uint64_t> lora_key_;  // LoraDelta's graph key
+  // LoraDelta's t [rows, lora_rank_cap_] f32: one arena region per step, shared by its calls.
   uint64_t lora_t_step_ = 0;
   size_t lora_t_bytes_ = 0;
   float* lora_t_ = nullptr;
