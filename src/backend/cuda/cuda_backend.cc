@@ -232,6 +232,7 @@ Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) 
   CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
   CHECK_EQ(static_cast<int64_t>(out.size()), KvBlockBytes());
   Flush();
+  SendKvUploads();  // a staged upload may be this block's content
   size_t at = 0;
   for (int32_t t = 0; t < 2 * kv_layers_; ++t) {  // layer-major, K then V
     const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
@@ -241,25 +242,6 @@ Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) 
                                cudaMemcpyDeviceToHost, stream_.get()));
     at += n;
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  return Status::Ok();
-}
-
-Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
-  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
-  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
-  CHECK_EQ(static_cast<int64_t>(in.size()), KvBlockBytes());
-  Flush();
-  size_t at = 0;
-  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
-    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
-    const size_t device = kv_layer_offset_[static_cast<size_t>(t / 2)] +
-                          n * (static_cast<size_t>(t % 2) * kv_blocks_ + block_id);
-    CUDA_CHECK(cudaMemcpyAsync(kv_pool_.as<unsigned char>() + device, in.data() + at, n,
-                               cudaMemcpyHostToDevice, stream_.get()));
-    at += n;
-  }
-  // `in` is pageable and reused by the caller: wait until the copies have read it.
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
 }

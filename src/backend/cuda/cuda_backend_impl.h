@@ -2,7 +2,8 @@
 // Its member functions are defined by concern: cuda_backend.cc (lifetime, weights, KV pool, rope
 // tables, the step arena, the op profile), cuda_step_io.cc (the plan's upload, staging, ids and
 // logits back to the host), cuda_matmul.cc (MatMul, MatMulGroup, GateUpActivation),
-// cuda_lora.cc (LoRA slots and LoraDelta),
+// cuda_lora.cc (LoRA slots and LoraDelta), cuda_kv_upload.cc (the prompt cache's staged block
+// uploads),
 // cuda_attention.cc (Rope, WriteKv, Attention and their fused forms), cuda_pointwise.cc (embedding,
 // norms, activations, elementwise ops), cuda_moe.cc (MoeMlp). Every op CHECKs its shapes and
 // records its launch (StepRecorder) with every value it depends on as the graph key; nothing
@@ -31,6 +32,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_block_upload.h"
 #include "backend/cuda/lora.h"
 #include "backend/cuda/runtime_switches.h"
 #include "backend/cuda/step_recorder.h"
@@ -197,8 +199,11 @@ class CudaBackend final : public Backend {
   Status SetKvFormat(const KvFormat& format, int32_t head_dim) override;
   int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override;
   std::string KvFormatText(int32_t head_dim) const override;
-  // Block copies for the prompt cache: one cudaMemcpyAsync per layer's K and V on the step
-  // stream (after the recorded ops are flushed), then a wait for the stream.
+  // Block copies for the prompt cache. To the host: one cudaMemcpyAsync per layer's K and V on
+  // the step stream (after the recorded ops and the staged uploads), then a wait for the stream.
+  // From the host (cuda_kv_upload.cc): the record is staged in page-locked memory and returns at
+  // once; the staged records go to the GPU as one copy and one scatter kernel when a staging half
+  // fills, and before anything reads the pool (BeginStep, CopyKvBlockToHost).
   int64_t KvBlockBytes() const override;
   Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override;
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override;
@@ -421,6 +426,23 @@ class CudaBackend final : public Backend {
   uint64_t moe_scratch_step_ = 0;
   size_t moe_scratch_bytes_ = 0;
   unsigned char* moe_scratch_ = nullptr;
+
+  // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
+  // Sends the current half's staged records (one copy, one ScatterKvBlocks) and switches halves.
+  void SendKvUploads();
+  // Two page-locked halves, each up to kv_upload_capacity_ records of kv_upload_record_bytes_,
+  // then their block ids and the pool's segment table; `sent` is recorded behind the half's
+  // scatter, so the half is refilled only once the GPU has read it.
+  struct KvUploadHalf {
+    PinnedBytes bytes;
+    std::vector<int32_t> blocks;  // staged block ids, in record order
+    Event sent;
+  };
+  std::array<KvUploadHalf, 2> kv_upload_;
+  int kv_upload_half_ = 0;
+  size_t kv_upload_record_bytes_ = 0, kv_upload_capacity_ = 0;
+  DeviceBuffer kv_upload_device_;           // one half's bytes (the halves take turns, in order)
+  std::vector<int32_t> kv_upload_index_;    // by block id: 1 + its record in the current half
 
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)

@@ -21,6 +21,7 @@ static_assert(sizeof(LogitEdit) == 16);
 
 Status CudaBackend::BeginStep(const BatchPlan& plan) {
   Flush();  // the previous step's ops, if nothing read its results
+  SendKvUploads();  // the prompt cache's staged blocks, before the step reads the pool
   if (kv_pool_.data() != nullptr) {
     const std::string err = plan.Validate(kv_blocks_);
     if (!err.empty()) return Status::Error("BatchPlan: " + err);
