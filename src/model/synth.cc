@@ -250,6 +250,33 @@ std::vector<Preset> Presets() {
   tiny_gpt_oss["num_key_value_heads"] = 2;
   tiny_gpt_oss["head_dim"] = 16;
   tiny_gpt_oss["num_experts_per_tok"] = tiny_gpt_oss["experts_per_token"] = 2;
+  // The qwen3_next and deepseek_v3 presets' tensors on toy bodies (their loaders' checks).
+  json tiny_next = Qwen3NextConfig();
+  for (const auto& [key, value] :
+       std::vector<std::pair<const char*, int>>{{"hidden_size", 64}, {"intermediate_size", 128},
+                                                {"num_attention_heads", 4}, {"head_dim", 16},
+                                                {"linear_key_head_dim", 16},
+                                                {"linear_value_head_dim", 16},
+                                                {"linear_num_key_heads", 2},
+                                                {"linear_num_value_heads", 4}, {"num_experts", 4},
+                                                {"num_experts_per_tok", 2},
+                                                {"moe_intermediate_size", 32},
+                                                {"shared_expert_intermediate_size", 32},
+                                                {"vocab_size", 512}, {"num_hidden_layers", 4},
+                                                {"max_position_embeddings", 1024}})
+    tiny_next[key] = value;
+  tiny_next["layer_types"].erase(tiny_next["layer_types"].begin() + 4, tiny_next["layer_types"].end());
+  json tiny_deepseek = DeepseekV3Config();
+  for (const auto& [key, value] : std::vector<std::pair<const char*, int>>{
+           {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
+           {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"head_dim", 8},
+           {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
+           {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"first_k_dense_replace", 1},
+           {"moe_intermediate_size", 32}, {"n_routed_experts", 8}, {"num_experts_per_tok", 2},
+           {"n_group", 2}, {"topk_group", 1}, {"vocab_size", 512},
+           {"max_position_embeddings", 1024}})
+    tiny_deepseek[key] = value;
+  tiny_deepseek["rope_scaling"] = nullptr;
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
@@ -265,6 +292,8 @@ std::vector<Preset> Presets() {
       {"tiny-gpt-oss", tiny_gpt_oss, gpt_oss_gen},
       {"qwen3-next-80b-a3b", Qwen3NextConfig(), qwen_gen},
       {"deepseek-v3", DeepseekV3Config(), json{{"bos_token_id", 0}, {"eos_token_id", 1}}},
+      {"tiny-qwen3-next", tiny_next, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
+      {"tiny-deepseek-v3", tiny_deepseek, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
   };
 }
 
