@@ -707,6 +707,7 @@ int64_t Model::KvBytesPerToken() const {
 }
 
 std::string Model::KvDTypes() const {
+  if (config_.mla()) return "f32";  // the latent pool, on every backend
   return backend_->KvFormatText(config_.head_dim);
 }
 
