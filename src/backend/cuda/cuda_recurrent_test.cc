@@ -57,14 +57,17 @@ BatchPlan RecurrentPlan(const StepSeqs& seqs) {
 
 TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
   // Prefill chunks, a later chunk continuing, a new sequence, padding sequences sharing slot 3
-  // (walked in plan order), then all-decode steps (captured and replayed as graphs).
+  // (walked in plan order), then all-decode steps (captured, then replayed as graphs: steps of
+  // one shape two steps apart share the staging half), then a prefill chunk again.
   const std::vector<StepSeqs> steps = {
       {{0, 0, 5}, {1, 0, 3}},
       {{0, 5, 1}, {1, 3, 4}, {2, 0, 2}},
       {{0, 6, 1}, {1, 7, 1}, {3, 0, 1}, {3, 0, 1}},
       {{0, 7, 1}, {1, 8, 1}, {2, 2, 1}},
       {{0, 8, 1}, {1, 9, 1}, {2, 3, 1}},
-      {{2, 4, 6}, {0, 9, 1}},
+      {{0, 9, 1}, {1, 10, 1}, {2, 4, 1}},  // the same shapes again: graph replays
+      {{0, 10, 1}, {1, 11, 1}, {2, 5, 1}},
+      {{2, 6, 6}, {0, 11, 1}},
   };
   struct Shape {
     int32_t k_heads, v_heads, dk, dv, kernel;
@@ -121,6 +124,8 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
       EXPECT_LT(RelL2(conv_out[1], D(conv_out[0])), 1e-5) << "conv";
       EXPECT_LT(RelL2(core[1], D(core[0])), 1e-5) << "delta rule";
     }
+    // The decode steps ran from captured graphs, two of them replayed.
+    EXPECT_GE(CudaGetGraphStats(*gpu).replays, 2);
   }
 }
 
