@@ -99,7 +99,7 @@ bool GemvGatedFused(int64_t m, int64_t k);
 // num_experts f32 vector pointers ([inter], [inter], [d]; all three or none). The scratch buffers
 // are sized by MoeMaxTiles and the row count; everything stays on the device (graph-capturable).
 constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
-constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
+constexpr int kMoeMaxSmem = 128 << 10;  // bytes of staged rows per block (d up to 8,192: DeepSeek-V3)
 constexpr int kMoeMaxExperts = 32 * 32;       // the route kernel's per-lane masks cover 32 each
 constexpr int kMoeMaxTopK = 32;
 // The default mode's choice of the experts' kernels for a step of `pairs` (row, expert) pairs:
