@@ -268,6 +268,22 @@ class CudaBackend final : public Backend {
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   bool TakesMxfp4Experts() const override { return !f32_compute_; }
 
+  // ---- recurrent layers (cuda_recurrent.cc; recurrent.cu): state slots in one device buffer ----
+  std::string RecurrentUnsupported() const override { return ""; }
+  Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override;
+  Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
+  Status GatedDeltaRule(const GatedDeltaParams& params, const Tensor& qkv, const Tensor& ba,
+                        Tensor out) override;
+  Status SigmoidGateMul(Tensor x, const Tensor& gate) override;
+
+  // ---- multi-head latent attention (cuda_mla.cc; mla_attention.cu): the latent pool is the KV
+  // pool with one f32 tensor per layer of [block_size, 1, latent + rope dims] rows ----
+  Status AllocateLatentKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                              int32_t width) override;
+  bool TakesMla() const override { return true; }
+  void MlaAttention(int32_t rope_id, const MlaParams& params, Tensor q, const Tensor& c,
+                    const Tensor& k_rope, Tensor out) override;
+
  private:
   // ---- the step workspace (cuda_backend.cc) ----
   void* ArenaAlloc(size_t bytes);
@@ -337,6 +353,10 @@ class CudaBackend final : public Backend {
   void AttentionInvariantLaunch(const AttentionCall& call, const PlanView& plan,
                                 int32_t max_query_len, int32_t splits, float* partials);
   void AttentionF32(const AttentionParams& params, const AttentionCall& call);
+
+  // The pool's geometry once kv_dtypes_ and the layer count are set: kv_layer_offset_ for
+  // `tensors` tensors per layer (2: K and V; 1: the latent pool), then the zeroed allocation.
+  Status AllocatePool(int32_t num_layers, int32_t num_blocks, int32_t tensors);
 
   // ---- mixture of experts (cuda_moe.cc) ----
   // Whether MoeMlp runs the experts on tensor cores (moe.cu): in the bf16 mode, with
@@ -418,6 +438,11 @@ class CudaBackend final : public Backend {
   bool kv_rotate_int4_ = true;      // (KvFormatText's; no int4 layer is taken)
   std::vector<size_t> kv_layer_offset_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
+  int32_t kv_tensors_ = 2;  // per layer: K and V; 1 for the latent pool (AllocateLatentKvPool)
+  // Recurrent state slots (AllocateStateSlots): [state_slots_, state_floats_] f32.
+  DeviceBuffer state_;
+  int32_t state_slots_ = 0;
+  int64_t state_floats_ = 0;
   // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
   // gate, up and down pointers (then scale and bias pointers), uploaded at its first use.
   std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
@@ -478,6 +503,7 @@ class CudaBackend final : public Backend {
   PlanView plan_;
   int32_t max_query_len_ = 0;
   int32_t max_context_len_ = 0;
+  bool state_slots_shared_ = false;  // two of the step's sequences share a state slot
   std::vector<int32_t> query_lens_;  // the step's rows per sequence (host copy of the plan's)
   bool in_step_ = false;
   uint64_t steps_begun_ = 0;

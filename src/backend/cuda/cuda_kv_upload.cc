@@ -32,7 +32,7 @@ Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_
     kv_upload_record_bytes_ = record;
     kv_upload_capacity_ = std::max<size_t>(1, kKvUploadHalfBytes / record);
     const size_t bytes = SegmentsOffset(kv_upload_capacity_, record) +
-                         2 * static_cast<size_t>(kv_layers_) * sizeof(KvBlockSegment);
+                         static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
     for (KvUploadHalf& h : kv_upload_) h.bytes.Reserve(bytes);
     kv_upload_device_ = DeviceBuffer(bytes);
     kv_upload_index_.assign(static_cast<size_t>(kv_blocks_), 0);
@@ -61,16 +61,17 @@ void CudaBackend::SendKvUploads() {
   std::memcpy(host + IdsOffset(n, record), half.blocks.data(), n * sizeof(int32_t));
   auto* segments = reinterpret_cast<KvBlockSegment*>(host + SegmentsOffset(n, record));
   uint64_t src = 0;
-  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {  // the record's order: layer-major, K then V
-    const uint64_t bytes = static_cast<uint64_t>(KvLayerBlockBytes(t / 2));
-    const uint64_t dst = kv_layer_offset_[static_cast<size_t>(t / 2)] +
-                         bytes * static_cast<uint64_t>(t % 2) * static_cast<uint64_t>(kv_blocks_);
+  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // the record's order: layer-major, K then V
+    const uint64_t bytes = static_cast<uint64_t>(KvLayerBlockBytes(t / kv_tensors_));
+    const uint64_t dst = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
+                         bytes * static_cast<uint64_t>(t % kv_tensors_) *
+                             static_cast<uint64_t>(kv_blocks_);
     segments[t] = {src, dst, bytes};
     src += bytes;
   }
   CHECK_EQ(src, record);
-  const size_t total =
-      SegmentsOffset(n, record) + 2 * static_cast<size_t>(kv_layers_) * sizeof(KvBlockSegment);
+  const size_t total = SegmentsOffset(n, record) +
+                       static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
   Flush();  // ops recorded before the upload run before it
   unsigned char* device = kv_upload_device_.as<unsigned char>();
   CUDA_CHECK(cudaMemcpyAsync(device, host, total, cudaMemcpyHostToDevice, stream_.get()));
@@ -78,7 +79,7 @@ void CudaBackend::SendKvUploads() {
                         reinterpret_cast<const int32_t*>(device + IdsOffset(n, record)),
                         static_cast<int32_t>(n),
                         reinterpret_cast<const KvBlockSegment*>(device + SegmentsOffset(n, record)),
-                        2 * kv_layers_, kv_pool_.as<unsigned char>(), stream_.get());
+                        kv_tensors_ * kv_layers_, kv_pool_.as<unsigned char>(), stream_.get());
   CUDA_CHECK(cudaEventRecord(half.sent.get(), stream_.get()));
   for (int32_t b : half.blocks) kv_upload_index_[static_cast<size_t>(b)] = 0;
   half.blocks.clear();
