@@ -271,6 +271,7 @@ class CudaBackend final : public Backend {
   // ---- recurrent layers (cuda_recurrent.cc; recurrent.cu): state slots in one device buffer ----
   std::string RecurrentUnsupported() const override { return ""; }
   Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override;
+  Status CopyStateSlot(int32_t src, int32_t dst) override;
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
   Status GatedDeltaRule(const GatedDeltaParams& params, const Tensor& qkv, const Tensor& ba,
                         Tensor out) override;

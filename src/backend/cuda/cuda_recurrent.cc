@@ -1,5 +1,5 @@
 // CudaBackend's recurrent ops (qwen3_next's gated DeltaNet layers): the state slots in one device
-// buffer, CausalConv1dSilu and GatedDeltaRule as one launch each (recurrent.cu), and
+// buffer (CopyStateSlot: one device-to-device copy on the step stream), CausalConv1dSilu and GatedDeltaRule as one launch each (recurrent.cu), and
 // SigmoidGateMul. Each launch reads the sequences' slots from the uploaded plan, so a decode graph
 // replays them for any slots; whether the step's sequences share a slot (padding rows, walked in
 // plan order) is part of the graph key.
@@ -25,6 +25,21 @@ Status CudaBackend::AllocateStateSlots(int32_t num_slots, int64_t floats_per_slo
   CUDA_CHECK(cudaMemsetAsync(state_.data(), 0, bytes, stream_.get()));
   state_slots_ = num_slots;
   state_floats_ = floats_per_slot;
+  return Status::Ok();
+}
+
+Status CudaBackend::CopyStateSlot(int32_t src, int32_t dst) {
+  if (state_.data() == nullptr) return Status::Error("CopyStateSlot before AllocateStateSlots");
+  if (src < 0 || src >= state_slots_ || dst < 0 || dst >= state_slots_)
+    return Status::Error("CopyStateSlot: slot " + std::to_string(src) + " -> " +
+                         std::to_string(dst) + " outside the " + std::to_string(state_slots_) +
+                         " allocated");
+  if (src == dst) return Status::Ok();
+  Flush();  // after every op recorded so far; later ops are launched after it on the stream
+  const size_t n = static_cast<size_t>(state_floats_);
+  CUDA_CHECK(cudaMemcpyAsync(state_.as<float>() + static_cast<size_t>(dst) * n,
+                             state_.as<float>() + static_cast<size_t>(src) * n, n * sizeof(float),
+                             cudaMemcpyDeviceToDevice, stream_.get()));
   return Status::Ok();
 }
 

@@ -92,9 +92,10 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
       w[i] = {Weight(*be[i], conv_w, {conv_dim, sh.kernel}), Weight(*be[i], a_log, {sh.v_heads}),
               Weight(*be[i], dt_bias, {sh.v_heads})};
     }
-    for (size_t s = 0; s < steps.size(); ++s) {
+    // One step of `seqs` on both backends, compared (s seeds its inputs).
+    auto run_step = [&](const StepSeqs& seqs, size_t s) {
       SCOPED_TRACE(::testing::Message() << "step " << s);
-      const BatchPlan plan = RecurrentPlan(steps[s]);
+      const BatchPlan plan = RecurrentPlan(seqs);
       const int64_t n = plan.num_tokens();
       const std::vector<float> qkv = Random(static_cast<size_t>(n * conv_dim), 10 + s);
       const std::vector<float> ba = Random(static_cast<size_t>(n * 2 * sh.v_heads), 20 + s);
@@ -123,9 +124,14 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
       }
       EXPECT_LT(RelL2(conv_out[1], D(conv_out[0])), 1e-5) << "conv";
       EXPECT_LT(RelL2(core[1], D(core[0])), 1e-5) << "delta rule";
-    }
+    };
+    for (size_t s = 0; s < steps.size(); ++s) run_step(steps[s], s);
     // The decode steps ran from captured graphs, two of them replayed.
     EXPECT_GE(CudaGetGraphStats(*gpu).replays, 2);
+    // A checkpoint copy (CopyStateSlot, the prefix cache's) continues where its source was.
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
+    run_step({{3, 12, 2}}, steps.size());
+    EXPECT_FALSE(gpu->CopyStateSlot(0, 4).ok());  // outside the 4 slots
   }
 }
 
