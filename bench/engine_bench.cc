@@ -12,7 +12,10 @@
 // --spec-method ngram|draft (draft: --draft-model DIR) runs every test with speculative decoding;
 // each level's line then adds the drafted and accepted tokens, the acceptance rate and the tokens per target step (a sequence's
 // tokens per step it sampled in). --copy-prompt makes each prompt a random quarter repeated four
-// times (copy-heavy text, where prompt lookup finds its drafts).
+// times (copy-heavy text, where prompt lookup finds its drafts). --json-schema FILE constrains
+// every sample to the schema (structured output; the model folder needs its tokenizer.json): a
+// schema that cannot end within --gen-len tokens (e.g. an array with a large minItems) keeps every
+// sequence running, for the same-shape comparison with an unconstrained run.
 // Results go to docs/perf.md with the machine, the command and the date.
 #include <algorithm>
 #include <atomic>
@@ -23,20 +26,21 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "bench_engine.h"
 #include "engine/engine.h"
 #include "engine/model_draft_source.h"
+#include "sampling/json_schema.h"
+#include "serve/request_builder.h"
+#include "tokenizer/tokenizer.h"
+#include "util/mapped_file.h"
 #include "util/flags.h"
 
 namespace ember {
 namespace {
 
 double Seconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab,
                                   bool copy = false) {
@@ -53,13 +57,18 @@ struct RunResult {
   int64_t generated = 0;
 };
 
-std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const GenerationRequest& request) {
-  auto submitted = engine.Submit(request);
-  if (auto* e = std::get_if<SubmitError>(&submitted)) {
-    std::fprintf(stderr, "submit refused: %s\n", e->message.c_str());
-    std::exit(1);
-  }
-  return std::get<std::shared_ptr<ResponseStream>>(std::move(submitted));
+// --json-schema FILE: the constraint every request carries (the model folder's tokenizer spells
+// the tokens).
+Result<std::shared_ptr<const TokenConstraint>> SchemaConstraint(const std::string& file,
+                                                                const std::string& model_dir,
+                                                                int32_t vocab) {
+  EMBER_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  const auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (schema.is_discarded()) return Status::Error(file + ": not JSON");
+  EMBER_ASSIGN_OR_RETURN(auto compiled, CompileJsonSchema(schema, file));
+  EMBER_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::Load(model_dir));
+  return std::shared_ptr<const TokenConstraint>(
+      MakeJsonSchemaConstraint(serve::VocabularyTexts(*tokenizer, vocab), std::move(compiled)));
 }
 
 // Drains one stream: appends its generated tokens' stamps to *times; returns its first one's.
@@ -94,7 +103,7 @@ SustainedResult RunSustained(Engine& engine, const std::vector<GenerationRequest
     threads.emplace_back([&, c] {
       for (size_t i = next++; i < requests.size(); i = next++) {
         const int64_t submitted = NowNs();
-        auto stream = SubmitOrDie(engine, requests[i]);
+        auto stream = SubmitOrExit(engine, requests[i]);
         ttft_ms[c] += Seconds(Drain(*stream, &times[c]) - submitted) * 1e3;
         ends[c].push_back(NowNs());
       }
@@ -127,7 +136,7 @@ SustainedResult RunSustained(Engine& engine, const std::vector<GenerationRequest
 RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& requests) {
   int64_t start = NowNs();
   std::vector<std::shared_ptr<ResponseStream>> streams;
-  for (const GenerationRequest& r : requests) streams.push_back(SubmitOrDie(engine, r));
+  for (const GenerationRequest& r : requests) streams.push_back(SubmitOrExit(engine, r));
   RunResult result;
   double ttft_sum = 0;
   std::vector<int64_t> times;  // every generated token's stamp
@@ -187,6 +196,9 @@ int Main(int argc, char** argv) {
                 "each prompt is a random quarter repeated four times (copy-heavy)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
+  std::string json_schema_file;
+  flags.AddString("--json-schema", &json_schema_file,
+                  "constrain every sample to the JSON schema in this file (structured output)");
   flags.AddBool("--no-overlap", &no_overlap,
                 "each step waits for the previous step's tokens (EngineConfig::overlap_steps off)");
   bool help = false;
@@ -211,6 +223,15 @@ int Main(int argc, char** argv) {
   }
   const int32_t vocab = (*model)->config().vocab_size;
   std::mt19937 rng(42);
+  std::shared_ptr<const TokenConstraint> constraint;
+  if (!json_schema_file.empty()) {
+    auto made = SchemaConstraint(json_schema_file, model_dir, vocab);
+    if (!made.ok()) {
+      std::fprintf(stderr, "--json-schema: %s\n", made.message().c_str());
+      return 1;
+    }
+    constraint = std::move(*made);
+  }
 
   int64_t max_level = *std::max_element(levels.begin(), levels.end());
   EngineConfig config;
@@ -240,10 +261,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
     return 1;
   }
-  std::printf("model %s, prompt %lld, gen %lld, temperature %.2f, top_p %.2f, KV cache %.1f MiB\n",
+  std::printf("model %s, prompt %lld, gen %lld, temperature %.2f, top_p %.2f, KV cache %.1f MiB%s\n",
               model_dir.c_str(), static_cast<long long>(prompt_len),
               static_cast<long long>(gen_len), temperature, top_p,
-              (*engine)->kv_cache_bytes() / 1048576.0);
+              (*engine)->kv_cache_bytes() / 1048576.0,
+              constraint ? (", JSON schema " + json_schema_file).c_str() : "");
   std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
               "mean TTFT ms |\n|---|---|---|---|---|\n");
   auto make_requests = [&](int64_t count) {
@@ -256,6 +278,7 @@ int Main(int argc, char** argv) {
       r.sampling.top_p = static_cast<float>(top_p);
       r.sampling.seed = static_cast<uint64_t>(i);
       r.ignore_eos = true;
+      r.constraint = constraint;
       requests.push_back(std::move(r));
     }
     return requests;

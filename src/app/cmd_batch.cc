@@ -51,9 +51,8 @@ Status ParseLine(const std::string& text, serve::ServedModel* model, bool* json_
     return false;
   };
   if (!*json_mode_built && body.is_object() && asks_structured() && model->tokenizer != nullptr) {
-    model->token_texts = serve::JsonModeTexts(*model->tokenizer, model->vocab_size);
-    if (model->token_texts != nullptr)
-      model->grammars = std::make_shared<GbnfCache>(model->token_texts, model->defaults.eos_token_ids);
+    model->token_texts = serve::VocabularyTexts(*model->tokenizer, model->vocab_size);
+    model->grammars = std::make_shared<GbnfCache>(model->token_texts, model->defaults.eos_token_ids);
     *json_mode_built = true;
   }
   serve::Prepared prepared =

@@ -1,6 +1,7 @@
 #include "app/model_files.h"
 
 #include "model/gguf_model.h"
+#include "serve/gguf_chat_template.h"
 #include "util/mapped_file.h"
 
 namespace ember::app {
@@ -20,16 +21,8 @@ Result<std::unique_ptr<Tokenizer>> LoadModelTokenizer(const std::string& model_p
 Result<ChatTemplate> LoadModelChatTemplate(const std::string& model_path) {
   if (!IsGgufFile(model_path)) return ChatTemplate::Load(model_path);
   EMBER_ASSIGN_OR_RETURN(GgufFile file, GgufFile::Open(model_path));
-  EMBER_ASSIGN_OR_RETURN(std::string source, GgufChatTemplate(file));
-  EMBER_ASSIGN_OR_RETURN(std::string tool_use, GgufChatTemplate(file, "tool_use"));
-  if (source.empty() && tool_use.empty()) return ChatTemplate();
-  EMBER_ASSIGN_OR_RETURN(GgufVocab vocab, GgufVocabOf(file));
-  auto token = [&](const std::optional<int32_t>& id) {
-    return id && size_t(*id) < vocab.tokens.size() ? vocab.tokens[size_t(*id)] : std::string();
-  };
-  auto loaded = ChatTemplate::FromSources(std::move(source), std::move(tool_use),
-                                          token(vocab.bos_token_id), token(vocab.eos_token_id));
-  if (!loaded.ok()) return loaded.status().WithContext(model_path + ": tokenizer.chat_template");
+  auto loaded = GgufFileChatTemplate(file);
+  if (!loaded.ok()) return loaded.status().WithContext(model_path);
   return loaded;
 }
 

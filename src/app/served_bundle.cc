@@ -48,9 +48,8 @@ Result<std::unique_ptr<ServedBundle>> ServedBundle::Load(const std::string& dir,
   served.chat_template = &bundle->chat_template_;
   served.protected_strings = serve::ProtectedStringsOf(*lm.tokenizer, bundle->chat_template_);
   served.max_n = options.engine.Config().max_n;
-  served.token_texts = serve::JsonModeTexts(*lm.tokenizer, served.vocab_size);
-  if (served.token_texts != nullptr)
-    served.grammars = std::make_shared<GbnfCache>(served.token_texts, served.defaults.eos_token_ids);
+  served.token_texts = serve::VocabularyTexts(*lm.tokenizer, served.vocab_size);
+  served.grammars = std::make_shared<GbnfCache>(served.token_texts, served.defaults.eos_token_ids);
   served.tool_format = parsers.tools;
   served.reasoning_format = parsers.reasoning;
   served.embeddings = serve::ReadEmbeddingSupport(dir);

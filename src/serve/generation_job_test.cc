@@ -40,7 +40,7 @@ class GenerationJobTest : public ::testing::Test {
     served_.defaults = model_->generation_defaults();
     served_.context_length = engine_->context_length();
     served_.vocab_size = engine_->vocab_size();
-    served_.token_texts = JsonModeTexts(*tokenizer_, served_.vocab_size);
+    served_.token_texts = VocabularyTexts(*tokenizer_, served_.vocab_size);
   }
 
   std::unique_ptr<GenerationJob> Start(const json& body) {
@@ -172,6 +172,22 @@ TEST_F(GenerationJobTest, ContextOverflowNamesTheNumbers) {
   Prepared chat = PrepareChat(served_, {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(chat));
   EXPECT_NE(std::get<ApiError>(chat).message.find("chat template"), std::string::npos);
+}
+
+// TinyStories' vocabulary cannot spell `{`: it still serves the structured outputs that need
+// none (a regex, a grammar); JSON mode is refused per request, naming the field.
+TEST_F(GenerationJobTest, StructuredOutputWithoutBraceTokens) {
+  ASSERT_NE(served_.token_texts, nullptr);
+  const json regex = {{"prompt", "Once"}, {"max_tokens", 4}, {"guided_regex", "[a-z ]+"}};
+  EXPECT_TRUE(std::holds_alternative<PreparedRequest>(PrepareCompletion(served_, regex)));
+  const json grammar = {{"prompt", "Once"}, {"max_tokens", 4}, {"grammar", "root ::= [a-z]+"}};
+  EXPECT_TRUE(std::holds_alternative<PreparedRequest>(PrepareCompletion(served_, grammar)));
+  const json object = {{"prompt", "Once"}, {"response_format", {{"type", "json_object"}}}};
+  Prepared refused = PrepareCompletion(served_, object);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "response_format");
+  EXPECT_NE(std::get<ApiError>(refused).message.find("can start"), std::string::npos)
+      << std::get<ApiError>(refused).message;
 }
 
 TEST_F(GenerationJobTest, DestroyingAnUnfinishedJobCancelsIt) {

@@ -11,6 +11,7 @@
 #include "model/gguf_model.h"
 #include "model/gguf_quants.h"
 #include "serve/embedding_config.h"
+#include "serve/gguf_chat_template.h"
 #include "serve/output_parsers.h"
 #include "template/chat_template.h"
 #include "util/log.h"
@@ -156,25 +157,10 @@ LibraryModelInfo DescribeGgufFile(const fs::path& root, const fs::path& file) {
   auto config = GgufModelConfig(*gguf);
   info.details["context_length"] = config.ok() ? json(config->max_position_embeddings) : json();
   DescribeEmbeddings(info.path, &info);
-  auto source = GgufChatTemplate(*gguf);
-  auto tool_use = GgufChatTemplate(*gguf, "tool_use");
   auto vocab = GgufVocabOf(*gguf);
-  if (source.ok() && tool_use.ok() && vocab.ok() && !(source->empty() && tool_use->empty())) {
-    const auto token = [&](std::optional<int32_t> id) {
-      return id && *id >= 0 && *id < static_cast<int32_t>(vocab->tokens.size())
-                 ? vocab->tokens[static_cast<size_t>(*id)]
-                 : std::string();
-    };
-    DescribeTemplate(ChatTemplate::FromSources(*source, *tool_use, token(vocab->bos_token_id),
-                                               token(vocab->eos_token_id)),
-                     &info);
-  } else {
-    DescribeTemplate(ChatTemplate(), &info);
-  }
+  DescribeTemplate(GgufFileChatTemplate(*gguf), &info);  // sets problem when it fails
   if (!config.ok()) info.problem = config.message();
   else if (!vocab.ok()) info.problem = vocab.message();
-  else if (!source.ok()) info.problem = source.message();
-  else if (!tool_use.ok()) info.problem = tool_use.message();
   return info;
 }
 

@@ -77,8 +77,8 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
   const std::string& path = p.output_field;
   const std::string field = path.substr(0, path.find('.'));
   if (model.token_texts == nullptr) {
-    return InvalidRequest(field + ": structured output is not available for this model: "
-                          "no token of its vocabulary can start a JSON object",
+    return InvalidRequest(field + ": structured output needs the model's tokenizer (the texts "
+                          "of its tokens), and this model is served without one",
                           field, "unsupported_value");
   }
   Constraint constraint;
@@ -226,8 +226,8 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           field);
   }
   if (model.token_texts == nullptr) {
-    return InvalidRequest("tool_choice: this model's vocabulary cannot spell a JSON object, so a "
-                          "tool call cannot be forced",
+    return InvalidRequest("tool_choice: forcing a tool call needs the model's tokenizer (the "
+                          "texts of its tokens), and this model is served without one",
                           "tool_choice", "unsupported_value");
   }
   const RequestJson& tools = req.tools;
@@ -274,14 +274,11 @@ std::vector<int32_t> DryBreakerIdsOf(const Tokenizer& tokenizer, int32_t vocab_s
   });
 }
 
-std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
+std::shared_ptr<const TokenTexts> VocabularyTexts(const Tokenizer& tokenizer, int32_t vocab_size) {
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
   const int32_t known = std::min(vocab_size, tokenizer.vocab_size());
   for (int32_t id = 0; id < known; ++id) bytes[static_cast<size_t>(id)] = tokenizer.TokenBytes(id);
-  std::shared_ptr<const TokenTexts> texts = TokenTexts::Build(std::move(bytes));
-  std::vector<uint8_t> allowed;
-  if (JsonObjectConstraint(texts).Allowed(allowed) == 0) return nullptr;
-  return texts;
+  return TokenTexts::Build(std::move(bytes));
 }
 
 SchemaLimits LimitsFor(const ServedModel& model) {

@@ -46,9 +46,10 @@ struct ServedModel {
   int32_t context_length = 0;
   int32_t vocab_size = 0;
   int32_t max_n = 16;
-  // Structured output (response_format, forced tool calls): every token id's text; null when the
-  // vocabulary cannot start a JSON object (such requests are then refused). JsonModeTexts()
-  // builds it.
+  // Structured output (response_format, grammars, forced tool calls): every token id's text;
+  // null without a tokenizer (such requests are then refused). VocabularyTexts() builds it; a
+  // constraint that no token of the vocabulary can start is refused per request
+  // (CheckConstraintCanStart), so a vocabulary without `{` still serves regexes and grammars.
   std::shared_ptr<const TokenTexts> token_texts;
   // GBNF grammars compiled for token_texts, shared by the requests that send the same grammar
   // (null: each request compiles its own).
@@ -79,9 +80,9 @@ std::shared_ptr<const std::vector<std::string>> ProtectedStringsOf(const Tokeniz
 std::vector<int32_t> DryBreakerIdsOf(const Tokenizer& tokenizer, int32_t vocab_size,
                                      std::span<const std::string> breakers);
 
-// The texts JSON mode needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids past
-// the tokenizer's have no text); null when no token can start an object.
-std::shared_ptr<const TokenTexts> JsonModeTexts(const Tokenizer& tokenizer, int32_t vocab_size);
+// The texts structured output needs for `tokenizer`'s ids, over the model's `vocab_size` ids (ids
+// past the tokenizer's have no text).
+std::shared_ptr<const TokenTexts> VocabularyTexts(const Tokenizer& tokenizer, int32_t vocab_size);
 
 enum class Endpoint { kChat, kCompletion };
 
