@@ -22,6 +22,7 @@ namespace ember {
 struct BenchModelFlags {
   std::string model_dir, synth, device = "cpu";
   int64_t layers = 0;
+  bool mtp = false;  // --synth: also the MTP module (SynthOptions::mtp; spec_bench's mtp)
 
   void Register(FlagParser& flags) {
     flags.AddString("--model", &model_dir, "model folder");
@@ -39,6 +40,7 @@ struct BenchModelFlags {
     so.preset = synth;
     so.out_dir = tmp_dir + "/model";
     so.num_layers = static_cast<int32_t>(layers);
+    so.mtp = mtp;
     if (Status st = WriteSynthCheckpoint(so); !st.ok()) return st;
     return so.out_dir;
   }

@@ -12,10 +12,11 @@
 // --spec-method ngram|draft (draft: --draft-model DIR) runs every test with speculative decoding;
 // each level's line then adds the drafted and accepted tokens, the acceptance rate and the tokens per target step (a sequence's
 // tokens per step it sampled in). --copy-prompt makes each prompt a random quarter repeated four
-// times (copy-heavy text, where prompt lookup finds its drafts). --json-schema FILE constrains
-// every sample to the schema (structured output; the model folder needs its tokenizer.json): a
-// schema that cannot end within --gen-len tokens (e.g. an array with a large minItems) keeps every
-// sequence running, for the same-shape comparison with an unconstrained run.
+// times (copy-heavy text, where prompt lookup finds its drafts).
+// --schema FILE constrains every request to that JSON schema over the model folder's tokenizer
+// (structured output; a vocabulary without "{" / "}" tokens, as TinyStories', spells them with
+// its "<" / ">" tokens, said in the header); each level's lines then add the engine steps per
+// request and the tokens jump-forward appended without sampling (--no-jump-forward: none).
 // Results go to docs/perf.md with the machine, the command and the date.
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,6 @@
 #include "engine/engine.h"
 #include "engine/model_draft_source.h"
 #include "sampling/json_schema.h"
-#include "serve/request_builder.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/flags.h"
@@ -52,24 +52,34 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len, int32_t vocab,
   return ids;
 }
 
+// --schema: the JSON-schema constraint over the model folder's tokenizer. A vocabulary without
+// "{" or "}" (TinyStories) spells them with its "<" and ">" tokens (*spelled says so).
+Result<std::shared_ptr<TokenConstraint>> SchemaConstraint(const std::string& model_dir,
+                                                          const std::string& schema_path,
+                                                          bool* spelled) {
+  auto tokenizer = Tokenizer::Load(model_dir);
+  if (!tokenizer.ok()) return Status::Error(tokenizer.message());
+  auto text = ReadFileToString(schema_path);
+  if (!text.ok()) return Status::Error(text.message());
+  const auto parsed = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return Status::Error("--schema: " + schema_path + " is not JSON");
+  auto schema = CompileJsonSchema(parsed, "--schema");
+  if (!schema.ok()) return Status::Error(schema.message());
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tokenizer)->vocab_size()));
+  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id)
+    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
+  *spelled = std::find(bytes.begin(), bytes.end(), std::optional<std::string>("{")) == bytes.end();
+  for (auto& b : bytes) {
+    if (*spelled && b == "<") b = "{";
+    if (*spelled && b == ">") b = "}";
+  }
+  return MakeJsonSchemaConstraint(TokenTexts::Build(std::move(bytes)), *schema);
+}
+
 struct RunResult {
   double wall_s = 0, gen_tps = 0, mean_ttft_ms = 0, decode_tps = 0;
   int64_t generated = 0;
 };
-
-// --json-schema FILE: the constraint every request carries (the model folder's tokenizer spells
-// the tokens).
-Result<std::shared_ptr<const TokenConstraint>> SchemaConstraint(const std::string& file,
-                                                                const std::string& model_dir,
-                                                                int32_t vocab) {
-  EMBER_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
-  const auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (schema.is_discarded()) return Status::Error(file + ": not JSON");
-  EMBER_ASSIGN_OR_RETURN(auto compiled, CompileJsonSchema(schema, file));
-  EMBER_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::Load(model_dir));
-  return std::shared_ptr<const TokenConstraint>(
-      MakeJsonSchemaConstraint(serve::VocabularyTexts(*tokenizer, vocab), std::move(compiled)));
-}
 
 // Drains one stream: appends its generated tokens' stamps to *times; returns its first one's.
 int64_t Drain(ResponseStream& stream, std::vector<int64_t>* times) {
@@ -194,11 +204,14 @@ int Main(int argc, char** argv) {
                "no drafts while more sequences than this run (16)");
   flags.AddBool("--copy-prompt", &copy_prompt,
                 "each prompt is a random quarter repeated four times (copy-heavy)");
+  std::string schema_path;
+  bool no_jump_forward = false;
+  flags.AddString("--schema", &schema_path,
+                  "constrain every request to this JSON schema (structured output)");
+  flags.AddBool("--no-jump-forward", &no_jump_forward,
+                "sample every constrained token (EngineConfig::jump_forward off)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
-  std::string json_schema_file;
-  flags.AddString("--json-schema", &json_schema_file,
-                  "constrain every sample to the JSON schema in this file (structured output)");
   flags.AddBool("--no-overlap", &no_overlap,
                 "each step waits for the previous step's tokens (EngineConfig::overlap_steps off)");
   bool help = false;
@@ -223,15 +236,6 @@ int Main(int argc, char** argv) {
   }
   const int32_t vocab = (*model)->config().vocab_size;
   std::mt19937 rng(42);
-  std::shared_ptr<const TokenConstraint> constraint;
-  if (!json_schema_file.empty()) {
-    auto made = SchemaConstraint(json_schema_file, model_dir, vocab);
-    if (!made.ok()) {
-      std::fprintf(stderr, "--json-schema: %s\n", made.message().c_str());
-      return 1;
-    }
-    constraint = std::move(*made);
-  }
 
   int64_t max_level = *std::max_element(levels.begin(), levels.end());
   EngineConfig config;
@@ -241,6 +245,7 @@ int Main(int argc, char** argv) {
   config.max_queue = static_cast<int32_t>(max_level) + 8;
   config.enable_prefix_caching = false;  // distinct prompts: measure computation, not cache hits
   config.overlap_steps = !no_overlap;
+  config.jump_forward = !no_jump_forward;
   config.speculation.method = spec_method == "ngram"   ? SpeculationConfig::Method::kNgram
                               : spec_method == "draft" ? SpeculationConfig::Method::kDraft
                                                        : SpeculationConfig::Method::kNone;
@@ -261,11 +266,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", engine.message().c_str());
     return 1;
   }
-  std::printf("model %s, prompt %lld, gen %lld, temperature %.2f, top_p %.2f, KV cache %.1f MiB%s\n",
+  std::shared_ptr<TokenConstraint> constraint;
+  bool spelled = false;
+  if (!schema_path.empty()) {
+    auto made = SchemaConstraint(model_dir, schema_path, &spelled);
+    if (!made.ok()) return std::fprintf(stderr, "%s\n", made.message().c_str()), 1;
+    constraint = *made;
+  }
+  std::printf("model %s, prompt %lld, gen %lld, temperature %.2f, top_p %.2f, KV cache %.1f MiB\n",
               model_dir.c_str(), static_cast<long long>(prompt_len),
               static_cast<long long>(gen_len), temperature, top_p,
-              (*engine)->kv_cache_bytes() / 1048576.0,
-              constraint ? (", JSON schema " + json_schema_file).c_str() : "");
+              (*engine)->kv_cache_bytes() / 1048576.0);
+  if (constraint != nullptr) {
+    std::printf("JSON schema %s%s, jump-forward %s\n", schema_path.c_str(),
+                spelled ? " (no brace in the vocabulary: \"<\" and \">\" spell them)" : "",
+                no_jump_forward ? "off" : "on");
+  }
   std::printf("| concurrency | generated tok/s (whole run) | decode tok/s (all running) | wall s | "
               "mean TTFT ms |\n|---|---|---|---|---|\n");
   auto make_requests = [&](int64_t count) {
@@ -284,7 +300,7 @@ int Main(int argc, char** argv) {
     return requests;
   };
   // Where the engine thread's time went between two Stats(), a line printed after a table.
-  auto step_line = [](int64_t level, const EngineStats& before, const EngineStats& after) {
+  auto step_line = [&](int64_t level, const EngineStats& before, const EngineStats& after) {
     const int64_t steps = std::max<int64_t>(1, after.steps - before.steps);
     auto per_step_ms = [&](int64_t ns) { return static_cast<double>(ns) / 1e6 / steps; };
     const int64_t decode_steps = after.decode_steps - before.decode_steps;
@@ -314,7 +330,20 @@ int Main(int argc, char** argv) {
                   static_cast<long long>(drafted), static_cast<long long>(accepted),
                   drafted > 0 ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
                   seq_steps > 0 ? static_cast<double>(tokens) / seq_steps : 0.0);
-    return std::string(line) + spec;
+    std::string out = std::string(line) + spec;
+    if (constraint != nullptr) {
+      const int64_t requests = after.requests_finished - before.requests_finished;
+      const int64_t generated = after.generated_tokens - before.generated_tokens;
+      std::snprintf(spec, sizeof(spec),
+                    "  constrained: %.1f engine steps per request (%lld requests), %.1f tokens per "
+                    "request, %lld forced (jump-forward)\n",
+                    static_cast<double>(steps) / static_cast<double>(std::max<int64_t>(1, requests)),
+                    static_cast<long long>(requests),
+                    static_cast<double>(generated) / static_cast<double>(std::max<int64_t>(1, requests)),
+                    static_cast<long long>(after.forced_tokens - before.forced_tokens));
+      out += spec;
+    }
+    return out;
   };
   std::string step_lines;
   for (int64_t level : levels) {

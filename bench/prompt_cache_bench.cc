@@ -12,8 +12,9 @@
 //              that restarts without a reboot).
 // Each row is --repeats runs (a fresh model, engine and directory state per run where the row
 // needs one); the median TTFT is printed with the tokens served from cache and the measured
-// read rate of the tier the row read (RAM or disk). max_tokens 1. Results go to docs/perf.md
-// with machine, command and date.
+// read rate of the tier the row read (RAM or disk). max_tokens 1. A hybrid model (qwen3_next)
+// resumes from the recurrent-state checkpoint the tiers keep with the prompt's last full block.
+// Results go to docs/perf.md with machine, command and date.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@ struct Sample {
   double read_mb_per_s = 0;  // the disk tier's measured reads so far
   double ram_mb_per_s = 0;   // the RAM tier's
   int64_t ram_promotions = 0;
+  int64_t state_restores = 0;  // a hybrid model: sequences resumed from a tier's checkpoint
 };
 
 // One request of max_tokens 1: its TTFT (submit to the first token) and cached tokens.
@@ -63,6 +65,7 @@ Sample Ask(Engine& engine, const std::vector<int32_t>& prompt) {
   s.read_mb_per_s = pc.read_bytes_per_s / 1e6;
   s.ram_mb_per_s = pc.ram.read_bytes_per_s / 1e6;
   s.ram_promotions = pc.ram.promotions;
+  s.state_restores = pc.state_restores;
   return s;
 }
 
@@ -137,6 +140,12 @@ int Main(int argc, char** argv) {
       const int64_t blocks = 2 * (prompt_len / c.block_size + 2) + 2;
       c.kv_cache_bytes = blocks * c.block_size * models.back()->KvBytesPerToken();
       c.prompt_cache.ram_bytes = ram_bytes;
+      // A hybrid model: the budget also holds the state slots and 16 checkpoints (the three
+      // prompts' checkpoints stay live until their blocks are evicted to RAM).
+      if (const int64_t state = models.back()->StateBytesPerSequence(); state > 0) {
+        c.state_checkpoint_bytes = 16 * state;
+        c.kv_cache_bytes += (int64_t{c.max_running} + 1) * state + c.state_checkpoint_bytes;
+      }
     }
     auto engine = Engine::Create(models.back().get(), c);
     if (!engine.ok()) {
@@ -205,6 +214,11 @@ int Main(int argc, char** argv) {
       last_disk_cold.read_mb_per_s);
   row("disk hit, restart, warm pc", Median(disk_warm), last_disk_warm,
       last_disk_warm.read_mb_per_s);
+  if (last_disk_warm.state_restores > 0 || last_ram.state_restores > 0)
+    std::printf("hybrid model: the RAM and disk rows resumed from a state checkpoint read from "
+                "the tier (restores on the last runs: RAM %lld, disk %lld)\n",
+                static_cast<long long>(last_ram.state_restores),
+                static_cast<long long>(last_disk_warm.state_restores));
   std::filesystem::remove_all(cache_dir);
   std::filesystem::remove_all(synth_dir);
   return 0;

@@ -9,7 +9,10 @@
 // does when speculating, so that greedy verification keeps the recorded tokens); the baseline
 // "off" row is also run on a second load of the model without them (the fastest non-speculating
 // configuration, what a user gets with speculation off). The prefix cache is off: every run
-// computes its prompts. Results go to docs/perf.md with machine, command, date.
+// computes its prompts. --spec-method mtp replaces the replay draft by the checkpoint's own
+// multi-token-prediction module (deepseek_v3 with model.layers.N.*: --synth tiny-deepseek-v3
+// writes one): one run after the baseline, its real acceptance, and whether its outputs equal the
+// baseline's. Results go to docs/perf.md with machine, command, date.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +24,7 @@
 
 #include "bench_engine.h"
 #include "engine/engine.h"
+#include "engine/model_draft_source.h"
 #include "engine/replay_draft_source.h"
 #include "util/flags.h"
 
@@ -74,6 +78,21 @@ std::vector<double> ParseRates(const std::string& text) {
   return rates;
 }
 
+// --spec-method mtp's run: the module's drafts on the prompts `off` ran without speculation.
+void PrintMtpRun(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int32_t gen,
+                 const RunOut& off) {
+  const RunOut on = Run(engine, prompts, gen, true);
+  const EngineStats &s = on.stats, &b = off.stats;
+  const double steps = static_cast<double>(s.sampled_seq_steps - b.sampled_seq_steps);
+  const double drafted = static_cast<double>(s.spec_draft_tokens - b.spec_draft_tokens);
+  const double kept = static_cast<double>(s.spec_accepted_tokens - b.spec_accepted_tokens);
+  std::printf("%-34s %10.1f %12.2f %11.3f %7.3fx\n",
+              on.outputs == off.outputs ? "mtp" : "mtp (OUTPUT DIFFERS)", on.tok_per_s,
+              static_cast<double>(s.sampled_tokens - b.sampled_tokens) / std::max(steps, 1.0),
+              drafted > 0 ? kept / drafted : 0.0, on.tok_per_s / off.tok_per_s);
+  std::printf("mtp: %.0f drafted, %.0f accepted, %.0f target steps\n", drafted, kept, steps);
+}
+
 std::unique_ptr<Model> LoadOrExit(const std::string& dir, ModelLoadOptions opts) {
   auto model = Model::Load(dir, opts);
   if (!model.ok()) {
@@ -87,11 +106,14 @@ int Main(int argc, char** argv) {
   FlagParser flags(
       "spec_bench (--model DIR | --synth PRESET [--layers N]) [--device cpu|cuda] "
       "[--concurrency 1] [--prompt 128] [--gen 256] [--num-spec-tokens 4] "
-      "[--acceptance 0.5,0.7,0.9]");
+      "[--acceptance 0.5,0.7,0.9] [--spec-method replay|mtp]");
   BenchModelFlags model_flags;
   model_flags.Register(flags);
   int64_t concurrency = 1, prompt_len = 128, gen = 256, k = 4, threads = 0, max_batch = 16;
-  std::string acceptance = "0.5,0.7,0.9";
+  std::string acceptance = "0.5,0.7,0.9", spec_method = "replay";
+  flags.AddString("--spec-method", &spec_method,
+                  "replay (the recorded outputs at each --acceptance, default) or mtp (the "
+                  "checkpoint's multi-token-prediction module; with --synth, written with it)");
   flags.AddInt("--concurrency", &concurrency, "concurrent sequences (default 1)");
   flags.AddInt("--prompt", &prompt_len, "prompt tokens (default 128)");
   flags.AddInt("--gen", &gen, "generated tokens per sequence (default 256)");
@@ -103,6 +125,11 @@ int Main(int argc, char** argv) {
   bool help = false;
   Status parsed = flags.Parse(argc, argv, 1, &help);
   if (int rc = flags.ExitStatusAfterParse(parsed, help); rc >= 0) return rc;
+  if (spec_method != "replay" && spec_method != "mtp")
+    return flags.ExitStatusAfterParse(
+        Status::Error("--spec-method: replay or mtp, not " + spec_method), false);
+  const bool mtp = spec_method == "mtp";
+  model_flags.mtp = mtp;
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("ember_spec_bench_" + std::to_string(getpid())))
           .string();
@@ -131,7 +158,14 @@ int Main(int argc, char** argv) {
   auto owned = std::make_unique<ReplayDraftSource>(std::vector<ReplayDraftSource::Run>{}, vocab,
                                                    ReplayDraftSource::Errors{});
   ReplayDraftSource* replay = owned.get();
-  auto engine = Engine::Create(model.get(), config, std::move(owned));
+  std::unique_ptr<DraftSource> source = std::move(owned);
+  if (mtp) {
+    config.speculation.method = SpeculationConfig::Method::kMtp;
+    auto loaded = LoadDraftSource(config.speculation, opts, vocab, *dir);
+    if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.message().c_str()), 1;
+    source = std::move(*loaded);
+  }
+  auto engine = Engine::Create(model.get(), config, std::move(source));
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.message().c_str()), 1;
   const int32_t g = static_cast<int32_t>(gen);
   Run(**engine, prompts, 8, false);  // warm-up (graphs, allocations)
@@ -148,7 +182,8 @@ int Main(int argc, char** argv) {
   std::printf("%-34s %10.1f %12.2f %11s %7.3fx\n", "off (same model)", off.tok_per_s, 1.0, "-",
               1.0);
   EngineStats before = off.stats;
-  for (const double a : ParseRates(acceptance)) {
+  if (mtp) PrintMtpRun(**engine, prompts, g, off);
+  for (const double a : mtp ? std::vector<double>{} : ParseRates(acceptance)) {
     *replay = ReplayDraftSource(runs, vocab, {0, a});
     const RunOut on = Run(**engine, prompts, g, true);
     const EngineStats& s = on.stats;

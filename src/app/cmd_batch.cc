@@ -127,7 +127,7 @@ json CollectLine(int64_t index, BatchLine& line, const Tokenizer* tokenizer) {
   out["usage"] = {{"prompt_tokens", usage.prompt_tokens},
                   {"cached_tokens", usage.cached_tokens},
                   {"completion_tokens", static_cast<int32_t>(ids.size())}};
-  AddSpeculationUsage(usage, &out["usage"]);
+  AddCompletionTokensDetails(usage, &out["usage"]);
   return out;
 }
 

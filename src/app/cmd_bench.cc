@@ -7,7 +7,7 @@
 // engine's overlapped steps; --no-overlap waits for each id first).
 // --tg-logits instead copies every step's logits row to the host and feeds a fixed token
 // sequence (what llama-bench's tg measures: llama_decode with its logits read back).
-// --spec-method ngram|draft (draft: --draft-model DIR) adds two rows that generate through the engine (one greedy request of N
+// --spec-method ngram|draft|mtp (draft: --draft-model DIR) adds two rows that generate through the engine (one greedy request of N
 // tokens after a copy-heavy prompt: 64 synthetic tokens four times), speculation off and on, and
 // a line with the drafted and accepted tokens and the tokens per target step.
 #include <sys/resource.h>
@@ -163,9 +163,10 @@ Result<EngineTg> RunEngineTg(const std::string& model_dir, const ModelLoadOption
                              const EngineConfig& config, int64_t n) {
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(model_dir, opts));
   std::unique_ptr<DraftSource> draft;
-  if (config.speculation.method == SpeculationConfig::Method::kDraft) {
-    EMBER_ASSIGN_OR_RETURN(draft,
-                           LoadDraftSource(config.speculation, opts, model->config().vocab_size));
+  if (config.speculation.method == SpeculationConfig::Method::kDraft ||
+      config.speculation.method == SpeculationConfig::Method::kMtp) {
+    EMBER_ASSIGN_OR_RETURN(draft, LoadDraftSource(config.speculation, opts,
+                                                  model->config().vocab_size, model_dir));
   }
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                          Engine::Create(model.get(), config, std::move(draft)));
@@ -239,8 +240,8 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddString("--cpu-matmul", &cpu_matmul,
                   "exact | bf16 | auto: CPU matrix products (see ember run --help)");
   flags.AddString("--spec-method", &spec_method,
-                  "none | ngram | draft: also run tg through the engine with speculation off and "
-                  "on, after a copy-heavy prompt (see ember run --help)");
+                  "none | ngram | draft | mtp: also run tg through the engine with speculation "
+                  "off and on, after a copy-heavy prompt (see ember run --help)");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per step (default 4)");
   flags.AddString("--draft-model", &draft_model, "draft model for --spec-method draft");
   bool help = false;

@@ -155,7 +155,7 @@ int RunCommand(int argc, char** argv, int first) {
                           {"cached_tokens", usage.cached_tokens},
                           {"completion_tokens", usage.completion_tokens}}},
                         {"timings", timer.ToJson()}};
-    AddSpeculationUsage(usage, &j["usage"]);
+    AddCompletionTokensDetails(usage, &j["usage"]);
     if (detok != nullptr) j["text"] = text;
     std::printf("%s\n", j.dump().c_str());
   }

@@ -10,12 +10,12 @@ namespace ember::app {
 int SynthCommand(int argc, char** argv, int first) {
   std::string like, out, tokenizer, dtype = "bf16";
   int64_t seed = 0, layers = 0;
-  bool mxfp4 = false;
+  bool mxfp4 = false, mtp = false;
   std::string presets;
   for (const std::string& n : SynthPresetNames()) presets += (presets.empty() ? "" : ", ") + n;
   FlagParser flags(
       "usage: ember synth --like PRESET --out DIR [--tokenizer DIR] "
-      "[--dtype bf16|f16|f32] [--mxfp4] [--seed S] [--layers N]\n  presets: " +
+      "[--dtype bf16|f16|f32] [--mxfp4] [--mtp] [--seed S] [--layers N]\n  presets: " +
       presets);
   flags.AddString("--like", &like, "preset: the real model whose shapes and config to copy");
   flags.AddString("--out", &out, "output folder (created)");
@@ -23,6 +23,9 @@ int SynthCommand(int argc, char** argv, int first) {
   flags.AddString("--dtype", &dtype, "weight dtype: bf16 (default), f16 or f32");
   flags.AddBool("--mxfp4", &mxfp4,
                 "gpt_oss presets: MXFP4 experts, as OpenAI's checkpoints (the rest in --dtype)");
+  flags.AddBool("--mtp", &mtp,
+                "deepseek_v3 presets: also the multi-token-prediction module (model.layers.N.*) "
+                "the real checkpoint carries, for --spec-method mtp");
   flags.AddInt("--seed", &seed, "random seed (default 0)");
   flags.AddInt("--layers", &layers,
                "keep only the first N layers (a shallower model of the same layer shapes)");
@@ -47,6 +50,7 @@ int SynthCommand(int argc, char** argv, int first) {
   }
   opts.num_layers = static_cast<int32_t>(layers);
   opts.mxfp4 = mxfp4;
+  opts.mtp = mtp;
   if (dtype == "bf16") opts.dtype = DType::kBF16;
   else if (dtype == "f16") opts.dtype = DType::kF16;
   else if (dtype == "f32") opts.dtype = DType::kF32;
@@ -62,8 +66,8 @@ int SynthCommand(int argc, char** argv, int first) {
     std::fprintf(stderr, "ember synth: %s\n", st.message().c_str());
     return 1;
   }
-  std::printf("wrote %s (%s, %s%s)\n", out.c_str(), like.c_str(), dtype.c_str(),
-              mxfp4 ? ", MXFP4 experts" : "");
+  std::printf("wrote %s (%s, %s%s%s)\n", out.c_str(), like.c_str(), dtype.c_str(),
+              mxfp4 ? ", MXFP4 experts" : "", mtp ? ", MTP module" : "");
   return 0;
 }
 

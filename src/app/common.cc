@@ -178,10 +178,17 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddBool("--no-overlap", &no_overlap,
                 "launch each step only after the previous step's tokens are read (by default a "
                 "step whose tokens need no host work launches first)");
+  flags.AddBool("--no-jump-forward", &no_jump_forward,
+                "sample every token of a constrained output (response_format, guided_*, grammar, "
+                "forced tool calls); by default a token the constraint forces (the only one it "
+                "allows) is appended without sampling and computed with the next step. Outputs "
+                "are the same either way");
   flags.AddString("--spec-method", &spec_method,
-                  "none | ngram | draft: speculative decoding. ngram drafts from the sequence's own "
-                  "prompt and output (prompt lookup, no weights); draft runs --draft-model (a small "
-                  "model of the same tokenizer) greedily. Outputs are unchanged. Default none");
+                  "none | ngram | draft | mtp: speculative decoding. ngram drafts from the "
+                  "sequence's own prompt and output (prompt lookup, no weights); draft runs "
+                  "--draft-model (a small model of the same tokenizer) greedily; mtp runs the "
+                  "checkpoint's own multi-token-prediction module (deepseek_v3 checkpoints that "
+                  "keep model.layers.N.*, CPU). Outputs are unchanged. Default none");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens,
                "the most tokens a sequence drafts per step, 1..64 (default 4; adapted per sequence "
                "to its acceptance)");
@@ -213,13 +220,15 @@ std::optional<SpeculationConfig::Method> SpecMethodOf(const std::string& name) {
   if (name == "none") return Method::kNone;
   if (name == "ngram") return Method::kNgram;
   if (name == "draft") return Method::kDraft;
+  if (name == "mtp") return Method::kMtp;
   return std::nullopt;
 }
 }  // namespace
 
 Status EngineFlags::CheckSpeculation() const {
   if (!SpecMethodOf(spec_method))
-    return Status::Error("--spec-method must be none, ngram or draft, got '" + spec_method + "'");
+    return Status::Error("--spec-method must be none, ngram, draft or mtp, got '" + spec_method +
+                         "'");
   if (num_spec_tokens < 1 || num_spec_tokens > 64)
     return Status::Error("--num-spec-tokens: must be in [1, 64], got " +
                          std::to_string(num_spec_tokens));
@@ -283,6 +292,7 @@ EngineConfig EngineFlags::Config() const {
   c.state_checkpoint_interval =
       static_cast<int32_t>(std::clamp<int64_t>(state_checkpoint_interval, -1, 1 << 30));
   c.overlap_steps = !no_overlap;
+  c.jump_forward = !no_jump_forward;
   c.speculation.method = SpecMethodOf(spec_method).value_or(SpeculationConfig::Method::kNone);
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
@@ -360,6 +370,9 @@ Result<LoadedModel> LoadModelAndEngine(const std::string& model_dir, const Engin
     EMBER_RETURN_IF_ERROR(CheckDraftTokenizer(lm.tokenizer.get(), flags.draft_model));
     EMBER_ASSIGN_OR_RETURN(draft, LoadDraftSource(config.speculation, opts,
                                                   lm.model->config().vocab_size));
+  } else if (config.speculation.method == SpeculationConfig::Method::kMtp) {
+    EMBER_ASSIGN_OR_RETURN(draft, LoadDraftSource(config.speculation, opts,
+                                                  lm.model->config().vocab_size, model_dir));
   }
   EMBER_ASSIGN_OR_RETURN(lm.engine, Engine::Create(lm.model.get(), config, std::move(draft)));
   EMBER_RETURN_IF_ERROR(RegisterLoras(flags, *lm.engine));
@@ -403,11 +416,15 @@ serve::ServedModel ServedModelOf(const LoadedModel& lm) {
   return served;
 }
 
-void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json) {
-  if (!usage.speculative) return;
-  (*usage_json)["completion_tokens_details"] = {
-      {"accepted_prediction_tokens", usage.accepted_prediction_tokens},
-      {"rejected_prediction_tokens", usage.rejected_prediction_tokens}};
+void AddCompletionTokensDetails(const RequestUsage& usage, nlohmann::json* usage_json) {
+  if (usage.speculative) {
+    (*usage_json)["completion_tokens_details"]["accepted_prediction_tokens"] =
+        usage.accepted_prediction_tokens;
+    (*usage_json)["completion_tokens_details"]["rejected_prediction_tokens"] =
+        usage.rejected_prediction_tokens;
+  }
+  if (usage.jump_forward)
+    (*usage_json)["completion_tokens_details"]["forced_tokens"] = usage.forced_tokens;
 }
 
 std::string SpeculationSummary(const EngineStats& s) {

@@ -58,6 +58,7 @@ struct EngineFlags {
   std::string prompt_cache_dir;  // --prompt-cache-dir
   int64_t prompt_cache_disk_bytes = 0, prompt_cache_ram_bytes = 0;
   bool no_overlap = false;
+  bool no_jump_forward = false;
   std::string spec_method = "none";  // --spec-method none|ngram|draft
   std::string draft_model;           // --draft-model DIR
   int64_t num_spec_tokens = 4, spec_max_batch = 16;
@@ -94,10 +95,11 @@ Status CheckDraftTokenizer(const Tokenizer* target, const std::string& draft_dir
 // and sizes (the name, chat template, parsers and JSON-mode texts are left to the caller).
 serve::ServedModel ServedModelOf(const LoadedModel& lm);
 
-// A speculating request's drafted tokens in a usage object, under OpenAI's names:
-// completion_tokens_details {accepted_prediction_tokens, rejected_prediction_tokens}. Nothing
-// when speculation did not run for it.
-void AddSpeculationUsage(const RequestUsage& usage, nlohmann::json* usage_json);
+// A usage object's completion_tokens_details: a speculating request's drafted tokens under
+// OpenAI's names (accepted_prediction_tokens, rejected_prediction_tokens), and the tokens
+// jump-forward appended without sampling (forced_tokens) when it ran for the request. Nothing
+// when neither ran.
+void AddCompletionTokensDetails(const RequestUsage& usage, nlohmann::json* usage_json);
 // "; speculation: D drafted, A accepted (R%), T tokens per target step" from the engine's
 // counters, or "" when nothing was drafted.
 std::string SpeculationSummary(const EngineStats& stats);

@@ -203,15 +203,37 @@ std::string ShapeString(const Tensor& t) {
   return os.str();
 }
 
+// ---- MTP modules: a backend without the host-row ops refuses (Model::Load asks MtpUnsupported)
+std::string Backend::MtpUnsupported() const {
+  return "multi-token-prediction drafts (--spec-method mtp) are not supported on the " + name() +
+         " backend yet";
+}
+Status Backend::CopyFromHost(std::span<const float>, Tensor) {
+  return Status::Error(MtpUnsupported() + " (CopyFromHost)");
+}
+Status Backend::ZeroRows(Tensor, std::span<const int32_t>) {
+  return Status::Error(MtpUnsupported() + " (ZeroRows)");
+}
+
 // ---- recurrent layers: a backend without them refuses (Model::Load asks RecurrentUnsupported)
 std::string Backend::RecurrentUnsupported() const {
   return "gated DeltaNet linear attention is not supported on the " + name() + " backend yet";
+}
+std::string Backend::StateSnapshotsUnsupported() const {
+  return "the " + name() + " backend does not keep per-row recurrent-state snapshots " +
+         "(SequenceSlice::snapshot_slot) yet";
 }
 Status Backend::AllocateStateSlots(int32_t, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (AllocateStateSlots)");
 }
 Status Backend::CopyStateSlot(int32_t, int32_t) {
   return Status::Error(RecurrentUnsupported() + " (CopyStateSlot)");
+}
+Status Backend::CopyStateSlotToHost(int32_t, std::span<uint8_t>) {
+  return Status::Error(RecurrentUnsupported() + " (CopyStateSlotToHost)");
+}
+Status Backend::CopyStateSlotFromHost(int32_t, std::span<const uint8_t>) {
+  return Status::Error(RecurrentUnsupported() + " (CopyStateSlotFromHost)");
 }
 Status Backend::CausalConv1dSilu(Tensor, const Tensor&, int64_t) {
   return Status::Error(RecurrentUnsupported() + " (CausalConv1dSilu)");

@@ -246,6 +246,14 @@ class Backend {
   // Whether this backend has MlaAttention and the latent pool (models with MLA are refused at
   // load otherwise).
   virtual bool TakesMla() const { return false; }
+  // ---- multi-token-prediction modules (ModelLoadOptions::mtp_module: --spec-method mtp): their
+  // step takes hidden states from the host. A backend without these ops refuses such a module at
+  // load (MtpUnsupported non-empty: why).
+  virtual std::string MtpUnsupported() const;
+  // out = `in` (float32 host rows, out's size), ordered with the step's ops.
+  virtual Status CopyFromHost(std::span<const float> in, Tensor out);
+  // Rows `rows` of the float32 matrix x become zero.
+  virtual Status ZeroRows(Tensor x, std::span<const int32_t> rows);
   // Bytes per element of the KV pool AllocateKvPool makes for `head_dim` (sizes it from a budget).
   virtual int64_t KvElementBytes(int32_t /*head_dim*/) const { return 4; }
   // ---- KV-cache formats (kv_format.h; --kv-cache-dtype): set once, before AllocateKvPool and
@@ -367,11 +375,22 @@ class Backend {
   // has no such layers) ----
   // Why this backend cannot run recurrent layers ("" when it can; refused at load).
   virtual std::string RecurrentUnsupported() const;
+  // Why this backend cannot keep per-row state snapshots (SequenceSlice::snapshot_slot: the
+  // state after each row but the last also copied to consecutive slots; speculative decoding's
+  // rollback) ("" when it can; the engine refuses speculation on a recurrent model otherwise).
+  virtual std::string StateSnapshotsUnsupported() const;
   // Called once, before the first step of a model with recurrent layers.
   virtual Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot);
   // Copies state slot `src` over slot `dst` (the whole slot), after every op enqueued so far and
   // before every later one: the engine's recurrent-state checkpoints (kv/state_checkpoints.h).
   virtual Status CopyStateSlot(int32_t src, int32_t dst);
+  // Copies state slot `slot` (the whole slot: floats_per_slot float32 as the model lays them out)
+  // into `out` [floats_per_slot * 4 bytes], after every op enqueued so far; returns once `out` is
+  // filled. And the reverse: writes `in` over slot `slot`, after every op enqueued so far and
+  // before every later one (`in` may be reused once it returns). The prompt cache's RAM and disk
+  // tiers keep state checkpoints this way (engine/state_tier.h).
+  virtual Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out);
+  virtual Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in);
   // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
   // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
   // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.

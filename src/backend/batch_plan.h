@@ -19,6 +19,11 @@ struct SequenceSlice {
   int32_t block_table_start = 0;  // offset of its block ids in BatchPlan::block_tables
   int32_t num_blocks = 0;         // ceil(context_len / block_size) block ids
   int32_t state_slot = 0;  // its recurrent-state slot (models with recurrent layers; Backend)
+  // A sequence verifying drafts on a model with recurrent layers: its state after each row
+  // r < query_len - 1 is also left in slot snapshot_slot + r (the state slot ends after the last
+  // row, as always), so the engine can roll back rejected drafts (Backend::CopyStateSlot).
+  // -1: none.
+  int32_t snapshot_slot = -1;
   int32_t lora_slot = -1;  // its LoRA adapter's slot (model/lora_set.h); -1: the base model
 };
 

@@ -1,7 +1,8 @@
 // DraftSource: proposes the tokens a sequence is likely to generate next, for speculative decoding
 // (speculator.h verifies them in the batch). One interface for every source: `ngram` (prompt
-// lookup: the sequence's own history, no weights; below) and `draft` (a small model of the same
-// vocabulary, model_draft_source.h). A source sees
+// lookup: the sequence's own history, no weights; below), `draft` (a small model of the same
+// vocabulary, model_draft_source.h) and `mtp` (the target checkpoint's multi-token-prediction
+// module, the same class; it also reads the target's hidden states). A source sees
 // only a sequence's known tokens (prompt + accepted output, no placeholder) and returns at most
 // `max_tokens` proposals; proposing nothing is always allowed. Its proposals never change the
 // output (verification keeps exactly the target's tokens), only how many tokens a step yields.
@@ -37,6 +38,15 @@ class DraftSource {
   // sequence (drafting or not): a source with per-sequence state may drop the state of any other
   // id (finished, cancelled, preempted). Default: Propose for each job, in order.
   virtual void ProposeAll(std::span<const DraftJob> jobs, std::span<const kv::SeqId> running);
+  // A source that conditions on the target's hidden states (`mtp`) says so: the engine then
+  // copies every step row's last hidden state before the final norm (StepOutputs::final_hidden;
+  // such steps are never deferred) and, after each step, hands a drafting sequence's rows to
+  // ObserveHidden: `rows` [n, hidden_size] at positions first_pos on, computed whether or not
+  // their tokens are kept (a rejected position is computed again by a later step, whose rows
+  // replace these).
+  virtual bool wants_hidden_states() const { return false; }
+  virtual void ObserveHidden(kv::SeqId /*seq*/, int32_t /*first_pos*/,
+                             std::span<const float> /*rows*/) {}
 };
 
 // Prompt lookup ("ngram"): the longest suffix of the history, from max_ngram tokens down to

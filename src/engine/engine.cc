@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <tuple>
 
 #include "engine/clock.h"
 #include "model/lora_set.h"
@@ -18,10 +19,52 @@ struct PromptCacheStores {
   PromptTierShape shape;
   std::unique_ptr<prompt_cache::RamStore> ram;
   std::unique_ptr<prompt_cache::DiskStore> disk;
+  std::unique_ptr<StateTier> states;  // a hybrid model's checkpoints (engine/state_tier.h)
 };
 
-Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const EngineConfig& config,
-                                                int32_t num_blocks) {
+// A hybrid model: the tiers keep its state checkpoints too, in a share of each tier's bytes
+// (one checkpoint per --state-checkpoint-interval of blocks; 0, only at prompt ends: one per 32
+// blocks assumed). `ram_bytes` and `disk_bytes` are the tiers' caps, lowered by that share.
+Result<std::unique_ptr<StateTier>> OpenStateTier(const Model& model, const EngineSizing& sizing,
+                                                 const std::string& flag,
+                                                 const PromptTierShape& shape,
+                                                 const std::string& fingerprint_text,
+                                                 int64_t& ram_bytes, int64_t& disk_bytes) {
+  const EngineConfig& config = sizing.config;
+  if (sizing.num_state_checkpoints == 0)
+    return Status::Error(flag + ": model_type " + model.config().model_type +
+                         " has recurrent layers: its tiers keep the prefix cache's state "
+                         "checkpoints, and none fits (raise --state-checkpoint-bytes)");
+  StateTierConfig sc;
+  sc.kv_fingerprint = shape.fingerprint;
+  sc.kv_fingerprint_text = fingerprint_text;
+  sc.block_size = config.block_size;
+  sc.state_bytes = model.StateBytesPerSequence();
+  const int64_t kv_record = prompt_cache::RecordBytes(config.block_size, shape.payload_bytes);
+  const int64_t state_record = prompt_cache::RecordBytes(config.block_size, sc.state_bytes);
+  const int64_t per = config.state_checkpoint_interval > 0
+                          ? config.state_checkpoint_interval / config.block_size
+                          : 32;
+  for (auto [tier_bytes, share, name] :
+       {std::tuple{&ram_bytes, &sc.ram_bytes, "--prompt-cache-ram-bytes"},
+        std::tuple{&disk_bytes, &sc.disk_bytes, "--prompt-cache-disk-bytes"}}) {
+    if (*tier_bytes <= 0) continue;
+    *share = StateShareBytes(*tier_bytes, kv_record, state_record, per);
+    if (*share == 0)
+      return Status::Error(std::string(name) + " " + std::to_string(*tier_bytes) +
+                           " holds no KV block and state checkpoint (" +
+                           std::to_string(kv_record + state_record) + " bytes) of model_type " +
+                           model.config().model_type);
+    *tier_bytes -= *share;
+  }
+  sc.dir = config.prompt_cache.dir;
+  sc.max_queue_bytes = config.prompt_cache.max_queue_bytes;
+  return StateTier::Open(sc);
+}
+
+Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const EngineSizing& sizing) {
+  const EngineConfig& config = sizing.config;
+  const int32_t num_blocks = sizing.num_blocks;
   const PromptCacheConfig& pc = config.prompt_cache;
   PromptCacheStores stores;
   if (pc.dir.empty() && pc.disk_bytes > 0)
@@ -30,7 +73,11 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
   if (pc.dir.empty() && pc.ram_bytes == 0) return stores;
   const std::string flag = pc.dir.empty() ? "--prompt-cache-ram-bytes" : "--prompt-cache-dir";
   if (!config.enable_prefix_caching)
-    return Status::Error(flag + ": needs the prefix cache (drop --no-prefix-cache)");
+    return Status::Error(flag + ": needs the prefix cache (drop --no-prefix-cache" +
+                         (model.has_recurrent_state()
+                              ? std::string("; a model with recurrent layers also needs room for a "
+                                            "state checkpoint: --state-checkpoint-bytes)")
+                              : std::string(")")));
   if (model.KvBlockBytes() <= 0)
     return Status::Error(flag + ": this backend cannot copy KV blocks to host memory");
   const std::string fingerprint_text =
@@ -40,9 +87,14 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
   stores.shape.block_size = config.block_size;
   stores.shape.payload_bytes = model.KvBlockBytes();
   stores.shape.num_blocks = num_blocks;
+  int64_t ram_bytes = pc.ram_bytes, disk_bytes = pc.dir.empty() ? 0 : pc.disk_bytes;
+  if (model.has_recurrent_state()) {
+    EMBER_ASSIGN_OR_RETURN(stores.states, OpenStateTier(model, sizing, flag, stores.shape,
+                                                        fingerprint_text, ram_bytes, disk_bytes));
+  }
   if (pc.ram_bytes > 0) {
     prompt_cache::RamStoreConfig ram;
-    ram.max_bytes = pc.ram_bytes;
+    ram.max_bytes = ram_bytes;
     ram.fingerprint = stores.shape.fingerprint;
     ram.block_size = config.block_size;
     ram.payload_bytes = model.KvBlockBytes();
@@ -57,7 +109,7 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
   if (pc.dir.empty()) return stores;
   prompt_cache::DiskStoreConfig disk;
   disk.dir = pc.dir;
-  disk.max_bytes = pc.disk_bytes;
+  disk.max_bytes = disk_bytes;
   disk.block_size = config.block_size;
   disk.payload_bytes = model.KvBlockBytes();
   disk.max_queue_bytes = pc.max_queue_bytes;
@@ -92,12 +144,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model* model, const EngineConfig&
   EMBER_ASSIGN_OR_RETURN(const EngineSizing sizing, SizeEngine(*model, requested));
   EMBER_ASSIGN_OR_RETURN(ModelRunner runner,
                          ModelRunner::Create(model, sizing.config, sizing.num_blocks,
-                                             sizing.num_state_checkpoints));
-  EMBER_ASSIGN_OR_RETURN(PromptCacheStores stores,
-                         OpenPromptCacheStores(*model, sizing.config, sizing.num_blocks));
+                                             sizing.num_state_checkpoints,
+                                             sizing.num_spec_snapshot_slots));
+  EMBER_ASSIGN_OR_RETURN(PromptCacheStores stores, OpenPromptCacheStores(*model, sizing));
   auto engine = std::unique_ptr<Engine>(
       new Engine(model, sizing, std::move(runner), std::move(draft_source)));
-  engine->AttachPromptCache(stores.shape, std::move(stores.ram), std::move(stores.disk));
+  engine->AttachPromptCache(stores.shape, std::move(stores.ram), std::move(stores.disk),
+                            std::move(stores.states));
   engine->Start();
   return engine;
 }
@@ -132,7 +185,8 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
       runner_(std::move(runner)),
       speculator_(config_.speculation, std::move(draft_source), &counters_),
       sequences_(&scheduler_, &num_queued_, &counters_,
-                 speculator_.enabled() ? config_.speculation.num_spec_tokens : 0),
+                 speculator_.enabled() ? config_.speculation.num_spec_tokens : 0,
+                 config_.jump_forward),
       builder_(config_, &runner_, &kv_, &counters_),
       postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
   if (model->lora() != nullptr) {
@@ -141,6 +195,12 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
   if (model->has_recurrent_state()) {
     state_slots_ = std::make_unique<StateSlots>(config_.max_running);
     scheduler_.set_state_slots(state_slots_.get());
+  }
+  if (sizing.num_spec_snapshot_slots > 0) {  // after the sequences', scratch and checkpoints
+    builder_.set_state_snapshots(config_.max_running + 1 + sizing.num_state_checkpoints,
+                                 config_.speculation.num_spec_tokens,
+                                 sizing.num_spec_snapshot_slots /
+                                     config_.speculation.num_spec_tokens);
   }
   if (sizing.num_state_checkpoints > 0) {
     checkpoints_ = std::make_unique<kv::StateCheckpoints>(
@@ -152,6 +212,7 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
     postprocessor_.set_state_checkpoints(checkpoints_.get());
     counters_.state_checkpoint_capacity_bytes = sizing.state_checkpoint_bytes;
   }
+  builder_.set_capture_final_hidden(speculator_.wants_hidden_states());
   counters_.kv_blocks_total = num_blocks_;
   counters_.prefix_caching = config_.enable_prefix_caching;
   counters_.recurrent_state_bytes = sizing.state_bytes;
@@ -160,10 +221,12 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
 
 void Engine::AttachPromptCache(const PromptTierShape& shape,
                                std::unique_ptr<prompt_cache::RamStore> ram,
-                               std::unique_ptr<prompt_cache::DiskStore> disk) {
+                               std::unique_ptr<prompt_cache::DiskStore> disk,
+                               std::unique_ptr<StateTier> states) {
   if (ram == nullptr && disk == nullptr) return;
   tier_ = std::make_unique<PromptTier>(shape, std::move(ram), std::move(disk),
                                        config_.prompt_cache.reuse, &runner_, &kv_, &counters_);
+  if (states != nullptr) tier_->AttachStates(std::move(states), checkpoints_.get());
   scheduler_.set_prompt_tier(tier_.get());
   postprocessor_.set_prompt_tier(tier_.get());
   counters_.prompt_cache = tier_->Stats();
@@ -383,6 +446,8 @@ std::optional<StepPlan> Engine::ScheduleStep() {
 
 bool Engine::Launch(StepBatch& step) {
   Status st = Status::Ok();
+  for (const StepBatch::StateUpload& u : step.state_uploads)
+    if (st.ok()) st = runner_.CopyStateFromHost(u.slot, u.state);
   for (const StepBatch::StateCopy& c : step.state_restores)
     if (st.ok()) st = runner_.CopyStateSlot(c.src, c.dst);
   if (st.ok()) st = runner_.Launch(step.batch, step.outputs(), step.decode_only);

@@ -87,7 +87,8 @@ class Engine {
          std::unique_ptr<DraftSource> draft_source);
   // Before Start: the prompt cache's tiers below the pool (none when both stores are null).
   void AttachPromptCache(const PromptTierShape& shape, std::unique_ptr<prompt_cache::RamStore> ram,
-                         std::unique_ptr<prompt_cache::DiskStore> disk);
+                         std::unique_ptr<prompt_cache::DiskStore> disk,
+                         std::unique_ptr<StateTier> states);
   void Start() EXCLUDES(mu_);  // publishes the first stats and starts the engine thread
   RequestLimits Limits() const;
   void Loop();

@@ -12,7 +12,9 @@ namespace ember {
 // sequence and step, and the step verifies them (1 + k rows of that sequence). Outputs are the
 // same with it on or off; only the tokens per step change.
 struct SpeculationConfig {
-  enum class Method { kNone, kNgram, kDraft };  // kDraft: ModelDraftSource (model_draft_source.h)
+  // kDraft: ModelDraftSource (model_draft_source.h) over --draft-model; kMtp: the same over the
+  // target checkpoint's multi-token-prediction module (deepseek_v3).
+  enum class Method { kNone, kNgram, kDraft, kMtp };
   Method method = Method::kNone;
   // K: the most tokens one sequence drafts per step (its adaptive length stays within 1..K).
   int32_t num_spec_tokens = 4;
@@ -77,6 +79,11 @@ struct EngineConfig {
   // tokens, and the host's bookkeeping of step N runs while step N + 1 computes. A sequence that
   // stops at step N has one wasted row in step N + 1. Outputs are identical either way.
   bool overlap_steps = true;
+  // Jump-forward (StepPostprocessor::JumpForward): where a sample's token constraint allows
+  // exactly one token, that token is appended without sampling (it is what any sampler picks
+  // from a row masked to one token) and a chain of such tokens becomes prefill rows of the
+  // sequence's next step. Outputs are token-identical either way; off with --no-jump-forward.
+  bool jump_forward = true;
   // Prompt logprobs keep the float32 logits of every prompt row of such a request: one step holds
   // at most this many bytes of them (PromptLogitsRows), so a long prompt prefills in more, shorter
   // steps instead of holding gigabytes of logits (a 150k vocabulary is 600 KB a row).
@@ -104,6 +111,10 @@ struct PromptCacheRamStats {
   int64_t corrupt_dropped = 0;  // records refused on read (identity or checksum)
   int64_t bytes_read = 0, bytes_written = 0;
   double read_bytes_per_s = 0;  // measured so far (0: not yet)
+  // A hybrid model's recurrent-state checkpoints here (engine/state_tier.h): records and bytes
+  // (part of `bytes`, as their cap is part of capacity_bytes; their evictions, refused records
+  // and insert drops count in the fields above), and checkpoints read and verified.
+  int64_t state_records = 0, state_bytes = 0, state_hits = 0;
 };
 
 // The disk tier's counters (PromptTier::Stats), the cost decisions of both tiers, and `ram`.
@@ -126,11 +137,21 @@ struct PromptCacheStats {
   // The last decision: its choice and the rates it compared.
   Choice last_choice = Choice::kNone;
   double last_read_bytes_per_s = 0, last_prefill_tokens_per_s = 0;
+  // A hybrid model's recurrent-state checkpoints on disk (engine/state_tier.h): records and bytes
+  // (part of `bytes`, their cap part of capacity_bytes; their evictions, refused records, queued
+  // bytes and write drops count in the fields above) and checkpoints read and verified. Both
+  // tiers: state_restores, sequences resumed from a tier's checkpoint (written into their state
+  // slot); state_misses, lookups whose blocks found below the pool had no readable checkpoint
+  // (recomputed).
+  bool state_checkpoints = false;  // a hybrid model: the tiers keep its state checkpoints
+  int64_t state_records = 0, state_bytes = 0, state_hits = 0;
+  int64_t state_restores = 0, state_misses = 0;
   PromptCacheRamStats ram;
 };
 // What a clear removed from the tiers below the pool (the pool's blocks go at the next step).
 struct PromptCacheCleared {
   int64_t ram_blocks = 0, disk_blocks = 0;
+  int64_t state_checkpoints = 0;  // a hybrid model's, from both tiers
 };
 // "none", "load", "load_unmeasured", "recompute".
 const char* PromptCacheChoiceName(PromptCacheStats::Choice choice);
@@ -178,6 +199,9 @@ struct EngineStats {
   int64_t sampled_seq_steps = 0, sampled_tokens = 0;
   // Speculative decoding: sequence-steps that verified drafts, tokens drafted, drafts accepted.
   int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  // Jump-forward: tokens appended because the constraint allowed only them (not sampled; counted
+  // in generated_tokens too).
+  int64_t forced_tokens = 0;
   PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir, ram.enabled with -ram-bytes
 };
 

@@ -118,23 +118,20 @@ Status ResolveServedContext(const Model& model, EngineSizing& sizing) {
 }
 
 // A model with recurrent layers (qwen3_next): the state at a prefix's end is not in its KV
-// blocks, so prefix reuse needs state checkpoints (sized in SizeEngine); the prompt cache's RAM
-// and disk tiers (which would need the checkpoints too) and speculative decoding (which rolls
-// back rejected drafts) are refused.
+// blocks, so prefix reuse needs state checkpoints (sized in SizeEngine; the prompt cache's RAM
+// and disk tiers keep them too: engine/state_tier.h); speculative decoding is refused on a
+// backend that cannot keep the per-row state snapshots its rollback needs.
 Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
   if (!model.has_recurrent_state()) return Status::Ok();
   const std::string what = "model_type " + model.config().model_type +
                            " has recurrent (linear-attention) layers";
-  if (!config.prompt_cache.dir.empty() || config.prompt_cache.ram_bytes > 0)
-    return Status::Error(std::string(config.prompt_cache.dir.empty() ? "--prompt-cache-ram-bytes"
-                                                                     : "--prompt-cache-dir") +
-                         ": " + what +
-                         " whose state is not in the KV blocks; the prompt cache does not "
-                         "support it yet");
-  if (config.speculation.method != SpeculationConfig::Method::kNone)
-    return Status::Error("speculative decoding: " + what +
-                         ", whose state cannot roll back rejected drafts; it is not supported "
-                         "for this model yet");
+  if (config.speculation.method != SpeculationConfig::Method::kNone) {
+    const std::string why = model.StateSnapshotsUnsupported();
+    if (!why.empty())
+      return Status::Error("speculative decoding: " + what +
+                           ", whose rejected drafts are rolled back from per-row state "
+                           "snapshots, and " + why + "; run it with --device cpu");
+  }
   const int32_t interval = config.state_checkpoint_interval;
   if (interval < 0 || (config.block_size > 0 && interval % config.block_size != 0))
     return Status::Error("--state-checkpoint-interval " + std::to_string(interval) +
@@ -143,6 +140,19 @@ Status ResolveRecurrentModel(const Model& model, EngineConfig& config) {
   if (config.state_checkpoint_bytes < -1)
     return Status::Error("--state-checkpoint-bytes: must be >= 0 (or -1: auto)");
   return Status::Ok();
+}
+
+// Speculation on a model with recurrent layers: how many sequences draft in one step at most
+// (nobody drafts while more than SpeculationConfig::max_batch run) and so hold snapshot slots.
+int32_t SpecSnapshotGroups(const EngineConfig& config) {
+  if (config.speculation.method == SpeculationConfig::Method::kNone) return 0;
+  return std::min(config.max_running, config.speculation.max_batch);
+}
+
+// Its snapshot slots: num_spec_tokens per drafting sequence (the state after each row but the
+// last of its 1 + k verification rows; StepBuilder hands them out).
+int32_t SpecSnapshotSlots(const EngineConfig& config) {
+  return SpecSnapshotGroups(config) * config.speculation.num_spec_tokens;
 }
 
 // A model with recurrent layers and the prefix cache on: the state checkpoints' share of the
@@ -195,21 +205,37 @@ Result<EngineSizing> SizeEngine(const Model& model, const EngineConfig& requeste
     EMBER_ASSIGN_OR_RETURN(bytes, DefaultKvCacheBytes(model, config));
   }
   const int64_t per_token = model.KvBytesPerToken();
-  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows),
-  // taken from an explicit --kv-cache-bytes, or added to the default KV budget.
+  // A model with recurrent layers: max_running + 1 state slots (the last for padding rows) and,
+  // with speculation, its snapshot slots, taken from an explicit --kv-cache-bytes, or added to
+  // the default KV budget.
   if (model.has_recurrent_state()) {
-    sizing.state_bytes = (int64_t{config.max_running} + 1) * model.StateBytesPerSequence();
+    sizing.num_spec_snapshot_slots = SpecSnapshotSlots(config);
+    sizing.state_bytes = (int64_t{config.max_running} + 1 + sizing.num_spec_snapshot_slots) *
+                         model.StateBytesPerSequence();
     const bool explicit_budget = config.kv_cache_bytes > 0;
     if (explicit_budget && bytes <= sizing.state_bytes)
       return Status::Error("--kv-cache-bytes " + std::to_string(bytes) + " does not hold the " +
                            "recurrent state of " + std::to_string(config.max_running) +
-                           " sequences and one scratch slot (" +
+                           " sequences, one scratch slot and " +
+                           std::to_string(sizing.num_spec_snapshot_slots) +
+                           " speculation snapshots (" +
                            std::to_string(sizing.state_bytes) +
-                           " bytes): raise it or lower --max-batch");
+                           " bytes): raise it or lower --max-batch (or --spec-max-batch, "
+                           "--num-spec-tokens)");
     if (explicit_budget) bytes -= sizing.state_bytes;
-    LOG_INFO << "recurrent state: " << (config.max_running + 1) << " slots of "
-             << model.StateBytesPerSequence() << " bytes (" << sizing.state_bytes << " bytes"
+    LOG_INFO << "recurrent state: " << (config.max_running + 1 + sizing.num_spec_snapshot_slots)
+             << " slots of " << model.StateBytesPerSequence() << " bytes ("
+             << sizing.state_bytes << " bytes"
              << (explicit_budget ? " of --kv-cache-bytes" : " beside the KV cache") << ")";
+    if (sizing.num_spec_snapshot_slots > 0) {
+      LOG_INFO << "speculative decoding: " << sizing.num_spec_snapshot_slots
+               << " recurrent-state snapshot slots (" << sizing.num_spec_snapshot_slots
+               << " x " << model.StateBytesPerSequence() << " = "
+               << int64_t{sizing.num_spec_snapshot_slots} * model.StateBytesPerSequence()
+               << " bytes of the above: " << config.speculation.num_spec_tokens
+               << " per drafting sequence, at most " << SpecSnapshotGroups(config)
+               << " drafting at once) roll back rejected drafts";
+    }
     EMBER_RETURN_IF_ERROR(SizeStateCheckpoints(model, bytes, sizing));
   }
   sizing.num_blocks = kv::NumBlocksForBytes(bytes, per_token, config.block_size);

@@ -46,10 +46,14 @@ struct EngineSizing {
   EngineConfig config;
   int32_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;  // what num_blocks hold
-  // A model with recurrent layers: the state slots' bytes (max_running + 1 slots of
-  // Model::StateBytesPerSequence), taken from an explicit --kv-cache-bytes before the blocks or
-  // added to the default budget; else 0.
+  // A model with recurrent layers: the state slots' bytes (max_running + 1 slots plus the
+  // speculation snapshots below, of Model::StateBytesPerSequence), taken from an explicit
+  // --kv-cache-bytes before the blocks or added to the default budget; else 0.
   int64_t state_bytes = 0;
+  // Of those, speculative decoding's snapshot slots (the state after each verification row, to
+  // roll back rejected drafts): num_spec_tokens for each of min(max_running, spec max_batch)
+  // drafting sequences, after the checkpoint slots; 0 without speculation.
+  int32_t num_spec_snapshot_slots = 0;
   // Its recurrent-state checkpoints (EngineConfig::state_checkpoint_bytes): how many, and their
   // bytes, taken from the KV budget before the blocks. 0 turns its prefix cache off.
   int32_t num_state_checkpoints = 0;

@@ -20,6 +20,7 @@
 #include "model/lora_set.h"
 #include "sampling/gbnf_automaton.h"
 #include "sampling/gbnf_constraint.h"
+#include "sampling/json_schema.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
@@ -250,8 +251,9 @@ TEST(HybridModelTest, SamplesAndPaddedStepsGiveTheSoloTokens) {
 
 // A hybrid model's prefix cache keeps recurrent-state checkpoints, taken out of the KV budget
 // (an eighth by default, --state-checkpoint-bytes, 0 turning the prefix cache off); a bad
-// interval, the disk prompt cache and speculative decoding are refused, naming the reason.
-TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsAndPromptCacheRefused) {
+// interval is refused, naming the reason; the prompt cache's tiers are not (they keep the
+// checkpoints too: prompt_tier_test's HybridTierTest); speculation adds snapshot slots.
+TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsWithTiersAndSpeculation) {
   const std::string dir = ModelDir("qwen3_next");
   EMBER_REQUIRE_DIR(dir);
   auto model = LoadModel(dir);
@@ -301,14 +303,28 @@ TEST(HybridModelTest, PrefixCacheKeepsStateCheckpointsAndPromptCacheRefused) {
   EXPECT_FALSE(SizeEngine(*model, too_big).ok());
   EngineConfig with_disk;
   with_disk.prompt_cache.dir = "/tmp/ember-qwen3next-never-created";
-  auto refused = SizeEngine(*model, with_disk);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.message().find("recurrent"), std::string::npos) << refused.message();
-  EngineConfig spec;
+  with_disk.prompt_cache.disk_bytes = 1 << 20;
+  EXPECT_TRUE(SizeEngine(*model, with_disk).ok());
+  // Speculation (the CPU backend keeps per-row state snapshots): num_spec_tokens snapshot slots
+  // for each sequence that may draft at once, taken from the explicit budget with the others.
+  EngineConfig spec = budget;
   spec.speculation.method = SpeculationConfig::Method::kNgram;
-  auto spec_refused = SizeEngine(*model, spec);
-  ASSERT_FALSE(spec_refused.ok());
-  EXPECT_NE(spec_refused.message().find("speculative"), std::string::npos);
+  spec.speculation.num_spec_tokens = 3;
+  spec.speculation.max_batch = 2;
+  auto with_spec = SizeEngine(*model, spec);
+  ASSERT_TRUE(with_spec.ok()) << with_spec.message();
+  EXPECT_EQ(with_spec->num_spec_snapshot_slots, 2 * 3);
+  EXPECT_EQ(with_spec->state_bytes, (5 + 6) * per_state);
+  EXPECT_LE(with_spec->kv_cache_bytes + with_spec->state_bytes +
+                with_spec->state_checkpoint_bytes,
+            budget.kv_cache_bytes);
+  spec.speculation.max_batch = 16;  // more than max_running: max_running sequences draft at most
+  EXPECT_EQ(SizeEngine(*model, spec)->num_spec_snapshot_slots, 4 * 3);
+  spec.kv_cache_bytes = (5 + 12) * per_state;  // exactly the slots: no room left
+  auto too_small = SizeEngine(*model, spec);
+  ASSERT_FALSE(too_small.ok());
+  EXPECT_NE(too_small.message().find("12 speculation snapshots"), std::string::npos)
+      << too_small.message();
 }
 
 // Tokens and their logprobs (top 3) of a greedy request's one sample.
@@ -605,6 +621,175 @@ TEST(EngineTest, GrammarConstraintOutputParses) {
     ASSERT_NE(state, GbnfAutomaton::kDead) << text;
     EXPECT_TRUE(recognizer.Terminal(state)) << text;
   }
+}
+
+// A JSON-schema constraint with fixed keys over the fixture's real vocabulary, whose tokens "<"
+// and ">" spell "{" and "}" here (it has no brace; the model does not care what a token spells).
+std::shared_ptr<TokenConstraint> FixedKeysSchemaConstraint(const std::string& dir) {
+  auto tokenizer = Tokenizer::Load(dir);
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.message();
+  if (!tokenizer.ok()) return nullptr;
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>((*tokenizer)->vocab_size()));
+  for (int32_t id = 0; id < (*tokenizer)->vocab_size(); ++id) {
+    bytes[static_cast<size_t>(id)] = (*tokenizer)->TokenBytes(id);
+    if (bytes[static_cast<size_t>(id)] == "<") bytes[static_cast<size_t>(id)] = "{";
+    if (bytes[static_cast<size_t>(id)] == ">") bytes[static_cast<size_t>(id)] = "}";
+  }
+  auto schema = CompileJsonSchema(nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 8},
+                     "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                     "city": {"type": "string", "enum": ["Paris", "London", "Berlin"]},
+                     "happy": {"type": "boolean"}},
+      "required": ["name", "age", "city", "happy"], "additionalProperties": false})"),
+                                  "schema");
+  EXPECT_TRUE(schema.ok()) << schema.message();
+  if (!schema.ok()) return nullptr;
+  return MakeJsonSchemaConstraint(TokenTexts::Build(std::move(bytes)), *schema);
+}
+
+// One engine (jump-forward on or off, KV cache `kv_bytes`, 0: auto) over `requests`, one at a
+// time or all submitted at once (`batched`); the outputs in request order and the engine's stats.
+std::vector<Output> RunWithJumpForward(const std::string& dir,
+                                       const std::vector<GenerationRequest>& requests,
+                                       bool jump_forward, bool batched, int64_t kv_bytes,
+                                       EngineStats* stats) {
+  auto model = LoadModel(dir);
+  EngineConfig config;
+  config.jump_forward = jump_forward;
+  config.kv_cache_bytes = kv_bytes;
+  auto engine = Engine::Create(model.get(), config);
+  EXPECT_TRUE(engine.ok()) << engine.message();
+  if (!engine.ok()) return {};
+  std::vector<Output> outs;
+  std::vector<std::shared_ptr<ResponseStream>> streams;
+  for (const GenerationRequest& r : requests) {
+    streams.push_back(SubmitOrDie(**engine, r));
+    if (!batched) outs.push_back(Collect(streams.back()));
+  }
+  for (size_t i = 0; batched && i < streams.size(); ++i) outs.push_back(Collect(streams[i]));
+  *stats = (*engine)->Stats();
+  return outs;
+}
+
+// Jump-forward (tokens the constraint forces are appended without sampling and computed as the
+// next step's chunk) changes no token: greedy, seeded sampling with penalties (the sampler's
+// counts and its RNG stream) and n = 2, alone and batched with unconstrained requests, and
+// max_tokens cuts at every length land on the same token with the same finish; it forced tokens
+// (usage, stats) and saved steps. A request with logprobs does not jump forward.
+TEST(EngineTest, JumpForwardChangesNoToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  std::shared_ptr<TokenConstraint> constraint = FixedKeysSchemaConstraint(dir);
+  ASSERT_NE(constraint, nullptr);
+  GenerationRequest greedy = Greedy({1, 80, 147, 201}, 90);
+  greedy.constraint = constraint;
+  GenerationRequest sampled = greedy;
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 11;
+  sampled.sampling.presence_penalty = 0.5f;
+  sampled.n = 2;
+  GenerationRequest with_logprobs = greedy;
+  with_logprobs.sampling.top_logprobs = 1;
+  const std::vector<GenerationRequest> requests = {greedy, sampled, with_logprobs};
+  EngineStats off_stats, on_stats, batched_stats;
+  const std::vector<Output> off = RunWithJumpForward(dir, requests, false, false, 0, &off_stats);
+  const std::vector<Output> on = RunWithJumpForward(dir, requests, true, false, 0, &on_stats);
+  std::vector<GenerationRequest> mixed = MakeRequests(3, 2048, 17);
+  mixed.insert(mixed.begin() + 1, requests.begin(), requests.end());
+  const std::vector<Output> batched =
+      RunWithJumpForward(dir, mixed, true, true, 0, &batched_stats);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(off[i].finish, FinishReason::kStop) << "request " << i;
+    EXPECT_EQ(on[i].samples, off[i].samples) << "request " << i;
+    EXPECT_EQ(on[i].finish, off[i].finish) << "request " << i;
+    EXPECT_EQ(batched[i + 1].samples, off[i].samples) << "request " << i;
+    EXPECT_FALSE(off[i].usage.jump_forward);
+    EXPECT_EQ(off[i].usage.forced_tokens, 0);
+  }
+  EXPECT_NE(off[1].samples[0], off[1].samples[1]);
+  EXPECT_TRUE(on[0].usage.jump_forward);
+  EXPECT_GT(on[0].usage.forced_tokens, 0);
+  EXPECT_GT(on[1].usage.forced_tokens, 0);
+  EXPECT_FALSE(on[2].usage.jump_forward);  // logprobs: every token sampled
+  EXPECT_EQ(on[2].usage.forced_tokens, 0);
+  EXPECT_EQ(on_stats.forced_tokens, on[0].usage.forced_tokens + on[1].usage.forced_tokens);
+  EXPECT_EQ(off_stats.forced_tokens, 0);
+  EXPECT_LT(on_stats.steps, off_stats.steps);  // forced tokens cost no step of their own
+  // max_tokens cuts: every length of the greedy output, the cut inside forced runs included.
+  const std::vector<int32_t>& full = off[0].samples[0];
+  std::vector<GenerationRequest> cuts;
+  for (size_t k = 1; k < full.size(); ++k) {
+    cuts.push_back(greedy);
+    cuts.back().max_tokens = static_cast<int32_t>(k);
+  }
+  EngineStats cut_stats;
+  const std::vector<Output> cut = RunWithJumpForward(dir, cuts, true, true, 0, &cut_stats);
+  EXPECT_GT(cut_stats.forced_tokens, 0);
+  for (size_t k = 1; k < full.size(); ++k) {
+    EXPECT_EQ(cut[k - 1].samples[0], std::vector<int32_t>(full.begin(), full.begin() + k)) << k;
+    EXPECT_EQ(cut[k - 1].finish, FinishReason::kLength) << k;
+    EXPECT_EQ(cut[k - 1].usage.completion_tokens, static_cast<int32_t>(k));
+  }
+}
+
+// Jump-forward chains of several tokens (a test constraint that forces runs of tokens, the last
+// run ending the output): the forced runs are computed as chunks of the next step and change no
+// token, greedy and seeded (n = 2), alone, batched and under preemption with prefix-cache hits;
+// max_tokens cuts at every length, inside the runs included, land on the same token with the
+// same finish.
+TEST(EngineTest, JumpForwardChainsChangeNoToken) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  const std::vector<int32_t> forced = {3, 4, 5, 6, 7, 8, 9, 13, 17, 18, 19, 20, 21, 22, 23};
+  std::vector<int32_t> prompt = {1, 80, 147, 201};
+  for (int32_t i = 0; i < 36; ++i) prompt.push_back(300 + 17 * i);  // two full KV blocks
+  GenerationRequest greedy = Greedy(prompt, 40);
+  greedy.constraint = std::make_shared<StrideConstraint>(2048, 7, 24, -1, forced);
+  GenerationRequest sampled = greedy;
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 4;
+  sampled.sampling.frequency_penalty = 0.3f;
+  sampled.n = 2;
+  std::vector<GenerationRequest> requests = {greedy, sampled};
+  for (int32_t k = 1; k < 24; ++k) {
+    requests.push_back(k % 2 ? greedy : sampled);
+    requests.back().max_tokens = k;
+  }
+  EngineStats off_stats, on_stats, batched_stats;
+  const std::vector<Output> off = RunWithJumpForward(dir, requests, false, false, 0, &off_stats);
+  const std::vector<Output> on = RunWithJumpForward(dir, requests, true, false, 0, &on_stats);
+  const std::vector<Output> batched =
+      RunWithJumpForward(dir, requests, true, true, 0, &batched_stats);
+  // TinyStories' KV is 1 KiB a token: 10 blocks of 16 tokens for 48 samples of up to 64 tokens
+  // preempt (and recompute forced tokens), and their shared prompt hits the prefix cache.
+  EngineStats tight_stats;
+  const std::vector<Output> tight =
+      RunWithJumpForward(dir, requests, true, true, int64_t{10} * 16 * 1024, &tight_stats);
+  EXPECT_GT(tight_stats.preemptions, 0);
+  EXPECT_GT(tight_stats.prefix_hit_tokens, 0);
+  EXPECT_EQ(tight_stats.kv_blocks_used, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(tight[i].samples, off[i].samples) << "request " << i;
+    EXPECT_EQ(on[i].samples, off[i].samples) << "request " << i;
+    EXPECT_EQ(batched[i].samples, off[i].samples) << "request " << i;
+    EXPECT_EQ(on[i].finish, off[i].finish) << "request " << i;
+    EXPECT_EQ(batched[i].finish, off[i].finish) << "request " << i;
+    EXPECT_EQ(on[i].usage.completion_tokens, off[i].usage.completion_tokens) << "request " << i;
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(off[i].finish, FinishReason::kStop);
+    for (const auto& sample : off[i].samples) {
+      ASSERT_EQ(sample.size(), 24u);
+      for (int32_t p : forced)
+        EXPECT_EQ(sample[static_cast<size_t>(p)],
+                  StrideConstraint(2048, 7, 24, -1, forced).ForcedId(p));
+    }
+    // Each listed position follows a token of the output, so each is forced.
+    EXPECT_EQ(on[i].usage.forced_tokens,
+              static_cast<int32_t>(forced.size() * on[i].samples.size()));
+  }
+  EXPECT_NE(off[1].samples[0], off[1].samples[1]);
+  EXPECT_LT(on_stats.steps, off_stats.steps);
 }
 
 TEST(EngineTest, TokenConstraintDecidesEveryToken) {

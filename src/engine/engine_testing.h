@@ -3,6 +3,7 @@
 // (StrideConstraint). Header-only; links gtest.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,11 +50,20 @@ inline std::shared_ptr<ResponseStream> SubmitOrDie(Engine& engine, const Generat
 }
 
 // A test constraint: only ids that are multiples of `stride` (and below the vocabulary), done after
-// `length` tokens; from token `block_at` on it allows nothing.
+// `length` tokens; from token `block_at` on it allows nothing. At the output positions listed in
+// `forced` it allows one id only, ForcedId(position) (runs of them: jump-forward chains).
 class StrideConstraint : public TokenConstraint {
  public:
-  StrideConstraint(int32_t vocab, int32_t stride, int32_t length, int32_t block_at = -1)
-      : vocab_(vocab), stride_(stride), length_(length), block_at_(block_at) {}
+  StrideConstraint(int32_t vocab, int32_t stride, int32_t length, int32_t block_at = -1,
+                   std::vector<int32_t> forced = {})
+      : vocab_(vocab),
+        stride_(stride),
+        length_(length),
+        block_at_(block_at),
+        forced_(std::move(forced)) {}
+  int32_t ForcedId(int32_t position) const {
+    return stride_ * ((position * 5 + 3) % ((vocab_ - 1) / stride_ + 1));
+  }
   std::unique_ptr<TokenConstraint> Clone() const override {
     return std::make_unique<StrideConstraint>(*this);
   }
@@ -61,18 +71,25 @@ class StrideConstraint : public TokenConstraint {
   int64_t Allowed(std::vector<uint8_t>& allowed) const override {
     allowed.assign(static_cast<size_t>(vocab_), 0);
     if (accepted_ == block_at_) return 0;
+    if (std::find(forced_.begin(), forced_.end(), accepted_) != forced_.end()) {
+      allowed[static_cast<size_t>(ForcedId(accepted_))] = 1;
+      return 1;
+    }
     int64_t count = 0;
     for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 1, ++count;
     return count;
   }
   bool Accept(int32_t id) override {
+    const bool forced = std::find(forced_.begin(), forced_.end(), accepted_) != forced_.end();
+    const bool ok = forced ? id == ForcedId(accepted_) : id % stride_ == 0;
     ++accepted_;
-    return id % stride_ == 0;
+    return ok;
   }
   bool Done() const override { return accepted_ >= length_; }
 
  private:
   int32_t vocab_, stride_, length_, block_at_;
+  std::vector<int32_t> forced_;
   int32_t accepted_ = 0;
 };
 

@@ -28,6 +28,11 @@ void LiveSequences::Add(const std::shared_ptr<RequestState>& state) {
     seq->sampler = std::make_unique<SamplerState>(state->request.sampling, static_cast<uint64_t>(i),
                                                   seq->tokens, state->stop_ids);
     if (state->request.constraint) seq->constraint = state->request.constraint->Clone();
+    // Jump-forward leaves out samples with logprobs: each of their tokens reports its own row's.
+    if (jump_forward_ && seq->constraint && !state->request.sampling.wants_logprobs()) {
+      seq->jumps_forward = true;
+      state->usage.jump_forward = true;
+    }
     if (num_spec_tokens_ > 0 && state->request.speculate && state->request.max_tokens > 0) {
       seq->speculates = true;
       seq->spec = SpecAdapt(num_spec_tokens_);
@@ -70,6 +75,7 @@ void LiveSequences::Finish(Sequence* seq, FinishReason reason) {
   state.usage.completion_tokens += seq->num_generated();
   state.usage.accepted_prediction_tokens += seq->accepted_drafts;
   state.usage.rejected_prediction_tokens += seq->rejected_drafts;
+  state.usage.forced_tokens += seq->forced_tokens;
   counters_->generated_tokens += seq->num_generated();
   if (--state.num_unfinished == 0) {
     state.stream->SetUsage(state.usage);

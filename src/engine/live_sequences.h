@@ -26,12 +26,14 @@ class LiveSequences {
   // The pointers must outlive this. It adds requests_submitted, prompt_tokens, generated_tokens,
   // requests_finished and requests_cancelled to `counters` (the engine's running totals).
   // num_spec_tokens > 0: speculation is on; a request that allows it drafts up to that many.
+  // jump_forward: constrained samples without logprobs jump forward (EngineConfig).
   LiveSequences(Scheduler* scheduler, std::atomic<int32_t>* num_queued, EngineStats* counters,
-                int32_t num_spec_tokens = 0)
+                int32_t num_spec_tokens = 0, bool jump_forward = false)
       : scheduler_(scheduler),
         num_queued_(num_queued),
         counters_(counters),
-        num_spec_tokens_(num_spec_tokens) {}
+        num_spec_tokens_(num_spec_tokens),
+        jump_forward_(jump_forward) {}
 
   bool empty() const { return live_.empty(); }
   // The request's n sequences, waiting in the scheduler.
@@ -54,6 +56,7 @@ class LiveSequences {
   std::atomic<int32_t>* num_queued_;
   EngineStats* counters_;
   int32_t num_spec_tokens_;
+  bool jump_forward_;
   std::unordered_map<kv::SeqId, std::unique_ptr<Sequence>> live_;
   kv::SeqId next_seq_id_ = 1;
   // Ended sequences that a step in flight still has rows of (destroyed once it completes).

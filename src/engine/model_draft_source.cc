@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "model/gguf_model.h"  // IsGgufFile
 #include "util/check.h"
 #include "util/log.h"
+#include "util/mapped_file.h"  // ReadFileToString
 
 namespace ember {
 
@@ -17,8 +19,9 @@ Result<std::unique_ptr<ModelDraftSource>> ModelDraftSource::Create(std::unique_p
                          " tokens, the target's " + std::to_string(target_vocab_size) +
                          " (a draft model must share the target's tokenizer)");
   if (options.kv_cache_bytes < 0) return Status::Error("--draft-kv-cache-bytes: must be >= 0");
-  if (options.block_size < 1 || options.max_step_tokens < 1)
-    return Status::Error("draft model: block_size and max_step_tokens must be >= 1");
+  if (options.block_size < 1 || options.max_step_tokens < 1 || options.max_held_hidden_rows < 1)
+    return Status::Error(
+        "draft model: block_size, max_step_tokens and max_held_hidden_rows must be >= 1");
   const int64_t bytes = options.kv_cache_bytes > 0
                             ? options.kv_cache_bytes
                             : SpeculationConfig::kDefaultDraftKvCacheBytes;
@@ -31,7 +34,8 @@ Result<std::unique_ptr<ModelDraftSource>> ModelDraftSource::Create(std::unique_p
                          " bytes each)");
   EMBER_RETURN_IF_ERROR(draft->AllocateKvCache(num_blocks, options.block_size));
   const int64_t used = int64_t{num_blocks} * options.block_size * draft->KvBytesPerToken();
-  LOG_INFO << "draft model: " << draft->config().model_type << ", "
+  LOG_INFO << (draft->is_mtp_module() ? "mtp module: " : "draft model: ")
+           << draft->config().model_type << ", "
            << draft->NumParameters() << " parameters; its KV pool " << num_blocks
            << " blocks (" << int64_t{num_blocks} * options.block_size << " tokens, " << used
            << " bytes of --draft-kv-cache-bytes " << bytes << ")";
@@ -44,7 +48,9 @@ ModelDraftSource::ModelDraftSource(std::unique_ptr<Model> model, const Options& 
     : model_(std::move(model)),
       options_(options),
       kv_cache_bytes_(kv_cache_bytes),
-      kv_(kv::KvCacheConfig{options.block_size, num_blocks, /*enable_prefix_caching=*/false}) {}
+      kv_(kv::KvCacheConfig{options.block_size, num_blocks, /*enable_prefix_caching=*/false}),
+      mtp_(model_->is_mtp_module()),
+      dim_(static_cast<size_t>(model_->config().hidden_size)) {}
 
 void ModelDraftSource::Propose(kv::SeqId seq, std::span<const int32_t> tokens, int32_t max_tokens,
                                std::vector<int32_t>* out) {
@@ -59,6 +65,7 @@ void ModelDraftSource::Propose(kv::SeqId seq, std::span<const int32_t> tokens, i
 void ModelDraftSource::Drop(kv::SeqId seq) {
   kv_.Free(seq);
   fed_.erase(seq);
+  last_hidden_.erase(seq);
 }
 
 bool ModelDraftSource::Prepare(const DraftJob& job, std::span<const DraftJob> jobs) {
@@ -97,6 +104,17 @@ void ModelDraftSource::ProposeAll(std::span<const DraftJob> jobs,
   for (const auto& [id, fed] : fed_)
     if (std::find(running.begin(), running.end(), id) == running.end()) stale.push_back(id);
   for (kv::SeqId id : stale) Drop(id);
+  std::erase_if(hidden_, [&](const auto& entry) {
+    return std::find(running.begin(), running.end(), entry.first) == running.end();
+  });
+  // mtp: the module's row at position i feeds token i + 1 (its hidden state is the target's h_i).
+  std::vector<DraftJob> shifted;
+  if (mtp_) {
+    for (const DraftJob& job : jobs)
+      shifted.push_back({job.seq, job.tokens.empty() ? job.tokens : job.tokens.subspan(1),
+                         job.max_tokens, job.out});
+    jobs = shifted;
+  }
   std::vector<const DraftJob*> active;
   for (const DraftJob& job : jobs) {
     job.out->clear();
@@ -105,8 +123,9 @@ void ModelDraftSource::ProposeAll(std::span<const DraftJob> jobs,
   if (active.empty()) return;
   Status st = CatchUp(active);
   if (st.ok()) st = DraftRounds(active);
+  if (st.ok() && mtp_) KeepTargetRows(active);
   if (!st.ok()) {
-    LOG_ERROR << "draft model: " << st.message() << " (no drafts this step)";
+    LOG_ERROR << name() << " drafts: " << st.message() << " (no drafts this step)";
     for (const DraftJob* job : active) {
       job->out->clear();
       Drop(job->seq);
@@ -161,14 +180,14 @@ Status ModelDraftSource::DraftRounds(std::span<const DraftJob* const> active) {
       drafting.push_back(job);
     }
     if (seqs.empty()) return Status::Ok();
-    EMBER_RETURN_IF_ERROR(Run(seqs, rows, &ids));
+    EMBER_RETURN_IF_ERROR(Run(seqs, rows, &ids, /*chained=*/round > 0));
     for (size_t i = 0; i < drafting.size(); ++i) drafting[i]->out->push_back(ids[i]);
   }
 }
 
 Status ModelDraftSource::Run(std::span<const kv::SeqId> seqs,
                              std::span<const std::vector<int32_t>> rows,
-                             std::vector<int32_t>* ids) {
+                             std::vector<int32_t>* ids, bool chained) {
   BatchPlan plan;
   plan.block_size = options_.block_size;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -185,9 +204,21 @@ Status ModelDraftSource::Run(std::span<const kv::SeqId> seqs,
   outputs.row_kinds = kinds;
   outputs.sampling = sampling;
   outputs.ids = *ids;
+  if (mtp_) {
+    GatherHidden(seqs, rows, chained);
+    final_hidden_.assign(static_cast<size_t>(plan.num_tokens()) * dim_, 0.0f);
+    outputs.mtp_hidden = step_hidden_;
+    outputs.final_hidden = final_hidden_;
+  }
   EMBER_RETURN_IF_ERROR(model_->Forward(plan, outputs));
   ++forwards_;
   fed_tokens_ += plan.num_tokens();
+  for (size_t i = 0; mtp_ && i < seqs.size(); ++i) {  // each group's last row, for the next round
+    const auto last = static_cast<ptrdiff_t>(
+        (static_cast<size_t>(plan.seqs[i].query_start + plan.seqs[i].query_len) - 1) * dim_);
+    last_hidden_[seqs[i]].assign(final_hidden_.begin() + last,
+                                 final_hidden_.begin() + last + static_cast<ptrdiff_t>(dim_));
+  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     std::vector<int32_t>& fed = fed_[seqs[i]];
     fed.insert(fed.end(), rows[i].begin(), rows[i].end());
@@ -195,18 +226,86 @@ Status ModelDraftSource::Run(std::span<const kv::SeqId> seqs,
   return Status::Ok();
 }
 
+void ModelDraftSource::ObserveHidden(kv::SeqId seq, int32_t first_pos,
+                                     std::span<const float> rows) {
+  if (!mtp_ || rows.empty()) return;
+  TargetHidden& h = hidden_[seq];
+  const auto n = static_cast<int32_t>(rows.size() / dim_);
+  const int32_t skip = std::max(0, h.base - first_pos);  // positions already fed
+  if (skip >= n) return;
+  // These rows are the newest of their positions: any kept after them are stale (rejected).
+  const auto at = static_cast<size_t>(first_pos + skip - h.base);
+  h.rows.resize((at + static_cast<size_t>(n - skip)) * dim_, 0.0f);  // a gap stays zeros
+  std::copy(rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(skip) * dim_), rows.end(),
+            h.rows.begin() + static_cast<ptrdiff_t>(at * dim_));
+  const auto held = static_cast<int64_t>(h.rows.size() / dim_);
+  if (held > options_.max_held_hidden_rows) {  // the oldest go: fed as zeros if ever needed
+    const int64_t drop = held - options_.max_held_hidden_rows;
+    h.rows.erase(h.rows.begin(), h.rows.begin() + static_cast<ptrdiff_t>(drop) *
+                                                      static_cast<ptrdiff_t>(dim_));
+    h.base += static_cast<int32_t>(drop);
+  }
+}
+
+void ModelDraftSource::GatherHidden(std::span<const kv::SeqId> seqs,
+                                    std::span<const std::vector<int32_t>> rows, bool chained) {
+  step_hidden_.clear();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (chained) {
+      const std::vector<float>& last = last_hidden_[seqs[i]];
+      CHECK_EQ(rows[i].size(), 1u);
+      CHECK_EQ(last.size(), dim_);
+      step_hidden_.insert(step_hidden_.end(), last.begin(), last.end());
+      continue;
+    }
+    const TargetHidden& h = hidden_[seqs[i]];
+    const auto first = static_cast<int32_t>(fed_[seqs[i]].size());
+    for (size_t r = 0; r < rows[i].size(); ++r) {
+      const int64_t at = int64_t{first} + static_cast<int64_t>(r) - h.base;
+      if (at < 0 || static_cast<size_t>(at + 1) * dim_ > h.rows.size()) {
+        ++missing_hidden_;
+        step_hidden_.insert(step_hidden_.end(), dim_, 0.0f);
+        continue;
+      }
+      const auto begin = h.rows.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(at) * dim_);
+      step_hidden_.insert(step_hidden_.end(), begin, begin + static_cast<ptrdiff_t>(dim_));
+    }
+  }
+}
+
+void ModelDraftSource::KeepTargetRows(std::span<const DraftJob* const> active) {
+  for (const DraftJob* job : active) {
+    std::vector<int32_t>& fed = fed_[job->seq];
+    fed.resize(job->tokens.size());  // the first round's rows: the target's hidden states
+    // The next step feeds again from fed.size() - 1 at the earliest (Prepare keeps the shared
+    // prefix less the last token).
+    TargetHidden& h = hidden_[job->seq];
+    const int32_t base = std::max(h.base, static_cast<int32_t>(fed.size()) - 1);
+    const size_t drop = std::min(h.rows.size(), static_cast<size_t>(base - h.base) * dim_);
+    h.rows.erase(h.rows.begin(), h.rows.begin() + static_cast<ptrdiff_t>(drop));
+    h.base = base;
+  }
+}
+
 Result<std::unique_ptr<DraftSource>> LoadDraftSource(const SpeculationConfig& config,
                                                      const ModelLoadOptions& opts,
-                                                     int32_t target_vocab_size) {
-  if (config.method != SpeculationConfig::Method::kDraft || config.draft_model.empty())
-    return Status::Error("LoadDraftSource: needs --spec-method draft and --draft-model");
+                                                     int32_t target_vocab_size,
+                                                     const std::string& target_dir) {
+  using Method = SpeculationConfig::Method;
+  const bool mtp = config.method == Method::kMtp;
+  if (mtp ? target_dir.empty() : config.method != Method::kDraft || config.draft_model.empty())
+    return Status::Error(
+        "LoadDraftSource: needs --spec-method draft and --draft-model, or mtp and the target");
   // The target's load options, but its per-layer KV overrides name the target's layers: the
   // draft keeps only the default dtype.
   ModelLoadOptions draft_opts = opts;
   draft_opts.kv_cache.layers.clear();
-  auto model = Model::Load(config.draft_model, draft_opts);
+  draft_opts.mtp_module = mtp;
+  const std::string& dir = mtp ? target_dir : config.draft_model;
+  auto model = Model::Load(dir, draft_opts);
   if (!model.ok())
-    return Status::Error("--draft-model " + config.draft_model + ": " + model.message());
+    return Status::Error((mtp ? "--spec-method mtp: " : "--draft-model " + dir + ": ") +
+                         model.message());
   ModelDraftSource::Options options;
   options.kv_cache_bytes = config.draft_kv_cache_bytes;
   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ModelDraftSource> source,

@@ -79,12 +79,14 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
 }  // namespace
 
 Result<ModelRunner> ModelRunner::Create(Model* model, const EngineConfig& config,
-                                        int32_t num_blocks, int32_t num_state_checkpoints) {
+                                        int32_t num_blocks, int32_t num_state_checkpoints,
+                                        int32_t num_spec_snapshots) {
   const Scratch scratch{num_blocks, config.max_running};
   // Recurrent state (a hybrid model): a slot per running sequence, the scratch one, the
-  // checkpoints'.
-  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(num_blocks + 1, config.block_size,
-                                               config.max_running + 1 + num_state_checkpoints));
+  // checkpoints', the speculation snapshots'.
+  EMBER_RETURN_IF_ERROR(model->AllocateKvCache(
+      num_blocks + 1, config.block_size,
+      config.max_running + 1 + num_state_checkpoints + num_spec_snapshots));
   std::vector<int32_t> buckets = UsableGraphBuckets(*model, config.max_running);
   EMBER_RETURN_IF_ERROR(WarmUpDecodeGraphs(*model, config, buckets, scratch));
   return ModelRunner(model, std::move(buckets), scratch.block, scratch.state_slot);

@@ -22,11 +22,12 @@ class ModelRunner : public KvBlockIo {
  public:
   // Allocates the KV pool (num_blocks for the sequences, one more for the padding rows) and, for
   // a model with recurrent layers, its state slots (one per running sequence, the padding rows'
-  // scratch slot at max_running, then num_state_checkpoints checkpoint slots), picks the graph
-  // buckets this engine can use and warms them up (WarmUpDecodeGraphs). `model` must outlive
-  // the runner.
+  // scratch slot at max_running, then num_state_checkpoints checkpoint slots, then
+  // num_spec_snapshots speculation snapshot slots), picks the graph buckets this engine can use
+  // and warms them up (WarmUpDecodeGraphs). `model` must outlive the runner.
   static Result<ModelRunner> Create(Model* model, const EngineConfig& config, int32_t num_blocks,
-                                    int32_t num_state_checkpoints = 0);
+                                    int32_t num_state_checkpoints = 0,
+                                    int32_t num_spec_snapshots = 0);
 
   // The launches' counters, with EngineStats' meaning (the engine publishes them).
   struct Counters {
@@ -60,6 +61,13 @@ class ModelRunner : public KvBlockIo {
   }
   Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
     return model_->CopyKvBlockFromHost(block_id, in);
+  }
+  // ... and the state checkpoints' (Model::CopyStateSlotToHost / FromHost), in the same order.
+  Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) override {
+    return model_->CopyStateSlotToHost(slot, out);
+  }
+  Status CopyStateFromHost(int32_t slot, std::span<const uint8_t> in) override {
+    return model_->CopyStateSlotFromHost(slot, in);
   }
 
  private:

@@ -143,8 +143,10 @@ bool PromptTier::ShouldLoad(int32_t in_ram, int32_t on_disk) {
   const bool measured =
       (in_ram == 0 || ram_rate > 0) && (on_disk == 0 || disk_rate > 0);
   const int32_t n = in_ram + on_disk;
-  const double record = static_cast<double>(prompt_cache::RecordBytes(block_size_,
-                                                                      shape_.payload_bytes));
+  // A hybrid model's hit also reads one state checkpoint: spread over the blocks.
+  const double record =
+      static_cast<double>(prompt_cache::RecordBytes(block_size_, shape_.payload_bytes)) +
+      (states_ != nullptr ? static_cast<double>(states_->record_bytes()) / n : 0.0);
   // The blocks' bytes over the time both tiers take to read them: one rate for the cost rule.
   const double seconds = (in_ram > 0 && ram_rate > 0 ? in_ram * record / ram_rate : 0.0) +
                          (on_disk > 0 && disk_rate > 0 ? on_disk * record / disk_rate : 0.0);
@@ -229,22 +231,60 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
     if (in_ram_run == 0 || !ShouldLoad(in_ram_run, 0)) return pool_tokens;
     found = in_ram_run;
   }
+  if (states_ != nullptr && (found = ResumableBlocks(seq, first, found)) == 0) {
+    ++state_misses_;
+    return pool_tokens;
+  }
   // Most recently used now: the evictions Allocate may cause below push other records out first.
   if (ram_ != nullptr)
     for (int32_t j = first; j < first + found; ++j) ram_->Refresh(seq.tier_keys[static_cast<size_t>(j)]);
   const int32_t restored_end = (first + found) * block_size_;
   // Read nothing unless the whole admission fits now (else it is retried on a later step).
   const int32_t admitted_end = std::min(seq.num_tokens(), restored_end + budget_tokens);
-  if (kv.NumBlocksNeeded(seq.id, admitted_end) > kv.NumFreeBlocks()) return pool_tokens;
-  // Allocating may evict cached pool blocks into RAM (OnEvict), which may push this prompt's
-  // own RAM records out to disk: Restore reads either tier.
-  if (!kv.Allocate(seq.id, restored_end)) return pool_tokens;
+  if (kv.NumBlocksNeeded(seq.id, admitted_end) > kv.NumFreeBlocks() ||
+      // Allocating may evict cached pool blocks into RAM (OnEvict), which may push this prompt's
+      // own RAM records out to disk: Restore reads either tier.
+      !kv.Allocate(seq.id, restored_end)) {
+    seq.tier_state.clear();
+    return pool_tokens;
+  }
   const std::vector<int32_t>& table = kv.BlockTable(seq.id);
   int32_t loaded = 0;
   while (loaded < found && Restore(seq, first + loaded, table[static_cast<size_t>(first + loaded)]))
     ++loaded;
+  if (states_ != nullptr) {
+    // The state read is the one at the end of all `found` blocks: with fewer, an earlier
+    // checkpoint among the restored ones, or none (restored blocks are recomputed in place).
+    if (loaded < found && (loaded = ResumableBlocks(seq, first, loaded)) == 0) return pool_tokens;
+    ++state_restores_;
+  }
   // Blocks past `loaded` stay allocated: they are recomputed in place.
   return (first + loaded) * block_size_;
+}
+
+int32_t PromptTier::ResumableBlocks(Sequence& seq, int32_t first, int32_t found) {
+  for (int32_t n = found; n > 0; --n) {
+    const int32_t j = first + n - 1;
+    if (states_->Has(seq.tier_keys[static_cast<size_t>(j)]) &&
+        states_->Read(Identity(seq, j), &seq.tier_state))
+      return n;
+  }
+  seq.tier_state.clear();
+  return 0;
+}
+
+void PromptTier::AttachStates(std::unique_ptr<StateTier> states,
+                              const kv::StateCheckpoints* checkpoints) {
+  CHECK(states != nullptr && checkpoints != nullptr);
+  states_ = std::move(states);
+  checkpoints_ = checkpoints;
+}
+
+void PromptTier::OnCheckpoint(Sequence& seq, int32_t num_blocks, int32_t slot) {
+  if (states_ == nullptr || states_->disk() == nullptr || slot < 0) return;
+  EnsureKeys(seq, num_blocks);
+  if (static_cast<int32_t>(seq.tier_keys.size()) < num_blocks) return;
+  states_->WriteThrough(Identity(seq, num_blocks - 1), slot, *io_);
 }
 
 void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table,
@@ -307,13 +347,17 @@ void PromptTier::OnEvict(int32_t block_id) {
   PoolTag& tag = tags_[static_cast<size_t>(block_id)];
   if (!tag.valid || tag.epoch != cache.Ref(block_id).epoch) return;  // untagged: recomputed
   tag.valid = false;
-  if (ram_->Refresh(tag.key)) return;  // held already (restored from RAM, or evicted before)
   prompt_cache::BlockIdentity id;
   id.fingerprint = shape_.fingerprint;
   id.parent = tag.parent;
   id.key = tag.key;
   id.ns = cache.ns(block_id);
   id.tokens = cache.Tokens(block_id);
+  if (checkpoints_ != nullptr) {  // its live checkpoint goes down with it
+    if (const int32_t slot = checkpoints_->Find(cache.Ref(block_id)); slot >= 0)
+      states_->Demote(id, slot, *io_);
+  }
+  if (ram_->Refresh(tag.key)) return;  // held already (restored from RAM, or evicted before)
   std::vector<uint8_t> record = ram_->NewRecordBuffer();
   const Status st = io_->CopyBlockToHost(
       block_id, std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
@@ -333,6 +377,7 @@ PromptCacheCleared PromptTier::Clear(std::optional<uint64_t> ns) {
   if (prefetcher_ != nullptr) prefetcher_->DropQueued();
   if (ram_ != nullptr) removed.ram_blocks = ram_->Clear(ns);
   if (disk_ != nullptr) removed.disk_blocks = disk_->Clear(ns);
+  if (states_ != nullptr) removed.state_checkpoints = states_->Clear(ns);
   return removed;
 }
 
@@ -381,6 +426,7 @@ void PromptTier::StoreStats(PromptCacheStats* out) const {
     s.ram.prefetch_dropped = f.dropped_jobs;
     s.ram.spills += f.spills;
   }
+  if (states_ != nullptr) states_->AddStats(&s);
 }
 
 PromptCacheStats PromptTier::Stats() const {
@@ -399,6 +445,8 @@ PromptCacheStats PromptTier::Stats() const {
   s.ram.promotions = ram_promotions_;
   s.ram.demotions = ram_demotions_;
   s.ram.demote_failures = ram_demote_failures_;
+  s.state_restores = state_restores_;
+  s.state_misses = state_misses_;
   return s;
 }
 

@@ -31,6 +31,15 @@
 // r * record_bytes / R_ram + d * record_bytes / R_disk < n * block_size / P; until the rates
 // involved are measured they load (the first load measures them). The choice is counted and the
 // last one's rates are published (Stats).
+// A hybrid model (recurrent layers, qwen3_next; AttachStates): the state at a prefix's end is
+// not in its blocks, so each tier also keeps the pool's state checkpoints (engine/state_tier.h),
+// saved beside their blocks (OnCheckpoint writes a committed checkpoint through to disk; OnEvict
+// copies an evicted block's live checkpoint into RAM). ExtendCachedPrefix then resumes only at
+// the last found block whose checkpoint reads back and verifies (blocks past it are recomputed):
+// the state goes to Sequence::tier_state, written into the sequence's state slot before its
+// first rows; when a block up to there fails to restore, it resumes at the last checkpoint
+// before that block (or uses none of the extension). The cost rule counts the checkpoint's
+// record in the bytes to read.
 #pragma once
 
 #include <atomic>
@@ -41,7 +50,9 @@
 
 #include "engine/engine_config.h"
 #include "engine/sequence.h"
+#include "engine/state_tier.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/state_checkpoints.h"
 #include "prompt_cache/disk_store.h"
 #include "prompt_cache/prefetcher.h"
 #include "prompt_cache/ram_store.h"
@@ -50,12 +61,15 @@
 namespace ember {
 
 // Copies one pool block's K/V (all layers) to and from host memory (Backend::CopyKvBlockToHost
-// and CopyKvBlockFromHost through the model; ModelRunner implements it).
+// and CopyKvBlockFromHost through the model; ModelRunner implements it), and one recurrent-state
+// slot's (a hybrid model's state checkpoints: Backend::CopyStateSlotToHost / FromHost).
 class KvBlockIo {
  public:
   virtual ~KvBlockIo() = default;
   virtual Status CopyBlockToHost(int32_t block_id, std::span<uint8_t> out) = 0;
   virtual Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) = 0;
+  virtual Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) = 0;
+  virtual Status CopyStateFromHost(int32_t slot, std::span<const uint8_t> in) = 0;
 };
 
 // The cost rule: reading num_blocks records of record_bytes at read_bytes_per_s takes less time
@@ -95,6 +109,12 @@ class PromptTier : public kv::EvictionObserver {
   void CommitComputed(Sequence& seq, int32_t num_computed, const kv::KvCacheManager& kv);
   // kv::EvictionObserver: the pool is about to reuse cached block `block_id`.
   void OnEvict(int32_t block_id) override;
+  // A hybrid model: its checkpoints' companion stores and the pool's checkpoints (both outlive
+  // this). Before the first step.
+  void AttachStates(std::unique_ptr<StateTier> states, const kv::StateCheckpoints* checkpoints);
+  // The pool committed the checkpoint in `slot` at the end of seq's first num_blocks blocks
+  // (StepPostprocessor::CommitStateSaves): written through to the disk tier.
+  void OnCheckpoint(Sequence& seq, int32_t num_blocks, int32_t slot);
   // Removes stored blocks from both tiers (every namespace, or one); returns how many. Any thread.
   PromptCacheCleared Clear(std::optional<uint64_t> ns);
   // The stores' counters with this tier's decisions and rates. The stores' parts are read now;
@@ -126,6 +146,9 @@ class PromptTier : public kv::EvictionObserver {
   void TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table,
                  const kv::KvCacheManager& kv);
   void WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table);
+  // A hybrid model: how many of the `found` blocks from `first` end at the last one whose
+  // checkpoint reads back (its bytes into seq.tier_state), 0 when none does.
+  int32_t ResumableBlocks(Sequence& seq, int32_t first, int32_t found);
   // The measured rates (0 until measured): a store's reads, the engine's non-decode forwards.
   double RamReadBytesPerSecond() const;
   double DiskReadBytesPerSecond() const;
@@ -139,6 +162,8 @@ class PromptTier : public kv::EvictionObserver {
   std::unique_ptr<prompt_cache::RamStore> ram_;
   std::unique_ptr<prompt_cache::DiskStore> disk_;
   std::unique_ptr<prompt_cache::Prefetcher> prefetcher_;  // after the stores: stops first
+  std::unique_ptr<StateTier> states_;                     // a hybrid model's, else null
+  const kv::StateCheckpoints* checkpoints_ = nullptr;
   PromptCacheConfig::Reuse reuse_;
   KvBlockIo* io_;
   kv::KvCacheManager* kv_;
@@ -149,6 +174,7 @@ class PromptTier : public kv::EvictionObserver {
   int64_t lookups_ = 0, lookup_misses_ = 0, ram_lookup_misses_ = 0, loads_ = 0, recomputes_ = 0;
   int64_t disk_promotions_ = 0, ram_promotions_ = 0, promote_failures_ = 0;
   int64_t ram_demotions_ = 0, ram_demote_failures_ = 0;
+  int64_t state_restores_ = 0, state_misses_ = 0;
   std::atomic<int64_t> ram_spills_{0};  // engine thread writes; StoreStats reads (any thread)
   double last_read_bytes_per_s_ = 0, last_prefill_tokens_per_s_ = 0;
   PromptCacheStats::Choice last_choice_ = PromptCacheStats::Choice::kNone;

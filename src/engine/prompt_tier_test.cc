@@ -66,17 +66,18 @@ Outcome Generate(Engine& engine, const GenerationRequest& request) {
   return run;
 }
 
-// A prompt of `len` tokens over the vocabulary, deterministic in `seed`.
-std::vector<int32_t> Prompt(int32_t len, int32_t seed) {
+// A prompt of `len` tokens over the first `vocab` + 3 ids, deterministic in `seed`.
+std::vector<int32_t> Prompt(int32_t len, int32_t seed, int32_t vocab = 2000) {
   std::vector<int32_t> p(static_cast<size_t>(len));
-  for (int32_t i = 0; i < len; ++i) p[static_cast<size_t>(i)] = 3 + (i * 37 + seed * 101) % 2000;
+  for (int32_t i = 0; i < len; ++i) p[static_cast<size_t>(i)] = 3 + (i * 37 + seed * 101) % vocab;
   return p;
 }
 
 class PromptTierTest : public ::testing::Test {
  protected:
+  virtual std::string ModelName() const { return "tinystories-656k"; }
   void SetUp() override {
-    model_dir_ = ModelDir("tinystories-656k");
+    model_dir_ = ModelDir(ModelName());
     if (!testing::DirExists(model_dir_)) GTEST_SKIP() << "fixture not found: " << model_dir_;
     char tmpl[] = "/tmp/ember_prompt_tier_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -113,10 +114,13 @@ class PromptTierTest : public ::testing::Test {
     return engine.ok() ? std::move(engine).value() : nullptr;
   }
   // The output of a run without any cache.
-  std::vector<int32_t> Cold(const GenerationRequest& request, KvDType kv = KvDType::kAuto) {
+  Outcome ColdRun(const GenerationRequest& request, KvDType kv = KvDType::kAuto) {
     EngineConfig c = Config(/*disk=*/false);
     c.enable_prefix_caching = false;
-    return Generate(*NewEngine(c, kv), request).tokens;
+    return Generate(*NewEngine(c, kv), request);
+  }
+  std::vector<int32_t> Cold(const GenerationRequest& request, KvDType kv = KvDType::kAuto) {
+    return ColdRun(request, kv).tokens;
   }
   // Runs `request` on a fresh engine over the directory and shuts it down (records flushed).
   Outcome RunAndStop(const GenerationRequest& request, const EngineConfig& config) {
@@ -129,6 +133,30 @@ class PromptTierTest : public ::testing::Test {
     for (const auto& e : std::filesystem::recursive_directory_iterator(cache_dir_))
       if (e.path().extension() == ".kv") out.push_back(e.path());
     return out;
+  }
+  // The files in `dir` of the first `n` blocks of `prompt` (namespace 0, no salt): block j's key
+  // chains the prompt's first j + 1 blocks from the root of the KV fingerprint in `kv_dir`.
+  static std::vector<std::filesystem::path> BlockFiles(const std::vector<int32_t>& prompt, int n,
+                                                       const std::filesystem::path& kv_dir,
+                                                       const std::filesystem::path& dir) {
+    std::ifstream in(kv_dir / "FINGERPRINT");
+    const std::string fingerprint_text(std::istreambuf_iterator<char>(in), {});
+    prompt_cache::Key key = prompt_cache::RootKey(Sha256Of(fingerprint_text), 0, "");
+    std::vector<std::filesystem::path> out;
+    for (int j = 0; j < n; ++j) {
+      key = prompt_cache::ChainKey(
+          key, std::span<const int32_t>(prompt).subspan(static_cast<size_t>(j) * kBlock, kBlock));
+      out.push_back(dir / ("0000000000000000-" + HexOf(key) + ".kv"));
+    }
+    return out;
+  }
+  // Flips one bit of `file` at `offset`.
+  static void FlipByte(const std::filesystem::path& file, std::streamoff offset) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    const char c = static_cast<char>(f.peek());
+    f.seekp(offset);
+    f.put(static_cast<char>(c ^ 0x10));
   }
 
   std::string model_dir_, cache_dir_;
@@ -185,29 +213,11 @@ TEST_F(PromptTierTest, DamagedRecordsCostReuseNotCorrectness) {
   std::unique_ptr<Engine> probe_engine;
   std::vector<std::filesystem::path> records = Records();
   ASSERT_EQ(records.size(), 10u);
-  // Which file is which block: block j's key is the chain key of the prompt's first j + 1 blocks.
-  auto model_fp_dir = records[0].parent_path();
-  std::string fingerprint_text;
-  {
-    std::ifstream in(model_fp_dir / "FINGERPRINT");
-    fingerprint_text.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  prompt_cache::Key key = prompt_cache::RootKey(Sha256Of(fingerprint_text), 0, "");
-  std::vector<std::filesystem::path> by_block;
-  for (int j = 0; j < 9; ++j) {
-    key = prompt_cache::ChainKey(
-        key, std::span<const int32_t>(request.prompt_ids).subspan(static_cast<size_t>(j) * kBlock,
-                                                                  kBlock));
-    by_block.push_back(model_fp_dir / ("0000000000000000-" + HexOf(key) + ".kv"));
-    ASSERT_TRUE(std::filesystem::exists(by_block.back())) << j;
-  }
-  {
-    std::fstream f(by_block[4], std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(1000);
-    const char c = static_cast<char>(f.peek());
-    f.seekp(1000);
-    f.put(static_cast<char>(c ^ 0x10));
-  }
+  const auto model_fp_dir = records[0].parent_path();
+  const std::vector<std::filesystem::path> by_block =
+      BlockFiles(request.prompt_ids, 9, model_fp_dir, model_fp_dir);
+  for (const auto& file : by_block) ASSERT_TRUE(std::filesystem::exists(file)) << file;
+  FlipByte(by_block[4], 1000);
   std::filesystem::resize_file(by_block[7], std::filesystem::file_size(by_block[7]) / 2);
   std::ofstream(by_block[8].string() + ".tmp") << "torn";
 
@@ -593,6 +603,194 @@ TEST_F(RamTierTest, PreemptedSequencesComeBackFromRamIntact) {
   s = engine->Stats();
   EXPECT_GT(s.prompt_cache.ram.promotions, 0);
   EXPECT_EQ(s.prompt_cache.ram.corrupt_dropped, 0);
+}
+
+TEST(StateShareBytesTest, OneStateRecordPerIntervalOfBlocksAndAtLeastOne) {
+  // 1 state record of 300 bytes per 2 KV records of 100: 300 / 500 of the tier.
+  EXPECT_EQ(StateShareBytes(1000, 100, 300, 2), 600);
+  EXPECT_EQ(StateShareBytes(10000, 100, 300, 32), 10000 * 300 / 3500);
+  EXPECT_EQ(StateShareBytes(450, 100, 300, 32), 300);  // at least one checkpoint
+  EXPECT_EQ(StateShareBytes(399, 100, 300, 1), 0);     // not one block and one checkpoint
+}
+
+// A hybrid model (qwen3_next: gated DeltaNet layers whose recurrent state is not in the KV
+// blocks): both tiers keep the pool's state checkpoints beside their blocks, and a prefix from a
+// tier resumes only at a block whose checkpoint reads back. Every output equals a cold run's
+// (tokens and top-5 logprobs).
+class HybridTierTest : public RamTierTest {
+ protected:
+  static constexpr int32_t kVocab = 500;  // the fixture's 512 ids
+  std::string ModelName() const override { return "qwen3_next"; }
+  // A pool of `blocks` blocks and room for 16 checkpoints, taken at 32, 64, 96 and each prompt's
+  // last full block.
+  EngineConfig HybridConfig(bool disk = true, int32_t blocks = 64) {
+    EngineConfig c = Config(disk);
+    Model* probe = NewModel();
+    const int64_t state = probe->StateBytesPerSequence();
+    c.state_checkpoint_interval = 32;
+    c.state_checkpoint_bytes = 16 * state;
+    c.kv_cache_bytes = blocks * kBlock * probe->KvBytesPerToken() +
+                       (int64_t{c.max_running} + 1) * state + c.state_checkpoint_bytes;
+    return c;
+  }
+  static GenerationRequest Request(int32_t len, int32_t seed) {
+    return WithLogprobs(Greedy(Prompt(len, seed, kVocab)));
+  }
+  // The folders of the KV records and of the state checkpoints (FINGERPRINT says which).
+  void Folders(std::filesystem::path* kv, std::filesystem::path* states) const {
+    for (const auto& e : std::filesystem::directory_iterator(cache_dir_)) {
+      std::ifstream in(e.path() / "FINGERPRINT");
+      const std::string text(std::istreambuf_iterator<char>(in), {});
+      *(text.starts_with("recurrent-state") ? states : kv) = e.path();
+    }
+  }
+};
+
+// (a) A prompt computed by one engine is served by the next on the same directory (a restart):
+// its blocks and the checkpoint at the prompt's last full block come from disk, the state is
+// written into the sequence's slot, and the output is the cold run's, bit for bit.
+TEST_F(HybridTierTest, RestartResumesFromTheDiskCheckpointWithColdOutputs) {
+  const GenerationRequest request = Request(100, 1);
+  const Outcome cold = ColdRun(request);
+  const Outcome first = RunAndStop(request, HybridConfig());
+  EXPECT_EQ(first.tokens, cold.tokens);
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  const int64_t state_record =
+      prompt_cache::RecordBytes(kBlock, engine->model().StateBytesPerSequence());
+  EXPECT_EQ(s.state_records, 3);  // 32, 64, 96 (the prompt's last full block)
+  EXPECT_EQ(s.state_bytes, 3 * state_record);
+  EXPECT_EQ(s.bytes, s.records * prompt_cache::RecordBytes(kBlock, engine->model().KvBlockBytes()) +
+                         s.state_bytes);
+  EXPECT_LE(s.bytes, s.capacity_bytes);
+  EXPECT_EQ(s.capacity_bytes, int64_t{64} << 20);  // the checkpoints' share is in the cap
+  const Outcome second = Generate(*engine, request);
+  EXPECT_EQ(second.usage.cached_tokens, 96);
+  EXPECT_EQ(second.tokens, cold.tokens);
+  EXPECT_EQ(second.logprobs, cold.logprobs);
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.promotions, 6);
+  EXPECT_EQ(s.state_hits, 1);
+  EXPECT_EQ(s.state_restores, 1);
+  EXPECT_EQ(s.corrupt_dropped, 0);
+}
+
+// (c) A prompt sharing 5 blocks with one on disk resumes at the last checkpoint among them (64
+// tokens) and recomputes the fifth block and the rest.
+TEST_F(HybridTierTest, MatchPastTheLastCheckpointResumesThereAndRecomputesTheRest) {
+  const GenerationRequest a = Request(100, 2);
+  std::vector<int32_t> ids(a.prompt_ids.begin(), a.prompt_ids.begin() + 80);
+  const std::vector<int32_t> tail = Prompt(20, 9, kVocab);
+  ids.insert(ids.end(), tail.begin(), tail.end());
+  GenerationRequest b = a;
+  b.prompt_ids = ids;
+  const Outcome cold = ColdRun(b);
+  RunAndStop(a, HybridConfig());
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  const Outcome run = Generate(*engine, b);
+  EXPECT_EQ(run.usage.cached_tokens, 64);
+  EXPECT_EQ(run.tokens, cold.tokens);
+  EXPECT_EQ(run.logprobs, cold.logprobs);
+  EXPECT_EQ(engine->Stats().prompt_cache.promotions, 4);
+  EXPECT_EQ(engine->Stats().prompt_cache.state_restores, 1);
+}
+
+// (b) The RAM tier alone: a prompt's blocks evicted from a small pool go to RAM with their live
+// checkpoints; asked again, it resumes from RAM at the prompt's last full block.
+TEST_F(HybridTierTest, PoolEvictionsCarryCheckpointsToRam) {
+  const GenerationRequest a = Request(100, 11);
+  const Outcome cold = ColdRun(a);
+  EngineConfig c = HybridConfig(/*disk=*/false, /*blocks=*/24);
+  Model* probe = NewModel();
+  const int64_t state = probe->StateBytesPerSequence();
+  const int64_t kv_record = prompt_cache::RecordBytes(kBlock, kBlock * probe->KvBytesPerToken());
+  c.prompt_cache.ram_bytes = 64 * kv_record + 32 * prompt_cache::RecordBytes(kBlock, state);
+  std::unique_ptr<Engine> engine = NewEngine(c);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_EQ(engine->Stats().kv_blocks_total, 24);
+  EXPECT_EQ(Generate(*engine, a).tokens, cold.tokens);
+  // Four other prompts of 7 blocks each push a's blocks out of the 24-block pool (their 12
+  // checkpoints and a's 3 fit the 16 slots: a's are live when its blocks go).
+  for (int seed = 12; seed < 16; ++seed) Generate(*engine, Request(100, seed));
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_GE(s.ram.demotions, 6);
+  EXPECT_GE(s.ram.state_records, 3);
+  EXPECT_EQ(s.ram.state_bytes,
+            s.ram.state_records * prompt_cache::RecordBytes(kBlock, state));
+  EXPECT_LE(s.ram.bytes, s.ram.capacity_bytes);
+  EXPECT_EQ(s.ram.capacity_bytes, c.prompt_cache.ram_bytes);
+  const Outcome ram_hit = Generate(*engine, a);
+  EXPECT_EQ(ram_hit.usage.cached_tokens, 96);
+  EXPECT_EQ(ram_hit.tokens, cold.tokens);
+  EXPECT_EQ(ram_hit.logprobs, cold.logprobs);
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.promotions, 6);
+  EXPECT_EQ(s.ram.state_hits, 1);
+  EXPECT_EQ(s.state_restores, 1);
+}
+
+// (d) Damaged checkpoints are refused, never used: the one at 96 has a flipped byte (refused on
+// read), the one at 64 is truncated (removed at start-up); the prompt resumes at 32.
+TEST_F(HybridTierTest, DamagedCheckpointsAreRefusedAndRecomputed) {
+  const GenerationRequest request = Request(100, 3);
+  const Outcome cold = ColdRun(request);
+  RunAndStop(request, HybridConfig());
+  std::filesystem::path kv_dir, state_dir;
+  Folders(&kv_dir, &state_dir);
+  ASSERT_FALSE(state_dir.empty());
+  const std::vector<std::filesystem::path> checkpoints =
+      BlockFiles(request.prompt_ids, 6, kv_dir, state_dir);
+  for (int j : {1, 3, 5}) ASSERT_TRUE(std::filesystem::exists(checkpoints[j])) << j;
+  FlipByte(checkpoints[5], 2000);  // inside the state
+  std::filesystem::resize_file(checkpoints[3], std::filesystem::file_size(checkpoints[3]) - 8);
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->Stats().prompt_cache.corrupt_dropped, 1);  // the truncated one
+  const Outcome run = Generate(*engine, request);
+  EXPECT_EQ(run.usage.cached_tokens, 32);
+  EXPECT_EQ(run.tokens, cold.tokens);
+  EXPECT_EQ(run.logprobs, cold.logprobs);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.corrupt_dropped, 2);
+  EXPECT_EQ(s.state_restores, 1);
+  EXPECT_EQ(s.promotions, 2);
+}
+
+// A damaged KV block before the last checkpoint: the prompt resumes at the checkpoint before it
+// (block 4 of 6 refused: the checkpoint at 64), not at the one whose blocks are not all there.
+TEST_F(HybridTierTest, DamagedBlockFallsBackToAnEarlierCheckpoint) {
+  const GenerationRequest request = Request(100, 4);
+  const Outcome cold = ColdRun(request);
+  RunAndStop(request, HybridConfig());
+  std::filesystem::path kv_dir, state_dir;
+  Folders(&kv_dir, &state_dir);
+  const std::vector<std::filesystem::path> blocks =
+      BlockFiles(request.prompt_ids, 6, kv_dir, kv_dir);
+  FlipByte(blocks[4], 1000);
+  std::unique_ptr<Engine> engine = NewEngine(HybridConfig());
+  ASSERT_NE(engine, nullptr);
+  const Outcome run = Generate(*engine, request);
+  EXPECT_EQ(run.usage.cached_tokens, 64);
+  EXPECT_EQ(run.tokens, cold.tokens);
+  EXPECT_EQ(run.logprobs, cold.logprobs);
+  const PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.corrupt_dropped, 1);
+  EXPECT_EQ(s.state_hits, 2);  // the one at 96, then the one at 64
+  EXPECT_EQ(s.state_restores, 1);
+}
+
+// Without room for a checkpoint (no prefix cache), the tiers are refused for a hybrid model,
+// naming the flag.
+TEST_F(HybridTierTest, RefusedWithoutCheckpoints) {
+  EngineConfig c = Config();
+  c.state_checkpoint_bytes = 0;
+  auto engine = Engine::Create(NewModel(), c);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.message().find("--state-checkpoint-bytes"), std::string::npos)
+      << engine.message();
 }
 
 }  // namespace

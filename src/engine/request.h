@@ -93,6 +93,11 @@ struct RequestUsage {
   // it off): drafted tokens kept in the output, and drafted tokens verified and dropped.
   bool speculative = false;
   int32_t accepted_prediction_tokens = 0, rejected_prediction_tokens = 0;
+  // Jump-forward ran for this request (a token constraint, no logprobs, the engine has it on):
+  // tokens appended without sampling because the constraint allowed only them (over all
+  // samples; counted in completion_tokens too).
+  bool jump_forward = false;
+  int32_t forced_tokens = 0;
 };
 
 // Why Submit refused a request; maps to HTTP 400 / 429 / 503.

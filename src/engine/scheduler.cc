@@ -54,7 +54,8 @@ ScheduledSequence Scheduler::Scheduled(Sequence* seq, int32_t num_new) const {
 
 void Scheduler::TakeCheckpoint(Sequence* seq) {
   seq->restore_state_from = -1;
-  if (checkpoints_ == nullptr || seq->num_computed_tokens == 0) return;
+  // Resumed from a prompt-cache tier's checkpoint: its bytes are written into the slot instead.
+  if (checkpoints_ == nullptr || seq->num_computed_tokens == 0 || !seq->tier_state.empty()) return;
   const int32_t num_blocks = seq->num_computed_tokens / kv_->block_size();
   const std::optional<kv::BlockRef> end = kv_->ChainEnd(seq->id, num_blocks);
   CHECK(end.has_value()) << "seq " << seq->id << " hit " << num_blocks << " blocks without a chain";
@@ -67,6 +68,7 @@ void Scheduler::TakeCheckpoint(Sequence* seq) {
 int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
                               int32_t reserve_blocks) {
   if (seq->draft.empty() || num_new != 1 || seq->num_uncomputed() != 1) return 0;
+  if (IsCheckpoint(seq, seq->num_computed_tokens + num_new)) return 0;
   const int32_t num_draft = std::min(static_cast<int32_t>(seq->draft.size()), budget - 1);
   if (num_draft <= 0) return 0;
   const int32_t end = seq->num_computed_tokens + 1 + num_draft;
@@ -77,6 +79,7 @@ int32_t Scheduler::TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget,
 void Scheduler::FreeSequence(Sequence* seq) {
   kv_->Free(seq->id);
   seq->tier_blocks_tagged = 0;
+  seq->tier_state.clear();
   if (slots_ != nullptr) slots_->Release(seq->state_slot);
   seq->state_slot = -1;
   seq->restore_state_from = -1;

@@ -112,8 +112,9 @@ class Scheduler {
   // A sequence just started with a cached prefix: the checkpoint slot it restores from.
   void TakeCheckpoint(Sequence* seq);
   // Drafts seq verifies this step (num_new: its rows without drafts): blocks for them taken now,
-  // leaving at least reserve_blocks free; 0 when it has none, the budget has no room or the
-  // blocks are short.
+  // leaving at least reserve_blocks free; 0 when it has none, the budget has no room, the
+  // blocks are short, or its last token's row ends at a state checkpoint point (the checkpoint
+  // copies the state slot after the step's rows, which must not hold unverified drafts).
   int32_t TakeDrafts(Sequence* seq, int32_t num_new, int32_t budget, int32_t reserve_blocks);
 
   SchedulerConfig config_;

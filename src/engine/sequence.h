@@ -72,6 +72,10 @@ struct Sequence {
   std::vector<int32_t> draft;
   bool wants_drafts = false;
   int32_t accepted_drafts = 0, rejected_drafts = 0;  // over its verifications (usage)
+  // Jump-forward (StepPostprocessor::JumpForward): it may append the tokens its constraint
+  // forces (a constraint, no logprobs, the engine allows it); how many it appended (usage).
+  bool jumps_forward = false;
+  int32_t forced_tokens = 0;
   // The prompt cache below the pool (engine/prompt_tier.h): chain key of each full block so far
   // (entry i names blocks 0..i), how many leading blocks are stored or queued on disk, and how
   // many leading blocks of its current block table were tagged for the RAM tier (reset when its
@@ -79,6 +83,10 @@ struct Sequence {
   std::vector<Sha256Digest> tier_keys;
   int32_t tier_blocks_stored = 0;
   int32_t tier_blocks_tagged = 0;
+  // A hybrid model resumed from a tier's state checkpoint (PromptTier::ExtendCachedPrefix): the
+  // recurrent state at its computed prefix's end, written into state_slot before its first rows
+  // (StepBuilder moves it into the step); empty otherwise (and whenever its blocks are freed).
+  std::vector<uint8_t> tier_state;
 
   bool embeds() const { return request->request.pooling.kind != PoolingKind::kNone; }
 

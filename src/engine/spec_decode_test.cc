@@ -6,11 +6,17 @@
 // under preemption; usage counts the drafts of a speculating request and nothing otherwise. The
 // draft-model source (ModelDraftSource) likewise: a model drafting for itself (greedy: every draft
 // kept), another model of the same vocabulary (mostly rejected), seeded sampling with n > 1, and
-// preemption with both KV pools small.
+// preemption with both KV pools small. The mtp source (a deepseek_v3 checkpoint's multi-token-
+// prediction module, on temporary checkpoints from mtp_testing.h): random module weights leave
+// greedy outputs unchanged, batched and solo; a module built to predict what the target predicts
+// has its drafts kept.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 #include <thread>
 
@@ -20,6 +26,7 @@
 #include "engine/engine_testing.h"
 #include "engine/model_draft_source.h"
 #include "engine/replay_draft_source.h"
+#include "model/mtp_testing.h"
 #include "util/testing.h"
 
 namespace ember {
@@ -88,6 +95,9 @@ struct RunOptions {
   int64_t kv_cache_bytes = 0;
   bool stagger = false;
   bool solo = false;  // one request at a time
+  bool jump_forward = true;  // EngineConfig::jump_forward
+  int32_t state_checkpoint_interval = 0;  // 0: the default (a hybrid model's checkpoints)
+  int64_t state_checkpoint_bytes = -1;    // -1: auto
   SpeculationConfig::Method method = SpeculationConfig::Method::kNone;
   std::unique_ptr<DraftSource> source;  // replaces `method`'s when set
 };
@@ -102,7 +112,11 @@ RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>
   config.max_running = options.max_running;
   config.max_step_tokens = options.max_step_tokens;
   config.kv_cache_bytes = options.kv_cache_bytes;
+  config.jump_forward = options.jump_forward;
   config.speculation.method = options.method;
+  if (options.state_checkpoint_interval > 0)
+    config.state_checkpoint_interval = options.state_checkpoint_interval;
+  config.state_checkpoint_bytes = options.state_checkpoint_bytes;
   config.speculation.num_spec_tokens = 4;
   config.speculation.max_batch = 64;
   if (options.source != nullptr) config.speculation.method = SpeculationConfig::Method::kNgram;
@@ -229,7 +243,7 @@ TEST_P(SpecGreedyTest, GoldenContinuationsWithDraftsSoloAndBatched) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpecGreedyTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
                                            "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
-                                           "gemma3"));
+                                           "gemma3", "qwen3_next"));
 
 std::vector<GenerationRequest> SampledRequests() {
   std::vector<GenerationRequest> requests;
@@ -283,44 +297,158 @@ std::vector<GenerationRequest> SampledRequests() {
 
 // Seeded sampled requests draw the same tokens (and logprobs) with drafts as without: each
 // verified row is sampled with the state ordinary decoding has at that position, including its
-// uniform. Drafts replay the outputs with one in three wrong, so rows are kept and rejected.
-TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
-  const std::string dir = ModelDir("tinystories-656k");
-  EMBER_REQUIRE_DIR(dir);
+// uniform. Drafts replay the outputs with one in `error_every` wrong, so rows are kept and
+// rejected. Returns the plain (no speculation) run.
+RunResult ExpectSeededReplaysMatch(const std::string& dir, int32_t vocab,
+                                   std::initializer_list<int32_t> error_rates) {
   const std::vector<GenerationRequest> requests = SampledRequests();
   RunOptions plain_options;
   plain_options.max_running = 4;
-  const RunResult plain = RunEngine(dir, requests, std::move(plain_options));
-  for (int32_t error_every : {2, 5}) {
+  RunResult plain = RunEngine(dir, requests, std::move(plain_options));
+  for (int32_t error_every : error_rates) {
     RunOptions spec;
     spec.max_running = 4;
-    spec.source = Replay(requests, plain, error_every, 2048);
+    spec.source = Replay(requests, plain, error_every, vocab);
     const RunResult got = RunEngine(dir, requests, std::move(spec));
-    ASSERT_EQ(got.outputs.size(), plain.outputs.size());
-    for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(got.outputs.size(), plain.outputs.size());
+    for (size_t i = 0; i < requests.size() && i < got.outputs.size(); ++i)
       EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i << " errors " << error_every;
     EXPECT_GT(got.stats.spec_accepted_tokens, 0);
     EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
     // More than one token per target step on average: the drafts paid.
     EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
   }
+  return plain;
+}
+
+TEST(SpecDecodeTest, SeededSampledOutputsAreIdenticalWithEveryProcessor) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  ExpectSeededReplaysMatch(dir, 2048, {2, 5});
+}
+
+// A hybrid model (qwen3_next: gated DeltaNet layers whose recurrent state advances past every
+// verified row): rejected drafts are rolled back from the per-row state snapshots, so greedy
+// outputs are the plain ones, with ngram drafts on copy-heavy prompts (the random-weight fixture
+// never copies them, so every ngram draft is rejected) solo and batched, and with replayed drafts
+// (one in three wrong: kept and rejected) batched with n = 2; all with the prefix cache on:
+// state checkpoints taken every block, also while decoding (never on a step that verifies
+// drafts), and later requests whose prompts are earlier ones plus part of their outputs hit them
+// and still get the plain tokens.
+TEST(SpecDecodeTest, HybridModelRollsBackRejectedDrafts) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok());
+  const int64_t per_state = (*probe)->StateBytesPerSequence();
+  std::vector<GenerationRequest> requests;
+  const std::vector<std::vector<int32_t>> motifs = {
+      {11, 12, 13, 14, 15}, {200, 201, 202}, {40, 41, 42, 43, 44, 45, 46}, {7, 300, 7, 301}};
+  for (size_t i = 0; i < motifs.size(); ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int rep = 0; rep < 5; ++rep)
+      prompt.insert(prompt.end(), motifs[i].begin(), motifs[i].end());
+    prompt.push_back(90 + static_cast<int32_t>(i));
+    requests.push_back(Greedy(prompt, 48));
+  }
+  requests.push_back(requests[1]);
+  requests.back().n = 2;
+  auto options = [&](bool solo) {
+    RunOptions o;
+    o.solo = solo;
+    o.max_step_tokens = solo ? 0 : 13;
+    o.state_checkpoint_interval = 16;
+    o.state_checkpoint_bytes = 32 * per_state;
+    return o;
+  };
+  const RunResult first = RunEngine(dir, requests, options(true));
+  ASSERT_EQ(first.outputs.size(), requests.size());
+  // Prompts that extend earlier requests by part of their output: prefix hits past a prompt.
+  for (size_t i = 0; i < 2; ++i) {
+    GenerationRequest more = requests[i];
+    const std::vector<int32_t>& out = first.outputs[i][0].ids;
+    more.prompt_ids.insert(more.prompt_ids.end(), out.begin(), out.begin() + 30);
+    more.max_tokens = 24;
+    requests.push_back(more);
+  }
+  const RunResult plain = RunEngine(dir, requests, options(true));
+  auto expect_plain = [&](const RunResult& got, const std::string& what) {
+    ASSERT_EQ(got.outputs.size(), requests.size()) << what;
+    for (size_t i = 0; i < requests.size(); ++i)
+      EXPECT_TRUE(got.outputs[i] == plain.outputs[i]) << "request " << i << ", " << what;
+    EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens) << what;
+  };
+  for (bool solo : {true, false}) {
+    RunOptions ngram = options(solo);
+    ngram.method = SpeculationConfig::Method::kNgram;
+    const RunResult got = RunEngine(dir, requests, std::move(ngram));
+    expect_plain(got, solo ? "ngram solo" : "ngram batched");
+    EXPECT_GT(got.stats.spec_draft_tokens, 0);
+    if (solo) {
+      EXPECT_GT(got.stats.prefix_hit_tokens, 2 * 32) << "no prefix hit past a prompt";
+    }
+  }
+  for (bool solo : {true, false}) {
+    RunOptions replay = options(solo);
+    replay.source = Replay(requests, plain, 3, (*probe)->config().vocab_size);
+    const RunResult got = RunEngine(dir, requests, std::move(replay));
+    expect_plain(got, solo ? "replay solo" : "replay batched");
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);  // drafts paid
+    if (solo) {
+      EXPECT_GT(got.stats.prefix_hit_tokens, 2 * 32) << "no prefix hit past a prompt";
+    }
+  }
+}
+
+// A hybrid model with replayed drafts wrong at a known rate (every 2nd, 3rd token): seeded
+// sampled requests with every processor, n = 2, batched, give the plain tokens and logprobs; and
+// with a KV cache small enough to preempt, rejected drafts leave no block behind.
+TEST(SpecDecodeTest, HybridModelSeededSampledAndPreemptedOutputsAreIdentical) {
+  const std::string dir = ModelDir("qwen3_next");
+  EMBER_REQUIRE_DIR(dir);
+  const int32_t vocab = 512;
+  const std::vector<GenerationRequest> requests = SampledRequests();
+  const RunResult plain = ExpectSeededReplaysMatch(dir, vocab, {2, 3});
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok());
+  const int64_t per_state = (*probe)->StateBytesPerSequence();
+  const int64_t per_token = (*probe)->KvBytesPerToken();
+  RunOptions small;
+  small.max_running = 6;
+  // Six sequences' slots, the scratch one, 6 x 4 snapshots, 4 checkpoints and 14 blocks.
+  small.state_checkpoint_bytes = 4 * per_state;
+  small.kv_cache_bytes = (6 + 1 + 24 + 4) * per_state + 14 * 16 * per_token;
+  small.source = Replay(requests, plain, 3, vocab);
+  const RunResult preempted = RunEngine(dir, requests, std::move(small));
+  ASSERT_EQ(preempted.outputs.size(), plain.outputs.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_TRUE(preempted.outputs[i] == plain.outputs[i]) << "request " << i << " preempted";
+  EXPECT_GT(preempted.stats.preemptions, 0) << "no preemption: make the cache smaller";
+  EXPECT_GT(preempted.stats.spec_draft_tokens, preempted.stats.spec_accepted_tokens);
 }
 
 // A constrained request's rows are verified under the constraint's mask as if the drafts before
 // them were accepted: the same tokens as without drafts, all allowed, done at the same token;
-// drafts the mask forbids (the replay's wrong ones, and noise) are simply rejected.
+// drafts the mask forbids (the replay's wrong ones, and noise) are simply rejected. Two requests'
+// constraints force runs of tokens, which jump forward beside the drafting (the reference runs
+// token by token: no drafts, no jump-forward).
 TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 4; ++i) {
     GenerationRequest r = Greedy({1, 80, 147, 201}, 40);
-    r.constraint = std::make_shared<StrideConstraint>(2048, 7 + i % 2, 25);
+    const std::vector<int32_t> forced =
+        i == 1 || i == 2 ? std::vector<int32_t>{5, 6, 7, 8, 15, 16} : std::vector<int32_t>{};
+    r.constraint = std::make_shared<StrideConstraint>(2048, 7 + i % 2, 25, -1, forced);
     if (i >= 2) r.sampling.temperature = 0.9f, r.sampling.seed = 5 + static_cast<uint64_t>(i);
     if (i == 3) r.sampling.top_logprobs = 1;
     requests.push_back(r);
   }
-  const RunResult plain = RunEngine(dir, requests, RunOptions{});
+  RunOptions token_by_token;
+  token_by_token.jump_forward = false;
+  const RunResult plain = RunEngine(dir, requests, std::move(token_by_token));
   for (const auto& samples : plain.outputs) ASSERT_EQ(samples[0].ids.size(), 25u);
   RunOptions replay;
   replay.source = Replay(requests, plain, 3, 2048);
@@ -334,6 +462,9 @@ TEST(SpecDecodeTest, ConstrainedOutputsAreIdenticalAndValid) {
     EXPECT_EQ(got.outputs[i][0].finish, FinishReason::kStop);
   }
   EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  // A forced position is jumped over, or verified as a draft (its row masked to that token).
+  EXPECT_GT(got.stats.forced_tokens, 0);
+  EXPECT_GT(noisy.stats.forced_tokens, 0);
 }
 
 // Drafts that are nearly all wrong, many requests, a KV cache small enough to preempt, prefix
@@ -526,6 +657,99 @@ TEST(SpecDecodeTest, DraftModelRefusals) {
   EngineConfig engine_config;
   engine_config.speculation = config;
   EXPECT_FALSE(Engine::Create(target->get(), engine_config).ok());
+}
+
+// ---- mtp: the target checkpoint's multi-token-prediction module ----
+
+std::string TempMtpDir(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("ember_spec_mtp_" + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+std::unique_ptr<DraftSource> MtpSource(const std::string& dir, int32_t vocab) {
+  SpeculationConfig config;
+  config.method = SpeculationConfig::Method::kMtp;
+  auto source = LoadDraftSource(config, ModelLoadOptions{}, vocab, dir);
+  EXPECT_TRUE(source.ok()) << source.message();
+  return source.ok() ? std::move(*source) : nullptr;
+}
+
+// Greedy prompts of 2 to 41 tokens, one of them not speculating.
+std::vector<GenerationRequest> MtpRequests() {
+  std::mt19937 rng(5);
+  std::vector<GenerationRequest> requests;
+  for (int len : {2, 5, 9, 17, 30, 41}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < len; ++i) prompt.push_back(3 + static_cast<int32_t>(rng() % 500));
+    requests.push_back(Greedy(prompt, 20));
+  }
+  requests[1].speculate = false;
+  return requests;
+}
+
+// Random MTP weights (drafts mostly wrong): the greedy outputs are those without speculation,
+// batched (staggered, chunked prefill) and solo; on deepseek_v3 (MLA) and on qwen3_next, whose
+// recurrent state rolls back from the per-row snapshots.
+TEST(SpecDecodeTest, MtpDraftsLeaveGreedyOutputsUnchanged) {
+  for (const std::string fixture : {"deepseek_v3", "qwen3_next"}) {
+    EMBER_REQUIRE_DIR(ModelDir(fixture));
+    const std::string dir = TempMtpDir("random_" + fixture);
+    testing::WriteMtpCheckpoint(ModelDir(fixture), dir, {});
+    const std::vector<GenerationRequest> requests = MtpRequests();
+    const RunResult plain = RunEngine(dir, requests, {});
+    ASSERT_EQ(plain.outputs.size(), requests.size());
+    for (bool solo : {false, true}) {
+      RunOptions mtp;
+      mtp.solo = solo;
+      mtp.stagger = !solo;
+      mtp.max_step_tokens = 13;
+      mtp.source = MtpSource(dir, 512);
+      ASSERT_NE(mtp.source, nullptr) << fixture;
+      const RunResult got = RunEngine(dir, requests, std::move(mtp));
+      EXPECT_EQ(FirstSamples(got), FirstSamples(plain)) << fixture << (solo ? " solo" : " batched");
+      EXPECT_GT(got.stats.spec_draft_tokens, 0) << fixture;
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A module that must predict what the target predicts: the target has one layer whose attention
+// adds nothing (o_proj = 0: a row's logits depend on its own token only), the MTP block is a copy
+// of it with eh_proj = [I | 0] and +-1 embeddings (enorm keeps them), so its draft after token t
+// is the target's greedy token after t (up to enorm's eps), and so is every chained draft. (With
+// attention on, no MTP module reproduces a target in general: it sees the tokens shifted by one.)
+TEST(SpecDecodeTest, MtpDraftsOfACopiedBlockAreAccepted) {
+  EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
+  const std::string dir = TempMtpDir("copy");
+  testing::MtpCheckpointOptions options;
+  options.one_layer = true;
+  options.zero_attention_out = true;
+  options.eh = testing::MtpCheckpointOptions::EhProj::kEmbeddingHalf;
+  testing::WriteMtpCheckpoint(ModelDir("deepseek_v3"), dir, options);
+  const std::vector<GenerationRequest> requests = MtpRequests();
+  const RunResult plain = RunEngine(dir, requests, {});
+  RunOptions mtp;
+  mtp.stagger = true;
+  mtp.source = MtpSource(dir, 512);
+  ASSERT_NE(mtp.source, nullptr);
+  const RunResult got = RunEngine(dir, requests, std::move(mtp));
+  EXPECT_EQ(FirstSamples(got), FirstSamples(plain));
+  EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+  EXPECT_GE(got.stats.spec_accepted_tokens * 10, got.stats.spec_draft_tokens * 9)
+      << got.stats.spec_accepted_tokens << " of " << got.stats.spec_draft_tokens;
+  EXPECT_GT(got.stats.sampled_tokens, got.stats.sampled_seq_steps);
+  std::filesystem::remove_all(dir);
+}
+
+// --spec-method mtp: made by the caller (LoadDraftSource), never with --draft-model.
+TEST(SpecDecodeTest, MtpConfigRefusals) {
+  SpeculationConfig config;
+  config.method = SpeculationConfig::Method::kMtp;
+  EXPECT_TRUE(CheckSpeculationConfig(config).ok());
+  EXPECT_FALSE(CreateDraftSource(config).ok());
+  config.draft_model = "x";
+  EXPECT_FALSE(CheckSpeculationConfig(config).ok());
 }
 
 }  // namespace

@@ -6,11 +6,16 @@ namespace ember {
 
 Status CheckSpeculationConfig(const SpeculationConfig& config) {
   using Method = SpeculationConfig::Method;
-  if (config.method != Method::kDraft) return CreateDraftSource(config).status();
+  if (config.method != Method::kDraft && config.method != Method::kMtp)
+    return CreateDraftSource(config).status();
   SpeculationConfig ngram = config;  // the same checks, less the draft model's loading
   ngram.method = Method::kNgram;
   ngram.draft_model.clear();
+  if (config.method == Method::kMtp && !config.draft_model.empty())
+    return Status::Error("--draft-model is only used with --spec-method draft (mtp drafts with "
+                         "the model's own multi-token-prediction module)");
   EMBER_RETURN_IF_ERROR(CreateDraftSource(ngram).status());
+  if (config.method == Method::kMtp) return Status::Ok();
   if (config.draft_model.empty())
     return Status::Error("--spec-method draft needs --draft-model DIR (the draft checkpoint)");
   return Status::Ok();
@@ -36,6 +41,9 @@ Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& 
     return Status::Error("--spec-method draft: the draft model " + config.draft_model +
                          " must be loaded by the caller (ModelDraftSource)");
   }
+  if (config.method == Method::kMtp)  // loaded by the caller like kDraft (LoadDraftSource)
+    return Status::Error("--spec-method mtp: the model's multi-token-prediction module must be "
+                         "loaded by the caller (LoadDraftSource)");
   if (config.ngram_min < 1 || config.ngram_min > config.ngram_max)
     return Status::Error("speculation: the ngram lengths must satisfy 1 <= min <= max");
   return std::unique_ptr<DraftSource>(

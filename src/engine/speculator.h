@@ -33,8 +33,8 @@
 
 namespace ember {
 
-// The configured source: null for kNone, an error naming what is not supported. kDraft is an
-// error here: its model is loaded by the caller (ModelDraftSource::Create, model_draft_source.h)
+// The configured source: null for kNone, an error naming what is not supported. kDraft and kMtp
+// are errors here: their model is loaded by the caller (LoadDraftSource, model_draft_source.h)
 // and passed to Engine::Create.
 Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& config);
 // The config's checks without making a source (kDraft: needs draft_model).
@@ -50,6 +50,12 @@ class Speculator {
   bool enabled() const { return source_ != nullptr; }
   // Before a step is scheduled: each running sequence's drafts and wants_drafts.
   void Propose(std::span<Sequence* const> running);
+  // Whether steps must copy their rows' hidden states for the source (DraftSource::
+  // wants_hidden_states), and the rows of a sequence after a step (ObserveHidden).
+  bool wants_hidden_states() const { return enabled() && source_->wants_hidden_states(); }
+  void ObserveHidden(const Sequence& seq, int32_t first_pos, std::span<const float> rows) {
+    if (seq.speculates) source_->ObserveHidden(seq.id, first_pos, rows);
+  }
   // A step verified `drafted` tokens of seq and kept `accepted` of them.
   void Record(Sequence* seq, int32_t drafted, int32_t accepted);
 

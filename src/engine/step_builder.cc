@@ -74,6 +74,10 @@ StepBatch StepBuilder::Build(const StepPlan& plan) {
   AddDraftRows(step);
   AddPromptRows(step);
   AddHiddenRows(step);
+  if (capture_final_hidden_)
+    step.final_hidden.assign(static_cast<size_t>(batch.num_tokens()) *
+                                 static_cast<size_t>(runner_->model().config().hidden_size),
+                             0.0f);
   step.deferred = MayDefer(step);
   return step;
 }
@@ -108,7 +112,8 @@ void StepBuilder::AddSequenceRows(StepBatch& step) {
   }
 }
 
-// A sequence admitted with a cached prefix restores the checkpoint at its end; a chunk that ends
+// A sequence admitted with a cached prefix restores the checkpoint at its end (a pool slot's, or
+// the bytes a prompt-cache tier read: Sequence::tier_state); a chunk that ends
 // at a checkpoint point saves the state it leaves (when no checkpoint slot can be had, every one
 // pending, it saves nothing: a later prompt hits a shorter prefix).
 void StepBuilder::AddStateCopies(StepBatch& step) {
@@ -117,6 +122,10 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
     const ScheduledSequence& s = step.scheduled[i];
     Sequence* seq = s.seq;
     if (seq->state_slot < 0) continue;
+    if (!seq->tier_state.empty()) {
+      step.state_uploads.push_back({seq->state_slot, std::move(seq->tier_state)});
+      seq->tier_state.clear();
+    }
     if (seq->restore_state_from >= 0) {
       step.state_restores.push_back({seq->restore_state_from, seq->state_slot});
       seq->restore_state_from = -1;
@@ -130,12 +139,19 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
 }
 
 // A sequence verifying drafts: one kCopy logits row per draft, after the sampled and padding rows
-// (the sampled rows keep rows 0..real_rows-1).
+// (the sampled rows keep rows 0..real_rows-1); with recurrent layers, its snapshot slots.
 void StepBuilder::AddDraftRows(StepBatch& step) {
   BatchPlan& batch = step.batch;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
     const ScheduledSequence& s = step.scheduled[i];
     if (s.num_draft == 0) continue;
+    if (snapshot_first_ >= 0) {
+      const auto group = static_cast<int32_t>(step.draft_rows.size());
+      CHECK(group < snapshot_groups_ && s.num_draft <= snapshot_per_sequence_)
+          << "drafting sequence " << group << " with " << s.num_draft << " drafts: only "
+          << snapshot_groups_ << " snapshot runs of " << snapshot_per_sequence_;
+      batch.seqs[i].snapshot_slot = snapshot_first_ + group * snapshot_per_sequence_;
+    }
     StepBatch::DraftRows run;
     run.scheduled_index = i;
     run.first_row = static_cast<int32_t>(batch.logits_rows.size());
@@ -202,10 +218,12 @@ bool StepBuilder::BackendSamples() const {
 }
 
 // A step may launch before the step in flight's ids are read when every sampled row's token is
-// made by the backend from state the host already has (FedRowOk), no logits come to the host and
-// no embedding request has rows in it.
+// made by the backend from state the host already has (FedRowOk), no logits or hidden states come
+// to the host and no embedding request has rows in it.
 bool StepBuilder::MayDefer(const StepBatch& step) const {
-  if (!config_.overlap_steps || !step.prompt_rows.empty() || !step.draft_rows.empty()) return false;
+  if (!config_.overlap_steps || !step.prompt_rows.empty() || !step.draft_rows.empty() ||
+      !step.final_hidden.empty())
+    return false;
   const bool backend_samples = BackendSamples();
   // An embedding request's step completes before the next is scheduled, so a preemption never
   // meets its pooled rows half-accounted.

@@ -10,7 +10,9 @@
 // the step and reserves the checkpoint slots of the step's saves). A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
 // sampled row (decided as any other) and the draft rows as kCopy logits rows after the padding
-// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them.
+// (DraftRows): the postprocessor samples those on the host, in order, as it verifies them; on a
+// model with recurrent layers it also names the slots where the backend keeps the sequence's
+// state after each of those rows (SequenceSlice::snapshot_slot), to roll back rejected drafts.
 // Engine thread.
 #pragma once
 
@@ -87,6 +89,10 @@ struct StepBatch {
   std::vector<HiddenRows> hidden_runs;
   int32_t num_hidden_rows = 0;
   std::vector<float> hidden;
+  // With a source that reads hidden states (StepBuilder::set_capture_final_hidden; never in a
+  // deferred step): every plan row's last hidden state before the final norm, [num_tokens,
+  // hidden_size] (StepOutputs::final_hidden).
+  std::vector<float> final_hidden;
 
   // Recurrent-state copies (a hybrid model with state checkpoints, kv/state_checkpoints.h), in
   // backend slots: before the forward each restore copies a checkpoint into a sequence admitted
@@ -96,6 +102,13 @@ struct StepBatch {
     int32_t src = 0, dst = 0;
   };
   std::vector<StateCopy> state_restores;
+  // A sequence resumed from a prompt-cache tier's state checkpoint (Sequence::tier_state): its
+  // bytes, written into its slot before the forward (Backend::CopyStateSlotFromHost).
+  struct StateUpload {
+    int32_t slot = 0;
+    std::vector<uint8_t> state;
+  };
+  std::vector<StateUpload> state_uploads;
   struct StateSave {
     size_t scheduled_index = 0;
     int32_t end = 0;  // the sequence's computed tokens after the step (a block boundary)
@@ -113,6 +126,7 @@ struct StepBatch {
     out.defer_ids = deferred;
     out.hidden_rows = num_hidden_rows;
     out.hidden = hidden;
+    out.final_hidden = final_hidden;
     return out;
   }
 };
@@ -126,6 +140,18 @@ class StepBuilder {
       : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
   // A hybrid model with state checkpoints: steps carry their restores and saves (StepBatch).
   void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
+  // Speculation on a model with recurrent layers: `groups` runs of `per_sequence` consecutive
+  // snapshot slots from `first_slot` on; the g-th sequence verifying drafts in a step gets run g
+  // as its SequenceSlice::snapshot_slot (the postprocessor rolls back from it). One step with
+  // drafts at a time: it completes before the next one launches (MayDefer), so runs are reused.
+  void set_state_snapshots(int32_t first_slot, int32_t per_sequence, int32_t groups) {
+    snapshot_first_ = first_slot;
+    snapshot_per_sequence_ = per_sequence;
+    snapshot_groups_ = groups;
+  }
+  // A draft source that reads the target's hidden states (mtp): every step copies them
+  // (StepBatch::final_hidden) and is never deferred.
+  void set_capture_final_hidden(bool capture) { capture_final_hidden_ = capture; }
 
   // The step's rows and whether it may be deferred. Reads only what the step in flight cannot
   // change (its sampled tokens pass through as fed placeholders). From here on the step holds
@@ -153,6 +179,8 @@ class StepBuilder {
   kv::KvCacheManager* kv_;
   EngineStats* counters_;
   kv::StateCheckpoints* checkpoints_ = nullptr;
+  int32_t snapshot_first_ = -1, snapshot_per_sequence_ = 0, snapshot_groups_ = 0;
+  bool capture_final_hidden_ = false;
   std::vector<int32_t> chunk_;  // scratch: one sequence's new tokens
 };
 

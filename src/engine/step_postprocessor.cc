@@ -52,6 +52,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
     SampleOnHost(step);
     ComputePromptLogprobs(step);
     PoolHiddenRows(step);
+    ObserveHidden(step);
   }
   size_t row = 0, next_draft = 0;
   for (size_t i = 0; i < step.scheduled.size(); ++i) {
@@ -76,6 +77,7 @@ void StepPostprocessor::Complete(StepBatch& step) {
       sequences_->EndWithoutToken(s.seq, FinishReason::kLength);
     }
   }
+  if (!step.deferred) JumpForward(step);  // a deferred step has no constrained row
   ReleaseStateSaves(step);
   sequences_->Release(step.scheduled);
   counters_->finish_ns += NowNs() - finish_start;
@@ -134,6 +136,21 @@ void StepPostprocessor::PoolHiddenRows(const StepBatch& step) {
   }
 }
 
+void StepPostprocessor::ObserveHidden(const StepBatch& step) {
+  if (step.final_hidden.empty()) return;
+  const auto dim = static_cast<size_t>(runner_->model().config().hidden_size);
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const Sequence& seq = *step.scheduled[i].seq;
+    if (seq.finish != FinishReason::kNone) continue;
+    const SequenceSlice& slice = step.batch.seqs[i];
+    speculator_->ObserveHidden(
+        seq, step.batch.positions[static_cast<size_t>(slice.query_start)],
+        std::span<const float>(step.final_hidden)
+            .subspan(static_cast<size_t>(slice.query_start) * dim,
+                     static_cast<size_t>(slice.query_len) * dim));
+  }
+}
+
 // An embedding request's prompt is computed: its one event carries the pooled vector.
 void StepPostprocessor::EmitEmbedding(Sequence* seq) {
   TokenEvent event = NextEvent(seq);
@@ -147,13 +164,16 @@ void StepPostprocessor::EmitEmbedding(Sequence* seq) {
 }
 
 void StepPostprocessor::CommitStateSaves(StepBatch& step, size_t i) {
-  const kv::SeqId id = step.scheduled[i].seq->id;
+  Sequence* seq = step.scheduled[i].seq;
   for (StepBatch::StateSave& save : step.state_saves) {
     if (save.scheduled_index != i || save.resolved) continue;
     save.resolved = true;
-    const std::optional<kv::BlockRef> end = kv_->ChainEnd(id, save.end / kv_->block_size());
+    const int32_t num_blocks = save.end / kv_->block_size();
+    const std::optional<kv::BlockRef> end = kv_->ChainEnd(seq->id, num_blocks);
     if (end.has_value()) {
       checkpoints_->Commit(save.copy.dst, *end);
+      // Down to the disk tier beside its block (Find: this slot, or the one committed first).
+      if (tier_ != nullptr) tier_->OnCheckpoint(*seq, num_blocks, checkpoints_->Find(*end));
     } else {
       checkpoints_->Release(save.copy.dst);
     }
@@ -218,7 +238,7 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
   const int32_t first_index = step.token_index[i];  // the placeholder Launched put
   std::vector<TokenEvent> events;
   int32_t accepted = 0;
-  bool blocked = false;
+  bool blocked = false, rolled_back = true;
   for (int32_t j = 0; j <= k; ++j) {
     SampleOutput out = j == 0 ? TakeRowOutput(step, row)
                               : SampleRow(step, static_cast<size_t>(run.first_row + j - 1), seq);
@@ -246,6 +266,7 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
     CHECK_EQ(computed_end, seq->num_tokens() - 1)
         << "seq " << seq->id << " verified " << k << " drafts, emitted " << emitted;
     kv_->Truncate(seq->id, seq->num_tokens());
+    rolled_back = RollBackState(step, i, emitted);
   }
   CommitComputed(step, i, computed_end);
   for (TokenEvent& event : events) Emit(seq, std::move(event));
@@ -253,7 +274,21 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
     LOG_WARN << "request " << seq->request->request_id
              << ": the output constraint allows no token";
     sequences_->EndWithoutToken(seq, FinishReason::kError);
+  } else if (!rolled_back && seq->finish == FinishReason::kNone) {
+    sequences_->EndWithoutToken(seq, FinishReason::kError);
   }
+}
+
+bool StepPostprocessor::RollBackState(const StepBatch& step, size_t i, int32_t rows) {
+  const SequenceSlice& slice = step.batch.seqs[i];
+  if (slice.snapshot_slot < 0 || rows >= slice.query_len) return true;
+  const Sequence* seq = step.scheduled[i].seq;
+  CHECK_EQ(slice.state_slot, seq->state_slot) << "seq " << seq->id << " changed state slots";
+  Status st = runner_->CopyStateSlot(slice.snapshot_slot + rows - 1, seq->state_slot);
+  if (st.ok()) return true;
+  LOG_ERROR << "request " << seq->request->request_id
+            << ": rolling back its recurrent state failed: " << st.message();
+  return false;
 }
 
 SampleOutput StepPostprocessor::SampleRow(StepBatch& step, size_t logits_row, Sequence* seq) {
@@ -280,9 +315,69 @@ TokenEvent StepPostprocessor::RecordToken(Sequence* seq, int32_t index, SampleOu
   event.token_id = out.token_id;
   event.logprob = out.logprob;
   event.top_logprobs = std::move(out.top_logprobs);
-  event.finish = StopReason(*seq, index, out.token_id, constraint_broken, &event.stop_token);
+  event.finish = StopReason(*seq, index, out.token_id, constraint_broken,
+                            seq->constraint != nullptr && seq->constraint->Done(),
+                            &event.stop_token);
   event.time_ns = NowNs();
   return event;
+}
+
+// Why a forced token equals what token-by-token decoding samples there: the row that would
+// sample it is masked to that one token, so greedy takes it (the argmax of one finite logit) and
+// a sampled row draws it whatever its uniform. What that row would change besides the token is
+// replayed: the sampler records it (penalty counts, DRY window, output count: XTC's position) and
+// a sampled row's one uniform draw is consumed, so every later draw is the one it would have
+// been. Not forced: a stop id (its logit is -inf while min_tokens is not reached, the only kMask
+// edit a processor makes) and anything past max_tokens. The forced tokens' K/V is computed by
+// the next step as a chunk, whose last row gives the logits ordinary decoding would (the CPU
+// backend is batch- and chunk-invariant; CUDA with --batch-invariant on, as for speculation).
+void StepPostprocessor::JumpForward(const StepBatch& step) {
+  std::vector<Sequence*> seqs;
+  for (const ScheduledSequence& s : step.scheduled) {
+    Sequence* seq = s.seq;
+    // It took its token this step (verified drafts leave the last one uncomputed too).
+    if (s.samples && seq->jumps_forward && seq->finish == FinishReason::kNone &&
+        seq->num_uncomputed() == 1)
+      seqs.push_back(seq);
+  }
+  if (seqs.empty()) return;
+  std::vector<std::vector<int32_t>> chains(seqs.size());
+  ForEachOnThreads(seqs.size(), std::thread::hardware_concurrency() / 2, [&](size_t i) {
+    Sequence* seq = seqs[i];
+    const RequestState& state = *seq->request;
+    const int32_t room =
+        std::min(kMaxForcedTokens, state.request.max_tokens - seq->num_generated());
+    std::vector<int32_t>& chain = chains[i];
+    while (static_cast<int32_t>(chain.size()) < room && !seq->constraint->Done()) {
+      const int32_t id = seq->constraint->ForcedToken();
+      if (id < 0 || std::find(state.stop_ids.begin(), state.stop_ids.end(), id) !=
+                        state.stop_ids.end())
+        break;
+      const bool accepted = seq->constraint->Accept(id);
+      CHECK(accepted) << "the constraint refused the one token it allows, " << id;
+      chain.push_back(id);
+    }
+  });
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence* seq = seqs[i];
+    const bool greedy = seq->request->request.sampling.is_greedy();
+    for (size_t j = 0; j < chains[i].size(); ++j) {
+      const int32_t id = chains[i][j];
+      seq->tokens.push_back(id);
+      seq->sampler->Accept(id);
+      if (!greedy) seq->sampler->NextUniform();  // the draw its sampled row would have made
+      ++seq->forced_tokens;
+      ++counters_->forced_tokens;
+      TokenEvent event = NextEvent(seq);
+      event.token_id = id;
+      const bool last = j + 1 == chains[i].size();
+      event.finish = StopReason(*seq, seq->num_tokens() - 1, id, /*constraint_broken=*/false,
+                                last && seq->constraint->Done(), &event.stop_token);
+      event.time_ns = NowNs();
+      CHECK(last || event.finish == FinishReason::kNone);
+      Emit(seq, std::move(event));
+    }
+  }
 }
 
 void StepPostprocessor::Emit(Sequence* seq, TokenEvent event) {
@@ -294,7 +389,8 @@ void StepPostprocessor::Emit(Sequence* seq, TokenEvent event) {
 // Why the sequence ends with the token at `index` (kNone: it goes on). *stop_token: the token is
 // a stop id.
 FinishReason StepPostprocessor::StopReason(const Sequence& seq, int32_t index, int32_t token,
-                                           bool constraint_broken, bool* stop_token) const {
+                                           bool constraint_broken, bool constraint_done,
+                                           bool* stop_token) const {
   const RequestState& state = *seq.request;
   *stop_token = false;
   if (constraint_broken) return FinishReason::kError;
@@ -302,9 +398,7 @@ FinishReason StepPostprocessor::StopReason(const Sequence& seq, int32_t index, i
     *stop_token = true;
     return FinishReason::kStop;
   }
-  if (seq.constraint != nullptr && seq.constraint->Done()) {
-    return FinishReason::kStop;  // the structured output is complete
-  }
+  if (constraint_done) return FinishReason::kStop;  // the structured output is complete
   if (index + 1 - seq.prompt_len >= state.request.max_tokens) return FinishReason::kLength;
   return FinishReason::kNone;
 }

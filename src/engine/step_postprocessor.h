@@ -8,7 +8,12 @@
 // (speculator.h) takes its tokens row by row (VerifyDrafts): each row sampled on the host with the
 // state its earlier tokens left, kept while it equals the draft; then its computed end is rolled
 // back to what was kept, the blocks past it are released (KvCacheManager::Truncate) and only then
-// are its blocks committed, so no rejected token reaches the prefix cache. Engine thread.
+// are its blocks committed, so no rejected token reaches the prefix cache; on a model with
+// recurrent layers its state slot takes the snapshot the backend kept after its last kept row
+// (RollBackState), so no rejected token stays in its recurrent state either. Then each sequence
+// that took a token and may jump forward (Sequence::jumps_forward) appends the tokens its
+// constraint forces (JumpForward): they are uncomputed tokens, which the scheduler gives to the
+// sequence's next step as one chunk whose last row samples. Engine thread.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +33,10 @@ namespace ember {
 
 class StepPostprocessor {
  public:
+  // Jump-forward's cap on the tokens one sequence appends after one step (within a step's token
+  // budget: the scheduler cuts a longer run of uncomputed tokens into chunks anyway).
+  static constexpr int32_t kMaxForcedTokens = 64;
+
   // The pointers must outlive this. It adds finish_ns, sampled_seq_steps and sampled_tokens to
   // `counters` (the engine's totals); `speculator` records verifications.
   StepPostprocessor(ModelRunner* runner, kv::KvCacheManager* kv, LiveSequences* sequences,
@@ -60,6 +69,9 @@ class StepPostprocessor {
   void ComputePromptLogprobs(const StepBatch& step);
   // The hidden-state rows into their sequences' PoolingAccumulator.
   void PoolHiddenRows(const StepBatch& step);
+  // Each speculating sequence's rows of StepBatch::final_hidden to the draft source
+  // (Speculator::ObserveHidden).
+  void ObserveHidden(const StepBatch& step);
   // Ends an embedding request whose prompt is computed with its pooled vector (finish kStop).
   void EmitEmbedding(Sequence* seq);
   // Scheduled sequence i's rows up to computed_end are computed: commits its blocks, notes its
@@ -80,13 +92,23 @@ class StepPostprocessor {
   // Logits row `logits_row` sampled with the sequence's current state (and constraint mask), as
   // the host samples a kCopy row. token_id -1: the constraint allows nothing.
   SampleOutput SampleRow(StepBatch& step, size_t logits_row, Sequence* seq);
+  // Verified sequence i kept `rows` of its rows: its state slot takes the state after row
+  // rows - 1 (SequenceSlice::snapshot_slot; nothing when it kept every row or has no
+  // snapshots). False when the copy failed.
+  bool RollBackState(const StepBatch& step, size_t i, int32_t rows);
   // `out` (a token, >= 0) becomes the sequence's token at `index`: tokens, sampler, constraint;
   // returns its event, finish set by StopReason.
   TokenEvent RecordToken(Sequence* seq, int32_t index, SampleOutput out);
   // Streams the event; ends the sequence when the event finishes it.
   void Emit(Sequence* seq, TokenEvent event);
+  // Jump-forward: each of the step's sequences that took a token, may jump forward and has not
+  // ended appends the chain of tokens its constraint forces (TokenConstraint::ForcedToken: the
+  // only allowed one), at most kMaxForcedTokens and never past max_tokens nor a stop id, and
+  // streams them. The chains are found on helper threads (each advances its own constraint).
+  void JumpForward(const StepBatch& step);
+  // constraint_done: the sequence's constraint is complete after `token`.
   FinishReason StopReason(const Sequence& seq, int32_t index, int32_t token, bool constraint_broken,
-                          bool* stop_token) const;
+                          bool constraint_done, bool* stop_token) const;
 
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;

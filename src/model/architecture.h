@@ -62,6 +62,19 @@ struct LayerWeights {
   int32_t sliding_window = 0;                // 0: full attention
 };
 
+// A multi-token-prediction module's input (ModelLoadOptions::mtp_module): x = e_proj
+// enorm(embed(token)) + h_proj hnorm(hidden), e_proj and h_proj the column halves of eh_proj
+// [hidden, 2 hidden] (embedding half first, as DeepSeek-V3 and Qwen3-Next concatenate), each
+// [hidden, hidden] float32. deepseek_v3 (eh_proj, enorm, hnorm): plain norms, the embedding half
+// zeroed at position 0 (vLLM's deepseek_mtp.py); qwen3_next (mtp.fc, mtp.pre_fc_norm_*): (1 + w)
+// norms, no mask.
+struct MtpWeights {
+  Tensor enorm, hnorm;    // [hidden]
+  Tensor e_proj, h_proj;  // [hidden, hidden]
+  RmsNormKind norm_kind = RmsNormKind::kPlain;
+  bool zero_position_zero = true;
+};
+
 struct Model::Impl {
   const ModelConfig* config = nullptr;
   Backend* backend = nullptr;
@@ -69,6 +82,7 @@ struct Model::Impl {
   Tensor lm_head;   // [vocab, hidden] (== embed when tied)
   Tensor final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  // an MTP module's input projection (deepseek.cc)
   int64_t num_parameters = 0;  // elements of every uploaded checkpoint tensor
   // Weights the loader rearranged on the host (gpt_oss experts), kept while the backend points
   // into them (Backend::KeepsHostWeights).
@@ -117,7 +131,8 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
 
 // The end of every family's step: residual x += delta, the final norm (of `kind`; into xn's
 // f32 view, FinalNormOut), the logits rows gathered, the LM head on all but the hidden-state
-// rows (then soft-capped when final_softcap > 0), EmitLogits, CopyHiddenRows.
+// rows (then soft-capped when final_softcap > 0), EmitLogits, CopyHiddenRows, then x (every
+// row's hidden state before the final norm) to StepOutputs::final_hidden when asked.
 Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
                   RmsNormKind kind, float final_softcap, const BatchPlan& plan,
                   const StepOutputs& outputs);
@@ -130,6 +145,10 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
 // hidden states of the logits rows, [logits_rows, hidden] f32) to the host; called after
 // EmitLogits, so the step's logits rows are done first.
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs);
+
+// An MTP module's step input (MtpWeights) into x [n, hidden], in place of the embedding.
+Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
+                Tensor x);
 
 // One step over the plan already given to BeginStep; delivers the logits rows per `outputs`.
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs);

@@ -72,15 +72,14 @@ void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int
   be.RopeWriteKvAttention(w.rope_id, ap, q.Reshape({n, c.num_heads, hd}), k, v, att);
 }
 
-Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
-                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
-                  const StepOutputs& outputs) {
+namespace {
+
+// FinishStep's logits rows: gathered from the final norm's output, the LM head on all but the
+// hidden-state rows, EmitLogits, CopyHiddenRows.
+Status LogitsAndHiddenRows(const Model::Impl& m, const Tensor& normed, float final_softcap,
+                           int64_t num_logits, const StepOutputs& outputs) {
   const ModelConfig& c = *m.config;
   Backend& be = *m.backend;
-  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
-  Tensor normed = FinalNormOut(be, xn);
-  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, kind, normed);
-  if (num_logits == 0) return Status::Ok();
   Tensor hidden = be.Alloc({num_logits, c.hidden_size});  // final hidden state of the logits rows
   be.GatherLogitsRows(normed, hidden);
   // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
@@ -92,6 +91,48 @@ Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Ten
     EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
   }
   return CopyHiddenRows(be, hidden, outputs);
+}
+
+}  // namespace
+
+Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
+                  RmsNormKind kind, float final_softcap, const BatchPlan& plan,
+                  const StepOutputs& outputs) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
+  Tensor normed = FinalNormOut(be, xn);
+  be.AddRmsNorm(x, delta, m.final_norm, c.rms_norm_eps, kind, normed);
+  if (num_logits > 0) {
+    EMBER_RETURN_IF_ERROR(LogitsAndHiddenRows(m, normed, final_softcap, num_logits, outputs));
+  }
+  // x is now every row's last hidden state before the final norm (MTP drafts read it).
+  if (outputs.final_hidden.empty()) return Status::Ok();
+  return be.CopyToHost(x, outputs.final_hidden);
+}
+
+Status MtpInput(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs,
+                Tensor x) {
+  const ModelConfig& c = *m.config;
+  Backend& be = *m.backend;
+  const MtpWeights& w = *m.mtp;
+  const int64_t n = plan.num_tokens(), d = c.hidden_size;
+  Tensor e = be.Alloc({n, d}), en = be.AllocMatMulInput({n, d});
+  Tensor h = be.Alloc({n, d}), hn = be.AllocMatMulInput({n, d}), part = be.Alloc({n, d});
+  be.Embedding(m.embed, c.embedding_scale, e);
+  if (w.zero_position_zero) {
+    std::vector<int32_t> first_rows;
+    for (int32_t r = 0; r < plan.num_tokens(); ++r)
+      if (plan.positions[static_cast<size_t>(r)] == 0) first_rows.push_back(r);
+    EMBER_RETURN_IF_ERROR(be.ZeroRows(e, first_rows));  // RmsNorm keeps a zero row zero
+  }
+  be.RmsNorm(e, w.enorm, c.rms_norm_eps, w.norm_kind, en);
+  EMBER_RETURN_IF_ERROR(be.CopyFromHost(outputs.mtp_hidden, h));
+  be.RmsNorm(h, w.hnorm, c.rms_norm_eps, w.norm_kind, hn);
+  be.MatMul(en, w.e_proj, nullptr, x);
+  be.MatMul(hn, w.h_proj, nullptr, part);
+  be.Add(x, part, x);
+  return Status::Ok();
 }
 
 Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outputs) {

@@ -261,6 +261,8 @@ Status ParseDeepseek(const Reader& r, ModelConfig* c) {
   EMBER_ASSIGN_OR_RETURN(c->moe_shared_experts, r.Int("n_shared_experts", 0));
   EMBER_ASSIGN_OR_RETURN(double routed_scale, r.Num("routed_scaling_factor", 1.0));
   EMBER_ASSIGN_OR_RETURN(int32_t first_dense, r.Int("first_k_dense_replace", 0));
+  EMBER_ASSIGN_OR_RETURN(c->num_nextn_predict_layers, r.Int("num_nextn_predict_layers", 0));
+  if (c->num_nextn_predict_layers < 0) return r.Err("num_nextn_predict_layers", "must be >= 0");
   c->moe_routed_scale = static_cast<float>(routed_scale);
   c->moe_routing = MoeRouting::kSigmoidGrouped;
   if (c->num_experts <= 0) return r.Err("n_routed_experts", "must be positive");

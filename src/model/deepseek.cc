@@ -7,6 +7,8 @@
 //               x += o(MlaAttention(q, c, k_rope))      (the KV pool keeps only c and k_rope)
 //               x += MoeMlp(norm(x)) + shared(norm(x))  (dense layers: down(silu(gate) * up))
 //   logits = lm_head(norm(x))[logits_rows]
+// A multi-token-prediction module (ModelLoadOptions::mtp_module, one layer) replaces the
+// embedding by x = eh_proj([enorm(embed(tokens)) | hnorm(StepOutputs::mtp_hidden)]) (MtpInput).
 // The q_a / kv_a norms use eps 1e-6 (transformers builds them without the config's eps).
 #include "model/architecture.h"
 
@@ -62,7 +64,11 @@ Status ForwardDeepseek(const Model::Impl& m, const BatchPlan& plan, const StepOu
   Tensor att = be.Alloc({n, int64_t{c.num_heads} * c.v_head_dim});
   Tensor delta = be.Alloc({n, d});
 
-  be.Embedding(m.embed, c.embedding_scale, x);
+  if (m.mtp) {
+    EMBER_RETURN_IF_ERROR(MtpInput(m, plan, outputs, x));
+  } else {
+    be.Embedding(m.embed, c.embedding_scale, x);
+  }
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& w = m.layers[l];
     if (l == 0) be.RmsNorm(x, w.attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);

@@ -488,6 +488,36 @@ TEST(SynthTest, HybridAndMlaPresets) {
   }
 }
 
+// DeepSeek-V3's layout on a toy body; with mtp its multi-token-prediction module loads too (and
+// without, the checkpoint declares one its folder lacks, as transformers' conversions do).
+TEST(SynthTest, DeepseekPresetWithMtp) {
+  for (bool mtp : {false, true}) {
+    std::string dir = TempDir() + (mtp ? "/deepseek_mtp" : "/deepseek");
+    SynthOptions opts;
+    opts.preset = "tiny-deepseek-v3";
+    opts.out_dir = dir;
+    opts.num_layers = 2;
+    opts.mtp = mtp;
+    ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+    auto m = Model::Load(dir, {});
+    ASSERT_TRUE(m.ok()) << m.message();
+    EXPECT_EQ((*m)->config().model_type, "deepseek_v3");
+    EXPECT_EQ((*m)->config().num_nextn_predict_layers, 1);
+    ModelLoadOptions module_opts;
+    module_opts.mtp_module = true;
+    auto module = Model::Load(dir, module_opts);
+    EXPECT_EQ(module.ok(), mtp) << (module.ok() ? "" : module.message());
+    if (mtp && module.ok()) {
+      EXPECT_EQ((*module)->config().moe_layers, std::vector<uint8_t>{1});
+    }
+  }
+  SynthOptions llama;
+  llama.preset = "tiny-llama";
+  llama.out_dir = TempDir() + "/llama_mtp";
+  llama.mtp = true;
+  EXPECT_FALSE(WriteSynthCheckpoint(llama).ok());
+}
+
 // One safetensors file of (name, dtype, shape, bytes) tensors.
 struct RawTensor {
   std::string name;

@@ -21,6 +21,7 @@
 #include "backend/cuda_loader.h"  // CudaDevicesAvailable
 #include "model/lora_adapter.h"
 #include "model/lora_set.h"
+#include "model/mtp_testing.h"
 #include "model/safetensors.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
@@ -80,32 +81,8 @@ TEST(LoraConfig, ParsesScaleAndRefusesUnsupportedOptionsByKey) {
   EXPECT_TRUE(ParseWith("modules_to_save", json::array()).ok());
 }
 
-struct NamedF32 {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;  // empty: zeros
-};
-
-// A safetensors file of F32 tensors (the data aligned: the CPU reads F32 weights in place).
-void WriteSafetensors(const std::string& path, const std::vector<NamedF32>& tensors) {
-  json header = json::object();
-  std::string body;
-  for (const NamedF32& t : tensors) {
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    std::vector<float> data = t.data;
-    data.resize(n, 0.0f);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape},
-                      {"data_offsets", {body.size(), body.size() + n * 4}}};
-    body.append(reinterpret_cast<const char*>(data.data()), n * 4);
-  }
-  std::string h = header.dump();
-  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // tensor data 8-byte aligned (as synth)
-  const uint64_t len = h.size();
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out << h << body;
-}
+using testing::NamedF32;
+using testing::WriteF32Safetensors;
 
 // A copy of a fixture adapter in a temp folder, with edits to its config and tensors.
 struct TempAdapter {
@@ -131,7 +108,7 @@ struct TempAdapter {
   void WriteTensors(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
     std::vector<NamedF32> named;
     for (const auto& [name, shape] : tensors) named.push_back({name, shape, {}});
-    WriteSafetensors(dir + "/adapter_model.safetensors", named);
+    WriteF32Safetensors(dir + "/adapter_model.safetensors", named);
   }
 };
 
@@ -454,7 +431,7 @@ TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
       ab[name + ".weight"] = {a, b};
     }
   }
-  WriteSafetensors(adapter.dir + "/adapter_model.safetensors", lora);
+  WriteF32Safetensors(adapter.dir + "/adapter_model.safetensors", lora);
   // The merged model: every tensor as float32, the targeted ones plus 2 B A.
   TempAdapter merged("", "phi3_merged");
   fs::copy_file(base + "/config.json", merged.dir + "/config.json");
@@ -478,7 +455,7 @@ TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
     }
     weights.push_back(std::move(t));
   }
-  WriteSafetensors(merged.dir + "/model.safetensors", weights);
+  WriteF32Safetensors(merged.dir + "/model.safetensors", weights);
   auto with_adapter = LoadWithLora("phi3", 1);
   const int32_t slot = AcquireOrDie(*with_adapter, adapter.dir);
   ModelLoadOptions opts;

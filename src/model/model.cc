@@ -443,22 +443,109 @@ void LogLoadProgress(int32_t layers_done, int32_t num_layers, int64_t file_bytes
            << quarter * 25 << "% of " << (file_bytes >> 20) << " MiB)";
 }
 
+// Where LoadWeights finds the tensors outside the decoder layers, and the checkpoint index of
+// layer 0 (an MTP module: MtpNames).
+struct WeightNames {
+  std::string embed, lm_head = "lm_head.weight", final_norm = "model.norm.weight";
+  std::string layers = "model.layers.";  // layer l is layers + (l + first_layer) + "."
+  int32_t first_layer = 0;
+};
+
+WeightNames ModelNames(const ModelConfig& c, const WeightStore& store) {
+  WeightNames names;
+  // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
+  names.embed = store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings
+                    ? "model.embed_tokens.weight"
+                    : "lm_head.weight";
+  return names;
+}
+
+// ---- multi-token prediction (ModelLoadOptions::mtp_module) ----
+// The MTP module of a deepseek_v3 checkpoint is its layer N = num_hidden_layers; qwen3_next's
+// is mtp.* (one full-attention layer mtp.layers.0).
+std::string MtpPrefix(const ModelConfig& main) {
+  return main.model_type == "qwen3_next" ? "mtp."
+                                         : "model.layers." + std::to_string(main.num_layers) + ".";
+}
+
+// The module's input tensors under MtpPrefix: embedding norm, hidden norm, projection.
+struct MtpInputNames {
+  std::string enorm, hnorm, proj;
+};
+MtpInputNames MtpInputNamesOf(const ModelConfig& main) {
+  if (main.model_type == "qwen3_next")
+    return {"pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "fc.weight"};
+  return {"enorm.weight", "hnorm.weight", "eh_proj.weight"};
+}
+
+// Turns the model's config into its MTP module's (one layer: the checkpoint's layer N, a mixture
+// of experts when the main model's last layer is one, i.e. N >= first_k_dense_replace), after
+// checking that the checkpoint has one; errors name the model type or the missing tensors.
+Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::string& source) {
+  const bool next = c->model_type == "qwen3_next";
+  if (c->model_type != "deepseek_v3" && !next)
+    return Status::Error(source + ": model_type \"" + c->model_type +
+                         "\" has no multi-token-prediction module Ember can load (deepseek_v3 "
+                         "with num_nextn_predict_layers >= 1, qwen3_next's mtp.*)");
+  if (!next && c->num_nextn_predict_layers < 1)
+    return Status::Error(source + ": num_nextn_predict_layers is 0 (the "
+                         "checkpoint declares no multi-token-prediction module)");
+  const std::string p = MtpPrefix(*c);
+  const MtpInputNames in = MtpInputNamesOf(*c);
+  const std::string block = next ? "layers.0." : "";
+  std::string missing;
+  for (const std::string& name :
+       {in.enorm, in.hnorm, in.proj, std::string(next ? "norm.weight" : "shared_head.norm.weight"),
+        block + "input_layernorm.weight", block + "post_attention_layernorm.weight"})
+    if (!store.Has(p + name)) missing += (missing.empty() ? "" : ", ") + p + name;
+  if (!missing.empty())
+    return Status::Error(source + ": the checkpoint has no multi-token-"
+                         "prediction weights (" +
+                         (next ? std::string("model_type qwen3_next")
+                               : "num_nextn_predict_layers " +
+                                     std::to_string(c->num_nextn_predict_layers)) +
+                         ", but " + missing +
+                         " not found; conversions that drop them, e.g. transformers', cannot "
+                         "draft with mtp)");
+  // deepseek_v3's module is a MoE block when N >= first_k_dense_replace (its last layer is one);
+  // qwen3_next's is a MoE full-attention layer.
+  const bool moe = next ? c->num_experts > 0 : !c->moe_layers.empty() && c->moe_layers.back() != 0;
+  c->moe_layers.assign(1, moe ? 1 : 0);
+  c->layer_types.assign(1, LayerType::kFullAttention);
+  c->num_layers = 1;
+  return Status::Ok();
+}
+
+// An MTP module's names: layer 0 is the checkpoint's layer N; its own embed_tokens and
+// shared_head.head when stored (the real checkpoint's equal the main model's), else the main
+// model's; shared_head.norm as the final norm.
+WeightNames MtpNames(const ModelConfig& main, const WeightStore& store) {
+  WeightNames names = ModelNames(main, store);
+  const std::string p = MtpPrefix(main);
+  if (main.model_type == "qwen3_next") {  // mtp.layers.0, mtp.norm; the main embedding and head
+    names.layers = p + "layers.";
+    names.final_norm = p + "norm.weight";
+    return names;
+  }
+  names.first_layer = main.num_layers;
+  if (store.Has(p + "embed_tokens.weight")) names.embed = p + "embed_tokens.weight";
+  if (store.Has(p + "shared_head.head.weight")) names.lm_head = p + "shared_head.head.weight";
+  names.final_norm = p + "shared_head.norm.weight";
+  return names;
+}
+
 Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
-                   std::optional<DType> quantize, Model::Impl* m) {
+                   std::optional<DType> quantize, const WeightNames& names, Model::Impl* m) {
   Uploader up(store, be, quantize, m->host_weights);
   const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd, vocab = c.vocab_size;
-  // Tied checkpoints may store the matrix under either name (tinystories keeps lm_head.weight).
-  const std::string embed_name = store.Has("model.embed_tokens.weight") || !c.tie_word_embeddings
-                                     ? "model.embed_tokens.weight"
-                                     : "lm_head.weight";
-  EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(embed_name, {vocab, d}));
-  if (c.tie_word_embeddings)
+  EMBER_ASSIGN_OR_RETURN(m->embed, up.Get(names.embed, {vocab, d}));
+  if (c.tie_word_embeddings && names.lm_head == "lm_head.weight")
     m->lm_head = m->embed;
   else {
-    EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get("lm_head.weight", {vocab, d}));
+    EMBER_ASSIGN_OR_RETURN(m->lm_head, up.Get(names.lm_head, {vocab, d}));
   }
-  EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get("model.norm.weight", {d}));
+  EMBER_ASSIGN_OR_RETURN(m->final_norm, up.Get(names.final_norm, {d}));
 
   EMBER_ASSIGN_OR_RETURN(int32_t global_rope, be.CreateRope(MakeRopeSpec(c, c.rope)));
   int32_t local_rope = global_rope;
@@ -468,7 +555,7 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
   const bool gemma = IsGemma(c);
   int64_t state_offset = 0;  // floats into a state slot (linear-attention layers)
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = names.layers + std::to_string(l + names.first_layer) + ".";
     LayerWeights w;
     EMBER_ASSIGN_OR_RETURN(w.attn_norm, up.Get(p + "input_layernorm.weight", {d}));
     EMBER_ASSIGN_OR_RETURN(w.post_attn_norm, up.Get(p + "post_attention_layernorm.weight", {d}));
@@ -545,6 +632,44 @@ Status LoadWeights(const ModelConfig& c, const WeightStore& store, Backend& be,
     LogLoadProgress(l + 1, c.num_layers, store.total_file_bytes());
   }
   m->num_parameters = up.num_parameters;
+  return Status::Ok();
+}
+
+// An MTP module's input weights (MtpWeights): enorm, hnorm, and eh_proj [hidden, 2 hidden] split
+// on the host into its embedding and hidden column halves, float32.
+Status LoadMtpWeights(const ModelConfig& main, const WeightStore& store, Backend& be,
+                      Model::Impl* m) {
+  Uploader up(store, be, std::nullopt, m->host_weights);
+  const int64_t d = main.hidden_size;
+  const std::string p = MtpPrefix(main);
+  const MtpInputNames in = MtpInputNamesOf(main);
+  MtpWeights w;
+  if (main.model_type == "qwen3_next") {
+    w.norm_kind = RmsNormKind::kOnePlusWeight;
+    w.zero_position_zero = false;
+  }
+  EMBER_ASSIGN_OR_RETURN(w.enorm, up.Get(p + in.enorm, {d}));
+  EMBER_ASSIGN_OR_RETURN(w.hnorm, up.Get(p + in.hnorm, {d}));
+  EMBER_ASSIGN_OR_RETURN(TensorView eh, up.View(p + in.proj, {d, 2 * d}));
+  const size_t row_bytes = DTypeRowBytes(eh.dtype, 2 * d);
+  std::vector<float> row(static_cast<size_t>(2 * d));
+  std::vector<uint8_t> halves[2];
+  for (auto& half : halves) half.resize(static_cast<size_t>(d * d) * sizeof(float));
+  for (int64_t r = 0; r < d; ++r) {
+    cpu::ConvertToF32(static_cast<const uint8_t*>(eh.data) + static_cast<size_t>(r) * row_bytes,
+                      eh.dtype, 2 * d, row.data());
+    for (int part = 0; part < 2; ++part)
+      std::memcpy(halves[part].data() + static_cast<size_t>(r * d) * sizeof(float),
+                  row.data() + part * d, static_cast<size_t>(d) * sizeof(float));
+  }
+  EMBER_ASSIGN_OR_RETURN(w.e_proj, up.Converted(p + in.proj + "[:, :hidden]", DType::kF32,
+                                                {d, d}, std::move(halves[0]), d * d,
+                                                m->host_weights));
+  EMBER_ASSIGN_OR_RETURN(w.h_proj, up.Converted(p + in.proj + "[:, hidden:]", DType::kF32,
+                                                {d, d}, std::move(halves[1]), d * d,
+                                                m->host_weights));
+  m->mtp = w;
+  m->num_parameters += up.num_parameters;
   return Status::Ok();
 }
 
@@ -650,6 +775,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->weights_ = std::move(checkpoint.weights);
   const std::string& config_path = checkpoint.config_source;
   model->backend_ = std::move(backend);
+  WeightNames names = ModelNames(model->config_, *model->weights_);
+  const ModelConfig main_config = model->config_;
+  if (opts.mtp_module) {
+    names = MtpNames(model->config_, *model->weights_);
+    EMBER_RETURN_IF_ERROR(MtpModuleConfig(&model->config_, *model->weights_, config_path));
+    if (const std::string why = model->backend_->MtpUnsupported(); !why.empty())
+      return Status::Error(config_path + ": " + why + "; run it with --device cpu");
+    model->mtp_module_ = true;
+  }
   if (const ModelConfig& c = model->config_;
       (c.mla() || c.moe_routing != MoeRouting::kSoftmax) && !model->backend_->TakesMla())
     return Status::Error(config_path + ": model_type \"" + c.model_type +
@@ -688,8 +822,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
            << model->config_.num_layers << " layers, onto the " << model->backend_->name()
            << " backend";
   EMBER_RETURN_IF_ERROR(
-      LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize,
+      LoadWeights(model->config_, *model->weights_, *model->backend_, opts.quantize, names,
                   model->impl_.get()));
+  if (opts.mtp_module) {
+    EMBER_RETURN_IF_ERROR(
+        LoadMtpWeights(main_config, *model->weights_, *model->backend_, model->impl_.get()));
+  }
   model->kv_fingerprint_ =
       KvFingerprintText(model->config_, checkpoint, *model->weights_, *model->backend_, opts);
   const double seconds =
@@ -760,6 +898,31 @@ Status Model::CopyStateSlot(int32_t src, int32_t dst) {
   return backend_->CopyStateSlot(src, dst);
 }
 
+namespace {
+Status CheckHostStateCopy(int32_t slot, int32_t num_slots, size_t bytes, int64_t want) {
+  if (num_slots == 0) return Status::Error("state slot copy: the model has no state slots");
+  if (slot < 0 || slot >= num_slots)
+    return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
+                         std::to_string(num_slots) + " allocated");
+  if (static_cast<int64_t>(bytes) != want)
+    return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
+                         std::to_string(want));
+  return Status::Ok();
+}
+}  // namespace
+
+Status Model::CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) {
+  EMBER_RETURN_IF_ERROR(
+      CheckHostStateCopy(slot, num_state_slots_, out.size(), StateBytesPerSequence()));
+  return backend_->CopyStateSlotToHost(slot, out);
+}
+
+Status Model::CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) {
+  EMBER_RETURN_IF_ERROR(
+      CheckHostStateCopy(slot, num_state_slots_, in.size(), StateBytesPerSequence()));
+  return backend_->CopyStateSlotFromHost(slot, in);
+}
+
 int64_t Model::KvBlockBytes() const {
   return backend_->KvBlockBytes();
 }
@@ -784,6 +947,17 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
                          " needs a [rows, hidden_size] span within the plan's logits rows");
   if (outputs.hidden_rows > 0 && outputs.defer_ids)
     return Status::Error("StepOutputs: defer_ids with hidden-state rows");
+  const size_t hidden_floats =
+      static_cast<size_t>(plan.num_tokens()) * static_cast<size_t>(config_.hidden_size);
+  if (!outputs.final_hidden.empty() &&
+      (outputs.final_hidden.size() != hidden_floats || outputs.defer_ids))
+    return Status::Error("StepOutputs: final_hidden needs [num_tokens, hidden_size] floats and "
+                         "no defer_ids");
+  if (mtp_module_ ? outputs.mtp_hidden.size() != hidden_floats : !outputs.mtp_hidden.empty())
+    return Status::Error(mtp_module_ ? "StepOutputs: an MTP module's step needs mtp_hidden "
+                                       "[num_tokens, hidden_size]"
+                                     : "StepOutputs: mtp_hidden for a model that is not an "
+                                       "MTP module");
   // The rows that go through the LM head (the hidden-state rows are the plan's last).
   const size_t rows = plan.logits_rows.size() - static_cast<size_t>(outputs.hidden_rows);
   if (!outputs.row_kinds.empty() && (outputs.row_kinds.size() != rows ||
@@ -822,6 +996,15 @@ Status Model::Forward(const BatchPlan& plan, const StepOutputs& outputs) {
     if (num_state_slots_ > 0 && (seq.state_slot < 0 || seq.state_slot >= num_state_slots_))
       return Status::Error("state slot " + std::to_string(seq.state_slot) + " outside the " +
                            std::to_string(num_state_slots_) + " allocated");
+  for (const SequenceSlice& seq : plan.seqs) {
+    if (seq.snapshot_slot < 0) continue;
+    if (num_state_slots_ == 0 || seq.snapshot_slot + seq.query_len - 1 > num_state_slots_)
+      return Status::Error("snapshot slots " + std::to_string(seq.snapshot_slot) + " + " +
+                           std::to_string(seq.query_len - 1) + " outside the " +
+                           std::to_string(num_state_slots_) + " allocated state slots");
+    const std::string why = backend_->StateSnapshotsUnsupported();
+    if (!why.empty()) return Status::Error(why);
+  }
   for (int32_t pos : plan.positions)
     if (pos >= config_.max_position_embeddings)
       return Status::Error("position " + std::to_string(pos) + " beyond max_position_embeddings " +

@@ -130,6 +130,9 @@ struct ModelConfig {
   std::string torch_dtype;  // "bfloat16", "float16", "float32" (informational)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;
+  // deepseek_v3: multi-token-prediction modules stored after the decoder layers
+  // (num_nextn_predict_layers; ModelLoadOptions::mtp_module), 0: none.
+  int32_t num_nextn_predict_layers = 0;
 };
 
 // Layers whose K/V live in the paged pool (every layer but kLinearAttention ones), and the pool
@@ -169,6 +172,13 @@ struct StepOutputs {
   // logits rows before them. Never with defer_ids.
   int32_t hidden_rows = 0;
   std::span<float> hidden = {};
+  // Multi-token prediction (engine/model_draft_source.h, --spec-method mtp). final_hidden: every
+  // plan row's last hidden state BEFORE the final norm, [plan.num_tokens(), hidden_size] float32
+  // (empty: not wanted; never with defer_ids). mtp_hidden: an MTP module's input
+  // (Model::is_mtp_module), per plan row the hidden state it conditions on, [num_tokens,
+  // hidden_size]; required by an MTP module, refused by any other model.
+  std::span<float> final_hidden = {};
+  std::span<const float> mtp_hidden = {};
 };
 
 // How to load a model: the backend to build (BackendChoice, for the convenience Load) and the
@@ -183,6 +193,17 @@ struct ModelLoadOptions : BackendChoice {
   // resolved and handed to the backend (Backend::SetKvFormat) at load: it decides
   // KvBytesPerToken, KvBlockBytes and KvFingerprint. Default: the backend's own (auto).
   KvCacheSpec kv_cache;
+  // Load the checkpoint's multi-token-prediction module instead of the model (--spec-method mtp;
+  // deepseek_v3 with num_nextn_predict_layers >= 1): a one-layer Model of the same family whose
+  // layer 0 is the checkpoint's layer num_hidden_layers (model.layers.N.*: its decoder block,
+  // enorm, hnorm, eh_proj, shared_head.norm as the final norm, shared_head.head / embed_tokens
+  // when stored, else the main model's lm_head / embed_tokens). Its Forward takes
+  // StepOutputs::mtp_hidden: per row x = eh_proj([enorm(embed(token)) | hnorm(hidden)]), the
+  // embedding half zeroed at position 0 (vLLM's deepseek_mtp.py), then the block and the head.
+  // qwen3_next's (mtp.layers.0, mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.norm; (1 + w)
+  // norms, no mask) loads too, though speculation refuses qwen3_next. Refused with a message
+  // naming the missing tensors or the model type otherwise.
+  bool mtp_module = false;
 };
 
 class Model {
@@ -199,6 +220,8 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // Loaded with ModelLoadOptions::mtp_module (its Forward needs StepOutputs::mtp_hidden).
+  bool is_mtp_module() const { return mtp_module_; }
   const GenerationDefaults& generation_defaults() const { return generation_; }
   // K+V, all layers, in the pool's format (Backend::KvTokenBytes: f32 on the CPU, bf16 on CUDA,
   // or ModelLoadOptions::kv_cache's dtypes); with multi-head latent attention the latent pool's
@@ -230,8 +253,15 @@ class Model {
   int64_t StateBytesPerSequence() const;
   bool has_recurrent_state() const { return StateBytesPerSequence() > 0; }
   int32_t num_state_slots() const { return num_state_slots_; }
+  // Why the backend cannot keep per-row state snapshots (speculative decoding's rollback on a
+  // model with recurrent layers; Backend::StateSnapshotsUnsupported), "" when it can.
+  std::string StateSnapshotsUnsupported() const { return backend_->StateSnapshotsUnsupported(); }
   // Copies recurrent-state slot `src` over `dst` in stream order (Backend::CopyStateSlot).
   Status CopyStateSlot(int32_t src, int32_t dst);
+  // One state slot's StateBytesPerSequence bytes to and from host memory, in stream order
+  // (Backend::CopyStateSlotToHost / FromHost): the prompt cache's state checkpoints.
+  Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out);
+  Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in);
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;
@@ -273,6 +303,7 @@ class Model {
   int32_t num_kv_blocks_ = 0;
   int32_t kv_block_size_ = 0;
   int32_t num_state_slots_ = 0;
+  bool mtp_module_ = false;
   std::string kv_fingerprint_;
   // Per logits row of the last Forward: whether it made an id that a fed token may name.
   std::vector<uint8_t> made_ids_;

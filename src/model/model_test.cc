@@ -182,6 +182,47 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
                            return n;
                          });
 
+// The per-row state snapshots (SequenceSlice::snapshot_slot: speculation's rollback on a hybrid
+// model): after one 6-row step, decoding row r + 1 from the snapshot after row r gives the logits
+// a fresh prefill of rows 0..r + 1 gives; a snapshot range past the slots is refused.
+TEST(ModelTest, Qwen3NextStateSnapshotsAreTheRowStates) {
+  EMBER_REQUIRE_DIR(ModelDir("qwen3_next"));
+  auto loaded = Model::Load(ModelDir("qwen3_next"), ModelLoadOptions{});
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  Model& model = **loaded;
+  ASSERT_TRUE(model.AllocateKvCache(kNumBlocks, kBlockSize, 8).ok());
+  const auto vocab = static_cast<size_t>(model.config().vocab_size);
+  const std::vector<int32_t> tokens = {1, 80, 147, 201, 282, 57};
+  auto forward = [&](const std::vector<int32_t>& rows, int32_t pos, int32_t block, int32_t slot,
+                     int32_t snapshot_slot) {
+    BatchPlan plan;
+    plan.block_size = kBlockSize;
+    plan.AddSequence(rows, pos, {block}, true);
+    plan.seqs.back().state_slot = slot;
+    plan.seqs.back().snapshot_slot = snapshot_slot;
+    std::vector<float> logits(vocab);
+    Status st = model.Forward(plan, logits);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return logits;
+  };
+  forward(tokens, 0, 0, 0, 3);  // slot 0, snapshots after rows 0..4 in slots 3..7
+  for (int32_t r = 0; r + 1 < static_cast<int32_t>(tokens.size()); ++r) {
+    const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + r + 2);
+    const std::vector<float> want = forward(prefix, 0, 1, 1, -1);  // from zero, block 1, slot 1
+    ASSERT_TRUE(model.CopyStateSlot(3 + r, 2).ok());
+    const std::vector<float> got = forward({tokens[static_cast<size_t>(r) + 1]}, r + 1, 0, 2, -1);
+    float worst = 0.0f;
+    for (size_t i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    EXPECT_LT(worst, 1e-4f) << "snapshot after row " << r;
+  }
+  BatchPlan past;
+  past.block_size = kBlockSize;
+  past.AddSequence(tokens, 0, {0}, true);
+  past.seqs.back().snapshot_slot = 4;  // rows 0..4 would need slots 4..8 of 8
+  std::vector<float> logits(vocab);
+  EXPECT_FALSE(model.Forward(past, logits).ok());
+}
+
 // The CUDA backend in its production bf16 mode: logits within relative L2 3e-2 of the goldens
 // (mixture-of-experts models: most positions, see below), and greedy tokens identical wherever the choice is clear of the bf16 error: a step may differ
 // only where our own top-1/top-2 margin is below twice the largest absolute logit error seen on

@@ -7,7 +7,8 @@
 //     RoPE, paged attention over the layer's KV (KvLayerIndex), o_proj(att * sigmoid(gate))
 //   linear mixer (gated DeltaNet):  qkv = conv1d_silu(in_qkv(h)) (causal, state carried),
 //     core = GatedDeltaRule(qkv, b, a) (state carried), o = out_proj(rmsnorm(core) * silu(z))
-//   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head)
+//   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head;
+//   FinishStep, as every family)
 // The per-sequence conv windows and recurrent matrices live in the backend's state slots
 // (LinearAttentionWeights::state_offset; SequenceSlice::state_slot).
 #include "model/architecture.h"
@@ -70,7 +71,6 @@ Status ForwardQwen3Next(const Model::Impl& m, const BatchPlan& plan, const StepO
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t v_width = int64_t{la.num_value_heads} * la.value_head_dim;
-  const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
 
   Tensor x = be.Alloc({n, d}), xn = be.Alloc({n, d}), delta = be.Alloc({n, d});
   Tensor q = be.Alloc({n, q_dim}), gate = be.Alloc({n, q_dim}), att = be.Alloc({n, q_dim});
@@ -79,7 +79,11 @@ Status ForwardQwen3Next(const Model::Impl& m, const BatchPlan& plan, const StepO
                           be.Alloc({n, 2 * int64_t{la.num_value_heads}}), be.Alloc({n, v_width})};
   Tensor shared = be.Alloc({n, d}), shared_gate = be.Alloc({n, 1});
 
-  be.Embedding(m.embed, c.embedding_scale, x);
+  if (m.mtp) {  // its multi-token-prediction module (one full-attention layer)
+    EMBER_RETURN_IF_ERROR(MtpInput(m, plan, outputs, x));
+  } else {
+    be.Embedding(m.embed, c.embedding_scale, x);
+  }
   for (size_t l = 0; l < m.layers.size(); ++l) {
     const LayerWeights& w = m.layers[l];
     // ---- token mixer ----
@@ -110,18 +114,7 @@ Status ForwardQwen3Next(const Model::Impl& m, const BatchPlan& plan, const StepO
       be.Add(delta, shared, delta);
     }
   }
-  be.AddRmsNorm(x, delta, m.final_norm, eps, kNorm, xn);
-  if (num_logits == 0) return Status::Ok();
-  Tensor hidden = be.Alloc({num_logits, d});  // final hidden state of the logits rows
-  be.GatherLogitsRows(xn, hidden);
-  // The last outputs.hidden_rows rows are hidden-state rows (embeddings): no LM head.
-  const int64_t lm_rows = num_logits - outputs.hidden_rows;
-  if (lm_rows > 0) {
-    Tensor out = be.Alloc({lm_rows, c.vocab_size});
-    be.MatMul(hidden.RowSlice(0, lm_rows), m.lm_head, nullptr, out);
-    EMBER_RETURN_IF_ERROR(EmitLogits(be, out, outputs));
-  }
-  return CopyHiddenRows(be, hidden, outputs);
+  return FinishStep(m, x, delta, xn, kNorm, 0.0f, plan, outputs);
 }
 
 }  // namespace ember

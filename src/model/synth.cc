@@ -223,6 +223,45 @@ json DeepseekV3Config() {
               {"torch_dtype", "bfloat16"}};
 }
 
+// deepseek_v3's layout (multi-head latent attention, grouped sigmoid routing, shared experts,
+// first_k_dense_replace dense layers) with one multi-token-prediction module declared, as in
+// DeepSeek-V3's config; SynthOptions::mtp writes its tensors.
+json DeepseekConfig(int hidden, int inter, int layers, int heads, int experts, int top_k,
+                    int moe_inter, int vocab) {
+  return json{{"architectures", {"DeepseekV3ForCausalLM"}},
+              {"model_type", "deepseek_v3"},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"intermediate_size", inter},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", heads},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 4096},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000.0},
+              {"attention_bias", false},
+              {"q_lora_rank", hidden / 2},
+              {"kv_lora_rank", hidden / 4},
+              {"qk_nope_head_dim", hidden / heads},
+              {"qk_rope_head_dim", hidden / heads / 2},
+              {"v_head_dim", hidden / heads},
+              {"n_routed_experts", experts},
+              {"num_experts_per_tok", top_k},
+              {"moe_intermediate_size", moe_inter},
+              {"n_group", 4},
+              {"topk_group", 2},
+              {"n_shared_experts", 1},
+              {"first_k_dense_replace", 1},
+              {"routed_scaling_factor", 2.5},
+              {"norm_topk_prob", true},
+              {"num_nextn_predict_layers", 1},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1},
+              {"torch_dtype", "bfloat16"}};
+}
+
 std::vector<Preset> Presets() {
   json llama_gen = {{"bos_token_id", 128000}, {"eos_token_id", {128001, 128008, 128009}},
                     {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.9}};
@@ -250,7 +289,7 @@ std::vector<Preset> Presets() {
   tiny_gpt_oss["num_key_value_heads"] = 2;
   tiny_gpt_oss["head_dim"] = 16;
   tiny_gpt_oss["num_experts_per_tok"] = tiny_gpt_oss["experts_per_token"] = 2;
-  // The qwen3_next and deepseek_v3 presets' tensors on toy bodies (their loaders' checks).
+  // The qwen3_next preset's tensors on a toy body (its loader's checks).
   json tiny_next = Qwen3NextConfig();
   for (const auto& [key, value] :
        std::vector<std::pair<const char*, int>>{{"hidden_size", 64}, {"intermediate_size", 128},
@@ -266,17 +305,6 @@ std::vector<Preset> Presets() {
                                                 {"max_position_embeddings", 1024}})
     tiny_next[key] = value;
   tiny_next["layer_types"].erase(tiny_next["layer_types"].begin() + 4, tiny_next["layer_types"].end());
-  json tiny_deepseek = DeepseekV3Config();
-  for (const auto& [key, value] : std::vector<std::pair<const char*, int>>{
-           {"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 3},
-           {"num_attention_heads", 4}, {"num_key_value_heads", 4}, {"head_dim", 8},
-           {"q_lora_rank", 32}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 16},
-           {"qk_rope_head_dim", 8}, {"v_head_dim", 16}, {"first_k_dense_replace", 1},
-           {"moe_intermediate_size", 32}, {"n_routed_experts", 8}, {"num_experts_per_tok", 2},
-           {"n_group", 2}, {"topk_group", 1}, {"vocab_size", 512},
-           {"max_position_embeddings", 1024}})
-    tiny_deepseek[key] = value;
-  tiny_deepseek["rope_scaling"] = nullptr;
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
@@ -293,7 +321,8 @@ std::vector<Preset> Presets() {
       {"qwen3-next-80b-a3b", Qwen3NextConfig(), qwen_gen},
       {"deepseek-v3", DeepseekV3Config(), json{{"bos_token_id", 0}, {"eos_token_id", 1}}},
       {"tiny-qwen3-next", tiny_next, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
-      {"tiny-deepseek-v3", tiny_deepseek, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
+      {"tiny-deepseek-v3", DeepseekConfig(256, 512, 4, 8, 16, 4, 128, 4096),
+       json{{"bos_token_id", 0}, {"eos_token_id", 1}}},
   };
 }
 
@@ -355,33 +384,59 @@ void AddQwen3NextLayer(std::vector<TensorSpec>& t, const json& c, int64_t l) {
   t.push_back({p + "mlp.shared_expert_gate.weight", {1, d}});
 }
 
-// deepseek_v3's layer l (model.cc's LoadMlaAttention / LoadGroupedRouting).
-void AddDeepseekLayer(std::vector<TensorSpec>& t, const json& c, int64_t l) {
+// One deepseek_v3 decoder layer's tensors under prefix p (MLA; a mixture of experts unless dense).
+void AddDeepseekLayer(const json& c, const std::string& p, bool dense, std::vector<TensorSpec>* t) {
   const int64_t d = c["hidden_size"], heads = c["num_attention_heads"];
-  const int64_t q_rank = c["q_lora_rank"], rank = c["kv_lora_rank"], rope = c["qk_rope_head_dim"];
-  const int64_t nope = c["qk_nope_head_dim"], v = c["v_head_dim"];
-  const std::string p = "model.layers." + std::to_string(l) + ".";
-  t.push_back({p + "input_layernorm.weight", {d}, true});
-  t.push_back({p + "post_attention_layernorm.weight", {d}, true});
+  const int64_t q_lora = c["q_lora_rank"], kv_lora = c["kv_lora_rank"];
+  const int64_t nope = c["qk_nope_head_dim"], rope = c["qk_rope_head_dim"], v = c["v_head_dim"];
   const std::string a = p + "self_attn.";
-  t.push_back({a + "q_a_proj.weight", {q_rank, d}});
-  t.push_back({a + "q_a_layernorm.weight", {q_rank}, true});
-  t.push_back({a + "q_b_proj.weight", {heads * (nope + rope), q_rank}});
-  t.push_back({a + "kv_a_proj_with_mqa.weight", {rank + rope, d}});
-  t.push_back({a + "kv_a_layernorm.weight", {rank}, true});
-  t.push_back({a + "kv_b_proj.weight", {heads * (nope + v), rank}});
-  t.push_back({a + "o_proj.weight", {d, heads * v}});
-  if (l < c["first_k_dense_replace"].get<int64_t>()) {
-    AddMlp(t, p + "mlp.", c["intermediate_size"], d);
-    return;
-  }
-  const int64_t experts = c["n_routed_experts"], inter = c["moe_intermediate_size"];
-  AddExperts(t, p, experts, inter, d);
-  t.push_back({p + "mlp.gate.e_score_correction_bias", {experts}});
-  AddMlp(t, p + "mlp.shared_experts.", c["n_shared_experts"].get<int64_t>() * inter, d);
+  t->push_back({p + "input_layernorm.weight", {d}, true});
+  t->push_back({a + "q_a_proj.weight", {q_lora, d}});
+  t->push_back({a + "q_a_layernorm.weight", {q_lora}, true});
+  t->push_back({a + "q_b_proj.weight", {heads * (nope + rope), q_lora}});
+  t->push_back({a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, d}});
+  t->push_back({a + "kv_a_layernorm.weight", {kv_lora}, true});
+  t->push_back({a + "kv_b_proj.weight", {heads * (nope + v), kv_lora}});
+  t->push_back({a + "o_proj.weight", {d, heads * v}});
+  t->push_back({p + "post_attention_layernorm.weight", {d}, true});
+  auto mlp = [&](const std::string& q, int64_t inter) {
+    t->push_back({q + "gate_proj.weight", {inter, d}});
+    t->push_back({q + "up_proj.weight", {inter, d}});
+    t->push_back({q + "down_proj.weight", {d, inter}});
+  };
+  if (dense) return mlp(p + "mlp.", c["intermediate_size"].get<int64_t>());
+  const int64_t experts = c["n_routed_experts"], moe_inter = c["moe_intermediate_size"];
+  t->push_back({p + "mlp.gate.weight", {experts, d}});
+  t->push_back({p + "mlp.gate.e_score_correction_bias", {experts}});
+  for (int64_t e = 0; e < experts; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", moe_inter);
+  mlp(p + "mlp.shared_experts.", c["n_shared_experts"].get<int64_t>() * moe_inter);
 }
 
-std::vector<TensorSpec> TensorsOf(const json& c) {
+// deepseek_v3's tensors; with `mtp` also its multi-token-prediction module, stored as the real
+// checkpoint stores it: layer N = num_hidden_layers (a MoE block, enorm, hnorm, eh_proj,
+// shared_head.norm; its embed_tokens and shared_head.head left out: they equal the main ones).
+std::vector<TensorSpec> DeepseekTensors(const json& c, bool mtp) {
+  const int64_t d = c["hidden_size"], vocab = c["vocab_size"], layers = c["num_hidden_layers"];
+  const int64_t first_dense = c["first_k_dense_replace"];
+  std::vector<TensorSpec> t;
+  t.push_back({"model.embed_tokens.weight", {vocab, d}});
+  for (int64_t l = 0; l < layers; ++l)
+    AddDeepseekLayer(c, "model.layers." + std::to_string(l) + ".", l < first_dense, &t);
+  if (mtp) {
+    const std::string p = "model.layers." + std::to_string(layers) + ".";
+    AddDeepseekLayer(c, p, layers < first_dense, &t);
+    t.push_back({p + "enorm.weight", {d}, true});
+    t.push_back({p + "hnorm.weight", {d}, true});
+    t.push_back({p + "eh_proj.weight", {d, 2 * d}});
+    t.push_back({p + "shared_head.norm.weight", {d}, true});
+  }
+  t.push_back({"model.norm.weight", {d}, true});
+  t.push_back({"lm_head.weight", {vocab, d}});
+  return t;
+}
+
+std::vector<TensorSpec> TensorsOf(const json& c, bool mtp) {
+  if (c["model_type"] == "deepseek_v3") return DeepseekTensors(c, mtp);
   const int64_t d = c["hidden_size"], inter = c["intermediate_size"], vocab = c["vocab_size"];
   const int64_t layers = c["num_hidden_layers"], heads = c["num_attention_heads"];
   const int64_t kv = c["num_key_value_heads"], hd = c["head_dim"];
@@ -393,10 +448,6 @@ std::vector<TensorSpec> TensorsOf(const json& c) {
   for (int64_t l = 0; l < layers; ++l) {
     if (c["model_type"] == "qwen3_next") {
       AddQwen3NextLayer(t, c, l);
-      continue;
-    }
-    if (c["model_type"] == "deepseek_v3") {
-      AddDeepseekLayer(t, c, l);
       continue;
     }
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -586,7 +637,9 @@ Status WriteSynthCheckpoint(const SynthOptions& options) {
       EMBER_RETURN_IF_ERROR(CopyFile(from, dir + "/" + name));
     }
   }
-  const std::vector<TensorSpec> specs = TensorsOf(config);
+  if (options.mtp && config["model_type"] != "deepseek_v3")
+    return Status::Error("--mtp: only the deepseek_v3 presets have a multi-token-prediction module");
+  const std::vector<TensorSpec> specs = TensorsOf(config, options.mtp);
   // Greedy split into shards of at most max_shard_bytes (a tensor never straddles shards).
   std::vector<std::vector<size_t>> shards(1);
   int64_t shard_bytes = 0, total_bytes = 0;

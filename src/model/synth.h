@@ -25,6 +25,9 @@ struct SynthOptions {
   // _scales, down_proj_blocks / _scales: random E2M1 bytes, scales 2^-9 to 2^-7) with
   // quantization_config mxfp4; everything else in `dtype`.
   bool mxfp4 = false;
+  // deepseek_v3 presets: also write the multi-token-prediction module (model.layers.N.*, N the
+  // layer count) that the real checkpoint carries and conversions drop (--spec-method mtp).
+  bool mtp = false;
 };
 
 std::vector<std::string> SynthPresetNames();

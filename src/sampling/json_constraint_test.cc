@@ -131,6 +131,42 @@ TEST(JsonObjectConstraintTest, AllowsExactlyTheTokensThatScan) {
   EXPECT_FALSE(c.Done());
 }
 
+// ForcedToken (jump-forward) is the one allowed token, and -1 where several are: over a
+// vocabulary without whitespace, "{" is forced at the start and ":" after a key; a random walk
+// agrees with Allowed() at every step, the walk's own clone included.
+TEST(JsonObjectConstraintTest, ForcedTokenIsTheOnlyAllowedOne) {
+  const std::vector<std::optional<std::string>> pieces = {"{", "}", "\"", "a", ":", "1", "a\""};
+  auto texts = TokenTexts::Build(pieces);
+  JsonObjectConstraint c(texts);
+  EXPECT_EQ(c.ForcedToken(), 0);
+  ASSERT_TRUE(c.Accept(0));
+  EXPECT_EQ(c.ForcedToken(), -1);  // "}" or "\""
+  ASSERT_TRUE(c.Accept(2));
+  ASSERT_TRUE(c.Accept(6));        // {"a"
+  EXPECT_EQ(c.ForcedToken(), 4);   // ":"
+  std::mt19937 rng(3);
+  std::vector<uint8_t> allowed;
+  int forced = 0;
+  for (int trial = 0; trial < 50; ++trial) {
+    JsonObjectConstraint walk(texts);
+    for (int step = 0; step < 40 && !walk.Done(); ++step) {
+      const int64_t count = walk.Allowed(allowed);
+      ASSERT_GT(count, 0);
+      std::vector<int32_t> ids;
+      for (size_t id = 0; id < allowed.size(); ++id)
+        if (allowed[id]) ids.push_back(static_cast<int32_t>(id));
+      EXPECT_EQ(walk.ForcedToken(), count == 1 ? ids[0] : -1);
+      EXPECT_EQ(walk.Clone()->ForcedToken(), walk.ForcedToken());
+      forced += count == 1;
+      ASSERT_TRUE(walk.Accept(ids[rng() % ids.size()]));
+    }
+  }
+  EXPECT_GT(forced, 50);
+  JsonObjectConstraint done(texts);
+  for (int32_t id : {0, 1}) ASSERT_TRUE(done.Accept(id));
+  EXPECT_EQ(done.ForcedToken(), -1);  // nothing may follow
+}
+
 // Masks go to bits and back a word at a time: every size (tails included) round-trips.
 TEST(MaskCacheTest, PackAndUnpackRoundTrip) {
   std::mt19937 rng(11);

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sampling/regex_dfa.h"
+#include "sampling/schema_disjoint.h"
+#include "sampling/schema_object_rewrite.h"
 #include "sampling/schema_regexes.h"
 #include "sampling/schema_rewrite.h"
 #include "util/check.h"
@@ -54,7 +56,9 @@ const std::set<std::string>& Understood() {
       "minItems",   "maxItems",  "minLength",     "maxLength",        "pattern",
       "format",     "minimum",   "maximum",       "exclusiveMinimum", "exclusiveMaximum",
       "anyOf",      "oneOf",     "allOf",         "$ref",             "nullable",
-      "multipleOf", "uniqueItems"};
+      "multipleOf", "uniqueItems", "not",           "if",               "then",
+      "else",       "minProperties", "maxProperties", "dependentRequired", "propertyNames",
+      "patternProperties"};
   return k;
 }
 
@@ -63,6 +67,11 @@ const std::set<std::string>& Understood() {
 constexpr int kMaxSubschemaDepth = 64;
 constexpr int kMaxSchemaJsonDepth = 128;
 constexpr uint8_t kNoValue = JsonSchemaMachine::kMaxFrames + 1;  // min_frames: nothing fits
+// oneOf proofs (schema_disjoint.h): branches per oneOf, automaton products per schema.
+constexpr size_t kMaxOneOfBranches = 64;
+constexpr int kMaxProofIntersections = 256;
+// Rewrites of not / if / object keywords per schema (each may copy its schema into branches).
+constexpr int kMaxRewrites = 256;
 
 class Compiler {
  public:
@@ -70,6 +79,7 @@ class Compiler {
 
   Result<int32_t> Node(const json& s, const std::string& path);
   Status FinishUnions();
+  Status CheckOneOf() const;
   Status UniqueItems(JsonSchemaNode& node, const json& s, const std::string& path);
   std::vector<uint8_t> MinFrames() const;
   std::vector<JsonSchemaNode> TakeNodes() { return std::move(nodes_); }
@@ -80,11 +90,23 @@ class Compiler {
     nodes_.emplace_back();
     branches_.emplace_back();
     paths_.emplace_back();
+    facts_.emplace_back();
     return static_cast<int32_t>(nodes_.size() - 1);
   }
   Result<int32_t> Ref(const std::string& ref, const std::string& path);
   Status Fill(int32_t id, const json& s, const std::string& path);
-  Status FillObject(JsonSchemaNode& node, const json& s, const std::string& path);
+  Result<bool> Rewrite(int32_t id, const json& s, const std::string& path);
+  // Fill with a rewritten schema; `narrowed`: its machine may leave out values `s` allowed.
+  Status FillNarrowed(int32_t id, const json& s, bool narrowed, const std::string& path) {
+    if (++rewrites_ > kMaxRewrites) {
+      return Status::Error(path + ": more than " + std::to_string(kMaxRewrites) +
+                           " not/if/object-keyword rewrites in one schema");
+    }
+    EMBER_RETURN_IF_ERROR(Fill(id, s, path));
+    facts_[static_cast<size_t>(id)].narrowed |= narrowed;
+    return Status::Ok();
+  }
+  Status FillObject(JsonSchemaNode& node, const json& s, bool& closed, const std::string& path);
   Status FillArray(JsonSchemaNode& node, const json& s, const std::string& path);
   Status FillLiterals(JsonSchemaNode& node, const json& s, const std::string& path);
   Status StringAutomaton(JsonSchemaNode& node, const json& s, const std::string& path);
@@ -93,7 +115,7 @@ class Compiler {
     dfas_.push_back(std::move(dfa));
     return static_cast<int32_t>(dfas_.size() - 1);
   }
-  Status FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
+  Status FillContainer(JsonSchemaNode& node, const json& s, const std::string& type, bool& closed,
                        const std::string& path);
   std::vector<FirstBytes> AllStarts() const;
 
@@ -101,9 +123,12 @@ class Compiler {
   std::string root_path_;  // names the root in errors
   int depth_ = 0;       // Node() calls open on the compile path
   int containers_ = 0;  // objects and arrays open on the compile path
+  int rewrites_ = 0;    // FillNarrowed calls (kMaxRewrites)
   std::vector<JsonSchemaNode> nodes_;
   std::vector<std::vector<int32_t>> branches_;  // kUnion: the branch nodes, resolved at the end
   std::vector<std::string> paths_;              // kUnion: where, for errors
+  std::vector<SchemaNodeFacts> facts_;          // what the nodes drop (schema_disjoint.h)
+  std::vector<int32_t> one_ofs_;                // the kUnion nodes of a oneOf
   std::map<std::string, int32_t> refs_;
   std::vector<std::shared_ptr<const RegexDfa>> dfas_;
 };
@@ -162,7 +187,8 @@ Result<int32_t> Compiler::Node(const json& s, const std::string& path) {
   return id;
 }
 
-Status Compiler::FillObject(JsonSchemaNode& node, const json& s, const std::string& path) {
+Status Compiler::FillObject(JsonSchemaNode& node, const json& s, bool& closed,
+                            const std::string& path) {
   node.kind = JsonSchemaNode::kObject;
   std::set<std::string> required;
   if (const auto it = s.find("required"); it != s.end()) {
@@ -189,6 +215,7 @@ Status Compiler::FillObject(JsonSchemaNode& node, const json& s, const std::stri
   if (const auto it = s.find("additionalProperties"); it != s.end()) {
     if (it->is_boolean()) {
       node.any_keys = node.any_keys && it->get<bool>();
+      closed = !it->get<bool>();
     } else if (node.properties.empty()) {
       EMBER_ASSIGN_OR_RETURN(node.values, Node(*it, path + ".additionalProperties"));
     }
@@ -261,6 +288,37 @@ Status Compiler::FillArray(JsonSchemaNode& node, const json& s, const std::strin
   return Status::Ok();
 }
 
+// The keywords compiled as another schema (schema_rewrite.h): nullable, if/then/else, allOf, not.
+// True when `s` was one and node `id` is filled.
+Result<bool> Compiler::Rewrite(int32_t id, const json& s, const std::string& path) {
+  if (s.contains("nullable")) {
+    EMBER_RETURN_IF_ERROR(Fill(id, WithoutNullable(s), path));
+    return true;
+  }
+  if (s.contains("if") || s.contains("then") || s.contains("else")) {
+    EMBER_ASSIGN_OR_RETURN(json plain, WithoutIf(s, root_, path));
+    EMBER_RETURN_IF_ERROR(FillNarrowed(id, plain, true, path));
+    return true;
+  }
+  if (s.contains("allOf")) {
+    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
+    EMBER_RETURN_IF_ERROR(Fill(id, merged, path));
+    return true;
+  }
+  if (!s.contains("not")) return false;
+  EMBER_ASSIGN_OR_RETURN(json positive, WithoutNot(s, root_, path));
+  if (positive == s) return false;  // strings excluded from a string (StringAutomaton)
+  // Exact beside a named type or literals for the forms type / const / enum (not objects).
+  const json& n = s["not"];
+  bool exact = s.contains("type") || s.contains("enum") || s.contains("const");
+  if (n.is_object()) {
+    for (auto it = n.begin(); it != n.end(); ++it)
+      exact = exact && (it.key() == "type" || it.key() == "enum" || it.key() == "const");
+  }
+  EMBER_RETURN_IF_ERROR(FillNarrowed(id, positive, !exact, path));
+  return true;
+}
+
 Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   JsonSchemaNode node;
   if (s.is_boolean()) {
@@ -273,16 +331,14 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     if (Understood().count(key) == 0 && Annotations().count(key) == 0)
       return Unsupported(path + "." + key, "the keyword '" + key + "' is not supported");
   }
-  if (s.contains("nullable")) return Fill(id, WithoutNullable(s), path);
-  if (s.contains("allOf")) {
-    EMBER_ASSIGN_OR_RETURN(json merged, MergeAllOf(s, root_, path));
-    return Fill(id, merged, path);
-  }
+  EMBER_ASSIGN_OR_RETURN(const bool rewritten, Rewrite(id, s, path));
+  if (rewritten) return Status::Ok();
   if (s.contains("$ref"))
     return Unsupported(path + ".$ref", "keywords beside $ref are not supported");
   if (s.contains("enum") || s.contains("const")) {
     EMBER_RETURN_IF_ERROR(FillLiterals(node, s, path));
     nodes_[static_cast<size_t>(id)] = std::move(node);
+    facts_[static_cast<size_t>(id)].typed = true;
     return Status::Ok();
   }
   if (const auto it = s.find("type"); it != s.end() && it->is_array() && it->empty())
@@ -315,10 +371,11 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     branches_[static_cast<size_t>(id)] = std::move(branches);
     paths_[static_cast<size_t>(id)] =
         path + (union_key != nullptr ? std::string(".") + union_key : ".type");
+    if (union_key != nullptr && std::string_view(union_key) == "oneOf") one_ofs_.push_back(id);
     return Status::Ok();
   }
-  const bool object_keys =
-      s.contains("properties") || s.contains("required") || s.contains("additionalProperties");
+  const bool object_keys = s.contains("properties") || s.contains("required") ||
+                           s.contains("additionalProperties") || HasObjectRewriteKeyword(s);
   const bool array_keys = s.contains("items") || s.contains("prefixItems") ||
                           s.contains("minItems") || s.contains("maxItems") ||
                           s.contains("uniqueItems");
@@ -331,10 +388,16 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
   }
   // Keywords of other types than `type` do not apply to its values (JSON Schema): a type list's
   // branches each read their own.
+  SchemaNodeFacts facts{s.contains("type"), false};
+  if (type == "object" && HasObjectRewriteKeyword(s)) {
+    EMBER_ASSIGN_OR_RETURN(json plain, RewriteObjectKeywords(s, path));
+    return FillNarrowed(id, plain, s.contains("minProperties"), path);
+  }
   if (type == "object" || type == "array") {
-    EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, path));
+    EMBER_RETURN_IF_ERROR(FillContainer(node, s, type, facts.closed, path));
   } else if (type == "string") {
     node.kind = JsonSchemaNode::kString;
+    facts.narrowed = s.contains("format");  // its regex is an approximation (schema_regexes.h)
     for (const char* key : {"minLength", "maxLength"}) {
       const auto it = s.find(key);
       if (it == s.end()) continue;
@@ -356,19 +419,66 @@ Status Compiler::Fill(int32_t id, const json& s, const std::string& path) {
     return Unsupported(path + ".type", "unknown type '" + type + "'");
   }
   nodes_[static_cast<size_t>(id)] = std::move(node);
+  facts_[static_cast<size_t>(id)] = facts;
   return Status::Ok();
 }
 
 Status Compiler::FillContainer(JsonSchemaNode& node, const json& s, const std::string& type,
-                               const std::string& path) {
+                               bool& closed, const std::string& path) {
   if (containers_ >= JsonSchemaMachine::kMaxFrames) {
     return Unsupported(path, "objects and arrays nest deeper than " +
                                  std::to_string(JsonSchemaMachine::kMaxFrames) + " in this schema");
   }
   ++containers_;
-  Status st = type == "object" ? FillObject(node, s, path) : FillArray(node, s, path);
+  Status st = type == "object" ? FillObject(node, s, closed, path) : FillArray(node, s, path);
   --containers_;
   return st;
+}
+
+std::vector<uint32_t> DecodeUtf8(const std::string& s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    uint32_t cp = n == 1 ? b : b & (0x7F >> n);
+    for (int k = 1; k < n && i + static_cast<size_t>(k) < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
+    out.push_back(cp);
+    i += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+// Every string but the `excluded` ones (valid UTF-8, at most 64): at each prefix of an excluded
+// string, the prefix itself unless excluded, or a character that leaves the prefixes and then
+// anything.
+Result<std::shared_ptr<const RegexDfa>> ExcludedStrings(const std::vector<std::string>& excluded,
+                                                        const std::string& path) {
+  size_t bytes = 0;
+  for (const std::string& e : excluded) bytes += e.size();
+  if (excluded.size() > 64 || bytes > 4096)
+    return Unsupported(path, "at most 64 excluded strings of 4096 bytes in all are supported");
+  std::map<std::vector<uint32_t>, std::pair<bool, CodePointRanges>> prefixes;  // excluded, next
+  for (const std::string& e : excluded) {
+    const std::vector<uint32_t> cps = DecodeUtf8(e);
+    for (size_t n = 0; n <= cps.size(); ++n) {
+      auto& [member, next] = prefixes[std::vector<uint32_t>(cps.begin(), cps.begin() + n)];
+      if (n == cps.size()) member = true;
+      else next.emplace_back(cps[n], cps[n]);
+    }
+  }
+  RegexSyntax x;
+  const int32_t anything = x.Repeat(x.Set(AnyCodePoint()), 0, -1);
+  std::vector<int32_t> allowed;
+  for (const auto& [prefix, entry] : prefixes) {
+    std::vector<int32_t> chars;
+    for (const uint32_t cp : prefix) chars.push_back(x.Set({{cp, cp}}));
+    if (!entry.first) allowed.push_back(x.Concat(chars));
+    chars.push_back(x.Set(NegateCodePoints(NormalizeCodePoints(entry.second))));
+    chars.push_back(anything);
+    allowed.push_back(x.Concat(std::move(chars)));
+  }
+  return RegexDfa::Compile(x, x.Alternate(std::move(allowed)), path);
 }
 
 // pattern and format as automata over the decoded string; with one of them, the length bounds
@@ -391,6 +501,12 @@ Status Compiler::StringAutomaton(JsonSchemaNode& node, const json& s, const std:
                                                SupportedFormats() + ")");
     }
     EMBER_ASSIGN_OR_RETURN(auto dfa, CompileRegex(*regex, RegexMatch::kWhole, path + ".format"));
+    parts.push_back(std::move(dfa));
+  }
+  if (const auto it = s.find("not"); it != s.end()) {  // {"enum": [strings]} (WithoutNot)
+    std::vector<std::string> excluded;
+    for (const json& v : (*it)["enum"]) excluded.push_back(v.get<std::string>());
+    EMBER_ASSIGN_OR_RETURN(auto dfa, ExcludedStrings(excluded, path + ".not"));
     parts.push_back(std::move(dfa));
   }
   if (parts.empty()) return Status::Ok();
@@ -483,16 +599,6 @@ size_t CodePoints(const std::string& s) {
   return n;
 }
 
-bool HasType(const json& v, const std::string& type) {
-  if (type == "string") return v.is_string();
-  if (type == "number") return v.is_number();
-  if (type == "integer")
-    return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
-  if (type == "boolean") return v.is_boolean();
-  if (type == "null") return v.is_null();
-  if (type == "object") return v.is_object();
-  return type == "array" && v.is_array();
-}
 
 // enum / const: the values that also satisfy the schema's type and string lengths; none is an
 // error (the schema allows no value).
@@ -503,7 +609,8 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
   for (const char* other : {"properties", "required", "additionalProperties", "items", "prefixItems",
                             "minItems", "maxItems", "anyOf", "oneOf", "pattern", "format",
                             "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                            "multipleOf"}) {
+                            "multipleOf", "minProperties", "maxProperties", "dependentRequired",
+                            "propertyNames", "patternProperties"}) {
     if (s.contains(other))
       return Unsupported(path + "." + other, "is not supported beside " + key);
   }
@@ -536,7 +643,7 @@ Status Compiler::FillLiterals(JsonSchemaNode& node, const json& s, const std::st
   node.kind = JsonSchemaNode::kLiterals;
   for (const json* v : values) {
     const bool typed = types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) {
-                         return HasType(*v, t);
+                         return JsonHasType(*v, t);
                        });
     if (!typed) continue;
     if (v->is_string()) {
@@ -637,6 +744,36 @@ Status Compiler::FinishUnions() {
   return Status::Ok();
 }
 
+// oneOf is followed as anyOf (JsonSchemaMachine), which is exact only where no value the machine
+// writes for one branch is valid against another: proven per ordered pair (schema_disjoint.h), else
+// the schema is refused naming the pair.
+Status Compiler::CheckOneOf() const {
+  const SchemaGraph graph{nodes_, branches_, facts_, dfas_};
+  int intersections = kMaxProofIntersections;
+  for (const int32_t id : one_ofs_) {
+    const std::vector<int32_t>& branches = branches_[static_cast<size_t>(id)];
+    if (branches.size() > kMaxOneOfBranches) {
+      return Unsupported(paths_[static_cast<size_t>(id)],
+                         "at most " + std::to_string(kMaxOneOfBranches) +
+                             " branches are supported (each pair is proven exclusive)");
+    }
+    for (size_t i = 0; i < branches.size(); ++i) {
+      for (size_t j = 0; j < branches.size(); ++j) {
+        if (i == j || MachineExcludes(graph, branches[i], branches[j], &intersections)) continue;
+        return Unsupported(
+            paths_[static_cast<size_t>(id)],
+            "branches [" + std::to_string(std::min(i, j)) + "] and [" +
+                std::to_string(std::max(i, j)) +
+                "] may both match one value, and oneOf needs exactly one (supported where the "
+                "branches provably exclude each other: different types, different const/enum "
+                "values of a required property, disjoint literals, patterns or ranges; use anyOf "
+                "if overlapping is fine)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // For each node, the fewest machine frames (open objects/arrays) a value of it needs, kNoValue
 // when none fits in kMaxFrames (or it has no value at all: a required recursion, a union whose
 // branches all lead back to it). Values only fall, each at most kNoValue times: a worklist.
@@ -694,6 +831,14 @@ std::vector<uint8_t> Compiler::MinFrames() const {
   return frames;
 }
 
+// An object, or a union whose every branch starts with '{' (objects, object literals).
+bool ObjectsOnly(const JsonSchemaNode& node) {
+  if (node.kind != JsonSchemaNode::kUnion) return node.kind == JsonSchemaNode::kObject;
+  for (int c = 0; c < 256; ++c)
+    if (c != '{' && node.branch_by_first_byte[static_cast<size_t>(c)] != -1) return false;
+  return true;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& schema,
@@ -705,14 +850,17 @@ Result<std::shared_ptr<const CompiledJsonSchema>> CompileJsonSchema(const json& 
   }
   Compiler compiler(schema, path);
   EMBER_ASSIGN_OR_RETURN(int32_t root, compiler.Node(schema, path));
+  EMBER_RETURN_IF_ERROR(compiler.CheckOneOf());
   EMBER_RETURN_IF_ERROR(compiler.FinishUnions());
   auto out = std::make_shared<CompiledJsonSchema>();
   out->min_frames = compiler.MinFrames();
   out->nodes = compiler.TakeNodes();
   out->dfas = compiler.TakeDfas();
   if (out->nodes.size() > 65535) return Unsupported(path, "the schema is too large");
-  if (out->nodes[static_cast<size_t>(root)].kind != JsonSchemaNode::kObject)
-    return Unsupported(path, "the root schema must be an object (\"type\": \"object\")");
+  if (!ObjectsOnly(out->nodes[static_cast<size_t>(root)])) {
+    return Unsupported(path, "the root schema must be an object (\"type\": \"object\", or "
+                             "anyOf/oneOf/if of objects)");
+  }
   if (out->min_frames[static_cast<size_t>(root)] > JsonSchemaMachine::kMaxFrames) {
     return Unsupported(path, "the schema allows no value that nests at most " +
                                  std::to_string(JsonSchemaMachine::kMaxFrames) +

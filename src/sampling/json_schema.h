@@ -12,14 +12,17 @@
 // one), `pattern` (regex_syntax.h's subset, searched over the decoded string), `format`
 // (schema_regexes.h), `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum` and integer
 // `multipleOf` (a digit automaton; exact for integers, rounded inward for numbers), `allOf` and
-// `nullable` (schema_rewrite.h), `anyOf` / `oneOf` / type lists (branches that start alike are
-// followed together: JsonSchemaMachine below; `oneOf` as `anyOf`), local `$ref` (`#/$defs/N`,
+// `nullable`, `not` and `if`/`then`/`else` in the forms schema_rewrite.h turns into positive
+// schemas, the object keywords of schema_object_rewrite.h, `anyOf` / `oneOf` / type lists
+// (branches that start alike are followed together: JsonSchemaMachine below; `oneOf` only where
+// its branches provably exclude each other, schema_disjoint.h, so anyOf is exact), local `$ref` (`#/$defs/N`,
 // `#/definitions/N`, `#`; recursion allowed; keywords beside it apply too), and annotations that
 // do not constrain (`title`, `description`, `default`, `examples`, ..., and `uniqueItems:
 // false`), `uniqueItems: true` where the items are an inline enum/const of at most 64 values
-// (each written at most once). Anything else that would constrain the value (`not`,
-// `if`/`then`/`else`, other `uniqueItems: true`, `patternProperties`, an unknown format, ...) is
-// an error naming the keyword and its path, never a silent no-op. The root must be an object schema. Strings with a pattern
+// (each written at most once). Anything else that would constrain the value (other forms of
+// `not`, overlapping `oneOf`, other `uniqueItems: true`, `contains`, an unknown format, ...) is an
+// error naming the keyword and its path, never a silent no-op. The root must be an object schema
+// or a union of objects. Strings with a pattern
 // or format, and every number, run on a RegexDfa (numbers within 18 + 16 digits and a two-digit
 // exponent); whitespace between tokens follows StepWhitespace (json_constraint.h).
 //
@@ -223,12 +226,13 @@ class JsonSchemaPath {
   // The last Step's choice among a union's shared branches (not part of the state's key).
   uint8_t num_forks_ = 0, fork_depth_ = 0, fork_byte_ = 0;
   int32_t fork_union_ = -1, fork_list_ = -1;
+  Frame fork_frame_{};  // the innermost frame before the choice (depth > 0)
 };
 
 // The byte machine of a compiled schema: the set of live JsonSchemaPaths (one, unless union
 // branches that start alike are still all possible: `anyOf` / `oneOf` / type lists whose branches
-// share first bytes are followed together, each path dropped when a byte rules it out; `oneOf` is
-// enforced as `anyOf`, an instance valid against several branches is accepted). Identical paths
+// share first bytes are followed together, each path dropped when a byte rules it out; `oneOf`
+// compiles only with exclusive branches, so following it as `anyOf` is exact). Identical paths
 // merge. At most kMaxPaths live at once: more (look-alike unions nested in look-alike unions)
 // are dropped, so every output stays valid but some valid instances become unreachable. A value
 // type copied freely (copies only the live paths).

@@ -1,6 +1,7 @@
 // Hostile and unsatisfiable schemas: nesting 20,000 deep (in the JSON, in subschemas, through
 // $ref chains) is an error, not a stack overflow; objects/arrays nest at most kMaxFrames in a
-// schema; every schema that allows no value is refused when compiled, naming keyword and path;
+// schema; not/if/object-keyword rewrites (256) and oneOf proofs (64 branches, 256 automaton
+// products) are bounded; every schema that allows no value is refused when compiled, naming keyword and path;
 // and a compiled schema's machine never strands: it starts a value only where it can finish.
 // Over the fixtures' real tokenizers, a fresh constraint always allows a token.
 #include <gtest/gtest.h>
@@ -59,6 +60,36 @@ TEST(JsonSchemaHostile, DeepJsonIsAnError) {
   ExpectError(R"({"type": "object", "properties": {"a": {"enum": [)" + std::string(kDeep, '[') +
                   std::string(kDeep, ']') + "]}}}",
               "schema", "nests deeper than 128");
+}
+
+TEST(JsonSchemaHostile, RewritesAndOneOfProofsAreBounded) {
+  // if/then/else copies its object into two branches: nested 14 deep, 2^14 copies of the leaf.
+  std::string nested = R"({"type": "string"})";
+  for (int i = 0; i < 14; ++i) {
+    nested = R"({"type": "object", "properties": {"k": {"type": "boolean"}, "p": )" + nested +
+             R"(}, "if": {"properties": {"k": {"const": true}}}, "then": {"required": ["p"]}})";
+  }
+  auto c = CompileText(nested);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find(".properties.p: more than 256 not/if/object-keyword rewrites in one "
+                             "schema"),
+            std::string::npos)
+      << c.message();
+  // 65 oneOf branches; 64 pattern branches whose every pair needs an automaton product.
+  std::string many;
+  for (int i = 0; i < 65; ++i) {
+    if (i > 0) many += ",";
+    many += R"({"const": )" + std::to_string(i) + "}";
+  }
+  ExpectError(R"({"type": "object", "properties": {"a": {"oneOf": [)" + many + "]}}}",
+              "schema.properties.a.oneOf", "at most 64 branches");
+  std::string patterns;
+  for (int i = 0; i < 64; ++i) {
+    if (i > 0) patterns += ",";
+    patterns += R"({"type": "string", "pattern": "^)" + std::to_string(i) + R"(x$"})";
+  }
+  ExpectError(R"({"type": "object", "properties": {"a": {"oneOf": [)" + patterns + "]}}}",
+              "schema.properties.a.oneOf", "may both match one value");
 }
 
 TEST(JsonSchemaHostile, LongRefChainsAndUnionNestingAreErrors) {

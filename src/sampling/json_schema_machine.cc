@@ -65,6 +65,7 @@ bool JsonSchemaPath::StartValue(int32_t node_id, uint8_t c) {
       fork_byte_ = c;
       fork_union_ = node_id;
       fork_list_ = -2 - slot;
+      if (depth_ > 0) fork_frame_ = frames_[depth_ - 1];
       return StartBranch(shared[0], c);
     }
     node_id = slot;
@@ -75,8 +76,11 @@ bool JsonSchemaPath::StartValue(int32_t node_id, uint8_t c) {
 bool JsonSchemaPath::StartAlternative(int index) {
   CHECK(index > 0 && index < num_forks_);
   const JsonSchemaNode& u = schema_->nodes[static_cast<size_t>(fork_union_)];
-  // StartValue is the last thing a Step does: undo what the first branch started.
+  // StartValue is the last thing a Step does: undo what the first branch started (a one-byte
+  // literal has ended its value already: the frame it moved on, or done_).
   depth_ = fork_depth_;
+  if (depth_ > 0) frames_[depth_ - 1] = fork_frame_;
+  done_ = false;
   leaf_ = kLeafNone;
   num_forks_ = 0;
   return StartBranch(u.shared_branches[static_cast<size_t>(fork_list_)][static_cast<size_t>(index)],

@@ -1,6 +1,7 @@
 #include "sampling/schema_rewrite.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace ember {
@@ -67,10 +68,12 @@ Result<json> MergeTypes(const json& a, const json& b, const std::string& path) {
 }
 
 bool IsLowerBound(const std::string& k) {
-  return k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems";
+  return k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems" ||
+         k == "minProperties";
 }
 bool IsUpperBound(const std::string& k) {
-  return k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems";
+  return k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems" ||
+         k == "maxProperties";
 }
 
 // A branch with additionalProperties false admits only its own properties.
@@ -90,9 +93,39 @@ Status CheckClosed(const json& closed, const json& other, const std::string& pat
   return Status::Ok();
 }
 
-Status MergeInto(json& a, const json& b, const std::string& path) {
-  EMBER_RETURN_IF_ERROR(CheckClosed(a, b, path));
-  EMBER_RETURN_IF_ERROR(CheckClosed(b, a, path));
+// The values an enum / const allows (null when neither is there).
+json Literals(const json& s) {
+  if (s.contains("const")) return json::array({s["const"]});
+  if (s.contains("enum") && s["enum"].is_array()) return s["enum"];
+  return nullptr;
+}
+
+bool Contains(const json& list, const json& v) {
+  for (const json& x : list)
+    if (JsonEqual(x, v)) return true;
+  return false;
+}
+
+// enum / const of both: the values in both, as an enum.
+Status MergeLiterals(json& a, json& b, const std::string& path) {
+  const json la = Literals(a), lb = Literals(b);
+  if (la.is_null() || lb.is_null()) return Status::Ok();
+  json both = json::array();
+  for (const json& v : la)
+    if (Contains(lb, v)) both.push_back(v);
+  if (both.empty()) return Refuse(path + ".enum", "the branches' enum/const values have none in common");
+  a.erase("const");
+  a["enum"] = std::move(both);
+  b.erase("const");
+  b.erase("enum");
+  return Status::Ok();
+}
+
+Status MergeInto(json& a, const json& b_in, const std::string& path) {
+  EMBER_RETURN_IF_ERROR(CheckClosed(a, b_in, path));
+  EMBER_RETURN_IF_ERROR(CheckClosed(b_in, a, path));
+  json b = b_in;
+  EMBER_RETURN_IF_ERROR(MergeLiterals(a, b, path));
   for (const auto& [key, value] : b.items()) {
     if (!a.contains(key)) {
       a[key] = value;
@@ -121,6 +154,8 @@ Status MergeInto(json& a, const json& b, const std::string& path) {
       mine = false;
     } else if (key == "items" || key == "additionalProperties") {
       mine = json{{"allOf", json::array({mine, value})}};
+    } else if (key == "not") {  // neither: not (either)
+      mine = json{{"anyOf", json::array({mine, value})}};
     } else {
       return Refuse(path + "." + key, "allOf branches with different '" + key +
                                           "' values cannot be intersected (not supported)");
@@ -129,7 +164,228 @@ Status MergeInto(json& a, const json& b, const std::string& path) {
   return Status::Ok();
 }
 
+// The types the machine may write for `s` (no enum/const): its type list, else the one its
+// object / array keywords imply (json_schema.cc), else all.
+std::vector<std::string> MachineTypes(const json& s) {
+  if (s.contains("type")) return TypeList(s["type"]);
+  for (const char* k : {"properties", "required", "additionalProperties", "minProperties",
+                        "maxProperties", "dependentRequired", "propertyNames", "patternProperties"})
+    if (s.contains(k)) return {"object"};
+  for (const char* k : {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})
+    if (s.contains(k)) return {"array"};
+  return {"object", "array", "string", "number", "boolean", "null"};
+}
+
+bool HasAnyType(const json& v, const std::vector<std::string>& types) {
+  for (const std::string& t : types)
+    if (JsonHasType(v, t)) return true;
+  return false;
+}
+
+json TypeJson(const std::vector<std::string>& types) {
+  return types.size() == 1 ? json(types[0]) : json(types);
+}
+
+Result<json> NotType(json rest, const json& type, const std::string& where) {
+  std::vector<std::string> excluded = TypeList(type);
+  if (Contains(json(excluded), "number")) excluded.push_back("integer");
+  auto out = [&](const std::string& t) { return Contains(json(excluded), t); };
+  const json literals = Literals(rest);
+  if (!literals.is_null()) {
+    json kept = json::array();
+    for (const json& v : literals)
+      if (!HasAnyType(v, excluded)) kept.push_back(v);
+    if (kept.empty()) return Refuse(where, "excludes every enum/const value: no value is left");
+    rest.erase("const");
+    rest["enum"] = std::move(kept);
+    return rest;
+  }
+  std::vector<std::string> types;
+  for (const std::string& t : MachineTypes(rest))
+    if (!out(t)) types.push_back(t);
+  if (out("integer") && Contains(json(types), "number"))
+    return Refuse(where, "excluding integers from numbers is not supported");
+  if (types.empty()) return Refuse(where, "excludes every type the schema allows: no value is left");
+  rest["type"] = TypeJson(types);
+  return rest;
+}
+
+Result<json> NotLiterals(json rest, const json& excluded_in, const std::string& where) {
+  const json literals = Literals(rest);
+  if (!literals.is_null()) {
+    json kept = json::array();
+    for (const json& v : literals)
+      if (!Contains(excluded_in, v)) kept.push_back(v);
+    if (kept.empty()) return Refuse(where, "excludes every enum/const value: no value is left");
+    rest.erase("const");
+    rest["enum"] = std::move(kept);
+    return rest;
+  }
+  const std::vector<std::string> types = MachineTypes(rest);
+  json excluded = json::array();  // values of other types change nothing
+  for (const json& v : excluded_in)
+    if (HasAnyType(v, types)) excluded.push_back(v);
+  if (excluded.empty()) return rest;
+  if (types == std::vector<std::string>{"boolean"}) {
+    json kept = json::array();
+    for (const bool b : {false, true})
+      if (!Contains(excluded, b)) kept.push_back(b);
+    if (kept.empty()) return Refuse(where, "excludes both booleans: no value is left");
+    rest["enum"] = std::move(kept);
+    return rest;
+  }
+  if (types == std::vector<std::string>{"null"}) return Refuse(where, "excludes null: no value is left");
+  if (types == std::vector<std::string>{"string"}) {
+    rest["not"] = json{{"enum", excluded}};  // the string's automaton excludes them
+    return rest;
+  }
+  return Refuse(where, "not of const/enum is supported beside enum/const and on a string, "
+                       "boolean or null schema; here the values may be of types " +
+                           TypeJson(types).dump());
+}
+
+// not {properties, required} on an object schema with properties (the machine writes no others):
+// the object lacks one required key, or has one of the properties with a value the subschema
+// rejects (each such object a branch of an anyOf).
+Result<json> NotObject(const json& rest, const json& n, const std::string& where) {
+  if (MachineTypes(rest) != std::vector<std::string>{"object"} || !rest.contains("properties") ||
+      !rest["properties"].is_object() || rest["properties"].empty()) {
+    return Refuse(where, "not of required/properties is supported only on an object schema with "
+                         "properties (type object)");
+  }
+  const json& props = rest["properties"];
+  const json required = rest.contains("required") ? rest["required"] : json::array();
+  json disjuncts = json::array();
+  if (n.contains("required")) {
+    std::vector<std::string> before;  // the earlier keys with a branch: present in the later ones
+    for (const json& name : n["required"]) {
+      if (!name.is_string()) return Refuse(where + ".required", "must be an array of names");
+      if (!props.contains(name.get<std::string>())) return rest;  // never written: never all there
+      if (Contains(required, name)) continue;
+      json d = rest;  // the first missing key is this one (the branches exclude each other)
+      d["properties"].erase(name.get<std::string>());
+      for (const std::string& b : before) {
+        if (!d.contains("required")) d["required"] = json::array();
+        d["required"].push_back(b);
+      }
+      before.push_back(name.get<std::string>());
+      disjuncts.push_back(std::move(d));
+    }
+  }
+  if (n.contains("properties")) {
+    if (!n["properties"].is_object()) return Refuse(where + ".properties", "must be an object");
+    for (const auto& [name, sub] : n["properties"].items()) {
+      if (!props.contains(name)) continue;  // never written: its subschema always holds
+      json d = rest;
+      d["properties"][name] = json{{"allOf", json::array({props[name], json{{"not", sub}}})}};
+      if (!Contains(required, name)) {
+        if (!d.contains("required")) d["required"] = json::array();
+        d["required"].push_back(name);
+      }
+      disjuncts.push_back(std::move(d));
+    }
+  }
+  if (disjuncts.empty()) return Refuse(where, "every object of the schema matches it: no value is left");
+  if (disjuncts.size() == 1) return disjuncts[0];
+  return json{{"anyOf", disjuncts}};
+}
+
+// Which form of `not` the subschema `n` (resolved, without annotations) is.
+bool OnlyKeys(const json& n, std::initializer_list<const char*> allowed) {
+  for (const auto& [key, value] : n.items()) {
+    bool ok = false;
+    for (const char* a : allowed) ok |= key == a;
+    if (!ok) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+bool JsonEqual(const json& a, const json& b) {
+  if (!a.is_structured() && !b.is_structured()) return a == b;
+  return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
+}
+
+bool JsonHasType(const json& v, const std::string& type) {
+  if (type == "string") return v.is_string();
+  if (type == "number") return v.is_number();
+  if (type == "integer")
+    return v.is_number_integer() ||
+           (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "object") return v.is_object();
+  return type == "array" && v.is_array();
+}
+
+Result<json> WithoutIf(const json& s, const json& root, const std::string& path) {
+  json rest = s;
+  for (const char* k : {"if", "then", "else"}) rest.erase(k);
+  if (!s.contains("if")) return rest;  // then / else without if have no effect
+  const json& cond = s["if"];
+  const json then = s.contains("then") ? s["then"] : json(true);
+  const json otherwise = s.contains("else") ? s["else"] : json(true);
+  if (cond.is_boolean()) return json{{"allOf", json::array({rest, cond.get<bool>() ? then : otherwise})}};
+  json negated = rest;  // the else branch needs not(if) beside the schema: refused here, named
+  negated["not"] = cond;
+  if (auto st = WithoutNot(negated, root, path); !st.ok()) {
+    const std::string why = st.message().substr(st.message().find(": ") + 2);
+    return Refuse(path + ".if", "the else branch needs the negation of if, which is not supported (" +
+                                    why + ")");
+  }
+  return json{{"anyOf", json::array({json{{"allOf", json::array({rest, cond, then})}},
+                                     json{{"allOf", json::array({rest, json{{"not", cond}}, otherwise})}}})}};
+}
+
+Result<json> WithoutNot(const json& s, const json& root, const std::string& path) {
+  const std::string where = path + ".not";
+  json rest = s;
+  rest.erase("not");
+  const json& raw = s["not"];
+  if (raw.is_boolean()) {
+    if (raw.get<bool>()) return Refuse(where, "not true allows no value");
+    return rest;
+  }
+  for (const char* u : {"anyOf", "oneOf"}) {  // (A or B) and not N: (A and not N) or (B and not N)
+    if (!rest.contains(u) || !rest[u].is_array()) continue;
+    for (json& branch : rest[u]) branch = json{{"allOf", json::array({branch, json{{"not", raw}}})}};
+    return rest;
+  }
+  EMBER_ASSIGN_OR_RETURN(json n, Resolve(raw, root, where, 0));
+  for (auto it = n.begin(); it != n.end();) it = IsAnnotation(it.key()) ? n.erase(it) : std::next(it);
+  if (n.empty()) return Refuse(where, "not {} allows no value");
+  if (OnlyKeys(n, {"type"})) return NotType(std::move(rest), n["type"], where);
+  if (rest.contains("type") && rest["type"].is_array() && rest["type"].size() > 1 &&
+      Literals(rest).is_null()) {  // each type on its own (a type list's branches are so read)
+    json branches = json::array();
+    for (const json& t : rest["type"]) {
+      json one = s;
+      one["type"] = t;
+      branches.push_back(std::move(one));
+    }
+    return json{{"anyOf", std::move(branches)}};
+  }
+  if (n.size() == 1 && (n.contains("const") || n.contains("enum")))
+    return NotLiterals(std::move(rest), Literals(n), where);
+  if (OnlyKeys(n, {"properties", "required", "type"}) && (!n.contains("type") || n["type"] == "object"))
+    return NotObject(rest, n, where);
+  if (OnlyKeys(n, {"anyOf"}) && n["anyOf"].is_array()) {  // neither of them: one after the other
+    for (const json& branch : n["anyOf"]) {
+      if (rest.contains("not")) {  // excluded strings so far: add this branch's
+        const json more = Literals(branch);
+        if (more.is_null()) return Refuse(where, "not of anyOf mixing const/enum with other forms is not supported");
+        for (const json& v : more) rest["not"]["enum"].push_back(v);
+        continue;
+      }
+      rest["not"] = branch;
+      EMBER_ASSIGN_OR_RETURN(rest, WithoutNot(rest, root, path));
+    }
+    return rest;
+  }
+  return Refuse(where, "supported: not of type, of const/enum, of required/properties on an object "
+                       "schema with properties, and anyOf of those");
+}
 
 const json* RefTarget(const json& root, const std::string& ref) {
   if (ref == "#") return &root;

@@ -4,7 +4,9 @@
 // the rest to -inf (after the raw logprobs on the host, or as logit edits where the backend
 // samples a row with few masked tokens), tells it the chosen token, and ends the sample with
 // finish reason "stop" once the constraint says the output is complete. Its steps never overlap
-// (engine.h). One instance per sample: a request's prototype is cloned for each of its n.
+// (engine.h). One instance per sample: a request's prototype is cloned for each of its n. After
+// each accepted token the engine asks ForcedToken (jump-forward): a token that is the only one
+// allowed is accepted without sampling (engine thread or one helper thread per sample).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,16 @@ class TokenConstraint {
   virtual bool Accept(int32_t id) = 0;
   // The output is complete: nothing may follow.
   virtual bool Done() const = 0;
+  // The one token that may come next, or -1 when none or several may (jump-forward: a row
+  // masked to one allowed token yields that token under every sampler). The default counts
+  // Allowed (which constraints with a MaskCache answer from the cache on the next step).
+  virtual int32_t ForcedToken() const {
+    thread_local std::vector<uint8_t> allowed;
+    if (Allowed(allowed) != 1) return -1;
+    for (size_t id = 0; id < allowed.size(); ++id)
+      if (allowed[id] != 0) return static_cast<int32_t>(id);
+    return -1;
+  }
 };
 
 }  // namespace ember

@@ -308,6 +308,8 @@ Usage GenerationJob::TotalUsage() const {
     u.speculative = u.speculative || engine_usage.speculative;
     u.accepted_prediction_tokens += engine_usage.accepted_prediction_tokens;
     u.rejected_prediction_tokens += engine_usage.rejected_prediction_tokens;
+    u.jump_forward = u.jump_forward || engine_usage.jump_forward;
+    u.forced_tokens += engine_usage.forced_tokens;
   }
   for (const Sample& s : samples_) u.completion_tokens += s.num_tokens;
   return u;

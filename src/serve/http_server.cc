@@ -230,7 +230,10 @@ void AddRamTierStats(const PromptCacheRamStats& s, PromptCacheRamStats* total) {
                             {&total->insert_drops, s.insert_drops},
                             {&total->corrupt_dropped, s.corrupt_dropped},
                             {&total->bytes_read, s.bytes_read},
-                            {&total->bytes_written, s.bytes_written}})
+                            {&total->bytes_written, s.bytes_written},
+                            {&total->state_records, s.state_records},
+                            {&total->state_bytes, s.state_bytes},
+                            {&total->state_hits, s.state_hits}})
     *sum += value;
   total->read_bytes_per_s = std::max(total->read_bytes_per_s, s.read_bytes_per_s);
 }
@@ -257,8 +260,14 @@ void AddPromptCacheStats(const PromptCacheStats& s, PromptCacheStats* total) {
                             {&total->bytes_read, s.bytes_read},
                             {&total->bytes_written, s.bytes_written},
                             {&total->loads, s.loads},
-                            {&total->recomputes, s.recomputes}})
+                            {&total->recomputes, s.recomputes},
+                            {&total->state_records, s.state_records},
+                            {&total->state_bytes, s.state_bytes},
+                            {&total->state_hits, s.state_hits},
+                            {&total->state_restores, s.state_restores},
+                            {&total->state_misses, s.state_misses}})
     *sum += value;
+  total->state_checkpoints = total->state_checkpoints || s.state_checkpoints;
   if (s.last_choice != PromptCacheStats::Choice::kNone) {
     total->last_choice = s.last_choice;
     total->last_read_bytes_per_s = s.last_read_bytes_per_s;
@@ -303,6 +312,7 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->spec_verify_steps += s.spec_verify_steps;
   total->spec_draft_tokens += s.spec_draft_tokens;
   total->spec_accepted_tokens += s.spec_accepted_tokens;
+  total->forced_tokens += s.forced_tokens;
   AddPromptCacheStats(s.prompt_cache, &total->prompt_cache);
 }
 

@@ -91,6 +91,26 @@ void AppendPromptCache(const PromptCacheStats& p, std::string* out) {
     Tier("counter", "ember_prompt_cache_write_errors_total", "Writes that failed.",
          {{"disk", d(p.write_errors)}}, out);
   }
+  if (p.state_checkpoints) {  // a hybrid model's recurrent-state checkpoints (part of the bytes)
+    Tier("gauge", "ember_prompt_cache_state_checkpoints",
+         "Recurrent-state checkpoints stored in the tier.",
+         of(d(r.state_records), d(p.state_records)), out);
+    Tier("gauge", "ember_prompt_cache_state_checkpoint_bytes",
+         "Bytes of recurrent-state checkpoints stored in the tier (part of its bytes).",
+         of(d(r.state_bytes), d(p.state_bytes)), out);
+    Tier("counter", "ember_prompt_cache_state_checkpoint_hits_total",
+         "Recurrent-state checkpoints read from the tier and verified.",
+         of(d(r.state_hits), d(p.state_hits)), out);
+    *out += "# HELP ember_prompt_cache_state_restores_total Sequences resumed from a lower "
+            "tier's state checkpoint.\n# TYPE ember_prompt_cache_state_restores_total counter\n"
+            "ember_prompt_cache_state_restores_total " +
+            Fmt(d(p.state_restores)) +
+            "\n# HELP ember_prompt_cache_state_misses_total Lower-tier hits recomputed: no "
+            "readable state checkpoint at their blocks.\n"
+            "# TYPE ember_prompt_cache_state_misses_total counter\n"
+            "ember_prompt_cache_state_misses_total " +
+            Fmt(d(p.state_misses)) + "\n";
+  }
   *out += "# HELP ember_prompt_cache_reuse_decisions_total Lower-tier hits loaded or recomputed, "
           "by the measured rates.\n# TYPE ember_prompt_cache_reuse_decisions_total counter\n"
           "ember_prompt_cache_reuse_decisions_total{choice=\"load\"} " +
@@ -126,6 +146,11 @@ nlohmann::json PromptCacheJson(const EngineStats& e) {
                     {"bytes_read", r.bytes_read},
                     {"bytes_written", r.bytes_written},
                     {"read_bytes_per_s", r.read_bytes_per_s}};
+    if (p.state_checkpoints) {
+      tiers["ram"]["state_checkpoints"] = r.state_records;
+      tiers["ram"]["state_bytes"] = r.state_bytes;
+      tiers["ram"]["state_hits"] = r.state_hits;
+    }
   }
   if (p.enabled) {
     tiers["disk"] = {{"blocks", p.records},
@@ -146,8 +171,13 @@ nlohmann::json PromptCacheJson(const EngineStats& e) {
                      {"bytes_read", p.bytes_read},
                      {"bytes_written", p.bytes_written},
                      {"read_bytes_per_s", p.read_bytes_per_s}};
+    if (p.state_checkpoints) {
+      tiers["disk"]["state_checkpoints"] = p.state_records;
+      tiers["disk"]["state_bytes"] = p.state_bytes;
+      tiers["disk"]["state_hits"] = p.state_hits;
+    }
   }
-  return {{"tiers", tiers},
+  nlohmann::json out = {{"tiers", tiers},
           {"reuse",
            {{"lookups", p.lookups},
             {"misses", p.lookup_misses},
@@ -158,6 +188,11 @@ nlohmann::json PromptCacheJson(const EngineStats& e) {
             {"last_choice", PromptCacheChoiceName(p.last_choice)},
             {"last_read_bytes_per_s", p.last_read_bytes_per_s},
             {"last_prefill_tokens_per_s", p.last_prefill_tokens_per_s}}}};
+  if (p.state_checkpoints) {
+    out["reuse"]["state_restores"] = p.state_restores;
+    out["reuse"]["state_misses"] = p.state_misses;
+  }
+  return out;
 }
 
 }  // namespace
@@ -312,6 +347,10 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
   Counter("ember_engine_overlapped_steps_total",
           "Engine steps launched before the previous step's tokens were read.",
           e.overlapped_steps, &out);
+  Counter("ember_engine_forced_tokens_total",
+          "Tokens appended without sampling because the output constraint allowed only them "
+          "(jump-forward).",
+          e.forced_tokens, &out);
   Counter("ember_spec_draft_tokens_total",
           "Draft tokens proposed and verified (speculative decoding).", e.spec_draft_tokens, &out);
   Counter("ember_spec_accepted_tokens_total", "Draft tokens accepted (speculative decoding).",
@@ -367,7 +406,8 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"decode_steps", e.decode_steps},
         {"decode_rows", e.decode_rows},
         {"decode_padding_rows", e.decode_padding_rows},
-        {"overlapped_steps", e.overlapped_steps}}},
+        {"overlapped_steps", e.overlapped_steps},
+        {"forced_tokens", e.forced_tokens}}},
       {"kv_cache",
        {{"blocks_total", e.kv_blocks_total},
         {"blocks_used", e.kv_blocks_used},

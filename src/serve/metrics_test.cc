@@ -37,6 +37,7 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   e.prefix_hit_tokens = 25;
   e.decode_padding_rows = 6;
   e.overlapped_steps = 9;
+  e.forced_tokens = 11;
   e.forward_ns = 1500000000;
   e.state_checkpoints = 2;
   e.state_checkpoint_bytes = 200;
@@ -47,6 +48,7 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_NE(text.find("ember_engine_decode_padding_rows_total 6\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_forward_seconds_total 1.5\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_overlapped_steps_total 9\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_engine_forced_tokens_total 11\n"), std::string::npos);
   EXPECT_NE(text.find("ember_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2"),
             std::string::npos);
   EXPECT_NE(text.find("ember_queue_depth 3\n"), std::string::npos);
@@ -59,6 +61,7 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_EQ(j["engine"]["queue_depth"], 3);
   EXPECT_EQ(j["engine"]["decode_padding_rows"], 6);
   EXPECT_EQ(j["engine"]["overlapped_steps"], 9);
+  EXPECT_EQ(j["engine"]["forced_tokens"], 11);
   EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
   EXPECT_EQ(j["prefix_cache"]["state_checkpoints"], 2);
   EXPECT_EQ(j["prefix_cache"]["state_checkpoint_bytes"], 200);
@@ -104,6 +107,41 @@ TEST(MetricsTest, PromptCacheDiskTier) {
   EXPECT_EQ(j["reuse"]["last_choice"], "recompute");
   EXPECT_FALSE(j["tiers"].contains("ram"));
   EXPECT_EQ(text.find("tier=\"ram\""), std::string::npos);
+}
+
+// A hybrid model's tiers keep its state checkpoints: their counts, bytes and hits per tier, and
+// the sequences resumed from them; absent for other models.
+TEST(MetricsTest, PromptCacheStateCheckpoints) {
+  Metrics m;
+  EngineStats e;
+  PromptCacheStats& p = e.prompt_cache;
+  p.enabled = true;
+  p.ram.enabled = true;
+  EXPECT_EQ(m.Prometheus(e).find("state_checkpoint"), std::string::npos);
+  EXPECT_FALSE(m.Json(e)["prompt_cache"]["tiers"]["disk"].contains("state_bytes"));
+  p.state_checkpoints = true;
+  p.state_records = 3;
+  p.state_bytes = 51276;
+  p.state_hits = 2;
+  p.state_restores = 2;
+  p.state_misses = 1;
+  p.ram.state_records = 1;
+  p.ram.state_bytes = 17092;
+  const std::string text = m.Prometheus(e);
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoints{tier=\"disk\"} 3\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoint_bytes{tier=\"ram\"} 17092\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_checkpoint_hits_total{tier=\"disk\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_restores_total 2\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_prompt_cache_state_misses_total 1\n"), std::string::npos);
+  const nlohmann::json j = m.Json(e)["prompt_cache"];
+  EXPECT_EQ(j["tiers"]["disk"]["state_checkpoints"], 3);
+  EXPECT_EQ(j["tiers"]["disk"]["state_bytes"], 51276);
+  EXPECT_EQ(j["tiers"]["ram"]["state_bytes"], 17092);
+  EXPECT_EQ(j["reuse"]["state_restores"], 2);
+  EXPECT_EQ(j["reuse"]["state_misses"], 1);
 }
 
 TEST(MetricsTest, PromptCacheRamAndDiskTiers) {

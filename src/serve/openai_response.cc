@@ -114,10 +114,12 @@ json UsageJson(const Usage& u) {
                 {"total_tokens", u.prompt_tokens + u.completion_tokens},
                 {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
   if (u.speculative) {
-    usage["completion_tokens_details"] = {
-        {"accepted_prediction_tokens", u.accepted_prediction_tokens},
-        {"rejected_prediction_tokens", u.rejected_prediction_tokens}};
+    usage["completion_tokens_details"]["accepted_prediction_tokens"] =
+        u.accepted_prediction_tokens;
+    usage["completion_tokens_details"]["rejected_prediction_tokens"] =
+        u.rejected_prediction_tokens;
   }
+  if (u.jump_forward) usage["completion_tokens_details"]["forced_tokens"] = u.forced_tokens;
   return usage;
 }
 

@@ -40,6 +40,10 @@ struct Usage {
   // tokens kept (accepted_prediction_tokens) and dropped (rejected_prediction_tokens).
   bool speculative = false;
   int64_t accepted_prediction_tokens = 0, rejected_prediction_tokens = 0;
+  // Jump-forward ran for the request (a constraint, no logprobs, the server has it on):
+  // completion_tokens_details.forced_tokens, the tokens appended without sampling.
+  bool jump_forward = false;
+  int64_t forced_tokens = 0;
 };
 
 // A piece of one choice: for a chunk, the new text; for a final body, the whole text.

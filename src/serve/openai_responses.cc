@@ -507,7 +507,10 @@ out_json UsageJsonOf(const Usage& u) {
   return {{"input_tokens", u.prompt_tokens},
           {"input_tokens_details", {{"cached_tokens", u.cached_tokens}}},
           {"output_tokens", u.completion_tokens},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", u.jump_forward
+                                        ? out_json{{"reasoning_tokens", 0},
+                                                   {"forced_tokens", u.forced_tokens}}
+                                        : out_json{{"reasoning_tokens", 0}}},
           {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 

@@ -100,8 +100,8 @@ std::variant<Constraint, ApiError> OutputConstraint(const ServedModel& model,
     constraint = MakeJsonSchemaConstraint(model.token_texts, std::move(*compiled));
   }
   // Refused now, not mid-generation: a constraint no token of this vocabulary can start.
-  if (Status st = CheckConstraintCanStart(*constraint, path); !st.ok())
-    return InvalidRequest(st.message(), path, "unsupported_value");
+  if (Status st = CheckConstraintCanStart(*constraint, field); !st.ok())
+    return InvalidRequest(st.message(), field, "unsupported_value");
   return constraint;
 }
 

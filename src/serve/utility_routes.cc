@@ -150,7 +150,8 @@ std::variant<json, ApiError> ClearCache(const ServedModel& model, const RequestJ
               {"model", model.name},
               {"scope", salt ? "cache_salt" : "all"},
               {"ram_blocks_removed", removed.ram_blocks},
-              {"disk_blocks_removed", removed.disk_blocks}};
+              {"disk_blocks_removed", removed.disk_blocks},
+              {"state_checkpoints_removed", removed.state_checkpoints}};
 }
 
 bool IsUtilityRoute(const std::string& path) {

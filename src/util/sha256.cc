@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace ember {
 namespace {
 
@@ -19,13 +23,73 @@ constexpr std::array<uint32_t, 64> kRound = {
 
 inline uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+#if defined(__x86_64__)
+// The SHA extensions (SHA-NI): SHA256RNDS2 does two rounds on the state held as ABEF and CDGH
+// (high lane to low), SHA256MSG1/MSG2 extend the message schedule four words at a time. About
+// 5x the portable loop's speed.
+__attribute__((target("sha,sse4.1,ssse3"))) void CompressShaNi(uint32_t* state,
+                                                               const uint8_t* data,
+                                                               size_t blocks) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  // (a b c d), (e f g h) -> ABEF = (f e b a), CDGH = (h g d c), lane 0 first.
+  const __m128i dcba = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state)), 0xB1);
+  const __m128i hgfe = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4)), 0x1B);
+  __m128i abef = _mm_alignr_epi8(dcba, hgfe, 8);
+  __m128i cdgh = _mm_blend_epi16(hgfe, dcba, 0xF0);
+  for (; blocks > 0; --blocks, data += 64) {
+    const __m128i abef_in = abef, cdgh_in = cdgh;
+    __m128i w[4];  // the schedule's last 16 words, four per vector (group g in w[g % 4])
+    for (int g = 0; g < 16; ++g) {
+      __m128i& cur = w[g % 4];
+      if (g < 4) {
+        cur = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * g)),
+                               byte_swap);
+      } else {
+        // W[t] = W[t-16] + s0(W[t-15]) (MSG1) + W[t-7] (the align) + s1(W[t-2]) (MSG2).
+        const __m128i x = _mm_add_epi32(_mm_sha256msg1_epu32(cur, w[(g + 1) % 4]),
+                                        _mm_alignr_epi8(w[(g + 3) % 4], w[(g + 2) % 4], 4));
+        cur = _mm_sha256msg2_epu32(x, w[(g + 3) % 4]);
+      }
+      __m128i wk = _mm_add_epi32(
+          cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound.data() + 4 * g)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+      wk = _mm_shuffle_epi32(wk, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, wk);
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);   // (a b e f)
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);   // (g h c d)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), _mm_blend_epi16(feba, dchg, 0xF0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), _mm_alignr_epi8(dchg, feba, 8));
+}
+
+bool HasShaNi() {
+  static const bool has = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
+                          __builtin_cpu_supports("ssse3");
+  return has;
+}
+#endif
+
+bool g_hardware_allowed = true;
+
 }  // namespace
+
+void Sha256::AllowHardwareForTesting(bool allowed) { g_hardware_allowed = allowed; }
 
 Sha256::Sha256()
     : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
              0x5be0cd19} {}
 
-void Sha256::Compress(const uint8_t* block) {
+void Sha256::Compress(const uint8_t* data, size_t blocks) {
+#if defined(__x86_64__)
+  if (g_hardware_allowed && HasShaNi()) return CompressShaNi(state_.data(), data, blocks);
+#endif
+  for (; blocks > 0; --blocks, data += 64) CompressPortable(data);
+}
+
+void Sha256::CompressPortable(const uint8_t* block) {
   uint32_t w[64];
   for (int i = 0; i < 16; ++i) {
     w[i] = (uint32_t{block[4 * i]} << 24) | (uint32_t{block[4 * i + 1]} << 16) |
@@ -73,10 +137,12 @@ Sha256& Sha256::Update(std::span<const uint8_t> bytes) {
     buffered_ += take;
     i = take;
     if (buffered_ < 64) return *this;
-    Compress(buffer_.data());
+    Compress(buffer_.data(), 1);
     buffered_ = 0;
   }
-  for (; i + 64 <= bytes.size(); i += 64) Compress(bytes.data() + i);
+  const size_t blocks = (bytes.size() - i) / 64;
+  if (blocks > 0) Compress(bytes.data() + i, blocks);
+  i += blocks * 64;
   if (i < bytes.size()) {
     std::memcpy(buffer_.data(), bytes.data() + i, bytes.size() - i);
     buffered_ = bytes.size() - i;

@@ -9,8 +9,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Anthropic from '@anthropic-ai/sdk';
-import { getJson, missing, postJson, startServer, synthModel, tinyStoriesDir, tmpDir,
-         tokenizersDir, waitFor } from './helpers.mjs';
+import {
+  getJson, missing, postJson, startServer, synthServer, tinyStoriesDir, tmpDir, tokenizersDir, waitFor,
+} from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -240,16 +241,10 @@ describe('anthropic messages auth (x-api-key)', { skip: missing(tinyStoriesDir) 
 
 describe('anthropic messages with qwen3\'s template (ember synth qwen3 + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
   let server, client, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s, dir) => {
+    server = s;
+    modelDir = dir;
     client = anthropic(server);
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   const tools = [

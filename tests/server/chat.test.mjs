@@ -7,7 +7,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { missing, startServer, synthModel, tinyStoriesDir, tmpDir, tokenizersDir } from './helpers.mjs';
+import {
+  missing, startServer, synthServer, tinyStoriesDir, tmpDir, tokenizersDir,
+} from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -144,17 +146,11 @@ describe('chat with qwen3\'s real template (on tinystories weights)', { skip: mi
 
 describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
   let server, client, modelDir;
-  before(async () => {
-    // qwen3's vocabulary, config layout, tokenizer and template on a toy body (synth preset).
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+  // qwen3's vocabulary, config layout, tokenizer and template on a toy body (synth preset).
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s, dir) => {
+    server = s;
+    modelDir = dir;
     client = server.client();
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   test('greedy stream equals non-stream through qwen3\'s template and tokenizer', async () => {
@@ -220,6 +216,39 @@ describe('chat (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: miss
       await assert.rejects(client.chat.completions.create({ ...params, max_tokens: 8,
         response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bad } } }),
         (err) => err.status === 400 && err.param === param && err.message.includes(param));
+    }
+  });
+
+  test('jump-forward: forced tokens in usage and /stats; the same text with --no-jump-forward', async () => {
+    const schema = { type: 'object', additionalProperties: false, required: ['ok', 'count', 'color', 'happy'],
+                     properties: { ok: { type: 'boolean' }, count: { type: 'integer' },
+                                   color: { enum: ['red', 'green'] }, happy: { type: 'boolean' } } };
+    const params = { model: 'test-model', messages: [{ role: 'user', content: 'JSON please' }],
+                     temperature: 1, seed: 3, max_tokens: 400, logit_bias: { 92: 30, 11: 30 },
+                     chat_template_kwargs: { enable_thinking: false },
+                     response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } } };
+    const off = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--no-jump-forward']);
+    try {
+      const r = await client.chat.completions.create(params);
+      const plain = await off.client().chat.completions.create(params);
+      assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+      assert.equal(r.choices[0].message.content, plain.choices[0].message.content);
+      assert.equal(r.usage.completion_tokens, plain.usage.completion_tokens);
+      const forced = r.usage.completion_tokens_details?.forced_tokens;
+      assert.ok(forced > 0 && forced < r.usage.completion_tokens, JSON.stringify(r.usage));
+      assert.equal(plain.usage.completion_tokens_details, undefined, JSON.stringify(plain.usage));
+      const s = await collectChat(client, params);
+      assert.equal(s.texts[0], r.choices[0].message.content);
+      const completion = await client.completions.create({ model: 'test-model', prompt: 'JSON:', temperature: 1,
+        seed: 7, max_tokens: 400, logit_bias: { 92: 30, 11: 30 }, response_format: params.response_format });
+      assert.ok(completion.usage.completion_tokens_details.forced_tokens > 0, JSON.stringify(completion.usage));
+      const stats = await (await fetch(`${server.baseURL}/stats`)).json();
+      assert.ok(stats.engine.forced_tokens >= forced, JSON.stringify(stats.engine));
+      // Logprobs: every token is sampled (each reports its own row's logprob).
+      const lp = await client.chat.completions.create({ ...params, logprobs: true });
+      assert.equal(lp.usage.completion_tokens_details, undefined, JSON.stringify(lp.usage));
+    } finally {
+      await off.stop();
     }
   });
 

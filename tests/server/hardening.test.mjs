@@ -8,9 +8,8 @@
 // - a logit_bias over the whole vocabulary is served (its cost is linear).
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
 import path from 'node:path';
-import { getJson, missing, postJson, startServer, synthModel, tokenizersDir } from './helpers.mjs';
+import { getJson, missing, postJson, synthServer, tokenizersDir } from './helpers.mjs';
 
 const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 const kQwen3Vocab = 151936;
@@ -20,16 +19,9 @@ function nestedArrays(depth) {
 }
 
 describe('hostile bodies (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
-  let server, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
+  let server;
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s) => {
+    server = s;
   });
 
   const base = { model: 'test-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2,

@@ -5,6 +5,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+import { after, before } from 'node:test';
 import OpenAI from 'openai';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -110,4 +112,23 @@ export function synthModel(preset, tokenizer, dtype = 'f32') {
                                  '--dtype', dtype], { encoding: 'utf8' });
   if (r.status !== 0) return { dir: null, reason: (r.stderr || r.stdout).trim() };
   return { dir: out, reason: null };
+}
+
+// A server on an `ember synth PRESET` model with TOKENIZER's vocabulary (a 64 MiB KV cache plus
+// `extraArgs`) for the enclosing describe(): started before its tests, stopped and its model
+// removed after them. `ready(server, modelDir)` receives the running server and the model folder.
+export function synthServer(preset, tokenizer, extraArgs, ready) {
+  let server = null;
+  let modelDir = null;
+  before(async () => {
+    const made = synthModel(preset, tokenizer, 'f32');
+    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
+    modelDir = made.dir;
+    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), ...extraArgs]);
+    await ready(server, modelDir);
+  });
+  after(async () => {
+    if (server) await server.stop();
+    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
+  });
 }

@@ -9,7 +9,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
-import { missing, postJson, startServer, synthModel, tinyStoriesDir, tmpDir, tokenizersDir } from './helpers.mjs';
+import {
+  missing, postJson, startServer, synthServer, tinyStoriesDir, tmpDir, tokenizersDir,
+} from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -148,16 +150,10 @@ describe('responses (tinystories-656k + plain template)', { skip: missing(tinySt
 
 describe('responses with qwen3\'s template (ember synth qwen3 + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
   let server, client, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s, dir) => {
+    server = s;
+    modelDir = dir;
     client = server.client();
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   const tools = [{ type: 'function', name: 'get_weather', description: 'Weather for a city',

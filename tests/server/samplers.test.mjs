@@ -5,9 +5,10 @@
 // by the real tokenizer, and a JSON schema whose anyOf branches start alike.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
 import path from 'node:path';
-import { missing, postJson, startServer, synthModel, tinyStoriesDir, tokenizersDir } from './helpers.mjs';
+import {
+  missing, postJson, startServer, synthServer, tinyStoriesDir, tokenizersDir,
+} from './helpers.mjs';
 
 const skip = missing(tinyStoriesDir);
 const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
@@ -99,17 +100,10 @@ describe('llama.cpp samplers (tinystories-656k)', { skip: skip ?? false }, () =>
 
 describe('samplers and look-alike unions (ember synth qwen3-shaped model + qwen3 tokenizer)',
          { skip: missing(qwen3Tokenizer) ?? false }, () => {
-  let server, client, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
+  let server, client;
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s) => {
+    server = s;
     client = server.client();
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   test('DRY with the default breakers (resolved by the tokenizer) is seeded and repeatable', async () => {

@@ -9,7 +9,9 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { getJson, missing, startServer, synthModel, tinyStoriesDir, tokenizersDir } from './helpers.mjs';
+import {
+  getJson, missing, startServer, synthServer, tinyStoriesDir, tokenizersDir,
+} from './helpers.mjs';
 
 const skip = missing(tinyStoriesDir);
 
@@ -105,18 +107,10 @@ describe('no speculation (tinystories-656k)', { skip: skip ?? false }, () => {
 const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 
 describe('speculative decoding + JSON schema (synth qwen3)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
-  let server, client, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4',
-                                          '--spec-method', 'ngram']);
+  let server, client;
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4', '--spec-method', 'ngram'], async (s) => {
+    server = s;
     client = server.client();
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   test('the output is valid against the schema and equal to the output without speculation', async () => {

@@ -4,9 +4,10 @@
 // /version; every bad field a 400 naming it, never a 500; the API key guards them all.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
 import path from 'node:path';
-import { getJson, missing, postJson, startServer, synthModel, tinyStoriesDir, tokenizersDir } from './helpers.mjs';
+import {
+  getJson, missing, postJson, startServer, synthServer, tinyStoriesDir, tokenizersDir,
+} from './helpers.mjs';
 
 const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 
@@ -112,16 +113,9 @@ describe('utility routes behind an API key', { skip: missing(tinyStoriesDir) ?? 
 });
 
 describe('/tokenize chat form (ember synth qwen3-shaped model + qwen3 tokenizer)', { skip: missing(qwen3Tokenizer) ?? false }, () => {
-  let server, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--kv-cache-bytes', String(64 << 20), '--max-batch', '4']);
-  });
-  after(async () => {
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
+  let server;
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--max-batch', '4'], async (s) => {
+    server = s;
   });
 
   test('messages render through the chat template: the count equals chat usage.prompt_tokens', async () => {

@@ -10,8 +10,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { emberBin, getJson, missing, startServer, synthModel, tinyStoriesDir, tokenizersDir,
-         waitFor } from './helpers.mjs';
+import {
+  emberBin, getJson, missing, startServer, synthServer, tinyStoriesDir, tokenizersDir, waitFor,
+} from './helpers.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
@@ -326,19 +327,14 @@ describe('web chat page (tinystories-656k, --api-key)', { skip: skipReason() ?? 
 // A model slow enough to stop mid-stream (qwen3's 151k-token vocabulary on a toy body) and a
 // template that opens a <think> block, so the reply streams as reasoning.
 describe('web chat page: reasoning, streaming and stop (tiny-qwen3)', { skip: skipReason() ?? missing(qwen3Tokenizer) ?? false }, () => {
-  let server, browser, modelDir;
-  before(async () => {
-    const made = synthModel('tiny-qwen3', qwen3Tokenizer, 'f32');
-    assert.ok(made.dir, `ember synth failed: ${made.reason}`);
-    modelDir = made.dir;
-    server = await startServer(modelDir, ['--chat-template', thinkTemplate, '--reasoning-parser', 'think',
-                                          '--kv-cache-bytes', String(64 << 20)]);
+  let server, browser;
+  synthServer('tiny-qwen3', qwen3Tokenizer, ['--chat-template', thinkTemplate, '--reasoning-parser', 'think'],
+              async (s) => {
+    server = s;
     browser = await launchBrowser();
   });
   after(async () => {
     if (browser) await browser.close();
-    if (server) await server.stop();
-    if (modelDir) fs.rmSync(path.dirname(modelDir), { recursive: true, force: true });
   });
 
   test('reasoning streams in collapsed; Stop ends the request on the server', async () => {

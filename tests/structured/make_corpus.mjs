@@ -220,6 +220,36 @@ add('array-unique-enum', wrap({ type: 'array', items: { enum: ['red', 'green', '
                                 uniqueItems: true, minItems: 2 }));
 add('array-unique-prefixes', wrap({ type: 'array', items: { enum: [1, 12, 123, 'a', 'ab'] }, uniqueItems: true }));
 
+// oneOf with branches proven exclusive (ajv checks exactly one matches), not, and if/then/else.
+add('oneOf-types-literals', wrap({ oneOf: [{ type: 'string', pattern: '^[a-z]{0,3}$' }, { enum: ['long-name', 7, null] },
+                                           { type: 'integer', minimum: 10, multipleOf: 5 }, { type: 'integer', maximum: -1 }] }));
+add('oneOf-open-objects', wrap({ oneOf: [
+  { type: 'object', properties: { a: { type: 'integer' }, c: { type: 'string' } }, required: ['a'] },
+  { type: 'object', properties: { b: { type: 'boolean' }, c: { type: 'string' } }, required: ['b'] }] }));
+add('oneOf-root-discriminated', { oneOf: [
+  { type: 'object', properties: { kind: { const: 'user' }, name: { type: 'string', maxLength: 8 } }, required: ['kind', 'name'] },
+  { type: 'object', properties: { kind: { enum: ['bot', 'system'] }, id: { type: 'integer' } }, required: ['kind'] }] });
+add('not-string-literals', wrap({ type: 'string', maxLength: 4, not: { enum: ['', 'a', 'ab', 'null'] } }));
+add('not-types-and-enum', { type: 'object', properties: {
+  t: { not: { type: ['object', 'array', 'string'] } },
+  e: { enum: ['x', 'y', 'z', 1], not: { enum: ['y', 1] } },
+  b: { type: 'boolean', not: { const: false } } }, required: ['t', 'e', 'b'] });
+add('not-required', { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' }, c: { type: 'string' } },
+                      not: { required: ['a', 'b'] }, required: ['c'] });
+add('if-then-else-root', { type: 'object', properties: { kind: { enum: ['card', 'bank', 'cash'] },
+  number: { type: 'string', pattern: '^[0-9]{4}$' }, iban: { type: 'string', maxLength: 6 } }, required: ['kind'],
+  if: { properties: { kind: { const: 'card' } } }, then: { required: ['number'] }, else: { not: { required: ['number'] } } });
+add('if-then-required', wrap({ type: 'object', properties: { country: { type: 'string', enum: ['US', 'CA', 'FR'] },
+  zip: { type: 'string', pattern: '^[0-9]{5}$' } }, required: ['country'],
+  if: { properties: { country: { const: 'US' } }, required: ['country'] }, then: { required: ['zip'] } }));
+// Object keywords on listed properties.
+add('object-min-max-properties', wrap({ type: 'object', properties: { a: { type: 'integer' }, b: { type: 'string', maxLength: 3 }, c: { type: 'boolean' } },
+                                        minProperties: 1, maxProperties: 3 }));
+add('object-property-names', wrap({ type: 'object', properties: { id: { type: 'integer' }, Name: { type: 'string' }, tag_1: { type: 'string' } },
+                                    propertyNames: { pattern: '^[a-z_0-9]+$', maxLength: 5 }, patternProperties: { '_\\d$': { maxLength: 2 } } }));
+add('object-dependent-required', { type: 'object', properties: { card: { type: 'string', pattern: '^[0-9]{4}$' }, billing: { type: 'string' },
+  cvv: { type: 'string', pattern: '^[0-9]{3}$' }, name: { type: 'string' } }, required: ['name'],
+  dependentRequired: { card: ['billing', 'cvv'], cvv: ['card'] } });
 
 fs.writeFileSync(path.join(here, 'schemas.jsonl'), corpus.map((c) => JSON.stringify(c)).join('\n') + '\n');
 console.log(`wrote ${corpus.length} schemas`);

@@ -255,6 +255,25 @@ class CpuBackend final : public Backend {
   }
   bool TakesMla() const override { return true; }
 
+  std::string MtpUnsupported() const override { return ""; }
+  Status CopyFromHost(std::span<const float> in, Tensor out) override {
+    if (in.size() != static_cast<size_t>(out.numel()))
+      return Status::Error("CopyFromHost: " + std::to_string(in.size()) + " floats for tensor " +
+                           ShapeString(out));
+    std::memcpy(F(out), in.data(), in.size() * sizeof(float));
+    return Status::Ok();
+  }
+  Status ZeroRows(Tensor x, std::span<const int32_t> rows) override {
+    float* v = F(x);
+    const int64_t cols = x.cols();
+    for (int32_t r : rows) {
+      if (r < 0 || r >= x.rows())
+        return Status::Error("ZeroRows: row " + std::to_string(r) + " of " + ShapeString(x));
+      std::fill_n(v + int64_t{r} * cols, cols, 0.0f);
+    }
+    return Status::Ok();
+  }
+
   void MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, const Tensor& c,
                     const Tensor& k_rope, Tensor out) override {
     CHECK(latent_) << "MlaAttention without AllocateLatentKvPool";
@@ -466,6 +485,7 @@ class CpuBackend final : public Backend {
 
   // ---- recurrent layers (cpu/gated_delta.h kernels; state slots in one host array) ----
   std::string RecurrentUnsupported() const override { return ""; }
+  std::string StateSnapshotsUnsupported() const override { return ""; }
   Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override {
     if (!state_.empty()) return Status::Error("the state slots are already allocated");
     if (num_slots <= 0 || floats_per_slot <= 0)
@@ -481,6 +501,25 @@ class CpuBackend final : public Backend {
                            std::to_string(dst) + " outside the " + std::to_string(state_slots_) +
                            " allocated");
     if (src != dst) std::copy_n(SlotState(src), state_floats_, SlotState(dst));
+    return Status::Ok();
+  }
+  Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) override {
+    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, out.size()));
+    std::memcpy(out.data(), SlotState(slot), out.size());
+    return Status::Ok();
+  }
+  Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) override {
+    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, in.size()));
+    std::memcpy(SlotState(slot), in.data(), in.size());
+    return Status::Ok();
+  }
+  Status CheckStateSlotCopy(int32_t slot, size_t bytes) const {
+    if (slot < 0 || slot >= state_slots_)
+      return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
+                           std::to_string(state_slots_) + " allocated");
+    if (bytes != static_cast<size_t>(state_floats_) * sizeof(float))
+      return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
+                           std::to_string(state_floats_ * 4));
     return Status::Ok();
   }
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
@@ -735,6 +774,22 @@ class CpuBackend final : public Backend {
   int32_t num_blocks_ = 0, block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
 };
 
+// A recurrent op's rows of one sequence: run(first_row, rows) over all of them at once, or, when
+// the sequence keeps snapshots (SequenceSlice::snapshot_slot), one row at a time with
+// snapshot(slot) after each row but the last (a row's arithmetic is the same either way, so the
+// snapshots and the final state are exactly the unsplit run's).
+template <typename Run, typename Snapshot>
+void RunRowsWithSnapshots(const SequenceSlice& s, Run run, Snapshot snapshot) {
+  if (s.snapshot_slot < 0) {
+    run(0, s.query_len);
+    return;
+  }
+  for (int32_t r = 0; r < s.query_len; ++r) {
+    run(r, 1);
+    if (r + 1 < s.query_len) snapshot(s.snapshot_slot + r);
+  }
+}
+
 Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) {
   const int64_t channels = x.cols();
   const int32_t kernel = static_cast<int32_t>(weight.cols());
@@ -746,8 +801,13 @@ Status CpuBackend::CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t stat
     const SequenceSlice& s = plan_->seqs[static_cast<size_t>(i)];
     float* win = SlotState(s.state_slot) + state_offset;
     if (s.context_len == s.query_len) std::fill(win, win + window, 0.0f);
-    cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start} * channels, s.query_len, channels,
-                              F(weight), kernel, win);
+    RunRowsWithSnapshots(
+        s,
+        [&](int32_t r, int32_t rows) {
+          cpu::CausalConv1dSiluRows(F(x) + int64_t{s.query_start + r} * channels, rows, channels,
+                                    F(weight), kernel, win);
+        },
+        [&](int32_t slot) { std::copy_n(win, window, SlotState(slot) + state_offset); });
   }, ThreadsForSlots());
   return Status::Ok();
 }
@@ -766,10 +826,18 @@ Status CpuBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv, 
     const int32_t h = static_cast<int32_t>(item % heads);
     float* state = SlotState(s.state_slot) + p.state_offset + h * head_floats;
     if (s.context_len == s.query_len) std::fill(state, state + head_floats, 0.0f);
-    const int64_t first = s.query_start;
-    cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(), F(ba) + first * ba.cols(),
-                            F(*p.a_log), F(*p.dt_bias), s.query_len, state,
-                            F(out) + first * out.cols());
+    RunRowsWithSnapshots(
+        s,
+        [&](int32_t r, int32_t rows) {
+          const int64_t first = int64_t{s.query_start} + r;
+          cpu::GatedDeltaRuleHead(shape, h, F(qkv) + first * qkv.cols(),
+                                  F(ba) + first * ba.cols(), F(*p.a_log), F(*p.dt_bias), rows,
+                                  state, F(out) + first * out.cols());
+        },
+        [&](int32_t slot) {
+          std::copy_n(state, head_floats,
+                      SlotState(slot) + p.state_offset + h * head_floats);
+        });
   }, ThreadsForSlots());
   return Status::Ok();
 }

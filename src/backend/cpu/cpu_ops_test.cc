@@ -318,6 +318,26 @@ TEST(CpuOpsTest, QuantizedKvBlockCopiesAndSizes) {
   EXPECT_NE(st.message().find("--kv-cache-dtype int4"), std::string::npos) << st.message();
 }
 
+// A recurrent-state slot to host memory and back (the prompt cache's state checkpoints): the
+// bytes round-trip, CopyStateSlot moves them between slots, and a wrong slot or size is refused.
+TEST(CpuOpsTest, StateSlotHostCopies) {
+  auto be = MakeCpuBackend({});
+  const int64_t floats = 40;
+  ASSERT_TRUE(be->AllocateStateSlots(3, floats).ok());
+  std::vector<uint8_t> bytes(static_cast<size_t>(floats) * 4);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 5 + 3);
+  ASSERT_TRUE(be->CopyStateSlotFromHost(1, bytes).ok());
+  ASSERT_TRUE(be->CopyStateSlot(1, 2).ok());
+  std::vector<uint8_t> back(bytes.size());
+  ASSERT_TRUE(be->CopyStateSlotToHost(2, back).ok());
+  EXPECT_EQ(back, bytes);
+  ASSERT_TRUE(be->CopyStateSlotToHost(0, back).ok());
+  EXPECT_EQ(back, std::vector<uint8_t>(bytes.size(), 0));  // untouched slot: zeros
+  EXPECT_FALSE(be->CopyStateSlotToHost(3, back).ok());
+  std::vector<uint8_t> short_buffer(bytes.size() - 4);
+  EXPECT_FALSE(be->CopyStateSlotFromHost(0, short_buffer).ok());
+}
+
 // The attention's AVX2 reader gives DequantizeKvRow's bits for every dtype and head dim (random
 // rows quantized by the reference, and every FP8 byte).
 TEST(CpuOpsTest, FastKvDequantEqualsTheReference) {

@@ -132,6 +132,21 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
     run_step({{3, 12, 2}}, steps.size());
     EXPECT_FALSE(gpu->CopyStateSlot(0, 4).ok());  // outside the 4 slots
+    // The tiers' host copies: slot 3 read back equals the CPU's, and written into slot 1 it
+    // continues as slot 3 does.
+    std::vector<uint8_t> host[2];
+    for (int i = 0; i < 2; ++i) {
+      host[i].resize(static_cast<size_t>(slot_floats) * 4);
+      ASSERT_TRUE(be[i]->CopyStateSlotToHost(3, host[i]).ok());
+    }
+    std::vector<float> got(static_cast<size_t>(slot_floats)), want(got.size());
+    std::memcpy(got.data(), host[1].data(), host[1].size());
+    std::memcpy(want.data(), host[0].data(), host[0].size());
+    EXPECT_LT(RelL2(got, D(want)), 1e-5) << "state read back";
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlotFromHost(1, host[i]).ok());
+    run_step({{1, 14, 1}}, steps.size() + 1);
+    EXPECT_FALSE(gpu->CopyStateSlotToHost(4, host[1]).ok());
+    EXPECT_FALSE(gpu->CopyStateSlotFromHost(1, std::span<const uint8_t>(host[1]).first(4)).ok());
   }
 }
 
