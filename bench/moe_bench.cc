@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
       a.inter = inter;
       a.num_experts = experts;
       a.top_k = shape.top_k;
-      a.normalize = !shape.gpt_oss;
+      a.route.normalize = !shape.gpt_oss;
       a.mma = mma < 0 ? ember::cuda::MoeMmaPays(rows * shape.top_k, experts, mxfp4) : mma == 1;
       a.max_tiles = ember::cuda::MoeMaxTiles(rows, shape.top_k, experts);
       a.logits = logits;

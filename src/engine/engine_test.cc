@@ -159,8 +159,6 @@ TEST_P(BatchInvarianceTest, BatchedStaggeredChunkedEqualsSolo) {
 // The same on the CUDA backend in bf16 mode with --batch-invariant on, where a GPU exists.
 TEST_P(BatchInvarianceTest, OnCuda) {
   if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
-  if (GetParam() == "qwen3_next")
-    GTEST_SKIP() << "qwen3_next is not supported on the CUDA backend yet";
   EMBER_REQUIRE_DIR(ModelDir(GetParam()));
   CheckBatchInvariance(ModelDir(GetParam()), DeviceKind::kCuda);
 }
@@ -168,7 +166,7 @@ TEST_P(BatchInvarianceTest, OnCuda) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvarianceTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
                                            "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
-                                           "gemma3", "qwen3_next"));
+                                           "gemma3", "qwen3_next", "deepseek_v3"));
 
 // A hybrid model (qwen3_next: recurrent state per sequence in state slots beside the paged KV)
 // through the engine: the golden greedy tokens; every KV block and state slot given back.

@@ -465,6 +465,29 @@ TEST(SynthTest, GptOssPreset) {
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+// The qwen3_next and deepseek_v3 presets' tensor lists on toy bodies: they load (every tensor
+// the loaders ask for, at its shape) and run on the CPU.
+TEST(SynthTest, HybridAndMlaPresets) {
+  for (const auto& [preset, type] : std::vector<std::pair<std::string, std::string>>{
+           {"tiny-qwen3-next", "qwen3_next"}, {"tiny-deepseek-v3", "deepseek_v3"}}) {
+    SCOPED_TRACE(preset);
+    std::string dir = TempDir() + "/" + preset;
+    SynthOptions opts;
+    opts.preset = preset;
+    opts.out_dir = dir;
+    ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+    auto m = Model::Load(dir, {});
+    ASSERT_TRUE(m.ok()) << m.message();
+    EXPECT_EQ((*m)->config().model_type, type);
+    ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
+    BatchPlan plan;
+    plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
+    std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
+    ASSERT_TRUE((*m)->Forward(plan, logits).ok());
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
 // DeepSeek-V3's layout on a toy body; with mtp its multi-token-prediction module loads too (and
 // without, the checkpoint declares one its folder lacks, as transformers' conversions do).
 TEST(SynthTest, DeepseekPresetWithMtp) {

@@ -837,14 +837,15 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 }
 
 int64_t Model::KvBytesPerToken() const {
-  if (config_.mla()) {  // the latent pool: [c | k_rope] per layer, no V, float32
+  if (config_.mla()) {  // the latent pool: [c | k_rope] per layer, no V, float32 on every backend
     const int32_t width = config_.kv_lora_rank + config_.qk_rope_head_dim;
-    return int64_t{config_.num_layers} * width * backend_->KvElementBytes(width);
+    return int64_t{config_.num_layers} * width * static_cast<int64_t>(sizeof(float));
   }
   return backend_->KvTokenBytes(KvLayerCount(config_), config_.num_kv_heads, config_.head_dim);
 }
 
 std::string Model::KvDTypes() const {
+  if (config_.mla()) return "f32";  // the latent pool, on every backend
   return backend_->KvFormatText(config_.head_dim);
 }
 

@@ -176,27 +176,14 @@ TEST_P(CudaParityTest, LogitsAndGreedyMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
-                                           "mistral", "phi3", "gemma2", "gemma3"),
+                                           "mistral", "phi3", "gemma2", "gemma3", "deepseek_v3",
+                                           "qwen3_next"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
-
-// qwen3_next's recurrent layers run on the CPU only: the CUDA backend refuses the model at load,
-// naming the architecture and the backend.
-TEST(CudaParityTest, RefusesQwen3Next) {
-  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
-  EMBER_REQUIRE_DIR(ModelDir("qwen3_next"));
-  ModelLoadOptions opts;
-  opts.device = DeviceKind::kCuda;
-  auto model = Model::Load(ModelDir("qwen3_next"), opts);
-  ASSERT_FALSE(model.ok());
-  EXPECT_NE(model.message().find("qwen3_next"), std::string::npos) << model.message();
-  EXPECT_NE(model.message().find("not supported on the cuda backend yet"), std::string::npos)
-      << model.message();
-}
 
 // The per-row state snapshots (SequenceSlice::snapshot_slot: speculation's rollback on a hybrid
 // model): after one 6-row step, decoding row r + 1 from the snapshot after row r gives the logits
@@ -387,6 +374,9 @@ INSTANTIATE_TEST_SUITE_P(Families, CpuBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
                                            "mistral", "phi3", "gemma2", "gemma3", "deepseek_v3"));
 
+// On CUDA deepseek_v3 is left out too: one position of its short sequence (of 5) is at 0.46
+// relative L2, past the MoE bound of 0.25 (a routing flip on the random fixture: every other
+// position within 3e-2; H100, session 38); its float32 parity is exact.
 INSTANTIATE_TEST_SUITE_P(Families, CudaBf16ParityTest,
                          ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
                                            "mistral", "phi3", "gemma2", "gemma3"));
@@ -613,7 +603,7 @@ TEST(MlaTest, LatentPoolSizeAndBlockCopies) {
 }
 
 // The CPU backend seen through Backend's defaults for everything MLA (TakesMla false,
-// AllocateLatentKvPool refusing): what the CUDA backend is today.
+// AllocateLatentKvPool refusing): a backend without MLA.
 class WithoutMla : public Backend {
  public:
   std::string name() const override { return "without-mla"; }
@@ -668,8 +658,8 @@ class WithoutMla : public Backend {
   std::unique_ptr<Backend> cpu_ = MakeCpuBackend({});
 };
 
-// A backend without MLA refuses deepseek_v3 at load, naming the architecture and itself (the
-// CUDA backend's path), and its latent pool refuses; other models still load on it.
+// A backend without MLA refuses deepseek_v3 at load, naming the architecture and itself, and its
+// latent pool refuses; other models still load on it.
 TEST(MlaTest, BackendWithoutMlaRefusesAtLoad) {
   EMBER_REQUIRE_DIR(ModelDir("deepseek_v3"));
   auto model = Model::Load(ModelDir("deepseek_v3"), std::make_unique<WithoutMla>(),

@@ -134,6 +134,95 @@ json GptOssConfig(int layers, int experts) {
               {"torch_dtype", "bfloat16"}};
 }
 
+// Qwen3-Next-80B-A3B: three gated DeltaNet layers then a gated full-attention layer, repeating;
+// every MLP 512 experts (top 10) beside a sigmoid-gated shared expert.
+json Qwen3NextConfig() {
+  const int layers = 48;
+  json types = json::array();
+  for (int l = 0; l < layers; ++l)
+    types.push_back(l % 4 == 3 ? "full_attention" : "linear_attention");
+  return json{{"architectures", {"Qwen3NextForCausalLM"}},
+              {"model_type", "qwen3_next"},
+              {"vocab_size", 151936},
+              {"hidden_size", 2048},
+              {"intermediate_size", 5120},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", 16},
+              {"num_key_value_heads", 2},
+              {"head_dim", 256},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 262144},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000000.0},
+              {"rope_scaling", nullptr},
+              {"partial_rotary_factor", 0.25},
+              {"attention_bias", false},
+              {"layer_types", types},
+              {"linear_conv_kernel_dim", 4},
+              {"linear_key_head_dim", 128},
+              {"linear_value_head_dim", 128},
+              {"linear_num_key_heads", 16},
+              {"linear_num_value_heads", 32},
+              {"num_experts", 512},
+              {"num_experts_per_tok", 10},
+              {"moe_intermediate_size", 512},
+              {"shared_expert_intermediate_size", 512},
+              {"norm_topk_prob", true},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", json::array()},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"torch_dtype", "bfloat16"}};
+}
+
+// DeepSeek-V3 (671B): multi-head latent attention (q LoRA 1536, latent 512 + rope 64), three
+// dense layers then MoE layers of 256 experts (top 8 of 4 kept groups of 8) and a shared expert.
+json DeepseekV3Config() {
+  return json{{"architectures", {"DeepseekV3ForCausalLM"}},
+              {"model_type", "deepseek_v3"},
+              {"vocab_size", 129280},
+              {"hidden_size", 7168},
+              {"intermediate_size", 18432},
+              {"num_hidden_layers", 61},
+              {"num_attention_heads", 128},
+              {"num_key_value_heads", 128},
+              {"head_dim", 64},
+              {"q_lora_rank", 1536},
+              {"kv_lora_rank", 512},
+              {"qk_nope_head_dim", 128},
+              {"qk_rope_head_dim", 64},
+              {"v_head_dim", 128},
+              {"hidden_act", "silu"},
+              {"max_position_embeddings", 163840},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000.0},
+              {"rope_interleave", true},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 40.0},
+                {"beta_fast", 32.0},
+                {"beta_slow", 1.0},
+                {"mscale", 1.0},
+                {"mscale_all_dim", 1.0},
+                {"original_max_position_embeddings", 4096}}},
+              {"attention_bias", false},
+              {"first_k_dense_replace", 3},
+              {"moe_intermediate_size", 2048},
+              {"n_routed_experts", 256},
+              {"n_shared_experts", 1},
+              {"num_experts_per_tok", 8},
+              {"n_group", 8},
+              {"topk_group", 4},
+              {"norm_topk_prob", true},
+              {"routed_scaling_factor", 2.5},
+              {"num_nextn_predict_layers", 1},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", 0},
+              {"eos_token_id", 1},
+              {"torch_dtype", "bfloat16"}};
+}
+
 // deepseek_v3's layout (multi-head latent attention, grouped sigmoid routing, shared experts,
 // first_k_dense_replace dense layers) with one multi-token-prediction module declared, as in
 // DeepSeek-V3's config; SynthOptions::mtp writes its tensors.
@@ -200,6 +289,22 @@ std::vector<Preset> Presets() {
   tiny_gpt_oss["num_key_value_heads"] = 2;
   tiny_gpt_oss["head_dim"] = 16;
   tiny_gpt_oss["num_experts_per_tok"] = tiny_gpt_oss["experts_per_token"] = 2;
+  // The qwen3_next preset's tensors on a toy body (its loader's checks).
+  json tiny_next = Qwen3NextConfig();
+  for (const auto& [key, value] :
+       std::vector<std::pair<const char*, int>>{{"hidden_size", 64}, {"intermediate_size", 128},
+                                                {"num_attention_heads", 4}, {"head_dim", 16},
+                                                {"linear_key_head_dim", 16},
+                                                {"linear_value_head_dim", 16},
+                                                {"linear_num_key_heads", 2},
+                                                {"linear_num_value_heads", 4}, {"num_experts", 4},
+                                                {"num_experts_per_tok", 2},
+                                                {"moe_intermediate_size", 32},
+                                                {"shared_expert_intermediate_size", 32},
+                                                {"vocab_size", 512}, {"num_hidden_layers", 4},
+                                                {"max_position_embeddings", 1024}})
+    tiny_next[key] = value;
+  tiny_next["layer_types"].erase(tiny_next["layer_types"].begin() + 4, tiny_next["layer_types"].end());
   return {
       {"llama-3.2-1b", LlamaConfig(2048, 8192, 16, 32, 8, 64, true, 32.0), llama_gen},
       {"llama-3.2-3b", LlamaConfig(3072, 8192, 28, 24, 8, 128, true, 32.0), llama_gen},
@@ -213,6 +318,9 @@ std::vector<Preset> Presets() {
       {"gpt-oss-20b", GptOssConfig(24, 32), gpt_oss_gen},
       {"gpt-oss-120b", GptOssConfig(36, 128), gpt_oss_gen},
       {"tiny-gpt-oss", tiny_gpt_oss, gpt_oss_gen},
+      {"qwen3-next-80b-a3b", Qwen3NextConfig(), qwen_gen},
+      {"deepseek-v3", DeepseekV3Config(), json{{"bos_token_id", 0}, {"eos_token_id", 1}}},
+      {"tiny-qwen3-next", tiny_next, json{{"bos_token_id", 1}, {"eos_token_id", 2}}},
       {"tiny-deepseek-v3", DeepseekConfig(256, 512, 4, 8, 16, 4, 128, 4096),
        json{{"bos_token_id", 0}, {"eos_token_id", 1}}},
   };
@@ -230,6 +338,51 @@ struct TensorSpec {
     return n;
   }
 };
+
+// One expert set's matrices (mlp.experts.E.*) and a dense MLP's (`prefix` + {gate,up,down}_proj).
+void AddMlp(std::vector<TensorSpec>& t, const std::string& prefix, int64_t inter, int64_t d) {
+  t.push_back({prefix + "gate_proj.weight", {inter, d}});
+  t.push_back({prefix + "up_proj.weight", {inter, d}});
+  t.push_back({prefix + "down_proj.weight", {d, inter}});
+}
+void AddExperts(std::vector<TensorSpec>& t, const std::string& p, int64_t experts, int64_t inter,
+                int64_t d) {
+  t.push_back({p + "mlp.gate.weight", {experts, d}});
+  for (int64_t e = 0; e < experts; ++e)
+    AddMlp(t, p + "mlp.experts." + std::to_string(e) + ".", inter, d);
+}
+
+// qwen3_next's layer l (model.cc's LoadLinearAttention / LoadGatedQuery / LoadSharedExpert).
+void AddQwen3NextLayer(std::vector<TensorSpec>& t, const json& c, int64_t l) {
+  const int64_t d = c["hidden_size"], heads = c["num_attention_heads"];
+  const int64_t kv = c["num_key_value_heads"], hd = c["head_dim"];
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  t.push_back({p + "input_layernorm.weight", {d}, true});
+  t.push_back({p + "post_attention_layernorm.weight", {d}, true});
+  if (c["layer_types"][static_cast<size_t>(l)] == "linear_attention") {
+    const int64_t kh = c["linear_num_key_heads"], vh = c["linear_num_value_heads"];
+    const int64_t dk = c["linear_key_head_dim"], dv = c["linear_value_head_dim"];
+    const int64_t kernel = c["linear_conv_kernel_dim"], conv = 2 * kh * dk + vh * dv;
+    const std::string a = p + "linear_attn.";
+    t.push_back({a + "in_proj_qkvz.weight", {2 * kh * dk + 2 * vh * dv, d}});
+    t.push_back({a + "in_proj_ba.weight", {2 * vh, d}});
+    t.push_back({a + "conv1d.weight", {conv, 1, kernel}});
+    t.push_back({a + "A_log", {vh}});
+    t.push_back({a + "dt_bias", {vh}});
+    t.push_back({a + "norm.weight", {dv}, true});
+    t.push_back({a + "out_proj.weight", {d, vh * dv}});
+  } else {
+    t.push_back({p + "self_attn.q_proj.weight", {2 * heads * hd, d}});
+    t.push_back({p + "self_attn.k_proj.weight", {kv * hd, d}});
+    t.push_back({p + "self_attn.v_proj.weight", {kv * hd, d}});
+    t.push_back({p + "self_attn.o_proj.weight", {d, heads * hd}});
+    t.push_back({p + "self_attn.q_norm.weight", {hd}, true});
+    t.push_back({p + "self_attn.k_norm.weight", {hd}, true});
+  }
+  AddExperts(t, p, c["num_experts"], c["moe_intermediate_size"], d);
+  AddMlp(t, p + "mlp.shared_expert.", c["shared_expert_intermediate_size"], d);
+  t.push_back({p + "mlp.shared_expert_gate.weight", {1, d}});
+}
 
 // One deepseek_v3 decoder layer's tensors under prefix p (MLA; a mixture of experts unless dense).
 void AddDeepseekLayer(const json& c, const std::string& p, bool dense, std::vector<TensorSpec>* t) {
@@ -293,6 +446,10 @@ std::vector<TensorSpec> TensorsOf(const json& c, bool mtp) {
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {vocab, d}});
   for (int64_t l = 0; l < layers; ++l) {
+    if (c["model_type"] == "qwen3_next") {
+      AddQwen3NextLayer(t, c, l);
+      continue;
+    }
     const std::string p = "model.layers." + std::to_string(l) + ".";
     t.push_back({p + "input_layernorm.weight", {d}, true});
     t.push_back({p + "self_attn.q_proj.weight", {heads * hd, d}});

@@ -83,6 +83,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options, RuntimeS
 }
 
 CudaBackend::~CudaBackend() {
+  LoraSendStaged();
   recorder_.Flush(false);
   SyncAllStreams();
   if (!switches_.profile_out.empty()) AppendOpProfile(switches_.profile_out);
@@ -198,6 +199,10 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   kv_block_size_ = block_size;
   kv_heads_ = num_kv_heads;
   kv_head_dim_ = head_dim;
+  return AllocatePool(num_layers, num_blocks, 2);
+}
+
+Status CudaBackend::AllocatePool(int32_t num_layers, int32_t num_blocks, int32_t tensors) {
   size_t bytes = 0;
   kv_layer_offset_.clear();
   for (int32_t l = 0; l < num_layers; ++l) {
@@ -205,7 +210,8 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
     // block sizes), and the kernels' 16-byte copies need aligned tensors.
     bytes = (bytes + 255) / 256 * 256;
     kv_layer_offset_.push_back(bytes);
-    bytes += 2 * static_cast<size_t>(KvLayerBlockBytes(l)) * static_cast<size_t>(num_blocks);
+    bytes += static_cast<size_t>(tensors) * static_cast<size_t>(KvLayerBlockBytes(l)) *
+             static_cast<size_t>(num_blocks);
   }
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -216,13 +222,14 @@ Status CudaBackend::AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32
   CUDA_CHECK(cudaMemsetAsync(kv_pool_.data(), 0, bytes, stream_.get()));
   kv_layers_ = num_layers;
   kv_blocks_ = num_blocks;
+  kv_tensors_ = tensors;
   return Status::Ok();
 }
 
 int64_t CudaBackend::KvBlockBytes() const {
   if (kv_pool_.data() == nullptr) return 0;
   int64_t bytes = 0;
-  for (int32_t l = 0; l < kv_layers_; ++l) bytes += 2 * KvLayerBlockBytes(l);
+  for (int32_t l = 0; l < kv_layers_; ++l) bytes += kv_tensors_ * KvLayerBlockBytes(l);
   return bytes;
 }
 
@@ -231,34 +238,16 @@ Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) 
   CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
   CHECK_EQ(static_cast<int64_t>(out.size()), KvBlockBytes());
   Flush();
+  SendKvUploads();  // a staged upload may be this block's content
   size_t at = 0;
-  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {  // layer-major, K then V
-    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
-    const size_t device = kv_layer_offset_[static_cast<size_t>(t / 2)] +
-                          n * (static_cast<size_t>(t % 2) * kv_blocks_ + block_id);
+  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // layer-major, K then V
+    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / kv_tensors_));
+    const size_t device = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
+                          n * (static_cast<size_t>(t % kv_tensors_) * kv_blocks_ + block_id);
     CUDA_CHECK(cudaMemcpyAsync(out.data() + at, kv_pool_.as<unsigned char>() + device, n,
                                cudaMemcpyDeviceToHost, stream_.get()));
     at += n;
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  return Status::Ok();
-}
-
-Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
-  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
-  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
-  CHECK_EQ(static_cast<int64_t>(in.size()), KvBlockBytes());
-  Flush();
-  size_t at = 0;
-  for (int32_t t = 0; t < 2 * kv_layers_; ++t) {
-    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / 2));
-    const size_t device = kv_layer_offset_[static_cast<size_t>(t / 2)] +
-                          n * (static_cast<size_t>(t % 2) * kv_blocks_ + block_id);
-    CUDA_CHECK(cudaMemcpyAsync(kv_pool_.as<unsigned char>() + device, in.data() + at, n,
-                               cudaMemcpyHostToDevice, stream_.get()));
-    at += n;
-  }
-  // `in` is pageable and reused by the caller: wait until the copies have read it.
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
 }

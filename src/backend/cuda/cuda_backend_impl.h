@@ -2,12 +2,14 @@
 // Its member functions are defined by concern: cuda_backend.cc (lifetime, weights, KV pool, rope
 // tables, the step arena, the op profile), cuda_step_io.cc (the plan's upload, staging, ids and
 // logits back to the host), cuda_matmul.cc (MatMul, MatMulGroup, GateUpActivation),
-// cuda_lora.cc (LoRA slots and LoraDelta),
+// cuda_lora.cc (LoRA slots and LoraDelta), cuda_kv_upload.cc (the prompt cache's staged block
+// uploads),
 // cuda_attention.cc (Rope, WriteKv, Attention and their fused forms), cuda_pointwise.cc (embedding,
 // norms, activations, elementwise ops), cuda_moe.cc (MoeMlp). Every op CHECKs its shapes and
 // records its launch (StepRecorder) with every value it depends on as the graph key; nothing
-// reaches the GPU before Flush() but LoraDelta's segment descriptors (copied into the step arena
-// as the op is recorded, ahead of the step's launches on the stream). Not thread-safe: one thread drives a backend.
+// reaches the GPU before Flush() (LoraDelta's row tables are staged on the host as the op is
+// recorded and copied by Flush, in one upload ahead of the launches). Not thread-safe: one thread
+// drives a backend.
 #pragma once
 
 #include <cublas_v2.h>
@@ -30,6 +32,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_block_upload.h"
 #include "backend/cuda/lora.h"
 #include "backend/cuda/runtime_switches.h"
 #include "backend/cuda/step_recorder.h"
@@ -173,6 +176,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_.get(); }
   // Enqueues every recorded op (the host-visible sync points call this first).
   void Flush() {
+    LoraSendStaged();  // the recorded LoraDelta ops' tables, ahead of their launches
     recorder_.Flush(use_graphs_ && max_query_len_ <= 1);
     gemv_next_.clear();  // the flushed launches are gone: a later GEMV is nobody's prefetch
   }
@@ -195,8 +199,11 @@ class CudaBackend final : public Backend {
   Status SetKvFormat(const KvFormat& format, int32_t head_dim) override;
   int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override;
   std::string KvFormatText(int32_t head_dim) const override;
-  // Block copies for the prompt cache: one cudaMemcpyAsync per layer's K and V on the step
-  // stream (after the recorded ops are flushed), then a wait for the stream.
+  // Block copies for the prompt cache. To the host: one cudaMemcpyAsync per layer's K and V on
+  // the step stream (after the recorded ops and the staged uploads), then a wait for the stream.
+  // From the host (cuda_kv_upload.cc): the record is staged in page-locked memory and returns at
+  // once; the staged records go to the GPU as one copy and one scatter kernel when a staging half
+  // fills, and before anything reads the pool (BeginStep, CopyKvBlockToHost).
   int64_t KvBlockBytes() const override;
   Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override;
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override;
@@ -261,6 +268,26 @@ class CudaBackend final : public Backend {
   void MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out) override;
   bool TakesMxfp4Experts() const override { return !f32_compute_; }
 
+  // ---- recurrent layers (cuda_recurrent.cc; recurrent.cu): state slots in one device buffer ----
+  std::string RecurrentUnsupported() const override { return ""; }
+  Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override;
+  Status CopyStateSlot(int32_t src, int32_t dst) override;
+  Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) override;
+  Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) override;
+  Status CheckStateSlotCopy(int32_t slot, size_t bytes) const;
+  Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
+  Status GatedDeltaRule(const GatedDeltaParams& params, const Tensor& qkv, const Tensor& ba,
+                        Tensor out) override;
+  Status SigmoidGateMul(Tensor x, const Tensor& gate) override;
+
+  // ---- multi-head latent attention (cuda_mla.cc; mla_attention.cu): the latent pool is the KV
+  // pool with one f32 tensor per layer of [block_size, 1, latent + rope dims] rows ----
+  Status AllocateLatentKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
+                              int32_t width) override;
+  bool TakesMla() const override { return true; }
+  void MlaAttention(int32_t rope_id, const MlaParams& params, Tensor q, const Tensor& c,
+                    const Tensor& k_rope, Tensor out) override;
+
  private:
   // ---- the step workspace (cuda_backend.cc) ----
   void* ArenaAlloc(size_t bytes);
@@ -289,6 +316,15 @@ class CudaBackend final : public Backend {
   int64_t CheckMatMul(const Tensor& x, const Tensor& weight, const Tensor* bias,
                       const Tensor& out) const;
   void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
+
+  // ---- LoRA (cuda_lora.cc) ----
+  // The slot whose storage holds `p` (a matrix UploadLoraSlot made); `hint` is tried first.
+  int32_t LoraSlotOf(const void* p, int32_t hint) const;
+  // Appends `bytes` to the step's staged LoRA tables; returns their device address (valid for
+  // the step; the bytes reach it at the next Flush, ahead of the launches recorded before it).
+  void* LoraStage(const void* src, size_t bytes);
+  void LoraSendStaged();
+  void RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, bool x_vec, bool w_vec);
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
@@ -321,6 +357,10 @@ class CudaBackend final : public Backend {
   void AttentionInvariantLaunch(const AttentionCall& call, const PlanView& plan,
                                 int32_t max_query_len, int32_t splits, float* partials);
   void AttentionF32(const AttentionParams& params, const AttentionCall& call);
+
+  // The pool's geometry once kv_dtypes_ and the layer count are set: kv_layer_offset_ for
+  // `tensors` tensors per layer (2: K and V; 1: the latent pool), then the zeroed allocation.
+  Status AllocatePool(int32_t num_layers, int32_t num_blocks, int32_t tensors);
 
   // ---- mixture of experts (cuda_moe.cc) ----
   // Whether MoeMlp runs the experts on tensor cores (moe.cu): in the bf16 mode, with
@@ -402,6 +442,11 @@ class CudaBackend final : public Backend {
   bool kv_rotate_int4_ = true;      // (KvFormatText's; no int4 layer is taken)
   std::vector<size_t> kv_layer_offset_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
+  int32_t kv_tensors_ = 2;  // per layer: K and V; 1 for the latent pool (AllocateLatentKvPool)
+  // Recurrent state slots (AllocateStateSlots): [state_slots_, state_floats_] f32.
+  DeviceBuffer state_;
+  int32_t state_slots_ = 0;
+  int64_t state_floats_ = 0;
   // MoeMlp: per expert set (keyed by its first gate weight) the device arrays of the experts'
   // gate, up and down pointers (then scale and bias pointers), uploaded at its first use.
   std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
@@ -411,11 +456,44 @@ class CudaBackend final : public Backend {
   size_t moe_scratch_bytes_ = 0;
   unsigned char* moe_scratch_ = nullptr;
 
+  // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
+  // Sends the current half's staged records (one copy, one ScatterKvBlocks) and switches halves.
+  void SendKvUploads();
+  // Two page-locked halves, each up to kv_upload_capacity_ records of kv_upload_record_bytes_,
+  // then their block ids and the pool's segment table; `sent` is recorded behind the half's
+  // scatter, so the half is refilled only once the GPU has read it.
+  struct KvUploadHalf {
+    PinnedBytes bytes;
+    std::vector<int32_t> blocks;  // staged block ids, in record order
+    Event sent;
+  };
+  std::array<KvUploadHalf, 2> kv_upload_;
+  int kv_upload_half_ = 0;
+  size_t kv_upload_record_bytes_ = 0, kv_upload_capacity_ = 0;
+  DeviceBuffer kv_upload_device_;           // one half's bytes (the halves take turns, in order)
+  std::vector<int32_t> kv_upload_index_;    // by block id: 1 + its record in the current half
+
   // ---- LoRA adapters ----
-  std::vector<DeviceBuffer> lora_slots_;        // by LoraSet slot: its matrices (UploadLoraSlot)
-  std::vector<LoraSegmentDesc> lora_descs_;     // LoraDelta's descriptors being uploaded
-  std::vector<uint64_t> lora_key_;              // LoraDelta's graph key
-  // LoraDelta's t [rows, max_rank] f32: one arena region per step, shared by its calls.
+  std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)
+  int32_t lora_rank_cap_ = 0;             // the largest rank a LoraDelta has seen (grids, t)
+  // LoraDelta's tables for one call: row -> slot (-1 none) and per slot its LoraEntry.
+  std::vector<int32_t> lora_rows_;
+  std::vector<LoraEntry> lora_entries_;
+  std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
+  // The step's staged tables: an arena region (lora_stage_dev_) and its host image; LoraStage
+  // appends, LoraSendStaged (Flush) uploads what was appended since. The region is sized from
+  // the largest step so far (a power of two), so a step of the same shape stages at the same
+  // addresses.
+  uint64_t lora_stage_step_ = 0;
+  unsigned char* lora_stage_dev_ = nullptr;
+  std::vector<unsigned char> lora_stage_host_;
+  size_t lora_stage_cap_ = 0, lora_stage_used_ = 0, lora_stage_sent_ = 0;
+  size_t lora_stage_total_ = 0, lora_stage_hint_ = 0;
+  // The last row table staged this step (a call with the same rows reuses it).
+  std::vector<int32_t> lora_last_rows_;
+  const int32_t* lora_last_rows_dev_ = nullptr;
+  std::vector<uint64_t> lora_key_;  // LoraDelta's graph key
+  // LoraDelta's t [rows, lora_rank_cap_] f32: one arena region per step, shared by its calls.
   uint64_t lora_t_step_ = 0;
   size_t lora_t_bytes_ = 0;
   float* lora_t_ = nullptr;
@@ -429,6 +507,7 @@ class CudaBackend final : public Backend {
   PlanView plan_;
   int32_t max_query_len_ = 0;
   int32_t max_context_len_ = 0;
+  bool state_slots_shared_ = false;  // two of the step's sequences share a state slot
   std::vector<int32_t> query_lens_;  // the step's rows per sequence (host copy of the plan's)
   bool in_step_ = false;
   uint64_t steps_begun_ = 0;

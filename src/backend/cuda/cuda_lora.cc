@@ -1,13 +1,17 @@
 // CudaBackend's LoRA adapters: the slots' device storage (UploadLoraSlot: one buffer per slot,
-// reused in place, grown when a larger adapter comes) and LoraDelta (lora.cu's shrink and expand
-// over every segment of the call, their descriptors uploaded into the step arena).
+// reused in place, grown when a larger adapter comes) and LoraDelta (lora.cu's BGMV-style shrink
+// and expand over every row of the call).
 //
-// Decode graphs: the descriptors are copied into the arena at record time (behind the previous
-// step on the stream, ahead of this step's launches) and the launch reads them from there; the
-// op's graph key holds the descriptors' address and every descriptor word, so a graph replays
-// only a step with the same segments (the same adapters' matrices over the same rows), and a
-// step whose segments changed captures its own graph (the recorder's LRU of 128 graphs).
+// Tables, not segments: each call turns its segments into a row table (row -> LoRA slot, -1 for
+// rows in no segment) and an entry table (per slot, that slot's a, b and rank for this
+// projection; rank 0 for slots with no segment in this call). Both are staged on the host into
+// one arena region per step and uploaded by Flush in a single copy ahead of the step's launches
+// (a call whose row table equals the previous call's reuses it: one row table per step in the
+// usual case). The op's graph key holds the tables' addresses, the shapes and the rank cap, never
+// their contents: a decode step of the same shape replays its graph whatever mix of adapters
+// its rows use, and a new mix costs no capture.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -20,6 +24,7 @@ namespace ember::cuda {
 namespace {
 
 size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -71,19 +76,69 @@ Result<std::vector<Tensor>> CudaBackend::UploadLoraSlot(int32_t slot,
   return tensors;
 }
 
+int32_t CudaBackend::LoraSlotOf(const void* p, int32_t hint) const {
+  auto holds = [&](int32_t slot) {
+    const DeviceBuffer& b = lora_slots_[static_cast<size_t>(slot)];
+    const auto* base = static_cast<const unsigned char*>(b.data());
+    const auto* q = static_cast<const unsigned char*>(p);
+    return base != nullptr && q >= base && q < base + b.bytes();
+  };
+  const int32_t slots = static_cast<int32_t>(lora_slots_.size());
+  if (hint >= 0 && hint < slots && holds(hint)) return hint;
+  for (int32_t s = 0; s < slots; ++s)
+    if (holds(s)) return s;
+  CHECK(false) << "LoraDelta: a matrix that no UploadLoraSlot made";
+  return -1;
+}
+
+void* CudaBackend::LoraStage(const void* src, size_t bytes) {
+  const size_t padded = (bytes + 15) / 16 * 16;
+  if (lora_stage_step_ != steps_begun_) {  // the step's first table
+    lora_stage_step_ = steps_begun_;
+    lora_stage_dev_ = nullptr;
+    lora_stage_cap_ = lora_stage_used_ = lora_stage_sent_ = lora_stage_total_ = 0;
+    lora_last_rows_dev_ = nullptr;
+  }
+  if (lora_stage_used_ + padded > lora_stage_cap_) {
+    LoraSendStaged();
+    // A power of two: a new largest step moves the later arena addresses (and so the decode
+    // graphs' keys) only when it doubles the region.
+    lora_stage_cap_ =
+        std::bit_ceil(std::max({padded, 2 * lora_stage_cap_, lora_stage_hint_, size_t{4096}}));
+    lora_stage_dev_ = static_cast<unsigned char*>(ArenaAlloc(lora_stage_cap_));
+    lora_stage_host_.resize(lora_stage_cap_);
+    lora_stage_used_ = lora_stage_sent_ = 0;
+  }
+  std::memcpy(lora_stage_host_.data() + lora_stage_used_, src, bytes);
+  void* dev = lora_stage_dev_ + lora_stage_used_;
+  lora_stage_used_ += padded;
+  lora_stage_total_ += padded;
+  lora_stage_hint_ = std::max(lora_stage_hint_, lora_stage_total_);
+  return dev;
+}
+
+void CudaBackend::LoraSendStaged() {
+  if (lora_stage_dev_ == nullptr || lora_stage_used_ == lora_stage_sent_) return;
+  Upload(lora_stage_dev_ + lora_stage_sent_, lora_stage_host_.data() + lora_stage_sent_,
+         lora_stage_used_ - lora_stage_sent_);
+  lora_stage_sent_ = lora_stage_used_;
+}
+
 void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
   if (segments.empty()) return;
   CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
   CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
   CHECK_EQ(x.rows(), out.rows());
-  const int64_t k = x.cols(), m = out.cols();
+  const int64_t n = x.rows(), k = x.cols(), m = out.cols();
   const DType wdtype = segments[0].a->dtype;
   CHECK(wdtype == DType::kF32 || wdtype == DType::kBF16) << DTypeName(wdtype);
-  lora_descs_.clear();
-  int32_t max_rows = 0, max_rank = 0;
-  for (const LoraSegment& seg : segments) {
-    CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= x.rows() && seg.a &&
-          seg.b);
+  lora_rows_.assign(static_cast<size_t>(n), -1);
+  lora_entries_.assign(lora_slots_.size(), LoraEntry{});
+  if (lora_seg_slot_.size() < segments.size()) lora_seg_slot_.resize(segments.size(), -1);
+  bool x_vec = k % 8 == 0 && Aligned16(x.data), w_vec = true;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const LoraSegment& seg = segments[i];
+    CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= n && seg.a && seg.b);
     const int64_t rank = seg.a->dim(0);
     CHECK(seg.a->ndim == 2 && seg.b->ndim == 2 && seg.a->dim(1) == k && seg.b->dim(0) == m &&
           seg.b->dim(1) == rank)
@@ -91,47 +146,64 @@ void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segmen
         << " out " << ShapeString(out);
     CHECK(seg.a->dtype == wdtype && seg.b->dtype == wdtype);
     CHECK(rank >= 1 && rank <= kMaxLoraKernelRank) << rank;
-    lora_descs_.push_back(LoraSegmentDesc{seg.a->data, seg.b->data,
-                                          static_cast<int32_t>(seg.first_row),
-                                          static_cast<int32_t>(seg.rows),
-                                          static_cast<int32_t>(rank), 0});
-    max_rows = std::max(max_rows, static_cast<int32_t>(seg.rows));
-    max_rank = std::max(max_rank, static_cast<int32_t>(rank));
+    const int32_t slot = LoraSlotOf(seg.a->data, lora_seg_slot_[i]);
+    lora_seg_slot_[i] = slot;
+    LoraEntry& entry = lora_entries_[static_cast<size_t>(slot)];
+    CHECK(entry.rank == 0 || entry.a == seg.a->data) << "LoraDelta: two adapters in slot " << slot;
+    entry = LoraEntry{seg.a->data, seg.b->data, static_cast<int32_t>(rank), 0};
+    for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
+      CHECK_EQ(lora_rows_[static_cast<size_t>(r)], -1) << "LoraDelta: segments overlap at row " << r;
+      lora_rows_[static_cast<size_t>(r)] = slot;
+    }
+    x_vec = x_vec && Aligned16(seg.a->data);
+    w_vec = w_vec && Aligned16(seg.b->data);
+    lora_rank_cap_ = std::max(lora_rank_cap_, static_cast<int32_t>(rank));
   }
-  const size_t desc_bytes = lora_descs_.size() * sizeof(LoraSegmentDesc);
-  void* descs = ArenaAlloc(desc_bytes);
-  Upload(descs, lora_descs_.data(), desc_bytes);
+  RecordLoraDelta(x, out, wdtype, x_vec, w_vec);
+}
+
+// Stages the call's tables (lora_rows_, lora_entries_) and records its launches.
+void CudaBackend::RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, bool x_vec,
+                                  bool w_vec) {
+  const int64_t n = x.rows();
   LoraDeltaArgs args;
-  args.segments = static_cast<const LoraSegmentDesc*>(descs);
-  args.num_segments = static_cast<int32_t>(lora_descs_.size());
-  args.max_rows = max_rows;
-  args.max_rank = max_rank;
+  if (lora_stage_step_ != steps_begun_ || lora_last_rows_dev_ == nullptr ||
+      lora_last_rows_ != lora_rows_) {
+    args.row_entry = static_cast<const int32_t*>(
+        LoraStage(lora_rows_.data(), lora_rows_.size() * sizeof(int32_t)));
+    lora_last_rows_ = lora_rows_;
+    lora_last_rows_dev_ = args.row_entry;
+  } else {
+    args.row_entry = lora_last_rows_dev_;
+  }
+  args.entries = static_cast<const LoraEntry*>(
+      LoraStage(lora_entries_.data(), lora_entries_.size() * sizeof(LoraEntry)));
+  args.n = static_cast<int32_t>(n);
+  args.rank_cap = lora_rank_cap_;
   args.x = x.data;
   args.x_bf16 = x.dtype == DType::kBF16;
-  args.k = k;
+  args.k = x.cols();
   args.out = out.data;
   args.out_bf16 = out.dtype == DType::kBF16;
-  args.m = m;
+  args.m = out.cols();
   args.w_bf16 = wdtype == DType::kBF16;
+  args.x_vec = x_vec;
+  args.w_vec = w_vec;
   // t: one arena region per step, shared by the step's LoraDelta calls (each call's expand has
   // read its t before the next call's shrink writes it, in stream order), grown when a call
   // needs more.
-  const size_t t_bytes = static_cast<size_t>(x.rows()) * static_cast<size_t>(max_rank) * 4;
+  const size_t t_bytes = static_cast<size_t>(n) * static_cast<size_t>(lora_rank_cap_) * 4;
   if (lora_t_step_ != steps_begun_ || lora_t_bytes_ < t_bytes) {
     lora_t_ = static_cast<float*>(ArenaAlloc(t_bytes));
     lora_t_bytes_ = t_bytes;
     lora_t_step_ = steps_begun_;
   }
   args.t = lora_t_;
-  lora_key_.assign({KeyOf(descs), U(args.num_segments), U(max_rows),
-                    U(max_rank), KeyOf(x.data), U(args.x_bf16), U(k), KeyOf(out.data),
-                    U(args.out_bf16), U(m), U(args.w_bf16), KeyOf(args.t)});
-  for (const LoraSegmentDesc& d : lora_descs_) {
-    lora_key_.push_back(KeyOf(d.a));
-    lora_key_.push_back(KeyOf(d.b));
-    lora_key_.push_back(U(d.first_row) << 32 | U(d.rows));
-    lora_key_.push_back(U(d.rank));
-  }
+  // The tables' addresses, not their contents: a replay reads what this step staged there.
+  lora_key_.assign({KeyOf(args.row_entry), KeyOf(args.entries), U(lora_entries_.size()),
+                    U(args.n), U(args.rank_cap), KeyOf(x.data), U(args.x_bf16), U(args.k),
+                    KeyOf(out.data), U(args.out_bf16), U(args.m), U(args.w_bf16),
+                    U(args.x_vec) << 1 | U(args.w_vec), KeyOf(args.t)});
   recorder_.Record(OpKind::kLoraDelta, lora_key_,
                    [args](cudaStream_t st) { LaunchLoraDelta(args, st); });
 }

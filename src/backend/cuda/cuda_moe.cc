@@ -100,7 +100,23 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   a.inter = inter;
   a.num_experts = num_experts;
   a.top_k = experts.top_k;
-  a.normalize = experts.normalize;
+  a.route.normalize = experts.normalize;
+  if (experts.routing == MoeRouting::kSigmoidGrouped) {
+    CHECK(experts.score_bias && experts.score_bias->dtype == DType::kF32 &&
+          experts.score_bias->numel() == num_experts)
+        << "grouped routing needs a float32 score bias of " << num_experts;
+    CHECK(experts.groups >= 1 && experts.groups <= 64 && num_experts % experts.groups == 0 &&
+          num_experts / experts.groups >= 2 && experts.top_groups >= 1 &&
+          experts.top_groups <= experts.groups)
+        << num_experts << " experts in " << experts.groups << " groups, " << experts.top_groups
+        << " kept";
+    CHECK(!experts.router_bias) << "grouped routing with a router bias";
+    a.route.grouped = true;
+    a.router_bias = static_cast<const float*>(experts.score_bias->data);  // MoeRouteSpec
+    a.route.groups = static_cast<int16_t>(experts.groups);
+    a.route.top_groups = static_cast<int16_t>(experts.top_groups);
+    a.route.scale = experts.scale;
+  }
   a.max_tiles = MoeMaxTiles(rows, experts.top_k, num_experts);
   MoeScratch(a, rows, d, inter);
   a.out = static_cast<float*>(out.data);
@@ -109,7 +125,8 @@ void CudaBackend::MoeMlp(const Tensor& x, const MoeExperts& experts, Tensor out)
   recorder_.Record(
       OpKind::kMoeMlp,
       {KeyOf(a.router), KeyOf(a.x), KeyOf(a.logits), KeyOf(ptrs), weights_kind, U(rows), U(d),
-       U(inter), U(num_experts), U(a.top_k), U(a.normalize), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out),
+       U(inter), U(num_experts), U(a.top_k), U(a.route.normalize), U(a.route.grouped),
+       U(a.route.groups), U(a.route.top_groups), KeyOf(a.route.scale), KeyOf(a.ids), KeyOf(a.y), KeyOf(a.out),
        KeyOf(a.router_bias), KeyOf(a.gate_bias), U(a.clamped_swiglu), KeyOf(a.swiglu_limit),
        KeyOf(a.swiglu_alpha)},
       [=](cudaStream_t st) { LaunchMoeMlp(a, st); });

@@ -23,6 +23,7 @@ struct PlanView {
   const int32_t* logits_rows = nullptr;   // [num_logits_rows]
   // The ids the previous step made, by logits row: a token id -1 - r reads fed_ids[r].
   const int32_t* fed_ids = nullptr;
+  const int32_t* state_slots = nullptr;   // [num_seqs] SequenceSlice::state_slot
   int32_t num_tokens = 0;
   int32_t num_seqs = 0;
   int32_t num_logits_rows = 0;
@@ -98,7 +99,7 @@ bool GemvGatedFused(int64_t m, int64_t k);
 // num_experts f32 vector pointers ([inter], [inter], [d]; all three or none). The scratch buffers
 // are sized by MoeMaxTiles and the row count; everything stays on the device (graph-capturable).
 constexpr int kMoeTileRows = 4;               // pairs (row, expert) per tile
-constexpr int kMoeMaxSmem = 96 << 10;         // bytes of staged rows per block
+constexpr int kMoeMaxSmem = 128 << 10;  // bytes of staged rows per block (d up to 8,192: DeepSeek-V3)
 constexpr int kMoeMaxExperts = 32 * 32;       // the route kernel's per-lane masks cover 32 each
 constexpr int kMoeMaxTopK = 32;
 // The default mode's choice of the experts' kernels for a step of `pairs` (row, expert) pairs:
@@ -108,13 +109,25 @@ constexpr int kMoeMaxTopK = 32;
 inline bool MoeMmaPays(int64_t pairs, int32_t num_experts, bool mxfp4) {
   return pairs >= (mxfp4 ? 2 : 1) * static_cast<int64_t>(num_experts);
 }
+// How MoeMlp's route kernel chooses and weights the experts of a row: MoeRoute (softmax, top k,
+// normalize), or with `grouped` MoeRouteGrouped (deepseek_v3: MoeArgs::router_bias is then the
+// score bias, added to the choice rather than the logits; `groups` groups of which top_groups
+// are kept, weights times scale; groups <= 64). backend/moe_route.h. Small: the launch closure
+// holds MoeArgs inline.
+struct MoeRouteSpec {
+  float scale = 1.0f;
+  int16_t groups = 1, top_groups = 1;
+  bool normalize = false;
+  bool grouped = false;
+};
+
 struct MoeArgs {
   const void* router = nullptr;   // [num_experts, d], bf16 or f32 as the experts
   const float* x = nullptr;       // [rows, d]
   const void* const* gate = nullptr;
   const void* const* up = nullptr;
   const void* const* down = nullptr;
-  const float* router_bias = nullptr;            // [num_experts] or null
+  const float* router_bias = nullptr;  // [num_experts] or null; grouped: the score bias
   const float* const* gate_bias = nullptr;       // [num_experts] pointers or null, as up/down
   const float* const* up_bias = nullptr;
   const float* const* down_bias = nullptr;
@@ -133,7 +146,7 @@ struct MoeArgs {
   const void* const* down_scales = nullptr;
   int64_t rows = 0, d = 0, inter = 0;
   int32_t num_experts = 0, top_k = 0;
-  bool normalize = false;
+  MoeRouteSpec route;
   int32_t max_tiles = 0;  // MoeMaxTiles(rows, top_k, num_experts)
   // Scratch: logits [rows, num_experts], [rows * top_k] each, tiles [3 * max_tiles], num_tiles
   // [1], act [rows * top_k, inter] (f32-sized), y [rows * top_k, d] (f32).
@@ -158,6 +171,56 @@ bool MoeByPair(int64_t pairs, int32_t num_experts);
 bool MoeSupported(int32_t num_experts, int32_t top_k, int64_t d, int64_t inter);
 void PrepareMoeKernels();  // once, before the first launch (not during a graph capture)
 void LaunchMoeMlp(const MoeArgs& args, cudaStream_t stream);
+
+// ---- recurrent.cu (qwen3_next's gated DeltaNet; Backend::CausalConv1dSilu, GatedDeltaRule) ----
+// State slots: [num_slots, slot_floats] f32; a sequence's slot is plan.state_slots[s]. A sequence
+// whose rows start at position 0 (context_len == query_len) starts from zeros. serial_seqs: the
+// plan's sequences share slots (padding rows) and are walked in plan order by one block column.
+constexpr int32_t kMaxConvKernel = 8;      // conv taps the conv kernel takes
+constexpr int32_t kMaxDeltaKeyDim = 256;   // k_head_dim the delta-rule kernel takes
+// x [num_tokens, channels] in place; weight [channels, kernel]; the window [kernel - 1,
+// channels] at state_offset of the slot.
+void LaunchCausalConv1dSilu(float* x, int64_t channels, const float* weight, int32_t kernel,
+                            float* state, int64_t slot_floats, int64_t state_offset,
+                            const PlanView& plan, bool serial_seqs, cudaStream_t stream);
+struct GatedDeltaArgs {
+  int32_t num_k_heads = 0, num_v_heads = 0, k_dim = 0, v_dim = 0;
+  const float* qkv = nullptr;      // [num_tokens, 2 * num_k_heads * k_dim + num_v_heads * v_dim]
+  const float* ba = nullptr;       // [num_tokens, 2 * num_v_heads]
+  const float* a_log = nullptr;    // [num_v_heads]
+  const float* dt_bias = nullptr;  // [num_v_heads]
+  float* state = nullptr;          // the slots
+  int64_t slot_floats = 0, state_offset = 0;  // the layer's [num_v_heads, k_dim, v_dim]
+  float* out = nullptr;            // [num_tokens, num_v_heads * v_dim]
+};
+void LaunchGatedDeltaRule(const GatedDeltaArgs& args, const PlanView& plan, bool serial_seqs,
+                          cudaStream_t stream);
+// x[r, j] *= sigmoid(gate[r, j / (cols / groups)]).   x [rows, cols], gate [rows, groups]
+void LaunchSigmoidGateMul(float* x, const float* gate, int64_t rows, int64_t cols, int64_t groups,
+                          cudaStream_t stream);
+
+// ---- mla_attention.cu (deepseek_v3; Backend::MlaAttention) ----
+// One layer's latent pool: [num_blocks * block_size, latent_dim + rope_dim] f32 rows.
+struct MlaArgs {
+  int32_t num_heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0, latent_dim = 0;
+  float scale = 1.0f;
+  bool rope_interleave = false;
+  const float* cos = nullptr;  // [max_positions, rope_dim / 2]
+  const float* sin = nullptr;
+  int32_t max_positions = 0;
+  float* q = nullptr;             // [num_tokens, num_heads, nope_dim + rope_dim], rotated in place
+  const float* c = nullptr;       // [num_tokens, latent_dim]
+  const float* k_rope = nullptr;  // [num_tokens, rope_dim]
+  const float* kv_b = nullptr;    // [num_heads * (nope_dim + v_dim), latent_dim]
+  float* pool = nullptr;
+  int64_t num_slots = 0;
+  float* out = nullptr;           // [num_tokens, num_heads * v_dim]
+};
+constexpr int32_t kMlaMaxLatent = 1024;  // latent_dim the attention kernel takes
+constexpr int32_t kMlaMaxRope = 128;     // rope_dim
+// Rotates, writes [c | k_rope] at plan.slot_mapping, then a block per (row, head) attends with
+// the up-projection absorbed (backend/cpu/mla_attention.h's order of terms).
+void LaunchMlaAttention(const MlaArgs& args, const PlanView& plan, cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale (token_ids[i] = -1 - r: plan.fed_ids[r]).

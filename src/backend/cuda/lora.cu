@@ -1,10 +1,11 @@
-// Backend::LoraDelta's kernels: every segment of one call in two launches, a shrink
-// t[rows, rank] = x[rows] A^T (BGMV-like: a block per rank index and tile of up to kShrinkRows
-// rows, k strided over its threads) and an expand out[rows] += t[rows] B^T (a thread per output
-// column and tile of up to kExpandRows rows, rank summed in order). The segments are read from a
-// device array (LoraSegmentDesc), so a captured graph replays whatever the array holds; blocks
-// past a segment's rows exit at once. Each output element is summed in one fixed order that
-// depends only on its row (batch-invariant), in float32.
+// Backend::LoraDelta's kernels, BGMV-style: every row gathers its own adapter through its entry
+// index (LoraDeltaArgs::row_entry, -1: no adapter), so one launch pair serves any mix of adapters
+// and a decode graph captured once replays for every mix. A shrink t[row, j] = x[row] . a[j]
+// (a block per tile of kShrinkRows rows and rank index j, k split over its 256 threads in chunks
+// of 8 elements, 16-byte loads) and an expand out[row] += t[row] b^T (a thread per output column
+// and tile of kExpandRows rows, rank summed in chunks of 8). Rows of a tile on the same adapter
+// share each weight chunk's load. Each output element is summed in one fixed order that depends
+// only on its row (batch-invariant), in float32; the vector and scalar loads sum alike.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -19,106 +20,174 @@
 namespace ember::cuda {
 namespace {
 
+constexpr int kChunk = 8;  // elements per load step (16 bytes of bf16)
 constexpr int kShrinkRows = 4;
-constexpr int kShrinkWarps = 8;
+constexpr int kShrinkThreads = 256;
+constexpr int kShrinkWarps = kShrinkThreads / 32;
 constexpr int kExpandRows = 8;
 constexpr int kExpandThreads = 256;
 
+// v[0, cnt) = p[c, c + cnt) widened to float (cnt <= kChunk); 16-byte loads when vec and the
+// chunk is whole (the caller guarantees the alignment).
 template <typename T>
-__device__ __forceinline__ float Load(const T* p, int64_t i) {
-  return LoadVec<float>(p, i);
+__device__ __forceinline__ void LoadChunk(const T* p, int64_t c, int cnt, bool vec,
+                                          float (&v)[kChunk]) {
+  if (vec && cnt == kChunk) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float4 lo = *reinterpret_cast<const float4*>(p + c);
+      const float4 hi = *reinterpret_cast<const float4*>(p + c + 4);
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+      v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    } else {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(h[q]);
+        v[2 * q] = f.x;
+        v[2 * q + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kChunk; ++q) v[q] = q < cnt ? LoadVec<float>(p, c + q) : 0.0f;
+  }
 }
 
-// t[row, j] = sum_k x[row, k] a[j, k] for rank index j = blockIdx.y and the rows
-// [r0, r0 + kShrinkRows) of segment blockIdx.z: k strided over the block's threads, then the
-// warps' sums added in warp order (a fixed order: batch-invariant).
+// t[row, j] for the rows [r0, r0 + kShrinkRows) and rank index j = blockIdx.y: each thread sums
+// its chunks (c = 8 * thread + 2048 * i) in order, then the warp butterfly, then the warps' sums
+// in warp order.
 template <typename XT, typename WT>
-__global__ void __launch_bounds__(kShrinkWarps * 32)
-    LoraShrinkKernel(const LoraSegmentDesc* segs, const XT* x, int64_t k, float* t,
-                     int32_t t_stride) {
+__global__ void __launch_bounds__(kShrinkThreads)
+    LoraShrinkKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t n, const XT* x,
+                     int64_t k, bool vec, float* t, int32_t t_stride) {
   __shared__ float partial[kShrinkWarps][kShrinkRows];
-  const LoraSegmentDesc seg = segs[blockIdx.z];
   const int32_t r0 = static_cast<int32_t>(blockIdx.x) * kShrinkRows;
   const int32_t j = static_cast<int32_t>(blockIdx.y);
-  if (r0 >= seg.rows || j >= seg.rank) return;
-  const int32_t nrows = min(kShrinkRows, seg.rows - r0);
-  const int64_t first = int64_t{seg.first_row} + r0;
-  const WT* a_row = static_cast<const WT*>(seg.a) + int64_t{j} * k;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float acc[kShrinkRows] = {};
-  for (int64_t c = threadIdx.x; c < k; c += kShrinkWarps * 32) {
-    const float w = Load(a_row, c);
+  const WT* a[kShrinkRows];
+  bool any = false;
 #pragma unroll
-    for (int i = 0; i < kShrinkRows; ++i)
-      if (i < nrows) acc[i] = fmaf(Load(x, (first + i) * k + c), w, acc[i]);
+  for (int i = 0; i < kShrinkRows; ++i) {
+    const int32_t e = r0 + i < n ? row_entry[r0 + i] : -1;
+    a[i] = nullptr;
+    if (e >= 0) {
+      const LoraEntry en = entries[e];
+      if (j < en.rank) a[i] = static_cast<const WT*>(en.a) + int64_t{j} * k;
+    }
+    any |= a[i] != nullptr;
   }
+  if (!any) return;  // the same for every thread of the block
+  float acc[kShrinkRows] = {};
+  for (int64_t c = int64_t{threadIdx.x} * kChunk; c < k; c += kShrinkThreads * kChunk) {
+    const int cnt = k - c < kChunk ? static_cast<int>(k - c) : kChunk;
+    float w[kChunk];
+    const WT* loaded = nullptr;
+#pragma unroll
+    for (int i = 0; i < kShrinkRows; ++i) {
+      if (a[i] == nullptr) continue;
+      if (a[i] != loaded) {
+        LoadChunk(a[i], c, cnt, vec, w);
+        loaded = a[i];
+      }
+      float xv[kChunk];
+      LoadChunk(x + int64_t{r0 + i} * k, c, cnt, vec, xv);
+#pragma unroll
+      for (int q = 0; q < kChunk; ++q)
+        if (q < cnt) acc[i] = fmaf(xv[q], w[q], acc[i]);
+    }
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int i = 0; i < kShrinkRows; ++i) {
     const float sum = WarpSum(acc[i]);
     if (lane == 0) partial[warp][i] = sum;
   }
   __syncthreads();
-  if (threadIdx.x < nrows) {
+#pragma unroll
+  for (int i = 0; i < kShrinkRows; ++i) {
+    if (threadIdx.x != static_cast<unsigned>(i) || a[i] == nullptr) continue;
     float sum = 0.0f;
-    for (int w = 0; w < kShrinkWarps; ++w) sum += partial[w][threadIdx.x];
-    t[(first + threadIdx.x) * t_stride + j] = sum;
+    for (int w = 0; w < kShrinkWarps; ++w) sum += partial[w][i];
+    t[int64_t{r0 + i} * t_stride + j] = sum;
   }
 }
 
-// out[row, col] += sum_j t[row, j] b[col, j] for the rows [r0, r0 + kExpandRows) of segment
-// blockIdx.z and the columns of block blockIdx.x.
+// out[row, col] += sum_j t[row, j] b[col, j] for the rows [r0, r0 + kExpandRows) (blockIdx.y)
+// and the columns of block blockIdx.x, j in increasing order.
 template <typename WT, typename OutT>
 __global__ void __launch_bounds__(kExpandThreads)
-    LoraExpandKernel(const LoraSegmentDesc* segs, const float* t, int32_t t_stride, OutT* out,
-                     int64_t m) {
+    LoraExpandKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t n,
+                     const float* t, int32_t t_stride, OutT* out, int64_t m, bool w_vec) {
   __shared__ float ts[kExpandRows][kMaxLoraKernelRank];
-  const LoraSegmentDesc seg = segs[blockIdx.z];
   const int32_t r0 = static_cast<int32_t>(blockIdx.y) * kExpandRows;
-  if (r0 >= seg.rows) return;
-  const int32_t nrows = min(kExpandRows, seg.rows - r0);
-  const int64_t first = int64_t{seg.first_row} + r0;
-  for (int idx = threadIdx.x; idx < nrows * seg.rank; idx += kExpandThreads) {
-    const int i = idx / seg.rank, j = idx % seg.rank;
-    ts[i][j] = t[(first + i) * t_stride + j];
+  const WT* b[kExpandRows];
+  int32_t rank[kExpandRows];
+  int32_t max_rank = 0;
+#pragma unroll
+  for (int i = 0; i < kExpandRows; ++i) {
+    const int32_t e = r0 + i < n ? row_entry[r0 + i] : -1;
+    b[i] = nullptr;
+    rank[i] = 0;
+    if (e >= 0) {
+      const LoraEntry en = entries[e];
+      b[i] = static_cast<const WT*>(en.b);
+      rank[i] = en.rank;
+    }
+    max_rank = max(max_rank, rank[i]);
   }
+  if (max_rank == 0) return;  // the same for every thread of the block
+#pragma unroll
+  for (int i = 0; i < kExpandRows; ++i)
+    for (int32_t j = threadIdx.x; j < rank[i]; j += kExpandThreads)
+      ts[i][j] = t[int64_t{r0 + i} * t_stride + j];
   __syncthreads();
   const int64_t col = int64_t{blockIdx.x} * kExpandThreads + threadIdx.x;
   if (col >= m) return;
-  const WT* b_row = static_cast<const WT*>(seg.b) + col * seg.rank;
   float acc[kExpandRows] = {};
-  for (int32_t j = 0; j < seg.rank; ++j) {
-    const float w = Load(b_row, j);
+  for (int32_t j0 = 0; j0 < max_rank; j0 += kChunk) {
+    float w[kChunk];
+    const WT* loaded = nullptr;
 #pragma unroll
-    for (int i = 0; i < kExpandRows; ++i)
-      if (i < nrows) acc[i] = fmaf(ts[i][j], w, acc[i]);
+    for (int i = 0; i < kExpandRows; ++i) {
+      if (j0 >= rank[i]) continue;
+      const int cnt = min(kChunk, rank[i] - j0);
+      const WT* row = b[i] + col * rank[i];
+      if (row != loaded) {
+        LoadChunk(row, j0, cnt, w_vec && rank[i] % kChunk == 0, w);
+        loaded = row;
+      }
+#pragma unroll
+      for (int q = 0; q < kChunk; ++q)
+        if (q < cnt) acc[i] = fmaf(ts[i][j0 + q], w[q], acc[i]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i) {
-    if (i >= nrows) break;
-    const int64_t e = (first + i) * m + col;
-    StoreVec<OutT, float>(out, e, Load(out, e) + acc[i]);
+    if (rank[i] == 0) continue;
+    const int64_t e = int64_t{r0 + i} * m + col;
+    StoreVec<OutT, float>(out, e, LoadVec<float>(out, e) + acc[i]);
   }
 }
 
 template <typename WT>
 void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
-  const dim3 shrink_grid((a.max_rows + kShrinkRows - 1) / kShrinkRows, a.max_rank,
-                         a.num_segments);
+  const dim3 shrink_grid((a.n + kShrinkRows - 1) / kShrinkRows, a.rank_cap);
   auto shrink = [&](auto* x) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-    LoraShrinkKernel<XT, WT>
-        <<<shrink_grid, kShrinkWarps * 32, 0, stream>>>(a.segments, x, a.k, a.t, a.max_rank);
+    LoraShrinkKernel<XT, WT><<<shrink_grid, kShrinkThreads, 0, stream>>>(
+        a.row_entry, a.entries, a.n, x, a.k, a.x_vec, a.t, a.rank_cap);
   };
   DispatchIn(a.x, a.x_bf16, shrink);
   CUDA_CHECK_LAUNCH();
   const dim3 expand_grid(static_cast<unsigned>((a.m + kExpandThreads - 1) / kExpandThreads),
-                         (a.max_rows + kExpandRows - 1) / kExpandRows, a.num_segments);
+                         (a.n + kExpandRows - 1) / kExpandRows);
   if (a.out_bf16) {
     LoraExpandKernel<WT, __nv_bfloat16><<<expand_grid, kExpandThreads, 0, stream>>>(
-        a.segments, a.t, a.max_rank, static_cast<__nv_bfloat16*>(a.out), a.m);
+        a.row_entry, a.entries, a.n, a.t, a.rank_cap, static_cast<__nv_bfloat16*>(a.out), a.m,
+        a.w_vec);
   } else {
     LoraExpandKernel<WT, float><<<expand_grid, kExpandThreads, 0, stream>>>(
-        a.segments, a.t, a.max_rank, static_cast<float*>(a.out), a.m);
+        a.row_entry, a.entries, a.n, a.t, a.rank_cap, static_cast<float*>(a.out), a.m, a.w_vec);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -126,7 +195,7 @@ void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
 }  // namespace
 
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream) {
-  if (args.num_segments == 0 || args.max_rows == 0) return;
+  if (args.n == 0 || args.rank_cap == 0) return;
   if (args.w_bf16)
     LaunchTyped<__nv_bfloat16>(args, stream);
   else

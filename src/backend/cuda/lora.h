@@ -1,5 +1,5 @@
-// lora.cu's launcher (Backend::LoraDelta's kernels) and the segment descriptors it reads from
-// device memory. Plain data and a launcher; any thread (the launch is on the caller's stream).
+// lora.cu's launcher (Backend::LoraDelta's kernels) and the per-row tables it reads from device
+// memory. Plain data and a launcher; any thread (the launch is on the caller's stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,19 +7,22 @@
 #include <cstdint>
 
 namespace ember::cuda {
-// One segment of a LoraDelta launch: rows [first_row, first_row + rows) take a [rank, k] and
-// b [m, rank] (device weights, bf16 or f32 as LoraDeltaArgs::w_bf16 says).
-struct LoraSegmentDesc {
+// One adapter of a LoraDelta launch (a LoRA slot's matrices for one projection): a [rank, k] and
+// b [m, rank] (device weights, bf16 or f32 as LoraDeltaArgs::w_bf16 says). rank 0: none (the
+// rows that name it are left alone).
+struct LoraEntry {
   const void* a = nullptr;
   const void* b = nullptr;
-  int32_t first_row = 0, rows = 0, rank = 0, pad = 0;
+  int32_t rank = 0, pad = 0;
 };
 constexpr int32_t kMaxLoraKernelRank = 256;  // model/lora_adapter.h's kMaxLoraRankLimit
+// Only row_entry's and entries' addresses, the shapes and rank_cap shape the launches: what the
+// tables hold is data, so a captured graph stays right for any mix of adapters over the rows.
 struct LoraDeltaArgs {
-  const LoraSegmentDesc* segments = nullptr;  // [num_segments] on the device
-  int32_t num_segments = 0;
-  int32_t max_rows = 0;  // the largest segment's rows
-  int32_t max_rank = 0;  // the largest segment's rank (t's row stride), <= kMaxLoraKernelRank
+  const int32_t* row_entry = nullptr;  // [n] on the device: each row's entry, -1 none
+  const LoraEntry* entries = nullptr;  // on the device, indexed by row_entry
+  int32_t n = 0;
+  int32_t rank_cap = 0;  // >= every entry's rank (t's row stride), <= kMaxLoraKernelRank
   const void* x = nullptr;  // [n, k] f32 or bf16 (x_bf16)
   bool x_bf16 = false;
   int64_t k = 0;
@@ -27,9 +30,13 @@ struct LoraDeltaArgs {
   bool out_bf16 = false;
   int64_t m = 0;
   bool w_bf16 = false;
-  float* t = nullptr;  // scratch [n, max_rank] f32
+  // 16-byte loads allowed: x_vec for x and every a (k % 8 == 0, 16-byte aligned bases), w_vec
+  // for every b (16-byte aligned; each entry's rank % 8 decides per entry). Either way each
+  // element is summed in the same order (only the load width differs).
+  bool x_vec = false, w_vec = false;
+  float* t = nullptr;  // scratch [n, rank_cap] f32
 };
-// For every segment: t[rows] = x[rows] a^T, then out[rows] += t[rows] b^T (two launches over
-// all segments; float32 accumulation, each element's order fixed by its row alone).
+// For every row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T (two launches;
+// float32 accumulation, each element's order fixed by its row alone: batch-invariant).
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream);
 }  // namespace ember::cuda

@@ -4,7 +4,8 @@
 //      (+ the router bias, gpt_oss).
 //   1. route: a warp per row: softmax of the router logits, the top k (lower expert first on
 //      ties), renormalised when asked, chosen experts written in ascending order (the CPU twin:
-//      backend/moe_route.h).
+//      backend/moe_route.h); or deepseek_v3's grouped sigmoid routing (MoeRouteSpec::grouped:
+//      one lane per row, in MoeRouteGrouped's order).
 //   2. schedule (one block): the (row, slot) pairs grouped by expert, rows ascending within an
 //      expert, and cut into tiles of up to kMoeTileRows (SIMT) or 8, 64 or 128 (tensor cores)
 //      pairs of one expert.
@@ -50,6 +51,11 @@ namespace {
 constexpr int kRouteWarps = 4;
 constexpr int kScheduleThreads = 1024;
 constexpr int kFusedRouteRows = 64;  // steps of up to this many rows route inside the schedule
+
+// The route kernels' score bias: router_bias under grouped routing (MoeRouteSpec), else none.
+inline const float* ScoreBias(const MoeArgs& a) {
+  return a.route.grouped ? a.router_bias : nullptr;
+}
 constexpr int kWarps = 8;            // gate/up and down blocks
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kFeaturesPerBlock = kWarps * kFeaturesPerWarp;
@@ -276,11 +282,81 @@ __global__ void MoeRouterKernel(const float* __restrict__ x, const W* __restrict
   if (lane == 0) logits[item] = logit;
 }
 
+// deepseek_v3's grouped sigmoid routing (MoeRouteGrouped, backend/moe_route.h) of one row, by
+// one thread, in the host twin's order.
+__device__ void RouteRowGrouped(const float* __restrict__ l, int64_t row, int32_t num_experts,
+                                int32_t top_k, const MoeRouteSpec& spec,
+                                const float* __restrict__ bias, int32_t* __restrict__ ids,
+                                float* __restrict__ weights) {
+  const int32_t groups = spec.groups, per = num_experts / groups;
+  auto score = [&](int32_t e) { return 1.0f / (1.0f + expf(-l[e])); };
+  auto choice = [&](int32_t e) { return score(e) + bias[e]; };
+  uint64_t kept = 0;
+  for (int32_t j = 0; j < spec.top_groups; ++j) {
+    float best_score = -INFINITY;
+    int32_t best_g = -1;
+    for (int32_t g = 0; g < groups; ++g) {
+      if (kept & (uint64_t{1} << g)) continue;
+      float best = -INFINITY, second = -INFINITY;
+      for (int32_t e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice(e);
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      if (best_g < 0 || best + second > best_score) {
+        best_score = best + second;
+        best_g = g;
+      }
+    }
+    kept |= uint64_t{1} << best_g;
+  }
+  int32_t top_e[kMoeMaxTopK];
+  for (int32_t r = 0; r < top_k; ++r) {
+    float best_v = -INFINITY;
+    int32_t best_e = -1;
+    for (int32_t e = 0; e < num_experts; ++e) {
+      bool taken = false;
+      for (int32_t q = 0; q < r; ++q) taken |= top_e[q] == e;
+      if (taken) continue;
+      const float v = (kept & (uint64_t{1} << (e / per))) ? choice(e) : 0.0f;
+      if (best_e < 0 || v > best_v) {
+        best_v = v;
+        best_e = e;
+      }
+    }
+    top_e[r] = best_e;
+  }
+  for (int32_t r = 1; r < top_k; ++r)  // ascending expert order
+    for (int32_t j = r; j > 0 && top_e[j - 1] > top_e[j]; --j) {
+      const int32_t t = top_e[j];
+      top_e[j] = top_e[j - 1];
+      top_e[j - 1] = t;
+    }
+  float sum = 0.0f;
+  for (int32_t r = 0; r < top_k; ++r) sum += score(top_e[r]);
+  for (int32_t r = 0; r < top_k; ++r) {
+    const float w = score(top_e[r]);
+    ids[row * top_k + r] = top_e[r];
+    weights[row * top_k + r] = (spec.normalize ? w / (sum + 1e-20f) : w) * spec.scale;
+  }
+}
+
 // One row, by one whole warp.
 __device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t num_experts,
-                         int32_t top_k, bool normalize, int32_t* __restrict__ ids,
-                         float* __restrict__ weights) {
+                         int32_t top_k, const MoeRouteSpec& spec, const float* __restrict__ bias,
+                         int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int lane = threadIdx.x % 32;
+  if (spec.grouped) {
+    if (lane == 0)
+      RouteRowGrouped(logits + row * num_experts, row, num_experts, top_k, spec, bias, ids,
+                      weights);
+    return;
+  }
+  const bool normalize = spec.normalize;
   const float* l = logits + row * num_experts;
   float max = -INFINITY;
   for (int e = lane; e < num_experts; e += 32) max = fmaxf(max, l[e]);
@@ -328,12 +404,13 @@ __device__ void RouteRow(const float* __restrict__ logits, int64_t row, int32_t 
 }
 
 __global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int32_t num_experts,
-                               int32_t top_k, bool normalize, int32_t* __restrict__ ids,
+                               int32_t top_k, MoeRouteSpec route, const float* __restrict__ bias,
+                               int32_t* __restrict__ ids,
                                float* __restrict__ weights) {
   PdlWait();  // logits: the router's
   PdlTrigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
-  if (row < n) RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
+  if (row < n) RouteRow(logits, row, num_experts, top_k, route, bias, ids, weights);
 }
 
 // One block. Pairs p = row * top_k + slot; sorted[offset[e] + j] is the j-th pair (by row) routed
@@ -342,13 +419,14 @@ __global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t n, int3
 // With route_rows (steps of up to kFusedRouteRows rows: one launch fewer) the block's warps first
 // route those rows themselves.
 __global__ void MoeScheduleKernel(const float* __restrict__ logits, int32_t route_rows,
-                                  bool normalize, int32_t* __restrict__ ids,
+                                  MoeRouteSpec route, const float* __restrict__ bias,
+                                  int32_t* __restrict__ ids,
                                   float* __restrict__ weights, int32_t pairs, int32_t top_k,
                                   int32_t num_experts, int32_t tile_rows,
                                   int32_t* __restrict__ sorted, int32_t* __restrict__ pair_pos,
                                   int32_t* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
   for (int64_t row = threadIdx.x / 32; row < route_rows; row += blockDim.x / 32)
-    RouteRow(logits, row, num_experts, top_k, normalize, ids, weights);
+    RouteRow(logits, row, num_experts, top_k, route, bias, ids, weights);
   __syncthreads();  // (the block's own global writes are visible to it after the barrier)
   __shared__ int32_t count[kMoeMaxExperts];
   __shared__ int32_t offset[kMoeMaxExperts];
@@ -640,12 +718,13 @@ void LaunchRouteAndSchedule(const MoeArgs& a, int32_t tile_rows, cudaStream_t st
   if (!fused_route) {
     MoeRouteKernel<<<static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps),
                      kRouteWarps * 32, 0, stream>>>(a.logits, static_cast<int32_t>(a.rows),
-                                                    a.num_experts, a.top_k, a.normalize, a.ids,
-                                                    a.weights);
+                                                    a.num_experts, a.top_k, a.route, ScoreBias(a),
+                                                    a.ids, a.weights);
     CUDA_CHECK(cudaGetLastError());
   }
   MoeScheduleKernel<<<1, kScheduleThreads, 0, stream>>>(
-      a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.normalize, a.ids, a.weights,
+      a.logits, fused_route ? static_cast<int32_t>(a.rows) : 0, a.route, ScoreBias(a), a.ids,
+      a.weights,
       static_cast<int32_t>(a.rows * a.top_k), a.top_k, a.num_experts, tile_rows, a.sorted,
       a.pair_pos, a.tiles, a.num_tiles);
   CUDA_CHECK(cudaGetLastError());
@@ -970,7 +1049,7 @@ void LaunchByPairStagesT(const MoeArgs& a, cudaStream_t stream) {
                                     a.swiglu_alpha};
   LaunchPdl(MoeRouteKernel, dim3(static_cast<unsigned>((a.rows + kRouteWarps - 1) / kRouteWarps)),
             dim3(kRouteWarps * 32), 0, stream, a.logits, static_cast<int32_t>(a.rows),
-            a.num_experts, a.top_k, a.normalize, a.ids, a.weights);
+            a.num_experts, a.top_k, a.route, ScoreBias(a), a.ids, a.weights);
   LaunchPdl(MoePairGateUpKernel<W, kGuBatch>,
             dim3(static_cast<unsigned>((a.inter + kPairWarps - 1) / kPairWarps),
                  static_cast<unsigned>(a.rows * a.top_k)),
@@ -1013,7 +1092,8 @@ template <typename R>  // router weights
 void LaunchRouter(const MoeArgs& a, cudaStream_t stream) {
   const int64_t router_threads = a.rows * a.num_experts * 32;
   LaunchPdl(MoeRouterKernel<R>, dim3(static_cast<unsigned>((router_threads + 255) / 256)),
-            dim3(256), 0, stream, a.x, static_cast<const R*>(a.router), a.router_bias, a.rows,
+            dim3(256), 0, stream, a.x, static_cast<const R*>(a.router),
+            a.route.grouped ? nullptr : a.router_bias, a.rows,
             a.num_experts, a.d, a.logits);
 }
 

@@ -28,6 +28,10 @@ enum class OpKind : uint8_t {
   kMoeMlp = 18,
   kArgmaxRows = 19,
   kLoraDelta = 20,  // Backend::LoraDelta: the shrink and expand launches over its segments
+  kCausalConv1dSilu = 21,
+  kGatedDeltaRule = 22,
+  kSigmoidGateMul = 23,
+  kMlaAttention = 24,
 };
 
 // The profile's name of a kind: "Embedding", "MatMul(cublas)", "RopeAttention", ...

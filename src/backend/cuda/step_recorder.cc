@@ -31,6 +31,10 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kMoeMlp: return "MoeMlp";
     case OpKind::kArgmaxRows: return "ArgmaxRows";
     case OpKind::kLoraDelta: return "LoraDelta";
+    case OpKind::kCausalConv1dSilu: return "CausalConv1dSilu";
+    case OpKind::kGatedDeltaRule: return "GatedDeltaRule";
+    case OpKind::kSigmoidGateMul: return "SigmoidGateMul";
+    case OpKind::kMlaAttention: return "MlaAttention";
   }
   return "?";
 }

@@ -1,0 +1,89 @@
+// CudaBackend's block uploads for the prompt cache (CopyKvBlockFromHost): records staged in
+// page-locked halves and sent as one copy and one scatter kernel per half, so restoring a long
+// prefix costs a host memcpy per block rather than a copy per layer and a wait per block.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "util/check.h"
+
+namespace ember::cuda {
+namespace {
+
+// A half's records take up to this many bytes (at least one record).
+constexpr size_t kKvUploadHalfBytes = size_t{32} << 20;
+
+size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Where a half's block ids and segment table start, after `n` records of `record` bytes.
+size_t IdsOffset(size_t n, size_t record) { return AlignUp(n * record, 16); }
+size_t SegmentsOffset(size_t n, size_t record) {
+  return AlignUp(IdsOffset(n, record) + n * sizeof(int32_t), 16);
+}
+
+}  // namespace
+
+Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
+  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
+  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
+  const size_t record = static_cast<size_t>(KvBlockBytes());
+  CHECK_EQ(in.size(), record);
+  if (kv_upload_record_bytes_ == 0) {  // first use: size the halves for this pool
+    kv_upload_record_bytes_ = record;
+    kv_upload_capacity_ = std::max<size_t>(1, kKvUploadHalfBytes / record);
+    const size_t bytes = SegmentsOffset(kv_upload_capacity_, record) +
+                         static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
+    for (KvUploadHalf& h : kv_upload_) h.bytes.Reserve(bytes);
+    kv_upload_device_ = DeviceBuffer(bytes);
+    kv_upload_index_.assign(static_cast<size_t>(kv_blocks_), 0);
+  }
+  KvUploadHalf* half = &kv_upload_[static_cast<size_t>(kv_upload_half_)];
+  int32_t& index = kv_upload_index_[static_cast<size_t>(block_id)];
+  if (index == 0 && half->blocks.size() == kv_upload_capacity_) {
+    SendKvUploads();
+    half = &kv_upload_[static_cast<size_t>(kv_upload_half_)];
+  }
+  // The half's previous send must have been read before its bytes change.
+  if (half->blocks.empty()) CUDA_CHECK(cudaEventSynchronize(half->sent.get()));
+  if (index == 0) {  // a block staged twice keeps one record: the later content
+    half->blocks.push_back(block_id);
+    index = static_cast<int32_t>(half->blocks.size());
+  }
+  std::memcpy(half->bytes.data() + static_cast<size_t>(index - 1) * record, in.data(), record);
+  return Status::Ok();
+}
+
+void CudaBackend::SendKvUploads() {
+  KvUploadHalf& half = kv_upload_[static_cast<size_t>(kv_upload_half_)];
+  if (half.blocks.empty()) return;
+  const size_t n = half.blocks.size(), record = kv_upload_record_bytes_;
+  unsigned char* host = half.bytes.data();
+  std::memcpy(host + IdsOffset(n, record), half.blocks.data(), n * sizeof(int32_t));
+  auto* segments = reinterpret_cast<KvBlockSegment*>(host + SegmentsOffset(n, record));
+  uint64_t src = 0;
+  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // the record's order: layer-major, K then V
+    const uint64_t bytes = static_cast<uint64_t>(KvLayerBlockBytes(t / kv_tensors_));
+    const uint64_t dst = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
+                         bytes * static_cast<uint64_t>(t % kv_tensors_) *
+                             static_cast<uint64_t>(kv_blocks_);
+    segments[t] = {src, dst, bytes};
+    src += bytes;
+  }
+  CHECK_EQ(src, record);
+  const size_t total = SegmentsOffset(n, record) +
+                       static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
+  Flush();  // ops recorded before the upload run before it
+  unsigned char* device = kv_upload_device_.as<unsigned char>();
+  CUDA_CHECK(cudaMemcpyAsync(device, host, total, cudaMemcpyHostToDevice, stream_.get()));
+  LaunchScatterKvBlocks(device, static_cast<int64_t>(record),
+                        reinterpret_cast<const int32_t*>(device + IdsOffset(n, record)),
+                        static_cast<int32_t>(n),
+                        reinterpret_cast<const KvBlockSegment*>(device + SegmentsOffset(n, record)),
+                        kv_tensors_ * kv_layers_, kv_pool_.as<unsigned char>(), stream_.get());
+  CUDA_CHECK(cudaEventRecord(half.sent.get(), stream_.get()));
+  for (int32_t b : half.blocks) kv_upload_index_[static_cast<size_t>(b)] = 0;
+  half.blocks.clear();
+  kv_upload_half_ ^= 1;
+}
+
+}  // namespace ember::cuda

@@ -1,0 +1,282 @@
+// The CUDA backend's ops of qwen3_next and deepseek_v3 against the CPU backend's on random
+// inputs: CausalConv1dSilu, GatedDeltaRule and SigmoidGateMul over steps that carry the state
+// (prefill chunks, decode rows, padding sequences sharing a slot, decode steps replayed from
+// graphs); MlaAttention over the latent pool (prefill then decode, both rope layouts) and its
+// pool rows; MoeMlp with deepseek_v3's grouped sigmoid routing. f32 compute mode, relative L2
+// within 1e-5 (1e-4 for MLA, whose sums run in another order). Skips when no CUDA device is
+// present (CI has none). One of the sources of the cuda_ops_test binary.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_test_util.h"
+
+namespace ember {
+namespace {
+
+using namespace cuda_test;
+
+class CudaArchOpsTest : public CudaOpsTest {
+ protected:
+  // The CPU twin (one thread: the reference's order is the kernels' per-sequence order).
+  static std::unique_ptr<Backend> MakeCpu() {
+    CpuBackendOptions options;
+    options.num_threads = 1;
+    return MakeCpuBackend(options);
+  }
+  // A step buffer holding `host` on either backend.
+  Tensor Put(Backend& b, const std::vector<float>& host, std::initializer_list<int64_t> shape) {
+    if (b.name() != "cpu") return Upload(b, host, shape);
+    Tensor t = b.Alloc(shape);
+    std::memcpy(t.data, host.data(), host.size() * sizeof(float));
+    return t;
+  }
+  static std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+};
+
+// (state slot, first position, rows) per sequence of a step.
+using StepSeqs = std::vector<std::tuple<int32_t, int32_t, int32_t>>;
+
+BatchPlan RecurrentPlan(const StepSeqs& seqs) {
+  BatchPlan plan;
+  int32_t next_block = 0;
+  for (const auto& [slot, first, len] : seqs) {
+    std::vector<int32_t> tokens(static_cast<size_t>(len), 1);
+    std::vector<int32_t> blocks;
+    for (int32_t b = 0; b <= (first + len) / plan.block_size; ++b) blocks.push_back(next_block++);
+    plan.AddSequence(tokens, first, blocks, true);
+    plan.seqs.back().state_slot = slot;
+  }
+  return plan;
+}
+
+TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
+  // Prefill chunks, a later chunk continuing, a new sequence, padding sequences sharing slot 3
+  // (walked in plan order), then all-decode steps (captured, then replayed as graphs: steps of
+  // one shape two steps apart share the staging half), then a prefill chunk again.
+  const std::vector<StepSeqs> steps = {
+      {{0, 0, 5}, {1, 0, 3}},
+      {{0, 5, 1}, {1, 3, 4}, {2, 0, 2}},
+      {{0, 6, 1}, {1, 7, 1}, {3, 0, 1}, {3, 0, 1}},
+      {{0, 7, 1}, {1, 8, 1}, {2, 2, 1}},
+      {{0, 8, 1}, {1, 9, 1}, {2, 3, 1}},
+      {{0, 9, 1}, {1, 10, 1}, {2, 4, 1}},  // the same shapes again: graph replays
+      {{0, 10, 1}, {1, 11, 1}, {2, 5, 1}},
+      {{2, 6, 6}, {0, 11, 1}},
+  };
+  struct Shape {
+    int32_t k_heads, v_heads, dk, dv, kernel;
+  };
+  for (const Shape& sh : {Shape{2, 4, 16, 16, 4}, Shape{2, 4, 64, 48, 4}, Shape{1, 2, 128, 128, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "dk " << sh.dk << " dv " << sh.dv);
+    const int64_t conv_dim = 2 * int64_t{sh.k_heads} * sh.dk + int64_t{sh.v_heads} * sh.dv;
+    const int64_t v_width = int64_t{sh.v_heads} * sh.dv;
+    const int64_t window = (sh.kernel - 1) * conv_dim;
+    const int64_t slot_floats = 7 + window + v_width * sh.dk;  // an offset before the layer
+    const std::vector<float> conv_w = Random(static_cast<size_t>(conv_dim * sh.kernel), 1, 0.5f);
+    const std::vector<float> a_log = Random(static_cast<size_t>(sh.v_heads), 2, 0.5f);
+    const std::vector<float> dt_bias = Random(static_cast<size_t>(sh.v_heads), 3, 0.5f);
+    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true);
+    struct Weights {
+      Tensor conv, a_log, dt_bias;
+    } w[2];
+    Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(be[i]->AllocateKvPool(1, 64, 16, 1, 16).ok());
+      ASSERT_TRUE(be[i]->AllocateStateSlots(4, slot_floats).ok());
+      w[i] = {Weight(*be[i], conv_w, {conv_dim, sh.kernel}), Weight(*be[i], a_log, {sh.v_heads}),
+              Weight(*be[i], dt_bias, {sh.v_heads})};
+    }
+    // One step of `seqs` on both backends, compared (s seeds its inputs).
+    auto run_step = [&](const StepSeqs& seqs, size_t s) {
+      SCOPED_TRACE(::testing::Message() << "step " << s);
+      const BatchPlan plan = RecurrentPlan(seqs);
+      const int64_t n = plan.num_tokens();
+      const std::vector<float> qkv = Random(static_cast<size_t>(n * conv_dim), 10 + s);
+      const std::vector<float> ba = Random(static_cast<size_t>(n * 2 * sh.v_heads), 20 + s);
+      const std::vector<float> gate = Random(static_cast<size_t>(n * sh.v_heads), 30 + s);
+      std::vector<float> conv_out[2], core[2];
+      for (int i = 0; i < 2; ++i) {
+        Backend& b = *be[i];
+        ASSERT_TRUE(b.BeginStep(plan).ok());
+        Tensor x = Put(b, qkv, {n, conv_dim});
+        Tensor tba = Put(b, ba, {n, 2 * int64_t{sh.v_heads}});
+        Tensor tg = Put(b, gate, {n, int64_t{sh.v_heads}});
+        Tensor out = b.Alloc({n, v_width});
+        ASSERT_TRUE(b.CausalConv1dSilu(x, w[i].conv, 7).ok());
+        GatedDeltaParams p;
+        p.num_k_heads = sh.k_heads;
+        p.num_v_heads = sh.v_heads;
+        p.k_head_dim = sh.dk;
+        p.v_head_dim = sh.dv;
+        p.a_log = &w[i].a_log;
+        p.dt_bias = &w[i].dt_bias;
+        p.state_offset = 7 + window;
+        ASSERT_TRUE(b.GatedDeltaRule(p, x, tba, out).ok());
+        ASSERT_TRUE(b.SigmoidGateMul(out, tg).ok());
+        conv_out[i] = Download(b, x);
+        core[i] = Download(b, out);
+      }
+      EXPECT_LT(RelL2(conv_out[1], D(conv_out[0])), 1e-5) << "conv";
+      EXPECT_LT(RelL2(core[1], D(core[0])), 1e-5) << "delta rule";
+    };
+    for (size_t s = 0; s < steps.size(); ++s) run_step(steps[s], s);
+    // The decode steps ran from captured graphs, two of them replayed.
+    EXPECT_GE(CudaGetGraphStats(*gpu).replays, 2);
+    // A checkpoint copy (CopyStateSlot, the prefix cache's) continues where its source was.
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
+    run_step({{3, 12, 2}}, steps.size());
+    EXPECT_FALSE(gpu->CopyStateSlot(0, 4).ok());  // outside the 4 slots
+    // The tiers' host copies: slot 3 read back equals the CPU's, and written into slot 1 it
+    // continues as slot 3 does.
+    std::vector<uint8_t> host[2];
+    for (int i = 0; i < 2; ++i) {
+      host[i].resize(static_cast<size_t>(slot_floats) * 4);
+      ASSERT_TRUE(be[i]->CopyStateSlotToHost(3, host[i]).ok());
+    }
+    std::vector<float> got(static_cast<size_t>(slot_floats)), want(got.size());
+    std::memcpy(got.data(), host[1].data(), host[1].size());
+    std::memcpy(want.data(), host[0].data(), host[0].size());
+    EXPECT_LT(RelL2(got, D(want)), 1e-5) << "state read back";
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlotFromHost(1, host[i]).ok());
+    run_step({{1, 14, 1}}, steps.size() + 1);
+    EXPECT_FALSE(gpu->CopyStateSlotToHost(4, host[1]).ok());
+    EXPECT_FALSE(gpu->CopyStateSlotFromHost(1, std::span<const uint8_t>(host[1]).first(4)).ok());
+  }
+}
+
+TEST_F(CudaArchOpsTest, MlaAttentionMatchesCpu) {
+  struct Shape {
+    int32_t heads, nope, rope, v, latent;
+    bool interleave;
+  };
+  for (const Shape& sh : {Shape{4, 16, 8, 16, 16, true}, Shape{3, 32, 16, 24, 64, false},
+                          Shape{2, 128, 64, 128, 512, true}}) {
+    SCOPED_TRACE(::testing::Message() << "latent " << sh.latent << " rope " << sh.rope);
+    const int32_t width = sh.latent + sh.rope, qd = sh.nope + sh.rope;
+    const std::vector<float> kv_b = Random(
+        static_cast<size_t>(sh.heads * (sh.nope + sh.v) * sh.latent), 40, 0.2f);
+    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true);
+    Backend* be[2] = {cpu.get(), gpu.get()};
+    Tensor wkv[2];
+    int32_t rope_id[2];
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(be[i]->AllocateLatentKvPool(2, 8, 16, width).ok());
+      wkv[i] = Weight(*be[i], kv_b, {int64_t{sh.heads} * (sh.nope + sh.v), sh.latent});
+      RopeSpec spec;
+      spec.head_dim = sh.rope;
+      spec.rotary_dim = sh.rope;
+      spec.max_positions = 256;
+      auto id = be[i]->CreateRope(spec);
+      ASSERT_TRUE(id.ok()) << id.message();
+      rope_id[i] = *id;
+    }
+    ASSERT_EQ(gpu->KvBlockBytes(), cpu->KvBlockBytes());
+    // A prefill of 20 and of 5 rows, then a decode row beside a 3-row chunk.
+    const std::vector<std::vector<std::tuple<int32_t, int32_t, std::vector<int32_t>>>> steps = {
+        {{0, 20, {0, 1}}, {0, 5, {2, 3}}}, {{20, 1, {0, 1}}, {5, 3, {2, 3}}}};
+    for (size_t s = 0; s < steps.size(); ++s) {
+      SCOPED_TRACE(::testing::Message() << "step " << s);
+      BatchPlan plan;
+      for (const auto& [first, len, blocks] : steps[s])
+        plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 1), first, blocks, true);
+      const int64_t n = plan.num_tokens();
+      const std::vector<float> q = Random(static_cast<size_t>(n * sh.heads * qd), 50 + s);
+      const std::vector<float> c = Random(static_cast<size_t>(n * sh.latent), 60 + s);
+      const std::vector<float> k_rope = Random(static_cast<size_t>(n * sh.rope), 70 + s);
+      std::vector<float> out[2], q_rot[2];
+      for (int i = 0; i < 2; ++i) {
+        Backend& b = *be[i];
+        ASSERT_TRUE(b.BeginStep(plan).ok());
+        Tensor tq = Put(b, q, {n, sh.heads, qd});
+        Tensor tc = Put(b, c, {n, sh.latent});
+        Tensor tk = Put(b, k_rope, {n, sh.rope});
+        Tensor to = b.Alloc({n, int64_t{sh.heads} * sh.v});
+        MlaParams p;
+        p.layer = 1;
+        p.num_heads = sh.heads;
+        p.nope_dim = sh.nope;
+        p.rope_dim = sh.rope;
+        p.v_dim = sh.v;
+        p.latent_dim = sh.latent;
+        p.scale = 0.3f;
+        p.rope_interleave = sh.interleave;
+        p.kv_b = &wkv[i];
+        b.MlaAttention(rope_id[i], p, tq, tc, tk, to);
+        out[i] = Download(b, to);
+        q_rot[i] = Download(b, tq);
+      }
+      EXPECT_LT(RelL2(q_rot[1], D(q_rot[0])), 1e-5) << "rotated q";
+      EXPECT_LT(RelL2(out[1], D(out[0])), 1e-4) << "attention";
+    }
+    // The pool's rows (layer 1 written, layer 0 zeros), as the block copies lay them out.
+    for (int32_t block : {0, 3}) {
+      std::vector<uint8_t> bytes[2];
+      for (int i = 0; i < 2; ++i) {
+        bytes[i].resize(static_cast<size_t>(be[i]->KvBlockBytes()));
+        ASSERT_TRUE(be[i]->CopyKvBlockToHost(block, bytes[i]).ok());
+      }
+      std::vector<float> f[2];
+      for (int i = 0; i < 2; ++i) {
+        f[i].resize(bytes[i].size() / 4);
+        std::memcpy(f[i].data(), bytes[i].data(), bytes[i].size());
+      }
+      EXPECT_LT(RelL2(f[1], D(f[0])), 1e-5) << "pool block " << block;
+    }
+  }
+}
+
+TEST_F(CudaArchOpsTest, GroupedRoutingMoeMatchesCpu) {
+  const int32_t num_experts = 16, d = 64, inter = 32;
+  std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true);
+  const std::vector<float> router = Random(static_cast<size_t>(num_experts * d), 80, 0.3f);
+  const std::vector<float> bias = Random(static_cast<size_t>(num_experts), 81, 0.1f);
+  std::vector<std::vector<float>> gate, up, down;
+  for (int32_t e = 0; e < num_experts; ++e) {
+    gate.push_back(Random(static_cast<size_t>(inter * d), 100 + e, 0.2f));
+    up.push_back(Random(static_cast<size_t>(inter * d), 200 + e, 0.2f));
+    down.push_back(Random(static_cast<size_t>(d * inter), 300 + e, 0.2f));
+  }
+  auto upload = [&](Backend& b) {
+    MoeExperts x;
+    x.router = Weight(b, router, {num_experts, d});
+    for (int32_t e = 0; e < num_experts; ++e) {
+      x.gate.push_back(Weight(b, gate[static_cast<size_t>(e)], {inter, d}));
+      x.up.push_back(Weight(b, up[static_cast<size_t>(e)], {inter, d}));
+      x.down.push_back(Weight(b, down[static_cast<size_t>(e)], {d, inter}));
+    }
+    x.routing = MoeRouting::kSigmoidGrouped;
+    x.score_bias = Weight(b, bias, {num_experts});
+    x.groups = 4;
+    x.top_groups = 2;
+    x.top_k = 3;
+    x.normalize = true;
+    x.scale = 2.5f;
+    return x;
+  };
+  MoeExperts e_cpu = upload(*cpu), e_gpu = upload(*gpu);
+  for (Backend* b : {cpu.get(), gpu.get()}) ASSERT_TRUE(b->AllocateKvPool(1, 16, 16, 1, 16).ok());
+  for (const int32_t rows : {1, 5, 100}) {  // by pair, the fused route, the route kernel
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
+    const BatchPlan plan = SimplePlan(rows);
+    const std::vector<float> x = Random(static_cast<size_t>(rows * d), 90 + rows);
+    std::vector<float> out[2];
+    int i = 0;
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      ASSERT_TRUE(b->BeginStep(plan).ok());
+      Tensor tx = Put(*b, x, {rows, d});
+      Tensor to = b->Alloc({rows, d});
+      b->MoeMlp(tx, i == 0 ? e_cpu : e_gpu, to);
+      out[i++] = Download(*b, to);
+    }
+    EXPECT_LT(RelL2(out[1], D(out[0])), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace ember

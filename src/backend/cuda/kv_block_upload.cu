@@ -1,0 +1,39 @@
+// ScatterKvBlocks: the prompt cache's block records, staged back to back on the device, copied
+// into their pool blocks (one CUDA block per (record, layer K or V segment)).
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_block_upload.h"
+
+namespace ember::cuda {
+namespace {
+
+__global__ void ScatterKvBlocksKernel(const unsigned char* records, int64_t record_bytes,
+                                      const int32_t* block_ids, const KvBlockSegment* segments,
+                                      unsigned char* pool) {
+  const KvBlockSegment s = segments[blockIdx.y];
+  const unsigned char* src = records + blockIdx.x * record_bytes + s.src;
+  unsigned char* dst = pool + s.dst + s.bytes * static_cast<uint64_t>(block_ids[blockIdx.x]);
+  const uint64_t aligned = reinterpret_cast<uint64_t>(src) | reinterpret_cast<uint64_t>(dst) |
+                           s.bytes;
+  if ((aligned & 15) == 0) {
+    const uint4* src16 = reinterpret_cast<const uint4*>(src);
+    uint4* dst16 = reinterpret_cast<uint4*>(dst);
+    for (uint64_t i = threadIdx.x; i < s.bytes / 16; i += blockDim.x) dst16[i] = src16[i];
+  } else {
+    for (uint64_t i = threadIdx.x; i < s.bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+void LaunchScatterKvBlocks(const unsigned char* records, int64_t record_bytes,
+                           const int32_t* block_ids, int32_t num_records,
+                           const KvBlockSegment* segments, int32_t num_segments,
+                           unsigned char* pool, cudaStream_t stream) {
+  if (num_records == 0) return;
+  const dim3 grid(static_cast<unsigned>(num_records), static_cast<unsigned>(num_segments));
+  ScatterKvBlocksKernel<<<grid, 256, 0, stream>>>(records, record_bytes, block_ids, segments,
+                                                  pool);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ember::cuda

@@ -1,0 +1,23 @@
+// The prompt cache's block uploads on the GPU (kv_block_upload.cu): staged block records
+// scattered into their KV pool blocks. Used by cuda_kv_upload.cc.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ember::cuda {
+
+// One layer's K or V part of a pool block: `bytes` at `src` within a block record, at
+// dst + bytes * block_id in the pool.
+struct KvBlockSegment {
+  uint64_t src = 0, dst = 0, bytes = 0;
+};
+// Copies num_records records (record_bytes each, back to back at `records`) into the pool blocks
+// block_ids[i], segment by segment. Device pointers.
+void LaunchScatterKvBlocks(const unsigned char* records, int64_t record_bytes,
+                           const int32_t* block_ids, int32_t num_records,
+                           const KvBlockSegment* segments, int32_t num_segments,
+                           unsigned char* pool, cudaStream_t stream);
+
+}  // namespace ember::cuda

@@ -1,0 +1,214 @@
+// The recurrent ops of qwen3_next's gated DeltaNet layers (Backend::CausalConv1dSilu,
+// Backend::GatedDeltaRule) and SigmoidGateMul, as straightforward kernels: each walks a
+// sequence's rows in order (a recurrence), with the state read from and written back to its
+// state slot. Prefill and decode take the same kernels (the chunked parallel form of the delta
+// rule is left: docs/architecture.md). Sequences that share a slot (padding rows) are walked in
+// plan order by one block (serial_seqs); otherwise each block column takes one sequence.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
+
+namespace ember::cuda {
+namespace {
+
+__device__ __forceinline__ float SiluF(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
+// torch.nn.functional.softplus (beta 1, threshold 20).
+__device__ __forceinline__ float SoftplusF(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The sequences block column blockIdx.z takes: all of them in plan order (serial), or its own.
+__device__ __forceinline__ void SeqRange(int32_t num_seqs, bool serial, int32_t* first,
+                                         int32_t* end) {
+  *first = serial ? 0 : static_cast<int32_t>(blockIdx.z);
+  *end = serial ? num_seqs : *first + 1;
+}
+
+// A thread per channel: the K - 1 previous inputs in registers, the rows in order.
+__global__ void CausalConv1dSiluKernel(float* __restrict__ x, int64_t channels,
+                                       const float* __restrict__ weight, int32_t kernel,
+                                       float* __restrict__ state, int64_t slot_floats,
+                                       int64_t state_offset, PlanView plan, bool serial) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  const int32_t hist = kernel - 1;
+  float w[kMaxConvKernel];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) w[j] = j < kernel ? weight[c * kernel + j] : 0.0f;
+  int32_t first, end;
+  SeqRange(plan.num_seqs, serial, &first, &end);
+  for (int32_t s = first; s < end; ++s) {
+    const int4 seq = plan.seqs[s];  // {query_start, query_len, context_len, table start}
+    float* window = state + plan.state_slots[s] * slot_floats + state_offset;
+    const bool fresh = seq.z == seq.y;
+    float in[kMaxConvKernel];  // in[0 .. hist): the window, oldest first
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j)
+      in[j] = j < hist && !fresh ? window[j * channels + c] : 0.0f;
+    for (int32_t t = 0; t < seq.y; ++t) {
+      float* px = x + (static_cast<int64_t>(seq.x) + t) * channels + c;
+      const float cur = *px;
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxConvKernel; ++j) {
+        if (j < hist) acc += w[j] * in[j];
+        else if (j == hist) acc += w[j] * cur;
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxConvKernel - 2; ++j)
+        if (j + 1 < hist) in[j] = in[j + 1];
+#pragma unroll
+      for (int j = 0; j < kMaxConvKernel - 1; ++j)
+        if (j == hist - 1) in[j] = cur;
+      *px = SiluF(acc);
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel - 1; ++j)
+      if (j < hist) window[j * channels + c] = in[j];
+  }
+}
+
+constexpr int kDeltaWarps = 8;     // a block: 32 state columns x 8 warps of rows
+constexpr int kDeltaMaxRows = kMaxDeltaKeyDim / kDeltaWarps;  // rows of S per thread
+
+// Block (value head, 32-column chunk, sequence): lane j owns column j of the chunk, warp w the
+// rows [w * rows, (w + 1) * rows) of S, in registers; per row t the block normalises q and k,
+// reduces S^T k and S^T q across the warps through shared memory, and writes out.
+__global__ void __launch_bounds__(kDeltaWarps * 32)
+    GatedDeltaRuleKernel(GatedDeltaArgs a, PlanView plan, bool serial) {
+  __shared__ float qk[2 * kMaxDeltaKeyDim];
+  __shared__ float norms[2];
+  __shared__ float part[2][kDeltaWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int32_t head = blockIdx.x;
+  const int32_t col = blockIdx.y * 32 + lane;
+  const bool has_col = col < a.v_dim;
+  const int32_t dk = a.k_dim, dv = a.v_dim;
+  const int32_t kh = head / (a.num_v_heads / a.num_k_heads);
+  const int32_t rows = (dk + kDeltaWarps - 1) / kDeltaWarps;
+  const int32_t row0 = warp * rows;
+  const int64_t key_width = static_cast<int64_t>(a.num_k_heads) * dk;
+  const int64_t stride = 2 * key_width + static_cast<int64_t>(a.num_v_heads) * dv;
+  const int64_t out_stride = static_cast<int64_t>(a.num_v_heads) * dv;
+  const float scale = rsqrtf(static_cast<float>(dk));
+  const float decay_rate = -expf(a.a_log[head]);
+  const float dt_bias = a.dt_bias[head];
+  int32_t first, end;
+  SeqRange(plan.num_seqs, serial, &first, &end);
+  for (int32_t s_i = first; s_i < end; ++s_i) {
+    const int4 seq = plan.seqs[s_i];
+    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + a.state_offset +
+                   static_cast<int64_t>(head) * dk * dv;
+    const bool fresh = seq.z == seq.y;
+    float s[kDeltaMaxRows];
+#pragma unroll
+    for (int r = 0; r < kDeltaMaxRows; ++r) {
+      const int32_t i = row0 + r;
+      s[r] = r < rows && i < dk && has_col && !fresh ? state[static_cast<int64_t>(i) * dv + col]
+                                                     : 0.0f;
+    }
+    for (int32_t t = 0; t < seq.y; ++t) {
+      const int64_t row = static_cast<int64_t>(seq.x) + t;
+      const float* x = a.qkv + row * stride;
+      for (int32_t i = threadIdx.x; i < 2 * dk; i += blockDim.x)
+        qk[i] = i < dk ? x[static_cast<int64_t>(kh) * dk + i]
+                       : x[key_width + static_cast<int64_t>(kh) * dk + (i - dk)];
+      __syncthreads();
+      if (warp < 2) {
+        float sum = 0.0f;
+        for (int32_t i = lane; i < dk; i += 32) sum += qk[warp * dk + i] * qk[warp * dk + i];
+        sum = WarpSum(sum);
+        if (lane == 0) norms[warp] = sum;
+      }
+      __syncthreads();
+      const float q_inv = scale / sqrtf(norms[0] + 1e-6f);
+      const float k_inv = 1.0f / sqrtf(norms[1] + 1e-6f);
+      const float* ba = a.ba + row * 2 * a.num_v_heads;
+      const float beta = SigmoidF(ba[head]);
+      const float decay = expf(decay_rate * SoftplusF(ba[a.num_v_heads + head] + dt_bias));
+      float acc = 0.0f;  // this warp's rows of (S exp(g))^T k
+#pragma unroll
+      for (int r = 0; r < kDeltaMaxRows; ++r) {
+        const int32_t i = row0 + r;
+        if (r < rows && i < dk) {
+          s[r] *= decay;
+          acc += s[r] * (qk[dk + i] * k_inv);
+        }
+      }
+      part[0][warp][lane] = acc;
+      __syncthreads();
+      float sk = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDeltaWarps; ++w) sk += part[0][w][lane];
+      const float v = has_col ? x[2 * key_width + static_cast<int64_t>(head) * dv + col] : 0.0f;
+      const float delta = (v - sk) * beta;
+      float o = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kDeltaMaxRows; ++r) {
+        const int32_t i = row0 + r;
+        if (r < rows && i < dk) {
+          s[r] += (qk[dk + i] * k_inv) * delta;
+          o += s[r] * (qk[i] * q_inv);
+        }
+      }
+      part[1][warp][lane] = o;
+      __syncthreads();  // also: every warp is done with qk before the next row loads it
+      if (warp == 0 && has_col) {
+        float out = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kDeltaWarps; ++w) out += part[1][w][lane];
+        a.out[row * out_stride + static_cast<int64_t>(head) * dv + col] = out;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDeltaMaxRows; ++r) {
+      const int32_t i = row0 + r;
+      if (r < rows && i < dk && has_col) state[static_cast<int64_t>(i) * dv + col] = s[r];
+    }
+    __syncthreads();  // a later sequence of the same slot reads what this one wrote
+  }
+}
+
+__global__ void SigmoidGateMulKernel(float* __restrict__ x, const float* __restrict__ gate,
+                                     int64_t n, int64_t run) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= SigmoidF(gate[i / run]);
+}
+
+}  // namespace
+
+void LaunchCausalConv1dSilu(float* x, int64_t channels, const float* weight, int32_t kernel,
+                            float* state, int64_t slot_floats, int64_t state_offset,
+                            const PlanView& plan, bool serial_seqs, cudaStream_t stream) {
+  if (plan.num_seqs == 0 || channels == 0) return;
+  const dim3 grid(static_cast<unsigned>((channels + 127) / 128), 1,
+                  serial_seqs ? 1u : static_cast<unsigned>(plan.num_seqs));
+  CausalConv1dSiluKernel<<<grid, 128, 0, stream>>>(x, channels, weight, kernel, state,
+                                                    slot_floats, state_offset, plan, serial_seqs);
+  CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGatedDeltaRule(const GatedDeltaArgs& args, const PlanView& plan, bool serial_seqs,
+                          cudaStream_t stream) {
+  if (plan.num_seqs == 0) return;
+  const dim3 grid(static_cast<unsigned>(args.num_v_heads),
+                  static_cast<unsigned>((args.v_dim + 31) / 32),
+                  serial_seqs ? 1u : static_cast<unsigned>(plan.num_seqs));
+  GatedDeltaRuleKernel<<<grid, kDeltaWarps * 32, 0, stream>>>(args, plan, serial_seqs);
+  CUDA_CHECK_LAUNCH();
+}
+
+void LaunchSigmoidGateMul(float* x, const float* gate, int64_t rows, int64_t cols, int64_t groups,
+                          cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  SigmoidGateMulKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, gate, n,
+                                                                          cols / groups);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ember::cuda
