@@ -229,6 +229,16 @@ Status Backend::AllocateStateSlots(int32_t, int64_t) {
 Status Backend::CopyStateSlot(int32_t, int32_t) {
   return Status::Error(RecurrentUnsupported() + " (CopyStateSlot)");
 }
+Status Backend::CheckStateSlotCopy(int32_t slot, size_t bytes, int32_t slots,
+                                   int64_t floats_per_slot) {
+  if (slot < 0 || slot >= slots)
+    return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
+                         std::to_string(slots) + " allocated");
+  if (bytes != static_cast<size_t>(floats_per_slot) * sizeof(float))
+    return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
+                         std::to_string(floats_per_slot * 4));
+  return Status::Ok();
+}
 Status Backend::CopyStateSlotToHost(int32_t, std::span<uint8_t>) {
   return Status::Error(RecurrentUnsupported() + " (CopyStateSlotToHost)");
 }

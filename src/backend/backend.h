@@ -391,6 +391,10 @@ class Backend {
   // tiers keep state checkpoints this way (engine/state_tier.h).
   virtual Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out);
   virtual Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in);
+  // The two copies' argument check, for implementations: `slot` in [0, slots) and `bytes` one
+  // slot's (floats_per_slot float32).
+  static Status CheckStateSlotCopy(int32_t slot, size_t bytes, int32_t slots,
+                                   int64_t floats_per_slot);
   // Causal depthwise conv1d then SiLU, in place, per sequence: x[t, c] = silu(sum over taps j of
   // weight[c, j] * in[t - (K - 1) + j, c]) where in before the sequence's first row of this step
   // is its conv window (the last K - 1 inputs; zeros at the start), which it then updates.

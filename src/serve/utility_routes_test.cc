@@ -64,6 +64,23 @@ class UtilityRoutesTest : public ::testing::Test {
     return e == nullptr ? "(ok)" : e->param;
   }
 
+  // One /v1/embeddings request through its AsyncResponse, polled to the end; the 200 body.
+  static json RunEmbeddings(const ServedModel& served, const json& body) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = "/v1/embeddings";
+    req.body = body.dump();
+    Handled handled = HandleUtilityRoute(served, req, false);
+    EXPECT_NE(handled.async, nullptr) << handled.response.body;
+    if (handled.async == nullptr) return json();
+    handled.async->Start([] {});
+    std::string ignored;
+    while (handled.async->Poll(&ignored)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HttpResponse res = handled.async->Final();
+    EXPECT_EQ(res.status, 200) << res.body;
+    return json::parse(res.body);
+  }
+
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Engine> engine_;
@@ -218,21 +235,7 @@ TEST_F(UtilityRoutesTest, Base64IsLittleEndianFloat32) {
 // The whole route through its AsyncResponse: one pooled unit vector per input, in order, the
 // same for an input given as text or as its token ids; dimensions truncates and re-normalizes.
 TEST_F(UtilityRoutesTest, EmbeddingsRequestEndToEnd) {
-  const auto run = [&](const json& body) {
-    HttpRequest req;
-    req.method = "POST";
-    req.path = "/v1/embeddings";
-    req.body = body.dump();
-    Handled handled = HandleUtilityRoute(served_, req, false);
-    EXPECT_NE(handled.async, nullptr) << handled.response.body;
-    if (handled.async == nullptr) return json();
-    handled.async->Start([] {});
-    std::string ignored;
-    while (handled.async->Poll(&ignored)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    HttpResponse res = handled.async->Final();
-    EXPECT_EQ(res.status, 200) << res.body;
-    return json::parse(res.body);
-  };
+  const auto run = [&](const json& body) { return RunEmbeddings(served_, body); };
   const std::vector<int32_t> ids = tokenizer_->Encode("Once upon a time", true);
   json r = run({{"input", {"Once upon a time", "The end"}}});
   ASSERT_EQ(r["data"].size(), 2u);
@@ -266,19 +269,7 @@ TEST_F(UtilityRoutesTest, EmbeddingsLargerThanTheQueue) {
   ServedModel served = served_;
   served.engine = engine->get();
   const auto run = [&](const std::vector<std::vector<int32_t>>& inputs) {
-    HttpRequest req;
-    req.method = "POST";
-    req.path = "/v1/embeddings";
-    req.body = json{{"input", inputs}}.dump();
-    Handled handled = HandleUtilityRoute(served, req, false);
-    EXPECT_NE(handled.async, nullptr) << handled.response.body;
-    if (handled.async == nullptr) return json();
-    handled.async->Start([] {});
-    std::string ignored;
-    while (handled.async->Poll(&ignored)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    HttpResponse res = handled.async->Final();
-    EXPECT_EQ(res.status, 200) << res.body;
-    return json::parse(res.body);
+    return RunEmbeddings(served, json{{"input", inputs}});
   };
   std::vector<std::vector<int32_t>> inputs;
   for (int32_t i = 0; i < 40; ++i) inputs.push_back({kBos, 10 + i, 20 + i % 7, 30});

@@ -505,22 +505,13 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) override {
-    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, out.size()));
+    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, out.size(), state_slots_, state_floats_));
     std::memcpy(out.data(), SlotState(slot), out.size());
     return Status::Ok();
   }
   Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) override {
-    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, in.size()));
+    EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, in.size(), state_slots_, state_floats_));
     std::memcpy(SlotState(slot), in.data(), in.size());
-    return Status::Ok();
-  }
-  Status CheckStateSlotCopy(int32_t slot, size_t bytes) const {
-    if (slot < 0 || slot >= state_slots_)
-      return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
-                           std::to_string(state_slots_) + " allocated");
-    if (bytes != static_cast<size_t>(state_floats_) * sizeof(float))
-      return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
-                           std::to_string(state_floats_ * 4));
     return Status::Ok();
   }
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;

@@ -274,7 +274,6 @@ class CudaBackend final : public Backend {
   Status CopyStateSlot(int32_t src, int32_t dst) override;
   Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) override;
   Status CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) override;
-  Status CheckStateSlotCopy(int32_t slot, size_t bytes) const;
   Status CausalConv1dSilu(Tensor x, const Tensor& weight, int64_t state_offset) override;
   Status GatedDeltaRule(const GatedDeltaParams& params, const Tensor& qkv, const Tensor& ba,
                         Tensor out) override;

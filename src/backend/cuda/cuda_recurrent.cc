@@ -45,28 +45,19 @@ Status CudaBackend::CopyStateSlot(int32_t src, int32_t dst) {
 
 // The prompt cache's tiers (engine/state_tier.h): one slot's floats to or from host memory, after
 // every op recorded so far; both return once the host buffer may be read or reused.
-Status CudaBackend::CheckStateSlotCopy(int32_t slot, size_t bytes) const {
-  if (state_.data() == nullptr) return Status::Error("state slot copy before AllocateStateSlots");
-  if (slot < 0 || slot >= state_slots_)
-    return Status::Error("state slot copy: slot " + std::to_string(slot) + " outside the " +
-                         std::to_string(state_slots_) + " allocated");
-  if (bytes != static_cast<size_t>(state_floats_) * sizeof(float))
-    return Status::Error("state slot copy: " + std::to_string(bytes) + " bytes, a slot holds " +
-                         std::to_string(state_floats_ * 4));
-  return Status::Ok();
-}
-
 Status CudaBackend::CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) {
-  EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, out.size()));
+  if (state_.data() == nullptr) return Status::Error("state slot copy before AllocateStateSlots");
+  EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, out.size(), state_slots_, state_floats_));
   Flush();
-  CUDA_CHECK(cudaMemcpyAsync(out.data(), state_.as<float>() + static_cast<size_t>(slot) * state_floats_,
-                             out.size(), cudaMemcpyDeviceToHost, stream_.get()));
+  const float* from = state_.as<float>() + static_cast<size_t>(slot) * state_floats_;
+  CUDA_CHECK(cudaMemcpyAsync(out.data(), from, out.size(), cudaMemcpyDeviceToHost, stream_.get()));
   CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   return Status::Ok();
 }
 
 Status CudaBackend::CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) {
-  EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, in.size()));
+  if (state_.data() == nullptr) return Status::Error("state slot copy before AllocateStateSlots");
+  EMBER_RETURN_IF_ERROR(CheckStateSlotCopy(slot, in.size(), state_slots_, state_floats_));
   Flush();
   CUDA_CHECK(cudaMemcpyAsync(state_.as<float>() + static_cast<size_t>(slot) * state_floats_,
                              in.data(), in.size(), cudaMemcpyHostToDevice, stream_.get()));
