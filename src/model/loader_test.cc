@@ -389,6 +389,16 @@ TEST(LoaderTest, TruncatedShardAndShapeMismatch) {
   EXPECT_NE(m.message().find("config.json implies"), std::string::npos) << m.message();
 }
 
+// One prefill of `tokens` on a freshly loaded model: every logit of the last row is finite.
+void ExpectFiniteLogits(Model& m, const std::vector<int32_t>& tokens) {
+  ASSERT_TRUE(m.AllocateKvCache(4, 16).ok());
+  BatchPlan plan;
+  plan.AddSequence(tokens, 0, {0, 1}, true);
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  ASSERT_TRUE(m.Forward(plan, logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
 TEST(SynthTest, TinyPresetLoadsAndRuns) {
   std::string dir = TempDir() + "/tiny";
   SynthOptions opts;
@@ -403,12 +413,7 @@ TEST(SynthTest, TinyPresetLoadsAndRuns) {
   EXPECT_EQ((*m)->config().rope.type, "llama3");
   EXPECT_TRUE((*m)->config().tie_word_embeddings);
   EXPECT_EQ((*m)->generation_defaults().eos_token_ids, (std::vector<int32_t>{2}));
-  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-  BatchPlan plan;
-  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
-  std::vector<float> logits(512);
-  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  ExpectFiniteLogits(**m, {1, 2, 3, 4, 5});
   opts.preset = "gpt-5";
   Status st = WriteSynthCheckpoint(opts);
   ASSERT_FALSE(st.ok());
@@ -428,12 +433,7 @@ TEST(SynthTest, MoePresetWithFewerLayers) {
   EXPECT_EQ((*m)->config().model_type, "qwen3_moe");
   EXPECT_EQ((*m)->config().num_layers, 1);
   EXPECT_EQ((*m)->config().num_experts, 8);
-  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-  BatchPlan plan;
-  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
-  std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
-  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  ExpectFiniteLogits(**m, {1, 2, 3, 4, 5});
   opts.num_layers = 3;
   Status st = WriteSynthCheckpoint(opts);
   ASSERT_FALSE(st.ok());
@@ -457,12 +457,7 @@ TEST(SynthTest, GptOssPreset) {
   EXPECT_EQ(c.num_experts_per_tok, 2);
   EXPECT_EQ((*m)->generation_defaults().eos_token_ids,
             (std::vector<int32_t>{200002, 199999, 200012}));
-  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-  BatchPlan plan;
-  plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
-  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
-  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  ExpectFiniteLogits(**m, {1, 2, 3, 4, 5});
 }
 
 // The qwen3_next and deepseek_v3 presets' tensor lists on toy bodies: they load (every tensor
@@ -479,12 +474,7 @@ TEST(SynthTest, HybridAndMlaPresets) {
     auto m = Model::Load(dir, {});
     ASSERT_TRUE(m.ok()) << m.message();
     EXPECT_EQ((*m)->config().model_type, type);
-    ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-    BatchPlan plan;
-    plan.AddSequence({1, 2, 3, 4, 5}, 0, {0, 1}, true);
-    std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
-    ASSERT_TRUE((*m)->Forward(plan, logits).ok());
-    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    ExpectFiniteLogits(**m, {1, 2, 3, 4, 5});
   }
 }
 
@@ -659,12 +649,7 @@ TEST(SynthTest, Mxfp4SynthLoadsAndRuns) {
   EXPECT_FALSE((*store)->Has("model.layers.0.mlp.experts.gate_up_proj"));
   auto m = Model::Load(opts.out_dir, {});
   ASSERT_TRUE(m.ok()) << m.message();
-  ASSERT_TRUE((*m)->AllocateKvCache(4, 16).ok());
-  BatchPlan plan;
-  plan.AddSequence({1, 2, 3}, 0, {0}, true);
-  std::vector<float> logits(static_cast<size_t>((*m)->config().vocab_size));
-  ASSERT_TRUE((*m)->Forward(plan, logits).ok());
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  ExpectFiniteLogits(**m, {1, 2, 3});
   opts.preset = "tiny-llama";
   opts.out_dir = TempDir() + "/mx2";
   const Status refused = WriteSynthCheckpoint(opts);
