@@ -224,6 +224,12 @@ class Backend {
   // kU8 data (packed MXFP4 experts, TakesMxfp4Experts) stays bytes.
   virtual Result<Tensor> UploadWeight(const std::string& name, DType dtype,
                                       std::span<const int64_t> shape, const void* host_data) = 0;
+  // A float32 weight that an own kernel reads as float32 whatever its shape (the conv taps of
+  // CausalConv1dSilu, MLA's kv_b): unlike UploadWeight, a GPU backend keeps a matrix float32.
+  virtual Result<Tensor> UploadF32Weight(const std::string& name, std::span<const int64_t> shape,
+                                         const float* host_data) {
+    return UploadWeight(name, DType::kF32, shape, host_data);
+  }
   // True when UploadWeight keeps `host_data` (so weights the loader converted on the host must
   // live as long as the backend); false when it copies them.
   virtual bool KeepsHostWeights() const { return false; }

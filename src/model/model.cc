@@ -64,6 +64,16 @@ class Uploader {
     if (backend_.KeepsHostWeights()) keep.push_back(std::move(bytes));
     return t;
   }
+  // Converted, for a float32 tensor an own kernel reads as float32 (Backend::UploadF32Weight).
+  Result<Tensor> ConvertedF32(const std::string& name, std::vector<int64_t> shape,
+                              std::vector<uint8_t> bytes, int64_t parameters,
+                              std::vector<std::vector<uint8_t>>& keep) {
+    num_parameters += parameters;
+    EMBER_ASSIGN_OR_RETURN(Tensor t, backend_.UploadF32Weight(
+                                         name, shape, reinterpret_cast<const float*>(bytes.data())));
+    if (backend_.KeepsHostWeights()) keep.push_back(std::move(bytes));
+    return t;
+  }
   Result<TensorView> View(const std::string& name, std::vector<int64_t> shape) const {
     return store_.GetWithShape(name, std::move(shape));
   }
@@ -162,9 +172,8 @@ Status LoadMlaAttention(const ModelConfig& c, const std::string& prefix, Uploade
   EMBER_ASSIGN_OR_RETURN(TensorView kv_b, up.View(p + "kv_b_proj.weight", {kv_b_rows, rank}));
   std::vector<uint8_t> bytes(static_cast<size_t>(kv_b_rows * rank) * sizeof(float));
   cpu::ConvertToF32(kv_b.data, kv_b.dtype, kv_b_rows * rank, reinterpret_cast<float*>(bytes.data()));
-  EMBER_ASSIGN_OR_RETURN(w->kv_b, up.Converted(p + "kv_b_proj.weight", DType::kF32,
-                                               {kv_b_rows, rank}, std::move(bytes),
-                                               kv_b_rows * rank, keep));
+  EMBER_ASSIGN_OR_RETURN(w->kv_b, up.ConvertedF32(p + "kv_b_proj.weight", {kv_b_rows, rank},
+                                                  std::move(bytes), kv_b_rows * rank, keep));
   EMBER_ASSIGN_OR_RETURN(w->wo, up.Get(p + "o_proj.weight", {d, heads * c.v_head_dim}));
   return Status::Ok();
 }
@@ -365,7 +374,7 @@ Result<Tensor> UploadF32(Uploader& up, const std::string& name, std::vector<int6
   for (int64_t dim : as_shape) numel *= dim;
   std::vector<uint8_t> bytes(static_cast<size_t>(numel) * sizeof(float));
   cpu::ConvertToF32(view.data, view.dtype, numel, reinterpret_cast<float*>(bytes.data()));
-  return up.Converted(name, DType::kF32, std::move(as_shape), std::move(bytes), numel, keep);
+  return up.ConvertedF32(name, std::move(as_shape), std::move(bytes), numel, keep);
 }
 
 // q_proj [2 q_dim, hidden]: per head, head_dim query rows then head_dim gate rows.
