@@ -193,14 +193,15 @@ int Main(int argc, char** argv) {
   flags.AddDouble("--temperature", &temperature, "sampling temperature (default 0: greedy)");
   flags.AddDouble("--top-p", &top_p, "nucleus sampling mass (default 1: off)");
   std::string spec_method = "none", draft_model;
-  int64_t num_spec_tokens = 4, spec_max_batch = 16;
+  int64_t num_spec_tokens = 4, spec_max_batch = 0;
   bool copy_prompt = false;
   flags.AddString("--spec-method", &spec_method,
                   "none | ngram | draft: speculative decoding (default none)");
   flags.AddString("--draft-model", &draft_model, "the draft model of --spec-method draft");
   flags.AddInt("--num-spec-tokens", &num_spec_tokens, "most drafts per sequence and step (4)");
   flags.AddInt("--spec-max-batch", &spec_max_batch,
-               "no drafts while more sequences than this run (16)");
+               "no drafts while more sequences than this run (0: the device default, 8 on "
+               "CUDA, 16 on the CPU)");
   flags.AddBool("--copy-prompt", &copy_prompt,
                 "each prompt is a random quarter repeated four times (copy-heavy)");
   std::string schema_path;
@@ -250,6 +251,7 @@ int Main(int argc, char** argv) {
                                                        : SpeculationConfig::Method::kNone;
   config.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   config.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
+  config.speculation.invariant_steps = true;  // as `--batch-invariant auto` (or `on`: the flag)
   config.speculation.draft_model = draft_model;
   std::unique_ptr<DraftSource> draft;
   if (config.speculation.method == SpeculationConfig::Method::kDraft) {

@@ -5,10 +5,12 @@
 // outputs, each token right with probability a, at most K = --num-spec-tokens a step (adapted
 // per sequence as in serving). Prints generated tok/s over each run (prefill included), tokens
 // per target step, the measured acceptance (accepted / drafted) and the ratio to the run
-// without. On CUDA, speculation runs with the batch-invariant GEMMs (as `--batch-invariant auto`
-// does when speculating, so that greedy verification keeps the recorded tokens); the baseline
-// "off" row is also run on a second load of the model without them (the fastest non-speculating
-// configuration, what a user gets with speculation off). The prefix cache is off: every run
+// without. The engine runs as `--batch-invariant auto` does with speculation on: its steps are
+// batch-invariant (on CUDA, the fixed-order GEMMs) while at most --spec-max-batch sequences run,
+// the steps where drafting may run, so greedy verification keeps the recorded tokens, and take
+// the default products above it; the baseline "off" row is also run on an engine without
+// speculation (the fastest non-speculating configuration, what a user gets with speculation
+// off: the default products in every step). The prefix cache is off: every run
 // computes its prompts. --spec-method mtp replaces the replay draft by the checkpoint's own
 // multi-token-prediction module (deepseek_v3 with model.layers.N.*: --synth tiny-deepseek-v3
 // writes one): one run after the baseline, its real acceptance, and whether its outputs equal the
@@ -109,7 +111,7 @@ int Main(int argc, char** argv) {
       "[--acceptance 0.5,0.7,0.9] [--spec-method replay|mtp]");
   BenchModelFlags model_flags;
   model_flags.Register(flags);
-  int64_t concurrency = 1, prompt_len = 128, gen = 256, k = 4, threads = 0, max_batch = 16;
+  int64_t concurrency = 1, prompt_len = 128, gen = 256, k = 4, threads = 0, max_batch = 0;
   std::string acceptance = "0.5,0.7,0.9", spec_method = "replay";
   flags.AddString("--spec-method", &spec_method,
                   "replay (the recorded outputs at each --acceptance, default) or mtp (the "
@@ -119,7 +121,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("--gen", &gen, "generated tokens per sequence (default 256)");
   flags.AddInt("--num-spec-tokens", &k, "K, the most drafts per sequence and step (default 4)");
   flags.AddInt("--spec-max-batch", &max_batch,
-               "no sequence drafts while more than this many run (default 16, as serving)");
+               "no sequence drafts while more than this many run (default 0: the device's "
+               "default, as serving)");
   flags.AddString("--acceptance", &acceptance, "the replay draft's per-token acceptance rates");
   flags.AddInt("--threads", &threads, "CPU threads (default: all)");
   bool help = false;
@@ -139,7 +142,6 @@ int Main(int argc, char** argv) {
   ModelLoadOptions opts;
   opts.num_threads = static_cast<int32_t>(threads);
   opts.device = model_flags.Device();
-  opts.cuda_batch_invariant = opts.device == DeviceKind::kCuda;
   std::unique_ptr<Model> model = LoadOrExit(*dir, opts);
   const int32_t vocab = model->config().vocab_size;
   std::mt19937 rng(7);
@@ -149,10 +151,13 @@ int Main(int argc, char** argv) {
       p.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab)));
 
   EngineConfig config;
+  config.max_running = 0;  // the device's defaults, as serving
+  config.max_step_tokens = 0;
   config.enable_prefix_caching = false;
   config.speculation.method = SpeculationConfig::Method::kNgram;  // replaced by the replay source
   config.speculation.num_spec_tokens = static_cast<int32_t>(k);
   config.speculation.max_batch = static_cast<int32_t>(max_batch);
+  config.speculation.invariant_steps = true;  // --batch-invariant auto
   // The replay source learns the recordings after the engine owns it: it is filled between runs
   // (the engine is idle then; Submit's lock orders the writes before the next run's reads).
   auto owned = std::make_unique<ReplayDraftSource>(std::vector<ReplayDraftSource::Run>{}, vocab,
@@ -201,11 +206,12 @@ int Main(int argc, char** argv) {
   }
   (*engine)->Shutdown(true);
   engine->reset();
-  if (opts.cuda_batch_invariant) {  // the fastest non-speculating configuration
-    model.reset();
-    opts.cuda_batch_invariant = false;
+  if (opts.device == DeviceKind::kCuda) {  // the fastest non-speculating configuration
+    model.reset();  // (its KV pool with it)
     model = LoadOrExit(*dir, opts);
     EngineConfig plain;
+    plain.max_running = 0;
+    plain.max_step_tokens = 0;
     plain.enable_prefix_caching = false;
     auto e2 = Engine::Create(model.get(), plain);
     if (!e2.ok()) return std::fprintf(stderr, "%s\n", e2.message().c_str()), 1;

@@ -123,8 +123,10 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off | auto: CUDA results bitwise independent of the batch (fixed-order "
                   "GEMM; slower). off: last-bit differences between batch sizes. auto (default): "
-                  "on with speculative decoding (whose verified tokens then equal unspeculated "
-                  "decoding's), else off. The CPU backend always is");
+                  "with speculative decoding, on in the steps where drafting may run (at most "
+                  "--spec-max-batch sequences running), so verified tokens equal unspeculated "
+                  "decoding's, and off above it, where nobody drafts; else off. The CPU backend "
+                  "always is");
   flags.AddString("--cpu-matmul", &cpu_matmul,
                   "exact | bf16 | auto: CPU matrix products in float32 (exact, the reference) or on "
                   "the CPU's bf16 dot-product instructions (AVX512_BF16: x and weights rounded to "
@@ -194,7 +196,8 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                "to its acceptance)");
   flags.AddInt("--spec-max-batch", &spec_max_batch,
                "no sequence drafts while more than this many are running (a large batch is "
-               "compute-bound; default 16)");
+               "compute-bound; on CUDA the steps that may draft also take the batch-invariant "
+               "GEMMs); default 0: 8 on CUDA, 16 on the CPU (docs/perf.md, session 39)");
   flags.AddString("--draft-model", &draft_model,
                   "draft model folder for --spec-method draft: same vocabulary and tokenizer as "
                   "the model; loaded on the same device with the same options");
@@ -258,10 +261,11 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     return Status::Error("--batch-invariant must be on, off or auto, got '" + batch_invariant +
                          "'");
   // Speculation verifies drafts in multi-row steps: only batch-invariant products give those rows
-  // the logits a one-row decode step gives (else a near tie can flip a token).
+  // the logits a one-row decode step gives (else a near tie can flip a token). `on`: every step
+  // (the backend's option); `auto`: the steps where drafting may run (Config's
+  // SpeculationConfig::invariant_steps), so a loaded server keeps its fastest products.
   const bool speculates = spec_method != "none";
-  opts.cuda_batch_invariant =
-      batch_invariant == "on" || (batch_invariant == "auto" && speculates);
+  opts.cuda_batch_invariant = batch_invariant == "on";
   if (batch_invariant == "off" && speculates && opts.device == DeviceKind::kCuda) {
     LOG_WARN << "--batch-invariant off with --spec-method " << spec_method
              << ": on CUDA a verified token can differ from unspeculated decoding's at a near tie";
@@ -297,6 +301,7 @@ EngineConfig EngineFlags::Config() const {
   c.speculation.method = SpecMethodOf(spec_method).value_or(SpeculationConfig::Method::kNone);
   c.speculation.num_spec_tokens = static_cast<int32_t>(num_spec_tokens);
   c.speculation.max_batch = static_cast<int32_t>(spec_max_batch);
+  c.speculation.invariant_steps = batch_invariant == "auto";
   c.speculation.draft_model = draft_model;
   c.speculation.draft_kv_cache_bytes = draft_kv_cache_bytes;
   c.prompt_cache.dir = prompt_cache_dir;

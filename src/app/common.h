@@ -61,7 +61,7 @@ struct EngineFlags {
   bool no_jump_forward = false;
   std::string spec_method = "none";  // --spec-method none|ngram|draft
   std::string draft_model;           // --draft-model DIR
-  int64_t num_spec_tokens = 4, spec_max_batch = 16;
+  int64_t num_spec_tokens = 4, spec_max_batch = 0;
   int64_t draft_kv_cache_bytes = 0;  // --draft-kv-cache-bytes; 0: the default (128 MiB)
   // LoRA adapters: --lora NAME=DIR (repeatable), --adapter NAME (the default of requests that
   // name none), --max-loras (slots; 0: 4 when --lora is given, else LoRA is off), --max-lora-rank.

@@ -113,20 +113,25 @@ TEST(GenerationFlagsTest, InvalidValuesGiveTheServersMessage) {
 // --batch-invariant auto (the default) turns CUDA's batch-invariant products on exactly when
 // speculation is on: drafts are verified in multi-row steps, whose rows must carry a one-row
 // step's logits for the tokens to equal unspeculated decoding's.
+// `on`: the backend is batch-invariant in every step; `auto`: only the steps where drafting may
+// run are (SpeculationConfig::invariant_steps, which matters only with speculation); `off`:
+// none.
 TEST(EngineFlagsTest, BatchInvariantAutoFollowsSpeculation) {
   struct Case {
     std::string batch_invariant, spec_method;
-    bool want;
+    bool backend, steps;
   };
-  for (const Case& c : {Case{"auto", "none", false}, Case{"auto", "ngram", true},
-                        Case{"off", "ngram", false}, Case{"on", "none", true}}) {
+  for (const Case& c : {Case{"auto", "none", false, true}, Case{"auto", "ngram", false, true},
+                        Case{"off", "ngram", false, false}, Case{"on", "none", true, false}}) {
     EngineFlags flags;
     flags.device = "cpu";
     flags.batch_invariant = c.batch_invariant;
     flags.spec_method = c.spec_method;
     const Result<ModelLoadOptions> opts = flags.LoadOptions();
     ASSERT_TRUE(opts.ok()) << opts.message();
-    EXPECT_EQ(opts->cuda_batch_invariant, c.want) << c.batch_invariant << " " << c.spec_method;
+    EXPECT_EQ(opts->cuda_batch_invariant, c.backend) << c.batch_invariant << " " << c.spec_method;
+    EXPECT_EQ(flags.Config().speculation.invariant_steps, c.steps)
+        << c.batch_invariant << " " << c.spec_method;
   }
   EngineFlags bad;
   bad.batch_invariant = "sometimes";

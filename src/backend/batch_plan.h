@@ -36,6 +36,11 @@ struct BatchPlan {
   std::vector<SequenceSlice> seqs;    // [num_seqs]
   std::vector<int32_t> block_tables;  // concatenated block ids of all sequences
   std::vector<int32_t> logits_rows;   // rows whose logits are returned, in output order
+  // This step's products must be batch-invariant: each row's bits independent of the step's other
+  // rows (CUDA: the fixed-order GEMM; a backend created batch-invariant is so for every step; the
+  // CPU's default products always are). The engine sets it in the steps where speculation may
+  // verify drafts under `--batch-invariant auto` (SpeculationConfig::invariant_steps).
+  bool batch_invariant = false;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(seqs.size()); }

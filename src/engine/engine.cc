@@ -343,6 +343,8 @@ void Engine::Loop() {
     std::optional<StepPlan> plan = ScheduleStep();
     if (!plan) continue;
     StepBatch next = builder_.Build(*plan);
+    next.batch.batch_invariant =
+        speculator_.StepInvariant(scheduler_.running().size(), !next.draft_rows.empty());
     if (!next.deferred) CompleteInFlight();
     builder_.DecideRowOutputs(next);
     if (Launch(next)) {

@@ -20,7 +20,17 @@ struct SpeculationConfig {
   int32_t num_spec_tokens = 4;
   // Back-off across the batch: no sequence drafts while more than this many sequences are
   // running (a large decode batch is compute-bound: verifying drafts would slow every row).
-  int32_t max_batch = 16;
+  // 0: the device's default (ResolveEngineLimits): kGpuSpecMaxBatch on a GPU, where the steps
+  // that may draft also take the slower batch-invariant GEMMs (invariant_steps), else
+  // kCpuSpecMaxBatch.
+  int32_t max_batch = 0;
+  static constexpr int32_t kGpuSpecMaxBatch = 8;
+  static constexpr int32_t kCpuSpecMaxBatch = 16;
+  // `--batch-invariant auto`: the steps where drafting may run (speculation on, at most max_batch
+  // sequences running) are batch-invariant (BatchPlan::batch_invariant), so a verified token is
+  // the one unspeculated decoding gives; above max_batch nobody drafts and steps take the
+  // backend's fastest products. A backend created batch-invariant (`on`) is so in every step.
+  bool invariant_steps = false;
   // ngram: the history suffix lengths tried, longest first.
   int32_t ngram_min = 1, ngram_max = 3;
   std::string draft_model;  // kDraft's checkpoint (--draft-model)

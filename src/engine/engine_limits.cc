@@ -77,8 +77,16 @@ Result<EngineConfig> ResolveEngineLimits(const Model& model, EngineConfig config
     return Status::Error("--max-model-len: must be in [1, " + std::to_string(model_context) +
                          "] (the model's max_position_embeddings; 0: that), got " +
                          std::to_string(config.max_model_len));
-  if (config.max_running > 0 && config.max_step_tokens > 0) return config;
+  if (config.speculation.max_batch < 0)
+    return Status::Error("--spec-max-batch: must be >= 0 (0: the device's default), got " +
+                         std::to_string(config.speculation.max_batch));
+  if (config.max_running > 0 && config.max_step_tokens > 0 && config.speculation.max_batch > 0)
+    return config;
   EMBER_ASSIGN_OR_RETURN(BackendMemory mem, model.MemoryInfo());
+  if (config.speculation.max_batch == 0) {
+    config.speculation.max_batch =
+        mem.device ? SpeculationConfig::kGpuSpecMaxBatch : SpeculationConfig::kCpuSpecMaxBatch;
+  }
   if (config.max_running == 0) config.max_running = mem.device ? 256 : 64;
   if (config.max_step_tokens == 0) {
     config.max_step_tokens = 512;

@@ -40,7 +40,8 @@ Status RunDummyStep(Model& model, const BatchPlan& plan) {
   return model.Forward(plan, StepOutputs{logits, kinds, sampling, ids, {}});
 }
 
-// Runs decode steps of every graph bucket (two each) before serving, so each is captured now: a
+// Runs decode steps of every graph bucket (two each; two more batch-invariant ones where drafting
+// may run, SpeculationConfig::invariant_steps) before serving, so each is captured now: a
 // capture costs 6 to 50 ms on an H200 (1B and 8B shapes), which a step of a new batch size would
 // otherwise pay mid-stream. A first step of max_step_tokens prompt rows in up to max_running
 // sequences, each with a logits row, grows the backend's step workspace and plan buffer to their
@@ -61,15 +62,34 @@ Status WarmUpDecodeGraphs(Model& model, const EngineConfig& config,
     prefill.AddSequence(std::vector<int32_t>(static_cast<size_t>(len), 0), 0, table, true);
     prefill.seqs.back().state_slot = scratch.state_slot;
   }
+  // With speculation under `--batch-invariant auto`, the steps where drafting may run (at most
+  // max_batch sequences) are batch-invariant: their buckets get a graph of that kind too, and the
+  // workspace is grown by such a prefill step first (the fixed-order GEMM keeps its operands in
+  // float32: a larger workspace, which a later step would otherwise grow mid-serving, past the
+  // memory the KV pool left it).
+  const SpeculationConfig& spec = config.speculation;
+  const int32_t invariant_rows =
+      spec.invariant_steps && spec.method != SpeculationConfig::Method::kNone ? spec.max_batch : 0;
+  if (invariant_rows > 0) {
+    prefill.batch_invariant = true;
+    EMBER_RETURN_IF_ERROR(RunDummyStep(model, prefill));
+    prefill.batch_invariant = false;
+  }
   EMBER_RETURN_IF_ERROR(RunDummyStep(model, prefill));
+  int32_t smaller = 0;  // the bucket before `rows`
   for (int32_t rows : buckets) {
     BatchPlan decode;
     decode.block_size = bs;
     for (int32_t s = 0; s < rows; ++s) AddPaddingRow(decode, scratch);
     // Twice: consecutive steps alternate between two sets of plan and ids buffers (the CUDA
     // backend's staging halves), so a bucket has a graph for each.
-    EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
-    EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
+    for (bool invariant : {false, true}) {
+      if (invariant && smaller >= invariant_rows) continue;  // no step of this bucket drafts
+      decode.batch_invariant = invariant;
+      EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
+      EMBER_RETURN_IF_ERROR(RunDummyStep(model, decode));
+    }
+    smaller = rows;
   }
   LOG_INFO << "decode-step graphs for " << buckets.size() << " batch sizes (1 to " << buckets.back()
            << " rows) captured in " << (NowNs() - start) / 1000000 << " ms";

@@ -1,4 +1,5 @@
-// Speculative decoding in the engine on real checkpoints (CPU backend): outputs are token-identical
+// Speculative decoding in the engine on real checkpoints (CPU backend; one test on a GPU where
+// present: `--batch-invariant auto`'s per-step invariance keeps the tokens): outputs are token-identical
 // with and without it — greedy against the reference goldens of every fixture model, solo and in
 // a mixed batch (speculating and non-speculating requests, staggered, chunked prefill); seeded
 // sampled requests with every logits processor (penalties, logit_bias, min_tokens, logprobs, n)
@@ -22,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_loader.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "engine/model_draft_source.h"
@@ -100,12 +102,14 @@ struct RunOptions {
   int64_t state_checkpoint_bytes = -1;    // -1: auto
   SpeculationConfig::Method method = SpeculationConfig::Method::kNone;
   std::unique_ptr<DraftSource> source;  // replaces `method`'s when set
+  ModelLoadOptions load;                // the device, and CUDA's batch-invariant option
+  bool invariant_steps = false;         // SpeculationConfig::invariant_steps (`auto`)
 };
 
 RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>& requests,
               RunOptions options) {
   RunResult result;
-  auto model = Model::Load(dir, ModelLoadOptions{});
+  auto model = Model::Load(dir, options.load);
   EXPECT_TRUE(model.ok()) << model.message();
   if (!model.ok()) return result;
   EngineConfig config;
@@ -119,6 +123,7 @@ RunResult RunEngine(const std::string& dir, const std::vector<GenerationRequest>
   config.state_checkpoint_bytes = options.state_checkpoint_bytes;
   config.speculation.num_spec_tokens = 4;
   config.speculation.max_batch = 64;
+  config.speculation.invariant_steps = options.invariant_steps;
   if (options.source != nullptr) config.speculation.method = SpeculationConfig::Method::kNgram;
   auto engine = Engine::Create(model->get(), config, std::move(options.source));
   EXPECT_TRUE(engine.ok()) << engine.message();
@@ -244,6 +249,48 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SpecGreedyTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen2", "qwen3",
                                            "qwen3_moe", "gpt_oss", "mistral", "phi3", "gemma2",
                                            "gemma3", "qwen3_next"));
+
+// On a GPU in the bf16 mode, as `--batch-invariant auto` serves with speculation: the backend's
+// default products, and batch-invariant steps wherever drafting may run (BatchPlan::
+// batch_invariant). A staggered, chunked batch of speculating (replayed drafts, one in three
+// wrong) and non-speculating requests gives the tokens that `--batch-invariant on` without
+// speculation gives each request alone.
+class CudaSpecGreedyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaSpecGreedyTest, AutoInvarianceKeepsUnspeculatedTokens) {
+  const std::string dir = ModelDir(GetParam());
+  EMBER_REQUIRE_DIR(dir);
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  std::vector<GenerationRequest> requests;
+  std::vector<std::vector<int32_t>> golden;
+  GoldenRequests(dir, &requests, &golden);
+  const size_t num_golden = requests.size();
+  for (size_t i = 0; i < num_golden; ++i) {
+    requests.push_back(requests[i]);
+    requests.back().speculate = false;
+  }
+  RunOptions on;  // --batch-invariant on, no speculation, one request at a time
+  on.solo = true;
+  on.load.device = DeviceKind::kCuda;
+  on.load.cuda_batch_invariant = true;
+  const RunResult reference = RunEngine(dir, requests, std::move(on));
+  RunOptions autos;
+  autos.load.device = DeviceKind::kCuda;
+  autos.invariant_steps = true;
+  autos.max_step_tokens = 13;
+  autos.stagger = true;
+  auto probe = Model::Load(dir, ModelLoadOptions{});
+  ASSERT_TRUE(probe.ok()) << probe.message();
+  autos.source = Replay(requests, reference, 3, (*probe)->config().vocab_size);
+  const RunResult batched = RunEngine(dir, requests, std::move(autos));
+  EXPECT_EQ(FirstSamples(batched), FirstSamples(reference));
+  EXPECT_GT(batched.stats.spec_accepted_tokens, 0);
+  EXPECT_GT(batched.stats.spec_draft_tokens, batched.stats.spec_accepted_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaSpecGreedyTest,
+                         ::testing::Values("tinystories-656k", "llama3", "qwen3", "qwen3_moe",
+                                           "gemma2"));
 
 std::vector<GenerationRequest> SampledRequests() {
   std::vector<GenerationRequest> requests;

@@ -151,6 +151,7 @@ TEST(SpeculatorTest, DraftsWithinMaxTokensAndBacksOffOnLargeBatches) {
   CountingSource* counting = source.get();
   SpeculationConfig config;
   config.max_batch = 2;
+  config.invariant_steps = true;  // --batch-invariant auto
   Speculator speculator(config, std::move(source), &counters);
   auto a = DecodingSequence(100, 3, 4);
   auto b = DecodingSequence(6, 3, 4);   // 3 tokens left: 2 drafts + the token after them
@@ -161,12 +162,21 @@ TEST(SpeculatorTest, DraftsWithinMaxTokensAndBacksOffOnLargeBatches) {
   EXPECT_EQ(a->draft, (std::vector<int32_t>{1, 2, 3, 4}));
   EXPECT_EQ(b->draft, (std::vector<int32_t>{1, 2}));
   EXPECT_TRUE(a->wants_drafts);
-  // Three running sequences: more than max_batch, nobody drafts (and all may overlap).
+  EXPECT_TRUE(speculator.StepInvariant(2, true));  // drafting may run: the step is batch-invariant
+  EXPECT_TRUE(speculator.StepInvariant(2, false));
+  // Three running sequences: more than max_batch, nobody drafts (and all may overlap), and the
+  // step takes the backend's fastest products.
   speculator.Propose(running);
   for (Sequence* s : running) {
     EXPECT_TRUE(s->draft.empty());
     EXPECT_FALSE(s->wants_drafts);
   }
+  EXPECT_FALSE(speculator.StepInvariant(3, false));
+  // A step that verifies drafts is invariant whatever was admitted into it since; a lone
+  // sequence that does not speculate still runs a step where drafting may run (a request's
+  // tokens must not depend on whether others draft).
+  EXPECT_TRUE(speculator.StepInvariant(3, true));
+  EXPECT_TRUE(speculator.StepInvariant(1, false));
   // A sequence held by a step in flight (its last token not known yet) does not draft now.
   a->steps_in_flight = 1;
   const int calls = counting->calls;
@@ -179,6 +189,23 @@ TEST(SpeculatorTest, DraftsWithinMaxTokensAndBacksOffOnLargeBatches) {
   EXPECT_EQ(counters.spec_accepted_tokens, 1);
   EXPECT_EQ(a->rejected_drafts, 3);
   EXPECT_EQ(a->spec.draft_len(), 2);
+}
+
+// Without invariant_steps (`--batch-invariant on` or `off`: the backend's own mode in every step)
+// and without a source, no step asks for batch invariance.
+TEST(SpeculatorTest, StepInvarianceOnlyWhereAskedAndSpeculating) {
+  EngineStats counters;
+  auto seq = DecodingSequence(100, 3, 4);
+  std::vector<Sequence*> running = {seq.get()};
+  SpeculationConfig config;
+  config.max_batch = 4;
+  Speculator plain(config, std::make_unique<CountingSource>(), &counters);
+  plain.Propose(running);
+  EXPECT_FALSE(plain.StepInvariant(1, true));
+  config.invariant_steps = true;
+  Speculator off(config, nullptr, &counters);
+  off.Propose(running);
+  EXPECT_FALSE(off.StepInvariant(1, false));
 }
 
 // kDraft: the config checks pass with --draft-model and refuse it without; the source itself is

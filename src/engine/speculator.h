@@ -50,6 +50,14 @@ class Speculator {
   bool enabled() const { return source_ != nullptr; }
   // Before a step is scheduled: each running sequence's drafts and wants_drafts.
   void Propose(std::span<Sequence* const> running);
+  // Whether a step must be batch-invariant (BatchPlan::batch_invariant): with invariant_steps
+  // and speculation on, a step that verifies drafts, and every step while at most max_batch
+  // sequences run (`running`: after the step's admissions), whether or not one drafts in it, so
+  // a request's tokens do not depend on its drafts' timing.
+  bool StepInvariant(size_t running, bool verifies_drafts) const {
+    return config_.invariant_steps && enabled() &&
+           (verifies_drafts || running <= static_cast<size_t>(config_.max_batch));
+  }
   // Whether steps must copy their rows' hidden states for the source (DraftSource::
   // wants_hidden_states), and the rows of a sequence after a step (ObserveHidden).
   bool wants_hidden_states() const { return enabled() && source_->wants_hidden_states(); }

@@ -52,6 +52,18 @@ bool FedRowOk(const Sequence& seq, bool backend_samples) {
          (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
 }
 
+// Whether a verifying sequence's draft rows take their tokens from the backend (kArgmax) rather
+// than copying their logits to the host: a greedy row the backend decides (BackendMakesToken)
+// with no processor at all at any of the drafts' positions (no constraint, logit bias,
+// penalties, DRY or min_tokens mask), so row j's token is the argmax of its logits, as ordinary
+// decoding would take it on the backend there. A 128k vocabulary's logits are 0.5 MB a row.
+bool DraftRowsOnBackend(const Sequence& seq) {
+  const SamplingParams& p = seq.request->request.sampling;
+  return p.is_greedy() && seq.constraint == nullptr && BackendMakesToken(seq, false) &&
+         p.logit_bias.empty() && !p.has_penalties() && !p.has_dry() &&
+         (p.min_tokens == 0 || seq.sampler->num_output_tokens() >= p.min_tokens);
+}
+
 }  // namespace
 
 StepBatch StepBuilder::Build(const StepPlan& plan) {
@@ -142,7 +154,8 @@ void StepBuilder::AddStateCopies(StepBatch& step) {
   }
 }
 
-// A sequence verifying drafts: one kCopy logits row per draft, after the sampled and padding rows
+// A sequence verifying drafts: one logits row per draft (kCopy, or kArgmax where
+// DraftRowsOnBackend), after the sampled and padding rows
 // (the sampled rows keep rows 0..real_rows-1); with recurrent layers, its snapshot slots.
 void StepBuilder::AddDraftRows(StepBatch& step) {
   BatchPlan& batch = step.batch;
@@ -250,7 +263,9 @@ void StepBuilder::DecideRowOutputs(StepBatch& step) {
   for (const StepBatch::PromptRows& run : step.prompt_rows)
     std::fill_n(step.kinds.begin() + run.first_row, run.num_rows, RowOutput::kCopy);
   for (const StepBatch::DraftRows& run : step.draft_rows)
-    std::fill_n(step.kinds.begin() + run.first_row, run.tokens.size(), RowOutput::kCopy);
+    std::fill_n(step.kinds.begin() + run.first_row, run.tokens.size(),
+                DraftRowsOnBackend(*step.scheduled[run.scheduled_index].seq) ? RowOutput::kArgmax
+                                                                              : RowOutput::kCopy);
   step.sampling.assign(num_rows, RowSampling{});
   step.ids.assign(num_rows, 0);
   BuildMasks(step);

@@ -240,8 +240,11 @@ void StepPostprocessor::VerifyDrafts(StepBatch& step, size_t i, size_t row,
   int32_t accepted = 0;
   bool blocked = false, rolled_back = true;
   for (int32_t j = 0; j <= k; ++j) {
+    const auto draft_row = static_cast<size_t>(run.first_row + j - 1);
     SampleOutput out = j == 0 ? TakeRowOutput(step, row)
-                              : SampleRow(step, static_cast<size_t>(run.first_row + j - 1), seq);
+                       : step.kinds[draft_row] != RowOutput::kCopy  // DraftRowsOnBackend
+                           ? TakeRowOutput(step, draft_row)
+                           : SampleRow(step, draft_row, seq);
     if (out.token_id < 0) {
       blocked = true;
       break;

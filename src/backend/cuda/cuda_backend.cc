@@ -61,7 +61,8 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options, RuntimeS
     : device_(device),
       f32_compute_(options.f32_compute),
       use_graphs_(options.cuda_graphs),
-      batch_invariant_(options.batch_invariant && !options.f32_compute),
+      always_invariant_(options.batch_invariant && !options.f32_compute),
+      batch_invariant_(always_invariant_),
       kv_f32_(options.kv_f32),
       switches_(std::move(switches)),
       cublas_(stream_.get()),
@@ -99,8 +100,25 @@ std::vector<int32_t> CudaBackend::DecodeGraphBuckets() const {
   return buckets;
 }
 
+Result<Tensor> CudaBackend::UploadF32Weight(const std::string& name,
+                                            std::span<const int64_t> shape,
+                                            const float* host_data) {
+  return UploadWeightAs(name, DType::kF32, shape, host_data, DType::kF32);
+}
+
 Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
                                          std::span<const int64_t> shape, const void* host_data) {
+  // Matrices go to bf16 (the GEMM/embedding operand type); norms and biases stay f32; bytes
+  // (packed MXFP4 experts) stay bytes.
+  const DType stored = dtype == DType::kU8                   ? DType::kU8
+                       : (f32_compute_ || shape.size() == 1) ? DType::kF32
+                                                             : DType::kBF16;
+  return UploadWeightAs(name, dtype, shape, host_data, stored);
+}
+
+Result<Tensor> CudaBackend::UploadWeightAs(const std::string& name, DType dtype,
+                                           std::span<const int64_t> shape, const void* host_data,
+                                           DType stored) {
   if (shape.empty() || shape.size() > 4)
     return Status::Error("weight " + name + ": expected 1 to 4 dims, got " +
                          std::to_string(shape.size()));
@@ -115,11 +133,7 @@ Result<Tensor> CudaBackend::UploadWeight(const std::string& name, DType dtype,
     if (shape[i] <= 0) return Status::Error("weight " + name + ": non-positive dim");
     t.shape[i] = shape[i];
   }
-  // Matrices go to bf16 (the GEMM/embedding operand type); norms and biases stay f32; bytes
-  // (packed MXFP4 experts) stay bytes.
-  t.dtype = dtype == DType::kU8                   ? DType::kU8
-            : (f32_compute_ || shape.size() == 1) ? DType::kF32
-                                                  : DType::kBF16;
+  t.dtype = stored;
   const int64_t n = t.numel();
   Flush();
   DeviceBuffer buffer(t.nbytes());

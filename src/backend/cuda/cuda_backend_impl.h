@@ -190,6 +190,8 @@ class CudaBackend final : public Backend {
   // ---- set-up (cuda_backend.cc) ----
   Result<Tensor> UploadWeight(const std::string& name, DType dtype, std::span<const int64_t> shape,
                               const void* host_data) override;
+  Result<Tensor> UploadF32Weight(const std::string& name, std::span<const int64_t> shape,
+                                 const float* host_data) override;
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override;
   int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
@@ -288,6 +290,10 @@ class CudaBackend final : public Backend {
                     const Tensor& k_rope, Tensor out) override;
 
  private:
+  // UploadWeight's copy: `host_data` (dtype) stored as `stored` on the device.
+  Result<Tensor> UploadWeightAs(const std::string& name, DType dtype,
+                                std::span<const int64_t> shape, const void* host_data,
+                                DType stored);
   // ---- the step workspace (cuda_backend.cc) ----
   void* ArenaAlloc(size_t bytes);
   Tensor AllocOf(DType dtype, std::initializer_list<int64_t> shape);
@@ -407,7 +413,11 @@ class CudaBackend final : public Backend {
   int device_;
   bool f32_compute_;
   bool use_graphs_;
-  bool batch_invariant_;  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu)
+  // bf16 mode: MatMul in one reduction order per row (gemm_invariant.cu), in every step
+  // (always_invariant_: CudaBackendOptions::batch_invariant) or in this one (BatchPlan::
+  // batch_invariant, set by BeginStep).
+  const bool always_invariant_;
+  bool batch_invariant_;
   bool kv_f32_;           // tests: an f32 KV pool in the bf16 mode too
   RuntimeSwitches switches_;
   int num_sms_ = 132;
@@ -514,6 +524,12 @@ class CudaBackend final : public Backend {
   // Step workspace: bump allocation over chunks; merged into one chunk at BeginStep.
   std::vector<DeviceBuffer> arena_chunks_;
   size_t arena_offset_ = 0;  // into arena_chunks_.back()
+  // The invariant GEMM's bf16 copy of x (GemmInvariantScratchBytes): one arena buffer per step,
+  // shared by the step's launches (all on the main stream, in order; each converts its x after
+  // the launch before it ends) and replaced by a larger one where a launch needs more. Without
+  // the sharing a batch-invariant 8,192-row step of an 8B model took ~14 GB of scratch.
+  void* gemm_scratch_ = nullptr;
+  size_t gemm_scratch_bytes_ = 0;
   // Per GEMV launch recorded since the last Flush, in order: its prefetch target (the next
   // GEMV launch's weights; the last one's stays empty). A launch reads its entry at Flush, after
   // the whole step is recorded.

@@ -147,8 +147,12 @@ void CudaBackend::AddToPartsLaunch(MatMulPath path, const Tensor& x, const GemvP
     gemv_next_.emplace_back();
     launch->hint = gemv_next_.size() - 1;
   } else {
-    const int64_t scratch_bytes = GemmInvariantScratchBytes(n, k);
-    launch->scratch = scratch_bytes > 0 ? ArenaAlloc(static_cast<size_t>(scratch_bytes)) : nullptr;
+    const auto scratch_bytes = static_cast<size_t>(GemmInvariantScratchBytes(n, k));
+    if (scratch_bytes > gemm_scratch_bytes_) {
+      gemm_scratch_ = ArenaAlloc(scratch_bytes);
+      gemm_scratch_bytes_ = scratch_bytes;
+    }
+    launch->scratch = scratch_bytes > 0 ? gemm_scratch_ : nullptr;
   }
   launch->parts[0] = part;
   launch->num_parts = 1;

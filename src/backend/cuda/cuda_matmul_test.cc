@@ -708,5 +708,67 @@ TEST_F(CudaOpsTest, MatMulInvariantGraphReplay) {
   EXPECT_LT(RelL2(results[0], TwinMatMulBf16(x, w, nullptr, n, m, k, 1)), 1e-5);
 }
 
+// A backend of the default mode runs a step whose plan asks for it (BatchPlan::batch_invariant,
+// `--batch-invariant auto` with speculation) on the batch-invariant GEMM: its rows are bitwise
+// the rows computed alone in such steps, decode-shaped steps (graph-replayed) included, while
+// the steps between them take the default paths (GEMV, cuBLAS: same values to bf16 rounding).
+TEST_F(CudaOpsTest, MatMulInvariantPerStep) {
+  const int64_t k = 2048, m = 512, pool = 300;
+  const std::vector<float> w = Random(static_cast<size_t>(m * k), 80, 0.05f);
+  const std::vector<float> x = Random(static_cast<size_t>(pool * k), 81);
+  auto b = Make(false);
+  Tensor wt = Weight(*b, w, {m, k});
+  // rows [0, n) of x in one step of n single-token sequences (decode) or one n-token sequence.
+  auto run = [&](int64_t n, bool decode, bool invariant) {
+    BatchPlan plan;
+    if (decode) {
+      for (int32_t s = 0; s < n; ++s) plan.AddSequence(std::vector<int32_t>{0}, 5, {s}, true);
+    } else {
+      plan = SimplePlan(static_cast<int32_t>(n));
+    }
+    plan.batch_invariant = invariant;
+    EXPECT_TRUE(b->BeginStep(plan).ok());
+    Tensor xt = Upload(*b, std::vector<float>(x.begin(), x.begin() + n * k), {n, k});
+    Tensor out = b->Alloc({n, m});
+    b->MatMul(xt, wt, nullptr, out);
+    return Download(*b, out);
+  };
+  std::vector<float> solo;  // each row alone, in invariant steps
+  for (int64_t r = 0; r < pool; r += 37) {
+    BatchPlan plan = SimplePlan(1);
+    plan.batch_invariant = true;
+    ASSERT_TRUE(b->BeginStep(plan).ok());
+    Tensor xt = Upload(*b, std::vector<float>(x.begin() + r * k, x.begin() + (r + 1) * k), {1, k});
+    Tensor out = b->Alloc({1, m});
+    b->MatMul(xt, wt, nullptr, out);
+    const std::vector<float> row = Download(*b, out);
+    solo.insert(solo.end(), row.begin(), row.end());
+  }
+  auto sampled_rows = [&](const std::vector<float>& all, int64_t n) {
+    std::vector<float> rows;
+    for (int64_t r = 0; r < n; r += 37)
+      rows.insert(rows.end(), all.begin() + r * m, all.begin() + (r + 1) * m);
+    return rows;
+  };
+  const std::vector<double> twin = TwinMatMulBf16(x, w, nullptr, pool, m, k, 37);
+  auto twin_rows = [&](size_t count) {
+    return std::vector<double>(twin.begin(), twin.begin() + static_cast<int64_t>(count));
+  };
+  // Alternating modes, twice over: invariant steps equal the solo rows bitwise; default steps
+  // (one row: the GEMV; 300: cuBLAS) are the same products to bf16 rounding.
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& [n, decode] : {std::pair<int64_t, bool>{pool, false}, {38, true}}) {
+      const std::vector<float> inv = sampled_rows(run(n, decode, true), n);
+      const std::vector<float> solo_rows(solo.begin(), solo.begin() + static_cast<int64_t>(inv.size()));
+      EXPECT_EQ(inv, solo_rows) << "n=" << n << " round " << round;
+      const std::vector<float> fast = sampled_rows(run(n, decode, false), n);
+      EXPECT_LT(RelL2(fast, twin_rows(fast.size())), 1e-2)
+          << "n=" << n << " round " << round;
+    }
+    const std::vector<float> one = run(1, true, false);
+    EXPECT_LT(RelL2(one, twin_rows(static_cast<size_t>(m))), 1e-2);
+  }
+}
+
 }  // namespace
 }  // namespace ember

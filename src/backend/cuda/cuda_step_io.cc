@@ -52,8 +52,11 @@ Status CudaBackend::BeginStep(const BatchPlan& plan) {
     arena_chunks_.emplace_back(total);
   }
   arena_offset_ = 0;
+  gemm_scratch_ = nullptr;
+  gemm_scratch_bytes_ = 0;
 
   UploadStepPlan(plan);
+  batch_invariant_ = always_invariant_ || (plan.batch_invariant && !f32_compute_);
   in_step_ = true;
   return Status::Ok();
 }
