@@ -132,6 +132,16 @@ Status Backend::CopyKvBlockToHost(int32_t /*block_id*/, std::span<uint8_t> /*out
   return Status::Error("the " + name() + " backend cannot copy KV blocks to host memory");
 }
 
+Status Backend::CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                                   std::span<const std::span<uint8_t>> outs) {
+  if (blocks.size() != outs.size())
+    return Status::Error("CopyKvBlocksToHost: " + std::to_string(blocks.size()) + " blocks, " +
+                         std::to_string(outs.size()) + " outputs");
+  for (size_t i = 0; i < blocks.size(); ++i)
+    EMBER_RETURN_IF_ERROR(CopyKvBlockToHost(blocks[i], outs[i]));
+  return Status::Ok();
+}
+
 Status Backend::CopyKvBlockFromHost(int32_t /*block_id*/, std::span<const uint8_t> /*in*/) {
   return Status::Error("the " + name() + " backend cannot copy KV blocks from host memory");
 }

@@ -284,6 +284,10 @@ class Backend {
   // Copies block `block_id` of the pool into `out` [KvBlockBytes()], after every op enqueued so
   // far; returns once `out` is filled.
   virtual Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out);
+  // The same for many blocks at once (outs[i] receives blocks[i]); a GPU backend copies them in
+  // a few transfers with one wait each, rather than one per block. Default: one by one.
+  virtual Status CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                                    std::span<const std::span<uint8_t>> outs);
   // Writes `in` [KvBlockBytes()] into block `block_id` of the pool, after every op enqueued so far
   // and before every later one; `in` may be reused once it returns.
   virtual Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);

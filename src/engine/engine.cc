@@ -448,6 +448,8 @@ std::optional<StepPlan> Engine::ScheduleStep() {
 
 bool Engine::Launch(StepBatch& step) {
   Status st = Status::Ok();
+  // Blocks the step's allocations evicted go down to RAM before the step may overwrite them.
+  if (tier_ != nullptr) tier_->FlushDemotions();
   // Checkpoint copies: the seeds (states uploaded from a tier) before the forward, the states
   // the step leaves at checkpoint points after it; a failed copy only loses its checkpoint.
   auto save_states = [&](bool before_forward) {

@@ -56,8 +56,9 @@ class ModelRunner : public KvBlockIo {
   Status WaitIds(bool decode_only);
   // KvBlockIo: the prompt cache's block copies (Model::CopyKvBlockToHost / FromHost), ordered
   // after every step launched so far.
-  Status CopyBlockToHost(int32_t block_id, std::span<uint8_t> out) override {
-    return model_->CopyKvBlockToHost(block_id, out);
+  Status CopyBlocksToHost(std::span<const int32_t> blocks,
+                          std::span<const std::span<uint8_t>> outs) override {
+    return model_->CopyKvBlocksToHost(blocks, outs);
   }
   Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
     return model_->CopyKvBlockFromHost(block_id, in);

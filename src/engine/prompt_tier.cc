@@ -225,6 +225,7 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
   const int32_t max_blocks = (seq.num_tokens() - 1) / block_size_;
   const int32_t first = pool_tokens / block_size_;
   if (first >= max_blocks) return pool_tokens;
+  FlushDemotions();  // blocks evicted since the last flush are in RAM when looked up
   EnsureKeys(seq, max_blocks);
   const int32_t known = std::min<int32_t>(max_blocks, static_cast<int32_t>(seq.tier_keys.size()));
   ++lookups_;
@@ -257,6 +258,7 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
     seq.tier_state.clear();
     return pool_tokens;
   }
+  FlushDemotions();  // what Allocate evicted, before blocks are restored into
   const std::vector<int32_t>& table = kv.BlockTable(seq.id);
   int32_t loaded = 0;
   while (loaded < found && Restore(seq, first + loaded, table[static_cast<size_t>(first + loaded)]))
@@ -317,21 +319,27 @@ void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32
 }
 
 void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
-  int32_t j = seq.tier_blocks_stored;
-  for (; j < keyed; ++j) {
+  std::vector<int32_t> indices, blocks;
+  std::vector<std::vector<uint8_t>> records;
+  std::vector<std::span<uint8_t>> payloads;
+  for (int32_t j = seq.tier_blocks_stored; j < keyed; ++j) {
     if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
-    std::vector<uint8_t> record = disk_->NewRecordBuffer();
-    const std::span<uint8_t> payload =
-        std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
-                                           static_cast<size_t>(shape_.payload_bytes));
-    const Status st = io_->CopyBlockToHost(table[static_cast<size_t>(j)], payload);
-    if (!st.ok()) {
-      LOG_WARN << "prompt cache: cannot copy a block out: " << st.message();
-      break;
-    }
-    disk_->Write(Identity(seq, j), std::move(record));  // dropped when the queue is full
+    indices.push_back(j);
+    blocks.push_back(table[static_cast<size_t>(j)]);
+    records.push_back(disk_->NewRecordBuffer());
+    payloads.push_back(std::span<uint8_t>(records.back())
+                           .subspan(prompt_cache::PayloadOffset(block_size_),
+                                    static_cast<size_t>(shape_.payload_bytes)));
   }
-  seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, j);
+  if (!blocks.empty()) {
+    if (const Status st = io_->CopyBlocksToHost(blocks, payloads); !st.ok()) {
+      LOG_WARN << "prompt cache: cannot copy blocks out: " << st.message();
+      return;  // retried at the next commit
+    }
+    for (size_t i = 0; i < indices.size(); ++i)  // dropped when the queue is full
+      disk_->Write(Identity(seq, indices[i]), std::move(records[i]));
+  }
+  seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, keyed);
 }
 
 void PromptTier::CommitComputed(Sequence& seq, int32_t num_computed,
@@ -356,33 +364,59 @@ void PromptTier::OnEvict(int32_t block_id) {
   PoolTag& tag = tags_[static_cast<size_t>(block_id)];
   if (!tag.valid || tag.epoch != cache.Ref(block_id).epoch) return;  // untagged: recomputed
   tag.valid = false;
-  prompt_cache::BlockIdentity id;
-  id.fingerprint = shape_.fingerprint;
-  id.parent = tag.parent;
-  id.key = tag.key;
-  id.ns = cache.ns(block_id);
-  id.tokens = cache.Tokens(block_id);
+  Demotion d;
+  d.block_id = block_id;
+  d.id.fingerprint = shape_.fingerprint;
+  d.id.parent = tag.parent;
+  d.id.key = tag.key;
+  d.id.ns = cache.ns(block_id);
+  const std::span<const int32_t> tokens = cache.Tokens(block_id);
+  d.tokens.assign(tokens.begin(), tokens.end());
+  d.id.tokens = d.tokens;  // (the vector's heap buffer: moves keep it)
   if (checkpoints_ != nullptr) {  // its live checkpoint goes down with it
     if (const int32_t slot = checkpoints_->Find(cache.Ref(block_id)); slot >= 0)
-      states_->Demote(id, slot, *io_);
+      states_->Demote(d.id, slot, *io_);
   }
   if (ram_->Refresh(tag.key)) return;  // held already (restored from RAM, or evicted before)
-  std::vector<uint8_t> record = ram_->NewRecordBuffer();
-  const Status st = io_->CopyBlockToHost(
-      block_id, std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(block_size_),
-                                                   static_cast<size_t>(shape_.payload_bytes)));
+  d.clears = clears_.load(std::memory_order_relaxed);
+  demotions_.push_back(std::move(d));
+}
+
+void PromptTier::FlushDemotions() {
+  if (demotions_.empty()) return;
+  std::vector<std::vector<uint8_t>> records;
+  std::vector<std::span<uint8_t>> payloads;
+  std::vector<int32_t> blocks;
+  for (const Demotion& d : demotions_) {
+    records.push_back(ram_->NewRecordBuffer());
+    payloads.push_back(std::span<uint8_t>(records.back())
+                           .subspan(prompt_cache::PayloadOffset(block_size_),
+                                    static_cast<size_t>(shape_.payload_bytes)));
+    blocks.push_back(d.block_id);
+  }
+  const Status st = io_->CopyBlocksToHost(blocks, payloads);
   if (!st.ok()) {
-    LOG_WARN << "prompt cache: cannot copy an evicted block to RAM: " << st.message();
-    ++ram_demote_failures_;
+    LOG_WARN << "prompt cache: cannot copy " << blocks.size()
+             << " evicted blocks to RAM: " << st.message();
+    ram_demote_failures_ += static_cast<int64_t>(blocks.size());
+    demotions_.clear();
     return;
   }
-  ++ram_demotions_;
-  const std::vector<prompt_cache::RamStore::Evicted> evicted = ram_->Insert(id, std::move(record));
-  if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
+  const uint64_t clears = clears_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < demotions_.size(); ++i) {
+    const Demotion& d = demotions_[i];
+    if (d.clears != clears) continue;  // a Clear came since it was evicted: not kept
+    ++ram_demotions_;
+    const std::vector<prompt_cache::RamStore::Evicted> evicted =
+        ram_->Insert(d.id, std::move(records[i]));
+    if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
+  }
+  demotions_.clear();
 }
 
 PromptCacheCleared PromptTier::Clear(std::optional<uint64_t> ns) {
   PromptCacheCleared removed;
+  clears_.fetch_add(1, std::memory_order_relaxed);  // queued demotions are not kept
   if (prefetcher_ != nullptr) prefetcher_->DropQueued();
   if (ram_ != nullptr) removed.ram_blocks = ram_->Clear(ns);
   if (disk_ != nullptr) removed.disk_blocks = disk_->Clear(ns);

@@ -5,10 +5,14 @@
 //    past the pool's hit that RAM lacks and the disk holds are queued for the Prefetcher, whose
 //    thread moves them from disk to RAM (prompt_cache/prefetcher.h) while the request waits.
 //  - OnEvict (kv::EvictionObserver; KvCacheManager::Allocate, before it reuses a cached block):
-//    the block's content moves down to RAM (copied out through KvBlockIo while still intact,
-//    sealed, inserted under its chain key). A block RAM already holds is only marked recently
-//    used. Records RAM evicts for room go to the disk writer as they are (WriteSealed, queued:
-//    the engine thread never waits for the disk) unless the disk holds them already.
+//    the block's content moves down to RAM: it is queued, and FlushDemotions copies every queued
+//    block out through KvBlockIo in one batch (a GPU waits once for all of them, not once per
+//    block), seals them and inserts them under their chain keys. The engine flushes before it
+//    launches a step (the first that may write a reused block) and this class before it looks
+//    below the pool or restores into blocks it allocated (ExtendCachedPrefix), so a queued block
+//    is still intact when it is copied. A block RAM already holds is only marked recently used.
+//    Records RAM evicts for room go to the disk writer as they are (WriteSealed, queued: the
+//    engine thread never waits for the disk) unless the disk holds them already.
 //  - ExtendCachedPrefix (Scheduler::AdmitWaiting, after KvCacheManager::AcquireCachedPrefix):
 //    the prompt's next whole blocks that the pool missed are looked up in RAM, then on disk; when
 //    loading them beats recomputing them (measured rates, below) they get pool blocks, are read
@@ -20,8 +24,8 @@
 //  - CommitComputed (StepPostprocessor::CommitComputed, after the pool registered the blocks):
 //    the pool blocks registered for the sequence are tagged with their chain keys (what OnEvict
 //    needs: the pool's own keys are 64-bit hashes); with a disk tier, write-through: each newly
-//    computed full block is copied to host memory and queued for the disk writer (dropped, and
-//    counted, when the queue is full). Blocks already stored are skipped.
+//    computed full block is copied to host memory (one batch per call) and queued for the disk
+//    writer (dropped, and counted, when the queue is full). Blocks already stored are skipped.
 // Keys: a block's key is the SHA-256 chain over the model fingerprint, the request's namespace
 // and cache_salt and every token id up to the block's end (block_record.h), kept per sequence
 // in Sequence::tier_keys; both tiers hold the same sealed records, checked in full on every read,
@@ -62,13 +66,15 @@
 
 namespace ember {
 
-// Copies one pool block's K/V (all layers) to and from host memory (Backend::CopyKvBlockToHost
+// Copies pool blocks' K/V (all layers) to and from host memory (Backend::CopyKvBlocksToHost
 // and CopyKvBlockFromHost through the model; ModelRunner implements it), and one recurrent-state
 // slot's (a hybrid model's state checkpoints: Backend::CopyStateSlotToHost / FromHost).
 class KvBlockIo {
  public:
   virtual ~KvBlockIo() = default;
-  virtual Status CopyBlockToHost(int32_t block_id, std::span<uint8_t> out) = 0;
+  // outs[i] receives blocks[i] (one batch: a GPU waits once, not per block).
+  virtual Status CopyBlocksToHost(std::span<const int32_t> blocks,
+                                  std::span<const std::span<uint8_t>> outs) = 0;
   virtual Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) = 0;
   virtual Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) = 0;
   virtual Status CopyStateFromHost(int32_t slot, std::span<const uint8_t> in) = 0;
@@ -110,8 +116,12 @@ class PromptTier : public kv::EvictionObserver {
   // Tags seq's registered pool blocks within its first num_computed tokens; with a disk tier,
   // queues its full blocks there that are not stored yet.
   void CommitComputed(Sequence& seq, int32_t num_computed, const kv::KvCacheManager& kv);
-  // kv::EvictionObserver: the pool is about to reuse cached block `block_id`.
+  // kv::EvictionObserver: the pool is about to reuse cached block `block_id` (queued for
+  // FlushDemotions).
   void OnEvict(int32_t block_id) override;
+  // Copies the blocks OnEvict queued out of the pool in one batch and inserts them into RAM.
+  // Before anything writes a queued block (Engine::Launch; ExtendCachedPrefix itself).
+  void FlushDemotions();
   // A hybrid model: its checkpoints' companion stores and the pool's checkpoints (both outlive
   // this). Before the first step.
   void AttachStates(std::unique_ptr<StateTier> states, const kv::StateCheckpoints* checkpoints);
@@ -167,6 +177,16 @@ class PromptTier : public kv::EvictionObserver {
   std::unique_ptr<prompt_cache::Prefetcher> prefetcher_;  // after the stores: stops first
   std::unique_ptr<StateTier> states_;                     // a hybrid model's, else null
   const kv::StateCheckpoints* checkpoints_ = nullptr;
+  // OnEvict's queue: blocks still intact in the pool, copied out by FlushDemotions. `tokens`
+  // owns what the pool's prefix cache held for the block (reused with the block).
+  struct Demotion {
+    int32_t block_id = 0;
+    prompt_cache::BlockIdentity id;
+    std::vector<int32_t> tokens;
+    uint64_t clears = 0;  // clears_ when queued: a Clear since drops it
+  };
+  std::vector<Demotion> demotions_;
+  std::atomic<uint64_t> clears_{0};  // Clear calls (any thread)
   PromptCacheConfig::Reuse reuse_;
   KvBlockIo* io_;
   kv::KvCacheManager* kv_;

@@ -23,9 +23,11 @@ constexpr int32_t kNumBlocks = 64;
 class StepSeamsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    const std::string dir = testing::FixturesDir() + "/models/tinystories-656k";
+    EMBER_REQUIRE_DIR(dir);
     ModelLoadOptions options;
     options.cpu_decode_graph_buckets = {1, 2, 4, 8};
-    auto loaded = Model::Load(testing::FixturesDir() + "/models/tinystories-656k", options);
+    auto loaded = Model::Load(dir, options);
     ASSERT_TRUE(loaded.ok()) << loaded.message();
     model_ = std::move(loaded).value();
     config_.max_running = 8;

@@ -195,6 +195,7 @@ TEST(ConfigTest, GptOss) {
 }
 
 TEST(ConfigTest, Qwen3Next) {
+  EMBER_REQUIRE_DIR(ModelDir("qwen3_next"));
   using LT = LayerType;
   for (const char* file : {"/config.json", "/config.v4.json"}) {
     ModelConfig c = ParseFile(ModelDir("qwen3_next") + file);

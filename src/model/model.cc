@@ -935,8 +935,9 @@ Status Model::CopyStateSlotFromHost(int32_t slot, std::span<const uint8_t> in) {
 int64_t Model::KvBlockBytes() const {
   return backend_->KvBlockBytes();
 }
-Status Model::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
-  return backend_->CopyKvBlockToHost(block_id, out);
+Status Model::CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                                 std::span<const std::span<uint8_t>> outs) {
+  return backend_->CopyKvBlocksToHost(blocks, outs);
 }
 Status Model::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
   return backend_->CopyKvBlockFromHost(block_id, in);

@@ -265,7 +265,8 @@ class Model {
   // The prompt cache's view of the pool (Backend::KvBlockBytes and the block copies): one block's
   // K/V over every layer to and from host memory. KvBlockBytes is 0 when the backend has none.
   int64_t KvBlockBytes() const;
-  Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out);
+  Status CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                            std::span<const std::span<uint8_t>> outs);
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
   // What decides the bits of this model's KV blocks, as text: the layout version, the
   // architecture's shapes, config.json's digest, the weights' (WeightStore::Fingerprint), the

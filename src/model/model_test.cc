@@ -591,11 +591,11 @@ TEST(MlaTest, LatentPoolSizeAndBlockCopies) {
     return logits;
   };
   step(prompt, 0, Blocks(0, 3));
-  std::vector<uint8_t> bytes(static_cast<size_t>(model->KvBlockBytes()));
-  for (int32_t b = 0; b < 3; ++b) {
-    ASSERT_TRUE(model->CopyKvBlockToHost(b, bytes).ok());
-    ASSERT_TRUE(model->CopyKvBlockFromHost(10 + b, bytes).ok());
-  }
+  std::vector<std::vector<uint8_t>> bytes(3, std::vector<uint8_t>(model->KvBlockBytes()));
+  const std::vector<std::span<uint8_t>> outs(bytes.begin(), bytes.end());
+  const int32_t blocks[] = {0, 1, 2};
+  ASSERT_TRUE(model->CopyKvBlocksToHost(blocks, outs).ok());
+  for (int32_t b = 0; b < 3; ++b) ASSERT_TRUE(model->CopyKvBlockFromHost(10 + b, bytes[b]).ok());
   const std::vector<float> original = step({7}, 37, Blocks(0, 3));
   const std::vector<float> copied = step({7}, 37, Blocks(10, 3));
   EXPECT_EQ(original, copied);

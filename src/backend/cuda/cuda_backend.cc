@@ -247,25 +247,6 @@ int64_t CudaBackend::KvBlockBytes() const {
   return bytes;
 }
 
-Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
-  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
-  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
-  CHECK_EQ(static_cast<int64_t>(out.size()), KvBlockBytes());
-  Flush();
-  SendKvUploads();  // a staged upload may be this block's content
-  size_t at = 0;
-  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // layer-major, K then V
-    const size_t n = static_cast<size_t>(KvLayerBlockBytes(t / kv_tensors_));
-    const size_t device = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
-                          n * (static_cast<size_t>(t % kv_tensors_) * kv_blocks_ + block_id);
-    CUDA_CHECK(cudaMemcpyAsync(out.data() + at, kv_pool_.as<unsigned char>() + device, n,
-                               cudaMemcpyDeviceToHost, stream_.get()));
-    at += n;
-  }
-  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  return Status::Ok();
-}
-
 Result<int32_t> CudaBackend::CreateRope(const RopeSpec& spec) {
   EMBER_ASSIGN_OR_RETURN(RopeTable table, BuildRopeTable(spec));
   DeviceRope rope;

@@ -201,13 +201,15 @@ class CudaBackend final : public Backend {
   Status SetKvFormat(const KvFormat& format, int32_t head_dim) override;
   int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override;
   std::string KvFormatText(int32_t head_dim) const override;
-  // Block copies for the prompt cache. To the host: one cudaMemcpyAsync per layer's K and V on
-  // the step stream (after the recorded ops and the staged uploads), then a wait for the stream.
-  // From the host (cuda_kv_upload.cc): the record is staged in page-locked memory and returns at
+  // Block copies for the prompt cache (cuda_kv_upload.cc). To the host: on the step stream
+  // (after the recorded ops and the staged uploads), one gather kernel, one copy and one wait per
+  // 32 MiB of records. From the host: the record is staged in page-locked memory and returns at
   // once; the staged records go to the GPU as one copy and one scatter kernel when a staging half
-  // fills, and before anything reads the pool (BeginStep, CopyKvBlockToHost).
+  // fills, and before anything reads the pool (BeginStep, CopyKvBlocksToHost).
   int64_t KvBlockBytes() const override;
   Status CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) override;
+  Status CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                            std::span<const std::span<uint8_t>> outs) override;
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override;
   Result<int32_t> CreateRope(const RopeSpec& spec) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
@@ -468,6 +470,8 @@ class CudaBackend final : public Backend {
   // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
   // Sends the current half's staged records (one copy, one ScatterKvBlocks) and switches halves.
   void SendKvUploads();
+  // The pool's segment table (one per layer's K and V, in the record's order).
+  void FillKvSegments(KvBlockSegment* segments) const;
   // Two page-locked halves, each up to kv_upload_capacity_ records of kv_upload_record_bytes_,
   // then their block ids and the pool's segment table; `sent` is recorded behind the half's
   // scatter, so the half is refilled only once the GPU has read it.
@@ -481,6 +485,9 @@ class CudaBackend final : public Backend {
   size_t kv_upload_record_bytes_ = 0, kv_upload_capacity_ = 0;
   DeviceBuffer kv_upload_device_;           // one half's bytes (the halves take turns, in order)
   std::vector<int32_t> kv_upload_index_;    // by block id: 1 + its record in the current half
+  // CopyKvBlocksToHost's staging (the upload half's layout: records, block ids, segments).
+  PinnedBytes kv_download_host_;
+  DeviceBuffer kv_download_device_;
 
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)

@@ -1,6 +1,9 @@
-// CudaBackend's block uploads for the prompt cache (CopyKvBlockFromHost): records staged in
-// page-locked halves and sent as one copy and one scatter kernel per half, so restoring a long
+// CudaBackend's block copies for the prompt cache. Uploads (CopyKvBlockFromHost): records staged
+// in page-locked halves and sent as one copy and one scatter kernel per half, so restoring a long
 // prefix costs a host memcpy per block rather than a copy per layer and a wait per block.
+// Downloads (CopyKvBlocksToHost): one gather kernel into a device staging area, one copy into
+// page-locked memory and one wait per 32 MiB of records, so evicting a long prefix into the RAM
+// tier no longer waits for the GPU once per block.
 #include <algorithm>
 #include <cstring>
 
@@ -22,6 +25,66 @@ size_t SegmentsOffset(size_t n, size_t record) {
 }
 
 }  // namespace
+
+void CudaBackend::FillKvSegments(KvBlockSegment* segments) const {
+  uint64_t src = 0;
+  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // the record's order: layer-major, K then V
+    const uint64_t bytes = static_cast<uint64_t>(KvLayerBlockBytes(t / kv_tensors_));
+    const uint64_t dst = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
+                         bytes * static_cast<uint64_t>(t % kv_tensors_) *
+                             static_cast<uint64_t>(kv_blocks_);
+    segments[t] = {src, dst, bytes};
+    src += bytes;
+  }
+  CHECK_EQ(src, static_cast<uint64_t>(KvBlockBytes()));
+}
+
+Status CudaBackend::CopyKvBlockToHost(int32_t block_id, std::span<uint8_t> out) {
+  const std::span<uint8_t> outs[] = {out};
+  return CopyKvBlocksToHost(std::span<const int32_t>(&block_id, 1), outs);
+}
+
+Status CudaBackend::CopyKvBlocksToHost(std::span<const int32_t> blocks,
+                                       std::span<const std::span<uint8_t>> outs) {
+  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
+  CHECK_EQ(blocks.size(), outs.size());
+  const size_t record = static_cast<size_t>(KvBlockBytes());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    CHECK(blocks[i] >= 0 && blocks[i] < kv_blocks_) << "KV block " << blocks[i] << " out of range";
+    CHECK_EQ(outs[i].size(), record);
+  }
+  if (blocks.empty()) return Status::Ok();
+  Flush();
+  SendKvUploads();  // a staged upload may be a block's content
+  const int32_t num_segments = kv_tensors_ * kv_layers_;
+  const size_t capacity = std::max<size_t>(1, kKvUploadHalfBytes / record);
+  const size_t bytes = SegmentsOffset(capacity, record) +
+                       static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
+  if (kv_download_device_.bytes() < bytes) {
+    kv_download_host_.Reserve(bytes);
+    kv_download_device_ = DeviceBuffer(bytes);
+  }
+  unsigned char* host = kv_download_host_.data();
+  unsigned char* device = kv_download_device_.as<unsigned char>();
+  for (size_t first = 0; first < blocks.size(); first += capacity) {
+    const size_t n = std::min(capacity, blocks.size() - first);
+    const size_t ids = IdsOffset(n, record), segments = SegmentsOffset(n, record);
+    std::memcpy(host + ids, blocks.data() + first, n * sizeof(int32_t));
+    FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + segments));
+    const size_t end = segments + static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
+    CUDA_CHECK(cudaMemcpyAsync(device + ids, host + ids, end - ids, cudaMemcpyHostToDevice,
+                               stream_.get()));
+    LaunchGatherKvBlocks(kv_pool_.as<unsigned char>(),
+                         reinterpret_cast<const int32_t*>(device + ids), static_cast<int32_t>(n),
+                         reinterpret_cast<const KvBlockSegment*>(device + segments), num_segments,
+                         device, static_cast<int64_t>(record), stream_.get());
+    CUDA_CHECK(cudaMemcpyAsync(host, device, n * record, cudaMemcpyDeviceToHost, stream_.get()));
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(outs[first + i].data(), host + i * record, record);
+  }
+  return Status::Ok();
+}
 
 Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) {
   if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
@@ -59,17 +122,7 @@ void CudaBackend::SendKvUploads() {
   const size_t n = half.blocks.size(), record = kv_upload_record_bytes_;
   unsigned char* host = half.bytes.data();
   std::memcpy(host + IdsOffset(n, record), half.blocks.data(), n * sizeof(int32_t));
-  auto* segments = reinterpret_cast<KvBlockSegment*>(host + SegmentsOffset(n, record));
-  uint64_t src = 0;
-  for (int32_t t = 0; t < kv_tensors_ * kv_layers_; ++t) {  // the record's order: layer-major, K then V
-    const uint64_t bytes = static_cast<uint64_t>(KvLayerBlockBytes(t / kv_tensors_));
-    const uint64_t dst = kv_layer_offset_[static_cast<size_t>(t / kv_tensors_)] +
-                         bytes * static_cast<uint64_t>(t % kv_tensors_) *
-                             static_cast<uint64_t>(kv_blocks_);
-    segments[t] = {src, dst, bytes};
-    src += bytes;
-  }
-  CHECK_EQ(src, record);
+  FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + SegmentsOffset(n, record)));
   const size_t total = SegmentsOffset(n, record) +
                        static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
   Flush();  // ops recorded before the upload run before it

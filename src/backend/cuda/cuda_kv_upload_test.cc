@@ -1,7 +1,9 @@
 // The prompt cache's block uploads on CUDA (cuda_kv_upload.cc): CopyKvBlockFromHost stages
 // records in page-locked halves and sends a half when it fills or when something reads the
-// pool. Every block must read back (CopyKvBlockToHost) as the last record staged for it, across
-// several sends, in a bf16 pool and in an int8 pool whose segments are not 16-byte multiples.
+// pool. Every block must read back (CopyKvBlockToHost, and CopyKvBlocksToHost's gathers: 2 MiB
+// records, 16 to a 32 MiB batch, so 47 blocks out of order take 3) as the last record staged for
+// it, across several sends, in a bf16 pool and in an int8 pool whose segments are not 16-byte
+// multiples.
 // Skips when no CUDA device is present (CI has none). One of the sources of cuda_ops_test.
 #include <gtest/gtest.h>
 
@@ -46,6 +48,15 @@ TEST_F(CudaOpsTest, KvBlockUploadsReadBackAcrossSends) {
       ASSERT_TRUE(be->CopyKvBlockToHost(b, got).ok());
       EXPECT_TRUE(got == want[static_cast<size_t>(b)]) << "block " << b;
     }
+    // Staged again, then read in one batch without a send in between (the batch sends first).
+    stage(7);
+    std::vector<int32_t> order;
+    for (int32_t b = kBlocks - 1; b > 0; --b) order.push_back(b);  // 47 blocks, descending
+    std::vector<std::vector<uint8_t>> batch(order.size(), std::vector<uint8_t>(bytes));
+    const std::vector<std::span<uint8_t>> outs(batch.begin(), batch.end());
+    ASSERT_TRUE(be->CopyKvBlocksToHost(order, outs).ok());
+    for (size_t i = 0; i < order.size(); ++i)
+      EXPECT_TRUE(batch[i] == want[static_cast<size_t>(order[i])]) << "block " << order[i];
   }
 }
 

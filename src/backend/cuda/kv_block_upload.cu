@@ -1,17 +1,22 @@
-// ScatterKvBlocks: the prompt cache's block records, staged back to back on the device, copied
-// into their pool blocks (one CUDA block per (record, layer K or V segment)).
+// ScatterKvBlocks / GatherKvBlocks: the prompt cache's block records, back to back on the device,
+// copied into their pool blocks or out of them (one CUDA block per (record, layer K or V
+// segment)).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_block_upload.h"
 
 namespace ember::cuda {
 namespace {
 
-__global__ void ScatterKvBlocksKernel(const unsigned char* records, int64_t record_bytes,
-                                      const int32_t* block_ids, const KvBlockSegment* segments,
-                                      unsigned char* pool) {
+// kGather: pool -> records; else records -> pool.
+template <bool kGather>
+__global__ void CopyKvBlocksKernel(unsigned char* records, int64_t record_bytes,
+                                   const int32_t* block_ids, const KvBlockSegment* segments,
+                                   unsigned char* pool) {
   const KvBlockSegment s = segments[blockIdx.y];
-  const unsigned char* src = records + blockIdx.x * record_bytes + s.src;
-  unsigned char* dst = pool + s.dst + s.bytes * static_cast<uint64_t>(block_ids[blockIdx.x]);
+  unsigned char* record = records + blockIdx.x * record_bytes + s.src;
+  unsigned char* block = pool + s.dst + s.bytes * static_cast<uint64_t>(block_ids[blockIdx.x]);
+  const unsigned char* src = kGather ? block : record;
+  unsigned char* dst = kGather ? record : block;
   const uint64_t aligned = reinterpret_cast<uint64_t>(src) | reinterpret_cast<uint64_t>(dst) |
                            s.bytes;
   if ((aligned & 15) == 0) {
@@ -31,8 +36,18 @@ void LaunchScatterKvBlocks(const unsigned char* records, int64_t record_bytes,
                            unsigned char* pool, cudaStream_t stream) {
   if (num_records == 0) return;
   const dim3 grid(static_cast<unsigned>(num_records), static_cast<unsigned>(num_segments));
-  ScatterKvBlocksKernel<<<grid, 256, 0, stream>>>(records, record_bytes, block_ids, segments,
-                                                  pool);
+  CopyKvBlocksKernel<false><<<grid, 256, 0, stream>>>(const_cast<unsigned char*>(records),
+                                                      record_bytes, block_ids, segments, pool);
+  CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGatherKvBlocks(const unsigned char* pool, const int32_t* block_ids, int32_t num_records,
+                          const KvBlockSegment* segments, int32_t num_segments,
+                          unsigned char* records, int64_t record_bytes, cudaStream_t stream) {
+  if (num_records == 0) return;
+  const dim3 grid(static_cast<unsigned>(num_records), static_cast<unsigned>(num_segments));
+  CopyKvBlocksKernel<true><<<grid, 256, 0, stream>>>(records, record_bytes, block_ids, segments,
+                                                     const_cast<unsigned char*>(pool));
   CUDA_CHECK_LAUNCH();
 }
 

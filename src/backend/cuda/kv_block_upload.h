@@ -1,5 +1,6 @@
-// The prompt cache's block uploads on the GPU (kv_block_upload.cu): staged block records
-// scattered into their KV pool blocks. Used by cuda_kv_upload.cc.
+// The prompt cache's block copies on the GPU (kv_block_upload.cu): staged block records
+// scattered into their KV pool blocks, and pool blocks gathered into records. Used by
+// cuda_kv_upload.cc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,5 +20,9 @@ void LaunchScatterKvBlocks(const unsigned char* records, int64_t record_bytes,
                            const int32_t* block_ids, int32_t num_records,
                            const KvBlockSegment* segments, int32_t num_segments,
                            unsigned char* pool, cudaStream_t stream);
+// The reverse: the pool blocks block_ids[i] copied into num_records records, back to back.
+void LaunchGatherKvBlocks(const unsigned char* pool, const int32_t* block_ids, int32_t num_records,
+                          const KvBlockSegment* segments, int32_t num_segments,
+                          unsigned char* records, int64_t record_bytes, cudaStream_t stream);
 
 }  // namespace ember::cuda
