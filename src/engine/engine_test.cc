@@ -1177,6 +1177,7 @@ TEST(EngineTest, DeviceDefaultLimitsOnTheCpu) {
   ASSERT_TRUE(resolved.ok()) << resolved.message();
   EXPECT_EQ(resolved->max_running, 64);
   EXPECT_EQ(resolved->max_step_tokens, 512);
+  EXPECT_EQ(resolved->speculation.max_batch, SpeculationConfig::kCpuSpecMaxBatch);
   config.max_running = 3;
   config.max_step_tokens = 100;
   resolved = ResolveEngineLimits(*model, config);
@@ -1192,6 +1193,12 @@ TEST(EngineTest, DeviceDefaultLimitsOnTheCpu) {
   auto bad = Engine::Create(model.get(), config);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--max-step-tokens"), std::string::npos) << bad.message();
+  config.max_step_tokens = 0;
+  config.speculation.method = SpeculationConfig::Method::kNgram;
+  config.speculation.max_batch = -1;
+  bad = Engine::Create(model.get(), config);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--spec-max-batch"), std::string::npos) << bad.message();
   ExpectDefaultLimitsServe(*model);
 }
 

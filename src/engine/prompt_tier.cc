@@ -318,26 +318,36 @@ void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32
   seq.tier_blocks_tagged = std::max(seq.tier_blocks_tagged, keyed);
 }
 
-void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
-  std::vector<int32_t> indices, blocks;
+Result<std::vector<std::vector<uint8_t>>> PromptTier::CopyOut(std::span<const int32_t> blocks,
+                                                               int64_t record_bytes) {
   std::vector<std::vector<uint8_t>> records;
   std::vector<std::span<uint8_t>> payloads;
-  for (int32_t j = seq.tier_blocks_stored; j < keyed; ++j) {
-    if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
-    indices.push_back(j);
-    blocks.push_back(table[static_cast<size_t>(j)]);
-    records.push_back(disk_->NewRecordBuffer());
+  records.reserve(blocks.size());  // (payloads point into them)
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    records.emplace_back(static_cast<size_t>(record_bytes));
     payloads.push_back(std::span<uint8_t>(records.back())
                            .subspan(prompt_cache::PayloadOffset(block_size_),
                                     static_cast<size_t>(shape_.payload_bytes)));
   }
+  EMBER_RETURN_IF_ERROR(io_->CopyBlocksToHost(blocks, payloads));
+  return records;
+}
+
+void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
+  std::vector<int32_t> indices, blocks;
+  for (int32_t j = seq.tier_blocks_stored; j < keyed; ++j) {
+    if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
+    indices.push_back(j);
+    blocks.push_back(table[static_cast<size_t>(j)]);
+  }
   if (!blocks.empty()) {
-    if (const Status st = io_->CopyBlocksToHost(blocks, payloads); !st.ok()) {
-      LOG_WARN << "prompt cache: cannot copy blocks out: " << st.message();
+    Result<std::vector<std::vector<uint8_t>>> records = CopyOut(blocks, disk_->record_bytes());
+    if (!records.ok()) {
+      LOG_WARN << "prompt cache: cannot copy blocks out: " << records.message();
       return;  // retried at the next commit
     }
     for (size_t i = 0; i < indices.size(); ++i)  // dropped when the queue is full
-      disk_->Write(Identity(seq, indices[i]), std::move(records[i]));
+      disk_->Write(Identity(seq, indices[i]), std::move((*records)[i]));
   }
   seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, keyed);
 }
@@ -384,20 +394,12 @@ void PromptTier::OnEvict(int32_t block_id) {
 
 void PromptTier::FlushDemotions() {
   if (demotions_.empty()) return;
-  std::vector<std::vector<uint8_t>> records;
-  std::vector<std::span<uint8_t>> payloads;
   std::vector<int32_t> blocks;
-  for (const Demotion& d : demotions_) {
-    records.push_back(ram_->NewRecordBuffer());
-    payloads.push_back(std::span<uint8_t>(records.back())
-                           .subspan(prompt_cache::PayloadOffset(block_size_),
-                                    static_cast<size_t>(shape_.payload_bytes)));
-    blocks.push_back(d.block_id);
-  }
-  const Status st = io_->CopyBlocksToHost(blocks, payloads);
-  if (!st.ok()) {
+  for (const Demotion& d : demotions_) blocks.push_back(d.block_id);
+  Result<std::vector<std::vector<uint8_t>>> records = CopyOut(blocks, ram_->record_bytes());
+  if (!records.ok()) {
     LOG_WARN << "prompt cache: cannot copy " << blocks.size()
-             << " evicted blocks to RAM: " << st.message();
+             << " evicted blocks to RAM: " << records.message();
     ram_demote_failures_ += static_cast<int64_t>(blocks.size());
     demotions_.clear();
     return;
@@ -408,7 +410,7 @@ void PromptTier::FlushDemotions() {
     if (d.clears != clears) continue;  // a Clear came since it was evicted: not kept
     ++ram_demotions_;
     const std::vector<prompt_cache::RamStore::Evicted> evicted =
-        ram_->Insert(d.id, std::move(records[i]));
+        ram_->Insert(d.id, std::move((*records)[i]));
     if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
   }
   demotions_.clear();

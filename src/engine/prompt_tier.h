@@ -159,6 +159,10 @@ class PromptTier : public kv::EvictionObserver {
   void TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table,
                  const kv::KvCacheManager& kv);
   void WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table);
+  // Pool blocks `blocks` copied out in one batch (KvBlockIo::CopyBlocksToHost), each into the
+  // payload of a new record of `record_bytes` (the store that takes it seals it).
+  Result<std::vector<std::vector<uint8_t>>> CopyOut(std::span<const int32_t> blocks,
+                                                    int64_t record_bytes);
   // A hybrid model: how many of the `found` blocks from `first` end at the last one whose
   // checkpoint reads back (its bytes into seq.tier_state), 0 when none does.
   int32_t ResumableBlocks(Sequence& seq, int32_t first, int32_t found);

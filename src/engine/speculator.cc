@@ -29,8 +29,6 @@ Result<std::unique_ptr<DraftSource>> CreateDraftSource(const SpeculationConfig& 
   if (config.num_spec_tokens < 1 || config.num_spec_tokens > 64)
     return Status::Error("--num-spec-tokens: must be in [1, 64], got " +
                          std::to_string(config.num_spec_tokens));
-  if (config.max_batch < 0)
-    return Status::Error("--spec-max-batch: must be >= 0, got " + std::to_string(config.max_batch));
   if (config.draft_kv_cache_bytes < 0)
     return Status::Error("--draft-kv-cache-bytes: must be >= 0 (0: the default)");
   if (config.method == Method::kDraft) {
