@@ -107,6 +107,7 @@ int RunCommand(int argc, char** argv, int first) {
                                request.sampling.dry_sequence_breakers));
   }
 
+  GenerationTimer timer;  // before Submit: a fast model's first token can precede the next line
   auto submitted = lm.engine->Submit(request);
   if (auto* error = std::get_if<SubmitError>(&submitted)) return Fail(error->message);
   std::shared_ptr<ResponseStream> stream = std::get<std::shared_ptr<ResponseStream>>(submitted);
@@ -116,7 +117,6 @@ int RunCommand(int argc, char** argv, int first) {
   std::vector<int32_t> ids;
   std::string text;
   FinishReason finish = FinishReason::kNone;
-  GenerationTimer timer;
   std::vector<TokenEvent> events;
   while (stream->Next(&events)) {
     for (const TokenEvent& e : events) {
