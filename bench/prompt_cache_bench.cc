@@ -126,7 +126,8 @@ int Main(int argc, char** argv) {
   config.max_step_tokens = static_cast<int32_t>(step_tokens);
   config.prompt_cache.dir = cache_dir;
   config.prompt_cache.disk_bytes = int64_t{8} << 30;
-  // A model per engine (a model holds one KV pool), as a restarted server loads it again.
+  // A model per engine (a model holds one KV pool), as a restarted server loads it again; each
+  // goes with its engine (two 8B models and their pools do not fit one GPU).
   std::vector<std::unique_ptr<Model>> models;
   // with_ram: a RAM tier and a pool of twice the prompt's blocks (plus a few), so two other
   // prompts of its length evict it.
@@ -187,12 +188,14 @@ int Main(int argc, char** argv) {
                        static_cast<long long>(blocks));
       }
     }  // the engine's writer flushes the directory before it goes
+    models.clear();
     DropFromPageCache(cache_dir);
     {
       auto engine = new_engine(false);
       last_disk_cold = Ask(*engine, prompt);
       disk_cold.push_back(last_disk_cold.ttft_ms);
     }
+    models.clear();
     {
       auto engine = new_engine(false);
       last_disk_warm = Ask(*engine, prompt);

@@ -291,6 +291,21 @@ class Backend {
   // Writes `in` [KvBlockBytes()] into block `block_id` of the pool, after every op enqueued so far
   // and before every later one; `in` may be reused once it returns.
   virtual Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
+  // Page-locked host memory (the RAM tier's records): the device reads and writes it itself, so
+  // CopyKvBlocksToHost into it and CopyKvBlockFromPinned out of it need no staging copy. Null
+  // when the backend has none (the CPU: plain memory is as fast). Free: after the device's last
+  // use of it. Any thread.
+  virtual bool HasPinnedHost() const { return false; }
+  virtual void* AllocPinnedHost(size_t /*bytes*/) { return nullptr; }
+  virtual void FreePinnedHost(void* /*p*/) {}
+  // CopyKvBlockFromHost for `in` within AllocPinnedHost memory, which the device may read after
+  // this returns: `in` must stay unchanged until PinnedReadsDone(). Default: CopyKvBlockFromHost
+  // (read before it returns).
+  virtual Status CopyKvBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) {
+    return CopyKvBlockFromHost(block_id, in);
+  }
+  // Whether every CopyKvBlockFromPinned so far has read its bytes (polls; wait: waits for it).
+  virtual bool PinnedReadsDone(bool /*wait*/) { return true; }
   // Builds a cos/sin table; returns its id for Rope().
   virtual Result<int32_t> CreateRope(const RopeSpec& spec) = 0;
 

@@ -22,6 +22,18 @@ struct PromptCacheStores {
   std::unique_ptr<StateTier> states;  // a hybrid model's checkpoints (engine/state_tier.h)
 };
 
+// The backend's page-locked memory for the RAM tier's KV records (Backend::AllocPinnedHost): the
+// device copies blocks into and out of them without staging. The model outlives the engine.
+class ModelPinnedAllocator final : public prompt_cache::PinnedAllocator {
+ public:
+  explicit ModelPinnedAllocator(Model* model) : model_(model) {}
+  void* Allocate(size_t bytes) override { return model_->AllocPinnedHost(bytes); }
+  void Free(void* p) override { model_->FreePinnedHost(p); }
+
+ private:
+  Model* model_;
+};
+
 // A hybrid model: the tiers keep its state checkpoints too, in a share of each tier's bytes
 // (one checkpoint per --state-checkpoint-interval of blocks; 0, only at prompt ends: one per 32
 // blocks assumed). `ram_bytes` and `disk_bytes` are the tiers' caps, lowered by that share.
@@ -62,7 +74,7 @@ Result<std::unique_ptr<StateTier>> OpenStateTier(const Model& model, const Engin
   return StateTier::Open(sc);
 }
 
-Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const EngineSizing& sizing) {
+Result<PromptCacheStores> OpenPromptCacheStores(Model& model, const EngineSizing& sizing) {
   const EngineConfig& config = sizing.config;
   const int32_t num_blocks = sizing.num_blocks;
   const PromptCacheConfig& pc = config.prompt_cache;
@@ -88,6 +100,9 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
   stores.shape.payload_bytes = model.KvBlockBytes();
   stores.shape.num_blocks = num_blocks;
   int64_t ram_bytes = pc.ram_bytes, disk_bytes = pc.dir.empty() ? 0 : pc.disk_bytes;
+  // The KV records' memory (RAM tier, disk queue): page-locked where the backend has it.
+  std::shared_ptr<prompt_cache::PinnedAllocator> pinned;
+  if (model.HasPinnedHost()) pinned = std::make_shared<ModelPinnedAllocator>(&model);
   if (model.has_recurrent_state()) {
     EMBER_ASSIGN_OR_RETURN(stores.states, OpenStateTier(model, sizing, flag, stores.shape,
                                                         fingerprint_text, ram_bytes, disk_bytes));
@@ -98,6 +113,7 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
     ram.fingerprint = stores.shape.fingerprint;
     ram.block_size = config.block_size;
     ram.payload_bytes = model.KvBlockBytes();
+    ram.pinned = pinned;
     if (prompt_cache::RecordBytes(ram.block_size, ram.payload_bytes) > ram.max_bytes)
       return Status::Error("--prompt-cache-ram-bytes: " + std::to_string(pc.ram_bytes) +
                            " holds no KV block (one takes " +
@@ -114,6 +130,7 @@ Result<PromptCacheStores> OpenPromptCacheStores(const Model& model, const Engine
   disk.payload_bytes = model.KvBlockBytes();
   disk.max_queue_bytes = pc.max_queue_bytes;
   disk.fingerprint_text = fingerprint_text;
+  disk.pinned = pinned;
   disk.fingerprint = stores.shape.fingerprint;
   EMBER_ASSIGN_OR_RETURN(stores.disk, prompt_cache::DiskStore::Open(disk));
   return stores;

@@ -106,6 +106,9 @@ struct EngineConfig {
 struct PromptCacheRamStats {
   bool enabled = false;  // --prompt-cache-ram-bytes > 0
   int64_t records = 0, bytes = 0, capacity_bytes = 0;
+  // Page-locked memory taken for the records (a GPU's: the device copies them without staging;
+  // taken at start-up, up to the cap; 0 on the CPU).
+  int64_t pinned_bytes = 0;
   int64_t lookup_misses = 0;  // admissions that looked past the pool and found no next block here
   int64_t hits = 0;           // blocks read and verified
   int64_t misses = 0;         // reads of a block that was gone

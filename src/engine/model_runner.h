@@ -63,6 +63,10 @@ class ModelRunner : public KvBlockIo {
   Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override {
     return model_->CopyKvBlockFromHost(block_id, in);
   }
+  Status CopyBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) override {
+    return model_->CopyKvBlockFromPinned(block_id, in);
+  }
+  bool PinnedReadsDone(bool wait) override { return model_->PinnedReadsDone(wait); }
   // ... and the state checkpoints' (Model::CopyStateSlotToHost / FromHost), in the same order.
   Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) override {
     return model_->CopyStateSlotToHost(slot, out);

@@ -90,6 +90,11 @@ void PromptTier::Prefetch(const GenerationRequest& request, const kv::KvCacheMan
 
 PromptTier::~PromptTier() {
   if (ram_ != nullptr) kv_->set_eviction_observer(nullptr);
+  ReleasePinnedReads(/*wait=*/true);
+}
+
+void PromptTier::ReleasePinnedReads(bool wait) {
+  if (!pinned_reads_.empty() && io_->PinnedReadsDone(wait)) pinned_reads_.clear();
 }
 
 prompt_cache::Key PromptTier::RootOf(const Sequence& seq) const {
@@ -203,13 +208,17 @@ bool PromptTier::Restore(const Sequence& seq, int32_t j, int32_t block_id) {
                                           (prefetcher_ != nullptr &&
                                            prefetcher_->WaitIfFetching(id.key)));
   if (in_ram && (record = ram_->Read(id)) != nullptr) {
-    payload = prompt_cache::RecordPayload(*record, block_size_, shape_.payload_bytes);
+    payload = prompt_cache::RecordPayload(record->bytes(), block_size_, shape_.payload_bytes);
     from_ram = true;
   } else if (disk_ != nullptr) {
     payload = disk_->Read(id);  // evicted meanwhile, or refused (counted by the store): empty
   }
   if (payload.empty()) return false;
-  const Status st = io_->CopyBlockFromHost(block_id, payload);
+  // A page-locked record is read by the device where it lies, later: it is held until then.
+  const bool pinned = record != nullptr && record->pinned();
+  const Status st = pinned ? io_->CopyBlockFromPinned(block_id, payload)
+                           : io_->CopyBlockFromHost(block_id, payload);
+  if (pinned && st.ok()) pinned_reads_.push_back(std::move(record));
   if (!st.ok()) {
     LOG_WARN << "prompt cache: cannot restore a block: " << st.message();
     ++promote_failures_;
@@ -225,6 +234,7 @@ int32_t PromptTier::ExtendCachedPrefix(Sequence& seq, int32_t pool_tokens, kv::K
   const int32_t max_blocks = (seq.num_tokens() - 1) / block_size_;
   const int32_t first = pool_tokens / block_size_;
   if (first >= max_blocks) return pool_tokens;
+  ReleasePinnedReads(/*wait=*/false);
   FlushDemotions();  // blocks evicted since the last flush are in RAM when looked up
   EnsureKeys(seq, max_blocks);
   const int32_t known = std::min<int32_t>(max_blocks, static_cast<int32_t>(seq.tier_keys.size()));
@@ -318,36 +328,44 @@ void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32
   seq.tier_blocks_tagged = std::max(seq.tier_blocks_tagged, keyed);
 }
 
-Result<std::vector<std::vector<uint8_t>>> PromptTier::CopyOut(std::span<const int32_t> blocks,
-                                                               int64_t record_bytes) {
-  std::vector<std::vector<uint8_t>> records;
+Status PromptTier::CopyOut(std::span<const int32_t> blocks,
+                           std::span<const std::span<uint8_t>> records) {
+  CHECK_EQ(blocks.size(), records.size());
   std::vector<std::span<uint8_t>> payloads;
-  records.reserve(blocks.size());  // (payloads point into them)
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    records.emplace_back(static_cast<size_t>(record_bytes));
-    payloads.push_back(std::span<uint8_t>(records.back())
-                           .subspan(prompt_cache::PayloadOffset(block_size_),
-                                    static_cast<size_t>(shape_.payload_bytes)));
-  }
-  EMBER_RETURN_IF_ERROR(io_->CopyBlocksToHost(blocks, payloads));
-  return records;
+  payloads.reserve(records.size());
+  for (const std::span<uint8_t> r : records)
+    payloads.push_back(r.subspan(prompt_cache::PayloadOffset(block_size_),
+                                 static_cast<size_t>(shape_.payload_bytes)));
+  return io_->CopyBlocksToHost(blocks, payloads);
 }
 
 void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
+  // No more than the writer's queue takes now is copied out (the rest would be dropped after
+  // the copy); what does not fit is dropped here, counted, and not retried for this sequence.
+  const int64_t room = disk_->QueueRoom();
   std::vector<int32_t> indices, blocks;
   for (int32_t j = seq.tier_blocks_stored; j < keyed; ++j) {
     if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
+    if (static_cast<int64_t>(blocks.size()) == room) {
+      ++write_through_skips_;
+      continue;
+    }
     indices.push_back(j);
     blocks.push_back(table[static_cast<size_t>(j)]);
   }
   if (!blocks.empty()) {
-    Result<std::vector<std::vector<uint8_t>>> records = CopyOut(blocks, disk_->record_bytes());
-    if (!records.ok()) {
-      LOG_WARN << "prompt cache: cannot copy blocks out: " << records.message();
+    std::vector<prompt_cache::RecordBuffer> records;
+    std::vector<std::span<uint8_t>> spans;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      records.push_back(disk_->NewRecord());
+      spans.push_back(records.back().bytes());
+    }
+    if (const Status st = CopyOut(blocks, spans); !st.ok()) {
+      LOG_WARN << "prompt cache: cannot copy blocks out: " << st.message();
       return;  // retried at the next commit
     }
     for (size_t i = 0; i < indices.size(); ++i)  // dropped when the queue is full
-      disk_->Write(Identity(seq, indices[i]), std::move((*records)[i]));
+      disk_->Write(Identity(seq, indices[i]), std::move(records[i]));
   }
   seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, keyed);
 }
@@ -394,24 +412,36 @@ void PromptTier::OnEvict(int32_t block_id) {
 
 void PromptTier::FlushDemotions() {
   if (demotions_.empty()) return;
+  // In batches: a full RAM frees a batch's worth of (page-locked) slots as it inserts one, and
+  // the next batch takes them.
+  constexpr size_t kBatch = 64;
   std::vector<int32_t> blocks;
-  for (const Demotion& d : demotions_) blocks.push_back(d.block_id);
-  Result<std::vector<std::vector<uint8_t>>> records = CopyOut(blocks, ram_->record_bytes());
-  if (!records.ok()) {
-    LOG_WARN << "prompt cache: cannot copy " << blocks.size()
-             << " evicted blocks to RAM: " << records.message();
-    ram_demote_failures_ += static_cast<int64_t>(blocks.size());
-    demotions_.clear();
-    return;
-  }
-  const uint64_t clears = clears_.load(std::memory_order_relaxed);
-  for (size_t i = 0; i < demotions_.size(); ++i) {
-    const Demotion& d = demotions_[i];
-    if (d.clears != clears) continue;  // a Clear came since it was evicted: not kept
-    ++ram_demotions_;
-    const std::vector<prompt_cache::RamStore::Evicted> evicted =
-        ram_->Insert(d.id, std::move((*records)[i]));
-    if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
+  std::vector<prompt_cache::RecordBuffer> records;
+  std::vector<std::span<uint8_t>> spans;
+  for (size_t first = 0; first < demotions_.size(); first += kBatch) {
+    const size_t n = std::min(kBatch, demotions_.size() - first);
+    blocks.clear();
+    records.clear();
+    spans.clear();
+    for (size_t i = first; i < first + n; ++i) {
+      blocks.push_back(demotions_[i].block_id);
+      records.push_back(ram_->NewRecord());
+      spans.push_back(records.back().bytes());
+    }
+    if (const Status st = CopyOut(blocks, spans); !st.ok()) {
+      LOG_WARN << "prompt cache: cannot copy " << n << " evicted blocks to RAM: " << st.message();
+      ram_demote_failures_ += static_cast<int64_t>(n);
+      continue;
+    }
+    const uint64_t clears = clears_.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < n; ++i) {
+      const Demotion& d = demotions_[first + i];
+      if (d.clears != clears) continue;  // a Clear came since it was evicted: not kept
+      ++ram_demotions_;
+      const std::vector<prompt_cache::RamStore::Evicted> evicted =
+          ram_->Insert(d.id, std::move(records[i]));
+      if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
+    }
   }
   demotions_.clear();
 }
@@ -454,6 +484,7 @@ void PromptTier::StoreStats(PromptCacheStats* out) const {
     m.records = r.records;
     m.bytes = r.bytes;
     m.capacity_bytes = r.capacity_bytes;
+    m.pinned_bytes = r.pinned_bytes;
     m.hits = r.hits;
     m.misses = r.misses;
     m.evictions = r.evictions;
@@ -477,6 +508,7 @@ void PromptTier::StoreStats(PromptCacheStats* out) const {
 PromptCacheStats PromptTier::Stats() const {
   PromptCacheStats s;
   StoreStats(&s);
+  s.write_drops += write_through_skips_;  // dropped before the copy (the queue was full)
   s.lookups = lookups_;
   s.lookup_misses = lookup_misses_;
   s.promotions = disk_promotions_;

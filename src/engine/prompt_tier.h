@@ -5,9 +5,10 @@
 //    past the pool's hit that RAM lacks and the disk holds are queued for the Prefetcher, whose
 //    thread moves them from disk to RAM (prompt_cache/prefetcher.h) while the request waits.
 //  - OnEvict (kv::EvictionObserver; KvCacheManager::Allocate, before it reuses a cached block):
-//    the block's content moves down to RAM: it is queued, and FlushDemotions copies every queued
-//    block out through KvBlockIo in one batch (a GPU waits once for all of them, not once per
-//    block), seals them and inserts them under their chain keys. The engine flushes before it
+//    the block's content moves down to RAM: it is queued, and FlushDemotions copies the queued
+//    blocks out through KvBlockIo into new RAM records in batches of 64 (a GPU waits once a batch,
+//    not once per block; page-locked records are written by the GPU directly) and inserts them
+//    under their chain keys. The engine flushes before it
 //    launches a step (the first that may write a reused block) and this class before it looks
 //    below the pool or restores into blocks it allocated (ExtendCachedPrefix), so a queued block
 //    is still intact when it is copied. A block RAM already holds is only marked recently used.
@@ -24,8 +25,9 @@
 //  - CommitComputed (StepPostprocessor::CommitComputed, after the pool registered the blocks):
 //    the pool blocks registered for the sequence are tagged with their chain keys (what OnEvict
 //    needs: the pool's own keys are 64-bit hashes); with a disk tier, write-through: each newly
-//    computed full block is copied to host memory (one batch per call) and queued for the disk
-//    writer (dropped, and counted, when the queue is full). Blocks already stored are skipped.
+//    computed full block is copied to host memory (one batch per call, into the disk queue's
+//    records: page-locked on a GPU) and queued for the disk writer, as many as the queue takes
+//    (the rest are dropped and counted before any copy). Blocks already stored are skipped.
 // Keys: a block's key is the SHA-256 chain over the model fingerprint, the request's namespace
 // and cache_salt and every token id up to the block's end (block_record.h), kept per sequence
 // in Sequence::tier_keys; both tiers hold the same sealed records, checked in full on every read,
@@ -76,6 +78,12 @@ class KvBlockIo {
   virtual Status CopyBlocksToHost(std::span<const int32_t> blocks,
                                   std::span<const std::span<uint8_t>> outs) = 0;
   virtual Status CopyBlockFromHost(int32_t block_id, std::span<const uint8_t> in) = 0;
+  // From a page-locked record (prompt_cache::RecordBuffer::pinned): the device may read `in`
+  // after this returns, until PinnedReadsDone (Backend::CopyKvBlockFromPinned).
+  virtual Status CopyBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) {
+    return CopyBlockFromHost(block_id, in);
+  }
+  virtual bool PinnedReadsDone(bool /*wait*/) { return true; }
   virtual Status CopyStateToHost(int32_t slot, std::span<uint8_t> out) = 0;
   virtual Status CopyStateFromHost(int32_t slot, std::span<const uint8_t> in) = 0;
 };
@@ -160,9 +168,11 @@ class PromptTier : public kv::EvictionObserver {
                  const kv::KvCacheManager& kv);
   void WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table);
   // Pool blocks `blocks` copied out in one batch (KvBlockIo::CopyBlocksToHost), each into the
-  // payload of a new record of `record_bytes` (the store that takes it seals it).
-  Result<std::vector<std::vector<uint8_t>>> CopyOut(std::span<const int32_t> blocks,
-                                                    int64_t record_bytes);
+  // payload of records[i] (a whole record; the store that takes it writes the rest).
+  Status CopyOut(std::span<const int32_t> blocks, std::span<const std::span<uint8_t>> records);
+  // Drops the page-locked records restored blocks were read from once the device has read them
+  // (KvBlockIo::PinnedReadsDone; wait: waits for it).
+  void ReleasePinnedReads(bool wait);
   // A hybrid model: how many of the `found` blocks from `first` end at the last one whose
   // checkpoint reads back (its bytes into seq.tier_state), 0 when none does.
   int32_t ResumableBlocks(Sequence& seq, int32_t first, int32_t found);
@@ -190,6 +200,9 @@ class PromptTier : public kv::EvictionObserver {
     uint64_t clears = 0;  // clears_ when queued: a Clear since drops it
   };
   std::vector<Demotion> demotions_;
+  // Page-locked RAM records handed to the device (KvBlockIo::CopyBlockFromPinned), held until it
+  // has read them: a slot is not reused (nor its record freed) while a copy may read it.
+  std::vector<prompt_cache::RamStore::Record> pinned_reads_;
   std::atomic<uint64_t> clears_{0};  // Clear calls (any thread)
   PromptCacheConfig::Reuse reuse_;
   KvBlockIo* io_;
@@ -202,6 +215,7 @@ class PromptTier : public kv::EvictionObserver {
   int64_t disk_promotions_ = 0, ram_promotions_ = 0, promote_failures_ = 0;
   int64_t ram_demotions_ = 0, ram_demote_failures_ = 0;
   int64_t state_restores_ = 0, state_misses_ = 0;
+  int64_t write_through_skips_ = 0;  // blocks not copied out: the disk's queue was full
   std::atomic<int64_t> ram_spills_{0};  // engine thread writes; StoreStats reads (any thread)
   double last_read_bytes_per_s_ = 0, last_prefill_tokens_per_s_ = 0;
   PromptCacheStats::Choice last_choice_ = PromptCacheStats::Choice::kNone;

@@ -7,7 +7,7 @@
 // The RAM tier (RamTierTest): a prefix the pool evicted comes back from RAM with the pool hit's
 // bit-identical logprobs; the cap holds; clear and salts; RAM in front of the disk across a
 // restart; the prefetcher moves a waiting request's prefix from disk to RAM; preemption under a
-// tiny pool loses no block.
+// tiny pool loses no block. CudaRamTierTest: the same on a GPU, through page-locked records.
 #include "engine/prompt_tier.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/cuda_loader.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "util/testing.h"
@@ -81,6 +82,7 @@ std::vector<int32_t> Prompt(int32_t len, int32_t seed, int32_t vocab = 2000) {
 class PromptTierTest : public ::testing::Test {
  protected:
   virtual std::string ModelName() const { return "tinystories-656k"; }
+  virtual DeviceKind Device() const { return DeviceKind::kCpu; }
   void SetUp() override {
     model_dir_ = ModelDir(ModelName());
     if (!testing::DirExists(model_dir_)) GTEST_SKIP() << "fixture not found: " << model_dir_;
@@ -107,6 +109,7 @@ class PromptTierTest : public ::testing::Test {
   // A model owns one KV pool, so each engine gets its own model (kept until the test ends).
   Model* NewModel(KvDType kv = KvDType::kAuto) {
     ModelLoadOptions options;
+    options.device = Device();
     options.kv_cache.dtype = kv;
     auto model = Model::Load(model_dir_, options);
     EXPECT_TRUE(model.ok()) << model.message();
@@ -454,6 +457,45 @@ TEST_F(RamTierTest, PrefixEvictedFromThePoolIsServedFromRam) {
   EXPECT_EQ(s.ram.bytes_read, 9 * prompt_cache::RecordBytes(kBlock, engine->model().KvBlockBytes()));
   EXPECT_GT(s.ram.read_bytes_per_s, 0);
   EXPECT_EQ(s.promotions, 0);  // nothing from disk
+}
+
+// On a GPU the RAM tier's records are page-locked (pinned_bytes covers the cap): evicted blocks
+// are gathered straight into them and restored blocks scattered from where they lie, and the
+// restore is bit-identical to a pool hit, as on the CPU. Skips without a CUDA device.
+class CudaRamTierTest : public RamTierTest {
+ protected:
+  DeviceKind Device() const override { return DeviceKind::kCuda; }
+  void SetUp() override {
+    if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+    RamTierTest::SetUp();
+  }
+};
+
+TEST_F(CudaRamTierTest, PrefixEvictedFromThePoolIsServedFromPinnedRam) {
+  const GenerationRequest a = WithLogprobs(Greedy(Prompt(150, 11)));
+  std::unique_ptr<Engine> engine = NewEngine(RamConfig(/*blocks=*/24, /*ram_records=*/64));
+  ASSERT_NE(engine, nullptr);
+  const Outcome first = Generate(*engine, a);
+  const Outcome pool_hit = Generate(*engine, a);
+  EXPECT_EQ(pool_hit.usage.cached_tokens, 144);
+  EXPECT_EQ(pool_hit.tokens, first.tokens);
+  PromptCacheStats s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.pinned_bytes, s.ram.capacity_bytes);
+  for (int seed = 12; seed < 15; ++seed) Generate(*engine, Greedy(Prompt(150, seed)));
+  EXPECT_GE(engine->Stats().prompt_cache.ram.demotions, 9);
+  const Outcome ram_hit = Generate(*engine, a);
+  EXPECT_EQ(ram_hit.usage.cached_tokens, 144);
+  EXPECT_EQ(ram_hit.tokens, first.tokens);
+  EXPECT_EQ(ram_hit.logprobs, pool_hit.logprobs) << "a RAM hit must be bit-identical to a pool hit";
+  s = engine->Stats().prompt_cache;
+  EXPECT_EQ(s.ram.promotions, 9);
+  EXPECT_EQ(s.ram.corrupt_dropped, 0);
+  // Again, after other prompts pushed it out once more (its records were freed from the device's
+  // reads and reused meanwhile).
+  for (int seed = 15; seed < 18; ++seed) Generate(*engine, Greedy(Prompt(150, seed)));
+  const Outcome again = Generate(*engine, a);
+  EXPECT_EQ(again.usage.cached_tokens, 144);
+  EXPECT_EQ(again.logprobs, pool_hit.logprobs);
 }
 
 // The RAM tier's cap holds under a stream of distinct prompts (least recently used out first),

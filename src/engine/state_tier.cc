@@ -80,7 +80,7 @@ bool StateTier::Read(const prompt_cache::BlockIdentity& kv, std::vector<uint8_t>
                                           (prefetcher_ != nullptr &&
                                            prefetcher_->WaitIfFetching(id.key)));
   if (in_ram && (record = ram_->Read(id)) != nullptr) {
-    payload = prompt_cache::RecordPayload(*record, config_.block_size, config_.state_bytes);
+    payload = prompt_cache::RecordPayload(record->bytes(), config_.block_size, config_.state_bytes);
   } else if (disk_ != nullptr) {
     payload = disk_->Read(id);  // absent or refused (counted by the store): empty
   }
@@ -96,30 +96,30 @@ void StateTier::Prefetch(prompt_cache::PrefetchBlock block) {
   prefetcher_->Enqueue(std::move(job));  // dropped (counted) when the queue is full
 }
 
-std::vector<uint8_t> StateTier::CopyOut(int32_t slot, int64_t record_bytes, KvBlockIo& io) {
-  std::vector<uint8_t> record(static_cast<size_t>(record_bytes));
+bool StateTier::CopyOut(int32_t slot, std::span<uint8_t> record, KvBlockIo& io) {
   const Status st = io.CopyStateToHost(
-      slot, std::span<uint8_t>(record).subspan(prompt_cache::PayloadOffset(config_.block_size),
-                                               static_cast<size_t>(config_.state_bytes)));
+      slot, record.subspan(prompt_cache::PayloadOffset(config_.block_size),
+                           static_cast<size_t>(config_.state_bytes)));
   if (!st.ok()) {
     if (copy_failures_++ == 0) {
       LOG_WARN << "prompt cache: cannot copy a state checkpoint out: " << st.message();
     }
-    return {};
+    return false;
   }
-  return record;
+  return true;
 }
 
 void StateTier::WriteThrough(const prompt_cache::BlockIdentity& kv, int32_t slot, KvBlockIo& io) {
   if (disk_ == nullptr || disk_->Contains(kv.key)) return;
-  std::vector<uint8_t> record = CopyOut(slot, disk_->record_bytes(), io);
-  if (!record.empty()) disk_->Write(Of(kv), std::move(record));  // dropped when the queue is full
+  prompt_cache::RecordBuffer record = disk_->NewRecord();
+  // Dropped when the queue is full.
+  if (CopyOut(slot, record.bytes(), io)) disk_->Write(Of(kv), std::move(record));
 }
 
 void StateTier::Demote(const prompt_cache::BlockIdentity& kv, int32_t slot, KvBlockIo& io) {
   if (ram_ == nullptr || ram_->Refresh(kv.key)) return;
-  std::vector<uint8_t> record = CopyOut(slot, ram_->record_bytes(), io);
-  if (record.empty()) return;
+  prompt_cache::RecordBuffer record = ram_->NewRecord();
+  if (!CopyOut(slot, record.bytes(), io)) return;
   const std::vector<prompt_cache::RamStore::Evicted> evicted =
       ram_->Insert(Of(kv), std::move(record));
   if (disk_ != nullptr) prompt_cache::SpillToDisk(evicted, *disk_);

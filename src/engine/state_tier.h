@@ -92,8 +92,8 @@ class StateTier {
 
  private:
   StateTier(const StateTierConfig& config, const prompt_cache::Key& fingerprint);
-  // Copies slot's state into a fresh record buffer of `record_bytes`; empty on an error.
-  std::vector<uint8_t> CopyOut(int32_t slot, int64_t record_bytes, KvBlockIo& io);
+  // Copies slot's state into the payload of `record` (a whole record); false on an error.
+  bool CopyOut(int32_t slot, std::span<uint8_t> record, KvBlockIo& io);
 
   const StateTierConfig config_;
   const prompt_cache::Key fingerprint_;

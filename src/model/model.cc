@@ -943,6 +943,18 @@ Status Model::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in)
   return backend_->CopyKvBlockFromHost(block_id, in);
 }
 
+bool Model::HasPinnedHost() const { return backend_->HasPinnedHost(); }
+
+void* Model::AllocPinnedHost(size_t bytes) { return backend_->AllocPinnedHost(bytes); }
+
+void Model::FreePinnedHost(void* p) { backend_->FreePinnedHost(p); }
+
+Status Model::CopyKvBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) {
+  return backend_->CopyKvBlockFromPinned(block_id, in);
+}
+
+bool Model::PinnedReadsDone(bool wait) { return backend_->PinnedReadsDone(wait); }
+
 Status Model::Forward(const BatchPlan& plan, std::span<float> logits) {
   return Forward(plan, StepOutputs{logits, {}, {}, {}});
 }

@@ -268,6 +268,13 @@ class Model {
   Status CopyKvBlocksToHost(std::span<const int32_t> blocks,
                             std::span<const std::span<uint8_t>> outs);
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in);
+  // Page-locked memory and the copies from it (Backend::AllocPinnedHost, CopyKvBlockFromPinned,
+  // PinnedReadsDone): the RAM tier's records on a GPU.
+  bool HasPinnedHost() const;
+  void* AllocPinnedHost(size_t bytes);
+  void FreePinnedHost(void* p);
+  Status CopyKvBlockFromPinned(int32_t block_id, std::span<const uint8_t> in);
+  bool PinnedReadsDone(bool wait);
   // What decides the bits of this model's KV blocks, as text: the layout version, the
   // architecture's shapes, config.json's digest, the weights' (WeightStore::Fingerprint), the
   // backend, its KV element size and per-layer dtypes (--kv-cache-dtype) and the load options

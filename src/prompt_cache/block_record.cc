@@ -58,7 +58,7 @@ int64_t RecordBytes(int32_t block_size, int64_t payload_bytes) {
   return static_cast<int64_t>(kHeaderBytes) + 4 * int64_t{block_size} + payload_bytes + 4;
 }
 
-void SealRecord(const BlockIdentity& id, std::span<uint8_t> out) {
+void WriteRecordHeader(const BlockIdentity& id, std::span<uint8_t> out) {
   const auto block_size = static_cast<int32_t>(id.tokens.size());
   const int64_t payload_bytes =
       static_cast<int64_t>(out.size()) - RecordBytes(block_size, 0);
@@ -76,8 +76,18 @@ void SealRecord(const BlockIdentity& id, std::span<uint8_t> out) {
     Put<uint32_t>(out, at, static_cast<uint32_t>(t));
     at += 4;
   }
-  at += static_cast<size_t>(payload_bytes);
-  Put<uint32_t>(out, at, Crc32c(std::span<const uint8_t>(out.data(), at)));
+  Put<uint32_t>(out, out.size() - 4, 0);
+}
+
+void SealChecksum(std::span<uint8_t> record) {
+  CHECK_GE(record.size(), size_t{4});
+  const size_t body = record.size() - 4;
+  Put<uint32_t>(record, body, Crc32c(std::span<const uint8_t>(record.data(), body)));
+}
+
+void SealRecord(const BlockIdentity& id, std::span<uint8_t> out) {
+  WriteRecordHeader(id, out);
+  SealChecksum(out);
 }
 
 std::vector<uint8_t> EncodeRecord(const BlockIdentity& id, std::span<const uint8_t> payload) {
@@ -91,7 +101,7 @@ std::vector<uint8_t> EncodeRecord(const BlockIdentity& id, std::span<const uint8
 }
 
 std::string VerifyRecord(std::span<const uint8_t> record, const BlockIdentity& expected,
-                         int64_t payload_bytes) {
+                         int64_t payload_bytes, Checksum checksum) {
   const auto block_size = static_cast<int32_t>(expected.tokens.size());
   const int64_t want = RecordBytes(block_size, payload_bytes);
   if (static_cast<int64_t>(record.size()) != want)
@@ -102,7 +112,8 @@ std::string VerifyRecord(std::span<const uint8_t> record, const BlockIdentity& e
   if (Get<uint64_t>(record, 16) != static_cast<uint64_t>(payload_bytes))
     return "payload size differs";
   const size_t body = record.size() - 4;
-  if (Get<uint32_t>(record, body) != Crc32c(record.first(body))) return "checksum mismatch";
+  if (checksum == Checksum::kVerify && Get<uint32_t>(record, body) != Crc32c(record.first(body)))
+    return "checksum mismatch";
   if (Get<uint64_t>(record, 24) != expected.ns) return "namespace differs";
   if (!Equal(record, 32, expected.fingerprint)) return "model fingerprint differs";
   if (!Equal(record, 64, expected.parent)) return "parent key differs";

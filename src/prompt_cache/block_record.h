@@ -15,7 +15,7 @@
 //   [96, 128)   key
 //   [128, ...)  i32 token ids [block_size]
 //   then        payload [payload_bytes]: the block's K/V as Backend::CopyKvBlockToHost lays it out
-//   last 4      u32 CRC-32C of every byte before it
+//   last 4      u32 CRC-32C of every byte before it (0 in the RAM tier, which does not seal)
 // A record is valid only when its size, every header field, the token ids and the checksum match
 // what the reader expects: a torn, truncated, flipped or foreign record is refused, never used.
 // Pure functions; thread-safe.
@@ -64,12 +64,19 @@ inline size_t PayloadOffset(int32_t block_size) {
 // Writes the header, the token ids and the checksum around a payload already in place at
 // PayloadOffset: `record` is RecordBytes(id.tokens.size(), payload_bytes) bytes.
 void SealRecord(const BlockIdentity& id, std::span<uint8_t> record);
+// SealRecord's two halves: the header and token ids (the checksum field zeroed), and the
+// checksum of every byte before it. The RAM tier's records have only the first (they never leave
+// the process); a record is checksummed when it goes to disk.
+void WriteRecordHeader(const BlockIdentity& id, std::span<uint8_t> record);
+void SealChecksum(std::span<uint8_t> record);
 // The whole record for `id` with `payload` (RecordBytes bytes).
 std::vector<uint8_t> EncodeRecord(const BlockIdentity& id, std::span<const uint8_t> payload);
 
-// Why a record was refused ("" when valid). `record` is the whole file.
+// Why a record was refused ("" when valid). `record` is the whole file. kSkip: every field but
+// the checksum (the RAM tier's records, written in this process and never sealed).
+enum class Checksum { kVerify, kSkip };
 std::string VerifyRecord(std::span<const uint8_t> record, const BlockIdentity& expected,
-                         int64_t payload_bytes);
+                         int64_t payload_bytes, Checksum checksum = Checksum::kVerify);
 // The payload of a record VerifyRecord accepted.
 std::span<const uint8_t> RecordPayload(std::span<const uint8_t> record, int32_t block_size,
                                        int64_t payload_bytes);

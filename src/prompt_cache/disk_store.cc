@@ -107,7 +107,10 @@ Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskStoreConfig& config
 }
 
 DiskStore::DiskStore(const DiskStoreConfig& config)
-    : config_(config), record_bytes_(RecordBytes(config.block_size, config.payload_bytes)) {}
+    : config_(config),
+      record_bytes_(RecordBytes(config.block_size, config.payload_bytes)),
+      memory_(RecordMemory::Create(static_cast<size_t>(record_bytes_),
+                                   config.max_queue_bytes / record_bytes_, config.pinned)) {}
 
 Status DiskStore::Init() {
   path_ = config_.dir;
@@ -241,11 +244,13 @@ void DiskStore::MakeRoom(int64_t incoming) {
 }
 
 std::span<const uint8_t> DiskStore::Read(const BlockIdentity& id) {
-  if (!ReadRecord(id, &read_buffer_)) return {};
+  read_buffer_.resize(static_cast<size_t>(record_bytes_));
+  if (!ReadRecord(id, read_buffer_)) return {};
   return RecordPayload(read_buffer_, config_.block_size, config_.payload_bytes);
 }
 
-bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) {
+bool DiskStore::ReadRecord(const BlockIdentity& id, std::span<uint8_t> record) {
+  CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
   const int64_t start = NowNs();
   std::string file;
   {
@@ -258,7 +263,6 @@ bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record
     file = FileName(id.key, it->second.ns);
     Touch(id.key);
   }
-  record->resize(static_cast<size_t>(record_bytes_));
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {  // evicted (or cleared) since the lookup
     ++misses_;
@@ -266,9 +270,9 @@ bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record
   }
   struct stat st;
   const bool sized = fstat(fd, &st) == 0 && st.st_size == record_bytes_;
-  const bool read_ok = sized && ReadAll(fd, record->data(), record->size());
+  const bool read_ok = sized && ReadAll(fd, record.data(), record.size());
   ::close(fd);
-  const std::string why = read_ok ? VerifyRecord(*record, id, config_.payload_bytes)
+  const std::string why = read_ok ? VerifyRecord(record, id, config_.payload_bytes)
                                   : std::string(sized ? "short read" : "wrong size");
   if (!why.empty()) {
     LOG_WARN << "prompt cache: dropping " << file << ": " << why;
@@ -285,19 +289,22 @@ bool DiskStore::ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record
   return true;
 }
 
-DiskStore::WriteResult DiskStore::Write(const BlockIdentity& id, std::vector<uint8_t> record) {
-  CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
+DiskStore::WriteResult DiskStore::Write(const BlockIdentity& id, RecordBuffer record) {
+  CHECK_EQ(static_cast<int64_t>(record.bytes().size()), record_bytes_);
   CHECK_EQ(static_cast<int32_t>(id.tokens.size()), config_.block_size);
   if (const std::optional<WriteResult> early = Admit(id.key)) return *early;
-  SealRecord(id, record);  // outside the lock: the checksum pass
-  return Enqueue(id.key, id.ns, std::move(record));
+  WriteRecordHeader(id, record.bytes());  // the writer takes the checksum
+  Pending item{id.key, id.ns, std::move(record), nullptr};
+  return Enqueue(std::move(item));
 }
 
-DiskStore::WriteResult DiskStore::WriteSealed(const Key& key, uint64_t ns,
-                                              std::vector<uint8_t> record) {
-  CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
+DiskStore::WriteResult DiskStore::WriteRam(const Key& key, uint64_t ns,
+                                           std::shared_ptr<const RecordBuffer> record) {
+  CHECK(record != nullptr);
+  CHECK_EQ(static_cast<int64_t>(record->bytes().size()), record_bytes_);
   if (const std::optional<WriteResult> early = Admit(key)) return *early;
-  return Enqueue(key, ns, std::move(record));
+  Pending item{key, ns, RecordBuffer(), std::move(record)};
+  return Enqueue(std::move(item));
 }
 
 std::optional<DiskStore::WriteResult> DiskStore::Admit(const Key& key) {
@@ -314,14 +321,13 @@ std::optional<DiskStore::WriteResult> DiskStore::Admit(const Key& key) {
   return std::nullopt;
 }
 
-DiskStore::WriteResult DiskStore::Enqueue(const Key& key, uint64_t ns,
-                                          std::vector<uint8_t> record) {
+DiskStore::WriteResult DiskStore::Enqueue(Pending item) {
   {
     MutexLock lock(&mu_);
-    if (queued_keys_.contains(key) || index_.contains(key)) return WriteResult::kPresent;
-    queued_keys_[key] = 1;
+    if (queued_keys_.contains(item.key) || index_.contains(item.key)) return WriteResult::kPresent;
+    queued_keys_[item.key] = 1;
     queued_bytes_ += record_bytes_;
-    queue_.push_back(Pending{key, ns, std::move(record)});
+    queue_.push_back(std::move(item));
   }
   cv_.NotifyAll();
   return WriteResult::kQueued;
@@ -362,11 +368,18 @@ void DiskStore::WriterLoop() {
   }
 }
 
-bool DiskStore::WriteFile(const Pending& item) {
+bool DiskStore::WriteFile(Pending& item) {
+  if (item.ram != nullptr) {  // a RAM record: copied out of the shared slot
+    item.record = memory_->Take();
+    const std::span<const uint8_t> bytes = item.ram->bytes();
+    std::copy(bytes.begin(), bytes.end(), item.record.bytes().begin());
+    item.ram.reset();
+  }
+  SealChecksum(item.record.bytes());
   const std::string final_name = FileName(item.key, item.ns);
   const std::string tmp = final_name + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && WriteAll(fd, item.record.data(), item.record.size());
+  bool ok = fd >= 0 && WriteAll(fd, item.record.bytes().data(), item.record.bytes().size());
   if (fd >= 0) ok = ::close(fd) == 0 && ok;
   ok = ok && std::rename(tmp.c_str(), final_name.c_str()) == 0;
   if (!ok) {
@@ -380,8 +393,13 @@ bool DiskStore::WriteFile(const Pending& item) {
     return false;
   }
   ++writes_;
-  bytes_written_ += static_cast<int64_t>(item.record.size());
+  bytes_written_ += record_bytes_;
   return true;
+}
+
+int64_t DiskStore::QueueRoom() const {
+  MutexLock lock(&mu_);
+  return std::max<int64_t>(0, (config_.max_queue_bytes - queued_bytes_) / record_bytes_);
 }
 
 int64_t DiskStore::Clear(std::optional<uint64_t> ns) {

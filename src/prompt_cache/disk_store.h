@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "prompt_cache/block_record.h"
+#include "prompt_cache/record_memory.h"
 #include "util/mutex.h"
 #include "util/status.h"
 #include "util/thread_annotations.h"
@@ -49,6 +50,9 @@ struct DiskStoreConfig {
   int32_t block_size = 0;        // tokens per block
   int64_t payload_bytes = 0;     // K/V bytes per block (Backend::KvBlockBytes)
   int64_t max_queue_bytes = int64_t{256} << 20;  // waiting writes; beyond: dropped
+  // Page-locked memory for the queued records (a GPU's: the device writes blocks into them
+  // directly), or null: plain memory.
+  std::shared_ptr<PinnedAllocator> pinned;
 };
 
 struct DiskStoreStats {
@@ -85,18 +89,22 @@ class DiskStore {
   std::span<const uint8_t> Read(const BlockIdentity& id) EXCLUDES(mu_);
   // The same into `record` (the whole verified record, RecordBytes): false when absent or
   // refused. Any thread.
-  bool ReadRecord(const BlockIdentity& id, std::vector<uint8_t>* record) EXCLUDES(mu_);
-  // A buffer for one record: fill its payload at PayloadOffset(block_size), then Write it.
-  std::vector<uint8_t> NewRecordBuffer() const {
-    return std::vector<uint8_t>(static_cast<size_t>(record_bytes_));
-  }
+  bool ReadRecord(const BlockIdentity& id, std::span<uint8_t> record) EXCLUDES(mu_);
+  // A buffer for one record (page-locked up to the queue's size when the config gives memory):
+  // fill its payload at PayloadOffset(block_size), then Write it. Any thread.
+  RecordBuffer NewRecord() { return memory_->Take(); }
   enum class WriteResult { kQueued, kPresent, kDropped };
-  // Seals `record` (header, tokens, checksum) and queues it for the writer. kPresent: the key is
-  // stored or queued already (its recency is refreshed); kDropped: the queue is full.
-  WriteResult Write(const BlockIdentity& id, std::vector<uint8_t> record) EXCLUDES(mu_);
-  // Queues a record sealed already for this store's fingerprint (the RAM tier's records, spilled
-  // on eviction): no checksum pass on the caller's thread. The record is verified when read.
-  WriteResult WriteSealed(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
+  // Writes `record`'s header and token ids and queues it for the writer, which takes the
+  // checksum (not this thread). kPresent: the key is stored or queued already (its recency is
+  // refreshed); kDropped: the queue is full.
+  WriteResult Write(const BlockIdentity& id, RecordBuffer record) EXCLUDES(mu_);
+  // Queues a RAM-tier record for this store's fingerprint (header written, not checksummed;
+  // spilled on eviction): the writer thread copies it and takes its checksum, so the caller's
+  // thread does neither. The record is verified when read.
+  WriteResult WriteRam(const Key& key, uint64_t ns, std::shared_ptr<const RecordBuffer> record)
+      EXCLUDES(mu_);
+  // How many more records the write queue takes now (a caller copies no more than that out).
+  int64_t QueueRoom() const EXCLUDES(mu_);
   // Removes every record (ns: nullopt) or those of one namespace, queued writes included.
   // Returns how many records were removed.
   int64_t Clear(std::optional<uint64_t> ns) EXCLUDES(mu_);
@@ -112,7 +120,8 @@ class DiskStore {
   struct Pending {
     Key key{};
     uint64_t ns = 0;
-    std::vector<uint8_t> record;
+    RecordBuffer record;                      // header written (Write); checksummed by the writer
+    std::shared_ptr<const RecordBuffer> ram;  // or a RAM record, copied first (WriteRam)
   };
   explicit DiskStore(const DiskStoreConfig& config);
   Status Init();
@@ -121,9 +130,9 @@ class DiskStore {
   std::string FileName(const Key& key, uint64_t ns) const;
   // Write's checks before sealing: kPresent / kDropped, or nullopt to go on.
   std::optional<WriteResult> Admit(const Key& key) EXCLUDES(mu_);
-  WriteResult Enqueue(const Key& key, uint64_t ns, std::vector<uint8_t> record) EXCLUDES(mu_);
+  WriteResult Enqueue(Pending item) EXCLUDES(mu_);
   void WriterLoop() EXCLUDES(mu_);
-  bool WriteFile(const Pending& item);  // temp + rename; false on an I/O error
+  bool WriteFile(Pending& item);  // temp + rename; false on an I/O error
   // Removes least recently used records until `incoming` more bytes fit.
   void MakeRoom(int64_t incoming) REQUIRES(mu_);
   void Erase(const Key& key) REQUIRES(mu_);  // index and file
@@ -131,6 +140,7 @@ class DiskStore {
 
   const DiskStoreConfig config_;
   const int64_t record_bytes_;
+  const std::shared_ptr<RecordMemory> memory_;  // the queued records' (NewRecord)
   std::string path_;
   int lock_fd_ = -1;
   std::vector<uint8_t> read_buffer_;  // Read's (one reader)

@@ -41,9 +41,9 @@ class DiskStoreTest : public ::testing::Test {
     return b;
   }
   static void Put(DiskStore& store, const Block& b, const Key& fp, int i) {
-    std::vector<uint8_t> record = store.NewRecordBuffer();
+    RecordBuffer record = store.NewRecord();
     const std::vector<uint8_t> p = TestPayload(i);
-    std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
+    std::copy(p.begin(), p.end(), record.bytes().begin() + PayloadOffset(kBlockSize));
     EXPECT_EQ(store.Write(b.Id(fp), std::move(record)), DiskStore::WriteResult::kQueued);
   }
   std::vector<std::string> Files(const DiskStore& store) const {
@@ -84,7 +84,7 @@ TEST_F(DiskStoreTest, WriteThenReadVerifies) {
   EXPECT_EQ(s.bytes_read, 3 * store->record_bytes());
   EXPECT_EQ(s.corrupt_dropped, 0);
   // A second write of a stored key is not queued again.
-  EXPECT_EQ(store->Write(MakeBlock(0).Id(fp_), store->NewRecordBuffer()),
+  EXPECT_EQ(store->Write(MakeBlock(0).Id(fp_), store->NewRecord()),
             DiskStore::WriteResult::kPresent);
 }
 
@@ -225,7 +225,7 @@ TEST_F(DiskStoreTest, FullQueueDropsAndCounts) {
   c.max_queue_bytes = RecordBytes(kBlockSize, kPayload) - 1;  // nothing fits the queue
   auto store = Open(c);
   ASSERT_NE(store, nullptr);
-  EXPECT_EQ(store->Write(MakeBlock(0).Id(fp_), store->NewRecordBuffer()),
+  EXPECT_EQ(store->Write(MakeBlock(0).Id(fp_), store->NewRecord()),
             DiskStore::WriteResult::kDropped);
   store->Flush();
   EXPECT_EQ(store->Stats().write_drops, 1);

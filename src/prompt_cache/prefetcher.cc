@@ -102,7 +102,7 @@ PrefetcherStats Prefetcher::Stats() const {
 }
 
 void Prefetcher::Loop() {
-  std::vector<uint8_t> buffer;
+  RecordBuffer buffer;
   while (true) {
     std::vector<PrefetchBlock> job;
     {
@@ -125,7 +125,7 @@ void Prefetcher::Loop() {
   }
 }
 
-void Prefetcher::Fetch(const std::vector<PrefetchBlock>& job, std::vector<uint8_t>& buffer) {
+void Prefetcher::Fetch(const std::vector<PrefetchBlock>& job, RecordBuffer& buffer) {
   const Key& fingerprint = ram_->config().fingerprint;
   for (size_t i = 0; i < job.size(); ++i) {
     const PrefetchBlock& b = job[i];
@@ -134,13 +134,13 @@ void Prefetcher::Fetch(const std::vector<PrefetchBlock>& job, std::vector<uint8_
       continue;
     }
     const BlockIdentity id{fingerprint, b.parent, b.key, b.ns, b.tokens};
-    if (!disk_->ReadRecord(id, &buffer)) {  // gone, or refused (removed and counted by the disk)
+    if (!buffer) buffer = ram_->NewRecord();  // (kept across a failed read)
+    if (!disk_->ReadRecord(id, buffer.bytes())) {  // gone, or refused (removed and counted)
       ++failed_;
       return;
     }
-    // A verified record of the same identity: Insert seals the same bytes again.
+    // A verified record of the same identity: Insert writes the same header again.
     spills_ += SpillToDisk(ram_->Insert(id, std::move(buffer)), *disk_);
-    buffer = std::vector<uint8_t>();
     ++fetched_;
     Advance(i + 1);
   }

@@ -66,7 +66,7 @@ class Prefetcher {
 
  private:
   void Loop() EXCLUDES(mu_);
-  void Fetch(const std::vector<PrefetchBlock>& job, std::vector<uint8_t>& buffer) EXCLUDES(mu_);
+  void Fetch(const std::vector<PrefetchBlock>& job, RecordBuffer& buffer) EXCLUDES(mu_);
   // The job in progress has finished its blocks before `next` (all of them: job.size()).
   void Advance(size_t next) EXCLUDES(mu_);
 

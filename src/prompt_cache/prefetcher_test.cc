@@ -58,9 +58,9 @@ class PrefetcherTest : public ::testing::Test {
   }
   void Store(const std::vector<PrefetchBlock>& chain) {
     for (const PrefetchBlock& b : chain) {
-      std::vector<uint8_t> record = disk_->NewRecordBuffer();
+      RecordBuffer record = disk_->NewRecord();
       const std::vector<uint8_t> p = Payload(b.key);
-      std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
+      std::copy(p.begin(), p.end(), record.bytes().begin() + PayloadOffset(kBlockSize));
       disk_->Write(Id(b), std::move(record));
     }
     disk_->Flush();
@@ -77,9 +77,9 @@ TEST_F(PrefetcherTest, MovesAJobsBlocksFromDiskToRamVerified) {
   Store(chain);
   // Block 2 is in RAM already: it is refreshed, not read again.
   {
-    std::vector<uint8_t> record = ram_->NewRecordBuffer();
+    RecordBuffer record = ram_->NewRecord();
     const std::vector<uint8_t> p = Payload(chain[2].key);
-    std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
+    std::copy(p.begin(), p.end(), record.bytes().begin() + PayloadOffset(kBlockSize));
     ram_->Insert(Id(chain[2]), std::move(record));
   }
   const int64_t disk_hits_before = disk_->Stats().hits;
@@ -94,7 +94,7 @@ TEST_F(PrefetcherTest, MovesAJobsBlocksFromDiskToRamVerified) {
   for (const PrefetchBlock& b : chain) {
     const RamStore::Record r = ram_->Read(Id(b));
     ASSERT_NE(r, nullptr);
-    const std::span<const uint8_t> p = RecordPayload(*r, kBlockSize, kPayload);
+    const std::span<const uint8_t> p = RecordPayload(r->bytes(), kBlockSize, kPayload);
     EXPECT_EQ(std::vector<uint8_t>(p.begin(), p.end()), Payload(b.key));
   }
   EXPECT_FALSE(prefetcher.WaitIfFetching(chain[0].key));  // no job in progress

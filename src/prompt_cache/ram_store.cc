@@ -18,7 +18,10 @@ int64_t NowNs() {
 }  // namespace
 
 RamStore::RamStore(const RamStoreConfig& config)
-    : config_(config), record_bytes_(RecordBytes(config.block_size, config.payload_bytes)) {
+    : config_(config),
+      record_bytes_(RecordBytes(config.block_size, config.payload_bytes)),
+      memory_(RecordMemory::Create(static_cast<size_t>(record_bytes_),
+                                   config.max_bytes / record_bytes_, config.pinned)) {
   CHECK_GT(config.max_bytes, 0);
   CHECK_GT(config.block_size, 0);
   CHECK_GT(config.payload_bytes, 0);
@@ -45,9 +48,8 @@ void RamStore::Erase(const Key& key) {
   bytes_ -= record_bytes_;
 }
 
-std::vector<RamStore::Evicted> RamStore::Insert(const BlockIdentity& id,
-                                                std::vector<uint8_t> record) {
-  CHECK_EQ(static_cast<int64_t>(record.size()), record_bytes_);
+std::vector<RamStore::Evicted> RamStore::Insert(const BlockIdentity& id, RecordBuffer record) {
+  CHECK_EQ(static_cast<int64_t>(record.bytes().size()), record_bytes_);
   CHECK_EQ(static_cast<int32_t>(id.tokens.size()), config_.block_size);
   std::vector<Evicted> evicted;
   if (record_bytes_ > config_.max_bytes) {
@@ -56,8 +58,8 @@ std::vector<RamStore::Evicted> RamStore::Insert(const BlockIdentity& id,
     return evicted;
   }
   if (Refresh(id.key)) return evicted;
-  SealRecord(id, record);  // outside the lock: the checksum pass
-  auto shared = std::make_shared<const std::vector<uint8_t>>(std::move(record));
+  WriteRecordHeader(id, record.bytes());
+  auto shared = std::make_shared<const RecordBuffer>(std::move(record));
   MutexLock lock(&mu_);
   if (index_.contains(id.key)) return evicted;  // inserted meanwhile (another thread)
   while (!lru_.empty() && bytes_ + record_bytes_ > config_.max_bytes) {
@@ -88,7 +90,8 @@ RamStore::Record RamStore::Read(const BlockIdentity& id) {
     record = it->second.record;
     lru_.splice(lru_.end(), lru_, it->second.lru);
   }
-  const std::string why = VerifyRecord(*record, id, config_.payload_bytes);
+  const std::string why =
+      VerifyRecord(record->bytes(), id, config_.payload_bytes, Checksum::kSkip);
   MutexLock lock(&mu_);
   if (!why.empty()) {
     LOG_WARN << "prompt cache: dropping a RAM record: " << why;
@@ -122,6 +125,7 @@ RamStoreStats RamStore::Stats() const {
   s.records = static_cast<int64_t>(index_.size());
   s.bytes = bytes_;
   s.capacity_bytes = config_.max_bytes;
+  s.pinned_bytes = memory_->pinned_slots() * record_bytes_;
   return s;
 }
 
@@ -130,7 +134,7 @@ int64_t SpillToDisk(const std::vector<RamStore::Evicted>& evicted, DiskStore& di
   for (const RamStore::Evicted& out : evicted) {
     // Usually on disk already (the disk tier writes computed blocks through).
     if (disk.Contains(out.key)) continue;
-    if (disk.WriteSealed(out.key, out.ns, *out.record) == DiskStore::WriteResult::kQueued) ++queued;
+    if (disk.WriteRam(out.key, out.ns, out.record) == DiskStore::WriteResult::kQueued) ++queued;
   }
   return queued;
 }

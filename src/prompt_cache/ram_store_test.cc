@@ -1,7 +1,8 @@
 // RamStore: records round-trip verified; the byte cap holds after every insert; eviction is least
-// recently used (reads and refreshes count as use) and hands the evicted records back, sealed, so
-// the disk tier stores them as they are; clearing all or one namespace; a read under another
-// namespace, model fingerprint, parent or token ids is refused and the record dropped, never used.
+// recently used (reads and refreshes count as use) and hands the evicted records back, so the
+// disk tier stores them (checksummed by its writer); clearing all or one namespace; a read under
+// another namespace, model fingerprint, parent or token ids is refused and the record dropped,
+// never used. RecordMemory: page-locked slots taken once and reused, plain memory beyond them.
 #include "prompt_cache/ram_store.h"
 
 #include <gtest/gtest.h>
@@ -38,15 +39,15 @@ RamStoreConfig Config(int64_t max_records) {
 }
 
 std::vector<RamStore::Evicted> Put(RamStore& store, const Block& b, int i) {
-  std::vector<uint8_t> record = store.NewRecordBuffer();
+  RecordBuffer record = store.NewRecord();
   const std::vector<uint8_t> p = TestPayload(i);
-  std::copy(p.begin(), p.end(), record.begin() + PayloadOffset(kBlockSize));
+  std::copy(p.begin(), p.end(), record.bytes().begin() + PayloadOffset(kBlockSize));
   return store.Insert(b.Id(kFp), std::move(record));
 }
 
 std::vector<uint8_t> PayloadOf(const RamStore& store, const RamStore::Record& r) {
   const std::span<const uint8_t> p =
-      RecordPayload(*r, store.config().block_size, store.config().payload_bytes);
+      RecordPayload(r->bytes(), store.config().block_size, store.config().payload_bytes);
   return {p.begin(), p.end()};
 }
 
@@ -58,7 +59,7 @@ TEST(RamStoreTest, RoundTripsVerifiedRecords) {
   const RamStore::Record r = store.Read(b.Id(kFp));
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(PayloadOf(store, r), TestPayload(1));
-  EXPECT_EQ(VerifyRecord(*r, b.Id(kFp), kPayload), "");
+  EXPECT_EQ(VerifyRecord(r->bytes(), b.Id(kFp), kPayload, Checksum::kSkip), "");
   EXPECT_EQ(store.Read(MakeBlock(2).Id(kFp)), nullptr);
   const RamStoreStats s = store.Stats();
   EXPECT_EQ(s.records, 1);
@@ -82,9 +83,11 @@ TEST(RamStoreTest, ByteCapHoldsAndEvictsLeastRecentlyUsed) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].key, MakeBlock(2).key);
   EXPECT_FALSE(store.Contains(MakeBlock(2).key));
-  // The evicted record is whole and sealed: it verifies as block 2 with its payload.
+  // The evicted record is whole: it verifies as block 2 with its payload (no checksum yet: the
+  // disk tier's writer takes it).
   ASSERT_NE(out[0].record, nullptr);
-  EXPECT_EQ(VerifyRecord(*out[0].record, MakeBlock(2).Id(kFp), kPayload), "");
+  EXPECT_EQ(VerifyRecord(out[0].record->bytes(), MakeBlock(2).Id(kFp), kPayload, Checksum::kSkip),
+            "");
   EXPECT_EQ(PayloadOf(store, out[0].record), TestPayload(2));
   for (int i = 4; i < 20; ++i) {
     Put(store, MakeBlock(i), i);
@@ -152,7 +155,8 @@ TEST(RamStoreTest, AnotherNamespaceModelOrPrefixIsRefused) {
   EXPECT_NE(store.Read(b.Id(kFp)), nullptr);
 }
 
-// A record evicted from RAM goes to the disk tier as it is (WriteSealed) and reads back there.
+// A record evicted from RAM goes to the disk tier (WriteRam: the writer copies it and takes its
+// checksum) and reads back there, checksum verified; the RAM slot is free once written.
 TEST(RamStoreTest, EvictedRecordsSpillToDiskSealed) {
   ScopedTempDir tmp("ember_ram_store");
   {
@@ -162,14 +166,98 @@ TEST(RamStoreTest, EvictedRecordsSpillToDiskSealed) {
     Put(ram, MakeBlock(0), 0);
     std::vector<RamStore::Evicted> out = Put(ram, MakeBlock(1), 1);
     ASSERT_EQ(out.size(), 1u);
-    EXPECT_EQ((*disk)->WriteSealed(out[0].key, out[0].ns, *out[0].record),
+    EXPECT_EQ((*disk)->WriteRam(out[0].key, out[0].ns, out[0].record),
               DiskStore::WriteResult::kQueued);
-    EXPECT_EQ((*disk)->WriteSealed(out[0].key, out[0].ns, *out[0].record),
+    EXPECT_EQ((*disk)->WriteRam(out[0].key, out[0].ns, out[0].record),
               DiskStore::WriteResult::kPresent);
+    out.clear();
     (*disk)->Flush();
+    EXPECT_EQ(ram.memory().in_use(), 1);  // block 1's; block 0's slot came back
     const std::span<const uint8_t> p = (*disk)->Read(MakeBlock(0).Id(kFp));
     EXPECT_EQ(std::vector<uint8_t>(p.begin(), p.end()), TestPayload(0));
   }
+}
+
+// Page-locked slots come from the allocator once, up to the cap, in whole pieces; they are reused
+// as records go; a record beyond them takes plain memory, which is freed when it goes; the pieces
+// are freed with the memory, after the last record.
+class FakePinned : public PinnedAllocator {
+ public:
+  void* Allocate(size_t bytes) override {
+    if (refuse_after >= 0 && allocations >= refuse_after) return nullptr;
+    ++allocations;
+    ++live;
+    bytes_total += bytes;
+    return std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  }
+  void Free(void* p) override {
+    --live;
+    std::free(p);
+  }
+  int allocations = 0, live = 0, refuse_after = -1;
+  size_t bytes_total = 0;
+};
+
+TEST(RecordMemoryTest, PinnedSlotsAreReusedAndPlainOnesAreExtra) {
+  auto pinned = std::make_shared<FakePinned>();
+  std::shared_ptr<RecordMemory> memory = RecordMemory::Create(1000, 3, pinned);
+  EXPECT_EQ(pinned->allocations, 1);
+  EXPECT_EQ(pinned->bytes_total, 3u * 1024u);  // slots 256-byte aligned
+  EXPECT_EQ(memory->pinned_slots(), 3);
+  std::vector<RecordBuffer> held;
+  for (int i = 0; i < 4; ++i) held.push_back(memory->Take());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(held[static_cast<size_t>(i)].pinned()) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(held[static_cast<size_t>(i)].bytes().data()) % 256, 0u);
+    EXPECT_EQ(held[static_cast<size_t>(i)].bytes().size(), 1000u);
+  }
+  EXPECT_FALSE(held[3].pinned());
+  EXPECT_EQ(memory->in_use(), 4);
+  EXPECT_EQ(memory->plain_in_use(), 1);
+  uint8_t* first = held[0].bytes().data();
+  held[0] = RecordBuffer();  // back to the free list
+  held[3] = RecordBuffer();  // freed
+  EXPECT_EQ(memory->in_use(), 2);
+  EXPECT_EQ(memory->plain_in_use(), 0);
+  RecordBuffer again = memory->Take();
+  EXPECT_TRUE(again.pinned());
+  EXPECT_EQ(again.bytes().data(), first);
+  // The memory outlives its owner's reference while records hold it.
+  std::weak_ptr<RecordMemory> weak = memory;
+  memory.reset();
+  EXPECT_FALSE(weak.expired());
+  EXPECT_EQ(pinned->live, 1);
+  held.clear();
+  again = RecordBuffer();
+  EXPECT_TRUE(weak.expired());
+  EXPECT_EQ(pinned->live, 0);
+}
+
+TEST(RecordMemoryTest, RefusedPinningFallsBackToPlainMemory) {
+  auto pinned = std::make_shared<FakePinned>();
+  pinned->refuse_after = 0;
+  std::shared_ptr<RecordMemory> memory = RecordMemory::Create(1000, 3, pinned);
+  EXPECT_EQ(memory->pinned_slots(), 0);
+  RecordBuffer b = memory->Take();
+  EXPECT_FALSE(b.pinned());
+  EXPECT_EQ(b.bytes().size(), 1000u);
+  // Without an allocator (the CPU backend) every record is plain memory.
+  std::shared_ptr<RecordMemory> plain = RecordMemory::Create(64, 8, nullptr);
+  EXPECT_FALSE(plain->Take().pinned());
+}
+
+// A RAM store over page-locked memory: its records are pinned up to the cap.
+TEST(RamStoreTest, RecordsArePinnedWhenTheBackendGivesMemory) {
+  auto pinned = std::make_shared<FakePinned>();
+  RamStoreConfig c = Config(2);
+  c.pinned = pinned;
+  RamStore store(c);
+  EXPECT_EQ(store.memory().pinned_slots(), 2);
+  Put(store, MakeBlock(0), 0);
+  const RamStore::Record r = store.Read(MakeBlock(0).Id(kFp));
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->pinned());
+  EXPECT_EQ(PayloadOf(store, r), TestPayload(0));
 }
 
 }  // namespace

@@ -216,6 +216,7 @@ void AddRamTierStats(const PromptCacheRamStats& s, PromptCacheRamStats* total) {
   for (auto [sum, value] : {std::pair{&total->records, s.records},
                             {&total->bytes, s.bytes},
                             {&total->capacity_bytes, s.capacity_bytes},
+                            {&total->pinned_bytes, s.pinned_bytes},
                             {&total->lookup_misses, s.lookup_misses},
                             {&total->hits, s.hits},
                             {&total->misses, s.misses},

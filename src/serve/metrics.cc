@@ -134,6 +134,7 @@ nlohmann::json PromptCacheJson(const EngineStats& e) {
     tiers["ram"] = {{"blocks", r.records},
                     {"bytes", r.bytes},
                     {"capacity_bytes", r.capacity_bytes},
+                    {"pinned_bytes", r.pinned_bytes},
                     {"misses", r.lookup_misses},
                     {"hits", r.hits},
                     {"gone_on_read", r.misses},

@@ -211,6 +211,16 @@ class CudaBackend final : public Backend {
   Status CopyKvBlocksToHost(std::span<const int32_t> blocks,
                             std::span<const std::span<uint8_t>> outs) override;
   Status CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_t> in) override;
+  // The RAM tier's records: page-locked and mapped (cudaHostAlloc), so the gather writes into
+  // them and the scatter reads from them over the bus, with no staging copy. CopyKvBlocksToHost
+  // takes that path when every output lies in such memory; CopyKvBlockFromPinned queues the
+  // block for the next send (SendKvUploads: after the staged half, before the step reads the
+  // pool); PinnedReadsDone polls the event behind the last send's scatter.
+  bool HasPinnedHost() const override { return true; }
+  void* AllocPinnedHost(size_t bytes) override;
+  void FreePinnedHost(void* p) override;
+  Status CopyKvBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) override;
+  bool PinnedReadsDone(bool wait) override;
   Result<int32_t> CreateRope(const RopeSpec& spec) override;
   Tensor Alloc(std::initializer_list<int64_t> shape) override;
   Tensor AllocMatMulInput(std::initializer_list<int64_t> shape) override;
@@ -468,8 +478,11 @@ class CudaBackend final : public Backend {
   unsigned char* moe_scratch_ = nullptr;
 
   // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
-  // Sends the current half's staged records (one copy, one ScatterKvBlocks) and switches halves.
+  // Sends what is queued for the pool: the current half's staged records (SendStagedUploads: one
+  // copy, one ScatterKvBlocks, then the halves switch), then the page-locked queue
+  // (SendPinnedUploads).
   void SendKvUploads();
+  void SendStagedUploads();
   // The pool's segment table (one per layer's K and V, in the record's order).
   void FillKvSegments(KvBlockSegment* segments) const;
   // Two page-locked halves, each up to kv_upload_capacity_ records of kv_upload_record_bytes_,
@@ -488,6 +501,20 @@ class CudaBackend final : public Backend {
   // CopyKvBlocksToHost's staging (the upload half's layout: records, block ids, segments).
   PinnedBytes kv_download_host_;
   DeviceBuffer kv_download_device_;
+  // CopyKvBlockFromPinned's queue: blocks and their records' device addresses, sent after the
+  // staged half by SendKvUploads; `table` (page-locked) and `device` hold a send's addresses, ids
+  // and segments; `read` is recorded behind its scatter (the table is rewritten after it).
+  struct KvPinnedUploads {
+    std::vector<int32_t> blocks;
+    std::vector<const unsigned char*> records;
+    PinnedBytes table;
+    DeviceBuffer device;
+    Event read;
+  };
+  KvPinnedUploads kv_pinned_;
+  std::vector<int32_t> kv_pinned_index_;  // by block id: 1 + its entry in kv_pinned_.blocks
+  // Sends kv_pinned_'s queue (one table copy, one scatter from host memory).
+  void SendPinnedUploads();
 
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)

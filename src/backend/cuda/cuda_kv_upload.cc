@@ -3,7 +3,10 @@
 // prefix costs a host memcpy per block rather than a copy per layer and a wait per block.
 // Downloads (CopyKvBlocksToHost): one gather kernel into a device staging area, one copy into
 // page-locked memory and one wait per 32 MiB of records, so evicting a long prefix into the RAM
-// tier no longer waits for the GPU once per block.
+// tier no longer waits for the GPU once per block. The RAM tier's own records are page-locked and
+// mapped (AllocPinnedHost): a download into them is one gather kernel writing over the bus and
+// one wait; an upload from them (CopyKvBlockFromPinned) is queued and read by one scatter kernel
+// over the bus at the next send, with no host copy on either side.
 #include <algorithm>
 #include <cstring>
 
@@ -24,7 +27,39 @@ size_t SegmentsOffset(size_t n, size_t record) {
   return AlignUp(IdsOffset(n, record) + n * sizeof(int32_t), 16);
 }
 
+// A table for records elsewhere (page-locked host records): n addresses, then as above.
+size_t TableIdsOffset(size_t n) { return AlignUp(n * sizeof(void*), 16); }
+size_t TableSegmentsOffset(size_t n) { return AlignUp(TableIdsOffset(n) + n * sizeof(int32_t), 16); }
+
+// The device's address of host bytes at p when they are page-locked memory it can reach (mapped:
+// cudaHostAlloc under unified addressing), else null.
+unsigned char* DeviceAddressOfHost(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // plain memory may report an error on old drivers: not sticky
+    return nullptr;
+  }
+  if (a.type != cudaMemoryTypeHost || a.devicePointer == nullptr) return nullptr;
+  return static_cast<unsigned char*>(a.devicePointer);
+}
+
 }  // namespace
+
+void* CudaBackend::AllocPinnedHost(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::FreePinnedHost(void* p) {
+  if (p == nullptr) return;
+  // The step stream is the only one that reads or writes the records.
+  CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  CUDA_CHECK(cudaFreeHost(p));
+}
 
 void CudaBackend::FillKvSegments(KvBlockSegment* segments) const {
   uint64_t src = 0;
@@ -57,6 +92,35 @@ Status CudaBackend::CopyKvBlocksToHost(std::span<const int32_t> blocks,
   Flush();
   SendKvUploads();  // a staged upload may be a block's content
   const int32_t num_segments = kv_tensors_ * kv_layers_;
+  // Every output page-locked and mapped: the gather writes into them directly.
+  std::vector<unsigned char*> direct;
+  for (const std::span<uint8_t> out : outs) {
+    unsigned char* d = DeviceAddressOfHost(out.data());
+    if (d == nullptr) break;
+    direct.push_back(d);
+  }
+  if (direct.size() == outs.size()) {
+    const size_t n = direct.size();
+    const size_t end = TableSegmentsOffset(n) +
+                       static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
+    // The previous use of the table is complete: every path below ends in a wait.
+    kv_download_host_.Reserve(end);
+    if (kv_download_device_.bytes() < end) kv_download_device_ = DeviceBuffer(end);
+    unsigned char* host = kv_download_host_.data();
+    unsigned char* device = kv_download_device_.as<unsigned char>();
+    std::memcpy(host, direct.data(), n * sizeof(void*));
+    std::memcpy(host + TableIdsOffset(n), blocks.data(), n * sizeof(int32_t));
+    FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + TableSegmentsOffset(n)));
+    CUDA_CHECK(cudaMemcpyAsync(device, host, end, cudaMemcpyHostToDevice, stream_.get()));
+    LaunchGatherKvBlocksTo(kv_pool_.as<unsigned char>(),
+                           reinterpret_cast<const int32_t*>(device + TableIdsOffset(n)),
+                           static_cast<int32_t>(n),
+                           reinterpret_cast<const KvBlockSegment*>(device + TableSegmentsOffset(n)),
+                           num_segments, reinterpret_cast<unsigned char* const*>(device),
+                           stream_.get());
+    CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return Status::Ok();
+  }
   const size_t capacity = std::max<size_t>(1, kKvUploadHalfBytes / record);
   const size_t bytes = SegmentsOffset(capacity, record) +
                        static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
@@ -100,6 +164,9 @@ Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_
     kv_upload_device_ = DeviceBuffer(bytes);
     kv_upload_index_.assign(static_cast<size_t>(kv_blocks_), 0);
   }
+  // Queued from page-locked memory: sent first, so this later content lands last.
+  if (!kv_pinned_index_.empty() && kv_pinned_index_[static_cast<size_t>(block_id)] != 0)
+    SendKvUploads();
   KvUploadHalf* half = &kv_upload_[static_cast<size_t>(kv_upload_half_)];
   int32_t& index = kv_upload_index_[static_cast<size_t>(block_id)];
   if (index == 0 && half->blocks.size() == kv_upload_capacity_) {
@@ -116,7 +183,74 @@ Status CudaBackend::CopyKvBlockFromHost(int32_t block_id, std::span<const uint8_
   return Status::Ok();
 }
 
+Status CudaBackend::CopyKvBlockFromPinned(int32_t block_id, std::span<const uint8_t> in) {
+  if (kv_pool_.data() == nullptr) return Status::Error("KV block copy before AllocateKvPool");
+  CHECK(block_id >= 0 && block_id < kv_blocks_) << "KV block " << block_id << " out of range";
+  CHECK_EQ(in.size(), static_cast<size_t>(KvBlockBytes()));
+  const unsigned char* device = DeviceAddressOfHost(in.data());
+  if (device == nullptr) return CopyKvBlockFromHost(block_id, in);  // not mapped: staged
+  if (kv_pinned_index_.empty()) kv_pinned_index_.assign(static_cast<size_t>(kv_blocks_), 0);
+  // Staged in the current half: sent first, so this later content lands last (SendKvUploads
+  // sends the half before the queue).
+  if (!kv_upload_index_.empty() && kv_upload_index_[static_cast<size_t>(block_id)] != 0)
+    SendKvUploads();
+  int32_t& index = kv_pinned_index_[static_cast<size_t>(block_id)];
+  if (index != 0) {  // queued twice: the later record
+    kv_pinned_.records[static_cast<size_t>(index - 1)] = device;
+    return Status::Ok();
+  }
+  kv_pinned_.blocks.push_back(block_id);
+  kv_pinned_.records.push_back(device);
+  index = static_cast<int32_t>(kv_pinned_.blocks.size());
+  return Status::Ok();
+}
+
+bool CudaBackend::PinnedReadsDone(bool wait) {
+  if (wait) {
+    SendKvUploads();
+    CUDA_CHECK(cudaEventSynchronize(kv_pinned_.read.get()));
+    return true;
+  }
+  if (!kv_pinned_.blocks.empty()) return false;  // not sent yet (the next step sends it)
+  const cudaError_t e = cudaEventQuery(kv_pinned_.read.get());
+  if (e == cudaErrorNotReady) return false;
+  CUDA_CHECK(e);
+  return true;
+}
+
+void CudaBackend::SendPinnedUploads() {
+  if (kv_pinned_.blocks.empty()) return;
+  const size_t n = kv_pinned_.blocks.size();
+  const int32_t num_segments = kv_tensors_ * kv_layers_;
+  const size_t end =
+      TableSegmentsOffset(n) + static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
+  // The previous send's table has been copied before it is rewritten (or regrown).
+  CUDA_CHECK(cudaEventSynchronize(kv_pinned_.read.get()));
+  kv_pinned_.table.Reserve(end);
+  if (kv_pinned_.device.bytes() < end) kv_pinned_.device = DeviceBuffer(end);
+  unsigned char* host = kv_pinned_.table.data();
+  std::memcpy(host, kv_pinned_.records.data(), n * sizeof(void*));
+  std::memcpy(host + TableIdsOffset(n), kv_pinned_.blocks.data(), n * sizeof(int32_t));
+  FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + TableSegmentsOffset(n)));
+  unsigned char* device = kv_pinned_.device.as<unsigned char>();
+  CUDA_CHECK(cudaMemcpyAsync(device, host, end, cudaMemcpyHostToDevice, stream_.get()));
+  LaunchScatterKvBlocksFrom(reinterpret_cast<const unsigned char* const*>(device),
+                            reinterpret_cast<const int32_t*>(device + TableIdsOffset(n)),
+                            static_cast<int32_t>(n),
+                            reinterpret_cast<const KvBlockSegment*>(device + TableSegmentsOffset(n)),
+                            num_segments, kv_pool_.as<unsigned char>(), stream_.get());
+  CUDA_CHECK(cudaEventRecord(kv_pinned_.read.get(), stream_.get()));
+  for (int32_t b : kv_pinned_.blocks) kv_pinned_index_[static_cast<size_t>(b)] = 0;
+  kv_pinned_.blocks.clear();
+  kv_pinned_.records.clear();
+}
+
 void CudaBackend::SendKvUploads() {
+  SendStagedUploads();
+  SendPinnedUploads();
+}
+
+void CudaBackend::SendStagedUploads() {
   KvUploadHalf& half = kv_upload_[static_cast<size_t>(kv_upload_half_)];
   if (half.blocks.empty()) return;
   const size_t n = half.blocks.size(), record = kv_upload_record_bytes_;

@@ -20,9 +20,19 @@ void LaunchScatterKvBlocks(const unsigned char* records, int64_t record_bytes,
                            const int32_t* block_ids, int32_t num_records,
                            const KvBlockSegment* segments, int32_t num_segments,
                            unsigned char* pool, cudaStream_t stream);
+// The same from records[i] (a device array of device-accessible addresses: page-locked host
+// records, read over the bus).
+void LaunchScatterKvBlocksFrom(const unsigned char* const* records, const int32_t* block_ids,
+                               int32_t num_records, const KvBlockSegment* segments,
+                               int32_t num_segments, unsigned char* pool, cudaStream_t stream);
 // The reverse: the pool blocks block_ids[i] copied into num_records records, back to back.
 void LaunchGatherKvBlocks(const unsigned char* pool, const int32_t* block_ids, int32_t num_records,
                           const KvBlockSegment* segments, int32_t num_segments,
                           unsigned char* records, int64_t record_bytes, cudaStream_t stream);
+// ... into records[i] (as LaunchScatterKvBlocksFrom's table).
+void LaunchGatherKvBlocksTo(const unsigned char* pool, const int32_t* block_ids,
+                            int32_t num_records, const KvBlockSegment* segments,
+                            int32_t num_segments, unsigned char* const* records,
+                            cudaStream_t stream);
 
 }  // namespace ember::cuda
