@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/kv_format.h"
 #include "bench_engine.h"
 #include "engine/engine.h"
 #include "engine/model_draft_source.h"
@@ -210,6 +211,9 @@ int Main(int argc, char** argv) {
                   "constrain every request to this JSON schema (structured output)");
   flags.AddBool("--no-jump-forward", &no_jump_forward,
                 "sample every constrained token (EngineConfig::jump_forward off)");
+  std::string kv_cache_dtype = "auto";
+  flags.AddString("--kv-cache-dtype", &kv_cache_dtype,
+                  "auto | bf16 | fp8 | int8 | ...: the KV cache's element type (see ember run --help)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
   flags.AddBool("--no-overlap", &no_overlap,
@@ -217,6 +221,8 @@ int Main(int argc, char** argv) {
   bool help = false;
   Status st = flags.Parse(argc, argv, 1, &help);
   if (st.ok() && max_batch < 0) st = Status::Error("--max-batch: must be >= 0");
+  Result<KvDType> kv_dtype = ParseKvDType(kv_cache_dtype, "--kv-cache-dtype");
+  if (st.ok() && !kv_dtype.ok()) st = Status::Error(kv_dtype.message());
   if (st.ok() && sustain < 0) st = Status::Error("--sustain: must be >= 0");
   if (st.ok() && spec_method != "none" && spec_method != "ngram" && spec_method != "draft")
     st = Status::Error("--spec-method must be none, ngram or draft");
@@ -229,6 +235,7 @@ int Main(int argc, char** argv) {
   opts.num_threads = static_cast<int32_t>(threads);
   opts.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   opts.cuda_batch_invariant = invariant;
+  opts.kv_cache.dtype = *kv_dtype;
   auto model = Model::Load(model_dir, opts);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.message().c_str());

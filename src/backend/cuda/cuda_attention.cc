@@ -185,7 +185,13 @@ std::vector<AttentionRun> CudaBackend::AttentionRuns(const AttentionArgs& args) 
 
 // One kernel for every step shape (see attention_invariant.cu). Split mode (one block per fixed
 // key split, then a fold kernel) only when the row tiles alone would leave SMs idle; it gives the
-// same bits as the sequential mode.
+// same bits as the sequential mode. Its partials (per row, head and split: head_dim + 2 floats)
+// may take up to kMaxSplitPartialsBytes of the step's arena: enough for 16 decode rows at a 128k
+// context or a 16-row prompt chunk after a 128k prefix (a prefix-cache hit's suffix), the shapes
+// where a few row tiles would otherwise each stream a whole long context alone (at 8 MB, 11
+// decode rows at 32k did: 31 ms a step for 45 GB, 1.5 TB/s).
+constexpr int64_t kMaxSplitPartialsBytes = int64_t{128} << 20;
+
 void CudaBackend::AttentionInvariant(const AttentionCall& call, const RopeKvInput* rope) {
   const AttentionArgs& args = call.args;
   const int64_t group = args.num_heads / args.num_kv_heads;
@@ -212,7 +218,7 @@ void CudaBackend::AttentionInvariant(const AttentionCall& call, const RopeKvInpu
   if (max_splits > 1 && blocks < num_sms_) {
     const int64_t floats = AttentionInvariantPartialsFloats(plan.num_tokens, args.num_heads,
                                                             args.head_dim, max_splits);
-    if (floats <= (int64_t{8} << 20) / 4) {
+    if (floats * 4 <= kMaxSplitPartialsBytes) {
       splits = max_splits;
       partials = static_cast<float*>(ArenaAlloc(static_cast<size_t>(floats) * 4));
     }
