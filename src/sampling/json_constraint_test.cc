@@ -180,11 +180,25 @@ TEST(MaskCacheTest, PackAndUnpackRoundTrip) {
     std::vector<uint8_t> back(3, 7);
     UnpackMask(bits, size, &back);
     EXPECT_EQ(back, mask) << size;
+    // The 32-bit words a backend takes: packed from the bytes, or copied from the 64-bit words.
+    std::vector<uint32_t> words, copied(5, 9);
+    PackAllowedBits(mask, &words);
+    ASSERT_EQ(words.size(), (size + 31) / 32);
+    for (size_t id = 0; id < size; ++id)
+      ASSERT_EQ((words[id / 32] >> (id % 32)) & 1, mask[id]) << id;
+    if (size % 32 != 0) {
+      EXPECT_EQ(words.back() >> (size % 32), 0u) << size;
+    }
+    MaskWords32(bits, size, &copied);
+    EXPECT_EQ(copied, words) << size;
     MaskCache cache;
     cache.Insert("k", mask, 5);
     EXPECT_EQ(cache.Find("k", &back), 5);
     EXPECT_EQ(back, mask);
+    EXPECT_EQ(cache.FindBits("k", &copied), 5);
+    EXPECT_EQ(copied, words);
     EXPECT_EQ(cache.Find("other", &back), -1);
+    EXPECT_EQ(cache.FindBits("other", &copied), -1);
   }
 }
 
