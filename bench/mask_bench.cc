@@ -2,7 +2,8 @@
 // --rows (default 128). Each row is its own request (its own constraint and mask cache, as the
 // server builds them) at a realistic state: a position drawn at random in a document valid under
 // --schema (the built-in documents fit bench/schemas/fixed_keys.json) where a token is sampled
-// (more than one allowed: jump-forward fills the others), over a real tokenizer's vocabulary. Per step, with the rows spread over --threads helpers as the engine spreads them:
+// (more than one allowed: jump-forward fills the others), over a real tokenizer's vocabulary. Per
+// step, with the rows spread over --threads helpers as the engine spreads them:
 //   probe: the jump-forward check after a token was accepted (TokenConstraint::ForcedToken: a
 //          cold walk of the vocabulary, whose mask the request's cache keeps);
 //   build: StepBuilder::BuildMasks' masks for rows the backend samples (greedy or backend-sampled
@@ -58,9 +59,11 @@ double ThreadCpuUs() {
   return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) * 1e-3;
 }
 
-// The engine's constant (step_builder.cc kMaxMaskEdits): the masked ids are listed up to this
-// many.
-constexpr int64_t kMaxMaskEdits = 8192;
+// The engine's rule (step_builder.cc MaxMaskEdits): a backend-sampled row's masked ids are
+// listed (kMask edits) up to one 16-byte edit per 4 bytes of bits.
+int64_t MaxMaskEdits(int32_t vocab_size) {
+  return (int64_t{vocab_size} + 31) / 32 * 4 / 16;
+}
 
 struct Phase {
   std::vector<double> wall_us;  // per step
@@ -71,9 +74,10 @@ struct Phase {
     std::sort(w.begin(), w.end());
     double mean = 0;
     for (double v : w) mean += v / double(w.size());
-    std::printf("  %s: %.0f us per step (median; mean %.0f, min %.0f, max %.0f); thread CPU %.1f "
-                "us per row\n",
-                name, w[w.size() / 2], mean, w.front(), w.back(), cpu_us / double(rows));
+    std::printf(
+        "  %s: %.0f us per step (median; mean %.0f, min %.0f, max %.0f); thread CPU %.1f "
+        "us per row\n",
+        name, w[w.size() / 2], mean, w.front(), w.back(), cpu_us / double(rows));
   }
 };
 
@@ -104,8 +108,7 @@ int main(int argc, char** argv) {
   threads = std::max<int64_t>(threads, 1);
   auto tokenizer = ember::Tokenizer::Load(tokenizer_dir);
   if (!tokenizer.ok()) return std::fprintf(stderr, "%s\n", tokenizer.message().c_str()), 1;
-  auto texts =
-      ember::TokenTexts::Build((*tokenizer)->TokenBytesTable((*tokenizer)->vocab_size()));
+  auto texts = ember::TokenTexts::Build((*tokenizer)->TokenBytesTable((*tokenizer)->vocab_size()));
   auto schema_text = ember::ReadFileToString(schema_path);
   if (!schema_text.ok()) return std::fprintf(stderr, "%s\n", schema_text.message().c_str()), 1;
   auto schema = ember::CompileJsonSchema(nlohmann::ordered_json::parse(*schema_text), "schema");
@@ -133,8 +136,7 @@ int main(int argc, char** argv) {
     for (size_t pos = 0; pos < doc.ids.size(); ++pos) {
       if (walk->ForcedToken() < 0) doc.sampled.push_back(pos);
       if (!walk->Accept(doc.ids[pos]))
-        return std::fprintf(stderr, "a document is not valid under the schema: %s\n", d.c_str()),
-               1;
+        return std::fprintf(stderr, "a document is not valid under the schema: %s\n", d.c_str()), 1;
     }
     docs.push_back(std::move(doc));
   }
@@ -168,30 +170,31 @@ int main(int argc, char** argv) {
   Phase probe, build, cold;
   int64_t allowed_sum = 0, bits_rows = 0;
   std::vector<ember::TokenMask> masks(static_cast<size_t>(rows));
+  const int64_t max_edits = MaxMaskEdits((*tokenizer)->vocab_size());
   for (int64_t step = 0; step < steps; ++step) {
     auto probed = make_rows();
     auto fresh = make_rows();
-    probe.wall_us.push_back(run(probed.size(), &probe.cpu_us, [&](size_t i) {
-      (void)probed[i]->ForcedToken();
-    }));
+    probe.wall_us.push_back(
+        run(probed.size(), &probe.cpu_us, [&](size_t i) { (void)probed[i]->ForcedToken(); }));
     build.wall_us.push_back(run(probed.size(), &build.cpu_us, [&](size_t i) {
-      masks[i].Build(*probed[i], kMaxMaskEdits);
+      masks[i].Build(*probed[i], ember::TokenMask::Form::kBits, max_edits);
     }));
     for (const ember::TokenMask& m : masks) {
       allowed_sum += m.num_allowed;
       bits_rows += !m.masked_listed();
     }
     cold.wall_us.push_back(run(fresh.size(), &cold.cpu_us, [&](size_t i) {
-      masks[i].Build(*fresh[i], kMaxMaskEdits);
+      masks[i].Build(*fresh[i], ember::TokenMask::Form::kBits, max_edits);
     }));
     probe.rows += rows;
     build.rows += rows;
     cold.rows += rows;
   }
-  std::printf("vocab %d, %zu documents, %ld rows x %ld steps, %ld helper threads; mean allowed %.0f, "
-              "%.0f%% of rows not listable as kMask edits\n",
-              (*tokenizer)->vocab_size(), documents.size(), rows, steps, threads,
-              double(allowed_sum) / double(build.rows), 100.0 * double(bits_rows) / double(build.rows));
+  std::printf(
+      "vocab %d, %zu documents, %ld rows x %ld steps, %ld helper threads; mean allowed %.0f, "
+      "%.0f%% of rows as bits (the others as kMask edits)\n",
+      (*tokenizer)->vocab_size(), documents.size(), rows, steps, threads,
+      double(allowed_sum) / double(build.rows), 100.0 * double(bits_rows) / double(build.rows));
   probe.Print("probe (ForcedToken, cold)");
   build.Print("build (after the probe)  ");
   cold.Print("build (cold)             ");

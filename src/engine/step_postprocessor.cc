@@ -298,7 +298,7 @@ SampleOutput StepPostprocessor::SampleRow(StepBatch& step, size_t logits_row, Se
   const auto vocab = static_cast<size_t>(runner_->vocab_size());
   TokenMask mask;
   if (seq->constraint != nullptr) {
-    mask.Build(*seq->constraint);
+    mask.Build(*seq->constraint, TokenMask::Form::kBytes);
     if (mask.num_allowed == 0) return SampleOutput{};
   }
   return Sample(step.logits.subspan(logits_row * vocab, vocab), seq->request->request.sampling,
