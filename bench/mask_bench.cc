@@ -35,7 +35,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/flags.h"
 #include "util/mapped_file.h"
-#include "util/parallel.h"
+#include "util/worker_pool.h"
 
 namespace {
 
@@ -153,11 +153,13 @@ int main(int argc, char** argv) {
     }
     return out;
   };
-  // The rows over the helpers; each row's thread CPU time is added to *cpu_us.
+  // The rows over the helpers (the engine's pool); each row's thread CPU time is added to
+  // *cpu_us.
+  ember::WorkerPool helpers(static_cast<size_t>(threads));
   auto run = [&](size_t n, double* cpu_us, auto fn) {
     std::atomic<int64_t> cpu_ns{0};
     const auto t0 = Clock::now();
-    ember::ForEachOnThreads(n, static_cast<size_t>(threads), [&](size_t i) {
+    helpers.ForEach(n, [&](size_t i) {
       const double c0 = ThreadCpuUs();
       fn(i);
       cpu_ns += static_cast<int64_t>((ThreadCpuUs() - c0) * 1e3);

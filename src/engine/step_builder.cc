@@ -1,11 +1,9 @@
 #include "engine/step_builder.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "sampling/logit_edits.h"
 #include "util/check.h"
-#include "util/parallel.h"
 
 namespace ember {
 
@@ -316,8 +314,7 @@ void StepBuilder::DecideSampledRow(const ScheduledSequence& s, size_t row, StepB
 }
 
 // The masks of the step's constrained rows (the tokens they may take next), built before the
-// launch on helper threads (at most half the host's cores, rows claimed from a counter), each in
-// its consumer's form: packed bits (with the masked ids
+// launch on the helper threads, each in its consumer's form: packed bits (with the masked ids
 // listed when MaxMaskEdits allows) where the backend makes the row's token, 0/1 bytes where the
 // host samples it. A state seen before costs a copy (MaskCache in json_constraint.h; as bits, a
 // 16 KB copy at a 128k vocabulary). row_masks[r] points to row r's.
@@ -338,7 +335,7 @@ void StepBuilder::BuildMasks(StepBatch& step) {
   CHECK(!step.deferred);
   step.masks.resize(jobs.size());
   const int64_t max_edits = MaxMaskEdits(runner_->vocab_size());
-  ForEachOnThreads(jobs.size(), std::thread::hardware_concurrency() / 2, [&](size_t i) {
+  helpers_->ForEach(jobs.size(), [&](size_t i) {
     step.masks[i].Build(*jobs[i].constraint, jobs[i].form, max_edits);
   });
   step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);

@@ -31,6 +31,7 @@
 #include "kv/state_checkpoints.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "util/worker_pool.h"
 
 namespace ember {
 
@@ -143,10 +144,11 @@ struct StepBatch {
 class StepBuilder {
  public:
   // All pointers must outlive the builder. It adds decode_steps, decode_rows,
-  // decode_padding_rows and masked_rows_* to `counters` (the engine's running totals).
+  // decode_padding_rows and masked_rows_* to `counters` (the engine's running totals). `helpers`
+  // build a step's masks (shared with the postprocessor: both run on the engine thread).
   StepBuilder(const EngineConfig& config, ModelRunner* runner, kv::KvCacheManager* kv,
-              EngineStats* counters)
-      : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
+              EngineStats* counters, WorkerPool* helpers)
+      : config_(config), runner_(runner), kv_(kv), counters_(counters), helpers_(helpers) {}
   // A hybrid model with state checkpoints: steps carry their restores and saves (StepBatch).
   void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
   // Speculation on a model with recurrent layers: `groups` runs of `per_sequence` consecutive
@@ -187,6 +189,7 @@ class StepBuilder {
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;
   EngineStats* counters_;
+  WorkerPool* helpers_;
   kv::StateCheckpoints* checkpoints_ = nullptr;
   int32_t snapshot_first_ = -1, snapshot_per_sequence_ = 0, snapshot_groups_ = 0;
   bool capture_final_hidden_ = false;

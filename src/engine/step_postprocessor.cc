@@ -345,7 +345,7 @@ void StepPostprocessor::JumpForward(const StepBatch& step) {
   }
   if (seqs.empty()) return;
   std::vector<std::vector<int32_t>> chains(seqs.size());
-  ForEachOnThreads(seqs.size(), std::thread::hardware_concurrency() / 2, [&](size_t i) {
+  helpers_->ForEach(seqs.size(), [&](size_t i) {
     Sequence* seq = seqs[i];
     const RequestState& state = *seq->request;
     const int32_t room =
