@@ -79,6 +79,14 @@ struct RowSampling {
   double u = 0.0;
 };
 
+// One row's allowed-token mask for Backend::ApplyTokenMasks: `bits` [ceil(cols / 32)], bit
+// t % 32 of word t / 32 is 1 where token t is allowed (TokenMaskAllows, logit_edit.h); the bits
+// past the last column are ignored. The span borrows the caller's words for the call.
+struct RowMask {
+  int32_t row = 0;
+  std::span<const uint32_t> bits;
+};
+
 struct BackendMemory {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
@@ -480,6 +488,12 @@ class Backend {
   // of one element are consecutive in `edits` and apply in list order; sampling/logit_edits.h
   // builds such lists. Errors name an edit outside x. x [rows, vocab] float32.
   virtual Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) = 0;
+  // The token masks (structured output) of rows whose token the backend makes, after their
+  // ApplyLogitEdits and before ArgmaxRows / SampleRows, as the host sampler orders them (its
+  // processors, then the constraint's mask): x[m.row, t] = -inf wherever m's bit t is 0, the
+  // other elements untouched (the bits are uploaded with the call: 4 bytes per 32 columns per
+  // row). Errors name a row outside x or bits of the wrong length. x [rows, vocab] float32.
+  virtual Status ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) = 0;
   // True when SampleRows is cheaper than copying the rows to the host sampler (a GPU).
   virtual bool prefers_backend_sampling() const { return false; }
   // ---- device-fed steps (the engine launches a step before it reads the previous one's ids) ----

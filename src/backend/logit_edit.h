@@ -53,4 +53,10 @@ EMBER_HOST_DEVICE inline float ApplyLogitEdit(float x, LogitEditOp op, float val
 #endif
 }
 
+// Whether a packed token mask (RowMask's layout: bit t % 32 of word t / 32) allows column t; a
+// column it does not allow becomes ApplyLogitEdit(x, kMask, 0), the same -inf as a kMask edit.
+EMBER_HOST_DEVICE inline bool TokenMaskAllows(const uint32_t* bits, int64_t t) {
+  return ((bits[t >> 5] >> (t & 31)) & 1u) != 0;
+}
+
 }  // namespace ember

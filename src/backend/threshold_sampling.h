@@ -7,7 +7,8 @@
 // so each step is a search for a weight threshold (binary search over the float's bits, each
 // probe one pass of counts/masses over the row) plus a count of ties, which maps onto one GPU
 // thread block per row with block-wide reductions. ApplyLogitEditsToRows is the twin of the
-// logits processors' kernel (cuda/logit_edits.cu). Pure functions; thread-safe.
+// logits processors' kernel (cuda/logit_edits.cu), ApplyTokenMasksToRows of the token masks'
+// (cuda/token_masks.cu). Pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,13 @@ int32_t RowArgmax(std::span<const float> logits);
 Status ApplyLogitEditsToRows(std::span<float> x, int64_t cols, std::span<const LogitEdit> edits);
 // The check of ApplyLogitEditsToRows (every backend's): each edit inside [rows, cols], op known.
 Status CheckLogitEdits(int64_t rows, int64_t cols, std::span<const LogitEdit> edits);
+// The reference ApplyTokenMasks (Backend::ApplyTokenMasks' semantics, the twin of the CUDA
+// token_masks kernel): x[m.row * cols + t] = -inf for each column t that m does not allow. x
+// [rows, cols]. A mask outside x or of the wrong length is an error naming it (x unchanged).
+Status ApplyTokenMasksToRows(std::span<float> x, int64_t cols, std::span<const RowMask> masks);
+// The check of ApplyTokenMasksToRows (every backend's): each row inside [0, rows), each mask
+// ceil(cols / 32) words.
+Status CheckTokenMasks(int64_t rows, int64_t cols, std::span<const RowMask> masks);
 
 // The token for one row. logits [vocab]; a row without a finite maximum (all -inf, or +inf
 // present) answers its argmax like the host sampler. Requires params.temperature > 0.

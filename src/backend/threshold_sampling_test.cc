@@ -369,5 +369,198 @@ TEST(LogitEditsTest, CudaMatchesTheTwin) {
   EXPECT_FALSE((*be)->ApplyLogitEdits(*x, outside).ok());
 }
 
+// ---- token masks (structured output) as packed bits ----
+
+// `rows` rows of random logits with processors (an EditCase: logits, edits, want = after the
+// processors), and a token mask for each row in `masked_rows`, of assorted densities: nothing
+// allowed, one token, a few, about half, all but a few, everything.
+struct MaskCase {
+  EditCase edits;
+  std::vector<std::vector<uint8_t>> allowed;  // by masked row: [vocab] 0/1
+  std::vector<std::vector<uint32_t>> bits;    // the same, packed
+  std::vector<RowMask> masks;
+  std::vector<float> want;  // want after the processors, then -inf where a mask says 0
+};
+
+MaskCase MakeMaskCase(std::mt19937& rng, int32_t vocab, int rows, std::vector<int32_t> masked_rows) {
+  MaskCase c;
+  c.edits = MakeEditCase(rng, vocab, rows, 200);
+  c.want = c.edits.want;
+  for (size_t j = 0; j < masked_rows.size(); ++j) {
+    std::vector<uint8_t> allowed(static_cast<size_t>(vocab), 0);
+    const uint32_t odds[] = {0, 0, 5, 500, 1000};  // kinds 0, 2, 3, 4: per mille allowed
+    const int kind = static_cast<int>(j % 7);
+    if (kind == 1) {
+      allowed[rng() % allowed.size()] = 1;
+    } else if (kind == 5) {
+      std::fill(allowed.begin(), allowed.end(), 1);
+      for (int k = 0; k < 9; ++k) allowed[rng() % allowed.size()] = 0;
+    } else if (kind == 6) {
+      std::fill(allowed.begin(), allowed.end(), 1);
+    } else {
+      for (uint8_t& a : allowed) a = rng() % 1000 < odds[kind];
+    }
+    std::vector<uint32_t> packed((allowed.size() + 31) / 32, 0);
+    for (size_t t = 0; t < allowed.size(); ++t)
+      packed[t / 32] |= uint32_t{allowed[t]} << (t % 32);
+    const int32_t row = masked_rows[j];
+    for (size_t t = 0; t < allowed.size(); ++t)
+      if (!allowed[t])
+        c.want[static_cast<size_t>(row) * static_cast<size_t>(vocab) + t] =
+            -std::numeric_limits<float>::infinity();
+    c.allowed.push_back(std::move(allowed));
+    c.bits.push_back(std::move(packed));
+  }
+  for (size_t j = 0; j < masked_rows.size(); ++j) c.masks.push_back({masked_rows[j], c.bits[j]});
+  return c;
+}
+
+// The twin (processors' edits, then the masks) gives the host sampler's masked rows bit for bit
+// (vocabularies that end mid-word too), leaves the unmasked rows as the processors left them,
+// and the CPU backend's ApplyTokenMasks is the same function; masks outside the tensor or of the
+// wrong length are refused.
+TEST(TokenMasksTest, CpuTwinEqualsTheHostMask) {
+  std::mt19937 rng(5);
+  for (int32_t vocab : {1000, 4099, 4096}) {
+    const int rows = 16;
+    MaskCase c = MakeMaskCase(rng, vocab, rows, {3, 0, 15, 7, 8, 9, 10, 11, 12, 1});
+    std::vector<float> got = c.edits.logits;
+    ASSERT_TRUE(ApplyLogitEditsToRows(got, vocab, c.edits.edits).ok());
+    ASSERT_TRUE(ApplyTokenMasksToRows(got, vocab, c.masks).ok());
+    EXPECT_EQ(CountDifferences(got, c.want), 0) << "vocab " << vocab;
+
+    CpuBackendOptions options;
+    options.num_threads = 1;
+    auto be = MakeCpuBackend(options);
+    const std::vector<int64_t> shape = {rows, vocab};
+    std::vector<float> data = c.edits.logits;
+    auto x = be->UploadWeight("logits", DType::kF32, shape, data.data());
+    ASSERT_TRUE(x.ok()) << x.message();
+    ASSERT_TRUE(be->ApplyLogitEdits(*x, c.edits.edits).ok());
+    ASSERT_TRUE(be->ApplyTokenMasks(*x, c.masks).ok());
+    std::vector<float> back(data.size());
+    ASSERT_TRUE(be->CopyToHost(*x, back).ok());
+    EXPECT_EQ(CountDifferences(back, c.want), 0) << "vocab " << vocab;
+    const RowMask outside[] = {{rows, c.bits[0]}};
+    EXPECT_FALSE(be->ApplyTokenMasks(*x, outside).ok());
+    const RowMask short_mask[] = {{0, std::span(c.bits[0]).first(c.bits[0].size() - 1)}};
+    const Status st = ApplyTokenMasksToRows(got, vocab, short_mask);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("token mask 0"), std::string::npos) << st.message();
+  }
+}
+
+// What the masked row gives is Sample()'s token with the same mask, processors and draw: greedy
+// (ArgmaxRows' rule on the twin's row) and sampled (ThresholdSample, SampleRows' algorithm, on
+// the twin's row, with the uniform Sample() draws), a mask that allows one token included.
+TEST(TokenMasksTest, MaskedTokensAreTheHostSamplers) {
+  std::mt19937 rng(17);
+  const int32_t vocab = 3001;
+  int cases = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const ProcessedRow pr = RandomProcessedRow(rng, vocab, trial % 32, 100);
+    SamplingParams p = pr.params;
+    p.temperature = trial % 3 == 0 ? 0.0f : 0.7f + 0.2f * static_cast<float>(trial % 4);
+    p.top_k = trial % 5 == 0 ? 40 : 0;
+    p.top_p = trial % 2 == 0 ? 1.0f : 0.9f;
+    p.seed = static_cast<uint64_t>(trial);
+    SamplerState state(p, 0, pr.prompt, pr.stop_ids);
+    for (int32_t t : pr.outputs) state.Accept(t);
+    std::vector<LogitEdit> edits;
+    AppendLogitEdits(p, state, 0, edits);
+    const std::vector<float> row = RandomRow(rng, vocab, 5);
+    std::vector<uint8_t> allowed(static_cast<size_t>(vocab));
+    const uint32_t per_mille = trial % 4 == 0 ? 2 : trial % 4 == 1 ? 30 : 400;
+    for (uint8_t& a : allowed) a = rng() % 1000 < per_mille;
+    allowed[rng() % allowed.size()] = 1;  // at least one
+    std::vector<uint32_t> bits((allowed.size() + 31) / 32, 0);
+    for (size_t t = 0; t < allowed.size(); ++t) bits[t / 32] |= uint32_t{allowed[t]} << (t % 32);
+
+    SamplerState peek = state;
+    const double u = p.is_greedy() ? 0.0 : peek.NextUniform();
+    std::vector<float> host_row = row;
+    const int32_t host = Sample(host_row, p, state, allowed).token_id;
+    std::vector<float> twin = row;
+    ASSERT_TRUE(ApplyLogitEditsToRows(twin, vocab, edits).ok());
+    const RowMask mask[] = {{0, bits}};
+    ASSERT_TRUE(ApplyTokenMasksToRows(twin, vocab, mask).ok());
+    const int32_t got =
+        p.is_greedy() ? RowArgmax(twin)
+                      : ThresholdSample(twin, {p.temperature, p.top_k, p.top_p, p.min_p, u});
+    EXPECT_EQ(got, host) << "trial " << trial;
+    // (A stop id masked by min_tokens may have been the one allowed token: no finite logit.)
+    if (std::any_of(twin.begin(), twin.end(), [](float v) { return std::isfinite(v); })) {
+      EXPECT_TRUE(allowed[static_cast<size_t>(got)]) << "trial " << trial;
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 120);
+}
+
+// The CUDA kernel against its twin, where a GPU exists: real vocabularies (and one that ends
+// mid-word), masks of every density on rows in another order than stored, after the
+// processors' edits, bit for bit; then the masked rows' argmax and draws on the device equal the
+// twin's and the host sampler's tokens. Bad masks are refused.
+TEST(TokenMasksTest, CudaMatchesTheTwin) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CudaBackendOptions options;
+  options.f32_compute = true;  // keep the uploaded rows float32
+  auto be = LoadCudaBackend(0, options);
+  ASSERT_TRUE(be.ok()) << be.message();
+  std::mt19937 rng(23);
+  for (int32_t vocab : {128256, 151936, 4099}) {
+    const int rows = 40;
+    std::vector<int32_t> masked_rows;
+    for (int r = rows - 1; r >= 0; r -= 1)
+      if (r % 5 != 2) masked_rows.push_back(r);  // 32 masked rows, descending; 8 unmasked
+    MaskCase c = MakeMaskCase(rng, vocab, rows, masked_rows);
+    const std::vector<int64_t> shape = {rows, vocab};
+    auto x = (*be)->UploadWeight("logits", DType::kF32, shape, c.edits.logits.data());
+    ASSERT_TRUE(x.ok()) << x.message();
+    ASSERT_TRUE((*be)->ApplyLogitEdits(*x, c.edits.edits).ok());
+    ASSERT_TRUE((*be)->ApplyTokenMasks(*x, c.masks).ok());
+    std::vector<float> back(c.edits.logits.size());
+    ASSERT_TRUE((*be)->CopyToHost(*x, back).ok());
+    EXPECT_EQ(CountDifferences(back, c.want), 0) << "vocab " << vocab;
+
+    // Tokens: every row's argmax, and a draw from each row that any mask leaves a token.
+    std::vector<int32_t> argmax(static_cast<size_t>(rows), -1);
+    ASSERT_TRUE((*be)->ArgmaxRows(*x, argmax).ok());
+    std::vector<int32_t> which;
+    std::vector<RowSampling> params;
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (int r = 0; r < rows; ++r) {
+      which.push_back(r);
+      params.push_back({0.6f + 0.3f * static_cast<float>(r % 3), r % 4 == 0 ? 50 : 0,
+                        r % 2 == 0 ? 1.0f : 0.9f, 0.0f, uniform(rng)});
+    }
+    std::vector<int32_t> drawn(static_cast<size_t>(rows), -1);
+    ASSERT_TRUE((*be)->SampleRows(*x, which, params, drawn).ok());
+    int mismatches = 0;
+    for (int r = 0; r < rows; ++r) {
+      const std::span<const float> twin(c.want.data() + static_cast<size_t>(r) * vocab,
+                                        static_cast<size_t>(vocab));
+      mismatches += argmax[static_cast<size_t>(r)] != RowArgmax(twin);
+      mismatches += drawn[static_cast<size_t>(r)] != ThresholdSample(twin, params[static_cast<size_t>(r)]);
+    }
+    EXPECT_EQ(mismatches, 0) << "vocab " << vocab;
+    // The host sampler on a masked row (greedy; its processors are the edits above): the same.
+    for (size_t j = 0; j < masked_rows.size(); ++j) {
+      const auto r = static_cast<size_t>(masked_rows[j]);
+      std::vector<float> row(c.edits.want.begin() + static_cast<ptrdiff_t>(r * vocab),
+                             c.edits.want.begin() + static_cast<ptrdiff_t>((r + 1) * vocab));
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      SamplerState state(greedy, 0, {});
+      if (std::count(c.allowed[j].begin(), c.allowed[j].end(), 1) == 0) continue;
+      EXPECT_EQ(Sample(row, greedy, state, c.allowed[j]).token_id, argmax[r]) << "row " << r;
+    }
+    const RowMask outside[] = {{rows, c.bits[0]}};
+    EXPECT_FALSE((*be)->ApplyTokenMasks(*x, outside).ok());
+    const RowMask short_mask[] = {{0, std::span(c.bits[0]).first(1)}};
+    EXPECT_FALSE((*be)->ApplyTokenMasks(*x, short_mask).ok());
+  }
+}
+
 }  // namespace
 }  // namespace ember

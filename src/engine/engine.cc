@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <tuple>
 
 #include "engine/clock.h"
@@ -204,8 +206,9 @@ Engine::Engine(Model* model, const EngineSizing& sizing, ModelRunner runner,
       sequences_(&scheduler_, &num_queued_, &counters_,
                  speculator_.enabled() ? config_.speculation.num_spec_tokens : 0,
                  config_.jump_forward),
-      builder_(config_, &runner_, &kv_, &counters_),
-      postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_) {
+      helpers_(std::max(1u, std::thread::hardware_concurrency() / 2)),
+      builder_(config_, &runner_, &kv_, &counters_, &helpers_),
+      postprocessor_(&runner_, &kv_, &sequences_, &speculator_, &counters_, &helpers_) {
   if (model->lora() != nullptr) {
     adapters_ = std::make_unique<AdapterRegistry>(&model->config(), model->lora()->max_rank());
   }

@@ -124,6 +124,8 @@ class Engine {
   ModelRunner runner_;
   Speculator speculator_;
   LiveSequences sequences_;
+  // The step's helper threads (masks, jump-forward chains): half the host's cores, started once.
+  WorkerPool helpers_;
   StepBuilder builder_;
   StepPostprocessor postprocessor_;
   std::unique_ptr<PromptTier> tier_;    // RAM and/or disk tiers below the pool, or null

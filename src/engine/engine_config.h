@@ -216,6 +216,10 @@ struct EngineStats {
   // Jump-forward: tokens appended because the constraint allowed only them (not sampled; counted
   // in generated_tokens too).
   int64_t forced_tokens = 0;
+  // Constrained sampled rows by where their token mask was applied: on the host (a kCopy row:
+  // logprobs wanted, a host-sampled draw, or a mask that allows nothing), by the backend as
+  // kMask edits (few ids masked), by the backend as packed bits (Backend::ApplyTokenMasks).
+  int64_t masked_rows_host = 0, masked_rows_edits = 0, masked_rows_bits = 0;
   PromptCacheStats prompt_cache;  // enabled with --prompt-cache-dir, ram.enabled with -ram-bytes
 };
 

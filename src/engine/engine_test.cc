@@ -1015,6 +1015,117 @@ TEST(EngineTest, CudaBackendLogitsProcessorsEqualTheHostSampler) {
   CheckBackendProcessors(dir, DeviceKind::kCuda, /*solo=*/true);
 }
 
+// A test constraint that masks few ids (the multiples of `stride`), done after `length` tokens:
+// its masks go to the backend as kMask edits, not bits.
+class FewMaskedConstraint : public TokenConstraint {
+ public:
+  FewMaskedConstraint(int32_t vocab, int32_t stride, int32_t length)
+      : vocab_(vocab), stride_(stride), length_(length) {}
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<FewMaskedConstraint>(*this);
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t Allowed(std::vector<uint8_t>& allowed) const override {
+    allowed.assign(static_cast<size_t>(vocab_), 1);
+    int64_t masked = 0;
+    for (int32_t id = 0; id < vocab_; id += stride_) allowed[static_cast<size_t>(id)] = 0, ++masked;
+    return vocab_ - masked;
+  }
+  bool Accept(int32_t id) override { return id % stride_ != 0 && ++accepted_ > 0; }
+  bool Done() const override { return accepted_ >= length_; }
+
+ private:
+  int32_t vocab_, stride_, length_;
+  int32_t accepted_ = 0;
+};
+
+// Token masks applied by the backend (Backend::ApplyTokenMasks after ApplyLogitEdits, then
+// ArgmaxRows / SampleRows; or, for masks of few ids, kMask edits) give the same tokens as the
+// host sampler masking the same rows (forced by asking for logprobs): the fixed-key JSON schema
+// over the fixture's real vocabulary (structure, enums, numbers, bounded strings: bits), greedy
+// and seeded-sampled (n = 2) with processors on the same rows (logit_bias, presence penalty,
+// min_tokens), plus a constraint that masks few ids (edits), batched with unconstrained requests.
+// The counters show where each run's masks went.
+void CheckBackendTokenMasks(const std::string& dir, DeviceKind device, bool solo) {
+  std::shared_ptr<TokenConstraint> schema = FixedKeysSchemaConstraint(dir);
+  ASSERT_NE(schema, nullptr);
+  GenerationRequest greedy = Greedy({1, 80, 147, 201}, 90);
+  greedy.constraint = schema;
+  GenerationRequest sampled = greedy;
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 11;
+  sampled.sampling.presence_penalty = 0.5f;
+  sampled.n = 2;
+  GenerationRequest biased = sampled;
+  biased.sampling.seed = 12;
+  biased.sampling.top_p = 0.9f;
+  biased.sampling.logit_bias = {{7, 2.0f}, {100, -1.5f}, {201, 3.0f}};
+  biased.sampling.min_tokens = 12;
+  biased.n = 1;
+  GenerationRequest few = Greedy({1, 80, 147}, 24);
+  few.constraint = std::make_shared<FewMaskedConstraint>(2048, 300, 24);
+  GenerationRequest few_sampled = few;
+  few_sampled.sampling.temperature = 0.8f;
+  few_sampled.sampling.seed = 5;
+  std::vector<GenerationRequest> requests = MakeRequests(3, 2048, 23);
+  for (const GenerationRequest& r : {greedy, sampled, biased, few, few_sampled})
+    requests.push_back(r);
+  auto run = [&](bool host, EngineStats* stats) {
+    auto model = LoadModel(dir, device);
+    EngineConfig config;
+    config.backend_sampling = EngineConfig::BackendSampling::kAlways;
+    auto engine = Engine::Create(model.get(), config);
+    EXPECT_TRUE(engine.ok()) << engine.message();
+    std::vector<Output> outs;
+    std::vector<std::shared_ptr<ResponseStream>> streams;
+    for (GenerationRequest r : requests) {
+      if (host && r.constraint != nullptr) r.sampling.top_logprobs = 0;  // every row on the host
+      streams.push_back(SubmitOrDie(**engine, r));
+      if (solo) outs.push_back(Collect(streams.back()));
+    }
+    for (size_t i = 0; !solo && i < streams.size(); ++i) outs.push_back(Collect(streams[i]));
+    (*engine)->Shutdown(true);
+    *stats = (*engine)->Stats();
+    return outs;
+  };
+  EngineStats host_stats, backend_stats;
+  const std::vector<Output> host = run(true, &host_stats);
+  const std::vector<Output> backend = run(false, &backend_stats);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(backend[i].samples, host[i].samples) << "request " << i;
+    EXPECT_EQ(backend[i].finish, host[i].finish) << "request " << i;
+  }
+  for (size_t i = 3; i < 6; ++i) EXPECT_EQ(host[i].finish, FinishReason::kStop) << "request " << i;
+  EXPECT_NE(host[4].samples[0], host[4].samples[1]);  // the two samples draw different streams
+  EXPECT_GT(host_stats.masked_rows_host, 0);
+  EXPECT_EQ(host_stats.masked_rows_bits + host_stats.masked_rows_edits, 0);
+  EXPECT_EQ(backend_stats.masked_rows_host, 0);
+  EXPECT_GT(backend_stats.masked_rows_bits, 0);
+  EXPECT_GT(backend_stats.masked_rows_edits, 0);
+  // Every constrained token took a masked row, or (without logprobs) was forced: the same
+  // tokens either way.
+  EXPECT_EQ(host_stats.forced_tokens, 0);
+  EXPECT_EQ(backend_stats.masked_rows_bits + backend_stats.masked_rows_edits +
+                backend_stats.forced_tokens,
+            host_stats.masked_rows_host);
+}
+
+TEST(EngineTest, BackendTokenMasksEqualTheHostSampler) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  CheckBackendTokenMasks(dir, DeviceKind::kCpu, /*solo=*/false);
+}
+
+// The same on a GPU: the token-mask kernel (uploaded bits) before ArgmaxRows / SampleRows, in
+// decode steps replayed from graphs, against the host sampler over the GPU's own logits. One
+// request at a time, as CudaBackendLogitsProcessorsEqualTheHostSampler.
+TEST(EngineTest, CudaBackendTokenMasksEqualTheHostSampler) {
+  const std::string dir = ModelDir("tinystories-656k");
+  EMBER_REQUIRE_DIR(dir);
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  CheckBackendTokenMasks(dir, DeviceKind::kCuda, /*solo=*/true);
+}
+
 TEST(EngineTest, PreemptionUnderTinyKvCacheKeepsOutputsCorrect) {
   const std::string dir = ModelDir("tinystories-656k");
   EMBER_REQUIRE_DIR(dir);

@@ -1,29 +1,34 @@
 #include "engine/step_builder.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "sampling/logit_edits.h"
 #include "util/check.h"
-#include "util/parallel.h"
 
 namespace ember {
 
 namespace {
 
-// A constrained row's mask goes to the backend as edits only up to this many masked tokens (a
-// longer list costs more to build and upload than sampling the row on the host).
-constexpr int64_t kMaxMaskEdits = 8192;
+// A constrained row whose token the backend makes sends its mask in the smaller form: as kMask
+// edits (16 bytes a masked id) when at most this many ids are masked, else as packed bits (4
+// bytes per 32 ids, however few it allows: 16 KB at a 128k vocabulary). So the edits serve only
+// masks that allow nearly everything (fewer than vocab / 128 masked); JSON structure, enums,
+// numbers and bounded strings allow few tokens and go as bits. Either way the row's logits stay
+// where they are, and listing a few masked ids from the bits is as cheap as copying the bits.
+int64_t MaxMaskEdits(int32_t vocab_size) {
+  return static_cast<int64_t>((static_cast<size_t>(vocab_size) + 31) / 32 * sizeof(uint32_t) /
+                              sizeof(LogitEdit));
+}
 
-// A token mask (with its `masked` ids) as kMask edits of `row`, after the row's processor edits
-// (from first_edit on): each of those edits whose element is masked turns into a kMask (an
+// A token mask (with its `masked` ids listed) as kMask edits of `row`, after the row's processor
+// edits (from first_edit on): each of those edits whose element is masked turns into a kMask (an
 // element's edits stay adjacent), every other masked element gets one.
 void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
                      std::vector<LogitEdit>& edits) {
   std::vector<int32_t> edited;
   for (size_t i = first_edit; i < edits.size(); ++i) {
     edited.push_back(edits[i].token);
-    if (!mask.allowed[static_cast<size_t>(edits[i].token)]) edits[i].op = LogitEditOp::kMask;
+    if (!mask.Allows(edits[i].token)) edits[i].op = LogitEditOp::kMask;
   }
   std::sort(edited.begin(), edited.end());
   for (int32_t id : mask.masked)
@@ -32,7 +37,7 @@ void AppendMaskEdits(const TokenMask& mask, int32_t row, size_t first_edit,
 }
 
 // Whether the backend makes this row's token (argmax, or a draw where the backend samples): no
-// logprobs wanted. A constrained row's mask then goes along as edits.
+// logprobs wanted. A constrained row's mask then goes along (kMask edits or packed bits).
 bool BackendMakesToken(const Sequence& seq, bool backend_samples) {
   const SamplingParams& p = seq.request->request.sampling;
   return BackendCanSample(p) && (p.is_greedy() || backend_samples);
@@ -279,14 +284,15 @@ void StepBuilder::DecideRowOutputs(StepBatch& step) {
 }
 
 // Sampled row `row` of sequence s: kCopy (the host samples it, with its mask) unless the backend
-// makes its token; then kArgmax or kSample with the row's processors (and mask) as edits.
+// makes its token; then kArgmax or kSample with the row's processors as edits and its mask
+// after them (kMask edits, or bits: BuildMasks built it in the form MaxMaskEdits picks). A
+// constrained row whose mask allows nothing stays kCopy (the host ends it).
 void StepBuilder::DecideSampledRow(const ScheduledSequence& s, size_t row, StepBatch& step) {
   const SamplingParams& p = s.seq->request->request.sampling;
   const TokenMask* mask = step.row_masks.empty() ? nullptr : step.row_masks[row];
-  // A constrained row goes to the backend only when its mask is a short edit list (few tokens
-  // masked: inside a JSON string); one that allows nothing stays kCopy too (the host ends it).
-  const bool mask_as_edits = mask != nullptr && mask->num_allowed > 0 && mask->masked_listed();
-  if (!BackendMakesToken(*s.seq, BackendSamples()) || (mask != nullptr && !mask_as_edits)) return;
+  const bool backend = BackendMakesToken(*s.seq, BackendSamples());
+  if (mask != nullptr && (!backend || mask->num_allowed == 0)) ++counters_->masked_rows_host;
+  if (!backend || (mask != nullptr && mask->num_allowed == 0)) return;
   if (p.is_greedy()) {
     step.kinds[row] = RowOutput::kArgmax;
   } else {
@@ -295,24 +301,43 @@ void StepBuilder::DecideSampledRow(const ScheduledSequence& s, size_t row, StepB
   }
   const size_t first_edit = step.edits.size();
   AppendLogitEdits(p, *s.seq->sampler, static_cast<int32_t>(row), step.edits);
-  if (mask != nullptr) {
+  if (mask == nullptr) return;
+  CHECK(mask->form == TokenMask::Form::kBits) << "row " << row;
+  if (mask->masked_listed()) {
     AppendMaskEdits(*mask, static_cast<int32_t>(row), first_edit, step.edits);
-    step.row_masks[row] = nullptr;  // the backend applies it
+    ++counters_->masked_rows_edits;
+  } else {
+    step.token_masks.push_back(RowMask{static_cast<int32_t>(row), mask->bits});
+    ++counters_->masked_rows_bits;
   }
+  step.row_masks[row] = nullptr;  // the backend applies it
 }
 
 // The masks of the step's constrained rows (the tokens they may take next), built before the
-// launch on helper threads (at most half the host's cores, rows claimed from a counter). A state
-// seen before costs a copy (MaskCache in json_constraint.h). row_masks[r] points to row r's.
+// launch on the helper threads, each in its consumer's form: packed bits (with the masked ids
+// listed when MaxMaskEdits allows) where the backend makes the row's token, 0/1 bytes where the
+// host samples it. A state seen before costs a copy (MaskCache in json_constraint.h; as bits, a
+// 16 KB copy at a 128k vocabulary). row_masks[r] points to row r's.
 void StepBuilder::BuildMasks(StepBatch& step) {
-  std::vector<const TokenConstraint*> constraints;
-  for (const ScheduledSequence& s : step.scheduled)
-    if (s.samples && s.seq->constraint != nullptr) constraints.push_back(s.seq->constraint.get());
-  if (constraints.empty()) return;
+  struct Job {
+    const TokenConstraint* constraint;
+    TokenMask::Form form;
+  };
+  std::vector<Job> jobs;
+  const bool backend_samples = BackendSamples();
+  for (const ScheduledSequence& s : step.scheduled) {
+    if (!s.samples || s.seq->constraint == nullptr) continue;
+    jobs.push_back({s.seq->constraint.get(), BackendMakesToken(*s.seq, backend_samples)
+                                                 ? TokenMask::Form::kBits
+                                                 : TokenMask::Form::kBytes});
+  }
+  if (jobs.empty()) return;
   CHECK(!step.deferred);
-  step.masks.resize(constraints.size());
-  ForEachOnThreads(constraints.size(), std::thread::hardware_concurrency() / 2,
-                   [&](size_t i) { step.masks[i].Build(*constraints[i], kMaxMaskEdits); });
+  step.masks.resize(jobs.size());
+  const int64_t max_edits = MaxMaskEdits(runner_->vocab_size());
+  helpers_->ForEach(jobs.size(), [&](size_t i) {
+    step.masks[i].Build(*jobs[i].constraint, jobs[i].form, max_edits);
+  });
   step.row_masks.assign(static_cast<size_t>(step.real_rows), nullptr);
   size_t row = 0, m = 0;
   for (const ScheduledSequence& s : step.scheduled) {

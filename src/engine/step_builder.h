@@ -3,9 +3,10 @@
 // graph bucket, the logits rows of prompt-logprobs positions, the hidden-state rows that
 // embedding requests pool), whether the step may launch before
 // the step in flight has delivered its ids (deferred), and per logits row what comes back
-// (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (as
-// LogitEdits where the backend makes the token, as TokenMasks where the host samples). It reads
-// the sequences' states and draws their sampling uniforms; it changes nothing else, except for a
+// (RowOutput kArgmax / kSample / kCopy) with the processors and grammar masks that apply (where
+// the backend makes the token, as LogitEdits and packed-bit RowMasks; as TokenMasks where the
+// host samples). It reads the sequences' states and draws their sampling uniforms; it changes
+// nothing else, except for a
 // hybrid model's state checkpoints (AddStateCopies: it takes a sequence's pending restore into
 // the step and reserves the checkpoint slots of the step's saves). A sequence
 // with drafts (speculator.h) gets its last token and its drafts as rows, its first of them as its
@@ -30,6 +31,7 @@
 #include "kv/state_checkpoints.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
+#include "util/worker_pool.h"
 
 namespace ember {
 
@@ -58,9 +60,11 @@ struct StepBatch {
   std::vector<SamplerState*> row_states;
   // Constrained rows (never in a deferred step): their masks, built before the launch (a mask
   // depends only on the tokens already accepted). row_masks[r]: the host applies it to sampled
-  // row r; null: none, or the backend applies it as kMask edits. Empty: no constrained row.
+  // row r; null: none, or the backend applies it (as kMask edits in `edits`, or as its bits in
+  // `token_masks`, which point into `masks`). Empty: no constrained row.
   std::vector<TokenMask> masks;
   std::vector<const TokenMask*> row_masks;
+  std::vector<RowMask> token_masks;  // kArgmax/kSample rows' masks as bits, applied after edits
   // Prompt-logprobs rows (never in a deferred step): per sequence that needs them, positions
   // [first_pos, first_pos + num_rows), whose logits are the kCopy rows from first_row on.
   struct PromptRows {
@@ -128,6 +132,7 @@ struct StepBatch {
 
   StepOutputs outputs() {
     StepOutputs out{logits, kinds, sampling, ids, edits};
+    out.token_masks = token_masks;
     out.defer_ids = deferred;
     out.hidden_rows = num_hidden_rows;
     out.hidden = hidden;
@@ -138,11 +143,12 @@ struct StepBatch {
 
 class StepBuilder {
  public:
-  // All pointers must outlive the builder. It adds decode_steps, decode_rows and
-  // decode_padding_rows to `counters` (the engine's running totals).
+  // All pointers must outlive the builder. It adds decode_steps, decode_rows,
+  // decode_padding_rows and masked_rows_* to `counters` (the engine's running totals). `helpers`
+  // build a step's masks (shared with the postprocessor: both run on the engine thread).
   StepBuilder(const EngineConfig& config, ModelRunner* runner, kv::KvCacheManager* kv,
-              EngineStats* counters)
-      : config_(config), runner_(runner), kv_(kv), counters_(counters) {}
+              EngineStats* counters, WorkerPool* helpers)
+      : config_(config), runner_(runner), kv_(kv), counters_(counters), helpers_(helpers) {}
   // A hybrid model with state checkpoints: steps carry their restores and saves (StepBatch).
   void set_state_checkpoints(kv::StateCheckpoints* checkpoints) { checkpoints_ = checkpoints; }
   // Speculation on a model with recurrent layers: `groups` runs of `per_sequence` consecutive
@@ -183,6 +189,7 @@ class StepBuilder {
   ModelRunner* runner_;
   kv::KvCacheManager* kv_;
   EngineStats* counters_;
+  WorkerPool* helpers_;
   kv::StateCheckpoints* checkpoints_ = nullptr;
   int32_t snapshot_first_ = -1, snapshot_per_sequence_ = 0, snapshot_groups_ = 0;
   bool capture_final_hidden_ = false;

@@ -298,7 +298,7 @@ SampleOutput StepPostprocessor::SampleRow(StepBatch& step, size_t logits_row, Se
   const auto vocab = static_cast<size_t>(runner_->vocab_size());
   TokenMask mask;
   if (seq->constraint != nullptr) {
-    mask.Build(*seq->constraint);
+    mask.Build(*seq->constraint, TokenMask::Form::kBytes);
     if (mask.num_allowed == 0) return SampleOutput{};
   }
   return Sample(step.logits.subspan(logits_row * vocab, vocab), seq->request->request.sampling,
@@ -345,7 +345,7 @@ void StepPostprocessor::JumpForward(const StepBatch& step) {
   }
   if (seqs.empty()) return;
   std::vector<std::vector<int32_t>> chains(seqs.size());
-  ForEachOnThreads(seqs.size(), std::thread::hardware_concurrency() / 2, [&](size_t i) {
+  helpers_->ForEach(seqs.size(), [&](size_t i) {
     Sequence* seq = seqs[i];
     const RequestState& state = *seq->request;
     const int32_t room =

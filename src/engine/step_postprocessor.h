@@ -38,14 +38,16 @@ class StepPostprocessor {
   static constexpr int32_t kMaxForcedTokens = 64;
 
   // The pointers must outlive this. It adds finish_ns, sampled_seq_steps and sampled_tokens to
-  // `counters` (the engine's totals); `speculator` records verifications.
+  // `counters` (the engine's totals); `speculator` records verifications; `helpers` follow the
+  // jump-forward chains (shared with the builder: both run on the engine thread).
   StepPostprocessor(ModelRunner* runner, kv::KvCacheManager* kv, LiveSequences* sequences,
-                    Speculator* speculator, EngineStats* counters)
+                    Speculator* speculator, EngineStats* counters, WorkerPool* helpers)
       : runner_(runner),
         kv_(kv),
         sequences_(sequences),
         speculator_(speculator),
-        counters_(counters) {}
+        counters_(counters),
+        helpers_(helpers) {}
 
   // The prompt cache below the pool (prompt_tier.h): computed blocks are written through to it.
   void set_prompt_tier(PromptTier* tier) { tier_ = tier; }
@@ -115,6 +117,7 @@ class StepPostprocessor {
   LiveSequences* sequences_;
   Speculator* speculator_;
   EngineStats* counters_;
+  WorkerPool* helpers_;
   PromptTier* tier_ = nullptr;
   kv::StateCheckpoints* checkpoints_ = nullptr;
   std::vector<SampleOutput> row_outputs_;  // [real_rows] host-sampled rows' tokens

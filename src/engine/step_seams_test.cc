@@ -40,8 +40,8 @@ class StepSeamsTest : public ::testing::Test {
                                        PromptLogitsRows(config_, model_->config().vocab_size)},
                        &*kv_);
     sequences_.emplace(&*scheduler_, &num_queued_, &counters_);
-    builder_.emplace(config_, &*runner_, &*kv_, &counters_);
-    postprocessor_.emplace(&*runner_, &*kv_, &*sequences_, &speculator_, &counters_);
+    builder_.emplace(config_, &*runner_, &*kv_, &counters_, &helpers_);
+    postprocessor_.emplace(&*runner_, &*kv_, &*sequences_, &speculator_, &counters_, &helpers_);
   }
 
   std::shared_ptr<RequestState> Add(GenerationRequest request) {
@@ -68,6 +68,7 @@ class StepSeamsTest : public ::testing::Test {
   std::unique_ptr<Model> model_;
   EngineConfig config_;
   EngineStats counters_;
+  WorkerPool helpers_{2};
   std::atomic<int32_t> num_queued_{0};
   std::optional<ModelRunner> runner_;
   std::optional<kv::KvCacheManager> kv_;

@@ -143,8 +143,8 @@ Status CopyHiddenRows(Backend& be, const Tensor& hidden, const StepOutputs& outp
 
 Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs) {
   if (outputs.row_kinds.empty()) {
-    if (!outputs.edits.empty())
-      return Status::Error("StepOutputs: logit edits without row_kinds");
+    if (!outputs.edits.empty() || !outputs.token_masks.empty())
+      return Status::Error("StepOutputs: logit edits or token masks without row_kinds");
     return be.CopyToHost(logits, outputs.logits);
   }
   const int64_t rows = logits.rows(), vocab = logits.cols();
@@ -166,6 +166,15 @@ Status EmitLogits(Backend& be, const Tensor& logits, const StepOutputs& outputs)
                              ", which is not a kArgmax/kSample row");
     }
     EMBER_RETURN_IF_ERROR(be.ApplyLogitEdits(logits, outputs.edits));
+  }
+  // The masks after the processors' edits: the host sampler's order (sampler.h).
+  if (!outputs.token_masks.empty()) {
+    for (const RowMask& m : outputs.token_masks) {
+      if (m.row < 0 || m.row >= rows || kind(m.row) == RowOutput::kCopy)
+        return Status::Error("StepOutputs: token mask of row " + std::to_string(m.row) +
+                             ", which is not a kArgmax/kSample row");
+    }
+    EMBER_RETURN_IF_ERROR(be.ApplyTokenMasks(logits, outputs.token_masks));
   }
   if (any_argmax) EMBER_RETURN_IF_ERROR(be.ArgmaxRows(logits, outputs.ids));
   if (!sample_rows.empty())

@@ -153,7 +153,8 @@ std::string SupportedModelTypes();
 // What one step delivers for each logits row (plan.logits_rows order): its logits on the host
 // (kCopy), or only a token computed by the backend where the logits are: the argmax (kArgmax)
 // or a draw with the row's RowSampling (kSample, Backend::SampleRows), after the row's logits
-// processors (`edits`, Backend::ApplyLogitEdits) were applied where the logits are.
+// processors (`edits`, Backend::ApplyLogitEdits) and then its token mask (`token_masks`,
+// Backend::ApplyTokenMasks) were applied where the logits are.
 enum class RowOutput : uint8_t { kCopy = 0, kArgmax = 1, kSample = 2 };
 struct StepOutputs {
   std::span<float> logits;                // [rows, vocab] float32; kCopy rows filled
@@ -163,6 +164,9 @@ struct StepOutputs {
   // Processors of kArgmax/kSample rows (sampling/logit_edits.h); an edit of a kCopy row is an
   // error (the host applies those rows' processors itself).
   std::span<const LogitEdit> edits = {};
+  // Token masks (structured output) of kArgmax/kSample rows, applied after the edits; a mask of
+  // a kCopy row is an error (the host masks those rows itself).
+  std::span<const RowMask> token_masks = {};
   // Forward returns once the step is enqueued; `ids` is filled by Model::WaitIds (and must stay
   // valid until then). Only for steps without kCopy rows (Backend::DeferStepIds).
   bool defer_ids = false;

@@ -651,6 +651,9 @@ class WithoutMla : public Backend {
   Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override {
     return cpu_->ApplyLogitEdits(x, edits);
   }
+  Status ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) override {
+    return cpu_->ApplyTokenMasks(x, masks);
+  }
   Result<BackendMemory> MemoryInfo() const override { return cpu_->MemoryInfo(); }
   std::span<float> HostBuffer(size_t count) override { return cpu_->HostBuffer(count); }
 

@@ -1,7 +1,8 @@
 // Test helper (header-only, tests only): a random walk through a token constraint that checks,
 // at every step, that Allowed() is exactly the set of pieces `prefix_ok` accepts after the text
-// so far, then accepts one allowed piece chosen by `pick`. The constraint tests of JSON mode,
-// JSON schemas and forced tool calls share it, with a `pick` that leans on structure.
+// so far (and AllowedBits() the same set packed), then accepts one allowed piece chosen by `pick`.
+// The constraint tests of JSON mode, JSON schemas and forced tool calls share it, with a `pick`
+// that leans on structure.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -28,8 +29,21 @@ inline std::string CheckedWalk(TokenConstraint& walk, const Pieces& pieces,
                                int max_steps) {
   std::string text;
   std::vector<uint8_t> allowed;
+  std::vector<uint32_t> bits, packed;
   for (int step = 0; step < max_steps && !walk.Done(); ++step) {
-    const int64_t count = walk.Allowed(allowed);
+    // Both forms of the mask, each asked first on alternate steps (the first computes it, the
+    // second may come from the constraint's cache): the bits are the bytes, packed.
+    int64_t count = 0, bits_count = 0;
+    if (step % 2 == 0) {
+      count = walk.Allowed(allowed);
+      bits_count = walk.AllowedBits(bits);
+    } else {
+      bits_count = walk.AllowedBits(bits);
+      count = walk.Allowed(allowed);
+    }
+    PackAllowedBits(allowed, &packed);
+    EXPECT_EQ(bits, packed) << "after '" << text << "'";
+    EXPECT_EQ(bits_count, count) << "after '" << text << "'";
     std::vector<int32_t> ids;
     for (size_t id = 0; id < pieces.size(); ++id) {
       const bool ok =
@@ -48,6 +62,8 @@ inline std::string CheckedWalk(TokenConstraint& walk, const Pieces& pieces,
   }
   if (walk.Done()) {
     EXPECT_EQ(walk.Allowed(allowed), 0) << "something may follow " << text;
+    EXPECT_EQ(walk.AllowedBits(bits), 0) << "something may follow " << text;
+    EXPECT_EQ(bits, std::vector<uint32_t>((pieces.size() + 31) / 32, 0u)) << text;
   }
   return text;
 }

@@ -164,6 +164,7 @@ class GbnfConstraint : public TokenConstraint {
     return static_cast<int32_t>(shared_->texts->bytes.size());
   }
   int64_t Allowed(std::vector<uint8_t>& allowed) const override;
+  int64_t AllowedBits(std::vector<uint32_t>& bits) const override;
   bool Accept(int32_t id) override;
   bool Done() const override {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -254,6 +255,19 @@ int64_t GbnfConstraint::Allowed(std::vector<uint8_t>& allowed) const {
   }
   s.cache.Insert(key, allowed, count);
   return count;
+}
+
+// A cached state's mask is a copy of its bits; otherwise Allowed (which caches it), packed.
+int64_t GbnfConstraint::AllowedBits(std::vector<uint32_t>& bits) const {
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    const GbnfAutomaton& a = shared_->automaton;
+    if (!ended_ && !a.Terminal(state_) && a.error().empty()) {
+      const std::string key(reinterpret_cast<const char*>(&state_), sizeof(state_));
+      if (const int64_t cached = shared_->cache.FindBits(key, &bits); cached >= 0) return cached;
+    }
+  }
+  return TokenConstraint::AllowedBits(bits);
 }
 
 bool GbnfConstraint::Accept(int32_t id) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <string_view>
 
@@ -261,26 +262,45 @@ void UnpackMask(const std::vector<uint64_t>& bits, size_t size, std::vector<uint
   for (; id < size; ++id) (*allowed)[id] = (bits[id / 64] >> (id % 64)) & 1;
 }
 
+void MaskWords32(const std::vector<uint64_t>& bits, size_t size, std::vector<uint32_t>* words) {
+  static_assert(std::endian::native == std::endian::little,
+                "a uint64 word's bytes are its two uint32 halves, low first");
+  words->resize((size + 31) / 32);
+  std::memcpy(words->data(), bits.data(), words->size() * sizeof(uint32_t));
+}
+
+MaskCache::Entry MaskCache::Lookup(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  return it == entries_.end() ? Entry{} : it->second;
+}
+
+void MaskCache::Insert(const std::string& key, Entry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Full: one entry goes (not all: a walk that cycles through more states than fit keeps most).
+  if (entries_.size() >= kMaxEntries && entries_.count(key) == 0) entries_.erase(entries_.begin());
+  entries_[key] = std::move(entry);
+}
+
+// Outside the lock: other rows' lookups need not wait for the unpacking or the copy.
 int64_t MaskCache::Find(const std::string& key, std::vector<uint8_t>* allowed) const {
-  Entry hit;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end()) return -1;
-    hit = it->second;
-  }
-  // Outside the lock: other rows' lookups need not wait for the unpacking.
+  const Entry hit = Lookup(key);
+  if (hit.bits == nullptr) return -1;
   UnpackMask(*hit.bits, hit.size, allowed);
+  return hit.count;
+}
+
+int64_t MaskCache::FindBits(const std::string& key, std::vector<uint32_t>* bits) const {
+  const Entry hit = Lookup(key);
+  if (hit.bits == nullptr) return -1;
+  MaskWords32(*hit.bits, hit.size, bits);
   return hit.count;
 }
 
 void MaskCache::Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count) {
   auto bits = std::make_shared<std::vector<uint64_t>>();
   PackMask(allowed, bits.get());
-  std::lock_guard<std::mutex> lock(mu_);
-  // Full: one entry goes (not all: a walk that cycles through more states than fit keeps most).
-  if (entries_.size() >= kMaxEntries && entries_.count(key) == 0) entries_.erase(entries_.begin());
-  entries_[key] = Entry{std::move(bits), allowed.size(), count};
+  Insert(key, Entry{std::move(bits), allowed.size(), count});
 }
 
 TokenTrie MakeTokenTrie(std::vector<int32_t> ids,

@@ -19,10 +19,12 @@
 // characters every string-safe token is allowed without a step (a copy of their bits) and only
 // the others are walked; inside a string with an automaton (a pattern), tokens without quote,
 // backslash or control bytes step the automaton alone, not the whole machine. Masks are cached
-// by state (MaskCache). JsonObjectConstraint is JSON mode: the machine is a JsonScanner.
+// by state (MaskCache), built as bits (the form a backend applies: AllowedBits copies them).
+// JsonObjectConstraint is JSON mode: the machine is a JsonScanner.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -159,6 +161,9 @@ struct TokenTexts {
 // Masks as bits (bit id % 64 of word id / 64) and back, a word at a time.
 void PackMask(const std::vector<uint8_t>& allowed, std::vector<uint64_t>* bits);
 void UnpackMask(const std::vector<uint64_t>& bits, size_t size, std::vector<uint8_t>* allowed);
+// 64-bit mask words of a `size`-id mask as the ceil(size / 32) 32-bit words of PackAllowedBits'
+// form (token_constraint.h): the same bits, copied.
+void MaskWords32(const std::vector<uint64_t>& bits, size_t size, std::vector<uint32_t>* words);
 
 // Masks already computed, by machine state: a mask depends only on the state (Machine::
 // AppendKey) and the vocabulary, and a sample revisits few states (inside a long string, one).
@@ -168,16 +173,22 @@ void UnpackMask(const std::vector<uint64_t>& bits, size_t size, std::vector<uint
 class MaskCache {
  public:
   static constexpr size_t kMaxEntries = 32;
-  // Writes the mask for `key` into *allowed and returns its count; -1 if not cached.
-  int64_t Find(const std::string& key, std::vector<uint8_t>* allowed) const;
-  void Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count);
-
- private:
   struct Entry {
     std::shared_ptr<const std::vector<uint64_t>> bits;  // bit id % 64 of word id / 64
     size_t size = 0;                                    // the mask's length
     int64_t count = 0;
   };
+  // The entry for `key` (bits null if not cached): shared, not copied.
+  Entry Lookup(const std::string& key) const;
+  void Insert(const std::string& key, Entry entry);
+  // Writes the mask for `key` into *allowed and returns its count; -1 if not cached.
+  int64_t Find(const std::string& key, std::vector<uint8_t>* allowed) const;
+  // The same as packed 32-bit words (PackAllowedBits' form, token_constraint.h): a copy of the
+  // cached words, no byte per token.
+  int64_t FindBits(const std::string& key, std::vector<uint32_t>* bits) const;
+  void Insert(const std::string& key, const std::vector<uint8_t>& allowed, int64_t count);
+
+ private:
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> entries_;
 };
@@ -219,6 +230,9 @@ class ByteMachineConstraint : public TokenConstraint {
   }
   int32_t vocab_size() const override { return static_cast<int32_t>(texts_->bytes.size()); }
   int64_t Allowed(std::vector<uint8_t>& allowed) const override;
+  int64_t AllowedBits(std::vector<uint32_t>& bits) const override;
+  // From the state's mask (cached for the next step's Allowed / AllowedBits), no byte per token.
+  int32_t ForcedToken() const override;
   bool Accept(int32_t id) override {
     if (ended_ || id < 0 || static_cast<size_t>(id) >= texts_->bytes.size()) return false;
     if (CanEnd() && IsEndId(id)) return ended_ = true;
@@ -228,11 +242,15 @@ class ByteMachineConstraint : public TokenConstraint {
   bool Done() const override { return ended_ || machine_.Done(); }
 
  private:
-  // Walks `trie`'s tokens through the machine; marks and returns the allowed ones.
-  int64_t WalkMachine(const TokenTrie& trie, std::vector<uint8_t>& allowed) const;
+  // The mask of the state (not Done()) from the cache, or computed (ComputeMask) and cached.
+  MaskCache::Entry StateMask() const;
+  // The state's mask as bits (id % 64 of word id / 64), built as bits; returns its count.
+  int64_t ComputeMask(std::vector<uint64_t>& bits) const;
+  // Walks `trie`'s tokens through the machine; sets and returns the allowed ones.
+  int64_t WalkMachine(const TokenTrie& trie, std::vector<uint64_t>& bits) const;
   // Walks `trie`'s tokens through `dfa` from `state` alone.
   int64_t WalkDfa(const TokenTrie& trie, const RegexDfa& dfa, int32_t state,
-                  std::vector<uint8_t>& allowed) const;
+                  std::vector<uint64_t>& bits) const;
   const RegexDfa* StringDfa(int32_t* state) const {
     if constexpr (requires(const Machine& m, int32_t* s) { m.StringDfa(s); }) {
       return machine_.StringDfa(state);
@@ -312,71 +330,127 @@ int64_t WalkTokenTrieVisit(const TokenTrie& trie, const State& start, Step step,
   return count;
 }
 
-// Marks in `allowed` every token of `trie` whose bytes `step` accepts from `start`.
+// Sets in `bits` (bit id % 64 of word id / 64) every token of `trie` whose bytes `step` accepts
+// from `start`.
 template <typename State, typename Step>
 int64_t WalkTokenTrie(const TokenTrie& trie, const State& start, Step step,
-                      std::vector<uint8_t>& allowed) {
-  return WalkTokenTrieVisit(trie, start, step,
-                            [&allowed](size_t id, const State&) { allowed[id] = 1; });
+                      std::vector<uint64_t>& bits) {
+  return WalkTokenTrieVisit(trie, start, step, [&bits](size_t id, const State&) {
+    bits[id / 64] |= uint64_t{1} << (id % 64);
+  });
 }
 
 template <typename Machine>
 int64_t ByteMachineConstraint<Machine>::WalkMachine(const TokenTrie& trie,
-                                                    std::vector<uint8_t>& allowed) const {
+                                                    std::vector<uint64_t>& bits) const {
   return WalkTokenTrie(
-      trie, machine_, [](Machine& m, uint8_t byte) { return m.Step(byte); }, allowed);
+      trie, machine_, [](Machine& m, uint8_t byte) { return m.Step(byte); }, bits);
 }
 
 template <typename Machine>
 int64_t ByteMachineConstraint<Machine>::WalkDfa(const TokenTrie& trie, const RegexDfa& dfa,
-                                                int32_t state,
-                                                std::vector<uint8_t>& allowed) const {
+                                                int32_t state, std::vector<uint64_t>& bits) const {
   return WalkTokenTrie(
       trie, state,
       [&dfa](int32_t& s, uint8_t byte) { return (s = dfa.Next(s, byte)) != RegexDfa::kDead; },
-      allowed);
+      bits);
 }
 
+// Built as bits from the start (a copy of the string-safe bits, trie walks setting bits), so the
+// cache keeps it as it is and the backend's form is a copy of it.
 template <typename Machine>
-int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
+int64_t ByteMachineConstraint<Machine>::ComputeMask(std::vector<uint64_t>& bits) const {
   const TokenTexts& t = *texts_;
-  if (Done()) {
-    allowed.assign(t.bytes.size(), 0);
-    return 0;
-  }
-  std::string key;
-  machine_.AppendKey(&key);
-  if (const int64_t cached = cache_->Find(key, &allowed); cached >= 0) return cached;
+  const size_t vocab = t.bytes.size();
   int64_t count = 0;
   int32_t dfa_state = 0;
   uint32_t room = 0;
   if (machine_.InPlainString() ||
       (InBoundedString(&room) && room + 1 >= t.string_safe_by_chars.size())) {
-    UnpackMask(t.string_safe_bits, t.bytes.size(), &allowed);
-    count = t.num_string_safe + WalkMachine(t.not_string_safe, allowed);
+    bits = t.string_safe_bits;
+    count = t.num_string_safe + WalkMachine(t.not_string_safe, bits);
   } else if (InBoundedString(&room)) {
-    allowed.assign(t.bytes.size(), 0);
-    for (uint32_t chars = 1; chars <= room; ++chars) {
-      for (int32_t id : t.string_safe_by_chars[chars]) allowed[static_cast<size_t>(id)] = 1;
-      count += static_cast<int64_t>(t.string_safe_by_chars[chars].size());
+    // The string-safe ids of at most `room` characters: set those, or clear the longer ones from
+    // a copy of all of them, whichever touches fewer ids (with a small room, the longer ones).
+    const auto& by_chars = t.string_safe_by_chars;
+    int64_t fit = 0;
+    for (uint32_t chars = 1; chars <= room; ++chars)
+      fit += static_cast<int64_t>(by_chars[chars].size());
+    if (fit <= t.num_string_safe - fit) {
+      bits.assign((vocab + 63) / 64, 0);
+      for (uint32_t chars = 1; chars <= room; ++chars)
+        for (int32_t id : by_chars[chars])
+          bits[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+    } else {
+      bits = t.string_safe_bits;
+      for (size_t chars = 0; chars < by_chars.size(); chars = chars == 0 ? room + 1 : chars + 1)
+        for (int32_t id : by_chars[chars])
+          bits[static_cast<size_t>(id) / 64] &= ~(uint64_t{1} << (id % 64));
     }
-    count += WalkMachine(t.not_string_safe, allowed);
+    count = fit + WalkMachine(t.not_string_safe, bits);
   } else if (const RegexDfa* dfa = StringDfa(&dfa_state)) {
-    allowed.assign(t.bytes.size(), 0);
-    count = WalkDfa(t.raw_safe, *dfa, dfa_state, allowed) + WalkMachine(t.not_raw_safe, allowed);
+    bits.assign((vocab + 63) / 64, 0);
+    count = WalkDfa(t.raw_safe, *dfa, dfa_state, bits) + WalkMachine(t.not_raw_safe, bits);
   } else {
-    allowed.assign(t.bytes.size(), 0);
-    count = WalkMachine(t.all, allowed);
+    bits.assign((vocab + 63) / 64, 0);
+    count = WalkMachine(t.all, bits);
   }
   if (CanEnd()) {
     for (int32_t id : *end_ids_) {
-      if (id < 0 || static_cast<size_t>(id) >= t.bytes.size() || !IsEndId(id)) continue;
-      count += allowed[static_cast<size_t>(id)] == 0;
-      allowed[static_cast<size_t>(id)] = 1;
+      if (id < 0 || static_cast<size_t>(id) >= vocab || !IsEndId(id)) continue;
+      const auto i = static_cast<size_t>(id);
+      count += ((bits[i / 64] >> (i % 64)) & 1) == 0;
+      bits[i / 64] |= uint64_t{1} << (i % 64);
     }
   }
-  cache_->Insert(key, allowed, count);
   return count;
+}
+
+template <typename Machine>
+MaskCache::Entry ByteMachineConstraint<Machine>::StateMask() const {
+  std::string key;
+  machine_.AppendKey(&key);
+  if (MaskCache::Entry hit = cache_->Lookup(key); hit.bits != nullptr) return hit;
+  auto bits = std::make_shared<std::vector<uint64_t>>();
+  const int64_t count = ComputeMask(*bits);
+  MaskCache::Entry mask{std::move(bits), texts_->bytes.size(), count};
+  cache_->Insert(key, mask);
+  return mask;
+}
+
+template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::Allowed(std::vector<uint8_t>& allowed) const {
+  if (Done()) {
+    allowed.assign(texts_->bytes.size(), 0);
+    return 0;
+  }
+  const MaskCache::Entry mask = StateMask();
+  UnpackMask(*mask.bits, mask.size, &allowed);
+  return mask.count;
+}
+
+// The cached (or computed) bits, copied: no byte per token on the way.
+template <typename Machine>
+int64_t ByteMachineConstraint<Machine>::AllowedBits(std::vector<uint32_t>& bits) const {
+  if (Done()) {
+    bits.assign((texts_->bytes.size() + 31) / 32, 0);
+    return 0;
+  }
+  const MaskCache::Entry mask = StateMask();
+  MaskWords32(*mask.bits, mask.size, &bits);
+  return mask.count;
+}
+
+template <typename Machine>
+int32_t ByteMachineConstraint<Machine>::ForcedToken() const {
+  if (Done()) return -1;
+  const MaskCache::Entry mask = StateMask();
+  if (mask.count != 1) return -1;
+  const std::vector<uint64_t>& bits = *mask.bits;
+  for (size_t w = 0; w < bits.size(); ++w)
+    if (bits[w] != 0)
+      return static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits[w])));
+  return -1;
 }
 
 using JsonObjectConstraint = ByteMachineConstraint<JsonScanner>;

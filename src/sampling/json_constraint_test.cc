@@ -5,6 +5,7 @@
 
 #include "sampling/constraint_walk.h"
 #include "sampling/json_number_limits.h"
+#include "sampling/token_mask.h"
 
 #include <gtest/gtest.h>
 
@@ -180,11 +181,55 @@ TEST(MaskCacheTest, PackAndUnpackRoundTrip) {
     std::vector<uint8_t> back(3, 7);
     UnpackMask(bits, size, &back);
     EXPECT_EQ(back, mask) << size;
+    // The 32-bit words a backend takes: packed from the bytes, or copied from the 64-bit words.
+    std::vector<uint32_t> words, copied(5, 9);
+    PackAllowedBits(mask, &words);
+    ASSERT_EQ(words.size(), (size + 31) / 32);
+    for (size_t id = 0; id < size; ++id)
+      ASSERT_EQ((words[id / 32] >> (id % 32)) & 1, mask[id]) << id;
+    if (size % 32 != 0) {
+      EXPECT_EQ(words.back() >> (size % 32), 0u) << size;
+    }
+    MaskWords32(bits, size, &copied);
+    EXPECT_EQ(copied, words) << size;
     MaskCache cache;
     cache.Insert("k", mask, 5);
     EXPECT_EQ(cache.Find("k", &back), 5);
     EXPECT_EQ(back, mask);
+    EXPECT_EQ(cache.FindBits("k", &copied), 5);
+    EXPECT_EQ(copied, words);
     EXPECT_EQ(cache.Find("other", &back), -1);
+    EXPECT_EQ(cache.FindBits("other", &copied), -1);
+  }
+}
+
+// TokenMask in both forms over the same constraint states: the bytes and the bits are the same
+// set (Allows agrees), and kBits lists the masked ids, ascending, only up to max_listed.
+TEST(TokenMaskTest, BytesAndBitsAgreeAndShortListsAreListed) {
+  std::vector<std::optional<std::string>> pieces = {std::nullopt, "{", "}", "\"", "a", ":", " "};
+  for (char c = 0x21; c < 0x7F; ++c) pieces.emplace_back(std::string(1, c) + "b");
+  auto texts = TokenTexts::Build(pieces);
+  JsonObjectConstraint walk(texts);
+  const int32_t vocab = walk.vocab_size();
+  for (int32_t id : {1, 3, 4}) {  // {"a: then inside a string, most pieces allowed
+    ASSERT_TRUE(walk.Accept(id));
+    for (const int64_t max_listed : {int64_t{0}, int64_t{8}, int64_t{vocab}}) {
+      TokenMask bytes, bits;
+      bytes.Build(walk, TokenMask::Form::kBytes);
+      bits.Build(walk, TokenMask::Form::kBits, max_listed);
+      ASSERT_EQ(bits.num_allowed, bytes.num_allowed);
+      ASSERT_EQ(bytes.allowed.size(), static_cast<size_t>(vocab));
+      ASSERT_EQ(bits.bits.size(), static_cast<size_t>((vocab + 31) / 32));
+      std::vector<int32_t> masked;
+      for (int32_t t = 0; t < vocab; ++t) {
+        EXPECT_EQ(bits.Allows(t), bytes.Allows(t)) << t;
+        if (!bytes.Allows(t)) masked.push_back(t);
+      }
+      const bool listed = static_cast<int64_t>(masked.size()) <= max_listed;
+      EXPECT_EQ(bits.masked_listed(), listed);
+      EXPECT_EQ(bits.masked, listed ? masked : std::vector<int32_t>{});
+      EXPECT_FALSE(bytes.masked_listed());
+    }
   }
 }
 

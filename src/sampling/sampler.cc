@@ -215,6 +215,7 @@ void SampleRows(std::span<float> logits, int32_t vocab_size,
       out[row] = SampleOutput{};  // token_id -1: nothing may come next
       return;
     }
+    CHECK(mask == nullptr || mask->form == TokenMask::Form::kBytes) << "row " << row;
     out[row] = Sample(logits.subspan(row * row_size, row_size), *params[row], *states[row],
                       mask != nullptr ? std::span<const uint8_t>(mask->allowed)
                                       : std::span<const uint8_t>());

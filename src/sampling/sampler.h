@@ -30,6 +30,7 @@
 
 #include "sampling/sampling_params.h"
 #include "sampling/token_constraint.h"
+#include "sampling/token_mask.h"
 
 namespace ember {
 
@@ -124,29 +125,11 @@ SampleOutput Sample(std::span<float> logits, const SamplingParams& params, Sampl
 // use it for prompt tokens, so both are one computation. token_id must be in the row.
 SampleOutput TokenLogprobs(std::span<const float> logits, int32_t token_id, int32_t num_top);
 
-// A token constraint's mask for one row (token_constraint.h), built before the step's launch.
-struct TokenMask {
-  std::vector<uint8_t> allowed;  // [vocab_size]
-  int64_t num_allowed = 0;
-  std::vector<int32_t> masked;   // the ids not allowed, when at most max_masked of them
-  void Build(const TokenConstraint& constraint, int64_t max_masked = 0) {
-    num_allowed = constraint.Allowed(allowed);
-    masked.clear();
-    if (static_cast<int64_t>(allowed.size()) - num_allowed > max_masked) return;
-    for (size_t id = 0; id < allowed.size(); ++id)
-      if (!allowed[id]) masked.push_back(static_cast<int32_t>(id));
-  }
-  // Every masked id is listed in `masked` (there were at most max_masked).
-  bool masked_listed() const {
-    return static_cast<int64_t>(masked.size()) == static_cast<int64_t>(allowed.size()) - num_allowed;
-  }
-};
-
 // Convenience for the engine: samples rows [num_rows, vocab_size] of a row-major buffer in
 // parallel (threads started per call when two or more rows need sampling). params[i] / states[i]
 // belong to row i; results go to out[i]. Rows with skip[i] != 0 (when skip is given) are left
 // alone: their logits need not be valid. masks[i] (when given and not null) is row i's token
-// mask: a row it allows no token gets token_id -1.
+// mask, built as TokenMask::Form::kBytes: a row it allows no token gets token_id -1.
 void SampleRows(std::span<float> logits, int32_t vocab_size,
                 std::span<const SamplingParams* const> params,
                 std::span<SamplerState* const> states, std::span<SampleOutput> out,

@@ -315,6 +315,9 @@ void AddEngineStats(const EngineStats& s, EngineStats* total) {
   total->spec_draft_tokens += s.spec_draft_tokens;
   total->spec_accepted_tokens += s.spec_accepted_tokens;
   total->forced_tokens += s.forced_tokens;
+  total->masked_rows_host += s.masked_rows_host;
+  total->masked_rows_edits += s.masked_rows_edits;
+  total->masked_rows_bits += s.masked_rows_bits;
   AddPromptCacheStats(s.prompt_cache, &total->prompt_cache);
 }
 

@@ -357,6 +357,17 @@ std::string Metrics::Prometheus(const EngineStats& e) const {
           "Tokens appended without sampling because the output constraint allowed only them "
           "(jump-forward).",
           e.forced_tokens, &out);
+  Counter("ember_engine_masked_rows_host_total",
+          "Structured-output rows whose token mask the host applied (logprobs, a host-sampled "
+          "draw, or a mask that allows nothing).",
+          e.masked_rows_host, &out);
+  Counter("ember_engine_masked_rows_edits_total",
+          "Structured-output rows whose token mask the backend applied as logit edits (few ids "
+          "masked).",
+          e.masked_rows_edits, &out);
+  Counter("ember_engine_masked_rows_bits_total",
+          "Structured-output rows whose token mask the backend applied as packed bits.",
+          e.masked_rows_bits, &out);
   Counter("ember_spec_draft_tokens_total",
           "Draft tokens proposed and verified (speculative decoding).", e.spec_draft_tokens, &out);
   Counter("ember_spec_accepted_tokens_total", "Draft tokens accepted (speculative decoding).",
@@ -413,7 +424,10 @@ nlohmann::json Metrics::Json(const EngineStats& e) const {
         {"decode_rows", e.decode_rows},
         {"decode_padding_rows", e.decode_padding_rows},
         {"overlapped_steps", e.overlapped_steps},
-        {"forced_tokens", e.forced_tokens}}},
+        {"forced_tokens", e.forced_tokens},
+        {"masked_rows_host", e.masked_rows_host},
+        {"masked_rows_edits", e.masked_rows_edits},
+        {"masked_rows_bits", e.masked_rows_bits}}},
       {"kv_cache",
        {{"blocks_total", e.kv_blocks_total},
         {"blocks_used", e.kv_blocks_used},

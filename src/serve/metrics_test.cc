@@ -38,6 +38,9 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   e.decode_padding_rows = 6;
   e.overlapped_steps = 9;
   e.forced_tokens = 11;
+  e.masked_rows_host = 12;
+  e.masked_rows_edits = 13;
+  e.masked_rows_bits = 14;
   e.forward_ns = 1500000000;
   e.state_checkpoints = 2;
   e.state_checkpoint_bytes = 200;
@@ -49,6 +52,9 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_NE(text.find("ember_engine_forward_seconds_total 1.5\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_overlapped_steps_total 9\n"), std::string::npos);
   EXPECT_NE(text.find("ember_engine_forced_tokens_total 11\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_engine_masked_rows_host_total 12\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_engine_masked_rows_edits_total 13\n"), std::string::npos);
+  EXPECT_NE(text.find("ember_engine_masked_rows_bits_total 14\n"), std::string::npos);
   EXPECT_NE(text.find("ember_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2"),
             std::string::npos);
   EXPECT_NE(text.find("ember_queue_depth 3\n"), std::string::npos);
@@ -62,6 +68,9 @@ TEST(MetricsTest, PrometheusAndJsonCarryCountersAndEngineGauges) {
   EXPECT_EQ(j["engine"]["decode_padding_rows"], 6);
   EXPECT_EQ(j["engine"]["overlapped_steps"], 9);
   EXPECT_EQ(j["engine"]["forced_tokens"], 11);
+  EXPECT_EQ(j["engine"]["masked_rows_host"], 12);
+  EXPECT_EQ(j["engine"]["masked_rows_edits"], 13);
+  EXPECT_EQ(j["engine"]["masked_rows_bits"], 14);
   EXPECT_DOUBLE_EQ(j["prefix_cache"]["hit_rate"].get<double>(), 0.25);
   EXPECT_EQ(j["prefix_cache"]["state_checkpoints"], 2);
   EXPECT_EQ(j["prefix_cache"]["state_checkpoint_bytes"], 200);

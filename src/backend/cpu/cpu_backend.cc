@@ -625,6 +625,10 @@ class CpuBackend final : public Backend {
     return ApplyLogitEditsToRows({F(x), static_cast<size_t>(x.numel())}, x.cols(), edits);
   }
 
+  Status ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) override {
+    return ApplyTokenMasksToRows({F(x), static_cast<size_t>(x.numel())}, x.cols(), masks);
+  }
+
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override {
     if (rows.size() != params.size())

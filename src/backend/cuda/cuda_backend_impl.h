@@ -237,6 +237,7 @@ class CudaBackend final : public Backend {
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
   Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override;
+  Status ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;
   Status SampleRows(const Tensor& x, std::span<const int32_t> rows,
                     std::span<const RowSampling> params, std::span<int32_t> ids) override;
@@ -404,6 +405,9 @@ class CudaBackend final : public Backend {
   // Copies `bytes` from the host to `dst` on the stream through the current half (the call does
   // not wait for the device).
   void Upload(void* dst, const void* src, size_t bytes);
+  // Reserves `bytes` of the current half for the caller to fill (an upload gathered from several
+  // places) and copy from before anything else is staged.
+  unsigned char* Stage(size_t bytes);
   // Copies the plan (plan_host_'s first `bytes`) into the current half's plan_device_ on
   // upload_stream_; the stream waits for it.
   void UploadPlan(size_t bytes);
@@ -571,6 +575,9 @@ class CudaBackend final : public Backend {
 
   DeviceBuffer sample_args_;  // SampleRows' params + rows, grown on demand
   DeviceBuffer logit_edits_;  // ApplyLogitEdits' edits, grown on demand
+  // ApplyTokenMasks' rows then bits, by staging half (uploaded on upload_stream_ beside the
+  // step's forward, once the half's last mask kernel has read the buffer), grown on demand.
+  std::array<DeviceBuffer, 2> token_masks_;
   DeviceBuffer argmax_scratch_;
   // The ids ArgmaxRows / SampleRows make, by logits row: [plan_cap_tokens_] int32, one buffer per
   // staging half (a step writes its half's, and its embedding reads the previous step's as
@@ -578,17 +585,18 @@ class CudaBackend final : public Backend {
   // to the host can run beside the next step, which writes the other buffer.
   std::array<DeviceBuffer, 2> step_ids_;
   // Page-locked memory of alternate steps (half_ is the current step's): the sources of the
-  // step's uploads (plan, sampling parameters, logit edits; bump-allocated) and its ids copied
-  // back. `copied` is recorded on the stream behind the half's last upload, `ids_copied` on
-  // ids_stream_ behind its ids' copy: the next step may fill the other half while this one's
-  // copies are still queued, which lets a step launch before the host has read the previous
-  // step's ids. `step_end` marks the end of the half's step on the stream (recorded when the
-  // next step begins), `uploaded` its plan's upload, `ids_ready` its ids.
+  // step's uploads (plan, sampling parameters, logit edits, token masks; bump-allocated) and its
+  // ids copied back. `copied` is recorded on the stream behind the half's last upload,
+  // `ids_copied` on ids_stream_ behind its ids' copy: the next step may fill the other half while
+  // this one's copies are still queued, which lets a step launch before the host has read the
+  // previous step's ids. `step_end` marks the end of the half's step on the stream (recorded when the
+  // next step begins), `uploaded` its plan's upload, `masks_uploaded` its token masks' upload
+  // and `masks_read` their kernel (token_masks_), `ids_ready` its ids.
   struct StagingHalf {
     PinnedBytes upload;
     size_t used = 0;
     PinnedBytes ids;
-    Event copied, ids_copied, step_end, uploaded, ids_ready;
+    Event copied, ids_copied, step_end, uploaded, masks_uploaded, masks_read, ids_ready;
   };
   std::array<StagingHalf, 2> staging_;
   int half_ = 0;

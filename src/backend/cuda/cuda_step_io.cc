@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
-#include "backend/threshold_sampling.h"  // CheckLogitEdits
+#include "backend/threshold_sampling.h"  // CheckLogitEdits, CheckTokenMasks
 #include "util/half.h"
 
 namespace ember::cuda {
@@ -188,13 +188,17 @@ size_t CudaBackend::StageOffset(StagingHalf& h, size_t bytes) {
 }
 
 void CudaBackend::Upload(void* dst, const void* src, size_t bytes) {
+  unsigned char* staged = Stage(bytes);
+  std::memcpy(staged, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_CHECK(cudaEventRecord(staging_[static_cast<size_t>(half_)].copied.get(), stream_.get()));
+}
+
+unsigned char* CudaBackend::Stage(size_t bytes) {
   StagingHalf& h = staging_[static_cast<size_t>(half_)];
   const size_t offset = StageOffset(h, bytes);
-  std::memcpy(h.upload.data() + offset, src, bytes);
-  CUDA_CHECK(
-      cudaMemcpyAsync(dst, h.upload.data() + offset, bytes, cudaMemcpyHostToDevice, stream_.get()));
-  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
   h.used = offset + bytes;
+  return h.upload.data() + offset;
 }
 
 void CudaBackend::UploadPlan(size_t bytes) {
@@ -339,6 +343,44 @@ Status CudaBackend::ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) 
   Upload(logit_edits_.data(), edits.data(), edits.size_bytes());  // `edits` may die after it
   LaunchLogitEdits(static_cast<float*>(x.data), x.cols(), logit_edits_.as<LogitEdit>(),
                    static_cast<int32_t>(edits.size()), stream_.get());
+  return Status::Ok();
+}
+
+Status CudaBackend::ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) {
+  CHECK(x.dtype == DType::kF32);
+  EMBER_RETURN_IF_ERROR(CheckTokenMasks(x.rows(), x.cols(), masks));
+  Flush();
+  if (masks.empty()) return Status::Ok();
+  CHECK_LE(masks.size(), size_t{65535});
+  // One upload from page-locked staging: the rows (padded to 16 bytes), then every mask's words,
+  // gathered there straight from the callers' masks (`masks` may die after the call).
+  const size_t words = static_cast<size_t>((x.cols() + 31) / 32);
+  const size_t rows_bytes = (masks.size() * sizeof(int32_t) + 15) / 16 * 16;
+  const size_t mask_bytes = words * sizeof(uint32_t);
+  const size_t bytes = rows_bytes + masks.size() * mask_bytes;
+  DeviceBuffer& device = token_masks_[static_cast<size_t>(half_)];
+  if (device.bytes() < bytes) device = DeviceBuffer(bytes);
+  unsigned char* staged = Stage(bytes);
+  for (size_t j = 0; j < masks.size(); ++j) {
+    std::memcpy(staged + j * sizeof(int32_t), &masks[j].row, sizeof(int32_t));
+    std::memcpy(staged + rows_bytes + j * mask_bytes, masks[j].bits.data(), mask_bytes);
+  }
+  // On upload_stream_, so that the copy runs beside the forward just enqueued (a 128-row step
+  // at a 128k vocabulary sends 2 MiB), once the half's last mask kernel has read the buffer
+  // (masks_read); the stream waits for the copy before this mask kernel.
+  StagingHalf& h = staging_[static_cast<size_t>(half_)];
+  CUDA_CHECK(cudaStreamWaitEvent(upload_stream_.get(), h.masks_read.get(), 0));
+  CUDA_CHECK(cudaMemcpyAsync(device.data(), staged, bytes, cudaMemcpyHostToDevice,
+                             upload_stream_.get()));
+  CUDA_CHECK(cudaEventRecord(h.masks_uploaded.get(), upload_stream_.get()));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), h.masks_uploaded.get(), 0));
+  // Recorded behind the wait: complete once the copy has read the staging bytes.
+  CUDA_CHECK(cudaEventRecord(h.copied.get(), stream_.get()));
+  const auto* base = device.as<unsigned char>();
+  LaunchTokenMasks(static_cast<float*>(x.data), x.cols(), reinterpret_cast<const int32_t*>(base),
+                   reinterpret_cast<const uint32_t*>(base + rows_bytes),
+                   static_cast<int32_t>(masks.size()), stream_.get());
+  CUDA_CHECK(cudaEventRecord(h.masks_read.get(), stream_.get()));
   return Status::Ok();
 }
 

@@ -395,6 +395,11 @@ namespace ember::cuda {
 // elements in parallel). x [*, cols] float32; edits [num_edits] on the device.
 void LaunchLogitEdits(float* x, int64_t cols, const LogitEdit* edits, int32_t num_edits,
                       cudaStream_t stream);
+// x[rows[j], t] = -inf for each column t whose bit in masks[j] is 0 (bit t % 32 of word t / 32,
+// TokenMaskAllows), the other elements untouched: one thread per (mask, column). x [*, cols]
+// float32; rows [num_masks] int32 and masks [num_masks][ceil(cols / 32)] uint32 on the device.
+void LaunchTokenMasks(float* x, int64_t cols, const int32_t* rows, const uint32_t* masks,
+                      int32_t num_masks, cudaStream_t stream);
 }  // namespace ember::cuda
 
 // ---- gemm_invariant.cu (batch-invariant bf16 GEMM) ----
