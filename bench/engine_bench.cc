@@ -79,6 +79,7 @@ Result<std::shared_ptr<TokenConstraint>> SchemaConstraint(const std::string& mod
 struct RunResult {
   double wall_s = 0, gen_tps = 0, mean_ttft_ms = 0, decode_tps = 0;
   int64_t generated = 0;
+  std::vector<int32_t> lengths;  // tokens each request generated
 };
 
 // Drains one stream: appends its generated tokens' stamps to *times; returns its first one's.
@@ -152,7 +153,9 @@ RunResult RunConcurrent(Engine& engine, const std::vector<GenerationRequest>& re
   std::vector<int64_t> times;  // every generated token's stamp
   int64_t last_first = 0;      // when the last request got its first token
   for (auto& stream : streams) {
+    const size_t before = times.size();
     const int64_t first = Drain(*stream, &times);
+    result.lengths.push_back(static_cast<int32_t>(times.size() - before));
     ttft_sum += Seconds(first - start) * 1e3;
     last_first = std::max(last_first, first);
   }
@@ -206,9 +209,12 @@ int Main(int argc, char** argv) {
   flags.AddBool("--copy-prompt", &copy_prompt,
                 "each prompt is a random quarter repeated four times (copy-heavy)");
   std::string schema_path;
-  bool no_jump_forward = false;
+  bool no_jump_forward = false, same_lengths = false;
   flags.AddString("--schema", &schema_path,
                   "constrain every request to this JSON schema (structured output)");
+  flags.AddBool("--same-lengths", &same_lengths,
+                "with --schema: after each level, the same prompts unconstrained, each generating "
+                "as many tokens as its constrained run did (the like-for-like baseline)");
   flags.AddBool("--no-jump-forward", &no_jump_forward,
                 "sample every constrained token (EngineConfig::jump_forward off)");
   std::string kv_cache_dtype = "auto";
@@ -363,6 +369,23 @@ int Main(int argc, char** argv) {
                 r.decode_tps, r.wall_s, r.mean_ttft_ms);
     std::fflush(stdout);
     step_lines += step_line(level, before, after);
+    if (same_lengths && constraint != nullptr) {
+      std::vector<GenerationRequest> plain = requests;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        plain[i].constraint = nullptr;
+        plain[i].max_tokens = std::max(1, r.lengths[i]);
+      }
+      const EngineStats b2 = (*engine)->Stats();
+      const RunResult u = RunConcurrent(**engine, plain);
+      const EngineStats a2 = (*engine)->Stats();
+      std::printf("| %lld, unconstrained, same lengths | %.1f | %.1f | %.1f | %.0f |\n",
+                  static_cast<long long>(level), u.gen_tps, u.decode_tps, u.wall_s,
+                  u.mean_ttft_ms);
+      std::printf("| %lld, constrained / unconstrained | %.3fx | | | |\n",
+                  static_cast<long long>(level), r.gen_tps / u.gen_tps);
+      std::fflush(stdout);
+      step_lines += "(unconstrained, same lengths) " + step_line(level, b2, a2);
+    }
   }
   std::printf("\n%s", step_lines.c_str());
   if (sustain > 0) {
