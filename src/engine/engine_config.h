@@ -123,7 +123,10 @@ struct PromptCacheRamStats {
   int64_t insert_drops = 0;   // blocks larger than the cap
   int64_t corrupt_dropped = 0;  // records refused on read (identity or checksum)
   int64_t bytes_read = 0, bytes_written = 0;
-  double read_bytes_per_s = 0;  // measured so far (0: not yet)
+  // Measured so far (0: not yet): bytes over the host's time in reads (lookup and identity
+  // check; not the copy into the pool, which on a GPU the device makes itself, later), so the
+  // cost rule loads from RAM whenever RAM holds the blocks.
+  double read_bytes_per_s = 0;
   // A hybrid model's recurrent-state checkpoints here (engine/state_tier.h): records and bytes
   // (part of `bytes`, as their cap is part of capacity_bytes; their evictions, refused records,
   // insert drops, spills and failed or dropped prefetches count in the fields above),
