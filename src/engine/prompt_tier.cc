@@ -340,15 +340,18 @@ Status PromptTier::CopyOut(std::span<const int32_t> blocks,
 }
 
 void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
-  // No more than the writer's queue takes now is copied out (the rest would be dropped after
-  // the copy); what does not fit is dropped here, counted, and not retried for this sequence.
+  // No more than the writer's queue takes now is copied out (the rest would be dropped after the
+  // copy); the blocks from the first one that did not fit stay for the sequence's next commit
+  // (tier_blocks_stored stops there), as the writer drains.
   const int64_t room = disk_->QueueRoom();
+  if (room == 0) return;
   std::vector<int32_t> indices, blocks;
+  int32_t next = keyed;  // the first block neither stored nor queued after this call
   for (int32_t j = seq.tier_blocks_stored; j < keyed; ++j) {
     if (disk_->Contains(seq.tier_keys[static_cast<size_t>(j)])) continue;
     if (static_cast<int64_t>(blocks.size()) == room) {
-      ++write_through_skips_;
-      continue;
+      next = j;
+      break;
     }
     indices.push_back(j);
     blocks.push_back(table[static_cast<size_t>(j)]);
@@ -364,10 +367,15 @@ void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<in
       LOG_WARN << "prompt cache: cannot copy blocks out: " << st.message();
       return;  // retried at the next commit
     }
-    for (size_t i = 0; i < indices.size(); ++i)  // dropped when the queue is full
-      disk_->Write(Identity(seq, indices[i]), std::move(records[i]));
+    for (size_t i = 0; i < indices.size(); ++i) {
+      // Dropped when the queue filled meanwhile (the RAM tier spills from the prefetcher
+      // thread): retried later.
+      if (disk_->Write(Identity(seq, indices[i]), std::move(records[i])) ==
+          prompt_cache::DiskStore::WriteResult::kDropped)
+        next = std::min(next, indices[i]);
+    }
   }
-  seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, keyed);
+  seq.tier_blocks_stored = std::max(seq.tier_blocks_stored, next);
 }
 
 void PromptTier::CommitComputed(Sequence& seq, int32_t num_computed,
@@ -508,7 +516,6 @@ void PromptTier::StoreStats(PromptCacheStats* out) const {
 PromptCacheStats PromptTier::Stats() const {
   PromptCacheStats s;
   StoreStats(&s);
-  s.write_drops += write_through_skips_;  // dropped before the copy (the queue was full)
   s.lookups = lookups_;
   s.lookup_misses = lookup_misses_;
   s.promotions = disk_promotions_;

@@ -27,7 +27,8 @@
 //    needs: the pool's own keys are 64-bit hashes); with a disk tier, write-through: each newly
 //    computed full block is copied to host memory (one batch per call, into the disk queue's
 //    records: page-locked on a GPU) and queued for the disk writer, as many as the queue takes
-//    (the rest are dropped and counted before any copy). Blocks already stored are skipped.
+//    (the rest wait for the sequence's next commit, when the writer has drained some). Blocks
+//    already stored are skipped.
 // Keys: a block's key is the SHA-256 chain over the model fingerprint, the request's namespace
 // and cache_salt and every token id up to the block's end (block_record.h), kept per sequence
 // in Sequence::tier_keys; both tiers hold the same sealed records, checked in full on every read,
@@ -215,7 +216,6 @@ class PromptTier : public kv::EvictionObserver {
   int64_t disk_promotions_ = 0, ram_promotions_ = 0, promote_failures_ = 0;
   int64_t ram_demotions_ = 0, ram_demote_failures_ = 0;
   int64_t state_restores_ = 0, state_misses_ = 0;
-  int64_t write_through_skips_ = 0;  // blocks not copied out: the disk's queue was full
   std::atomic<int64_t> ram_spills_{0};  // engine thread writes; StoreStats reads (any thread)
   double last_read_bytes_per_s_ = 0, last_prefill_tokens_per_s_ = 0;
   PromptCacheStats::Choice last_choice_ = PromptCacheStats::Choice::kNone;

@@ -198,6 +198,22 @@ TEST_F(PromptTierTest, RestartServesThePrefixFromDiskWithColdOutputs) {
   EXPECT_EQ(engine->Stats().prompt_cache.hits, 9);
 }
 
+// A write queue of two records cannot take a prompt's blocks at once: the blocks that did not
+// fit wait for the sequence's next commits (as the writer drains) instead of being dropped, so
+// every full block reaches the disk by the end of the request.
+TEST_F(PromptTierTest, WriteThroughRetriesWhatTheFullQueueDidNotTake) {
+  GenerationRequest request = Greedy(Prompt(150, 2));
+  request.max_tokens = 100;
+  EngineConfig config = Config();
+  Model* probe = NewModel();
+  config.prompt_cache.max_queue_bytes =
+      2 * prompt_cache::RecordBytes(kBlock, kBlock * probe->KvBytesPerToken());
+  const Outcome run = RunAndStop(request, config);  // the engine flushes its writer as it goes
+  ASSERT_EQ(run.tokens.size(), 100u);
+  // 150 + 100 tokens, the last one never computed: 15 full blocks, every one written.
+  EXPECT_EQ(Records().size(), 15u);
+}
+
 TEST_F(PromptTierTest, LongerPromptExtendsAPoolHitFromDisk) {
   const GenerationRequest shorter = Greedy(Prompt(70, 2));
   std::vector<int32_t> longer_ids = Prompt(70, 2);
