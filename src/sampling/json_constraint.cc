@@ -266,6 +266,7 @@ void MaskWords32(const std::vector<uint64_t>& bits, size_t size, std::vector<uin
   static_assert(std::endian::native == std::endian::little,
                 "a uint64 word's bytes are its two uint32 halves, low first");
   words->resize((size + 31) / 32);
+  if (words->empty()) return;  // (an empty vector's data() may be null: no memcpy from it)
   std::memcpy(words->data(), bits.data(), words->size() * sizeof(uint32_t));
 }
 
