@@ -217,18 +217,12 @@ Status CheckTokenMasks(int64_t rows, int64_t cols, std::span<const RowMask> mask
 Status ApplyTokenMasksToRows(std::span<float> x, int64_t cols, std::span<const RowMask> masks) {
   const int64_t rows = cols > 0 ? static_cast<int64_t>(x.size()) / cols : 0;
   EMBER_RETURN_IF_ERROR(CheckTokenMasks(rows, cols, masks));
-  // Word by word, only the zero bits: O(words + masked columns) per row.
   const auto n = static_cast<size_t>(cols);
   for (const RowMask& m : masks) {
     float* row = x.data() + static_cast<size_t>(m.row) * n;
-    for (size_t w = 0; w < m.bits.size(); ++w) {
-      uint32_t zeros = ~m.bits[w];
-      if (w + 1 == m.bits.size() && n % 32 != 0) zeros &= (uint32_t{1} << (n % 32)) - 1;
-      for (; zeros != 0; zeros &= zeros - 1) {
-        float& v = row[w * 32 + static_cast<size_t>(std::countr_zero(zeros))];
-        v = ApplyLogitEdit(v, LogitEditOp::kMask, 0.0f);
-      }
-    }
+    ForEachMaskedId(m.bits, n, [&](size_t id) {
+      row[id] = ApplyLogitEdit(row[id], LogitEditOp::kMask, 0.0f);
+    });
   }
   return Status::Ok();
 }

@@ -11,6 +11,7 @@
 // (cuda/token_masks.cu). Pure functions; thread-safe.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <span>
 
@@ -35,6 +36,17 @@ Status ApplyTokenMasksToRows(std::span<float> x, int64_t cols, std::span<const R
 // The check of ApplyTokenMasksToRows (every backend's): each row inside [0, rows), each mask
 // ceil(cols / 32) words.
 Status CheckTokenMasks(int64_t rows, int64_t cols, std::span<const RowMask> masks);
+// Calls fn(id), ascending, for every id in [0, n) whose bit in `words` (RowMask's layout: bit
+// id % 32 of word id / 32, 1 = allowed) is 0: word by word, only the zero bits, so it costs
+// O(words + masked ids). The bits past n in the last word are ignored.
+template <typename Fn>
+void ForEachMaskedId(std::span<const uint32_t> words, size_t n, Fn&& fn) {
+  for (size_t w = 0; w < words.size(); ++w) {
+    uint32_t zeros = ~words[w];
+    if (w + 1 == words.size() && n % 32 != 0) zeros &= (uint32_t{1} << (n % 32)) - 1;
+    for (; zeros != 0; zeros &= zeros - 1) fn(w * 32 + static_cast<size_t>(std::countr_zero(zeros)));
+  }
+}
 
 // The token for one row. logits [vocab]; a row without a finite maximum (all -inf, or +inf
 // present) answers its argmax like the host sampler. Requires params.temperature > 0.

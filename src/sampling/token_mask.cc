@@ -1,6 +1,6 @@
 #include "sampling/token_mask.h"
 
-#include <bit>
+#include "backend/threshold_sampling.h"  // ForEachMaskedId
 
 namespace ember {
 
@@ -16,13 +16,8 @@ void TokenMask::Build(const TokenConstraint& constraint, Form build_form, int64_
   allowed.clear();
   num_allowed = constraint.AllowedBits(bits);
   if (vocab_size - num_allowed > max_listed) return;
-  const auto vocab = static_cast<size_t>(vocab_size);
-  for (size_t w = 0; w < bits.size(); ++w) {
-    uint32_t zeros = ~bits[w];
-    if (w + 1 == bits.size() && vocab % 32 != 0) zeros &= (uint32_t{1} << (vocab % 32)) - 1;
-    for (; zeros != 0; zeros &= zeros - 1)
-      masked.push_back(static_cast<int32_t>(w * 32 + static_cast<size_t>(std::countr_zero(zeros))));
-  }
+  ForEachMaskedId(bits, static_cast<size_t>(vocab_size),
+                  [&](size_t id) { masked.push_back(static_cast<int32_t>(id)); });
 }
 
 }  // namespace ember
