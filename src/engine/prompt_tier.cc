@@ -328,15 +328,19 @@ void PromptTier::TagBlocks(Sequence& seq, int32_t keyed, const std::vector<int32
   seq.tier_blocks_tagged = std::max(seq.tier_blocks_tagged, keyed);
 }
 
-Status PromptTier::CopyOut(std::span<const int32_t> blocks,
-                           std::span<const std::span<uint8_t>> records) {
-  CHECK_EQ(blocks.size(), records.size());
+template <typename Store>
+Result<std::vector<prompt_cache::RecordBuffer>> PromptTier::CopyOut(
+    std::span<const int32_t> blocks, Store& store) {
+  std::vector<prompt_cache::RecordBuffer> records;
   std::vector<std::span<uint8_t>> payloads;
-  payloads.reserve(records.size());
-  for (const std::span<uint8_t> r : records)
-    payloads.push_back(r.subspan(prompt_cache::PayloadOffset(block_size_),
-                                 static_cast<size_t>(shape_.payload_bytes)));
-  return io_->CopyBlocksToHost(blocks, payloads);
+  records.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    records.push_back(store.NewRecord());
+    payloads.push_back(records.back().bytes().subspan(prompt_cache::PayloadOffset(block_size_),
+                                                      static_cast<size_t>(shape_.payload_bytes)));
+  }
+  EMBER_RETURN_IF_ERROR(io_->CopyBlocksToHost(blocks, payloads));
+  return records;
 }
 
 void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table) {
@@ -357,20 +361,15 @@ void PromptTier::WriteThrough(Sequence& seq, int32_t keyed, const std::vector<in
     blocks.push_back(table[static_cast<size_t>(j)]);
   }
   if (!blocks.empty()) {
-    std::vector<prompt_cache::RecordBuffer> records;
-    std::vector<std::span<uint8_t>> spans;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      records.push_back(disk_->NewRecord());
-      spans.push_back(records.back().bytes());
-    }
-    if (const Status st = CopyOut(blocks, spans); !st.ok()) {
-      LOG_WARN << "prompt cache: cannot copy blocks out: " << st.message();
+    Result<std::vector<prompt_cache::RecordBuffer>> records = CopyOut(blocks, *disk_);
+    if (!records.ok()) {
+      LOG_WARN << "prompt cache: cannot copy blocks out: " << records.message();
       return;  // retried at the next commit
     }
     for (size_t i = 0; i < indices.size(); ++i) {
       // Dropped when the queue filled meanwhile (the RAM tier spills from the prefetcher
       // thread): retried later.
-      if (disk_->Write(Identity(seq, indices[i]), std::move(records[i])) ==
+      if (disk_->Write(Identity(seq, indices[i]), std::move((*records)[i])) ==
           prompt_cache::DiskStore::WriteResult::kDropped)
         next = std::min(next, indices[i]);
     }
@@ -424,20 +423,14 @@ void PromptTier::FlushDemotions() {
   // the next batch takes them.
   constexpr size_t kBatch = 64;
   std::vector<int32_t> blocks;
-  std::vector<prompt_cache::RecordBuffer> records;
-  std::vector<std::span<uint8_t>> spans;
   for (size_t first = 0; first < demotions_.size(); first += kBatch) {
     const size_t n = std::min(kBatch, demotions_.size() - first);
     blocks.clear();
-    records.clear();
-    spans.clear();
-    for (size_t i = first; i < first + n; ++i) {
-      blocks.push_back(demotions_[i].block_id);
-      records.push_back(ram_->NewRecord());
-      spans.push_back(records.back().bytes());
-    }
-    if (const Status st = CopyOut(blocks, spans); !st.ok()) {
-      LOG_WARN << "prompt cache: cannot copy " << n << " evicted blocks to RAM: " << st.message();
+    for (size_t i = first; i < first + n; ++i) blocks.push_back(demotions_[i].block_id);
+    Result<std::vector<prompt_cache::RecordBuffer>> records = CopyOut(blocks, *ram_);
+    if (!records.ok()) {
+      LOG_WARN << "prompt cache: cannot copy " << n
+               << " evicted blocks to RAM: " << records.message();
       ram_demote_failures_ += static_cast<int64_t>(n);
       continue;
     }
@@ -447,7 +440,7 @@ void PromptTier::FlushDemotions() {
       if (d.clears != clears) continue;  // a Clear came since it was evicted: not kept
       ++ram_demotions_;
       const std::vector<prompt_cache::RamStore::Evicted> evicted =
-          ram_->Insert(d.id, std::move(records[i]));
+          ram_->Insert(d.id, std::move((*records)[i]));
       if (disk_ != nullptr) ram_spills_ += prompt_cache::SpillToDisk(evicted, *disk_);
     }
   }

@@ -169,8 +169,11 @@ class PromptTier : public kv::EvictionObserver {
                  const kv::KvCacheManager& kv);
   void WriteThrough(Sequence& seq, int32_t keyed, const std::vector<int32_t>& table);
   // Pool blocks `blocks` copied out in one batch (KvBlockIo::CopyBlocksToHost), each into the
-  // payload of records[i] (a whole record; the store that takes it writes the rest).
-  Status CopyOut(std::span<const int32_t> blocks, std::span<const std::span<uint8_t>> records);
+  // payload of a new record of `store` (NewRecord: the RAM tier's or the disk queue's; the store
+  // that takes it writes the rest).
+  template <typename Store>
+  Result<std::vector<prompt_cache::RecordBuffer>> CopyOut(std::span<const int32_t> blocks,
+                                                          Store& store);
   // Drops the page-locked records restored blocks were read from once the device has read them
   // (KvBlockIo::PinnedReadsDone; wait: waits for it).
   void ReleasePinnedReads(bool wait);
