@@ -519,6 +519,18 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> kv_pinned_index_;  // by block id: 1 + its entry in kv_pinned_.blocks
   // Sends kv_pinned_'s queue (one table copy, one scatter from host memory).
   void SendPinnedUploads();
+  // A table for records that lie elsewhere (page-locked host records): their device addresses,
+  // the block ids and the pool's segments, written into `host` and copied to `device` (both
+  // grown; `host` must be free: its previous copy complete) on the step stream. The device
+  // pointers of its three parts.
+  struct KvAddressTable {
+    unsigned char* const* records;
+    const int32_t* blocks;
+    const KvBlockSegment* segments;
+  };
+  KvAddressTable UploadKvAddressTable(std::span<const unsigned char* const> records,
+                                      std::span<const int32_t> blocks, PinnedBytes& host,
+                                      DeviceBuffer& device);
 
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)

@@ -93,31 +93,19 @@ Status CudaBackend::CopyKvBlocksToHost(std::span<const int32_t> blocks,
   SendKvUploads();  // a staged upload may be a block's content
   const int32_t num_segments = kv_tensors_ * kv_layers_;
   // Every output page-locked and mapped: the gather writes into them directly.
-  std::vector<unsigned char*> direct;
+  std::vector<const unsigned char*> direct;
   for (const std::span<uint8_t> out : outs) {
-    unsigned char* d = DeviceAddressOfHost(out.data());
+    const unsigned char* d = DeviceAddressOfHost(out.data());
     if (d == nullptr) break;
     direct.push_back(d);
   }
   if (direct.size() == outs.size()) {
-    const size_t n = direct.size();
-    const size_t end = TableSegmentsOffset(n) +
-                       static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
     // The previous use of the table is complete: every path below ends in a wait.
-    kv_download_host_.Reserve(end);
-    if (kv_download_device_.bytes() < end) kv_download_device_ = DeviceBuffer(end);
-    unsigned char* host = kv_download_host_.data();
-    unsigned char* device = kv_download_device_.as<unsigned char>();
-    std::memcpy(host, direct.data(), n * sizeof(void*));
-    std::memcpy(host + TableIdsOffset(n), blocks.data(), n * sizeof(int32_t));
-    FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + TableSegmentsOffset(n)));
-    CUDA_CHECK(cudaMemcpyAsync(device, host, end, cudaMemcpyHostToDevice, stream_.get()));
-    LaunchGatherKvBlocksTo(kv_pool_.as<unsigned char>(),
-                           reinterpret_cast<const int32_t*>(device + TableIdsOffset(n)),
-                           static_cast<int32_t>(n),
-                           reinterpret_cast<const KvBlockSegment*>(device + TableSegmentsOffset(n)),
-                           num_segments, reinterpret_cast<unsigned char* const*>(device),
-                           stream_.get());
+    const KvAddressTable t =
+        UploadKvAddressTable(direct, blocks, kv_download_host_, kv_download_device_);
+    LaunchGatherKvBlocksTo(kv_pool_.as<unsigned char>(), t.blocks,
+                           static_cast<int32_t>(direct.size()), t.segments, num_segments,
+                           t.records, stream_.get());
     CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     return Status::Ok();
   }
@@ -218,27 +206,35 @@ bool CudaBackend::PinnedReadsDone(bool wait) {
   return true;
 }
 
+CudaBackend::KvAddressTable CudaBackend::UploadKvAddressTable(
+    std::span<const unsigned char* const> records, std::span<const int32_t> blocks,
+    PinnedBytes& host, DeviceBuffer& device) {
+  CHECK_EQ(records.size(), blocks.size());
+  const size_t n = records.size();
+  const size_t end = TableSegmentsOffset(n) +
+                     static_cast<size_t>(kv_tensors_ * kv_layers_) * sizeof(KvBlockSegment);
+  host.Reserve(end);
+  if (device.bytes() < end) device = DeviceBuffer(end);
+  unsigned char* h = host.data();
+  std::memcpy(h, records.data(), n * sizeof(void*));
+  std::memcpy(h + TableIdsOffset(n), blocks.data(), n * sizeof(int32_t));
+  FillKvSegments(reinterpret_cast<KvBlockSegment*>(h + TableSegmentsOffset(n)));
+  unsigned char* d = device.as<unsigned char>();
+  CUDA_CHECK(cudaMemcpyAsync(d, h, end, cudaMemcpyHostToDevice, stream_.get()));
+  return {reinterpret_cast<unsigned char* const*>(d),
+          reinterpret_cast<const int32_t*>(d + TableIdsOffset(n)),
+          reinterpret_cast<const KvBlockSegment*>(d + TableSegmentsOffset(n))};
+}
+
 void CudaBackend::SendPinnedUploads() {
   if (kv_pinned_.blocks.empty()) return;
-  const size_t n = kv_pinned_.blocks.size();
-  const int32_t num_segments = kv_tensors_ * kv_layers_;
-  const size_t end =
-      TableSegmentsOffset(n) + static_cast<size_t>(num_segments) * sizeof(KvBlockSegment);
   // The previous send's table has been copied before it is rewritten (or regrown).
   CUDA_CHECK(cudaEventSynchronize(kv_pinned_.read.get()));
-  kv_pinned_.table.Reserve(end);
-  if (kv_pinned_.device.bytes() < end) kv_pinned_.device = DeviceBuffer(end);
-  unsigned char* host = kv_pinned_.table.data();
-  std::memcpy(host, kv_pinned_.records.data(), n * sizeof(void*));
-  std::memcpy(host + TableIdsOffset(n), kv_pinned_.blocks.data(), n * sizeof(int32_t));
-  FillKvSegments(reinterpret_cast<KvBlockSegment*>(host + TableSegmentsOffset(n)));
-  unsigned char* device = kv_pinned_.device.as<unsigned char>();
-  CUDA_CHECK(cudaMemcpyAsync(device, host, end, cudaMemcpyHostToDevice, stream_.get()));
-  LaunchScatterKvBlocksFrom(reinterpret_cast<const unsigned char* const*>(device),
-                            reinterpret_cast<const int32_t*>(device + TableIdsOffset(n)),
-                            static_cast<int32_t>(n),
-                            reinterpret_cast<const KvBlockSegment*>(device + TableSegmentsOffset(n)),
-                            num_segments, kv_pool_.as<unsigned char>(), stream_.get());
+  const KvAddressTable t = UploadKvAddressTable(kv_pinned_.records, kv_pinned_.blocks,
+                                                kv_pinned_.table, kv_pinned_.device);
+  LaunchScatterKvBlocksFrom(t.records, t.blocks, static_cast<int32_t>(kv_pinned_.blocks.size()),
+                            t.segments, kv_tensors_ * kv_layers_, kv_pool_.as<unsigned char>(),
+                            stream_.get());
   CUDA_CHECK(cudaEventRecord(kv_pinned_.read.get(), stream_.get()));
   for (int32_t b : kv_pinned_.blocks) kv_pinned_index_[static_cast<size_t>(b)] = 0;
   kv_pinned_.blocks.clear();
