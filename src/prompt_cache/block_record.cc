@@ -79,10 +79,16 @@ void WriteRecordHeader(const BlockIdentity& id, std::span<uint8_t> out) {
   Put<uint32_t>(out, out.size() - 4, 0);
 }
 
-void SealChecksum(std::span<uint8_t> record) {
+std::array<uint8_t, 4> ChecksumTail(std::span<const uint8_t> record) {
   CHECK_GE(record.size(), size_t{4});
-  const size_t body = record.size() - 4;
-  Put<uint32_t>(record, body, Crc32c(std::span<const uint8_t>(record.data(), body)));
+  std::array<uint8_t, 4> tail{};
+  Put<uint32_t>(tail, 0, Crc32c(record.first(record.size() - 4)));
+  return tail;
+}
+
+void SealChecksum(std::span<uint8_t> record) {
+  const std::array<uint8_t, 4> tail = ChecksumTail(record);
+  std::copy(tail.begin(), tail.end(), record.end() - 4);
 }
 
 void SealRecord(const BlockIdentity& id, std::span<uint8_t> out) {

@@ -21,6 +21,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -69,6 +70,9 @@ void SealRecord(const BlockIdentity& id, std::span<uint8_t> record);
 // the process); a record is checksummed when it goes to disk.
 void WriteRecordHeader(const BlockIdentity& id, std::span<uint8_t> record);
 void SealChecksum(std::span<uint8_t> record);
+// The bytes SealChecksum writes into the record's last 4 (the checksum of every byte before them),
+// without writing them: for a record others may be reading (a RAM record spilled to disk).
+std::array<uint8_t, 4> ChecksumTail(std::span<const uint8_t> record);
 // The whole record for `id` with `payload` (RecordBytes bytes).
 std::vector<uint8_t> EncodeRecord(const BlockIdentity& id, std::span<const uint8_t> payload);
 

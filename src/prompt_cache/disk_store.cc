@@ -354,6 +354,9 @@ void DiskStore::WriterLoop() {
       bytes_ += record_bytes_;   // reserved for the record being written
     }
     const bool ok = WriteFile(item);
+    // The record's memory goes back before a Flush returns (a RAM slot, or the queue's).
+    item.record = RecordBuffer();
+    item.ram.reset();
     {
       MutexLock lock(&mu_);
       writing_ = false;
@@ -368,18 +371,17 @@ void DiskStore::WriterLoop() {
   }
 }
 
-bool DiskStore::WriteFile(Pending& item) {
-  if (item.ram != nullptr) {  // a RAM record: copied out of the shared slot
-    item.record = memory_->Take();
-    const std::span<const uint8_t> bytes = item.ram->bytes();
-    std::copy(bytes.begin(), bytes.end(), item.record.bytes().begin());
-    item.ram.reset();
-  }
-  SealChecksum(item.record.bytes());
+bool DiskStore::WriteFile(const Pending& item) {
+  // The record's body as it is (a RAM record is shared with its readers: not written to), then
+  // its checksum in place of the last 4 bytes.
+  const std::span<const uint8_t> bytes =
+      item.ram != nullptr ? item.ram->bytes() : item.record.bytes();
+  const std::array<uint8_t, 4> tail = ChecksumTail(bytes);
   const std::string final_name = FileName(item.key, item.ns);
   const std::string tmp = final_name + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && WriteAll(fd, item.record.bytes().data(), item.record.bytes().size());
+  bool ok = fd >= 0 && WriteAll(fd, bytes.data(), bytes.size() - 4) &&
+            WriteAll(fd, tail.data(), tail.size());
   if (fd >= 0) ok = ::close(fd) == 0 && ok;
   ok = ok && std::rename(tmp.c_str(), final_name.c_str()) == 0;
   if (!ok) {

@@ -99,8 +99,8 @@ class DiskStore {
   // refreshed); kDropped: the queue is full.
   WriteResult Write(const BlockIdentity& id, RecordBuffer record) EXCLUDES(mu_);
   // Queues a RAM-tier record for this store's fingerprint (header written, not checksummed;
-  // spilled on eviction): the writer thread copies it and takes its checksum, so the caller's
-  // thread does neither. The record is verified when read.
+  // spilled on eviction), shared as it is: the writer thread takes its checksum and writes it
+  // after the record's body, so neither thread copies it. The record is verified when read.
   WriteResult WriteRam(const Key& key, uint64_t ns, std::shared_ptr<const RecordBuffer> record)
       EXCLUDES(mu_);
   // How many more records the write queue takes now (a caller copies no more than that out).
@@ -120,8 +120,8 @@ class DiskStore {
   struct Pending {
     Key key{};
     uint64_t ns = 0;
-    RecordBuffer record;                      // header written (Write); checksummed by the writer
-    std::shared_ptr<const RecordBuffer> ram;  // or a RAM record, copied first (WriteRam)
+    RecordBuffer record;                      // header written (Write)
+    std::shared_ptr<const RecordBuffer> ram;  // or a RAM record (WriteRam)
   };
   explicit DiskStore(const DiskStoreConfig& config);
   Status Init();
@@ -132,7 +132,7 @@ class DiskStore {
   std::optional<WriteResult> Admit(const Key& key) EXCLUDES(mu_);
   WriteResult Enqueue(Pending item) EXCLUDES(mu_);
   void WriterLoop() EXCLUDES(mu_);
-  bool WriteFile(Pending& item);  // temp + rename; false on an I/O error
+  bool WriteFile(const Pending& item);  // temp + rename; false on an I/O error
   // Removes least recently used records until `incoming` more bytes fit.
   void MakeRoom(int64_t incoming) REQUIRES(mu_);
   void Erase(const Key& key) REQUIRES(mu_);  // index and file
