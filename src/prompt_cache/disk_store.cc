@@ -342,9 +342,9 @@ void DiskStore::WriterLoop() {
       if (queue_.empty()) return;  // stop_ and drained
       item = std::move(queue_.front());
       queue_.pop_front();
-      queued_keys_.erase(item.key);
       queued_bytes_ -= record_bytes_;
       if (record_bytes_ > config_.max_bytes) {  // can never fit
+        queued_keys_.erase(item.key);
         ++write_drops_;
         cv_.NotifyAll();
         continue;
@@ -360,6 +360,9 @@ void DiskStore::WriterLoop() {
     {
       MutexLock lock(&mu_);
       writing_ = false;
+      // Until now a second write of the key was answered kPresent (queued_keys_ held it while
+      // it was written); from now the index does.
+      queued_keys_.erase(item.key);
       if (ok && !index_.contains(item.key)) {
         lru_.push_back(item.key);
         index_[item.key] = Entry{item.ns, std::prev(lru_.end())};

@@ -151,7 +151,7 @@ class DiskStore {
   std::list<Key> lru_ GUARDED_BY(mu_);  // front: least recently used
   int64_t bytes_ GUARDED_BY(mu_) = 0;
   std::deque<Pending> queue_ GUARDED_BY(mu_);
-  std::unordered_map<Key, int, KeyHash> queued_keys_ GUARDED_BY(mu_);
+  std::unordered_map<Key, int, KeyHash> queued_keys_ GUARDED_BY(mu_);  // queued or being written
   int64_t queued_bytes_ GUARDED_BY(mu_) = 0;
   bool writing_ GUARDED_BY(mu_) = false;
   bool stop_ GUARDED_BY(mu_) = false;
