@@ -185,6 +185,11 @@ void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, 
   }
 }
 
+void Backend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
+  CHECK_LE(parts.size(), kMaxLoraParts);
+  for (const LoraPart& part : parts) LoraDelta(x, part.segments, part.out);
+}
+
 Result<std::vector<Tensor>> Backend::UploadLoraSlot(int32_t slot,
                                                     std::span<const LoraHostMatrix> matrices) {
   std::vector<Tensor> tensors;

@@ -174,6 +174,13 @@ struct LoraSegment {
   const Tensor* b = nullptr;
 };
 
+// One output of Backend::LoraDeltaGroup: out += its segments' updates of the group's x.
+struct LoraPart {
+  std::span<const LoraSegment> segments;
+  Tensor out;
+};
+constexpr size_t kMaxLoraParts = 3;  // the most parts of one LoraDeltaGroup (q, k, v)
+
 // One float32 host matrix [rows, cols] of a LoRA slot's upload (Backend::UploadLoraSlot).
 struct LoraHostMatrix {
   const float* data = nullptr;
@@ -453,6 +460,10 @@ class Backend {
   // untouched). x [n, k] (a MatMul input), out [n, m] float32 (a projection's output). Each row's
   // result depends on that row alone (batch-invariant).
   virtual void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out);
+  // LoraDelta for up to kMaxLoraParts outputs of one input (q/k/v, gate/up), each part's rows
+  // and results as its own LoraDelta's; the same result as those calls (this default makes
+  // them). A row takes the same adapter in every part that names it.
+  virtual void LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts);
   // Why this backend cannot apply LoRA adapters ("" when it can; the default says it cannot:
   // a backend opts in where LoraDelta runs as documented on its step buffers).
   virtual std::string LoraUnsupported() const;

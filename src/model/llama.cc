@@ -10,6 +10,7 @@
 //   (each projection of a row with a LoRA adapter: += (in A^T) B^T, Backend::LoraDelta)
 //   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head)
 #include <algorithm>
+#include <initializer_list>
 
 #include "model/architecture.h"
 
@@ -17,13 +18,21 @@ namespace ember {
 
 namespace {
 
-// out += the step's LoRA updates of projection `target` of `layer` (x its input), if any.
-void ApplyLora(const Model::Impl& m, size_t layer, LoraTarget target, const Tensor& x,
-               Tensor out) {
+// outs[i] += the step's LoRA updates of projection targets[i] of `layer` (x their input), if
+// any: one LoraDeltaGroup for the projections of one input.
+void ApplyLora(const Model::Impl& m, size_t layer, std::initializer_list<LoraTarget> targets,
+               const Tensor& x, std::initializer_list<Tensor> outs) {
   if (m.lora == nullptr) return;
-  const std::span<const LoraSegment> segments =
-      m.lora->Segments(static_cast<int32_t>(layer), target);
-  if (!segments.empty()) m.backend->LoraDelta(x, segments, out);
+  LoraPart parts[kMaxLoraParts];
+  size_t count = 0;
+  auto out = outs.begin();
+  for (LoraTarget target : targets) {
+    const std::span<const LoraSegment> segments =
+        m.lora->Segments(static_cast<int32_t>(layer), target);
+    if (!segments.empty()) parts[count++] = LoraPart{segments, *out};
+    ++out;
+  }
+  if (count > 0) m.backend->LoraDeltaGroup(x, std::span<const LoraPart>(parts, count));
 }
 
 }  // namespace
@@ -55,12 +64,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                               {&w.wk, w.bk ? &*w.bk : nullptr, k},
                               {&w.wv, w.bv ? &*w.bv : nullptr, v}};
     be.MatMulGroup(xn, qkv);
-    ApplyLora(m, l, LoraTarget::kQ, xn, q);
-    ApplyLora(m, l, LoraTarget::kK, xn, k);
-    ApplyLora(m, l, LoraTarget::kV, xn, v);
+    ApplyLora(m, l, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, xn, {q, k, v});
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
-    ApplyLora(m, l, LoraTarget::kO, att, delta);
+    ApplyLora(m, l, {LoraTarget::kO}, att, {delta});
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
@@ -72,14 +79,13 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     if (lora_gate_up) {
       const MatMulPart parts[] = {{&w.w_gate, nullptr, gate}, {&w.w_up, nullptr, up}};
       be.MatMulGroup(xn, parts);
-      ApplyLora(m, l, LoraTarget::kGate, xn, gate);
-      ApplyLora(m, l, LoraTarget::kUp, xn, up);
+      ApplyLora(m, l, {LoraTarget::kGate, LoraTarget::kUp}, xn, {gate, up});
       be.SiluMul(gate, up, act);
     } else {
       be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     }
     be.MatMul(act, w.w_down, nullptr, delta);
-    ApplyLora(m, l, LoraTarget::kDown, act, delta);
+    ApplyLora(m, l, {LoraTarget::kDown}, act, {delta});
   }
   return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }

@@ -122,14 +122,15 @@ bool LoraSet::StepTargets(LoraTarget target) const {
 }
 
 std::span<const LoraSegment> LoraSet::Segments(int32_t layer, LoraTarget target) {
-  segments_.clear();
+  std::vector<LoraSegment>& segments = segments_[static_cast<size_t>(target)];
+  segments.clear();
   for (const Run& run : runs_) {
     const Weights& w =
         slots_[static_cast<size_t>(run.slot)].tensors[static_cast<size_t>(layer)]
               [static_cast<size_t>(target)];
-    if (w.a) segments_.push_back(LoraSegment{run.first_row, run.rows, &*w.a, &*w.b});
+    if (w.a) segments.push_back(LoraSegment{run.first_row, run.rows, &*w.a, &*w.b});
   }
-  return segments_;
+  return segments;
 }
 
 }  // namespace ember

@@ -47,7 +47,7 @@ class LoraSet {
   // True when a row of this step has an adapter targeting `target` (at any layer).
   bool StepTargets(LoraTarget target) const;
   // The LoraDelta segments of (layer, target) this step, in row order (empty: none). Valid until
-  // the next call.
+  // the next call for the same target.
   std::span<const LoraSegment> Segments(int32_t layer, LoraTarget target);
 
   // Counters (tests, logs): adapters loaded into a slot, and of those, loads that evicted one.
@@ -82,7 +82,7 @@ class LoraSet {
   uint64_t clock_ = 0;
   int64_t loads_ = 0, evictions_ = 0;
   std::vector<Run> runs_;  // this step's rows with an adapter, merged by slot
-  std::vector<LoraSegment> segments_;
+  std::array<std::vector<LoraSegment>, kNumLoraTargets> segments_;  // by target
 };
 
 }  // namespace ember

@@ -30,12 +30,14 @@
 // K/V: a bf16 pool (the bf16 mode's, rounded RN by WriteKv) is copied by 16-byte cp.async
 // straight into the bf16 shared tiles, double-buffered; an f32 pool (CudaBackendOptions::kv_f32,
 // tests) is staged as f32 and rounded RN to bf16 in shared memory, which gives the same bits.
-// A quantized pool (int8 / FP8 rows with a scale, kv.quant; kv_rows.cuh) is staged the same way:
-// its rows' bytes arrive by 4-byte cp.async into a byte staging buffer (rows of D + 4 bytes,
-// head-major blocks), and at the tile's start every value is converted in registers (byte value
-// times the row's scale, DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys
-// arrive zero-filled (scale 0, value 0). The decode and key-split decode shapes serve it (prefill
-// rows take the one-m-tile shape, as an f32 pool's do); no RoPE-fused form.
+// A quantized pool (int8 / FP8 rows with a scale, kv.quant; kv_rows.cuh) is staged as bytes, two
+// tiles ahead in two byte stagings (rows of D + 4 bytes; a pool block's rows of one head are
+// contiguous, so whole blocks move by 16-byte cp.async, else rows by 4-byte ones), and at the
+// tile's start every value is converted in registers (byte value times the row's scale,
+// DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys are 0. Half the bytes
+// of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. The decode and
+// key-split decode shapes serve it (prefill rows take the one-m-tile shape, as an f32 pool's do);
+// no RoPE-fused form.
 // Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
 // direct one, the sequential mode's last fold, the combine kernel's), added to the denominator as
 // SinkWeight of the row's final max with the same pinned rounding in all three, so the modes still
@@ -89,11 +91,12 @@ struct Shape {
   static constexpr size_t kQuantStageBytes = size_t{2} * kKeys * kQuantRowBytes;       // bytes K, V
   static constexpr size_t kQBytes =
       kMT > 1 ? size_t{kRowsPerBlock} * kLd * sizeof(__nv_bfloat16) : 0;  // bf16 Q [rows][kLd]
-  // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 (quantized)
-  // pool: one pair and the f32 (byte) staging of the next tile. Then Q (kMT > 1).
+  // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
+  // and the f32 staging of the next tile; quantized pool: one pair and two byte stagings (the
+  // next two tiles in flight). Then Q (kMT > 1).
   template <bool kBf16Kv, bool kQuantKv = false>
   static constexpr size_t kQOffset =
-      kBf16Kv ? 2 * kTileBytes : kTileBytes + (kQuantKv ? kQuantStageBytes : kStageBytes);
+      kBf16Kv ? 2 * kTileBytes : kTileBytes + (kQuantKv ? 2 * kQuantStageBytes : kStageBytes);
   template <bool kBf16Kv, bool kQuantKv = false>
   static constexpr size_t kSmemBytes = kQOffset<kBf16Kv, kQuantKv> + kQBytes;
 };
@@ -191,6 +194,9 @@ __device__ __forceinline__ void CpAsyncCommit() {
 __device__ __forceinline__ void CpAsyncWaitAll() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+__device__ __forceinline__ void CpAsyncWaitAllButOne() {  // the newest group may be pending
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
 
 __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
   return (window > 0 ? max(0, pos - window + 1) : 0) / kInvariantSplitKeys;
@@ -226,18 +232,19 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
   [[maybe_unused]] __nv_bfloat16* q_s =
       reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv, kQuantKv>);
-  // Quantized pool: [kKeys][kQuantRowBytes] bytes of K then V.
-  [[maybe_unused]] unsigned char* k_raw = smem + S::kTileBytes;
-  [[maybe_unused]] unsigned char* v_raw = k_raw + kKeys * S::kQuantRowBytes;
+  // Quantized pool: stage b's [kKeys][kQuantRowBytes] bytes of K, then V.
+  auto k_raw_at = [&](int stage) { return smem + S::kTileBytes + stage * S::kQuantStageBytes; };
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
   constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
   constexpr bool kFixedChunk = (kWarps * 32) % kCopyChunks == 0;
   constexpr int kRowStep = kFixedChunk ? kWarps * 32 / kCopyChunks : 1;
   constexpr int kRowsPerThread = kKeys / kRowStep;
-  // The next two tiles' pool slots (-1: a masked key), key j at slot_pos(j): a thread's keys
-  // j0, j0 + kRowStep, ... are consecutive, read with 16-byte loads.
-  __shared__ __align__(16) int32_t slot_s[2][kKeys];
+  // The next two (quantized pool: three) tiles' pool slots (-1: a masked key), key j at
+  // slot_pos(j): a thread's keys j0, j0 + kRowStep, ... are consecutive, read with 16-byte loads.
+  // A quantized pool's masked key of a block that holds a visible key: -2 - its row (the block's
+  // rows are copied whole, its value zeroed at conversion).
+  __shared__ __align__(16) int32_t slot_s[kQuantKv ? 3 : 2][kKeys];
   auto slot_pos = [](int j) {
     return kFixedChunk ? (j % kRowStep) * kRowsPerThread + j / kRowStep : j;
   };
@@ -312,9 +319,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   auto lookup_slot = [&](int32_t tile) -> int32_t {
     const int32_t key = tile * kKeys + slot_thread;
     if (fill_step_key && key == step_pos) return kFilledByBlock;
+    if constexpr (kQuantKv) {
+      // A quantized pool's row index: head-major within the block (KvQuantRowOffset / row_bytes).
+      // Every key of a pool block that holds a visible key gets one (copy_quant_rows copies such
+      // blocks whole), a masked one as -2 - row.
+      const int32_t first = key - key % bs;
+      if (!(tile <= tile_end && first < hi && first + bs > lo)) return -1;
+      const int32_t row = (block_table[key / bs] * kv.num_kv_heads + kv_head) * bs + key % bs;
+      return key >= lo && key < hi ? row : -2 - row;
+    }
     if (!(tile <= tile_end && key >= lo && key < hi)) return -1;
-    // A quantized pool's row index: head-major within the block (KvQuantRowOffset / row_bytes).
-    if constexpr (kQuantKv) return (block_table[key / bs] * kv.num_kv_heads + kv_head) * bs + key % bs;
     return block_table[key / bs] * bs + key % bs;
   };
   // Per tile, the K and V rows of the kKeys slots (slot_s) into shared rows of `ld` elements.
@@ -367,11 +381,29 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
     }
   };
-  // Quantized pool: each key's K and V rows (row indices in `slots`), 4 bytes per copy.
-  [[maybe_unused]] auto copy_quant_rows = [&](const int32_t* slots) {
+  // Quantized pool: the tile's K and V rows (row indices in `slots`) into byte staging `stage`.
+  // When pool blocks tile the kKeys keys (block_size divides kKeys) and a block's rows are whole
+  // 16-byte chunks (block_size % 4 == 0), each block's rows of this head are one contiguous,
+  // aligned span, copied 16 bytes at a time (a block no visible key of is zero-filled); otherwise
+  // each visible key's rows, 4 bytes at a time. The staging rows are the same either way.
+  [[maybe_unused]] auto copy_quant_rows = [&](const int32_t* slots, int stage) {
     constexpr int kRowBytes = S::kQuantRowBytes, kWords = kRowBytes / 4;
     const unsigned char* k_src = reinterpret_cast<const unsigned char*>(kv.k);
     const unsigned char* v_src = reinterpret_cast<const unsigned char*>(kv.v);
+    unsigned char* k_raw = k_raw_at(stage);
+    unsigned char* v_raw = k_raw + kKeys * kRowBytes;
+    if (bs % 4 == 0 && kKeys % bs == 0) {
+      const int chunks = bs * kRowBytes / 16;  // per pool block
+      for (int idx = threadIdx.x; idx < kKeys * kRowBytes / 16; idx += kWarps * 32) {
+        const int b = idx / chunks, c = idx % chunks;
+        const int32_t first = slots[slot_pos(b * bs)];  // the block's first row (key % bs == 0)
+        const int32_t base = first >= 0 ? first : first <= -2 ? -2 - first : -1;
+        const int64_t off = base >= 0 ? static_cast<int64_t>(base) * kRowBytes + 16 * c : int64_t{0};
+        CpAsync16(k_raw + 16 * idx, k_src + off, base >= 0 ? 16 : 0);
+        CpAsync16(v_raw + 16 * idx, v_src + off, base >= 0 ? 16 : 0);
+      }
+      return;
+    }
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < kKeys * kWords; idx += kWarps * 32) {
       const int j = idx / kWords, w = idx % kWords;
@@ -383,7 +415,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   };
   auto issue_copy = [&](const int32_t* slots, int buffer) {
     if constexpr (kQuantKv) {
-      copy_quant_rows(slots);
+      copy_quant_rows(slots, buffer);
     } else if constexpr (kBf16Kv) {
       __nv_bfloat16* k_dst = reinterpret_cast<__nv_bfloat16*>(smem + buffer * S::kTileBytes);
       copy_rows(slots, k_dst, k_dst + kKeys * S::kLd, S::kLd,
@@ -397,6 +429,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   if (slot_thread >= 0) {
     slot_s[0][slot_pos(slot_thread)] = lookup_slot(tile_begin);
     slot_s[1][slot_pos(slot_thread)] = lookup_slot(tile_begin + 1);
+    if constexpr (kQuantKv) slot_s[2][slot_pos(slot_thread)] = lookup_slot(tile_begin + 2);
   }
   __syncthreads();
   // Before PdlWait the kernel may read the plan and the keys of earlier steps: when the first
@@ -560,6 +593,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   }
 
   if (!early_copy) issue_copy(slot_s[0], 0);
+  if (kQuantKv && tile_begin + 1 <= tile_end) issue_copy(slot_s[1], 1);  // two in flight
 
   // A split starts from the empty state. (Reset at the end of the previous split, inside its
   // branch: a reset at the top of the loop compiles to ~136 selects in every tile.)
@@ -589,7 +623,12 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     const bool valid2 =
         kPrefill && slot_thread >= 0 && tile + 2 <= tile_end && key2 >= lo && key2 < hi;
     const int32_t block2 = valid2 ? block_table[key2 / bs] : 0;
-    CpAsyncWaitAll();
+    // The tile's copy group arrived (a quantized pool's next tile may still be in flight).
+    if (kQuantKv && tile + 1 <= tile_end) {
+      CpAsyncWaitAllButOne();
+    } else {
+      CpAsyncWaitAll();
+    }
     __syncthreads();  // tile's K/V (and Q) arrived; the previous tile's bf16 K/V are consumed
     const int next = (tile + 1 - tile_begin) & 1;
     if constexpr (kBf16Kv) {
@@ -597,30 +636,43 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       k_s = reinterpret_cast<__nv_bfloat16*>(smem + (next ^ 1) * S::kTileBytes);
       v_s = k_s + kKeys * S::kLd;
     } else if constexpr (kQuantKv) {
-      // Quantized pool: 4 values of one key per item, byte value times the row's scale (one
-      // rounding: DequantizeKvRow's float), then bf16 RN.
-      const KvQuant quant = kv.quant;
+      // Quantized pool (staging (tile - tile_begin) & 1): 4 values of one key per item, byte value
+      // times the row's scale (one rounding: DequantizeKvRow's float), then bf16 RN; a masked key
+      // (slot < 0: zero-filled, or a stored row of a copied block) is 0.
+      const unsigned char* k_raw = k_raw_at(next ^ 1);
+      const unsigned char* v_raw = k_raw + kKeys * S::kQuantRowBytes;
+      const int32_t* slots = slot_s[(tile - tile_begin) % 3];
+      auto convert = [&](auto int8_tag) {
+        constexpr bool kInt8 = decltype(int8_tag)::value;
 #pragma unroll 4
-      for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
-        const int idx = it * kWarps * 32 + threadIdx.x;
-        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        const unsigned char* kr = k_raw + j * S::kQuantRowBytes;
-        const unsigned char* vr = v_raw + j * S::kQuantRowBytes;
-        const uint32_t kb = *reinterpret_cast<const uint32_t*>(kr + d);
-        const uint32_t vb = *reinterpret_cast<const uint32_t*>(vr + d);
-        const float ks = KvQuantScale(kr, D), vs = KvQuantScale(vr, D);
-        float kf[4], vf[4];
+        for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+          const int idx = it * kWarps * 32 + threadIdx.x;
+          const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+          const unsigned char* kr = k_raw + j * S::kQuantRowBytes;
+          const unsigned char* vr = v_raw + j * S::kQuantRowBytes;
+          const bool visible = slots[slot_pos(j)] >= 0;
+          const uint32_t kb = visible ? *reinterpret_cast<const uint32_t*>(kr + d) : 0u;
+          const uint32_t vb = visible ? *reinterpret_cast<const uint32_t*>(vr + d) : 0u;
+          const float ks = visible ? KvQuantScale(kr, D) : 0.f;
+          const float vs = visible ? KvQuantScale(vr, D) : 0.f;
+          float kf[4], vf[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          kf[e] = __fmul_rn(KvQuantByte(quant, (kb >> (8 * e)) & 0xffu), ks);
-          vf[e] = __fmul_rn(KvQuantByte(quant, (vb >> (8 * e)) & 0xffu), vs);
+          for (int e = 0; e < 4; ++e) {
+            kf[e] = __fmul_rn(KvQuantByteOf<kInt8>((kb >> (8 * e)) & 0xffu), ks);
+            vf[e] = __fmul_rn(KvQuantByteOf<kInt8>((vb >> (8 * e)) & 0xffu), vs);
+          }
+          *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
+              make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
+          *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
+              make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
         }
-        *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
-            make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
-        *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
-            make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
+      };
+      if (kv.quant == KvQuant::kInt8) {
+        convert(std::true_type{});
+      } else {
+        convert(std::false_type{});
       }
-      __syncthreads();  // bf16 tile ready, staging free
+      __syncthreads();  // bf16 tile ready, its staging free
     } else {
       // f32 pool: round to bf16 RN (the rounding WriteKv applies to a bf16 pool).
 #pragma unroll 4
@@ -636,9 +688,17 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
       __syncthreads();  // bf16 tile ready, staging free
     }
-    if (tile + 1 <= tile_end && !(kRope && tile == tile_begin)) issue_copy(slot_s[next], next);
-    if (!kPrefill && slot_thread >= 0) {
-      slot_s[next ^ 1][slot_pos(slot_thread)] = lookup_slot(tile + 2);
+    if constexpr (kQuantKv) {
+      // Tile + 2 into the staging just converted (tile + 1 is in flight in the other); tile + 3's
+      // slots into this tile's (read above, before the __syncthreads).
+      const int i = tile - tile_begin;
+      if (tile + 2 <= tile_end) issue_copy(slot_s[(i + 2) % 3], next ^ 1);
+      if (slot_thread >= 0) slot_s[i % 3][slot_pos(slot_thread)] = lookup_slot(tile + 3);
+    } else {
+      if (tile + 1 <= tile_end && !(kRope && tile == tile_begin)) issue_copy(slot_s[next], next);
+      if (!kPrefill && slot_thread >= 0) {
+        slot_s[next ^ 1][slot_pos(slot_thread)] = lookup_slot(tile + 2);
+      }
     }
     // Warp-uniform skip of a tile no row of this warp sees (an exact no-op for each of them).
     const bool compute =

@@ -276,6 +276,7 @@ class CudaBackend final : public Backend {
   Result<std::vector<Tensor>> UploadLoraSlot(int32_t slot,
                                              std::span<const LoraHostMatrix> matrices) override;
   void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) override;
+  void LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) override;
 
   // ---- mixture of experts (cuda_moe.cc) ----
   std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
@@ -342,7 +343,8 @@ class CudaBackend final : public Backend {
   // the step; the bytes reach it at the next Flush, ahead of the launches recorded before it).
   void* LoraStage(const void* src, size_t bytes);
   void LoraSendStaged();
-  void RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, bool x_vec, bool w_vec);
+  void RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype, bool x_vec,
+                       bool w_vec);
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
@@ -535,7 +537,7 @@ class CudaBackend final : public Backend {
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)
   int32_t lora_rank_cap_ = 0;             // the largest rank a LoraDelta has seen (grids, t)
-  // LoraDelta's tables for one call: row -> slot (-1 none) and per slot its LoraEntry.
+  // LoraDelta's tables for one call: row -> slot (-1 none) and per part and slot its LoraEntry.
   std::vector<int32_t> lora_rows_;
   std::vector<LoraEntry> lora_entries_;
   std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
@@ -552,7 +554,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> lora_last_rows_;
   const int32_t* lora_last_rows_dev_ = nullptr;
   std::vector<uint64_t> lora_key_;  // LoraDelta's graph key
-  // LoraDelta's t [rows, lora_rank_cap_] f32: one arena region per step, shared by its calls.
+  // LoraDelta's t [rows, parts * lora_rank_cap_] f32: one arena region per step, shared by its
+  // calls.
   uint64_t lora_t_step_ = 0;
   size_t lora_t_bytes_ = 0;
   float* lora_t_ = nullptr;

@@ -3,8 +3,8 @@
 // and expand over every row of the call).
 //
 // Tables, not segments: each call turns its segments into a row table (row -> LoRA slot, -1 for
-// rows in no segment) and an entry table (per slot, that slot's a, b and rank for this
-// projection; rank 0 for slots with no segment in this call). Both are staged on the host into
+// rows in no segment) and an entry table (per part and slot, that slot's a, b and rank for the
+// part's projection; rank 0 for slots with no segment there). Both are staged on the host into
 // one arena region per step and uploaded by Flush in a single copy ahead of the step's launches
 // (a call whose row table equals the previous call's reuses it: one row table per step in the
 // usual case). The op's graph key holds the tables' addresses, the shapes and the rank cap, never
@@ -22,6 +22,8 @@
 namespace ember::cuda {
 
 namespace {
+
+static_assert(kMaxLoraParts == static_cast<size_t>(kMaxLoraKernelParts));
 
 size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -125,46 +127,68 @@ void CudaBackend::LoraSendStaged() {
 }
 
 void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
-  if (segments.empty()) return;
+  const LoraPart part{segments, out};
+  LoraDeltaGroup(x, std::span<const LoraPart>(&part, 1));
+}
+
+void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
+  CHECK_LE(parts.size(), static_cast<size_t>(kMaxLoraKernelParts));
+  size_t segments_total = 0;
+  for (const LoraPart& part : parts) segments_total += part.segments.size();
+  if (segments_total == 0) return;
   CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
-  CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
-  CHECK_EQ(x.rows(), out.rows());
-  const int64_t n = x.rows(), k = x.cols(), m = out.cols();
-  const DType wdtype = segments[0].a->dtype;
+  const int64_t n = x.rows(), k = x.cols();
+  const DType wdtype = [&] {
+    for (const LoraPart& part : parts)
+      if (!part.segments.empty()) return part.segments[0].a->dtype;
+    return DType::kF32;
+  }();
   CHECK(wdtype == DType::kF32 || wdtype == DType::kBF16) << DTypeName(wdtype);
+  const size_t slots = lora_slots_.size();
   lora_rows_.assign(static_cast<size_t>(n), -1);
-  lora_entries_.assign(lora_slots_.size(), LoraEntry{});
-  if (lora_seg_slot_.size() < segments.size()) lora_seg_slot_.resize(segments.size(), -1);
+  lora_entries_.assign(parts.size() * slots, LoraEntry{});
+  if (lora_seg_slot_.size() < segments_total) lora_seg_slot_.resize(segments_total, -1);
   bool x_vec = k % 8 == 0 && Aligned16(x.data), w_vec = true;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const LoraSegment& seg = segments[i];
-    CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= n && seg.a && seg.b);
-    const int64_t rank = seg.a->dim(0);
-    CHECK(seg.a->ndim == 2 && seg.b->ndim == 2 && seg.a->dim(1) == k && seg.b->dim(0) == m &&
-          seg.b->dim(1) == rank)
-        << ShapeString(*seg.a) << " " << ShapeString(*seg.b) << " for x " << ShapeString(x)
-        << " out " << ShapeString(out);
-    CHECK(seg.a->dtype == wdtype && seg.b->dtype == wdtype);
-    CHECK(rank >= 1 && rank <= kMaxLoraKernelRank) << rank;
-    const int32_t slot = LoraSlotOf(seg.a->data, lora_seg_slot_[i]);
-    lora_seg_slot_[i] = slot;
-    LoraEntry& entry = lora_entries_[static_cast<size_t>(slot)];
-    CHECK(entry.rank == 0 || entry.a == seg.a->data) << "LoraDelta: two adapters in slot " << slot;
-    entry = LoraEntry{seg.a->data, seg.b->data, static_cast<int32_t>(rank), 0};
-    for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
-      CHECK_EQ(lora_rows_[static_cast<size_t>(r)], -1) << "LoraDelta: segments overlap at row " << r;
-      lora_rows_[static_cast<size_t>(r)] = slot;
+  size_t seg_index = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Tensor& out = parts[p].out;
+    CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
+    CHECK(out.dtype == parts[0].out.dtype) << "LoraDeltaGroup: parts of different dtypes";
+    CHECK_EQ(x.rows(), out.rows());
+    const int64_t m = out.cols();
+    for (const LoraSegment& seg : parts[p].segments) {
+      CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= n && seg.a && seg.b);
+      const int64_t rank = seg.a->dim(0);
+      CHECK(seg.a->ndim == 2 && seg.b->ndim == 2 && seg.a->dim(1) == k && seg.b->dim(0) == m &&
+            seg.b->dim(1) == rank)
+          << ShapeString(*seg.a) << " " << ShapeString(*seg.b) << " for x " << ShapeString(x)
+          << " out " << ShapeString(out);
+      CHECK(seg.a->dtype == wdtype && seg.b->dtype == wdtype);
+      CHECK(rank >= 1 && rank <= kMaxLoraKernelRank) << rank;
+      const int32_t slot = LoraSlotOf(seg.a->data, lora_seg_slot_[seg_index]);
+      lora_seg_slot_[seg_index++] = slot;
+      LoraEntry& entry = lora_entries_[p * slots + static_cast<size_t>(slot)];
+      CHECK(entry.rank == 0 || entry.a == seg.a->data) << "LoraDelta: two adapters in slot " << slot;
+      entry = LoraEntry{seg.a->data, seg.b->data, static_cast<int32_t>(rank), 0};
+      for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
+        int32_t& row_slot = lora_rows_[static_cast<size_t>(r)];
+        // A row's slot is the same in every part (one adapter per sequence); twice in one part
+        // is an overlap.
+        CHECK(row_slot == -1 || (p > 0 && row_slot == slot))
+            << "LoraDelta: segments overlap at row " << r;
+        row_slot = slot;
+      }
+      x_vec = x_vec && Aligned16(seg.a->data);
+      w_vec = w_vec && Aligned16(seg.b->data);
+      lora_rank_cap_ = std::max(lora_rank_cap_, static_cast<int32_t>(rank));
     }
-    x_vec = x_vec && Aligned16(seg.a->data);
-    w_vec = w_vec && Aligned16(seg.b->data);
-    lora_rank_cap_ = std::max(lora_rank_cap_, static_cast<int32_t>(rank));
   }
-  RecordLoraDelta(x, out, wdtype, x_vec, w_vec);
+  RecordLoraDelta(x, parts, wdtype, x_vec, w_vec);
 }
 
 // Stages the call's tables (lora_rows_, lora_entries_) and records its launches.
-void CudaBackend::RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, bool x_vec,
-                                  bool w_vec) {
+void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype,
+                                  bool x_vec, bool w_vec) {
   const int64_t n = x.rows();
   LoraDeltaArgs args;
   if (lora_stage_step_ != steps_begun_ || lora_last_rows_dev_ == nullptr ||
@@ -178,21 +202,26 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, boo
   }
   args.entries = static_cast<const LoraEntry*>(
       LoraStage(lora_entries_.data(), lora_entries_.size() * sizeof(LoraEntry)));
+  args.num_slots = static_cast<int32_t>(lora_slots_.size());
+  args.parts = static_cast<int32_t>(parts.size());
   args.n = static_cast<int32_t>(n);
   args.rank_cap = lora_rank_cap_;
   args.x = x.data;
   args.x_bf16 = x.dtype == DType::kBF16;
   args.k = x.cols();
-  args.out = out.data;
-  args.out_bf16 = out.dtype == DType::kBF16;
-  args.m = out.cols();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    args.out[p] = parts[p].out.data;
+    args.m[p] = parts[p].out.cols();
+  }
+  args.out_bf16 = parts[0].out.dtype == DType::kBF16;
   args.w_bf16 = wdtype == DType::kBF16;
   args.x_vec = x_vec;
   args.w_vec = w_vec;
   // t: one arena region per step, shared by the step's LoraDelta calls (each call's expand has
   // read its t before the next call's shrink writes it, in stream order), grown when a call
   // needs more.
-  const size_t t_bytes = static_cast<size_t>(n) * static_cast<size_t>(lora_rank_cap_) * 4;
+  const size_t t_bytes =
+      static_cast<size_t>(n) * parts.size() * static_cast<size_t>(lora_rank_cap_) * 4;
   if (lora_t_step_ != steps_begun_ || lora_t_bytes_ < t_bytes) {
     lora_t_ = static_cast<float*>(ArenaAlloc(t_bytes));
     lora_t_bytes_ = t_bytes;
@@ -202,8 +231,12 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, Tensor out, DType wdtype, boo
   // The tables' addresses, not their contents: a replay reads what this step staged there.
   lora_key_.assign({KeyOf(args.row_entry), KeyOf(args.entries), U(lora_entries_.size()),
                     U(args.n), U(args.rank_cap), KeyOf(x.data), U(args.x_bf16), U(args.k),
-                    KeyOf(out.data), U(args.out_bf16), U(args.m), U(args.w_bf16),
+                    U(args.parts), U(args.out_bf16), U(args.w_bf16),
                     U(args.x_vec) << 1 | U(args.w_vec), KeyOf(args.t)});
+  for (size_t p = 0; p < parts.size(); ++p) {
+    lora_key_.push_back(KeyOf(args.out[p]));
+    lora_key_.push_back(U(args.m[p]));
+  }
   recorder_.Record(OpKind::kLoraDelta, lora_key_,
                    [args](cudaStream_t st) { LaunchLoraDelta(args, st); });
 }

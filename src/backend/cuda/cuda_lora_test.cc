@@ -169,6 +169,79 @@ TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
   }
 }
 
+// LoraDeltaGroup (one shrink and one expand launch for q/k/v-like parts of one x, each of its own
+// width) gives every part the bits of that part's LoraDelta alone; adapter 1 has no update for
+// part 1 (its rows there are left alone), rows 0-3, 10-11 and 44 are in no segment.
+TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
+  const int64_t n = 45, k = 200;
+  const int64_t ms[3] = {300, 72, 130};
+  const int64_t ranks[3] = {16, 8, 5};  // by slot
+  const std::vector<Span> spans = {{4, 1, 0}, {5, 3, 1}, {12, 20, 2}, {32, 9, 1}, {41, 3, 0}};
+  for (const bool f32 : {true, false}) {
+    SCOPED_TRACE(f32 ? "f32" : "bf16");
+    std::unique_ptr<Backend> be = Make(f32);
+    std::vector<std::vector<Tensor>> slots;  // slot s: a and b of part 0, then 1, then 2
+    for (int32_t s = 0; s < 3; ++s) {
+      std::vector<HostAdapter> hosts;
+      std::vector<LoraHostMatrix> mats;
+      for (int p = 0; p < 3; ++p)
+        hosts.push_back(RandomAdapter(ranks[s], k, ms[p], 50 + 7 * static_cast<uint32_t>(s) +
+                                                              static_cast<uint32_t>(p), !f32));
+      for (int p = 0; p < 3; ++p) {
+        mats.push_back({hosts[static_cast<size_t>(p)].a.data(), ranks[s], k});
+        mats.push_back({hosts[static_cast<size_t>(p)].b.data(), ms[p], ranks[s]});
+      }
+      auto r = be->UploadLoraSlot(s, mats);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      slots.push_back(std::move(r).value());
+    }
+    std::vector<LoraSegment> segs[3];
+    for (int p = 0; p < 3; ++p)
+      for (const Span& sp : spans) {
+        if (p == 1 && sp.adapter == 1) continue;
+        const auto& t = slots[static_cast<size_t>(sp.adapter)];
+        segs[p].push_back(LoraSegment{sp.first, sp.rows, &t[static_cast<size_t>(2 * p)],
+                                      &t[static_cast<size_t>(2 * p + 1)]});
+      }
+    const std::vector<float> x = Random(static_cast<size_t>(n * k), 1);
+    std::vector<float> out0[3];
+    for (int p = 0; p < 3; ++p)
+      out0[p] = Random(static_cast<size_t>(n * ms[p]), 2 + static_cast<uint32_t>(p));
+    // grouped: true, one LoraDeltaGroup; false, a LoraDelta per part.
+    auto run = [&](bool grouped) {
+      std::vector<std::vector<float>> got;
+      EXPECT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+      Tensor xt = be->Alloc({n, k});
+      EXPECT_TRUE(CudaCopyFromHost(*be, x, xt).ok());
+      LoraPart parts[3];
+      for (int p = 0; p < 3; ++p) {
+        parts[p] = LoraPart{segs[p], be->Alloc({n, ms[p]})};
+        EXPECT_TRUE(CudaCopyFromHost(*be, out0[p], parts[p].out).ok());
+      }
+      if (grouped) {
+        be->LoraDeltaGroup(xt, parts);
+      } else {
+        for (const LoraPart& part : parts) be->LoraDelta(xt, part.segments, part.out);
+      }
+      for (const LoraPart& part : parts) got.push_back(Download(*be, part.out));
+      return got;
+    };
+    const auto grouped = run(true), alone = run(false);
+    for (size_t p = 0; p < 3; ++p) {
+      ASSERT_EQ(grouped[p].size(), alone[p].size());
+      EXPECT_EQ(0, std::memcmp(grouped[p].data(), alone[p].data(), grouped[p].size() * 4))
+          << "part " << p;
+      EXPECT_NE(alone[p], out0[p]) << "part " << p << " was not updated";
+      for (int64_t r : {0, 1, 2, 3, 10, 11, 44})
+        EXPECT_EQ(grouped[p][static_cast<size_t>(r * ms[p])], out0[p][static_cast<size_t>(r * ms[p])]);
+    }
+    // Adapter 1's rows of part 1 are untouched.
+    for (int64_t r : {5, 6, 7, 32, 40})
+      EXPECT_EQ(0, std::memcmp(grouped[1].data() + r * ms[1], out0[1].data() + r * ms[1],
+                               static_cast<size_t>(ms[1]) * 4)) << "row " << r;
+  }
+}
+
 // Decode steps (one row per sequence) replay captured graphs: the row and entry tables are read
 // from device memory each step, so a replay with new x and a step with other segments both stay
 // right, and a step with another mix of adapters replays the same graph (the key holds the

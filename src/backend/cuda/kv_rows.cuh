@@ -30,10 +30,16 @@ __device__ __forceinline__ float KvQuantScale(const unsigned char* row, int32_t 
 // The stored byte's value before the scale. FP8 E4M3 goes through its f16 bits (sign, then
 // exponent and mantissa shifted into place: the value over 2^8, subnormals included), times 2^8:
 // exact. (0x7f / 0xff, E4M3's NaN, read as 480: the quantizer never writes them.)
-__device__ __forceinline__ float KvQuantByte(KvQuant t, unsigned b) {
-  if (t == KvQuant::kInt8) return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(b)));
+// int8: the byte with its sign bit flipped is s + 128, placed in the mantissa of 2^23 (whose
+// unit is 1) and 2^23 + 128 taken off: exact, one FADD rather than an int-to-float conversion.
+template <bool kInt8>
+__device__ __forceinline__ float KvQuantByteOf(unsigned b) {
+  if constexpr (kInt8) return __fsub_rn(__uint_as_float(0x4b000000u | (b ^ 0x80u)), 8388736.f);
   const unsigned short h = static_cast<unsigned short>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
   return __fmul_rn(__half2float(__ushort_as_half(h)), 256.f);
+}
+__device__ __forceinline__ float KvQuantByte(KvQuant t, unsigned b) {
+  return t == KvQuant::kInt8 ? KvQuantByteOf<true>(b) : KvQuantByteOf<false>(b);
 }
 
 // Element d of a stored row: byte value times scale, one rounding (DequantizeKvRow's value).

@@ -1,6 +1,7 @@
 // Backend::LoraDelta's kernels, BGMV-style: every row gathers its own adapter through its entry
 // index (LoraDeltaArgs::row_entry, -1: no adapter), so one launch pair serves any mix of adapters
-// and a decode graph captured once replays for every mix. A shrink t[row, j] = x[row] . a[j]
+// and a decode graph captured once replays for every mix, and the outputs of one input
+// (LoraDeltaGroup's parts: q/k/v, gate/up) share it. A shrink t[row, j] = x[row] . a[j]
 // (a block per tile of kShrinkRows rows and rank index j, k split over its 256 threads in chunks
 // of 8 elements, 16-byte loads) and an expand out[row] += t[row] b^T (a thread per output column
 // and tile of kExpandRows rows, rank summed in chunks of 8). Rows of a tile on the same adapter
@@ -15,6 +16,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/lora.h"
 #include "backend/cuda/out_store.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
@@ -54,16 +56,26 @@ __device__ __forceinline__ void LoadChunk(const T* p, int64_t c, int cnt, bool v
   }
 }
 
-// t[row, j] for the rows [r0, r0 + kShrinkRows) and rank index j = blockIdx.y: each thread sums
-// its chunks (c = 8 * thread + 2048 * i) in order, then the warp butterfly, then the warps' sums
-// in warp order.
+// L2 prefetch of p[c, c + kChunk) (weights, before PdlWait).
+template <typename T>
+__device__ __forceinline__ void PrefetchChunk(const T* p, int64_t c) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p + c));
+}
+
+// t[row, part * rank_cap + j] for the rows [r0, r0 + kShrinkRows) and (part, rank index j) =
+// blockIdx.y's: each thread sums its chunks (c = 8 * thread + 2048 * i) in order, then the warp
+// butterfly, then the warps' sums in warp order.
 template <typename XT, typename WT>
 __global__ void __launch_bounds__(kShrinkThreads)
-    LoraShrinkKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t n, const XT* x,
-                     int64_t k, bool vec, float* t, int32_t t_stride) {
+    LoraShrinkKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t num_slots,
+                     int32_t rank_cap, int32_t n, const XT* x, int64_t k, bool vec, float* t,
+                     int32_t t_stride) {
   __shared__ float partial[kShrinkWarps][kShrinkRows];
   const int32_t r0 = static_cast<int32_t>(blockIdx.x) * kShrinkRows;
-  const int32_t j = static_cast<int32_t>(blockIdx.y);
+  const int32_t part = static_cast<int32_t>(blockIdx.y) / rank_cap;
+  const int32_t j = static_cast<int32_t>(blockIdx.y) % rank_cap;
+  const LoraEntry* part_entries = entries + int64_t{part} * num_slots;
+  // The tables and weights were uploaded before the step's kernels: read before PdlWait.
   const WT* a[kShrinkRows];
   bool any = false;
 #pragma unroll
@@ -71,12 +83,19 @@ __global__ void __launch_bounds__(kShrinkThreads)
     const int32_t e = r0 + i < n ? row_entry[r0 + i] : -1;
     a[i] = nullptr;
     if (e >= 0) {
-      const LoraEntry en = entries[e];
+      const LoraEntry en = part_entries[e];
       if (j < en.rank) a[i] = static_cast<const WT*>(en.a) + int64_t{j} * k;
     }
     any |= a[i] != nullptr;
+    if (a[i] != nullptr && (i == 0 || a[i] != a[i - 1])) {
+      for (int64_t c = int64_t{threadIdx.x} * kChunk; c < k; c += kShrinkThreads * kChunk)
+        PrefetchChunk(a[i], c);
+    }
   }
+  PdlTrigger();
+  PdlWait();  // every block, so that completion stays ordered through the chain (pdl.cuh)
   if (!any) return;  // the same for every thread of the block
+  const int32_t t_col = part * rank_cap + j;
   float acc[kShrinkRows] = {};
   for (int64_t c = int64_t{threadIdx.x} * kChunk; c < k; c += kShrinkThreads * kChunk) {
     const int cnt = k - c < kChunk ? static_cast<int>(k - c) : kChunk;
@@ -108,18 +127,35 @@ __global__ void __launch_bounds__(kShrinkThreads)
     if (threadIdx.x != static_cast<unsigned>(i) || a[i] == nullptr) continue;
     float sum = 0.0f;
     for (int w = 0; w < kShrinkWarps; ++w) sum += partial[w][i];
-    t[int64_t{r0 + i} * t_stride + j] = sum;
+    t[int64_t{r0 + i} * t_stride + t_col] = sum;
   }
 }
 
-// out[row, col] += sum_j t[row, j] b[col, j] for the rows [r0, r0 + kExpandRows) (blockIdx.y)
-// and the columns of block blockIdx.x, j in increasing order.
+// The expand's column blocks: part p's are [block_end[p - 1], block_end[p]).
+struct ExpandParts {
+  void* out[kMaxLoraKernelParts];
+  int64_t m[kMaxLoraKernelParts];
+  int32_t block_end[kMaxLoraKernelParts];
+};
+
+// out[row, col] += sum_j t[row, part * rank_cap + j] b[col, j] for the rows [r0, r0 +
+// kExpandRows) (blockIdx.y) and the columns of block blockIdx.x of its part, j in increasing
+// order.
 template <typename WT, typename OutT>
 __global__ void __launch_bounds__(kExpandThreads)
-    LoraExpandKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t n,
-                     const float* t, int32_t t_stride, OutT* out, int64_t m, bool w_vec) {
+    LoraExpandKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t num_slots,
+                     int32_t rank_cap, int32_t n, const float* t, int32_t t_stride,
+                     ExpandParts parts, bool w_vec) {
   __shared__ float ts[kExpandRows][kMaxLoraKernelRank];
   const int32_t r0 = static_cast<int32_t>(blockIdx.y) * kExpandRows;
+  int32_t part = 0;
+  while (static_cast<int32_t>(blockIdx.x) >= parts.block_end[part]) ++part;
+  const int32_t first_block = part == 0 ? 0 : parts.block_end[part - 1];
+  const int64_t m = parts.m[part];
+  OutT* out = static_cast<OutT*>(parts.out[part]);
+  const LoraEntry* part_entries = entries + int64_t{part} * num_slots;
+  const int64_t col = int64_t{static_cast<int32_t>(blockIdx.x) - first_block} * kExpandThreads +
+                      threadIdx.x;
   const WT* b[kExpandRows];
   int32_t rank[kExpandRows];
   int32_t max_rank = 0;
@@ -129,19 +165,22 @@ __global__ void __launch_bounds__(kExpandThreads)
     b[i] = nullptr;
     rank[i] = 0;
     if (e >= 0) {
-      const LoraEntry en = entries[e];
+      const LoraEntry en = part_entries[e];
       b[i] = static_cast<const WT*>(en.b);
       rank[i] = en.rank;
+      if (col < m && en.rank > 0 && (i == 0 || b[i] != b[i - 1]))
+        PrefetchChunk(b[i], col * en.rank);
     }
     max_rank = max(max_rank, rank[i]);
   }
+  PdlTrigger();
+  PdlWait();  // every block (pdl.cuh)
   if (max_rank == 0) return;  // the same for every thread of the block
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i)
     for (int32_t j = threadIdx.x; j < rank[i]; j += kExpandThreads)
-      ts[i][j] = t[int64_t{r0 + i} * t_stride + j];
+      ts[i][j] = t[int64_t{r0 + i} * t_stride + part * rank_cap + j];
   __syncthreads();
-  const int64_t col = int64_t{blockIdx.x} * kExpandThreads + threadIdx.x;
   if (col >= m) return;
   float acc[kExpandRows] = {};
   for (int32_t j0 = 0; j0 < max_rank; j0 += kChunk) {
@@ -171,25 +210,35 @@ __global__ void __launch_bounds__(kExpandThreads)
 
 template <typename WT>
 void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
-  const dim3 shrink_grid((a.n + kShrinkRows - 1) / kShrinkRows, a.rank_cap);
+  const int32_t t_stride = a.parts * a.rank_cap;
+  const dim3 shrink_grid((a.n + kShrinkRows - 1) / kShrinkRows, t_stride);
   auto shrink = [&](auto* x) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-    LoraShrinkKernel<XT, WT><<<shrink_grid, kShrinkThreads, 0, stream>>>(
-        a.row_entry, a.entries, a.n, x, a.k, a.x_vec, a.t, a.rank_cap);
+    LaunchPdl(LoraShrinkKernel<XT, WT>, shrink_grid, dim3(kShrinkThreads), 0, stream,
+              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, x, a.k, a.x_vec, a.t,
+              t_stride);
   };
   DispatchIn(a.x, a.x_bf16, shrink);
-  CUDA_CHECK_LAUNCH();
-  const dim3 expand_grid(static_cast<unsigned>((a.m + kExpandThreads - 1) / kExpandThreads),
-                         (a.n + kExpandRows - 1) / kExpandRows);
-  if (a.out_bf16) {
-    LoraExpandKernel<WT, __nv_bfloat16><<<expand_grid, kExpandThreads, 0, stream>>>(
-        a.row_entry, a.entries, a.n, a.t, a.rank_cap, static_cast<__nv_bfloat16*>(a.out), a.m,
-        a.w_vec);
-  } else {
-    LoraExpandKernel<WT, float><<<expand_grid, kExpandThreads, 0, stream>>>(
-        a.row_entry, a.entries, a.n, a.t, a.rank_cap, static_cast<float*>(a.out), a.m, a.w_vec);
+  ExpandParts parts = {};
+  int32_t blocks = 0;
+  for (int p = 0; p < kMaxLoraKernelParts; ++p) {
+    if (p < a.parts) {
+      parts.out[p] = a.out[p];
+      parts.m[p] = a.m[p];
+      blocks += static_cast<int32_t>((a.m[p] + kExpandThreads - 1) / kExpandThreads);
+    }
+    parts.block_end[p] = blocks;
   }
-  CUDA_CHECK_LAUNCH();
+  const dim3 expand_grid(static_cast<unsigned>(blocks), (a.n + kExpandRows - 1) / kExpandRows);
+  if (a.out_bf16) {
+    LaunchPdl(LoraExpandKernel<WT, __nv_bfloat16>, expand_grid, dim3(kExpandThreads), 0, stream,
+              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride, parts,
+              a.w_vec);
+  } else {
+    LaunchPdl(LoraExpandKernel<WT, float>, expand_grid, dim3(kExpandThreads), 0, stream,
+              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride, parts,
+              a.w_vec);
+  }
 }
 
 }  // namespace

@@ -16,27 +16,34 @@ struct LoraEntry {
   int32_t rank = 0, pad = 0;
 };
 constexpr int32_t kMaxLoraKernelRank = 256;  // model/lora_adapter.h's kMaxLoraRankLimit
+constexpr int kMaxLoraKernelParts = 3;       // backend.h's kMaxLoraParts
 // Only row_entry's and entries' addresses, the shapes and rank_cap shape the launches: what the
 // tables hold is data, so a captured graph stays right for any mix of adapters over the rows.
+// Up to kMaxLoraKernelParts outputs of one x (Backend::LoraDeltaGroup) share the launches.
 struct LoraDeltaArgs {
-  const int32_t* row_entry = nullptr;  // [n] on the device: each row's entry, -1 none
-  const LoraEntry* entries = nullptr;  // on the device, indexed by row_entry
+  const int32_t* row_entry = nullptr;  // [n] on the device: each row's slot, -1 none
+  // On the device, [part][num_slots]: part p's entry of slot s at p * num_slots + s.
+  const LoraEntry* entries = nullptr;
+  int32_t num_slots = 0;
+  int32_t parts = 1;
   int32_t n = 0;
-  int32_t rank_cap = 0;  // >= every entry's rank (t's row stride), <= kMaxLoraKernelRank
+  int32_t rank_cap = 0;  // >= every entry's rank, <= kMaxLoraKernelRank (t: parts * rank_cap)
   const void* x = nullptr;  // [n, k] f32 or bf16 (x_bf16)
   bool x_bf16 = false;
   int64_t k = 0;
-  void* out = nullptr;  // [n, m] f32 or bf16 (out_bf16), updated in place
+  void* out[kMaxLoraKernelParts] = {};  // [n, m[p]] f32 or bf16 (out_bf16), updated in place
   bool out_bf16 = false;
-  int64_t m = 0;
+  int64_t m[kMaxLoraKernelParts] = {};
   bool w_bf16 = false;
   // 16-byte loads allowed: x_vec for x and every a (k % 8 == 0, 16-byte aligned bases), w_vec
   // for every b (16-byte aligned; each entry's rank % 8 decides per entry). Either way each
   // element is summed in the same order (only the load width differs).
   bool x_vec = false, w_vec = false;
-  float* t = nullptr;  // scratch [n, rank_cap] f32
+  float* t = nullptr;  // scratch [n, parts * rank_cap] f32
 };
-// For every row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T (two launches;
-// float32 accumulation, each element's order fixed by its row alone: batch-invariant).
+// For every part and row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T (two
+// launches for all parts, programmatic dependent launches: each reads its weights' first chunks
+// before waiting on the kernel before it; float32 accumulation, each element's order fixed by
+// its row alone: batch-invariant).
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream);
 }  // namespace ember::cuda
