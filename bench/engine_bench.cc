@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend_factory.h"  // CpuHasBf16Dot
 #include "backend/kv_format.h"
 #include "bench_engine.h"
 #include "engine/engine.h"
@@ -220,6 +221,9 @@ int Main(int argc, char** argv) {
   std::string kv_cache_dtype = "auto";
   flags.AddString("--kv-cache-dtype", &kv_cache_dtype,
                   "auto | bf16 | fp8 | int8 | ...: the KV cache's element type (see ember run --help)");
+  std::string cpu_matmul = "exact";
+  flags.AddString("--cpu-matmul", &cpu_matmul,
+                  "exact | bf16 | auto: the CPU's prompt GEMMs (see ember run --help; default exact)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
   flags.AddBool("--no-overlap", &no_overlap,
@@ -230,6 +234,10 @@ int Main(int argc, char** argv) {
   Result<KvDType> kv_dtype = ParseKvDType(kv_cache_dtype, "--kv-cache-dtype");
   if (st.ok() && !kv_dtype.ok()) st = Status::Error(kv_dtype.message());
   if (st.ok() && sustain < 0) st = Status::Error("--sustain: must be >= 0");
+  if (st.ok() && cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
+    st = Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
+  if (st.ok() && cpu_matmul == "bf16" && !CpuHasBf16Dot())
+    st = Status::Error("--cpu-matmul bf16: this CPU has no AVX512_BF16 instructions");
   if (st.ok() && spec_method != "none" && spec_method != "ngram" && spec_method != "draft")
     st = Status::Error("--spec-method must be none, ngram or draft");
   if (help || !st.ok() || model_dir.empty()) {
@@ -241,6 +249,8 @@ int Main(int argc, char** argv) {
   opts.num_threads = static_cast<int32_t>(threads);
   opts.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   opts.cuda_batch_invariant = invariant;
+  opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
+  opts.cpu_chunked_delta_rule = cpu_matmul != "exact";  // as ember run's flag
   opts.kv_cache.dtype = *kv_dtype;
   auto model = Model::Load(model_dir, opts);
   if (!model.ok()) {
