@@ -248,8 +248,9 @@ uint8_t* ActivationScratch(size_t bytes) {
   return buffer.first.get();
 }
 
-using PrefillFn = void (*)(const int8_t*, const float*, const int32_t*, int64_t, int64_t,
-                           const uint8_t*, DType, size_t, int64_t, const float*, float*, int64_t);
+using PrefillFn = void (*)(const int8_t*, const float*, const int32_t*, const float*, int64_t,
+                           int64_t, const uint8_t*, DType, size_t, int64_t, const float*, float*,
+                           int64_t);
 
 PrefillFn PrefillFor(QuantIsa isa) {
   switch (isa) {
@@ -329,20 +330,27 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
   }
   const int64_t num_blocks = k / kQuantBlock;
   const QuantIsa isa = ActiveIsa();
-  // Decode rows on AVX512_VNNI also get their starting values (-offset * each 4 values' sum,
-  // [n][k / 32][8] int32: n * k bytes) once here instead of once per weight column.
-  const bool starts = n <= kDecodeStartRows && isa == QuantIsa::kAvx512Vnni;
-  uint8_t* scratch =
-      ActivationScratch(static_cast<size_t>(n * k + n * num_blocks * 4 + (starts ? n * k : 0)));
+  // On AVX512_VNNI x's per-row values are made here once per call instead of once per weight
+  // column: the starting values (-offset * each 4 values' sum, [n][k / 32][8] int32: n * k bytes)
+  // and, for the prefill tiles (n > 2), each block pair's dx broadcast ([n][k / 64][16] floats:
+  // n * k bytes).
+  const bool vnni512 = isa == QuantIsa::kAvx512Vnni;
+  const bool pairs = vnni512 && n > kDecodeStartRows;
+  uint8_t* scratch = ActivationScratch(
+      static_cast<size_t>(n * k + n * num_blocks * 4 + (vnni512 ? n * k : 0) + (pairs ? n * k : 0)));
   auto* xq = reinterpret_cast<int8_t*>(scratch);
   auto* xd = reinterpret_cast<float*>(scratch + n * k);  // n * k is a multiple of 32
-  auto* xs = starts ? reinterpret_cast<int32_t*>(scratch + n * k + n * num_blocks * 4) : nullptr;
+  auto* xs = vnni512 ? reinterpret_cast<int32_t*>(scratch + n * k + n * num_blocks * 4) : nullptr;
+  auto* xp = pairs ? reinterpret_cast<float*>(scratch + 2 * n * k + n * num_blocks * 4) : nullptr;
   const int offset = w_dtype == DType::kQ4_0 ? 8 : 128;  // the VNNI kernels' weight offset
   pool.ParallelFor(
       n,
       [&](int64_t r, int) {
         QuantizeActivationRow(x + r * k, k, kQuantBlock, xq + r * k, xd + r * num_blocks);
         if (xs != nullptr) StartValues(xq + r * k, k, offset, xs + r * (k / 4));
+        if (xp != nullptr)
+          for (int64_t b = 0; b < num_blocks; ++b)
+            _mm256_storeu_ps(xp + r * (k / 4) + b * 8, _mm256_set1_ps(xd[r * num_blocks + b]));
       },
       max_threads);
   const PrefillFn prefill = PrefillFor(isa);
@@ -350,7 +358,7 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
       num_col_blocks,
       [&](int64_t blk, int) {
         const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
-        prefill(xq, xd, xs, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols,
+        prefill(xq, xd, xs, xp, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols,
                 bias ? bias + c0 : nullptr, out + c0, m);
       },
       max_threads);
