@@ -48,6 +48,23 @@ inline float HorizontalSum8(__m256 v) {
 // their weight loads: 1B Q4_0 tg 14.8 -> 23 tok/s with 2 KB (4 KB measured the same, 0.5-1 KB less).
 constexpr size_t kDecodePrefetchBytes = 2048;
 
+// The calling thread's buffer for a prefill work item's unpacked weights (AVX512_VNNI Columns:
+// 128 bytes per column and block pair, cols * k * 2 bytes); grows, never shrinks, 64-byte
+// aligned; apart from ActivationScratch, which holds x.
+float* ScaleScratch(size_t floats) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::pair<std::unique_ptr<float, Free>, size_t> buffer;
+  if (buffer.second < floats) {
+    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    buffer.first.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    CHECK(buffer.first != nullptr) << "out of memory allocating " << bytes << " bytes";
+    buffer.second = floats;
+  }
+  return buffer.first.get();
+}
+
 }  // namespace
 
 // ---- the int8-x kernel, once per integer-dot ISA (matmul_quant_prefill.inc) ----
