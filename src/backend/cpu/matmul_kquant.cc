@@ -21,6 +21,10 @@ constexpr int64_t kXRows = 16;     // x rows multiplied with each dequantized su
 constexpr int64_t kColBlock = 64;  // output columns per parallel work item
 constexpr int64_t kFusedRows = 2;  // up to this many x rows: decode fused into the FMAs
 
+// How far ahead the decode rows' weights are prefetched (the int8-x ColumnDot with <= 2 x rows):
+// as matmul_quant.cc's kDecodePrefetchBytes (the 1B Q4_0 file's Q6_K LM head streams from memory).
+constexpr size_t kDecodePrefetchBytes = 2048;
+
 inline float Half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);

@@ -25,6 +25,7 @@ namespace ember::cpu {
 namespace {
 
 constexpr int64_t kColBlock = 64;  // output columns per parallel work item
+constexpr int64_t kDecodeStartRows = 2;  // matmul_quant_prefill.inc's kSingleColumnRows
 
 size_t QuantBlockBytes(DType dtype) { return dtype == DType::kQ8_0 ? 34 : 18; }
 
@@ -40,6 +41,28 @@ inline float HorizontalSum8(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// How far ahead of a streaming decode tile its weights are prefetched (matmul_quant_prefill.inc's
+// DecodeTile). On this session's Xeon (docs/perf.md, session 41) the decode tiles stalled on
+// their weight loads: 1B Q4_0 tg 14.8 -> 23 tok/s with 2 KB (4 KB measured the same, 0.5-1 KB less).
+constexpr size_t kDecodePrefetchBytes = 2048;
+
+// The calling thread's buffer for a prefill work item's unpacked weights (AVX512_VNNI Columns:
+// 128 bytes per column and block pair, cols * k * 2 bytes); grows, never shrinks, 64-byte
+// aligned; apart from ActivationScratch, which holds x.
+float* ScaleScratch(size_t floats) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::pair<std::unique_ptr<float, Free>, size_t> buffer;
+  if (buffer.second < floats) {
+    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    buffer.first.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    CHECK(buffer.first != nullptr) << "out of memory allocating " << bytes << " bytes";
+    buffer.second = floats;
+  }
+  return buffer.first.get();
 }
 
 }  // namespace
@@ -202,6 +225,17 @@ void QuantizeActivationRow(const float* x, int64_t k, int64_t block, int8_t* q, 
   }
 }
 
+// -offset * (the sum of each 4 of a row's k int8 values), k / 4 int32 in order: the starting
+// values of the VNNI kernels' dot lanes (exact: at most 128 * 4 * 128 in magnitude).
+void StartValues(const int8_t* q, int64_t k, int offset, int32_t* starts) {
+  const __m256i ones = _mm256_set1_epi8(1), neg = _mm256_set1_epi16(static_cast<int16_t>(-offset));
+  for (int64_t j = 0; j < k; j += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + j));
+    const __m256i s2 = _mm256_maddubs_epi16(ones, v);  // pairs, |s| <= 256
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(starts + j / 4), _mm256_madd_epi16(s2, neg));
+  }
+}
+
 // The sums of each run of 16 of a row's k int8 values (exact: at most 16 * 127).
 void RunSums16(const int8_t* q, int64_t k, int16_t* sums) {
   const __m256i ones = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -231,8 +265,9 @@ uint8_t* ActivationScratch(size_t bytes) {
   return buffer.first.get();
 }
 
-using PrefillFn = void (*)(const int8_t*, const float*, int64_t, int64_t, const uint8_t*, DType,
-                           size_t, int64_t, const float*, float*, int64_t);
+using PrefillFn = void (*)(const int8_t*, const float*, const int32_t*, const float*, int64_t,
+                           int64_t, const uint8_t*, DType, size_t, int64_t, const float*, float*,
+                           int64_t);
 
 PrefillFn PrefillFor(QuantIsa isa) {
   switch (isa) {
@@ -311,21 +346,36 @@ void MatMulQuant(const float* x, int64_t n, int64_t k, const void* w, DType w_dt
     return;
   }
   const int64_t num_blocks = k / kQuantBlock;
-  uint8_t* scratch = ActivationScratch(static_cast<size_t>(n * k + n * num_blocks * 4));
+  const QuantIsa isa = ActiveIsa();
+  // On AVX512_VNNI x's per-row values are made here once per call instead of once per weight
+  // column: the starting values (-offset * each 4 values' sum, [n][k / 32][8] int32: n * k bytes)
+  // and, for the prefill tiles (n > 2), each block pair's dx broadcast ([n][k / 64][16] floats:
+  // n * k bytes).
+  const bool vnni512 = isa == QuantIsa::kAvx512Vnni;
+  const bool pairs = vnni512 && n > kDecodeStartRows;
+  uint8_t* scratch = ActivationScratch(
+      static_cast<size_t>(n * k + n * num_blocks * 4 + (vnni512 ? n * k : 0) + (pairs ? n * k : 0)));
   auto* xq = reinterpret_cast<int8_t*>(scratch);
   auto* xd = reinterpret_cast<float*>(scratch + n * k);  // n * k is a multiple of 32
+  auto* xs = vnni512 ? reinterpret_cast<int32_t*>(scratch + n * k + n * num_blocks * 4) : nullptr;
+  auto* xp = pairs ? reinterpret_cast<float*>(scratch + 2 * n * k + n * num_blocks * 4) : nullptr;
+  const int offset = w_dtype == DType::kQ4_0 ? 8 : 128;  // the VNNI kernels' weight offset
   pool.ParallelFor(
       n,
       [&](int64_t r, int) {
         QuantizeActivationRow(x + r * k, k, kQuantBlock, xq + r * k, xd + r * num_blocks);
+        if (xs != nullptr) StartValues(xq + r * k, k, offset, xs + r * (k / 4));
+        if (xp != nullptr)
+          for (int64_t b = 0; b < num_blocks; ++b)
+            _mm256_storeu_ps(xp + r * (k / 4) + b * 8, _mm256_set1_ps(xd[r * num_blocks + b]));
       },
       max_threads);
-  const PrefillFn prefill = PrefillFor(ActiveIsa());
+  const PrefillFn prefill = PrefillFor(isa);
   pool.ParallelFor(
       num_col_blocks,
       [&](int64_t blk, int) {
         const int64_t c0 = blk * kColBlock, cols = std::min(kColBlock, m - c0);
-        prefill(xq, xd, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols,
+        prefill(xq, xd, xs, xp, n, k, wb + c0 * row_bytes, w_dtype, row_bytes, cols,
                 bias ? bias + c0 : nullptr, out + c0, m);
       },
       max_threads);

@@ -9,7 +9,11 @@
 //    dot -- or AVX-VNNI, else AVX2 VPMADDUBSW/VPMADDWD, chosen at run time; the weights are the
 //    unsigned operand, x's offset taken back by per-row starting values), scaled by the two
 //    blocks' scales into two float32 accumulators (even and odd blocks). Faster than the float
-//    kernel at every n, decode included (see bench/quant_matmul_bench.cc).
+//    kernel at every n, decode included (see bench/quant_matmul_bench.cc). On AVX512_VNNI x's
+//    per-row values (starting values; for n > 2 each block pair's dx broadcast) are made once
+//    per call (scratch: up to 3 n k bytes plus the scales) and each prefill work item unpacks
+//    its 64 columns' block pairs once (2 * 64 * k bytes per thread); decode (n <= 2) runs
+//    streaming tiles that prefetch the weights 2 KB ahead. Bits are the same on every path.
 //  - float32 x (QuantKernel::kFloatX, the exact-activation mode): each weight block is widened to
 //    floats in registers (fused dequantize + FMA) and multiplied with x's float32 values, rows in
 //    groups of up to 8 (weights streamed once per group).

@@ -139,11 +139,13 @@ TEST(MatMulQuantTest, RowsAreIndependentOfBatchAndThreads) {
   SetQuantKernel(QuantKernel::kInt8X, QuantIsa::kAuto);
 }
 
-// Odd block counts (the 512-bit kernel's pair tail), decode and prefill row counts.
+// Odd block counts (the 512-bit kernel's pair tail; its decode tile's groups of 8 blocks, then
+// pairs, then a last block), decode and prefill row counts, odd column counts.
 TEST(MatMulQuantTest, PrefillIsBitwiseEqualAcrossIntegerDotIsas) {
   std::mt19937 rng(9);
   ThreadPool pool(2);
-  for (const Case& c : {Case{19, 640, 70}, Case{1, 608, 37}, Case{6, 96, 9}, Case{2, 32, 5}}) {
+  for (const Case& c : {Case{19, 640, 70}, Case{1, 608, 37}, Case{6, 96, 9}, Case{2, 32, 5},
+                        Case{2, 1056, 21}, Case{1, 2048, 67}, Case{5, 544, 11}}) {
     for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
       const std::vector<float> x = Random(c.n * c.k, rng, 1.0f);
       const std::vector<uint8_t> q = Quantize(dtype, Random(c.m * c.k, rng, 0.05f), c.m, c.k);
