@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/backend_factory.h"  // CpuHasBf16Dot
+#include "app/common.h"  // ApplyCpuMatmulFlag
 #include "backend/kv_format.h"
 #include "bench_engine.h"
 #include "engine/engine.h"
@@ -234,23 +234,18 @@ int Main(int argc, char** argv) {
   Result<KvDType> kv_dtype = ParseKvDType(kv_cache_dtype, "--kv-cache-dtype");
   if (st.ok() && !kv_dtype.ok()) st = Status::Error(kv_dtype.message());
   if (st.ok() && sustain < 0) st = Status::Error("--sustain: must be >= 0");
-  if (st.ok() && cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
-    st = Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
-  if (st.ok() && cpu_matmul == "bf16" && !CpuHasBf16Dot())
-    st = Status::Error("--cpu-matmul bf16: this CPU has no AVX512_BF16 instructions");
   if (st.ok() && spec_method != "none" && spec_method != "ngram" && spec_method != "draft")
     st = Status::Error("--spec-method must be none, ngram or draft");
+  ModelLoadOptions opts;
+  if (st.ok()) st = app::ApplyCpuMatmulFlag(cpu_matmul, opts);
   if (help || !st.ok() || model_dir.empty()) {
     std::fprintf(stderr, "%s%s\n", st.ok() ? "" : (st.message() + "\n").c_str(),
                  flags.Help().c_str());
     return help ? 0 : 2;
   }
-  ModelLoadOptions opts;
   opts.num_threads = static_cast<int32_t>(threads);
   opts.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   opts.cuda_batch_invariant = invariant;
-  opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
-  opts.cpu_chunked_delta_rule = cpu_matmul != "exact";  // as ember run's flag
   opts.kv_cache.dtype = *kv_dtype;
   auto model = Model::Load(model_dir, opts);
   if (!model.ok()) {

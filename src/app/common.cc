@@ -270,6 +270,15 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
     LOG_WARN << "--batch-invariant off with --spec-method " << spec_method
              << ": on CUDA a verified token can differ from unspeculated decoding's at a near tie";
   }
+  EMBER_RETURN_IF_ERROR(ApplyCpuMatmulFlag(cpu_matmul, opts));
+  opts.num_threads = static_cast<int32_t>(threads);
+  EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
+  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.dtype, ParseKvDType(kv_cache_dtype, "--kv-cache-dtype"));
+  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.layers, ParseKvLayerOverrides(kv_cache_dtype_layers));
+  return opts;
+}
+
+Status ApplyCpuMatmulFlag(const std::string& cpu_matmul, ModelLoadOptions& opts) {
   if (cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
     return Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
   if (cpu_matmul == "bf16" && !CpuHasBf16Dot())
@@ -277,11 +286,7 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
                          "auto)");
   opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
   opts.cpu_chunked_delta_rule = cpu_matmul != "exact";  // needs no AVX512_BF16
-  opts.num_threads = static_cast<int32_t>(threads);
-  EMBER_ASSIGN_OR_RETURN(opts.quantize, ParseQuantizeType(quantize, "--quantize"));
-  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.dtype, ParseKvDType(kv_cache_dtype, "--kv-cache-dtype"));
-  EMBER_ASSIGN_OR_RETURN(opts.kv_cache.layers, ParseKvLayerOverrides(kv_cache_dtype_layers));
-  return opts;
+  return Status::Ok();
 }
 
 EngineConfig EngineFlags::Config() const {

@@ -24,6 +24,10 @@ int Fail(const std::string& message);
 // Parses flags; returns -1 to continue, else the exit code to return (help printed, or error).
 int ParseOrExit(FlagParser& flags, int argc, char** argv, int first);
 
+// --cpu-matmul exact|bf16|auto into `opts` (cpu_bf16_matmul, cpu_chunked_delta_rule); an error
+// names the flag (an unknown value, or bf16 on a CPU without AVX512_BF16).
+Status ApplyCpuMatmulFlag(const std::string& cpu_matmul, ModelLoadOptions& opts);
+
 // --temperature --top-p --top-k --min-p --seed --repetition-penalty ... as a SamplingRequest:
 // the flags that were given, for the resolver (sampling/request_sampling.h), which falls back to
 // generation_config.json, then to OpenAI's defaults, and checks the values as the server does.
