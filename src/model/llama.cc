@@ -18,19 +18,24 @@ namespace ember {
 
 namespace {
 
-// outs[i] += the step's LoRA updates of projection targets[i] of `layer` (x their input), if
-// any: one LoraDeltaGroup for the projections of one input.
-void ApplyLora(const Model::Impl& m, size_t layer, std::initializer_list<LoraTarget> targets,
-               const Tensor& x, std::initializer_list<Tensor> outs) {
+// One projection ApplyLora updates: its target and its output.
+struct LoraOutput {
+  LoraTarget target;
+  Tensor out;
+};
+
+// Each output += the step's LoRA updates of its projection of `layer` (x their input), if any:
+// one LoraDeltaGroup for the projections of one input.
+void ApplyLora(const Model::Impl& m, size_t layer, const Tensor& x,
+               std::initializer_list<LoraOutput> outputs) {
   if (m.lora == nullptr) return;
+  CHECK_LE(outputs.size(), kMaxLoraParts);
   LoraPart parts[kMaxLoraParts];
   size_t count = 0;
-  auto out = outs.begin();
-  for (LoraTarget target : targets) {
+  for (const LoraOutput& o : outputs) {
     const std::span<const LoraSegment> segments =
-        m.lora->Segments(static_cast<int32_t>(layer), target);
-    if (!segments.empty()) parts[count++] = LoraPart{segments, *out};
-    ++out;
+        m.lora->Segments(static_cast<int32_t>(layer), o.target);
+    if (!segments.empty()) parts[count++] = LoraPart{segments, o.out};
   }
   if (count > 0) m.backend->LoraDeltaGroup(x, std::span<const LoraPart>(parts, count));
 }
@@ -64,10 +69,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                               {&w.wk, w.bk ? &*w.bk : nullptr, k},
                               {&w.wv, w.bv ? &*w.bv : nullptr, v}};
     be.MatMulGroup(xn, qkv);
-    ApplyLora(m, l, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, xn, {q, k, v});
+    ApplyLora(m, l, xn, {{LoraTarget::kQ, q}, {LoraTarget::kK, k}, {LoraTarget::kV, v}});
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
     be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
-    ApplyLora(m, l, {LoraTarget::kO}, att, {delta});
+    ApplyLora(m, l, att, {{LoraTarget::kO, delta}});
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
@@ -79,13 +84,13 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     if (lora_gate_up) {
       const MatMulPart parts[] = {{&w.w_gate, nullptr, gate}, {&w.w_up, nullptr, up}};
       be.MatMulGroup(xn, parts);
-      ApplyLora(m, l, {LoraTarget::kGate, LoraTarget::kUp}, xn, {gate, up});
+      ApplyLora(m, l, xn, {{LoraTarget::kGate, gate}, {LoraTarget::kUp, up}});
       be.SiluMul(gate, up, act);
     } else {
       be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     }
     be.MatMul(act, w.w_down, nullptr, delta);
-    ApplyLora(m, l, {LoraTarget::kDown}, act, {delta});
+    ApplyLora(m, l, act, {{LoraTarget::kDown, delta}});
   }
   return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }
