@@ -48,21 +48,29 @@ inline float HorizontalSum8(__m256 v) {
 // their weight loads: 1B Q4_0 tg 14.8 -> 23 tok/s with 2 KB (4 KB measured the same, 0.5-1 KB less).
 constexpr size_t kDecodePrefetchBytes = 2048;
 
-// The calling thread's buffer for a prefill work item's unpacked weights (AVX512_VNNI Columns:
-// 128 bytes per column and block pair, cols * k * 2 bytes); grows, never shrinks, 64-byte
-// aligned; apart from ActivationScratch, which holds x.
-float* ScaleScratch(size_t floats) {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  thread_local std::pair<std::unique_ptr<float, Free>, size_t> buffer;
-  if (buffer.second < floats) {
-    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-    buffer.first.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    CHECK(buffer.first != nullptr) << "out of memory allocating " << bytes << " bytes";
-    buffer.second = floats;
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// The calling thread's scratch buffer `Tag` (one per tag, so two can be held at once): grows,
+// never shrinks, 64-byte aligned.
+template <typename Tag>
+uint8_t* ThreadScratch(size_t bytes) {
+  thread_local std::pair<std::unique_ptr<uint8_t, FreeDeleter>, size_t> buffer;
+  if (buffer.second < bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    buffer.first.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
+    CHECK(buffer.first != nullptr) << "out of memory allocating " << rounded << " bytes";
+    buffer.second = bytes;
   }
   return buffer.first.get();
+}
+
+// The calling thread's buffer for a prefill work item's unpacked weights (AVX512_VNNI Columns:
+// 128 bytes per column and block pair, cols * k * 2 bytes); apart from ActivationScratch, which
+// holds x.
+float* ScaleScratch(size_t floats) {
+  return reinterpret_cast<float*>(ThreadScratch<struct WeightPairsTag>(floats * sizeof(float)));
 }
 
 }  // namespace
@@ -249,21 +257,8 @@ void RunSums16(const int8_t* q, int64_t k, int16_t* sums) {
   }
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// The calling thread's quantized-x buffer (grows, never shrinks; 64-byte aligned).
-uint8_t* ActivationScratch(size_t bytes) {
-  thread_local std::pair<std::unique_ptr<uint8_t, FreeDeleter>, size_t> buffer;
-  if (buffer.second < bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    buffer.first.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
-    CHECK(buffer.first != nullptr) << "out of memory allocating " << rounded << " bytes";
-    buffer.second = bytes;
-  }
-  return buffer.first.get();
-}
+// The calling thread's quantized-x buffer (ThreadScratch).
+uint8_t* ActivationScratch(size_t bytes) { return ThreadScratch<struct ActivationTag>(bytes); }
 
 using PrefillFn = void (*)(const int8_t*, const float*, const int32_t*, const float*, int64_t,
                            int64_t, const uint8_t*, DType, size_t, int64_t, const float*, float*,
