@@ -13,6 +13,7 @@
 
 #include "backend/cpu/kquant_quantize.h"
 #include "backend/cpu/matmul_kquant.h"
+#include "backend/cpu/thread_scratch.h"
 #include "util/check.h"
 #include "util/half.h"
 
@@ -47,24 +48,6 @@ inline float HorizontalSum8(__m256 v) {
 // DecodeTile). On this session's Xeon (docs/perf.md, session 41) the decode tiles stalled on
 // their weight loads: 1B Q4_0 tg 14.8 -> 23 tok/s with 2 KB (4 KB measured the same, 0.5-1 KB less).
 constexpr size_t kDecodePrefetchBytes = 2048;
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// The calling thread's scratch buffer `Tag` (one per tag, so two can be held at once): grows,
-// never shrinks, 64-byte aligned.
-template <typename Tag>
-uint8_t* ThreadScratch(size_t bytes) {
-  thread_local std::pair<std::unique_ptr<uint8_t, FreeDeleter>, size_t> buffer;
-  if (buffer.second < bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    buffer.first.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
-    CHECK(buffer.first != nullptr) << "out of memory allocating " << rounded << " bytes";
-    buffer.second = bytes;
-  }
-  return buffer.first.get();
-}
 
 // The calling thread's buffer for a prefill work item's unpacked weights (AVX512_VNNI Columns:
 // 128 bytes per column and block pair, cols * k * 2 bytes); apart from ActivationScratch, which
