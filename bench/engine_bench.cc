@@ -223,7 +223,7 @@ int Main(int argc, char** argv) {
                   "auto | bf16 | fp8 | int8 | ...: the KV cache's element type (see ember run --help)");
   std::string cpu_matmul = "exact";
   flags.AddString("--cpu-matmul", &cpu_matmul,
-                  "exact | bf16 | auto: the CPU's prompt GEMMs (see ember run --help; default exact)");
+                  "exact | f32 | bf16 | auto: the CPU's prompt GEMMs (see ember run --help; default exact)");
   bool invariant = false, no_overlap = false;
   flags.AddBool("--batch-invariant", &invariant, "CUDA: the fixed-order (batch-invariant) GEMM");
   flags.AddBool("--no-overlap", &no_overlap,

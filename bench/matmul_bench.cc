@@ -1,6 +1,6 @@
 // CPU matmul kernel throughput (backend/cpu/matmul.h, and matmul_bf16.h's AVX512_BF16 kernel
 // where the CPU has it): GFLOP/s of out = x W^T for prefill-sized (n = 512) and decode-sized
-// (n = 1) x, per weight dtype and kernel, on one or more threads. Reports the
+// (n = 1) x, per weight dtype and kernel (and matmul_f32fast.h's AVX-512 FMA tiles), on one or more threads. Reports the
 // best repetition's wall-clock rate (the least disturbed one on a noisy shared machine), the
 // median, and the process-CPU-time rate.
 // usage: matmul_bench [threads] [n] [k] [m]
@@ -15,6 +15,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
+#include "backend/cpu/matmul_f32fast.h"
 #include "util/half.h"
 
 namespace {
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
   std::vector<std::tuple<const char*, const void*, ember::DType, Kernel>> runs = {
       {"f16 exact", w16.data(), ember::DType::kF16, ember::cpu::MatMul},
       {"bf16 exact", wbf.data(), ember::DType::kBF16, ember::cpu::MatMul}};
+  if (ember::cpu::HasF32Fast()) {
+    runs.emplace_back("f16 f32fast", w16.data(), ember::DType::kF16, ember::cpu::MatMulF32Fast);
+    runs.emplace_back("bf16 f32fast", wbf.data(), ember::DType::kBF16, ember::cpu::MatMulF32Fast);
+  }
   if (ember::cpu::HasBf16Dot()) {
     runs.emplace_back("f16 bf16dot", w16.data(), ember::DType::kF16, ember::cpu::MatMulBf16);
     runs.emplace_back("bf16 bf16dot", wbf.data(), ember::DType::kBF16, ember::cpu::MatMulBf16);

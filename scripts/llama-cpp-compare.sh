@@ -15,7 +15,8 @@
 #          [--ember-quantize]
 # Defaults: build/release (the ember binary), 2 threads, r 3, .cache/llama-compare for the files,
 # the llama3 tokenizer from ../shared/fixtures/tokenizers or .cache/tokenizers. Ember runs f16
-# files with --cpu-matmul bf16 (its prefill on the CPU's bf16 dot products; decode rows stay exact).
+# files with --cpu-matmul auto (its prefill on the faster of the CPU's AVX-512 FMAs and bf16 dot
+# products; decode rows stay exact).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build/release LLAMA= LLAMA_SRC= THREADS=2 TYPES="f16 q8_0 q4_0 q4_k_m" REPS=3
@@ -84,7 +85,7 @@ print(float(pp[0]["avg_ts"]), float(tg[0]["avg_ts"]))'
 # ember bench's table: the median tok/s of the pp512 and tg128 rows.
 ember_ts() {
   local extra=()
-  [ "$2" = f16 ] && extra=(--cpu-matmul bf16)
+  [ "$2" = f16 ] && extra=(--cpu-matmul auto)
   "$EMBER" bench --model "$1" -p 512 -n 128 -r "$REPS" --threads "$THREADS" --device cpu \
     "${extra[@]}" 2>/dev/null |
     awk -F'|' '$7 ~ /pp512/ {pp=$8} $7 ~ /tg128/ {tg=$8} END {gsub(/ /,"",pp); gsub(/ /,"",tg); print pp, tg}'

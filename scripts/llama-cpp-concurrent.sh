@@ -4,7 +4,7 @@
 # whole run's wall time and the decode rate of each engine.
 #  - llama.cpp: `llama-batched-bench -npp P -ntg G -npl C` (its T s and S_TG t/s columns);
 #  - Ember: `engine_bench --concurrency C --prompt-len P --gen-len G` (its wall s and decode tok/s
-#    columns; f16 files with --cpu-matmul bf16, as ember runs them).
+#    columns; f16 files with --cpu-matmul auto).
 # The files are scripts/llama-cpp-compare.sh's (run it first, or give --file). Rounds alternate the
 # two engines; the load average is printed beside each pair.
 # usage: scripts/llama-cpp-concurrent.sh [--build DIR] --llama BIN_DIR [--file F.gguf]
@@ -31,7 +31,7 @@ if [ -z "$FILE" ]; then
 fi
 [ -f "$FILE" ] || { echo "no $FILE: run scripts/llama-cpp-compare.sh first, or give --file" >&2; exit 1; }
 extra=()
-[ "$TYPE" = f16 ] && extra=(--cpu-matmul bf16)
+[ "$TYPE" = f16 ] && extra=(--cpu-matmul auto)
 
 load() { cut -d' ' -f1 /proc/loadavg; }
 # llama-batched-bench's table row for the run: T s (whole run) and S_TG t/s (decode).

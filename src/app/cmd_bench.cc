@@ -238,7 +238,7 @@ int BenchCommand(int argc, char** argv, int first) {
   flags.AddString("--batch-invariant", &batch_invariant,
                   "on | off | auto: CUDA fixed-order GEMM (see ember run --help)");
   flags.AddString("--cpu-matmul", &cpu_matmul,
-                  "exact | bf16 | auto: CPU matrix products (see ember run --help)");
+                  "exact | f32 | bf16 | auto: CPU matrix products (see ember run --help)");
   flags.AddString("--spec-method", &spec_method,
                   "none | ngram | draft | mtp: also run tg through the engine with speculation "
                   "off and on, after a copy-heavy prompt (see ember run --help)");

@@ -128,10 +128,12 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                   "decoding's, and off above it, where nobody drafts; else off. The CPU backend "
                   "always is");
   flags.AddString("--cpu-matmul", &cpu_matmul,
-                  "exact | bf16 | auto: CPU matrix products in float32 (exact, the reference) or on "
-                  "the CPU's bf16 dot-product instructions (AVX512_BF16: x and weights rounded to "
-                  "bf16, float32 sums; faster prompt processing); auto: bf16 where the CPU has it. "
-                  "Default exact");
+                  "exact | f32 | bf16 | auto: the kernels of prompt-sized CPU matrix products. "
+                  "exact (default): the float32 reference; f32: float32 on AVX-512 FMA tiles "
+                  "(another summation order; faster prompt processing); bf16: the CPU's bf16 "
+                  "dot-product instructions (AVX512_BF16: x and weights rounded to bf16, float32 "
+                  "sums); auto: the faster of f32 and bf16 on this CPU (timed at start; bf16 only "
+                  "where clearly faster), exact without AVX-512. Decode-sized products stay exact");
   flags.AddInt("--max-batch", &max_batch,
                max_batch > 0
                    ? "sequences decoded together (default " + std::to_string(max_batch) + ")"
@@ -279,12 +281,21 @@ Result<ModelLoadOptions> EngineFlags::LoadOptions() const {
 }
 
 Status ApplyCpuMatmulFlag(const std::string& cpu_matmul, ModelLoadOptions& opts) {
-  if (cpu_matmul != "exact" && cpu_matmul != "bf16" && cpu_matmul != "auto")
-    return Status::Error("--cpu-matmul must be exact, bf16 or auto, got '" + cpu_matmul + "'");
+  if (cpu_matmul != "exact" && cpu_matmul != "f32" && cpu_matmul != "bf16" && cpu_matmul != "auto")
+    return Status::Error("--cpu-matmul must be exact, f32, bf16 or auto, got '" + cpu_matmul + "'");
   if (cpu_matmul == "bf16" && !CpuHasBf16Dot())
     return Status::Error("--cpu-matmul bf16: this CPU has no AVX512_BF16 instructions (use exact or "
                          "auto)");
-  opts.cpu_bf16_matmul = cpu_matmul != "exact" && CpuHasBf16Dot();
+  if (cpu_matmul == "f32" && !CpuHasF32Fast())
+    return Status::Error("--cpu-matmul f32: this CPU has no AVX-512 (F, BW, VL) instructions (use "
+                         "exact or auto)");
+  opts.cpu_matmul = cpu_matmul == "exact" ? CpuMatmul::kExact
+                    : cpu_matmul == "f32" ? CpuMatmul::kF32
+                    : cpu_matmul == "bf16" ? CpuMatmul::kBf16
+                                           : CpuFastestMatmul();
+  if (cpu_matmul == "auto") {
+    LOG_INFO << "--cpu-matmul auto: " << CpuMatmulName(opts.cpu_matmul) << " on this CPU";
+  }
   opts.cpu_chunked_delta_rule = cpu_matmul != "exact";  // needs no AVX512_BF16
   return Status::Ok();
 }

@@ -24,8 +24,8 @@ int Fail(const std::string& message);
 // Parses flags; returns -1 to continue, else the exit code to return (help printed, or error).
 int ParseOrExit(FlagParser& flags, int argc, char** argv, int first);
 
-// --cpu-matmul exact|bf16|auto into `opts` (cpu_bf16_matmul, cpu_chunked_delta_rule); an error
-// names the flag (an unknown value, or bf16 on a CPU without AVX512_BF16).
+// --cpu-matmul exact|f32|bf16|auto into `opts` (cpu_matmul, cpu_chunked_delta_rule); an error
+// names the flag (an unknown value, or a kernel this CPU cannot run).
 Status ApplyCpuMatmulFlag(const std::string& cpu_matmul, ModelLoadOptions& opts);
 
 // --temperature --top-p --top-k --min-p --seed --repetition-penalty ... as a SamplingRequest:
@@ -51,7 +51,7 @@ struct EngineFlags {
   std::string device = "auto";
   std::string quantize;  // --quantize: "" (as stored), q8_0, q4_0 (model/quantize.h)
   std::string batch_invariant = "auto";  // on | off | auto (on with speculation)
-  std::string cpu_matmul = "exact";  // --cpu-matmul exact|bf16|auto
+  std::string cpu_matmul = "exact";  // --cpu-matmul exact|f32|bf16|auto
   std::string kv_cache_dtype = "auto", kv_cache_dtype_layers;  // backend/kv_format.h
   int64_t threads = 0, max_batch = 0, kv_cache_bytes = 0, max_step_tokens = 0;
   int64_t max_model_len = 0;  // --max-model-len (alias --ctx-size); 0: the model's

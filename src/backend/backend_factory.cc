@@ -2,11 +2,17 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul_bf16.h"
+#include "backend/cpu/matmul_f32fast.h"
 #include "backend/cuda_loader.h"
 
 namespace ember {
 
 bool CpuHasBf16Dot() { return cpu::HasBf16Dot(); }
+bool CpuHasF32Fast() { return cpu::HasF32Fast(); }
+CpuMatmul CpuFastestMatmul() {
+  if (cpu::Bf16DotOutrunsF32Fma()) return CpuMatmul::kBf16;
+  return cpu::HasF32Fast() ? CpuMatmul::kF32 : CpuMatmul::kExact;
+}
 
 Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   if (choice.device == DeviceKind::kCuda) {
@@ -18,7 +24,7 @@ Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   CpuBackendOptions cpu;
   cpu.num_threads = choice.num_threads;
   cpu.decode_graph_buckets = choice.cpu_decode_graph_buckets;
-  cpu.bf16_matmul = choice.cpu_bf16_matmul;
+  cpu.matmul = choice.cpu_matmul;
   cpu.chunked_delta_rule = choice.cpu_chunked_delta_rule;
   return MakeCpuBackend(cpu);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "util/status.h"
 
 namespace ember {
@@ -23,16 +24,20 @@ struct BackendChoice {
   // CUDA bf16: the batch-invariant GEMM too (a row's result never depends on the rest of the
   // step; slower). Attention is batch-invariant either way.
   bool cuda_batch_invariant = false;
-  // CPU: bf16 dot products for matrix products (CpuBackendOptions::bf16_matmul).
-  bool cpu_bf16_matmul = false;
+  // CPU: the prefill-sized matrix products' kernels (CpuBackendOptions::matmul).
+  CpuMatmul cpu_matmul = CpuMatmul::kExact;
   // CPU: the chunked delta rule for long steps (CpuBackendOptions::chunked_delta_rule).
   bool cpu_chunked_delta_rule = false;
   // CPU, tests: CpuBackendOptions::decode_graph_buckets (the engine pads decode steps to them).
   std::vector<int32_t> cpu_decode_graph_buckets;
 };
 
-// Whether this CPU has the bf16 dot-product instructions cpu_bf16_matmul uses (AVX512_BF16).
+// Whether this CPU has the instructions of CpuMatmul::kBf16 (AVX512_BF16) and of kF32 (AVX-512).
 bool CpuHasBf16Dot();
+bool CpuHasF32Fast();
+// The fastest CpuMatmul this CPU runs: kBf16 where its bf16 dot products clearly outrun its
+// float32 FMAs (timed once, cpu::Bf16DotOutrunsF32Fma), else kF32 with AVX-512, else kExact.
+CpuMatmul CpuFastestMatmul();
 
 // A new backend of the chosen kind; errors say why (no CUDA module, driver or usable device).
 Result<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice);

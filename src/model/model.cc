@@ -713,8 +713,8 @@ std::string KvFingerprintText(const ModelConfig& c, const Checkpoint& ckpt,
       << weights.Fingerprint() << "backend " << backend.name() << " kv_element_bytes "
       << backend.KvElementBytes(c.head_dim) << " kv_dtypes " << backend.KvFormatText(c.head_dim)
       << " quantize "
-      << (opts.quantize ? DTypeName(*opts.quantize) : "none") << " cpu_bf16_matmul "
-      << opts.cpu_bf16_matmul << " cuda_f32_compute " << opts.cuda_f32_compute
+      << (opts.quantize ? DTypeName(*opts.quantize) : "none") << " cpu_matmul "
+      << CpuMatmulName(opts.cpu_matmul) << " cuda_f32_compute " << opts.cuda_f32_compute
       << " cuda_batch_invariant " << opts.cuda_batch_invariant << "\n";
   return out.str();
 }

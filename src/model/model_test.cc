@@ -35,13 +35,16 @@ std::string ModelDir(const std::string& name) {
   return ember::testing::FixturesDir() + "/models/" + name;
 }
 
+// f32_compute: CUDA f32 weights and GEMMs, and the CPU's exact kernels (or `cpu_matmul`); else
+// bf16 on both (the CPU's bf16 dot-product kernels for prefill).
 std::unique_ptr<Model> LoadOrDie(const std::string& dir, const std::string& config_file,
-                                 DeviceKind device = DeviceKind::kCpu, bool f32_compute = true) {
+                                 DeviceKind device = DeviceKind::kCpu, bool f32_compute = true,
+                                 CpuMatmul cpu_matmul = CpuMatmul::kExact) {
   ModelLoadOptions opts;
   opts.config_file = config_file;
   opts.device = device;
   opts.cuda_f32_compute = f32_compute;  // CUDA parity mode: f32 weights and GEMMs
-  opts.cpu_bf16_matmul = !f32_compute;  // CPU: the bf16 dot-product kernels for prefill
+  opts.cpu_matmul = f32_compute ? cpu_matmul : CpuMatmul::kBf16;
   auto model = Model::Load(dir, opts);
   EXPECT_TRUE(model.ok()) << model.message();
   if (!model.ok()) return nullptr;
@@ -118,9 +121,9 @@ void CheckLogits(const std::vector<float>& logits, const TensorView& golden, int
 }
 
 void RunParity(const std::string& name, const std::string& config_file,
-               DeviceKind device = DeviceKind::kCpu) {
+               DeviceKind device = DeviceKind::kCpu, CpuMatmul cpu_matmul = CpuMatmul::kExact) {
   const std::string dir = ModelDir(name);
-  auto model = LoadOrDie(dir, config_file, device);
+  auto model = LoadOrDie(dir, config_file, device, true, cpu_matmul);
   ASSERT_NE(model, nullptr);
   auto golden_text = ReadFileToString(dir + "/golden.json");
   ASSERT_TRUE(golden_text.ok());
@@ -164,6 +167,21 @@ INSTANTIATE_TEST_SUITE_P(Families, ParityTest,
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// The same goldens and tolerance with the CPU's AVX-512 FMA tiles for prefill-sized products
+// (--cpu-matmul f32: float32 like the exact kernels, another summation order).
+class CpuF32FastParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuF32FastParityTest, LogitsAndGreedyMatchTransformers) {
+  if (!CpuHasF32Fast()) GTEST_SKIP() << "this CPU has no AVX-512";
+  EMBER_REQUIRE_DIR(ModelDir(GetParam()));
+  RunParity(GetParam(), "config.json", DeviceKind::kCpu, CpuMatmul::kF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CpuF32FastParityTest,
+                         ::testing::Values("llama3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss",
+                                           "mistral", "phi3", "gemma2", "gemma3", "deepseek_v3",
+                                           "qwen3_next"));
 
 // The same goldens through Model on the CUDA backend (f32 compute mode), where a GPU exists.
 class CudaParityTest : public ::testing::TestWithParam<std::string> {};

@@ -16,6 +16,7 @@
 #include "backend/cpu/kv_dequant.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_bf16.h"
+#include "backend/cpu/matmul_f32fast.h"
 #include "backend/cpu/matmul_quant.h"
 #include "backend/cpu/mla_attention.h"
 #include "backend/moe_route.h"
@@ -144,7 +145,10 @@ class CpuBackend final : public Backend {
       : decode_graph_buckets_(options.decode_graph_buckets),
         takes_quantized_(options.takes_quantized_weights) {
     num_threads_ = options.num_threads > 0 ? options.num_threads : UsableCpus();
-    bf16_matmul_ = options.bf16_matmul && cpu::HasBf16Dot();
+    const bool runs = options.matmul == CpuMatmul::kBf16  ? cpu::HasBf16Dot()
+                      : options.matmul == CpuMatmul::kF32 ? cpu::HasF32Fast()
+                                                          : true;
+    matmul_ = runs ? options.matmul : CpuMatmul::kExact;
     chunked_delta_rule_ = options.chunked_delta_rule;
     pool_ = std::make_unique<cpu::ThreadPool>(num_threads_);
   }
@@ -668,14 +672,16 @@ class CpuBackend final : public Backend {
   // Threads worth waking for `work` (about one flop each): small ops stay on the caller.
   int ThreadsFor(int64_t work) const { return work < (1 << 18) ? 1 : num_threads_; }
   // out [n, m] = x [n, k] W^T (+ bias): Q8_0/Q4_0 weights on their int8 kernels (matmul_quant.h);
-  // otherwise, with bf16_matmul_, products of more than
-  // kBf16MinRows rows (prefill: compute-bound) on the bf16 kernel; fewer rows (decode:
-  // memory-bound, where the exact kernels stream the weights faster) stay exact.
+  // otherwise products of more than kFastMinRows rows (prefill: compute-bound) on matmul_'s
+  // kernel; fewer rows (decode: memory-bound, where the exact kernels stream the weights faster)
+  // stay exact.
   void MatMulRows(const float* x, int64_t n, int64_t k, const void* w, DType dtype, int64_t m,
                   const float* bias, float* out) {
     if (IsBlockQuantized(dtype)) return cpu::MatMulQuant(x, n, k, w, dtype, m, bias, out, *pool_);
-    if (bf16_matmul_ && n > kBf16MinRows)
+    if (matmul_ == CpuMatmul::kBf16 && n > kFastMinRows)
       return cpu::MatMulBf16(x, n, k, w, dtype, m, bias, out, *pool_);
+    if (matmul_ == CpuMatmul::kF32 && n > kFastMinRows)
+      return cpu::MatMulF32Fast(x, n, k, w, dtype, m, bias, out, *pool_);
     cpu::MatMul(x, n, k, w, dtype, m, bias, out, *pool_);
   }
   static constexpr int64_t kElementChunk = 4096;  // elementwise ops: floats per work item (mult. of 8)
@@ -692,9 +698,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  static constexpr int64_t kBf16MinRows = 8;
+  static constexpr int64_t kFastMinRows = 8;
   int32_t num_threads_ = 1;
-  bool bf16_matmul_ = false;
+  CpuMatmul matmul_ = CpuMatmul::kExact;
   bool chunked_delta_rule_ = false;
   std::vector<int32_t> decode_graph_buckets_;  // CpuBackendOptions::decode_graph_buckets
   bool takes_quantized_;  // CpuBackendOptions::takes_quantized_weights
@@ -1157,6 +1163,15 @@ void CpuBackend::Attention(const AttentionParams& p, const Tensor& q, Tensor out
 }
 
 }  // namespace
+
+const char* CpuMatmulName(CpuMatmul matmul) {
+  switch (matmul) {
+    case CpuMatmul::kExact: return "exact";
+    case CpuMatmul::kF32: return "f32";
+    case CpuMatmul::kBf16: return "bf16";
+  }
+  return "?";
+}
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);

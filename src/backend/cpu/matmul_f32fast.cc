@@ -1,0 +1,234 @@
+#include "backend/cpu/matmul_f32fast.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+
+#include "backend/cpu/matmul_bf16.h"
+#include "backend/cpu/thread_scratch.h"
+#include "util/check.h"
+
+// GCC 12's AVX-512 intrinsics pass an undefined vector as their (ignored) merge source, which
+// -Wuninitialized reports once they are inlined into target("avx512f") functions.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Compiled for AVX-512 whatever the build's -march: only called when HasF32Fast() says the CPU
+// runs it.
+#define EMBER_F32_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
+
+namespace ember::cpu {
+namespace {
+
+constexpr int kLanes = 16;       // rows per register
+constexpr int kMaxGroups = 2;    // register tile: 2 x 16 rows ...
+constexpr int kMaxCols = 12;     // ... x 12 columns = 24 accumulators (+ 2 x, 1 broadcast)
+constexpr int64_t kChunk = 256;  // k per pass: a tile's weights (12 KB) stay in L1
+constexpr int64_t kRowPanel = 512;  // rows per pass (the partial sums of a block stay in L2)
+constexpr int64_t kBlockCols = 96;  // output columns per work item (a multiple of kMaxCols)
+
+// Scratch tags (ThreadScratch): the packed x^T (the calling thread's, shared by the workers for
+// the call), a block's float32 weight chunk and its partial sums.
+struct PackedXTag;
+struct PanelTag;
+struct SumsTag;
+
+// One pass of G x 16 rows by C columns over `len` k values: acc[g][c] (16 rows) continues from
+// `sums` (or from zero when `first`), adds x^T[g][i] * w[c][i] for i in order, and goes back to
+// `sums`. xt: group g's 16-row column i at xt + g * group_stride + i * 16; w: column c's value i
+// at w + c * kChunk + i (a constant stride: one address register for every column); sums:
+// group g, column c at sums + g * sums_group_stride + c * 16.
+template <int G, int C>
+EMBER_F32_TARGET void Tile(const float* xt, int64_t group_stride, const float* w, int64_t len,
+                           float* sums, int64_t sums_group_stride, bool first) {
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c)
+      acc[g][c] = first ? _mm512_setzero_ps()
+                        : _mm512_load_ps(sums + g * sums_group_stride + c * kLanes);
+  for (int64_t i = 0; i < len; ++i) {
+    __m512 xv[G];
+    for (int g = 0; g < G; ++g) xv[g] = _mm512_load_ps(xt + g * group_stride + i * kLanes);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = _mm512_set1_ps(w[c * kChunk + i]);
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(xv[g], wv, acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_store_ps(sums + g * sums_group_stride + c * kLanes, acc[g][c]);
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+using TileTable = std::array<std::array<TileFn, kMaxCols>, kMaxGroups>;
+template <int G, int... Cs>
+constexpr std::array<TileFn, sizeof...(Cs)> TileRow(std::integer_sequence<int, Cs...>) {
+  return {Tile<G, Cs + 1>...};
+}
+constexpr TileTable kTiles = {TileRow<1>(std::make_integer_sequence<int, kMaxCols>()),
+                              TileRow<2>(std::make_integer_sequence<int, kMaxCols>())};
+
+// Weights [c0, c0 + nc) x [i0, i0 + len) of w (dtype) as float32 into dst (column c at
+// dst + c * kChunk).
+EMBER_F32_TARGET void WidenChunk(const void* w, DType dtype, int64_t k, int64_t c0, int64_t nc,
+                                 int64_t i0, int64_t len, float* dst) {
+  for (int64_t c = 0; c < nc; ++c) {
+    const int64_t src = (c0 + c) * k + i0;
+    float* d = dst + c * kChunk;
+    for (int64_t i = 0; i < len; i += kLanes) {
+      const int64_t left = len - i;
+      const __mmask16 mask =
+          left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      __m512 v;
+      if (dtype == DType::kF32) {
+        v = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(w) + src + i);
+      } else {
+        const __m256i h =
+            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w) + src + i);
+        v = dtype == DType::kF16
+                ? _mm512_cvtph_ps(h)
+                : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+      _mm512_mask_storeu_ps(d + i, mask, v);
+    }
+  }
+}
+
+struct Problem {
+  const float* xt;  // x^T of the row panel: [groups][k][16]
+  int64_t groups;   // 16-row groups in the panel
+  int64_t rows;     // rows in the panel (<= groups * 16)
+  int64_t k;
+  const void* w;
+  DType dtype;
+  int64_t m;
+  const float* bias;
+  float* out;  // the panel's first row of out [*, m]
+};
+
+// Output columns [c0, c0 + nc) of the panel's rows: k in chunks of kChunk (each chunk's weights
+// widened once, shared by every row group), the partial sums held per block between chunks.
+EMBER_F32_TARGET void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
+  float* panel = reinterpret_cast<float*>(
+      ThreadScratch<PanelTag>(static_cast<size_t>(kBlockCols * kChunk) * sizeof(float)));
+  float* sums = reinterpret_cast<float*>(
+      ThreadScratch<SumsTag>(static_cast<size_t>(p.groups * kBlockCols * kLanes) * sizeof(float)));
+  const int64_t sums_group_stride = nc * kLanes;
+  for (int64_t i0 = 0; i0 < p.k; i0 += kChunk) {
+    const int64_t len = std::min(kChunk, p.k - i0);
+    WidenChunk(p.w, p.dtype, p.k, c0, nc, i0, len, panel);
+    for (int64_t c = 0; c < nc; c += kMaxCols) {
+      const int cs = static_cast<int>(std::min<int64_t>(kMaxCols, nc - c));
+      for (int64_t g = 0; g < p.groups; g += kMaxGroups) {
+        const int gs = static_cast<int>(std::min<int64_t>(kMaxGroups, p.groups - g));
+        kTiles[gs - 1][cs - 1](p.xt + g * p.k * kLanes + i0 * kLanes, p.k * kLanes,
+                               panel + c * kChunk, len,
+                               sums + g * sums_group_stride + c * kLanes, sums_group_stride,
+                               i0 == 0);
+      }
+    }
+  }
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* s = sums + (r / kLanes) * sums_group_stride + r % kLanes;
+    float* o = p.out + r * p.m + c0;
+    for (int64_t c = 0; c < nc; ++c)
+      o[c] = s[c * kLanes] + (p.bias != nullptr ? p.bias[c0 + c] : 0.0f);
+  }
+}
+
+// Rows [r0, r0 + 16) of x (rows past n as zeros) transposed into dst: dst[i * 16 + r] =
+// x[r0 + r, i].
+void PackGroup(const float* x, int64_t n, int64_t k, int64_t r0, float* dst) {
+  const int64_t rows = std::min<int64_t>(kLanes, n - r0);
+  if (rows < kLanes) std::memset(dst, 0, static_cast<size_t>(k * kLanes) * sizeof(float));
+  for (int64_t i0 = 0; i0 < k; i0 += kLanes) {
+    const int64_t len = std::min<int64_t>(kLanes, k - i0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = x + (r0 + r) * k + i0;
+      for (int64_t i = 0; i < len; ++i) dst[(i0 + i) * kLanes + r] = src[i];
+    }
+  }
+}
+
+EMBER_F32_TARGET float TimeChains(bool bf16) {
+  // 24 independent chains, as the kernels' tiles keep; the least of a few tries.
+  constexpr int kIters = 512;
+  double best = 1e30;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    __m512 acc[24];
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+    __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int n = 0; n < kIters; ++n) {
+      if (bf16) {
+        // (VDPBF16PS through inline assembly: this function's target has no AVX512_BF16; only
+        // called where the CPU has it.)
+        for (int i = 0; i < 24; ++i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
+      } else {
+        for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+      }
+      __asm__ volatile("" : "+v"(a));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    __m512 sum = acc[0];
+    for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(sum);
+    (void)sink;
+    best = std::min(best, s);
+  }
+  // Flops per second: a VDPBF16PS does 64 (32 pairs), an FMA 32.
+  return static_cast<float>(24.0 * kIters * (bf16 ? 64.0 : 32.0) / best);
+}
+
+}  // namespace
+
+bool HasF32Fast() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+bool Bf16DotOutrunsF32Fma() {
+  static const bool outruns = [] {
+    if (!HasBf16Dot() || !HasF32Fast()) return false;
+    const float fma = TimeChains(false), dot = TimeChains(true);
+    // bf16 rounds x and W: it has to be clearly faster to be worth its error.
+    return dot > 1.25f * fma;
+  }();
+  return outruns;
+}
+
+void MatMulF32Fast(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
+                   const float* bias, float* out, ThreadPool& pool) {
+  CHECK(HasF32Fast()) << "MatMulF32Fast needs AVX-512 (F, BW, VL)";
+  CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
+      << "MatMulF32Fast weight must be F32/F16/BF16, got " << DTypeName(w_dtype);
+  if (n == 0 || m == 0) return;
+  const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
+  // Column blocks: whole tiles, at least two per thread.
+  int64_t block = kBlockCols;
+  while (block > kMaxCols && (m + block - 1) / block < 2 * max_threads) block -= kMaxCols;
+  const int64_t blocks = (m + block - 1) / block;
+  for (int64_t r0 = 0; r0 < n; r0 += kRowPanel) {
+    const int64_t rows = std::min(kRowPanel, n - r0);
+    const int64_t groups = (rows + kLanes - 1) / kLanes;
+    float* xt = reinterpret_cast<float*>(
+        ThreadScratch<PackedXTag>(static_cast<size_t>(groups * k * kLanes) * sizeof(float)));
+    pool.ParallelFor(
+        groups,
+        [&](int64_t g, int) { PackGroup(x + r0 * k, rows, k, g * kLanes, xt + g * k * kLanes); },
+        max_threads);
+    const Problem p{xt, groups, rows, k, w, w_dtype, m, bias, out + r0 * m};
+    pool.ParallelFor(
+        blocks,
+        [&](int64_t b, int) {
+          const int64_t c0 = b * block;
+          ColumnBlock(p, c0, std::min(block, m - c0));
+        },
+        max_threads);
+  }
+}
+
+}  // namespace ember::cpu

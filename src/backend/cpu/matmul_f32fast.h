@@ -1,0 +1,33 @@
+// The CPU's fast float32 matmul: out = x W^T (+ bias) on AVX-512 FMA register tiles, for CPUs
+// with AVX-512 (HasF32Fast; runtime dispatch, so the build still runs without it). Products and
+// sums are float32 (f16 and bf16 weights widen exactly), so it is as precise as the exact
+// kernels in matmul.h; only the summation order differs: every output element is one FMA chain
+// over k in order, from zero, then + bias. That chain does not depend on the row's batch-mates,
+// the tiling nor the thread count (batch-invariant among the calls that take this kernel).
+// The tiles hold 16 rows per register (x is packed transposed, once per call), so prefill-sized
+// products reach the FMA units' peak; decode-sized ones belong to the exact kernels.
+// Pure apart from the pool (one caller per pool at a time).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cpu/thread_pool.h"
+
+namespace ember::cpu {
+
+// Whether this CPU executes MatMulF32Fast (AVX512F/BW/VL).
+bool HasF32Fast();
+
+// x [n, k] f32 (row stride k), w [m, k] f32/f16/bf16, bias [m] f32 or null, out [n, m] f32.
+// Requires HasF32Fast().
+void MatMulF32Fast(const float* x, int64_t n, int64_t k, const void* w, DType w_dtype, int64_t m,
+                   const float* bias, float* out, ThreadPool& pool);
+
+// Whether this CPU's bf16 dot products (VDPBF16PS, MatMulBf16) outrun its float32 FMAs
+// (MatMulF32Fast) in flops per second: timed once, on first call, over a few microseconds of
+// independent chains of each instruction. False without AVX512_BF16. Some CPUs run VDPBF16PS at
+// half the FMA rate (2 x 32 flops every other cycle against 2 x 32 every cycle), others at twice.
+bool Bf16DotOutrunsF32Fma();
+
+}  // namespace ember::cpu
