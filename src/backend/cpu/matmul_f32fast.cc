@@ -70,29 +70,60 @@ constexpr std::array<TileFn, sizeof...(Cs)> TileRow(std::integer_sequence<int, C
 constexpr TileTable kTiles = {TileRow<1>(std::make_integer_sequence<int, kMaxCols>()),
                               TileRow<2>(std::make_integer_sequence<int, kMaxCols>())};
 
+// 16 weights of a row from element `idx` of w (dtype) as float32; masked lanes 0.
+template <bool Masked>
+EMBER_F32_TARGET inline __m512 Widen16(const void* w, DType dtype, int64_t idx, __mmask16 mask) {
+  if (dtype == DType::kF32) {
+    const float* p = static_cast<const float*>(w) + idx;
+    return Masked ? _mm512_maskz_loadu_ps(mask, p) : _mm512_loadu_ps(p);
+  }
+  const uint16_t* p = static_cast<const uint16_t*>(w) + idx;
+  const __m256i h = Masked ? _mm256_maskz_loadu_epi16(mask, p)
+                           : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return dtype == DType::kF16 ? _mm512_cvtph_ps(h)
+                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Weights [c0, c0 + nc) x [i0, i0 + len) of w (dtype) as float32 into dst (column c at
 // dst + c * kChunk).
 EMBER_F32_TARGET void WidenChunk(const void* w, DType dtype, int64_t k, int64_t c0, int64_t nc,
                                  int64_t i0, int64_t len, float* dst) {
+  const int64_t full = len / kLanes * kLanes;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (len - full)) - 1);
   for (int64_t c = 0; c < nc; ++c) {
     const int64_t src = (c0 + c) * k + i0;
     float* d = dst + c * kChunk;
-    for (int64_t i = 0; i < len; i += kLanes) {
-      const int64_t left = len - i;
-      const __mmask16 mask =
-          left >= kLanes ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      __m512 v;
-      if (dtype == DType::kF32) {
-        v = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(w) + src + i);
-      } else {
-        const __m256i h =
-            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w) + src + i);
-        v = dtype == DType::kF16
-                ? _mm512_cvtph_ps(h)
-                : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      }
-      _mm512_mask_storeu_ps(d + i, mask, v);
-    }
+    for (int64_t i = 0; i < full; i += kLanes)
+      _mm512_store_ps(d + i, Widen16<false>(w, dtype, src + i, 0));
+    if (full < len) _mm512_mask_storeu_ps(d + full, tail, Widen16<true>(w, dtype, src + full, tail));
+  }
+}
+
+// v[j] (j < 16) transposed in place: lane l of v[j] becomes lane j of v[l].
+EMBER_F32_TARGET inline void Transpose16(__m512 (&v)[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  // u[4i + j]'s 128-bit lane q holds element 4q + j of v[4i .. 4i + 3].
+  for (int j = 0; j < 4; ++j) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xdd);
+    const __m512 w0 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512 w1 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xdd);
+    v[j] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+    v[4 + j] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+    v[8 + j] = _mm512_shuffle_f32x4(v0, w0, 0xdd);
+    v[12 + j] = _mm512_shuffle_f32x4(v1, w1, 0xdd);
   }
 }
 
@@ -130,11 +161,23 @@ EMBER_F32_TARGET void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
       }
     }
   }
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const float* s = sums + (r / kLanes) * sums_group_stride + r % kLanes;
-    float* o = p.out + r * p.m + c0;
-    for (int64_t c = 0; c < nc; ++c)
-      o[c] = s[c * kLanes] + (p.bias != nullptr ? p.bias[c0 + c] : 0.0f);
+  // The sums (16 rows per column) transposed into out's rows, 16 columns at a time, + bias.
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t rows = std::min<int64_t>(kLanes, p.rows - g * kLanes);
+    for (int64_t c = 0; c < nc; c += kLanes) {
+      const int64_t cols = std::min<int64_t>(kLanes, nc - c);
+      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+      __m512 v[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j)
+        v[j] = j < cols ? _mm512_load_ps(sums + g * sums_group_stride + (c + j) * kLanes)
+                        : _mm512_setzero_ps();
+      Transpose16(v);
+      const __m512 bias = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + c0 + c)
+                                            : _mm512_setzero_ps();
+      for (int64_t r = 0; r < rows; ++r)
+        _mm512_mask_storeu_ps(p.out + (g * kLanes + r) * p.m + c0 + c, mask,
+                              p.bias != nullptr ? _mm512_add_ps(v[r], bias) : v[r]);
+    }
   }
 }
 
@@ -152,34 +195,30 @@ void PackGroup(const float* x, int64_t n, int64_t k, int64_t r0, float* dst) {
   }
 }
 
-EMBER_F32_TARGET float TimeChains(bool bf16) {
-  // 24 independent chains, as the kernels' tiles keep; the least of a few tries.
-  constexpr int kIters = 512;
-  double best = 1e30;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    __m512 acc[24];
-    for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-    __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int n = 0; n < kIters; ++n) {
-      if (bf16) {
-        // (VDPBF16PS through inline assembly: this function's target has no AVX512_BF16; only
-        // called where the CPU has it.)
-        for (int i = 0; i < 24; ++i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
-      } else {
-        for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
-      }
-      __asm__ volatile("" : "+v"(a));
+// Flops per second of one pass of 24 independent chains of VDPBF16PS (64 flops each) or of FMAs
+// (32), as the kernels' tiles keep.
+EMBER_F32_TARGET double TimeChains(bool bf16) {
+  constexpr int kIters = 4096;
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int n = 0; n < kIters; ++n) {
+    if (bf16) {
+      // (VDPBF16PS through inline assembly: this function's target has no AVX512_BF16; only
+      // called where the CPU has it.)
+      for (int i = 0; i < 24; ++i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
+    } else {
+      for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    __m512 sum = acc[0];
-    for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
-    volatile float sink = _mm512_reduce_add_ps(sum);
-    (void)sink;
-    best = std::min(best, s);
+    __asm__ volatile("" : "+v"(a));
   }
-  // Flops per second: a VDPBF16PS does 64 (32 pairs), an FMA 32.
-  return static_cast<float>(24.0 * kIters * (bf16 ? 64.0 : 32.0) / best);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  __m512 sum = acc[0];
+  for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return 24.0 * kIters * (bf16 ? 64.0 : 32.0) / std::max(s, 1e-9);
 }
 
 }  // namespace
@@ -193,9 +232,16 @@ bool HasF32Fast() {
 bool Bf16DotOutrunsF32Fma() {
   static const bool outruns = [] {
     if (!HasBf16Dot() || !HasF32Fast()) return false;
-    const float fma = TimeChains(false), dot = TimeChains(true);
+    // Alternating passes, the best of each (a warm-up pass first: the first wide instructions
+    // may run while the core changes its clock), about a millisecond in all.
+    TimeChains(false);
+    double fma = 0.0, dot = 0.0;
+    for (int pass = 0; pass < 8; ++pass) {
+      fma = std::max(fma, TimeChains(false));
+      dot = std::max(dot, TimeChains(true));
+    }
     // bf16 rounds x and W: it has to be clearly faster to be worth its error.
-    return dot > 1.25f * fma;
+    return dot > 1.25 * fma;
   }();
   return outruns;
 }
