@@ -345,6 +345,10 @@ class CudaBackend final : public Backend {
   void LoraSendStaged();
   void RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype, bool x_vec,
                        bool w_vec);
+  // Whether `seg` of a LoraDeltaGroup over x takes cuBLAS GEMMs (RecordLoraGemms): at least
+  // switches_.lora_gemm_rows rows, where the base MatMuls are cuBLAS's (bf16 x and weights).
+  bool LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const;
+  bool RecordLoraGemms(const Tensor& x, std::span<const LoraPart> parts, LoraPart* rest);
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
@@ -541,6 +545,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> lora_rows_;
   std::vector<LoraEntry> lora_entries_;
   std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
+  // RecordLoraGemms: per part, the segments it leaves to the BGMV kernels.
+  std::array<std::vector<LoraSegment>, kMaxLoraKernelParts> lora_rest_;
   // The step's staged tables: an arena region (lora_stage_dev_) and its host image; LoraStage
   // appends, LoraSendStaged (Flush) uploads what was appended since. The region is sized from
   // the largest step so far (a power of two), so a step of the same shape stages at the same

@@ -133,6 +133,10 @@ void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segmen
 
 void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
   CHECK_LE(parts.size(), static_cast<size_t>(kMaxLoraKernelParts));
+  // Prefill-sized segments where the base MatMuls are cuBLAS's: two cuBLAS GEMMs per segment and
+  // part; the rest: the BGMV kernels.
+  LoraPart rest[kMaxLoraKernelParts];
+  if (RecordLoraGemms(x, parts, rest)) parts = std::span<const LoraPart>(rest, parts.size());
   size_t segments_total = 0;
   for (const LoraPart& part : parts) segments_total += part.segments.size();
   if (segments_total == 0) return;
@@ -184,6 +188,88 @@ void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> part
     }
   }
   RecordLoraDelta(x, parts, wdtype, x_vec, w_vec);
+}
+
+bool CudaBackend::LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const {
+  return switches_.lora_gemm_rows > 0 && seg.rows >= switches_.lora_gemm_rows &&
+         Bf16MatMulInput(x.rows()) && x.dtype == DType::kBF16 && seg.a->dtype == DType::kBF16 &&
+         seg.b->dtype == DType::kBF16;
+}
+
+// Records the cuBLAS GEMMs of the parts' prefill-sized segments (LoraGemmSegment) as one op and
+// fills `rest` with each part's other segments (views into lora_rest_); false, `rest` untouched,
+// when no segment takes the GEMMs. Each: t [rows, rank] bf16 = x[rows] a^T, then out[rows] += t
+// b^T (beta 1), f32 accumulation; not batch-invariant, like the cuBLAS MatMuls beside them.
+bool CudaBackend::RecordLoraGemms(const Tensor& x, std::span<const LoraPart> parts,
+                                  LoraPart* rest) {
+  bool any = false;
+  for (const LoraPart& part : parts)
+    for (const LoraSegment& seg : part.segments) any = any || LoraGemmSegment(x, seg);
+  if (!any) return false;
+  struct Gemm {
+    const void* x;  // the segment's first row of x
+    const void* a;
+    const void* b;
+    void* t;
+    void* out;  // the segment's first row of out
+    int32_t rows, rank;
+    int64_t m;
+    bool out_bf16;
+  };
+  std::vector<Gemm> gemms;
+  std::vector<uint64_t> key;
+  const int64_t k = x.cols();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    std::vector<LoraSegment>& others = lora_rest_[p];
+    others.clear();
+    const Tensor& out = parts[p].out;
+    const int64_t m = out.cols();
+    for (const LoraSegment& seg : parts[p].segments) {
+      if (!LoraGemmSegment(x, seg)) {
+        others.push_back(seg);
+        continue;
+      }
+      const int64_t rank = seg.a->dim(0);
+      CHECK(seg.a->ndim == 2 && seg.b->ndim == 2 && seg.a->dim(1) == k && seg.b->dim(0) == m &&
+            seg.b->dim(1) == rank && seg.first_row >= 0 && seg.first_row + seg.rows <= x.rows() &&
+            out.rows() == x.rows())
+          << ShapeString(*seg.a) << " " << ShapeString(*seg.b) << " for x " << ShapeString(x)
+          << " out " << ShapeString(out);
+      CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
+      Gemm g;
+      g.x = static_cast<const unsigned char*>(x.data) + seg.first_row * k * 2;
+      g.a = seg.a->data;
+      g.b = seg.b->data;
+      g.t = ArenaAlloc(static_cast<size_t>(seg.rows * rank) * 2);
+      g.out = static_cast<unsigned char*>(out.data) +
+              seg.first_row * m * static_cast<int64_t>(DTypeSize(out.dtype));
+      g.rows = static_cast<int32_t>(seg.rows);
+      g.rank = static_cast<int32_t>(rank);
+      g.m = m;
+      g.out_bf16 = out.dtype == DType::kBF16;
+      gemms.push_back(g);
+      key.insert(key.end(), {KeyOf(g.x), KeyOf(g.a), KeyOf(g.b), KeyOf(g.t), KeyOf(g.out),
+                             U(g.rows), U(g.rank), U(g.m), U(g.out_bf16)});
+    }
+    rest[p] = LoraPart{others, out};
+  }
+  const cublasHandle_t handle = cublas_.get();
+  recorder_.Record(OpKind::kLoraDelta, key, [gemms, handle, k](cudaStream_t) {
+    // (The handle is bound to the step's stream.) Row-major y[rows, m] = x[rows, k] w[m, k]^T is
+    // column-major y^T = w^T x^T.
+    const float one = 1.0f, zero = 0.0f;
+    for (const Gemm& g : gemms) {
+      CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, g.rank, g.rows,
+                                static_cast<int>(k), &one, g.a, CUDA_R_16BF, static_cast<int>(k),
+                                g.x, CUDA_R_16BF, static_cast<int>(k), &zero, g.t, CUDA_R_16BF,
+                                g.rank, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.m), g.rows,
+                                g.rank, &one, g.b, CUDA_R_16BF, g.rank, g.t, CUDA_R_16BF, g.rank,
+                                &one, g.out, g.out_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+                                static_cast<int>(g.m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  });
+  return true;
 }
 
 // Stages the call's tables (lora_rows_, lora_entries_) and records its launches.

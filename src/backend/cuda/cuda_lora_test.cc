@@ -169,6 +169,54 @@ TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
   }
 }
 
+// Prefill-sized segments (>= 256 rows, EMBER_LORA_GEMM_ROWS's default) where the base MatMuls are cuBLAS's (bf16 mode, bf16 x)
+// take two cuBLAS GEMMs each (t rounded to bf16 between them); shorter ones the BGMV kernels in
+// the same call. Against the CPU over the bf16-rounded x and weights: relative L2 of the update
+// within 1e-2 (t's bf16 rounding, and out's where out is bf16); rows outside every segment
+// untouched.
+TEST_F(CudaOpsTest, LoraDeltaPrefillSegmentsTakeGemms) {
+  const int64_t n = 600, k = 256, m = 200;
+  const std::vector<Span> spans = {{0, 300, 0}, {300, 10, 1}, {320, 280, 2}};
+  const int64_t ranks[] = {16, 8, 5};
+  for (const bool bf16_out : {false, true}) {
+    SCOPED_TRACE(bf16_out ? "bf16 out" : "f32 out");
+    std::unique_ptr<Backend> be = Make(false);
+    std::vector<HostAdapter> ads;
+    for (size_t i = 0; i < 3; ++i)
+      ads.push_back(RandomAdapter(ranks[i], k, m, 40 + 3 * static_cast<uint32_t>(i), true));
+    const auto slots = UploadSlots(*be, ads, k, m);
+    std::vector<float> x = Random(static_cast<size_t>(n * k), 5);
+    for (float& v : x) v = RoundBf16(v);
+    std::vector<float> out0 = Random(static_cast<size_t>(n * m), 6);
+    if (bf16_out)
+      for (float& v : out0) v = RoundBf16(v);
+    const std::vector<float> ref = CpuReference(x, out0, n, k, m, ads, spans);
+    ASSERT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = be->AllocMatMulInput({n, k});
+    Tensor ot = bf16_out ? be->AllocMatMulOutput({n, m}) : be->Alloc({n, m});
+    ASSERT_EQ(xt.dtype, DType::kBF16);
+    ASSERT_EQ(ot.dtype == DType::kBF16, bf16_out);
+    ASSERT_TRUE(CudaCopyFromHost(*be, x, xt).ok());
+    ASSERT_TRUE(CudaCopyFromHost(*be, out0, ot).ok());
+    be->LoraDelta(xt, Segments(spans, slots), ot);
+    const std::vector<float> got = Download(*be, ot);
+    EXPECT_LT(UpdateError(got, ref, out0), 1e-2);
+    for (const int64_t r : {310, 315, 319})
+      EXPECT_EQ(0, std::memcmp(got.data() + r * m, out0.data() + r * m, static_cast<size_t>(m) * 4))
+          << "row " << r << " is in no segment";
+    // The 10-row segment (the BGMV kernels) as in a call of its own.
+    ASSERT_TRUE(be->BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor x1 = be->AllocMatMulInput({n, k});
+    Tensor o1 = bf16_out ? be->AllocMatMulOutput({n, m}) : be->Alloc({n, m});
+    ASSERT_TRUE(CudaCopyFromHost(*be, x, x1).ok());
+    ASSERT_TRUE(CudaCopyFromHost(*be, out0, o1).ok());
+    be->LoraDelta(x1, Segments({spans[1]}, slots), o1);
+    const std::vector<float> solo = Download(*be, o1);
+    EXPECT_EQ(0, std::memcmp(solo.data() + 300 * m, got.data() + 300 * m,
+                             static_cast<size_t>(10 * m) * 4));
+  }
+}
+
 // LoraDeltaGroup (one shrink and one expand launch for q/k/v-like parts of one x, each of its own
 // width) gives every part the bits of that part's LoraDelta alone; adapter 1 has no update for
 // part 1 (its rows there are left alone), rows 0-3, 10-11 and 44 are in no segment.

@@ -18,6 +18,9 @@ struct RuntimeSwitches {
   // EMBER_GEMM_VARIANT=1: the batch-invariant tiled GEMM's 128 x 128 tile with 4 stages of k32
   // instead of 3 of k64 (the same bits; an A/B knob with no recorded result yet).
   int32_t gemm_tiled_variant = 0;
+  // EMBER_LORA_GEMM_ROWS=N: a LoRA segment of at least N rows, where the base MatMuls are
+  // cuBLAS's, takes two cuBLAS GEMMs instead of the BGMV kernels (0: never). 256 by default.
+  int64_t lora_gemm_rows = 256;
   // EMBER_CUDA_PROFILE_OUT=FILE: time every op kind with events and append the totals to FILE
   // when the backend goes away (for programs that cannot call CudaGetOpProfile).
   std::string profile_out;
