@@ -9,6 +9,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/cpu/thread_scratch.h"
 #include "util/half.h"
 
 namespace ember::cpu {
@@ -33,25 +34,14 @@ constexpr int64_t kPanelColBlock = 256;
 constexpr int64_t kFewRows = 8;     // up to this many rows: weights converted in the kernel
 constexpr int kRowGroup = 4;        // prefill register tile: 4 rows x kPanelCols columns
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-enum class ScratchSlot { kPanel, kPackedX };
-
-// A 64-byte aligned per-thread buffer of at least `count` floats that only grows: the pool's
-// threads live as long as the backend, so calls reuse it instead of allocating (a per-call
-// 128 KB malloc is an mmap + page faults, which dominated small models' prefill).
-float* Scratch(ScratchSlot slot, size_t count) {
-  thread_local std::array<std::pair<std::unique_ptr<float, FreeDeleter>, size_t>, 2> buffers;
-  auto& [buffer, capacity] = buffers[static_cast<size_t>(slot)];
-  if (capacity < count) {
-    const size_t bytes = (std::max<size_t>(count, 16) * sizeof(float) + 63) / 64 * 64;
-    buffer.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    CHECK(buffer != nullptr) << "out of memory allocating " << bytes << " bytes of matmul scratch";
-    capacity = count;
-  }
-  return buffer.get();
+// Per-thread scratch (thread_scratch.h): the pool's threads live as long as the backend, so calls
+// reuse it instead of allocating (a per-call 128 KB malloc is an mmap + page faults, which
+// dominated small models' prefill).
+struct PanelTag;
+struct PackedXTag;
+template <typename Tag>
+float* Scratch(size_t count) {
+  return reinterpret_cast<float*>(ThreadScratch<Tag>(std::max<size_t>(count, 16) * sizeof(float)));
 }
 
 // Inside this file DType::kU8 weights are MXFP4: w points at an Mxfp4Matrix (MatMulMxfp4).
@@ -408,7 +398,7 @@ void MatMulAny(const float* x, int64_t n, int64_t k, const void* w, DType w_dtyp
   float* xp = nullptr;
   if (use_panel) {
     const int64_t groups = (n + kRowGroup - 1) / kRowGroup;
-    xp = Scratch(ScratchSlot::kPackedX, static_cast<size_t>(groups * kRowGroup * k8));
+    xp = Scratch<PackedXTag>(static_cast<size_t>(groups * kRowGroup * k8));
     pool.ParallelFor(
         groups,
         [&](int64_t g, int) {
@@ -420,7 +410,7 @@ void MatMulAny(const float* x, int64_t n, int64_t k, const void* w, DType w_dtyp
   pool.ParallelFor(
       num_col_blocks,
       [&](int64_t b, int) {
-        float* panel = use_panel ? Scratch(ScratchSlot::kPanel,
+        float* panel = use_panel ? Scratch<PanelTag>(
                                            static_cast<size_t>(kPanelColBlock * kKChunk))
                                  : nullptr;
         const int64_t c0 = b * col_block;

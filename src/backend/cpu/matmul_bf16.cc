@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/cpu/thread_scratch.h"
 #include "util/check.h"
 
 // GCC 12's AVX-512 intrinsics pass an undefined vector as their (ignored) merge source, which
@@ -28,23 +29,13 @@ constexpr int kTileCols = 6;
 // Weight bytes (as bf16) a column block keeps in the core's L2 while every row group passes.
 constexpr int64_t kBlockWeightBytes = int64_t{384} << 10;
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-enum class Slot { kRows, kPanel };
-
-// A 64-byte aligned per-thread buffer of at least `count` bf16 values that only grows.
-uint16_t* Scratch(Slot slot, size_t count) {
-  thread_local std::array<std::pair<std::unique_ptr<uint16_t, FreeDeleter>, size_t>, 2> buffers;
-  auto& [buffer, capacity] = buffers[static_cast<size_t>(slot)];
-  if (capacity < count) {
-    const size_t bytes = (std::max<size_t>(count, 32) * sizeof(uint16_t) + 63) / 64 * 64;
-    buffer.reset(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)));
-    CHECK(buffer != nullptr) << "out of memory allocating " << bytes << " bytes of matmul scratch";
-    capacity = count;
-  }
-  return buffer.get();
+// Per-thread scratch (thread_scratch.h): x rounded to bf16, and a block's bf16 weight panel.
+struct RowsTag;
+struct PanelTag;
+template <typename Tag>
+uint16_t* Scratch(size_t count) {
+  return reinterpret_cast<uint16_t*>(
+      ThreadScratch<Tag>(std::max<size_t>(count, 32) * sizeof(uint16_t)));
 }
 
 EMBER_BF16_TARGET inline __mmask16 TailMask(int64_t remaining) {
@@ -186,7 +177,7 @@ void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
   if (p.dtype != DType::kBF16 && p.n <= kTileRows) {
     tiles = p.dtype == DType::kF16 ? &kF16Tiles : &kF32Tiles;
   } else if (p.dtype != DType::kBF16) {
-    uint16_t* panel = Scratch(Slot::kPanel, static_cast<size_t>(nc * p.kp));
+    uint16_t* panel = Scratch<PanelTag>(static_cast<size_t>(nc * p.kp));
     const RowFn convert = RowConverter(p.dtype);
     for (int64_t c = 0; c < nc; ++c) convert(p.w, (c0 + c) * p.k, p.k, p.kp, panel + c * p.kp);
     w = panel;
@@ -222,7 +213,7 @@ void MatMulBf16(const float* x, int64_t n, int64_t k, const void* w, DType w_dty
   const int64_t kp = (k + kStep - 1) / kStep * kStep;
   // Small products run on the calling thread: waking another costs more than it saves.
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
-  uint16_t* xb = Scratch(Slot::kRows, static_cast<size_t>(n * kp));
+  uint16_t* xb = Scratch<RowsTag>(static_cast<size_t>(n * kp));
   pool.ParallelFor(
       n, [&](int64_t r, int) { RowToBf16<DType::kF32>(x, r * k, k, kp, xb + r * kp); },
       max_threads);
