@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/backend_factory.h"
 #include "serve/openai_schema.h"
 
 namespace ember::app {
@@ -136,6 +137,36 @@ TEST(EngineFlagsTest, BatchInvariantAutoFollowsSpeculation) {
   EngineFlags bad;
   bad.batch_invariant = "sometimes";
   EXPECT_FALSE(bad.LoadOptions().ok());
+}
+
+// --cpu-matmul: each value's kernel where this CPU runs it, a refusal naming the flag where it
+// does not, auto the fastest this CPU runs (CpuFastestMatmul), an unknown value refused.
+TEST(EngineFlagsTest, CpuMatmulChoosesAKernelThisCpuRuns) {
+  ModelLoadOptions opts;
+  ASSERT_TRUE(ApplyCpuMatmulFlag("exact", opts).ok());
+  EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kExact);
+  const Status f32 = ApplyCpuMatmulFlag("f32", opts);
+  if (CpuHasF32Fast()) {
+    ASSERT_TRUE(f32.ok()) << f32.message();
+    EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kF32);
+  } else {
+    EXPECT_NE(f32.message().find("--cpu-matmul f32"), std::string::npos) << f32.message();
+  }
+  const Status bf16 = ApplyCpuMatmulFlag("bf16", opts);
+  if (CpuHasBf16Dot()) {
+    ASSERT_TRUE(bf16.ok()) << bf16.message();
+    EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kBf16);
+  } else {
+    EXPECT_NE(bf16.message().find("--cpu-matmul bf16"), std::string::npos) << bf16.message();
+  }
+  ASSERT_TRUE(ApplyCpuMatmulFlag("auto", opts).ok());
+  EXPECT_EQ(opts.cpu_matmul, CpuFastestMatmul());
+  EXPECT_EQ(CpuFastestMatmul(), CpuFastestMatmul()) << "timed once, then fixed";
+  EXPECT_EQ(opts.cpu_matmul == CpuMatmul::kExact, !CpuHasF32Fast());
+  const Status bad = ApplyCpuMatmulFlag("fast", opts);
+  EXPECT_NE(bad.message().find("--cpu-matmul must be exact, f32, bf16 or auto, got 'fast'"),
+            std::string::npos)
+      << bad.message();
 }
 
 }  // namespace
