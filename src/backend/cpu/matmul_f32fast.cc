@@ -252,6 +252,11 @@ void MatMulF32Fast(const float* x, int64_t n, int64_t k, const void* w, DType w_
   CHECK(w_dtype == DType::kF32 || w_dtype == DType::kF16 || w_dtype == DType::kBF16)
       << "MatMulF32Fast weight must be F32/F16/BF16, got " << DTypeName(w_dtype);
   if (n == 0 || m == 0) return;
+  if (k == 0) {  // empty chains: 0 (+ bias)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < m; ++c) out[r * m + c] = bias != nullptr ? 0.0f + bias[c] : 0.0f;
+    return;
+  }
   const int max_threads = n * k * m < (1 << 20) ? 1 : pool.num_threads();
   // Column blocks: whole tiles, at least two per thread.
   int64_t block = kBlockCols;

@@ -80,6 +80,17 @@ TEST_F(MatMulF32FastTest, IsTheFmaChainInOrderOnAnyShapeAndThreadCount) {
   }
 }
 
+// k = 0: every chain is empty, out = 0 + bias (or 0).
+TEST_F(MatMulF32FastTest, EmptyProductsAreTheBias) {
+  ThreadPool pool(2);
+  const std::vector<float> bias = {1.5f, -2.0f, 0.25f};
+  std::vector<float> out(6, 7.0f);
+  MatMulF32Fast(nullptr, 2, 0, nullptr, DType::kF16, 3, bias.data(), out.data(), pool);
+  EXPECT_EQ(out, (std::vector<float>{1.5f, -2.0f, 0.25f, 1.5f, -2.0f, 0.25f}));
+  MatMulF32Fast(nullptr, 2, 0, nullptr, DType::kF16, 3, nullptr, out.data(), pool);
+  EXPECT_EQ(out, std::vector<float>(6, 0.0f));
+}
+
 // The stated tolerance against the exact kernel: the same float32 products, another summation
 // order, so relative differences of a few float32 ulps of the row's magnitude (here within 1e-5
 // of the largest |output| at k = 2048).
