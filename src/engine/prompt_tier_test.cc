@@ -585,10 +585,13 @@ TEST_F(RamTierTest, RamEvictionsReachTheDiskAndSurviveARestart) {
   const Outcome after = Generate(*restarted, a);
   EXPECT_EQ(after.usage.cached_tokens, 144);
   EXPECT_EQ(after.tokens, cold);
-  // From disk: read by the engine thread, or moved to RAM first by the prefetcher.
+  // From disk: read by the engine thread, or moved to RAM first by the prefetcher. RAM starts
+  // empty, so every block promoted from RAM was prefetched; a prefetch that lands after the
+  // engine thread has read its block from disk is counted but never promoted (a race the ASan
+  // build lost once: 5 prefetched, 4 promoted).
   const PromptCacheStats s = restarted->Stats().prompt_cache;
   EXPECT_EQ(s.promotions + s.ram.promotions, 9);
-  EXPECT_EQ(s.ram.promotions, s.ram.prefetched);
+  EXPECT_LE(s.ram.promotions, s.ram.prefetched);
 }
 
 // A request that waits in the queue has its prefix moved from disk to RAM by the prefetcher
