@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "backend/cpu/avx512_widen.h"
 #include "backend/cpu/thread_scratch.h"
 #include "util/check.h"
 
@@ -43,27 +44,14 @@ EMBER_BF16_TARGET inline __mmask16 TailMask(int64_t remaining) {
                          : remaining <= 0 ? __mmask16(0) : __mmask16((1u << remaining) - 1);
 }
 
-// 16 values of a row from `src` at element `idx` as f32 (masked lanes 0).
-template <DType D>
-EMBER_BF16_TARGET inline __m512 Load16(const void* src, int64_t idx, __mmask16 mask) {
-  if constexpr (D == DType::kF32) {
-    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(src) + idx);
-  } else if constexpr (D == DType::kF16) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(src) + idx));
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(src) + idx);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-}
-
 // Elements [offset, offset + k) of `src` rounded to bf16 (nearest even) into dst[0, kp), zeros
 // past k. bf16 sources come out unchanged.
 template <DType D>
 EMBER_BF16_TARGET void RowToBf16(const void* src, int64_t offset, int64_t k, int64_t kp,
                                  uint16_t* dst) {
   for (int64_t i = 0; i < kp; i += kStep) {
-    const __m512 lo = Load16<D>(src, offset + i, TailMask(k - i));
-    const __m512 hi = Load16<D>(src, offset + i + 16, TailMask(k - i - 16));
+    const __m512 lo = Widen16<D>(src, offset + i, TailMask(k - i));
+    const __m512 hi = Widen16<D>(src, offset + i + 16, TailMask(k - i - 16));
     _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
   }
 }
@@ -100,7 +88,7 @@ EMBER_BF16_TARGET inline __m512bh LoadW32(const void* w, int64_t idx, int64_t re
   } else {
     const __mmask16 m0 = Masked ? TailMask(remaining) : __mmask16(0xffff);
     const __mmask16 m1 = Masked ? TailMask(remaining - 16) : __mmask16(0xffff);
-    return _mm512_cvtne2ps_pbh(Load16<D>(w, idx + 16, m1), Load16<D>(w, idx, m0));
+    return _mm512_cvtne2ps_pbh(Widen16<D>(w, idx + 16, m1), Widen16<D>(w, idx, m0));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "backend/cpu/avx512_widen.h"
 #include "backend/cpu/matmul_bf16.h"
 #include "backend/cpu/thread_scratch.h"
 #include "util/check.h"
@@ -70,33 +71,27 @@ constexpr std::array<TileFn, sizeof...(Cs)> TileRow(std::integer_sequence<int, C
 constexpr TileTable kTiles = {TileRow<1>(std::make_integer_sequence<int, kMaxCols>()),
                               TileRow<2>(std::make_integer_sequence<int, kMaxCols>())};
 
-// 16 weights of a row from element `idx` of w (dtype) as float32; masked lanes 0.
-template <bool Masked>
-EMBER_F32_TARGET inline __m512 Widen16(const void* w, DType dtype, int64_t idx, __mmask16 mask) {
-  if (dtype == DType::kF32) {
-    const float* p = static_cast<const float*>(w) + idx;
-    return Masked ? _mm512_maskz_loadu_ps(mask, p) : _mm512_loadu_ps(p);
-  }
-  const uint16_t* p = static_cast<const uint16_t*>(w) + idx;
-  const __m256i h = Masked ? _mm256_maskz_loadu_epi16(mask, p)
-                           : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return dtype == DType::kF16 ? _mm512_cvtph_ps(h)
-                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// Weights [c0, c0 + nc) x [i0, i0 + len) of w (dtype) as float32 into dst (column c at
+// Weights [c0, c0 + nc) x [i0, i0 + len) of w (dtype D) as float32 into dst (column c at
 // dst + c * kChunk).
-EMBER_F32_TARGET void WidenChunk(const void* w, DType dtype, int64_t k, int64_t c0, int64_t nc,
-                                 int64_t i0, int64_t len, float* dst) {
+template <DType D>
+EMBER_F32_TARGET void WidenChunk(const void* w, int64_t k, int64_t c0, int64_t nc, int64_t i0,
+                                 int64_t len, float* dst) {
   const int64_t full = len / kLanes * kLanes;
   const __mmask16 tail = static_cast<__mmask16>((1u << (len - full)) - 1);
   for (int64_t c = 0; c < nc; ++c) {
     const int64_t src = (c0 + c) * k + i0;
     float* d = dst + c * kChunk;
     for (int64_t i = 0; i < full; i += kLanes)
-      _mm512_store_ps(d + i, Widen16<false>(w, dtype, src + i, 0));
-    if (full < len) _mm512_mask_storeu_ps(d + full, tail, Widen16<true>(w, dtype, src + full, tail));
+      _mm512_store_ps(d + i, Widen16<D>(w, src + i, __mmask16(0xffff)));
+    if (full < len) _mm512_mask_storeu_ps(d + full, tail, Widen16<D>(w, src + full, tail));
   }
+}
+
+using WidenFn = void (*)(const void*, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
+WidenFn WidenFor(DType dtype) {
+  return dtype == DType::kF16 ? WidenChunk<DType::kF16>
+         : dtype == DType::kBF16 ? WidenChunk<DType::kBF16>
+                                 : WidenChunk<DType::kF32>;
 }
 
 // v[j] (j < 16) transposed in place: lane l of v[j] becomes lane j of v[l].
@@ -147,9 +142,10 @@ EMBER_F32_TARGET void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
   float* sums = reinterpret_cast<float*>(
       ThreadScratch<SumsTag>(static_cast<size_t>(p.groups * kBlockCols * kLanes) * sizeof(float)));
   const int64_t sums_group_stride = nc * kLanes;
+  const WidenFn widen = WidenFor(p.dtype);
   for (int64_t i0 = 0; i0 < p.k; i0 += kChunk) {
     const int64_t len = std::min(kChunk, p.k - i0);
-    WidenChunk(p.w, p.dtype, p.k, c0, nc, i0, len, panel);
+    widen(p.w, p.k, c0, nc, i0, len, panel);
     for (int64_t c = 0; c < nc; c += kMaxCols) {
       const int cs = static_cast<int>(std::min<int64_t>(kMaxCols, nc - c));
       for (int64_t g = 0; g < p.groups; g += kMaxGroups) {
