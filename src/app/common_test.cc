@@ -145,19 +145,21 @@ TEST(EngineFlagsTest, CpuMatmulChoosesAKernelThisCpuRuns) {
   ModelLoadOptions opts;
   ASSERT_TRUE(ApplyCpuMatmulFlag("exact", opts).ok());
   EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kExact);
-  const Status f32 = ApplyCpuMatmulFlag("f32", opts);
-  if (CpuHasF32Fast()) {
-    ASSERT_TRUE(f32.ok()) << f32.message();
-    EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kF32);
-  } else {
-    EXPECT_NE(f32.message().find("--cpu-matmul f32"), std::string::npos) << f32.message();
-  }
-  const Status bf16 = ApplyCpuMatmulFlag("bf16", opts);
-  if (CpuHasBf16Dot()) {
-    ASSERT_TRUE(bf16.ok()) << bf16.message();
-    EXPECT_EQ(opts.cpu_matmul, CpuMatmul::kBf16);
-  } else {
-    EXPECT_NE(bf16.message().find("--cpu-matmul bf16"), std::string::npos) << bf16.message();
+  struct Kernel {
+    const char* value;
+    bool runs;
+    CpuMatmul matmul;
+  };
+  for (const Kernel& kernel : {Kernel{"f32", CpuHasF32Fast(), CpuMatmul::kF32},
+                               Kernel{"bf16", CpuHasBf16Dot(), CpuMatmul::kBf16}}) {
+    const Status st = ApplyCpuMatmulFlag(kernel.value, opts);
+    if (kernel.runs) {
+      ASSERT_TRUE(st.ok()) << st.message();
+      EXPECT_EQ(opts.cpu_matmul, kernel.matmul);
+    } else {
+      EXPECT_NE(st.message().find(std::string("--cpu-matmul ") + kernel.value), std::string::npos)
+          << st.message();
+    }
   }
   ASSERT_TRUE(ApplyCpuMatmulFlag("auto", opts).ok());
   EXPECT_EQ(opts.cpu_matmul, CpuFastestMatmul());
