@@ -1,8 +1,8 @@
-// CPU matmul kernel throughput (backend/cpu/matmul.h, and matmul_bf16.h's AVX512_BF16 kernel
-// where the CPU has it): GFLOP/s of out = x W^T for prefill-sized (n = 512) and decode-sized
-// (n = 1) x, per weight dtype and kernel (and matmul_f32fast.h's AVX-512 FMA tiles), on one or more threads. Reports the
-// best repetition's wall-clock rate (the least disturbed one on a noisy shared machine), the
-// median, and the process-CPU-time rate.
+// CPU matmul kernel throughput (backend/cpu/matmul.h, and where the CPU has them matmul_f32fast.h's
+// AVX-512 FMA tiles and matmul_bf16.h's AVX512_BF16 kernel): GFLOP/s of out = x W^T for
+// prefill-sized (n = 512) and decode-sized (n = 1) x, per weight dtype and kernel, on one or more
+// threads. Reports the best repetition's wall-clock rate (the least disturbed one on a noisy shared
+// machine), the median, and the process-CPU-time rate.
 // usage: matmul_bench [threads] [n] [k] [m]
 #include <time.h>
 

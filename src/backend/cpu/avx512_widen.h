@@ -16,8 +16,8 @@ namespace ember::cpu {
 // rounding); lanes outside `mask` are 0 and not read.
 template <DType D>
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline __m512 Widen16(const void* src,
-                                                                               int64_t idx,
-                                                                               __mmask16 mask) {
+                                                                                int64_t idx,
+                                                                                __mmask16 mask) {
   static_assert(D == DType::kF32 || D == DType::kF16 || D == DType::kBF16);
   if constexpr (D == DType::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(src) + idx);

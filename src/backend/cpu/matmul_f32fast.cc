@@ -24,10 +24,10 @@
 namespace ember::cpu {
 namespace {
 
-constexpr int kLanes = 16;       // rows per register
-constexpr int kMaxGroups = 2;    // register tile: 2 x 16 rows ...
-constexpr int kMaxCols = 12;     // ... x 12 columns = 24 accumulators (+ 2 x, 1 broadcast)
-constexpr int64_t kChunk = 256;  // k per pass: a tile's weights (12 KB) stay in L1
+constexpr int kLanes = 16;          // rows per register
+constexpr int kMaxGroups = 2;       // register tile: 2 x 16 rows ...
+constexpr int kMaxCols = 12;        // ... x 12 columns = 24 accumulators (+ 2 x, 1 broadcast)
+constexpr int64_t kChunk = 256;     // k per pass: a tile's weights (12 KB) stay in L1
 constexpr int64_t kRowPanel = 512;  // rows per pass (the partial sums of a block stay in L2)
 constexpr int64_t kBlockCols = 96;  // output columns per work item (a multiple of kMaxCols)
 
@@ -48,8 +48,8 @@ EMBER_F32_TARGET void Tile(const float* xt, int64_t group_stride, const float* w
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c)
-      acc[g][c] = first ? _mm512_setzero_ps()
-                        : _mm512_load_ps(sums + g * sums_group_stride + c * kLanes);
+      acc[g][c] =
+          first ? _mm512_setzero_ps() : _mm512_load_ps(sums + g * sums_group_stride + c * kLanes);
   for (int64_t i = 0; i < len; ++i) {
     __m512 xv[G];
     for (int g = 0; g < G; ++g) xv[g] = _mm512_load_ps(xt + g * group_stride + i * kLanes);
@@ -59,7 +59,8 @@ EMBER_F32_TARGET void Tile(const float* xt, int64_t group_stride, const float* w
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) _mm512_store_ps(sums + g * sums_group_stride + c * kLanes, acc[g][c]);
+    for (int c = 0; c < C; ++c)
+      _mm512_store_ps(sums + g * sums_group_stride + c * kLanes, acc[g][c]);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
@@ -89,7 +90,7 @@ EMBER_F32_TARGET void WidenChunk(const void* w, int64_t k, int64_t c0, int64_t n
 
 using WidenFn = void (*)(const void*, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 WidenFn WidenFor(DType dtype) {
-  return dtype == DType::kF16 ? WidenChunk<DType::kF16>
+  return dtype == DType::kF16    ? WidenChunk<DType::kF16>
          : dtype == DType::kBF16 ? WidenChunk<DType::kBF16>
                                  : WidenChunk<DType::kF32>;
 }
@@ -151,9 +152,8 @@ EMBER_F32_TARGET void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
       for (int64_t g = 0; g < p.groups; g += kMaxGroups) {
         const int gs = static_cast<int>(std::min<int64_t>(kMaxGroups, p.groups - g));
         kTiles[gs - 1][cs - 1](p.xt + g * p.k * kLanes + i0 * kLanes, p.k * kLanes,
-                               panel + c * kChunk, len,
-                               sums + g * sums_group_stride + c * kLanes, sums_group_stride,
-                               i0 == 0);
+                               panel + c * kChunk, len, sums + g * sums_group_stride + c * kLanes,
+                               sums_group_stride, i0 == 0);
       }
     }
   }
@@ -168,8 +168,8 @@ EMBER_F32_TARGET void ColumnBlock(const Problem& p, int64_t c0, int64_t nc) {
         v[j] = j < cols ? _mm512_load_ps(sums + g * sums_group_stride + (c + j) * kLanes)
                         : _mm512_setzero_ps();
       Transpose16(v);
-      const __m512 bias = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + c0 + c)
-                                            : _mm512_setzero_ps();
+      const __m512 bias =
+          p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + c0 + c) : _mm512_setzero_ps();
       for (int64_t r = 0; r < rows; ++r)
         _mm512_mask_storeu_ps(p.out + (g * kLanes + r) * p.m + c0 + c, mask,
                               p.bias != nullptr ? _mm512_add_ps(v[r], bias) : v[r]);

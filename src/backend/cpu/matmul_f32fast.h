@@ -26,8 +26,9 @@ void MatMulF32Fast(const float* x, int64_t n, int64_t k, const void* w, DType w_
 
 // Whether this CPU's bf16 dot products (VDPBF16PS, MatMulBf16) outrun its float32 FMAs
 // (MatMulF32Fast) in flops per second: timed once, on first call, over about a millisecond of
-// independent chains of each instruction (alternating passes after a warm-up). False without AVX512_BF16. Some CPUs run VDPBF16PS at
-// half the FMA rate (2 x 32 flops every other cycle against 2 x 32 every cycle), others at twice.
+// independent chains of each instruction (alternating passes after a warm-up). False without
+// AVX512_BF16. Some CPUs run VDPBF16PS at half the FMA rate (2 x 32 flops every other cycle against
+// 2 x 32 every cycle), others at twice.
 bool Bf16DotOutrunsF32Fma();
 
 }  // namespace ember::cpu

@@ -33,9 +33,14 @@ TEST_F(MatMulF32FastTest, IsTheFmaChainInOrderOnAnyShapeAndThreadCount) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   ThreadPool one_thread(1), two_threads(2);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (auto [n, k, m] : {std::tuple<int64_t, int64_t, int64_t>{9, 64, 64}, {16, 37, 13},
-                           {17, 300, 131}, {33, 8, 200}, {40, 513, 97}, {600, 100, 30},
-                           {31, 1100, 12}, {48, 2048, 389}}) {
+    for (auto [n, k, m] : {std::tuple<int64_t, int64_t, int64_t>{9, 64, 64},
+                           {16, 37, 13},
+                           {17, 300, 131},
+                           {33, 8, 200},
+                           {40, 513, 97},
+                           {600, 100, 30},
+                           {31, 1100, 12},
+                           {48, 2048, 389}}) {
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " +
                    std::to_string(k) + " m " + std::to_string(m));
       std::vector<float> w_seen(static_cast<size_t>(m * k)), x(static_cast<size_t>(n * k)),
@@ -61,7 +66,8 @@ TEST_F(MatMulF32FastTest, IsTheFmaChainInOrderOnAnyShapeAndThreadCount) {
         for (int64_t c = 0; c < m; ++c) {
           float s = 0.0f;
           for (int64_t i = 0; i < k; ++i)
-            s = std::fma(x[static_cast<size_t>(r * k + i)], w_seen[static_cast<size_t>(c * k + i)], s);
+            s = std::fma(x[static_cast<size_t>(r * k + i)], w_seen[static_cast<size_t>(c * k + i)],
+                         s);
           want[static_cast<size_t>(r * m + c)] = s + bias[static_cast<size_t>(c)];
         }
       }

@@ -24,8 +24,8 @@ uint8_t* ThreadScratch(size_t bytes) {
   if (buffer.second < bytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
     buffer.first.reset(static_cast<uint8_t*>(std::aligned_alloc(64, rounded)));
-    CHECK(buffer.first != nullptr) << "out of memory allocating " << rounded
-                                   << " bytes of kernel scratch";
+    CHECK(buffer.first != nullptr)
+        << "out of memory allocating " << rounded << " bytes of kernel scratch";
     buffer.second = bytes;
   }
   return buffer.first.get();
