@@ -2,7 +2,8 @@
 // AVX-512 FMA tiles and matmul_bf16.h's AVX512_BF16 kernel): GFLOP/s of out = x W^T for
 // prefill-sized (n = 512) and decode-sized (n = 1) x, per weight dtype and kernel, on one or more
 // threads. Reports the best repetition's wall-clock rate (the least disturbed one on a noisy shared
-// machine), the median, and the process-CPU-time rate.
+// machine), the median, and the process-CPU-time rate. First, with AVX-512, one core's rate in
+// chains of float32 FMAs and of bf16 dot products (cpu::MeasureDotRates).
 // usage: matmul_bench [threads] [n] [k] [m]
 #include <time.h>
 
@@ -42,6 +43,12 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> wbf(static_cast<size_t>(m * k));
   for (uint16_t& v : wbf) v = ember::F32ToBf16(dist(rng));
   ember::cpu::ThreadPool pool(threads);
+  if (ember::cpu::HasF32Fast()) {
+    // The instructions' own ceilings on one core (what --cpu-matmul auto decides by).
+    const ember::cpu::DotRates rates = ember::cpu::MeasureDotRates();
+    std::printf("one core: VFMADD231PS %.1f GFLOP/s, VDPBF16PS %.1f GFLOP/s (0: not on this CPU)\n",
+                rates.f32_fma / 1e9, rates.bf16_dot / 1e9);
+  }
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m);
   using Kernel = void (*)(const float*, int64_t, int64_t, const void*, ember::DType, int64_t,
                          const float*, float*, ember::cpu::ThreadPool&);

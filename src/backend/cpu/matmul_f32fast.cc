@@ -192,29 +192,36 @@ void PackGroup(const float* x, int64_t n, int64_t k, int64_t r0, float* dst) {
 }
 
 // Flops per second of one pass of 24 independent chains of VDPBF16PS (64 flops each) or of FMAs
-// (32), as the kernels' tiles keep.
-EMBER_F32_TARGET double TimeChains(bool bf16) {
+// (32), as the kernels' tiles keep. The chains are unrolled so that every accumulator stays in a
+// register: a loop over an array of them would keep them in memory and time loads and stores.
+template <bool Bf16>
+EMBER_F32_TARGET double TimeChains() {
   constexpr int kIters = 4096;
   __m512 acc[24];
+#pragma GCC unroll 24
   for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
   __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
   const auto t0 = std::chrono::steady_clock::now();
   for (int n = 0; n < kIters; ++n) {
-    if (bf16) {
-      // (VDPBF16PS through inline assembly: this function's target has no AVX512_BF16; only
-      // called where the CPU has it.)
-      for (int i = 0; i < 24; ++i) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
-    } else {
-      for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) {
+      if constexpr (Bf16) {
+        // (VDPBF16PS through inline assembly: this function's target has no AVX512_BF16; only
+        // called where the CPU has it.)
+        __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
+      } else {
+        acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+      }
     }
     __asm__ volatile("" : "+v"(a));
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   __m512 sum = acc[0];
+#pragma GCC unroll 24
   for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
   volatile float sink = _mm512_reduce_add_ps(sum);
   (void)sink;
-  return 24.0 * kIters * (bf16 ? 64.0 : 32.0) / std::max(s, 1e-9);
+  return 24.0 * kIters * (Bf16 ? 64.0 : 32.0) / std::max(s, 1e-9);
 }
 
 }  // namespace
@@ -225,19 +232,26 @@ bool HasF32Fast() {
   return has;
 }
 
+DotRates MeasureDotRates() {
+  DotRates rates;
+  if (!HasF32Fast()) return rates;
+  const bool bf16 = HasBf16Dot();
+  // Alternating passes, the best of each (a warm-up pass first: the first wide instructions may
+  // run while the core changes its clock), about a millisecond in all.
+  TimeChains<false>();
+  for (int pass = 0; pass < 8; ++pass) {
+    rates.f32_fma = std::max(rates.f32_fma, TimeChains<false>());
+    if (bf16) rates.bf16_dot = std::max(rates.bf16_dot, TimeChains<true>());
+  }
+  return rates;
+}
+
 bool Bf16DotOutrunsF32Fma() {
   static const bool outruns = [] {
     if (!HasBf16Dot() || !HasF32Fast()) return false;
-    // Alternating passes, the best of each (a warm-up pass first: the first wide instructions
-    // may run while the core changes its clock), about a millisecond in all.
-    TimeChains(false);
-    double fma = 0.0, dot = 0.0;
-    for (int pass = 0; pass < 8; ++pass) {
-      fma = std::max(fma, TimeChains(false));
-      dot = std::max(dot, TimeChains(true));
-    }
+    const DotRates rates = MeasureDotRates();
     // bf16 rounds x and W: it has to be clearly faster to be worth its error.
-    return dot > 1.25 * fma;
+    return rates.bf16_dot > 1.25 * rates.f32_fma;
   }();
   return outruns;
 }

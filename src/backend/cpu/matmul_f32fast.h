@@ -31,4 +31,11 @@ void MatMulF32Fast(const float* x, int64_t n, int64_t k, const void* w, DType w_
 // 2 x 32 every cycle), others at twice.
 bool Bf16DotOutrunsF32Fma();
 
+// One core's flops per second in VFMADD231PS (f32_fma) and VDPBF16PS (bf16_dot) chains, measured
+// now as Bf16DotOutrunsF32Fma measures them (0 for an instruction the CPU lacks).
+struct DotRates {
+  double f32_fma = 0.0, bf16_dot = 0.0;
+};
+DotRates MeasureDotRates();
+
 }  // namespace ember::cpu
