@@ -5,9 +5,9 @@
 // over the K adapters (each step mixes them). Prints generated tokens/s over each run (prefill
 // included) and its ratio to the base run. The adapter runs go twice: the first (cold) loads the
 // adapters into their slots inside the timed window, the second (warm: the adapters resident, as
-// in a serving steady state) is the one the ratio is taken from; both are printed. --device cuda runs it on the GPU; --synth writes a
-// random checkpoint of a preset shape first (--layers: fewer layers of the same shapes). Results
-// go to docs/perf.md with machine, command, date.
+// in a serving steady state) is the one the ratio is taken from; both are printed. --device cuda
+// runs it on the GPU; --synth writes a random checkpoint of a preset shape first (--layers: fewer
+// layers of the same shapes). Results go to docs/perf.md with machine, command, date.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -71,6 +71,12 @@ int Main(int argc, char** argv) {
   flags.AddInt("--prompt", &prompt, "prompt tokens (default 64)");
   flags.AddInt("--gen", &gen, "generated tokens per sequence (default 64)");
   flags.AddInt("--threads", &threads, "CPU threads (default: all)");
+  int64_t max_running = EngineConfig{}.max_running, step_tokens = EngineConfig{}.max_step_tokens;
+  flags.AddInt("--max-running", &max_running,
+               "sequences decoded together (default: the engine's, 64)");
+  flags.AddInt(
+      "--step-tokens", &step_tokens,
+      "rows per forward step (default: the engine's, 512; ember serve takes 8192 on a GPU)");
   bool help = false;
   Status parsed = flags.Parse(argc, argv, 1, &help);
   if (int rc = flags.ExitStatusAfterParse(parsed, help); rc >= 0) return rc;
@@ -89,6 +95,8 @@ int Main(int argc, char** argv) {
   EngineConfig config;
   config.max_loras = static_cast<int32_t>(adapters);
   config.max_lora_rank = static_cast<int32_t>(rank);
+  config.max_running = static_cast<int32_t>(max_running);
+  config.max_step_tokens = static_cast<int32_t>(step_tokens);
   config.enable_prefix_caching = false;  // every run computes its prompts
   auto engine = Engine::Create(model->get(), config);
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.message().c_str()), 1;
@@ -114,13 +122,14 @@ int Main(int argc, char** argv) {
   const double mixed_cold = Run(**engine, c, p, g, vocab, spread);
   const double mixed = Run(**engine, c, p, g, vocab, spread);
   std::printf("%s, rank %lld, %lld sequences x (%lld prompt + %lld generated)\n",
-              model_flags.device.c_str(), static_cast<long long>(rank),
-              static_cast<long long>(c), static_cast<long long>(p), static_cast<long long>(g));
+              model_flags.device.c_str(), static_cast<long long>(rank), static_cast<long long>(c),
+              static_cast<long long>(p), static_cast<long long>(g));
   std::printf("base model:          %8.1f tok/s\n", base);
   std::printf("one adapter:         %8.1f tok/s (%.3f x base); cold (loading it) %8.1f (%.3f x)\n",
               one, one / base, one_cold, one_cold / base);
-  std::printf("%lld adapters mixed:  %8.1f tok/s (%.3f x base); cold (loading them) %8.1f (%.3f x)\n",
-              static_cast<long long>(adapters), mixed, mixed / base, mixed_cold, mixed_cold / base);
+  std::printf(
+      "%lld adapters mixed:  %8.1f tok/s (%.3f x base); cold (loading them) %8.1f (%.3f x)\n",
+      static_cast<long long>(adapters), mixed, mixed / base, mixed_cold, mixed_cold / base);
   std::filesystem::remove_all(tmp);
   return 0;
 }
@@ -128,4 +137,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ember
 
-int main(int argc, char** argv) { return ember::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return ember::Main(argc, argv);
+}

@@ -200,12 +200,15 @@ __global__ void __launch_bounds__(kExpandThreads)
         if (q < cnt) acc[i] = fmaf(ts[i][j0 + q], w[q], acc[i]);
     }
   }
+  // out's rows read first, then written (a store that may alias the next row's load would make
+  // each row wait out a round trip).
+  float old[kExpandRows];
 #pragma unroll
-  for (int i = 0; i < kExpandRows; ++i) {
-    if (rank[i] == 0) continue;
-    const int64_t e = int64_t{r0 + i} * m + col;
-    StoreVec<OutT, float>(out, e, LoadVec<float>(out, e) + acc[i]);
-  }
+  for (int i = 0; i < kExpandRows; ++i)
+    old[i] = rank[i] == 0 ? 0.0f : LoadVec<float>(out, int64_t{r0 + i} * m + col);
+#pragma unroll
+  for (int i = 0; i < kExpandRows; ++i)
+    if (rank[i] != 0) StoreVec<OutT, float>(out, int64_t{r0 + i} * m + col, old[i] + acc[i]);
 }
 
 template <typename WT>
