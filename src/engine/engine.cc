@@ -425,10 +425,13 @@ std::vector<std::shared_ptr<RequestState>> Engine::TakeLoraSlots(
       ready.push_back(std::move(state));
       continue;
     }
-    // Behind a request already waiting for a slot: wait too (first come, first served).
+    // Behind a request already waiting for a slot: wait too (first come, first served). An
+    // adapter that is not resident has its files read on a thread of their own first
+    // (LoraSet::Prepared): its request waits for that read, the running sequences do not.
     Result<std::optional<int32_t>> slot =
-        lora_waiting_.empty() ? pool->Acquire(lora->digest, lora->dir)
-                              : Result<std::optional<int32_t>>(std::optional<int32_t>());
+        lora_waiting_.empty() && pool->Prepared(lora->digest, lora->dir)
+            ? pool->Acquire(lora->digest, lora->dir)
+            : Result<std::optional<int32_t>>(std::optional<int32_t>());
     if (!slot.ok()) {  // the folder stopped loading since it was registered
       LOG_ERROR << "adapter " << lora->name << ": " << slot.message();
       EndUnstarted(*state, FinishReason::kError);

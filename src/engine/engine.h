@@ -103,7 +103,8 @@ class Engine {
   bool Launch(StepBatch& step);  // false: the launch failed and the step was failed
   void CompleteInFlight();
   // Gives the incoming requests (after those still waiting for a LoRA slot) their adapter's
-  // slot; those whose adapter finds no free slot wait in lora_waiting_, in order.
+  // slot; those whose adapter finds no free slot, or is still being read (LoraSet::Prepared),
+  // wait in lora_waiting_, in order.
   std::vector<std::shared_ptr<RequestState>> TakeLoraSlots(
       std::deque<std::shared_ptr<RequestState>> incoming);
   // Publishes the step's counters for Stats(), then closes the streams of requests that ended.

@@ -1,5 +1,8 @@
 #include "model/lora_set.h"
 
+#include <chrono>
+#include <utility>
+
 #include "util/check.h"
 
 namespace ember {
@@ -17,7 +20,9 @@ Result<std::unique_ptr<LoraSet>> LoraSet::Create(Backend* backend, const ModelCo
 }
 
 LoraSet::LoraSet(Backend* backend, const ModelConfig* config, int32_t max_loras, int32_t max_rank)
-    : backend_(backend), config_(config), max_rank_(max_rank),
+    : backend_(backend),
+      config_(config),
+      max_rank_(max_rank),
       slots_(static_cast<size_t>(max_loras)) {}
 
 Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::string& dir) {
@@ -50,6 +55,31 @@ Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::stri
   return std::optional<int32_t>(chosen);
 }
 
+bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
+  CHECK_NE(digest, 0u);
+  for (const Slot& slot : slots_)
+    if (slot.digest == digest) return true;
+  for (const Preparation& p : preparing_) {
+    if (p.digest == digest && p.dir == dir)
+      return p.adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  const size_t limit = 2 * slots_.size();
+  for (auto it = preparing_.begin(); preparing_.size() >= limit && it != preparing_.end();) {
+    if (it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      it = preparing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const ModelConfig* config = config_;
+  const int32_t max_rank = max_rank_;
+  preparing_.push_back(
+      Preparation{digest, dir, std::async(std::launch::async, [dir, config, max_rank] {
+                    return LoadLoraAdapter(dir, *config, max_rank);
+                  })});
+  return false;
+}
+
 void LoraSet::Release(int32_t slot) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   CHECK_GT(s.users, 0);
@@ -60,7 +90,19 @@ void LoraSet::Release(int32_t slot) {
 Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
   Slot& slot = slots_[static_cast<size_t>(index)];
   CHECK_EQ(slot.users, 0);
-  EMBER_ASSIGN_OR_RETURN(LoraAdapter adapter, LoadLoraAdapter(dir, *config_, max_rank_));
+  // The files as Prepared's thread read them, else read here.
+  Result<LoraAdapter> read = Status::Error("");
+  bool prepared = false;
+  for (auto it = preparing_.begin(); it != preparing_.end(); ++it) {
+    if (it->digest == digest && it->dir == dir) {
+      read = it->adapter.get();
+      preparing_.erase(it);
+      prepared = true;
+      break;
+    }
+  }
+  if (!prepared) read = LoadLoraAdapter(dir, *config_, max_rank_);
+  EMBER_ASSIGN_OR_RETURN(LoraAdapter adapter, std::move(read));
   if (adapter.digest != digest)
     return Status::Error("LoRA adapter " + dir +
                          ": its files changed since it was registered (register it again)");
@@ -94,6 +136,7 @@ Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
   if (!backend_->KeepsHostWeights()) slot.host.layers = {};
   slot.digest = digest;
   ++loads_;
+  if (prepared) ++prepared_loads_;
   return Status::Ok();
 }
 
@@ -125,9 +168,8 @@ std::span<const LoraSegment> LoraSet::Segments(int32_t layer, LoraTarget target)
   std::vector<LoraSegment>& segments = segments_[static_cast<size_t>(target)];
   segments.clear();
   for (const Run& run : runs_) {
-    const Weights& w =
-        slots_[static_cast<size_t>(run.slot)].tensors[static_cast<size_t>(layer)]
-              [static_cast<size_t>(target)];
+    const Weights& w = slots_[static_cast<size_t>(run.slot)]
+                           .tensors[static_cast<size_t>(layer)][static_cast<size_t>(target)];
     if (w.a) segments.push_back(LoraSegment{run.first_row, run.rows, &*w.a, &*w.b});
   }
   return segments;

@@ -7,11 +7,13 @@
 // the slot pool reuses, evicts the least recently used idle adapter and never a held one.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -378,6 +380,38 @@ TEST(LoraSetPool, ReusesEvictsLeastRecentlyUsedIdleAndNeverAHeldSlot) {
   // A digest that no longer matches the folder is refused.
   auto stale = pool.Acquire(da ^ 1, AdapterDir("llama3-a"));
   ExpectRefused(stale.status(), "changed since it was registered");
+}
+
+// Prepared reads a non-resident adapter's files on a thread of its own: false until that read
+// is done, then Acquire loads from it (prepared_loads) into a slot that gives the same logits as
+// a synchronous load; a resident adapter is prepared at once; a read that fails is "prepared"
+// and Acquire reports its error.
+TEST(LoraSetPool, PreparedReadsTheFilesOffTheCallersThread) {
+  EMBER_REQUIRE_DIR(AdapterDir("llama3-a"));
+  auto model = LoadWithLora("llama3", 2);
+  LoraSet& pool = *model->lora();
+  const uint64_t da = LoadLoraAdapter(AdapterDir("llama3-a"), model->config(), 64)->digest;
+  auto wait_prepared = [&](uint64_t digest, const std::string& dir) {
+    for (int i = 0; i < 2000 && !pool.Prepared(digest, dir); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return pool.Prepared(digest, dir);
+  };
+  EXPECT_FALSE(pool.Prepared(da, AdapterDir("llama3-a")));  // the read starts
+  ASSERT_TRUE(wait_prepared(da, AdapterDir("llama3-a")));
+  EXPECT_EQ(pool.loads(), 0);
+  const int32_t a = **pool.Acquire(da, AdapterDir("llama3-a"));
+  EXPECT_EQ(pool.loads(), 1);
+  EXPECT_EQ(pool.prepared_loads(), 1);
+  EXPECT_TRUE(pool.Prepared(da, AdapterDir("llama3-a")));  // resident
+  pool.Release(a);
+  // A folder whose digest no longer matches: prepared (the read ended), refused by Acquire.
+  ASSERT_TRUE(wait_prepared(da ^ 1, AdapterDir("llama3-a")));
+  ExpectRefused(pool.Acquire(da ^ 1, AdapterDir("llama3-a")).status(),
+                "changed since it was registered");
+  // A folder that does not load at all.
+  TempAdapter gone("", "prepared_gone");
+  ASSERT_TRUE(wait_prepared(42, gone.dir));
+  EXPECT_FALSE(pool.Acquire(42, gone.dir).ok());
 }
 
 TEST(LoraAdapter, RefusesExpertModulesAndGemma) {
