@@ -1,5 +1,6 @@
 #include "model/lora_set.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -59,10 +60,8 @@ bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
   CHECK_NE(digest, 0u);
   for (const Slot& slot : slots_)
     if (slot.digest == digest) return true;
-  for (const Preparation& p : preparing_) {
-    if (p.digest == digest && p.dir == dir)
-      return p.adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
+  if (const auto it = FindPreparation(digest, dir); it != preparing_.end())
+    return it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   const size_t limit = 2 * slots_.size();
   for (auto it = preparing_.begin(); preparing_.size() >= limit && it != preparing_.end();) {
     if (it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
@@ -80,6 +79,12 @@ bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
   return false;
 }
 
+std::deque<LoraSet::Preparation>::iterator LoraSet::FindPreparation(uint64_t digest,
+                                                                    const std::string& dir) {
+  return std::find_if(preparing_.begin(), preparing_.end(),
+                      [&](const Preparation& p) { return p.digest == digest && p.dir == dir; });
+}
+
 void LoraSet::Release(int32_t slot) {
   Slot& s = slots_[static_cast<size_t>(slot)];
   CHECK_GT(s.users, 0);
@@ -91,17 +96,11 @@ Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
   Slot& slot = slots_[static_cast<size_t>(index)];
   CHECK_EQ(slot.users, 0);
   // The files as Prepared's thread read them, else read here.
-  Result<LoraAdapter> read = Status::Error("");
-  bool prepared = false;
-  for (auto it = preparing_.begin(); it != preparing_.end(); ++it) {
-    if (it->digest == digest && it->dir == dir) {
-      read = it->adapter.get();
-      preparing_.erase(it);
-      prepared = true;
-      break;
-    }
-  }
-  if (!prepared) read = LoadLoraAdapter(dir, *config_, max_rank_);
+  const auto preparation = FindPreparation(digest, dir);
+  const bool prepared = preparation != preparing_.end();
+  Result<LoraAdapter> read =
+      prepared ? preparation->adapter.get() : LoadLoraAdapter(dir, *config_, max_rank_);
+  if (prepared) preparing_.erase(preparation);
   EMBER_ASSIGN_OR_RETURN(LoraAdapter adapter, std::move(read));
   if (adapter.digest != digest)
     return Status::Error("LoRA adapter " + dir +

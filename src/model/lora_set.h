@@ -49,8 +49,9 @@ class LoraSet {
   void Release(int32_t slot);
   // Whether Acquire(digest, dir) would read no files on this thread: the adapter is resident, or
   // its files have been read on a thread of their own (a failed read counts: Acquire reports
-  // it). Otherwise starts that read (once) and returns false: ask again later. At most
-  // 2 x max_loras reads are kept unclaimed; past that the oldest finished one is dropped.
+  // it). Otherwise starts that read (once) and returns false: ask again later. Before a read
+  // starts while 2 x max_loras are unclaimed, finished ones are dropped, oldest first, until
+  // fewer remain (reads still running are kept).
   bool Prepared(uint64_t digest, const std::string& dir);
 
   // Groups the plan's rows by their sequences' lora_slot for this step's Segments.
@@ -101,6 +102,7 @@ class LoraSet {
     std::future<Result<LoraAdapter>> adapter;
   };
   std::deque<Preparation> preparing_;
+  std::deque<Preparation>::iterator FindPreparation(uint64_t digest, const std::string& dir);
   std::vector<Run> runs_;  // this step's rows with an adapter, merged by slot
   std::array<std::vector<LoraSegment>, kNumLoraTargets> segments_;  // by target
 };
