@@ -190,6 +190,12 @@ void Backend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
   for (const LoraPart& part : parts) LoraDelta(x, part.segments, part.out);
 }
 
+void Backend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                              std::span<const LoraPart> lora) {
+  MatMulGroup(x, parts);
+  if (!lora.empty()) LoraDeltaGroup(x, lora);
+}
+
 Result<std::vector<Tensor>> Backend::UploadLoraSlot(int32_t slot,
                                                     std::span<const LoraHostMatrix> matrices) {
   std::vector<Tensor> tensors;

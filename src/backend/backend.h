@@ -464,6 +464,11 @@ class Backend {
   // and results as its own LoraDelta's; the same result as those calls (this default makes
   // them). A row takes the same adapter in every part that names it.
   virtual void LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts);
+  // MatMulGroup(x, parts), then LoraDeltaGroup(x, lora) (this default), where every lora part's
+  // out is one of parts' outs. A backend may fold the updates into the products instead (CUDA, for
+  // one row on its GEMV: each update becomes that projection's bias, computed before the GEMV).
+  virtual void MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                               std::span<const LoraPart> lora);
   // Why this backend cannot apply LoRA adapters ("" when it can; the default says it cannot:
   // a backend opts in where LoraDelta runs as documented on its step buffers).
   virtual std::string LoraUnsupported() const;

@@ -18,26 +18,32 @@ namespace ember {
 
 namespace {
 
-// One projection ApplyLora updates: its target and its output.
-struct LoraOutput {
-  LoraTarget target;
-  Tensor out;
-};
-
-// Each output += the step's LoRA updates of its projection of `layer` (x their input), if any:
-// one LoraDeltaGroup for the projections of one input.
-void ApplyLora(const Model::Impl& m, size_t layer, const Tensor& x,
-               std::initializer_list<LoraOutput> outputs) {
-  if (m.lora == nullptr) return;
-  CHECK_LE(outputs.size(), kMaxLoraParts);
+// The projections of one input (x) of `layer` (targets[i] names products[i]'s projection): the
+// products, each output plus the step's LoRA updates of its projection, if any (one
+// MatMulGroupLora); without updates, MatMul (one product) or MatMulGroup as before.
+void ProjectWithLora(const Model::Impl& m, size_t layer, const Tensor& x,
+                     std::span<const MatMulPart> products,
+                     std::initializer_list<LoraTarget> targets) {
+  CHECK_EQ(products.size(), targets.size());
+  CHECK_LE(targets.size(), kMaxLoraParts);
   LoraPart parts[kMaxLoraParts];
   size_t count = 0;
-  for (const LoraOutput& o : outputs) {
-    const std::span<const LoraSegment> segments =
-        m.lora->Segments(static_cast<int32_t>(layer), o.target);
-    if (!segments.empty()) parts[count++] = LoraPart{segments, o.out};
+  if (m.lora != nullptr) {
+    size_t i = 0;
+    for (const LoraTarget target : targets) {
+      const std::span<const LoraSegment> segments =
+          m.lora->Segments(static_cast<int32_t>(layer), target);
+      if (!segments.empty()) parts[count++] = LoraPart{segments, products[i].out};
+      ++i;
+    }
   }
-  if (count > 0) m.backend->LoraDeltaGroup(x, std::span<const LoraPart>(parts, count));
+  if (count == 0 && products.size() == 1) {
+    m.backend->MatMul(x, *products[0].weight, products[0].bias, products[0].out);
+  } else if (count == 0) {
+    m.backend->MatMulGroup(x, products);
+  } else {
+    m.backend->MatMulGroupLora(x, products, std::span<const LoraPart>(parts, count));
+  }
 }
 
 }  // namespace
@@ -68,11 +74,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     const MatMulPart qkv[] = {{&w.wq, w.bq ? &*w.bq : nullptr, q},
                               {&w.wk, w.bk ? &*w.bk : nullptr, k},
                               {&w.wv, w.bv ? &*w.bv : nullptr, v}};
-    be.MatMulGroup(xn, qkv);
-    ApplyLora(m, l, xn, {{LoraTarget::kQ, q}, {LoraTarget::kK, k}, {LoraTarget::kV, v}});
+    ProjectWithLora(m, l, xn, qkv, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV});
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
-    be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
-    ApplyLora(m, l, att, {{LoraTarget::kO, delta}});
+    const MatMulPart o_proj[] = {{&w.wo, w.bo ? &*w.bo : nullptr, delta}};
+    ProjectWithLora(m, l, att, o_proj, {LoraTarget::kO});
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
@@ -83,14 +88,13 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
     if (lora_gate_up) {
       const MatMulPart parts[] = {{&w.w_gate, nullptr, gate}, {&w.w_up, nullptr, up}};
-      be.MatMulGroup(xn, parts);
-      ApplyLora(m, l, xn, {{LoraTarget::kGate, gate}, {LoraTarget::kUp, up}});
+      ProjectWithLora(m, l, xn, parts, {LoraTarget::kGate, LoraTarget::kUp});
       be.SiluMul(gate, up, act);
     } else {
       be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     }
-    be.MatMul(act, w.w_down, nullptr, delta);
-    ApplyLora(m, l, act, {{LoraTarget::kDown, delta}});
+    const MatMulPart down_proj[] = {{&w.w_down, nullptr, delta}};
+    ProjectWithLora(m, l, act, down_proj, {LoraTarget::kDown});
   }
   return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }
