@@ -173,6 +173,18 @@ void Backend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tens
   }
 }
 
+void Backend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                   GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                                   std::span<const LoraPart> lora) {
+  const MatMulPart parts[] = {{&w_gate, nullptr, gate}, {&w_up, nullptr, up}};
+  MatMulGroupLora(x, parts, lora);
+  if (activation == GateActivation::kSilu) {
+    SiluMul(gate, up, out);
+  } else {
+    GeluTanhMul(gate, up, out);
+  }
+}
+
 void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
   for (const LoraSegment& seg : segments) {
     CHECK(seg.rows > 0 && seg.first_row + seg.rows <= x.rows() && seg.a && seg.b);

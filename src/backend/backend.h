@@ -391,6 +391,11 @@ class Backend {
   // the dense MLP's first half. gate and up are written too.
   virtual void GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                                 GateActivation activation, Tensor gate, Tensor up, Tensor out);
+  // GateUpActivation with the step's LoRA updates of gate and up (lora: parts whose out is gate
+  // or up) added before the activation. The default: MatMulGroupLora, then SiluMul / GeluTanhMul.
+  virtual void GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                    GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                                    std::span<const LoraPart> lora);
   // Mixture of experts: per row i, the router's logits l_i = router x[i] (+ router_bias;
   // float32 throughout: a routing decision is the most rounding-sensitive step of the layer),
   // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h; MoeRouteGrouped for

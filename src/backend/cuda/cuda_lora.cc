@@ -180,6 +180,32 @@ void CudaBackend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> p
   MatMulGroup(x, std::span<const MatMulPart>(folded, parts.size()));
 }
 
+// One row on the gated GEMV: the updates into rows of their own first, which the gated GEMV adds
+// as gate's and up's biases before the activation (one launch instead of the GEMV, the updates
+// and the activation). Elsewhere the default.
+void CudaBackend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                       GateActivation activation, Tensor gate, Tensor up,
+                                       Tensor out, std::span<const LoraPart> lora) {
+  bool fold = switches_.lora_bias_fold && x.rows() == 1 && !lora.empty() && lora.size() <= 2 &&
+              GatedGemvFits(x, w_gate, w_up, gate, up, out);
+  for (const LoraPart& part : lora)
+    fold = fold && (part.out.data == gate.data || part.out.data == up.data);
+  if (!fold) {
+    Backend::GateUpActivationLora(x, w_gate, w_up, activation, gate, up, out, lora);
+    return;
+  }
+  LoraPart updates[2];
+  const float* biases[2] = {};  // gate's, up's
+  const float* const zeros[kMaxLoraKernelParts] = {};
+  for (size_t i = 0; i < lora.size(); ++i) {
+    const Tensor row = Alloc({1, gate.numel()});  // f32
+    updates[i] = LoraPart{lora[i].segments, row};
+    biases[lora[i].out.data == gate.data ? 0 : 1] = static_cast<const float*>(row.data);
+  }
+  LoraUpdate(x, std::span<const LoraPart>(updates, lora.size()), zeros);
+  RecordGatedGemv(x, w_gate, w_up, activation, gate, up, out, biases[0], biases[1]);
+}
+
 void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
                              const float* const* bases) {
   CHECK_LE(parts.size(), static_cast<size_t>(kMaxLoraKernelParts));

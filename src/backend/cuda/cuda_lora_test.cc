@@ -369,6 +369,67 @@ TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
   }
 }
 
+// One row on the gated GEMV (bf16 mode): GateUpActivationLora folds the updates of gate and up
+// into the gated GEMV's biases (one launch after the updates), which equals MatMulGroup,
+// LoraDeltaGroup and SiluMul up to the order of float additions (gate, up and the activation
+// within relative L2 1e-5); an adapter on up alone; with the fold off, bitwise the default's.
+TEST_F(CudaOpsTest, GateUpActivationLoraFoldsTheUpdatesIntoTheGatedGemv) {
+  const int64_t k = 2048, m = 1000, rank = 16;
+  for (const bool fold : {true, false}) {
+    for (const bool gate_too : {true, false}) {
+      SCOPED_TRACE(testing::Message()
+                   << (fold ? "fold" : "fold off") << (gate_too ? ", gate and up" : ", up alone"));
+      std::unique_ptr<Backend> be;
+      {
+        const ScopedEnv env("EMBER_LORA_BIAS_FOLD", fold ? "1" : "0");
+        be = Make(false);
+      }
+      Tensor wg = Weight(*be, Random(static_cast<size_t>(m * k), 40, 0.05f), {m, k});
+      Tensor wu = Weight(*be, Random(static_cast<size_t>(m * k), 41, 0.05f), {m, k});
+      const HostAdapter ag = RandomAdapter(rank, k, m, 42, true);
+      const HostAdapter au = RandomAdapter(rank, k, m, 44, true);
+      const LoraHostMatrix mats[] = {{ag.a.data(), rank, k},
+                                     {ag.b.data(), m, rank},
+                                     {au.a.data(), rank, k},
+                                     {au.b.data(), m, rank}};
+      auto slot = be->UploadLoraSlot(0, mats);
+      ASSERT_TRUE(slot.ok()) << slot.status().message();
+      const std::vector<Tensor>& t = *slot;
+      const LoraSegment seg_g[] = {{0, 1, &t[0], &t[1]}};
+      const LoraSegment seg_u[] = {{0, 1, &t[2], &t[3]}};
+      const std::vector<float> x = Random(static_cast<size_t>(k), 46);
+      auto run = [&](bool fused_call) {
+        EXPECT_TRUE(be->BeginStep(SimplePlan(1)).ok());
+        Tensor xt = Upload(*be, x, {1, k});
+        Tensor gate = be->Alloc({1, m}), up = be->Alloc({1, m}), act = be->Alloc({1, m});
+        std::vector<LoraPart> lora;
+        if (gate_too) lora.push_back({seg_g, gate});
+        lora.push_back({seg_u, up});
+        if (fused_call) {
+          be->GateUpActivationLora(xt, wg, wu, GateActivation::kSilu, gate, up, act, lora);
+        } else {
+          const MatMulPart parts[] = {{&wg, nullptr, gate}, {&wu, nullptr, up}};
+          be->MatMulGroup(xt, parts);
+          be->LoraDeltaGroup(xt, lora);
+          be->SiluMul(gate, up, act);
+        }
+        return std::vector<std::vector<float>>{Download(*be, gate), Download(*be, up),
+                                               Download(*be, act)};
+      };
+      const auto got = run(true), want = run(false);
+      for (size_t i = 0; i < 3; ++i) {
+        SCOPED_TRACE(testing::Message() << "output " << i);
+        if (!fold) {
+          EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4));
+        } else {
+          const std::vector<double> ref(want[i].begin(), want[i].end());
+          EXPECT_LT(RelL2(got[i], ref), 1e-5);
+        }
+      }
+    }
+  }
+}
+
 // Decode steps (one row per sequence) replay captured graphs: the row and entry tables are read
 // from device memory each step, so a replay with new x and a step with other segments both stay
 // right, and a step with another mix of adapters replays the same graph (the key holds the
