@@ -216,6 +216,8 @@ void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
     parts = std::span<const LoraPart>(rest, parts.size());
   size_t segments_total = 0;
   for (const LoraPart& part : parts) segments_total += part.segments.size();
+  // (Overwrite writes a bias row its GEMV reads: it never comes without segments.)
+  CHECK(bases == nullptr || segments_total > 0);
   if (segments_total == 0) return;
   CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
   const int64_t n = x.rows(), k = x.cols();
