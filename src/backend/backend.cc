@@ -173,6 +173,18 @@ void Backend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tens
   }
 }
 
+void Backend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                   GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                                   std::span<const LoraPart> lora) {
+  const MatMulPart parts[] = {{&w_gate, nullptr, gate}, {&w_up, nullptr, up}};
+  MatMulGroupLora(x, parts, lora);
+  if (activation == GateActivation::kSilu) {
+    SiluMul(gate, up, out);
+  } else {
+    GeluTanhMul(gate, up, out);
+  }
+}
+
 void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) {
   for (const LoraSegment& seg : segments) {
     CHECK(seg.rows > 0 && seg.first_row + seg.rows <= x.rows() && seg.a && seg.b);
@@ -188,6 +200,12 @@ void Backend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, 
 void Backend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
   CHECK_LE(parts.size(), kMaxLoraParts);
   for (const LoraPart& part : parts) LoraDelta(x, part.segments, part.out);
+}
+
+void Backend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                              std::span<const LoraPart> lora) {
+  MatMulGroup(x, parts);
+  if (!lora.empty()) LoraDeltaGroup(x, lora);
 }
 
 Result<std::vector<Tensor>> Backend::UploadLoraSlot(int32_t slot,

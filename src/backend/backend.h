@@ -391,6 +391,11 @@ class Backend {
   // the dense MLP's first half. gate and up are written too.
   virtual void GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                                 GateActivation activation, Tensor gate, Tensor up, Tensor out);
+  // GateUpActivation with the step's LoRA updates of gate and up (lora: parts whose out is gate
+  // or up) added before the activation. The default: MatMulGroupLora, then SiluMul / GeluTanhMul.
+  virtual void GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                    GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                                    std::span<const LoraPart> lora);
   // Mixture of experts: per row i, the router's logits l_i = router x[i] (+ router_bias;
   // float32 throughout: a routing decision is the most rounding-sensitive step of the layer),
   // the experts E_i = MoeRoute(l_i, top_k, normalize) (moe_route.h; MoeRouteGrouped for
@@ -464,6 +469,11 @@ class Backend {
   // and results as its own LoraDelta's; the same result as those calls (this default makes
   // them). A row takes the same adapter in every part that names it.
   virtual void LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts);
+  // MatMulGroup(x, parts), then LoraDeltaGroup(x, lora) (this default), where every lora part's
+  // out is one of parts' outs. A backend may fold the updates into the products instead (CUDA, for
+  // one row on its GEMV: each update becomes that projection's bias, computed before the GEMV).
+  virtual void MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                               std::span<const LoraPart> lora);
   // Why this backend cannot apply LoRA adapters ("" when it can; the default says it cannot:
   // a backend opts in where LoraDelta runs as documented on its step buffers).
   virtual std::string LoraUnsupported() const;

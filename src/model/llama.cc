@@ -18,26 +18,43 @@ namespace ember {
 
 namespace {
 
-// One projection ApplyLora updates: its target and its output.
-struct LoraOutput {
-  LoraTarget target;
-  Tensor out;
-};
-
-// Each output += the step's LoRA updates of its projection of `layer` (x their input), if any:
-// one LoraDeltaGroup for the projections of one input.
-void ApplyLora(const Model::Impl& m, size_t layer, const Tensor& x,
-               std::initializer_list<LoraOutput> outputs) {
-  if (m.lora == nullptr) return;
-  CHECK_LE(outputs.size(), kMaxLoraParts);
-  LoraPart parts[kMaxLoraParts];
-  size_t count = 0;
-  for (const LoraOutput& o : outputs) {
+// The step's LoRA updates of `layer`'s projections `targets` (targets[i] writes outs[i]) into
+// `parts`, those with segments only; returns how many.
+size_t LoraPartsOf(const Model::Impl& m, size_t layer, std::initializer_list<LoraTarget> targets,
+                   std::span<const Tensor> outs, LoraPart (&parts)[kMaxLoraParts]) {
+  CHECK_EQ(outs.size(), targets.size());
+  CHECK_LE(targets.size(), kMaxLoraParts);
+  if (m.lora == nullptr) return 0;
+  size_t count = 0, i = 0;
+  for (const LoraTarget target : targets) {
     const std::span<const LoraSegment> segments =
-        m.lora->Segments(static_cast<int32_t>(layer), o.target);
-    if (!segments.empty()) parts[count++] = LoraPart{segments, o.out};
+        m.lora->Segments(static_cast<int32_t>(layer), target);
+    if (!segments.empty()) parts[count++] = LoraPart{segments, outs[i]};
+    ++i;
   }
-  if (count > 0) m.backend->LoraDeltaGroup(x, std::span<const LoraPart>(parts, count));
+  return count;
+}
+
+// The projections of one input (x) of `layer` (targets[i] names products[i]'s projection): the
+// products, each output plus the step's LoRA updates of its projection, if any (one
+// MatMulGroupLora); without updates, MatMul (one product) or MatMulGroup as before.
+void ProjectWithLora(const Model::Impl& m, size_t layer, const Tensor& x,
+                     std::span<const MatMulPart> products,
+                     std::initializer_list<LoraTarget> targets) {
+  CHECK_EQ(products.size(), targets.size());
+  CHECK_LE(products.size(), kMaxLoraParts);
+  Tensor outs[kMaxLoraParts];
+  for (size_t i = 0; i < products.size(); ++i) outs[i] = products[i].out;
+  LoraPart parts[kMaxLoraParts];
+  const size_t count =
+      LoraPartsOf(m, layer, targets, std::span<const Tensor>(outs, products.size()), parts);
+  if (count == 0 && products.size() == 1) {
+    m.backend->MatMul(x, *products[0].weight, products[0].bias, products[0].out);
+  } else if (count == 0) {
+    m.backend->MatMulGroup(x, products);
+  } else {
+    m.backend->MatMulGroupLora(x, products, std::span<const LoraPart>(parts, count));
+  }
 }
 
 }  // namespace
@@ -55,7 +72,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                    [](const LayerWeights& w) { return w.moe() || w.bo.has_value(); });
   auto [x, xn, q, k, v, att, delta, gate, up, act] =
       AllocDecoderActivations(be, c, n, matmul_delta);
-  // A step with LoRA updates of gate or up adds them before the activation: unfused.
+  // A step with LoRA updates of gate or up adds them before the activation (GateUpActivationLora).
   const bool lora_gate_up = m.lora != nullptr && (m.lora->StepTargets(LoraTarget::kGate) ||
                                                   m.lora->StepTargets(LoraTarget::kUp));
 
@@ -68,11 +85,10 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     const MatMulPart qkv[] = {{&w.wq, w.bq ? &*w.bq : nullptr, q},
                               {&w.wk, w.bk ? &*w.bk : nullptr, k},
                               {&w.wv, w.bv ? &*w.bv : nullptr, v}};
-    be.MatMulGroup(xn, qkv);
-    ApplyLora(m, l, xn, {{LoraTarget::kQ, q}, {LoraTarget::kK, k}, {LoraTarget::kV, v}});
+    ProjectWithLora(m, l, xn, qkv, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV});
     AttentionCore(be, c, w, static_cast<int32_t>(l), RmsNormKind::kPlain, q, k, v, att);
-    be.MatMul(att, w.wo, w.bo ? &*w.bo : nullptr, delta);
-    ApplyLora(m, l, att, {{LoraTarget::kO, delta}});
+    const MatMulPart o_proj[] = {{&w.wo, w.bo ? &*w.bo : nullptr, delta}};
+    ProjectWithLora(m, l, att, o_proj, {LoraTarget::kO});
     // ---- MLP block ----
     if (w.moe()) {  // its input stays float32 (xn may be a bf16 GEMM operand)
       Tensor xm = be.Alloc({n, d});
@@ -82,15 +98,16 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     }
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
     if (lora_gate_up) {
-      const MatMulPart parts[] = {{&w.w_gate, nullptr, gate}, {&w.w_up, nullptr, up}};
-      be.MatMulGroup(xn, parts);
-      ApplyLora(m, l, xn, {{LoraTarget::kGate, gate}, {LoraTarget::kUp, up}});
-      be.SiluMul(gate, up, act);
+      const Tensor outs[] = {gate, up};
+      LoraPart parts[kMaxLoraParts];
+      const size_t count = LoraPartsOf(m, l, {LoraTarget::kGate, LoraTarget::kUp}, outs, parts);
+      be.GateUpActivationLora(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act,
+                              std::span<const LoraPart>(parts, count));
     } else {
       be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
     }
-    be.MatMul(act, w.w_down, nullptr, delta);
-    ApplyLora(m, l, act, {{LoraTarget::kDown, delta}});
+    const MatMulPart down_proj[] = {{&w.w_down, nullptr, delta}};
+    ProjectWithLora(m, l, act, down_proj, {LoraTarget::kDown});
   }
   return FinishStep(m, x, delta, xn, RmsNormKind::kPlain, 0.0f, plan, outputs);
 }

@@ -277,6 +277,11 @@ class CudaBackend final : public Backend {
                                              std::span<const LoraHostMatrix> matrices) override;
   void LoraDelta(const Tensor& x, std::span<const LoraSegment> segments, Tensor out) override;
   void LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) override;
+  void MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                       std::span<const LoraPart> lora) override;
+  void GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                            GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                            std::span<const LoraPart> lora) override;
 
   // ---- mixture of experts (cuda_moe.cc) ----
   std::string MoeUnsupported(int32_t num_experts, int32_t top_k, int64_t d,
@@ -335,6 +340,13 @@ class CudaBackend final : public Backend {
   int64_t CheckMatMul(const Tensor& x, const Tensor& weight, const Tensor* bias,
                       const Tensor& out) const;
   void GatedActivation(const Tensor& gate, const Tensor& up, Tensor out, bool gelu);
+  // Whether GateUpActivation runs as the one gated GEMV launch, and that launch (with biases:
+  // f32 rows of gate's and up's width, or null).
+  bool GatedGemvFits(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& gate,
+                     const Tensor& up, const Tensor& out) const;
+  void RecordGatedGemv(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                       const float* bias_gate, const float* bias_up);
 
   // ---- LoRA (cuda_lora.cc) ----
   // The slot whose storage holds `p` (a matrix UploadLoraSlot made); `hint` is tried first.
@@ -343,8 +355,11 @@ class CudaBackend final : public Backend {
   // the step; the bytes reach it at the next Flush, ahead of the launches recorded before it).
   void* LoraStage(const void* src, size_t bytes);
   void LoraSendStaged();
+  // LoraDeltaGroup's work; bases non-null: each part's out = bases[p] (a row, or null: zeros) +
+  // its update, for every row (LoraDeltaArgs::overwrite).
+  void LoraUpdate(const Tensor& x, std::span<const LoraPart> parts, const float* const* bases);
   void RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype, bool x_vec,
-                       bool w_vec);
+                       bool w_vec, const float* const* bases);
   // Whether `seg` of a LoraDeltaGroup over x takes cuBLAS GEMMs (RecordLoraGemms): at least
   // switches_.lora_gemm_rows rows, where the base MatMuls are cuBLAS's (bf16 x and weights).
   bool LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const;

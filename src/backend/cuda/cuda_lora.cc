@@ -25,8 +25,12 @@ namespace {
 
 static_assert(kMaxLoraParts == static_cast<size_t>(kMaxLoraKernelParts));
 
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+size_t Align256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 }  // namespace
 
@@ -132,13 +136,88 @@ void CudaBackend::LoraDelta(const Tensor& x, std::span<const LoraSegment> segmen
 }
 
 void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> parts) {
+  LoraUpdate(x, parts, nullptr);
+}
+
+// One row on the GEMV (the batch-1 decode step): the updates first, each written with its
+// projection's bias into a row of its own, which the GEMV then adds as its bias. The update's
+// launches run while the GEMV's ring fills, and out is written once. Elsewhere the default.
+void CudaBackend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> parts,
+                                  std::span<const LoraPart> lora) {
+  CHECK_LE(parts.size(), kMaxMatMulGroupParts);
+  CHECK_LE(lora.size(), static_cast<size_t>(kMaxLoraKernelParts));
+  bool fold = switches_.lora_bias_fold && x.rows() == 1;
+  for (const MatMulPart& part : parts)
+    fold = fold && MatMulPathOf(x, *part.weight) == MatMulPath::kGemv;
+  size_t product_of[kMaxLoraKernelParts] = {};
+  for (size_t i = 0; fold && i < lora.size(); ++i) {
+    size_t p = 0;
+    while (p < parts.size() && parts[p].out.data != lora[i].out.data) ++p;
+    fold = p < parts.size();
+    product_of[i] = p;
+  }
+  if (!fold) {
+    Backend::MatMulGroupLora(x, parts, lora);
+    return;
+  }
+  MatMulPart folded[kMaxMatMulGroupParts];
+  std::copy(parts.begin(), parts.end(), folded);
+  LoraPart updates[kMaxLoraKernelParts];
+  Tensor biases[kMaxLoraKernelParts];
+  const float* bases[kMaxLoraKernelParts] = {};
+  for (size_t i = 0; i < lora.size(); ++i) {
+    MatMulPart& product = folded[product_of[i]];
+    const int64_t m = product.weight->rows();
+    Tensor row = Alloc({1, m});  // f32: the GEMV's bias
+    updates[i] = LoraPart{lora[i].segments, row};
+    bases[i] = product.bias != nullptr ? static_cast<const float*>(product.bias->data) : nullptr;
+    biases[i] = row;
+    biases[i].ndim = 1;
+    biases[i].shape[0] = m;
+    product.bias = &biases[i];
+  }
+  LoraUpdate(x, std::span<const LoraPart>(updates, lora.size()), bases);
+  MatMulGroup(x, std::span<const MatMulPart>(folded, parts.size()));
+}
+
+// One row on the gated GEMV: the updates into rows of their own first, which the gated GEMV adds
+// as gate's and up's biases before the activation (one launch instead of the GEMV, the updates
+// and the activation). Elsewhere the default.
+void CudaBackend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                       GateActivation activation, Tensor gate, Tensor up,
+                                       Tensor out, std::span<const LoraPart> lora) {
+  bool fold = switches_.lora_bias_fold && x.rows() == 1 && !lora.empty() && lora.size() <= 2 &&
+              GatedGemvFits(x, w_gate, w_up, gate, up, out);
+  for (const LoraPart& part : lora)
+    fold = fold && (part.out.data == gate.data || part.out.data == up.data);
+  if (!fold) {
+    Backend::GateUpActivationLora(x, w_gate, w_up, activation, gate, up, out, lora);
+    return;
+  }
+  LoraPart updates[2];
+  const float* biases[2] = {};  // gate's, up's
+  const float* const zeros[kMaxLoraKernelParts] = {};
+  for (size_t i = 0; i < lora.size(); ++i) {
+    const Tensor row = Alloc({1, gate.numel()});  // f32
+    updates[i] = LoraPart{lora[i].segments, row};
+    biases[lora[i].out.data == gate.data ? 0 : 1] = static_cast<const float*>(row.data);
+  }
+  LoraUpdate(x, std::span<const LoraPart>(updates, lora.size()), zeros);
+  RecordGatedGemv(x, w_gate, w_up, activation, gate, up, out, biases[0], biases[1]);
+}
+
+void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
+                             const float* const* bases) {
   CHECK_LE(parts.size(), static_cast<size_t>(kMaxLoraKernelParts));
   // Prefill-sized segments where the base MatMuls are cuBLAS's: two cuBLAS GEMMs per segment and
   // part; the rest: the BGMV kernels.
   LoraPart rest[kMaxLoraKernelParts];
-  if (RecordLoraGemms(x, parts, rest)) parts = std::span<const LoraPart>(rest, parts.size());
+  if (bases == nullptr && RecordLoraGemms(x, parts, rest))
+    parts = std::span<const LoraPart>(rest, parts.size());
   size_t segments_total = 0;
   for (const LoraPart& part : parts) segments_total += part.segments.size();
+  // (Overwrite writes a bias row its GEMV reads: it never comes without segments.)
+  CHECK(bases == nullptr || segments_total > 0);
   if (segments_total == 0) return;
   CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
   const int64_t n = x.rows(), k = x.cols();
@@ -172,7 +251,8 @@ void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> part
       const int32_t slot = LoraSlotOf(seg.a->data, lora_seg_slot_[seg_index]);
       lora_seg_slot_[seg_index++] = slot;
       LoraEntry& entry = lora_entries_[p * slots + static_cast<size_t>(slot)];
-      CHECK(entry.rank == 0 || entry.a == seg.a->data) << "LoraDelta: two adapters in slot " << slot;
+      CHECK(entry.rank == 0 || entry.a == seg.a->data)
+          << "LoraDelta: two adapters in slot " << slot;
       entry = LoraEntry{seg.a->data, seg.b->data, static_cast<int32_t>(rank), 0};
       for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
         int32_t& row_slot = lora_rows_[static_cast<size_t>(r)];
@@ -187,7 +267,7 @@ void CudaBackend::LoraDeltaGroup(const Tensor& x, std::span<const LoraPart> part
       lora_rank_cap_ = std::max(lora_rank_cap_, static_cast<int32_t>(rank));
     }
   }
-  RecordLoraDelta(x, parts, wdtype, x_vec, w_vec);
+  RecordLoraDelta(x, parts, wdtype, x_vec, w_vec, bases);
 }
 
 bool CudaBackend::LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const {
@@ -274,7 +354,7 @@ bool CudaBackend::RecordLoraGemms(const Tensor& x, std::span<const LoraPart> par
 
 // Stages the call's tables (lora_rows_, lora_entries_) and records its launches.
 void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype,
-                                  bool x_vec, bool w_vec) {
+                                  bool x_vec, bool w_vec, const float* const* bases) {
   const int64_t n = x.rows();
   LoraDeltaArgs args;
   if (lora_stage_step_ != steps_begun_ || lora_last_rows_dev_ == nullptr ||
@@ -298,7 +378,9 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> par
   for (size_t p = 0; p < parts.size(); ++p) {
     args.out[p] = parts[p].out.data;
     args.m[p] = parts[p].out.cols();
+    if (bases != nullptr) args.base[p] = bases[p];
   }
+  args.overwrite = bases != nullptr;
   args.out_bf16 = parts[0].out.dtype == DType::kBF16;
   args.w_bf16 = wdtype == DType::kBF16;
   args.x_vec = x_vec;
@@ -315,14 +397,16 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> par
   }
   args.t = lora_t_;
   // The tables' addresses, not their contents: a replay reads what this step staged there.
-  lora_key_.assign({KeyOf(args.row_entry), KeyOf(args.entries), U(lora_entries_.size()),
-                    U(args.n), U(args.rank_cap), KeyOf(x.data), U(args.x_bf16), U(args.k),
-                    U(args.parts), U(args.out_bf16), U(args.w_bf16),
-                    U(args.x_vec) << 1 | U(args.w_vec), KeyOf(args.t)});
+  lora_key_.assign({KeyOf(args.row_entry), KeyOf(args.entries), U(lora_entries_.size()), U(args.n),
+                    U(args.rank_cap), KeyOf(x.data), U(args.x_bf16), U(args.k), U(args.parts),
+                    U(args.out_bf16), U(args.w_bf16), U(args.x_vec) << 1 | U(args.w_vec),
+                    KeyOf(args.t)});
   for (size_t p = 0; p < parts.size(); ++p) {
     lora_key_.push_back(KeyOf(args.out[p]));
     lora_key_.push_back(U(args.m[p]));
+    lora_key_.push_back(KeyOf(args.base[p]));
   }
+  lora_key_.push_back(U(args.overwrite));
   recorder_.Record(OpKind::kLoraDelta, lora_key_,
                    [args](cudaStream_t st) { LaunchLoraDelta(args, st); });
 }

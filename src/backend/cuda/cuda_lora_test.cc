@@ -10,6 +10,7 @@
 // One of the sources of the cuda_ops_test binary.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -78,7 +79,8 @@ std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<f
   std::vector<int32_t> blocks(static_cast<size_t>(n / plan.block_size + 1));
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
   plan.AddSequence(std::vector<int32_t>(static_cast<size_t>(n), 1), 0, blocks, false);
-  EXPECT_TRUE(cpu->AllocateKvPool(1, static_cast<int32_t>(blocks.size()), plan.block_size, 1, 8).ok());
+  EXPECT_TRUE(
+      cpu->AllocateKvPool(1, static_cast<int32_t>(blocks.size()), plan.block_size, 1, 8).ok());
   EXPECT_TRUE(cpu->BeginStep(plan).ok());
   Tensor xt = cpu->Alloc({n, k}), ot = cpu->Alloc({n, m});
   std::memcpy(xt.data, x.data(), x.size() * 4);
@@ -87,6 +89,16 @@ std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<f
   const float* o = static_cast<const float*>(ot.data);
   return std::vector<float>(o, o + n * m);
 }
+
+// Sets an environment variable for the scope (the CUDA backend reads its switches when created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
 
 // The update's relative L2 error: (got - out0) against (ref - out0).
 double UpdateError(const std::vector<float>& got, const std::vector<float>& ref,
@@ -169,11 +181,11 @@ TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
   }
 }
 
-// Prefill-sized segments (>= 256 rows, EMBER_LORA_GEMM_ROWS's default) where the base MatMuls are cuBLAS's (bf16 mode, bf16 x)
-// take two cuBLAS GEMMs each (t rounded to bf16 between them); shorter ones the BGMV kernels in
-// the same call. Against the CPU over the bf16-rounded x and weights: relative L2 of the update
-// within 1e-2 (t's bf16 rounding, and out's where out is bf16); rows outside every segment
-// untouched.
+// Prefill-sized segments (>= 256 rows, EMBER_LORA_GEMM_ROWS's default) where the base MatMuls are
+// cuBLAS's (bf16 mode, bf16 x) take two cuBLAS GEMMs each (t rounded to bf16 between them); shorter
+// ones the BGMV kernels in the same call. Against the CPU over the bf16-rounded x and weights:
+// relative L2 of the update within 1e-2 (t's bf16 rounding, and out's where out is bf16); rows
+// outside every segment untouched.
 TEST_F(CudaOpsTest, LoraDeltaPrefillSegmentsTakeGemms) {
   const int64_t n = 600, k = 256, m = 200;
   const std::vector<Span> spans = {{0, 300, 0}, {300, 10, 1}, {320, 280, 2}};
@@ -233,8 +245,9 @@ TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
       std::vector<HostAdapter> hosts;
       std::vector<LoraHostMatrix> mats;
       for (int p = 0; p < 3; ++p)
-        hosts.push_back(RandomAdapter(ranks[s], k, ms[p], 50 + 7 * static_cast<uint32_t>(s) +
-                                                              static_cast<uint32_t>(p), !f32));
+        hosts.push_back(RandomAdapter(ranks[s], k, ms[p],
+                                      50 + 7 * static_cast<uint32_t>(s) + static_cast<uint32_t>(p),
+                                      !f32));
       for (int p = 0; p < 3; ++p) {
         mats.push_back({hosts[static_cast<size_t>(p)].a.data(), ranks[s], k});
         mats.push_back({hosts[static_cast<size_t>(p)].b.data(), ms[p], ranks[s]});
@@ -281,12 +294,139 @@ TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
           << "part " << p;
       EXPECT_NE(alone[p], out0[p]) << "part " << p << " was not updated";
       for (int64_t r : {0, 1, 2, 3, 10, 11, 44})
-        EXPECT_EQ(grouped[p][static_cast<size_t>(r * ms[p])], out0[p][static_cast<size_t>(r * ms[p])]);
+        EXPECT_EQ(grouped[p][static_cast<size_t>(r * ms[p])],
+                  out0[p][static_cast<size_t>(r * ms[p])]);
     }
     // Adapter 1's rows of part 1 are untouched.
     for (int64_t r : {5, 6, 7, 32, 40})
       EXPECT_EQ(0, std::memcmp(grouped[1].data() + r * ms[1], out0[1].data() + r * ms[1],
-                               static_cast<size_t>(ms[1]) * 4)) << "row " << r;
+                               static_cast<size_t>(ms[1]) * 4))
+          << "row " << r;
+  }
+}
+
+// One row on the GEMV (bf16 mode): MatMulGroupLora folds each update into its projection's
+// bias (the update written with the bias first, the GEMV adding it), which equals MatMulGroup then
+// LoraDeltaGroup up to the order of two float additions (relative L2 1e-6); a projection without
+// an update is untouched by the fold (bitwise), and with the fold off (EMBER_LORA_BIAS_FOLD=0)
+// the call is the default's two calls, bitwise.
+TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
+  const int64_t k = 256, rank = 16;
+  const int64_t ms[3] = {128, 64, 64};  // q (biased), k (no adapter), v
+  for (const bool fold : {true, false}) {
+    SCOPED_TRACE(fold ? "fold" : "fold off");
+    std::unique_ptr<Backend> be;
+    {
+      const ScopedEnv env("EMBER_LORA_BIAS_FOLD", fold ? "1" : "0");
+      be = Make(false);
+    }
+    Tensor w[3];
+    for (int p = 0; p < 3; ++p)
+      w[p] = Weight(*be, Random(static_cast<size_t>(ms[p] * k), 20 + static_cast<uint32_t>(p)),
+                    {ms[p], k});
+    const std::vector<float> bias = Random(static_cast<size_t>(ms[0]), 23);
+    // Slot 0: q's a, b then v's a, b.
+    const HostAdapter aq = RandomAdapter(rank, k, ms[0], 30, true);
+    const HostAdapter av = RandomAdapter(rank, k, ms[2], 32, true);
+    const LoraHostMatrix mats[] = {{aq.a.data(), rank, k},
+                                   {aq.b.data(), ms[0], rank},
+                                   {av.a.data(), rank, k},
+                                   {av.b.data(), ms[2], rank}};
+    auto slot = be->UploadLoraSlot(0, mats);
+    ASSERT_TRUE(slot.ok()) << slot.status().message();
+    const std::vector<Tensor>& t = *slot;
+    const LoraSegment seg_q[] = {{0, 1, &t[0], &t[1]}};
+    const LoraSegment seg_v[] = {{0, 1, &t[2], &t[3]}};
+    const std::vector<float> x = Random(static_cast<size_t>(k), 24);
+    auto run = [&](bool grouped_lora) {
+      EXPECT_TRUE(be->BeginStep(SimplePlan(1)).ok());
+      Tensor xt = Upload(*be, x, {1, k});
+      Tensor bt = Upload(*be, bias, {ms[0]});
+      MatMulPart parts[3];
+      for (int p = 0; p < 3; ++p)
+        parts[p] = MatMulPart{&w[p], p == 0 ? &bt : nullptr, be->Alloc({1, ms[p]})};
+      const LoraPart lora[] = {{seg_q, parts[0].out}, {seg_v, parts[2].out}};
+      if (grouped_lora) {
+        be->MatMulGroupLora(xt, parts, lora);
+      } else {
+        be->MatMulGroup(xt, parts);
+        be->LoraDeltaGroup(xt, lora);
+      }
+      std::vector<std::vector<float>> out;
+      for (const MatMulPart& part : parts) out.push_back(Download(*be, part.out));
+      return out;
+    };
+    const auto got = run(true), want = run(false);
+    for (size_t p = 0; p < 3; ++p) {
+      SCOPED_TRACE(testing::Message() << "part " << p);
+      if (p == 1 || !fold) {
+        EXPECT_EQ(0, std::memcmp(got[p].data(), want[p].data(), got[p].size() * 4));
+      } else {
+        const std::vector<double> ref(want[p].begin(), want[p].end());
+        EXPECT_LT(RelL2(got[p], ref), 1e-6);
+      }
+    }
+  }
+}
+
+// One row on the gated GEMV (bf16 mode): GateUpActivationLora folds the updates of gate and up
+// into the gated GEMV's biases (one launch after the updates), which equals MatMulGroup,
+// LoraDeltaGroup and SiluMul up to the order of float additions (gate, up and the activation
+// within relative L2 1e-5); an adapter on up alone; with the fold off, bitwise the default's.
+TEST_F(CudaOpsTest, GateUpActivationLoraFoldsTheUpdatesIntoTheGatedGemv) {
+  const int64_t k = 2048, m = 1000, rank = 16;
+  for (const bool fold : {true, false}) {
+    for (const bool gate_too : {true, false}) {
+      SCOPED_TRACE(testing::Message()
+                   << (fold ? "fold" : "fold off") << (gate_too ? ", gate and up" : ", up alone"));
+      std::unique_ptr<Backend> be;
+      {
+        const ScopedEnv env("EMBER_LORA_BIAS_FOLD", fold ? "1" : "0");
+        be = Make(false);
+      }
+      Tensor wg = Weight(*be, Random(static_cast<size_t>(m * k), 40, 0.05f), {m, k});
+      Tensor wu = Weight(*be, Random(static_cast<size_t>(m * k), 41, 0.05f), {m, k});
+      const HostAdapter ag = RandomAdapter(rank, k, m, 42, true);
+      const HostAdapter au = RandomAdapter(rank, k, m, 44, true);
+      const LoraHostMatrix mats[] = {{ag.a.data(), rank, k},
+                                     {ag.b.data(), m, rank},
+                                     {au.a.data(), rank, k},
+                                     {au.b.data(), m, rank}};
+      auto slot = be->UploadLoraSlot(0, mats);
+      ASSERT_TRUE(slot.ok()) << slot.status().message();
+      const std::vector<Tensor>& t = *slot;
+      const LoraSegment seg_g[] = {{0, 1, &t[0], &t[1]}};
+      const LoraSegment seg_u[] = {{0, 1, &t[2], &t[3]}};
+      const std::vector<float> x = Random(static_cast<size_t>(k), 46);
+      auto run = [&](bool fused_call) {
+        EXPECT_TRUE(be->BeginStep(SimplePlan(1)).ok());
+        Tensor xt = Upload(*be, x, {1, k});
+        Tensor gate = be->Alloc({1, m}), up = be->Alloc({1, m}), act = be->Alloc({1, m});
+        std::vector<LoraPart> lora;
+        if (gate_too) lora.push_back({seg_g, gate});
+        lora.push_back({seg_u, up});
+        if (fused_call) {
+          be->GateUpActivationLora(xt, wg, wu, GateActivation::kSilu, gate, up, act, lora);
+        } else {
+          const MatMulPart parts[] = {{&wg, nullptr, gate}, {&wu, nullptr, up}};
+          be->MatMulGroup(xt, parts);
+          be->LoraDeltaGroup(xt, lora);
+          be->SiluMul(gate, up, act);
+        }
+        return std::vector<std::vector<float>>{Download(*be, gate), Download(*be, up),
+                                               Download(*be, act)};
+      };
+      const auto got = run(true), want = run(false);
+      for (size_t i = 0; i < 3; ++i) {
+        SCOPED_TRACE(testing::Message() << "output " << i);
+        if (!fold) {
+          EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4));
+        } else {
+          const std::vector<double> ref(want[i].begin(), want[i].end());
+          EXPECT_LT(RelL2(got[i], ref), 1e-5);
+        }
+      }
+    }
   }
 }
 
@@ -309,7 +449,8 @@ TEST_F(CudaOpsTest, LoraDeltaInDecodeGraphs) {
                                                 {{0, 2, 0}, {3, 1, 1}}};
   for (size_t step = 0; step < steps.size(); ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step);
-    const std::vector<float> x = Random(static_cast<size_t>(n * k), 30 + static_cast<uint32_t>(step));
+    const std::vector<float> x =
+        Random(static_cast<size_t>(n * k), 30 + static_cast<uint32_t>(step));
     const std::vector<float> out0 = Random(static_cast<size_t>(n * m), 40);
     BatchPlan plan;
     for (int32_t s = 0; s < n; ++s) plan.AddSequence({1}, 5, {s}, true);

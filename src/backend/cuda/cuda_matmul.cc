@@ -255,25 +255,36 @@ void CudaBackend::RecordCublasGroup(const CublasGroup& g) {
 // One row whose gate and up both take the GEMV: one launch computes gate, up and the activation
 // (the step loses a kernel and its wait; gate and up are still written), where the ring GEMV can
 // take the pair (GemvGatedFused). Otherwise MatMulGroup, then the activation.
+bool CudaBackend::GatedGemvFits(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                const Tensor& gate, const Tensor& up, const Tensor& out) const {
+  const int64_t n = gate.numel(), k = x.cols();
+  return x.rows() > 0 && MatMulPathOf(x, w_gate) == MatMulPath::kGemv &&
+         MatMulPathOf(x, w_up) == MatMulPath::kGemv && gate.dtype == DType::kF32 &&
+         up.dtype == DType::kF32 && out.dtype == DType::kF32 && w_gate.rows() == n &&
+         w_up.rows() == n && GemvGatedFused(n, k);
+}
+
 void CudaBackend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                                    GateActivation activation, Tensor gate, Tensor up, Tensor out) {
-  const int64_t n = gate.numel(), k = x.cols();
-  const bool fused = x.rows() > 0 && MatMulPathOf(x, w_gate) == MatMulPath::kGemv &&
-                     MatMulPathOf(x, w_up) == MatMulPath::kGemv && gate.dtype == DType::kF32 &&
-                     up.dtype == DType::kF32 && out.dtype == DType::kF32 && w_gate.rows() == n &&
-                     w_up.rows() == n && GemvGatedFused(n, k);
-  if (!fused) {
+  if (!GatedGemvFits(x, w_gate, w_up, gate, up, out)) {
     Backend::GateUpActivation(x, w_gate, w_up, activation, gate, up, out);
     return;
   }
+  RecordGatedGemv(x, w_gate, w_up, activation, gate, up, out, nullptr, nullptr);
+}
+
+void CudaBackend::RecordGatedGemv(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                                  GateActivation activation, Tensor gate, Tensor up, Tensor out,
+                                  const float* bias_gate, const float* bias_up) {
+  const int64_t n = gate.numel(), k = x.cols();
   CheckMatMul(x, w_gate, nullptr, gate);
   CheckMatMul(x, w_up, nullptr, up);
   CHECK_EQ(up.numel(), n);
   CHECK_EQ(out.numel(), n);
   const bool gelu = activation == GateActivation::kGeluTanh;
   const std::array<GemvPart, 2> parts = {
-      GemvPart{w_gate.data, nullptr, static_cast<float*>(gate.data), n},
-      GemvPart{w_up.data, nullptr, static_cast<float*>(up.data), n}};
+      GemvPart{w_gate.data, bias_gate, static_cast<float*>(gate.data), n},
+      GemvPart{w_up.data, bias_up, static_cast<float*>(up.data), n}};
   // A GEMV launch: the previous one prefetches its weights.
   if (!gemv_next_.empty()) gemv_next_.back() = GemvPrefetch{w_gate.data, n * k * 2};
   gemv_next_.emplace_back();

@@ -136,6 +136,8 @@ struct ExpandParts {
   void* out[kMaxLoraKernelParts];
   int64_t m[kMaxLoraKernelParts];
   int32_t block_end[kMaxLoraKernelParts];
+  const float* base[kMaxLoraKernelParts];  // overwrite's base row per part (null: zeros)
+  bool overwrite;
 };
 
 // out[row, col] += sum_j t[row, part * rank_cap + j] b[col, j] for the rows [r0, r0 +
@@ -175,7 +177,8 @@ __global__ void __launch_bounds__(kExpandThreads)
   }
   PdlTrigger();
   PdlWait();  // every block (pdl.cuh)
-  if (max_rank == 0) return;  // the same for every thread of the block
+  // The same for every thread of the block (overwrite writes every row, adapter or not).
+  if (max_rank == 0 && !parts.overwrite) return;
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i)
     for (int32_t j = threadIdx.x; j < rank[i]; j += kExpandThreads)
@@ -200,6 +203,14 @@ __global__ void __launch_bounds__(kExpandThreads)
         if (q < cnt) acc[i] = fmaf(ts[i][j0 + q], w[q], acc[i]);
     }
   }
+  if (parts.overwrite) {
+    const float* base = part == 0 ? parts.base[0] : part == 1 ? parts.base[1] : parts.base[2];
+    const float b0 = base != nullptr ? base[col] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kExpandRows; ++i)
+      if (r0 + i < n) StoreVec<OutT, float>(out, int64_t{r0 + i} * m + col, b0 + acc[i]);
+    return;
+  }
   // out's rows read first, then written (a store that may alias the next row's load would make
   // each row wait out a round trip).
   float old[kExpandRows];
@@ -223,11 +234,13 @@ void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
   };
   DispatchIn(a.x, a.x_bf16, shrink);
   ExpandParts parts = {};
+  parts.overwrite = a.overwrite;
   int32_t blocks = 0;
   for (int p = 0; p < kMaxLoraKernelParts; ++p) {
     if (p < a.parts) {
       parts.out[p] = a.out[p];
       parts.m[p] = a.m[p];
+      parts.base[p] = a.base[p];
       blocks += static_cast<int32_t>((a.m[p] + kExpandThreads - 1) / kExpandThreads);
     }
     parts.block_end[p] = blocks;

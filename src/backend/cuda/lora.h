@@ -40,8 +40,15 @@ struct LoraDeltaArgs {
   // element is summed in the same order (only the load width differs).
   bool x_vec = false, w_vec = false;
   float* t = nullptr;  // scratch [n, parts * rank_cap] f32
+  // overwrite: out[row] = base[col] (or 0 where base is null) + the update, for every row,
+  // adapter or not, instead of out += the update (out f32: a GEMV's bias, CudaBackend's
+  // MatMulGroupLora).
+  bool overwrite = false;
+  const float* base[kMaxLoraKernelParts] = {};
 };
-// For every part and row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T (two
+// For every part and row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T
+// (overwrite: out[row] = base + t[row] b^T for every row, 0 for the update of a row without one)
+// (two
 // launches for all parts, programmatic dependent launches: each reads its weights' first chunks
 // before waiting on the kernel before it; float32 accumulation, each element's order fixed by
 // its row alone: batch-invariant).

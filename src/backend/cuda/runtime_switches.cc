@@ -19,6 +19,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.moe_mma = mode == 0 ? MoeMma::kNever : mode == 1 ? MoeMma::kAlways : MoeMma::kAuto;
   }
   s.gemm_tiled_variant = std::atoi(EnvString("EMBER_GEMM_VARIANT").c_str());
+  if (const char* fold = std::getenv("EMBER_LORA_BIAS_FOLD"); fold != nullptr)
+    s.lora_bias_fold = std::atoi(fold) != 0;
   if (const std::string rows = EnvString("EMBER_LORA_GEMM_ROWS"); !rows.empty())
     s.lora_gemm_rows = std::atoll(rows.c_str());
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");

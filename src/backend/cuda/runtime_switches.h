@@ -21,6 +21,9 @@ struct RuntimeSwitches {
   // EMBER_LORA_GEMM_ROWS=N: a LoRA segment of at least N rows, where the base MatMuls are
   // cuBLAS's, takes two cuBLAS GEMMs instead of the BGMV kernels (0: never). 256 by default.
   int64_t lora_gemm_rows = 256;
+  // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
+  // default folds the update into the GEMV's bias; an A/B knob).
+  bool lora_bias_fold = true;
   // EMBER_CUDA_PROFILE_OUT=FILE: time every op kind with events and append the totals to FILE
   // when the backend goes away (for programs that cannot call CudaGetOpProfile).
   std::string profile_out;
