@@ -501,6 +501,11 @@ class CudaBackend final : public Backend {
   uint64_t moe_scratch_step_ = 0;
   size_t moe_scratch_bytes_ = 0;
   unsigned char* moe_scratch_ = nullptr;
+  // MlaAttention's tensor-core path: q_lat and o_lat of one chunk of tokens (bf16), one arena
+  // region per step shared by the step's MLA layers (stream order), grown when one needs more.
+  uint64_t mla_scratch_step_ = 0;
+  size_t mla_scratch_bytes_ = 0;
+  unsigned char* mla_scratch_ = nullptr;
 
   // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
   // Sends what is queued for the pool: the current half's staged records (SendStagedUploads: one

@@ -1,7 +1,9 @@
 // CudaBackend's multi-head latent attention (deepseek_v3): the latent pool (the KV pool with one
 // f32 tensor per layer of [c | k_rope] rows, so the block copies move them as the CPU's do) and
-// MlaAttention as one recorded op of two launches (mla_attention.cu). Graph-safe: every launch
-// reads the plan from the device.
+// MlaAttention as one recorded op: in the f32 compute mode two launches (the rotation and pool
+// write, then a block per (row, head)); in the bf16 mode the tensor-core path
+// (LaunchMlaAttentionFlash: per chunk of tokens the absorbed q, the attention over shared latent
+// tiles, the output product). Graph-safe: every launch reads the plan from the device.
 #include <string>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -65,6 +67,33 @@ void CudaBackend::MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, co
   a.num_slots = int64_t{kv_blocks_} * kv_block_size_;
   a.out = static_cast<float*>(out.data);
   const PlanView plan = plan_;
+  if (!f32_compute_ && switches_.mla_flash && MlaFlashSupported(a)) {
+    // The tensor-core path; its q_lat / o_lat scratch per chunk of tokens, shared by the step's
+    // MLA layers.
+    const int32_t chunk = MlaFlashChunkTokens(a, plan.num_tokens);
+    const size_t half = (static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2 + 255) /
+                        256 * 256;
+    if (mla_scratch_step_ != steps_begun_ || mla_scratch_bytes_ < 2 * half) {
+      mla_scratch_ = static_cast<unsigned char*>(ArenaAlloc(2 * half));
+      mla_scratch_bytes_ = 2 * half;
+      mla_scratch_step_ = steps_begun_;
+    }
+    unsigned char* q_lat = mla_scratch_;
+    unsigned char* o_lat = mla_scratch_ + half;
+    const int32_t max_query_len = max_query_len_, sms = num_sms_,
+                  m_tiles = switches_.mla_flash_m_tiles;
+    recorder_.Record(OpKind::kMlaAttention,
+                     {U(a.num_heads), U(a.nope_dim), U(a.rope_dim), U(a.v_dim), U(a.latent_dim),
+                      KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),
+                      KeyOf(a.k_rope), KeyOf(a.kv_b), KeyOf(a.pool), KeyOf(a.out),
+                      KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs), U(max_query_len),
+                      U(chunk), KeyOf(q_lat)},
+                     [=](cudaStream_t st) {
+                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, chunk, sms,
+                                               m_tiles, st);
+                     });
+    return;
+  }
   recorder_.Record(OpKind::kMlaAttention,
                    {U(a.num_heads), U(a.nope_dim), U(a.rope_dim), U(a.v_dim), U(a.latent_dim),
                     KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),

@@ -221,6 +221,19 @@ constexpr int32_t kMlaMaxRope = 128;     // rope_dim
 // Rotates, writes [c | k_rope] at plan.slot_mapping, then a block per (row, head) attends with
 // the up-projection absorbed (backend/cpu/mla_attention.h's order of terms).
 void LaunchMlaAttention(const MlaArgs& args, const PlanView& plan, cudaStream_t stream);
+// The bf16 mode's tensor-core form (mla_attention.cu): the same rotation and pool write, then per
+// chunk of chunk_tokens tokens q_lat = W_uk^T q_nope, the attention over the latent rows shared by
+// a sequence's rows and heads, out = W_uv o_lat; bf16 operands, f32 accumulation, each row's
+// arithmetic independent of the step's other rows. q_lat / o_lat: scratch of chunk_tokens *
+// num_heads * latent_dim bf16 each. MlaFlashSupported: the shapes it takes ((latent + rope) % 4
+// == 0, latent + rope <= 640 and latent <= 512 once padded to 16). m_tiles 1, 2 or 4 fixes the
+// attention's 16-row m-tiles per block (0: by the step's rows; the results are the same).
+constexpr int64_t kMlaFlashChunkBytes = int64_t{128} << 20;  // q_lat's bytes per chunk at most
+bool MlaFlashSupported(const MlaArgs& args);
+int32_t MlaFlashChunkTokens(const MlaArgs& args, int32_t num_tokens);
+void LaunchMlaAttentionFlash(const MlaArgs& args, const PlanView& plan, int32_t max_query_len,
+                             void* q_lat, void* o_lat, int32_t chunk_tokens,
+                             int32_t num_sms, int32_t m_tiles, cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale (token_ids[i] = -1 - r: plan.fed_ids[r]).

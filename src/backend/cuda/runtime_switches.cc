@@ -23,6 +23,9 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.lora_bias_fold = std::atoi(fold) != 0;
   if (const std::string rows = EnvString("EMBER_LORA_GEMM_ROWS"); !rows.empty())
     s.lora_gemm_rows = std::atoll(rows.c_str());
+  if (const std::string flash = EnvString("EMBER_MLA_FLASH"); !flash.empty())
+    s.mla_flash = std::atoi(flash.c_str()) != 0;
+  s.mla_flash_m_tiles = std::atoi(EnvString("EMBER_MLA_M_TILES").c_str());
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
   s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
   return s;

@@ -21,6 +21,12 @@ struct RuntimeSwitches {
   // EMBER_LORA_GEMM_ROWS=N: a LoRA segment of at least N rows, where the base MatMuls are
   // cuBLAS's, takes two cuBLAS GEMMs instead of the BGMV kernels (0: never). 256 by default.
   int64_t lora_gemm_rows = 256;
+  // EMBER_MLA_FLASH=0: MlaAttention in the bf16 mode on the f32 one-block-per-(row, head) kernel
+  // instead of the tensor-core path (an A/B knob).
+  bool mla_flash = true;
+  // EMBER_MLA_M_TILES=1 / 2 / 4: the tensor-core MLA's 16-row m-tiles per block, whatever the
+  // step (unset: by the step's rows). The same results either way: a test and A/B knob.
+  int32_t mla_flash_m_tiles = 0;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
