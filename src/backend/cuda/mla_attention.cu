@@ -197,6 +197,27 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], const void* smem_pt
                : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
+// A fragment's two row values (rows lane / 4 and lane / 4 + 8 of the m-tile) reduced over the
+// row's 4 lanes with op (xor 1, then xor 2: every lane ends with the same bits) and stored at
+// rows[lane / 4], rows[lane / 4 + 8].
+struct MaxOp {
+  __device__ float operator()(float x, float y) const { return fmaxf(x, y); }
+};
+struct AddRnOp {
+  __device__ float operator()(float x, float y) const { return __fadd_rn(x, y); }
+};
+template <typename Op>
+__device__ __forceinline__ void QuadReduceStore(float a, float b, Op op, float* rows, int lane) {
+#pragma unroll
+  for (int step = 1; step <= 2; step *= 2) {
+    a = op(a, __shfl_xor_sync(0xffffffffu, a, step));
+    b = op(b, __shfl_xor_sync(0xffffffffu, b, step));
+  }
+  if (lane % 4 == 0) {
+    rows[lane / 4] = a;
+    rows[lane / 4 + 8] = b;
+  }
+}
 __device__ __forceinline__ float ToFloat(float x) { return x; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ void StoreAs(float* p, float x) { *p = x; }
@@ -385,17 +406,8 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
     const int32_t key0 = k0 + qw * 8 + 2 * (lane % 4);
     const float u0 = key0 <= pos_a ? s[0] : -INFINITY, u1 = key0 + 1 <= pos_a ? s[1] : -INFINITY;
     const float u2 = key0 <= pos_b ? s[2] : -INFINITY, u3 = key0 + 1 <= pos_b ? s[3] : -INFINITY;
-    float mx_a = fmaxf(u0, u1), mx_b = fmaxf(u2, u3);
-#pragma unroll
-    for (int step = 1; step <= 2; step *= 2) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, step));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, step));
-    }
-    float* my_max = red_max + (g * kFlashWarpsPerMt + qw) * 16;
-    if (lane % 4 == 0) {
-      my_max[lane / 4] = mx_a;
-      my_max[lane / 4 + 8] = mx_b;
-    }
+    QuadReduceStore(fmaxf(u0, u1), fmaxf(u2, u3), MaxOp{},
+                    red_max + (g * kFlashWarpsPerMt + qw) * 16, lane);
     __syncthreads();
     float tm_a = -INFINITY, tm_b = -INFINITY;
 #pragma unroll
@@ -411,18 +423,9 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
                                                     Exp2(__fsub_rn(__fmul_rn(u1, c), ms_a)));
     const __nv_bfloat162 pb = __floats2bfloat162_rn(Exp2(__fsub_rn(__fmul_rn(u2, c), ms_b)),
                                                     Exp2(__fsub_rn(__fmul_rn(u3, c), ms_b)));
-    float sa = __fadd_rn(__low2float(pa), __high2float(pa));
-    float sb = __fadd_rn(__low2float(pb), __high2float(pb));
-#pragma unroll
-    for (int step = 1; step <= 2; step *= 2) {
-      sa = __fadd_rn(sa, __shfl_xor_sync(0xffffffffu, sa, step));
-      sb = __fadd_rn(sb, __shfl_xor_sync(0xffffffffu, sb, step));
-    }
-    float* my_sum = red_sum + (g * kFlashWarpsPerMt + qw) * 16;
-    if (lane % 4 == 0) {
-      my_sum[lane / 4] = sa;
-      my_sum[lane / 4 + 8] = sb;
-    }
+    QuadReduceStore(__fadd_rn(__low2float(pa), __high2float(pa)),
+                    __fadd_rn(__low2float(pb), __high2float(pb)), AddRnOp{},
+                    red_sum + (g * kFlashWarpsPerMt + qw) * 16, lane);
     const int pc = qw * 8 + 2 * (lane % 4);
     *reinterpret_cast<__nv_bfloat162*>(pw + (lane / 4) * kFlashLdP + pc) = pa;
     *reinterpret_cast<__nv_bfloat162*>(pw + (lane / 4 + 8) * kFlashLdP + pc) = pb;
