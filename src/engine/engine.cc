@@ -439,6 +439,9 @@ std::vector<std::shared_ptr<RequestState>> Engine::TakeLoraSlots(
       continue;
     }
     if (!slot->has_value()) {
+      // Queued behind another request: its adapter's read may start now (within the pool's
+      // bound), so it does not wait for that read once it reaches the head.
+      if (!lora_waiting_.empty()) pool->Prefetch(lora->digest, lora->dir);
       lora_waiting_.push_back(std::move(state));
       continue;
     }

@@ -58,8 +58,7 @@ Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::stri
 
 bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
   CHECK_NE(digest, 0u);
-  for (const Slot& slot : slots_)
-    if (slot.digest == digest) return true;
+  if (Resident(digest)) return true;
   if (const auto it = FindPreparation(digest, dir); it != preparing_.end())
     return it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   const size_t limit = 2 * slots_.size();
@@ -70,13 +69,30 @@ bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
       ++it;
     }
   }
+  StartRead(digest, dir);
+  return false;
+}
+
+void LoraSet::Prefetch(uint64_t digest, const std::string& dir) {
+  CHECK_NE(digest, 0u);
+  if (Resident(digest) || FindPreparation(digest, dir) != preparing_.end() ||
+      preparing_.size() >= 2 * slots_.size())
+    return;
+  StartRead(digest, dir);
+}
+
+bool LoraSet::Resident(uint64_t digest) const {
+  return std::any_of(slots_.begin(), slots_.end(),
+                     [digest](const Slot& slot) { return slot.digest == digest; });
+}
+
+void LoraSet::StartRead(uint64_t digest, const std::string& dir) {
   const ModelConfig* config = config_;
   const int32_t max_rank = max_rank_;
   preparing_.push_back(
       Preparation{digest, dir, std::async(std::launch::async, [dir, config, max_rank] {
                     return LoadLoraAdapter(dir, *config, max_rank);
                   })});
-  return false;
 }
 
 std::deque<LoraSet::Preparation>::iterator LoraSet::FindPreparation(uint64_t digest,

@@ -53,6 +53,12 @@ class LoraSet {
   // starts while 2 x max_loras are unclaimed, finished ones are dropped, oldest first, until
   // fewer remain (reads still running are kept).
   bool Prepared(uint64_t digest, const std::string& dir);
+  // Starts the read Prepared would start, for a request still queued behind others, unless the
+  // adapter is resident, its read is held already, or 2 x max_loras reads are held (running or
+  // unclaimed): then nothing happens, and the request's own Prepared starts it later.
+  void Prefetch(uint64_t digest, const std::string& dir);
+  // Reads held: running, or finished and not yet claimed by Acquire.
+  int32_t reads_held() const { return static_cast<int32_t>(preparing_.size()); }
 
   // Groups the plan's rows by their sequences' lora_slot for this step's Segments.
   void BeginStep(const BatchPlan& plan);
@@ -103,6 +109,8 @@ class LoraSet {
   };
   std::deque<Preparation> preparing_;
   std::deque<Preparation>::iterator FindPreparation(uint64_t digest, const std::string& dir);
+  bool Resident(uint64_t digest) const;
+  void StartRead(uint64_t digest, const std::string& dir);
   std::vector<Run> runs_;  // this step's rows with an adapter, merged by slot
   std::array<std::vector<LoraSegment>, kNumLoraTargets> segments_;  // by target
 };

@@ -414,6 +414,31 @@ TEST(LoraSetPool, PreparedReadsTheFilesOffTheCallersThread) {
   EXPECT_FALSE(pool.Acquire(42, gone.dir).ok());
 }
 
+// Prefetch starts reads for queued requests up to 2 x max_loras held reads, once per adapter,
+// none for a resident one; the read it started is the one Prepared and Acquire then use.
+TEST(LoraSetPool, PrefetchStartsReadsWithinTheBound) {
+  EMBER_REQUIRE_DIR(AdapterDir("llama3-a"));
+  auto model = LoadWithLora("llama3", 2);  // 2 slots: at most 4 reads held
+  LoraSet& pool = *model->lora();
+  const uint64_t da = LoadLoraAdapter(AdapterDir("llama3-a"), model->config(), 64)->digest;
+  pool.Prefetch(da, AdapterDir("llama3-a"));
+  pool.Prefetch(da, AdapterDir("llama3-a"));  // held already
+  EXPECT_EQ(pool.reads_held(), 1);
+  TempAdapter gone("", "prefetch_gone");  // folders that do not load: reads that end at once
+  for (uint64_t d = 1; d <= 5; ++d) pool.Prefetch(d, gone.dir);
+  EXPECT_EQ(pool.reads_held(), 4);  // 3 of the 5 fit
+  for (int i = 0; i < 2000 && !pool.Prepared(da, AdapterDir("llama3-a")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(pool.Prepared(da, AdapterDir("llama3-a")));
+  EXPECT_EQ(pool.reads_held(), 4);  // Prepared found the prefetched read: none started
+  const int32_t a = **pool.Acquire(da, AdapterDir("llama3-a"));
+  EXPECT_EQ(pool.prepared_loads(), 1);
+  EXPECT_EQ(pool.reads_held(), 3);
+  pool.Prefetch(da, AdapterDir("llama3-a"));  // resident: nothing to read
+  EXPECT_EQ(pool.reads_held(), 3);
+  pool.Release(a);
+}
+
 TEST(LoraAdapter, RefusesExpertModulesAndGemma) {
   EMBER_REQUIRE_DIR(Fixtures() + "/models/qwen3_moe");
   TempAdapter t("", "families");
