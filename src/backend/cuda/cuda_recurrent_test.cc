@@ -38,6 +38,20 @@ class CudaArchOpsTest : public CudaOpsTest {
     return t;
   }
   static std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+  static MlaParams Mla(int32_t layer, int32_t heads, int32_t nope, int32_t rope, int32_t v,
+                       int32_t latent, float scale, bool interleave, const Tensor& kv_b) {
+    MlaParams p;
+    p.layer = layer;
+    p.num_heads = heads;
+    p.nope_dim = nope;
+    p.rope_dim = rope;
+    p.v_dim = v;
+    p.latent_dim = latent;
+    p.scale = scale;
+    p.rope_interleave = interleave;
+    p.kv_b = &kv_b;
+    return p;
+  }
   // A float32 weight an own kernel reads as float32 (MLA's kv_b), as the loader uploads it.
   Tensor F32Weight(Backend& b, const std::vector<float>& host, std::vector<int64_t> shape) {
     auto r = b.UploadF32Weight("kv_b", shape, host.data());
@@ -206,17 +220,10 @@ TEST_F(CudaArchOpsTest, MlaAttentionMatchesCpu) {
         Tensor tc = Put(b, c, {n, sh.latent});
         Tensor tk = Put(b, k_rope, {n, sh.rope});
         Tensor to = b.Alloc({n, int64_t{sh.heads} * sh.v});
-        MlaParams p;
-        p.layer = 1;
-        p.num_heads = sh.heads;
-        p.nope_dim = sh.nope;
-        p.rope_dim = sh.rope;
-        p.v_dim = sh.v;
-        p.latent_dim = sh.latent;
-        p.scale = 0.3f;
-        p.rope_interleave = sh.interleave;
-        p.kv_b = &wkv[i];
-        b.MlaAttention(rope_id[i], p, tq, tc, tk, to);
+        b.MlaAttention(rope_id[i],
+                       Mla(1, sh.heads, sh.nope, sh.rope, sh.v, sh.latent, 0.3f, sh.interleave,
+                           wkv[i]),
+                       tq, tc, tk, to);
         out[i] = Download(b, to);
         q_rot[i] = Download(b, tq);
       }
@@ -297,17 +304,8 @@ TEST_F(CudaArchOpsTest, MlaAttentionBf16MatchesCpuAndIsRowInvariant) {
       Tensor tc = Put(b, c, {n, latent});
       Tensor tk = Put(b, k, {n, rope});
       Tensor to = b.Alloc({n, int64_t{heads} * v});
-      MlaParams p;
-      p.layer = 0;
-      p.num_heads = heads;
-      p.nope_dim = nope;
-      p.rope_dim = rope;
-      p.v_dim = v;
-      p.latent_dim = latent;
-      p.scale = 0.07f;
-      p.rope_interleave = true;
-      p.kv_b = &wkv;
-      b.MlaAttention(*rope_id, p, tq, tc, tk, to);
+      b.MlaAttention(*rope_id, Mla(0, heads, nope, rope, v, latent, 0.07f, true, wkv), tq, tc,
+                     tk, to);
       if (b.name() == "cpu") {
         out.assign(static_cast<const float*>(to.data),
                    static_cast<const float*>(to.data) + to.numel());
