@@ -59,6 +59,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_rotate.cuh"
 
@@ -117,22 +118,9 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
 // Scores are kept in "logit units" u, which need no per-element work before the running max:
 // without a soft-cap u = q.k (unscaled), with one u = cap * tanh(q.k * scale / cap). A key's
 // weight is 2^(u c - m c) with c = ExpScale(a) (the softmax scale, if not applied yet, times
-// log2 e): one FMA and one ex2 per score.
-constexpr float kLog2e = 1.4426950408889634f;
+// log2 e): one FMA and one ex2 per score (online_softmax.cuh).
 __device__ __forceinline__ float ExpScale(const AttentionArgs& a) {
   return a.softcap > 0.f ? kLog2e : __fmul_rn(a.scale, kLog2e);
-}
-
-__device__ __forceinline__ float Exp2(float x) {  // 2^x; ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// m c for the weights' exponents; 0 for an empty state (all its scores are -inf, so the weights
-// stay 0 rather than NaN).
-__device__ __forceinline__ float MaxTimesScale(float m, float c) {
-  return m == -INFINITY ? 0.f : __fmul_rn(m, c);
 }
 
 // A finished row's softmax denominator: its keys' sum l plus, with sinks, its head's sink weight
@@ -151,28 +139,6 @@ __device__ __forceinline__ float WithSink(float l, float m, float c, const Atten
 // The soft-capped score (pinned rounding: the same bits on every path).
 __device__ __forceinline__ float Capped(float qk, const AttentionArgs& a) {
   return __fmul_rn(a.softcap, tanhf(__fdiv_rn(__fmul_rn(qk, a.scale), a.softcap)));
-}
-
-// The weight of a state with max m after the max moves to new_m (exactly 1 when it did not move,
-// 0 for an empty state). m, new_m in logit units, c = ExpScale. The exponential is computed
-// whichever case holds, so the choice is two selects rather than branches.
-__device__ __forceinline__ float Rescale(float m, float new_m, float c) {
-  const float e = Exp2(__fmul_rn(__fsub_rn(m, new_m), c));
-  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : e);
-}
-
-// Folds a split state (m, l) into the running (M, L); a, b weigh the running and the split O.
-__device__ __forceinline__ void FoldScalars(float& M, float& L, float m, float l, float c,
-                                            float& a, float& b) {
-  const float new_m = fmaxf(M, m);
-  a = Rescale(M, new_m, c);
-  b = Rescale(m, new_m, c);
-  L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
-  M = new_m;
-}
-
-__device__ __forceinline__ float FoldValue(float O, float o, float a, float b) {
-  return __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
 }
 
 // 16-byte global -> shared copy, bypassing registers; src_bytes 0 zero-fills the destination.

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
@@ -152,7 +153,6 @@ __global__ void __launch_bounds__(kMlaThreads) MlaAttendKernel(MlaArgs a, PlanVi
   }
 }
 
-
 // ---- The tensor-core path (bf16 mode; LaunchMlaAttentionFlash) ----
 //
 // Three stages per chunk of the step's tokens, each row's arithmetic independent of the other rows
@@ -171,7 +171,6 @@ __global__ void __launch_bounds__(kMlaThreads) MlaAttendKernel(MlaArgs a, PlanVi
 //   3. out = o_lat W_uv^T per head (MlaHeadGemmKernel again), f32.
 // The 16 * MT rows of a block are computed the same whatever MT is (1, 2 or 4: the most rows per
 // block that still leaves two blocks per SM to schedule; steps of few rows get more blocks).
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kFlashKeys = 32;    // keys per tile
 constexpr int kFlashWarpsPerMt = 4;
 constexpr int kFlashMaxPairs = 8;  // 16-column pairs of o_lat per warp: latent_dim <= 512
@@ -181,22 +180,6 @@ constexpr int kGemmTile = 64, kGemmK = 32, kGemmLd = kGemmK + 8;
 
 __host__ __device__ constexpr int RoundUp16(int x) { return (x + 15) / 16 * 16; }
 
-__device__ __forceinline__ float Exp2(float x) {  // 2^x; ex2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// The weight of a state with max m once the max is new_m (1 when unchanged, 0 for an empty state).
-__device__ __forceinline__ float Rescale(float m, float new_m, float c) {
-  const float e = Exp2(__fmul_rn(__fsub_rn(m, new_m), c));
-  return m == new_m ? 1.f : (m == -INFINITY ? 0.f : e);
-}
-__device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], const void* smem_ptr) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
-}
 // A fragment's two row values (rows lane / 4 and lane / 4 + 8 of the m-tile) reduced over the
 // row's 4 lanes with op (xor 1, then xor 2: every lane ends with the same bits) and stored at
 // rows[lane / 4], rows[lane / 4 + 8].
@@ -417,8 +400,7 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
     }
     const float mn_a = fmaxf(m_a, tm_a), mn_b = fmaxf(m_b, tm_b);
     const float corr_a = Rescale(m_a, mn_a, c), corr_b = Rescale(m_b, mn_b, c);
-    const float ms_a = mn_a == -INFINITY ? 0.f : __fmul_rn(mn_a, c);
-    const float ms_b = mn_b == -INFINITY ? 0.f : __fmul_rn(mn_b, c);
+    const float ms_a = MaxTimesScale(mn_a, c), ms_b = MaxTimesScale(mn_b, c);
     const __nv_bfloat162 pa = __floats2bfloat162_rn(Exp2(__fsub_rn(__fmul_rn(u0, c), ms_a)),
                                                     Exp2(__fsub_rn(__fmul_rn(u1, c), ms_a)));
     const __nv_bfloat162 pb = __floats2bfloat162_rn(Exp2(__fsub_rn(__fmul_rn(u2, c), ms_b)),
@@ -515,10 +497,6 @@ void LaunchMlaAttention(const MlaArgs& args, const PlanView& plan, cudaStream_t 
   MlaAttendKernel<<<grid, kMlaThreads, 0, stream>>>(args, plan);
   CUDA_CHECK_LAUNCH();
 }
-
-}  // namespace ember::cuda
-
-namespace ember::cuda {
 
 bool MlaFlashSupported(const MlaArgs& a) {
   const int32_t width = a.latent_dim + a.rope_dim;

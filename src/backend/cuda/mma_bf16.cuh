@@ -1,5 +1,5 @@
 // Warp-level bf16 tensor-core primitives shared by the attention and GEMM kernels:
-// mma.sync m16n8k16 (row.col, f32 accumulation), ldmatrix x4 (plain and transposed) and the
+// mma.sync m16n8k16 (row.col, f32 accumulation), ldmatrix x2 / x4 (plain and transposed) and the
 // float pair -> bf16x2 packing. Every lane of the warp must execute them together.
 #pragma once
 
@@ -29,6 +29,13 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem_pt
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], const void* smem_ptr) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
 
