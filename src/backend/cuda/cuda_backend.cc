@@ -275,6 +275,15 @@ void* CudaBackend::ArenaAlloc(size_t bytes) {
   return p;
 }
 
+unsigned char* CudaBackend::StepRegionOf(StepRegion& region, size_t bytes) {
+  if (region.step != steps_begun_ || region.bytes < bytes) {
+    region.data = static_cast<unsigned char*>(ArenaAlloc(bytes));
+    region.bytes = bytes;
+    region.step = steps_begun_;
+  }
+  return region.data;
+}
+
 Tensor CudaBackend::Alloc(std::initializer_list<int64_t> shape) {
   return AllocOf(DType::kF32, shape);
 }

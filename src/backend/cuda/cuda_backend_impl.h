@@ -315,6 +315,15 @@ class CudaBackend final : public Backend {
                                 DType stored);
   // ---- the step workspace (cuda_backend.cc) ----
   void* ArenaAlloc(size_t bytes);
+  // An arena region that one op kind's calls of a step share (their launches run in stream
+  // order): StepRegionOf hands out the step's region, allocating it at the step's first call and
+  // again when a call needs more bytes than it holds.
+  struct StepRegion {
+    uint64_t step = 0;
+    size_t bytes = 0;
+    unsigned char* data = nullptr;
+  };
+  unsigned char* StepRegionOf(StepRegion& region, size_t bytes);
   Tensor AllocOf(DType dtype, std::initializer_list<int64_t> shape);
   // Whether a MatMul over `rows` rows takes the cuBLAS path with bf16 operands: then its x may be
   // a bf16 AllocMatMulInput buffer and its out a bf16 AllocMatMulOutput buffer (the GEMV and the
@@ -498,14 +507,9 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<const void*, DeviceBuffer>> moe_tables_;
   // MoeMlp's scratch (route, schedule, activations): one arena region per step, shared by the
   // step's MoE layers (their launches run in stream order), grown when a layer needs more.
-  uint64_t moe_scratch_step_ = 0;
-  size_t moe_scratch_bytes_ = 0;
-  unsigned char* moe_scratch_ = nullptr;
-  // MlaAttention's tensor-core path: q_lat and o_lat of one chunk of tokens (bf16), one arena
-  // region per step shared by the step's MLA layers (stream order), grown when one needs more.
-  uint64_t mla_scratch_step_ = 0;
-  size_t mla_scratch_bytes_ = 0;
-  unsigned char* mla_scratch_ = nullptr;
+  StepRegion moe_scratch_;
+  // MlaAttention's tensor-core path: q_lat and o_lat of one chunk of tokens (bf16).
+  StepRegion mla_scratch_;
 
   // ---- prompt-cache block uploads (cuda_kv_upload.cc) ----
   // Sends what is queued for the pool: the current half's staged records (SendStagedUploads: one
@@ -582,9 +586,7 @@ class CudaBackend final : public Backend {
   std::vector<uint64_t> lora_key_;  // LoraDelta's graph key
   // LoraDelta's t [rows, parts * lora_rank_cap_] f32: one arena region per step, shared by its
   // calls.
-  uint64_t lora_t_step_ = 0;
-  size_t lora_t_bytes_ = 0;
-  float* lora_t_ = nullptr;
+  StepRegion lora_t_;
 
   // ---- the step: plan, workspace, ids ----
   // The step's plan: host staging, device copy and the host facts launches need.

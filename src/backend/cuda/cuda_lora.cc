@@ -390,12 +390,7 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> par
   // needs more.
   const size_t t_bytes =
       static_cast<size_t>(n) * parts.size() * static_cast<size_t>(lora_rank_cap_) * 4;
-  if (lora_t_step_ != steps_begun_ || lora_t_bytes_ < t_bytes) {
-    lora_t_ = static_cast<float*>(ArenaAlloc(t_bytes));
-    lora_t_bytes_ = t_bytes;
-    lora_t_step_ = steps_begun_;
-  }
-  args.t = lora_t_;
+  args.t = reinterpret_cast<float*>(StepRegionOf(lora_t_, t_bytes));
   // The tables' addresses, not their contents: a replay reads what this step staged there.
   lora_key_.assign({KeyOf(args.row_entry), KeyOf(args.entries), U(lora_entries_.size()), U(args.n),
                     U(args.rank_cap), KeyOf(x.data), U(args.x_bf16), U(args.k), U(args.parts),

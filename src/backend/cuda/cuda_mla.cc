@@ -67,39 +67,34 @@ void CudaBackend::MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, co
   a.num_slots = int64_t{kv_blocks_} * kv_block_size_;
   a.out = static_cast<float*>(out.data);
   const PlanView plan = plan_;
-  if (!f32_compute_ && switches_.mla_flash && MlaFlashSupported(a)) {
-    // The tensor-core path; its q_lat / o_lat scratch per chunk of tokens, shared by the step's
-    // MLA layers.
-    const int32_t chunk = MlaFlashChunkTokens(a, plan.num_tokens);
-    const size_t half = (static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2 + 255) /
-                        256 * 256;
-    if (mla_scratch_step_ != steps_begun_ || mla_scratch_bytes_ < 2 * half) {
-      mla_scratch_ = static_cast<unsigned char*>(ArenaAlloc(2 * half));
-      mla_scratch_bytes_ = 2 * half;
-      mla_scratch_step_ = steps_begun_;
-    }
-    unsigned char* q_lat = mla_scratch_;
-    unsigned char* o_lat = mla_scratch_ + half;
-    const int32_t max_query_len = max_query_len_, sms = num_sms_,
-                  m_tiles = switches_.mla_flash_m_tiles;
-    recorder_.Record(OpKind::kMlaAttention,
-                     {U(a.num_heads), U(a.nope_dim), U(a.rope_dim), U(a.v_dim), U(a.latent_dim),
-                      KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),
-                      KeyOf(a.k_rope), KeyOf(a.kv_b), KeyOf(a.pool), KeyOf(a.out),
-                      KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs), U(max_query_len),
-                      U(chunk), KeyOf(q_lat)},
-                     [=](cudaStream_t st) {
-                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, chunk, sms,
-                                               m_tiles, st);
-                     });
-    return;
+  // The bf16 mode's tensor-core path, with its q_lat / o_lat scratch per chunk of tokens (a step
+  // region shared by the step's MLA layers); else the f32 kernels.
+  const bool flash = !f32_compute_ && switches_.mla_flash && MlaFlashSupported(a);
+  int32_t chunk = 0;
+  unsigned char *q_lat = nullptr, *o_lat = nullptr;
+  if (flash) {
+    chunk = MlaFlashChunkTokens(a, plan.num_tokens);
+    const size_t half =
+        (static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2 + 255) / 256 * 256;
+    q_lat = StepRegionOf(mla_scratch_, 2 * half);
+    o_lat = q_lat + half;
   }
+  const int32_t max_query_len = max_query_len_, sms = num_sms_,
+                m_tiles = switches_.mla_flash_m_tiles;
   recorder_.Record(OpKind::kMlaAttention,
                    {U(a.num_heads), U(a.nope_dim), U(a.rope_dim), U(a.v_dim), U(a.latent_dim),
                     KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),
                     KeyOf(a.k_rope), KeyOf(a.kv_b), KeyOf(a.pool), KeyOf(a.out),
-                    KeyOf(plan.seqs), U(plan.num_tokens)},
-                   [=](cudaStream_t st) { LaunchMlaAttention(a, plan, st); });
+                    KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs), U(max_query_len),
+                    U(flash), U(chunk), KeyOf(q_lat)},
+                   [=](cudaStream_t st) {
+                     if (flash) {
+                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, chunk, sms,
+                                               m_tiles, st);
+                     } else {
+                       LaunchMlaAttention(a, plan, st);
+                     }
+                   });
 }
 
 }  // namespace ember::cuda

@@ -199,12 +199,7 @@ void CudaBackend::MoeScratch(MoeArgs& a, int64_t rows, int64_t d, int64_t inter)
   const size_t logit_bytes = align(static_cast<size_t>(rows * num_experts) * 4);
   const size_t need = logit_bytes + 4 * pair_bytes + tile_bytes + 256 + act_bytes +
                       pairs * static_cast<size_t>(d) * 4;
-  if (moe_scratch_step_ != steps_begun_ || moe_scratch_bytes_ < need) {
-    moe_scratch_ = static_cast<unsigned char*>(ArenaAlloc(need));
-    moe_scratch_bytes_ = need;
-    moe_scratch_step_ = steps_begun_;
-  }
-  unsigned char* at = moe_scratch_;
+  unsigned char* at = StepRegionOf(moe_scratch_, need);
   auto take = [&](size_t bytes) {
     unsigned char* p = at;
     at += bytes;
