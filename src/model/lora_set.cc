@@ -28,13 +28,7 @@ LoraSet::LoraSet(Backend* backend, const ModelConfig* config, int32_t max_loras,
 
 Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::string& dir) {
   CHECK_NE(digest, 0u);
-  int32_t chosen = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].digest == digest) {
-      chosen = static_cast<int32_t>(i);
-      break;
-    }
-  }
+  int32_t chosen = SlotOf(digest);
   if (chosen < 0) {
     // A free slot, else the least recently used idle one.
     for (size_t i = 0; i < slots_.size() && chosen < 0; ++i) {
@@ -58,11 +52,11 @@ Result<std::optional<int32_t>> LoraSet::Acquire(uint64_t digest, const std::stri
 
 bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
   CHECK_NE(digest, 0u);
-  if (Resident(digest)) return true;
+  if (SlotOf(digest) >= 0) return true;
   if (const auto it = FindPreparation(digest, dir); it != preparing_.end())
     return it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  const size_t limit = 2 * slots_.size();
-  for (auto it = preparing_.begin(); preparing_.size() >= limit && it != preparing_.end();) {
+  for (auto it = preparing_.begin();
+       preparing_.size() >= MaxHeldReads() && it != preparing_.end();) {
     if (it->adapter.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       it = preparing_.erase(it);
     } else {
@@ -75,15 +69,16 @@ bool LoraSet::Prepared(uint64_t digest, const std::string& dir) {
 
 void LoraSet::Prefetch(uint64_t digest, const std::string& dir) {
   CHECK_NE(digest, 0u);
-  if (Resident(digest) || FindPreparation(digest, dir) != preparing_.end() ||
-      preparing_.size() >= 2 * slots_.size())
+  if (SlotOf(digest) >= 0 || FindPreparation(digest, dir) != preparing_.end() ||
+      preparing_.size() >= MaxHeldReads())
     return;
   StartRead(digest, dir);
 }
 
-bool LoraSet::Resident(uint64_t digest) const {
-  return std::any_of(slots_.begin(), slots_.end(),
-                     [digest](const Slot& slot) { return slot.digest == digest; });
+int32_t LoraSet::SlotOf(uint64_t digest) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].digest == digest) return static_cast<int32_t>(i);
+  return -1;
 }
 
 void LoraSet::StartRead(uint64_t digest, const std::string& dir) {

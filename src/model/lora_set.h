@@ -109,7 +109,9 @@ class LoraSet {
   };
   std::deque<Preparation> preparing_;
   std::deque<Preparation>::iterator FindPreparation(uint64_t digest, const std::string& dir);
-  bool Resident(uint64_t digest) const;
+  int32_t SlotOf(uint64_t digest) const;  // the slot holding the adapter, else -1
+  // Reads Prepared and Prefetch hold at most (running, or finished and unclaimed).
+  size_t MaxHeldReads() const { return 2 * slots_.size(); }
   void StartRead(uint64_t digest, const std::string& dir);
   std::vector<Run> runs_;  // this step's rows with an adapter, merged by slot
   std::array<std::vector<LoraSegment>, kNumLoraTargets> segments_;  // by target
