@@ -90,6 +90,17 @@ std::vector<float> CpuReference(const std::vector<float>& x, const std::vector<f
   return std::vector<float>(o, o + n * m);
 }
 
+// got equals want bitwise (exact), else within relative L2 `tol` of it.
+void ExpectSameOrClose(const std::vector<float>& got, const std::vector<float>& want, bool exact,
+                       double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  if (exact) {
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  } else {
+    EXPECT_LT(RelL2(got, std::vector<double>(want.begin(), want.end())), tol);
+  }
+}
+
 // Sets an environment variable for the scope (the CUDA backend reads its switches when created).
 class ScopedEnv {
  public:
@@ -359,12 +370,7 @@ TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
     const auto got = run(true), want = run(false);
     for (size_t p = 0; p < 3; ++p) {
       SCOPED_TRACE(testing::Message() << "part " << p);
-      if (p == 1 || !fold) {
-        EXPECT_EQ(0, std::memcmp(got[p].data(), want[p].data(), got[p].size() * 4));
-      } else {
-        const std::vector<double> ref(want[p].begin(), want[p].end());
-        EXPECT_LT(RelL2(got[p], ref), 1e-6);
-      }
+      ExpectSameOrClose(got[p], want[p], p == 1 || !fold, 1e-6);
     }
   }
 }
@@ -419,12 +425,7 @@ TEST_F(CudaOpsTest, GateUpActivationLoraFoldsTheUpdatesIntoTheGatedGemv) {
       const auto got = run(true), want = run(false);
       for (size_t i = 0; i < 3; ++i) {
         SCOPED_TRACE(testing::Message() << "output " << i);
-        if (!fold) {
-          EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4));
-        } else {
-          const std::vector<double> ref(want[i].begin(), want[i].end());
-          EXPECT_LT(RelL2(got[i], ref), 1e-5);
-        }
+        ExpectSameOrClose(got[i], want[i], !fold, 1e-5);
       }
     }
   }

@@ -47,10 +47,9 @@ struct LoraDeltaArgs {
   const float* base[kMaxLoraKernelParts] = {};
 };
 // For every part and row with an entry: t[row] = x[row] a^T, then out[row] += t[row] b^T
-// (overwrite: out[row] = base + t[row] b^T for every row, 0 for the update of a row without one)
-// (two
-// launches for all parts, programmatic dependent launches: each reads its weights' first chunks
-// before waiting on the kernel before it; float32 accumulation, each element's order fixed by
-// its row alone: batch-invariant).
+// (overwrite: out[row] = base + t[row] b^T for every row, 0 for the update of a row without one).
+// Two launches for all parts, programmatic dependent launches: each reads its weights' first
+// chunks before waiting on the kernel before it; float32 accumulation, each element's order fixed
+// by its row alone: batch-invariant.
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream);
 }  // namespace ember::cuda
