@@ -290,7 +290,7 @@ TEST_P(CudaSpecGreedyTest, AutoInvarianceKeepsUnspeculatedTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaSpecGreedyTest,
                          ::testing::Values("tinystories-656k", "llama3", "qwen3", "qwen3_moe",
-                                           "gemma2"));
+                                           "gemma2", "deepseek_v3", "qwen3_next"));
 
 std::vector<GenerationRequest> SampledRequests() {
   std::vector<GenerationRequest> requests;
@@ -757,6 +757,40 @@ TEST(SpecDecodeTest, MtpDraftsLeaveGreedyOutputsUnchanged) {
       EXPECT_EQ(FirstSamples(got), FirstSamples(plain)) << fixture << (solo ? " solo" : " batched");
       EXPECT_GT(got.stats.spec_draft_tokens, 0) << fixture;
     }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// MTP drafts on a GPU (random module weights, loaded on the GPU too), as
+// CudaSpecGreedyTest: batched and staggered with `--batch-invariant auto`, the tokens of
+// `--batch-invariant on` without speculation, one request at a time; qwen3_next's rejected rows
+// roll back from the CUDA backend's per-row state snapshots.
+TEST(SpecDecodeTest, CudaMtpDraftsKeepUnspeculatedTokens) {
+  if (CudaDevicesAvailable() == 0) GTEST_SKIP() << "no CUDA device (or no CUDA backend module)";
+  for (const std::string fixture : {"deepseek_v3", "qwen3_next"}) {
+    EMBER_REQUIRE_DIR(ModelDir(fixture));
+    const std::string dir = TempMtpDir("cuda_" + fixture);
+    testing::WriteMtpCheckpoint(ModelDir(fixture), dir, {});
+    const std::vector<GenerationRequest> requests = MtpRequests();
+    RunOptions on;
+    on.solo = true;
+    on.load.device = DeviceKind::kCuda;
+    on.load.cuda_batch_invariant = true;
+    const RunResult reference = RunEngine(dir, requests, std::move(on));
+    ASSERT_EQ(reference.outputs.size(), requests.size()) << fixture;
+    RunOptions mtp;
+    mtp.load.device = DeviceKind::kCuda;
+    mtp.invariant_steps = true;
+    mtp.stagger = true;
+    mtp.max_step_tokens = 13;
+    SpeculationConfig config;
+    config.method = SpeculationConfig::Method::kMtp;
+    auto source = LoadDraftSource(config, mtp.load, 512, dir);
+    ASSERT_TRUE(source.ok()) << fixture << ": " << source.message();
+    mtp.source = std::move(*source);
+    const RunResult got = RunEngine(dir, requests, std::move(mtp));
+    EXPECT_EQ(FirstSamples(got), FirstSamples(reference)) << fixture;
+    EXPECT_GT(got.stats.spec_draft_tokens, 0) << fixture;
     std::filesystem::remove_all(dir);
   }
 }

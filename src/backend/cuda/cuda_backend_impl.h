@@ -291,6 +291,7 @@ class CudaBackend final : public Backend {
 
   // ---- recurrent layers (cuda_recurrent.cc; recurrent.cu): state slots in one device buffer ----
   std::string RecurrentUnsupported() const override { return ""; }
+  std::string StateSnapshotsUnsupported() const override { return ""; }
   Status AllocateStateSlots(int32_t num_slots, int64_t floats_per_slot) override;
   Status CopyStateSlot(int32_t src, int32_t dst) override;
   Status CopyStateSlotToHost(int32_t slot, std::span<uint8_t> out) override;

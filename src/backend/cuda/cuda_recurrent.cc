@@ -1,8 +1,9 @@
 // CudaBackend's recurrent ops (qwen3_next's gated DeltaNet layers): the state slots in one device
-// buffer (CopyStateSlot: one device-to-device copy on the step stream), CausalConv1dSilu and GatedDeltaRule as one launch each (recurrent.cu), and
-// SigmoidGateMul. Each launch reads the sequences' slots from the uploaded plan, so a decode graph
-// replays them for any slots; whether the step's sequences share a slot (padding rows, walked in
-// plan order) is part of the graph key.
+// buffer (CopyStateSlot: one device-to-device copy on the step stream), CausalConv1dSilu and
+// GatedDeltaRule as one launch each (recurrent.cu), and SigmoidGateMul. Each launch reads the
+// sequences' state and snapshot slots from the uploaded plan, so a decode graph replays them for
+// any slots; whether the step's sequences share a slot (padding rows, walked in plan order) is
+// part of the graph key.
 #include <string>
 
 #include "backend/cuda/cuda_backend_impl.h"

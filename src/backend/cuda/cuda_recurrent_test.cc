@@ -1,11 +1,12 @@
 // The CUDA backend's ops of qwen3_next and deepseek_v3 against the CPU backend's on random
 // inputs: CausalConv1dSilu, GatedDeltaRule and SigmoidGateMul over steps that carry the state
 // (prefill chunks, decode rows, padding sequences sharing a slot, decode steps replayed from
-// graphs); MlaAttention over the latent pool (prefill then decode, both rope layouts) and its
-// pool rows; MoeMlp with deepseek_v3's grouped sigmoid routing. f32 compute mode, relative L2
-// within 1e-5 (1e-4 for MLA, whose sums run in another order); MLA also in the bf16 mode (its
-// tensor-core path, 2e-2, and row-invariant bitwise). Skips when no CUDA device is
-// present (CI has none). One of the sources of the cuda_ops_test binary.
+// graphs, verification steps keeping per-row state snapshots); MlaAttention over the latent pool
+// (prefill then decode, both rope layouts) and its pool rows; MoeMlp with deepseek_v3's grouped
+// sigmoid routing. f32 compute mode, relative L2 within 1e-5 (1e-4 for MLA, whose sums run in
+// another order); MLA also in the bf16 mode (its tensor-core path, 2e-2, and row-invariant
+// bitwise). Skips when no CUDA device is present (CI has none). One of the sources of the
+// cuda_ops_test binary.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -63,7 +64,8 @@ class CudaArchOpsTest : public CudaOpsTest {
 // (state slot, first position, rows) per sequence of a step.
 using StepSeqs = std::vector<std::tuple<int32_t, int32_t, int32_t>>;
 
-BatchPlan RecurrentPlan(const StepSeqs& seqs) {
+// The step's plan; snapshots[i] >= 0 gives sequence i that snapshot slot.
+BatchPlan RecurrentPlan(const StepSeqs& seqs, const std::vector<int32_t>& snapshots = {}) {
   BatchPlan plan;
   int32_t next_block = 0;
   for (const auto& [slot, first, len] : seqs) {
@@ -72,6 +74,8 @@ BatchPlan RecurrentPlan(const StepSeqs& seqs) {
     for (int32_t b = 0; b <= (first + len) / plan.block_size; ++b) blocks.push_back(next_block++);
     plan.AddSequence(tokens, first, blocks, true);
     plan.seqs.back().state_slot = slot;
+    const size_t i = plan.seqs.size() - 1;
+    if (i < snapshots.size()) plan.seqs.back().snapshot_slot = snapshots[i];
   }
   return plan;
 }
@@ -103,20 +107,21 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     const std::vector<float> a_log = Random(static_cast<size_t>(sh.v_heads), 2, 0.5f);
     const std::vector<float> dt_bias = Random(static_cast<size_t>(sh.v_heads), 3, 0.5f);
     std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true);
+    constexpr int32_t kSlots = 10;  // 0-3 the sequences', 4-9 snapshots
     struct Weights {
       Tensor conv, a_log, dt_bias;
     } w[2];
     Backend* be[2] = {cpu.get(), gpu.get()};
     for (int i = 0; i < 2; ++i) {
       ASSERT_TRUE(be[i]->AllocateKvPool(1, 64, 16, 1, 16).ok());
-      ASSERT_TRUE(be[i]->AllocateStateSlots(4, slot_floats).ok());
+      ASSERT_TRUE(be[i]->AllocateStateSlots(kSlots, slot_floats).ok());
       w[i] = {Weight(*be[i], conv_w, {conv_dim, sh.kernel}), Weight(*be[i], a_log, {sh.v_heads}),
               Weight(*be[i], dt_bias, {sh.v_heads})};
     }
     // One step of `seqs` on both backends, compared (s seeds its inputs).
-    auto run_step = [&](const StepSeqs& seqs, size_t s) {
+    auto run_step = [&](const StepSeqs& seqs, size_t s, const std::vector<int32_t>& snaps = {}) {
       SCOPED_TRACE(::testing::Message() << "step " << s);
-      const BatchPlan plan = RecurrentPlan(seqs);
+      const BatchPlan plan = RecurrentPlan(seqs, snaps);
       const int64_t n = plan.num_tokens();
       const std::vector<float> qkv = Random(static_cast<size_t>(n * conv_dim), 10 + s);
       const std::vector<float> ba = Random(static_cast<size_t>(n * 2 * sh.v_heads), 20 + s);
@@ -152,22 +157,36 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     // A checkpoint copy (CopyStateSlot, the prefix cache's) continues where its source was.
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
     run_step({{3, 12, 2}}, steps.size());
-    EXPECT_FALSE(gpu->CopyStateSlot(0, 4).ok());  // outside the 4 slots
+    EXPECT_FALSE(gpu->CopyStateSlot(0, kSlots).ok());  // outside the slots
     // The tiers' host copies: slot 3 read back equals the CPU's, and written into slot 1 it
     // continues as slot 3 does.
     std::vector<uint8_t> host[2];
-    for (int i = 0; i < 2; ++i) {
-      host[i].resize(static_cast<size_t>(slot_floats) * 4);
-      ASSERT_TRUE(be[i]->CopyStateSlotToHost(3, host[i]).ok());
-    }
-    std::vector<float> got(static_cast<size_t>(slot_floats)), want(got.size());
-    std::memcpy(got.data(), host[1].data(), host[1].size());
-    std::memcpy(want.data(), host[0].data(), host[0].size());
-    EXPECT_LT(RelL2(got, D(want)), 1e-5) << "state read back";
+    auto expect_slot_equal = [&](int32_t slot, const char* what) {
+      for (int i = 0; i < 2; ++i) {
+        host[i].resize(static_cast<size_t>(slot_floats) * 4);
+        ASSERT_TRUE(be[i]->CopyStateSlotToHost(slot, host[i]).ok());
+      }
+      std::vector<float> got(static_cast<size_t>(slot_floats)), want(got.size());
+      std::memcpy(got.data(), host[1].data(), host[1].size());
+      std::memcpy(want.data(), host[0].data(), host[0].size());
+      EXPECT_LT(RelL2(got, D(want)), 1e-5) << what << ", slot " << slot;
+    };
+    expect_slot_equal(3, "state read back");
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlotFromHost(1, host[i]).ok());
     run_step({{1, 14, 1}}, steps.size() + 1);
-    EXPECT_FALSE(gpu->CopyStateSlotToHost(4, host[1]).ok());
+    EXPECT_FALSE(gpu->CopyStateSlotToHost(kSlots, host[1]).ok());
     EXPECT_FALSE(gpu->CopyStateSlotFromHost(1, std::span<const uint8_t>(host[1]).first(4)).ok());
+    // Verification steps with snapshots (speculative decoding): slot 0 verifies 4 rows into
+    // snapshots 4-6, slot 1 one row (none kept), slot 2 3 rows into 7-8; each snapshot equals
+    // the CPU's, and a rollback (CopyStateSlot from a snapshot) continues from it. Then the same
+    // shapes again with other snapshot slots: a graph replay reads them from the plan.
+    run_step({{0, 12, 4}, {1, 15, 1}, {2, 12, 3}}, steps.size() + 2, {4, 9, 7});
+    for (int32_t slot = 4; slot <= 8; ++slot) expect_slot_equal(slot, "snapshot");
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(5, 0).ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(7, 2).ok());
+    run_step({{0, 14, 4}, {1, 16, 1}, {2, 13, 3}}, steps.size() + 3, {6, -1, 4});
+    for (int32_t slot : {6, 7, 8, 4, 5}) expect_slot_equal(slot, "snapshot after rollback");
+    for (int32_t slot = 0; slot < 3; ++slot) expect_slot_equal(slot, "state after rollback");
   }
 }
 

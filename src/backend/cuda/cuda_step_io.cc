@@ -80,7 +80,7 @@ void CudaBackend::GrowPlanBuffers(const BatchPlan& plan) {
       cap_tables == plan_cap_tables_)
     return;
   SyncAllStreams();
-  const int64_t total = 5 * cap_seqs + 5 * cap_tokens + cap_tables;
+  const int64_t total = 6 * cap_seqs + 5 * cap_tokens + cap_tables;
   for (DeviceBuffer& b : plan_device_) {
     b = DeviceBuffer(static_cast<size_t>(total) * sizeof(int32_t));
   }
@@ -99,17 +99,18 @@ void CudaBackend::UploadStepPlan(const BatchPlan& plan) {
   const int64_t num_logits = static_cast<int64_t>(plan.logits_rows.size());
   GrowPlanBuffers(plan);
   const int64_t cap_tokens = plan_cap_tokens_, cap_seqs = plan_cap_seqs_;
-  // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), state_slots [cap_seqs], then
-  // token_ids, positions, slot_mapping, token_seq, logits_rows (cap_tokens each), block_tables
-  // (plan_cap_tables_).
-  const int64_t total = 5 * cap_seqs + 5 * cap_tokens + plan_cap_tables_;
+  // Device layout (int32): seqs [cap_seqs][4] (int4-aligned), state_slots, snapshot_slots
+  // [cap_seqs each], then token_ids, positions, slot_mapping, token_seq, logits_rows (cap_tokens
+  // each), block_tables (plan_cap_tables_).
+  const int64_t total = 6 * cap_seqs + 5 * cap_tokens + plan_cap_tables_;
   // Everything before the tables is rewritten (zeros past the counts), the tables up to num_tables.
-  const int64_t used = 5 * cap_seqs + 5 * cap_tokens + num_tables;
+  const int64_t used = 6 * cap_seqs + 5 * cap_tokens + num_tables;
   plan_host_.resize(static_cast<size_t>(total));
   std::fill(plan_host_.begin(), plan_host_.begin() + (used - num_tables), 0);
   int32_t* h = plan_host_.data();
   int32_t* h_state_slots = h + 4 * cap_seqs;
-  int32_t* h_tokens = h_state_slots + cap_seqs;
+  int32_t* h_snapshot_slots = h_state_slots + cap_seqs;
+  int32_t* h_tokens = h_snapshot_slots + cap_seqs;
   int32_t* h_positions = h_tokens + cap_tokens;
   int32_t* h_slots = h_positions + cap_tokens;
   int32_t* h_token_seq = h_slots + cap_tokens;
@@ -126,6 +127,7 @@ void CudaBackend::UploadStepPlan(const BatchPlan& plan) {
     h[4 * s + 2] = q.context_len;
     h[4 * s + 3] = q.block_table_start;
     h_state_slots[s] = q.state_slot;
+    h_snapshot_slots[s] = q.snapshot_slot;
     max_query_len_ = std::max(max_query_len_, q.query_len);
     max_context_len_ = std::max(max_context_len_, q.context_len);
     for (int32_t i = q.query_start; i < q.query_start + q.query_len && i < num_tokens; ++i)
@@ -144,6 +146,7 @@ void CudaBackend::UploadStepPlan(const BatchPlan& plan) {
   const int32_t* base = plan_device_[static_cast<size_t>(half_)].as<int32_t>();
   plan_.seqs = reinterpret_cast<const int4*>(base);
   plan_.state_slots = base + (h_state_slots - h);
+  plan_.snapshot_slots = base + (h_snapshot_slots - h);
   plan_.token_ids = base + (h_tokens - h);
   plan_.positions = base + (h_positions - h);
   plan_.slot_mapping = base + (h_slots - h);

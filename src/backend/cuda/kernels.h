@@ -24,6 +24,7 @@ struct PlanView {
   // The ids the previous step made, by logits row: a token id -1 - r reads fed_ids[r].
   const int32_t* fed_ids = nullptr;
   const int32_t* state_slots = nullptr;   // [num_seqs] SequenceSlice::state_slot
+  const int32_t* snapshot_slots = nullptr;  // [num_seqs] SequenceSlice::snapshot_slot (-1: none)
   int32_t num_tokens = 0;
   int32_t num_seqs = 0;
   int32_t num_logits_rows = 0;
@@ -176,6 +177,8 @@ void LaunchMoeMlp(const MoeArgs& args, cudaStream_t stream);
 // State slots: [num_slots, slot_floats] f32; a sequence's slot is plan.state_slots[s]. A sequence
 // whose rows start at position 0 (context_len == query_len) starts from zeros. serial_seqs: the
 // plan's sequences share slots (padding rows) and are walked in plan order by one block column.
+// A sequence with a snapshot slot (plan.snapshot_slots[s] >= 0) also leaves the state after each
+// of its rows but the last in slots snapshot_slot + row (speculative decoding's rollback).
 constexpr int32_t kMaxConvKernel = 8;      // conv taps the conv kernel takes
 constexpr int32_t kMaxDeltaKeyDim = 256;   // k_head_dim the delta-rule kernel takes
 // x [num_tokens, channels] in place; weight [channels, kernel]; the window [kernel - 1,

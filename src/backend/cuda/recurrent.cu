@@ -3,7 +3,9 @@
 // sequence's rows in order (a recurrence), with the state read from and written back to its
 // state slot. Prefill and decode take the same kernels (the chunked parallel form of the delta
 // rule is left: docs/architecture.md). Sequences that share a slot (padding rows) are walked in
-// plan order by one block (serial_seqs); otherwise each block column takes one sequence.
+// plan order by one block (serial_seqs); otherwise each block column takes one sequence. A
+// sequence with a snapshot slot also stores the state after each row but its last there (the
+// values the row leaves in registers: the same the state slot ends with after that row).
 #include <algorithm>
 #include <cmath>
 
@@ -42,6 +44,7 @@ __global__ void CausalConv1dSiluKernel(float* __restrict__ x, int64_t channels,
   for (int32_t s = first; s < end; ++s) {
     const int4 seq = plan.seqs[s];  // {query_start, query_len, context_len, table start}
     float* window = state + plan.state_slots[s] * slot_floats + state_offset;
+    const int64_t snapshot = plan.snapshot_slots[s];
     const bool fresh = seq.z == seq.y;
     float in[kMaxConvKernel];  // in[0 .. hist): the window, oldest first
 #pragma unroll
@@ -63,6 +66,12 @@ __global__ void CausalConv1dSiluKernel(float* __restrict__ x, int64_t channels,
       for (int j = 0; j < kMaxConvKernel - 1; ++j)
         if (j == hist - 1) in[j] = cur;
       *px = SiluF(acc);
+      if (snapshot >= 0 && t + 1 < seq.y) {
+        float* snap = state + (snapshot + t) * slot_floats + state_offset;
+#pragma unroll
+        for (int j = 0; j < kMaxConvKernel - 1; ++j)
+          if (j < hist) snap[j * channels + c] = in[j];
+      }
     }
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel - 1; ++j)
@@ -99,8 +108,9 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
   SeqRange(plan.num_seqs, serial, &first, &end);
   for (int32_t s_i = first; s_i < end; ++s_i) {
     const int4 seq = plan.seqs[s_i];
-    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + a.state_offset +
-                   static_cast<int64_t>(head) * dk * dv;
+    const int64_t head_offset = a.state_offset + static_cast<int64_t>(head) * dk * dv;
+    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + head_offset;
+    const int64_t snapshot = plan.snapshot_slots[s_i];
     const bool fresh = seq.z == seq.y;
     float s[kDeltaMaxRows];
 #pragma unroll
@@ -160,6 +170,14 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
 #pragma unroll
         for (int w = 0; w < kDeltaWarps; ++w) out += part[1][w][lane];
         a.out[row * out_stride + static_cast<int64_t>(head) * dv + col] = out;
+      }
+      if (snapshot >= 0 && t + 1 < seq.y) {
+        float* snap = a.state + (snapshot + t) * a.slot_floats + head_offset;
+#pragma unroll
+        for (int r = 0; r < kDeltaMaxRows; ++r) {
+          const int32_t i = row0 + r;
+          if (r < rows && i < dk && has_col) snap[static_cast<int64_t>(i) * dv + col] = s[r];
+        }
       }
     }
 #pragma unroll
