@@ -27,7 +27,7 @@ namespace ember::cuda {
 // while the GPU waits). Move-only; F must fit kCapacity bytes.
 class InlineOp {
  public:
-  static constexpr size_t kCapacity = 256;
+  static constexpr size_t kCapacity = 288;
   InlineOp() = default;
   template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, InlineOp>>>
   InlineOp(F&& f) {  // NOLINT(google-explicit-constructor): lambdas convert as to std::function
