@@ -236,6 +236,9 @@ class CudaBackend final : public Backend {
   Status BeginStep(const BatchPlan& plan) override;
   void GatherLogitsRows(const Tensor& x, Tensor out) override;
   Status CopyToHost(const Tensor& t, std::span<float> out) override;
+  std::string MtpUnsupported() const override { return ""; }
+  Status CopyFromHost(std::span<const float> in, Tensor out) override;
+  Status ZeroRows(Tensor x, std::span<const int32_t> rows) override;
   Status ApplyLogitEdits(Tensor x, std::span<const LogitEdit> edits) override;
   Status ApplyTokenMasks(Tensor x, std::span<const RowMask> masks) override;
   Status ArgmaxRows(const Tensor& x, std::span<int32_t> ids) override;

@@ -115,8 +115,8 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     for (int i = 0; i < 2; ++i) {
       ASSERT_TRUE(be[i]->AllocateKvPool(1, 64, 16, 1, 16).ok());
       ASSERT_TRUE(be[i]->AllocateStateSlots(kSlots, slot_floats).ok());
-      w[i] = {Weight(*be[i], conv_w, {conv_dim, sh.kernel}), Weight(*be[i], a_log, {sh.v_heads}),
-              Weight(*be[i], dt_bias, {sh.v_heads})};
+      w[i] = {F32Weight(*be[i], conv_w, {conv_dim, sh.kernel}),
+              F32Weight(*be[i], a_log, {sh.v_heads}), F32Weight(*be[i], dt_bias, {sh.v_heads})};
     }
     // One step of `seqs` on both backends, compared (s seeds its inputs).
     auto run_step = [&](const StepSeqs& seqs, size_t s, const std::vector<int32_t>& snaps = {}) {

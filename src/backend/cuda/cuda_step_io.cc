@@ -303,6 +303,33 @@ Status CudaBackend::CopyToHost(const Tensor& t, std::span<float> out) {
   return Status::Ok();
 }
 
+// An MTP module's step inputs (attention_core.cc): both run after the ops recorded so far and
+// before later ones (a flush between, so a decode step's graph ends there). The host rows are
+// copied on the stream; pageable memory is staged by the driver before the call returns.
+Status CudaBackend::CopyFromHost(std::span<const float> in, Tensor out) {
+  if (out.dtype != DType::kF32 || in.size() != static_cast<size_t>(out.numel()))
+    return Status::Error("CopyFromHost: " + std::to_string(in.size()) + " floats for tensor " +
+                         ShapeString(out) + " " + DTypeName(out.dtype));
+  Flush();
+  CUDA_CHECK(cudaMemcpyAsync(out.data, in.data(), in.size() * sizeof(float),
+                             cudaMemcpyHostToDevice, stream_.get()));
+  return Status::Ok();
+}
+
+Status CudaBackend::ZeroRows(Tensor x, std::span<const int32_t> rows) {
+  if (x.dtype != DType::kF32) return Status::Error("ZeroRows: " + ShapeString(x) + " is not f32");
+  for (int32_t r : rows)
+    if (r < 0 || r >= x.rows())
+      return Status::Error("ZeroRows: row " + std::to_string(r) + " of " + ShapeString(x));
+  if (rows.empty()) return Status::Ok();
+  Flush();
+  const size_t row_bytes = static_cast<size_t>(x.cols()) * sizeof(float);
+  for (int32_t r : rows)
+    CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(x.data) + row_bytes * r, 0, row_bytes,
+                               stream_.get()));
+  return Status::Ok();
+}
+
 Status CudaBackend::SampleRows(const Tensor& x, std::span<const int32_t> rows,
                                std::span<const RowSampling> params, std::span<int32_t> ids) {
   CHECK(x.dtype == DType::kF32);
