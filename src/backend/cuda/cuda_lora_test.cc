@@ -101,16 +101,6 @@ void ExpectSameOrClose(const std::vector<float>& got, const std::vector<float>& 
   }
 }
 
-// Sets an environment variable for the scope (the CUDA backend reads its switches when created).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // The update's relative L2 error: (got - out0) against (ref - out0).
 double UpdateError(const std::vector<float>& got, const std::vector<float>& ref,
                    const std::vector<float>& out0) {

@@ -70,14 +70,28 @@ void CudaBackend::MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, co
   // The bf16 mode's tensor-core path, with its q_lat / o_lat scratch per chunk of tokens (a step
   // region shared by the step's MLA layers); else the f32 kernels.
   const bool flash = !f32_compute_ && switches_.mla_flash && MlaFlashSupported(a);
+  // Key splits of switches_.mla_split_keys (a long context's decode rows over many blocks), their
+  // partials after q_lat and o_lat. A split row's bits are not the unsplit row's: a step that must
+  // be batch-invariant splits every row by position (the same bits in any step), the others only
+  // when the rows alone give fewer blocks than SMs (decode; a prefill then skips the partials'
+  // round trip).
   int32_t chunk = 0;
   unsigned char *q_lat = nullptr, *o_lat = nullptr;
+  MlaSplits splits;
   if (flash) {
-    chunk = MlaFlashChunkTokens(a, plan.num_tokens);
-    const size_t half =
-        (static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2 + 255) / 256 * 256;
-    q_lat = StepRegionOf(mla_scratch_, 2 * half);
+    const int64_t row_blocks = (int64_t{max_query_len_} * a.num_heads + 15) / 16 * plan.num_seqs;
+    splits.keys = batch_invariant_ || row_blocks < num_sms_ ? switches_.mla_split_keys : 0;
+    if (splits.keys > 0) splits.count = (max_context_len_ + splits.keys - 1) / splits.keys;
+    chunk = MlaFlashChunkTokens(a, plan.num_tokens, splits.count);
+    auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const size_t half = align(static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2);
+    const size_t partial_bytes =
+        splits.count > 1 ? align(static_cast<size_t>(chunk) * a.num_heads * splits.count *
+                                 (a.latent_dim + 2) * 4)
+                         : 0;
+    q_lat = StepRegionOf(mla_scratch_, 2 * half + partial_bytes);
     o_lat = q_lat + half;
+    if (partial_bytes > 0) splits.partials = reinterpret_cast<float*>(q_lat + 2 * half);
   }
   const int32_t max_query_len = max_query_len_, sms = num_sms_,
                 m_tiles = switches_.mla_flash_m_tiles;
@@ -86,11 +100,11 @@ void CudaBackend::MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, co
                     KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),
                     KeyOf(a.k_rope), KeyOf(a.kv_b), KeyOf(a.pool), KeyOf(a.out),
                     KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs), U(max_query_len),
-                    U(flash), U(chunk), KeyOf(q_lat)},
+                    U(flash), U(chunk), KeyOf(q_lat), U(splits.keys), U(splits.count)},
                    [=](cudaStream_t st) {
-                     if (flash) {
-                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, chunk, sms,
-                                               m_tiles, st);
+                     if (chunk > 0) {  // (flash; the closure stays within InlineOp's bytes)
+                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, splits,
+                                               chunk, sms, m_tiles, st);
                      } else {
                        LaunchMlaAttention(a, plan, st);
                      }

@@ -271,7 +271,8 @@ TEST_F(CudaArchOpsTest, MlaAttentionMatchesCpu) {
 // bf16 rounding of the CPU's f32 result over prefills spanning several 32-key tiles, and each row's
 // result independent of the step around it: token 79 decoded alone (one 16-row m-tile per block,
 // a 1-row absorb product) gives the bits it had as the last row of an 80-token prefill batched
-// with another sequence (two m-tiles per block, an 85-row product).
+// with another sequence (two m-tiles per block, an 85-row product); both without and with key
+// splits.
 TEST_F(CudaArchOpsTest, MlaAttentionBf16MatchesCpuAndIsRowInvariant) {
   const int32_t heads = 128, nope = 128, rope = 64, v = 128, latent = 512;
   const int32_t width = latent + rope, qd = nope + rope;
@@ -336,17 +337,36 @@ TEST_F(CudaArchOpsTest, MlaAttentionBf16MatchesCpuAndIsRowInvariant) {
   };
   const std::vector<std::vector<Part>> batched = {{{0, 0, len_a}, {1, 0, len_b}}};
   const std::vector<std::vector<Part>> decoded = {{{0, 0, len_a - 1}}, {{0, len_a - 1, 1}}};
-  std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(false);
-  const std::vector<float> ref = run(*cpu, batched), got = run(*gpu, batched);
-  ASSERT_EQ(got.size(), ref.size());
-  EXPECT_LT(RelL2(got, D(ref)), 2e-2) << "bf16 MLA against the CPU's f32";
-  std::unique_ptr<Backend> gpu2 = Make(false);
-  const std::vector<float> last = run(*gpu2, decoded);
+  std::unique_ptr<Backend> cpu = MakeCpu();
+  const std::vector<float> ref = run(*cpu, batched);
+  // The default key splits (1,024 keys: none at these lengths), then splits of 32 keys (rows
+  // past key 31 folded from up to three split states by MlaSplitFoldKernel). Batch-invariant
+  // steps split every row by position: a decoded row is its prefill row's bits. The default
+  // steps split only the decode step (8 blocks): both within bf16 rounding of the CPU.
   const size_t row = static_cast<size_t>(heads) * v;
-  ASSERT_EQ(last.size(), row);
-  const std::vector<float> in_prefill(got.begin() + (len_a - 1) * row, got.begin() + len_a * row);
-  EXPECT_EQ(std::memcmp(last.data(), in_prefill.data(), row * sizeof(float)), 0)
-      << "token 79 decoded alone differs from its row in the batched prefill";
+  const std::vector<float> ref_last(ref.begin() + (len_a - 1) * row, ref.begin() + len_a * row);
+  for (const char* split_keys : {"", "32"}) {
+    SCOPED_TRACE(::testing::Message() << "EMBER_MLA_SPLIT_KEYS=" << split_keys);
+    std::unique_ptr<Backend> inv, inv2, plain, plain2;
+    {
+      const ScopedEnv env("EMBER_MLA_SPLIT_KEYS", split_keys);
+      inv = MakeInvariant();
+      inv2 = MakeInvariant();
+      plain = Make(false);
+      plain2 = Make(false);
+    }
+    const std::vector<float> got = run(*inv, batched);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_LT(RelL2(got, D(ref)), 2e-2) << "bf16 MLA against the CPU's f32";
+    const std::vector<float> last = run(*inv2, decoded);
+    ASSERT_EQ(last.size(), row);
+    const std::vector<float> in_prefill(got.begin() + (len_a - 1) * row,
+                                        got.begin() + len_a * row);
+    EXPECT_EQ(std::memcmp(last.data(), in_prefill.data(), row * sizeof(float)), 0)
+        << "token 79 decoded alone differs from its row in the batched prefill";
+    EXPECT_LT(RelL2(run(*plain, batched), D(ref)), 2e-2) << "default steps, prefill";
+    EXPECT_LT(RelL2(run(*plain2, decoded), D(ref_last)), 2e-2) << "default steps, decode";
+  }
 }
 
 TEST_F(CudaArchOpsTest, GroupedRoutingMoeMatchesCpu) {

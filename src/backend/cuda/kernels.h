@@ -231,12 +231,21 @@ void LaunchMlaAttention(const MlaArgs& args, const PlanView& plan, cudaStream_t 
 // num_heads * latent_dim bf16 each. MlaFlashSupported: the shapes it takes ((latent + rope) % 4
 // == 0, latent + rope <= 640 and latent <= 512 once padded to 16). m_tiles 1, 2 or 4 fixes the
 // attention's 16-row m-tiles per block (0: by the step's rows; the results are the same).
+// Key splits: keys (a multiple of 32; 0: none) per split, count = splits of the longest context,
+// partials [chunk rows, count, latent + 2] f32 (kMlaSplitPartialsBytes at most per chunk).
+struct MlaSplits {
+  int32_t keys = 0;
+  int32_t count = 1;
+  float* partials = nullptr;
+};
 constexpr int64_t kMlaFlashChunkBytes = int64_t{128} << 20;  // q_lat's bytes per chunk at most
+constexpr int64_t kMlaSplitPartialsBytes = int64_t{512} << 20;
 bool MlaFlashSupported(const MlaArgs& args);
-int32_t MlaFlashChunkTokens(const MlaArgs& args, int32_t num_tokens);
+int32_t MlaFlashChunkTokens(const MlaArgs& args, int32_t num_tokens, int32_t num_splits);
 void LaunchMlaAttentionFlash(const MlaArgs& args, const PlanView& plan, int32_t max_query_len,
-                             void* q_lat, void* o_lat, int32_t chunk_tokens,
-                             int32_t num_sms, int32_t m_tiles, cudaStream_t stream);
+                             void* q_lat, void* o_lat, const MlaSplits& splits,
+                             int32_t chunk_tokens, int32_t num_sms, int32_t m_tiles,
+                             cudaStream_t stream);
 
 // ---- embedding.cu ----
 // out[i, :] = table[token_ids[i], :] * scale (token_ids[i] = -1 - r: plan.fed_ids[r]).

@@ -169,6 +169,11 @@ __global__ void __launch_bounds__(kMlaThreads) MlaAttendKernel(MlaArgs a, PlanVi
 //      16-column pairs p = w (mod 4) of o_lat = sum p_t c_t. Online softmax in base 2 with pinned
 //      rounding (a fully masked tile is an exact no-op for a row); o_lat / l stored as bf16;
 //   3. out = o_lat W_uv^T per head (MlaHeadGemmKernel again), f32.
+// Key splits (MlaSplits::keys > 0): the state restarts every `keys` keys; a block owns one split
+// of its rows, and a row whose keys span several splits is finished by MlaSplitFoldKernel, which
+// folds the splits' states in order. Whether a row is split depends on its position alone, so
+// the results stay independent of the step; the splits give a long context's decode rows many
+// blocks.
 // The 16 * MT rows of a block are computed the same whatever MT is (1, 2 or 4: the most rows per
 // block that still leaves two blocks per SM to schedule; steps of few rows get more blocks).
 constexpr int kFlashKeys = 32;    // keys per tile
@@ -276,11 +281,12 @@ __global__ void __launch_bounds__(128) MlaHeadGemmKernel(const TA* a, int64_t a_
 }
 
 // Shared memory of MlaFlashKernel<MT> at padded width kw: the key tile and Q [rows][kw + 8] bf16,
-// the weights [MT][16][kFlashLdP] bf16, the partial maxima and sums [MT][4][16] f32, and the
-// rows' positions and output rows [16 MT] int32.
+// the weights [MT][16][kFlashLdP] bf16, the partial maxima and sums [MT][4][16] f32, the rows'
+// positions and output rows [16 MT] int32 and the tile's pool slots [kFlashKeys] int32.
 __host__ __device__ constexpr size_t MlaFlashSmemBytes(int mt, int kw) {
   return size_t{2} * (kFlashKeys + 16 * mt) * (kw + 8) + size_t{2} * mt * 16 * kFlashLdP +
-         size_t{4} * 2 * mt * kFlashWarpsPerMt * 16 + size_t{4} * 2 * 16 * mt;
+         size_t{4} * 2 * mt * kFlashWarpsPerMt * 16 + size_t{4} * 2 * 16 * mt +
+         size_t{4} * kFlashKeys;
 }
 
 // q_lat / o_lat: [rows of the chunk's tokens, heads, latent] bf16, token i at row
@@ -288,7 +294,7 @@ __host__ __device__ constexpr size_t MlaFlashSmemBytes(int mt, int kw) {
 template <int MT>
 __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
     MlaArgs a, PlanView plan, const __nv_bfloat16* q_lat, __nv_bfloat16* o_lat,
-    int32_t tok_begin, int32_t tok_end) {
+    int32_t tok_begin, int32_t tok_end, MlaSplits splits) {
   constexpr int kRows = 16 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   const int32_t lat = a.latent_dim, rd = a.rope_dim, width = lat + rd, heads = a.num_heads;
@@ -300,11 +306,14 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
   float* red_sum = red_max + MT * kFlashWarpsPerMt * 16;
   int32_t* row_pos = reinterpret_cast<int32_t*>(red_sum + MT * kFlashWarpsPerMt * 16);
   int32_t* row_out = row_pos + kRows;
+  int32_t* key_slot = row_out + kRows;  // the tile's pool slots (-1: past the block's keys)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int4 seq = plan.seqs[blockIdx.y];
   const int64_t seq_rows = int64_t{seq.y} * heads;
-  const int64_t r0 = int64_t{blockIdx.x} * kRows;
+  const int32_t num_splits = splits.keys > 0 ? splits.count : 1;
+  const int32_t split = static_cast<int32_t>(blockIdx.x % num_splits);
+  const int64_t r0 = int64_t{blockIdx.x / num_splits} * kRows;
   if (r0 >= seq_rows) return;  // (uniform)
   for (int r = tid; r < kRows; r += blockDim.x) {
     int32_t pos = -1, out_row = -1;
@@ -321,7 +330,10 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
   __syncthreads();
   int32_t max_pos = -1;
   for (int r = 0; r < kRows; ++r) max_pos = max(max_pos, row_pos[r]);
-  if (max_pos < 0) return;  // (uniform: no row of this chunk)
+  // This block's keys: its split's, or all of them.
+  const int32_t key_begin = splits.keys > 0 ? split * splits.keys : 0;
+  const int32_t key_end = splits.keys > 0 ? min(key_begin + splits.keys, max_pos + 1) : max_pos + 1;
+  if (key_begin >= key_end) return;  // (uniform: no row of this chunk sees a key of the split)
   // Q: [q_lat | rotated q_rope | 0], invalid rows 0.
   const int64_t qd = a.nope_dim + rd;
   for (int e = tid; e < kRows * kw; e += blockDim.x) {
@@ -354,18 +366,38 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
   const int32_t bs = plan.block_size;
   const int vecs = kw / 4;
   __nv_bfloat16* pw = ps + g * 16 * kFlashLdP;
-  for (int32_t k0 = 0; k0 <= max_pos; k0 += kFlashKeys) {
+  for (int32_t k0 = key_begin; k0 < key_end; k0 += kFlashKeys) {
     __syncthreads();  // the previous tile's readers are done (and Q is staged)
-    for (int e = tid; e < kFlashKeys * vecs; e += blockDim.x) {
-      const int kr = e / vecs, cv = (e % vecs) * 4;
-      const int32_t key = k0 + kr;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (key <= max_pos && cv < width) {
-        const int64_t slot = int64_t{blocks[key / bs]} * bs + key % bs;
-        v = *reinterpret_cast<const float4*>(a.pool + slot * width + cv);
+    if (tid < kFlashKeys) {
+      const int32_t key = k0 + tid;
+      key_slot[tid] = key < key_end ? blocks[key / bs] * bs + key % bs : -1;
+    }
+    __syncthreads();
+    // The tile's rows as float4s, kBatch loads in flight per thread before any is used.
+    constexpr int kBatch = MT == 1 ? 8 : 4;
+    const int total = kFlashKeys * vecs;
+    for (int e0 = tid; e0 < total; e0 += kBatch * static_cast<int>(blockDim.x)) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * static_cast<int>(blockDim.x);
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (e < total) {
+          const int kr = e / vecs, cv = (e % vecs) * 4;
+          const int32_t slot = key_slot[kr];
+          if (slot >= 0 && cv < width)
+            v[u] = *reinterpret_cast<const float4*>(a.pool + int64_t{slot} * width + cv);
+        }
       }
-      *reinterpret_cast<uint2*>(ks + kr * ld + cv) =
-          make_uint2(PackBf16(v.x, v.y), PackBf16(v.z, v.w));
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int e = e0 + u * static_cast<int>(blockDim.x);
+        if (e < total) {
+          const int kr = e / vecs, cv = (e % vecs) * 4;
+          *reinterpret_cast<uint2*>(ks + kr * ld + cv) =
+              make_uint2(PackBf16(v[u].x, v[u].y), PackBf16(v[u].z, v[u].w));
+        }
+      }
     }
     __syncthreads();
     // Scores of this warp's 8 keys for the m-tile's 16 rows.
@@ -448,7 +480,39 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
       }
     }
   }
-  const int32_t out_a = row_out[row_a], out_b = row_out[row_b];
+  int32_t out_a = row_out[row_a], out_b = row_out[row_b];
+  if (splits.keys > 0) {
+    // A row whose keys span several splits leaves this split's state (m, l, unnormalised o) in
+    // splits.partials for MlaSplitFoldKernel (a split past the row's keys leaves nothing); a row
+    // within the first split is finished here, by the first split's block.
+    auto partial = [&](int32_t out_row, int32_t pos, float m, float l) -> float* {
+      if (out_row < 0 || pos < splits.keys || split > pos / splits.keys) return nullptr;
+      float* rec = splits.partials + (int64_t{out_row} * splits.count + split) * (lat + 2);
+      if (qw == 0 && lane % 4 == 0) {
+        rec[0] = m;
+        rec[1] = l;
+      }
+      return rec + 2;
+    };
+    float* rec_a = partial(out_a, pos_a, m_a, l_a);
+    float* rec_b = partial(out_b, pos_b, m_b, l_b);
+#pragma unroll
+    for (int j = 0; j < kFlashMaxPairs; ++j) {
+      const int pair = qw + kFlashWarpsPerMt * j;
+      if (pair >= pairs) continue;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int32_t col = pair * 16 + n * 8 + 2 * (lane % 4) + e % 2;
+          float* rec = e < 2 ? rec_a : rec_b;
+          if (rec != nullptr && col < lat) rec[col] = o[j][n][e];
+        }
+      }
+    }
+    if (rec_a != nullptr || split != 0 || pos_a >= splits.keys) out_a = -1;
+    if (rec_b != nullptr || split != 0 || pos_b >= splits.keys) out_b = -1;
+  }
   const float inv_a = __frcp_rn(l_a), inv_b = __frcp_rn(l_b);
 #pragma unroll
   for (int j = 0; j < kFlashMaxPairs; ++j) {
@@ -468,10 +532,32 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
   }
 }
 
+// Rows whose keys span several splits: their splits' states folded in split order (pinned
+// rounding), o_lat = O / L as bf16. A block per row of the chunk.
+__global__ void MlaSplitFoldKernel(MlaArgs a, PlanView plan, __nv_bfloat16* o_lat,
+                                   int32_t tok_begin, MlaSplits splits) {
+  const int32_t out_row = blockIdx.x, lat = a.latent_dim;
+  const int32_t pos = plan.positions[tok_begin + out_row / a.num_heads];
+  if (pos < splits.keys) return;  // finished by its only split's block
+  const float c = __fmul_rn(a.scale, kLog2e);
+  const float* rec0 = splits.partials + int64_t{out_row} * splits.count * (lat + 2);
+  const int32_t last = pos / splits.keys;
+  for (int32_t d = threadIdx.x; d < lat; d += blockDim.x) {
+    float M = -INFINITY, L = 0.f, O = 0.f;
+    for (int32_t s = 0; s <= last; ++s) {
+      const float* rec = rec0 + int64_t{s} * (lat + 2);
+      float wa, wb;
+      FoldScalars(M, L, rec[0], rec[1], c, wa, wb);
+      O = FoldValue(O, rec[2 + d], wa, wb);
+    }
+    o_lat[int64_t{out_row} * lat + d] = __float2bfloat16_rn(__fmul_rn(O, __frcp_rn(L)));
+  }
+}
+
 template <int MT>
 void LaunchFlash(const MlaArgs& a, const PlanView& plan, int32_t max_query_len,
                  const __nv_bfloat16* q_lat, __nv_bfloat16* o_lat, int32_t tok_begin,
-                 int32_t tok_end, cudaStream_t stream) {
+                 int32_t tok_end, const MlaSplits& splits, cudaStream_t stream) {
   const int kw = RoundUp16(a.latent_dim + a.rope_dim);
   const size_t smem = MlaFlashSmemBytes(MT, kw);
   static std::once_flag attr_once;
@@ -480,11 +566,17 @@ void LaunchFlash(const MlaArgs& a, const PlanView& plan, int32_t max_query_len,
                                     static_cast<int>(MlaFlashSmemBytes(MT, kFlashMaxWidth))));
   });
   const int64_t rows = int64_t{max_query_len} * a.num_heads;
-  const dim3 grid(static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT)),
+  const int64_t num_splits = splits.keys > 0 ? splits.count : 1;
+  const dim3 grid(static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT) * num_splits),
                   static_cast<unsigned>(plan.num_seqs));
   MlaFlashKernel<MT><<<grid, MT * kFlashWarpsPerMt * 32, smem, stream>>>(a, plan, q_lat, o_lat,
-                                                                        tok_begin, tok_end);
+                                                                        tok_begin, tok_end, splits);
   CUDA_CHECK_LAUNCH();
+  if (splits.keys > 0 && splits.count > 1) {
+    MlaSplitFoldKernel<<<static_cast<unsigned>((tok_end - tok_begin) * a.num_heads), 128, 0,
+                         stream>>>(a, plan, o_lat, tok_begin, splits);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
@@ -505,15 +597,21 @@ bool MlaFlashSupported(const MlaArgs& a) {
          a.v_dim > 0;
 }
 
-int32_t MlaFlashChunkTokens(const MlaArgs& a, int32_t num_tokens) {
+int32_t MlaFlashChunkTokens(const MlaArgs& a, int32_t num_tokens, int32_t num_splits) {
+  // q_lat's bytes per token, and the split partials' (f32 records of latent + 2 per split)
   const int64_t row_bytes = int64_t{a.num_heads} * a.latent_dim * 2;
-  const int64_t chunk = std::max<int64_t>(1, kMlaFlashChunkBytes / row_bytes);
+  const int64_t split_bytes =
+      num_splits > 1 ? int64_t{a.num_heads} * num_splits * (a.latent_dim + 2) * 4 : 0;
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min(kMlaFlashChunkBytes / row_bytes,
+                  split_bytes > 0 ? kMlaSplitPartialsBytes / split_bytes : INT64_MAX));
   return static_cast<int32_t>(std::min<int64_t>(chunk, std::max(num_tokens, 1)));
 }
 
 void LaunchMlaAttentionFlash(const MlaArgs& a, const PlanView& plan, int32_t max_query_len,
-                             void* q_lat_bytes, void* o_lat_bytes, int32_t chunk_tokens,
-                             int32_t num_sms, int32_t m_tiles, cudaStream_t stream) {
+                             void* q_lat_bytes, void* o_lat_bytes, const MlaSplits& splits,
+                             int32_t chunk_tokens, int32_t num_sms, int32_t m_tiles,
+                             cudaStream_t stream) {
   if (plan.num_tokens == 0) return;
   auto* q_lat = static_cast<__nv_bfloat16*>(q_lat_bytes);
   auto* o_lat = static_cast<__nv_bfloat16*>(o_lat_bytes);
@@ -530,16 +628,16 @@ void LaunchMlaAttentionFlash(const MlaArgs& a, const PlanView& plan, int32_t max
             a.q + t0 * heads * qd, heads * qd, qd, a.kv_b, head_rows, lat, q_lat, heads * lat,
             lat, n, a.latent_dim, a.nope_dim);
     CUDA_CHECK_LAUNCH();
-    // The most rows per block that still leaves two blocks per SM to schedule (or m_tiles).
+    // The most rows per block that still gives every SM two blocks (or m_tiles when set).
     const int64_t rows = int64_t{n} * heads;
     int mt = rows / 64 >= 2 * int64_t{num_sms} ? 4 : rows / 32 >= 2 * int64_t{num_sms} ? 2 : 1;
     if (m_tiles == 1 || m_tiles == 2 || m_tiles == 4) mt = m_tiles;
     if (mt == 4) {
-      LaunchFlash<4>(a, plan, max_query_len, q_lat, o_lat, t0, t1, stream);
+      LaunchFlash<4>(a, plan, max_query_len, q_lat, o_lat, t0, t1, splits, stream);
     } else if (mt == 2) {
-      LaunchFlash<2>(a, plan, max_query_len, q_lat, o_lat, t0, t1, stream);
+      LaunchFlash<2>(a, plan, max_query_len, q_lat, o_lat, t0, t1, splits, stream);
     } else {
-      LaunchFlash<1>(a, plan, max_query_len, q_lat, o_lat, t0, t1, stream);
+      LaunchFlash<1>(a, plan, max_query_len, q_lat, o_lat, t0, t1, splits, stream);
     }
     // out[i, h, :] = W_uv[h] o_lat[i, h, :]   (W_uv[h]: the next v_dim rows, [v, lat])
     MlaHeadGemmKernel<__nv_bfloat16, float, false>

@@ -1,5 +1,6 @@
 #include "backend/cuda/runtime_switches.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace ember::cuda {
@@ -26,6 +27,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
   if (const std::string flash = EnvString("EMBER_MLA_FLASH"); !flash.empty())
     s.mla_flash = std::atoi(flash.c_str()) != 0;
   s.mla_flash_m_tiles = std::atoi(EnvString("EMBER_MLA_M_TILES").c_str());
+  if (const std::string keys = EnvString("EMBER_MLA_SPLIT_KEYS"); !keys.empty())
+    s.mla_split_keys = std::max(0, std::atoi(keys.c_str())) / 32 * 32;
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
   s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
   return s;

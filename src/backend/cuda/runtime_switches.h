@@ -27,6 +27,9 @@ struct RuntimeSwitches {
   // EMBER_MLA_M_TILES=1 / 2 / 4: the tensor-core MLA's 16-row m-tiles per block, whatever the
   // step (unset: by the step's rows). The same results either way: a test and A/B knob.
   int32_t mla_flash_m_tiles = 0;
+  // EMBER_MLA_SPLIT_KEYS=N: the tensor-core MLA's key splits (rounded down to a multiple of 32;
+  // 0: none): the softmax state restarts every N keys and the splits run as blocks of their own.
+  int32_t mla_split_keys = 1024;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
