@@ -144,8 +144,8 @@ void EngineFlags::Register(FlagParser& flags, bool serving) {
                   "auto | f32 | bf16 | f16 | fp8 | int8 | int4: the KV cache's element type "
                   "(quantized on write, read quantized by attention; the same --kv-cache-bytes "
                   "holds about 2x the tokens at 16 bits, 4x at 8, 7x at 4 vs f32). auto: f32 on "
-                  "the CPU, bf16 on CUDA (which supports only auto/bf16 yet). int4 rotates K and V "
-                  "by a Hadamard matrix and needs a power-of-two head_dim. Default auto");
+                  "the CPU, bf16 on CUDA (which takes bf16, int8, fp8 and int4). int4 rotates K "
+                  "and V by a Hadamard matrix and needs a power-of-two head_dim. Default auto");
   flags.AddString("--kv-cache-dtype-layers", &kv_cache_dtype_layers,
                   "per-layer overrides of --kv-cache-dtype: LAYERS=DTYPE items, comma-separated; "
                   "LAYERS is I or I:J (inclusive; negative counts from the end), e.g. "

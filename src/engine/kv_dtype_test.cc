@@ -1,9 +1,9 @@
 // The engine over a quantized KV cache (--kv-cache-dtype; backend/kv_quant.h) on the trained
 // TinyStories fixture: greedy continuations of the golden prompts stay the reference's where the
-// format's logit error is below the goldens' margins, the same --kv-cache-bytes holds more tokens in
-// proportion to the row bytes, batched runs (chunked prefill, staggered arrivals, preemption,
-// prefix-cache hits) equal solo runs token for token, the KV fingerprint (the disk tier's
-// key) differs per format, and (where a GPU exists) the CUDA backend's int8 / fp8 pools give the
+// format's logit error is below the goldens' margins, the same --kv-cache-bytes holds more tokens
+// in proportion to the row bytes, batched runs (chunked prefill, staggered arrivals, preemption,
+// prefix-cache hits) equal solo runs token for token, the KV fingerprint (the disk tier's key)
+// differs per format, and (where a GPU exists) the CUDA backend's int8 / fp8 / int4 pools give the
 // CPU's greedy continuations where the margins are clear of the two backends' logit difference.
 #include <gtest/gtest.h>
 
@@ -177,7 +177,7 @@ TEST(KvDTypeTest, CapacityInTokensFollowsTheRowBytes) {
                                     KvRowBytes(KvDType::kBF16, c.head_dim)));
 }
 
-// The CUDA backend against the CPU backend, both with int8 (then fp8) KV rows: the engine's
+// The CUDA backend against the CPU backend, both with int8 (then fp8, int4) KV rows: the engine's
 // 48-token greedy continuation of each golden prompt (decode steps: the CUDA graphs, RopeWriteKv
 // quantizing on write) equals the CPU's up to the first step whose CPU top-1/top-2 margin is
 // below twice the largest |CUDA - CPU| logit difference over the CPU's sequence (teacher-forced
@@ -195,7 +195,7 @@ TEST(KvDTypeTest, CudaGreedyEqualsCpuUnderQuantizedKv) {
   const nlohmann::json golden = nlohmann::json::parse(in);
   constexpr int32_t kSteps = 48;
   for (const bool f32 : {true, false})
-  for (KvDType t : {KvDType::kInt8, KvDType::kFP8}) {
+  for (KvDType t : {KvDType::kInt8, KvDType::kFP8, KvDType::kInt4}) {
     SCOPED_TRACE(f32 ? "f32 mode" : "bf16 mode");
     auto cpu = LoadWithKv(dir, t);
     auto gpu = LoadWithKv(dir, t, {}, DeviceKind::kCuda, f32);

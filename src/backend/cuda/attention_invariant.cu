@@ -35,7 +35,10 @@
 // contiguous, so whole blocks move by 16-byte cp.async, else rows by 4-byte ones), and at the
 // tile's start every value is converted in registers (byte value times the row's scale,
 // DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys are 0. Half the bytes
-// of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. The decode and
+// of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. int4 rows (kInt4:
+// nibbles, then an f16 scale per group) are staged the same way and converted 4 values (2 bytes)
+// at a time, (nibble - 8) times the group's scale; a rotated layer's q and output are rotated by
+// the caller (kv_rows.cuh's WarpHadamard, LaunchHadamardRows). The decode and
 // key-split decode shapes serve it (prefill rows take the one-m-tile shape, as an f32 pool's do);
 // no RoPE-fused form.
 // Attention sinks (AttentionArgs::sinks): a row's sink enters only its final normalisation (the
@@ -90,6 +93,9 @@ struct Shape {
   static constexpr size_t kStageBytes = size_t{2} * kKeys * D * sizeof(float);           // f32 K, V
   static constexpr int kQuantRowBytes = D + 4;  // int8 / FP8 rows: D bytes and an f32 scale
   static constexpr size_t kQuantStageBytes = size_t{2} * kKeys * kQuantRowBytes;       // bytes K, V
+  // The staged rows' bytes: int8 / FP8, or int4 (fewer: the stagings keep their size).
+  template <bool kInt4>
+  static constexpr int kQuantRowBytesOf = kInt4 ? KvInt4RowBytes(D) : kQuantRowBytes;
   static constexpr size_t kQBytes =
       kMT > 1 ? size_t{kRowsPerBlock} * kLd * sizeof(__nv_bfloat16) : 0;  // bf16 Q [rows][kLd]
   // bf16 pool: two bf16 tile pairs (the next tile lands in the other one); f32 pool: one pair
@@ -175,9 +181,10 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // one token per sequence, full rotary): q and the step's k arrive unrotated and the block whose
 // keys include the token first stores its rotated k and its v (`rope`), as RopeWriteKvKernel
 // would have (the same arithmetic and rounding, so the same bits). kQuantKv (not kBf16Kv): kv is
-// a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices.
+// a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices. kInt4
+// (with kQuantKv): its rows are int4 (D a power of two).
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false>
+          bool kQuantKv = false, bool kInt4 = false>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
@@ -186,6 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   static_assert(!kRope || (kMT == 1 && kBf16Kv && !kPrefill), "RoPE in the decode shape only");
   static_assert(!kKeySplit || !kPrefill, "key split in the decode shape only");
   static_assert(!kQuantKv || (!kBf16Kv && !kRope && !kPrefill), "a quantized pool: byte staging");
+  static_assert(!kInt4 || (kQuantKv && (D & (D - 1)) == 0), "int4 rows: a power-of-two D");
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -198,7 +206,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // kMT > 1: the block's Q rows, bf16 [kRowsPerBlock][kLd].
   [[maybe_unused]] __nv_bfloat16* q_s =
       reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv, kQuantKv>);
-  // Quantized pool: stage b's [kKeys][kQuantRowBytes] bytes of K, then V.
+  // Quantized pool: stage b's [kKeys][kRowBytes] bytes of K, then V.
+  constexpr int kRowBytes = S::template kQuantRowBytesOf<kInt4>;
   auto k_raw_at = [&](int stage) { return smem + S::kTileBytes + stage * S::kQuantStageBytes; };
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
@@ -349,16 +358,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   };
   // Quantized pool: the tile's K and V rows (row indices in `slots`) into byte staging `stage`.
   // When pool blocks tile the kKeys keys (block_size divides kKeys) and a block's rows are whole
-  // 16-byte chunks (block_size % 4 == 0), each block's rows of this head are one contiguous,
-  // aligned span, copied 16 bytes at a time (a block no visible key of is zero-filled); otherwise
-  // each visible key's rows, 4 bytes at a time. The staging rows are the same either way.
+  // 16-byte chunks (block_size * kRowBytes % 16 == 0), each block's rows of this head are one
+  // contiguous, aligned span, copied 16 bytes at a time (a block no visible key of is
+  // zero-filled); otherwise each visible key's rows, 4 bytes at a time (int4 rows of 10 or 18
+  // bytes: 2 at a time, plain loads). The staging rows are the same either way.
   [[maybe_unused]] auto copy_quant_rows = [&](const int32_t* slots, int stage) {
-    constexpr int kRowBytes = S::kQuantRowBytes, kWords = kRowBytes / 4;
     const unsigned char* k_src = reinterpret_cast<const unsigned char*>(kv.k);
     const unsigned char* v_src = reinterpret_cast<const unsigned char*>(kv.v);
     unsigned char* k_raw = k_raw_at(stage);
     unsigned char* v_raw = k_raw + kKeys * kRowBytes;
-    if (bs % 4 == 0 && kKeys % bs == 0) {
+    if (bs * kRowBytes % 16 == 0 && kKeys % bs == 0) {
       const int chunks = bs * kRowBytes / 16;  // per pool block
       for (int idx = threadIdx.x; idx < kKeys * kRowBytes / 16; idx += kWarps * 32) {
         const int b = idx / chunks, c = idx % chunks;
@@ -370,13 +379,28 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       }
       return;
     }
+    if constexpr (kRowBytes % 4 == 0) {
+      constexpr int kWords = kRowBytes / 4;
 #pragma unroll 4
-    for (int idx = threadIdx.x; idx < kKeys * kWords; idx += kWarps * 32) {
-      const int j = idx / kWords, w = idx % kWords;
-      const int32_t row = slots[slot_pos(j)];
-      const int64_t off = row >= 0 ? static_cast<int64_t>(row) * kRowBytes + 4 * w : int64_t{0};
-      CpAsync4(k_raw + j * kRowBytes + 4 * w, k_src + off, row >= 0 ? 4 : 0);
-      CpAsync4(v_raw + j * kRowBytes + 4 * w, v_src + off, row >= 0 ? 4 : 0);
+      for (int idx = threadIdx.x; idx < kKeys * kWords; idx += kWarps * 32) {
+        const int j = idx / kWords, w = idx % kWords;
+        const int32_t row = slots[slot_pos(j)];
+        const int64_t off = row >= 0 ? static_cast<int64_t>(row) * kRowBytes + 4 * w : int64_t{0};
+        CpAsync4(k_raw + j * kRowBytes + 4 * w, k_src + off, row >= 0 ? 4 : 0);
+        CpAsync4(v_raw + j * kRowBytes + 4 * w, v_src + off, row >= 0 ? 4 : 0);
+      }
+    } else {
+      constexpr int kHalves = kRowBytes / 2;
+      for (int idx = threadIdx.x; idx < kKeys * kHalves; idx += kWarps * 32) {
+        const int j = idx / kHalves, w = idx % kHalves;
+        const int32_t row = slots[slot_pos(j)];
+        const int64_t off = static_cast<int64_t>(row) * kRowBytes + 2 * w;
+        const auto load = [&](const unsigned char* src) {
+          return row >= 0 ? *reinterpret_cast<const uint16_t*>(src + off) : uint16_t{0};
+        };
+        *reinterpret_cast<uint16_t*>(k_raw + j * kRowBytes + 2 * w) = load(k_src);
+        *reinterpret_cast<uint16_t*>(v_raw + j * kRowBytes + 2 * w) = load(v_src);
+      }
     }
   };
   auto issue_copy = [&](const int32_t* slots, int buffer) {
@@ -606,16 +630,41 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       // times the row's scale (one rounding: DequantizeKvRow's float), then bf16 RN; a masked key
       // (slot < 0: zero-filled, or a stored row of a copied block) is 0.
       const unsigned char* k_raw = k_raw_at(next ^ 1);
-      const unsigned char* v_raw = k_raw + kKeys * S::kQuantRowBytes;
+      const unsigned char* v_raw = k_raw + kKeys * kRowBytes;
       const int32_t* slots = slot_s[(tile - tile_begin) % 3];
+      // int4: 4 values (two bytes) of one key per item, (nibble - 8) times the group's f16 scale.
+      [[maybe_unused]] auto convert_int4 = [&] {
+#pragma unroll 4
+        for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
+          const int idx = it * kWarps * 32 + threadIdx.x;
+          const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+          const unsigned char* kr = k_raw + j * kRowBytes;
+          const unsigned char* vr = v_raw + j * kRowBytes;
+          const bool visible = slots[slot_pos(j)] >= 0;
+          const unsigned kb = visible ? *reinterpret_cast<const uint16_t*>(kr + d / 2) : 0x8888u;
+          const unsigned vb = visible ? *reinterpret_cast<const uint16_t*>(vr + d / 2) : 0x8888u;
+          const float ks = visible ? KvInt4Scale(kr, d, D) : 0.f;
+          const float vs = visible ? KvInt4Scale(vr, d, D) : 0.f;
+          float kf[4], vf[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            kf[e] = __fmul_rn(KvInt4Level(kb >> (4 * e)), ks);
+            vf[e] = __fmul_rn(KvInt4Level(vb >> (4 * e)), vs);
+          }
+          *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
+              make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
+          *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
+              make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
+        }
+      };
       auto convert = [&](auto int8_tag) {
         constexpr bool kInt8 = decltype(int8_tag)::value;
 #pragma unroll 4
         for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
           const int idx = it * kWarps * 32 + threadIdx.x;
           const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-          const unsigned char* kr = k_raw + j * S::kQuantRowBytes;
-          const unsigned char* vr = v_raw + j * S::kQuantRowBytes;
+          const unsigned char* kr = k_raw + j * kRowBytes;
+          const unsigned char* vr = v_raw + j * kRowBytes;
           const bool visible = slots[slot_pos(j)] >= 0;
           const uint32_t kb = visible ? *reinterpret_cast<const uint32_t*>(kr + d) : 0u;
           const uint32_t vb = visible ? *reinterpret_cast<const uint32_t*>(vr + d) : 0u;
@@ -633,7 +682,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
               make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
         }
       };
-      if (kv.quant == KvQuant::kInt8) {
+      if constexpr (kInt4) {
+        convert_int4();
+      } else if (kv.quant == KvQuant::kInt8) {
         convert(std::true_type{});
       } else {
         convert(std::false_type{});
@@ -1017,14 +1068,14 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
 }
 
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false>
+          bool kQuantKv = false, bool kInt4 = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT, kKeySplit>;
   constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv, kQuantKv>;
   constexpr auto kKernel =
-      AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit, kQuantKv>;
+      AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit, kQuantKv, kInt4>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -1069,6 +1120,21 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
       if constexpr (RopeFusedDim(D)) {
         LaunchForDim<D, true, 1, false, true>(args, q, kv, plan, max_rows, num_splits, partials,
                                               out, *rope, stream);
+      }
+    } else if (kv.quant == KvQuant::kInt4) {
+      CHECK_EQ(kv.row_bytes, KvInt4RowBytes(D));
+      if constexpr ((D & (D - 1)) == 0) {
+        if constexpr (KeySplitDim(D)) {
+          if (key_split) {
+            LaunchForDim<D, false, 1, false, false, true, true, true>(
+                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+            return;
+          }
+        }
+        LaunchForDim<D, false, 1, false, false, false, true, true>(
+            args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+      } else {
+        CHECK(false) << "int4 KV rows of head_dim " << D << " (a power of two only)";
       }
     } else if (kv.quant != KvQuant::kNone) {
       CHECK_EQ(kv.row_bytes, D + 4);

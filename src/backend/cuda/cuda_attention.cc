@@ -61,10 +61,13 @@ KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads, int32_t he
   unsigned char* base = kv_pool_.as<unsigned char>() + kv_layer_offset_[static_cast<size_t>(layer)];
   KvLayerView view{reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + tensor_bytes),
                    kv_heads_, kv_head_dim_, dtype == KvDType::kBF16};
-  if (dtype == KvDType::kInt8 || dtype == KvDType::kFP8) {
-    view.quant = dtype == KvDType::kInt8 ? KvQuant::kInt8 : KvQuant::kFP8;
+  if (dtype == KvDType::kInt8 || dtype == KvDType::kFP8 || dtype == KvDType::kInt4) {
+    view.quant = dtype == KvDType::kInt8  ? KvQuant::kInt8
+                 : dtype == KvDType::kFP8 ? KvQuant::kFP8
+                                          : KvQuant::kInt4;
     view.row_bytes = static_cast<int32_t>(KvRowBytes(dtype, kv_head_dim_));
     view.block_size = kv_block_size_;
+    view.rotated = dtype == KvDType::kInt4 && kv_rotate_int4_;
   }
   return view;
 }
@@ -140,13 +143,27 @@ CudaBackend::AttentionCall CudaBackend::PrepareAttention(const AttentionParams& 
 // bf16 mode: always the batch-invariant kernel (as fast as or faster than per-step split-K decode
 // and flash prefill kernels in every measured shape, docs/perf.md); the f32 kernels serve the
 // parity mode and head dims it does not support.
+// A layer of Hadamard-rotated int4 rows (KvLayerView::rotated) attends with H q (into the step's
+// arena: q stays the caller's) and gets H o, rotated back in place: kv_quant.h's identities.
 void CudaBackend::Attention(const AttentionParams& params, const Tensor& q, Tensor out) {
-  const AttentionCall call = PrepareAttention(params, q, out);
+  AttentionCall call = PrepareAttention(params, q, out);
+  const int64_t rows = int64_t{plan_.num_tokens} * params.num_heads;
+  if (call.kv.rotated) {
+    float* rotated_q = static_cast<float*>(ArenaAlloc(static_cast<size_t>(q.numel()) * 4));
+    RecordHadamardRows(call.q, rotated_q, rows, params.head_dim);
+    call.q = rotated_q;
+  }
   if (!f32_compute_ && AttentionInvariantSupported(params.head_dim)) {
     AttentionInvariant(call, nullptr);
-    return;
+  } else {
+    AttentionF32(params, call);
   }
-  AttentionF32(params, call);
+  if (call.kv.rotated) RecordHadamardRows(call.out, call.out, rows, params.head_dim);
+}
+
+void CudaBackend::RecordHadamardRows(const float* src, float* dst, int64_t rows, int32_t n) {
+  recorder_.Record(OpKind::kHadamardRows, {KeyOf(src), KeyOf(dst), U(rows), U(n)},
+                   [=](cudaStream_t st) { LaunchHadamardRows(src, dst, rows, n, st); });
 }
 
 // A decode step's invariant attention takes the rotation and the KV write over: one launch

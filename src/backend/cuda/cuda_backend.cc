@@ -164,12 +164,16 @@ Status CudaBackend::SetKvFormat(const KvFormat& format, int32_t head_dim) {
     const KvDType t = format.layers[l] == KvDType::kAuto ? own : format.layers[l];
     const std::string what =
         "--kv-cache-dtype " + std::string(KvDTypeName(t)) + " (layer " + std::to_string(l) + "): ";
-    if (t != own && t != KvDType::kInt8 && t != KvDType::kFP8)
-      return Status::Error(what + "not supported on the " + name() + " backend yet (its KV cache "
-                           "takes " + KvDTypeName(own) + ", int8 or fp8 here)");
-    if (t != own && head_dim % 4 != 0)
-      return Status::Error(what + "the " + name() + " backend needs a head_dim that is a "
-                           "multiple of 4 for quantized KV rows, got " + std::to_string(head_dim));
+    if (t != own && t != KvDType::kInt8 && t != KvDType::kFP8 && t != KvDType::kInt4)
+      return Status::Error(what + "not supported on the " + name() + " backend yet (its KV " +
+                           "cache takes " + KvDTypeName(own) + ", int8, fp8 or int4 here)");
+    if ((t == KvDType::kInt8 || t == KvDType::kFP8) && head_dim % 4 != 0)
+      return Status::Error(what + "the " + name() + " backend needs a head_dim that is a " +
+                           "multiple of 4 for int8 / fp8 KV rows, got " + std::to_string(head_dim));
+    if (t == KvDType::kInt4) {
+      const std::string why = KvHeadDimUnsupported(t, head_dim);
+      if (!why.empty()) return Status::Error(what + why);
+    }
     layers.push_back(t);
   }
   kv_dtypes_ = std::move(layers);

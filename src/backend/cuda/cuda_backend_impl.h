@@ -195,9 +195,10 @@ class CudaBackend final : public Backend {
   Status AllocateKvPool(int32_t num_layers, int32_t num_blocks, int32_t block_size,
                         int32_t num_kv_heads, int32_t head_dim) override;
   int64_t KvElementBytes(int32_t head_dim) const override { return KvBf16(head_dim) ? 2 : 4; }
-  // KV-cache formats: per layer the pool's own type (bf16 or f32, as KvElementBytes says), int8
-  // or fp8 (kv_quant.h rows, head-major within a block as on the CPU: kernels.h's KvLayerView).
-  // Other dtypes (f16, int4, the other of f32/bf16) are refused, naming the dtype and device.
+  // KV-cache formats: per layer the pool's own type (bf16 or f32, as KvElementBytes says), int8,
+  // fp8 or int4 (kv_quant.h rows, head-major within a block as on the CPU: kernels.h's
+  // KvLayerView; int4 Hadamard-rotated unless the format says not). Other dtypes (f16, the other
+  // of f32/bf16) are refused, naming the dtype and device.
   Status SetKvFormat(const KvFormat& format, int32_t head_dim) override;
   int64_t KvTokenBytes(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim) const override;
   std::string KvFormatText(int32_t head_dim) const override;
@@ -409,6 +410,8 @@ class CudaBackend final : public Backend {
   void AttentionInvariantLaunch(const AttentionCall& call, const PlanView& plan,
                                 int32_t max_query_len, int32_t splits, float* partials);
   void AttentionF32(const AttentionParams& params, const AttentionCall& call);
+  // dst [rows, n] = H src per row (LaunchHadamardRows): an int4-rotated layer's q and output.
+  void RecordHadamardRows(const float* src, float* dst, int64_t rows, int32_t n);
 
   // The pool's geometry once kv_dtypes_ and the layer count are set: kv_layer_offset_ for
   // `tensors` tensors per layer (2: K and V; 1: the latent pool), then the zeroed allocation.
@@ -498,7 +501,7 @@ class CudaBackend final : public Backend {
   // [num_kv_heads, block_size] rows (kv_dtypes_). Layer l's K starts at kv_layer_offset_[l].
   DeviceBuffer kv_pool_;
   std::vector<KvDType> kv_dtypes_;  // per layer, resolved (no kAuto); empty: never set
-  bool kv_rotate_int4_ = true;      // (KvFormatText's; no int4 layer is taken)
+  bool kv_rotate_int4_ = true;      // int4 layers hold Hadamard-rotated rows (KvFormat)
   std::vector<size_t> kv_layer_offset_;
   int32_t kv_layers_ = 0, kv_blocks_ = 0, kv_block_size_ = 0, kv_heads_ = 0, kv_head_dim_ = 0;
   int32_t kv_tensors_ = 2;  // per layer: K and V; 1 for the latent pool (AllocateLatentKvPool)

@@ -1,5 +1,6 @@
-// The CUDA backend's quantized KV pools (--kv-cache-dtype int8 / fp8) against the CPU backend,
-// the reference: WriteKv and RopeWriteKv store exactly kv_quant's QuantizeKvRow bytes in the
+// The CUDA backend's quantized KV pools (--kv-cache-dtype int8 / fp8 / int4, int4 with and
+// without its Hadamard rotation) against the CPU backend, the reference: WriteKv and RopeWriteKv
+// store exactly kv_quant's QuantizeKvRow bytes (int4: of HadamardRotate's row when rotated) in the
 // CPU's head-major block layout (checked through CopyKvBlockToHost), and the attention over a
 // quantized pool (bf16 mode: the batch-invariant kernel in its decode, key-split decode and
 // split forms; f32 mode: split-K decode and the prefill kernel) equals the CPU backend's attention
@@ -32,13 +33,14 @@ using namespace cuda_test;
 struct QuantCase {
   KvDType dtype;
   int32_t head_dim, num_heads, num_kv_heads;
+  bool rotate = true;  // int4: KvFormat::rotate_int4
 };
 
 std::string QuantCaseName(const ::testing::TestParamInfo<QuantCase>& info) {
   const QuantCase& c = info.param;
   char name[96];
-  std::snprintf(name, sizeof(name), "%s_D%d_H%d_KV%d", KvDTypeName(c.dtype), c.head_dim,
-                c.num_heads, c.num_kv_heads);
+  std::snprintf(name, sizeof(name), "%s%s_D%d_H%d_KV%d", KvDTypeName(c.dtype),
+                c.rotate ? "" : "_unrotated", c.head_dim, c.num_heads, c.num_kv_heads);
   return name;
 }
 
@@ -49,7 +51,9 @@ class CudaKvQuantTest : public CudaOpsTest, public ::testing::WithParamInterface
  protected:
   static constexpr int32_t kBlocks = 255, kBlockSize = 16, kLayers = 2;
 
-  KvFormat Format() const { return KvFormat{{Other(GetParam().dtype), GetParam().dtype}, true}; }
+  KvFormat Format() const {
+    return KvFormat{{Other(GetParam().dtype), GetParam().dtype}, GetParam().rotate};
+  }
 
   // A CUDA backend (f32: the parity mode) and a CPU backend, both with Format()'s pools.
   void Setup(bool f32) {
@@ -153,7 +157,9 @@ class CudaKvQuantTest : public CudaOpsTest, public ::testing::WithParamInterface
       for (int kv = 0; kv < 2; ++kv)
         for (int32_t h = 0; h < c.num_kv_heads; ++h) {
           const float* x = (kv == 0 ? k : v).data() + (i * c.num_kv_heads + h) * c.head_dim;
-          QuantizeKvRow(c.dtype, x, c.head_dim, want.data());
+          std::vector<float> row(x, x + c.head_dim);
+          if (c.dtype == KvDType::kInt4 && c.rotate) HadamardRotate(row.data(), c.head_dim);
+          QuantizeKvRow(c.dtype, row.data(), c.head_dim, want.data());
           if (StoredRow(1, kv, plan.slot_mapping[static_cast<size_t>(i)], h) != want &&
               ++mismatches <= 3)
             ADD_FAILURE() << "token " << i << (kv == 0 ? " K" : " V") << " head " << h
@@ -223,7 +229,11 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{KvDType::kInt8, 128, 32, 8}, QuantCase{KvDType::kFP8, 128, 32, 8},
                       QuantCase{KvDType::kInt8, 128, 8, 8}, QuantCase{KvDType::kFP8, 128, 64, 8},
                       QuantCase{KvDType::kInt8, 96, 6, 3}, QuantCase{KvDType::kFP8, 256, 4, 1},
-                      QuantCase{KvDType::kInt8, 16, 8, 4}, QuantCase{KvDType::kFP8, 72, 4, 2}),
+                      QuantCase{KvDType::kInt8, 16, 8, 4}, QuantCase{KvDType::kFP8, 72, 4, 2},
+                      QuantCase{KvDType::kInt4, 64, 8, 2}, QuantCase{KvDType::kInt4, 128, 32, 8},
+                      QuantCase{KvDType::kInt4, 128, 8, 8, false},
+                      QuantCase{KvDType::kInt4, 256, 4, 1}, QuantCase{KvDType::kInt4, 32, 8, 4},
+                      QuantCase{KvDType::kInt4, 16, 4, 2}, QuantCase{KvDType::kInt4, 8, 4, 2}),
     QuantCaseName);
 
 // The pool's bytes per token, per block and its format text are the CPU's for the same format;
@@ -232,7 +242,9 @@ TEST_F(CudaOpsTest, QuantizedKvBytesEqualTheCpus) {
   const int32_t layers = 3, kv_heads = 4, D = 128;
   const KvFormat formats[] = {KvFormat{{KvDType::kInt8, KvDType::kInt8, KvDType::kInt8}, true},
                               KvFormat{{KvDType::kFP8, KvDType::kFP8, KvDType::kFP8}, true},
-                              KvFormat{{KvDType::kInt8, KvDType::kBF16, KvDType::kFP8}, true}};
+                              KvFormat{{KvDType::kInt8, KvDType::kBF16, KvDType::kFP8}, true},
+                              KvFormat{{KvDType::kInt4, KvDType::kBF16, KvDType::kInt4}, true},
+                              KvFormat{{KvDType::kInt4, KvDType::kInt4, KvDType::kInt8}, false}};
   for (const KvFormat& f : formats) {
     auto gpu = Make(false);
     auto cpu = MakeCpuBackend(CpuBackendOptions{});
@@ -246,7 +258,7 @@ TEST_F(CudaOpsTest, QuantizedKvBytesEqualTheCpus) {
     EXPECT_EQ(gpu->KvFormatText(D), cpu->KvFormatText(D));
   }
   EXPECT_EQ(Make(false)->KvTokenBytes(1, 1, D), 2 * 2 * D);  // no format set: the bf16 pool
-  for (KvDType t : {KvDType::kInt4, KvDType::kF16, KvDType::kF32}) {
+  for (KvDType t : {KvDType::kF16, KvDType::kF32}) {
     const Status st = Make(false)->SetKvFormat(KvFormat{{KvDType::kInt8, t}, true}, D);
     ASSERT_FALSE(st.ok()) << KvDTypeName(t);
     EXPECT_NE(st.message().find(std::string("--kv-cache-dtype ") + KvDTypeName(t)),
@@ -255,6 +267,9 @@ TEST_F(CudaOpsTest, QuantizedKvBytesEqualTheCpus) {
   }
   const Status odd = Make(false)->SetKvFormat(KvFormat{{KvDType::kInt8}, true}, 42);
   EXPECT_FALSE(odd.ok());
+  const Status int4 = Make(false)->SetKvFormat(KvFormat{{KvDType::kInt4}, true}, 96);
+  ASSERT_FALSE(int4.ok());  // the rotation needs a power-of-two head_dim
+  EXPECT_NE(int4.message().find("head_dim"), std::string::npos) << int4.message();
 }
 
 }  // namespace

@@ -32,18 +32,21 @@ struct PlanView {
 };
 
 // The quantized KV row types the CUDA pool stores (backend/kv_quant.h's layouts: head_dim
-// int8 or FP8 E4M3 values, then a float32 scale; KvRowBytes = head_dim + 4).
-enum class KvQuant : uint8_t { kNone = 0, kInt8 = 1, kFP8 = 2 };
+// int8 or FP8 E4M3 values, then a float32 scale, KvRowBytes = head_dim + 4; int4: head_dim / 2
+// bytes of nibbles, then an f16 scale per group of 32 values, or of head_dim when smaller).
+enum class KvQuant : uint8_t { kNone = 0, kInt8 = 1, kFP8 = 2, kInt4 = 3 };
 
 // One layer's paged K and V. quant kNone: each [num_blocks, block_size, num_kv_heads, head_dim],
 // float32 or, when bf16 is set, bf16 (k and v then point at __nv_bfloat16 elements and are only
-// reinterpreted). quant kInt8 / kFP8: bytes, rows of row_bytes in the CPU backend's order,
+// reinterpreted). quant kInt8 / kFP8 / kInt4: bytes, rows of row_bytes in the CPU backend's order,
 // head-major within a block ([num_blocks, num_kv_heads, block_size] rows; kv_rows.cuh's
 // KvQuantRowOffset), so a block's bytes (KvBlockBytes, the disk tier's records) are laid out as
 // the CPU's, and a head's rows of one block are one contiguous span. Every
 // kernel that reads or writes the pool takes every kind: write_kv.cu quantizes on write,
 // attention_invariant.cu stages the rows and converts them to its bf16 tiles, the f32
-// decode / prefill kernels convert each value as they load it.
+// decode / prefill kernels convert each value as they load it. rotated (int4 only): the rows hold
+// H x (kv_quant.h's Hadamard rotation), quantized so by write_kv.cu; the attention kernels read
+// them as stored, the caller rotates q before and the output after (LaunchHadamardRows).
 struct KvLayerView {
   float* k = nullptr;
   float* v = nullptr;
@@ -53,6 +56,7 @@ struct KvLayerView {
   KvQuant quant = KvQuant::kNone;
   int32_t row_bytes = 0;   // quantized: bytes per row
   int32_t block_size = 0;  // quantized: the pool's tokens per block
+  bool rotated = false;    // kInt4: the rows hold H x
 };
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
@@ -296,6 +300,10 @@ void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const 
 void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, int32_t rotary_dim,
                        const float* cos_table, const float* sin_table, int32_t max_positions,
                        const KvLayerView& kv, const PlanView& plan, cudaStream_t stream);
+// dst [rows, n] = H src per row (kv_quant.h's HadamardRotate: the same bits), n a power of two
+// <= kMaxHeadDim; dst may be src. An int4-rotated layer's q before its attention and its output
+// after.
+void LaunchHadamardRows(const float* src, float* dst, int64_t rows, int32_t n, cudaStream_t stream);
 
 // ---- attention (attention_decode.cu, attention_prefill.cu) ----
 struct AttentionArgs {

@@ -2,7 +2,7 @@
 // layout and is the reference): where a row lives in a layer's pool, its values as float
 // (bit-equal to DequantizeKvRow), and one warp's quantization of a row (bit-equal to
 // QuantizeKvRow given the same float inputs: the same scale, reciprocal and round-to-nearest-even
-// products). Included by write_kv.cu and the attention kernels.
+// products; int4 after HadamardRotate's bits). Included by write_kv.cu and the attention kernels.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -25,6 +25,24 @@ __device__ __forceinline__ int64_t KvQuantRowOffset(const KvLayerView& kv, int64
 // A row's float32 scale, after its head_dim value bytes (row_bytes % 4 == 0: aligned).
 __device__ __forceinline__ float KvQuantScale(const unsigned char* row, int32_t head_dim) {
   return *reinterpret_cast<const float*>(row + head_dim);
+}
+
+// int4 rows: values per f16 scale (kv_quant.h's KvInt4Group), and the bytes of a row.
+__host__ __device__ constexpr int32_t KvInt4GroupOf(int32_t head_dim) {
+  return head_dim < 32 ? head_dim : 32;
+}
+__host__ __device__ constexpr int32_t KvInt4RowBytes(int32_t head_dim) {
+  return head_dim / 2 + 2 * (head_dim / KvInt4GroupOf(head_dim));
+}
+// The f16 scale of the int4 row's group holding element d (rows are 2-byte aligned).
+__device__ __forceinline__ float KvInt4Scale(const unsigned char* row, int32_t d,
+                                             int32_t head_dim) {
+  return __half2float(
+      *reinterpret_cast<const __half*>(row + head_dim / 2 + 2 * (d / KvInt4GroupOf(head_dim))));
+}
+// A nibble's value before the scale: q - 8, exact.
+__device__ __forceinline__ float KvInt4Level(unsigned nibble) {
+  return static_cast<float>(static_cast<int>(nibble & 0xfu) - 8);
 }
 
 // The stored byte's value before the scale. FP8 E4M3 goes through its f16 bits (sign, then
@@ -57,14 +75,78 @@ __device__ __forceinline__ float KvLoad(const KvLayerView& kv, bool is_v, int64_
     return base[(slot * kv.num_kv_heads + head) * kv.head_dim + d];
   }
   const unsigned char* base = reinterpret_cast<const unsigned char*>(is_v ? kv.v : kv.k);
-  return KvQuantValue(kv.quant, base + KvQuantRowOffset(kv, slot, head), d, kv.head_dim);
+  const unsigned char* row = base + KvQuantRowOffset(kv, slot, head);
+  if (kv.quant == KvQuant::kInt4) {
+    const unsigned b = row[d / 2];
+    return __fmul_rn(KvInt4Level(d % 2 == 0 ? b : b >> 4), KvInt4Scale(row, d, kv.head_dim));
+  }
+  return KvQuantValue(kv.quant, row, d, kv.head_dim);
+}
+
+// v[i] = element lane + 32 i of a row of n values (a power of two <= kMaxHeadDim; 0 past n), the
+// row spread over the warp: v = H v, HadamardRotate's butterflies (strides 1, 2, 4, ...: those
+// under 32 between lanes, the rest between a lane's registers) and its final scaling by
+// 1 / sqrt(n), each value rounded as there, so the same bits. Every lane of the warp calls it.
+__device__ __forceinline__ void WarpHadamard(float (&v)[kMaxHeadDim / 32], int32_t n) {
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int h = 1; h < 32; h *= 2) {
+    if (h >= n) break;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[i], h);
+      v[i] = (lane & h) != 0 ? __fsub_rn(other, v[i]) : __fadd_rn(v[i], other);
+    }
+  }
+#pragma unroll
+  for (int h = 1; h < kPerLane; h *= 2) {
+    if (32 * h >= n) break;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if ((i & h) != 0) continue;
+      const float a = v[i], b = v[i + h];
+      v[i] = __fadd_rn(a, b);
+      v[i + h] = __fsub_rn(a, b);
+    }
+  }
+  const float norm = __frcp_rn(__fsqrt_rn(static_cast<float>(n)));
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) v[i] = __fmul_rn(v[i], norm);
+}
+
+// int4 (one warp, WarpQuantizeRow's values v): per group of KvInt4GroupOf(head_dim) values
+// (register i across the lanes, or the whole row when head_dim < 32) the f16 scale
+// d = f16(min(max|x| / 7, 65504)), each value x * (1 / d) rounded to nearest even and clamped
+// to [-7, 7], plus 8, element 2j in byte j's low nibble, 2j + 1 in its high one; then the scales.
+__device__ __forceinline__ void WarpQuantizeInt4(const float (&v)[kMaxHeadDim / 32],
+                                                 int32_t head_dim, unsigned char* out) {
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (32 * i >= head_dim) break;
+    float amax = fabsf(v[i]);
+#pragma unroll
+    for (int step = 16; step >= 1; step /= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
+    const __half dh = __float2half_rn(fminf(__fdiv_rn(amax, 7.f), 65504.f));
+    const float d = __half2float(dh);
+    const float inv = d > 0.f ? __frcp_rn(d) : 0.f;
+    const int q = static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v[i], inv)), -7.f), 7.f)) + 8;
+    const int high = __shfl_down_sync(0xffffffffu, q, 1);
+    const int e = lane + 32 * i;
+    if (lane % 2 == 0 && e < head_dim) out[e / 2] = static_cast<unsigned char>(q | high << 4);
+    if (lane == 0) *reinterpret_cast<__half*>(out + head_dim / 2 + 2 * i) = dh;
+  }
 }
 
 // One warp stores x [head_dim] (head_dim <= kMaxHeadDim) as a quantized row at `out`:
 // s = max|x| / (127 or 448), each value x * (1 / s) rounded to nearest even (int8: clamped to
-// [-127, 127]; FP8: saturated to +-448), then s. Every lane of the warp calls it.
+// [-127, 127]; FP8: saturated to +-448), then s; int4: WarpQuantizeInt4, of H x when `rotate`
+// (WarpHadamard). Every lane of the warp calls it.
 __device__ __forceinline__ void WarpQuantizeRow(KvQuant t, const float* x, int32_t head_dim,
-                                                unsigned char* out) {
+                                                unsigned char* out, bool rotate = false) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   constexpr int kPerLane = kMaxHeadDim / 32;
   float v[kPerLane];
@@ -74,6 +156,11 @@ __device__ __forceinline__ void WarpQuantizeRow(KvQuant t, const float* x, int32
     const int d = lane + 32 * i;
     v[i] = d < head_dim ? x[d] : 0.f;
     amax = fmaxf(amax, fabsf(v[i]));
+  }
+  if (t == KvQuant::kInt4) {
+    if (rotate) WarpHadamard(v, head_dim);
+    WarpQuantizeInt4(v, head_dim, out);
+    return;
   }
 #pragma unroll
   for (int step = 16; step >= 1; step /= 2)

@@ -32,6 +32,7 @@ enum class OpKind : uint8_t {
   kGatedDeltaRule = 22,
   kSigmoidGateMul = 23,
   kMlaAttention = 24,
+  kHadamardRows = 25,  // an int4-rotated layer's q before its attention, its output after
 };
 
 // The profile's name of a kind: "Embedding", "MatMul(cublas)", "RopeAttention", ...

@@ -35,6 +35,7 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kGatedDeltaRule: return "GatedDeltaRule";
     case OpKind::kSigmoidGateMul: return "SigmoidGateMul";
     case OpKind::kMlaAttention: return "MlaAttention";
+    case OpKind::kHadamardRows: return "HadamardRows";
   }
   return "?";
 }

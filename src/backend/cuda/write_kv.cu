@@ -119,7 +119,29 @@ __global__ void RopeWriteKvQuantKernel(float* q, float* k, const float* v, int32
     const int32_t head = is_v ? r - num_kv_heads : r;
     const float* x = (is_v ? v : k) + (token * num_kv_heads + head) * head_dim;
     unsigned char* pool = reinterpret_cast<unsigned char*>(is_v ? kv.v : kv.k);
-    WarpQuantizeRow(kv.quant, x, head_dim, pool + KvQuantRowOffset(kv, slot, head));
+    WarpQuantizeRow(kv.quant, x, head_dim, pool + KvQuantRowOffset(kv, slot, head), kv.rotated);
+  }
+}
+
+// A warp per row: the row in registers (WarpHadamard's layout), rotated, stored.
+__global__ void HadamardRowsKernel(const float* src, float* dst, int64_t rows, int32_t n) {
+  PdlWait();
+  PdlTrigger();
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  float v[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    v[i] = d < n ? src[row * n + d] : 0.f;
+  }
+  WarpHadamard(v, n);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < n) dst[row * n + d] = v[i];
   }
 }
 
@@ -145,6 +167,16 @@ void LaunchRopeWriteKv(float* q, float* k, const float* v, int32_t num_heads, in
               head_dim, rotary_dim, cos_table, sin_table, max_positions, plan.positions,
               plan.slot_mapping, kv.k, kv.v);
   }
+}
+
+void LaunchHadamardRows(const float* src, float* dst, int64_t rows, int32_t n,
+                        cudaStream_t stream) {
+  if (rows == 0) return;
+  CHECK(n > 0 && n <= kMaxHeadDim && (n & (n - 1)) == 0) << "Hadamard rows of " << n;
+  constexpr int kRowsPerBlock = 8;
+  LaunchPdl(HadamardRowsKernel,
+            dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+            dim3(32 * kRowsPerBlock), 0, stream, src, dst, rows, n);
 }
 
 void LaunchWriteKv(const float* k, const float* v, const KvLayerView& kv, const PlanView& plan,
