@@ -128,12 +128,18 @@ Status CudaBackend::GatedDeltaRule(const GatedDeltaParams& p, const Tensor& qkv,
   a.out = static_cast<float*>(out.data);
   const PlanView plan = plan_;
   const bool serial = state_slots_shared_;
-  recorder_.Record(OpKind::kGatedDeltaRule,
-                   {U(a.num_k_heads), U(a.num_v_heads), U(a.k_dim), U(a.v_dim), KeyOf(a.qkv),
-                    KeyOf(a.ba), KeyOf(a.a_log), KeyOf(a.dt_bias), KeyOf(a.state),
-                    U(a.slot_floats), U(a.state_offset), KeyOf(a.out), KeyOf(plan.seqs),
-                    U(plan.num_seqs), U(serial)},
-                   [=](cudaStream_t st) { LaunchGatedDeltaRule(a, plan, serial, st); });
+  // The chunked form for long sequences where the step need not be batch-invariant (its values
+  // depend in the last bits on how a sequence's rows fall into steps) and outside the parity mode.
+  const int32_t min_rows = GatedDeltaChunkedMinRows(a.k_dim);
+  if (switches_.delta_chunked && !f32_compute_ && !batch_invariant_ && !serial && min_rows > 0 &&
+      max_query_len_ >= min_rows)
+    a.chunked_min_rows = min_rows;
+  recorder_.Record(
+      OpKind::kGatedDeltaRule,
+      {U(a.num_k_heads), U(a.num_v_heads), U(a.k_dim), U(a.v_dim), KeyOf(a.qkv), KeyOf(a.ba),
+       KeyOf(a.a_log), KeyOf(a.dt_bias), KeyOf(a.state), U(a.slot_floats), U(a.state_offset),
+       KeyOf(a.out), KeyOf(plan.seqs), U(plan.num_seqs), U(serial), U(a.chunked_min_rows)},
+      [=](cudaStream_t st) { LaunchGatedDeltaRule(a, plan, serial, st); });
   return Status::Ok();
 }
 

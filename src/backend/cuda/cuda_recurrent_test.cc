@@ -80,6 +80,9 @@ BatchPlan RecurrentPlan(const StepSeqs& seqs, const std::vector<int32_t>& snapsh
   return plan;
 }
 
+// On two CUDA backends, the f32 (parity) mode and the bf16 mode, whose steps need not be
+// batch-invariant: there a long sequence's delta rule takes the chunked form (kernels.h's
+// GatedDeltaArgs::chunked_min_rows), within 1e-4 of the recurrence and not its bits.
 TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
   // Prefill chunks, a later chunk continuing, a new sequence, padding sequences sharing slot 3
   // (walked in plan order), then all-decode steps (captured, then replayed as graphs: steps of
@@ -106,28 +109,31 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     const std::vector<float> conv_w = Random(static_cast<size_t>(conv_dim * sh.kernel), 1, 0.5f);
     const std::vector<float> a_log = Random(static_cast<size_t>(sh.v_heads), 2, 0.5f);
     const std::vector<float> dt_bias = Random(static_cast<size_t>(sh.v_heads), 3, 0.5f);
-    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true);
+    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true), gpu_bf16 = Make(false);
     constexpr int32_t kSlots = 10;  // 0-3 the sequences', 4-9 snapshots
+    constexpr int kBackends = 3;    // the CPU, the reference; the GPU's two modes
     struct Weights {
       Tensor conv, a_log, dt_bias;
-    } w[2];
-    Backend* be[2] = {cpu.get(), gpu.get()};
-    for (int i = 0; i < 2; ++i) {
+    } w[kBackends];
+    Backend* be[kBackends] = {cpu.get(), gpu.get(), gpu_bf16.get()};
+    for (int i = 0; i < kBackends; ++i) {
       ASSERT_TRUE(be[i]->AllocateKvPool(1, 64, 16, 1, 16).ok());
       ASSERT_TRUE(be[i]->AllocateStateSlots(kSlots, slot_floats).ok());
       w[i] = {F32Weight(*be[i], conv_w, {conv_dim, sh.kernel}),
               F32Weight(*be[i], a_log, {sh.v_heads}), F32Weight(*be[i], dt_bias, {sh.v_heads})};
     }
-    // One step of `seqs` on both backends, compared (s seeds its inputs).
-    auto run_step = [&](const StepSeqs& seqs, size_t s, const std::vector<int32_t>& snaps = {}) {
+    // One step of `seqs` on the backends, compared (s seeds its inputs). `chunked`: the bf16
+    // mode takes the chunked form for some sequence of the step.
+    auto run_step = [&](const StepSeqs& seqs, size_t s, const std::vector<int32_t>& snaps = {},
+                        bool chunked = false) {
       SCOPED_TRACE(::testing::Message() << "step " << s);
       const BatchPlan plan = RecurrentPlan(seqs, snaps);
       const int64_t n = plan.num_tokens();
       const std::vector<float> qkv = Random(static_cast<size_t>(n * conv_dim), 10 + s);
       const std::vector<float> ba = Random(static_cast<size_t>(n * 2 * sh.v_heads), 20 + s);
       const std::vector<float> gate = Random(static_cast<size_t>(n * sh.v_heads), 30 + s);
-      std::vector<float> conv_out[2], core[2];
-      for (int i = 0; i < 2; ++i) {
+      std::vector<float> conv_out[kBackends], core[kBackends];
+      for (int i = 0; i < kBackends; ++i) {
         Backend& b = *be[i];
         ASSERT_TRUE(b.BeginStep(plan).ok());
         Tensor x = Put(b, qkv, {n, conv_dim});
@@ -148,31 +154,41 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
         conv_out[i] = Download(b, x);
         core[i] = Download(b, out);
       }
-      EXPECT_LT(RelL2(conv_out[1], D(conv_out[0])), 1e-5) << "conv";
-      EXPECT_LT(RelL2(core[1], D(core[0])), 1e-5) << "delta rule";
+      for (int i = 1; i < kBackends; ++i) {
+        EXPECT_LT(RelL2(conv_out[i], D(conv_out[0])), 1e-5) << "conv, backend " << i;
+        EXPECT_LT(RelL2(core[i], D(core[0])), chunked && i == 2 ? 1e-4 : 1e-5)
+            << "delta rule, backend " << i;
+      }
+      // Both GPU modes run the same row-by-row kernels (the same bits) unless chunked.
+      EXPECT_EQ(core[1] == core[2], !chunked)
+          << "the chunked form " << (chunked ? "not " : "") << "taken";
     };
     for (size_t s = 0; s < steps.size(); ++s) run_step(steps[s], s);
     // The decode steps ran from captured graphs, two of them replayed.
     EXPECT_GE(CudaGetGraphStats(*gpu).replays, 2);
+    EXPECT_GE(CudaGetGraphStats(*gpu_bf16).replays, 2);
     // A checkpoint copy (CopyStateSlot, the prefix cache's) continues where its source was.
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
+    for (int i = 0; i < kBackends; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(0, 3).ok());
     run_step({{3, 12, 2}}, steps.size());
     EXPECT_FALSE(gpu->CopyStateSlot(0, kSlots).ok());  // outside the slots
     // The tiers' host copies: slot 3 read back equals the CPU's, and written into slot 1 it
     // continues as slot 3 does.
-    std::vector<uint8_t> host[2];
-    auto expect_slot_equal = [&](int32_t slot, const char* what) {
-      for (int i = 0; i < 2; ++i) {
+    std::vector<uint8_t> host[kBackends];
+    auto expect_slot_equal = [&](int32_t slot, const char* what, double tol = 1e-5) {
+      for (int i = 0; i < kBackends; ++i) {
         host[i].resize(static_cast<size_t>(slot_floats) * 4);
         ASSERT_TRUE(be[i]->CopyStateSlotToHost(slot, host[i]).ok());
       }
       std::vector<float> got(static_cast<size_t>(slot_floats)), want(got.size());
-      std::memcpy(got.data(), host[1].data(), host[1].size());
       std::memcpy(want.data(), host[0].data(), host[0].size());
-      EXPECT_LT(RelL2(got, D(want)), 1e-5) << what << ", slot " << slot;
+      for (int i = 1; i < kBackends; ++i) {
+        std::memcpy(got.data(), host[i].data(), host[i].size());
+        EXPECT_LT(RelL2(got, D(want)), i == 2 ? tol : 1e-5)
+            << what << ", slot " << slot << ", backend " << i;
+      }
     };
     expect_slot_equal(3, "state read back");
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlotFromHost(1, host[i]).ok());
+    for (int i = 0; i < kBackends; ++i) ASSERT_TRUE(be[i]->CopyStateSlotFromHost(1, host[i]).ok());
     run_step({{1, 14, 1}}, steps.size() + 1);
     EXPECT_FALSE(gpu->CopyStateSlotToHost(kSlots, host[1]).ok());
     EXPECT_FALSE(gpu->CopyStateSlotFromHost(1, std::span<const uint8_t>(host[1]).first(4)).ok());
@@ -182,11 +198,19 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     // shapes again with other snapshot slots: a graph replay reads them from the plan.
     run_step({{0, 12, 4}, {1, 15, 1}, {2, 12, 3}}, steps.size() + 2, {4, 9, 7});
     for (int32_t slot = 4; slot <= 8; ++slot) expect_slot_equal(slot, "snapshot");
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(5, 0).ok());
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(7, 2).ok());
+    for (int i = 0; i < kBackends; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(5, 0).ok());
+    for (int i = 0; i < kBackends; ++i) ASSERT_TRUE(be[i]->CopyStateSlot(7, 2).ok());
     run_step({{0, 14, 4}, {1, 16, 1}, {2, 13, 3}}, steps.size() + 3, {6, -1, 4});
     for (int32_t slot : {6, 7, 8, 4, 5}) expect_slot_equal(slot, "snapshot after rollback");
     for (int32_t slot = 0; slot < 3; ++slot) expect_slot_equal(slot, "state after rollback");
+    // Long chunks (the bf16 mode's chunked form: 300 rows = 4 whole chunks and one of 44, 128 =
+    // the least it takes) beside decode rows and a verification step's snapshots (row by row),
+    // then decode and a fresh long sequence; the states they leave.
+    run_step({{0, 18, 300}, {2, 16, 128}, {1, 17, 1}}, steps.size() + 4, {}, true);
+    for (int32_t slot = 0; slot < 3; ++slot) expect_slot_equal(slot, "state after chunks", 1e-4);
+    run_step({{0, 318, 1}, {2, 144, 130}, {1, 18, 3}}, steps.size() + 5, {-1, -1, 4}, true);
+    run_step({{3, 0, 200}, {0, 319, 1}}, steps.size() + 6, {}, true);
+    for (int32_t slot : {0, 1, 2, 3, 4, 5}) expect_slot_equal(slot, "state after chunks", 1e-4);
   }
 }
 

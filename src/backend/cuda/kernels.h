@@ -199,7 +199,15 @@ struct GatedDeltaArgs {
   float* state = nullptr;          // the slots
   int64_t slot_floats = 0, state_offset = 0;  // the layer's [num_v_heads, k_dim, v_dim]
   float* out = nullptr;            // [num_tokens, num_v_heads * v_dim]
+  // > 0: a sequence of at least this many rows (and no snapshot slot) runs the chunked form
+  // (kDeltaChunk rows a chunk, matrix products: the same values to float rounding, not the same
+  // bits, so only in steps that need not be batch-invariant); 0: every row by the recurrence.
+  int32_t chunked_min_rows = 0;
 };
+constexpr int32_t kDeltaChunk = 64;            // rows per chunk of the chunked form
+constexpr int32_t kDeltaChunkMaxKeyDim = 128;  // k_head_dim the chunked form takes
+// The chunked form's min rows for these heads (0: it does not take them).
+int32_t GatedDeltaChunkedMinRows(int32_t k_dim);
 void LaunchGatedDeltaRule(const GatedDeltaArgs& args, const PlanView& plan, bool serial_seqs,
                           cudaStream_t stream);
 // x[r, j] *= sigmoid(gate[r, j / (cols / groups)]).   x [rows, cols], gate [rows, groups]

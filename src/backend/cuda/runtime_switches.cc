@@ -29,6 +29,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
   s.mla_flash_m_tiles = std::atoi(EnvString("EMBER_MLA_M_TILES").c_str());
   if (const std::string keys = EnvString("EMBER_MLA_SPLIT_KEYS"); !keys.empty())
     s.mla_split_keys = std::max(0, std::atoi(keys.c_str())) / 32 * 32;
+  if (const std::string chunked = EnvString("EMBER_DELTA_CHUNKED"); !chunked.empty())
+    s.delta_chunked = std::atoi(chunked.c_str()) != 0;
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
   s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
   return s;
