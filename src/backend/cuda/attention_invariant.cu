@@ -170,6 +170,29 @@ __device__ __forceinline__ void CpAsyncWaitAllButOne() {  // the newest group ma
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
+// A staged quantized row's 4 values from element d as floats (DequantizeKvRow's; 0 for a masked
+// key): int8 / FP8 bytes times the row's scale, int4 (nibble - 8) times the group's scale.
+template <int D, bool kInt8>
+struct ByteValues {
+  __device__ __forceinline__ void operator()(const unsigned char* r, int d, bool visible,
+                                             float* f) const {
+    const uint32_t b = visible ? *reinterpret_cast<const uint32_t*>(r + d) : 0u;
+    const float scale = visible ? KvQuantScale(r, D) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = __fmul_rn(KvQuantByteOf<kInt8>((b >> (8 * e)) & 0xffu), scale);
+  }
+};
+template <int D>
+struct Int4Values {
+  __device__ __forceinline__ void operator()(const unsigned char* r, int d, bool visible,
+                                             float* f) const {
+    const unsigned b = visible ? *reinterpret_cast<const uint16_t*>(r + d / 2) : 0x8888u;
+    const float scale = visible ? KvInt4Scale(r, d, D) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = __fmul_rn(KvInt4Level(b >> (4 * e)), scale);
+  }
+};
+
 __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
   return (window > 0 ? max(0, pos - window + 1) : 0) / kInvariantSplitKeys;
 }
@@ -632,50 +655,17 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       const unsigned char* k_raw = k_raw_at(next ^ 1);
       const unsigned char* v_raw = k_raw + kKeys * kRowBytes;
       const int32_t* slots = slot_s[(tile - tile_begin) % 3];
-      // int4: 4 values (two bytes) of one key per item, (nibble - 8) times the group's f16 scale.
-      [[maybe_unused]] auto convert_int4 = [&] {
+      // Per item 4 values of one key's K and V row: decode(row, d, visible, out) gives a row's
+      // floats (a masked key's 0), rounded RN into the bf16 tiles.
+      auto convert = [&](auto decode) {
 #pragma unroll 4
         for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
           const int idx = it * kWarps * 32 + threadIdx.x;
           const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-          const unsigned char* kr = k_raw + j * kRowBytes;
-          const unsigned char* vr = v_raw + j * kRowBytes;
           const bool visible = slots[slot_pos(j)] >= 0;
-          const unsigned kb = visible ? *reinterpret_cast<const uint16_t*>(kr + d / 2) : 0x8888u;
-          const unsigned vb = visible ? *reinterpret_cast<const uint16_t*>(vr + d / 2) : 0x8888u;
-          const float ks = visible ? KvInt4Scale(kr, d, D) : 0.f;
-          const float vs = visible ? KvInt4Scale(vr, d, D) : 0.f;
           float kf[4], vf[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            kf[e] = __fmul_rn(KvInt4Level(kb >> (4 * e)), ks);
-            vf[e] = __fmul_rn(KvInt4Level(vb >> (4 * e)), vs);
-          }
-          *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
-              make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
-          *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
-              make_uint2(PackBf16(vf[0], vf[1]), PackBf16(vf[2], vf[3]));
-        }
-      };
-      auto convert = [&](auto int8_tag) {
-        constexpr bool kInt8 = decltype(int8_tag)::value;
-#pragma unroll 4
-        for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
-          const int idx = it * kWarps * 32 + threadIdx.x;
-          const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-          const unsigned char* kr = k_raw + j * kRowBytes;
-          const unsigned char* vr = v_raw + j * kRowBytes;
-          const bool visible = slots[slot_pos(j)] >= 0;
-          const uint32_t kb = visible ? *reinterpret_cast<const uint32_t*>(kr + d) : 0u;
-          const uint32_t vb = visible ? *reinterpret_cast<const uint32_t*>(vr + d) : 0u;
-          const float ks = visible ? KvQuantScale(kr, D) : 0.f;
-          const float vs = visible ? KvQuantScale(vr, D) : 0.f;
-          float kf[4], vf[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            kf[e] = __fmul_rn(KvQuantByteOf<kInt8>((kb >> (8 * e)) & 0xffu), ks);
-            vf[e] = __fmul_rn(KvQuantByteOf<kInt8>((vb >> (8 * e)) & 0xffu), vs);
-          }
+          decode(k_raw + j * kRowBytes, d, visible, kf);
+          decode(v_raw + j * kRowBytes, d, visible, vf);
           *reinterpret_cast<uint2*>(k_s + j * S::kLd + d) =
               make_uint2(PackBf16(kf[0], kf[1]), PackBf16(kf[2], kf[3]));
           *reinterpret_cast<uint2*>(v_s + j * S::kLd + d) =
@@ -683,11 +673,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
         }
       };
       if constexpr (kInt4) {
-        convert_int4();
+        convert(Int4Values<D>{});
       } else if (kv.quant == KvQuant::kInt8) {
-        convert(std::true_type{});
+        convert(ByteValues<D, true>{});
       } else {
-        convert(std::false_type{});
+        convert(ByteValues<D, false>{});
       }
       __syncthreads();  // bf16 tile ready, its staging free
     } else {

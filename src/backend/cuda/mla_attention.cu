@@ -481,6 +481,23 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
     }
   }
   int32_t out_a = row_out[row_a], out_b = row_out[row_b];
+  // f(first, col, value) for each o_lat value this lane holds (columns < lat): first says
+  // whether it belongs to row a (else row b).
+  auto each_value = [&](auto f) {
+#pragma unroll
+    for (int j = 0; j < kFlashMaxPairs; ++j) {
+      const int pair = qw + kFlashWarpsPerMt * j;
+      if (pair >= pairs) continue;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int32_t col = pair * 16 + n * 8 + 2 * (lane % 4) + e % 2;
+          if (col < lat) f(e < 2, col, o[j][n][e]);
+        }
+      }
+    }
+  };
   if (splits.keys > 0) {
     // A row whose keys span several splits leaves this split's state (m, l, unnormalised o) in
     // splits.partials for MlaSplitFoldKernel (a split past the row's keys leaves nothing); a row
@@ -496,40 +513,19 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
     };
     float* rec_a = partial(out_a, pos_a, m_a, l_a);
     float* rec_b = partial(out_b, pos_b, m_b, l_b);
-#pragma unroll
-    for (int j = 0; j < kFlashMaxPairs; ++j) {
-      const int pair = qw + kFlashWarpsPerMt * j;
-      if (pair >= pairs) continue;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int32_t col = pair * 16 + n * 8 + 2 * (lane % 4) + e % 2;
-          float* rec = e < 2 ? rec_a : rec_b;
-          if (rec != nullptr && col < lat) rec[col] = o[j][n][e];
-        }
-      }
-    }
+    each_value([&](bool first, int32_t col, float v) {
+      float* rec = first ? rec_a : rec_b;
+      if (rec != nullptr) rec[col] = v;
+    });
     if (rec_a != nullptr || split != 0 || pos_a >= splits.keys) out_a = -1;
     if (rec_b != nullptr || split != 0 || pos_b >= splits.keys) out_b = -1;
   }
   const float inv_a = __frcp_rn(l_a), inv_b = __frcp_rn(l_b);
-#pragma unroll
-  for (int j = 0; j < kFlashMaxPairs; ++j) {
-    const int pair = qw + kFlashWarpsPerMt * j;
-    if (pair >= pairs) continue;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int32_t col = pair * 16 + n * 8 + 2 * (lane % 4) + e % 2;
-        const int32_t out_row = e < 2 ? out_a : out_b;
-        if (out_row >= 0 && col < lat)
-          o_lat[int64_t{out_row} * lat + col] =
-              __float2bfloat16_rn(__fmul_rn(o[j][n][e], e < 2 ? inv_a : inv_b));
-      }
-    }
-  }
+  each_value([&](bool first, int32_t col, float v) {
+    const int32_t out_row = first ? out_a : out_b;
+    if (out_row >= 0)
+      o_lat[int64_t{out_row} * lat + col] = __float2bfloat16_rn(__fmul_rn(v, first ? inv_a : inv_b));
+  });
 }
 
 // Rows whose keys span several splits: their splits' states folded in split order (pinned

@@ -85,6 +85,26 @@ __global__ void CausalConv1dSiluKernel(float* __restrict__ x, int64_t channels,
 constexpr int kDeltaWarps = 8;     // a block: 32 state columns x 8 warps of rows
 constexpr int kDeltaMaxRows = kMaxDeltaKeyDim / kDeltaWarps;  // rows of S per thread
 
+// A value head's constants for the delta-rule kernels (block x: the value head).
+struct DeltaHead {
+  int32_t head, dk, dv, kh;               // the value head, the head dims, its key head
+  int64_t key_width, stride, out_stride;  // q's (and k's) width, a qkv row's, an out row's
+  int64_t state_offset;                   // the head's [dk, dv] within a slot
+  float scale, decay_rate, dt_bias;       // 1 / sqrt(dk), -exp(a_log), dt_bias
+  __device__ DeltaHead(const GatedDeltaArgs& a, int32_t h)
+      : head(h),
+        dk(a.k_dim),
+        dv(a.v_dim),
+        kh(h / (a.num_v_heads / a.num_k_heads)),
+        key_width(static_cast<int64_t>(a.num_k_heads) * a.k_dim),
+        stride(2 * key_width + static_cast<int64_t>(a.num_v_heads) * a.v_dim),
+        out_stride(static_cast<int64_t>(a.num_v_heads) * a.v_dim),
+        state_offset(a.state_offset + static_cast<int64_t>(h) * a.k_dim * a.v_dim),
+        scale(rsqrtf(static_cast<float>(a.k_dim))),
+        decay_rate(-expf(a.a_log[h])),
+        dt_bias(a.dt_bias[h]) {}
+};
+
 // Whether the chunked kernel takes sequence (rows, snapshot) rather than the row-by-row one.
 __device__ __forceinline__ bool ChunkedSeq(const GatedDeltaArgs& a, int32_t rows,
                                            int32_t snapshot) {
@@ -100,25 +120,17 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
   __shared__ float norms[2];
   __shared__ float part[2][kDeltaWarps][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int32_t head = blockIdx.x;
+  const DeltaHead h(a, blockIdx.x);
+  const int32_t head = h.head, dk = h.dk, dv = h.dv, kh = h.kh;
   const int32_t col = blockIdx.y * 32 + lane;
-  const bool has_col = col < a.v_dim;
-  const int32_t dk = a.k_dim, dv = a.v_dim;
-  const int32_t kh = head / (a.num_v_heads / a.num_k_heads);
+  const bool has_col = col < dv;
   const int32_t rows = (dk + kDeltaWarps - 1) / kDeltaWarps;
   const int32_t row0 = warp * rows;
-  const int64_t key_width = static_cast<int64_t>(a.num_k_heads) * dk;
-  const int64_t stride = 2 * key_width + static_cast<int64_t>(a.num_v_heads) * dv;
-  const int64_t out_stride = static_cast<int64_t>(a.num_v_heads) * dv;
-  const float scale = rsqrtf(static_cast<float>(dk));
-  const float decay_rate = -expf(a.a_log[head]);
-  const float dt_bias = a.dt_bias[head];
   int32_t first, end;
   SeqRange(plan.num_seqs, serial, &first, &end);
   for (int32_t s_i = first; s_i < end; ++s_i) {
     const int4 seq = plan.seqs[s_i];
-    const int64_t head_offset = a.state_offset + static_cast<int64_t>(head) * dk * dv;
-    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + head_offset;
+    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + h.state_offset;
     const int64_t snapshot = plan.snapshot_slots[s_i];
     if (ChunkedSeq(a, seq.y, static_cast<int32_t>(snapshot))) continue;  // (never serial)
     const bool fresh = seq.z == seq.y;
@@ -131,10 +143,10 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
     }
     for (int32_t t = 0; t < seq.y; ++t) {
       const int64_t row = static_cast<int64_t>(seq.x) + t;
-      const float* x = a.qkv + row * stride;
+      const float* x = a.qkv + row * h.stride;
       for (int32_t i = threadIdx.x; i < 2 * dk; i += blockDim.x)
         qk[i] = i < dk ? x[static_cast<int64_t>(kh) * dk + i]
-                       : x[key_width + static_cast<int64_t>(kh) * dk + (i - dk)];
+                       : x[h.key_width + static_cast<int64_t>(kh) * dk + (i - dk)];
       __syncthreads();
       if (warp < 2) {
         float sum = 0.0f;
@@ -143,11 +155,11 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
         if (lane == 0) norms[warp] = sum;
       }
       __syncthreads();
-      const float q_inv = scale / sqrtf(norms[0] + 1e-6f);
+      const float q_inv = h.scale / sqrtf(norms[0] + 1e-6f);
       const float k_inv = 1.0f / sqrtf(norms[1] + 1e-6f);
       const float* ba = a.ba + row * 2 * a.num_v_heads;
       const float beta = SigmoidF(ba[head]);
-      const float decay = expf(decay_rate * SoftplusF(ba[a.num_v_heads + head] + dt_bias));
+      const float decay = expf(h.decay_rate * SoftplusF(ba[a.num_v_heads + head] + h.dt_bias));
       float acc = 0.0f;  // this warp's rows of (S exp(g))^T k
 #pragma unroll
       for (int r = 0; r < kDeltaMaxRows; ++r) {
@@ -162,7 +174,7 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
       float sk = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDeltaWarps; ++w) sk += part[0][w][lane];
-      const float v = has_col ? x[2 * key_width + static_cast<int64_t>(head) * dv + col] : 0.0f;
+      const float v = has_col ? x[2 * h.key_width + static_cast<int64_t>(head) * dv + col] : 0.0f;
       const float delta = (v - sk) * beta;
       float o = 0.0f;
 #pragma unroll
@@ -179,10 +191,10 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
         float out = 0.0f;
 #pragma unroll
         for (int w = 0; w < kDeltaWarps; ++w) out += part[1][w][lane];
-        a.out[row * out_stride + static_cast<int64_t>(head) * dv + col] = out;
+        a.out[row * h.out_stride + static_cast<int64_t>(head) * dv + col] = out;
       }
       if (snapshot >= 0 && t + 1 < seq.y) {
-        float* snap = a.state + (snapshot + t) * a.slot_floats + head_offset;
+        float* snap = a.state + (snapshot + t) * a.slot_floats + h.state_offset;
 #pragma unroll
         for (int r = 0; r < kDeltaMaxRows; ++r) {
           const int32_t i = row0 + r;
@@ -233,19 +245,11 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   const int4 seq = plan.seqs[blockIdx.z];
   if (!ChunkedSeq(a, seq.y, plan.snapshot_slots[blockIdx.z])) return;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int32_t head = blockIdx.x, col0 = blockIdx.y * 32;
+  const DeltaHead h(a, blockIdx.x);
+  const int32_t head = h.head, dk = h.dk, dv = h.dv, kh = h.kh, col0 = blockIdx.y * 32;
   const int32_t col = col0 + lane;
-  const bool has_col = col < a.v_dim;
-  const int32_t dk = a.k_dim, dv = a.v_dim;
-  const int32_t kh = head / (a.num_v_heads / a.num_k_heads);
-  const int64_t key_width = static_cast<int64_t>(a.num_k_heads) * dk;
-  const int64_t stride = 2 * key_width + static_cast<int64_t>(a.num_v_heads) * dv;
-  const int64_t out_stride = static_cast<int64_t>(a.num_v_heads) * dv;
-  const float scale = rsqrtf(static_cast<float>(dk));
-  const float decay_rate = -expf(a.a_log[head]);
-  const float dt_bias = a.dt_bias[head];
-  float* state = a.state + plan.state_slots[blockIdx.z] * a.slot_floats + a.state_offset +
-                 static_cast<int64_t>(head) * dk * dv;
+  const bool has_col = col < dv;
+  float* state = a.state + plan.state_slots[blockIdx.z] * a.slot_floats + h.state_offset;
   const bool fresh = seq.z == seq.y;
   for (int e = threadIdx.x; e < dk * 32; e += kChunkWarps * 32) {
     const int32_t c = col0 + e % 32;
@@ -258,11 +262,11 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       float* qr = q_s + t * kChunkLd;
       float* kr = k_s + t * kChunkLd;
       const int64_t row = static_cast<int64_t>(seq.x) + t0 + t;
-      const float* x = a.qkv + row * stride;
+      const float* x = a.qkv + row * h.stride;
       float qq = 0.f, kk = 0.f;
       for (int32_t i = lane; i < dk; i += 32) {
         const float qv = t < n ? x[static_cast<int64_t>(kh) * dk + i] : 0.f;
-        const float kv = t < n ? x[key_width + static_cast<int64_t>(kh) * dk + i] : 0.f;
+        const float kv = t < n ? x[h.key_width + static_cast<int64_t>(kh) * dk + i] : 0.f;
         qr[i] = qv;
         kr[i] = kv;
         qq += qv * qv;
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       }
       qq = WarpSum(qq);
       kk = WarpSum(kk);
-      const float q_inv = scale / sqrtf(qq + 1e-6f), k_inv = 1.0f / sqrtf(kk + 1e-6f);
+      const float q_inv = h.scale / sqrtf(qq + 1e-6f), k_inv = 1.0f / sqrtf(kk + 1e-6f);
       for (int32_t i = lane; i < dk; i += 32) {
         qr[i] *= q_inv;
         kr[i] *= k_inv;
@@ -278,10 +282,10 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       if (lane == 0) {
         const float* ba = a.ba + row * 2 * a.num_v_heads;
         beta_s[t] = t < n ? SigmoidF(ba[head]) : 0.f;
-        g_s[t] = t < n ? decay_rate * SoftplusF(ba[a.num_v_heads + head] + dt_bias) : 0.f;
+        g_s[t] = t < n ? h.decay_rate * SoftplusF(ba[a.num_v_heads + head] + h.dt_bias) : 0.f;
       }
       d_s[t * 32 + lane] =
-          t < n && has_col ? x[2 * key_width + static_cast<int64_t>(head) * dv + col] : 0.f;
+          t < n && has_col ? x[2 * h.key_width + static_cast<int64_t>(head) * dv + col] : 0.f;
     }
     __syncthreads();
     // G; the Gram matrices' lower triangles; (K S)[t][lane] and (Q S)[t][lane] of this warp's
@@ -361,7 +365,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       float acc = qs_row[j];
       for (int s = 0; s <= t; ++s) acc += m_s[t * kChunkLdT + s] * d_s[s * 32 + lane];
       if (t < n && has_col)
-        a.out[(static_cast<int64_t>(seq.x) + t0 + t) * out_stride +
+        a.out[(static_cast<int64_t>(seq.x) + t0 + t) * h.out_stride +
               static_cast<int64_t>(head) * dv + col] = acc;
     }
     const float gamma_last = expf(g_last);
