@@ -179,7 +179,8 @@ struct ByteValues {
     const uint32_t b = visible ? *reinterpret_cast<const uint32_t*>(r + d) : 0u;
     const float scale = visible ? KvQuantScale(r, D) : 0.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f[e] = __fmul_rn(KvQuantByteOf<kInt8>((b >> (8 * e)) & 0xffu), scale);
+    for (int e = 0; e < 4; ++e)
+      f[e] = __fmul_rn(KvQuantByteOf<kInt8>((b >> (8 * e)) & 0xffu), scale);
   }
 };
 template <int D>

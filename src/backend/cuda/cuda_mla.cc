@@ -85,30 +85,30 @@ void CudaBackend::MlaAttention(int32_t rope_id, const MlaParams& p, Tensor q, co
     chunk = MlaFlashChunkTokens(a, plan.num_tokens, splits.count);
     auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
     const size_t half = align(static_cast<size_t>(chunk) * a.num_heads * a.latent_dim * 2);
-    const size_t partial_bytes =
-        splits.count > 1 ? align(static_cast<size_t>(chunk) * a.num_heads * splits.count *
-                                 (a.latent_dim + 2) * 4)
-                         : 0;
+    const size_t partial_bytes = splits.count > 1 ? align(static_cast<size_t>(chunk) * a.num_heads *
+                                                          splits.count * (a.latent_dim + 2) * 4)
+                                                  : 0;
     q_lat = StepRegionOf(mla_scratch_, 2 * half + partial_bytes);
     o_lat = q_lat + half;
     if (partial_bytes > 0) splits.partials = reinterpret_cast<float*>(q_lat + 2 * half);
   }
   const int32_t max_query_len = max_query_len_, sms = num_sms_,
                 m_tiles = switches_.mla_flash_m_tiles;
-  recorder_.Record(OpKind::kMlaAttention,
-                   {U(a.num_heads), U(a.nope_dim), U(a.rope_dim), U(a.v_dim), U(a.latent_dim),
-                    KeyOf(a.scale), U(a.rope_interleave), KeyOf(a.cos), KeyOf(a.q), KeyOf(a.c),
-                    KeyOf(a.k_rope), KeyOf(a.kv_b), KeyOf(a.pool), KeyOf(a.out),
-                    KeyOf(plan.seqs), U(plan.num_tokens), U(plan.num_seqs), U(max_query_len),
-                    U(flash), U(chunk), KeyOf(q_lat), U(splits.keys), U(splits.count)},
-                   [=](cudaStream_t st) {
-                     if (chunk > 0) {  // (flash; the closure stays within InlineOp's bytes)
-                       LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, splits,
-                                               chunk, sms, m_tiles, st);
-                     } else {
-                       LaunchMlaAttention(a, plan, st);
-                     }
-                   });
+  recorder_.Record(
+      OpKind::kMlaAttention,
+      {U(a.num_heads),     U(a.nope_dim),        U(a.rope_dim),    U(a.v_dim),   U(a.latent_dim),
+       KeyOf(a.scale),     U(a.rope_interleave), KeyOf(a.cos),     KeyOf(a.q),   KeyOf(a.c),
+       KeyOf(a.k_rope),    KeyOf(a.kv_b),        KeyOf(a.pool),    KeyOf(a.out), KeyOf(plan.seqs),
+       U(plan.num_tokens), U(plan.num_seqs),     U(max_query_len), U(flash),     U(chunk),
+       KeyOf(q_lat),       U(splits.keys),       U(splits.count)},
+      [=](cudaStream_t st) {
+        if (chunk > 0) {  // (flash; the closure stays within InlineOp's bytes)
+          LaunchMlaAttentionFlash(a, plan, max_query_len, q_lat, o_lat, splits, chunk, sms, m_tiles,
+                                  st);
+        } else {
+          LaunchMlaAttention(a, plan, st);
+        }
+      });
 }
 
 }  // namespace ember::cuda

@@ -384,8 +384,7 @@ TEST_F(CudaArchOpsTest, MlaAttentionBf16MatchesCpuAndIsRowInvariant) {
     EXPECT_LT(RelL2(got, D(ref)), 2e-2) << "bf16 MLA against the CPU's f32";
     const std::vector<float> last = run(*inv2, decoded);
     ASSERT_EQ(last.size(), row);
-    const std::vector<float> in_prefill(got.begin() + (len_a - 1) * row,
-                                        got.begin() + len_a * row);
+    const std::vector<float> in_prefill(got.begin() + (len_a - 1) * row, got.begin() + len_a * row);
     EXPECT_EQ(std::memcmp(last.data(), in_prefill.data(), row * sizeof(float)), 0)
         << "token 79 decoded alone differs from its row in the batched prefill";
     EXPECT_LT(RelL2(run(*plain, batched), D(ref)), 2e-2) << "default steps, prefill";

@@ -311,8 +311,8 @@ Status CudaBackend::CopyFromHost(std::span<const float> in, Tensor out) {
     return Status::Error("CopyFromHost: " + std::to_string(in.size()) + " floats for tensor " +
                          ShapeString(out) + " " + DTypeName(out.dtype));
   Flush();
-  CUDA_CHECK(cudaMemcpyAsync(out.data, in.data(), in.size() * sizeof(float),
-                             cudaMemcpyHostToDevice, stream_.get()));
+  CUDA_CHECK(cudaMemcpyAsync(out.data, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice,
+                             stream_.get()));
   return Status::Ok();
 }
 

@@ -292,9 +292,9 @@ __host__ __device__ constexpr size_t MlaFlashSmemBytes(int mt, int kw) {
 // q_lat / o_lat: [rows of the chunk's tokens, heads, latent] bf16, token i at row
 // (i - tok_begin) * heads + head; rows of tokens outside [tok_begin, tok_end) are skipped.
 template <int MT>
-__global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
-    MlaArgs a, PlanView plan, const __nv_bfloat16* q_lat, __nv_bfloat16* o_lat,
-    int32_t tok_begin, int32_t tok_end, MlaSplits splits) {
+__global__ void __launch_bounds__(MT* kFlashWarpsPerMt * 32)
+    MlaFlashKernel(MlaArgs a, PlanView plan, const __nv_bfloat16* q_lat, __nv_bfloat16* o_lat,
+                   int32_t tok_begin, int32_t tok_end, MlaSplits splits) {
   constexpr int kRows = 16 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   const int32_t lat = a.latent_dim, rd = a.rope_dim, width = lat + rd, heads = a.num_heads;
@@ -524,7 +524,8 @@ __global__ void __launch_bounds__(MT * kFlashWarpsPerMt * 32) MlaFlashKernel(
   each_value([&](bool first, int32_t col, float v) {
     const int32_t out_row = first ? out_a : out_b;
     if (out_row >= 0)
-      o_lat[int64_t{out_row} * lat + col] = __float2bfloat16_rn(__fmul_rn(v, first ? inv_a : inv_b));
+      o_lat[int64_t{out_row} * lat + col] =
+          __float2bfloat16_rn(__fmul_rn(v, first ? inv_a : inv_b));
   });
 }
 
@@ -565,8 +566,8 @@ void LaunchFlash(const MlaArgs& a, const PlanView& plan, int32_t max_query_len,
   const int64_t num_splits = splits.keys > 0 ? splits.count : 1;
   const dim3 grid(static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT) * num_splits),
                   static_cast<unsigned>(plan.num_seqs));
-  MlaFlashKernel<MT><<<grid, MT * kFlashWarpsPerMt * 32, smem, stream>>>(a, plan, q_lat, o_lat,
-                                                                        tok_begin, tok_end, splits);
+  MlaFlashKernel<MT><<<grid, MT * kFlashWarpsPerMt * 32, smem, stream>>>(
+      a, plan, q_lat, o_lat, tok_begin, tok_end, splits);
   CUDA_CHECK_LAUNCH();
   if (splits.keys > 0 && splits.count > 1) {
     MlaSplitFoldKernel<<<static_cast<unsigned>((tok_end - tok_begin) * a.num_heads), 128, 0,
