@@ -109,7 +109,11 @@ TEST_F(CudaArchOpsTest, RecurrentOpsMatchCpuAcrossSteps) {
     const std::vector<float> conv_w = Random(static_cast<size_t>(conv_dim * sh.kernel), 1, 0.5f);
     const std::vector<float> a_log = Random(static_cast<size_t>(sh.v_heads), 2, 0.5f);
     const std::vector<float> dt_bias = Random(static_cast<size_t>(sh.v_heads), 3, 0.5f);
-    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true), gpu_bf16 = Make(false);
+    std::unique_ptr<Backend> cpu = MakeCpu(), gpu = Make(true), gpu_bf16;
+    {
+      const ScopedEnv env("EMBER_DELTA_CHUNKED", "1");
+      gpu_bf16 = Make(false);
+    }
     constexpr int32_t kSlots = 10;  // 0-3 the sequences', 4-9 snapshots
     constexpr int kBackends = 3;    // the CPU, the reference; the GPU's two modes
     struct Weights {
