@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace ember::cuda {
 
@@ -60,9 +61,14 @@ __device__ __forceinline__ float KvQuantByte(KvQuant t, unsigned b) {
   return t == KvQuant::kInt8 ? KvQuantByteOf<true>(b) : KvQuantByteOf<false>(b);
 }
 
-// Element d of a stored row: byte value times scale, one rounding (DequantizeKvRow's value).
+// Element d of a stored row: byte value times scale (int4: its nibble's level times its group's
+// scale), one rounding (DequantizeKvRow's value).
 __device__ __forceinline__ float KvQuantValue(KvQuant t, const unsigned char* row, int32_t d,
                                               int32_t head_dim) {
+  if (t == KvQuant::kInt4) {
+    const unsigned b = row[d / 2];
+    return __fmul_rn(KvInt4Level(d % 2 == 0 ? b : b >> 4), KvInt4Scale(row, d, head_dim));
+  }
   return __fmul_rn(KvQuantByte(t, row[d]), KvQuantScale(row, head_dim));
 }
 
@@ -75,18 +81,25 @@ __device__ __forceinline__ float KvLoad(const KvLayerView& kv, bool is_v, int64_
     return base[(slot * kv.num_kv_heads + head) * kv.head_dim + d];
   }
   const unsigned char* base = reinterpret_cast<const unsigned char*>(is_v ? kv.v : kv.k);
-  const unsigned char* row = base + KvQuantRowOffset(kv, slot, head);
-  if (kv.quant == KvQuant::kInt4) {
-    const unsigned b = row[d / 2];
-    return __fmul_rn(KvInt4Level(d % 2 == 0 ? b : b >> 4), KvInt4Scale(row, d, kv.head_dim));
-  }
-  return KvQuantValue(kv.quant, row, d, kv.head_dim);
+  return KvQuantValue(kv.quant, base + KvQuantRowOffset(kv, slot, head), d, kv.head_dim);
 }
 
-// v[i] = element lane + 32 i of a row of n values (a power of two <= kMaxHeadDim; 0 past n), the
-// row spread over the warp: v = H v, HadamardRotate's butterflies (strides 1, 2, 4, ...: those
-// under 32 between lanes, the rest between a lane's registers) and its final scaling by
-// 1 / sqrt(n), each value rounded as there, so the same bits. Every lane of the warp calls it.
+// v[i] = x[lane + 32 i] for the row x of n <= kMaxHeadDim values, 0 past n: a row spread over the
+// warp, as WarpHadamard and the quantizers take it.
+__device__ __forceinline__ void WarpLoadRow(const float* x, int32_t n,
+                                            float (&v)[kMaxHeadDim / 32]) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int i = 0; i < kMaxHeadDim / 32; ++i) {
+    const int d = lane + 32 * i;
+    v[i] = d < n ? x[d] : 0.f;
+  }
+}
+
+// v (WarpLoadRow's layout; n a power of two <= kMaxHeadDim) = H v, HadamardRotate's butterflies
+// (strides 1, 2, 4, ...: those under 32 between lanes, the rest between a lane's registers) and its
+// final scaling by 1 / sqrt(n), each value rounded as there, so the same bits. Every lane of the
+// warp calls it.
 __device__ __forceinline__ void WarpHadamard(float (&v)[kMaxHeadDim / 32], int32_t n) {
   constexpr int kPerLane = kMaxHeadDim / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -126,10 +139,7 @@ __device__ __forceinline__ void WarpQuantizeInt4(const float (&v)[kMaxHeadDim / 
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     if (32 * i >= head_dim) break;
-    float amax = fabsf(v[i]);
-#pragma unroll
-    for (int step = 16; step >= 1; step /= 2)
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
+    const float amax = WarpMax(fabsf(v[i]));
     const __half dh = __float2half_rn(fminf(__fdiv_rn(amax, 7.f), 65504.f));
     const float d = __half2float(dh);
     const float inv = d > 0.f ? __frcp_rn(d) : 0.f;
@@ -150,21 +160,16 @@ __device__ __forceinline__ void WarpQuantizeRow(KvQuant t, const float* x, int32
   const int lane = static_cast<int>(threadIdx.x % 32);
   constexpr int kPerLane = kMaxHeadDim / 32;
   float v[kPerLane];
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int d = lane + 32 * i;
-    v[i] = d < head_dim ? x[d] : 0.f;
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
+  WarpLoadRow(x, head_dim, v);
   if (t == KvQuant::kInt4) {
     if (rotate) WarpHadamard(v, head_dim);
     WarpQuantizeInt4(v, head_dim, out);
     return;
   }
+  float amax = 0.f;
 #pragma unroll
-  for (int step = 16; step >= 1; step /= 2)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, step));
+  for (int i = 0; i < kPerLane; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = WarpMax(amax);
   const float s = __fdiv_rn(amax, t == KvQuant::kInt8 ? 127.f : 448.f);
   const float inv = s > 0.f ? __frcp_rn(s) : 0.f;
 #pragma unroll

@@ -103,6 +103,10 @@ struct DeltaHead {
         scale(rsqrtf(static_cast<float>(a.k_dim))),
         decay_rate(-expf(a.a_log[h])),
         dt_bias(a.dt_bias[h]) {}
+  // The head's [dk, dv] state in slot `slot`.
+  __device__ float* State(const GatedDeltaArgs& a, int64_t slot) const {
+    return a.state + slot * a.slot_floats + state_offset;
+  }
 };
 
 // Whether the chunked kernel takes sequence (rows, snapshot) rather than the row-by-row one.
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
   SeqRange(plan.num_seqs, serial, &first, &end);
   for (int32_t s_i = first; s_i < end; ++s_i) {
     const int4 seq = plan.seqs[s_i];
-    float* state = a.state + plan.state_slots[s_i] * a.slot_floats + h.state_offset;
+    float* state = h.State(a, plan.state_slots[s_i]);
     const int64_t snapshot = plan.snapshot_slots[s_i];
     if (ChunkedSeq(a, seq.y, static_cast<int32_t>(snapshot))) continue;  // (never serial)
     const bool fresh = seq.z == seq.y;
@@ -194,7 +198,7 @@ __global__ void __launch_bounds__(kDeltaWarps * 32)
         a.out[row * h.out_stride + static_cast<int64_t>(head) * dv + col] = out;
       }
       if (snapshot >= 0 && t + 1 < seq.y) {
-        float* snap = a.state + (snapshot + t) * a.slot_floats + h.state_offset;
+        float* snap = h.State(a, snapshot + t);
 #pragma unroll
         for (int r = 0; r < kDeltaMaxRows; ++r) {
           const int32_t i = row0 + r;
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   const int32_t head = h.head, dk = h.dk, dv = h.dv, kh = h.kh, col0 = blockIdx.y * 32;
   const int32_t col = col0 + lane;
   const bool has_col = col < dv;
-  float* state = a.state + plan.state_slots[blockIdx.z] * a.slot_floats + h.state_offset;
+  float* state = h.State(a, plan.state_slots[blockIdx.z]);
   const bool fresh = seq.z == seq.y;
   for (int e = threadIdx.x; e < dk * 32; e += kChunkWarps * 32) {
     const int32_t c = col0 + e % 32;

@@ -132,11 +132,7 @@ __global__ void HadamardRowsKernel(const float* src, float* dst, int64_t rows, i
   const int lane = static_cast<int>(threadIdx.x % 32);
   constexpr int kPerLane = kMaxHeadDim / 32;
   float v[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int d = lane + 32 * i;
-    v[i] = d < n ? src[row * n + d] : 0.f;
-  }
+  WarpLoadRow(src + row * n, n, v);
   WarpHadamard(v, n);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
