@@ -714,10 +714,11 @@ std::string TempMtpDir(const std::string& name) {
       .string();
 }
 
-std::unique_ptr<DraftSource> MtpSource(const std::string& dir, int32_t vocab) {
+std::unique_ptr<DraftSource> MtpSource(const std::string& dir, int32_t vocab,
+                                       const ModelLoadOptions& load = {}) {
   SpeculationConfig config;
   config.method = SpeculationConfig::Method::kMtp;
-  auto source = LoadDraftSource(config, ModelLoadOptions{}, vocab, dir);
+  auto source = LoadDraftSource(config, load, vocab, dir);
   EXPECT_TRUE(source.ok()) << source.message();
   return source.ok() ? std::move(*source) : nullptr;
 }
@@ -783,11 +784,8 @@ TEST(SpecDecodeTest, CudaMtpDraftsKeepUnspeculatedTokens) {
     mtp.invariant_steps = true;
     mtp.stagger = true;
     mtp.max_step_tokens = 13;
-    SpeculationConfig config;
-    config.method = SpeculationConfig::Method::kMtp;
-    auto source = LoadDraftSource(config, mtp.load, 512, dir);
-    ASSERT_TRUE(source.ok()) << fixture << ": " << source.message();
-    mtp.source = std::move(*source);
+    mtp.source = MtpSource(dir, 512, mtp.load);
+    ASSERT_NE(mtp.source, nullptr) << fixture;
     const RunResult got = RunEngine(dir, requests, std::move(mtp));
     EXPECT_EQ(FirstSamples(got), FirstSamples(reference)) << fixture;
     EXPECT_GT(got.stats.spec_draft_tokens, 0) << fixture;
