@@ -35,7 +35,9 @@
 // contiguous, so whole blocks move by 16-byte cp.async, else rows by 4-byte ones), and at the
 // tile's start every value is converted in registers (byte value times the row's scale,
 // DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys are 0. Half the bytes
-// of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. int4 rows (kInt4:
+// of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. (int8 / FP8 rows
+// of head dim 128 skip the bf16 tiles: their bytes are the mma operands, kDirectQuant below.)
+// int4 rows (kInt4:
 // nibbles, then an f16 scale per group) are staged the same way and converted 4 values (2 bytes)
 // at a time, (nibble - 8) times the group's scale; a rotated layer's q and output are rotated by
 // the caller (kv_rows.cuh's WarpHadamard, LaunchHadamardRows). The decode and
@@ -60,6 +62,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fragments.cuh"
 #include "backend/cuda/kv_rows.cuh"
 #include "backend/cuda/mma_bf16.cuh"
 #include "backend/cuda/online_softmax.cuh"
@@ -119,6 +122,34 @@ constexpr int kPrefillMTiles = D >= 128 ? 2 : 1;
 // registers).
 constexpr int MinBlocksPerSm(int d, int m_tiles) {
   return m_tiles > 1 ? 2 : d <= 16 ? 4 : d <= 96 ? 3 : 1;
+}
+
+// int8 / FP8 rows of head dim 128 take direct operands (kv_fragments.cuh): no bf16 tile. The
+// stored bytes become f16 B fragments in registers, read from the byte staging by a fixed
+// permutation of the dims (Q takes the same one) and of the keys (P takes the same one), chosen
+// so that the reads are 4-byte words without bank conflicts (rows of D + 4 = 132 bytes):
+//   - QK^T, chunk ks of 16 dims: thread t's k-indices 2t, 2t + 1, 2t + 8, 2t + 9 are the dims
+//     4w .. 4w + 3 of word w = DirectKWord(t, ks); n-tile nn's column c is key DirectKey(nn, c);
+//   - P.V, key block kk: thread t's k-indices are keys 16kk + 4t .. 4t + 3 (which is where
+//     DirectKey puts n-tiles 2kk and 2kk + 1), read as one word of each of the four rows and
+//     transposed (QuantWordsToVFragments); O's n-tile 4J + f, column c is dim
+//     4 DirectVWord(c, J) + f.
+// A score is (Q' . bytes) sq ks: Q' is the row over a power of two sq >= its max |q| (exact), ks
+// the key's scale. P.V takes P' = P vs / vref (vs the key's value scale, vref the row's running
+// max of vs over its visible keys, so P' <= 1 in f16): O is kept in units of vref and rescaled
+// with the softmax's correction when vref grows (exactly 1 when neither moved). The per-row
+// sequence is the same in every block shape, so the rows stay batch-invariant.
+// (kAllowDirect false: the bf16 tiles anyway, KvLayerView::direct off.)
+template <int D, bool kQuantKv, bool kInt4, bool kAllowDirect = true>
+constexpr bool kDirectQuant = kQuantKv && !kInt4 && D == 128 && kAllowDirect;
+__device__ __forceinline__ int DirectKWord(int t, int ks) {
+  return 2 * (t & 1) + 16 * (t >> 1) + (ks & 1) + 4 * (ks >> 1);
+}
+__device__ __forceinline__ int DirectKey(int nn, int c) {
+  return 16 * (nn >> 1) + 2 * (nn & 1) + 4 * (c >> 1) + (c & 1);
+}
+__device__ __forceinline__ int DirectVWord(int c, int j) {
+  return (c & 3) + 16 * (c >> 2) + 4 * j;
 }
 
 // Scores are kept in "logit units" u, which need no per-element work before the running max:
@@ -208,8 +239,10 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices. kInt4
 // (with kQuantKv): its rows are int4 (D a power of two).
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false>
-__global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kAllowDirect = true>
+__global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>
+                                                   ? 2
+                                                   : MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
                              PlanView plan, int32_t num_splits, float* __restrict__ partials,
                              float* __restrict__ out, RopeKvInput rope) {
@@ -218,6 +251,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   static_assert(!kKeySplit || !kPrefill, "key split in the decode shape only");
   static_assert(!kQuantKv || (!kBf16Kv && !kRope && !kPrefill), "a quantized pool: byte staging");
   static_assert(!kInt4 || (kQuantKv && (D & (D - 1)) == 0), "int4 rows: a power-of-two D");
+  // kDirect: int8 / FP8 rows as direct f16 operands (kFp8: FP8), three byte stagings, no bf16 tile.
+  constexpr bool kDirect = kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>;
+  static_assert(!kFp8 || kDirect);
+  static_assert(!kDirect || (kMT == 1 && S::kDimBlocksPerWarp % 2 == 0));
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -232,7 +269,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       reinterpret_cast<__nv_bfloat16*>(smem + S::template kQOffset<kBf16Kv, kQuantKv>);
   // Quantized pool: stage b's [kKeys][kRowBytes] bytes of K, then V.
   constexpr int kRowBytes = S::template kQuantRowBytesOf<kInt4>;
-  auto k_raw_at = [&](int stage) { return smem + S::kTileBytes + stage * S::kQuantStageBytes; };
+  auto k_raw_at = [&](int stage) {
+    return smem + (kDirect ? 0 : S::kTileBytes) + stage * S::kQuantStageBytes;
+  };
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
   constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
@@ -484,7 +523,43 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // kMT == 1: Q as A fragments: a0 (row g, cols 2t..), a1 (row g+8), a2 (row g, cols 2t+8..), a3.
   // kMT > 1: Q rounded to bf16 the same way into q_s (zero rows past `rows`), read by ldmatrix.
   [[maybe_unused]] uint32_t qf[kMT == 1 ? D / 16 : 1][4];
-  if constexpr (kMT == 1) {
+  // kDirect: rows g, g + 8 over 2^e >= their max |q| (sq = 2^e; padding rows 1).
+  [[maybe_unused]] float sq[2] = {1.f, 1.f};
+  if constexpr (kDirect) {
+    const float* qrow[2] = {
+        q + (static_cast<int64_t>(row_token(0, 0)) * a.num_heads + row_head(0, 0)) * D,
+        q + (static_cast<int64_t>(row_token(0, 1)) * a.num_heads + row_head(0, 1)) * D};
+    float4 x[D / 16][2];
+    float amax[2] = {0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        x[ks][h] = pos[0][h] >= 0
+                       ? *reinterpret_cast<const float4*>(qrow[h] + 4 * DirectKWord(t, ks))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        amax[h] = fmaxf(amax[h], fmaxf(fmaxf(fabsf(x[ks][h].x), fabsf(x[ks][h].y)),
+                                       fmaxf(fabsf(x[ks][h].z), fabsf(x[ks][h].w))));
+      }
+    }
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+      amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+      int e = 0;
+      frexpf(amax[h], &e);  // amax = f 2^e, f in [0.5, 1): |q| / 2^e < 1
+      sq[h] = ldexpf(1.f, e);
+      inv[h] = ldexpf(1.f, -e);
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      qf[ks][0] = PackF16(x[ks][0].x * inv[0], x[ks][0].y * inv[0]);
+      qf[ks][1] = PackF16(x[ks][1].x * inv[1], x[ks][1].y * inv[1]);
+      qf[ks][2] = PackF16(x[ks][0].z * inv[0], x[ks][0].w * inv[0]);
+      qf[ks][3] = PackF16(x[ks][1].z * inv[1], x[ks][1].w * inv[1]);
+    }
+  } else if constexpr (kMT == 1) {
     const float* q0 = q + (static_cast<int64_t>(row_token(0, 0)) * a.num_heads + row_head(0, 0)) * D;
     const float* q1 = q + (static_cast<int64_t>(row_token(0, 1)) * a.num_heads + row_head(0, 1)) * D;
     // x[ks]: rows g, g + 8 at columns c = 16 ks + 2t (+1), then c + 8 (+1). (Loaded before the
@@ -589,6 +664,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   // in sequential mode, the running fold over the splits (M, L; its O lives in `out`).
   float o[kMT][2 * kDimBlocksPerWarp][4];
   float m[kMT][2], l[kMT][2];
+  [[maybe_unused]] float vref[2];  // kDirect: the rows' running max value scale (O's unit)
   // The running fold lives in shared memory (registers go to o and s): [mt][h][thread].
   __shared__ float run_m[kMT][2][kWarps * 32], run_l[kMT][2][kWarps * 32];
   // kKeySplit: each tile's row maxima per warp, weights' pair sums [n-tile][row half][lane] and P
@@ -600,6 +676,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
   };
   struct NoKeySplit {};
   __shared__ std::conditional_t<kKeySplit, KeySplitShared, NoKeySplit> key_split;
+  // kDirect with kKeySplit: each tile's rows' max value scale per warp.
+  __shared__ std::conditional_t<kKeySplit && kDirect, float[kWarps][16], NoKeySplit> key_split_vmax;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     run_m[mt][0][threadIdx.x] = run_m[mt][1][threadIdx.x] = -INFINITY;
@@ -621,6 +699,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       m[mt][0] = m[mt][1] = -INFINITY;
       l[mt][0] = l[mt][1] = 0.f;
     }
+    if constexpr (kDirect) vref[0] = vref[1] = 0.f;
   };
   reset_state();
 #ifdef EMBER_TRACE_ATTENTION
@@ -649,7 +728,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       // This tile is in buffer next ^ 1 (tile_begin in 0); the next one goes to buffer next.
       k_s = reinterpret_cast<__nv_bfloat16*>(smem + (next ^ 1) * S::kTileBytes);
       v_s = k_s + kKeys * S::kLd;
-    } else if constexpr (kQuantKv) {
+    } else if constexpr (kQuantKv && !kDirect) {
       // Quantized pool (staging (tile - tile_begin) & 1): 4 values of one key per item, byte value
       // times the row's scale (one rounding: DequantizeKvRow's float), then bf16 RN; a masked key
       // (slot < 0: zero-filled, or a stored row of a copied block) is 0.
@@ -700,7 +779,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       // Tile + 2 into the staging just converted (tile + 1 is in flight in the other); tile + 3's
       // slots into this tile's (read above, before the __syncthreads).
       const int i = tile - tile_begin;
-      if (tile + 2 <= tile_end) issue_copy(slot_s[(i + 2) % 3], next ^ 1);
+      // (kDirect: tile + 2 into the staging of tile - 1, whose compute every warp finished.)
+      if (tile + 2 <= tile_end) issue_copy(slot_s[(i + 2) % 3], kDirect ? (i + 2) % 3 : next ^ 1);
       if (slot_thread >= 0) slot_s[i % 3][slot_pos(slot_thread)] = lookup_slot(tile + 3);
     } else {
       if (tile + 1 <= tile_end && !(kRope && tile == tile_begin)) issue_copy(slot_s[next], next);
@@ -723,8 +803,64 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 #pragma unroll
         for (int n = 0; n < kNt; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
       }
+      // kDirect: this tile's staging; the keys' scales (ksc: K's, vsc: V's) of this thread's
+      // score columns.
+      [[maybe_unused]] const unsigned char* k_raw =
+          kDirect ? k_raw_at((tile - tile_begin) % 3) : nullptr;
+      [[maybe_unused]] const unsigned char* v_raw = kDirect ? k_raw + kKeys * kRowBytes : nullptr;
+      [[maybe_unused]] float ksc[kDirect ? kNt : 1][2] = {}, vsc[kDirect ? kNt : 1][2] = {};
+      [[maybe_unused]] float vinv[2] = {0.f, 0.f};  // kDirect: 1 / the rows' vref after this tile
+      // kDirect: O += P' V for one 16-key block (pf: its weights as f16 A fragments) over this
+      // warp's columns, V read as words of the block's four rows per thread and transposed.
+      [[maybe_unused]] auto direct_pv = [&](int kk, const uint32_t(&pf)[4]) {
+        const unsigned char* vrow = v_raw + (16 * kk + 4 * t) * kRowBytes;
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
+        for (int jj = 0; jj < kDimBlocksPerWarp / 2; ++jj) {
+          const int off = 4 * DirectVWord(g, dp_begin / 2 + jj);
+          uint32_t b[4][2];
+          QuantWordsToVFragments<!kFp8>(
+              *reinterpret_cast<const uint32_t*>(vrow + off),
+              *reinterpret_cast<const uint32_t*>(vrow + kRowBytes + off),
+              *reinterpret_cast<const uint32_t*>(vrow + 2 * kRowBytes + off),
+              *reinterpret_cast<const uint32_t*>(vrow + 3 * kRowBytes + off), b);
+#pragma unroll
+          for (int f = 0; f < 4; ++f) MmaF16(o[0][4 * jj + f], pf, b[f][0], b[f][1]);
+        }
+      };
+      // The weights as mma operands: bf16, or (kDirect) P' = P vs / vref in f16.
+      auto pack_weights = [&](int n, float p0, float p1, int h) -> uint32_t {
+        if constexpr (kDirect) {
+          return PackF16(__fmul_rn(p0, __fmul_rn(vsc[n][0], vinv[h])),
+                         __fmul_rn(p1, __fmul_rn(vsc[n][1], vinv[h])));
+        } else {
+          return PackBf16(p0, p1);
+        }
+      };
+      if constexpr (kDirect) {
+#pragma unroll
+        for (int n = 0; n < kNt; ++n) {
+          const unsigned char* krow = k_raw + DirectKey(n_first + n, g) * kRowBytes;
+          uint32_t w[D / 16];
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            w[ks] = *reinterpret_cast<const uint32_t*>(krow + 4 * DirectKWord(t, ks));
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = DirectKey(n_first + n, 2 * t + e);
+            ksc[n][e] = KvQuantScale(k_raw + j * kRowBytes, D);
+            vsc[n][e] = KvQuantScale(v_raw + j * kRowBytes, D);
+          }
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t b0, b1;
+            QuantWordToF16x2<!kFp8>(w[ks], b0, b1);
+            MmaF16(s[0][n], qf[ks], b0, b1);
+          }
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < (kDirect ? 0 : D / 16); ++ks) {
         uint32_t qa[kMT][4];
         if constexpr (kMT == 1) {
 #pragma unroll
@@ -759,6 +895,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
       // The soft-cap and mask tests are warp-uniform: hoisted out of the element loops, each of
       // the four variants is straight-line code (one basic block the scheduler can interleave).
       float mx[kMT][2];
+      [[maybe_unused]] float vm[2] = {0.f, 0.f};  // kDirect: the rows' max vsc over visible keys
       auto scores = [&](auto whole_tag, auto capped_tag) {
         constexpr bool kWhole = decltype(whole_tag)::value;
         constexpr bool kCapped = decltype(capped_tag)::value;
@@ -770,13 +907,19 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
               float u = s[mt][n][c];
+              if constexpr (kDirect) u = __fmul_rn(__fmul_rn(u, sq[c / 2]), ksc[n][c & 1]);
               if constexpr (kCapped) u = Capped(u, a);
+              [[maybe_unused]] bool visible = true;
               if constexpr (!kWhole) {
-                const int32_t key = kt + (n_first + n) * 8 + 2 * t + (c & 1);
+                const int32_t key = kt + (kDirect ? DirectKey(n_first + n, 2 * t + (c & 1))
+                                                  : (n_first + n) * 8 + 2 * t + (c & 1));
                 const int32_t p = pos[mt][c / 2];
-                const bool visible =
+                visible =
                     p >= 0 && key <= p && (a.sliding_window <= 0 || p - key < a.sliding_window);
                 if (!visible) u = -INFINITY;
+              }
+              if constexpr (kDirect) {
+                if (visible) vm[c / 2] = fmaxf(vm[c / 2], vsc[n][c & 1]);
               }
               s[mt][n][c] = u;
             }
@@ -810,11 +953,19 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], step));
           }
         }
+        if constexpr (kDirect) {
+          vm[0] = fmaxf(vm[0], __shfl_xor_sync(0xffffffffu, vm[0], step));
+          vm[1] = fmaxf(vm[1], __shfl_xor_sync(0xffffffffu, vm[1], step));
+        }
       }
       if constexpr (kKeySplit) {  // the tile's row maxima over the warps' keys (exact: a max)
         if (t == 0) {
           key_split.max[warp][g] = mx[0][0];
           key_split.max[warp][g + 8] = mx[0][1];
+          if constexpr (kDirect) {
+            key_split_vmax[warp][g] = vm[0];
+            key_split_vmax[warp][g + 8] = vm[1];
+          }
         }
         __syncthreads();  // (block-uniform: every warp has the same rows)
 #pragma unroll
@@ -823,6 +974,12 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 #pragma unroll
           for (int w = 1; w < kWarps; ++w) v = fmaxf(v, key_split.max[w][g + 8 * h]);
           mx[0][h] = v;
+          if constexpr (kDirect) {
+            float x = key_split_vmax[0][g + 8 * h];
+#pragma unroll
+            for (int w = 1; w < kWarps; ++w) x = fmaxf(x, key_split_vmax[w][g + 8 * h]);
+            vm[h] = x;
+          }
         }
       }
 #pragma unroll
@@ -835,16 +992,34 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           mc[mt][h] = MaxTimesScale(new_m, exp_scale);
         }
       }
+      // kDirect: the rows' new vref, its reciprocal for the weights (vinv) and O's factor from
+      // the old unit to the new one (exactly 1 when vref did not move), folded into O's factor.
+      float ocorr[kMT][2];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        ocorr[mt][0] = corr[mt][0];
+        ocorr[mt][1] = corr[mt][1];
+      }
+      if constexpr (kDirect) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float vnew = fmaxf(vref[h], vm[h]);
+          vinv[h] = vnew > 0.f ? __frcp_rn(vnew) : 0.f;
+          const float vfac = vnew == vref[h] ? 1.f : __fmul_rn(vref[h], vinv[h]);
+          ocorr[0][h] = __fmul_rn(corr[0][h], vfac);
+          vref[h] = vnew;
+        }
+      }
       // O *= corr, skipped when no row of the m-tile moved its max (a factor of exactly 1).
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        if (__any_sync(0xffffffffu, corr[mt][0] != 1.f || corr[mt][1] != 1.f)) {
+        if (__any_sync(0xffffffffu, ocorr[mt][0] != 1.f || ocorr[mt][1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < 2 * kDimBlocksPerWarp; ++n) {
-            o[mt][n][0] *= corr[mt][0];
-            o[mt][n][1] *= corr[mt][0];
-            o[mt][n][2] *= corr[mt][1];
-            o[mt][n][3] *= corr[mt][1];
+            o[mt][n][0] *= ocorr[mt][0];
+            o[mt][n][1] *= ocorr[mt][0];
+            o[mt][n][2] *= ocorr[mt][1];
+            o[mt][n][3] *= ocorr[mt][1];
           }
         }
       }
@@ -870,8 +1045,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           for (int c = 0; c < 4; ++c) p[c] = Exp2(__fmaf_rn(s[0][n][c], exp_scale, -mc[0][c / 2]));
           key_split.pair_sum[n_first + n][0][lane] = p[0] + p[1];
           key_split.pair_sum[n_first + n][1][lane] = p[2] + p[3];
-          key_split.p[(n_first + n) / 2][(n % 2) * 2][lane] = PackBf16(p[0], p[1]);
-          key_split.p[(n_first + n) / 2][(n % 2) * 2 + 1][lane] = PackBf16(p[2], p[3]);
+          key_split.p[(n_first + n) / 2][(n % 2) * 2][lane] = pack_weights(n, p[0], p[1], 0);
+          key_split.p[(n_first + n) / 2][(n % 2) * 2 + 1][lane] = pack_weights(n, p[2], p[3], 1);
         }
         __syncthreads();
 #pragma unroll
@@ -884,15 +1059,19 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           uint32_t pf[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) pf[i] = key_split.p[kk][i][lane];
+          if constexpr (kDirect) {
+            direct_pv(kk, pf);
+          } else {
 #pragma unroll
-          for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-            const int dp = dp_begin + i;
-            uint32_t b[4];
-            const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-            const int d = dp * 16 + 8 * (lane / 16);
-            LdMatrixX4Trans(b, v_s + key * S::kLd + d);
-            Mma(o[0][2 * i], pf, b[0], b[1]);
-            Mma(o[0][2 * i + 1], pf, b[2], b[3]);
+            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+              const int dp = dp_begin + i;
+              uint32_t b[4];
+              const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+              const int d = dp * 16 + 8 * (lane / 16);
+              LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+              Mma(o[0][2 * i], pf, b[0], b[1]);
+              Mma(o[0][2 * i + 1], pf, b[2], b[3]);
+            }
           }
         }
       } else {
@@ -911,24 +1090,29 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
               sum[mt][0] += p[0] + p[1];
               sum[mt][1] += p[2] + p[3];
               const int kk = n / 2 - k0 / 16;
-              pf[mt][kk][(n % 2) * 2] = PackBf16(p[0], p[1]);
-              pf[mt][kk][(n % 2) * 2 + 1] = PackBf16(p[2], p[3]);
+              pf[mt][kk][(n % 2) * 2] = pack_weights(n, p[0], p[1], 0);
+              pf[mt][kk][(n % 2) * 2 + 1] = pack_weights(n, p[2], p[3], 1);
             }
           }
+          if constexpr (kDirect) {
 #pragma unroll
-          for (int kk = 0; kk < kPvKeys / 16; ++kk) {
+            for (int kk = 0; kk < kPvKeys / 16; ++kk) direct_pv(k0 / 16 + kk, pf[0][kk]);
+          } else {
 #pragma unroll
-            for (int i = 0; i < kDimBlocksPerWarp; ++i) {
-              const int dp = dp_begin + i;
-              if (dp >= dp_end) break;
-              uint32_t b[4];
-              const int key = k0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-              const int d = dp * 16 + 8 * (lane / 16);
-              LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+            for (int kk = 0; kk < kPvKeys / 16; ++kk) {
 #pragma unroll
-              for (int mt = 0; mt < kMT; ++mt) {
-                Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
-                Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+              for (int i = 0; i < kDimBlocksPerWarp; ++i) {
+                const int dp = dp_begin + i;
+                if (dp >= dp_end) break;
+                uint32_t b[4];
+                const int key = k0 + kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+                const int d = dp * 16 + 8 * (lane / 16);
+                LdMatrixX4Trans(b, v_s + key * S::kLd + d);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                  Mma(o[mt][2 * i], pf[mt][kk], b[0], b[1]);
+                  Mma(o[mt][2 * i + 1], pf[mt][kk], b[2], b[3]);
+                }
               }
             }
           }
@@ -948,17 +1132,38 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
 
     // End of a split: normalise, fold, or hand the split state to the combine kernel.
     // ForEachPair visits this warp's O column pairs of row half h of m-tile mt:
-    // fn(n, col, o0, o1), n the pair's index among them.
+    // fn(n, col0, col1, o0, o1), n the pair's index among them (col1 = col0 + 1, except with
+    // kDirect: its permuted columns, and O taken out of its vref units).
     auto ForEachPair = [&](int mt, int h, auto&& fn) {
 #pragma unroll
       for (int i = 0; i < kDimBlocksPerWarp; ++i) {
         if (dp_begin + i >= dp_end) break;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int n = 2 * i + half, col = (dp_begin + i) * 16 + half * 8 + 2 * t;
-          fn(n, col, o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+          const int n = 2 * i + half;
+          if constexpr (kDirect) {
+            const int jg = 2 * dp_begin + n, jj = jg >> 2, f = jg & 3;
+            fn(n, 4 * DirectVWord(2 * t, jj) + f, 4 * DirectVWord(2 * t + 1, jj) + f,
+               __fmul_rn(o[mt][n][2 * h], vref[h]), __fmul_rn(o[mt][n][2 * h + 1], vref[h]));
+          } else {
+            const int col = (dp_begin + i) * 16 + half * 8 + 2 * t;
+            fn(n, col, col + 1, o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+          }
         }
       }
+    };
+    // A column pair of an f32 row: adjacent (one 8-byte access) unless kDirect.
+    auto store_pair = [](float* row, int c0, int c1, float2 v) {
+      if constexpr (kDirect) {
+        row[c0] = v.x;
+        row[c1] = v.y;
+      } else {
+        *reinterpret_cast<float2*>(row + c0) = v;
+      }
+    };
+    auto load_pair = [](const float* row, int c0, int c1) {
+      if constexpr (kDirect) return make_float2(row[c0], row[c1]);
+      return *reinterpret_cast<const float2*>(row + c0);
     };
     if (warp_active && ((tile + 1) % kSplitTiles == 0 || tile == tile_end)) {
       const int32_t s_idx = tile / kSplitTiles;
@@ -977,9 +1182,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
           if (first == last) {
             const float inv =
                 __frcp_rn(WithSink(lh, m[mt][h], exp_scale, a, row_id));
-            ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
-              *reinterpret_cast<float2*>(orow + col) =
-                  make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv));
+            ForEachPair(mt, h, [&](int, int c0, int c1, float o0, float o1) {
+              store_pair(orow, c0, c1, make_float2(__fmul_rn(o0, inv), __fmul_rn(o1, inv)));
             });
           } else if (num_splits > 0) {
             float* rec = partials + (row_id * num_splits + s_idx) * (D + 2);
@@ -987,9 +1191,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
               rec[0] = m[mt][h];
               rec[1] = lh;
             }
-            ForEachPair(mt, h, [&](int, int col, float o0, float o1) {
-              rec[2 + col] = o0;
-              rec[3 + col] = o1;
+            ForEachPair(mt, h, [&](int, int c0, int c1, float o0, float o1) {
+              rec[2 + c0] = o0;
+              rec[2 + c1] = o1;
             });
           } else {
             float& rm = run_m[mt][h][threadIdx.x];
@@ -1005,19 +1209,18 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocksPerSm(D, kMT))
             // kernel's stall samples, ncu).
             float2 prev[2 * kDimBlocksPerWarp];
             if (had) {
-              ForEachPair(mt, h, [&](int n, int col, float, float) {
-                prev[n] = *reinterpret_cast<const float2*>(orow + col);
+              ForEachPair(mt, h, [&](int n, int c0, int c1, float, float) {
+                prev[n] = load_pair(orow, c0, c1);
               });
             } else {
-              ForEachPair(mt, h, [&](int n, int, float, float) {
-                prev[n] = make_float2(0.f, 0.f);
-              });
+              ForEachPair(mt, h,
+                          [&](int n, int, int, float, float) { prev[n] = make_float2(0.f, 0.f); });
             }
-            ForEachPair(mt, h, [&](int n, int col, float o0, float o1) {
+            ForEachPair(mt, h, [&](int n, int c0, int c1, float o0, float o1) {
               float2 v = make_float2(FoldValue(prev[n].x, o0, wa, wb),
                                      FoldValue(prev[n].y, o1, wa, wb));
               if (final_split) v = make_float2(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv));
-              *reinterpret_cast<float2*>(orow + col) = v;
+              store_pair(orow, c0, c1, v);
             });
           }
         }
@@ -1059,14 +1262,16 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
 }
 
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false>
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kAllowDirect = true>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT, kKeySplit>;
-  constexpr size_t kSmemBytes = S::template kSmemBytes<kBf16Kv, kQuantKv>;
-  constexpr auto kKernel =
-      AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit, kQuantKv, kInt4>;
+  constexpr size_t kSmemBytes = kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>
+                                    ? 3 * S::kQuantStageBytes
+                                    : S::template kSmemBytes<kBf16Kv, kQuantKv>;
+  constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit,
+                                                    kQuantKv, kInt4, kFp8, kAllowDirect>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -1129,6 +1334,33 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
       }
     } else if (kv.quant != KvQuant::kNone) {
       CHECK_EQ(kv.row_bytes, D + 4);
+      if constexpr (kDirectQuant<D, true, false>) {  // direct operands, int8 or FP8
+        if (!kv.direct) {
+          if (key_split) {
+            LaunchForDim<D, false, 1, false, false, true, true, false, false, false>(
+                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+          } else {
+            LaunchForDim<D, false, 1, false, false, false, true, false, false, false>(
+                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+          }
+          return;
+        }
+        const bool fp8 = kv.quant == KvQuant::kFP8;
+        if (key_split && fp8) {
+          LaunchForDim<D, false, 1, false, false, true, true, false, true>(
+              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+        } else if (key_split) {
+          LaunchForDim<D, false, 1, false, false, true, true>(
+              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+        } else if (fp8) {
+          LaunchForDim<D, false, 1, false, false, false, true, false, true>(
+              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+        } else {
+          LaunchForDim<D, false, 1, false, false, false, true>(
+              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+        }
+        return;
+      }
       if constexpr (KeySplitDim(D)) {
         if (key_split) {
           LaunchForDim<D, false, 1, false, false, true, true>(args, q, kv, plan, max_rows,

@@ -68,6 +68,7 @@ KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads, int32_t he
     view.row_bytes = static_cast<int32_t>(KvRowBytes(dtype, kv_head_dim_));
     view.block_size = kv_block_size_;
     view.rotated = dtype == KvDType::kInt4 && kv_rotate_int4_;
+    view.direct = switches_.kv_direct;
   }
   return view;
 }

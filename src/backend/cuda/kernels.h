@@ -57,6 +57,9 @@ struct KvLayerView {
   int32_t row_bytes = 0;   // quantized: bytes per row
   int32_t block_size = 0;  // quantized: the pool's tokens per block
   bool rotated = false;    // kInt4: the rows hold H x
+  // kInt8 / kFP8 at head dim 128: the batch-invariant attention reads the bytes as direct f16
+  // operands (attention_invariant.cu; RuntimeSwitches::kv_direct), else through bf16 tiles.
+  bool direct = false;
 };
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };

@@ -31,6 +31,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.mla_split_keys = std::max(0, std::atoi(keys.c_str())) / 32 * 32;
   if (const std::string chunked = EnvString("EMBER_DELTA_CHUNKED"); !chunked.empty())
     s.delta_chunked = std::atoi(chunked.c_str()) != 0;
+  if (const std::string direct = EnvString("EMBER_KV_DIRECT"); !direct.empty())
+    s.kv_direct = std::atoi(direct.c_str()) != 0;
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
   s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
   return s;

@@ -34,6 +34,10 @@ struct RuntimeSwitches {
   // need not be batch-invariant. Off by default until it has run against its tests on a GPU
   // (written in session 45 without device time); the default walks every row in order.
   bool delta_chunked = false;
+  // EMBER_KV_DIRECT=1: int8 / FP8 KV rows of head dim 128 as the attention's direct f16 operands
+  // instead of through its bf16 tiles (each value times its scale, rounded). Off by default until
+  // it has run against its tests on a GPU (written in session 46 without device time).
+  bool kv_direct = false;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
