@@ -760,7 +760,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
         convert(ByteValues<D, false>{});
       }
       __syncthreads();  // bf16 tile ready, its staging free
-    } else {
+    } else if constexpr (!kDirect) {
       // f32 pool: round to bf16 RN (the rounding WriteKv applies to a bf16 pool).
 #pragma unroll 4
       for (int it = 0; it < kKeys * D / 4 / (kWarps * 32); ++it) {
