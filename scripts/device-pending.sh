@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# device-pending.sh: the GPU checks and benchmarks that wait for a device, staged in one go.
+#   scripts/device-pending.sh --stage   on the build machine: copies the release build's binaries
+#                                       the runs need (build/release, scripts/build.sh with nvcc),
+#                                       xz-compressed, and the fixtures into .devbin/ (git-ignored
+#                                       through .git/info/exclude); name .devbin in the run's carry
+#   scripts/device-pending.sh MODE      on the GPU machine, from the repo root:
+#     kv      the quantized-KV attention: its op tests (both paths), then kv_attention_bench at
+#             11 x 32k and 64 x 4k, direct operands (EMBER_KV_DIRECT=1) against the bf16 tiles
+#     verify  the session-45 kernels: cuda_ops_test Mla / Recurrent (the chunked delta rule
+#             included), kv_dtype_test on CUDA with the direct operands, the CUDA MTP test, and the
+#             chunked delta rule's A/B on a 2-layer Qwen3-Next synth (pp4096)
+#     e2e     8B synth, 11 sequences of 32k tokens, engine_bench per KV dtype (bf16, int8, fp8,
+#             int8 through the tiles): issue 42's long-context decode target
+#     b45     issue 45's benchmark set: Qwen3-Next 4-layer pp4096 / depth 8192 / 64 concurrent,
+#             DeepSeek-V3 3-layer with MTP: 64 concurrent and the MTP bench
+# Each test's output is cut to its failures and summary; each command has its own timeout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+if [ "${1:-}" = "--stage" ]; then
+  set -e
+  build=${STAGE_BUILD:-build/release}
+  fixtures=${EMBER_FIXTURES:-$root/../shared/fixtures}
+  rm -rf .devbin && mkdir -p .devbin/bin .devbin/fixtures .git/info
+  for b in src/backend/cuda/cuda_attention_test src/backend/cuda/cuda_ops_test \
+           src/engine/kv_dtype_test src/engine/spec_decode_test bench/kv_attention_bench \
+           bench/engine_bench ember libember_cuda.so; do
+    cp "$build/$b" .devbin/bin/
+  done
+  strip --strip-unneeded .devbin/bin/* 2>/dev/null || true
+  xz -T2 -3 .devbin/bin/*
+  cp -r "$fixtures/models" .devbin/fixtures/
+  grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
+  du -sh .devbin
+  exit 0
+fi
+
+B=/tmp/devbin
+mkdir -p "$B"
+for p in .devbin/bin/*.xz; do
+  n=$(basename "$p" .xz)
+  [ -e "$B/$n" ] || { xz -dc "$p" >"$B/$n" && chmod +x "$B/$n"; }
+done
+export LD_LIBRARY_PATH=$B:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export EMBER_FIXTURES=$root/.devbin/fixtures
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+
+t() {  # a test binary: failures, crashes and the summary
+  echo "== $*"
+  timeout "${TL:-240}" "$@" 2>&1 | grep -E "rror|CHECK|llegal|Failure|^\[  FAILED|^\[  PASSED" | head -30
+}
+synth() {  # PRESET LAYERS(0: all) DIR [extra flags] (no tokenizer: the benches feed ids)
+  [ -d "$3" ] && return
+  local layers=()
+  [ "$2" -gt 0 ] && layers=(--layers "$2")
+  "$B/ember" synth --like "$1" "${layers[@]}" --out "$3" "${@:4}" >/dev/null 2>&1 ||
+    echo "synth $1 failed"
+}
+kvb() {  # kv_attention_bench on the 8B's attention shape
+  timeout 120 "$B/kv_attention_bench" --device cuda --formats "${F:-bf16,int8,fp8,int4}" --heads 32 \
+    --kv-heads 8 --head-dim 128 --rounds 5 --reps 10 "$@" 2>&1 | grep -v '^$'
+}
+bench() { timeout 150 "$B/ember" bench "$@" 2>&1 | grep -E "pp|tg|spec|rror"; }
+engine() { timeout 200 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
+
+case "${1:-}" in
+  kv)
+    TL=200 t "$B/cuda_attention_test" --gtest_filter='*KvQuant*:*QuantizedPool*'
+    for shape in "--rows 11 --context 32768" "--rows 64 --context 4096"; do
+      echo "-- direct operands: $shape"
+      # shellcheck disable=SC2086
+      EMBER_KV_DIRECT=1 kvb $shape
+      echo "-- bf16 tiles: $shape"
+      # shellcheck disable=SC2086
+      F=bf16,int8,fp8 EMBER_KV_DIRECT=0 kvb $shape
+    done
+    ;;
+  verify)
+    TL=150 t "$B/cuda_ops_test" --gtest_filter='*Mla*:*Recurrent*'
+    t env EMBER_KV_DIRECT=1 "$B/kv_dtype_test" --gtest_filter='*Cuda*'
+    t "$B/spec_decode_test" --gtest_filter='*Cuda*'
+    synth qwen3-next-80b-a3b 2 /tmp/qn2
+    for c in 1 0; do
+      echo "EMBER_DELTA_CHUNKED=$c"
+      EMBER_DELTA_CHUNKED=$c bench --model /tmp/qn2 --device cuda -p 4096 -n 16 -r 2
+    done
+    ;;
+  e2e)
+    synth llama-3.1-8b 0 /tmp/s8
+    for run in auto:1 int8:1 fp8:1 int8:0; do
+      echo "-- --kv-cache-dtype ${run%:*}, EMBER_KV_DIRECT=${run#*:}"
+      EMBER_KV_DIRECT=${run#*:} engine --model /tmp/s8 --device cuda --concurrency 11 \
+        --prompt-len 32768 --gen-len 64 --prefix-len 0 --kv-cache-bytes 49392123904 \
+        --kv-cache-dtype "${run%:*}"
+    done
+    ;;
+  b45)
+    export EMBER_DELTA_CHUNKED=${EMBER_DELTA_CHUNKED:-1}
+    synth qwen3-next-80b-a3b 4 /tmp/qn4
+    bench --model /tmp/qn4 --device cuda -p 4096 -n 64 -r 2
+    bench --model /tmp/qn4 --device cuda -p 0 -d 8192 -n 32 -r 1
+    engine --model /tmp/qn4 --device cuda --concurrency 64 --prompt-len 512 --gen-len 64 --prefix-len 0
+    rm -rf /tmp/qn4
+    synth deepseek-v3 3 /tmp/ds3m --mtp
+    engine --model /tmp/ds3m --device cuda --concurrency 64 --prompt-len 512 --gen-len 64 --prefix-len 0
+    bench --model /tmp/ds3m --device cuda -p 512 -n 128 -r 1 --spec-method mtp
+    ;;
+  *)
+    echo "usage: scripts/device-pending.sh --stage | kv | verify | e2e | b45" >&2
+    exit 2
+    ;;
+esac
