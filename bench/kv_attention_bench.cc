@@ -130,11 +130,11 @@ int Run(int argc, char** argv) {
       CHECK(e.be->BeginStep(e.plan).ok());
       Tensor qt = e.be->Alloc({rows, heads, hd}), out = e.be->Alloc({rows, heads * hd});
       CHECK(e.be->CopyFromHost(q, qt).ok());
-      std::vector<float> first(q.size());
-      CHECK(e.be->CopyToHost(qt, first).ok());  // (a sync: q is in place)
+      std::vector<float> readback(q.size());  // (each read waits for the work before it)
+      CHECK(e.be->CopyToHost(qt, readback).ok());
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < reps; ++i) e.be->Attention(p, qt, out);
-      CHECK(e.be->CopyToHost(out, first).ok());  // waits for the calls
+      CHECK(e.be->CopyToHost(out, readback).ok());
       e.us.push_back(
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
           static_cast<double>(reps));

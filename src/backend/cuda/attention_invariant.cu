@@ -36,7 +36,7 @@
 // tile's start every value is converted in registers (byte value times the row's scale,
 // DequantizeKvRow's float) and rounded RN into the bf16 tiles; masked keys are 0. Half the bytes
 // of a bf16 tile per stage, so two in flight keep a bf16 tile's bytes in flight. (int8 / FP8 rows
-// of head dim 128 skip the bf16 tiles: their bytes are the mma operands, kDirectQuant below.)
+// of head dim 128 can skip the bf16 tiles, their bytes the mma operands: kDirectQuant below.)
 // int4 rows (kInt4:
 // nibbles, then an f16 scale per group) are staged the same way and converted 4 values (2 bytes)
 // at a time, (nibble - 8) times the group's scale; a rotated layer's q and output are rotated by
@@ -124,7 +124,7 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
   return m_tiles > 1 ? 2 : d <= 16 ? 4 : d <= 96 ? 3 : 1;
 }
 
-// int8 / FP8 rows of head dim 128 take direct operands (kv_fragments.cuh): no bf16 tile. The
+// int8 / FP8 rows of head dim 128 can take direct operands (kv_fragments.cuh): no bf16 tile. The
 // stored bytes become f16 B fragments in registers, read from the byte staging by a fixed
 // permutation of the dims (Q takes the same one) and of the keys (P takes the same one), chosen
 // so that the reads are 4-byte words without bank conflicts (rows of D + 4 = 132 bytes):
@@ -139,9 +139,9 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
 // max of vs over its visible keys, so P' <= 1 in f16): O is kept in units of vref and rescaled
 // with the softmax's correction when vref grows (exactly 1 when neither moved). The per-row
 // sequence is the same in every block shape, so the rows stay batch-invariant.
-// (kAllowDirect false: the bf16 tiles anyway, KvLayerView::direct off.)
-template <int D, bool kQuantKv, bool kInt4, bool kAllowDirect = true>
-constexpr bool kDirectQuant = kQuantKv && !kInt4 && D == 128 && kAllowDirect;
+// A kernel takes them when launched with kDirectOps (Dispatch: where KvLayerView::direct is on).
+template <int D, bool kQuantKv, bool kInt4, bool kDirectOps = true>
+constexpr bool kDirectQuant = kQuantKv && !kInt4 && D == 128 && kDirectOps;
 __device__ __forceinline__ int DirectKWord(int t, int ks) {
   return 2 * (t & 1) + 16 * (t >> 1) + (ks & 1) + 4 * (ks >> 1);
 }
@@ -239,8 +239,8 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices. kInt4
 // (with kQuantKv): its rows are int4 (D a power of two).
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kAllowDirect = true>
-__global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false>
+__global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, kDirectOps>
                                                    ? 2
                                                    : MinBlocksPerSm(D, kMT))
     AttentionInvariantKernel(AttentionArgs a, const float* __restrict__ q, KvLayerView kv,
@@ -252,7 +252,8 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
   static_assert(!kQuantKv || (!kBf16Kv && !kRope && !kPrefill), "a quantized pool: byte staging");
   static_assert(!kInt4 || (kQuantKv && (D & (D - 1)) == 0), "int4 rows: a power-of-two D");
   // kDirect: int8 / FP8 rows as direct f16 operands (kFp8: FP8), three byte stagings, no bf16 tile.
-  constexpr bool kDirect = kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>;
+  constexpr bool kDirect = kDirectQuant<D, kQuantKv, kInt4, kDirectOps>;
+  static_assert(!kDirectOps || kDirect, "direct operands: int8 / FP8 rows of head dim 128 only");
   static_assert(!kFp8 || kDirect);
   static_assert(!kDirect || (kMT == 1 && S::kDimBlocksPerWarp % 2 == 0));
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
@@ -1262,16 +1263,16 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
 }
 
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kAllowDirect = true>
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT, kKeySplit>;
-  constexpr size_t kSmemBytes = kDirectQuant<D, kQuantKv, kInt4, kAllowDirect>
+  constexpr size_t kSmemBytes = kDirectQuant<D, kQuantKv, kInt4, kDirectOps>
                                     ? 3 * S::kQuantStageBytes
                                     : S::template kSmemBytes<kBf16Kv, kQuantKv>;
   constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit,
-                                                    kQuantKv, kInt4, kFp8, kAllowDirect>;
+                                                    kQuantKv, kInt4, kFp8, kDirectOps>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -1335,31 +1336,23 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
     } else if (kv.quant != KvQuant::kNone) {
       CHECK_EQ(kv.row_bytes, D + 4);
       if constexpr (kDirectQuant<D, true, false>) {  // direct operands, int8 or FP8
-        if (!kv.direct) {
-          if (key_split) {
-            LaunchForDim<D, false, 1, false, false, true, true, false, false, false>(
+        if (kv.direct) {
+          const bool fp8 = kv.quant == KvQuant::kFP8;
+          if (key_split && fp8) {
+            LaunchForDim<D, false, 1, false, false, true, true, false, true, true>(
+                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+          } else if (key_split) {
+            LaunchForDim<D, false, 1, false, false, true, true, false, false, true>(
+                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
+          } else if (fp8) {
+            LaunchForDim<D, false, 1, false, false, false, true, false, true, true>(
                 args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
           } else {
-            LaunchForDim<D, false, 1, false, false, false, true, false, false, false>(
+            LaunchForDim<D, false, 1, false, false, false, true, false, false, true>(
                 args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
           }
           return;
         }
-        const bool fp8 = kv.quant == KvQuant::kFP8;
-        if (key_split && fp8) {
-          LaunchForDim<D, false, 1, false, false, true, true, false, true>(
-              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-        } else if (key_split) {
-          LaunchForDim<D, false, 1, false, false, true, true>(
-              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-        } else if (fp8) {
-          LaunchForDim<D, false, 1, false, false, false, true, false, true>(
-              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-        } else {
-          LaunchForDim<D, false, 1, false, false, false, true>(
-              args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-        }
-        return;
       }
       if constexpr (KeySplitDim(D)) {
         if (key_split) {
