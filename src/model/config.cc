@@ -260,7 +260,8 @@ Status ParseDeepseek(const Reader& r, ModelConfig* c) {
   EMBER_ASSIGN_OR_RETURN(c->moe_top_groups, r.Int("topk_group", 1));
   EMBER_ASSIGN_OR_RETURN(c->moe_shared_experts, r.Int("n_shared_experts", 0));
   EMBER_ASSIGN_OR_RETURN(double routed_scale, r.Num("routed_scaling_factor", 1.0));
-  EMBER_ASSIGN_OR_RETURN(int32_t first_dense, r.Int("first_k_dense_replace", 0));
+  EMBER_ASSIGN_OR_RETURN(c->first_dense_layers, r.Int("first_k_dense_replace", 0));
+  const int32_t first_dense = c->first_dense_layers;
   EMBER_ASSIGN_OR_RETURN(c->num_nextn_predict_layers, r.Int("num_nextn_predict_layers", 0));
   if (c->num_nextn_predict_layers < 0) return r.Err("num_nextn_predict_layers", "must be >= 0");
   c->moe_routed_scale = static_cast<float>(routed_scale);
@@ -417,6 +418,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   } else if (t == "mistral" || t == "phi3") {
     if (window > 0) c.layer_types.assign(c.layer_types.size(), LayerType::kSlidingAttention);
   }
+  if (KvLayerCount(c) == 0)
+    return r.Err("num_hidden_layers",
+                 "leaves no attention layer (every layer is linear attention by layer_types or "
+                 "full_attention_interval); Ember's engine needs one: its paged KV pool carries "
+                 "the sequences");
   bool any_sliding = false;
   for (LayerType lt : c.layer_types) any_sliding |= lt == LayerType::kSlidingAttention;
   if (any_sliding && window <= 0) return r.Err("sliding_window", "must be a positive integer when layers slide");

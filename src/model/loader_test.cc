@@ -231,12 +231,21 @@ TEST(ConfigTest, Qwen3Next) {
   EXPECT_EQ(c->linear.conv_kernel, 4);  // linear_conv_kernel_dim's default
   // Value heads must be a multiple of the key heads.
   auto bad = ParseModelConfig(R"({"model_type": "qwen3_next", "vocab_size": 10, "hidden_size": 8,
-      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2,
       "linear_num_key_heads": 2, "linear_num_value_heads": 3, "linear_key_head_dim": 4,
       "linear_value_head_dim": 4})",
                               "c.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("linear_num_value_heads"), std::string::npos) << bad.message();
+  // A cut with no full-attention layer left (2 layers, every 4th full) is refused at the config.
+  auto cut = ParseModelConfig(R"({"model_type": "qwen3_next", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 4,
+      "linear_value_head_dim": 4})",
+                              "c.json");
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.message().find("num_hidden_layers"), std::string::npos) << cut.message();
+  EXPECT_NE(cut.message().find("no attention layer"), std::string::npos) << cut.message();
 }
 
 TEST(ConfigTest, FamilyFeatures) {
@@ -480,28 +489,31 @@ TEST(SynthTest, HybridAndMlaPresets) {
 }
 
 // DeepSeek-V3's layout on a toy body; with mtp its multi-token-prediction module loads too (and
-// without, the checkpoint declares one its folder lacks, as transformers' conversions do).
+// without, the checkpoint declares one its folder lacks, as transformers' conversions do). The
+// module (layer N) is a mixture of experts since N >= first_k_dense_replace (1), also where the
+// body's only layer is dense.
 TEST(SynthTest, DeepseekPresetWithMtp) {
-  for (bool mtp : {false, true}) {
-    std::string dir = TempDir() + (mtp ? "/deepseek_mtp" : "/deepseek");
-    SynthOptions opts;
-    opts.preset = "tiny-deepseek-v3";
-    opts.out_dir = dir;
-    opts.num_layers = 2;
-    opts.mtp = mtp;
-    ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
-    auto m = Model::Load(dir, {});
-    ASSERT_TRUE(m.ok()) << m.message();
-    EXPECT_EQ((*m)->config().model_type, "deepseek_v3");
-    EXPECT_EQ((*m)->config().num_nextn_predict_layers, 1);
-    ModelLoadOptions module_opts;
-    module_opts.mtp_module = true;
-    auto module = Model::Load(dir, module_opts);
-    EXPECT_EQ(module.ok(), mtp) << (module.ok() ? "" : module.message());
-    if (mtp && module.ok()) {
-      EXPECT_EQ((*module)->config().moe_layers, std::vector<uint8_t>{1});
+  for (int layers : {1, 2})
+    for (bool mtp : {false, true}) {
+      std::string dir = TempDir() + (mtp ? "/deepseek_mtp" : "/deepseek") + std::to_string(layers);
+      SynthOptions opts;
+      opts.preset = "tiny-deepseek-v3";
+      opts.out_dir = dir;
+      opts.num_layers = layers;
+      opts.mtp = mtp;
+      ASSERT_TRUE(WriteSynthCheckpoint(opts).ok());
+      auto m = Model::Load(dir, {});
+      ASSERT_TRUE(m.ok()) << m.message();
+      EXPECT_EQ((*m)->config().model_type, "deepseek_v3");
+      EXPECT_EQ((*m)->config().num_nextn_predict_layers, 1);
+      ModelLoadOptions module_opts;
+      module_opts.mtp_module = true;
+      auto module = Model::Load(dir, module_opts);
+      EXPECT_EQ(module.ok(), mtp) << (module.ok() ? "" : module.message());
+      if (mtp && module.ok()) {
+        EXPECT_EQ((*module)->config().moe_layers, std::vector<uint8_t>{1});
+      }
     }
-  }
   SynthOptions llama;
   llama.preset = "tiny-llama";
   llama.out_dir = TempDir() + "/llama_mtp";

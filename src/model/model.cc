@@ -488,7 +488,7 @@ MtpInputNames MtpInputNamesOf(const ModelConfig& main) {
 }
 
 // Turns the model's config into its MTP module's (one layer: the checkpoint's layer N, a mixture
-// of experts when the main model's last layer is one, i.e. N >= first_k_dense_replace), after
+// of experts when N >= first_k_dense_replace, as the layer N of a deeper model would be), after
 // checking that the checkpoint has one; errors name the model type or the missing tensors.
 Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::string& source) {
   const bool next = c->model_type == "qwen3_next";
@@ -516,9 +516,9 @@ Status MtpModuleConfig(ModelConfig* c, const WeightStore& store, const std::stri
                          ", but " + missing +
                          " not found; conversions that drop them, e.g. transformers', cannot "
                          "draft with mtp)");
-  // deepseek_v3's module is a MoE block when N >= first_k_dense_replace (its last layer is one);
-  // qwen3_next's is a MoE full-attention layer.
-  const bool moe = next ? c->num_experts > 0 : !c->moe_layers.empty() && c->moe_layers.back() != 0;
+  // deepseek_v3's module is a MoE block when N >= first_k_dense_replace (also where every main
+  // layer is dense: a cut model's N can reach it); qwen3_next's is a MoE full-attention layer.
+  const bool moe = next ? c->num_experts > 0 : c->num_layers >= c->first_dense_layers;
   c->moe_layers.assign(1, moe ? 1 : 0);
   c->layer_types.assign(1, LayerType::kFullAttention);
   c->num_layers = 1;

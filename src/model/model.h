@@ -133,6 +133,9 @@ struct ModelConfig {
   // deepseek_v3: multi-token-prediction modules stored after the decoder layers
   // (num_nextn_predict_layers; ModelLoadOptions::mtp_module), 0: none.
   int32_t num_nextn_predict_layers = 0;
+  // deepseek_v3: layers before this one are dense (first_k_dense_replace); the MTP module, stored
+  // as layer num_layers, is a mixture of experts when num_layers >= this.
+  int32_t first_dense_layers = 0;
 };
 
 // Layers whose K/V live in the paged pool (every layer but kLinearAttention ones), and the pool
