@@ -30,14 +30,14 @@ struct RuntimeSwitches {
   // EMBER_MLA_SPLIT_KEYS=N: the tensor-core MLA's key splits (rounded down to a multiple of 32;
   // 0: none): the softmax state restarts every N keys and the splits run as blocks of their own.
   int32_t mla_split_keys = 1024;
-  // EMBER_DELTA_CHUNKED=1: GatedDeltaRule's long sequences take the chunked form where a step
-  // need not be batch-invariant. Off by default until it has run against its tests on a GPU
-  // (written in session 45 without device time); the default walks every row in order.
-  bool delta_chunked = false;
-  // EMBER_KV_DIRECT=1: int8 / FP8 KV rows of head dim 128 as the attention's direct f16 operands
-  // instead of through its bf16 tiles (each value times its scale, rounded). Off by default until
-  // it has run against its tests on a GPU (written in session 46 without device time).
-  bool kv_direct = false;
+  // EMBER_DELTA_CHUNKED=0: GatedDeltaRule walks every row in order instead of taking the chunked
+  // form for long sequences where a step need not be batch-invariant (an A/B knob; the chunked
+  // form gives 1.21x the prefill of a Qwen3-Next shape on the H100, docs/perf.md session 47).
+  bool delta_chunked = true;
+  // EMBER_KV_DIRECT=0: int8 / FP8 KV rows of head dim 128 through the attention's bf16 tiles
+  // (each value times its scale, rounded) instead of as its direct f16 operands (an A/B knob; the
+  // direct operands read the rows 1.3-1.4x faster on the H100, docs/perf.md session 47).
+  bool kv_direct = true;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
