@@ -10,10 +10,11 @@
 #     verify  the session-45 kernels: cuda_ops_test Mla / Recurrent (the chunked delta rule
 #             included), kv_dtype_test on CUDA with the direct operands, the CUDA MTP test, and the
 #             chunked delta rule's A/B on a 2-layer Qwen3-Next synth (pp4096)
-#     e2e     8B synth, 11 sequences of 32k tokens, engine_bench per KV dtype (bf16, int8, fp8,
-#             int8 through the tiles): issue 42's long-context decode target
+#     e2e     8B synth, 32k-token sequences, engine_bench per KV dtype: 11 of them (bf16, int8,
+#             fp8), then 22 (int8, fp8: the same KV bytes): issue 42's long-context decode target
 #     b45     issue 45's benchmark set: Qwen3-Next 4-layer pp4096 / depth 8192 / 64 concurrent,
-#             DeepSeek-V3 3-layer with MTP: 64 concurrent and the MTP bench
+#             DeepSeek-V3 4-layer (3 dense, 1 MoE) the same, then 3-layer with MTP: the MTP bench
+#     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
 # Each test's output is cut to its failures and summary; each command has its own timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,10 @@ if [ "${1:-}" = "--stage" ]; then
            src/engine/kv_dtype_test src/engine/spec_decode_test bench/kv_attention_bench \
            bench/engine_bench ember libember_cuda.so; do
     cp "$build/$b" .devbin/bin/
+  done
+  # the shared libraries from Debian's packages that the GPU machine's image lacks
+  for l in libsimdjson.so.14 libutf8proc.so.2 libpcre2-8.so.0; do
+    cp -L "/lib/x86_64-linux-gnu/$l" .devbin/bin/
   done
   strip --strip-unneeded .devbin/bin/* 2>/dev/null || true
   xz -T2 -3 .devbin/bin/*
@@ -56,14 +61,18 @@ synth() {  # PRESET LAYERS(0: all) DIR [extra flags] (no tokenizer: the benches 
   local layers=()
   [ "$2" -gt 0 ] && layers=(--layers "$2")
   "$B/ember" synth --like "$1" "${layers[@]}" --out "$3" "${@:4}" >/dev/null 2>&1 ||
-    echo "synth $1 failed"
+    { echo "synth $1 failed"; rm -rf "$3"; }
 }
 kvb() {  # kv_attention_bench on the 8B's attention shape
   timeout 120 "$B/kv_attention_bench" --device cuda --formats "${F:-bf16,int8,fp8,int4}" --heads 32 \
     --kv-heads 8 --head-dim 128 --rounds 5 --reps 10 "$@" 2>&1 | grep -v '^$'
 }
-bench() { timeout 150 "$B/ember" bench "$@" 2>&1 | grep -E "pp|tg|spec|rror"; }
-engine() { timeout 200 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
+bench() {  # the table's rows, or the output's tail where there are none
+  local out
+  out=$(timeout 150 "$B/ember" bench "$@" 2>&1)
+  grep -E "pp|tg|spec|rror" <<<"$out" || tail -4 <<<"$out"
+}
+engine() { timeout 240 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
 
 case "${1:-}" in
   kv)
@@ -81,17 +90,32 @@ case "${1:-}" in
     TL=150 t "$B/cuda_ops_test" --gtest_filter='*Mla*:*Recurrent*'
     t env EMBER_KV_DIRECT=1 "$B/kv_dtype_test" --gtest_filter='*Cuda*'
     t "$B/spec_decode_test" --gtest_filter='*Cuda*'
-    synth qwen3-next-80b-a3b 2 /tmp/qn2
+    synth qwen3-next-80b-a3b 4 /tmp/qn4
     for c in 1 0; do
       echo "EMBER_DELTA_CHUNKED=$c"
-      EMBER_DELTA_CHUNKED=$c bench --model /tmp/qn2 --device cuda -p 4096 -n 16 -r 2
+      EMBER_DELTA_CHUNKED=$c bench --model /tmp/qn4 --device cuda -p 4096 -n 16 -r 2
+    done
+    ;;
+  prof)  # Nsight Compute on the decode attention at 11 x 32k: bf16, then int8 direct and tiles
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for run in bf16:1 int8:1 int8:0 fp8:1; do
+      echo "== ${run%:*}, EMBER_KV_DIRECT=${run#*:}"
+      EMBER_KV_DIRECT=${run#*:} timeout 150 "$ncu" --clock-control none \
+        -k regex:AttentionInvariantKernel --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section ComputeWorkloadAnalysis --section LaunchStats \
+        --metrics smsp__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio \
+        "$B/kv_attention_bench" --device cuda --formats "${run%:*}" --heads 32 --kv-heads 8 \
+        --head-dim 128 --rows 11 --context 32768 --rounds 2 --reps 1 2>&1 |
+        tee "${OUT:-/tmp}/ncu-${run%:*}-${run#*:}.txt" | grep -vE "^ +(-|[A-Z][a-z].*[a-z.]$|$)|^==PROF==|^\|" | grep -E "  [a-zA-Z_].* [0-9.,]+$|Kernel|ms$|us$" | head -70
     done
     ;;
   e2e)
     synth llama-3.1-8b 0 /tmp/s8
-    for run in auto:1 int8:1 fp8:1 int8:0; do
-      echo "-- --kv-cache-dtype ${run%:*}, EMBER_KV_DIRECT=${run#*:}"
-      EMBER_KV_DIRECT=${run#*:} engine --model /tmp/s8 --device cuda --concurrency 11 \
+    # DTYPE:SEQUENCES; the same KV bytes hold 11 such contexts in bf16, 22 in int8 / FP8
+    for run in auto:11 int8:11 fp8:11 int8:22 fp8:22; do
+      echo "-- --kv-cache-dtype ${run%:*}, ${run#*:} sequences"
+      engine --model /tmp/s8 --device cuda --concurrency "${run#*:}" \
         --prompt-len 32768 --gen-len 64 --prefix-len 0 --kv-cache-bytes 49392123904 \
         --kv-cache-dtype "${run%:*}"
     done
@@ -103,12 +127,19 @@ case "${1:-}" in
     bench --model /tmp/qn4 --device cuda -p 0 -d 8192 -n 32 -r 1
     engine --model /tmp/qn4 --device cuda --concurrency 64 --prompt-len 512 --gen-len 64 --prefix-len 0
     rm -rf /tmp/qn4
+    # DeepSeek-V3 cut to 4 layers: its 3 dense layers and one of its 256-expert MoE layers
+    synth deepseek-v3 4 /tmp/ds4
+    bench --model /tmp/ds4 --device cuda -p 4096 -n 64 -r 2
+    bench --model /tmp/ds4 --device cuda -p 0 -d 8192 -n 32 -r 1
+    engine --model /tmp/ds4 --device cuda --concurrency 64 --prompt-len 512 --gen-len 64 --prefix-len 0
+    rm -rf /tmp/ds4
+    # with its MTP module (a MoE layer of its own) as the draft
     synth deepseek-v3 3 /tmp/ds3m --mtp
-    engine --model /tmp/ds3m --device cuda --concurrency 64 --prompt-len 512 --gen-len 64 --prefix-len 0
     bench --model /tmp/ds3m --device cuda -p 512 -n 128 -r 1 --spec-method mtp
+    rm -rf /tmp/ds3m
     ;;
   *)
-    echo "usage: scripts/device-pending.sh --stage | kv | verify | e2e | b45" >&2
+    echo "usage: scripts/device-pending.sh --stage | kv | verify | e2e | b45 | prof" >&2
     exit 2
     ;;
 esac
