@@ -14,6 +14,8 @@
 #             fp8), then 22 (int8, fp8: the same KV bytes): issue 42's long-context decode target
 #     b45     issue 45's benchmark set: Qwen3-Next 4-layer pp4096 / depth 8192 / 64 concurrent,
 #             DeepSeek-V3 4-layer (3 dense, 1 MoE) the same, then 3-layer with MTP: the MTP bench
+#     kvp     the quantized pool's prefill with shared fragments (EMBER_KV_DIRECT_SHARED=1): its
+#             tests, then pp16384 per KV dtype on an 8B cut to 4 layers, shared and not
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
 # Each test's output is cut to its failures and summary; each command has its own timeout.
 set -uo pipefail
@@ -96,6 +98,15 @@ case "${1:-}" in
       EMBER_DELTA_CHUNKED=$c bench --model /tmp/qn4 --device cuda -p 4096 -n 16 -r 2
     done
     ;;
+  kvp)  # quantized-KV prefill: the shared fragments (EMBER_KV_DIRECT_SHARED) against bf16
+    TL=240 t "$B/cuda_attention_test" --gtest_filter='*QuantizedPool*:*KvQuant*'
+    synth llama-3.1-8b 4 /tmp/s8l4
+    for run in auto:0 int8:0 int8:1 fp8:0 fp8:1; do
+      echo "-- --kv-cache-dtype ${run%:*}, EMBER_KV_DIRECT_SHARED=${run#*:}"
+      EMBER_KV_DIRECT_SHARED=${run#*:} bench --model /tmp/s8l4 --device cuda -p 16384 -n 0 -r 2 \
+        --kv-cache-dtype "${run%:*}"
+    done
+    ;;
   prof)  # Nsight Compute on the decode attention at 11 x 32k: bf16, then int8 direct and tiles
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for run in bf16:1 int8:1 int8:0 fp8:1; do
@@ -139,7 +150,7 @@ case "${1:-}" in
     rm -rf /tmp/ds3m
     ;;
   *)
-    echo "usage: scripts/device-pending.sh --stage | kv | verify | e2e | b45 | prof" >&2
+    echo "usage: scripts/device-pending.sh --stage | kv | kvp | verify | e2e | b45 | prof" >&2
     exit 2
     ;;
 esac
