@@ -13,7 +13,8 @@
 //          then a float32 scale s = max|x| / 448; value e4m3 * s    head_dim + 4
 //   kInt4  head_dim / 2 bytes (element 2i in the low nibble of byte i, 2i + 1 in the high), then
 //          one f16 scale d per group of KvInt4Group(head_dim) values; nibble n holds q + 8,
-//          q in [-7, 7], value q * d, d = f16(max|x| / 7) of the group    head_dim / 2 + 2 * groups
+//          q = x / d rounded, clamped to [-8, 7], value q * d; d the f16 of max|x| / (7 + k / 8),
+//          k in -8 .. 16, with the group's least squared error      head_dim / 2 + 2 * groups
 // int4 rows hold H x, not x, when the format rotates (KvFormat::rotate_int4): H is the
 // orthonormal Walsh-Hadamard matrix of head_dim (HadamardRotate), which spreads an outlier
 // channel over the group so one scale fits every value. H is symmetric and H H = I, so

@@ -288,8 +288,9 @@ class Model {
   // that change results (--quantize, --cpu-matmul, CUDA modes). The prompt cache digests it (with the block size) so a disk
   // record is never read by another model, dtype or layout.
   const std::string& KvFingerprint() const { return kv_fingerprint_; }
-  // Bumped whenever the block layout of CopyKvBlockToHost or the meaning of its bytes changes.
-  static constexpr int kKvLayoutVersion = 1;
+  // Bumped whenever the block layout of CopyKvBlockToHost, the meaning of its bytes or the bytes
+  // a quantizer writes change (2: int4's least-error step).
+  static constexpr int kKvLayoutVersion = 2;
   int32_t kv_block_size() const { return kv_block_size_; }
   // One step. logits: [plan.logits_rows.size(), vocab_size] float32, row-major, filled in order.
   Status Forward(const BatchPlan& plan, std::span<float> logits);

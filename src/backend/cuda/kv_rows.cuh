@@ -128,10 +128,18 @@ __device__ __forceinline__ void WarpHadamard(float (&v)[kMaxHeadDim / 32], int32
   for (int i = 0; i < kPerLane; ++i) v[i] = __fmul_rn(v[i], norm);
 }
 
+// An int4 value's level (kv_quant.cc's Int4Level): x * inv rounded to nearest even, clamped to
+// [-8, 7].
+__device__ __forceinline__ float KvInt4LevelOf(float x, float inv) {
+  return fminf(fmaxf(rintf(__fmul_rn(x, inv)), -8.f), 7.f);
+}
+
 // int4 (one warp, WarpQuantizeRow's values v): per group of KvInt4GroupOf(head_dim) values
-// (register i across the lanes, or the whole row when head_dim < 32) the f16 scale
-// d = f16(min(max|x| / 7, 65504)), each value x * (1 / d) rounded to nearest even and clamped
-// to [-7, 7], plus 8, element 2j in byte j's low nibble, 2j + 1 in its high one; then the scales.
+// (register i across the lanes, or the whole row when head_dim < 32; the lanes past it hold 0)
+// the f16 step d of kv_quant.cc's Int4GroupScale: among f16(min(max|x| / (7 + k / 8), 65504)),
+// k = -8 .. 16, the first with the least squared error, each lane's (x - q d)^2 exact in double
+// and summed by the xor butterfly Int4GroupError mirrors; each value's level q plus 8, element 2j
+// in byte j's low nibble, 2j + 1 in its high one; then the scales.
 __device__ __forceinline__ void WarpQuantizeInt4(const float (&v)[kMaxHeadDim / 32],
                                                  int32_t head_dim, unsigned char* out) {
   constexpr int kPerLane = kMaxHeadDim / 32;
@@ -140,10 +148,24 @@ __device__ __forceinline__ void WarpQuantizeInt4(const float (&v)[kMaxHeadDim / 
   for (int i = 0; i < kPerLane; ++i) {
     if (32 * i >= head_dim) break;
     const float amax = WarpMax(fabsf(v[i]));
-    const __half dh = __float2half_rn(fminf(__fdiv_rn(amax, 7.f), 65504.f));
+    __half dh = __float2half_rn(0.f);
+    double best = 0.0;
+    for (int k = -8; k <= 16; ++k) {
+      const __half ch = __float2half_rn(
+          fminf(__fdiv_rn(amax, __fadd_rn(7.f, 0.125f * static_cast<float>(k))), 65504.f));
+      const float cd = __half2float(ch);
+      const float cinv = cd > 0.f ? __frcp_rn(cd) : 0.f;
+      const double r = __dsub_rn(
+          static_cast<double>(v[i]),
+          __dmul_rn(static_cast<double>(KvInt4LevelOf(v[i], cinv)), static_cast<double>(cd)));
+      double err = __dmul_rn(r, r);
+#pragma unroll
+      for (int w = 16; w >= 1; w /= 2) err = __dadd_rn(err, __shfl_xor_sync(0xffffffffu, err, w));
+      if (k == -8 || err < best) best = err, dh = ch;
+    }
     const float d = __half2float(dh);
     const float inv = d > 0.f ? __frcp_rn(d) : 0.f;
-    const int q = static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v[i], inv)), -7.f), 7.f)) + 8;
+    const int q = static_cast<int>(KvInt4LevelOf(v[i], inv)) + 8;
     const int high = __shfl_down_sync(0xffffffffu, q, 1);
     const int e = lane + 32 * i;
     if (lane % 2 == 0 && e < head_dim) out[e / 2] = static_cast<unsigned char>(q | high << 4);
