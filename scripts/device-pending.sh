@@ -14,8 +14,9 @@
 #             fp8), then 22 (int8, fp8: the same KV bytes): issue 42's long-context decode target
 #     b45     issue 45's benchmark set: Qwen3-Next 4-layer pp4096 / depth 8192 / 64 concurrent,
 #             DeepSeek-V3 4-layer (3 dense, 1 MoE) the same, then 3-layer with MTP: the MTP bench
-#     kvp     the quantized pool's prefill with shared fragments (EMBER_KV_DIRECT_SHARED=1): its
-#             tests, then pp16384 per KV dtype on an 8B cut to 4 layers, shared and not
+#     kvp     the quantized pool's prefill with shared fragments (EMBER_KV_DIRECT_SHARED=1) and
+#             the int4 writer's least-error step: their tests, then pp16384 per KV dtype on an 8B
+#             cut to 4 layers, shared and not
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
 # Each test's output is cut to its failures and summary; each command has its own timeout.
 set -uo pipefail
@@ -99,7 +100,9 @@ case "${1:-}" in
     done
     ;;
   kvp)  # quantized-KV prefill: the shared fragments (EMBER_KV_DIRECT_SHARED) against bf16
+    # (and the int4 writer's least-error step: its bytes against the CPU's, session 47)
     TL=240 t "$B/cuda_attention_test" --gtest_filter='*QuantizedPool*:*KvQuant*'
+    t "$B/kv_dtype_test" --gtest_filter='*Cuda*'
     synth llama-3.1-8b 4 /tmp/s8l4
     for run in auto:0 int8:0 int8:1 fp8:0 fp8:1; do
       echo "-- --kv-cache-dtype ${run%:*}, EMBER_KV_DIRECT_SHARED=${run#*:}"
