@@ -15,6 +15,28 @@
 namespace ember {
 namespace {
 
+// Every E4M3 byte's value (0x7f and 0xff are NaN).
+const std::array<float, 256>& Fp8Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+      const int exp = (b >> 3) & 0xf, mant = b & 7;
+      float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)
+                         : std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+      if ((b & 0x7f) == 0x7f) v = NAN;
+      t[static_cast<size_t>(b)] = (b & 0x80) != 0 ? -v : v;
+    }
+    return t;
+  }();
+  return table;
+}
+
+float AbsMax(const float* x, int32_t n) {
+  float m = 0.0f;
+  for (int32_t j = 0; j < n; ++j) m = std::max(m, std::abs(x[j]));
+  return m;
+}
+
 // An int4 value's level: x / d rounded to nearest even, clamped to [-8, 7] (inv = 1 / d).
 float Int4Level(float x, float inv) {
   return std::clamp(std::nearbyint(x * inv), -8.0f, 7.0f);
@@ -68,11 +90,8 @@ double Int4GroupError(const std::array<float, 32>& v, float d) {
 // (the first of equals). About a quarter less error than max|x| / 7 on Gaussian-like rows.
 uint16_t Int4GroupScale(const float* v, int32_t n) {
   std::array<float, 32> lanes{};  // the group, then the absent lanes' zeros
-  float amax = 0.0f;
-  for (int32_t j = 0; j < n; ++j) {
-    lanes[static_cast<size_t>(j)] = v[j];
-    amax = std::max(amax, std::abs(v[j]));
-  }
+  std::copy(v, v + n, lanes.begin());
+  const float amax = AbsMax(v, n);
   uint16_t best_h = 0;
   double best = 0.0;
   for (int k = -8; k <= 16; ++k) {
@@ -81,28 +100,6 @@ uint16_t Int4GroupScale(const float* v, int32_t n) {
     if (k == -8 || err < best) best = err, best_h = h;
   }
   return best_h;
-}
-
-// Every E4M3 byte's value (0x7f and 0xff are NaN).
-const std::array<float, 256>& Fp8Table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) {
-      const int exp = (b >> 3) & 0xf, mant = b & 7;
-      float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)
-                         : std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
-      if ((b & 0x7f) == 0x7f) v = NAN;
-      t[static_cast<size_t>(b)] = (b & 0x80) != 0 ? -v : v;
-    }
-    return t;
-  }();
-  return table;
-}
-
-float AbsMax(const float* x, int32_t n) {
-  float m = 0.0f;
-  for (int32_t j = 0; j < n; ++j) m = std::max(m, std::abs(x[j]));
-  return m;
 }
 
 void PutScale(uint8_t* at, float s) { std::memcpy(at, &s, sizeof(s)); }

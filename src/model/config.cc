@@ -261,7 +261,6 @@ Status ParseDeepseek(const Reader& r, ModelConfig* c) {
   EMBER_ASSIGN_OR_RETURN(c->moe_shared_experts, r.Int("n_shared_experts", 0));
   EMBER_ASSIGN_OR_RETURN(double routed_scale, r.Num("routed_scaling_factor", 1.0));
   EMBER_ASSIGN_OR_RETURN(c->first_dense_layers, r.Int("first_k_dense_replace", 0));
-  const int32_t first_dense = c->first_dense_layers;
   EMBER_ASSIGN_OR_RETURN(c->num_nextn_predict_layers, r.Int("num_nextn_predict_layers", 0));
   if (c->num_nextn_predict_layers < 0) return r.Err("num_nextn_predict_layers", "must be >= 0");
   c->moe_routed_scale = static_cast<float>(routed_scale);
@@ -279,7 +278,8 @@ Status ParseDeepseek(const Reader& r, ModelConfig* c) {
   if (c->num_experts_per_tok > c->moe_top_groups * (c->num_experts / c->moe_groups))
     return r.Err("num_experts_per_tok", "exceeds the experts of the topk_group kept groups");
   c->moe_layers.assign(static_cast<size_t>(c->num_layers), 0);
-  for (int32_t l = first_dense; l < c->num_layers; ++l) c->moe_layers[static_cast<size_t>(l)] = 1;
+  for (int32_t l = c->first_dense_layers; l < c->num_layers; ++l)
+    c->moe_layers[static_cast<size_t>(l)] = 1;
   return Status::Ok();
 }
 

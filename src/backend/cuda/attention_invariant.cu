@@ -281,6 +281,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
   auto k_raw_at = [&](int stage) {
     return smem + (kDirect ? 0 : S::kTileBytes) + stage * S::kQuantStageBytes;
   };
+  // kSharedOps: the tile's fragments after the three stagings, K's [n-tile][chunk][lane] pairs
+  // then V's [key block][dim pair][half][lane] quads (kDirectQuant's comment).
+  [[maybe_unused]] uint2* const k_frag = reinterpret_cast<uint2*>(smem + 3 * S::kQuantStageBytes);
+  [[maybe_unused]] uint4* const v_frag =
+      reinterpret_cast<uint4*>(smem + 3 * S::kQuantStageBytes + kDirectFragBytes / 2);
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
   constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
@@ -789,8 +794,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
       // the __syncthreads above): the reads each warp's direct path makes, spread over the block.
       const unsigned char* kr = k_raw_at((tile - tile_begin) % 3);
       const unsigned char* vr = kr + kKeys * kRowBytes;
-      uint2* k_frag = reinterpret_cast<uint2*>(smem + 3 * S::kQuantStageBytes);
-      uint4* v_frag = reinterpret_cast<uint4*>(k_frag + kKeys / 8 * (D / 16) * 32);
 #pragma unroll 4
       for (int it = 0; it < kKeys / 8 * (D / 16) / kWarps; ++it) {  // K: (n-tile, chunk) per warp
         const int nk = it * kWarps + warp, n = nk / (D / 16), ks = nk % (D / 16);
@@ -857,8 +860,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
         for (int jj = 0; jj < kDimBlocksPerWarp / 2; ++jj) {
           uint32_t b[4][2];
           if constexpr (kSharedOps) {  // the block's conversion (dp_begin is 0)
-            const uint4* v_frag = reinterpret_cast<const uint4*>(smem + 3 * S::kQuantStageBytes +
-                                                                 kDirectFragBytes / 2);
             const uint4 x = v_frag[2 * (kk * (D / 32) + jj) * 32 + lane];
             const uint4 y = v_frag[(2 * (kk * (D / 32) + jj) + 1) * 32 + lane];
             b[0][0] = x.x, b[0][1] = x.y, b[1][0] = x.z, b[1][1] = x.w;
@@ -893,8 +894,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) {
             if constexpr (kSharedOps) {  // the block's conversion (n_first is 0)
-              kf[ks] = reinterpret_cast<const uint2*>(
-                  smem + 3 * S::kQuantStageBytes)[(n * (D / 16) + ks) * 32 + lane];
+              kf[ks] = k_frag[(n * (D / 16) + ks) * 32 + lane];
             } else {
               w[ks] = *reinterpret_cast<const uint32_t*>(krow + 4 * DirectKWord(t, ks));
             }
