@@ -17,6 +17,12 @@
 #     kvp     the quantized pool's prefill with shared fragments (EMBER_KV_DIRECT_SHARED=1) and
 #             the int4 writer's least-error step: their tests, then pp16384 per KV dtype on an 8B
 #             cut to 4 layers, shared and not
+#     lora    issue 44's LoRA costs split by phase: 128 x (512 + 1) (prefill), 128 x (8 + 256)
+#             (decode) and the issue's 128 x (512 + 128), 8 and 32 adapters mixed, 8B cut to 8
+#             layers; LORA_SHAPES picks the shapes, LORA_GEMM_ROWS=N moves the cuBLAS
+#             segments' threshold
+#     loraprof  the op profile (EMBER_CUDA_PROFILE_OUT: events around every op, no graphs) of
+#             lora_bench with 8 adapters at 128 x (512 + 128): all its runs together
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
 # Each test's output is cut to its failures and summary; each command has its own timeout.
 set -uo pipefail
@@ -30,7 +36,8 @@ if [ "${1:-}" = "--stage" ]; then
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/fixtures .git/info
   for b in src/backend/cuda/cuda_attention_test src/backend/cuda/cuda_ops_test \
            src/engine/kv_dtype_test src/engine/spec_decode_test bench/kv_attention_bench \
-           bench/engine_bench ember libember_cuda.so; do
+           bench/engine_bench bench/lora_bench src/engine/engine_test src/model/lora_test ember \
+           libember_cuda.so; do
     cp "$build/$b" .devbin/bin/
   done
   # the shared libraries from Debian's packages that the GPU machine's image lacks
@@ -39,7 +46,7 @@ if [ "${1:-}" = "--stage" ]; then
   done
   strip --strip-unneeded .devbin/bin/* 2>/dev/null || true
   xz -T2 -3 .devbin/bin/*
-  cp -r "$fixtures/models" .devbin/fixtures/
+  cp -r "$fixtures/models" "$fixtures/adapters" .devbin/fixtures/
   grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
   du -sh .devbin
   exit 0
@@ -109,6 +116,27 @@ case "${1:-}" in
       EMBER_KV_DIRECT_SHARED=${run#*:} bench --model /tmp/s8l4 --device cuda -p 16384 -n 0 -r 2 \
         --kv-cache-dtype "${run%:*}"
     done
+    ;;
+  lora)  # LoRA: where the mixed-adapter runs lose, by phase
+    synth llama-3.1-8b 8 /tmp/s8l8
+    for shape in ${LORA_SHAPES:-512:1 8:256 512:128}; do
+      for a in 8 32; do
+        echo "-- ${a} adapters, 128 x (${shape%:*} + ${shape#*:})," \
+          "EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256}"
+        EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256} timeout 200 "$B/lora_bench" --model /tmp/s8l8 \
+          --device cuda --rank 16 --adapters "$a" --concurrency 128 --prompt "${shape%:*}" \
+          --gen "${shape#*:}" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
+      done
+    done
+    ;;
+  loraprof)
+    synth llama-3.1-8b 8 /tmp/s8l8
+    rm -f /tmp/lora.prof
+    EMBER_CUDA_PROFILE_OUT=/tmp/lora.prof timeout 300 "$B/lora_bench" --model /tmp/s8l8 \
+      --device cuda --rank 16 --adapters 8 --concurrency 128 --prompt 512 --gen 128 2>&1 |
+      grep -E "tok/s|rror" | cut -c1-60
+    head -1 /tmp/lora.prof
+    sort -k3 -g -r /tmp/lora.prof | grep -v '^#' | head -14
     ;;
   prof)  # Nsight Compute on the decode attention at 11 x 32k: bf16, then int8 direct and tiles
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

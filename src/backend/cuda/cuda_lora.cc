@@ -334,7 +334,7 @@ bool CudaBackend::RecordLoraGemms(const Tensor& x, std::span<const LoraPart> par
     rest[p] = LoraPart{others, out};
   }
   const cublasHandle_t handle = cublas_.get();
-  recorder_.Record(OpKind::kLoraDelta, key, [gemms, handle, k](cudaStream_t) {
+  recorder_.Record(OpKind::kLoraGemm, key, [gemms, handle, k](cudaStream_t) {
     // (The handle is bound to the step's stream.) Row-major y[rows, m] = x[rows, k] w[m, k]^T is
     // column-major y^T = w^T x^T.
     const float one = 1.0f, zero = 0.0f;

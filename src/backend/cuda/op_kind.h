@@ -33,6 +33,7 @@ enum class OpKind : uint8_t {
   kSigmoidGateMul = 23,
   kMlaAttention = 24,
   kHadamardRows = 25,  // an int4-rotated layer's q before its attention, its output after
+  kLoraGemm = 26,      // LoraDelta's prefill-sized segments on cuBLAS GEMMs (RecordLoraGemms)
 };
 
 // The profile's name of a kind: "Embedding", "MatMul(cublas)", "RopeAttention", ...

@@ -36,6 +36,8 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kSigmoidGateMul: return "SigmoidGateMul";
     case OpKind::kMlaAttention: return "MlaAttention";
     case OpKind::kHadamardRows: return "HadamardRows";
+    case OpKind::kLoraGemm:
+      return "LoraGemm";
   }
   return "?";
 }
