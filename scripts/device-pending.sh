@@ -36,8 +36,7 @@ if [ "${1:-}" = "--stage" ]; then
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/fixtures .git/info
   for b in src/backend/cuda/cuda_attention_test src/backend/cuda/cuda_ops_test \
            src/engine/kv_dtype_test src/engine/spec_decode_test bench/kv_attention_bench \
-           bench/engine_bench bench/lora_bench src/engine/engine_test src/model/lora_test ember \
-           libember_cuda.so; do
+           bench/engine_bench bench/lora_bench ember libember_cuda.so; do
     cp "$build/$b" .devbin/bin/
   done
   # the shared libraries from Debian's packages that the GPU machine's image lacks
@@ -46,7 +45,7 @@ if [ "${1:-}" = "--stage" ]; then
   done
   strip --strip-unneeded .devbin/bin/* 2>/dev/null || true
   xz -T2 -3 .devbin/bin/*
-  cp -r "$fixtures/models" "$fixtures/adapters" .devbin/fixtures/
+  cp -r "$fixtures/models" .devbin/fixtures/
   grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
   du -sh .devbin
   exit 0
@@ -83,6 +82,10 @@ bench() {  # the table's rows, or the output's tail where there are none
   grep -E "pp|tg|spec|rror" <<<"$out" || tail -4 <<<"$out"
 }
 engine() { timeout 240 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
+lorabench() {  # TIMEOUT ADAPTERS PROMPT GEN: the 8B cut to 8 layers, rank 16, 128 concurrent
+  timeout "$1" "$B/lora_bench" --model /tmp/s8l8 --device cuda --rank 16 --adapters "$2" \
+    --concurrency 128 --prompt "$3" --gen "$4" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
+}
 
 case "${1:-}" in
   kv)
@@ -123,18 +126,14 @@ case "${1:-}" in
       for a in 8 32; do
         echo "-- ${a} adapters, 128 x (${shape%:*} + ${shape#*:})," \
           "EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256}"
-        EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256} timeout 200 "$B/lora_bench" --model /tmp/s8l8 \
-          --device cuda --rank 16 --adapters "$a" --concurrency 128 --prompt "${shape%:*}" \
-          --gen "${shape#*:}" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
+        EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256} lorabench 200 "$a" "${shape%:*}" "${shape#*:}"
       done
     done
     ;;
   loraprof)
     synth llama-3.1-8b 8 /tmp/s8l8
     rm -f /tmp/lora.prof
-    EMBER_CUDA_PROFILE_OUT=/tmp/lora.prof timeout 300 "$B/lora_bench" --model /tmp/s8l8 \
-      --device cuda --rank 16 --adapters 8 --concurrency 128 --prompt 512 --gen 128 2>&1 |
-      grep -E "tok/s|rror" | cut -c1-60
+    EMBER_CUDA_PROFILE_OUT=/tmp/lora.prof lorabench 300 8 512 128
     head -1 /tmp/lora.prof
     sort -k3 -g -r /tmp/lora.prof | grep -v '^#' | head -14
     ;;
