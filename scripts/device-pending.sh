@@ -21,6 +21,12 @@
 #             (decode) and the issue's 128 x (512 + 128), 8 and 32 adapters mixed, 8B cut to 8
 #             layers; LORA_SHAPES picks the shapes, LORA_GEMM_ROWS=N moves the cuBLAS
 #             segments' threshold
+#     lorafused  the batch-1 LoRA update inside the GEMV launch (EMBER_LORA_GEMV_FUSED=1): the
+#             LoRA op tests, lora_test's CUDA parity with it off, on, and on without graphs, the
+#             engine tests with it, then batch-1 lora_bench fused against the bias fold (8B cut to 8 layers, rank 16)
+#     lorachain  the fused GEMV's chain test in full, and lora_test with it launched one by one
+#             (EMBER_CUDA_GRAPHS=0) and in graphs
+#     lorafull  batch-1 lora_bench on the whole 8B (32 layers): fused against the bias fold
 #     loraprof  the op profile (EMBER_CUDA_PROFILE_OUT: events around every op, no graphs) of
 #             lora_bench with 8 adapters at 128 x (512 + 128): all its runs together
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
@@ -36,7 +42,8 @@ if [ "${1:-}" = "--stage" ]; then
   rm -rf .devbin && mkdir -p .devbin/bin .devbin/fixtures .git/info
   for b in src/backend/cuda/cuda_attention_test src/backend/cuda/cuda_ops_test \
            src/engine/kv_dtype_test src/engine/spec_decode_test bench/kv_attention_bench \
-           bench/engine_bench bench/lora_bench ember libember_cuda.so; do
+           bench/engine_bench bench/lora_bench src/engine/engine_test src/model/lora_test ember \
+           libember_cuda.so; do
     cp "$build/$b" .devbin/bin/
   done
   # the shared libraries from Debian's packages that the GPU machine's image lacks
@@ -45,7 +52,7 @@ if [ "${1:-}" = "--stage" ]; then
   done
   strip --strip-unneeded .devbin/bin/* 2>/dev/null || true
   xz -T2 -3 .devbin/bin/*
-  cp -r "$fixtures/models" .devbin/fixtures/
+  cp -r "$fixtures/models" "$fixtures/adapters" .devbin/fixtures/
   grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
   du -sh .devbin
   exit 0
@@ -82,9 +89,10 @@ bench() {  # the table's rows, or the output's tail where there are none
   grep -E "pp|tg|spec|rror" <<<"$out" || tail -4 <<<"$out"
 }
 engine() { timeout 240 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
-lorabench() {  # TIMEOUT ADAPTERS PROMPT GEN: the 8B cut to 8 layers, rank 16, 128 concurrent
-  timeout "$1" "$B/lora_bench" --model /tmp/s8l8 --device cuda --rank 16 --adapters "$2" \
-    --concurrency 128 --prompt "$3" --gen "$4" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
+lorabench() {  # TIMEOUT ADAPTERS PROMPT GEN [CONCURRENCY [MODEL]]: rank 16; by default 128
+  # concurrent on the 8B cut to 8 layers
+  timeout "$1" "$B/lora_bench" --model "${6:-/tmp/s8l8}" --device cuda --rank 16 --adapters "$2" \
+    --concurrency "${5:-128}" --prompt "$3" --gen "$4" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
 }
 
 case "${1:-}" in
@@ -128,6 +136,45 @@ case "${1:-}" in
           "EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256}"
         EMBER_LORA_GEMM_ROWS=${LORA_GEMM_ROWS:-256} lorabench 200 "$a" "${shape%:*}" "${shape#*:}"
       done
+    done
+    ;;
+  lorafused)
+    TL=240 t "$B/cuda_ops_test" --gtest_filter='*Lora*'
+    # (1:nograph: the op profile's launches, no graphs: does a graph replay matter)
+    for run in 0 1 1:nograph; do
+      echo "== lora_test CudaLoraParity, EMBER_LORA_GEMV_FUSED=$run"
+      prof=
+      [ "${run#*:}" = nograph ] && prof=/tmp/lorafused.prof
+      EMBER_CUDA_PROFILE_OUT=$prof EMBER_LORA_GEMV_FUSED=${run%:*} timeout 120 "$B/lora_test" \
+        --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
+        grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -40
+    done
+    EMBER_LORA_GEMV_FUSED=1 t "$B/engine_test" --gtest_filter='*Lora*'
+    synth llama-3.1-8b 8 /tmp/s8l8
+    for round in 1 2; do
+      for fused in 1 0; do
+        echo "-- batch 1, EMBER_LORA_GEMV_FUSED=$fused (round $round)"
+        EMBER_LORA_GEMV_FUSED=$fused lorabench 120 1 64 128 1
+      done
+    done
+    ;;
+  lorachain)  # where the fused GEMV's graph steps differ: the chain test in full, lora_test
+    # with the fused path launched one by one (EMBER_CUDA_GRAPHS=0) and in graphs
+    timeout 120 "$B/cuda_ops_test" --gtest_filter='FusedGemvLoraChain.*' 2>&1 |
+      grep -E 'fused|fold|layer|largest|step [0-9]|OK \]|FAILED  \]' | sed 's/.*cc:[0-9]*: //' |
+      paste -sd' ' | sed 's/\[ *\(OK\|FAILED\) *\]/\n&/g' | cut -c1-1500
+    for g in 0 1; do
+      echo "== lora_test CudaLoraParity, EMBER_LORA_GEMV_FUSED=1 EMBER_CUDA_GRAPHS=$g"
+      EMBER_CUDA_GRAPHS=$g EMBER_LORA_GEMV_FUSED=1 timeout 120 "$B/lora_test" \
+        --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
+        grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -30
+    done
+    ;;
+  lorafull)
+    synth llama-3.1-8b 0 /tmp/s8
+    for fused in 1 0 1 0; do
+      echo "-- whole 8B, batch 1, EMBER_LORA_GEMV_FUSED=$fused"
+      EMBER_LORA_GEMV_FUSED=$fused lorabench 200 1 64 128 1 /tmp/s8
     done
     ;;
   loraprof)

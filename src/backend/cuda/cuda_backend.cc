@@ -60,7 +60,7 @@ ElemType ToElemType(DType t) {
 CudaBackend::CudaBackend(int device, const CudaBackendOptions& options, RuntimeSwitches switches)
     : device_(device),
       f32_compute_(options.f32_compute),
-      use_graphs_(options.cuda_graphs),
+      use_graphs_(options.cuda_graphs && switches.graphs),
       always_invariant_(options.batch_invariant && !options.f32_compute),
       batch_invariant_(always_invariant_),
       kv_f32_(options.kv_f32),

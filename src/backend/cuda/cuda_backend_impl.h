@@ -163,6 +163,7 @@ struct PartsLaunch {
   size_t hint = 0;          // kGemv: this launch's entry of CudaBackend::gemv_next_
   int num_parts = 0;
   std::array<GemvPart, kGemvMaxParts> parts{};
+  std::optional<GemvLora> lora;  // kGemv: a batch-1 LoRA update inside the launch
 };
 
 class CudaBackend final : public Backend {
@@ -360,7 +361,9 @@ class CudaBackend final : public Backend {
                      const Tensor& up, const Tensor& out) const;
   void RecordGatedGemv(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                        GateActivation activation, Tensor gate, Tensor up, Tensor out,
-                       const float* bias_gate, const float* bias_up);
+                       const float* bias_gate, const float* bias_up,
+                       const GemvLora* lora = nullptr);
+  void RecordGemvWithLora(const Tensor& x, std::span<const MatMulPart> parts, const GemvLora& lora);
 
   // ---- LoRA (cuda_lora.cc) ----
   // The slot whose storage holds `p` (a matrix UploadLoraSlot made); `hint` is tried first.
@@ -374,6 +377,14 @@ class CudaBackend final : public Backend {
   void LoraUpdate(const Tensor& x, std::span<const LoraPart> parts, const float* const* bases);
   void RecordLoraDelta(const Tensor& x, std::span<const LoraPart> parts, DType wdtype, bool x_vec,
                        bool w_vec, const float* const* bases);
+  struct LoraTables {
+    DType wdtype = DType::kF32;
+    bool x_vec = false, w_vec = false;  // LoraDeltaArgs's
+  };
+  LoraTables BuildLoraTables(const Tensor& x, std::span<const LoraPart> parts);
+  const int32_t* StageLoraRows();
+  std::optional<GemvLora> StageGemvLora(const Tensor& x, std::span<const LoraPart> lora,
+                                        std::span<float* const> outs);
   // Whether `seg` of a LoraDeltaGroup over x takes cuBLAS GEMMs (RecordLoraGemms): at least
   // switches_.lora_gemm_rows rows, where the base MatMuls are cuBLAS's (bf16 x and weights).
   bool LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const;
@@ -571,6 +582,12 @@ class CudaBackend final : public Backend {
 
   // ---- LoRA adapters ----
   std::vector<DeviceBuffer> lora_slots_;  // by LoraSet slot: its matrices (UploadLoraSlot)
+  // GemvLora::sync: kGemvLoraSyncPairs counter pairs (zeroed once, zero between launches), the
+  // step's n-th fused launch taking pair n.
+  static constexpr size_t kGemvLoraSyncPairs = 1024;
+  DeviceBuffer gemv_lora_sync_;
+  uint64_t gemv_lora_step_ = 0;
+  size_t gemv_lora_launches_ = 0;
   int32_t lora_rank_cap_ = 0;             // the largest rank a LoraDelta has seen (grids, t)
   // LoraDelta's tables for one call: row -> slot (-1 none) and per part and slot its LoraEntry.
   std::vector<int32_t> lora_rows_;
@@ -588,6 +605,8 @@ class CudaBackend final : public Backend {
   size_t lora_stage_cap_ = 0, lora_stage_used_ = 0, lora_stage_sent_ = 0;
   size_t lora_stage_total_ = 0, lora_stage_hint_ = 0;
   // The last row table staged this step (a call with the same rows reuses it).
+  std::vector<int32_t> lora_staged_rows_;  // lora_rows_, then the rows' order (StageLoraRows)
+  std::vector<int32_t> lora_order_first_;  // StageLoraRows's counting sort
   std::vector<int32_t> lora_last_rows_;
   const int32_t* lora_last_rows_dev_ = nullptr;
   std::vector<uint64_t> lora_key_;  // LoraDelta's graph key

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,20 @@ void CudaBackend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> p
     Backend::MatMulGroupLora(x, parts, lora);
     return;
   }
+  // One launch for the GEMV and the update where the ring GEMV takes it.
+  float* outs[kMaxMatMulGroupParts] = {};
+  int64_t total = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    outs[p] = static_cast<float*>(parts[p].out.data);
+    total += parts[p].weight->rows();
+  }
+  if (parts.size() <= static_cast<size_t>(kGemvMaxParts) && GemvLoraFused(total, x.cols(), false)) {
+    if (const std::optional<GemvLora> fused =
+            StageGemvLora(x, lora, std::span<float* const>(outs, parts.size()))) {
+      RecordGemvWithLora(x, parts, *fused);
+      return;
+    }
+  }
   MatMulPart folded[kMaxMatMulGroupParts];
   std::copy(parts.begin(), parts.end(), folded);
   LoraPart updates[kMaxLoraKernelParts];
@@ -194,6 +209,11 @@ void CudaBackend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, co
     Backend::GateUpActivationLora(x, w_gate, w_up, activation, gate, up, out, lora);
     return;
   }
+  float* const outs[2] = {static_cast<float*>(gate.data), static_cast<float*>(up.data)};
+  if (const std::optional<GemvLora> fused = StageGemvLora(x, lora, outs)) {
+    RecordGatedGemv(x, w_gate, w_up, activation, gate, up, out, nullptr, nullptr, &*fused);
+    return;
+  }
   LoraPart updates[2];
   const float* biases[2] = {};  // gate's, up's
   const float* const zeros[kMaxLoraKernelParts] = {};
@@ -219,13 +239,25 @@ void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
   // (Overwrite writes a bias row its GEMV reads: it never comes without segments.)
   CHECK(bases == nullptr || segments_total > 0);
   if (segments_total == 0) return;
+  const LoraTables tables = BuildLoraTables(x, parts);
+  RecordLoraDelta(x, parts, tables.wdtype, tables.x_vec, tables.w_vec, bases);
+}
+
+// Checks the parts' segments and fills lora_rows_ (each row's slot, -1 none) and lora_entries_
+// ([part][slot]: the slot's matrices for the part's projection, rank 0 where it has none).
+CudaBackend::LoraTables CudaBackend::BuildLoraTables(const Tensor& x,
+                                                     std::span<const LoraPart> parts) {
   CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16) << DTypeName(x.dtype);
   const int64_t n = x.rows(), k = x.cols();
-  const DType wdtype = [&] {
+  size_t segments_total = 0;
+  for (const LoraPart& part : parts) segments_total += part.segments.size();
+  LoraTables tables;
+  tables.wdtype = [&] {
     for (const LoraPart& part : parts)
       if (!part.segments.empty()) return part.segments[0].a->dtype;
     return DType::kF32;
   }();
+  const DType wdtype = tables.wdtype;
   CHECK(wdtype == DType::kF32 || wdtype == DType::kBF16) << DTypeName(wdtype);
   const size_t slots = lora_slots_.size();
   lora_rows_.assign(static_cast<size_t>(n), -1);
@@ -267,7 +299,82 @@ void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
       lora_rank_cap_ = std::max(lora_rank_cap_, static_cast<int32_t>(rank));
     }
   }
-  RecordLoraDelta(x, parts, wdtype, x_vec, w_vec, bases);
+  tables.x_vec = x_vec;
+  tables.w_vec = w_vec;
+  return tables;
+}
+
+// lora_rows_ on the device, followed by the rows' order for the kernels (LoraDeltaArgs::row_order:
+// a stable sort by slot, the rows of no slot last); the step's previous copy where it holds the
+// same rows.
+const int32_t* CudaBackend::StageLoraRows() {
+  if (lora_stage_step_ == steps_begun_ && lora_last_rows_dev_ != nullptr &&
+      lora_last_rows_ == lora_rows_)
+    return lora_last_rows_dev_;
+  const size_t n = lora_rows_.size();
+  lora_staged_rows_.assign(lora_rows_.begin(), lora_rows_.end());
+  lora_staged_rows_.resize(2 * n);
+  // Counting sort: slot s's rows start at first[s + 1] (first[0]: the rows of no slot, placed
+  // last).
+  std::vector<int32_t>& first = lora_order_first_;
+  first.assign(lora_slots_.size() + 2, 0);
+  for (const int32_t slot : lora_rows_) ++first[static_cast<size_t>(slot) + 2];
+  first[1] = 0;
+  for (size_t s = 2; s < first.size(); ++s) first[s] += first[s - 1];
+  first[0] = first.back();  // the rows of no slot after every slot's
+  for (size_t r = 0; r < n; ++r) {
+    const size_t at = switches_.lora_row_order
+                          ? static_cast<size_t>(first[static_cast<size_t>(lora_rows_[r]) + 1]++)
+                          : r;
+    lora_staged_rows_[n + at] = static_cast<int32_t>(r);
+  }
+  const auto* dev = static_cast<const int32_t*>(
+      LoraStage(lora_staged_rows_.data(), lora_staged_rows_.size() * sizeof(int32_t)));
+  lora_last_rows_ = lora_rows_;
+  lora_last_rows_dev_ = dev;
+  return dev;
+}
+
+// The batch-1 update inside the GEMV launch over `outs` (GemvLora): the tables of `lora` staged,
+// each lora part matched to the GEMV part it adds to; nullopt where the launch cannot take it
+// (the switch off, f32 weights or x, a lora part whose output is no GEMV part).
+std::optional<GemvLora> CudaBackend::StageGemvLora(const Tensor& x, std::span<const LoraPart> lora,
+                                                   std::span<float* const> outs) {
+  if (!switches_.lora_gemv_fused || x.rows() != 1 || x.dtype != DType::kF32 || lora.empty() ||
+      lora.size() > static_cast<size_t>(kMaxLoraKernelParts))
+    return std::nullopt;
+  GemvLora l;
+  for (size_t i = 0; i < lora.size(); ++i) {
+    size_t p = 0;
+    while (p < outs.size() && outs[p] != lora[i].out.data) ++p;
+    if (p == outs.size() || l.lora_of[p] >= 0) return std::nullopt;
+    l.lora_of[p] = static_cast<int32_t>(i);
+    for (const LoraSegment& seg : lora[i].segments)
+      if (seg.a->dtype != DType::kBF16 || lora[i].out.dtype != DType::kF32) return std::nullopt;
+  }
+  (void)BuildLoraTables(x, lora);
+  l.row_entry = StageLoraRows();
+  l.entries = static_cast<const LoraEntry*>(
+      LoraStage(lora_entries_.data(), lora_entries_.size() * sizeof(LoraEntry)));
+  l.num_slots = static_cast<int32_t>(lora_slots_.size());
+  l.parts = static_cast<int32_t>(lora.size());
+  l.rank_cap = lora_rank_cap_;
+  // t of its own per launch (no later launch of the step writes it).
+  l.t = static_cast<float*>(ArenaAlloc(lora.size() * static_cast<size_t>(lora_rank_cap_) * 4));
+  // Each fused launch of a step has a counter pair of its own (the step's n-th such launch the
+  // n-th pair, so a same-shaped step replays with the same addresses), so no launch can see
+  // another's counts even where two of them overlap.
+  if (gemv_lora_sync_.data() == nullptr) {
+    gemv_lora_sync_ = DeviceBuffer(2 * sizeof(unsigned) * kGemvLoraSyncPairs);
+    CUDA_CHECK(cudaMemsetAsync(gemv_lora_sync_.data(), 0, gemv_lora_sync_.bytes(), stream()));
+  }
+  if (gemv_lora_step_ != steps_begun_) {
+    gemv_lora_step_ = steps_begun_;
+    gemv_lora_launches_ = 0;
+  }
+  l.sync = static_cast<unsigned*>(gemv_lora_sync_.data()) +
+           2 * (gemv_lora_launches_++ % kGemvLoraSyncPairs);
+  return l;
 }
 
 bool CudaBackend::LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const {
@@ -357,15 +464,8 @@ void CudaBackend::RecordLoraDelta(const Tensor& x, std::span<const LoraPart> par
                                   bool x_vec, bool w_vec, const float* const* bases) {
   const int64_t n = x.rows();
   LoraDeltaArgs args;
-  if (lora_stage_step_ != steps_begun_ || lora_last_rows_dev_ == nullptr ||
-      lora_last_rows_ != lora_rows_) {
-    args.row_entry = static_cast<const int32_t*>(
-        LoraStage(lora_rows_.data(), lora_rows_.size() * sizeof(int32_t)));
-    lora_last_rows_ = lora_rows_;
-    lora_last_rows_dev_ = args.row_entry;
-  } else {
-    args.row_entry = lora_last_rows_dev_;
-  }
+  args.row_entry = StageLoraRows();
+  args.row_order = args.row_entry + n;
   args.entries = static_cast<const LoraEntry*>(
       LoraStage(lora_entries_.data(), lora_entries_.size() * sizeof(LoraEntry)));
   args.num_slots = static_cast<int32_t>(lora_slots_.size());

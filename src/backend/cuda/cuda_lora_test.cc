@@ -10,10 +10,13 @@
 // One of the sources of the cuda_ops_test binary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -117,6 +120,33 @@ struct Mode {
   const char* name;
   bool f32, invariant, bf16_x, bf16_out;
 };
+
+// How a one-row MatMulGroupLora / GateUpActivationLora runs: the update inside the GEMV launch
+// (EMBER_LORA_GEMV_FUSED=1), as the GEMV's bias (the fold), or as the default's separate calls
+// (EMBER_LORA_BIAS_FOLD=0).
+enum class OneRow { kFused, kFold, kOff };
+const char* OneRowName(OneRow mode) {
+  return mode == OneRow::kFused ? "fused" : mode == OneRow::kFold ? "fold" : "fold off";
+}
+// A bf16-mode backend for `mode` (op profile on: the fused mode runs no LoraDelta op).
+// graphs: decode steps as captured graphs, else launched op by op (profiled: with events around
+// every op, else back to back).
+std::unique_ptr<Backend> MakeOneRow(OneRow mode, bool graphs = false, bool profiled = true) {
+  const ScopedEnv fold("EMBER_LORA_BIAS_FOLD", mode == OneRow::kOff ? "0" : "1");
+  const ScopedEnv fused("EMBER_LORA_GEMV_FUSED", mode == OneRow::kFused ? "1" : "0");
+  CudaBackendOptions options;
+  options.profile_ops = !graphs && profiled;
+  options.cuda_graphs = graphs;
+  auto r = CreateCudaBackend(0, options);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return std::move(r).value();
+}
+// Calls of op kind `op` so far (a profiled backend).
+int64_t OpCalls(Backend& be, const std::string& op) {
+  for (const CudaOpTime& t : CudaGetOpProfile(be))
+    if (t.op == op) return t.calls;
+  return 0;
+}
 
 TEST_F(CudaOpsTest, LoraDeltaMatchesTheCpuOnRandomSegments) {
   const int64_t n = 45, k = 200, m = 300;  // none a multiple of the kernels' tiles
@@ -307,20 +337,18 @@ TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
 }
 
 // One row on the GEMV (bf16 mode): MatMulGroupLora folds each update into its projection's
-// bias (the update written with the bias first, the GEMV adding it), which equals MatMulGroup then
-// LoraDeltaGroup up to the order of two float additions (relative L2 1e-6); a projection without
-// an update is untouched by the fold (bitwise), and with the fold off (EMBER_LORA_BIAS_FOLD=0)
-// the call is the default's two calls, bitwise.
+// bias (the update written with the bias first, the GEMV adding it), or computes it inside the
+// GEMV launch (fused: no LoraDelta op runs), which equals MatMulGroup then LoraDeltaGroup up to
+// the order of float additions (relative L2 1e-6); a projection without an update is untouched
+// by either (bitwise), and with the fold off (EMBER_LORA_BIAS_FOLD=0) the call is the default's
+// two calls, bitwise.
 TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
   const int64_t k = 256, rank = 16;
   const int64_t ms[3] = {128, 64, 64};  // q (biased), k (no adapter), v
-  for (const bool fold : {true, false}) {
-    SCOPED_TRACE(fold ? "fold" : "fold off");
-    std::unique_ptr<Backend> be;
-    {
-      const ScopedEnv env("EMBER_LORA_BIAS_FOLD", fold ? "1" : "0");
-      be = Make(false);
-    }
+  for (const OneRow mode : {OneRow::kFused, OneRow::kFold, OneRow::kOff}) {
+    SCOPED_TRACE(OneRowName(mode));
+    const bool fold = mode != OneRow::kOff;
+    std::unique_ptr<Backend> be = MakeOneRow(mode);
     Tensor w[3];
     for (int p = 0; p < 3; ++p)
       w[p] = Weight(*be, Random(static_cast<size_t>(ms[p] * k), 20 + static_cast<uint32_t>(p)),
@@ -357,7 +385,10 @@ TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
       for (const MatMulPart& part : parts) out.push_back(Download(*be, part.out));
       return out;
     };
-    const auto got = run(true), want = run(false);
+    const int64_t before = OpCalls(*be, "LoraDelta");
+    const auto got = run(true);
+    EXPECT_EQ(OpCalls(*be, "LoraDelta") - before, mode == OneRow::kFused ? 0 : 1);
+    const auto want = run(false);
     for (size_t p = 0; p < 3; ++p) {
       SCOPED_TRACE(testing::Message() << "part " << p);
       ExpectSameOrClose(got[p], want[p], p == 1 || !fold, 1e-6);
@@ -371,15 +402,12 @@ TEST_F(CudaOpsTest, MatMulGroupLoraFoldsTheUpdateIntoTheGemvBias) {
 // within relative L2 1e-5); an adapter on up alone; with the fold off, bitwise the default's.
 TEST_F(CudaOpsTest, GateUpActivationLoraFoldsTheUpdatesIntoTheGatedGemv) {
   const int64_t k = 2048, m = 1000, rank = 16;
-  for (const bool fold : {true, false}) {
+  for (const OneRow mode : {OneRow::kFused, OneRow::kFold, OneRow::kOff}) {
     for (const bool gate_too : {true, false}) {
       SCOPED_TRACE(testing::Message()
-                   << (fold ? "fold" : "fold off") << (gate_too ? ", gate and up" : ", up alone"));
-      std::unique_ptr<Backend> be;
-      {
-        const ScopedEnv env("EMBER_LORA_BIAS_FOLD", fold ? "1" : "0");
-        be = Make(false);
-      }
+                   << OneRowName(mode) << (gate_too ? ", gate and up" : ", up alone"));
+      const bool fold = mode != OneRow::kOff;
+      std::unique_ptr<Backend> be = MakeOneRow(mode);
       Tensor wg = Weight(*be, Random(static_cast<size_t>(m * k), 40, 0.05f), {m, k});
       Tensor wu = Weight(*be, Random(static_cast<size_t>(m * k), 41, 0.05f), {m, k});
       const HostAdapter ag = RandomAdapter(rank, k, m, 42, true);
@@ -412,7 +440,10 @@ TEST_F(CudaOpsTest, GateUpActivationLoraFoldsTheUpdatesIntoTheGatedGemv) {
         return std::vector<std::vector<float>>{Download(*be, gate), Download(*be, up),
                                                Download(*be, act)};
       };
-      const auto got = run(true), want = run(false);
+      const int64_t before = OpCalls(*be, "LoraDelta");
+      const auto got = run(true);
+      EXPECT_EQ(OpCalls(*be, "LoraDelta") - before, mode == OneRow::kFused ? 0 : 1);
+      const auto want = run(false);
       for (size_t i = 0; i < 3; ++i) {
         SCOPED_TRACE(testing::Message() << "output " << i);
         ExpectSameOrClose(got[i], want[i], !fold, 1e-5);
@@ -456,6 +487,156 @@ TEST_F(CudaOpsTest, LoraDeltaInDecodeGraphs) {
   const CudaGraphStats stats = CudaGetGraphStats(be);
   EXPECT_EQ(stats.captures, 1) << "step 2's new mix is data, not a new graph";
   EXPECT_EQ(stats.replays, 3);
+}
+
+// Batch-1 decode steps with the update inside the GEMV launch (fused), replayed from one captured
+// graph while the step's adapter alternates between two slots: each step equals the separate
+// calls (fold off, no graphs) within relative L2 1e-6 (the key holds the tables' addresses, so
+// the replays read each step's slot).
+TEST_F(CudaOpsTest, FusedGemvLoraReplaysForEveryAdapter) {
+  const int64_t k = 512, m = 384;
+  auto fused = MakeOneRow(OneRow::kFused, /*graphs=*/true);
+  auto plain = MakeOneRow(OneRow::kOff);
+  const std::vector<HostAdapter> ads = {RandomAdapter(16, k, m, 50, true),
+                                        RandomAdapter(8, k, m, 52, true)};
+  const std::vector<float> w_host = Random(static_cast<size_t>(m * k), 54);
+  Tensor w[2] = {Weight(*fused, w_host, {m, k}), Weight(*plain, w_host, {m, k})};
+  const auto fused_slots = UploadSlots(*fused, ads, k, m);
+  const auto plain_slots = UploadSlots(*plain, ads, k, m);
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step << ", adapter " << step % 2);
+    const std::vector<float> x = Random(static_cast<size_t>(k), 60 + static_cast<uint32_t>(step));
+    std::vector<float> outs[2];
+    for (int b = 0; b < 2; ++b) {
+      Backend& be = b == 0 ? *fused : *plain;
+      const auto& slots = b == 0 ? fused_slots : plain_slots;
+      BatchPlan plan;
+      plan.AddSequence({1}, 5, {0}, true);
+      ASSERT_TRUE(be.BeginStep(plan).ok());
+      Tensor xt = Upload(be, x, {1, k});
+      const MatMulPart part{&w[b], nullptr, be.Alloc({1, m})};
+      const LoraSegment seg[] = {{0, 1, &slots[static_cast<size_t>(step % 2)][0],
+                                  &slots[static_cast<size_t>(step % 2)][1]}};
+      const LoraPart lora[] = {{seg, part.out}};
+      be.MatMulGroupLora(xt, std::span<const MatMulPart>(&part, 1), lora);
+      outs[b] = Download(be, part.out);
+    }
+    ExpectSameOrClose(outs[0], outs[1], false, 1e-6);
+  }
+  const CudaGraphStats stats = CudaGetGraphStats(*fused);
+  EXPECT_EQ(stats.captures, 1) << "another slot's adapter is data, not a new graph";
+  EXPECT_EQ(stats.replays, 3);
+}
+
+// Several fused launches in one decode step, as a model's layers make them (the shapes of the qwen3
+// fixture, whose CudaLoraParity failed with the fused path in session 48: k 64, q/k/v 128/64/64
+// rows, adapters of rank 8 on q and v; between two layers an RmsNorm of the step's q into the next
+// layer's x), captured once and replayed: every layer's outputs equal the separate calls (fold off,
+// no graphs) within relative L2 1e-5, at every step; launched back to back without a graph as
+// well, where the launches overlap as in the graph (programmatic dependent launch) but no graph
+// is captured.
+class FusedGemvLoraChain : public CudaOpsTest {
+ protected:
+  // mode: the one-row path under test (against the fold off, profiled); norm: each layer's x
+  // the RmsNorm of the previous layer's q (else every layer reads the step's x).
+  void Check(bool graphs, OneRow mode = OneRow::kFused, bool norm = true);
+};
+void FusedGemvLoraChain::Check(bool graphs, OneRow mode, bool norm) {
+  SCOPED_TRACE(testing::Message() << OneRowName(mode) << ", "
+                                  << (graphs ? "graphs" : "launched one by one")
+                                  << (norm ? ", x normed from q" : ", one x"));
+  const int64_t k = 64, rank = 8, layers = 3;
+  const int64_t ms[3] = {128, 64, 64};
+  auto fused = MakeOneRow(mode, graphs, /*profiled=*/false);
+  auto plain = MakeOneRow(OneRow::kOff);
+  Backend* bes[2] = {fused.get(), plain.get()};
+  // Per layer: w_q, w_k, w_v, and the adapter's q and v matrices (slot 0: layer by layer, q's a,
+  // b then v's a, b).
+  std::vector<std::vector<float>> w_host;
+  std::vector<HostAdapter> aq, av;
+  std::vector<LoraHostMatrix> mats;
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int p = 0; p < 3; ++p)
+      w_host.push_back(
+          Random(static_cast<size_t>(ms[p] * k), 70 + static_cast<uint32_t>(3 * l + p)));
+    aq.push_back(RandomAdapter(rank, k, ms[0], 80 + static_cast<uint32_t>(4 * l), true));
+    av.push_back(RandomAdapter(rank, k, ms[2], 82 + static_cast<uint32_t>(4 * l), true));
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    mats.insert(mats.end(), {{aq[i].a.data(), rank, k},
+                             {aq[i].b.data(), ms[0], rank},
+                             {av[i].a.data(), rank, k},
+                             {av[i].b.data(), ms[2], rank}});
+  }
+  std::vector<Tensor> w[2];
+  std::vector<Tensor> slot[2];
+  for (int b = 0; b < 2; ++b) {
+    for (size_t i = 0; i < w_host.size(); ++i)
+      w[b].push_back(Weight(*bes[b], w_host[i], {ms[i % 3], k}));
+    auto up = bes[b]->UploadLoraSlot(0, mats);
+    ASSERT_TRUE(up.ok()) << up.status().message();
+    slot[b] = std::move(up).value();
+  }
+  const std::vector<float> norm_w = Random(static_cast<size_t>(k), 90);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    const std::vector<float> x0 = Random(static_cast<size_t>(k), 100 + static_cast<uint32_t>(step));
+    std::vector<std::vector<float>> outs[2];
+    for (int b = 0; b < 2; ++b) {
+      Backend& be = *bes[b];
+      BatchPlan plan;
+      plan.AddSequence({1}, 5, {0}, true);
+      ASSERT_TRUE(be.BeginStep(plan).ok());
+      Tensor nw = Upload(be, norm_w, {k});
+      Tensor x = Upload(be, x0, {1, k});
+      std::vector<Tensor> results;  // downloaded after the step, so its launches run as one
+      for (int64_t l = 0; l < layers; ++l) {
+        const size_t i = static_cast<size_t>(l);
+        MatMulPart parts[3];
+        for (int p = 0; p < 3; ++p)
+          parts[p] =
+              MatMulPart{&w[b][3 * i + static_cast<size_t>(p)], nullptr, be.Alloc({1, ms[p]})};
+        const LoraSegment seg_q[] = {{0, 1, &slot[b][4 * i], &slot[b][4 * i + 1]}};
+        const LoraSegment seg_v[] = {{0, 1, &slot[b][4 * i + 2], &slot[b][4 * i + 3]}};
+        const LoraPart lora[] = {{seg_q, parts[0].out}, {seg_v, parts[2].out}};
+        be.MatMulGroupLora(x, parts, lora);
+        for (const MatMulPart& part : parts) results.push_back(part.out);
+        // The next layer's x: an RmsNorm of q's first k columns (a kernel between the launches).
+        if (!norm) continue;
+        Tensor q_head = parts[0].out;
+        q_head.shape[1] = k;  // the first k of q's 128 columns (one row: contiguous)
+        Tensor next = be.Alloc({1, k});
+        be.RmsNorm(q_head, nw, 1e-6f, RmsNormKind::kPlain, next);
+        x = next;
+      }
+      for (const Tensor& r : results) outs[b].push_back(Download(be, r));
+    }
+    ASSERT_EQ(outs[0].size(), outs[1].size());
+    for (size_t o = 0; o < outs[0].size(); ++o) {
+      SCOPED_TRACE(testing::Message() << "layer " << o / 3 << ", part " << o % 3);
+      float worst = 0;
+      for (size_t i = 0; i < outs[0][o].size(); ++i)
+        worst = std::max(worst, std::abs(outs[0][o][i] - outs[1][o][i]));
+      SCOPED_TRACE(testing::Message() << "largest difference " << worst);
+      ExpectSameOrClose(outs[0][o], outs[1][o], false, 1e-5);
+    }
+  }
+}
+TEST_F(FusedGemvLoraChain, LayersLaunchedOneByOne) {
+  Check(false);
+}
+TEST_F(FusedGemvLoraChain, LayersInOneGraphStep) {
+  Check(true);
+}
+TEST_F(FusedGemvLoraChain, LayersOfOneXInOneGraphStep) {
+  Check(true, OneRow::kFused, false);
+}
+TEST_F(FusedGemvLoraChain, FoldedLayersInOneGraphStep) {
+  Check(true, OneRow::kFold);
+}
+TEST_F(FusedGemvLoraChain, FoldedLayersLaunchedOneByOne) {
+  Check(false, OneRow::kFold);
 }
 
 }  // namespace

@@ -15,6 +15,18 @@
 namespace ember::cuda {
 namespace {
 
+// A GEMV launch's LoRA update in its graph key: the tables' and buffers' addresses and the
+// shapes, never what the tables hold (a replay serves whatever adapter the step's row names).
+constexpr size_t kGemvLoraKeyWords = 8 + kGemvMaxParts;
+size_t GemvLoraKey(const GemvLora& l, uint64_t* key) {
+  size_t n = 0;
+  for (uint64_t v : {uint64_t{1}, KeyOf(l.row_entry), KeyOf(l.entries), U(l.num_slots), U(l.parts),
+                     U(l.rank_cap), KeyOf(l.t), KeyOf(l.sync)})
+    key[n++] = v;
+  for (int i = 0; i < kGemvMaxParts; ++i) key[n++] = U(l.lora_of[i]);
+  return n;
+}
+
 cudaDataType_t ToCudaType(DType t) {
   switch (t) {
     case DType::kF16:
@@ -128,6 +140,26 @@ void CudaBackend::MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts
   if (cublas) RecordCublasGroup(*cublas);
 }
 
+// MatMulGroup's one GEMV launch over every part, with the batch-1 LoRA update `lora` inside it
+// (MatMulGroupLora; the caller checked that the ring GEMV takes the parts: GemvLoraFused).
+void CudaBackend::RecordGemvWithLora(const Tensor& x, std::span<const MatMulPart> parts,
+                                     const GemvLora& lora) {
+  CHECK(!parts.empty() && parts.size() <= static_cast<size_t>(kGemvMaxParts));
+  std::optional<PartsLaunch> launch;
+  for (const MatMulPart& part : parts) {
+    const Tensor& weight = *part.weight;
+    CHECK_GT(CheckMatMul(x, weight, part.bias, part.out), 0);
+    CHECK(MatMulPathOf(x, weight) == MatMulPath::kGemv);
+    const GemvPart gemv{weight.data,
+                        part.bias != nullptr ? static_cast<const float*>(part.bias->data) : nullptr,
+                        static_cast<float*>(part.out.data), weight.rows()};
+    AddToPartsLaunch(MatMulPath::kGemv, x, gemv, launch);
+  }
+  CHECK_EQ(launch->num_parts, static_cast<int>(parts.size()));
+  launch->lora = lora;
+  RecordPartsLaunch(*launch);
+}
+
 void CudaBackend::AddToPartsLaunch(MatMulPath path, const Tensor& x, const GemvPart& part,
                                    std::optional<PartsLaunch>& launch) {
   const int64_t n = x.rows(), k = x.cols();
@@ -159,19 +191,21 @@ void CudaBackend::AddToPartsLaunch(MatMulPath path, const Tensor& x, const GemvP
 }
 
 void CudaBackend::RecordPartsLaunch(const PartsLaunch& l) {
-  std::array<uint64_t, 5 + 4 * kGemvMaxParts> key = {KeyOf(l.x), U(l.n), U(l.k), U(l.num_parts),
-                                                     KeyOf(l.scratch)};
+  std::array<uint64_t, 5 + 4 * kGemvMaxParts + kGemvLoraKeyWords> key = {
+      KeyOf(l.x), U(l.n), U(l.k), U(l.num_parts), KeyOf(l.scratch)};
   size_t key_len = 5;
   for (int i = 0; i < l.num_parts; ++i) {
     const GemvPart& p = l.parts[static_cast<size_t>(i)];
     for (uint64_t v : {KeyOf(p.w), KeyOf(p.bias), KeyOf(p.out), U(p.m)}) key[key_len++] = v;
   }
+  if (l.lora) key_len += GemvLoraKey(*l.lora, key.data() + key_len);
   const std::span<const uint64_t> words(key.data(), key_len);
   if (l.path == MatMulPath::kGemv) {
     // The prefetch target is read when the op launches (Flush), after the whole step is recorded.
     const std::vector<GemvPrefetch>* hints = &gemv_next_;
     recorder_.Record(OpKind::kMatMulGemv, words, [l, hints](cudaStream_t st) {
-      LaunchGemvBf16Multi(l.x, l.parts.data(), l.num_parts, l.k, (*hints)[l.hint], st);
+      LaunchGemvBf16Multi(l.x, l.parts.data(), l.num_parts, l.k, (*hints)[l.hint], st, {},
+                          l.lora ? &*l.lora : nullptr);
     });
   } else {
     const int variant = switches_.gemm_tiled_variant;
@@ -275,7 +309,8 @@ void CudaBackend::GateUpActivation(const Tensor& x, const Tensor& w_gate, const 
 
 void CudaBackend::RecordGatedGemv(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                                   GateActivation activation, Tensor gate, Tensor up, Tensor out,
-                                  const float* bias_gate, const float* bias_up) {
+                                  const float* bias_gate, const float* bias_up,
+                                  const GemvLora* lora) {
   const int64_t n = gate.numel(), k = x.cols();
   CheckMatMul(x, w_gate, nullptr, gate);
   CheckMatMul(x, w_up, nullptr, up);
@@ -292,13 +327,28 @@ void CudaBackend::RecordGatedGemv(const Tensor& x, const Tensor& w_gate, const T
   const size_t hint = gemv_next_.size() - 1;
   const float* xp = static_cast<const float*>(x.data);
   const GemvGatedOut gated{static_cast<float*>(out.data), gelu};
-  recorder_.Record(
-      OpKind::kMatMulGemvActivation,
-      {KeyOf(xp), U(k), U(gelu), KeyOf(out.data), U(n), KeyOf(parts[0].w), KeyOf(parts[0].bias),
-       KeyOf(parts[0].out), KeyOf(parts[1].w), KeyOf(parts[1].bias), KeyOf(parts[1].out)},
-      [=](cudaStream_t st) {
-        LaunchGemvBf16Multi(xp, parts.data(), 2, k, (*hints)[hint], st, gated);
-      });
+  std::array<uint64_t, 11 + kGemvLoraKeyWords> key = {KeyOf(xp),
+                                                      U(k),
+                                                      U(gelu),
+                                                      KeyOf(out.data),
+                                                      U(n),
+                                                      KeyOf(parts[0].w),
+                                                      KeyOf(parts[0].bias),
+                                                      KeyOf(parts[0].out),
+                                                      KeyOf(parts[1].w),
+                                                      KeyOf(parts[1].bias),
+                                                      KeyOf(parts[1].out)};
+  size_t key_len = 11;
+  std::optional<GemvLora> fused;
+  if (lora != nullptr) {
+    fused = *lora;
+    key_len += GemvLoraKey(*lora, key.data() + key_len);
+  }
+  recorder_.Record(OpKind::kMatMulGemvActivation, std::span<const uint64_t>(key.data(), key_len),
+                   [=](cudaStream_t st) {
+                     LaunchGemvBf16Multi(xp, parts.data(), 2, k, (*hints)[hint], st, gated,
+                                         fused ? &*fused : nullptr);
+                   });
 }
 
 }  // namespace ember::cuda

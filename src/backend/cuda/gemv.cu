@@ -12,6 +12,10 @@
 // the L2 for their first 4 MB as it finishes, so the DRAM streams on through this launch's tail and
 // the small kernels in between. 2..8 rows of x take gemm_invariant.cu, which streams the weights
 // once for all rows instead of re-reading every x row per weight load.
+// With a LoRA update (GemvLora, the ring kernel only), one launch does the whole batch-1 update
+// as well: an extra warp per block computes the shrink t = x a^T, one rank index of one part at a
+// time over the grid, and publishes its count; each output row, once the count is complete, adds
+// t b^T to its sum (with the bias). Rows wait only at their store, long after the shrink is done.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -67,6 +71,7 @@ struct GemvParams {
   const unsigned char* prefetch;
   int64_t prefetch_bytes, prefetch_chunk;
   unsigned prefetch_block;
+  GemvLora lora;  // the ring kernel's LoRA update (kLora)
 };
 
 // Asks the L2 for [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned); no completion.
@@ -279,8 +284,111 @@ __device__ __forceinline__ float FoldRows4(const float (&p)[kFoldRows], int lane
   return z;  // the sum of p[2 * hi16 + hi8] over the warp, in every lane of the 8 sharing it
 }
 
-// At most 112 registers, so the small kernels before and after it fit beside a block.
-template <bool kGated>
+// The LoRA update's parts for the row's slot (none: slot < 0): each part's entry and the total of
+// their ranks (the shrink's rows over the grid).
+struct LoraRowEntries {
+  LoraEntry part[kMaxLoraKernelParts];
+  int32_t total = 0;
+};
+__device__ __forceinline__ LoraRowEntries LoraEntriesOf(const GemvLora& l) {
+  LoraRowEntries e;
+  const int32_t slot = *l.row_entry;
+#pragma unroll
+  for (int i = 0; i < kMaxLoraKernelParts; ++i) {
+    if (slot >= 0 && i < l.parts) e.part[i] = l.entries[int64_t{i} * l.num_slots + slot];
+    e.total += e.part[i].rank;
+  }
+  return e;
+}
+
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The LoRA warp of a ring block: the shrink rows blockIdx.x, blockIdx.x + gridDim.x, ... of the
+// concatenated parts' ranks, t[part * rank_cap + j] = x . a_part[j] (lane strides of 8 elements,
+// then the warp sum), then their count added to l.sync[0].
+__device__ __forceinline__ void LoraShrinkRows(const GemvLora& l, const LoraRowEntries& e,
+                                               const float* __restrict__ x, int64_t k, int lane) {
+  unsigned done = 0;
+  for (int32_t row = blockIdx.x; row < e.total; row += gridDim.x) {
+    const int part = (row >= e.part[0].rank) + (row >= e.part[0].rank + e.part[1].rank);
+    const LoraEntry en = part == 0 ? e.part[0] : part == 1 ? e.part[1] : e.part[2];
+    const int32_t j = row - (part == 0   ? 0
+                             : part == 1 ? e.part[0].rank
+                                         : e.part[0].rank + e.part[1].rank);
+    const __nv_bfloat16* a = static_cast<const __nv_bfloat16*>(en.a) + int64_t{j} * k;
+    float acc = 0.f;
+    for (int64_t c = int64_t{lane} * 8; c < k; c += 32 * 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(a + c);
+      const float4 x0 = *reinterpret_cast<const float4*>(x + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(x + c + 4);
+      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      acc += Dot8(w, xv);
+    }
+    acc = WarpSum(acc);
+    if (lane == 0) l.t[part * l.rank_cap + j] = acc;
+    ++done;
+  }
+  if (lane == 0 && done > 0) {
+    __threadfence();
+    atomicAdd(l.sync, done);
+  }
+}
+
+// Row `local` of GEMV part `part`'s LoRA term, t_part . b_part[local] (j in order), once all
+// `total` shrink rows of the launch are published; 0 where the part has no update (slot: the
+// row's, -1 none).
+__device__ __forceinline__ float LoraRowTerm(const GemvLora& l, int32_t slot, int32_t total,
+                                             int part, int64_t local, bool& waited) {
+  const int li = part == 0 ? l.lora_of[0] : part == 1 ? l.lora_of[1] : l.lora_of[2];
+  if (li < 0 || slot < 0) return 0.f;
+  const LoraEntry en = l.entries[int64_t{li} * l.num_slots + slot];
+  if (en.rank == 0) return 0.f;
+  if (!waited) {
+    while (LoadAcquire(l.sync) < static_cast<unsigned>(total)) __nanosleep(32);
+    waited = true;
+  }
+  const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(en.b) + local * en.rank;
+  const float* t = l.t + li * l.rank_cap;
+  float acc = 0.f;
+  int32_t j = 0;
+  if (en.rank % 8 == 0 && l.rank_cap % 4 == 0 && reinterpret_cast<uintptr_t>(en.b) % 16 == 0) {
+    // 8 rank indices a step: one 16-byte load of b, two of t, all issued before the sums.
+    for (; j < en.rank; j += 8) {
+      const uint4 w = *reinterpret_cast<const uint4*>(b + j);
+      const float4 t0 = __ldcg(reinterpret_cast<const float4*>(t + j));
+      const float4 t1 = __ldcg(reinterpret_cast<const float4*>(t + j + 4));
+      const float tv[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc = fmaf(tv[2 * i], __uint_as_float(u[i] << 16), acc);
+        acc = fmaf(tv[2 * i + 1], __uint_as_float(u[i] & 0xffff0000u), acc);
+      }
+    }
+  }
+  for (; j < en.rank; ++j) acc = fmaf(__ldcg(t + j), __bfloat162float(b[j]), acc);
+  return acc;
+}
+
+// The end of a LoRA ring launch, for the consumer warps and the LoRA warp of every block: once
+// all of a block's waits are over, its count goes into l.sync[1], and the grid's last block
+// zeroes both counters for the next launch (which reads them only after its PdlWait, that is,
+// after this grid has completed).
+__device__ __forceinline__ void LoraLaunchEnd(const GemvLora& l) {
+  asm volatile("bar.sync 2, %0;" ::"r"((kRingConsumers + 1) * 32) : "memory");
+  if (threadIdx.x == 0 && atomicAdd(l.sync + 1, 1u) == gridDim.x - 1) {
+    l.sync[0] = 0;
+    l.sync[1] = 0;
+  }
+}
+
+// At most 112 registers, so the small kernels before and after it fit beside a block. kLora: one
+// more warp (the LoRA warp, after the producer), and p.lora's update added to every row's sum.
+template <bool kGated, bool kLora>
 __global__ void __maxnreg__(112)
     GemvRingKernel(const float* __restrict__ x, GemvParams p, int64_t k, int rows_per_stage,
                    int stages, float* __restrict__ gated_out, bool gelu) {
@@ -330,6 +438,12 @@ __global__ void __maxnreg__(112)
     if (gated) return row >> 1;
     return row - (part == 0 ? 0 : part == 1 ? p.end[0] : p.end[1]);
   };
+  if (kLora && warp == kRingConsumers + 1) {  // the LoRA warp: the shrink, then the end
+    PdlWait();
+    LoraShrinkRows(p.lora, LoraEntriesOf(p.lora), x, k, lane);
+    LoraLaunchEnd(p.lora);
+    return;
+  }
   if (warp == kRingConsumers) {
     if (lane != 0) return;
     const uint64_t policy = EvictFirstPolicy();
@@ -354,13 +468,23 @@ __global__ void __maxnreg__(112)
     }
     return;
   }
-  // Stores row's sum (+ bias) and returns the stored value.
+  int32_t lora_slot = -1, lora_total = 0;
+  if constexpr (kLora) {
+    const LoraRowEntries e = LoraEntriesOf(p.lora);
+    lora_slot = *p.lora.row_entry;
+    lora_total = e.total;
+  }
+  bool lora_waited = false;
+  // Stores row's sum (+ bias, + the LoRA term) and returns the stored value.
   auto row_sum_store = [&](int64_t row, float v) {
     const int part = part_of(row);
     const int64_t local = local_of(row, part);
     const float* bias = part == 0 ? p.bias[0] : part == 1 ? p.bias[1] : p.bias[2];
     float* out = part == 0 ? p.out[0] : part == 1 ? p.out[1] : p.out[2];
-    const float value = v + (bias != nullptr ? bias[local] : 0.f);
+    float add = bias != nullptr ? bias[local] : 0.f;
+    if constexpr (kLora)
+      add += LoraRowTerm(p.lora, lora_slot, lora_total, part, local, lora_waited);
+    const float value = v + add;
     out[local] = value;
     return value;
   };
@@ -432,7 +556,7 @@ __global__ void __maxnreg__(112)
     const int64_t s = s0 + ((lane >> 4) & 1) * 2 + ((lane >> 3) & 1);
     const int64_t row = row_begin + s * rows_per_stage + row_in_stage;
     if ((lane & 7) == 0 && s < num_stages && row < row_end) {
-      if (group == 1 && !gated) {
+      if (group == 1 && !gated && !kLora) {
         row_sum_store(row, sum);
       } else {
         partials[(row - row_begin) * group + g] = sum;
@@ -445,7 +569,9 @@ __global__ void __maxnreg__(112)
   TraceStamp();
   if (detail != nullptr) detail->drained = GlobalTimer();
 #endif
-  if (group > 1 || gated) {
+  // (kLora: every row is stored here, one a thread, so the rows' LoRA terms run side by side
+  // after the ring instead of inside the loop that drains it.)
+  if (group > 1 || gated || kLora) {
     // The row sums of the warps sharing each row, added in warp order (barrier 1: the consumers).
     asm volatile("bar.sync 1, %0;" ::"r"(kRingConsumers * 32) : "memory");
     auto row_total = [&](int64_t i) {
@@ -462,6 +588,7 @@ __global__ void __maxnreg__(112)
       for (int64_t i = threadIdx.x; i < row_end - row_begin; i += kRingConsumers * 32) row_total(i);
     }
   }
+  if constexpr (kLora) LoraLaunchEnd(p.lora);
 #ifdef EMBER_TRACE_GEMV
   if (threadIdx.x == 0) TraceStampLastBlock();
   if (detail != nullptr) detail->end = GlobalTimer();
@@ -487,7 +614,8 @@ constexpr int64_t kRingMaxSmem = 200 << 10;
 
 // The ring launch for `total` rows of k (gated: gate / up pairs) with at most ring_bytes of
 // stages, if the ring kernel can take them.
-bool RingPlanWithRing(int64_t total, int64_t k, bool gated, int64_t ring_bytes, RingPlan* plan) {
+bool RingPlanWithRing(int64_t total, int64_t k, bool gated, int64_t ring_bytes, RingPlan* plan,
+                      bool lora = false) {
   const int rows_per_stage = RingRowsPerStage(k);
   if (rows_per_stage == 0) return false;
   const int64_t stage_bytes = rows_per_stage * k * 2;
@@ -495,7 +623,7 @@ bool RingPlanWithRing(int64_t total, int64_t k, bool gated, int64_t ring_bytes, 
   const int64_t max_rows = gated ? 2 * ((total / 2 + sms - 1) / sms) : (total + sms - 1) / sms;
   const int64_t block_stages = (max_rows + rows_per_stage - 1) / rows_per_stage;
   const int64_t group = kRingConsumers / rows_per_stage;
-  const int64_t partial_bytes = group > 1 || gated ? max_rows * group * 4 : 0;
+  const int64_t partial_bytes = group > 1 || gated || lora ? max_rows * group * 4 : 0;
   const int64_t stages =
       std::min<int64_t>({int64_t{kRingMaxStages}, block_stages, ring_bytes / stage_bytes});
   if (stages < 1 || stages * stage_bytes + partial_bytes > kRingMaxSmem) return false;
@@ -526,8 +654,8 @@ int64_t RingPairSmem() {
 // the fastest gated ring on the 1B (o ring 64 KB), and 128 KB beats 160 on the 8B (o ring
 // 128 KB), where the rule picks it (docs/perf.md).
 constexpr int64_t kRingGatedKb = 160;
-bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan) {
-  if (!gated) return RingPlanWithRing(total, k, false, kRingBytes, plan);
+bool RingPlanFor(int64_t total, int64_t k, bool gated, RingPlan* plan, bool lora = false) {
+  if (!gated) return RingPlanWithRing(total, k, false, kRingBytes, plan, lora);
   RingPlan before;
   if (!RingPlanWithRing(k, k, false, kRingBytes, &before)) before.smem_bytes = 0;
   if (RingPlanWithRing(total, k, true, kRingGatedKb << 10, plan) &&
@@ -549,8 +677,14 @@ bool GemvGatedFused(int64_t m, int64_t k) {
   return RingPlanFor(2 * m, k, true, &plan);
 }
 
+bool GemvLoraFused(int64_t total, int64_t k, bool gated) {
+  RingPlan plan;
+  return RingPlanFor(total, k, gated, &plan, /*lora=*/true);
+}
+
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated) {
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated,
+                         const GemvLora* lora) {
   CHECK(num_parts >= 1 && num_parts <= kGemvMaxParts) << num_parts << " GEMV parts";
   CHECK(gated.out == nullptr || (num_parts == 2 && parts[0].m == parts[1].m))
       << "a gated GEMV takes the gate and the up part, of equal rows";
@@ -567,20 +701,31 @@ void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, i
   p.total = end;
   if (end == 0) return;
   RingPlan plan;
-  const bool ring = RingPlanFor(p.total, k, gated.out != nullptr, &plan);
+  const bool ring = RingPlanFor(p.total, k, gated.out != nullptr, &plan, lora != nullptr);
+  CHECK(ring || lora == nullptr) << "a GEMV with a LoRA update needs the ring kernel (k " << k
+                                 << ", " << p.total << " rows)";
   if (ring) {
     static const bool attr = [] {
-      for (auto kernel : {GemvRingKernel<false>, GemvRingKernel<true>}) {
+      for (auto kernel : {GemvRingKernel<false, false>, GemvRingKernel<true, false>,
+                          GemvRingKernel<false, true>, GemvRingKernel<true, true>}) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         kRingMaxSmem));
       }
       return true;
     }();
     (void)attr;
-    auto kernel = gated.out != nullptr ? GemvRingKernel<true> : GemvRingKernel<false>;
-    LaunchPdl(kernel, dim3(static_cast<unsigned>(CurrentDeviceSmCount())), dim3(kRingThreads),
-              static_cast<size_t>(plan.smem_bytes), stream, x, p, k, plan.rows_per_stage,
-              plan.stages, gated.out, gated.gelu);
+    const bool g = gated.out != nullptr;
+    if (lora != nullptr) {
+      CHECK(lora->parts >= 1 && lora->parts <= kMaxLoraKernelParts && lora->sync != nullptr &&
+            lora->t != nullptr && k % 8 == 0);
+      p.lora = *lora;
+    }
+    auto kernel = lora != nullptr
+                      ? (g ? GemvRingKernel<true, true> : GemvRingKernel<false, true>)
+                      : (g ? GemvRingKernel<true, false> : GemvRingKernel<false, false>);
+    LaunchPdl(kernel, dim3(static_cast<unsigned>(CurrentDeviceSmCount())),
+              dim3(kRingThreads + (lora != nullptr ? 32 : 0)), static_cast<size_t>(plan.smem_bytes),
+              stream, x, p, k, plan.rows_per_stage, plan.stages, gated.out, gated.gelu);
     return;
   }
   if (gated.out != nullptr) {  // the GEMV, then the activation

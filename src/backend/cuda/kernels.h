@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/lora.h"
+
 namespace ember::cuda {
 
 // Device copies of one step's BatchPlan (see backend/batch_plan.h).
@@ -97,8 +99,24 @@ struct GemvGatedOut {
   float* out = nullptr;
   bool gelu = false;
 };
+// A batch-1 LoRA update inside the GEMV launch (the ring kernel; GemvLoraFused says whether it
+// takes the launch): GEMV part p's rows get t_i b_i^T added, i = lora_of[p] (-1: none), where
+// t_i = x a_i^T, a_i / b_i (bf16) the entry of LoRA part i for the row's slot. The tables are
+// LoraDeltaArgs's (lora.h), staged before the step: *row_entry the slot (-1: no update at all),
+// entries [parts][num_slots]. t: scratch [parts * rank_cap] f32; sync: two unsigned counters,
+// zero before the launch, zero again after it.
+struct GemvLora {
+  const int32_t* row_entry = nullptr;
+  const LoraEntry* entries = nullptr;
+  int32_t num_slots = 0, parts = 0, rank_cap = 0;
+  int32_t lora_of[kGemvMaxParts] = {-1, -1, -1};
+  float* t = nullptr;
+  unsigned* sync = nullptr;
+};
+bool GemvLoraFused(int64_t total_rows, int64_t k, bool gated);
 void LaunchGemvBf16Multi(const float* x, const GemvPart* parts, int num_parts, int64_t k,
-                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated = {});
+                         GemvPrefetch next, cudaStream_t stream, GemvGatedOut gated = {},
+                         const GemvLora* lora = nullptr);
 // Whether a gated launch of m-row gate and up parts is one kernel (else it is the GEMV, then the
 // activation kernel).
 bool GemvGatedFused(int64_t m, int64_t k);

@@ -1,12 +1,14 @@
 // Backend::LoraDelta's kernels, BGMV-style: every row gathers its own adapter through its entry
 // index (LoraDeltaArgs::row_entry, -1: no adapter), so one launch pair serves any mix of adapters
 // and a decode graph captured once replays for every mix, and the outputs of one input
-// (LoraDeltaGroup's parts: q/k/v, gate/up) share it. A shrink t[row, j] = x[row] . a[j]
-// (a block per tile of kShrinkRows rows and rank index j, k split over its 256 threads in chunks
-// of 8 elements, 16-byte loads) and an expand out[row] += t[row] b^T (a thread per output column
-// and tile of kExpandRows rows, rank summed in chunks of 8). Rows of a tile on the same adapter
-// share each weight chunk's load. Each output element is summed in one fixed order that depends
-// only on its row (batch-invariant), in float32; the vector and scalar loads sum alike.
+// (LoraDeltaGroup's parts: q/k/v, gate/up) share it. Both kernels take the rows in the order of
+// LoraDeltaArgs::row_order (rows grouped by adapter), so the rows of one tile mostly share their
+// adapter and each weight chunk's load. A shrink t[row, j] = x[row] . a[j] (a block per tile of
+// kShrinkRows rows and rank index j, k split over its 256 threads in chunks of 8 elements,
+// 16-byte loads) and an expand
+// out[row] += t[row] b^T (a thread per output column and tile of kExpandRows rows, rank summed in
+// chunks of 8). Each output element is summed in one fixed order that depends only on its row
+// (batch-invariant), in float32; the vector and scalar loads sum alike.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -62,14 +64,14 @@ __device__ __forceinline__ void PrefetchChunk(const T* p, int64_t c) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p + c));
 }
 
-// t[row, part * rank_cap + j] for the rows [r0, r0 + kShrinkRows) and (part, rank index j) =
-// blockIdx.y's: each thread sums its chunks (c = 8 * thread + 2048 * i) in order, then the warp
+// t[row, part * rank_cap + j] for the rows row_order[r0, r0 + kShrinkRows) and (part, rank index j)
+// = blockIdx.y's: each thread sums its chunks (c = 8 * thread + 2048 * i) in order, then the warp
 // butterfly, then the warps' sums in warp order.
 template <typename XT, typename WT>
 __global__ void __launch_bounds__(kShrinkThreads)
-    LoraShrinkKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t num_slots,
-                     int32_t rank_cap, int32_t n, const XT* x, int64_t k, bool vec, float* t,
-                     int32_t t_stride) {
+    LoraShrinkKernel(const int32_t* row_entry, const int32_t* row_order, const LoraEntry* entries,
+                     int32_t num_slots, int32_t rank_cap, int32_t n, const XT* x, int64_t k,
+                     bool vec, float* t, int32_t t_stride) {
   __shared__ float partial[kShrinkWarps][kShrinkRows];
   const int32_t r0 = static_cast<int32_t>(blockIdx.x) * kShrinkRows;
   const int32_t part = static_cast<int32_t>(blockIdx.y) / rank_cap;
@@ -77,10 +79,12 @@ __global__ void __launch_bounds__(kShrinkThreads)
   const LoraEntry* part_entries = entries + int64_t{part} * num_slots;
   // The tables and weights were uploaded before the step's kernels: read before PdlWait.
   const WT* a[kShrinkRows];
+  int32_t rows[kShrinkRows];
   bool any = false;
 #pragma unroll
   for (int i = 0; i < kShrinkRows; ++i) {
-    const int32_t e = r0 + i < n ? row_entry[r0 + i] : -1;
+    rows[i] = r0 + i < n ? row_order[r0 + i] : -1;
+    const int32_t e = rows[i] >= 0 ? row_entry[rows[i]] : -1;
     a[i] = nullptr;
     if (e >= 0) {
       const LoraEntry en = part_entries[e];
@@ -93,7 +97,7 @@ __global__ void __launch_bounds__(kShrinkThreads)
     }
   }
   PdlTrigger();
-  PdlWait();  // every block, so that completion stays ordered through the chain (pdl.cuh)
+  PdlWait();         // every block, so that completion stays ordered through the chain (pdl.cuh)
   if (!any) return;  // the same for every thread of the block
   const int32_t t_col = part * rank_cap + j;
   float acc[kShrinkRows] = {};
@@ -109,7 +113,7 @@ __global__ void __launch_bounds__(kShrinkThreads)
         loaded = a[i];
       }
       float xv[kChunk];
-      LoadChunk(x + int64_t{r0 + i} * k, c, cnt, vec, xv);
+      LoadChunk(x + int64_t{rows[i]} * k, c, cnt, vec, xv);
 #pragma unroll
       for (int q = 0; q < kChunk; ++q)
         if (q < cnt) acc[i] = fmaf(xv[q], w[q], acc[i]);
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kShrinkThreads)
     if (threadIdx.x != static_cast<unsigned>(i) || a[i] == nullptr) continue;
     float sum = 0.0f;
     for (int w = 0; w < kShrinkWarps; ++w) sum += partial[w][i];
-    t[int64_t{r0 + i} * t_stride + t_col] = sum;
+    t[int64_t{rows[i]} * t_stride + t_col] = sum;
   }
 }
 
@@ -140,14 +144,14 @@ struct ExpandParts {
   bool overwrite;
 };
 
-// out[row, col] += sum_j t[row, part * rank_cap + j] b[col, j] for the rows [r0, r0 +
+// out[row, col] += sum_j t[row, part * rank_cap + j] b[col, j] for the rows row_order[r0, r0 +
 // kExpandRows) (blockIdx.y) and the columns of block blockIdx.x of its part, j in increasing
 // order.
 template <typename WT, typename OutT>
 __global__ void __launch_bounds__(kExpandThreads)
-    LoraExpandKernel(const int32_t* row_entry, const LoraEntry* entries, int32_t num_slots,
-                     int32_t rank_cap, int32_t n, const float* t, int32_t t_stride,
-                     ExpandParts parts, bool w_vec) {
+    LoraExpandKernel(const int32_t* row_entry, const int32_t* row_order, const LoraEntry* entries,
+                     int32_t num_slots, int32_t rank_cap, int32_t n, const float* t,
+                     int32_t t_stride, ExpandParts parts, bool w_vec) {
   __shared__ float ts[kExpandRows][kMaxLoraKernelRank];
   const int32_t r0 = static_cast<int32_t>(blockIdx.y) * kExpandRows;
   int32_t part = 0;
@@ -159,11 +163,12 @@ __global__ void __launch_bounds__(kExpandThreads)
   const int64_t col = int64_t{static_cast<int32_t>(blockIdx.x) - first_block} * kExpandThreads +
                       threadIdx.x;
   const WT* b[kExpandRows];
-  int32_t rank[kExpandRows];
+  int32_t rank[kExpandRows], rows[kExpandRows];
   int32_t max_rank = 0;
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i) {
-    const int32_t e = r0 + i < n ? row_entry[r0 + i] : -1;
+    rows[i] = r0 + i < n ? row_order[r0 + i] : -1;
+    const int32_t e = rows[i] >= 0 ? row_entry[rows[i]] : -1;
     b[i] = nullptr;
     rank[i] = 0;
     if (e >= 0) {
@@ -182,7 +187,7 @@ __global__ void __launch_bounds__(kExpandThreads)
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i)
     for (int32_t j = threadIdx.x; j < rank[i]; j += kExpandThreads)
-      ts[i][j] = t[int64_t{r0 + i} * t_stride + part * rank_cap + j];
+      ts[i][j] = t[int64_t{rows[i]} * t_stride + part * rank_cap + j];
   __syncthreads();
   if (col >= m) return;
   float acc[kExpandRows] = {};
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kExpandThreads)
     const float b0 = base != nullptr ? base[col] : 0.0f;
 #pragma unroll
     for (int i = 0; i < kExpandRows; ++i)
-      if (r0 + i < n) StoreVec<OutT, float>(out, int64_t{r0 + i} * m + col, b0 + acc[i]);
+      if (rows[i] >= 0) StoreVec<OutT, float>(out, int64_t{rows[i]} * m + col, b0 + acc[i]);
     return;
   }
   // out's rows read first, then written (a store that may alias the next row's load would make
@@ -216,10 +221,10 @@ __global__ void __launch_bounds__(kExpandThreads)
   float old[kExpandRows];
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i)
-    old[i] = rank[i] == 0 ? 0.0f : LoadVec<float>(out, int64_t{r0 + i} * m + col);
+    old[i] = rank[i] == 0 ? 0.0f : LoadVec<float>(out, int64_t{rows[i]} * m + col);
 #pragma unroll
   for (int i = 0; i < kExpandRows; ++i)
-    if (rank[i] != 0) StoreVec<OutT, float>(out, int64_t{r0 + i} * m + col, old[i] + acc[i]);
+    if (rank[i] != 0) StoreVec<OutT, float>(out, int64_t{rows[i]} * m + col, old[i] + acc[i]);
 }
 
 template <typename WT>
@@ -228,9 +233,8 @@ void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
   const dim3 shrink_grid((a.n + kShrinkRows - 1) / kShrinkRows, t_stride);
   auto shrink = [&](auto* x) {
     using XT = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-    LaunchPdl(LoraShrinkKernel<XT, WT>, shrink_grid, dim3(kShrinkThreads), 0, stream,
-              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, x, a.k, a.x_vec, a.t,
-              t_stride);
+    LaunchPdl(LoraShrinkKernel<XT, WT>, shrink_grid, dim3(kShrinkThreads), 0, stream, a.row_entry,
+              a.row_order, a.entries, a.num_slots, a.rank_cap, a.n, x, a.k, a.x_vec, a.t, t_stride);
   };
   DispatchIn(a.x, a.x_bf16, shrink);
   ExpandParts parts = {};
@@ -248,12 +252,12 @@ void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
   const dim3 expand_grid(static_cast<unsigned>(blocks), (a.n + kExpandRows - 1) / kExpandRows);
   if (a.out_bf16) {
     LaunchPdl(LoraExpandKernel<WT, __nv_bfloat16>, expand_grid, dim3(kExpandThreads), 0, stream,
-              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride, parts,
-              a.w_vec);
+              a.row_entry, a.row_order, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride,
+              parts, a.w_vec);
   } else {
     LaunchPdl(LoraExpandKernel<WT, float>, expand_grid, dim3(kExpandThreads), 0, stream,
-              a.row_entry, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride, parts,
-              a.w_vec);
+              a.row_entry, a.row_order, a.entries, a.num_slots, a.rank_cap, a.n, a.t, t_stride,
+              parts, a.w_vec);
   }
 }
 

@@ -22,6 +22,9 @@ constexpr int kMaxLoraKernelParts = 3;       // backend.h's kMaxLoraParts
 // Up to kMaxLoraKernelParts outputs of one x (Backend::LoraDeltaGroup) share the launches.
 struct LoraDeltaArgs {
   const int32_t* row_entry = nullptr;  // [n] on the device: each row's slot, -1 none
+  // [n] on the device: the rows in the order the kernels tile them (every row once; rows of one
+  // slot together, the rows of no slot last), so a tile's rows share their adapter's loads.
+  const int32_t* row_order = nullptr;
   // On the device, [part][num_slots]: part p's entry of slot s at p * num_slots + s.
   const LoraEntry* entries = nullptr;
   int32_t num_slots = 0;

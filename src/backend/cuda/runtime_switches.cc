@@ -22,6 +22,10 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
   s.gemm_tiled_variant = std::atoi(EnvString("EMBER_GEMM_VARIANT").c_str());
   if (const char* fold = std::getenv("EMBER_LORA_BIAS_FOLD"); fold != nullptr)
     s.lora_bias_fold = std::atoi(fold) != 0;
+  if (const std::string fused = EnvString("EMBER_LORA_GEMV_FUSED"); !fused.empty())
+    s.lora_gemv_fused = std::atoi(fused.c_str()) != 0;
+  if (const std::string order = EnvString("EMBER_LORA_ROW_ORDER"); !order.empty())
+    s.lora_row_order = std::atoi(order.c_str()) != 0;
   if (const std::string rows = EnvString("EMBER_LORA_GEMM_ROWS"); !rows.empty())
     s.lora_gemm_rows = std::atoll(rows.c_str());
   if (const std::string flash = EnvString("EMBER_MLA_FLASH"); !flash.empty())
@@ -35,6 +39,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.kv_direct = std::atoi(direct.c_str()) != 0;
   if (const std::string shared = EnvString("EMBER_KV_DIRECT_SHARED"); !shared.empty())
     s.kv_direct_shared = std::atoi(shared.c_str()) != 0;
+  if (const std::string graphs = EnvString("EMBER_CUDA_GRAPHS"); !graphs.empty())
+    s.graphs = std::atoi(graphs.c_str()) != 0;
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");
   s.trace_out = EnvString("EMBER_CUDA_TRACE_OUT");
   return s;

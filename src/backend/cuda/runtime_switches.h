@@ -47,6 +47,16 @@ struct RuntimeSwitches {
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
+  // EMBER_LORA_GEMV_FUSED=1: with the fold, the whole batch-1 update inside the ring GEMV's
+  // launch (gemv.cu's LoRA warp: shrink, then each row's t b^T at its store) instead of the two
+  // update launches before it. Off until it has run against its tests on a GPU (session 48).
+  bool lora_gemv_fused = false;
+  // EMBER_LORA_ROW_ORDER=0: LoraDelta's kernels tile the rows in row order instead of grouped by
+  // adapter (an A/B knob; the same arithmetic per row either way).
+  bool lora_row_order = true;
+  // EMBER_CUDA_GRAPHS=0: decode steps launch their ops one by one instead of as a captured graph
+  // (a diagnostic: where a result differs with graphs, whether the graph is the cause).
+  bool graphs = true;
   // EMBER_CUDA_PROFILE_OUT=FILE: time every op kind with events and append the totals to FILE
   // when the backend goes away (for programs that cannot call CudaGetOpProfile).
   std::string profile_out;
