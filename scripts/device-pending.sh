@@ -21,7 +21,8 @@
 #             (decode) and the issue's 128 x (512 + 128), 8 and 32 adapters mixed, 8B cut to 8
 #             layers; LORA_SHAPES picks the shapes, LORA_GEMM_ROWS=N moves the cuBLAS
 #             segments' threshold
-#     lorafused  the batch-1 LoRA update inside the GEMV launch (EMBER_LORA_GEMV_FUSED=1): the
+#     lorafused  the batch-1 LoRA update inside the GEMV launch (the default since session 49;
+#             EMBER_LORA_GEMV_FUSED=0: two launches before it, the bias fold): the
 #             LoRA op tests, lora_test's CUDA parity with it off, on, and on without graphs, the
 #             engine tests with it, then batch-1 lora_bench fused against the bias fold (8B cut to 8 layers, rank 16)
 #     lorachain  the fused GEMV's chain test in full, and lora_test with it launched one by one
@@ -160,6 +161,7 @@ case "${1:-}" in
     ;;
   lorachain)  # where the fused GEMV's graph steps differ: the chain test in full, lora_test
     # with the fused path launched one by one (EMBER_CUDA_GRAPHS=0) and in graphs
+    TL=240 t "$B/cuda_ops_test" --gtest_filter='*Lora*'
     timeout 120 "$B/cuda_ops_test" --gtest_filter='FusedGemvLoraChain.*' 2>&1 |
       grep -E 'fused|fold|layer|largest|step [0-9]|OK \]|FAILED  \]' | sed 's/.*cc:[0-9]*: //' |
       paste -sd' ' | sed 's/\[ *\(OK\|FAILED\) *\]/\n&/g' | cut -c1-1500
@@ -169,6 +171,7 @@ case "${1:-}" in
         --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
         grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -30
     done
+    EMBER_LORA_GEMV_FUSED=1 t "$B/engine_test" --gtest_filter='*Lora*'
     ;;
   lorafull)
     synth llama-3.1-8b 0 /tmp/s8

@@ -284,6 +284,18 @@ __device__ __forceinline__ float FoldRows4(const float (&p)[kFoldRows], int lane
   return z;  // the sum of p[2 * hi16 + hi8] over the warp, in every lane of the 8 sharing it
 }
 
+// x's float4 i. kLora: through the L2 (ld.global.cg), never the read-only path: a fused LoRA
+// launch holds its blocks long after its dependents launched (programmatic dependent launch), so
+// the kernel after the next one can be resident while x's producer still runs, and a
+// non-coherent load of x (what const __restrict__ allows the compiler) may be served before the
+// producer's stores. Session 49: with graphs, a fused launch fed by an RmsNorm of the previous
+// fused launch's output read a stale x.
+template <bool kLora>
+__device__ __forceinline__ float4 LoadX(const float* x, int64_t i) {
+  if constexpr (kLora) return __ldcg(reinterpret_cast<const float4*>(x) + i);
+  return reinterpret_cast<const float4*>(x)[i];
+}
+
 // The LoRA update's parts for the row's slot (none: slot < 0): each part's entry and the total of
 // their ranks (the shrink's rows over the grid).
 struct LoraRowEntries {
@@ -323,8 +335,8 @@ __device__ __forceinline__ void LoraShrinkRows(const GemvLora& l, const LoraRowE
     float acc = 0.f;
     for (int64_t c = int64_t{lane} * 8; c < k; c += 32 * 8) {
       const uint4 w = *reinterpret_cast<const uint4*>(a + c);
-      const float4 x0 = *reinterpret_cast<const float4*>(x + c);
-      const float4 x1 = *reinterpret_cast<const float4*>(x + c + 4);
+      const float4 x0 = LoadX<true>(x + c, 0);
+      const float4 x1 = LoadX<true>(x + c, 1);
       const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
       acc += Dot8(w, xv);
     }
@@ -504,10 +516,8 @@ __global__ void __maxnreg__(112)
 #pragma unroll
   for (int j = 0; j < kRingChunks; ++j) {
     const int64_t c = g * 32 + lane + int64_t{j} * 32 * group;
-    const float4 a =
-        c < chunks ? reinterpret_cast<const float4*>(x)[2 * c] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 b = c < chunks ? reinterpret_cast<const float4*>(x)[2 * c + 1]
-                                : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 a = c < chunks ? LoadX<kLora>(x, 2 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 b = c < chunks ? LoadX<kLora>(x, 2 * c + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     xr[j][0] = a.x, xr[j][1] = a.y, xr[j][2] = a.z, xr[j][3] = a.w;
     xr[j][4] = b.x, xr[j][5] = b.y, xr[j][6] = b.z, xr[j][7] = b.w;
   }

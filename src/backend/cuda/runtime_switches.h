@@ -40,17 +40,18 @@ struct RuntimeSwitches {
   bool kv_direct = true;
   // EMBER_KV_DIRECT_SHARED=1: with the direct operands, the one-m-tile shape (prefill rows, where
   // every warp reads the whole tile) converts each tile once into shared f16 fragments instead of
-  // in every warp (the same fragments: rows bitwise unchanged). Off until it has run against its
-  // tests on a GPU (written in session 47 without device time): the quantized pool's prefill
-  // steps take 1.6-1.75x bf16's (docs/perf.md session 47).
+  // in every warp (the same fragments: rows bitwise unchanged). Off: it passes its tests but
+  // measured no faster (pp16384 on an H100: int8 +1.1%, fp8 -4.6%; docs/perf.md session 49),
+  // so it is to be removed with its path.
   bool kv_direct_shared = false;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
-  // EMBER_LORA_GEMV_FUSED=1: with the fold, the whole batch-1 update inside the ring GEMV's
-  // launch (gemv.cu's LoRA warp: shrink, then each row's t b^T at its store) instead of the two
-  // update launches before it. Off until it has run against its tests on a GPU (session 48).
-  bool lora_gemv_fused = false;
+  // EMBER_LORA_GEMV_FUSED=0: with the fold, the batch-1 update as two launches before the GEMV
+  // (shrink, expand into the bias row) instead of inside the ring GEMV's own launch (gemv.cu's
+  // LoRA warp: shrink, then each row's t b^T at its store). An A/B knob: the whole 8B at batch 1
+  // on an H100 decodes at 0.907x of the base fused against 0.827x (docs/perf.md session 49).
+  bool lora_gemv_fused = true;
   // EMBER_LORA_ROW_ORDER=0: LoraDelta's kernels tile the rows in row order instead of grouped by
   // adapter (an A/B knob; the same arithmetic per row either way).
   bool lora_row_order = true;
