@@ -528,13 +528,13 @@ TEST_F(CudaOpsTest, FusedGemvLoraReplaysForEveryAdapter) {
   EXPECT_EQ(stats.replays, 3);
 }
 
-// Several fused launches in one decode step, as a model's layers make them (the shapes of the qwen3
-// fixture, whose CudaLoraParity failed with the fused path in session 48: k 64, q/k/v 128/64/64
-// rows, adapters of rank 8 on q and v; between two layers an RmsNorm of the step's q into the next
-// layer's x), captured once and replayed: every layer's outputs equal the separate calls (fold off,
-// no graphs) within relative L2 1e-5, at every step; launched back to back without a graph as
-// well, where the launches overlap as in the graph (programmatic dependent launch) but no graph
-// is captured.
+// Several fused launches in one decode step, as a model's layers make them (the qwen3 fixture's
+// shapes: k 64, q/k/v 128/64/64 rows, adapters of rank 8 on q and v; between two layers an RmsNorm
+// of the step's q into the next layer's x), captured once and replayed: every layer's outputs
+// equal the separate calls (fold off, no graphs) within relative L2 1e-5, at every step; also
+// launched back to back without a graph (the launches still overlap: programmatic dependent
+// launch), with every layer on one x, and with the fold instead. Session 49: with graphs, layers
+// 1 and 2 read a stale x until the fused launch read x through the L2 (gemv.cu's LoadX).
 class FusedGemvLoraChain : public CudaOpsTest {
  protected:
   // mode: the one-row path under test (against the fold off, profiled); norm: each layer's x
