@@ -22,11 +22,12 @@
 #             layers; LORA_SHAPES picks the shapes, LORA_GEMM_ROWS=N moves the cuBLAS
 #             segments' threshold
 #     lorafused  the batch-1 LoRA update inside the GEMV launch (the default since session 49;
-#             EMBER_LORA_GEMV_FUSED=0: two launches before it, the bias fold): the
-#             LoRA op tests, lora_test's CUDA parity with it off, on, and on without graphs, the
-#             engine tests with it, then batch-1 lora_bench fused against the bias fold (8B cut to 8 layers, rank 16)
-#     lorachain  the fused GEMV's chain test in full, and lora_test with it launched one by one
-#             (EMBER_CUDA_GRAPHS=0) and in graphs
+#             EMBER_LORA_GEMV_FUSED=0: two launches before it, the bias fold): the LoRA op
+#             tests, lora_test's CUDA parity with it off, then on with and without graphs
+#             (EMBER_CUDA_GRAPHS), the engine tests, then batch-1 lora_bench fused against the
+#             bias fold (8B cut to 8 layers, rank 16)
+#     lorachain  the fused GEMV's chain test (FusedGemvLoraChain) variant by variant, with each
+#             failing layer's largest difference
 #     lorafull  batch-1 lora_bench on the whole 8B (32 layers): fused against the bias fold
 #     loraprof  the op profile (EMBER_CUDA_PROFILE_OUT: events around every op, no graphs) of
 #             lora_bench with 8 adapters at 128 x (512 + 128): all its runs together
@@ -96,6 +97,18 @@ lorabench() {  # TIMEOUT ADAPTERS PROMPT GEN [CONCURRENCY [MODEL]]: rank 16; by 
     --concurrency "${5:-128}" --prompt "$3" --gen "$4" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
 }
 
+loratests() {  # the LoRA op, model-parity and engine tests; lora_test with the fused batch-1
+  # update off, then on launched one by one and in graphs
+  TL=240 t "$B/cuda_ops_test" --gtest_filter='*Lora*'
+  for run in 0:1 1:0 1:1; do
+    echo "== lora_test CudaLoraParity, EMBER_LORA_GEMV_FUSED=${run%:*} EMBER_CUDA_GRAPHS=${run#*:}"
+    EMBER_LORA_GEMV_FUSED=${run%:*} EMBER_CUDA_GRAPHS=${run#*:} timeout 120 "$B/lora_test" \
+      --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
+      grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -30
+  done
+  t "$B/engine_test" --gtest_filter='*Lora*'
+}
+
 case "${1:-}" in
   kv)
     TL=200 t "$B/cuda_attention_test" --gtest_filter='*KvQuant*:*QuantizedPool*'
@@ -140,17 +153,7 @@ case "${1:-}" in
     done
     ;;
   lorafused)
-    TL=240 t "$B/cuda_ops_test" --gtest_filter='*Lora*'
-    # (1:nograph: the op profile's launches, no graphs: does a graph replay matter)
-    for run in 0 1 1:nograph; do
-      echo "== lora_test CudaLoraParity, EMBER_LORA_GEMV_FUSED=$run"
-      prof=
-      [ "${run#*:}" = nograph ] && prof=/tmp/lorafused.prof
-      EMBER_CUDA_PROFILE_OUT=$prof EMBER_LORA_GEMV_FUSED=${run%:*} timeout 120 "$B/lora_test" \
-        --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
-        grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -40
-    done
-    EMBER_LORA_GEMV_FUSED=1 t "$B/engine_test" --gtest_filter='*Lora*'
+    loratests
     synth llama-3.1-8b 8 /tmp/s8l8
     for round in 1 2; do
       for fused in 1 0; do
@@ -159,19 +162,10 @@ case "${1:-}" in
       done
     done
     ;;
-  lorachain)  # where the fused GEMV's graph steps differ: the chain test in full, lora_test
-    # with the fused path launched one by one (EMBER_CUDA_GRAPHS=0) and in graphs
-    TL=240 t "$B/cuda_ops_test" --gtest_filter='*Lora*'
+  lorachain)  # the chain test, one line per variant with its failing layers
     timeout 120 "$B/cuda_ops_test" --gtest_filter='FusedGemvLoraChain.*' 2>&1 |
       grep -E 'fused|fold|layer|largest|step [0-9]|OK \]|FAILED  \]' | sed 's/.*cc:[0-9]*: //' |
       paste -sd' ' | sed 's/\[ *\(OK\|FAILED\) *\]/\n&/g' | cut -c1-1500
-    for g in 0 1; do
-      echo "== lora_test CudaLoraParity, EMBER_LORA_GEMV_FUSED=1 EMBER_CUDA_GRAPHS=$g"
-      EMBER_CUDA_GRAPHS=$g EMBER_LORA_GEMV_FUSED=1 timeout 120 "$B/lora_test" \
-        --gtest_filter='CudaLoraParity.*' 2>&1 | grep -vE '^\[ +(RUN|OK) ' |
-        grep -A4 -E 'Failure|FAILED  \]|PASSED' | head -30
-    done
-    EMBER_LORA_GEMV_FUSED=1 t "$B/engine_test" --gtest_filter='*Lora*'
     ;;
   lorafull)
     synth llama-3.1-8b 0 /tmp/s8

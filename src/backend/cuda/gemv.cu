@@ -189,10 +189,10 @@ constexpr int64_t kRingMaxStageBytes = 48 << 10;
 // (docs/perf.md).
 constexpr int64_t kRingBytes = 128 << 10;
 
-__device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8]) {
+// d + the 8 products, in element order (one fma chain).
+__device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8], float d = 0.f) {
   // bf16 to f32 is a shift: element 2i is word i's low half, 2i + 1 its high half.
   const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-  float d = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     d = fmaf(__uint_as_float(u[i] << 16), x[2 * i], d);
@@ -374,12 +374,7 @@ __device__ __forceinline__ float LoraRowTerm(const GemvLora& l, int32_t slot, in
       const float4 t0 = __ldcg(reinterpret_cast<const float4*>(t + j));
       const float4 t1 = __ldcg(reinterpret_cast<const float4*>(t + j + 4));
       const float tv[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
-      const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc = fmaf(tv[2 * i], __uint_as_float(u[i] << 16), acc);
-        acc = fmaf(tv[2 * i + 1], __uint_as_float(u[i] & 0xffff0000u), acc);
-      }
+      acc = Dot8(w, tv, acc);
     }
   }
   for (; j < en.rank; ++j) acc = fmaf(__ldcg(t + j), __bfloat162float(b[j]), acc);
