@@ -14,9 +14,8 @@
 #             fp8), then 22 (int8, fp8: the same KV bytes): issue 42's long-context decode target
 #     b45     issue 45's benchmark set: Qwen3-Next 4-layer pp4096 / depth 8192 / 64 concurrent,
 #             DeepSeek-V3 4-layer (3 dense, 1 MoE) the same, then 3-layer with MTP: the MTP bench
-#     kvp     the quantized pool's prefill with shared fragments (EMBER_KV_DIRECT_SHARED=1) and
-#             the int4 writer's least-error step: their tests, then pp16384 per KV dtype on an 8B
-#             cut to 4 layers, shared and not
+#     kvp     the quantized pool's prefill and the int4 writer's least-error step: their tests,
+#             then pp16384 per KV dtype on an 8B cut to 4 layers
 #     lora    issue 44's LoRA costs split by phase: 128 x (512 + 1) (prefill), 128 x (8 + 256)
 #             (decode) and the issue's 128 x (512 + 128), 8 and 32 adapters mixed, 8B cut to 8
 #             layers; LORA_SHAPES picks the shapes, LORA_GEMM_ROWS=N moves the cuBLAS
@@ -131,15 +130,14 @@ case "${1:-}" in
       EMBER_DELTA_CHUNKED=$c bench --model /tmp/qn4 --device cuda -p 4096 -n 16 -r 2
     done
     ;;
-  kvp)  # quantized-KV prefill: the shared fragments (EMBER_KV_DIRECT_SHARED) against bf16
+  kvp)  # quantized-KV prefill against bf16
     # (and the int4 writer's least-error step: its bytes against the CPU's, session 47)
     TL=240 t "$B/cuda_attention_test" --gtest_filter='*QuantizedPool*:*KvQuant*'
     t "$B/kv_dtype_test" --gtest_filter='*Cuda*'
     synth llama-3.1-8b 4 /tmp/s8l4
-    for run in auto:0 int8:0 int8:1 fp8:0 fp8:1; do
-      echo "-- --kv-cache-dtype ${run%:*}, EMBER_KV_DIRECT_SHARED=${run#*:}"
-      EMBER_KV_DIRECT_SHARED=${run#*:} bench --model /tmp/s8l4 --device cuda -p 16384 -n 0 -r 2 \
-        --kv-cache-dtype "${run%:*}"
+    for dtype in auto int8 fp8; do
+      echo "-- --kv-cache-dtype $dtype"
+      bench --model /tmp/s8l4 --device cuda -p 16384 -n 0 -r 2 --kv-cache-dtype "$dtype"
     done
     ;;
   lora)  # LoRA: where the mixed-adapter runs lose, by phase

@@ -142,12 +142,6 @@ constexpr int MinBlocksPerSm(int d, int m_tiles) {
 // A kernel takes them when launched with kDirectOps (Dispatch: where KvLayerView::direct is on).
 template <int D, bool kQuantKv, bool kInt4, bool kDirectOps = true>
 constexpr bool kDirectQuant = kQuantKv && !kInt4 && D == 128 && kDirectOps;
-// The direct operands with shared fragments (kSharedOps; the one-m-tile shape, where every warp
-// reads the whole tile): the block converts each tile's bytes once into f16 fragments in shared
-// memory, in the order the warps read them (K: [n-tile][16-dim chunk][lane] pairs; V: [16-key
-// block][32-dim pair][half][lane] quads), instead of every warp converting all of them. The
-// fragments and the mma sequence are the direct path's, so the rows are bitwise the same.
-constexpr size_t kDirectFragBytes = size_t{2} * kKeys * 128 * 2;  // f16 K and V of a tile
 __device__ __forceinline__ int DirectKWord(int t, int ks) {
   return 2 * (t & 1) + 16 * (t >> 1) + (ks & 1) + 4 * (ks >> 1);
 }
@@ -245,8 +239,7 @@ __device__ __forceinline__ int32_t FirstSplit(int32_t pos, int32_t window) {
 // a quantized pool (kv.quant), staged as bytes; its slot table then holds row indices. kInt4
 // (with kQuantKv): its rows are int4 (D a power of two).
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false,
-          bool kSharedOps = false>
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false>
 __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, kDirectOps>
                                                    ? 2
                                                    : MinBlocksPerSm(D, kMT))
@@ -263,7 +256,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
   static_assert(!kDirectOps || kDirect, "direct operands: int8 / FP8 rows of head dim 128 only");
   static_assert(!kFp8 || kDirect);
   static_assert(!kDirect || (kMT == 1 && S::kDimBlocksPerWarp % 2 == 0));
-  static_assert(!kSharedOps || (kDirect && !kKeySplit && S::kDimSplit == 1));
   constexpr int kDimBlocksPerWarp = S::kDimBlocksPerWarp;
   static_assert(kMT == 1 || kBf16Kv, "the f32 pool (tests) uses the one-m-tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -281,11 +273,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
   auto k_raw_at = [&](int stage) {
     return smem + (kDirect ? 0 : S::kTileBytes) + stage * S::kQuantStageBytes;
   };
-  // kSharedOps: the tile's fragments after the three stagings, K's [n-tile][chunk][lane] pairs
-  // then V's [key block][dim pair][half][lane] quads (kDirectQuant's comment).
-  [[maybe_unused]] uint2* const k_frag = reinterpret_cast<uint2*>(smem + 3 * S::kQuantStageBytes);
-  [[maybe_unused]] uint4* const v_frag =
-      reinterpret_cast<uint4*>(smem + 3 * S::kQuantStageBytes + kDirectFragBytes / 2);
   // K/V copies: 16 bytes each, kCopyChunks per K (V) row. When the block's threads divide into
   // whole rows, each thread copies one fixed column chunk of rows j0, j0 + kRowStep, ...
   constexpr int kCopyChunks = D / (kBf16Kv ? 8 : 4);
@@ -789,34 +776,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
       }
       __syncthreads();  // bf16 tile ready, staging free
     }
-    if constexpr (kSharedOps) {
-      // The tile's bytes as the warps' f16 fragments (the previous tile's were consumed before
-      // the __syncthreads above): the reads each warp's direct path makes, spread over the block.
-      const unsigned char* kr = k_raw_at((tile - tile_begin) % 3);
-      const unsigned char* vr = kr + kKeys * kRowBytes;
-#pragma unroll 4
-      for (int it = 0; it < kKeys / 8 * (D / 16) / kWarps; ++it) {  // K: (n-tile, chunk) per warp
-        const int nk = it * kWarps + warp, n = nk / (D / 16), ks = nk % (D / 16);
-        uint32_t b0, b1;
-        QuantWordToF16x2<!kFp8>(*reinterpret_cast<const uint32_t*>(
-                                    kr + DirectKey(n, g) * kRowBytes + 4 * DirectKWord(t, ks)),
-                                b0, b1);
-        k_frag[nk * 32 + lane] = make_uint2(b0, b1);
-      }
-#pragma unroll
-      for (int it = 0; it < kKeys / 16 * (D / 32) / kWarps; ++it) {  // V: (key block, dim pair)
-        const int kj = it * kWarps + warp, kk = kj / (D / 32), jj = kj % (D / 32);
-        const unsigned char* vrow = vr + (16 * kk + 4 * t) * kRowBytes + 4 * DirectVWord(g, jj);
-        uint32_t b[4][2];
-        QuantWordsToVFragments<!kFp8>(*reinterpret_cast<const uint32_t*>(vrow),
-                                      *reinterpret_cast<const uint32_t*>(vrow + kRowBytes),
-                                      *reinterpret_cast<const uint32_t*>(vrow + 2 * kRowBytes),
-                                      *reinterpret_cast<const uint32_t*>(vrow + 3 * kRowBytes), b);
-        v_frag[(2 * kj) * 32 + lane] = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
-        v_frag[(2 * kj + 1) * 32 + lane] = make_uint4(b[2][0], b[2][1], b[3][0], b[3][1]);
-      }
-      __syncthreads();  // the fragments are ready
-    }
     if constexpr (kQuantKv) {
       // Tile + 2 into the staging just converted (tile + 1 is in flight in the other); tile + 3's
       // slots into this tile's (read above, before the __syncthreads).
@@ -858,20 +817,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
         const unsigned char* vrow = v_raw + (16 * kk + 4 * t) * kRowBytes;
 #pragma unroll
         for (int jj = 0; jj < kDimBlocksPerWarp / 2; ++jj) {
+          const int off = 4 * DirectVWord(g, dp_begin / 2 + jj);
           uint32_t b[4][2];
-          if constexpr (kSharedOps) {  // the block's conversion (dp_begin is 0)
-            const uint4 x = v_frag[2 * (kk * (D / 32) + jj) * 32 + lane];
-            const uint4 y = v_frag[(2 * (kk * (D / 32) + jj) + 1) * 32 + lane];
-            b[0][0] = x.x, b[0][1] = x.y, b[1][0] = x.z, b[1][1] = x.w;
-            b[2][0] = y.x, b[2][1] = y.y, b[3][0] = y.z, b[3][1] = y.w;
-          } else {
-            const int off = 4 * DirectVWord(g, dp_begin / 2 + jj);
-            QuantWordsToVFragments<!kFp8>(
-                *reinterpret_cast<const uint32_t*>(vrow + off),
-                *reinterpret_cast<const uint32_t*>(vrow + kRowBytes + off),
-                *reinterpret_cast<const uint32_t*>(vrow + 2 * kRowBytes + off),
-                *reinterpret_cast<const uint32_t*>(vrow + 3 * kRowBytes + off), b);
-          }
+          QuantWordsToVFragments<!kFp8>(
+              *reinterpret_cast<const uint32_t*>(vrow + off),
+              *reinterpret_cast<const uint32_t*>(vrow + kRowBytes + off),
+              *reinterpret_cast<const uint32_t*>(vrow + 2 * kRowBytes + off),
+              *reinterpret_cast<const uint32_t*>(vrow + 3 * kRowBytes + off), b);
 #pragma unroll
           for (int f = 0; f < 4; ++f) MmaF16(o[0][4 * jj + f], pf, b[f][0], b[f][1]);
         }
@@ -889,15 +841,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
 #pragma unroll
         for (int n = 0; n < kNt; ++n) {
           const unsigned char* krow = k_raw + DirectKey(n_first + n, g) * kRowBytes;
-          [[maybe_unused]] uint32_t w[D / 16];
-          [[maybe_unused]] uint2 kf[D / 16];
+          uint32_t w[D / 16];
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) {
-            if constexpr (kSharedOps) {  // the block's conversion (n_first is 0)
-              kf[ks] = k_frag[(n * (D / 16) + ks) * 32 + lane];
-            } else {
-              w[ks] = *reinterpret_cast<const uint32_t*>(krow + 4 * DirectKWord(t, ks));
-            }
+            w[ks] = *reinterpret_cast<const uint32_t*>(krow + 4 * DirectKWord(t, ks));
           }
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -908,11 +855,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectQuant<D, kQuantKv, kInt4, 
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks) {
             uint32_t b0, b1;
-            if constexpr (kSharedOps) {
-              b0 = kf[ks].x, b1 = kf[ks].y;
-            } else {
-              QuantWordToF16x2<!kFp8>(w[ks], b0, b1);
-            }
+            QuantWordToF16x2<!kFp8>(w[ks], b0, b1);
             MmaF16(s[0][n], qf[ks], b0, b1);
           }
         }
@@ -1320,17 +1263,16 @@ __global__ void AttentionInvariantCombineKernel(AttentionArgs a, PlanView plan, 
 }
 
 template <int D, bool kBf16Kv, int kMT, bool kPrefill, bool kRope = false, bool kKeySplit = false,
-          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false,
-          bool kSharedOps = false>
+          bool kQuantKv = false, bool kInt4 = false, bool kFp8 = false, bool kDirectOps = false>
 void LaunchForDim(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                   const PlanView& plan, int64_t max_rows, int32_t num_splits, float* partials,
                   float* out, const RopeKvInput& rope, cudaStream_t stream) {
   using S = Shape<D, kMT, kKeySplit>;
   constexpr size_t kSmemBytes = kDirectQuant<D, kQuantKv, kInt4, kDirectOps>
-                                    ? 3 * S::kQuantStageBytes + (kSharedOps ? kDirectFragBytes : 0)
+                                    ? 3 * S::kQuantStageBytes
                                     : S::template kSmemBytes<kBf16Kv, kQuantKv>;
   constexpr auto kKernel = AttentionInvariantKernel<D, kBf16Kv, kMT, kPrefill, kRope, kKeySplit,
-                                                    kQuantKv, kInt4, kFp8, kDirectOps, kSharedOps>;
+                                                    kQuantKv, kInt4, kFp8, kDirectOps>;
   if constexpr (kSmemBytes > 48 * 1024) {  // the default dynamic limit
     static std::once_flag attr_once;
     std::call_once(attr_once, [] {
@@ -1401,12 +1343,6 @@ void Dispatch(const AttentionArgs& args, const float* q, const KvLayerView& kv,
                 args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
           } else if (key_split) {
             LaunchForDim<D, false, 1, false, false, true, true, false, false, true>(
-                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-          } else if (kv.direct_shared && fp8) {
-            LaunchForDim<D, false, 1, false, false, false, true, false, true, true, true>(
-                args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
-          } else if (kv.direct_shared) {
-            LaunchForDim<D, false, 1, false, false, false, true, false, false, true, true>(
                 args, q, kv, plan, max_rows, num_splits, partials, out, {}, stream);
           } else if (fp8) {
             LaunchForDim<D, false, 1, false, false, false, true, false, true, true>(

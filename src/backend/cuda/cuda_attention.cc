@@ -69,7 +69,6 @@ KvLayerView CudaBackend::KvLayer(int32_t layer, int32_t num_kv_heads, int32_t he
     view.block_size = kv_block_size_;
     view.rotated = dtype == KvDType::kInt4 && kv_rotate_int4_;
     view.direct = switches_.kv_direct;
-    view.direct_shared = switches_.kv_direct_shared;
   }
   return view;
 }

@@ -177,13 +177,11 @@ class CudaKvQuantTest : public CudaOpsTest, public ::testing::WithParamInterface
 // mode 0: f32 (split-K decode, the f32 prefill kernel), 1: bf16 (the batch-invariant kernel).
 TEST_P(CudaKvQuantTest, AttentionMatchesCpuOverTheSameRows) {
   // (mode 2: the bf16 mode with EMBER_KV_DIRECT=0, int8 / FP8 rows of head dim 128 through the
-  // bf16 tiles rather than as direct f16 operands; mode 3: the direct operands with the prefill
-  // shape's shared fragments, EMBER_KV_DIRECT_SHARED=1.)
+  // bf16 tiles rather than as direct f16 operands.)
   const bool two_paths = GetParam().head_dim == 128 && GetParam().dtype != KvDType::kInt4;
-  for (int mode : {0, 1, 2, 3}) {
-    if (mode >= 2 && !two_paths) continue;
+  for (int mode : {0, 1, 2}) {
+    if (mode == 2 && !two_paths) continue;
     const ScopedEnv env("EMBER_KV_DIRECT", mode == 2 ? "0" : "1");
-    const ScopedEnv env_shared("EMBER_KV_DIRECT_SHARED", mode == 3 ? "1" : "0");
     Setup(mode == 0);
     if (HasFatalFailure()) return;
     const double tol = mode == 0 ? 1e-5 : 2e-2;  // (the direct operands are the more exact)
@@ -204,8 +202,7 @@ TEST_P(CudaKvQuantTest, AttentionMatchesCpuOverTheSameRows) {
     std::printf("%s mode: worst relative L2 error against the CPU %.2e\n",
                 mode == 0   ? "f32"
                 : mode == 1 ? "bf16"
-                : mode == 2 ? "bf16 (EMBER_KV_DIRECT=0)"
-                            : "bf16 (EMBER_KV_DIRECT_SHARED=1)",
+                            : "bf16 (EMBER_KV_DIRECT=0)",
                 worst);
   }
 }

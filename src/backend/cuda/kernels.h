@@ -62,9 +62,6 @@ struct KvLayerView {
   // kInt8 / kFP8 at head dim 128: the batch-invariant attention reads the bytes as direct f16
   // operands (attention_invariant.cu; RuntimeSwitches::kv_direct), else through bf16 tiles.
   bool direct = false;
-  // With `direct`, blocks of the one-m-tile shape (prefill rows) convert each tile's bytes once
-  // into shared f16 fragments for all their warps (RuntimeSwitches::kv_direct_shared).
-  bool direct_shared = false;
 };
 
 enum class ElemType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };

@@ -37,8 +37,6 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.delta_chunked = std::atoi(chunked.c_str()) != 0;
   if (const std::string direct = EnvString("EMBER_KV_DIRECT"); !direct.empty())
     s.kv_direct = std::atoi(direct.c_str()) != 0;
-  if (const std::string shared = EnvString("EMBER_KV_DIRECT_SHARED"); !shared.empty())
-    s.kv_direct_shared = std::atoi(shared.c_str()) != 0;
   if (const std::string graphs = EnvString("EMBER_CUDA_GRAPHS"); !graphs.empty())
     s.graphs = std::atoi(graphs.c_str()) != 0;
   s.profile_out = EnvString("EMBER_CUDA_PROFILE_OUT");

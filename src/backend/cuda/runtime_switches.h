@@ -38,12 +38,6 @@ struct RuntimeSwitches {
   // (each value times its scale, rounded) instead of as its direct f16 operands (an A/B knob; the
   // direct operands read the rows 1.3-1.4x faster on the H100, docs/perf.md session 47).
   bool kv_direct = true;
-  // EMBER_KV_DIRECT_SHARED=1: with the direct operands, the one-m-tile shape (prefill rows, where
-  // every warp reads the whole tile) converts each tile once into shared f16 fragments instead of
-  // in every warp (the same fragments: rows bitwise unchanged). Off: it passes its tests but
-  // measured no faster (pp16384 on an H100: int8 +1.1%, fp8 -4.6%; docs/perf.md session 49),
-  // so it is to be removed with its path.
-  bool kv_direct_shared = false;
   // EMBER_LORA_BIAS_FOLD=0: a one-row MatMulGroupLora as the GEMV then the LoRA update (the
   // default folds the update into the GEMV's bias; an A/B knob).
   bool lora_bias_fold = true;
