@@ -29,7 +29,10 @@
 #             failing layer's largest difference
 #     lorafull  batch-1 lora_bench on the whole 8B (32 layers): fused against the bias fold
 #     loraprof  the op profile (EMBER_CUDA_PROFILE_OUT: events around every op, no graphs) of
-#             lora_bench with 8 adapters at 128 x (512 + 128): all its runs together
+#             lora_bench with 8 adapters, per shape (LORA_SHAPES, default 512:128): all its runs
+#             together; each op kind's calls, GPU ms and us a call
+#     (lora, lorafused, lorafull, loraprof: LORA_ARGS adds lora_bench flags, e.g. --max-running 128
+#             --step-tokens 8192, ember serve's GPU defaults)
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
 # Each test's output is cut to its failures and summary; each command has its own timeout.
 set -uo pipefail
@@ -92,8 +95,12 @@ bench() {  # the table's rows, or the output's tail where there are none
 engine() { timeout 240 "$B/engine_bench" "$@" 2>&1 | grep -iE "tok/s|steps|rror|^\| [0-9]" | head -8; }
 lorabench() {  # TIMEOUT ADAPTERS PROMPT GEN [CONCURRENCY [MODEL]]: rank 16; by default 128
   # concurrent on the 8B cut to 8 layers
+  # concurrent on the 8B cut to 8 layers; LORA_ARGS: more flags (--max-running 128
+  # --step-tokens 8192: ember serve's GPU defaults)
+  # shellcheck disable=SC2086
   timeout "$1" "$B/lora_bench" --model "${6:-/tmp/s8l8}" --device cuda --rank 16 --adapters "$2" \
-    --concurrency "${5:-128}" --prompt "$3" --gen "$4" 2>&1 | grep -E "tok/s|rror" | cut -c1-60
+    --concurrency "${5:-128}" --prompt "$3" --gen "$4" ${LORA_ARGS:-} 2>&1 |
+    grep -E "tok/s|rror|Check|ailed|bort" | cut -c1-160
 }
 
 loratests() {  # the LoRA op, model-parity and engine tests; lora_test with the fused batch-1
@@ -172,12 +179,16 @@ case "${1:-}" in
       EMBER_LORA_GEMV_FUSED=$fused lorabench 200 1 64 128 1 /tmp/s8
     done
     ;;
-  loraprof)
+  loraprof)  # per shape: each op kind's calls, GPU ms in all and us a call, largest first
     synth llama-3.1-8b 8 /tmp/s8l8
-    rm -f /tmp/lora.prof
-    EMBER_CUDA_PROFILE_OUT=/tmp/lora.prof lorabench 300 8 512 128
-    head -1 /tmp/lora.prof
-    sort -k3 -g -r /tmp/lora.prof | grep -v '^#' | head -14
+    for shape in ${LORA_SHAPES:-512:128}; do
+      echo "-- 8 adapters, 128 x (${shape%:*} + ${shape#*:}) ${LORA_ARGS:-}"
+      rm -f /tmp/lora.prof
+      EMBER_CUDA_PROFILE_OUT=/tmp/lora.prof lorabench 300 8 "${shape%:*}" "${shape#*:}"
+      head -1 /tmp/lora.prof
+      sort -k3 -g -r /tmp/lora.prof | grep -v '^#' | head -12 |
+        awk '{printf "%-24s %8d %10.1f %8.1f\n", $1, $2, $3, 1000 * $3 / $2}'
+    done
     ;;
   prof)  # Nsight Compute on the decode attention at 11 x 32k: bf16, then int8 direct and tiles
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
