@@ -5,6 +5,7 @@
 // thread only).
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <vector>
@@ -128,6 +129,18 @@ Tensor FinalNormOut(Backend& be, const Tensor& xn);
 // q [n, num_heads * head_dim], k and v [n, num_kv_heads * head_dim], att [n, num_heads * head_dim].
 void AttentionCore(Backend& be, const ModelConfig& c, const LayerWeights& w, int32_t layer,
                    RmsNormKind norm_kind, Tensor q, Tensor k, const Tensor& v, Tensor att);
+
+// The projections of one input (x) of `layer` (targets[i] names products[i]'s projection): the
+// products, each output plus the step's LoRA updates of its projection, if any (one
+// Backend::MatMulGroupLora); without updates, MatMul (one product) or MatMulGroup.
+void ProjectWithLora(const Model::Impl& m, size_t layer, const Tensor& x,
+                     std::span<const MatMulPart> products,
+                     std::initializer_list<LoraTarget> targets);
+// `layer`'s dense gated MLP input half: act = activation(gate) * up with gate = xn w_gate^T and
+// up = xn w_up^T, each plus the step's LoRA updates of its projection before the activation
+// (Backend::GateUpActivationLora) where the step has any, else Backend::GateUpActivation.
+void GateUpWithLora(const Model::Impl& m, size_t layer, const Tensor& xn, GateActivation activation,
+                    Tensor gate, Tensor up, Tensor act);
 
 // The end of every family's step: residual x += delta, the final norm (of `kind`; into xn's
 // f32 view, FinalNormOut), the logits rows gathered, the LM head on all but the hidden-state

@@ -1,5 +1,6 @@
 #include "model/architecture.h"
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,59 @@ Status LogitsAndHiddenRows(const Model::Impl& m, const Tensor& normed, float fin
 }
 
 }  // namespace
+
+// The step's LoRA updates of `layer`'s projections `targets` (targets[i] writes outs[i]) into
+// `parts`, those with segments only; returns how many.
+static size_t LoraPartsOf(const Model::Impl& m, size_t layer,
+                          std::initializer_list<LoraTarget> targets, std::span<const Tensor> outs,
+                          LoraPart (&parts)[kMaxLoraParts]) {
+  CHECK_EQ(outs.size(), targets.size());
+  CHECK_LE(targets.size(), kMaxLoraParts);
+  if (m.lora == nullptr) return 0;
+  size_t count = 0, i = 0;
+  for (const LoraTarget target : targets) {
+    const std::span<const LoraSegment> segments =
+        m.lora->Segments(static_cast<int32_t>(layer), target);
+    if (!segments.empty()) parts[count++] = LoraPart{segments, outs[i]};
+    ++i;
+  }
+  return count;
+}
+
+void ProjectWithLora(const Model::Impl& m, size_t layer, const Tensor& x,
+                     std::span<const MatMulPart> products,
+                     std::initializer_list<LoraTarget> targets) {
+  CHECK_EQ(products.size(), targets.size());
+  CHECK_LE(products.size(), kMaxLoraParts);
+  Tensor outs[kMaxLoraParts];
+  for (size_t i = 0; i < products.size(); ++i) outs[i] = products[i].out;
+  LoraPart parts[kMaxLoraParts];
+  const size_t count =
+      LoraPartsOf(m, layer, targets, std::span<const Tensor>(outs, products.size()), parts);
+  if (count == 0 && products.size() == 1) {
+    m.backend->MatMul(x, *products[0].weight, products[0].bias, products[0].out);
+  } else if (count == 0) {
+    m.backend->MatMulGroup(x, products);
+  } else {
+    m.backend->MatMulGroupLora(x, products, std::span<const LoraPart>(parts, count));
+  }
+}
+
+void GateUpWithLora(const Model::Impl& m, size_t layer, const Tensor& xn, GateActivation activation,
+                    Tensor gate, Tensor up, Tensor act) {
+  const LayerWeights& w = m.layers[layer];
+  const bool lora = m.lora != nullptr && (m.lora->StepTargets(LoraTarget::kGate) ||
+                                          m.lora->StepTargets(LoraTarget::kUp));
+  if (!lora) {
+    m.backend->GateUpActivation(xn, w.w_gate, w.w_up, activation, gate, up, act);
+    return;
+  }
+  const Tensor outs[] = {gate, up};
+  LoraPart parts[kMaxLoraParts];
+  const size_t count = LoraPartsOf(m, layer, {LoraTarget::kGate, LoraTarget::kUp}, outs, parts);
+  m.backend->GateUpActivationLora(xn, w.w_gate, w.w_up, activation, gate, up, act,
+                                  std::span<const LoraPart>(parts, count));
+}
 
 Status FinishStep(const Model::Impl& m, Tensor x, const Tensor& delta, const Tensor& xn,
                   RmsNormKind kind, float final_softcap, const BatchPlan& plan,

@@ -4,8 +4,10 @@
 // attention scores (gemma2) and final logits; sliding/full layers (gemma3: local rope base on
 // sliding layers, per-head q/k norms).
 //   x = embed(tokens) * sqrt(hidden)
-//   per layer:  x += post_attn_norm(o(attn(norm(x))));  x += post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..)))
-//   logits = softcap(lm_head(norm(x)))[logits_rows]   (hidden-state rows: norm(x)[rows])
+//   per layer:  x += post_attn_norm(o(attn(norm(x))));  x +=
+//   post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..))) (each projection of a row with a LoRA
+//   adapter: += (in A^T) B^T, Backend::LoraDelta) logits = softcap(lm_head(norm(x)))[logits_rows]
+//   (hidden-state rows: norm(x)[rows])
 #include "model/architecture.h"
 
 namespace ember {
@@ -27,14 +29,16 @@ Status ForwardGemma(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
     if (l == 0) be.RmsNorm(x, w.attn_norm, eps, kNorm, xn);
     else be.AddRmsNorm(x, delta, w.attn_norm, eps, kNorm, xn);
     const MatMulPart qkv[] = {{&w.wq, nullptr, q}, {&w.wk, nullptr, k}, {&w.wv, nullptr, v}};
-    be.MatMulGroup(xn, qkv);
+    ProjectWithLora(m, l, xn, qkv, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV});
     AttentionCore(be, c, w, static_cast<int32_t>(l), kNorm, q, k, v, att);
-    be.MatMul(att, w.wo, nullptr, delta);
+    const MatMulPart o_proj[] = {{&w.wo, nullptr, delta}};
+    ProjectWithLora(m, l, att, o_proj, {LoraTarget::kO});
     be.RmsNorm(delta, w.post_attn_norm, eps, kNorm, delta);
     // ---- MLP block ----
     be.AddRmsNorm(x, delta, *w.pre_ffn_norm, eps, kNorm, xn);
-    be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kGeluTanh, gate, up, act);
-    be.MatMul(act, w.w_down, nullptr, delta);
+    GateUpWithLora(m, l, xn, GateActivation::kGeluTanh, gate, up, act);
+    const MatMulPart down_proj[] = {{&w.w_down, nullptr, delta}};
+    ProjectWithLora(m, l, act, down_proj, {LoraTarget::kDown});
     be.RmsNorm(delta, *w.post_ffn_norm, eps, kNorm, delta);
   }
   return FinishStep(m, x, delta, xn, kNorm, c.final_logit_softcapping, plan, outputs);

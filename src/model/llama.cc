@@ -10,54 +10,10 @@
 //   (each projection of a row with a LoRA adapter: += (in A^T) B^T, Backend::LoraDelta)
 //   logits = lm_head(norm(x))[logits_rows]   (hidden-state rows: norm(x)[rows], no lm_head)
 #include <algorithm>
-#include <initializer_list>
 
 #include "model/architecture.h"
 
 namespace ember {
-
-namespace {
-
-// The step's LoRA updates of `layer`'s projections `targets` (targets[i] writes outs[i]) into
-// `parts`, those with segments only; returns how many.
-size_t LoraPartsOf(const Model::Impl& m, size_t layer, std::initializer_list<LoraTarget> targets,
-                   std::span<const Tensor> outs, LoraPart (&parts)[kMaxLoraParts]) {
-  CHECK_EQ(outs.size(), targets.size());
-  CHECK_LE(targets.size(), kMaxLoraParts);
-  if (m.lora == nullptr) return 0;
-  size_t count = 0, i = 0;
-  for (const LoraTarget target : targets) {
-    const std::span<const LoraSegment> segments =
-        m.lora->Segments(static_cast<int32_t>(layer), target);
-    if (!segments.empty()) parts[count++] = LoraPart{segments, outs[i]};
-    ++i;
-  }
-  return count;
-}
-
-// The projections of one input (x) of `layer` (targets[i] names products[i]'s projection): the
-// products, each output plus the step's LoRA updates of its projection, if any (one
-// MatMulGroupLora); without updates, MatMul (one product) or MatMulGroup as before.
-void ProjectWithLora(const Model::Impl& m, size_t layer, const Tensor& x,
-                     std::span<const MatMulPart> products,
-                     std::initializer_list<LoraTarget> targets) {
-  CHECK_EQ(products.size(), targets.size());
-  CHECK_LE(products.size(), kMaxLoraParts);
-  Tensor outs[kMaxLoraParts];
-  for (size_t i = 0; i < products.size(); ++i) outs[i] = products[i].out;
-  LoraPart parts[kMaxLoraParts];
-  const size_t count =
-      LoraPartsOf(m, layer, targets, std::span<const Tensor>(outs, products.size()), parts);
-  if (count == 0 && products.size() == 1) {
-    m.backend->MatMul(x, *products[0].weight, products[0].bias, products[0].out);
-  } else if (count == 0) {
-    m.backend->MatMulGroup(x, products);
-  } else {
-    m.backend->MatMulGroupLora(x, products, std::span<const LoraPart>(parts, count));
-  }
-}
-
-}  // namespace
 
 Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutputs& outputs) {
   const ModelConfig& c = *m.config;
@@ -72,9 +28,6 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
                    [](const LayerWeights& w) { return w.moe() || w.bo.has_value(); });
   auto [x, xn, q, k, v, att, delta, gate, up, act] =
       AllocDecoderActivations(be, c, n, matmul_delta);
-  // A step with LoRA updates of gate or up adds them before the activation (GateUpActivationLora).
-  const bool lora_gate_up = m.lora != nullptr && (m.lora->StepTargets(LoraTarget::kGate) ||
-                                                  m.lora->StepTargets(LoraTarget::kUp));
 
   be.Embedding(m.embed, c.embedding_scale, x);
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -97,15 +50,7 @@ Status ForwardLlama(const Model::Impl& m, const BatchPlan& plan, const StepOutpu
       continue;
     }
     be.AddRmsNorm(x, delta, w.post_attn_norm, c.rms_norm_eps, RmsNormKind::kPlain, xn);
-    if (lora_gate_up) {
-      const Tensor outs[] = {gate, up};
-      LoraPart parts[kMaxLoraParts];
-      const size_t count = LoraPartsOf(m, l, {LoraTarget::kGate, LoraTarget::kUp}, outs, parts);
-      be.GateUpActivationLora(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act,
-                              std::span<const LoraPart>(parts, count));
-    } else {
-      be.GateUpActivation(xn, w.w_gate, w.w_up, GateActivation::kSilu, gate, up, act);
-    }
+    GateUpWithLora(m, l, xn, GateActivation::kSilu, gate, up, act);
     const MatMulPart down_proj[] = {{&w.w_down, nullptr, delta}};
     ProjectWithLora(m, l, act, down_proj, {LoraTarget::kDown});
   }

@@ -172,11 +172,12 @@ Status AddModule(const TensorView& a, const TensorView& b, const ModuleShape& sh
 }  // namespace
 
 std::string LoraUnsupportedModel(const ModelConfig& model) {
-  for (const char* t : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gpt_oss"})
+  for (const char* t : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gpt_oss",
+                        "gemma2", "gemma3_text"})
     if (model.model_type == t) return "";
   return "model_type " + model.model_type +
          " does not take LoRA adapters yet (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, "
-         "gpt_oss do)";
+         "gpt_oss, gemma2, gemma3_text do)";
 }
 
 const char* LoraTargetName(LoraTarget target) {

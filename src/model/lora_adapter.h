@@ -19,14 +19,15 @@
 
 namespace ember {
 
-// The projections of a llama-family layer that an adapter may target (llama.cc's order).
+// The projections of a decoder layer that an adapter may target (llama.cc's order).
 enum class LoraTarget : uint8_t { kQ, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int kNumLoraTargets = 7;
 const char* LoraTargetName(LoraTarget target);  // "q_proj", ..., "down_proj"
 
-// Why a model of this config cannot take LoRA adapters ("" when it can): only the families that
-// llama.cc runs (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, gpt_oss) apply them; any other
-// model_type (gemma, and families added later) is refused by name.
+// Why a model of this config cannot take LoRA adapters ("" when it can): the families of llama.cc
+// (llama, mistral, qwen2, qwen3, qwen3_moe, phi3, gpt_oss) and gemma.cc (gemma2, gemma3_text)
+// apply them; any other model_type (deepseek_v3, qwen3_next, and families added later) is refused
+// by name.
 std::string LoraUnsupportedModel(const ModelConfig& model);
 
 // The largest rank Ember takes at all (--max-lora-rank may lower it).

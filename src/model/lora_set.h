@@ -34,7 +34,7 @@ namespace ember {
 class LoraSet {
  public:
   // Refuses a backend that cannot apply adapters (Backend::LoraUnsupported) and a model outside
-  // the families llama.cc runs (LoraUnsupportedModel).
+  // the families llama.cc and gemma.cc run (LoraUnsupportedModel).
   static Result<std::unique_ptr<LoraSet>> Create(Backend* backend, const ModelConfig* config,
                                                  int32_t max_loras, int32_t max_rank);
 

@@ -439,7 +439,7 @@ TEST(LoraSetPool, PrefetchStartsReadsWithinTheBound) {
   pool.Release(a);
 }
 
-TEST(LoraAdapter, RefusesExpertModulesAndGemma) {
+TEST(LoraAdapter, RefusesExpertModulesAndFamiliesWithoutLora) {
   EMBER_REQUIRE_DIR(Fixtures() + "/models/qwen3_moe");
   TempAdapter t("", "families");
   json config = json::parse(kGoodConfig);
@@ -449,29 +449,32 @@ TEST(LoraAdapter, RefusesExpertModulesAndGemma) {
   t.WriteTensors({{"base_model.model.model.layers.0.mlp.experts.0.gate_proj.lora_A.weight",
                    {4, moe.hidden_size}}});
   ExpectRefused(LoadLoraAdapter(t.dir, moe, 64).status(), "mixture-of-experts");
-  ExpectRefused(LoadLoraAdapter(t.dir, LoadConfig("gemma2"), 64).status(), "gemma2");
+  EMBER_REQUIRE_DIR(Fixtures() + "/models/qwen3_next");
+  ExpectRefused(LoadLoraAdapter(t.dir, LoadConfig("qwen3_next"), 64).status(), "qwen3_next");
   ModelLoadOptions opts;
-  auto gemma = Model::Load(Fixtures() + "/models/gemma2", opts);
-  ASSERT_TRUE(gemma.ok()) << gemma.message();
-  ExpectRefused((*gemma)->EnableLora(2, 64), "gemma2");
+  auto next = Model::Load(Fixtures() + "/models/qwen3_next", opts);
+  ASSERT_TRUE(next.ok()) << next.message();
+  ExpectRefused((*next)->EnableLora(2, 64), "qwen3_next");
 }
 
-// phi3's fused qkv_proj / gate_up_proj adapters (B split per part like the weights) equal the
-// model with W + scale B A merged into float32 weights, built here from the fixture.
-TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
-  const std::string base = Fixtures() + "/models/phi3";
+// An adapter of random rank-4 matrices on `modules` (name -> (out, in)) of every layer of fixture
+// `model`, against the model with W + 2 B A merged into float32 weights, built here from the
+// fixture, both on `device`: the last prompt row's logits within relative L2 1e-5 (CPU) or 1e-4
+// (CUDA f32), and the adapter moves them.
+void CheckMergedWeightsParity(const std::string& model,
+                              const std::map<std::string, std::pair<int64_t, int64_t>>& modules,
+                              Device device = {}) {
+  const std::string base = Fixtures() + "/models/" + model;
   EMBER_REQUIRE_DIR(base);
-  const ModelConfig c = LoadConfig("phi3");
-  const int64_t h = c.hidden_size, inter = c.intermediate_size, r = 4;
-  const int64_t qkv = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;
-  TempAdapter adapter("", "phi3");
+  const ModelConfig c = LoadConfig(model);
+  const int64_t r = 4;
+  TempAdapter adapter("", model);
   json config = json::parse(kGoodConfig);
-  config["target_modules"] = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+  config["target_modules"] = json::array();
+  for (const auto& [m, dims] : modules)
+    config["target_modules"].push_back(m.substr(m.find('.') + 1));
   config["lora_alpha"] = 8;  // scale 2
   std::ofstream(adapter.dir + "/adapter_config.json") << config.dump();
-  std::map<std::string, std::pair<int64_t, int64_t>> modules = {  // name -> (out, in)
-      {"self_attn.qkv_proj", {qkv, h}}, {"self_attn.o_proj", {h, int64_t{c.num_heads} * c.head_dim}},
-      {"mlp.gate_up_proj", {2 * inter, h}}, {"mlp.down_proj", {h, inter}}};
   uint32_t seed = 1;
   auto rnd = [&seed] {
     seed = seed * 1664525u + 1013904223u;
@@ -492,11 +495,12 @@ TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
   }
   WriteF32Safetensors(adapter.dir + "/adapter_model.safetensors", lora);
   // The merged model: every tensor as float32, the targeted ones plus 2 B A.
-  TempAdapter merged("", "phi3_merged");
+  TempAdapter merged("", model + "_merged");
   fs::copy_file(base + "/config.json", merged.dir + "/config.json");
   auto store = WeightStore::Open(base);
   ASSERT_TRUE(store.ok()) << store.message();
   std::vector<NamedF32> weights;
+  size_t merged_count = 0;
   for (const std::string& name : (*store)->Names()) {
     const TensorView v = *(*store)->Get(name);
     NamedF32 t{name, v.shape, std::vector<float>(v.nbytes / DTypeSize(v.dtype))};
@@ -511,23 +515,69 @@ TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
                    it->second.first[static_cast<size_t>(k * in + j)];
           t.data[static_cast<size_t>(i * in + j)] += static_cast<float>(2.0 * sum);
         }
+      ++merged_count;
     }
     weights.push_back(std::move(t));
   }
+  ASSERT_EQ(merged_count, ab.size()) << "an adapter module names no weight of " << model;
   WriteF32Safetensors(merged.dir + "/model.safetensors", weights);
-  auto with_adapter = LoadWithLora("phi3", 1);
+  auto with_adapter = LoadWithLora(model, 1, device);
   const int32_t slot = AcquireOrDie(*with_adapter, adapter.dir);
   ModelLoadOptions opts;
+  opts.device = device.kind;
+  opts.cuda_f32_compute = device.f32;
   auto reference = Model::Load(merged.dir, opts);
   ASSERT_TRUE(reference.ok()) << reference.message();
   ASSERT_TRUE((*reference)->AllocateKvCache(kNumBlocks, kBlockSize).ok());
   const std::vector<int32_t> prompt = {1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128};
   const std::vector<float> got = SoloLastLogits(*with_adapter, prompt, slot);
   const std::vector<float> want = SoloLastLogits(**reference, prompt, -1);
-  EXPECT_LT(RelativeL2(got.data(), want.data(), static_cast<int64_t>(got.size())), 1e-5);
+  EXPECT_LT(RelativeL2(got.data(), want.data(), static_cast<int64_t>(got.size())),
+            device.kind == DeviceKind::kCpu ? 1e-5 : 1e-4);
   EXPECT_GT(RelativeL2(SoloLastLogits(*with_adapter, prompt, -1).data(), want.data(),
                        static_cast<int64_t>(got.size())),
             1e-3);  // the adapter matters (the test can fail)
+}
+
+// phi3's fused qkv_proj / gate_up_proj adapters (B split per part like the weights).
+TEST(LoraParity, Phi3FusedProjectionsEqualMergedWeights) {
+  EMBER_REQUIRE_DIR(Fixtures() + "/models/phi3");
+  const ModelConfig c = LoadConfig("phi3");
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t qkv = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;
+  CheckMergedWeightsParity("phi3", {{"self_attn.qkv_proj", {qkv, h}},
+                                    {"self_attn.o_proj", {h, int64_t{c.num_heads} * c.head_dim}},
+                                    {"mlp.gate_up_proj", {2 * inter, h}},
+                                    {"mlp.down_proj", {h, inter}}});
+}
+
+// Gemma 2 / Gemma 3 (gemma.cc: sandwich norms, gelu-tanh MLP; gemma3's q/k norms after the
+// projections) on all seven projections.
+void CheckGemmaMergedWeights(const std::string& model, Device device = {}) {
+  EMBER_REQUIRE_DIR(Fixtures() + "/models/" + model);
+  const ModelConfig c = LoadConfig(model);
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
+  CheckMergedWeightsParity(model,
+                           {{"self_attn.q_proj", {q, h}},
+                            {"self_attn.k_proj", {kv, h}},
+                            {"self_attn.v_proj", {kv, h}},
+                            {"self_attn.o_proj", {h, q}},
+                            {"mlp.gate_proj", {inter, h}},
+                            {"mlp.up_proj", {inter, h}},
+                            {"mlp.down_proj", {h, inter}}},
+                           device);
+}
+TEST(LoraParity, Gemma2EqualsMergedWeights) {
+  CheckGemmaMergedWeights("gemma2");
+}
+TEST(LoraParity, Gemma3EqualsMergedWeights) {
+  CheckGemmaMergedWeights("gemma3");
+}
+TEST(CudaLoraParity, GemmaEqualsMergedWeights) {
+  EMBER_REQUIRE_CUDA();
+  CheckGemmaMergedWeights("gemma2", kCudaF32);
+  CheckGemmaMergedWeights("gemma3", kCudaF32);
 }
 
 }  // namespace
