@@ -449,8 +449,14 @@ out_json StopSequence(const std::string& stop_string) {
   return stop_string.empty() ? out_json(nullptr) : out_json(stop_string);
 }
 
-out_json UsageOf(int64_t input_tokens, int64_t output_tokens) {
-  return {{"input_tokens", input_tokens}, {"output_tokens", output_tokens}};
+// Anthropic's usage: input_tokens counts the prompt tokens not read from the prompt cache, which
+// cache_read_input_tokens counts (Ember's prefix cache and tiers); the cache is automatic, so no
+// request creates cache entries of its own (cache_creation_input_tokens 0).
+out_json UsageOf(int64_t prompt_tokens, int64_t cached_tokens, int64_t output_tokens) {
+  return {{"input_tokens", prompt_tokens - cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", cached_tokens},
+          {"output_tokens", output_tokens}};
 }
 
 }  // namespace
@@ -486,6 +492,9 @@ out_json AnthropicOutput::Body(const out_json& chat, const std::string& stop_str
           {"stop_reason", StopReason(StringField(choice, "finish_reason"), stop_string)},
           {"stop_sequence", StopSequence(stop_string)},
           {"usage", UsageOf(usage.value("prompt_tokens", int64_t{0}),
+                            usage.contains("prompt_tokens_details")
+                                ? usage["prompt_tokens_details"].value("cached_tokens", int64_t{0})
+                                : int64_t{0},
                             usage.value("completion_tokens", int64_t{0}))}};
 }
 
@@ -497,7 +506,7 @@ void AnthropicOutput::Begin(const Usage& usage, std::string* out) {
                             {"content", out_json::array()},
                             {"stop_reason", nullptr},
                             {"stop_sequence", nullptr},
-                            {"usage", UsageOf(usage.prompt_tokens, 0)}};
+                            {"usage", UsageOf(usage.prompt_tokens, usage.cached_tokens, 0)}};
   *out += SseNamedEvent("message_start", {{"type", "message_start"}, {"message", message}});
   *out += SseNamedEvent("ping", {{"type", "ping"}});
 }
@@ -572,12 +581,13 @@ void AnthropicOutput::Chunk(const out_json& chunk, std::string* out) {
 
 void AnthropicOutput::End(const Usage& usage, const std::string& stop_string, std::string* out) {
   CloseBlock(out);
-  *out += SseNamedEvent("message_delta",
-                        {{"type", "message_delta"},
-                         {"delta",
-                          {{"stop_reason", StopReason(finish_reason_, stop_string)},
-                           {"stop_sequence", StopSequence(stop_string)}}},
-                         {"usage", UsageOf(usage.prompt_tokens, usage.completion_tokens)}});
+  *out += SseNamedEvent(
+      "message_delta",
+      {{"type", "message_delta"},
+       {"delta",
+        {{"stop_reason", StopReason(finish_reason_, stop_string)},
+         {"stop_sequence", StopSequence(stop_string)}}},
+       {"usage", UsageOf(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)}});
   *out += SseNamedEvent("message_stop", {{"type", "message_stop"}});
 }
 

@@ -210,9 +210,16 @@ TEST(AnthropicMessagesTest, BodyHasBlocksStopReasonAndUsage) {
                                                 "input": {"a": 1}})"));
   EXPECT_EQ(body["stop_reason"], "tool_use");
   EXPECT_EQ(body["stop_sequence"], nullptr);
-  EXPECT_EQ(body["usage"], json::parse(R"({"input_tokens": 11, "output_tokens": 7})"));
+  EXPECT_EQ(body["usage"], json::parse(R"({"input_tokens": 11, "cache_creation_input_tokens": 0,
+                                           "cache_read_input_tokens": 0, "output_tokens": 7})"));
 
   const std::string text = R"({"role": "assistant", "content": "x"})";
+  // Prompt tokens reused from the prefix cache: cache_read_input_tokens, the rest input_tokens.
+  json cached = ChatBody(text.c_str(), "stop");
+  cached["usage"]["prompt_tokens_details"] = {{"cached_tokens", 8}};
+  EXPECT_EQ(out.Body(cached, "")["usage"],
+            json::parse(R"({"input_tokens": 3, "cache_creation_input_tokens": 0,
+                            "cache_read_input_tokens": 8, "output_tokens": 7})"));
   EXPECT_EQ(out.Body(ChatBody(text.c_str(), "stop"), "")["stop_reason"], "end_turn");
   EXPECT_EQ(out.Body(ChatBody(text.c_str(), "length"), "")["stop_reason"], "max_tokens");
   const json stopped = out.Body(ChatBody(text.c_str(), "stop"), "END");
@@ -255,7 +262,7 @@ TEST(AnthropicMessagesTest, StreamOpensAndClosesBlocksInOrder) {
                       "function": {"name": "f", "arguments": "{\"a\":2}"}}]})"),
             &sse);
   out.Chunk(Chunk("{}", "tool_calls"), &sse);
-  out.End(Usage{.prompt_tokens = 9, .completion_tokens = 5}, "", &sse);
+  out.End(Usage{.prompt_tokens = 9, .completion_tokens = 5, .cached_tokens = 6}, "", &sse);
   const auto events = Events(sse);
   std::vector<std::string> names;
   for (const auto& [name, data] : events) names.push_back(name);
@@ -266,6 +273,11 @@ TEST(AnthropicMessagesTest, StreamOpensAndClosesBlocksInOrder) {
                        "content_block_start", "content_block_delta", "content_block_stop",
                        "message_delta", "message_stop"}));
   EXPECT_EQ(events[0].second["message"]["usage"]["input_tokens"], 9);
+  EXPECT_EQ(events[0].second["message"]["usage"]["cache_read_input_tokens"], 0);
+  // message_delta: the final split (6 of the 9 prompt tokens from the prefix cache).
+  EXPECT_EQ(events[13].second["usage"],
+            json::parse(R"({"input_tokens": 3, "cache_creation_input_tokens": 0,
+                            "cache_read_input_tokens": 6, "output_tokens": 5})"));
   EXPECT_EQ(events[2].second["content_block"]["type"], "thinking");
   EXPECT_EQ(events[3].second["delta"],
             json::parse(R"({"type": "thinking_delta", "thinking": "let me"})"));

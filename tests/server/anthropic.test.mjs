@@ -18,6 +18,10 @@ const plainTemplate = path.join(here, 'data', 'plain_chat.jinja');
 const qwen3Tokenizer = path.join(tokenizersDir, 'qwen3');
 const MODEL = 'test-model';
 
+// The whole prompt of a reply's usage: input_tokens counts the tokens not read from the prompt
+// cache, cache_read_input_tokens the ones that were (cache_creation_input_tokens is always 0).
+const promptOf = (usage) => usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens;
+
 function anthropic(server, opts = {}) {
   return new Anthropic({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000, ...opts });
 }
@@ -75,7 +79,8 @@ describe('anthropic messages (tinystories-656k + plain template)', { skip: missi
     assert.ok(['end_turn', 'max_tokens'].includes(m.stop_reason), m.stop_reason);
     assert.equal(m.stop_sequence, null);
     assert.ok(textOf(m).length > 0);
-    assert.ok(m.usage.input_tokens > 0);
+    assert.ok(promptOf(m.usage) > 0);
+    assert.equal(m.usage.cache_creation_input_tokens, 0);
     assert.ok(m.usage.output_tokens > 0 && m.usage.output_tokens <= 24);
 
     const events = await collect(client, { model: MODEL, max_tokens: 24, temperature: 0, messages });
@@ -88,12 +93,13 @@ describe('anthropic messages (tinystories-656k + plain template)', { skip: missi
     });
     assert.deepEqual(names.slice(0, 3), ['message_start', 'ping', 'content_block_start']);
     assert.deepEqual(names.slice(-2), ['message_delta', 'message_stop']);
-    assert.equal(events[0].message.usage.input_tokens, m.usage.input_tokens);
+    assert.equal(promptOf(events[0].message.usage), promptOf(m.usage));
     const text = events.filter((e) => e.type === 'content_block_delta').map((e) => e.delta.text).join('');
     assert.equal(text, textOf(m));
     const delta = events.at(-2);
     assert.equal(delta.delta.stop_reason, m.stop_reason);
     assert.equal(delta.usage.output_tokens, m.usage.output_tokens);
+    assert.equal(promptOf(delta.usage), promptOf(m.usage));
 
     // The SDK's stream helper accumulates the same message.
     const final = await client.messages.stream({ model: MODEL, max_tokens: 24, temperature: 0, messages }).finalMessage();
@@ -107,10 +113,10 @@ describe('anthropic messages (tinystories-656k + plain template)', { skip: missi
     assert.equal(short.usage.output_tokens, 2);
     const withSystem = await client.messages.create({ model: MODEL, max_tokens: 2, temperature: 0, messages,
       system: [{ type: 'text', text: 'There was a little dog.' }] });
-    assert.ok(withSystem.usage.input_tokens > short.usage.input_tokens);
+    assert.ok(promptOf(withSystem.usage) > promptOf(short.usage));
     const asString = await client.messages.create({ model: MODEL, max_tokens: 2, temperature: 0, messages,
       system: 'There was a little dog.' });
-    assert.equal(asString.usage.input_tokens, withSystem.usage.input_tokens);
+    assert.equal(promptOf(asString.usage), promptOf(withSystem.usage));
   });
 
   test('stop_sequences: the reply stops before the sequence and names it (also streamed)', async () => {
@@ -130,11 +136,24 @@ describe('anthropic messages (tinystories-656k + plain template)', { skip: missi
     assert.equal(delta.delta.stop_sequence, stop);
   });
 
+  test('a repeated long prompt is read from the prompt cache: cache_read_input_tokens', async () => {
+    const long = [{ role: 'user', content: 'Once upon a time there was a little girl named Lily. '.repeat(12) }];
+    const first = await client.messages.create({ model: MODEL, max_tokens: 2, temperature: 0, messages: long });
+    const again = await client.messages.create({ model: MODEL, max_tokens: 2, temperature: 0, messages: long });
+    assert.equal(promptOf(again.usage), promptOf(first.usage));
+    assert.ok(again.usage.cache_read_input_tokens > 0, JSON.stringify(again.usage));
+    assert.ok(again.usage.input_tokens < promptOf(again.usage), JSON.stringify(again.usage));
+    const events = await collect(client, { model: MODEL, max_tokens: 2, temperature: 0, messages: long });
+    const delta = events.at(-2);
+    assert.ok(delta.usage.cache_read_input_tokens > 0, JSON.stringify(delta.usage));
+    assert.equal(promptOf(delta.usage), promptOf(first.usage));
+  });
+
   test('count_tokens counts the prompt a message would have', async () => {
     const params = { model: MODEL, messages, system: 'There was a little dog.' };
     const counted = await client.messages.countTokens(params);
     const m = await client.messages.create({ ...params, max_tokens: 1 });
-    assert.equal(counted.input_tokens, m.usage.input_tokens);
+    assert.equal(counted.input_tokens, promptOf(m.usage));
     await assert.rejects(client.messages.countTokens({ ...params, max_tokens: 5 }),
       (err) => err instanceof Anthropic.BadRequestError && err.error.error.message.startsWith('max_tokens'));
   });
@@ -287,7 +306,7 @@ describe('anthropic messages with qwen3\'s template (ember synth qwen3 + qwen3 t
     assert.equal(answer.stop_reason, 'max_tokens');
     assert.ok(!answer.content.some((b) => b.type === 'tool_use'));
     const unanswered = await client.messages.create({ ...base, max_tokens: 1, messages: [question], tool_choice: { type: 'none' } });
-    assert.ok(answer.usage.input_tokens > unanswered.usage.input_tokens, 'the call and its result reach the prompt');
+    assert.ok(promptOf(answer.usage) > promptOf(unanswered.usage), 'the call and its result reach the prompt');
     const counted1 = await client.messages.countTokens({ model: MODEL, messages: [question], tools });
     assert.ok(counted.input_tokens > counted1.input_tokens);
 
