@@ -74,9 +74,16 @@ GenerationJob::GenerationJob(const ServedModel& model, PreparedRequest prepared,
             .tool_calls = prepared_.tool_format == ToolCallFormat::kHarmony};
         s.harmony_parser =
             std::make_unique<HarmonyParser>(options, prepared_.harmony_last_message);
+      } else if (prepared_.tool_format == ToolCallFormat::kMistral) {
+        // Mistral's calls start with control tokens ([TOOL_CALLS], [ARGS]): the text keeps
+        // them (no other special token) for the tool-call parser.
+        s.text =
+            std::make_unique<TextStream>(*model.tokenizer, prepared_.stop, MistralControlTokens());
       } else {
         s.text = std::make_unique<TextStream>(*model.tokenizer, prepared_.stop,
                                               /*skip_special_tokens=*/true);
+      }
+      if (!prepared_.harmony) {
         if (prepared_.reasoning)
           s.reasoning_parser = std::make_unique<ReasoningParser>(prepared_.starts_in_reasoning);
         if (prepared_.tool_format != ToolCallFormat::kNone)

@@ -29,8 +29,10 @@ Result<OutputParsers> ChooseOutputParsers(std::string_view reasoning_flag,
   } else if (std::optional<ToolCallFormat> f = ParseToolCallFormat(tool_flag)) {
     out.tools = *f;
   } else {
-    return Status::Error("--tool-call-parser: must be auto, none, hermes, llama3_json or harmony, "
-                         "got '" + std::string(tool_flag) + "'");
+    return Status::Error(
+        "--tool-call-parser: must be auto, none, hermes, llama3_json, mistral or "
+        "harmony, got '" +
+        std::string(tool_flag) + "'");
   }
   const bool reasoning_other =
       out.reasoning != ReasoningFormat::kNone && out.reasoning != ReasoningFormat::kHarmony;

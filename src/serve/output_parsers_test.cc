@@ -60,9 +60,16 @@ TEST(OutputParsersTest, UnknownNamesNameTheFlag) {
   Result<OutputParsers> r = ChooseOutputParsers("deepseek", "auto", "");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.message().find("--reasoning-parser"), 0u) << r.message();
-  r = ChooseOutputParsers("auto", "mistral", "");
+  r = ChooseOutputParsers("auto", "deepseek", "");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.message().find("--tool-call-parser"), 0u) << r.message();
+  // mistral is a known name, and auto finds it in a template that writes [TOOL_CALLS].
+  r = ChooseOutputParsers("auto", "mistral", "");
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->tools, ToolCallFormat::kMistral);
+  r = ChooseOutputParsers("auto", "auto", "{{- '[TOOL_CALLS]' + call.name + '[ARGS]' }}");
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->tools, ToolCallFormat::kMistral);
 }
 
 }  // namespace

@@ -213,11 +213,15 @@ std::optional<ApiError> ApplyToolChoice(const ServedModel& model, const ChatRequ
                           "it with --tool-call-parser hermes|llama3_json)",
                           "tool_choice", "unsupported_value");
   }
-  if (model.tool_format == ToolCallFormat::kHarmony) {
-    return InvalidRequest("tool_choice: forcing a tool call is not supported for harmony models "
-                          "(gpt-oss): their calls start with special tokens that the output "
-                          "constraint cannot write; use tool_choice \"auto\"",
-                          "tool_choice", "unsupported_value");
+  if (model.tool_format == ToolCallFormat::kHarmony ||
+      model.tool_format == ToolCallFormat::kMistral) {
+    return InvalidRequest(
+        std::string("tool_choice: forcing a tool call is not supported for ") +
+            (model.tool_format == ToolCallFormat::kHarmony ? "harmony models (gpt-oss)"
+                                                           : "mistral's tool-call format") +
+            ": their calls start with special tokens that the output "
+            "constraint cannot write; use tool_choice \"auto\"",
+        "tool_choice", "unsupported_value");
   }
   if (!req.params.output_field.empty()) {
     const std::string field = req.params.output_field.substr(0, req.params.output_field.find('.'));

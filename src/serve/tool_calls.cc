@@ -14,6 +14,10 @@ using ordered = nlohmann::ordered_json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kMistralTokens[] = {kMistralCalls, kMistralArgs, kMistralCallId};
 
 bool IsSpace(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -86,7 +90,47 @@ std::optional<std::vector<ToolCall>> ParseLlama3Calls(std::string_view text) {
   return calls;
 }
 
+std::string_view Trim(std::string_view s) {
+  s = TrimRight(s);
+  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
+  return s;
+}
+
+// The body of one mistral [TOOL_CALLS] block (up to the next one or the end): a JSON array of
+// call objects, or NAME[ARGS]{...} (NAME[CALL_ID]ID[ARGS]{...}); nullopt unless all of it parses.
+std::optional<std::vector<ToolCall>> ParseMistralBlock(std::string_view body) {
+  body = Trim(body);
+  std::vector<ToolCall> calls;
+  if (!body.empty() && body.front() == '[' && body.substr(0, kMistralArgs.size()) != kMistralArgs) {
+    ordered j = ordered::parse(body, nullptr, false);
+    if (!j.is_array() || j.empty()) return std::nullopt;
+    for (ordered& item : j) {
+      if (item.is_object() && item.contains("id") && item["id"].is_string()) item.erase("id");
+      std::optional<ToolCall> call = CallFromObject(item, {"arguments"});
+      if (!call) return std::nullopt;
+      calls.push_back(std::move(*call));
+    }
+    return calls;
+  }
+  const size_t args = body.find(kMistralArgs);
+  if (args == std::string_view::npos) return std::nullopt;
+  std::string_view name = body.substr(0, args);
+  if (const size_t id = name.find(kMistralCallId); id != std::string_view::npos)
+    name = name.substr(0, id);
+  name = Trim(name);
+  const ordered a = ordered::parse(body.substr(args + kMistralArgs.size()), nullptr, false);
+  if (name.empty() || name.find_first_of(" \n\t\r[]{}\"") != std::string_view::npos ||
+      !a.is_object())
+    return std::nullopt;
+  calls.push_back(ToolCall{0, "", std::string(name), a.dump()});
+  return calls;
+}
+
 }  // namespace
+
+std::span<const std::string_view> MistralControlTokens() {
+  return kMistralTokens;
+}
 
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
@@ -98,13 +142,16 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "llama3_json";
     case ToolCallFormat::kHarmony:
       return "harmony";
+    case ToolCallFormat::kMistral:
+      return "mistral";
   }
   return "none";
 }
 
 std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
-                           ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony})
+  for (ToolCallFormat f :
+       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
+        ToolCallFormat::kHarmony, ToolCallFormat::kMistral})
     if (name == ToolCallFormatName(f)) return f;
   return std::nullopt;
 }
@@ -112,6 +159,7 @@ std::optional<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
 ToolCallFormat DetectToolCallFormat(std::string_view source) {
   if (TemplateRendersHarmony(source)) return ToolCallFormat::kHarmony;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find(kMistralCalls) != std::string_view::npos) return ToolCallFormat::kMistral;
   if (source.find("<|python_tag|>") != std::string_view::npos) return ToolCallFormat::kLlama3Json;
   return ToolCallFormat::kNone;
 }
@@ -125,6 +173,7 @@ std::string ForcedCallHead(ToolCallFormat format, const std::string& name) {
       return "{\"name\": " + quoted + ", \"parameters\": ";
     case ToolCallFormat::kNone:
     case ToolCallFormat::kHarmony:
+    case ToolCallFormat::kMistral:
       break;
   }
   CHECK(false) << "ForcedCallHead: no forcible tool-call format";
@@ -139,6 +188,7 @@ std::string ForcedCallTail(ToolCallFormat format) {
       return "}";
     case ToolCallFormat::kNone:
     case ToolCallFormat::kHarmony:
+    case ToolCallFormat::kMistral:
       break;
   }
   CHECK(false) << "ForcedCallTail: no forcible tool-call format";
@@ -146,7 +196,8 @@ std::string ForcedCallTail(ToolCallFormat format) {
 }
 
 ToolCallParser::ToolCallParser(ToolCallFormat format) : format_(format) {
-  CHECK(format == ToolCallFormat::kHermes || format == ToolCallFormat::kLlama3Json);
+  CHECK(format == ToolCallFormat::kHermes || format == ToolCallFormat::kLlama3Json ||
+        format == ToolCallFormat::kMistral);
 }
 
 void ToolCallParser::Release(std::string_view content, ToolCallDelta* out) {
@@ -227,22 +278,68 @@ void ToolCallParser::ScanLlama3(bool final, ToolCallDelta* out) {
   pending_.clear();
 }
 
+// Content is released as hermes's is (held back where it may be the start of [TOOL_CALLS]); each
+// block after a [TOOL_CALLS] is held until the next one or the end, then parsed whole. A block
+// that does not parse stays content, its tag included.
+void ToolCallParser::ScanMistral(bool final, ToolCallDelta* out) {
+  while (true) {
+    if (!in_call_) {
+      const size_t open = pending_.find(kMistralCalls);
+      if (open != std::string::npos) {
+        Release(TrimRight(std::string_view(pending_).substr(0, open)), out);
+        pending_.erase(0, open + kMistralCalls.size());
+        in_call_ = true;
+        continue;
+      }
+      std::string_view ready(pending_);
+      if (final) {
+        Release(num_calls_ > 0 ? TrimRight(ready) : ready, out);
+        pending_.clear();
+        return;
+      }
+      ready = TrimRight(ready.substr(0, ready.size() - PartialTagLength(ready, kMistralCalls)));
+      Release(ready, out);
+      pending_.erase(0, ready.size());
+      return;
+    }
+    const size_t next = pending_.find(kMistralCalls);
+    if (next == std::string::npos && !final) return;  // the block may still grow
+    const std::string_view body = std::string_view(pending_).substr(0, next);
+    if (std::optional<std::vector<ToolCall>> calls = ParseMistralBlock(body)) {
+      for (ToolCall& call : *calls) AddCall(std::move(call), out);
+    } else {
+      Release(kMistralCalls, out);
+      Release(body, out);
+    }
+    pending_.erase(0, next == std::string::npos ? pending_.size() : next);
+    in_call_ = false;
+    if (final && pending_.empty()) return;
+  }
+}
+
+void ToolCallParser::Scan(bool final, ToolCallDelta* out) {
+  switch (format_) {
+    case ToolCallFormat::kHermes:
+      ScanHermes(final, out);
+      return;
+    case ToolCallFormat::kMistral:
+      ScanMistral(final, out);
+      return;
+    default:
+      ScanLlama3(final, out);
+  }
+}
+
 ToolCallDelta ToolCallParser::Push(std::string_view text) {
   ToolCallDelta out;
   pending_.append(text);
-  if (format_ == ToolCallFormat::kHermes)
-    ScanHermes(false, &out);
-  else
-    ScanLlama3(false, &out);
+  Scan(false, &out);
   return out;
 }
 
 ToolCallDelta ToolCallParser::Finish() {
   ToolCallDelta out;
-  if (format_ == ToolCallFormat::kHermes)
-    ScanHermes(true, &out);
-  else
-    ScanLlama3(true, &out);
+  Scan(true, &out);
   return out;
 }
 

@@ -147,6 +147,63 @@ TEST(ToolCallParserTest, Llama3JsonCalls) {
   EXPECT_EQ(parser.Push("Sure").content, "  Sure");  // not a call: streams at once
 }
 
+// Mistral: [TOOL_CALLS] then a JSON array (tokenizers v3 / v7), or NAME[ARGS]{...} per call
+// (v11+), with content before; the tags never reach the content of a block that parses.
+TEST(ToolCallParserTest, MistralCallsBothSyntaxes) {
+  Parsed p = ParseEveryWay(
+      ToolCallFormat::kMistral,
+      "Checking.\n[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+      "\"id\": \"a1b2c3d4e\"}, {\"name\": \"get_time\", \"arguments\": {}}]");
+  EXPECT_EQ(p.content, "Checking.");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Paris\"}");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  p = ParseEveryWay(ToolCallFormat::kMistral,
+                    "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Zürich\", \"days\": [1, 2]}"
+                    "[TOOL_CALLS]get_time[CALL_ID]x9y8z7w6v[ARGS]{}");
+  EXPECT_EQ(p.content, "");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Zürich\",\"days\":[1,2]}");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  EXPECT_EQ(p.calls[1].index, 1);
+}
+
+TEST(ToolCallParserTest, MistralBlocksThatAreNotCallsStayContent) {
+  for (const std::string text : {"Hello, [TOOL", "plain [text] with [ARGS] inside", "", "  "}) {
+    const Parsed p = ParseEveryWay(ToolCallFormat::kMistral, text);
+    EXPECT_EQ(p.content, text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+  }
+  for (const std::string block :
+       {"[TOOL_CALLS] not json", "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": [1]}]",
+        "[TOOL_CALLS]f[ARGS]{\"cut\": ", "[TOOL_CALLS]two words[ARGS]{}", "[TOOL_CALLS][]"}) {
+    const Parsed p = ParseEveryWay(ToolCallFormat::kMistral, "Text " + block);
+    EXPECT_EQ(p.content, "Text" + block) << block;  // the separator before a block is dropped
+    EXPECT_TRUE(p.calls.empty()) << block;
+  }
+  // One good call, then a block that is not one: the call stands, the block stays content.
+  const Parsed p = ParseEveryWay(ToolCallFormat::kMistral, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]oops");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content, "[TOOL_CALLS]oops");
+}
+
+TEST(ToolCallParserTest, MistralHoldsOnlyWhatMayStillBeACall) {
+  ToolCallParser parser(ToolCallFormat::kMistral);
+  EXPECT_EQ(parser.Push("Sure [TOOL").content, "Sure");
+  EXPECT_EQ(parser.Push("S] done").content, " [TOOLS] done");
+  const ToolCallDelta call = parser.Push(" [TOOL_CALLS]f[ARGS]{\"a\": 1}");
+  EXPECT_EQ(call.content, "");
+  EXPECT_TRUE(call.calls.empty());  // the block may still grow until the next tag or the end
+  const ToolCallDelta next = parser.Push("[TOOL_CALLS]");
+  ASSERT_EQ(next.calls.size(), 1u);
+  EXPECT_EQ(next.calls[0].arguments, "{\"a\":1}");
+  EXPECT_EQ(parser.Finish().content, "[TOOL_CALLS]");  // an empty block is no call
+}
+
 TEST(ToolCallParserTest, ForcedCallTextsParseBack) {
   for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
     const std::string text =
@@ -160,10 +217,15 @@ TEST(ToolCallParserTest, ForcedCallTextsParseBack) {
 }
 
 TEST(ToolCallFormatTest, NamesAndDetection) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
-                           ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony})
+  for (ToolCallFormat f :
+       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
+        ToolCallFormat::kHarmony, ToolCallFormat::kMistral})
     EXPECT_EQ(ParseToolCallFormat(ToolCallFormatName(f)), f);
-  EXPECT_FALSE(ParseToolCallFormat("mistral").has_value());
+  EXPECT_FALSE(ParseToolCallFormat("deepseek").has_value());
+  EXPECT_EQ(DetectToolCallFormat("{{- \"[TOOL_CALLS] [\" }}{%- for tool in message.tool_calls %}"),
+            ToolCallFormat::kMistral);
+  EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' }}"),
+            ToolCallFormat::kMistral);
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("{{- '<|python_tag|>' + tool_call.name }}"),
             ToolCallFormat::kLlama3Json);
