@@ -356,6 +356,9 @@ std::vector<int32_t> Tokens(const std::shared_ptr<ResponseStream>& stream) {
 // A KV pool of 6 blocks, 8-row steps, two long generations and four mean-pooled embedding
 // requests: sequences are preempted (the newest first: embedding requests mid-prompt) and
 // recompute their prompts; each pooled vector is the same bits as alone (no row pooled twice).
+// Whether a run preempts depends on when the engine thread takes the requests (on a loaded
+// machine the first generation may finish before the second arrives), so the run is repeated,
+// up to 5 times, until one has preempted; every run's vectors must match.
 TEST(EmbeddingEngineTest, PreemptedRequestsPoolEachRowOnce) {
   const std::string dir = ModelDir("llama3");
   EMBER_REQUIRE_DIR(dir);
@@ -369,32 +372,38 @@ TEST(EmbeddingEngineTest, PreemptedRequestsPoolEachRowOnce) {
       Collect(SubmitOrFail(**alone_engine, EmbedRequest(prompt, {PoolingKind::kMean, false})));
   alone_engine->reset();
 
-  auto small = Model::Load(dir, ModelLoadOptions{});
-  ASSERT_TRUE(small.ok());
-  EngineConfig config;
-  config.max_step_tokens = 8;
-  config.kv_cache_bytes = (*small)->KvBytesPerToken() * 16 * 6;  // 6 blocks: 96 tokens
-  config.enable_prefix_caching = false;
-  auto engine = Engine::Create(small->get(), config);
-  ASSERT_TRUE(engine.ok()) << engine.message();
-  std::vector<std::shared_ptr<ResponseStream>> generations, embeddings;
-  for (int i = 0; i < 2; ++i) {
-    GenerationRequest gen;
-    gen.prompt_ids.assign(prompt.begin() + i, prompt.begin() + i + 8);
-    gen.max_tokens = 56;  // 64 tokens: 4 blocks each, 8 for both
-    gen.ignore_eos = true;
-    gen.sampling.temperature = 0.0f;
-    generations.push_back(SubmitOrFail(**engine, gen));
+  int64_t preemptions = 0;
+  for (int attempt = 0; attempt < 5 && preemptions == 0; ++attempt) {
+    SCOPED_TRACE("run " + std::to_string(attempt));
+    auto small = Model::Load(dir, ModelLoadOptions{});  // a model's KV pool is allocated once
+    ASSERT_TRUE(small.ok());
+    EngineConfig config;
+    config.max_step_tokens = 8;
+    config.kv_cache_bytes = (*small)->KvBytesPerToken() * 16 * 6;  // 6 blocks: 96 tokens
+    config.enable_prefix_caching = false;
+    auto engine = Engine::Create(small->get(), config);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    std::vector<std::shared_ptr<ResponseStream>> generations, embeddings;
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest gen;
+      gen.prompt_ids.assign(prompt.begin() + i, prompt.begin() + i + 8);
+      gen.max_tokens = 56;  // 64 tokens: 4 blocks each, 8 for both
+      gen.ignore_eos = true;
+      gen.sampling.temperature = 0.0f;
+      generations.push_back(SubmitOrFail(**engine, gen));
+    }
+    for (int i = 0; i < 4; ++i)
+      embeddings.push_back(
+          SubmitOrFail(**engine, EmbedRequest(prompt, {PoolingKind::kMean, false})));
+    for (auto& stream : embeddings) {
+      ASSERT_NE(stream, nullptr);
+      EXPECT_EQ(Collect(stream).embedding, alone.embedding);
+    }
+    for (auto& stream : generations) EXPECT_EQ(Tokens(stream).size(), 56u);
+    (*engine)->Shutdown(true);  // publishes the final stats
+    preemptions = (*engine)->Stats().preemptions;
   }
-  for (int i = 0; i < 4; ++i)
-    embeddings.push_back(SubmitOrFail(**engine, EmbedRequest(prompt, {PoolingKind::kMean, false})));
-  for (auto& stream : embeddings) {
-    ASSERT_NE(stream, nullptr);
-    EXPECT_EQ(Collect(stream).embedding, alone.embedding);
-  }
-  for (auto& stream : generations) EXPECT_EQ(Tokens(stream).size(), 56u);
-  (*engine)->Shutdown(true);  // publishes the final stats
-  EXPECT_GT((*engine)->Stats().preemptions, 0);
+  EXPECT_GT(preemptions, 0) << "no run preempted: the test did not reach its case";
 }
 
 TEST(EmbeddingEngineTest, RefusesGenerationFieldsNamingThem) {
