@@ -2,7 +2,8 @@
 // (its control tokens are single special ids) streamed id by id through a TextStream that keeps
 // harmony's control tokens, into a HarmonyParser, splits exactly as the text does; other special
 // tokens stay skipped, and a TextStream that skips every special token is unchanged. A chat
-// request to a harmony model is prepared for the harmony parser (forced calls are refused).
+// request to a harmony model is prepared for the harmony parser (forced calls are refused), and
+// one to a model whose template writes Mistral's [TOOL_CALLS] for the mistral parser (the same).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -121,6 +122,32 @@ TEST_F(HarmonyStreamTest, StopStringStillCutsTheText) {
   EXPECT_EQ(content, "One. ");
 }
 
+// A chat model served over `tokenizer` and `tmpl`, its output parsers chosen as `ember serve`'s
+// auto does from the template.
+ServedModel AutoServed(const std::string& name, const Tokenizer& tokenizer,
+                       const ChatTemplate& tmpl) {
+  ServedModel served;
+  served.name = name;
+  served.tokenizer = &tokenizer;
+  served.chat_template = &tmpl;
+  served.context_length = 4096;
+  served.vocab_size = tokenizer.vocab_size();
+  Result<OutputParsers> parsers = ChooseOutputParsers("auto", "auto", tmpl.tools_source());
+  EXPECT_TRUE(parsers.ok()) << parsers.message();
+  if (parsers.ok()) {
+    served.reasoning_format = parsers->reasoning;
+    served.tool_format = parsers->tools;
+  }
+  return served;
+}
+
+// A chat body: one user message and one tool.
+nlohmann::json ChatWithATool() {
+  const nlohmann::json tools = nlohmann::json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
+  return {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"tools", tools}};
+}
+
 TEST_F(HarmonyStreamTest, ChatRequestIsPreparedForHarmony) {
   // Enough of gpt-oss's template to end where its generation prompt does.
   auto tmpl = ChatTemplate::FromSource(
@@ -129,19 +156,8 @@ TEST_F(HarmonyStreamTest, ChatRequestIsPreparedForHarmony) {
       "{#- <|channel|>commentary to=functions. #}",
       "", "");
   ASSERT_TRUE(tmpl.ok()) << tmpl.message();
-  ServedModel served;
-  served.name = "gpt-oss";
-  served.tokenizer = tokenizer_.get();
-  served.chat_template = &*tmpl;
-  served.context_length = 4096;
-  served.vocab_size = tokenizer_->vocab_size();
-  Result<OutputParsers> parsers = ChooseOutputParsers("auto", "auto", tmpl->tools_source());
-  ASSERT_TRUE(parsers.ok()) << parsers.message();
-  served.reasoning_format = parsers->reasoning;
-  served.tool_format = parsers->tools;
-  const nlohmann::json tools = nlohmann::json::parse(
-      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
-  nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"tools", tools}};
+  const ServedModel served = AutoServed("gpt-oss", *tokenizer_, *tmpl);
+  nlohmann::json body = ChatWithATool();
 
   Prepared prepared = PrepareChat(served, body);
   ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
@@ -160,6 +176,31 @@ TEST_F(HarmonyStreamTest, ChatRequestIsPreparedForHarmony) {
   ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
   EXPECT_EQ(std::get<ApiError>(prepared).param, "tool_choice");
   EXPECT_NE(std::get<ApiError>(prepared).message.find("harmony"), std::string::npos);
+}
+
+// A chat request with tools to a model whose template writes [TOOL_CALLS] is prepared for the
+// mistral parser; forcing a call is a 400 naming tool_choice (the calls start with special tokens
+// the output constraint cannot write).
+TEST(MistralChatTest, ChatRequestTakesTheParserAndRefusesForcedCalls) {
+  EMBER_REQUIRE_DIR(testing::TokenizersDir() + "/qwen3");
+  auto tok = Tokenizer::Load(testing::TokenizersDir() + "/qwen3");
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  auto tmpl = ChatTemplate::FromSource(
+      "{%- for m in messages %}[INST]{{ m.content }}[/INST]{%- endfor %}{#- [TOOL_CALLS] #}", "",
+      "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
+  const ServedModel served = AutoServed("mistral", **tok, *tmpl);
+  ASSERT_EQ(served.tool_format, ToolCallFormat::kMistral);
+  nlohmann::json body = ChatWithATool();
+  Prepared prepared = PrepareChat(served, body);
+  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
+      << std::get<ApiError>(prepared).message;
+  EXPECT_EQ(std::get<PreparedRequest>(prepared).tool_format, ToolCallFormat::kMistral);
+  body["tool_choice"] = "required";
+  prepared = PrepareChat(served, body);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
+  EXPECT_EQ(std::get<ApiError>(prepared).param, "tool_choice");
+  EXPECT_NE(std::get<ApiError>(prepared).message.find("mistral"), std::string::npos);
 }
 
 }  // namespace

@@ -11,10 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "serve/output_parsers.h"
-#include "serve/request_builder.h"
 #include "serve/tool_calls.h"
-#include "template/chat_template.h"
 #include "util/mapped_file.h"
 #include "util/testing.h"
 
@@ -155,42 +152,6 @@ TEST(TextStreamTest, MistralControlTokensReachTheToolCallParser) {
   for (int32_t id : ids) plain += skipping.Push(id).text;
   plain += skipping.Finish();
   EXPECT_EQ(plain, "Once upon a time.tell_story{\"about\": \"a cat\"}");
-}
-
-// A chat request with tools to a model whose template writes [TOOL_CALLS] is prepared for the
-// mistral parser; forcing a call is a 400 naming tool_choice (the calls start with special tokens
-// the output constraint cannot write).
-TEST(TextStreamTest, MistralChatRequestTakesTheParserAndRefusesForcedCalls) {
-  EMBER_REQUIRE_DIR(testing::TokenizersDir() + "/qwen3");
-  auto tok = LoadQwen3();
-  ASSERT_NE(tok, nullptr);
-  auto tmpl = ChatTemplate::FromSource(
-      "{%- for m in messages %}[INST]{{ m.content }}[/INST]{%- endfor %}"
-      "{#- [TOOL_CALLS] #}",
-      "", "");
-  ASSERT_TRUE(tmpl.ok()) << tmpl.message();
-  ServedModel served;
-  served.name = "mistral";
-  served.tokenizer = tok.get();
-  served.chat_template = &*tmpl;
-  served.context_length = 4096;
-  served.vocab_size = tok->vocab_size();
-  Result<OutputParsers> parsers = ChooseOutputParsers("auto", "auto", tmpl->tools_source());
-  ASSERT_TRUE(parsers.ok()) << parsers.message();
-  served.tool_format = parsers->tools;
-  ASSERT_EQ(served.tool_format, ToolCallFormat::kMistral);
-  const nlohmann::json tools = nlohmann::json::parse(
-      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
-  nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"tools", tools}};
-  Prepared prepared = PrepareChat(served, body);
-  ASSERT_TRUE(std::holds_alternative<PreparedRequest>(prepared))
-      << std::get<ApiError>(prepared).message;
-  EXPECT_EQ(std::get<PreparedRequest>(prepared).tool_format, ToolCallFormat::kMistral);
-  body["tool_choice"] = "required";
-  prepared = PrepareChat(served, body);
-  ASSERT_TRUE(std::holds_alternative<ApiError>(prepared));
-  EXPECT_EQ(std::get<ApiError>(prepared).param, "tool_choice");
-  EXPECT_NE(std::get<ApiError>(prepared).message.find("mistral"), std::string::npos);
 }
 
 }  // namespace

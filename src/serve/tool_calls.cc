@@ -212,25 +212,30 @@ void ToolCallParser::AddCall(ToolCall call, ToolCallDelta* out) {
 // Content up to a call is released without its trailing whitespace (the separator before the
 // call); content is otherwise released up to any trailing whitespace, which is held until
 // something other than a call follows it.
+bool ToolCallParser::ReleaseUntilTag(std::string_view tag, bool final, ToolCallDelta* out) {
+  const size_t open = pending_.find(tag);
+  if (open != std::string::npos) {
+    Release(TrimRight(std::string_view(pending_).substr(0, open)), out);
+    pending_.erase(0, open + tag.size());
+    in_call_ = true;
+    return true;
+  }
+  std::string_view ready(pending_);
+  if (final) {
+    Release(num_calls_ > 0 ? TrimRight(ready) : ready, out);
+    pending_.clear();
+    return false;
+  }
+  ready = TrimRight(ready.substr(0, ready.size() - PartialTagLength(ready, tag)));
+  Release(ready, out);
+  pending_.erase(0, ready.size());
+  return false;
+}
+
 void ToolCallParser::ScanHermes(bool final, ToolCallDelta* out) {
   while (true) {
     if (!in_call_) {
-      const size_t open = pending_.find(kHermesOpen);
-      if (open != std::string::npos) {
-        Release(TrimRight(std::string_view(pending_).substr(0, open)), out);
-        pending_.erase(0, open + kHermesOpen.size());
-        in_call_ = true;
-        continue;
-      }
-      std::string_view ready(pending_);
-      if (final) {
-        Release(num_calls_ > 0 ? TrimRight(ready) : ready, out);
-        pending_.clear();
-        return;
-      }
-      ready = TrimRight(ready.substr(0, ready.size() - PartialTagLength(ready, kHermesOpen)));
-      Release(ready, out);
-      pending_.erase(0, ready.size());
+      if (ReleaseUntilTag(kHermesOpen, final, out)) continue;
       return;
     }
     const size_t close = pending_.find(kHermesClose);
@@ -284,22 +289,7 @@ void ToolCallParser::ScanLlama3(bool final, ToolCallDelta* out) {
 void ToolCallParser::ScanMistral(bool final, ToolCallDelta* out) {
   while (true) {
     if (!in_call_) {
-      const size_t open = pending_.find(kMistralCalls);
-      if (open != std::string::npos) {
-        Release(TrimRight(std::string_view(pending_).substr(0, open)), out);
-        pending_.erase(0, open + kMistralCalls.size());
-        in_call_ = true;
-        continue;
-      }
-      std::string_view ready(pending_);
-      if (final) {
-        Release(num_calls_ > 0 ? TrimRight(ready) : ready, out);
-        pending_.clear();
-        return;
-      }
-      ready = TrimRight(ready.substr(0, ready.size() - PartialTagLength(ready, kMistralCalls)));
-      Release(ready, out);
-      pending_.erase(0, ready.size());
+      if (ReleaseUntilTag(kMistralCalls, final, out)) continue;
       return;
     }
     const size_t next = pending_.find(kMistralCalls);

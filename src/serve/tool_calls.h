@@ -77,6 +77,10 @@ class ToolCallParser {
   void ScanLlama3(bool final, ToolCallDelta* out);
   void ScanMistral(bool final, ToolCallDelta* out);
   void Scan(bool final, ToolCallDelta* out);
+  // Outside a call (hermes, mistral): releases the content before `tag` and enters the call
+  // (true), or releases what can no longer start the tag (false: wait for more text; at the end
+  // everything, trailing whitespace after a call dropped).
+  bool ReleaseUntilTag(std::string_view tag, bool final, ToolCallDelta* out);
   void Release(std::string_view content, ToolCallDelta* out);
   void AddCall(ToolCall call, ToolCallDelta* out);
 
