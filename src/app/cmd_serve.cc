@@ -72,18 +72,18 @@ int ServeCommand(int argc, char** argv, int first) {
   serve::HttpConfig http;
   EngineFlags engine_flags;
   FlagParser flags(
-      "usage: ember serve (--model DIR | --models-dir DIR [--models-memory B]) [--host 127.0.0.1] "
-      "[--port 8080] [--served-model-name NAME]\n"
-      "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--kv-cache-dtype T] "
-      "[--max-queue N]\n"
+      "usage: ember serve (--model DIR | --models-dir DIR [--models-memory B])\n"
+      "       [--host 127.0.0.1] [--port 8080] [--served-model-name NAME]\n"
+      "       [--api-key KEY] [--max-batch N] [--kv-cache-bytes B] [--kv-cache-dtype T]\n"
+      "       [--max-queue N]\n"
       "       [--prompt-cache-ram-bytes B] [--prompt-cache-dir DIR --prompt-cache-disk-bytes B]\n"
-      "       [--chat-template FILE] [--tool-call-parser "
-      "auto|none|hermes|llama3_json|mistral|harmony]\n"
+      "       [--chat-template FILE]\n"
+      "       [--tool-call-parser auto|none|hermes|llama3_json|mistral|harmony]\n"
       "       [--reasoning-parser auto|none|think|harmony]\n"
       "       [--max-body-bytes B] [--http-threads N] [--max-connections N]\n"
       "       [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S]\n"
-      "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H] [--cors-origin "
-      "O]");
+      "       [--stream-buffer-bytes B] [--stall-timeout S] [--allowed-hosts H,H]\n"
+      "       [--cors-origin O]");
   flags.AddString("--model", &model_dir, "Hugging Face model folder or .gguf file");
   flags.AddString("--models-dir", &models_dir,
                   "serve every model folder below DIR, each loaded when a request names it");

@@ -4,10 +4,10 @@
 // attention scores (gemma2) and final logits; sliding/full layers (gemma3: local rope base on
 // sliding layers, per-head q/k norms).
 //   x = embed(tokens) * sqrt(hidden)
-//   per layer:  x += post_attn_norm(o(attn(norm(x))));  x +=
-//   post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..))) (each projection of a row with a LoRA
-//   adapter: += (in A^T) B^T, Backend::LoraDelta) logits = softcap(lm_head(norm(x)))[logits_rows]
-//   (hidden-state rows: norm(x)[rows])
+//   per layer:  x += post_attn_norm(o(attn(norm(x))))
+//               x += post_ffn_norm(down(gelu(gate(pre_ffn_norm(x))) * up(..)))
+//   (each projection of a row with a LoRA adapter: += (in A^T) B^T, Backend::LoraDelta)
+//   logits = softcap(lm_head(norm(x)))[logits_rows]   (hidden-state rows: norm(x)[rows])
 #include "model/architecture.h"
 
 namespace ember {

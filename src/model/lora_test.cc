@@ -161,13 +161,17 @@ constexpr Device kCudaF32{DeviceKind::kCuda, true, false};
 constexpr Device kCudaBf16{DeviceKind::kCuda, false, false};
 constexpr Device kCudaInvariant{DeviceKind::kCuda, false, true};
 
-std::unique_ptr<Model> LoadWithLora(const std::string& model, int32_t max_loras,
-                                    Device device = {}) {
+ModelLoadOptions OptionsFor(Device device) {
   ModelLoadOptions opts;
   opts.device = device.kind;
   opts.cuda_f32_compute = device.f32;
   opts.cuda_batch_invariant = device.invariant;
-  auto m = Model::Load(Fixtures() + "/models/" + model, opts);
+  return opts;
+}
+
+std::unique_ptr<Model> LoadWithLora(const std::string& model, int32_t max_loras,
+                                    Device device = {}) {
+  auto m = Model::Load(Fixtures() + "/models/" + model, OptionsFor(device));
   CHECK(m.ok()) << m.message();
   CHECK((*m)->AllocateKvCache(kNumBlocks, kBlockSize).ok());
   Status st = (*m)->EnableLora(max_loras, 64);
@@ -523,10 +527,7 @@ void CheckMergedWeightsParity(const std::string& model,
   WriteF32Safetensors(merged.dir + "/model.safetensors", weights);
   auto with_adapter = LoadWithLora(model, 1, device);
   const int32_t slot = AcquireOrDie(*with_adapter, adapter.dir);
-  ModelLoadOptions opts;
-  opts.device = device.kind;
-  opts.cuda_f32_compute = device.f32;
-  auto reference = Model::Load(merged.dir, opts);
+  auto reference = Model::Load(merged.dir, OptionsFor(device));
   ASSERT_TRUE(reference.ok()) << reference.message();
   ASSERT_TRUE((*reference)->AllocateKvCache(kNumBlocks, kBlockSize).ok());
   const std::vector<int32_t> prompt = {1, 17, 300, 42, 42, 8, 511, 99, 250, 3, 77, 128};

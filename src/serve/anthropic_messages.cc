@@ -483,7 +483,7 @@ out_json AnthropicOutput::Body(const out_json& chat, const std::string& stop_str
                          {"input", ToolInput(StringField(call["function"], "arguments"))}});
     }
   }
-  const out_json& usage = chat.at("usage");
+  const Usage usage = UsageFromJson(chat.at("usage"));
   return {{"id", id_},
           {"type", "message"},
           {"role", "assistant"},
@@ -491,11 +491,7 @@ out_json AnthropicOutput::Body(const out_json& chat, const std::string& stop_str
           {"content", std::move(content)},
           {"stop_reason", StopReason(StringField(choice, "finish_reason"), stop_string)},
           {"stop_sequence", StopSequence(stop_string)},
-          {"usage", UsageOf(usage.value("prompt_tokens", int64_t{0}),
-                            usage.contains("prompt_tokens_details")
-                                ? usage["prompt_tokens_details"].value("cached_tokens", int64_t{0})
-                                : int64_t{0},
-                            usage.value("completion_tokens", int64_t{0}))}};
+          {"usage", UsageOf(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)}};
 }
 
 void AnthropicOutput::Begin(const Usage& usage, std::string* out) {

@@ -123,6 +123,15 @@ json UsageJson(const Usage& u) {
   return usage;
 }
 
+Usage UsageFromJson(const json& u) {
+  Usage usage;
+  usage.prompt_tokens = u.value("prompt_tokens", int64_t{0});
+  usage.completion_tokens = u.value("completion_tokens", int64_t{0});
+  if (u.contains("prompt_tokens_details"))
+    usage.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+  return usage;
+}
+
 json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
                const Usage& usage) {
   const bool chat = meta.endpoint == Endpoint::kChat;

@@ -67,6 +67,9 @@ double SafeLogprob(float logprob);
 std::string NewResponseId(Endpoint endpoint);
 std::string NewToolCallId();  // "call_" + 24 hex digits, unique in this process
 nlohmann::json UsageJson(const Usage& usage);
+// The counts of a chat body's `usage` as UsageJson writes them (prompt, completion and cached
+// tokens; absent fields 0), for the dialects that reshape a chat body (Responses, Messages).
+Usage UsageFromJson(const nlohmann::json& usage);
 
 // Non-streaming body.
 nlohmann::json FinalBody(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,

@@ -549,12 +549,7 @@ out_json ResponsesOutput::Body(const out_json& chat, const std::string& /*stop_s
       items_.push_back(
           FunctionCallItem(call, "completed", StringField(call["function"], "arguments")));
   }
-  const out_json& u = chat.at("usage");
-  Usage usage;
-  usage.prompt_tokens = u.value("prompt_tokens", int64_t{0});
-  usage.completion_tokens = u.value("completion_tokens", int64_t{0});
-  if (u.contains("prompt_tokens_details"))
-    usage.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", int64_t{0});
+  const Usage usage = UsageFromJson(chat.at("usage"));
   return ResponseJson(incomplete() ? "incomplete" : "completed", &usage);
 }
 

@@ -30,8 +30,7 @@ Result<OutputParsers> ChooseOutputParsers(std::string_view reasoning_flag,
     out.tools = *f;
   } else {
     return Status::Error(
-        "--tool-call-parser: must be auto, none, hermes, llama3_json, mistral or "
-        "harmony, got '" +
+        "--tool-call-parser: must be auto, none, hermes, llama3_json, mistral or harmony, got '" +
         std::string(tool_flag) + "'");
   }
   const bool reasoning_other =

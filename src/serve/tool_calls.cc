@@ -101,7 +101,7 @@ std::string_view Trim(std::string_view s) {
 std::optional<std::vector<ToolCall>> ParseMistralBlock(std::string_view body) {
   body = Trim(body);
   std::vector<ToolCall> calls;
-  if (!body.empty() && body.front() == '[' && body.substr(0, kMistralArgs.size()) != kMistralArgs) {
+  if (!body.empty() && body.front() == '[') {
     ordered j = ordered::parse(body, nullptr, false);
     if (!j.is_array() || j.empty()) return std::nullopt;
     for (ordered& item : j) {
