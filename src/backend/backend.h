@@ -182,9 +182,13 @@ struct LoraPart {
 constexpr size_t kMaxLoraParts = 3;  // the most parts of one LoraDeltaGroup (q, k, v)
 
 // One float32 host matrix [rows, cols] of a LoRA slot's upload (Backend::UploadLoraSlot).
+// site: which projection the matrix adapts, the same number in every slot (LoraSet: layer * 7 +
+// target; -1 unknown). A backend may keep each site's matrices of every slot side by side (CUDA's
+// stacks); a matrix of site -1 is applied on its own.
 struct LoraHostMatrix {
   const float* data = nullptr;
   int64_t rows = 0, cols = 0;
+  int64_t site = -1;
 };
 
 // The gated activation of an expert, act(g, u) for its gate and up values.

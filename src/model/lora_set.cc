@@ -123,11 +123,13 @@ Status LoraSet::Load(int32_t index, const std::string& dir, uint64_t digest) {
   // Every matrix of the adapter in one upload (the backend reuses the slot's storage).
   std::vector<LoraHostMatrix> matrices;
   const int64_t r = slot.host.config.rank;
-  for (auto& layer : slot.host.layers) {
-    for (LoraMatrices& m : layer) {
+  for (size_t l = 0; l < slot.host.layers.size(); ++l) {
+    for (size_t t = 0; t < kNumLoraTargets; ++t) {
+      LoraMatrices& m = slot.host.layers[l][t];
       if (m.empty()) continue;
-      matrices.push_back(LoraHostMatrix{m.a.data(), r, m.in});
-      matrices.push_back(LoraHostMatrix{m.b.data(), m.out, r});
+      const auto site = static_cast<int64_t>(l * kNumLoraTargets + t);
+      matrices.push_back(LoraHostMatrix{m.a.data(), r, m.in, site});
+      matrices.push_back(LoraHostMatrix{m.b.data(), m.out, r, site});
     }
   }
   EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> tensors, backend_->UploadLoraSlot(index, matrices));

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -389,6 +390,12 @@ class CudaBackend final : public Backend {
   // switches_.lora_gemm_rows rows, where the base MatMuls are cuBLAS's (bf16 x and weights).
   bool LoraGemmSegment(const Tensor& x, const LoraSegment& seg) const;
   bool RecordLoraGemms(const Tensor& x, std::span<const LoraPart> parts, LoraPart* rest);
+  // The call as GEMMs over the stacks of its parts' sites (lora_stacks_); false, nothing
+  // recorded, where it does not fit (EMBER_LORA_STACKED_ROWS, bf16 x, every segment stacked).
+  bool RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts);
+  // Lays lora_stacks_ out again for the slots' matrices (lora_slot_matrices_) where their sites,
+  // ranks or slot count changed, else rewrites `slot`'s columns only. Device-synchronous.
+  void UpdateLoraStacks(int32_t slot);
 
   // ---- attention (cuda_attention.cc) ----
   cuda::KvLayerView KvLayer(int32_t layer, int32_t num_kv_heads, int32_t head_dim) const;
@@ -613,6 +620,41 @@ class CudaBackend final : public Backend {
   // LoraDelta's t [rows, parts * lora_rank_cap_] f32: one arena region per step, shared by its
   // calls.
   StepRegion lora_t_;
+  // The stacked form (RecordLoraStacked): per site (a projection, LoraHostMatrix::site), every
+  // slot's a and b side by side in bf16, copied from the slots' storage: a [slots * rank, k]
+  // (slot s's rows from s * rank), b [m, slots * rank] (its columns from s * rank), zero where a
+  // slot's rank is smaller or it has no matrix for the site; rank the largest slot rank rounded
+  // up to 8. Kept in site order, a stacks before b stacks, so the a stacks of consecutive sites
+  // (q, k, v) are adjacent. Empty in the f32 mode and where device memory is short.
+  struct LoraSlotMatrix {
+    int64_t site;
+    const void* a;
+    const void* b;
+    int32_t rank;
+    int64_t k, m;
+  };
+  std::vector<std::vector<LoraSlotMatrix>> lora_slot_matrices_;  // by slot: its sited matrices
+  struct LoraStack {
+    int64_t site, k, m;
+    unsigned char* a;
+    unsigned char* b;
+  };
+  std::vector<LoraStack> lora_stacks_;
+  DeviceBuffer lora_stack_buffer_;
+  int32_t lora_stack_slots_ = 0, lora_stack_rank_ = 0;
+  struct LoraStackRef {
+    int32_t stack, slot;
+  };
+  std::unordered_map<const void*, LoraStackRef> lora_stack_of_;  // a slot matrix's a -> its stack
+  std::vector<int32_t> lora_part_rows_;  // RecordLoraStacked's [part][row] slots
+  // Per part count, the step's last staged table (a call with the same table reuses it).
+  struct LoraStagedPartRows {
+    uint64_t step = 0;
+    std::vector<int32_t> rows;
+    const int32_t* dev = nullptr;
+  };
+  std::array<LoraStagedPartRows, kMaxLoraKernelParts> lora_part_rows_staged_;
+  StepRegion lora_tb_;  // its masked t, bf16
 
   // ---- the step: plan, workspace, ids ----
   // The step's plan: host staging, device copy and the host facts launches need.

@@ -80,7 +80,115 @@ Result<std::vector<Tensor>> CudaBackend::UploadLoraSlot(int32_t slot,
     offset += Align256(n * elem);
   }
   CUDA_CHECK(cudaMemcpy(buffer.data(), host.data(), total, cudaMemcpyHostToDevice));
+  // Pairs (a, then b) of one site join the stacks.
+  if (lora_slot_matrices_.size() < lora_slots_.size())
+    lora_slot_matrices_.resize(lora_slots_.size());
+  std::vector<LoraSlotMatrix>& sited = lora_slot_matrices_[static_cast<size_t>(slot)];
+  sited.clear();
+  for (size_t i = 0; i + 1 < matrices.size(); ++i) {
+    const LoraHostMatrix &a = matrices[i], &b = matrices[i + 1];
+    if (a.site < 0 || b.site != a.site || a.rows != b.cols) continue;
+    sited.push_back(LoraSlotMatrix{a.site, tensors[i].data, tensors[i + 1].data,
+                                   static_cast<int32_t>(a.rows), a.cols, b.rows});
+    ++i;
+  }
+  UpdateLoraStacks(slot);
   return tensors;
+}
+
+void CudaBackend::UpdateLoraStacks(int32_t slot) {
+  if (f32_compute_ || switches_.lora_stacked_rows <= 0) return;
+  // Every site's shape (k, m) and the largest rank.
+  std::vector<LoraStack> sites;
+  int32_t rank = 0;
+  bool consistent = true;
+  for (const std::vector<LoraSlotMatrix>& matrices : lora_slot_matrices_) {
+    for (const LoraSlotMatrix& mat : matrices) {
+      rank = std::max(rank, mat.rank);
+      auto at = std::lower_bound(sites.begin(), sites.end(), mat.site,
+                                 [](const LoraStack& s, int64_t site) { return s.site < site; });
+      if (at != sites.end() && at->site == mat.site) {
+        consistent = consistent && at->k == mat.k && at->m == mat.m;
+      } else {
+        sites.insert(at, LoraStack{mat.site, mat.k, mat.m, nullptr, nullptr});
+      }
+    }
+  }
+  rank = (rank + 7) / 8 * 8;
+  const auto slots = static_cast<int32_t>(lora_slot_matrices_.size());
+  bool same_layout = consistent && slots == lora_stack_slots_ && rank == lora_stack_rank_ &&
+                     sites.size() == lora_stacks_.size();
+  for (size_t i = 0; same_layout && i < sites.size(); ++i)
+    same_layout = sites[i].site == lora_stacks_[i].site && sites[i].k == lora_stacks_[i].k &&
+                  sites[i].m == lora_stacks_[i].m;
+  const size_t width = static_cast<size_t>(slots) * static_cast<size_t>(rank);  // columns
+  std::vector<int32_t> rewrite;  // the slots whose columns are written
+  if (same_layout) {
+    rewrite.push_back(slot);
+  } else {
+    lora_stacks_.clear();
+    lora_stack_of_.clear();
+    lora_stack_buffer_ = DeviceBuffer();
+    lora_stack_slots_ = lora_stack_rank_ = 0;
+    if (!consistent || sites.empty()) return;
+    size_t total = 0;
+    for (const LoraStack& st : sites)
+      total += Align256(width * static_cast<size_t>(st.k) * 2) +
+               Align256(static_cast<size_t>(st.m) * width * 2);
+    // A second copy of every adapter: only where it leaves the device room (else the BGMV
+    // kernels serve every call).
+    constexpr size_t kReserve = size_t{1} << 30;
+    size_t free_bytes = 0, device_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &device_bytes));
+    if (total + kReserve > free_bytes) return;
+    lora_stack_buffer_ = DeviceBuffer(total);
+    CUDA_CHECK(cudaMemsetAsync(lora_stack_buffer_.data(), 0, total, stream()));
+    auto* next = static_cast<unsigned char*>(lora_stack_buffer_.data());
+    for (LoraStack& st : sites) {  // the a stacks in site order, then the b stacks
+      st.a = next;
+      next += Align256(width * static_cast<size_t>(st.k) * 2);
+    }
+    for (LoraStack& st : sites) {
+      st.b = next;
+      next += Align256(static_cast<size_t>(st.m) * width * 2);
+    }
+    lora_stacks_ = std::move(sites);
+    lora_stack_slots_ = slots;
+    lora_stack_rank_ = rank;
+    for (int32_t s = 0; s < slots; ++s) rewrite.push_back(s);
+  }
+  const size_t R = static_cast<size_t>(lora_stack_rank_);
+  auto stack_of = [&](int64_t site) {
+    return static_cast<size_t>(
+        std::lower_bound(lora_stacks_.begin(), lora_stacks_.end(), site,
+                         [](const LoraStack& st, int64_t want) { return st.site < want; }) -
+        lora_stacks_.begin());
+  };
+  for (const int32_t s : rewrite) {
+    const size_t col = static_cast<size_t>(s) * R;
+    if (same_layout) {  // the slot's previous adapter may have had sites or a rank this one lacks
+      for (const LoraStack& st : lora_stacks_) {
+        CUDA_CHECK(cudaMemsetAsync(st.a + col * static_cast<size_t>(st.k) * 2, 0,
+                                   R * static_cast<size_t>(st.k) * 2, stream()));
+        CUDA_CHECK(cudaMemset2DAsync(st.b + col * 2, width * 2, 0, R * 2, static_cast<size_t>(st.m),
+                                     stream()));
+      }
+    }
+    for (const LoraSlotMatrix& mat : lora_slot_matrices_[static_cast<size_t>(s)]) {
+      const LoraStack& st = lora_stacks_[stack_of(mat.site)];
+      const auto r = static_cast<size_t>(mat.rank);
+      CUDA_CHECK(cudaMemcpyAsync(st.a + col * static_cast<size_t>(st.k) * 2, mat.a,
+                                 r * static_cast<size_t>(st.k) * 2, cudaMemcpyDeviceToDevice,
+                                 stream()));
+      CUDA_CHECK(cudaMemcpy2DAsync(st.b + col * 2, width * 2, mat.b, r * 2, r * 2,
+                                   static_cast<size_t>(st.m), cudaMemcpyDeviceToDevice, stream()));
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  lora_stack_of_.clear();
+  for (int32_t s = 0; s < slots; ++s)
+    for (const LoraSlotMatrix& mat : lora_slot_matrices_[static_cast<size_t>(s)])
+      lora_stack_of_[mat.a] = LoraStackRef{static_cast<int32_t>(stack_of(mat.site)), s};
 }
 
 int32_t CudaBackend::LoraSlotOf(const void* p, int32_t hint) const {
@@ -229,8 +337,10 @@ void CudaBackend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, co
 void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
                              const float* const* bases) {
   CHECK_LE(parts.size(), static_cast<size_t>(kMaxLoraKernelParts));
-  // Prefill-sized segments where the base MatMuls are cuBLAS's: two cuBLAS GEMMs per segment and
-  // part; the rest: the BGMV kernels.
+  // Calls of up to EMBER_LORA_STACKED_ROWS rows where the base MatMuls are cuBLAS's: GEMMs over
+  // the stacks. Else prefill-sized segments there: two cuBLAS GEMMs per segment and part; the
+  // rest: the BGMV kernels.
+  if (bases == nullptr && RecordLoraStacked(x, parts)) return;
   LoraPart rest[kMaxLoraKernelParts];
   if (bases == nullptr && RecordLoraGemms(x, parts, rest))
     parts = std::span<const LoraPart>(rest, parts.size());
@@ -454,6 +564,116 @@ bool CudaBackend::RecordLoraGemms(const Tensor& x, std::span<const LoraPart> par
                                 g.rank, &one, g.b, CUDA_R_16BF, g.rank, g.t, CUDA_R_16BF, g.rank,
                                 &one, g.out, g.out_bf16 ? CUDA_R_16BF : CUDA_R_32F,
                                 static_cast<int>(g.m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  });
+  return true;
+}
+
+// Every slot at once: t [n][part][slots * rank] f32 = x times each part's a stack (one GEMM for
+// the parts whose a stacks lie side by side), tb [part][n][slots * rank] bf16 = t where the
+// column's slot is the row's in that part and 0 elsewhere (LaunchLoraStackMask), then out[part]
+// += tb[part] times the part's b stack (beta 1). f32 accumulation; t rounded to bf16 once, as in
+// RecordLoraGemms; not batch-invariant, like the cuBLAS MatMuls beside it. The graph key holds
+// the tables' addresses, not the rows' slots: any mix of adapters replays one graph.
+bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts) {
+  const int64_t n = x.rows(), k = x.cols();
+  if (lora_stacks_.empty() || switches_.lora_stacked_rows <= 0 || n > switches_.lora_stacked_rows ||
+      !Bf16MatMulInput(n) || x.dtype != DType::kBF16)
+    return false;
+  const size_t num_parts = parts.size();
+  if (num_parts == 0 || num_parts > static_cast<size_t>(kMaxLoraKernelParts)) return false;
+  const LoraStack* stack[kMaxLoraKernelParts] = {};
+  lora_part_rows_.assign(num_parts * static_cast<size_t>(n), -1);
+  for (size_t p = 0; p < num_parts; ++p) {
+    for (const LoraSegment& seg : parts[p].segments) {
+      const auto it = lora_stack_of_.find(seg.a->data);
+      if (it == lora_stack_of_.end()) return false;
+      const LoraStack& st = lora_stacks_[static_cast<size_t>(it->second.stack)];
+      if (stack[p] != nullptr && stack[p] != &st) return false;  // two sites in one part
+      stack[p] = &st;
+    }
+  }
+  if (std::all_of(stack, stack + num_parts, [](const LoraStack* st) { return st == nullptr; }))
+    return false;  // no segments
+  for (size_t p = 0; p < num_parts; ++p) {
+    const Tensor& out = parts[p].out;
+    if (stack[p] == nullptr) continue;
+    CHECK(out.dtype == DType::kF32 || out.dtype == DType::kBF16) << DTypeName(out.dtype);
+    CHECK(stack[p]->k == k && stack[p]->m == out.cols() && out.rows() == n)
+        << "LoraDelta: x " << ShapeString(x) << " out " << ShapeString(out) << " for an adapter of "
+        << stack[p]->k << " -> " << stack[p]->m;
+    for (const LoraSegment& seg : parts[p].segments) {
+      CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= n);
+      const int32_t slot = lora_stack_of_.at(seg.a->data).slot;
+      for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
+        int32_t& row_slot = lora_part_rows_[p * static_cast<size_t>(n) + static_cast<size_t>(r)];
+        CHECK_EQ(row_slot, -1) << "LoraDelta: segments overlap at row " << r;
+        row_slot = slot;
+      }
+    }
+  }
+  const int32_t rank = lora_stack_rank_, width = lora_stack_slots_ * rank;
+  LoraStagedPartRows& staged = lora_part_rows_staged_[num_parts - 1];
+  if (staged.step != steps_begun_ || staged.rows != lora_part_rows_ || staged.dev == nullptr) {
+    staged.dev = static_cast<const int32_t*>(
+        LoraStage(lora_part_rows_.data(), lora_part_rows_.size() * sizeof(int32_t)));
+    staged.rows = lora_part_rows_;
+    staged.step = steps_begun_;
+  }
+  const int32_t* rows_dev = staged.dev;
+  auto* t = reinterpret_cast<float*>(
+      StepRegionOf(lora_t_, static_cast<size_t>(n) * num_parts * static_cast<size_t>(width) * 4));
+  void* tb =
+      StepRegionOf(lora_tb_, num_parts * static_cast<size_t>(n) * static_cast<size_t>(width) * 2);
+  bool one_shrink = true;  // every part's a stack right after the one before
+  for (size_t p = 0; p < num_parts; ++p)
+    one_shrink = one_shrink && stack[p] != nullptr &&
+                 stack[p]->a == stack[0]->a + p * static_cast<size_t>(width) * k * 2;
+  struct Part {
+    const void* a;
+    const void* b;
+    void* out;
+    int64_t m;
+    bool out_bf16;
+  };
+  std::array<Part, kMaxLoraKernelParts> recorded{};
+  std::vector<uint64_t> key = {KeyOf(x.data), U(n),     U(k),      U(num_parts),    U(width),
+                               U(rank),       KeyOf(t), KeyOf(tb), KeyOf(rows_dev), U(one_shrink)};
+  for (size_t p = 0; p < num_parts; ++p) {
+    if (stack[p] == nullptr) continue;
+    recorded[p] = Part{stack[p]->a, stack[p]->b, parts[p].out.data, stack[p]->m,
+                       parts[p].out.dtype == DType::kBF16};
+    key.insert(key.end(), {U(p), KeyOf(recorded[p].a), KeyOf(recorded[p].b), KeyOf(recorded[p].out),
+                           U(recorded[p].m), U(recorded[p].out_bf16)});
+  }
+  const cublasHandle_t handle = cublas_.get();
+  const void* xd = x.data;
+  const auto parts_n = static_cast<int32_t>(num_parts);
+  recorder_.Record(OpKind::kLoraStacked, key, [=](cudaStream_t st) {
+    // Row-major y[rows, m] = x[rows, k] w[m, k]^T is column-major y^T = w^T x^T.
+    const float one = 1.0f, zero = 0.0f;
+    const int ldt = parts_n * width;
+    for (int32_t p = 0; p < parts_n; ++p) {
+      if (recorded[p].a == nullptr) continue;
+      const int rows_of_a = one_shrink ? ldt : width;
+      CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, rows_of_a, static_cast<int>(n),
+                                static_cast<int>(k), &one, recorded[p].a, CUDA_R_16BF,
+                                static_cast<int>(k), xd, CUDA_R_16BF, static_cast<int>(k), &zero,
+                                t + static_cast<int64_t>(p) * width, CUDA_R_32F, ldt,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      if (one_shrink) break;
+    }
+    LaunchLoraStackMask(t, rows_dev, static_cast<int32_t>(n), parts_n, width, rank, tb, st);
+    for (int32_t p = 0; p < parts_n; ++p) {
+      const Part& part = recorded[p];
+      if (part.a == nullptr) continue;
+      const auto* tbp =
+          static_cast<const unsigned char*>(tb) + static_cast<int64_t>(p) * n * width * 2;
+      CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(part.m),
+                                static_cast<int>(n), width, &one, part.b, CUDA_R_16BF, width, tbp,
+                                CUDA_R_16BF, width, &one, part.out,
+                                part.out_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(part.m),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   });
   return true;

@@ -336,6 +336,155 @@ TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
   }
 }
 
+// The stacked form (bf16 mode, bf16 x, 9 to EMBER_LORA_STACKED_ROWS rows, sited matrices): every
+// slot's matrices of a site side by side, one cuBLAS GEMM for the shrink of q/k/v-like parts whose
+// sites are consecutive (a shrink per part otherwise), the mask, an expand GEMM per part. Against
+// the CPU over the bf16-rounded x and weights, per part: relative L2 of the update within 1e-2
+// (t rounded to bf16 once; out too where it is bf16). Slot 1 has part 1's matrices but no segment
+// there (its rows stay untouched), slot 2 has no matrices for part 1 and was first loaded with a
+// larger rank in place (its stale columns must not count); rows 0-3, 10-11 and 44 are in no
+// segment. Then decode steps of 16 rows replayed from one graph with a new mix of adapters.
+TEST_F(CudaOpsTest, LoraDeltaStackedMatchesTheCpu) {
+  const ScopedEnv stacked_rows("EMBER_LORA_STACKED_ROWS", "1024");
+  const int64_t n = 45, k = 200;
+  const int64_t ms[3] = {300, 72, 136};
+  const int64_t ranks[3] = {16, 8, 5};  // by slot
+  const std::vector<Span> spans = {{4, 1, 0}, {5, 3, 1}, {12, 20, 2}, {32, 9, 1}, {41, 3, 0}};
+  // hosts[slot][part]; slot 2 has none for part 1.
+  std::vector<std::vector<HostAdapter>> hosts(3);
+  for (int32_t s = 0; s < 3; ++s)
+    for (int p = 0; p < 3; ++p)
+      hosts[static_cast<size_t>(s)].push_back(
+          RandomAdapter(s == 2 && p == 1 ? 1 : ranks[s], k, ms[p],
+                        70 + 7 * static_cast<uint32_t>(s) + static_cast<uint32_t>(p), true));
+  auto upload = [&](Backend& be, int32_t s, const std::vector<HostAdapter>& h) {
+    std::vector<LoraHostMatrix> mats;
+    for (int p = 0; p < 3; ++p) {
+      if (s == 2 && p == 1) continue;
+      const HostAdapter& a = h[static_cast<size_t>(p)];
+      mats.push_back({a.a.data(), a.rank, k, p});
+      mats.push_back({a.b.data(), ms[p], a.rank, p});
+    }
+    auto r = be.UploadLoraSlot(s, mats);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return std::move(r).value();
+  };
+  // segs[p] over slot tensors (a, b per present part, in part order).
+  auto segments_of = [&](const std::vector<std::vector<Tensor>>& slots,
+                         const std::vector<Span>& step_spans, int p) {
+    std::vector<LoraSegment> segs;
+    for (const Span& sp : step_spans) {
+      if (p == 1 && sp.adapter != 0) continue;  // slot 1: no segment; slot 2: no matrices
+      const size_t at = static_cast<size_t>(sp.adapter == 2 && p == 2 ? 1 : p);  // slot 2: [0, 2]
+      const auto& t = slots[static_cast<size_t>(sp.adapter)];
+      segs.push_back(LoraSegment{sp.first, sp.rows, &t[2 * at], &t[2 * at + 1]});
+    }
+    return segs;
+  };
+  auto reference = [&](const std::vector<float>& x, const std::vector<float>& out0, int64_t rows,
+                       int p, const std::vector<Span>& step_spans) {
+    std::vector<HostAdapter> ads;
+    for (size_t s = 0; s < 3; ++s) ads.push_back(hosts[s][static_cast<size_t>(p)]);
+    std::vector<Span> kept;
+    for (const Span& sp : step_spans)
+      if (p != 1 || sp.adapter == 0) kept.push_back(sp);
+    return CpuReference(x, out0, rows, k, ms[p], ads, kept);
+  };
+  for (const bool bf16_out : {false, true}) {
+    SCOPED_TRACE(bf16_out ? "bf16 out" : "f32 out");
+    CudaBackendOptions options;
+    options.profile_ops = true;
+    auto created = CreateCudaBackend(0, options);
+    ASSERT_TRUE(created.ok()) << created.status().message();
+    Backend& be = **created;
+    std::vector<std::vector<Tensor>> slots;
+    for (int32_t s = 0; s < 3; ++s) {
+      if (s == 2) {  // an adapter of rank 8 there first: the same stacks, reloaded in place
+        std::vector<HostAdapter> old;
+        for (int p = 0; p < 3; ++p)
+          old.push_back(RandomAdapter(8, k, ms[p], 90 + static_cast<uint32_t>(p), true));
+        upload(be, s, old);
+      }
+      slots.push_back(upload(be, s, hosts[static_cast<size_t>(s)]));
+    }
+    std::vector<float> x = Random(static_cast<size_t>(n * k), 1);
+    for (float& v : x) v = RoundBf16(v);
+    std::vector<float> out0[3];
+    for (int p = 0; p < 3; ++p) {
+      out0[p] = Random(static_cast<size_t>(n * ms[p]), 2 + static_cast<uint32_t>(p));
+      if (bf16_out)
+        for (float& v : out0[p]) v = RoundBf16(v);
+    }
+    // parts {0, 1, 2} (one shrink) and {0, 2} (a shrink each).
+    for (const std::vector<int>& which : {std::vector<int>{0, 1, 2}, std::vector<int>{0, 2}}) {
+      SCOPED_TRACE(testing::Message() << which.size() << " parts");
+      ASSERT_TRUE(be.BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+      Tensor xt = be.AllocMatMulInput({n, k});
+      ASSERT_EQ(xt.dtype, DType::kBF16);
+      ASSERT_TRUE(CudaCopyFromHost(be, x, xt).ok());
+      std::vector<std::vector<LoraSegment>> segs;
+      std::vector<LoraPart> parts;
+      for (const int p : which) segs.push_back(segments_of(slots, spans, p));
+      for (size_t i = 0; i < which.size(); ++i) {
+        const int64_t m = ms[which[i]];
+        Tensor o = bf16_out ? be.AllocMatMulOutput({n, m}) : be.Alloc({n, m});
+        ASSERT_TRUE(CudaCopyFromHost(be, out0[which[i]], o).ok());
+        parts.push_back(LoraPart{segs[i], o});
+      }
+      const int64_t stacked = OpCalls(be, "LoraStacked"), bgmv = OpCalls(be, "LoraDelta");
+      be.LoraDeltaGroup(xt, parts);
+      for (size_t i = 0; i < which.size(); ++i) {
+        const int p = which[i];
+        SCOPED_TRACE(testing::Message() << "part " << p);
+        const std::vector<float> got = Download(be, parts[i].out);
+        const std::vector<float>& o0 = out0[p];
+        EXPECT_LT(UpdateError(got, reference(x, o0, n, p, spans), o0), 1e-2);
+        std::vector<int64_t> untouched = {0, 1, 2, 3, 10, 11, 44};
+        if (p == 1) untouched.insert(untouched.end(), {5, 6, 7, 12, 20, 31, 32, 40});
+        for (const int64_t r : untouched)
+          EXPECT_EQ(0, std::memcmp(got.data() + r * ms[p], o0.data() + r * ms[p],
+                                   static_cast<size_t>(ms[p]) * 4))
+              << "row " << r;
+      }
+      EXPECT_EQ(OpCalls(be, "LoraStacked") - stacked, 1);
+      EXPECT_EQ(OpCalls(be, "LoraDelta") - bgmv, 0);
+    }
+  }
+
+  // Decode steps of 16 rows in graphs: each step's mix is data.
+  CudaBackendOptions options;
+  options.cuda_graphs = true;
+  auto created = CreateCudaBackend(0, options);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  Backend& be = **created;
+  std::vector<std::vector<Tensor>> slots;
+  for (int32_t s = 0; s < 3; ++s) slots.push_back(upload(be, s, hosts[static_cast<size_t>(s)]));
+  const int64_t rows = 16;
+  const std::vector<std::vector<Span>> steps = {{{0, 2, 0}, {3, 5, 1}, {9, 4, 2}},
+                                                {{0, 2, 0}, {3, 5, 1}, {9, 4, 2}},
+                                                {{1, 6, 2}, {8, 8, 0}},
+                                                {{0, 16, 1}}};
+  for (size_t step = 0; step < steps.size(); ++step) {
+    SCOPED_TRACE(testing::Message() << "step " << step);
+    std::vector<float> x = Random(static_cast<size_t>(rows * k), 80 + static_cast<uint32_t>(step));
+    for (float& v : x) v = RoundBf16(v);
+    const std::vector<float> out0 = Random(static_cast<size_t>(rows * ms[0]), 81);
+    BatchPlan plan;
+    for (int32_t s = 0; s < rows; ++s) plan.AddSequence({1}, 5, {s}, true);
+    ASSERT_TRUE(be.BeginStep(plan).ok());
+    Tensor xt = be.AllocMatMulInput({rows, k}), ot = be.Alloc({rows, ms[0]});
+    ASSERT_EQ(xt.dtype, DType::kBF16);
+    ASSERT_TRUE(CudaCopyFromHost(be, x, xt).ok());
+    ASSERT_TRUE(CudaCopyFromHost(be, out0, ot).ok());
+    be.LoraDelta(xt, segments_of(slots, steps[step], 0), ot);
+    const std::vector<float> got = Download(be, ot);
+    EXPECT_LT(UpdateError(got, reference(x, out0, rows, 0, steps[step]), out0), 1e-2);
+  }
+  const CudaGraphStats stats = CudaGetGraphStats(be);
+  EXPECT_EQ(stats.captures, 1) << "a new mix is data, not a new graph";
+  EXPECT_EQ(stats.replays, 3);
+}
+
 // One row on the GEMV (bf16 mode): MatMulGroupLora folds each update into its projection's
 // bias (the update written with the bias first, the GEMV adding it), or computes it inside the
 // GEMV launch (fused: no LoraDelta op runs), which equals MatMulGroup then LoraDeltaGroup up to

@@ -261,7 +261,43 @@ void LaunchTyped(const LoraDeltaArgs& a, cudaStream_t stream) {
   }
 }
 
+// tb[p][row][j] = t[row][p][j] rounded to bf16 where the row's slot in part p owns column j
+// (j / rank == part_rows[p][row]), else 0. A thread per 8 adjacent columns (16-byte stores).
+__global__ void LoraStackMaskKernel(const float* __restrict__ t,
+                                    const int32_t* __restrict__ part_rows, int32_t n, int32_t parts,
+                                    int32_t width, int32_t rank, __nv_bfloat16* __restrict__ tb) {
+  const int64_t groups = static_cast<int64_t>(parts) * n * (width / 8);
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  const int32_t j = static_cast<int32_t>(g % (width / 8)) * 8;
+  const int64_t pr = g / (width / 8);  // p * n + row
+  const int32_t row = static_cast<int32_t>(pr % n), p = static_cast<int32_t>(pr / n);
+  const int32_t slot = part_rows[pr];
+  __align__(16) __nv_bfloat16 v[8];
+  if (slot >= 0 && j / rank == slot) {  // rank % 8 == 0: the 8 columns share a slot
+    const float* src = t + (static_cast<int64_t>(row) * parts + p) * width + j;
+    const float4 lo = *reinterpret_cast<const float4*>(src);
+    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    const float f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    for (int i = 0; i < 8; ++i) v[i] = __float2bfloat16_rn(f[i]);
+  } else {
+    for (int i = 0; i < 8; ++i) v[i] = __float2bfloat16_rn(0.0f);
+  }
+  *reinterpret_cast<uint4*>(tb + pr * width + j) = *reinterpret_cast<const uint4*>(v);
+}
+
 }  // namespace
+
+void LaunchLoraStackMask(const float* t, const int32_t* part_rows, int32_t n, int32_t parts,
+                         int32_t width, int32_t rank, void* tb, cudaStream_t stream) {
+  const int64_t groups = static_cast<int64_t>(parts) * n * (width / 8);
+  if (groups == 0) return;
+  constexpr int kThreads = 256;
+  LoraStackMaskKernel<<<static_cast<unsigned>((groups + kThreads - 1) / kThreads), kThreads, 0,
+                        stream>>>(t, part_rows, n, parts, width, rank,
+                                  static_cast<__nv_bfloat16*>(tb));
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream) {
   if (args.n == 0 || args.rank_cap == 0) return;

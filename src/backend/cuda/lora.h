@@ -55,4 +55,11 @@ struct LoraDeltaArgs {
 // chunks before waiting on the kernel before it; float32 accumulation, each element's order fixed
 // by its row alone: batch-invariant.
 void LaunchLoraDelta(const LoraDeltaArgs& args, cudaStream_t stream);
+
+// The stacked form's step between its shrink and expand GEMMs (CudaBackend::RecordLoraStacked):
+// t [n][parts][width] f32, the shrink of every slot's rank block (width = slots * rank, rank a
+// multiple of 8); tb [parts][n][width] bf16 receives t rounded where column j belongs to the slot
+// part_rows[p * n + row] names (j / rank), 0 elsewhere (and for rows of slot -1).
+void LaunchLoraStackMask(const float* t, const int32_t* part_rows, int32_t n, int32_t parts,
+                         int32_t width, int32_t rank, void* tb, cudaStream_t stream);
 }  // namespace ember::cuda

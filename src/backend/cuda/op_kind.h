@@ -34,6 +34,7 @@ enum class OpKind : uint8_t {
   kMlaAttention = 24,
   kHadamardRows = 25,  // an int4-rotated layer's q before its attention, its output after
   kLoraGemm = 26,      // LoraDelta's prefill-sized segments on cuBLAS GEMMs (RecordLoraGemms)
+  kLoraStacked = 27,   // LoraDelta over every slot's stacked matrices (RecordLoraStacked)
 };
 
 // The profile's name of a kind: "Embedding", "MatMul(cublas)", "RopeAttention", ...

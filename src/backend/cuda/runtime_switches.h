@@ -21,6 +21,11 @@ struct RuntimeSwitches {
   // EMBER_LORA_GEMM_ROWS=N: a LoRA segment of at least N rows, where the base MatMuls are
   // cuBLAS's, takes two cuBLAS GEMMs instead of the BGMV kernels (0: never). 256 by default.
   int64_t lora_gemm_rows = 256;
+  // EMBER_LORA_STACKED_ROWS=N: a LoraDelta call of 9..N rows with bf16 x (the cuBLAS MatMuls'
+  // rows, outside the batch-invariant mode) runs as cuBLAS GEMMs over every slot's matrices
+  // stacked side by side (RecordLoraStacked) instead of the BGMV kernels and per-segment GEMMs
+  // (0: never, the default until its GPU tests and A/B have run).
+  int64_t lora_stacked_rows = 0;
   // EMBER_MLA_FLASH=0: MlaAttention in the bf16 mode on the f32 one-block-per-(row, head) kernel
   // instead of the tensor-core path (an A/B knob).
   bool mla_flash = true;

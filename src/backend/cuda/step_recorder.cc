@@ -38,6 +38,8 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kHadamardRows: return "HadamardRows";
     case OpKind::kLoraGemm:
       return "LoraGemm";
+    case OpKind::kLoraStacked:
+      return "LoraStacked";
   }
   return "?";
 }
