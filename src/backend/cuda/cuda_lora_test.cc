@@ -343,7 +343,8 @@ TEST_F(CudaOpsTest, LoraDeltaGroupEqualsItsPartsAlone) {
 // (t rounded to bf16 once; out too where it is bf16). Slot 1 has part 1's matrices but no segment
 // there (its rows stay untouched), slot 2 has no matrices for part 1 and was first loaded with a
 // larger rank in place (its stale columns must not count); rows 0-3, 10-11 and 44 are in no
-// segment. Then decode steps of 16 rows replayed from one graph with a new mix of adapters.
+// segment; segments of one slot alone take the BGMV kernels. Then decode steps of 16 rows
+// replayed from one graph with a new mix of adapters.
 TEST_F(CudaOpsTest, LoraDeltaStackedMatchesTheCpu) {
   const ScopedEnv stacked_rows("EMBER_LORA_STACKED_ROWS", "1024");
   const int64_t n = 45, k = 200;
@@ -449,6 +450,18 @@ TEST_F(CudaOpsTest, LoraDeltaStackedMatchesTheCpu) {
       EXPECT_EQ(OpCalls(be, "LoraStacked") - stacked, 1);
       EXPECT_EQ(OpCalls(be, "LoraDelta") - bgmv, 0);
     }
+    // Segments of one slot alone keep to the BGMV kernels (they read only that slot's matrices).
+    ASSERT_TRUE(be.BeginStep(SimplePlan(static_cast<int32_t>(n))).ok());
+    Tensor xt = be.AllocMatMulInput({n, k});
+    ASSERT_TRUE(CudaCopyFromHost(be, x, xt).ok());
+    Tensor o = bf16_out ? be.AllocMatMulOutput({n, ms[0]}) : be.Alloc({n, ms[0]});
+    ASSERT_TRUE(CudaCopyFromHost(be, out0[0], o).ok());
+    const std::vector<Span> one = {{4, 1, 0}, {41, 3, 0}};
+    const int64_t stacked = OpCalls(be, "LoraStacked"), bgmv = OpCalls(be, "LoraDelta");
+    be.LoraDelta(xt, segments_of(slots, one, 0), o);
+    EXPECT_LT(UpdateError(Download(be, o), reference(x, out0[0], n, 0, one), out0[0]), 1e-2);
+    EXPECT_EQ(OpCalls(be, "LoraStacked") - stacked, 0);
+    EXPECT_EQ(OpCalls(be, "LoraDelta") - bgmv, 1);
   }
 
   // Decode steps of 16 rows in graphs: each step's mix is data.
@@ -463,7 +476,7 @@ TEST_F(CudaOpsTest, LoraDeltaStackedMatchesTheCpu) {
   const std::vector<std::vector<Span>> steps = {{{0, 2, 0}, {3, 5, 1}, {9, 4, 2}},
                                                 {{0, 2, 0}, {3, 5, 1}, {9, 4, 2}},
                                                 {{1, 6, 2}, {8, 8, 0}},
-                                                {{0, 16, 1}}};
+                                                {{0, 10, 1}, {10, 6, 2}}};
   for (size_t step = 0; step < steps.size(); ++step) {
     SCOPED_TRACE(testing::Message() << "step " << step);
     std::vector<float> x = Random(static_cast<size_t>(rows * k), 80 + static_cast<uint32_t>(step));

@@ -22,10 +22,11 @@ struct RuntimeSwitches {
   // cuBLAS's, takes two cuBLAS GEMMs instead of the BGMV kernels (0: never). 256 by default.
   int64_t lora_gemm_rows = 256;
   // EMBER_LORA_STACKED_ROWS=N: a LoraDelta call of 9..N rows with bf16 x (the cuBLAS MatMuls'
-  // rows, outside the batch-invariant mode) runs as cuBLAS GEMMs over every slot's matrices
-  // stacked side by side (RecordLoraStacked) instead of the BGMV kernels and per-segment GEMMs
-  // (0: never, the default until its GPU tests and A/B have run).
-  int64_t lora_stacked_rows = 0;
+  // rows, outside the batch-invariant mode) and segments of two slots or more runs as cuBLAS
+  // GEMMs over every slot's matrices stacked side by side (RecordLoraStacked) instead of the
+  // BGMV kernels and per-segment GEMMs (0: never). Every row count by default: 128 x (512 + 128)
+  // with 8 adapters mixed 0.791x of the base against 0.668x (H100, docs/perf.md session 52).
+  int64_t lora_stacked_rows = int64_t{1} << 40;
   // EMBER_MLA_FLASH=0: MlaAttention in the bf16 mode on the f32 one-block-per-(row, head) kernel
   // instead of the tensor-core path (an A/B knob).
   bool mla_flash = true;
