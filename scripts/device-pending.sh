@@ -33,7 +33,9 @@
 #             together; each op kind's calls, GPU ms and us a call
 #     lorastk the stacked LoRA form (RecordLoraStacked): loratests, then lora_bench per shape
 #             (LORA_SHAPES, default 512:128 8:256) and adapter count (LORA_ADAPTERS, default 8 32),
-#             EMBER_LORA_STACKED_ROWS=1024 (stacked) against 0 (the BGMV kernels)
+#             EMBER_LORA_STACKED_ROWS=1024 (stacked) against 0 (the BGMV kernels); LORA_STACKED
+#             lists the values, LORA_FIRST the EMBER_LORA_UPDATE_FIRST_ROWS values (default 0),
+#             NO_TESTS=1 skips loratests
 #     (lora, lorafused, lorafull, loraprof, lorastk: LORA_ARGS adds lora_bench flags, e.g. --max-running 128
 #             --step-tokens 8192, ember serve's GPU defaults)
 #     prof    Nsight Compute counters of the decode attention kernel per KV dtype (11 x 32k)
@@ -177,8 +179,12 @@ case "${1:-}" in
     for shape in ${LORA_SHAPES:-512:128 8:256}; do
       for a in ${LORA_ADAPTERS:-8 32}; do
         for rows in ${LORA_STACKED:-1024 0}; do
-          echo "-- $a adapters, 128 x (${shape%:*} + ${shape#*:}), EMBER_LORA_STACKED_ROWS=$rows"
-          EMBER_LORA_STACKED_ROWS=$rows lorabench 200 "$a" "${shape%:*}" "${shape#*:}"
+          for first in ${LORA_FIRST:-0}; do
+            echo "-- $a adapters, 128 x (${shape%:*} + ${shape#*:}), EMBER_LORA_STACKED_ROWS=$rows" \
+              "EMBER_LORA_UPDATE_FIRST_ROWS=$first"
+            EMBER_LORA_STACKED_ROWS=$rows EMBER_LORA_UPDATE_FIRST_ROWS=$first \
+              lorabench 200 "$a" "${shape%:*}" "${shape#*:}"
+          done
         done
       done
     done

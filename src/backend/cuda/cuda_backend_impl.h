@@ -130,6 +130,7 @@ struct CublasPart {
   int64_t m = 0;
   bool skinny = false;
   bool out_bf16 = false;
+  bool accumulate = false;  // out += x W^T (beta 1; never the skinny GEMM)
 };
 
 // A cuBLAS MatMul op: up to kMaxParts GEMMs of one x (the parts of a MatMulGroup: q/k/v,
@@ -350,7 +351,7 @@ class CudaBackend final : public Backend {
   // Adds the part to `group` (a cuBLAS op over x) when it can share its converted x, else records
   // the group held and starts a new one.
   void AddToCublasGroup(const Tensor& x, const Tensor& weight, const void* bias, Tensor out,
-                        std::optional<CublasGroup>& group);
+                        std::optional<CublasGroup>& group, bool accumulate = false);
   void RecordCublasGroup(const CublasGroup& g);
   // The checks MatMul makes of its operands; returns the product's rows.
   int64_t CheckMatMul(const Tensor& x, const Tensor& weight, const Tensor* bias,
@@ -392,7 +393,17 @@ class CudaBackend final : public Backend {
   bool RecordLoraGemms(const Tensor& x, std::span<const LoraPart> parts, LoraPart* rest);
   // The call as GEMMs over the stacks of its parts' sites (lora_stacks_); false, nothing
   // recorded, where it does not fit (EMBER_LORA_STACKED_ROWS, bf16 x, every segment stacked).
-  bool RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts);
+  // overwrite: out = the update for every row (beta 0; 0 for rows without one), every part
+  // stacked, for a MatMul that then adds x W^T (MatMulGroupAfterLora).
+  bool RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts, bool overwrite = false);
+  // MatMulGroupLora of EMBER_LORA_UPDATE_FIRST_ROWS rows or more: the stacked update written
+  // into the outputs first, then the cuBLAS GEMMs adding x W^T to it (beta 1), so the outputs
+  // are read once, inside the compute-bound GEMM; false, nothing recorded, where it does not fit.
+  bool MatMulGroupAfterLora(const Tensor& x, std::span<const MatMulPart> parts,
+                            std::span<const LoraPart> lora);
+  // MatMulGroup; accumulate (null: none) marks the parts whose out already holds an addend.
+  void RecordMatMulGroup(const Tensor& x, std::span<const MatMulPart> parts,
+                         const bool* accumulate);
   // Lays lora_stacks_ out again for the slots' matrices (lora_slot_matrices_) where their sites,
   // ranks or slot count changed, else rewrites `slot`'s columns only. Device-synchronous.
   void UpdateLoraStacks(int32_t slot);

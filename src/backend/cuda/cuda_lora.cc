@@ -266,7 +266,7 @@ void CudaBackend::MatMulGroupLora(const Tensor& x, std::span<const MatMulPart> p
     product_of[i] = p;
   }
   if (!fold) {
-    Backend::MatMulGroupLora(x, parts, lora);
+    if (!MatMulGroupAfterLora(x, parts, lora)) Backend::MatMulGroupLora(x, parts, lora);
     return;
   }
   // One launch for the GEMV and the update where the ring GEMV takes it.
@@ -332,6 +332,25 @@ void CudaBackend::GateUpActivationLora(const Tensor& x, const Tensor& w_gate, co
   }
   LoraUpdate(x, std::span<const LoraPart>(updates, lora.size()), zeros);
   RecordGatedGemv(x, w_gate, w_up, activation, gate, up, out, biases[0], biases[1]);
+}
+
+bool CudaBackend::MatMulGroupAfterLora(const Tensor& x, std::span<const MatMulPart> parts,
+                                       std::span<const LoraPart> lora) {
+  if (switches_.lora_update_first_rows <= 0 || x.rows() < switches_.lora_update_first_rows ||
+      lora.empty() || parts.size() > kMaxMatMulGroupParts)
+    return false;
+  bool accumulate[kMaxMatMulGroupParts] = {};
+  for (const LoraPart& part : lora) {
+    size_t p = 0;
+    while (p < parts.size() && parts[p].out.data != part.out.data) ++p;
+    if (p == parts.size() || accumulate[p] ||
+        MatMulPathOf(x, *parts[p].weight) != MatMulPath::kCublas)
+      return false;
+    accumulate[p] = true;
+  }
+  if (!RecordLoraStacked(x, lora, /*overwrite=*/true)) return false;
+  RecordMatMulGroup(x, parts, accumulate);
+  return true;
 }
 
 void CudaBackend::LoraUpdate(const Tensor& x, std::span<const LoraPart> parts,
@@ -572,10 +591,12 @@ bool CudaBackend::RecordLoraGemms(const Tensor& x, std::span<const LoraPart> par
 // Every slot at once: t [n][part][slots * rank] f32 = x times each part's a stack (one GEMM for
 // the parts whose a stacks lie side by side), tb [part][n][slots * rank] bf16 = t where the
 // column's slot is the row's in that part and 0 elsewhere (LaunchLoraStackMask), then out[part]
-// += tb[part] times the part's b stack (beta 1). f32 accumulation; t rounded to bf16 once, as in
-// RecordLoraGemms; not batch-invariant, like the cuBLAS MatMuls beside it. The graph key holds
-// the tables' addresses, not the rows' slots: any mix of adapters replays one graph.
-bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts) {
+// += tb[part] times the part's b stack (beta 1; overwrite: out = that, beta 0). f32 accumulation; t
+// rounded to bf16 once, as in RecordLoraGemms; not batch-invariant, like the cuBLAS MatMuls beside
+// it. The graph key holds the tables' addresses, not the rows' slots: any mix of adapters replays
+// one graph.
+bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> parts,
+                                    bool overwrite) {
   const int64_t n = x.rows(), k = x.cols();
   if (lora_stacks_.empty() || switches_.lora_stacked_rows <= 0 || n > switches_.lora_stacked_rows ||
       !Bf16MatMulInput(n) || x.dtype != DType::kBF16)
@@ -600,6 +621,10 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
   // One adapter (or none) reads only its own matrices on the other paths: 0.755x of the base
   // against the stacks' 0.718x with 8 slots loaded (H100, docs/perf.md session 52).
   if (!mixed) return false;
+  // Overwriting: every output is written (a part without segments would be left as it was).
+  if (overwrite &&
+      std::any_of(stack, stack + num_parts, [](const LoraStack* st) { return st == nullptr; }))
+    return false;
   for (size_t p = 0; p < num_parts; ++p) {
     const Tensor& out = parts[p].out;
     if (stack[p] == nullptr) continue;
@@ -642,8 +667,9 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
     bool out_bf16;
   };
   std::array<Part, kMaxLoraKernelParts> recorded{};
-  std::vector<uint64_t> key = {KeyOf(x.data), U(n),     U(k),      U(num_parts),    U(width),
-                               U(rank),       KeyOf(t), KeyOf(tb), KeyOf(rows_dev), U(one_shrink)};
+  std::vector<uint64_t> key = {KeyOf(x.data),   U(n),          U(k),        U(num_parts),
+                               U(width),        U(rank),       KeyOf(t),    KeyOf(tb),
+                               KeyOf(rows_dev), U(one_shrink), U(overwrite)};
   for (size_t p = 0; p < num_parts; ++p) {
     if (stack[p] == nullptr) continue;
     recorded[p] = Part{stack[p]->a, stack[p]->b, parts[p].out.data, stack[p]->m,
@@ -676,7 +702,7 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
           static_cast<const unsigned char*>(tb) + static_cast<int64_t>(p) * n * width * 2;
       CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(part.m),
                                 static_cast<int>(n), width, &one, part.b, CUDA_R_16BF, width, tbp,
-                                CUDA_R_16BF, width, &one, part.out,
+                                CUDA_R_16BF, width, overwrite ? &zero : &one, part.out,
                                 part.out_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(part.m),
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }

@@ -58,7 +58,7 @@ void RunCublasPart(const CublasGroup& g, const CublasPart& p, cublasHandle_t han
   } else {
     // Row-major out[n, m] = x[n, k] W[m, k]^T  ==  column-major out^T[m, n] = W^T x^T.
     const bool f32_weight = g.wdtype == DType::kF32;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
     const cudaDataType_t wt = ToCudaType(g.wdtype);
     CUBLAS_CHECK(cublasGemmEx(
         handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m), static_cast<int>(n),
@@ -114,19 +114,27 @@ MatMulPath CudaBackend::MatMulPathOf(const Tensor& x, const Tensor& weight) cons
 }
 
 void CudaBackend::MatMulGroup(const Tensor& x, std::span<const MatMulPart> parts) {
+  RecordMatMulGroup(x, parts, nullptr);
+}
+
+void CudaBackend::RecordMatMulGroup(const Tensor& x, std::span<const MatMulPart> parts,
+                                    const bool* accumulate) {
   CHECK_LE(parts.size(), kMaxMatMulGroupParts);
+  size_t index = 0;
   // The launch being assembled (at most one is open: a part of another path closes it).
   std::optional<PartsLaunch> launch;
   std::optional<CublasGroup> cublas;
   for (const MatMulPart& part : parts) {
     const Tensor& weight = *part.weight;
+    const bool adds = accumulate != nullptr && accumulate[index++];
     if (CheckMatMul(x, weight, part.bias, part.out) == 0) continue;
     const MatMulPath path = MatMulPathOf(x, weight);
+    CHECK(!adds || path == MatMulPath::kCublas) << "MatMul: accumulating off the cuBLAS path";
     if (path == MatMulPath::kCublas) {
       if (launch) RecordPartsLaunch(*launch);
       launch.reset();
       AddToCublasGroup(x, weight, part.bias != nullptr ? part.bias->data : nullptr, part.out,
-                       cublas);
+                       cublas, adds);
       continue;
     }
     if (cublas) RecordCublasGroup(*cublas);
@@ -219,7 +227,7 @@ void CudaBackend::RecordPartsLaunch(const PartsLaunch& l) {
 // activations are converted to the weight's 16-bit type once per group (or are that type
 // already: a bf16 AllocMatMulInput x) and accumulated in f32.
 void CudaBackend::AddToCublasGroup(const Tensor& x, const Tensor& weight, const void* bias,
-                                   Tensor out, std::optional<CublasGroup>& group) {
+                                   Tensor out, std::optional<CublasGroup>& group, bool accumulate) {
   const int64_t n = x.rows(), k = x.cols(), m = weight.rows();
   const bool f32_weight = weight.dtype == DType::kF32;
   const bool x_bf16 = x.dtype == DType::kBF16;
@@ -231,11 +239,12 @@ void CudaBackend::AddToCublasGroup(const Tensor& x, const Tensor& weight, const 
                     : join     ? group->converted
                                : ArenaAlloc(static_cast<size_t>(n * k) * DTypeSize(weight.dtype));
   // bf16 GEMMs of a few rows against small weights: the wgmma skinny GEMM where it beats cuBLAS.
-  const bool skinny = weight.dtype == DType::kBF16 && !out_bf16 && SkinnyGemmPreferred(n, m, k) &&
+  const bool skinny = weight.dtype == DType::kBF16 && !out_bf16 && !accumulate &&
+                      SkinnyGemmPreferred(n, m, k) &&
                       SkinnyGemmSupported(n, m, k, converted, weight.data);
   // (Its plan queries the occupancy once per shape: here, not while a graph is being captured.)
   if (skinny) (void)PlanSkinnyGemm(n, m, k);
-  const CublasPart gemm{weight.data, bias, out.data, m, skinny, out_bf16};
+  const CublasPart gemm{weight.data, bias, out.data, m, skinny, out_bf16, accumulate};
   if (join) {
     // The later parts run on the side stream while the first runs.
     group->parts[group->num_parts++] = gemm;
@@ -254,14 +263,15 @@ void CudaBackend::AddToCublasGroup(const Tensor& x, const Tensor& weight, const 
 }
 
 void CudaBackend::RecordCublasGroup(const CublasGroup& g) {
-  std::array<uint64_t, 6 + 6 * CublasGroup::kMaxParts> key{};
+  std::array<uint64_t, 6 + 7 * CublasGroup::kMaxParts> key{};
   size_t len = 0;
   for (uint64_t v : {KeyOf(g.x), KeyOf(g.converted), U(g.convert), U(static_cast<int>(g.wdtype)),
                      U(g.n), U(g.k)})
     key[len++] = v;
   for (int i = 0; i < g.num_parts; ++i) {
     const CublasPart& p = g.parts[i];
-    for (uint64_t v : {KeyOf(p.w), KeyOf(p.bias), KeyOf(p.out), U(p.m), U(p.skinny), U(p.out_bf16)})
+    for (uint64_t v : {KeyOf(p.w), KeyOf(p.bias), KeyOf(p.out), U(p.m), U(p.skinny), U(p.out_bf16),
+                       U(p.accumulate)})
       key[len++] = v;
   }
   const cublasHandle_t main = cublas_.get(), side = cublas_side_.get();

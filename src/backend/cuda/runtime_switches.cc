@@ -30,6 +30,8 @@ RuntimeSwitches RuntimeSwitches::FromEnvironment() {
     s.lora_gemm_rows = std::atoll(rows.c_str());
   if (const std::string rows = EnvString("EMBER_LORA_STACKED_ROWS"); !rows.empty())
     s.lora_stacked_rows = std::atoll(rows.c_str());
+  if (const std::string rows = EnvString("EMBER_LORA_UPDATE_FIRST_ROWS"); !rows.empty())
+    s.lora_update_first_rows = std::atoll(rows.c_str());
   if (const std::string flash = EnvString("EMBER_MLA_FLASH"); !flash.empty())
     s.mla_flash = std::atoi(flash.c_str()) != 0;
   s.mla_flash_m_tiles = std::atoi(EnvString("EMBER_MLA_M_TILES").c_str());

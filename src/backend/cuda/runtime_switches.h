@@ -27,6 +27,11 @@ struct RuntimeSwitches {
   // BGMV kernels and per-segment GEMMs (0: never). Every row count by default: 128 x (512 + 128)
   // with 8 adapters mixed 0.791x of the base against 0.668x (H100, docs/perf.md session 52).
   int64_t lora_stacked_rows = int64_t{1} << 40;
+  // EMBER_LORA_UPDATE_FIRST_ROWS=N: a MatMulGroupLora of N rows or more on cuBLAS whose update
+  // takes the stacked form writes the update into the outputs first and the GEMMs add x W^T to
+  // it (beta 1) instead of the update reading and writing the GEMMs' outputs after them (0:
+  // never, the default until measured).
+  int64_t lora_update_first_rows = 0;
   // EMBER_MLA_FLASH=0: MlaAttention in the bf16 mode on the f32 one-block-per-(row, head) kernel
   // instead of the tensor-core path (an A/B knob).
   bool mla_flash = true;
