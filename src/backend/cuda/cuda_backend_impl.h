@@ -610,7 +610,9 @@ class CudaBackend final : public Backend {
   // LoraDelta's tables for one call: row -> slot (-1 none) and per part and slot its LoraEntry.
   std::vector<int32_t> lora_rows_;
   std::vector<LoraEntry> lora_entries_;
-  std::vector<int32_t> lora_seg_slot_;  // per segment index, the slot found last (a lookup hint)
+  // Per segment index (parts in order), the slot found last: BuildLoraTables's lookup hint, and
+  // RecordLoraStacked's record of each segment's slot between its two passes.
+  std::vector<int32_t> lora_seg_slot_;
   // RecordLoraGemms: per part, the segments it leaves to the BGMV kernels.
   std::array<std::vector<LoraSegment>, kMaxLoraKernelParts> lora_rest_;
   // The step's staged tables: an arena region (lora_stage_dev_) and its host image; LoraStage

@@ -98,6 +98,7 @@ Result<std::vector<Tensor>> CudaBackend::UploadLoraSlot(int32_t slot,
 
 void CudaBackend::UpdateLoraStacks(int32_t slot) {
   if (f32_compute_ || switches_.lora_stacked_rows <= 0) return;
+  const auto before_site = [](const LoraStack& st, int64_t site) { return st.site < site; };
   // Every site's shape (k, m) and the largest rank.
   std::vector<LoraStack> sites;
   int32_t rank = 0;
@@ -105,8 +106,7 @@ void CudaBackend::UpdateLoraStacks(int32_t slot) {
   for (const std::vector<LoraSlotMatrix>& matrices : lora_slot_matrices_) {
     for (const LoraSlotMatrix& mat : matrices) {
       rank = std::max(rank, mat.rank);
-      auto at = std::lower_bound(sites.begin(), sites.end(), mat.site,
-                                 [](const LoraStack& s, int64_t site) { return s.site < site; });
+      auto at = std::lower_bound(sites.begin(), sites.end(), mat.site, before_site);
       if (at != sites.end() && at->site == mat.site) {
         consistent = consistent && at->k == mat.k && at->m == mat.m;
       } else {
@@ -160,8 +160,7 @@ void CudaBackend::UpdateLoraStacks(int32_t slot) {
   const size_t R = static_cast<size_t>(lora_stack_rank_);
   auto stack_of = [&](int64_t site) {
     return static_cast<size_t>(
-        std::lower_bound(lora_stacks_.begin(), lora_stacks_.end(), site,
-                         [](const LoraStack& st, int64_t want) { return st.site < want; }) -
+        std::lower_bound(lora_stacks_.begin(), lora_stacks_.end(), site, before_site) -
         lora_stacks_.begin());
   };
   for (const int32_t s : rewrite) {
@@ -607,6 +606,7 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
   lora_part_rows_.assign(num_parts * static_cast<size_t>(n), -1);
   int32_t first_slot = -1;
   bool mixed = false;  // segments of two slots or more
+  size_t seg_index = 0;  // each segment's slot into lora_seg_slot_ (BuildLoraTables's order)
   for (size_t p = 0; p < num_parts; ++p) {
     for (const LoraSegment& seg : parts[p].segments) {
       const auto it = lora_stack_of_.find(seg.a->data);
@@ -616,6 +616,8 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
       stack[p] = &st;
       if (first_slot < 0) first_slot = it->second.slot;
       mixed = mixed || it->second.slot != first_slot;
+      if (lora_seg_slot_.size() <= seg_index) lora_seg_slot_.resize(seg_index + 1, -1);
+      lora_seg_slot_[seg_index++] = it->second.slot;
     }
   }
   // One adapter (or none) reads only its own matrices on the other paths: 0.755x of the base
@@ -625,6 +627,7 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
   if (overwrite &&
       std::any_of(stack, stack + num_parts, [](const LoraStack* st) { return st == nullptr; }))
     return false;
+  seg_index = 0;
   for (size_t p = 0; p < num_parts; ++p) {
     const Tensor& out = parts[p].out;
     if (stack[p] == nullptr) continue;
@@ -634,7 +637,7 @@ bool CudaBackend::RecordLoraStacked(const Tensor& x, std::span<const LoraPart> p
         << stack[p]->k << " -> " << stack[p]->m;
     for (const LoraSegment& seg : parts[p].segments) {
       CHECK(seg.rows > 0 && seg.first_row >= 0 && seg.first_row + seg.rows <= n);
-      const int32_t slot = lora_stack_of_.at(seg.a->data).slot;
+      const int32_t slot = lora_seg_slot_[seg_index++];
       for (int64_t r = seg.first_row; r < seg.first_row + seg.rows; ++r) {
         int32_t& row_slot = lora_part_rows_[p * static_cast<size_t>(n) + static_cast<size_t>(r)];
         CHECK_EQ(row_slot, -1) << "LoraDelta: segments overlap at row " << r;
